@@ -1,0 +1,41 @@
+# Every target bootstraps .venv by itself, so a fresh machine needs only python3.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+export PIP_CONSTRAINT := $(abspath constraints.txt)
+export PYTHONUNBUFFERED := 1
+export TORCHINDUCTOR_CACHE_DIR ?= $(abspath .cache/inductor)
+
+.PHONY: venv demo test test-fast lint format bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-dev.txt constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -c constraints.txt -r requirements-dev.txt
+	touch $(STAMP)
+
+demo: venv
+	$(VENV)/bin/scalpel demo
+
+test: venv
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+	$(PY) -m pytest tests -q -p no:cacheprovider
+
+test-fast: venv
+	$(PY) -m pytest tests -q -m "not slow and not browser"
+
+lint: venv
+	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+
+format: venv
+	$(VENV)/bin/ruff format src tests benchmarks examples scripts
+
+bench: venv
+	$(PY) benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) .cache scalpel-runs build *.egg-info src/*.egg-info

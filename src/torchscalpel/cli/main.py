@@ -1,0 +1,58 @@
+"""``scalpel`` entry point: builds the parser from the command modules and maps errors to exit codes.
+
+Exit codes: 0 ok; 2 usage error; 1 other torchscalpel error; a profiled script's own non-zero
+code when it fails; ``doctor --fail-on`` uses 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from torchscalpel.errors import ScalpelError
+
+# One module per verb under torchscalpel.cli; each defines register(subparsers) and run(args).
+COMMANDS: tuple[str, ...] = (
+    "profile",
+    "demo",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per command in :data:`COMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="scalpel",
+        description="Measure, diagnose, tune, scale and ship an existing PyTorch training script.",
+    )
+    from torchscalpel import __version__
+
+    parser.add_argument("--version", action="version", version=f"torchscalpel {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        module = importlib.import_module(f"torchscalpel.cli.{name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, run the command, and return its exit code (never raises for user errors)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ScalpelError as exc:
+        print(f"scalpel: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("scalpel: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""The finding format shared by every check (doctor rules, env checks): a contract for JSON and SARIF.
+
+A finding carries a stable ``rule`` slug, a ``severity``, a one-line ``message``, ``evidence``
+(numbers from this run, locations) and a ``fix`` (a code snippet or instruction).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Severity(enum.IntEnum):
+    """Ordered severities: ``--fail-on LEVEL`` compares with ``>=``."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+
+    @classmethod
+    def parse(cls, text: str) -> Severity:
+        """Parse ``info`` / ``warning`` / ``error`` (case-insensitive)."""
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r}; use info, warning or error") from None
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(kw_only=True, slots=True)
+class Location:
+    """A place in source code: file path and 1-based line (and optional column)."""
+
+    file: str
+    line: int
+    column: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(kw_only=True, slots=True)
+class Finding:
+    """One problem found, with what proves it and how to fix it."""
+
+    rule: str
+    """Stable slug, e.g. ``module-in-plain-container``; a contract for JSON consumers."""
+    severity: Severity
+    message: str
+    """One line saying what is wrong."""
+    evidence: list[str] = field(default_factory=list)
+    """Measured numbers, names and locations that show the problem is real."""
+    fix: str = ""
+    """A code snippet or a concrete instruction."""
+    location: Location | None = None
+    source: str = "runtime"
+    """``static``, ``runtime`` or ``env``: which kind of check produced it."""
+    rank: int | None = None
+    """The rank that saw it, in multi-rank runs."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; ``severity`` as its lower-case name."""
+        data = asdict(self)
+        data["severity"] = str(self.severity)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        """Inverse of :meth:`to_dict`."""
+        loc = data.get("location")
+        return cls(
+            rule=data["rule"],
+            severity=Severity.parse(data["severity"]),
+            message=data["message"],
+            evidence=list(data.get("evidence", [])),
+            fix=data.get("fix", ""),
+            location=Location(**loc) if loc else None,
+            source=data.get("source", "runtime"),
+            rank=data.get("rank"),
+        )

@@ -1,0 +1,1 @@
+"""Environment facts, compatibility checks and probes (``scalpel env``)."""

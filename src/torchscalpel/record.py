@@ -1,0 +1,206 @@
+"""The Run record: the single hand-off between stages (profile -> doctor, tune, plan, report).
+
+A record is one JSON file, ``run.json``, with a ``schema_version`` of the form ``MAJOR.MINOR``.
+Readers accept any record whose major version is not newer than theirs; unknown keys written
+by a newer minor version are kept (in ``extra``) rather than dropped, so a round trip through
+an older reader loses nothing.
+
+Layout (all times in milliseconds, all memory in bytes):
+
+- identity: ``name``, ``created``, ``tool_version``, ``command`` (argv of scalpel itself),
+  ``target`` (script path or module, and its arguments);
+- outcome: ``status`` (``complete`` | ``stopped`` | ``partial`` | ``failed`` | ``interrupted``),
+  ``exit_code``, ``error`` (one line), ``notes`` (what the runtime noticed, e.g. "no optimizer");
+- ``environment``: facts from :mod:`torchscalpel.envcheck` (python, torch, devices, ...);
+- ``config``: the options this run used (warmup, steps, knobs applied);
+- ``steps``: one :class:`StepRecord` per step, warm-up steps included and marked;
+- ``summary``: medians and shares over the measured steps;
+- ``modules``: per-module forward timings when the run asked for them;
+- ``profiler``: the profiler window (steps covered, trace path, op summary, FLOPs, memory);
+- ``findings``: doctor findings as dicts (see :mod:`torchscalpel.doctor.finding`);
+- ``sections``: stage outputs keyed by stage name (``tune``, ``plan``, ``trace``, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.errors import RecordVersionError, ScalpelError
+
+SCHEMA_VERSION = "1.0"
+RECORD_FILENAME = "run.json"
+
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+"""The five parts every step is split into; they add up to the step's wall time."""
+
+
+@dataclass(kw_only=True, slots=True)
+class StepRecord:
+    """One optimizer step (or, for inference-only scripts, one root-module forward call)."""
+
+    index: int
+    """0-based step number, counting warm-up steps."""
+    warmup: bool = False
+    """True for steps excluded from the summary."""
+    start_ms: float = 0.0
+    """Start of the step relative to the start of the script."""
+    total_ms: float = 0.0
+    """Wall time from the end of the previous step to the end of this one."""
+    data_ms: float = 0.0
+    """Time spent waiting in DataLoader iterators' ``__next__``."""
+    forward_ms: float = 0.0
+    """Time inside root-module forward calls."""
+    backward_ms: float = 0.0
+    """Time inside ``Tensor.backward`` / ``torch.autograd.backward``."""
+    optimizer_ms: float = 0.0
+    """Time inside ``Optimizer.step`` (from the step pre-hook to the post-hook)."""
+    other_ms: float = 0.0
+    """Everything else: logging, metric code, loss computation outside modules, zero_grad."""
+    loss: float | None = None
+    """The value backward was called on last in this step (mean if it was not a scalar)."""
+    micro_batches: int = 0
+    """Backward calls in this step: more than one means gradient accumulation."""
+    forward_calls: int = 0
+    """Root-module forward calls in this step."""
+    samples: int | None = None
+    """Batch size seen by the first root forward call, when it could be read."""
+    cuda_allocated_peak: int | None = None
+    """``torch.cuda.max_memory_allocated`` over this step."""
+    cuda_reserved_peak: int | None = None
+    """``torch.cuda.max_memory_reserved`` over this step."""
+    rss: int | None = None
+    """Process resident set size at the end of the step."""
+    profiled: bool = False
+    """True when the step lies inside the torch.profiler window."""
+
+    def phase_ms(self) -> dict[str, float]:
+        """The five-way split as a dict keyed by :data:`PHASES`."""
+        return {
+            "data": self.data_ms,
+            "forward": self.forward_ms,
+            "backward": self.backward_ms,
+            "optimizer": self.optimizer_ms,
+            "other": self.other_ms,
+        }
+
+
+@dataclass(kw_only=True, slots=True)
+class RunRecord:
+    """Everything one run measured; see the module docstring for the layout."""
+
+    schema_version: str = SCHEMA_VERSION
+    name: str = "run"
+    created: str = ""
+    tool_version: str = ""
+    command: list[str] = field(default_factory=list)
+    target: dict[str, Any] = field(default_factory=dict)
+    status: str = "partial"
+    exit_code: int | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    step_kind: str = "optimizer"
+    """How steps were delimited: ``optimizer`` steps or root ``forward`` calls (inference)."""
+    steps: list[StepRecord] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    modules: list[dict[str, Any]] = field(default_factory=list)
+    profiler: dict[str, Any] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    sections: dict[str, Any] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)
+    """Files next to run.json, by role (``trace``, ``report``), as paths relative to it."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Keys this reader does not know (written by a newer minor version); saved back as-is."""
+
+    @property
+    def measured_steps(self) -> list[StepRecord]:
+        """Steps that count: not warm-up."""
+        return [s for s in self.steps if not s.warmup]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (``extra`` keys merged back at the top level)."""
+        data = asdict(self)
+        extra = data.pop("extra")
+        for key, value in extra.items():
+            data.setdefault(key, value)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunRecord:
+        """Build a record from JSON data, rejecting a newer major schema version."""
+        version = str(data.get("schema_version", ""))
+        check_schema_version(version, what="run record")
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known and k != "extra"}
+        kwargs["extra"] = {k: v for k, v in data.items() if k not in known}
+        step_fields = {f.name for f in fields(StepRecord)}
+        kwargs["steps"] = [
+            StepRecord(**{k: v for k, v in s.items() if k in step_fields}) for s in data.get("steps", [])
+        ]
+        return cls(**kwargs)
+
+
+def check_schema_version(version: str, *, what: str, supported: str = SCHEMA_VERSION) -> None:
+    """Raise :class:`RecordVersionError` if ``version``'s major is newer than ``supported``'s."""
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        raise RecordVersionError(
+            f"This {what} has no readable schema_version ({version!r}); it was not written by torchscalpel."
+        ) from None
+    if major > int(supported.split(".")[0]):
+        raise RecordVersionError(
+            f"This {what} has schema version {version}, newer than the {supported} this torchscalpel reads; "
+            "upgrade torchscalpel to read it."
+        )
+
+
+def save_record(record: RunRecord, path: str | os.PathLike[str]) -> Path:
+    """Write ``record`` as JSON atomically (temp file + rename), so a crash never leaves half a file."""
+    target = Path(path)
+    if target.is_dir():
+        target = target / RECORD_FILENAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".run-", suffix=".json", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(record.to_dict(), fh, indent=1, default=_json_default, allow_nan=True)
+            fh.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_record(path: str | os.PathLike[str]) -> RunRecord:
+    """Read a record from ``run.json`` or from the run folder that holds it."""
+    source = Path(path)
+    if source.is_dir():
+        source = source / RECORD_FILENAME
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ScalpelError(f"No run record at {source}; pass a run folder or its run.json.") from None
+    except json.JSONDecodeError as exc:
+        raise ScalpelError(f"{source} is not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+    if not isinstance(data, dict):
+        raise ScalpelError(f"{source} does not hold a run record (expected a JSON object).")
+    return RunRecord.from_dict(data)
+
+
+def _json_default(value: Any) -> Any:
+    """Serialise the few non-JSON types stages put into records (paths, numpy scalars, sets)."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"cannot store {type(value).__name__} in a run record")

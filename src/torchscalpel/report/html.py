@@ -1,0 +1,92 @@
+"""The self-contained HTML report: one page of sections, each built from a record by a section builder.
+
+Stages add their own builder (a function ``record -> list[Section]``) to :data:`SECTION_BUILDERS`;
+``scalpel analyze`` reuses :func:`render_page` with its own sections, so there is one page style.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from html import escape
+from pathlib import Path
+
+from torchscalpel.record import RunRecord
+
+
+@dataclass(kw_only=True, slots=True)
+class Section:
+    """One titled block of the report; ``body`` is trusted HTML built with :func:`html.escape`."""
+
+    id: str
+    title: str
+    body: str
+
+
+SectionBuilder = Callable[[RunRecord], list[Section]]
+
+# "module:function" names, imported lazily so a stage's optional dependencies never break the report.
+SECTION_BUILDERS: list[str] = [
+    "torchscalpel.report.profile_sections:build",
+]
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232b;background:#f6f7f9}
+header{background:#1d232b;color:#fff;padding:16px 28px}header h1{margin:0;font-size:20px}
+header p{margin:4px 0 0;color:#c6ccd4}main{max-width:1040px;margin:0 auto;padding:12px 28px 40px}
+section{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:14px 18px;margin:16px 0}
+h2{font-size:16px;margin:0 0 10px}table{border-collapse:collapse;width:100%;font-size:13px}
+th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eef0f2}td.num,th.num{text-align:right;
+font-variant-numeric:tabular-nums}svg.chart{display:block;margin:8px 0;font-size:11px;fill:#1d232b}
+svg .grid{stroke:#e1e4e8}.sev-error{color:#b42318;font-weight:600}.sev-warning{color:#b54708;font-weight:600}
+.sev-info{color:#175cd3}pre{background:#f3f4f6;padding:8px;overflow-x:auto;font-size:12px}
+.muted{color:#667085}.kpis{display:flex;gap:24px;flex-wrap:wrap}.kpi b{display:block;font-size:20px}
+"""
+
+
+def render_page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
+    """A complete HTML document: inline CSS, no scripts, no external resources."""
+    nav = " · ".join(f'<a href="#{escape(s.id)}">{escape(s.title)}</a>' for s in sections)
+    body = "\n".join(
+        f'<section id="{escape(s.id)}"><h2>{escape(s.title)}</h2>{s.body}</section>' for s in sections
+    )
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<meta name=\"viewport\" content=\"width=device-width\"><title>{escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body><header><h1>{escape(title)}</h1><p>{escape(subtitle)}</p>"
+        f"<p>{nav}</p></header><main>{body}</main></body></html>\n"
+    )
+
+
+def sections_for(record: RunRecord, builders: Iterable[str] = ()) -> list[Section]:
+    """All sections the registered builders produce for ``record`` (a failing builder adds an error note)."""
+    out: list[Section] = []
+    for ref in list(builders) or SECTION_BUILDERS:
+        module_name, func_name = ref.split(":")
+        try:
+            builder: SectionBuilder = getattr(importlib.import_module(module_name), func_name)
+            out.extend(builder(record))
+        except Exception as exc:  # a broken section must not cost the user the rest of the report
+            out.append(Section(id=f"error-{func_name}", title="Report section failed",
+                               body=f"<p class=\"sev-error\">{escape(ref)}: {escape(repr(exc))}</p>"))
+    return out
+
+
+def write_report(record: RunRecord, path: Path) -> Path:
+    """Render ``record`` into ``path`` (report.html) and return the path."""
+    subtitle = f"{record.target.get('script') or record.target.get('module') or record.name} · {record.created} · {record.status}"
+    html = render_page(f"torchscalpel · {record.name}", subtitle, sections_for(record))
+    path.write_text(html, encoding="utf-8")
+    return path
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Sequence[bool] | None = None) -> str:
+    """An HTML table; cells are escaped; ``numeric[i]`` right-aligns column i."""
+    numeric = list(numeric or [False] * len(headers))
+    head = "".join(f'<th class="{"num" if numeric[i] else ""}">{escape(str(h))}</th>' for i, h in enumerate(headers))
+    body = "".join(
+        "<tr>" + "".join(f'<td class="{"num" if numeric[i] else ""}">{escape(str(c))}</td>' for i, c in enumerate(row)) + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
