@@ -176,7 +176,9 @@ def _install_logging(ctx: DistContext, *, log_all_ranks: bool, level: int) -> No
     handler = logging.StreamHandler(sys.stderr)
     handler._torchscalpel = True  # type: ignore[attr-defined]
     handler.addFilter(_RankFilter(ctx.rank))
-    handler.setFormatter(logging.Formatter("[rank %(rank)s] %(levelname)s %(name)s: %(message)s"))
+    # Under ``scalpel launch`` every output line already starts with "[rank R] ".
+    prefix = "" if os.environ.get("TORCHSCALPEL_LAUNCH") == "1" else "[rank %(rank)s] "
+    handler.setFormatter(logging.Formatter(prefix + "%(levelname)s %(name)s: %(message)s"))
     # Why: N ranks printing the same INFO line N times buries the one line that differs.
     handler.setLevel(level if (ctx.is_main or log_all_ranks) else logging.WARNING)
     root.addHandler(handler)

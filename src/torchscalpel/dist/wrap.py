@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import warnings
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -77,10 +78,13 @@ def optimizers_holding(model: nn.Module) -> list[torch.optim.Optimizer]:
     """Optimizers alive in this process that already hold one of ``model``'s parameters."""
     ids = {id(p) for p in model.parameters()}
     found = []
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.optim.Optimizer) and any(
-            id(p) in ids for group in obj.param_groups for p in group["params"]
-        ):
+    with warnings.catch_warnings():
+        # isinstance() on some of torch's deprecated module-level objects warns; not our business.
+        warnings.simplefilter("ignore")
+        objects = gc.get_objects()
+        optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+    for obj in optimizers:
+        if any(id(p) in ids for group in obj.param_groups for p in group["params"]):
             found.append(obj)
     return found
 
