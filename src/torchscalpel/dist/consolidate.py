@@ -6,6 +6,7 @@ prefixes (``module.``, ``_orig_mod.``, ``_checkpoint_wrapped_module.``) and writ
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -43,7 +44,9 @@ def consolidate(ckpt: str | Path, out: str | Path, *, dtype: torch.dtype | None 
             state[key] = torch.empty(meta.size, dtype=meta.properties.dtype)
     if not state:
         raise CheckpointError(f"{folder} holds no model tensors.")
-    dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
+        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
     clean: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
         name = clean_key(key[len("model."):])

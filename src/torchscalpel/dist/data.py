@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,6 +59,23 @@ class _SeededSamples(Dataset):
                 np.random.set_state(np_state)
 
 
+class _WorkerInit:
+    """Worker start: ignore SIGTERM, then the caller's ``worker_init_fn``.
+
+    Why: launchers (torchrun, Slurm, Kubernetes) send SIGTERM to the whole process group. A
+    loader worker that died of it would make the training process fail at its next batch instead
+    of saving a checkpoint; workers still exit with their parent.
+    """
+
+    def __init__(self, user_fn: Any = None) -> None:
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
 class _ResumableSampler(DistributedSampler):
     """DistributedSampler that can start an epoch after its first ``start`` samples."""
 
@@ -95,6 +113,7 @@ class ResumableLoader:
         # generator at every iter(); a resumed run creates its iterator mid-epoch, so drawing from the
         # global stream would shift every random number after it (dropout included).
         self._generator = torch.Generator()
+        loader_kwargs["worker_init_fn"] = _WorkerInit(loader_kwargs.get("worker_init_fn"))
         self.loader = DataLoader(
             self._seeded, batch_size=batch_size, sampler=self.sampler, drop_last=drop_last,
             generator=self._generator, **loader_kwargs,
@@ -107,6 +126,9 @@ class ResumableLoader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
+        if self.batches_done >= len(self):  # the last loop broke out right after the final batch
+            self.epoch += 1
+            self.batches_done = 0
         self.sampler.set_epoch(self.epoch)
         self._seeded.epoch = self.epoch  # workers receive a copy of the dataset at iter() time
         self.sampler.start = self.batches_done * self.batch_size

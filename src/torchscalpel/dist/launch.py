@@ -137,6 +137,7 @@ class _QuietAgent(logging.Filter):
 
 def launch(args: argparse.Namespace, *, out_dir: Path) -> int:
     """Run torchrun with ``args`` (see :func:`prepare`); return the exit code for the shell."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run as torchrun
 
@@ -170,6 +171,12 @@ def launch(args: argparse.Namespace, *, out_dir: Path) -> int:
         print(failure_report(failure, restarts=args.max_restarts, nnodes=str(args.nnodes)), file=sys.stderr)
         print(f"scalpel launch: every rank's output is in {log_dir}", file=sys.stderr)
         return failure.shell_code()
+    except SignalException as exc:
+        # torchrun already forwarded the signal to every rank and waited for them to exit.
+        name = signal.Signals(exc.sigval).name
+        print(f"scalpel launch: stopped by {name}; every rank received it (a Checkpointer saves on SIGTERM). "
+              f"Output is in {log_dir}", file=sys.stderr)
+        return 128 + int(exc.sigval)
     finally:
         agent_logger.removeFilter(quiet)
         for h in handlers:
