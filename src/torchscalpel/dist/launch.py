@@ -26,6 +26,14 @@ from pathlib import Path
 from torchscalpel.errors import UsageError
 
 TAIL_LINES = 12
+# Filters apply per logger, not to children: name every torchrun logger whose lines we trim.
+AGENT_LOGGERS = (
+    "torch.distributed",
+    "torch.distributed.run",
+    "torch.distributed.launcher.api",
+    "torch.distributed.elastic.multiprocessing.api",
+    "torch.distributed.elastic.agent.server.api",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run SCRIPT on N processes per node with torchrun (its options below), rank-prefixed logs, "
         "loopback rendezvous on one node, and a one-paragraph report when a rank fails.",
     )
+    for action in parser._actions:
+        if action.dest == "training_script":
+            action.nargs = "?"  # a missing script gets prepare()'s sentence, not argparse's
     parser.add_argument("--nproc", type=int, help="processes on this node (same as --nproc-per-node)")
     parser.add_argument("--out", type=Path, help="folder for per-rank logs (default scalpel-runs/<time>-launch-<name>/)")
     return parser
@@ -128,7 +139,7 @@ def failure_report(failure: RankFailure, *, restarts: int, nnodes: str) -> str:
 class _QuietAgent(logging.Filter):
     """Drop torchrun's banner lines a user cannot act on; keep its warnings and errors."""
 
-    NOISE = ("OMP_NUM_THREADS", "Rendezvous info", "**************")
+    NOISE = ("OMP_NUM_THREADS", "Rendezvous info", "**************", "closing signal", "failed (exitcode")
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
@@ -153,13 +164,11 @@ def launch(args: argparse.Namespace, *, out_dir: Path) -> int:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if int(args.nproc_per_node if str(args.nproc_per_node).isdigit() else 1) > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, minus its warning
-    agent_logger = logging.getLogger("torch.distributed")
     quiet = _QuietAgent()
     handlers = logging.getLogger().handlers
     for h in handlers:
         h.addFilter(quiet)
-    agent_logger.addFilter(quiet)
-    for name in ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher.api"):
+    for name in AGENT_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
     try:
         torchrun(args)
@@ -178,7 +187,8 @@ def launch(args: argparse.Namespace, *, out_dir: Path) -> int:
               f"Output is in {log_dir}", file=sys.stderr)
         return 128 + int(exc.sigval)
     finally:
-        agent_logger.removeFilter(quiet)
+        for name in AGENT_LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
         for h in handlers:
             with contextlib.suppress(ValueError):
                 h.removeFilter(quiet)
