@@ -110,7 +110,8 @@ class Timeline:
         if self._depth:
             self.end(self._phase or "other")
             self._depth = 0
-        if self._open.spans or self._open.losses:
+        # Data-only leftovers (the fetch that raised StopIteration) are not a step.
+        if self._open.losses or any(name != "data" for name, _, _ in self._open.spans):
             return self._close()
         return None
 
