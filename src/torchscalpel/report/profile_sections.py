@@ -59,7 +59,9 @@ def _overview(record: RunRecord) -> Section:
 
 
 def _steps(record: RunRecord) -> Section:
-    steps = record.steps
+    # Warm-up steps hold one-off start-up work (imports, data set-up, compilation) that would
+    # flatten every other bar, so the chart shows measured steps only.
+    steps = record.measured_steps or record.steps
     labels = [str(s.index) + ("w" if s.warmup else "p" if s.profiled else "") for s in steps]
     series = {p: [s.phase_ms()[p] for s in steps] for p in PHASES}
     chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms")
@@ -69,7 +71,7 @@ def _steps(record: RunRecord) -> Section:
         rows = [(p, f"{s['phase_mean_ms'][p]:.3f}", f"{100 * s['phase_share'][p]:.1f}%") for p in PHASES]
         rows.append(("step (mean)", f"{s['mean_step_ms']:.3f}", "100%"))
     note = (
-        '<p class="muted">Each bar is one step (w: warm-up, p: inside the profiler window, left out of the '
+        '<p class="muted">Each bar is one measured step (p: inside the profiler window, left out of the '
         "summary). The five phases add up to the step's wall time; <i>other</i> is what lies outside data "
         "loading, model forward, backward and optimizer (logging, loss code, zero_grad, evaluation).</p>"
     )
