@@ -120,3 +120,30 @@ def test_module_mode_runs_like_python_dash_m(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert load_record(out).target["module"] == "epoch_loop"
+
+
+def test_ctrl_c_writes_the_partial_record(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import cli_env
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torchscalpel", "profile", "--out", str(out), "--warmup", "0", "--steps", "all",
+         "--profile-steps", "0", "--", str(SCRIPTS / "runs_until_interrupted.py")],
+        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "running"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    record = load_record(out)
+    assert record.status == "interrupted" and record.exit_code == 130
+    assert len(record.steps) >= 3
+    assert (out / "report.html").exists()
