@@ -121,3 +121,14 @@ def test_not_a_trace(tmp_path: Path) -> None:
     with pytest.raises(TraceReadError, match="empty"):
         for _ in TraceReader(empty).batches():
             pass
+
+
+def test_stdlib_json_path_gives_the_same_analysis(monkeypatch: pytest.MonkeyPatch, traces_dir: Path) -> None:
+    """Without msgspec (extra "trace" not installed) the reader decodes pieces with the json module."""
+    from torchscalpel.trace import reader
+
+    fast = analyze_traces(traces_dir / "gpu_2rank").to_dict()
+    monkeypatch.setattr(reader, "USE_MSGSPEC", False)
+    slow = analyze_traces(traces_dir / "gpu_2rank").to_dict()
+    assert slow["ranks"][0]["gpu"] == fast["ranks"][0]["gpu"]
+    assert slow["top_ops"] == fast["top_ops"]

@@ -23,14 +23,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from torchscalpel.errors import ScalpelError
+
+try:  # the fast decoder (extra "trace"); without it the same design runs on the stdlib json module
+    import msgspec
+except ImportError:  # pragma: no cover - depends on the environment
+    msgspec = None  # type: ignore[assignment]
 
 CHUNK_BYTES = 16 << 20
 # The longest single event we accept before calling the file corrupt (protects memory on garbage input).
 MAX_EVENT_BYTES = 256 << 20
-_SEP = re.compile(rb"\}\s*,\s*\{")
+# Set to False to decode with the stdlib json module (what runs when msgspec is not installed).
+USE_MSGSPEC = True
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 
 
@@ -48,31 +52,57 @@ class TraceReadError(ScalpelError):
         )
 
 
-class Args(msgspec.Struct):
-    """The ``args`` keys the analyses read; everything else is skipped by the decoder."""
+class _PlainArgs:
+    """Stand-in for the msgspec struct when msgspec is not installed (same attributes)."""
 
-    correlation: float | None = None
-    stream: int | str | None = None
-    total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
-    nbytes: float | None = msgspec.field(default=None, name="Bytes")
-    device_type: int | None = msgspec.field(default=None, name="Device Type")
-    device_id: int | None = msgspec.field(default=None, name="Device Id")
+    __slots__ = ("correlation", "device_id", "device_type", "nbytes", "stream", "total_allocated")
 
-
-class Event(msgspec.Struct):
-    """One trace event, reduced to what the analyses need."""
-
-    ph: str = ""
-    name: str = ""
-    cat: str = ""
-    ts: float | None = None
-    dur: float | None = None
-    pid: int | str | None = None
-    tid: int | str | None = None
-    args: Args | None = None
+    def __init__(self, correlation=None, stream=None, total_allocated=None, nbytes=None, device_type=None,
+                 device_id=None) -> None:
+        self.correlation, self.stream, self.total_allocated = correlation, stream, total_allocated
+        self.nbytes, self.device_type, self.device_id = nbytes, device_type, device_id
 
 
-_DECODER = msgspec.json.Decoder(list[Event])
+class _PlainEvent:
+    """Stand-in for the msgspec struct when msgspec is not installed (same attributes)."""
+
+    __slots__ = ("args", "cat", "dur", "name", "ph", "pid", "tid", "ts")
+
+    def __init__(self, ph="", name="", cat="", ts=None, dur=None, pid=None, tid=None, args=None) -> None:
+        self.ph, self.name, self.cat, self.ts, self.dur = ph, name, cat, ts, dur
+        self.pid, self.tid, self.args = pid, tid, args
+
+
+if msgspec is not None:
+
+    class Args(msgspec.Struct):
+        """The ``args`` keys the analyses read; everything else is skipped by the decoder."""
+
+        correlation: float | None = None
+        stream: int | str | None = None
+        total_allocated: float | None = msgspec.field(default=None, name="Total Allocated")
+        nbytes: float | None = msgspec.field(default=None, name="Bytes")
+        device_type: int | None = msgspec.field(default=None, name="Device Type")
+        device_id: int | None = msgspec.field(default=None, name="Device Id")
+
+    class Event(msgspec.Struct):
+        """One trace event, reduced to what the analyses need."""
+
+        ph: str = ""
+        name: str = ""
+        cat: str = ""
+        ts: float | None = None
+        dur: float | None = None
+        pid: int | str | None = None
+        tid: int | str | None = None
+        args: Args | None = None
+
+    _DECODER: Any = msgspec.json.Decoder(list[Event])
+
+else:  # pragma: no cover - exercised by test_reader_without_msgspec through a flag
+    Args, Event = _PlainArgs, _PlainEvent  # type: ignore[misc]
+    _DECODER = None
+
 _ARGS_FIELDS = {"correlation": "correlation", "stream": "stream", "Total Allocated": "total_allocated",
                 "Bytes": "nbytes", "Device Type": "device_type", "Device Id": "device_id"}
 
@@ -230,6 +260,12 @@ class TraceReader:
     def _decode(self, buf: bytes, end: int, base: int, *, final: bool) -> _Piece:
         """Decode the events in ``buf[:end]`` in one C call, or event by event when that fails."""
         piece = buf[:end]
+        if _DECODER is None or not USE_MSGSPEC:
+            try:
+                raw = json.loads(b"[" + piece + b"]")
+                return _Piece([e for e in map(_event_from_dict, raw) if e is not None], end)
+            except ValueError:
+                return self._decode_slow(piece, base, final=final)
         try:
             return _Piece(_DECODER.decode(b"[" + piece + b"]"), end)
         except msgspec.ValidationError:
