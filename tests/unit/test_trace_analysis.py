@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchscalpel.trace import analyze_traces, categorize, kernel_type
+from torchscalpel.trace import CATEGORIES, analyze_traces, categorize, kernel_type
 
 
 def _x(name, cat, ts, dur, tid=1, **args):
@@ -121,9 +121,14 @@ def test_rocm_trace_is_recognised(traces_dir: Path) -> None:
     ("ncclKernel_AllReduce_RING_LL_Sum_float", "communication"), ("Memcpy HtoD (Pageable -> Device)", "copy"),
     ("Memset (Device)", "memory"), ("aten::add_", "elementwise"), ("aten::_foreach_mul_", "optimizer"),
     ("aten::layer_norm", "norm"), ("aten::sum", "reduction"), ("mystery_op", "other"),
+    ("autograd::engine::evaluate_function: AddmmBackward0", "autograd"), ("AddmmBackward0", "autograd"),
+    ("fbgemm::permute_sparse_features", "copy"), ("All2All_Pooled_Wait", "communication"),
+    ("void split_embedding_codegen_forward_unweighted_kernel<c10::Half>", "embedding"),
+    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x64_32x6_nt_align1>", "matmul"),
 ])
 def test_categorize(name: str, cat: str) -> None:
     assert categorize(name) == cat
+    assert cat in CATEGORIES
 
 
 def test_kernel_type_is_htas() -> None:
