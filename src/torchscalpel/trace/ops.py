@@ -17,11 +17,13 @@ def op_self_times(d: RankData) -> np.ndarray:
     if n == 0:
         return self_t
     # per thread, by start time, the longer (outer) op first when two start together
-    order = np.lexsort((-d.op_dur, d.op_ts, d.op_tid)).tolist()
-    ts = d.op_ts.tolist()
-    end = (d.op_ts + d.op_dur).tolist()
-    tid = d.op_tid.tolist()
-    child = [0.0] * n
+    # memoryviews, not lists: indexing gives Python numbers without keeping N boxed objects alive
+    order = memoryview(np.lexsort((-d.op_dur, d.op_ts, d.op_tid)))
+    ts = memoryview(np.ascontiguousarray(d.op_ts))
+    end = memoryview(d.op_ts + d.op_dur)
+    tid = memoryview(np.ascontiguousarray(d.op_tid))
+    child_arr = np.zeros(n)
+    child = memoryview(child_arr)
     stack: list[int] = []
     cur_tid = None
     for i in order:
@@ -35,7 +37,7 @@ def op_self_times(d: RankData) -> np.ndarray:
             p = stack[-1]
             child[p] += min(end[i], end[p]) - t
         stack.append(i)
-    return np.maximum(self_t - np.asarray(child), 0.0)
+    return np.maximum(self_t - child_arr, 0.0)
 
 
 def aggregate_ops(d: RankData, op_self: np.ndarray) -> dict[int, list[float]]:

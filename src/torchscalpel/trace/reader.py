@@ -30,7 +30,7 @@ try:  # the fast decoder (extra "trace"); without it the same design runs on the
 except ImportError:  # pragma: no cover - depends on the environment
     msgspec = None  # type: ignore[assignment]
 
-CHUNK_BYTES = 16 << 20
+CHUNK_BYTES = 8 << 20
 # The longest single event we accept before calling the file corrupt (protects memory on garbage input).
 MAX_EVENT_BYTES = 256 << 20
 # Set to False to decode with the stdlib json module (what runs when msgspec is not installed).
