@@ -20,6 +20,7 @@ def build(record: RunRecord) -> list[Section]:
         sections.append(_top_ops(record))
     if record.modules:
         sections.append(_modules(record))
+    sections.extend(_trace_extras(record))
     sections.append(_environment(record))
     return sections
 
@@ -135,3 +136,17 @@ def _environment(record: RunRecord) -> Section:
     rows += [(f"gpu {g['index']}", f"{g['name']}, {fmt_bytes(g['memory_bytes'])}, sm {g['capability']}") for g in env.get("gpus", [])]
     rows += [(k, v) for k, v in env.get("env", {}).items()]
     return Section(id="environment", title="Environment", body=table(["", ""], rows))
+
+
+# Parts of the shared trace component that add to the profile sections above (the op table
+# there already carries FLOPs, which the exported trace lacks).
+_TRACE_PARTS = ("trace-gpu", "trace-kernels", "trace-memory", "trace-errors")
+
+
+def _trace_extras(record: RunRecord) -> list[Section]:
+    trace = record.sections.get("trace")
+    if not trace:
+        return []
+    from torchscalpel.report.trace_sections import build_trace_sections
+
+    return [s for s in build_trace_sections(trace) if s.id in _TRACE_PARTS]
