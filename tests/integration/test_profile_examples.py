@@ -40,4 +40,4 @@ def test_example_profile_writes_trace_record_and_report(tmp_path, script, args):
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"ProfilerStep#3", "ProfilerStep#4"} <= names
     assert record.modules and record.modules[0]["forward_ms"] >= record.modules[-1]["forward_ms"]
-    assert "Step time" in proc.stderr
+    assert "step time: median" in proc.stderr
