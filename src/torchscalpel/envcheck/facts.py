@@ -124,6 +124,11 @@ def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     except Exception:  # psutil missing or unsupported platform: the count is optional
         pass
     try:
+        # Other processes' load explains noisy probe timings (and slow multi-threaded ops).
+        out["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        out["load_avg_1m"] = None
+    try:
         text = cpuinfo.read_text(errors="replace")
     except OSError:
         text = ""
