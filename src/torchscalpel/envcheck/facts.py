@@ -115,7 +115,7 @@ def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
         usable = len(os.sched_getaffinity(0))  # what cgroups / taskset leave this process
     except (AttributeError, OSError):
         usable = os.cpu_count()
-    out: dict[str, Any] = {"model": platform.processor() or None, "usable_cores": usable,
+    out: dict[str, Any] = {"model": None, "usable_cores": usable,  # platform.processor() runs uname -p
                            "physical_cores": None, "flags": []}
     try:
         import psutil
