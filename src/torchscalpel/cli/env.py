@@ -74,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.envcheck.screen import render
 
     console = Console()
+    if not console.is_terminal:  # piped or captured: rich would wrap at 80 columns
+        console = Console(width=120)
     status_console = Console(stderr=True)
     if probes and status_console.is_terminal:
         with status_console.status("running probes (--no-probe skips them)..."):

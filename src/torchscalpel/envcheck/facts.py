@@ -246,28 +246,42 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
 def cuda_wheel_distributions(path: list[str] | None = None) -> list[dict[str, Any]]:
     """NVIDIA CUDA wheels installed (``nvidia-*``), with the CUDA major each one belongs to.
 
-    ``path`` defaults to ``sys.path``; tests pass a folder of fake ``*.dist-info`` entries.
+    ``path`` defaults to ``sys.path``; tests pass a folder of fake ``*.dist-info`` entries. Only
+    entries whose folder name starts with ``nvidia`` are opened (through importlib.metadata):
+    reading every installed distribution's METADATA costs 20-200 ms, too much for every record.
     """
     out: list[dict[str, Any]] = []
-    for dist in metadata.distributions(path=path) if path is not None else metadata.distributions():
-        raw = dist.metadata["Name"] if dist.metadata else None
-        if not raw:
+    seen: set[str] = set()
+    for root in sys.path if path is None else path:
+        real = os.path.realpath(root or ".")
+        if real in seen:
             continue
-        name = re.sub(r"[-_.]+", "-", raw).lower()
-        match = _CUDA_WHEEL.match(name)
-        if not match:
+        seen.add(real)
+        try:
+            entries = [e for e in os.scandir(real) if e.name.lower().startswith("nvidia")
+                       and e.name.endswith((".dist-info", ".egg-info"))]
+        except OSError:  # a zip, a missing folder: nothing installed there that we care about
             continue
-        version = dist.version or ""
-        if match.group(1):
-            major: int | None = int(match.group(1))
-        elif name.startswith("nvidia-cuda-") and version.split(".")[0].isdigit():
-            major = int(version.split(".")[0])
-        else:
-            major = None  # e.g. nvidia-nccl-cu12 covered above; nvidia-ml-py has no CUDA major
-        if major is None:
-            continue
-        location = getattr(dist, "_path", None)
-        out.append({"name": name, "version": version, "cuda_major": major,
-                    "location": str(Path(location).parent) if location else None})
+        for entry in entries:
+            dist = metadata.PathDistribution(Path(entry.path))
+            raw = dist.metadata["Name"] if dist.metadata else None
+            if raw:
+                wheel = _cuda_wheel(raw, dist.version or "", real)
+                if wheel:
+                    out.append(wheel)
     out.sort(key=lambda d: (d["name"], d["version"]))
     return out
+
+
+def _cuda_wheel(raw_name: str, version: str, location: str) -> dict[str, Any] | None:
+    name = re.sub(r"[-_.]+", "-", raw_name).lower()
+    match = _CUDA_WHEEL.match(name)
+    if not match:
+        return None
+    if match.group(1):
+        major = int(match.group(1))
+    elif name.startswith("nvidia-cuda-") and version.split(".")[0].isdigit():
+        major = int(version.split(".")[0])
+    else:
+        return None  # e.g. nvidia-ml-py: no CUDA major
+    return {"name": name, "version": version, "cuda_major": major, "location": location}
