@@ -200,6 +200,11 @@ def test_omp_threads_times_local_ranks_above_cores() -> None:
     assert "omp-threads-oversubscribed" in slugs(facts(GPU_BOX, local_ranks=8))
 
 
+def test_more_ranks_than_cores_asks_for_fewer_ranks() -> None:
+    f = only(facts(CPU_BOX, local_ranks=4, env={"OMP_NUM_THREADS": "1"}), "omp-threads-oversubscribed")
+    assert "at most 2 ranks" in f.fix
+
+
 def test_omp_default_threads_count_when_unset() -> None:
     assert "omp-threads-oversubscribed" in slugs(facts(CPU_BOX, local_ranks=2))  # 2 threads x 2 ranks > 2 cores
     assert "omp-threads-oversubscribed" not in slugs(facts(CPU_BOX, local_ranks=2, env={"OMP_NUM_THREADS": "1"}))

@@ -316,12 +316,15 @@ def check_omp_oversubscribed(facts: Facts) -> list[Finding]:
     cores = (facts.get("cpu") or {}).get("usable_cores") or facts.get("cpu_count")
     if not threads or not cores or threads * ranks <= cores:
         return []
-    per_rank = max(1, cores // ranks)
+    if ranks > cores:  # even one thread per rank is too many: fewer ranks is the only fix
+        fix = f"Run at most {cores} ranks on this machine (e.g. torchrun --nproc-per-node {cores}) with OMP_NUM_THREADS=1."
+    else:
+        fix = f"export OMP_NUM_THREADS={cores // ranks}  # cores // local ranks"
     return [_finding(
         "omp-threads-oversubscribed", Severity.WARNING,
-        f"{ranks} rank(s) x {threads} threads = {threads * ranks} threads on {cores} cores: they will preempt each other and every step slows down.",
+        f"{ranks} rank(s) x {threads} thread(s) = {threads * ranks} threads on {cores} cores: they will preempt each other and every step slows down.",
         [t_src, r_src, f"{cores} usable cores (CPU affinity)"],
-        f"export OMP_NUM_THREADS={per_rank}  # cores // local ranks",
+        fix,
     )]
 
 
