@@ -86,3 +86,16 @@ def test_gpus_seen_only_by_nvidia_smi_are_shown() -> None:
     assert rows["GPU 0"] == "NVIDIA A100, 40 GiB, sm 8.0 (nvidia-smi; torch cannot see it)"
     assert rows["NVIDIA driver"] == "550.54.14, supports CUDA up to 12.4"
     assert "CPU-only build" in rows["torch"]
+
+
+def test_environment_section_in_the_html_report() -> None:
+    from torchscalpel.record import RunRecord
+    from torchscalpel.report.html import sections_for
+
+    facts = {**GPU_FACTS, "env": {"NCCL_DEBUG": "<b>INFO</b>"}}
+    sections = [s for s in sections_for(RunRecord(environment=facts)) if s.id == "environment"]
+    assert len(sections) == 1
+    body = sections[0].body
+    assert "NVIDIA H100, 80 GiB, sm 9.0" in body
+    assert "&lt;b&gt;INFO&lt;/b&gt;" in body and "<b>INFO" not in body  # escaped
+    assert not [s for s in sections_for(RunRecord()) if s.id == "environment"]  # no facts, no section

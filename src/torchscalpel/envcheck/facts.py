@@ -157,9 +157,17 @@ def _torch_build(torch: Any) -> dict[str, Any]:
             cudnn = torch.backends.cudnn.version()
         except Exception:  # a broken cuDNN install is itself worth seeing, but not fatal here
             cudnn = None
+    nccl = None
+    if kind != "cpu":
+        try:
+            raw = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, raw)) if isinstance(raw, tuple) else str(raw)
+        except Exception:  # no NCCL in this build
+            nccl = None
     return {
         "kind": kind,
         "cudnn": cudnn,
+        "nccl": nccl,
         "git": (getattr(torch.version, "git_version", "") or "")[:12] or None,
         "debug": bool(getattr(torch.version, "debug", False)),
     }

@@ -43,6 +43,7 @@ def fact_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
     kind = build.get("kind", "cpu")
     what = {"cuda": f"CUDA {facts.get('torch_cuda')}", "rocm": f"ROCm/HIP {facts.get('torch_hip')}", "cpu": "CPU-only"}[kind]
     cudnn = f", cuDNN {build['cudnn']}" if build.get("cudnn") else ""
+    cudnn += f", NCCL {build['nccl']}" if build.get("nccl") else ""
     rows.append(("torch", f"{facts.get('torch')} ({what} build{cudnn}), {facts.get('torch_threads')} thread(s)"))
     gpus = facts.get("gpus") or []
     if gpus:
