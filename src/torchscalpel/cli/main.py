@@ -18,6 +18,7 @@ COMMANDS: tuple[str, ...] = (
     "profile",
     "demo",
     "analyze",
+    "env",
 )
 
 

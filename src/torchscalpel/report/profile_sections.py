@@ -11,7 +11,7 @@ from torchscalpel.report.terminal import fmt_bytes, fmt_flops
 
 
 def build(record: RunRecord) -> list[Section]:
-    """All profile sections for ``record`` (empty when it holds no steps)."""
+    """All profile sections for ``record`` (the environment section is env_sections' job)."""
     sections = [_overview(record)]
     if record.steps:
         sections.append(_steps(record))
@@ -21,7 +21,6 @@ def build(record: RunRecord) -> list[Section]:
     if record.modules:
         sections.append(_modules(record))
     sections.extend(_trace_extras(record))
-    sections.append(_environment(record))
     return sections
 
 
@@ -128,14 +127,6 @@ def _modules(record: RunRecord) -> Section:
         title="Forward time by module",
         body=table(["module", "type", "params", "calls", "forward ms (measured steps)"], rows, [False, False, True, True, True]),
     )
-
-
-def _environment(record: RunRecord) -> Section:
-    env = record.environment
-    rows = [(k, v) for k, v in env.items() if k not in ("gpus", "env") and v not in (None, "", [])]
-    rows += [(f"gpu {g['index']}", f"{g['name']}, {fmt_bytes(g['memory_bytes'])}, sm {g['capability']}") for g in env.get("gpus", [])]
-    rows += [(k, v) for k, v in env.get("env", {}).items()]
-    return Section(id="environment", title="Environment", body=table(["", ""], rows))
 
 
 # Parts of the shared trace component that add to the profile sections above (the op table
