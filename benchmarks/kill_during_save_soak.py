@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing as mp
 import os
 import random
 import signal
@@ -38,8 +39,9 @@ def _model() -> torch.nn.Module:
     return torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])  # ~1 MiB of weights
 
 
-def _saver(root: Path, ready_fd: int) -> None:
+def _saver(root: Path, conn) -> None:
     """Child: resume from latest, then save steps latest+1, latest+2, ... until killed."""
+    torch.set_num_threads(1)
     for name in DIST_ENV:
         os.environ.pop(name, None)
     sd.setup(seed=0, log_level=logging.WARNING)
@@ -47,14 +49,14 @@ def _saver(root: Path, ready_fd: int) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ckpt = sd.Checkpointer(root, model=model, optimizer=opt, keep=2, sigterm=False)
     step = ckpt.load() or 0
-    os.write(ready_fd, b"r")
+    conn.send_bytes(b"r")
     while True:
         step += 1
         with torch.no_grad():
             for p in model.parameters():
                 p.fill_(float(step))
         ckpt.save(step)
-        os.write(ready_fd, b"s")
+        conn.send_bytes(b"s")
 
 
 def _phase(root: Path) -> str:
@@ -99,39 +101,37 @@ def verify(root: Path) -> tuple[int | None, str | None]:
 def run_trials(kills: int, seed: int, root: Path) -> dict[str, object]:
     """Run ``kills`` kill points against one checkpoint folder; return counts and any problems."""
     rng = random.Random(seed)
-    # Pay one-time imports (optimizers pull in dynamo) here, before forking, not in every child.
-    torch.optim.SGD(_model().parameters(), lr=0.1)
-    from torch.distributed.checkpoint import state_dict as _sd  # noqa: F401
     phases: dict[str, int] = {}
     problems: list[str] = []
     save_s = 0.05
     last_step = 0
     resumed_from: list[int] = []
     timings: dict[str, list[float]] = {}
+    # Children come from a forkserver: a plain fork of a process whose OpenMP pool or gloo
+    # threads are running (pytest after other tests) can deadlock in the child.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torchscalpel.dist"])
     for _ in range(kills):
-        read_fd, write_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # child
-            os.close(read_fd)
-            code = 0
-            try:
-                _saver(root, write_fd)
-            except BaseException:
-                code = 1
-            os._exit(code)
-        os.close(write_fd)
+        parent_conn, child_conn = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_saver, args=(root, child_conn), daemon=True)
         t_start = time.perf_counter()
-        assert os.read(read_fd, 1) == b"r", "saver did not start"
+        proc.start()
+        child_conn.close()
+        if not parent_conn.poll(120) or parent_conn.recv_bytes() != b"r":
+            proc.kill()
+            problems.append(f"saver did not start (exit code {proc.exitcode})")
+            break
         timings.setdefault("start_s", []).append(time.perf_counter() - t_start)
         resumed_from.append(last_step)
         t0 = time.perf_counter()
         # Measure one save to aim the kill, then kill within ~2 save durations.
-        os.read(read_fd, 1)
+        if parent_conn.poll(120):
+            parent_conn.recv_bytes()
         save_s = 0.8 * save_s + 0.2 * (time.perf_counter() - t0)
         time.sleep(rng.uniform(0, 2 * save_s))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        os.close(read_fd)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join()
+        parent_conn.close()
         phase = _phase(root)
         phases[phase] = phases.get(phase, 0) + 1
         t_verify = time.perf_counter()

@@ -169,3 +169,16 @@ def test_two_nodes_on_localhost(tmp_path):
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0 or ABORT in out, out[-3000:]
     assert os.path.isdir(tmp_path / "ckpt")
+
+
+@pytest.mark.slow
+def test_profile_every_rank_and_merge(tmp_path):
+    out = tmp_path / "prof"
+    proc = run_cli("launch", "--nproc", "2", "--profile", "--steps", "3", "--out", str(out), "--", str(EXAMPLE),
+                   "--steps", "40", "--workers", "0", "--ckpt", str(tmp_path / "ckpt"), cwd=tmp_path, timeout=300, **ENV)
+    merged_path = out / "launch.json"
+    assert merged_path.exists() or ABORT in proc.stderr, _ok(proc)
+    merged = json.loads(merged_path.read_text())
+    assert [row["rank"] for row in merged["ranks"]] == [0, 1]
+    assert all(row["steps"] == 3 and row["collective_ms"] is not None for row in merged["ranks"])
+    assert "collective ms" in proc.stdout and "straggler:" in proc.stdout

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse with torchrun's parser, validate, launch; return the exit code."""
-    from torchscalpel.dist.launch import build_parser, launch, prepare
+    from torchscalpel.dist.launch import build_parser, launch, prepare, wrap_for_stage
 
     parser = build_parser()
     argv = list(args.argv)
@@ -42,7 +42,27 @@ def run(args: argparse.Namespace) -> int:
         return 2 if exc.code else 0
     parsed = prepare(parsed)
     out = parsed.out or default_run_dir("launch-" + _name(parsed.training_script))
-    return launch(parsed, out_dir=out)
+    stage = wrap_for_stage(parsed, out)
+    code = launch(parsed, out_dir=out)
+    if stage is not None:
+        _report_ranks(out)
+    return code
+
+
+def _report_ranks(out) -> None:
+    """Merge the per-rank Run records, print the table, save ``OUT/launch.json``."""
+    import json
+
+    from torchscalpel.dist.rankmerge import format_table, load_rank_records, merge
+
+    records = load_rank_records(out)
+    if not records:
+        print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
+        return
+    merged = merge(records)
+    (out / "launch.json").write_text(json.dumps(merged, indent=1, default=str) + "\n")
+    print(format_table(merged))
+    print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")
 
 
 def _name(script: str) -> str:

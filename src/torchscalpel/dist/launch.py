@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
             action.nargs = "?"  # a missing script gets prepare()'s sentence, not argparse's
     parser.add_argument("--nproc", type=int, help="processes on this node (same as --nproc-per-node)")
     parser.add_argument("--out", type=Path, help="folder for per-rank logs (default scalpel-runs/<time>-launch-<name>/)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--profile", action="store_true",
+                      help="run every rank under 'scalpel profile' and report per-rank step time, collective wait, stragglers")
+    mode.add_argument("--doctor", action="store_true", help="run every rank under 'scalpel doctor' and merge the findings")
+    parser.add_argument("--steps", default="20", help="with --profile/--doctor: measured steps per rank, or 'all' (default 20)")
     return parser
 
 
@@ -89,6 +94,24 @@ def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argp
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts {args.max_restarts} must be 0 or more.")
     return args
+
+
+def wrap_for_stage(args: argparse.Namespace, out_dir: Path) -> str | None:
+    """For --profile/--doctor, make every rank run ``scalpel COMMAND --out OUT/rank-R``; returns COMMAND."""
+    command = "profile" if args.profile else "doctor" if args.doctor else None
+    if command is None:
+        return None
+    if args.module or args.no_python:
+        raise UsageError(f"--{command} runs a script file; drop -m/--no-python and pass the script path.")
+    from torchscalpel.cli.main import COMMANDS
+
+    if command not in COMMANDS:
+        raise UsageError(f"This torchscalpel has no '{command}' command; run without --{command}.")
+    script, script_args = args.training_script, list(args.training_script_args)
+    args.module = True
+    args.training_script = "torchscalpel.dist.rank_entry"
+    args.training_script_args = [command, str(out_dir), "--steps", str(args.steps), "--", script, *script_args]
+    return command
 
 
 @dataclass(slots=True)
