@@ -92,6 +92,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--scaler", action="store_true", help="use a GradScaler (its state is checkpointed too)")
     p.add_argument("--guard", default="halt", choices=["halt", "skip"])
+    p.add_argument("--bf16", action="store_true", help="bf16 mixed precision (FSDP policy or autocast)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic kernels (needed for bit-exact resume on CUDA: some backward kernels use atomics)")
     p.add_argument("--log", type=Path, help="append per-step losses (JSON lines, one file per rank) here")
     p.add_argument("--final", type=Path, help="rank 0 writes the full final state here (torch.save of tensors)")
     p.add_argument("--die-at", type=int, default=-1, help="test: SIGKILL this process before this step")
@@ -111,14 +114,18 @@ def full_state(model: nn.Module, opt: torch.optim.Optimizer, sched, scaler) -> d
 
 def main() -> None:
     args = parse_args()
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     ctx = sd.setup(seed=args.seed)
     log = sd.get_logger("train")
     model = TinyLM(dropout=args.dropout)
     sample = torch.zeros(2, 8, dtype=torch.long)
-    model = sd.wrap(model, args.strategy, activation_checkpointing=args.activation_checkpointing, sample=sample)
+    model = sd.wrap(model, args.strategy, activation_checkpointing=args.activation_checkpointing,
+                    mixed_precision="bf16" if args.bf16 else None, sample=sample.to(ctx.device))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.8)
-    scaler = torch.amp.GradScaler("cpu", enabled=args.scaler, init_scale=2.0**10, growth_interval=3)
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=args.scaler, init_scale=2.0**10, growth_interval=3)
     data = sd.loader(TextWindows(32, args.windows), args.batch_size, num_workers=args.workers)
     guard = sd.NonFiniteGuard(model, mode=args.guard)
     ckpt = sd.Checkpointer(args.ckpt, model=model, optimizer=opt, scheduler=sched, scaler=scaler,
