@@ -24,7 +24,7 @@ def _soak_module():
 def test_latest_is_never_broken_after_sigkill_during_save(tmp_path, monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
-    result = _soak_module().run_trials(kills=8, seed=os.getpid(), root=tmp_path / "ckpt")
+    result = _soak_module().run_trials(kills=5, seed=os.getpid(), root=tmp_path / "ckpt")
     assert result["problems"] == [], result
     assert result["final_step"] > 0, result  # at least one save committed between kills
 

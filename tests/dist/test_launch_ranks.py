@@ -99,6 +99,7 @@ def test_ddp_and_fsdp_match_single_process(tmp_path):
     diffs = json.loads(out.read_text())
     # Tolerance: fp32 AdamW after 4 steps; the only difference is the order of the gradient sum.
     assert diffs["ddp"] < 1e-5 and diffs["fsdp"] < 1e-5, diffs
+    assert diffs["guard_stepped"] == [False, False]  # NaN on rank 1 only: both ranks skipped
 
 
 @pytest.mark.slow
@@ -123,11 +124,43 @@ def test_sigterm_saves_exits_143_and_resumes_exactly(tmp_path, ddp_reference):
     assert_same_run(ddp_reference, tmp_path)
 
 
-@pytest.mark.slow
-def test_sigkill_then_max_restarts_recovers_exactly_with_fsdp(tmp_path_factory):
-    ref = tmp_path_factory.mktemp("fsdp-ref")
-    proc = train(ref, "--strategy", "fsdp", "--activation-checkpointing")
+@pytest.fixture(scope="module")
+def fsdp_reference(tmp_path_factory) -> Path:
+    cwd = tmp_path_factory.mktemp("fsdp-ref")
+    proc = train(cwd, "--strategy", "fsdp", "--activation-checkpointing")
     assert proc.returncode == 0, _ok(proc)
+    return cwd
+
+
+def test_two_rank_fsdp_checkpoint_reshards_to_one_process(fsdp_reference, single_rank):
+    """Load the 2-rank FSDP checkpoint in one process: full weights equal the consolidated file."""
+    import importlib.util
+
+    from safetensors.torch import load_file
+
+    from torchscalpel import dist as sd
+
+    spec = importlib.util.spec_from_file_location("example_lm", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = sd.wrap(example.TinyLM(), "none")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.8)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    data = sd.loader(example.TextWindows(32, 160), 8, num_workers=0)
+    ckpt = sd.Checkpointer(fsdp_reference / "ckpt", model=model, optimizer=opt, scheduler=sched, scaler=scaler,
+                           loader=data, guard=sd.NonFiniteGuard(model), sigterm=False)
+    assert ckpt.load() == 8
+    full = load_file(str(sd.consolidate(fsdp_reference / "ckpt", fsdp_reference / "full.safetensors")))
+    assert set(full) == set(model.state_dict())
+    assert all(torch.equal(full[k], v) for k, v in model.state_dict().items())
+    assert all(opt.state[p]["exp_avg"].shape == p.shape for p in model.parameters())
+    assert sched.last_epoch == 8 and data.epoch * len(data) + data.batches_done == 8 * 2  # 2 ranks' batches
+
+
+@pytest.mark.slow
+def test_sigkill_then_max_restarts_recovers_exactly_with_fsdp(tmp_path_factory, fsdp_reference):
+    ref = fsdp_reference
     rng = random.Random()
     die_at, die_rank = rng.randint(1, 9), rng.randint(0, 1)
     cwd = tmp_path_factory.mktemp("fsdp-restart")

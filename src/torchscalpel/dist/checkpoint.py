@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from torchscalpel.dist import manifest
 from torchscalpel.dist.manifest import CheckpointError
-from torchscalpel.dist.setup import context, get_logger
+from torchscalpel.dist.setup import collective_device, context, get_logger
 from torchscalpel.dist.statecodec import load_state, rng_restore, rng_snapshot, save_state
 
 log = get_logger()
@@ -175,7 +175,7 @@ class Checkpointer:
         The stop flag is agreed on with one tiny all-reduce, so ranks that received SIGTERM at
         different steps still save the same step together.
         """
-        flag = torch.tensor([1 if self._stop_requested else 0], dtype=torch.int32)
+        flag = torch.tensor([1 if self._stop_requested else 0], dtype=torch.int32, device=collective_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if int(flag.item()):
             self.save(step)
@@ -256,7 +256,7 @@ class Checkpointer:
                     f"{folder} holds no {name} state but a {name} was registered; pass allow_partial=True to "
                     f"resume with a fresh {name}."
                 )
-        if self.optimizer is not None and not (folder / ".metadata").exists():
+        if not (folder / ".metadata").exists():
             raise CheckpointError(f"{folder} has no DCP metadata; it is not a torchscalpel checkpoint.")
 
     def _restore_rank_state(self, folder: Path, saved_world: int, step: int) -> None:

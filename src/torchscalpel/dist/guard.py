@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchscalpel.dist.setup import get_logger
+from torchscalpel.dist.setup import collective_device, get_logger
 from torchscalpel.errors import ScalpelError
 
 log = get_logger()
@@ -55,7 +55,7 @@ class NonFiniteGuard:
     def check(self, loss: torch.Tensor | None) -> bool:
         """True when this step may update (collective: every rank must call it)."""
         bad_loss, bad_grad = nonfinite_flags(loss, self.model)
-        flags = torch.tensor([float(bad_loss), float(bad_grad)])
+        flags = torch.tensor([float(bad_loss), float(bad_grad)], device=collective_device())
         if dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         self.checked += 1
@@ -68,12 +68,12 @@ class NonFiniteGuard:
         if scaler_on:
             scaler.unscale_(optimizer)
         bad_loss, bad_grad = nonfinite_flags(loss, self.model)
-        flags = torch.tensor([float(bad_loss), float(bad_grad and not scaler_on)])
+        flags = torch.tensor([float(bad_loss), float(bad_grad and not scaler_on)], device=collective_device())
         if dist.is_initialized():
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         self.checked += 1
         if bool(flags.any()):
-            what = "loss" if flags[0] else "gradients"
+            what = "loss" if bool(flags[0]) else "gradients"
             if self.mode == "halt":
                 raise NonFiniteError(
                     f"Non-finite {what} at update {self.checked} on at least one rank; the optimizer did not step. "

@@ -144,6 +144,13 @@ def context() -> DistContext:
     return _STATE["ctx"]
 
 
+def collective_device() -> torch.device:
+    """Where small flag tensors for collectives must live: the current CUDA device under nccl, else CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def teardown() -> None:
     """Wait for every rank, then destroy the process group (safe to call twice)."""
     if dist.is_initialized():

@@ -7,6 +7,7 @@ loading cannot run code. Also the per-rank random-generator snapshot and restore
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,6 @@ def save_state(state: dict[str, Any], stem: Path) -> None:
     doc = encode(state, tensors)
     save_file(tensors, str(stem.with_suffix(".safetensors")))
     with open(stem.with_suffix(".safetensors"), "rb+") as fh:
-        import os
-
         os.fsync(fh.fileno())
     write_durable(stem.with_suffix(".json"), json.dumps(doc, allow_nan=True).encode())
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from torchscalpel.dist.setup import get_logger
+from torchscalpel.dist.setup import collective_device, get_logger
 from torchscalpel.errors import UsageError
 
 STRATEGIES = ("auto", "ddp", "fsdp", "none")
@@ -269,7 +269,7 @@ def _wrap_ddp(
     if find_unused is None:
         if sample is not None:
             unused = unused_parameters(model, sample)
-            flag = torch.tensor([1.0 if unused else 0.0])
+            flag = torch.tensor([1.0 if unused else 0.0], device=collective_device())
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank must pass the same flag to DDP
             find_unused = bool(flag.item())
             log.info(

@@ -57,6 +57,19 @@ def main() -> None:
         ref = reference.state_dict()
         assert set(full) == set(ref), sorted(set(full) ^ set(ref))
         result[strategy] = max((full[k] - ref[k]).abs().max().item() for k in ref)
+    # A NaN on rank 1 only: the guard must skip the update on both ranks (FSDP-sharded gradients).
+    model = sd.wrap(copy.deepcopy(make_model()), "fsdp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = sd.NonFiniteGuard(model, mode="skip")
+    x = xs[0][:4].clone()
+    if ctx.rank == 1:
+        x[0, 0] = float("nan")
+    loss = F.cross_entropy(model(x), ys[0][:4])
+    loss.backward()
+    stepped = guard.step(opt, loss)
+    flags = [None] * ctx.world_size
+    torch.distributed.all_gather_object(flags, stepped)
+    result["guard_stepped"] = flags
     if ctx.is_main:
         with open(out, "w") as fh:
             json.dump(result, fh)
