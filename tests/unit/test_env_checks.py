@@ -126,6 +126,8 @@ def test_windows_uses_the_windows_column() -> None:
     ("change", "cause"),
     [
         ({"env": {"CUDA_VISIBLE_DEVICES": ""}}, "CUDA_VISIBLE_DEVICES"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "2,3"}, "nvidia_smi": {"gpus": [{"name": "A"}, {"name": "B"}]}},
+         "CUDA_VISIBLE_DEVICES"),
         ({"driver": {"nvidia_devices": [], "wsl_dxg": False}}, "container"),
         ({"driver": {"cuda_version": "11.8"}}, "older than the CUDA"),
         ({"nvidia_smi": {"error": "nvidia-smi did not answer within 10 s"}}, "does not answer"),
@@ -135,6 +137,12 @@ def test_cuda_unavailable_names_the_likeliest_cause(change: dict[str, Any], caus
     f = only(facts(GPU_BOX, cuda_available=False, gpus=[], **change), "cuda-unavailable")
     assert cause in f.message
     assert f.severity == Severity.ERROR
+
+
+def test_visible_devices_within_range_is_not_blamed() -> None:
+    box = facts(GPU_BOX, cuda_available=False, gpus=[], env={"CUDA_VISIBLE_DEVICES": "1"},
+                nvidia_smi={"gpus": [{"name": "A"}, {"name": "B"}]}, driver={"nvidia_devices": []})
+    assert "container" in only(box, "cuda-unavailable").message
 
 
 def test_cuda_wheel_on_machine_without_gpu_is_only_info() -> None:

@@ -84,6 +84,12 @@ def _visible_devices_hide_all(facts: Facts) -> str | None:
         return None
     if value.strip() in ("", "-1", "none", "NoDevFiles"):
         return value
+    # Indices past the GPUs nvidia-smi lists (e.g. "4" on a 4-GPU machine) also hide every GPU:
+    # CUDA stops at the first invalid entry.
+    count = len(_smi(facts).get("gpus") or [])
+    first = value.split(",")[0].strip()
+    if count and first.isdigit() and int(first) >= count:
+        return value
     return None
 
 
