@@ -60,6 +60,7 @@ def test_fail_on_follows_the_findings(tmp_path: Path) -> None:
         (["--probe-timeout", "0"], "--probe-timeout must be a positive number"),
         (["--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),
         (["--no-probe", "--json", "."], "is a folder"),
+        (["--no-probe", "--json", "README.md/env.json"], "Cannot write --json"),
     ],
 )
 def test_usage_errors_are_one_sentence_and_exit_2(args: list[str], message: str) -> None:
