@@ -56,6 +56,7 @@ def test_fail_on_follows_the_findings(tmp_path: Path) -> None:
     [
         (["--probe", "matmul,bogus"], "Unknown probe 'bogus'"),
         (["--probe", ","], "--probe names no probe"),
+        (["--no-probe", "--probe", "matmul"], "contradict each other"),
         (["--fail-on", "fatal"], "--fail-on 'fatal' is not a level"),
         (["--probe-timeout", "0"], "--probe-timeout must be a positive number"),
         (["--nproc-per-node", "0"], "--nproc-per-node must be at least 1"),

@@ -26,8 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Report the environment (Python, CPU, torch build, GPUs, driver, compilers, backends, "
                     "variables), check it for known incompatibilities, and run quick probes.",
     )
-    p.add_argument("--no-probe", action="store_true", help="skip the probes (facts and checks only, ~1 s)")
-    p.add_argument("--probe", default=",".join(PROBES), metavar="LIST",
+    p.add_argument("--no-probe", action="store_true", help="skip the probes (facts and checks only: about as long as importing torch)")
+    p.add_argument("--probe", metavar="LIST",
                    help=f"comma-separated probes to run (default all: {','.join(PROBES)})")
     p.add_argument("--probe-timeout", type=float, default=60.0, metavar="S",
                    help="seconds each probe may take (default 60)")
@@ -44,7 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _validate(args: argparse.Namespace) -> tuple[list[str], Severity | None]:
     from torchscalpel.envcheck.probes import PROBES
 
-    probes = [] if args.no_probe else [p.strip() for p in args.probe.split(",") if p.strip()]
+    if args.no_probe and args.probe is not None:
+        raise UsageError("--no-probe and --probe contradict each other; use one of them.")
+    text = ",".join(PROBES) if args.probe is None else args.probe
+    probes = [] if args.no_probe else [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in probes if p not in PROBES]
     if unknown:
         raise UsageError(f"Unknown probe {unknown[0]!r} in --probe; choose from {', '.join(PROBES)}.")
