@@ -16,6 +16,7 @@ from torchscalpel.errors import ScalpelError
 # One module per verb under torchscalpel.cli; each defines register(subparsers) and run(args).
 COMMANDS: tuple[str, ...] = (
     "export",
+    "serve",
 )
 
 
