@@ -55,6 +55,15 @@ class ServeConfig:
             raise ValueError("--max-queue and --max-body must be at least 1")
 
 
+def _jsonable(arr: np.ndarray) -> list:
+    """Nested lists for JSON; NaN and infinities become null (strict JSON has no spelling for them)."""
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        obj = arr.astype(object)
+        obj[~np.isfinite(arr)] = None
+        return obj.tolist()
+    return arr.tolist()
+
+
 def _error(exc: RequestError) -> JSONResponse:
     return JSONResponse({"error": exc.reason}, status_code=exc.status, headers=exc.headers)
 
@@ -108,9 +117,9 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             if batcher is None or not state["ready"]:
                 raise RequestError(503, "server is starting", {"Retry-After": "1"})
             outputs = await batcher.submit(arrays)
-            payload = {"outputs": {n: o.tolist() for n, o in zip(out_names, outputs, strict=True)},
+            payload = {"outputs": {n: _jsonable(o) for n, o in zip(out_names, outputs, strict=True)},
                        "batch_size": int(arrays[0].shape[0])}
-            response: Response = Response(json.dumps(payload), media_type="application/json")
+            response: Response = Response(json.dumps(payload, allow_nan=False), media_type="application/json")
         except RequestError as exc:
             response = _error(exc)
         return finish("/v1/predict", started, response)
