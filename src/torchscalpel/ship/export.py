@@ -174,14 +174,19 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         raise ScalpelError("The model stays in training mode after .eval(); check its train()/eval() overrides.")
     named = [i.name for i in inputs]
     in_names = [n for n in named if n] if all(named) else forward_input_names(model, len(inputs))
-    _prepare_out(opts.out)
 
     dynamic = opts.dynamic == "batch"
     example_batch = inputs[0].shape[0]
     export_batch = 2 if dynamic else example_batch  # batch 1 invites 0/1 specialization in torch.export
     args = make_batch(inputs, export_batch, opts.seed)
-    with torch.inference_mode():
-        eager_out = flatten_outputs(model(*args))
+    try:
+        with torch.inference_mode():
+            eager_out = flatten_outputs(model(*args))
+    except Exception as exc:  # the user's forward on the user's example: name both
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"The model fails on the --example inputs ({first}); give one --example per forward() "
+                         "argument, with the shape it expects.") from None
+    _prepare_out(opts.out)
     out_names = opts.output_names or (["output"] if len(eager_out) == 1 else [f"output_{i}" for i in range(len(eager_out))])
     if len(out_names) != len(eager_out):
         raise UsageError(f"--output-names has {len(out_names)} names but the model returns {len(eager_out)} outputs.")

@@ -74,7 +74,7 @@ def _torch_load(path: Path, *, trust: bool) -> dict[str, Any]:
             f"{path} holds pickled objects beyond tensors, which can run code ({str(exc).splitlines()[0]}); "
             "re-save only model.state_dict(), or pass --trust if you trust where the file came from."
         ) from None
-    except (RuntimeError, OSError, EOFError) as exc:
+    except Exception as exc:  # corrupt files surface as struct.error, EOFError, RuntimeError...
         raise ScalpelError(f"Cannot read {path} as a torch state_dict file ({str(exc).splitlines()[0]}).") from None
     if isinstance(obj, torch.nn.Module):
         return dict(obj.state_dict())
