@@ -37,15 +37,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate everything (flags, token, bundle hashes, backend) before binding, then serve until Ctrl-C."""
-    from torchscalpel.serve.app import ServeConfig, create_app
-    from torchscalpel.serve.backends import load_runner
     from torchscalpel.serve.security import check_bind, parse_size, read_token
-    from torchscalpel.ship.bundle import verify_bundle
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a valid port (0-65535).")
     token = read_token(args.token_file) if args.token_file else None
     check_bind(args.host, token)
+    from torchscalpel.serve.app import ServeConfig, create_app
+    from torchscalpel.serve.backends import load_runner
+    from torchscalpel.ship.bundle import verify_bundle
+
     try:
         config = ServeConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
                              timeout_s=args.timeout, max_body=parse_size(args.max_body),
@@ -66,15 +67,23 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise UsageError(f"Cannot bind {args.host}:{args.port} ({exc.strerror}); choose another --port or --host.") from None
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(
+    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+    banner = (f"serving {bundle.path} ({runner.name}, max batch {min(config.max_batch, bundle.max_batch)}) "
+              f"on http://{host}:{port}{' (token required)' if token else ''}")
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+            await super().startup(sockets=sockets)
+            if not self.should_exit:
+                # Printed only once the socket accepts and the model is warm: scripts wait for this line.
+                print(banner, flush=True)
+
+    server = _Server(uvicorn.Config(
         app, log_level="warning", access_log=False,
         # A backstop above the batcher's own queue: beyond this uvicorn answers 503 itself.
         limit_concurrency=config.max_queue + 512,
         timeout_keep_alive=5, h11_max_incomplete_event_size=64 * 1024,
     ))
-    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
-    print(f"serving {bundle.path} ({runner.name}, max batch {min(config.max_batch, bundle.max_batch)}) "
-          f"on http://{host}:{port}{' (token required)' if token else ''}", flush=True)
     try:
         server.run(sockets=[sock])
     finally:

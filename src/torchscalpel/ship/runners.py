@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
 
 from torchscalpel.errors import ScalpelError
+
+if TYPE_CHECKING:  # torch is imported lazily: serving an ONNX bundle never loads it
+    import torch
 
 
 class Runner(Protocol):
@@ -27,6 +29,8 @@ class Runner(Protocol):
 
 def flatten_outputs(out: object) -> list[torch.Tensor]:
     """A model's return value as a list of tensors (a tensor, or a tuple/list of tensors)."""
+    import torch
+
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
@@ -43,20 +47,26 @@ class TorchRunner:
         self.module = module
         self.name = name
 
-    @torch.inference_mode()
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
-        return [t.detach().cpu().numpy() for t in flatten_outputs(self.module(*tensors))]
+        import torch
+
+        with torch.inference_mode():
+            tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+            return [t.detach().cpu().numpy() for t in flatten_outputs(self.module(*tensors))]
 
 
 def exported_runner(path: Path) -> TorchRunner:
     """Load a ``torch.export`` program (``.pt2``: unpickles, so only for trusted files)."""
+    import torch
+
     program = torch.export.load(str(path))
     return TorchRunner(program.module(), "exported")
 
 
 def torchscript_runner(path: Path) -> TorchRunner:
     """Load a TorchScript file (code: only for trusted files)."""
+    import torch
+
     return TorchRunner(torch.jit.load(str(path), map_location="cpu").eval(), "torchscript")
 
 
