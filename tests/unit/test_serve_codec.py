@@ -96,7 +96,9 @@ def test_npy_rejections():
     assert err(neg, "application/x-npy").status == 422
     header_obj = good.replace(b"'<f4'", b"'|O' ")
     assert "object" in err(header_obj, "application/x-npy").reason
-    assert "numbers" in err(npy(np.full((1, 1, 8, 8), "a")), "application/x-npy").reason
+    assert "takes float32" in err(npy(np.full((1, 1, 8, 8), "a")), "application/x-npy").reason
+    assert "takes float32" in err(npy(x.astype(np.int8)), "application/x-npy").reason
+    assert "takes float32" in err(npy(x.astype(np.float64)), "application/x-npy").reason
 
 
 def test_unsupported_content_type():

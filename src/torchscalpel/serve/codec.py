@@ -140,6 +140,9 @@ def decode_npy(body: bytes, specs: list[InputSpec], max_batch: int) -> list[np.n
         raise _fail(f"body is not a valid .npy array ({str(exc)[:120]})") from None
     if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
         raise _fail("object or structured .npy arrays are not accepted (they would need pickle)")
+    if dtype.newbyteorder("=") != spec.dtype.newbyteorder("="):
+        # JSON numbers are untyped and get cast; a binary array states its dtype, and a mismatch is a client bug.
+        raise _fail(f"the .npy array is {dtype.name}; input {spec.name!r} takes {spec.dtype.name}")
     if any(not isinstance(d, int) or d < 0 for d in shape):
         raise _fail(f"the .npy header has an invalid shape {shape!r}")
     if len(shape) != len(spec.shape):
