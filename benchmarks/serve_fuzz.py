@@ -144,7 +144,7 @@ def send(port: int, data: bytes, timeout: float = 30.0) -> int | None:
 def slow_client(port: int, stall_s: float) -> int | None:
     """Send headers and a few body bytes, then stall: the server must answer 408 (not hang forever)."""
     with socket.create_connection((LOOPBACK, port), timeout=stall_s + 30) as s:
-        s.sendall(http("POST", "/v1/predict", b"", {"Content-Type": "application/json"}, length="1000")[:-0 or None])
+        s.sendall(http("POST", "/v1/predict", b"", {"Content-Type": "application/json"}, length="1000"))
         s.sendall(b'{"inputs": ')
         buf = b""
         try:
@@ -182,7 +182,7 @@ def run_fuzz(port: int, *, count: int, seed: int = 0, row_shape: tuple[int, ...]
     def work(job: tuple[str, bytes, int]) -> None:
         if time.monotonic() - start > time_limit_s:
             return
-        name, req, n = job
+        name, req, _rows = job
         status = send(port, req)
         with lock:
             if name == "valid":
