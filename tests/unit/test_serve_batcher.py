@@ -132,3 +132,26 @@ def test_model_error_is_500_for_that_batch_and_the_worker_survives():
     e, ok = run(main())
     assert e.status == 500 and "boom" in e.reason
     assert ok[0].shape == (1, 2)
+
+
+def test_no_wait_when_nothing_is_arriving_but_wait_when_something_is():
+    runner = LinearRunner()
+    arriving = {"n": 0}
+
+    async def main():
+        b = Batcher(runner, max_batch=8, max_wait_s=30, max_queue=8, timeout_s=60, arriving=lambda: arriving["n"])
+        b.start()
+        # Nothing else on the way: answered at once despite a 30 s max wait.
+        await asyncio.wait_for(b.submit(rows(1)), 5)
+        # One more request on the way: the first waits for it, and both run as one batch.
+        arriving["n"] = 1
+        first = asyncio.ensure_future(b.submit(rows(1)))
+        await asyncio.sleep(0.1)
+        assert not first.done()
+        arriving["n"] = 0
+        second = asyncio.ensure_future(b.submit(rows(2)))
+        await asyncio.wait_for(asyncio.gather(first, second), 5)
+        await b.stop()
+
+    run(main())
+    assert runner.calls == [1, 3]

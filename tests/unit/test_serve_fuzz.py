@@ -6,15 +6,13 @@ schemas, schema-valid bodies are accepted and invalid ones rejected. Loopback on
 
 from __future__ import annotations
 
-import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis import GenerationMode
 
-schemathesis = pytest.importorskip("schemathesis")
-from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
-from schemathesis import GenerationMode  # noqa: E402
-
-from fixtures.live_server import live_server  # noqa: E402
-from fixtures.serve_bundles import LinearRunner, linear_bundle  # noqa: E402
-from torchscalpel.serve.app import ServeConfig, create_app  # noqa: E402
+from fixtures.live_server import live_server
+from fixtures.serve_bundles import LinearRunner, linear_bundle
+from torchscalpel.serve.app import ServeConfig, create_app
 
 
 def test_openapi_fuzz_finds_no_server_errors(tmp_path):

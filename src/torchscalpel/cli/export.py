@@ -41,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate the flags, run the export, print parity and latency; exit 1 when parity fails."""
+    if args.weights is not None and not args.weights.exists():  # before importing torch: fail in a blink
+        raise UsageError(f"--weights {args.weights} does not exist; check the path.")
     from torchscalpel.ship.export import ExportOptions, export_bundle
     from torchscalpel.ship.parity import format_table
 

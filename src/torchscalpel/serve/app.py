@@ -76,16 +76,17 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     max_batch = min(config.max_batch, bundle.max_batch)
     static = specs[0].shape[0] is not None
     metrics = Metrics()
-    state: dict[str, Any] = {"batcher": None, "ready": False}
+    state: dict[str, Any] = {"batcher": None, "ready": False, "arriving": 0}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         rows = bundle.max_batch if static else 1
-        warm = [np.zeros((rows, *[d for d in s.shape[1:]]), dtype=s.dtype) + (s.low or 0) for s in specs]
+        warm = [np.full((rows, *s.shape[1:]), s.low or 0, dtype=s.dtype) for s in specs]
         await asyncio.get_running_loop().run_in_executor(None, runner, warm)  # first call allocates; not a user's cost
         batcher = Batcher(runner, max_batch=bundle.max_batch if static else max_batch,
                           max_wait_s=config.max_wait_ms / 1e3, max_queue=config.max_queue,
-                          timeout_s=config.timeout_s, on_batch=metrics.record_batch)
+                          timeout_s=config.timeout_s, on_batch=metrics.record_batch,
+                          arriving=lambda: state["arriving"])
         batcher.start()
         state["batcher"], state["ready"] = batcher, True
         try:
@@ -106,6 +107,8 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
               responses={200: {"description": "model outputs"}})
     async def predict(request: Request) -> Response:
         started = time.perf_counter()
+        state["arriving"] += 1
+        arriving = True
         try:
             check_token(request.headers.get("authorization"), config.token)
             ctype = request.headers.get("content-type", "application/json")
@@ -116,12 +119,19 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             batcher: Batcher | None = state["batcher"]
             if batcher is None or not state["ready"]:
                 raise RequestError(503, "server is starting", {"Retry-After": "1"})
+            state["arriving"] -= 1
+            arriving = False
             outputs = await batcher.submit(arrays)
             payload = {"outputs": {n: _jsonable(o) for n, o in zip(out_names, outputs, strict=True)},
                        "batch_size": int(arrays[0].shape[0])}
             response: Response = Response(json.dumps(payload, allow_nan=False), media_type="application/json")
         except RequestError as exc:
             response = _error(exc)
+        finally:
+            if arriving:
+                state["arriving"] -= 1
+                if state["batcher"] is not None:
+                    state["batcher"].poke()
         return finish("/v1/predict", started, response)
 
     @app.get("/v1/model", responses={200: {"description": "inputs, outputs and limits of the served model"},

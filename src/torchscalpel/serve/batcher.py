@@ -48,7 +48,7 @@ class Batcher:
 
     def __init__(
         self, run: RunFn, *, max_batch: int, max_wait_s: float, max_queue: int, timeout_s: float,
-        on_batch: Callable[[int, float], None] | None = None,
+        on_batch: Callable[[int, float], None] | None = None, arriving: Callable[[], int] | None = None,
     ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError("max_batch and max_queue must be at least 1")
@@ -60,6 +60,8 @@ class Batcher:
         self.stats = BatchStats()
         self.on_batch = on_batch
         """Called with (rows, seconds) after each model call (the metrics histograms)."""
+        self.arriving = arriving
+        """Requests still being received/decoded; with none on the way, waiting cannot grow the batch."""
         self._queue: deque[_Item] = deque()
         self._wakeup = asyncio.Event()
         # One thread: the model call releases the GIL, and a single thread keeps calls in order.
@@ -110,6 +112,10 @@ class Batcher:
             # wait_for cancelled the future; the worker skips cancelled items still in the queue.
             raise RequestError(504, f"no answer within {self.timeout_s:g} s; the server is overloaded") from None
 
+    def poke(self) -> None:
+        """Wake the worker (an arriving request was refused, so it may stop waiting for it)."""
+        self._wakeup.set()
+
     def _take(self) -> list[_Item]:
         batch: list[_Item] = []
         rows = 0
@@ -134,7 +140,10 @@ class Batcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
             deadline = self._queue[0].arrived + self.max_wait_s
-            while self._queued_rows() < self.max_batch and (left := deadline - time.monotonic()) > 0:
+            # Wait for company only while someone is on the way: a lone client pays no batching delay,
+            # and under load the queue fills while the previous batch runs anyway.
+            while (self._queued_rows() < self.max_batch and (self.arriving is None or self.arriving() > 0)
+                   and (left := deadline - time.monotonic()) > 0):
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), left)
