@@ -144,3 +144,42 @@ def test_user_errors(tmp_path):
         export_bundle(ExportOptions(model=f"{FIXTURE}:make_model", examples=["float32[1,1,8,8,2]"],
                                     formats=("exported",), out=tmp_path / "bad"))
     assert not (tmp_path / "bad").exists()
+
+
+def test_two_inputs_two_outputs_served(tmp_path):
+    """Names from forward(), an int input with its range, two outputs: export, then the app answers like eager."""
+    import json as _json
+
+    from fastapi.testclient import TestClient
+    from safetensors.torch import load_file
+
+    from fixtures.digits_model import make_two_inputs
+    from torchscalpel.serve.app import ServeConfig, create_app
+    from torchscalpel.serve.backends import load_runner
+
+    opts = ExportOptions(model=f"{FIXTURE}:make_two_inputs", examples=["int64[1,6]:0..50", "float32[1,3]"],
+                         formats=("onnx",), max_batch=8, out=tmp_path / "two")
+    result = export_bundle(opts, log=lambda s: None)
+    assert result.passed
+    m = result.manifest
+    assert [i["name"] for i in m["inputs"]] == ["ids", "feats"] and m["inputs"][0]["range"] == [0, 50]
+    assert [o["name"] for o in m["outputs"]] == ["output_0", "output_1"]
+    bundle = verify_bundle(tmp_path / "two")
+    model = make_two_inputs()
+    model.load_state_dict(load_file(str(tmp_path / "two" / "model.safetensors")))
+    ids = torch.randint(0, 50, (3, 6))
+    feats = torch.randn(3, 3)
+    with torch.no_grad():
+        want = [t.numpy() for t in model.eval()(ids, feats)]
+    app = create_app(bundle, load_runner(bundle, "onnxruntime"), ServeConfig())
+    with TestClient(app) as c:
+        r = c.post("/v1/predict", content=_json.dumps({"inputs": {"ids": ids.tolist(), "feats": feats.tolist()}}))
+        assert r.status_code == 200, r.text
+        out = r.json()["outputs"]
+        np.testing.assert_allclose(out["output_0"], want[0], atol=1e-5, rtol=1e-4)
+        np.testing.assert_allclose(out["output_1"], want[1], atol=1e-5, rtol=1e-4)
+        bad = c.post("/v1/predict", content=_json.dumps({"inputs": {"ids": [[50] * 6], "feats": [[0.0] * 3]}}))
+        assert bad.status_code == 422 and "outside [0, 49]" in bad.json()["error"]
+        schema = c.get("/openapi.json").json()["paths"]["/v1/predict"]["post"]["requestBody"]["content"]
+        assert "application/x-npy" not in schema  # .npy bodies carry one array: not offered for two inputs
+
