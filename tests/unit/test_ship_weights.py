@@ -87,7 +87,7 @@ def test_bad_paths(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         load_weights(make_model(4), tmp_path / "nope.pt")
     (tmp_path / "dir").mkdir()
-    with pytest.raises(UsageError, match="metadata"):
+    with pytest.raises(UsageError, match=r"no \.metadata"):
         load_weights(make_model(4), tmp_path / "dir")
     (tmp_path / "junk.pt").write_bytes(b"junk")
     with pytest.raises(ScalpelError):
@@ -100,5 +100,26 @@ def test_dcp_folder(tmp_path):
     dcp.save({"model": {f"module.{k}": v for k, v in state.items()}}, checkpoint_id=str(tmp_path / "step-1"))
     model = make_model(4)
     info = load_weights(model, tmp_path / "step-1")
-    assert info.source == "dcp" and info.stripped == {"module.": 6}
+    assert info.source == "dcp:step-1" and info.stripped == {"module.": 6}
     assert_loaded(model, state)
+
+
+def test_checkpointer_root_picks_latest_committed_step(tmp_path):
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    root = tmp_path / "ckpts"
+    states = {}
+    for step in (1, 2, 3):
+        torch.manual_seed(step)
+        states[step] = make_model(4).state_dict()
+        folder = root / f"step-{step:09d}"
+        dcp.save({"model": states[step], "optim": {"step": torch.tensor(step)}}, checkpoint_id=str(folder))
+        if step < 3:  # step 3 was interrupted before its COMMIT marker
+            (folder / "COMMIT").write_text("{}")
+    model = make_model(4)
+    info = load_weights(model, root)
+    assert info.source == "dcp:step-000000002" and info.nested_key == "model"
+    assert_loaded(model, states[2])
+    for step in (1, 2):
+        (root / f"step-{step:09d}" / "COMMIT").unlink()
+    with pytest.raises(ScalpelError, match="uncommitted"):
+        load_weights(make_model(4), root)

@@ -10,6 +10,7 @@ the mapping is reported. Missing, unexpected or mis-shaped keys are an error tha
 from __future__ import annotations
 
 import pickle
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ class LoadedWeights:
 
     state_dict: dict[str, torch.Tensor]
     source: str
-    """``safetensors``, ``state_dict`` or ``dcp``."""
+    """``safetensors``, ``state_dict`` or ``dcp:<folder>`` (the DCP folder read)."""
     nested_key: str | None = None
     """The key the model's weights were found under (e.g. ``model``), if nested."""
     stripped: dict[str, int] = field(default_factory=dict)
@@ -51,11 +52,8 @@ def read_checkpoint(path: Path, *, trust: bool = False) -> tuple[dict[str, Any],
         raise UsageError(f"--weights {path} does not exist; check the path.")
     if path.is_dir():
         if not (path / ".metadata").exists():
-            raise UsageError(
-                f"--weights folder {path} is not a torch.distributed.checkpoint folder (no .metadata); "
-                "point it at one checkpoint step folder or a weights file."
-            )
-        return _read_dcp(path), "dcp"
+            path = latest_committed_step(path)
+        return _read_dcp(path), f"dcp:{path.name}"
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -64,6 +62,29 @@ def read_checkpoint(path: Path, *, trust: bool = False) -> tuple[dict[str, Any],
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise ScalpelError(f"Cannot read {path} as safetensors ({exc}).") from None
     return _torch_load(path, trust=trust), "state_dict"
+
+
+def latest_committed_step(root: Path) -> Path:
+    """The newest ``step-N`` folder of a torchscalpel checkpoint root that has its ``COMMIT`` marker.
+
+    torchscalpel.dist.Checkpointer writes ``step-N/`` (DCP files plus ``MANIFEST.json`` and
+    ``COMMIT``); a folder without ``COMMIT`` is an interrupted save and is never picked.
+    """
+    steps = []
+    for child in root.iterdir():
+        match = re.fullmatch(r"step-(\d+)", child.name)
+        if match and child.is_dir() and (child / ".metadata").exists():
+            steps.append((int(match.group(1)), child, (child / "COMMIT").exists()))
+    committed = sorted((n, p) for n, p, ok in steps if ok)
+    if committed:
+        return committed[-1][1]
+    if steps:
+        raise ScalpelError(f"{root} holds only uncommitted checkpoints (no COMMIT marker: interrupted saves); "
+                           "point --weights at a step folder explicitly if you accept that.")
+    raise UsageError(
+        f"--weights folder {root} is neither a torch.distributed.checkpoint folder (no .metadata) nor a "
+        "torchscalpel checkpoint root (no step-N folders); point it at a checkpoint or a weights file."
+    )
 
 
 def _torch_load(path: Path, *, trust: bool) -> dict[str, Any]:
