@@ -122,3 +122,30 @@ def test_non_finite_outputs_are_null_in_strict_json(tmp_path):
     assert "NaN" not in r.text and "Infinity" not in r.text
     row = r.json()["outputs"]["logits"][0]
     assert row[0] is None and row[1] is None and isinstance(row[2], float)
+
+
+def test_busy_and_slow_answers_over_http(tmp_path):
+    """503 + Retry-After when the queue is full, 504 when the answer takes too long (real HTTP, loopback)."""
+    import concurrent.futures
+    import threading
+
+    import httpx
+
+    from fixtures.live_server import live_server
+
+    gate = threading.Event()
+    gate.set()  # open for the start-up warm-up call
+    runner = LinearRunner(gate=gate)
+    app = create_app(linear_bundle(tmp_path), runner, ServeConfig(max_batch=1, max_wait_ms=0, max_queue=1, timeout_s=1.0))
+    _, b = body(1)
+    with live_server(app) as (host, port):
+        url = f"http://{host}:{port}/v1/predict"
+        gate.clear()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            futs = [pool.submit(httpx.post, url, content=b, timeout=30) for _ in range(4)]
+            codes = sorted(f.result().status_code for f in futs)
+            busy = next(f.result() for f in futs if f.result().status_code == 503)
+        gate.set()
+        assert 503 in codes and 504 in codes, codes
+        assert busy.headers["retry-after"] == "1" and "busy" in busy.json()["error"]
+        assert httpx.post(url, content=b, timeout=30).status_code == 200  # recovered
