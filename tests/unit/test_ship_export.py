@@ -183,3 +183,38 @@ def test_two_inputs_two_outputs_served(tmp_path):
         schema = c.get("/openapi.json").json()["paths"]["/v1/predict"]["post"]["requestBody"]["content"]
         assert "application/x-npy" not in schema  # .npy bodies carry one array: not offered for two inputs
 
+
+
+def test_serve_backends_from_the_bundle(exported, tmp_path):
+    import shutil
+
+    from torchscalpel.serve.backends import load_runner
+
+    result, model, _ = exported
+    bundle = verify_bundle(result.path)
+    x = torch.randn(3, 1, 8, 8)
+    with torch.no_grad():
+        want = model(x).numpy()
+    for backend, kwargs, name in (("onnxruntime", {}, "onnx"), ("onnxruntime", {"quantized": True}, "onnx_int8"),
+                                  ("torch", {"trust": True}, "exported")):
+        runner = load_runner(bundle, backend, **kwargs)
+        assert runner.name == name
+        got = runner([x.numpy()])[0]
+        assert got.shape == (3, 10)
+        if name != "onnx_int8":
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3)
+    with pytest.raises(UsageError, match="--trust"):
+        load_runner(bundle, "torch")
+    with pytest.raises(UsageError, match="onnxruntime"):
+        load_runner(bundle, "torch", trust=True, quantized=True)
+    # Without the .pt2, --backend torch falls back to the TorchScript file.
+    copy = tmp_path / "b"
+    shutil.copytree(result.path, copy)
+    manifest = json.loads((copy / MANIFEST).read_text())
+    del manifest["artifacts"]["exported"]
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    assert load_runner(verify_bundle(copy), "torch", trust=True).name == "torchscript"
+    del manifest["artifacts"]["onnx"]
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(UsageError, match="no onnx file"):
+        load_runner(verify_bundle(copy), "onnxruntime")
