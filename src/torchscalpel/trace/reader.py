@@ -75,7 +75,7 @@ class _PlainEvent:
 
 if msgspec is not None:
 
-    class Args(msgspec.Struct):
+    class Args(msgspec.Struct, gc=False):
         """The ``args`` keys the analyses read; everything else is skipped by the decoder."""
 
         correlation: float | None = None
@@ -85,7 +85,7 @@ if msgspec is not None:
         device_type: int | None = msgspec.field(default=None, name="Device Type")
         device_id: int | None = msgspec.field(default=None, name="Device Id")
 
-    class Event(msgspec.Struct):
+    class Event(msgspec.Struct, gc=False):
         """One trace event, reduced to what the analyses need."""
 
         ph: str = ""
