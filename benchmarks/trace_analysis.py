@@ -91,7 +91,8 @@ def _child(cmd: list[str], timeout: float, env: dict[str, str] | None = None) ->
         if time.perf_counter() > deadline:
             proc.kill()
             pid, status, usage = os.wait4(proc.pid, 0)
-            return {"ok": False, "error": f"timed out after {timeout:.0f} s", "peak_rss_mb": usage.ru_maxrss / 1024}
+            return {"ok": False, "error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0,
+                    "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024}
         time.sleep(0.05)
     wall = time.perf_counter() - t0
     out, err = proc.stdout.read(), proc.stderr.read()
