@@ -122,7 +122,7 @@ _PARSE = """
 import json, sys, time
 from pathlib import Path
 mode, path = sys.argv[1], Path(sys.argv[2])
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 n = 0
 if mode == "ijson":
     import ijson
@@ -137,7 +137,7 @@ else:
     reader.USE_MSGSPEC = mode == "msgspec-chunks"
     for batch in reader.TraceReader(path).batches():
         n += len(batch)
-print(json.dumps({"events": n, "parse_s": time.perf_counter() - t}))
+print(json.dumps({"events": n, "parse_s": time.perf_counter() - t, "parse_cpu_s": time.process_time() - c}))
 """
 
 
@@ -171,9 +171,11 @@ def parsers(trace: Path, timeout: float) -> None:
     size_mb = trace.stat().st_size / 2**20
     for mode in ("msgspec-chunks", "json-chunks", "ijson", "json"):
         r = _child([sys.executable, "-c", _PARSE, mode, str(trace)], timeout, _env())
-        mbs = size_mb / r["result"]["parse_s"] if r.get("ok") else None
-        print(f"{mode:15s} parse {r.get('result', {}).get('parse_s', float('nan')):7.2f} s "
-              f"{(mbs or 0):7.1f} MB/s  peak RSS {r['peak_rss_mb']:7.0f} MiB  {r.get('error', '')[:200]}")
+        res = r.get("result", {})
+        cpu = res.get("parse_cpu_s", float("nan"))
+        print(f"{mode:15s} events {res.get('events', 0):>9}  parse wall {res.get('parse_s', float('nan')):7.2f} s  "
+              f"CPU {cpu:7.2f} s = {size_mb / cpu:6.1f} MB/s per CPU-second  peak RSS {r['peak_rss_mb']:6.0f} MiB "
+              f"{r.get('error', '')[:200]}")
 
 
 def record_hta(hta_python: str) -> None:
