@@ -95,3 +95,29 @@ def test_compiled_model_has_no_graph_breaks_from_the_hooks():
     assert dict(counters["graph_break"]) == {}
     assert len(session.timeline.steps) == 3
     assert all(s.forward_ms > 0 for s in session.timeline.steps)
+
+
+def test_grad_scaler_losses_are_recorded_unscaled_and_samples_sum_over_micro_batches():
+    session = Session(RuntimeOptions(steps=None), [])
+    hooks = HookSet(session)
+    hooks.install()
+    try:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        # GradScaler on CPU: enabled, so the loss backward runs on is multiplied by 2**10.
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        x = torch.ones(3, 4)
+        for _ in range(2):
+            for _micro in range(2):
+                loss = model(x).pow(2).mean() + 1.0
+                scaler.scale(loss).backward()
+            expected = loss.item()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    finally:
+        hooks.remove()
+    steps = session.timeline.steps
+    assert len(steps) == 2
+    assert steps[-1].loss == expected  # not expected * 1024
+    assert steps[-1].samples == 6 and steps[-1].micro_batches == 2
