@@ -50,3 +50,4 @@ def test_straggler_named_only_when_collective_wait_differs() -> None:
     skew = stragglers([_rank(0, [100, 110], [40, 45]), _rank(1, [101, 111], [5, 6])])
     assert skew["likely_straggler"] == 1
     assert stragglers([_rank(0, [100], [1])]) is None
+    assert stragglers([_rank(1, [100], [1]), _rank(1, [100], [40])]) is None  # two runs, same rank number
