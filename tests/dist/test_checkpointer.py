@@ -13,6 +13,8 @@ from torch import nn
 from torchscalpel import dist as sd
 from torchscalpel.dist import manifest
 
+pytestmark = pytest.mark.dist  # these tests start a one-rank process group
+
 
 class Noisy(torch.utils.data.Dataset):
     def __len__(self):

@@ -11,6 +11,8 @@ import torch
 from torchscalpel import dist as sd
 from torchscalpel.errors import UsageError
 
+pytestmark = pytest.mark.dist  # these tests start a one-rank process group
+
 
 class Noisy(torch.utils.data.Dataset):
     """Each sample carries random draws from torch, numpy and random (an augmentation)."""

@@ -10,6 +10,8 @@ from torchscalpel import dist as sd
 from torchscalpel.dist.wrap import choose_strategy, sync_batchnorm_decision, unused_parameters
 from torchscalpel.errors import UsageError
 
+pytestmark = pytest.mark.dist  # these tests start a one-rank process group
+
 
 class Block(nn.Module):
     def __init__(self) -> None:
