@@ -17,6 +17,8 @@ from torchscalpel.errors import ScalpelError
 COMMANDS: tuple[str, ...] = (
     "profile",
     "demo",
+    "tune",
+    "run",
 )
 
 

@@ -17,9 +17,8 @@ import torch
 from torchscalpel.runtime.observer import Observer
 
 if TYPE_CHECKING:
-    from torchscalpel.runtime.session import Session
-
     from torchscalpel.record import RunRecord
+    from torchscalpel.runtime.session import Session
 
 
 @dataclass(kw_only=True, slots=True)
@@ -36,6 +35,8 @@ class ModelFacts:
     """Top-level children of the model: ``name``, ``cls``, ``params`` (count), ``forward_ms`` when timed."""
     repeated: list[dict[str, Any]] = field(default_factory=list)
     """Classes with >= 2 instances inside the model (repeated blocks): ``cls``, ``count``, ``params``."""
+    forward_ms: float | None = None
+    """The whole model's forward time over the measured steps (same units as ``submodules``)."""
     has_conv: bool = False
     """The model holds a 2-D convolution (channels_last candidate)."""
     loaders: int = 0
@@ -120,6 +121,10 @@ class FactsObserver(Observer):
         self._first_shape: tuple[int, ...] | None = None
         self._shapes_vary = False
         self._loader: Any = None
+        # Strong references: the session holds weak ones, and the script's objects are gone by
+        # on_finish (the runtime stops the script by raising inside it).
+        self._roots: list[torch.nn.Module] = []
+        self._optimizers: list[Any] = []
 
     def on_start(self, session: Session) -> None:
         self._session = session
@@ -127,6 +132,8 @@ class FactsObserver(Observer):
     def on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
         if not root:
             return
+        if all(m is not module for m in self._roots):
+            self._roots.append(module)
         first = next((a for a in args if isinstance(a, torch.Tensor)), None)
         if first is None:
             return
@@ -135,6 +142,10 @@ class FactsObserver(Observer):
             self._first_shape = shape
         elif shape != self._first_shape:
             self._shapes_vary = True
+
+    def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        if all(o is not optimizer for o in self._optimizers):
+            self._optimizers.append(optimizer)
 
     def on_batch(self, batch: Any, loader: Any) -> None:
         if self._loader is None and loader is not None:
@@ -146,9 +157,9 @@ class FactsObserver(Observer):
     def collect(self, record: RunRecord) -> ModelFacts:
         """Facts from the session's live objects and the record's module timings."""
         session = self._session
-        roots = list(getattr(session, "root_modules", []) or [])
+        roots = self._roots or list(getattr(session, "root_modules", []) or [])
         loaders = list(getattr(session, "loaders", []) or [])
-        optimizers = list(getattr(session, "optimizers", []) or [])
+        optimizers = self._optimizers or list(getattr(session, "optimizers", []) or [])
         if self._loader is not None and self._loader not in loaders:
             loaders.insert(0, self._loader)
         facts = ModelFacts(cpu_count=cpu_count(), torch_threads=torch.get_num_threads(),
@@ -163,6 +174,7 @@ class FactsObserver(Observer):
             facts.submodules = described["submodules"]
             facts.repeated = described["repeated"]
             facts.has_conv = described["has_conv"]
+            facts.forward_ms = module_ms.get("<root>")
         facts.bf16_supported = bf16_supported(facts.device)
         facts.loaders = len(loaders)
         if loaders:
@@ -180,14 +192,10 @@ class FactsObserver(Observer):
 
 
 def _module_ms(record: RunRecord) -> dict[str, float]:
-    """Per-submodule forward time (ms, median or total as the runtime gives it), keyed by qualified name."""
+    """Per-submodule forward time over the measured steps (ms), keyed by name under the root module."""
     out: dict[str, float] = {}
     for entry in record.modules or []:
-        name = entry.get("name") or entry.get("qualname")
-        ms = entry.get("forward_ms")
-        if ms is None:
-            ms = entry.get("total_ms")
-        if name and isinstance(ms, int | float):
-            # strip a leading root prefix ("model.blocks.0" -> "blocks.0")
-            out[str(name).split(".", 1)[-1] if "." in str(name) else str(name)] = float(ms)
+        name, ms = entry.get("name"), entry.get("forward_ms")
+        if isinstance(name, str) and isinstance(ms, int | float):
+            out[name] = float(ms)
     return out
