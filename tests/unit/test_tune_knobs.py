@@ -12,6 +12,7 @@ from torchscalpel.tune.facts import ModelFacts, describe_model
 from torchscalpel.tune.knobs import ApplyLog, all_knobs
 from torchscalpel.tune.knobs.base import RootHooks
 from torchscalpel.tune.knobs.compile import compile_stats, matching_modules, region_targets
+from torchscalpel.tune.knobs.dataloader import DataLoaderKnob
 from torchscalpel.tune.settings import CompileSpec, DataLoaderSpec, TuneSettings
 
 
@@ -261,7 +262,7 @@ def test_candidates_for_a_cpu_training_script():
     facts = ModelFacts(device="cpu", bf16_supported=True, models=["Net"], loaders=1, cpu_count=4, torch_threads=1,
                        optimizers=["AdamW"], has_conv=True, input_shapes_vary=True)
     out = candidates(facts)
-    assert out["amp"][0] == [TuneSettings(amp="bf16")]
+    assert out["amp"][0] == [TuneSettings(amp="bf16", amp_fp32_attention=True), TuneSettings(amp="bf16")]
     assert out["dataloader"][0][0].dataloader.num_workers == 3
     assert out["threads"][0] == [TuneSettings(threads=4)]
     assert out["optimizer"][0] == [TuneSettings(optimizer="fused")]
@@ -270,7 +271,7 @@ def test_candidates_for_a_cpu_training_script():
 
 
 def test_iterable_dataset_skips_workers():
-    assert "IterableDataset" in all_knobs()[2].candidates(ModelFacts(loaders=1, iterable_dataset=True))[1]
+    assert "IterableDataset" in DataLoaderKnob().candidates(ModelFacts(loaders=1, iterable_dataset=True))[1]
 
 
 # -- numerics class, families, code lines --------------------------------------------------------
@@ -309,3 +310,32 @@ def test_apply_log_records_once():
     log.skip("amp", "y")
     log.skip("amp", "y")
     assert log.to_dict() == {"applied": ["x"], "skipped": ["amp: y"], "fired": ["amp"]}
+
+
+def test_amp_fp32_attention_keeps_attention_in_float32():
+    import torch.nn.functional as F
+
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 1, 4, 24).split(8, dim=-1)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    model = Attn()
+    with applied(TuneSettings(amp="bf16", amp_fp32_attention=True)) as log:
+        out = model(torch.randn(2, 4, 8))
+        inside = []
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            q = torch.randn(1, 1, 4, 8, dtype=torch.bfloat16)
+            inside.append(F.scaled_dot_product_attention(q, q, q).dtype)
+    assert inside == [torch.float32]
+    assert out.dtype == torch.float32
+    assert any("float32" in a for a in log.applied)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # undone: bf16 attention again
+        q = torch.randn(1, 1, 4, 8, dtype=torch.bfloat16)
+        assert F.scaled_dot_product_attention(q, q, q).dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="needs amp"):
+        TuneSettings(amp_fp32_attention=True)

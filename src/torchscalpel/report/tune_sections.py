@@ -45,7 +45,7 @@ def build(record: RunRecord) -> list[Section]:
                 f"{(tune.get('determinism') or 0):.1e}.</p>")
     if notes:
         verdict += f"<ul>{notes}</ul>"
-    ranked = table(HEADERS, [row_cells(t) for t in rows], numeric=[False, True, True, True, True, True, False])
+    ranked = table(HEADERS, [row_cells(t) for t in rows], numeric=[False, True, True, True, True, True, False, False])
     bars = horizontal_bars("tune-step-ms", [(t.label, t.median_ms) for t in rows if t.median_ms is not None])
     series: dict[str, list[float | None]] = {"baseline": list(baseline.losses)}
     for t in trials:

@@ -71,22 +71,25 @@ def row_cells(trial: TrialResult) -> list[str]:
         f"{compile_ms / 1000:.1f} s" if compile_ms else "-",
         fmt_bytes(trial.peak_bytes) if trial.peak_bytes else "-",
         dev,
-        trial.verdict + (f": {why}" if why else ""),
+        trial.verdict,
+        why,
     ]
 
 
-HEADERS = ["variant", "step ms", "speedup", "compile", "peak mem", "loss dev", "verdict"]
+HEADERS = ["variant", "step ms", "speedup", "compile", "peak mem", "loss dev", "verdict", "why"]
 
 
 def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out: Console | None = None) -> None:
     """The ranked table, the recommendation (or why there is none), the code lines and where files are."""
     c = out or default_console()
+    if not c.is_terminal:  # logs and pipes: wide enough that the table does not fold every cell
+        c.width = max(c.width, 160)
     table = Table(title="scalpel tune: variants ranked by median step time", title_justify="left")
     for i, h in enumerate(HEADERS):
-        table.add_column(h, justify="right" if 0 < i < 6 else "left", overflow="fold")
+        table.add_column(h, justify="right" if 0 < i < 6 else "left", overflow="fold",
+                         no_wrap=i < 7, ratio=1 if i == 7 else None)
     for trial in result.ranked():
-        style = VERDICT_STYLE.get(trial.verdict.split(":")[0], "")
-        table.add_row(*row_cells(trial), style=style)
+        table.add_row(*row_cells(trial), style=VERDICT_STYLE.get(trial.verdict, ""))
     c.print(table)
     if result.winner is not None:
         c.print(f"[bold green]recommended:[/] {result.winner.label}: {fmt_speedup(result.confirmed_speedup)} "

@@ -98,6 +98,8 @@ class TuneSettings:
 
     amp: str | None = None
     """Autocast dtype around the model's forward: ``bf16`` (CPU or CUDA) or ``fp16`` (CUDA, with GradScaler)."""
+    amp_fp32_attention: bool | None = None
+    """With ``amp``: run ``F.scaled_dot_product_attention`` in float32 (its bf16 CPU backward is slow)."""
     compile: CompileSpec | None = None
     """torch.compile of a region of the model."""
     dataloader: DataLoaderSpec = field(default_factory=DataLoaderSpec)
@@ -126,7 +128,9 @@ class TuneSettings:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZER_IMPLS)}, not {self.optimizer!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError("threads must be an integer >= 1")
-        for name in ("cudnn_benchmark", "channels_last"):
+        if self.amp_fp32_attention and self.amp is None:
+            raise ValueError("amp_fp32_attention needs amp to be set")
+        for name in ("cudnn_benchmark", "channels_last", "amp_fp32_attention"):
             if getattr(self, name) not in (None, True, False):
                 raise ValueError(f"{name} must be true or false")
 
