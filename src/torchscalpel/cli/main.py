@@ -17,8 +17,13 @@ from torchscalpel.errors import ScalpelError
 COMMANDS: tuple[str, ...] = (
     "profile",
     "demo",
+<<<<<<< HEAD
     "tune",
     "run",
+=======
+    "analyze",
+    "env",
+>>>>>>> main
 )
 
 
