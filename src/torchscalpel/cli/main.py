@@ -17,13 +17,10 @@ from torchscalpel.errors import ScalpelError
 COMMANDS: tuple[str, ...] = (
     "profile",
     "demo",
-<<<<<<< HEAD
-    "tune",
-    "run",
-=======
     "analyze",
     "env",
->>>>>>> main
+    "tune",
+    "run",
 )
 
 
