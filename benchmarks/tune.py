@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "src"))
 
 from torchscalpel.cli.common import Target  # noqa: E402
 from torchscalpel.tune.runner import run_trial  # noqa: E402
-from torchscalpel.tune.settings import read_settings_file  # noqa: E402
+from torchscalpel.tune.settings import TuneSettings, read_settings_file  # noqa: E402
 from torchscalpel.tune.verify import loss_deviation  # noqa: E402
 
 SCRIPT = REPO / "examples" / "char_transformer.py"
@@ -43,14 +43,16 @@ def main() -> int:
     p.add_argument("--knobs", default="amp,dataloader,optimizer,compile")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--config", type=Path, default=None, help="skip the search: re-measure this scalpel.toml")
+    p.add_argument("--device", default=None, help="passed to the example as --device (default: its own choice)")
     args = p.parse_args()
+    script_args = [*SCRIPT_ARGS, *(["--device", args.device] if args.device else [])]
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-tune-"))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     config = args.config
     if config is None:
         config = out / "scalpel.toml"
         cmd = [sys.executable, "-m", "torchscalpel", "tune", "--budget", args.budget, "--knobs", args.knobs,
-               "--out", str(out / "tune"), "--config", str(config), "--", str(SCRIPT), *SCRIPT_ARGS]
+               "--out", str(out / "tune"), "--config", str(config), "--", str(SCRIPT), *script_args]
         print("$", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, env=env, check=True)
     settings = read_settings_file(config)
@@ -59,9 +61,8 @@ def main() -> int:
         print("tune recommended no change; nothing to re-measure")
         return 0
     os.environ.update(env)
-    from torchscalpel.tune.settings import TuneSettings
 
-    target = Target(script=SCRIPT, args=SCRIPT_ARGS)
+    target = Target(script=SCRIPT, args=script_args)
     rows = []
     for r in range(args.rounds):
         pair = {}
