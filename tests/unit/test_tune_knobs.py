@@ -339,3 +339,28 @@ def test_amp_fp32_attention_keeps_attention_in_float32():
         assert F.scaled_dot_product_attention(q, q, q).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="needs amp"):
         TuneSettings(amp_fp32_attention=True)
+
+
+def test_amp_fp32_attention_and_compile_compose_without_graph_breaks():
+    import torch.nn.functional as F
+
+    torch._dynamo.reset()
+
+    class Attn(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(8, 24)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 1, 4, 24).split(8, dim=-1)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    model = Attn()
+    settings = TuneSettings(amp="bf16", amp_fp32_attention=True,
+                            compile=CompileSpec(target="model", backend="aot_eager"))
+    with applied(settings) as log:
+        for _ in range(3):
+            model(torch.randn(2, 4, 8)).sum().backward()
+        stats = compile_stats()
+    assert stats["graphs"] == 1 and stats["graph_breaks"] == 0 and stats["recompiles"] == 0
+    assert log.fired == {"amp", "compile"}

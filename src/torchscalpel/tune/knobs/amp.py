@@ -130,7 +130,8 @@ def patch_attention_fp32(log: ApplyLog) -> Undo:
         mask = kwargs.get("attn_mask")
         if isinstance(mask, torch.Tensor) and mask.is_floating_point():
             kwargs["attn_mask"] = mask.float()
-        log.did("amp", "scaled_dot_product_attention kept in float32")
+        if not torch.compiler.is_compiling():  # a log call inside a compiled region would break the graph
+            log.did("amp", "scaled_dot_product_attention kept in float32")
         with torch.autocast(device_type=device, enabled=False):
             return original(query.float(), key.float(), value.float(), *args, **kwargs)
 
