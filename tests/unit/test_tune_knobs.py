@@ -11,7 +11,12 @@ from torchscalpel.tune.apply import applied, code_lines, knob_families, numerics
 from torchscalpel.tune.facts import ModelFacts, describe_model
 from torchscalpel.tune.knobs import ApplyLog, all_knobs
 from torchscalpel.tune.knobs.base import RootHooks
-from torchscalpel.tune.knobs.compile import compile_stats, matching_modules, region_targets
+from torchscalpel.tune.knobs.compile import (
+    compile_stats,
+    matching_modules,
+    region_targets,
+    reset_compile_stats,
+)
 from torchscalpel.tune.knobs.dataloader import DataLoaderKnob
 from torchscalpel.tune.settings import CompileSpec, DataLoaderSpec, TuneSettings
 
@@ -131,7 +136,7 @@ def test_matching_modules_by_model_name_and_class():
 
 
 def test_compile_region_replaces_forward_counts_graphs_and_undoes():
-    torch._dynamo.reset()
+    reset_compile_stats()
     net = Net()
     x = torch.randn(4, 8)
     expected = net(x)
@@ -147,7 +152,7 @@ def test_compile_region_replaces_forward_counts_graphs_and_undoes():
 
 
 def test_compile_counts_graph_breaks_and_recompiles():
-    torch._dynamo.reset()
+    reset_compile_stats()
 
     class Breaky(nn.Module):
         def __init__(self) -> None:
@@ -285,7 +290,7 @@ def test_numerics_class_is_the_loosest_member():
 
 
 def test_code_lines_compile_regions_when_executed():
-    torch._dynamo.reset()
+    reset_compile_stats()
     net = Net()
     lines = code_lines(TuneSettings(compile=CompileSpec(target="Block", backend="aot_eager")))
     exec("\n".join(line for line in lines if not line.startswith("#")), {"model": net, "torch": torch})
@@ -344,7 +349,7 @@ def test_amp_fp32_attention_keeps_attention_in_float32():
 def test_amp_fp32_attention_and_compile_compose_without_graph_breaks():
     import torch.nn.functional as F
 
-    torch._dynamo.reset()
+    reset_compile_stats()
 
     class Attn(nn.Module):
         def __init__(self) -> None:

@@ -166,3 +166,15 @@ def compile_stats() -> dict[str, Any]:
         "recompile_reasons": [r for v in failures.values() for r in v][:5],
         "compile_ms": round(compile_s * 1000.0, 1),
     }
+
+
+def reset_compile_stats() -> None:
+    """Forget compiled code and dynamo's counters (a trial process starts clean; tests need this)."""
+    from torch._dynamo import utils
+
+    torch._dynamo.reset()
+    utils.counters.clear()
+    for name in ("guard_failures", "compilation_time_metrics"):
+        table = getattr(utils, name, None)
+        if table is not None:
+            table.clear()
