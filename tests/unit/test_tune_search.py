@@ -159,3 +159,17 @@ def test_result_json_has_table_and_code(run_search):
     assert data["settings"] == {"amp": "bf16"} and data["winner"]["verdict"] == "winner"
     assert any("autocast" in line for line in data["code_lines"])
     assert result.ranked()[0].label == "amp=bf16"
+
+
+def test_memory_growth_is_noted(run_search, monkeypatch):
+    runner = FakeRunner({"amp=bf16 + amp_fp32_attention": 120.0})
+    original = runner.__call__
+
+    def with_memory(target, settings, out_dir, **kw):
+        result = original(target, settings, out_dir, **kw)
+        result.peak_bytes = 100 if settings.is_baseline() else 200
+        return result
+
+    result = run_search(with_memory, knobs=("amp",))
+    trial = next(t for t in result.trials if t.label == "amp=bf16 + amp_fp32_attention")
+    assert trial.note == "peak memory 2.00x the baseline's"

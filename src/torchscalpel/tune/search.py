@@ -37,6 +37,9 @@ from torchscalpel.tune.verify import (
     speedup,
 )
 
+MEMORY_NOTE = 1.25
+"""A candidate whose peak memory exceeds the baseline's by this factor gets a note in the table."""
+
 
 @dataclass(kw_only=True, slots=True)
 class TuneOptions:
@@ -268,6 +271,9 @@ class Search:
                              noise=self._determinism)
         trial.deviation, trial.tolerance = gate.deviation, gate.tolerance
         trial.speedup = speedup(result.baseline.median_ms, trial.median_ms)
+        base_peak = result.baseline.peak_bytes
+        if trial.peak_bytes and base_peak and trial.peak_bytes > MEMORY_NOTE * base_peak:
+            trial.note = f"peak memory {trial.peak_bytes / base_peak:.2f}x the baseline's"
         if not gate.passed:
             trial.verdict = "numerics"
             trial.note = gate.reason
