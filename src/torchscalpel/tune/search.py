@@ -323,12 +323,12 @@ class Search:
             if self.remaining() < needed and pairs:
                 result.notes.append(f"confirmation stopped after {len(pairs)} pair(s): budget spent")
                 break
-            base = self._run(TuneSettings(), "baseline", limit_s=max(5.0, min(3 * self.baseline_wall,
-                                                                               max(self.remaining(), 5.0))),
-                             tag=f"confirm-baseline-{i + 1}")
-            cand = self._run(settings, "confirm", limit_s=max(5.0, min(self._share(settings) or 5.0,
-                                                                         max(self.remaining(), 5.0))),
-                             tag=f"confirm-{i + 1}")
+            # The confirmation may overrun the budget slightly rather than kill a run half-way:
+            # each run gets at least 1.5x its earlier duration.
+            base = self._run(TuneSettings(), "baseline", tag=f"confirm-baseline-{i + 1}",
+                             limit_s=max(1.5 * self.baseline_wall, min(3 * self.baseline_wall, self.remaining())))
+            cand = self._run(settings, "confirm", tag=f"confirm-{i + 1}",
+                             limit_s=max(1.5 * best.wall_s, min(self._share(settings), self.remaining())))
             if not (base.ok and cand.ok):
                 result.notes.append(f"confirmation run failed: {base.cause or cand.cause}")
                 break
