@@ -38,7 +38,7 @@ def test_tune_end_to_end_writes_table_record_report_and_settings(tmp_path):
     assert any(label.startswith("compile(model") for label in trials)
     for t in tune["trials"]:
         assert t["verdict"] in {"winner", "faster", "not faster", "numerics", "failed", "timeout", "skipped",
-                                "not applied", "not run"}
+                                "not applied", "not run", "not confirmed"}
         if t["deviation"] is not None and t["verdict"] != "numerics":
             assert t["deviation"] <= t["tolerance"]
     # never recommended without confirmation beyond the margin

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ class FakeRunner:
     """Trial outcomes by settings label: median ms (or an exception-like status) and loss scale."""
 
     def __init__(self, medians: dict[str, float], *, loss_scale: dict[str, float] | None = None,
-                 status: dict[str, tuple[str, str]] | None = None, confirm: dict[str, float] | None = None,
+                 status: dict[str, tuple[str, str]] | None = None, confirm: dict[str, Any] | None = None,
                  baseline_fails: bool = False) -> None:
         self.medians = medians
         self.loss_scale = loss_scale or {}
@@ -43,8 +44,9 @@ class FakeRunner:
             result.status, result.cause = self.status[label]
             return result
         median = self.medians.get(label, 100.0)
-        if "confirm" in out_dir.name and label in self.confirm:
-            median = self.confirm[label]
+        if "confirm-" in out_dir.name and "baseline" not in out_dir.name and label in self.confirm:
+            value = self.confirm[label]
+            median = value.pop(0) if isinstance(value, list) else value
         result.median_ms = median
         result.step_ms = [median] * 5
         scale = self.loss_scale.get(label, 1.0)
@@ -173,3 +175,21 @@ def test_memory_growth_is_noted(run_search, monkeypatch):
     result = run_search(with_memory, knobs=("amp",))
     trial = next(t for t in result.trials if t.label == "amp=bf16 + amp_fp32_attention")
     assert trial.note == "peak memory 2.00x the baseline's"
+
+
+def test_one_lucky_pair_cannot_carry_a_recommendation(run_search):
+    runner = FakeRunner({"amp=bf16": 70.0}, confirm={"amp=bf16": [99.0, 50.0, 50.0]})
+    result = run_search(runner, knobs=("amp",))
+    amp = next(t for t in result.trials if t.label == "amp=bf16")
+    assert result.winner is None and amp.verdict == "not confirmed"
+    assert amp.confirm_ratios == [1.01, 2.0, 2.0] and "every pair above 1.03x" in amp.note
+
+
+def test_falls_back_to_next_winner_when_best_is_not_confirmed(run_search):
+    runner = FakeRunner({"amp=bf16": 70.0, "threads=2": 80.0, "amp=bf16 + threads=2": 50.0},
+                        confirm={"amp=bf16 + threads=2": 100.0, "amp=bf16": 70.0})
+    result = run_search(runner, knobs=("amp", "threads"))
+    assert result.winner is not None and result.winner.label == "amp=bf16"
+    combo = next(t for t in result.trials if t.label == "amp=bf16 + threads=2")
+    assert combo.verdict == "not confirmed"
+    assert result.confirmed_speedup == pytest.approx(100 / 70)

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 VERDICT_STYLE = {
     "winner": "bold green", "faster": "green", "baseline": "bold", "not faster": "yellow",
-    "numerics": "red", "failed": "red", "timeout": "red", "skipped": "dim", "not applied": "dim",
+    "numerics": "red", "not confirmed": "yellow", "failed": "red", "timeout": "red", "skipped": "dim", "not applied": "dim",
     "not run": "dim",
 }
 

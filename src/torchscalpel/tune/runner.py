@@ -47,8 +47,10 @@ class TrialResult:
     speedup: float | None = None
     deviation: float | None = None
     tolerance: float | None = None
+    confirm_ratios: list[float] = field(default_factory=list)
+    """Baseline/candidate ratios of the interleaved confirmation pairs."""
     verdict: str = ""
-    """``baseline`` | ``winner`` | ``faster`` | ``not faster`` | ``numerics`` | ``failed`` | ``timeout`` | ``not applied``."""
+    """``baseline`` | ``winner`` | ``not confirmed`` | ``faster`` | ``not faster`` | ``numerics`` | ``failed`` | ``timeout`` | ``not applied``."""
     note: str = ""
 
     @property

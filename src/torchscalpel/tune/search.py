@@ -59,7 +59,7 @@ class TuneOptions:
     """Knob families to try."""
     compile_backend: str = "inductor"
     compile_modes: tuple[str, ...] = ("default",)
-    confirm_pairs: int = 2
+    confirm_pairs: int = 3
     """Interleaved baseline/candidate pairs for the final check."""
     cache_dir: Path | None = None
     """TORCHINDUCTOR_CACHE_DIR for the trials (default: the environment's, else inductor's per-user cache)."""
@@ -199,9 +199,19 @@ class Search:
         singles = self._singles(knobs, facts, result)
         winners = self._winners(singles, result)
         best = self._combine(winners, result)
-        if best is not None:
-            self._confirm(best, result)
-        elif not winners:
+        # Confirm the best; if it does not hold up, the next single winners while time allows.
+        queue = [t for t in [best, *winners] if t is not None]
+        tried: set[str] = set()
+        for candidate in queue:
+            if candidate.label in tried:
+                continue
+            if tried and self.remaining() < 2 * self.options.confirm_pairs * self.baseline_wall:
+                result.notes.append(f"{candidate.label} not confirmed: the budget ran out")
+                break
+            tried.add(candidate.label)
+            if self._confirm(candidate, result):
+                break
+        if not winners:
             result.notes.append("no single knob was faster than the baseline by the margin with numerics intact")
         result.elapsed_s = time.monotonic() - self.start
         return result
@@ -313,15 +323,19 @@ class Search:
                 trial.note = f"adding {candidate.label} did not beat {current.label} by {MIN_MARGIN:.0%}"
         return current
 
-    def _confirm(self, best: TrialResult, result: TuneResult) -> None:
-        """Interleave baseline and best; recommend best only if it wins beyond the noise."""
+    def _confirm(self, best: TrialResult, result: TuneResult) -> bool:
+        """Interleave baseline and ``best``; recommend it only if it wins beyond the noise.
+
+        Two conditions: the median of the per-pair ratios reaches ``1 + max(3 %, noise)``, and
+        every single pair shows ``best`` faster by at least 3 % (one lucky pair cannot carry it).
+        """
         self.progress.message(f"confirming {best.label} against the baseline in interleaved pairs")
         settings = TuneSettings.from_dict(best.settings)
         pairs: list[tuple[float, float]] = []
         for i in range(self.options.confirm_pairs):
             needed = self.baseline_wall + best.wall_s
             if self.remaining() < needed and pairs:
-                result.notes.append(f"confirmation stopped after {len(pairs)} pair(s): budget spent")
+                result.notes.append(f"confirmation of {best.label} stopped after {len(pairs)} pair(s): budget spent")
                 break
             # The confirmation may overrun the budget slightly rather than kill a run half-way:
             # each run gets at least 1.5x its earlier duration.
@@ -337,19 +351,28 @@ class Search:
             gate = numerics_gate(result.baseline.losses, cand.losses, numerics_class(settings),
                                  noise=self._determinism)
             if not gate.passed:
-                result.notes.append(f"confirmation run of {best.label} failed the numerics gate: {gate.reason}")
-                return
+                best.verdict = "numerics"
+                best.note = f"confirmation run failed the gate: {gate.reason}"
+                result.notes.append(f"{best.label} not recommended: {best.note}")
+                return False
         result.noise = noise_fraction(self.baseline_medians)
         result.required = required_speedup(result.noise)
         ratio = paired_speedup(pairs)
-        result.confirmed_speedup = ratio
-        if ratio is not None and ratio >= result.required:
+        worst = min((b / c for b, c in pairs if b and c), default=None)
+        best.confirm_ratios = [round(b / c, 3) for b, c in pairs if b and c]
+        if ratio is not None and worst is not None and ratio >= result.required and worst >= 1.0 + MIN_MARGIN:
             best.verdict = "winner"
             result.winner = best
-        else:
-            shown = f"{ratio:.2f}x" if ratio else "no measurement"
-            best.note = f"confirmation gave {shown}, below the required {result.required:.2f}x"
-            result.notes.append(f"{best.label} not recommended: {best.note}")
+            result.confirmed_speedup = ratio
+            return True
+        shown = ", ".join(f"{r:.2f}x" for r in best.confirm_ratios) or "no measurement"
+        best.verdict = "not confirmed"
+        best.note = (f"interleaved pairs gave {shown}; needed a median of {result.required:.2f}x "
+                     f"and every pair above {1 + MIN_MARGIN:.2f}x")
+        result.notes.append(f"{best.label} not recommended: {best.note}")
+        if result.confirmed_speedup is None:
+            result.confirmed_speedup = ratio
+        return False
 
 
 def tune(target: Target, options: TuneOptions, progress: Progress | None = None) -> TuneResult:
