@@ -193,3 +193,18 @@ def test_falls_back_to_next_winner_when_best_is_not_confirmed(run_search):
     combo = next(t for t in result.trials if t.label == "amp=bf16 + threads=2")
     assert combo.verdict == "not confirmed"
     assert result.confirmed_speedup == pytest.approx(100 / 70)
+
+
+def test_interrupt_after_baseline_keeps_what_was_measured(run_search):
+    runner = FakeRunner({"amp=bf16": 70.0})
+    original = runner.__call__
+
+    def interrupting(target, settings, out_dir, **kw):
+        if settings.label() == "threads=2":
+            raise KeyboardInterrupt
+        return original(target, settings, out_dir, **kw)
+
+    result = run_search(interrupting, knobs=("amp", "threads"))
+    assert result.interrupted and result.winner is None
+    assert any(t.label == "amp=bf16" and t.verdict == "faster" for t in result.trials)
+    assert result.to_dict()["interrupted"] is True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,13 @@ def run(args: argparse.Namespace) -> int:
     options = TuneOptions(out_dir=out_dir, budget_s=budget, warmup=args.warmup, steps=args.steps, seed=args.seed,
                           knobs=knobs, compile_backend=args.compile_backend, compile_modes=modes,
                           confirm_pairs=args.confirm)
-    result = tune(target, options, RichProgress())
+    # SIGTERM (a CI timeout, a job scheduler) ends the search like Ctrl-C: the running trial's process
+    # group is killed and what was measured is saved.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        result = tune(target, options, RichProgress())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     target_text = " ".join(str(a) for a in target.argv())
     paths = save_outputs(result, out_dir, config_path=args.config, command=["scalpel", *sys.argv[1:]],
                          target_text=target_text)
@@ -103,4 +110,8 @@ def run(args: argparse.Namespace) -> int:
     if "config" not in paths and args.config is not None:
         print(f"scalpel: {args.config} exists and was not written by scalpel tune; left it alone "
               f"(settings are in {paths['settings']}).", file=sys.stderr)
-    return 0
+    return 130 if result.interrupted else 0
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

@@ -118,6 +118,8 @@ class TuneResult:
     facts: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
+    interrupted: bool = False
+    """Ctrl-C ended the search early."""
 
     @property
     def settings(self) -> TuneSettings:
@@ -144,6 +146,7 @@ class TuneResult:
             "facts": self.facts,
             "notes": list(self.notes),
             "elapsed_s": self.elapsed_s,
+            "interrupted": self.interrupted,
         }
 
 
@@ -190,14 +193,29 @@ class Search:
 
     # -- the search -------------------------------------------------------------------------------
     def run(self) -> TuneResult:
-        """Run the whole search within the budget and return what it found."""
+        """Run the whole search within the budget and return what it found.
+
+        Ctrl-C after the baseline ends the search early but still returns what was measured
+        (``interrupted`` is set), so the caller can save it; a winner is only kept if confirmed.
+        """
         base = self._baseline()
         result = TuneResult(baseline=base, facts=base.facts)
-        facts = ModelFacts.from_dict(base.facts)
+        try:
+            self._search(result)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            result.notes.append("interrupted (Ctrl-C): the search stopped early; what was measured is kept")
+        result.elapsed_s = time.monotonic() - self.start
+        return result
+
+    def _search(self, result: TuneResult) -> None:
+        facts = ModelFacts.from_dict(result.baseline.facts)
         knobs = [k for k in all_knobs(compile_backend=self.options.compile_backend,
                                       compile_modes=self.options.compile_modes) if k.name in self.options.knobs]
         singles = self._singles(knobs, facts, result)
         winners = self._winners(singles, result)
+        if not winners:
+            result.notes.append("no single knob was faster than the baseline by the margin with numerics intact")
         best = self._combine(winners, result)
         # Confirm the best; if it does not hold up, the next single winners while time allows.
         queue = [t for t in [best, *winners] if t is not None]
@@ -211,10 +229,6 @@ class Search:
             tried.add(candidate.label)
             if self._confirm(candidate, result):
                 break
-        if not winners:
-            result.notes.append("no single knob was faster than the baseline by the margin with numerics intact")
-        result.elapsed_s = time.monotonic() - self.start
-        return result
 
     def _baseline(self) -> TrialResult:
         self.progress.message("baseline: the script as it is (with model facts), then once plain for timing")
