@@ -43,7 +43,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="comma-separated torch.compile modes to try (default 'default'; "
                         "max-autotune compiles much longer)")
     p.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
-    p.add_argument("--confirm", type=int, default=2, help="interleaved baseline/winner pairs to confirm (default 2)")
+    p.add_argument("--confirm", type=int, default=3, help="interleaved baseline/winner pairs to confirm (default 3)")
     p.add_argument("--config", type=Path, default=Path("scalpel.toml"),
                    help="where to write the winning settings (default ./scalpel.toml; a file not written by "
                         "scalpel tune is never overwritten)")
