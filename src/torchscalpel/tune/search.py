@@ -218,7 +218,8 @@ class Search:
             result.notes.append("no single knob was faster than the baseline by the margin with numerics intact")
         best = self._combine(winners, result)
         # Confirm the best; if it does not hold up, the next single winners while time allows.
-        queue = [t for t in [best, *winners] if t is not None]
+        faster = sorted((t for t in singles if t.verdict == "faster"), key=lambda t: t.median_ms or 0.0)
+        queue = [t for t in [best, *winners, *faster] if t is not None]
         tried: set[str] = set()
         for candidate in queue:
             if candidate.label in tried:
@@ -362,6 +363,8 @@ class Search:
                 break
             self.baseline_medians.append(base.median_ms or 0.0)
             pairs.append((base.median_ms or 0.0, cand.median_ms or 0.0))
+            if pairs[-1][0] < (1.0 + MIN_MARGIN) * pairs[-1][1]:
+                break  # this pair already rules it out (every pair must show it faster)
             gate = numerics_gate(result.baseline.losses, cand.losses, numerics_class(settings),
                                  noise=self._determinism)
             if not gate.passed:
