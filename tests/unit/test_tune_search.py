@@ -44,6 +44,8 @@ class FakeRunner:
             result.status, result.cause = self.status[label]
             return result
         median = self.medians.get(label, 100.0)
+        if "baseline-refresh" in out_dir.name:
+            median = self.medians.get("refresh", median)
         if "confirm-" in out_dir.name and "baseline" not in out_dir.name and label in self.confirm:
             value = self.confirm[label]
             median = value.pop(0) if isinstance(value, list) else value
@@ -208,3 +210,14 @@ def test_interrupt_after_baseline_keeps_what_was_measured(run_search):
     assert result.interrupted and result.winner is None
     assert any(t.label == "amp=bf16" and t.verdict == "faster" for t in result.trials)
     assert result.to_dict()["interrupted"] is True
+
+
+def test_screening_compares_with_the_latest_baseline(run_search):
+    # The machine slows down after the first trials: the refreshed baseline takes 200 ms.
+    runner = FakeRunner({"refresh": 200.0, "amp=bf16 + amp_fp32_attention": 210.0, "amp=bf16": 150.0,
+                         "threads=2": 150.0}, confirm={"threads=2": 50.0, "amp=bf16": 50.0})
+    result = run_search(runner, knobs=("amp", "threads"))
+    assert any("baseline-refresh" in c for c in runner.calls)
+    threads = next(t for t in result.trials if t.label == "threads=2")
+    assert threads.speedup == pytest.approx(200 / 150) and threads.verdict in ("faster", "winner")
+    assert result.to_dict()["baseline_refs"] == [200.0]

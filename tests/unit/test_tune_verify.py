@@ -72,7 +72,8 @@ def test_tolerances_ordered():
 
 
 def test_speed_margin():
-    assert noise_fraction([100.0, 110.0, 105.0]) == pytest.approx(10 / 105)
+    assert noise_fraction([100.0, 110.0, 105.0]) == pytest.approx((10 / 105 + 5 / 107.5) / 2)
+    assert noise_fraction([100.0, 200.0, 300.0, 400.0]) == pytest.approx(100 / 250)  # drift: consecutive only
     assert noise_fraction([100.0]) == 0.0
     assert required_speedup(0.0) == 1 + MIN_MARGIN
     assert required_speedup(0.2) == pytest.approx(1.2)

@@ -37,6 +37,9 @@ from torchscalpel.tune.verify import (
     speedup,
 )
 
+REFRESH_EVERY = 2
+"""Screening trials between two baseline runs."""
+
 MEMORY_NOTE = 1.25
 """A candidate whose peak memory exceeds the baseline's by this factor gets a note in the table."""
 
@@ -120,6 +123,8 @@ class TuneResult:
     elapsed_s: float = 0.0
     interrupted: bool = False
     """Ctrl-C ended the search early."""
+    baseline_refs: list[float] = field(default_factory=list)
+    """Median step times of the baseline re-measured between screening trials."""
 
     @property
     def settings(self) -> TuneSettings:
@@ -147,6 +152,7 @@ class TuneResult:
             "notes": list(self.notes),
             "elapsed_s": self.elapsed_s,
             "interrupted": self.interrupted,
+            "baseline_refs": list(self.baseline_refs),
         }
 
 
@@ -166,6 +172,8 @@ class Search:
         self.baseline_wall = 0.0
         self.baseline_medians: list[float] = []
         self._determinism = 0.0
+        self._ref_ms = 0.0
+        self._since_ref = 0
 
     # -- helpers ----------------------------------------------------------------------------------
     def remaining(self) -> float:
@@ -249,6 +257,7 @@ class Search:
         plain.facts = first.facts
         plain.verdict = "baseline"
         self.baseline_medians.append(plain.median_ms or 0.0)
+        self._ref_ms = plain.median_ms or 0.0
         self.baseline_wall = max(first.wall_s, plain.wall_s)
         dev, _ = loss_deviation(first.losses, plain.losses)
         self._determinism = dev or 0.0
@@ -274,11 +283,26 @@ class Search:
                                                  family=knob.name, status="not-run", verdict="not run",
                                                  cause="the budget ran out before this trial"))
                 continue
+            self._refresh_baseline(result)
             trial = self._run(settings, knob.name, limit_s=min(self._share(settings), self.remaining() - reserve))
+            self._since_ref += 1
             self._judge(trial, result)
             result.trials.append(trial)
             measured.append(trial)
         return measured
+
+    def _refresh_baseline(self, result: TuneResult) -> None:
+        """Re-measure the baseline every :data:`REFRESH_EVERY` trials, so screening compares
+        each candidate with a baseline measured minutes, not a quarter of an hour, earlier."""
+        if self._since_ref < REFRESH_EVERY or self.remaining() < 3 * self.baseline_wall:
+            return
+        ref = self._run(TuneSettings(), "baseline", tag="baseline-refresh",
+                        limit_s=max(1.5 * self.baseline_wall, min(3 * self.baseline_wall, self.remaining())))
+        self._since_ref = 0
+        if ref.ok and ref.median_ms:
+            self._ref_ms = ref.median_ms
+            self.baseline_medians.append(ref.median_ms)
+            result.baseline_refs.append(round(ref.median_ms, 3))
 
     def _judge(self, trial: TrialResult, result: TuneResult) -> None:
         """Set speedup, gate outcome and verdict of a measured trial against the baseline."""
@@ -295,7 +319,8 @@ class Search:
         gate = numerics_gate(result.baseline.losses, trial.losses, numerics_class(settings),
                              noise=self._determinism)
         trial.deviation, trial.tolerance = gate.deviation, gate.tolerance
-        trial.speedup = speedup(result.baseline.median_ms, trial.median_ms)
+        # Against the most recent baseline run: load on a shared machine drifts within minutes.
+        trial.speedup = speedup(self._ref_ms or result.baseline.median_ms, trial.median_ms)
         base_peak = result.baseline.peak_bytes
         if trial.peak_bytes and base_peak and trial.peak_bytes > MEMORY_NOTE * base_peak:
             trial.note = f"peak memory {trial.peak_bytes / base_peak:.2f}x the baseline's"
@@ -327,6 +352,8 @@ class Search:
             if self.remaining() - reserve < self.baseline_wall * 1.2:
                 result.notes.append(f"not combined with {candidate.label}: the budget ran out")
                 continue
+            self._refresh_baseline(result)
+            self._since_ref += 1
             trial = self._run(merged, "combined", limit_s=min(self._share(merged), self.remaining() - reserve),
                               tag="combined")
             self._judge(trial, result)

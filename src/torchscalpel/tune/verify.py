@@ -7,11 +7,12 @@ three times the deviation between two runs of the baseline itself (a script that
 deterministic cannot be held to a tighter bound than it keeps).
 
 Speed: a candidate wins only when its median step time beats the baseline's by a margin beyond
-the noise measured between interleaved baseline repeats.
+the noise measured between consecutive baseline repeats.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -85,11 +86,14 @@ def numerics_gate(baseline: Sequence[float | None], candidate: Sequence[float | 
 
 
 def noise_fraction(medians: Sequence[float]) -> float:
-    """Relative spread of repeated baseline medians: (max - min) / median, 0 for fewer than two."""
+    """Short-term noise of repeated baseline medians, in time order: the median relative difference
+    between consecutive runs (slow drift of the machine's load cancels in paired comparisons, so it
+    does not count). 0 for fewer than two runs."""
     values = [m for m in medians if m and m > 0]
     if len(values) < 2:
         return 0.0
-    return (max(values) - min(values)) / statistics.median(values)
+    diffs = [abs(a - b) / ((a + b) / 2) for a, b in itertools.pairwise(values)]
+    return statistics.median(diffs)
 
 
 def required_speedup(noise: float) -> float:
