@@ -22,6 +22,8 @@ COMMANDS: tuple[str, ...] = (
     "export",
     "serve",
     "launch",
+    "tune",
+    "run",
 )
 
 
