@@ -1,0 +1,74 @@
+"""Measured peaks of real training steps on CPU, for checking plans (benchmark, tests, calibration).
+
+The peak is allocator-level: torch.profiler's ``[memory]`` events carry the CPU allocator's running
+``Total Allocated`` (counted from the moment profiling starts), so the model, optimizer and batch are
+built inside the profiling window and the peak is everything the step needs. TORCH-FACTS: this,
+saved-tensor hooks and MemTracker agree on CPU; process RSS does not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from torchscalpel.plan.model_io import LossFn, default_loss, unique_params
+from torchscalpel.plan.simulate import SimSettings
+from torchscalpel.plan.spec import BatchSpec
+
+
+def profiled_peak(fn: Callable[[], None]) -> int:
+    """Peak of the CPU allocator's ``Total Allocated`` while ``fn`` runs (bytes)."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            events = json.load(fh).get("traceEvents", [])
+    finally:
+        os.unlink(path)
+    peak = 0
+    for event in events:
+        if event.get("name") == "[memory]":
+            args = event.get("args", {})
+            if str(args.get("Device Type", 0)) in ("0", "cpu"):
+                peak = max(peak, int(args.get("Total Allocated", 0)))
+    return peak
+
+
+def train_steps(
+    model: nn.Module, batch: BatchSpec, settings: SimSettings, loss_fn: LossFn | None = None, *, steps: int = 3,
+    wrap: Callable[[nn.Module], nn.Module] | None = None,
+) -> None:
+    """A plain training loop: zero_grad(set_to_none), forward, loss, backward, step; ``steps`` times."""
+    if settings.precision == "bf16":
+        model = model.to(torch.bfloat16)
+    if wrap is not None:
+        model = wrap(model)
+    params = [p for p in unique_params(model) if p.requires_grad]
+    optimizer = settings.optimizer.build(params, foreach=settings.foreach)
+    for _ in range(steps):
+        if optimizer is not None:
+            optimizer.zero_grad(set_to_none=True)
+        for _ in range(settings.grad_accum):
+            tensors = batch.make("cpu")
+            if settings.precision == "bf16":
+                tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}
+            dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(settings.precision)
+            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                if loss_fn is not None:
+                    out, loss = None, loss_fn(model, tensors)
+                else:
+                    out, loss = default_loss(model, tensors)
+            loss.float().backward()
+            del tensors
+        if optimizer is not None:
+            optimizer.step()
+        del out, loss
