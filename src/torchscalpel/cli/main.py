@@ -15,6 +15,7 @@ from torchscalpel.errors import ScalpelError
 
 # One module per verb under torchscalpel.cli; each defines register(subparsers) and run(args).
 COMMANDS: tuple[str, ...] = (
+    "plan",
 )
 
 

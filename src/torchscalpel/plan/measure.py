@@ -72,3 +72,32 @@ def train_steps(
         if optimizer is not None:
             optimizer.step()
         del out, loss
+
+
+def wrap_for(strategy: str, blocks_of: Callable[[nn.Module], list[tuple[str, nn.Module]]]) -> Callable[[nn.Module], nn.Module]:
+    """The wrapping a plan assumes for ``strategy`` (needs an initialised process group).
+
+    ``ddp``: DistributedDataParallel with default buckets. ``fsdp-full`` / ``fsdp-grad-op``: FSDP2
+    ``fully_shard`` on every block, then on the root, with ``reshard_after_forward`` True / False.
+    """
+    def wrap(model: nn.Module) -> nn.Module:
+        if strategy == "single":
+            return model
+        if strategy == "ddp":
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model)
+        if strategy in ("fsdp-full", "fsdp-grad-op"):
+            import torch.distributed as dist
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+            reshard = strategy == "fsdp-full"
+            for _, block in blocks_of(model):
+                fully_shard(block, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+            return model
+        raise ValueError(f"no measured wrapping for strategy {strategy!r}")
+
+    return wrap

@@ -11,6 +11,7 @@ timeline gives the peak of everything live, temporaries included.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterator
@@ -174,8 +175,31 @@ def simulate(
 
 
 def _to_fake(meta_model: nn.Module, device: str) -> nn.Module:
-    """Move a meta model to fake tensors on ``device`` (tied weights stay tied: same Parameter object)."""
-    return meta_model.to_empty(device=device)
+    """A fake-tensor copy of a meta model on ``device`` (the meta model stays reusable; ties stay tied).
+
+    Parameters are replaced one by one instead of ``to_empty``: swapping a deep-copied parameter's
+    payload fails, and a memo keyed by the meta tensor keeps tied weights one storage.
+    """
+    model = copy.deepcopy(meta_model)
+    memo: dict[int, torch.Tensor] = {}
+
+    def fake_like(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in memo:
+            memo[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+        return memo[id(t)]
+
+    params: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in params:
+                params[id(p)] = nn.Parameter(fake_like(p), requires_grad=p.requires_grad)
+            module._parameters[name] = params[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = fake_like(b)
+    return model
 
 
 def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> None:
