@@ -94,7 +94,12 @@ class PlanResult:
 
 def make_plan(request: PlanRequest) -> PlanResult:
     """Simulate, evaluate every requested strategy, search max batch, recommend."""
-    meta = build_meta_model(request.builder, request.settings.precision)
+    precision = request.settings.precision
+
+    def meta() -> nn.Module:
+        return build_meta_model(request.builder, precision)
+
+    meta()  # factory errors surface here, before any simulation
     ckpt = request.checkpointing == "blocks"
     rows, base = _rows(request, meta, ckpt)
     alternatives: list[Row] = []
@@ -105,7 +110,7 @@ def make_plan(request: PlanRequest) -> PlanResult:
     return result
 
 
-def _rows(request: PlanRequest, meta: nn.Module, ckpt: bool) -> tuple[list[Row], Measurement]:
+def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool) -> tuple[list[Row], Measurement]:
     settings = SimSettings(
         optimizer=request.settings.optimizer, precision=request.settings.precision, checkpoint_blocks=ckpt,
         grad_accum=request.settings.grad_accum, foreach=request.settings.foreach, device=request.settings.device,

@@ -11,9 +11,9 @@ timeline gives the peak of everything live, temporaries included.
 from __future__ import annotations
 
 import contextlib
-import copy
 import functools
 import inspect
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,14 +147,19 @@ def build_meta_model(builder: ModelBuilder, precision: str) -> nn.Module:
 
 
 def simulate(
-    meta_model: nn.Module, batch: BatchSpec, settings: SimSettings, loss_fn: LossFn | None = None, *, steps: int = 2
+    meta_builder: Callable[[], nn.Module], batch: BatchSpec, settings: SimSettings, loss_fn: LossFn | None = None,
+    *, steps: int = 2,
 ) -> Measurement:
-    """Run ``steps`` training steps of ``meta_model`` on fake tensors and measure them."""
+    """Run ``steps`` training steps of a fresh meta model from ``meta_builder`` on fake tensors; measure them.
+
+    The model is rebuilt for every simulation rather than deep-copied: models keep plain tensor
+    attributes (rotary caches, ...) that do not survive a deep copy, and a fresh build is cheap on meta.
+    """
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = AllocationTracker()
     try:
         with fake_mode:
-            model = _to_fake(meta_model, settings.device)
+            model = _to_fake(meta_builder(), settings.device)
         for p in model.parameters():
             tracker.label(p, "param")
         for b in model.buffers():
@@ -169,18 +174,20 @@ def simulate(
     except UsageError:
         raise
     except Exception as exc:
+        if os.environ.get("SCALPEL_DEBUG"):
+            raise
         raise _fake_error(exc, tracker.failed_op) from None
     timeline = tracker.timeline()
     return _summarise(model, batch, timeline, tracker, saved, blocks, params)
 
 
 def _to_fake(meta_model: nn.Module, device: str) -> nn.Module:
-    """A fake-tensor copy of a meta model on ``device`` (the meta model stays reusable; ties stay tied).
+    """Move a meta model's parameters and buffers to fake tensors on ``device``, in place.
 
-    Parameters are replaced one by one instead of ``to_empty``: swapping a deep-copied parameter's
-    payload fails, and a memo keyed by the meta tensor keeps tied weights one storage.
+    Parameters are replaced one by one instead of ``to_empty`` (whose tensor swap fails for some
+    models); a memo keyed by the meta tensor keeps tied weights one storage.
     """
-    model = copy.deepcopy(meta_model)
+    model = meta_model
     memo: dict[int, torch.Tensor] = {}
 
     def fake_like(t: torch.Tensor) -> torch.Tensor:
