@@ -34,12 +34,18 @@ def profiled_peak(fn: Callable[[], None]) -> int:
             events = json.load(fh).get("traceEvents", [])
     finally:
         os.unlink(path)
+    # The counter is not reset between profiling sessions in one process: measure from the level
+    # before the first allocation of this window.
+    base: int | None = None
     peak = 0
-    for event in events:
-        if event.get("name") == "[memory]":
-            args = event.get("args", {})
-            if str(args.get("Device Type", 0)) in ("0", "cpu"):
-                peak = max(peak, int(args.get("Total Allocated", 0)))
+    for event in sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e.get("ts", 0)):
+        args = event.get("args", {})
+        if str(args.get("Device Type", 0)) not in ("0", "cpu"):
+            continue
+        total = int(args.get("Total Allocated", 0))
+        if base is None:
+            base = total - int(args.get("Bytes", 0))
+        peak = max(peak, total - base)
     return peak
 
 

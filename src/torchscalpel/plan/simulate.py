@@ -141,8 +141,6 @@ def build_meta_model(builder: ModelBuilder, precision: str) -> nn.Module:
         raise UsageError(f"The model factory raised {type(exc).__name__}: {_one_line(exc)}.") from None
     if not isinstance(model, nn.Module):
         raise UsageError(f"The model factory returned {type(model).__name__}, not a torch.nn.Module; return the model.")
-    if precision == "bf16":
-        model = model.to(torch.bfloat16)
     return model
 
 
@@ -159,7 +157,7 @@ def simulate(
     tracker = AllocationTracker()
     try:
         with fake_mode:
-            model = _to_fake(meta_builder(), settings.device)
+            model = _to_fake(meta_builder(), settings.device, torch.bfloat16 if settings.precision == "bf16" else None)
         for p in model.parameters():
             tracker.label(p, "param")
         for b in model.buffers():
@@ -181,18 +179,20 @@ def simulate(
     return _summarise(model, batch, timeline, tracker, saved, blocks, params)
 
 
-def _to_fake(meta_model: nn.Module, device: str) -> nn.Module:
+def _to_fake(meta_model: nn.Module, device: str, float_dtype: torch.dtype | None = None) -> nn.Module:
     """Move a meta model's parameters and buffers to fake tensors on ``device``, in place.
 
     Parameters are replaced one by one instead of ``to_empty`` (whose tensor swap fails for some
-    models); a memo keyed by the meta tensor keeps tied weights one storage.
+    models); a memo keyed by the meta tensor keeps tied weights one storage. ``float_dtype`` casts
+    floating-point tensors (``--precision bf16``: the whole model in bf16).
     """
     model = meta_model
     memo: dict[int, torch.Tensor] = {}
 
     def fake_like(t: torch.Tensor) -> torch.Tensor:
         if id(t) not in memo:
-            memo[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+            dtype = float_dtype if float_dtype is not None and t.is_floating_point() else t.dtype
+            memo[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=device)
         return memo[id(t)]
 
     params: dict[int, nn.Parameter] = {}
