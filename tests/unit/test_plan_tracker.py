@@ -118,5 +118,5 @@ def test_factory_errors_and_non_modules_are_usage_errors():
 
     with pytest.raises(UsageError, match="bad width"):
         build_meta_model(broken, "fp32")
-    with pytest.raises(UsageError, match="not a torch.nn.Module"):
+    with pytest.raises(UsageError, match=r"not a torch\.nn\.Module"):
         build_meta_model(lambda: 3, "fp32")
