@@ -15,14 +15,11 @@ from torchscalpel.errors import ScalpelError
 
 # One module per verb under torchscalpel.cli; each defines register(subparsers) and run(args).
 COMMANDS: tuple[str, ...] = (
-<<<<<<< HEAD
-    "plan",
-=======
     "profile",
     "demo",
     "analyze",
     "env",
->>>>>>> main
+    "plan",
 )
 
 
