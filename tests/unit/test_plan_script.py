@@ -37,7 +37,7 @@ def test_script_mode_plans_what_the_first_step_used(tmp_path, capsys):
     args = argparse.Namespace(module=None, target=["--", str(script)], out=tmp_path / "run", steps=1, optimizer="adamw",
                               precision="fp32", grad_accum=1, world_size=1, nodes=1, activation_checkpointing="none",
                               no_max_batch=True)
-    result, record, out_dir = plan_script(args, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
+    result, record, _out_dir = plan_script(args, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
     assert record.status == "stopped"  # stopped after the first optimizer step, not run for 3 epochs
     assert "trained" not in capsys.readouterr().out
     request = result.request
