@@ -51,7 +51,7 @@ def profiled_peak(fn: Callable[[], None]) -> int:
 
 def train_steps(
     model: nn.Module, batch: BatchSpec, settings: SimSettings, loss_fn: LossFn | None = None, *, steps: int = 3,
-    wrap: Callable[[nn.Module], nn.Module] | None = None,
+    wrap: Callable[[nn.Module], nn.Module] | None = None, device: str = "cpu",
 ) -> None:
     """A plain training loop: zero_grad(set_to_none), forward, loss, backward, step; ``steps`` times."""
     if settings.precision == "bf16":
@@ -64,11 +64,11 @@ def train_steps(
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
         for _ in range(settings.grad_accum):
-            tensors = batch.make("cpu")
+            tensors = batch.make(device)
             if settings.precision == "bf16":
                 tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}
             dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(settings.precision)
-            with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
                 if loss_fn is not None:
                     out, loss = None, loss_fn(model, tensors)
                 else:
@@ -107,3 +107,14 @@ def wrap_for(strategy: str, blocks_of: Callable[[nn.Module], list[tuple[str, nn.
         raise ValueError(f"no measured wrapping for strategy {strategy!r}")
 
     return wrap
+
+
+def cuda_peak(fn: Callable[[], None]) -> int:
+    """``torch.cuda.max_memory_allocated`` while ``fn`` runs, above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
