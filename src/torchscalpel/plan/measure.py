@@ -8,6 +8,7 @@ saved-tensor hooks and MemTracker agree on CPU; process RSS does not.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import tempfile
@@ -24,6 +25,9 @@ from torchscalpel.plan.spec import BatchSpec
 
 def profiled_peak(fn: Callable[[], None]) -> int:
     """Peak of the CPU allocator's ``Total Allocated`` while ``fn`` runs (bytes)."""
+    # Leftovers of an earlier run (FSDP modules hold reference cycles) must not be freed inside
+    # this window: their frees would lower the counter below what this run allocated.
+    gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     fd, path = tempfile.mkstemp(suffix=".json")
