@@ -36,16 +36,9 @@ def max_batch(
 
     b0, p0 = base.batch, peak(base.batch)
     if p0 > limit:
-        lo, hi, p_lo, p_hi = 0, b0, 0, p0
-        while hi > 1:
-            cand = hi // 2
-            p = peak(cand)
-            if p <= limit:
-                lo, p_lo = cand, p
-                break
-            hi, p_hi = cand, p
-        if lo == 0:
-            return 0
+        if b0 == 1 or peak(1) > limit:
+            return 0  # not even one sample fits: skip the search
+        lo, hi, p_lo, p_hi = 1, b0, peak(1), p0
     else:
         lo, p_lo = b0, p0
         b1 = min(2 * b0, MAX_BATCH)
