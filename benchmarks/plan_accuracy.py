@@ -38,6 +38,8 @@ CASES = {
     "cnn": (pm.cnn, "x=float32[32,3,32,32],y=int64[32]:10"),
     "gpt": (pm.gpt, "idx=int64[8,128]:8192,y=int64[8,128]:8192"),
     "llama": (pm.llama, "input_ids=int64[4,128]:8192,labels=int64[4,128]:8192"),
+    "lstm": (pm.lstm, "idx=int64[16,64]:1000,y=int64[16,64]:1000"),
+    "t5": (pm.t5, "input_ids=int64[4,64]:4000,labels=int64[4,32]:4000"),
 }
 # (strategy, precision, activation checkpointing)
 VARIANTS = [

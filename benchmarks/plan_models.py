@@ -2,7 +2,8 @@
 
 Four families a plan must get right: an MLP, a CNN with batch norm, a GPT-style transformer LM using
 scaled_dot_product_attention, and a transformers LlamaForCausalLM from a tiny config with random
-weights (nothing downloaded).
+weights (nothing downloaded); plus two the plan was not tuned on: an LSTM LM and a transformers T5
+encoder-decoder.
 """
 
 from __future__ import annotations
@@ -105,3 +106,30 @@ def llama(vocab: int = 8192, hidden: int = 256, layers: int = 2, heads: int = 4,
     )
     config.use_cache = False
     return LlamaForCausalLM(config)
+
+
+class LSTMLM(nn.Module):
+    """A 2-layer LSTM language model (oneDNN's fused RNN kernel on CPU)."""
+
+    def __init__(self, vocab: int = 1000, d: int = 128, hidden: int = 256, layers: int = 2) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.rnn = nn.LSTM(d, hidden, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.rnn(self.embed(idx))[0])
+
+
+def lstm(vocab: int = 1000, d: int = 128, hidden: int = 256, layers: int = 2) -> nn.Module:
+    """The LSTM LM."""
+    return LSTMLM(vocab, d, hidden, layers)
+
+
+def t5(vocab: int = 4000, d: int = 128, layers: int = 2, heads: int = 4, d_ff: int = 512) -> nn.Module:
+    """transformers' T5ForConditionalGeneration from a tiny config, random weights."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    config = T5Config(vocab_size=vocab, d_model=d, num_layers=layers, num_heads=heads, d_ff=d_ff, d_kv=d // heads,
+                      decoder_start_token_id=0, pad_token_id=0)
+    return T5ForConditionalGeneration(config)

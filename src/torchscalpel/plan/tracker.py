@@ -23,6 +23,35 @@ CATEGORIES = ("param", "buffer", "grad", "optim", "input", "act")
 """Labels of live memory; ``act`` is everything else: activations, outputs and temporaries."""
 
 
+PROBED_OPS = frozenset({"aten.mkldnn_rnn_layer.default"})
+"""Ops whose fake implementation under-reports an output's size: oneDNN's LSTM/GRU training workspace
+is a 0-byte tensor on fake tensors but ~16x the layer output for real. These run once for real, on
+zeros of the same shapes (cached by shape), to read the true output sizes."""
+_PROBE_CACHE: dict[tuple, list[int]] = {}
+
+
+def _probed_sizes(func, args, kwargs, outputs) -> list[int] | None:
+    """Real output storage sizes of ``func`` for these argument shapes (None if the probe fails)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    flat, spec = tree_flatten((args, kwargs))
+    key = (str(func), tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a) for a in flat))
+    if key not in _PROBE_CACHE:
+        try:
+            with _disable_current_modes():
+                real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in flat]
+                from torch.utils._pytree import tree_unflatten
+
+                r_args, r_kwargs = tree_unflatten(real, spec)
+                result = func(*r_args, **r_kwargs)
+                _PROBE_CACHE[key] = [int(t.untyped_storage().nbytes()) for t in tree_flatten(result)[0]
+                                     if isinstance(t, torch.Tensor)]
+        except Exception:  # a probe is a refinement; without it the fake size stands
+            _PROBE_CACHE[key] = []
+    sizes = _PROBE_CACHE[key]
+    return sizes if len(sizes) == len(outputs) else None
+
+
 @dataclass(slots=True)
 class StorageRecord:
     """One storage's lifetime, in event numbers (``end`` is None while it is alive)."""
@@ -113,9 +142,14 @@ class AllocationTracker(TorchDispatchMode):
             if self.failed_op is None:
                 self.failed_op = str(func)
             raise
-        for item in tree_flatten(out)[0]:
-            if isinstance(item, torch.Tensor):
-                self.track(item)
+        outputs = [item for item in tree_flatten(out)[0] if isinstance(item, torch.Tensor)]
+        sizes = _probed_sizes(func, args, kwargs or {}, outputs) if str(func) in PROBED_OPS else None
+        first_new = len(self.records)
+        for k, item in enumerate(outputs):
+            index = self.track(item)
+            # only storages this op created: raise them to what the real kernel allocates
+            if sizes is not None and index is not None and index >= first_new and sizes[k] > self.records[index].nbytes:
+                self.records[index].nbytes = sizes[k]
         return out
 
     # -- results --------------------------------------------------------------------------------
