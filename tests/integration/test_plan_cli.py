@@ -87,3 +87,19 @@ def test_user_errors_are_one_sentence_and_exit_2(factory, tmp_path, extra, needl
     assert len(lines) == 1 and lines[0].startswith("scalpel: error:"), result.stderr
     assert needle in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_script_mode_through_the_cli(tmp_path):
+    from conftest import EXAMPLES
+
+    out = tmp_path / "run"
+    result = run_cli("plan", "--device", "T4", "--no-max-batch", "--out", str(out), "--json", str(tmp_path / "p.json"),
+                     "--", str(EXAMPLES / "digits_cnn.py"), "--epochs", "1", "--batch-size", "32", "--workers", "0",
+                     "--device", "cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["model"] == "DigitsCNN" and plan["batch_size"] == 32
+    assert plan["optimizer"] == "AdamW"  # the class the script built, not the --optimizer default
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "stopped" and record["sections"]["plan"]["rows"][0]["strategy"] == "single"
