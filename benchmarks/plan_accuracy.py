@@ -101,7 +101,7 @@ def measured_dist(strategy: str, names: list[str]) -> dict[str, int]:
         try:
             mp.spawn(_worker, args=(port, out, strategy, names), nprocs=2)
         except Exception as exc:  # judge by what the ranks wrote (gloo teardown abort)
-            print(f"note: {strategy} spawn ended with {type(exc).__name__}", file=sys.stderr)
+            print(f"note: {strategy} spawn ended with {type(exc).__name__}: {str(exc)[-600:]}", file=sys.stderr)
         files = [Path(f"{out}.{r}") for r in range(2)]
         if all(f.exists() for f in files):
             ranks = [json.loads(f.read_text()) for f in files]

@@ -103,3 +103,25 @@ def test_devices_by_name_memory_and_errors():
         resolve_device("Z9000", None)
     with pytest.raises(UsageError, match="either"):
         resolve_device("L4", "24GiB")
+
+
+def test_batch_names_are_matched_through_ddp_style_wrappers():
+    from torch import nn
+
+    from torchscalpel.plan.model_io import split_batch
+
+    class Inner(nn.Module):
+        def forward(self, input_ids=None, labels=None):
+            return input_ids
+
+    class Wrapper(nn.Module):  # like DistributedDataParallel: forward(*inputs, **kwargs), the model in .module
+        def __init__(self) -> None:
+            super().__init__()
+            self.module = Inner()
+
+        def forward(self, *inputs, **kwargs):
+            return self.module(*inputs, **kwargs)
+
+    batch = {"input_ids": torch.zeros(2, 3), "labels": torch.zeros(2, 3)}
+    args, kwargs, targets = split_batch(Wrapper(), batch)
+    assert args == [] and set(kwargs) == {"input_ids", "labels"} and targets == []

@@ -29,8 +29,12 @@ LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 
 def split_batch(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[torch.Tensor]]:
     """(positional inputs, keyword inputs, targets) following the calling convention above."""
+    inner = model
+    # DDP (``.module``) and torch.compile (``._orig_mod``) wrap forward as (*inputs, **kwargs)
+    while isinstance(getattr(inner, "module", None) or getattr(inner, "_orig_mod", None), nn.Module):
+        inner = getattr(inner, "module", None) or inner._orig_mod
     try:
-        params = inspect.signature(model.forward).parameters
+        params = inspect.signature(inner.forward).parameters
     except (TypeError, ValueError):
         params = {}
     accepts_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
