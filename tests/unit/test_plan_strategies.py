@@ -127,3 +127,21 @@ def test_report_section_renders_the_plan_rows():
     assert "fsdp-full" in section.body and 'data-chart="plan-memory"' in section.body
     assert "Recommendation" in section.body
     assert build(RunRecord()) == []
+
+
+def test_custom_loss_and_checkpointed_rows():
+    """--loss FN(model, batch) is what runs; --activation-checkpointing blocks marks and lowers the rows."""
+    def heavy_loss(model, batch):
+        out = model(batch["x"])
+        big = out.unsqueeze(-1).expand(-1, -1, 4096).contiguous()  # a 64 x 10 x 4096 float intermediate
+        return big.pow(2).mean()
+
+    spec = parse_batch_spec("x=float32[64,32]")
+    plain = simulate(lambda: build_meta_model(_Net, "fp32"), spec, SimSettings(optimizer=OptimizerSpec.named("sgd")))
+    heavy = simulate(lambda: build_meta_model(_Net, "fp32"), spec, SimSettings(optimizer=OptimizerSpec.named("sgd")),
+                     heavy_loss)
+    assert heavy.act_peak_bytes >= plain.act_peak_bytes + 64 * 10 * 4096 * 4
+    request = _request(1 << 40, ["fsdp-full"], ckpt="blocks", search=True)
+    result = make_plan(request)
+    assert result.rows[0].breakdown.checkpointing
+    assert result.other_checkpointing_act_peak > result.measurement.act_peak_bytes  # without checkpointing: more

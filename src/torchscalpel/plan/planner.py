@@ -63,6 +63,8 @@ class PlanResult:
     """Rows with activation checkpointing flipped, computed when nothing fits without it."""
     recommendation: str = ""
     recommended: str | None = None
+    other_checkpointing_act_peak: int | None = None
+    """Activation peak with block checkpointing flipped (on when the rows have it off, and vice versa)."""
 
     @property
     def all_rows(self) -> list[Row]:
@@ -89,6 +91,7 @@ class PlanResult:
             "alternatives": [row.to_dict() for row in self.alternatives],
             "recommended": self.recommended,
             "recommendation": self.recommendation,
+            "act_peak_other_checkpointing": self.other_checkpointing_act_peak,
         }
 
 
@@ -103,18 +106,19 @@ def make_plan(request: PlanRequest) -> PlanResult:
     ckpt = request.checkpointing == "blocks"
     rows, base = _rows(request, meta, ckpt)
     alternatives: list[Row] = []
+    other: Measurement | None = None
     if not any(row.breakdown.fits for row in rows) and not ckpt:
-        alternatives, _ = _rows(request, meta, True)
-    result = PlanResult(request=request, measurement=base, rows=rows, alternatives=alternatives)
+        alternatives, other = _rows(request, meta, True)
+    elif request.search_max_batch:  # the full plan: show activations both ways (check_fits skips it)
+        other = simulate(meta, request.batch, _settings(request, not ckpt), request.loss_fn)
+    result = PlanResult(request=request, measurement=base, rows=rows, alternatives=alternatives,
+                        other_checkpointing_act_peak=other.act_peak_bytes if other is not None else None)
     result.recommended, result.recommendation = recommend(result)
     return result
 
 
 def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool) -> tuple[list[Row], Measurement]:
-    settings = SimSettings(
-        optimizer=request.settings.optimizer, precision=request.settings.precision, checkpoint_blocks=ckpt,
-        grad_accum=request.settings.grad_accum, foreach=request.settings.foreach, device=request.settings.device,
-    )
+    settings = _settings(request, ckpt)
     cache: dict[int, Measurement] = {}
 
     def measure(batch: int) -> Measurement:
@@ -133,6 +137,12 @@ def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool) -> tu
                            device=request.device, checkpointing=ckpt)
         rows.append(Row(breakdown=bd, max_batch=mb))
     return rows, base
+
+
+def _settings(request: PlanRequest, ckpt: bool) -> SimSettings:
+    s = request.settings
+    return SimSettings(optimizer=s.optimizer, precision=s.precision, checkpoint_blocks=ckpt, grad_accum=s.grad_accum,
+                       foreach=s.foreach, device=s.device)
 
 
 _PREFERENCE = ("single", "ddp", "fsdp-grad-op", "fsdp-hybrid", "fsdp-full")

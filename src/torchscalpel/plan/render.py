@@ -40,8 +40,16 @@ def header_lines(result: PlanResult) -> list[str]:
         f"device {r.device.name}: {fmt_bytes(r.device.memory)} ({r.device.kind}; margin {r.device.margin:.0%} "
         f"+ context {fmt_bytes(r.device.context_bytes)})",
         f"measured on fake tensors: saved for backward {fmt_bytes(m.saved_bytes)}, "
-        f"activation peak {fmt_bytes(m.act_peak_bytes)}",
+        f"activation peak {fmt_bytes(m.act_peak_bytes)}" + _other(result),
     ]
+
+
+def _other(result: PlanResult) -> str:
+    other = result.other_checkpointing_act_peak
+    if other is None:
+        return ""
+    on = result.request.checkpointing == "blocks"
+    return f" ({fmt_bytes(other)} {'without' if on else 'with'} block checkpointing)"
 
 
 def render_text(result: PlanResult) -> str:
