@@ -67,11 +67,11 @@ def settings(precision: str, ckpt: bool) -> SimSettings:
 def measured_single(name: str, precision: str, ckpt: bool) -> int:
     factory, spec = CASES[name]
     torch.manual_seed(0)
-    from torchscalpel.plan.simulate import _checkpointed
+    from torchscalpel.plan.simulate import checkpointed_blocks
 
     def go() -> None:
         model = factory()
-        with _checkpointed(find_blocks(model), ckpt):
+        with checkpointed_blocks(find_blocks(model), ckpt):
             train_steps(model, parse_batch_spec(spec), settings(precision, ckpt))
 
     return profiled_peak(go)
@@ -121,7 +121,7 @@ def planned(name: str, strategy: str, precision: str, ckpt: bool) -> tuple[int, 
 def cuda_rows(names: list[str]) -> list[dict]:
     """Single-GPU rows: measured max_memory_allocated vs the plan simulated on fake CUDA tensors."""
     from torchscalpel.plan.measure import cuda_peak
-    from torchscalpel.plan.simulate import _checkpointed
+    from torchscalpel.plan.simulate import checkpointed_blocks
 
     rows = []
     for name in names:
@@ -133,7 +133,7 @@ def cuda_rows(names: list[str]) -> list[dict]:
 
             def go(factory=factory, kwargs=kwargs, spec=spec, s=s, ckpt=ckpt) -> None:
                 model = factory(**kwargs).cuda()
-                with _checkpointed(find_blocks(model), ckpt):
+                with checkpointed_blocks(find_blocks(model), ckpt):
                     train_steps(model, spec, s, device="cuda")
 
             real = cuda_peak(go)

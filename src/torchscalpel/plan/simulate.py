@@ -164,7 +164,7 @@ def simulate(
             tracker.label(b, "buffer")
         blocks = find_blocks(model)
         params = [p for p in unique_params(model) if p.requires_grad]
-        with fake_mode, tracker, _checkpointed(blocks, settings.checkpoint_blocks):
+        with fake_mode, tracker, checkpointed_blocks(blocks, settings.checkpoint_blocks):
             optimizer = settings.optimizer.build(params, foreach=settings.foreach)
             saved: dict[int, int] = {}
             for _ in range(steps):
@@ -271,7 +271,7 @@ def _autocast(settings: SimSettings) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _checkpointed(blocks: list[tuple[str, nn.Module]], enabled: bool) -> Iterator[None]:
+def checkpointed_blocks(blocks: list[tuple[str, nn.Module]], enabled: bool) -> Iterator[None]:
     """Block-level activation checkpointing (non-reentrant), as checkpoint_wrapper applies it."""
     if not enabled:
         yield
