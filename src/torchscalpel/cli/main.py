@@ -19,6 +19,9 @@ COMMANDS: tuple[str, ...] = (
     "demo",
     "analyze",
     "env",
+    "export",
+    "serve",
+    "launch",
     "plan",
 )
 
