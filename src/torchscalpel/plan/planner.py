@@ -6,6 +6,7 @@ store in ``record.sections["plan"]``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -184,7 +185,6 @@ def recommend(result: PlanResult) -> tuple[str | None, str]:
 
 def check_fits(request: PlanRequest) -> tuple[bool, str]:
     """For ``scalpel launch --plan``: (fits, one sentence). No max-batch search, so it is quick."""
-    request.search_max_batch = False
-    result = make_plan(request)
+    result = make_plan(dataclasses.replace(request, search_max_batch=False))
     fitting = [r for r in result.all_rows if r.breakdown.fits]
     return bool(fitting), result.recommendation
