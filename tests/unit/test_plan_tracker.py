@@ -145,3 +145,20 @@ def test_lstm_workspace_is_probed_to_its_real_size(monkeypatch):
     monkeypatch.setattr(tracker_module, "PROBED_OPS", frozenset())
     unprobed = simulate(lambda: build_meta_model(_LSTM, "fp32"), spec, settings)
     assert unprobed.peak_bytes < 0.5 * measured
+
+
+def test_large_probes_scale_the_last_real_probe_instead_of_allocating(monkeypatch):
+    import torchscalpel.plan.tracker as tracker_module
+
+    spec = parse_batch_spec("x=float32[16,48,32],y=int64[16]:10")
+    settings = SimSettings(optimizer=OptimizerSpec.named("sgd"))
+    real_probe = simulate(lambda: build_meta_model(_LSTM, "fp32"), spec.with_batch(64), settings)
+    simulate(lambda: build_meta_model(_LSTM, "fp32"), spec, settings)  # a real probe at batch 16 sets the ratio
+    monkeypatch.setattr(tracker_module, "PROBE_LIMIT", 0)  # every later probe "too big": ratio only
+    monkeypatch.setattr(tracker_module, "_PROBE_CACHE", {})
+    big = simulate(lambda: build_meta_model(_LSTM, "fp32"), spec.with_batch(64), settings)
+    monkeypatch.setattr(tracker_module, "PROBED_OPS", frozenset())
+    unprobed = simulate(lambda: build_meta_model(_LSTM, "fp32"), spec.with_batch(64), settings)
+    # scaling the batch-16 probe lands near the real batch-64 probe, far above no probe at all
+    assert abs(big.peak_bytes / real_probe.peak_bytes - 1) < 0.25, (big.peak_bytes, real_probe.peak_bytes)
+    assert big.peak_bytes > 1.5 * unprobed.peak_bytes

@@ -28,6 +28,9 @@ PROBED_OPS = frozenset({"aten.mkldnn_rnn_layer.default"})
 is a 0-byte tensor on fake tensors but ~16x the layer output for real. These run once for real, on
 zeros of the same shapes (cached by shape), to read the true output sizes."""
 _PROBE_CACHE: dict[tuple, list[int]] = {}
+_PROBE_RATIOS: dict[str, list[float]] = {}
+PROBE_LIMIT = 64 * 1024**2
+"""Largest input (bytes) a probe runs for real; beyond it the last probe's output/input ratio is used."""
 
 
 def _probed_sizes(func, args, kwargs, outputs) -> list[int] | None:
@@ -36,6 +39,12 @@ def _probed_sizes(func, args, kwargs, outputs) -> list[int] | None:
 
     flat, spec = tree_flatten((args, kwargs))
     key = (str(func), tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a) for a in flat))
+    in_bytes = sum(a.numel() * a.element_size() for a in flat if isinstance(a, torch.Tensor))
+    if key not in _PROBE_CACHE and in_bytes > PROBE_LIMIT:
+        # Too big to run for real (the max-batch search goes far): scale the last probe of this op,
+        # whose outputs grow linearly with its inputs (batch x sequence).
+        ratios = _PROBE_RATIOS.get(str(func))
+        return [int(r * in_bytes) for r in ratios] if ratios and len(ratios) == len(outputs) else None
     if key not in _PROBE_CACHE:
         try:
             with _disable_current_modes():
@@ -46,6 +55,7 @@ def _probed_sizes(func, args, kwargs, outputs) -> list[int] | None:
                 result = func(*r_args, **r_kwargs)
                 _PROBE_CACHE[key] = [int(t.untyped_storage().nbytes()) for t in tree_flatten(result)[0]
                                      if isinstance(t, torch.Tensor)]
+                _PROBE_RATIOS[str(func)] = [n / max(1, in_bytes) for n in _PROBE_CACHE[key]]
         except Exception:  # a probe is a refinement; without it the fake size stands
             _PROBE_CACHE[key] = []
     sizes = _PROBE_CACHE[key]
