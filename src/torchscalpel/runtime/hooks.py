@@ -40,7 +40,7 @@ class HookSet:
         self.session = session
         self._undo: list[Callable[[], None]] = []
         self._forward_depth = 0
-        self._forward_timed: list[bool] = []
+        self._root_timed = False
         self._backward_depth = 0
 
     # ----- install / remove ---------------------------------------------------------------
@@ -72,34 +72,39 @@ class HookSet:
     def _forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if _compiling():
             return
-        root = self._forward_depth == 0
-        self._forward_depth += 1
         s = self.session
-        timed = False
-        if root:
-            s.note_root_module(module)
-            # A no-grad forward during training is evaluation: it counts as "other", not forward.
-            if torch.is_grad_enabled() or s.timeline.kind == "forward":
-                timed = s.timeline.begin("forward")
-                s.timeline.note_forward(_batch_size(args))
-        self._forward_timed.append(timed)
-        s.emit("on_forward_pre", module, args, {}, root)
+        if self._forward_depth:
+            # Inner module: the hot path (every submodule call), kept to a counter when no
+            # observer listens to module events.
+            self._forward_depth += 1
+            if s.listeners["on_forward_pre"]:
+                s.emit("on_forward_pre", module, args, {}, False)
+            return
+        self._forward_depth = 1
+        s.note_root_module(module)
+        # A no-grad forward during training is evaluation: it counts as "other", not forward.
+        self._root_timed = False
+        if torch.is_grad_enabled() or s.timeline.kind == "forward":
+            self._root_timed = s.timeline.begin("forward")
+            s.timeline.note_forward(_batch_size(args))
+        s.emit("on_forward_pre", module, args, {}, True)
 
     def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if _compiling() or self._forward_depth == 0:
             return
         self._forward_depth -= 1
-        root = self._forward_depth == 0
-        timed = self._forward_timed.pop() if self._forward_timed else False
         s = self.session
-        s.emit("on_forward_post", module, args, {}, output, root)
-        if root:
-            if not s.grad_forward_seen and _requires_grad(output):
-                s.grad_forward_seen = True
-            if timed:
-                s.timeline.end("forward")
-            if s.timeline.in_phase is None:
-                s.boundary("forward")
+        if self._forward_depth:
+            if s.listeners["on_forward_post"]:
+                s.emit("on_forward_post", module, args, {}, output, False)
+            return
+        s.emit("on_forward_post", module, args, {}, output, True)
+        if not s.grad_forward_seen and _requires_grad(output):
+            s.grad_forward_seen = True
+        if self._root_timed:
+            s.timeline.end("forward")
+        if s.timeline.in_phase is None:
+            s.boundary("forward")
 
     # ----- backward -----------------------------------------------------------------------
     def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:

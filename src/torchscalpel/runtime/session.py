@@ -91,7 +91,15 @@ class Session:
     _disabled: set[int] = field(default_factory=set)
     _stopping: bool = False
 
+    listeners: dict[str, list[Observer]] = field(init=False)
+    """Per event, the observers that override it: events nobody listens to cost nothing."""
+
     def __post_init__(self) -> None:
+        self.listeners = {
+            name: [o for o in self.observers if getattr(type(o), name) is not getattr(Observer, name)]
+            for name in dir(Observer)
+            if name.startswith("on_")
+        }
         self.device = torch.device(self.options.device) if self.options.device else None
         self.timeline = Timeline(clock_for(self.device), on_close=self._step_closed)
         self.memory = StepMemory(self.device)
@@ -99,7 +107,7 @@ class Session:
     # ----- called by hooks ----------------------------------------------------------------
     def emit(self, event: str, *args: Any) -> None:
         """Call ``event`` on every observer; an observer that raises is disabled, never the run."""
-        for obs in self.observers:
+        for obs in self.listeners[event]:
             if id(obs) in self._disabled:
                 continue
             try:
