@@ -86,6 +86,8 @@ class Session:
     stop_reason: str | None = None
     device: torch.device | None = None
     window: Any = None
+    hooks: Any = None
+    """The installed :class:`~torchscalpel.runtime.hooks.HookSet` (None outside a run)."""
     grad_forward_seen: bool = False
     """A root forward returned a tensor that requires grad: training is likely, even before a backward."""
     _disabled: set[int] = field(default_factory=set)
@@ -183,6 +185,8 @@ class Session:
     # ----- step bookkeeping ---------------------------------------------------------------
     def _step_closed(self, step: StepRecord) -> None:
         step.warmup = step.index < self.options.warmup
+        if step.index + 1 == max(self.options.warmup, 1) and self.hooks is not None and self.timeline.kind == "optimizer":
+            self.hooks.narrow_to_roots()
         self.memory.close_step(step)
         if self.window is not None:
             self.window.on_step_closed(step)
@@ -236,6 +240,7 @@ def run_target(
     )
     undo: list[Callable[[], None]] = []
     hooks = HookSet(session)
+    session.hooks = hooks
     saved_argv, saved_path0 = list(sys.argv), list(sys.path)
     status, exit_code, error = "complete", 0, None
     try:
