@@ -15,6 +15,8 @@ from torchscalpel.errors import ScalpelError
 
 # One module per verb under torchscalpel.cli; each defines register(subparsers) and run(args).
 COMMANDS: tuple[str, ...] = (
+    "profile",
+    "demo",
 )
 
 

@@ -1,0 +1,135 @@
+"""Profile sections of the HTML report: headline figures, per-step breakdown, loss, memory, top ops."""
+
+from __future__ import annotations
+
+from html import escape
+
+from torchscalpel.record import PHASES, RunRecord
+from torchscalpel.report import charts
+from torchscalpel.report.html import Section, table
+from torchscalpel.report.terminal import fmt_bytes, fmt_flops
+
+
+def build(record: RunRecord) -> list[Section]:
+    """All profile sections for ``record`` (empty when it holds no steps)."""
+    sections = [_overview(record)]
+    if record.steps:
+        sections.append(_steps(record))
+        sections.append(_loss_and_memory(record))
+    if record.profiler.get("top_ops"):
+        sections.append(_top_ops(record))
+    if record.modules:
+        sections.append(_modules(record))
+    sections.append(_environment(record))
+    return sections
+
+
+def _overview(record: RunRecord) -> Section:
+    s = record.summary
+    kpis = []
+    if "median_step_ms" in s:
+        kpis.append(("median step", f"{s['median_step_ms']:.2f} ms"))
+        kpis.append(("p90 step", f"{s['p90_step_ms']:.2f} ms"))
+    if "samples_per_s" in s:
+        kpis.append(("throughput", f"{s['samples_per_s']:.1f} samples/s"))
+    if "achieved_flops_per_s" in s:
+        kpis.append(("achieved", fmt_flops(s["achieved_flops_per_s"])))
+    if "mfu" in s:
+        kpis.append(("MFU (bf16 peak)", f"{100 * s['mfu']['mfu']:.1f}%"))
+    if "cuda_allocated_peak" in s:
+        kpis.append(("CUDA allocated peak", fmt_bytes(s["cuda_allocated_peak"])))
+    mem_peak = record.profiler.get("memory", {}).get("peak_bytes")
+    if mem_peak:
+        kpis.append(("allocator peak (window)", fmt_bytes(mem_peak)))
+    if "rss_peak" in s:
+        kpis.append(("RSS peak", fmt_bytes(s["rss_peak"])))
+    body = '<div class="kpis">' + "".join(
+        f'<div class="kpi"><b>{escape(v)}</b><span class="muted">{escape(k)}</span></div>' for k, v in kpis
+    ) + "</div>"
+    facts = [
+        f"status <b>{escape(record.status)}</b>" + (f" (exit code {record.exit_code})" if record.exit_code else ""),
+        f"{s.get('steps_measured', 0)} measured steps after {record.config.get('warmup', 0)} warm-up; "
+        f"steps delimited by {escape(record.step_kind)} calls; timing clock: {escape(str(record.config.get('clock', '?')))}",
+    ]
+    if record.error:
+        facts.append(f'<span class="sev-error">{escape(record.error)}</span>')
+    facts += [f"note: {escape(n)}" for n in record.notes]
+    body += "<ul>" + "".join(f"<li>{f}</li>" for f in facts) + "</ul>"
+    return Section(id="overview", title="Overview", body=body)
+
+
+def _steps(record: RunRecord) -> Section:
+    steps = record.steps
+    labels = [str(s.index) + ("w" if s.warmup else "p" if s.profiled else "") for s in steps]
+    series = {p: [s.phase_ms()[p] for s in steps] for p in PHASES}
+    chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms")
+    s = record.summary
+    rows = []
+    if "phase_mean_ms" in s:
+        rows = [(p, f"{s['phase_mean_ms'][p]:.3f}", f"{100 * s['phase_share'][p]:.1f}%") for p in PHASES]
+        rows.append(("step (mean)", f"{s['mean_step_ms']:.3f}", "100%"))
+    note = (
+        '<p class="muted">Each bar is one step (w: warm-up, p: inside the profiler window, left out of the '
+        "summary). The five phases add up to the step's wall time; <i>other</i> is what lies outside data "
+        "loading, model forward, backward and optimizer (logging, loss code, zero_grad, evaluation).</p>"
+    )
+    return Section(
+        id="steps",
+        title="Per-step breakdown",
+        body=chart + note + table(["phase", "mean ms", "share"], rows, [False, True, True]),
+    )
+
+
+def _loss_and_memory(record: RunRecord) -> Section:
+    xs = [s.index for s in record.steps]
+    parts = []
+    if any(s.loss is not None for s in record.steps):
+        parts.append("<h3>Loss</h3>" + charts.lines("loss", xs, {"loss": [s.loss for s in record.steps]}))
+    mem: dict[str, list[float | None]] = {}
+    if any(s.cuda_allocated_peak is not None for s in record.steps):
+        mem["CUDA allocated peak (MiB)"] = [(s.cuda_allocated_peak or 0) / 2**20 for s in record.steps]
+        mem["CUDA reserved peak (MiB)"] = [(s.cuda_reserved_peak or 0) / 2**20 for s in record.steps]
+    if any(s.rss for s in record.steps):
+        mem["RSS (MiB)"] = [(s.rss / 2**20) if s.rss else None for s in record.steps]
+    if mem:
+        parts.append("<h3>Memory over steps</h3>" + charts.lines("memory", xs, mem, unit="MiB"))
+    return Section(id="loss-memory", title="Loss and memory", body="".join(parts) or "<p>No loss or memory data.</p>")
+
+
+def _top_ops(record: RunRecord) -> Section:
+    ops = record.profiler.get("top_ops", [])[:15]
+    chart = charts.horizontal_bars("top-ops", [(o["name"], o["self_us"] / 1000.0) for o in ops], unit="ms")
+    flops = {f["name"]: f["flops"] for f in record.profiler.get("flops_by_op", [])}
+    rows = [
+        (o["name"], o.get("category", ""), o.get("count", ""), f"{o['self_us'] / 1000:.3f}", f"{o.get('total_us', 0) / 1000:.3f}",
+         f"{flops[o['name']]:.3g}" if o["name"] in flops else "")
+        for o in ops
+    ]
+    cats = record.profiler.get("categories", {})
+    cat_chart = charts.horizontal_bars(
+        "op-categories", sorted(((k, v / 1000.0) for k, v in cats.items()), key=lambda kv: -kv[1]), unit="ms"
+    ) if cats else ""
+    return Section(
+        id="top-ops",
+        title=f"Top ops (profiler window: steps {record.profiler.get('steps')})",
+        body=chart
+        + table(["op", "category", "calls", "self ms", "total ms", "FLOPs"], rows, [False, False, True, True, True, True])
+        + ("<h3>Self time by category</h3>" + cat_chart if cat_chart else ""),
+    )
+
+
+def _modules(record: RunRecord) -> Section:
+    rows = [(m["name"], m["type"], f"{m['params']:,}", m["calls"], f"{m['forward_ms']:.3f}") for m in record.modules[:25]]
+    return Section(
+        id="modules",
+        title="Forward time by module",
+        body=table(["module", "type", "params", "calls", "forward ms (measured steps)"], rows, [False, False, True, True, True]),
+    )
+
+
+def _environment(record: RunRecord) -> Section:
+    env = record.environment
+    rows = [(k, v) for k, v in env.items() if k not in ("gpus", "env") and v not in (None, "", [])]
+    rows += [(f"gpu {g['index']}", f"{g['name']}, {fmt_bytes(g['memory_bytes'])}, sm {g['capability']}") for g in env.get("gpus", [])]
+    rows += [(k, v) for k, v in env.get("env", {}).items()]
+    return Section(id="environment", title="Environment", body=table(["", ""], rows))

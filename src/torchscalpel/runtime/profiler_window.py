@@ -1,0 +1,121 @@
+"""The torch.profiler window: a few measured steps profiled, exported as a gzipped Chrome trace.
+
+The window opens after the first measured step (so one-off first-step work stays out), covers
+``profile_steps`` steps, each wrapped in a ``ProfilerStep#N`` range like torch.profiler's own
+schedule emits, and closes early if the script ends. Steps inside it are marked ``profiled`` and
+left out of the timing summary, since the profiler slows them down.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from torchscalpel.record import StepRecord
+
+if TYPE_CHECKING:
+    from torchscalpel.runtime.session import RuntimeOptions, Session
+
+TRACE_NAME = "trace.json.gz"
+
+
+class ProfilerWindow:
+    """Starts and stops torch.profiler at step boundaries; summarises what it captured."""
+
+    def __init__(self, options: RuntimeOptions, session: Session) -> None:
+        self.options = options
+        self.session = session
+        w = options.warmup
+        # Leave the first measured step unprofiled when there are enough of them.
+        enough = options.steps is None or options.steps >= options.profile_steps + 1
+        self.first = w + 1 if enough else w
+        self.last = self.first + options.profile_steps - 1
+        if options.steps is not None:
+            self.last = min(self.last, w + options.steps - 1)
+        self._prof: profile | None = None
+        self._range: Any = None
+        self._profiled: list[int] = []
+        self._flops: dict[str, Any] = {}
+        self._error: str | None = None
+        self.trace_path: Path | None = None
+        self._done = False
+        if self.first == 0:
+            self._start(0)
+
+    def on_step_closed(self, step: StepRecord) -> None:
+        """Called at every step end: mark, open or close the window."""
+        if self._prof is not None:
+            step.profiled = True
+            self._profiled.append(step.index)
+            self._close_range()
+            if step.index >= self.last:
+                self.close()
+                return
+            self._open_range(step.index + 1)
+        elif not self._done and step.index + 1 == self.first:
+            self._start(step.index + 1)
+
+    def _start(self, next_index: int) -> None:
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        try:
+            self._prof = profile(
+                activities=activities, record_shapes=True, profile_memory=True, with_flops=True, with_stack=False
+            )
+            self._prof.start()
+            self._open_range(next_index)
+        except Exception as exc:  # a profiler that cannot start must not stop the user's run
+            self._prof, self._done, self._error = None, True, f"profiler failed to start: {exc!r}"
+
+    def _open_range(self, index: int) -> None:
+        self._range = record_function(f"ProfilerStep#{index}")
+        self._range.__enter__()
+
+    def _close_range(self) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+
+    def close(self) -> None:
+        """Stop the profiler (idempotent), export the trace and read FLOPs from its averages."""
+        if self._prof is None:
+            return
+        prof, self._prof, self._done = self._prof, None, True
+        self._close_range()
+        try:
+            prof.stop()
+            if self.options.out_dir is not None:
+                self.options.out_dir.mkdir(parents=True, exist_ok=True)
+                self.trace_path = self.options.out_dir / TRACE_NAME
+                prof.export_chrome_trace(str(self.trace_path))
+            self._flops = _flops_from(prof)
+        except Exception as exc:
+            self._error = f"profiler export failed: {exc!r}"
+
+    def result(self) -> dict[str, Any]:
+        """The record's ``profiler`` section (the op summary is added by the trace module)."""
+        out: dict[str, Any] = {
+            "steps": self._profiled,
+            "trace": self.trace_path.name if self.trace_path else None,
+            **self._flops,
+        }
+        if self._error:
+            out["error"] = self._error
+        return out
+
+
+def _flops_from(prof: profile) -> dict[str, Any]:
+    """Total and per-op FLOPs: the profiler counts them in key_averages, not in the exported trace."""
+    total = 0
+    per_op: list[dict[str, Any]] = []
+    for evt in prof.key_averages():
+        flops = int(getattr(evt, "flops", 0) or 0)
+        if flops:
+            total += flops
+            per_op.append({"name": evt.key, "count": int(evt.count), "flops": flops})
+    per_op.sort(key=lambda d: d["flops"], reverse=True)
+    return {"flops_total": total, "flops_by_op": per_op[:20]}

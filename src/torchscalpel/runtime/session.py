@@ -1,0 +1,341 @@
+"""Run an unmodified script in-process, as ``python SCRIPT ARGS`` would, and record every step.
+
+:func:`run_target` is the one entry point for every stage that needs a live run (profile,
+doctor, plan, tune trials). It never changes what the script computes; set-up hooks (tuning
+knobs) are the explicit exception, and each is undone afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchscalpel.cli.common import Target
+from torchscalpel.record import RunRecord, StepRecord
+from torchscalpel.runtime.clock import clock_for
+from torchscalpel.runtime.hooks import HookSet
+from torchscalpel.runtime.memory import StepMemory
+from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.timeline import Timeline
+
+SetupHook = Callable[[], Callable[[], None] | None]
+
+UNDECIDED_SLACK_STEPS = 256
+"""Forward/backward-delimited steps to allow beyond the target before treating a script that
+built an optimizer (but never stepped it) as inference and stopping it."""
+
+
+class StopScript(BaseException):
+    """Raised inside the script at a step boundary to end it after the requested steps.
+
+    A ``BaseException`` so the script's own ``except Exception`` blocks do not swallow it.
+    """
+
+
+@dataclass(kw_only=True, slots=True)
+class RuntimeOptions:
+    """How to run and what to measure."""
+
+    warmup: int = 2
+    """Steps run before measuring (compilation, allocator warm-up, first-batch effects)."""
+    steps: int | None = 20
+    """Measured steps, after which the script is stopped; ``None`` lets it finish."""
+    out_dir: Path | None = None
+    """Where the profiler trace goes; nothing is written when None."""
+    profile_steps: int = 3
+    """Steps inside the torch.profiler window (0: no profiler, timeline only)."""
+    module_times: bool = False
+    """Also time the forward of each submodule (for tune's hottest-region search)."""
+    device: str | None = None
+    """Timing device; default: the device of the first root module's parameters."""
+    name: str = "run"
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0:
+            raise ValueError("--warmup must be 0 or more")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError("--steps must be at least 1, or 'all'")
+        if self.profile_steps < 0:
+            raise ValueError("--profile-steps must be 0 or more")
+
+
+@dataclass(slots=True)
+class Session:
+    """The live state of one run, shared by the hooks and handed to observers."""
+
+    options: RuntimeOptions
+    observers: list[Observer]
+    timeline: Timeline = field(init=False)
+    memory: StepMemory = field(init=False)
+    root_modules: weakref.WeakSet[torch.nn.Module] = field(default_factory=weakref.WeakSet)
+    optimizers: weakref.WeakSet[torch.optim.Optimizer] = field(default_factory=weakref.WeakSet)
+    loaders: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    notes: list[str] = field(default_factory=list)
+    stop_reason: str | None = None
+    device: torch.device | None = None
+    window: Any = None
+    grad_forward_seen: bool = False
+    """A root forward returned a tensor that requires grad: training is likely, even before a backward."""
+    _disabled: set[int] = field(default_factory=set)
+    _stopping: bool = False
+
+    def __post_init__(self) -> None:
+        self.device = torch.device(self.options.device) if self.options.device else None
+        self.timeline = Timeline(clock_for(self.device), on_close=self._step_closed)
+        self.memory = StepMemory(self.device)
+
+    # ----- called by hooks ----------------------------------------------------------------
+    def emit(self, event: str, *args: Any) -> None:
+        """Call ``event`` on every observer; an observer that raises is disabled, never the run."""
+        for obs in self.observers:
+            if id(obs) in self._disabled:
+                continue
+            try:
+                getattr(obs, event)(*args)
+            except StopScript:
+                raise
+            except Exception as exc:
+                self._disabled.add(id(obs))
+                self.notes.append(f"observer {obs.name} failed in {event} and was disabled: {exc!r}")
+
+    def note_root_module(self, module: torch.nn.Module) -> None:
+        """Remember a root module; the first one fixes the timing device if none was given."""
+        if module not in self.root_modules:
+            self.root_modules.add(module)
+            if self.device is None:
+                param = next(iter(module.parameters()), None)
+                if param is not None and param.device.type == "cuda":
+                    self.device = param.device
+                    self.timeline.clock = clock_for(param.device)
+                    self.memory = StepMemory(param.device)
+
+    def note_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizers.add(optimizer)
+
+    def note_loader(self, loader: Any) -> None:
+        self.loaders.add(loader)
+
+    def loss_of(self, tensor: torch.Tensor) -> Any:
+        """What the record keeps as the loss: detached, read after the step's sync point."""
+        return tensor.detach()
+
+    def boundary(self, kind: str, optimizer_id: int | None = None) -> None:
+        """A possible step end; closes the step and stops the script when enough steps ran."""
+        if self._stopping:
+            return
+        step = self.timeline.boundary(kind, optimizer_id)
+        if step is None:
+            return
+        if self.stop_reason or self._enough_steps():
+            self._stopping = True
+            if self.window is not None:
+                self.window.close()
+            self.stop_reason = self.stop_reason or f"stopped after {len(self.timeline.steps)} steps"
+            raise StopScript(self.stop_reason)
+
+    def _enough_steps(self) -> bool:
+        """True once warm-up plus measured steps are done, for the kind of step seen so far.
+
+        Before any optimizer steps, forward- or backward-delimited steps may just be the start of
+        a training loop (the first forward of step 0, micro-batches of gradient accumulation), so
+        those kinds stop the script early only when nothing suggests an optimizer step is coming.
+        """
+        if self.options.steps is None:
+            return False
+        target = self.options.warmup + self.options.steps
+        n = len(self.timeline.steps)
+        if n < target:
+            return False
+        kind = self.timeline.kind
+        if kind == "optimizer":
+            return True
+        expecting_optimizer = bool(self.optimizers) or (kind == "forward" and self.grad_forward_seen)
+        return not expecting_optimizer or n >= target + UNDECIDED_SLACK_STEPS
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the runtime to end the script at the next step boundary (observers use this)."""
+        self.stop_reason = self.stop_reason or reason
+
+    # ----- step bookkeeping ---------------------------------------------------------------
+    def _step_closed(self, step: StepRecord) -> None:
+        step.warmup = step.index < self.options.warmup
+        self.memory.close_step(step)
+        if self.window is not None:
+            self.window.on_step_closed(step)
+        self.emit("on_step_end", step)
+        self.memory.open_step()
+        self.timeline.restart_open_step()
+
+
+def run_target(
+    target: Target,
+    options: RuntimeOptions,
+    observers: Sequence[Observer] = (),
+    setup_hooks: Sequence[SetupHook] = (),
+    *,
+    progress: Callable[[StepRecord], None] | None = None,
+    command: Sequence[str] = (),
+) -> RunRecord:
+    """Run ``target`` under the hooks; return its Run record (also on failure or Ctrl-C).
+
+    The record's ``exit_code`` is what ``python SCRIPT`` would have exited with (0 when the
+    runtime stopped it after the requested steps).
+    """
+    from torchscalpel import __version__
+    from torchscalpel.envcheck.facts import collect_facts
+    from torchscalpel.runtime.module_times import ModuleTimes
+    from torchscalpel.runtime.profiler_window import ProfilerWindow
+    from torchscalpel.runtime.summary import summarize
+
+    extra: list[Observer] = []
+    module_timer = ModuleTimes() if options.module_times else None
+    if module_timer is not None:
+        extra.append(module_timer)
+    if progress is not None:
+        extra.append(_ProgressObserver(progress))
+    session = Session(options, [*observers, *extra])
+    if options.profile_steps and options.out_dir is not None:
+        session.window = ProfilerWindow(options, session)
+    record = RunRecord(
+        name=options.name,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        tool_version=__version__,
+        command=list(command),
+        target=target.to_dict(),
+        environment=collect_facts(),
+        config={
+            "warmup": options.warmup,
+            "steps": options.steps,
+            "profile_steps": options.profile_steps,
+            "module_times": options.module_times,
+        },
+    )
+    undo: list[Callable[[], None]] = []
+    hooks = HookSet(session)
+    saved_argv, saved_path0 = list(sys.argv), list(sys.path)
+    status, exit_code, error = "complete", 0, None
+    try:
+        for setup in setup_hooks:
+            u = setup()
+            if u is not None:
+                undo.append(u)
+        hooks.install()
+        session.emit("on_start", session)
+        session.memory.open_step()
+        sys.argv = target.argv()
+        _run(target)
+    except StopScript:
+        status = "stopped"
+    except SystemExit as exc:
+        exit_code = _exit_code(exc.code)
+        status = "complete" if exit_code == 0 else "failed"
+        if exit_code:
+            error = f"the script exited with code {exit_code}"
+    except KeyboardInterrupt:
+        status, exit_code, error = "interrupted", 130, "interrupted (Ctrl-C)"
+    except BaseException as exc:
+        status, exit_code = "failed", 1
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        _print_script_traceback(exc)
+    finally:
+        hooks.remove()
+        sys.argv, sys.path[:] = saved_argv, saved_path0
+        for u in reversed(undo):
+            try:
+                u()
+            except Exception as exc:  # an undo failing must not hide the run's own outcome
+                session.notes.append(f"undoing a setup hook failed: {exc!r}")
+        session._stopping = True
+        try:
+            session.timeline.finish()
+        except Exception as exc:
+            session.notes.append(f"closing the last step failed: {exc!r}")
+        if session.window is not None:
+            session.window.close()
+    record.status, record.exit_code, record.error = status, exit_code, error
+    record.step_kind = session.timeline.kind
+    record.steps = session.timeline.steps
+    if session.device is not None:
+        record.config["device"] = str(session.device)
+    record.config["clock"] = session.timeline.clock.kind
+    if not record.steps:
+        session.notes.append(_no_step_note(session))
+    elif record.step_kind != "optimizer":
+        session.notes.append(
+            f"no optimizer stepped: steps were delimited by {record.step_kind} calls"
+            + (" (inference)" if record.step_kind == "forward" else "")
+        )
+    if module_timer is not None:
+        record.modules = module_timer.table()
+    if session.window is not None:
+        record.profiler = session.window.result()
+    record.summary = summarize(record)
+    session.emit("on_finish", record)
+    record.notes = session.notes
+    return record
+
+
+def _run(target: Target) -> None:
+    """Execute the script or module as ``__main__`` with ``sys.path[0]`` set as Python would."""
+    if target.module:
+        sys.path.insert(0, os.getcwd())
+        runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+    else:
+        assert target.script is not None
+        script = target.script.resolve()
+        sys.path.insert(0, str(script if script.is_dir() else script.parent))
+        runpy.run_path(str(script), run_name="__main__")
+
+
+def _exit_code(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _print_script_traceback(exc: BaseException) -> None:
+    """The script's own traceback, without torchscalpel's frames above it."""
+    tb = exc.__traceback__
+    while tb is not None and not _is_user_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+
+
+def _is_user_frame(filename: str) -> bool:
+    here = str(Path(__file__).resolve().parents[1])
+    return not (filename.startswith(here) or "runpy" in filename or filename.startswith("<frozen runpy"))
+
+
+def _no_step_note(session: Session) -> str:
+    seen = []
+    if session.root_modules:
+        seen.append(f"{len(session.root_modules)} model(s) called")
+    if session.optimizers:
+        seen.append(f"{len(session.optimizers)} optimizer(s) created but never stepped")
+    if session.loaders:
+        seen.append(f"{len(session.loaders)} DataLoader(s) iterated")
+    what = ", ".join(seen) if seen else "no nn.Module forward, backward, optimizer step or DataLoader"
+    return f"the script never completed a step: saw {what}"
+
+
+class _ProgressObserver(Observer):
+    name = "progress"
+
+    def __init__(self, callback: Callable[[StepRecord], None]) -> None:
+        self.callback = callback
+
+    def on_step_end(self, step: StepRecord) -> None:
+        self.callback(step)

@@ -1,0 +1,64 @@
+"""The record's ``summary``: medians and shares over measured, unprofiled steps."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from torchscalpel.record import PHASES, RunRecord
+
+
+def summarize(record: RunRecord) -> dict[str, Any]:
+    """Step-time statistics, the five-way split (means, which sum to the mean step), throughput, memory.
+
+    Profiled steps are left out when unprofiled measured steps exist, since the profiler slows
+    them; ``breakdown_max_error`` is the largest per-step gap between the phase sum and the step time.
+    """
+    measured = record.measured_steps
+    plain = [s for s in measured if not s.profiled] or measured
+    out: dict[str, Any] = {
+        "steps_total": len(record.steps),
+        "steps_measured": len(measured),
+        "steps_summarized": len(plain),
+    }
+    if not plain:
+        return out
+    totals = sorted(s.total_ms for s in plain)
+    mean_total = statistics.fmean(totals)
+    phase_mean = {p: statistics.fmean(s.phase_ms()[p] for s in plain) for p in PHASES}
+    out |= {
+        "median_step_ms": statistics.median(totals),
+        "mean_step_ms": mean_total,
+        "min_step_ms": totals[0],
+        "p90_step_ms": totals[min(len(totals) - 1, int(0.9 * len(totals)))],
+        "phase_mean_ms": phase_mean,
+        "phase_share": {p: (v / mean_total if mean_total else 0.0) for p, v in phase_mean.items()},
+        "breakdown_max_error": max(
+            abs(sum(s.phase_ms().values()) - s.total_ms) / s.total_ms if s.total_ms else 0.0 for s in plain
+        ),
+    }
+    samples = [s.samples for s in plain if s.samples]
+    if samples and mean_total:
+        out["samples_per_s"] = statistics.fmean(samples) / (mean_total / 1000.0)
+    losses = [s.loss for s in record.steps if s.loss is not None]
+    if losses:
+        out["first_loss"], out["last_loss"] = losses[0], losses[-1]
+    rss = [s.rss for s in record.steps if s.rss]
+    if rss:
+        out["rss_peak"] = max(rss)
+    cuda = [s.cuda_allocated_peak for s in record.steps if s.cuda_allocated_peak is not None]
+    if cuda:
+        out["cuda_allocated_peak"] = max(cuda)
+        out["cuda_reserved_peak"] = max(s.cuda_reserved_peak or 0 for s in record.steps)
+    flops = record.profiler.get("flops_total")
+    profiled = len(record.profiler.get("steps") or [])
+    if flops and profiled:
+        per_step = flops / profiled
+        out["flops_per_step"] = per_step
+        out["achieved_flops_per_s"] = per_step / (statistics.median(totals) / 1000.0)
+        from torchscalpel.runtime.peaks import mfu
+
+        util = mfu(out["achieved_flops_per_s"], record.environment, record.config.get("device"))
+        if util:
+            out["mfu"] = util
+    return out
