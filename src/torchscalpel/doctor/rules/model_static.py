@@ -72,9 +72,12 @@ def module_in_plain_container(ctx: StaticContext) -> Iterator[Finding]:
                         empty_lists[attr] = node
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in {"append", "extend", "insert", "__setitem__"}:
                 attr = self_attr_target(node.func.value)
-                if attr in empty_lists and any(ctx.is_module_ctor(a) or _module_elements(ctx, a) for a in node.args):
-                    if not _wrapped_later(ctx, cls, attr):
-                        yield _container_finding(ctx, empty_lists.pop(attr), cls, attr, ast.List(elts=[]), node.args[-1])
+                if (
+                    attr in empty_lists
+                    and any(ctx.is_module_ctor(a) or _module_elements(ctx, a) for a in node.args)
+                    and not _wrapped_later(ctx, cls, attr)
+                ):
+                    yield _container_finding(ctx, empty_lists.pop(attr), cls, attr, ast.List(elts=[]), node.args[-1])
             elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
                 attr = self_attr_target(node.targets[0].value)
                 if attr in empty_lists and ctx.is_module_ctor(node.value) and not _wrapped_later(ctx, cls, attr):
