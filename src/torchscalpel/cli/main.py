@@ -17,6 +17,7 @@ from torchscalpel.errors import ScalpelError
 COMMANDS: tuple[str, ...] = (
     "profile",
     "demo",
+    "doctor",
 )
 
 

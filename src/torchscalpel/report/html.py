@@ -29,6 +29,7 @@ SectionBuilder = Callable[[RunRecord], list[Section]]
 # "module:function" names, imported lazily so a stage's optional dependencies never break the report.
 SECTION_BUILDERS: list[str] = [
     "torchscalpel.report.profile_sections:build",
+    "torchscalpel.report.findings_sections:build",
 ]
 
 _CSS = """

@@ -1,0 +1,130 @@
+"""``scalpel doctor [options] -- SCRIPT [ARGS]`` and ``scalpel doctor --static PATH...``.
+
+Runs the script for a short window under every runtime rule, adds static analysis of the script
+and of the model sources it uses, and prints findings ranked by severity. Writes ``run.json``
+(findings included) and ``report.html`` into the run folder; ``--json``, ``--sarif`` and
+``--fail-on`` serve CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
+from torchscalpel.errors import UsageError
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``doctor`` sub-command."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="find training-script pitfalls, with evidence and the fix",
+        description="Run a training script for a few steps under runtime rules plus static analysis and "
+        "report pitfalls (unregistered modules, grads never zeroed, NaN origin, loader bottlenecks, DDP "
+        "mistakes, unsafe checkpoints, ...) ranked by severity. See docs/doctor.md.",
+    )
+    p.add_argument("--static", nargs="+", type=Path, metavar="PATH",
+                   help="only run the static rules over these files/folders (fast; no script is run)")
+    p.add_argument("--steps", type=int, default=None, help="measured steps before the script is stopped (default 30)")
+    p.add_argument("--warmup", type=int, default=2, help="steps run before measuring (default 2)")
+    p.add_argument("--nproc", type=int, default=1, help="ranks to run the script on (needs 'scalpel launch'; default 1)")
+    p.add_argument("--sanity", action="store_true", help="also try to overfit one batch (rule cannot-overfit-batch)")
+    p.add_argument("--no-static", action="store_true", help="skip static analysis in a script run")
+    p.add_argument("--json", dest="json_path", type=Path, help="write the findings as JSON here")
+    p.add_argument("--sarif", type=Path, help="write static findings as SARIF 2.1.0 here")
+    p.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 when a finding reaches this severity")
+    p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-<name>/)")
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    add_target_arguments(p, required=False)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate flags, then run the static-only or the full doctor."""
+    from torchscalpel.doctor.finding import Severity
+
+    fail_on = Severity.parse(args.fail_on) if args.fail_on else None
+    if args.steps is not None and args.steps < 1:
+        raise UsageError("--steps must be at least 1.")
+    if args.warmup < 0:
+        raise UsageError("--warmup must be 0 or more.")
+    if args.nproc < 1:
+        raise UsageError("--nproc must be at least 1.")
+    if args.static is not None:
+        if args.target or args.module:
+            raise UsageError("--static takes paths, not a script to run; drop the '-- SCRIPT' part or drop --static.")
+        return _run_static(args, fail_on)
+    if args.nproc > 1:
+        raise UsageError(
+            "--nproc above 1 needs 'scalpel launch', which this build does not have yet; run with --nproc 1."
+        )
+    return _run_script(args, fail_on)
+
+
+def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str, Any]) -> None:
+    from torchscalpel import __version__
+    from torchscalpel.doctor.output import to_json
+    from torchscalpel.doctor.sarif import to_sarif
+
+    if args.json_path is not None:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n", encoding="utf-8")
+    if args.sarif is not None:
+        static = [f for f in findings if f.source == "static"]
+        args.sarif.parent.mkdir(parents=True, exist_ok=True)
+        args.sarif.write_text(json.dumps(to_sarif(static, version=__version__), indent=1) + "\n", encoding="utf-8")
+
+
+def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
+    from rich.console import Console
+
+    from torchscalpel.doctor.api import check_static
+    from torchscalpel.doctor.output import reaches, render_terminal
+    from torchscalpel.doctor.static import iter_python_files
+
+    files = list(iter_python_files(args.static))
+    findings = check_static(args.static)
+    render_terminal(findings, Console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)")
+    _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files]})
+    return 1 if reaches(findings, fail_on) else 0
+
+
+def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
+    from rich.console import Console
+
+    from torchscalpel.doctor.api import DEFAULT_STEPS, diagnose
+    from torchscalpel.doctor.output import reaches, render_terminal
+    from torchscalpel.record import save_record
+
+    target = resolve_target(args)
+    out_dir = args.out or default_run_dir(f"doctor-{target.name}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = args.steps or DEFAULT_STEPS
+    console = Console(stderr=False)
+    console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {args.warmup}+{steps} steps"
+                  + (" (+ overfit-one-batch check)" if args.sanity else ""))
+    record, findings = diagnose(
+        target, steps=steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
+        out_dir=out_dir, command=["scalpel", *sys.argv[1:]],
+    )
+    save_record(record, out_dir)
+    record.artifacts["record"] = "run.json"
+    if not args.no_report:
+        from torchscalpel.report.html import write_report
+
+        write_report(record, out_dir / "report.html")
+        record.artifacts["report"] = "report.html"
+        save_record(record, out_dir)
+    status = f"script {record.status} after {len(record.steps)} step(s)" + (f": {record.error}" if record.error else "")
+    render_terminal(findings, console, header=f"[dim]{status}[/dim]\n")
+    console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
+    _write_outputs(args, findings, {"mode": "run", "status": record.status, "steps": len(record.steps),
+                                    "record": str(out_dir / "run.json")})
+    if reaches(findings, fail_on):
+        return 1
+    return record.exit_code or 0
