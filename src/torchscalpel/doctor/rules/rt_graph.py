@@ -114,13 +114,19 @@ class LossGraphRetained(RuntimeRule):
 
 
 class EvalWithoutNoGrad(RuntimeRule):
-    """Root forward passes built with autograd on whose graph no backward ever used."""
+    """Root forward passes built with autograd on whose graph no backward ever used.
+
+    A forward is settled as unused when a backward that runs after a later optimizer step still has
+    not reached its graph (so a generator output consumed one step later, as in GANs, is not flagged),
+    or when the script completes without any backward reaching it.
+    """
 
     slugs = ("eval-without-no-grad",)
 
     def __init__(self) -> None:
         super().__init__()
-        self._pending: list[tuple[_Use, weakref.ref[_Sentinel], str, bool, tuple[str, int] | None]] = []
+        self.step = 0
+        self._pending: list[tuple[_Use, int, str, bool, tuple[str, int] | None]] = []
         self.used = 0
         self.unused: Counter[tuple[str, bool]] = Counter()
         self.unused_locations: Counter[tuple[str, int]] = Counter()
@@ -132,35 +138,33 @@ class EvalWithoutNoGrad(RuntimeRule):
         if not tensors:
             return
         use = _Use()
-        ref = _attach(tensors, use)
-        if ref is None:
+        if _attach(tensors, use) is None:
             return
         loc = user_location()
-        self._pending.append((use, ref, type(module).__name__, module.training, (loc.file, loc.line) if loc else None))
-        if len(self._pending) > 64:
-            self._settle()
+        self._pending.append((use, self.step, type(module).__name__, module.training, (loc.file, loc.line) if loc else None))
 
-    def _settle(self) -> None:
+    def _settle(self, *, final: bool = False) -> None:
         keep = []
-        for use, ref, name, training, loc in self._pending:
+        for entry in self._pending:
+            use, step, name, training, loc = entry
             if use.used:
                 self.used += 1
-            elif ref() is not None:
-                keep.append((use, ref, name, training, loc))
-            else:  # the graph was freed and no gradient ever reached it
+            elif final or self.step > step:
                 self.unused[(name, training)] += 1
                 if loc:
                     self.unused_locations[loc] += 1
+            else:
+                keep.append(entry)
         self._pending = keep
+
+    def on_optimizer_step_post(self, optimizer: Any) -> None:
+        self.step += 1
 
     def on_backward_post(self, tensors: Any) -> None:
         self._settle()
 
-    def on_step_end(self, step: Any) -> None:
-        self._settle()
-
     def on_finish(self, record: Any) -> None:
-        self._settle()
+        self._settle(final=getattr(record, "status", "") == "complete")
 
     def findings(self, record: Any) -> Iterator[Finding]:
         total = sum(self.unused.values())

@@ -153,7 +153,7 @@ class GradNorms(RuntimeRule):
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
         if len(self.norms) >= self.MAX_STEPS:
             return
-        grads = [(p, p.grad) for g in optimizer.param_groups for p in g["params"] if p.grad is not None and not p.grad.is_sparse]
+        grads = [(p, _local(p.grad)) for g in optimizer.param_groups for p in g["params"] if p.grad is not None and not p.grad.is_sparse]
         if not grads:
             return
         sq = torch.stack([g.detach().float().pow(2).sum() for _, g in grads])
@@ -224,6 +224,12 @@ class GradNorms(RuntimeRule):
             "# and a suitable init, e.g. nn.init.kaiming_normal_(layer.weight, nonlinearity='relu')",
             location=self.location,
         )
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP2 gradients), else the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
 
 
 def _is_embedding(p: torch.Tensor, rule: RuntimeRule) -> bool:
