@@ -22,8 +22,9 @@ from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr
 
 SANITY_STEPS = 60
 """Optimizer steps on the repeated batch."""
-MIN_DROP = 0.5
-"""The loss on the repeated batch must fall below this fraction of its first value."""
+MIN_DROP = 0.9
+"""The loss on the repeated batch must fall below this fraction of its first value: a wired-up model
+moves at least that far within a few dozen steps at any sane learning rate; a broken one stays put."""
 
 
 class OverfitOneBatch(RuntimeRule):

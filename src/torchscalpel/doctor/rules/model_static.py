@@ -62,6 +62,11 @@ def module_in_plain_container(ctx: StaticContext) -> Iterator[Finding]:
             if isinstance(node, ast.Assign | ast.AnnAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
+                    if isinstance(target, ast.Subscript) and node.value is not None:  # self.heads["a"] = Block()
+                        attr = self_attr_target(target.value)
+                        if attr in empty_lists and ctx.is_module_ctor(node.value) and not _wrapped_later(ctx, cls, attr):
+                            yield _container_finding(ctx, empty_lists.pop(attr), cls, attr, ast.Dict(keys=[], values=[]), node.value)
+                        continue
                     attr = self_attr_target(target)
                     if attr is None or node.value is None:
                         continue
@@ -78,10 +83,6 @@ def module_in_plain_container(ctx: StaticContext) -> Iterator[Finding]:
                     and not _wrapped_later(ctx, cls, attr)
                 ):
                     yield _container_finding(ctx, empty_lists.pop(attr), cls, attr, ast.List(elts=[]), node.args[-1])
-            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript):
-                attr = self_attr_target(node.targets[0].value)
-                if attr in empty_lists and ctx.is_module_ctor(node.value) and not _wrapped_later(ctx, cls, attr):
-                    yield _container_finding(ctx, empty_lists.pop(attr), cls, attr, ast.Dict(keys=[], values=[]), node.value)
 
 
 def _container_finding(ctx: StaticContext, node: ast.AST, cls: ast.ClassDef, attr: str, value: ast.AST, element: ast.AST) -> Finding:
