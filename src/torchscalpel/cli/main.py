@@ -17,7 +17,12 @@ from torchscalpel.errors import ScalpelError
 COMMANDS: tuple[str, ...] = (
     "profile",
     "demo",
+<<<<<<< HEAD
     "doctor",
+=======
+    "analyze",
+    "env",
+>>>>>>> main
 )
 
 

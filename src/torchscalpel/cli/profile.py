@@ -130,10 +130,8 @@ def add_trace_summary(record: RunRecord, out_dir: Path) -> None:
     if not trace_name:
         return
     record.artifacts["trace"] = trace_name
-    try:
-        from torchscalpel.trace import analyze_traces
-    except ImportError:  # the trace module lands separately; the timeline is complete without it
-        return
+    from torchscalpel.trace import analyze_traces
+
     try:
         result = analyze_traces([out_dir / trace_name]).to_dict()
     except Exception as exc:  # a trace we cannot read must not cost the user the run record

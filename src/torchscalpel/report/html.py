@@ -29,13 +29,14 @@ SectionBuilder = Callable[[RunRecord], list[Section]]
 # "module:function" names, imported lazily so a stage's optional dependencies never break the report.
 SECTION_BUILDERS: list[str] = [
     "torchscalpel.report.profile_sections:build",
+    "torchscalpel.report.env_sections:build",
     "torchscalpel.report.findings_sections:build",
 ]
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232b;background:#f6f7f9}
 header{background:#1d232b;color:#fff;padding:16px 28px}header h1{margin:0;font-size:20px}
-header p{margin:4px 0 0;color:#c6ccd4}main{max-width:1040px;margin:0 auto;padding:12px 28px 40px}
+header p{margin:4px 0 0;color:#c6ccd4}header a{color:#9ecbff}main{max-width:1040px;margin:0 auto;padding:12px 28px 40px}
 section{background:#fff;border:1px solid #e1e4e8;border-radius:6px;padding:14px 18px;margin:16px 0}
 h2{font-size:16px;margin:0 0 10px}table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eef0f2}td.num,th.num{text-align:right;

@@ -11,7 +11,7 @@ from torchscalpel.report.terminal import fmt_bytes, fmt_flops
 
 
 def build(record: RunRecord) -> list[Section]:
-    """All profile sections for ``record`` (empty when it holds no steps)."""
+    """All profile sections for ``record`` (the environment section is env_sections' job)."""
     sections = [_overview(record)]
     if record.steps:
         sections.append(_steps(record))
@@ -20,7 +20,7 @@ def build(record: RunRecord) -> list[Section]:
         sections.append(_top_ops(record))
     if record.modules:
         sections.append(_modules(record))
-    sections.append(_environment(record))
+    sections.extend(_trace_extras(record))
     return sections
 
 
@@ -59,7 +59,9 @@ def _overview(record: RunRecord) -> Section:
 
 
 def _steps(record: RunRecord) -> Section:
-    steps = record.steps
+    # Warm-up steps hold one-off start-up work (imports, data set-up, compilation) that would
+    # flatten every other bar, so the chart shows measured steps only.
+    steps = record.measured_steps or record.steps
     labels = [str(s.index) + ("w" if s.warmup else "p" if s.profiled else "") for s in steps]
     series = {p: [s.phase_ms()[p] for s in steps] for p in PHASES}
     chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms")
@@ -69,7 +71,7 @@ def _steps(record: RunRecord) -> Section:
         rows = [(p, f"{s['phase_mean_ms'][p]:.3f}", f"{100 * s['phase_share'][p]:.1f}%") for p in PHASES]
         rows.append(("step (mean)", f"{s['mean_step_ms']:.3f}", "100%"))
     note = (
-        '<p class="muted">Each bar is one step (w: warm-up, p: inside the profiler window, left out of the '
+        '<p class="muted">Each bar is one measured step (p: inside the profiler window, left out of the '
         "summary). The five phases add up to the step's wall time; <i>other</i> is what lies outside data "
         "loading, model forward, backward and optimizer (logging, loss code, zero_grad, evaluation).</p>"
     )
@@ -127,9 +129,15 @@ def _modules(record: RunRecord) -> Section:
     )
 
 
-def _environment(record: RunRecord) -> Section:
-    env = record.environment
-    rows = [(k, v) for k, v in env.items() if k not in ("gpus", "env") and v not in (None, "", [])]
-    rows += [(f"gpu {g['index']}", f"{g['name']}, {fmt_bytes(g['memory_bytes'])}, sm {g['capability']}") for g in env.get("gpus", [])]
-    rows += [(k, v) for k, v in env.get("env", {}).items()]
-    return Section(id="environment", title="Environment", body=table(["", ""], rows))
+# Parts of the shared trace component that add to the profile sections above (the op table
+# there already carries FLOPs, which the exported trace lacks).
+_TRACE_PARTS = ("trace-gpu", "trace-kernels", "trace-memory", "trace-errors")
+
+
+def _trace_extras(record: RunRecord) -> list[Section]:
+    trace = record.sections.get("trace")
+    if not trace:
+        return []
+    from torchscalpel.report.trace_sections import build_trace_sections
+
+    return [s for s in build_trace_sections(trace) if s.id in _TRACE_PARTS]

@@ -97,7 +97,8 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
     if "median_step_ms" not in s:
         c.print("[yellow]No measured steps to summarise.[/]")
     else:
-        table = Table(title=f"Step time: median {s['median_step_ms']:.2f} ms, p90 {s['p90_step_ms']:.2f} ms", title_justify="left")
+        c.print(f"[bold]step time[/]: median {s['median_step_ms']:.2f} ms, p90 {s['p90_step_ms']:.2f} ms")
+        table = Table()
         table.add_column("phase")
         table.add_column("mean ms", justify="right")
         table.add_column("share", justify="right")
@@ -127,7 +128,8 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
             c.print("memory: " + " · ".join(mem))
     ops = record.profiler.get("top_ops") or []
     if ops:
-        t = Table(title=f"Top ops by self time (profiler window, steps {record.profiler.get('steps')})", title_justify="left")
+        c.print(f"[bold]top ops by self time[/] (profiler window, steps {record.profiler.get('steps')})")
+        t = Table()
         t.add_column("op")
         t.add_column("category")
         t.add_column("calls", justify="right")

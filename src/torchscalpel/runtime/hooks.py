@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.amp import grad_scaler
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils.data import dataloader as dl_module
@@ -55,6 +56,7 @@ class HookSet:
         self._patch(dl_module._BaseDataLoaderIter, "__next__", self._wrap_next)
         self._patch(dl_module.DataLoader, "__iter__", self._wrap_iter)
         self._patch(optim_module.Optimizer, "__init__", self._wrap_optimizer_init)
+        self._patch(grad_scaler.GradScaler, "scale", self._wrap_scale)
 
     def remove(self) -> None:
         """Undo every patch and hook, newest first."""
@@ -152,6 +154,20 @@ class HookSet:
 
         return __init__
 
+    def _wrap_scale(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        hooks = self
+
+        @functools.wraps(original)
+        def scale(scaler: Any, outputs: Any) -> Any:
+            out = original(scaler, outputs)
+            factor = getattr(scaler, "_scale", None)
+            if isinstance(out, torch.Tensor) and isinstance(factor, torch.Tensor):
+                # A copy, since update() changes the scale in place; no sync (device-side clone).
+                hooks.session.scaled_losses[id(out)] = factor.detach().clone()
+            return out
+
+        return scale
+
     # ----- data ---------------------------------------------------------------------------
     def _wrap_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
         hooks = self
@@ -164,6 +180,7 @@ class HookSet:
                 batch = original(it)
             finally:
                 s.timeline.end("data")
+            s.timeline.note_batch(_batch_size((batch,)))
             ref = getattr(it, "_scalpel_loader", None)
             s.emit("on_batch", batch, ref() if ref is not None else None)
             return batch

@@ -81,6 +81,8 @@ class Session:
     optimizers: weakref.WeakSet[torch.optim.Optimizer] = field(default_factory=weakref.WeakSet)
     loaders: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
     notes: list[str] = field(default_factory=list)
+    scaled_losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    """GradScaler outputs by id, with the scale they were multiplied by (to report the true loss)."""
     stop_reason: str | None = None
     device: torch.device | None = None
     window: Any = None
@@ -126,7 +128,11 @@ class Session:
         self.loaders.add(loader)
 
     def loss_of(self, tensor: torch.Tensor) -> Any:
-        """What the record keeps as the loss: detached, read after the step's sync point."""
+        """What the record keeps as the loss: detached, unscaled, read after the step's sync point."""
+        factor = self.scaled_losses.pop(id(tensor), None)
+        self.scaled_losses.clear()  # ids of tensors already freed must not match later ones
+        if factor is not None:
+            return tensor.detach() / factor
         return tensor.detach()
 
     def boundary(self, kind: str, optimizer_id: int | None = None) -> None:

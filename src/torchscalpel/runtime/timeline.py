@@ -31,6 +31,7 @@ class _OpenStep:
     micro_batches: int = 0
     forward_calls: int = 0
     samples: int | None = None
+    batch_samples: int | None = None
     merged_ms: dict[str, float] = field(default_factory=dict)
     merged_total_ms: float = 0.0
     merged_counts: tuple[int, int] = (0, 0)
@@ -78,10 +79,15 @@ class Timeline:
 
     # ----- facts about the open step ------------------------------------------------------
     def note_forward(self, samples: int | None) -> None:
-        """A root forward call happened (counted, and its batch size kept once)."""
+        """A root forward call happened: counted, and its batch size added to the step's samples."""
         self._open.forward_calls += 1
-        if self._open.samples is None and samples is not None:
-            self._open.samples = samples
+        if samples is not None:
+            self._open.samples = (self._open.samples or 0) + samples
+
+    def note_batch(self, samples: int | None) -> None:
+        """A DataLoader batch arrived; its size counts when forwards take keyword-only inputs."""
+        if samples is not None:
+            self._open.batch_samples = (self._open.batch_samples or 0) + samples
 
     def note_loss(self, loss: Any) -> None:
         """Backward was called on ``loss`` (a detached tensor or a float)."""
@@ -110,7 +116,8 @@ class Timeline:
         if self._depth:
             self.end(self._phase or "other")
             self._depth = 0
-        if self._open.spans or self._open.losses:
+        # Data-only leftovers (the fetch that raised StopIteration) are not a step.
+        if self._open.losses or any(name != "data" for name, _, _ in self._open.spans):
             return self._close()
         return None
 
@@ -137,7 +144,7 @@ class Timeline:
             loss=losses[-1] if losses else None,
             micro_batches=open_step.micro_batches + open_step.merged_counts[0],
             forward_calls=open_step.forward_calls + open_step.merged_counts[1],
-            samples=open_step.samples,
+            samples=open_step.samples if open_step.samples is not None else open_step.batch_samples,
         )
         self.steps.append(step)
         self._open = _OpenStep(start=end)
@@ -162,8 +169,8 @@ class Timeline:
                 o.merged_ms[name] = o.merged_ms.get(name, 0.0) + getattr(s, fld)
             o.merged_total_ms += s.total_ms
             o.merged_counts = (o.merged_counts[0] + s.micro_batches, o.merged_counts[1] + s.forward_calls)
-            if o.samples is None:
-                o.samples = s.samples
+            if s.samples is not None:
+                o.samples = (o.samples or 0) + s.samples
             if s.loss is not None:
                 o.losses.insert(0, s.loss)
 

@@ -1,0 +1,43 @@
+"""Both bundled examples under the profiler window: trace, op summary, FLOPs, module times."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+from torchscalpel.record import load_record
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [
+        ("digits_cnn.py", ["--epochs", "1"]),
+        ("char_transformer.py", ["--steps", "40", "--dim", "64", "--layers", "2", "--corpus-chars", "200000"]),
+    ],
+)
+def test_example_profile_writes_trace_record_and_report(tmp_path, script, args):
+    out = tmp_path / "run"
+    proc = run_cli(
+        "profile", "--out", str(out), "--warmup", "2", "--steps", "6", "--profile-steps", "2", "--module-times",
+        "--", str(EXAMPLES / script), *args,
+    )
+    assert proc.returncode == 0, proc.stderr
+    record = load_record(out)
+    assert record.status == "stopped" and len(record.measured_steps) == 6
+    assert record.summary["breakdown_max_error"] < 0.05
+    assert record.profiler["steps"] == [3, 4]
+    assert [s.index for s in record.steps if s.profiled] == [3, 4]
+    assert record.profiler["flops_total"] > 0 and record.summary["achieved_flops_per_s"] > 0
+    with gzip.open(out / "trace.json.gz") as fh:
+        trace = json.loads(fh.read())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"ProfilerStep#3", "ProfilerStep#4"} <= names
+    assert record.modules and record.modules[0]["forward_ms"] >= record.modules[-1]["forward_ms"]
+    assert "step time: median" in proc.stderr

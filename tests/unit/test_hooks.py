@@ -1,0 +1,123 @@
+"""The global hooks: removed after a run, observers isolated, no graph breaks under torch.compile."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import dataloader as dl_module
+
+from torchscalpel.runtime.hooks import HookSet
+from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.session import RuntimeOptions, Session
+
+
+class Recorder(Observer):
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def on_forward_pre(self, module, args, kwargs, root):
+        if root:
+            self.events.append("forward")
+
+    def on_backward_pre(self, tensors):
+        self.events.append("backward")
+
+    def on_optimizer_step_post(self, optimizer):
+        self.events.append("step")
+
+    def on_batch(self, batch, loader):
+        self.events.append(f"batch:{type(loader).__name__}")
+
+
+class Broken(Observer):
+    name = "broken"
+
+    def on_forward_pre(self, module, args, kwargs, root):
+        raise RuntimeError("observer bug")
+
+
+def _train(n: int = 3) -> tuple[object, ...]:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(n * 2, 4)), batch_size=2)
+    for (x,) in loader:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt, loader
+
+
+def test_hooks_fan_out_to_observers_and_are_fully_removed():
+    originals = (torch.Tensor.backward, torch.autograd.backward, dl_module._BaseDataLoaderIter.__next__,
+                 dl_module.DataLoader.__iter__, optim_module.Optimizer.__init__)
+    rec = Recorder()
+    session = Session(RuntimeOptions(steps=None), [Broken(), rec])
+    hooks = HookSet(session)
+    hooks.install()
+    try:
+        alive = _train(3)  # the session holds weak references only: keep the objects alive
+    finally:
+        hooks.remove()
+    assert rec.events == ["batch:DataLoader", "forward", "backward", "step"] * 3
+    assert len(session.timeline.steps) == 3 and session.timeline.kind == "optimizer"
+    assert any("broken" in n and "disabled" in n for n in session.notes)
+    assert len(session.optimizers) == 1 and len(session.loaders) == 1 and len(session.root_modules) == 1
+    del alive
+    assert (torch.Tensor.backward, torch.autograd.backward, dl_module._BaseDataLoaderIter.__next__,
+            dl_module.DataLoader.__iter__, optim_module.Optimizer.__init__) == originals
+    assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
+    assert not optim_module._global_optimizer_pre_hooks and not optim_module._global_optimizer_post_hooks
+
+
+def test_compiled_model_has_no_graph_breaks_from_the_hooks():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    session = Session(RuntimeOptions(steps=None), [])
+    hooks = HookSet(session)
+    hooks.install()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+        compiled = torch.compile(model, backend="aot_eager")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            compiled(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    finally:
+        hooks.remove()
+        torch._dynamo.reset()
+    assert dict(counters["graph_break"]) == {}
+    assert len(session.timeline.steps) == 3
+    assert all(s.forward_ms > 0 for s in session.timeline.steps)
+
+
+def test_grad_scaler_losses_are_recorded_unscaled_and_samples_sum_over_micro_batches():
+    session = Session(RuntimeOptions(steps=None), [])
+    hooks = HookSet(session)
+    hooks.install()
+    try:
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        # GradScaler on CPU: enabled, so the loss backward runs on is multiplied by 2**10.
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+        x = torch.ones(3, 4)
+        for _ in range(2):
+            for _micro in range(2):
+                loss = model(x).pow(2).mean() + 1.0
+                scaler.scale(loss).backward()
+            expected = loss.item()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+    finally:
+        hooks.remove()
+    steps = session.timeline.steps
+    assert len(steps) == 2
+    assert steps[-1].loss == expected  # not expected * 1024
+    assert steps[-1].samples == 6 and steps[-1].micro_batches == 2

@@ -1,0 +1,132 @@
+"""Step segmentation on a fake clock: exact numbers, no timing."""
+
+from __future__ import annotations
+
+import pytest
+
+from torchscalpel.runtime.clock import Clock
+from torchscalpel.runtime.timeline import Timeline
+
+
+class FakeClock(Clock):
+    """Time advances only when the test says so."""
+
+    kind = "fake"
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def mark(self) -> float:
+        return self.now
+
+    def elapsed_ms(self, start: float, end: float) -> float:
+        return end - start
+
+    def tick(self, ms: float) -> None:
+        self.now += ms
+
+
+def _phase(tl: Timeline, clock: FakeClock, name: str, ms: float) -> None:
+    tl.begin(name)
+    clock.tick(ms)
+    tl.end(name)
+
+
+def _train_step(tl: Timeline, clock: FakeClock, micro: int = 1, opt_id: int = 1) -> None:
+    for _ in range(micro):
+        _phase(tl, clock, "data", 1)
+        tl.begin("forward")
+        clock.tick(3)
+        tl.note_forward(8)
+        tl.end("forward")
+        tl.boundary("forward")
+        _phase(tl, clock, "backward", 5)
+        tl.note_loss(2.5)
+        tl.boundary("backward")
+    clock.tick(0.5)  # zero_grad, logging: "other"
+    _phase(tl, clock, "optimizer", 2)
+    tl.boundary("optimizer", opt_id)
+
+
+def test_optimizer_steps_split_into_five_phases_that_sum_to_the_step():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    for _ in range(3):
+        _train_step(tl, clock)
+    assert tl.kind == "optimizer"
+    assert len(tl.steps) == 3
+    s = tl.steps[1]
+    assert (s.data_ms, s.forward_ms, s.backward_ms, s.optimizer_ms) == (1, 3, 5, 2)
+    assert s.other_ms == pytest.approx(0.5)
+    assert s.total_ms == pytest.approx(11.5)
+    assert s.loss == 2.5 and s.micro_batches == 1 and s.samples == 8
+
+
+def test_gradient_accumulation_is_one_step_with_several_micro_batches():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    _train_step(tl, clock, micro=4)
+    _train_step(tl, clock, micro=4)
+    assert len(tl.steps) == 2
+    assert tl.steps[0].micro_batches == 4
+    assert tl.steps[1].micro_batches == 4
+    assert tl.steps[1].forward_calls == 4
+    assert tl.steps[1].backward_ms == 20
+    assert tl.steps[1].total_ms == pytest.approx(4 * 9 + 2.5)
+
+
+def test_first_step_absorbs_forward_steps_seen_before_the_first_backward():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    _phase(tl, clock, "forward", 7)  # a sanity-check forward before training
+    tl.boundary("forward")
+    assert len(tl.steps) == 1
+    _train_step(tl, clock)
+    assert len(tl.steps) == 1
+    assert tl.steps[0].forward_ms == 10
+    assert tl.steps[0].total_ms == pytest.approx(18.5)
+
+
+def test_inference_only_steps_are_root_forward_calls():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    for _ in range(5):
+        _phase(tl, clock, "data", 1)
+        _phase(tl, clock, "forward", 4)
+        tl.boundary("forward")
+    assert tl.kind == "forward"
+    assert [s.total_ms for s in tl.steps] == [5, 5, 5, 5, 5]
+
+
+def test_nested_phases_count_once_for_the_outermost():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    tl.begin("optimizer")  # e.g. LBFGS: the closure runs forward and backward inside step()
+    clock.tick(1)
+    _phase(tl, clock, "forward", 3)
+    _phase(tl, clock, "backward", 4)
+    tl.end("optimizer")
+    step = tl.boundary("optimizer", 1)
+    assert step is not None
+    assert step.optimizer_ms == 8 and step.forward_ms == 0 and step.backward_ms == 0
+
+
+def test_a_second_optimizer_does_not_split_the_step():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    _train_step(tl, clock, opt_id=1)
+    _train_step(tl, clock, opt_id=2)  # generator step of a GAN: same iteration
+    _train_step(tl, clock, opt_id=1)
+    assert len(tl.steps) == 2
+    assert tl.steps[1].micro_batches == 2
+
+
+def test_finish_closes_a_trailing_partial_step_only_if_it_did_work():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    _train_step(tl, clock)
+    assert tl.finish() is None
+    _phase(tl, clock, "forward", 2)
+    tl.boundary("forward")
+    last = tl.finish()
+    assert last is not None and last.forward_ms == 2
