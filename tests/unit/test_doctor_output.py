@@ -60,3 +60,20 @@ def test_report_section_lists_findings_and_escapes_html() -> None:
     assert "nan-loss" in section.body and "&lt;b&gt;" in section.body and "<b>nan</b>" not in section.body
     assert build(RunRecord()) == []
     assert "No findings" in build(RunRecord(sections={"doctor": {}}))[0].body
+
+
+def test_env_findings_join_the_doctor_list(monkeypatch) -> None:
+    from torchscalpel.doctor import api
+    from torchscalpel.envcheck import checks
+
+    fake = Finding(rule="cuda-driver-too-old", severity=Severity.ERROR, message="old driver", source="runtime")
+    monkeypatch.setattr(checks, "run_checks", lambda facts: [fake])
+    (f,) = api._env_findings(RunRecord(environment={"python": "3.11"}))
+    assert f.rule == "cuda-driver-too-old" and f.source == "env"
+
+    def broken(facts):
+        raise KeyError("driver")
+
+    monkeypatch.setattr(checks, "run_checks", broken)
+    record = RunRecord()
+    assert api._env_findings(record) == [] and "environment checks failed" in record.notes[0]

@@ -178,7 +178,7 @@ def diagnose(
         files += [Path(f) for f in sorted(sources.files) if Path(f) not in files]
         static_findings = analyze_paths(files)
 
-    findings = merge_findings(static_findings, runtime_findings, doctor.superseded_static())
+    findings = merge_findings(static_findings, runtime_findings + _env_findings(record), doctor.superseded_static())
     record.findings = [f.to_dict() for f in findings]
     record.sections["doctor"] = {
         "rules_run": len([r for r in rules if r.slugs]),
@@ -188,6 +188,22 @@ def diagnose(
         "notes": [n for n in notes if n],
     }
     return record, findings
+
+
+def _env_findings(record: RunRecord) -> list[Finding]:
+    """Environment checks (driver/CUDA/torch compatibility, ...) on the facts this run recorded."""
+    try:
+        from torchscalpel.envcheck.checks import run_checks
+    except ImportError:  # an install without the env stage still gets every doctor rule
+        return []
+    try:
+        found = run_checks(record.environment)
+    except Exception as exc:  # env checks must never cost the user the doctor's findings
+        record.notes.append(f"environment checks failed: {exc!r}")
+        return []
+    for f in found:
+        f.source = "env"
+    return found
 
 
 def _locate_nan(target: Target, nan_rule: Any, *, warmup: int) -> str:
