@@ -17,12 +17,9 @@ from torchscalpel.errors import ScalpelError
 COMMANDS: tuple[str, ...] = (
     "profile",
     "demo",
-<<<<<<< HEAD
-    "doctor",
-=======
     "analyze",
     "env",
->>>>>>> main
+    "doctor",
 )
 
 
