@@ -51,6 +51,7 @@ POSITIVE: dict[str, tuple[set[str], set[str]]] = {
     "state_dict_prefix_mismatch.py": ({"state-dict-prefix-mismatch"}, set()),
 }
 CLEAN = sorted(p.name for p in FIXTURES.glob("clean_*.py"))
+# gpu_host_device_copy.py (host-device-copy-bound) needs CUDA: scripts/gpu_check.d/doctor.sh runs it.
 
 
 def loud(findings) -> set[str]:

@@ -98,13 +98,22 @@ def _single_rank_env(target: Target) -> Callable[[], Callable[[], None]]:
 
 
 def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup: int, out_dir: Path | None,
-         name: str, progress: Any = None, command: Sequence[str] = ()) -> tuple[RunRecord, DoctorObserver]:
+         name: str, progress: Any = None, command: Sequence[str] = (), profile: bool = False) -> tuple[RunRecord, DoctorObserver]:
     from torchscalpel.runtime.session import RuntimeOptions, run_target
 
     doctor = DoctorObserver(rules)
-    options = RuntimeOptions(warmup=warmup, steps=steps, out_dir=out_dir, profile_steps=0, name=name)
+    # The profiler window only pays off on CUDA (host-device copies); on CPU it would just cost time.
+    profile_steps = 3 if profile and out_dir is not None and torch.cuda.is_available() else 0
+    options = RuntimeOptions(warmup=warmup, steps=steps, out_dir=out_dir, profile_steps=profile_steps, name=name)
     record = run_target(target, options, observers=[doctor], setup_hooks=[_single_rank_env(target), doctor.setup_hook],
                         progress=progress, command=command)
+    if profile_steps and out_dir is not None:
+        try:
+            from torchscalpel.cli.profile import add_trace_summary
+
+            add_trace_summary(record, out_dir)
+        except Exception as exc:  # the copy rule just stays silent without the trace summary
+            record.notes.append(f"trace summary failed: {exc!r}")
     return record, doctor
 
 
@@ -159,7 +168,7 @@ def diagnose(
     sources = SourceFiles()
     rules = [*all_runtime_rules(), sources]
     record, doctor = _run(target, rules, steps=steps, warmup=warmup, out_dir=out_dir, name=target.name,
-                          progress=progress, command=command)
+                          progress=progress, command=command, profile=True)
     notes: list[str] = []
 
     nan_rule = next(r for r in rules if isinstance(r, NanLoss))

@@ -159,24 +159,40 @@ class CompileRules(RuntimeRule):
 
 
 class HostDeviceCopyBound(RuntimeRule):
-    """Time in host-to-device copies (from the profiler window's op summary) against step time, on CUDA."""
+    """Host-to-device copy time (GPU Memcpy HtoD in the profiler window) against profiled step time, on CUDA."""
 
     slugs = ("host-device-copy-bound",)
     SHARE = 0.15
+    PAGEABLE_SHARE = 0.05
 
     def findings(self, record: Any) -> Iterator[Finding]:
         if record is None or "cuda" not in str((record.config or {}).get("device", "")):
             return
-        ops = (record.profiler or {}).get("top_ops") or []
-        copy_us = sum(float(o.get("total_us", o.get("self_us", 0)) or 0) for o in ops
-                      if "memcpy" in str(o.get("name", "")).lower() and "htod" in str(o.get("name", "")).lower())
+        rows = list((record.profiler or {}).get("top_ops") or [])
+        rows += list(((record.sections or {}).get("trace") or {}).get("top_kernels") or [])
+        copy_us = pageable_us = 0.0
+        seen: set[str] = set()
+        for row in rows:
+            name = str(row.get("name", ""))
+            low = name.lower()
+            if name in seen or "memcpy" not in low or "htod" not in low:
+                continue
+            seen.add(name)
+            us = float(row.get("total_us", row.get("self_us", 0)) or 0)
+            copy_us += us
+            if "pageable" in low:
+                pageable_us += us
         steps = [s for s in record.steps if s.profiled]
         step_us = sum(s.total_ms for s in steps) * 1000.0
-        if not step_us or copy_us / step_us < self.SHARE:
+        if not step_us:
+            return
+        share, pageable = copy_us / step_us, pageable_us / step_us
+        if share < self.SHARE and pageable < self.PAGEABLE_SHARE:
             return
         yield make_finding(
             "host-device-copy-bound",
-            f"Host-to-device copies take {copy_us / step_us:.0%} of step time in the profiled steps.",
+            f"Host-to-device copies take {share:.0%} of step time in the profiled steps"
+            + (f", {pageable:.0%} from pageable memory (synchronous, cannot overlap)." if pageable_us else "."),
             evidence=[f"{copy_us / 1000:.1f} ms of Memcpy HtoD over {len(steps)} profiled steps ({step_us / 1000:.1f} ms)"],
             fix="DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)\n"
             "# keep constant tensors on the GPU instead of copying them every step",
