@@ -26,6 +26,7 @@ POSITIVE: dict[str, tuple[set[str], set[str]]] = {
     "frozen_param_in_optimizer.py": ({"frozen-param-in-optimizer"}, set()),
     "grad_not_zeroed.py": ({"grad-not-zeroed"}, {"loss-diverging", "grad-norm-explosion"}),
     "loss_graph_retained.py": ({"loss-graph-retained"}, set()),
+    "loss_graph_retained_outputs.py": ({"loss-graph-retained"}, set()),
     "eval_in_train_mode.py": ({"eval-in-train-mode"}, set()),
     "eval_without_no_grad.py": ({"eval-without-no-grad"}, set()),
     "train_loader_not_shuffled.py": ({"train-loader-not-shuffled"}, set()),

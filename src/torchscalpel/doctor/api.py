@@ -97,6 +97,22 @@ def _single_rank_env(target: Target) -> Callable[[], Callable[[], None]]:
     return setup
 
 
+def _restore_global_flags() -> Callable[[], None]:
+    """A setup hook: the script runs in this process, so put back the torch flags it may flip
+    (the doctor's re-runs and the tests run several scripts in one process)."""
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.is_grad_enabled(),
+             torch.get_default_dtype(), torch.is_anomaly_enabled(), torch.are_deterministic_algorithms_enabled())
+
+    def undo() -> None:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[0], saved[1]
+        torch.set_grad_enabled(saved[2])
+        torch.set_default_dtype(saved[3])
+        torch.autograd.set_detect_anomaly(saved[4])
+        torch.use_deterministic_algorithms(saved[5])
+
+    return undo
+
+
 def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup: int, out_dir: Path | None,
          name: str, progress: Any = None, command: Sequence[str] = (), profile: bool = False) -> tuple[RunRecord, DoctorObserver]:
     from torchscalpel.runtime.session import RuntimeOptions, run_target
@@ -105,7 +121,8 @@ def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup:
     # The profiler window only pays off on CUDA (host-device copies); on CPU it would just cost time.
     profile_steps = 3 if profile and out_dir is not None and torch.cuda.is_available() else 0
     options = RuntimeOptions(warmup=warmup, steps=steps, out_dir=out_dir, profile_steps=profile_steps, name=name)
-    record = run_target(target, options, observers=[doctor], setup_hooks=[_single_rank_env(target), doctor.setup_hook],
+    record = run_target(target, options, observers=[doctor],
+                        setup_hooks=[_restore_global_flags, _single_rank_env(target), doctor.setup_hook],
                         progress=progress, command=command)
     if profile_steps and out_dir is not None:
         try:

@@ -161,26 +161,26 @@ class DoctorObserver(Observer):
         return {s for r in self.rules if r.supersedes_static and r.crashed is None for s in r.slugs}
 
 
-def iter_tensors(obj: Any, limit: int = 16, _depth: int = 0) -> Iterable[torch.Tensor]:
-    """Tensors inside a forward output (tensor, tuple/list, dict, dataclass-like), at most ``limit``."""
-    found: list[torch.Tensor] = []
+def iter_tensors(obj: Any, limit: int = 16) -> list[torch.Tensor]:
+    """Tensors inside a forward output (tensor, tuple/list, dict, dataclass-like), at most ``limit``.
 
-    def walk(o: Any, depth: int) -> None:
-        if len(found) >= limit or depth > 4:
-            return
+    Iterative on purpose: a recursive closure would form a reference cycle holding the tensors (and
+    their autograd graphs) until the garbage collector runs.
+    """
+    found: list[torch.Tensor] = []
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack and len(found) < limit:
+        o, depth = stack.pop()
         if isinstance(o, torch.Tensor):
             found.append(o)
+        elif depth >= 4:
+            continue
         elif isinstance(o, list | tuple):
-            for x in o:
-                walk(x, depth + 1)
+            stack.extend((x, depth + 1) for x in reversed(o))
         elif isinstance(o, dict):
-            for x in o.values():
-                walk(x, depth + 1)
+            stack.extend((x, depth + 1) for x in reversed(list(o.values())))
         elif hasattr(o, "__dataclass_fields__"):
-            for k in o.__dataclass_fields__:
-                walk(getattr(o, k, None), depth + 1)
-
-    walk(obj, _depth)
+            stack.extend((getattr(o, k, None), depth + 1) for k in reversed(list(o.__dataclass_fields__)))
     return found
 
 

@@ -68,7 +68,9 @@ class LossGraphRetained(RuntimeRule):
         super().__init__()
         self.step = 0
         self._losses: list[tuple[int, weakref.ref[_Sentinel]]] = []
+        self._outputs: list[tuple[int, weakref.ref[_Sentinel]]] = []
         self.alive_history: list[tuple[int, int, int]] = []
+        self.outputs_history: list[tuple[int, int, int]] = []
         self.location: Location | None = None
         self._last_loss_loc: Location | None = None
 
@@ -81,30 +83,48 @@ class LossGraphRetained(RuntimeRule):
             if len(self._losses) <= 2:
                 self._last_loss_loc = user_location()
 
+    def on_forward_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool) -> None:
+        if root and torch.is_grad_enabled() and module.training:
+            ref = _attach([t for t in iter_tensors(output, limit=4) if t.grad_fn is not None])
+            if ref is not None:
+                self._outputs.append((self.step, ref))
+
+    def _count(self, entries: list[tuple[int, weakref.ref[_Sentinel]]], history: list[tuple[int, int, int]]) -> list[tuple[int, weakref.ref[_Sentinel]]]:
+        old = [(s, r) for s, r in entries if s <= self.step - 3]
+        alive = sum(1 for _, r in old if r() is not None)
+        history.append((self.step, alive, len(old)))
+        # Forget old entries that died (they can never come back), keep the rest.
+        return [(s, r) for s, r in entries if r() is not None or s > self.step - 3]
+
     def on_optimizer_step_post(self, optimizer: Any) -> None:
         self.step += 1
-        old = [(s, r) for s, r in self._losses if s <= self.step - 3]
-        alive = sum(1 for _, r in old if r() is not None)
-        self.alive_history.append((self.step, alive, len(old)))
-        if alive and self.location is None:
+        self._losses = self._count(self._losses, self.alive_history)
+        self._outputs = self._count(self._outputs, self.outputs_history)
+        if (self.alive_history[-1][1] or self.outputs_history[-1][1]) and self.location is None:
             self.location = self._last_loss_loc
-        # Forget old entries that died (they can never come back), keep the rest.
-        self._losses = [(s, r) for s, r in self._losses if r() is not None or s > self.step - 3]
+
+    @staticmethod
+    def _retained(history: list[tuple[int, int, int]]) -> bool:
+        if not history:
+            return False
+        _, alive, old = history[-1]
+        return alive >= 3 and alive >= 0.5 * old
 
     def findings(self, record: Any) -> Iterator[Finding]:
-        if not self.alive_history:
+        losses, outputs = self._retained(self.alive_history), self._retained(self.outputs_history)
+        if not (losses or outputs):
             return
-        step, alive, old = self.alive_history[-1]
-        peak = max(a for _, a, _ in self.alive_history)
-        if alive < 3 or alive < 0.5 * old:
-            return
+        history = self.alive_history if losses else self.outputs_history
+        step, alive, old = history[-1]
+        peak = max(a for _, a, _ in history)
         yield make_finding(
             "loss-graph-retained",
-            "Loss tensors from earlier steps are still alive with their autograd graphs: memory grows every "
-            "step (typically `total += loss` or `losses.append(loss)` without .item()/.detach()).",
+            f"{'Loss tensors' if losses else 'Model outputs'} from earlier steps are still alive with their autograd "
+            "graphs: memory grows every step (typically `total += loss` or `outputs.append(out)` without "
+            ".item()/.detach()).",
             evidence=[
-                f"after step {step}, the graphs of {alive} of the {old} losses from 3+ steps earlier were still alive "
-                f"(peak {peak})",
+                f"after step {step}, the graphs of {alive} of the {old} {'losses' if losses else 'model outputs'} "
+                f"from 3+ steps earlier were still alive (peak {peak})",
                 f"backward called at {fmt_loc(self.location)}",
             ],
             fix="running_loss += loss.item()      # a Python float, no graph\n"

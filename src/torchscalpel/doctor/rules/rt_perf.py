@@ -72,6 +72,7 @@ class CudnnBenchmarkDynamicShapes(RuntimeRule):
 
     slugs = ("cudnn-benchmark-dynamic-shapes",)
     MIN_SHAPES = 4
+    """With only the batch size changing, this many distinct shapes times two are needed to report."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -79,7 +80,7 @@ class CudnnBenchmarkDynamicShapes(RuntimeRule):
         self.location: Location | None = None
 
     def on_forward_pre(self, module: torch.nn.Module, args: Any, kwargs: Any, root: bool) -> None:
-        if not root or not torch.backends.cudnn.benchmark:
+        if not root or not torch.backends.cudnn.benchmark or not torch.is_grad_enabled():
             return
         from torch.nn.modules.conv import _ConvNd
 
@@ -95,7 +96,9 @@ class CudnnBenchmarkDynamicShapes(RuntimeRule):
                 self.location = user_location()
 
     def findings(self, record: Any) -> Iterator[Finding]:
-        if len(self.shapes) < self.MIN_SHAPES:
+        # A smaller last batch is one extra shape and harmless; changing spatial/sequence sizes are not.
+        non_batch = {tuple(dims[1:] for dims in shape) for shape in self.shapes}
+        if len(non_batch) < 3 and len(self.shapes) < 2 * self.MIN_SHAPES:
             return
         examples = ", ".join(str(list(s[0])) for s, _ in self.shapes.most_common(4))
         yield make_finding(
