@@ -223,3 +223,20 @@ def test_host_device_copy_bound_reads_profiled_copy_time() -> None:
                      profiler={"top_ops": [{"name": "Memcpy HtoD (Pinned -> Device)", "total_us": 1000.0}]})
     assert rules_of(HostDeviceCopyBound(), hot) == ["host-device-copy-bound"]
     assert rules_of(HostDeviceCopyBound(), cold) == []
+
+
+def test_step_budget_stops_only_after_min_steps_and_time() -> None:
+    from torchscalpel.doctor.api import StepBudget
+
+    stops: list[str] = []
+    budget = StepBudget(min_steps=3, seconds=0.0)
+    budget.session = SimpleNamespace(request_stop=stops.append)
+    budget.on_step_end(None)
+    budget.on_step_end(None)
+    assert stops == []
+    budget.on_step_end(None)
+    assert len(stops) == 1 and "3 steps" in stops[0]
+    patient = StepBudget(min_steps=1, seconds=3600.0)
+    patient.session = SimpleNamespace(request_stop=stops.append)
+    patient.on_step_end(None)
+    assert len(stops) == 1

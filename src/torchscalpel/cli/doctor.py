@@ -29,7 +29,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--static", nargs="+", type=Path, metavar="PATH",
                    help="only run the static rules over these files/folders (fast; no script is run)")
-    p.add_argument("--steps", type=int, default=None, help="measured steps before the script is stopped (default 30)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="measured steps before the script is stopped (default: at least 30, more while the run "
+                   "is under 20 s, at most 300)")
     p.add_argument("--warmup", type=int, default=2, help="steps run before measuring (default 2)")
     p.add_argument("--nproc", type=int, default=1, help="ranks to run the script on (needs 'scalpel launch'; default 1)")
     p.add_argument("--sanity", action="store_true", help="also try to overfit one batch (rule cannot-overfit-batch)")
@@ -97,19 +99,19 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from rich.console import Console
 
-    from torchscalpel.doctor.api import DEFAULT_STEPS, diagnose
+    from torchscalpel.doctor.api import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS, diagnose
     from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.record import save_record
 
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    steps = args.steps or DEFAULT_STEPS
     console = Console(stderr=False)
-    console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {args.warmup}+{steps} steps"
+    window = f"{args.warmup}+{args.steps} steps" if args.steps else f"{args.warmup}+{DEFAULT_STEPS} steps or more (up to {AUTO_MAX_STEPS}, ~{AUTO_SECONDS:.0f} s)"
+    console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
                   + (" (+ overfit-one-batch check)" if args.sanity else ""))
     record, findings = diagnose(
-        target, steps=steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
+        target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
         out_dir=out_dir, command=["scalpel", *sys.argv[1:]],
     )
     save_record(record, out_dir)

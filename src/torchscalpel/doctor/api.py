@@ -9,6 +9,7 @@ import inspect
 import os
 import socket
 import sysconfig
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,38 @@ from torchscalpel.doctor.static import analyze_paths
 from torchscalpel.record import RunRecord
 
 DEFAULT_STEPS = 30
-"""Measured steps of the doctor run (plus warm-up): enough for trends, short enough to wait for."""
+"""Measured steps the doctor run always gets (plus warm-up), when the script has that many."""
+AUTO_MAX_STEPS = 300
+"""With the default window, the run continues past DEFAULT_STEPS up to this many steps ..."""
+AUTO_SECONDS = 20.0
+"""... while it has run for less than this long: small scripts get to their evaluation loops and
+later epochs (where many bugs live), large ones stop after DEFAULT_STEPS."""
 
 _SKIP_DIRS = tuple(
     str(Path(p).resolve())
     for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
               os.path.dirname(torch.__file__), str(Path(__file__).resolve().parents[1])}
 )
+
+
+class StepBudget(RuntimeRule):
+    """Asks the runtime to stop once at least ``min_steps`` steps ran and ``seconds`` have passed."""
+
+    slugs = ()
+
+    def __init__(self, min_steps: int, seconds: float) -> None:
+        super().__init__()
+        self.min_steps, self.seconds = min_steps, seconds
+        self.steps = 0
+        self._start = time.monotonic()
+
+    def on_start(self, session: Any) -> None:
+        self._start = time.monotonic()
+
+    def on_step_end(self, step: Any) -> None:
+        self.steps += 1
+        if self.steps >= self.min_steps and time.monotonic() - self._start >= self.seconds and self.session is not None:
+            self.session.request_stop(f"doctor window: {self.steps} steps in {self.seconds:.0f} s")
 
 
 class SourceFiles(RuntimeRule):
@@ -168,7 +194,7 @@ def merge_findings(static: Sequence[Finding], runtime: Sequence[Finding], supers
 def diagnose(
     target: Target,
     *,
-    steps: int | None = DEFAULT_STEPS,
+    steps: int | None = None,
     warmup: int = 2,
     sanity: bool = False,
     static: bool = True,
@@ -177,13 +203,17 @@ def diagnose(
     progress: Any = None,
     command: Sequence[str] = (),
 ) -> tuple[RunRecord, list[Finding]]:
-    """Run ``target`` under every runtime rule, add static findings for the script and the model
+    """Run ``target`` under every runtime rule (``steps=None``: the default window, see
+    :data:`AUTO_MAX_STEPS`), add static findings for the script and the model
     sources it uses, re-run to locate a NaN when one appeared, and (``sanity``) try to overfit one
     batch. Returns the Run record (findings stored in ``record.findings``) and the ranked findings."""
     from torchscalpel.doctor.rules.rt_numerics import NanLoss
 
     sources = SourceFiles()
-    rules = [*all_runtime_rules(), sources]
+    rules: list[RuntimeRule] = [*all_runtime_rules(), sources]
+    if steps is None:  # the default window: DEFAULT_STEPS, extended while the script is quick
+        rules.append(StepBudget(warmup + DEFAULT_STEPS, AUTO_SECONDS))
+        steps = AUTO_MAX_STEPS
     record, doctor = _run(target, rules, steps=steps, warmup=warmup, out_dir=out_dir, name=target.name,
                           progress=progress, command=command, profile=True)
     notes: list[str] = []
