@@ -138,6 +138,10 @@ CASES = [
      download()
      if local_rank == 0:
          dist.barrier()
+     if rank == src:
+         dist.broadcast(payload, src=src)
+     else:
+         dist.broadcast(buffer, src=src)
      """),
     ("rank-conditional-step",
      """

@@ -56,10 +56,12 @@ def rank_conditional_step(ctx: StaticContext) -> Iterator[Finding]:
     for node in ast.walk(ctx.tree):
         if not isinstance(node, ast.If) or not _is_rank_test(ctx, node.test):
             continue
+        # `if rank == src: broadcast(x) else: broadcast(y)`: every rank joins, only the arguments differ.
+        other_side = {_step_like(ctx, c) for stmt in node.orelse for c in ctx.calls(stmt)} - {None}
         for stmt in node.body:
             for call in ctx.calls(stmt):
                 kind = _step_like(ctx, call)
-                if kind is None:
+                if kind is None or kind in other_side:
                     continue
                 # `if rank != 0: barrier()` ... `if rank == 0: barrier()` is the paired "rank 0 first" idiom.
                 if kind == "collective barrier" and barriers_under_rank >= 2:
