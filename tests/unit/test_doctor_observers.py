@@ -240,3 +240,25 @@ def test_step_budget_stops_only_after_min_steps_and_time() -> None:
     patient.session = SimpleNamespace(request_stop=stops.append)
     patient.on_step_end(None)
     assert len(stops) == 1
+
+
+def test_no_update_rule_fires_only_when_steps_never_change_parameters() -> None:
+    from torchscalpel.doctor.rules.rt_numerics import NoUpdate
+
+    def run(zero_before_step: bool) -> list[str]:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rule = NoUpdate()
+        for _ in range(6):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            if zero_before_step:
+                opt.zero_grad()  # the bug: gradients gone before the update
+            rule.on_optimizer_step_pre(opt)
+            opt.step()
+            rule.on_optimizer_step_post(opt)
+        return rules_of(rule)
+
+    assert run(True) == ["cannot-overfit-batch"]
+    assert run(False) == []

@@ -179,8 +179,8 @@ def merge_findings(static: Sequence[Finding], runtime: Sequence[Finding], supers
             continue
         out.append(f)
     rules = {f.rule for f in out}
-    if "optimizer-before-fsdp" in rules:  # the sharded params are "missing" from the optimizer for the same reason
-        out = [f for f in out if f.rule != "param-not-in-optimizer"]
+    if "optimizer-before-fsdp" in rules:  # the same cause: the optimizer holds stale tensors, nothing trains
+        out = [f for f in out if f.rule not in {"param-not-in-optimizer", "cannot-overfit-batch"}]
     seen: set[tuple[str, str]] = set()
     unique = []
     for f in out:
@@ -223,7 +223,7 @@ def diagnose(
         notes.append(_locate_nan(target, nan_rule, warmup=warmup))
 
     runtime_findings = doctor.findings(record)
-    if sanity:
+    if sanity and not any(f.rule == "cannot-overfit-batch" for f in runtime_findings):
         runtime_findings += _sanity(target, notes)
 
     static_findings: list[Finding] = []

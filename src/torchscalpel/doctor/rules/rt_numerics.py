@@ -115,11 +115,13 @@ class LossDiverging(RuntimeRule):
         losses = [s.loss for s in (record.steps if record is not None else []) if s.loss is not None]
         finite = [x for x in losses if math.isfinite(x)]
         went_nonfinite = len(finite) < len(losses)
-        if len(finite) < self.MIN_STEPS:
+        if len(finite) < self.MIN_STEPS and not (went_nonfinite and len(finite) >= 3):
             return
-        k = max(2, len(finite) // 5)
+        k = max(2, len(finite) // 5) if len(finite) >= self.MIN_STEPS else 1
         first, last = median(finite[:k]), median(finite[-k:])
-        rising = last - first > (self.FACTOR - 1.0) * max(abs(first), 1e-8)
+        # A short finite run that ends in NaN/inf must have blown up by an order of magnitude first.
+        factor = self.FACTOR if len(finite) >= self.MIN_STEPS else 10.0
+        rising = last - first > (factor - 1.0) * max(abs(first), 1e-8)
         if not rising:
             return
         yield make_finding(
@@ -140,7 +142,7 @@ class GradNorms(RuntimeRule):
     slugs = ("grad-norm-explosion", "vanishing-gradients")
     MAX_STEPS = 200
     EXPLOSION_RATIO = 100.0
-    VANISH_RATIO = 1e-4
+    VANISH_RATIO = 1e-3  # clean CNN/transformer runs sit near 0.3-0.6; sigmoid stacks far below
 
     def __init__(self) -> None:
         super().__init__()
@@ -245,4 +247,50 @@ def _is_embedding(p: torch.Tensor, rule: RuntimeRule) -> bool:
     return id(p) in cache
 
 
-RULES = (NanLoss, LossDiverging, GradNorms)
+class NoUpdate(RuntimeRule):
+    """Optimizer steps that never change the parameters (zero learning rate, gradients cleared before the
+    step, a detached loss): the model cannot learn anything, not even one batch."""
+
+    slugs = ("cannot-overfit-batch",)
+    MIN_STEPS = 5
+    SAMPLE = 8
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._before: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.steps = 0
+        self.unchanged = 0
+        self.location: Location | None = None
+
+    def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+        # Spread over the whole model, last layer included: early layers may legitimately barely move.
+        params = [*params[:: max(1, len(params) // self.SAMPLE)], *params[-1:]]
+        self._before = [(p, _local(p.detach()).reshape(-1)[:64].clone()) for p in params if p.numel()]
+
+    def on_optimizer_step_post(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._before:
+            return
+        self.steps += 1
+        if all(torch.equal(_local(p.detach()).reshape(-1)[:64], old) for p, old in self._before):
+            self.unchanged += 1
+            self.location = self.location or user_location()
+        self._before = []
+
+    def findings(self, record: Any) -> Iterator[Finding]:
+        if self.steps < self.MIN_STEPS or self.unchanged < self.steps:
+            return
+        yield make_finding(
+            "cannot-overfit-batch",
+            f"None of the {self.steps} optimizer steps changed the parameters: the model cannot learn, not even "
+            "one batch.",
+            evidence=[f"sampled parameters were bit-identical before and after all {self.steps} optimizer.step() calls",
+                      f"optimizer step at {fmt_loc(self.location)}"],
+            fix="# check: zero_grad() must come before backward(), not between backward() and step();\n"
+            "# the learning rate (and scheduler) must be > 0; the loss must depend on the model's output\n"
+            "optimizer.zero_grad(); loss.backward(); optimizer.step()",
+            location=self.location,
+        )
+
+
+RULES = (NanLoss, LossDiverging, GradNorms, NoUpdate)
