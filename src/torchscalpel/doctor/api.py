@@ -5,11 +5,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import os
 import socket
 import sysconfig
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -181,6 +184,8 @@ def merge_findings(static: Sequence[Finding], runtime: Sequence[Finding], supers
     rules = {f.rule for f in out}
     if "optimizer-before-fsdp" in rules:  # the same cause: the optimizer holds stale tensors, nothing trains
         out = [f for f in out if f.rule not in {"param-not-in-optimizer", "cannot-overfit-batch"}]
+    if "nan-loss" in rules:  # non-finite gradients are the NaN loss's own consequence
+        out = [f for f in out if not (f.rule == "grad-norm-explosion" and f.message.startswith("Gradients became non-finite"))]
     seen: set[tuple[str, str]] = set()
     unique = []
     for f in out:
@@ -267,8 +272,12 @@ def _locate_nan(target: Target, nan_rule: Any, *, warmup: int) -> str:
     from torchscalpel.doctor.nan_trace import NanOpTracer
 
     tracer = NanOpTracer()
+    sink = io.StringIO()
     try:
-        _run(target, [tracer], steps=max(1, nan_rule.first_step + 1), warmup=0, out_dir=None, name=f"{target.name}-nan")
+        # The script's prints and anomaly mode's tracebacks were already seen once: keep the re-run quiet.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            warnings.simplefilter("ignore")
+            _run(target, [tracer], steps=max(1, nan_rule.first_step + 1), warmup=0, out_dir=None, name=f"{target.name}-nan")
     except Exception as exc:  # the first run's findings stand without the re-run
         return f"NaN re-run failed: {exc!r}"
     if tracer.found:

@@ -19,6 +19,10 @@ def _bad(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0 and not bool(torch.isfinite(t).all())
 
 
+_UNINITIALISED = ("empty", "new_empty", "resize", "set_")
+"""Ops whose outputs hold uninitialised memory (may contain NaN bit patterns): never an origin."""
+
+
 class _Mode(TorchDispatchMode):
     def __init__(self, tracer: NanOpTracer) -> None:
         super().__init__()
@@ -26,14 +30,15 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
-        if self.tracer.found is None:
+        name = str(getattr(getattr(func, "overloadpacket", None), "__name__", func))
+        if self.tracer.found is None and not name.startswith(_UNINITIALISED):
             try:
                 outs, _ = tree_flatten(out)
                 if any(_bad(o) for o in outs):
                     ins, _ = tree_flatten((args, kwargs or {}))
                     if not any(_bad(i) for i in ins):
                         self.tracer.found = {
-                            "op": str(func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else func),
+                            "op": name,
                             "location": user_location(),
                             "backward": torch._C._current_autograd_node() is not None,
                         }

@@ -167,13 +167,17 @@ class GradNorms(RuntimeRule):
             self.zero_steps += 1
         weights = [(p, math.sqrt(float(s)) / math.sqrt(max(1, p.numel()))) for (p, _), s in zip(grads, sq.tolist(), strict=True) if p.dim() >= 2 and not _is_embedding(p, self)]
         if len(weights) >= 3 and math.isfinite(total) and total > 0:
+            # Medians over the first and last third of the weight matrices: one layer with small gradients
+            # at init (attention query/key weights) is normal; a whole early third starved is not.
             rms = [r for _, r in weights]
-            top = max(rms)
-            if top > 0:
-                self.ratios.append(rms[0] / top)
+            k = max(1, len(rms) // 3)
+            early, late = median(rms[:k]), median(rms[-k:])
+            if late > 0:
+                self.ratios.append(early / late)
                 if self.layers is None:
                     names = param_names(getattr(self.session, "root_modules", ()) or ())
-                    self.layers = (names.get(id(weights[0][0]), "first weight"), names.get(id(weights[rms.index(top)][0]), "largest"))
+                    self.layers = (f"first {k} weight(s) from {names.get(id(weights[0][0]), 'the first layer')}",
+                                   f"last {k} up to {names.get(id(weights[-1][0]), 'the last layer')}")
 
     def findings(self, record: Any) -> Iterator[Finding]:
         yield from self._explosion()
@@ -217,11 +221,11 @@ class GradNorms(RuntimeRule):
         r = median(self.ratios)
         if r >= self.VANISH_RATIO:
             return
-        first, top = self.layers or ("first weight", "largest")
+        first, top = self.layers or ("first weights", "last weights")
         yield make_finding(
             "vanishing-gradients",
             f"Early layers get gradients {1 / r:.0e}x smaller than later ones: they barely learn.",
-            evidence=[f"median RMS-gradient ratio {first} / {top} = {r:.2e} over {len(self.ratios)} steps"],
+            evidence=[f"median RMS gradient of the {first} / of the {top} = {r:.2e} over {len(self.ratios)} steps"],
             fix="# use ReLU/GELU instead of sigmoid/tanh stacks, normalisation layers, residual connections,\n"
             "# and a suitable init, e.g. nn.init.kaiming_normal_(layer.weight, nonlinearity='relu')",
             location=self.location,
