@@ -35,6 +35,7 @@ POSITIVE: dict[str, tuple[set[str], set[str]]] = {
     "grad_norm_explosion.py": ({"grad-norm-explosion"}, {"loss-diverging"}),
     "vanishing_gradients.py": ({"vanishing-gradients"}, set()),
     "clip_before_unscale.py": ({"clip-before-unscale"}, set()),
+    "clip_before_unscale_cuda_scaler.py": ({"clip-before-unscale"}, set()),
     "scaler_skipped_steps.py": ({"scaler-skipped-steps"}, set()),
     "dataloader_bound.py": ({"dataloader-bound"}, set()),
     "empty_cache_in_loop.py": ({"empty-cache-in-loop"}, set()),
@@ -61,6 +62,12 @@ def loud(findings) -> set[str]:
 
 def run(path: Path, args=(), **kw):
     return diagnose(Target(script=path, args=list(args)), **kw)  # the default window, as users get it
+
+
+def test_no_rule_reports_an_internal_error_on_any_fixture_or_example() -> None:
+    for path in [*sorted(FIXTURES.glob("clean_*.py")), FIXTURES / "clip_before_unscale_cuda_scaler.py"]:
+        _, findings = run(path)
+        assert not [f.message for f in findings if "internal error" in f.message], path.name
 
 
 def test_every_rule_has_a_positive_fixture() -> None:

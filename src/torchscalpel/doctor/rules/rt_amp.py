@@ -48,16 +48,28 @@ class ClipBeforeUnscale(RuntimeRule):
         self.clips = 0
         self.scale: float | None = None
         self.location: Location | None = None
+        self._scaled: dict[int, bool] = {}
+        self._unscaled: set[tuple[int, int]] = set()
 
     def setup(self) -> Undo:
         rule = self
         undos: list[Undo] = []
         Scaler = _scaler_class()
 
+        # Call order per scaler: scale() ... unscale_(opt) ... update(). Tracked by hand so a scaler that
+        # disabled itself (a CUDA script on a CPU machine) still shows the mistake in the code.
         def on_scale(scaler: Any) -> None:
             rule.scalers.add(scaler)
+            rule._scaled[id(scaler)] = True
 
-        safe_scale = self.safe(on_scale)
+        def on_unscale(scaler: Any, optimizer: Any) -> None:
+            rule._unscaled.add((id(scaler), id(optimizer)))
+
+        def on_update(scaler: Any) -> None:
+            rule._scaled[id(scaler)] = False
+            rule._unscaled = {k for k in rule._unscaled if k[0] != id(scaler)}
+
+        safe_scale, safe_unscale, safe_update = self.safe(on_scale), self.safe(on_unscale), self.safe(on_update)
 
         def make_scale(original: Callable[..., Any]) -> Callable[..., Any]:
             def scale(scaler: Any, outputs: Any) -> Any:
@@ -66,7 +78,23 @@ class ClipBeforeUnscale(RuntimeRule):
 
             return scale
 
+        def make_unscale(original: Callable[..., Any]) -> Callable[..., Any]:
+            def unscale_(scaler: Any, optimizer: Any) -> Any:
+                safe_unscale(scaler, optimizer)
+                return original(scaler, optimizer)
+
+            return unscale_
+
+        def make_update(original: Callable[..., Any]) -> Callable[..., Any]:
+            def update(scaler: Any, *args: Any, **kwargs: Any) -> Any:
+                safe_update(scaler)
+                return original(scaler, *args, **kwargs)
+
+            return update
+
         undos.append(patch_attr(Scaler, "scale", make_scale))
+        undos.append(patch_attr(Scaler, "unscale_", make_unscale))
+        undos.append(patch_attr(Scaler, "update", make_update))
         check = self.safe(self._check)
 
         def make_clip(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,14 +118,14 @@ class ClipBeforeUnscale(RuntimeRule):
         self.clips += 1
         ids = {id(p) for p in params}
         for scaler in list(self.scalers):
-            if not scaler.is_enabled() or getattr(scaler, "_scale", None) is None:
-                continue
+            if not self._scaled.get(id(scaler)):
+                continue  # no scaled backward since the last update(): nothing to unscale
             for opt in list(getattr(self.session, "optimizers", ()) or ()):
                 if not any(id(p) in ids for g in opt.param_groups for p in g["params"]):
                     continue
-                if not _stage_unscaled(scaler, opt):
+                if (id(scaler), id(opt)) not in self._unscaled and not _stage_unscaled(scaler, opt):
                     self.events += 1
-                    self.scale = float(scaler.get_scale())
+                    self.scale = float(scaler.get_scale()) if scaler.is_enabled() else None
                     self.location = self.location or user_location()
                     return
 
@@ -108,7 +136,8 @@ class ClipBeforeUnscale(RuntimeRule):
             "clip-before-unscale",
             "Gradients are clipped while still multiplied by the GradScaler's scale: the threshold is compared "
             "with scaled norms, so clipping is far too aggressive (or meaningless).",
-            evidence=[f"{self.events} of {self.clips} clip call(s) ran before scaler.unscale_(optimizer); scale was {self.scale:g}",
+            evidence=[f"{self.events} of {self.clips} clip call(s) ran before scaler.unscale_(optimizer); "
+                      + (f"scale was {self.scale:g}" if self.scale is not None else "the scaler is disabled on this machine (no CUDA) but scales on a GPU"),
                       f"clipped at {fmt_loc(self.location)}"],
             fix="scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n"
             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\nscaler.step(optimizer)\nscaler.update()",
@@ -136,7 +165,9 @@ class ScalerSkippedSteps(RuntimeRule):
         Scaler = _scaler_class()
 
         def after_step(scaler: Any, optimizer: Any) -> None:
-            state = scaler._per_optimizer_states.get(id(optimizer)) or {}
+            if not scaler.is_enabled():  # a disabled scaler (no CUDA) never skips
+                return
+            state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer)) or {}
             found = state.get("found_inf_per_device") or {}
             skipped = bool(scaler.is_enabled()) and sum(float(v.item()) for v in found.values()) > 0
             rule.calls += 1
