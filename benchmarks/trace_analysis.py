@@ -15,7 +15,9 @@ HTA is a benchmark-only dependency. Set up its venv once (never in requirements-
 
 Usage::
 
-    python benchmarks/trace_analysis.py build --size-mb 1024            # writes /tmp/scalpel-bench/big/rank-0.json
+    python benchmarks/trace_analysis.py build --size-mb 1024 --steps 10 --out /tmp/scalpel-bench/big10/rank-0.json
+    python benchmarks/trace_analysis.py run --trace /tmp/scalpel-bench/big10/rank-0.json --hta-python /work/bench-venv/bin/python
+    python benchmarks/trace_analysis.py build --size-mb 1024            # tiles keep their steps (~1200 steps)
     python benchmarks/trace_analysis.py run --hta-python /work/bench-venv/bin/python
     python benchmarks/trace_analysis.py parsers --size-mb 128            # parser choice: msgspec vs ijson vs json
     python benchmarks/trace_analysis.py record-hta                       # re-record tests/data/hta_*.json
@@ -40,8 +42,13 @@ WORKER = Path(__file__).with_name("_hta_worker.py")
 DEFAULT_OUT = Path("/tmp/scalpel-bench")
 
 
-def build(source: Path, out: Path, size_mb: int) -> Path:
-    """Tile ``source`` until ``out`` holds ``size_mb`` MiB: timestamps shifted, ids and step numbers renumbered."""
+def build(source: Path, out: Path, size_mb: int, steps: int = 0) -> Path:
+    """Tile ``source`` until ``out`` holds ``size_mb`` MiB: timestamps shifted, ids and step numbers renumbered.
+
+    ``steps=0`` keeps each tile's own step annotations (2 per tile of gpu_2rank: ~1200 steps at 1 GiB);
+    ``steps=N`` drops them and writes N ``ProfilerStep`` annotations that each span a run of tiles,
+    the shape of a real large trace (a few long steps of a big model).
+    """
     d = json.loads(gzip.decompress(source.read_bytes()) if source.suffix == ".gz" else source.read_bytes())
     events = d["traceEvents"]
     meta = {k: v for k, v in d.items() if k != "traceEvents"}
@@ -50,7 +57,9 @@ def build(source: Path, out: Path, size_mb: int) -> Path:
     span = max(e["ts"] + e.get("dur", 0) for e in xs) - t0 + 1000
     corr_span = 1 + max((e.get("args", {}).get("correlation", 0) for e in events if isinstance(e.get("args"), dict)), default=0)
     step_names = sorted({e["name"] for e in xs if str(e.get("name", "")).startswith("ProfilerStep#")})
-    body = [e for e in events if e.get("ph") != "M"]
+    body = [e for e in events if e.get("ph") != "M" and not (steps and e.get("name") in step_names)]
+    step_tid = next((e["tid"] for e in xs if e.get("name") in step_names), 0)
+    step_pid = next((e["pid"] for e in xs if e.get("name") in step_names), 0)
     head = [e for e in events if e.get("ph") == "M"]
     out.parent.mkdir(parents=True, exist_ok=True)
     target = size_mb << 20
@@ -74,6 +83,12 @@ def build(source: Path, out: Path, size_mb: int) -> Path:
             fh.write(", " + ", ".join(parts))
             written = fh.tell()
             k += 1
+        if steps:  # N steps, each spanning ceil(k / N) tiles, written after the tiles (order does not matter)
+            per = -(-k // steps)
+            marks = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": step_pid, "tid": step_tid,
+                      "ts": t0 + i * per * span, "dur": min(per, k - i * per) * span - 1}
+                     for i in range(steps) if i * per < k]
+            fh.write(", " + ", ".join(json.dumps(m) for m in marks))
         fh.write("]}")
     print(f"built {out} ({out.stat().st_size / 2**20:.0f} MiB, {k} tiles of {source.name})")
     return out
@@ -91,7 +106,8 @@ def _child(cmd: list[str], timeout: float, env: dict[str, str] | None = None) ->
         if time.perf_counter() > deadline:
             proc.kill()
             pid, status, usage = os.wait4(proc.pid, 0)
-            return {"ok": False, "error": f"timed out after {timeout:.0f} s", "peak_rss_mb": usage.ru_maxrss / 1024}
+            return {"ok": False, "error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0,
+                    "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024}
         time.sleep(0.05)
     wall = time.perf_counter() - t0
     out, err = proc.stdout.read(), proc.stderr.read()
@@ -121,7 +137,7 @@ _PARSE = """
 import json, sys, time
 from pathlib import Path
 mode, path = sys.argv[1], Path(sys.argv[2])
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 n = 0
 if mode == "ijson":
     import ijson
@@ -136,7 +152,7 @@ else:
     reader.USE_MSGSPEC = mode == "msgspec-chunks"
     for batch in reader.TraceReader(path).batches():
         n += len(batch)
-print(json.dumps({"events": n, "parse_s": time.perf_counter() - t}))
+print(json.dumps({"events": n, "parse_s": time.perf_counter() - t, "parse_cpu_s": time.process_time() - c}))
 """
 
 
@@ -170,9 +186,11 @@ def parsers(trace: Path, timeout: float) -> None:
     size_mb = trace.stat().st_size / 2**20
     for mode in ("msgspec-chunks", "json-chunks", "ijson", "json"):
         r = _child([sys.executable, "-c", _PARSE, mode, str(trace)], timeout, _env())
-        mbs = size_mb / r["result"]["parse_s"] if r.get("ok") else None
-        print(f"{mode:15s} parse {r.get('result', {}).get('parse_s', float('nan')):7.2f} s "
-              f"{(mbs or 0):7.1f} MB/s  peak RSS {r['peak_rss_mb']:7.0f} MiB  {r.get('error', '')[:200]}")
+        res = r.get("result", {})
+        cpu = res.get("parse_cpu_s", float("nan"))
+        print(f"{mode:15s} events {res.get('events', 0):>9}  parse wall {res.get('parse_s', float('nan')):7.2f} s  "
+              f"CPU {cpu:7.2f} s = {size_mb / cpu:6.1f} MB/s per CPU-second  peak RSS {r['peak_rss_mb']:6.0f} MiB "
+              f"{r.get('error', '')[:200]}")
 
 
 def record_hta(hta_python: str) -> None:
@@ -196,6 +214,7 @@ def main() -> None:
     b.add_argument("--source", type=Path, default=TRACES / "gpu_2rank" / "rank-0.json.gz")
     b.add_argument("--size-mb", type=int, default=1024)
     b.add_argument("--out", type=Path, default=DEFAULT_OUT / "big" / "rank-0.json")
+    b.add_argument("--steps", type=int, default=0, help="0: keep each tile's steps; N: N long steps")
     r = sub.add_parser("run")
     r.add_argument("--trace", type=Path, default=DEFAULT_OUT / "big" / "rank-0.json")
     r.add_argument("--hta-python", default="/work/bench-venv/bin/python")
@@ -210,7 +229,7 @@ def main() -> None:
     h.add_argument("--hta-python", default="/work/bench-venv/bin/python")
     args = ap.parse_args()
     if args.cmd == "build":
-        build(args.source, args.out, args.size_mb)
+        build(args.source, args.out, args.size_mb, args.steps)
     elif args.cmd == "run":
         if not args.trace.exists():
             sys.exit(f"{args.trace} does not exist; run 'build' first")

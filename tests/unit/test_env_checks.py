@@ -29,7 +29,8 @@ CPU_BOX: dict[str, Any] = {
 
 GPU_BOX: dict[str, Any] = {
     **copy.deepcopy(CPU_BOX),
-    "torch": "2.8.0+cu128", "torch_cuda": "12.8", "torch_build": {"kind": "cuda", "cudnn": 91002},
+    "torch": "2.8.0+cu128", "torch_cuda": "12.8",
+    "torch_build": {"kind": "cuda", "cudnn": 91002, "arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]},
     "cuda_available": True, "torch_threads": 8, "cpu_count": 32, "cpu": {"usable_cores": 32},
     "gpus": [{"index": 0, "name": "NVIDIA H100", "capability": "9.0", "memory_bytes": 80 << 30}],
     "driver": {"nvidia_version": "570.124.06", "cuda_version": "12.8", "nvidia_smi": "/usr/bin/nvidia-smi",
@@ -62,7 +63,8 @@ def only(f: dict[str, Any], slug: str) -> Finding:
 
 
 def test_contract_slugs_are_all_registered() -> None:
-    assert set(SLUGS) == CONTRACT_SLUGS
+    assert set(SLUGS) >= CONTRACT_SLUGS
+    assert set(SLUGS) - CONTRACT_SLUGS == {"gpu-arch-not-in-wheel"}
 
 
 @pytest.mark.parametrize("base", [CPU_BOX, GPU_BOX], ids=["cpu-box", "gpu-box"])
@@ -126,6 +128,8 @@ def test_windows_uses_the_windows_column() -> None:
     ("change", "cause"),
     [
         ({"env": {"CUDA_VISIBLE_DEVICES": ""}}, "CUDA_VISIBLE_DEVICES"),
+        ({"env": {"CUDA_VISIBLE_DEVICES": "2,3"}, "nvidia_smi": {"gpus": [{"name": "A"}, {"name": "B"}]}},
+         "CUDA_VISIBLE_DEVICES"),
         ({"driver": {"nvidia_devices": [], "wsl_dxg": False}}, "container"),
         ({"driver": {"cuda_version": "11.8"}}, "older than the CUDA"),
         ({"nvidia_smi": {"error": "nvidia-smi did not answer within 10 s"}}, "does not answer"),
@@ -135,6 +139,12 @@ def test_cuda_unavailable_names_the_likeliest_cause(change: dict[str, Any], caus
     f = only(facts(GPU_BOX, cuda_available=False, gpus=[], **change), "cuda-unavailable")
     assert cause in f.message
     assert f.severity == Severity.ERROR
+
+
+def test_visible_devices_within_range_is_not_blamed() -> None:
+    box = facts(GPU_BOX, cuda_available=False, gpus=[], env={"CUDA_VISIBLE_DEVICES": "1"},
+                nvidia_smi={"gpus": [{"name": "A"}, {"name": "B"}]}, driver={"nvidia_devices": []})
+    assert "container" in only(box, "cuda-unavailable").message
 
 
 def test_cuda_wheel_on_machine_without_gpu_is_only_info() -> None:
@@ -240,3 +250,19 @@ def test_findings_sorted_most_severe_first() -> None:
     box = facts(CPU_BOX, torch="2.4.0", packages={"torch": "2.4.0"}, driver={"nvidia_smi": "/usr/bin/nvidia-smi"})
     severities = [int(f.severity) for f in run_checks(box)]
     assert severities == sorted(severities, reverse=True) and severities[0] == Severity.ERROR
+
+
+@pytest.mark.parametrize(
+    ("capability", "arch_list", "fires"),
+    [
+        ("12.0", ["sm_50", "sm_80", "sm_86", "sm_90"], True),  # RTX 50xx on a cu126 wheel
+        ("8.9", ["sm_80", "sm_86", "sm_90"], False),  # Ada runs sm_86 cubins (same major)
+        ("9.0", ["sm_80", "sm_90a"], False),
+        ("12.0", ["sm_80", "compute_90"], False),  # PTX JIT
+        ("7.0", ["sm_75", "sm_80"], True),  # V100 on a wheel that dropped Volta
+    ],
+)
+def test_gpu_arch_not_in_wheel(capability: str, arch_list: list[str], fires: bool) -> None:
+    box = facts(GPU_BOX, torch_build={"arch_list": arch_list},
+                gpus=[{"index": 0, "name": "GPU", "capability": capability}])
+    assert ("gpu-arch-not-in-wheel" in slugs(box)) is fires

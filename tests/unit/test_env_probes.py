@@ -62,6 +62,7 @@ def test_compile_probe_in_a_child_with_a_fast_backend() -> None:
     assert r.metrics["max_abs_err"] < 1e-4 and r.metrics["compile_s"] > 0
 
 
+@pytest.mark.slow
 def test_compile_probe_failure_is_one_line() -> None:
     r = probes.compile_probe("cpu", timeout=120, backend="no_such_backend")
     assert r.status == "failed"

@@ -122,6 +122,8 @@ def test_rocm_trace_is_recognised(traces_dir: Path) -> None:
     ("Memset (Device)", "memory"), ("aten::add_", "elementwise"), ("aten::_foreach_mul_", "optimizer"),
     ("aten::layer_norm", "norm"), ("aten::sum", "reduction"), ("mystery_op", "other"),
     ("autograd::engine::evaluate_function: AddmmBackward0", "autograd"), ("AddmmBackward0", "autograd"),
+    ("aten::convolution_backward", "conv"), ("aten::native_batch_norm_backward", "norm"),
+    ("aten::threshold_backward", "elementwise"),
     ("fbgemm::permute_sparse_features", "copy"), ("All2All_Pooled_Wait", "communication"),
     ("void split_embedding_codegen_forward_unweighted_kernel<c10::Half>", "embedding"),
     ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x64_32x6_nt_align1>", "matmul"),

@@ -132,3 +132,11 @@ def test_stdlib_json_path_gives_the_same_analysis(monkeypatch: pytest.MonkeyPatc
     slow = analyze_traces(traces_dir / "gpu_2rank").to_dict()
     assert slow["ranks"][0]["gpu"] == fast["ranks"][0]["gpu"]
     assert slow["top_ops"] == fast["top_ops"]
+
+
+def test_bare_array_form(tmp_path: Path) -> None:
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2, "pid": 1, "tid": 1}] * 3
+    path = tmp_path / "bare.json"
+    path.write_text("\n " + json.dumps(events))
+    got, r = _read(path, 64)
+    assert [e.name for e in got] == ["aten::mm"] * 3 and r.meta == {}

@@ -8,11 +8,12 @@ for, is still written with the probes finished so far).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from torchscalpel.doctor.finding import Severity
-from torchscalpel.errors import UsageError
+from torchscalpel.errors import ScalpelError, UsageError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,8 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Report the environment (Python, CPU, torch build, GPUs, driver, compilers, backends, "
                     "variables), check it for known incompatibilities, and run quick probes.",
     )
-    p.add_argument("--no-probe", action="store_true", help="skip the probes (facts and checks only, ~1 s)")
-    p.add_argument("--probe", default=",".join(PROBES), metavar="LIST",
+    p.add_argument("--no-probe", action="store_true", help="skip the probes (facts and checks only: about as long as importing torch)")
+    p.add_argument("--probe", metavar="LIST",
                    help=f"comma-separated probes to run (default all: {','.join(PROBES)})")
     p.add_argument("--probe-timeout", type=float, default=60.0, metavar="S",
                    help="seconds each probe may take (default 60)")
@@ -43,7 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _validate(args: argparse.Namespace) -> tuple[list[str], Severity | None]:
     from torchscalpel.envcheck.probes import PROBES
 
-    probes = [] if args.no_probe else [p.strip() for p in args.probe.split(",") if p.strip()]
+    if args.no_probe and args.probe is not None:
+        raise UsageError("--no-probe and --probe contradict each other; use one of them.")
+    text = ",".join(PROBES) if args.probe is None else args.probe
+    probes = [] if args.no_probe else [p.strip() for p in text.split(",") if p.strip()]
     unknown = [p for p in probes if p not in PROBES]
     if unknown:
         raise UsageError(f"Unknown probe {unknown[0]!r} in --probe; choose from {', '.join(PROBES)}.")
@@ -54,8 +58,13 @@ def _validate(args: argparse.Namespace) -> tuple[list[str], Severity | None]:
             raise UsageError(f"{flag} must be a positive number of seconds, not {value:g}.")
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         raise UsageError(f"--nproc-per-node must be at least 1, not {args.nproc_per_node}.")
-    if args.json_path is not None and args.json_path.is_dir():
-        raise UsageError(f"--json {args.json_path} is a folder; name a file, e.g. {args.json_path / 'env.json'}.")
+    if args.json_path is not None:
+        if args.json_path.is_dir():
+            raise UsageError(f"--json {args.json_path} is a folder; name a file, e.g. {args.json_path / 'env.json'}.")
+        # Checked before the probes run, so a typo does not cost the user a minute of probing.
+        existing = next((p for p in [args.json_path.parent, *args.json_path.parent.parents] if p.exists()), None)
+        if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK):
+            raise UsageError(f"Cannot write --json {args.json_path}: {existing} is not a writable folder.")
     fail_on = None
     if args.fail_on:
         try:
@@ -84,10 +93,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         report = build_report(probes=probes, probe_timeout=args.probe_timeout,
                               compile_timeout=args.compile_timeout, local_ranks=args.nproc_per_node)
-    if args.json_path is not None:
-        write_json(report, args.json_path)
     render(report, console)
     if args.json_path is not None:
+        try:
+            write_json(report, args.json_path)
+        except OSError as exc:  # the screen above already shows everything that was measured
+            raise ScalpelError(f"Could not write --json {args.json_path}: {exc.strerror or exc}.") from None
         console.print(f"JSON written to {args.json_path}")
     if not report["complete"]:
         print("scalpel: interrupted", file=sys.stderr)

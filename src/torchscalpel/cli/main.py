@@ -19,6 +19,8 @@ COMMANDS: tuple[str, ...] = (
     "demo",
     "analyze",
     "env",
+    "export",
+    "serve",
     "doctor",
 )
 

@@ -84,6 +84,12 @@ def _visible_devices_hide_all(facts: Facts) -> str | None:
         return None
     if value.strip() in ("", "-1", "none", "NoDevFiles"):
         return value
+    # Indices past the GPUs nvidia-smi lists (e.g. "4" on a 4-GPU machine) also hide every GPU:
+    # CUDA stops at the first invalid entry.
+    count = len(_smi(facts).get("gpus") or [])
+    first = value.split(",")[0].strip()
+    if count and first.isdigit() and int(first) >= count:
+        return value
     return None
 
 
@@ -354,6 +360,49 @@ def check_mixed_cuda_runtimes(facts: Facts) -> list[Finding]:
     )]
 
 
+def _arch(entry: str) -> tuple[str, tuple[int, int]] | None:
+    """``"sm_86"`` -> ``("sm", (8, 6))``; ``"sm_90a"`` / ``"compute_120"`` likewise (last digit is the minor)."""
+    kind, _, digits = entry.partition("_")
+    digits = "".join(ch for ch in digits if ch.isdigit())
+    if kind not in ("sm", "compute") or len(digits) < 2:
+        return None
+    return kind, (int(digits[:-1]), int(digits[-1]))
+
+
+def wheel_runs_on(capability: tuple[int, int], arch_list: list[str]) -> bool:
+    """True when the wheel has a cubin for the GPU's major at or below its minor, or PTX at or below it."""
+    for entry in arch_list:
+        parsed = _arch(entry)
+        if not parsed:
+            continue
+        kind, (major, minor) = parsed
+        if kind == "sm" and major == capability[0] and minor <= capability[1]:
+            return True  # cubins run on later minors of the same major
+        if kind == "compute" and (major, minor) <= capability:
+            return True  # PTX is JIT-compiled for newer GPUs (slow first launch, but it runs)
+    return False
+
+
+def check_gpu_arch(facts: Facts) -> list[Finding]:
+    """A visible GPU whose compute capability this wheel has no kernels for (e.g. sm_120 on a cu126 wheel)."""
+    arch_list = (facts.get("torch_build") or {}).get("arch_list")
+    if not arch_list or _build_kind(facts) != "cuda":
+        return []
+    out = []
+    for gpu in facts.get("gpus") or []:
+        cap = cuda_major_minor(gpu.get("capability"))
+        if cap and not wheel_runs_on(cap, arch_list):
+            out.append(_finding(
+                "gpu-arch-not-in-wheel", Severity.ERROR,
+                f"GPU {gpu.get('index')} ({gpu.get('name')}, sm_{cap[0]}{cap[1]}) is not supported by this torch wheel: "
+                "kernels fail with 'no kernel image is available for execution on the device'.",
+                [f"GPU compute capability {cap[0]}.{cap[1]}", f"torch {facts.get('torch')} has kernels for {' '.join(arch_list)}"],
+                "Install a torch wheel built for a newer CUDA that lists this architecture "
+                "(Blackwell, sm_100/sm_120, needs CUDA 12.8+): pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu128",
+            ))
+    return out
+
+
 CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("torch-cpu-build-on-gpu-machine", check_cpu_build_on_gpu_machine),
     ("driver-too-old-for-cuda", check_driver_too_old),
@@ -365,6 +414,7 @@ CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("onnx-vulnerable-version", check_vulnerable_versions),
     ("omp-threads-oversubscribed", check_omp_oversubscribed),
     ("mixed-cuda-runtimes", check_mixed_cuda_runtimes),
+    ("gpu-arch-not-in-wheel", check_gpu_arch),
 )
 """(slug, check) pairs; a check may serve several slugs (the vulnerable-version table)."""
 

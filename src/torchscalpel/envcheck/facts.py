@@ -104,6 +104,7 @@ def collect_facts() -> dict[str, Any]:
                 }
             )
         facts["torch_build"]["bf16_supported"] = bool(torch.cuda.is_bf16_supported())
+        facts["torch_build"]["arch_list"] = list(torch.cuda.get_arch_list())  # GPU archs the wheel has kernels for
     return facts
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from torchscalpel.errors import UsageError
 from torchscalpel.trace.categories import categorize
 from torchscalpel.trace.collect import RankCollector, RankData
@@ -142,7 +144,6 @@ def analyze_traces(paths: list[Path] | Path, *, top: int = 30, strict: bool = Fa
     ranks: list[dict[str, Any]] = []
     ops: dict[str, list[float]] = {}
     kernels: dict[str, list[float]] = {}
-    kernel_rows: dict[str, dict[str, Any]] = {}
     errors: list[dict[str, Any]] = []
     for i, f in enumerate(files):
         rank, d, op_self = analyze_file(f, i, strict=strict, hta_rounding=hta_rounding)
@@ -155,8 +156,6 @@ def analyze_traces(paths: list[Path] | Path, *, top: int = 30, strict: bool = Fa
             acc[1] += s
             acc[2] += t
         _add_kernels(d, kernels)
-        for row in (rank["gpu"] or {}).get("kernels", []):
-            kernel_rows.setdefault(row["name"], {"kernel_type": row["kernel_type"]})
     top_kernels = [
         {"name": n, "category": categorize(n), "count": int(v[0]), "self_us": v[1], "total_us": v[2],
          "mean_us": v[2] / v[0] if v[0] else 0.0}
@@ -186,8 +185,6 @@ def analyze_traces(paths: list[Path] | Path, *, top: int = 30, strict: bool = Fa
 
 def _add_kernels(d: RankData, acc: dict[str, list[float]]) -> None:
     """Whole-trace kernel totals (every GPU activity, not only HTA's window) by name."""
-    import numpy as np
-
     work = d.gpu_kind != 3
     if not work.any():
         return

@@ -28,8 +28,10 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("communication", r"nccl|rccl|c10d::|gloo|all_?reduce|all_?gather|reduce_?scatter|broadcast_|alltoall|"
                           r"send_?recv|barrier|record_param_comms|all_?to_?all|all2all"),
         ("optimizer", r"optimizer|multi_tensor_apply|_foreach_|adam|sgd|lamb_|fused_adam|Optimizer\.step"),
-        # autograd engine wrappers (their own self time is bookkeeping; the real work is in child ops)
-        ("autograd", r"^autograd::|Backward\d*$|AccumulateGrad|autograd::CppNode"),
+        # autograd engine wrappers (their own self time is bookkeeping; the real work is in child ops).
+        # Engine nodes end in a digit (AddmmBackward0); aten's own backward kernels
+        # (aten::convolution_backward) fall through to their real category below.
+        ("autograd", r"^autograd::|Backward\d+$|AccumulateGrad|autograd::CppNode"),
         ("attention", r"flash|attention|sdpa|fmha|_efficient_attention|scaled_dot_product"),
         ("conv", r"conv|cudnn_convolution|implicit_?gemm|winograd|dgrad|wgrad|fprop|_nchw|nhwc"),
         ("embedding", r"embedding|embedding_bag|\bembs?\b|_embs_|split_lookup|\btbe\b"),

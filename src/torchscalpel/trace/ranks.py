@@ -12,8 +12,8 @@ def stragglers(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     The rank that waits least in collectives while its step is as long as the others' is the one
     the others wait for: it is reported as the likely straggler when the spread is above 5%.
     """
-    if len(ranks) < 2:
-        return None
+    if len(ranks) < 2 or len({r["rank"] for r in ranks}) != len(ranks):
+        return None  # one rank, or files of different runs that share a rank number: nothing to compare
     by_rank = {r["rank"]: {s["name"]: s for s in r.get("steps", [])} for r in ranks}
     common = set.intersection(*(set(v) for v in by_rank.values())) if by_rank else set()
     if not common:

@@ -75,7 +75,7 @@ class _PlainEvent:
 
 if msgspec is not None:
 
-    class Args(msgspec.Struct):
+    class Args(msgspec.Struct, gc=False):
         """The ``args`` keys the analyses read; everything else is skipped by the decoder."""
 
         correlation: float | None = None
@@ -85,7 +85,7 @@ if msgspec is not None:
         device_type: int | None = msgspec.field(default=None, name="Device Type")
         device_id: int | None = msgspec.field(default=None, name="Device Id")
 
-    class Event(msgspec.Struct):
+    class Event(msgspec.Struct, gc=False):
         """One trace event, reduced to what the analyses need."""
 
         ph: str = ""
@@ -211,14 +211,13 @@ class TraceReader:
                 continue
             buf += data
             if not in_array:
-                m = _ARRAY_START.search(buf)
-                if m is None:
+                start = self._array_start(buf)
+                if start is None:
                     if len(buf) > MAX_EVENT_BYTES:
                         raise self._error(base, 'not a trace (no "traceEvents" array near its start)')
                     continue
-                self._read_header(buf[: m.start()])
-                base += m.end()
-                buf = buf[m.end():]
+                base += start
+                buf = buf[start:]
                 in_array = True
             cut = _last_sep(buf)
             if cut is None:
@@ -256,6 +255,17 @@ class TraceReader:
         self._read_tail(b"".join(tail))
         if not gz_complete:
             raise self._error(self.bytes_read, "truncated (its gzip stream ends early)")
+
+    def _array_start(self, buf: bytes) -> int | None:
+        """Offset just after the ``[`` that opens the event array (reading the keys before it), or None."""
+        stripped = buf.lstrip()
+        if stripped[:1] == b"[":  # Chrome's bare-array form: the whole file is the event array
+            return len(buf) - len(stripped) + 1
+        m = _ARRAY_START.search(buf)
+        if m is None:
+            return None
+        self._read_header(buf[: m.start()])
+        return m.end()
 
     def _decode(self, buf: bytes, end: int, base: int, *, final: bool) -> _Piece:
         """Decode the events in ``buf[:end]`` in one C call, or event by event when that fails."""

@@ -83,21 +83,26 @@ def step_breakdown(d: RankData, launch: np.ndarray, op_self: np.ndarray) -> list
     op_cat = np.array([categorize(n) for n in d.names] or ["other"], dtype=object)
     op_order = np.argsort(d.op_ts, kind="stable")
     op_ts_sorted = d.op_ts[op_order]
+    op_cat_of = op_cat[d.op_name] if len(d.op_name) else np.zeros(0, dtype=object)
+    busy_by_tid: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     out = []
     for s in d.steps:
         lo, hi = s.start, s.start + s.dur
         row: dict[str, Any] = {"name": s.name, "number": s.number, "start_us": lo, "dur_us": s.dur}
         # CPU side: busy time on the step's thread, self time by category of ops that start in the step
-        same = d.op_tid == s.tid
-        cms, cme, _ = merge(d.op_ts[same], op_end[same])
+        if s.tid not in busy_by_tid:  # merged once per thread, not once per step
+            same = d.op_tid == s.tid
+            busy_by_tid[s.tid] = merge(d.op_ts[same], op_end[same])[:2]
+        cms, cme = busy_by_tid[s.tid]
         row["cpu_busy_us"] = clipped_length(cms, cme, lo, hi)
         i0, i1 = np.searchsorted(op_ts_sorted, [lo, hi])
         idx = op_order[i0:i1]
         cats: dict[str, float] = {}
         if len(idx):
-            for cat in set(op_cat[d.op_name[idx]]):
-                sel = op_cat[d.op_name[idx]] == cat
-                cats[str(cat)] = float(op_self[idx][sel].sum())
+            step_cats = op_cat_of[idx]
+            step_self = op_self[idx]
+            for cat in set(step_cats):
+                cats[str(cat)] = float(step_self[step_cats == cat].sum())
         row["cpu_categories"] = dict(sorted(cats.items(), key=lambda kv: -kv[1]))
         if has_gpu:
             tot = cov.totals(lo, hi)

@@ -1,0 +1,181 @@
+"""Load test: `scalpel serve` with dynamic batching vs `--max-batch 1` vs a plain FastAPI endpoint.
+
+All three serve the same ONNX file of the same bundle on 127.0.0.1 with one model thread each:
+
+- batched: ``scalpel serve BUNDLE --max-batch 32 --max-wait-ms 5``
+- unbatched: ``scalpel serve BUNDLE --max-batch 1`` (same server, one request per model call)
+- plain: a FastAPI endpoint that parses the JSON and calls onnxruntime per request (sync handler,
+  FastAPI's thread pool), the usual first server people write
+
+The model is a weight-heavy MLP (3 x Linear(2048, 2048) + GELU, head to 1000 classes, 14.6M
+parameters, 58 MB fp32): at batch 1 each call streams every weight from memory, so one call
+costs about as much at batch 32 as at batch 1 and merging requests pays. A tiny model would show
+only HTTP overhead. Concurrency 1, 10 and 100 closed-loop clients (a lean asyncio HTTP/1.1 client
+with keep-alive), variants interleaved round by round so background load hits them alike.
+
+    OMP_NUM_THREADS=1 python benchmarks/serve_load.py --seconds 6 --rounds 2 --json load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+DIM = 2048
+
+
+def plain_server(bundle: Path) -> None:
+    """The peer: FastAPI + onnxruntime, one model call per request (run in its own process)."""
+    import socket
+
+    import onnxruntime as ort
+    import uvicorn
+    from fastapi import FastAPI, Response
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.inter_op_num_threads = 1
+    sess = ort.InferenceSession(str(bundle / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+    name = sess.get_inputs()[0].name
+    app = FastAPI()
+
+    @app.post("/v1/predict")
+    def predict(request_body: dict) -> Response:  # FastAPI parses the JSON body into a dict
+        x = np.asarray(request_body["inputs"], dtype=np.float32)
+        out = sess.run(None, {name: x})[0]
+        return Response(json.dumps({"outputs": {"output": out.tolist()}}), media_type="application/json")
+
+    sock = socket.socket()
+    sock.bind((HOST, 0))
+    print(f"plain on http://{HOST}:{sock.getsockname()[1]}", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+
+
+def start(cmd: list[str]) -> tuple[subprocess.Popen, int]:
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    if not match:
+        proc.kill()
+        raise SystemExit(f"server did not start: {line}{proc.stdout.read()}")
+    return proc, int(match.group(1))
+
+
+async def client(port: int, request: bytes, stop_at: float, latencies: list[float], errors: list[int]) -> None:
+    """One closed-loop client on a keep-alive connection."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        while time.perf_counter() < stop_at:
+            t0 = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))
+            await reader.readexactly(length)
+            if status == 200:
+                latencies.append(time.perf_counter() - t0)
+            else:
+                errors.append(status)
+    finally:
+        writer.close()
+
+
+async def measure(port: int, request: bytes, concurrency: int, seconds: float) -> tuple[list[float], list[int], float]:
+    latencies: list[float] = []
+    errors: list[int] = []
+    start_t = time.perf_counter()
+    await asyncio.gather(*(client(port, request, start_t + seconds, latencies, errors) for _ in range(concurrency)))
+    return latencies, errors, time.perf_counter() - start_t
+
+
+def summarize(lat: list[float], errors: list[int], wall: float) -> dict:
+    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0] if lat else float("nan")] * 99
+    return {"requests": len(lat), "errors": len(errors), "throughput_rps": round(len(lat) / wall, 1),
+            "p50_ms": round(q[49] * 1e3, 1), "p90_ms": round(q[89] * 1e3, 1), "p99_ms": round(q[98] * 1e3, 1)}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bundle", type=Path, help="an exported bundle taking float32[*, 2048] (default: export the MLP)")
+    p.add_argument("--seconds", type=float, default=6.0, help="seconds per (variant, concurrency) cell per round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--concurrency", default="1,10,100")
+    p.add_argument("--json", type=Path)
+    p.add_argument("--plain-server", type=Path, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.plain_server:
+        plain_server(args.plain_server)
+        return 0
+    tmp = tempfile.mkdtemp(prefix="serve-load-")
+    bundle = args.bundle
+    if bundle is None:
+        bundle = Path(tmp) / "mlp"
+        env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+        subprocess.run([sys.executable, "-m", "torchscalpel", "export", "--model",
+                        f"{REPO}/tests/fixtures/digits_model.py:make_big_mlp", "--example", f"float32[1,{DIM}]",
+                        "--formats", "onnx", "--max-batch", "32", "--out", str(bundle)], check=True, env=env,
+                        stdout=subprocess.DEVNULL)
+    serve = [sys.executable, "-m", "torchscalpel", "serve", str(bundle), "--threads", "1", "--port", "0"]
+    procs = {
+        "batched": start([*serve, "--max-batch", "32", "--max-wait-ms", "5"]),
+        "unbatched": start([*serve, "--max-batch", "1"]),
+        "plain": start([sys.executable, __file__, "--plain-server", str(bundle)]),
+    }
+    x = np.random.default_rng(0).standard_normal((1, DIM)).astype(np.float32)
+    body = json.dumps({"inputs": x.tolist()}).encode()
+    request = (f"POST /v1/predict HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    levels = [int(c) for c in args.concurrency.split(",")]
+    cells: dict[tuple[str, int], tuple[list[float], list[int], float]] = {}
+    try:
+        for _name, (_, port) in procs.items():  # warm-up: first calls allocate
+            asyncio.run(measure(port, request, 4, 1.0))
+        for rnd in range(args.rounds):
+            for conc in levels:
+                order = list(procs) if rnd % 2 == 0 else list(reversed(procs))
+                for name in order:
+                    lat, err, wall = asyncio.run(measure(procs[name][1], request, conc, args.seconds))
+                    acc = cells.setdefault((name, conc), ([], [], 0.0))
+                    cells[(name, conc)] = (acc[0] + lat, acc[1] + err, acc[2] + wall)
+                    print(f"round {rnd} c={conc:<3} {name:<9} {len(lat) / wall:8.1f} req/s", file=sys.stderr, flush=True)
+    finally:
+        for proc, _ in procs.values():
+            proc.terminate()
+            proc.wait(15)
+    results = {f"{name}@{conc}": summarize(*cells[(name, conc)]) for (name, conc) in cells}
+    ratios = {}
+    for conc in levels:
+        b, u, pl = (results[f"{v}@{conc}"] for v in ("batched", "unbatched", "plain"))
+        ratios[str(conc)] = {"throughput_vs_unbatched": round(b["throughput_rps"] / u["throughput_rps"], 2),
+                             "throughput_vs_plain": round(b["throughput_rps"] / pl["throughput_rps"], 2),
+                             "p99_vs_unbatched": round(b["p99_ms"] / u["p99_ms"], 2),
+                             "p99_vs_plain": round(b["p99_ms"] / pl["p99_ms"], 2)}
+    report = {"model": "MLP 3x2048 + head 1000 (14.6M params), ONNX, 1 model thread", "seconds_per_cell": args.seconds,
+              "rounds": args.rounds, "cpu_count": os.cpu_count(), "results": results, "ratios": ratios}
+    print(f"{'variant':<10} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>6}")
+    for key, r in results.items():
+        name, conc = key.split("@")
+        print(f"{name:<10} {conc:>4} {r['throughput_rps']:>8} {r['p50_ms']:>8} {r['p90_ms']:>8} {r['p99_ms']:>8} {r['errors']:>6}")
+    print(json.dumps(ratios, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

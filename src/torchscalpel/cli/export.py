@@ -1,0 +1,85 @@
+"""``scalpel export``: turn a trained model into a verified bundle (see docs/export.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from torchscalpel.cli.common import default_run_dir
+from torchscalpel.errors import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``export`` sub-parser."""
+    p = subparsers.add_parser(
+        "export",
+        help="export a trained model (ONNX, torch.export, TorchScript) with a parity check, into a bundle",
+        description="Load weights into your model, export it, prove each export matches eager, write a bundle.",
+    )
+    p.add_argument("--model", required=True, metavar="MODULE:FACTORY",
+                   help="callable that builds the model, e.g. mypkg.models:make_model or path/model.py:Net")
+    p.add_argument("--factory-args", metavar="JSON", help="arguments for the factory: a JSON object or array")
+    p.add_argument("--weights", type=Path, metavar="CKPT",
+                   help="safetensors file, state_dict file (.pt/.pth, weights_only) or DCP checkpoint folder")
+    p.add_argument("--example", action="append", default=[], metavar="SPEC", required=True,
+                   help="one model input: 'float32[1,1,8,8]', 'int64[1,16]:0..1000', 'x=inputs.npy' or a .safetensors "
+                        "file; repeat for several inputs, in forward() order")
+    p.add_argument("--formats", default="onnx,exported", help="comma list of onnx, exported, torchscript (default onnx,exported)")
+    p.add_argument("--dynamic", default="batch", choices=["batch", "none"], help="dynamic batch axis (default batch)")
+    p.add_argument("--max-batch", type=int, default=32, help="largest batch exported and checked (default 32)")
+    p.add_argument("--quantize", choices=["int8-dynamic"], help="also write an int8 dynamically quantized ONNX model")
+    p.add_argument("--out", type=Path, help="bundle folder (default scalpel-runs/<time>-bundle/); must be new or empty")
+    p.add_argument("--atol", type=float, help="override the per-dtype absolute tolerance of the parity check")
+    p.add_argument("--rtol", type=float, help="override the per-dtype relative tolerance of the parity check")
+    p.add_argument("--output-names", help="comma list of output names (default output, or output_0, output_1...)")
+    p.add_argument("--preprocess", metavar="JSON", help="preprocessing metadata stored in the manifest for clients")
+    p.add_argument("--trust", action="store_true", help="allow a weights file that needs full unpickling (runs code)")
+    p.add_argument("--json", dest="json_path", type=Path, help="also write the manifest to this file")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the flags, run the export, print parity and latency; exit 1 when parity fails."""
+    if args.weights is not None and not args.weights.exists():  # before importing torch: fail in a blink
+        raise UsageError(f"--weights {args.weights} does not exist; check the path.")
+    from torchscalpel.ship.export import ExportOptions, export_bundle
+    from torchscalpel.ship.parity import format_table
+
+    preprocess = None
+    if args.preprocess:
+        try:
+            preprocess = json.loads(args.preprocess)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--preprocess is not valid JSON ({exc.msg}).") from None
+    opts = ExportOptions(
+        model=args.model,
+        factory_args=args.factory_args,
+        weights=args.weights,
+        examples=list(args.example),
+        formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
+        dynamic=args.dynamic,
+        max_batch=args.max_batch,
+        quantize=args.quantize,
+        out=args.out or default_run_dir("bundle"),
+        atol=args.atol,
+        rtol=args.rtol,
+        output_names=[n.strip() for n in args.output_names.split(",")] if args.output_names else None,
+        preprocess=preprocess,
+        trust=args.trust,
+    )
+    result = export_bundle(opts)
+    print(format_table(result.checks))
+    for batch, row in result.manifest["latency_ms"].items():
+        print(f"latency at batch {batch}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row.items()))
+    if args.json_path:
+        args.json_path.write_text(json.dumps(result.manifest, indent=2))
+    if not result.passed:
+        failed = [c for c in result.checks if not c.passed]
+        worst = max(failed, key=lambda c: c.max_abs)
+        print(f"scalpel: error: parity failed for {len(failed)} check(s) (worst: {worst.format} at batch {worst.batch}, "
+              f"max abs {worst.max_abs:.3g} > atol {worst.atol:g}); the bundle in {result.path} is marked failed "
+              "and serve will refuse it.")
+        return 1
+    print(f"bundle: {result.path} (parity passed)")
+    return 0

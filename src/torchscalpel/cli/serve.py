@@ -1,0 +1,92 @@
+"""``scalpel serve BUNDLE``: a safe, batching HTTP server for an exported bundle (see docs/serve.md)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from pathlib import Path
+
+from torchscalpel.errors import UsageError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``serve`` sub-parser."""
+    p = subparsers.add_parser(
+        "serve",
+        help="serve an exported bundle over HTTP with dynamic batching (loopback by default)",
+        description="Verify a bundle's hashes and serve it: POST /v1/predict, /healthz, /readyz, /metrics, /openapi.json.",
+    )
+    p.add_argument("bundle", type=Path, metavar="BUNDLE", help="folder written by 'scalpel export'")
+    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"],
+                   help="onnxruntime (model.onnx, default) or torch (model.pt2; needs --trust)")
+    p.add_argument("--quantized", action="store_true", help="serve the int8 ONNX model (export --quantize)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token-file)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
+    p.add_argument("--max-batch", type=int, default=32, help="most rows per model call (default 32; 1 disables batching)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default 5)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests allowed to wait; more answer 503 (default 256)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds before a queued request answers 504 (default 10)")
+    p.add_argument("--max-body", default="10MB", help="largest request body (default 10MB); larger answers 413")
+    p.add_argument("--body-timeout", type=float, default=10.0, help="seconds to receive a body before 408 (default 10)")
+    p.add_argument("--token-file", type=Path, help="file whose first line is the bearer token clients must send")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads for the model (default 0: runtime decides)")
+    p.add_argument("--trust", action="store_true", help="allow .pt2/TorchScript artifacts, which unpickle code")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate everything (flags, token, bundle hashes, backend) before binding, then serve until Ctrl-C."""
+    from torchscalpel.serve.security import check_bind, parse_size, read_token
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port} is not a valid port (0-65535).")
+    token = read_token(args.token_file) if args.token_file else None
+    check_bind(args.host, token)
+    from torchscalpel.serve.app import ServeConfig, create_app
+    from torchscalpel.serve.backends import load_runner
+    from torchscalpel.ship.bundle import verify_bundle
+
+    try:
+        config = ServeConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
+                             timeout_s=args.timeout, max_body=parse_size(args.max_body),
+                             body_timeout_s=args.body_timeout, token=token)
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
+    bundle = verify_bundle(args.bundle)
+    runner = load_runner(bundle, args.backend, trust=args.trust, quantized=args.quantized, threads=args.threads)
+    app = create_app(bundle, runner, config)
+
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        raise UsageError(f"Cannot bind {args.host}:{args.port} ({exc.strerror}); choose another --port or --host.") from None
+    port = sock.getsockname()[1]
+    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+    banner = (f"serving {bundle.path} ({runner.name}, max batch {min(config.max_batch, bundle.max_batch)}) "
+              f"on http://{host}:{port}{' (token required)' if token else ''}")
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+            await super().startup(sockets=sockets)
+            if not self.should_exit:
+                # Printed only once the socket accepts and the model is warm: scripts wait for this line.
+                print(banner, flush=True)
+
+    server = _Server(uvicorn.Config(
+        app, log_level="warning", access_log=False,
+        # A backstop above the batcher's own queue: beyond this uvicorn answers 503 itself.
+        limit_concurrency=config.max_queue + 512,
+        timeout_keep_alive=5, h11_max_incomplete_event_size=64 * 1024,
+    ))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    print("server stopped", file=sys.stderr)
+    return 0

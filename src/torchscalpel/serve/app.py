@@ -1,0 +1,180 @@
+"""The FastAPI app: ``POST /v1/predict``, ``GET /v1/model``, ``/healthz``, ``/readyz``, ``/metrics``.
+
+No endpoint loads, swaps or manages models: the app serves the one runner it was built with.
+Request handling order for predict: token (401), content type (415), body size and read time
+(413/408), decoding and validation (422), queueing (503 when full), answer or timeout (504).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from torchscalpel.serve.batcher import Batcher
+from torchscalpel.serve.codec import InputSpec, decode
+from torchscalpel.serve.errors import RequestError
+from torchscalpel.serve.metrics import Metrics
+from torchscalpel.serve.schema import ERROR_SCHEMA, predict_openapi
+from torchscalpel.serve.security import check_token, read_limited
+from torchscalpel.ship.bundle import Bundle
+from torchscalpel.ship.runners import Runner
+
+
+@dataclass(kw_only=True, slots=True)
+class ServeConfig:
+    """Server limits (the ``scalpel serve`` flags)."""
+
+    max_batch: int = 32
+    """Most rows in one model call (capped by the bundle's checked maximum)."""
+    max_wait_ms: float = 5.0
+    """How long the oldest queued request waits for others to join its batch."""
+    max_queue: int = 256
+    """Requests allowed to wait; one more answers 503."""
+    timeout_s: float = 10.0
+    """A request not answered within this answers 504."""
+    max_body: int = 10 << 20
+    body_timeout_s: float = 10.0
+    """A body that takes longer to arrive answers 408 (slow clients)."""
+    token: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ValueError("--max-batch must be at least 1")
+        if self.max_wait_ms < 0 or self.timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError("--max-wait-ms must be >= 0 and the timeouts > 0")
+        if self.max_queue < 1 or self.max_body < 1:
+            raise ValueError("--max-queue and --max-body must be at least 1")
+
+
+def _jsonable(arr: np.ndarray) -> list:
+    """Nested lists for JSON; NaN and infinities become null (strict JSON has no spelling for them)."""
+    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+        obj = arr.astype(object)
+        obj[~np.isfinite(arr)] = None
+        return obj.tolist()
+    return arr.tolist()
+
+
+def _error(exc: RequestError) -> JSONResponse:
+    return JSONResponse({"error": exc.reason}, status_code=exc.status, headers=exc.headers)
+
+
+def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
+    """Build the app for one bundle and runner; the batcher starts with the app's lifespan."""
+    specs = [InputSpec.from_manifest(e) for e in bundle.inputs]
+    out_names = [o["name"] for o in bundle.outputs]
+    # Never batch beyond what parity checked; a static-batch export takes exactly its batch.
+    max_batch = min(config.max_batch, bundle.max_batch)
+    static = specs[0].shape[0] is not None
+    metrics = Metrics()
+    state: dict[str, Any] = {"batcher": None, "ready": False, "arriving": 0}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        rows = bundle.max_batch if static else 1
+        warm = [np.full((rows, *s.shape[1:]), s.low or 0, dtype=s.dtype) for s in specs]
+        await asyncio.get_running_loop().run_in_executor(None, runner, warm)  # first call allocates; not a user's cost
+        batcher = Batcher(runner, max_batch=bundle.max_batch if static else max_batch,
+                          max_wait_s=config.max_wait_ms / 1e3, max_queue=config.max_queue,
+                          timeout_s=config.timeout_s, on_batch=metrics.record_batch,
+                          arriving=lambda: state["arriving"])
+        batcher.start()
+        state["batcher"], state["ready"] = batcher, True
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            await batcher.stop()
+
+    app = FastAPI(title="torchscalpel model server", version=str(bundle.manifest.get("format_version")),
+                  description=f"Serves {bundle.manifest['model'].get('class', 'a model')} from a verified bundle.",
+                  docs_url=None, redoc_url=None, lifespan=lifespan)
+
+    def finish(path: str, started: float, response: Response) -> Response:
+        metrics.record_request(path, response.status_code, time.perf_counter() - started)
+        return response
+
+    @app.post("/v1/predict", openapi_extra=predict_openapi(specs, bundle.outputs, max_batch),
+              responses={200: {"description": "model outputs"}})
+    async def predict(request: Request) -> Response:
+        started = time.perf_counter()
+        state["arriving"] += 1
+        arriving = True
+        try:
+            check_token(request.headers.get("authorization"), config.token)
+            ctype = request.headers.get("content-type", "application/json")
+            body = await read_limited(request.stream(), request.headers.get("content-length"),
+                                      config.max_body, config.body_timeout_s)
+            arrays = decode(body, ctype, specs, bundle.max_batch if static else max_batch)
+            del body
+            batcher: Batcher | None = state["batcher"]
+            if batcher is None or not state["ready"]:
+                raise RequestError(503, "server is starting", {"Retry-After": "1"})
+            state["arriving"] -= 1
+            arriving = False
+            outputs = await batcher.submit(arrays)
+            payload = {"outputs": {n: _jsonable(o) for n, o in zip(out_names, outputs, strict=True)},
+                       "batch_size": int(arrays[0].shape[0])}
+            response: Response = Response(json.dumps(payload, allow_nan=False), media_type="application/json")
+        except RequestError as exc:
+            response = _error(exc)
+        finally:
+            if arriving:
+                state["arriving"] -= 1
+                if state["batcher"] is not None:
+                    state["batcher"].poke()
+        return finish("/v1/predict", started, response)
+
+    @app.get("/v1/model", responses={200: {"description": "inputs, outputs and limits of the served model"},
+                                     401: {"description": "token", "content": {"application/json": {"schema": ERROR_SCHEMA}}}})
+    async def model_info(request: Request) -> Response:
+        started = time.perf_counter()
+        try:
+            check_token(request.headers.get("authorization"), config.token)
+            m = bundle.manifest
+            response: Response = JSONResponse({
+                "inputs": m["inputs"], "outputs": m["outputs"], "max_batch": max_batch,
+                "preprocessing": m.get("preprocessing"), "class": m["model"].get("class"),
+                "parity_passed": m["parity"]["passed"],
+            })
+        except RequestError as exc:
+            response = _error(exc)
+        return finish("/v1/model", started, response)
+
+    @app.get("/healthz", responses={200: {"description": "the process is up"}})
+    async def healthz() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz", responses={200: {"description": "ready to predict"}, 503: {"description": "not ready"}})
+    async def readyz() -> Response:
+        batcher: Batcher | None = state["batcher"]
+        if state["ready"] and batcher is not None and batcher.running:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "not ready"}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.get("/metrics", responses={200: {"description": "Prometheus text format",
+                                          "content": {"text/plain": {"schema": {"type": "string"}}}},
+                                    401: {"description": "token", "content": {"application/json": {"schema": ERROR_SCHEMA}}}})
+    async def metrics_endpoint(request: Request) -> Response:
+        try:
+            check_token(request.headers.get("authorization"), config.token)
+        except RequestError as exc:
+            return _error(exc)
+        batcher: Batcher | None = state["batcher"]
+        if batcher is None:
+            return PlainTextResponse("", status_code=503)
+        return PlainTextResponse(metrics.render(batcher.stats, batcher.depth),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.state.metrics = metrics
+    app.state.serve_state = state
+    return app

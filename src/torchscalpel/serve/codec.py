@@ -1,0 +1,179 @@
+"""Request bodies to arrays, validated against the manifest before the model sees them.
+
+Two body types: JSON ``{"inputs": {"x": [[...]]}}`` (or ``{"inputs": [[...]]}`` for one input) and
+a raw ``.npy`` file (one input). Every check answers 422 with the reason: wrong rank, shape, dtype,
+batch over the limit, non-finite floats, integers outside the exported range, object arrays.
+The ``.npy`` header is checked before any data is touched, so a header that claims a huge or
+negative shape costs nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from torchscalpel.serve.errors import RequestError
+
+NPY_TYPES = ("application/x-npy", "application/octet-stream")
+JSON_TYPES = ("application/json",)
+
+
+@dataclass(frozen=True, slots=True)
+class InputSpec:
+    """One model input as the manifest describes it."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int | None, ...]
+    """``None`` marks a dynamic dim (the batch)."""
+    low: int | None = None
+    high: int | None = None
+
+    @classmethod
+    def from_manifest(cls, entry: dict[str, Any]) -> InputSpec:
+        """Build from a manifest ``inputs`` entry."""
+        lo_hi = entry.get("range") or (None, None)
+        return cls(name=entry["name"], dtype=np.dtype(entry["dtype"]), shape=tuple(entry["shape"]),
+                   low=lo_hi[0], high=lo_hi[1])
+
+
+def _fail(reason: str) -> RequestError:
+    return RequestError(422, reason)
+
+
+def check_array(arr: np.ndarray, spec: InputSpec, max_batch: int) -> np.ndarray:
+    """Check shape, dtype and values against ``spec``; return a contiguous array of the right dtype."""
+    if arr.ndim != len(spec.shape):
+        raise _fail(f"input {spec.name!r} has {arr.ndim} dimensions; expected {len(spec.shape)} (batch first)")
+    for dim, (got, want) in enumerate(zip(arr.shape, spec.shape, strict=True)):
+        if want is not None and got != want:
+            raise _fail(f"input {spec.name!r} has size {got} in dimension {dim}; expected {want}")
+    batch = arr.shape[0]
+    if batch < 1:
+        raise _fail(f"input {spec.name!r} has an empty batch")
+    if batch > max_batch:
+        raise _fail(f"input {spec.name!r} has a batch of {batch}; the most one request may send is {max_batch}")
+    kind = arr.dtype.kind
+    if spec.dtype.kind == "f":
+        if kind not in "fiub":
+            raise _fail(f"input {spec.name!r} must hold numbers")
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = arr.astype(spec.dtype)
+        if not np.all(np.isfinite(out)):
+            raise _fail(f"input {spec.name!r} contains NaN, infinity or values too large for {spec.dtype.name}")
+    elif spec.dtype.kind in "iu":
+        if kind not in "iub":
+            raise _fail(f"input {spec.name!r} must hold integers ({spec.dtype.name})")
+        info = np.iinfo(spec.dtype)
+        lo = spec.low if spec.low is not None else info.min
+        hi = spec.high - 1 if spec.high is not None else info.max
+        if arr.size and (arr.min() < lo or arr.max() > hi):
+            raise _fail(f"input {spec.name!r} has values outside [{lo}, {hi}]")
+        out = arr.astype(spec.dtype)
+    elif spec.dtype.kind == "b":
+        if kind not in "bi" or (kind == "i" and arr.size and (arr.min() < 0 or arr.max() > 1)):
+            raise _fail(f"input {spec.name!r} must hold booleans")
+        out = arr.astype(bool)
+    else:
+        raise _fail(f"input {spec.name!r} has an unsupported dtype {spec.dtype.name}")
+    return np.ascontiguousarray(out)
+
+
+def decode_json(body: bytes, specs: list[InputSpec], max_batch: int) -> list[np.ndarray]:
+    """Parse a JSON body into one validated array per input (manifest order)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        # ValueError covers UnicodeDecodeError and over-long integer literals too.
+        raise _fail(f"body is not valid JSON ({str(exc)[:120]})") from None
+    if not isinstance(doc, dict) or "inputs" not in doc:
+        raise _fail('body must be a JSON object with an "inputs" member')
+    raw = doc["inputs"]
+    if not isinstance(raw, dict):
+        if len(specs) != 1:
+            raise _fail(f'"inputs" must be an object naming each input: {", ".join(s.name for s in specs)}')
+        raw = {specs[0].name: raw}
+    missing = [s.name for s in specs if s.name not in raw]
+    extra = [k for k in raw if k not in {s.name for s in specs}]
+    if missing or extra:
+        raise _fail(f"inputs must be exactly {', '.join(s.name for s in specs)}"
+                    + (f"; missing {', '.join(missing)}" if missing else "")
+                    + (f"; unknown {', '.join(map(str, extra))[:200]}" if extra else ""))
+    arrays = [check_array(_to_array(raw[s.name], s), s, max_batch) for s in specs]
+    _same_batch(arrays, specs)
+    return arrays
+
+
+def _to_array(value: Any, spec: InputSpec) -> np.ndarray:
+    if not isinstance(value, list):
+        raise _fail(f"input {spec.name!r} must be a (nested) JSON array")
+    try:
+        arr = np.asarray(value)
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        raise _fail(f"input {spec.name!r} must be a rectangular array of numbers") from None
+    if arr.dtype.kind not in "fiub":
+        raise _fail(f"input {spec.name!r} must be a rectangular array of numbers")
+    return arr
+
+
+def decode_npy(body: bytes, specs: list[InputSpec], max_batch: int) -> list[np.ndarray]:
+    """Parse a raw ``.npy`` body (single-input models), checking the header before reading data."""
+    if len(specs) != 1:
+        raise _fail(f"this model has {len(specs)} inputs; send JSON naming each one instead of .npy")
+    spec = specs[0]
+    fp = io.BytesIO(body)
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran, dtype = fmt.read_array_header_1_0(fp, max_header_size=4096)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = fmt.read_array_header_2_0(fp, max_header_size=4096)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except Exception as exc:  # numpy raises ValueError/SyntaxError/... for corrupt headers
+        raise _fail(f"body is not a valid .npy array ({str(exc)[:120]})") from None
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+        raise _fail("object or structured .npy arrays are not accepted (they would need pickle)")
+    if dtype.newbyteorder("=") != spec.dtype.newbyteorder("="):
+        # JSON numbers are untyped and get cast; a binary array states its dtype, and a mismatch is a client bug.
+        raise _fail(f"the .npy array is {dtype.name}; input {spec.name!r} takes {spec.dtype.name}")
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise _fail(f"the .npy header has an invalid shape {shape!r}")
+    if len(shape) != len(spec.shape):
+        raise _fail(f"input {spec.name!r} has {len(shape)} dimensions; expected {len(spec.shape)} (batch first)")
+    for dim, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
+        if (want is not None and got != want) or (dim == 0 and not 1 <= got <= max_batch):
+            raise _fail(f"input {spec.name!r} has shape {tuple(shape)}; expected {_describe(spec, max_batch)}")
+    count = math.prod(shape)
+    offset = fp.tell()
+    if len(body) - offset != count * dtype.itemsize:
+        raise _fail(f"the .npy data has {len(body) - offset} bytes; its header promises {count * dtype.itemsize}")
+    arr = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape, order="F" if fortran else "C")
+    return [check_array(arr.astype(arr.dtype.newbyteorder("=")), spec, max_batch)]
+
+
+def _describe(spec: InputSpec, max_batch: int) -> str:
+    dims = ", ".join(f"1..{max_batch}" if d is None else str(d) for d in spec.shape)
+    return f"({dims})"
+
+
+def _same_batch(arrays: list[np.ndarray], specs: list[InputSpec]) -> None:
+    sizes = {a.shape[0] for a in arrays}
+    if len(sizes) > 1:
+        raise _fail(f"inputs {', '.join(s.name for s in specs)} have different batch sizes {sorted(sizes)}")
+
+
+def decode(body: bytes, content_type: str, specs: list[InputSpec], max_batch: int) -> list[np.ndarray]:
+    """Dispatch on the content type (media type only; parameters like charset are ignored)."""
+    media = content_type.split(";")[0].strip().lower() or "application/json"
+    if media in JSON_TYPES:
+        return decode_json(body, specs, max_batch)
+    if media in NPY_TYPES:
+        return decode_npy(body, specs, max_batch)
+    raise RequestError(415, f"content type {media[:60]!r} is not accepted; send application/json or application/x-npy")

@@ -1,0 +1,106 @@
+"""Safety rules of the server: where it may bind, who may call it, how much it reads, what it loads.
+
+- Loopback by default; any other address needs a token (``--token-file``), checked in constant
+  time (``hmac.compare_digest``) on every endpoint but the health probes.
+- Bodies are read as a stream and counted: over the limit answers 413 whatever Content-Length
+  claimed; a body that trickles in slower than the read timeout answers 408.
+- Artifacts that unpickle code (``.pt2``, TorchScript) load only with ``--trust``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from torchscalpel.errors import UsageError
+from torchscalpel.serve.errors import RequestError
+
+MIN_TOKEN_LENGTH = 16
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP literals (127.0.0.0/8, ::1)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(path: Path) -> str:
+    """Read a token file (first line, stripped); refuse short tokens and world-readable files."""
+    if not path.is_file():
+        raise UsageError(f"--token-file {path} does not exist.")
+    mode = path.stat().st_mode
+    if os.name == "posix" and mode & (stat.S_IROTH | stat.S_IWOTH):
+        raise UsageError(f"--token-file {path} is readable by every user; run 'chmod 600 {path}'.")
+    lines = path.read_text(errors="strict").splitlines()
+    token = lines[0].strip() if lines else ""
+    if len(token) < MIN_TOKEN_LENGTH:
+        raise UsageError(f"The token in {path} is shorter than {MIN_TOKEN_LENGTH} characters; use e.g. 'openssl rand -hex 32'.")
+    return token
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse a non-loopback bind without a token."""
+    if not is_loopback(host) and token is None:
+        raise UsageError(
+            f"Binding {host} exposes the model beyond this machine; pass --token-file with a secret token "
+            "(clients send 'Authorization: Bearer TOKEN'), or keep the default --host 127.0.0.1."
+        )
+
+
+def check_token(header: str | None, token: str | None) -> None:
+    """Raise 401 unless ``header`` is ``Bearer <token>`` (constant-time comparison)."""
+    if token is None:
+        return
+    scheme, _, given = (header or "").partition(" ")
+    # Compare bytes of equal meaning in constant time; a wrong scheme still costs one comparison.
+    ok = hmac.compare_digest(given.strip().encode("utf-8", "replace"), token.encode())
+    if scheme.lower() != "bearer" or not ok:
+        raise RequestError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+
+
+async def read_limited(stream: AsyncIterator[bytes], content_length: str | None, limit: int, timeout_s: float) -> bytes:
+    """Read a request body, counting bytes as they arrive; 413 over ``limit``, 408 past ``timeout_s``."""
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise RequestError(400, "Content-Length is not a number") from None
+        if declared > limit:
+            raise RequestError(413, f"body of {declared} bytes is over the {limit}-byte limit")
+    buf = bytearray()
+
+    async def _read() -> None:
+        async for chunk in stream:
+            buf.extend(chunk)
+            if len(buf) > limit:
+                raise RequestError(413, f"body is over the {limit}-byte limit")
+
+    try:
+        await asyncio.wait_for(_read(), timeout_s)
+    except TimeoutError:
+        raise RequestError(408, f"body not received within {timeout_s:g} s") from None
+    return bytes(buf)
+
+
+def parse_size(text: str) -> int:
+    """``10MB`` / ``512KB`` / ``1048576`` -> bytes (for ``--max-body``)."""
+    units = {"": 1, "B": 1, "KB": 1 << 10, "K": 1 << 10, "MB": 1 << 20, "M": 1 << 20, "GB": 1 << 30, "G": 1 << 30}
+    raw = text.strip().upper().replace("IB", "B")
+    num = raw.rstrip("KMGB")
+    unit = raw[len(num):]
+    try:
+        value = float(num) * units[unit]
+    except (ValueError, KeyError):
+        raise UsageError(f"Cannot read size {text!r}; write e.g. 10MB or 512KB.") from None
+    if value < 1:
+        raise UsageError(f"Size {text!r} must be at least 1 byte.")
+    return int(value)

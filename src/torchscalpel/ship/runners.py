@@ -1,0 +1,95 @@
+"""One calling convention for every form of the model: arrays in (manifest input order), arrays out.
+
+Parity, latency and the server all go through these, so what parity checked is what serve runs.
+Runners for ``.pt2`` and TorchScript files unpickle code; callers decide whether that is allowed
+(export loads the files it has just written; serve requires ``--trust``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+
+from torchscalpel.errors import ScalpelError
+
+if TYPE_CHECKING:  # torch is imported lazily: serving an ONNX bundle never loads it
+    import torch
+
+
+class Runner(Protocol):
+    """A callable model: one array per input, in order; returns one array per output."""
+
+    name: str
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]: ...
+
+
+def flatten_outputs(out: object) -> list[torch.Tensor]:
+    """A model's return value as a list of tensors (a tensor, or a tuple/list of tensors)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in out):
+        return list(out)
+    raise ScalpelError(
+        f"The model returned {type(out).__name__}; export needs a tensor or a tuple of tensors as output."
+    )
+
+
+class TorchRunner:
+    """Runs an ``nn.Module`` (eager, an ExportedProgram's module, or a TorchScript module)."""
+
+    def __init__(self, module: torch.nn.Module, name: str) -> None:
+        self.module = module
+        self.name = name
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        with torch.inference_mode():
+            tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+            return [t.detach().cpu().numpy() for t in flatten_outputs(self.module(*tensors))]
+
+
+def exported_runner(path: Path) -> TorchRunner:
+    """Load a ``torch.export`` program (``.pt2``: unpickles, so only for trusted files)."""
+    import torch
+
+    program = torch.export.load(str(path))
+    return TorchRunner(program.module(), "exported")
+
+
+def torchscript_runner(path: Path) -> TorchRunner:
+    """Load a TorchScript file (code: only for trusted files)."""
+    import torch
+
+    return TorchRunner(torch.jit.load(str(path), map_location="cpu").eval(), "torchscript")
+
+
+class OrtRunner:
+    """Runs an ONNX file in onnxruntime on the CPU execution provider."""
+
+    def __init__(self, path: Path, *, name: str = "onnx", threads: int = 0) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        # 0 lets onnxruntime pick; benchmarks pin 1 so runs on shared cores compare fairly.
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        # Spinning worker threads would steal the cores eager torch and the HTTP loop need.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise ScalpelError(f"onnxruntime cannot load {path} ({str(exc).splitlines()[0]}).") from None
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.name = name
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        feed = {n: np.ascontiguousarray(a) for n, a in zip(self.input_names, inputs, strict=True)}
+        return list(self.session.run(None, feed))

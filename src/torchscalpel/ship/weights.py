@@ -1,0 +1,190 @@
+"""Trained weights into the user's model: safetensors, plain state_dict files, DCP folders.
+
+Loading is safe by default: safetensors, or ``torch.load(weights_only=True)``; a file that needs
+full unpickling loads only with ``trust=True``. Training wrappers leave prefixes in the keys
+(``module.`` from DDP, ``_orig_mod.`` from torch.compile, ``_fsdp_wrapped_module.`` and
+``_checkpoint_wrapped_module.`` from FSDP1 and activation checkpointing); they are stripped and
+the mapping is reported. Missing, unexpected or mis-shaped keys are an error that lists them.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchscalpel.errors import ScalpelError, UsageError
+
+WRAPPER_PARTS = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+"""Path components that only wrappers add: removed wherever they appear in a key."""
+LEADING_PREFIXES = ("module.",)
+"""Prefixes removed only at the start of a key, and only when the model itself has no such key."""
+NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "net")
+"""Keys under which training checkpoints commonly keep the model's state_dict."""
+
+
+@dataclass(kw_only=True, slots=True)
+class LoadedWeights:
+    """The state_dict ready for ``load_state_dict`` and how it was obtained."""
+
+    state_dict: dict[str, torch.Tensor]
+    source: str
+    """``safetensors``, ``state_dict`` or ``dcp:<folder>`` (the DCP folder read)."""
+    nested_key: str | None = None
+    """The key the model's weights were found under (e.g. ``model``), if nested."""
+    stripped: dict[str, int] = field(default_factory=dict)
+    """Prefix removed -> number of keys it was removed from."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form for the manifest."""
+        return {"source": self.source, "nested_key": self.nested_key, "stripped_prefixes": dict(self.stripped)}
+
+
+def read_checkpoint(path: Path, *, trust: bool = False) -> tuple[dict[str, Any], str]:
+    """Read a checkpoint into a (possibly nested) dict and say which kind it was."""
+    if not path.exists():
+        raise UsageError(f"--weights {path} does not exist; check the path.")
+    if path.is_dir():
+        if not (path / ".metadata").exists():
+            path = latest_committed_step(path)
+        return _read_dcp(path), f"dcp:{path.name}"
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return dict(load_file(str(path))), "safetensors"
+        except Exception as exc:  # safetensors raises its own error types for corrupt headers
+            raise ScalpelError(f"Cannot read {path} as safetensors ({exc}).") from None
+    return _torch_load(path, trust=trust), "state_dict"
+
+
+def latest_committed_step(root: Path) -> Path:
+    """The newest ``step-N`` folder of a torchscalpel checkpoint root that has its ``COMMIT`` marker.
+
+    torchscalpel.dist.Checkpointer writes ``step-N/`` (DCP files plus ``MANIFEST.json`` and
+    ``COMMIT``); a folder without ``COMMIT`` is an interrupted save and is never picked.
+    """
+    steps = []
+    for child in root.iterdir():
+        match = re.fullmatch(r"step-(\d+)", child.name)
+        if match and child.is_dir() and (child / ".metadata").exists():
+            steps.append((int(match.group(1)), child, (child / "COMMIT").exists()))
+    committed = sorted((n, p) for n, p, ok in steps if ok)
+    if committed:
+        return committed[-1][1]
+    if steps:
+        raise ScalpelError(f"{root} holds only uncommitted checkpoints (no COMMIT marker: interrupted saves); "
+                           "point --weights at a step folder explicitly if you accept that.")
+    raise UsageError(
+        f"--weights folder {root} is neither a torch.distributed.checkpoint folder (no .metadata) nor a "
+        "torchscalpel checkpoint root (no step-N folders); point it at a checkpoint or a weights file."
+    )
+
+
+def _torch_load(path: Path, *, trust: bool) -> dict[str, Any]:
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=not trust)
+    except pickle.UnpicklingError as exc:
+        raise ScalpelError(
+            f"{path} holds pickled objects beyond tensors, which can run code ({str(exc).splitlines()[0]}); "
+            "re-save only model.state_dict(), or pass --trust if you trust where the file came from."
+        ) from None
+    except Exception as exc:  # corrupt files surface as struct.error, EOFError, RuntimeError...
+        raise ScalpelError(f"Cannot read {path} as a torch state_dict file ({str(exc).splitlines()[0]}).") from None
+    if isinstance(obj, torch.nn.Module):
+        return dict(obj.state_dict())
+    if not isinstance(obj, dict):
+        raise ScalpelError(f"{path} holds a {type(obj).__name__}, not a state_dict; save model.state_dict().")
+    return obj
+
+
+def _read_dcp(path: Path) -> dict[str, Any]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "consolidated.pt"
+        try:
+            dcp_to_torch_save(path, out)
+        except Exception as exc:  # DCP raises CheckpointException and friends with long messages
+            raise ScalpelError(f"Cannot consolidate the DCP checkpoint in {path} ({str(exc).splitlines()[0]}).") from None
+        return torch.load(out, map_location="cpu", weights_only=True)
+
+
+def _find_state_dict(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str | None]:
+    if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
+        return obj, None
+    for key in NESTED_KEYS:
+        inner = obj.get(key)
+        if isinstance(inner, dict) and inner and all(isinstance(v, torch.Tensor) for v in inner.values()):
+            return inner, key
+        if isinstance(inner, dict) and inner:
+            found, sub = _find_state_dict(inner)
+            return found, f"{key}.{sub}" if sub else key
+    tensors = {k: v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+    if tensors:
+        return tensors, None
+    raise ScalpelError(
+        f"No model weights found in the checkpoint (top-level keys: {', '.join(list(obj)[:10])}); "
+        f"save model.state_dict() or nest it under one of {', '.join(NESTED_KEYS)}."
+    )
+
+
+def strip_prefixes(state_dict: dict[str, torch.Tensor], model_keys: set[str]) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """Remove wrapper prefixes from keys; return the new dict and prefix -> count removed."""
+    counts: Counter[str] = Counter()
+    out: dict[str, torch.Tensor] = {}
+    model_has_leading = {p for p in LEADING_PREFIXES if any(k.startswith(p) for k in model_keys)}
+    for key, value in state_dict.items():
+        new = key
+        for part in WRAPPER_PARTS:
+            if part in new:
+                counts[part] += 1
+                new = new.replace(part, "")
+        for prefix in LEADING_PREFIXES:
+            if prefix in model_has_leading:
+                continue
+            while new.startswith(prefix) and new not in model_keys:
+                counts[prefix] += 1
+                new = new[len(prefix):]
+        out[new] = value
+    return out, dict(counts)
+
+
+def load_weights(model: torch.nn.Module, path: Path, *, trust: bool = False) -> LoadedWeights:
+    """Load ``path`` into ``model`` strictly; raise listing every missing/unexpected/mis-shaped key."""
+    raw, source = read_checkpoint(path, trust=trust)
+    found, nested = _find_state_dict(raw)
+    expected = model.state_dict()
+    state, stripped = strip_prefixes(found, set(expected))
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    shapes = sorted(
+        f"{k} {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in set(state) & set(expected)
+        if tuple(state[k].shape) != tuple(expected[k].shape)
+    )
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)}: {_few(missing)}")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)}: {_few(unexpected)}")
+        if shapes:
+            parts.append(f"wrong shape {len(shapes)}: {_few(shapes)}")
+        raise ScalpelError(
+            f"The weights in {path} do not fit the model ({'; '.join(parts)}); "
+            "check --model and --factory-args build the same architecture that was trained."
+        )
+    model.load_state_dict(state, strict=True)
+    return LoadedWeights(state_dict=state, source=source, nested_key=nested, stripped=stripped)
+
+
+def _few(items: list[str], limit: int = 8) -> str:
+    more = f", ... (+{len(items) - limit})" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
