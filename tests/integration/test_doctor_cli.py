@@ -47,6 +47,7 @@ def test_usage_errors_are_one_sentence_and_exit_2(tmp_path: Path) -> None:
         ("doctor", "--nproc", "0", "--", str(FIXTURES / "clean_ddp.py")),
         ("doctor", "--steps", "0", "--", str(FIXTURES / "clean_ddp.py")),
         ("doctor", "--", str(tmp_path / "nope.py")),
+        ("doctor",),
     ]
     for args in cases:
         proc = run_cli(*args, timeout=120)

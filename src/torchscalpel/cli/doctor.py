@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         if args.target or args.module:
             raise UsageError("--static takes paths, not a script to run; drop the '-- SCRIPT' part or drop --static.")
         return _run_static(args, fail_on)
+    if not args.target and not args.module:
+        raise UsageError("Name the script to check after --, e.g. 'scalpel doctor -- train.py', or pass --static PATH.")
     if args.nproc > 1:
         raise UsageError(
             "--nproc above 1 needs 'scalpel launch', which this build does not have yet; run with --nproc 1."
