@@ -21,6 +21,9 @@ COMMANDS: tuple[str, ...] = (
     "env",
     "export",
     "serve",
+    "launch",
+    "tune",
+    "run",
     "doctor",
 )
 

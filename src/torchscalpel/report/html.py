@@ -30,6 +30,7 @@ SectionBuilder = Callable[[RunRecord], list[Section]]
 SECTION_BUILDERS: list[str] = [
     "torchscalpel.report.profile_sections:build",
     "torchscalpel.report.env_sections:build",
+    "torchscalpel.report.tune_sections:build",
     "torchscalpel.report.findings_sections:build",
 ]
 

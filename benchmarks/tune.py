@@ -1,0 +1,97 @@
+"""Benchmark for `scalpel tune` on examples/char_transformer.py (BENCHMARKS.md, "scalpel tune").
+
+1. Runs `scalpel tune` on the example (the whole search: baseline, knobs, combination, confirmation).
+2. Re-measures its recommendation independently: baseline and tuned settings run alternately for
+   --rounds rounds, each a fresh trial process with the same seed; the figure is the median of the
+   per-round ratios baseline/tuned (each ratio from two runs made back to back, so machine load
+   drifting between rounds cancels), with every round's numbers printed.
+
+    OMP_NUM_THREADS=1 python benchmarks/tune.py --budget 10m --rounds 5
+
+OMP_NUM_THREADS=1 pins both sides to one thread (the 2 cores are shared with other jobs); the
+threads knob is left out for the same reason, so the speedup comes from the other knobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from torchscalpel.cli.common import Target  # noqa: E402
+from torchscalpel.tune.runner import run_trial  # noqa: E402
+from torchscalpel.tune.settings import TuneSettings, read_settings_file  # noqa: E402
+from torchscalpel.tune.verify import loss_deviation  # noqa: E402
+
+SCRIPT = REPO / "examples" / "char_transformer.py"
+SCRIPT_ARGS = ["--steps", "400", "--log-every", "1000"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", default="10m")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=15, help="measured steps per re-measurement run")
+    p.add_argument("--knobs", default="amp,dataloader,optimizer,compile")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--config", type=Path, default=None, help="skip the search: re-measure this scalpel.toml")
+    p.add_argument("--device", default=None, help="passed to the example as --device (default: its own choice)")
+    args = p.parse_args()
+    script_args = [*SCRIPT_ARGS, *(["--device", args.device] if args.device else [])]
+    out = args.out or Path(tempfile.mkdtemp(prefix="bench-tune-"))
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    config = args.config
+    if config is None:
+        config = out / "scalpel.toml"
+        cmd = [sys.executable, "-m", "torchscalpel", "tune", "--budget", args.budget, "--knobs", args.knobs,
+               "--out", str(out / "tune"), "--config", str(config), "--", str(SCRIPT), *script_args]
+        print("$", " ".join(cmd[1:]), flush=True)
+        subprocess.run(cmd, env=env, check=True)
+    settings = read_settings_file(config)
+    print(f"re-measuring: {settings.label()} vs baseline, {args.rounds} interleaved rounds", flush=True)
+    if settings.is_baseline():
+        print("tune recommended no change; nothing to re-measure")
+        return 0
+    os.environ.update(env)
+
+    target = Target(script=SCRIPT, args=script_args)
+    rows = []
+    for r in range(args.rounds):
+        pair = {}
+        for name, s in (("baseline", TuneSettings()), ("tuned", settings)):
+            res = run_trial(target, s, out / "remeasure" / f"{r}-{name}", warmup=3, steps=args.steps, seed=0,
+                            timeout_s=600, family=name)
+            if not res.ok:
+                print(f"round {r} {name} failed: {res.cause}")
+                return 1
+            pair[name] = res
+        ratio = pair["baseline"].median_ms / pair["tuned"].median_ms
+        dev, _ = loss_deviation(pair["baseline"].losses, pair["tuned"].losses, steps=10)
+        rows.append({"round": r, "baseline_ms": pair["baseline"].median_ms, "tuned_ms": pair["tuned"].median_ms,
+                     "ratio": ratio, "loss_dev": dev})
+        print(f"round {r}: baseline {pair['baseline'].median_ms:.1f} ms  tuned {pair['tuned'].median_ms:.1f} ms  "
+              f"ratio {ratio:.2f}x  loss dev {dev:.1e}", flush=True)
+    summary = {
+        "settings": settings.to_dict(),
+        "median_ratio": statistics.median(r["ratio"] for r in rows),
+        "min_ratio": min(r["ratio"] for r in rows),
+        "baseline_ms_median": statistics.median(r["baseline_ms"] for r in rows),
+        "tuned_ms_median": statistics.median(r["tuned_ms"] for r in rows),
+        "rounds": rows,
+    }
+    (out / "bench-tune.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "rounds"}, indent=1))
+    print(f"results: {out / 'bench-tune.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,69 @@
+"""``scalpel launch [torchrun options] -- SCRIPT [ARGS]``: run a script on several ranks.
+
+The options are torchrun's own; the parser is built only when this command runs (importing
+torch.distributed.run costs about two seconds, which every other ``scalpel`` command would pay).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from torchscalpel.cli.common import default_run_dir
+
+HELP = "run a training script on N ranks with torchrun (DDP/FSDP), rank-prefixed logs, clear failures"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``launch``; it takes its arguments verbatim and parses them with torchrun's parser."""
+    parser = subparsers.add_parser(
+        "launch",
+        help=HELP,
+        description=HELP + ". Run 'scalpel launch -h' for torchrun's options.",
+        add_help=False,
+        prefix_chars="\x00",  # nothing looks like an option here: torchrun's parser reads them all
+    )
+    parser.add_argument("argv", nargs=argparse.REMAINDER)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Parse with torchrun's parser, validate, launch; return the exit code."""
+    from torchscalpel.dist.launch import build_parser, launch, prepare, wrap_for_stage
+
+    parser = build_parser()
+    argv = list(args.argv)
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    if "-h" in head or "--help" in head:
+        parser.print_help()
+        return 0
+    try:
+        parsed = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed "scalpel launch: error: ..."
+        return 2 if exc.code else 0
+    parsed = prepare(parsed)
+    out = parsed.out or default_run_dir("launch-" + _name(parsed.training_script))
+    stage = wrap_for_stage(parsed, out)
+    code = launch(parsed, out_dir=out)
+    if stage is not None:
+        _report_ranks(out)
+    return code
+
+
+def _report_ranks(out) -> None:
+    """Merge the per-rank Run records, print the table, save ``OUT/launch.json``."""
+    import json
+
+    from torchscalpel.dist.rankmerge import format_table, load_rank_records, merge
+
+    records = load_rank_records(out)
+    if not records:
+        print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
+        return
+    merged = merge(records)
+    (out / "launch.json").write_text(json.dumps(merged, indent=1, default=str) + "\n")
+    print(format_table(merged))
+    print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")
+
+
+def _name(script: str) -> str:
+    return script.rsplit("/", 1)[-1].removesuffix(".py")

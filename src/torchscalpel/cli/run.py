@@ -1,0 +1,83 @@
+"""``scalpel run [--config scalpel.toml] -- SCRIPT [ARGS]``: run a script with tuned settings applied.
+
+The settings ``scalpel tune`` measured are applied by the same setup hooks the trials used, and
+nothing is measured: the script runs as ``python SCRIPT ARGS`` would, with its own exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.cli.common import Target, add_target_arguments, resolve_target
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``run`` sub-command."""
+    p = subparsers.add_parser(
+        "run",
+        help="run a script with the settings 'scalpel tune' wrote (no measurement)",
+        description="Run a training script unmodified with the [tune] settings of a scalpel.toml applied "
+        "(autocast, compile regions, DataLoader arguments, ...), and nothing measured.",
+    )
+    p.add_argument("--config", type=Path, default=Path("scalpel.toml"), help="settings file (default ./scalpel.toml)")
+    p.add_argument("--show", action="store_true", help="print what each setting changed when the script ends")
+    add_target_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the settings (errors before the script starts), apply them, run the script."""
+    from torchscalpel.tune.apply import applied
+    from torchscalpel.tune.settings import read_settings_file
+
+    settings = read_settings_file(args.config)
+    target = resolve_target(args)
+    if settings.compile is not None and settings.dataloader.num_workers:
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    print(f"scalpel run: {settings.label()} (from {args.config})", file=sys.stderr)
+    with applied(settings) as log:
+        code = execute(target)
+    if args.show or log.skipped:
+        for line in log.applied if args.show else []:
+            print(f"scalpel run: applied {line}", file=sys.stderr)
+        for line in log.skipped:
+            print(f"scalpel run: not applied: {line}", file=sys.stderr)
+    return code
+
+
+def execute(target: Target) -> int:
+    """Run the script or module as ``__main__`` with its argv; return what ``python`` would exit with."""
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    sys.argv = target.argv()
+    try:
+        if target.module:
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+        else:
+            assert target.script is not None
+            script = target.script.resolve()
+            sys.path.insert(0, str(script if script.is_dir() else script.parent))
+            runpy.run_path(str(script), run_name="__main__")
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0
+        if isinstance(exc.code, int):
+            return exc.code
+        print(exc.code, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    return 0

@@ -1,0 +1,117 @@
+"""``scalpel tune [--budget 10m] [--steps N] [--knobs LIST] [--out DIR] -- SCRIPT [ARGS]``.
+
+Measures the script as it is, tries each applicable knob in a fresh process, combines the winners,
+confirms the best against the baseline in interleaved runs, and writes the settings to
+scalpel.toml (for ``scalpel run``), the equivalent code lines, run.json and report.html.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.cli.common import (
+    add_output_arguments,
+    add_target_arguments,
+    default_run_dir,
+    resolve_target,
+)
+from torchscalpel.errors import UsageError
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``tune`` sub-command."""
+    from torchscalpel.tune.knobs import KNOB_NAMES
+
+    p = subparsers.add_parser(
+        "tune",
+        help="find measured, numerics-checked speedups (compile, AMP, data loading, ...) for a script",
+        description="Try tuning knobs on an unmodified script, each in a fresh process, keep only those "
+        "that are faster beyond noise and keep the loss curve within tolerance, and write the winner "
+        "to scalpel.toml for 'scalpel run'.",
+    )
+    p.add_argument("--budget", default="10m", help="wall-clock budget for the whole search: 90s, 10m, 1h (default 10m)")
+    p.add_argument("--steps", type=int, default=10, help="measured steps per trial (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="warm-up steps per trial, compile happens here (default 3)")
+    p.add_argument("--knobs", help=f"comma-separated knob families to try (default all: {','.join(KNOB_NAMES)})")
+    p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before the script, same for every trial")
+    p.add_argument("--compile-mode", default="default",
+                   help="comma-separated torch.compile modes to try (default 'default'; "
+                        "max-autotune compiles much longer)")
+    p.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
+    p.add_argument("--confirm", type=int, default=3, help="interleaved baseline/winner pairs to confirm (default 3)")
+    p.add_argument("--config", type=Path, default=Path("scalpel.toml"),
+                   help="where to write the winning settings (default ./scalpel.toml; a file not written by "
+                        "scalpel tune is never overwritten)")
+    add_output_arguments(p)
+    add_target_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def parse_budget(text: str) -> float:
+    """``90``, ``90s``, ``10m``, ``1h``, ``1h30m`` -> seconds; a UsageError naming --budget otherwise."""
+    value = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        seconds = float(value)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", value)
+        if not parts or "".join(n + u for n, u in parts) != value:
+            raise UsageError(f"--budget takes a duration like 90s, 10m or 1h, not {text!r}.")
+        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if seconds <= 0:
+        raise UsageError("--budget must be more than zero.")
+    return seconds
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate everything, run the search, save and print the results."""
+    from torchscalpel.tune.console import RichProgress, print_tune_result
+    from torchscalpel.tune.outputs import save_outputs
+    from torchscalpel.tune.search import TuneOptions, parse_knobs, tune
+    from torchscalpel.tune.settings import COMPILE_MODES
+
+    budget = parse_budget(args.budget)
+    knobs = parse_knobs(args.knobs)
+    modes = tuple(m.strip() for m in args.compile_mode.split(",") if m.strip())
+    bad = [m for m in modes if m not in COMPILE_MODES]
+    if bad or not modes:
+        raise UsageError(f"--compile-mode takes {', '.join(COMPILE_MODES)}, not {args.compile_mode!r}.")
+    if args.steps < 2:
+        raise UsageError("--steps must be at least 2, so a median step time exists.")
+    if args.warmup < 0:
+        raise UsageError("--warmup must be 0 or more.")
+    if args.confirm < 1:
+        raise UsageError("--confirm must be at least 1: nothing is recommended without a confirmation run.")
+    target = resolve_target(args)
+    out_dir = args.out or default_run_dir(f"tune-{target.name}")
+    options = TuneOptions(out_dir=out_dir, budget_s=budget, warmup=args.warmup, steps=args.steps, seed=args.seed,
+                          knobs=knobs, compile_backend=args.compile_backend, compile_modes=modes,
+                          confirm_pairs=args.confirm)
+    # SIGTERM (a CI timeout, a job scheduler) ends the search like Ctrl-C: the running trial's process
+    # group is killed and what was measured is saved.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        result = tune(target, options, RichProgress())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    target_text = " ".join(str(a) for a in target.argv())
+    paths = save_outputs(result, out_dir, config_path=args.config, command=["scalpel", *sys.argv[1:]],
+                         target_text=target_text)
+    if args.json_path is not None:
+        from torchscalpel.record import load_record, save_record
+
+        save_record(load_record(paths["record"]), args.json_path)
+    print_tune_result(result, out_dir=out_dir, config_path=paths.get("config", paths["settings"]))
+    if "config" not in paths and args.config is not None:
+        print(f"scalpel: {args.config} exists and was not written by scalpel tune; left it alone "
+              f"(settings are in {paths['settings']}).", file=sys.stderr)
+    return 130 if result.interrupted else 0
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

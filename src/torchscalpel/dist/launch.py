@@ -1,0 +1,218 @@
+"""``scalpel launch``: torchrun, in process, with safer defaults and one clear failure report.
+
+The options are torchrun's own (``torch.distributed.run.get_args_parser()``), plus ``--nproc``
+(alias of ``--nproc-per-node``) and torchscalpel's ``--out``. Differences from plain torchrun:
+
+- one node without ``--rdzv-endpoint``: c10d rendezvous on ``127.0.0.1`` and a free port, and
+  ``GLOO_SOCKET_IFNAME=lo`` so gloo never listens on an outside interface;
+- every rank's output is shown prefixed ``[rank R]`` and also kept in ``OUT/logs``;
+- when a rank fails: which rank, its exit code (or signal), the restarts used, and the last
+  lines of its stderr, instead of torchrun's error-file banner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchscalpel.errors import UsageError
+
+TAIL_LINES = 12
+# Filters apply per logger, not to children: name every torchrun logger whose lines we trim.
+AGENT_LOGGERS = (
+    "torch.distributed",
+    "torch.distributed.run",
+    "torch.distributed.launcher.api",
+    "torch.distributed.elastic.multiprocessing.api",
+    "torch.distributed.elastic.agent.server.api",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """torchrun's parser plus ``--nproc`` and ``--out`` (``scalpel launch -h`` prints it)."""
+    from torch.distributed.run import get_args_parser
+
+    parser = argparse.ArgumentParser(
+        prog="scalpel launch",
+        parents=[get_args_parser()],
+        add_help=False,
+        description="Run SCRIPT on N processes per node with torchrun (its options below), rank-prefixed logs, "
+        "loopback rendezvous on one node, and a one-paragraph report when a rank fails.",
+    )
+    for action in parser._actions:
+        if action.dest == "training_script":
+            action.nargs = "?"  # a missing script gets prepare()'s sentence, not argparse's
+    parser.add_argument("--nproc", type=int, help="processes on this node (same as --nproc-per-node)")
+    parser.add_argument("--out", type=Path, help="folder for per-rank logs (default scalpel-runs/<time>-launch-<name>/)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--profile", action="store_true",
+                      help="run every rank under 'scalpel profile' and report per-rank step time, collective wait, stragglers")
+    mode.add_argument("--doctor", action="store_true", help="run every rank under 'scalpel doctor' and merge the findings")
+    parser.add_argument("--steps", default="20", help="with --profile/--doctor: measured steps per rank, or 'all' (default 20)")
+    return parser
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argparse.Namespace:
+    """Validate and fill in torchrun's namespace (pure apart from picking a free port)."""
+    env = os.environ if env is None else env
+    if not args.training_script:
+        raise UsageError("Name the script after --, e.g. 'scalpel launch --nproc 2 -- train.py --lr 3e-4'.")
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise UsageError(f"--nproc {args.nproc} must be at least 1.")
+        args.nproc_per_node = str(args.nproc)
+    script = Path(args.training_script)
+    if not args.module and not args.no_python and not script.is_file():
+        raise UsageError(f"Script {script} does not exist; check the path (it is read relative to {Path.cwd()}).")
+    nnodes = str(args.nnodes)
+    single_node = nnodes in ("1", "1:1")
+    if not single_node and not args.rdzv_endpoint and args.rdzv_backend != "static":
+        raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node).")
+    if not single_node and args.rdzv_backend == "static" and not args.rdzv_endpoint and "MASTER_ADDR" not in env:
+        raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node).")
+    if single_node and not args.rdzv_endpoint and not args.standalone and args.rdzv_backend == "static":
+        # Why not torchrun's own default ("localhost:0"): localhost may resolve to a public
+        # interface in some containers; 127.0.0.1 never leaves the machine.
+        args.rdzv_backend = "c10d"
+        args.rdzv_endpoint = f"127.0.0.1:{free_port()}"
+        args.rdzv_id = uuid.uuid4().hex
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts {args.max_restarts} must be 0 or more.")
+    return args
+
+
+def wrap_for_stage(args: argparse.Namespace, out_dir: Path) -> str | None:
+    """For --profile/--doctor, make every rank run ``scalpel COMMAND --out OUT/rank-R``; returns COMMAND."""
+    command = "profile" if args.profile else "doctor" if args.doctor else None
+    if command is None:
+        return None
+    if args.module or args.no_python:
+        raise UsageError(f"--{command} runs a script file; drop -m/--no-python and pass the script path.")
+    from torchscalpel.cli.main import COMMANDS
+
+    if command not in COMMANDS:
+        raise UsageError(f"This torchscalpel has no '{command}' command; run without --{command}.")
+    script, script_args = args.training_script, list(args.training_script_args)
+    args.module = True
+    args.training_script = "torchscalpel.dist.rank_entry"
+    args.training_script_args = [command, str(out_dir), "--steps", str(args.steps), "--", script, *script_args]
+    return command
+
+
+@dataclass(slots=True)
+class RankFailure:
+    """One failed rank, as reported to the user."""
+
+    rank: int
+    local_rank: int
+    exit_code: int
+    tail: list[str]
+
+    def describe(self) -> str:
+        """``exit code 1`` or ``killed by SIGKILL``."""
+        if self.exit_code < 0:
+            try:
+                return f"killed by {signal.Signals(-self.exit_code).name}"
+            except ValueError:
+                return f"killed by signal {-self.exit_code}"
+        return f"exit code {self.exit_code}"
+
+    def shell_code(self) -> int:
+        """The exit code a shell would show (128 + signal for a signal)."""
+        return 128 - self.exit_code if self.exit_code < 0 else (self.exit_code or 1)
+
+
+def stderr_tail(log_dir: Path, local_rank: int, n: int = TAIL_LINES) -> list[str]:
+    """Last ``n`` non-empty lines of ``local_rank``'s stderr in the newest attempt under ``log_dir``."""
+    candidates = sorted(log_dir.glob(f"**/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        return []
+    lines = [ln.rstrip() for ln in candidates[-1].read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-n:]
+
+
+def failure_report(failure: RankFailure, *, restarts: int, nnodes: str) -> str:
+    """The paragraph printed when a rank fails."""
+    where = f"rank {failure.rank}" + (f" (local rank {failure.local_rank} on this node)" if nnodes not in ("1", "1:1") else "")
+    head = f"scalpel launch: {where} failed: {failure.describe()}"
+    if restarts:
+        head += f", after {restarts} restart{'s' if restarts != 1 else ''} (--max-restarts {restarts} used up)"
+    body = [head + "."]
+    if failure.tail:
+        body.append(f"last lines of rank {failure.rank}'s stderr:")
+        body.extend(f"    {line}" for line in failure.tail)
+    return "\n".join(body)
+
+
+class _QuietAgent(logging.Filter):
+    """Drop torchrun's banner lines a user cannot act on; keep its warnings and errors."""
+
+    NOISE = ("OMP_NUM_THREADS", "Rendezvous info", "**************", "closing signal", "failed (exitcode")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(n in message for n in self.NOISE)
+
+
+def launch(args: argparse.Namespace, *, out_dir: Path) -> int:
+    """Run torchrun with ``args`` (see :func:`prepare`); return the exit code for the shell."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run as torchrun
+
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    args.log_dir = str(log_dir)
+    if not args.tee or args.tee == "0":
+        args.tee = "3"  # console and files: the report reads the files
+    os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank ${rank}] ")
+    os.environ["TORCHSCALPEL_LAUNCH"] = "1"  # setup() then leaves the rank prefix to us
+    single_node = str(args.nnodes) in ("1", "1:1")
+    if single_node and Path("/sys/class/net/lo").exists():
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if int(args.nproc_per_node if str(args.nproc_per_node).isdigit() else 1) > 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, minus its warning
+    quiet = _QuietAgent()
+    handlers = logging.getLogger().handlers
+    for h in handlers:
+        h.addFilter(quiet)
+    for name in AGENT_LOGGERS:
+        logging.getLogger(name).addFilter(quiet)
+    try:
+        torchrun(args)
+    except ChildFailedError as exc:
+        rank, first = exc.get_first_failure()
+        failure = RankFailure(
+            rank=rank, local_rank=first.local_rank, exit_code=first.exitcode, tail=stderr_tail(log_dir, first.local_rank)
+        )
+        print(failure_report(failure, restarts=args.max_restarts, nnodes=str(args.nnodes)), file=sys.stderr)
+        print(f"scalpel launch: every rank's output is in {log_dir}", file=sys.stderr)
+        return failure.shell_code()
+    except SignalException as exc:
+        # torchrun already forwarded the signal to every rank and waited for them to exit.
+        name = signal.Signals(exc.sigval).name
+        print(f"scalpel launch: stopped by {name}; every rank received it (a Checkpointer saves on SIGTERM). "
+              f"Output is in {log_dir}", file=sys.stderr)
+        return 128 + int(exc.sigval)
+    finally:
+        for name in AGENT_LOGGERS:
+            logging.getLogger(name).removeFilter(quiet)
+        for h in handlers:
+            with contextlib.suppress(ValueError):
+                h.removeFilter(quiet)
+    return 0

@@ -1,0 +1,165 @@
+"""Commit protocol for checkpoint folders: SHA-256 manifest, commit marker, atomic rename, fsync.
+
+A checkpoint is written into ``.tmp-step-N/``; only after every file is on disk does rank 0 write
+``MANIFEST.json`` (size and SHA-256 of each file) and then ``COMMIT`` (the step and the manifest's
+own hash), fsync the folder, rename it to ``step-N`` (atomic on POSIX) and fsync the parent. A
+crash at any point leaves either no ``step-N`` or a complete one, so :func:`latest` never sees
+half a checkpoint. Folder names are ``step-`` plus the step zero-padded to 9 digits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchscalpel.errors import ScalpelError
+
+MANIFEST = "MANIFEST.json"
+COMMIT = "COMMIT"
+FORMAT_VERSION = 1
+_STEP_RE = re.compile(r"^step-(\d{9,})$")
+
+
+class CheckpointError(ScalpelError):
+    """A checkpoint that is incomplete, tampered with, or does not match what is being resumed."""
+
+
+def step_dir(root: Path, step: int) -> Path:
+    """``root/step-000000042`` for step 42."""
+    return root / f"step-{step:09d}"
+
+
+def tmp_dir(root: Path, step: int) -> Path:
+    """Where step ``step`` is written before it is committed."""
+    return root / f".tmp-step-{step:09d}"
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a folder (a folder's entry list is what makes a rename durable)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` and fsync it before returning."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def sha256_file(path: Path) -> str:
+    """Hex SHA-256 of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _payload_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, COMMIT))
+
+
+def commit(tmp: Path, final: Path, step: int) -> None:
+    """Manifest, commit marker, atomic rename, parent fsync. Refuses to replace ``final``."""
+    if final.exists():
+        raise CheckpointError(f"{final} already exists; checkpoints are never overwritten (save a new step).")
+    files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _payload_files(tmp)}
+    manifest = json.dumps({"format": FORMAT_VERSION, "step": step, "files": files}, indent=1, sort_keys=True).encode()
+    write_durable(tmp / MANIFEST, manifest)
+    marker = {"step": step, "manifest_sha256": hashlib.sha256(manifest).hexdigest()}
+    write_durable(tmp / COMMIT, json.dumps(marker).encode())
+    for sub in sorted({p.parent for p in _payload_files(tmp)} | {tmp}, key=lambda p: len(p.parts), reverse=True):
+        fsync_path(sub)
+    os.rename(tmp, final)
+    fsync_path(final.parent)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why a folder is not a usable checkpoint: ``incomplete`` (crash) or ``tampered`` (bytes differ)."""
+
+    kind: str
+    message: str
+
+
+def check(folder: Path, *, full: bool = True) -> Problem | None:
+    """None when ``folder`` is a complete checkpoint whose files match the manifest.
+
+    ``full=False`` checks presence and sizes only (cheap, for listing); ``full=True`` also
+    re-hashes every file.
+    """
+    marker_path, manifest_path = folder / COMMIT, folder / MANIFEST
+    if not marker_path.is_file() or not manifest_path.is_file():
+        return Problem("incomplete", f"{folder} has no {COMMIT} marker or {MANIFEST}; it was never committed")
+    manifest_bytes = manifest_path.read_bytes()
+    try:
+        marker = json.loads(marker_path.read_bytes())
+        manifest = json.loads(manifest_bytes)
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError):
+        return Problem("tampered", f"{folder}/{MANIFEST} or {COMMIT} is not valid checkpoint metadata")
+    if marker.get("manifest_sha256") != hashlib.sha256(manifest_bytes).hexdigest():
+        return Problem("tampered", f"{folder}/{MANIFEST} does not match the hash in {COMMIT}")
+    if int(manifest.get("format", 0)) > FORMAT_VERSION:
+        return Problem("tampered", f"{folder} was written by a newer torchscalpel (format {manifest['format']})")
+    present = {str(p.relative_to(folder)) for p in _payload_files(folder)}
+    extra = present - set(files)
+    if extra:
+        return Problem("tampered", f"{folder} holds files the manifest does not list: {sorted(extra)[0]}")
+    for name, info in files.items():
+        path = folder / name
+        if not path.is_file():
+            return Problem("tampered", f"{path} is listed in the manifest but missing")
+        if path.stat().st_size != info["size"]:
+            return Problem("tampered", f"{path} has {path.stat().st_size} bytes, the manifest says {info['size']}")
+        if full and sha256_file(path) != info["sha256"]:
+            return Problem("tampered", f"{path} does not match its SHA-256 in the manifest")
+    return None
+
+
+def committed_steps(root: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` for every ``step-N`` folder under ``root``, newest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_RE.match(child.name)
+        if match and child.is_dir():
+            found.append((int(match.group(1)), child))
+    return sorted(found, reverse=True)
+
+
+def latest(root: Path) -> Path | None:
+    """The newest committed, complete checkpoint under ``root`` (presence and sizes checked).
+
+    Folders that fail the cheap check are skipped (they cannot come from a crash, but a copy
+    interrupted half-way can produce them); the caller re-hashes the one it loads.
+    """
+    for _, folder in committed_steps(root):
+        if check(folder, full=False) is None:
+            return folder
+    return None
+
+
+def prune(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` committed checkpoints and stale temp folders; return them."""
+    removed = []
+    for _, folder in committed_steps(root)[keep:]:
+        # Rename first so a crash mid-delete never leaves a half-deleted folder named step-N.
+        doomed = folder.with_name(".del-" + folder.name)
+        os.rename(folder, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        removed.append(folder)
+    for stale in root.glob(".del-step-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    return removed

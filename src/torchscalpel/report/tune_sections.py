@@ -1,0 +1,60 @@
+"""Report sections for ``scalpel tune``: the ranked variants, the recommendation, the loss curves.
+
+Reads ``record.sections["tune"]`` (written by :mod:`torchscalpel.tune.outputs`); draws nothing it
+has to measure.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any
+
+from torchscalpel.record import RunRecord
+from torchscalpel.report.charts import horizontal_bars, lines
+from torchscalpel.report.html import Section, table
+from torchscalpel.tune.console import HEADERS, row_cells
+from torchscalpel.tune.runner import TrialResult
+
+
+def _trial(data: dict[str, Any]) -> TrialResult:
+    known = set(TrialResult.__dataclass_fields__)
+    return TrialResult(**{k: v for k, v in data.items() if k in known})
+
+
+def build(record: RunRecord) -> list[Section]:
+    """The tune sections, or nothing when the record holds no tune result."""
+    tune = record.sections.get("tune")
+    if not tune:
+        return []
+    baseline = _trial(tune["baseline"])
+    trials = [_trial(t) for t in tune.get("trials", [])]
+    rows = sorted([baseline, *trials], key=lambda t: (t.median_ms is None, t.median_ms or 0.0))
+    winner = tune.get("winner")
+    if winner:
+        verdict = (f"<p class=\"kpis\"><span class=\"kpi\"><b>{tune.get('confirmed_speedup') or 0:.2f}x</b>"
+                   f"faster per step (interleaved repeats)</span><span class=\"kpi\"><b>{escape(winner['label'])}</b>"
+                   "recommended</span></p>")
+        code = "\n".join(tune.get("code_lines") or [])
+        verdict += "<p>Apply with <code>scalpel run --config scalpel.toml -- SCRIPT</code>, or edit the script:</p>"
+        verdict += f"<pre>{escape(code)}</pre>"
+    else:
+        verdict = "<p><b>No change recommended</b>: nothing beat the baseline reliably with the numerics gate passed.</p>"
+    notes = "".join(f"<li>{escape(n)}</li>" for n in tune.get("notes", []))
+    verdict += (f"<p class=\"muted\">Required speedup {tune.get('required_speedup', 1.03):.2f}x "
+                f"(baseline noise {tune.get('noise', 0):.1%}); baseline loss determinism "
+                f"{(tune.get('determinism') or 0):.1e}.</p>")
+    if notes:
+        verdict += f"<ul>{notes}</ul>"
+    ranked = table(HEADERS, [row_cells(t) for t in rows], numeric=[False, True, True, True, True, True, False, False])
+    bars = horizontal_bars("tune-step-ms", [(t.label, t.median_ms) for t in rows if t.median_ms is not None])
+    series: dict[str, list[float | None]] = {"baseline": list(baseline.losses)}
+    for t in trials:
+        if t.losses and t.verdict in ("winner", "faster", "numerics"):
+            series[t.label] = list(t.losses)
+    n = max((len(v) for v in series.values()), default=0)
+    curves = lines("tune-losses", list(range(n)), series, unit="loss")
+    return [
+        Section(id="tune", title="Tune: recommendation", body=verdict),
+        Section(id="tune-variants", title="Tune: variants ranked", body=ranked + bars),
+        Section(id="tune-losses", title="Tune: loss curves (same seed)", body=curves),
+    ]

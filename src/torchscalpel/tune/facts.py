@@ -1,0 +1,201 @@
+"""Facts about a script's model, data and hardware that decide which knobs can apply.
+
+The baseline trial collects them with :class:`FactsObserver` (from the live objects the runtime
+saw) and stores them in ``record.sections["tune_facts"]``; the search reads them back to pick
+candidates, and to skip a knob with the reason when it cannot apply.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchscalpel.runtime.observer import Observer
+
+if TYPE_CHECKING:
+    from torchscalpel.record import RunRecord
+    from torchscalpel.runtime.session import Session
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelFacts:
+    """What the baseline saw. Defaults describe "nothing seen" so missing facts skip knobs safely."""
+
+    device: str = "cpu"
+    """Device type of the model's parameters (``cpu`` or ``cuda``)."""
+    bf16_supported: bool = False
+    """bf16 is fast on this device (CPU: avx512_bf16/AMX via oneDNN; CUDA: compute capability >= 8)."""
+    models: list[str] = field(default_factory=list)
+    """Class names of the root modules seen."""
+    submodules: list[dict[str, Any]] = field(default_factory=list)
+    """Top-level children of the model: ``name``, ``cls``, ``params`` (count), ``forward_ms`` when timed."""
+    repeated: list[dict[str, Any]] = field(default_factory=list)
+    """Classes with >= 2 instances inside the model (repeated blocks): ``cls``, ``count``, ``params``."""
+    forward_ms: float | None = None
+    """The whole model's forward time over the measured steps (same units as ``submodules``)."""
+    has_conv: bool = False
+    """The model holds a 2-D convolution (channels_last candidate)."""
+    loaders: int = 0
+    """DataLoaders iterated."""
+    loader_workers: int = 0
+    """num_workers of the first DataLoader (0 when none)."""
+    iterable_dataset: bool = False
+    """The first DataLoader wraps an IterableDataset (extra workers would duplicate its data)."""
+    optimizers: list[str] = field(default_factory=list)
+    """Optimizer class names."""
+    optimizer_impl: str | None = None
+    """``foreach`` / ``fused`` when the script already chose one."""
+    input_shapes_vary: bool = False
+    """The model's first input changed shape between calls (dynamic-shape compile candidate)."""
+    cpu_count: int = 1
+    """CPUs this process may use."""
+    torch_threads: int = 1
+    """``torch.get_num_threads()`` during the baseline."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> ModelFacts:
+        """Read back, ignoring unknown keys."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
+
+
+def bf16_supported(device: str) -> bool:
+    """True when bf16 arithmetic is fast on ``device`` (not emulated)."""
+    if device == "cuda":
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def cpu_count() -> int:
+    """CPUs available to this process (affinity-aware)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def describe_model(model: torch.nn.Module, module_ms: dict[str, float] | None = None) -> dict[str, Any]:
+    """Submodules and repeated block classes of ``model`` (the compile-region candidates)."""
+    module_ms = module_ms or {}
+    children = []
+    for name, child in model.named_children():
+        params = sum(p.numel() for p in child.parameters())
+        if params:
+            children.append({"name": name, "cls": type(child).__name__, "params": params,
+                             "forward_ms": module_ms.get(name)})
+    counts: Counter[str] = Counter()
+    params_by_cls: Counter[str] = Counter()
+    for _, sub in model.named_modules():
+        if sub is model:
+            continue
+        n = sum(p.numel() for p in sub.parameters())
+        # A repeated block is a container of several layers: leaf layers (Linear) repeat too but
+        # compiling them one by one gains nothing.
+        if n and any(True for _ in sub.children()):
+            counts[type(sub).__name__] += 1
+            params_by_cls[type(sub).__name__] += n
+    repeated = [{"cls": c, "count": k, "params": params_by_cls[c]} for c, k in counts.items() if k >= 2]
+    repeated.sort(key=lambda r: -r["params"])
+    has_conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+    return {"submodules": children, "repeated": repeated, "has_conv": has_conv}
+
+
+class FactsObserver(Observer):
+    """Collects :class:`ModelFacts` during the baseline run into ``record.sections["tune_facts"]``."""
+
+    name = "tune-facts"
+
+    def __init__(self) -> None:
+        self._session: Session | None = None
+        self._first_shape: tuple[int, ...] | None = None
+        self._shapes_vary = False
+        self._loader: Any = None
+        # Strong references: the session holds weak ones, and the script's objects are gone by
+        # on_finish (the runtime stops the script by raising inside it).
+        self._roots: list[torch.nn.Module] = []
+        self._optimizers: list[Any] = []
+
+    def on_start(self, session: Session) -> None:
+        self._session = session
+
+    def on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
+        if not root:
+            return
+        if all(m is not module for m in self._roots):
+            self._roots.append(module)
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if first is None:
+            return
+        shape = tuple(first.shape)
+        if self._first_shape is None:
+            self._first_shape = shape
+        elif shape != self._first_shape:
+            self._shapes_vary = True
+
+    def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        if all(o is not optimizer for o in self._optimizers):
+            self._optimizers.append(optimizer)
+
+    def on_batch(self, batch: Any, loader: Any) -> None:
+        if self._loader is None and loader is not None:
+            self._loader = loader
+
+    def on_finish(self, record: RunRecord) -> None:
+        record.sections["tune_facts"] = self.collect(record).to_dict()
+
+    def collect(self, record: RunRecord) -> ModelFacts:
+        """Facts from the session's live objects and the record's module timings."""
+        session = self._session
+        roots = self._roots or list(getattr(session, "root_modules", []) or [])
+        loaders = list(getattr(session, "loaders", []) or [])
+        optimizers = self._optimizers or list(getattr(session, "optimizers", []) or [])
+        if self._loader is not None and self._loader not in loaders:
+            loaders.insert(0, self._loader)
+        facts = ModelFacts(cpu_count=cpu_count(), torch_threads=torch.get_num_threads(),
+                           input_shapes_vary=self._shapes_vary)
+        model = max(roots, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
+        if model is not None:
+            param = next(iter(model.parameters()), None)
+            facts.device = param.device.type if param is not None else "cpu"
+            facts.models = [type(m).__name__ for m in roots]
+            module_ms = _module_ms(record)
+            described = describe_model(model, module_ms)
+            facts.submodules = described["submodules"]
+            facts.repeated = described["repeated"]
+            facts.has_conv = described["has_conv"]
+            facts.forward_ms = module_ms.get("<root>")
+        facts.bf16_supported = bf16_supported(facts.device)
+        facts.loaders = len(loaders)
+        if loaders:
+            facts.loader_workers = int(getattr(loaders[0], "num_workers", 0) or 0)
+            dataset = getattr(loaders[0], "dataset", None)
+            facts.iterable_dataset = isinstance(dataset, torch.utils.data.IterableDataset)
+        facts.optimizers = [type(o).__name__ for o in optimizers]
+        for opt in optimizers:
+            for group in getattr(opt, "param_groups", []):
+                if group.get("fused"):
+                    facts.optimizer_impl = "fused"
+                elif group.get("foreach") and facts.optimizer_impl is None:
+                    facts.optimizer_impl = "foreach"
+        return facts
+
+
+def _module_ms(record: RunRecord) -> dict[str, float]:
+    """Per-submodule forward time over the measured steps (ms), keyed by name under the root module."""
+    out: dict[str, float] = {}
+    for entry in record.modules or []:
+        name, ms = entry.get("name"), entry.get("forward_ms")
+        if isinstance(name, str) and isinstance(ms, int | float):
+            out[name] = float(ms)
+    return out

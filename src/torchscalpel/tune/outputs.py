@@ -1,0 +1,73 @@
+"""What ``scalpel tune`` leaves behind: run.json (baseline record + tune section), report.html,
+scalpel.toml and the equivalent code lines."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from torchscalpel.record import RunRecord, load_record, save_record
+from torchscalpel.tune.apply import code_lines
+from torchscalpel.tune.search import TuneResult
+from torchscalpel.tune.settings import read_settings_file, write_settings_file
+
+TOML_MARK = "written by scalpel tune"
+
+
+def tune_record(result: TuneResult, command: list[str]) -> RunRecord:
+    """The baseline's Run record with the whole search in ``sections["tune"]``."""
+    try:
+        record = load_record(result.baseline.out_dir)
+    except Exception:  # the baseline folder went missing: keep the tune result anyway
+        record = RunRecord(name="tune", status="complete")
+    record.name = "tune"
+    record.command = command
+    record.sections.pop("trial", None)
+    record.sections["tune"] = result.to_dict()
+    return record
+
+
+def save_outputs(result: TuneResult, out_dir: Path, *, config_path: Path | None, command: list[str],
+                 target_text: str) -> dict[str, Path]:
+    """Write every output; return their paths by role. ``config_path`` is only overwritten when
+    it does not exist or was itself written by scalpel tune (never a user's own file)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    record = tune_record(result, command)
+    header = [f"{TOML_MARK} on {time.strftime('%Y-%m-%d %H:%M')} for: {target_text}",
+              f"apply with: scalpel run --config scalpel.toml -- {target_text}"]
+    if result.winner is not None:
+        header.append(f"measured {result.confirmed_speedup:.2f}x faster per step than the baseline")
+    else:
+        header.append("no change beat the baseline reliably: the [tune] table is empty")
+    paths["settings"] = write_settings_file(result.settings, out_dir / "scalpel.toml", header=header)
+    if config_path is not None and _may_overwrite(config_path):
+        paths["config"] = write_settings_file(result.settings, config_path, header=header)
+    lines = code_lines(result.settings)
+    (out_dir / "code.txt").write_text("\n".join(lines) + "\n" if lines else "# no change recommended\n",
+                                      encoding="utf-8")
+    paths["code"] = out_dir / "code.txt"
+    record.artifacts.update({"record": "run.json", "settings": "scalpel.toml", "code": "code.txt"})
+    save_record(record, out_dir)
+    paths["record"] = out_dir / "run.json"
+    try:
+        from torchscalpel.report.html import write_report
+
+        paths["report"] = write_report(record, out_dir / "report.html")
+        record.artifacts["report"] = "report.html"
+        save_record(record, out_dir)
+    except Exception as exc:  # the record and the settings are already safe on disk
+        record.notes.append(f"report failed: {exc!r}")
+        save_record(record, out_dir)
+    return paths
+
+
+def _may_overwrite(path: Path) -> bool:
+    if not path.exists():
+        return True
+    try:
+        head = path.read_text(encoding="utf-8")[:200]
+        read_settings_file(path)
+    except Exception:
+        return False
+    return TOML_MARK in head

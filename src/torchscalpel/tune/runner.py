@@ -1,0 +1,202 @@
+"""Run one trial in a fresh subprocess, enforce its time limit, and read back what it measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.cli.common import Target
+from torchscalpel.errors import ScalpelError
+from torchscalpel.record import RunRecord, load_record
+from torchscalpel.tune.settings import TuneSettings
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""The folder that holds the ``torchscalpel`` package: the child imports this same copy."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TrialResult:
+    """One trial's outcome, as the search and the report use it."""
+
+    label: str
+    settings: dict[str, Any]
+    family: str = "baseline"
+    """Knob family (``amp``, ``compile``, ...), ``combined`` or ``baseline``."""
+    status: str = "ok"
+    """``ok`` | ``failed`` (crash, OOM, compile error) | ``timeout`` | ``not-applied`` (knob found nothing to change)."""
+    cause: str = ""
+    """For failures: one line naming the cause."""
+    median_ms: float | None = None
+    step_ms: list[float] = field(default_factory=list)
+    losses: list[float | None] = field(default_factory=list)
+    peak_bytes: int | None = None
+    compile: dict[str, Any] = field(default_factory=dict)
+    apply: dict[str, Any] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+    out_dir: str = ""
+    # Filled by the search:
+    speedup: float | None = None
+    deviation: float | None = None
+    tolerance: float | None = None
+    confirm_ratios: list[float] = field(default_factory=list)
+    """Baseline/candidate ratios of the interleaved confirmation pairs."""
+    verdict: str = ""
+    """``baseline`` | ``winner`` | ``not confirmed`` | ``faster`` | ``not faster`` | ``numerics`` | ``failed`` | ``timeout`` | ``not applied``."""
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """The trial ran and produced step times."""
+        return self.status == "ok" and self.median_ms is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (for ``record.sections["tune"]``)."""
+        return asdict(self)
+
+
+def child_env(settings: TuneSettings, cache_dir: Path | None) -> dict[str, str]:
+    """Environment for a trial process: this torchscalpel on the path, a shared inductor cache."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    if cache_dir is not None:
+        # Shared across trials (and runs): a warm compile costs ~2 s instead of 15-25 s.
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
+    if settings.compile is not None and settings.dataloader.num_workers:
+        # Inductor's compile pool deadlocks after a DataLoader worker fork on a cold cache.
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    return env
+
+
+def trial_command(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: int, steps: int,
+                  seed: int, facts: bool = False, module_times: bool = False) -> list[str]:
+    """The command line of one trial process."""
+    cmd = [sys.executable, "-m", "torchscalpel.tune.trial", "--settings", json.dumps(settings.to_dict()),
+           "--out", str(out_dir), "--warmup", str(warmup), "--steps", str(steps), "--seed", str(seed)]
+    if facts:
+        cmd.append("--facts")
+    if module_times:
+        cmd.append("--module-times")
+    if target.module:
+        cmd += ["-m", target.module, "--", *target.args]
+    else:
+        cmd += ["--", str(target.script), *target.args]
+    return cmd
+
+
+def run_trial(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: int, steps: int, seed: int,
+              timeout_s: float, family: str = "baseline", facts: bool = False, module_times: bool = False,
+              cache_dir: Path | None = None) -> TrialResult:
+    """Run one trial process; never raises for the script's own failures (they become the result)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = trial_command(target, settings, out_dir, warmup=warmup, steps=steps, seed=seed, facts=facts,
+                        module_times=module_times)
+    result = TrialResult(label=settings.label(), settings=settings.to_dict(), family=family, out_dir=str(out_dir))
+    start = time.monotonic()
+    with (out_dir / "stdout.txt").open("wb") as out, (out_dir / "stderr.txt").open("wb") as err:
+        # A new session, so a timeout kills the script's DataLoader workers and compile pool too.
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=child_env(settings, cache_dir),
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=max(1.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            result.status = "timeout"
+            result.cause = f"stopped after {timeout_s:.0f} s, its share of the budget"
+            result.wall_s = time.monotonic() - start
+            return result
+        except BaseException:  # Ctrl-C in the parent: do not leave the trial running
+            _kill_group(proc)
+            raise
+    result.wall_s = time.monotonic() - start
+    record = _read_record(out_dir)
+    stderr_tail = _tail(out_dir / "stderr.txt")
+    if record is None:
+        result.status = "failed"
+        result.cause = _signal_cause(code) or (
+            f"the trial process exited with code {code} before writing a record: {stderr_tail or 'no output'}")
+        return result
+    fill_from_record(result, record)
+    if record.status in ("failed", "interrupted") or code != 0:
+        result.status = "failed"
+        result.cause = classify_error(record.error or stderr_tail, code)
+    elif result.median_ms is None:
+        result.status = "failed"
+        result.cause = "no measured steps: the script ended before the warm-up was over; lower --warmup"
+    elif settings.to_dict() and not result.apply.get("fired"):
+        result.status = "not-applied"
+        skipped = result.apply.get("skipped") or []
+        result.cause = "; ".join(skipped) or "the knob found nothing to change in this script"
+    return result
+
+
+def fill_from_record(result: TrialResult, record: RunRecord) -> None:
+    """Copy step times, losses, memory and the trial section into ``result``."""
+    measured = [s.total_ms for s in record.measured_steps if s.total_ms > 0]
+    result.step_ms = measured
+    result.median_ms = statistics.median(measured) if measured else None
+    result.losses = [s.loss for s in record.steps]
+    trial = record.sections.get("trial", {})
+    result.apply = trial.get("apply", {})
+    result.compile = trial.get("compile", {})
+    result.facts = record.sections.get("tune_facts", {})
+    cuda = [s.cuda_allocated_peak for s in record.steps if s.cuda_allocated_peak]
+    result.peak_bytes = max(cuda) if cuda else trial.get("peak_rss_bytes")
+
+
+def classify_error(error: str, code: int | None) -> str:
+    """One line naming the cause of a failed trial: out of memory, compile error, or the exception."""
+    text = (error or "").strip().splitlines()
+    last = text[-1] if text else f"exit code {code}"
+    lowered = (error or "").lower()
+    if "out of memory" in lowered or "cannot allocate memory" in lowered:
+        return f"out of memory: {last}"
+    if any(k in (error or "") for k in ("BackendCompilerFailed", "torch._dynamo", "torch._inductor",
+                                        "InductorError", "Unsupported", "TorchRuntimeError")):
+        return f"compile error: {last}"
+    return f"crashed: {last}"
+
+
+def _signal_cause(code: int | None) -> str | None:
+    if code is None or code >= 0:
+        return None
+    sig = -code
+    name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+    if sig == signal.SIGKILL:
+        return f"killed by {name} (most likely out of memory)"
+    return f"killed by {name}"
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def _read_record(out_dir: Path) -> RunRecord | None:
+    if not (out_dir / "run.json").exists():
+        return None
+    try:
+        return load_record(out_dir)
+    except ScalpelError:
+        return None
+
+
+def _tail(path: Path, limit: int = 400) -> str:
+    """The last non-empty line of a log (the exception line, for a traceback), shortened."""
+    try:
+        lines = [ln for ln in path.read_text(encoding="utf-8", errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:limit] if lines else ""

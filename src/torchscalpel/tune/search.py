@@ -1,0 +1,438 @@
+"""The tune search: baseline, single knobs, greedy combination, interleaved confirmation.
+
+1. Baseline twice: once with model facts and submodule timings (what can apply, which region is
+   hottest), once plain (the reference step time). Their losses must agree: that is the script's
+   own nondeterminism, the floor of the numerics gate.
+2. Every applicable single knob, largest expected gain first. A knob that cannot apply is skipped
+   with the reason; a trial that crashes, runs out of memory, fails to compile or overruns its
+   share of the budget is reported with the cause and the search goes on.
+3. Winners (faster by a margin, numerics gate passed), best per family, combined greedily: a knob
+   joins the combination only if the combination gets faster again and still passes the gate.
+4. Confirmation: the best configuration and the baseline run alternately; the recommended
+   configuration must beat the baseline in those interleaved pairs by more than the noise seen
+   between the baseline repeats. Otherwise nothing is recommended: the baseline stays.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from torchscalpel.cli.common import Target
+from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.tune.apply import code_lines, knob_families, numerics_class
+from torchscalpel.tune.facts import ModelFacts
+from torchscalpel.tune.knobs import KNOB_NAMES, Knob, all_knobs
+from torchscalpel.tune.runner import TrialResult, run_trial
+from torchscalpel.tune.settings import TuneSettings
+from torchscalpel.tune.verify import (
+    MIN_MARGIN,
+    loss_deviation,
+    noise_fraction,
+    numerics_gate,
+    paired_speedup,
+    required_speedup,
+    speedup,
+)
+
+REFRESH_EVERY = 2
+"""Screening trials between two baseline runs."""
+
+MEMORY_NOTE = 1.25
+"""A candidate whose peak memory exceeds the baseline's by this factor gets a note in the table."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TuneOptions:
+    """How long and how hard to search."""
+
+    out_dir: Path
+    """Folder for trial runs (one sub-folder each), the record and the report."""
+    budget_s: float = 600.0
+    """Wall-clock budget for the whole search, baseline included."""
+    warmup: int = 3
+    """Steps excluded from timing (compilation happens here)."""
+    steps: int = 10
+    """Measured steps per trial."""
+    seed: int = 0
+    """torch.manual_seed before the script, the same for every trial."""
+    knobs: tuple[str, ...] = KNOB_NAMES
+    """Knob families to try."""
+    compile_backend: str = "inductor"
+    compile_modes: tuple[str, ...] = ("default",)
+    confirm_pairs: int = 3
+    """Interleaved baseline/candidate pairs for the final check."""
+    cache_dir: Path | None = None
+    """TORCHINDUCTOR_CACHE_DIR for the trials (default: the environment's, else inductor's per-user cache)."""
+
+    def __post_init__(self) -> None:
+        if self.budget_s <= 0:
+            raise ValueError("--budget must be positive")
+        if self.steps < 2:
+            raise ValueError("--steps must be at least 2")
+        if self.warmup < 0:
+            raise ValueError("--warmup must be >= 0")
+        unknown = [k for k in self.knobs if k not in KNOB_NAMES]
+        if unknown:
+            raise ValueError(f"unknown knob(s) {', '.join(unknown)}; choose from {', '.join(KNOB_NAMES)}")
+
+
+class Progress(Protocol):
+    """What the search reports while it runs (the CLI draws it with rich)."""
+
+    def message(self, text: str) -> None: ...
+
+    def trial_started(self, label: str, limit_s: float) -> None: ...
+
+    def trial_finished(self, result: TrialResult) -> None: ...
+
+
+class SilentProgress:
+    """A :class:`Progress` that shows nothing."""
+
+    def message(self, text: str) -> None:
+        return None
+
+    def trial_started(self, label: str, limit_s: float) -> None:
+        return None
+
+    def trial_finished(self, result: TrialResult) -> None:
+        return None
+
+
+@dataclass(kw_only=True, slots=True)
+class TuneResult:
+    """Everything the search found, ready for the table, the report and scalpel.toml."""
+
+    baseline: TrialResult
+    trials: list[TrialResult] = field(default_factory=list)
+    """Every candidate (single knobs, combinations), skipped ones included, in the order run."""
+    winner: TrialResult | None = None
+    """The confirmed configuration, or None when nothing beat the baseline reliably."""
+    confirmed_speedup: float | None = None
+    """Median baseline/winner ratio over the interleaved confirmation pairs."""
+    required: float = 1.0 + MIN_MARGIN
+    noise: float = 0.0
+    """Relative spread of the baseline's repeated median step times."""
+    determinism: float | None = None
+    """Loss deviation between two baseline runs with the same seed."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+    """Ctrl-C ended the search early."""
+    baseline_refs: list[float] = field(default_factory=list)
+    """Median step times of the baseline re-measured between screening trials."""
+
+    @property
+    def settings(self) -> TuneSettings:
+        """The recommended settings (empty: keep the script as it is)."""
+        return TuneSettings.from_dict(self.winner.settings) if self.winner else TuneSettings()
+
+    def ranked(self) -> list[TrialResult]:
+        """Baseline and trials, fastest measured first; unmeasured ones last."""
+        rows = [self.baseline, *self.trials]
+        return sorted(rows, key=lambda r: (r.median_ms is None, r.median_ms or 0.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, stored as ``record.sections["tune"]``."""
+        return {
+            "baseline": self.baseline.to_dict(),
+            "trials": [t.to_dict() for t in self.trials],
+            "winner": self.winner.to_dict() if self.winner else None,
+            "settings": self.settings.to_dict(),
+            "code_lines": code_lines(self.settings),
+            "confirmed_speedup": self.confirmed_speedup,
+            "required_speedup": self.required,
+            "noise": self.noise,
+            "determinism": self.determinism,
+            "facts": self.facts,
+            "notes": list(self.notes),
+            "elapsed_s": self.elapsed_s,
+            "interrupted": self.interrupted,
+            "baseline_refs": list(self.baseline_refs),
+        }
+
+
+class Search:
+    """One tune search over one target (see the module docstring for the steps)."""
+
+    def __init__(self, target: Target, options: TuneOptions, progress: Progress | None = None) -> None:
+        self.target = target
+        self.options = options
+        self.progress = progress or SilentProgress()
+        self.start = time.monotonic()
+        self.deadline = self.start + options.budget_s
+        # None keeps inductor's own per-user cache (or the user's TORCHINDUCTOR_CACHE_DIR), shared
+        # by every trial and every tune run: a warm compile costs ~2 s instead of 15-25 s.
+        self.cache_dir = options.cache_dir
+        self._n = 0
+        self.baseline_wall = 0.0
+        self.baseline_medians: list[float] = []
+        self._determinism = 0.0
+        self._ref_ms = 0.0
+        self._since_ref = 0
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def remaining(self) -> float:
+        """Seconds left in the budget."""
+        return self.deadline - time.monotonic()
+
+    def _share(self, settings: TuneSettings) -> float:
+        """A trial's time limit: a few baseline durations (plus a cold compile), within what is left."""
+        share = max(3.0 * self.baseline_wall, 30.0)
+        if settings.compile is not None:
+            share += 90.0  # a cold inductor compile of a model region is 15-25 s per graph here
+        return min(share, self.remaining())
+
+    def _run(self, settings: TuneSettings, family: str, *, limit_s: float, facts: bool = False,
+             module_times: bool = False, tag: str = "") -> TrialResult:
+        self._n += 1
+        name = f"{self._n:02d}-{tag or family}"
+        self.progress.trial_started(settings.label(), limit_s)
+        result = run_trial(self.target, settings, self.options.out_dir / "trials" / name,
+                           warmup=self.options.warmup, steps=self.options.steps, seed=self.options.seed,
+                           timeout_s=limit_s, family=family, facts=facts, module_times=module_times,
+                           cache_dir=self.cache_dir)
+        self.progress.trial_finished(result)
+        return result
+
+    # -- the search -------------------------------------------------------------------------------
+    def run(self) -> TuneResult:
+        """Run the whole search within the budget and return what it found.
+
+        Ctrl-C after the baseline ends the search early but still returns what was measured
+        (``interrupted`` is set), so the caller can save it; a winner is only kept if confirmed.
+        """
+        base = self._baseline()
+        result = TuneResult(baseline=base, facts=base.facts)
+        try:
+            self._search(result)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            result.notes.append("interrupted (Ctrl-C): the search stopped early; what was measured is kept")
+        result.elapsed_s = time.monotonic() - self.start
+        return result
+
+    def _search(self, result: TuneResult) -> None:
+        facts = ModelFacts.from_dict(result.baseline.facts)
+        knobs = [k for k in all_knobs(compile_backend=self.options.compile_backend,
+                                      compile_modes=self.options.compile_modes) if k.name in self.options.knobs]
+        singles = self._singles(knobs, facts, result)
+        winners = self._winners(singles, result)
+        if not winners:
+            result.notes.append("no single knob was faster than the baseline by the margin with numerics intact")
+        best = self._combine(winners, result)
+        # Confirm the best; if it does not hold up, the next single winners while time allows.
+        faster = sorted((t for t in singles if t.verdict == "faster"), key=lambda t: t.median_ms or 0.0)
+        queue = [t for t in [best, *winners, *faster] if t is not None]
+        tried: set[str] = set()
+        for candidate in queue:
+            if candidate.label in tried:
+                continue
+            if tried and self.remaining() < 2 * self.options.confirm_pairs * self.baseline_wall:
+                result.notes.append(f"{candidate.label} not confirmed: the budget ran out")
+                break
+            tried.add(candidate.label)
+            if self._confirm(candidate, result):
+                break
+
+    def _baseline(self) -> TrialResult:
+        self.progress.message("baseline: the script as it is (with model facts), then once plain for timing")
+        budget = self.options.budget_s
+        first = self._run(TuneSettings(), "baseline", limit_s=min(budget * 0.4, self.remaining()),
+                          facts=True, module_times=True, tag="baseline-facts")
+        if not first.ok:
+            raise ScalpelError(
+                f"The baseline run failed ({first.cause}); fix the script or its arguments first "
+                f"(output in {first.out_dir}).")
+        self.baseline_wall = first.wall_s
+        plain = self._run(TuneSettings(), "baseline", limit_s=min(max(3 * first.wall_s, 30.0), self.remaining()),
+                          tag="baseline")
+        if not plain.ok:
+            raise ScalpelError(f"The second baseline run failed ({plain.cause}); the script is not repeatable "
+                               f"(output in {plain.out_dir}).")
+        plain.facts = first.facts
+        plain.verdict = "baseline"
+        self.baseline_medians.append(plain.median_ms or 0.0)
+        self._ref_ms = plain.median_ms or 0.0
+        self.baseline_wall = max(first.wall_s, plain.wall_s)
+        dev, _ = loss_deviation(first.losses, plain.losses)
+        self._determinism = dev or 0.0
+        return plain
+
+    def _singles(self, knobs: list[Knob], facts: ModelFacts, result: TuneResult) -> list[TrialResult]:
+        result.determinism = self._determinism
+        planned: list[tuple[Knob, TuneSettings]] = []
+        for knob in knobs:
+            candidates, reason = knob.candidates(facts)
+            if reason:
+                result.trials.append(TrialResult(label=knob.name, settings={}, family=knob.name, status="skipped",
+                                                 cause=reason, verdict="skipped"))
+                continue
+            planned.extend((knob, c) for c in candidates)
+        self.progress.message(f"{len(planned)} single-knob trial(s) planned")
+        measured: list[TrialResult] = []
+        for knob, settings in planned:
+            # Keep time for at least one combination and the confirmation pairs.
+            reserve = self.baseline_wall * (2 * self.options.confirm_pairs + 1)
+            if self.remaining() - reserve < self.baseline_wall * 1.2:
+                result.trials.append(TrialResult(label=settings.label(), settings=settings.to_dict(),
+                                                 family=knob.name, status="not-run", verdict="not run",
+                                                 cause="the budget ran out before this trial"))
+                continue
+            self._refresh_baseline(result)
+            trial = self._run(settings, knob.name, limit_s=min(self._share(settings), self.remaining() - reserve))
+            self._since_ref += 1
+            self._judge(trial, result)
+            result.trials.append(trial)
+            measured.append(trial)
+        return measured
+
+    def _refresh_baseline(self, result: TuneResult) -> None:
+        """Re-measure the baseline every :data:`REFRESH_EVERY` trials, so screening compares
+        each candidate with a baseline measured minutes, not a quarter of an hour, earlier."""
+        if self._since_ref < REFRESH_EVERY or self.remaining() < 3 * self.baseline_wall:
+            return
+        ref = self._run(TuneSettings(), "baseline", tag="baseline-refresh",
+                        limit_s=max(1.5 * self.baseline_wall, min(3 * self.baseline_wall, self.remaining())))
+        self._since_ref = 0
+        if ref.ok and ref.median_ms:
+            self._ref_ms = ref.median_ms
+            self.baseline_medians.append(ref.median_ms)
+            result.baseline_refs.append(round(ref.median_ms, 3))
+
+    def _judge(self, trial: TrialResult, result: TuneResult) -> None:
+        """Set speedup, gate outcome and verdict of a measured trial against the baseline."""
+        if trial.status == "timeout":
+            trial.verdict = "timeout"
+            return
+        if trial.status == "not-applied":
+            trial.verdict = "not applied"
+            return
+        if not trial.ok:
+            trial.verdict = "failed"
+            return
+        settings = TuneSettings.from_dict(trial.settings)
+        gate = numerics_gate(result.baseline.losses, trial.losses, numerics_class(settings),
+                             noise=self._determinism)
+        trial.deviation, trial.tolerance = gate.deviation, gate.tolerance
+        # Against the most recent baseline run: load on a shared machine drifts within minutes.
+        trial.speedup = speedup(self._ref_ms or result.baseline.median_ms, trial.median_ms)
+        base_peak = result.baseline.peak_bytes
+        if trial.peak_bytes and base_peak and trial.peak_bytes > MEMORY_NOTE * base_peak:
+            trial.note = f"peak memory {trial.peak_bytes / base_peak:.2f}x the baseline's"
+        if not gate.passed:
+            trial.verdict = "numerics"
+            trial.note = gate.reason
+        elif trial.speedup is not None and trial.speedup >= 1.0 + MIN_MARGIN:
+            trial.verdict = "faster"
+        else:
+            trial.verdict = "not faster"
+
+    def _winners(self, singles: list[TrialResult], result: TuneResult) -> list[TrialResult]:
+        best: dict[str, TrialResult] = {}
+        for trial in singles:
+            if trial.verdict != "faster":
+                continue
+            current = best.get(trial.family)
+            if current is None or (trial.median_ms or 0) < (current.median_ms or 0):
+                best[trial.family] = trial
+        return sorted(best.values(), key=lambda t: t.median_ms or 0.0)
+
+    def _combine(self, winners: list[TrialResult], result: TuneResult) -> TrialResult | None:
+        if not winners:
+            return None
+        current = winners[0]
+        for candidate in winners[1:]:
+            reserve = self.baseline_wall * 2 * self.options.confirm_pairs
+            merged = TuneSettings.from_dict(current.settings).merged(TuneSettings.from_dict(candidate.settings))
+            if self.remaining() - reserve < self.baseline_wall * 1.2:
+                result.notes.append(f"not combined with {candidate.label}: the budget ran out")
+                continue
+            self._refresh_baseline(result)
+            self._since_ref += 1
+            trial = self._run(merged, "combined", limit_s=min(self._share(merged), self.remaining() - reserve),
+                              tag="combined")
+            self._judge(trial, result)
+            result.trials.append(trial)
+            if trial.verdict == "faster" and (trial.median_ms or 0) * (1 + MIN_MARGIN) < (current.median_ms or 0):
+                current = trial
+            elif trial.verdict == "faster":
+                trial.verdict = "not faster"
+                trial.note = f"adding {candidate.label} did not beat {current.label} by {MIN_MARGIN:.0%}"
+        return current
+
+    def _confirm(self, best: TrialResult, result: TuneResult) -> bool:
+        """Interleave baseline and ``best``; recommend it only if it wins beyond the noise.
+
+        Two conditions: the median of the per-pair ratios reaches ``1 + max(3 %, noise)``, and
+        every single pair shows ``best`` faster by at least 3 % (one lucky pair cannot carry it).
+        """
+        self.progress.message(f"confirming {best.label} against the baseline in interleaved pairs")
+        settings = TuneSettings.from_dict(best.settings)
+        pairs: list[tuple[float, float]] = []
+        for i in range(self.options.confirm_pairs):
+            needed = self.baseline_wall + best.wall_s
+            if self.remaining() < needed and pairs:
+                result.notes.append(f"confirmation of {best.label} stopped after {len(pairs)} pair(s): budget spent")
+                break
+            # The confirmation may overrun the budget slightly rather than kill a run half-way:
+            # each run gets at least 1.5x its earlier duration.
+            base = self._run(TuneSettings(), "baseline", tag=f"confirm-baseline-{i + 1}",
+                             limit_s=max(1.5 * self.baseline_wall, min(3 * self.baseline_wall, self.remaining())))
+            cand = self._run(settings, "confirm", tag=f"confirm-{i + 1}",
+                             limit_s=max(1.5 * best.wall_s, min(self._share(settings), self.remaining())))
+            if not (base.ok and cand.ok):
+                result.notes.append(f"confirmation run failed: {base.cause or cand.cause}")
+                break
+            self.baseline_medians.append(base.median_ms or 0.0)
+            pairs.append((base.median_ms or 0.0, cand.median_ms or 0.0))
+            if pairs[-1][0] < (1.0 + MIN_MARGIN) * pairs[-1][1]:
+                break  # this pair already rules it out (every pair must show it faster)
+            gate = numerics_gate(result.baseline.losses, cand.losses, numerics_class(settings),
+                                 noise=self._determinism)
+            if not gate.passed:
+                best.verdict = "numerics"
+                best.note = f"confirmation run failed the gate: {gate.reason}"
+                result.notes.append(f"{best.label} not recommended: {best.note}")
+                return False
+        result.noise = noise_fraction(self.baseline_medians)
+        result.required = required_speedup(result.noise)
+        ratio = paired_speedup(pairs)
+        worst = min((b / c for b, c in pairs if b and c), default=None)
+        best.confirm_ratios = [round(b / c, 3) for b, c in pairs if b and c]
+        if ratio is not None and worst is not None and ratio >= result.required and worst >= 1.0 + MIN_MARGIN:
+            best.verdict = "winner"
+            result.winner = best
+            result.confirmed_speedup = ratio
+            return True
+        shown = ", ".join(f"{r:.2f}x" for r in best.confirm_ratios) or "no measurement"
+        best.verdict = "not confirmed"
+        best.note = (f"interleaved pairs gave {shown}; needed a median of {result.required:.2f}x "
+                     f"and every pair above {1 + MIN_MARGIN:.2f}x")
+        result.notes.append(f"{best.label} not recommended: {best.note}")
+        if result.confirmed_speedup is None:
+            result.confirmed_speedup = ratio
+        return False
+
+
+def tune(target: Target, options: TuneOptions, progress: Progress | None = None) -> TuneResult:
+    """Run a tune search (see :class:`Search`)."""
+    return Search(target, options, progress).run()
+
+
+def parse_knobs(text: str | None) -> tuple[str, ...]:
+    """``--knobs amp,compile`` -> ``("amp", "compile")``; raise UsageError naming unknown ones."""
+    if not text:
+        return KNOB_NAMES
+    names = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in names if k not in KNOB_NAMES]
+    if unknown:
+        raise UsageError(f"Unknown knob {', '.join(unknown)} in --knobs; choose from {', '.join(KNOB_NAMES)}.")
+    return names
+
+
+__all__ = ["Progress", "Search", "TuneOptions", "TuneResult", "knob_families", "parse_knobs", "tune"]

@@ -1,0 +1,99 @@
+"""``scalpel tune`` and ``scalpel run`` end to end on a tiny fixture script."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tune"
+TINY = FIXTURES / "tiny_train.py"
+
+
+@pytest.mark.slow
+def test_tune_end_to_end_writes_table_record_report_and_settings(tmp_path):
+    out = tmp_path / "out"
+    config = tmp_path / "scalpel.toml"
+    proc = run_cli("tune", "--knobs", "optimizer,channels_last,compile", "--compile-backend", "aot_eager",
+                   "--budget", "4m", "--steps", "3", "--warmup", "2", "--confirm", "1", "--out", str(out),
+                   "--config", str(config), "--", str(TINY), "--steps", "40", "--crash-with-fused", "--break",
+                   timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "variants ranked" in proc.stderr
+    data = json.loads((out / "run.json").read_text())
+    tune = data["sections"]["tune"]
+    trials = {t["label"]: t for t in tune["trials"]}
+    # a crash in one trial is reported with its cause and the search goes on
+    assert trials["optimizer=fused"]["verdict"] == "failed"
+    assert "this script refuses fused optimizers" in trials["optimizer=fused"]["cause"]
+    # a knob that cannot apply is skipped with the reason
+    assert trials["channels_last"]["verdict"] == "skipped" and "no Conv2d" in trials["channels_last"]["cause"]
+    # compile regions: repeated blocks first, then the whole model; graph breaks counted per region
+    block = trials["compile(Block, backend=aot_eager)"] if "compile(Block, backend=aot_eager)" in trials \
+        else next(t for label, t in trials.items() if label.startswith("compile(Block"))
+    assert block["compile"]["graph_breaks"] >= 1
+    assert any(label.startswith("compile(model") for label in trials)
+    for t in tune["trials"]:
+        assert t["verdict"] in {"winner", "faster", "not faster", "numerics", "failed", "timeout", "skipped",
+                                "not applied", "not run", "not confirmed"}
+        if t["deviation"] is not None and t["verdict"] != "numerics":
+            assert t["deviation"] <= t["tolerance"]
+    # never recommended without confirmation beyond the margin
+    if tune["winner"]:
+        assert tune["confirmed_speedup"] >= tune["required_speedup"]
+    assert (out / "scalpel.toml").exists() and config.exists()
+    assert "Tune: variants ranked" in (out / "report.html").read_text()
+    # scalpel run applies what tune wrote
+    ran = run_cli("run", "--config", str(config), "--show", "--", str(TINY), "--steps", "3", timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+
+
+def test_run_applies_settings_and_reports_them(tmp_path):
+    config = tmp_path / "scalpel.toml"
+    config.write_text('version = "1.0"\n[tune]\namp = "bf16"\nthreads = 1\n[tune.dataloader]\nnum_workers = 1\n')
+    proc = run_cli("run", "--config", str(config), "--show", "--", str(TINY), "--steps", "3", timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "scalpel run: amp=bf16 + num_workers=1 + threads=1" in proc.stderr
+    assert "applied autocast(cpu, bfloat16) around Net" in proc.stderr
+    assert "applied DataLoader num_workers=1" in proc.stderr
+
+
+def test_run_passes_the_script_exit_code_and_skips(tmp_path):
+    script = tmp_path / "exit3.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    config = tmp_path / "scalpel.toml"
+    config.write_text('[tune]\nchannels_last = true\n')
+    proc = run_cli("run", "--config", str(config), "--", str(script))
+    assert proc.returncode == 3
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["tune", "--budget", "soon", "--", str(TINY)], "--budget takes a duration"),
+    (["tune", "--knobs", "amp,turbo", "--", str(TINY)], "Unknown knob turbo"),
+    (["tune", "--compile-mode", "fastest", "--", str(TINY)], "--compile-mode takes"),
+    (["tune", "--steps", "1", "--", str(TINY)], "--steps must be at least 2"),
+    (["tune"], "Name the script to run"),
+    (["tune", "--", "missing.py"], "does not exist"),
+    (["run", "--config", "nope.toml", "--", str(TINY)], "does not exist"),
+])
+def test_usage_errors_are_one_sentence_exit_2(args, needle, tmp_path, monkeypatch, capsys):
+    # In-process: validation happens before any script runs, so no subprocess is needed.
+    from torchscalpel.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_tune_refuses_a_script_whose_baseline_fails(tmp_path):
+    script = tmp_path / "broken.py"
+    script.write_text("raise ValueError('no data here')\n")
+    proc = run_cli("tune", "--budget", "60s", "--out", str(tmp_path / "o"), "--config", str(tmp_path / "c.toml"),
+                   "--", str(script), timeout=120)
+    assert proc.returncode == 1
+    assert "The baseline run failed" in proc.stderr and "no data here" in proc.stderr
+    assert "Traceback" not in proc.stderr.split("scalpel: error")[-1]

@@ -1,0 +1,59 @@
+"""What tune leaves behind: scalpel.toml (never over a user's file), code.txt, run.json, report.html."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_tune_search import FakeRunner
+
+from torchscalpel.cli.common import Target
+from torchscalpel.record import RunRecord
+from torchscalpel.report.tune_sections import build
+from torchscalpel.tune import search as search_mod
+from torchscalpel.tune import tune_stage
+from torchscalpel.tune.settings import TuneSettings, read_settings_file
+
+
+def test_tune_stage_writes_every_output(monkeypatch, tmp_path):
+    monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
+    out = tmp_path / "demo-tune"
+    result = tune_stage(Target(script=Path("train.py")), out, budget_s=60, quiet=True)
+    assert result.winner is not None
+    assert read_settings_file(out / "scalpel.toml") == TuneSettings(amp="bf16", amp_fp32_attention=True)
+    assert "torch.autocast" in (out / "code.txt").read_text()
+    data = json.loads((out / "run.json").read_text())
+    assert data["sections"]["tune"]["winner"]["label"] == "amp=bf16 + amp_fp32_attention"
+    html = (out / "report.html").read_text()
+    assert "Tune: recommendation" in html and "scalpel run --config scalpel.toml" in html
+
+
+def test_user_config_is_never_overwritten(monkeypatch, tmp_path):
+    from torchscalpel.tune.outputs import save_outputs
+    from torchscalpel.tune.search import TuneOptions, tune
+
+    monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
+    result = tune(Target(script=Path("t.py")), TuneOptions(out_dir=tmp_path / "o", knobs=("amp",), steps=3))
+    mine = tmp_path / "scalpel.toml"
+    mine.write_text('[tune]\nthreads = 3\n')  # hand-written: no "written by scalpel tune" mark
+    paths = save_outputs(result, tmp_path / "o", config_path=mine, command=[], target_text="t.py")
+    assert "config" not in paths and mine.read_text() == '[tune]\nthreads = 3\n'
+    ours = tmp_path / "ours.toml"
+    save_outputs(result, tmp_path / "o", config_path=ours, command=[], target_text="t.py")
+    save_outputs(result, tmp_path / "o", config_path=ours, command=[], target_text="t.py")  # ours: replaced
+    assert read_settings_file(ours).amp == "bf16"
+
+
+def test_report_sections_only_with_a_tune_result():
+    assert build(RunRecord()) == []
+
+
+def test_report_sections_show_no_change(monkeypatch, tmp_path):
+    from torchscalpel.tune.search import TuneOptions, tune
+
+    monkeypatch.setattr(search_mod, "run_trial", FakeRunner({}))
+    result = tune(Target(script=Path("t.py")), TuneOptions(out_dir=tmp_path, knobs=("amp",), steps=3))
+    sections = build(RunRecord(sections={"tune": result.to_dict()}))
+    assert [s.id for s in sections] == ["tune", "tune-variants", "tune-losses"]
+    assert "No change recommended" in sections[0].body
+    assert "not faster" in sections[1].body and "<svg" in sections[2].body
