@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from helpers import run_cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
@@ -53,6 +55,8 @@ def test_usage_errors_are_one_sentence_and_exit_2(tmp_path: Path) -> None:
         proc = run_cli(*args, timeout=120)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("scalpel: error:") and "Traceback" not in proc.stderr
+    bad_steps = run_cli("doctor", "--steps", "many", "--", str(FIXTURES / "clean_ddp.py"), timeout=120)
+    assert bad_steps.returncode == 2 and "--steps takes a number or 'auto'" in bad_steps.stderr
 
 
 def test_run_mode_reports_ranked_findings_into_record_report_and_json(tmp_path: Path) -> None:
@@ -73,3 +77,16 @@ def test_failing_script_exits_with_its_code_and_still_reports(tmp_path: Path) ->
     proc = run_cli("doctor", "--out", str(tmp_path / "r"), "--", str(FIXTURES / "state_dict_prefix_mismatch.py"), timeout=240)
     assert proc.returncode == 1
     assert "state-dict-prefix-mismatch" in proc.stdout and "_orig_mod." in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_nproc_2_runs_every_rank_through_launch_and_merges(tmp_path: Path) -> None:
+    js = tmp_path / "d.json"
+    proc = run_cli("doctor", "--nproc", "2", "--out", str(tmp_path / "r"), "--json", str(js), "--",
+                   str(FIXTURES / "ddp_no_distributed_sampler.py"), timeout=300)
+    assert (tmp_path / "r" / "rank-0" / "run.json").exists() and (tmp_path / "r" / "rank-1" / "run.json").exists(), proc.stdout[-2000:]
+    data = json.loads(js.read_text())
+    assert data["mode"] == "ranks" and data["ranks"] == [0, 1]
+    (f,) = [f for f in data["findings"] if f["rule"] == "ddp-no-distributed-sampler"]
+    assert any("seen on ranks 0, 1" in e for e in f["evidence"])

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
-from torchscalpel.errors import UsageError
+from torchscalpel.errors import ScalpelError, UsageError
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -29,11 +29,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--static", nargs="+", type=Path, metavar="PATH",
                    help="only run the static rules over these files/folders (fast; no script is run)")
-    p.add_argument("--steps", type=int, default=None,
+    p.add_argument("--steps", type=_steps, default=None,
                    help="measured steps before the script is stopped (default: at least 30, more while the run "
                    "is under 20 s, at most 300)")
     p.add_argument("--warmup", type=int, default=2, help="steps run before measuring (default 2)")
-    p.add_argument("--nproc", type=int, default=1, help="ranks to run the script on (needs 'scalpel launch'; default 1)")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks to run the script on through 'scalpel launch' (gloo on CPU); findings merged (default 1)")
     p.add_argument("--sanity", action="store_true", help="also try to overfit one batch (rule cannot-overfit-batch)")
     p.add_argument("--no-static", action="store_true", help="skip static analysis in a script run")
     p.add_argument("--json", dest="json_path", type=Path, help="write the findings as JSON here")
@@ -46,13 +47,23 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _steps(text: str) -> int | None:
+    """``--steps``: a number, or ``auto``/``all`` for the default window (what ``scalpel launch --doctor`` passes)."""
+    if text.lower() in {"auto", "all"}:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--steps takes a number or 'auto', not {text!r}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Validate flags, then run the static-only or the full doctor."""
     from torchscalpel.doctor.finding import Severity
 
     fail_on = Severity.parse(args.fail_on) if args.fail_on else None
     if args.steps is not None and args.steps < 1:
-        raise UsageError("--steps must be at least 1.")
+        raise UsageError("--steps must be at least 1 (or 'auto').")
     if args.warmup < 0:
         raise UsageError("--warmup must be 0 or more.")
     if args.nproc < 1:
@@ -64,10 +75,38 @@ def run(args: argparse.Namespace) -> int:
     if not args.target and not args.module:
         raise UsageError("Name the script to check after --, e.g. 'scalpel doctor -- train.py', or pass --static PATH.")
     if args.nproc > 1:
-        raise UsageError(
-            "--nproc above 1 needs 'scalpel launch', which this build does not have yet; run with --nproc 1."
-        )
+        return _run_ranks(args, fail_on)
     return _run_script(args, fail_on)
+
+
+def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
+    """``--nproc N``: every rank under the doctor via ``scalpel launch --doctor``, findings merged."""
+    from rich.console import Console
+
+    from torchscalpel.cli.main import COMMANDS
+    from torchscalpel.doctor.output import reaches, render_terminal
+    from torchscalpel.doctor.ranks import merge_rank_findings, run_ranks
+
+    if "launch" not in COMMANDS:
+        raise UsageError("--nproc above 1 needs 'scalpel launch', which this build does not have; run with --nproc 1.")
+    if args.module:
+        raise UsageError("--nproc runs a script file; pass the script path instead of -m.")
+    target = resolve_target(args)
+    if target.script is None or not target.script.is_file():
+        raise UsageError("--nproc needs a script file after --.")
+    out_dir = args.out or default_run_dir(f"doctor-{target.name}")
+    console = Console()
+    console.print(f"[bold]scalpel doctor[/bold]: {target.name} on {args.nproc} ranks (scalpel launch --doctor)")
+    code, records, _ = run_ranks(target.script, target.args, nproc=args.nproc, steps=args.steps, out=out_dir)
+    if not records:
+        raise ScalpelError(f"No rank wrote a run record under {out_dir}; see the rank logs in {out_dir / 'logs'}.")
+    findings = merge_rank_findings(records)
+    render_terminal(findings, console, header=f"[dim]{len(records)} rank record(s) under {out_dir}[/dim]\n")
+    _write_outputs(args, findings, {"mode": "ranks", "nproc": args.nproc, "ranks": sorted(records),
+                                    "records": [str(out_dir / f"rank-{r}" / "run.json") for r in sorted(records)]})
+    if reaches(findings, fail_on):
+        return 1
+    return code
 
 
 def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str, Any]) -> None:
