@@ -74,6 +74,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--save", default="", help="write the trained weights (state_dict) here")
+    parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -94,7 +95,7 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             step += 1
-            if step % 10 == 0:
+            if step % args.log_every == 0:
                 print(f"epoch {epoch} step {step} loss {loss.item():.4f}")
             if args.steps and step >= args.steps:
                 break

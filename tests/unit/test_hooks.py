@@ -121,3 +121,40 @@ def test_grad_scaler_losses_are_recorded_unscaled_and_samples_sum_over_micro_bat
     assert len(steps) == 2
     assert steps[-1].loss == expected  # not expected * 1024
     assert steps[-1].samples == 6 and steps[-1].micro_batches == 2
+
+
+def test_after_warmup_timeline_mode_hooks_only_the_root_modules():
+    session = Session(RuntimeOptions(warmup=1, steps=None), [])
+    hooks = HookSet(session)
+    session.hooks = hooks
+    hooks.install()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(4):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            if i == 0:
+                # narrowed at the end of the warm-up step: no global forward hooks, hooks on the root only
+                assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
+                assert len(model._forward_pre_hooks) == 1 and not model[0]._forward_pre_hooks
+    finally:
+        hooks.remove()
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    steps = session.timeline.steps
+    assert len(steps) == 4 and all(s.forward_ms > 0 and s.forward_calls == 1 for s in steps)
+
+
+def test_observers_that_want_module_events_keep_the_global_hooks():
+    rec = Recorder()
+    session = Session(RuntimeOptions(warmup=1, steps=None), [rec])
+    hooks = HookSet(session)
+    session.hooks = hooks
+    hooks.install()
+    try:
+        alive = _train(3)
+        assert nn_module._global_forward_pre_hooks
+    finally:
+        hooks.remove()
+    assert rec.events.count("forward") == 3
+    del alive

@@ -24,6 +24,7 @@ COMMANDS: tuple[str, ...] = (
     "launch",
     "tune",
     "run",
+    "plan",
     "doctor",
 )
 

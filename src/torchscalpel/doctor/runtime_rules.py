@@ -93,12 +93,6 @@ def patch_attr(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Calla
     return undo
 
 
-_EVENTS = (
-    "on_start", "on_forward_pre", "on_forward_post", "on_backward_pre", "on_backward_post",
-    "on_optimizer_step_pre", "on_optimizer_step_post", "on_batch", "on_step_end", "on_finish",
-)
-
-
 class DoctorObserver(Observer):
     """One observer that runs every runtime rule with crash isolation."""
 
@@ -107,23 +101,50 @@ class DoctorObserver(Observer):
     def __init__(self, rules: Sequence[RuntimeRule]) -> None:
         self.rules = list(rules)
         self._undo: list[Undo] = []
-        for event in _EVENTS:
-            setattr(self, event, self._fan_out(event))
 
-    def _fan_out(self, event: str) -> Callable[..., None]:
-        def dispatch(*args: Any, **kwargs: Any) -> None:
-            if event == "on_start" and args:
-                for rule in self.rules:
-                    rule.session = args[0]
+    def _dispatch(self, event: str, *args: Any) -> None:
+        if event == "on_start" and args:
             for rule in self.rules:
-                if rule.crashed is not None:
-                    continue
-                try:
-                    getattr(rule, event)(*args, **kwargs)
-                except Exception as exc:  # a broken rule must never break the user's run
-                    rule.crashed = exc
+                rule.session = args[0]
+        for rule in self.rules:
+            if rule.crashed is not None:
+                continue
+            try:
+                getattr(rule, event)(*args)
+            except Exception as exc:  # a broken rule must never break the user's run
+                rule.crashed = exc
 
-        return dispatch
+    # Real methods (not instance attributes): the runtime sends an event only to observers whose
+    # class overrides it.
+    def on_start(self, session: Any) -> None:
+        self._dispatch("on_start", session)
+
+    def on_forward_pre(self, module: Any, args: Any, kwargs: Any, root: bool) -> None:
+        self._dispatch("on_forward_pre", module, args, kwargs, root)
+
+    def on_forward_post(self, module: Any, args: Any, kwargs: Any, output: Any, root: bool) -> None:
+        self._dispatch("on_forward_post", module, args, kwargs, output, root)
+
+    def on_backward_pre(self, tensors: Any) -> None:
+        self._dispatch("on_backward_pre", tensors)
+
+    def on_backward_post(self, tensors: Any) -> None:
+        self._dispatch("on_backward_post", tensors)
+
+    def on_optimizer_step_pre(self, optimizer: Any) -> None:
+        self._dispatch("on_optimizer_step_pre", optimizer)
+
+    def on_optimizer_step_post(self, optimizer: Any) -> None:
+        self._dispatch("on_optimizer_step_post", optimizer)
+
+    def on_batch(self, batch: Any, loader: Any) -> None:
+        self._dispatch("on_batch", batch, loader)
+
+    def on_step_end(self, step: Any) -> None:
+        self._dispatch("on_step_end", step)
+
+    def on_finish(self, record: Any) -> None:
+        self._dispatch("on_finish", record)
 
     def setup_hook(self) -> Undo:
         """For ``run_target(setup_hooks=[...])``: apply every rule's patches; returns the undo of all."""

@@ -31,6 +31,7 @@ SECTION_BUILDERS: list[str] = [
     "torchscalpel.report.profile_sections:build",
     "torchscalpel.report.env_sections:build",
     "torchscalpel.report.tune_sections:build",
+    "torchscalpel.report.plan_sections:build",
     "torchscalpel.report.findings_sections:build",
 ]
 

@@ -40,17 +40,21 @@ class HookSet:
         self.session = session
         self._undo: list[Callable[[], None]] = []
         self._forward_depth = 0
-        self._forward_timed: list[bool] = []
+        self._root_timed = False
         self._backward_depth = 0
+        self._global_forward: list[Any] = []
+        self._root_handles: list[Any] = []
 
     # ----- install / remove ---------------------------------------------------------------
     def install(self) -> None:
         """Register every hook; safe to call once per session."""
-        h1 = nn_module.register_module_forward_pre_hook(self._forward_pre)
-        h2 = nn_module.register_module_forward_hook(self._forward_post, always_call=True)
+        self._global_forward = [
+            nn_module.register_module_forward_pre_hook(self._forward_pre),
+            nn_module.register_module_forward_hook(self._forward_post, always_call=True),
+        ]
         h3 = optim_module.register_optimizer_step_pre_hook(self._optimizer_pre)
         h4 = optim_module.register_optimizer_step_post_hook(self._optimizer_post)
-        self._undo += [h.remove for h in (h1, h2, h3, h4)]
+        self._undo += [self._remove_forward_hooks, h3.remove, h4.remove]
         self._patch(torch.Tensor, "backward", self._wrap_backward)
         self._patch(torch.autograd, "backward", self._wrap_backward)
         self._patch(dl_module._BaseDataLoaderIter, "__next__", self._wrap_next)
@@ -63,6 +67,34 @@ class HookSet:
         while self._undo:
             self._undo.pop()()
 
+    def narrow_to_roots(self) -> bool:
+        """Swap the global forward hooks for hooks on the root modules seen so far.
+
+        Why: a global module hook sends every submodule call down ``Module._call_impl``'s slow
+        path. Once the roots are known and no observer wants submodule events, hooks on the
+        roots alone time the same forward calls at a fraction of the cost. A model first
+        called later is then not seen (its time counts as ``other``), so the swap happens only
+        after warm-up. Returns True if it swapped.
+        """
+        s = self.session
+        if not self._global_forward or s.listeners["on_forward_pre"] or s.listeners["on_forward_post"]:
+            return False
+        roots = list(s.root_modules)
+        if not roots or self._forward_depth:
+            return False
+        for h in self._global_forward:
+            h.remove()
+        self._global_forward = []
+        for m in roots:
+            self._root_handles.append(m.register_forward_pre_hook(self._forward_pre))
+            self._root_handles.append(m.register_forward_hook(self._forward_post, always_call=True))
+        return True
+
+    def _remove_forward_hooks(self) -> None:
+        for h in [*self._global_forward, *self._root_handles]:
+            h.remove()
+        self._global_forward, self._root_handles = [], []
+
     def _patch(self, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
         original = owner.__dict__[name]
         setattr(owner, name, wrapper(original))
@@ -72,34 +104,39 @@ class HookSet:
     def _forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
         if _compiling():
             return
-        root = self._forward_depth == 0
-        self._forward_depth += 1
         s = self.session
-        timed = False
-        if root:
-            s.note_root_module(module)
-            # A no-grad forward during training is evaluation: it counts as "other", not forward.
-            if torch.is_grad_enabled() or s.timeline.kind == "forward":
-                timed = s.timeline.begin("forward")
-                s.timeline.note_forward(_batch_size(args))
-        self._forward_timed.append(timed)
-        s.emit("on_forward_pre", module, args, {}, root)
+        if self._forward_depth:
+            # Inner module: the hot path (every submodule call), kept to a counter when no
+            # observer listens to module events.
+            self._forward_depth += 1
+            if s.listeners["on_forward_pre"]:
+                s.emit("on_forward_pre", module, args, {}, False)
+            return
+        self._forward_depth = 1
+        s.note_root_module(module)
+        # A no-grad forward during training is evaluation: it counts as "other", not forward.
+        self._root_timed = False
+        if torch.is_grad_enabled() or s.timeline.kind == "forward":
+            self._root_timed = s.timeline.begin("forward")
+            s.timeline.note_forward(_batch_size(args))
+        s.emit("on_forward_pre", module, args, {}, True)
 
     def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if _compiling() or self._forward_depth == 0:
             return
         self._forward_depth -= 1
-        root = self._forward_depth == 0
-        timed = self._forward_timed.pop() if self._forward_timed else False
         s = self.session
-        s.emit("on_forward_post", module, args, {}, output, root)
-        if root:
-            if not s.grad_forward_seen and _requires_grad(output):
-                s.grad_forward_seen = True
-            if timed:
-                s.timeline.end("forward")
-            if s.timeline.in_phase is None:
-                s.boundary("forward")
+        if self._forward_depth:
+            if s.listeners["on_forward_post"]:
+                s.emit("on_forward_post", module, args, {}, output, False)
+            return
+        s.emit("on_forward_post", module, args, {}, output, True)
+        if not s.grad_forward_seen and _requires_grad(output):
+            s.grad_forward_seen = True
+        if self._root_timed:
+            s.timeline.end("forward")
+        if s.timeline.in_phase is None:
+            s.boundary("forward")
 
     # ----- backward -----------------------------------------------------------------------
     def _wrap_backward(self, original: Callable[..., Any]) -> Callable[..., Any]:

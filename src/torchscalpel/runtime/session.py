@@ -86,12 +86,22 @@ class Session:
     stop_reason: str | None = None
     device: torch.device | None = None
     window: Any = None
+    hooks: Any = None
+    """The installed :class:`~torchscalpel.runtime.hooks.HookSet` (None outside a run)."""
     grad_forward_seen: bool = False
     """A root forward returned a tensor that requires grad: training is likely, even before a backward."""
     _disabled: set[int] = field(default_factory=set)
     _stopping: bool = False
 
+    listeners: dict[str, list[Observer]] = field(init=False)
+    """Per event, the observers that override it: events nobody listens to cost nothing."""
+
     def __post_init__(self) -> None:
+        self.listeners = {
+            name: [o for o in self.observers if getattr(type(o), name) is not getattr(Observer, name)]
+            for name in dir(Observer)
+            if name.startswith("on_")
+        }
         self.device = torch.device(self.options.device) if self.options.device else None
         self.timeline = Timeline(clock_for(self.device), on_close=self._step_closed)
         self.memory = StepMemory(self.device)
@@ -99,7 +109,7 @@ class Session:
     # ----- called by hooks ----------------------------------------------------------------
     def emit(self, event: str, *args: Any) -> None:
         """Call ``event`` on every observer; an observer that raises is disabled, never the run."""
-        for obs in self.observers:
+        for obs in self.listeners[event]:
             if id(obs) in self._disabled:
                 continue
             try:
@@ -175,6 +185,8 @@ class Session:
     # ----- step bookkeeping ---------------------------------------------------------------
     def _step_closed(self, step: StepRecord) -> None:
         step.warmup = step.index < self.options.warmup
+        if step.index + 1 == max(self.options.warmup, 1) and self.hooks is not None and self.timeline.kind == "optimizer":
+            self.hooks.narrow_to_roots()
         self.memory.close_step(step)
         if self.window is not None:
             self.window.on_step_closed(step)
@@ -228,6 +240,7 @@ def run_target(
     )
     undo: list[Callable[[], None]] = []
     hooks = HookSet(session)
+    session.hooks = hooks
     saved_argv, saved_path0 = list(sys.argv), list(sys.path)
     status, exit_code, error = "complete", 0, None
     try:

@@ -1,0 +1,152 @@
+"""``scalpel plan``: per-rank memory for each parallel strategy, fits / max batch, recommendation.
+
+Factory mode: ``scalpel plan --model MODULE:FACTORY --batch SPEC [options]``.
+Script mode: ``scalpel plan [options] -- SCRIPT [ARGS]`` (model, optimizer and batch taken from the
+script's first step). See docs/plan.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from torchscalpel.cli.common import add_output_arguments, add_target_arguments, default_run_dir
+from torchscalpel.errors import UsageError
+from torchscalpel.plan.simulate import OPTIMIZERS, PRECISIONS
+from torchscalpel.plan.strategies import STRATEGIES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``plan`` sub-command."""
+    p = subparsers.add_parser(
+        "plan", help="per-rank memory plan (params, grads, optimizer, activations, buffers) per strategy",
+        description="Plan per-rank memory for each parallel strategy without allocating real memory.",
+    )
+    p.add_argument("--model", metavar="MODULE:FACTORY", help="factory returning the nn.Module (MODULE may be a .py path)")
+    p.add_argument("--factory-args", metavar="JSON", help="keyword arguments for the factory, a JSON object")
+    p.add_argument("--batch", metavar="SPEC", help="per-rank batch, e.g. 'x=float32[8,3,32,32],y=int64[8]:10'")
+    p.add_argument("--loss", metavar="MODULE:FN", help="loss function FN(model, batch) -> scalar tensor")
+    p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZERS), help="optimizer (default adamw)")
+    p.add_argument("--precision", default="fp32", choices=list(PRECISIONS), help="numeric precision (default fp32)")
+    p.add_argument("--strategy", default="all", choices=[*STRATEGIES, "all"], help="strategy to plan (default all)")
+    p.add_argument("--world-size", type=int, default=1, help="total ranks (default 1)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes the ranks span (for fsdp-hybrid; default 1)")
+    p.add_argument("--activation-checkpointing", default="none", choices=["none", "blocks"],
+                   help="block-level activation checkpointing assumed by the rows (default none)")
+    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation micro-steps (default 1)")
+    p.add_argument("--device", metavar="NAME", help="target device from the table (e.g. A100-80GB, H100-80GB, L4, cpu)")
+    p.add_argument("--device-memory", metavar="SIZE", help="target device memory, e.g. 80GiB or 24GB")
+    p.add_argument("--no-max-batch", action="store_true", help="skip the largest-batch search (faster)")
+    p.add_argument("--steps", type=int, default=1, help="script mode: steps to watch before stopping (default 1)")
+    add_output_arguments(p)
+    add_target_arguments(p, required=False)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, plan, print, write run.json / report.html / --json."""
+    _validate(args)
+    from torchscalpel.plan.devices import resolve_device
+    from torchscalpel.plan.strategies import strategies_for
+
+    device = resolve_device(args.device, args.device_memory)
+    strategies = strategies_for(args.strategy, args.world_size, args.nodes)
+    script_mode = bool(args.module or [a for a in (args.target or []) if a != "--"])
+    if script_mode:
+        from torchscalpel.plan.script import plan_script
+
+        result, record, out_dir = plan_script(args, device, strategies)
+    else:
+        result = _factory_plan(args, device, strategies)
+        record, out_dir = _factory_record(args, result)
+    from torchscalpel.plan.render import render_text
+
+    print(render_text(result))
+    record.sections["plan"] = result.to_dict()
+    _write_outputs(args, record, out_dir, result.to_dict())
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.world_size < 1:
+        raise UsageError(f"--world-size {args.world_size} must be at least 1.")
+    if args.nodes < 1 or args.world_size % args.nodes:
+        raise UsageError(f"--nodes {args.nodes} must be at least 1 and divide --world-size {args.world_size}.")
+    if args.grad_accum < 1:
+        raise UsageError(f"--grad-accum {args.grad_accum} must be at least 1.")
+    if args.strategy == "fsdp-hybrid" and args.nodes < 2:
+        raise UsageError("--strategy fsdp-hybrid shards within a node and replicates across nodes; give --nodes 2 or more.")
+    if args.strategy in ("ddp", "fsdp-full", "fsdp-grad-op") and args.world_size < 2:
+        raise UsageError(f"--strategy {args.strategy} needs --world-size 2 or more; use --strategy single for one rank.")
+    script = bool(args.module or [a for a in (args.target or []) if a != "--"])
+    if script and (args.model or args.batch):
+        raise UsageError("Give either --model/--batch (factory mode) or a script after --, not both.")
+    if not script and not args.model:
+        raise UsageError("Name the model with --model MODULE:FACTORY and --batch SPEC, or a script after --.")
+    if not script and not args.batch:
+        raise UsageError("Factory mode needs --batch, e.g. --batch 'x=float32[8,3,32,32],y=int64[8]:10'.")
+
+
+def _factory_plan(args: argparse.Namespace, device, strategies):
+    from torchscalpel.plan.planner import PlanRequest, make_plan
+    from torchscalpel.plan.simulate import OptimizerSpec
+    from torchscalpel.plan.spec import load_callable, parse_batch_spec, parse_factory_args
+
+    batch = parse_batch_spec(args.batch)
+    kwargs = parse_factory_args(args.factory_args)
+    factory = load_callable(args.model, flag="--model")
+    loss_fn = load_callable(args.loss, flag="--loss") if args.loss else None
+    request = PlanRequest(
+        builder=lambda: factory(**kwargs), batch=batch, loss_fn=loss_fn, strategies=strategies,
+        world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.activation_checkpointing,
+        search_max_batch=not args.no_max_batch, model_name=args.model,
+        settings=sim_settings(OptimizerSpec.named(args.optimizer), args.precision, args.grad_accum, device),
+    )
+    return make_plan(request)
+
+
+def sim_settings(optimizer, precision: str, grad_accum: int, device):
+    """Simulation settings for a target device (fake CUDA only where CUDA exists; foreach as CUDA does)."""
+    import torch
+
+    from torchscalpel.plan.simulate import SimSettings
+
+    gpu_target = device.kind in ("cuda", "rocm")
+    sim_device = "cuda" if gpu_target and torch.cuda.is_available() else "cpu"
+    return SimSettings(optimizer=optimizer, precision=precision, grad_accum=grad_accum,
+                       foreach=True if gpu_target else None, device=sim_device)
+
+
+def _factory_record(args: argparse.Namespace, result):
+    import time
+
+    from torchscalpel import __version__
+    from torchscalpel.envcheck.facts import collect_facts
+    from torchscalpel.record import RunRecord
+
+    name = args.model.rsplit(":", 1)[-1]
+    try:
+        env = collect_facts()
+    except Exception:  # facts are nice to have; a plan must not fail for them
+        env = {}
+    record = RunRecord(name=f"plan-{name}", created=time.strftime("%Y-%m-%dT%H:%M:%S"), tool_version=__version__,
+                       command=["scalpel", *sys.argv[1:]], status="complete", environment=env,
+                       target={"model": args.model, "factory_args": args.factory_args})
+    return record, args.out or default_run_dir(f"plan-{name}")
+
+
+def _write_outputs(args: argparse.Namespace, record, out_dir: Path, plan: dict) -> None:
+    from torchscalpel.record import save_record
+    from torchscalpel.report.html import write_report
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record.artifacts["report"] = "report.html"
+    save_record(record, out_dir)
+    write_report(record, out_dir / "report.html")
+    if args.json_path:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(json.dumps(plan, indent=1) + "\n", encoding="utf-8")
+    print(f"plan written to {out_dir}/run.json and {out_dir}/report.html")

@@ -1,0 +1,124 @@
+"""How factory mode feeds a batch to the model and gets a loss, and which modules are "blocks".
+
+Calling convention (documented in docs/plan.md):
+
+- batch entries whose names match parameters of ``model.forward`` are passed as keyword arguments;
+  if no entry matches, the first entry is passed positionally; the rest are targets;
+- with ``--loss MODULE:FN`` the loss is ``FN(model, batch)`` (batch: dict name -> tensor);
+- otherwise the loss is read from the output: a ``.loss`` attribute or ``"loss"`` key (transformers
+  models given ``labels``), a scalar output, cross-entropy against an integer target, MSE against a
+  float target, or the mean of the output when there is no target.
+
+Blocks are the unit of FSDP wrapping and of activation checkpointing: the children of the largest
+``ModuleList``/``Sequential`` whose children all share one class (transformer layers, MLP layers),
+else the top-level children that hold parameters.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def split_batch(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[torch.Tensor]]:
+    """(positional inputs, keyword inputs, targets) following the calling convention above."""
+    inner = model
+    # DDP (``.module``) and torch.compile (``._orig_mod``) wrap forward as (*inputs, **kwargs)
+    while isinstance(getattr(inner, "module", None) or getattr(inner, "_orig_mod", None), nn.Module):
+        inner = getattr(inner, "module", None) or inner._orig_mod
+    try:
+        params = inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    accepts_var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    named = {k: v for k, v in batch.items() if k in params}
+    if named:
+        targets = [v for k, v in batch.items() if k not in named]
+        return [], named, targets
+    items = list(batch.values())
+    if accepts_var_kw and not params.keys() - {"kwargs"}:
+        return [], dict(batch), []
+    return items[:1], {}, items[1:]
+
+
+def default_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[Any, torch.Tensor]:
+    """Run the model on ``batch`` and derive a scalar loss; returns (output, loss)."""
+    args, kwargs, targets = split_batch(model, batch)
+    out = model(*args, **kwargs)
+    return out, loss_from_output(out, targets)
+
+
+def loss_from_output(out: Any, targets: list[torch.Tensor]) -> torch.Tensor:
+    """The scalar the step calls backward on, read from a model output (see module docstring)."""
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return loss
+    tensor = _first_tensor(out)
+    if tensor is None:
+        raise ValueError("the model output holds no tensor to compute a loss from; pass --loss MODULE:FN")
+    if tensor.dim() == 0:
+        return tensor
+    target = targets[0] if targets else None
+    if target is not None and not target.dtype.is_floating_point and tensor.dtype.is_floating_point:
+        if tensor.dim() >= 2 and tensor.shape[:-1] == target.shape:
+            return F.cross_entropy(tensor.reshape(-1, tensor.shape[-1]), target.reshape(-1))
+        if tensor.dim() >= 2 and tensor.shape[0] == target.shape[0] and tensor.dim() == target.dim() + 1:
+            return F.cross_entropy(tensor, target)
+    if target is not None and target.dtype.is_floating_point and target.shape == tensor.shape:
+        return F.mse_loss(tensor, target)
+    return tensor.float().mean()
+
+
+def _first_tensor(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor):
+        return out
+    logits = getattr(out, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, list | tuple):
+        for item in out:
+            found = _first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The repeated blocks (see module docstring) as (qualified name, module)."""
+    best: tuple[int, list[tuple[str, nn.Module]]] | None = None
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList | nn.Sequential):
+            continue
+        children = list(module.named_children())
+        if len(children) < 2 or len({type(c) for _, c in children}) != 1:
+            continue
+        if not all(any(True for _ in c.parameters()) for _, c in children):
+            continue
+        size = sum(p.numel() for _, c in children for p in c.parameters())
+        if best is None or size > best[0]:
+            best = (size, [(f"{name}.{n}" if name else n, c) for n, c in children])
+    if best is not None:
+        return best[1]
+    return [(n, c) for n, c in model.named_children() if any(True for _ in c.parameters())]
+
+
+def unique_params(module: nn.Module) -> list[nn.Parameter]:
+    """Parameters of ``module`` without duplicates (tied weights count once)."""
+    seen: set[int] = set()
+    out = []
+    for p in module.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out

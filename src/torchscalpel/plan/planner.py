@@ -1,0 +1,190 @@
+"""The plan: measurements, per-strategy breakdowns, max batch and a recommendation, as one result.
+
+:func:`make_plan` is what the CLI and script mode call; :class:`PlanResult` is what they print and
+store in ``record.sections["plan"]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from torchscalpel.plan.devices import Device
+from torchscalpel.plan.model_io import LossFn
+from torchscalpel.plan.search import max_batch
+from torchscalpel.plan.simulate import Measurement, SimSettings, build_meta_model, simulate
+from torchscalpel.plan.spec import BatchSpec
+from torchscalpel.plan.strategies import Breakdown, evaluate
+
+PLAN_VERSION = "1.0"
+
+
+@dataclass(kw_only=True, slots=True)
+class PlanRequest:
+    """Everything a plan depends on."""
+
+    builder: Callable[[], nn.Module]
+    batch: BatchSpec
+    settings: SimSettings
+    loss_fn: LossFn | None = None
+    strategies: list[str]
+    world_size: int = 1
+    nodes: int = 1
+    device: Device
+    checkpointing: str = "none"
+    """``none`` or ``blocks``: the activation checkpointing the rows assume."""
+    search_max_batch: bool = True
+    model_name: str = "model"
+
+
+@dataclass(kw_only=True, slots=True)
+class Row:
+    """One table row: a strategy's breakdown and its largest fitting batch."""
+
+    breakdown: Breakdown
+    max_batch: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {**self.breakdown.to_dict(), "max_batch": self.max_batch}
+
+
+@dataclass(kw_only=True, slots=True)
+class PlanResult:
+    """The plan for one model/batch/device."""
+
+    request: PlanRequest
+    measurement: Measurement
+    rows: list[Row]
+    alternatives: list[Row] = field(default_factory=list)
+    """Rows with activation checkpointing flipped, computed when nothing fits without it."""
+    recommendation: str = ""
+    recommended: str | None = None
+    other_checkpointing_act_peak: int | None = None
+    """Activation peak with block checkpointing flipped (on when the rows have it off, and vice versa)."""
+
+    @property
+    def all_rows(self) -> list[Row]:
+        """Rows then alternatives."""
+        return [*self.rows, *self.alternatives]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (``record.sections["plan"]``)."""
+        r = self.request
+        return {
+            "version": PLAN_VERSION,
+            "model": r.model_name,
+            "batch": r.batch.text(),
+            "batch_size": r.batch.batch_size,
+            "optimizer": r.settings.optimizer.label,
+            "precision": r.settings.precision,
+            "grad_accum": r.settings.grad_accum,
+            "world_size": r.world_size,
+            "nodes": r.nodes,
+            "checkpointing": r.checkpointing,
+            "device": r.device.to_dict(),
+            "measurement": self.measurement.to_dict(),
+            "rows": [row.to_dict() for row in self.rows],
+            "alternatives": [row.to_dict() for row in self.alternatives],
+            "recommended": self.recommended,
+            "recommendation": self.recommendation,
+            "act_peak_other_checkpointing": self.other_checkpointing_act_peak,
+        }
+
+
+def make_plan(request: PlanRequest) -> PlanResult:
+    """Simulate, evaluate every requested strategy, search max batch, recommend."""
+    precision = request.settings.precision
+
+    def meta() -> nn.Module:
+        return build_meta_model(request.builder, precision)
+
+    meta()  # factory errors surface here, before any simulation
+    ckpt = request.checkpointing == "blocks"
+    rows, base = _rows(request, meta, ckpt)
+    alternatives: list[Row] = []
+    other: Measurement | None = None
+    if not any(row.breakdown.fits for row in rows) and not ckpt:
+        alternatives, other = _rows(request, meta, True)
+    elif request.search_max_batch:  # the full plan: show activations both ways (check_fits skips it)
+        other = simulate(meta, request.batch, _settings(request, not ckpt), request.loss_fn)
+    result = PlanResult(request=request, measurement=base, rows=rows, alternatives=alternatives,
+                        other_checkpointing_act_peak=other.act_peak_bytes if other is not None else None)
+    result.recommended, result.recommendation = recommend(result)
+    return result
+
+
+def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool) -> tuple[list[Row], Measurement]:
+    settings = _settings(request, ckpt)
+    cache: dict[int, Measurement] = {}
+
+    def measure(batch: int) -> Measurement:
+        if batch not in cache:
+            cache[batch] = simulate(meta, request.batch.with_batch(batch), settings, request.loss_fn)
+        return cache[batch]
+
+    base = measure(request.batch.batch_size)
+    rows = []
+    for strategy in request.strategies:
+        bd = evaluate(base, strategy, world_size=request.world_size, nodes=request.nodes, device=request.device,
+                      checkpointing=ckpt)
+        mb = None
+        if request.search_max_batch:
+            mb = max_batch(measure, base, strategy, world_size=request.world_size, nodes=request.nodes,
+                           device=request.device, checkpointing=ckpt)
+        rows.append(Row(breakdown=bd, max_batch=mb))
+    return rows, base
+
+
+def _settings(request: PlanRequest, ckpt: bool) -> SimSettings:
+    s = request.settings
+    return SimSettings(optimizer=s.optimizer, precision=s.precision, checkpoint_blocks=ckpt, grad_accum=s.grad_accum,
+                       foreach=s.foreach, device=s.device)
+
+
+_PREFERENCE = ("single", "ddp", "fsdp-grad-op", "fsdp-hybrid", "fsdp-full")
+"""Least communication first: a strategy that fits is preferred over one that shards more."""
+
+
+def recommend(result: PlanResult) -> tuple[str | None, str]:
+    """(strategy label, one-sentence reason)."""
+    gib = 1024**3
+    for rows, note in ((result.rows, ""), (result.alternatives, " with block activation checkpointing")):
+        fitting = [r for r in rows if r.breakdown.fits]
+        if not fitting:
+            continue
+        best = min(fitting, key=lambda r: _PREFERENCE.index(r.breakdown.strategy))
+        b = best.breakdown
+        label = b.strategy + (" + checkpointing" if b.checkpointing else "")
+        why = (f"{b.strategy}{note} fits with {b.headroom / gib:.2f} GiB headroom per rank "
+               f"({b.needed / gib:.2f} of {b.capacity / gib:.2f} GiB) and communicates least among those that fit")
+        if best.max_batch:
+            why += f"; its largest batch per rank is {best.max_batch}"
+        return label, why + "."
+    rows = result.all_rows
+    if not rows:
+        return None, "No strategy was evaluated."
+    closest = min(rows, key=lambda r: r.breakdown.needed)
+    b = closest.breakdown
+    msg = (f"Nothing fits: the smallest need is {b.needed / gib:.2f} GiB per rank with {b.strategy}"
+           f"{' + checkpointing' if b.checkpointing else ''} against {b.capacity / gib:.2f} GiB")
+    fit_batch = [r for r in rows if r.max_batch]
+    if fit_batch:
+        r = max(fit_batch, key=lambda r: r.max_batch or 0)
+        k = -(-result.request.batch.batch_size // int(r.max_batch or 1))
+        msg += (f"; use batch {r.max_batch} with {r.breakdown.strategy}"
+                f"{' + checkpointing' if r.breakdown.checkpointing else ''} and --grad-accum {k}")
+    else:
+        msg += "; more ranks (sharding), a larger device or a smaller model is needed"
+    return None, msg + "."
+
+
+def check_fits(request: PlanRequest) -> tuple[bool, str]:
+    """For ``scalpel launch --plan``: (fits, one sentence). No max-batch search, so it is quick."""
+    result = make_plan(dataclasses.replace(request, search_max_batch=False))
+    fitting = [r for r in result.all_rows if r.breakdown.fits]
+    return bool(fitting), result.recommendation

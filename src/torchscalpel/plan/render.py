@@ -1,0 +1,66 @@
+"""Terminal rendering of a plan (analysis lives in planner/strategies; this only formats)."""
+
+from __future__ import annotations
+
+from torchscalpel.plan.planner import PlanResult, Row
+
+COLUMNS = ("strategy", "params", "grads", "optim", "activ.", "comm", "peak", "+margin", "needed", "fits",
+           "headroom", "max batch", "w+opt rule")
+
+
+def fmt_bytes(n: float) -> str:
+    """Human bytes: 1.23 GiB / 45.6 MiB / 789 KiB."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}" if unit == "GiB" else f"{sign}{n / size:.1f} {unit}"
+    return f"{sign}{int(n)} B"
+
+
+def row_cells(row: Row) -> list[str]:
+    """The cells of one table row, in :data:`COLUMNS` order."""
+    b = row.breakdown
+    return [
+        b.strategy + (" +ckpt" if b.checkpointing else ""), fmt_bytes(b.params), fmt_bytes(b.grads),
+        fmt_bytes(b.optim), fmt_bytes(b.activations), fmt_bytes(b.comm), fmt_bytes(b.peak), fmt_bytes(b.margin),
+        fmt_bytes(b.needed), "yes" if b.fits else "NO", fmt_bytes(b.headroom),
+        "-" if row.max_batch is None else str(row.max_batch), fmt_bytes(b.weights_optimizer_rule),
+    ]
+
+
+def header_lines(result: PlanResult) -> list[str]:
+    """What was planned: model, batch, optimizer, precision, ranks, device."""
+    r, m = result.request, result.measurement
+    return [
+        f"model {r.model_name}: {m.param_count / 1e6:.2f}M parameters ({fmt_bytes(m.param_bytes)}), "
+        f"{len(m.blocks)} blocks (largest {fmt_bytes(max((s for _, s in m.blocks), default=0))})",
+        f"batch per rank {r.batch.text()} · optimizer {r.settings.optimizer.label} · {r.settings.precision}"
+        f" · grad-accum {r.settings.grad_accum} · {r.world_size} rank(s) on {r.nodes} node(s)",
+        f"device {r.device.name}: {fmt_bytes(r.device.memory)} ({r.device.kind}; margin {r.device.margin:.0%} "
+        f"+ context {fmt_bytes(r.device.context_bytes)})",
+        f"measured on fake tensors: saved for backward {fmt_bytes(m.saved_bytes)}, "
+        f"activation peak {fmt_bytes(m.act_peak_bytes)}" + _other(result),
+    ]
+
+
+def _other(result: PlanResult) -> str:
+    other = result.other_checkpointing_act_peak
+    if other is None:
+        return ""
+    on = result.request.checkpointing == "blocks"
+    return f" ({fmt_bytes(other)} {'without' if on else 'with'} block checkpointing)"
+
+
+def render_text(result: PlanResult) -> str:
+    """The plan as a plain-text table plus the recommendation."""
+    rows = [list(COLUMNS)] + [row_cells(r) for r in result.all_rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = [*header_lines(result), ""]
+    for k, row in enumerate(rows):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines += ["", f"recommendation: {result.recommendation}",
+              "peak = allocator peak per rank; needed = peak + margin; w+opt rule = weights+grads+optimizer only."]
+    return "\n".join(lines)

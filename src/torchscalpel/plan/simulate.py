@@ -1,0 +1,354 @@
+"""Run training steps on fake tensors and measure, storage by storage, what the step keeps alive.
+
+The model is built on the meta device, moved to fake tensors, and run for two optimizer steps
+(forward, loss, backward, ``optimizer.step``, ``zero_grad(set_to_none=True)``) under
+:class:`~torchscalpel.plan.tracker.AllocationTracker`, so the second step is the steady state with
+optimizer states alive. Nothing is allocated for real: a 7B model plans on a laptop. Saved-tensor
+hooks count what autograd keeps for backward (reported as "saved for backward"); the tracker's
+timeline gives the peak of everything live, temporaries included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from torchscalpel.errors import UsageError
+from torchscalpel.plan.model_io import LossFn, default_loss, find_blocks, unique_params
+from torchscalpel.plan.spec import BatchSpec
+from torchscalpel.plan.tracker import AllocationTracker, Timeline
+
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+
+OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "adamw": ("torch.optim.AdamW", {"lr": 1e-3}),
+    "adam": ("torch.optim.Adam", {"lr": 1e-3}),
+    "sgd": ("torch.optim.SGD", {"lr": 1e-2}),
+    "sgd-momentum": ("torch.optim.SGD", {"lr": 1e-2, "momentum": 0.9}),
+    "adagrad": ("torch.optim.Adagrad", {"lr": 1e-2}),
+    "rmsprop": ("torch.optim.RMSprop", {"lr": 1e-3}),
+    "adafactor": ("torch.optim.Adafactor", {"lr": 1e-2}),
+    "none": ("", {}),
+}
+"""``--optimizer`` names -> (class, keyword arguments)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimizerSpec:
+    """An optimizer class by dotted name and its keyword arguments (no params)."""
+
+    cls: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def named(cls, name: str) -> OptimizerSpec:
+        """The spec for an ``--optimizer`` name."""
+        try:
+            path, kwargs = OPTIMIZERS[name]
+        except KeyError:
+            raise UsageError(f"Unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}.") from None
+        return cls(cls=path, kwargs=dict(kwargs))
+
+    @property
+    def label(self) -> str:
+        """Short name for tables."""
+        return self.cls.rsplit(".", 1)[-1] or "none"
+
+    def build(self, params: list[nn.Parameter], *, foreach: bool | None) -> torch.optim.Optimizer | None:
+        """The optimizer over ``params`` (``foreach`` forced when the target device defaults to it)."""
+        if not self.cls or not params:
+            return None
+        module_name, _, name = self.cls.rpartition(".")
+        import importlib
+
+        klass = getattr(importlib.import_module(module_name), name)
+        kwargs = dict(self.kwargs)
+        accepts = inspect.signature(klass.__init__).parameters
+        if foreach is not None and "foreach" in accepts and kwargs.get("foreach") is None:
+            kwargs["foreach"] = foreach
+        kwargs = {k: v for k, v in kwargs.items() if k in accepts or any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in accepts.values())}
+        return klass(params, **kwargs)
+
+
+@dataclass(kw_only=True, slots=True)
+class SimSettings:
+    """What one simulated step looks like."""
+
+    optimizer: OptimizerSpec
+    precision: str = "fp32"
+    checkpoint_blocks: bool = False
+    grad_accum: int = 1
+    foreach: bool | None = None
+    """Force the optimizer's foreach path (CUDA's default) when simulating for a GPU on CPU."""
+    device: str = "cpu"
+
+
+@dataclass(kw_only=True, slots=True)
+class Measurement:
+    """What one simulation measured; ``timeline`` feeds the strategy model."""
+
+    batch: int
+    timeline: Timeline
+    param_bytes: int
+    trainable_bytes: int
+    buffer_bytes: int
+    grad_bytes: int
+    optim_bytes: int
+    input_bytes: int
+    saved_bytes: int
+    peak_bytes: int
+    act_peak_bytes: int
+    blocks: list[tuple[str, int]]
+    """(block name, trainable parameter bytes) for each block."""
+    root_param_bytes: int
+    """Trainable parameter bytes outside every block (embeddings, heads): FSDP's root unit."""
+    param_count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form (without the timeline)."""
+        return {
+            "batch": self.batch, "param_bytes": self.param_bytes, "trainable_bytes": self.trainable_bytes,
+            "buffer_bytes": self.buffer_bytes, "grad_bytes": self.grad_bytes, "optim_bytes": self.optim_bytes,
+            "input_bytes": self.input_bytes, "saved_bytes": self.saved_bytes, "peak_bytes": self.peak_bytes,
+            "act_peak_bytes": self.act_peak_bytes, "param_count": self.param_count,
+            "blocks": len(self.blocks), "largest_block_bytes": max((b for _, b in self.blocks), default=0),
+            "root_param_bytes": self.root_param_bytes,
+        }
+
+
+ModelBuilder = Callable[[], nn.Module]
+
+
+def build_meta_model(builder: ModelBuilder, precision: str) -> nn.Module:
+    """Call the factory with the meta device as default, so no parameter memory is allocated."""
+    try:
+        with torch.device("meta"):
+            model = builder()
+    except UsageError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"The model factory raised {type(exc).__name__}: {_one_line(exc)}.") from None
+    if not isinstance(model, nn.Module):
+        raise UsageError(f"The model factory returned {type(model).__name__}, not a torch.nn.Module; return the model.")
+    return model
+
+
+def simulate(
+    meta_builder: Callable[[], nn.Module], batch: BatchSpec, settings: SimSettings, loss_fn: LossFn | None = None,
+    *, steps: int = 2,
+) -> Measurement:
+    """Run ``steps`` training steps of a fresh meta model from ``meta_builder`` on fake tensors; measure them.
+
+    The model is rebuilt for every simulation rather than deep-copied: models keep plain tensor
+    attributes (rotary caches, ...) that do not survive a deep copy, and a fresh build is cheap on meta.
+    """
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    tracker = AllocationTracker()
+    try:
+        with fake_mode:
+            model = _to_fake(meta_builder(), settings.device, torch.bfloat16 if settings.precision == "bf16" else None)
+        for p in model.parameters():
+            tracker.label(p, "param")
+        for b in model.buffers():
+            tracker.label(b, "buffer")
+        blocks = find_blocks(model)
+        params = [p for p in unique_params(model) if p.requires_grad]
+        with fake_mode, tracker, checkpointed_blocks(blocks, settings.checkpoint_blocks):
+            optimizer = settings.optimizer.build(params, foreach=settings.foreach)
+            saved: dict[int, int] = {}
+            for _ in range(steps):
+                _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved)
+    except UsageError:
+        raise
+    except Exception as exc:
+        if os.environ.get("SCALPEL_DEBUG"):
+            raise
+        raise _fake_error(exc, tracker.failed_op) from None
+    timeline = tracker.timeline()
+    return _summarise(model, batch, timeline, tracker, saved, blocks, params)
+
+
+def _to_fake(meta_model: nn.Module, device: str, float_dtype: torch.dtype | None = None) -> nn.Module:
+    """Move a meta model's parameters and buffers to fake tensors on ``device``, in place.
+
+    Parameters are replaced one by one instead of ``to_empty`` (whose tensor swap fails for some
+    models); a memo keyed by the meta tensor keeps tied weights one storage. ``float_dtype`` casts
+    floating-point tensors (``--precision bf16``: the whole model in bf16).
+    """
+    model = meta_model
+    memo: dict[int, torch.Tensor] = {}
+
+    def fake_like(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in memo:
+            dtype = float_dtype if float_dtype is not None and t.is_floating_point() else t.dtype
+            memo[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=dtype, device=device)
+        return memo[id(t)]
+
+    params: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None:
+                continue
+            if id(p) not in params:
+                params[id(p)] = nn.Parameter(fake_like(p), requires_grad=p.requires_grad)
+            module._parameters[name] = params[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = fake_like(b)
+    return model
+
+
+def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> None:
+    """zero_grad, ``grad_accum`` micro-batches (at most 2: the second is the steady state), step."""
+    tracker.set_phase("zero_grad")
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        model.zero_grad(set_to_none=True)
+    for _ in range(min(settings.grad_accum, 2)):
+        tracker.set_phase("data")
+        tensors = batch.make(settings.device)
+        if settings.precision == "bf16":
+            tensors = {k: v.to(torch.bfloat16) if v.dtype.is_floating_point else v for k, v in tensors.items()}
+        for t in tensors.values():
+            tracker.label(t, "input")
+        tracker.set_phase("forward")
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            index = tracker.track(t)
+            if index is not None:
+                saved[index] = tracker.records[index].nbytes
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), _autocast(settings):
+            if loss_fn is not None:
+                out, loss = None, loss_fn(model, tensors)
+            else:
+                out, loss = default_loss(model, tensors)
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            raise UsageError("The loss does not require grad (no trainable parameter reaches it); check the model or --loss.")
+        if settings.precision == "fp16-mixed":
+            loss = loss * 65536.0  # GradScaler's scaled loss: one scalar, same graph
+        tracker.set_phase("backward")
+        loss.float().backward() if loss.dim() == 0 else loss.float().sum().backward()
+        # A training loop keeps the output and loss alive until the next iteration rebinds them.
+        del tensors
+    tracker.set_phase("optimizer")
+    if optimizer is not None:
+        optimizer.step()
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    tracker.label(value, "optim")
+    for p in model.parameters():
+        if p.grad is not None:
+            tracker.label(p.grad, "grad")
+    del out, loss
+    tracker.set_phase("idle")
+
+
+@contextlib.contextmanager
+def _autocast(settings: SimSettings) -> Iterator[None]:
+    if settings.precision == "bf16-mixed":
+        with torch.autocast(device_type=settings.device, dtype=torch.bfloat16):
+            yield
+    elif settings.precision == "fp16-mixed":
+        with torch.autocast(device_type=settings.device, dtype=torch.float16):
+            yield
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def checkpointed_blocks(blocks: list[tuple[str, nn.Module]], enabled: bool) -> Iterator[None]:
+    """Block-level activation checkpointing (non-reentrant), as checkpoint_wrapper applies it."""
+    if not enabled:
+        yield
+        return
+    from torch.utils.checkpoint import checkpoint
+
+    originals = []
+    for _, block in blocks:
+        original = block.forward
+        originals.append((block, original))
+        block.forward = functools.partial(_checkpoint_call, checkpoint, original)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for block, original in originals:
+            block.forward = original  # type: ignore[method-assign]
+
+
+def _checkpoint_call(checkpoint, original, *args, **kwargs):
+    return checkpoint(original, *args, use_reentrant=False, **kwargs)
+
+
+def _summarise(model, batch, timeline: Timeline, tracker, saved, blocks, params) -> Measurement:
+    records = tracker.records
+    total = timeline.total()
+    train_mask = timeline.in_phases(("forward", "backward"))
+    act = timeline.bytes["act"]
+    label_bytes = {label: sum(r.nbytes for r in records if r.label == label and r.end is None) for label in
+                   ("param", "buffer", "grad", "optim")}
+    block_params = {id(p) for _, b in blocks for p in b.parameters()}
+    trainable = sum(_nbytes(p) for p in params)
+    return Measurement(
+        batch=batch.batch_size,
+        timeline=timeline,
+        param_bytes=label_bytes["param"],
+        trainable_bytes=trainable,
+        buffer_bytes=label_bytes["buffer"],
+        grad_bytes=label_bytes["grad"],
+        optim_bytes=label_bytes["optim"],
+        input_bytes=sum(r.nbytes for r in records if r.label == "input") // max(1, _count_steps(timeline)),
+        saved_bytes=sum(n for i, n in saved.items() if records[i].label == "act") // max(1, _count_steps(timeline)),
+        peak_bytes=int(total.max()) if total.size else 0,
+        act_peak_bytes=int(act[train_mask].max()) if train_mask.any() else 0,
+        blocks=[(name, sum(_nbytes(p) for p in unique_params(b) if p.requires_grad)) for name, b in blocks],
+        root_param_bytes=sum(_nbytes(p) for p in params if id(p) not in block_params),
+        param_count=sum(p.numel() for p in unique_params(model)),
+    )
+
+
+def _count_steps(timeline: Timeline) -> int:
+    """Number of forward phases entered (micro-batches over all steps)."""
+    if "forward" not in timeline.phase_names:
+        return 1
+    fid = timeline.phase_names.index("forward")
+    starts = np.flatnonzero((timeline.phase == fid) & (np.r_[-1, timeline.phase[:-1]] != fid))
+    return max(1, len(starts))
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def _fake_error(exc: BaseException, failed_op: str | None) -> UsageError:
+    """One sentence for a model that cannot run on fake tensors, naming the op when known."""
+    op = getattr(exc, "func", None) or failed_op
+    from torch._subclasses import fake_tensor as ft
+
+    fake_kinds = (ft.UnsupportedOperatorException, ft.DataDependentOutputException, ft.DynamicOutputShapeException)
+    if isinstance(exc, fake_kinds):
+        return UsageError(
+            f"The model cannot run on fake tensors: op {op} needs real data ({type(exc).__name__}); "
+            "plan it with script mode on a real batch or make that step shape-only."
+        )
+    where = f" in op {op}" if op else ""
+    return UsageError(f"Running the model on the batch under fake tensors failed{where}: {type(exc).__name__}: {_one_line(exc)}.")

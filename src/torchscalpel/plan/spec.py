@@ -1,0 +1,215 @@
+"""Parsing what the user types for ``scalpel plan``: batch specs, model factories, memory sizes.
+
+Batch SPEC grammar (one entry per tensor, comma-separated)::
+
+    NAME=DTYPE[D0,D1,...][:HIGH]
+
+``x=float32[8,3,32,32],y=int64[8]:10`` is a float image batch ``x`` and integer labels ``y`` drawn
+from ``[0, 10)``. Dimension 0 of every entry is the batch dimension (the one the max-batch search
+scales). ``:HIGH`` is the exclusive upper bound of integer values (class count, vocabulary size);
+integer entries without it use 2. Every parse error is a :class:`UsageError` naming the entry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchscalpel.errors import UsageError
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float64": torch.float64, "double": torch.float64,
+    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
+    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+}
+
+_ENTRY = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([A-Za-z0-9_]+)\s*\[([^\]]*)\]\s*(?::\s*(\d+))?\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One named tensor of the batch: dtype, shape (dim 0 is the batch) and integer value bound."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    high: int | None = None
+
+    def with_batch(self, batch: int) -> TensorSpec:
+        """The same tensor with dimension 0 set to ``batch`` (scalars stay scalars)."""
+        if not self.shape:
+            return self
+        return TensorSpec(self.name, self.dtype, (batch, *self.shape[1:]), self.high)
+
+    def text(self) -> str:
+        """Back to the SPEC form, e.g. ``y=int64[8]:10``."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        dims = ",".join(str(d) for d in self.shape)
+        return f"{self.name}={dtype}[{dims}]" + (f":{self.high}" if self.high is not None else "")
+
+    def make(self, device: str | torch.device) -> torch.Tensor:
+        """A tensor of this spec (random values; under fake mode no memory is allocated)."""
+        if self.dtype.is_floating_point:
+            return torch.randn(self.shape, dtype=self.dtype, device=device)
+        if self.dtype == torch.bool:
+            return torch.zeros(self.shape, dtype=torch.bool, device=device)
+        return torch.randint(0, self.high or 2, self.shape, dtype=self.dtype, device=device)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSpec:
+    """The batch one training step sees, entry by entry, in the order the user wrote them."""
+
+    entries: tuple[TensorSpec, ...]
+
+    @property
+    def batch_size(self) -> int:
+        """Dimension 0 of the first entry that has one."""
+        for entry in self.entries:
+            if entry.shape:
+                return entry.shape[0]
+        return 1
+
+    def with_batch(self, batch: int) -> BatchSpec:
+        """Every entry's dimension 0 set to ``batch``."""
+        return BatchSpec(tuple(e.with_batch(batch) for e in self.entries))
+
+    def text(self) -> str:
+        """Back to the SPEC form."""
+        return ",".join(e.text() for e in self.entries)
+
+    def make(self, device: str | torch.device) -> dict[str, torch.Tensor]:
+        """One tensor per entry, keyed by name."""
+        return {e.name: e.make(device) for e in self.entries}
+
+
+def parse_batch_spec(text: str) -> BatchSpec:
+    """Parse ``NAME=DTYPE[D0,...][:HIGH],...``; raise :class:`UsageError` on the first bad entry."""
+    if not text or not text.strip():
+        raise UsageError("--batch is empty; write it like 'x=float32[8,3,32,32],y=int64[8]:10'.")
+    entries: list[TensorSpec] = []
+    for raw in _split_entries(text):
+        match = _ENTRY.match(raw)
+        if not match:
+            raise UsageError(
+                f"Cannot read batch entry {raw.strip()!r}; write NAME=DTYPE[D0,D1,...] with an optional :HIGH "
+                "for integer values, e.g. 'y=int64[8]:10'."
+            )
+        name, dtype_name, dims, high = match.groups()
+        dtype = DTYPES.get(dtype_name.lower())
+        if dtype is None:
+            raise UsageError(f"Unknown dtype {dtype_name!r} in batch entry {name!r}; use one of {', '.join(sorted(DTYPES))}.")
+        try:
+            shape = tuple(int(d) for d in dims.split(",") if d.strip())
+        except ValueError:
+            raise UsageError(f"Batch entry {name!r} has a non-integer dimension in [{dims}]; dimensions are whole numbers.") from None
+        if any(d <= 0 for d in shape):
+            raise UsageError(f"Batch entry {name!r} has a dimension <= 0 in [{dims}]; every dimension must be positive.")
+        if high is not None and (dtype.is_floating_point or dtype == torch.bool):
+            raise UsageError(f"Batch entry {name!r} is {dtype_name}; ':{high}' only applies to integer entries.")
+        if high is not None and int(high) <= 0:
+            raise UsageError(f"Batch entry {name!r} has ':{high}'; the integer upper bound must be positive.")
+        if any(e.name == name for e in entries):
+            raise UsageError(f"Batch entry {name!r} appears twice; give each tensor its own name.")
+        entries.append(TensorSpec(name, dtype, shape, int(high) if high is not None else None))
+    batch_dims = {e.shape[0] for e in entries if e.shape}
+    if len(batch_dims) > 1:
+        raise UsageError(
+            f"Batch entries disagree on dimension 0 ({sorted(batch_dims)}); dimension 0 is the batch size in every entry."
+        )
+    return BatchSpec(tuple(entries))
+
+
+def _split_entries(text: str) -> list[str]:
+    """Split on commas outside brackets."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    parts.append("".join(cur))
+    return [p for p in parts if p.strip()]
+
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mi": 1024**2, "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gi": 1024**3, "gib": 1024**3,
+          "t": 1000**4, "tb": 1000**4, "ti": 1024**4, "tib": 1024**4}
+
+
+def parse_size(text: str, *, flag: str = "--device-memory") -> int:
+    """``80GiB`` / ``40GB`` / ``512MiB`` / ``1e9``-free plain bytes -> bytes; GB is 10**9, GiB 2**30."""
+    match = _SIZE.match(text or "")
+    if not match:
+        raise UsageError(f"{flag} {text!r} is not a size; write it like 80GiB, 40GB or 512MiB.")
+    value, unit = match.groups()
+    size = int(float(value) * _UNITS[(unit or "").lower()])
+    if size <= 0:
+        raise UsageError(f"{flag} {text!r} must be larger than zero.")
+    return size
+
+
+def load_callable(ref: str, *, flag: str) -> Callable[..., Any]:
+    """Import ``MODULE:NAME`` (MODULE a dotted module or a path to a .py file) and return NAME."""
+    module_ref, sep, name = (ref or "").rpartition(":")
+    if not sep or not module_ref or not name:
+        raise UsageError(f"{flag} {ref!r} must be MODULE:NAME, e.g. 'mymodels:build' or 'models.py:build'.")
+    try:
+        if module_ref.endswith(".py") or "/" in module_ref or module_ref.startswith("."):
+            path = Path(module_ref)
+            if not path.is_file():
+                raise UsageError(f"{flag}: file {path} does not exist; check the path before ':{name}'.")
+            mod_name = f"_scalpel_plan_{path.stem}"
+            spec = importlib.util.spec_from_file_location(mod_name, path)
+            if spec is None or spec.loader is None:
+                raise UsageError(f"{flag}: cannot load {path} as Python; pass a .py file.")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module
+            # The file's own folder on sys.path, so a factory next to its helpers imports them as a script would.
+            sys.path.insert(0, str(path.resolve().parent))
+            spec.loader.exec_module(module)
+        else:
+            if str(Path.cwd()) not in sys.path and "" not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))
+            module = importlib.import_module(module_ref)
+    except UsageError:
+        raise
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"{flag}: cannot import {module_ref!r} ({exc}); check the module name or run from its folder.") from None
+    except Exception as exc:
+        raise UsageError(f"{flag}: importing {module_ref!r} failed with {type(exc).__name__}: {exc}.") from None
+    target = getattr(module, name, None)
+    if target is None or not callable(target):
+        raise UsageError(f"{flag}: {module_ref!r} has no callable named {name!r}.")
+    return target
+
+
+def parse_factory_args(text: str | None) -> dict[str, Any]:
+    """``--factory-args`` JSON object -> keyword arguments for the factory."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--factory-args is not valid JSON ({exc.msg}); write an object like '{{\"depth\": 4}}'.") from None
+    if not isinstance(value, dict):
+        raise UsageError("--factory-args must be a JSON object of keyword arguments, e.g. '{\"depth\": 4}'.")
+    return value
