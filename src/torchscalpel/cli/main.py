@@ -25,6 +25,7 @@ COMMANDS: tuple[str, ...] = (
     "tune",
     "run",
     "plan",
+    "doctor",
 )
 
 

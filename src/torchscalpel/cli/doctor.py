@@ -1,0 +1,173 @@
+"""``scalpel doctor [options] -- SCRIPT [ARGS]`` and ``scalpel doctor --static PATH...``.
+
+Runs the script for a short window under every runtime rule, adds static analysis of the script
+and of the model sources it uses, and prints findings ranked by severity. Writes ``run.json``
+(findings included) and ``report.html`` into the run folder; ``--json``, ``--sarif`` and
+``--fail-on`` serve CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
+from torchscalpel.errors import ScalpelError, UsageError
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``doctor`` sub-command."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="find training-script pitfalls, with evidence and the fix",
+        description="Run a training script for a few steps under runtime rules plus static analysis and "
+        "report pitfalls (unregistered modules, grads never zeroed, NaN origin, loader bottlenecks, DDP "
+        "mistakes, unsafe checkpoints, ...) ranked by severity. See docs/doctor.md.",
+    )
+    p.add_argument("--static", nargs="+", type=Path, metavar="PATH",
+                   help="only run the static rules over these files/folders (fast; no script is run)")
+    p.add_argument("--steps", type=_steps, default=None,
+                   help="measured steps before the script is stopped (default: at least 30, more while the run "
+                   "is under 20 s, at most 300)")
+    p.add_argument("--warmup", type=int, default=2, help="steps run before measuring (default 2)")
+    p.add_argument("--nproc", type=int, default=1,
+                   help="ranks to run the script on through 'scalpel launch' (gloo on CPU); findings merged (default 1)")
+    p.add_argument("--sanity", action="store_true", help="also try to overfit one batch (rule cannot-overfit-batch)")
+    p.add_argument("--no-static", action="store_true", help="skip static analysis in a script run")
+    p.add_argument("--json", dest="json_path", type=Path, help="write the findings as JSON here")
+    p.add_argument("--sarif", type=Path, help="write static findings as SARIF 2.1.0 here")
+    p.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 when a finding reaches this severity")
+    p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-<name>/)")
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    add_target_arguments(p, required=False)
+    p.set_defaults(func=run)
+    return p
+
+
+def _steps(text: str) -> int | None:
+    """``--steps``: a number, or ``auto``/``all`` for the default window (what ``scalpel launch --doctor`` passes)."""
+    if text.lower() in {"auto", "all"}:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--steps takes a number or 'auto', not {text!r}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate flags, then run the static-only or the full doctor."""
+    from torchscalpel.doctor.finding import Severity
+
+    fail_on = Severity.parse(args.fail_on) if args.fail_on else None
+    if args.steps is not None and args.steps < 1:
+        raise UsageError("--steps must be at least 1 (or 'auto').")
+    if args.warmup < 0:
+        raise UsageError("--warmup must be 0 or more.")
+    if args.nproc < 1:
+        raise UsageError("--nproc must be at least 1.")
+    if args.static is not None:
+        if args.target or args.module:
+            raise UsageError("--static takes paths, not a script to run; drop the '-- SCRIPT' part or drop --static.")
+        return _run_static(args, fail_on)
+    if not args.target and not args.module:
+        raise UsageError("Name the script to check after --, e.g. 'scalpel doctor -- train.py', or pass --static PATH.")
+    if args.nproc > 1:
+        return _run_ranks(args, fail_on)
+    return _run_script(args, fail_on)
+
+
+def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
+    """``--nproc N``: every rank under the doctor via ``scalpel launch --doctor``, findings merged."""
+    from rich.console import Console
+
+    from torchscalpel.cli.main import COMMANDS
+    from torchscalpel.doctor.output import reaches, render_terminal
+    from torchscalpel.doctor.ranks import merge_rank_findings, run_ranks
+
+    if "launch" not in COMMANDS:
+        raise UsageError("--nproc above 1 needs 'scalpel launch', which this build does not have; run with --nproc 1.")
+    if args.module:
+        raise UsageError("--nproc runs a script file; pass the script path instead of -m.")
+    target = resolve_target(args)
+    if target.script is None or not target.script.is_file():
+        raise UsageError("--nproc needs a script file after --.")
+    out_dir = args.out or default_run_dir(f"doctor-{target.name}")
+    console = Console()
+    console.print(f"[bold]scalpel doctor[/bold]: {target.name} on {args.nproc} ranks (scalpel launch --doctor)")
+    code, records, _ = run_ranks(target.script, target.args, nproc=args.nproc, steps=args.steps, out=out_dir)
+    if not records:
+        raise ScalpelError(f"No rank wrote a run record under {out_dir}; see the rank logs in {out_dir / 'logs'}.")
+    findings = merge_rank_findings(records)
+    render_terminal(findings, console, header=f"[dim]{len(records)} rank record(s) under {out_dir}[/dim]\n")
+    _write_outputs(args, findings, {"mode": "ranks", "nproc": args.nproc, "ranks": sorted(records),
+                                    "records": [str(out_dir / f"rank-{r}" / "run.json") for r in sorted(records)]})
+    if reaches(findings, fail_on):
+        return 1
+    return code
+
+
+def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str, Any]) -> None:
+    from torchscalpel import __version__
+    from torchscalpel.doctor.output import to_json
+    from torchscalpel.doctor.sarif import to_sarif
+
+    if args.json_path is not None:
+        args.json_path.parent.mkdir(parents=True, exist_ok=True)
+        args.json_path.write_text(json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n", encoding="utf-8")
+    if args.sarif is not None:
+        static = [f for f in findings if f.source == "static"]
+        args.sarif.parent.mkdir(parents=True, exist_ok=True)
+        args.sarif.write_text(json.dumps(to_sarif(static, version=__version__), indent=1) + "\n", encoding="utf-8")
+
+
+def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
+    from rich.console import Console
+
+    from torchscalpel.doctor.api import check_static
+    from torchscalpel.doctor.output import reaches, render_terminal
+    from torchscalpel.doctor.static import iter_python_files
+
+    files = list(iter_python_files(args.static))
+    findings = check_static(args.static)
+    render_terminal(findings, Console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)")
+    _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files]})
+    return 1 if reaches(findings, fail_on) else 0
+
+
+def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
+    from rich.console import Console
+
+    from torchscalpel.doctor.api import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS, diagnose
+    from torchscalpel.doctor.output import reaches, render_terminal
+    from torchscalpel.record import save_record
+
+    target = resolve_target(args)
+    out_dir = args.out or default_run_dir(f"doctor-{target.name}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    console = Console(stderr=False)
+    window = f"{args.warmup}+{args.steps} steps" if args.steps else f"{args.warmup}+{DEFAULT_STEPS} steps or more (up to {AUTO_MAX_STEPS}, ~{AUTO_SECONDS:.0f} s)"
+    console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
+                  + (" (+ overfit-one-batch check)" if args.sanity else ""))
+    record, findings = diagnose(
+        target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
+        out_dir=out_dir, command=["scalpel", *sys.argv[1:]],
+    )
+    save_record(record, out_dir)
+    record.artifacts["record"] = "run.json"
+    if not args.no_report:
+        from torchscalpel.report.html import write_report
+
+        write_report(record, out_dir / "report.html")
+        record.artifacts["report"] = "report.html"
+        save_record(record, out_dir)
+    status = f"script {record.status} after {len(record.steps)} step(s)" + (f": {record.error}" if record.error else "")
+    render_terminal(findings, console, header=f"[dim]{status}[/dim]\n")
+    console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
+    _write_outputs(args, findings, {"mode": "run", "status": record.status, "steps": len(record.steps),
+                                    "record": str(out_dir / "run.json")})
+    if reaches(findings, fail_on):
+        return 1
+    return record.exit_code or 0

@@ -1,0 +1,295 @@
+"""The doctor's library entry points: :func:`diagnose` (run + static + re-runs) and :func:`check_static`.
+
+``scalpel doctor`` and ``scalpel demo`` call these; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import os
+import socket
+import sysconfig
+import time
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchscalpel.cli.common import Target
+from torchscalpel.doctor.finding import Finding
+from torchscalpel.doctor.output import counts
+from torchscalpel.doctor.registry import rank_findings
+from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
+from torchscalpel.doctor.static import analyze_paths
+from torchscalpel.record import RunRecord
+
+DEFAULT_STEPS = 30
+"""Measured steps the doctor run always gets (plus warm-up), when the script has that many."""
+AUTO_MAX_STEPS = 300
+"""With the default window, the run continues past DEFAULT_STEPS up to this many steps ..."""
+AUTO_SECONDS = 20.0
+"""... while it has run for less than this long: small scripts get to their evaluation loops and
+later epochs (where many bugs live), large ones stop after DEFAULT_STEPS."""
+
+_SKIP_DIRS = tuple(
+    str(Path(p).resolve())
+    for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+              os.path.dirname(torch.__file__), str(Path(__file__).resolve().parents[1])}
+)
+
+
+class StepBudget(RuntimeRule):
+    """Asks the runtime to stop once at least ``min_steps`` steps ran and ``seconds`` have passed."""
+
+    slugs = ()
+
+    def __init__(self, min_steps: int, seconds: float) -> None:
+        super().__init__()
+        self.min_steps, self.seconds = min_steps, seconds
+        self.steps = 0
+        self._start = time.monotonic()
+
+    def on_start(self, session: Any) -> None:
+        self._start = time.monotonic()
+
+    def on_step_end(self, step: Any) -> None:
+        self.steps += 1
+        if self.steps >= self.min_steps and time.monotonic() - self._start >= self.seconds and self.session is not None:
+            self.session.request_stop(f"doctor window: {self.steps} steps in {self.seconds:.0f} s")
+
+
+class SourceFiles(RuntimeRule):
+    """Collects the source files of the model classes the script uses (user code only), for static rules."""
+
+    slugs = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.files: set[str] = set()
+        self._seen: set[int] = set()
+
+    def on_forward_pre(self, module: torch.nn.Module, args: Any, kwargs: Any, root: bool) -> None:
+        if not root or id(module) in self._seen:
+            return
+        self._seen.add(id(module))
+        for m in module.modules():
+            try:
+                file = inspect.getsourcefile(type(m))
+            except (TypeError, OSError):
+                continue
+            if file and os.path.exists(file) and not str(Path(file).resolve()).startswith(_SKIP_DIRS):
+                self.files.add(str(Path(file).resolve()))
+
+
+def check_static(paths: Iterable[Path], rules: Sequence[str] | None = None) -> list[Finding]:
+    """Static rules over files and folders, ranked."""
+    return rank_findings(analyze_paths(list(paths), rules=rules))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _single_rank_env(target: Target) -> Callable[[], Callable[[], None]]:
+    """A setup hook: if the script initialises torch.distributed and no launcher set the variables,
+    provide a 1-rank world on loopback so DDP/FSDP scripts run in-process."""
+
+    def setup() -> Callable[[], None]:
+        text = ""
+        if target.script is not None and target.script.is_file():
+            text = target.script.read_text(encoding="utf-8", errors="replace")
+        wants = any(s in text for s in ("init_process_group", "init_device_mesh"))
+        if not wants or "RANK" in os.environ:
+            return lambda: None
+        values = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+        saved = {k: os.environ.get(k) for k in values}
+        os.environ.update(values)
+
+        def undo() -> None:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+
+        return undo
+
+    return setup
+
+
+def _restore_global_flags() -> Callable[[], None]:
+    """A setup hook: the script runs in this process, so put back the torch flags it may flip
+    (the doctor's re-runs and the tests run several scripts in one process)."""
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.is_grad_enabled(),
+             torch.get_default_dtype(), torch.is_anomaly_enabled(), torch.are_deterministic_algorithms_enabled())
+
+    def undo() -> None:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[0], saved[1]
+        torch.set_grad_enabled(saved[2])
+        torch.set_default_dtype(saved[3])
+        torch.autograd.set_detect_anomaly(saved[4])
+        torch.use_deterministic_algorithms(saved[5])
+
+    return undo
+
+
+def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup: int, out_dir: Path | None,
+         name: str, progress: Any = None, command: Sequence[str] = (), profile: bool = False) -> tuple[RunRecord, DoctorObserver]:
+    from torchscalpel.runtime.session import RuntimeOptions, run_target
+
+    doctor = DoctorObserver(rules)
+    # The profiler window only pays off on CUDA (host-device copies); on CPU it would just cost time.
+    profile_steps = 3 if profile and out_dir is not None and torch.cuda.is_available() else 0
+    options = RuntimeOptions(warmup=warmup, steps=steps, out_dir=out_dir, profile_steps=profile_steps, name=name)
+    record = run_target(target, options, observers=[doctor],
+                        setup_hooks=[_restore_global_flags, _single_rank_env(target), doctor.setup_hook],
+                        progress=progress, command=command)
+    if profile_steps and out_dir is not None:
+        try:
+            from torchscalpel.cli.profile import add_trace_summary
+
+            add_trace_summary(record, out_dir)
+        except Exception as exc:  # the copy rule just stays silent without the trace summary
+            record.notes.append(f"trace summary failed: {exc!r}")
+    return record, doctor
+
+
+def merge_findings(static: Sequence[Finding], runtime: Sequence[Finding], superseded: set[str] = frozenset()) -> list[Finding]:
+    """One list: a runtime finding of the same rule replaces the static one (taking its location if it
+    has none); exact duplicates go; rules a more specific finding explains are dropped."""
+    out = list(runtime)
+    by_rule: dict[str, list[Finding]] = {}
+    for f in out:
+        by_rule.setdefault(f.rule, []).append(f)
+    for f in static:
+        if f.rule in superseded:
+            continue
+        same = by_rule.get(f.rule, [])
+        match = next((r for r in same if r.location is None or f.location is None
+                      or (os.path.realpath(r.location.file) == os.path.realpath(f.location.file))), None)
+        if match is not None:
+            if match.location is None:
+                match.location = f.location
+            continue
+        out.append(f)
+    rules = {f.rule for f in out}
+    if "optimizer-before-fsdp" in rules:  # the same cause: the optimizer holds stale tensors, nothing trains
+        out = [f for f in out if f.rule not in {"param-not-in-optimizer", "cannot-overfit-batch"}]
+    if "nan-loss" in rules:  # non-finite gradients are the NaN loss's own consequence
+        out = [f for f in out if not (f.rule == "grad-norm-explosion" and f.message.startswith("Gradients became non-finite"))]
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for f in out:
+        key = (f.rule, f"{f.location}" if f.location else f.message)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return rank_findings(unique)
+
+
+def diagnose(
+    target: Target,
+    *,
+    steps: int | None = None,
+    warmup: int = 2,
+    sanity: bool = False,
+    static: bool = True,
+    nan_rerun: bool = True,
+    out_dir: Path | None = None,
+    progress: Any = None,
+    command: Sequence[str] = (),
+) -> tuple[RunRecord, list[Finding]]:
+    """Run ``target`` under every runtime rule (``steps=None``: the default window, see
+    :data:`AUTO_MAX_STEPS`), add static findings for the script and the model
+    sources it uses, re-run to locate a NaN when one appeared, and (``sanity``) try to overfit one
+    batch. Returns the Run record (findings stored in ``record.findings``) and the ranked findings."""
+    from torchscalpel.doctor.rules.rt_numerics import NanLoss
+
+    sources = SourceFiles()
+    rules: list[RuntimeRule] = [*all_runtime_rules(), sources]
+    if steps is None:  # the default window: DEFAULT_STEPS, extended while the script is quick
+        rules.append(StepBudget(warmup + DEFAULT_STEPS, AUTO_SECONDS))
+        steps = AUTO_MAX_STEPS
+    record, doctor = _run(target, rules, steps=steps, warmup=warmup, out_dir=out_dir, name=target.name,
+                          progress=progress, command=command, profile=True)
+    notes: list[str] = []
+
+    nan_rule = next(r for r in rules if isinstance(r, NanLoss))
+    if nan_rerun and nan_rule.first_step is not None and record.status != "interrupted":
+        notes.append(_locate_nan(target, nan_rule, warmup=warmup))
+
+    runtime_findings = doctor.findings(record)
+    if sanity and not any(f.rule == "cannot-overfit-batch" for f in runtime_findings):
+        runtime_findings += _sanity(target, notes)
+
+    static_findings: list[Finding] = []
+    files: list[Path] = []
+    if static:
+        if target.script is not None and target.script.is_file():
+            files.append(target.script.resolve())
+        files += [Path(f) for f in sorted(sources.files) if Path(f) not in files]
+        static_findings = analyze_paths(files)
+
+    findings = merge_findings(static_findings, runtime_findings + _env_findings(record), doctor.superseded_static())
+    record.findings = [f.to_dict() for f in findings]
+    record.sections["doctor"] = {
+        "rules_run": len([r for r in rules if r.slugs]),
+        "static_files": [str(f) for f in files],
+        "counts": counts(findings),
+        "sanity": sanity,
+        "notes": [n for n in notes if n],
+    }
+    return record, findings
+
+
+def _env_findings(record: RunRecord) -> list[Finding]:
+    """Environment checks (driver/CUDA/torch compatibility, ...) on the facts this run recorded."""
+    try:
+        from torchscalpel.envcheck.checks import run_checks
+    except ImportError:  # an install without the env stage still gets every doctor rule
+        return []
+    try:
+        found = run_checks(record.environment)
+    except Exception as exc:  # env checks must never cost the user the doctor's findings
+        record.notes.append(f"environment checks failed: {exc!r}")
+        return []
+    for f in found:
+        f.source = "env"
+    return found
+
+
+def _locate_nan(target: Target, nan_rule: Any, *, warmup: int) -> str:
+    """Re-run up to the first non-finite step with the dispatch-mode tracer and anomaly detection."""
+    from torchscalpel.doctor.nan_trace import NanOpTracer
+
+    tracer = NanOpTracer()
+    sink = io.StringIO()
+    try:
+        # The script's prints and anomaly mode's tracebacks were already seen once: keep the re-run quiet.
+        with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            warnings.simplefilter("ignore")
+            _run(target, [tracer], steps=max(1, nan_rule.first_step + 1), warmup=0, out_dir=None, name=f"{target.name}-nan")
+    except Exception as exc:  # the first run's findings stand without the re-run
+        return f"NaN re-run failed: {exc!r}"
+    if tracer.found:
+        nan_rule.op_origin = tracer.found
+        return f"NaN re-run found {tracer.found['op']}"
+    return "NaN re-run did not reproduce the non-finite value (unseeded randomness?)"
+
+
+def _sanity(target: Target, notes: list[str]) -> list[Finding]:
+    from torchscalpel.doctor.sanity import SANITY_STEPS, OverfitOneBatch
+
+    rule = OverfitOneBatch()
+    record, doctor = _run(target, [rule], steps=SANITY_STEPS, warmup=0, out_dir=None, name=f"{target.name}-sanity")
+    notes.append(f"sanity run: {len(record.steps)} steps on a repeated batch, status {record.status}")
+    return doctor.findings(record)

@@ -1,0 +1,68 @@
+"""Rendering findings: the ranked terminal view (rich) and the JSON document. Nothing here measures."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.syntax import Syntax
+
+from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.doctor.registry import rank_findings
+
+_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "cyan"}
+
+
+def _short(path: str) -> str:
+    """``path`` relative to the current folder when it lies under it (terminal only; JSON keeps it whole)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def counts(findings: Sequence[Finding]) -> dict[str, int]:
+    """Number of findings per severity name (all three keys present)."""
+    c = Counter(str(f.severity) for f in findings)
+    return {name: c.get(name, 0) for name in ("error", "warning", "info")}
+
+
+def render_terminal(findings: Sequence[Finding], console: Console | None = None, *, header: str = "") -> None:
+    """Print findings most severe first: slug, message, evidence, location and the fix as code."""
+    console = console or Console()
+    ranked = rank_findings(findings)
+    if header:
+        console.print(header)
+    if not ranked:
+        console.print("[green]No findings.[/green]")
+        return
+    for f in ranked:
+        sev = f.severity
+        where = f" [dim]{escape(_short(str(f.location)))}[/dim]" if f.location else ""
+        rank = f" [dim](rank {f.rank})[/dim]" if f.rank is not None else ""
+        console.print(f"[{_STYLE[sev]}]{str(sev).upper():7}[/] [bold]{escape(f.rule)}[/bold]{where}{rank}")
+        console.print(f"  {escape(f.message)}")
+        for line in f.evidence:
+            console.print(f"  [dim]-[/dim] {escape(line)}")
+        if f.fix:
+            console.print("  [green]fix:[/green]")
+            console.print(Syntax(f.fix, "python", theme="ansi_dark", background_color="default", padding=(0, 4)))
+        console.print()
+    c = counts(ranked)
+    console.print(f"[bold]{len(ranked)} finding(s):[/bold] {c['error']} error, {c['warning']} warning, {c['info']} info")
+
+
+def to_json(findings: Sequence[Finding], **meta: Any) -> dict[str, Any]:
+    """The ``--json`` document: ``findings`` (each with its ``rule`` slug), ``counts`` and run metadata."""
+    ranked = rank_findings(findings)
+    return {"tool": "torchscalpel-doctor", **meta, "counts": counts(ranked), "findings": [f.to_dict() for f in ranked]}
+
+
+def reaches(findings: Sequence[Finding], level: Severity | None) -> bool:
+    """True when some finding is at least ``level`` (``--fail-on``)."""
+    return level is not None and any(f.severity >= level for f in findings)

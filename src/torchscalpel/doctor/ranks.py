@@ -1,0 +1,78 @@
+"""``scalpel doctor --nproc N``: every rank runs under the doctor through ``scalpel launch --doctor``;
+this merges the ranks' findings and compares what the ranks did (rule ``rank-conditional-step``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.doctor.finding import Finding
+from torchscalpel.doctor.registry import make_finding, rank_findings
+from torchscalpel.record import RunRecord
+
+
+def merge_rank_findings(records: dict[int, RunRecord]) -> list[Finding]:
+    """One finding per (rule, location or message) over all ranks, tagged with the first rank that
+    raised it and listing the others; plus ``rank-conditional-step`` when ranks stepped differently."""
+    merged: dict[tuple[str, str], tuple[Finding, list[int]]] = {}
+    for rank, record in sorted(records.items()):
+        for data in record.findings:
+            f = Finding.from_dict(data)
+            key = (f.rule, str(f.location) if f.location else f.message)
+            if key not in merged:
+                f.rank = rank
+                merged[key] = (f, [rank])
+            else:
+                merged[key][1].append(rank)
+    out = []
+    for f, ranks in merged.values():
+        if len(ranks) > 1:
+            f.evidence.append(f"seen on ranks {', '.join(map(str, ranks))}")
+            f.rank = None if len(ranks) == len(records) else f.rank
+        out.append(f)
+    out.extend(step_mismatch(records))
+    return rank_findings(out)
+
+
+def _counts(record: RunRecord) -> dict[str, int]:
+    return {
+        "optimizer steps": len(record.steps) if record.step_kind == "optimizer" else 0,
+        "backward calls": sum(s.micro_batches for s in record.steps),
+    }
+
+
+def step_mismatch(records: dict[int, RunRecord]) -> list[Finding]:
+    """``rank-conditional-step`` when ranks that ran to the same end did different numbers of steps."""
+    if len(records) < 2:
+        return []
+    counts = {rank: _counts(rec) for rank, rec in records.items()}
+    found = []
+    for what in ("optimizer steps", "backward calls"):
+        values = {rank: c[what] for rank, c in counts.items()}
+        if len(set(values.values())) > 1:
+            shown = ", ".join(f"rank {r}: {n}" for r, n in sorted(values.items()))
+            found.append(make_finding(
+                "rank-conditional-step",
+                f"The ranks did not run the same number of {what}: some of them run only on some ranks, so "
+                "replicas diverge and collectives can hang.",
+                evidence=[shown, *(f"rank {r} ended {rec.status}" + (f": {rec.error}" if rec.error else "")
+                                   for r, rec in sorted(records.items()))],
+                fix="# run backward and optimizer.step() on every rank; guard only logging/saving:\n"
+                "if dist.get_rank() == 0:\n    print(loss.item())",
+            ))
+            break
+    return found
+
+
+def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | None, out: Path) -> tuple[int, dict[int, RunRecord], dict[str, Any]]:
+    """Launch ``nproc`` ranks under ``scalpel launch --doctor``; returns (exit code, records by rank, merged table)."""
+    from torchscalpel.dist.launch import build_parser, launch, prepare, wrap_for_stage
+    from torchscalpel.dist.rankmerge import load_rank_records, merge
+
+    argv = ["--nproc", str(nproc), "--doctor", "--steps", str(steps) if steps else "auto", "--out", str(out),
+            "--", str(script), *script_args]
+    parsed = prepare(build_parser().parse_args(argv))
+    wrap_for_stage(parsed, out)
+    code = launch(parsed, out_dir=out)
+    records = load_rank_records(out)
+    return code, records, merge(records) if records else {}

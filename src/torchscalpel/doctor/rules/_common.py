@@ -1,0 +1,100 @@
+"""Helpers shared by runtime rules: parameter names, class source lines, loader inspection."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from torchscalpel.doctor.finding import Location
+
+
+def param_names(roots: Iterable[torch.nn.Module]) -> dict[int, str]:
+    """id(parameter) -> qualified name, over every root module seen."""
+    names: dict[int, str] = {}
+    for root in list(roots):
+        prefix = type(root).__name__
+        for name, p in root.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), f"{prefix}.{name}")
+    return names
+
+
+def optimizer_params(optimizers: Iterable[torch.optim.Optimizer]) -> list[torch.Tensor]:
+    """Every parameter held by the optimizers' param groups."""
+    out: list[torch.Tensor] = []
+    for opt in list(optimizers):
+        for group in opt.param_groups:
+            out.extend(group["params"])
+    return out
+
+
+def user_class(module: torch.nn.Module) -> bool:
+    """True for modules whose class the user (or a third-party library) wrote, not torch itself."""
+    mod = type(module).__module__ or ""
+    return not (mod == "torch" or mod.startswith("torch."))
+
+
+def attribute_location(cls: type, attr: str) -> Location | None:
+    """file:line of ``self.attr =`` in ``cls``'s source, when the source is readable."""
+    try:
+        lines, start = inspect.getsourcelines(cls)
+        file = inspect.getsourcefile(cls)
+    except (OSError, TypeError):
+        return None
+    if file is None:
+        return None
+    pattern = re.compile(rf"self\.{re.escape(attr)}\s*(:[^=]*)?=[^=]")
+    for offset, line in enumerate(lines):
+        if pattern.search(line):
+            return Location(file=file, line=start + offset)
+    return Location(file=file, line=start)
+
+
+def short_path(path: str) -> str:
+    """``path`` relative to the current folder when it lies under it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def fmt_loc(loc: Location | None) -> str:
+    return f"{short_path(loc.file)}:{loc.line}" if loc else "?"
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def loader_facts(loader: Any) -> dict[str, Any]:
+    """Plain facts about a DataLoader (kept as data: the loader may be gone when findings are made)."""
+    from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, SequentialSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    dataset = getattr(loader, "dataset", None)
+    try:
+        n = len(dataset)  # type: ignore[arg-type]
+    except Exception:
+        n = None
+    return {
+        "sampler": type(sampler).__name__ if sampler is not None else None,
+        "sequential": isinstance(sampler, SequentialSampler),
+        "random": isinstance(sampler, RandomSampler),
+        "distributed": isinstance(sampler, DistributedSampler),
+        "dist_shuffle": bool(getattr(sampler, "shuffle", False)) if isinstance(sampler, DistributedSampler) else None,
+        "custom_batch_sampler": batch_sampler is not None and type(batch_sampler) is not BatchSampler,
+        "iterable": isinstance(dataset, IterableDataset),
+        "dataset": type(dataset).__name__,
+        "len": n,
+        "batch_size": getattr(loader, "batch_size", None),
+        "num_workers": getattr(loader, "num_workers", 0),
+        "pin_memory": bool(getattr(loader, "pin_memory", False)),
+    }

@@ -1,0 +1,144 @@
+"""Static distributed rules: rank-conditional collectives, DataParallel, set_epoch, optimizer before fully_shard."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+from torchscalpel.doctor.finding import Finding
+from torchscalpel.doctor.static import StaticContext, static_rule
+
+_COLLECTIVES = {
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast", "broadcast_object_list",
+    "barrier", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
+    "scatter_object_list", "all_to_all", "all_to_all_single", "monitored_barrier",
+}
+_RANK_WORDS = ("rank", "is_main", "is_master", "main_process", "master_process")
+
+
+def _is_rank_test(ctx: StaticContext, test: ast.AST) -> bool:
+    """True for conditions that depend on the process rank (rank == 0, is_main_process(), ...)."""
+    for node in ast.walk(test):
+        if isinstance(node, ast.Name) and any(w in node.id.lower() for w in _RANK_WORDS):
+            return True
+        if isinstance(node, ast.Attribute) and any(w in node.attr.lower() for w in _RANK_WORDS):
+            return True
+    return False
+
+
+def _step_like(ctx: StaticContext, call: ast.Call) -> str | None:
+    """What kind of lock-step operation ``call`` is (backward, optimizer step, collective), else None."""
+    name = ctx.call_name(call) or ""
+    if name.startswith("torch.distributed.") and name.rsplit(".", 1)[-1] in _COLLECTIVES:
+        return f"collective {name.rsplit('.', 1)[-1]}"
+    if name in {"torch.distributed.checkpoint.save", "torch.distributed.checkpoint.load"}:
+        return f"collective {name}"
+    if isinstance(call.func, ast.Attribute):
+        if call.func.attr == "backward":
+            return "backward"
+        if call.func.attr == "step":
+            owner = ctx.qualname(call.func.value) or ""
+            if "opt" in owner.lower() and "sched" not in owner.lower():
+                return "optimizer step"
+    return None
+
+
+@static_rule("rank-conditional-step")
+def rank_conditional_step(ctx: StaticContext) -> Iterator[Finding]:
+    """backward / optimizer step / a collective inside ``if <rank test>:`` (hang or divergence risk)."""
+    barriers_under_rank = sum(
+        1
+        for node in ast.walk(ctx.tree)
+        if isinstance(node, ast.If) and _is_rank_test(ctx, node.test)
+        for call in ctx.calls(node)
+        if (ctx.call_name(call) or "").endswith(".barrier")
+    )
+    for node in ast.walk(ctx.tree):
+        if not isinstance(node, ast.If) or not _is_rank_test(ctx, node.test):
+            continue
+        # `if rank == src: broadcast(x) else: broadcast(y)`: every rank joins, only the arguments differ.
+        other_side = {_step_like(ctx, c) for stmt in node.orelse for c in ctx.calls(stmt)} - {None}
+        for stmt in node.body:
+            for call in ctx.calls(stmt):
+                kind = _step_like(ctx, call)
+                if kind is None or kind in other_side:
+                    continue
+                # `if rank != 0: barrier()` ... `if rank == 0: barrier()` is the paired "rank 0 first" idiom.
+                if kind == "collective barrier" and barriers_under_rank >= 2:
+                    continue
+                yield ctx.finding(
+                    "rank-conditional-step",
+                    call,
+                    f"{kind} runs only on the ranks where `{ast.unparse(node.test)}` holds: the other ranks wait "
+                    "forever (collectives) or their replicas diverge (backward/step).",
+                    fix="# run backward, optimizer.step and collectives on every rank;\n"
+                    "# guard only printing/saving with the rank test:\nif rank == 0:\n    print(loss.item())",
+                )
+
+
+@static_rule("dataparallel-used")
+def dataparallel_used(ctx: StaticContext) -> Iterator[Finding]:
+    """``nn.DataParallel(...)`` anywhere."""
+    for call in ctx.calls():
+        if ctx.call_name(call) in {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}:
+            yield ctx.finding(
+                "dataparallel-used",
+                call,
+                "nn.DataParallel replicates the model from one Python thread every step and is slower than "
+                "DistributedDataParallel even on one machine.",
+                fix="# launch with: torchrun --nproc_per_node N train.py\n"
+                "dist.init_process_group('nccl')\nmodel = DDP(model.to(local_rank), device_ids=[local_rank])",
+            )
+
+
+_DIST_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
+
+
+@static_rule("sampler-set-epoch-missing")
+def sampler_set_epoch_missing(ctx: StaticContext) -> Iterator[Finding]:
+    """A shuffling DistributedSampler is built but ``set_epoch`` is never called in the file."""
+    if ctx.mentions_attr("set_epoch"):
+        return
+    for call in ctx.calls():
+        if ctx.call_name(call) not in _DIST_SAMPLERS:
+            continue
+        shuffle = next((k.value for k in call.keywords if k.arg == "shuffle"), None)
+        if isinstance(shuffle, ast.Constant) and shuffle.value is False:
+            continue
+        yield ctx.finding(
+            "sampler-set-epoch-missing",
+            call,
+            "DistributedSampler shuffles with a seed derived from its epoch, and set_epoch() is never called: "
+            "every epoch sees the same order.",
+            fix="for epoch in range(epochs):\n    sampler.set_epoch(epoch)\n    for batch in loader: ...",
+        )
+
+
+_FULLY_SHARD = ("fully_shard",)
+
+
+@static_rule("optimizer-before-fsdp")
+def optimizer_before_fsdp(ctx: StaticContext) -> Iterator[Finding]:
+    """``opt = torch.optim.X(model.parameters())`` earlier in the same body than ``fully_shard(model)``."""
+    for scope in ast.walk(ctx.tree):
+        if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        optimizers: list[tuple[int, set[str], ast.Call]] = []
+        for stmt in scope.body:
+            for call in ctx.calls(stmt):
+                name = ctx.call_name(call) or ""
+                if name.startswith("torch.optim.") and name.count(".") == 2 and name.split(".")[2][:1].isupper():
+                    used = {n.id for a in call.args[:1] for n in ast.walk(a) if isinstance(n, ast.Name)}
+                    optimizers.append((call.lineno, used, call))
+                elif name.endswith(_FULLY_SHARD) and call.args:
+                    target = {n.id for n in ast.walk(call.args[0]) if isinstance(n, ast.Name)}
+                    for line, used, opt_call in optimizers:
+                        if line < call.lineno and used & target:
+                            yield ctx.finding(
+                                "optimizer-before-fsdp",
+                                call,
+                                "fully_shard() runs after the optimizer was built: fully_shard replaces the "
+                                "parameters with sharded DTensors, so the optimizer updates the old, unused tensors.",
+                                evidence=[f"optimizer built at {ctx.path}:{line}: {ctx.line_text(opt_call)}"],
+                                fix="fully_shard(model)  # first\noptimizer = torch.optim.AdamW(model.parameters())",
+                            )

@@ -1,0 +1,200 @@
+"""Runtime checkpoint and reproducibility rules: whole-module saves, unsafe loads, prefix mismatches, no seed."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rules._common import fmt_loc
+from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, user_location
+
+_PREFIXES = ("module.", "_orig_mod.")
+
+
+def _undo_all(undos: list[Undo]) -> Undo:
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+
+    return undo
+
+
+class CheckpointRules(RuntimeRule):
+    """torch.save of modules, torch.load(weights_only=False), load_state_dict with prefixed keys."""
+
+    slugs = ("whole-model-save", "unsafe-torch-load", "state-dict-prefix-mismatch")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saves: list[tuple[str, Location | None]] = []
+        self.loads: list[Location | None] = []
+        self.mismatch: dict[str, Any] | None = None
+
+    def setup(self) -> Undo:
+        rule = self
+
+        def on_save(obj: Any) -> None:
+            mods = []
+            if isinstance(obj, torch.nn.Module):
+                mods.append(type(obj).__name__)
+            elif isinstance(obj, dict):
+                mods.extend(f"{k}: {type(v).__name__}" for k, v in obj.items() if isinstance(v, torch.nn.Module))
+            if mods:
+                rule.saves.append((", ".join(mods), user_location()))
+
+        def on_load(kwargs: dict[str, Any]) -> None:
+            if kwargs.get("weights_only") is False:
+                rule.loads.append(user_location())
+
+        def on_load_state_dict(module: torch.nn.Module, state_dict: Any) -> None:
+            if rule.mismatch is not None or not hasattr(state_dict, "keys"):
+                return
+            mine, theirs = set(module.state_dict().keys()), set(state_dict.keys())
+            if mine == theirs or not theirs:
+                return
+            for prefix in _PREFIXES:
+                strip = {k[len(prefix):] if k.startswith(prefix) else k for k in theirs}
+                add = {prefix + k for k in theirs}
+                if strip == mine or (len(strip & mine) > len(theirs & mine) and len(strip & mine) >= 0.9 * len(mine)):
+                    rule.mismatch = {"prefix": prefix, "direction": "strip", "example": next(k for k in theirs if k.startswith(prefix)),
+                                     "model": type(module).__name__, "location": user_location()}
+                    return
+                if add == mine or (len(add & mine) > len(theirs & mine) and len(add & mine) >= 0.9 * len(mine)):
+                    rule.mismatch = {"prefix": prefix, "direction": "add", "example": next(iter(sorted(theirs))),
+                                     "model": type(module).__name__, "location": user_location()}
+                    return
+
+        safe_save, safe_load, safe_lsd = self.safe(on_save), self.safe(on_load), self.safe(on_load_state_dict)
+
+        def make_save(original: Callable[..., Any]) -> Callable[..., Any]:
+            def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
+                safe_save(obj)
+                return original(obj, *args, **kwargs)
+
+            return save
+
+        def make_load(original: Callable[..., Any]) -> Callable[..., Any]:
+            def load(*args: Any, **kwargs: Any) -> Any:
+                safe_load(kwargs)
+                return original(*args, **kwargs)
+
+            return load
+
+        def make_lsd(original: Callable[..., Any]) -> Callable[..., Any]:
+            def load_state_dict(module: torch.nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+                safe_lsd(module, state_dict)
+                return original(module, state_dict, *args, **kwargs)
+
+            return load_state_dict
+
+        return _undo_all([
+            patch_attr(torch, "save", make_save),
+            patch_attr(torch, "load", make_load),
+            patch_attr(torch.nn.Module, "load_state_dict", make_lsd),
+        ])
+
+    def findings(self, record: Any) -> Iterator[Finding]:
+        if self.saves:
+            what, loc = self.saves[0]
+            yield make_finding(
+                "whole-model-save",
+                f"torch.save pickles a whole module ({what}): loading it needs the same class at the same import "
+                "path and weights_only=False, which runs arbitrary code.",
+                evidence=[f"{len(self.saves)} save(s) of nn.Module objects, first at {fmt_loc(loc)}"],
+                fix="torch.save(model.state_dict(), path)\nmodel.load_state_dict(torch.load(path, weights_only=True))",
+                location=loc,
+            )
+        if self.loads:
+            loc = self.loads[0]
+            yield make_finding(
+                "unsafe-torch-load",
+                "torch.load(weights_only=False) unpickles arbitrary objects: a tampered checkpoint runs code here.",
+                evidence=[f"{len(self.loads)} call(s), first at {fmt_loc(loc)}"],
+                fix="state = torch.load(path, weights_only=True, map_location='cpu')",
+                location=loc,
+            )
+        if self.mismatch:
+            m = self.mismatch
+            p = m["prefix"]
+            if m["direction"] == "strip":
+                mapping = f"'{m['example']}' -> '{m['example'][len(p):]}'"
+                fix = f"state = {{k.removeprefix({p!r}): v for k, v in state.items()}}\nmodel.load_state_dict(state)"
+                cause = "saved from a wrapped model (DDP's module. / torch.compile's _orig_mod.)"
+            else:
+                mapping = f"'{m['example']}' -> '{p}{m['example']}'"
+                fix = f"state = {{{p!r} + k: v for k, v in state.items()}}\nwrapped.load_state_dict(state)\n# or load into the unwrapped model: model.module / model._orig_mod"
+                cause = "loaded into a wrapped model"
+            yield make_finding(
+                "state-dict-prefix-mismatch",
+                f"The state_dict keys differ from {m['model']}'s by a {p!r} prefix ({cause}): a strict load fails, "
+                "a non-strict one silently loads nothing.",
+                evidence=[f"key mapping: {mapping}"] + ([f"the script failed with: {record.error}"] if record is not None and record.error else []),
+                fix=fix,
+                location=m["location"],
+            )
+
+
+_SEED_FUNCS = (
+    (torch, "manual_seed"),
+    (torch.random, "manual_seed"),
+    (torch.cuda, "manual_seed"),
+    (torch.cuda, "manual_seed_all"),
+    (random, "seed"),
+)
+
+
+class UnseededRun(RuntimeRule):
+    """No torch/random/numpy seed was set before training finished its steps."""
+
+    slugs = ("unseeded-run",)
+    supersedes_static = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seeded = False
+        self.steps = 0
+        self.location: Location | None = None
+
+    def setup(self) -> Undo:
+        rule = self
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def seed(*args: Any, **kwargs: Any) -> Any:
+                rule.seeded = True
+                return original(*args, **kwargs)
+
+            return seed
+
+        undos = [patch_attr(owner, name, make) for owner, name in _SEED_FUNCS]
+        try:
+            import numpy as np
+
+            undos.append(patch_attr(np.random, "seed", make))
+        except ImportError:
+            pass
+        return _undo_all(undos)
+
+    def on_optimizer_step_post(self, optimizer: Any) -> None:
+        self.steps += 1
+        if self.steps == 1:
+            self.location = user_location()
+
+    def findings(self, record: Any) -> Iterator[Finding]:
+        if self.seeded or self.steps < 1:
+            return
+        yield make_finding(
+            "unseeded-run",
+            "No random seed was set (torch, random or numpy): initial weights and data order differ from run to "
+            "run, so a regression cannot be told from noise.",
+            evidence=[f"{self.steps} optimizer steps ran without a seeding call"],
+            fix="import random, numpy as np, torch\nrandom.seed(0); np.random.seed(0); torch.manual_seed(0)",
+            location=self.location,
+        )
+
+
+RULES = (CheckpointRules, UnseededRun)

@@ -1,0 +1,263 @@
+"""Runtime autograd-graph rules: graphs kept across steps, forwards whose graph is never used,
+no-grad forwards with dropout/batch-norm still in training mode.
+
+Graph lifetimes are observed with sentinels: a small object registered as a pre-hook on an
+autograd node lives exactly as long as that node, and learns when a gradient flows through it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rules._common import fmt_loc
+from torchscalpel.doctor.runtime_rules import RuntimeRule, iter_tensors, user_location
+
+
+class _Use:
+    """Whether a gradient reached a sentinel's nodes; kept by the rule, outliving the graph."""
+
+    __slots__ = ("used",)
+
+    def __init__(self) -> None:
+        self.used = False
+
+
+class _Sentinel:
+    """Pre-hook on an autograd node: alive exactly as long as the node, marks ``use`` when a gradient arrives."""
+
+    __slots__ = ("__weakref__", "use")
+
+    def __init__(self, use: _Use) -> None:
+        self.use = use
+
+    def __call__(self, grad_outputs: Any) -> None:
+        self.use.used = True
+
+
+def _attach(tensors: list[torch.Tensor], use: _Use | None = None) -> weakref.ref[_Sentinel] | None:
+    """Register one sentinel on the distinct grad_fn nodes of ``tensors``; None if none has a graph."""
+    sentinel = _Sentinel(use or _Use())
+    attached = False
+    seen: set[int] = set()
+    for t in tensors:
+        fn = t.grad_fn
+        if fn is None or id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        try:
+            fn.register_prehook(sentinel)
+        except (RuntimeError, AttributeError):  # some nodes (e.g. from custom C++ ops) refuse hooks
+            continue
+        attached = True
+    return weakref.ref(sentinel) if attached else None
+
+
+class LossGraphRetained(RuntimeRule):
+    """Loss (and output) graphs from earlier steps that stay alive: something holds them."""
+
+    slugs = ("loss-graph-retained",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = 0
+        self._losses: list[tuple[int, weakref.ref[_Sentinel]]] = []
+        self._outputs: list[tuple[int, weakref.ref[_Sentinel]]] = []
+        self.alive_history: list[tuple[int, int, int]] = []
+        self.outputs_history: list[tuple[int, int, int]] = []
+        self.location: Location | None = None
+        self._last_loss_loc: Location | None = None
+
+    def on_backward_pre(self, tensors: Any) -> None:
+        if not tensors:
+            return
+        ref = _attach([tensors[0]])
+        if ref is not None:
+            self._losses.append((self.step, ref))
+            if len(self._losses) <= 2:
+                self._last_loss_loc = user_location()
+
+    def on_forward_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool) -> None:
+        if root and torch.is_grad_enabled() and module.training:
+            ref = _attach([t for t in iter_tensors(output, limit=4) if t.grad_fn is not None])
+            if ref is not None:
+                self._outputs.append((self.step, ref))
+
+    def _count(self, entries: list[tuple[int, weakref.ref[_Sentinel]]], history: list[tuple[int, int, int]]) -> list[tuple[int, weakref.ref[_Sentinel]]]:
+        old = [(s, r) for s, r in entries if s <= self.step - 3]
+        alive = sum(1 for _, r in old if r() is not None)
+        history.append((self.step, alive, len(old)))
+        # Forget old entries that died (they can never come back), keep the rest.
+        return [(s, r) for s, r in entries if r() is not None or s > self.step - 3]
+
+    def on_optimizer_step_post(self, optimizer: Any) -> None:
+        self.step += 1
+        self._losses = self._count(self._losses, self.alive_history)
+        self._outputs = self._count(self._outputs, self.outputs_history)
+        if (self.alive_history[-1][1] or self.outputs_history[-1][1]) and self.location is None:
+            self.location = self._last_loss_loc
+
+    @staticmethod
+    def _retained(history: list[tuple[int, int, int]]) -> bool:
+        if not history:
+            return False
+        _, alive, old = history[-1]
+        return alive >= 3 and alive >= 0.5 * old
+
+    def findings(self, record: Any) -> Iterator[Finding]:
+        losses, outputs = self._retained(self.alive_history), self._retained(self.outputs_history)
+        if not (losses or outputs):
+            return
+        history = self.alive_history if losses else self.outputs_history
+        step, alive, old = history[-1]
+        peak = max(a for _, a, _ in history)
+        yield make_finding(
+            "loss-graph-retained",
+            f"{'Loss tensors' if losses else 'Model outputs'} from earlier steps are still alive with their autograd "
+            "graphs: memory grows every step (typically `total += loss` or `outputs.append(out)` without "
+            ".item()/.detach()).",
+            evidence=[
+                f"after step {step}, the graphs of {alive} of the {old} {'losses' if losses else 'model outputs'} "
+                f"from 3+ steps earlier were still alive (peak {peak})",
+                f"backward called at {fmt_loc(self.location)}",
+            ],
+            fix="running_loss += loss.item()      # a Python float, no graph\n"
+            "history.append(loss.detach())   # or keep a detached tensor",
+            location=self.location,
+        )
+
+
+class EvalWithoutNoGrad(RuntimeRule):
+    """Root forward passes built with autograd on whose graph no backward ever used.
+
+    A forward is settled as unused when a backward that runs after a later optimizer step still has
+    not reached its graph (so a generator output consumed one step later, as in GANs, is not flagged),
+    or when the script completes without any backward reaching it.
+    """
+
+    slugs = ("eval-without-no-grad",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = 0
+        self._pending: list[tuple[_Use, int, str, bool, tuple[str, int] | None]] = []
+        self.used = 0
+        self.unused: Counter[tuple[str, bool]] = Counter()
+        self.unused_locations: Counter[tuple[str, int]] = Counter()
+
+    def on_forward_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool) -> None:
+        if not root or not torch.is_grad_enabled():
+            return
+        tensors = [t for t in iter_tensors(output, limit=8) if t.grad_fn is not None]
+        if not tensors:
+            return
+        use = _Use()
+        if _attach(tensors, use) is None:
+            return
+        loc = user_location()
+        self._pending.append((use, self.step, type(module).__name__, module.training, (loc.file, loc.line) if loc else None))
+
+    def _settle(self, *, final: bool = False) -> None:
+        keep = []
+        for entry in self._pending:
+            use, step, name, training, loc = entry
+            if use.used:
+                self.used += 1
+            elif final or self.step > step:
+                self.unused[(name, training)] += 1
+                if loc:
+                    self.unused_locations[loc] += 1
+            else:
+                keep.append(entry)
+        self._pending = keep
+
+    def on_optimizer_step_post(self, optimizer: Any) -> None:
+        self.step += 1
+
+    def on_backward_post(self, tensors: Any) -> None:
+        self._settle()
+
+    def on_finish(self, record: Any) -> None:
+        self._settle(final=getattr(record, "status", "") == "complete")
+
+    def findings(self, record: Any) -> Iterator[Finding]:
+        total = sum(self.unused.values())
+        if total < 2:
+            return
+        loc = None
+        if self.unused_locations:
+            (file, line), _ = self.unused_locations.most_common(1)[0]
+            loc = Location(file=file, line=line)
+        what = ", ".join(
+            f"{n} call(s) of {name} in {'train' if training else 'eval'} mode" for (name, training), n in self.unused.most_common(3)
+        )
+        yield make_finding(
+            "eval-without-no-grad",
+            "Forward passes build autograd graphs that no backward ever uses (evaluation without torch.no_grad): "
+            "activations are kept for nothing, costing memory and time.",
+            evidence=[f"{total} forward pass(es) whose graph was freed unused: {what}",
+                      f"{self.used} forward pass(es) were backpropagated", f"called at {fmt_loc(loc)}"],
+            fix="model.eval()\nwith torch.inference_mode():   # or torch.no_grad()\n    logits = model(x)",
+            location=loc,
+        )
+
+
+def _training_norm_dropout(module: torch.nn.Module) -> list[str]:
+    """Names of dropout (p > 0) and batch-norm submodules currently in training mode."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.dropout import _DropoutNd
+
+    out = []
+    for name, m in module.named_modules():
+        if not m.training:
+            continue
+        if (isinstance(m, _DropoutNd) and m.p > 0) or isinstance(m, _BatchNorm):
+            out.append(f"{name or type(m).__name__} ({type(m).__name__})")
+    return out
+
+
+class EvalInTrainMode(RuntimeRule):
+    """Root forwards under no_grad/inference_mode while dropout or batch-norm is in training mode."""
+
+    slugs = ("eval-in-train-mode",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.modules: list[str] = []
+        self.model = ""
+        self.location: Location | None = None
+
+    def on_forward_pre(self, module: torch.nn.Module, args: Any, kwargs: Any, root: bool) -> None:
+        if not root or torch.is_grad_enabled():
+            return
+        names = _training_norm_dropout(module)
+        if not names:
+            return
+        self.calls += 1
+        if not self.modules:
+            self.modules, self.model = names, type(module).__name__
+            self.location = user_location()
+
+    def findings(self, record: Any) -> Iterator[Finding]:
+        if not self.calls:
+            return
+        listed = ", ".join(self.modules[:5]) + (" ..." if len(self.modules) > 5 else "")
+        yield make_finding(
+            "eval-in-train-mode",
+            f"{self.model} runs under no_grad/inference_mode with dropout/batch-norm still in training mode: "
+            "evaluation is noisy and batch-norm running statistics are overwritten by evaluation data.",
+            evidence=[f"{self.calls} no-grad forward call(s) with training-mode modules: {listed}",
+                      f"called at {fmt_loc(self.location)}"],
+            fix="model.eval()\nwith torch.no_grad():\n    ...evaluate...\nmodel.train()  # before training resumes",
+            location=self.location,
+        )
+
+
+RULES = (LossGraphRetained, EvalWithoutNoGrad, EvalInTrainMode)

@@ -1,0 +1,225 @@
+"""Runtime rules: observers of the live run, each isolated so that a crashing rule reports itself.
+
+A :class:`RuntimeRule` is an :class:`~torchscalpel.runtime.observer.Observer` that may also patch
+torch functions for the run (:meth:`RuntimeRule.setup`, undone afterwards) and turns what it saw
+into findings in :meth:`RuntimeRule.findings`. :class:`DoctorObserver` fans runtime events out to
+every rule; an exception inside a rule disables that rule only and becomes its internal-error
+finding, so the user's script and the other rules are never affected.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+
+from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.registry import guarded, internal_error
+from torchscalpel.runtime.observer import Observer
+
+Undo = Callable[[], None]
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP = (_TORCH_DIR, _OUR_DIR, os.path.dirname(os.__file__) + os.sep + "runpy", "<frozen", "<string>")
+
+
+def user_location(depth_limit: int = 60) -> Location | None:
+    """The innermost stack frame in the user's code (not torch, not torchscalpel, not the stdlib's runpy)."""
+    frame = sys._getframe(1)
+    for _ in range(depth_limit):
+        if frame is None:
+            return None
+        fname = frame.f_code.co_filename
+        if not fname.startswith(_SKIP) and "site-packages" + os.sep + "torch" not in fname and "contextlib" not in fname:
+            return Location(file=fname, line=frame.f_lineno)
+        frame = frame.f_back
+    return None
+
+
+class RuntimeRule(Observer):
+    """Base class of runtime rules; ``slugs`` are the rules a class reports."""
+
+    slugs: tuple[str, ...] = ()
+    supersedes_static: bool = False
+    """When True, a static finding of the same slug is dropped once this rule has watched a run."""
+
+    def __init__(self) -> None:
+        self.crashed: BaseException | None = None
+        self.session: Any = None
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.slugs[0] if self.slugs else type(self).__name__
+
+    def setup(self) -> Undo | None:
+        """Patch what the rule needs before the script starts; return the undo callable."""
+        return None
+
+    def findings(self, record: Any) -> Iterable[Finding]:
+        """What the rule concluded from the run."""
+        return ()
+
+    def safe(self, fn: Callable[..., Any]) -> Callable[..., None]:
+        """Wrap a rule callback used inside a patch: errors disable the rule, never reach the script."""
+
+        def call(*args: Any, **kwargs: Any) -> None:
+            if self.crashed is not None:
+                return
+            try:
+                fn(*args, **kwargs)
+            except Exception as exc:
+                self.crashed = exc
+
+        return call
+
+
+def patch_attr(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Undo:
+    """Replace ``owner.attr`` by ``make(original)``; the returned callable restores it."""
+    original = getattr(owner, attr)
+    wrapper = make(original)
+    try:
+        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    except AttributeError:
+        pass
+    setattr(owner, attr, wrapper)
+
+    def undo() -> None:
+        setattr(owner, attr, original)
+
+    return undo
+
+
+class DoctorObserver(Observer):
+    """One observer that runs every runtime rule with crash isolation."""
+
+    name = "doctor"
+
+    def __init__(self, rules: Sequence[RuntimeRule]) -> None:
+        self.rules = list(rules)
+        self._undo: list[Undo] = []
+
+    def _dispatch(self, event: str, *args: Any) -> None:
+        if event == "on_start" and args:
+            for rule in self.rules:
+                rule.session = args[0]
+        for rule in self.rules:
+            if rule.crashed is not None:
+                continue
+            try:
+                getattr(rule, event)(*args)
+            except Exception as exc:  # a broken rule must never break the user's run
+                rule.crashed = exc
+
+    # Real methods (not instance attributes): the runtime sends an event only to observers whose
+    # class overrides it.
+    def on_start(self, session: Any) -> None:
+        self._dispatch("on_start", session)
+
+    def on_forward_pre(self, module: Any, args: Any, kwargs: Any, root: bool) -> None:
+        self._dispatch("on_forward_pre", module, args, kwargs, root)
+
+    def on_forward_post(self, module: Any, args: Any, kwargs: Any, output: Any, root: bool) -> None:
+        self._dispatch("on_forward_post", module, args, kwargs, output, root)
+
+    def on_backward_pre(self, tensors: Any) -> None:
+        self._dispatch("on_backward_pre", tensors)
+
+    def on_backward_post(self, tensors: Any) -> None:
+        self._dispatch("on_backward_post", tensors)
+
+    def on_optimizer_step_pre(self, optimizer: Any) -> None:
+        self._dispatch("on_optimizer_step_pre", optimizer)
+
+    def on_optimizer_step_post(self, optimizer: Any) -> None:
+        self._dispatch("on_optimizer_step_post", optimizer)
+
+    def on_batch(self, batch: Any, loader: Any) -> None:
+        self._dispatch("on_batch", batch, loader)
+
+    def on_step_end(self, step: Any) -> None:
+        self._dispatch("on_step_end", step)
+
+    def on_finish(self, record: Any) -> None:
+        self._dispatch("on_finish", record)
+
+    def setup_hook(self) -> Undo:
+        """For ``run_target(setup_hooks=[...])``: apply every rule's patches; returns the undo of all."""
+        for rule in self.rules:
+            try:
+                undo = rule.setup()
+            except Exception as exc:
+                rule.crashed = exc
+                continue
+            if undo is not None:
+                self._undo.append(undo)
+        return self.undo
+
+    def undo(self) -> None:
+        """Remove every patch (last applied first)."""
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except Exception:  # restoring is best effort; the process is ending a run anyway
+                pass
+
+    def findings(self, record: Any) -> list[Finding]:
+        """Every rule's findings; a crashed rule gives one internal-error finding per slug it owns."""
+        out: list[Finding] = []
+        for rule in self.rules:
+            if rule.crashed is not None:
+                out.extend(internal_error(slug, rule.crashed) for slug in rule.slugs)
+                continue
+            found = guarded(rule.name, lambda rule=rule: rule.findings(record), source="runtime")
+            out.extend(found)
+        return out
+
+    def superseded_static(self) -> set[str]:
+        """Slugs whose static findings this run makes redundant."""
+        return {s for r in self.rules if r.supersedes_static and r.crashed is None for s in r.slugs}
+
+
+def iter_tensors(obj: Any, limit: int = 16) -> list[torch.Tensor]:
+    """Tensors inside a forward output (tensor, tuple/list, dict, dataclass-like), at most ``limit``.
+
+    Iterative on purpose: a recursive closure would form a reference cycle holding the tensors (and
+    their autograd graphs) until the garbage collector runs.
+    """
+    found: list[torch.Tensor] = []
+    stack: list[tuple[Any, int]] = [(obj, 0)]
+    while stack and len(found) < limit:
+        o, depth = stack.pop()
+        if isinstance(o, torch.Tensor):
+            found.append(o)
+        elif depth >= 4:
+            continue
+        elif isinstance(o, list | tuple):
+            stack.extend((x, depth + 1) for x in reversed(o))
+        elif isinstance(o, dict):
+            stack.extend((x, depth + 1) for x in reversed(list(o.values())))
+        elif hasattr(o, "__dataclass_fields__"):
+            stack.extend((getattr(o, k, None), depth + 1) for k in reversed(list(o.__dataclass_fields__)))
+    return found
+
+
+def all_runtime_rules(*, sanity: bool = False) -> list[RuntimeRule]:
+    """One fresh instance of every runtime rule (``sanity`` adds the overfit-one-batch check)."""
+    from torchscalpel.doctor.rules import (
+        rt_amp,
+        rt_checkpoint,
+        rt_data,
+        rt_dist,
+        rt_graph,
+        rt_model,
+        rt_numerics,
+        rt_optim,
+        rt_perf,
+    )
+
+    rules: list[RuntimeRule] = []
+    for mod in (rt_model, rt_optim, rt_graph, rt_data, rt_numerics, rt_amp, rt_perf, rt_dist, rt_checkpoint):
+        rules.extend(cls() for cls in mod.RULES)
+    return rules

@@ -1,0 +1,222 @@
+"""Static analysis: parse a Python file once and let every static rule read the same AST.
+
+A static rule is a function ``(ctx: StaticContext) -> Iterable[Finding]`` registered with
+:func:`static_rule`. The context resolves import aliases (``nn.Linear`` -> ``torch.nn.Linear``)
+and knows which classes in the file are ``nn.Module`` subclasses, so rules stay short and precise.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.registry import guarded, make_finding
+from torchscalpel.errors import UsageError
+
+StaticCheck = Callable[["StaticContext"], Iterable[Finding]]
+STATIC_CHECKS: list[tuple[str, StaticCheck]] = []
+"""Registered static checks as (slug, function), in registration order."""
+
+# Base classes (fully qualified) whose subclasses are modules, beyond classes defined in the file.
+_MODULE_BASES = {
+    "torch.nn.Module",
+    "torch.nn.modules.module.Module",
+    "torch.nn.Sequential",
+    "torch.nn.ModuleList",
+    "lightning.LightningModule",
+    "pytorch_lightning.LightningModule",
+    "lightning.pytorch.LightningModule",
+    "transformers.PreTrainedModel",
+}
+# torch.nn attributes that start with a capital letter but do not construct a module.
+_NOT_MODULES = {"Parameter", "UninitializedParameter", "UninitializedBuffer", "Buffer", "ParameterDict"}
+
+
+def static_rule(slug: str) -> Callable[[StaticCheck], StaticCheck]:
+    """Register ``fn`` as a static check of rule ``slug``."""
+
+    def deco(fn: StaticCheck) -> StaticCheck:
+        STATIC_CHECKS.append((slug, fn))
+        return fn
+
+    return deco
+
+
+@dataclass(kw_only=True, slots=True)
+class StaticContext:
+    """One parsed file plus the helpers rules share."""
+
+    path: str
+    source: str
+    tree: ast.Module
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Local name -> fully qualified name, from the file's imports."""
+    module_classes: dict[str, ast.ClassDef] = field(default_factory=dict)
+    """Classes in this file that subclass nn.Module (directly or through another such class)."""
+
+    @classmethod
+    def parse(cls, source: str, path: str) -> StaticContext:
+        """Parse ``source``; raise SyntaxError as ast does."""
+        tree = ast.parse(source, filename=path)
+        ctx = cls(path=path, source=source, tree=tree)
+        ctx.aliases = _collect_aliases(tree)
+        ctx.module_classes = _module_classes(ctx)
+        return ctx
+
+    def qualname(self, node: ast.AST) -> str | None:
+        """Dotted name of a Name/Attribute chain with the first part resolved through imports."""
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        head = self.aliases.get(node.id, node.id)
+        return ".".join([head, *reversed(parts)])
+
+    def call_name(self, node: ast.AST) -> str | None:
+        """Qualified name of the function a Call calls, else None."""
+        return self.qualname(node.func) if isinstance(node, ast.Call) else None
+
+    def is_module_ctor(self, node: ast.AST) -> bool:
+        """True when ``node`` is a call that constructs an nn.Module (torch.nn class or a module class here)."""
+        if not isinstance(node, ast.Call):
+            return False
+        name = self.call_name(node)
+        if name is None:
+            return False
+        if name in self.module_classes:
+            return True
+        if name.startswith("torch.nn.") and name.count(".") == 2:
+            last = name.rsplit(".", 1)[1]
+            return last[:1].isupper() and last not in _NOT_MODULES
+        return False
+
+    def location(self, node: ast.AST) -> Location:
+        """``file:line`` of ``node``."""
+        return Location(file=self.path, line=getattr(node, "lineno", 1), column=getattr(node, "col_offset", 0) + 1)
+
+    def finding(self, slug: str, node: ast.AST, message: str, **kw: object) -> Finding:
+        """A static finding of ``slug`` located at ``node``; the source line is added as evidence."""
+        evidence = list(kw.pop("evidence", []))  # type: ignore[arg-type]
+        line = self.line_text(node)
+        if line:
+            evidence.append(f"{self.path}:{getattr(node, 'lineno', 1)}: {line}")
+        return make_finding(slug, message, evidence=evidence, location=self.location(node), source="static", **kw)  # type: ignore[arg-type]
+
+    def line_text(self, node: ast.AST) -> str:
+        """The stripped source line where ``node`` starts."""
+        lines = self.source.splitlines()
+        idx = getattr(node, "lineno", 0) - 1
+        return lines[idx].strip() if 0 <= idx < len(lines) else ""
+
+    def calls(self, root: ast.AST | None = None) -> Iterator[ast.Call]:
+        """Every Call node under ``root`` (default: the whole file)."""
+        for node in ast.walk(root or self.tree):
+            if isinstance(node, ast.Call):
+                yield node
+
+    def mentions_attr(self, attr: str) -> bool:
+        """True when ``.attr`` or a name ``attr`` appears anywhere in the file."""
+        for node in ast.walk(self.tree):
+            if (isinstance(node, ast.Attribute) and node.attr == attr) or (isinstance(node, ast.Name) and node.id == attr):
+                return True
+        return False
+
+
+def self_attr_target(node: ast.AST) -> str | None:
+    """``name`` for an assignment target ``self.name``, else None."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+        return node.attr
+    return None
+
+
+def methods(cls: ast.ClassDef) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The methods defined directly in ``cls``."""
+    for node in cls.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node
+
+
+def _collect_aliases(tree: ast.Module) -> dict[str, str]:
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    aliases[a.asname] = a.name
+                else:
+                    top = a.name.split(".")[0]
+                    aliases.setdefault(top, top)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+    # `import torch.nn as nn` and `from torch import nn` both give nn -> torch.nn already.
+    return aliases
+
+
+def _module_classes(ctx: StaticContext) -> dict[str, ast.ClassDef]:
+    classes = {n.name: n for n in ast.walk(ctx.tree) if isinstance(n, ast.ClassDef)}
+    found: dict[str, ast.ClassDef] = {}
+    changed = True
+    while changed:  # fixpoint: a subclass of a module class defined here is a module class too
+        changed = False
+        for name, cls in classes.items():
+            if name in found:
+                continue
+            for base in cls.bases:
+                qn = ctx.qualname(base)
+                if qn and (qn in _MODULE_BASES or qn in found or (qn.startswith("torch.nn.") and qn.count(".") == 2)):
+                    found[name] = cls
+                    changed = True
+                    break
+    return found
+
+
+def analyze_source(source: str, path: str, *, rules: Sequence[str] | None = None) -> list[Finding]:
+    """All static findings for one file's text; a file that does not parse gives no findings."""
+    _load_rules()
+    try:
+        ctx = StaticContext.parse(source, path)
+    except (SyntaxError, ValueError):
+        return []
+    out: list[Finding] = []
+    for slug, check in STATIC_CHECKS:
+        if rules is None or slug in rules:
+            out.extend(guarded(slug, lambda check=check: check(ctx), source="static"))
+    return out
+
+
+def iter_python_files(paths: Iterable[Path]) -> Iterator[Path]:
+    """Python files named directly or found under folders (skipping hidden and virtualenv folders)."""
+    for path in paths:
+        if not path.exists():
+            raise UsageError(f"{path} does not exist; pass Python files or folders to 'scalpel doctor --static'.")
+        if path.is_file():
+            yield path
+            continue
+        for file in sorted(path.rglob("*.py")):
+            rel = file.relative_to(path).parts
+            if any(p.startswith(".") or p in {"__pycache__", "site-packages", "node_modules", "venv"} for p in rel[:-1]):
+                continue
+            yield file
+
+
+def analyze_paths(paths: Iterable[Path], *, rules: Sequence[str] | None = None) -> list[Finding]:
+    """Static findings over files and folders."""
+    out: list[Finding] = []
+    for file in iter_python_files(paths):
+        try:
+            text = file.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        out.extend(analyze_source(text, str(file), rules=rules))
+    return out
+
+
+def _load_rules() -> None:
+    """Import the rule modules (they register themselves) once."""
+    from torchscalpel.doctor import rules  # noqa: F401

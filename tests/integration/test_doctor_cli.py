@@ -1,0 +1,92 @@
+"""``scalpel doctor`` end to end through the CLI: static mode, JSON/SARIF, --fail-on, usage errors, a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
+
+
+def test_static_mode_over_a_folder_writes_json_and_sarif_and_fails_on_error(tmp_path: Path) -> None:
+    out_json, out_sarif = tmp_path / "f.json", tmp_path / "f.sarif"
+    proc = run_cli("doctor", "--static", str(FIXTURES), "--json", str(out_json), "--sarif", str(out_sarif),
+                   "--fail-on", "error", timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert "module-in-plain-container" in proc.stdout and "rank-conditional-step" in proc.stdout
+    data = json.loads(out_json.read_text())
+    rules = {f["rule"] for f in data["findings"]}
+    assert {"module-in-plain-container", "rank-conditional-step", "unsafe-torch-load", "whole-model-save",
+            "optimizer-before-fsdp", "dataparallel-used", "sampler-set-epoch-missing", "empty-cache-in-loop"} <= rules
+    assert data["counts"]["error"] >= 1 and all(f["source"] == "static" for f in data["findings"])
+    # No clean fixture may get a static warning or error.
+    assert not [f for f in data["findings"] if "clean_" in f["location"]["file"] and f["severity"] != "info"]
+    sarif = json.loads(out_sarif.read_text())
+    assert sarif["version"] == "2.1.0"
+    run = sarif["runs"][0]
+    ids = [r["id"] for r in run["tool"]["driver"]["rules"]]
+    assert run["results"] and all(r["ruleId"] in ids for r in run["results"])
+    first = run["results"][0]
+    assert ids[first["ruleIndex"]] == first["ruleId"]
+    region = first["locations"][0]["physicalLocation"]["region"]
+    assert region["startLine"] >= 1 and first["level"] in {"error", "warning", "note"}
+
+
+def test_static_mode_on_a_clean_file_exits_zero_even_with_fail_on_warning() -> None:
+    proc = run_cli("doctor", "--static", str(FIXTURES / "clean_ddp.py"), "--fail-on", "warning", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "No findings" in proc.stdout
+
+
+def test_usage_errors_are_one_sentence_and_exit_2(tmp_path: Path) -> None:
+    cases = [
+        ("doctor", "--static", str(tmp_path / "missing.py")),
+        ("doctor", "--static", str(FIXTURES / "clean_ddp.py"), "--", str(FIXTURES / "clean_ddp.py")),
+        ("doctor", "--nproc", "0", "--", str(FIXTURES / "clean_ddp.py")),
+        ("doctor", "--steps", "0", "--", str(FIXTURES / "clean_ddp.py")),
+        ("doctor", "--", str(tmp_path / "nope.py")),
+        ("doctor",),
+    ]
+    for args in cases:
+        proc = run_cli(*args, timeout=120)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert proc.stderr.startswith("scalpel: error:") and "Traceback" not in proc.stderr
+    bad_steps = run_cli("doctor", "--steps", "many", "--", str(FIXTURES / "clean_ddp.py"), timeout=120)
+    assert bad_steps.returncode == 2 and "--steps takes a number or 'auto'" in bad_steps.stderr
+
+
+def test_run_mode_reports_ranked_findings_into_record_report_and_json(tmp_path: Path) -> None:
+    out, js = tmp_path / "run", tmp_path / "doctor.json"
+    proc = run_cli("doctor", "--out", str(out), "--json", str(js), "--fail-on", "error", "--",
+                   str(FIXTURES / "grad_not_zeroed.py"), timeout=240)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "grad-not-zeroed" in proc.stdout and "zero_grad" in proc.stdout
+    data = json.loads(js.read_text())
+    assert data["findings"][0]["rule"] == "grad-not-zeroed" and data["findings"][0]["severity"] == "error"
+    record = json.loads((out / "run.json").read_text())
+    assert any(f["rule"] == "grad-not-zeroed" for f in record["findings"])
+    html = (out / "report.html").read_text()
+    assert "Findings" in html and "grad-not-zeroed" in html
+
+
+def test_failing_script_exits_with_its_code_and_still_reports(tmp_path: Path) -> None:
+    proc = run_cli("doctor", "--out", str(tmp_path / "r"), "--", str(FIXTURES / "state_dict_prefix_mismatch.py"), timeout=240)
+    assert proc.returncode == 1
+    assert "state-dict-prefix-mismatch" in proc.stdout and "_orig_mod." in proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+def test_nproc_2_runs_every_rank_through_launch_and_merges(tmp_path: Path) -> None:
+    js = tmp_path / "d.json"
+    proc = run_cli("doctor", "--nproc", "2", "--out", str(tmp_path / "r"), "--json", str(js), "--",
+                   str(FIXTURES / "ddp_no_distributed_sampler.py"), timeout=300)
+    assert (tmp_path / "r" / "rank-0" / "run.json").exists() and (tmp_path / "r" / "rank-1" / "run.json").exists(), proc.stdout[-2000:]
+    data = json.loads(js.read_text())
+    assert data["mode"] == "ranks" and data["ranks"] == [0, 1]
+    (f,) = [f for f in data["findings"] if f["rule"] == "ddp-no-distributed-sampler"]
+    assert any("seen on ranks 0, 1" in e for e in f["evidence"])

@@ -1,0 +1,264 @@
+"""Runtime doctor rules driven directly through their observer methods, with real tiny models."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from torchscalpel.doctor.finding import Severity
+from torchscalpel.doctor.rules.rt_graph import EvalInTrainMode, EvalWithoutNoGrad, LossGraphRetained
+from torchscalpel.doctor.rules.rt_model import ModuleInPlainContainer, TensorAttributeNotRegistered
+from torchscalpel.doctor.rules.rt_optim import FrozenParamInOptimizer, GradNotZeroed, ParamNotInOptimizer
+from torchscalpel.doctor.rules.rt_perf import HostDeviceCopyBound
+from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule
+from torchscalpel.record import RunRecord, StepRecord
+
+
+def session(*roots: nn.Module, optimizers=()) -> SimpleNamespace:
+    return SimpleNamespace(root_modules=list(roots), optimizers=list(optimizers), loaders=[], request_stop=lambda r: None)
+
+
+def rules_of(rule: RuntimeRule, record=None) -> list[str]:
+    return [f.rule for f in rule.findings(record)]
+
+
+def train(rule: GradNotZeroed, model: nn.Module, opt, *, steps: int, accum: int = 1, zero: bool = True) -> None:
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    for _ in range(steps):
+        for _ in range(accum):
+            loss = nn.functional.mse_loss(model(x), y)
+            rule.on_backward_pre((loss,))
+            loss.backward()
+        rule.on_optimizer_step_pre(opt)
+        opt.step()
+        rule.on_optimizer_step_post(opt)
+        if zero:
+            opt.zero_grad()
+
+
+@pytest.mark.parametrize(("accum", "zero", "fires"), [(1, False, True), (1, True, False), (4, True, False), (4, False, True)])
+def test_grad_not_zeroed_mechanism(accum: int, zero: bool, fires: bool) -> None:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rule = GradNotZeroed()
+    train(rule, model, opt, steps=5, accum=accum, zero=zero)
+    assert ("grad-not-zeroed" in rules_of(rule)) is fires
+
+
+def test_grad_not_zeroed_zero_grad_set_to_none_false_counts_as_cleared() -> None:
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rule = GradNotZeroed()
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    for _ in range(4):
+        opt.zero_grad(set_to_none=False)
+        loss = nn.functional.mse_loss(model(x), y)
+        rule.on_backward_pre((loss,))
+        loss.backward()
+        rule.on_optimizer_step_pre(opt)
+        opt.step()
+        rule.on_optimizer_step_post(opt)
+    assert rules_of(rule) == []
+
+
+def test_param_not_in_optimizer_names_the_missing_head() -> None:
+    body, head = nn.Linear(4, 4), nn.Linear(4, 1)
+    model = nn.Sequential(body, head)
+    opt = torch.optim.SGD(body.parameters(), lr=0.1)
+    rule = ParamNotInOptimizer()
+    rule.session = session(model, optimizers=[opt])
+    model(torch.randn(2, 4)).sum().backward()
+    rule.on_optimizer_step_pre(opt)
+    (f,) = rule.findings(None)
+    assert f.rule == "param-not-in-optimizer" and "Sequential.1.weight" in f.evidence[0]
+    ok = ParamNotInOptimizer()
+    opt2 = torch.optim.SGD(model.parameters(), lr=0.1)
+    ok.session = session(model, optimizers=[opt2])
+    ok.on_optimizer_step_pre(opt2)
+    assert rules_of(ok) == []
+
+
+def test_param_not_in_optimizer_ignores_frozen_and_gradless_models() -> None:
+    student, teacher = nn.Linear(4, 1), nn.Linear(4, 1)
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    rule = ParamNotInOptimizer()
+    rule.session = session(student, teacher, optimizers=[opt])
+    with torch.no_grad():
+        target = teacher(torch.randn(2, 4))
+    nn.functional.mse_loss(student(torch.randn(2, 4)), target).backward()
+    rule.on_optimizer_step_pre(opt)
+    assert rules_of(rule) == []
+
+
+def test_frozen_after_optimizer_built_fires_frozen_before_does_not() -> None:
+    original = torch.optim.Optimizer.add_param_group
+    rule = FrozenParamInOptimizer()
+    undo = rule.setup()
+    try:
+        late = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+        opt = torch.optim.SGD(late.parameters(), lr=0.1)
+        late[0].weight.requires_grad_(False)
+        rule.session = session(late, optimizers=[opt])
+        rule.on_optimizer_step_pre(opt)
+        assert rules_of(rule) == ["frozen-param-in-optimizer"]
+
+        early_rule = FrozenParamInOptimizer()
+        undo2 = early_rule.setup()
+        try:
+            early = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+            early[0].weight.requires_grad_(False)
+            opt2 = torch.optim.SGD(early.parameters(), lr=0.1)
+            early_rule.on_optimizer_step_pre(opt2)
+            assert rules_of(early_rule) == []
+        finally:
+            undo2()
+    finally:
+        undo()
+    assert torch.optim.Optimizer.add_param_group is original  # the patch is undone
+
+
+def test_eval_in_train_mode_only_for_training_mode_dropout_or_bn_under_no_grad() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.2))
+    rule = EvalInTrainMode()
+    rule.on_forward_pre(model, (), {}, True)  # grad enabled: training forward
+    assert rules_of(rule) == []
+    with torch.no_grad():
+        rule.on_forward_pre(model, (), {}, True)
+    assert rules_of(rule) == ["eval-in-train-mode"]
+    ok = EvalInTrainMode()
+    model.eval()
+    with torch.inference_mode():
+        ok.on_forward_pre(model, (), {}, True)
+    no_dropout = EvalInTrainMode()
+    with torch.no_grad():
+        no_dropout.on_forward_pre(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0)), (), {}, True)
+    assert rules_of(ok) == [] and rules_of(no_dropout) == []
+
+
+def test_eval_without_no_grad_counts_unused_graphs_only() -> None:
+    model = nn.Linear(4, 1)
+    rule = EvalWithoutNoGrad()
+    x = torch.randn(2, 4)
+    for _ in range(3):  # training: forward, backward, step
+        out = model(x)
+        rule.on_forward_post(model, (x,), {}, out, True)
+        out.sum().backward()
+        rule.on_backward_post((out,))
+        rule.on_optimizer_step_post(None)
+    assert rules_of(rule) == [] and rule.used == 3
+    for _ in range(3):  # evaluation with autograd on
+        out = model(x)
+        rule.on_forward_post(model, (x,), {}, out, True)
+    rule.on_finish(RunRecord(status="complete"))
+    assert rules_of(rule) == ["eval-without-no-grad"]
+
+
+def test_loss_graph_retained_sees_summed_losses_not_items() -> None:
+    model = nn.Linear(4, 1)
+    x = torch.randn(2, 4)
+    bad, good = LossGraphRetained(), LossGraphRetained()
+    total, running = 0, 0.0
+    for _ in range(8):
+        for rule in (bad, good):
+            loss = model(x).pow(2).mean()
+            rule.on_backward_pre((loss,))
+            loss.backward()
+            rule.on_optimizer_step_post(None)
+            if rule is bad:
+                total = total + loss
+            else:
+                running += loss.item()
+            del loss
+    assert rules_of(bad) == ["loss-graph-retained"] and rules_of(good) == []
+
+
+class Hidden(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = [nn.Linear(2, 2), nn.Linear(2, 2)]
+        self.ok = nn.ModuleList([nn.Linear(2, 2)])
+        self.alias = list(self.ok)
+        self.scale = torch.ones(2)
+        self.register_buffer("mean", torch.zeros(2))
+
+
+def test_module_scan_rules_compare_attributes_with_registered_children() -> None:
+    model = Hidden()
+    container, tensors = ModuleInPlainContainer(), TensorAttributeNotRegistered()
+    for rule in (container, tensors):
+        rule.on_forward_pre(model, (), {}, True)
+    (c,) = container.findings(None)
+    assert "Hidden.blocks" in c.message and "2 module(s)" in c.message and c.location is not None
+    (t,) = tensors.findings(None)
+    assert "Hidden.scale" in t.message  # the registered buffer 'mean' is not reported
+
+
+def test_crashing_runtime_rule_reports_internal_error_and_others_continue() -> None:
+    class Broken(RuntimeRule):
+        slugs = ("loss-diverging",)
+
+        def on_backward_pre(self, tensors):
+            raise ZeroDivisionError("bad rule")
+
+    broken, healthy = Broken(), EvalInTrainMode()
+    doctor = DoctorObserver([broken, healthy])
+    doctor.on_backward_pre((torch.ones(()),))
+    with torch.no_grad():
+        doctor.on_forward_pre(nn.Dropout(0.5), (), {}, True)
+    found = doctor.findings(RunRecord())
+    by_rule = {f.rule: f for f in found}
+    assert by_rule["loss-diverging"].severity == Severity.INFO and "bad rule" in by_rule["loss-diverging"].message
+    assert "eval-in-train-mode" in by_rule
+
+
+def test_host_device_copy_bound_reads_profiled_copy_time() -> None:
+    steps = [StepRecord(index=i, total_ms=10.0, profiled=True) for i in range(3)]
+    hot = RunRecord(config={"device": "cuda:0"}, steps=steps,
+                    profiler={"top_ops": [{"name": "Memcpy HtoD (Pageable -> Device)", "total_us": 9000.0}]})
+    cold = RunRecord(config={"device": "cuda:0"}, steps=steps,
+                     profiler={"top_ops": [{"name": "Memcpy HtoD (Pinned -> Device)", "total_us": 1000.0}]})
+    assert rules_of(HostDeviceCopyBound(), hot) == ["host-device-copy-bound"]
+    assert rules_of(HostDeviceCopyBound(), cold) == []
+
+
+def test_step_budget_stops_only_after_min_steps_and_time() -> None:
+    from torchscalpel.doctor.api import StepBudget
+
+    stops: list[str] = []
+    budget = StepBudget(min_steps=3, seconds=0.0)
+    budget.session = SimpleNamespace(request_stop=stops.append)
+    budget.on_step_end(None)
+    budget.on_step_end(None)
+    assert stops == []
+    budget.on_step_end(None)
+    assert len(stops) == 1 and "3 steps" in stops[0]
+    patient = StepBudget(min_steps=1, seconds=3600.0)
+    patient.session = SimpleNamespace(request_stop=stops.append)
+    patient.on_step_end(None)
+    assert len(stops) == 1
+
+
+def test_no_update_rule_fires_only_when_steps_never_change_parameters() -> None:
+    from torchscalpel.doctor.rules.rt_numerics import NoUpdate
+
+    def run(zero_before_step: bool) -> list[str]:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        rule = NoUpdate()
+        for _ in range(6):
+            opt.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            if zero_before_step:
+                opt.zero_grad()  # the bug: gradients gone before the update
+            rule.on_optimizer_step_pre(opt)
+            opt.step()
+            rule.on_optimizer_step_post(opt)
+        return rules_of(rule)
+
+    assert run(True) == ["cannot-overfit-batch"]
+    assert run(False) == []
