@@ -1,12 +1,38 @@
-"""``scalpel demo``: every stage that exists, on the bundled example, into one run folder."""
+"""``scalpel demo``: every stage on the bundled example, into one folder and one report.
+
+Stages run in the order of the workflow (env, profile, doctor, analyze, tune, plan, ship); each
+writes its own outputs under ``<out>/<stage>/`` and a failing stage is reported without stopping
+the others. ``<out>/report.html`` gathers the profile report, the doctor's findings, the tune and
+plan sections and a table of what every stage did.
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from html import escape
 from pathlib import Path
 from typing import Any
 
 from torchscalpel.cli.common import Target, default_run_dir
+from torchscalpel.errors import UsageError
+
+STAGES = ("env", "profile", "doctor", "analyze", "tune", "plan", "ship")
+# Sized so every stage together takes a few minutes on a 2-core laptop CPU.
+EXAMPLE_ARGS = ["--steps", "200", "--log-every", "50", "--corpus-chars", "500000"]
+
+
+@dataclass(slots=True)
+class StageResult:
+    """What one stage did: ok or not, how long, where its outputs are, one line of summary."""
+
+    name: str
+    ok: bool
+    seconds: float
+    output: str
+    summary: str
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -14,27 +40,166 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "demo",
         help="run every stage on the bundled example and print where the report is",
-        description="Profile examples/char_transformer.py (and run every later stage that exists) "
-        "and write one report.",
+        description="Run env, profile, doctor, analyze, tune, plan and export/serve on "
+        "examples/char_transformer.py (ship uses examples/digits_cnn.py) and write one report.",
     )
     p.add_argument("--out", type=Path, help="output folder (default scalpel-runs/<time>-demo/)")
     p.add_argument("--steps", type=int, default=12, help="measured steps for the profile stage (default 12)")
+    p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
+    p.add_argument("--tune-budget", type=float, default=120.0, help="seconds for the tune stage (default 120)")
     p.set_defaults(func=run)
     return p
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the stages in order; each stage's output lands in the same folder and report."""
-    from torchscalpel.cli.profile import profile_target
+    """Run the chosen stages; 0 when every one succeeded, 1 otherwise."""
     from torchscalpel.examples import example_script
     from torchscalpel.report.terminal import console
+
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown:
+        raise UsageError(f"Unknown demo stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}.")
+    out: Path = args.out or default_run_dir("demo")
+    out.mkdir(parents=True, exist_ok=True)
+    target = Target(script=example_script("char_transformer.py"), args=list(EXAMPLE_ARGS))
+    c = console()
+    results: list[StageResult] = []
+    for i, name in enumerate(stages, start=1):
+        c.rule(f"[bold]{i}/{len(stages)} {name}[/]")
+        start = time.perf_counter()
+        try:
+            ok, output, summary = _STAGE_FUNCS[name](target, out / name, args)
+        except Exception as exc:  # one broken stage must not cost the user the others
+            ok, output, summary = False, str(out / name), f"{type(exc).__name__}: {exc}"
+        results.append(StageResult(name, ok, time.perf_counter() - start, output, summary))
+        if not ok:
+            c.print(f"[red]stage {name} failed:[/] {summary}")
+    report = _write_combined_report(out, results)
+    c.rule("[bold]demo summary[/]")
+    for r in results:
+        mark = "[green]ok[/]" if r.ok else "[red]FAILED[/]"
+        c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {r.summary}")
+    c.print(f"\nOpen the report: [bold]{report}[/]")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _cli(argv: list[str]) -> int:
+    from torchscalpel.cli.main import main
+
+    return main(argv)
+
+
+def _env(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
+    out.mkdir(parents=True, exist_ok=True)
+    code = _cli(["env", "--no-probe", "--json", str(out / "env.json")])
+    return code == 0, str(out / "env.json"), "environment facts and compatibility checks"
+
+
+def _profile(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
+    from torchscalpel.cli.profile import profile_target
     from torchscalpel.runtime.session import RuntimeOptions
 
-    out = args.out or default_run_dir("demo")
-    c = console()
-    target = Target(script=example_script("char_transformer.py"), args=["--steps", "200", "--log-every", "20"])
-    c.rule("[bold]1/1 profile[/]: examples/char_transformer.py")
-    options = RuntimeOptions(warmup=2, steps=args.steps, out_dir=out / "profile", profile_steps=3, name="demo")
-    record, run_dir = profile_target(target, options)
-    c.print(f"\n[bold green]demo done.[/] Open the report: [bold]{run_dir / 'report.html'}[/]")
-    return record.exit_code or 0
+    options = RuntimeOptions(warmup=2, steps=args.steps, out_dir=out, profile_steps=3, module_times=True, name="demo")
+    record, _ = profile_target(target, options)
+    s = record.summary
+    summary = f"median step {s.get('median_step_ms', float('nan')):.1f} ms, breakdown sums within {100 * s.get('breakdown_max_error', 0):.2f}%"
+    return record.exit_code in (0, None), str(out), summary
+
+
+def _doctor(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
+    code = _cli(["doctor", "--steps", "20", "--out", str(out), "--", str(target.script), *target.args])
+    from torchscalpel.record import load_record
+
+    findings = load_record(out).findings
+    return code == 0, str(out), f"{len(findings)} finding(s)"
+
+
+def _analyze(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
+    trace = out.parent / "profile" / "trace.json.gz"
+    if not trace.exists():
+        return False, str(out), "needs the profile stage's trace"
+    out.mkdir(parents=True, exist_ok=True)
+    code = _cli(["analyze", str(trace), "--json", str(out / "analysis.json"), "--html", str(out / "report.html")])
+    return code == 0, str(out), f"analysed {trace.name}"
+
+
+def _tune(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
+    from torchscalpel.tune import tune_stage
+
+    tune_target = Target(script=target.script, args=["--steps", "60", "--log-every", "1000", "--corpus-chars", "500000"])
+    result = tune_stage(tune_target, out, budget_s=args.tune_budget)
+    if result.winner is None:
+        return True, str(out), "no change recommended: nothing beat the baseline beyond noise"
+    return True, str(out), f"recommended {result.winner.label}: {result.confirmed_speedup or 0:.2f}x, numerics checked"
+
+
+def _plan(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
+    code = _cli(["plan", "--device", "A100-80GB", "--world-size", "2", "--strategy", "all", "--no-max-batch",
+                 "--out", str(out), "--", str(target.script), *target.args])
+    return code == 0, str(out), "per-rank memory for every strategy on 2 x A100-80GB"
+
+
+def _ship(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
+    from torchscalpel.ship.demo import run_ship_demo
+
+    result = run_ship_demo(out)
+    check = result["serve_check"]
+    same = bool(result["parity_passed"] and check["same_argmax"])
+    return same, str(out), (
+        f"exported and served on 127.0.0.1: {check['requests']} requests, "
+        + ("same predictions as eager" if same else "predictions DIFFER from eager")
+    )
+
+
+_STAGE_FUNCS: dict[str, Callable[[Target, Path, argparse.Namespace], tuple[bool, str, str]]] = {
+    "env": _env,
+    "profile": _profile,
+    "doctor": _doctor,
+    "analyze": _analyze,
+    "tune": _tune,
+    "plan": _plan,
+    "ship": _ship,
+}
+
+
+def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
+    """One report: the profile record plus the findings, tune and plan sections of the other stages."""
+    from torchscalpel.record import RunRecord, load_record
+    from torchscalpel.report.html import Section, render_page, sections_for, table
+
+    def maybe(path: Path) -> RunRecord | None:
+        try:
+            return load_record(path)
+        except Exception:
+            return None
+
+    base = maybe(out / "profile") or RunRecord(name="demo", status="partial")
+    doctor = maybe(out / "doctor")
+    if doctor is not None:
+        base.findings = doctor.findings
+    for stage in ("tune", "plan"):
+        rec = maybe(out / stage)
+        if rec is not None and stage in rec.sections:
+            base.sections[stage] = rec.sections[stage]
+    stages = Section(
+        id="demo-stages",
+        title="Demo stages",
+        body=table(
+            ["stage", "result", "seconds", "summary", "outputs"],
+            [(r.name, "ok" if r.ok else "FAILED", f"{r.seconds:.1f}", r.summary, _rel(r.output, out)) for r in results],
+            [False, False, True, False, False],
+        )
+        + '<p class="muted">Each stage also wrote its own files (run.json, report.html, trace, bundle) in its folder.</p>',
+    )
+    html = render_page("torchscalpel demo", f"examples/char_transformer.py · {escape(base.created)}", [stages, *sections_for(base)])
+    path = out / "report.html"
+    path.write_text(html, encoding="utf-8")
+    return path
+
+
+def _rel(path: str, root: Path) -> str:
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return path
