@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import runpy
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,24 +52,14 @@ def run(args: argparse.Namespace) -> int:
 
 def execute(target: Target) -> int:
     """Run the script or module as ``__main__`` with its argv; return what ``python`` would exit with."""
+    from torchscalpel.runtime.session import exit_code_of, run_as_main
+
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = target.argv()
     try:
-        if target.module:
-            sys.path.insert(0, os.getcwd())
-            runpy.run_module(target.module, run_name="__main__", alter_sys=True)
-        else:
-            assert target.script is not None
-            script = target.script.resolve()
-            sys.path.insert(0, str(script if script.is_dir() else script.parent))
-            runpy.run_path(str(script), run_name="__main__")
+        run_as_main(target)
     except SystemExit as exc:
-        if exc.code is None:
-            return 0
-        if isinstance(exc.code, int):
-            return exc.code
-        print(exc.code, file=sys.stderr)
-        return 1
+        return exit_code_of(exc.code)
     except KeyboardInterrupt:
         return 130
     except Exception:

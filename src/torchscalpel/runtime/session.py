@@ -252,11 +252,11 @@ def run_target(
         session.emit("on_start", session)
         session.memory.open_step()
         sys.argv = target.argv()
-        _run(target)
+        run_as_main(target)
     except StopScript:
         status = "stopped"
     except SystemExit as exc:
-        exit_code = _exit_code(exc.code)
+        exit_code = exit_code_of(exc.code)
         status = "complete" if exit_code == 0 else "failed"
         if exit_code:
             error = f"the script exited with code {exit_code}"
@@ -304,8 +304,11 @@ def run_target(
     return record
 
 
-def _run(target: Target) -> None:
-    """Execute the script or module as ``__main__`` with ``sys.path[0]`` set as Python would."""
+def run_as_main(target: Target) -> None:
+    """Execute the script or module as ``__main__`` with ``sys.path[0]`` set as Python would.
+
+    The caller sets ``sys.argv`` and restores ``sys.argv`` / ``sys.path`` afterwards.
+    """
     if target.module:
         sys.path.insert(0, os.getcwd())
         runpy.run_module(target.module, run_name="__main__", alter_sys=True)
@@ -316,7 +319,8 @@ def _run(target: Target) -> None:
         runpy.run_path(str(script), run_name="__main__")
 
 
-def _exit_code(code: Any) -> int:
+def exit_code_of(code: Any) -> int:
+    """The process exit status ``python`` gives for ``sys.exit(code)``."""
     if code is None:
         return 0
     if isinstance(code, int):
