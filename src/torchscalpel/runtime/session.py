@@ -81,6 +81,9 @@ class Session:
     optimizers: weakref.WeakSet[torch.optim.Optimizer] = field(default_factory=weakref.WeakSet)
     loaders: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
     notes: list[str] = field(default_factory=list)
+    seen: dict[str, int] = field(default_factory=lambda: {"models": 0, "optimizers": 0, "loaders": 0})
+    """How many distinct models, optimizers and loaders the run saw (the weak sets above empty
+    once the script's objects are freed; these counts stay for the record's notes)."""
     scaled_losses: dict[int, torch.Tensor] = field(default_factory=dict)
     """GradScaler outputs by id, with the scale they were multiplied by (to report the true loss)."""
     stop_reason: str | None = None
@@ -124,6 +127,7 @@ class Session:
         """Remember a root module; the first one fixes the timing device if none was given."""
         if module not in self.root_modules:
             self.root_modules.add(module)
+            self.seen["models"] += 1
             if self.device is None:
                 param = next(iter(module.parameters()), None)
                 if param is not None and param.device.type == "cuda":
@@ -132,10 +136,14 @@ class Session:
                     self.memory = StepMemory(param.device)
 
     def note_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        self.optimizers.add(optimizer)
+        if optimizer not in self.optimizers:
+            self.optimizers.add(optimizer)
+            self.seen["optimizers"] += 1
 
     def note_loader(self, loader: Any) -> None:
-        self.loaders.add(loader)
+        if loader not in self.loaders:
+            self.loaders.add(loader)
+            self.seen["loaders"] += 1
 
     def loss_of(self, tensor: torch.Tensor) -> Any:
         """What the record keeps as the loss: detached, unscaled, read after the step's sync point."""
@@ -344,12 +352,12 @@ def _is_user_frame(filename: str) -> bool:
 
 def _no_step_note(session: Session) -> str:
     seen = []
-    if session.root_modules:
-        seen.append(f"{len(session.root_modules)} model(s) called")
-    if session.optimizers:
-        seen.append(f"{len(session.optimizers)} optimizer(s) created but never stepped")
-    if session.loaders:
-        seen.append(f"{len(session.loaders)} DataLoader(s) iterated")
+    if session.seen["models"]:
+        seen.append(f"{session.seen['models']} model(s) called")
+    if session.seen["optimizers"]:
+        seen.append(f"{session.seen['optimizers']} optimizer(s) created but never stepped")
+    if session.seen["loaders"]:
+        seen.append(f"{session.seen['loaders']} DataLoader(s) iterated")
     what = ", ".join(seen) if seen else "no nn.Module forward, backward, optimizer step or DataLoader"
     return f"the script never completed a step: saw {what}"
 
