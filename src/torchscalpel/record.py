@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from torchscalpel.errors import RecordVersionError, ScalpelError
+from torchscalpel.fileio import atomic_write_text
 
 SCHEMA_VERSION = "1.0"
 RECORD_FILENAME = "run.json"
@@ -166,16 +166,8 @@ def save_record(record: RunRecord, path: str | os.PathLike[str]) -> Path:
     target = Path(path)
     if target.is_dir():
         target = target / RECORD_FILENAME
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".run-", suffix=".json", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(record.to_dict(), fh, indent=1, default=_json_default, allow_nan=True)
-            fh.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = json.dumps(record.to_dict(), indent=1, default=_json_default, allow_nan=True) + "\n"
+    atomic_write_text(target, text)
     return target
 
 

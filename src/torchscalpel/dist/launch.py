@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from torchscalpel.errors import UsageError
+from torchscalpel.netutil import free_port
 
 TAIL_LINES = 12
 # Filters apply per logger, not to children: name every torchrun logger whose lines we trim.
@@ -58,13 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--doctor", action="store_true", help="run every rank under 'scalpel doctor' and merge the findings")
     parser.add_argument("--steps", default="20", help="with --profile/--doctor: measured steps per rank, or 'all' (default 20)")
     return parser
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argparse.Namespace:

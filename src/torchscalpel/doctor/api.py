@@ -9,7 +9,6 @@ import contextlib
 import inspect
 import io
 import os
-import socket
 import sysconfig
 import time
 import warnings
@@ -25,6 +24,7 @@ from torchscalpel.doctor.output import counts
 from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
 from torchscalpel.doctor.static import analyze_paths
+from torchscalpel.netutil import free_port
 from torchscalpel.record import RunRecord
 
 DEFAULT_STEPS = 30
@@ -90,12 +90,6 @@ def check_static(paths: Iterable[Path], rules: Sequence[str] | None = None) -> l
     return rank_findings(analyze_paths(list(paths), rules=rules))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _single_rank_env(target: Target) -> Callable[[], Callable[[], None]]:
     """A setup hook: if the script initialises torch.distributed and no launcher set the variables,
     provide a 1-rank world on loopback so DDP/FSDP scripts run in-process."""
@@ -108,7 +102,7 @@ def _single_rank_env(target: Target) -> Callable[[], Callable[[], None]]:
         if not wants or "RANK" in os.environ:
             return lambda: None
         values = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
         saved = {k: os.environ.get(k) for k in values}
         os.environ.update(values)
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchscalpel.envcheck.probe_worker import MARKER
+from torchscalpel.netutil import free_port
 
 PROBES: tuple[str, ...] = ("matmul", "lowp", "compile", "allreduce")
 """Probe names, in the order they run; ``--probe`` takes a comma-separated subset."""
@@ -172,13 +172,6 @@ def lowp_probe(device: str, budget: float = 3 * TIME_BUDGET_S) -> ProbeResult:
         metrics[label]["speedup_vs_fp32"] = best["fp32"] / best[label]
         parts.append(f"{label} {metrics[label]['speedup_vs_fp32']:.2f}x fp32")
     return ProbeResult(name="lowp", device=device, status="ok", detail=", ".join(parts), metrics=metrics)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _child_env(**extra: str) -> dict[str, str]:

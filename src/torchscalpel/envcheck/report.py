@@ -9,8 +9,6 @@ measured until then is kept.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +20,7 @@ from torchscalpel.envcheck.checks import run_checks
 from torchscalpel.envcheck.facts import collect_facts
 from torchscalpel.envcheck.probe_findings import findings_from_probes
 from torchscalpel.envcheck.probes import ProbeResult, run_probes
+from torchscalpel.fileio import atomic_write_text
 
 ENV_REPORT_VERSION = "1.0"
 
@@ -81,14 +80,5 @@ def build_report(
 
 def write_json(report: dict[str, Any], path: Path) -> Path:
     """Write the report atomically (a partial file never replaces a good one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(report, fh, indent=2, default=str)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, json.dumps(report, indent=2, default=str) + "\n")
     return path

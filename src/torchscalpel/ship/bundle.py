@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchscalpel.errors import RecordVersionError, ScalpelError, UsageError
+from torchscalpel.fileio import atomic_write_text
 
 MANIFEST = "manifest.json"
 FORMAT = "torchscalpel-bundle"
@@ -54,12 +53,7 @@ def hash_files(folder: Path) -> dict[str, str]:
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
     """Write ``manifest.json`` atomically (a crash never leaves half a manifest)."""
     path = folder / MANIFEST
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".manifest-", suffix=".json")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(manifest, fh, indent=2, sort_keys=False)
-        fh.write("\n")
-    os.chmod(tmp, 0o644)  # mkstemp makes it private; a bundle is meant to be shared
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return path
 
 

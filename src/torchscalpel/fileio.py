@@ -1,0 +1,26 @@
+"""Small file helpers shared by every stage that writes results."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> Path:
+    """Write ``text`` to ``path`` via a temp file in the same folder and a rename.
+
+    A crash mid-write never leaves half a file in place of a good one; the temp file is removed
+    on failure. ``mode`` is set explicitly because ``mkstemp`` creates files private to the user.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
