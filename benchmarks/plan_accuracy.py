@@ -148,11 +148,11 @@ def cuda_rows(names: list[str]) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--cases", default=None, help="comma-separated model names (default: all of the chosen mode's)")
     parser.add_argument("--cuda", action="store_true", help="single-GPU rows instead of the CPU ones")
     parser.add_argument("--max-error", type=float, default=None, help="exit 1 if any |plan error| exceeds this")
     args = parser.parse_args()
-    names = args.cases.split(",")
+    names = args.cases.split(",") if args.cases else list(CUDA_CASES if args.cuda else CASES)
     if args.cuda:
         report(cuda_rows(names), args)
         return

@@ -130,3 +130,59 @@ def test_finish_closes_a_trailing_partial_step_only_if_it_did_work():
     tl.boundary("forward")
     last = tl.finish()
     assert last is not None and last.forward_ms == 2
+
+
+class EventClock(Clock):
+    """Marks are objects, like CUDA events: subtracting a wall-clock float from one fails."""
+
+    kind = "events"
+
+    def __init__(self, time_source: FakeClock) -> None:
+        self.source = time_source
+        self.resolved: list[object] = []
+
+    def mark(self) -> tuple[str, float]:
+        return ("event", self.source.now)
+
+    def resolve(self, last: tuple[str, float]) -> None:
+        self.resolved.append(last)
+
+    def elapsed_ms(self, start: tuple[str, float], end: tuple[str, float]) -> float:
+        assert isinstance(start, tuple) and isinstance(end, tuple), "a wall mark reached the event clock"
+        return end[1] - start[1]
+
+
+def test_switching_clock_inside_the_first_forward_keeps_every_millisecond():
+    # The session learns the device at the model's first forward (it was moved to the GPU after
+    # the profiler attached): the open step holds wall marks, the rest of the run event marks.
+    wall = FakeClock()
+    tl = Timeline(wall)
+    wall.tick(4)  # set-up before the first step
+    _phase(tl, wall, "data", 1)
+    tl.begin("forward")
+    wall.tick(1)
+    events = EventClock(wall)
+    tl.switch_clock(events)
+    wall.tick(2)
+    tl.note_forward(8)
+    tl.end("forward")
+    _phase(tl, wall, "backward", 5)
+    tl.note_loss(2.5)
+    _phase(tl, wall, "optimizer", 2)
+    tl.boundary("optimizer", 1)
+    _train_step(tl, wall)
+    first, second = tl.steps
+    assert tl.clock is events and events.resolved
+    assert (first.data_ms, first.forward_ms, first.backward_ms, first.optimizer_ms) == (1, 3, 5, 2)
+    assert first.total_ms == pytest.approx(15) and first.other_ms == pytest.approx(4)
+    assert first.start_ms == pytest.approx(0)
+    assert second.start_ms == pytest.approx(15)
+    assert (second.data_ms, second.forward_ms, second.backward_ms, second.optimizer_ms) == (1, 3, 5, 2)
+
+
+def test_switching_to_the_same_clock_kind_is_a_no_op():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    _phase(tl, clock, "data", 1)
+    tl.switch_clock(FakeClock())
+    assert tl.clock is clock

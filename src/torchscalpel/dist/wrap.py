@@ -114,6 +114,19 @@ def _float_outputs(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _to_device(value: Any, device: torch.device) -> Any:
+    """``value`` with every tensor in it moved to ``device``: users build the sample batch before
+    ``wrap`` moves the model, so it is usually still on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, Mapping):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        moved = [_to_device(v, device) for v in value]
+        return type(value)(*moved) if hasattr(value, "_fields") else type(value)(moved)
+    return value
+
+
 def unused_parameters(model: nn.Module, sample: Any) -> list[str]:
     """Names of trainable parameters that get no gradient from one forward on ``sample``.
 
@@ -268,7 +281,7 @@ def _wrap_ddp(
     log.info("wrap: SyncBatchNorm %s (%s)", "on" if convert else "off", why)
     if find_unused is None:
         if sample is not None:
-            unused = unused_parameters(model, sample)
+            unused = unused_parameters(model, _to_device(sample, device))
             flag = torch.tensor([1.0 if unused else 0.0], device=collective_device())
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank must pass the same flag to DDP
             find_unused = bool(flag.item())

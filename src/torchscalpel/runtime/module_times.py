@@ -16,6 +16,7 @@ from torchscalpel.runtime.observer import Observer
 
 if TYPE_CHECKING:
     from torchscalpel.record import StepRecord
+    from torchscalpel.runtime.clock import Clock
     from torchscalpel.runtime.session import Session
 
 MAX_DEPTH = 3
@@ -29,8 +30,10 @@ class ModuleTimes(Observer):
     def __init__(self) -> None:
         self.session: Session | None = None
         self._names: dict[int, tuple[str, str, int]] = {}
-        self._stack: list[tuple[int, Any]] = []
-        self._pending: list[tuple[int, Any, Any]] = []
+        # Each mark is kept with the clock that made it: the session switches clocks when the
+        # model reaches a GPU, and marks of two clocks cannot be subtracted.
+        self._stack: list[tuple[int, Clock, Any]] = []
+        self._pending: list[tuple[int, Clock, Any, Any]] = []
         self._ms: dict[str, float] = defaultdict(float)
         self._calls: dict[str, int] = defaultdict(int)
         self._meta: dict[str, tuple[str, int]] = {}
@@ -46,19 +49,20 @@ class ModuleTimes(Observer):
                     params = sum(p.numel() for p in sub.parameters(recurse=True))
                     self._names[id(sub)] = (qual or "<root>", type(sub).__name__, params)
         if id(module) in self._names and self.session is not None:
-            self._stack.append((id(module), self.session.timeline.clock.mark()))
+            clock = self.session.timeline.clock
+            self._stack.append((id(module), clock, clock.mark()))
 
     def on_forward_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool) -> None:
         if self._stack and self._stack[-1][0] == id(module) and self.session is not None:
-            mid, start = self._stack.pop()
-            self._pending.append((mid, start, self.session.timeline.clock.mark()))
+            mid, clock, start = self._stack.pop()
+            if clock is self.session.timeline.clock:
+                self._pending.append((mid, clock, start, clock.mark()))
 
     def on_step_end(self, step: StepRecord) -> None:
         pending, self._pending = self._pending, []
         if step.warmup or self.session is None:
             return
-        clock = self.session.timeline.clock
-        for mid, a, b in pending:
+        for mid, clock, a, b in pending:
             qual, kind, params = self._names[mid]
             self._ms[qual] += clock.elapsed_ms(a, b)
             self._calls[qual] += 1

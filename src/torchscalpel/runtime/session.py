@@ -132,7 +132,7 @@ class Session:
                 param = next(iter(module.parameters()), None)
                 if param is not None and param.device.type == "cuda":
                     self.device = param.device
-                    self.timeline.clock = clock_for(param.device)
+                    self.timeline.switch_clock(clock_for(param.device))
                     self.memory = StepMemory(param.device)
 
     def note_optimizer(self, optimizer: torch.optim.Optimizer) -> None:

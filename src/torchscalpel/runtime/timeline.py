@@ -45,6 +45,7 @@ class Timeline:
         self.kind = "forward"
         self.steps: list[StepRecord] = []
         self.origin = clock.mark()
+        self._origin_offset_ms = 0.0  # time on earlier clocks before ``origin`` (see switch_clock)
         self._open = _OpenStep(start=self.origin)
         self._phase: str | None = None
         self._phase_start: Any = None
@@ -52,6 +53,33 @@ class Timeline:
         self._primary_optimizer: int | None = None
         self._on_close = on_close
         self.loss_reader: Callable[[Any], float | None] = _loss_value
+
+    def switch_clock(self, clock: Clock) -> None:
+        """Measure with ``clock`` from now on (the script moved its model to a GPU mid-run).
+
+        Marks from two clocks cannot be subtracted (a float and a CUDA event), so everything the
+        old clock measured is settled now: the open step's finished spans and its time so far
+        become merged milliseconds, an open phase restarts on the new clock, and step start
+        times stay continuous through an offset.
+        """
+        if type(clock) is type(self.clock) and getattr(clock, "device", None) == getattr(self.clock, "device", None):
+            return
+        old = self.clock
+        now = old.mark()
+        old.resolve(now)
+        o = self._open
+        for name, a, b in o.spans:
+            o.merged_ms[name] = o.merged_ms.get(name, 0.0) + old.elapsed_ms(a, b)
+        o.spans = []
+        if self._depth and self._phase is not None:
+            o.merged_ms[self._phase] = o.merged_ms.get(self._phase, 0.0) + old.elapsed_ms(self._phase_start, now)
+        o.merged_total_ms += old.elapsed_ms(o.start, now)
+        self._origin_offset_ms += old.elapsed_ms(self.origin, now)
+        self.clock = clock
+        self.origin = clock.mark()
+        o.start = self.origin
+        if self._depth and self._phase is not None:
+            self._phase_start = self.origin
 
     # ----- phases -------------------------------------------------------------------------
     def begin(self, phase: str) -> bool:
@@ -134,7 +162,9 @@ class Timeline:
         losses = [v for v in (self.loss_reader(x) for x in open_step.losses) if v is not None]
         step = StepRecord(
             index=len(self.steps),
-            start_ms=self.clock.elapsed_ms(self.origin, open_step.start) - open_step.merged_total_ms,
+            start_ms=self._origin_offset_ms
+            + self.clock.elapsed_ms(self.origin, open_step.start)
+            - open_step.merged_total_ms,
             total_ms=total,
             data_ms=phases["data"],
             forward_ms=phases["forward"],
