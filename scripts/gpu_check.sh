@@ -25,7 +25,7 @@ for area in "${areas[@]}"; do
   echo
   echo "== area: $area"
   start=$(date +%s)
-  if timeout 240 bash "scripts/gpu_check.d/$area.sh"; then
+  if timeout 300 bash "scripts/gpu_check.d/$area.sh"; then
     echo "== $area: PASS ($(( $(date +%s) - start )) s)"
   else
     echo "== $area: FAIL ($(( $(date +%s) - start )) s)"

@@ -5,7 +5,7 @@
 # recommendation confirmed in interleaved runs, then an independent interleaved re-measurement of
 # the recommended settings against the baseline (2 rounds), and `scalpel run` applying them.
 # Output: gpu-check-out/tune/{tune.txt,bench.txt,run.txt,tune/}; paste the figures into BENCHMARKS.md.
-# Budget: ~3.5 minutes (tune 90 s + re-measure 60 s + run 45 s), under the 240 s gpu_check.sh gives an area.
+# Budget: ~4 minutes (tune 150 s + re-measure 45 s + run 40 s), under the 300 s gpu_check.sh gives an area.
 set -euo pipefail
 PY=${PY:-python}
 OUT_DIR=${GPU_CHECK_OUT:-${OUT:-gpu-check-out}}/tune
@@ -13,7 +13,7 @@ mkdir -p "$OUT_DIR"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 SCRIPT_ARGS=(examples/char_transformer.py --device cuda --steps 400 --batch-size 64 --log-every 1000)
 
-"$PY" -m torchscalpel tune --budget 90s --steps 10 --warmup 3 --confirm 1 \
+"$PY" -m torchscalpel tune --budget 150s --steps 10 --warmup 3 --confirm 1 \
   --knobs amp,matmul,optimizer,dataloader,compile \
   --out "$OUT_DIR/tune" --config "$OUT_DIR/scalpel.toml" -- "${SCRIPT_ARGS[@]}" 2>&1 | tee "$OUT_DIR/tune.txt"
 
@@ -39,8 +39,8 @@ if problems:
     sys.exit(1)
 PYEOF
 
-timeout 60 "$PY" benchmarks/tune.py --config "$OUT_DIR/scalpel.toml" --device cuda --rounds 2 --steps 10 \
-  --out "$OUT_DIR/bench" 2>&1 | tail -8 | tee "$OUT_DIR/bench.txt" || echo "re-measure did not finish in 60 s"
-timeout 45 "$PY" -m torchscalpel run --config "$OUT_DIR/scalpel.toml" --show -- \
+timeout 45 "$PY" benchmarks/tune.py --config "$OUT_DIR/scalpel.toml" --device cuda --rounds 2 --steps 10 \
+  --out "$OUT_DIR/bench" 2>&1 | tail -8 | tee "$OUT_DIR/bench.txt" || echo "re-measure did not finish in 45 s"
+timeout 40 "$PY" -m torchscalpel run --config "$OUT_DIR/scalpel.toml" --show -- \
   examples/char_transformer.py --device cuda --steps 20 --log-every 10 2>&1 | tee "$OUT_DIR/run.txt"
 echo "tune gpu check done"
