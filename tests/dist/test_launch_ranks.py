@@ -19,29 +19,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, cli_env, run_cli
+from helpers import GLOO_EXIT_ABORT, LOOPBACK_ENV, REPO, cli_env, run_cli, run_ranks
 
 pytestmark = pytest.mark.dist
 
 EXAMPLE = REPO / "examples" / "ddp_fsdp_transformer.py"
 SCRIPTS = REPO / "tests" / "dist" / "scripts"
-ABORT = "terminate called without an active exception"
-ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+ENV = LOOPBACK_ENV
 TRAIN = ["--steps", "10", "--save-every", "4", "--workers", "2", "--scaler", "--windows", "160"]
 
 
 def launch(cwd: Path, *args: str, expect: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``scalpel launch --nproc 2 ARGS``; retried once only on the known exit-time abort."""
-    for attempt in range(2):
-        proc = run_cli("launch", "--nproc", "2", "--out", str(cwd / "launch"), *args, cwd=cwd, timeout=timeout, **ENV)
-        aborted = proc.returncode != 0 and ABORT in proc.stdout + proc.stderr
-        if not aborted:
-            return proc
-        if expect is not None and expect.exists():
-            return subprocess.CompletedProcess(proc.args, 0, proc.stdout, proc.stderr)  # judged by what it wrote
-        if attempt == 0:
-            continue
-    return proc
+    return run_ranks("launch", "--nproc", "2", "--out", str(cwd / "launch"), *args, cwd=cwd, timeout=timeout,
+                     expect=[expect] if expect is not None else None)
 
 
 def _ok(proc: subprocess.CompletedProcess[str]) -> str:
@@ -200,17 +191,18 @@ def test_two_nodes_on_localhost(tmp_path):
     assert any("on 2 ranks" in out for out in outputs), outputs
     assert (tmp_path / "ckpt" / "step-000000004" / "COMMIT").exists()
     for p, out in zip(procs, outputs, strict=True):
-        assert p.returncode == 0 or ABORT in out, out[-3000:]
+        assert p.returncode == 0 or GLOO_EXIT_ABORT in out, out[-3000:]
     assert os.path.isdir(tmp_path / "ckpt")
 
 
 @pytest.mark.slow
 def test_profile_every_rank_and_merge(tmp_path):
     out = tmp_path / "prof"
-    proc = run_cli("launch", "--nproc", "2", "--profile", "--steps", "3", "--out", str(out), "--", str(EXAMPLE),
-                   "--steps", "40", "--workers", "0", "--ckpt", str(tmp_path / "ckpt"), cwd=tmp_path, timeout=300, **ENV)
     merged_path = out / "launch.json"
-    assert merged_path.exists() or ABORT in proc.stderr, _ok(proc)
+    proc = run_ranks("launch", "--nproc", "2", "--profile", "--steps", "3", "--out", str(out), "--", str(EXAMPLE),
+                     "--steps", "40", "--workers", "0", "--ckpt", str(tmp_path / "ckpt"), cwd=tmp_path, timeout=300,
+                     expect=[merged_path])
+    assert merged_path.exists(), _ok(proc)
     merged = json.loads(merged_path.read_text())
     assert [row["rank"] for row in merged["ranks"]] == [0, 1]
     assert all(row["steps"] == 3 and row["collective_ms"] is not None for row in merged["ranks"])
