@@ -34,7 +34,7 @@ print("trained", STEPS)
 def test_script_mode_plans_what_the_first_step_used(tmp_path, capsys):
     script = tmp_path / "train_tiny.py"
     script.write_text(SCRIPT)
-    args = argparse.Namespace(module=None, target=["--", str(script)], out=tmp_path / "run", steps=1, optimizer="adamw",
+    args = argparse.Namespace(module=None, target=["--", str(script)], out=tmp_path / "run", optimizer="adamw",
                               precision="fp32", grad_accum=1, world_size=1, nodes=1, activation_checkpointing="none",
                               no_max_batch=True)
     result, record, _out_dir = plan_script(args, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
@@ -52,3 +52,30 @@ def test_script_mode_plans_what_the_first_step_used(tmp_path, capsys):
     m = result.measurement
     assert m.param_bytes == params and m.optim_bytes == params  # one momentum buffer per parameter
     assert result.rows[0].breakdown.fits
+
+
+PROBE_FIRST = '''
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 5))
+with torch.no_grad():
+    model(torch.randn(2, 16))  # a sanity forward on a small batch, as DDP's unused-parameter probe does
+opt = torch.optim.AdamW(model.parameters())
+for _ in range(3):
+    x, y = torch.randn(8, 16), torch.randint(0, 5, (8,))
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+'''
+
+
+def test_script_mode_plans_the_training_forward_not_an_earlier_probe(tmp_path):
+    script = tmp_path / "probe_first.py"
+    script.write_text(PROBE_FIRST)
+    args = argparse.Namespace(module=None, target=["--", str(script)], out=tmp_path / "run", optimizer="adamw",
+                              precision="fp32", grad_accum=1, world_size=1, nodes=1, activation_checkpointing="none",
+                              no_max_batch=True)
+    result, _record, _out = plan_script(args, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
+    assert result.request.batch.entries[0].shape == (8, 16)
+    assert result.request.settings.grad_accum == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from torchscalpel.cli.common import default_run_dir
+from torchscalpel.errors import UsageError
 
 HELP = "run a training script on N ranks with torchrun (DDP/FSDP), rank-prefixed logs, clear failures"
 
@@ -42,6 +43,15 @@ def run(args: argparse.Namespace) -> int:
         return 2 if exc.code else 0
     parsed = prepare(parsed)
     out = parsed.out or default_run_dir("launch-" + _name(parsed.training_script))
+    if parsed.plan_device_memory and not parsed.plan:
+        raise UsageError("--plan-device-memory only applies with --plan.")
+    if parsed.plan:
+        if parsed.module or parsed.no_python:
+            raise UsageError("--plan runs a script file; drop -m/--no-python and pass the script path.")
+        from torchscalpel.dist.preflight import run_preflight
+
+        for line in run_preflight(parsed, out).lines:
+            print(line, flush=True)
     stage = wrap_for_stage(parsed, out)
     code = launch(parsed, out_dir=out)
     if stage is not None:

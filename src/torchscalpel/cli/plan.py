@@ -39,7 +39,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", metavar="NAME", help="target device from the table (e.g. A100-80GB, H100-80GB, L4, cpu)")
     p.add_argument("--device-memory", metavar="SIZE", help="target device memory, e.g. 80GiB or 24GB")
     p.add_argument("--no-max-batch", action="store_true", help="skip the largest-batch search (faster)")
-    p.add_argument("--steps", type=int, default=1, help="script mode: steps to watch before stopping (default 1)")
     add_output_arguments(p)
     add_target_arguments(p, required=False)
     p.set_defaults(func=run)

@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run every rank under 'scalpel profile' and report per-rank step time, collective wait, stragglers")
     mode.add_argument("--doctor", action="store_true", help="run every rank under 'scalpel doctor' and merge the findings")
     parser.add_argument("--steps", default="20", help="with --profile/--doctor: measured steps per rank, or 'all' (default 20)")
+    parser.add_argument("--plan", action="store_true",
+                        help="before starting the ranks, plan the script's per-rank memory for this world size and warn "
+                        "if no strategy fits (runs the script to its first optimizer step once, on one rank)")
+    parser.add_argument("--plan-device-memory", metavar="SIZE",
+                        help="with --plan: the per-rank device memory to plan against (default: this machine's GPU 0)")
     return parser
 
 

@@ -25,6 +25,9 @@ from torchscalpel.plan.simulate import OptimizerSpec
 from torchscalpel.plan.spec import BatchSpec, TensorSpec
 from torchscalpel.runtime.observer import Observer
 
+MAX_BACKWARDS_WITHOUT_STEP = 64
+"""A script whose optimizer has not stepped after this many backward calls updates by hand."""
+
 
 class PlanObserver(Observer):
     """Captures model, inputs, targets, precision, accumulation and optimizer; stops after step 1."""
@@ -40,17 +43,26 @@ class PlanObserver(Observer):
         self.autocast: torch.dtype | None = None
         self.backwards = 0
         self.optimizer: OptimizerSpec | None = None
+        self._trained = False  # a backward was seen: the forward and batch before it are the training ones
 
     def on_start(self, session: Any) -> None:
         self.session = session
 
     def on_batch(self, batch: Any, loader: Any) -> None:
-        if self.batch is None:
+        if not self._trained:
             self.batch = batch
 
     def on_forward_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
-        if not root or self.model is not None:
+        # The last root forward before the first backward is the training one: earlier calls may
+        # be probes on a different batch (DDP's unused-parameter check, a sanity forward, eval).
+        if not root or self._trained:
             return
+        # Under DDP the root module is the wrapper; plan the model it holds (the strategy rows add
+        # DDP's own buffers). Same inputs: DDP passes them through unchanged.
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(module, DistributedDataParallel):
+            module = module.module
         self.model, self.args, self.kwargs = module, args, dict(kwargs)
         device = next((p.device.type for p in module.parameters()), "cpu")
         if torch.is_autocast_enabled(device):
@@ -59,6 +71,10 @@ class PlanObserver(Observer):
     def on_backward_pre(self, tensors: tuple[torch.Tensor, ...]) -> None:
         if self.optimizer is None:
             self.backwards += 1
+            self._trained = self.model is not None
+            if self.backwards >= MAX_BACKWARDS_WITHOUT_STEP and self.session is not None:
+                # Hand-written updates (no torch.optim): this many backward calls is enough to plan.
+                self.session.request_stop("scalpel plan: no optimizer step after many backward calls")
 
     def on_optimizer_step_post(self, optimizer: torch.optim.Optimizer) -> None:
         if self.optimizer is not None:
@@ -151,7 +167,9 @@ def plan_script(args: argparse.Namespace, device: Any, strategies: list[str]) ->
     target = resolve_target(args)
     out_dir = Path(args.out or default_run_dir(f"plan-{target.name}"))
     observer = PlanObserver()
-    record = run_target(target, RuntimeOptions(warmup=0, steps=max(1, args.steps), out_dir=None, profile_steps=0,
+    # No step count: forward-only steps before the optimizer exists (a sanity forward) must not end
+    # the run; the observer stops it at the first optimizer step.
+    record = run_target(target, RuntimeOptions(warmup=0, steps=None, out_dir=None, profile_steps=0,
                                                name=f"plan-{target.name}"), observers=[observer])
     if observer.model is None:
         raise UsageError(f"The script never called a model (status {record.status}); plan needs one training step to see it.")
@@ -160,7 +178,8 @@ def plan_script(args: argparse.Namespace, device: Any, strategies: list[str]) ->
     optimizer = observer.optimizer or OptimizerSpec.named(args.optimizer)
     batch, loss_fn = observer.inputs()
     precision = observer.precision() if args.precision == "fp32" else args.precision
-    accum = max(1, observer.backwards) if args.grad_accum == 1 else args.grad_accum
+    seen_accum = max(1, observer.backwards) if observer.optimizer is not None else 1
+    accum = seen_accum if args.grad_accum == 1 else args.grad_accum
     request = PlanRequest(
         builder=observer.meta_builder(), batch=batch, loss_fn=loss_fn, strategies=strategies,
         world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.activation_checkpointing,
