@@ -57,6 +57,8 @@ class PlanObserver(Observer):
         # be probes on a different batch (DDP's unused-parameter check, a sanity forward, eval).
         if not root or self._trained:
             return
+        if not any(p.requires_grad for p in module.parameters()):
+            return  # a loss module (nn.CrossEntropyLoss) or a frozen teacher: not the model being trained
         # Under DDP the root module is the wrapper; plan the model it holds (the strategy rows add
         # DDP's own buffers). Same inputs: DDP passes them through unchanged.
         from torch.nn.parallel import DistributedDataParallel
