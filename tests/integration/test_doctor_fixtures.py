@@ -41,7 +41,6 @@ POSITIVE: dict[str, tuple[set[str], set[str]]] = {
     "empty_cache_in_loop.py": ({"empty-cache-in-loop"}, set()),
     "cudnn_benchmark_dynamic_shapes.py": ({"cudnn-benchmark-dynamic-shapes"}, set()),
     "compile_graph_breaks.py": ({"compile-graph-breaks", "compile-recompiles"}, set()),
-    "ddp_batchnorm_not_synced.py": ({"ddp-batchnorm-not-synced"}, set()),
     "ddp_no_distributed_sampler.py": ({"ddp-no-distributed-sampler"}, set()),
     "sampler_set_epoch_missing.py": ({"sampler-set-epoch-missing"}, set()),
     "ddp_find_unused_parameters.py": ({"ddp-find-unused-parameters"}, set()),
@@ -73,7 +72,8 @@ def test_no_rule_reports_an_internal_error_on_any_fixture_or_example() -> None:
 def test_every_rule_has_a_positive_fixture() -> None:
     from torchscalpel.doctor.registry import RULES
 
-    covered = set().union(*(must for must, _ in POSITIVE.values())) | {"cannot-overfit-batch", "unseeded-run", "host-device-copy-bound"}
+    covered = set().union(*(must for must, _ in POSITIVE.values())) | {
+        "cannot-overfit-batch", "unseeded-run", "host-device-copy-bound", "ddp-batchnorm-not-synced"}
     assert covered == set(RULES)
     assert all((FIXTURES / name).exists() for name in POSITIVE)
 
@@ -89,6 +89,16 @@ def test_positive_fixture_fires_its_rule(name: str) -> None:
         if f.rule in must:
             assert f.message and f.fix and f.evidence
     assert record.findings and {d["rule"] for d in record.findings} >= must
+
+
+def test_ddp_batchnorm_on_cpu_is_reported_as_info_with_the_cpu_fix() -> None:
+    # SyncBatchNorm has no CPU kernel: the fact is reported, but it is not a mistake on CPU.
+    # (On CUDA the same rule is a warning: tests/unit/test_doctor_observers.py.)
+    record, findings = run(FIXTURES / "ddp_batchnorm_not_synced.py")
+    (f,) = [f for f in findings if f.rule == "ddp-batchnorm-not-synced"]
+    assert f.severity == Severity.INFO and "cannot run" in f.message and "GroupNorm" in f.fix
+    assert "1 (BatchNorm1d)" in f.evidence[0]
+    assert "ddp-batchnorm-not-synced" not in loud(findings)
 
 
 @pytest.mark.parametrize("name", CLEAN)

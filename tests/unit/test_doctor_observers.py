@@ -262,3 +262,18 @@ def test_no_update_rule_fires_only_when_steps_never_change_parameters() -> None:
 
     assert run(True) == ["cannot-overfit-batch"]
     assert run(False) == []
+
+
+def test_ddp_batchnorm_is_a_warning_with_syncbatchnorm_fix_only_off_the_cpu(monkeypatch) -> None:
+    from torchscalpel.doctor.rules import rt_dist
+
+    monkeypatch.setattr(rt_dist, "_is_ddp", lambda m: True)  # no process group needed to scan
+    severities = {}
+    for device in ("cpu", "meta"):  # meta stands in for a GPU: any non-CPU device can sync
+        rule = rt_dist.DdpBatchnormNotSynced()
+        rule.scan(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)).to(device))
+        (finding,) = rule.findings(None)
+        severities[device] = finding.severity
+        if device == "meta":
+            assert finding.fix.startswith("model = nn.SyncBatchNorm.convert_sync_batchnorm(model)")
+    assert severities == {"cpu": Severity.INFO, "meta": Severity.WARNING}

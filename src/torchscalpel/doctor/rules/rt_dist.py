@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params
 from torchscalpel.doctor.rules.rt_data import TrainLoaders
@@ -52,6 +52,7 @@ class DdpBatchnormNotSynced(_RootScan):
     def __init__(self) -> None:
         super().__init__()
         self.bns: list[str] = []
+        self.on_gpu = False
         self.location: Location | None = None
 
     def scan(self, root: torch.nn.Module) -> None:
@@ -62,20 +63,31 @@ class DdpBatchnormNotSynced(_RootScan):
         for name, m in root.named_modules():
             if isinstance(m, _BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm):
                 self.bns.append(f"{name} ({type(m).__name__})")
+                tensor = next(iter([*m.parameters(), *m.buffers()]), None)
+                self.on_gpu = self.on_gpu or (tensor is not None and tensor.device.type != "cpu")
         if self.bns:
             self.location = user_location()
 
     def findings(self, record: Any) -> Iterator[Finding]:
         if not self.bns:
             return
+        evidence = [", ".join(self.bns[:6]) + (" ..." if len(self.bns) > 6 else ""), f"model called at {fmt_loc(self.location)}"]
+        message = (f"The DDP model has {len(self.bns)} BatchNorm layer(s) that normalise with each rank's local batch "
+                   "only: statistics differ across ranks and from single-device training with the same global batch.")
+        if self.on_gpu:
+            yield make_finding(
+                "ddp-batchnorm-not-synced", message, evidence=evidence, location=self.location,
+                fix="model = nn.SyncBatchNorm.convert_sync_batchnorm(model)   # before DDP(...)\n"
+                "model = DDP(model.to(local_rank), device_ids=[local_rank])",
+            )
+            return
+        # SyncBatchNorm has no CPU kernel: on CPU there is nothing to convert to, so this is a fact
+        # about the run, not a mistake.
         yield make_finding(
-            "ddp-batchnorm-not-synced",
-            f"The DDP model has {len(self.bns)} BatchNorm layer(s) that normalise with each rank's local batch "
-            "only: statistics differ across ranks and from single-GPU training with the same global batch.",
-            evidence=[", ".join(self.bns[:6]) + (" ..." if len(self.bns) > 6 else ""), f"model called at {fmt_loc(self.location)}"],
-            fix="model = nn.SyncBatchNorm.convert_sync_batchnorm(model)   # GPU only, before DDP(...)\n"
-            "model = DDP(model.to(local_rank), device_ids=[local_rank])",
-            location=self.location,
+            "ddp-batchnorm-not-synced", message + " On CPU, SyncBatchNorm cannot run, so this is expected.",
+            evidence=evidence, location=self.location, severity=Severity.INFO,
+            fix="# CPU: keep each rank's batch large enough for stable statistics, or use GroupNorm/LayerNorm;\n"
+            "# on GPUs: model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP(...)",
         )
 
 
