@@ -94,7 +94,7 @@ def test_positive_fixture_fires_its_rule(name: str) -> None:
 def test_ddp_batchnorm_on_cpu_is_reported_as_info_with_the_cpu_fix() -> None:
     # SyncBatchNorm has no CPU kernel: the fact is reported, but it is not a mistake on CPU.
     # (On CUDA the same rule is a warning: tests/unit/test_doctor_observers.py.)
-    record, findings = run(FIXTURES / "ddp_batchnorm_not_synced.py")
+    _record, findings = run(FIXTURES / "ddp_batchnorm_not_synced.py")
     (f,) = [f for f in findings if f.rule == "ddp-batchnorm-not-synced"]
     assert f.severity == Severity.INFO and "cannot run" in f.message and "GroupNorm" in f.fix
     assert "1 (BatchNorm1d)" in f.evidence[0]
