@@ -16,7 +16,9 @@ Layout (all times in milliseconds, all memory in bytes):
 - ``steps``: one :class:`StepRecord` per step, warm-up steps included and marked;
 - ``summary``: medians and shares over the measured steps;
 - ``modules``: per-module forward timings when the run asked for them;
-- ``profiler``: the profiler window (steps covered, trace path, op summary, FLOPs, memory);
+- ``profiler``: the profiler window (steps covered, trace path, FLOPs); its op summary (top ops,
+  categories, allocator memory) lives once, in ``sections["trace"]``: read it with
+  :meth:`RunRecord.op_summary` (records before 1.1 kept a copy in ``profiler``);
 - ``findings``: doctor findings as dicts (see :mod:`torchscalpel.doctor.finding`);
 - ``sections``: stage outputs keyed by stage name (``tune``, ``plan``, ``trace``, ...).
 """
@@ -32,7 +34,7 @@ from typing import Any
 from torchscalpel.errors import RecordVersionError, ScalpelError
 from torchscalpel.fileio import atomic_write_text
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 RECORD_FILENAME = "run.json"
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
@@ -117,6 +119,17 @@ class RunRecord:
     """Files next to run.json, by role (``trace``, ``report``), as paths relative to it."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this reader does not know (written by a newer minor version); saved back as-is."""
+
+    def op_summary(self) -> dict[str, Any]:
+        """The profiler window's op summary (``top_ops``, ``categories``, ``memory``, ...).
+
+        The shared trace analysis in ``sections["trace"]``; schema 1.0 records kept copies of
+        those three keys in ``profiler`` instead, which are read when the section is absent.
+        """
+        trace = self.sections.get("trace")
+        if trace:
+            return trace
+        return {k: self.profiler[k] for k in ("top_ops", "categories", "memory") if k in self.profiler}
 
     @property
     def measured_steps(self) -> list[StepRecord]:

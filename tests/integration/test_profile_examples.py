@@ -35,6 +35,8 @@ def test_example_profile_writes_trace_record_and_report(tmp_path, script, args):
     assert record.profiler["steps"] == [3, 4]
     assert [s.index for s in record.steps if s.profiled] == [3, 4]
     assert record.profiler["flops_total"] > 0 and record.summary["achieved_flops_per_s"] > 0
+    # the op summary is stored once, in the trace section
+    assert "top_ops" not in record.profiler and record.op_summary()["top_ops"] == record.sections["trace"]["top_ops"]
     with gzip.open(out / "trace.json.gz") as fh:
         trace = json.loads(fh.read())
     names = {e.get("name") for e in trace["traceEvents"]}

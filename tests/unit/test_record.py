@@ -47,3 +47,12 @@ def test_missing_and_corrupt_records_give_one_sentence(tmp_path):
     (tmp_path / "run.json").write_text("{not json")
     with pytest.raises(ScalpelError, match="not valid JSON"):
         load_record(tmp_path)
+
+
+def test_op_summary_reads_the_trace_section_and_falls_back_to_schema_1_0_copies():
+    current = RunRecord(profiler={"steps": [3]}, sections={"trace": {"top_ops": [{"name": "aten::mm"}], "categories": {}}})
+    assert current.op_summary()["top_ops"] == [{"name": "aten::mm"}]
+    old = RunRecord.from_dict({"schema_version": "1.0", "profiler": {"steps": [3], "top_ops": [{"name": "aten::addmm"}],
+                                                                   "memory": {"peak_bytes": 5}}})
+    assert old.op_summary() == {"top_ops": [{"name": "aten::addmm"}], "memory": {"peak_bytes": 5}}
+    assert RunRecord().op_summary() == {}

@@ -137,8 +137,4 @@ def add_trace_summary(record: RunRecord, out_dir: Path) -> None:
     except Exception as exc:  # a trace we cannot read must not cost the user the run record
         record.notes.append(f"trace summary failed: {exc}")
         return
-    record.profiler["top_ops"] = result.get("top_ops", [])[:30]
-    record.profiler["categories"] = result.get("categories", {})
-    if result.get("memory"):
-        record.profiler["memory"] = result["memory"]
-    record.sections["trace"] = result
+    record.sections["trace"] = result  # read through record.op_summary(); kept once

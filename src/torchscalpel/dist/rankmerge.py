@@ -33,7 +33,7 @@ def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     measured = [s.total_ms for s in record.measured_steps]
     step_ms = statistics.median(measured) if measured else None
     window = record.profiler.get("steps") or []
-    comm_us = (record.profiler.get("categories") or {}).get("communication")
+    comm_us = (record.op_summary().get("categories") or {}).get("communication")
     comm_ms = comm_us / 1000.0 / len(window) if (comm_us is not None and window) else None
     return {
         "rank": rank,

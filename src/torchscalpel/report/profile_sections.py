@@ -16,7 +16,7 @@ def build(record: RunRecord) -> list[Section]:
     if record.steps:
         sections.append(_steps(record))
         sections.append(_loss_and_memory(record))
-    if record.profiler.get("top_ops"):
+    if record.op_summary().get("top_ops"):
         sections.append(_top_ops(record))
     if record.modules:
         sections.append(_modules(record))
@@ -38,7 +38,7 @@ def _overview(record: RunRecord) -> Section:
         kpis.append(("MFU (bf16 peak)", f"{100 * s['mfu']['mfu']:.1f}%"))
     if "cuda_allocated_peak" in s:
         kpis.append(("CUDA allocated peak", fmt_bytes(s["cuda_allocated_peak"])))
-    mem_peak = record.profiler.get("memory", {}).get("peak_bytes")
+    mem_peak = (record.op_summary().get("memory") or {}).get("peak_bytes")
     if mem_peak:
         kpis.append(("allocator peak (window)", fmt_bytes(mem_peak)))
     if "rss_peak" in s:
@@ -99,7 +99,8 @@ def _loss_and_memory(record: RunRecord) -> Section:
 
 
 def _top_ops(record: RunRecord) -> Section:
-    ops = record.profiler.get("top_ops", [])[:15]
+    summary = record.op_summary()
+    ops = (summary.get("top_ops") or [])[:15]
     chart = charts.horizontal_bars("top-ops", [(o["name"], o["self_us"] / 1000.0) for o in ops], unit="ms")
     flops = {f["name"]: f["flops"] for f in record.profiler.get("flops_by_op", [])}
     rows = [
@@ -107,7 +108,7 @@ def _top_ops(record: RunRecord) -> Section:
          f"{flops[o['name']]:.3g}" if o["name"] in flops else "")
         for o in ops
     ]
-    cats = record.profiler.get("categories", {})
+    cats = summary.get("categories") or {}
     cat_chart = charts.horizontal_bars(
         "op-categories", sorted(((k, v / 1000.0) for k, v in cats.items()), key=lambda kv: -kv[1]), unit="ms"
     ) if cats else ""

@@ -118,15 +118,16 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         mem = []
         if "cuda_allocated_peak" in s:
             mem.append(f"CUDA allocated peak {fmt_bytes(s['cuda_allocated_peak'])}, reserved {fmt_bytes(s['cuda_reserved_peak'])}")
-        if record.profiler.get("memory", {}).get("peak_bytes"):
-            mem.append(f"allocator peak in profiler window {fmt_bytes(record.profiler['memory']['peak_bytes'])}")
+        window_peak = (record.op_summary().get("memory") or {}).get("peak_bytes")
+        if window_peak:
+            mem.append(f"allocator peak in profiler window {fmt_bytes(window_peak)}")
         if "rss_peak" in s:
             mem.append(f"RSS peak {fmt_bytes(s['rss_peak'])}")
         if extras:
             c.print(" · ".join(extras))
         if mem:
             c.print("memory: " + " · ".join(mem))
-    ops = record.profiler.get("top_ops") or []
+    ops = record.op_summary().get("top_ops") or []
     if ops:
         c.print(f"[bold]top ops by self time[/] (profiler window, steps {record.profiler.get('steps')})")
         t = Table()

@@ -171,7 +171,7 @@ class HostDeviceCopyBound(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if record is None or "cuda" not in str((record.config or {}).get("device", "")):
             return
-        rows = list((record.profiler or {}).get("top_ops") or [])
+        rows = list(record.op_summary().get("top_ops") or [])
         rows += list(((record.sections or {}).get("trace") or {}).get("top_kernels") or [])
         copy_us = pageable_us = 0.0
         seen: set[str] = set()
