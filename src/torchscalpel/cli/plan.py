@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="block-level activation checkpointing assumed by the rows (default none)")
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation micro-steps (default 1)")
     p.add_argument("--device", metavar="NAME", help="target device from the table (e.g. A100-80GB, H100-80GB, L4, cpu)")
-    p.add_argument("--device-memory", metavar="SIZE", help="target device memory, e.g. 80GiB or 24GB")
+    p.add_argument("--device-memory", metavar="SIZE", help="target device memory, e.g. 80GiB (2^30 bytes each) or 40GB (10^9 each); a bare number is bytes")
     p.add_argument("--no-max-batch", action="store_true", help="skip the largest-batch search (faster)")
     p.add_argument("--steps", type=int, default=1, help="script mode: steps to watch before stopping (default 1)")
     add_output_arguments(p)

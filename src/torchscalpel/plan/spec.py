@@ -1,4 +1,4 @@
-"""Parsing what the user types for ``scalpel plan``: batch specs, model factories, memory sizes.
+"""Parsing what the user types for ``scalpel plan``: batch specs and model factories (sizes: :mod:`torchscalpel.units`).
 
 Batch SPEC grammar (one entry per tensor, comma-separated)::
 
@@ -147,24 +147,6 @@ def _split_entries(text: str) -> list[str]:
             cur.append(ch)
     parts.append("".join(cur))
     return [p for p in parts if p.strip()]
-
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mi": 1024**2, "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gi": 1024**3, "gib": 1024**3,
-          "t": 1000**4, "tb": 1000**4, "ti": 1024**4, "tib": 1024**4}
-
-
-def parse_size(text: str, *, flag: str = "--device-memory") -> int:
-    """``80GiB`` / ``40GB`` / ``512MiB`` / ``1e9``-free plain bytes -> bytes; GB is 10**9, GiB 2**30."""
-    match = _SIZE.match(text or "")
-    if not match:
-        raise UsageError(f"{flag} {text!r} is not a size; write it like 80GiB, 40GB or 512MiB.")
-    value, unit = match.groups()
-    size = int(float(value) * _UNITS[(unit or "").lower()])
-    if size <= 0:
-        raise UsageError(f"{flag} {text!r} must be larger than zero.")
-    return size
 
 
 def load_callable(ref: str, *, flag: str) -> Callable[..., Any]:
