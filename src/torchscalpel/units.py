@@ -1,6 +1,6 @@
-"""Byte sizes as the user types them: one rule for every flag that takes a size.
+"""Byte sizes: one rule for every flag that takes a size (:func:`parse_size`), one way to print them (:func:`fmt_bytes`).
 
-SI suffixes are powers of 10, IEC suffixes powers of 2, a bare number is bytes::
+The size rule: SI suffixes are powers of 10, IEC suffixes powers of 2, a bare number is bytes::
 
     B            1
     kB / KB      10**3     KiB  2**10
@@ -47,3 +47,24 @@ def parse_size(text: str, *, flag: str) -> int:
     if size < 1:
         raise UsageError(f"{flag} {text!r} is less than one byte; give a positive size, e.g. 512MiB.")
     return size
+
+
+_BINARY_UNITS = (("B", 0), ("KiB", 1), ("MiB", 1), ("GiB", 2), ("TiB", 2))
+"""Display units, each with its decimals: whole bytes, 0.1 KiB/MiB, 0.01 GiB/TiB."""
+
+
+def fmt_bytes(n: float | None) -> str:
+    """Bytes for people, in powers of 2: ``'-'`` / ``'789 B'`` / ``'1.5 KiB'`` / ``'45.6 MiB'`` / ``'1.23 GiB'``.
+
+    The largest unit whose rounded value stays below 1024 (TiB at most); negative values keep
+    their sign (headroom below zero).
+    """
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    value = abs(float(n))
+    for unit, decimals in _BINARY_UNITS:
+        if round(value, decimals) < 1024 or unit == "TiB":
+            return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.{decimals}f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable: TiB formats every remaining value")

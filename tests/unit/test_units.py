@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from torchscalpel.errors import UsageError
-from torchscalpel.units import parse_size
+from torchscalpel.units import fmt_bytes, parse_size
 
 
 @pytest.mark.parametrize(
@@ -36,3 +36,24 @@ def test_unreadable_sizes_name_the_flag_and_show_an_example(bad):
 def test_sizes_below_one_byte_are_refused(tiny):
     with pytest.raises(UsageError, match=r"--max-body .* less than one byte; give a positive size, e\.g\. 512MiB"):
         parse_size(tiny, flag="--max-body")
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (None, "-"), (0, "0 B"), (789, "789 B"), (1023, "1023 B"), (1024, "1.0 KiB"), (1536, "1.5 KiB"),
+        (45.6 * 2**20, "45.6 MiB"), (1023.97 * 2**10, "1.0 MiB"), (22.49 * 2**30, "22.49 GiB"),
+        (40 * 2**30, "40.00 GiB"), (3 * 2**40, "3.00 TiB"), (5000 * 2**40, "5000.00 TiB"),
+        (-512 * 2**20, "-512.0 MiB"), (-7, "-7 B"),
+    ],
+)
+def test_fmt_bytes_is_binary_with_one_decimal_below_gib_and_two_from_gib(n, text):
+    assert fmt_bytes(n) == text
+
+
+def test_plan_table_and_profile_summary_print_bytes_the_same_way():
+    from torchscalpel.plan import render
+    from torchscalpel.report import profile_sections, terminal
+    from torchscalpel.tune import console
+
+    assert render.fmt_bytes is terminal.fmt_bytes is profile_sections.fmt_bytes is console.fmt_bytes is fmt_bytes
