@@ -1,4 +1,4 @@
-"""Batch specs, sizes, factory loading and devices: what the user types for `scalpel plan`."""
+"""Batch specs, factory arguments and devices: what the user types for `scalpel plan` (MODULE:NAME: test_loading.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from torchscalpel.errors import UsageError
 from torchscalpel.plan.devices import resolve_device
-from torchscalpel.plan.spec import load_callable, parse_batch_spec, parse_factory_args
+from torchscalpel.plan.spec import parse_batch_spec, parse_factory_args
 
 
 def test_batch_spec_parses_entries_dtypes_shapes_and_bounds():
@@ -47,31 +47,6 @@ def test_made_tensors_follow_the_spec():
 def test_malformed_batch_specs_raise_usage_errors(text, needle):
     with pytest.raises(UsageError, match=needle):
         parse_batch_spec(text)
-
-
-def test_load_callable_from_module_and_file(tmp_path):
-    assert load_callable("torch.nn:Linear", flag="--model") is torch.nn.Linear
-    f = tmp_path / "factory_mod.py"
-    f.write_text("import torch\ndef build(width=3):\n    return torch.nn.Linear(width, 2)\n")
-    build = load_callable(f"{f}:build", flag="--model")
-    assert build(width=4).in_features == 4
-
-
-@pytest.mark.parametrize(
-    ("ref", "needle"),
-    [("nocolon", "MODULE:NAME"), ("no_such_module_xyz:f", "cannot import"), ("torch.nn:NoSuch", "no callable"),
-     ("/no/such/file.py:f", "does not exist")],
-)
-def test_load_callable_errors_are_one_sentence(ref, needle):
-    with pytest.raises(UsageError, match=needle):
-        load_callable(ref, flag="--model")
-
-
-def test_load_callable_reports_a_factory_module_that_raises_on_import(tmp_path):
-    f = tmp_path / "broken.py"
-    f.write_text("raise RuntimeError('boom at import')\n")
-    with pytest.raises(UsageError, match="boom at import"):
-        load_callable(f"{f}:build", flag="--model")
 
 
 def test_factory_args_must_be_a_json_object():

@@ -90,9 +90,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _factory_plan(args: argparse.Namespace, device, strategies):
+    from torchscalpel.loading import load_callable
     from torchscalpel.plan.planner import PlanRequest, make_plan
     from torchscalpel.plan.simulate import OptimizerSpec
-    from torchscalpel.plan.spec import load_callable, parse_batch_spec, parse_factory_args
+    from torchscalpel.plan.spec import parse_batch_spec, parse_factory_args
 
     batch = parse_batch_spec(args.batch)
     kwargs = parse_factory_args(args.factory_args)
