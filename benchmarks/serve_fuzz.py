@@ -244,7 +244,7 @@ def main() -> int:
         bundle = args.bundle or _export_digits(Path(tmp) / "bundle")
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
         proc = subprocess.Popen([sys.executable, "-m", "torchscalpel", "serve", str(bundle), "--host", LOOPBACK,
-                                 "--port", "0", "--max-body", "256KB", "--body-timeout", "2", "--threads", "1"],
+                                 "--port", "0", "--max-body", "256KiB", "--body-timeout", "2", "--threads", "1"],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()

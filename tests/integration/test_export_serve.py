@@ -66,7 +66,7 @@ def test_served_predictions_match_eager(trained):
     x = x[:120]
     with torch.no_grad():
         want = model(x).numpy()
-    with cli_server(str(tmp / "bundle"), "--max-batch", "16", "--max-wait-ms", "20", "--max-body", "64KB") as (_, port):
+    with cli_server(str(tmp / "bundle"), "--max-batch", "16", "--max-wait-ms", "20", "--max-body", "64KiB") as (_, port):
         # Concurrent requests of different sizes: the server merges them and each gets its own rows back.
         slices, start = [], 0
         while start < len(x):

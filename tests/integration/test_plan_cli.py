@@ -72,7 +72,7 @@ def test_factory_mode_prints_table_and_writes_json_record_and_report(factory, tm
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--model", "no_such_pkg_xyz:build", "--batch", "x=float32[8,64]"], "cannot import 'no_such_pkg_xyz'"),
+        (["--model", "no_such_pkg_xyz:build", "--batch", "x=float32[8,64]"], "--model: cannot import 'no_such_pkg_xyz' (ModuleNotFoundError"),
         (["--model", "{factory}:build", "--batch", "x=float32[8,64"], "Cannot read batch entry"),
         (["--model", "{factory}:build", "--batch", "x=float32[8,64]", "--device", "TPU9"], "Unknown device 'TPU9'"),
         (["--model", "{factory}:needs_data", "--batch", "x=float32[8,4]", "--no-max-batch"], "aten.nonzero"),

@@ -1,4 +1,4 @@
-"""Batch specs, sizes, factory loading and devices: what the user types for `scalpel plan`."""
+"""Batch specs, factory arguments and devices: what the user types for `scalpel plan` (MODULE:NAME: test_loading.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from torchscalpel.errors import UsageError
 from torchscalpel.plan.devices import resolve_device
-from torchscalpel.plan.spec import load_callable, parse_batch_spec, parse_factory_args, parse_size
+from torchscalpel.plan.spec import parse_batch_spec, parse_factory_args
 
 
 def test_batch_spec_parses_entries_dtypes_shapes_and_bounds():
@@ -49,41 +49,6 @@ def test_malformed_batch_specs_raise_usage_errors(text, needle):
         parse_batch_spec(text)
 
 
-def test_sizes_use_binary_and_decimal_units():
-    assert parse_size("80GiB") == 80 * 1024**3
-    assert parse_size("40GB") == 40 * 10**9
-    assert parse_size("512 MiB") == 512 * 1024**2
-    assert parse_size("1.5GiB") == int(1.5 * 1024**3)
-    for bad in ("eighty", "-1GiB", "0GB", "10XB"):
-        with pytest.raises(UsageError):
-            parse_size(bad)
-
-
-def test_load_callable_from_module_and_file(tmp_path):
-    assert load_callable("torch.nn:Linear", flag="--model") is torch.nn.Linear
-    f = tmp_path / "factory_mod.py"
-    f.write_text("import torch\ndef build(width=3):\n    return torch.nn.Linear(width, 2)\n")
-    build = load_callable(f"{f}:build", flag="--model")
-    assert build(width=4).in_features == 4
-
-
-@pytest.mark.parametrize(
-    ("ref", "needle"),
-    [("nocolon", "MODULE:NAME"), ("no_such_module_xyz:f", "cannot import"), ("torch.nn:NoSuch", "no callable"),
-     ("/no/such/file.py:f", "does not exist")],
-)
-def test_load_callable_errors_are_one_sentence(ref, needle):
-    with pytest.raises(UsageError, match=needle):
-        load_callable(ref, flag="--model")
-
-
-def test_load_callable_reports_a_factory_module_that_raises_on_import(tmp_path):
-    f = tmp_path / "broken.py"
-    f.write_text("raise RuntimeError('boom at import')\n")
-    with pytest.raises(UsageError, match="boom at import"):
-        load_callable(f"{f}:build", flag="--model")
-
-
 def test_factory_args_must_be_a_json_object():
     assert parse_factory_args('{"depth": 2}') == {"depth": 2}
     assert parse_factory_args(None) == {}
@@ -98,6 +63,9 @@ def test_devices_by_name_memory_and_errors():
     assert a100.needed(10 * 1024**3) == int(10 * 1024**3 * 1.08) + 1024**3 // 2
     custom = resolve_device(None, "24GiB")
     assert custom.memory == 24 * 1024**3
+    assert resolve_device(None, "40GB").memory == 40 * 10**9  # SI: 10^9, the units.parse_size rule
+    with pytest.raises(UsageError, match="--device-memory '24G' is not a size"):
+        resolve_device(None, "24G")
     assert resolve_device("cpu", None).kind == "cpu"
     with pytest.raises(UsageError, match="Unknown device 'Z9000'"):
         resolve_device("Z9000", None)

@@ -1,4 +1,4 @@
-"""Bind policy, token checks, streamed body limits, size parsing, token files."""
+"""Bind policy, token checks, streamed body limits, token files (--max-body sizes: test_units.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from torchscalpel.serve.security import (
     check_bind,
     check_token,
     is_loopback,
-    parse_size,
     read_limited,
     read_token,
 )
@@ -71,16 +70,6 @@ def test_slow_body_is_408():
     with pytest.raises(RequestError) as info:
         asyncio.run(read_limited(_chunks([b"x"] * 10, delay=0.05), None, 100, 0.1))
     assert info.value.status == 408
-
-
-def test_parse_size():
-    assert parse_size("10MB") == 10 << 20
-    assert parse_size("512kb") == 512 << 10
-    assert parse_size("100") == 100
-    assert parse_size("1.5MiB") == int(1.5 * (1 << 20))
-    for bad in ("ten", "10XB", "0"):
-        with pytest.raises(UsageError):
-            parse_size(bad)
 
 
 def test_read_token(tmp_path):

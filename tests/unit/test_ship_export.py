@@ -127,12 +127,19 @@ def test_option_validation(kwargs, match):
 
 def test_user_errors(tmp_path):
     base = {"examples": ["float32[1,1,8,8]"], "out": tmp_path / "o"}
-    with pytest.raises(UsageError, match="look like"):
+    with pytest.raises(UsageError, match=r"^--model 'nocolon' must be MODULE:NAME"):
         export_bundle(ExportOptions(model="nocolon", **base))
-    with pytest.raises(UsageError, match="no callable"):
+    with pytest.raises(UsageError, match=r"^--model: file .*missing\.py does not exist"):
+        export_bundle(ExportOptions(model=f"{tmp_path / 'missing.py'}:make", **base))
+    with pytest.raises(UsageError, match=r"^--model: .* has no attribute 'nothing_here'"):
         export_bundle(ExportOptions(model=f"{FIXTURE}:nothing_here", **base))
-    with pytest.raises(UsageError, match="Cannot import"):
+    with pytest.raises(UsageError, match=r"^--model: cannot import 'no_such_pkg_xyz' \(ModuleNotFoundError"):
         export_bundle(ExportOptions(model="no_such_pkg_xyz:make", **base))
+    (tmp_path / "broken.py").write_text("raise RuntimeError('boom at import')\n")
+    with pytest.raises(UsageError, match=r"^--model: cannot import .*broken.py' \(RuntimeError: boom at import\)"):
+        export_bundle(ExportOptions(model=f"{tmp_path / 'broken.py'}:make", **base))
+    with pytest.raises(UsageError, match=r"^--model: torch:__version__ is a TorchVersion, not callable"):
+        export_bundle(ExportOptions(model="torch:__version__", **base))
     with pytest.raises(UsageError, match="not valid JSON"):
         export_bundle(ExportOptions(model=f"{FIXTURE}:make_model", factory_args="{", **base))
     (tmp_path / "full").mkdir()

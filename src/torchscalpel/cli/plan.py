@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="block-level activation checkpointing assumed by the rows (default none)")
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation micro-steps (default 1)")
     p.add_argument("--device", metavar="NAME", help="target device from the table (e.g. A100-80GB, H100-80GB, L4, cpu)")
-    p.add_argument("--device-memory", metavar="SIZE", help="target device memory, e.g. 80GiB or 24GB")
+    p.add_argument("--device-memory", metavar="SIZE", help="target device memory, e.g. 80GiB (2^30 bytes each) or 40GB (10^9 each); a bare number is bytes")
     p.add_argument("--no-max-batch", action="store_true", help="skip the largest-batch search (faster)")
     add_output_arguments(p)
     add_target_arguments(p, required=False)
@@ -89,9 +89,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def _factory_plan(args: argparse.Namespace, device, strategies):
+    from torchscalpel.loading import load_callable
     from torchscalpel.plan.planner import PlanRequest, make_plan
     from torchscalpel.plan.simulate import OptimizerSpec
-    from torchscalpel.plan.spec import load_callable, parse_batch_spec, parse_factory_args
+    from torchscalpel.plan.spec import parse_batch_spec, parse_factory_args
 
     batch = parse_batch_spec(args.batch)
     kwargs = parse_factory_args(args.factory_args)

@@ -27,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default 5)")
     p.add_argument("--max-queue", type=int, default=256, help="requests allowed to wait; more answer 503 (default 256)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds before a queued request answers 504 (default 10)")
-    p.add_argument("--max-body", default="10MB", help="largest request body (default 10MB); larger answers 413")
+    p.add_argument("--max-body", default="10MiB", metavar="SIZE",
+                   help="largest request body (default 10MiB); larger answers 413. KB/MB/GB are 10^3/10^6/10^9 bytes, "
+                        "KiB/MiB/GiB 2^10/2^20/2^30, a bare number is bytes")
     p.add_argument("--body-timeout", type=float, default=10.0, help="seconds to receive a body before 408 (default 10)")
     p.add_argument("--token-file", type=Path, help="file whose first line is the bearer token clients must send")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads for the model (default 0: runtime decides)")
@@ -37,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate everything (flags, token, bundle hashes, backend) before binding, then serve until Ctrl-C."""
-    from torchscalpel.serve.security import check_bind, parse_size, read_token
+    from torchscalpel.serve.security import check_bind, read_token
+    from torchscalpel.units import parse_size
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a valid port (0-65535).")
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = ServeConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-                             timeout_s=args.timeout, max_body=parse_size(args.max_body),
+                             timeout_s=args.timeout, max_body=parse_size(args.max_body, flag="--max-body"),
                              body_timeout_s=args.body_timeout, token=token)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None

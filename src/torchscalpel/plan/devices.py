@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 from torchscalpel.errors import UsageError
-from torchscalpel.plan.spec import parse_size
+from torchscalpel.units import parse_size
 
 GIB = 1024**3
 CONTEXT_BYTES = {"cuda": GIB // 2, "rocm": GIB // 2, "cpu": 0}
@@ -64,7 +64,7 @@ def resolve_device(name: str | None, memory: str | None, *, kind: str | None = N
     if name and memory:
         raise UsageError("Give either --device or --device-memory, not both.")
     if memory:
-        return Device(name=f"{memory} device", memory=parse_size(memory), kind=kind or "cuda")
+        return Device(name=f"{memory} device", memory=parse_size(memory, flag="--device-memory"), kind=kind or "cuda")
     if name:
         table = device_table()
         lookup = {k.lower().replace("_", "-"): k for k in table}

@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 from torchscalpel.plan.planner import PlanResult, Row
+from torchscalpel.units import fmt_bytes
 
 COLUMNS = ("strategy", "params", "grads", "optim", "activ.", "comm", "peak", "+margin", "needed", "fits",
            "headroom", "max batch", "w+opt rule")
-
-
-def fmt_bytes(n: float) -> str:
-    """Human bytes: 1.23 GiB / 45.6 MiB / 789 KiB."""
-    sign = "-" if n < 0 else ""
-    n = abs(n)
-    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= size:
-            return f"{sign}{n / size:.2f} {unit}" if unit == "GiB" else f"{sign}{n / size:.1f} {unit}"
-    return f"{sign}{int(n)} B"
 
 
 def row_cells(row: Row) -> list[str]:

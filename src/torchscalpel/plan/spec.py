@@ -1,4 +1,6 @@
-"""Parsing what the user types for ``scalpel plan``: batch specs, model factories, memory sizes.
+"""Parsing what the user types for ``scalpel plan``: batch specs and factory arguments.
+
+Sizes are :mod:`torchscalpel.units`, ``MODULE:NAME`` references :mod:`torchscalpel.loading`.
 
 Batch SPEC grammar (one entry per tensor, comma-separated)::
 
@@ -12,14 +14,9 @@ integer entries without it use 2. Every parse error is a :class:`UsageError` nam
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import re
-import sys
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -147,59 +144,6 @@ def _split_entries(text: str) -> list[str]:
             cur.append(ch)
     parts.append("".join(cur))
     return [p for p in parts if p.strip()]
-
-
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "ki": 1024, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mi": 1024**2, "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gi": 1024**3, "gib": 1024**3,
-          "t": 1000**4, "tb": 1000**4, "ti": 1024**4, "tib": 1024**4}
-
-
-def parse_size(text: str, *, flag: str = "--device-memory") -> int:
-    """``80GiB`` / ``40GB`` / ``512MiB`` / ``1e9``-free plain bytes -> bytes; GB is 10**9, GiB 2**30."""
-    match = _SIZE.match(text or "")
-    if not match:
-        raise UsageError(f"{flag} {text!r} is not a size; write it like 80GiB, 40GB or 512MiB.")
-    value, unit = match.groups()
-    size = int(float(value) * _UNITS[(unit or "").lower()])
-    if size <= 0:
-        raise UsageError(f"{flag} {text!r} must be larger than zero.")
-    return size
-
-
-def load_callable(ref: str, *, flag: str) -> Callable[..., Any]:
-    """Import ``MODULE:NAME`` (MODULE a dotted module or a path to a .py file) and return NAME."""
-    module_ref, sep, name = (ref or "").rpartition(":")
-    if not sep or not module_ref or not name:
-        raise UsageError(f"{flag} {ref!r} must be MODULE:NAME, e.g. 'mymodels:build' or 'models.py:build'.")
-    try:
-        if module_ref.endswith(".py") or "/" in module_ref or module_ref.startswith("."):
-            path = Path(module_ref)
-            if not path.is_file():
-                raise UsageError(f"{flag}: file {path} does not exist; check the path before ':{name}'.")
-            mod_name = f"_scalpel_plan_{path.stem}"
-            spec = importlib.util.spec_from_file_location(mod_name, path)
-            if spec is None or spec.loader is None:
-                raise UsageError(f"{flag}: cannot load {path} as Python; pass a .py file.")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[mod_name] = module
-            # The file's own folder on sys.path, so a factory next to its helpers imports them as a script would.
-            sys.path.insert(0, str(path.resolve().parent))
-            spec.loader.exec_module(module)
-        else:
-            if str(Path.cwd()) not in sys.path and "" not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))
-            module = importlib.import_module(module_ref)
-    except UsageError:
-        raise
-    except ModuleNotFoundError as exc:
-        raise UsageError(f"{flag}: cannot import {module_ref!r} ({exc}); check the module name or run from its folder.") from None
-    except Exception as exc:
-        raise UsageError(f"{flag}: importing {module_ref!r} failed with {type(exc).__name__}: {exc}.") from None
-    target = getattr(module, name, None)
-    if target is None or not callable(target):
-        raise UsageError(f"{flag}: {module_ref!r} has no callable named {name!r}.")
-    return target
 
 
 def parse_factory_args(text: str | None) -> dict[str, Any]:

@@ -7,7 +7,8 @@ from html import escape
 from torchscalpel.record import PHASES, RunRecord
 from torchscalpel.report import charts
 from torchscalpel.report.html import Section, table
-from torchscalpel.report.terminal import fmt_bytes, fmt_flops
+from torchscalpel.report.terminal import fmt_flops
+from torchscalpel.units import fmt_bytes
 
 
 def build(record: RunRecord) -> list[Section]:

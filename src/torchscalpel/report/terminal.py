@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from torchscalpel.record import PHASES, RunRecord, StepRecord
+from torchscalpel.units import fmt_bytes
 
 
 def console() -> Console:
@@ -55,18 +56,6 @@ class StepProgress:
         loss = f" loss {step.loss:.4g}" if step.loss is not None else ""
         tag = "warm-up" if step.warmup else ("profiled" if step.profiled else "step")
         self._progress.update(self._task, advance=1, info=f"{tag} {step.total_ms:.1f} ms{loss}")
-
-
-def fmt_bytes(n: float | None) -> str:
-    """1536 -> '1.5 KiB'."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1024
-    return f"{value:.1f} TiB"
 
 
 def fmt_flops(n: float | None) -> str:

@@ -89,18 +89,3 @@ async def read_limited(stream: AsyncIterator[bytes], content_length: str | None,
     except TimeoutError:
         raise RequestError(408, f"body not received within {timeout_s:g} s") from None
     return bytes(buf)
-
-
-def parse_size(text: str) -> int:
-    """``10MB`` / ``512KB`` / ``1048576`` -> bytes (for ``--max-body``)."""
-    units = {"": 1, "B": 1, "KB": 1 << 10, "K": 1 << 10, "MB": 1 << 20, "M": 1 << 20, "GB": 1 << 30, "G": 1 << 30}
-    raw = text.strip().upper().replace("IB", "B")
-    num = raw.rstrip("KMGB")
-    unit = raw[len(num):]
-    try:
-        value = float(num) * units[unit]
-    except (ValueError, KeyError):
-        raise UsageError(f"Cannot read size {text!r}; write e.g. 10MB or 512KB.") from None
-    if value < 1:
-        raise UsageError(f"Size {text!r} must be at least 1 byte.")
-    return int(value)

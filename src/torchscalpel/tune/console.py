@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchscalpel.report.terminal import console as default_console
-from torchscalpel.report.terminal import fmt_bytes
+from torchscalpel.units import fmt_bytes
 
 if TYPE_CHECKING:
     from torchscalpel.tune.runner import TrialResult
