@@ -42,7 +42,7 @@ def test_the_plan_child_is_a_one_rank_world_on_loopback():
 def test_verdict_warns_only_when_no_strategy_fits():
     none = verdict(_plan([False, False]))
     assert not none.fits and none.lines[1].startswith("WARNING: this run will not fit")
-    assert "ddp 3.0 GiB does NOT fit" in none.lines[0] and "4 rank(s)" in none.lines[0]
+    assert "ddp 3.00 GiB does NOT fit" in none.lines[0] and "4 rank(s)" in none.lines[0]
     some = verdict(_plan([False, True]))
     assert some.fits and some.lines[1].startswith("note: Use fsdp-full")
     every = verdict(_plan([True, True]))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchscalpel.netutil import free_port
-from torchscalpel.report.terminal import fmt_bytes
+from torchscalpel.units import fmt_bytes
 
 PLAN_TIMEOUT_S = 600
 """The plan child runs one real training step plus the simulation; a hung script must not block launch."""
