@@ -57,3 +57,20 @@ def test_report_sections_show_no_change(monkeypatch, tmp_path):
     assert [s.id for s in sections] == ["tune", "tune-variants", "tune-losses"]
     assert "No change recommended" in sections[0].body
     assert "not faster" in sections[1].body and "<svg" in sections[2].body
+
+
+def test_the_recommendation_says_how_many_pairs_confirmed_it_and_warns_below_three(monkeypatch, tmp_path):
+    from rich.console import Console
+
+    from torchscalpel.tune.console import print_tune_result
+
+    monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
+    result = tune_stage(Target(script=Path("train.py")), tmp_path / "t", budget_s=60, quiet=True)
+    assert result.winner is not None
+    for ratios, warned in (([1.6], True), ([1.6, 1.6, 1.7], False)):
+        result.winner.confirm_ratios = ratios
+        console = Console(record=True, width=200)
+        print_tune_result(result, out_dir=tmp_path, config_path=tmp_path / "scalpel.toml", out=console)
+        text = console.export_text()
+        assert f"in {len(ratios)} interleaved pair" in text
+        assert ("re-measure with --confirm 3" in text) is warned

@@ -79,6 +79,10 @@ def row_cells(trial: TrialResult) -> list[str]:
 HEADERS = ["variant", "step ms", "speedup", "compile", "peak mem", "loss dev", "verdict", "why"]
 
 
+FEW_PAIRS = 3
+"""Below this many confirmation pairs the recommendation carries a re-measure note."""
+
+
 def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out: Console | None = None) -> None:
     """The ranked table, the recommendation (or why there is none), the code lines and where files are."""
     c = out or default_console()
@@ -92,8 +96,14 @@ def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out
         table.add_row(*row_cells(trial), style=VERDICT_STYLE.get(trial.verdict, ""))
     c.print(table)
     if result.winner is not None:
+        pairs = len(result.winner.confirm_ratios or [])
         c.print(f"[bold green]recommended:[/] {result.winner.label}: {fmt_speedup(result.confirmed_speedup)} "
-                f"faster per step than the baseline in interleaved repeats (needed {result.required:.2f}x)")
+                f"faster per step than the baseline in {pairs} interleaved pair{'s' if pairs != 1 else ''} "
+                f"(needed {result.required:.2f}x)")
+        if pairs < FEW_PAIRS:
+            # Seen on a shared GPU: one pair said 1.59x, an independent 2-round re-measure 1.07x.
+            c.print(f"[yellow]note:[/] {pairs} pair{'s' if pairs != 1 else ''} can overstate the gain on a busy machine; "
+                    f"re-measure with --confirm {FEW_PAIRS} before quoting the figure.")
         from torchscalpel.tune.apply import code_lines
 
         c.print("[bold]equivalent code[/] (if you prefer to edit the script):")
