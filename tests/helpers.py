@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -39,14 +40,35 @@ machines) after its work is done: such a run is judged by what it wrote."""
 LOOPBACK_ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 
 
-def run_ranks(*args: str, expect: list[Path] | None = None, cwd: Path | None = None, timeout: float = 300,
-              **env: str) -> subprocess.CompletedProcess[str]:
-    """``run_cli`` for a multi-rank command on loopback gloo, retried once only on the known exit abort.
+def _run_killing_the_tree(args: list[str], cwd: Path | None, timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a command in its own session; on timeout kill the whole tree (the ranks too) and return
+    what it printed with exit code -9, instead of raising and leaving orphaned ranks behind."""
+    proc = subprocess.Popen(args, cwd=cwd or REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(args, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(args, -9, out, err + f"\n[test helper: killed after {timeout:.0f} s]")
 
-    An aborted run whose ``expect`` files all exist counts as a success (its work was done)."""
+
+def run_ranks(*args: str, expect: list[Path] | None = None, cwd: Path | None = None, timeout: float = 280,
+              **env: str) -> subprocess.CompletedProcess[str]:
+    """``run_cli`` for a multi-rank command on loopback gloo, retried once on gloo's known failures.
+
+    Two failures are retried: the exit-time abort (an aborted run whose ``expect`` files all exist
+    counts as a success: its work was done), and a hang, which on a loaded 2-core machine gloo's
+    rendezvous occasionally produces. ``timeout`` is the budget for both attempts together, so the
+    call ends inside pytest's own per-test limit and a hung attempt's ranks are killed, not orphaned."""
+    cmd = [sys.executable, "-m", "torchscalpel", *args]
+    full_env = cli_env(**{**LOOPBACK_ENV, **env})
     proc = None
-    for _attempt in range(2):
-        proc = run_cli(*args, cwd=cwd, timeout=timeout, **{**LOOPBACK_ENV, **env})
+    for attempt in range(2):
+        proc = _run_killing_the_tree(cmd, cwd, timeout / 2, full_env)
+        if proc.returncode == -9 and attempt == 0:
+            continue
         if proc.returncode == 0 or GLOO_EXIT_ABORT not in proc.stdout + proc.stderr:
             return proc
         if expect and all(p.exists() for p in expect):

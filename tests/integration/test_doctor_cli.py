@@ -84,7 +84,7 @@ def test_failing_script_exits_with_its_code_and_still_reports(tmp_path: Path) ->
 def test_nproc_2_runs_every_rank_through_launch_and_merges(tmp_path: Path) -> None:
     js = tmp_path / "d.json"
     proc = run_ranks("doctor", "--nproc", "2", "--out", str(tmp_path / "r"), "--json", str(js), "--",
-                     str(FIXTURES / "ddp_no_distributed_sampler.py"), expect=[js], timeout=300)
+                     str(FIXTURES / "ddp_no_distributed_sampler.py"), expect=[js], timeout=280)
     assert (tmp_path / "r" / "rank-0" / "run.json").exists() and (tmp_path / "r" / "rank-1" / "run.json").exists(), proc.stdout[-2000:]
     data = json.loads(js.read_text())
     assert data["mode"] == "ranks" and data["ranks"] == [0, 1]
