@@ -2,9 +2,10 @@
 
 For each architecture in benchmarks/plan_models.py and each strategy (single process; 2-rank gloo
 DDP; 2-rank FSDP2 full and grad-op sharding), run 3 real AdamW training steps with the model built
-inside a torch.profiler window and take the allocator peak (``[memory]`` events' Total Allocated,
-max over ranks). Beside it: the plan's per-rank peak and what a weights+grads+optimizer-only rule
-predicts for the same run.
+inside a torch.profiler window and take the allocator peak (``[memory]`` events, max over ranks; for
+the 2-rank rows with the frees gloo's worker threads hide from the profiler restored, see
+plan.measure; the JSON keeps each rank's raw counter peak as ``raw_counter_per_rank``). Beside it:
+the plan's per-rank peak and what a weights+grads+optimizer-only rule predicts for the same run.
 
     OMP_NUM_THREADS=1 python benchmarks/plan_accuracy.py [--json out.json] [--cases mlp,cnn,gpt,llama]
     python benchmarks/plan_accuracy.py --cuda      # one GPU: single process, torch.cuda.max_memory_allocated
@@ -27,7 +28,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plan_models as pm
 from torchscalpel.plan.devices import Device
-from torchscalpel.plan.measure import profiled_peak, train_steps, wrap_for
+from torchscalpel.plan.measure import profiled_memory, profiled_peak, train_steps, wrap_for
 from torchscalpel.plan.model_io import find_blocks
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, simulate
 from torchscalpel.plan.spec import parse_batch_spec
@@ -84,15 +85,17 @@ def _worker(rank: int, port: int, out: str, strategy: str, names: list[str]) -> 
     for name in names:
         factory, spec = CASES[name]
         torch.manual_seed(0)
-        result[name] = profiled_peak(lambda f=factory, s=spec: train_steps(
+        reading = profiled_memory(lambda f=factory, s=spec: train_steps(
             f(), parse_batch_spec(s), settings("fp32", False), wrap=wrap_for(strategy, find_blocks)))
+        # the raw profiler counter too: it misses frees done on gloo's worker threads (plan.measure)
+        result[name] = [reading.peak, reading.counter_peak]
     Path(f"{out}.{rank}").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def measured_dist(strategy: str, names: list[str]) -> dict[str, int]:
-    """Max over the 2 ranks of each case's peak (one retry on gloo's exit abort, see DESIGN.md)."""
+def measured_dist(strategy: str, names: list[str]) -> dict[str, list[list[int]]]:
+    """Each rank's [peak, raw counter peak] of each case (one retry on gloo's exit abort, see DESIGN.md)."""
     for _attempt in range(2):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -107,7 +110,7 @@ def measured_dist(strategy: str, names: list[str]) -> dict[str, int]:
             ranks = [json.loads(f.read_text()) for f in files]
             for f in files:
                 f.unlink()
-            return {n: max(r[n] for r in ranks) for n in names}
+            return {n: [r[n] for r in ranks] for n in names}
     raise RuntimeError(f"{strategy}: ranks did not report")
 
 
@@ -160,8 +163,13 @@ def main() -> None:
     dist_cache = {s: measured_dist(s, names) for s in sorted({v[0] for v in VARIANTS if v[0] != "single"})}
     for name in names:
         for strategy, precision, ckpt in VARIANTS:
+            counters = None
             try:
-                real = dist_cache[strategy][name] if strategy != "single" else measured_single(name, precision, ckpt)
+                if strategy == "single":
+                    real = measured_single(name, precision, ckpt)
+                else:
+                    real = max(peak for peak, _ in dist_cache[strategy][name])
+                    counters = [counter for _, counter in dist_cache[strategy][name]]
             except Exception as exc:  # e.g. a model that generic block checkpointing breaks for real
                 print(f"note: {name} {strategy} {precision} ckpt={ckpt}: real run failed: {type(exc).__name__}: "
                       f"{str(exc).splitlines()[0][:200]}", file=sys.stderr)
@@ -170,6 +178,8 @@ def main() -> None:
             rows.append({"model": name, "strategy": strategy, "precision": precision, "checkpointing": ckpt,
                          "measured": real, "plan": plan, "plan_error": plan / real - 1,
                          "rule": rule, "rule_error": rule / real - 1})
+            if counters is not None:
+                rows[-1]["raw_counter_per_rank"] = counters
     report(rows, args)
 
 
