@@ -49,7 +49,8 @@ class Breakdown:
     activations: int
     """Activations, outputs, temporaries, inputs and buffers live at the peak."""
     comm: int
-    """DDP buckets / FSDP all-gather and reduce-scatter buffers live at the peak."""
+    """DDP buckets, or FSDP's unsharded parameter copies, all-gather / reduce-scatter buffers and the
+    unsharded part of not yet reduced gradients, live at the peak."""
     peak: int
     """Allocator peak per rank (what max_memory_allocated / the profiler would show)."""
     margin: int
