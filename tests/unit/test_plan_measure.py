@@ -48,9 +48,10 @@ def test_collectives_pair_with_worker_spans_in_issue_order():
 
 
 def test_a_free_is_never_placed_after_the_address_is_reused():
-    events = [_alloc(1, 0xA, 100), _alloc(3, 0xA, 100), _alloc(4, 0xB, 100)]
+    # the worker span ends at 20, but the address is handed out again at 3: the block was gone by then
+    events = [_alloc(1, 0xA, 100), _alloc(3, 0xA, 100), _alloc(4, 0xB, 50)]
     spans = [Span("c10d::allreduce_", MAIN, 0.5, 2), Span("gloo:all_reduce", WORKER, 1, 20)]
-    assert allocator_peak(events, spans).peak == 200
+    assert allocator_peak(events, spans).peak == 150
 
 
 def test_without_collectives_the_reading_is_the_counter():

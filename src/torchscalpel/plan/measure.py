@@ -131,7 +131,7 @@ def allocator_peak(events: Iterable[MemoryEvent], spans: Iterable[Span], *,
     peak_ts = evs[0].ts if evs else 0.0
     j = 0
     for e in evs:
-        while j < len(frees) and frees[j][0] < e.ts:
+        while j < len(frees) and frees[j][0] <= e.ts:  # a free at the reuse of its address comes first
             total -= frees[j][1]
             j += 1
         total += e.nbytes
