@@ -14,6 +14,7 @@ the plan's per-rank peak and what a weights+grads+optimizer-only rule predicts f
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -42,6 +43,14 @@ CASES = {
     "lstm": (pm.lstm, "idx=int64[16,64]:1000,y=int64[16,64]:1000"),
     "t5": (pm.t5, "input_ids=int64[4,64]:4000,labels=int64[4,32]:4000"),
 }
+# Other shapes of three families, run only when named (--cases gpt-wide,llama-deep,mlp-wide): a check
+# that the FSDP2 strategy model holds beyond the shapes it was developed on.
+EXTRA_CASES = {
+    "gpt-wide": (functools.partial(pm.gpt, d=384, layers=8, heads=6), "idx=int64[4,128]:8192,y=int64[4,128]:8192"),
+    "llama-deep": (functools.partial(pm.llama, hidden=384, layers=4, heads=6, intermediate=1024),
+                   "input_ids=int64[2,256]:8192,labels=int64[2,256]:8192"),
+    "mlp-wide": (functools.partial(pm.mlp, width=2048, depth=6), "x=float32[64,784],y=int64[64]:10"),
+}
 # (strategy, precision, activation checkpointing)
 VARIANTS = [
     ("single", "fp32", False), ("single", "bf16-mixed", False), ("single", "fp32", True),
@@ -61,12 +70,17 @@ CUDA_CASES = {
 CUDA_VARIANTS = [("fp32", False), ("bf16-mixed", False), ("fp32", True)]
 
 
+def case(name: str) -> tuple:
+    """(factory, batch spec) of a CPU case, default or extra."""
+    return CASES[name] if name in CASES else EXTRA_CASES[name]
+
+
 def settings(precision: str, ckpt: bool) -> SimSettings:
     return SimSettings(optimizer=OptimizerSpec.named("adamw"), precision=precision, checkpoint_blocks=ckpt)
 
 
 def measured_single(name: str, precision: str, ckpt: bool) -> int:
-    factory, spec = CASES[name]
+    factory, spec = case(name)
     torch.manual_seed(0)
     from torchscalpel.plan.simulate import checkpointed_blocks
 
@@ -83,7 +97,7 @@ def _worker(rank: int, port: int, out: str, strategy: str, names: list[str]) -> 
     dist.init_process_group("gloo", rank=rank, world_size=2)
     result = {}
     for name in names:
-        factory, spec = CASES[name]
+        factory, spec = case(name)
         torch.manual_seed(0)
         reading = profiled_memory(lambda f=factory, s=spec: train_steps(
             f(), parse_batch_spec(s), settings("fp32", False), wrap=wrap_for(strategy, find_blocks)))
@@ -115,7 +129,7 @@ def measured_dist(strategy: str, names: list[str]) -> dict[str, list[list[int]]]
 
 
 def planned(name: str, strategy: str, precision: str, ckpt: bool) -> tuple[int, int]:
-    factory, spec = CASES[name]
+    factory, spec = case(name)
     m = simulate(lambda: build_meta_model(factory, precision), parse_batch_spec(spec), settings(precision, ckpt))
     bd = evaluate(m, strategy, world_size=1 if strategy == "single" else 2, nodes=1, device=CPU, checkpointing=ckpt)
     return bd.peak, bd.weights_optimizer_rule
