@@ -2,9 +2,10 @@
 
 For each architecture in benchmarks/plan_models.py and each strategy (single process; 2-rank gloo
 DDP; 2-rank FSDP2 full and grad-op sharding), run 3 real AdamW training steps with the model built
-inside a torch.profiler window and take the allocator peak (``[memory]`` events' Total Allocated,
-max over ranks). Beside it: the plan's per-rank peak and what a weights+grads+optimizer-only rule
-predicts for the same run.
+inside a torch.profiler window and take the allocator peak (``[memory]`` events, max over ranks; for
+the 2-rank rows with the frees gloo's worker threads hide from the profiler restored, see
+plan.measure; the JSON keeps each rank's raw counter peak as ``raw_counter_per_rank``). Beside it:
+the plan's per-rank peak and what a weights+grads+optimizer-only rule predicts for the same run.
 
     OMP_NUM_THREADS=1 python benchmarks/plan_accuracy.py [--json out.json] [--cases mlp,cnn,gpt,llama]
     python benchmarks/plan_accuracy.py --cuda      # one GPU: single process, torch.cuda.max_memory_allocated
@@ -13,6 +14,7 @@ predicts for the same run.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import socket
@@ -27,7 +29,7 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plan_models as pm
 from torchscalpel.plan.devices import Device
-from torchscalpel.plan.measure import profiled_peak, train_steps, wrap_for
+from torchscalpel.plan.measure import profiled_memory, profiled_peak, train_steps, wrap_for
 from torchscalpel.plan.model_io import find_blocks
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, simulate
 from torchscalpel.plan.spec import parse_batch_spec
@@ -40,6 +42,14 @@ CASES = {
     "llama": (pm.llama, "input_ids=int64[4,128]:8192,labels=int64[4,128]:8192"),
     "lstm": (pm.lstm, "idx=int64[16,64]:1000,y=int64[16,64]:1000"),
     "t5": (pm.t5, "input_ids=int64[4,64]:4000,labels=int64[4,32]:4000"),
+}
+# Other shapes of three families, run only when named (--cases gpt-wide,llama-deep,mlp-wide): a check
+# that the FSDP2 strategy model holds beyond the shapes it was developed on.
+EXTRA_CASES = {
+    "gpt-wide": (functools.partial(pm.gpt, d=384, layers=8, heads=6), "idx=int64[4,128]:8192,y=int64[4,128]:8192"),
+    "llama-deep": (functools.partial(pm.llama, hidden=384, layers=4, heads=6, intermediate=1024),
+                   "input_ids=int64[2,256]:8192,labels=int64[2,256]:8192"),
+    "mlp-wide": (functools.partial(pm.mlp, width=2048, depth=6), "x=float32[64,784],y=int64[64]:10"),
 }
 # (strategy, precision, activation checkpointing)
 VARIANTS = [
@@ -60,12 +70,17 @@ CUDA_CASES = {
 CUDA_VARIANTS = [("fp32", False), ("bf16-mixed", False), ("fp32", True)]
 
 
+def case(name: str) -> tuple:
+    """(factory, batch spec) of a CPU case, default or extra."""
+    return CASES[name] if name in CASES else EXTRA_CASES[name]
+
+
 def settings(precision: str, ckpt: bool) -> SimSettings:
     return SimSettings(optimizer=OptimizerSpec.named("adamw"), precision=precision, checkpoint_blocks=ckpt)
 
 
 def measured_single(name: str, precision: str, ckpt: bool) -> int:
-    factory, spec = CASES[name]
+    factory, spec = case(name)
     torch.manual_seed(0)
     from torchscalpel.plan.simulate import checkpointed_blocks
 
@@ -82,17 +97,19 @@ def _worker(rank: int, port: int, out: str, strategy: str, names: list[str]) -> 
     dist.init_process_group("gloo", rank=rank, world_size=2)
     result = {}
     for name in names:
-        factory, spec = CASES[name]
+        factory, spec = case(name)
         torch.manual_seed(0)
-        result[name] = profiled_peak(lambda f=factory, s=spec: train_steps(
+        reading = profiled_memory(lambda f=factory, s=spec: train_steps(
             f(), parse_batch_spec(s), settings("fp32", False), wrap=wrap_for(strategy, find_blocks)))
+        # the raw profiler counter too: it misses frees done on gloo's worker threads (plan.measure)
+        result[name] = [reading.peak, reading.counter_peak]
     Path(f"{out}.{rank}").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def measured_dist(strategy: str, names: list[str]) -> dict[str, int]:
-    """Max over the 2 ranks of each case's peak (one retry on gloo's exit abort, see DESIGN.md)."""
+def measured_dist(strategy: str, names: list[str]) -> dict[str, list[list[int]]]:
+    """Each rank's [peak, raw counter peak] of each case (one retry on gloo's exit abort, see DESIGN.md)."""
     for _attempt in range(2):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -107,12 +124,12 @@ def measured_dist(strategy: str, names: list[str]) -> dict[str, int]:
             ranks = [json.loads(f.read_text()) for f in files]
             for f in files:
                 f.unlink()
-            return {n: max(r[n] for r in ranks) for n in names}
+            return {n: [r[n] for r in ranks] for n in names}
     raise RuntimeError(f"{strategy}: ranks did not report")
 
 
 def planned(name: str, strategy: str, precision: str, ckpt: bool) -> tuple[int, int]:
-    factory, spec = CASES[name]
+    factory, spec = case(name)
     m = simulate(lambda: build_meta_model(factory, precision), parse_batch_spec(spec), settings(precision, ckpt))
     bd = evaluate(m, strategy, world_size=1 if strategy == "single" else 2, nodes=1, device=CPU, checkpointing=ckpt)
     return bd.peak, bd.weights_optimizer_rule
@@ -160,8 +177,13 @@ def main() -> None:
     dist_cache = {s: measured_dist(s, names) for s in sorted({v[0] for v in VARIANTS if v[0] != "single"})}
     for name in names:
         for strategy, precision, ckpt in VARIANTS:
+            counters = None
             try:
-                real = dist_cache[strategy][name] if strategy != "single" else measured_single(name, precision, ckpt)
+                if strategy == "single":
+                    real = measured_single(name, precision, ckpt)
+                else:
+                    real = max(peak for peak, _ in dist_cache[strategy][name])
+                    counters = [counter for _, counter in dist_cache[strategy][name]]
             except Exception as exc:  # e.g. a model that generic block checkpointing breaks for real
                 print(f"note: {name} {strategy} {precision} ckpt={ckpt}: real run failed: {type(exc).__name__}: "
                       f"{str(exc).splitlines()[0][:200]}", file=sys.stderr)
@@ -170,6 +192,8 @@ def main() -> None:
             rows.append({"model": name, "strategy": strategy, "precision": precision, "checkpointing": ckpt,
                          "measured": real, "plan": plan, "plan_error": plan / real - 1,
                          "rule": rule, "rule_error": rule / real - 1})
+            if counters is not None:
+                rows[-1]["raw_counter_per_rank"] = counters
     report(rows, args)
 
 

@@ -43,7 +43,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     settings = SimSettings(optimizer=OptimizerSpec.named("adamw"))
     peaks = {s: profiled_peak(lambda s=s: train_steps(_Net(), parse_batch_spec(SPEC), settings,
                                                       wrap=wrap_for(s, find_blocks)))
-             for s in ("ddp", "fsdp-full")}
+             for s in ("ddp", "fsdp-full", "fsdp-grad-op")}
     Path(f"{out}.{rank}").write_text(json.dumps(peaks))
     dist.barrier()
     dist.destroy_process_group()
@@ -65,12 +65,11 @@ def test_ddp_and_fsdp_plans_are_within_15_percent_of_two_real_ranks(tmp_path):
     m = simulate(lambda: build_meta_model(_Net, "fp32"), parse_batch_spec(SPEC),
                  SimSettings(optimizer=OptimizerSpec.named("adamw")))
     cpu = Device(name="cpu", memory=1 << 40, kind="cpu")
-    # DDP peaks are steady; FSDP2's measured CPU peak moves 10-20% between identical runs (its
-    # all-gather buffers are freed at times that depend on scheduling), so a single run is held to
-    # a wider band here. The +-15% accuracy claim is the benchmark's (benchmarks/plan_accuracy.py).
-    for strategy, tolerance in (("ddp", 0.15), ("fsdp-full", 0.25)):
+    # FSDP2 peaks are steady too once the frees gloo's worker threads hide from the profiler are
+    # restored (plan.measure.allocator_peak): both ranks read the same peak in every run.
+    for strategy in ("ddp", "fsdp-full", "fsdp-grad-op"):
         measured = max(r[strategy] for r in ranks)
         planned = evaluate(m, strategy, world_size=2, nodes=1, device=cpu).peak
-        assert abs(planned / measured - 1) < tolerance, (strategy, planned, measured)
+        assert abs(planned / measured - 1) < 0.15, (strategy, planned, measured)
     # the strategies differ by what the model says: DDP above single, FSDP below it
     assert max(r["ddp"] for r in ranks) > m.peak_bytes > max(r["fsdp-full"] for r in ranks)

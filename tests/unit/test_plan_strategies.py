@@ -63,7 +63,7 @@ def test_fsdp_shards_states_and_adds_unit_buffers(measured):
     # at the peak the states are the measured curves divided by the shard size
     assert full8.optim <= measured.optim_bytes / 8 + 1
     unit = max(s for _, s in measured.blocks)
-    assert full2.comm >= 3 * unit  # current + prefetched block in flight
+    assert full2.comm >= 2 * unit  # at least the current block unsharded + the last all-gather's output
     grad_op = evaluate(measured, "fsdp-grad-op", world_size=8, nodes=1, device=BIG_GPU)
     assert grad_op.peak > full8.peak  # blocks stay gathered between forward and backward
     hybrid = evaluate(measured, "fsdp-hybrid", world_size=8, nodes=2, device=BIG_GPU)
@@ -145,3 +145,64 @@ def test_custom_loss_and_checkpointed_rows():
     result = make_plan(request)
     assert result.rows[0].breakdown.checkpointing
     assert result.other_checkpointing_act_peak > result.measurement.act_peak_bytes  # without checkpointing: more
+
+
+def _replayed(marks, reshard_after_forward: bool) -> list[int]:
+    """fsdp2_unit_bytes on a hand-made timeline: root 100 B, blocks a 10 B and b 20 B, 2 ranks."""
+    import numpy as np
+
+    from torchscalpel.plan.simulate import Measurement
+    from torchscalpel.plan.strategies import fsdp2_unit_bytes
+    from torchscalpel.plan.tracker import CATEGORIES, Timeline
+
+    phase = np.array([1] * 10 + [2] * 10 + [3] * 2)
+    tl = Timeline(bytes={c: np.zeros(phase.size, dtype=np.int64) for c in CATEGORIES}, phase=phase,
+                  phase_names=["setup", "forward", "backward", "optimizer"], marks=marks)
+    m = Measurement(batch=1, timeline=tl, param_bytes=130, trainable_bytes=130, buffer_bytes=0, grad_bytes=130,
+                    optim_bytes=0, input_bytes=0, saved_bytes=0, peak_bytes=0, act_peak_bytes=0,
+                    blocks=[("a", 10), ("b", 20)], root_param_bytes=100, param_count=130)
+    return [int(x) for x in fsdp2_unit_bytes(m, 2, reshard_after_forward=reshard_after_forward)]
+
+
+# forward: root, a, b; the loss inside the root, so its pre-backward comes first; its head's gradient
+# (40 B) early in backward, its embedding's (60 B) last
+UNIT_MARKS = [
+    (0, 1, "pre_forward", "", 0), (1, 1, "pre_forward", "a", 0), (3, 1, "post_forward", "a", 0),
+    (3, 1, "pre_forward", "b", 0), (5, 1, "post_forward", "b", 0), (6, 1, "post_forward", "", 0),
+    (10, 2, "pre_backward", "", 0), (11, 2, "grad", "", 40), (12, 2, "pre_backward", "b", 0),
+    (13, 2, "grad", "b", 20), (15, 2, "pre_backward", "a", 0), (16, 2, "grad", "a", 10), (18, 2, "grad", "", 60),
+]
+
+
+def test_fsdp2_replay_full_sharding_gathers_reshards_prefetches_and_holds_the_last_buffers():
+    assert _replayed(UNIT_MARKS, True) == [
+        200,  # root gathered (100) + its all-gather output (100)
+        120, 120,  # + a (10); the root's all-gather output freed when a's is issued
+        140, 140, 120,  # a resharded, b gathered; b resharded after its forward
+        20, 20, 20, 20,  # only b's all-gather output, until the next all-gather
+        140,  # backward: root re-gathered, b prefetched (its output replaces the root's)
+        160, 160, 160, 160, 160,  # + the head's unsharded gradient (half of 40 on top of the shard)
+        140, 140,  # b then a reduce-scattered and resharded; a's scatter input held (10)
+        110, 110,  # root reduced and resharded: its scatter input (100) + a's gather output (10)
+        0, 0,  # the end of backward releases the last buffers
+    ]
+
+
+def test_fsdp2_replay_grad_op_keeps_units_gathered_until_their_backward():
+    assert _replayed(UNIT_MARKS, False) == [200, 120, 120, 150, 150, 150, 150, 150, 150, 150,
+                                             150, 170, 170, 170, 170, 170, 150, 150, 120, 120, 0, 0]
+
+
+def test_simulation_marks_each_unit_forward_backward_and_gradients(measured):
+    marks = measured.timeline.marks
+    blocks = [name for name, _ in measured.blocks]
+    forward = [(kind, unit) for _, _, kind, unit, _ in marks if kind.endswith("forward")]
+    one_step = [("pre_forward", "")]
+    for b in blocks:
+        one_step += [("pre_forward", b), ("post_forward", b)]
+    one_step.append(("post_forward", ""))
+    assert forward == one_step * 2  # two simulated steps
+    backward = [unit for _, _, kind, unit, _ in marks if kind == "pre_backward"]
+    assert backward == ["", *reversed(blocks)] * 2  # the root's output first, then the blocks in reverse
+    grads = [(unit, n) for _, _, kind, unit, n in marks if kind == "grad"]
+    assert sum(n for _, n in grads) == 2 * measured.trainable_bytes  # every gradient, once per step

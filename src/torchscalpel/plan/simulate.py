@@ -14,7 +14,7 @@ import contextlib
 import functools
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_flatten
 
 from torchscalpel.errors import UsageError
 from torchscalpel.plan.model_io import LossFn, default_loss, find_blocks, unique_params
@@ -164,7 +165,8 @@ def simulate(
             tracker.label(b, "buffer")
         blocks = find_blocks(model)
         params = [p for p in unique_params(model) if p.requires_grad]
-        with fake_mode, tracker, checkpointed_blocks(blocks, settings.checkpoint_blocks):
+        with fake_mode, tracker, checkpointed_blocks(blocks, settings.checkpoint_blocks), \
+                unit_marks(model, blocks, tracker):
             optimizer = settings.optimizer.build(params, foreach=settings.foreach)
             saved: dict[int, int] = {}
             for _ in range(steps):
@@ -288,6 +290,55 @@ def checkpointed_blocks(blocks: list[tuple[str, nn.Module]], enabled: bool) -> I
     finally:
         for block, original in originals:
             block.forward = original  # type: ignore[method-assign]
+
+
+ROOT_UNIT = ""
+"""Unit name of the parameters outside every block (FSDP's root ``fully_shard``)."""
+
+
+@contextlib.contextmanager
+def unit_marks(model: nn.Module, blocks: list[tuple[str, nn.Module]], tracker: AllocationTracker) -> Iterator[None]:
+    """Mark the moments FSDP2 acts on each unit (every block, and the root for the rest) in the timeline.
+
+    ``pre_forward`` / ``post_forward``: the unit's forward starts / ends (forward hooks);
+    ``pre_backward``: the first gradient reaches one of the unit's forward outputs (a hook on each
+    output, as FSDP2's own pre-backward hook); ``grad``: one of the unit's parameters received its
+    gradient (post-accumulate-grad hook; bytes = that gradient), the last of which in a backward
+    is where FSDP2's post-backward reduce-scatter runs.
+    """
+    units = [(name, block) for name, block in blocks] + [(ROOT_UNIT, model)]
+    in_block = {id(p) for _, b in blocks for p in b.parameters()}
+    handles: list[Any] = []
+
+    def outputs_hook(unit: str):
+        def post(_module, _args, output):
+            flat = tree_flatten(dict(output) if isinstance(output, Mapping) else output)[0]
+            tensors = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
+            fired = [False]
+
+            def on_grad(grad):
+                if not fired[0]:
+                    fired[0] = True
+                    tracker.mark("pre_backward", unit)
+                return grad
+
+            for t in tensors:
+                t.register_hook(on_grad)
+            tracker.mark("post_forward", unit)
+        return post
+
+    for unit, module in units:
+        handles.append(module.register_forward_pre_hook(lambda _m, _a, unit=unit: tracker.mark("pre_forward", unit)))
+        handles.append(module.register_forward_hook(outputs_hook(unit)))
+        owned = (p for p in unique_params(module) if p.requires_grad and (unit != ROOT_UNIT or id(p) not in in_block))
+        for p in owned:
+            handles.append(p.register_post_accumulate_grad_hook(
+                lambda q, unit=unit: tracker.mark("grad", unit, _nbytes(q.grad) if q.grad is not None else 0)))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def _checkpoint_call(checkpoint, original, *args, **kwargs):

@@ -9,12 +9,15 @@ maximum over events, and the breakdown is read at that event, so the parts add u
 - ``ddp``: plus gradient buckets (one flat copy of all gradients, allocated at construction); on
   gloo (CPU) plus an all-reduce work buffer of the largest bucket (<= 25 MiB) during backward.
 - ``fsdp-full`` (FSDP2 ``fully_shard`` per block + root, ``reshard_after_forward=True``): parameters,
-  gradients and optimizer states divided by the shard group size; during forward/backward the root
-  unit stays gathered, and in flight there are the current and the prefetched block
-  (all-gather output and copy-out: 3 x largest block); during backward the unsharded gradients of a
-  block and the reduce-scatter input (2 x largest block).
-- ``fsdp-grad-op`` (``reshard_after_forward=False``): as full, but every block stays gathered from its
-  forward to its backward.
+  gradients and optimizer states divided by the shard group size, plus what FSDP2 does to each unit,
+  replayed on the unit marks of the simulation (:func:`fsdp2_unit_bytes`): a gathered unit holds a
+  full unsharded copy of its parameters from its all-gather (its forward; in backward, the
+  pre-backward of the unit that ended its forward after it, FSDP2's prefetch) to its reshard (end of its
+  forward; end of its backward); the flat output of the last all-gather stays allocated until the
+  next all-gather is issued, and the input of the last reduce-scatter until the next one; a unit's
+  gradients stay unsharded from their computation to the unit's reduce-scatter, after its last one.
+- ``fsdp-grad-op`` (``reshard_after_forward=False``): as full, but units stay gathered from their
+  forward to the end of their backward.
 - ``fsdp-hybrid`` (HSDP): as full, sharded within a node (world size / nodes ranks) and replicated
   across nodes.
 Mixed-precision copies (autocast's cast weights) are part of the measured activations.
@@ -22,12 +25,13 @@ Mixed-precision copies (autocast's cast weights) are part of the measured activa
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
 
 from torchscalpel.plan.devices import Device
-from torchscalpel.plan.simulate import Measurement
+from torchscalpel.plan.simulate import ROOT_UNIT, Measurement
 
 STRATEGIES = ("single", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
 DDP_BUCKET_CAP = 25 * 1024**2
@@ -45,7 +49,8 @@ class Breakdown:
     activations: int
     """Activations, outputs, temporaries, inputs and buffers live at the peak."""
     comm: int
-    """DDP buckets / FSDP all-gather and reduce-scatter buffers live at the peak."""
+    """DDP buckets, or FSDP's unsharded parameter copies, all-gather / reduce-scatter buffers and the
+    unsharded part of not yet reduced gradients, live at the peak."""
     peak: int
     """Allocator peak per rank (what max_memory_allocated / the profiler would show)."""
     margin: int
@@ -98,22 +103,13 @@ def evaluate(m: Measurement, strategy: str, *, world_size: int, nodes: int, devi
     optim = b["optim"] / n
     other = b["act"] + b["input"] + b["buffer"]
     comm = np.zeros_like(params)
-    train = tl.in_phases(("forward", "backward"))
     backward = tl.in_phases(("backward",))
-    forward = tl.in_phases(("forward",))
     if strategy == "ddp" and world_size > 1:
         comm = comm + m.trainable_bytes
         if device.kind == "cpu":
             comm = comm + backward * min(m.trainable_bytes, DDP_BUCKET_CAP)
     elif strategy.startswith("fsdp") and n > 1:
-        unit = max((size for _, size in m.blocks), default=0)
-        root = m.root_param_bytes * (1 - 1 / n)
-        comm = comm + train * (root + 3 * unit) + backward * (2 * unit)
-        if strategy == "fsdp-grad-op":
-            blocks_total = sum(size for _, size in m.blocks) * (1 - 1 / n)
-            # Blocks gather one by one in forward and stay gathered until their backward: ramp up in
-            # forward, all of them at the start of backward (the peak), released as backward proceeds.
-            comm = comm + (forward * _ramp(forward) + backward * (1 - _ramp(backward))) * blocks_total
+        comm = comm + fsdp2_unit_bytes(m, n, reshard_after_forward=strategy != "fsdp-grad-op")
     total = params + grads + optim + other + comm
     i = int(np.argmax(total)) if total.size else 0
     peak = int(total[i]) if total.size else 0
@@ -129,19 +125,102 @@ def evaluate(m: Measurement, strategy: str, *, world_size: int, nodes: int, devi
     )
 
 
-def _ramp(mask: np.ndarray) -> np.ndarray:
-    """0 -> 1 across each contiguous run of True in ``mask`` (0 elsewhere)."""
-    out = np.zeros(mask.shape, dtype=np.float64)
-    idx = np.flatnonzero(mask)
-    if idx.size == 0:
-        return out
-    breaks = np.flatnonzero(np.diff(idx) > 1)
-    starts = np.r_[0, breaks + 1]
-    ends = np.r_[breaks, idx.size - 1]
-    for s, e in zip(starts, ends, strict=True):
-        seg = idx[s : e + 1]
-        out[seg] = np.linspace(0.0, 1.0, seg.size) if seg.size > 1 else 1.0
-    return out
+def fsdp2_unit_bytes(m: Measurement, n: int, *, reshard_after_forward: bool) -> np.ndarray:
+    """Bytes FSDP2 holds per rank on top of the sharded states, after every event of ``m``'s timeline.
+
+    Replays the simulation's unit marks (:func:`torchscalpel.plan.simulate.unit_marks`) through what
+    ``fully_shard`` does to each unit (every block, and the root for the parameters outside them) on
+    ``n`` ranks: unsharded parameter copies of gathered units, the last all-gather's flat output, the
+    last reduce-scatter's input, and the part of not yet reduced gradients that sharding does not
+    remove (the timeline counts each gradient once; the strategy divides it by ``n``).
+    """
+    tl = m.timeline
+    size = dict(m.blocks)
+    size[ROOT_UNIT] = m.root_param_bytes
+    events = tl.phase.size
+    delta = np.zeros(events + 1, dtype=np.float64)
+    backward_id = tl.phase_names.index("backward") if "backward" in tl.phase_names else -1
+    # each backward ends at the first event of another phase after it (or the end of the timeline)
+    is_backward = np.r_[tl.phase == backward_id, False]
+    backward_ends = [int(j) for j in np.flatnonzero(~is_backward[1:] & is_backward[:-1]) + 1]
+
+    # the last grad mark of each unit in each backward: where its reduce-scatter runs
+    last_grad: dict[tuple[int, str], int] = {}
+    for k, (i, phase, kind, unit, _) in enumerate(tl.marks):
+        if kind == "grad" and phase == backward_id:
+            last_grad[(_segment(backward_ends, i), unit)] = k
+
+    gathered: set[str] = set()
+    state = {"ag": 0.0, "rs": 0.0}
+    pending: dict[str, float] = {}
+    post_order: list[str] = []
+
+    def add(i: int, amount: float) -> None:
+        delta[min(i, events)] += amount
+
+    def hold(i: int, key: str, amount: float) -> None:
+        add(i, amount - state[key])
+        state[key] = amount
+
+    def gather(i: int, unit: str) -> None:
+        if unit not in gathered:
+            gathered.add(unit)
+            add(i, size.get(unit, 0))
+            hold(i, "ag", size.get(unit, 0))
+
+    def reshard(i: int, unit: str) -> None:
+        if unit in gathered:
+            gathered.discard(unit)
+            add(i, -size.get(unit, 0))
+
+    def end_backward(i: int) -> None:
+        # FSDP2's root post-backward callback: every unit resharded, the last buffers released
+        for unit in list(gathered):
+            reshard(i, unit)
+        for b in pending.values():
+            add(i, -b)
+        pending.clear()
+        hold(i, "ag", 0.0)
+        hold(i, "rs", 0.0)
+
+    ends = iter(backward_ends)
+    next_end = next(ends, None)
+    for k, (i, phase, kind, unit, nbytes) in enumerate(tl.marks):
+        while next_end is not None and (next_end < i or (next_end == i and phase != backward_id)):
+            end_backward(next_end)
+            next_end = next(ends, None)
+        if phase == backward_id:
+            if kind == "pre_backward":
+                gather(i, unit)
+                # FSDP2's backward prefetch: the next unit in reverse post-forward order
+                if unit in post_order and post_order.index(unit) > 0:
+                    gather(i, post_order[post_order.index(unit) - 1])
+            elif kind == "grad":
+                extra = nbytes * (1 - 1 / n)
+                pending[unit] = pending.get(unit, 0.0) + extra
+                add(i, extra)
+                if last_grad.get((_segment(backward_ends, i), unit)) == k:  # post-backward
+                    add(i, -pending.pop(unit))
+                    hold(i, "rs", size.get(unit, 0))
+                    reshard(i, unit)
+        elif kind == "pre_forward":
+            if unit == ROOT_UNIT:
+                post_order = []
+            gather(i, unit)
+        elif kind == "post_forward":
+            if unit not in post_order:
+                post_order.append(unit)
+            if reshard_after_forward:
+                reshard(i, unit)
+    while next_end is not None:
+        end_backward(next_end)
+        next_end = next(ends, None)
+    return np.cumsum(delta)[: tl.phase.size]
+
+
+def _segment(backward_ends: list[int], i: int) -> int:
+    """Which backward (0, 1, ...) a mark at event ``i`` belongs to."""
+    return bisect.bisect_left(backward_ends, i)
 
 
 def strategies_for(requested: str, world_size: int, nodes: int) -> list[str]:

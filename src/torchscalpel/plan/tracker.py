@@ -79,6 +79,9 @@ class Timeline:
     bytes: dict[str, np.ndarray]
     phase: np.ndarray
     phase_names: list[str] = field(default_factory=list)
+    marks: list[tuple[int, int, str, str, int]] = field(default_factory=list)
+    """(event number, phase, kind, unit, bytes): module-level moments (FSDP units' forward/backward hooks)
+    placed between allocation events; a mark at event number ``i`` happened after events ``< i``."""
 
     def total(self) -> np.ndarray:
         """Live bytes of all categories after each event."""
@@ -101,6 +104,7 @@ class AllocationTracker(TorchDispatchMode):
         self._phase_of_event: list[int] = []
         self.phase_names: list[str] = ["setup"]
         self._phase = 0
+        self.marks: list[tuple[int, int, str, str, int]] = []
         self.failed_op: str | None = None
         """The op whose dispatch raised, for the error message when a model cannot run on fake tensors."""
 
@@ -110,6 +114,10 @@ class AllocationTracker(TorchDispatchMode):
         if name not in self.phase_names:
             self.phase_names.append(name)
         self._phase = self.phase_names.index(name)
+
+    def mark(self, kind: str, unit: str, nbytes: int = 0) -> None:
+        """Note a module-level moment (``kind`` of ``unit``) at the current position of the event log."""
+        self.marks.append((len(self._events), self._phase, kind, unit, nbytes))
 
     def track(self, tensor: torch.Tensor, label: str | None = None) -> int | None:
         """Count ``tensor``'s storage if it is new; relabel it if ``label`` is given. Returns the record index."""
@@ -174,6 +182,7 @@ class AllocationTracker(TorchDispatchMode):
             bytes={c: np.cumsum(d) for c, d in deltas.items()},
             phase=np.asarray(self._phase_of_event, dtype=np.int64),
             phase_names=list(self.phase_names),
+            marks=list(self.marks),
         )
 
     def live_bytes(self, label: str | None = None) -> int:
