@@ -31,13 +31,19 @@ print("trained", STEPS)
 '''
 
 
-def test_script_mode_plans_what_the_first_step_used(tmp_path, capsys):
-    script = tmp_path / "train_tiny.py"
-    script.write_text(SCRIPT)
+def _plan(tmp_path, name: str, text: str):
+    """Script-mode plan of ``text`` saved as ``name``, single rank on a 16 GiB CPU: (plan, record)."""
+    script = tmp_path / name
+    script.write_text(text)
     args = argparse.Namespace(module=None, target=["--", str(script)], out=tmp_path / "run", optimizer="adamw",
                               precision="fp32", grad_accum=1, world_size=1, nodes=1, activation_checkpointing="none",
                               no_max_batch=True)
     result, record, _out_dir = plan_script(args, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
+    return result, record
+
+
+def test_script_mode_plans_what_the_first_step_used(tmp_path, capsys):
+    result, record = _plan(tmp_path, "train_tiny.py", SCRIPT)
     assert record.status == "stopped"  # stopped after the first optimizer step, not run for 3 epochs
     assert "trained" not in capsys.readouterr().out
     request = result.request
@@ -71,11 +77,6 @@ for _ in range(3):
 
 
 def test_script_mode_plans_the_training_forward_not_an_earlier_probe(tmp_path):
-    script = tmp_path / "probe_first.py"
-    script.write_text(PROBE_FIRST)
-    args = argparse.Namespace(module=None, target=["--", str(script)], out=tmp_path / "run", optimizer="adamw",
-                              precision="fp32", grad_accum=1, world_size=1, nodes=1, activation_checkpointing="none",
-                              no_max_batch=True)
-    result, _record, _out = plan_script(args, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
+    result, _record = _plan(tmp_path, "probe_first.py", PROBE_FIRST)
     assert result.request.batch.entries[0].shape == (8, 16)
     assert result.request.settings.grad_accum == 1
