@@ -7,6 +7,7 @@ A finding carries a stable ``rule`` slug, a ``severity``, a one-line ``message``
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,6 +41,15 @@ class Location:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}"
+
+
+def short_path(path: str) -> str:
+    """``path`` relative to the current folder when it lies under it (for terminals; JSON keeps it whole)."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
 
 
 @dataclass(kw_only=True, slots=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -11,19 +10,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.syntax import Syntax
 
-from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.doctor.finding import Finding, Severity, short_path
 from torchscalpel.doctor.registry import rank_findings
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "cyan"}
 
-
-def _short(path: str) -> str:
-    """``path`` relative to the current folder when it lies under it (terminal only; JSON keeps it whole)."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
 
 
 def counts(findings: Sequence[Finding]) -> dict[str, int]:
@@ -43,7 +34,7 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
         return
     for f in ranked:
         sev = f.severity
-        where = f" [dim]{escape(_short(str(f.location)))}[/dim]" if f.location else ""
+        where = f" [dim]{escape(short_path(str(f.location)))}[/dim]" if f.location else ""
         rank = f" [dim](rank {f.rank})[/dim]" if f.rank is not None else ""
         console.print(f"[{_STYLE[sev]}]{str(sev).upper():7}[/] [bold]{escape(f.rule)}[/bold]{where}{rank}")
         console.print(f"  {escape(f.message)}")

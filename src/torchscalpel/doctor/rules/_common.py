@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import statistics
 from collections.abc import Iterable, Sequence
@@ -11,7 +10,7 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Location
+from torchscalpel.doctor.finding import Location, short_path
 
 
 def param_names(roots: Iterable[torch.nn.Module]) -> dict[int, str]:
@@ -54,14 +53,6 @@ def attribute_location(cls: type, attr: str) -> Location | None:
             return Location(file=file, line=start + offset)
     return Location(file=file, line=start)
 
-
-def short_path(path: str) -> str:
-    """``path`` relative to the current folder when it lies under it."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
 
 
 def fmt_loc(loc: Location | None) -> str:
