@@ -117,14 +117,9 @@ def _float_outputs(value: Any) -> list[torch.Tensor]:
 def _to_device(value: Any, device: torch.device) -> Any:
     """``value`` with every tensor in it moved to ``device``: users build the sample batch before
     ``wrap`` moves the model, so it is usually still on the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, Mapping):
-        return {k: _to_device(v, device) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        moved = [_to_device(v, device) for v in value]
-        return type(value)(*moved) if hasattr(value, "_fields") else type(value)(moved)
-    return value
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, value)
 
 
 def unused_parameters(model: nn.Module, sample: Any) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from torchscalpel.errors import UsageError
 from torchscalpel.plan.model_io import loss_from_output
@@ -61,8 +62,6 @@ class PlanObserver(Observer):
             return  # a loss module (nn.CrossEntropyLoss) or a frozen teacher: not the model being trained
         # Under DDP the root module is the wrapper; plan the model it holds (the strategy rows add
         # DDP's own buffers). Same inputs: DDP passes them through unchanged.
-        from torch.nn.parallel import DistributedDataParallel
-
         if isinstance(module, DistributedDataParallel):
             module = module.module
         self.model, self.args, self.kwargs = module, args, dict(kwargs)
