@@ -369,3 +369,9 @@ def test_amp_fp32_attention_and_compile_compose_without_graph_breaks():
         stats = compile_stats()
     assert stats["graphs"] == 1 and stats["graph_breaks"] == 0 and stats["recompiles"] == 0
     assert log.fired == {"amp", "compile"}
+
+
+def test_the_torch_free_knob_name_list_matches_the_knobs_built():
+    from torchscalpel.tune.knobs import KNOB_NAMES, all_knobs
+
+    assert tuple(k.name for k in all_knobs()) == KNOB_NAMES

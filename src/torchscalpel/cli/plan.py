@@ -14,8 +14,7 @@ from pathlib import Path
 
 from torchscalpel.cli.common import add_output_arguments, add_target_arguments, default_run_dir
 from torchscalpel.errors import UsageError
-from torchscalpel.plan.simulate import OPTIMIZERS, PRECISIONS
-from torchscalpel.plan.strategies import STRATEGIES
+from torchscalpel.plan.names import OPTIMIZERS, PRECISIONS, STRATEGIES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

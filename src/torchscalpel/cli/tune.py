@@ -25,7 +25,7 @@ from torchscalpel.errors import UsageError
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``tune`` sub-command."""
-    from torchscalpel.tune.knobs import KNOB_NAMES
+    from torchscalpel.tune.settings import KNOB_NAMES
 
     p = subparsers.add_parser(
         "tune",

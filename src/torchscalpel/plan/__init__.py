@@ -6,6 +6,15 @@ Public API: :func:`make_plan` / :class:`PlanRequest` (what ``scalpel plan`` runs
 
 from __future__ import annotations
 
-from torchscalpel.plan.planner import PlanRequest, PlanResult, check_fits, make_plan
+from typing import Any
 
 __all__ = ["PlanRequest", "PlanResult", "check_fits", "make_plan"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing a torch-free submodule (plan.names, for the CLI parser) must not import torch.
+    if name in __all__:
+        from torchscalpel.plan import planner
+
+        return getattr(planner, name)
+    raise AttributeError(f"module 'torchscalpel.plan' has no attribute {name!r}")

@@ -26,22 +26,9 @@ from torch.utils._pytree import tree_flatten
 
 from torchscalpel.errors import UsageError
 from torchscalpel.plan.model_io import LossFn, default_loss, find_blocks, unique_params
+from torchscalpel.plan.names import OPTIMIZERS
 from torchscalpel.plan.spec import BatchSpec
 from torchscalpel.plan.tracker import AllocationTracker, Timeline
-
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
-
-OPTIMIZERS: dict[str, tuple[str, dict[str, Any]]] = {
-    "adamw": ("torch.optim.AdamW", {"lr": 1e-3}),
-    "adam": ("torch.optim.Adam", {"lr": 1e-3}),
-    "sgd": ("torch.optim.SGD", {"lr": 1e-2}),
-    "sgd-momentum": ("torch.optim.SGD", {"lr": 1e-2, "momentum": 0.9}),
-    "adagrad": ("torch.optim.Adagrad", {"lr": 1e-2}),
-    "rmsprop": ("torch.optim.RMSprop", {"lr": 1e-3}),
-    "adafactor": ("torch.optim.Adafactor", {"lr": 1e-2}),
-    "none": ("", {}),
-}
-"""``--optimizer`` names -> (class, keyword arguments)."""
 
 
 @dataclass(kw_only=True, slots=True)

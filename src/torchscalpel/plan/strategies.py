@@ -33,7 +33,6 @@ import numpy as np
 from torchscalpel.plan.devices import Device
 from torchscalpel.plan.simulate import ROOT_UNIT, Measurement
 
-STRATEGIES = ("single", "ddp", "fsdp-full", "fsdp-grad-op", "fsdp-hybrid")
 DDP_BUCKET_CAP = 25 * 1024**2
 
 

@@ -35,6 +35,9 @@ AMP_DTYPES = ("bf16", "fp16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZER_IMPLS = ("foreach", "fused")
+KNOB_NAMES: tuple[str, ...] = ("amp", "threads", "dataloader", "optimizer", "channels_last", "matmul", "cudnn", "compile")
+"""Knob families in search order (``tune.knobs.all_knobs()`` builds them). Kept here, torch-free,
+because the CLI parser lists them: every ``scalpel`` command builds that parser."""
 
 
 @dataclass(kw_only=True, slots=True)

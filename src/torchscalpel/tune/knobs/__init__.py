@@ -19,6 +19,7 @@ from torchscalpel.tune.knobs.dataloader import DataLoaderKnob
 from torchscalpel.tune.knobs.layout import ChannelsLastKnob
 from torchscalpel.tune.knobs.optimizer import OptimizerImplKnob
 from torchscalpel.tune.knobs.threads import ThreadsKnob
+from torchscalpel.tune.settings import KNOB_NAMES
 
 __all__ = [
     "CLOSE",
@@ -49,4 +50,3 @@ def all_knobs(*, compile_backend: str = "inductor", compile_modes: tuple[str, ..
     ]
 
 
-KNOB_NAMES: tuple[str, ...] = tuple(k.name for k in all_knobs())
