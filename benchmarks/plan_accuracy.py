@@ -17,7 +17,6 @@ import argparse
 import functools
 import json
 import os
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plan_models as pm
+from torchscalpel.netutil import free_port
 from torchscalpel.plan.devices import Device
 from torchscalpel.plan.measure import profiled_memory, profiled_peak, train_steps, wrap_for
 from torchscalpel.plan.model_io import find_blocks
@@ -111,9 +111,7 @@ def _worker(rank: int, port: int, out: str, strategy: str, names: list[str]) -> 
 def measured_dist(strategy: str, names: list[str]) -> dict[str, list[list[int]]]:
     """Each rank's [peak, raw counter peak] of each case (one retry on gloo's exit abort, see DESIGN.md)."""
     for _attempt in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         out = tempfile.mktemp(prefix="plan-acc-")
         try:
             mp.spawn(_worker, args=(port, out, strategy, names), nprocs=2)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import run_cli
+from helpers import REPO, run_cli
 
 FACTORY = '''
 import torch
@@ -91,11 +91,9 @@ def test_user_errors_are_one_sentence_and_exit_2(factory, tmp_path, extra, needl
 
 @pytest.mark.slow
 def test_script_mode_through_the_cli(tmp_path):
-    from conftest import EXAMPLES
-
     out = tmp_path / "run"
     result = run_cli("plan", "--device", "T4", "--no-max-batch", "--out", str(out), "--json", str(tmp_path / "p.json"),
-                     "--", str(EXAMPLES / "digits_cnn.py"), "--epochs", "1", "--batch-size", "32", "--workers", "0",
+                     "--", str(REPO / "examples" / "digits_cnn.py"), "--epochs", "1", "--batch-size", "32", "--workers", "0",
                      "--device", "cpu", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     plan = json.loads((tmp_path / "p.json").read_text())

@@ -12,12 +12,12 @@ import argparse
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from html import escape
 from pathlib import Path
 from typing import Any
 
 from torchscalpel.cli.common import Target, default_run_dir
 from torchscalpel.errors import UsageError
+from torchscalpel.fileio import atomic_write_text
 
 STAGES = ("env", "profile", "doctor", "analyze", "tune", "plan", "ship")
 # Sized so every stage together takes a few minutes on a 2-core laptop CPU.
@@ -192,10 +192,8 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
         )
         + '<p class="muted">Each stage also wrote its own files (run.json, report.html, trace, bundle) in its folder.</p>',
     )
-    html = render_page("torchscalpel demo", f"examples/char_transformer.py · {escape(base.created)}", [stages, *sections_for(base)])
-    path = out / "report.html"
-    path.write_text(html, encoding="utf-8")
-    return path
+    html = render_page("torchscalpel demo", f"examples/char_transformer.py · {base.created}", [stages, *sections_for(base)])
+    return atomic_write_text(out / "report.html", html)
 
 
 def _rel(path: str, root: Path) -> str:

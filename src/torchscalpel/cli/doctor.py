@@ -16,6 +16,7 @@ from typing import Any
 
 from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
 from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.fileio import atomic_write_text
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -83,12 +84,9 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     """``--nproc N``: every rank under the doctor via ``scalpel launch --doctor``, findings merged."""
     from rich.console import Console
 
-    from torchscalpel.cli.main import COMMANDS
     from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.doctor.ranks import merge_rank_findings, run_ranks
 
-    if "launch" not in COMMANDS:
-        raise UsageError("--nproc above 1 needs 'scalpel launch', which this build does not have; run with --nproc 1.")
     if args.module:
         raise UsageError("--nproc runs a script file; pass the script path instead of -m.")
     target = resolve_target(args)
@@ -97,7 +95,7 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
     console = Console()
     console.print(f"[bold]scalpel doctor[/bold]: {target.name} on {args.nproc} ranks (scalpel launch --doctor)")
-    code, records, _ = run_ranks(target.script, target.args, nproc=args.nproc, steps=args.steps, out=out_dir)
+    code, records = run_ranks(target.script, target.args, nproc=args.nproc, steps=args.steps, out=out_dir)
     if not records:
         raise ScalpelError(f"No rank wrote a run record under {out_dir}; see the rank logs in {out_dir / 'logs'}.")
     findings = merge_rank_findings(records)
@@ -115,12 +113,10 @@ def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str
     from torchscalpel.doctor.sarif import to_sarif
 
     if args.json_path is not None:
-        args.json_path.parent.mkdir(parents=True, exist_ok=True)
-        args.json_path.write_text(json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n", encoding="utf-8")
+        atomic_write_text(args.json_path, json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n")
     if args.sarif is not None:
         static = [f for f in findings if f.source == "static"]
-        args.sarif.parent.mkdir(parents=True, exist_ok=True)
-        args.sarif.write_text(json.dumps(to_sarif(static, version=__version__), indent=1) + "\n", encoding="utf-8")
+        atomic_write_text(args.sarif, json.dumps(to_sarif(static, version=__version__), indent=1) + "\n")
 
 
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
@@ -131,7 +127,7 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
     from torchscalpel.doctor.static import iter_python_files
 
     files = list(iter_python_files(args.static))
-    findings = check_static(args.static)
+    findings = check_static(files)
     render_terminal(findings, Console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)")
     _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files]})
     return 1 if reaches(findings, fail_on) else 0

@@ -10,6 +10,7 @@ import argparse
 
 from torchscalpel.cli.common import default_run_dir
 from torchscalpel.errors import UsageError
+from torchscalpel.fileio import atomic_write_text
 
 HELP = "run a training script on N ranks with torchrun (DDP/FSDP), rank-prefixed logs, clear failures"
 
@@ -70,7 +71,7 @@ def _report_ranks(out) -> None:
         print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
         return
     merged = merge(records)
-    (out / "launch.json").write_text(json.dumps(merged, indent=1, default=str) + "\n")
+    atomic_write_text(out / "launch.json", json.dumps(merged, indent=1, default=str) + "\n")
     print(format_table(merged))
     print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")
 

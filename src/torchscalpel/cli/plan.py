@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torchscalpel.cli.common import add_output_arguments, add_target_arguments, default_run_dir
 from torchscalpel.errors import UsageError
+from torchscalpel.fileio import atomic_write_text
 from torchscalpel.plan.names import OPTIMIZERS, PRECISIONS, STRATEGIES
 
 
@@ -146,6 +147,5 @@ def _write_outputs(args: argparse.Namespace, record, out_dir: Path, plan: dict) 
     save_record(record, out_dir)
     write_report(record, out_dir / "report.html")
     if args.json_path:
-        args.json_path.parent.mkdir(parents=True, exist_ok=True)
-        args.json_path.write_text(json.dumps(plan, indent=1) + "\n", encoding="utf-8")
+        atomic_write_text(args.json_path, json.dumps(plan, indent=1) + "\n")
     print(f"plan written to {out_dir}/run.json and {out_dir}/report.html")

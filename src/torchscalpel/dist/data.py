@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from torchscalpel.dist.setup import seed_everything
 from torchscalpel.errors import UsageError
 
 
@@ -49,9 +50,7 @@ class _SeededSamples(Dataset):
         sample_seed = mix_seed(self.seed, self.epoch, index)
         py_state, np_state = random.getstate(), np.random.get_state()
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed)
-            random.seed(sample_seed)
-            np.random.seed(sample_seed % 2**32)
+            seed_everything(sample_seed)
             try:
                 return self.dataset[index]
             finally:

@@ -4,7 +4,6 @@ this merges the ranks' findings and compares what the ranks did (rule ``rank-con
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from torchscalpel.doctor.finding import Finding
 from torchscalpel.doctor.registry import make_finding, rank_findings
@@ -64,10 +63,10 @@ def step_mismatch(records: dict[int, RunRecord]) -> list[Finding]:
     return found
 
 
-def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | None, out: Path) -> tuple[int, dict[int, RunRecord], dict[str, Any]]:
-    """Launch ``nproc`` ranks under ``scalpel launch --doctor``; returns (exit code, records by rank, merged table)."""
+def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | None, out: Path) -> tuple[int, dict[int, RunRecord]]:
+    """Launch ``nproc`` ranks under ``scalpel launch --doctor``; returns (exit code, records by rank)."""
     from torchscalpel.dist.launch import build_parser, launch, prepare, wrap_for_stage
-    from torchscalpel.dist.rankmerge import load_rank_records, merge
+    from torchscalpel.dist.rankmerge import load_rank_records
 
     argv = ["--nproc", str(nproc), "--doctor", "--steps", str(steps) if steps else "auto", "--out", str(out),
             "--", str(script), *script_args]
@@ -75,4 +74,4 @@ def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | 
     wrap_for_stage(parsed, out)
     code = launch(parsed, out_dir=out)
     records = load_rank_records(out)
-    return code, records, merge(records) if records else {}
+    return code, records

@@ -18,7 +18,7 @@ import torch
 
 from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import guarded, internal_error
-from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.observer import Observer, listeners_by_event
 
 Undo = Callable[[], None]
 
@@ -93,6 +93,16 @@ def patch_attr(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Calla
     return undo
 
 
+def undo_all(undos: Sequence[Undo]) -> Undo:
+    """One undo for several patches: restores them last-patched first."""
+
+    def undo() -> None:
+        for u in reversed(undos):
+            u()
+
+    return undo
+
+
 class DoctorObserver(Observer):
     """One observer that runs every runtime rule with crash isolation."""
 
@@ -101,12 +111,14 @@ class DoctorObserver(Observer):
     def __init__(self, rules: Sequence[RuntimeRule]) -> None:
         self.rules = list(rules)
         self._undo: list[Undo] = []
+        # Only the rules that override an event get it (most rules ignore the per-module forwards).
+        self._listeners = listeners_by_event(self.rules)
 
     def _dispatch(self, event: str, *args: Any) -> None:
         if event == "on_start" and args:
             for rule in self.rules:
                 rule.session = args[0]
-        for rule in self.rules:
+        for rule in self._listeners[event]:
             if rule.crashed is not None:
                 continue
             try:

@@ -7,10 +7,9 @@ margin; on CPU neither (malloc returns memory to the allocator's pool the moment
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from importlib import resources
 
+from torchscalpel.envcheck.tables import load_table
 from torchscalpel.errors import UsageError
 from torchscalpel.units import parse_size
 
@@ -55,8 +54,7 @@ class Device:
 
 def device_table() -> dict[str, dict[str, object]]:
     """The bundled device table, keyed by name."""
-    text = resources.files("torchscalpel").joinpath("data/devices.json").read_text(encoding="utf-8")
-    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+    return {k: v for k, v in load_table("devices.json").items() if not k.startswith("_")}
 
 
 def resolve_device(name: str | None, memory: str | None, *, kind: str | None = None) -> Device:

@@ -44,6 +44,9 @@ class HookSet:
         self._backward_depth = 0
         self._global_forward: list[Any] = []
         self._root_handles: list[Any] = []
+        # The session's per-event observer lists, fixed for the run: read on every submodule call.
+        self._pre_listeners = session.listeners["on_forward_pre"]
+        self._post_listeners = session.listeners["on_forward_post"]
 
     # ----- install / remove ---------------------------------------------------------------
     def install(self) -> None:
@@ -109,7 +112,7 @@ class HookSet:
             # Inner module: the hot path (every submodule call), kept to a counter when no
             # observer listens to module events.
             self._forward_depth += 1
-            if s.listeners["on_forward_pre"]:
+            if self._pre_listeners:
                 s.emit("on_forward_pre", module, args, {}, False)
             return
         self._forward_depth = 1
@@ -127,7 +130,7 @@ class HookSet:
         self._forward_depth -= 1
         s = self.session
         if self._forward_depth:
-            if s.listeners["on_forward_post"]:
+            if self._post_listeners:
                 s.emit("on_forward_post", module, args, {}, output, False)
             return
         s.emit("on_forward_post", module, args, {}, output, True)

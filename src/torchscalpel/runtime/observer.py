@@ -9,6 +9,7 @@ Every method has a do-nothing default, so an observer overrides only what it nee
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -54,3 +55,16 @@ class Observer:
 
     def on_finish(self, record: RunRecord) -> None:
         """The script ended (completed, stopped, crashed or interrupted); add to ``record`` here."""
+
+
+def listeners_by_event(observers: Sequence[Observer]) -> dict[str, list[Observer]]:
+    """Per ``on_*`` event, the observers whose class overrides it, in order.
+
+    Dispatching only to these keeps an event nobody listens to free: the forward events fire on
+    every module call.
+    """
+    return {
+        name: [o for o in observers if getattr(type(o), name) is not getattr(Observer, name)]
+        for name in dir(Observer)
+        if name.startswith("on_")
+    }

@@ -25,7 +25,7 @@ from torchscalpel.record import RunRecord, StepRecord
 from torchscalpel.runtime.clock import clock_for
 from torchscalpel.runtime.hooks import HookSet
 from torchscalpel.runtime.memory import StepMemory
-from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.observer import Observer, listeners_by_event
 from torchscalpel.runtime.timeline import Timeline
 
 SetupHook = Callable[[], Callable[[], None] | None]
@@ -100,11 +100,7 @@ class Session:
     """Per event, the observers that override it: events nobody listens to cost nothing."""
 
     def __post_init__(self) -> None:
-        self.listeners = {
-            name: [o for o in self.observers if getattr(type(o), name) is not getattr(Observer, name)]
-            for name in dir(Observer)
-            if name.startswith("on_")
-        }
+        self.listeners = listeners_by_event(self.observers)
         self.device = torch.device(self.options.device) if self.options.device else None
         self.timeline = Timeline(clock_for(self.device), on_close=self._step_closed)
         self.memory = StepMemory(self.device)

@@ -8,14 +8,13 @@ preprocessing metadata, the parity figures, latency, and the SHA-256 of every fi
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchscalpel.errors import RecordVersionError, ScalpelError, UsageError
-from torchscalpel.fileio import atomic_write_text
+from torchscalpel.fileio import atomic_write_text, sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "torchscalpel-bundle"
@@ -30,15 +29,6 @@ ARTIFACT_FILES = {
 """Artifact kind -> file name inside the bundle."""
 CODE_ARTIFACTS = ("exported", "torchscript")
 """Artifacts that unpickle code when loaded: serve loads them only with ``--trust``."""
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def hash_files(folder: Path) -> dict[str, str]:

@@ -401,9 +401,10 @@ class Search:
                 return False
         result.noise = noise_fraction(self.baseline_medians)
         result.required = required_speedup(result.noise)
+        ratios = [b / c for b, c in pairs if b and c]
         ratio = paired_speedup(pairs)
-        worst = min((b / c for b, c in pairs if b and c), default=None)
-        best.confirm_ratios = [round(b / c, 3) for b, c in pairs if b and c]
+        worst = min(ratios, default=None)
+        best.confirm_ratios = [round(r, 3) for r in ratios]
         if ratio is not None and worst is not None and ratio >= result.required and worst >= 1.0 + MIN_MARGIN:
             best.verdict = "winner"
             result.winner = best

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.errors import UsageError
+from torchscalpel.fileio import atomic_write_text
 
 try:
     import tomllib
@@ -253,8 +254,4 @@ def settings_to_toml(settings: TuneSettings, *, header: list[str] | None = None)
 
 def write_settings_file(settings: TuneSettings, path: Path, *, header: list[str] | None = None) -> Path:
     """Write scalpel.toml (atomically: a crash never leaves half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(settings_to_toml(settings, header=header), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, settings_to_toml(settings, header=header))

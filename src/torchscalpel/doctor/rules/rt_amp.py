@@ -11,7 +11,7 @@ import torch
 from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules._common import fmt_loc
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, user_location
+from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, undo_all, user_location
 
 
 def _scaler_class() -> Any:
@@ -26,14 +26,6 @@ def _stage_unscaled(scaler: Any, optimizer: Any) -> bool:
 
     state = scaler._per_optimizer_states.get(id(optimizer)) if hasattr(scaler, "_per_optimizer_states") else None
     return bool(state) and state.get("stage") is OptState.UNSCALED
-
-
-def _undo_all(undos: list[Undo]) -> Undo:
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-
-    return undo
 
 
 class ClipBeforeUnscale(RuntimeRule):
@@ -112,7 +104,7 @@ class ClipBeforeUnscale(RuntimeRule):
             for name in ("clip_grad_norm_", "clip_grad_value_"):
                 if hasattr(owner, name):
                     undos.append(patch_attr(owner, name, make_clip))
-        return _undo_all(undos)
+        return undo_all(undos)
 
     def _check(self, params: list[torch.Tensor]) -> None:
         self.clips += 1
@@ -204,7 +196,7 @@ class ScalerSkippedSteps(RuntimeRule):
 
         from torch.optim.lr_scheduler import LRScheduler
 
-        return _undo_all([patch_attr(Scaler, "step", make_step), patch_attr(LRScheduler, "step", make_sched)])
+        return undo_all([patch_attr(Scaler, "step", make_step), patch_attr(LRScheduler, "step", make_sched)])
 
     def findings(self, record: Any) -> Iterator[Finding]:
         if not self.skipped:

@@ -11,17 +11,9 @@ import torch
 from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules._common import fmt_loc
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, user_location
+from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, undo_all, user_location
 
 _PREFIXES = ("module.", "_orig_mod.")
-
-
-def _undo_all(undos: list[Undo]) -> Undo:
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-
-    return undo
 
 
 class CheckpointRules(RuntimeRule):
@@ -92,7 +84,7 @@ class CheckpointRules(RuntimeRule):
 
             return load_state_dict
 
-        return _undo_all([
+        return undo_all([
             patch_attr(torch, "save", make_save),
             patch_attr(torch, "load", make_load),
             patch_attr(torch.nn.Module, "load_state_dict", make_lsd),
@@ -177,7 +169,7 @@ class UnseededRun(RuntimeRule):
             undos.append(patch_attr(np.random, "seed", make))
         except ImportError:
             pass
-        return _undo_all(undos)
+        return undo_all(undos)
 
     def on_optimizer_step_post(self, optimizer: Any) -> None:
         self.steps += 1

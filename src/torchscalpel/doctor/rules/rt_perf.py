@@ -12,7 +12,7 @@ import torch
 from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules._common import fmt_loc
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, user_location
+from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, undo_all, user_location
 
 
 class EmptyCacheInLoop(RuntimeRule):
@@ -48,7 +48,7 @@ class EmptyCacheInLoop(RuntimeRule):
 
         u1 = patch_attr(torch.cuda, "empty_cache", make)
         u2 = patch_attr(cuda_memory, "empty_cache", make)
-        return lambda: (u2(), u1())  # type: ignore[func-returns-value]
+        return undo_all([u1, u2])
 
     def on_step_end(self, step: Any) -> None:
         self.step += 1
@@ -78,17 +78,18 @@ class CudnnBenchmarkDynamicShapes(RuntimeRule):
         super().__init__()
         self.shapes: Counter[tuple[Any, ...]] = Counter()
         self.location: Location | None = None
+        self._has_conv: dict[int, bool] = {}  # per root model: does it hold a conv or RNN?
 
     def on_forward_pre(self, module: torch.nn.Module, args: Any, kwargs: Any, root: bool) -> None:
         if not root or not torch.backends.cudnn.benchmark or not torch.is_grad_enabled():
             return
         from torch.nn.modules.conv import _ConvNd
 
-        if not getattr(self, "_has_conv", {}).get(id(module)):
-            has = any(isinstance(m, _ConvNd | torch.nn.RNNBase) for m in module.modules())
-            self.__dict__.setdefault("_has_conv", {})[id(module)] = has
-            if not has:
-                return
+        has = self._has_conv.get(id(module))
+        if has is None:
+            has = self._has_conv[id(module)] = any(isinstance(m, _ConvNd | torch.nn.RNNBase) for m in module.modules())
+        if not has:
+            return
         shape = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
         if shape:
             self.shapes[shape] += 1
