@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     device = resolve_device(args.device, args.device_memory)
     strategies = strategies_for(args.strategy, args.world_size, args.nodes)
-    script_mode = bool(args.module or [a for a in (args.target or []) if a != "--"])
+    script_mode = _script_mode(args)
     if script_mode:
         from torchscalpel.plan.script import plan_script
 
@@ -68,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _script_mode(args: argparse.Namespace) -> bool:
+    """A script (or -m module) was given after --, rather than --model/--batch."""
+    return bool(args.module or [a for a in (args.target or []) if a != "--"])
+
+
 def _validate(args: argparse.Namespace) -> None:
     if args.world_size < 1:
         raise UsageError(f"--world-size {args.world_size} must be at least 1.")
@@ -79,7 +84,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError("--strategy fsdp-hybrid shards within a node and replicates across nodes; give --nodes 2 or more.")
     if args.strategy in ("ddp", "fsdp-full", "fsdp-grad-op") and args.world_size < 2:
         raise UsageError(f"--strategy {args.strategy} needs --world-size 2 or more; use --strategy single for one rank.")
-    script = bool(args.module or [a for a in (args.target or []) if a != "--"])
+    script = _script_mode(args)
     if script and (args.model or args.batch):
         raise UsageError("Give either --model/--batch (factory mode) or a script after --, not both.")
     if not script and not args.model:

@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchscalpel.childproc import child_env
 from torchscalpel.netutil import free_port
 from torchscalpel.units import fmt_bytes
 
@@ -58,10 +59,8 @@ def plan_command(args: argparse.Namespace, plan_dir: Path) -> list[str]:
 
 def one_rank_env() -> dict[str, str]:
     """Environment of a one-rank world, so the script's ``init_process_group`` works in the plan child."""
-    env = dict(os.environ)
-    env.update(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    return env
+    return child_env(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 
 
 def verdict(plan: dict) -> Preflight:

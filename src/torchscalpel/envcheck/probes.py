@@ -10,8 +10,6 @@ killed with their whole process group on timeout.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from torchscalpel.childproc import child_env, kill_tree
 from torchscalpel.envcheck.probe_worker import MARKER
 from torchscalpel.netutil import free_port
 
@@ -174,24 +173,6 @@ def lowp_probe(device: str, budget: float = 3 * TIME_BUDGET_S) -> ProbeResult:
     return ProbeResult(name="lowp", device=device, status="ok", detail=", ".join(parts), metrics=metrics)
 
 
-def _child_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    # The children must import this same torchscalpel (a source checkout is not always installed).
-    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """Kill a child we started and everything it started (inductor's compile workers)."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, AttributeError):
-        proc.kill()
-
-
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -211,7 +192,7 @@ def _last_line(output: str) -> str:
 
 def compile_probe(device: str = "cpu", timeout: float = 120.0, backend: str = "inductor") -> ProbeResult:
     """One ``torch.compile`` of a tiny function in a child process; reports the compile time."""
-    env = _child_env()
+    env = child_env()
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no worker pool: faster for one tiny kernel
     argv = [sys.executable, "-m", "torchscalpel.envcheck.probe_worker", "compile", "--device", device,
             "--backend", backend]
@@ -220,7 +201,7 @@ def compile_probe(device: str = "cpu", timeout: float = 120.0, backend: str = "i
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_tree(proc)
         proc.communicate()
         return ProbeResult(name="compile", device=device, status="timeout", seconds=time.perf_counter() - start,
                            detail=f"torch.compile ({backend}) did not finish within {timeout:g} s")
@@ -246,7 +227,7 @@ def allreduce_probe(backend: str = "gloo", world: int = 2, timeout: float = 60.0
     argv = [sys.executable, "-m", "torchscalpel.envcheck.probe_worker", "allreduce", "--backend", backend,
             "--timeout", str(max(5.0, timeout - 5))]
     start = time.perf_counter()
-    procs = [_spawn(argv, _child_env(**base, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
+    procs = [_spawn(argv, child_env(**base, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
     outputs: list[str] = []
     timed_out = False
     for proc in procs:
@@ -255,11 +236,11 @@ def allreduce_probe(backend: str = "gloo", world: int = 2, timeout: float = 60.0
             outputs.append(proc.communicate(timeout=left)[0])
         except subprocess.TimeoutExpired:
             timed_out = True
-            _kill_group(proc)
+            kill_tree(proc)
             outputs.append(proc.communicate()[0])
     for proc in procs:  # a rank still waiting for a dead peer
         if proc.poll() is None:
-            _kill_group(proc)
+            kill_tree(proc)
             proc.communicate()
     elapsed = time.perf_counter() - start
     device = "cuda" if backend == "nccl" else "cpu"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -13,13 +12,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.childproc import child_env as base_child_env
+from torchscalpel.childproc import kill_tree
 from torchscalpel.cli.common import Target
 from torchscalpel.errors import ScalpelError
 from torchscalpel.record import RunRecord, load_record
 from torchscalpel.tune.settings import TuneSettings
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]
-"""The folder that holds the ``torchscalpel`` package: the child imports this same copy."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,9 +63,7 @@ class TrialResult:
 
 def child_env(settings: TuneSettings, cache_dir: Path | None) -> dict[str, str]:
     """Environment for a trial process: this torchscalpel on the path, a shared inductor cache."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
+    env = base_child_env()
     if cache_dir is not None:
         # Shared across trials (and runs): a warm compile costs ~2 s instead of 15-25 s.
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir))
@@ -177,10 +173,7 @@ def _signal_cause(code: int | None) -> str | None:
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
+    kill_tree(proc)
     proc.wait()
 
 
