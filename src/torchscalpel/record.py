@@ -34,7 +34,7 @@ from typing import Any
 from torchscalpel.errors import RecordVersionError, ScalpelError
 from torchscalpel.fileio import atomic_write_text
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 RECORD_FILENAME = "run.json"
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
@@ -64,13 +64,22 @@ class StepRecord:
     other_ms: float = 0.0
     """Everything else: logging, metric code, loss computation outside modules, zero_grad."""
     loss: float | None = None
-    """The value backward was called on last in this step (mean if it was not a scalar)."""
+    """The step's loss: the sum over its micro-batches of what backward was called on (mean of
+    each if it was not a scalar), unscaled by GradScaler; in a closure, the first evaluation's."""
     micro_batches: int = 0
-    """Backward calls in this step: more than one means gradient accumulation."""
+    """Backward calls in this step outside a closure's re-evaluations: more than one means
+    gradient accumulation."""
     forward_calls: int = 0
-    """Root-module forward calls in this step."""
+    """Root-model training forward calls in this step (evaluation and recomputation not counted)."""
     samples: int | None = None
-    """Batch size seen by the first root forward call, when it could be read."""
+    """Samples the step trained on: the sizes of the training DataLoader batches it fetched, else
+    the batch dimension of the root model's inputs (dim 1 for sequence-first RNN/Transformer models)."""
+    closure_evals: int = 0
+    """Loss evaluations inside ``optimizer.step(closure)`` (LBFGS may evaluate several per step)."""
+    recomputed_forwards: int = 0
+    """Forwards recomputed inside backward (activation checkpointing); their time is backward's."""
+    skipped_update: bool = False
+    """GradScaler skipped this step's optimizer update (inf or NaN gradients)."""
     cuda_allocated_peak: int | None = None
     """``torch.cuda.max_memory_allocated`` over this step."""
     cuda_reserved_peak: int | None = None

@@ -98,17 +98,61 @@ def test_inference_only_steps_are_root_forward_calls():
     assert [s.total_ms for s in tl.steps] == [5, 5, 5, 5, 5]
 
 
-def test_nested_phases_count_once_for_the_outermost():
+def test_a_closure_forward_and_backward_are_attributed_to_their_phases():
     clock = FakeClock()
     tl = Timeline(clock)
     tl.begin("optimizer")  # e.g. LBFGS: the closure runs forward and backward inside step()
     clock.tick(1)
-    _phase(tl, clock, "forward", 3)
-    _phase(tl, clock, "backward", 4)
+    for _ in range(3):  # three closure evaluations in one step
+        _phase(tl, clock, "forward", 3)
+        tl.begin("backward")
+        clock.tick(4)
+        tl.end("backward")
+        tl.note_loss(2.0)
+    clock.tick(2)
     tl.end("optimizer")
     step = tl.boundary("optimizer", 1)
     assert step is not None
-    assert step.optimizer_ms == 8 and step.forward_ms == 0 and step.backward_ms == 0
+    assert (step.forward_ms, step.backward_ms, step.optimizer_ms, step.total_ms) == (9, 12, 3, 24)
+    assert step.closure_evals == 3 and step.micro_batches == 1 and step.loss == 2.0
+
+
+def test_a_forward_inside_backward_is_recomputation_and_counts_as_backward():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    _phase(tl, clock, "forward", 3)
+    tl.begin("backward")
+    clock.tick(1)
+    _phase(tl, clock, "forward", 2)  # torch.utils.checkpoint re-runs the block's forward
+    clock.tick(1)
+    tl.end("backward")
+    _phase(tl, clock, "optimizer", 1)
+    step = tl.boundary("optimizer", 1)
+    assert step is not None
+    assert (step.forward_ms, step.backward_ms, step.optimizer_ms) == (3, 4, 1)
+
+
+def test_accumulated_losses_are_summed():
+    clock = FakeClock()
+    tl = Timeline(clock)
+    for value in (0.5, 0.25, 1.0):
+        _phase(tl, clock, "backward", 1)
+        tl.note_loss(value)
+        tl.boundary("backward")
+    _phase(tl, clock, "optimizer", 1)
+    step = tl.boundary("optimizer", 1)
+    assert step is not None and step.loss == 1.75 and step.micro_batches == 3
+
+
+def test_a_forced_kind_never_changes():
+    clock = FakeClock()
+    tl = Timeline(clock, forced_kind="backward")
+    _phase(tl, clock, "backward", 1)
+    assert tl.boundary("backward") is not None
+    _phase(tl, clock, "optimizer", 1)
+    assert tl.boundary("optimizer", 1) is None and tl.kind == "backward"
+    with pytest.raises(ValueError, match="step kind"):
+        Timeline(clock, forced_kind="epoch")
 
 
 def test_a_second_optimizer_does_not_split_the_step():

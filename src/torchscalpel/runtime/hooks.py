@@ -9,7 +9,14 @@ Instrumented points:
 - ``Tensor.backward`` and ``torch.autograd.backward`` (backward time, the loss);
 - optimizer step pre/post hooks (optimizer time, step boundaries) and ``Optimizer.__init__``
   (which optimizers exist, even before they step);
+- ``GradScaler.scale`` (the scale, to report the true loss) and ``GradScaler.step`` (a step whose
+  update was skipped on inf/NaN still ends the step);
 - ``_BaseDataLoaderIter.__next__`` (data wait) and ``DataLoader.__iter__`` (which loaders).
+
+Which root forwards are training forwards: one under grad mode, outside backward. A no-grad
+forward once training is expected (an optimizer exists, or a forward already produced
+gradients) is evaluation: it is neither a step nor forward time (it counts as ``other``). A
+root-level forward inside backward is activation checkpointing's recomputation (backward time).
 """
 
 from __future__ import annotations
@@ -40,8 +47,13 @@ class HookSet:
         self.session = session
         self._undo: list[Callable[[], None]] = []
         self._forward_depth = 0
-        self._root_timed = False
+        self._root_began = False
+        self._root_role = "train"
+        """What the open root forward is: ``train``, ``eval`` or ``recompute``."""
         self._backward_depth = 0
+        self._optimizer_posts = 0
+        """Optimizer post-hooks seen: tells a GradScaler step whose update was skipped."""
+        self._model_facts: weakref.WeakKeyDictionary[torch.nn.Module, tuple[bool, int]] = weakref.WeakKeyDictionary()
         self._global_forward: list[Any] = []
         self._root_handles: list[Any] = []
         # The session's per-event observer lists, fixed for the run: read on every submodule call.
@@ -64,6 +76,7 @@ class HookSet:
         self._patch(dl_module.DataLoader, "__iter__", self._wrap_iter)
         self._patch(optim_module.Optimizer, "__init__", self._wrap_optimizer_init)
         self._patch(grad_scaler.GradScaler, "scale", self._wrap_scale)
+        self._patch(grad_scaler.GradScaler, "step", self._wrap_scaler_step)
 
     def remove(self) -> None:
         """Undo every patch and hook, newest first."""
@@ -116,13 +129,36 @@ class HookSet:
                 s.emit("on_forward_pre", module, args, {}, False)
             return
         self._forward_depth = 1
+        s.check_progress()
+        tl = s.timeline
+        if tl.inside("backward"):
+            # Checkpoint recomputation: backward's time, not a new forward or a new root model.
+            tl.begin("forward")
+            self._root_role, self._root_began = "recompute", True
+            tl.note_recompute()
+            if self._pre_listeners:
+                s.emit("on_forward_pre", module, args, {}, False)
+            return
         s.note_root_module(module)
-        # A no-grad forward during training is evaluation: it counts as "other", not forward.
-        self._root_timed = False
-        if torch.is_grad_enabled() or s.timeline.kind == "forward":
-            self._root_timed = s.timeline.begin("forward")
-            s.timeline.note_forward(_batch_size(args))
+        if torch.is_grad_enabled() or not s.training_expected():
+            self._root_role, self._root_began = "train", True
+            tl.begin("forward")
+            has_params, batch_dim = self._facts(module)
+            if has_params:  # loss modules (no parameters) do not count samples
+                tl.note_forward(_batch_size(args, batch_dim))
+        else:
+            # Evaluation (estimate_loss, a validation loop) while training: not a step, not forward.
+            self._root_role, self._root_began = "eval", False
+            s.eval_forwards += 1
         s.emit("on_forward_pre", module, args, {}, True)
+
+    def _facts(self, module: torch.nn.Module) -> tuple[bool, int]:
+        """Whether ``module`` has parameters, and its inputs' batch dimension (cached per model)."""
+        facts = self._model_facts.get(module)
+        if facts is None:
+            facts = (next(module.parameters(), None) is not None, _batch_dim(module))
+            self._model_facts[module] = facts
+        return facts
 
     def _forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if _compiling() or self._forward_depth == 0:
@@ -133,10 +169,19 @@ class HookSet:
             if self._post_listeners:
                 s.emit("on_forward_post", module, args, {}, output, False)
             return
+        role, began = self._root_role, self._root_began
+        self._root_began = False
+        if role == "recompute":
+            s.timeline.end("forward")
+            if self._post_listeners:
+                s.emit("on_forward_post", module, args, {}, output, False)
+            return
         s.emit("on_forward_post", module, args, {}, output, True)
+        if role == "eval":
+            return
         if not s.grad_forward_seen and _requires_grad(output):
             s.grad_forward_seen = True
-        if self._root_timed:
+        if began:
             s.timeline.end("forward")
         if s.timeline.in_phase is None:
             s.boundary("forward")
@@ -152,8 +197,9 @@ class HookSet:
             s = hooks.session
             tensors = _backward_tensors(args, kwargs)
             hooks._backward_depth += 1
+            s.check_progress()
             s.emit("on_backward_pre", tensors)
-            timed = s.timeline.begin("backward")
+            outermost = s.timeline.begin("backward")
             try:
                 return original(*args, **kwargs)
             finally:
@@ -162,7 +208,7 @@ class HookSet:
                 if tensors:
                     s.timeline.note_loss(s.loss_of(tensors[0]))
                 s.emit("on_backward_post", tensors)
-                if timed and s.timeline.in_phase is None:
+                if outermost:
                     s.boundary("backward")
 
         return backward
@@ -179,6 +225,7 @@ class HookSet:
         if _compiling():
             return
         s = self.session
+        self._optimizer_posts += 1
         s.timeline.end("optimizer")
         s.emit("on_optimizer_step_post", optimizer)
         if s.timeline.in_phase is None:
@@ -208,6 +255,25 @@ class HookSet:
 
         return scale
 
+    def _wrap_scaler_step(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        hooks = self
+
+        @functools.wraps(original)
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            before = hooks._optimizer_posts
+            out = original(scaler, optimizer, *args, **kwargs)
+            s = hooks.session
+            if hooks._optimizer_posts == before and isinstance(optimizer, torch.optim.Optimizer) and not _compiling():
+                # inf/NaN gradients: GradScaler skipped optimizer.step(), so no hook fired; the
+                # iteration still ends here, as a step with no update.
+                s.note_optimizer(optimizer)
+                s.timeline.note_skipped_update()
+                if s.timeline.in_phase is None:
+                    s.boundary("optimizer", id(optimizer))
+            return out
+
+        return step
+
     # ----- data ---------------------------------------------------------------------------
     def _wrap_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
         hooks = self
@@ -220,7 +286,8 @@ class HookSet:
                 batch = original(it)
             finally:
                 s.timeline.end("data")
-            s.timeline.note_batch(_batch_size((batch,)))
+            if torch.is_grad_enabled():  # an evaluation loop's batches are not training samples
+                s.timeline.note_batch(_batch_size((batch,)))
             ref = getattr(it, "_scalpel_loader", None)
             s.emit("on_batch", batch, ref() if ref is not None else None)
             return batch
@@ -243,16 +310,43 @@ class HookSet:
         return __iter__
 
 
-def _batch_size(args: tuple[Any, ...]) -> int | None:
-    """Leading dimension of the first tensor argument (None when there is none)."""
+def _batch_size(args: tuple[Any, ...], batch_dim: int = 0) -> int | None:
+    """Size of the first tensor argument along ``batch_dim`` (None when there is none).
+
+    A 1-D input of a sequence-first model is one unbatched sequence: its batch is 1.
+    """
     for a in args:
-        if isinstance(a, torch.Tensor) and a.dim() > 0:
-            return int(a.shape[0])
-        if isinstance(a, dict):
-            for v in a.values():
-                if isinstance(v, torch.Tensor) and v.dim() > 0:
-                    return int(v.shape[0])
+        tensor = a if isinstance(a, torch.Tensor) else None
+        if tensor is None and isinstance(a, dict | list | tuple):
+            values = a.values() if isinstance(a, dict) else a
+            tensor = next((v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0), None)
+        if tensor is not None and tensor.dim() > 0:
+            if tensor.dim() > batch_dim:
+                return int(tensor.shape[batch_dim])
+            return 1
     return None
+
+
+_SEQUENCE_FIRST_TYPES: tuple[type[torch.nn.Module], ...] = (
+    torch.nn.RNNBase,
+    torch.nn.Transformer,
+    torch.nn.TransformerEncoderLayer,
+    torch.nn.TransformerDecoderLayer,
+)
+
+
+def _batch_dim(model: torch.nn.Module) -> int:
+    """1 for a model built on sequence-first layers (an LSTM or Transformer without batch_first), else 0.
+
+    Why: word_language_model-style scripts feed (seq, batch) tensors; dim 0 there is the sequence.
+    """
+    for sub in model.modules():
+        if isinstance(sub, _SEQUENCE_FIRST_TYPES):
+            first = getattr(sub, "batch_first", None)
+            if first is None:  # TransformerEncoderLayer keeps it on its attention block
+                first = getattr(getattr(sub, "self_attn", None), "batch_first", True)
+            return 0 if first else 1
+    return 0
 
 
 def _backward_tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor, ...]:

@@ -58,6 +58,24 @@ class ProfilerWindow:
         elif not self._done and step.index + 1 == self.first:
             self._start(step.index + 1)
 
+    def restart(self) -> None:
+        """Discard what the window captured and open it again at the first measured step.
+
+        Called when a stronger step kind appears (the first optimizer step of a script that ran
+        backward or forward calls before it): the steps the window covered were merged away, and
+        the window must cover training steps.
+        """
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            self._close_range()
+            try:
+                prof.stop()
+            except Exception as exc:
+                self._error = f"profiler restart failed: {exc!r}"
+        self._profiled, self._done = [], False
+        if self.first == 0:
+            self._start(0)
+
     def _start(self, next_index: int) -> None:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():

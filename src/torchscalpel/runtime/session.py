@@ -34,6 +34,9 @@ UNDECIDED_SLACK_STEPS = 256
 """Forward/backward-delimited steps to allow beyond the target before treating a script that
 built an optimizer (but never stepped it) as inference and stopping it."""
 
+STEP_KINDS = ("auto", "optimizer", "backward", "forward")
+"""What delimits a step: ``auto`` (the strongest boundary seen) or one fixed kind."""
+
 
 class StopScript(BaseException):
     """Raised inside the script at a step boundary to end it after the requested steps.
@@ -59,6 +62,11 @@ class RuntimeOptions:
     device: str | None = None
     """Timing device; default: the device of the first root module's parameters."""
     name: str = "run"
+    step_kind: str = "auto"
+    """What delimits a step (:data:`STEP_KINDS`): ``auto`` picks the strongest boundary seen."""
+    step_timeout_s: float | None = 600.0
+    """Stop the script when no step of the kind the run expects has ended this long after the
+    start (a loop the runtime cannot recognise must not run to its end); None waits forever."""
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
@@ -67,6 +75,10 @@ class RuntimeOptions:
             raise ValueError("--steps must be at least 1, or 'all'")
         if self.profile_steps < 0:
             raise ValueError("--profile-steps must be 0 or more")
+        if self.step_kind not in STEP_KINDS:
+            raise ValueError(f"--step-kind must be one of {', '.join(STEP_KINDS)}")
+        if self.step_timeout_s is not None and self.step_timeout_s <= 0:
+            raise ValueError("--step-timeout must be more than 0 seconds")
 
 
 @dataclass(slots=True)
@@ -93,6 +105,9 @@ class Session:
     """The installed :class:`~torchscalpel.runtime.hooks.HookSet` (None outside a run)."""
     grad_forward_seen: bool = False
     """A root forward returned a tensor that requires grad: training is likely, even before a backward."""
+    eval_forwards: int = 0
+    """Root forwards run without grad while training was expected (evaluation): never steps."""
+    started: float = field(default_factory=time.monotonic)
     _disabled: set[int] = field(default_factory=set)
     _stopping: bool = False
 
@@ -102,7 +117,10 @@ class Session:
     def __post_init__(self) -> None:
         self.listeners = listeners_by_event(self.observers)
         self.device = torch.device(self.options.device) if self.options.device else None
-        self.timeline = Timeline(clock_for(self.device), on_close=self._step_closed)
+        forced = None if self.options.step_kind == "auto" else self.options.step_kind
+        self.timeline = Timeline(
+            clock_for(self.device), on_close=self._step_closed, forced_kind=forced, on_kind_change=self._kind_changed
+        )
         self.memory = StepMemory(self.device)
 
     # ----- called by hooks ----------------------------------------------------------------
@@ -163,6 +181,43 @@ class Session:
             self.stop_reason = self.stop_reason or f"stopped after {len(self.timeline.steps)} steps"
             raise StopScript(self.stop_reason)
 
+    def training_expected(self) -> bool:
+        """True once something says the script trains: an optimizer exists, a forward produced
+        gradients, a backward or optimizer step delimited steps, or the user fixed such a kind."""
+        return bool(self.optimizers) or self.grad_forward_seen or self.timeline.kind != "forward"
+
+    def settled(self) -> bool:
+        """True when the steps closed so far are of the kind the run will keep.
+
+        Forward- or backward-delimited steps while an optimizer exists are provisional: the first
+        optimizer step merges them. Warm-up, the profiler window and root narrowing wait for this.
+        """
+        kind = self.timeline.kind
+        return self.timeline.forced or kind == "optimizer" or not (
+            self.optimizers or (kind == "forward" and self.grad_forward_seen)
+        )
+
+    def check_progress(self) -> None:
+        """Stop a run whose loop is not recognised: no settled step within ``step_timeout_s``."""
+        limit = self.options.step_timeout_s
+        if limit is None or self._stopping or self.options.steps is None:
+            return
+        if (self.timeline.steps and self.settled()) or time.monotonic() - self.started < limit:
+            return
+        self._stopping = True
+        if self.window is not None:
+            self.window.close()
+        self.stop_reason = (
+            f"no step was recognised in {limit:.0f} s: {_seen_summary(self)}; "
+            "delimit steps with --step-kind (optimizer, backward or forward) or the in-process API"
+        )
+        raise StopScript(self.stop_reason)
+
+    def _kind_changed(self, kind: str) -> None:
+        """A stronger step kind appeared: earlier steps were merged, so a window opened on them restarts."""
+        if self.window is not None:
+            self.window.restart()
+
     def _enough_steps(self) -> bool:
         """True once warm-up plus measured steps are done, for the kind of step seen so far.
 
@@ -192,7 +247,7 @@ class Session:
         if step.index + 1 == max(self.options.warmup, 1) and self.hooks is not None and self.timeline.kind == "optimizer":
             self.hooks.narrow_to_roots()
         self.memory.close_step(step)
-        if self.window is not None:
+        if self.window is not None and self.settled():
             self.window.on_step_closed(step)
         self.emit("on_step_end", step)
         self.memory.open_step()
@@ -240,6 +295,7 @@ def run_target(
             "steps": options.steps,
             "profile_steps": options.profile_steps,
             "module_times": options.module_times,
+            "step_kind": options.step_kind,
         },
     )
     undo: list[Callable[[], None]] = []
@@ -291,6 +347,10 @@ def run_target(
     if session.device is not None:
         record.config["device"] = str(session.device)
     record.config["clock"] = session.timeline.clock.kind
+    if session.eval_forwards:
+        session.notes.append(
+            f"{session.eval_forwards} root forward(s) without grad were taken as evaluation: not steps, not forward time"
+        )
     if not record.steps:
         session.notes.append(_no_step_note(session))
     elif record.step_kind != "optimizer":
@@ -346,16 +406,25 @@ def _is_user_frame(filename: str) -> bool:
     return not (filename.startswith(here) or "runpy" in filename or filename.startswith("<frozen runpy"))
 
 
-def _no_step_note(session: Session) -> str:
+def _seen_summary(session: Session) -> str:
+    """What the run saw, for a note when no step (or no step of the expected kind) ended."""
     seen = []
     if session.seen["models"]:
         seen.append(f"{session.seen['models']} model(s) called")
+    if session.eval_forwards:
+        seen.append(f"{session.eval_forwards} evaluation forward(s) without grad")
     if session.seen["optimizers"]:
-        seen.append(f"{session.seen['optimizers']} optimizer(s) created but never stepped")
+        stepped = session.timeline.kind == "optimizer"
+        seen.append(f"{session.seen['optimizers']} optimizer(s) created" + ("" if stepped else " but never stepped"))
     if session.seen["loaders"]:
         seen.append(f"{session.seen['loaders']} DataLoader(s) iterated")
-    what = ", ".join(seen) if seen else "no nn.Module forward, backward, optimizer step or DataLoader"
-    return f"the script never completed a step: saw {what}"
+    if session.timeline.steps:
+        seen.append(f"{len(session.timeline.steps)} {session.timeline.kind}-delimited step(s)")
+    return "saw " + (", ".join(seen) if seen else "no nn.Module forward, backward, optimizer step or DataLoader")
+
+
+def _no_step_note(session: Session) -> str:
+    return f"the script never completed a step: {_seen_summary(session)}"
 
 
 class _ProgressObserver(Observer):
