@@ -46,6 +46,11 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", default="20", help="measured steps, then stop the script; 'all' lets it finish (default 20)")
     p.add_argument("--profile-steps", type=int, default=3, help="steps inside the torch.profiler window; 0 disables (default 3)")
     p.add_argument("--module-times", action="store_true", help="also time each submodule's forward")
+    p.add_argument("--step-kind", choices=("auto", "optimizer", "backward", "forward"), default="auto",
+                   help="what ends a step: auto (optimizer steps when there are any, else backward calls, "
+                   "else forward calls) or one fixed kind (default auto)")
+    p.add_argument("--step-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="stop the script when no step is recognised this long after the start (default 600)")
 
 
 def parse_steps(text: str) -> int | None:
@@ -65,18 +70,19 @@ def runtime_options(args: argparse.Namespace, out_dir: Path | None, name: str) -
     """RuntimeOptions from parsed flags; ValueError from validation becomes a UsageError."""
     from torchscalpel.runtime.session import RuntimeOptions
 
-    if args.warmup < 0:
-        raise UsageError("--warmup must be 0 or more.")
-    if args.profile_steps < 0:
-        raise UsageError("--profile-steps must be 0 or more.")
-    return RuntimeOptions(
-        warmup=args.warmup,
-        steps=parse_steps(args.steps),
-        out_dir=out_dir,
-        profile_steps=args.profile_steps,
-        module_times=args.module_times,
-        name=name,
-    )
+    try:
+        return RuntimeOptions(
+            warmup=args.warmup,
+            steps=parse_steps(args.steps),
+            out_dir=out_dir,
+            profile_steps=args.profile_steps,
+            module_times=args.module_times,
+            name=name,
+            step_kind=args.step_kind,
+            step_timeout_s=args.step_timeout,
+        )
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -353,6 +353,8 @@ def run_target(
         )
     if not record.steps:
         session.notes.append(_no_step_note(session))
+    elif session.timeline.forced:
+        session.notes.append(f"steps were delimited by {record.step_kind} calls, as --step-kind asked")
     elif record.step_kind != "optimizer":
         session.notes.append(
             f"no optimizer stepped: steps were delimited by {record.step_kind} calls"
