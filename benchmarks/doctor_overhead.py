@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from torchscalpel.cli.common import Target
 from torchscalpel.doctor.api import _run
 from torchscalpel.doctor.runtime_rules import all_runtime_rules
 from torchscalpel.doctor.static import analyze_source
+from torchscalpel.runtime.target import Target
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_cnn.py"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from torchscalpel.cli.common import Target  # noqa: E402
+from torchscalpel.runtime.target import Target  # noqa: E402
 from torchscalpel.tune.runner import run_trial  # noqa: E402
 from torchscalpel.tune.settings import TuneSettings, read_settings_file  # noqa: E402
 from torchscalpel.tune.verify import loss_deviation  # noqa: E402

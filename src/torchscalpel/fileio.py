@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -34,3 +36,16 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := fh.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def default_run_dir(name: str, root: Path | None = None) -> Path:
+    """``scalpel-runs/<YYYYmmdd-HHMMSS>-<name>/`` (a numeric suffix if it already exists)."""
+    base = root or Path("scalpel-runs")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", name) or "run"
+    candidate = base / f"{stamp}-{safe}"
+    n = 1
+    while candidate.exists():
+        n += 1
+        candidate = base / f"{stamp}-{safe}-{n}"
+    return candidate

@@ -129,6 +129,13 @@ class RunRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this reader does not know (written by a newer minor version); saved back as-is."""
 
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display: the report's summary sections, inline."""
+        # Imported here: rendering sits above the record, which must not need it to load or save.
+        from torchscalpel.report.html import inline_summary
+
+        return inline_summary(self)
+
     def op_summary(self) -> dict[str, Any]:
         """The profiler window's op summary (``top_ops``, ``categories``, ``memory``, ...).
 
@@ -166,6 +173,13 @@ class RunRecord:
             StepRecord(**{k: v for k, v in s.items() if k in step_fields}) for s in data.get("steps", [])
         ]
         return cls(**kwargs)
+
+
+def now_timestamp() -> str:
+    """The one timestamp format of records: local time, ISO 8601 with its UTC offset."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
 def check_schema_version(version: str, *, what: str, supported: str = SCHEMA_VERSION) -> None:

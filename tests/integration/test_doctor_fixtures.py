@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from torchscalpel.cli.common import Target
 from torchscalpel.doctor.api import diagnose
 from torchscalpel.doctor.finding import Severity
+from torchscalpel.runtime.target import Target
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -318,8 +318,7 @@ def test_no_recognised_step_stops_the_run_with_what_it_saw():
         import time
 
         time.sleep(0.02)
-        with pytest.raises(StopScript, match="no step was recognised.*1 optimizer"):
-            with torch.no_grad():
-                model(torch.ones(1, 2))
+        with pytest.raises(StopScript, match=r"no step was recognised.*1 optimizer"), torch.no_grad():
+            model(torch.ones(1, 2))
     finally:
         hooks.remove()

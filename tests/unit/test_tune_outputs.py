@@ -7,9 +7,9 @@ from pathlib import Path
 
 from test_tune_search import FakeRunner
 
-from torchscalpel.cli.common import Target
 from torchscalpel.record import RunRecord
 from torchscalpel.report.tune_sections import build
+from torchscalpel.runtime.target import Target
 from torchscalpel.tune import search as search_mod
 from torchscalpel.tune import tune_stage
 from torchscalpel.tune.settings import TuneSettings, read_settings_file

@@ -6,7 +6,7 @@ import os
 import time
 from pathlib import Path
 
-from torchscalpel.cli.common import Target
+from torchscalpel.runtime.target import Target
 from torchscalpel.tune.runner import _signal_cause, child_env, classify_error, run_trial, trial_command
 from torchscalpel.tune.settings import CompileSpec, DataLoaderSpec, TuneSettings
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from torchscalpel.cli.common import Target
 from torchscalpel.errors import ScalpelError
+from torchscalpel.runtime.target import Target
 from torchscalpel.tune import search as search_mod
 from torchscalpel.tune.runner import TrialResult
 from torchscalpel.tune.search import TuneOptions, parse_knobs, tune

@@ -97,8 +97,8 @@ def _env(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str
 
 
 def _profile(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    from torchscalpel.cli.profile import profile_target
     from torchscalpel.runtime.session import RuntimeOptions
+    from torchscalpel.stages.profile import profile_target
 
     options = RuntimeOptions(warmup=2, steps=args.steps, out_dir=out, profile_steps=3, module_times=True, name="demo")
     record, _ = profile_target(target, options)

@@ -11,14 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.cli.common import (
-    Target,
     add_output_arguments,
     add_target_arguments,
     default_run_dir,
     resolve_target,
 )
 from torchscalpel.errors import UsageError
-from torchscalpel.record import RunRecord, save_record
 
 DEFAULT_EXAMPLE = "char_transformer.py"
 
@@ -96,51 +94,7 @@ def run(args: argparse.Namespace) -> int:
         target.args = ["--steps", "60", "--log-every", "20"]
     out_dir = args.out or default_run_dir(target.name)
     options = runtime_options(args, out_dir, target.name)
+    from torchscalpel.stages.profile import profile_target
+
     record, _ = profile_target(target, options, write_report=not args.no_report, json_path=args.json_path)
     return record.exit_code or 0
-
-
-def profile_target(
-    target: Target, options: Any, *, write_report: bool = True, json_path: Path | None = None, quiet: bool = False
-) -> tuple[RunRecord, Path]:
-    """Run, enrich with the trace summary, save everything, print the summary. Used by demo too."""
-    import sys
-
-    from torchscalpel.report.terminal import StepProgress, print_profile_summary
-    from torchscalpel.runtime.session import run_target
-
-    out_dir: Path = options.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
-    total = options.warmup + options.steps if options.steps is not None else None
-    with StepProgress(total, f"profiling {target.name}") as bar:
-        record = run_target(target, options, progress=bar.update, command=["scalpel", *sys.argv[1:]])
-    add_trace_summary(record, out_dir)
-    save_record(record, out_dir)
-    record.artifacts["record"] = "run.json"
-    if write_report:
-        from torchscalpel.report.html import write_report
-
-        write_report(record, out_dir / "report.html")
-        record.artifacts["report"] = "report.html"
-    save_record(record, out_dir)
-    if json_path is not None:
-        save_record(record, json_path)
-    if not quiet:
-        print_profile_summary(record, out_dir)
-    return record, out_dir
-
-
-def add_trace_summary(record: RunRecord, out_dir: Path) -> None:
-    """Op-level summary of the profiler window's trace, from the shared trace module."""
-    trace_name = record.profiler.get("trace")
-    if not trace_name:
-        return
-    record.artifacts["trace"] = trace_name
-    from torchscalpel.trace import analyze_traces
-
-    try:
-        result = analyze_traces([out_dir / trace_name]).to_dict()
-    except Exception as exc:  # a trace we cannot read must not cost the user the run record
-        record.notes.append(f"trace summary failed: {exc}")
-        return
-    record.sections["trace"] = result  # read through record.op_summary(); kept once

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.cli.common import Target
 from torchscalpel.doctor.finding import Finding
 from torchscalpel.doctor.output import counts
 from torchscalpel.doctor.registry import rank_findings
@@ -26,6 +25,7 @@ from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_r
 from torchscalpel.doctor.static import analyze_paths
 from torchscalpel.netutil import free_port
 from torchscalpel.record import RunRecord
+from torchscalpel.runtime.target import Target
 
 DEFAULT_STEPS = 30
 """Measured steps the doctor run always gets (plus warm-up), when the script has that many."""
@@ -149,7 +149,7 @@ def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup:
                         progress=progress, command=command)
     if profile_steps and out_dir is not None:
         try:
-            from torchscalpel.cli.profile import add_trace_summary
+            from torchscalpel.stages.profile import add_trace_summary
 
             add_trace_summary(record, out_dir)
         except Exception as exc:  # the copy rule just stays silent without the trace summary

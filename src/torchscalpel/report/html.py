@@ -94,3 +94,13 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Seq
         for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def inline_summary(record: RunRecord, *, max_sections: int = 3) -> str:
+    """An HTML fragment for a notebook cell: the record's first sections, scoped styles, no page chrome."""
+    sections = sections_for(record)[:max_sections]
+    css = "".join(f".scalpel-inline {rule}}}" for rule in _CSS.replace("\n", "").split("}") if rule.strip())
+    head = (f"<p><b>torchscalpel · {escape(record.name)}</b> · {escape(record.status)} · "
+            f"{len(record.steps)} step(s)</p>")
+    body = "".join(f"<section><h2>{escape(s.title)}</h2>{s.body}</section>" for s in sections)
+    return f'<div class="scalpel-inline"><style>{css}</style>{head}{body}</div>'

@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from torchscalpel.cli.common import Target
 from torchscalpel.record import RunRecord, StepRecord
 from torchscalpel.runtime.clock import clock_for
 from torchscalpel.runtime.hooks import HookSet
 from torchscalpel.runtime.memory import StepMemory
 from torchscalpel.runtime.observer import Observer, listeners_by_event
+from torchscalpel.runtime.target import Target
 from torchscalpel.runtime.timeline import Timeline
 
 SetupHook = Callable[[], Callable[[], None] | None]
@@ -254,6 +254,136 @@ class Session:
         self.timeline.restart_open_step()
 
 
+class Attachment:
+    """The runtime attached to this process: hooks installed, a record being filled.
+
+    :func:`run_target` attaches around a script; the in-process API (``torchscalpel.profile``)
+    attaches around a block of the user's own code. Both end in :meth:`detach`, which removes
+    every hook, undoes every set-up hook and returns the finished Run record.
+    """
+
+    def __init__(
+        self,
+        options: RuntimeOptions,
+        observers: Sequence[Observer] = (),
+        setup_hooks: Sequence[SetupHook] = (),
+        *,
+        progress: Callable[[StepRecord], None] | None = None,
+        command: Sequence[str] = (),
+        target: dict[str, Any] | None = None,
+    ) -> None:
+        from torchscalpel import __version__
+        from torchscalpel.envcheck.facts import collect_facts
+        from torchscalpel.runtime.module_times import ModuleTimes
+        from torchscalpel.runtime.profiler_window import ProfilerWindow
+
+        extra: list[Observer] = []
+        self.module_timer = ModuleTimes() if options.module_times else None
+        if self.module_timer is not None:
+            extra.append(self.module_timer)
+        if progress is not None:
+            extra.append(_ProgressObserver(progress))
+        self.options = options
+        self.session = Session(options, [*observers, *extra])
+        if options.profile_steps and options.out_dir is not None:
+            self.session.window = ProfilerWindow(options, self.session)
+        self.record = new_record(options, command=command, target=target or {}, environment=collect_facts(),
+                                 tool_version=__version__)
+        self._setup_hooks = list(setup_hooks)
+        self._undo: list[Callable[[], None]] = []
+        self.hooks = HookSet(self.session)
+        self.session.hooks = self.hooks
+
+    def attach(self) -> Session:
+        """Run the set-up hooks, install the global hooks and start the first step."""
+        for setup in self._setup_hooks:
+            u = setup()
+            if u is not None:
+                self._undo.append(u)
+        self.hooks.install()
+        self.session.emit("on_start", self.session)
+        self.session.memory.open_step()
+        self.session.timeline.restart_open_step()
+        return self.session
+
+    def detach(self, status: str, exit_code: int = 0, error: str | None = None) -> RunRecord:
+        """Remove every hook, close the last step and the profiler window; return the record."""
+        session, record = self.session, self.record
+        self.hooks.remove()
+        for u in reversed(self._undo):
+            try:
+                u()
+            except Exception as exc:  # an undo failing must not hide the run's own outcome
+                session.notes.append(f"undoing a setup hook failed: {exc!r}")
+        self._undo = []
+        session._stopping = True
+        try:
+            session.timeline.finish()
+        except Exception as exc:
+            session.notes.append(f"closing the last step failed: {exc!r}")
+        if session.window is not None:
+            session.window.close()
+        record.status, record.exit_code, record.error = status, exit_code, error
+        record.step_kind = session.timeline.kind
+        record.steps = session.timeline.steps
+        if session.device is not None:
+            record.config["device"] = str(session.device)
+        record.config["clock"] = session.timeline.clock.kind
+        if session.eval_forwards:
+            session.notes.append(
+                f"{session.eval_forwards} root forward(s) without grad were taken as evaluation: not steps, not forward time"
+            )
+        if not record.steps:
+            session.notes.append(_no_step_note(session))
+        elif session.timeline.forced:
+            session.notes.append(f"steps were delimited by {record.step_kind} calls, as --step-kind asked")
+        elif record.step_kind != "optimizer":
+            session.notes.append(
+                f"no optimizer stepped: steps were delimited by {record.step_kind} calls"
+                + (" (inference)" if record.step_kind == "forward" else "")
+            )
+        if session.stop_reason and session.stop_reason.startswith("no step was recognised"):
+            session.notes.append(session.stop_reason)
+        if self.module_timer is not None:
+            record.modules = self.module_timer.table()
+        if session.window is not None:
+            record.profiler = session.window.result()
+        from torchscalpel.runtime.summary import summarize
+
+        record.summary = summarize(record)
+        session.emit("on_finish", record)
+        record.notes = session.notes
+        return record
+
+
+def new_record(
+    options: RuntimeOptions,
+    *,
+    command: Sequence[str],
+    target: dict[str, Any],
+    environment: dict[str, Any],
+    tool_version: str,
+) -> RunRecord:
+    """The Run record a run starts with: identity, environment and the options it ran under."""
+    from torchscalpel.record import now_timestamp
+
+    return RunRecord(
+        name=options.name,
+        created=now_timestamp(),
+        tool_version=tool_version,
+        command=list(command),
+        target=target,
+        environment=environment,
+        config={
+            "warmup": options.warmup,
+            "steps": options.steps,
+            "profile_steps": options.profile_steps,
+            "module_times": options.module_times,
+            "step_kind": options.step_kind,
+        },
+    )
+
+
 def run_target(
     target: Target,
     options: RuntimeOptions,
@@ -268,49 +398,12 @@ def run_target(
     The record's ``exit_code`` is what ``python SCRIPT`` would have exited with (0 when the
     runtime stopped it after the requested steps).
     """
-    from torchscalpel import __version__
-    from torchscalpel.envcheck.facts import collect_facts
-    from torchscalpel.runtime.module_times import ModuleTimes
-    from torchscalpel.runtime.profiler_window import ProfilerWindow
-    from torchscalpel.runtime.summary import summarize
-
-    extra: list[Observer] = []
-    module_timer = ModuleTimes() if options.module_times else None
-    if module_timer is not None:
-        extra.append(module_timer)
-    if progress is not None:
-        extra.append(_ProgressObserver(progress))
-    session = Session(options, [*observers, *extra])
-    if options.profile_steps and options.out_dir is not None:
-        session.window = ProfilerWindow(options, session)
-    record = RunRecord(
-        name=options.name,
-        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        tool_version=__version__,
-        command=list(command),
-        target=target.to_dict(),
-        environment=collect_facts(),
-        config={
-            "warmup": options.warmup,
-            "steps": options.steps,
-            "profile_steps": options.profile_steps,
-            "module_times": options.module_times,
-            "step_kind": options.step_kind,
-        },
-    )
-    undo: list[Callable[[], None]] = []
-    hooks = HookSet(session)
-    session.hooks = hooks
+    attachment = Attachment(options, observers, setup_hooks, progress=progress, command=command,
+                            target=target.to_dict())
     saved_argv, saved_path0 = list(sys.argv), list(sys.path)
     status, exit_code, error = "complete", 0, None
     try:
-        for setup in setup_hooks:
-            u = setup()
-            if u is not None:
-                undo.append(u)
-        hooks.install()
-        session.emit("on_start", session)
-        session.memory.open_step()
+        attachment.attach()
         sys.argv = target.argv()
         run_as_main(target)
     except StopScript:
@@ -324,50 +417,16 @@ def run_target(
         status, exit_code, error = "interrupted", 130, "interrupted (Ctrl-C)"
     except BaseException as exc:
         status, exit_code = "failed", 1
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        error = one_line_error(exc)
         _print_script_traceback(exc)
     finally:
-        hooks.remove()
         sys.argv, sys.path[:] = saved_argv, saved_path0
-        for u in reversed(undo):
-            try:
-                u()
-            except Exception as exc:  # an undo failing must not hide the run's own outcome
-                session.notes.append(f"undoing a setup hook failed: {exc!r}")
-        session._stopping = True
-        try:
-            session.timeline.finish()
-        except Exception as exc:
-            session.notes.append(f"closing the last step failed: {exc!r}")
-        if session.window is not None:
-            session.window.close()
-    record.status, record.exit_code, record.error = status, exit_code, error
-    record.step_kind = session.timeline.kind
-    record.steps = session.timeline.steps
-    if session.device is not None:
-        record.config["device"] = str(session.device)
-    record.config["clock"] = session.timeline.clock.kind
-    if session.eval_forwards:
-        session.notes.append(
-            f"{session.eval_forwards} root forward(s) without grad were taken as evaluation: not steps, not forward time"
-        )
-    if not record.steps:
-        session.notes.append(_no_step_note(session))
-    elif session.timeline.forced:
-        session.notes.append(f"steps were delimited by {record.step_kind} calls, as --step-kind asked")
-    elif record.step_kind != "optimizer":
-        session.notes.append(
-            f"no optimizer stepped: steps were delimited by {record.step_kind} calls"
-            + (" (inference)" if record.step_kind == "forward" else "")
-        )
-    if module_timer is not None:
-        record.modules = module_timer.table()
-    if session.window is not None:
-        record.profiler = session.window.result()
-    record.summary = summarize(record)
-    session.emit("on_finish", record)
-    record.notes = session.notes
-    return record
+    return attachment.detach(status, exit_code, error)
+
+
+def one_line_error(exc: BaseException) -> str:
+    """``Type: message``, first line only, at most 500 characters."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
 
 
 def run_as_main(target: Target) -> None:

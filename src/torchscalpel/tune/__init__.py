@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torchscalpel.cli.common import Target
+    from torchscalpel.runtime.target import Target
     from torchscalpel.tune.search import TuneResult
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from torchscalpel.childproc import child_env as base_child_env
 from torchscalpel.childproc import kill_tree
-from torchscalpel.cli.common import Target
 from torchscalpel.errors import ScalpelError
 from torchscalpel.record import RunRecord, load_record
+from torchscalpel.runtime.target import Target
 from torchscalpel.tune.settings import TuneSettings
 
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from torchscalpel.cli.common import Target
 from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.runtime.target import Target
 from torchscalpel.tune.apply import code_lines, knob_families, numerics_class
 from torchscalpel.tune.facts import ModelFacts
 from torchscalpel.tune.knobs import KNOB_NAMES, Knob, all_knobs

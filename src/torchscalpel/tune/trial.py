@@ -94,9 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one trial; exit 0 when run.json was written (the script's failure is recorded in it)."""
-    from torchscalpel.cli.common import Target
     from torchscalpel.record import save_record
     from torchscalpel.runtime.session import RuntimeOptions, run_target
+    from torchscalpel.runtime.target import Target
     from torchscalpel.tune.apply import setup_hooks
     from torchscalpel.tune.facts import FactsObserver
 

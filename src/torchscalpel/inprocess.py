@@ -1,0 +1,138 @@
+"""The in-process API: measure a block of the user's own code, as ``scalpel profile`` measures a script.
+
+For notebooks and for training loops that are a function inside a larger program::
+
+    import torchscalpel
+
+    model, opt = build()                      # built before the block: that is fine
+    with torchscalpel.profile(steps=20, out="runs/x") as run:
+        train(model, opt)                     # stopped after warmup + steps optimizer steps
+    run.record                                # the RunRecord; run.out_dir holds run.json, report.html
+
+    @torchscalpel.profile(steps=10)           # or as a decorator: each call is one run
+    def train(): ...
+
+The block runs under the same hooks and produces the same Run record and files as the CLI.
+When enough steps ran, the runtime ends the block at a step boundary (the rest of the block
+is skipped, as the CLI stops a script) and execution continues after the ``with``. An error
+raised in the block still writes the record and then propagates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.fileio import default_run_dir
+from torchscalpel.record import RunRecord
+from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook, StopScript, one_line_error
+
+_active: list[Attachment] = []
+"""The attachment in force: hooks are global, so one block at a time."""
+
+
+class InProcessRun(contextlib.ContextDecorator):
+    """One measured block (or one call of a decorated function); ``record`` is set when it ends."""
+
+    def __init__(
+        self,
+        *,
+        options: RuntimeOptions,
+        out: Path | None,
+        report: bool,
+        quiet: bool,
+        observers: Sequence[Observer] = (),
+        setup_hooks: Sequence[SetupHook] = (),
+        finish: Callable[[InProcessRun], None] | None = None,
+    ) -> None:
+        self.options = options
+        self._out = out
+        self.report = report
+        self.quiet = quiet
+        self.observers = list(observers)
+        self.setup_hooks = list(setup_hooks)
+        self._finish = finish
+        self.record: RunRecord | None = None
+        """The Run record of the last block that ended (None while it runs)."""
+        self.out_dir: Path | None = None
+        """Where the last block's run.json, report.html and trace went."""
+        self._attachment: Attachment | None = None
+
+    def __enter__(self) -> InProcessRun:
+        if _active:
+            raise RuntimeError("torchscalpel is already measuring a block in this process; nest no runs")
+        self.out_dir = self._out or default_run_dir(self.options.name)
+        self.options.out_dir = self.out_dir
+        self.record = None
+        attachment = Attachment(self.options, self.observers, self.setup_hooks,
+                                command=["torchscalpel.inprocess"], target={"inprocess": _caller()})
+        _active.append(attachment)
+        try:
+            attachment.attach()
+        except BaseException:
+            _active.clear()
+            attachment.detach("failed", 1, "could not attach")
+            raise
+        self._attachment = attachment
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        attachment, self._attachment = self._attachment, None
+        _active.clear()
+        if attachment is None:
+            return False
+        status, code, error = "complete", 0, None
+        if isinstance(exc, StopScript):
+            status = "stopped"
+        elif isinstance(exc, KeyboardInterrupt):
+            status, code, error = "interrupted", 130, "interrupted (Ctrl-C)"
+        elif exc is not None:
+            status, code, error = "failed", 1, one_line_error(exc)
+        self.record = attachment.detach(status, code, error)
+        if self._finish is not None:
+            self._finish(self)
+        return isinstance(exc, StopScript)  # the runtime's own stop ends the block quietly
+
+
+def profile(
+    *,
+    steps: int | None = 20,
+    warmup: int = 2,
+    out: str | Path | None = None,
+    profile_steps: int = 3,
+    module_times: bool = False,
+    step_kind: str = "auto",
+    name: str = "inprocess",
+    report: bool = True,
+    quiet: bool = True,
+) -> InProcessRun:
+    """Profile the block (or each call of the decorated function) like ``scalpel profile``.
+
+    ``steps=None`` lets the block finish; ``out`` defaults to ``scalpel-runs/<time>-<name>/``;
+    ``quiet=False`` also prints the terminal summary. Bad values raise ``ValueError``.
+    """
+    options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=profile_steps, module_times=module_times,
+                             step_kind=step_kind, name=name)
+
+    def finish(run: InProcessRun) -> None:
+        from torchscalpel.stages.profile import finish_profile
+
+        assert run.record is not None and run.out_dir is not None
+        finish_profile(run.record, run.out_dir, write_report=run.report, quiet=run.quiet)
+
+    return InProcessRun(options=options, out=Path(out) if out is not None else None, report=report, quiet=quiet,
+                        finish=finish)
+
+
+def _caller() -> str:
+    """``file:line`` of the user's code that opened the block (for the record's target)."""
+    here = Path(__file__).resolve()
+    for frame in inspect.stack()[1:]:
+        path = Path(frame.filename)
+        if path.resolve() != here and "contextlib" not in path.name:
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"

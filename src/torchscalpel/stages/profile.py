@@ -1,0 +1,71 @@
+"""The profile stage: run a target under the runtime, add the trace summary, save and report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from torchscalpel.record import RunRecord, save_record
+from torchscalpel.runtime.session import RuntimeOptions
+from torchscalpel.runtime.target import Target
+
+
+def profile_target(
+    target: Target,
+    options: RuntimeOptions,
+    *,
+    write_report: bool = True,
+    json_path: Path | None = None,
+    quiet: bool = False,
+) -> tuple[RunRecord, Path]:
+    """Run ``target``, enrich its record with the trace summary, save everything, print the summary."""
+    from torchscalpel.report.terminal import StepProgress
+    from torchscalpel.runtime.session import run_target
+
+    if options.out_dir is None:
+        raise ValueError("profile_target needs options.out_dir")
+    out_dir: Path = options.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    total = options.warmup + options.steps if options.steps is not None else None
+    with StepProgress(total, f"profiling {target.name}") as bar:
+        record = run_target(target, options, progress=bar.update, command=["scalpel", *sys.argv[1:]])
+    finish_profile(record, out_dir, write_report=write_report, json_path=json_path, quiet=quiet)
+    return record, out_dir
+
+
+def finish_profile(
+    record: RunRecord, out_dir: Path, *, write_report: bool = True, json_path: Path | None = None, quiet: bool = False
+) -> None:
+    """Everything after the run: trace summary, run.json, report.html, the optional JSON copy, the summary."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    add_trace_summary(record, out_dir)
+    record.artifacts["record"] = "run.json"
+    save_record(record, out_dir)  # saved first: a report that fails to render loses nothing
+    if write_report:
+        from torchscalpel.report.html import write_report as write_html
+
+        write_html(record, out_dir / "report.html")
+        record.artifacts["report"] = "report.html"
+        save_record(record, out_dir)
+    if json_path is not None:
+        save_record(record, json_path)
+    if not quiet:
+        from torchscalpel.report.terminal import print_profile_summary
+
+        print_profile_summary(record, out_dir)
+
+
+def add_trace_summary(record: RunRecord, out_dir: Path) -> None:
+    """Op-level summary of the profiler window's trace, from the shared trace module."""
+    trace_name = record.profiler.get("trace")
+    if not trace_name:
+        return
+    record.artifacts["trace"] = trace_name
+    from torchscalpel.trace import analyze_traces
+
+    try:
+        result = analyze_traces([out_dir / trace_name]).to_dict()
+    except Exception as exc:  # a trace we cannot read must not cost the user the run record
+        record.notes.append(f"trace summary failed: {exc}")
+        return
+    record.sections["trace"] = result  # read through record.op_summary(); kept once
