@@ -1,0 +1,67 @@
+"""The in-process API, driven the way a notebook drives it: the docs' own example is executed."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import cli_env
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "inprocess.md"
+
+
+def _doc_code() -> str:
+    return "\n".join(re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S))
+
+
+def test_the_documented_notebook_example_runs_and_writes_a_record(tmp_path: Path) -> None:
+    script = tmp_path / "cells.py"
+    script.write_text(_doc_code() + "\nshort_run()\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=cli_env(), capture_output=True,
+                          text=True, timeout=240, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stopped 12 steps" in proc.stdout
+    assert "['report.html', 'run.json', 'trace.json.gz']" in proc.stdout
+    record = json.loads((tmp_path / "runs/notebook/run.json").read_text())
+    assert record["status"] == "stopped" and record["step_kind"] == "optimizer"
+    measured = [s for s in record["steps"] if not s["warmup"]]
+    assert len(measured) == 10 and all(s["forward_ms"] > 0 and s["backward_ms"] > 0 for s in measured)
+    assert record["target"]["inprocess"].endswith(".py:" + record["target"]["inprocess"].rsplit(":", 1)[1])
+    decorated = json.loads((tmp_path / "runs/decorated/run.json").read_text())
+    assert decorated["status"] == "stopped" and len(decorated["steps"]) == 7
+
+
+def test_a_block_that_raises_still_writes_its_record_and_the_error_propagates(tmp_path: Path) -> None:
+    import torchscalpel
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = torchscalpel.profile(steps=50, profile_steps=0, out=tmp_path / "r", report=False)
+    with pytest.raises(ZeroDivisionError), run:
+        for i in range(5):
+            model(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            if i == 3:
+                raise ZeroDivisionError("boom")
+    assert run.record is not None and run.record.status == "failed"
+    assert run.record.error == "ZeroDivisionError: boom" and len(run.record.steps) == 4
+    assert (tmp_path / "r" / "run.json").exists()
+    assert "<div class=\"scalpel-inline\">" in run.record._repr_html_()
+
+
+def test_blocks_do_not_nest_and_bad_options_raise_value_error(tmp_path: Path) -> None:
+    import torchscalpel
+
+    with pytest.raises(ValueError, match="--warmup"):
+        torchscalpel.profile(warmup=-1)
+    outer = torchscalpel.profile(steps=None, profile_steps=0, out=tmp_path / "a", report=False)
+    with outer, pytest.raises(RuntimeError, match="already measuring"), torchscalpel.profile(out=tmp_path / "b"):
+        pass
+    assert outer.record is not None and outer.record.status == "complete"
