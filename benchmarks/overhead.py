@@ -29,6 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = {
     "char_transformer": (["examples/char_transformer.py", "--log-every", "1", "--steps", "70"], 10),
     "digits_cnn": (["examples/digits_cnn.py", "--log-every", "1", "--epochs", "40", "--steps", "400"], 40),
+    # Closure-driven steps: forward and backward run inside optimizer.step (LBFGS, Lightning).
+    "closure_mlp": (["benchmarks/scripts/closure_mlp.py", "--steps", "300"], 30),
+    "lightning_mlp": (["benchmarks/scripts/lightning_mlp.py", "--steps", "300"], 30),
 }
 
 
