@@ -74,21 +74,17 @@ def test_cli_usage_error_exit_2():
     assert "--max-restarts" in text and "--nproc" in text and "--profile" in text
 
 
-def test_profile_rewrites_the_entry_point_and_doctor_needs_the_command(tmp_path):
-    from torchscalpel.cli.main import COMMANDS
+def test_profile_and_doctor_rewrite_the_entry_point(tmp_path):
     from torchscalpel.dist.launch import wrap_for_stage
 
     script = tmp_path / "t.py"
     script.write_text("")
     args = prepare(_parse("--nproc", "2", "--profile", "--steps", "4", "--", str(script), "--lr", "1"), env={})
     assert wrap_for_stage(args, tmp_path / "out") == "profile"
-    assert args.module is True and args.training_script == "torchscalpel.dist.rank_entry"
+    assert args.module is True and args.training_script == "torchscalpel.cli.rank_entry"
     assert args.training_script_args == ["profile", str(tmp_path / "out"), "--steps", "4", "--", str(script), "--lr", "1"]
     doctor = prepare(_parse("--nproc", "2", "--doctor", "--", str(script)), env={})
-    if "doctor" not in COMMANDS:
-        with pytest.raises(UsageError, match="no 'doctor' command"):
-            wrap_for_stage(doctor, tmp_path / "out")
-    else:
-        assert wrap_for_stage(doctor, tmp_path / "out") == "doctor"
+    assert wrap_for_stage(doctor, tmp_path / "out") == "doctor"
+    assert doctor.training_script_args[0] == "doctor"
     with pytest.raises(UsageError, match="drop -m"):
         wrap_for_stage(prepare(_parse("--profile", "-m", "--", "pkg.train"), env={}), tmp_path / "out")

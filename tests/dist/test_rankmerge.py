@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchscalpel.dist.rank_entry import rank_argv
+from torchscalpel.cli.rank_entry import rank_argv
 from torchscalpel.dist.rankmerge import format_table, load_rank_records, merge
 from torchscalpel.record import RunRecord, StepRecord, save_record
 

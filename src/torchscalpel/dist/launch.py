@@ -102,13 +102,9 @@ def wrap_for_stage(args: argparse.Namespace, out_dir: Path) -> str | None:
         return None
     if args.module or args.no_python:
         raise UsageError(f"--{command} runs a script file; drop -m/--no-python and pass the script path.")
-    from torchscalpel.cli.main import COMMANDS
-
-    if command not in COMMANDS:
-        raise UsageError(f"This torchscalpel has no '{command}' command; run without --{command}.")
     script, script_args = args.training_script, list(args.training_script_args)
     args.module = True
-    args.training_script = "torchscalpel.dist.rank_entry"
+    args.training_script = "torchscalpel.cli.rank_entry"
     args.training_script_args = [command, str(out_dir), "--steps", str(args.steps), "--", script, *script_args]
     return command
 

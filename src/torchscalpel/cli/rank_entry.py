@@ -1,6 +1,6 @@
 """Per-rank entry point of ``scalpel launch --profile``/``--doctor``.
 
-torchrun runs ``python -m torchscalpel.dist.rank_entry COMMAND BASE [OPTIONS] -- SCRIPT ARGS`` on
+torchrun runs ``python -m torchscalpel.cli.rank_entry COMMAND BASE [OPTIONS] -- SCRIPT ARGS`` on
 every rank; this turns it into ``scalpel COMMAND --out BASE/rank-R [OPTIONS] -- SCRIPT ARGS`` with
 R the global rank (torchrun can only substitute the *local* rank into arguments, which repeats
 across nodes).
