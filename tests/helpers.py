@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,3 +76,16 @@ def run_ranks(*args: str, expect: list[Path] | None = None, cwd: Path | None = N
             return subprocess.CompletedProcess(proc.args, 0, proc.stdout, proc.stderr)
     assert proc is not None
     return proc
+
+
+def assert_training_breakdown(record: Any) -> None:
+    """Every measured step of a training run is split for real: forward, backward and optimizer
+    were each timed (an un-timed phase would hide inside ``other``), the timed phases never
+    exceed the step, and ``other`` is exactly the remainder."""
+    steps = record.measured_steps
+    assert steps, "no measured steps"
+    for s in steps:
+        timed = s.data_ms + s.forward_ms + s.backward_ms + s.optimizer_ms
+        assert s.forward_ms > 0 and s.backward_ms > 0 and s.optimizer_ms > 0, s
+        assert timed <= s.total_ms * (1 + 1e-9), s
+        assert abs(timed + s.other_ms - s.total_ms) <= 1e-6 * max(s.total_ms, 1.0), s
