@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from torchscalpel import blocks
+from torchscalpel.blocks import find_blocks as _find_blocks
 from torchscalpel.dist.setup import collective_device, get_logger
 from torchscalpel.errors import UsageError
 
@@ -39,7 +39,7 @@ def find_blocks(model: nn.Module) -> list[nn.Module]:
     same FSDP units): instances of the module class the forward calls repeatedly (transformer
     layers, not the Linears inside them), never a ``ModuleList``/``ModuleDict`` container.
     """
-    return [module for _, module in blocks.find_blocks(model)]
+    return [module for _, module in _find_blocks(model)]
 
 
 def optimizers_holding(model: nn.Module) -> list[torch.optim.Optimizer]:
