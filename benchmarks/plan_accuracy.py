@@ -27,10 +27,10 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plan_models as pm
+from torchscalpel.blocks import find_blocks
 from torchscalpel.netutil import free_port
 from torchscalpel.plan.devices import Device
 from torchscalpel.plan.measure import profiled_memory, profiled_peak, train_steps, wrap_for
-from torchscalpel.plan.model_io import find_blocks
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, simulate
 from torchscalpel.plan.spec import parse_batch_spec
 from torchscalpel.plan.strategies import evaluate

@@ -35,8 +35,8 @@ class _Net(nn.Module):
 def _worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
+    from torchscalpel.blocks import find_blocks
     from torchscalpel.plan.measure import profiled_peak, train_steps, wrap_for
-    from torchscalpel.plan.model_io import find_blocks
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=2)

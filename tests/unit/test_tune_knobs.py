@@ -12,6 +12,7 @@ from torchscalpel.tune.facts import ModelFacts, describe_model
 from torchscalpel.tune.knobs import ApplyLog, all_knobs
 from torchscalpel.tune.knobs.base import RootHooks
 from torchscalpel.tune.knobs.compile import (
+    CompileKnob,
     compile_stats,
     matching_modules,
     region_targets,
@@ -190,6 +191,50 @@ def test_region_targets_repeated_then_hot_then_model():
     assert region_targets(facts, 2) == ["Block", "model"]
     facts.submodules[2]["forward_ms"] = 1.0  # below the hot share: not a region of its own
     assert region_targets(facts, 3) == ["Block", "model"]
+
+
+def test_describe_model_mingpt_block_is_block_not_moduledict():
+    # minGPT keeps the blocks in ModuleDict -> ModuleList and a ModuleDict inside every Block: the
+    # ModuleDicts hold the most parameters, but a container is never a block (it is never called)
+    from block_models import MinGPT
+
+    info = describe_model(MinGPT())
+    assert [r["cls"] for r in info["repeated"]] == ["MinBlock"] and info["repeated"][0]["count"] == 3
+    calls = {"<root>": 1, "transformer.h.0": 1, "lm_head": 1}  # only one block ran: not repeated
+    info = describe_model(MinGPT(), calls=calls)
+    assert info["repeated"] == [] and info["uncalled_blocks"] == ["MinBlock"]
+
+
+def test_compile_block_region_skipped_with_reason_when_no_block_ran():
+    knob = CompileKnob(backend="aot_eager")
+    facts = ModelFacts(models=["GPT"], repeated=[], uncalled_blocks=["Block"])
+    targets = [c.compile.target for c in knob.candidates(facts)[0]]
+    assert targets == ["model"]  # no block region is run...
+    assert knob.skipped_candidates(facts) == [("compile(blocks)", "the repeated block class Block is never "
+                                                                  "called in the forward")]  # ...and the table says why
+    facts.uncalled_blocks = []
+    assert "no repeated block" in knob.skipped_candidates(facts)[0][1]
+    facts.repeated = [{"cls": "Block", "count": 2, "params": 4}]
+    assert knob.skipped_candidates(facts) == []
+    assert [c.compile.target for c in knob.candidates(facts)[0]] == ["Block", "model"]
+
+
+def test_compile_of_a_region_that_never_runs_is_not_applied():
+    class Unused(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.spare = nn.ModuleList([Block(), Block()])  # built, never called
+            self.head = nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.head(x)
+
+    with applied(TuneSettings(compile=CompileSpec(target="Block", backend="aot_eager"))) as log:
+        model = Unused()
+        model(torch.randn(2, 8))
+        model(torch.randn(2, 8))
+        assert all("forward" in b.__dict__ for b in model.spare)  # replaced, yet never run
+    assert "compile" not in log.fired  # so the trial is "not applied", never a drift "speedup"
 
 
 def test_describe_model_finds_repeated_blocks():

@@ -29,6 +29,15 @@ def test_trial_records_steps_losses_facts_and_apply_log(tmp_path):
     assert again.losses == result.losses
 
 
+def test_mingpt_baseline_facts_name_the_called_block_not_the_moduledict(tmp_path):
+    target = Target(script=FIXTURES / "mingpt_train.py", args=["--steps", "10"])
+    result = run_trial(target, TuneSettings(), tmp_path / "g", warmup=1, steps=2, seed=0, timeout_s=120,
+                       facts=True, module_times=True)
+    assert result.status == "ok", result.cause
+    assert [r["cls"] for r in result.facts["repeated"]] == ["Block"]
+    assert result.facts["repeated"][0]["count"] == 2 and result.facts["uncalled_blocks"] == []
+
+
 def test_script_crash_is_reported_with_its_cause(tmp_path):
     result = run_trial(Target(script=FIXTURES / "crasher.py"), TuneSettings(), tmp_path / "c", warmup=0, steps=10,
                        seed=0, timeout_s=120)

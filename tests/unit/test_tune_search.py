@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -221,3 +222,14 @@ def test_screening_compares_with_the_latest_baseline(run_search):
     threads = next(t for t in result.trials if t.label == "threads=2")
     assert threads.speedup == pytest.approx(200 / 150) and threads.verdict in ("faster", "winner")
     assert result.to_dict()["baseline_refs"] == [200.0]
+
+
+def test_compile_block_trial_not_run_when_no_block_was_called(run_search, monkeypatch):
+    facts = dict(FACTS, repeated=[], uncalled_blocks=["Block"])
+    monkeypatch.setattr(sys.modules[__name__], "FACTS", facts)
+    runner = FakeRunner({"compile(Block)": 61.0})  # a no-op that drift could screen as 1.64x
+    result = run_search(runner, knobs=("compile",))
+    assert not any("compile(Block)" in c for c in runner.calls)
+    row = next(t for t in result.trials if t.label == "compile(blocks)")
+    assert row.verdict == "skipped" and "never called in the forward" in row.cause
+    assert any(c.endswith(":compile(model)") for c in runner.calls)

@@ -4,8 +4,8 @@
   ``find_unused_parameters`` decided by measuring one backward on a sample batch instead of
   guessing (turning it on costs a graph walk every step, leaving it off crashes the second step
   of a model with unused parameters).
-- FSDP2: ``fully_shard`` on every repeated block (the most repeated module class that holds
-  parameters), then on the root, with a ``MixedPrecisionPolicy``.
+- FSDP2: ``fully_shard`` on every repeated block (:mod:`torchscalpel.blocks`, the definition
+  ``scalpel plan`` and ``scalpel tune`` use too), then on the root, with a ``MixedPrecisionPolicy``.
 - Activation checkpointing and ``torch.compile`` per block, keeping parameter names unchanged
   (no ``_checkpoint_wrapped_module.`` or ``_orig_mod.`` in checkpoints).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import gc
 import warnings
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from torchscalpel.blocks import find_blocks as _find_blocks
 from torchscalpel.dist.setup import collective_device, get_logger
 from torchscalpel.errors import UsageError
 
@@ -33,45 +33,13 @@ log = get_logger()
 
 
 def find_blocks(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks: instances of the most repeated module class that holds parameters.
+    """The repeated blocks ``wrap`` shards, checkpoints and compiles, outermost first; ``[]`` when none.
 
-    Only the outermost repetition counts: the Linear layers inside N transformer blocks repeat
-    more often than the blocks, but sharding them one by one would mean tiny all-gathers. A
-    class qualifies when at least two of its instances sit outside every instance of another
-    repeated class; among those, the most repeated wins (ties: more parameters). Returns ``[]``
-    when nothing repeats.
+    The one definition of :func:`torchscalpel.blocks.find_blocks` (``scalpel plan`` prices the
+    same FSDP units): instances of the module class the forward calls repeatedly (transformer
+    layers, not the Linears inside them), never a ``ModuleList``/``ModuleDict`` container.
     """
-    named = [(n, m) for n, m in model.named_modules() if n and any(True for _ in m.parameters())]
-    counts = Counter(type(m) for _, m in named)
-    repeated = {cls for cls, c in counts.items() if c >= 2}
-    if not repeated:
-        return []
-    # For each module, the repeated classes of its strict ancestors (names are dotted paths).
-    by_name = dict(named)
-    outer: dict[type, list[nn.Module]] = {}
-    for name, module in named:
-        parts = name.split(".")
-        ancestors = {type(by_name[".".join(parts[:i])]) for i in range(1, len(parts)) if ".".join(parts[:i]) in by_name}
-        if type(module) in repeated and not (ancestors & (repeated - {type(module)})):
-            outer.setdefault(type(module), []).append(module)
-    candidates = {cls: mods for cls, mods in outer.items() if len(mods) >= 2}
-    if not candidates:
-        return []
-
-    def size(cls: type) -> tuple[int, int]:
-        mods = candidates[cls]
-        return len(mods), sum(p.numel() for m in mods for p in m.parameters())
-
-    best = max(candidates, key=size)
-    # Drop instances nested inside another selected instance (a class that contains itself).
-    selected: list[nn.Module] = []
-    inner: set[int] = set()
-    for block in candidates[best]:
-        if id(block) in inner:
-            continue
-        selected.append(block)
-        inner.update(id(m) for m in block.modules() if m is not block)
-    return selected
+    return [module for _, module in _find_blocks(model)]
 
 
 def optimizers_holding(model: nn.Module) -> list[torch.optim.Optimizer]:

@@ -24,8 +24,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
+from torchscalpel.blocks import find_blocks
 from torchscalpel.errors import UsageError
-from torchscalpel.plan.model_io import LossFn, default_loss, find_blocks, unique_params
+from torchscalpel.plan.model_io import LossFn, default_loss, unique_params
 from torchscalpel.plan.names import OPTIMIZERS
 from torchscalpel.plan.spec import BatchSpec
 from torchscalpel.plan.tracker import AllocationTracker, Timeline
@@ -150,9 +151,11 @@ def simulate(
             tracker.label(p, "param")
         for b in model.buffers():
             tracker.label(b, "buffer")
+        # The FSDP / checkpointing units dist.wrap uses (torchscalpel.blocks); with no block, as
+        # wrap does, the root is the only FSDP unit and checkpointing wraps the whole model.
         blocks = find_blocks(model)
         params = [p for p in unique_params(model) if p.requires_grad]
-        with fake_mode, tracker, checkpointed_blocks(blocks, settings.checkpoint_blocks), \
+        with fake_mode, tracker, checkpointed_blocks(blocks or [("", model)], settings.checkpoint_blocks), \
                 unit_marks(model, blocks, tracker):
             optimizer = settings.optimizer.build(params, foreach=settings.foreach)
             saved: dict[int, int] = {}

@@ -8,12 +8,13 @@ candidates, and to skip a knob with the reason when it cannot apply.
 from __future__ import annotations
 
 import os
-from collections import Counter
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchscalpel.blocks import calls_from_rows, find_blocks
 from torchscalpel.runtime.observer import Observer
 
 if TYPE_CHECKING:
@@ -34,7 +35,10 @@ class ModelFacts:
     submodules: list[dict[str, Any]] = field(default_factory=list)
     """Top-level children of the model: ``name``, ``cls``, ``params`` (count), ``forward_ms`` when timed."""
     repeated: list[dict[str, Any]] = field(default_factory=list)
-    """Classes with >= 2 instances inside the model (repeated blocks): ``cls``, ``count``, ``params``."""
+    """The repeated block classes (:mod:`torchscalpel.blocks`, the definition plan and dist use),
+    called in the baseline's forward: ``cls``, ``count``, ``params``."""
+    uncalled_blocks: list[str] = field(default_factory=list)
+    """Block classes the module structure names that the baseline's forward never called."""
     forward_ms: float | None = None
     """The whole model's forward time over the measured steps (same units as ``submodules``)."""
     has_conv: bool = False
@@ -85,8 +89,13 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def describe_model(model: torch.nn.Module, module_ms: dict[str, float] | None = None) -> dict[str, Any]:
-    """Submodules and repeated block classes of ``model`` (the compile-region candidates)."""
+def describe_model(model: torch.nn.Module, module_ms: dict[str, float] | None = None,
+                   calls: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Submodules and repeated block classes of ``model`` (the compile-region candidates).
+
+    ``calls``: forward calls per submodule name seen in the run (``record.modules``); a block
+    class the forward never called is listed in ``uncalled_blocks`` instead of ``repeated``.
+    """
     module_ms = module_ms or {}
     children = []
     for name, child in model.named_children():
@@ -94,21 +103,17 @@ def describe_model(model: torch.nn.Module, module_ms: dict[str, float] | None = 
         if params:
             children.append({"name": name, "cls": type(child).__name__, "params": params,
                              "forward_ms": module_ms.get(name)})
-    counts: Counter[str] = Counter()
-    params_by_cls: Counter[str] = Counter()
-    for _, sub in model.named_modules():
-        if sub is model:
-            continue
-        n = sum(p.numel() for p in sub.parameters())
-        # A repeated block is a container of several layers: leaf layers (Linear) repeat too but
-        # compiling them one by one gains nothing.
-        if n and any(True for _ in sub.children()):
-            counts[type(sub).__name__] += 1
-            params_by_cls[type(sub).__name__] += n
-    repeated = [{"cls": c, "count": k, "params": params_by_cls[c]} for c, k in counts.items() if k >= 2]
-    repeated.sort(key=lambda r: -r["params"])
+    found = find_blocks(model, calls)
+    repeated: dict[str, dict[str, Any]] = {}
+    for _, block in found:
+        entry = repeated.setdefault(type(block).__name__, {"cls": type(block).__name__, "count": 0, "params": 0})
+        entry["count"] += 1
+        entry["params"] += sum(p.numel() for p in block.parameters())
+    ranked = sorted(repeated.values(), key=lambda r: -r["params"])
+    static = [] if calls is None else [type(b).__name__ for _, b in find_blocks(model)]
+    uncalled = sorted({c for c in static if c not in repeated})
     has_conv = any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-    return {"submodules": children, "repeated": repeated, "has_conv": has_conv}
+    return {"submodules": children, "repeated": ranked, "uncalled_blocks": uncalled, "has_conv": has_conv}
 
 
 class FactsObserver(Observer):
@@ -170,9 +175,10 @@ class FactsObserver(Observer):
             facts.device = param.device.type if param is not None else "cpu"
             facts.models = [type(m).__name__ for m in roots]
             module_ms = _module_ms(record)
-            described = describe_model(model, module_ms)
+            described = describe_model(model, module_ms, calls_from_rows(record.modules))
             facts.submodules = described["submodules"]
             facts.repeated = described["repeated"]
+            facts.uncalled_blocks = described["uncalled_blocks"]
             facts.has_conv = described["has_conv"]
             facts.forward_ms = module_ms.get("<root>")
         facts.bf16_supported = bf16_supported(facts.device)

@@ -272,6 +272,9 @@ class Search:
                 result.trials.append(TrialResult(label=knob.name, settings={}, family=knob.name, status="skipped",
                                                  cause=reason, verdict="skipped"))
                 continue
+            for label, why in knob.skipped_candidates(facts):
+                result.trials.append(TrialResult(label=label, settings={}, family=knob.name, status="skipped",
+                                                 cause=why, verdict="skipped"))
             planned.extend((knob, c) for c in candidates)
         self.progress.message(f"{len(planned)} single-knob trial(s) planned")
         measured: list[TrialResult] = []

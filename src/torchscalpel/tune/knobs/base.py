@@ -74,6 +74,11 @@ class Knob:
         """Settings worth trying on a model with these facts, or ``([], reason)`` when it cannot apply."""
         raise NotImplementedError
 
+    def skipped_candidates(self, facts: ModelFacts) -> list[tuple[str, str]]:
+        """Trials this knob would run on another model but not on this one: (label, reason) rows
+        for the table, next to the candidates that do run. None by default."""
+        return []
+
     def setup_hook(self, settings: TuneSettings, log: ApplyLog) -> SetupHook | None:
         """The setup hook that applies this knob's part of ``settings`` (None when not set)."""
         raise NotImplementedError

@@ -1,8 +1,9 @@
 """torch.compile knob: compile a region of the model, hottest region first.
 
-Regions, in the order the search tries them: the hottest top-level submodules by measured
-forward time, the repeated blocks (every instance of one class, e.g. ``Block``: the regional
-compile recipe, one compiled graph reused by all instances), then the whole model. The first time
+Regions, in the order the search tries them: the repeated blocks (every instance of the block
+class of :mod:`torchscalpel.blocks`, e.g. ``Block``, and only when the baseline's forward called
+it: the regional compile recipe, one compiled graph reused by all instances), the hottest
+top-level submodule by measured forward time, then the whole model. The first time
 the model is called, each matching module's ``forward`` is replaced by its compiled version
 (an instance attribute, so undo simply deletes it); module hooks keep running outside the graph.
 """
@@ -51,6 +52,17 @@ class CompileKnob(Knob):
                 out.append(TuneSettings(compile=CompileSpec(target=target, mode=mode, dynamic=dynamic,
                                                             backend=self.backend)))
         return out, None
+
+    def skipped_candidates(self, facts: ModelFacts) -> list[tuple[str, str]]:
+        # The block region is tried only on a block the baseline's forward called: compiling a
+        # class that never runs (a ModuleDict container, say) is a no-op whose "speedup" is drift.
+        if not facts.models or facts.repeated:
+            return []
+        if facts.uncalled_blocks:
+            names = ", ".join(facts.uncalled_blocks)
+            return [("compile(blocks)", f"the repeated block class {names} is never called in the forward")]
+        return [("compile(blocks)", "no repeated block: no module class is called from a "
+                                    "ModuleList/Sequential stack of two or more")]
 
     def setup_hook(self, settings: TuneSettings, log: ApplyLog) -> SetupHook | None:
         if settings.compile is None:
@@ -133,10 +145,10 @@ def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: 
         for target in targets:
             if "forward" in target.__dict__:  # already replaced (a shared block)
                 continue
-            target.forward = torch.compile(target.forward, mode=spec.mode, dynamic=spec.dynamic,
-                                           backend=spec.backend)
+            target.forward = _first_call_logged(
+                torch.compile(target.forward, mode=spec.mode, dynamic=spec.dynamic, backend=spec.backend),
+                log, f"{spec.label()}: {len(targets)} module(s) in {type(module).__name__}")
             compiled.append(target)
-        log.did("compile", f"{spec.label()}: {len(targets)} module(s) in {type(module).__name__}")
         return None
 
     remove_hooks = RootHooks(on_pre=pre).install()
@@ -147,6 +159,23 @@ def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: 
             target.__dict__.pop("forward", None)
 
     return undo
+
+
+def _first_call_logged(fn: Any, log: ApplyLog, what: str) -> Any:
+    """``fn``, recording in ``log`` that the knob applied when a compiled region first runs.
+
+    Replacing a forward changes nothing until it is called: a trial whose regions never ran is
+    "not applied", never a measured (drift-only) speedup.
+    """
+    ran = [False]
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if not ran[0]:
+            ran[0] = True
+            log.did("compile", what)
+        return fn(*args, **kwargs)
+
+    return forward
 
 
 def compile_stats() -> dict[str, Any]:
