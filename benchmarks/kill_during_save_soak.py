@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from torchscalpel import dist as sd
-from torchscalpel.dist import manifest
+from torchscalpel import distributed as sd
+from torchscalpel.distributed import manifest
 
 DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
 
@@ -110,7 +110,7 @@ def run_trials(kills: int, seed: int, root: Path) -> dict[str, object]:
     # Children come from a forkserver: a plain fork of a process whose OpenMP pool or gloo
     # threads are running (pytest after other tests) can deadlock in the child.
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torchscalpel.dist"])
+    ctx.set_forkserver_preload(["torch", "torchscalpel.distributed"])
     for _ in range(kills):
         parent_conn, child_conn = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=_saver, args=(root, child_conn), daemon=True)

@@ -1,4 +1,4 @@
-"""A small byte-level transformer trained with torchscalpel.dist on DDP or FSDP2.
+"""A small byte-level transformer trained with torchscalpel.distributed on DDP or FSDP2.
 
 Runs unchanged as one process (``python examples/ddp_fsdp_transformer.py``), on one node
 (``scalpel launch --nproc 2 -- examples/ddp_fsdp_transformer.py``) or on many (Slurm, Kubernetes:
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchscalpel import dist as sd
+from torchscalpel import distributed as sd
 
 
 class TextWindows(torch.utils.data.Dataset):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check for torchscalpel.dist / scalpel launch (issue 7), one CUDA device. Budget ~2-3 minutes.
+# GPU check for torchscalpel.distributed / scalpel launch (issue 7), one CUDA device. Budget ~2-3 minutes.
 # 1. nccl + cuda:LOCAL_RANK setup, SyncBatchNorm conversion on CUDA, FSDP2 with a bf16 policy.
 # 2. Exact resume on CUDA (CUDA RNG state restored, deterministic kernels): SIGKILL at step 8, relaunch,
 #    compare losses and final state bit for bit with an uninterrupted run; DDP and FSDP2 (bf16).
@@ -12,7 +12,7 @@ export MASTER_ADDR=127.0.0.1 OMP_NUM_THREADS=4
 "$PY" - <<'PYEOF'
 import torch
 from torch import nn
-from torchscalpel import dist as sd
+from torchscalpel import distributed as sd
 
 ctx = sd.setup(seed=0)
 assert ctx.backend == "nccl" and ctx.device.type == "cuda", ctx

@@ -2,7 +2,7 @@
 
 The public API is kept small on purpose: most users only touch the ``scalpel`` command line;
 notebooks and programs whose loop is a function use :func:`profile` (and :func:`doctor`) in
-process; users who scale out use :mod:`torchscalpel.dist`.
+process; users who scale out use :mod:`torchscalpel.distributed`.
 """
 
 from typing import Any

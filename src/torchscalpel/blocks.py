@@ -12,7 +12,7 @@ Users of the definition:
 
 - ``scalpel tune``: the ``compile(<Block>)`` region (one compiled graph reused by every instance);
 - ``scalpel plan``: the FSDP units and the activation-checkpointing units it prices;
-- ``torchscalpel.dist.wrap``: the modules ``fully_shard``, checkpointing and ``compile`` apply to.
+- ``torchscalpel.distributed.wrap``: the modules ``fully_shard``, checkpointing and ``compile`` apply to.
 
 Because all three call :func:`find_blocks`, plan prices exactly the units dist shards.
 """

@@ -1,4 +1,4 @@
-"""Fixtures for torchscalpel.dist tests: a one-rank process group, and 2-rank launches."""
+"""Fixtures for torchscalpel.distributed tests: a one-rank process group, and 2-rank launches."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from torchscalpel import dist as sd
+from torchscalpel import distributed as sd
 
 DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
             "TORCHELASTIC_USE_AGENT_STORE")

@@ -1,4 +1,4 @@
-"""scalpel plan prices exactly the FSDP units torchscalpel.dist.wrap shards (one block definition)."""
+"""scalpel plan prices exactly the FSDP units torchscalpel.distributed.wrap shards (one block definition)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 
 from block_models import MinGPT, NanoGPT, ResNetLike, tiny_llama
-from torchscalpel import dist as sd
+from torchscalpel import distributed as sd
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, simulate
 from torchscalpel.plan.spec import parse_batch_spec
 

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from torchscalpel import dist as sd
-from torchscalpel.dist import manifest
+from torchscalpel import distributed as sd
+from torchscalpel.distributed import manifest
 
 pytestmark = pytest.mark.dist  # these tests start a one-rank process group
 
@@ -136,7 +136,7 @@ def test_consolidate_writes_clean_keys(single_rank, tmp_path):
 
 
 def test_clean_key():
-    from torchscalpel.dist.consolidate import clean_key
+    from torchscalpel.distributed.consolidate import clean_key
 
     assert clean_key("module._orig_mod.layers.0._checkpoint_wrapped_module.w") == "layers.0.w"
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchscalpel import dist as sd
+from torchscalpel import distributed as sd
 from torchscalpel.errors import UsageError
 
 pytestmark = pytest.mark.dist  # these tests start a one-rank process group

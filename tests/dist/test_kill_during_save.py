@@ -34,7 +34,7 @@ def test_verify_catches_a_broken_latest(tmp_path):
     soak = _soak_module()
     result = soak.run_trials(kills=1, seed=1, root=tmp_path / "ckpt")
     assert result["problems"] == []
-    from torchscalpel.dist import manifest
+    from torchscalpel.distributed import manifest
 
     latest = manifest.latest(tmp_path / "ckpt")
     target = next(latest.glob("*.distcp"))

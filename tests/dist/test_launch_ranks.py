@@ -129,7 +129,7 @@ def test_two_rank_fsdp_checkpoint_reshards_to_one_process(fsdp_reference, single
 
     from safetensors.torch import load_file
 
-    from torchscalpel import dist as sd
+    from torchscalpel import distributed as sd
 
     spec = importlib.util.spec_from_file_location("example_lm", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
@@ -172,7 +172,7 @@ def test_restarts_used_up_names_the_rank(tmp_path):
 
 @pytest.mark.slow
 def test_two_nodes_on_localhost(tmp_path):
-    from torchscalpel.dist.launch import free_port
+    from torchscalpel.distributed.launch import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     procs = []

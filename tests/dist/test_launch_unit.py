@@ -7,7 +7,7 @@ import argparse
 import pytest
 from helpers import run_cli
 
-from torchscalpel.dist.launch import RankFailure, build_parser, failure_report, prepare, stderr_tail
+from torchscalpel.distributed.launch import RankFailure, build_parser, failure_report, prepare, stderr_tail
 from torchscalpel.errors import UsageError
 
 
@@ -75,7 +75,7 @@ def test_cli_usage_error_exit_2():
 
 
 def test_profile_and_doctor_rewrite_the_entry_point(tmp_path):
-    from torchscalpel.dist.launch import wrap_for_stage
+    from torchscalpel.distributed.launch import wrap_for_stage
 
     script = tmp_path / "t.py"
     script.write_text("")

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from torchscalpel.dist import manifest
-from torchscalpel.dist.manifest import CheckpointError
+from torchscalpel.distributed import manifest
+from torchscalpel.distributed.manifest import CheckpointError
 
 
 def _write_tmp(root, step, payload=b"weights"):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from torchscalpel import dist as sd
-from torchscalpel.dist.wrap import choose_strategy, sync_batchnorm_decision, unused_parameters
+from torchscalpel import distributed as sd
+from torchscalpel.distributed.wrap import choose_strategy, sync_batchnorm_decision, unused_parameters
 from torchscalpel.errors import UsageError
 
 pytestmark = pytest.mark.dist  # these tests start a one-rank process group

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchscalpel.dist.preflight import one_rank_env, plan_command, verdict, world_size
+from torchscalpel.distributed.preflight import one_rank_env, plan_command, verdict, world_size
 
 
 def _args(**kw) -> argparse.Namespace:

@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse with torchrun's parser, validate, launch; return the exit code."""
-    from torchscalpel.dist.launch import build_parser, launch, prepare, wrap_for_stage
+    from torchscalpel.distributed.launch import build_parser, launch, prepare, wrap_for_stage
 
     parser = build_parser()
     argv = list(args.argv)
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if parsed.plan:
         if parsed.module or parsed.no_python:
             raise UsageError("--plan runs a script file; drop -m/--no-python and pass the script path.")
-        from torchscalpel.dist.preflight import run_preflight
+        from torchscalpel.distributed.preflight import run_preflight
 
         for line in run_preflight(parsed, out).lines:
             print(line, flush=True)
@@ -64,7 +64,7 @@ def _report_ranks(out) -> None:
     """Merge the per-rank Run records, print the table, save ``OUT/launch.json``."""
     import json
 
-    from torchscalpel.dist.rankmerge import format_table, load_rank_records, merge
+    from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
 
     records = load_rank_records(out)
     if not records:

@@ -1,41 +1,50 @@
-"""torchscalpel.dist: the few calls a training script adds to scale out on torchrun.
+"""Deprecated name of :mod:`torchscalpel.distributed`, kept importable for one release.
 
-```python
-from torchscalpel import dist as sd
-
-ctx = sd.setup(seed=0)
-model = sd.wrap(Model(), strategy="auto")
-opt = torch.optim.AdamW(model.parameters())
-data = sd.loader(dataset, batch_size=32, num_workers=2)
-ckpt = sd.Checkpointer("ckpt", model=model, optimizer=opt, loader=data)
-step = ckpt.load() or 0
-...
-sd.teardown()
-```
+``dist`` is the folder name every packaging tool treats as build output, so the package moved.
+``import torchscalpel.dist`` and ``from torchscalpel.dist.wrap import wrap`` still work, with a
+``DeprecationWarning``; both give the very same module objects as the new name.
 """
 
-from torchscalpel.dist.checkpoint import Checkpointer
-from torchscalpel.dist.consolidate import consolidate
-from torchscalpel.dist.data import ResumableLoader, loader
-from torchscalpel.dist.guard import NonFiniteError, NonFiniteGuard
-from torchscalpel.dist.manifest import CheckpointError
-from torchscalpel.dist.setup import DistContext, context, get_logger, seed_everything, setup, teardown
-from torchscalpel.dist.wrap import find_blocks, wrap
+from __future__ import annotations
 
-__all__ = [
-    "CheckpointError",
-    "Checkpointer",
-    "DistContext",
-    "NonFiniteError",
-    "NonFiniteGuard",
-    "ResumableLoader",
-    "consolidate",
-    "context",
-    "find_blocks",
-    "get_logger",
-    "loader",
-    "seed_everything",
-    "setup",
-    "teardown",
-    "wrap",
-]
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
+
+_OLD, _NEW = "torchscalpel.dist", "torchscalpel.distributed"
+
+warnings.warn("torchscalpel.dist is renamed torchscalpel.distributed; the old name goes in the next release",
+              DeprecationWarning, stacklevel=2)
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Loads ``torchscalpel.dist.X`` as the already-importable ``torchscalpel.distributed.X``."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: the module was executed under its new name."""
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    """Maps every ``torchscalpel.dist.*`` import onto ``torchscalpel.distributed.*``."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(_OLD + "."):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(_NEW + fullname[len(_OLD):]))
+
+
+if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AliasFinder())
+
+_new = importlib.import_module(_NEW)
+globals().update({k: v for k, v in vars(_new).items() if not k.startswith("__")})
+__all__ = list(getattr(_new, "__all__", []))

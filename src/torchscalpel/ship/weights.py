@@ -67,7 +67,7 @@ def read_checkpoint(path: Path, *, trust: bool = False) -> tuple[dict[str, Any],
 def latest_committed_step(root: Path) -> Path:
     """The newest ``step-N`` folder of a torchscalpel checkpoint root that has its ``COMMIT`` marker.
 
-    torchscalpel.dist.Checkpointer writes ``step-N/`` (DCP files plus ``MANIFEST.json`` and
+    torchscalpel.distributed.Checkpointer writes ``step-N/`` (DCP files plus ``MANIFEST.json`` and
     ``COMMIT``); a folder without ``COMMIT`` is an interrupted save and is never picked.
     """
     steps = []

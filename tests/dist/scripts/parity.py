@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from torchscalpel import dist as sd
+from torchscalpel import distributed as sd
 
 
 class Block(nn.Module):

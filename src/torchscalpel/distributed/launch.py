@@ -17,7 +17,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import sys
 import uuid
 from dataclasses import dataclass

@@ -17,8 +17,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchscalpel.fileio import sha256_file
 from torchscalpel.errors import ScalpelError
+from torchscalpel.fileio import sha256_file
 
 MANIFEST = "MANIFEST.json"
 COMMIT = "COMMIT"

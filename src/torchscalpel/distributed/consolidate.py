@@ -14,8 +14,8 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from torchscalpel.dist import manifest
-from torchscalpel.dist.manifest import CheckpointError
+from torchscalpel.distributed import manifest
+from torchscalpel.distributed.manifest import CheckpointError
 
 WRAPPER_PARTS = ("module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
 

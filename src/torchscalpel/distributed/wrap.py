@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from torchscalpel.blocks import find_blocks as _find_blocks
-from torchscalpel.dist.setup import collective_device, get_logger
+from torchscalpel.distributed.setup import collective_device, get_logger
 from torchscalpel.errors import UsageError
 
 STRATEGIES = ("auto", "ddp", "fsdp", "none")
@@ -186,7 +186,7 @@ def wrap(
     Raises :class:`UsageError` when an optimizer already holds the model's parameters: FSDP
     replaces them, so the optimizer would update tensors nobody uses.
     """
-    from torchscalpel.dist.setup import context
+    from torchscalpel.distributed.setup import context
 
     if strategy not in STRATEGIES:
         raise UsageError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}.")
@@ -265,7 +265,7 @@ def _wrap_fsdp(model: nn.Module, blocks: list[nn.Module], dtype: torch.dtype | N
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from torchscalpel.dist.setup import context
+    from torchscalpel.distributed.setup import context
 
     ctx = context()
     _broadcast_from_rank0(model)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from torchscalpel.errors import UsageError
 
-LOGGER_NAME = "torchscalpel.dist"
+LOGGER_NAME = "torchscalpel.distributed"
 _STATE: dict[str, DistContext] = {}
 
 
@@ -95,7 +95,7 @@ def setup(
 
     Picks ``nccl`` when CUDA is available (binding ``cuda:LOCAL_RANK``) and ``gloo`` otherwise,
     seeds Python, NumPy and torch with ``seed + rank`` (distinct streams per rank, reproducible
-    runs; :func:`torchscalpel.dist.wrap` copies rank 0's initial weights to every rank, so models
+    runs; :func:`torchscalpel.distributed.wrap` copies rank 0's initial weights to every rank, so models
     built after ``setup()`` still start identical), and installs rank-prefixed logging (rank 0 at
     ``log_level``, other ranks at WARNING unless ``log_all_ranks``). Calling it twice returns the
     first context.
@@ -140,7 +140,7 @@ def setup(
 def context() -> DistContext:
     """The context of the last ``setup()``; raises a clear error before it."""
     if "ctx" not in _STATE or not dist.is_initialized():
-        raise UsageError("torchscalpel.dist.setup() has not run in this process; call it before wrap/loader/Checkpointer.")
+        raise UsageError("torchscalpel.distributed.setup() has not run in this process; call it before wrap/loader/Checkpointer.")
     return _STATE["ctx"]
 
 

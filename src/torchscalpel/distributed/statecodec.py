@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from torchscalpel.dist.manifest import CheckpointError, write_durable
+from torchscalpel.distributed.manifest import CheckpointError, write_durable
 
 
 def encode(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> Any:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchscalpel.dist.setup import collective_device, get_logger
+from torchscalpel.distributed.setup import collective_device, get_logger
 from torchscalpel.errors import ScalpelError
 
 log = get_logger()

@@ -8,7 +8,7 @@ Layout of one checkpoint ``step-N/``:
   size, the caller's ``extra``;
 - ``rank-R.json/.safetensors``: rank R's loader position and Python, NumPy, torch CPU and CUDA
   generator states;
-- ``MANIFEST.json`` and ``COMMIT``, see :mod:`torchscalpel.dist.manifest`.
+- ``MANIFEST.json`` and ``COMMIT``, see :mod:`torchscalpel.distributed.manifest`.
 
 Nothing is loaded with pickle: DCP's byte items are read with ``torch.load(weights_only=True)``
 and the small state is JSON plus safetensors.
@@ -30,10 +30,10 @@ from torch import nn
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from torchscalpel.dist import manifest
-from torchscalpel.dist.manifest import CheckpointError
-from torchscalpel.dist.setup import collective_device, context, get_logger
-from torchscalpel.dist.statecodec import load_state, rng_restore, rng_snapshot, save_state
+from torchscalpel.distributed import manifest
+from torchscalpel.distributed.manifest import CheckpointError
+from torchscalpel.distributed.setup import collective_device, context, get_logger
+from torchscalpel.distributed.statecodec import load_state, rng_restore, rng_snapshot, save_state
 
 log = get_logger()
 SIGTERM_EXIT_CODE = 143
@@ -184,7 +184,7 @@ class Checkpointer:
             self.save(step)
             self.wait()
             log.warning("checkpoint: SIGTERM received, saved step %d, exiting with %d", step, SIGTERM_EXIT_CODE)
-            from torchscalpel.dist.setup import teardown
+            from torchscalpel.distributed.setup import teardown
 
             teardown()
             raise SystemExit(SIGTERM_EXIT_CODE)
@@ -275,8 +275,8 @@ class Checkpointer:
             return
         # Resharded resume: generator streams cannot be split or merged, so each rank starts a
         # fresh deterministic stream; the loader keeps its place in the epoch.
-        from torchscalpel.dist.data import mix_seed
-        from torchscalpel.dist.setup import seed_everything
+        from torchscalpel.distributed.data import mix_seed
+        from torchscalpel.distributed.setup import seed_everything
 
         log.warning("checkpoint: saved with %d ranks, resuming on %d; random streams are re-seeded",
                     saved_world, self.ctx.world_size)

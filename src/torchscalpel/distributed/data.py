@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from torchscalpel.dist.setup import seed_everything
+from torchscalpel.distributed.setup import seed_everything
 from torchscalpel.errors import UsageError
 
 
@@ -95,7 +95,7 @@ class ResumableLoader:
 
     Exhausting an iterator ends the epoch: the next ``iter()`` starts epoch ``epoch + 1``. Breaking
     out of a loop keeps the position, so ``state_dict()`` after any step records exactly which
-    batches this rank has consumed. Pass it to :class:`torchscalpel.dist.Checkpointer`.
+    batches this rank has consumed. Pass it to :class:`torchscalpel.distributed.Checkpointer`.
     """
 
     def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool,
@@ -176,7 +176,7 @@ def loader(
     sampler partitions one shuffled order). Extra keyword arguments go to ``DataLoader``
     (``collate_fn``, ``pin_memory``, ``persistent_workers`` ...).
     """
-    from torchscalpel.dist.setup import context
+    from torchscalpel.distributed.setup import context
 
     ctx = context()
     if batch_size < 1:
