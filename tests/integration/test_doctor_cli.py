@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import run_cli, run_ranks
+from helpers import cli_env, run_cli, run_ranks
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
 
@@ -90,3 +92,36 @@ def test_nproc_2_runs_every_rank_through_launch_and_merges(tmp_path: Path) -> No
     assert data["mode"] == "ranks" and data["ranks"] == [0, 1]
     (f,) = [f for f in data["findings"] if f["rule"] == "ddp-no-distributed-sampler"]
     assert any("seen on ranks 0, 1" in e for e in f["evidence"])
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _no_launcher_env() -> dict[str, str]:
+    env = cli_env()
+    for name in LAUNCHER_VARS:
+        env.pop(name, None)
+    return env
+
+
+def _script_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("script: ")]
+
+
+@pytest.mark.parametrize("name", ["nanogpt_ddp_guard.py", "plain_prints.py", "dist_no_launcher.py"])
+def test_doctor_runs_the_script_exactly_as_python_does(tmp_path: Path, name: str) -> None:
+    script = SCRIPTS / name
+    env = _no_launcher_env()
+    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=120, check=False)
+    doctor = subprocess.run([sys.executable, "-m", "torchscalpel", "doctor", "--no-report", "--out", str(tmp_path / "d"),
+                             "--", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
+                            check=False)
+    assert doctor.returncode == plain.returncode, doctor.stdout[-3000:] + doctor.stderr[-3000:]
+    assert _script_lines(plain.stdout) and _script_lines(doctor.stdout) == _script_lines(plain.stdout)
+    hint = "scalpel doctor --nproc N"
+    if name == "dist_no_launcher.py":  # fails as under python, and doctor says how to give it a launcher
+        assert plain.returncode == 1 and hint in doctor.stdout
+    else:
+        assert plain.returncode == 0 and hint not in doctor.stdout

@@ -6,12 +6,14 @@ without paying a Python + torch start-up per script).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
 
 from torchscalpel.doctor.api import diagnose
 from torchscalpel.doctor.finding import Severity
+from torchscalpel.netutil import free_port
 from torchscalpel.runtime.target import Target
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
@@ -60,7 +62,22 @@ def loud(findings) -> set[str]:
 
 
 def run(path: Path, args=(), **kw):
-    return diagnose(Target(script=path, args=list(args)), **kw)  # the default window, as users get it
+    # the default window, as users get it; DDP/FSDP fixtures get the variables a 1-rank launcher sets
+    # (doctor itself never sets them: it runs the script as 'python SCRIPT' would)
+    with _launcher_env(path):
+        return diagnose(Target(script=path, args=list(args)), **kw)
+
+
+@contextlib.contextmanager
+def _launcher_env(path: Path):
+    if "init_process_group" not in path.read_text():
+        yield
+        return
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+            mp.setenv(name, value)
+        yield
 
 
 def test_no_rule_reports_an_internal_error_on_any_fixture_or_example() -> None:

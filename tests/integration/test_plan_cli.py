@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -101,3 +102,30 @@ def test_script_mode_through_the_cli(tmp_path):
     assert plan["optimizer"] == "AdamW"  # the class the script built, not the --optimizer default
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "stopped" and record["sections"]["plan"]["rows"][0]["strategy"] == "single"
+
+
+SCRIPTS = REPO / "tests" / "fixtures" / "scripts"
+
+
+def test_script_mode_scales_the_batch_not_the_sequence_and_prices_no_optimizer(tmp_path):
+    # word_language_model: (seq=35, batch=20) inputs, hand-written SGD; once dim 0 (35) was taken for the batch
+    js = tmp_path / "p.json"
+    result = run_cli("plan", "--device-memory", "1GiB", "--out", str(tmp_path / "run"), "--json", str(js), "--",
+                     str(SCRIPTS / "plan_seq_first_lstm.py"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "batch dimension dim 1 of arg0, arg1_0, arg1_1 (sequence-first: LSTM" in result.stdout
+    plan = json.loads(js.read_text())
+    assert plan["batch_size"] == 20 and plan["optimizer"] == "none"
+    assert plan["measurement"]["optim_bytes"] == 0
+    (row,) = plan["rows"]
+    assert row["max_batch"] and row["max_batch"] > 20
+
+
+def test_script_mode_replays_a_transformers_model_called_with_keywords(tmp_path):
+    js = tmp_path / "p.json"
+    result = run_cli("plan", "--device-memory", "1GiB", "--no-max-batch", "--out", str(tmp_path / "run"),
+                     "--json", str(js), "--", str(SCRIPTS / "plan_hf_kwargs.py"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(js.read_text())
+    assert plan["model"] == "LlamaForCausalLM" and plan["optimizer"] == "AdamW"
+    assert re.fullmatch(r"input_ids=int64\[2,16\]:\d+,labels=int64\[2,16\]:\d+", plan["batch"]), plan["batch"]

@@ -34,8 +34,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="measured steps before the script is stopped (default: at least 30, more while the run "
                    "is under 20 s, at most 300)")
     p.add_argument("--warmup", type=int, default=2, help="steps run before measuring (default 2)")
-    p.add_argument("--nproc", type=int, default=1,
-                   help="ranks to run the script on through 'scalpel launch' (gloo on CPU); findings merged (default 1)")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="run the script on this many ranks through 'scalpel launch' (torchrun; gloo on CPU) and merge "
+                   "the findings; without it the script runs in-process exactly as 'python SCRIPT' would")
     p.add_argument("--sanity", action="store_true", help="also try to overfit one batch (rule cannot-overfit-batch)")
     p.add_argument("--no-static", action="store_true", help="skip static analysis in a script run")
     p.add_argument("--json", dest="json_path", type=Path, help="write the findings as JSON here")
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--steps must be at least 1 (or 'auto').")
     if args.warmup < 0:
         raise UsageError("--warmup must be 0 or more.")
-    if args.nproc < 1:
+    if args.nproc is not None and args.nproc < 1:
         raise UsageError("--nproc must be at least 1.")
     if args.static is not None:
         if args.target or args.module:
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_static(args, fail_on)
     if not args.target and not args.module:
         raise UsageError("Name the script to check after --, e.g. 'scalpel doctor -- train.py', or pass --static PATH.")
-    if args.nproc > 1:
+    if args.nproc is not None:
         return _run_ranks(args, fail_on)
     return _run_script(args, fail_on)
 
@@ -136,7 +137,7 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from rich.console import Console
 
-    from torchscalpel.doctor.api import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS, diagnose
+    from torchscalpel.doctor.api import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS, diagnose, launcher_hint
     from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.record import save_record
 
@@ -161,6 +162,9 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         save_record(record, out_dir)
     status = f"script {record.status} after {len(record.steps)} step(s)" + (f": {record.error}" if record.error else "")
     render_terminal(findings, console, header=f"[dim]{status}[/dim]\n")
+    hint = launcher_hint(target, record)
+    if hint:
+        console.print(hint, markup=False, highlight=False, soft_wrap=True)
     console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
     _write_outputs(args, findings, {"mode": "run", "status": record.status, "steps": len(record.steps),
                                     "record": str(out_dir / "run.json")})

@@ -28,7 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--factory-args", metavar="JSON", help="keyword arguments for the factory, a JSON object")
     p.add_argument("--batch", metavar="SPEC", help="per-rank batch, e.g. 'x=float32[8,3,32,32],y=int64[8]:10'")
     p.add_argument("--loss", metavar="MODULE:FN", help="loss function FN(model, batch) -> scalar tensor")
-    p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZERS), help="optimizer (default adamw)")
+    p.add_argument("--optimizer", default=None, choices=list(OPTIMIZERS),
+                   help="optimizer (default: adamw with --model; with a script, the one the script built, or none)")
     p.add_argument("--precision", default="fp32", choices=list(PRECISIONS), help="numeric precision (default fp32)")
     p.add_argument("--strategy", default="all", choices=[*STRATEGIES, "all"], help="strategy to plan (default all)")
     p.add_argument("--world-size", type=int, default=1, help="total ranks (default 1)")
@@ -107,7 +108,7 @@ def _factory_plan(args: argparse.Namespace, device, strategies):
         builder=lambda: factory(**kwargs), batch=batch, loss_fn=loss_fn, strategies=strategies,
         world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.activation_checkpointing,
         search_max_batch=not args.no_max_batch, model_name=args.model,
-        settings=sim_settings(OptimizerSpec.named(args.optimizer), args.precision, args.grad_accum, device),
+        settings=sim_settings(OptimizerSpec.named(args.optimizer or "adamw"), args.precision, args.grad_accum, device),
     )
     return make_plan(request)
 

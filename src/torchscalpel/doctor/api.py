@@ -23,7 +23,6 @@ from torchscalpel.doctor.output import counts
 from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
 from torchscalpel.doctor.static import analyze_paths
-from torchscalpel.netutil import free_port
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
 
@@ -90,34 +89,39 @@ def check_static(paths: Iterable[Path], rules: Sequence[str] | None = None) -> l
     return rank_findings(analyze_paths(list(paths), rules=rules))
 
 
-def _single_rank_env(target: Target) -> Callable[[], Callable[[], None]]:
-    """A setup hook: if the script initialises torch.distributed and no launcher set the variables,
-    provide a 1-rank world on loopback so DDP/FSDP scripts run in-process."""
+_DIST_CALLS = ("init_process_group", "init_device_mesh")
+_DIST_ERRORS = ("torch.distributed", "env://", "rendezvous", "process group", "MASTER_ADDR", "MASTER_PORT",
+                "RANK", "WORLD_SIZE", "NCCL", "Gloo", "gloo")
 
-    def setup() -> Callable[[], None]:
-        text = ""
-        if target.script is not None and target.script.is_file():
-            text = target.script.read_text(encoding="utf-8", errors="replace")
-        wants = any(s in text for s in ("init_process_group", "init_device_mesh"))
-        if not wants or "RANK" in os.environ:
-            return lambda: None
-        values = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-        saved = {k: os.environ.get(k) for k in values}
-        os.environ.update(values)
 
-        def undo() -> None:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()
+def _destroy_left_process_group() -> Callable[[], None]:
+    """A setup hook: the script runs in this process, so a process group it leaves initialised would
+    outlive it (and break the doctor's re-runs); destroy one created during the run. The script's own
+    environment is never touched: it runs exactly as ``python SCRIPT`` would."""
+    available = torch.distributed.is_available()
+    before = available and torch.distributed.is_initialized()
 
-        return undo
+    def undo() -> None:
+        if available and not before and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
 
-    return setup
+    return undo
+
+
+def launcher_hint(target: Target, record: RunRecord) -> str | None:
+    """One sentence for a script that failed in torch.distributed's set-up (usually: no launcher set
+    RANK/WORLD_SIZE/MASTER_ADDR), naming the doctor's multi-rank mode; None otherwise."""
+    if record.status != "failed" or not record.error:
+        return None
+    text = ""
+    if target.script is not None and target.script.is_file():
+        text = target.script.read_text(encoding="utf-8", errors="replace")
+    if not any(s in text for s in _DIST_CALLS) or not any(s in record.error for s in _DIST_ERRORS):
+        return None
+    script = target.script.name if target.script is not None else "SCRIPT"
+    return (f"The script failed while setting up torch.distributed, as it would under 'python {script}': "
+            f"to diagnose it as a distributed run, give it a launcher with 'scalpel doctor --nproc N -- {script}' "
+            f"(or 'scalpel launch --nproc N --doctor -- {script}').")
 
 
 def _restore_global_flags() -> Callable[[], None]:
@@ -145,7 +149,7 @@ def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup:
     profile_steps = 3 if profile and out_dir is not None and torch.cuda.is_available() else 0
     options = RuntimeOptions(warmup=warmup, steps=steps, out_dir=out_dir, profile_steps=profile_steps, name=name)
     record = run_target(target, options, observers=[doctor],
-                        setup_hooks=[_restore_global_flags, _single_rank_env(target), doctor.setup_hook],
+                        setup_hooks=[_restore_global_flags, _destroy_left_process_group, doctor.setup_hook],
                         progress=progress, command=command)
     if profile_steps and out_dir is not None:
         try:
@@ -241,6 +245,7 @@ def diagnose(
         "counts": counts(findings),
         "sanity": sanity,
         "notes": [n for n in notes if n],
+        "hint": launcher_hint(target, record),
     }
     return record, findings
 

@@ -39,6 +39,8 @@ class PlanRequest:
     """``none`` or ``blocks``: the activation checkpointing the rows assume."""
     search_max_batch: bool = True
     model_name: str = "model"
+    batch_note: str = ""
+    """Which dimension of each batch entry the max-batch search scales, and why (script mode)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -80,6 +82,7 @@ class PlanResult:
             "model": r.model_name,
             "batch": r.batch.text(),
             "batch_size": r.batch.batch_size,
+            "batch_dims": r.batch_note or r.batch.batch_dims(),
             "optimizer": r.settings.optimizer.label,
             "precision": r.settings.precision,
             "grad_accum": r.settings.grad_accum,

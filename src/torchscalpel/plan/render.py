@@ -28,6 +28,7 @@ def header_lines(result: PlanResult) -> list[str]:
         f"{len(m.blocks)} blocks (largest {fmt_bytes(max((s for _, s in m.blocks), default=0))})",
         f"batch per rank {r.batch.text()} · optimizer {r.settings.optimizer.label} · {r.settings.precision}"
         f" · grad-accum {r.settings.grad_accum} · {r.world_size} rank(s) on {r.nodes} node(s)",
+        *([f"{r.batch_note}"] if r.batch_note else []),
         f"device {r.device.name}: {fmt_bytes(r.device.memory)} ({r.device.kind}; margin {r.device.margin:.0%} "
         f"+ context {fmt_bytes(r.device.context_bytes)})",
         f"measured on fake tensors: saved for backward {fmt_bytes(m.saved_bytes)}, "

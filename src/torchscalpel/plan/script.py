@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchscalpel.errors import UsageError
 from torchscalpel.plan.model_io import loss_from_output
@@ -44,22 +45,41 @@ class PlanObserver(Observer):
         self.autocast: torch.dtype | None = None
         self.backwards = 0
         self.optimizer: OptimizerSpec | None = None
+        self.optimizer_stepped = False  # False with an optimizer: built over the model but never stepped
         self._trained = False  # a backward was seen: the forward and batch before it are the training ones
+        self._root: nn.Module | None = None  # the root module as called (a DDP wrapper stays the wrapper)
+        self._loader: Any = None
+        self._seq_first: tuple[str, int] | None = None  # (what said so, its batch size) in the training forward
+
+    def setup_hook(self) -> Any:
+        """A runtime setup hook: global module forward *pre* hooks get no keyword arguments, so a
+        global forward hook with ``with_kwargs`` reads them as the root call returns (transformers
+        models are called as ``model(input_ids=x, labels=y)``). Returns the undo."""
+        handle = nn.modules.module.register_module_forward_hook(self._forward_kwargs, with_kwargs=True)
+        return handle.remove
+
+    def _forward_kwargs(self, module: nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        if module is self._root and not self._trained:
+            self.kwargs = dict(kwargs)
 
     def on_start(self, session: Any) -> None:
         self.session = session
 
     def on_batch(self, batch: Any, loader: Any) -> None:
         if not self._trained:
-            self.batch = batch
+            self.batch, self._loader = batch, loader
 
     def on_forward_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
         # The last root forward before the first backward is the training one: earlier calls may
         # be probes on a different batch (DDP's unused-parameter check, a sanity forward, eval).
-        if not root or self._trained:
+        if self._trained:
+            return
+        if not root:
+            self._note_sequence_first(module, args)
             return
         if not any(p.requires_grad for p in module.parameters()):
             return  # a loss module (nn.CrossEntropyLoss) or a frozen teacher: not the model being trained
+        self._root, self._seq_first = module, None
         # Under DDP the root module is the wrapper; plan the model it holds (the strategy rows add
         # DDP's own buffers). Same inputs: DDP passes them through unchanged.
         if isinstance(module, DistributedDataParallel):
@@ -69,24 +89,46 @@ class PlanObserver(Observer):
         if torch.is_autocast_enabled(device):
             self.autocast = torch.get_autocast_dtype(device)
 
+    def _note_sequence_first(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        """An RNN or attention layer with ``batch_first=False`` inside the training forward: its input
+        is (sequence, batch, features), so dimension 1 is the batch."""
+        if self.model is None or self._seq_first is not None or getattr(module, "batch_first", True):
+            return
+        if not isinstance(module, nn.RNNBase | nn.MultiheadAttention):
+            return
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.dim() == 3:
+            self._seq_first = (f"{type(module).__name__} with batch_first=False got input {list(x.shape)}", x.shape[1])
+
     def on_backward_pre(self, tensors: tuple[torch.Tensor, ...]) -> None:
-        if self.optimizer is None:
+        if not self.optimizer_stepped:
             self.backwards += 1
             self._trained = self.model is not None
+            self._find_built_optimizer()
             if self.backwards >= MAX_BACKWARDS_WITHOUT_STEP and self.session is not None:
                 # Hand-written updates (no torch.optim): this many backward calls is enough to plan.
                 self.session.request_stop("scalpel plan: no optimizer step after many backward calls")
 
     def on_optimizer_step_post(self, optimizer: torch.optim.Optimizer) -> None:
-        if self.optimizer is not None:
+        if self.optimizer_stepped:
             return
-        klass = type(optimizer)
-        hyper = {k: (float(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
-                 for k, v in optimizer.param_groups[0].items() if k != "params"}
-        hyper = {k: v for k, v in hyper.items() if not isinstance(v, torch.Tensor)}
-        self.optimizer = OptimizerSpec(cls=f"{klass.__module__}.{klass.__qualname__}", kwargs=hyper)
+        self.optimizer, self.optimizer_stepped = optimizer_spec(optimizer), True
         if self.session is not None:
             self.session.request_stop("scalpel plan: first optimizer step seen")
+
+    def on_finish(self, record: Any) -> None:
+        if not self.optimizer_stepped:
+            self._find_built_optimizer()
+
+    def _find_built_optimizer(self) -> None:
+        """An optimizer built over the model that has not stepped (yet): the one to price if none steps."""
+        if self.optimizer is not None or self.model is None or self.session is None:
+            return
+        params = {id(p) for p in self.model.parameters()}
+        for opt in list(getattr(self.session, "optimizers", ())):
+            if any(id(p) in params for g in opt.param_groups for p in g["params"]):
+                self.optimizer = optimizer_spec(opt)
+                return
 
     # -- what the plan needs ---------------------------------------------------------------------
     def precision(self) -> str:
@@ -99,23 +141,58 @@ class PlanObserver(Observer):
         dtypes = {p.dtype for p in self.model.parameters()}
         return "bf16" if dtypes == {torch.bfloat16} else "fp32"
 
-    def inputs(self) -> tuple[BatchSpec, Any]:
-        """The batch as a spec (entries argN / keyword names / targetN) and a loss function using it."""
+    def inputs(self) -> tuple[BatchSpec, Any, str]:
+        """The batch as a spec (entries argN[_J] / keyword names / targetN, nested tensors included), a
+        loss function that calls the model exactly as the script did, and which dimension is the batch."""
+        arg_leaves = [tree_flatten(a) for a in self.args]
+        kw_leaves = {k: tree_flatten(v) for k, v in self.kwargs.items()}
+        inputs = [t for leaves, _ in [*arg_leaves, *kw_leaves.values()] for t in leaves if isinstance(t, torch.Tensor)]
+        given = {id(t) for t in inputs}
+        loose = [t for t in _tensors(self.batch) if id(t) not in given]
+        size, prefer, why = self._batch_size(inputs, loose)
         entries: list[TensorSpec] = []
-        positional: list[tuple[str | None, Any]] = []
-        for i, a in enumerate(self.args):
-            positional.append((_add(entries, f"arg{i}", a), a))
-        keywords: dict[str, tuple[str | None, Any]] = {k: (_add(entries, k, v), v) for k, v in self.kwargs.items()}
-        given = {id(a) for a in self.args} | {id(v) for v in self.kwargs.values()}
-        targets = [_add(entries, f"target{i}", t) for i, t in enumerate(_tensors(self.batch)) if id(t) not in given]
-        targets = [t for t in targets if t]
+
+        def add(name: str, value: Any) -> str | None:
+            return _add(entries, name, value, _batch_dim(value, size, prefer))
+
+        def slots(name: str, leaves: list[Any]) -> list[tuple[str | None, Any]]:
+            if len(leaves) == 1:
+                return [(add(name, leaves[0]), leaves[0])]
+            return [(add(f"{name}_{j}", leaf), leaf) for j, leaf in enumerate(leaves)]
+
+        positional = [(slots(f"arg{i}", leaves), spec) for i, (leaves, spec) in enumerate(arg_leaves)]
+        keywords = {k: (slots(k, leaves), spec) for k, (leaves, spec) in kw_leaves.items()}
+        targets = [n for n in (add(f"target{i}", t) for i, t in enumerate(_tensors(self.batch)) if id(t) not in given) if n]
+
+        def rebuild(parts: list[tuple[str | None, Any]], spec: Any, batch: dict[str, torch.Tensor]) -> Any:
+            return tree_unflatten([batch[name] if name else value for name, value in parts], spec)
 
         def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-            args = [batch[name] if name else value for name, value in positional]
-            kwargs = {k: batch[name] if name else value for k, (name, value) in keywords.items()}
+            args = [rebuild(parts, spec, batch) for parts, spec in positional]
+            kwargs = {k: rebuild(parts, spec, batch) for k, (parts, spec) in keywords.items()}
             return loss_from_output(model(*args, **kwargs), [batch[t] for t in targets])
 
-        return BatchSpec(tuple(entries)), loss_fn
+        spec = BatchSpec(tuple(entries))
+        dims = spec.batch_dims()
+        return spec, loss_fn, f"batch dimension {dims} ({why})" if dims and why else ""
+
+    def _batch_size(self, inputs: list[torch.Tensor], loose: list[torch.Tensor]) -> tuple[int | None, int, str]:
+        """(batch size, preferred dimension, why): the DataLoader's ``batch_size``; else what a
+        sequence-first layer received; else dimension 0 of the loader's batch or of the first input."""
+        prefer = 1 if self._seq_first else 0
+        tensors = [t for t in [*inputs, *loose] if t.dim()]
+        loader_size = getattr(self._loader, "batch_size", None)
+        if isinstance(loader_size, int) and any(loader_size in t.shape for t in tensors):
+            return loader_size, prefer, f"the DataLoader's batch_size {loader_size}"
+        if self._seq_first is not None:
+            what, size = self._seq_first
+            return size, 1, f"sequence-first: {what}"
+        from_loader = [t for t in _tensors(self.batch) if t.dim()]
+        if from_loader:
+            return from_loader[0].shape[0], 0, "dim 0 of the DataLoader's batch"
+        if tensors:
+            return tensors[0].shape[0], 0, "dim 0 of the model's first input"
+        return None, 0, ""
 
     def meta_builder(self) -> Any:
         """A function returning a meta-device copy of the captured model (structure only, no data)."""
@@ -147,14 +224,34 @@ def _tensors(batch: Any) -> list[torch.Tensor]:
     return []
 
 
-def _add(entries: list[TensorSpec], name: str, value: Any) -> str | None:
+def _batch_dim(value: Any, size: int | None, prefer: int) -> int | None:
+    """The dimension of ``value`` that is the batch: ``prefer`` if it has the batch size, else the first
+    that has it; None (not scaled) when none has it."""
+    if not isinstance(value, torch.Tensor) or size is None or not value.dim():
+        return None
+    shape = tuple(value.shape)
+    if prefer < len(shape) and shape[prefer] == size:
+        return prefer
+    return next((d for d, n in enumerate(shape) if n == size), None)
+
+
+def optimizer_spec(optimizer: torch.optim.Optimizer) -> OptimizerSpec:
+    """The optimizer's class and first param group's hyperparameters (momentum, betas, ...)."""
+    klass = type(optimizer)
+    hyper = {k: (float(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
+             for k, v in optimizer.param_groups[0].items() if k != "params"}
+    hyper = {k: v for k, v in hyper.items() if not isinstance(v, torch.Tensor)}
+    return OptimizerSpec(cls=f"{klass.__module__}.{klass.__qualname__}", kwargs=hyper)
+
+
+def _add(entries: list[TensorSpec], name: str, value: Any, batch_dim: int | None = 0) -> str | None:
     """Append a spec for ``value`` if it is a tensor; the entry name, or None for non-tensors."""
     if not isinstance(value, torch.Tensor):
         return None
     high = None
     if not value.is_floating_point() and value.dtype != torch.bool and value.numel():
         high = int(value.max()) + 1  # token ids / class labels: keep embedding lookups in range
-    entries.append(TensorSpec(name, value.dtype, tuple(value.shape), high))
+    entries.append(TensorSpec(name, value.dtype, tuple(value.shape), high, batch_dim))
     return name
 
 
@@ -171,20 +268,24 @@ def plan_script(args: argparse.Namespace, device: Any, strategies: list[str]) ->
     # No step count: forward-only steps before the optimizer exists (a sanity forward) must not end
     # the run; the observer stops it at the first optimizer step.
     record = run_target(target, RuntimeOptions(warmup=0, steps=None, out_dir=None, profile_steps=0,
-                                               name=f"plan-{target.name}"), observers=[observer])
+                                               name=f"plan-{target.name}"), observers=[observer],
+                        setup_hooks=[observer.setup_hook])
     if observer.model is None:
         raise UsageError(f"The script never called a model (status {record.status}); plan needs one training step to see it.")
-    if observer.optimizer is None and args.optimizer == "adamw" and record.status == "failed":
+    if not observer.optimizer_stepped and observer.backwards == 0 and record.status == "failed":
         raise UsageError(f"The script failed before its first optimizer step ({record.error}); fix it or use factory mode.")
-    optimizer = observer.optimizer or OptimizerSpec.named(args.optimizer)
-    batch, loss_fn = observer.inputs()
+    # --optimizer, when given, asks "what if"; otherwise the optimizer the script built, or none at all
+    # (updates written by hand, ``p.data.add_(-lr * p.grad)``, keep no state).
+    optimizer = OptimizerSpec.named(args.optimizer or "none") if args.optimizer or observer.optimizer is None \
+        else observer.optimizer
+    batch, loss_fn, batch_note = observer.inputs()
     precision = observer.precision() if args.precision == "fp32" else args.precision
-    seen_accum = max(1, observer.backwards) if observer.optimizer is not None else 1
+    seen_accum = max(1, observer.backwards) if observer.optimizer_stepped else 1
     accum = seen_accum if args.grad_accum == 1 else args.grad_accum
     request = PlanRequest(
         builder=observer.meta_builder(), batch=batch, loss_fn=loss_fn, strategies=strategies,
         world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.activation_checkpointing,
-        search_max_batch=not args.no_max_batch, model_name=type(observer.model).__name__,
+        search_max_batch=not args.no_max_batch, model_name=type(observer.model).__name__, batch_note=batch_note,
         settings=sim_settings(optimizer, precision, accum, device),
     )
     return make_plan(request), record, out_dir

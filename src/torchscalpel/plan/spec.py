@@ -37,18 +37,22 @@ _ENTRY = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([A-Za-z0-9_]+)\s*\[([^
 
 @dataclass(frozen=True, slots=True)
 class TensorSpec:
-    """One named tensor of the batch: dtype, shape (dim 0 is the batch) and integer value bound."""
+    """One named tensor of the batch: dtype, shape, integer value bound, and which dimension is the
+    batch (0 for every ``--batch`` entry; script mode finds it, None for a tensor without one)."""
 
     name: str
     dtype: torch.dtype
     shape: tuple[int, ...]
     high: int | None = None
+    batch_dim: int | None = 0
 
     def with_batch(self, batch: int) -> TensorSpec:
-        """The same tensor with dimension 0 set to ``batch`` (scalars stay scalars)."""
-        if not self.shape:
+        """The same tensor with its batch dimension set to ``batch`` (scalars stay scalars)."""
+        d = self.batch_dim
+        if d is None or d >= len(self.shape):
             return self
-        return TensorSpec(self.name, self.dtype, (batch, *self.shape[1:]), self.high)
+        shape = (*self.shape[:d], batch, *self.shape[d + 1:])
+        return TensorSpec(self.name, self.dtype, shape, self.high, d)
 
     def text(self) -> str:
         """Back to the SPEC form, e.g. ``y=int64[8]:10``."""
@@ -73,15 +77,27 @@ class BatchSpec:
 
     @property
     def batch_size(self) -> int:
-        """Dimension 0 of the first entry that has one."""
+        """The batch dimension of the first entry that has one."""
         for entry in self.entries:
-            if entry.shape:
-                return entry.shape[0]
+            if entry.batch_dim is not None and entry.batch_dim < len(entry.shape):
+                return entry.shape[entry.batch_dim]
         return 1
 
     def with_batch(self, batch: int) -> BatchSpec:
-        """Every entry's dimension 0 set to ``batch``."""
+        """Every entry's batch dimension set to ``batch``."""
         return BatchSpec(tuple(e.with_batch(batch) for e in self.entries))
+
+    def batch_dims(self) -> str:
+        """Which dimension of each entry is the batch, e.g. ``dim 1 of arg0, arg1_0; not scaled: arg2``."""
+        by_dim: dict[int | None, list[str]] = {}
+        for e in self.entries:
+            if e.shape:
+                by_dim.setdefault(e.batch_dim if e.batch_dim is not None and e.batch_dim < len(e.shape) else None,
+                                  []).append(e.name)
+        parts = [f"dim {d} of {', '.join(names)}" for d, names in sorted((k, v) for k, v in by_dim.items() if k is not None)]
+        if None in by_dim:
+            parts.append(f"not scaled: {', '.join(by_dim[None])}")
+        return "; ".join(parts)
 
     def text(self) -> str:
         """Back to the SPEC form."""
