@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 import torch
 
 from torchscalpel.plan.devices import Device
-from torchscalpel.plan.script import plan_script
+from torchscalpel.plan.script import ScriptPlanOptions, plan_script
+from torchscalpel.runtime.target import Target
 
 SCRIPT = '''
 import torch
@@ -37,10 +37,8 @@ def _plan(tmp_path, name: str, text: str, optimizer: str | None = None):
     """Script-mode plan of ``text`` saved as ``name``, single rank on a 16 GiB CPU: (plan, record)."""
     script = tmp_path / name
     script.write_text(text)
-    args = argparse.Namespace(module=None, target=["--", str(script)], out=tmp_path / "run", optimizer=optimizer,
-                              precision="fp32", grad_accum=1, world_size=1, nodes=1, activation_checkpointing="none",
-                              no_max_batch=True)
-    result, record, _out_dir = plan_script(args, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
+    options = ScriptPlanOptions(optimizer=optimizer, search_max_batch=False)
+    result, record = plan_script(Target(script=script), options, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
     return result, record
 
 

@@ -12,7 +12,12 @@ import json
 import sys
 from pathlib import Path
 
-from torchscalpel.cli.common import add_output_arguments, add_target_arguments, default_run_dir
+from torchscalpel.cli.common import (
+    add_output_arguments,
+    add_target_arguments,
+    default_run_dir,
+    resolve_target,
+)
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
 from torchscalpel.plan.names import OPTIMIZERS, PRECISIONS, STRATEGIES
@@ -55,9 +60,16 @@ def run(args: argparse.Namespace) -> int:
     strategies = strategies_for(args.strategy, args.world_size, args.nodes)
     script_mode = _script_mode(args)
     if script_mode:
-        from torchscalpel.plan.script import plan_script
+        from torchscalpel.plan.script import ScriptPlanOptions, plan_script
 
-        result, record, out_dir = plan_script(args, device, strategies)
+        target = resolve_target(args)
+        out_dir = Path(args.out or default_run_dir(f"plan-{target.name}"))
+        options = ScriptPlanOptions(
+            optimizer=args.optimizer, precision=args.precision, grad_accum=args.grad_accum,
+            world_size=args.world_size, nodes=args.nodes, checkpointing=args.activation_checkpointing,
+            search_max_batch=not args.no_max_batch,
+        )
+        result, record = plan_script(target, options, device, strategies)
     else:
         result = _factory_plan(args, device, strategies)
         record, out_dir = _factory_record(args, result)
@@ -97,7 +109,7 @@ def _validate(args: argparse.Namespace) -> None:
 def _factory_plan(args: argparse.Namespace, device, strategies):
     from torchscalpel.loading import load_callable
     from torchscalpel.plan.planner import PlanRequest, make_plan
-    from torchscalpel.plan.simulate import OptimizerSpec
+    from torchscalpel.plan.simulate import OptimizerSpec, sim_settings_for
     from torchscalpel.plan.spec import parse_batch_spec, parse_factory_args
 
     batch = parse_batch_spec(args.batch)
@@ -108,21 +120,9 @@ def _factory_plan(args: argparse.Namespace, device, strategies):
         builder=lambda: factory(**kwargs), batch=batch, loss_fn=loss_fn, strategies=strategies,
         world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.activation_checkpointing,
         search_max_batch=not args.no_max_batch, model_name=args.model,
-        settings=sim_settings(OptimizerSpec.named(args.optimizer or "adamw"), args.precision, args.grad_accum, device),
+        settings=sim_settings_for(OptimizerSpec.named(args.optimizer or "adamw"), args.precision, args.grad_accum, device),
     )
     return make_plan(request)
-
-
-def sim_settings(optimizer, precision: str, grad_accum: int, device):
-    """Simulation settings for a target device (fake CUDA only where CUDA exists; foreach as CUDA does)."""
-    import torch
-
-    from torchscalpel.plan.simulate import SimSettings
-
-    gpu_target = device.kind in ("cuda", "rocm")
-    sim_device = "cuda" if gpu_target and torch.cuda.is_available() else "cpu"
-    return SimSettings(optimizer=optimizer, precision=precision, grad_accum=grad_accum,
-                       foreach=True if gpu_target else None, device=sim_device)
 
 
 def _factory_record(args: argparse.Namespace, result):

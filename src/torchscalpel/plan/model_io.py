@@ -1,4 +1,4 @@
-"""How factory mode feeds a batch to the model and gets a loss, and which modules are "blocks".
+"""How factory mode feeds a batch to the model and gets a loss.
 
 Calling convention (documented in docs/plan.md):
 
@@ -9,9 +9,8 @@ Calling convention (documented in docs/plan.md):
   models given ``labels``), a scalar output, cross-entropy against an integer target, MSE against a
   float target, or the mean of the output when there is no target.
 
-Blocks are the unit of FSDP wrapping and of activation checkpointing: the children of the largest
-``ModuleList``/``Sequential`` whose children all share one class (transformer layers, MLP layers),
-else the top-level children that hold parameters.
+Which modules are "blocks" (FSDP units, checkpointed regions, compile regions) is decided in one
+place for every stage: :func:`torchscalpel.blocks.find_blocks`.
 """
 
 from __future__ import annotations
@@ -92,25 +91,6 @@ def _first_tensor(out: Any) -> torch.Tensor | None:
             if found is not None:
                 return found
     return None
-
-
-def find_blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The repeated blocks (see module docstring) as (qualified name, module)."""
-    best: tuple[int, list[tuple[str, nn.Module]]] | None = None
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.ModuleList | nn.Sequential):
-            continue
-        children = list(module.named_children())
-        if len(children) < 2 or len({type(c) for _, c in children}) != 1:
-            continue
-        if not all(any(True for _ in c.parameters()) for _, c in children):
-            continue
-        size = sum(p.numel() for _, c in children for p in c.parameters())
-        if best is None or size > best[0]:
-            best = (size, [(f"{name}.{n}" if name else n, c) for n, c in children])
-    if best is not None:
-        return best[1]
-    return [(n, c) for n, c in model.named_children() if any(True for _ in c.parameters())]
 
 
 def unique_params(module: nn.Module) -> list[nn.Parameter]:

@@ -11,9 +11,8 @@ in factory mode; the live model is only read for shapes (a meta copy, no data co
 
 from __future__ import annotations
 
-import argparse
 import copy
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ from torchscalpel.plan.model_io import loss_from_output
 from torchscalpel.plan.simulate import OptimizerSpec
 from torchscalpel.plan.spec import BatchSpec, TensorSpec
 from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.target import Target
 
 MAX_BACKWARDS_WITHOUT_STEP = 64
 """A script whose optimizer has not stepped after this many backward calls updates by hand."""
@@ -255,15 +255,35 @@ def _add(entries: list[TensorSpec], name: str, value: Any, batch_dim: int | None
     return name
 
 
-def plan_script(args: argparse.Namespace, device: Any, strategies: list[str]) -> tuple[Any, Any, Path]:
-    """Run the script to its first optimizer step, then plan what it used. Returns (plan, record, out dir)."""
-    from torchscalpel.cli.common import default_run_dir, resolve_target
-    from torchscalpel.cli.plan import sim_settings
+@dataclass(kw_only=True, slots=True)
+class ScriptPlanOptions:
+    """What ``scalpel plan -- SCRIPT`` asks beyond what the script itself shows."""
+
+    optimizer: str | None = None
+    """``--optimizer``: price this optimizer instead of the script's own (None: the script's, or none)."""
+    precision: str = "fp32"
+    """``--precision``; fp32 means "as the script ran" (autocast seen in the forward is kept)."""
+    grad_accum: int = 1
+    """``--grad-accum``; 1 means "as the script ran" (its backward calls per optimizer step)."""
+    world_size: int = 1
+    nodes: int = 1
+    checkpointing: str = "none"
+    """``--activation-checkpointing``: none, or how blocks are checkpointed in the plan."""
+    search_max_batch: bool = True
+
+    def __post_init__(self) -> None:
+        if self.grad_accum < 1:
+            raise ValueError(f"--grad-accum {self.grad_accum} must be at least 1")
+        if self.world_size < 1 or self.nodes < 1 or self.world_size % self.nodes:
+            raise ValueError(f"--nodes {self.nodes} must be at least 1 and divide --world-size {self.world_size}")
+
+
+def plan_script(target: Target, args: ScriptPlanOptions, device: Any, strategies: list[str]) -> tuple[Any, Any]:
+    """Run the script to its first optimizer step, then plan what it used. Returns (plan, record)."""
     from torchscalpel.plan.planner import PlanRequest, make_plan
+    from torchscalpel.plan.simulate import sim_settings_for
     from torchscalpel.runtime.session import RuntimeOptions, run_target
 
-    target = resolve_target(args)
-    out_dir = Path(args.out or default_run_dir(f"plan-{target.name}"))
     observer = PlanObserver()
     # No step count: forward-only steps before the optimizer exists (a sanity forward) must not end
     # the run; the observer stops it at the first optimizer step.
@@ -284,8 +304,8 @@ def plan_script(args: argparse.Namespace, device: Any, strategies: list[str]) ->
     accum = seen_accum if args.grad_accum == 1 else args.grad_accum
     request = PlanRequest(
         builder=observer.meta_builder(), batch=batch, loss_fn=loss_fn, strategies=strategies,
-        world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.activation_checkpointing,
-        search_max_batch=not args.no_max_batch, model_name=type(observer.model).__name__, batch_note=batch_note,
-        settings=sim_settings(optimizer, precision, accum, device),
+        world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.checkpointing,
+        search_max_batch=args.search_max_batch, model_name=type(observer.model).__name__, batch_note=batch_note,
+        settings=sim_settings_for(optimizer, precision, accum, device),
     )
-    return make_plan(request), record, out_dir
+    return make_plan(request), record

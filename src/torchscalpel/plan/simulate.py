@@ -393,3 +393,11 @@ def _fake_error(exc: BaseException, failed_op: str | None) -> UsageError:
         )
     where = f" in op {op}" if op else ""
     return UsageError(f"Running the model on the batch under fake tensors failed{where}: {type(exc).__name__}: {_one_line(exc)}.")
+
+
+def sim_settings_for(optimizer: OptimizerSpec, precision: str, grad_accum: int, device: Any) -> SimSettings:
+    """Simulation settings for a target device (fake CUDA only where CUDA exists; foreach as CUDA does)."""
+    gpu_target = device.kind in ("cuda", "rocm")
+    sim_device = "cuda" if gpu_target and torch.cuda.is_available() else "cpu"
+    return SimSettings(optimizer=optimizer, precision=precision, grad_accum=grad_accum,
+                       foreach=True if gpu_target else None, device=sim_device)
