@@ -55,6 +55,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen stages; 0 when every one succeeded, 1 otherwise."""
+    from rich.markup import escape
+
     from torchscalpel.examples import copy_examples
     from torchscalpel.report.terminal import console
 
@@ -77,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
             ok, output, summary = False, str(out / name), f"{type(exc).__name__}: {exc}"
         results.append(StageResult(name, ok, time.perf_counter() - start, output, summary))
         if not ok:
-            c.print(f"[red]stage {name} failed:[/] {summary}")
+            c.print(f"[red]stage {name} failed:[/] {escape(summary)}")
     report = _write_combined_report(out, results)
     c.rule("[bold]demo summary[/]")
     for r in results:
         mark = "[red]FAILED[/]" if not r.ok else "[yellow]skipped[/]" if r.summary.startswith("skipped") else "[green]ok[/]"
-        c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {r.summary}")
-    c.print(f"\nOpen the report: [bold]{report}[/]")
+        c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {escape(r.summary)}")
+    c.print(f"\nOpen the report: [bold]{escape(str(report))}[/]")
     return 0 if all(r.ok for r in results) else 1
 
 
