@@ -9,6 +9,7 @@ and the fresh site-packages comes first.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -31,9 +32,16 @@ def _run(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Complet
 
 @pytest.mark.slow
 def test_wheel_installs_and_demo_runs_from_an_empty_folder(tmp_path: Path) -> None:
+    # Built from a copy: setuptools writes build/ and *.egg-info next to the sources.
+    tree = tmp_path / "tree"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(REPO / "src", tree / "src", symlinks=True, ignore=skip)  # example_scripts stays a link
+    shutil.copytree(REPO / "examples", tree / "examples", ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copyfile(REPO / name, tree / name)
     wheels = tmp_path / "wheels"
     proc = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                 str(REPO)], cwd=tmp_path)
+                 str(tree)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wheel,) = wheels.glob("torchscalpel-*.whl")
 
