@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+COMMITTED_TRACES = REPO / "tests" / "data" / "traces"
+"""Small synthetic Kineto-shaped traces (gpu_2rank/, cpu_only/, rocm_mi250/, compare/), written by
+scripts/make_test_traces.py, whose every figure is known; always present, unlike ../shared."""
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -6,7 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
-from helpers import run_cli
+from helpers import COMMITTED_TRACES, run_cli
 
 
 def test_two_rank_folder_json_and_html(tmp_path: Path, traces_dir: Path) -> None:
@@ -25,6 +25,32 @@ def test_two_rank_folder_json_and_html(tmp_path: Path, traces_dir: Path) -> None
     assert 'data-chart="steps-rank0"' in html
 
 
+def test_committed_two_rank_folder_json_and_html(tmp_path: Path) -> None:
+    out_json, out_html = tmp_path / "a.json", tmp_path / "a.html"
+    proc = run_cli("analyze", str(COMMITTED_TRACES / "gpu_2rank"), "--json", str(out_json), "--html", str(out_html))
+    assert proc.returncode == 0, proc.stderr
+    assert "ProfilerStep#10" in proc.stdout and "likely straggler" in proc.stdout
+    data = json.loads(out_json.read_text())
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert [r["gpu"]["comm_comp_overlap_pct"] for r in data["ranks"]] == [50.0, 100.0]
+    assert data["stragglers"]["likely_straggler"] == 1
+    html = out_html.read_text()
+    for sid in ("trace-overview", "trace-steps", "trace-gpu", "trace-ops", "trace-kernels", "trace-ranks"):
+        assert f'id="{sid}"' in html
+
+
+def test_committed_diff_lists_added_ops(tmp_path: Path) -> None:
+    out_json = tmp_path / "d.json"
+    proc = run_cli("analyze", str(COMMITTED_TRACES / "compare/base.json.gz"), "--diff",
+                   str(COMMITTED_TRACES / "compare/test.json.gz"), "--json", str(out_json))
+    assert proc.returncode == 0, proc.stderr
+    diff = json.loads(out_json.read_text())["diff"]
+    assert diff["ops"]["added"] == ["aten::cat"] and diff["ops"]["removed"] == []
+    (row,) = diff["kernels"]["rows"]
+    assert (row["status"], row["count_a"], row["count_b"], row["time_a_us"], row["time_b_us"]) == ("changed", 1, 3, 80, 240)
+    assert "added    aten::cat" in proc.stdout
+
+
 def test_diff_lists_added_ops(tmp_path: Path, traces_dir: Path) -> None:
     out_json = tmp_path / "d.json"
     proc = run_cli("analyze", str(traces_dir / "compare/base.json.gz"), "--diff", str(traces_dir / "compare/test.json.gz"),
@@ -39,8 +65,8 @@ def test_diff_lists_added_ops(tmp_path: Path, traces_dir: Path) -> None:
     assert 'id="trace-diff"' in (tmp_path / "d.html").read_text()
 
 
-def test_truncated_trace_exit_1_with_offset_and_partial_outputs(tmp_path: Path, traces_dir: Path) -> None:
-    raw = gzip.decompress((traces_dir / "gpu_2rank/rank-0.json.gz").read_bytes())
+def test_truncated_trace_exit_1_with_offset_and_partial_outputs(tmp_path: Path, trace_set: Path) -> None:
+    raw = gzip.decompress((trace_set / "gpu_2rank/rank-0.json.gz").read_bytes())
     cut = tmp_path / "rank-0.json"
     cut.write_bytes(raw[: len(raw) * 2 // 3])
     out_json = tmp_path / "p.json"
@@ -53,14 +79,14 @@ def test_truncated_trace_exit_1_with_offset_and_partial_outputs(tmp_path: Path, 
     assert data["complete"] is False and data["errors"][0]["byte_offset"] > 0
 
 
-def test_usage_errors_exit_2(tmp_path: Path, traces_dir: Path) -> None:
+def test_usage_errors_exit_2(tmp_path: Path) -> None:
     proc = run_cli("analyze", str(tmp_path / "missing.json"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     proc = run_cli("analyze", str(tmp_path))
     assert proc.returncode == 2 and "no .json or .json.gz" in proc.stderr
-    proc = run_cli("analyze", str(traces_dir / "cpu_only"), "--json", str(tmp_path / "nope" / "x.json"))
+    proc = run_cli("analyze", str(COMMITTED_TRACES / "cpu_only"), "--json", str(tmp_path / "nope" / "x.json"))
     assert proc.returncode == 2 and "does not exist" in proc.stderr
-    proc = run_cli("analyze", str(traces_dir / "cpu_only"), "--top", "0")
+    proc = run_cli("analyze", str(COMMITTED_TRACES / "cpu_only"), "--top", "0")
     assert proc.returncode == 2
 
 

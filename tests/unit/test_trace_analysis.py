@@ -110,8 +110,8 @@ def test_cpu_only_trace(traces_dir: Path) -> None:
     assert rank["steps"][0]["name"] == "ProfilerStep#551" and "compute_us" not in rank["steps"][0]
 
 
-def test_rocm_trace_is_recognised(traces_dir: Path) -> None:
-    rank = analyze_traces(traces_dir / "rocm_mi250").to_dict()["ranks"][0]
+def test_rocm_trace_is_recognised(trace_set: Path) -> None:
+    rank = analyze_traces(trace_set / "rocm_mi250").to_dict()["ranks"][0]
     assert rank["device"] == "rocm"
     assert rank["steps"][0]["compute_us"] > 0
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from test_trace_analysis import synthetic_events
 
+from helpers import COMMITTED_TRACES
 from torchscalpel.report.html import render_page
 from torchscalpel.report.trace_sections import build_diff_section, build_trace_sections
 from torchscalpel.trace import analyze_traces
@@ -32,15 +33,15 @@ def test_sections_for_synthetic_gpu_trace_with_memory(tmp_path: Path) -> None:
     assert "aten::mm" in memory.body
 
 
-def test_cpu_only_and_prefix(traces_dir: Path) -> None:
-    data = analyze_traces(traces_dir / "cpu_only").to_dict()
+def test_cpu_only_and_prefix(trace_set: Path) -> None:
+    data = analyze_traces(trace_set / "cpu_only").to_dict()
     sections = build_trace_sections(data, prefix="profile-trace")
     assert _ids(sections) == ["profile-trace-overview", "profile-trace-steps", "profile-trace-ops"]
     assert "CPU only" in sections[1].body
 
 
-def test_errors_section_and_escaping(tmp_path: Path, traces_dir: Path) -> None:
-    raw = gzip.decompress((traces_dir / "gpu_2rank/rank-0.json.gz").read_bytes())
+def test_errors_section_and_escaping(tmp_path: Path, trace_set: Path) -> None:
+    raw = gzip.decompress((trace_set / "gpu_2rank/rank-0.json.gz").read_bytes())
     path = tmp_path / "<b>rank-0.json"
     path.write_bytes(raw[: len(raw) // 3])
     data = analyze_traces([path]).to_dict()
@@ -54,3 +55,10 @@ def test_diff_section(traces_dir: Path) -> None:
     b = analyze_traces(traces_dir / "compare/test.json.gz")
     sec = build_diff_section(diff_results(a, b))
     assert sec.id == "trace-diff" and "All2All_Pooled_Req" in sec.body and "added" in sec.body
+
+
+def test_diff_section_committed() -> None:
+    a = analyze_traces(COMMITTED_TRACES / "compare/base.json.gz")
+    b = analyze_traces(COMMITTED_TRACES / "compare/test.json.gz")
+    sec = build_diff_section(diff_results(a, b))
+    assert sec.id == "trace-diff" and "aten::cat" in sec.body and "added" in sec.body and "changed" in sec.body

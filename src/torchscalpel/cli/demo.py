@@ -9,6 +9,7 @@ plan sections and a table of what every stage did.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,8 +41,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "demo",
         help="run every stage on the bundled example and print where the report is",
-        description="Run env, profile, doctor, analyze, tune, plan and export/serve on "
-        "examples/char_transformer.py (ship uses examples/digits_cnn.py) and write one report.",
+        description="Run env, profile, doctor, analyze, tune, plan and export/serve on the bundled "
+        "examples/char_transformer.py (ship uses examples/digits_cnn.py), copied into <out>/examples/, and "
+        "write one report. Without the optional dependencies (torchscalpel[all]) the ship stage is skipped.",
     )
     p.add_argument("--out", type=Path, help="output folder (default scalpel-runs/<time>-demo/)")
     p.add_argument("--steps", type=int, default=12, help="measured steps for the profile stage (default 12)")
@@ -53,7 +55,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen stages; 0 when every one succeeded, 1 otherwise."""
-    from torchscalpel.examples import example_script
+    from rich.markup import escape
+
+    from torchscalpel.examples import copy_examples
     from torchscalpel.report.terminal import console
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
@@ -62,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"Unknown demo stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}.")
     out: Path = args.out or default_run_dir("demo")
     out.mkdir(parents=True, exist_ok=True)
-    target = Target(script=example_script("char_transformer.py"), args=list(EXAMPLE_ARGS))
+    # The stages run copies in <out>/examples/: what ran stays next to its report, editable.
+    target = Target(script=copy_examples(out / "examples") / "char_transformer.py", args=list(EXAMPLE_ARGS))
     c = console()
     results: list[StageResult] = []
     for i, name in enumerate(stages, start=1):
@@ -74,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
             ok, output, summary = False, str(out / name), f"{type(exc).__name__}: {exc}"
         results.append(StageResult(name, ok, time.perf_counter() - start, output, summary))
         if not ok:
-            c.print(f"[red]stage {name} failed:[/] {summary}")
+            c.print(f"[red]stage {name} failed:[/] {escape(summary)}")
     report = _write_combined_report(out, results)
     c.rule("[bold]demo summary[/]")
     for r in results:
-        mark = "[green]ok[/]" if r.ok else "[red]FAILED[/]"
-        c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {r.summary}")
-    c.print(f"\nOpen the report: [bold]{report}[/]")
+        mark = "[red]FAILED[/]" if not r.ok else "[yellow]skipped[/]" if r.summary.startswith("skipped") else "[green]ok[/]"
+        c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {escape(r.summary)}")
+    c.print(f"\nOpen the report: [bold]{escape(str(report))}[/]")
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -140,10 +145,18 @@ def _plan(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, st
     return code == 0, str(out), "per-rank memory for every strategy on 2 x A100-80GB"
 
 
+SHIP_MODULES = {"sklearn": "scikit-learn", "onnx": "onnx", "onnxscript": "onnxscript", "onnxruntime": "onnxruntime",
+                "fastapi": "fastapi", "uvicorn": "uvicorn"}
+"""What the ship stage imports beyond the core dependencies (module: distribution), all in torchscalpel[all]."""
+
+
 def _ship(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
     from torchscalpel.ship.demo import run_ship_demo
 
-    result = run_ship_demo(out)
+    missing = [dist for mod, dist in SHIP_MODULES.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        return True, str(out), f"skipped: needs {', '.join(missing)} (pip install \"torchscalpel[all]\")"
+    result = run_ship_demo(out, script=target.script.with_name("digits_cnn.py"))
     check = result["serve_check"]
     same = bool(result["parity_passed"] and check["same_argmax"])
     return same, str(out), (
@@ -187,13 +200,17 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
         title="Demo stages",
         body=table(
             ["stage", "result", "seconds", "summary", "outputs"],
-            [(r.name, "ok" if r.ok else "FAILED", f"{r.seconds:.1f}", r.summary, _rel(r.output, out)) for r in results],
+            [(r.name, _result_word(r), f"{r.seconds:.1f}", r.summary, _rel(r.output, out)) for r in results],
             [False, False, True, False, False],
         )
         + '<p class="muted">Each stage also wrote its own files (run.json, report.html, trace, bundle) in its folder.</p>',
     )
     html = render_page("torchscalpel demo", f"examples/char_transformer.py · {base.created}", [stages, *sections_for(base)])
     return atomic_write_text(out / "report.html", html)
+
+
+def _result_word(r: StageResult) -> str:
+    return "FAILED" if not r.ok else "skipped" if r.summary.startswith("skipped") else "ok"
 
 
 def _rel(path: str, root: Path) -> str:

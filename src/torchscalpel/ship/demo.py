@@ -16,8 +16,11 @@ from typing import Any
 from torchscalpel.errors import ScalpelError
 
 
-def run_ship_demo(out: Path, *, steps: int = 40, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train, export, serve-check; returns a summary (also the demo's record section)."""
+def run_ship_demo(out: Path, *, steps: int = 40, script: Path | None = None,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train, export, serve-check; returns a summary (also the demo's record section).
+
+    ``script`` is the digits example to use (default: the bundled one)."""
     import numpy as np
     import torch
     from sklearn.datasets import load_digits
@@ -27,7 +30,7 @@ def run_ship_demo(out: Path, *, steps: int = 40, log: Callable[[str], None] = pr
     from torchscalpel.ship.export import ExportOptions, export_bundle
     from torchscalpel.ship.factory import build_model
 
-    script = example_script("digits_cnn.py")
+    script = script or example_script("digits_cnn.py")
     out.mkdir(parents=True, exist_ok=True)
     weights = out / "digits_cnn.pt"
     proc = subprocess.run([sys.executable, str(script), "--steps", str(steps), "--epochs", "1", "--device", "cpu",
