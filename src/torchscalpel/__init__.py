@@ -11,13 +11,13 @@ from torchscalpel.record import RunRecord, load_record, save_record
 
 __version__ = "0.1.0"
 
-__all__ = ["RunRecord", "__version__", "load_record", "profile", "save_record"]
+__all__ = ["RunRecord", "__version__", "doctor", "load_record", "profile", "save_record"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy: ``import torchscalpel`` (and so ``scalpel --help``) must not import torch.
-    if name == "profile":
-        from torchscalpel.inprocess import profile
+    if name in ("profile", "doctor"):
+        from torchscalpel import inprocess
 
-        return profile
+        return getattr(inprocess, name)
     raise AttributeError(f"module 'torchscalpel' has no attribute {name!r}")

@@ -12,6 +12,11 @@ For notebooks and for training loops that are a function inside a larger program
     @torchscalpel.profile(steps=10)           # or as a decorator: each call is one run
     def train(): ...
 
+``torchscalpel.doctor(...)`` works the same way and runs every runtime rule over the block, plus
+the static rules over the caller's file and the model sources the block used; ``run.findings``
+holds the ranked findings. (The CLI's re-runs, the NaN origin search and ``--sanity``, need a
+script to run again, so the in-process doctor leaves them out.)
+
 The block runs under the same hooks and produces the same Run record and files as the CLI.
 When enough steps ran, the runtime ends the block at a step boundary (the rest of the block
 is skipped, as the CLI stops a script) and execution continues after the ``with``. An error
@@ -58,6 +63,10 @@ class InProcessRun(contextlib.ContextDecorator):
         self._finish = finish
         self.record: RunRecord | None = None
         """The Run record of the last block that ended (None while it runs)."""
+        self.findings: list[Any] = []
+        """Doctor blocks: the ranked findings (``Finding`` objects) of the last block."""
+        self.caller: str = "?"
+        """``file:line`` of the code that opened the block."""
         self.out_dir: Path | None = None
         """Where the last block's run.json, report.html and trace went."""
         self._attachment: Attachment | None = None
@@ -68,8 +77,9 @@ class InProcessRun(contextlib.ContextDecorator):
         self.out_dir = self._out or default_run_dir(self.options.name)
         self.options.out_dir = self.out_dir
         self.record = None
+        self.caller = _caller()
         attachment = Attachment(self.options, self.observers, self.setup_hooks,
-                                command=["torchscalpel.inprocess"], target={"inprocess": _caller()})
+                                command=["torchscalpel.inprocess"], target={"inprocess": self.caller})
         _active.append(attachment)
         try:
             attachment.attach()
@@ -126,6 +136,49 @@ def profile(
 
     return InProcessRun(options=options, out=Path(out) if out is not None else None, report=report, quiet=quiet,
                         finish=finish)
+
+
+def doctor(
+    *,
+    steps: int | None = 30,
+    warmup: int = 2,
+    out: str | Path | None = None,
+    static: bool = True,
+    step_kind: str = "auto",
+    name: str = "doctor-inprocess",
+    report: bool = True,
+    quiet: bool = True,
+) -> InProcessRun:
+    """Diagnose the block (or each call of the decorated function) like ``scalpel doctor``.
+
+    ``run.findings`` are the ranked findings and ``run.record.findings`` their JSON form;
+    ``quiet=False`` prints them. ``static=False`` skips the static rules.
+    """
+    from torchscalpel.doctor.api import assemble_findings, runtime_rules_for_block
+    from torchscalpel.doctor.runtime_rules import DoctorObserver
+
+    rules, sources = runtime_rules_for_block()
+    observer = DoctorObserver(rules)
+    options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name)
+
+    def finish(run: InProcessRun) -> None:
+        from torchscalpel.stages.profile import finish_profile
+
+        assert run.record is not None and run.out_dir is not None
+        caller_file = Path(run.caller.rsplit(":", 1)[0])
+        files = [caller_file.resolve()] if caller_file.is_file() else []  # a notebook cell has no file
+        run.findings = assemble_findings(run.record, observer, observer.findings(run.record), rules, sources,
+                                         files if static else None)
+        finish_profile(run.record, run.out_dir, write_report=run.report, quiet=True)
+        if not run.quiet:
+            from rich.console import Console
+
+            from torchscalpel.doctor.output import render_terminal
+
+            render_terminal(run.findings, Console())
+
+    return InProcessRun(options=options, out=Path(out) if out is not None else None, report=report, quiet=quiet,
+                        observers=[observer], setup_hooks=[observer.setup_hook], finish=finish)
 
 
 def _caller() -> str:

@@ -65,3 +65,24 @@ def test_blocks_do_not_nest_and_bad_options_raise_value_error(tmp_path: Path) ->
     with outer, pytest.raises(RuntimeError, match="already measuring"), torchscalpel.profile(out=tmp_path / "b"):
         pass
     assert outer.record is not None and outer.record.status == "complete"
+
+
+def test_doctor_block_finds_a_planted_bug_in_code_built_before_it(tmp_path: Path) -> None:
+    import torchscalpel
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.Adam(model.parameters())
+
+    def train() -> None:
+        for _ in range(40):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()  # planted: gradients are never zeroed
+
+    with torchscalpel.doctor(steps=10, out=tmp_path / "doc") as run:
+        train()
+    assert run.record is not None and run.record.status == "stopped" and len(run.record.steps) == 12
+    assert "grad-not-zeroed" in [f.rule for f in run.findings]
+    saved = json.loads((tmp_path / "doc" / "run.json").read_text())
+    assert "grad-not-zeroed" in [f["rule"] for f in saved["findings"]]
+    assert saved["sections"]["doctor"]["static_files"] == [str(Path(__file__).resolve())]

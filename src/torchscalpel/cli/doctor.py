@@ -34,6 +34,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="measured steps before the script is stopped (default: at least 30, more while the run "
                    "is under 20 s, at most 300)")
     p.add_argument("--warmup", type=int, default=2, help="steps run before measuring (default 2)")
+    p.add_argument("--step-kind", choices=("auto", "optimizer", "backward", "forward"), default="auto",
+                   help="what ends a step: auto (optimizer steps when there are any, else backward calls, "
+                   "else forward calls) or one fixed kind (default auto)")
     p.add_argument("--nproc", type=int, default=None,
                    help="run the script on this many ranks through 'scalpel launch' (torchrun; gloo on CPU) and merge "
                    "the findings; without it the script runs in-process exactly as 'python SCRIPT' would")
@@ -150,7 +153,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
                   + (" (+ overfit-one-batch check)" if args.sanity else ""))
     record, findings = diagnose(
         target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
-        out_dir=out_dir, command=["scalpel", *sys.argv[1:]],
+        out_dir=out_dir, command=["scalpel", *sys.argv[1:]], step_kind=args.step_kind,
     )
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"

@@ -141,13 +141,15 @@ def _restore_global_flags() -> Callable[[], None]:
 
 
 def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup: int, out_dir: Path | None,
-         name: str, progress: Any = None, command: Sequence[str] = (), profile: bool = False) -> tuple[RunRecord, DoctorObserver]:
+         name: str, progress: Any = None, command: Sequence[str] = (), profile: bool = False,
+         step_kind: str = "auto") -> tuple[RunRecord, DoctorObserver]:
     from torchscalpel.runtime.session import RuntimeOptions, run_target
 
     doctor = DoctorObserver(rules)
     # The profiler window only pays off on CUDA (host-device copies); on CPU it would just cost time.
     profile_steps = 3 if profile and out_dir is not None and torch.cuda.is_available() else 0
-    options = RuntimeOptions(warmup=warmup, steps=steps, out_dir=out_dir, profile_steps=profile_steps, name=name)
+    options = RuntimeOptions(warmup=warmup, steps=steps, out_dir=out_dir, profile_steps=profile_steps, name=name,
+                             step_kind=step_kind)
     record = run_target(target, options, observers=[doctor],
                         setup_hooks=[_restore_global_flags, _destroy_left_process_group, doctor.setup_hook],
                         progress=progress, command=command)
@@ -205,6 +207,7 @@ def diagnose(
     out_dir: Path | None = None,
     progress: Any = None,
     command: Sequence[str] = (),
+    step_kind: str = "auto",
 ) -> tuple[RunRecord, list[Finding]]:
     """Run ``target`` under every runtime rule (``steps=None``: the default window, see
     :data:`AUTO_MAX_STEPS`), add static findings for the script and the model
@@ -218,7 +221,7 @@ def diagnose(
         rules.append(StepBudget(warmup + DEFAULT_STEPS, AUTO_SECONDS))
         steps = AUTO_MAX_STEPS
     record, doctor = _run(target, rules, steps=steps, warmup=warmup, out_dir=out_dir, name=target.name,
-                          progress=progress, command=command, profile=True)
+                          progress=progress, command=command, profile=True, step_kind=step_kind)
     notes: list[str] = []
 
     nan_rule = next(r for r in rules if isinstance(r, NanLoss))
@@ -228,15 +231,39 @@ def diagnose(
     runtime_findings = doctor.findings(record)
     if sanity and not any(f.rule == "cannot-overfit-batch" for f in runtime_findings):
         runtime_findings += _sanity(target, notes)
-
-    static_findings: list[Finding] = []
     files: list[Path] = []
-    if static:
-        if target.script is not None and target.script.is_file():
-            files.append(target.script.resolve())
+    if static and target.script is not None and target.script.is_file():
+        files.append(target.script.resolve())
+    findings = assemble_findings(record, doctor, runtime_findings, rules, sources, files if static else None,
+                                 notes=notes, sanity=sanity)
+    record.sections["doctor"]["hint"] = launcher_hint(target, record)
+    return record, findings
+
+
+def runtime_rules_for_block() -> tuple[list[RuntimeRule], SourceFiles]:
+    """The rules of an in-process doctor block (every runtime rule) and the model-source collector."""
+    sources = SourceFiles()
+    return [*all_runtime_rules(), sources], sources
+
+
+def assemble_findings(
+    record: RunRecord,
+    doctor: DoctorObserver,
+    runtime_findings: list[Finding],
+    rules: Sequence[RuntimeRule],
+    sources: SourceFiles,
+    static_files: list[Path] | None,
+    *,
+    notes: Sequence[str] = (),
+    sanity: bool = False,
+) -> list[Finding]:
+    """Static findings over ``static_files`` plus the model sources the run used (None: no static
+    rules), merged with the runtime and environment findings, ranked, stored in the record."""
+    files = list(static_files or [])
+    static_findings: list[Finding] = []
+    if static_files is not None:
         files += [Path(f) for f in sorted(sources.files) if Path(f) not in files]
         static_findings = analyze_paths(files)
-
     findings = merge_findings(static_findings, runtime_findings + _env_findings(record), doctor.superseded_static())
     record.findings = [f.to_dict() for f in findings]
     record.sections["doctor"] = {
@@ -245,9 +272,9 @@ def diagnose(
         "counts": counts(findings),
         "sanity": sanity,
         "notes": [n for n in notes if n],
-        "hint": launcher_hint(target, record),
+        "hint": None,
     }
-    return record, findings
+    return findings
 
 
 def _env_findings(record: RunRecord) -> list[Finding]:
