@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from torchscalpel.errors import UsageError
 from torchscalpel.fileio import default_run_dir
 from torchscalpel.runtime.target import Target, resolve_script
+from torchscalpel.runtime.window import STEP_KINDS, StepCount, parse_steps
 
-__all__ = ["Target", "add_output_arguments", "add_target_arguments", "default_run_dir", "resolve_target"]
+__all__ = ["Target", "add_output_arguments", "add_target_arguments", "add_window_arguments", "default_run_dir",
+           "resolve_target", "steps_arg"]
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -35,3 +38,26 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_target(args: argparse.Namespace, *, default_script: Path | None = None) -> Target:
     """Validate the script or module the user named; raise :class:`UsageError` with one sentence."""
     return resolve_script(list(args.target or []), getattr(args, "module", None), default_script=default_script)
+
+
+def add_window_arguments(parser: argparse.ArgumentParser, *, warmup: int, steps: str, steps_help: str) -> None:
+    """``--warmup``, ``--steps N|all|auto``, ``--step-kind``, ``--step-timeout``: the run window of every
+    script-running command, one grammar (see :mod:`torchscalpel.runtime.window`)."""
+    parser.add_argument("--warmup", type=int, default=warmup, help=f"steps run before measuring (default {warmup})")
+    parser.add_argument("--steps", default=steps, help=f"measured steps: a number, 'all' (until the script ends) or "
+                        f"'auto' ({steps_help}; default {steps})")
+    parser.add_argument("--step-kind", choices=STEP_KINDS, default="auto",
+                        help="what ends a step: auto (optimizer steps when there are any, else backward calls, "
+                        "else forward calls) or one fixed kind (default auto)")
+    parser.add_argument("--step-timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="stop the script when no step is recognised this long after the start (default 600)")
+
+
+def steps_arg(args: argparse.Namespace, *, minimum: int = 1) -> StepCount:
+    """The parsed ``--steps`` (and a valid ``--warmup``), as a :class:`UsageError` with one sentence when not."""
+    if args.warmup < 0:
+        raise UsageError("--warmup must be 0 or more.")
+    try:
+        return parse_steps(args.steps, minimum=minimum)
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None

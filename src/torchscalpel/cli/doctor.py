@@ -14,7 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
+from torchscalpel.cli.common import (
+    add_target_arguments,
+    add_window_arguments,
+    default_run_dir,
+    resolve_target,
+    steps_arg,
+)
+from torchscalpel.doctor.window import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import atomic_write_text
 
@@ -30,13 +37,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--static", nargs="+", type=Path, metavar="PATH",
                    help="only run the static rules over these files/folders (fast; no script is run)")
-    p.add_argument("--steps", type=_steps, default=None,
-                   help="measured steps before the script is stopped (default: at least 30, more while the run "
-                   "is under 20 s, at most 300)")
-    p.add_argument("--warmup", type=int, default=2, help="steps run before measuring (default 2)")
-    p.add_argument("--step-kind", choices=("auto", "optimizer", "backward", "forward"), default="auto",
-                   help="what ends a step: auto (optimizer steps when there are any, else backward calls, "
-                   "else forward calls) or one fixed kind (default auto)")
+    add_window_arguments(p, warmup=2, steps="auto",
+                         steps_help=f"at least {DEFAULT_STEPS}, more while the run is under {AUTO_SECONDS:.0f} s, at most {AUTO_MAX_STEPS}")
     p.add_argument("--nproc", type=int, default=None,
                    help="run the script on this many ranks through 'scalpel launch' (torchrun; gloo on CPU) and merge "
                    "the findings; without it the script runs in-process exactly as 'python SCRIPT' would")
@@ -52,25 +54,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _steps(text: str) -> int | None:
-    """``--steps``: a number, or ``auto``/``all`` for the default window (what ``scalpel launch --doctor`` passes)."""
-    if text.lower() in {"auto", "all"}:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--steps takes a number or 'auto', not {text!r}") from None
-
-
 def run(args: argparse.Namespace) -> int:
     """Validate flags, then run the static-only or the full doctor."""
     from torchscalpel.doctor.finding import Severity
 
     fail_on = Severity.parse(args.fail_on) if args.fail_on else None
-    if args.steps is not None and args.steps < 1:
-        raise UsageError("--steps must be at least 1 (or 'auto').")
-    if args.warmup < 0:
-        raise UsageError("--warmup must be 0 or more.")
+    args.steps = steps_arg(args)
     if args.nproc is not None and args.nproc < 1:
         raise UsageError("--nproc must be at least 1.")
     if args.static is not None:
@@ -140,7 +129,7 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from rich.console import Console
 
-    from torchscalpel.doctor.api import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS, diagnose, launcher_hint
+    from torchscalpel.doctor.api import diagnose, launcher_hint
     from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.record import save_record
 
@@ -148,12 +137,15 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
     out_dir.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=False)
-    window = f"{args.warmup}+{args.steps} steps" if args.steps else f"{args.warmup}+{DEFAULT_STEPS} steps or more (up to {AUTO_MAX_STEPS}, ~{AUTO_SECONDS:.0f} s)"
+    window = (f"{args.warmup}+{DEFAULT_STEPS} steps or more (up to {AUTO_MAX_STEPS}, ~{AUTO_SECONDS:.0f} s)"
+              if args.steps == "auto" else "every step, until the script ends" if args.steps == "all"
+              else f"{args.warmup}+{args.steps} steps")
     console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
                   + (" (+ overfit-one-batch check)" if args.sanity else ""))
     record, findings = diagnose(
         target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
         out_dir=out_dir, command=["scalpel", *sys.argv[1:]], step_kind=args.step_kind,
+        step_timeout_s=args.step_timeout,
     )
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"

@@ -13,8 +13,10 @@ from typing import Any
 from torchscalpel.cli.common import (
     add_output_arguments,
     add_target_arguments,
+    add_window_arguments,
     default_run_dir,
     resolve_target,
+    steps_arg,
 )
 from torchscalpel.errors import UsageError
 
@@ -38,40 +40,26 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+PROFILE_STEPS = 20
+"""What ``--steps auto`` measures in profile."""
+
+
 def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
-    """``--warmup``, ``--steps``, ``--profile-steps``, ``--module-times`` (shared with doctor and tune)."""
-    p.add_argument("--warmup", type=int, default=2, help="steps to run before measuring (default 2)")
-    p.add_argument("--steps", default="20", help="measured steps, then stop the script; 'all' lets it finish (default 20)")
+    """The run window plus ``--profile-steps`` and ``--module-times``."""
+    add_window_arguments(p, warmup=2, steps=str(PROFILE_STEPS), steps_help=f"{PROFILE_STEPS}")
     p.add_argument("--profile-steps", type=int, default=3, help="steps inside the torch.profiler window; 0 disables (default 3)")
     p.add_argument("--module-times", action="store_true", help="also time each submodule's forward")
-    p.add_argument("--step-kind", choices=("auto", "optimizer", "backward", "forward"), default="auto",
-                   help="what ends a step: auto (optimizer steps when there are any, else backward calls, "
-                   "else forward calls) or one fixed kind (default auto)")
-    p.add_argument("--step-timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="stop the script when no step is recognised this long after the start (default 600)")
-
-
-def parse_steps(text: str) -> int | None:
-    """``'all'`` -> None, else a positive int; a UsageError naming --steps otherwise."""
-    if str(text).lower() == "all":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(f"--steps takes a number or 'all', not {text!r}.") from None
-    if value < 1:
-        raise UsageError("--steps must be at least 1 (or 'all').")
-    return value
 
 
 def runtime_options(args: argparse.Namespace, out_dir: Path | None, name: str) -> Any:
     """RuntimeOptions from parsed flags; ValueError from validation becomes a UsageError."""
     from torchscalpel.runtime.session import RuntimeOptions
 
+    steps = steps_arg(args)
     try:
         return RuntimeOptions(
             warmup=args.warmup,
-            steps=parse_steps(args.steps),
+            steps=None if steps == "all" else PROFILE_STEPS if steps == "auto" else steps,
             out_dir=out_dir,
             profile_steps=args.profile_steps,
             module_times=args.module_times,

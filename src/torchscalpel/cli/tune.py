@@ -17,10 +17,15 @@ from typing import Any
 from torchscalpel.cli.common import (
     add_output_arguments,
     add_target_arguments,
+    add_window_arguments,
     default_run_dir,
     resolve_target,
+    steps_arg,
 )
 from torchscalpel.errors import UsageError
+
+TUNE_STEPS = 10
+"""Measured steps per trial for ``--steps auto``."""
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -35,8 +40,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "to scalpel.toml for 'scalpel run'.",
     )
     p.add_argument("--budget", default="10m", help="wall-clock budget for the whole search: 90s, 10m, 1h (default 10m)")
-    p.add_argument("--steps", type=int, default=10, help="measured steps per trial (default 10)")
-    p.add_argument("--warmup", type=int, default=3, help="warm-up steps per trial, compile happens here (default 3)")
+    add_window_arguments(p, warmup=3, steps="auto", steps_help=f"{TUNE_STEPS} per trial; 'all' is refused, "
+                         "since every trial must end")
     p.add_argument("--knobs", help=f"comma-separated knob families to try (default all: {','.join(KNOB_NAMES)})")
     p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before the script, same for every trial")
     p.add_argument("--compile-mode", default="default",
@@ -81,17 +86,17 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in modes if m not in COMPILE_MODES]
     if bad or not modes:
         raise UsageError(f"--compile-mode takes {', '.join(COMPILE_MODES)}, not {args.compile_mode!r}.")
-    if args.steps < 2:
-        raise UsageError("--steps must be at least 2, so a median step time exists.")
-    if args.warmup < 0:
-        raise UsageError("--warmup must be 0 or more.")
+    steps = steps_arg(args, minimum=2)
+    if steps == "all":
+        raise UsageError("--steps all would let every trial run to the script's end; give a number (default 10).")
+    args.steps = TUNE_STEPS if steps == "auto" else steps
     if args.confirm < 1:
         raise UsageError("--confirm must be at least 1: nothing is recommended without a confirmation run.")
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"tune-{target.name}")
     options = TuneOptions(out_dir=out_dir, budget_s=budget, warmup=args.warmup, steps=args.steps, seed=args.seed,
                           knobs=knobs, compile_backend=args.compile_backend, compile_modes=modes,
-                          confirm_pairs=args.confirm)
+                          confirm_pairs=args.confirm, step_kind=args.step_kind)
     # SIGTERM (a CI timeout, a job scheduler) ends the search like Ctrl-C: the running trial's process
     # group is killed and what was measured is saved.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

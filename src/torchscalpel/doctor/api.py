@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -23,16 +23,9 @@ from torchscalpel.doctor.output import counts
 from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
 from torchscalpel.doctor.static import analyze_paths
+from torchscalpel.doctor.window import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
-
-DEFAULT_STEPS = 30
-"""Measured steps the doctor run always gets (plus warm-up), when the script has that many."""
-AUTO_MAX_STEPS = 300
-"""With the default window, the run continues past DEFAULT_STEPS up to this many steps ..."""
-AUTO_SECONDS = 20.0
-"""... while it has run for less than this long: small scripts get to their evaluation loops and
-later epochs (where many bugs live), large ones stop after DEFAULT_STEPS."""
 
 _SKIP_DIRS = tuple(
     str(Path(p).resolve())
@@ -142,14 +135,14 @@ def _restore_global_flags() -> Callable[[], None]:
 
 def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup: int, out_dir: Path | None,
          name: str, progress: Any = None, command: Sequence[str] = (), profile: bool = False,
-         step_kind: str = "auto") -> tuple[RunRecord, DoctorObserver]:
+         step_kind: str = "auto", step_timeout_s: float | None = 600.0) -> tuple[RunRecord, DoctorObserver]:
     from torchscalpel.runtime.session import RuntimeOptions, run_target
 
     doctor = DoctorObserver(rules)
     # The profiler window only pays off on CUDA (host-device copies); on CPU it would just cost time.
     profile_steps = 3 if profile and out_dir is not None and torch.cuda.is_available() else 0
     options = RuntimeOptions(warmup=warmup, steps=steps, out_dir=out_dir, profile_steps=profile_steps, name=name,
-                             step_kind=step_kind)
+                             step_kind=step_kind, step_timeout_s=step_timeout_s)
     record = run_target(target, options, observers=[doctor],
                         setup_hooks=[_restore_global_flags, _destroy_left_process_group, doctor.setup_hook],
                         progress=progress, command=command)
@@ -199,7 +192,7 @@ def merge_findings(static: Sequence[Finding], runtime: Sequence[Finding], supers
 def diagnose(
     target: Target,
     *,
-    steps: int | None = None,
+    steps: int | Literal["all", "auto"] | None = "auto",
     warmup: int = 2,
     sanity: bool = False,
     static: bool = True,
@@ -208,20 +201,25 @@ def diagnose(
     progress: Any = None,
     command: Sequence[str] = (),
     step_kind: str = "auto",
+    step_timeout_s: float | None = 600.0,
 ) -> tuple[RunRecord, list[Finding]]:
-    """Run ``target`` under every runtime rule (``steps=None``: the default window, see
-    :data:`AUTO_MAX_STEPS`), add static findings for the script and the model
+    """Run ``target`` under every runtime rule (``steps="auto"`` or None: the default window, see
+    :data:`AUTO_MAX_STEPS`; ``"all"``: until the script ends), add static findings for the script and the model
     sources it uses, re-run to locate a NaN when one appeared, and (``sanity``) try to overfit one
     batch. Returns the Run record (findings stored in ``record.findings``) and the ranked findings."""
     from torchscalpel.doctor.rules.rt_numerics import NanLoss
 
     sources = SourceFiles()
     rules: list[RuntimeRule] = [*all_runtime_rules(), sources]
-    if steps is None:  # the default window: DEFAULT_STEPS, extended while the script is quick
+    run_steps: int | None
+    if steps is None or steps == "auto":  # the default window: DEFAULT_STEPS, extended while the script is quick
         rules.append(StepBudget(warmup + DEFAULT_STEPS, AUTO_SECONDS))
-        steps = AUTO_MAX_STEPS
-    record, doctor = _run(target, rules, steps=steps, warmup=warmup, out_dir=out_dir, name=target.name,
-                          progress=progress, command=command, profile=True, step_kind=step_kind)
+        run_steps = AUTO_MAX_STEPS
+    else:
+        run_steps = None if steps == "all" else steps
+    record, doctor = _run(target, rules, steps=run_steps, warmup=warmup, out_dir=out_dir, name=target.name,
+                          progress=progress, command=command, profile=True, step_kind=step_kind,
+                          step_timeout_s=step_timeout_s)
     notes: list[str] = []
 
     nan_rule = next(r for r in rules if isinstance(r, NanLoss))

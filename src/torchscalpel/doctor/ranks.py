@@ -63,12 +63,12 @@ def step_mismatch(records: dict[int, RunRecord]) -> list[Finding]:
     return found
 
 
-def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | None, out: Path) -> tuple[int, dict[int, RunRecord]]:
+def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | str | None, out: Path) -> tuple[int, dict[int, RunRecord]]:
     """Launch ``nproc`` ranks under ``scalpel launch --doctor``; returns (exit code, records by rank)."""
     from torchscalpel.distributed.launch import build_parser, launch, prepare, wrap_for_stage
     from torchscalpel.distributed.rankmerge import load_rank_records
 
-    argv = ["--nproc", str(nproc), "--doctor", "--steps", str(steps) if steps else "auto", "--out", str(out),
+    argv = ["--nproc", str(nproc), "--doctor", "--steps", str(steps or "auto"), "--out", str(out),
             "--", str(script), *script_args]
     parsed = prepare(build_parser().parse_args(argv))
     wrap_for_stage(parsed, out)

@@ -27,6 +27,7 @@ from torchscalpel.runtime.memory import StepMemory
 from torchscalpel.runtime.observer import Observer, listeners_by_event
 from torchscalpel.runtime.target import Target
 from torchscalpel.runtime.timeline import Timeline
+from torchscalpel.runtime.window import check_window
 
 SetupHook = Callable[[], Callable[[], None] | None]
 
@@ -34,8 +35,6 @@ UNDECIDED_SLACK_STEPS = 256
 """Forward/backward-delimited steps to allow beyond the target before treating a script that
 built an optimizer (but never stepped it) as inference and stopping it."""
 
-STEP_KINDS = ("auto", "optimizer", "backward", "forward")
-"""What delimits a step: ``auto`` (the strongest boundary seen) or one fixed kind."""
 
 
 class StopScript(BaseException):
@@ -63,22 +62,14 @@ class RuntimeOptions:
     """Timing device; default: the device of the first root module's parameters."""
     name: str = "run"
     step_kind: str = "auto"
-    """What delimits a step (:data:`STEP_KINDS`): ``auto`` picks the strongest boundary seen."""
+    """What delimits a step (:data:`~torchscalpel.runtime.window.STEP_KINDS`): ``auto`` picks the strongest boundary seen."""
     step_timeout_s: float | None = 600.0
     """Stop the script when no step of the kind the run expects has ended this long after the
     start (a loop the runtime cannot recognise must not run to its end); None waits forever."""
 
     def __post_init__(self) -> None:
-        if self.warmup < 0:
-            raise ValueError("--warmup must be 0 or more")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError("--steps must be at least 1, or 'all'")
-        if self.profile_steps < 0:
-            raise ValueError("--profile-steps must be 0 or more")
-        if self.step_kind not in STEP_KINDS:
-            raise ValueError(f"--step-kind must be one of {', '.join(STEP_KINDS)}")
-        if self.step_timeout_s is not None and self.step_timeout_s <= 0:
-            raise ValueError("--step-timeout must be more than 0 seconds")
+        check_window(warmup=self.warmup, steps=self.steps, profile_steps=self.profile_steps,
+                     step_kind=self.step_kind, step_timeout_s=self.step_timeout_s)
 
 
 @dataclass(slots=True)

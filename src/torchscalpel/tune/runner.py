@@ -74,7 +74,7 @@ def child_env(settings: TuneSettings, cache_dir: Path | None) -> dict[str, str]:
 
 
 def trial_command(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: int, steps: int,
-                  seed: int, facts: bool = False, module_times: bool = False) -> list[str]:
+                  seed: int, facts: bool = False, module_times: bool = False, step_kind: str = "auto") -> list[str]:
     """The command line of one trial process."""
     cmd = [sys.executable, "-m", "torchscalpel.tune.trial", "--settings", json.dumps(settings.to_dict()),
            "--out", str(out_dir), "--warmup", str(warmup), "--steps", str(steps), "--seed", str(seed)]
@@ -82,6 +82,8 @@ def trial_command(target: Target, settings: TuneSettings, out_dir: Path, *, warm
         cmd.append("--facts")
     if module_times:
         cmd.append("--module-times")
+    if step_kind != "auto":
+        cmd += ["--step-kind", step_kind]
     if target.module:
         cmd += ["-m", target.module, "--", *target.args]
     else:
@@ -91,11 +93,11 @@ def trial_command(target: Target, settings: TuneSettings, out_dir: Path, *, warm
 
 def run_trial(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: int, steps: int, seed: int,
               timeout_s: float, family: str = "baseline", facts: bool = False, module_times: bool = False,
-              cache_dir: Path | None = None) -> TrialResult:
+              cache_dir: Path | None = None, step_kind: str = "auto") -> TrialResult:
     """Run one trial process; never raises for the script's own failures (they become the result)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = trial_command(target, settings, out_dir, warmup=warmup, steps=steps, seed=seed, facts=facts,
-                        module_times=module_times)
+                        module_times=module_times, step_kind=step_kind)
     result = TrialResult(label=settings.label(), settings=settings.to_dict(), family=family, out_dir=str(out_dir))
     start = time.monotonic()
     with (out_dir / "stdout.txt").open("wb") as out, (out_dir / "stderr.txt").open("wb") as err:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.runtime.target import Target
+from torchscalpel.runtime.window import check_window
 from torchscalpel.tune.apply import code_lines, knob_families, numerics_class
 from torchscalpel.tune.facts import ModelFacts
 from torchscalpel.tune.knobs import KNOB_NAMES, Knob, all_knobs
@@ -64,6 +65,8 @@ class TuneOptions:
     compile_modes: tuple[str, ...] = ("default",)
     confirm_pairs: int = 3
     """Interleaved baseline/candidate pairs for the final check."""
+    step_kind: str = "auto"
+    """What ends a step in every trial (``--step-kind``)."""
     cache_dir: Path | None = None
     """TORCHINDUCTOR_CACHE_DIR for the trials (default: the environment's, else inductor's per-user cache)."""
 
@@ -71,9 +74,8 @@ class TuneOptions:
         if self.budget_s <= 0:
             raise ValueError("--budget must be positive")
         if self.steps < 2:
-            raise ValueError("--steps must be at least 2")
-        if self.warmup < 0:
-            raise ValueError("--warmup must be >= 0")
+            raise ValueError("--steps must be at least 2, so a median step time exists")
+        check_window(warmup=self.warmup, steps=self.steps, step_kind=self.step_kind)
         unknown = [k for k in self.knobs if k not in KNOB_NAMES]
         if unknown:
             raise ValueError(f"unknown knob(s) {', '.join(unknown)}; choose from {', '.join(KNOB_NAMES)}")
@@ -195,7 +197,7 @@ class Search:
         result = run_trial(self.target, settings, self.options.out_dir / "trials" / name,
                            warmup=self.options.warmup, steps=self.options.steps, seed=self.options.seed,
                            timeout_s=limit_s, family=family, facts=facts, module_times=module_times,
-                           cache_dir=self.cache_dir)
+                           cache_dir=self.cache_dir, step_kind=self.options.step_kind)
         self.progress.trial_finished(result)
         return result
 

@@ -1,0 +1,45 @@
+"""The run window every script-running stage shares: how many steps, and what a step is.
+
+One grammar for ``--steps`` across profile, doctor, tune and launch: a number, ``all`` (until
+the script ends) or ``auto`` (the stage's own default, documented by each stage). Kept free of
+torch so the CLI can validate flags before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+StepCount = int | Literal["all", "auto"]
+"""A parsed ``--steps``: a count of measured steps, ``"all"`` or ``"auto"``."""
+
+STEP_KINDS = ("auto", "optimizer", "backward", "forward")
+"""What delimits a step: ``auto`` (the strongest boundary seen) or one fixed kind."""
+
+
+def parse_steps(text: str | int, *, minimum: int = 1) -> StepCount:
+    """``--steps``: ``N`` (at least ``minimum``), ``all`` or ``auto``; ValueError naming the flag otherwise."""
+    word = str(text).strip().lower()
+    if word in ("all", "auto"):
+        return "all" if word == "all" else "auto"
+    try:
+        value = int(word)
+    except ValueError:
+        raise ValueError(f"--steps takes a number, 'all' or 'auto', not {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"--steps must be at least {minimum} (or 'all' / 'auto')")
+    return value
+
+
+def check_window(*, warmup: int, steps: int | None, profile_steps: int = 0, step_kind: str = "auto",
+                 step_timeout_s: float | None = None) -> None:
+    """The checks every run window passes, with messages that name the flag a user typed."""
+    if warmup < 0:
+        raise ValueError("--warmup must be 0 or more")
+    if steps is not None and steps < 1:
+        raise ValueError("--steps must be at least 1, or 'all'")
+    if profile_steps < 0:
+        raise ValueError("--profile-steps must be 0 or more")
+    if step_kind not in STEP_KINDS:
+        raise ValueError(f"--step-kind must be one of {', '.join(STEP_KINDS)}")
+    if step_timeout_s is not None and step_timeout_s <= 0:
+        raise ValueError("--step-timeout must be more than 0 seconds")
