@@ -180,3 +180,27 @@ def test_a_loader_batch_without_its_loader_still_scales_dimension_0(tmp_path):
     result, _record = _plan(tmp_path, "train_tiny.py", SCRIPT)  # DataLoader(...) built inline, gone by then
     assert result.request.batch.batch_size == 8
     assert result.request.batch_note == "batch dimension dim 0 of arg0, target1 (dim 0 of the DataLoader's batch)"
+
+
+LBFGS_SCRIPT = '''
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
+opt = torch.optim.LBFGS(model.parameters(), max_iter=3, history_size=5)
+x, y = torch.randn(64, 16), torch.randn(64, 1)
+for _ in range(3):
+    def closure():
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+    opt.step(closure)
+'''
+
+
+def test_a_closure_optimizer_is_planned_with_its_full_history(tmp_path):
+    result, record = _plan(tmp_path, "lbfgs.py", LBFGS_SCRIPT)
+    assert record.status == "stopped" and result.request.settings.optimizer.label == "LBFGS"
+    m = result.measurement  # 2 * history_size direction/step vectors + 3 flat vectors, each all parameters
+    assert m.optim_bytes == (2 * 5 + 3) * m.param_bytes

@@ -201,6 +201,32 @@ def _to_fake(meta_model: nn.Module, device: str, float_dtype: torch.dtype | None
     return model
 
 
+def _needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """True for optimizers whose ``step`` requires a closure (LBFGS)."""
+    param = inspect.signature(type(optimizer).step).parameters.get("closure")
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def _closure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """The steady-state memory of a closure optimizer, allocated rather than stepped.
+
+    Why not step: LBFGS reads ``float(loss)`` and takes data-dependent line-search branches,
+    which fake tensors cannot run. Its state at a full history is ``2 * history_size`` flat
+    vectors (directions and steps) plus the direction, the previous flat gradient and the
+    current flat gradient, each the size of all parameters; other closure optimizers get one
+    flat vector (a guess: their state is not known here).
+    """
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if not params:
+        return
+    numel = sum(p.numel() for p in params)
+    group = optimizer.param_groups[0]
+    vectors = 2 * int(group.get("history_size", 0)) + 3 if isinstance(optimizer, torch.optim.LBFGS) else 1
+    first = params[0]
+    state = optimizer.state[first]
+    state["scalpel_flat_state"] = [torch.empty(numel, dtype=first.dtype, device=first.device) for _ in range(vectors)]
+
+
 def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> None:
     """zero_grad, ``grad_accum`` micro-batches (at most 2: the second is the steady state), step."""
     tracker.set_phase("zero_grad")
@@ -238,11 +264,15 @@ def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> Non
         del tensors
     tracker.set_phase("optimizer")
     if optimizer is not None:
-        optimizer.step()
+        if _needs_closure(optimizer):
+            _closure_optimizer_state(optimizer)
+        else:
+            optimizer.step()
         for state in optimizer.state.values():
             for value in state.values():
-                if isinstance(value, torch.Tensor):
-                    tracker.label(value, "optim")
+                for tensor in value if isinstance(value, list) else [value]:
+                    if isinstance(tensor, torch.Tensor):
+                        tracker.label(tensor, "optim")
     for p in model.parameters():
         if p.grad is not None:
             tracker.label(p.grad, "grad")
