@@ -175,6 +175,23 @@ class RunRecord:
         return cls(**kwargs)
 
 
+def new_run_record(
+    name: str,
+    *,
+    status: str = "partial",
+    command: list[str] | None = None,
+    target: dict[str, Any] | None = None,
+    environment: dict[str, Any] | None = None,
+    config: dict[str, Any] | None = None,
+) -> RunRecord:
+    """The one factory of records: stamps ``created`` (:func:`now_timestamp`) and ``tool_version``."""
+    from torchscalpel import __version__
+
+    return RunRecord(name=name, created=now_timestamp(), tool_version=__version__, status=status,
+                     command=list(command or []), target=dict(target or {}), environment=dict(environment or {}),
+                     config=dict(config or {}))
+
+
 def now_timestamp() -> str:
     """The one timestamp format of records: local time, ISO 8601 with its UTC offset."""
     import time

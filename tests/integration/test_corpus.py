@@ -289,3 +289,28 @@ def test_notebook_profiles_in_process(tmp_path):
         assert record.step_kind == "optimizer"
         assert all(s.forward_ms > 0 and s.backward_ms > 0 and s.samples == 32 for s in record.measured_steps)
     assert "context manager: status stopped, 10 measured steps" in proc.stdout
+
+
+PLAN = [
+    # (script, the optimizer the script built, its batch size, the dimension that is the batch)
+    ("lbfgs.py", "LBFGS", 1797, "dim 0"),
+    ("lightning_auto.py", "Adam", 32, "dim 0"),
+    ("closure_sgd.py", "SGD", 32, "dim 0"),
+    ("checkpoint_nonreentrant.py", "AdamW", 64, "dim 0"),
+    ("hf_trainer.py", "AdamW", 4, "dim 0"),
+    ("lstm_manual_sgd.py", "none", 20, "dim 1"),
+]
+
+
+@pytest.mark.parametrize(("script", "optimizer", "batch", "dim"), PLAN, ids=[p[0] for p in PLAN])
+def test_plan_prices_what_the_script_built(tmp_path, script, optimizer, batch, dim):
+    out = tmp_path / "plan"
+    proc = run_cli("plan", "--no-max-batch", "--out", str(out), "--json", str(tmp_path / "plan.json"), "--",
+                   str(CORPUS / script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = load_record(out).sections["plan"]
+    assert plan["optimizer"] == optimizer
+    assert plan["batch_size"] == batch and dim in plan["batch_dims"]
+    row = plan["rows"][0]
+    assert row["fits"]
+    assert (row["optim"] == 0) == (optimizer == "none"), row  # momentum SGD keeps one buffer per parameter

@@ -178,7 +178,7 @@ _STAGE_FUNCS: dict[str, Callable[[Target, Path, argparse.Namespace], tuple[bool,
 
 def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
     """One report: the profile record plus the findings, tune and plan sections of the other stages."""
-    from torchscalpel.record import RunRecord, load_record
+    from torchscalpel.record import RunRecord, load_record, new_run_record
     from torchscalpel.report.html import Section, render_page, sections_for, table
 
     def maybe(path: Path) -> RunRecord | None:
@@ -187,7 +187,7 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
         except Exception:
             return None
 
-    base = maybe(out / "profile") or RunRecord(name="demo", status="partial")
+    base = maybe(out / "profile") or new_run_record("demo")
     doctor = maybe(out / "doctor")
     if doctor is not None:
         base.findings = doctor.findings

@@ -126,20 +126,16 @@ def _factory_plan(args: argparse.Namespace, device, strategies):
 
 
 def _factory_record(args: argparse.Namespace, result):
-    import time
-
-    from torchscalpel import __version__
     from torchscalpel.envcheck.facts import collect_facts
-    from torchscalpel.record import RunRecord
+    from torchscalpel.record import new_run_record
 
     name = args.model.rsplit(":", 1)[-1]
     try:
         env = collect_facts()
     except Exception:  # facts are nice to have; a plan must not fail for them
         env = {}
-    record = RunRecord(name=f"plan-{name}", created=time.strftime("%Y-%m-%dT%H:%M:%S"), tool_version=__version__,
-                       command=["scalpel", *sys.argv[1:]], status="complete", environment=env,
-                       target={"model": args.model, "factory_args": args.factory_args})
+    record = new_run_record(f"plan-{name}", command=["scalpel", *sys.argv[1:]], status="complete", environment=env,
+                            target={"model": args.model, "factory_args": args.factory_args})
     return record, args.out or default_run_dir(f"plan-{name}")
 
 

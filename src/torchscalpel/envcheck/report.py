@@ -9,7 +9,6 @@ measured until then is kept.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from torchscalpel.envcheck.facts import collect_facts
 from torchscalpel.envcheck.probe_findings import findings_from_probes
 from torchscalpel.envcheck.probes import ProbeResult, run_probes
 from torchscalpel.fileio import atomic_write_text
+from torchscalpel.record import now_timestamp
 
 ENV_REPORT_VERSION = "1.0"
 
@@ -68,7 +68,7 @@ def build_report(
     return {
         "schema_version": ENV_REPORT_VERSION,
         "kind": "scalpel-env",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "created": now_timestamp(),
         "tool_version": __version__,
         "facts": facts,
         "probes": [r.to_dict() for r in done],

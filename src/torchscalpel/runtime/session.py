@@ -263,7 +263,6 @@ class Attachment:
         command: Sequence[str] = (),
         target: dict[str, Any] | None = None,
     ) -> None:
-        from torchscalpel import __version__
         from torchscalpel.envcheck.facts import collect_facts
         from torchscalpel.runtime.module_times import ModuleTimes
         from torchscalpel.runtime.profiler_window import ProfilerWindow
@@ -278,8 +277,7 @@ class Attachment:
         self.session = Session(options, [*observers, *extra])
         if options.profile_steps and options.out_dir is not None:
             self.session.window = ProfilerWindow(options, self.session)
-        self.record = new_record(options, command=command, target=target or {}, environment=collect_facts(),
-                                 tool_version=__version__)
+        self.record = new_record(options, command=command, target=target or {}, environment=collect_facts())
         self._setup_hooks = list(setup_hooks)
         self._undo: list[Callable[[], None]] = []
         self.hooks = HookSet(self.session)
@@ -353,15 +351,12 @@ def new_record(
     command: Sequence[str],
     target: dict[str, Any],
     environment: dict[str, Any],
-    tool_version: str,
 ) -> RunRecord:
     """The Run record a run starts with: identity, environment and the options it ran under."""
-    from torchscalpel.record import now_timestamp
+    from torchscalpel.record import new_run_record
 
-    return RunRecord(
-        name=options.name,
-        created=now_timestamp(),
-        tool_version=tool_version,
+    return new_run_record(
+        options.name,
         command=list(command),
         target=target,
         environment=environment,

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.record import now_timestamp
 from torchscalpel.ship import bundle as bundle_mod
 from torchscalpel.ship.factory import build_model, forward_input_names
 from torchscalpel.ship.latency import measure_latency
@@ -232,7 +233,7 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     manifest: dict[str, Any] = {
         "format": bundle_mod.FORMAT,
         "format_version": bundle_mod.FORMAT_VERSION,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "created": now_timestamp(),
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
                      "torchscalpel": _tool_version()},
         "model": {"factory": opts.model, "factory_args": opts.factory_args, "class": type(model).__name__,

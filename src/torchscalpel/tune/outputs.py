@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from torchscalpel.record import RunRecord, load_record, save_record
+from torchscalpel.record import RunRecord, load_record, new_run_record, save_record
 from torchscalpel.tune.apply import code_lines
 from torchscalpel.tune.search import TuneResult
 from torchscalpel.tune.settings import read_settings_file, write_settings_file
@@ -19,7 +19,7 @@ def tune_record(result: TuneResult, command: list[str]) -> RunRecord:
     try:
         record = load_record(result.baseline.out_dir)
     except Exception:  # the baseline folder went missing: keep the tune result anyway
-        record = RunRecord(name="tune", status="complete")
+        record = new_run_record("tune", status="complete")
     record.name = "tune"
     record.command = command
     record.sections.pop("trial", None)
