@@ -58,7 +58,7 @@ def test_usage_errors_are_one_sentence_and_exit_2(tmp_path: Path) -> None:
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
         assert proc.stderr.startswith("scalpel: error:") and "Traceback" not in proc.stderr
     bad_steps = run_cli("doctor", "--steps", "many", "--", str(FIXTURES / "clean_ddp.py"), timeout=120)
-    assert bad_steps.returncode == 2 and "--steps takes a number or 'auto'" in bad_steps.stderr
+    assert bad_steps.returncode == 2 and "--steps takes a number, 'all' or 'auto'" in bad_steps.stderr
 
 
 def test_run_mode_reports_ranked_findings_into_record_report_and_json(tmp_path: Path) -> None:
