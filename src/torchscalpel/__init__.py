@@ -5,6 +5,7 @@ notebooks and programs whose loop is a function use :func:`profile` (and :func:`
 process; users who scale out use :mod:`torchscalpel.distributed`.
 """
 
+import importlib
 from typing import Any
 
 from torchscalpel.record import RunRecord, load_record, save_record
@@ -16,8 +17,10 @@ __all__ = ["RunRecord", "__version__", "doctor", "load_record", "profile", "save
 
 def __getattr__(name: str) -> Any:
     # Lazy: ``import torchscalpel`` (and so ``scalpel --help``) must not import torch.
-    if name in ("profile", "doctor"):
-        from torchscalpel import inprocess
+    if name == "profile":
+        from torchscalpel.inprocess import profile
 
-        return getattr(inprocess, name)
+        return profile
+    if name == "doctor":  # the doctor package is callable: torchscalpel.doctor(...) opens a diagnosed block
+        return importlib.import_module("torchscalpel.doctor")
     raise AttributeError(f"module 'torchscalpel' has no attribute {name!r}")

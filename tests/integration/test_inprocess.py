@@ -86,3 +86,14 @@ def test_doctor_block_finds_a_planted_bug_in_code_built_before_it(tmp_path: Path
     saved = json.loads((tmp_path / "doc" / "run.json").read_text())
     assert "grad-not-zeroed" in [f["rule"] for f in saved["findings"]]
     assert saved["sections"]["doctor"]["static_files"] == [str(Path(__file__).resolve())]
+
+
+def test_torchscalpel_doctor_is_the_same_callable_whatever_was_imported_first() -> None:
+    code = ("import torchscalpel.doctor.api, torchscalpel\n"
+            "import torchscalpel.doctor as d\n"
+            "assert callable(torchscalpel.doctor) and torchscalpel.doctor is d\n"
+            "run = torchscalpel.doctor(steps=1, report=False)\n"
+            "print(type(run).__name__)\n")
+    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0 and proc.stdout.strip() == "InProcessRun", proc.stderr
