@@ -29,10 +29,14 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from torchscalpel.errors import RecordVersionError, ScalpelError
 from torchscalpel.fileio import atomic_write_text
+
+RunStatus = Literal["complete", "stopped", "partial", "failed", "interrupted"]
+"""How a run ended: ``complete`` (script finished), ``stopped`` (after N steps), ``partial`` (the
+default: no outcome set yet), ``failed`` (script raised), ``interrupted`` (Ctrl-C)."""
 
 SCHEMA_VERSION = "1.2"
 RECORD_FILENAME = "run.json"
@@ -110,7 +114,7 @@ class RunRecord:
     tool_version: str = ""
     command: list[str] = field(default_factory=list)
     target: dict[str, Any] = field(default_factory=dict)
-    status: str = "partial"
+    status: RunStatus = "partial"
     exit_code: int | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -178,7 +182,7 @@ class RunRecord:
 def new_run_record(
     name: str,
     *,
-    status: str = "partial",
+    status: RunStatus = "partial",
     command: list[str] | None = None,
     target: dict[str, Any] | None = None,
     environment: dict[str, Any] | None = None,

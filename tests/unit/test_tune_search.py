@@ -14,6 +14,7 @@ from torchscalpel.tune import search as search_mod
 from torchscalpel.tune.runner import TrialResult
 from torchscalpel.tune.search import TuneOptions, parse_knobs, tune
 from torchscalpel.tune.settings import TuneSettings
+from torchscalpel.tune.states import TrialStatus, Verdict
 
 LOSSES = [4.0, 3.6, 3.3, 3.1, 3.0]
 FACTS = {"device": "cpu", "bf16_supported": True, "models": ["Net"], "loaders": 1, "cpu_count": 2,
@@ -39,10 +40,11 @@ class FakeRunner:
         result = TrialResult(label=label, settings=settings.to_dict(), family=kw.get("family", "x"),
                              out_dir=str(out_dir), wall_s=1.0)
         if label == "baseline" and self.baseline_fails:
-            result.status, result.cause = "failed", "crashed: RuntimeError: no data"
+            result.status, result.cause = TrialStatus.FAILED, "crashed: RuntimeError: no data"
             return result
         if label in self.status:
-            result.status, result.cause = self.status[label]
+            status, result.cause = self.status[label]
+            result.status = TrialStatus(status)
             return result
         median = self.medians.get(label, 100.0)
         if "baseline-refresh" in out_dir.name:
@@ -131,12 +133,12 @@ def test_failures_and_timeouts_are_reported_and_search_goes_on(run_search):
     runner = FakeRunner({"threads=2": 80.0},
                         status={"amp=bf16": ("failed", "out of memory: RuntimeError: ..."),
                                 "compile(Block)": ("timeout", "stopped after 30 s, its share of the budget"),
-                                "compile(model)": ("not-applied", "compile: no submodule")})
+                                "compile(model)": ("not applied", "compile: no submodule")})
     result = run_search(runner)
     verdicts = {t.label: (t.verdict, t.cause) for t in result.trials}
     assert verdicts["amp=bf16"] == ("failed", "out of memory: RuntimeError: ...")
     assert verdicts["compile(Block)"][0] == "timeout"
-    assert verdicts["compile(model)"][0] == "not applied"
+    assert verdicts["compile(model)"][0] == Verdict.NOT_APPLIED == "not applied"
     assert result.winner is not None and result.winner.label == "threads=2"
 
 

@@ -84,7 +84,7 @@ class PlanResult:
             "batch_size": r.batch.batch_size,
             "batch_dims": r.batch_note or r.batch.batch_dims(),
             "optimizer": r.settings.optimizer.label,
-            "precision": r.settings.precision,
+            "precision": str(r.settings.precision),
             "grad_accum": r.settings.grad_accum,
             "world_size": r.world_size,
             "nodes": r.nodes,

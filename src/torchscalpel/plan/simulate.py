@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten
 from torchscalpel.blocks import find_blocks
 from torchscalpel.errors import UsageError
 from torchscalpel.plan.model_io import LossFn, default_loss, unique_params
-from torchscalpel.plan.names import OPTIMIZERS
+from torchscalpel.plan.names import OPTIMIZERS, Precision
 from torchscalpel.plan.spec import BatchSpec
 from torchscalpel.plan.tracker import AllocationTracker, Timeline
 
@@ -75,12 +75,16 @@ class SimSettings:
     """What one simulated step looks like."""
 
     optimizer: OptimizerSpec
-    precision: str = "fp32"
+    precision: Precision = Precision.FP32
+    """A name from ``--precision`` is accepted and checked here, once (UsageError when unknown)."""
     checkpoint_blocks: bool = False
     grad_accum: int = 1
     foreach: bool | None = None
     """Force the optimizer's foreach path (CUDA's default) when simulating for a GPU on CPU."""
     device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        self.precision = Precision.parse(self.precision)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -119,7 +123,7 @@ class Measurement:
 ModelBuilder = Callable[[], nn.Module]
 
 
-def build_meta_model(builder: ModelBuilder, precision: str) -> nn.Module:
+def build_meta_model(builder: ModelBuilder, precision: Precision | str) -> nn.Module:
     """Call the factory with the meta device as default, so no parameter memory is allocated."""
     try:
         with torch.device("meta"):
@@ -146,7 +150,7 @@ def simulate(
     tracker = AllocationTracker()
     try:
         with fake_mode:
-            model = _to_fake(meta_builder(), settings.device, torch.bfloat16 if settings.precision == "bf16" else None)
+            model = _to_fake(meta_builder(), settings.device, torch.bfloat16 if settings.precision == Precision.BF16 else None)
         for p in model.parameters():
             tracker.label(p, "param")
         for b in model.buffers():
@@ -237,7 +241,7 @@ def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> Non
     for _ in range(min(settings.grad_accum, 2)):
         tracker.set_phase("data")
         tensors = batch.make(settings.device)
-        if settings.precision == "bf16":
+        if settings.precision == Precision.BF16:
             tensors = {k: v.to(torch.bfloat16) if v.dtype.is_floating_point else v for k, v in tensors.items()}
         for t in tensors.values():
             tracker.label(t, "input")
@@ -256,7 +260,7 @@ def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> Non
                 out, loss = default_loss(model, tensors)
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             raise UsageError("The loss does not require grad (no trainable parameter reaches it); check the model or --loss.")
-        if settings.precision == "fp16-mixed":
+        if settings.precision == Precision.FP16_MIXED:
             loss = loss * 65536.0  # GradScaler's scaled loss: one scalar, same graph
         tracker.set_phase("backward")
         loss.float().backward() if loss.dim() == 0 else loss.float().sum().backward()
@@ -282,14 +286,16 @@ def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> Non
 
 @contextlib.contextmanager
 def _autocast(settings: SimSettings) -> Iterator[None]:
-    if settings.precision == "bf16-mixed":
-        with torch.autocast(device_type=settings.device, dtype=torch.bfloat16):
-            yield
-    elif settings.precision == "fp16-mixed":
-        with torch.autocast(device_type=settings.device, dtype=torch.float16):
-            yield
-    else:
+    dtype = _AUTOCAST_DTYPES.get(settings.precision)
+    if dtype is None:
         yield
+        return
+    with torch.autocast(device_type=settings.device, dtype=dtype):
+        yield
+
+
+_AUTOCAST_DTYPES = {Precision.BF16_MIXED: torch.bfloat16, Precision.FP16_MIXED: torch.float16}
+"""The ``*-mixed`` precisions: autocast's dtype over fp32 parameters."""
 
 
 @contextlib.contextmanager
@@ -425,7 +431,8 @@ def _fake_error(exc: BaseException, failed_op: str | None) -> UsageError:
     return UsageError(f"Running the model on the batch under fake tensors failed{where}: {type(exc).__name__}: {_one_line(exc)}.")
 
 
-def sim_settings_for(optimizer: OptimizerSpec, precision: str, grad_accum: int, device: Any) -> SimSettings:
+def sim_settings_for(optimizer: OptimizerSpec, precision: Precision | str, grad_accum: int,
+                     device: Any) -> SimSettings:
     """Simulation settings for a target device (fake CUDA only where CUDA exists; foreach as CUDA does)."""
     gpu_target = device.kind in ("cuda", "rocm")
     sim_device = "cuda" if gpu_target and torch.cuda.is_available() else "cpu"

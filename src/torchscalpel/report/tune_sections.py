@@ -14,11 +14,24 @@ from torchscalpel.report.charts import horizontal_bars, lines
 from torchscalpel.report.html import Section, table
 from torchscalpel.tune.console import HEADERS, row_cells
 from torchscalpel.tune.runner import TrialResult
+from torchscalpel.tune.states import Verdict
+
+CURVE_VERDICTS = (Verdict.WINNER, Verdict.FASTER, Verdict.NUMERICS)
+"""Trials whose loss curves are drawn next to the baseline's."""
 
 
 def _trial(data: dict[str, Any]) -> TrialResult:
-    known = set(TrialResult.__dataclass_fields__)
-    return TrialResult(**{k: v for k, v in data.items() if k in known})
+    return TrialResult.from_dict(data)
+
+
+def _required(tune: dict[str, Any]) -> float:
+    """The speedup the search required, as the record states it (tune writes it in every record)."""
+    value = tune.get("required_speedup")
+    if value is None:  # a hand-made section: tune's own margin (imported late: verify imports torch)
+        from torchscalpel.tune.verify import required_speedup
+
+        value = required_speedup(0.0)
+    return float(value)
 
 
 def build(record: RunRecord) -> list[Section]:
@@ -40,7 +53,7 @@ def build(record: RunRecord) -> list[Section]:
     else:
         verdict = "<p><b>No change recommended</b>: nothing beat the baseline reliably with the numerics gate passed.</p>"
     notes = "".join(f"<li>{escape(n)}</li>" for n in tune.get("notes", []))
-    verdict += (f"<p class=\"muted\">Required speedup {tune.get('required_speedup', 1.03):.2f}x "
+    verdict += (f"<p class=\"muted\">Required speedup {_required(tune):.2f}x "
                 f"(baseline noise {tune.get('noise', 0):.1%}); baseline loss determinism "
                 f"{(tune.get('determinism') or 0):.1e}.</p>")
     if notes:
@@ -49,7 +62,7 @@ def build(record: RunRecord) -> list[Section]:
     bars = horizontal_bars("tune-step-ms", [(t.label, t.median_ms) for t in rows if t.median_ms is not None])
     series: dict[str, list[float | None]] = {"baseline": list(baseline.losses)}
     for t in trials:
-        if t.losses and t.verdict in ("winner", "faster", "numerics"):
+        if t.losses and t.verdict in CURVE_VERDICTS:
             series[t.label] = list(t.losses)
     n = max((len(v) for v in series.values()), default=0)
     curves = lines("tune-losses", list(range(n)), series, unit="loss")

@@ -3,6 +3,7 @@
 - :mod:`torchscalpel.tune.knobs`: one knob family per module, each a setup hook with an undo;
 - :mod:`torchscalpel.tune.settings`: the knob values and their ``scalpel.toml`` form;
 - :mod:`torchscalpel.tune.trial` / :mod:`~torchscalpel.tune.runner`: one trial per fresh process;
+- :mod:`torchscalpel.tune.states`: a trial's status and verdict (one enum each);
 - :mod:`torchscalpel.tune.verify`: the numerics gate and the speed margin;
 - :mod:`torchscalpel.tune.search`: baseline, single knobs, greedy combination, confirmation.
 """

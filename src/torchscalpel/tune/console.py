@@ -8,16 +8,17 @@ from rich.console import Console
 from rich.table import Table
 
 from torchscalpel.report.terminal import console as default_console
+from torchscalpel.tune.states import TrialStatus, Verdict
 from torchscalpel.units import fmt_bytes
 
 if TYPE_CHECKING:
     from torchscalpel.tune.runner import TrialResult
     from torchscalpel.tune.search import TuneResult
 
-VERDICT_STYLE = {
-    "winner": "bold green", "faster": "green", "baseline": "bold", "not faster": "yellow",
-    "numerics": "red", "not confirmed": "yellow", "failed": "red", "timeout": "red", "skipped": "dim", "not applied": "dim",
-    "not run": "dim",
+VERDICT_STYLE: dict[Verdict, str] = {
+    Verdict.WINNER: "bold green", Verdict.FASTER: "green", Verdict.BASELINE: "bold", Verdict.NOT_FASTER: "yellow",
+    Verdict.NUMERICS: "red", Verdict.NOT_CONFIRMED: "yellow", Verdict.FAILED: "red", Verdict.TIMEOUT: "red",
+    Verdict.SKIPPED: "dim", Verdict.NOT_APPLIED: "dim", Verdict.NOT_RUN: "dim",
 }
 
 
@@ -42,7 +43,7 @@ class RichProgress:
         if self._status is not None:
             self._status.stop()
             self._status = None
-        if result.ok and result.status == "ok":
+        if result.ok and result.status == TrialStatus.OK:
             info = f"{result.median_ms:.1f} ms/step"
         else:
             info = f"[red]{result.status}[/]: {result.cause}"
@@ -67,11 +68,11 @@ def row_cells(trial: TrialResult) -> list[str]:
     return [
         trial.label,
         fmt_ms(trial.median_ms),
-        fmt_speedup(trial.speedup) if trial.verdict != "baseline" else "1.00x",
+        fmt_speedup(trial.speedup) if trial.verdict != Verdict.BASELINE else "1.00x",
         f"{compile_ms / 1000:.1f} s" if compile_ms else "-",
         fmt_bytes(trial.peak_bytes) if trial.peak_bytes else "-",
         dev,
-        trial.verdict,
+        str(trial.verdict),
         why,
     ]
 

@@ -18,6 +18,7 @@ from torchscalpel.errors import ScalpelError
 from torchscalpel.record import RunRecord, load_record
 from torchscalpel.runtime.target import Target
 from torchscalpel.tune.settings import TuneSettings
+from torchscalpel.tune.states import TrialStatus, Verdict
 
 
 @dataclass(kw_only=True, slots=True)
@@ -28,8 +29,8 @@ class TrialResult:
     settings: dict[str, Any]
     family: str = "baseline"
     """Knob family (``amp``, ``compile``, ...), ``combined`` or ``baseline``."""
-    status: str = "ok"
-    """``ok`` | ``failed`` (crash, OOM, compile error) | ``timeout`` | ``not-applied`` (knob found nothing to change)."""
+    status: TrialStatus = TrialStatus.OK
+    """How the trial ended (:class:`~torchscalpel.tune.states.TrialStatus`)."""
     cause: str = ""
     """For failures: one line naming the cause."""
     median_ms: float | None = None
@@ -47,18 +48,30 @@ class TrialResult:
     tolerance: float | None = None
     confirm_ratios: list[float] = field(default_factory=list)
     """Baseline/candidate ratios of the interleaved confirmation pairs."""
-    verdict: str = ""
-    """``baseline`` | ``winner`` | ``not confirmed`` | ``faster`` | ``not faster`` | ``numerics`` | ``failed`` | ``timeout`` | ``not applied``."""
+    verdict: Verdict = Verdict.UNJUDGED
+    """What the search concluded (:class:`~torchscalpel.tune.states.Verdict`)."""
     note: str = ""
+
+    def __post_init__(self) -> None:
+        self.status = TrialStatus.parse(self.status)
+        self.verdict = Verdict.parse(self.verdict)
 
     @property
     def ok(self) -> bool:
         """The trial ran and produced step times."""
-        return self.status == "ok" and self.median_ms is not None
+        return self.status == TrialStatus.OK and self.median_ms is not None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (for ``record.sections["tune"]``)."""
-        return asdict(self)
+        """JSON form (for ``record.sections["tune"]``): the states as their plain string values."""
+        data = asdict(self)
+        data["status"], data["verdict"] = str(self.status), str(self.verdict)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        """Read back :meth:`to_dict` output (unknown keys ignored; older status spellings accepted)."""
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 def child_env(settings: TuneSettings, cache_dir: Path | None) -> dict[str, str]:
@@ -108,7 +121,7 @@ def run_trial(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: 
             code = proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
             _kill_group(proc)
-            result.status = "timeout"
+            result.status = TrialStatus.TIMEOUT
             result.cause = f"stopped after {timeout_s:.0f} s, its share of the budget"
             result.wall_s = time.monotonic() - start
             return result
@@ -119,19 +132,19 @@ def run_trial(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: 
     record = _read_record(out_dir)
     stderr_tail = _tail(out_dir / "stderr.txt")
     if record is None:
-        result.status = "failed"
+        result.status = TrialStatus.FAILED
         result.cause = _signal_cause(code) or (
             f"the trial process exited with code {code} before writing a record: {stderr_tail or 'no output'}")
         return result
     fill_from_record(result, record)
     if record.status in ("failed", "interrupted") or code != 0:
-        result.status = "failed"
+        result.status = TrialStatus.FAILED
         result.cause = classify_error(record.error or stderr_tail, code)
     elif result.median_ms is None:
-        result.status = "failed"
+        result.status = TrialStatus.FAILED
         result.cause = "no measured steps: the script ended before the warm-up was over; lower --warmup"
     elif settings.to_dict() and not result.apply.get("fired"):
-        result.status = "not-applied"
+        result.status = TrialStatus.NOT_APPLIED
         skipped = result.apply.get("skipped") or []
         result.cause = "; ".join(skipped) or "the knob found nothing to change in this script"
     return result

@@ -28,6 +28,7 @@ from torchscalpel.tune.facts import ModelFacts
 from torchscalpel.tune.knobs import KNOB_NAMES, Knob, all_knobs
 from torchscalpel.tune.runner import TrialResult, run_trial
 from torchscalpel.tune.settings import TuneSettings
+from torchscalpel.tune.states import TrialStatus, Verdict
 from torchscalpel.tune.verify import (
     MIN_MARGIN,
     loss_deviation,
@@ -228,7 +229,7 @@ class Search:
             result.notes.append("no single knob was faster than the baseline by the margin with numerics intact")
         best = self._combine(winners, result)
         # Confirm the best; if it does not hold up, the next single winners while time allows.
-        faster = sorted((t for t in singles if t.verdict == "faster"), key=lambda t: t.median_ms or 0.0)
+        faster = sorted((t for t in singles if t.verdict == Verdict.FASTER), key=lambda t: t.median_ms or 0.0)
         queue = [t for t in [best, *winners, *faster] if t is not None]
         tried: set[str] = set()
         for candidate in queue:
@@ -257,7 +258,7 @@ class Search:
             raise ScalpelError(f"The second baseline run failed ({plain.cause}); the script is not repeatable "
                                f"(output in {plain.out_dir}).")
         plain.facts = first.facts
-        plain.verdict = "baseline"
+        plain.verdict = Verdict.BASELINE
         self.baseline_medians.append(plain.median_ms or 0.0)
         self._ref_ms = plain.median_ms or 0.0
         self.baseline_wall = max(first.wall_s, plain.wall_s)
@@ -271,12 +272,12 @@ class Search:
         for knob in knobs:
             candidates, reason = knob.candidates(facts)
             if reason:
-                result.trials.append(TrialResult(label=knob.name, settings={}, family=knob.name, status="skipped",
-                                                 cause=reason, verdict="skipped"))
+                result.trials.append(TrialResult(label=knob.name, settings={}, family=knob.name, status=TrialStatus.SKIPPED,
+                                                 cause=reason, verdict=Verdict.SKIPPED))
                 continue
             for label, why in knob.skipped_candidates(facts):
-                result.trials.append(TrialResult(label=label, settings={}, family=knob.name, status="skipped",
-                                                 cause=why, verdict="skipped"))
+                result.trials.append(TrialResult(label=label, settings={}, family=knob.name, status=TrialStatus.SKIPPED,
+                                                 cause=why, verdict=Verdict.SKIPPED))
             planned.extend((knob, c) for c in candidates)
         self.progress.message(f"{len(planned)} single-knob trial(s) planned")
         measured: list[TrialResult] = []
@@ -285,7 +286,7 @@ class Search:
             reserve = self.baseline_wall * (2 * self.options.confirm_pairs + 1)
             if self.remaining() - reserve < self.baseline_wall * 1.2:
                 result.trials.append(TrialResult(label=settings.label(), settings=settings.to_dict(),
-                                                 family=knob.name, status="not-run", verdict="not run",
+                                                 family=knob.name, status=TrialStatus.NOT_RUN, verdict=Verdict.NOT_RUN,
                                                  cause="the budget ran out before this trial"))
                 continue
             self._refresh_baseline(result)
@@ -311,14 +312,14 @@ class Search:
 
     def _judge(self, trial: TrialResult, result: TuneResult) -> None:
         """Set speedup, gate outcome and verdict of a measured trial against the baseline."""
-        if trial.status == "timeout":
-            trial.verdict = "timeout"
+        if trial.status == TrialStatus.TIMEOUT:
+            trial.verdict = Verdict.TIMEOUT
             return
-        if trial.status == "not-applied":
-            trial.verdict = "not applied"
+        if trial.status == TrialStatus.NOT_APPLIED:
+            trial.verdict = Verdict.NOT_APPLIED
             return
         if not trial.ok:
-            trial.verdict = "failed"
+            trial.verdict = Verdict.FAILED
             return
         settings = TuneSettings.from_dict(trial.settings)
         gate = numerics_gate(result.baseline.losses, trial.losses, numerics_class(settings),
@@ -330,17 +331,17 @@ class Search:
         if trial.peak_bytes and base_peak and trial.peak_bytes > MEMORY_NOTE * base_peak:
             trial.note = f"peak memory {trial.peak_bytes / base_peak:.2f}x the baseline's"
         if not gate.passed:
-            trial.verdict = "numerics"
+            trial.verdict = Verdict.NUMERICS
             trial.note = gate.reason
         elif trial.speedup is not None and trial.speedup >= 1.0 + MIN_MARGIN:
-            trial.verdict = "faster"
+            trial.verdict = Verdict.FASTER
         else:
-            trial.verdict = "not faster"
+            trial.verdict = Verdict.NOT_FASTER
 
     def _winners(self, singles: list[TrialResult], result: TuneResult) -> list[TrialResult]:
         best: dict[str, TrialResult] = {}
         for trial in singles:
-            if trial.verdict != "faster":
+            if trial.verdict != Verdict.FASTER:
                 continue
             current = best.get(trial.family)
             if current is None or (trial.median_ms or 0) < (current.median_ms or 0):
@@ -363,10 +364,10 @@ class Search:
                               tag="combined")
             self._judge(trial, result)
             result.trials.append(trial)
-            if trial.verdict == "faster" and (trial.median_ms or 0) * (1 + MIN_MARGIN) < (current.median_ms or 0):
+            if trial.verdict == Verdict.FASTER and (trial.median_ms or 0) * (1 + MIN_MARGIN) < (current.median_ms or 0):
                 current = trial
-            elif trial.verdict == "faster":
-                trial.verdict = "not faster"
+            elif trial.verdict == Verdict.FASTER:
+                trial.verdict = Verdict.NOT_FASTER
                 trial.note = f"adding {candidate.label} did not beat {current.label} by {MIN_MARGIN:.0%}"
         return current
 
@@ -400,7 +401,7 @@ class Search:
             gate = numerics_gate(result.baseline.losses, cand.losses, numerics_class(settings),
                                  noise=self._determinism)
             if not gate.passed:
-                best.verdict = "numerics"
+                best.verdict = Verdict.NUMERICS
                 best.note = f"confirmation run failed the gate: {gate.reason}"
                 result.notes.append(f"{best.label} not recommended: {best.note}")
                 return False
@@ -411,12 +412,12 @@ class Search:
         worst = min(ratios, default=None)
         best.confirm_ratios = [round(r, 3) for r in ratios]
         if ratio is not None and worst is not None and ratio >= result.required and worst >= 1.0 + MIN_MARGIN:
-            best.verdict = "winner"
+            best.verdict = Verdict.WINNER
             result.winner = best
             result.confirmed_speedup = ratio
             return True
         shown = ", ".join(f"{r:.2f}x" for r in best.confirm_ratios) or "no measurement"
-        best.verdict = "not confirmed"
+        best.verdict = Verdict.NOT_CONFIRMED
         best.note = (f"interleaved pairs gave {shown}; needed a median of {result.required:.2f}x "
                      f"and every pair above {1 + MIN_MARGIN:.2f}x")
         result.notes.append(f"{best.label} not recommended: {best.note}")
