@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "run",
     "plan",
     "doctor",
+    "report",
 )
 
 
