@@ -130,7 +130,8 @@ def render_records(groups: Sequence[RecordGroup], *, title: str, subtitle: str, 
 
     Section ids stay unique on the page (a repeated id gets ``-2``, ``-3``, ...; the first keeps its
     own, so links to ``#steps`` reach the first group's steps). A section identical to one already
-    shown (the same environment table in every record of one machine) is named, not repeated.
+    shown is named, not repeated; so is the Environment of a record from the same machine and software
+    (only the load average or the process's variables differ).
     """
     used: set[str] = set()
 
@@ -157,7 +158,7 @@ def render_records(groups: Sequence[RecordGroup], *, title: str, subtitle: str, 
         body: list[str] = []
         repeated: list[str] = []
         for s in sections_for(record):
-            key = (s.title, s.body)
+            key = (s.title, _machine_key(record) if s.id == "environment" else s.body)
             if key in seen:
                 repeated.append(f"{s.title} (as in {seen[key]})")
                 continue
@@ -170,6 +171,17 @@ def render_records(groups: Sequence[RecordGroup], *, title: str, subtitle: str, 
                      f'<p class="muted">{escape(meta)}</p>{note}</div>')
         parts.extend(body)
     return _document(title, subtitle, " · ".join(nav), "\n".join(parts), extra_css=_GROUP_CSS)
+
+
+def _machine_key(record: RunRecord) -> str:
+    """The environment facts that name the machine and software, without what changes from run to run
+    (the load average, the process's variables), so records of one machine share one Environment section."""
+    import json
+
+    facts = {k: v for k, v in record.environment.items() if k != "env"}
+    if isinstance(facts.get("cpu"), dict):
+        facts["cpu"] = {k: v for k, v in facts["cpu"].items() if not k.startswith("load_avg")}
+    return json.dumps(facts, sort_keys=True, default=str)
 
 
 def _document(title: str, subtitle: str, nav: str, body: str, *, extra_css: str = "") -> str:
