@@ -9,13 +9,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from torchscalpel import fileio
 from torchscalpel.errors import UsageError
-from torchscalpel.fileio import default_run_dir
 from torchscalpel.runtime.target import Target, resolve_script
 from torchscalpel.runtime.window import STEP_KINDS, StepCount, parse_steps
 
 __all__ = ["Target", "add_output_arguments", "add_target_arguments", "add_window_arguments", "default_run_dir",
            "resolve_target", "steps_arg"]
+
+
+RUNS_ROOT: Path | None = None
+"""The config file's ``out_root`` for this invocation (set by ``cli.main``); None: ``scalpel-runs``."""
+
+
+def default_run_dir(name: str, root: Path | None = None) -> Path:
+    """``<root>/<time>-<name>/``: root is ``root``, else the config file's ``out_root``, else scalpel-runs."""
+    return fileio.default_run_dir(name, root or RUNS_ROOT)
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool = True) -> None:

@@ -2,8 +2,8 @@
 
 Stages run in the order of the workflow (env, profile, doctor, analyze, tune, plan, ship); each
 writes its own outputs under ``<out>/<stage>/`` and a failing stage is reported without stopping
-the others. ``<out>/report.html`` gathers the profile report, the doctor's findings, the tune and
-plan sections and a table of what every stage did.
+the others. ``<out>/report.html`` is a table of what every stage did followed by the stage records
+(profile, doctor, tune, plan), rendered as ``scalpel report`` renders several records.
 """
 
 from __future__ import annotations
@@ -96,9 +96,16 @@ def _cli(argv: list[str]) -> int:
 
 
 def _env(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    out.mkdir(parents=True, exist_ok=True)
-    code = _cli(["env", "--no-probe", "--json", str(out / "env.json")])
-    return code == 0, str(out / "env.json"), "environment facts and compatibility checks"
+    from rich.console import Console
+
+    from torchscalpel.envcheck.report import build_report, write_json
+    from torchscalpel.envcheck.screen import render
+
+    report = build_report(probes=[])  # what 'scalpel env --no-probe' shows
+    console = Console()
+    render(report, console if console.is_terminal else Console(width=120))
+    write_json(report, out / "env.json")
+    return bool(report["complete"]), str(out / "env.json"), "environment facts and compatibility checks"
 
 
 def _profile(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
@@ -113,11 +120,16 @@ def _profile(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
 
 
 def _doctor(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    code = _cli(["doctor", "--steps", "20", "--out", str(out), "--", str(target.script), *target.args])
-    from torchscalpel.record import load_record
+    from rich.console import Console
 
-    findings = load_record(out).findings
-    return code == 0, str(out), f"{len(findings)} finding(s)"
+    from torchscalpel.doctor.api import diagnose
+    from torchscalpel.doctor.output import render_terminal
+
+    out.mkdir(parents=True, exist_ok=True)
+    record, findings = diagnose(target, steps=20, warmup=2, out_dir=out, command=["scalpel", "demo"])
+    _save_with_report(record, out)
+    render_terminal(findings, Console(), header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n")
+    return record.exit_code in (0, None), str(out), f"{len(findings)} finding(s)"
 
 
 def _analyze(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
@@ -140,9 +152,30 @@ def _tune(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, st
 
 
 def _plan(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    code = _cli(["plan", "--device", "A100-80GB", "--world-size", "2", "--strategy", "all", "--no-max-batch",
-                 "--out", str(out), "--", str(target.script), *target.args])
-    return code == 0, str(out), "per-rank memory for every strategy on 2 x A100-80GB"
+    # What 'scalpel plan --device A100-80GB --world-size 2 --strategy all --no-max-batch -- SCRIPT' does.
+    from torchscalpel.plan.devices import resolve_device
+    from torchscalpel.plan.render import render_text
+    from torchscalpel.plan.script import ScriptPlanOptions, plan_script
+    from torchscalpel.plan.strategies import strategies_for
+
+    options = ScriptPlanOptions(optimizer=None, precision="fp32", grad_accum=1, world_size=2, nodes=1,
+                                checkpointing="none", search_max_batch=False)
+    result, record = plan_script(target, options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1))
+    print(render_text(result))
+    record.sections["plan"] = result.to_dict()
+    _save_with_report(record, out)
+    return True, str(out), "per-rank memory for every strategy on 2 x A100-80GB"
+
+
+def _save_with_report(record: Any, out: Path) -> None:
+    """run.json and report.html in the stage's folder, as the stage's own command writes them."""
+    from torchscalpel.record import save_record
+    from torchscalpel.report.html import write_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    record.artifacts.update({"record": "run.json", "report": "report.html"})
+    save_record(record, out)
+    write_report(record, out / "report.html")
 
 
 SHIP_MODULES = {"sklearn": "scikit-learn", "onnx": "onnx", "onnxscript": "onnxscript", "onnxruntime": "onnxruntime",
@@ -176,25 +209,25 @@ _STAGE_FUNCS: dict[str, Callable[[Target, Path, argparse.Namespace], tuple[bool,
 }
 
 
+RECORD_STAGES = ("profile", "doctor", "tune", "plan")
+"""Stages that leave a Run record in their folder; the combined report has a group for each one that ran."""
+
+
 def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
-    """One report: the profile record plus the findings, tune and plan sections of the other stages."""
-    from torchscalpel.record import RunRecord, load_record, new_run_record
-    from torchscalpel.report.html import Section, render_page, sections_for, table
+    """One report, as 'scalpel report' renders several records: a table of what every stage did, then
+    the sections of each stage's record (profile, doctor, tune, plan)."""
+    from torchscalpel.record import load_record, now_timestamp
+    from torchscalpel.report.html import RecordGroup, Section, render_records, table
 
-    def maybe(path: Path) -> RunRecord | None:
+    groups: list[RecordGroup] = []
+    for r in results:
+        if r.name not in RECORD_STAGES or not r.ok:
+            continue
         try:
-            return load_record(path)
-        except Exception:
-            return None
-
-    base = maybe(out / "profile") or new_run_record("demo")
-    doctor = maybe(out / "doctor")
-    if doctor is not None:
-        base.findings = doctor.findings
-    for stage in ("tune", "plan"):
-        rec = maybe(out / stage)
-        if rec is not None and stage in rec.sections:
-            base.sections[stage] = rec.sections[stage]
+            record = load_record(out / r.name)
+        except Exception:  # the stage's own failure is already in the table
+            continue
+        groups.append(RecordGroup(record=record, title=f"{r.name} · {record.name}", source=_rel(str(out / r.name), out)))
     stages = Section(
         id="demo-stages",
         title="Demo stages",
@@ -205,7 +238,9 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
         )
         + '<p class="muted">Each stage also wrote its own files (run.json, report.html, trace, bundle) in its folder.</p>',
     )
-    html = render_page("torchscalpel demo", f"examples/char_transformer.py · {base.created}", [stages, *sections_for(base)])
+    created = groups[0].record.created if groups else now_timestamp()
+    html = render_records(groups, title="torchscalpel demo", subtitle=f"examples/char_transformer.py · {created}",
+                          lead=[stages])
     return atomic_write_text(out / "report.html", html)
 
 

@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "run",
     "plan",
     "doctor",
+    "report",
 )
 
 
@@ -45,10 +46,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def apply_config(parser: argparse.ArgumentParser, command: str | None) -> None:
+    """Lay the config file's defaults for ``command`` (scalpel.toml / pyproject.toml, see
+    :mod:`torchscalpel.config`) on its sub-parser, so defaults < file < flags."""
+    from torchscalpel import config
+    from torchscalpel.cli import common
+
+    common.RUNS_ROOT = None
+    if command not in config.COMMANDS:
+        return
+    found = config.load_defaults(command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    if found.values:
+        sub.set_defaults(**found.values)
+    common.RUNS_ROOT = found.out_root
+
+
+def _command_name(args: Sequence[str]) -> str | None:
+    """The verb: the first argument that is not an option (the top-level parser has only -h and --version)."""
+    return next((a for a in args if not a.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, run the command, and return its exit code (never raises for user errors)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    try:
+        apply_config(parser, _command_name(args_list))
+    except ScalpelError as exc:
+        print(f"scalpel: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     args = parser.parse_args(args_list)
     if not getattr(args, "func", None):
         parser.print_help()

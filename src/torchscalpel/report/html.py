@@ -79,10 +79,118 @@ def sections_for(record: RunRecord, builders: Iterable[str] = ()) -> list[Sectio
 
 def write_report(record: RunRecord, path: Path) -> Path:
     """Render ``record`` into ``path`` (report.html) and return the path."""
-    subtitle = f"{record.target.get('script') or record.target.get('module') or record.name} · {record.created} · {record.status}"
-    html = render_page(f"torchscalpel · {record.name}", subtitle, sections_for(record))
-    path.write_text(html, encoding="utf-8")
+    path.write_text(record_page(record), encoding="utf-8")
     return path
+
+
+def record_page(record: RunRecord) -> str:
+    """The report page of one record: every section its builders produce."""
+    subtitle = f"{_target_text(record)} · {record.created} · {record.status}"
+    return render_page(f"torchscalpel · {record.name}", subtitle, sections_for(record))
+
+
+def _target_text(record: RunRecord) -> str:
+    return str(record.target.get("script") or record.target.get("module") or record.target.get("model") or record.name)
+
+
+RECORD_KINDS = ("tune", "plan", "doctor")
+"""Stage sections that name what wrote a record, checked in this order (a tune or plan record may also
+hold a doctor's findings; a doctor record also has a step timeline)."""
+
+
+def record_kind(record: RunRecord) -> str:
+    """What wrote ``record``: ``tune``, ``plan``, ``doctor``, the scalpel verb in its command, ``profile``
+    (a step timeline) or ``record``."""
+    for kind in RECORD_KINDS:
+        if kind in record.sections:
+            return kind
+    if len(record.command) > 1 and Path(str(record.command[0])).name == "scalpel" and not record.command[1].startswith("-"):
+        return str(record.command[1])
+    return "profile" if record.steps else "record"
+
+
+@dataclass(kw_only=True, slots=True)
+class RecordGroup:
+    """One record's part of a multi-record page: a titled group of the sections its builders produce."""
+
+    record: RunRecord
+    title: str = ""
+    """Defaults to ``<kind> · <record name>``."""
+    source: str = ""
+    """Where the record was read from (shown under the title)."""
+
+
+_GROUP_CSS = (".group-head{margin:28px 0 0;padding:10px 18px;background:#e8eef6;border:1px solid #c9d6e6;"
+              "border-radius:6px}.group-head h2{margin:0;font-size:18px}.group-head p{margin:2px 0 0}")
+
+
+def render_records(groups: Sequence[RecordGroup], *, title: str, subtitle: str, lead: Sequence[Section] = ()) -> str:
+    """One page for several records: the ``lead`` sections, then one group per record with every
+    section that record's builders produce.
+
+    Section ids stay unique on the page (a repeated id gets ``-2``, ``-3``, ...; the first keeps its
+    own, so links to ``#steps`` reach the first group's steps). A section identical to one already
+    shown is named, not repeated; so is the Environment of a record from the same machine and software
+    (only the load average or the process's variables differ).
+    """
+    used: set[str] = set()
+
+    def unique(ident: str) -> str:
+        candidate, n = ident, 1
+        while candidate in used:
+            n += 1
+            candidate = f"{ident}-{n}"
+        used.add(candidate)
+        return candidate
+
+    seen: dict[tuple[str, str], str] = {}
+    nav: list[str] = []
+    parts: list[str] = []
+    for s in lead:
+        sid = unique(s.id)
+        nav.append(f'<a href="#{escape(sid)}">{escape(s.title)}</a>')
+        parts.append(f'<section id="{escape(sid)}"><h2>{escape(s.title)}</h2>{s.body}</section>')
+    for i, group in enumerate(groups, start=1):
+        record = group.record
+        heading = group.title or f"{record_kind(record)} · {record.name}"
+        gid = unique(f"record-{i}")
+        nav.append(f'<a href="#{escape(gid)}">{escape(heading)}</a>')
+        body: list[str] = []
+        repeated: list[str] = []
+        for s in sections_for(record):
+            key = (s.title, _machine_key(record) if s.id == "environment" else s.body)
+            if key in seen:
+                repeated.append(f"{s.title} (as in {seen[key]})")
+                continue
+            seen[key] = heading
+            sid = unique(s.id)
+            body.append(f'<section id="{escape(sid)}"><h2>{escape(s.title)}</h2>{s.body}</section>')
+        meta = " · ".join(x for x in (_target_text(record), record.created, record.status, group.source) if x)
+        note = f'<p class="muted">Not repeated: {escape(", ".join(repeated))}.</p>' if repeated else ""
+        parts.append(f'<div class="group-head" id="{escape(gid)}"><h2>{escape(heading)}</h2>'
+                     f'<p class="muted">{escape(meta)}</p>{note}</div>')
+        parts.extend(body)
+    return _document(title, subtitle, " · ".join(nav), "\n".join(parts), extra_css=_GROUP_CSS)
+
+
+def _machine_key(record: RunRecord) -> str:
+    """The environment facts that name the machine and software, without what changes from run to run
+    (the load average, the process's variables), so records of one machine share one Environment section."""
+    import json
+
+    facts = {k: v for k, v in record.environment.items() if k != "env"}
+    if isinstance(facts.get("cpu"), dict):
+        facts["cpu"] = {k: v for k, v in facts["cpu"].items() if not k.startswith("load_avg")}
+    return json.dumps(facts, sort_keys=True, default=str)
+
+
+def _document(title: str, subtitle: str, nav: str, body: str, *, extra_css: str = "") -> str:
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<meta name=\"viewport\" content=\"width=device-width\"><title>{escape(title)}</title>"
+        f"<style>{_CSS}{extra_css}</style></head><body><header><h1>{escape(title)}</h1><p>{escape(subtitle)}</p>"
+        f"<p>{nav}</p></header><main>{body}</main></body></html>\n"
+    )
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Sequence[bool] | None = None) -> str:
