@@ -21,6 +21,10 @@ Layout (all times in milliseconds, all memory in bytes):
   :meth:`RunRecord.op_summary` (records before 1.1 kept a copy in ``profiler``);
 - ``findings``: doctor findings as dicts (see :mod:`torchscalpel.doctor.finding`);
 - ``sections``: stage outputs keyed by stage name (``tune``, ``plan``, ``trace``, ...).
+
+The dict parts are stored as plain JSON data; read them through the typed views of
+:mod:`torchscalpel.sections` (:meth:`RunRecord.summary_view`, :meth:`~RunRecord.profiler_view`,
+:meth:`~RunRecord.config_view`, :meth:`~RunRecord.section`), which keep every key they do not type.
 """
 
 from __future__ import annotations
@@ -29,10 +33,13 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from torchscalpel.errors import RecordVersionError, ScalpelError
 from torchscalpel.fileio import atomic_write_text
+from torchscalpel.sections import ProfilerSection, RunConfig, RunSummary, StageSection, TraceSection
+
+S = TypeVar("S", bound=StageSection)
 
 RunStatus = Literal["complete", "stopped", "partial", "failed", "interrupted"]
 """How a run ended: ``complete`` (script finished), ``stopped`` (after N steps), ``partial`` (the
@@ -150,6 +157,28 @@ class RunRecord:
         if trace:
             return trace
         return {k: self.profiler[k] for k in ("top_ops", "categories", "memory") if k in self.profiler}
+
+    def summary_view(self) -> RunSummary:
+        """``summary`` typed (every field at its default when the run measured nothing)."""
+        return RunSummary.from_dict(self.summary)
+
+    def profiler_view(self) -> ProfilerSection:
+        """``profiler`` typed (``steps`` is None when the run had no profiler window)."""
+        return ProfilerSection.from_dict(self.profiler)
+
+    def config_view(self) -> RunConfig:
+        """``config`` typed (defaults for options a hand-made record leaves out)."""
+        return RunConfig.from_dict(self.config)
+
+    def section(self, kind: type[S]) -> S | None:
+        """``sections[kind.KEY]`` typed, e.g. ``record.section(TuneSection)``; None when that stage
+        left no section (or something other than a JSON object under its key)."""
+        data = self.sections.get(kind.KEY)
+        return kind.from_dict(data) if isinstance(data, dict) else None
+
+    def op_summary_view(self) -> TraceSection:
+        """:meth:`op_summary` typed: empty (no ops, no memory) when the run had no profiler trace."""
+        return TraceSection.from_dict(self.op_summary())
 
     @property
     def measured_steps(self) -> list[StepRecord]:

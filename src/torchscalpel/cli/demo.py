@@ -114,8 +114,9 @@ def _profile(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
 
     options = RuntimeOptions(warmup=2, steps=args.steps, out_dir=out, profile_steps=3, module_times=True, name="demo")
     record, _ = profile_target(target, options)
-    s = record.summary
-    summary = f"median step {s.get('median_step_ms', float('nan')):.1f} ms, breakdown sums within {100 * s.get('breakdown_max_error', 0):.2f}%"
+    s = record.summary_view()
+    median = s.median_step_ms if s.median_step_ms is not None else float("nan")
+    summary = f"median step {median:.1f} ms, breakdown sums within {100 * (s.breakdown_max_error or 0):.2f}%"
     return record.exit_code in (0, None), str(out), summary
 
 
@@ -157,12 +158,13 @@ def _plan(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, st
     from torchscalpel.plan.render import render_text
     from torchscalpel.plan.script import ScriptPlanOptions, plan_script
     from torchscalpel.plan.strategies import strategies_for
+    from torchscalpel.sections import PlanSection
 
     options = ScriptPlanOptions(optimizer=None, precision="fp32", grad_accum=1, world_size=2, nodes=1,
                                 checkpointing="none", search_max_batch=False)
     result, record = plan_script(target, options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1))
     print(render_text(result))
-    record.sections["plan"] = result.to_dict()
+    record.sections[PlanSection.KEY] = result.to_dict()
     _save_with_report(record, out)
     return True, str(out), "per-rank memory for every strategy on 2 x A100-80GB"
 

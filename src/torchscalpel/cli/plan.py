@@ -74,9 +74,10 @@ def run(args: argparse.Namespace) -> int:
         result = _factory_plan(args, device, strategies)
         record, out_dir = _factory_record(args, result)
     from torchscalpel.plan.render import render_text
+    from torchscalpel.sections import PlanSection
 
     print(render_text(result))
-    record.sections["plan"] = result.to_dict()
+    record.sections[PlanSection.KEY] = result.to_dict()
     _write_outputs(args, record, out_dir, result.to_dict())
     return 0
 

@@ -32,8 +32,8 @@ def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     """One rank's figures in milliseconds (None where the record has no value)."""
     measured = [s.total_ms for s in record.measured_steps]
     step_ms = statistics.median(measured) if measured else None
-    window = record.profiler.get("steps") or []
-    comm_us = (record.op_summary().get("categories") or {}).get("communication")
+    window = record.profiler_view().steps or []
+    comm_us = (record.op_summary_view().categories or {}).get("communication")
     comm_ms = comm_us / 1000.0 / len(window) if (comm_us is not None and window) else None
     return {
         "rank": rank,

@@ -6,6 +6,7 @@ from html import escape
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.html import Section
+from torchscalpel.sections import DoctorSection
 
 _ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -15,7 +16,7 @@ def build(record: RunRecord) -> list[Section]:
     and doctor did not run."""
     findings = sorted(record.findings, key=lambda f: (_ORDER.get(str(f.get("severity")), 3), f.get("rule", "")))
     if not findings:
-        if "doctor" not in record.sections:
+        if record.section(DoctorSection) is None:
             return []
         return [Section(id="findings", title="Findings", body="<p>No findings: every rule passed.</p>")]
     counts = {k: sum(1 for f in findings if f.get("severity") == k) for k in _ORDER}

@@ -8,6 +8,7 @@ from torchscalpel.record import PHASES, RunRecord
 from torchscalpel.report import charts
 from torchscalpel.report.html import Section, table
 from torchscalpel.report.terminal import fmt_flops
+from torchscalpel.sections import TraceSection
 from torchscalpel.units import fmt_bytes
 
 
@@ -17,7 +18,7 @@ def build(record: RunRecord) -> list[Section]:
     if record.steps:
         sections.append(_steps(record))
         sections.append(_loss_and_memory(record))
-    if record.op_summary().get("top_ops"):
+    if record.op_summary_view().top_ops:
         sections.append(_top_ops(record))
     if record.modules:
         sections.append(_modules(record))
@@ -26,31 +27,32 @@ def build(record: RunRecord) -> list[Section]:
 
 
 def _overview(record: RunRecord) -> Section:
-    s = record.summary
+    s = record.summary_view()
+    config = record.config_view()
     kpis = []
-    if "median_step_ms" in s:
-        kpis.append(("median step", f"{s['median_step_ms']:.2f} ms"))
-        kpis.append(("p90 step", f"{s['p90_step_ms']:.2f} ms"))
-    if "samples_per_s" in s:
-        kpis.append(("throughput", f"{s['samples_per_s']:.1f} samples/s"))
-    if "achieved_flops_per_s" in s:
-        kpis.append(("achieved", fmt_flops(s["achieved_flops_per_s"])))
-    if "mfu" in s:
-        kpis.append(("MFU (bf16 peak)", f"{100 * s['mfu']['mfu']:.1f}%"))
-    if "cuda_allocated_peak" in s:
-        kpis.append(("CUDA allocated peak", fmt_bytes(s["cuda_allocated_peak"])))
-    mem_peak = (record.op_summary().get("memory") or {}).get("peak_bytes")
+    if s.median_step_ms is not None:
+        kpis.append(("median step", f"{s.median_step_ms:.2f} ms"))
+        kpis.append(("p90 step", f"{s.p90_step_ms:.2f} ms"))
+    if s.samples_per_s is not None:
+        kpis.append(("throughput", f"{s.samples_per_s:.1f} samples/s"))
+    if s.achieved_flops_per_s is not None:
+        kpis.append(("achieved", fmt_flops(s.achieved_flops_per_s)))
+    if s.mfu is not None:
+        kpis.append(("MFU (bf16 peak)", f"{100 * s.mfu['mfu']:.1f}%"))
+    if s.cuda_allocated_peak is not None:
+        kpis.append(("CUDA allocated peak", fmt_bytes(s.cuda_allocated_peak)))
+    mem_peak = (record.op_summary_view().memory or {}).get("peak_bytes")
     if mem_peak:
         kpis.append(("allocator peak (window)", fmt_bytes(mem_peak)))
-    if "rss_peak" in s:
-        kpis.append(("RSS peak", fmt_bytes(s["rss_peak"])))
+    if s.rss_peak is not None:
+        kpis.append(("RSS peak", fmt_bytes(s.rss_peak)))
     body = '<div class="kpis">' + "".join(
         f'<div class="kpi"><b>{escape(v)}</b><span class="muted">{escape(k)}</span></div>' for k, v in kpis
     ) + "</div>"
     facts = [
         f"status <b>{escape(record.status)}</b>" + (f" (exit code {record.exit_code})" if record.exit_code else ""),
-        f"{s.get('steps_measured', 0)} measured steps after {record.config.get('warmup', 0)} warm-up; "
-        f"steps delimited by {escape(record.step_kind)} calls; timing clock: {escape(str(record.config.get('clock', '?')))}",
+        f"{s.steps_measured} measured steps after {config.warmup} warm-up; "
+        f"steps delimited by {escape(record.step_kind)} calls; timing clock: {escape(str(config.clock or '?'))}",
     ]
     if record.error:
         facts.append(f'<span class="sev-error">{escape(record.error)}</span>')
@@ -66,11 +68,12 @@ def _steps(record: RunRecord) -> Section:
     labels = [str(s.index) + ("w" if s.warmup else "p" if s.profiled else "") for s in steps]
     series = {p: [s.phase_ms()[p] for s in steps] for p in PHASES}
     chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms")
-    s = record.summary
+    s = record.summary_view()
     rows = []
-    if "phase_mean_ms" in s:
-        rows = [(p, f"{s['phase_mean_ms'][p]:.3f}", f"{100 * s['phase_share'][p]:.1f}%") for p in PHASES]
-        rows.append(("step (mean)", f"{s['mean_step_ms']:.3f}", "100%"))
+    if s.phase_mean_ms is not None:
+        share = s.phase_share or {}
+        rows = [(p, f"{s.phase_mean_ms[p]:.3f}", f"{100 * share[p]:.1f}%") for p in PHASES]
+        rows.append(("step (mean)", f"{s.mean_step_ms:.3f}", "100%"))
     note = (
         '<p class="muted">Each bar is one measured step (p: inside the profiler window, left out of the '
         "summary). The five phases add up to the step's wall time; <i>other</i> is what lies outside data "
@@ -100,22 +103,23 @@ def _loss_and_memory(record: RunRecord) -> Section:
 
 
 def _top_ops(record: RunRecord) -> Section:
-    summary = record.op_summary()
-    ops = (summary.get("top_ops") or [])[:15]
+    summary = record.op_summary_view()
+    profiler = record.profiler_view()
+    ops = (summary.top_ops or [])[:15]
     chart = charts.horizontal_bars("top-ops", [(o["name"], o["self_us"] / 1000.0) for o in ops], unit="ms")
-    flops = {f["name"]: f["flops"] for f in record.profiler.get("flops_by_op", [])}
+    flops = {f["name"]: f["flops"] for f in profiler.flops_by_op}
     rows = [
         (o["name"], o.get("category", ""), o.get("count", ""), f"{o['self_us'] / 1000:.3f}", f"{o.get('total_us', 0) / 1000:.3f}",
          f"{flops[o['name']]:.3g}" if o["name"] in flops else "")
         for o in ops
     ]
-    cats = summary.get("categories") or {}
+    cats = summary.categories or {}
     cat_chart = charts.horizontal_bars(
         "op-categories", sorted(((k, v / 1000.0) for k, v in cats.items()), key=lambda kv: -kv[1]), unit="ms"
     ) if cats else ""
     return Section(
         id="top-ops",
-        title=f"Top ops (profiler window: steps {record.profiler.get('steps')})",
+        title=f"Top ops (profiler window: steps {profiler.steps})",
         body=chart
         + table(["op", "category", "calls", "self ms", "total ms", "FLOPs"], rows, [False, False, True, True, True, True])
         + ("<h3>Self time by category</h3>" + cat_chart if cat_chart else ""),
@@ -137,9 +141,9 @@ _TRACE_PARTS = ("trace-gpu", "trace-kernels", "trace-memory", "trace-errors")
 
 
 def _trace_extras(record: RunRecord) -> list[Section]:
-    trace = record.sections.get("trace")
-    if not trace:
+    trace = record.section(TraceSection)
+    if trace is None or not trace.to_dict():
         return []
     from torchscalpel.report.trace_sections import build_trace_sections
 
-    return [s for s in build_trace_sections(trace) if s.id in _TRACE_PARTS]
+    return [s for s in build_trace_sections(trace.to_dict()) if s.id in _TRACE_PARTS]

@@ -71,54 +71,58 @@ def fmt_flops(n: float | None) -> str:
 def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None = None) -> None:
     """The one-screen summary of a profile run."""
     c = out or console()
-    s = record.summary
+    s = record.summary_view()
+    config = record.config_view()
+    profiler = record.profiler_view()
+    ops_summary = record.op_summary_view()
     status_style = {"complete": "green", "stopped": "green", "failed": "red", "interrupted": "yellow"}.get(
         record.status, "yellow"
     )
     c.print(
         f"[bold]scalpel profile[/] {record.target.get('script') or record.target.get('module')}  "
-        f"[{status_style}]{record.status}[/]  {s.get('steps_measured', 0)} measured steps "
-        f"(+{record.config.get('warmup', 0)} warm-up), steps = {record.step_kind} calls, "
-        f"clock = {record.config.get('clock', '?')}"
+        f"[{status_style}]{record.status}[/]  {s.steps_measured} measured steps "
+        f"(+{config.warmup} warm-up), steps = {record.step_kind} calls, "
+        f"clock = {config.clock or '?'}"
     )
     for note in record.notes:
         c.print(f"[yellow]note:[/] {note}")
-    if "median_step_ms" not in s:
+    if s.median_step_ms is None:
         c.print("[yellow]No measured steps to summarise.[/]")
     else:
-        c.print(f"[bold]step time[/]: median {s['median_step_ms']:.2f} ms, p90 {s['p90_step_ms']:.2f} ms")
+        c.print(f"[bold]step time[/]: median {s.median_step_ms:.2f} ms, p90 {s.p90_step_ms:.2f} ms")
+        phase_mean, phase_share = s.phase_mean_ms or {}, s.phase_share or {}
         table = Table()
         table.add_column("phase")
         table.add_column("mean ms", justify="right")
         table.add_column("share", justify="right")
         for p in PHASES:
-            table.add_row(p, f"{s['phase_mean_ms'][p]:.2f}", f"{100 * s['phase_share'][p]:.1f}%")
-        table.add_row("[bold]step[/]", f"[bold]{s['mean_step_ms']:.2f}[/]", "100%")
+            table.add_row(p, f"{phase_mean[p]:.2f}", f"{100 * phase_share[p]:.1f}%")
+        table.add_row("[bold]step[/]", f"[bold]{s.mean_step_ms:.2f}[/]", "100%")
         c.print(table)
         extras = []
-        if "samples_per_s" in s:
-            extras.append(f"throughput {s['samples_per_s']:.1f} samples/s")
-        if "first_loss" in s:
-            extras.append(f"loss {s['first_loss']:.4g} -> {s['last_loss']:.4g}")
-        if "achieved_flops_per_s" in s:
-            extras.append(f"{fmt_flops(s['achieved_flops_per_s'])} achieved")
-        if "mfu" in s:
-            extras.append(f"MFU {100 * s['mfu']['mfu']:.1f}% of {s['mfu']['gpu']} bf16 peak")
+        if s.samples_per_s is not None:
+            extras.append(f"throughput {s.samples_per_s:.1f} samples/s")
+        if s.first_loss is not None:
+            extras.append(f"loss {s.first_loss:.4g} -> {s.last_loss:.4g}")
+        if s.achieved_flops_per_s is not None:
+            extras.append(f"{fmt_flops(s.achieved_flops_per_s)} achieved")
+        if s.mfu is not None:
+            extras.append(f"MFU {100 * s.mfu['mfu']:.1f}% of {s.mfu['gpu']} bf16 peak")
         mem = []
-        if "cuda_allocated_peak" in s:
-            mem.append(f"CUDA allocated peak {fmt_bytes(s['cuda_allocated_peak'])}, reserved {fmt_bytes(s['cuda_reserved_peak'])}")
-        window_peak = (record.op_summary().get("memory") or {}).get("peak_bytes")
+        if s.cuda_allocated_peak is not None:
+            mem.append(f"CUDA allocated peak {fmt_bytes(s.cuda_allocated_peak)}, reserved {fmt_bytes(s.cuda_reserved_peak)}")
+        window_peak = (ops_summary.memory or {}).get("peak_bytes")
         if window_peak:
             mem.append(f"allocator peak in profiler window {fmt_bytes(window_peak)}")
-        if "rss_peak" in s:
-            mem.append(f"RSS peak {fmt_bytes(s['rss_peak'])}")
+        if s.rss_peak is not None:
+            mem.append(f"RSS peak {fmt_bytes(s.rss_peak)}")
         if extras:
             c.print(" · ".join(extras))
         if mem:
             c.print("memory: " + " · ".join(mem))
-    ops = record.op_summary().get("top_ops") or []
+    ops = ops_summary.top_ops or []
     if ops:
-        c.print(f"[bold]top ops by self time[/] (profiler window, steps {record.profiler.get('steps')})")
+        c.print(f"[bold]top ops by self time[/] (profiler window, steps {profiler.steps})")
         t = Table()
         t.add_column("op")
         t.add_column("category")
@@ -127,7 +131,7 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         for op in ops[:8]:
             t.add_row(op["name"][:60], op.get("category", ""), str(op.get("count", "")), f"{op['self_us'] / 1000:.2f}")
         c.print(t)
-    c.print(f"run folder: [bold]{run_dir}[/] (run.json, report.html{', ' + record.profiler['trace'] if record.profiler.get('trace') else ''})")
+    c.print(f"run folder: [bold]{run_dir}[/] (run.json, report.html{', ' + profiler.trace if profiler.trace else ''})")
     if record.error:
         c.print(f"[red]script error:[/] {record.error}")
     sys.stderr.flush()

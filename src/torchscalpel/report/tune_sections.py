@@ -12,6 +12,7 @@ from typing import Any
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import horizontal_bars, lines
 from torchscalpel.report.html import Section, table
+from torchscalpel.sections import TuneSection
 from torchscalpel.tune.console import HEADERS, row_cells
 from torchscalpel.tune.runner import TrialResult
 from torchscalpel.tune.states import Verdict
@@ -24,9 +25,9 @@ def _trial(data: dict[str, Any]) -> TrialResult:
     return TrialResult.from_dict(data)
 
 
-def _required(tune: dict[str, Any]) -> float:
+def _required(tune: TuneSection) -> float:
     """The speedup the search required, as the record states it (tune writes it in every record)."""
-    value = tune.get("required_speedup")
+    value = tune.required_speedup
     if value is None:  # a hand-made section: tune's own margin (imported late: verify imports torch)
         from torchscalpel.tune.verify import required_speedup
 
@@ -36,26 +37,26 @@ def _required(tune: dict[str, Any]) -> float:
 
 def build(record: RunRecord) -> list[Section]:
     """The tune sections, or nothing when the record holds no tune result."""
-    tune = record.sections.get("tune")
-    if not tune:
+    tune = record.section(TuneSection)
+    if tune is None or tune.baseline is None:  # no tune result (or a hand-made one without a baseline)
         return []
-    baseline = _trial(tune["baseline"])
-    trials = [_trial(t) for t in tune.get("trials", [])]
+    baseline = _trial(tune.baseline)
+    trials = [_trial(t) for t in tune.trials]
     rows = sorted([baseline, *trials], key=lambda t: (t.median_ms is None, t.median_ms or 0.0))
-    winner = tune.get("winner")
+    winner = tune.winner
     if winner:
-        verdict = (f"<p class=\"kpis\"><span class=\"kpi\"><b>{tune.get('confirmed_speedup') or 0:.2f}x</b>"
+        verdict = (f"<p class=\"kpis\"><span class=\"kpi\"><b>{tune.confirmed_speedup or 0:.2f}x</b>"
                    f"faster per step (interleaved repeats)</span><span class=\"kpi\"><b>{escape(winner['label'])}</b>"
                    "recommended</span></p>")
-        code = "\n".join(tune.get("code_lines") or [])
+        code = "\n".join(tune.code_lines or [])
         verdict += "<p>Apply with <code>scalpel run --config scalpel.toml -- SCRIPT</code>, or edit the script:</p>"
         verdict += f"<pre>{escape(code)}</pre>"
     else:
         verdict = "<p><b>No change recommended</b>: nothing beat the baseline reliably with the numerics gate passed.</p>"
-    notes = "".join(f"<li>{escape(n)}</li>" for n in tune.get("notes", []))
+    notes = "".join(f"<li>{escape(n)}</li>" for n in tune.notes)
     verdict += (f"<p class=\"muted\">Required speedup {_required(tune):.2f}x "
-                f"(baseline noise {tune.get('noise', 0):.1%}); baseline loss determinism "
-                f"{(tune.get('determinism') or 0):.1e}.</p>")
+                f"(baseline noise {tune.noise:.1%}); baseline loss determinism "
+                f"{(tune.determinism or 0):.1e}.</p>")
     if notes:
         verdict += f"<ul>{notes}</ul>"
     ranked = table(HEADERS, [row_cells(t) for t in rows], numeric=[False, True, True, True, True, True, False, False])

@@ -354,19 +354,20 @@ def new_record(
 ) -> RunRecord:
     """The Run record a run starts with: identity, environment and the options it ran under."""
     from torchscalpel.record import new_run_record
+    from torchscalpel.sections import RunConfig
 
     return new_run_record(
         options.name,
         command=list(command),
         target=target,
         environment=environment,
-        config={
-            "warmup": options.warmup,
-            "steps": options.steps,
-            "profile_steps": options.profile_steps,
-            "module_times": options.module_times,
-            "step_kind": options.step_kind,
-        },
+        config=RunConfig(
+            warmup=options.warmup,
+            steps=options.steps,
+            profile_steps=options.profile_steps,
+            module_times=options.module_times,
+            step_kind=options.step_kind,
+        ).to_dict(),
     )
 
 

@@ -6,9 +6,15 @@ import statistics
 from typing import Any
 
 from torchscalpel.record import PHASES, RunRecord
+from torchscalpel.sections import RunSummary
 
 
 def summarize(record: RunRecord) -> dict[str, Any]:
+    """:func:`run_summary` as the JSON data stored in ``record.summary``."""
+    return run_summary(record).to_dict()
+
+
+def run_summary(record: RunRecord) -> RunSummary:
     """Step-time statistics, the five-way split (means, which sum to the mean step), throughput, memory.
 
     Profiled steps are left out when unprofiled measured steps exist, since the profiler slows
@@ -16,49 +22,42 @@ def summarize(record: RunRecord) -> dict[str, Any]:
     """
     measured = record.measured_steps
     plain = [s for s in measured if not s.profiled] or measured
-    out: dict[str, Any] = {
-        "steps_total": len(record.steps),
-        "steps_measured": len(measured),
-        "steps_summarized": len(plain),
-    }
+    out = RunSummary(steps_total=len(record.steps), steps_measured=len(measured), steps_summarized=len(plain))
     if not plain:
         return out
     totals = sorted(s.total_ms for s in plain)
     mean_total = statistics.fmean(totals)
     phase_mean = {p: statistics.fmean(s.phase_ms()[p] for s in plain) for p in PHASES}
-    out |= {
-        "median_step_ms": statistics.median(totals),
-        "mean_step_ms": mean_total,
-        "min_step_ms": totals[0],
-        "p90_step_ms": totals[min(len(totals) - 1, int(0.9 * len(totals)))],
-        "phase_mean_ms": phase_mean,
-        "phase_share": {p: (v / mean_total if mean_total else 0.0) for p, v in phase_mean.items()},
-        "breakdown_max_error": max(
-            abs(sum(s.phase_ms().values()) - s.total_ms) / s.total_ms if s.total_ms else 0.0 for s in plain
-        ),
-    }
+    out.median_step_ms = statistics.median(totals)
+    out.mean_step_ms = mean_total
+    out.min_step_ms = totals[0]
+    out.p90_step_ms = totals[min(len(totals) - 1, int(0.9 * len(totals)))]
+    out.phase_mean_ms = phase_mean
+    out.phase_share = {p: (v / mean_total if mean_total else 0.0) for p, v in phase_mean.items()}
+    out.breakdown_max_error = max(
+        abs(sum(s.phase_ms().values()) - s.total_ms) / s.total_ms if s.total_ms else 0.0 for s in plain
+    )
     samples = [s.samples for s in plain if s.samples]
     if samples and mean_total:
-        out["samples_per_s"] = statistics.fmean(samples) / (mean_total / 1000.0)
+        out.samples_per_s = statistics.fmean(samples) / (mean_total / 1000.0)
     losses = [s.loss for s in record.steps if s.loss is not None]
     if losses:
-        out["first_loss"], out["last_loss"] = losses[0], losses[-1]
+        out.first_loss, out.last_loss = losses[0], losses[-1]
     rss = [s.rss for s in record.steps if s.rss]
     if rss:
-        out["rss_peak"] = max(rss)
+        out.rss_peak = max(rss)
     cuda = [s.cuda_allocated_peak for s in record.steps if s.cuda_allocated_peak is not None]
     if cuda:
-        out["cuda_allocated_peak"] = max(cuda)
-        out["cuda_reserved_peak"] = max(s.cuda_reserved_peak or 0 for s in record.steps)
-    flops = record.profiler.get("flops_total")
-    profiled = len(record.profiler.get("steps") or [])
+        out.cuda_allocated_peak = max(cuda)
+        out.cuda_reserved_peak = max(s.cuda_reserved_peak or 0 for s in record.steps)
+    profiler = record.profiler_view()
+    flops = profiler.flops_total
+    profiled = len(profiler.steps or [])
     if flops and profiled:
         per_step = flops / profiled
-        out["flops_per_step"] = per_step
-        out["achieved_flops_per_s"] = per_step / (statistics.median(totals) / 1000.0)
+        out.flops_per_step = per_step
+        out.achieved_flops_per_s = per_step / (statistics.median(totals) / 1000.0)
         from torchscalpel.runtime.peaks import mfu
 
-        util = mfu(out["achieved_flops_per_s"], record.environment, record.config.get("device"))
-        if util:
-            out["mfu"] = util
+        out.mfu = mfu(out.achieved_flops_per_s, record.environment, record.config_view().device) or None
     return out

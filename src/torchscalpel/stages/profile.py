@@ -8,6 +8,7 @@ from pathlib import Path
 from torchscalpel.record import RunRecord, save_record
 from torchscalpel.runtime.session import RuntimeOptions
 from torchscalpel.runtime.target import Target
+from torchscalpel.sections import TraceSection
 
 
 def profile_target(
@@ -57,7 +58,7 @@ def finish_profile(
 
 def add_trace_summary(record: RunRecord, out_dir: Path) -> None:
     """Op-level summary of the profiler window's trace, from the shared trace module."""
-    trace_name = record.profiler.get("trace")
+    trace_name = record.profiler_view().trace
     if not trace_name:
         return
     record.artifacts["trace"] = trace_name
@@ -68,4 +69,4 @@ def add_trace_summary(record: RunRecord, out_dir: Path) -> None:
     except Exception as exc:  # a trace we cannot read must not cost the user the run record
         record.notes.append(f"trace summary failed: {exc}")
         return
-    record.sections["trace"] = result  # read through record.op_summary(); kept once
+    record.sections[TraceSection.KEY] = result  # read through record.op_summary_view(); kept once

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from torchscalpel.record import RunRecord, load_record, new_run_record, save_record
+from torchscalpel.sections import TuneSection
 from torchscalpel.tune.apply import code_lines
 from torchscalpel.tune.search import TuneResult
 from torchscalpel.tune.settings import read_settings_file, write_settings_file
@@ -23,7 +24,7 @@ def tune_record(result: TuneResult, command: list[str]) -> RunRecord:
     record.name = "tune"
     record.command = command
     record.sections.pop("trial", None)
-    record.sections["tune"] = result.to_dict()
+    record.sections[TuneSection.KEY] = result.to_dict()
     return record
 
 
