@@ -231,5 +231,3 @@ class ScalerSkippedSteps(RuntimeRule):
             location=self.location,
             severity=None if many else Severity.INFO,
         )
-
-

@@ -199,5 +199,3 @@ class UnseededRun(RuntimeRule):
             fix="import random, numpy as np, torch\nrandom.seed(0); np.random.seed(0); torch.manual_seed(0)",
             location=self.location,
         )
-
-

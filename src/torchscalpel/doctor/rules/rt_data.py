@@ -147,5 +147,3 @@ def _cause(facts: dict[str, Any] | None, record: Any) -> tuple[str, str]:
         "# more workers, cheaper transforms (precompute, move to GPU, batch them in collate_fn):\n"
         "DataLoader(..., num_workers=2 * old_workers, prefetch_factor=4, persistent_workers=True)",
     )
-
-

@@ -307,5 +307,3 @@ class OptimizerBeforeFsdp(RuntimeRule):
             fix="fully_shard(model)                       # first\noptimizer = torch.optim.AdamW(model.parameters())  # then",
             location=self.location,
         )
-
-

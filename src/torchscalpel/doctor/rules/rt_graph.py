@@ -277,5 +277,3 @@ class EvalInTrainMode(RuntimeRule):
             fix="model.eval()\nwith torch.no_grad():\n    ...evaluate...\nmodel.train()  # before training resumes",
             location=self.location,
         )
-
-

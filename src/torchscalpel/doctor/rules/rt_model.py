@@ -188,5 +188,3 @@ class ModuleCreatedInForward(RuntimeRule):
             fix="# in __init__:\nself.proj = nn.Linear(d_in, d_out)\n# in forward:\nx = self.proj(x)",
             location=loc,
         )
-
-

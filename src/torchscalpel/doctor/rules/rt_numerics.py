@@ -35,7 +35,6 @@ def _module_names(roots: Any) -> dict[int, str]:
 class NanLoss(RuntimeRule):
     """The first step whose loss is NaN/inf, and the first module whose output went non-finite from finite inputs."""
 
-    supersedes = ("grad-norm-explosion",)
     info = RuleInfo(
         slug="nan-loss",
         severity=Severity.ERROR,
@@ -43,6 +42,8 @@ class NanLoss(RuntimeRule):
         summary="the loss became NaN/inf; names the first op and module that produced it",
         kinds=("runtime",),
     )
+    supersedes = ("grad-norm-explosion",)
+    """Only its non-finite-gradients finding (see :meth:`redundant`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -347,5 +348,3 @@ class NoUpdate(RuntimeRule):
             "optimizer.zero_grad(); loss.backward(); optimizer.step()",
             location=self.location,
         )
-
-

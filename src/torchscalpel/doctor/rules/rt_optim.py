@@ -252,5 +252,3 @@ class GradNotZeroed(RuntimeRule):
             "    loss.backward()\n    optimizer.step()",
             location=self.location,
         )
-
-

@@ -230,5 +230,3 @@ class HostDeviceCopyBound(RuntimeRule):
             fix="DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)\n"
             "# keep constant tensors on the GPU instead of copying them every step",
         )
-
-
