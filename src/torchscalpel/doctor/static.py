@@ -10,7 +10,7 @@ are ``nn.Module`` subclasses, so rules stay short and precise.
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +18,6 @@ from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import guarded, make_finding
 from torchscalpel.doctor.rule import Rule
 from torchscalpel.errors import UsageError
-
-StaticCheck = Callable[["StaticContext"], Iterable[Finding]]
 
 # Base classes (fully qualified) whose subclasses are modules, beyond classes defined in the file.
 _MODULE_BASES = {
