@@ -217,11 +217,16 @@ def test_syntax_error_file_gives_no_findings() -> None:
 
 
 def test_crashing_static_rule_becomes_its_internal_error_and_others_still_report(monkeypatch: pytest.MonkeyPatch) -> None:
-    def boom(ctx):
-        raise ValueError("kaboom")
+    from torchscalpel.doctor import catalogue
+    from torchscalpel.doctor.rules.checkpoint_static import WholeModelSaveStatic
 
-    analyze_source("x = 1\n", "warmup.py")  # make sure the real rules are registered first
-    monkeypatch.setattr(static_mod, "STATIC_CHECKS", [("whole-model-save", boom), *static_mod.STATIC_CHECKS])
+    class Boom(static_mod.StaticRule):
+        info = WholeModelSaveStatic.info
+
+        def check(self, ctx):
+            raise ValueError("kaboom")
+
+    monkeypatch.setattr(catalogue, "STATIC_RULES", (Boom, *catalogue.STATIC_RULES))
     found = analyze_source(HEADER + "m = nn.DataParallel(model)\n", "t.py")
     crashed = [f for f in found if f.rule == "whole-model-save"]
     assert len(crashed) == 1 and "internal error" in crashed[0].message and "kaboom" in crashed[0].message

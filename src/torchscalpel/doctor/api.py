@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -26,6 +26,9 @@ from torchscalpel.doctor.static import analyze_paths
 from torchscalpel.doctor.window import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
+
+if TYPE_CHECKING:
+    from torchscalpel.doctor.rules.rt_numerics import NanLoss
 
 _SKIP_DIRS = tuple(
     str(Path(p).resolve())
@@ -158,7 +161,10 @@ def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup:
 
 def merge_findings(static: Sequence[Finding], runtime: Sequence[Finding], superseded: set[str] = frozenset()) -> list[Finding]:
     """One list: a runtime finding of the same rule replaces the static one (taking its location if it
-    has none); exact duplicates go; rules a more specific finding explains are dropped."""
+    has none); static findings of ``superseded`` slugs go; exact duplicates go; findings a more specific
+    one explains go (each rule class's :meth:`~torchscalpel.doctor.rule.Rule.redundant`)."""
+    from torchscalpel.doctor.catalogue import RULE_CLASSES
+
     out = list(runtime)
     by_rule: dict[str, list[Finding]] = {}
     for f in out:
@@ -174,11 +180,8 @@ def merge_findings(static: Sequence[Finding], runtime: Sequence[Finding], supers
                 match.location = f.location
             continue
         out.append(f)
-    rules = {f.rule for f in out}
-    if "optimizer-before-fsdp" in rules:  # the same cause: the optimizer holds stale tensors, nothing trains
-        out = [f for f in out if f.rule not in {"param-not-in-optimizer", "cannot-overfit-batch"}]
-    if "nan-loss" in rules:  # non-finite gradients are the NaN loss's own consequence
-        out = [f for f in out if not (f.rule == "grad-norm-explosion" and f.message.startswith("Gradients became non-finite"))]
+    redundant = {id(r) for cls in RULE_CLASSES for r in cls.redundant(out)}
+    out = [f for f in out if id(f) not in redundant]
     seen: set[tuple[str, str]] = set()
     unique = []
     for f in out:
@@ -223,8 +226,9 @@ def diagnose(
     notes: list[str] = []
 
     nan_rule = next(r for r in rules if isinstance(r, NanLoss))
-    if nan_rerun and nan_rule.first_step is not None and record.status != "interrupted":
-        notes.append(_locate_nan(target, nan_rule, warmup=warmup))
+    nan_steps = nan_rule.rerun_steps()
+    if nan_rerun and nan_steps is not None and record.status != "interrupted":
+        notes.append(_locate_nan(target, nan_rule, nan_steps))
 
     runtime_findings = doctor.findings(record)
     if sanity and not any(f.rule == "cannot-overfit-batch" for f in runtime_findings):
@@ -291,8 +295,8 @@ def _env_findings(record: RunRecord) -> list[Finding]:
     return found
 
 
-def _locate_nan(target: Target, nan_rule: Any, *, warmup: int) -> str:
-    """Re-run up to the first non-finite step with the dispatch-mode tracer and anomaly detection."""
+def _locate_nan(target: Target, nan_rule: NanLoss, steps: int) -> str:
+    """Re-run ``steps`` steps (up to the first non-finite loss) with the dispatch-mode tracer and anomaly detection."""
     from torchscalpel.doctor.nan_trace import NanOpTracer
 
     tracer = NanOpTracer()
@@ -301,11 +305,11 @@ def _locate_nan(target: Target, nan_rule: Any, *, warmup: int) -> str:
         # The script's prints and anomaly mode's tracebacks were already seen once: keep the re-run quiet.
         with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             warnings.simplefilter("ignore")
-            _run(target, [tracer], steps=max(1, nan_rule.first_step + 1), warmup=0, out_dir=None, name=f"{target.name}-nan")
+            _run(target, [tracer], steps=steps, warmup=0, out_dir=None, name=f"{target.name}-nan")
     except Exception as exc:  # the first run's findings stand without the re-run
         return f"NaN re-run failed: {exc!r}"
     if tracer.found:
-        nan_rule.op_origin = tracer.found
+        nan_rule.set_op_origin(tracer.found)
         return f"NaN re-run found {tracer.found['op']}"
     return "NaN re-run did not reproduce the non-finite value (unseeded randomness?)"
 

@@ -2,9 +2,12 @@
 
 A :class:`RuntimeRule` is an :class:`~torchscalpel.runtime.observer.Observer` that may also patch
 torch functions for the run (:meth:`RuntimeRule.setup`, undone afterwards) and turns what it saw
-into findings in :meth:`RuntimeRule.findings`. :class:`DoctorObserver` fans runtime events out to
-every rule; an exception inside a rule disables that rule only and becomes its internal-error
-finding, so the user's script and the other rules are never affected.
+into findings in :meth:`RuntimeRule.findings`. Like every rule it declares its
+:class:`~torchscalpel.doctor.rule.RuleInfo` on the class and is listed in
+:mod:`torchscalpel.doctor.catalogue`. :class:`DoctorObserver` fans every runtime event out to the
+rules that listen to it, through one generic forwarder per :class:`Observer` event (a new event
+needs no edit here); an exception inside a rule disables that rule only and becomes its
+internal-error finding, so the user's script and the other rules are never affected.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import torch
 
 from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import guarded, internal_error
+from torchscalpel.doctor.rule import Rule
 from torchscalpel.runtime.observer import Observer, listeners_by_event
 
 Undo = Callable[[], None]
@@ -40,10 +44,9 @@ def user_location(depth_limit: int = 60) -> Location | None:
     return None
 
 
-class RuntimeRule(Observer):
-    """Base class of runtime rules; ``slugs`` are the rules a class reports."""
+class RuntimeRule(Rule, Observer):
+    """Base class of runtime rules; ``info``/``infos`` declare the rules a class reports."""
 
-    slugs: tuple[str, ...] = ()
     supersedes_static: bool = False
     """When True, a static finding of the same slug is dropped once this rule has watched a run."""
 
@@ -115,9 +118,6 @@ class DoctorObserver(Observer):
         self._listeners = listeners_by_event(self.rules)
 
     def _dispatch(self, event: str, *args: Any) -> None:
-        if event == "on_start" and args:
-            for rule in self.rules:
-                rule.session = args[0]
         for rule in self._listeners[event]:
             if rule.crashed is not None:
                 continue
@@ -126,37 +126,10 @@ class DoctorObserver(Observer):
             except Exception as exc:  # a broken rule must never break the user's run
                 rule.crashed = exc
 
-    # Real methods (not instance attributes): the runtime sends an event only to observers whose
-    # class overrides it.
     def on_start(self, session: Any) -> None:
+        for rule in self.rules:  # every rule may read the session, listening to on_start or not
+            rule.session = session
         self._dispatch("on_start", session)
-
-    def on_forward_pre(self, module: Any, args: Any, kwargs: Any, root: bool) -> None:
-        self._dispatch("on_forward_pre", module, args, kwargs, root)
-
-    def on_forward_post(self, module: Any, args: Any, kwargs: Any, output: Any, root: bool) -> None:
-        self._dispatch("on_forward_post", module, args, kwargs, output, root)
-
-    def on_backward_pre(self, tensors: Any) -> None:
-        self._dispatch("on_backward_pre", tensors)
-
-    def on_backward_post(self, tensors: Any) -> None:
-        self._dispatch("on_backward_post", tensors)
-
-    def on_optimizer_step_pre(self, optimizer: Any) -> None:
-        self._dispatch("on_optimizer_step_pre", optimizer)
-
-    def on_optimizer_step_post(self, optimizer: Any) -> None:
-        self._dispatch("on_optimizer_step_post", optimizer)
-
-    def on_batch(self, batch: Any, loader: Any) -> None:
-        self._dispatch("on_batch", batch, loader)
-
-    def on_step_end(self, step: Any) -> None:
-        self._dispatch("on_step_end", step)
-
-    def on_finish(self, record: Any) -> None:
-        self._dispatch("on_finish", record)
 
     def setup_hook(self) -> Undo:
         """For ``run_target(setup_hooks=[...])``: apply every rule's patches; returns the undo of all."""
@@ -194,6 +167,27 @@ class DoctorObserver(Observer):
         return {s for r in self.rules if r.supersedes_static and r.crashed is None for s in r.slugs}
 
 
+OBSERVER_EVENTS: tuple[str, ...] = tuple(listeners_by_event(()))
+"""Every ``on_*`` event of :class:`Observer` (the runtime's own list, so new events arrive here unedited)."""
+
+
+def _forwarder(event: str) -> Callable[..., None]:
+    def forward(self: DoctorObserver, *args: Any) -> None:
+        self._dispatch(event, *args)
+
+    forward.__name__ = forward.__qualname__ = event
+    forward.__doc__ = getattr(Observer, event).__doc__
+    return forward
+
+
+# Real methods on the class (not instance attributes): the runtime sends an event only to observers
+# whose class overrides it.
+for _event in OBSERVER_EVENTS:
+    if _event not in DoctorObserver.__dict__:
+        setattr(DoctorObserver, _event, _forwarder(_event))
+del _event
+
+
 def iter_tensors(obj: Any, limit: int = 16) -> list[torch.Tensor]:
     """Tensors inside a forward output (tensor, tuple/list, dict, dataclass-like), at most ``limit``.
 
@@ -218,20 +212,8 @@ def iter_tensors(obj: Any, limit: int = 16) -> list[torch.Tensor]:
 
 
 def all_runtime_rules(*, sanity: bool = False) -> list[RuntimeRule]:
-    """One fresh instance of every runtime rule (``sanity`` adds the overfit-one-batch check)."""
-    from torchscalpel.doctor.rules import (
-        rt_amp,
-        rt_checkpoint,
-        rt_data,
-        rt_dist,
-        rt_graph,
-        rt_model,
-        rt_numerics,
-        rt_optim,
-        rt_perf,
-    )
+    """One fresh instance of every runtime rule of the main run, in catalogue order (``sanity`` is
+    accepted for compatibility: the overfit-one-batch check runs in its own re-run)."""
+    from torchscalpel.doctor.catalogue import runtime_rules
 
-    rules: list[RuntimeRule] = []
-    for mod in (rt_model, rt_optim, rt_graph, rt_data, rt_numerics, rt_amp, rt_perf, rt_dist, rt_checkpoint):
-        rules.extend(cls() for cls in mod.RULES)
-    return rules
+    return runtime_rules()

@@ -18,6 +18,7 @@ from torch.utils.data import dataloader as dl_module
 from torchscalpel.doctor.finding import Finding
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules._common import median
+from torchscalpel.doctor.rules.rt_numerics import NoUpdate
 from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr
 
 SANITY_STEPS = 60
@@ -30,7 +31,7 @@ moves at least that far within a few dozen steps at any sane learning rate; a br
 class OverfitOneBatch(RuntimeRule):
     """Replays each loader's first batch; reports when the loss on it does not fall."""
 
-    slugs = ("cannot-overfit-batch",)
+    info = NoUpdate.info
 
     def __init__(self) -> None:
         super().__init__()

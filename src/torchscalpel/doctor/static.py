@@ -1,24 +1,23 @@
 """Static analysis: parse a Python file once and let every static rule read the same AST.
 
-A static rule is a function ``(ctx: StaticContext) -> Iterable[Finding]`` registered with
-:func:`static_rule`. The context resolves import aliases (``nn.Linear`` -> ``torch.nn.Linear``)
-and knows which classes in the file are ``nn.Module`` subclasses, so rules stay short and precise.
+A static rule is a :class:`StaticRule` subclass: its :class:`~torchscalpel.doctor.rule.RuleInfo`
+and a ``check(ctx: StaticContext) -> Iterable[Finding]``. The classes are listed in
+:mod:`torchscalpel.doctor.catalogue` (importing a rule module registers nothing). The context
+resolves import aliases (``nn.Linear`` -> ``torch.nn.Linear``) and knows which classes in the file
+are ``nn.Module`` subclasses, so rules stay short and precise.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import guarded, make_finding
+from torchscalpel.doctor.rule import Rule
 from torchscalpel.errors import UsageError
-
-StaticCheck = Callable[["StaticContext"], Iterable[Finding]]
-STATIC_CHECKS: list[tuple[str, StaticCheck]] = []
-"""Registered static checks as (slug, function), in registration order."""
 
 # Base classes (fully qualified) whose subclasses are modules, beyond classes defined in the file.
 _MODULE_BASES = {
@@ -35,14 +34,12 @@ _MODULE_BASES = {
 _NOT_MODULES = {"Parameter", "UninitializedParameter", "UninitializedBuffer", "Buffer", "ParameterDict"}
 
 
-def static_rule(slug: str) -> Callable[[StaticCheck], StaticCheck]:
-    """Register ``fn`` as a static check of rule ``slug``."""
+class StaticRule(Rule):
+    """A rule that reads one parsed file: set :attr:`info` and implement :meth:`check`."""
 
-    def deco(fn: StaticCheck) -> StaticCheck:
-        STATIC_CHECKS.append((slug, fn))
-        return fn
-
-    return deco
+    def check(self, ctx: StaticContext) -> Iterable[Finding]:
+        """The findings of this rule in the file ``ctx`` holds."""
+        raise NotImplementedError
 
 
 @dataclass(kw_only=True, slots=True)
@@ -177,16 +174,19 @@ def _module_classes(ctx: StaticContext) -> dict[str, ast.ClassDef]:
 
 
 def analyze_source(source: str, path: str, *, rules: Sequence[str] | None = None) -> list[Finding]:
-    """All static findings for one file's text; a file that does not parse gives no findings."""
-    _load_rules()
+    """All static findings for one file's text (``rules``: only these slugs); a file that does not
+    parse gives no findings."""
+    from torchscalpel.doctor import catalogue
+
     try:
         ctx = StaticContext.parse(source, path)
     except (SyntaxError, ValueError):
         return []
     out: list[Finding] = []
-    for slug, check in STATIC_CHECKS:
+    for cls in catalogue.STATIC_RULES:
+        slug = cls.slugs[0]
         if rules is None or slug in rules:
-            out.extend(guarded(slug, lambda check=check: check(ctx), source="static"))
+            out.extend(guarded(slug, lambda rule=cls(): rule.check(ctx), source="static"))
     return out
 
 
@@ -216,7 +216,3 @@ def analyze_paths(paths: Iterable[Path], *, rules: Sequence[str] | None = None) 
         out.extend(analyze_source(text, str(file), rules=rules))
     return out
 
-
-def _load_rules() -> None:
-    """Import the rule modules (they register themselves) once."""
-    from torchscalpel.doctor import rules  # noqa: F401

@@ -1,9 +1,4 @@
-"""Rule modules. Importing this package registers every static check (runtime rules are listed in
-:mod:`torchscalpel.doctor.runtime_rules`)."""
+"""Rule modules: ``<family>_static.py`` (AST rules) and ``rt_<family>.py`` (runtime rules).
 
-from torchscalpel.doctor.rules import (  # noqa: F401 - imported for their registrations
-    checkpoint_static,
-    dist_static,
-    loop_static,
-    model_static,
-)
+Importing them registers nothing; the one list of rule classes is :mod:`torchscalpel.doctor.catalogue`.
+"""

@@ -5,13 +5,13 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from torchscalpel.doctor.finding import Finding
-from torchscalpel.doctor.static import StaticContext, static_rule
+from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.doctor.static import StaticContext, StaticRule
 
 _MODEL_NAMES = {"model", "net", "network", "module", "student", "teacher", "generator", "discriminator"}
 
 
-@static_rule("unsafe-torch-load")
 def unsafe_torch_load(ctx: StaticContext) -> Iterator[Finding]:
     """``torch.load(..., weights_only=False)`` and ``pickle.load(s)``."""
     for call in ctx.calls():
@@ -50,7 +50,6 @@ def _module_names(ctx: StaticContext) -> set[str]:
     return names
 
 
-@static_rule("whole-model-save")
 def whole_model_save(ctx: StaticContext) -> Iterator[Finding]:
     """``torch.save(model, path)`` where ``model`` is a module (not its state_dict)."""
     modules = _module_names(ctx)
@@ -68,3 +67,25 @@ def whole_model_save(ctx: StaticContext) -> Iterator[Finding]:
             "and needs weights_only=False (arbitrary code).",
             fix=f"torch.save({name}.state_dict(), path)\n# load: model.load_state_dict(torch.load(path, weights_only=True))",
         )
+
+
+class UnsafeTorchLoadStatic(StaticRule):
+    info = RuleInfo(
+        slug="unsafe-torch-load",
+        severity=Severity.WARNING,
+        category="checkpoint",
+        summary="torch.load with weights_only=False (or pickle) runs arbitrary code",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(unsafe_torch_load)
+
+
+class WholeModelSaveStatic(StaticRule):
+    info = RuleInfo(
+        slug="whole-model-save",
+        severity=Severity.WARNING,
+        category="checkpoint",
+        summary="torch.save of a whole nn.Module instead of its state_dict",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(whole_model_save)

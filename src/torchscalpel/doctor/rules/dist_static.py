@@ -5,8 +5,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from torchscalpel.doctor.finding import Finding
-from torchscalpel.doctor.static import StaticContext, static_rule
+from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.doctor.static import StaticContext, StaticRule
 
 _COLLECTIVES = {
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast", "broadcast_object_list",
@@ -43,7 +44,6 @@ def _step_like(ctx: StaticContext, call: ast.Call) -> str | None:
     return None
 
 
-@static_rule("rank-conditional-step")
 def rank_conditional_step(ctx: StaticContext) -> Iterator[Finding]:
     """backward / optimizer step / a collective inside ``if <rank test>:`` (hang or divergence risk)."""
     barriers_under_rank = sum(
@@ -76,7 +76,6 @@ def rank_conditional_step(ctx: StaticContext) -> Iterator[Finding]:
                 )
 
 
-@static_rule("dataparallel-used")
 def dataparallel_used(ctx: StaticContext) -> Iterator[Finding]:
     """``nn.DataParallel(...)`` anywhere."""
     for call in ctx.calls():
@@ -94,7 +93,6 @@ def dataparallel_used(ctx: StaticContext) -> Iterator[Finding]:
 _DIST_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 
 
-@static_rule("sampler-set-epoch-missing")
 def sampler_set_epoch_missing(ctx: StaticContext) -> Iterator[Finding]:
     """A shuffling DistributedSampler is built but ``set_epoch`` is never called in the file."""
     if ctx.mentions_attr("set_epoch"):
@@ -117,7 +115,6 @@ def sampler_set_epoch_missing(ctx: StaticContext) -> Iterator[Finding]:
 _FULLY_SHARD = ("fully_shard",)
 
 
-@static_rule("optimizer-before-fsdp")
 def optimizer_before_fsdp(ctx: StaticContext) -> Iterator[Finding]:
     """``opt = torch.optim.X(model.parameters())`` earlier in the same body than ``fully_shard(model)``."""
     for scope in ast.walk(ctx.tree):
@@ -142,3 +139,47 @@ def optimizer_before_fsdp(ctx: StaticContext) -> Iterator[Finding]:
                                 evidence=[f"optimizer built at {ctx.path}:{line}: {ctx.line_text(opt_call)}"],
                                 fix="fully_shard(model)  # first\noptimizer = torch.optim.AdamW(model.parameters())",
                             )
+
+
+class RankConditionalStepStatic(StaticRule):
+    info = RuleInfo(
+        slug="rank-conditional-step",
+        severity=Severity.ERROR,
+        category="distributed",
+        summary="backward, optimizer step or a collective run only on some ranks",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(rank_conditional_step)
+
+
+class DataParallelUsedStatic(StaticRule):
+    info = RuleInfo(
+        slug="dataparallel-used",
+        severity=Severity.WARNING,
+        category="distributed",
+        summary="nn.DataParallel is slower than DDP and deprecated in spirit",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(dataparallel_used)
+
+
+class SamplerSetEpochMissingStatic(StaticRule):
+    info = RuleInfo(
+        slug="sampler-set-epoch-missing",
+        severity=Severity.WARNING,
+        category="distributed",
+        summary="DistributedSampler.set_epoch never called: same order every epoch",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(sampler_set_epoch_missing)
+
+
+class OptimizerBeforeFsdpStatic(StaticRule):
+    info = RuleInfo(
+        slug="optimizer-before-fsdp",
+        severity=Severity.ERROR,
+        category="distributed",
+        summary="optimizer built before fully_shard: it holds the unsharded parameters",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(optimizer_before_fsdp)

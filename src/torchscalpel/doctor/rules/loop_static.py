@@ -5,11 +5,11 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from torchscalpel.doctor.finding import Finding
-from torchscalpel.doctor.static import StaticContext, static_rule
+from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.doctor.static import StaticContext, StaticRule
 
 
-@static_rule("empty-cache-in-loop")
 def empty_cache_in_loop(ctx: StaticContext) -> Iterator[Finding]:
     """``torch.cuda.empty_cache()`` inside a for/while loop body."""
     seen: set[int] = set()
@@ -33,7 +33,6 @@ def empty_cache_in_loop(ctx: StaticContext) -> Iterator[Finding]:
 _SEED_SUFFIXES = ("manual_seed", "manual_seed_all", "seed_everything", "set_seed", "random.seed", "seed")
 
 
-@static_rule("unseeded-run")
 def unseeded_run(ctx: StaticContext) -> Iterator[Finding]:
     """A file that calls ``.backward()`` and an optimizer ``step`` but never seeds any RNG."""
     backward = None
@@ -52,3 +51,25 @@ def unseeded_run(ctx: StaticContext) -> Iterator[Finding]:
         "from noise.",
         fix="import random, numpy as np, torch\nrandom.seed(0); np.random.seed(0); torch.manual_seed(0)",
     )
+
+
+class EmptyCacheInLoopStatic(StaticRule):
+    info = RuleInfo(
+        slug="empty-cache-in-loop",
+        severity=Severity.WARNING,
+        category="performance",
+        summary="torch.cuda.empty_cache() called every step",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(empty_cache_in_loop)
+
+
+class UnseededRunStatic(StaticRule):
+    info = RuleInfo(
+        slug="unseeded-run",
+        severity=Severity.INFO,
+        category="reproducibility",
+        summary="no random seed is set",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(unseeded_run)

@@ -6,8 +6,9 @@ import ast
 import re
 from collections.abc import Iterator
 
-from torchscalpel.doctor.finding import Finding
-from torchscalpel.doctor.static import StaticContext, methods, self_attr_target, static_rule
+from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.doctor.static import StaticContext, StaticRule, methods, self_attr_target
 
 # Tensor factories whose result stored on ``self`` is a plain tensor attribute.
 _FACTORIES = {
@@ -53,7 +54,6 @@ def _wrapped_later(ctx: StaticContext, cls: ast.ClassDef, attr: str) -> bool:
     return False
 
 
-@static_rule("module-in-plain-container")
 def module_in_plain_container(ctx: StaticContext) -> Iterator[Finding]:
     """``self.x = [nn.Linear(...), ...]`` (list/tuple/dict/comprehension, or ``self.x = []`` + append) in a module class."""
     for cls in ctx.module_classes.values():
@@ -99,7 +99,6 @@ def _container_finding(ctx: StaticContext, node: ast.AST, cls: ast.ClassDef, att
     )
 
 
-@static_rule("tensor-attribute-not-registered")
 def tensor_attribute_not_registered(ctx: StaticContext) -> Iterator[Finding]:
     """``self.x = torch.zeros(...)`` (a tensor factory, possibly chained) in a module class's methods."""
     for cls in ctx.module_classes.values():
@@ -134,7 +133,6 @@ def _is_tensor_factory(ctx: StaticContext, value: ast.AST) -> bool:
     return False
 
 
-@static_rule("module-created-in-forward")
 def module_created_in_forward(ctx: StaticContext) -> Iterator[Finding]:
     """A module with parameters constructed inside ``forward``."""
     for cls in ctx.module_classes.values():
@@ -154,3 +152,36 @@ def module_created_in_forward(ctx: StaticContext) -> Iterator[Finding]:
                     "step, are never trained, and never reach the optimizer.",
                     fix=f"# in __init__:\nself.layer = nn.{name}(...)\n# in forward:\nx = self.layer(x)",
                 )
+
+
+class ModuleInPlainContainerStatic(StaticRule):
+    info = RuleInfo(
+        slug="module-in-plain-container",
+        severity=Severity.ERROR,
+        category="model",
+        summary="nn.Module held in a plain list/dict/tuple: its parameters are not registered",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(module_in_plain_container)
+
+
+class TensorAttributeNotRegisteredStatic(StaticRule):
+    info = RuleInfo(
+        slug="tensor-attribute-not-registered",
+        severity=Severity.WARNING,
+        category="model",
+        summary="tensor attribute that is neither parameter nor buffer: not moved by .to(), not saved",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(tensor_attribute_not_registered)
+
+
+class ModuleCreatedInForwardStatic(StaticRule):
+    info = RuleInfo(
+        slug="module-created-in-forward",
+        severity=Severity.ERROR,
+        category="model",
+        summary="module constructed inside forward: fresh random weights every call, never trained",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(module_created_in_forward)

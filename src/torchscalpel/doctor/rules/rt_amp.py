@@ -10,6 +10,7 @@ import torch
 
 from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, undo_all, user_location
 
@@ -31,7 +32,13 @@ def _stage_unscaled(scaler: Any, optimizer: Any) -> bool:
 class ClipBeforeUnscale(RuntimeRule):
     """clip_grad_norm_/clip_grad_value_ called while a GradScaler's gradients are still scaled."""
 
-    slugs = ("clip-before-unscale",)
+    info = RuleInfo(
+        slug="clip-before-unscale",
+        severity=Severity.ERROR,
+        category="amp",
+        summary="gradient clipping on scaled gradients (before scaler.unscale_)",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -140,7 +147,13 @@ class ClipBeforeUnscale(RuntimeRule):
 class ScalerSkippedSteps(RuntimeRule):
     """GradScaler.step calls that skipped optimizer.step (inf/NaN gradients), and schedulers that advanced anyway."""
 
-    slugs = ("scaler-skipped-steps",)
+    info = RuleInfo(
+        slug="scaler-skipped-steps",
+        severity=Severity.WARNING,
+        category="amp",
+        summary="GradScaler skipped optimizer steps",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -218,6 +231,3 @@ class ScalerSkippedSteps(RuntimeRule):
             location=self.location,
             severity=None if many else Severity.INFO,
         )
-
-
-RULES = (ClipBeforeUnscale, ScalerSkippedSteps)

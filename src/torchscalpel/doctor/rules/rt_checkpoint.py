@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.doctor.rules import checkpoint_static, loop_static
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, undo_all, user_location
 
@@ -19,7 +21,17 @@ _PREFIXES = ("module.", "_orig_mod.")
 class CheckpointRules(RuntimeRule):
     """torch.save of modules, torch.load(weights_only=False), load_state_dict with prefixed keys."""
 
-    slugs = ("whole-model-save", "unsafe-torch-load", "state-dict-prefix-mismatch")
+    infos = (
+        checkpoint_static.WholeModelSaveStatic.info,
+        checkpoint_static.UnsafeTorchLoadStatic.info,
+        RuleInfo(
+            slug="state-dict-prefix-mismatch",
+            severity=Severity.ERROR,
+            category="checkpoint",
+            summary="state_dict keys differ by a module./_orig_mod. prefix",
+            kinds=("runtime",),
+        ),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -143,7 +155,7 @@ _SEED_FUNCS = (
 class UnseededRun(RuntimeRule):
     """No torch/random/numpy seed was set before training finished its steps."""
 
-    slugs = ("unseeded-run",)
+    info = loop_static.UnseededRunStatic.info
     supersedes_static = True
 
     def __init__(self) -> None:
@@ -187,6 +199,3 @@ class UnseededRun(RuntimeRule):
             fix="import random, numpy as np, torch\nrandom.seed(0); np.random.seed(0); torch.manual_seed(0)",
             location=self.location,
         )
-
-
-RULES = (CheckpointRules, UnseededRun)

@@ -7,8 +7,9 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, loader_facts, median
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
 
@@ -50,7 +51,13 @@ class TrainLoaders(RuntimeRule):
 class TrainLoaderNotShuffled(TrainLoaders):
     """The training loader reads its dataset in the same fixed order every epoch."""
 
-    slugs = ("train-loader-not-shuffled",)
+    info = RuleInfo(
+        slug="train-loader-not-shuffled",
+        severity=Severity.WARNING,
+        category="loop",
+        summary="the training DataLoader reads samples in a fixed order",
+        kinds=("runtime",),
+    )
 
     def findings(self, record: Any) -> Iterator[Finding]:
         for facts in self.train.values():
@@ -82,7 +89,13 @@ MIN_DATA_MS = 2.0
 class DataloaderBound(TrainLoaders):
     """Steps that spend a large share of their time waiting for the next batch."""
 
-    slugs = ("dataloader-bound",)
+    info = RuleInfo(
+        slug="dataloader-bound",
+        severity=Severity.WARNING,
+        category="performance",
+        summary="data wait is at least 30% of step time",
+        kinds=("runtime",),
+    )
 
     def findings(self, record: Any) -> Iterator[Finding]:
         steps = [s for s in (record.measured_steps if record is not None else []) if s.total_ms > 0]
@@ -134,6 +147,3 @@ def _cause(facts: dict[str, Any] | None, record: Any) -> tuple[str, str]:
         "# more workers, cheaper transforms (precompute, move to GPU, batch them in collate_fn):\n"
         "DataLoader(..., num_workers=2 * old_workers, prefetch_factor=4, persistent_workers=True)",
     )
-
-
-RULES = (TrainLoaderNotShuffled, DataloaderBound)

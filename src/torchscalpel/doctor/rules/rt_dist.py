@@ -11,6 +11,8 @@ import torch
 
 from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.doctor.rules import dist_static
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params
 from torchscalpel.doctor.rules.rt_data import TrainLoaders
 from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, user_location
@@ -47,7 +49,13 @@ class _RootScan(RuntimeRule):
 class DdpBatchnormNotSynced(_RootScan):
     """A DDP-wrapped model with BatchNorm layers that are not SyncBatchNorm."""
 
-    slugs = ("ddp-batchnorm-not-synced",)
+    info = RuleInfo(
+        slug="ddp-batchnorm-not-synced",
+        severity=Severity.WARNING,
+        category="distributed",
+        summary="BatchNorm under DDP without SyncBatchNorm",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,7 +102,16 @@ class DdpBatchnormNotSynced(_RootScan):
 class DdpDataRules(TrainLoaders):
     """Under DDP/FSDP: a training loader without DistributedSampler; a DistributedSampler never given set_epoch."""
 
-    slugs = ("ddp-no-distributed-sampler", "sampler-set-epoch-missing")
+    infos = (
+        RuleInfo(
+            slug="ddp-no-distributed-sampler",
+            severity=Severity.ERROR,
+            category="distributed",
+            summary="ranks read the same samples (no DistributedSampler)",
+            kinds=("runtime",),
+        ),
+        dist_static.SamplerSetEpochMissingStatic.info,
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -165,7 +182,13 @@ _DDP_UNUSED_ERROR = "Expected to have finished reduction in the prior iteration"
 class DdpFindUnusedParameters(RuntimeRule):
     """find_unused_parameters=True while every parameter gets a gradient (wasted work), or False when some never do."""
 
-    slugs = ("ddp-find-unused-parameters",)
+    info = RuleInfo(
+        slug="ddp-find-unused-parameters",
+        severity=Severity.WARNING,
+        category="distributed",
+        summary="find_unused_parameters set without need, or missing when needed",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -219,7 +242,7 @@ class DdpFindUnusedParameters(RuntimeRule):
 class DataParallelUsed(_RootScan):
     """A root model that is nn.DataParallel."""
 
-    slugs = ("dataparallel-used",)
+    info = dist_static.DataParallelUsedStatic.info
 
     def __init__(self) -> None:
         super().__init__()
@@ -247,7 +270,9 @@ class DataParallelUsed(_RootScan):
 class OptimizerBeforeFsdp(RuntimeRule):
     """An optimizer whose parameters are not the FSDP-sharded model's parameters."""
 
-    slugs = ("optimizer-before-fsdp",)
+    info = dist_static.OptimizerBeforeFsdpStatic.info
+    supersedes = ("param-not-in-optimizer", "cannot-overfit-batch")
+    """The same cause (the optimizer holds stale tensors, nothing trains), reported once."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -282,6 +307,3 @@ class OptimizerBeforeFsdp(RuntimeRule):
             fix="fully_shard(model)                       # first\noptimizer = torch.optim.AdamW(model.parameters())  # then",
             location=self.location,
         )
-
-
-RULES = (DdpBatchnormNotSynced, DdpDataRules, DdpFindUnusedParameters, DataParallelUsed, OptimizerBeforeFsdp)

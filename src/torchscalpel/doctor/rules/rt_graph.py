@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, iter_tensors, user_location
 
@@ -62,7 +63,13 @@ def _attach(tensors: list[torch.Tensor], use: _Use | None = None) -> weakref.ref
 class LossGraphRetained(RuntimeRule):
     """Loss (and output) graphs from earlier steps that stay alive: something holds them."""
 
-    slugs = ("loss-graph-retained",)
+    info = RuleInfo(
+        slug="loss-graph-retained",
+        severity=Severity.WARNING,
+        category="loop",
+        summary="loss/output tensors with autograd graphs kept alive across steps",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -141,7 +148,13 @@ class EvalWithoutNoGrad(RuntimeRule):
     or when the script completes without any backward reaching it.
     """
 
-    slugs = ("eval-without-no-grad",)
+    info = RuleInfo(
+        slug="eval-without-no-grad",
+        severity=Severity.WARNING,
+        category="loop",
+        summary="forward passes whose autograd graph is never used",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -225,7 +238,13 @@ def _training_norm_dropout(module: torch.nn.Module) -> list[str]:
 class EvalInTrainMode(RuntimeRule):
     """Root forwards under no_grad/inference_mode while dropout or batch-norm is in training mode."""
 
-    slugs = ("eval-in-train-mode",)
+    info = RuleInfo(
+        slug="eval-in-train-mode",
+        severity=Severity.WARNING,
+        category="loop",
+        summary="forward under no_grad/inference_mode with dropout or batch-norm in training mode",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -258,6 +277,3 @@ class EvalInTrainMode(RuntimeRule):
             fix="model.eval()\nwith torch.no_grad():\n    ...evaluate...\nmodel.train()  # before training resumes",
             location=self.location,
         )
-
-
-RULES = (LossGraphRetained, EvalWithoutNoGrad, EvalInTrainMode)

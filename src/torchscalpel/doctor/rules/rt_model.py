@@ -11,6 +11,7 @@ import torch
 
 from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rules import model_static
 from torchscalpel.doctor.rules._common import attribute_location, fmt_loc, user_class
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
 
@@ -43,7 +44,7 @@ class _OncePerRoot(RuntimeRule):
 class ModuleInPlainContainer(_OncePerRoot):
     """Submodules stored in list/tuple/dict attributes and not registered anywhere in the model."""
 
-    slugs = ("module-in-plain-container",)
+    info = model_static.ModuleInPlainContainerStatic.info
 
     def __init__(self) -> None:
         super().__init__()
@@ -92,7 +93,7 @@ class ModuleInPlainContainer(_OncePerRoot):
 class TensorAttributeNotRegistered(_OncePerRoot):
     """Plain tensor attributes on user modules (neither parameter nor buffer)."""
 
-    slugs = ("tensor-attribute-not-registered",)
+    info = model_static.TensorAttributeNotRegisteredStatic.info
 
     def __init__(self) -> None:
         super().__init__()
@@ -139,7 +140,7 @@ class TensorAttributeNotRegistered(_OncePerRoot):
 class ModuleCreatedInForward(RuntimeRule):
     """New modules with parameters, not registered in the calling model, appearing call after call."""
 
-    slugs = ("module-created-in-forward",)
+    info = model_static.ModuleCreatedInForwardStatic.info
 
     def __init__(self) -> None:
         super().__init__()
@@ -187,6 +188,3 @@ class ModuleCreatedInForward(RuntimeRule):
             fix="# in __init__:\nself.proj = nn.Linear(d_in, d_out)\n# in forward:\nx = self.proj(x)",
             location=loc,
         )
-
-
-RULES = (ModuleInPlainContainer, TensorAttributeNotRegistered, ModuleCreatedInForward)

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, median, param_names
 from torchscalpel.doctor.runtime_rules import RuntimeRule, iter_tensors, user_location
 
 MAX_CHECKED_STEPS = 500
 """Module outputs are checked for NaN/inf during at most this many steps (cost bound)."""
+NONFINITE_GRADS = "Gradients became non-finite (inf/NaN) at an optimizer step."
+"""The message of the ``grad-norm-explosion`` finding for non-finite gradients (see :meth:`NanLoss.redundant`)."""
 
 
 def _nonfinite(t: torch.Tensor) -> bool:
@@ -32,7 +35,15 @@ def _module_names(roots: Any) -> dict[int, str]:
 class NanLoss(RuntimeRule):
     """The first step whose loss is NaN/inf, and the first module whose output went non-finite from finite inputs."""
 
-    slugs = ("nan-loss",)
+    info = RuleInfo(
+        slug="nan-loss",
+        severity=Severity.ERROR,
+        category="numerics",
+        summary="the loss became NaN/inf; names the first op and module that produced it",
+        kinds=("runtime",),
+    )
+    supersedes = ("grad-norm-explosion",)
+    """Only its non-finite-gradients finding (see :meth:`redundant`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -44,6 +55,21 @@ class NanLoss(RuntimeRule):
         self.location: Location | None = None
         self.op_origin: dict[str, Any] | None = None
         """Filled by the anomaly/dispatch re-run (see torchscalpel.doctor.nan_trace)."""
+
+    @classmethod
+    def redundant(cls, findings: Sequence[Finding]) -> list[Finding]:
+        """Non-finite gradients are the NaN loss's own consequence; an explosion with finite gradients is not."""
+        if not any(f.rule == "nan-loss" for f in findings):
+            return []
+        return [f for f in findings if f.rule == "grad-norm-explosion" and f.message.startswith(NONFINITE_GRADS)]
+
+    def rerun_steps(self) -> int | None:
+        """Steps a re-run needs to reach the first non-finite loss (None: the loss stayed finite)."""
+        return None if self.first_step is None else max(1, self.first_step + 1)
+
+    def set_op_origin(self, origin: dict[str, Any]) -> None:
+        """Record the first op that produced a non-finite value, found by the re-run (its ``op``, ``location``, ``backward``)."""
+        self.op_origin = origin
 
     def on_forward_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool) -> None:
         if self.origin is not None or self.step >= MAX_CHECKED_STEPS:
@@ -107,7 +133,13 @@ class NanLoss(RuntimeRule):
 class LossDiverging(RuntimeRule):
     """The loss trend goes up: the last fifth of the steps sits well above the first fifth."""
 
-    slugs = ("loss-diverging",)
+    info = RuleInfo(
+        slug="loss-diverging",
+        severity=Severity.WARNING,
+        category="numerics",
+        summary="the loss grows instead of falling",
+        kinds=("runtime",),
+    )
     MIN_STEPS = 6
     FACTOR = 2.0
 
@@ -139,7 +171,22 @@ class LossDiverging(RuntimeRule):
 class GradNorms(RuntimeRule):
     """Gradient norms at each optimizer step: explosion (growth) and vanishing (early layers starved)."""
 
-    slugs = ("grad-norm-explosion", "vanishing-gradients")
+    infos = (
+        RuleInfo(
+            slug="grad-norm-explosion",
+            severity=Severity.WARNING,
+            category="numerics",
+            summary="the gradient norm explodes",
+            kinds=("runtime",),
+        ),
+        RuleInfo(
+            slug="vanishing-gradients",
+            severity=Severity.WARNING,
+            category="numerics",
+            summary="early layers get gradients orders of magnitude smaller than late ones",
+            kinds=("runtime",),
+        ),
+    )
     MAX_STEPS = 200
     EXPLOSION_RATIO = 100.0
     VANISH_RATIO = 1e-3  # clean CNN/transformer runs sit near 0.3-0.6; sigmoid stacks far below
@@ -198,7 +245,7 @@ class GradNorms(RuntimeRule):
         yield make_finding(
             "grad-norm-explosion",
             f"The gradient norm explodes: {peak / base:.0f}x its early value" if exploded and not nonfinite
-            else "Gradients became non-finite (inf/NaN) at an optimizer step.",
+            else NONFINITE_GRADS,
             evidence=[f"total grad norm over {len(norms)} steps: {shown}", f"early median {base:.3g}, peak {peak:.3g}",
                       f"optimizer step at {fmt_loc(self.location)}"],
             fix="loss.backward()\ntorch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\noptimizer.step()\n"
@@ -255,7 +302,13 @@ class NoUpdate(RuntimeRule):
     """Optimizer steps that never change the parameters (zero learning rate, gradients cleared before the
     step, a detached loss): the model cannot learn anything, not even one batch."""
 
-    slugs = ("cannot-overfit-batch",)
+    info = RuleInfo(
+        slug="cannot-overfit-batch",
+        severity=Severity.WARNING,
+        category="numerics",
+        summary="the model cannot overfit a single batch (--sanity)",
+        kinds=("runtime",),
+    )
     MIN_STEPS = 5
     SAMPLE = 8
 
@@ -295,6 +348,3 @@ class NoUpdate(RuntimeRule):
             "optimizer.zero_grad(); loss.backward(); optimizer.step()",
             location=self.location,
         )
-
-
-RULES = (NanLoss, LossDiverging, GradNorms, NoUpdate)

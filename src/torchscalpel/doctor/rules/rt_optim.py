@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params, param_names
 from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, user_location
 
@@ -31,7 +32,13 @@ def _roots(rule: RuntimeRule) -> list[torch.nn.Module]:
 class ParamNotInOptimizer(RuntimeRule):
     """Parameters of the models that received gradients but that no optimizer holds."""
 
-    slugs = ("param-not-in-optimizer",)
+    info = RuleInfo(
+        slug="param-not-in-optimizer",
+        severity=Severity.ERROR,
+        category="model",
+        summary="trainable parameters that receive gradients but no optimizer updates",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -78,7 +85,13 @@ class ParamNotInOptimizer(RuntimeRule):
 class FrozenParamInOptimizer(RuntimeRule):
     """Parameters trainable when added to an optimizer whose requires_grad was turned off afterwards."""
 
-    slugs = ("frozen-param-in-optimizer",)
+    info = RuleInfo(
+        slug="frozen-param-in-optimizer",
+        severity=Severity.WARNING,
+        category="model",
+        summary="requires_grad turned off after the optimizer was built",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -158,7 +171,13 @@ class GradNotZeroed(RuntimeRule):
     step taken every k micro-batches) never reaches that state.
     """
 
-    slugs = ("grad-not-zeroed",)
+    info = RuleInfo(
+        slug="grad-not-zeroed",
+        severity=Severity.ERROR,
+        category="loop",
+        summary="gradients accumulate across optimizer steps (never cleared)",
+        kinds=("runtime",),
+    )
 
     def __init__(self) -> None:
         super().__init__()
@@ -233,6 +252,3 @@ class GradNotZeroed(RuntimeRule):
             "    loss.backward()\n    optimizer.step()",
             location=self.location,
         )
-
-
-RULES = (ParamNotInOptimizer, FrozenParamInOptimizer, GradNotZeroed)

@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Finding, Location
+from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
+from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.doctor.rules import loop_static
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, undo_all, user_location
 
@@ -18,7 +20,7 @@ from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, und
 class EmptyCacheInLoop(RuntimeRule):
     """torch.cuda.empty_cache() called during many steps."""
 
-    slugs = ("empty-cache-in-loop",)
+    info = loop_static.EmptyCacheInLoopStatic.info
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,7 +72,13 @@ class EmptyCacheInLoop(RuntimeRule):
 class CudnnBenchmarkDynamicShapes(RuntimeRule):
     """cudnn.benchmark on while convolution inputs change shape from call to call (re-tuning every new shape)."""
 
-    slugs = ("cudnn-benchmark-dynamic-shapes",)
+    info = RuleInfo(
+        slug="cudnn-benchmark-dynamic-shapes",
+        severity=Severity.WARNING,
+        category="performance",
+        summary="cudnn.benchmark with input shapes that keep changing",
+        kinds=("runtime",),
+    )
     MIN_SHAPES = 4
     """With only the batch size changing, this many distinct shapes times two are needed to report."""
 
@@ -117,7 +125,22 @@ class CudnnBenchmarkDynamicShapes(RuntimeRule):
 class CompileRules(RuntimeRule):
     """torch.compile graph breaks (with reasons) and recompilations (with the guard that failed)."""
 
-    slugs = ("compile-graph-breaks", "compile-recompiles")
+    infos = (
+        RuleInfo(
+            slug="compile-graph-breaks",
+            severity=Severity.WARNING,
+            category="performance",
+            summary="torch.compile graph breaks",
+            kinds=("runtime",),
+        ),
+        RuleInfo(
+            slug="compile-recompiles",
+            severity=Severity.WARNING,
+            category="performance",
+            summary="torch.compile recompiles after warm-up",
+            kinds=("runtime",),
+        ),
+    )
     MIN_RECOMPILES = 2
 
     def __init__(self) -> None:
@@ -165,7 +188,13 @@ class CompileRules(RuntimeRule):
 class HostDeviceCopyBound(RuntimeRule):
     """Host-to-device copy time (GPU Memcpy HtoD in the profiler window) against profiled step time, on CUDA."""
 
-    slugs = ("host-device-copy-bound",)
+    info = RuleInfo(
+        slug="host-device-copy-bound",
+        severity=Severity.WARNING,
+        category="performance",
+        summary="host-device copies take at least 15% of step time",
+        kinds=("runtime",),
+    )
     SHARE = 0.15
     PAGEABLE_SHARE = 0.05
 
@@ -201,6 +230,3 @@ class HostDeviceCopyBound(RuntimeRule):
             fix="DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)\n"
             "# keep constant tensors on the GPU instead of copying them every step",
         )
-
-
-RULES = (EmptyCacheInLoop, CudnnBenchmarkDynamicShapes, CompileRules, HostDeviceCopyBound)
