@@ -66,25 +66,15 @@ def run(args: argparse.Namespace) -> int:
         args.json_path.write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
         print(f"JSON: {args.json_path}")
     if args.html_path:
-        write_html(data, args.html_path, diff)
+        from torchscalpel.report.trace_sections import write_analysis_html
+
+        write_analysis_html(data, args.html_path, diff)
         print(f"HTML: {args.html_path}")
     if errors:
         first = errors[0]
         more = f" ({len(errors) - 1} more file(s) also unreadable)" if len(errors) > 1 else ""
         raise ScalpelError(f"{first['message']} The summary above covers the events before it{more}.")
     return 0
-
-
-def write_html(data: dict[str, Any], path: Path, diff: dict[str, Any] | None = None) -> None:
-    """Render the analysis with the shared page style and the shared trace sections."""
-    from torchscalpel.report.html import render_page
-    from torchscalpel.report.trace_sections import build_diff_section, build_trace_sections
-
-    sections = build_trace_sections(data)
-    if diff is not None:
-        sections.append(build_diff_section(diff))
-    files = ", ".join(Path(r["path"]).name for r in data["ranks"])
-    path.write_text(render_page("torchscalpel · analyze", files, sections), encoding="utf-8")
 
 
 def _ms(us: float | None) -> str:

@@ -89,12 +89,6 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def _cli(argv: list[str]) -> int:
-    from torchscalpel.cli.main import main
-
-    return main(argv)
-
-
 def _env(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
     from rich.console import Console
 
@@ -137,9 +131,17 @@ def _analyze(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
     trace = out.parent / "profile" / "trace.json.gz"
     if not trace.exists():
         return False, str(out), "needs the profile stage's trace"
+    import json
+
+    from torchscalpel.report.trace_sections import write_analysis_html
+    from torchscalpel.trace import analyze_traces
+
     out.mkdir(parents=True, exist_ok=True)
-    code = _cli(["analyze", str(trace), "--json", str(out / "analysis.json"), "--html", str(out / "report.html")])
-    return code == 0, str(out), f"analysed {trace.name}"
+    result = analyze_traces([trace])
+    data = result.to_dict()
+    (out / "analysis.json").write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
+    write_analysis_html(data, out / "report.html")
+    return not result.errors, str(out), f"analysed {trace.name}"
 
 
 def _tune(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
