@@ -30,3 +30,22 @@ def test_ranks_with_different_step_counts_raise_rank_conditional_step() -> None:
     (f,) = merged
     assert f.rule == "rank-conditional-step" and "rank 0: 6, rank 1: 4" in f.evidence[0]
     assert merge_rank_findings({0: record(6), 1: record(6)}) == []
+
+
+def test_under_a_launcher_every_rank_gets_the_same_fixed_window(tmp_path, monkeypatch) -> None:
+    """A rank stopped by its own clock would leave the others blocked in a collective."""
+    from torchscalpel.doctor.api import diagnose
+    from torchscalpel.doctor.window import DEFAULT_STEPS
+    from torchscalpel.runtime.target import Target
+
+    script = tmp_path / "quick.py"
+    script.write_text(
+        "import torch\nm = torch.nn.Linear(2, 1)\no = torch.optim.SGD(m.parameters(), lr=0.01)\n"
+        "torch.manual_seed(0)\nfor _ in range(100):\n    o.zero_grad(); m(torch.ones(4, 2)).sum().backward(); o.step()\n"
+    )
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    record, _ = diagnose(Target(script=script), warmup=2, static=False, nan_rerun=False)
+    assert record.status == "stopped" and len(record.steps) == 2 + DEFAULT_STEPS
+    monkeypatch.delenv("WORLD_SIZE")
+    record, _ = diagnose(Target(script=script), warmup=2, static=False, nan_rerun=False)
+    assert len(record.steps) > 2 + DEFAULT_STEPS  # alone, a quick script's window extends

@@ -215,7 +215,11 @@ def diagnose(
     sources = SourceFiles()
     rules: list[RuntimeRule] = [*all_runtime_rules(), sources]
     run_steps: int | None
-    if steps is None or steps == "auto":  # the default window: DEFAULT_STEPS, extended while the script is quick
+    if (steps is None or steps == "auto") and _world_size() > 1:
+        # Under a launcher every rank must stop at the same step: a rank stopped by its own clock
+        # would leave the others blocked in their next collective until torch's timeout.
+        run_steps = DEFAULT_STEPS
+    elif steps is None or steps == "auto":  # the default window: DEFAULT_STEPS, extended while the script is quick
         rules.append(StepBudget(warmup + DEFAULT_STEPS, AUTO_SECONDS))
         run_steps = AUTO_MAX_STEPS
     else:
@@ -240,6 +244,14 @@ def diagnose(
                                  notes=notes, sanity=sanity)
     record.sections["doctor"]["hint"] = launcher_hint(target, record)
     return record, findings
+
+
+def _world_size() -> int:
+    """WORLD_SIZE as a launcher (torchrun, ``scalpel launch``) set it; 1 when absent or unreadable."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 def runtime_rules_for_block() -> tuple[list[RuntimeRule], SourceFiles]:
