@@ -93,7 +93,7 @@ def test_a_script_that_never_steps_is_told_what_was_seen(tmp_path):
     record = load_record(out)
     assert record.steps == []
     assert any("never completed a step" in n and "optimizer(s) created but never stepped" in n for n in record.notes)
-    assert "never completed a step" in proc.stderr
+    assert "never completed a step" in proc.stderr and "--step-kind" in " ".join(record.notes)
 
 
 @pytest.mark.parametrize(

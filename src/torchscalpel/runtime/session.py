@@ -472,7 +472,8 @@ def _seen_summary(session: Session) -> str:
 
 
 def _no_step_note(session: Session) -> str:
-    return f"the script never completed a step: {_seen_summary(session)}"
+    return (f"the script never completed a step: {_seen_summary(session)}; if its loop trains, delimit steps "
+            "with --step-kind (optimizer, backward or forward) or the in-process API (docs/inprocess.md)")
 
 
 class _ProgressObserver(Observer):
