@@ -98,7 +98,9 @@ class Session:
     """A root forward returned a tensor that requires grad: training is likely, even before a backward."""
     eval_forwards: int = 0
     """Root forwards run without grad while training was expected (evaluation): never steps."""
-    started: float = field(default_factory=time.monotonic)
+    loop_started: float | None = None
+    """When the first root forward or backward ran: the step timeout counts from there, so a long
+    set-up (tokenising a corpus, downloading nothing, building a model) is never held against it."""
     _disabled: set[int] = field(default_factory=set)
     _stopping: bool = False
 
@@ -189,11 +191,15 @@ class Session:
         )
 
     def check_progress(self) -> None:
-        """Stop a run whose loop is not recognised: no settled step within ``step_timeout_s``."""
+        """Stop a run whose loop is not recognised: no settled step within ``step_timeout_s`` of the
+    first root forward or backward (called from those hooks)."""
         limit = self.options.step_timeout_s
         if limit is None or self._stopping or self.options.steps is None:
             return
-        if (self.timeline.steps and self.settled()) or time.monotonic() - self.started < limit:
+        now = time.monotonic()
+        if self.loop_started is None:
+            self.loop_started = now
+        if (self.timeline.steps and self.settled()) or now - self.loop_started < limit:
             return
         self._stopping = True
         if self.window is not None:
