@@ -314,7 +314,7 @@ def test_no_recognised_step_stops_the_run_with_what_it_saw():
     hooks = HookSet(session)
     hooks.install()
     try:
-        torch.optim.SGD(model.parameters(), lr=0.1)  # built, never stepped
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)  # built (and kept), never stepped
         import time
 
         time.sleep(0.02)  # set-up before the loop is not held against it: the clock starts at the first forward
@@ -323,5 +323,6 @@ def test_no_recognised_step_stops_the_run_with_what_it_saw():
         time.sleep(0.02)
         with pytest.raises(StopScript, match=r"no step was recognised.*1 optimizer"), torch.no_grad():
             model(torch.ones(1, 2))
+        assert opt.param_groups
     finally:
         hooks.remove()
