@@ -106,20 +106,25 @@ def test_dcp_folder(tmp_path):
 
 def test_checkpointer_root_picks_latest_committed_step(tmp_path):
     dcp = pytest.importorskip("torch.distributed.checkpoint")
+    from torchscalpel.distributed import manifest
+
     root = tmp_path / "ckpts"
     states = {}
     for step in (1, 2, 3):
         torch.manual_seed(step)
         states[step] = make_model(4).state_dict()
-        folder = root / f"step-{step:09d}"
-        dcp.save({"model": states[step], "optim": {"step": torch.tensor(step)}}, checkpoint_id=str(folder))
-        if step < 3:  # step 3 was interrupted before its COMMIT marker
-            (folder / "COMMIT").write_text("{}")
+        folder, tmp = manifest.step_dir(root, step), manifest.tmp_dir(root, step)
+        dcp.save({"model": states[step], "optim": {"step": torch.tensor(step)}}, checkpoint_id=str(tmp))
+        if step < 3:
+            manifest.commit(tmp, folder, step)
+        else:  # step 3 was interrupted before its manifest and COMMIT marker
+            tmp.rename(folder)
     model = make_model(4)
     info = load_weights(model, root)
     assert info.source == "dcp:step-000000002" and info.nested_key == "model"
+    assert any("step-000000003" in n for n in info.notes)
     assert_loaded(model, states[2])
     for step in (1, 2):
         (root / f"step-{step:09d}" / "COMMIT").unlink()
-    with pytest.raises(ScalpelError, match="uncommitted"):
+    with pytest.raises(ScalpelError, match="no checkpoint that verifies"):
         load_weights(make_model(4), root)

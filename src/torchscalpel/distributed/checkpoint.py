@@ -10,13 +10,14 @@ Layout of one checkpoint ``step-N/``:
   generator states;
 - ``MANIFEST.json`` and ``COMMIT``, see :mod:`torchscalpel.distributed.manifest`.
 
-Nothing is loaded with pickle: DCP's byte items are read with ``torch.load(weights_only=True)``
-and the small state is JSON plus safetensors.
+Nothing is loaded with pickle: the manifest's hashes are checked before any file is parsed,
+DCP's ``.metadata`` goes through a restricted unpickler (:mod:`torchscalpel.distributed.safedcp`),
+byte items are read with ``torch.load(weights_only=True)`` and the small state is JSON plus
+safetensors.
 """
 
 from __future__ import annotations
 
-import io
 import shutil
 import signal
 from pathlib import Path
@@ -27,29 +28,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from torchscalpel.distributed import manifest
 from torchscalpel.distributed.manifest import CheckpointError
+from torchscalpel.distributed.safedcp import SafeFileSystemReader, WeightsOnlyLoadPlanner, read_metadata
 from torchscalpel.distributed.setup import collective_device, context, get_logger
 from torchscalpel.distributed.statecodec import load_state, rng_restore, rng_snapshot, save_state
 
 log = get_logger()
 SIGTERM_EXIT_CODE = 143
-
-
-class _WeightsOnlyLoadPlanner(DefaultLoadPlanner):
-    """DCP's planner, but non-tensor items load with ``weights_only=True`` (no code runs)."""
-
-    def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-        from torch.distributed.checkpoint._traverse import set_element
-
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
 
 
 class Checkpointer:
@@ -227,11 +215,12 @@ class Checkpointer:
         folder = Path(value)
         shared = load_state(folder / "shared")
         self._check_complete(shared, folder)
+        read_metadata(folder / ".metadata")  # refused here in one sentence, before DCP wraps the error
         state = self._dcp_state()
         dcp.load(
             state,
-            storage_reader=dcp.FileSystemReader(str(folder)),
-            planner=_WeightsOnlyLoadPlanner(allow_partial_load=self.allow_partial),
+            storage_reader=SafeFileSystemReader(str(folder)),
+            planner=WeightsOnlyLoadPlanner(allow_partial_load=self.allow_partial),
         )
         if self.optimizer is not None:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from torchscalpel.distributed import manifest
 from torchscalpel.distributed.manifest import CheckpointError
+from torchscalpel.distributed.safedcp import SafeFileSystemReader, WeightsOnlyLoadPlanner, read_metadata
 
 WRAPPER_PARTS = ("module", "_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module")
 
@@ -37,7 +38,7 @@ def consolidate(ckpt: str | Path, out: str | Path, *, dtype: torch.dtype | None 
     problem = manifest.check(folder, full=True)
     if problem is not None:
         raise CheckpointError(f"Refusing to consolidate: {problem.message}.")
-    metadata = dcp.FileSystemReader(str(folder)).read_metadata()
+    metadata = read_metadata(folder / ".metadata")
     state: dict[str, torch.Tensor] = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
@@ -46,7 +47,8 @@ def consolidate(ckpt: str | Path, out: str | Path, *, dtype: torch.dtype | None 
         raise CheckpointError(f"{folder} holds no model tensors.")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)), no_dist=True)
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=WeightsOnlyLoadPlanner(),
+                 no_dist=True)
     clean: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
         name = clean_key(key[len("model."):])

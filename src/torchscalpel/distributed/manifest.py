@@ -119,6 +119,35 @@ def check(folder: Path, *, full: bool = True) -> Problem | None:
     return None
 
 
+def is_step_folder(folder: Path) -> bool:
+    """True for a folder that carries (or should carry) this module's manifest: it has ``COMMIT`` or
+    ``MANIFEST.json``, or is named ``step-N`` the way :func:`step_dir` names it."""
+    return (folder / COMMIT).exists() or (folder / MANIFEST).exists() or bool(_STEP_RE.match(folder.name))
+
+
+def verify(folder: Path, *, action: str = "load") -> None:
+    """Raise :class:`CheckpointError` unless every file of ``folder`` matches its manifest (full hash).
+
+    The one verification every reader (``Checkpointer.load``, ``consolidate``, ``scalpel export``)
+    runs before it parses any file of the checkpoint.
+    """
+    problem = check(folder, full=True)
+    if problem is not None:
+        raise CheckpointError(f"Refusing to {action} {folder}: {problem.message}.")
+
+
+def newest_verified(root: Path) -> tuple[Path | None, list[str]]:
+    """The newest ``step-N`` under ``root`` whose files all match its manifest (full hash), and one
+    line per newer step that was passed over and why."""
+    skipped = []
+    for _, folder in committed_steps(root):
+        problem = check(folder, full=True)
+        if problem is None:
+            return folder, skipped
+        skipped.append(f"{folder.name}: {problem.message}")
+    return None, skipped
+
+
 def committed_steps(root: Path) -> list[tuple[int, Path]]:
     """``(step, folder)`` for every ``step-N`` folder under ``root``, newest first."""
     if not root.is_dir():

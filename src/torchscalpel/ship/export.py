@@ -168,6 +168,8 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     loaded: LoadedWeights | None = None
     if opts.weights is not None:
         loaded = load_weights(model, opts.weights, trust=opts.trust)
+        for note in loaded.notes:
+            log(f"weights: {note}")
         if loaded.stripped:
             log("stripped prefixes: " + ", ".join(f"{p!r} from {n} keys" for p, n in loaded.stripped.items()))
     model.eval()

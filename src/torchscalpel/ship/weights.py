@@ -10,8 +10,6 @@ the mapping is reported. Missing, unexpected or mis-shaped keys are an error tha
 from __future__ import annotations
 
 import pickle
-import re
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,19 +38,25 @@ class LoadedWeights:
     """The key the model's weights were found under (e.g. ``model``), if nested."""
     stripped: dict[str, int] = field(default_factory=dict)
     """Prefix removed -> number of keys it was removed from."""
+    notes: list[str] = field(default_factory=list)
+    """What the reader decided on the way (e.g. a newer step passed over because it does not verify)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form for the manifest."""
         return {"source": self.source, "nested_key": self.nested_key, "stripped_prefixes": dict(self.stripped)}
 
 
-def read_checkpoint(path: Path, *, trust: bool = False) -> tuple[dict[str, Any], str]:
-    """Read a checkpoint into a (possibly nested) dict and say which kind it was."""
+def read_checkpoint(path: Path, *, trust: bool = False, notes: list[str] | None = None) -> tuple[dict[str, Any], str]:
+    """Read a checkpoint into a (possibly nested) dict and say which kind it was.
+
+    A torchscalpel checkpoint (``step-N`` with ``MANIFEST.json`` and ``COMMIT``) is verified against
+    its manifest before any of its files is parsed, by the same check ``Checkpointer.load`` runs; a
+    checkpoint root gives its newest verified step (what was passed over is appended to ``notes``).
+    """
     if not path.exists():
         raise UsageError(f"--weights {path} does not exist; check the path.")
     if path.is_dir():
-        if not (path / ".metadata").exists():
-            path = latest_committed_step(path)
+        path = _dcp_folder(path, notes if notes is not None else [])
         return _read_dcp(path), f"dcp:{path.name}"
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
@@ -64,27 +68,44 @@ def read_checkpoint(path: Path, *, trust: bool = False) -> tuple[dict[str, Any],
     return _torch_load(path, trust=trust), "state_dict"
 
 
-def latest_committed_step(root: Path) -> Path:
-    """The newest ``step-N`` folder of a torchscalpel checkpoint root that has its ``COMMIT`` marker.
+def _dcp_folder(path: Path, notes: list[str]) -> Path:
+    """The DCP folder to read for ``--weights path``, verified when it carries a manifest."""
+    from torchscalpel.distributed import manifest
+
+    has_manifest = (path / manifest.COMMIT).exists() or (path / manifest.MANIFEST).exists()
+    if has_manifest:
+        manifest.verify(path, action="export")
+        return path
+    if (path / ".metadata").exists():
+        return path  # a plain DCP folder (no manifest to check); its metadata is still read safely
+    return latest_committed_step(path, notes)
+
+
+def latest_committed_step(root: Path, notes: list[str] | None = None) -> Path:
+    """The newest ``step-N`` folder of a torchscalpel checkpoint root whose files match its manifest.
 
     torchscalpel.distributed.Checkpointer writes ``step-N/`` (DCP files plus ``MANIFEST.json`` and
-    ``COMMIT``); a folder without ``COMMIT`` is an interrupted save and is never picked.
+    ``COMMIT``); a folder without ``COMMIT`` is an interrupted save and is never picked, nor is one
+    whose files differ from the manifest (each newer step passed over gets a line in ``notes``).
     """
-    steps = []
-    for child in root.iterdir():
-        match = re.fullmatch(r"step-(\d+)", child.name)
-        if match and child.is_dir() and (child / ".metadata").exists():
-            steps.append((int(match.group(1)), child, (child / "COMMIT").exists()))
-    committed = sorted((n, p) for n, p, ok in steps if ok)
-    if committed:
-        return committed[-1][1]
-    if steps:
-        raise ScalpelError(f"{root} holds only uncommitted checkpoints (no COMMIT marker: interrupted saves); "
-                           "point --weights at a step folder explicitly if you accept that.")
-    raise UsageError(
-        f"--weights folder {root} is neither a torch.distributed.checkpoint folder (no .metadata) nor a "
-        "torchscalpel checkpoint root (no step-N folders); point it at a checkpoint or a weights file."
-    )
+    from torchscalpel.distributed import manifest
+
+    steps = manifest.committed_steps(root)
+    if not steps:
+        raise UsageError(
+            f"--weights folder {root} is neither a torch.distributed.checkpoint folder (no .metadata) nor a "
+            "torchscalpel checkpoint root (no step-N folders); point it at a checkpoint or a weights file."
+        )
+    chosen, skipped = manifest.newest_verified(root)
+    if chosen is None:
+        raise ScalpelError(
+            f"{root} holds no checkpoint that verifies against its manifest (newest: {skipped[0]}); "
+            "point --weights at a step folder explicitly if you accept an interrupted save."
+        )
+    if notes is not None and skipped:
+        notes.extend(f"skipped {line}" for line in skipped)
+        notes.append(f"exporting {chosen.name}, the newest step whose files match its manifest")
+    return chosen
 
 
 def _torch_load(path: Path, *, trust: bool) -> dict[str, Any]:
@@ -105,15 +126,15 @@ def _torch_load(path: Path, *, trust: bool) -> dict[str, Any]:
 
 
 def _read_dcp(path: Path) -> dict[str, Any]:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from torchscalpel.distributed.manifest import CheckpointError
+    from torchscalpel.distributed.safedcp import load_all
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "consolidated.pt"
-        try:
-            dcp_to_torch_save(path, out)
-        except Exception as exc:  # DCP raises CheckpointException and friends with long messages
-            raise ScalpelError(f"Cannot consolidate the DCP checkpoint in {path} ({str(exc).splitlines()[0]}).") from None
-        return torch.load(out, map_location="cpu", weights_only=True)
+    try:
+        return load_all(path)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # DCP raises CheckpointException and friends with long messages
+        raise ScalpelError(f"Cannot consolidate the DCP checkpoint in {path} ({str(exc).splitlines()[0]}).") from None
 
 
 def _find_state_dict(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str | None]:
@@ -158,7 +179,8 @@ def strip_prefixes(state_dict: dict[str, torch.Tensor], model_keys: set[str]) ->
 
 def load_weights(model: torch.nn.Module, path: Path, *, trust: bool = False) -> LoadedWeights:
     """Load ``path`` into ``model`` strictly; raise listing every missing/unexpected/mis-shaped key."""
-    raw, source = read_checkpoint(path, trust=trust)
+    notes: list[str] = []
+    raw, source = read_checkpoint(path, trust=trust, notes=notes)
     found, nested = _find_state_dict(raw)
     expected = model.state_dict()
     state, stripped = strip_prefixes(found, set(expected))
@@ -182,7 +204,7 @@ def load_weights(model: torch.nn.Module, path: Path, *, trust: bool = False) -> 
             "check --model and --factory-args build the same architecture that was trained."
         )
     model.load_state_dict(state, strict=True)
-    return LoadedWeights(state_dict=state, source=source, nested_key=nested, stripped=stripped)
+    return LoadedWeights(state_dict=state, source=source, nested_key=nested, stripped=stripped, notes=notes)
 
 
 def _few(items: list[str], limit: int = 8) -> str:

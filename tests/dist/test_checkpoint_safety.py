@@ -1,0 +1,108 @@
+"""Checkpoint integrity (issue 19): no code runs from a checkpoint, readers verify before parsing,
+a broken newest step is moved aside, a second writer is refused."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import run_cli
+from torchscalpel import distributed as sd
+from torchscalpel.distributed import manifest
+
+pytestmark = pytest.mark.dist  # these tests start a one-rank process group
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "digits_model.py"
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: what a malicious ``.metadata`` would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({str(self.marker)!r}, 'w').close()",))
+
+
+def recommit(folder: Path) -> None:
+    """Rewrite ``folder``'s manifest over its current files, as someone who can write the folder can."""
+    step = int(folder.name.split("-")[1])
+    tmp = folder.with_name(".re-" + folder.name)
+    os.rename(folder, tmp)
+    (tmp / manifest.MANIFEST).unlink()
+    (tmp / manifest.COMMIT).unlink()
+    manifest.commit(tmp, folder, step)
+
+
+def _model_ckpt(root: Path, steps=(1,)) -> sd.Checkpointer:
+    from fixtures.digits_model import make_model
+
+    torch.manual_seed(0)
+    model = make_model(4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = sd.Checkpointer(root, model=model, optimizer=opt, sigterm=False, keep=5)
+    for step in steps:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01)
+        ckpt.save(step)
+    return ckpt
+
+
+def test_metadata_payload_never_runs(single_rank, tmp_path):
+    marker = tmp_path / "pwned"
+    ckpt = _model_ckpt(tmp_path / "ck")
+    folder = manifest.step_dir(tmp_path / "ck", 1)
+    (folder / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    recommit(folder)  # the manifest matches: only the unpickler stands in the way
+    assert manifest.check(folder) is None
+    with pytest.raises(sd.CheckpointError, match=r"Refusing to read .*builtins\.exec"):
+        ckpt.load()
+    assert not marker.exists()
+    with pytest.raises(sd.CheckpointError, match=r"Refusing to read .*builtins\.exec"):
+        sd.consolidate(tmp_path / "ck", tmp_path / "w.safetensors")
+    assert not marker.exists()
+    for target in (tmp_path / "ck", folder):
+        r = run_cli("export", "--model", f"{FIXTURE}:make_model", "--factory-args", '{"channels": 4}',
+                    "--weights", str(target), "--example", "float32[1,1,8,8]", "--formats", "exported",
+                    "--out", str(tmp_path / f"b-{target.name}"), cwd=tmp_path)
+        assert r.returncode != 0, r.stdout + r.stderr
+        assert "Traceback" not in r.stderr and "builtins.exec" in r.stderr, r.stderr
+        assert not marker.exists()
+    # The unpickler itself, on a plain pickle of the payload
+    from torchscalpel.distributed.safedcp import read_metadata
+
+    evil = tmp_path / "evil.metadata"
+    evil.write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(sd.CheckpointError, match="Refusing to read"):
+        read_metadata(evil)
+    assert not marker.exists()
+
+
+def test_real_metadata_is_admitted(single_rank, tmp_path):
+    """What torch writes (model + optimizer + plain values, several dtypes) passes the allow-list."""
+    import torch.distributed.checkpoint as dcp
+
+    from torchscalpel.distributed.safedcp import load_all, read_metadata
+
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(5, 3)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optim": opt.state_dict(),
+             "misc": {"bf": torch.ones(2, dtype=torch.bfloat16), "i": torch.arange(3), "n": 3, "s": "x",
+                      "t": (1, 2.5), "b": True, "none": None}}
+    dcp.save(state, checkpoint_id=str(tmp_path / "plain"))
+    meta = read_metadata(tmp_path / "plain" / ".metadata")
+    assert "model.0.weight" in meta.state_dict_metadata
+    loaded = load_all(tmp_path / "plain")
+    assert torch.equal(loaded["model"]["0.weight"], model.state_dict()["0.weight"])
+    assert loaded["misc"]["s"] == "x" and loaded["misc"]["t"] == (1, 2.5)
