@@ -106,3 +106,44 @@ def test_real_metadata_is_admitted(single_rank, tmp_path):
     loaded = load_all(tmp_path / "plain")
     assert torch.equal(loaded["model"]["0.weight"], model.state_dict()["0.weight"])
     assert loaded["misc"]["s"] == "x" and loaded["misc"]["t"] == (1, 2.5)
+
+
+def _export(tmp_path: Path, weights: Path, name: str):
+    return run_cli("export", "--model", f"{FIXTURE}:make_model", "--factory-args", '{"channels": 4}',
+                   "--weights", str(weights), "--example", "float32[1,1,8,8]", "--formats", "exported",
+                   "--out", str(tmp_path / name), cwd=tmp_path)
+
+
+def _flip_a_bit(folder: Path) -> None:
+    shard = next(folder.glob("*.distcp"))
+    blob = bytearray(shard.read_bytes())
+    blob[len(blob) // 2] ^= 0x40
+    shard.write_bytes(bytes(blob))
+
+
+def test_export_refuses_a_corrupted_shard_or_falls_back(single_rank, tmp_path):
+    from safetensors.torch import load_file
+
+    root = tmp_path / "ck"
+    ckpt = _model_ckpt(root, steps=(1,))
+    step1 = {k: v.clone() for k, v in ckpt.model.state_dict().items()}
+    with torch.no_grad():
+        for p in ckpt.model.parameters():
+            p.add_(1.0)
+    ckpt.save(2)
+    newest = manifest.step_dir(root, 2)
+    _flip_a_bit(newest)
+    with pytest.raises(sd.CheckpointError, match="does not match its SHA-256"):
+        ckpt.load(newest)
+    r = _export(tmp_path, newest, "b-step")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "does not match its SHA-256" in r.stderr and "Traceback" not in r.stderr
+    assert "parity passed" not in r.stdout
+    r = _export(tmp_path, root, "b-root")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "step-000000002" in r.stdout and "exporting step-000000001" in r.stdout, r.stdout
+    shipped = load_file(str(tmp_path / "b-root" / "model.safetensors"))
+    assert all(torch.equal(shipped[k], v) for k, v in step1.items())
+    _flip_a_bit(manifest.step_dir(root, 1))
+    r = _export(tmp_path, root, "b-none")
+    assert r.returncode == 1 and "no checkpoint that verifies" in r.stderr and "Traceback" not in r.stderr
