@@ -147,3 +147,44 @@ def test_export_refuses_a_corrupted_shard_or_falls_back(single_rank, tmp_path):
     _flip_a_bit(manifest.step_dir(root, 1))
     r = _export(tmp_path, root, "b-none")
     assert r.returncode == 1 and "no checkpoint that verifies" in r.stderr and "Traceback" not in r.stderr
+
+
+def _break(folder: Path, how: str) -> None:
+    if how == "truncated":
+        shard = next(folder.glob("*.distcp"))
+        shard.write_bytes(shard.read_bytes()[:100])
+    elif how == "no-manifest":
+        (folder / manifest.MANIFEST).unlink()
+    else:
+        (folder / manifest.COMMIT).unlink()
+
+
+@pytest.mark.parametrize("how", ["truncated", "no-manifest", "no-commit"])
+def test_broken_newest_is_named_and_moved_aside(single_rank, tmp_path, caplog, how):
+    root = tmp_path / "ck"
+    _model_ckpt(root, steps=(1, 2))
+    _break(manifest.step_dir(root, 2), how)
+    ckpt = _model_ckpt(root, steps=())
+    with caplog.at_level("WARNING", logger="torchscalpel.distributed"):
+        assert ckpt.load() == 1
+    warning = " ".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    assert "skipped step-000000002" in warning and "moved it aside to step-000000002.broken-" in warning
+    assert [p.name for _, p in manifest.committed_steps(root)] == ["step-000000001"]
+    assert len(list(root.glob("step-000000002.broken-*"))) == 1
+    ckpt.save(2)  # the run continues through the broken step's number
+    assert manifest.latest(root) == manifest.step_dir(root, 2)
+    assert manifest.check(manifest.step_dir(root, 2)) is None
+
+
+def test_save_over_a_broken_step_moves_it_aside(single_rank, tmp_path):
+    """A run that resumes from an explicit path (so never called latest) still saves that step."""
+    root = tmp_path / "ck"
+    _model_ckpt(root, steps=(1, 2))
+    _break(manifest.step_dir(root, 2), "no-commit")
+    ckpt = _model_ckpt(root, steps=())
+    assert ckpt.load(manifest.step_dir(root, 1)) == 1
+    ckpt.save(2)
+    assert manifest.check(manifest.step_dir(root, 2)) is None
+    assert len(list(root.glob("step-000000002.broken-*"))) == 1
+    with pytest.raises(sd.CheckpointError, match="never overwritten"):
+        ckpt.save(2)  # a whole step is still never replaced

@@ -118,7 +118,10 @@ class Checkpointer:
         final, tmp = manifest.step_dir(self.root, step), manifest.tmp_dir(self.root, step)
         if self.ctx.is_main:
             if final.exists():
-                raise CheckpointError(f"{final} already exists; checkpoints are never overwritten.")
+                problem = manifest.check(final, full=False)
+                if problem is None:
+                    raise CheckpointError(f"{final} already exists; checkpoints are never overwritten.")
+                self._move_aside(final, problem)
             shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a crashed save of the same step
             tmp.mkdir(parents=True)
         dist.barrier()
@@ -186,8 +189,21 @@ class Checkpointer:
 
     # ---- loading --------------------------------------------------------------------------
     def latest(self) -> Path | None:
-        """The newest committed checkpoint (cheap check: presence and sizes)."""
-        return manifest.latest(self.root)
+        """The newest committed checkpoint (cheap check: presence and sizes).
+
+        A newer ``step-N`` that fails the check (truncated, no manifest or commit marker) is named
+        in a warning and, on rank 0, moved aside to ``step-N.broken-<time>`` so the run can save
+        that step again instead of failing there on every relaunch.
+        """
+        found, broken = manifest.scan(self.root)
+        for folder, problem in broken:
+            if self.ctx.is_main:
+                self._move_aside(folder, problem)
+        return found
+
+    def _move_aside(self, folder: Path, problem: manifest.Problem) -> None:
+        aside = manifest.move_aside(folder)
+        log.warning("checkpoint: skipped %s: %s; moved it aside to %s", folder.name, problem.message, aside.name)
 
     def load(self, path: str | Path | None = None) -> int | None:
         """Restore the newest (or the given) checkpoint; return its step, or None if there is none.

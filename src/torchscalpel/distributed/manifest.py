@@ -160,16 +160,42 @@ def committed_steps(root: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
+def scan(root: Path) -> tuple[Path | None, list[tuple[Path, Problem]]]:
+    """The newest committed, complete checkpoint under ``root`` (presence and sizes checked), and
+    every newer ``step-N`` folder passed over with the reason."""
+    broken = []
+    for _, folder in committed_steps(root):
+        problem = check(folder, full=False)
+        if problem is None:
+            return folder, broken
+        broken.append((folder, problem))
+    return None, broken
+
+
 def latest(root: Path) -> Path | None:
     """The newest committed, complete checkpoint under ``root`` (presence and sizes checked).
 
     Folders that fail the cheap check are skipped (they cannot come from a crash, but a copy
-    interrupted half-way can produce them); the caller re-hashes the one it loads.
+    interrupted half-way can produce them); the caller re-hashes the one it loads. The
+    ``Checkpointer`` also warns about them and moves them aside (:func:`move_aside`).
     """
-    for _, folder in committed_steps(root):
-        if check(folder, full=False) is None:
-            return folder
-    return None
+    return scan(root)[0]
+
+
+def move_aside(folder: Path) -> Path:
+    """Rename a broken ``step-N`` to ``step-N.broken-<UTC time>`` (kept for inspection, no longer a
+    step: :func:`committed_steps` and :func:`prune` ignore it) so that step can be saved again."""
+    import time
+
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = folder.with_name(f"{folder.name}.broken-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = folder.with_name(f"{folder.name}.broken-{stamp}-{n}")
+    os.rename(folder, target)
+    fsync_path(folder.parent)
+    return target
 
 
 def prune(root: Path, keep: int) -> list[Path]:
