@@ -188,3 +188,47 @@ def test_save_over_a_broken_step_moves_it_aside(single_rank, tmp_path):
     assert len(list(root.glob("step-000000002.broken-*"))) == 1
     with pytest.raises(sd.CheckpointError, match="never overwritten"):
         ckpt.save(2)  # a whole step is still never replaced
+
+
+_WRITER = """
+import sys, torch
+from torch import nn
+from torchscalpel import distributed as sd
+sd.setup(seed=0)
+ckpt = sd.Checkpointer(sys.argv[1], model=nn.Linear(2, 2), sigterm=False)
+ckpt.save(1)
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_second_writer_process_is_refused(single_rank, tmp_path):
+    import signal
+    import subprocess
+
+    from helpers import cli_env
+
+    root = tmp_path / "ck"
+    env = cli_env()
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    other = subprocess.Popen([sys.executable, "-c", _WRITER, str(root)], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "holding", other.stderr.read()
+        with pytest.raises(sd.CheckpointError, match=rf"being written by another process \(pid {other.pid} on "):
+            sd.Checkpointer(root, model=nn.Linear(2, 2), sigterm=False)
+        assert manifest.check(manifest.step_dir(root, 1)) is None  # the other run's step is untouched
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait(timeout=30)
+    # A killed writer leaves no lock behind; within one process the lock is shared.
+    first = sd.Checkpointer(root, model=nn.Linear(2, 2), sigterm=False)
+    second = sd.Checkpointer(root, model=nn.Linear(2, 2), sigterm=False)
+    second.close()
+    first.save(2)
+    first.close()
+    out = subprocess.run([sys.executable, "-c", _WRITER.replace("ckpt.save(1)", "ckpt.save(3)"), str(root)], env=env,
+                         input="", capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "holding" in out.stdout, out.stderr
+    shutil.rmtree(root)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import weakref
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -78,13 +79,35 @@ class Checkpointer:
         self.extra: dict[str, Any] = {}
         self._pending: tuple[Any, Path, int] | None = None
         self._stop_requested = False
+        self._release_lock = self._lock_root()
         # Checkpoint collectives of an async save run in a background thread: they get their own
         # group so they never interleave with the training collectives on the default group.
         self._group = dist.new_group(backend="gloo") if async_save else None
         if sigterm:
             signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _lock_root(self) -> Any:
+        """Rank 0 takes the folder's writer lock for this Checkpointer's lifetime; every rank raises if
+        another process holds it (so no rank waits in a collective for a refused rank 0)."""
+        release, refused = None, [None]
         if self.ctx.is_main:
-            self.root.mkdir(parents=True, exist_ok=True)
+            try:
+                release = manifest.lock_root(self.root)
+            except CheckpointError as exc:
+                refused[0] = str(exc)
+        if self.ctx.world_size > 1:
+            dist.broadcast_object_list(refused, src=0)
+        if refused[0] is not None:
+            raise CheckpointError(refused[0])
+        if release is None:
+            return lambda: None
+        weakref.finalize(self, release)
+        return release
+
+    def close(self) -> None:
+        """Commit a pending save and release the folder's writer lock (also released at exit or kill)."""
+        self.wait()
+        self._release_lock()
 
     # ---- state assembly -------------------------------------------------------------------
     def _dcp_state(self) -> dict[str, Any]:

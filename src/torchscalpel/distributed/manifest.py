@@ -9,11 +9,15 @@ half a checkpoint. Folder names are ``step-`` plus the step zero-padded to 9 dig
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from torchscalpel.fileio import sha256_file
 
 MANIFEST = "MANIFEST.json"
 COMMIT = "COMMIT"
+LOCK = ".writer.lock"
 FORMAT_VERSION = 1
 _STEP_RE = re.compile(r"^step-(\d{9,})$")
 
@@ -210,3 +215,57 @@ def prune(root: Path, keep: int) -> list[Path]:
     for stale in root.glob(".del-step-*"):
         shutil.rmtree(stale, ignore_errors=True)
     return removed
+
+
+_HELD: dict[tuple[int, int], list[int]] = {}  # (device, inode) of a lock file -> [fd, holders here]
+_HELD_GUARD = threading.Lock()
+
+
+def lock_root(root: Path) -> Callable[[], None]:
+    """Take the writer lock of checkpoint folder ``root`` (``fcntl.flock`` on ``root/.writer.lock``);
+    return the function that releases it.
+
+    The OS drops the lock when the process exits or is killed, so a crashed run never leaves the
+    folder locked. Several Checkpointers of one process share the lock (the same run re-creating
+    its Checkpointer); another process gets :class:`CheckpointError`.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    info = os.fstat(fd)
+    key = (info.st_dev, info.st_ino)
+    with _HELD_GUARD:
+        if key in _HELD:
+            os.close(fd)
+            _HELD[key][1] += 1
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise CheckpointError(
+                    f"{root} is being written by another process ({holder}); two runs saving into one checkpoint "
+                    "folder corrupt each other's steps, so give this run its own folder or stop the other one."
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+            _HELD[key] = [fd, 1]
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        with _HELD_GUARD:
+            if released:
+                return
+            released = True
+            entry = _HELD.get(key)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] == 0:
+                del _HELD[key]
+                fcntl.flock(entry[0], fcntl.LOCK_UN)
+                os.close(entry[0])
+
+    return release
