@@ -232,3 +232,20 @@ def test_second_writer_process_is_refused(single_rank, tmp_path):
                          input="", capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "holding" in out.stdout, out.stderr
     shutil.rmtree(root)
+
+
+def test_metadata_pointing_outside_the_folder_is_refused(tmp_path):
+    import dataclasses
+
+    import torch.distributed.checkpoint as dcp
+
+    from torchscalpel.distributed.safedcp import read_metadata
+
+    dcp.save({"w": torch.ones(3)}, checkpoint_id=str(tmp_path / "plain"), no_dist=True)
+    path = tmp_path / "plain" / ".metadata"
+    meta = read_metadata(path)
+    meta.storage_data = {k: dataclasses.replace(v, relative_path="../../secret.distcp")
+                         for k, v in meta.storage_data.items()}
+    path.write_bytes(pickle.dumps(meta))
+    with pytest.raises(sd.CheckpointError, match="not a file of the checkpoint folder"):
+        read_metadata(path)

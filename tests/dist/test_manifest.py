@@ -82,3 +82,26 @@ def test_prune_keeps_newest(tmp_path):
     removed = manifest.prune(tmp_path, keep=2)
     assert [p.name for p in removed] == ["step-000000002", "step-000000001"]
     assert [s for s, _ in manifest.committed_steps(tmp_path)] == [4, 3]
+
+
+@pytest.mark.parametrize("commit, files", [
+    ("5", None), ("[]", None), ('{"manifest_sha256": 5}', None),
+    (None, {"a.bin": {"sha256": "0" * 64}}), (None, {"a.bin": {"size": "6", "sha256": "0" * 64}}),
+    (None, {"../a.bin": {"size": 6, "sha256": "0" * 64}}), (None, ["a.bin"]), (None, {"a.bin": 6}),
+])
+def test_malformed_marker_or_manifest_is_a_problem_not_a_traceback(tmp_path, commit, files):
+    import hashlib
+    import json
+
+    final = manifest.step_dir(tmp_path, 3)
+    manifest.commit(_write_tmp(tmp_path, 3, b"abcdef"), final, 3)
+    if files is not None:
+        if isinstance(files, dict):
+            files = {**files, "sub/b.json": {"size": 2, "sha256": hashlib.sha256(b"{}").hexdigest()}}
+        body = json.dumps({"format": 1, "step": 3, "files": files}).encode()
+        (final / manifest.MANIFEST).write_bytes(body)
+        commit = json.dumps({"step": 3, "manifest_sha256": hashlib.sha256(body).hexdigest()})
+    (final / manifest.COMMIT).write_text(commit)
+    problem = manifest.check(final)
+    assert problem is not None and problem.kind == "tampered"
+    assert manifest.latest(tmp_path) is None

@@ -89,6 +89,27 @@ class Problem:
     message: str
 
 
+def _manifest_problem(manifest: object) -> str | None:
+    """What is wrong with the shape of a parsed manifest, or None."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        return "has no files table"
+    fmt = manifest.get("format", 0)
+    if not isinstance(fmt, int) or isinstance(fmt, bool):
+        return f"has a format of {fmt!r}, not an integer"
+    for name, info in manifest["files"].items():
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or ".." in parts:
+            return f"lists {name!r}, which is not a file inside the checkpoint"
+        if not isinstance(info, dict):
+            return f"entry {name!r} is not a table"
+        size, digest = info.get("size"), info.get("sha256")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return f"entry {name!r} has no valid size"
+        if not isinstance(digest, str) or len(digest) != 64:
+            return f"entry {name!r} has no valid sha256"
+    return None
+
+
 def check(folder: Path, *, full: bool = True) -> Problem | None:
     """None when ``folder`` is a complete checkpoint whose files match the manifest.
 
@@ -102,12 +123,17 @@ def check(folder: Path, *, full: bool = True) -> Problem | None:
     try:
         marker = json.loads(marker_path.read_bytes())
         manifest = json.loads(manifest_bytes)
-        files = manifest["files"]
-    except (ValueError, KeyError, TypeError):
-        return Problem("tampered", f"{folder}/{MANIFEST} or {COMMIT} is not valid checkpoint metadata")
-    if marker.get("manifest_sha256") != hashlib.sha256(manifest_bytes).hexdigest():
+    except (ValueError, RecursionError):
+        return Problem("tampered", f"{folder}/{MANIFEST} or {COMMIT} is not valid JSON")
+    if not isinstance(marker, dict) or not isinstance(marker.get("manifest_sha256"), str):
+        return Problem("tampered", f"{folder}/{COMMIT} is not a commit marker (no manifest_sha256)")
+    if marker["manifest_sha256"] != hashlib.sha256(manifest_bytes).hexdigest():
         return Problem("tampered", f"{folder}/{MANIFEST} does not match the hash in {COMMIT}")
-    if int(manifest.get("format", 0)) > FORMAT_VERSION:
+    bad = _manifest_problem(manifest)
+    if bad is not None:
+        return Problem("tampered", f"{folder}/{MANIFEST} {bad}")
+    files = manifest["files"]
+    if manifest.get("format", 0) > FORMAT_VERSION:
         return Problem("tampered", f"{folder} was written by a newer torchscalpel (format {manifest['format']})")
     present = {str(p.relative_to(folder)) for p in _payload_files(folder)}
     extra = present - set(files)

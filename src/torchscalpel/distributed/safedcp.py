@@ -67,6 +67,12 @@ def read_metadata(path: Path) -> Metadata:
         raise CheckpointError(f"{path} is not valid DCP checkpoint metadata ({type(exc).__name__}: {exc}).") from None
     if not isinstance(metadata, Metadata):
         raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP checkpoint metadata.")
+    for info in (metadata.storage_data or {}).values() if isinstance(metadata.storage_data, dict) else ():
+        rel = getattr(info, "relative_path", None)
+        if not isinstance(rel, str) or not rel or Path(rel).name != rel or rel in (".", ".."):
+            raise CheckpointError(
+                f"Refusing to read {path}: it points at {rel!r}, which is not a file of the checkpoint folder."
+            )
     return metadata
 
 
