@@ -249,3 +249,14 @@ def test_metadata_pointing_outside_the_folder_is_refused(tmp_path):
     path.write_bytes(pickle.dumps(meta))
     with pytest.raises(sd.CheckpointError, match="not a file of the checkpoint folder"):
         read_metadata(path)
+
+
+def test_read_only_folder_still_resumes(single_rank, tmp_path, monkeypatch):
+    root = tmp_path / "ck"
+    _model_ckpt(root, steps=(1,)).close()
+
+    def read_only(folder):
+        raise PermissionError(13, "Permission denied", str(folder / manifest.LOCK))
+
+    monkeypatch.setattr(manifest, "lock_root", read_only)  # what a read-only mount does (root ignores chmod)
+    assert _model_ckpt(root, steps=()).load() == 1

@@ -95,6 +95,9 @@ class Checkpointer:
                 release = manifest.lock_root(self.root)
             except CheckpointError as exc:
                 refused[0] = str(exc)
+            except OSError as exc:  # a read-only folder (resume or evaluate only): nothing to guard
+                log.warning("checkpoint: cannot take the writer lock in %s (%s); saving there will fail",
+                            self.root, exc.strerror or exc)
         if self.ctx.world_size > 1:
             dist.broadcast_object_list(refused, src=0)
         if refused[0] is not None:
