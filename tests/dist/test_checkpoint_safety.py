@@ -260,3 +260,40 @@ def test_read_only_folder_still_resumes(single_rank, tmp_path, monkeypatch):
 
     monkeypatch.setattr(manifest, "lock_root", read_only)  # what a read-only mount does (root ignores chmod)
     assert _model_ckpt(root, steps=()).load() == 1
+
+
+def test_signed_checkpoint_detects_a_rewritten_manifest(single_rank, tmp_path):
+    from fixtures.digits_model import make_model
+    from torchscalpel.ship.weights import load_weights
+
+    key = tmp_path / "key"
+    key.write_bytes(os.urandom(32))
+    root = tmp_path / "ck"
+    model = make_model(4)
+    ckpt = sd.Checkpointer(root, model=model, sigterm=False, sign_key=key)
+    folder = ckpt.save(1)
+    assert ckpt.load() == 1
+    assert load_weights(make_model(4), root, sign_key=key).source == "dcp:step-000000001"
+    # Someone who can write the folder changes a file and rewrites the manifest to match:
+    (folder / "shared.json").write_text((folder / "shared.json").read_text().replace('"step": 1', '"step": 7'))
+    recommit(folder)
+    assert manifest.check(folder) is None  # unkeyed SHA-256 cannot tell
+    with pytest.raises(sd.CheckpointError, match="carries no signature"):
+        ckpt.load()
+    with pytest.raises(sd.CheckpointError, match="carries no signature"):
+        sd.consolidate(root, tmp_path / "w.safetensors", sign_key=key)
+    with pytest.raises(sd.CheckpointError, match="carries no signature"):
+        load_weights(make_model(4), folder, sign_key=key)
+    other = tmp_path / "other"
+    other.write_bytes(os.urandom(32))
+    tmp = folder.with_name(".re")
+    os.rename(folder, tmp)
+    (tmp / manifest.MANIFEST).unlink()
+    (tmp / manifest.COMMIT).unlink()
+    manifest.commit(tmp, folder, 1, key=other.read_bytes())
+    with pytest.raises(sd.CheckpointError, match="does not match its signature"):
+        ckpt.load()
+    short = tmp_path / "short"
+    short.write_bytes(b"abc")
+    with pytest.raises(sd.CheckpointError, match="at least 16"):
+        sd.Checkpointer(root, model=model, sigterm=False, sign_key=short)

@@ -51,7 +51,9 @@ class Checkpointer:
     verified). ``allow_partial``: resume even if the checkpoint lacks some registered state.
     ``async_save``: model/optimizer files are written in a background thread; the checkpoint
     commits at the next save, :meth:`wait` or exit. ``sigterm``: on SIGTERM every rank saves at
-    its next :meth:`maybe_save` and the process exits with 143.
+    its next :meth:`maybe_save` and the process exits with 143. ``sign_key``: a file of random bytes;
+    each ``COMMIT`` then carries an HMAC-SHA256 of the manifest and :meth:`load` refuses a
+    checkpoint whose signature is missing or wrong (tamper evidence, not only corruption).
     """
 
     def __init__(
@@ -68,10 +70,12 @@ class Checkpointer:
         allow_partial: bool = False,
         async_save: bool = False,
         sigterm: bool = True,
+        sign_key: str | Path | None = None,
     ) -> None:
         if keep < 1:
             raise CheckpointError(f"keep={keep} must be at least 1 (the checkpoint being resumed from).")
         self.root = Path(directory)
+        self._key = manifest.read_key(sign_key) if sign_key is not None else None
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.loader, self.guard = loader, guard
         self.keep, self.allow_partial, self.async_save = keep, allow_partial, async_save
@@ -177,7 +181,7 @@ class Checkpointer:
         dist.barrier()  # every rank's files are on disk
         if self.ctx.is_main:
             final = manifest.step_dir(self.root, step)
-            manifest.commit(tmp, final, step)
+            manifest.commit(tmp, final, step, key=self._key)
             # The manifest's hashes were just computed from the fsynced files on disk; re-hashing
             # them again here would double the cost of every save for no new information. This
             # check confirms the committed folder is whole (marker, manifest, every file, sizes).
@@ -241,7 +245,7 @@ class Checkpointer:
         if self.ctx.is_main:
             folder = Path(path) if path is not None else self.latest()
             if folder is not None:
-                problem = manifest.check(folder, full=True)
+                problem = manifest.check(folder, full=True, key=self._key)
                 if problem is not None:
                     chosen[0] = ("error", problem.message)
                 else:

@@ -26,16 +26,19 @@ def clean_key(key: str) -> str:
     return ".".join(part for part in key.split(".") if part not in WRAPPER_PARTS)
 
 
-def consolidate(ckpt: str | Path, out: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+def consolidate(ckpt: str | Path, out: str | Path, *, dtype: torch.dtype | None = None,
+                sign_key: str | Path | None = None) -> Path:
     """Write the model weights of checkpoint ``ckpt`` (a ``step-N`` folder, or a Checkpointer folder
-    whose newest checkpoint is used) into one safetensors file; return its path."""
+    whose newest checkpoint is used) into one safetensors file; return its path. With ``sign_key``
+    the checkpoint's HMAC signature must match (see ``Checkpointer(sign_key=)``)."""
+    key = manifest.read_key(sign_key) if sign_key is not None else None
     folder = Path(ckpt)
     if not (folder / manifest.COMMIT).exists():
         newest = manifest.latest(folder)
         if newest is None:
             raise CheckpointError(f"{folder} holds no committed checkpoint; pass a step-N folder or a Checkpointer folder.")
         folder = newest
-    problem = manifest.check(folder, full=True)
+    problem = manifest.check(folder, full=True, key=key)
     if problem is not None:
         raise CheckpointError(f"Refusing to consolidate: {problem.message}.")
     metadata = read_metadata(folder / ".metadata")

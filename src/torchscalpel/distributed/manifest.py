@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -66,14 +67,35 @@ def _payload_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, COMMIT))
 
 
-def commit(tmp: Path, final: Path, step: int) -> None:
-    """Manifest, commit marker, atomic rename, parent fsync. Refuses to replace ``final``."""
+def read_key(path: str | Path) -> bytes:
+    """The HMAC key in file ``path`` (``sign_key=``): its bytes, at least 16 of them."""
+    try:
+        key = Path(path).read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"Cannot read the signing key {path} ({exc.strerror or exc}).") from None
+    if len(key.strip()) < 16:
+        raise CheckpointError(f"The signing key {path} holds {len(key.strip())} bytes; use at least 16 random bytes "
+                              "(e.g. head -c 32 /dev/urandom > KEY).")
+    return key
+
+
+def _signature(key: bytes, manifest_bytes: bytes) -> str:
+    return hmac.new(key, manifest_bytes, hashlib.sha256).hexdigest()
+
+
+def commit(tmp: Path, final: Path, step: int, *, key: bytes | None = None) -> None:
+    """Manifest, commit marker, atomic rename, parent fsync. Refuses to replace ``final``.
+
+    With ``key``, ``COMMIT`` also holds the HMAC-SHA256 of the manifest (tamper evidence).
+    """
     if final.exists():
         raise CheckpointError(f"{final} already exists; checkpoints are never overwritten (save a new step).")
     files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _payload_files(tmp)}
     manifest = json.dumps({"format": FORMAT_VERSION, "step": step, "files": files}, indent=1, sort_keys=True).encode()
     write_durable(tmp / MANIFEST, manifest)
     marker = {"step": step, "manifest_sha256": hashlib.sha256(manifest).hexdigest()}
+    if key is not None:
+        marker["hmac_sha256"] = _signature(key, manifest)
     write_durable(tmp / COMMIT, json.dumps(marker).encode())
     for sub in sorted({p.parent for p in _payload_files(tmp)} | {tmp}, key=lambda p: len(p.parts), reverse=True):
         fsync_path(sub)
@@ -110,11 +132,11 @@ def _manifest_problem(manifest: object) -> str | None:
     return None
 
 
-def check(folder: Path, *, full: bool = True) -> Problem | None:
+def check(folder: Path, *, full: bool = True, key: bytes | None = None) -> Problem | None:
     """None when ``folder`` is a complete checkpoint whose files match the manifest.
 
     ``full=False`` checks presence and sizes only (cheap, for listing); ``full=True`` also
-    re-hashes every file.
+    re-hashes every file. With ``key`` the manifest must carry a matching HMAC-SHA256 in ``COMMIT``.
     """
     marker_path, manifest_path = folder / COMMIT, folder / MANIFEST
     if not marker_path.is_file() or not manifest_path.is_file():
@@ -129,6 +151,12 @@ def check(folder: Path, *, full: bool = True) -> Problem | None:
         return Problem("tampered", f"{folder}/{COMMIT} is not a commit marker (no manifest_sha256)")
     if marker["manifest_sha256"] != hashlib.sha256(manifest_bytes).hexdigest():
         return Problem("tampered", f"{folder}/{MANIFEST} does not match the hash in {COMMIT}")
+    if key is not None:
+        signature = marker.get("hmac_sha256")
+        if not isinstance(signature, str):
+            return Problem("unsigned", f"{folder}/{COMMIT} carries no signature, and a signing key was given")
+        if not hmac.compare_digest(signature, _signature(key, manifest_bytes)):
+            return Problem("tampered", f"{folder}/{MANIFEST} does not match its signature under the given key")
     bad = _manifest_problem(manifest)
     if bad is not None:
         return Problem("tampered", f"{folder}/{MANIFEST} {bad}")
@@ -156,23 +184,23 @@ def is_step_folder(folder: Path) -> bool:
     return (folder / COMMIT).exists() or (folder / MANIFEST).exists() or bool(_STEP_RE.match(folder.name))
 
 
-def verify(folder: Path, *, action: str = "load") -> None:
+def verify(folder: Path, *, action: str = "load", key: bytes | None = None) -> None:
     """Raise :class:`CheckpointError` unless every file of ``folder`` matches its manifest (full hash).
 
     The one verification every reader (``Checkpointer.load``, ``consolidate``, ``scalpel export``)
     runs before it parses any file of the checkpoint.
     """
-    problem = check(folder, full=True)
+    problem = check(folder, full=True, key=key)
     if problem is not None:
         raise CheckpointError(f"Refusing to {action} {folder}: {problem.message}.")
 
 
-def newest_verified(root: Path) -> tuple[Path | None, list[str]]:
+def newest_verified(root: Path, key: bytes | None = None) -> tuple[Path | None, list[str]]:
     """The newest ``step-N`` under ``root`` whose files all match its manifest (full hash), and one
     line per newer step that was passed over and why."""
     skipped = []
     for _, folder in committed_steps(root):
-        problem = check(folder, full=True)
+        problem = check(folder, full=True, key=key)
         if problem is None:
             return folder, skipped
         skipped.append(f"{folder.name}: {problem.message}")

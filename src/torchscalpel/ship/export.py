@@ -64,6 +64,8 @@ class ExportOptions:
     output_names: list[str] | None = None
     preprocess: dict[str, Any] | None = None
     trust: bool = False
+    sign_key: Path | None = None
+    """HMAC key file: a torchscalpel checkpoint must carry a matching signature (``Checkpointer(sign_key=)``)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -167,7 +169,7 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     model = build_model(opts.model, opts.factory_args)
     loaded: LoadedWeights | None = None
     if opts.weights is not None:
-        loaded = load_weights(model, opts.weights, trust=opts.trust)
+        loaded = load_weights(model, opts.weights, trust=opts.trust, sign_key=opts.sign_key)
         for note in loaded.notes:
             log(f"weights: {note}")
         if loaded.stripped:

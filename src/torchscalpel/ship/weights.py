@@ -46,7 +46,8 @@ class LoadedWeights:
         return {"source": self.source, "nested_key": self.nested_key, "stripped_prefixes": dict(self.stripped)}
 
 
-def read_checkpoint(path: Path, *, trust: bool = False, notes: list[str] | None = None) -> tuple[dict[str, Any], str]:
+def read_checkpoint(path: Path, *, trust: bool = False, notes: list[str] | None = None,
+                    sign_key: Path | None = None) -> tuple[dict[str, Any], str]:
     """Read a checkpoint into a (possibly nested) dict and say which kind it was.
 
     A torchscalpel checkpoint (``step-N`` with ``MANIFEST.json`` and ``COMMIT``) is verified against
@@ -56,8 +57,11 @@ def read_checkpoint(path: Path, *, trust: bool = False, notes: list[str] | None 
     if not path.exists():
         raise UsageError(f"--weights {path} does not exist; check the path.")
     if path.is_dir():
-        path = _dcp_folder(path, notes if notes is not None else [])
+        path = _dcp_folder(path, notes if notes is not None else [], sign_key)
         return _read_dcp(path), f"dcp:{path.name}"
+    if sign_key is not None:
+        raise UsageError(f"--sign-key checks a torchscalpel checkpoint's signed manifest; {path} is a single file "
+                         "with none, so drop --sign-key or point --weights at the checkpoint folder.")
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -68,20 +72,24 @@ def read_checkpoint(path: Path, *, trust: bool = False, notes: list[str] | None 
     return _torch_load(path, trust=trust), "state_dict"
 
 
-def _dcp_folder(path: Path, notes: list[str]) -> Path:
+def _dcp_folder(path: Path, notes: list[str], sign_key: Path | None = None) -> Path:
     """The DCP folder to read for ``--weights path``, verified when it carries a manifest."""
     from torchscalpel.distributed import manifest
 
+    key = manifest.read_key(sign_key) if sign_key is not None else None
     has_manifest = (path / manifest.COMMIT).exists() or (path / manifest.MANIFEST).exists()
     if has_manifest:
-        manifest.verify(path, action="export")
+        manifest.verify(path, action="export", key=key)
         return path
     if (path / ".metadata").exists():
+        if key is not None:
+            raise ScalpelError(f"{path} is a plain DCP folder with no signed manifest, and a signing key was given; "
+                               "refusing to export it.")
         return path  # a plain DCP folder (no manifest to check); its metadata is still read safely
-    return latest_committed_step(path, notes)
+    return latest_committed_step(path, notes, key)
 
 
-def latest_committed_step(root: Path, notes: list[str] | None = None) -> Path:
+def latest_committed_step(root: Path, notes: list[str] | None = None, key: bytes | None = None) -> Path:
     """The newest ``step-N`` folder of a torchscalpel checkpoint root whose files match its manifest.
 
     torchscalpel.distributed.Checkpointer writes ``step-N/`` (DCP files plus ``MANIFEST.json`` and
@@ -96,7 +104,7 @@ def latest_committed_step(root: Path, notes: list[str] | None = None) -> Path:
             f"--weights folder {root} is neither a torch.distributed.checkpoint folder (no .metadata) nor a "
             "torchscalpel checkpoint root (no step-N folders); point it at a checkpoint or a weights file."
         )
-    chosen, skipped = manifest.newest_verified(root)
+    chosen, skipped = manifest.newest_verified(root, key)
     if chosen is None:
         raise ScalpelError(
             f"{root} holds no checkpoint that verifies against its manifest (newest: {skipped[0]}); "
@@ -177,10 +185,11 @@ def strip_prefixes(state_dict: dict[str, torch.Tensor], model_keys: set[str]) ->
     return out, dict(counts)
 
 
-def load_weights(model: torch.nn.Module, path: Path, *, trust: bool = False) -> LoadedWeights:
+def load_weights(model: torch.nn.Module, path: Path, *, trust: bool = False,
+                 sign_key: Path | None = None) -> LoadedWeights:
     """Load ``path`` into ``model`` strictly; raise listing every missing/unexpected/mis-shaped key."""
     notes: list[str] = []
-    raw, source = read_checkpoint(path, trust=trust, notes=notes)
+    raw, source = read_checkpoint(path, trust=trust, notes=notes, sign_key=sign_key)
     found, nested = _find_state_dict(raw)
     expected = model.state_dict()
     state, stripped = strip_prefixes(found, set(expected))
