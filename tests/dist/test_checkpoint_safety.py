@@ -297,3 +297,26 @@ def test_signed_checkpoint_detects_a_rewritten_manifest(single_rank, tmp_path):
     short.write_bytes(b"abc")
     with pytest.raises(sd.CheckpointError, match="at least 16"):
         sd.Checkpointer(root, model=model, sigterm=False, sign_key=short)
+
+
+def test_a_forked_child_does_not_keep_the_lock(single_rank, tmp_path):
+    """DataLoader workers are forked: one that outlives its killed parent must not block a relaunch."""
+    import subprocess
+
+    from helpers import cli_env
+
+    root = tmp_path / "ck"
+    script = _WRITER.replace("ckpt.save(1)", "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)")
+    env = cli_env()
+    parent = subprocess.Popen([sys.executable, "-c", script, str(root)], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert parent.stdout.readline().strip() == "holding", parent.stderr.read()
+        parent.kill()
+        parent.wait(timeout=30)
+        ckpt = sd.Checkpointer(root, model=nn.Linear(2, 2), sigterm=False)  # the child still runs
+        ckpt.close()
+    finally:
+        import signal
+
+        os.killpg(parent.pid, signal.SIGKILL)

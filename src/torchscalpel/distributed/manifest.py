@@ -275,6 +275,20 @@ _HELD: dict[tuple[int, int], list[int]] = {}  # (device, inode) of a lock file -
 _HELD_GUARD = threading.Lock()
 
 
+def _forget_locks_in_child() -> None:
+    # A forked child (a DataLoader worker) shares the lock's open file; closing its copy keeps the
+    # lock with the parent only, so a killed rank's lingering workers never block its relaunch.
+    for fd, _ in _HELD.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)
+
+
 def lock_root(root: Path) -> Callable[[], None]:
     """Take the writer lock of checkpoint folder ``root`` (``fcntl.flock`` on ``root/.writer.lock``);
     return the function that releases it.
