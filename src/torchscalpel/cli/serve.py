@@ -62,15 +62,11 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
-    except OSError as exc:
-        raise UsageError(f"Cannot bind {args.host}:{args.port} ({exc.strerror}); choose another --port or --host.") from None
+    from torchscalpel.serve.server import listen_socket
+
+    sock = listen_socket(args.host, args.port)
     port = sock.getsockname()[1]
-    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+    host = f"[{args.host}]" if sock.family == socket.AF_INET6 else args.host
     banner = (f"serving {bundle.path} ({runner.name}, max batch {min(config.max_batch, bundle.max_batch)}) "
               f"on http://{host}:{port}{' (token required)' if token else ''}")
 
