@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a valid port (0-65535).")
+    if not 0 <= args.threads <= 1024:
+        raise UsageError(f"--threads {args.threads} is not a thread count; pass 0 (the runtime decides) or 1 to 1024.")
     token = read_token(args.token_file) if args.token_file else None
     check_bind(args.host, token)
     from torchscalpel.serve.app import ServeConfig, create_app

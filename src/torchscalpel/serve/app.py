@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ from torchscalpel.serve.schema import ERROR_SCHEMA, predict_openapi
 from torchscalpel.serve.security import check_token, read_limited
 from torchscalpel.ship.bundle import Bundle
 from torchscalpel.ship.runners import Runner
+
+MAX_SECONDS = 86400.0
+"""Longest timeout a flag may set (a day); beyond that is a typo, and asyncio timers misbehave near inf."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -48,9 +52,14 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
-            raise ValueError("--max-batch must be at least 1")
-        if self.max_wait_ms < 0 or self.timeout_s <= 0 or self.body_timeout_s <= 0:
-            raise ValueError("--max-wait-ms must be >= 0 and the timeouts > 0")
+            raise ValueError(f"--max-batch must be at least 1, not {self.max_batch}")
+        # "not (x > 0)" and isfinite so that NaN (which compares false to everything) is refused too.
+        if not (math.isfinite(self.max_wait_ms) and 0 <= self.max_wait_ms <= MAX_SECONDS * 1e3):
+            raise ValueError(f"--max-wait-ms must be a number of milliseconds from 0 to {MAX_SECONDS * 1000:g}, "
+                             f"not {self.max_wait_ms:g}")
+        for flag, value in (("--timeout", self.timeout_s), ("--body-timeout", self.body_timeout_s)):
+            if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
+                raise ValueError(f"{flag} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {value:g}")
         if self.max_queue < 1 or self.max_body < 1:
             raise ValueError("--max-queue and --max-body must be at least 1")
 

@@ -38,12 +38,28 @@ def read_token(path: Path) -> str:
     if not path.is_file():
         raise UsageError(f"--token-file {path} does not exist.")
     mode = path.stat().st_mode
-    if os.name == "posix" and mode & (stat.S_IROTH | stat.S_IWOTH):
-        raise UsageError(f"--token-file {path} is readable by every user; run 'chmod 600 {path}'.")
-    lines = path.read_text(errors="strict").splitlines()
+    if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        # What the message asks for is what is accepted: owner-only (600 or stricter).
+        raise UsageError(f"--token-file {path} has mode {stat.S_IMODE(mode):o}, open to other users; "
+                         f"run 'chmod 600 {path}'.")
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(64 << 10)
+    except OSError as exc:
+        raise UsageError(f"--token-file {path} cannot be read ({exc.strerror}).") from None
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        # HTTP headers carry bytes that servers decode as Latin-1: a non-ASCII token could never match.
+        raise UsageError(f"The token in {path} has non-ASCII bytes, which no Authorization header can match; "
+                         "use e.g. 'openssl rand -hex 32'.") from None
+    lines = text.splitlines()
     token = lines[0].strip() if lines else ""
     if len(token) < MIN_TOKEN_LENGTH:
         raise UsageError(f"The token in {path} is shorter than {MIN_TOKEN_LENGTH} characters; use e.g. 'openssl rand -hex 32'.")
+    if not all(33 <= ord(ch) < 127 for ch in token):
+        raise UsageError(f"The token in {path} has spaces or control characters, which clients cannot send reliably; "
+                         "use e.g. 'openssl rand -hex 32'.")
     return token
 
 
