@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     token = read_token(args.token_file) if args.token_file else None
     check_bind(args.host, token)
     from torchscalpel.serve.app import ServeConfig, create_app
-    from torchscalpel.serve.backends import load_runner
+    from torchscalpel.serve.backends import check_runner, load_runner
     from torchscalpel.ship.bundle import verify_bundle
 
     try:
@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{exc}.") from None
     bundle = verify_bundle(args.bundle)
     runner = load_runner(bundle, args.backend, trust=args.trust, quantized=args.quantized, threads=args.threads)
+    check_runner(bundle, runner)
     app = create_app(bundle, runner, config)
 
     import uvicorn
