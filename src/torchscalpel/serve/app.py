@@ -25,7 +25,7 @@ from torchscalpel.serve.codec import InputSpec, decode
 from torchscalpel.serve.errors import RequestError
 from torchscalpel.serve.metrics import Metrics
 from torchscalpel.serve.schema import ERROR_SCHEMA, predict_openapi
-from torchscalpel.serve.security import check_token, read_limited
+from torchscalpel.serve.security import CLIENT_CLOSED, check_token, read_limited
 from torchscalpel.ship.bundle import Bundle
 from torchscalpel.ship.runners import Runner
 
@@ -73,8 +73,40 @@ def _jsonable(arr: np.ndarray) -> list:
     return arr.tolist()
 
 
+class AsciiJSONResponse(JSONResponse):
+    """JSON with every non-ASCII character escaped: a reason quoting a client's lone surrogate still encodes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def _error(exc: RequestError) -> JSONResponse:
-    return JSONResponse({"error": exc.reason}, status_code=exc.status, headers=exc.headers)
+    return AsciiJSONResponse({"error": exc.reason}, status_code=exc.status, headers=exc.headers)
+
+
+class FramingGuard:
+    """ASGI middleware: a request with both Content-Length and Transfer-Encoding answers 400 and closes.
+
+    RFC 9112 section 6.3: such a message may be a request-smuggling attempt; the server must close
+    the connection after answering. h11 would silently prefer the chunked framing and keep it open.
+    """
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            names = {k.lower() for k, _ in scope.get("headers", ())}
+            if b"content-length" in names and b"transfer-encoding" in names:
+                self.metrics.record_refused("content_length_with_transfer_encoding")
+                body = b'{"error":"a request may not carry both Content-Length and Transfer-Encoding"}'
+                await send({"type": "http.response.start", "status": 400,
+                            "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
@@ -135,6 +167,8 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
                        "batch_size": int(arrays[0].shape[0])}
             response: Response = Response(json.dumps(payload, allow_nan=False), media_type="application/json")
         except RequestError as exc:
+            if exc.status == CLIENT_CLOSED:
+                metrics.record_refused("client_closed_mid_body")
             response = _error(exc)
         finally:
             if arriving:
@@ -184,6 +218,7 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
         return PlainTextResponse(metrics.render(batcher.stats, batcher.depth),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    app.add_middleware(FramingGuard, metrics=metrics)
     app.state.metrics = metrics
     app.state.serve_state = state
     return app

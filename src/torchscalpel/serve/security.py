@@ -21,6 +21,8 @@ from torchscalpel.errors import UsageError
 from torchscalpel.serve.errors import RequestError
 
 MIN_TOKEN_LENGTH = 16
+CLIENT_CLOSED = 499
+"""Status recorded (never seen by anyone) for a client that hung up mid-body."""
 
 
 def is_loopback(host: str) -> bool:
@@ -85,6 +87,8 @@ def check_token(header: str | None, token: str | None) -> None:
 
 async def read_limited(stream: AsyncIterator[bytes], content_length: str | None, limit: int, timeout_s: float) -> bytes:
     """Read a request body, counting bytes as they arrive; 413 over ``limit``, 408 past ``timeout_s``."""
+    from starlette.requests import ClientDisconnect
+
     if content_length is not None:
         try:
             declared = int(content_length)
@@ -104,4 +108,7 @@ async def read_limited(stream: AsyncIterator[bytes], content_length: str | None,
         await asyncio.wait_for(_read(), timeout_s)
     except TimeoutError:
         raise RequestError(408, f"body not received within {timeout_s:g} s") from None
+    except ClientDisconnect:
+        # Nobody is left to answer; 499 (nginx's "client closed request") is what /metrics counts.
+        raise RequestError(CLIENT_CLOSED, "client closed the connection before sending the whole body") from None
     return bytes(buf)
