@@ -49,6 +49,14 @@ class ServeConfig:
     body_timeout_s: float = 10.0
     """A body that takes longer to arrive answers 408 (slow clients)."""
     token: str | None = None
+    header_timeout_s: float = 10.0
+    """A connection that has not sent a whole request head within this is closed (slowloris, idle sockets)."""
+    keepalive_s: float = 5.0
+    """An idle keep-alive connection is closed after this."""
+    max_connections_per_client: int = 256
+    """Open connections one client address may hold; more are closed at once."""
+    max_connections: int = 1024
+    """Open connections in all; more are closed at once."""
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -57,11 +65,15 @@ class ServeConfig:
         if not (math.isfinite(self.max_wait_ms) and 0 <= self.max_wait_ms <= MAX_SECONDS * 1e3):
             raise ValueError(f"--max-wait-ms must be a number of milliseconds from 0 to {MAX_SECONDS * 1000:g}, "
                              f"not {self.max_wait_ms:g}")
-        for flag, value in (("--timeout", self.timeout_s), ("--body-timeout", self.body_timeout_s)):
+        for flag, value in (("--timeout", self.timeout_s), ("--body-timeout", self.body_timeout_s),
+                            ("--header-timeout", self.header_timeout_s), ("--keepalive-timeout", self.keepalive_s)):
             if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
                 raise ValueError(f"{flag} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {value:g}")
         if self.max_queue < 1 or self.max_body < 1:
             raise ValueError("--max-queue and --max-body must be at least 1")
+        if not 1 <= self.max_connections_per_client <= self.max_connections <= 1 << 20:
+            raise ValueError(f"--max-connections-per-client ({self.max_connections_per_client}) must be at least 1 "
+                             f"and at most --max-connections ({self.max_connections}, at most {1 << 20})")
 
 
 def _jsonable(arr: np.ndarray) -> list:
