@@ -20,6 +20,11 @@ import numpy as np
 
 from torchscalpel.serve.errors import RequestError
 
+try:
+    import msgspec as _msgspec
+except ImportError:  # pragma: no cover - the stdlib parser is the fallback
+    _msgspec = None  # type: ignore[assignment]
+
 NPY_TYPES = ("application/x-npy", "application/octet-stream")
 JSON_TYPES = ("application/json",)
 
@@ -93,10 +98,24 @@ def check_array(arr: np.ndarray, spec: InputSpec, max_batch: int) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
+def _parse_json(body: bytes) -> Any:
+    """msgspec when installed (4x faster than json, so a large body holds the GIL a quarter as long).
+
+    What msgspec refuses but json accepts (NaN literals, which the checks below name, and lone
+    surrogates) is parsed again by json so that the answer stays the same either way.
+    """
+    if _msgspec is not None:
+        try:
+            return _msgspec.json.decode(body)
+        except (_msgspec.DecodeError, _msgspec.ValidationError):
+            pass
+    return json.loads(body)
+
+
 def decode_json(body: bytes, specs: list[InputSpec], max_batch: int) -> list[np.ndarray]:
     """Parse a JSON body into one validated array per input (manifest order)."""
     try:
-        doc = json.loads(body)
+        doc = _parse_json(body)
     except (ValueError, RecursionError) as exc:
         # ValueError covers UnicodeDecodeError and over-long integer literals too.
         raise _fail(f"body is not valid JSON ({_clean(exc)})") from None
