@@ -14,6 +14,12 @@ only HTTP overhead. Concurrency 1, 10 and 100 closed-loop clients (a lean asynci
 with keep-alive), variants interleaved round by round so background load hits them alike.
 
     OMP_NUM_THREADS=1 python benchmarks/serve_load.py --seconds 6 --rounds 2 --json load.json
+
+``--keepalive`` measures only the HTTP path of `scalpel serve`: c=1/10/100 keep-alive clients
+looping ``GET /healthz`` (no model call), so a per-response stall such as Nagle + delayed ACK
+(~40 ms on Linux when TCP_NODELAY is missing) shows as the whole latency:
+
+    OMP_NUM_THREADS=1 python benchmarks/serve_load.py --keepalive --seconds 3
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ def plain_server(bundle: Path) -> None:
         out = sess.run(None, {name: x})[0]
         return Response(json.dumps({"outputs": {"output": out.tolist()}}), media_type="application/json")
 
-    sock = socket.socket()
+    # IPPROTO_TCP as uvicorn.run makes it: with proto 0 asyncio skips TCP_NODELAY (~40 ms per response).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind((HOST, 0))
     print(f"plain on http://{HOST}:{sock.getsockname()[1]}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
@@ -109,6 +116,47 @@ def summarize(lat: list[float], errors: list[int], wall: float) -> dict:
             "p50_ms": round(q[49] * 1e3, 1), "p90_ms": round(q[89] * 1e3, 1), "p99_ms": round(q[98] * 1e3, 1)}
 
 
+def keepalive_main(args: argparse.Namespace) -> int:
+    """Keep-alive latency of `scalpel serve` on a tiny bundle (GET /healthz; no model call)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from fixtures.serve_bundles import linear_manifest
+    from torchscalpel.ship.bundle import write_manifest
+
+    bundle = Path(tempfile.mkdtemp(prefix="serve-keepalive-")) / "b"
+    bundle.mkdir()
+    write_manifest(bundle, linear_manifest())
+    proc, port = start([sys.executable, "-c", KEEPALIVE_SERVER, str(bundle)])
+    request = f"GET /healthz HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    results = {}
+    try:
+        asyncio.run(measure(port, request, 2, 0.5))
+        for conc in levels:
+            lat, err, wall = asyncio.run(measure(port, request, conc, args.seconds))
+            results[str(conc)] = summarize(lat, err, wall)
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    print(f"{'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>6}")
+    for conc, r in results.items():
+        print(f"{conc:>4} {r['throughput_rps']:>8} {r['p50_ms']:>8} {r['p90_ms']:>8} {r['p99_ms']:>8} {r['errors']:>6}")
+    if args.json:
+        args.json.write_text(json.dumps({"keepalive_healthz": results, "cpu_count": os.cpu_count()}, indent=2))
+    return 0
+
+
+KEEPALIVE_SERVER = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from fixtures.serve_bundles import LinearRunner
+from torchscalpel.cli.main import main
+import torchscalpel.serve.backends as backends
+backends.load_runner = lambda *a, **k: LinearRunner()
+raise SystemExit(main(["serve", sys.argv[1], "--port", "0"]))
+""".format(tests=str(REPO / "tests"))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", type=Path, help="an exported bundle taking float32[*, 2048] (default: export the MLP)")
@@ -116,11 +164,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", default="1,10,100")
     p.add_argument("--json", type=Path)
+    p.add_argument("--keepalive", action="store_true", help="only keep-alive GET /healthz latency at each concurrency")
     p.add_argument("--plain-server", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.plain_server:
         plain_server(args.plain_server)
         return 0
+    if args.keepalive:
+        return keepalive_main(args)
     tmp = tempfile.mkdtemp(prefix="serve-load-")
     bundle = args.bundle
     if bundle is None:

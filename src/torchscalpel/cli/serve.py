@@ -31,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="largest request body (default 10MiB); larger answers 413. KB/MB/GB are 10^3/10^6/10^9 bytes, "
                         "KiB/MiB/GiB 2^10/2^20/2^30, a bare number is bytes")
     p.add_argument("--body-timeout", type=float, default=10.0, help="seconds to receive a body before 408 (default 10)")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection has to send a request's headers before it is closed (default 10)")
+    p.add_argument("--keepalive-timeout", type=float, default=5.0,
+                   help="seconds an idle keep-alive connection stays open (default 5)")
+    p.add_argument("--max-connections", type=int, default=1024, help="open connections in all; more are closed (default 1024)")
+    p.add_argument("--max-connections-per-client", type=int, default=256,
+                   help="open connections per client address; more are closed (default 256)")
     p.add_argument("--token-file", type=Path, help="file whose first line is the bearer token clients must send")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads for the model (default 0: runtime decides)")
     p.add_argument("--trust", action="store_true", help="allow .pt2/TorchScript artifacts, which unpickle code")
@@ -44,33 +51,34 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a valid port (0-65535).")
+    if not 0 <= args.threads <= 1024:
+        raise UsageError(f"--threads {args.threads} is not a thread count; pass 0 (the runtime decides) or 1 to 1024.")
     token = read_token(args.token_file) if args.token_file else None
     check_bind(args.host, token)
     from torchscalpel.serve.app import ServeConfig, create_app
-    from torchscalpel.serve.backends import load_runner
+    from torchscalpel.serve.backends import check_runner, load_runner
     from torchscalpel.ship.bundle import verify_bundle
 
     try:
         config = ServeConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
                              timeout_s=args.timeout, max_body=parse_size(args.max_body, flag="--max-body"),
-                             body_timeout_s=args.body_timeout, token=token)
+                             body_timeout_s=args.body_timeout, token=token, header_timeout_s=args.header_timeout,
+                             keepalive_s=args.keepalive_timeout, max_connections=args.max_connections,
+                             max_connections_per_client=args.max_connections_per_client)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
     bundle = verify_bundle(args.bundle)
     runner = load_runner(bundle, args.backend, trust=args.trust, quantized=args.quantized, threads=args.threads)
+    check_runner(bundle, runner)
     app = create_app(bundle, runner, config)
 
     import uvicorn
 
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
-    except OSError as exc:
-        raise UsageError(f"Cannot bind {args.host}:{args.port} ({exc.strerror}); choose another --port or --host.") from None
+    from torchscalpel.serve.server import listen_socket, uvicorn_settings
+
+    sock = listen_socket(args.host, args.port)
     port = sock.getsockname()[1]
-    host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
+    host = f"[{args.host}]" if sock.family == socket.AF_INET6 else args.host
     banner = (f"serving {bundle.path} ({runner.name}, max batch {min(config.max_batch, bundle.max_batch)}) "
               f"on http://{host}:{port}{' (token required)' if token else ''}")
 
@@ -81,12 +89,7 @@ def run(args: argparse.Namespace) -> int:
                 # Printed only once the socket accepts and the model is warm: scripts wait for this line.
                 print(banner, flush=True)
 
-    server = _Server(uvicorn.Config(
-        app, log_level="warning", access_log=False,
-        # A backstop above the batcher's own queue: beyond this uvicorn answers 503 itself.
-        limit_concurrency=config.max_queue + 512,
-        timeout_keep_alive=5, h11_max_incomplete_event_size=64 * 1024,
-    ))
+    server = _Server(uvicorn.Config(app, log_level="warning", access_log=False, **uvicorn_settings(app, config)))
     try:
         server.run(sockets=[sock])
     finally:

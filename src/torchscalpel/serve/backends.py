@@ -43,3 +43,36 @@ def load_runner(bundle: Bundle, backend: str, *, trust: bool = False, quantized:
         assert path is not None
         return exported_runner(path) if kind == "exported" else torchscript_runner(path)
     raise UsageError(f"--backend takes {' or '.join(BACKENDS)}, not {backend!r}.")
+
+
+def check_runner(bundle: Bundle, runner: Runner) -> None:
+    """Run the model once on the manifest's inputs; refuse (one sentence) a model the manifest does not describe.
+
+    A manifest edited to name more (or fewer) outputs than the model returns, or inputs the model
+    does not take, would otherwise start a server that answers 500 to every request.
+    """
+    import numpy as np
+
+    specs = bundle.inputs
+    static = specs[0]["shape"][0] is not None
+    rows = bundle.max_batch if static else 1
+    warm = []
+    for s in specs:
+        low = (s.get("range") or [0])[0]
+        warm.append(np.full((rows, *s["shape"][1:]), low, dtype=np.dtype(s["dtype"])))
+    try:
+        outputs = runner(warm)
+    except Exception as exc:  # any runtime's own error types: the model rejected the manifest's inputs
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise UsageError(f"The model in {bundle.path} does not take the inputs its manifest describes ({first}); "
+                         "re-run 'scalpel export'.") from None
+    declared = bundle.outputs
+    if len(outputs) != len(declared):
+        raise UsageError(f"The manifest of {bundle.path} names {len(declared)} outputs but the model returns "
+                         f"{len(outputs)}; re-run 'scalpel export'.")
+    for spec, out in zip(declared, outputs, strict=True):
+        shape = getattr(out, "shape", ())
+        want = spec["shape"]
+        if len(shape) != len(want) or any(w is not None and w != g for w, g in zip(want[1:], shape[1:], strict=True)):
+            raise UsageError(f"Output {spec['name'][:60]!r} of {bundle.path} has shape {tuple(shape)} but the manifest "
+                             f"says {want}; re-run 'scalpel export'.")

@@ -55,6 +55,12 @@ class Metrics:
         self.request_latency = Histogram(LATENCY_BUCKETS)
         self.inference_latency = Histogram(LATENCY_BUCKETS)
         self.batch_size = Histogram(BATCH_BUCKETS)
+        self.refused: Counter[str] = Counter()
+        """Requests or connections refused below the endpoints (bad framing, hung-up clients, limits), by reason."""
+
+    def record_refused(self, reason: str) -> None:
+        """Count one request or connection refused or closed before (or instead of) an endpoint's answer."""
+        self.refused[reason] += 1
 
     def record_request(self, path: str, status: int, seconds: float) -> None:
         """Count one answered request (predict latency goes into the histogram)."""
@@ -91,6 +97,9 @@ class Metrics:
                   "# HELP scalpel_timeouts_total Requests answered 504.",
                   "# TYPE scalpel_timeouts_total counter",
                   f"scalpel_timeouts_total {stats.dropped_timeouts}",
+                  "# HELP scalpel_refused_total Requests and connections refused or closed early, by reason.",
+                  "# TYPE scalpel_refused_total counter",
+                  *(f'scalpel_refused_total{{reason="{r}"}} {n}' for r, n in sorted(self.refused.items())),
                   "# HELP scalpel_queue_depth Requests waiting for a batch.",
                   "# TYPE scalpel_queue_depth gauge",
                   f"scalpel_queue_depth {queue_depth}"]

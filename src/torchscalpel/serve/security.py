@@ -21,6 +21,8 @@ from torchscalpel.errors import UsageError
 from torchscalpel.serve.errors import RequestError
 
 MIN_TOKEN_LENGTH = 16
+CLIENT_CLOSED = 499
+"""Status recorded (never seen by anyone) for a client that hung up mid-body."""
 
 
 def is_loopback(host: str) -> bool:
@@ -38,12 +40,28 @@ def read_token(path: Path) -> str:
     if not path.is_file():
         raise UsageError(f"--token-file {path} does not exist.")
     mode = path.stat().st_mode
-    if os.name == "posix" and mode & (stat.S_IROTH | stat.S_IWOTH):
-        raise UsageError(f"--token-file {path} is readable by every user; run 'chmod 600 {path}'.")
-    lines = path.read_text(errors="strict").splitlines()
+    if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
+        # What the message asks for is what is accepted: owner-only (600 or stricter).
+        raise UsageError(f"--token-file {path} has mode {stat.S_IMODE(mode):o}, open to other users; "
+                         f"run 'chmod 600 {path}'.")
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(64 << 10)
+    except OSError as exc:
+        raise UsageError(f"--token-file {path} cannot be read ({exc.strerror}).") from None
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        # HTTP headers carry bytes that servers decode as Latin-1: a non-ASCII token could never match.
+        raise UsageError(f"The token in {path} has non-ASCII bytes, which no Authorization header can match; "
+                         "use e.g. 'openssl rand -hex 32'.") from None
+    lines = text.splitlines()
     token = lines[0].strip() if lines else ""
     if len(token) < MIN_TOKEN_LENGTH:
         raise UsageError(f"The token in {path} is shorter than {MIN_TOKEN_LENGTH} characters; use e.g. 'openssl rand -hex 32'.")
+    if not all(33 <= ord(ch) < 127 for ch in token):
+        raise UsageError(f"The token in {path} has spaces or control characters, which clients cannot send reliably; "
+                         "use e.g. 'openssl rand -hex 32'.")
     return token
 
 
@@ -69,6 +87,8 @@ def check_token(header: str | None, token: str | None) -> None:
 
 async def read_limited(stream: AsyncIterator[bytes], content_length: str | None, limit: int, timeout_s: float) -> bytes:
     """Read a request body, counting bytes as they arrive; 413 over ``limit``, 408 past ``timeout_s``."""
+    from starlette.requests import ClientDisconnect
+
     if content_length is not None:
         try:
             declared = int(content_length)
@@ -88,4 +108,7 @@ async def read_limited(stream: AsyncIterator[bytes], content_length: str | None,
         await asyncio.wait_for(_read(), timeout_s)
     except TimeoutError:
         raise RequestError(408, f"body not received within {timeout_s:g} s") from None
+    except ClientDisconnect:
+        # Nobody is left to answer; 499 (nginx's "client closed request") is what /metrics counts.
+        raise RequestError(CLIENT_CLOSED, "client closed the connection before sending the whole body") from None
     return bytes(buf)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from torchscalpel.errors import RecordVersionError, ScalpelError, UsageError
 from torchscalpel.fileio import atomic_write_text, sha256_file
@@ -75,24 +75,133 @@ class Bundle:
         return int(self.manifest.get("max_batch", 1))
 
 
+MAX_MANIFEST_BYTES = 16 << 20
+"""A manifest is a few kB; a bigger file is not one export wrote."""
+MAX_INPUT_BYTES = 1 << 32
+"""Largest input (or output) one model call may take at the bundle's max batch (4 GiB)."""
+DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+"""Tensor dtypes a manifest may name (what export writes and the server can decode)."""
+_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
+
+
+try:
+    import msgspec
+except ImportError:  # pragma: no cover - msgspec ships with the serve and trace extras
+    msgspec = None  # type: ignore[assignment]
+
+if msgspec is not None:
+    _Dim = Annotated[int, msgspec.Meta(ge=1, le=1 << 40)]
+    _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+    _Path = Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    _Sha = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+    class _TensorSpec(msgspec.Struct):
+        name: _Name
+        dtype: str
+        shape: Annotated[list[_Dim | None], msgspec.Meta(max_length=16)]
+        dynamic_dims: dict[str, str] = {}
+        range: Annotated[list[int], msgspec.Meta(min_length=2, max_length=2)] | None = None
+
+    class _Parity(msgspec.Struct):
+        passed: bool
+
+    class _Model(msgspec.Struct, rename={"class_": "class"}):
+        class_: str | None = None
+
+    class _ManifestSchema(msgspec.Struct):
+        """The fields readers use, with their types; unknown fields are allowed (newer minors add some)."""
+
+        format: str
+        format_version: Annotated[str, msgspec.Meta(pattern=r"^[0-9]{1,4}\.[0-9]{1,4}$")]
+        model: _Model
+        inputs: Annotated[list[_TensorSpec], msgspec.Meta(min_length=1, max_length=256)]
+        outputs: Annotated[list[_TensorSpec], msgspec.Meta(min_length=1, max_length=256)]
+        parity: _Parity
+        max_batch: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 1
+        artifacts: dict[_Name, _Name] = {}
+        files: dict[_Path, _Sha] = {}
+
+
+def _check_tensors(kind: str, specs: list[dict[str, Any]], max_batch: int) -> str | None:
+    """What is wrong with the ``inputs``/``outputs`` list beyond field types, or None."""
+    names = [s["name"] for s in specs]
+    if len(set(names)) != len(names):
+        return f"{kind} names are not unique"
+    for spec in specs:
+        label = f"{kind[:-1]} {spec['name'][:60]!r}"
+        if spec["dtype"] not in DTYPES:
+            return f"{label} has dtype {str(spec['dtype'])[:40]!r}, not one of {', '.join(DTYPES)}"
+        shape = spec["shape"]
+        if not shape:
+            return f"{label} has no batch dimension"
+        if any(d is None for d in shape[1:]):
+            return f"{label} has a dynamic dimension other than the first (the batch)"
+        rows = max_batch if shape[0] is None else shape[0]
+        size = rows * _ITEMSIZE[spec["dtype"]]
+        for d in shape[1:]:
+            size *= d
+        if size > MAX_INPUT_BYTES:
+            return f"{label} of shape {shape} takes {size:.3g} bytes at batch {rows}, over the {MAX_INPUT_BYTES >> 30} GiB limit"
+        rng = spec.get("range")
+        if rng is not None and (spec["dtype"] in ("float16", "float32", "float64", "bool") or rng[0] >= rng[1]):
+            return f"{label} has a range {rng} that is not [low, high) of an integer input"
+    return None
+
+
+def validate_manifest(manifest: Any, path: Path) -> None:
+    """Check the manifest against its schema; raise :class:`UsageError` (one sentence) naming the first problem."""
+    if msgspec is None:  # pragma: no cover
+        raise UsageError("Reading a bundle needs msgspec; run 'pip install msgspec'.")
+    try:
+        msgspec.convert(manifest, _ManifestSchema)
+    except msgspec.ValidationError as exc:
+        raise UsageError(f"{path} does not match the bundle manifest schema ({str(exc)[:200]}); "
+                         "re-run 'scalpel export' rather than editing it.") from None
+    inputs, outputs, max_batch = manifest["inputs"], manifest["outputs"], manifest.get("max_batch", 1)
+    problem = _check_tensors("inputs", inputs, max_batch) or _check_tensors("outputs", outputs, max_batch)
+    if problem is None:
+        batches = {s["shape"][0] for s in inputs}
+        if len(batches) > 1 and None in batches:
+            problem = "some inputs have a dynamic batch and others a fixed one"
+        elif None not in batches and batches != {max_batch}:
+            problem = f"a fixed-batch export has max_batch {max_batch} but inputs of batch {sorted(batches)}"
+    if problem is None:
+        for kind, name in manifest.get("artifacts", {}).items():
+            if "/" in name or "\\" in name or name in (".", ".."):
+                problem = f"the {kind[:40]} artifact {name[:80]!r} is not a plain file name"
+                break
+    if problem is not None:
+        raise UsageError(f"{path} is not a valid bundle manifest: {problem}; re-run 'scalpel export'.")
+
+
 def read_manifest(folder: Path) -> dict[str, Any]:
-    """Parse and version-check ``manifest.json`` (no hashing)."""
+    """Parse, schema-check and version-check ``manifest.json`` (no hashing); every refusal is one sentence."""
     if not folder.is_dir():
         raise UsageError(f"Bundle {folder} is not a folder; pass the --out folder of 'scalpel export'.")
     path = folder / MANIFEST
     if not path.is_file():
         raise UsageError(f"{folder} has no {MANIFEST}; pass a folder written by 'scalpel export'.")
     try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ScalpelError(f"{path} is not valid JSON ({exc}); re-run 'scalpel export'.") from None
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"Cannot read {path} ({exc.strerror}).") from None
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise UsageError(f"{path} is over {MAX_MANIFEST_BYTES >> 20} MiB, which no export writes; re-run 'scalpel export'.")
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON or bytes; RecursionError: deep nesting
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:120]
+        raise UsageError(f"{path} is not valid JSON ({reason}); re-run 'scalpel export'.") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ScalpelError(f"{path} is not a torchscalpel bundle manifest; re-run 'scalpel export'.")
-    version = str(manifest.get("format_version", "0.0"))
-    if int(version.split(".")[0]) > int(FORMAT_VERSION.split(".")[0]):
+        raise UsageError(f"{path} is not a torchscalpel bundle manifest; re-run 'scalpel export'.")
+    version = manifest.get("format_version")
+    major = version.partition(".")[0] if isinstance(version, str) and len(version) <= 9 else ""
+    if major.isdigit() and int(major) > int(FORMAT_VERSION.split(".")[0]):
         raise RecordVersionError(
-            f"Bundle format {version} is newer than this torchscalpel reads ({FORMAT_VERSION}); upgrade torchscalpel."
-        )
+                f"Bundle format {version} is newer than this torchscalpel reads ({FORMAT_VERSION}); upgrade torchscalpel."
+            )
+    validate_manifest(manifest, path)
     return manifest
 
 
@@ -101,14 +210,21 @@ def verify_bundle(folder: Path) -> Bundle:
     manifest = read_manifest(folder)
     files = manifest.get("files") or {}
     problems = []
+    root = folder.resolve()
     for rel, want in files.items():
-        target = (folder / rel).resolve()
-        if folder.resolve() not in target.parents:
-            problems.append(f"{rel} points outside the bundle")
-        elif not target.is_file():
-            problems.append(f"{rel} is missing")
-        elif sha256_file(target) != want:
-            problems.append(f"{rel} has changed")
+        shown = rel[:80]
+        try:
+            target = (folder / rel).resolve()
+            if root not in target.parents:
+                problems.append(f"{shown} points outside the bundle")
+            elif not target.is_file():
+                problems.append(f"{shown} is missing")
+            elif sha256_file(target) != want:
+                problems.append(f"{shown} has changed")
+        except (OSError, RuntimeError, ValueError):  # symlink loop (RuntimeError on 3.11), NUL byte, unreadable
+            problems.append(f"{shown} cannot be resolved or read (a symlink loop?)")
+        if len(problems) >= 5:
+            break
     for kind, name in (manifest.get("artifacts") or {}).items():
         if name not in files:
             problems.append(f"{kind} file {name} has no hash in the manifest")
@@ -116,6 +232,6 @@ def verify_bundle(folder: Path) -> Bundle:
         raise ScalpelError(
             f"Bundle {folder} failed verification ({'; '.join(problems)}); re-export it rather than serving modified files."
         )
-    if not (manifest.get("parity") or {}).get("passed", False):
+    if manifest["parity"]["passed"] is not True:
         raise ScalpelError(f"Bundle {folder} did not pass its parity check at export; fix the export first.")
     return Bundle(path=folder, manifest=manifest)
