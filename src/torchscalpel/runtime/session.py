@@ -398,7 +398,7 @@ def run_target(
     try:
         attachment.attach()
         sys.argv = target.argv()
-        run_as_main(target)
+        _park_if_distributed(run_as_main(target))
     except StopScript:
         status = "stopped"
     except SystemExit as exc:
@@ -422,19 +422,39 @@ def one_line_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
 
 
-def run_as_main(target: Target) -> None:
+def run_as_main(target: Target) -> dict[str, Any]:
     """Execute the script or module as ``__main__`` with ``sys.path[0]`` set as Python would.
 
-    The caller sets ``sys.argv`` and restores ``sys.argv`` / ``sys.path`` afterwards.
+    Returns the script's globals (runpy's copy). The caller sets ``sys.argv`` and restores
+    ``sys.argv`` / ``sys.path`` afterwards.
     """
     if target.module:
         sys.path.insert(0, os.getcwd())
-        runpy.run_module(target.module, run_name="__main__", alter_sys=True)
-    else:
-        assert target.script is not None
-        script = target.script.resolve()
-        sys.path.insert(0, str(script if script.is_dir() else script.parent))
-        runpy.run_path(str(script), run_name="__main__")
+        return runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+    assert target.script is not None
+    script = target.script.resolve()
+    sys.path.insert(0, str(script if script.is_dir() else script.parent))
+    return runpy.run_path(str(script), run_name="__main__")
+
+
+_PARKED_GLOBALS: list[dict[str, Any]] = []
+"""Globals of finished scripts that held a DDP model, kept until the process exits."""
+
+
+def _park_if_distributed(script_globals: dict[str, Any]) -> None:
+    """Keep a finished script's DDP model alive instead of freeing it here.
+
+    Why: a DDP model's Reducer owns the gloo process group; freeing it joins gloo's worker
+    threads while this thread holds the GIL, and a worker still releasing a finished collective
+    needs the GIL: a deadlock, seen on 2-rank CPU runs (py-spy: ``~Reducer`` -> ``~ProcessGroupGloo``
+    -> ``thread::join`` against ``AsyncWork::~AsyncWork`` -> ``gil_scoped_acquire``). Under plain
+    ``python SCRIPT`` these objects live until interpreter exit, so parking them keeps the script's
+    own lifetime; the process then ends as the script's would.
+    """
+    ddp = sys.modules.get("torch.nn.parallel.distributed")
+    ddp_cls = getattr(ddp, "DistributedDataParallel", None)
+    if ddp_cls is not None and any(isinstance(v, ddp_cls) for v in list(script_globals.values())):
+        _PARKED_GLOBALS.append(script_globals)
 
 
 def exit_code_of(code: Any) -> int:
