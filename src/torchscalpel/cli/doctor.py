@@ -115,15 +115,19 @@ def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
     from rich.console import Console
 
-    from torchscalpel.doctor.api import check_static
     from torchscalpel.doctor.output import reaches, render_terminal
-    from torchscalpel.doctor.static import iter_python_files
+    from torchscalpel.doctor.registry import rank_findings
+    from torchscalpel.doctor.static import analyze_paths, iter_python_files
 
     files = list(iter_python_files(args.static))
-    findings = check_static(files)
-    render_terminal(findings, Console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)")
-    _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files]})
-    return 1 if reaches(findings, fail_on) else 0
+    skipped: list[Any] = []
+    findings = rank_findings(analyze_paths(files, not_analysed=skipped))
+    render_terminal(findings, Console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)",
+                    not_analysed=skipped)
+    _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files],
+                                    "not_analysed": [s.to_dict() for s in skipped]})
+    # A CI gate never passes code it could not read.
+    return 1 if reaches(findings, fail_on) or (fail_on is not None and skipped) else 0
 
 
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
