@@ -15,7 +15,14 @@ def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> Path:
 
     A crash mid-write never leaves half a file in place of a good one; the temp file is removed
     on failure. ``mode`` is set explicitly because ``mkstemp`` creates files private to the user.
+    An existing path that is not a regular file (``/dev/stdout``, ``/dev/full``, a pipe) is written
+    to in place: a rename would replace the device node itself (as root, ``/dev/full`` became a file).
     """
+    path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with path.open("w", encoding="utf-8") as fh:
+            fh.write(text)
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -88,7 +95,8 @@ def check_output_file(path: Path, flag: str) -> None:
 
     path = Path(path)
     if path.is_dir():
-        raise UsageError(f"{flag} {path} is a folder; name a file, e.g. {path / ('result' + (path.suffix or '.json'))}.")
+        suffix = {"--sarif": ".sarif", "--html": ".html"}.get(flag, ".json")
+        raise UsageError(f"{flag} {path} is a folder; name a file, e.g. {path / ('result' + suffix)}.")
     if path.exists():
         if not os.access(path, os.W_OK):
             raise UsageError(f"Cannot write {flag} {path}: it is not writable; choose another path.")
@@ -109,10 +117,6 @@ def write_output_text(path: Path, text: str, *, flag: str) -> Path:
     try:
         if path.is_dir():
             raise IsADirectoryError(21, "it is a folder")
-        if path.exists() and not path.is_file():
-            with path.open("w", encoding="utf-8") as fh:
-                fh.write(text)
-            return path
         return atomic_write_text(path, text)
     except OSError as exc:
         raise UsageError(f"Could not write {flag} {path}: {exc.strerror or exc}; choose another path.") from None

@@ -23,7 +23,7 @@ from torchscalpel.cli.common import (
 )
 from torchscalpel.doctor.window import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS
 from torchscalpel.errors import ScalpelError, UsageError
-from torchscalpel.fileio import atomic_write_text
+from torchscalpel.fileio import write_output_text
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -106,10 +106,12 @@ def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str
     from torchscalpel.doctor.sarif import to_sarif
 
     if args.json_path is not None:
-        atomic_write_text(args.json_path, json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n")
+        write_output_text(args.json_path, json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n",
+                          flag="--json")
     if args.sarif is not None:
         static = [f for f in findings if f.source == "static"]
-        atomic_write_text(args.sarif, json.dumps(to_sarif(static, version=__version__), indent=1) + "\n")
+        write_output_text(args.sarif, json.dumps(to_sarif(static, version=__version__), indent=1) + "\n",
+                          flag="--sarif")
 
 
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:

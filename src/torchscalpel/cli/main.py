@@ -81,6 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from torchscalpel.cli.common import check_paths
+
+        check_paths(args)
         return int(args.func(args) or 0)
     except ScalpelError as exc:
         print(f"scalpel: error: {exc}", file=sys.stderr)

@@ -91,7 +91,21 @@ def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argp
         args.rdzv_id = uuid.uuid4().hex
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts {args.max_restarts} must be 0 or more.")
+    if args.rdzv_endpoint:
+        check_endpoint(args.rdzv_endpoint)
     return args
+
+
+def check_endpoint(endpoint: str) -> None:
+    """``HOST[:PORT]`` with a port of 0-65535 (torchrun's own rule), as one sentence instead of its traceback."""
+    host, sep, port = endpoint.strip().rpartition(":")
+    if not sep:
+        host, port = endpoint.strip(), ""
+    if host.startswith("[") and host.endswith("]"):  # [::1]:29500
+        host = host[1:-1]
+    bad_port = bool(sep) and not (port.isdigit() and int(port) <= 65535)
+    if not host or bad_port or (":" in host and not sep) or (":" in host and "[" not in endpoint):
+        raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT; write e.g. 10.0.0.1:29500 (port 0-65535).")
 
 
 def wrap_for_stage(args: argparse.Namespace, out_dir: Path) -> str | None:
