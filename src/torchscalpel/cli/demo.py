@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"Unknown demo stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}.")
     if not stages:
         raise UsageError(f"--stages names no stage; choose from {', '.join(STAGES)}.")
-    if args.steps < 1:
-        raise UsageError(f"--steps {args.steps} must be at least 1 (measured steps of the profile stage).")
+    if not 1 <= args.steps <= 10_000:
+        raise UsageError(f"--steps {args.steps} must be between 1 and 10000 (measured steps of the profile stage).")
     finite_float(args.tune_budget, "--tune-budget", minimum=1.0)
     out: Path = args.out or default_run_dir("demo")
     out.mkdir(parents=True, exist_ok=True)
