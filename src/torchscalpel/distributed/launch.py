@@ -81,7 +81,7 @@ def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argp
         raise UsageError("Name the script after --, e.g. 'scalpel launch --nproc 2 -- train.py --lr 3e-4'.")
     if args.nproc is not None:
         if not 1 <= args.nproc <= MAX_NPROC:
-            raise UsageError(f"--nproc {args.nproc} must be between 1 and {MAX_NPROC}.")
+            raise UsageError(f"--nproc {args.nproc} must be at least 1 and at most {MAX_NPROC}.")
         args.nproc_per_node = str(args.nproc)
     script = Path(args.training_script)
     if not args.module and not args.no_python and not script.is_file():
