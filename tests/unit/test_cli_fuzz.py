@@ -117,3 +117,25 @@ def test_bad_input_is_one_sentence_and_exit_2(case: tuple[str, ...], places: dic
     assert len(lines) == 1, err
     assert "error:" in lines[0]
     assert not (tmp_path / "scalpel-runs").exists(), "work started (a run folder was made) before the refusal"
+
+
+EXPORT_WITH_A_REAL_MODEL = [
+    ("--example", "float32[1,1,99999,99999]"),  # 80 GB at batch 32: refused by arithmetic, never allocated
+    ("--example", "float32[1,8]", "--max-batch", "99999999999999999999"),
+    ("--example", "float32[1,8]", "--atol", "nan"),  # ran the whole export before
+    ("--example", "float32[1,8]", "--rtol", "inf"),
+]
+
+
+@pytest.mark.parametrize("flags", EXPORT_WITH_A_REAL_MODEL, ids=[" ".join(f) for f in EXPORT_WITH_A_REAL_MODEL])
+def test_export_refuses_bad_numbers_with_a_model_that_loads(flags: tuple[str, ...], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "model.py").write_text("import torch\n\ndef make():\n    return torch.nn.Linear(8, 2)\n")
+    code = main(["export", "--model", f"{tmp_path / 'model.py'}:make", "--formats", "exported",
+                 "--out", str(tmp_path / "bundle"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len([ln for ln in err.splitlines() if ln.strip()]) == 1, err
+    assert not (tmp_path / "bundle").exists()
