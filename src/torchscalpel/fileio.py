@@ -15,7 +15,14 @@ def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> Path:
 
     A crash mid-write never leaves half a file in place of a good one; the temp file is removed
     on failure. ``mode`` is set explicitly because ``mkstemp`` creates files private to the user.
+    An existing path that is not a regular file (``/dev/stdout``, ``/dev/full``, a pipe) is written
+    to in place: a rename would replace the device node itself (as root, ``/dev/full`` became a file).
     """
+    path = Path(path)
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with path.open("w", encoding="utf-8") as fh:
+            fh.write(text)
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -49,3 +56,89 @@ def default_run_dir(name: str, root: Path | None = None) -> Path:
         n += 1
         candidate = base / f"{stamp}-{safe}-{n}"
     return candidate
+
+
+def _nearest_existing(path: Path) -> Path:
+    return next((p for p in [path, *path.parents] if p.exists()), Path("/"))
+
+
+def _probe_folder(folder: Path) -> str | None:
+    """None when a file can be made in ``folder`` (tried, then removed); else why not (a phrase)."""
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    try:
+        probe = tempfile.mkdtemp(dir=folder, prefix=".scalpel-probe-")
+        os.rmdir(probe)
+    except OSError as exc:
+        return f"{folder} is not writable ({exc.strerror or exc})"
+    return None
+
+
+def check_output_dir(path: Path, flag: str = "--out") -> None:
+    """Raise :class:`UsageError` (one sentence) unless ``path`` is, or can be created as, a writable folder.
+
+    Run before any work, so ``--out`` under ``/proc`` or onto an existing file is refused at once.
+    """
+    from torchscalpel.errors import UsageError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is an existing file, not a folder; name a new or existing folder.")
+    why = _probe_folder(path if path.exists() else _nearest_existing(path.parent))
+    if why is not None:
+        raise UsageError(f"Cannot write {flag} {path}: {why}; choose another folder.")
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Raise :class:`UsageError` (one sentence) unless ``path`` can be written as a file (checked before work)."""
+    from torchscalpel.errors import UsageError
+
+    path = Path(path)
+    if path.is_dir():
+        suffix = {"--sarif": ".sarif", "--html": ".html"}.get(flag, ".json")
+        raise UsageError(f"{flag} {path} is a folder; name a file, e.g. {path / ('result' + suffix)}.")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"Cannot write {flag} {path}: it is not writable; choose another path.")
+        return
+    if not path.parent.exists():
+        raise UsageError(f"{flag} {path}: folder {path.parent} does not exist; create it or choose another path.")
+    why = _probe_folder(path.parent)
+    if why is not None:
+        raise UsageError(f"Cannot write {flag} {path}: {why}; choose another path.")
+
+
+def write_output_text(path: Path, text: str, *, flag: str) -> Path:
+    """Write a result file the user named; any OS failure (a full disk, ``/dev/full``, a folder) is a
+    :class:`UsageError` sentence. A regular file is replaced atomically; a device or pipe is written to."""
+    from torchscalpel.errors import UsageError
+
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "it is a folder")
+        return atomic_write_text(path, text)
+    except OSError as exc:
+        raise UsageError(f"Could not write {flag} {path}: {exc.strerror or exc}; choose another path.") from None
+
+
+def finite_json(obj):
+    """``obj`` with every NaN / infinite float (numpy ones included) replaced by None, numpy scalars as
+    Python numbers: what ``json.dumps(..., allow_nan=False)`` accepts, so no bare ``NaN`` is ever written."""
+    import math
+
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite_json(v) for v in obj]
+    if isinstance(obj, bool | int | str) or obj is None:
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    item = getattr(obj, "item", None)  # numpy scalars and 0-d arrays
+    if callable(item):
+        try:
+            return finite_json(item())
+        except (TypeError, ValueError):
+            return obj
+    return obj

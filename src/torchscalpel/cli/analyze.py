@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.fileio import check_output_file, finite_json, write_output_text
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,10 +36,8 @@ def _validate(args: argparse.Namespace) -> None:
     if args.top < 1:
         raise UsageError(f"--top must be at least 1 (got {args.top}).")
     for flag, path in (("--json", args.json_path), ("--html", args.html_path)):
-        if path is not None and path.exists() and path.is_dir():
-            raise UsageError(f"{flag} {path} is a folder; give a file name such as {path / 'analysis'}{'.json' if flag == '--json' else '.html'}.")
-        if path is not None and not path.parent.exists():
-            raise UsageError(f"{flag} {path}: folder {path.parent} does not exist; create it or choose another path.")
+        if path is not None:
+            check_output_file(path, flag)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,12 +62,16 @@ def run(args: argparse.Namespace) -> int:
     if diff is not None:
         print(format_diff(diff, top=args.top))
     if args.json_path:
-        args.json_path.write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
+        write_output_text(args.json_path, json.dumps(finite_json(data), indent=1, default=float, allow_nan=False),
+                          flag="--json")
         print(f"JSON: {args.json_path}")
     if args.html_path:
         from torchscalpel.report.trace_sections import write_analysis_html
 
-        write_analysis_html(data, args.html_path, diff)
+        try:
+            write_analysis_html(finite_json(data), args.html_path, diff)
+        except OSError as exc:
+            raise UsageError(f"Could not write --html {args.html_path}: {exc.strerror or exc}; choose another path.") from None
         print(f"HTML: {args.html_path}")
     if errors:
         first = errors[0]
@@ -91,6 +94,9 @@ def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
     for r in data["ranks"]:
         state = "" if r["complete"] else "  [INCOMPLETE: " + r["error"]["reason"] + f" at byte {r['error']['byte_offset']}]"
         out.append(f"rank {r['rank']} · {r['device']} · {r['events']} events · {r['path']}{state}")
+        if r.get("invalid_events"):
+            out.append(f"  {r['invalid_events']} invalid event(s) left out: a time that is NaN, infinite, negative "
+                       "or beyond any profiler window")
         steps = r.get("steps") or []
         if steps and "compute_us" in steps[0]:
             out.append(f"  {'step':<20}{'ms':>9}{'busy%':>7}{'compute':>9}{'comm':>9}{'memcpy':>8}{'memset':>8}"

@@ -70,3 +70,32 @@ def steps_arg(args: argparse.Namespace, *, minimum: int = 1) -> StepCount:
         return parse_steps(args.steps, minimum=minimum)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
+
+
+# Commands whose --out is a folder (report's --out is an HTML file; launch and serve validate their own).
+OUT_DIR_COMMANDS = ("profile", "demo", "doctor", "tune", "run", "plan", "export")
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse, before any work, output paths that cannot be written and input files that are folders:
+    ``--out`` under /proc or onto an existing file, ``--json`` / ``--sarif`` / ``--html`` naming a folder
+    or an unwritable place, ``--config`` naming a folder. One :class:`UsageError` sentence each."""
+    command = getattr(args, "command", None)
+    out = getattr(args, "out", None)
+    if command in OUT_DIR_COMMANDS and isinstance(out, Path):
+        fileio.check_output_dir(out)
+    for attr, flag in (("json_path", "--json"), ("sarif", "--sarif"), ("html_path", "--html")):
+        value = getattr(args, attr, None)
+        if isinstance(value, Path):
+            fileio.check_output_file(value, flag)
+    config = getattr(args, "config", None)
+    if isinstance(config, Path) and config.is_dir():
+        raise UsageError(f"--config {config} is a folder; name a settings file, e.g. {config / 'scalpel.toml'}.")
+
+
+def finite_float(value: float | None, flag: str, *, minimum: float = 0.0) -> None:
+    """Refuse NaN, infinities and values below ``minimum`` for a float flag (one sentence)."""
+    import math
+
+    if value is not None and (not math.isfinite(value) or value < minimum):
+        raise UsageError(f"{flag} {value} must be a finite number of at least {minimum:g}.")

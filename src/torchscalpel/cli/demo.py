@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import Target, default_run_dir
+from torchscalpel.cli.common import Target, default_run_dir, finite_float
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
 
@@ -64,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
     unknown = sorted(set(stages) - set(STAGES))
     if unknown:
         raise UsageError(f"Unknown demo stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}.")
+    if not stages:
+        raise UsageError(f"--stages names no stage; choose from {', '.join(STAGES)}.")
+    if not 1 <= args.steps <= 10_000:
+        raise UsageError(f"--steps {args.steps} must be between 1 and 10000 (measured steps of the profile stage).")
+    finite_float(args.tune_budget, "--tune-budget", minimum=1.0)
     out: Path = args.out or default_run_dir("demo")
     out.mkdir(parents=True, exist_ok=True)
     # The stages run copies in <out>/examples/: what ran stays next to its report, editable.

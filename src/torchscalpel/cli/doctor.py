@@ -23,7 +23,7 @@ from torchscalpel.cli.common import (
 )
 from torchscalpel.doctor.window import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS
 from torchscalpel.errors import ScalpelError, UsageError
-from torchscalpel.fileio import atomic_write_text
+from torchscalpel.fileio import write_output_text
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -106,24 +106,30 @@ def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str
     from torchscalpel.doctor.sarif import to_sarif
 
     if args.json_path is not None:
-        atomic_write_text(args.json_path, json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n")
+        write_output_text(args.json_path, json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n",
+                          flag="--json")
     if args.sarif is not None:
         static = [f for f in findings if f.source == "static"]
-        atomic_write_text(args.sarif, json.dumps(to_sarif(static, version=__version__), indent=1) + "\n")
+        write_output_text(args.sarif, json.dumps(to_sarif(static, version=__version__), indent=1) + "\n",
+                          flag="--sarif")
 
 
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
     from rich.console import Console
 
-    from torchscalpel.doctor.api import check_static
     from torchscalpel.doctor.output import reaches, render_terminal
-    from torchscalpel.doctor.static import iter_python_files
+    from torchscalpel.doctor.registry import rank_findings
+    from torchscalpel.doctor.static import analyze_paths, iter_python_files
 
     files = list(iter_python_files(args.static))
-    findings = check_static(files)
-    render_terminal(findings, Console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)")
-    _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files]})
-    return 1 if reaches(findings, fail_on) else 0
+    skipped: list[Any] = []
+    findings = rank_findings(analyze_paths(files, not_analysed=skipped))
+    render_terminal(findings, Console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)",
+                    not_analysed=skipped)
+    _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files],
+                                    "not_analysed": [s.to_dict() for s in skipped]})
+    # A CI gate never passes code it could not read.
+    return 1 if reaches(findings, fail_on) or (fail_on is not None and skipped) else 0
 
 
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:

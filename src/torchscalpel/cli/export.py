@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
-from torchscalpel.cli.common import default_run_dir
+from torchscalpel.cli.common import default_run_dir, finite_float
 from torchscalpel.errors import UsageError
+from torchscalpel.fileio import write_output_text
+
+MAX_BATCH = 65536
+"""The largest --max-batch accepted: beyond any served batch, and a bound before anything is allocated."""
+MAX_EXAMPLE_BYTES = 4 << 30
+"""The largest example input (at --max-batch rows) the parity check may allocate."""
+_SPEC = re.compile(r"^\s*(?:\w+\s*=\s*)?(?P<dtype>[a-z0-9_]+)\s*\[(?P<shape>[^\]]*)\]")
+_ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "float16": 2, "half": 2, "bfloat16": 2, "int16": 2, "float32": 4,
+             "float": 4, "int32": 4, "int": 4, "float64": 8, "double": 8, "int64": 8, "long": 8}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     """Validate the flags, run the export, print parity and latency; exit 1 when parity fails."""
     if args.weights is not None and not args.weights.exists():  # before importing torch: fail in a blink
         raise UsageError(f"--weights {args.weights} does not exist; check the path.")
+    _validate(args)
     from torchscalpel.ship.export import ExportOptions, export_bundle
     from torchscalpel.ship.parity import format_table
 
@@ -73,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     for batch, row in result.manifest["latency_ms"].items():
         print(f"latency at batch {batch}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row.items()))
     if args.json_path:
-        args.json_path.write_text(json.dumps(result.manifest, indent=2))
+        write_output_text(args.json_path, json.dumps(result.manifest, indent=2), flag="--json")
     if not result.passed:
         failed = [c for c in result.checks if not c.passed]
         worst = max(failed, key=lambda c: c.max_abs)
@@ -83,3 +94,30 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"bundle: {result.path} (parity passed)")
     return 0
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """Bad numbers and impossible example sizes, refused before torch is imported or anything allocated."""
+    if not 1 <= args.max_batch <= MAX_BATCH:
+        raise UsageError(f"--max-batch {args.max_batch} must be between 1 and {MAX_BATCH}.")
+    finite_float(args.atol, "--atol")
+    finite_float(args.rtol, "--rtol")
+    for spec in args.example:
+        m = _SPEC.match(spec)
+        if m is None:
+            continue  # a file or a malformed spec: ship.specs says which, in its own sentence
+        try:
+            dims = [int(d) for d in m.group("shape").replace(" ", "").split(",") if d]
+        except ValueError:
+            raise UsageError(f"--example {spec!r}: the shape must be whole numbers, e.g. 'float32[1,3,224,224]'.") from None
+        if not dims or min(dims) < 1:
+            raise UsageError(f"--example {spec!r} needs a shape with a batch dimension and no zero sizes.")
+        rows = max(dims[0], args.max_batch)
+        size = rows * _ITEMSIZE.get(m.group("dtype"), 8)
+        for d in dims[1:]:
+            size *= d
+            if size > MAX_EXAMPLE_BYTES:
+                break
+        if size > MAX_EXAMPLE_BYTES:
+            raise UsageError(f"--example {spec!r} needs over {MAX_EXAMPLE_BYTES >> 30} GiB at batch {rows}; give a "
+                             "smaller shape (or a smaller --max-batch).")

@@ -10,8 +10,11 @@ import argparse
 
 from torchscalpel.cli.common import default_run_dir
 from torchscalpel.errors import UsageError
-from torchscalpel.fileio import atomic_write_text
+from torchscalpel.fileio import atomic_write_text, check_output_dir
+from torchscalpel.units import fmt_bytes, parse_size
 
+MIN_DEVICE_MEMORY = 256 << 20
+"""The least --plan-device-memory taken for a device: no accelerator a training run targets has less."""
 HELP = "run a training script on N ranks with torchrun (DDP/FSDP), rank-prefixed logs, clear failures"
 
 
@@ -43,9 +46,16 @@ def run(args: argparse.Namespace) -> int:
     except SystemExit as exc:  # argparse already printed "scalpel launch: error: ..."
         return 2 if exc.code else 0
     parsed = prepare(parsed)
+    if parsed.out is not None:
+        check_output_dir(parsed.out)
     out = parsed.out or default_run_dir("launch-" + _name(parsed.training_script))
     if parsed.plan_device_memory and not parsed.plan:
         raise UsageError("--plan-device-memory only applies with --plan.")
+    if parsed.plan_device_memory:
+        size = parse_size(parsed.plan_device_memory, flag="--plan-device-memory")
+        if size < MIN_DEVICE_MEMORY:
+            raise UsageError(f"--plan-device-memory {parsed.plan_device_memory} is {fmt_bytes(size)}, too small to be "
+                             f"a device; give its memory, e.g. 80GiB (at least {fmt_bytes(MIN_DEVICE_MEMORY)}).")
     if parsed.plan:
         if parsed.module or parsed.no_python:
             raise UsageError("--plan runs a script file; drop -m/--no-python and pass the script path.")

@@ -30,9 +30,18 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag ends in one line on stderr (the error and where the help is), exit 2:
+    the same shape as every other user error. Sub-parsers inherit the class."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        text = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {text} (see '{self.prog} -h').\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-parser per command in :data:`COMMANDS`."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="scalpel",
         description="Measure, diagnose, tune, scale and ship an existing PyTorch training script.",
     )
@@ -81,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        from torchscalpel.cli.common import check_paths
+
+        check_paths(args)
         return int(args.func(args) or 0)
     except ScalpelError as exc:
         print(f"scalpel: error: {exc}", file=sys.stderr)

@@ -19,7 +19,7 @@ from torchscalpel.cli.common import (
     resolve_target,
 )
 from torchscalpel.errors import UsageError
-from torchscalpel.fileio import atomic_write_text
+from torchscalpel.fileio import write_output_text
 from torchscalpel.plan.names import OPTIMIZERS, PRECISIONS, STRATEGIES
 
 
@@ -150,5 +150,5 @@ def _write_outputs(args: argparse.Namespace, record, out_dir: Path, plan: dict) 
     save_record(record, out_dir)
     write_report(record, out_dir / "report.html")
     if args.json_path:
-        atomic_write_text(args.json_path, json.dumps(plan, indent=1) + "\n")
+        write_output_text(args.json_path, json.dumps(plan, indent=1) + "\n", flag="--json")
     print(f"plan written to {out_dir}/run.json and {out_dir}/report.html")

@@ -26,6 +26,7 @@ from torchscalpel.errors import UsageError
 from torchscalpel.netutil import free_port
 
 TAIL_LINES = 12
+MAX_NPROC = 1024  # processes on one node: beyond any machine's devices or cores, and never a fork bomb
 # Filters apply per logger, not to children: name every torchrun logger whose lines we trim.
 AGENT_LOGGERS = (
     "torch.distributed",
@@ -36,11 +37,19 @@ AGENT_LOGGERS = (
 )
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """A bad torchrun flag ends in one line on stderr, exit 2, like every other user error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        text = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {text} (see '{self.prog} -h').\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """torchrun's parser plus ``--nproc`` and ``--out`` (``scalpel launch -h`` prints it)."""
     from torch.distributed.run import get_args_parser
 
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="scalpel launch",
         parents=[get_args_parser()],
         add_help=False,
@@ -71,8 +80,8 @@ def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argp
     if not args.training_script:
         raise UsageError("Name the script after --, e.g. 'scalpel launch --nproc 2 -- train.py --lr 3e-4'.")
     if args.nproc is not None:
-        if args.nproc < 1:
-            raise UsageError(f"--nproc {args.nproc} must be at least 1.")
+        if not 1 <= args.nproc <= MAX_NPROC:
+            raise UsageError(f"--nproc {args.nproc} must be at least 1 and at most {MAX_NPROC}.")
         args.nproc_per_node = str(args.nproc)
     script = Path(args.training_script)
     if not args.module and not args.no_python and not script.is_file():
@@ -91,7 +100,21 @@ def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argp
         args.rdzv_id = uuid.uuid4().hex
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts {args.max_restarts} must be 0 or more.")
+    if args.rdzv_endpoint:
+        check_endpoint(args.rdzv_endpoint)
     return args
+
+
+def check_endpoint(endpoint: str) -> None:
+    """``HOST[:PORT]`` with a port of 0-65535 (torchrun's own rule), as one sentence instead of its traceback."""
+    host, sep, port = endpoint.strip().rpartition(":")
+    if not sep:
+        host, port = endpoint.strip(), ""
+    if host.startswith("[") and host.endswith("]"):  # [::1]:29500
+        host = host[1:-1]
+    bad_port = bool(sep) and not (port.isdigit() and int(port) <= 65535)
+    if not host or bad_port or (":" in host and not sep) or (":" in host and "[" not in endpoint):
+        raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT; write e.g. 10.0.0.1:29500 (port 0-65535).")
 
 
 def wrap_for_stage(args: argparse.Namespace, out_dir: Path) -> str | None:

@@ -23,14 +23,19 @@ def counts(findings: Sequence[Finding]) -> dict[str, int]:
     return {name: c.get(name, 0) for name in ("error", "warning", "info")}
 
 
-def render_terminal(findings: Sequence[Finding], console: Console | None = None, *, header: str = "") -> None:
-    """Print findings most severe first: slug, message, evidence, location and the fix as code."""
+def render_terminal(findings: Sequence[Finding], console: Console | None = None, *, header: str = "",
+                    not_analysed: Sequence[Any] = ()) -> None:
+    """Print findings most severe first: slug, message, evidence, location and the fix as code; files
+    the static rules could not analyse (``not_analysed``, e.g. a syntax error and its line) first."""
     console = console or Console()
     ranked = rank_findings(findings)
     if header:
         console.print(header)
+    for entry in not_analysed:
+        console.print(f"[bold yellow]NOT ANALYSED[/] {escape(str(entry))}")
     if not ranked:
-        console.print("[green]No findings.[/green]")
+        console.print("[green]No findings in the files that could be analysed.[/green]" if not_analysed
+                      else "[green]No findings.[/green]")
         return
     for f in ranked:
         sev = f.severity

@@ -30,6 +30,9 @@ _MODULE_BASES = {
     "lightning.pytorch.LightningModule",
     "transformers.PreTrainedModel",
 }
+# The largest file the static rules read: far beyond any hand-written script, and a bound on the parse's
+# memory and time (a 60 MB generated file is reported as not analysed instead of taking minutes).
+MAX_SOURCE_BYTES = 8 << 20
 # torch.nn attributes that start with a capital letter but do not construct a module.
 _NOT_MODULES = {"Parameter", "UninitializedParameter", "UninitializedBuffer", "Buffer", "ParameterDict"}
 
@@ -173,20 +176,55 @@ def _module_classes(ctx: StaticContext) -> dict[str, ast.ClassDef]:
     return found
 
 
-def analyze_source(source: str, path: str, *, rules: Sequence[str] | None = None) -> list[Finding]:
+@dataclass(frozen=True, slots=True)
+class NotAnalysed:
+    """A file the static rules could not read: ``line`` (1-based) where its syntax error is, if any."""
+
+    path: str
+    reason: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        return f"{where}: {self.reason}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {"path": self.path, "line": self.line, "reason": self.reason}
+
+
+def parse_source(source: str, path: str) -> StaticContext | NotAnalysed:
+    """The parsed file, or why it cannot be analysed (a syntax error with its line, null bytes, an
+    expression nested or chained too deeply for the parser)."""
+    try:
+        return StaticContext.parse(source, path)
+    except SyntaxError as exc:
+        return NotAnalysed(path, f"{exc.msg} (a syntax error); fix it and run again", exc.lineno)
+    except ValueError as exc:  # source with null bytes
+        return NotAnalysed(path, f"{exc}")
+    except (RecursionError, MemoryError):
+        return NotAnalysed(path, "an expression is nested or chained too deeply for Python's parser")
+
+
+def analyze_source(source: str, path: str, *, rules: Sequence[str] | None = None,
+                   not_analysed: list[NotAnalysed] | None = None) -> list[Finding]:
     """All static findings for one file's text (``rules``: only these slugs); a file that does not
-    parse gives no findings."""
+    parse gives no findings and, when ``not_analysed`` is given, an entry there saying why."""
     from torchscalpel.doctor import catalogue
 
-    try:
-        ctx = StaticContext.parse(source, path)
-    except (SyntaxError, ValueError):
+    ctx = parse_source(source, path)
+    if isinstance(ctx, NotAnalysed):
+        if not_analysed is not None:
+            not_analysed.append(ctx)
         return []
     out: list[Finding] = []
     for cls in catalogue.STATIC_RULES:
         slug = cls.slugs[0]
         if rules is None or slug in rules:
-            out.extend(guarded(slug, lambda rule=cls(): rule.check(ctx), source="static"))
+            try:
+                out.extend(guarded(slug, lambda rule=cls(): rule.check(ctx), source="static"))
+            except (RecursionError, MemoryError):  # a rule walking a pathological tree recursively
+                if not_analysed is not None:
+                    not_analysed.append(NotAnalysed(path, f"rule {slug} not run: the file's syntax tree is too deep"))
     return out
 
 
@@ -205,14 +243,28 @@ def iter_python_files(paths: Iterable[Path]) -> Iterator[Path]:
             yield file
 
 
-def analyze_paths(paths: Iterable[Path], *, rules: Sequence[str] | None = None) -> list[Finding]:
-    """Static findings over files and folders."""
+def analyze_paths(paths: Iterable[Path], *, rules: Sequence[str] | None = None,
+                  not_analysed: list[NotAnalysed] | None = None) -> list[Finding]:
+    """Static findings over files and folders; files that cannot be read or parsed (or are over
+    :data:`MAX_SOURCE_BYTES`) give no findings and an entry in ``not_analysed`` when it is given."""
+    skipped: list[NotAnalysed] = [] if not_analysed is None else not_analysed
     out: list[Finding] = []
     for file in iter_python_files(paths):
         try:
-            text = file.read_text(encoding="utf-8", errors="replace")
-        except OSError:
+            size = file.stat().st_size
+            if size > MAX_SOURCE_BYTES:
+                skipped.append(NotAnalysed(str(file), f"{size / 2**20:.1f} MiB is over the "
+                                           f"{MAX_SOURCE_BYTES >> 20} MiB limit for static analysis"))
+                continue
+            with file.open("rb") as fh:  # bounded read: the file may have grown since stat
+                data = fh.read(MAX_SOURCE_BYTES + 1)
+        except OSError as exc:
+            skipped.append(NotAnalysed(str(file), f"cannot be read ({exc.strerror or exc})"))
             continue
-        out.extend(analyze_source(text, str(file), rules=rules))
+        if len(data) > MAX_SOURCE_BYTES:
+            skipped.append(NotAnalysed(str(file), f"over the {MAX_SOURCE_BYTES >> 20} MiB limit "
+                                       "for static analysis"))
+            continue
+        text = data.decode("utf-8", errors="replace")
+        out.extend(analyze_source(text, str(file), rules=rules, not_analysed=skipped))
     return out
-

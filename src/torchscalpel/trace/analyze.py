@@ -120,6 +120,7 @@ def analyze_file(path: Path, index: int = 0, *, strict: bool = False, hta_roundi
         "path": str(path),
         "device": _device(reader.meta, d),
         "events": reader.events_read,
+        "invalid_events": d.invalid_events,
         "json_bytes": reader.bytes_read,
         "complete": error is None,
         "error": None if error is None else {"message": str(error), "byte_offset": error.offset, "reason": error.reason},

@@ -18,6 +18,11 @@ from torchscalpel.trace.reader import Event
 GPU_CATS = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}
 # kind 3: other device-side events HTA counts because they carry a GPU stream (e.g. cuda_sync)
 KIND_NAMES = ("kernel", "memcpy", "memset", "sync")
+# An event time the analyses accept: finite, a duration of 0..MAX_DUR_US (about 11.6 days, far beyond any
+# profiler window) and a timestamp within +-MAX_TS_US (about 31700 years). Anything else (NaN, negative,
+# 1e308) is counted in ``invalid_events`` and left out, so it can never become a step of -694342 ms.
+MAX_DUR_US = 1e12
+MAX_TS_US = 1e18
 STEP_RE = re.compile(r"^(?:ProfilerStep|scalpel[.:/]step)\s*#\s*(\d+)$")
 
 
@@ -61,6 +66,7 @@ class RankData:
     mem_device: np.ndarray
     mem_tid: np.ndarray
     tids: list[Any] = field(default_factory=list)
+    invalid_events: int = 0  # events left out for a time that is NaN, infinite, negative or absurd
 
 
 class RankCollector:
@@ -76,6 +82,7 @@ class RankCollector:
         self.launch_corr, self.launch_ts, self.launch_name = array("d"), array("d"), array("l")
         self.mem_ts, self.mem_total, self.mem_bytes = array("d"), array("d"), array("d")
         self.mem_device, self.mem_tid = array("l"), array("l")
+        self.invalid_events = 0
 
     def _name(self, name: str) -> int:
         i = self._names.get(name)
@@ -104,6 +111,9 @@ class RankCollector:
                 ts = e.ts
                 dur = e.dur
                 if ts is None or dur is None:
+                    continue
+                if not (0.0 <= dur <= MAX_DUR_US and -MAX_TS_US <= ts <= MAX_TS_US):  # NaN fails both
+                    self.invalid_events += 1
                     continue
                 cat = e.cat
                 name = e.name
@@ -144,7 +154,12 @@ class RankCollector:
             elif (ph == "i" or ph == "I") and e.name == "[memory]":
                 a = e.args
                 if a is not None and a.total_allocated is not None:
-                    self.mem_ts.append(e.ts or 0.0)
+                    ts = e.ts or 0.0
+                    if not (-MAX_TS_US <= ts <= MAX_TS_US and abs(a.total_allocated) < 1e30
+                            and (a.nbytes is None or abs(a.nbytes) < 1e30)):
+                        self.invalid_events += 1
+                        continue
+                    self.mem_ts.append(ts)
                     self.mem_total.append(a.total_allocated)
                     self.mem_bytes.append(a.nbytes or 0.0)
                     self.mem_device.append(a.device_type if a.device_type is not None else -1)
@@ -171,4 +186,5 @@ class RankCollector:
             launch_corr=f(self.launch_corr), launch_ts=f(self.launch_ts), launch_name=f(self.launch_name),
             mem_ts=f(self.mem_ts), mem_total=f(self.mem_total), mem_bytes=f(self.mem_bytes),
             mem_device=f(self.mem_device), mem_tid=f(self.mem_tid), tids=tids,
+            invalid_events=self.invalid_events,
         )

@@ -36,6 +36,11 @@ MAX_EVENT_BYTES = 256 << 20
 # Set to False to decode with the stdlib json module (what runs when msgspec is not installed).
 USE_MSGSPEC = True
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
+# ``}, {`` between two events (whitespace allowed); found by the C regex engine, never a Python loop per comma.
+_SEP = re.compile(rb"\}[ \t\r\n]*,[ \t\r\n]*\{")
+_SEP_OVERLAP = 64  # bytes re-searched at a window's edge so a separator cut by it is still seen
+_SKIP = re.compile(rb"\s*,?\s*")
+_DEPTH = "an event nested too deeply to read"
 
 
 class TraceReadError(ScalpelError):
@@ -192,6 +197,10 @@ class TraceReader:
         self.meta: dict[str, Any] = {}
         self.bytes_read = 0  # decompressed JSON bytes seen
         self.events_read = 0
+        # Bytes the splitter searched plus bytes handed to a decoder: stays within a small multiple of
+        # ``bytes_read`` on any input (the splitter never rescans, a failed piece is retried only after
+        # the buffer has doubled), which is what keeps the reader linear.
+        self.bytes_scanned = 0
 
     def _error(self, offset: int, reason: str) -> TraceReadError:
         return TraceReadError(self.path, offset, reason, self.events_read)
@@ -203,6 +212,8 @@ class TraceReader:
         in_array = False
         tail: list[bytes] | None = None  # bytes after the array's closing bracket
         gz_complete = True
+        floor = 0  # buf[:floor] holds no separator (searched already)
+        retry_at = 0  # a piece that failed to decode is retried only once buf is this long
         for data, complete in _iter_decompressed(self.path, self.chunk_bytes):
             gz_complete = complete
             self.bytes_read += len(data)
@@ -219,11 +230,16 @@ class TraceReader:
                 base += start
                 buf = buf[start:]
                 in_array = True
-            cut = _last_sep(buf)
+            if len(buf) < retry_at:
+                continue
+            cut = _last_sep(buf, floor)
+            self.bytes_scanned += len(buf) - floor
             if cut is None:
                 if len(buf) > MAX_EVENT_BYTES:
                     raise self._error(base, "corrupt (no event boundary in 256 MiB)")
+                floor = max(0, len(buf) - _SEP_OVERLAP)
                 continue
+            self.bytes_scanned += cut[0] + 1
             piece = self._decode(buf, cut[0] + 1, base, final=False)
             if piece.events:
                 self.events_read += len(piece.events)
@@ -235,13 +251,19 @@ class TraceReader:
                 buf = b""
                 continue
             nxt = _skip_sep(buf, piece.consumed)
+            searched = len(buf)
             base += nxt
             buf = buf[nxt:]
+            # Nothing after the cut is a separator: never search those bytes again; and when the cut
+            # fell inside an event, decode that event again only once the buffer has doubled.
+            floor = max(0, searched - nxt - _SEP_OVERLAP)
+            retry_at = 2 * len(buf) if piece.consumed < cut[0] + 1 else 0
         if not in_array:
             if self.bytes_read == 0:
                 raise self._error(0, "empty")
             raise self._error(base + len(buf), 'not a trace (it has no "traceEvents" array)')
         if tail is None:
+            self.bytes_scanned += len(buf)
             piece = self._decode(buf, len(buf), base, final=True)
             if piece.events:
                 self.events_read += len(piece.events)
@@ -274,7 +296,7 @@ class TraceReader:
             try:
                 raw = json.loads(b"[" + piece + b"]")
                 return _Piece([e for e in map(_event_from_dict, raw) if e is not None], end)
-            except ValueError:
+            except (ValueError, RecursionError):
                 return self._decode_slow(piece, base, final=final)
         try:
             return _Piece(_DECODER.decode(b"[" + piece + b"]"), end)
@@ -282,9 +304,9 @@ class TraceReader:
             try:
                 raw = msgspec.json.decode(b"[" + piece + b"]")
                 return _Piece([e for e in map(_event_from_dict, raw) if e is not None], end)
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 pass
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             pass
         return self._decode_slow(piece, base, final=final)
 
@@ -305,6 +327,10 @@ class TraceReader:
                 return _Piece(out, _to_bytes(text, pos, ascii_only), closed_at=_to_bytes(text, pos, ascii_only))
             try:
                 obj, nxt = dec.raw_decode(text, pos)
+            except RecursionError:
+                err = TraceReadError(self.path, base + _to_bytes(text, pos, ascii_only), f"corrupt ({_DEPTH})",
+                                     self.events_read + len(out))
+                return _Piece(out, _to_bytes(text, last_ok, ascii_only), error=err)
             except json.JSONDecodeError as exc:
                 at_end = exc.pos >= n - 1 or exc.msg.startswith("Unterminated string")
                 consumed = _to_bytes(text, last_ok, ascii_only)
@@ -327,7 +353,7 @@ class TraceReader:
         body = text[1:].rstrip().rstrip(b",")
         try:
             self.meta.update(json.loads(b"{" + body + b"}"))
-        except ValueError:
+        except (ValueError, RecursionError):
             pass  # metadata is optional: a trace with odd top-level keys still analyses
 
     def _read_tail(self, tail: bytes) -> None:
@@ -341,7 +367,7 @@ class TraceReader:
             return
         try:
             self.meta.update(json.loads(b"{" + text + b"}"))
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
 
 
@@ -349,25 +375,30 @@ def _to_bytes(text: str, index: int, ascii_only: bool) -> int:
     return index if ascii_only else len(text[:index].encode("utf-8", errors="replace"))
 
 
-def _last_sep(buf: bytes) -> tuple[int, int] | None:
-    """``(index of '}', index of '{')`` of the last ``}, {`` in ``buf``; None if there is none."""
-    i = buf.rfind(b",")
-    while i > 0:
-        j = i - 1
-        while j >= 0 and buf[j] in b" \t\r\n":
-            j -= 1
-        k = i + 1
-        while k < len(buf) and buf[k] in b" \t\r\n":
-            k += 1
-        if j >= 0 and buf[j] == 0x7D and k < len(buf) and buf[k] == 0x7B:
-            return j, k
-        i = buf.rfind(b",", 0, i)
-        if len(buf) - i > MAX_EVENT_BYTES:
+def _last_sep(buf: bytes, floor: int = 0) -> tuple[int, int] | None:
+    """``(index of '}', index of '{')`` of the last ``}, {`` in ``buf[floor:]``; None if there is none.
+
+    Searches backwards in doubling windows with the C regex engine, so the cost is linear in the
+    bytes searched whatever they hold (strings full of commas cost nothing extra), and the caller
+    passes ``floor`` to never search the same bytes twice.
+    """
+    end = len(buf)
+    window = 1 << 16
+    while end > floor:
+        start = max(floor, end - window)
+        last = None
+        for last in _SEP.finditer(buf, start, end):  # noqa: B007 - keep the last match
+            pass
+        if last is not None:
+            return last.start(), last.end() - 1
+        if start == floor:
             return None
+        end = start + _SEP_OVERLAP
+        window *= 2
     return None
 
 
 def _skip_sep(buf: bytes, pos: int) -> int:
     """Index of the first byte of the next event after ``pos`` (skips whitespace and one comma)."""
-    m = re.compile(rb"\s*,?\s*").match(buf, pos)
+    m = _SKIP.match(buf, pos)
     return m.end() if m else pos
