@@ -320,3 +320,19 @@ def test_a_forked_child_does_not_keep_the_lock(single_rank, tmp_path):
         import signal
 
         os.killpg(parent.pid, signal.SIGKILL)
+
+
+def test_export_sign_key_flag_refuses_a_checkpoint_signed_with_another_key(single_rank, tmp_path):
+    from fixtures.digits_model import make_model
+
+    key, other = tmp_path / "key", tmp_path / "other"
+    key.write_bytes(os.urandom(32))
+    other.write_bytes(os.urandom(32))
+    root = tmp_path / "ck"
+    sd.Checkpointer(root, model=make_model(4), sigterm=False, sign_key=key).save(1)
+    common = ["export", "--model", f"{FIXTURE}:make_model", "--factory-args", '{"channels": 4}', "--weights",
+              str(root / "step-000000001"), "--example", "float32[1,1,8,8]", "--formats", "exported"]
+    bad = run_cli(*common, "--sign-key", str(other), "--out", str(tmp_path / "bad"), cwd=tmp_path)
+    assert bad.returncode != 0 and "signature" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    good = run_cli(*common, "--sign-key", str(key), "--out", str(tmp_path / "good"), cwd=tmp_path)
+    assert good.returncode == 0, good.stderr[-2000:]

@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output-names", help="comma list of output names (default output, or output_0, output_1...)")
     p.add_argument("--preprocess", metavar="JSON", help="preprocessing metadata stored in the manifest for clients")
     p.add_argument("--trust", action="store_true", help="allow a weights file that needs full unpickling (runs code)")
+    p.add_argument("--sign-key", type=Path, metavar="FILE",
+                   help="HMAC key file: a torchscalpel checkpoint must carry a matching signature "
+                   "(written by Checkpointer(sign_key=FILE)); detects tampering, not only corruption")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the manifest to this file")
     p.set_defaults(func=run)
 
@@ -78,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         output_names=[n.strip() for n in args.output_names.split(",")] if args.output_names else None,
         preprocess=preprocess,
         trust=args.trust,
+        sign_key=args.sign_key,
     )
     result = export_bundle(opts)
     print(format_table(result.checks))
