@@ -336,3 +336,18 @@ def test_export_sign_key_flag_refuses_a_checkpoint_signed_with_another_key(singl
     assert bad.returncode != 0 and "signature" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     good = run_cli(*common, "--sign-key", str(key), "--out", str(tmp_path / "good"), cwd=tmp_path)
     assert good.returncode == 0, good.stderr[-2000:]
+    # The bundle is signed too: serve --sign-key checks it before anything else.
+    from torchscalpel.errors import ScalpelError
+    from torchscalpel.ship.bundle import MANIFEST, SIGNATURE, verify_bundle
+
+    bundle = tmp_path / "good"
+    assert (bundle / SIGNATURE).is_file()
+    verify_bundle(bundle, key=key.read_bytes())
+    with pytest.raises(ScalpelError, match="does not match its signature"):
+        verify_bundle(bundle, key=other.read_bytes())
+    manifest = (bundle / MANIFEST).read_text()
+    (bundle / MANIFEST).write_text(manifest.replace('"latency_threads": 1', '"latency_threads": 2'))
+    with pytest.raises(ScalpelError, match="does not match its signature"):
+        verify_bundle(bundle, key=key.read_bytes())
+    served = run_cli("serve", str(bundle), "--sign-key", str(key), "--port", "0", cwd=tmp_path, timeout=60)
+    assert served.returncode == 1 and "signature" in served.stderr and "Traceback" not in served.stderr, served.stderr

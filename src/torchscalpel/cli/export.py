@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--trust", action="store_true", help="allow a weights file that needs full unpickling (runs code)")
     p.add_argument("--sign-key", type=Path, metavar="FILE",
                    help="HMAC key file: a torchscalpel checkpoint must carry a matching signature "
-                   "(written by Checkpointer(sign_key=FILE)); detects tampering, not only corruption")
+                   "(written by Checkpointer(sign_key=FILE)), and the bundle's manifest is signed with it "
+                   "(manifest.sig, checked by 'scalpel serve --sign-key'); detects tampering, not only corruption")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the manifest to this file")
     p.set_defaults(func=run)
 

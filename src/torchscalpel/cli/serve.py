@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--token-file", type=Path, help="file whose first line is the bearer token clients must send")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads for the model (default 0: runtime decides)")
     p.add_argument("--trust", action="store_true", help="allow .pt2/TorchScript artifacts, which unpickle code")
+    p.add_argument("--sign-key", type=Path, metavar="FILE",
+                   help="HMAC key file: refuse a bundle whose manifest.sig (written by 'scalpel export --sign-key') "
+                   "is missing or does not match")
     p.set_defaults(func=run)
 
 
@@ -67,7 +70,12 @@ def run(args: argparse.Namespace) -> int:
                              max_connections_per_client=args.max_connections_per_client)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
-    bundle = verify_bundle(args.bundle)
+    key = None
+    if args.sign_key is not None:
+        from torchscalpel.distributed.manifest import read_key
+
+        key = read_key(args.sign_key)
+    bundle = verify_bundle(args.bundle, key=key)
     runner = load_runner(bundle, args.backend, trust=args.trust, quantized=args.quantized, threads=args.threads)
     check_runner(bundle, runner)
     app = create_app(bundle, runner, config)

@@ -8,6 +8,8 @@ preprocessing metadata, the parity figures, latency, and the SHA-256 of every fi
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,8 @@ from torchscalpel.errors import RecordVersionError, ScalpelError, UsageError
 from torchscalpel.fileio import atomic_write_text, sha256_file
 
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"
+"""HMAC-SHA256 of manifest.json's bytes under the user's key (``--sign-key``): tamper evidence."""
 FORMAT = "torchscalpel-bundle"
 FORMAT_VERSION = "1.0"
 ARTIFACT_FILES = {
@@ -36,15 +40,38 @@ def hash_files(folder: Path) -> dict[str, str]:
     return {
         p.relative_to(folder).as_posix(): sha256_file(p)
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != MANIFEST
+        if p.is_file() and p.name not in (MANIFEST, SIGNATURE)
     }
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
-    """Write ``manifest.json`` atomically (a crash never leaves half a manifest)."""
+def write_manifest(folder: Path, manifest: dict[str, Any], *, key: bytes | None = None) -> Path:
+    """Write ``manifest.json`` atomically (a crash never leaves half a manifest); with ``key``, also
+    ``manifest.sig``, the HMAC-SHA256 of the manifest's bytes (the SHA-256 list alone detects
+    corruption, not someone who can rewrite the hashes too)."""
     path = folder / MANIFEST
-    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=False) + "\n")
+    text = json.dumps(manifest, indent=2, sort_keys=False) + "\n"
+    atomic_write_text(path, text)
+    if key is not None:
+        atomic_write_text(folder / SIGNATURE, _signature(key, text.encode("utf-8")) + "\n")
     return path
+
+
+def _signature(key: bytes, data: bytes) -> str:
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def check_signature(folder: Path, key: bytes) -> None:
+    """Refuse a bundle whose manifest.sig is missing or does not match ``key`` (one sentence)."""
+    sig_path = folder / SIGNATURE
+    try:
+        have = sig_path.read_text(encoding="ascii").strip()
+        data = (folder / MANIFEST).read_bytes()
+    except (OSError, UnicodeDecodeError):
+        raise ScalpelError(f"Bundle {folder} carries no readable {SIGNATURE}; export it with --sign-key, "
+                           "or serve it without --sign-key.") from None
+    if not hmac.compare_digest(have, _signature(key, data)):
+        raise ScalpelError(f"Bundle {folder}'s manifest does not match its signature under this key: it was "
+                           "changed after export, or signed with another key; re-export it.")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -205,8 +232,11 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify_bundle(folder: Path) -> Bundle:
-    """Read the manifest and check every listed file's SHA-256; raise naming each mismatch."""
+def verify_bundle(folder: Path, *, key: bytes | None = None) -> Bundle:
+    """Read the manifest and check every listed file's SHA-256; raise naming each mismatch. With
+    ``key``, the manifest's HMAC signature is checked first."""
+    if key is not None:
+        check_signature(folder, key)
     manifest = read_manifest(folder)
     files = manifest.get("files") or {}
     problems = []

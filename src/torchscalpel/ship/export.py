@@ -261,7 +261,12 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         "latency_ms": latency,
     }
     manifest["files"] = bundle_mod.hash_files(opts.out)
-    bundle_mod.write_manifest(opts.out, manifest)
+    key = None
+    if opts.sign_key is not None:
+        from torchscalpel.distributed.manifest import read_key
+
+        key = read_key(opts.sign_key)
+    bundle_mod.write_manifest(opts.out, manifest, key=key)
     return ExportResult(path=opts.out, manifest=manifest, checks=checks)
 
 
