@@ -34,7 +34,8 @@ from typing import Any
 from torchscalpel.fileio import default_run_dir
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.observer import Observer
-from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook, StopScript, one_line_error
+from torchscalpel.runtime.script import one_line_error
+from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook, StopScript
 
 _active: list[Attachment] = []
 """The attachment in force: hooks are global, so one block at a time."""

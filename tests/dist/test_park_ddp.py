@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from torchscalpel.netutil import free_port
-from torchscalpel.runtime import session as session_mod
+from torchscalpel.runtime import script as script_mod
 from torchscalpel.runtime.session import RuntimeOptions, run_target
 from torchscalpel.runtime.target import Target
 
@@ -30,12 +30,12 @@ def test_a_ddp_scripts_globals_are_parked(tmp_path: Path, monkeypatch: pytest.Mo
         monkeypatch.setenv(key, value)
     script = tmp_path / "ddp.py"
     script.write_text(SCRIPT)
-    before = len(session_mod._PARKED_GLOBALS)
+    before = len(script_mod._PARKED_GLOBALS)
     record = run_target(Target(script=script), RuntimeOptions(warmup=0, steps=None, profile_steps=0))
     assert record.status == "complete" and len(record.steps) == 3
-    assert len(session_mod._PARKED_GLOBALS) == before + 1
-    assert type(session_mod._PARKED_GLOBALS[-1]["model"]).__name__ == "DistributedDataParallel"
+    assert len(script_mod._PARKED_GLOBALS) == before + 1
+    assert type(script_mod._PARKED_GLOBALS[-1]["model"]).__name__ == "DistributedDataParallel"
     plain = tmp_path / "plain.py"
     plain.write_text("import torch\nm = torch.nn.Linear(2, 1)\nm(torch.ones(1, 2)).sum().backward()\n")
     run_target(Target(script=plain), RuntimeOptions(warmup=0, steps=None, profile_steps=0))
-    assert len(session_mod._PARKED_GLOBALS) == before + 1  # nothing distributed: freed as usual
+    assert len(script_mod._PARKED_GLOBALS) == before + 1  # nothing distributed: freed as usual

@@ -52,12 +52,12 @@ def run(args: argparse.Namespace) -> int:
 
 def execute(target: Target) -> int:
     """Run the script or module as ``__main__`` with its argv; return what ``python`` would exit with."""
-    from torchscalpel.runtime.session import exit_code_of, run_as_main
+    from torchscalpel.runtime.script import exit_code_of, park_if_distributed, run_as_main
 
     saved_argv, saved_path = list(sys.argv), list(sys.path)
     sys.argv = target.argv()
     try:
-        run_as_main(target)
+        park_if_distributed(run_as_main(target))
     except SystemExit as exc:
         return exit_code_of(exc.code)
     except KeyboardInterrupt:

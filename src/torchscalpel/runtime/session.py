@@ -7,11 +7,8 @@ knobs) are the explicit exception, and each is undone afterwards.
 
 from __future__ import annotations
 
-import os
-import runpy
 import sys
 import time
-import traceback
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +22,13 @@ from torchscalpel.runtime.clock import clock_for
 from torchscalpel.runtime.hooks import HookSet
 from torchscalpel.runtime.memory import StepMemory
 from torchscalpel.runtime.observer import Observer, listeners_by_event
+from torchscalpel.runtime.script import (
+    exit_code_of,
+    one_line_error,
+    park_if_distributed,
+    print_script_traceback,
+    run_as_main,
+)
 from torchscalpel.runtime.target import Target
 from torchscalpel.runtime.timeline import Timeline
 from torchscalpel.runtime.window import check_window
@@ -398,7 +402,7 @@ def run_target(
     try:
         attachment.attach()
         sys.argv = target.argv()
-        _park_if_distributed(run_as_main(target))
+        park_if_distributed(run_as_main(target))
     except StopScript:
         status = "stopped"
     except SystemExit as exc:
@@ -411,73 +415,10 @@ def run_target(
     except BaseException as exc:
         status, exit_code = "failed", 1
         error = one_line_error(exc)
-        _print_script_traceback(exc)
+        print_script_traceback(exc)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path0
     return attachment.detach(status, exit_code, error)
-
-
-def one_line_error(exc: BaseException) -> str:
-    """``Type: message``, first line only, at most 500 characters."""
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-
-
-def run_as_main(target: Target) -> dict[str, Any]:
-    """Execute the script or module as ``__main__`` with ``sys.path[0]`` set as Python would.
-
-    Returns the script's globals (runpy's copy). The caller sets ``sys.argv`` and restores
-    ``sys.argv`` / ``sys.path`` afterwards.
-    """
-    if target.module:
-        sys.path.insert(0, os.getcwd())
-        return runpy.run_module(target.module, run_name="__main__", alter_sys=True)
-    assert target.script is not None
-    script = target.script.resolve()
-    sys.path.insert(0, str(script if script.is_dir() else script.parent))
-    return runpy.run_path(str(script), run_name="__main__")
-
-
-_PARKED_GLOBALS: list[dict[str, Any]] = []
-"""Globals of finished scripts that held a DDP model, kept until the process exits."""
-
-
-def _park_if_distributed(script_globals: dict[str, Any]) -> None:
-    """Keep a finished script's DDP model alive instead of freeing it here.
-
-    Why: a DDP model's Reducer owns the gloo process group; freeing it joins gloo's worker
-    threads while this thread holds the GIL, and a worker still releasing a finished collective
-    needs the GIL: a deadlock, seen on 2-rank CPU runs (py-spy: ``~Reducer`` -> ``~ProcessGroupGloo``
-    -> ``thread::join`` against ``AsyncWork::~AsyncWork`` -> ``gil_scoped_acquire``). Under plain
-    ``python SCRIPT`` these objects live until interpreter exit, so parking them keeps the script's
-    own lifetime; the process then ends as the script's would.
-    """
-    ddp = sys.modules.get("torch.nn.parallel.distributed")
-    ddp_cls = getattr(ddp, "DistributedDataParallel", None)
-    if ddp_cls is not None and any(isinstance(v, ddp_cls) for v in list(script_globals.values())):
-        _PARKED_GLOBALS.append(script_globals)
-
-
-def exit_code_of(code: Any) -> int:
-    """The process exit status ``python`` gives for ``sys.exit(code)``."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
-
-
-def _print_script_traceback(exc: BaseException) -> None:
-    """The script's own traceback, without torchscalpel's frames above it."""
-    tb = exc.__traceback__
-    while tb is not None and not _is_user_frame(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
-
-
-def _is_user_frame(filename: str) -> bool:
-    here = str(Path(__file__).resolve().parents[1])
-    return not (filename.startswith(here) or "runpy" in filename or filename.startswith("<frozen runpy"))
 
 
 def _seen_summary(session: Session) -> str:
