@@ -21,7 +21,7 @@ from torchscalpel.cli.common import (
     resolve_target,
     steps_arg,
 )
-from torchscalpel.doctor.window import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS
+from torchscalpel.doctor.window import DEFAULT_STEPS, TIME_CAP_S
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import write_output_text
 
@@ -38,7 +38,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--static", nargs="+", type=Path, metavar="PATH",
                    help="only run the static rules over these files/folders (fast; no script is run)")
     add_window_arguments(p, warmup=2, steps="auto",
-                         steps_help=f"at least {DEFAULT_STEPS}, more while the run is under {AUTO_SECONDS:.0f} s, at most {AUTO_MAX_STEPS}")
+                         steps_help=f"{DEFAULT_STEPS} steps, within the --time-cap")
+    p.add_argument("--time-cap", type=float, default=TIME_CAP_S, metavar="SECONDS",
+                   help=f"stop a slow script after this long even before its steps are done, and say so in the "
+                   f"output and run.json (default {TIME_CAP_S:.0f}; 0: no cap)")
     p.add_argument("--nproc", type=int, default=None,
                    help="run the script on this many ranks through 'scalpel launch' (torchrun; gloo on CPU) and merge "
                    "the findings; without it the script runs in-process exactly as 'python SCRIPT' would")
@@ -60,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
     fail_on = Severity.parse(args.fail_on) if args.fail_on else None
     args.steps = steps_arg(args)
+    if args.time_cap < 0:
+        raise UsageError("--time-cap must be 0 (no cap) or a number of seconds.")
     if args.nproc is not None and args.nproc < 1:
         raise UsageError("--nproc must be at least 1.")
     if args.static is not None:
@@ -143,15 +148,16 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
     out_dir.mkdir(parents=True, exist_ok=True)
     console = Console(stderr=False)
-    window = (f"{args.warmup}+{DEFAULT_STEPS} steps or more (up to {AUTO_MAX_STEPS}, ~{AUTO_SECONDS:.0f} s)"
-              if args.steps == "auto" else "every step, until the script ends" if args.steps == "all"
-              else f"{args.warmup}+{args.steps} steps")
+    window = (f"{args.warmup}+{DEFAULT_STEPS} steps" if args.steps == "auto"
+              else "every step, until the script ends" if args.steps == "all" else f"{args.warmup}+{args.steps} steps")
+    if args.time_cap:
+        window += f" (time cap {args.time_cap:.0f} s)"
     console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
                   + (" (+ overfit-one-batch check)" if args.sanity else ""))
     record, findings = diagnose(
         target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
         out_dir=out_dir, command=["scalpel", *sys.argv[1:]], step_kind=args.step_kind,
-        step_timeout_s=args.step_timeout,
+        step_timeout_s=args.step_timeout, time_cap_s=args.time_cap or None,
     )
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"
@@ -162,12 +168,16 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         record.artifacts["report"] = "report.html"
         save_record(record, out_dir)
     status = f"script {record.status} after {len(record.steps)} step(s)" + (f": {record.error}" if record.error else "")
+    capped = record.sections["doctor"].get("window", {}).get("capped")
+    if capped:
+        status += f"\nwindow shortened: {capped}"
     render_terminal(findings, console, header=f"[dim]{status}[/dim]\n")
     hint = launcher_hint(target, record)
     if hint:
         console.print(hint, markup=False, highlight=False, soft_wrap=True)
     console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
     _write_outputs(args, findings, {"mode": "run", "status": record.status, "steps": len(record.steps),
+                                    "window": record.sections["doctor"].get("window"),
                                     "record": str(out_dir / "run.json")})
     if reaches(findings, fail_on):
         return 1

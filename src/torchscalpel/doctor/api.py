@@ -23,7 +23,7 @@ from torchscalpel.doctor.output import counts
 from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
 from torchscalpel.doctor.static import analyze_paths
-from torchscalpel.doctor.window import AUTO_MAX_STEPS, AUTO_SECONDS, DEFAULT_STEPS
+from torchscalpel.doctor.window import DEFAULT_STEPS, RANK_STEPS, TIME_CAP_S
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
 
@@ -37,15 +37,21 @@ _SKIP_DIRS = tuple(
 )
 
 
-class StepBudget(RuntimeRule):
-    """Asks the runtime to stop once at least ``min_steps`` steps ran and ``seconds`` have passed."""
+class TimeCap(RuntimeRule):
+    """Asks the runtime to stop once ``seconds`` have passed, and remembers after how many steps it did.
+
+    The doctor window is a step count; this cap only bounds a very slow script. When it fires the
+    evidence is shorter than planned, and :func:`diagnose` reports that in the record and the output
+    (never a silent cut: findings that need later steps may be missing).
+    """
 
     slugs = ()
 
-    def __init__(self, min_steps: int, seconds: float) -> None:
+    def __init__(self, seconds: float | None) -> None:
         super().__init__()
-        self.min_steps, self.seconds = min_steps, seconds
+        self.seconds = seconds if seconds and seconds > 0 else None
         self.steps = 0
+        self.capped_after: int | None = None
         self._start = time.monotonic()
 
     def on_start(self, session: Any) -> None:
@@ -53,8 +59,11 @@ class StepBudget(RuntimeRule):
 
     def on_step_end(self, step: Any) -> None:
         self.steps += 1
-        if self.steps >= self.min_steps and time.monotonic() - self._start >= self.seconds and self.session is not None:
-            self.session.request_stop(f"doctor window: {self.steps} steps in {self.seconds:.0f} s")
+        if (self.seconds is None or self.capped_after is not None or self.session is None
+                or time.monotonic() - self._start < self.seconds):
+            return
+        self.capped_after = self.steps
+        self.session.request_stop(f"doctor time cap: {self.seconds:.0f} s reached after {self.steps} steps")
 
 
 class SourceFiles(RuntimeRule):
@@ -205,25 +214,28 @@ def diagnose(
     command: Sequence[str] = (),
     step_kind: str = "auto",
     step_timeout_s: float | None = 600.0,
+    time_cap_s: float | None = TIME_CAP_S,
 ) -> tuple[RunRecord, list[Finding]]:
-    """Run ``target`` under every runtime rule (``steps="auto"`` or None: the default window, see
-    :data:`AUTO_MAX_STEPS`; ``"all"``: until the script ends), add static findings for the script and the model
-    sources it uses, re-run to locate a NaN when one appeared, and (``sanity``) try to overfit one
-    batch. Returns the Run record (findings stored in ``record.findings``) and the ranked findings."""
+    """Run ``target`` under every runtime rule (``steps="auto"`` or None: the default window of
+    :data:`DEFAULT_STEPS` measured steps; ``"all"``: until the script ends), add static findings for the
+    script and the model sources it uses, re-run to locate a NaN when one appeared, and (``sanity``)
+    try to overfit one batch. ``time_cap_s`` (None or 0: none) stops a slow script early; when it did,
+    ``record.sections["doctor"]["window"]["capped"]`` says after how many steps. Returns the Run record
+    (findings stored in ``record.findings``) and the ranked findings."""
     from torchscalpel.doctor.rules.rt_numerics import NanLoss
 
     sources = SourceFiles()
     rules: list[RuntimeRule] = [*all_runtime_rules(), sources]
     run_steps: int | None
+    cap = TimeCap(time_cap_s)
     if (steps is None or steps == "auto") and _world_size() > 1:
         # Under a launcher every rank must stop at the same step: a rank stopped by its own clock
         # would leave the others blocked in their next collective until torch's timeout.
-        run_steps = DEFAULT_STEPS
-    elif steps is None or steps == "auto":  # the default window: DEFAULT_STEPS, extended while the script is quick
-        rules.append(StepBudget(warmup + DEFAULT_STEPS, AUTO_SECONDS))
-        run_steps = AUTO_MAX_STEPS
+        run_steps = RANK_STEPS
+        cap = TimeCap(None)
     else:
-        run_steps = None if steps == "all" else steps
+        run_steps = DEFAULT_STEPS if steps is None or steps == "auto" else None if steps == "all" else steps
+    rules.append(cap)
     record, doctor = _run(target, rules, steps=run_steps, warmup=warmup, out_dir=out_dir, name=target.name,
                           progress=progress, command=command, profile=True, step_kind=step_kind,
                           step_timeout_s=step_timeout_s)
@@ -243,7 +255,20 @@ def diagnose(
     findings = assemble_findings(record, doctor, runtime_findings, rules, sources, files if static else None,
                                  notes=notes, sanity=sanity)
     record.sections["doctor"]["hint"] = launcher_hint(target, record)
+    record.sections["doctor"]["window"] = window_facts(run_steps, warmup, cap)
     return record, findings
+
+
+def window_facts(steps: int | None, warmup: int, cap: TimeCap) -> dict[str, Any]:
+    """The window the run was given and what cut it: ``capped`` is the sentence to show when the time
+    cap ended the run before its planned steps (None otherwise)."""
+    capped = None
+    if cap.capped_after is not None:
+        planned = "the end of the script" if steps is None else f"{warmup}+{steps} planned steps"
+        capped = (f"the {cap.seconds:.0f} s time cap ended the run after {cap.capped_after} step(s) of {planned}: "
+                  "findings that need later steps may be missing (pass --time-cap 0, or fewer --steps)")
+    return {"steps": steps, "warmup": warmup, "time_cap_s": cap.seconds, "steps_seen": cap.steps,
+            "capped_after": cap.capped_after, "capped": capped}
 
 
 def _world_size() -> int:

@@ -48,6 +48,7 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     # Numerics
     rt_numerics.NanLoss,
     rt_numerics.LossDiverging,
+    rt_numerics.ConstantLoss,
     rt_numerics.GradNorms,
     rt_numerics.NoUpdate,
     OverfitOneBatch,

@@ -50,7 +50,19 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
             console.print(Syntax(f.fix, "python", theme="ansi_dark", background_color="default", padding=(0, 4)))
         console.print()
     c = counts(ranked)
-    console.print(f"[bold]{len(ranked)} finding(s):[/bold] {c['error']} error, {c['warning']} warning, {c['info']} info")
+    console.print(summary_line(ranked))
+
+
+def summary_line(findings: Sequence[Finding]) -> str:
+    """The closing line: counts per severity, and in words when errors were found (the run is wrong)."""
+    c = counts(findings)
+    line = f"[bold]{len(findings)} finding(s):[/bold] {c['error']} error, {c['warning']} warning, {c['info']} info"
+    if c["error"]:
+        line += (f" - [bold red]{c['error']} error(s) found[/]: training or its results are broken until "
+                 f"{'it is' if c['error'] == 1 else 'they are'} fixed")
+    elif not c["warning"]:
+        line += " - no errors or warnings"
+    return line
 
 
 def to_json(findings: Sequence[Finding], **meta: Any) -> dict[str, Any]:

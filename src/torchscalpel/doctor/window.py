@@ -1,9 +1,17 @@
-"""The doctor's default run window (``--steps auto``); torch-free so the CLI's help can quote it."""
+"""The doctor's run window: a step count, with a time cap that is reported when it cut the window short.
 
-DEFAULT_STEPS = 30
-"""Measured steps the doctor run always gets (plus warm-up), when the script has that many."""
-AUTO_MAX_STEPS = 300
-"""With the default window, the run continues past DEFAULT_STEPS up to this many steps ..."""
-AUTO_SECONDS = 20.0
-"""... while it has run for less than this long: small scripts get to their evaluation loops and
-later epochs (where many bugs live), large ones stop after DEFAULT_STEPS."""
+Torch-free so the CLI's help can quote it. Findings must not depend on how busy the machine is, so
+the window is measured in steps (the same steps on a fast or a loaded machine) and every rule
+decides on step counts, per-step event counts or shares measured within the same steps. The time
+cap only protects users from a very slow script; when it ends the window before the planned steps,
+the run record and the output say so (``sections.doctor.window.capped``).
+"""
+
+DEFAULT_STEPS = 300
+"""Measured steps of the default window (``--steps auto``): small scripts reach their evaluation
+loops, later epochs and checkpoint saves, where many bugs live."""
+RANK_STEPS = 30
+"""Measured steps of every rank under a launcher (no time cap there: a rank stopped by its own
+clock would leave the others blocked in their next collective)."""
+TIME_CAP_S = 120.0
+"""Default wall-clock cap of a doctor run (``--time-cap``); 0 or None: no cap."""

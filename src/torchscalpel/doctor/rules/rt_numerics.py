@@ -12,7 +12,7 @@ from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, median, param_names
-from torchscalpel.doctor.runtime_rules import RuntimeRule, iter_tensors, user_location
+from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, iter_tensors, patch_attr, user_location
 
 MAX_CHECKED_STEPS = 500
 """Module outputs are checked for NaN/inf during at most this many steps (cost bound)."""
@@ -131,40 +131,152 @@ class NanLoss(RuntimeRule):
 
 
 class LossDiverging(RuntimeRule):
-    """The loss trend goes up: the last fifth of the steps sits well above the first fifth."""
+    """The loss goes up: a rising trend, or a blow-up (one step 100x above where the run started).
+
+    Decided on step counts and loss values only (never on time). The baseline is where the run
+    started, ``min(first loss, median of the first fifth)``, so a blow-up in the first steps cannot
+    become the "normal" level it is compared with; a script that crashed after the blow-up keeps the
+    steps it ran.
+    """
 
     info = RuleInfo(
         slug="loss-diverging",
         severity=Severity.WARNING,
         category="numerics",
-        summary="the loss grows instead of falling",
+        summary="the loss grows instead of falling, or blows up",
         kinds=("runtime",),
     )
+    supersedes = ("vanishing-gradients",)
+    """Weights thrown far away kill activations: the zero/vanishing gradients that follow are the
+    blow-up's consequence, and its fix (the learning rate) is the one that helps."""
     MIN_STEPS = 6
     FACTOR = 2.0
+    BLOWUP = 100.0
+    """One step's loss this many times the baseline is a blow-up, however short the run."""
 
     def findings(self, record: Any) -> Iterator[Finding]:
         losses = [s.loss for s in (record.steps if record is not None else []) if s.loss is not None]
         finite = [x for x in losses if math.isfinite(x)]
         went_nonfinite = len(finite) < len(losses)
-        if len(finite) < self.MIN_STEPS and not (went_nonfinite and len(finite) >= 3):
+        if len(finite) < 2:
             return
         k = max(2, len(finite) // 5) if len(finite) >= self.MIN_STEPS else 1
-        first, last = median(finite[:k]), median(finite[-k:])
-        # A short finite run that ends in NaN/inf must have blown up by an order of magnitude first.
+        base = min(finite[0], median(finite[:k]))
+        last = median(finite[-k:])
+        peak_i = max(range(1, len(finite)), key=finite.__getitem__)
+        peak = finite[peak_i]
+        blowup = base > 0 and peak >= self.BLOWUP * base and peak >= 1.0
+        # A trend needs enough steps; a short finite run that ends in NaN/inf must have grown 10x first.
         factor = self.FACTOR if len(finite) >= self.MIN_STEPS else 10.0
-        rising = last - first > (factor - 1.0) * max(abs(first), 1e-8)
-        if not rising:
+        rising = (len(finite) >= self.MIN_STEPS or went_nonfinite) and last - base > (factor - 1.0) * max(abs(base), 1e-8)
+        if not (blowup or rising):
             return
+        crashed = record is not None and getattr(record, "status", "") == "failed"
+        if blowup and not rising:
+            message = (f"The loss blew up: {base:.4g} at the start, {peak:.4g} at step {peak_i} ({peak / base:.0f}x)"
+                       + ("; it then became non-finite." if went_nonfinite else
+                          "; the script then crashed." if crashed else
+                          f", and {last:.4g} at the end." if peak_i < len(finite) - 1 else "."))
+        else:
+            message = (f"The loss rises instead of falling: {base:.4g} at the start, median {last:.4g} over the last {k} steps"
+                       + (f" (peak {peak:.4g})" if blowup else "")
+                       + (" before it became non-finite." if went_nonfinite else "."))
+        evidence = [f"loss at steps 0..{len(finite) - 1}: " + ", ".join(f"{x:.3g}" for x in _sample(finite)),
+                    f"max {peak:.4g} at step {peak_i}; baseline (first steps, blow-ups excluded) {base:.4g}"]
+        if crashed and record.error:
+            evidence.append(f"the script then failed: {str(record.error).splitlines()[0][:200]}")
         yield make_finding(
             "loss-diverging",
-            f"The loss rises instead of falling: median {first:.4g} over the first {k} steps, {last:.4g} over the last {k}"
-            + (" before it became non-finite." if went_nonfinite else "."),
-            evidence=[f"loss at steps 0..{len(finite) - 1}: " + ", ".join(f"{x:.3g}" for x in finite[:: max(1, len(finite) // 10)]),
-                      f"max {max(finite):.4g}"],
-            fix="# lower the learning rate (typically 3-10x) and add warm-up and clipping:\n"
+            message,
+            evidence=evidence,
+            fix="# the learning rate is too high for this optimizer (typical: AdamW 1e-4..3e-3, SGD 1e-3..1e-1);\n"
+            "# lower it 10x, add warm-up and clipping:\n"
             "optimizer = torch.optim.AdamW(model.parameters(), lr=lr / 10)\n"
             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)",
+        )
+
+
+def _sample(values: Sequence[float], n: int = 12) -> list[float]:
+    """About ``n`` values spread over ``values``, always with the first ones (where blow-ups show) and the last."""
+    if len(values) <= n:
+        return list(values)
+    stride = max(1, len(values) // (n - 3))
+    picked = sorted({0, 1, 2, *range(0, len(values), stride), len(values) - 1})
+    return [values[i] for i in picked]
+
+
+_SINGLE_CLASS = "cross_entropy over a single class"
+
+
+class ConstantLoss(RuntimeRule):
+    """The loss has exactly the same value at every step: it cannot vary with the parameters.
+
+    Typical cause, named when seen: ``cross_entropy`` over one logit (``nn.Linear(d, 1)`` with
+    ``CrossEntropyLoss`` and float targets) is ``-target * log(softmax([z]))`` = 0 for every ``z``.
+    """
+
+    info = RuleInfo(
+        slug="loss-constant",
+        severity=Severity.ERROR,
+        category="numerics",
+        summary="the loss is the same value at every step: nothing can learn",
+        kinds=("runtime",),
+    )
+    supersedes = ("vanishing-gradients", "cannot-overfit-batch")
+    """Zero gradients and parameters that never move are this finding's consequences."""
+    MIN_STEPS = 5
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.single_class: dict[str, Any] | None = None
+
+    def setup(self) -> Undo:
+        import torch.nn.functional as F
+
+        rule = self
+
+        def seen(input: Any) -> None:
+            if (rule.single_class is None and isinstance(input, torch.Tensor) and input.dim() >= 2
+                    and input.shape[1] == 1 and input.requires_grad):
+                rule.single_class = {"shape": list(input.shape), "location": user_location()}
+
+        safe_seen = self.safe(seen)
+
+        def make(original: Any) -> Any:
+            def cross_entropy(input: Any, *args: Any, **kwargs: Any) -> Any:
+                safe_seen(input)
+                return original(input, *args, **kwargs)
+
+            return cross_entropy
+
+        return patch_attr(F, "cross_entropy", make)
+
+    def findings(self, record: Any) -> Iterator[Finding]:
+        losses = [s.loss for s in (record.steps if record is not None else []) if s.loss is not None]
+        if len(losses) < self.MIN_STEPS or not all(math.isfinite(x) for x in losses) or len(set(losses)) != 1:
+            return
+        value = losses[0]
+        sc = self.single_class
+        if sc is not None:
+            cause = (f"{_SINGLE_CLASS}: the model's output has shape {sc['shape']}, one logit per sample, and softmax "
+                     "over one logit is always 1, so the loss is 0 whatever the model predicts")
+            fix = ("# one output unit is binary classification: use a loss made for it\n"
+                   "criterion = nn.BCEWithLogitsLoss()          # targets: float 0/1, shape like the output\n"
+                   "# or two output units with integer class targets:\n"
+                   "# model = ...nn.Linear(d, 2); loss = F.cross_entropy(logits, y.long().view(-1))")
+        else:
+            cause = "it does not depend on the model's output (a detached or constant term, a loss over a single class, ...)"
+            fix = ("# compute the loss from the model's output without .detach()/.item()/argmax in between,\n"
+                   "# and check the output layer matches the loss:\n"
+                   "loss = F.cross_entropy(model(x), y)   # logits of shape (N, classes), integer targets")
+        yield make_finding(
+            "loss-constant",
+            f"The loss is exactly {value:.6g} at every one of the {len(losses)} steps: it cannot vary, because {cause}. "
+            "Nothing can learn.",
+            evidence=[f"{len(losses)} steps, every loss bit-identical ({value!r})"]
+            + ([f"cross_entropy called with input of shape {sc['shape']} at {fmt_loc(sc['location'])}"] if sc else []),
+            fix=fix,
+            location=sc["location"] if sc else None,
         )
 
 
@@ -257,10 +369,12 @@ class GradNorms(RuntimeRule):
         if len(self.norms) >= 3 and self.zero_steps >= max(3, len(self.norms) // 2):
             yield make_finding(
                 "vanishing-gradients",
-                "Gradients are exactly zero: nothing upstream of the loss learns (dead activations or a detached graph).",
+                "Gradients are exactly zero at most optimizer steps: nothing upstream of the loss learns "
+                "(dead activations or a detached graph).",
                 evidence=[f"total grad norm was 0 at {self.zero_steps} of {len(self.norms)} optimizer steps"],
                 fix="# check for .detach()/.item()/argmax between model and loss, and saturated activations",
                 location=self.location,
+                severity=Severity.ERROR,  # training that cannot learn at all
             )
             return
         if len(self.ratios) < 3:
@@ -347,4 +461,5 @@ class NoUpdate(RuntimeRule):
             "# the learning rate (and scheduler) must be > 0; the loss must depend on the model's output\n"
             "optimizer.zero_grad(); loss.backward(); optimizer.step()",
             location=self.location,
+            severity=Severity.ERROR,  # not one parameter moved: training cannot learn at all
         )
