@@ -41,6 +41,8 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     rt_optim.FrozenParamInOptimizer,
     # Training loop
     rt_optim.GradNotZeroed,
+    loop_static.ManualParameterUpdateStatic,
+    rt_optim.ManualParameterUpdate,
     rt_graph.LossGraphRetained,
     rt_graph.EvalInTrainMode,
     rt_graph.EvalWithoutNoGrad,

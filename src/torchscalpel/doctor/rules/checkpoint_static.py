@@ -3,17 +3,70 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.static import StaticContext, StaticRule
 
-_MODEL_NAMES = {"model", "net", "network", "module", "student", "teacher", "generator", "discriminator"}
+_MODEL_NAMES = {"model", "net", "network", "module", "student", "teacher", "generator", "discriminator", "ema",
+                "encoder", "decoder", "classifier", "backbone", "policy", "actor", "critic", "autoencoder", "vae",
+                "unet", "transformer", "gpt", "lm"}
+_MODEL_SUFFIXES = ("model", "_net", "net_", "_module", "encoder", "decoder", "classifier")
+_PICKLE_LOADS = {"pickle.load", "pickle.loads", "dill.load", "cloudpickle.load", "joblib.load", "pandas.read_pickle"}
+_PICKLE_DUMP = re.compile(r"\b(pickle|dill|cloudpickle|joblib)\.dump\b|\.to_pickle\(")
+_PICKLE_NAME = re.compile(r"""["']([^"'\s]*?([\w.-]+\.(?:pkl|pickle|pck|pkl\.gz)))["']""")
+_SIBLING_FILES = 200
+_SIBLING_BYTES = 1 << 20
+
+
+def _pickle_names(text: str) -> set[str]:
+    """Base names of pickle files (``meta.pkl``) written as string literals in ``text``."""
+    return {m.group(2) for m in _PICKLE_NAME.finditer(text)}
+
+
+def _own_pickle_writer(ctx: StaticContext) -> str | None:
+    """``file:line`` where this repository writes the pickle this file reads, else None.
+
+    The same file dumping a pickle (a cache: load if present, else compute and dump) counts; so does
+    a file in this folder or the one above (a ``prepare.py`` next to ``train.py``, nanoGPT's
+    ``data/<name>/prepare.py``) that dumps a pickle under a file name this file reads.
+    """
+    own = _PICKLE_DUMP.search(ctx.source)
+    if own:
+        return f"{Path(ctx.path).name}:{ctx.source.count(chr(10), 0, own.start()) + 1}"
+    names = _pickle_names(ctx.source)
+    if not names:
+        return None
+    here = Path(ctx.path).resolve()
+    folders = [here.parent, here.parent.parent]
+    candidates: list[Path] = []
+    for folder in folders:
+        try:
+            candidates += sorted(folder.glob("*.py")) + sorted(folder.glob("*/*.py"))
+        except OSError:
+            continue
+    for path in candidates[:_SIBLING_FILES]:
+        if path == here:
+            continue
+        try:
+            if path.stat().st_size > _SIBLING_BYTES:
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        dump = _PICKLE_DUMP.search(text)
+        if dump and names & _pickle_names(text):
+            return f"{path.name}:{text.count(chr(10), 0, dump.start()) + 1}"
+    return None
 
 
 def unsafe_torch_load(ctx: StaticContext) -> Iterator[Finding]:
-    """``torch.load(..., weights_only=False)`` and ``pickle.load(s)``."""
+    """``torch.load(..., weights_only=False)`` and ``pickle.load(s)`` (info when this repository
+    writes that pickle itself)."""
+    writer: str | None | bool = False  # looked up once, on the first pickle load
     for call in ctx.calls():
         name = ctx.call_name(call)
         if name == "torch.load":
@@ -25,45 +78,161 @@ def unsafe_torch_load(ctx: StaticContext) -> Iterator[Finding]:
                     "torch.load(weights_only=False) unpickles arbitrary objects: a tampered checkpoint runs code "
                     "on this machine.",
                     fix="state = torch.load(path, weights_only=True, map_location='cpu')\n"
-                    "# or safetensors.torch.load_file(path)",
+                    "# weights_only=True loads tensors, dicts, lists, numbers and strings; for anything else\n"
+                    "# allow exactly what torch lists: torch.serialization.get_unsafe_globals_in_checkpoint(path)\n"
+                    "# (numpy arrays: np.save / np.load instead)",
                 )
-        elif name in {"pickle.load", "pickle.loads", "dill.load", "cloudpickle.load"}:
-            yield ctx.finding(
-                "unsafe-torch-load",
-                call,
-                f"{name} runs arbitrary code from the file it reads; only use it on files you produced.",
-                fix="# store tensors with safetensors and metadata as JSON:\n"
-                "from safetensors.torch import load_file\nstate = load_file(path)",
-            )
+        elif name in _PICKLE_LOADS:
+            if writer is False:
+                writer = _own_pickle_writer(ctx)
+            fix = ("# plain data (vocabularies, configs, metadata): JSON needs no unpickling\n"
+                   "json.dump(meta, f)   ->   meta = json.load(f)   # note: JSON object keys become strings\n"
+                   "# arrays: np.save / np.load; tensors: torch.save + torch.load(path, weights_only=True)")
+            if writer:
+                yield ctx.finding(
+                    "unsafe-torch-load",
+                    call,
+                    f"{name} reads a pickle that this repository writes itself ({writer}): safe for files it "
+                    "produced; JSON would make the file safe to share.",
+                    fix=fix,
+                    severity=Severity.INFO,
+                )
+            else:
+                yield ctx.finding(
+                    "unsafe-torch-load",
+                    call,
+                    f"{name} runs arbitrary code from the file it reads, and nothing in this repository writes "
+                    "that file: only use it on files you produced.",
+                    fix=fix,
+                )
+
+
+_UNWRAP = {"to", "cuda", "cpu", "train", "eval", "half", "float", "bfloat16", "double"}
+
+
+def _strip(node: ast.AST) -> ast.AST:
+    """``model.cpu()`` / ``model.to(dev)`` / ``model.module`` / ``copy.deepcopy(model)`` -> ``model``."""
+    while True:
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _UNWRAP:
+            node = node.func.value
+        elif isinstance(node, ast.Attribute) and node.attr in {"module", "_orig_mod"}:
+            node = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name) and \
+                (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "deepcopy" and node.args:
+            node = node.args[0]
+        else:
+            return node
 
 
 def _module_names(ctx: StaticContext) -> set[str]:
-    """Variable names assigned a module constructor (or a wrapper of one) in this file."""
+    """Variable and ``self.`` attribute names assigned a module constructor (or a wrapper of one) in this file."""
     names: set[str] = set()
     for node in ast.walk(ctx.tree):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            value = node.value
-            while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in {"to", "cuda", "cpu", "train", "eval"}:
-                value = value.func.value
-            if ctx.is_module_ctor(value):
-                names.add(node.targets[0].id)
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is None or len(targets) != 1:
+                continue
+            value = _strip(node.value)
+            while isinstance(value, ast.Call) and value.args and ctx.call_name(value) in {
+                    "torch.compile", "torch.nn.DataParallel", "torch.nn.parallel.DistributedDataParallel"}:
+                value = _strip(value.args[0])
+            if not ctx.is_module_ctor(value):
+                continue
+            t = targets[0]
+            if isinstance(t, ast.Name):
+                names.add(t.id)
+            elif isinstance(t, ast.Attribute):
+                names.add(t.attr)
     return names
 
 
-def whole_model_save(ctx: StaticContext) -> Iterator[Finding]:
-    """``torch.save(model, path)`` where ``model`` is a module (not its state_dict)."""
-    modules = _module_names(ctx)
-    for call in ctx.calls():
-        if ctx.call_name(call) != "torch.save" or not call.args:
+def _state_names(ctx: StaticContext) -> set[str]:
+    """Names assigned something built from a ``state_dict()`` (``best_model = copy.deepcopy(model.state_dict())``)."""
+    names: set[str] = set()
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Assign) and any(
+                isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "state_dict"
+                for c in ast.walk(node.value)):
+            for t in node.targets:
+                if isinstance(t, ast.Name | ast.Attribute):
+                    names.add(t.id if isinstance(t, ast.Name) else t.attr)
+    return names
+
+
+def _modelish(node: ast.AST, modules: set[str], states: frozenset[str] | set[str] = frozenset()) -> str | None:
+    """The source name of a saved expression that is a module (not its state_dict), else None."""
+    node = _strip(node)
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    if name is None or (name in states and name not in modules):
+        return None
+    low = name.lower()
+    if name in modules or low in _MODEL_NAMES or low.endswith(_MODEL_SUFFIXES):
+        return name
+    return None
+
+
+def _saved(ctx: StaticContext, call: ast.Call, modules: set[str], obj_index: int = 0,
+           obj_kw: str = "obj") -> str | None:
+    """What a save call pickles when it is a module: the positional/keyword object, or a dict literal
+    holding one (``{"model": model, ...}``)."""
+    obj = call.args[obj_index] if len(call.args) > obj_index else next(
+        (k.value for k in call.keywords if k.arg == obj_kw), None)
+    if obj is None or isinstance(obj, ast.Starred):
+        return None
+    if isinstance(obj, ast.Dict):
+        for v in obj.values:
+            name = _modelish(v, modules, _state_names(ctx))
+            if name is not None:
+                return name
+        return None
+    return _modelish(obj, modules, _state_names(ctx))
+
+
+def _save_helpers(ctx: StaticContext) -> dict[str, tuple[int, str]]:
+    """Functions in this file that pass one of their parameters to torch.save as the saved object:
+    name -> (index of that parameter at call sites, its name)."""
+    helpers: dict[str, tuple[int, str]] = {}
+    for fn in ast.walk(ctx.tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
-        obj = call.args[0]
-        name = obj.id if isinstance(obj, ast.Name) else obj.attr if isinstance(obj, ast.Attribute) else None
-        if name is None or not (name in modules or name.lower() in _MODEL_NAMES or name.lower().endswith("_model")):
+        params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+        for call in ctx.calls(fn):
+            if ctx.call_name(call) != "torch.save":
+                continue
+            obj = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "obj"), None)
+            if isinstance(obj, ast.Name) and obj.id in params:
+                index = params.index(obj.id)
+                if params and params[0] in {"self", "cls"}:
+                    index -= 1  # called as self.helper(...)
+                if index >= 0:
+                    helpers[fn.name] = (index, obj.id)
+    return helpers
+
+
+def whole_model_save(ctx: StaticContext) -> Iterator[Finding]:
+    """``torch.save(model, path)`` / ``torch.save(obj=self.model, f=...)`` / ``torch.save({"model": model})``
+    where ``model`` is a module (not its state_dict), also through a helper function of this file that
+    passes its argument on to torch.save."""
+    modules = _module_names(ctx)
+    helpers = _save_helpers(ctx)
+    for call in ctx.calls():
+        cname = ctx.call_name(call)
+        name = None
+        via = ""
+        if cname == "torch.save":
+            name = _saved(ctx, call, modules)
+        else:
+            fname = call.func.id if isinstance(call.func, ast.Name) else call.func.attr if isinstance(call.func, ast.Attribute) else None
+            if fname in helpers:
+                index, param = helpers[fname]
+                name = _saved(ctx, call, modules, obj_index=index, obj_kw=param)
+                via = f" (through {fname}(), which passes it to torch.save)"
+        if name is None:
             continue
         yield ctx.finding(
             "whole-model-save",
             call,
-            f"torch.save({name}) pickles the whole module: loading needs the exact class and file layout, "
+            f"torch.save of {name}{via} pickles the whole module: loading needs the exact class and file layout, "
             "and needs weights_only=False (arbitrary code).",
             fix=f"torch.save({name}.state_dict(), path)\n# load: model.load_state_dict(torch.load(path, weights_only=True))",
         )

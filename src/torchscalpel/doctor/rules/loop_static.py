@@ -31,10 +31,69 @@ def empty_cache_in_loop(ctx: StaticContext) -> Iterator[Finding]:
 
 
 _SEED_SUFFIXES = ("manual_seed", "manual_seed_all", "seed_everything", "set_seed", "random.seed", "seed")
+_LOOPS = (ast.For, ast.While, ast.AsyncFor, ast.With, ast.AsyncWith, ast.Try)
+
+
+def is_entry_script(tree: ast.Module) -> bool:
+    """True for a file meant to be run (an ``if __name__ == "__main__":`` block, or statements at module
+    level that do work: loops, with-blocks, bare calls); False for a library module of functions and
+    classes, whose caller decides about seeding."""
+    for node in tree.body:
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+            return True
+        if isinstance(node, _LOOPS):
+            return True
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            return True
+    return False
+
+
+def _mentions_grad(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(node))
+
+
+def manual_updates(ctx: StaticContext) -> Iterator[ast.AST]:
+    """Statements that update parameters in place from their ``.grad`` by hand (``p.data.add_(-lr * p.grad)``,
+    ``p -= lr * p.grad``, ``w.data = w.data - lr * w.grad``), outside custom Optimizer classes."""
+    skip: set[int] = set()
+    for cls in ast.walk(ctx.tree):
+        if isinstance(cls, ast.ClassDef) and any((ctx.qualname(b) or "").rsplit(".", 1)[-1] == "Optimizer" for b in cls.bases):
+            skip.update(id(n) for n in ast.walk(cls))
+    for node in ast.walk(ctx.tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in {"add_", "sub_", "copy_"}:
+            receiver = node.func.value
+            if not _mentions_grad(receiver) and any(_mentions_grad(a) for a in [*node.args, *(k.value for k in node.keywords)]):
+                yield node
+        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Sub | ast.Add):
+            if not _mentions_grad(node.target) and _mentions_grad(node.value):
+                yield node
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute) \
+                and node.targets[0].attr == "data" and _mentions_grad(node.value):
+            yield node
+
+
+MANUAL_UPDATE_FIX = ("optimizer = torch.optim.SGD(model.parameters(), lr=lr)   # once, before the loop\n"
+                     "optimizer.step(); optimizer.zero_grad()                  # replaces the hand-written update")
+
+
+def manual_parameter_update(ctx: StaticContext) -> Iterator[Finding]:
+    """Hand-written SGD updates: worth knowing that an optimizer does the same in two lines, plus more."""
+    for node in manual_updates(ctx):
+        yield ctx.finding(
+            "manual-parameter-update",
+            node,
+            "Parameters are updated by hand from their .grad: no momentum, weight decay, clipping or LR schedule, "
+            "and writes through .data bypass autograd's checks. torch.optim does the same update in two lines.",
+            fix=MANUAL_UPDATE_FIX,
+        )
+        return  # one per file is enough
 
 
 def unseeded_run(ctx: StaticContext) -> Iterator[Finding]:
-    """A file that calls ``.backward()`` and an optimizer ``step`` but never seeds any RNG."""
+    """An entry script that calls ``.backward()`` and updates parameters (an optimizer ``step`` or a
+    hand-written update) but never seeds any RNG. Library modules are left to their entry script."""
     backward = None
     for call in ctx.calls():
         if isinstance(call.func, ast.Attribute) and call.func.attr == "backward" and backward is None:
@@ -42,7 +101,9 @@ def unseeded_run(ctx: StaticContext) -> Iterator[Finding]:
         name = ctx.call_name(call) or (call.func.attr if isinstance(call.func, ast.Attribute) else "")
         if name and name.endswith(_SEED_SUFFIXES):
             return
-    if backward is None or not ctx.mentions_attr("step"):
+    if backward is None or not is_entry_script(ctx.tree):
+        return
+    if not ctx.mentions_attr("step") and next(manual_updates(ctx), None) is None:
         return
     yield ctx.finding(
         "unseeded-run",
@@ -73,3 +134,14 @@ class UnseededRunStatic(StaticRule):
         kinds=("static", "runtime"),
     )
     check = staticmethod(unseeded_run)
+
+
+class ManualParameterUpdateStatic(StaticRule):
+    info = RuleInfo(
+        slug="manual-parameter-update",
+        severity=Severity.INFO,
+        category="loop",
+        summary="parameters updated by hand from .grad instead of by an optimizer",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(manual_parameter_update)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,7 +37,7 @@ class CheckpointRules(RuntimeRule):
     def __init__(self) -> None:
         super().__init__()
         self.saves: list[tuple[str, Location | None]] = []
-        self.loads: list[Location | None] = []
+        self.loads: list[tuple[Location | None, dict[str, Any]]] = []
         self.mismatch: dict[str, Any] | None = None
 
     def setup(self) -> Undo:
@@ -51,9 +52,10 @@ class CheckpointRules(RuntimeRule):
             if mods:
                 rule.saves.append((", ".join(mods), user_location()))
 
-        def on_load(kwargs: dict[str, Any]) -> None:
+        def on_load(args: tuple[Any, ...], kwargs: dict[str, Any], result: Any) -> None:
             if kwargs.get("weights_only") is False:
-                rule.loads.append(user_location())
+                f = args[0] if args else kwargs.get("f")
+                rule.loads.append((user_location(), describe_loaded(result, f)))
 
         def on_load_state_dict(module: torch.nn.Module, state_dict: Any) -> None:
             if rule.mismatch is not None or not hasattr(state_dict, "keys"):
@@ -84,8 +86,9 @@ class CheckpointRules(RuntimeRule):
 
         def make_load(original: Callable[..., Any]) -> Callable[..., Any]:
             def load(*args: Any, **kwargs: Any) -> Any:
-                safe_load(kwargs)
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
+                safe_load(args, kwargs, result)
+                return result
 
             return load
 
@@ -114,12 +117,13 @@ class CheckpointRules(RuntimeRule):
                 location=loc,
             )
         if self.loads:
-            loc = self.loads[0]
+            loc, what = self.loads[0]
             yield make_finding(
                 "unsafe-torch-load",
-                "torch.load(weights_only=False) unpickles arbitrary objects: a tampered checkpoint runs code here.",
-                evidence=[f"{len(self.loads)} call(s), first at {fmt_loc(loc)}"],
-                fix="state = torch.load(path, weights_only=True, map_location='cpu')",
+                "torch.load(weights_only=False) unpickles arbitrary objects: a tampered checkpoint runs code here. "
+                + what["advice"],
+                evidence=[f"{len(self.loads)} call(s), first at {fmt_loc(loc)}", f"the file held {what['held']}"],
+                fix=what["fix"],
                 location=loc,
             )
         if self.mismatch:
@@ -143,6 +147,75 @@ class CheckpointRules(RuntimeRule):
             )
 
 
+def _kinds(obj: Any, limit: int = 2000) -> dict[str, Any]:
+    """What a loaded object is made of: tensors, numpy arrays, modules, other classes (bounded walk)."""
+    found: dict[str, Any] = {"tensor": False, "numpy": False, "module": [], "other": set(), "plain": False}
+    stack, seen = [obj], 0
+    while stack and seen < limit:
+        o = stack.pop()
+        seen += 1
+        if isinstance(o, torch.Tensor):
+            found["tensor"] = True
+        elif isinstance(o, torch.nn.Module):
+            found["module"].append(type(o).__name__)
+        elif type(o).__module__.startswith("numpy"):
+            found["numpy"] = True
+        elif isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, list | tuple | set | frozenset):
+            stack.extend(o)
+        elif o is None or isinstance(o, str | bytes | int | float | bool | complex):
+            found["plain"] = True
+        else:
+            found["other"].add(f"{type(o).__module__}.{type(o).__qualname__}")
+    return found
+
+
+def describe_loaded(obj: Any, f: Any) -> dict[str, str]:
+    """What a ``torch.load(weights_only=False)`` returned, and the safe way to load exactly that:
+    ``held`` (evidence), ``advice`` (one sentence) and ``fix`` (code). The globals a weights-only load
+    would refuse come from torch itself (``get_unsafe_globals_in_checkpoint``) when the file is a path."""
+    kinds = _kinds(obj)
+    needed: list[str] | None = None
+    if isinstance(f, str | os.PathLike) and os.path.isfile(f):
+        try:
+            needed = list(torch.serialization.get_unsafe_globals_in_checkpoint(f))
+        except Exception:  # an old-format or odd file: judge by the loaded object alone
+            needed = None
+    parts = [name for name, on in (("tensors", kinds["tensor"]), ("numpy arrays", kinds["numpy"]),
+                                   ("plain Python data", kinds["plain"])) if on]
+    parts += [f"module {m}" for m in kinds["module"][:2]] + sorted(kinds["other"])[:3]
+    held = ", ".join(parts) or type(obj).__name__
+    if needed is not None:
+        held += f"; globals a weights-only load refuses: {', '.join(needed[:6]) or 'none'}"
+    if kinds["module"]:
+        return {"held": held, "advice": "It holds a whole module: save its state_dict instead.",
+                "fix": "torch.save(model.state_dict(), path)\n"
+                       "model.load_state_dict(torch.load(path, weights_only=True, map_location='cpu'))"}
+    if kinds["numpy"]:
+        names = ", ".join(needed) if needed else "numpy.ndarray, numpy.dtype, numpy._core.multiarray._reconstruct"
+        return {"held": held, "advice": "It holds numpy arrays, which weights_only=True refuses: store them with numpy "
+                "(no pickle), or allow exactly numpy's globals.",
+                "fix": "np.save(path, array)              # arrays: no pickle involved\n"
+                       "array = np.load(path)             # allow_pickle=False is numpy's default\n"
+                       "# or keep torch.save and allow exactly these globals:\n"
+                       f"with torch.serialization.safe_globals([{names}]):\n"
+                       "    blob = torch.load(path, weights_only=True)"}
+    if (needed is not None and needed) or kinds["other"]:
+        names = ", ".join(needed or sorted(kinds["other"]))
+        return {"held": held, "advice": "weights_only=True needs exactly the classes below allowed.",
+                "fix": f"with torch.serialization.safe_globals([{names}]):\n"
+                       "    state = torch.load(path, weights_only=True, map_location='cpu')\n"
+                       "# or store those objects as plain data (dicts, lists, numbers, strings)"}
+    if kinds["plain"] and not kinds["tensor"]:
+        return {"held": held, "advice": "It holds plain data only: weights_only=True loads it as is (or store it as JSON).",
+                "fix": "data = torch.load(path, weights_only=True)\n"
+                       "# plain data needs no pickle at all: json.dump(data, f) / json.load(f)"}
+    return {"held": held, "advice": "It holds only tensors and plain containers: weights_only=True loads it as is.",
+            "fix": "state = torch.load(path, weights_only=True, map_location='cpu')"}
+
+
 _SEED_FUNCS = (
     (torch, "manual_seed"),
     (torch.random, "manual_seed"),
@@ -162,6 +235,7 @@ class UnseededRun(RuntimeRule):
         super().__init__()
         self.seeded = False
         self.steps = 0
+        self.backwards = 0
         self.location: Location | None = None
 
     def setup(self) -> Undo:
@@ -188,14 +262,20 @@ class UnseededRun(RuntimeRule):
         if self.steps == 1:
             self.location = user_location()
 
+    def on_backward_pre(self, tensors: Any) -> None:
+        # Scripts without an optimizer (hand-written SGD) train too: a backward is enough.
+        self.backwards += 1
+        if self.backwards == 1 and self.location is None:
+            self.location = user_location()
+
     def findings(self, record: Any) -> Iterator[Finding]:
-        if self.seeded or self.steps < 1:
+        if self.seeded or (self.steps < 1 and self.backwards < 1):
             return
         yield make_finding(
             "unseeded-run",
             "No random seed was set (torch, random or numpy): initial weights and data order differ from run to "
             "run, so a regression cannot be told from noise.",
-            evidence=[f"{self.steps} optimizer steps ran without a seeding call"],
+            evidence=[f"{self.steps} optimizer step(s) and {self.backwards} backward call(s) ran without a seeding call"],
             fix="import random, numpy as np, torch\nrandom.seed(0); np.random.seed(0); torch.manual_seed(0)",
             location=self.location,
         )

@@ -42,13 +42,33 @@ class _Sentinel:
         self.use.used = True
 
 
-def _attach(tensors: list[torch.Tensor], use: _Use | None = None) -> weakref.ref[_Sentinel] | None:
-    """Register one sentinel on the distinct grad_fn nodes of ``tensors``; None if none has a graph."""
+def _loss_nodes(t: torch.Tensor, depth: int = 2, exclude: set[int] = frozenset()) -> list[Any]:  # type: ignore[assignment]
+    """The backward root's node and the nodes just below it (``depth`` levels, parameters' AccumulateGrad
+    nodes excluded: they live as long as the model). The tensor a script keeps is often one step below
+    the one backward ran on: ``(loss / accum).backward()`` or ``scaler.scale(loss).backward()`` while
+    ``loss`` goes into a list."""
+    root = t.grad_fn
+    if root is None:
+        return []
+    nodes, frontier = [root], [root]
+    for _ in range(depth - 1):
+        nxt = []
+        for node in frontier:
+            for child, _ in getattr(node, "next_functions", ()):
+                if (child is not None and type(child).__name__ != "AccumulateGrad" and id(child) not in exclude
+                        and len(nodes) < 8):
+                    nodes.append(child)
+                    nxt.append(child)
+        frontier = nxt
+    return nodes
+
+
+def _attach(tensors: list[torch.Tensor], use: _Use | None = None, nodes: list[Any] | None = None) -> weakref.ref[_Sentinel] | None:
+    """Register one sentinel on the distinct grad_fn nodes of ``tensors`` (or on ``nodes``); None if none has a graph."""
     sentinel = _Sentinel(use or _Use())
     attached = False
     seen: set[int] = set()
-    for t in tensors:
-        fn = t.grad_fn
+    for fn in nodes if nodes is not None else [t.grad_fn for t in tensors]:
         if fn is None or id(fn) in seen:
             continue
         seen.add(id(fn))
@@ -80,11 +100,18 @@ class LossGraphRetained(RuntimeRule):
         self.outputs_history: list[tuple[int, int, int]] = []
         self.location: Location | None = None
         self._last_loss_loc: Location | None = None
+        self._recent_nodes: set[int] = set()
 
     def on_backward_pre(self, tensors: Any) -> None:
         if not tensors:
             return
-        ref = _attach([tensors[0]])
+        if not isinstance(tensors[0], torch.Tensor):
+            return
+        # A node below the root that an earlier backward also reached is shared between steps (a
+        # tensor built once, before the loop): it would keep every step's sentinel alive.
+        nodes = _loss_nodes(tensors[0], exclude=self._recent_nodes)
+        self._recent_nodes = {id(n) for n in nodes[1:]} | {id(c) for c, _ in getattr(tensors[0].grad_fn, "next_functions", ()) if c is not None}
+        ref = _attach([], nodes=nodes)
         if ref is not None:
             self._losses.append((self.step, ref))
             if len(self._losses) <= 2:
@@ -111,18 +138,20 @@ class LossGraphRetained(RuntimeRule):
             self.location = self._last_loss_loc
 
     @staticmethod
-    def _retained(history: list[tuple[int, int, int]]) -> bool:
-        if not history:
-            return False
-        _, alive, old = history[-1]
-        return alive >= 3 and alive >= 0.5 * old
+    def _retained(history: list[tuple[int, int, int]]) -> tuple[int, int, int] | None:
+        """The worst moment of the run: the step at which most old graphs were alive, if it counts.
+
+        Any step counts, not only the last: a list reset each epoch (``epoch_losses = []``) may
+        have just been emptied when the window ends."""
+        hits = [h for h in history if h[1] >= 3 and h[1] >= 0.5 * h[2]]
+        return max(hits, key=lambda h: h[1]) if hits else None
 
     def findings(self, record: Any) -> Iterator[Finding]:
         losses, outputs = self._retained(self.alive_history), self._retained(self.outputs_history)
         if not (losses or outputs):
             return
         history = self.alive_history if losses else self.outputs_history
-        step, alive, old = history[-1]
+        step, alive, old = losses or outputs  # type: ignore[misc]
         peak = max(a for _, a, _ in history)
         yield make_finding(
             "loss-graph-retained",

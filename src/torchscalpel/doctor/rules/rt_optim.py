@@ -11,6 +11,7 @@ import torch
 from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.doctor.rules import loop_static
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params, param_names
 from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, user_location
 
@@ -251,4 +252,51 @@ class GradNotZeroed(RuntimeRule):
             fix="for x, y in loader:\n    optimizer.zero_grad(set_to_none=True)\n    loss = loss_fn(model(x), y)\n"
             "    loss.backward()\n    optimizer.step()",
             location=self.location,
+        )
+
+
+class ManualParameterUpdate(RuntimeRule):
+    """Parameters that change between backward calls while no optimizer ever stepped: a hand-written update.
+
+    Seen by the effect, whatever the spelling: a few elements of a few parameters are remembered at
+    each backward; when they differ at the next one and no ``optimizer.step()`` ran in between, the
+    script updated them itself. The static half points at the line.
+    """
+
+    info = loop_static.ManualParameterUpdateStatic.info
+    MIN_UPDATES = 2
+    _PARAMS = 6
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._snap: list[tuple[weakref.ref[torch.Tensor], torch.Tensor]] = []
+        self.updates = 0
+        self.backwards = 0
+        self.stepped = False
+
+    def on_optimizer_step_post(self, optimizer: Any) -> None:
+        self.stepped = True
+        self._snap = []
+
+    def on_backward_pre(self, tensors: Any) -> None:
+        if self.stepped or getattr(self.session, "optimizers", None):
+            return
+        self.backwards += 1
+        if self._snap and any((p := ref()) is not None and not torch.equal(p.detach().reshape(-1)[:16], head)
+                              for ref, head in self._snap):
+            self.updates += 1
+        params = [p for root in _roots(self) for p in root.parameters() if p.requires_grad and p.numel()]
+        params = params[:: max(1, len(params) // self._PARAMS)][: self._PARAMS]
+        self._snap = [(weakref.ref(p), p.detach().reshape(-1)[:16].clone()) for p in params]
+
+    def findings(self, record: Any) -> Iterator[Finding]:
+        if self.stepped or self.updates < self.MIN_UPDATES:
+            return
+        yield make_finding(
+            "manual-parameter-update",
+            "Parameters are updated by hand (they changed between backward calls and no optimizer exists): no "
+            "momentum, weight decay, clipping or LR schedule. torch.optim does the same update in two lines.",
+            evidence=[f"parameters changed between {self.updates} of {self.backwards} consecutive backward calls "
+                      "without any optimizer.step()"],
+            fix=loop_static.MANUAL_UPDATE_FIX,
         )
