@@ -225,20 +225,22 @@ def test_host_device_copy_bound_reads_profiled_copy_time() -> None:
     assert rules_of(HostDeviceCopyBound(), cold) == []
 
 
-def test_step_budget_stops_only_after_min_steps_and_time() -> None:
-    from torchscalpel.doctor.api import StepBudget
+def test_time_cap_stops_once_and_remembers_after_how_many_steps() -> None:
+    from torchscalpel.doctor.api import TimeCap
 
     stops: list[str] = []
-    budget = StepBudget(min_steps=3, seconds=0.0)
-    budget.session = SimpleNamespace(request_stop=stops.append)
-    budget.on_step_end(None)
-    budget.on_step_end(None)
-    assert stops == []
-    budget.on_step_end(None)
-    assert len(stops) == 1 and "3 steps" in stops[0]
-    patient = StepBudget(min_steps=1, seconds=3600.0)
-    patient.session = SimpleNamespace(request_stop=stops.append)
-    patient.on_step_end(None)
+    cap = TimeCap(seconds=1e-9)
+    cap.session = SimpleNamespace(request_stop=stops.append)
+    cap.on_step_end(None)
+    cap.on_step_end(None)
+    assert len(stops) == 1 and "time cap" in stops[0] and cap.capped_after == 1 and cap.steps == 2
+    cap.on_finish(SimpleNamespace(steps=[1, 2, 3]))
+    assert cap.capped_after == 3  # what the record kept
+    for seconds in (None, 0, 3600.0):  # no cap, or one far away: never stops, never reports a cut
+        patient = TimeCap(seconds=seconds)
+        patient.session = SimpleNamespace(request_stop=stops.append)
+        patient.on_step_end(None)
+        assert patient.capped_after is None
     assert len(stops) == 1
 
 

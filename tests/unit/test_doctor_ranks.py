@@ -35,7 +35,7 @@ def test_ranks_with_different_step_counts_raise_rank_conditional_step() -> None:
 def test_under_a_launcher_every_rank_gets_the_same_fixed_window(tmp_path, monkeypatch) -> None:
     """A rank stopped by its own clock would leave the others blocked in a collective."""
     from torchscalpel.doctor.api import diagnose
-    from torchscalpel.doctor.window import DEFAULT_STEPS
+    from torchscalpel.doctor.window import RANK_STEPS
     from torchscalpel.runtime.target import Target
 
     script = tmp_path / "quick.py"
@@ -45,7 +45,7 @@ def test_under_a_launcher_every_rank_gets_the_same_fixed_window(tmp_path, monkey
     )
     monkeypatch.setenv("WORLD_SIZE", "2")
     record, _ = diagnose(Target(script=script), warmup=2, static=False, nan_rerun=False)
-    assert record.status == "stopped" and len(record.steps) == 2 + DEFAULT_STEPS
+    assert record.status == "stopped" and len(record.steps) == 2 + RANK_STEPS
     monkeypatch.delenv("WORLD_SIZE")
     record, _ = diagnose(Target(script=script), warmup=2, static=False, nan_rerun=False)
-    assert len(record.steps) > 2 + DEFAULT_STEPS  # alone, a quick script's window extends
+    assert len(record.steps) > 2 + RANK_STEPS  # alone, the default window is longer (and capped by time only)

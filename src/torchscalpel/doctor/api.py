@@ -63,7 +63,12 @@ class TimeCap(RuntimeRule):
                 or time.monotonic() - self._start < self.seconds):
             return
         self.capped_after = self.steps
-        self.session.request_stop(f"doctor time cap: {self.seconds:.0f} s reached after {self.steps} steps")
+        self.session.request_stop(f"doctor time cap: {self.seconds:.0f} s reached")
+
+    def on_finish(self, record: Any) -> None:
+        # Steps closed before the optimizer kind settled are merged later: count what the record kept.
+        if self.capped_after is not None:
+            self.capped_after = len(getattr(record, "steps", ()) or ())
 
 
 class SourceFiles(RuntimeRule):
