@@ -108,7 +108,7 @@ def test_clean_fixture_has_no_warning_or_error(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(INFO_POSITIVE))
 def test_info_fixture_reports_its_rules_and_nothing_louder(name: str) -> None:
-    record, findings = run(FIXTURES / name)
+    _, findings = run(FIXTURES / name)
     assert INFO_POSITIVE[name] <= {f.rule for f in findings}, [f.rule for f in findings]
     assert loud(findings) == set(), [f.message for f in findings]
 

@@ -49,7 +49,6 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
             console.print("  [green]fix:[/green]")
             console.print(Syntax(f.fix, "python", theme="ansi_dark", background_color="default", padding=(0, 4)))
         console.print()
-    c = counts(ranked)
     console.print(summary_line(ranked))
 
 

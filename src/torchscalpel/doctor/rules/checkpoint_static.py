@@ -66,7 +66,7 @@ def _own_pickle_writer(ctx: StaticContext) -> str | None:
 def unsafe_torch_load(ctx: StaticContext) -> Iterator[Finding]:
     """``torch.load(..., weights_only=False)`` and ``pickle.load(s)`` (info when this repository
     writes that pickle itself)."""
-    writer: str | None | bool = False  # looked up once, on the first pickle load
+    writer: str | bool | None = False  # looked up once, on the first pickle load
     for call in ctx.calls():
         name = ctx.call_name(call)
         if name == "torch.load":
