@@ -75,6 +75,22 @@ def test_run_mode_reports_ranked_findings_into_record_report_and_json(tmp_path: 
     assert "Findings" in html and "grad-not-zeroed" in html
 
 
+def test_exit_code_follows_fail_on_and_the_summary_names_errors(tmp_path: Path) -> None:
+    """Findings change the exit code only through --fail-on; without it a completed script exits 0."""
+    script = str(FIXTURES / "constant_loss_one_logit.py")  # one error (loss-constant), nothing else loud
+    codes = {}
+    for level in (None, "error", "warning"):
+        flags = ["--fail-on", level] if level else []
+        proc = run_cli("doctor", "--no-report", "--no-static", "--steps", "6", "--out", str(tmp_path / f"r{level}"),
+                       *flags, "--", script, timeout=240)
+        codes[level] = proc.returncode
+        assert "loss-constant" in proc.stdout and "1 error(s) found" in proc.stdout, proc.stdout[-2000:]
+    assert codes == {None: 0, "error": 1, "warning": 1}
+    info_only = run_cli("doctor", "--no-report", "--steps", "6", "--out", str(tmp_path / "i"), "--fail-on", "warning",
+                        "--", str(FIXTURES / "unseeded_run.py"), timeout=240)
+    assert info_only.returncode == 0 and "unseeded-run" in info_only.stdout and "error(s) found" not in info_only.stdout
+
+
 def test_failing_script_exits_with_its_code_and_still_reports(tmp_path: Path) -> None:
     proc = run_cli("doctor", "--out", str(tmp_path / "r"), "--", str(FIXTURES / "state_dict_prefix_mismatch.py"), timeout=240)
     assert proc.returncode == 1

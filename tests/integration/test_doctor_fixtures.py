@@ -265,3 +265,29 @@ def test_every_planted_bug_is_found_while_the_cpu_is_loaded() -> None:
             if not must <= loud(findings):
                 missed[name] = must - loud(findings)
     assert missed == {}
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(p.name for p in CORPUS.glob("*.py")))
+def test_clean_corpus_script_has_no_warning_or_error(name: str) -> None:
+    """The corpus of scripts in the styles real users write (Lightning, HF Trainer, accelerate, nanoGPT, ...)."""
+    record, findings = run(CORPUS / name)
+    assert record.status in {"complete", "stopped"}, record.error
+    assert loud(findings) == set(), [f.message for f in findings]
+
+
+def test_loader_order_comes_from_the_batch_sampler_when_one_was_given() -> None:
+    """accelerate's prepare() and the HF Trainer build DataLoader(batch_sampler=BatchSampler(RandomSampler))."""
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler, TensorDataset
+
+    from torchscalpel.doctor.rules._common import loader_facts
+
+    ds = TensorDataset(torch.zeros(64, 2))
+    shuffled = loader_facts(DataLoader(ds, batch_sampler=BatchSampler(RandomSampler(ds), 16, False)))
+    fixed = loader_facts(DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 16, False)))
+    assert shuffled["random"] and not shuffled["sequential"] and shuffled["sampler"] == "RandomSampler"
+    assert fixed["sequential"]

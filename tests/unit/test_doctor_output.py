@@ -52,6 +52,15 @@ def test_terminal_lists_most_severe_first_with_fix_and_location() -> None:
     text = buf.getvalue()
     assert text.index("grad-not-zeroed") < text.index("dataparallel-used") < text.index("unseeded-run")
     assert "optimizer.zero_grad()" in text and "b.py:7" in text and "3 finding(s)" in text
+    assert "1 error(s) found" in text
+
+
+def test_summary_line_says_when_errors_were_found() -> None:
+    from torchscalpel.doctor.output import summary_line
+
+    assert "2 error(s) found" in summary_line([FINDINGS[1], FINDINGS[1]]) and "they are fixed" in summary_line(FINDINGS[1:2] * 2)
+    assert "error(s) found" not in summary_line(FINDINGS[2:]) and "0 error, 1 warning" in summary_line(FINDINGS[2:])
+    assert "no errors or warnings" in summary_line(FINDINGS[:1])
 
 
 def test_report_section_lists_findings_and_escapes_html() -> None:

@@ -70,6 +70,11 @@ def loader_facts(loader: Any) -> dict[str, Any]:
 
     sampler = getattr(loader, "sampler", None)
     batch_sampler = getattr(loader, "batch_sampler", None)
+    # A loader built with batch_sampler=BatchSampler(RandomSampler(...)) (accelerate's prepare(), the HF
+    # Trainer) reports a default SequentialSampler as .sampler; the order comes from the batch sampler's.
+    inner = getattr(batch_sampler, "sampler", None)
+    if isinstance(batch_sampler, BatchSampler) and inner is not None and inner is not sampler:
+        sampler = inner
     dataset = getattr(loader, "dataset", None)
     try:
         n = len(dataset)  # type: ignore[arg-type]

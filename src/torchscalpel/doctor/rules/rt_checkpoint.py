@@ -47,8 +47,16 @@ class CheckpointRules(RuntimeRule):
             mods = []
             if isinstance(obj, torch.nn.Module):
                 mods.append(type(obj).__name__)
-            elif isinstance(obj, dict):
-                mods.extend(f"{k}: {type(v).__name__}" for k, v in obj.items() if isinstance(v, torch.nn.Module))
+            else:  # a module anywhere in a (nested) checkpoint dict/list: {"state": {"model": model}}
+                stack: list[tuple[str, Any, int]] = [("", obj, 0)]
+                while stack and len(mods) < 4:
+                    key, o, depth = stack.pop()
+                    if isinstance(o, torch.nn.Module):
+                        mods.append(f"{key}: {type(o).__name__}")
+                    elif depth < 3 and isinstance(o, dict):
+                        stack.extend((f"{key}.{k}".lstrip("."), v, depth + 1) for k, v in list(o.items())[:64])
+                    elif depth < 3 and isinstance(o, list | tuple):
+                        stack.extend((f"{key}[{i}]", v, depth + 1) for i, v in enumerate(o[:64]))
             if mods:
                 rule.saves.append((", ".join(mods), user_location()))
 
