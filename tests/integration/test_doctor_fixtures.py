@@ -197,6 +197,24 @@ def test_pickle_the_repository_writes_itself_is_info_with_a_json_fix() -> None:
     assert g.severity == Severity.WARNING and "json" in g.fix and "safetensors" not in g.fix
 
 
+def test_pickle_written_by_a_prepare_script_two_folders_down_is_info(tmp_path: Path) -> None:
+    """nanoGPT: train.py reads data/<name>/meta.pkl, which data/<name>/prepare.py pickles."""
+    from torchscalpel.doctor.api import check_static
+
+    (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
+    (tmp_path / "data" / "shakespeare_char" / "prepare.py").write_text(
+        "import os, pickle\nmeta = {'vocab_size': 65}\n"
+        "with open(os.path.join(os.path.dirname(__file__), 'meta.pkl'), 'wb') as f:\n    pickle.dump(meta, f)\n")
+    (tmp_path / "train.py").write_text(
+        "import os, pickle\nmeta_path = os.path.join('data', 'shakespeare_char', 'meta.pkl')\n"
+        "with open(meta_path, 'rb') as f:\n    meta = pickle.load(f)\n")
+    (f,) = check_static([tmp_path / "train.py"])
+    assert f.rule == "unsafe-torch-load" and f.severity == Severity.INFO and "prepare.py:4" in f.message
+    (tmp_path / "other.py").write_text("import pickle\nstate = pickle.load(open('weights.pkl', 'rb'))\n")
+    (g,) = check_static([tmp_path / "other.py"])  # a name nothing here writes: still a warning
+    assert g.severity == Severity.WARNING
+
+
 def _static_text(source: str):
     from torchscalpel.doctor.static import analyze_source
 

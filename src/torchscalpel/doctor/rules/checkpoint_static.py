@@ -19,6 +19,8 @@ _PICKLE_LOADS = {"pickle.load", "pickle.loads", "dill.load", "cloudpickle.load",
 _PICKLE_DUMP = re.compile(r"\b(pickle|dill|cloudpickle|joblib)\.dump\b|\.to_pickle\(")
 _PICKLE_NAME = re.compile(r"""["']([^"'\s]*?([\w.-]+\.(?:pkl|pickle|pck|pkl\.gz)))["']""")
 _SIBLING_FILES = 200
+_SKIP_FOLDERS = {"__pycache__", "site-packages", "node_modules", "venv", "build", "dist"}
+_PREP_NAME = re.compile(r"prep|data|vocab|token|build|make|process|cache", re.I)
 _SIBLING_BYTES = 1 << 20
 
 
@@ -41,14 +43,21 @@ def _own_pickle_writer(ctx: StaticContext) -> str | None:
     if not names:
         return None
     here = Path(ctx.path).resolve()
-    folders = [here.parent, here.parent.parent]
-    candidates: list[Path] = []
-    for folder in folders:
-        try:
-            candidates += sorted(folder.glob("*.py")) + sorted(folder.glob("*/*.py"))
-        except OSError:
-            continue
-    for path in candidates[:_SIBLING_FILES]:
+    candidates: set[Path] = set()
+    for folder in (here.parent, here.parent.parent):
+        for pattern in ("*.py", "*/*.py", "*/*/*.py"):  # nanoGPT: train.py + data/<name>/prepare.py
+            try:
+                for path in folder.glob(pattern):
+                    rel = path.relative_to(folder).parts[:-1]
+                    if not any(p.startswith(".") or p in _SKIP_FOLDERS for p in rel):
+                        candidates.add(path)
+            except OSError:
+                continue
+            if len(candidates) > 20 * _SIBLING_FILES:
+                break
+    # Preparation scripts first (prepare.py, build_vocab.py, ...), then the nearest files.
+    ordered = sorted(candidates, key=lambda p: (not _PREP_NAME.search(p.name), len(p.parts), str(p)))
+    for path in ordered[:_SIBLING_FILES]:
         if path == here:
             continue
         try:

@@ -103,7 +103,9 @@ class DataloaderBound(TrainLoaders):
             return
         data = sum(s.data_ms for s in steps)
         total = sum(s.total_ms for s in steps)
-        share = data / total if total else 0.0
+        # Shares within the same step, never steps per second: a busy machine stretches data and compute
+        # alike. The median step's share is robust to the few steps a loaded machine preempts.
+        share = max(data / total if total else 0.0, median([s.data_ms / s.total_ms for s in steps]))
         med = median([s.data_ms for s in steps])
         if share < DATA_SHARE or med < MIN_DATA_MS:
             return
