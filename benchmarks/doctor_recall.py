@@ -47,7 +47,8 @@ def competing_load(kind: str) -> Iterator[int]:
 @contextlib.contextmanager
 def launcher_env(path: Path) -> Iterator[None]:
     """The variables a 1-rank launcher sets, for scripts that call init_process_group (doctor sets none)."""
-    if "init_process_group" not in path.read_text(encoding="utf-8"):
+    # Only the DDP/FSDP fixtures expect a launcher; the corpus runs as 'scalpel doctor -- SCRIPT' would.
+    if path.parent != FIXTURES or "init_process_group" not in path.read_text(encoding="utf-8"):
         yield
         return
     from torchscalpel.netutil import free_port
@@ -79,7 +80,7 @@ def diagnose_script(path: Path, args: list[str] | None = None) -> dict:
 
 def corpus_scripts() -> list[tuple[Path, list[str]]]:
     """The clean corpus, with the arguments its acceptance test uses (none: the scripts' defaults)."""
-    return [(p, []) for p in sorted(CORPUS.glob("*.py"))]
+    return [*((p, []) for p in sorted(CORPUS.glob("*.py"))), (CORPUS / "nanogpt_style.py", ["--compile"])]
 
 
 def one_pass(load: str, only: set[str], clean: bool) -> dict:
@@ -111,7 +112,7 @@ def one_pass(load: str, only: set[str], clean: bool) -> dict:
             for path, args in [*((p, []) for p in sorted(FIXTURES.glob("clean_*.py"))), *corpus_scripts()]:
                 r = diagnose_script(path, args)
                 r["false_alarms"] = sorted({rule for rule, sev in r["findings"] if sev in {"warning", "error"}})
-                out["clean"][str(path.relative_to(REPO))] = r
+                out["clean"][" ".join([str(path.relative_to(REPO)), *args])] = r
         out["loadavg_end"] = os.getloadavg()[0]
     out["planted"], out["found"] = planted, found
     out["recall"] = found / planted if planted else float("nan")
@@ -137,6 +138,9 @@ def main() -> int:
               f"recall {p['found']}/{p['planted']} = {p['recall']:.1%}; missed {missed or 'none'}; "
               f"false alarms on clean scripts: {len(p['false_alarm_scripts'])}/{len(p['clean'])} "
               f"{[(k, p['clean'][k]['false_alarms']) for k in p['false_alarm_scripts']]}")
+        failed = {k: r["status"] for k, r in p["clean"].items() if r["status"] not in {"complete", "stopped"}}
+        if failed:
+            print(f"         clean scripts that did not run through: {failed}")
         capped = [k for k, r in {**p["fixtures"], **p["clean"]}.items() if r["capped"]]
         if capped:
             print(f"         time cap reached in: {capped}")
