@@ -279,3 +279,35 @@ def test_ddp_batchnorm_is_a_warning_with_syncbatchnorm_fix_only_off_the_cpu(monk
         if device == "meta":
             assert finding.fix.startswith("model = nn.SyncBatchNorm.convert_sync_batchnorm(model)")
     assert severities == {"cpu": Severity.INFO, "meta": Severity.WARNING}
+
+
+def test_zero_gradients_are_an_error_that_tells_died_units_from_a_detached_graph() -> None:
+    from torchscalpel.doctor.rules.rt_numerics import GradNorms
+
+    died = GradNorms()
+    died.norms, died.zero_steps = [1.5, 3.0, 0.0, 0.0, 0.0, 0.0], 4
+    (f,) = [f for f in died.findings(None) if f.rule == "vanishing-gradients"]
+    assert f.severity == Severity.ERROR and "units died" in f.message and "lr / 10" in f.fix
+    assert "from step 2 on" in f.evidence[0]
+    never = GradNorms()
+    never.norms, never.zero_steps = [0.0] * 5, 5
+    (g,) = [g for g in never.findings(None) if g.rule == "vanishing-gradients"]
+    assert g.severity == Severity.ERROR and ".detach()" in g.fix and "died" not in g.message
+
+
+def test_loss_diverging_baseline_excludes_an_early_blow_up_and_short_crashed_runs_count() -> None:
+    from torchscalpel.doctor.rules.rt_numerics import LossDiverging
+
+    def record(losses, status="complete", error=None):
+        return RunRecord(steps=[StepRecord(index=i, loss=x) for i, x in enumerate(losses)], status=status, error=error)
+
+    # 9.28 -> 12767 then a crash: two steps are enough, the baseline is the first loss
+    (f,) = LossDiverging().findings(record([9.28, 12767.0], status="failed", error="RuntimeError: boom"))
+    assert "9.28 at the start" in f.message and "1376x" in f.message and "crashed" in f.message
+    # a blow-up inside the first fifth no longer lifts the baseline: 10 steps at ~2, one at 5e7, back to ~2.1
+    (g,) = LossDiverging().findings(record([1.6, 5e7, 3e6, 2.0, 2.1, 2.2, 2.0, 2.1, 2.05, 2.1]))
+    assert "blew up" in g.message and "1.6 at the start" in g.message
+    assert list(LossDiverging().findings(record([2.0, 1.8, 1.7, 1.5, 1.4, 1.2, 1.1, 1.0]))) == []
+    # a steady rise is reported as a rise
+    (h,) = LossDiverging().findings(record([1.0, 1.2, 1.5, 2.0, 2.6, 3.5, 4.0, 5.0]))
+    assert "rises" in h.message

@@ -370,12 +370,25 @@ class GradNorms(RuntimeRule):
 
     def _vanishing(self) -> Iterator[Finding]:
         if len(self.norms) >= 3 and self.zero_steps >= max(3, len(self.norms) // 2):
+            first_zero = next(i for i, x in enumerate(self.norms) if x == 0.0)
+            died = first_zero > 0 and all(x > 0 for x in self.norms[:first_zero])
+            if died:  # the network learned, then went dead: large updates killed the units
+                message = (f"Gradients were non-zero for the first {first_zero} optimizer step(s), then exactly zero at "
+                           "most steps: the units died after large updates, so nothing learns any more.")
+                fix = ("# the learning rate is too high for this optimizer: lower it 10x, add warm-up and clipping\n"
+                       "optimizer = torch.optim.AdamW(model.parameters(), lr=lr / 10)\n"
+                       "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)")
+            else:
+                message = ("Gradients are exactly zero at most optimizer steps: nothing upstream of the loss learns "
+                           "(dead activations or a detached graph).")
+                fix = "# check for .detach()/.item()/argmax between model and loss, and saturated activations"
             yield make_finding(
                 "vanishing-gradients",
-                "Gradients are exactly zero at most optimizer steps: nothing upstream of the loss learns "
-                "(dead activations or a detached graph).",
-                evidence=[f"total grad norm was 0 at {self.zero_steps} of {len(self.norms)} optimizer steps"],
-                fix="# check for .detach()/.item()/argmax between model and loss, and saturated activations",
+                message,
+                evidence=[f"total grad norm was 0 at {self.zero_steps} of {len(self.norms)} optimizer steps"
+                          + (f", from step {first_zero} on; before it: "
+                             + ", ".join(f"{x:.3g}" for x in self.norms[:min(first_zero, 5)]) if died else "")],
+                fix=fix,
                 location=self.location,
                 severity=Severity.ERROR,  # training that cannot learn at all
             )
