@@ -101,6 +101,7 @@ class LossGraphRetained(RuntimeRule):
         self.location: Location | None = None
         self._last_loss_loc: Location | None = None
         self._recent_nodes: set[int] = set()
+        self._optimizer_seen = False
 
     def on_backward_pre(self, tensors: Any) -> None:
         if not tensors:
@@ -131,6 +132,15 @@ class LossGraphRetained(RuntimeRule):
         return [(s, r) for s, r in entries if r() is not None or s > self.step - 3]
 
     def on_optimizer_step_post(self, optimizer: Any) -> None:
+        self._optimizer_seen = True
+        self._tick()
+
+    def on_step_end(self, step: Any) -> None:
+        # Without any optimizer (a hand-written SGD loop) the runtime's backward-delimited steps count.
+        if not self._optimizer_seen and not getattr(self.session, "optimizers", None):
+            self._tick()
+
+    def _tick(self) -> None:
         self.step += 1
         self._losses = self._count(self._losses, self.alive_history)
         self._outputs = self._count(self._outputs, self.outputs_history)
