@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -127,6 +128,8 @@ def main() -> int:
     ap.add_argument("--no-clean", action="store_true", help="skip the clean fixtures and the corpus")
     ap.add_argument("--json", type=Path, help="write every pass's details here")
     a = ap.parse_args()
+    # a plain kill must still run competing_load's finally (no spinning process left behind)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.path.insert(0, str(REPO / "src"))
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
