@@ -12,7 +12,14 @@ from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, median, param_names
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, iter_tensors, patch_attr, user_location
+from torchscalpel.doctor.runtime_rules import (
+    RuntimeRule,
+    Undo,
+    iter_tensors,
+    patch_attr,
+    undo_all,
+    user_location,
+)
 
 MAX_CHECKED_STEPS = 500
 """Module outputs are checked for NaN/inf during at most this many steps (cost bound)."""
@@ -205,7 +212,7 @@ def _sample(values: Sequence[float], n: int = 12) -> list[float]:
     return [values[i] for i in picked]
 
 
-_SINGLE_CLASS = "cross_entropy over a single class"
+_SINGLE_CLASS = "cross_entropy/nll_loss over a single class"
 
 
 class ConstantLoss(RuntimeRule):
@@ -243,16 +250,17 @@ class ConstantLoss(RuntimeRule):
         safe_seen = self.safe(seen)
 
         def make(original: Any) -> Any:
-            def cross_entropy(input: Any, *args: Any, **kwargs: Any) -> Any:
+            def loss_fn(input: Any, *args: Any, **kwargs: Any) -> Any:
                 # Inside a compiled region (nanoGPT computes its loss in forward) dynamo would trace the
                 # check and break the graph at the stack walk: only eager calls are looked at.
                 if not torch.compiler.is_compiling():
                     safe_seen(input)
                 return original(input, *args, **kwargs)
 
-            return cross_entropy
+            return loss_fn
 
-        return patch_attr(F, "cross_entropy", make)
+        # nll_loss too: F.nll_loss(F.log_softmax(out, 1), y) over one class is just as constant
+        return undo_all([patch_attr(F, "cross_entropy", make), patch_attr(F, "nll_loss", make)])
 
     def findings(self, record: Any) -> Iterator[Finding]:
         losses = [s.loss for s in (record.steps if record is not None else []) if s.loss is not None]
