@@ -130,7 +130,8 @@ def main() -> int:
     a = ap.parse_args()
     # a plain kill must still run competing_load's finally (no spinning process left behind)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sys.path.insert(0, str(REPO / "src"))
+    if "torchscalpel" not in sys.modules and not any(Path(p, "torchscalpel").is_dir() for p in sys.path if p):
+        sys.path.insert(0, str(REPO / "src"))  # PYTHONPATH decides which torchscalpel is measured
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
     passes = [one_pass(load, set(a.only), not a.no_clean) for load in a.loads]
