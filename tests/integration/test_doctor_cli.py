@@ -91,6 +91,22 @@ def test_exit_code_follows_fail_on_and_the_summary_names_errors(tmp_path: Path) 
     assert info_only.returncode == 0 and "unseeded-run" in info_only.stdout and "error(s) found" not in info_only.stdout
 
 
+def test_a_time_cap_that_cut_the_window_is_printed_and_written(tmp_path: Path) -> None:
+    script = tmp_path / "slow.py"
+    script.write_text("import time, torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(2, 1)\n"
+                      "o = torch.optim.SGD(m.parameters(), lr=0.01)\nfor _ in range(100):\n"
+                      "    time.sleep(0.3)\n    o.zero_grad(); m(torch.ones(4, 2)).sum().backward(); o.step()\n")
+    js = tmp_path / "d.json"
+    proc = run_cli("doctor", "--no-report", "--time-cap", "1", "--json", str(js), "--out", str(tmp_path / "r"),
+                   "--", str(script), timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "window shortened: the 1 s time cap ended the run after" in proc.stdout.replace("\n", " ")
+    window = json.loads(js.read_text())["window"]
+    assert window["capped_after"] and window["steps"] == 300 and window["time_cap_s"] == 1.0
+    bad = run_cli("doctor", "--time-cap", "-1", "--", str(script), timeout=120)
+    assert bad.returncode == 2 and "--time-cap" in bad.stderr
+
+
 def test_failing_script_exits_with_its_code_and_still_reports(tmp_path: Path) -> None:
     proc = run_cli("doctor", "--out", str(tmp_path / "r"), "--", str(FIXTURES / "state_dict_prefix_mismatch.py"), timeout=240)
     assert proc.returncode == 1
