@@ -11,10 +11,11 @@ from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.static import StaticContext, StaticRule
 
+# Names that are modules in practice; names that are just as often something else (a label "encoder",
+# a "policy" dict) count only when this file assigns them a module constructor (see _module_names).
 _MODEL_NAMES = {"model", "net", "network", "module", "student", "teacher", "generator", "discriminator", "ema",
-                "encoder", "decoder", "classifier", "backbone", "policy", "actor", "critic", "autoencoder", "vae",
-                "unet", "transformer", "gpt", "lm"}
-_MODEL_SUFFIXES = ("model", "_net", "net_", "_module", "encoder", "decoder", "classifier")
+                "classifier", "backbone", "actor", "critic", "autoencoder", "vae", "unet", "gpt"}
+_MODEL_SUFFIXES = ("model", "_net", "net_", "_module")
 _PICKLE_LOADS = {"pickle.load", "pickle.loads", "dill.load", "cloudpickle.load", "joblib.load", "pandas.read_pickle"}
 _PICKLE_DUMP = re.compile(r"\b(pickle|dill|cloudpickle|joblib)\.dump\b|\.to_pickle\(")
 _PICKLE_NAME = re.compile(r"""["']([^"'\s]*?([\w.-]+\.(?:pkl|pickle|pck|pkl\.gz)))["']""")
