@@ -33,7 +33,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse with torchrun's parser, validate, launch; return the exit code."""
-    from torchscalpel.distributed.launch import build_parser, launch, prepare, wrap_for_stage
+    from torchscalpel.distributed.launch import (
+        build_parser,
+        launch,
+        prepare,
+        watch_options,
+        wrap_for_stage,
+        wrap_plain,
+    )
 
     parser = build_parser()
     argv = list(args.argv)
@@ -64,7 +71,9 @@ def run(args: argparse.Namespace) -> int:
         for line in run_preflight(parsed, out).lines:
             print(line, flush=True)
     stage = wrap_for_stage(parsed, out)
-    code = launch(parsed, out_dir=out)
+    if stage is None:
+        wrap_plain(parsed)
+    code = launch(parsed, out_dir=out, watch=watch_options(parsed, out))
     if stage is not None:
         _report_ranks(out)
     return code

@@ -1,0 +1,238 @@
+"""The launcher's watch over its ranks: desyncs as they happen, and a hang named and stopped.
+
+A thread beside torchrun's agent (in the ``scalpel launch`` process, the ranks' parent) reads
+every rank's collective log (:mod:`torchscalpel.runtime.collectives`) twice a second:
+
+- with ``check`` on, it compares the ranks' collectives as they are entered and reports the first
+  mismatch (op, shapes, dtypes, both call sites) at once, before the job hangs on it;
+- when no rank has made progress (an optimizer step or a completed collective) for the hang
+  timeout, it asks every rank for its stacks (``faulthandler`` on a signal), waits for them with a
+  timeout of its own, notes the ranks that died while asked (with their signal), names the rank
+  that diverged (:mod:`torchscalpel.distributed.hangdiag`), writes ``hang.json`` and ``hang.txt``
+  into the launch folder, prints the report, and kills every rank's process group.
+
+Timeout: ``--hang-timeout S`` when given; otherwise :data:`MULTIPLE` times the slowest rank's
+median step time, at least :data:`FLOOR_S`. Until every rank has made progress once (imports,
+data, the first compile), the timeout is at least :data:`STARTUP_S`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.distributed.hangdiag import diagnose, first_mismatch, format_report, parse_stacks
+from torchscalpel.fileio import atomic_write_text
+from torchscalpel.runtime.collectives import STACK_SIGNAL, RankLog, read_rank_log
+
+POLL_S = 0.5
+FLOOR_S = 60.0
+MULTIPLE = 20.0
+STARTUP_S = 120.0
+STARTUP_FLOOR_S = 30.0
+STACK_WAIT_S = 3.0
+"""How long the ranks get to write their stacks; a rank that has not written by then is reported as silent."""
+STABLE_S = 0.2
+
+
+@dataclass(slots=True)
+class WatchOptions:
+    """What the watch does (one object, validated by the launcher's flags)."""
+
+    folder: Path
+    """Where the ranks write ``rank-R.log`` / ``rank-R.stacks.txt``."""
+    report_dir: Path
+    """Where ``hang.json`` / ``hang.txt`` / ``collective-mismatch.json`` go (the launch folder)."""
+    local_ranks: int
+    """How many ranks run on this node (the watch sees only these)."""
+    hang_timeout: float | None = None
+    """Seconds without progress before a hang is declared; None: derived from the step time."""
+    check: bool = False
+    """Compare the ranks' collectives while the job runs (``--check-collectives``)."""
+
+
+def exit_status(pid: int) -> str | None:
+    """``killed by SIGX`` / ``exit code N`` for a child that ended (not reaped: torchrun reaps it), else None."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # already reaped by torchrun, or not our child
+        return None if _alive(pid) else "exited"
+    if info is None or info.si_pid == 0:
+        return None
+    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
+        try:
+            return f"killed by {signal.Signals(info.si_status).name}"
+        except ValueError:
+            return f"killed by signal {info.si_status}"
+    return f"exit code {info.si_status}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def kill_rank(pid: int) -> None:
+    """SIGKILL the rank's process group (torchrun starts each rank in its own session) and its children."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+
+
+@dataclass(slots=True)
+class HangWatch:
+    """Start with :meth:`start`, stop with :meth:`stop`; ``hangs`` / ``mismatch`` hold what it found."""
+
+    options: WatchOptions
+    hangs: list[dict[str, Any]] = field(default_factory=list)
+    mismatch: dict[str, Any] | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _attempt: int = 0
+    _busy: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> None:
+        """Run the watch in a daemon thread."""
+        self.options.folder.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._loop, name="scalpel-hang-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the thread; a hang report being written is finished first."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=STACK_WAIT_S + 5)
+        with self._busy:
+            pass
+
+    def logs(self) -> dict[int, RankLog]:
+        """The current attempt's rank logs, by rank."""
+        logs = {}
+        for path in sorted(self.options.folder.glob("rank-*.log")):
+            log = read_rank_log(path)
+            if log is not None and log.restart >= self._attempt:
+                logs[log.rank] = log
+        return logs
+
+    def timeout_for(self, logs: dict[int, RankLog]) -> float:
+        """The hang timeout now (see the module doc)."""
+        started = all(log.steps or log.completed for log in logs.values())
+        if self.options.hang_timeout is not None:
+            return self.options.hang_timeout if started else max(self.options.hang_timeout, STARTUP_FLOOR_S)
+        slowest = max((log.step_ms for log in logs.values() if log.steps >= 3), default=0.0)
+        if not started or not slowest:
+            return STARTUP_S
+        return max(FLOOR_S, MULTIPLE * slowest / 1000.0)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self._poll()
+            except Exception as exc:  # the watch must never take the launch down with it
+                print(f"scalpel launch: hang watch stopped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                return
+
+    def _poll(self) -> None:
+        logs = self.logs()
+        if not logs:
+            return
+        if self.options.check and self.mismatch is None:
+            found = first_mismatch(logs)
+            if found is not None:
+                self.report_mismatch(found)
+        if len(logs) < self.options.local_ranks:
+            return
+        timeout = self.timeout_for(logs)
+        idle = time.time() - max(log.last_progress for log in logs.values())
+        if idle > timeout:
+            with self._busy:
+                self.handle_hang(logs, timeout, idle)
+            self._attempt = max(log.restart for log in logs.values()) + 1  # a restart gets a fresh watch
+
+    def report_mismatch(self, found: dict[str, Any]) -> None:
+        """Print the first desync and keep it in ``collective-mismatch.json``."""
+        self.mismatch = found
+        atomic_write_text(self.options.report_dir / "collective-mismatch.json", json.dumps(found, indent=1) + "\n")
+        print(f"scalpel launch: {found['message']} (found while the job runs; it will likely hang or fail there)",
+              file=sys.stderr, flush=True)
+
+    def collect_stacks(self, logs: dict[int, RankLog]) -> tuple[dict[int, str], dict[int, str]]:
+        """Signal every rank for its stacks; (rank -> new stack text, rank -> how it died while asked)."""
+        folder = self.options.folder
+        offsets = {}
+        for rank, log in logs.items():
+            path = folder / f"rank-{rank}.stacks.txt"
+            offsets[rank] = path.stat().st_size if path.exists() else 0
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(log.pid, STACK_SIGNAL)
+        deadline = time.monotonic() + STACK_WAIT_S
+        sizes: dict[int, tuple[int, float]] = {}
+        pending = set(logs)
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+            for rank in list(pending):
+                path = folder / f"rank-{rank}.stacks.txt"
+                size = path.stat().st_size if path.exists() else 0
+                if exit_status(logs[rank].pid) is not None:
+                    pending.discard(rank)
+                elif size > offsets[rank]:
+                    last = sizes.get(rank)
+                    if last and last[0] == size and time.monotonic() - last[1] >= STABLE_S:
+                        pending.discard(rank)
+                    elif not last or last[0] != size:
+                        sizes[rank] = (size, time.monotonic())
+        texts, dead = {}, {}
+        for rank, log in logs.items():
+            path = folder / f"rank-{rank}.stacks.txt"
+            with contextlib.suppress(OSError), path.open("rb") as fh:
+                fh.seek(offsets[rank])
+                texts[rank] = fh.read().decode(errors="replace")
+            status = exit_status(log.pid)
+            if status is not None:
+                dead[rank] = status + " while asked for its stack"
+        return texts, dead
+
+    def handle_hang(self, logs: dict[int, RankLog], timeout: float, idle: float) -> dict[str, Any]:
+        """Collect, diagnose, write, print, then kill every rank."""
+        texts, dead = self.collect_stacks(logs)
+        stacks = {}
+        for rank, text in texts.items():
+            threads = parse_stacks(text)
+            stacks[rank] = threads.get(logs[rank].main_thread) or next(iter(threads.values()), [])
+        diag = diagnose(logs, stacks, dead, sorted(logs))
+        last = max(log.last_progress for log in logs.values())
+        diag.update({"kind": "hang", "hang_timeout_s": timeout, "idle_s": round(idle, 2),
+                     "detected_after_s": round(time.time() - last, 2)})
+        if self.mismatch and not diag.get("mismatch"):
+            diag["mismatch"] = self.mismatch
+        for log in logs.values():
+            kill_rank(log.pid)
+        diag["torn_down_after_s"] = round(time.time() - last, 2)
+        out = self.options.report_dir
+        atomic_write_text(out / "hang.json", json.dumps(diag, indent=1, default=str) + "\n")
+        text = format_report(diag)
+        atomic_write_text(out / "hang.txt", text + "\n")
+        print(text, file=sys.stderr, flush=True)
+        self.hangs.append(diag)
+        return diag
