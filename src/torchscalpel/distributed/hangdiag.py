@@ -134,7 +134,7 @@ def rank_state(log: RankLog | None, frames: list[Frame], dead: str | None) -> di
         "last_collectives": [_brief(e) for e in (log.entries[-5:] if log else [])],
     }
     if dead:
-        return {**state, "state": "dead", "where": f"dead ({dead})", "key": ("dead",), "waiting": False}
+        return {**state, "state": "dead", "where": f"dead ({dead})", "key": ("dead", dead), "waiting": False}
     pending = log.pending() if log else None
     if pending:
         where = f"in {pending['op']} #{pending['seq']}"
@@ -144,7 +144,9 @@ def rank_state(log: RankLog | None, frames: list[Frame], dead: str | None) -> di
                 "key": ("collective", pending["op"], pending.get("group"), pending["seq"]), "waiting": True}
     site = user.site() if user else "an unknown place (no stack came back)"
     waiting = any(part in f.file for f in frames[:8] for part in _WAITING)
-    if waiting and user is not None:
+    if waiting and user is not None and any("/torch/autograd/" in f.file for f in frames):
+        where = f"in backward() from {site} (where DDP all-reduces gradients), not in a logged collective"
+    elif waiting and user is not None:
         inner = frames[0].func if frames else "?"
         where = f"waiting inside torch ({inner}) from {site}, not in a logged collective"
     elif user is not None:
@@ -171,7 +173,10 @@ def diagnose(logs: dict[int, RankLog], stacks: dict[int, list[Frame]], dead: dic
     for rank, st in states.items():
         groups[st["key"]].append(rank)
     not_waiting = [r for r, st in states.items() if not st["waiting"]]
-    if not_waiting and len(not_waiting) < len(states):
+    first_dead = [r for r in ranks if r in dead and "after rank" not in dead[r]]
+    if first_dead and len(first_dead) < len(states):
+        diverging = first_dead
+    elif not_waiting and len(not_waiting) < len(states):
         diverging = not_waiting
     else:
         sizes = sorted((len(v) for v in groups.values()), reverse=True)
@@ -180,19 +185,26 @@ def diagnose(logs: dict[int, RankLog], stacks: dict[int, list[Frame]], dead: dic
             diverging = sorted(r for r in states if r not in biggest)
         else:
             diverging = []
-    ordered = sorted(groups.values(), key=lambda rs: (not set(rs) & set(diverging), rs[0]))
-    parts = []
-    for ranks in ordered:
-        verb = "is" if len(ranks) == 1 else "are"
-        parts.append(f"{_ranks(ranks)} {verb} {states[ranks[0]]['where']}")
-    summary = "; ".join(parts)
-    if not diverging and len(groups) > 1:
-        summary = "the ranks disagree: " + summary
-    mismatch = first_mismatch(logs)
     for st in states.values():
         st.pop("key", None)
-    return {"summary": summary, "diverging_ranks": diverging, "ranks": {str(r): st for r, st in states.items()},
-            "mismatch": mismatch}
+    diag = {"diverging_ranks": diverging, "ranks": {str(r): st for r, st in states.items()}}
+    diag["summary"] = summarize(diag)
+    diag["mismatch"] = first_mismatch(logs)
+    return diag
+
+
+def summarize(diag: dict[str, Any]) -> str:
+    """``rank 1 is in barrier #18 from a.py:21; ranks 0, 2, 3 are in all_reduce #18 from a.py:20``: diverging first."""
+    by_where: dict[str, list[int]] = defaultdict(list)
+    for rank, st in diag["ranks"].items():
+        by_where[st["where"]].append(int(rank))
+    diverging = set(diag["diverging_ranks"])
+    ordered = sorted(by_where.items(), key=lambda kv: (not set(kv[1]) & diverging, min(kv[1])))
+    parts = [f"{_ranks(rs)} {'is' if len(rs) == 1 else 'are'} {where}" for where, rs in ordered]
+    summary = "; ".join(parts)
+    if not diverging and len(by_where) > 1:
+        summary = "the ranks disagree: " + summary
+    return summary
 
 
 def format_report(diag: dict[str, Any]) -> str:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.distributed.hangdiag import diagnose, first_mismatch, format_report, parse_stacks
+from torchscalpel.distributed.hangdiag import diagnose, first_mismatch, format_report, parse_stacks, summarize
 from torchscalpel.fileio import atomic_write_text
 from torchscalpel.runtime.collectives import STACK_SIGNAL, RankLog, read_rank_log
 
@@ -178,7 +178,10 @@ class HangWatch:
               file=sys.stderr, flush=True)
 
     def collect_stacks(self, logs: dict[int, RankLog]) -> tuple[dict[int, str], dict[int, str]]:
-        """Signal every rank for its stacks; (rank -> new stack text, rank -> how it died while asked)."""
+        """Signal every rank for its stacks; (rank -> new stack text, rank -> how it died while asked).
+
+        Polls every 10 ms so that a rank's exit status is read before torchrun reaps it; a rank
+        that dies after another is reported as dying after that one (torchrun stops the rest)."""
         folder = self.options.folder
         offsets = {}
         for rank, log in logs.items():
@@ -188,30 +191,51 @@ class HangWatch:
                 os.kill(log.pid, STACK_SIGNAL)
         deadline = time.monotonic() + STACK_WAIT_S
         sizes: dict[int, tuple[int, float]] = {}
+        died: dict[int, tuple[float, str]] = {}
         pending = set(logs)
         while pending and time.monotonic() < deadline:
-            time.sleep(0.05)
             for rank in list(pending):
+                status = exit_status(logs[rank].pid)
+                if status is not None:
+                    died[rank] = (time.monotonic(), status)
+                    pending.discard(rank)
+                    continue
                 path = folder / f"rank-{rank}.stacks.txt"
                 size = path.stat().st_size if path.exists() else 0
-                if exit_status(logs[rank].pid) is not None:
+                last = sizes.get(rank)
+                if size > offsets[rank] and last and last[0] == size and time.monotonic() - last[1] >= STABLE_S:
                     pending.discard(rank)
-                elif size > offsets[rank]:
-                    last = sizes.get(rank)
-                    if last and last[0] == size and time.monotonic() - last[1] >= STABLE_S:
-                        pending.discard(rank)
-                    elif not last or last[0] != size:
-                        sizes[rank] = (size, time.monotonic())
-        texts, dead = {}, {}
-        for rank, log in logs.items():
+                elif size > offsets[rank] and (not last or last[0] != size):
+                    sizes[rank] = (size, time.monotonic())
+            time.sleep(0.01)
+        texts = {}
+        for rank in logs:
             path = folder / f"rank-{rank}.stacks.txt"
             with contextlib.suppress(OSError), path.open("rb") as fh:
                 fh.seek(offsets[rank])
                 texts[rank] = fh.read().decode(errors="replace")
-            status = exit_status(log.pid)
-            if status is not None:
-                dead[rank] = status + " while asked for its stack"
+        dead = {}
+        if died:
+            first_rank, (first_t, _) = min(died.items(), key=lambda kv: kv[1][0])
+            for rank, (t, status) in died.items():
+                late = t - first_t > 0.05 and rank != first_rank
+                dead[rank] = f"{status}, after rank {first_rank} died" if late else f"{status} while asked for its stack"
         return texts, dead
+
+    def fill_exit_codes(self, codes: dict[int, int]) -> None:
+        """Put torchrun's exit codes into the last hang report where the watch could not read them."""
+        if not self.hangs:
+            return
+        diag = self.hangs[-1]
+        changed = False
+        for rank, code in codes.items():
+            st = diag["ranks"].get(str(rank))
+            if st and st["state"] == "dead" and st["where"].startswith("dead (exited"):
+                st["where"] = st["where"].replace("exited", _describe_code(code), 1)
+                changed = True
+        if changed:
+            diag["summary"] = summarize(diag)
+            self._write(diag)
 
     def handle_hang(self, logs: dict[int, RankLog], timeout: float, idle: float) -> dict[str, Any]:
         """Collect, diagnose, write, print, then kill every rank."""
@@ -229,10 +253,23 @@ class HangWatch:
         for log in logs.values():
             kill_rank(log.pid)
         diag["torn_down_after_s"] = round(time.time() - last, 2)
+        text = self._write(diag)
+        print(text, file=sys.stderr, flush=True)
+        self.hangs.append(diag)
+        return diag
+
+    def _write(self, diag: dict[str, Any]) -> str:
         out = self.options.report_dir
         atomic_write_text(out / "hang.json", json.dumps(diag, indent=1, default=str) + "\n")
         text = format_report(diag)
         atomic_write_text(out / "hang.txt", text + "\n")
-        print(text, file=sys.stderr, flush=True)
-        self.hangs.append(diag)
-        return diag
+        return text
+
+
+def _describe_code(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

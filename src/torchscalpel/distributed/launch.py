@@ -265,6 +265,7 @@ def launch(args: argparse.Namespace, *, out_dir: Path, watch: WatchOptions | Non
         if watcher is not None:
             watcher.stop()
             if watcher.hangs:
+                watcher.fill_exit_codes({r: f.exitcode for r, f in exc.failures.items()})
                 hang = watcher.hangs[-1]
                 print(f"scalpel launch: the job hung and was stopped: {hang['summary']}. "
                       f"Stacks and last collectives: {out_dir / 'hang.txt'}", file=sys.stderr)
