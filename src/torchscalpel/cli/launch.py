@@ -83,13 +83,16 @@ def _report_ranks(out) -> None:
     """Merge the per-rank Run records, print the table, save ``OUT/launch.json``."""
     import json
 
+    from torchscalpel.distributed.hangwatch import watch_findings
     from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
 
     records = load_rank_records(out)
-    if not records:
+    first = watch_findings(out)
+    if not records and not first:
         print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
         return
-    merged = merge(records)
+    merged = merge(records) if records else {"ranks": [], "straggler": None, "findings": []}
+    merged["findings"] = first + merged["findings"]
     atomic_write_text(out / "launch.json", json.dumps(merged, indent=1, default=str) + "\n")
     print(format_table(merged))
     print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")

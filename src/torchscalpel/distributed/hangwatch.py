@@ -273,3 +273,30 @@ def _describe_code(code: int) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def watch_findings(report_dir: Path) -> list[dict[str, Any]]:
+    """The watch's results as findings for ``launch.json`` (first: they explain whatever follows)."""
+    from torchscalpel.doctor.finding import Finding, Severity
+
+    found = []
+    mismatch_path, hang_path = report_dir / "collective-mismatch.json", report_dir / "hang.json"
+    mismatch = json.loads(mismatch_path.read_text()) if mismatch_path.is_file() else None
+    hang = json.loads(hang_path.read_text()) if hang_path.is_file() else None
+    mismatch = mismatch or (hang or {}).get("mismatch")
+    if mismatch:
+        f = Finding(rule="collective-mismatch", severity=Severity.ERROR, message=mismatch["message"],
+                    evidence=[f"rank {r}: {e['op']} {e.get('shapes')} {e.get('dtypes')} from {e.get('site')}"
+                              for r, e in mismatch["ranks"].items()],
+                    fix="Every rank must call the same collectives in the same order with the same shapes and dtypes: "
+                        "move collectives out of rank-dependent branches (log on every rank, or gather first).",
+                    source="launch")
+        found.append({**f.to_dict(), "ranks": sorted(int(r) for r in mismatch["ranks"])})
+    if hang:
+        f = Finding(rule="rank-hang", severity=Severity.ERROR, message=f"the job hung: {hang['summary']}",
+                    evidence=[f"no progress for {hang.get('idle_s')} s (timeout {hang.get('hang_timeout_s')} s)",
+                              f"stacks and last collectives: {report_dir / 'hang.txt'}"],
+                    fix="Look at the diverging rank's line in hang.txt; a collective it skipped or reordered, or a "
+                        "blocking read, is the usual cause.", source="launch")
+        found.append({**f.to_dict(), "ranks": hang.get("diverging_ranks") or sorted(int(r) for r in hang["ranks"])})
+    return found
