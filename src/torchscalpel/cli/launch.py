@@ -7,6 +7,7 @@ torch.distributed.run costs about two seconds, which every other ``scalpel`` com
 from __future__ import annotations
 
 import argparse
+import sys
 
 from torchscalpel.cli.common import default_run_dir
 from torchscalpel.errors import UsageError
@@ -58,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     out = parsed.out or default_run_dir("launch-" + _name(parsed.training_script))
     if parsed.plan_device_memory and not parsed.plan:
         raise UsageError("--plan-device-memory only applies with --plan.")
+    if parsed.plan_strict and not parsed.plan:
+        raise UsageError("--plan-strict only applies with --plan.")
     if parsed.plan_device_memory:
         size = parse_size(parsed.plan_device_memory, flag="--plan-device-memory")
         if size < MIN_DEVICE_MEMORY:
@@ -68,8 +71,13 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--plan runs a script file; drop -m/--no-python and pass the script path.")
         from torchscalpel.distributed.preflight import run_preflight
 
-        for line in run_preflight(parsed, out).lines:
+        preflight = run_preflight(parsed, out)
+        for line in preflight.lines:
             print(line, flush=True)
+        if parsed.plan_strict and preflight.planned and not preflight.fits:
+            print("scalpel launch: --plan-strict: no strategy fits, so no rank was started.", file=sys.stderr)
+            return 1
+    _announce_resume(parsed)
     stage = wrap_for_stage(parsed, out)
     if stage is None:
         wrap_plain(parsed)
@@ -77,6 +85,18 @@ def run(args: argparse.Namespace) -> int:
     if stage is not None:
         _report_ranks(out)
     return code
+
+
+def _announce_resume(parsed: argparse.Namespace) -> None:
+    """Say that the script will resume from a checkpoint folder here, or move it aside with --fresh."""
+    from pathlib import Path
+
+    from torchscalpel.distributed.resume import announce, find_resumes, start_fresh
+
+    cwd = Path.cwd()
+    resumes = find_resumes(cwd, list(parsed.training_script_args))
+    for line in (start_fresh(resumes, cwd) if parsed.fresh else announce(resumes, cwd)):
+        print(line, flush=True)
 
 
 def _report_ranks(out) -> None:

@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--check-collectives", action=argparse.BooleanOptionalAction, default=None,
                         help="compare every rank's collectives (op, shapes, dtypes, order) while the job runs and report "
                         "the first mismatch with both call sites (default: on with --doctor)")
+    parser.add_argument("--plan-strict", action="store_true",
+                        help="with --plan: do not launch when the plan says no strategy fits (exit 1)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start over: move an existing checkpoint folder (in the current folder or named in the "
+                        "script's arguments) aside instead of resuming from it")
     parser.add_argument("--plan-device-memory", metavar="SIZE",
                         help="with --plan: the per-rank device memory to plan against (default: this machine's GPU 0)")
     return parser
