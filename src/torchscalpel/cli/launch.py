@@ -105,9 +105,10 @@ def _report_ranks(out) -> None:
 
     from torchscalpel.distributed.hangwatch import watch_findings
     from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
+    from torchscalpel.distributed.rankrules import rank_findings
 
     records = load_rank_records(out)
-    first = watch_findings(out)
+    first = watch_findings(out) + rank_findings(out / "watch")
     if not records and not first:
         print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
         return

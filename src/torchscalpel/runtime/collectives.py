@@ -298,6 +298,9 @@ def install(folder: Path, rank: int, world: int, restart: int = 0) -> Collective
         if getattr(dist, op, None) is fn:
             setattr(dist, op, wrapped)
     register_optimizer_step_post_hook(recorder.on_step)
+    from torchscalpel.runtime import rankfacts
+
+    _INSTALLED.append(rankfacts.install(folder, rank, world))
     stacks = open(folder / f"rank-{rank}.stacks.txt", "w")  # noqa: SIM115 - kept open for the signal handler
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
     _INSTALLED.extend([recorder, stacks])
