@@ -24,10 +24,11 @@ FIXTURES = REPO / "tests" / "fixtures" / "dist"
 TIMEOUT = 6
 
 
-def launch(tmp_path: Path, fixture: str, *args: str, nproc: int = 2) -> tuple[subprocess.CompletedProcess[str], Path]:
+def launch(tmp_path: Path, fixture: str, *args: str, nproc: int = 2,
+           script_args: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp_path / "launch"
     cmd = [sys.executable, "-m", "torchscalpel", "launch", "--nproc", str(nproc), "--out", str(out), *args,
-           "--", str(FIXTURES / fixture)]
+           "--", str(FIXTURES / fixture), *script_args]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(**LOOPBACK_ENV), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -110,6 +111,14 @@ def test_doctor_puts_the_mismatch_first(tmp_path):
     findings = json.loads((out / "launch.json").read_text())["findings"]
     assert [f["rule"] for f in findings[:2]] == ["collective-mismatch", "rank-hang"]
     assert "rank 1 calls barrier from hang_skip_allreduce.py:21" in findings[0]["message"]
+
+
+def test_a_rank_that_still_computes_is_not_a_hang(tmp_path):
+    proc, out = launch(tmp_path, "slow_but_alive.py", "--hang-timeout", "3", script_args=("14",))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 0 is still working (its stack, CPU time or I/O moves); still watching" in proc.stderr
+    assert "rank 0 finished" in proc.stdout and "rank 1 finished" in proc.stdout
+    assert not (out / "hang.json").exists()
 
 
 @pytest.mark.slow

@@ -69,3 +69,17 @@ def test_planted_pitfalls_are_found_across_ranks(tmp_path):
 @pytest.mark.dist
 def test_the_clean_version_raises_none_of_them(tmp_path):
     assert [f["rule"] for f in _doctor(tmp_path, "rules_clean.py") if f["rule"] in SLUGS] == []
+
+
+def test_static_device_ids_rule_positive_and_clean():
+    from torchscalpel.doctor.static import analyze_source
+
+    bad = FIXTURES / "ddp_device_ids_bad.py"
+    found = [f for f in analyze_source(bad.read_text(), str(bad)) if f.rule == "ddp-device-ids-not-local-rank"]
+    assert [(f.location.line, f.message) for f in found] == [
+        (10, "DDP(device_ids=[0]) is not this rank's LOCAL_RANK: every rank uses the same GPU."),
+        (11, "DDP(device_ids=[dist.get_rank()]) is not this rank's LOCAL_RANK: the global rank runs past the GPUs "
+             "of a node after the first."),
+    ]
+    clean = FIXTURES / "ddp_device_ids_clean.py"
+    assert [f for f in analyze_source(clean.read_text(), str(clean)) if f.rule == "ddp-device-ids-not-local-rank"] == []

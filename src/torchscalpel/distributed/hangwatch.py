@@ -34,13 +34,16 @@ from torchscalpel.fileio import atomic_write_text
 from torchscalpel.runtime.collectives import STACK_SIGNAL, RankLog, read_rank_log
 
 POLL_S = 0.5
-FLOOR_S = 60.0
+FLOOR_S = 120.0
 MULTIPLE = 20.0
 STARTUP_S = 120.0
 STARTUP_FLOOR_S = 30.0
 STACK_WAIT_S = 3.0
 """How long the ranks get to write their stacks; a rank that has not written by then is reported as silent."""
 STABLE_S = 0.2
+LIVENESS_S = 1.0
+"""Between two looks at a rank outside any wait: a moving stack, CPU time or I/O means it still works."""
+LIVE_CPU_S = 0.05
 
 
 @dataclass(slots=True)
@@ -111,6 +114,8 @@ class HangWatch:
     _thread: threading.Thread | None = None
     _attempt: int = 0
     _busy: threading.Lock = field(default_factory=threading.Lock)
+    _alive_at: float = 0.0
+    _said_alive: bool = False
 
     def start(self) -> None:
         """Run the watch in a daemon thread."""
@@ -164,11 +169,11 @@ class HangWatch:
         if len(logs) < self.options.local_ranks:
             return
         timeout = self.timeout_for(logs)
-        idle = time.time() - max(log.last_progress for log in logs.values())
+        idle = time.time() - max(max(log.last_progress for log in logs.values()), self._alive_at)
         if idle > timeout:
             with self._busy:
-                self.handle_hang(logs, timeout, idle)
-            self._attempt = max(log.restart for log in logs.values()) + 1  # a restart gets a fresh watch
+                if self.handle_hang(logs, timeout, idle) is not None:
+                    self._attempt = max(log.restart for log in logs.values()) + 1  # a restart gets a fresh watch
 
     def report_mismatch(self, found: dict[str, Any]) -> None:
         """Print the first desync and keep it in ``collective-mismatch.json``."""
@@ -237,13 +242,51 @@ class HangWatch:
             diag["summary"] = summarize(diag)
             self._write(diag)
 
-    def handle_hang(self, logs: dict[int, RankLog], timeout: float, idle: float) -> dict[str, Any]:
-        """Collect, diagnose, write, print, then kill every rank."""
+    def _stacks(self, logs: dict[int, RankLog]) -> tuple[dict[int, list[Any]], dict[int, str]]:
         texts, dead = self.collect_stacks(logs)
         stacks = {}
         for rank, text in texts.items():
             threads = parse_stacks(text)
             stacks[rank] = threads.get(logs[rank].main_thread) or next(iter(threads.values()), [])
+        return stacks, dead
+
+    def still_working(self, logs: dict[int, RankLog], stacks: dict[int, list[Any]]) -> list[int]:
+        """Ranks outside any wait whose stack, CPU time or I/O moves over :data:`LIVENESS_S` (not hung:
+        a long evaluation or a rank-0 checkpoint save while the others wait at a barrier)."""
+        from torchscalpel.distributed.hangdiag import rank_state
+
+        free = [r for r, log in logs.items() if not rank_state(log, stacks.get(r, []), None)["waiting"]]
+        if not free:
+            return []
+        before = {r: _usage(logs[r].pid) for r in free}
+        time.sleep(LIVENESS_S)
+        after = {r: _usage(logs[r].pid) for r in free}  # before the next dump, whose write would count as I/O
+        after_stacks, dead = self._stacks({r: logs[r] for r in free})
+        moving = []
+        for r in free:
+            if r in dead:
+                continue
+            stack_moved = bool(after_stacks.get(r)) and bool(stacks.get(r)) and after_stacks[r] != stacks[r]
+            if stack_moved or after[r][0] - before[r][0] > LIVE_CPU_S or after[r][1] > before[r][1]:
+                moving.append(r)
+        return moving
+
+    def handle_hang(self, logs: dict[int, RankLog], timeout: float, idle: float) -> dict[str, Any] | None:
+        """Collect, check that no rank still works, diagnose, write, print, then kill every rank.
+
+        Returns None (and keeps watching) when a rank outside any wait is still working."""
+        stacks, dead = self._stacks(logs)
+        if not dead:
+            moving = self.still_working(logs, stacks)
+            if moving:
+                self._alive_at = time.time()
+                if not self._said_alive:
+                    self._said_alive = True
+                    who = ", ".join(map(str, moving))
+                    print(f"scalpel launch: no step or collective finished for {idle:.0f} s, but rank {who} is still "
+                          "working (its stack, CPU time or I/O moves); still watching.", file=sys.stderr, flush=True)
+                return None
+            stacks, dead = self._stacks(logs)  # the newest stacks go into the report
         diag = diagnose(logs, stacks, dead, sorted(logs))
         last = max(log.last_progress for log in logs.values())
         diag.update({"kind": "hang", "hang_timeout_s": timeout, "idle_s": round(idle, 2),
@@ -264,6 +307,24 @@ class HangWatch:
         text = format_report(diag)
         atomic_write_text(out / "hang.txt", text + "\n")
         return text
+
+
+def _usage(pid: int) -> tuple[float, int]:
+    """CPU seconds and bytes read+written by a rank and its children (DataLoader workers)."""
+    import psutil
+
+    cpu, io = 0.0, 0
+    try:
+        proc = psutil.Process(pid)
+        for p in [proc, *proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                cpu += t.user + t.system
+                c = p.io_counters()
+                io += c.read_chars + c.write_chars
+    except psutil.Error:
+        pass
+    return cpu, io
 
 
 def _describe_code(code: int) -> str:
