@@ -23,7 +23,7 @@ from torchscalpel.runtime.collectives import CollectiveRecorder, RankLog, read_r
 
 
 def _log(rank: int, entries: list[dict], steps: int = 5, done: int = 10) -> RankLog:
-    return RankLog(pid=1000 + rank, rank=rank, world=4, restart=0, main_thread=1, steps=steps, completed=done,
+    return RankLog(pid=1000 + rank, rank=rank, world=4, restart=0, finished=False, main_thread=1, steps=steps, completed=done,
                    last_progress=0.0, step_ms=10.0, started=0.0, entries=entries)
 
 
@@ -43,7 +43,9 @@ def test_recorder_round_trip_and_in_place_completion(tmp_path):
     rec.on_step()
     log = read_rank_log(tmp_path / "rank-3.log")
     assert log.pending() is None and log.entries[0]["done"] == 1 and log.completed == 1 and log.steps == 2
-    assert log.step_ms > 0
+    assert log.step_ms > 0 and not log.finished
+    rec.mark_finished()
+    assert read_rank_log(tmp_path / "rank-3.log").finished
     for i in range(collectives.SLOTS + 5):  # the ring keeps the newest SLOTS entries, in order
         rec.finish(rec.enter("barrier", "default", [], [], f"t.py:{i}"), ok=True)
     log = read_rank_log(tmp_path / "rank-3.log")

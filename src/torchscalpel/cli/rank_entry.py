@@ -44,6 +44,8 @@ def exec_target(argv: list[str]) -> int:
     if not argv:
         raise UsageError("rank_entry exec needs SCRIPT [ARGS] or -m MODULE [ARGS].")
     target = Target(module=argv[1], args=argv[2:]) if argv[0] == "-m" else Target(script=Path(argv[0]), args=argv[1:])
+    from torchscalpel.runtime.collectives import mark_finished
+
     sys.argv = target.argv()
     try:
         park_if_distributed(run_as_main(target))
@@ -54,6 +56,8 @@ def exec_target(argv: list[str]) -> int:
     except BaseException as exc:  # the script's own error: its traceback, exit 1, as python prints it
         print_script_traceback(exc)
         return 1
+    finally:
+        mark_finished()  # exiting may take a while (gloo teardown): that silence is not a hang
     return 0
 
 

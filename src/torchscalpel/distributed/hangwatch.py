@@ -166,8 +166,10 @@ class HangWatch:
             found = first_mismatch(logs)
             if found is not None:
                 self.report_mismatch(found)
-        if len(logs) < self.options.local_ranks:
-            return
+        if len(logs) < self.options.local_ranks or any(log.finished for log in logs.values()):
+            return  # not all started; or one is done (a rank that ends early fails the others' collectives)
+        if any(exit_status(log.pid) is not None for log in logs.values()):
+            return  # a rank ended: torchrun reports it and stops the others
         timeout = self.timeout_for(logs)
         idle = time.time() - max(max(log.last_progress for log in logs.values()), self._alive_at)
         if idle > timeout:

@@ -43,8 +43,9 @@ STACK_SIGNAL = signal.SIGUSR2
 ENV_DIR = "TORCHSCALPEL_COLLECTIVE_DIR"
 """Folder for ``rank-R.log`` / ``rank-R.stacks.txt``; unset: nothing is installed."""
 MAGIC = b"TSCOLL1\0"
-HEADER = struct.Struct("<8s4I4Q3d")
-"""magic, pid, rank, world, restart, main thread id, steps, completed, entries, last progress, step ms, started."""
+HEADER = struct.Struct("<8s5I4Q3d")
+"""magic, pid, rank, world, restart, finished, main thread id, steps, completed, entries, last progress, step ms,
+started."""
 HEADER_SIZE = 128
 SLOTS = 256
 SLOT = 512
@@ -89,6 +90,8 @@ class RankLog:
     rank: int
     world: int
     restart: int
+    finished: bool
+    """The script ran to its end (or the process is exiting): no longer a candidate for a hang."""
     main_thread: int
     steps: int
     completed: int
@@ -113,7 +116,7 @@ def read_rank_log(path: Path) -> RankLog | None:
         return None
     if len(data) < FILE_SIZE or data[:8] != MAGIC:
         return None
-    (_, pid, rank, world, restart, tid, steps, completed, _n, last, step_ms, started) = HEADER.unpack_from(data)
+    (_, pid, rank, world, restart, finished, tid, steps, completed, _n, last, step_ms, started) = HEADER.unpack_from(data)
     entries = []
     for i in range(SLOTS):
         raw = data[HEADER_SIZE + i * SLOT: HEADER_SIZE + (i + 1) * SLOT].rstrip(b"\0")
@@ -123,7 +126,7 @@ def read_rank_log(path: Path) -> RankLog | None:
             except ValueError:
                 continue
     entries.sort(key=lambda e: e.get("n", 0))
-    return RankLog(pid, rank, world, restart, tid, steps, completed, last, step_ms, started, entries)
+    return RankLog(pid, rank, world, restart, bool(finished), tid, steps, completed, last, step_ms, started, entries)
 
 
 class CollectiveRecorder:
@@ -149,14 +152,21 @@ class CollectiveRecorder:
         self._last_step: float | None = None
         self._intervals: deque[float] = deque(maxlen=32)
         self.started = self.last_progress = time.time()
+        self.finished = False
         self._write_header()
 
     # -- header -------------------------------------------------------------------------------------
     def _write_header(self) -> None:
         step_ms = statistics.median(self._intervals) * 1000.0 if self._intervals else 0.0
-        HEADER.pack_into(self._mm, 0, MAGIC, os.getpid(), self.rank, self.world, self.restart,
+        HEADER.pack_into(self._mm, 0, MAGIC, os.getpid(), self.rank, self.world, self.restart, int(self.finished),
                          threading.main_thread().ident or 0, self.steps, self.completed, self._n,
                          self.last_progress, step_ms, self.started)
+
+    def mark_finished(self) -> None:
+        """The script is done (its end, or interpreter exit): the watch stops counting this rank's silence."""
+        with self._lock:
+            self.finished = True
+            self._write_header()
 
     def on_step(self, *_: Any) -> None:
         """Optimizer step post hook: progress, and one more step interval."""
@@ -304,7 +314,17 @@ def install(folder: Path, rank: int, world: int, restart: int = 0) -> Collective
     stacks = open(folder / f"rank-{rank}.stacks.txt", "w")  # noqa: SIM115 - kept open for the signal handler
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
     _INSTALLED.extend([recorder, stacks])
+    import atexit
+
+    atexit.register(recorder.mark_finished)
     return recorder
+
+
+def mark_finished() -> None:
+    """Tell the watch this rank's script has ended (a no-op when nothing is installed)."""
+    for obj in _INSTALLED:
+        if isinstance(obj, CollectiveRecorder):
+            obj.mark_finished()
 
 
 def install_from_env(env: dict[str, str] | None = None) -> CollectiveRecorder | None:
