@@ -1,14 +1,17 @@
-"""Cost of the hang watch and ``--check-collectives`` per step on a healthy 2-rank gloo run.
+"""Cost of the hang watch's collective log and of ``--check-collectives`` on a healthy 2-rank gloo run.
 
-Variants, interleaved round by round in the same run (the CPU is shared):
+Three figures, each against its peer in the same run:
 
-- ``plain``: ``scalpel launch --hang-timeout 0`` (the script runs through the rank entry point,
-  nothing logged: what plain torchrun costs);
-- ``watch``: ``scalpel launch`` as it is by default (every collective logged, hang watch on);
-- ``check``: ``scalpel launch --check-collectives`` (also compared across ranks while it runs).
+1. In the ranks (what every watched launch pays): ``scalpel launch --check-collectives`` runs
+   ``benchmarks/scripts/collectives_train.py`` (7 collectives per step), whose blocks of 10 steps
+   alternate between the logged ``all_reduce`` and the unwrapped one (``__wrapped__``) in the same
+   process: median step time logged / unlogged.
+2. In the launcher: CPU time of one poll of the check (read 2 full rank logs, compare them),
+   as a share of one core at 2 polls per second.
+3. Whole launches, interleaved: ``--hang-timeout 0`` (nothing logged) vs ``--check-collectives``,
+   median step of rank 0 (noisy on a shared CPU; reported beside 1, which is not).
 
-Per variant: the median step time of rank 0 over steps ``--skip``.. (the script times its own
-steps), then the ratio to ``plain``. Run: ``python benchmarks/check_collectives.py --rounds 3``.
+Run: ``python benchmarks/check_collectives.py --rounds 3``.
 """
 
 from __future__ import annotations
@@ -20,15 +23,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "scripts" / "collectives_train.py"
-VARIANTS = {"plain": ["--hang-timeout", "0"], "watch": [], "check": ["--check-collectives"]}
+VARIANTS = {"plain": ["--hang-timeout", "0"], "check": ["--check-collectives"]}
 
 
-def run_once(flags: list[str], steps: int, skip: int, folder: Path) -> float:
-    """Median step time (ms) of one 2-rank launch."""
+def run_once(flags: list[str], steps: int, folder: Path) -> list[list[float]]:
+    """Rank 0's ``[logged, seconds]`` per step from one 2-rank launch."""
     times = folder / "times.json"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     cmd = [sys.executable, "-m", "torchscalpel", "launch", "--nproc", "2", "--out", str(folder / "launch"), *flags,
@@ -36,28 +40,58 @@ def run_once(flags: list[str], steps: int, skip: int, folder: Path) -> float:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     if not times.exists():
         raise SystemExit(f"launch failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return statistics.median(json.loads(times.read_text())[skip:]) * 1000.0
+    return json.loads(times.read_text())
+
+
+def poll_cost_ms(repeats: int = 200) -> float:
+    """CPU ms of one check poll over two full (256-entry) rank logs."""
+    sys.path.insert(0, str(REPO / "src"))
+    from torchscalpel.distributed.hangdiag import first_mismatch
+    from torchscalpel.distributed.hangwatch import HangWatch, WatchOptions
+    from torchscalpel.runtime.collectives import SLOTS, CollectiveRecorder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for rank in (0, 1):
+            rec = CollectiveRecorder(Path(tmp), rank, 2, 0)
+            for i in range(SLOTS):
+                rec.finish(rec.enter("all_reduce", "default", [[128, 64]], ["float32"], f"/u/train.py:{i}"), ok=True)
+        watch = HangWatch(WatchOptions(folder=Path(tmp), report_dir=Path(tmp), local_ranks=2, check=True))
+        t0 = time.process_time()
+        for _ in range(repeats):
+            assert first_mismatch(watch.logs()) is None
+        return (time.process_time() - t0) / repeats * 1000.0
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--skip", type=int, default=100, help="warm-up steps left out of the median")
+    parser.add_argument("--skip", type=int, default=100, help="warm-up steps left out of the medians")
     args = parser.parse_args()
-    results: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    whole: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    ab: list[float] = []
     for r in range(args.rounds):
         order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
         for name in order:
             with tempfile.TemporaryDirectory() as tmp:
-                results[name].append(run_once(VARIANTS[name], args.steps, args.skip, Path(tmp)))
-            print(f"round {r + 1} {name:<6} {results[name][-1]:.3f} ms/step", flush=True)
-    plain = statistics.median(results["plain"])
-    print(f"\n{'variant':<8} {'median ms/step':>15} {'vs plain':>9}   per round")
-    for name, values in results.items():
-        med = statistics.median(values)
-        rounds = " ".join(f"{v:.3f}" for v in values)
-        print(f"{name:<8} {med:>15.3f} {med / plain:>9.3f}   {rounds}")
+                rows = run_once(VARIANTS[name], args.steps, Path(tmp))[args.skip:]
+            whole[name].append(statistics.median(t for _, t in rows) * 1000.0)
+            if name == "check":
+                logged = statistics.median(t for lg, t in rows if lg)
+                plain = statistics.median(t for lg, t in rows if not lg)
+                ab.append(logged / plain)
+                print(f"round {r + 1} check  in-process logged/unlogged {logged * 1e3:.3f}/{plain * 1e3:.3f} ms "
+                      f"= {ab[-1]:.3f}", flush=True)
+            print(f"round {r + 1} {name:<6} {whole[name][-1]:.3f} ms/step", flush=True)
+    poll = poll_cost_ms()
+    print(f"\n1. logged vs unlogged all_reduce, same process (7 collectives/step): median ratio "
+          f"{statistics.median(ab):.3f} (rounds: {' '.join(f'{x:.3f}' for x in ab)})")
+    print(f"2. launcher check: {poll:.2f} ms CPU per poll, {poll * 2 / 10:.2f}% of one core at 2 polls/s")
+    plain = statistics.median(whole["plain"])
+    check = statistics.median(whole["check"])
+    print(f"3. whole launches: plain {plain:.3f} ms/step, --check-collectives {check:.3f} ms/step, ratio "
+          f"{check / plain:.3f} (plain rounds {' '.join(f'{x:.2f}' for x in whole['plain'])}; check rounds "
+          f"{' '.join(f'{x:.2f}' for x in whole['check'])})")
     return 0
 
 

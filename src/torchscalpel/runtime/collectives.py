@@ -153,14 +153,16 @@ class CollectiveRecorder:
         self._intervals: deque[float] = deque(maxlen=32)
         self.started = self.last_progress = time.time()
         self.finished = False
+        self._pid = os.getpid()
+        self._tid = threading.main_thread().ident or 0
+        self._step_ms = 0.0
+        self._quoted: dict[str, str] = {}
         self._write_header()
 
     # -- header -------------------------------------------------------------------------------------
     def _write_header(self) -> None:
-        step_ms = statistics.median(self._intervals) * 1000.0 if self._intervals else 0.0
-        HEADER.pack_into(self._mm, 0, MAGIC, os.getpid(), self.rank, self.world, self.restart, int(self.finished),
-                         threading.main_thread().ident or 0, self.steps, self.completed, self._n,
-                         self.last_progress, step_ms, self.started)
+        HEADER.pack_into(self._mm, 0, MAGIC, self._pid, self.rank, self.world, self.restart, int(self.finished),
+                         self._tid, self.steps, self.completed, self._n, self.last_progress, self._step_ms, self.started)
 
     def mark_finished(self) -> None:
         """The script is done (its end, or interpreter exit): the watch stops counting this rank's silence."""
@@ -174,31 +176,42 @@ class CollectiveRecorder:
         with self._lock:
             if self._last_step is not None:
                 self._intervals.append(now - self._last_step)
+                self._step_ms = statistics.median(self._intervals) * 1000.0
             self._last_step = now
             self.steps += 1
             self.last_progress = now
             self._write_header()
 
     # -- entries ------------------------------------------------------------------------------------
+    # Why hand-written JSON: this runs twice per collective; json.dumps cost more than all the rest.
     def enter(self, op: str, group: str, shapes: list[list[int]], dtypes: list[str], site: str) -> int:
         """Log a collective this rank is entering; returns its slot for :meth:`finish`."""
         with self._lock:
             seq = self._seq.get(group, 0) + 1
             self._seq[group] = seq
-            sig = f"{op}|{shapes if OPS.get(op, (None, False))[1] else ''}|{dtypes}"
+            shape_text = repr(shapes).replace(" ", "") if all(type(d) is int for s in shapes for d in s) else "[]"
+            dtype_text = '["' + '","'.join(dtypes) + '"]' if dtypes else "[]"
+            sig = f"{op}|{shape_text if OPS[op][1] else ''}|{dtype_text}" if op in OPS else op
             chain = zlib.crc32(sig.encode(), self._chain.get(group, 0))
             self._chain[group] = chain
-            body = {"n": self._n, "op": op, "group": group, "seq": seq, "shapes": shapes, "dtypes": dtypes,
-                    "site": site, "t": round(time.time(), 3), "chain": chain}
-            raw = ('{"done":0,' + json.dumps(body, separators=(",", ":"))[1:]).encode()
+            quoted = self._quoted.get(site)
+            if quoted is None:
+                quoted = self._quoted[site] = json.dumps(site)
+            gquoted = self._quoted.get(group)
+            if gquoted is None:
+                gquoted = self._quoted[group] = json.dumps(group)
+            head = (f'{{"done":0,"n":{self._n},"op":"{op}","group":{gquoted},"seq":{seq},'
+                    f'"t":{time.time():.3f},"chain":{chain},"site":{quoted},"dtypes":{dtype_text},')
+            raw = (head + f'"shapes":{shape_text}}}').encode()
             if len(raw) > SLOT:  # a long tensor list: keep the first shapes only
-                body["shapes"], body["dtypes"] = shapes[:4], dtypes[:4]
-                body["truncated"] = True
-                raw = ('{"done":0,' + json.dumps(body, separators=(",", ":"))[1:]).encode()[:SLOT]
+                cut = repr([list(x) for x in shapes[:4]]).replace(" ", "")
+                raw = (head.replace(f'"dtypes":{dtype_text}', '"dtypes":' + json.dumps(dtypes[:4]))
+                       + f'"truncated":true,"shapes":{cut}}}').encode()[:SLOT]
             slot = self._n % SLOTS
             offset = HEADER_SIZE + slot * SLOT
-            self._mm[offset:offset + len(raw)] = raw
-            self._mm[offset + len(raw):offset + SLOT] = _ZEROS[: SLOT - len(raw)]
+            end = offset + len(raw)
+            self._mm[offset:end] = raw
+            self._mm[end:offset + SLOT] = _ZEROS[: SLOT - len(raw)]
             self._n += 1
             self._write_header()
             return slot
@@ -206,7 +219,7 @@ class CollectiveRecorder:
     def finish(self, slot: int, ok: bool) -> None:
         """Mark the entry in ``slot`` completed (or raised)."""
         with self._lock:
-            self._mm[HEADER_SIZE + slot * SLOT + _DONE_AT] = ord("1" if ok else "2")
+            self._mm[HEADER_SIZE + slot * SLOT + _DONE_AT] = 49 if ok else 50  # ord("1"), ord("2")
             if ok:
                 self.completed += 1
                 self.last_progress = time.time()
@@ -230,20 +243,27 @@ def user_site(frame: Any) -> str:
     return fallback or "?"
 
 
+_DTYPES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
 def _describe(value: Any) -> tuple[list[list[int]], list[str]]:
-    tensors = value if isinstance(value, list | tuple) else [value]
-    shapes, dtypes = [], []
-    for t in tensors:
-        if hasattr(t, "shape") and hasattr(t, "dtype"):
-            shapes.append(list(t.shape))
-            dtypes.append(str(t.dtype).removeprefix("torch."))
-    return shapes, dtypes
+    if isinstance(value, list | tuple):
+        pairs = [(list(t.shape), _dtype_name(t.dtype)) for t in value if hasattr(t, "shape") and hasattr(t, "dtype")]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return [list(value.shape)], [_dtype_name(value.dtype)]
+    return [], []
 
 
-def _group_name(group: Any) -> str:
-    import torch.distributed as dist
-
-    if group is None or group is dist.GroupMember.WORLD:
+def _group_name(group: Any, member: Any) -> str:
+    if group is None or group is member.WORLD:
         return "default"
     return f"group {getattr(group, 'group_name', id(group))}"
 
@@ -252,7 +272,10 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
     import inspect
 
     import torch
+    import torch.distributed as dist
 
+    member = dist.GroupMember
+    is_compiling = torch.compiler.is_compiling
     params = list(inspect.signature(fn).parameters)
     group_at = params.index("group") if "group" in params else None
     tensor_at = OPS[op][0]
@@ -260,7 +283,7 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Nested calls (all_gather_object -> all_gather) and compiled code are not the user's collectives.
-        if getattr(local, "depth", 0) or torch.compiler.is_compiling():
+        if getattr(local, "depth", 0) or is_compiling():
             return fn(*args, **kwargs)
         group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
         shapes: list[list[int]] = []
@@ -270,7 +293,7 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
             shapes, dtypes = _describe(value)
         elif op == "all_to_all" and args:
             shapes, dtypes = _describe(args[1] if len(args) > 1 else kwargs.get("input_tensor_list"))
-        slot = recorder.enter(op, _group_name(group), shapes, dtypes, user_site(sys._getframe(1)))
+        slot = recorder.enter(op, _group_name(group, member), shapes, dtypes, user_site(sys._getframe(1)))
         local.depth = 1
         ok = False
         try:
