@@ -62,6 +62,42 @@ def poll_cost_ms(repeats: int = 200) -> float:
         return (time.process_time() - t0) / repeats * 1000.0
 
 
+PER_CALL_CHILD = """
+import os, statistics, sys, tempfile, time
+from pathlib import Path
+import torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+plain = dist.all_reduce
+from torchscalpel.runtime import collectives
+collectives.install(Path(tempfile.mkdtemp()), 0, 1)
+logged = dist.all_reduce
+t = torch.ones(128, 64)
+def block(fn, n=400):
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn(t)
+    return (time.perf_counter() - t0) / n * 1e6
+diffs, base = [], []
+for _ in range(25):
+    a, b = block(plain), block(logged)
+    diffs.append(b - a)
+    base.append(a)
+print(statistics.median(diffs), statistics.median(base))
+"""
+
+
+def per_call_us() -> tuple[float, float]:
+    """Extra microseconds per logged all_reduce, and the unlogged call's own time (one-rank gloo group,
+    blocks of 400 calls alternating 25 times in one process)."""
+    from torchscalpel.netutil import free_port
+
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", PER_CALL_CHILD, str(free_port())], env=env, capture_output=True,
+                         text=True, timeout=600, check=True).stdout.split()
+    return float(out[0]), float(out[1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -84,8 +120,11 @@ def main() -> int:
                       f"= {ab[-1]:.3f}", flush=True)
             print(f"round {r + 1} {name:<6} {whole[name][-1]:.3f} ms/step", flush=True)
     poll = poll_cost_ms()
+    extra, base = per_call_us()
     print(f"\n1. logged vs unlogged all_reduce, same process (7 collectives/step): median ratio "
           f"{statistics.median(ab):.3f} (rounds: {' '.join(f'{x:.3f}' for x in ab)})")
+    print(f"1b. per call, one-rank group, alternating blocks: +{extra:.1f} us per logged all_reduce "
+          f"(unlogged call {base:.1f} us); at 7 collectives per step: {7 * extra / 1000:.3f} ms per step")
     print(f"2. launcher check: {poll:.2f} ms CPU per poll, {poll * 2 / 10:.2f}% of one core at 2 polls/s")
     plain = statistics.median(whole["plain"])
     check = statistics.median(whole["check"])

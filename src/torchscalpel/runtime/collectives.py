@@ -51,7 +51,6 @@ SLOTS = 256
 SLOT = 512
 FILE_SIZE = HEADER_SIZE + SLOTS * SLOT
 _DONE_AT = len('{"done":')
-_ZEROS = bytes(SLOT)
 
 # op name -> (index of the tensor argument whose shape must agree across ranks or None, compare shapes)
 OPS: dict[str, tuple[int | None, bool]] = {
@@ -189,7 +188,7 @@ class CollectiveRecorder:
         with self._lock:
             seq = self._seq.get(group, 0) + 1
             self._seq[group] = seq
-            shape_text = repr(shapes).replace(" ", "") if all(type(d) is int for s in shapes for d in s) else "[]"
+            shape_text = repr(shapes).replace(" ", "")  # lists of ints (torch.Size): valid JSON as written
             dtype_text = '["' + '","'.join(dtypes) + '"]' if dtypes else "[]"
             sig = f"{op}|{shape_text if OPS[op][1] else ''}|{dtype_text}" if op in OPS else op
             chain = zlib.crc32(sig.encode(), self._chain.get(group, 0))
@@ -209,9 +208,7 @@ class CollectiveRecorder:
                        + f'"truncated":true,"shapes":{cut}}}').encode()[:SLOT]
             slot = self._n % SLOTS
             offset = HEADER_SIZE + slot * SLOT
-            end = offset + len(raw)
-            self._mm[offset:end] = raw
-            self._mm[end:offset + SLOT] = _ZEROS[: SLOT - len(raw)]
+            self._mm[offset:offset + SLOT] = raw.ljust(SLOT, b"\0")
             self._n += 1
             self._write_header()
             return slot
