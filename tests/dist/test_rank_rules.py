@@ -44,6 +44,7 @@ def test_judgments_on_recorded_facts():
     assert rng_findings(same)[0]["ranks"] == [0, 1]
     assert rng_findings({0: _facts(0, rng={"torch": 1}), 1: _facts(1, rng={"torch": 2})}) == []
     assert rng_findings({0: _facts(0, rng={"torch": 1}), 1: _facts(1)}) == []  # a rank that never got there
+    assert rng_findings({r: _facts(r, rng={"python": 2}) for r in (0, 1)}) == []  # torch not drawn per step
 
 
 def _doctor(tmp_path: Path, fixture: str) -> list[dict]:

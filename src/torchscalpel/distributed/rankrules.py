@@ -8,8 +8,8 @@ the doctor's format (:class:`~torchscalpel.doctor.finding.Finding`) and go first
   are not the job's world size/rank (hard-coded values: ranks read the same shard or skip data);
 - ``ddp-accumulation-without-no-sync``: several DDP forwards per optimizer step that all
   all-reduce (gradient accumulation without ``no_sync()``), with the bytes sent for nothing;
-- ``identical-random-streams``: every rank's generators in the same state after step 2 (the same
-  dropout masks and augmentations on every rank);
+- ``identical-random-streams``: every rank's generators that a training step draws from in the same
+  state after step 2 (the same dropout masks and augmentations on every rank);
 - ``ddp-device-ids-not-local-rank``: ``device_ids`` that are not ``[LOCAL_RANK]``.
 """
 
@@ -90,15 +90,16 @@ def no_sync_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def rng_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     """Every rank drawing the same random numbers."""
-    digests = {r: d["rng"] for r, d in facts.items() if d.get("rng")}
+    digests = {r: d["rng"] for r, d in facts.items() if d.get("rng") is not None}
     if len(digests) < 2 or len(digests) < len(facts):
-        return []
+        return []  # a rank that never reached step 2
     same = [name for name in ("torch", "numpy", "python")
             if all(name in d for d in digests.values()) and len({d[name] for d in digests.values()}) == 1]
     if "torch" not in same:
         return []
     ranks = sorted(digests)
-    message = (f"every rank's random stream is the same ({', '.join(same)} generators identical after step 2 on ranks "
+    message = (f"every rank's random stream is the same ({', '.join(same)} generators, drawn from every step, "
+               f"identical after step 2 on ranks "
                f"{', '.join(map(str, ranks))}): dropout masks and random augmentations repeat on every rank")
     fix = ("Seed per rank after the model is built (DDP broadcasts rank 0's weights anyway):\n"
            "torch.manual_seed(base_seed + rank); random.seed(base_seed + rank); np.random.seed(base_seed + rank)")

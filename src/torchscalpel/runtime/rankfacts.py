@@ -9,7 +9,8 @@ check can never add a collective or wait on one.
 - every DDP forward with autograd on: whether it will all-reduce (``require_backward_grad_sync``,
   False inside ``no_sync()``), counted per optimizer step; the DDP's ``device_ids``, ``LOCAL_RANK``
   and gradient bytes;
-- after the second optimizer step: digests of the torch CPU, Python and NumPy generator states.
+- after the second optimizer step: digests of the torch CPU, Python and NumPy generator states that
+  changed over that step (the generators the training step draws from).
 
 Cost: one attribute read per DDP forward and a counter per optimizer step; the file is rewritten
 seven times per run.
@@ -55,6 +56,7 @@ class RankFacts:
         self._synced = 0
         self._unsynced = 0
         self._step = 0
+        self._rng_step1: dict[str, int] = {}
 
     def write(self) -> None:
         """Rewrite ``rank-R.facts.json`` (atomic: the launcher never reads half a file)."""
@@ -102,8 +104,13 @@ class RankFacts:
         if len(self.data["steps"]) < MAX_STEPS_KEPT:
             self.data["steps"].append([self._synced, self._unsynced])
         self._synced = self._unsynced = 0
+        if self._step == 1:
+            self._rng_step1 = rng_digests()
         if self._step == 2:
-            self.data["rng"] = rng_digests()
+            now = rng_digests()
+            # Which generators the training step draws from: unchanged over a step means none is used per
+            # step (no dropout, no random augmentation), so equal streams across ranks would not matter.
+            self.data["rng"] = {name: value for name, value in now.items() if self._rng_step1.get(name) != value}
         if self._step in WRITE_AT_STEPS:
             self.write()
 
