@@ -227,3 +227,20 @@ def test_launch_flags_are_validated_and_the_doctor_checks_collectives(tmp_path):
     off_but_checked = watch_options(parse("--nproc", "2", "--hang-timeout", "0", "--check-collectives", "--",
                                           str(script)), tmp_path)
     assert off_but_checked.hang_timeout == float("inf") and off_but_checked.check
+
+
+def test_the_text_report_leaves_out_torchscalpels_own_frames():
+    from torchscalpel.distributed.hangdiag import format_report
+
+    frames = parse_stacks("""Current thread 0x0000000000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/src/torchscalpel/runtime/collectives.py", line 267 in wrapper
+  File "/u/train.py", line 20 in <module>
+  File "<frozen runpy>", line 88 in _run_code
+""")[1]
+    logs = {0: _log(0, [_e(0, "all_reduce", 1, "/u/train.py:20", done=0)])}
+    diag = diagnose(logs, {0: frames}, {}, [0])
+    text = format_report({**diag, "idle_s": 5.0, "hang_timeout_s": 5.0})
+    assert "/u/train.py:20 in <module>" in text and "distributed_c10d.py:3252" in text
+    assert "collectives.py" not in text and "runpy" not in text
+    assert len(diag["ranks"]["0"]["stack"]) == 4  # the JSON keeps them all

@@ -217,7 +217,8 @@ def format_report(diag: dict[str, Any]) -> str:
         lines.append(f"\nrank {rank}: {st['where']} (steps done: {st['steps']})")
         for c in st["last_collectives"]:
             lines.append(f"    {c['status']:<9} {c['op']} #{c['seq']} {c['group']}{_shape_text(c)} from {c['site']}")
-        if st["stack"]:
+        shown = [f for f in st["stack"] if "/torchscalpel/" not in f and not f.startswith("<frozen runpy>")]
+        if shown:  # hang.json keeps every frame; the text leaves out the launcher's own
             lines.append("  main thread, innermost first:")
-            lines.extend(f"    {f}" for f in st["stack"][:12])
+            lines.extend(f"    {f}" for f in shown[:12])
     return "\n".join(lines)
