@@ -7,6 +7,7 @@ torch.distributed.run costs about two seconds, which every other ``scalpel`` com
 from __future__ import annotations
 
 import argparse
+import sys
 
 from torchscalpel.cli.common import default_run_dir
 from torchscalpel.errors import UsageError
@@ -33,7 +34,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse with torchrun's parser, validate, launch; return the exit code."""
-    from torchscalpel.distributed.launch import build_parser, launch, prepare, wrap_for_stage
+    from torchscalpel.distributed.launch import (
+        build_parser,
+        launch,
+        prepare,
+        watch_options,
+        wrap_for_stage,
+        wrap_plain,
+    )
 
     parser = build_parser()
     argv = list(args.argv)
@@ -51,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     out = parsed.out or default_run_dir("launch-" + _name(parsed.training_script))
     if parsed.plan_device_memory and not parsed.plan:
         raise UsageError("--plan-device-memory only applies with --plan.")
+    if parsed.plan_strict and not parsed.plan:
+        raise UsageError("--plan-strict only applies with --plan.")
     if parsed.plan_device_memory:
         size = parse_size(parsed.plan_device_memory, flag="--plan-device-memory")
         if size < MIN_DEVICE_MEMORY:
@@ -61,26 +71,49 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--plan runs a script file; drop -m/--no-python and pass the script path.")
         from torchscalpel.distributed.preflight import run_preflight
 
-        for line in run_preflight(parsed, out).lines:
+        preflight = run_preflight(parsed, out)
+        for line in preflight.lines:
             print(line, flush=True)
+        if parsed.plan_strict and preflight.planned and not preflight.fits:
+            print("scalpel launch: --plan-strict: no strategy fits, so no rank was started.", file=sys.stderr)
+            return 1
+    _announce_resume(parsed)
     stage = wrap_for_stage(parsed, out)
-    code = launch(parsed, out_dir=out)
+    if stage is None:
+        wrap_plain(parsed)
+    code = launch(parsed, out_dir=out, watch=watch_options(parsed, out))
     if stage is not None:
         _report_ranks(out)
     return code
+
+
+def _announce_resume(parsed: argparse.Namespace) -> None:
+    """Say that the script will resume from a checkpoint folder here, or move it aside with --fresh."""
+    from pathlib import Path
+
+    from torchscalpel.distributed.resume import announce, find_resumes, start_fresh
+
+    cwd = Path.cwd()
+    resumes = find_resumes(cwd, list(parsed.training_script_args))
+    for line in (start_fresh(resumes, cwd) if parsed.fresh else announce(resumes, cwd)):
+        print(line, flush=True)
 
 
 def _report_ranks(out) -> None:
     """Merge the per-rank Run records, print the table, save ``OUT/launch.json``."""
     import json
 
+    from torchscalpel.distributed.hangwatch import watch_findings
     from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
+    from torchscalpel.distributed.rankrules import rank_findings
 
     records = load_rank_records(out)
-    if not records:
+    first = watch_findings(out) + rank_findings(out / "watch")
+    if not records and not first:
         print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
         return
-    merged = merge(records)
+    merged = merge(records) if records else {"ranks": [], "straggler": None, "findings": []}
+    merged["findings"] = first + merged["findings"]
     atomic_write_text(out / "launch.json", json.dumps(merged, indent=1, default=str) + "\n")
     print(format_table(merged))
     print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")

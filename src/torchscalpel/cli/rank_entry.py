@@ -1,15 +1,21 @@
-"""Per-rank entry point of ``scalpel launch --profile``/``--doctor``.
+"""Per-rank entry point of ``scalpel launch``.
 
 torchrun runs ``python -m torchscalpel.cli.rank_entry COMMAND BASE [OPTIONS] -- SCRIPT ARGS`` on
-every rank; this turns it into ``scalpel COMMAND --out BASE/rank-R [OPTIONS] -- SCRIPT ARGS`` with
-R the global rank (torchrun can only substitute the *local* rank into arguments, which repeats
-across nodes).
+every rank. First the rank's collectives, steps and a stack dump on a signal are set up for the
+launcher's hang watch (:mod:`torchscalpel.runtime.collectives`, when the launcher asked for it).
+Then:
+
+- ``exec``: the script (or ``-m MODULE``) runs as ``__main__``, as ``python SCRIPT`` would run it;
+- ``profile`` / ``doctor``: ``scalpel COMMAND --out BASE/rank-R [OPTIONS] -- SCRIPT ARGS`` with R
+  the global rank (torchrun can only substitute the *local* rank into arguments, which repeats
+  across nodes).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from torchscalpel.errors import UsageError
 
@@ -23,12 +29,51 @@ def rank_argv(argv: list[str], rank: int) -> list[str]:
     return [command, "--out", os.path.join(base, f"rank-{rank}"), *extra, *rest]
 
 
+def exec_target(argv: list[str]) -> int:
+    """Run ``[-m MODULE | SCRIPT] ARGS`` as ``__main__``; the exit status ``python`` would give."""
+    from torchscalpel.runtime.script import (
+        exit_code_of,
+        park_if_distributed,
+        print_script_traceback,
+        run_as_main,
+    )
+    from torchscalpel.runtime.target import Target
+
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UsageError("rank_entry exec needs SCRIPT [ARGS] or -m MODULE [ARGS].")
+    target = Target(module=argv[1], args=argv[2:]) if argv[0] == "-m" else Target(script=Path(argv[0]), args=argv[1:])
+    from torchscalpel.runtime.collectives import mark_finished
+
+    sys.argv = target.argv()
+    try:
+        park_if_distributed(run_as_main(target))
+    except SystemExit as exc:
+        return exit_code_of(exc.code)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # the script's own error: its traceback, exit 1, as python prints it
+        print_script_traceback(exc)
+        return 1
+    finally:
+        mark_finished()  # exiting may take a while (gloo teardown): that silence is not a hang
+    return 0
+
+
 def main() -> int:
-    """Run the scalpel command for this rank and return its exit code."""
+    """Set up the hang watch's side, then run the script or the scalpel command for this rank."""
+    from torchscalpel.runtime.collectives import install_from_env
+
+    install_from_env()
+    args = sys.argv[1:]
+    if args and args[0] == "exec":
+        return exec_target(args[1:])
     from torchscalpel.cli.main import main as scalpel_main
 
-    return scalpel_main(rank_argv(sys.argv[1:], int(os.environ.get("RANK", "0"))))
+    return scalpel_main(rank_argv(args, int(os.environ.get("RANK", "0"))))
 
 
 if __name__ == "__main__":
+    sys.stdout.flush()
     raise SystemExit(main())

@@ -41,6 +41,13 @@ log = get_logger()
 SIGTERM_EXIT_CODE = 143
 
 
+def _sentence(exc: BaseException) -> str:
+    """An error as the one sentence every rank raises (an OSError names its file)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return str(exc).rstrip(".")
+
+
 class Checkpointer:
     """Save and resume everything a training run needs to continue bit-for-bit.
 
@@ -87,8 +94,36 @@ class Checkpointer:
         # Checkpoint collectives of an async save run in a background thread: they get their own
         # group so they never interleave with the training collectives on the default group.
         self._group = dist.new_group(backend="gloo") if async_save else None
+        self._previous_sigterm: Any = None
         if sigterm:
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._sigterm_installed = True
+        else:
+            self._sigterm_installed = False
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            # Leaving on an error: another rank may be gone, so enter no collective (a pending async
+            # save stays uncommitted, as after a crash); release what this process holds.
+            self._pending = None
+            self._release()
+
+    def _release(self) -> None:
+        """Release the writer lock and give SIGTERM back to the handler it had before."""
+        self._release_lock()
+        if self._sigterm_installed:
+            self._sigterm_installed = False
+            try:
+                if signal.getsignal(signal.SIGTERM) == self._on_sigterm:  # not replaced by someone since
+                    signal.signal(signal.SIGTERM, self._previous_sigterm
+                                  if self._previous_sigterm is not None else signal.SIG_DFL)
+            except ValueError:  # closed from a thread other than the main one: signals belong to it
+                log.warning("checkpoint: closed outside the main thread; the SIGTERM handler stays installed")
 
     def _lock_root(self) -> Any:
         """Rank 0 takes the folder's writer lock for this Checkpointer's lifetime; every rank raises if
@@ -112,9 +147,28 @@ class Checkpointer:
         return release
 
     def close(self) -> None:
-        """Commit a pending save and release the folder's writer lock (also released at exit or kill)."""
-        self.wait()
-        self._release_lock()
+        """Commit a pending save, release the folder's writer lock (also released at exit or kill) and
+        restore the SIGTERM handler that was there before. ``with Checkpointer(...) as ckpt:`` calls it."""
+        try:
+            self.wait()
+        finally:
+            self._release()
+
+    def _agree(self, error: str | None, what: str) -> None:
+        """Every rank learns whether any rank failed at ``what`` and raises the same error.
+
+        Why: a rank that raises alone leaves the others in the next barrier until torch's timeout
+        (30 minutes); load() agrees the same way on its rank-0 checks."""
+        errors = [error]
+        if self.ctx.world_size > 1:
+            gathered: list[Any] = [None] * self.ctx.world_size
+            dist.all_gather_object(gathered, error)
+            errors = gathered
+        failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
+        if failed:
+            rank, message = failed[0]
+            where = "" if self.ctx.world_size == 1 else f" (on rank {rank})"
+            raise CheckpointError(f"Saving failed {what}{where}: {message}")
 
     # ---- state assembly -------------------------------------------------------------------
     def _dcp_state(self) -> dict[str, Any]:
@@ -146,15 +200,13 @@ class Checkpointer:
         """Write checkpoint ``step`` (collective: every rank calls it). Returns its final folder."""
         self.wait()
         final, tmp = manifest.step_dir(self.root, step), manifest.tmp_dir(self.root, step)
+        error = None
         if self.ctx.is_main:
-            if final.exists():
-                problem = manifest.check(final, full=False)
-                if problem is None:
-                    raise CheckpointError(f"{final} already exists; checkpoints are never overwritten.")
-                self._move_aside(final, problem)
-            shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a crashed save of the same step
-            tmp.mkdir(parents=True)
-        dist.barrier()
+            try:
+                self._prepare_step(final, tmp)
+            except (CheckpointError, OSError) as exc:
+                error = _sentence(exc)
+        self._agree(error, f"before writing step {step}")  # also the barrier: tmp exists for everyone
         writer = dcp.FileSystemWriter(str(tmp), sync_files=True)
         state = self._dcp_state()
         if self.async_save:
@@ -162,9 +214,14 @@ class Checkpointer:
         else:
             dcp.save(state, storage_writer=writer)
             future = None
-        save_state(self._rank_state(), tmp / f"rank-{self.ctx.rank}")
-        if self.ctx.is_main:
-            save_state(self._shared_state(step), tmp / "shared")
+        error = None
+        try:
+            save_state(self._rank_state(), tmp / f"rank-{self.ctx.rank}")
+            if self.ctx.is_main:
+                save_state(self._shared_state(step), tmp / "shared")
+        except OSError as exc:
+            error = _sentence(exc)
+        self._agree(error, f"writing step {step}")
         self._pending = (future, tmp, step)
         if not self.async_save:
             self.wait()
@@ -179,19 +236,35 @@ class Checkpointer:
         if future is not None:
             future.result()
         dist.barrier()  # every rank's files are on disk
+        error = None
         if self.ctx.is_main:
-            final = manifest.step_dir(self.root, step)
-            manifest.commit(tmp, final, step, key=self._key)
-            # The manifest's hashes were just computed from the fsynced files on disk; re-hashing
-            # them again here would double the cost of every save for no new information. This
-            # check confirms the committed folder is whole (marker, manifest, every file, sizes).
+            try:
+                self._commit(tmp, step)
+            except (CheckpointError, OSError) as exc:
+                error = _sentence(exc)
+        self._agree(error, f"committing step {step}")  # nobody resumes or saves before the commit is visible
+
+    def _prepare_step(self, final: Path, tmp: Path) -> None:
+        if final.exists():
             problem = manifest.check(final, full=False)
-            if problem is not None:
-                raise CheckpointError(f"The checkpoint just written does not verify: {problem.message}.")
-            for old in manifest.prune(self.root, self.keep):
-                log.info("checkpoint: pruned %s", old.name)
-            log.info("checkpoint: saved %s", final)
-        dist.barrier()  # nobody resumes or saves again before the commit is visible
+            if problem is None:
+                raise CheckpointError(f"{final} already exists; checkpoints are never overwritten.")
+            self._move_aside(final, problem)
+        shutil.rmtree(tmp, ignore_errors=True)  # a leftover of a crashed save of the same step
+        tmp.mkdir(parents=True)
+
+    def _commit(self, tmp: Path, step: int) -> None:
+        final = manifest.step_dir(self.root, step)
+        manifest.commit(tmp, final, step, key=self._key)
+        # The manifest's hashes were just computed from the fsynced files on disk; re-hashing
+        # them again here would double the cost of every save for no new information. This
+        # check confirms the committed folder is whole (marker, manifest, every file, sizes).
+        problem = manifest.check(final, full=False)
+        if problem is not None:
+            raise CheckpointError(f"The checkpoint just written does not verify: {problem.message}.")
+        for old in manifest.prune(self.root, self.keep):
+            log.info("checkpoint: pruned %s", old.name)
+        log.info("checkpoint: saved %s", final)
 
     def maybe_save(self, step: int, *, every: int) -> bool:
         """Save when ``step % every == 0``; after SIGTERM, save now and exit with 143 on every rank.

@@ -22,8 +22,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from torchscalpel.distributed.hangdiag import first_mismatch
+from torchscalpel.distributed.hangwatch import FLOOR_S, MULTIPLE, HangWatch, WatchOptions
 from torchscalpel.errors import UsageError
 from torchscalpel.netutil import free_port
+from torchscalpel.runtime.collectives import ENV_DIR as COLLECTIVE_ENV
 
 TAIL_LINES = 12
 MAX_NPROC = 1024  # processes on one node: beyond any machine's devices or cores, and never a fork bomb
@@ -69,6 +72,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", action="store_true",
                         help="before starting the ranks, plan the script's per-rank memory for this world size and warn "
                         "if no strategy fits (runs the script to its first optimizer step once, on one rank)")
+    parser.add_argument("--hang-timeout", type=float, metavar="SECONDS",
+                        help="declare a hang when no rank made progress (a step or a finished collective) for this long, "
+                        f"name the rank that diverged and stop the job (default: {MULTIPLE:g}x the step time, at least "
+                        f"{FLOOR_S:g} s; 0 turns the watch off)")
+    parser.add_argument("--check-collectives", action=argparse.BooleanOptionalAction, default=None,
+                        help="compare every rank's collectives (op, shapes, dtypes, order) while the job runs and report "
+                        "the first mismatch with both call sites (default: on with --doctor)")
+    parser.add_argument("--plan-strict", action="store_true",
+                        help="with --plan: do not launch when the plan says no strategy fits (exit 1)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start over: move an existing checkpoint folder (in the current folder or named in the "
+                        "script's arguments) aside instead of resuming from it")
     parser.add_argument("--plan-device-memory", metavar="SIZE",
                         help="with --plan: the per-rank device memory to plan against (default: this machine's GPU 0)")
     return parser
@@ -102,7 +117,37 @@ def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argp
         raise UsageError(f"--max-restarts {args.max_restarts} must be 0 or more.")
     if args.rdzv_endpoint:
         check_endpoint(args.rdzv_endpoint)
+    if args.hang_timeout is not None and not (args.hang_timeout == 0 or 1 <= args.hang_timeout <= 86400):
+        raise UsageError(f"--hang-timeout {args.hang_timeout:g} must be 0 (off) or 1-86400 seconds.")
+    if args.check_collectives is None:
+        args.check_collectives = bool(args.doctor)
+    if args.no_python and (args.check_collectives or args.hang_timeout):
+        raise UsageError("--hang-timeout/--check-collectives watch a Python script; drop --no-python.")
     return args
+
+
+HANG_EXIT = 124
+"""Exit status after a diagnosed hang (what ``timeout`` returns)."""
+
+
+def watch_options(args: argparse.Namespace, out_dir: Path) -> WatchOptions | None:
+    """The hang watch for this launch; None when it is off (``--hang-timeout 0`` without a check, ``--no-python``)."""
+    if args.no_python or (args.hang_timeout == 0 and not args.check_collectives):
+        return None
+    local = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else 1
+    timeout = None if args.hang_timeout is None else float(args.hang_timeout) or float("inf")
+    return WatchOptions(folder=out_dir / "watch", report_dir=out_dir, local_ranks=local, hang_timeout=timeout,
+                        check=bool(args.check_collectives))
+
+
+def wrap_plain(args: argparse.Namespace) -> None:
+    """Run the script through ``rank_entry exec`` so each rank logs its collectives for the watch."""
+    if args.no_python:
+        return
+    head = ["-m", args.training_script] if args.module else ["--", args.training_script]
+    args.training_script_args = ["exec", *head, *args.training_script_args]
+    args.module = True
+    args.training_script = "torchscalpel.cli.rank_entry"
 
 
 def check_endpoint(endpoint: str) -> None:
@@ -186,8 +231,12 @@ class _QuietAgent(logging.Filter):
         return not any(n in message for n in self.NOISE)
 
 
-def launch(args: argparse.Namespace, *, out_dir: Path) -> int:
-    """Run torchrun with ``args`` (see :func:`prepare`); return the exit code for the shell."""
+def launch(args: argparse.Namespace, *, out_dir: Path, watch: WatchOptions | None = None) -> int:
+    """Run torchrun with ``args`` (see :func:`prepare`); return the exit code for the shell.
+
+    With ``watch``, a :class:`HangWatch` runs beside torchrun: a diagnosed hang ends the launch
+    with :data:`HANG_EXIT` and its report; a failed rank's report names the first collective
+    mismatch when the ranks' logs show one."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run as torchrun
@@ -210,14 +259,30 @@ def launch(args: argparse.Namespace, *, out_dir: Path) -> int:
         h.addFilter(quiet)
     for name in AGENT_LOGGERS:
         logging.getLogger(name).addFilter(quiet)
+    watcher = None
+    if watch is not None:
+        os.environ[COLLECTIVE_ENV] = str(watch.folder)
+        watcher = HangWatch(watch)
+        watcher.start()
     try:
         torchrun(args)
     except ChildFailedError as exc:
+        if watcher is not None:
+            watcher.stop()
+            if watcher.hangs:
+                watcher.fill_exit_codes({r: f.exitcode for r, f in exc.failures.items()})
+                hang = watcher.hangs[-1]
+                print(f"scalpel launch: the job hung and was stopped: {hang['summary']}. "
+                      f"Stacks and last collectives: {out_dir / 'hang.txt'}", file=sys.stderr)
+                return HANG_EXIT
         rank, first = exc.get_first_failure()
         failure = RankFailure(
             rank=rank, local_rank=first.local_rank, exit_code=first.exitcode, tail=stderr_tail(log_dir, first.local_rank)
         )
         print(failure_report(failure, restarts=args.max_restarts, nnodes=str(args.nnodes)), file=sys.stderr)
+        mismatch = (watcher.mismatch or first_mismatch(watcher.logs())) if watcher is not None else None
+        if mismatch is not None:
+            print(f"scalpel launch: before it failed, {mismatch['message']}.", file=sys.stderr)
         print(f"scalpel launch: every rank's output is in {log_dir}", file=sys.stderr)
         return failure.shell_code()
     except SignalException as exc:
@@ -227,6 +292,9 @@ def launch(args: argparse.Namespace, *, out_dir: Path) -> int:
               f"Output is in {log_dir}", file=sys.stderr)
         return 128 + int(exc.sigval)
     finally:
+        if watcher is not None:
+            watcher.stop()
+            os.environ.pop(COLLECTIVE_ENV, None)
         for name in AGENT_LOGGERS:
             logging.getLogger(name).removeFilter(quiet)
         for h in handlers:

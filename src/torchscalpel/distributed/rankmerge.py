@@ -28,21 +28,33 @@ def load_rank_records(base: Path) -> dict[int, RunRecord]:
     return records
 
 
+STEP_TIME_MEANS = ("step ms: median of the measured steps outside the profiler window (profiled steps are slower and "
+                   "left out, as in each rank's own summary); collective and compute ms: per profiled step")
+"""Said once under the table: what each time column counts."""
+
+
 def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
-    """One rank's figures in milliseconds (None where the record has no value)."""
-    measured = [s.total_ms for s in record.measured_steps]
-    step_ms = statistics.median(measured) if measured else None
+    """One rank's figures in milliseconds (None where the record has no value).
+
+    ``step_ms`` follows the rank's own summary (:func:`torchscalpel.runtime.summary.run_summary`):
+    profiled steps are left out when unprofiled measured steps exist. Collective time comes from the
+    profiler window, so ``compute_ms`` is the median *profiled* step minus it (both from the same steps)."""
+    measured = record.measured_steps
+    plain = [s for s in measured if not s.profiled] or measured
+    profiled = [s for s in measured if s.profiled]
+    step_ms = statistics.median(s.total_ms for s in plain) if plain else None
     window = record.profiler_view().steps or []
     comm_us = (record.op_summary_view().categories or {}).get("communication")
     comm_ms = comm_us / 1000.0 / len(window) if (comm_us is not None and window) else None
+    window_ms = statistics.median(s.total_ms for s in profiled) if profiled else step_ms
     return {
         "rank": rank,
         "status": record.status,
         "steps": len(measured),
         "step_ms": step_ms,
         "collective_ms": comm_ms,
-        "compute_ms": step_ms - comm_ms if (step_ms is not None and comm_ms is not None) else None,
-        "data_ms": statistics.median([s.data_ms for s in record.measured_steps]) if measured else None,
+        "compute_ms": window_ms - comm_ms if (window_ms is not None and comm_ms is not None) else None,
+        "data_ms": statistics.median([s.data_ms for s in plain]) if plain else None,
     }
 
 
@@ -82,6 +94,8 @@ def format_table(merged: dict[str, Any]) -> str:
             f"{row['rank']:>4}  {row['status']:<9} {row['steps']:>6}  {ms(row['step_ms']):>7}  "
             f"{ms(row['collective_ms']):>13}  {ms(row['compute_ms']):>10}  {ms(row['data_ms']):>7}"
         )
+    if merged["ranks"]:
+        lines.append(STEP_TIME_MEANS)
     straggler = merged.get("straggler")
     lines.append(f"straggler: {straggler['reason']}" if straggler else "straggler: none (collective time within 5% across ranks)")
     for finding in merged.get("findings", []):

@@ -74,6 +74,7 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     rt_dist.DataParallelUsed,
     dist_static.OptimizerBeforeFsdpStatic,
     rt_dist.OptimizerBeforeFsdp,
+    dist_static.DdpDeviceIdsStatic,
     # Checkpoints
     checkpoint_static.UnsafeTorchLoadStatic,
     checkpoint_static.WholeModelSaveStatic,

@@ -90,6 +90,39 @@ def dataparallel_used(ctx: StaticContext) -> Iterator[Finding]:
             )
 
 
+_DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
+        "torch.nn.DistributedDataParallel"}
+
+
+def _fixed_device(ctx: StaticContext, node: ast.AST) -> str | None:
+    """``0`` for a literal device index, ``get_rank()`` for the global rank: not the local device."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return str(node.value)
+    if isinstance(node, ast.Call) and (ctx.call_name(node) or "").endswith("get_rank"):
+        return "dist.get_rank()"
+    return None
+
+
+def ddp_device_ids(ctx: StaticContext) -> Iterator[Finding]:
+    """``DDP(model, device_ids=[0])`` (or the global rank): every rank on one GPU, or past the node's GPUs."""
+    for call in ctx.calls():
+        if ctx.call_name(call) not in _DDP:
+            continue
+        for kw in call.keywords:
+            if kw.arg == "device_ids" and isinstance(kw.value, ast.List | ast.Tuple) and kw.value.elts:
+                fixed = _fixed_device(ctx, kw.value.elts[0])
+                if fixed is not None:
+                    yield ctx.finding(
+                        "ddp-device-ids-not-local-rank",
+                        call,
+                        f"DDP(device_ids=[{fixed}]) is not this rank's LOCAL_RANK: "
+                        + ("every rank uses the same GPU." if fixed != "dist.get_rank()" else
+                           "the global rank runs past the GPUs of a node after the first."),
+                        fix="local_rank = int(os.environ['LOCAL_RANK'])\ntorch.cuda.set_device(local_rank)\n"
+                        "model = DDP(model.to(local_rank), device_ids=[local_rank])",
+                    )
+
+
 _DIST_SAMPLERS = {"torch.utils.data.DistributedSampler", "torch.utils.data.distributed.DistributedSampler"}
 
 
@@ -161,6 +194,17 @@ class DataParallelUsedStatic(StaticRule):
         kinds=("static", "runtime"),
     )
     check = staticmethod(dataparallel_used)
+
+
+class DdpDeviceIdsStatic(StaticRule):
+    info = RuleInfo(
+        slug="ddp-device-ids-not-local-rank",
+        severity=Severity.ERROR,
+        category="distributed",
+        summary="DDP device_ids that are not [LOCAL_RANK]",
+        kinds=("static",),
+    )
+    check = staticmethod(ddp_device_ids)
 
 
 class SamplerSetEpochMissingStatic(StaticRule):

@@ -1,0 +1,133 @@
+"""Checks that need every rank's view, judged by the launcher from ``rank-R.facts.json``.
+
+The ranks only record (:mod:`torchscalpel.runtime.rankfacts`); this module compares. Findings use
+the doctor's format (:class:`~torchscalpel.doctor.finding.Finding`) and go first into
+``launch.json`` under ``scalpel launch --doctor``:
+
+- ``distributed-sampler-wrong-world``: a ``DistributedSampler`` whose ``num_replicas``/``rank``
+  are not the job's world size/rank (hard-coded values: ranks read the same shard or skip data);
+- ``ddp-accumulation-without-no-sync``: several DDP forwards per optimizer step that all
+  all-reduce (gradient accumulation without ``no_sync()``), with the bytes sent for nothing;
+- ``identical-random-streams``: every rank's generators that a training step draws from in the same
+  state after step 2 (the same dropout masks and augmentations on every rank);
+- ``ddp-device-ids-not-local-rank``: ``device_ids`` that are not ``[LOCAL_RANK]``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.units import fmt_bytes
+
+SLUGS = ("distributed-sampler-wrong-world", "ddp-accumulation-without-no-sync", "identical-random-streams",
+         "ddp-device-ids-not-local-rank")
+
+
+def load_facts(folder: Path) -> dict[int, dict[str, Any]]:
+    """``rank-R.facts.json`` by rank (unreadable files are skipped)."""
+    out = {}
+    for path in sorted(folder.glob("rank-*.facts.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        out[int(data["rank"])] = data
+    return out
+
+
+def _finding(slug: str, severity: Severity, message: str, evidence: list[str], fix: str, ranks: list[int]) -> dict[str, Any]:
+    return {**Finding(rule=slug, severity=severity, message=message, evidence=evidence, fix=fix,
+                      source="launch").to_dict(), "ranks": ranks}
+
+
+def sampler_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Samplers whose replicas/rank disagree with the job."""
+    bad = []
+    for rank, data in sorted(facts.items()):
+        for s in data.get("samplers", []):
+            if s["num_replicas"] != s["world"] or s["rank"] != s["actual_rank"]:
+                bad.append((rank, s))
+    if not bad:
+        return []
+    rank, s = bad[0]
+    message = (f"DistributedSampler(num_replicas={s['num_replicas']}, rank={s['rank']}) on rank {rank} of a "
+               f"{s['world']}-rank job: " + ("ranks read overlapping shards" if s["num_replicas"] < s["world"] or
+                                             s["rank"] != s["actual_rank"] else "part of the data is never read"))
+    evidence = [f"rank {r}: num_replicas={x['num_replicas']} rank={x['rank']} (job: world {x['world']}, rank "
+                f"{x['actual_rank']}) at {x['site']}" for r, x in bad]
+    return [_finding(SLUGS[0], Severity.ERROR, message, evidence,
+                     "Leave num_replicas and rank out: DistributedSampler(dataset) reads them from the process group.",
+                     sorted({r for r, _ in bad}))]
+
+
+def no_sync_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Accumulation steps where every micro-batch all-reduced."""
+    hits = []
+    for rank, data in sorted(facts.items()):
+        steps = [synced for synced, _ in data.get("steps", [])[1:]] or [s for s, _ in data.get("steps", [])]
+        if not data.get("ddp") or not steps:
+            continue
+        per_step = statistics.median(steps)
+        if per_step > 1:
+            hits.append((rank, per_step, data["ddp"][0]))
+    if not hits:
+        return []
+    rank, k, ddp = hits[0]
+    wasted = (k - 1) * ddp["grad_bytes"]
+    message = (f"DDP all-reduces the gradients on every micro-batch: {k:g} synchronising backward passes per "
+               f"optimizer step where 1 is needed (gradient accumulation without no_sync())")
+    evidence = [f"rank {r}: median {n:g} synced DDP forwards per optimizer step" for r, n, _ in hits]
+    evidence.append(f"{k - 1:g} extra all-reduces of {fmt_bytes(ddp['grad_bytes'])} of gradients per step: "
+                    f"{fmt_bytes(int(wasted))} sent for nothing per step per rank (first DDP forward at {ddp['site']})")
+    fix = ("with model.no_sync() if not last_micro_batch else contextlib.nullcontext():\n"
+           "    loss = model(x).loss / accum_steps\n    loss.backward()")
+    return [_finding(SLUGS[1], Severity.WARNING, message, evidence, fix, [r for r, _, _ in hits])]
+
+
+def rng_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank drawing the same random numbers."""
+    digests = {r: d["rng"] for r, d in facts.items() if d.get("rng") is not None}
+    if len(digests) < 2 or len(digests) < len(facts):
+        return []  # a rank that never reached step 2
+    same = [name for name in ("torch", "numpy", "python")
+            if all(name in d for d in digests.values()) and len({d[name] for d in digests.values()}) == 1]
+    if "torch" not in same:
+        return []
+    ranks = sorted(digests)
+    message = (f"every rank's random stream is the same ({', '.join(same)} generators, drawn from every step, "
+               f"identical after step 2 on ranks "
+               f"{', '.join(map(str, ranks))}): dropout masks and random augmentations repeat on every rank")
+    fix = ("Seed per rank after the model is built (DDP broadcasts rank 0's weights anyway):\n"
+           "torch.manual_seed(base_seed + rank); random.seed(base_seed + rank); np.random.seed(base_seed + rank)")
+    return [_finding(SLUGS[2], Severity.WARNING, message, [f"{n} state digest equal on all {len(ranks)} ranks" for n in same],
+                     fix, ranks)]
+
+
+def device_id_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """DDP ``device_ids`` that are not this rank's ``LOCAL_RANK``."""
+    bad = []
+    for rank, data in sorted(facts.items()):
+        local = data.get("local_rank")
+        for d in data.get("ddp", []):
+            if d.get("device_ids") and local is not None and d["device_ids"] != [local]:
+                bad.append((rank, local, d))
+    if not bad:
+        return []
+    rank, local, d = bad[0]
+    return [_finding(SLUGS[3], Severity.ERROR,
+                     f"DDP(device_ids={d['device_ids']}) on rank {rank} whose LOCAL_RANK is {local}: ranks share a device",
+                     [f"rank {r}: device_ids={x['device_ids']}, LOCAL_RANK={lr} at {x['site']}" for r, lr, x in bad],
+                     "local_rank = int(os.environ['LOCAL_RANK']); torch.cuda.set_device(local_rank); "
+                     "DDP(model, device_ids=[local_rank])", sorted({r for r, _, _ in bad}))]
+
+
+def rank_findings(folder: Path) -> list[dict[str, Any]]:
+    """Every cross-rank check over the facts in ``folder``."""
+    facts = load_facts(folder)
+    if not facts:
+        return []
+    return [*sampler_findings(facts), *device_id_findings(facts), *no_sync_findings(facts), *rng_findings(facts)]

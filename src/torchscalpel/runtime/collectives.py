@@ -1,0 +1,357 @@
+"""What each rank is doing, written where the launcher can read it even when the rank hangs or dies.
+
+``scalpel launch`` runs every rank through :mod:`torchscalpel.cli.rank_entry`, which calls
+:func:`install_from_env` before the script starts. That:
+
+- wraps the ``torch.distributed`` collectives (``all_reduce``, ``barrier``, ...) so each call is
+  logged on entry and marked on completion: op, process group, per-group sequence number, shapes,
+  dtypes and the user's ``file:line``;
+- counts optimizer steps (a global step post hook) and keeps the median step time;
+- registers :mod:`faulthandler` on :data:`STACK_SIGNAL`, so the launcher can ask for the Python
+  stack of every thread even while the main thread is blocked inside a collective (faulthandler
+  writes from the C signal handler, without the GIL).
+
+Why a memory-mapped file and not a writer thread: a write into a shared mapping is a memory copy
+(a few microseconds per collective) and reaches the file even when the process is killed or aborts
+a moment later (gloo aborts a rank on a size mismatch); a thread would lose its last entries.
+
+Layout: a fixed binary header (:data:`HEADER`), then :data:`SLOTS` slots of :data:`SLOT` bytes in a
+ring, each one JSON object whose first bytes are ``{"done":D,`` with ``D`` rewritten in place
+(0 entered, 1 completed, 2 raised).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import mmap
+import os
+import signal
+import statistics
+import struct
+import sys
+import threading
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STACK_SIGNAL = signal.SIGUSR2
+"""The signal the launcher sends for stacks (SIGUSR1 is taken by SLURM/Lightning requeueing)."""
+ENV_DIR = "TORCHSCALPEL_COLLECTIVE_DIR"
+"""Folder for ``rank-R.log`` / ``rank-R.stacks.txt``; unset: nothing is installed."""
+MAGIC = b"TSCOLL1\0"
+HEADER = struct.Struct("<8s5I4Q3d")
+"""magic, pid, rank, world, restart, finished, main thread id, steps, completed, entries, last progress, step ms,
+started."""
+HEADER_SIZE = 128
+SLOTS = 256
+SLOT = 512
+FILE_SIZE = HEADER_SIZE + SLOTS * SLOT
+_DONE_AT = len('{"done":')
+
+# op name -> (index of the tensor argument whose shape must agree across ranks or None, compare shapes)
+OPS: dict[str, tuple[int | None, bool]] = {
+    "all_reduce": (0, True),
+    "broadcast": (0, True),
+    "reduce": (0, True),
+    "all_gather": (1, True),
+    "all_gather_into_tensor": (1, True),
+    "reduce_scatter": (0, True),
+    "reduce_scatter_tensor": (1, True),
+    "gather": (0, True),
+    "scatter": (0, True),
+    "all_to_all_single": (1, False),  # uneven splits are legal: dtype only
+    "all_to_all": (None, False),
+    "barrier": (None, False),
+    "monitored_barrier": (None, False),
+    "broadcast_object_list": (None, False),  # pickled sizes differ by design
+    "all_gather_object": (None, False),
+    "gather_object": (None, False),
+    "scatter_object_list": (None, False),
+}
+
+
+def signature(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """What must agree across ranks for the same collective: op, and shapes/dtypes where they must."""
+    compare_shapes = OPS.get(entry.get("op", ""), (None, False))[1]
+    return (entry.get("op"), tuple(map(tuple, entry.get("shapes") or ())) if compare_shapes else None,
+            tuple(entry.get("dtypes") or ()))
+
+
+@dataclass(slots=True)
+class RankLog:
+    """One rank's file, as read back by the launcher."""
+
+    pid: int
+    rank: int
+    world: int
+    restart: int
+    finished: bool
+    """The script ran to its end (or the process is exiting): no longer a candidate for a hang."""
+    main_thread: int
+    steps: int
+    completed: int
+    last_progress: float
+    step_ms: float
+    started: float
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def pending(self) -> dict[str, Any] | None:
+        """The newest collective entered and not completed (the one the rank waits in), if any."""
+        for entry in reversed(self.entries):
+            if entry.get("done") == 0:
+                return entry
+        return None
+
+
+def read_rank_log(path: Path) -> RankLog | None:
+    """Decode ``rank-R.log``; None when it is missing, short or not ours. Torn slots are skipped."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if len(data) < FILE_SIZE or data[:8] != MAGIC:
+        return None
+    (_, pid, rank, world, restart, finished, tid, steps, completed, _n, last, step_ms, started) = HEADER.unpack_from(data)
+    entries = []
+    for i in range(SLOTS):
+        raw = data[HEADER_SIZE + i * SLOT: HEADER_SIZE + (i + 1) * SLOT].rstrip(b"\0")
+        if raw:
+            try:
+                entries.append(json.loads(raw))
+            except ValueError:
+                continue
+    entries.sort(key=lambda e: e.get("n", 0))
+    return RankLog(pid, rank, world, restart, bool(finished), tid, steps, completed, last, step_ms, started, entries)
+
+
+class CollectiveRecorder:
+    """Writes this rank's collectives and steps into its memory-mapped log (see the module doc)."""
+
+    def __init__(self, folder: Path, rank: int, world: int, restart: int) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / f"rank-{rank}.log"
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.ftruncate(fd, FILE_SIZE)
+            self._mm = mmap.mmap(fd, FILE_SIZE)
+        finally:
+            os.close(fd)
+        self.rank, self.world, self.restart = rank, world, restart
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._seq: dict[str, int] = {}
+        self._chain: dict[str, int] = {}
+        self._n = 0
+        self.steps = 0
+        self.completed = 0
+        self._last_step: float | None = None
+        self._intervals: deque[float] = deque(maxlen=32)
+        self.started = self.last_progress = time.time()
+        self.finished = False
+        self._pid = os.getpid()
+        self._tid = threading.main_thread().ident or 0
+        self._step_ms = 0.0
+        self._quoted: dict[str, str] = {}
+        self._write_header()
+
+    # -- header -------------------------------------------------------------------------------------
+    def _write_header(self) -> None:
+        HEADER.pack_into(self._mm, 0, MAGIC, self._pid, self.rank, self.world, self.restart, int(self.finished),
+                         self._tid, self.steps, self.completed, self._n, self.last_progress, self._step_ms, self.started)
+
+    def mark_finished(self) -> None:
+        """The script is done (its end, or interpreter exit): the watch stops counting this rank's silence."""
+        with self._lock:
+            self.finished = True
+            self._write_header()
+
+    def on_step(self, *_: Any) -> None:
+        """Optimizer step post hook: progress, and one more step interval."""
+        now = time.time()
+        with self._lock:
+            if self._last_step is not None:
+                self._intervals.append(now - self._last_step)
+                self._step_ms = statistics.median(self._intervals) * 1000.0
+            self._last_step = now
+            self.steps += 1
+            self.last_progress = now
+            self._write_header()
+
+    # -- entries ------------------------------------------------------------------------------------
+    # Why hand-written JSON: this runs twice per collective; json.dumps cost more than all the rest.
+    def enter(self, op: str, group: str, shapes: list[list[int]], dtypes: list[str], site: str) -> int:
+        """Log a collective this rank is entering; returns its slot for :meth:`finish`."""
+        with self._lock:
+            seq = self._seq.get(group, 0) + 1
+            self._seq[group] = seq
+            shape_text = repr(shapes).replace(" ", "")  # lists of ints (torch.Size): valid JSON as written
+            dtype_text = '["' + '","'.join(dtypes) + '"]' if dtypes else "[]"
+            sig = f"{op}|{shape_text if OPS[op][1] else ''}|{dtype_text}" if op in OPS else op
+            chain = zlib.crc32(sig.encode(), self._chain.get(group, 0))
+            self._chain[group] = chain
+            quoted = self._quoted.get(site)
+            if quoted is None:
+                quoted = self._quoted[site] = json.dumps(site)
+            gquoted = self._quoted.get(group)
+            if gquoted is None:
+                gquoted = self._quoted[group] = json.dumps(group)
+            head = (f'{{"done":0,"n":{self._n},"op":"{op}","group":{gquoted},"seq":{seq},'
+                    f'"t":{time.time():.3f},"chain":{chain},"site":{quoted},"dtypes":{dtype_text},')
+            raw = (head + f'"shapes":{shape_text}}}').encode()
+            if len(raw) > SLOT:  # a long tensor list: keep the first shapes only
+                cut = repr([list(x) for x in shapes[:4]]).replace(" ", "")
+                raw = (head.replace(f'"dtypes":{dtype_text}', '"dtypes":' + json.dumps(dtypes[:4]))
+                       + f'"truncated":true,"shapes":{cut}}}').encode()[:SLOT]
+            slot = self._n % SLOTS
+            offset = HEADER_SIZE + slot * SLOT
+            self._mm[offset:offset + SLOT] = raw.ljust(SLOT, b"\0")
+            self._n += 1
+            self._write_header()
+            return slot
+
+    def finish(self, slot: int, ok: bool) -> None:
+        """Mark the entry in ``slot`` completed (or raised)."""
+        with self._lock:
+            self._mm[HEADER_SIZE + slot * SLOT + _DONE_AT] = 49 if ok else 50  # ord("1"), ord("2")
+            if ok:
+                self.completed += 1
+                self.last_progress = time.time()
+            self._write_header()
+
+
+_TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__import__("torch").__file__))) + os.sep + "torch" + os.sep
+_OUR_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
+def user_site(frame: Any) -> str:
+    """``file:line`` of the innermost caller outside torch and torchscalpel."""
+    fallback = ""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(_TORCH_DIR) or name.startswith(_OUR_DIR) or "/torch/" in name):
+            if "site-packages" not in name and "/lib/python" not in name:
+                return f"{name}:{frame.f_lineno}"
+            fallback = fallback or f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return fallback or "?"
+
+
+_DTYPES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def _describe(value: Any) -> tuple[list[list[int]], list[str]]:
+    if isinstance(value, list | tuple):
+        pairs = [(list(t.shape), _dtype_name(t.dtype)) for t in value if hasattr(t, "shape") and hasattr(t, "dtype")]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return [list(value.shape)], [_dtype_name(value.dtype)]
+    return [], []
+
+
+def _group_name(group: Any, member: Any) -> str:
+    if group is None or group is member.WORLD:
+        return "default"
+    return f"group {getattr(group, 'group_name', id(group))}"
+
+
+def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
+    import inspect
+
+    import torch
+    import torch.distributed as dist
+
+    member = dist.GroupMember
+    is_compiling = torch.compiler.is_compiling
+    params = list(inspect.signature(fn).parameters)
+    group_at = params.index("group") if "group" in params else None
+    tensor_at = OPS[op][0]
+    local = recorder._local
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # Nested calls (all_gather_object -> all_gather) and compiled code are not the user's collectives.
+        if getattr(local, "depth", 0) or is_compiling():
+            return fn(*args, **kwargs)
+        group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
+        shapes: list[list[int]] = []
+        dtypes: list[str] = []
+        if tensor_at is not None:
+            value = kwargs.get(params[tensor_at], args[tensor_at] if len(args) > tensor_at else None)
+            shapes, dtypes = _describe(value)
+        elif op == "all_to_all" and args:
+            shapes, dtypes = _describe(args[1] if len(args) > 1 else kwargs.get("input_tensor_list"))
+        slot = recorder.enter(op, _group_name(group, member), shapes, dtypes, user_site(sys._getframe(1)))
+        local.depth = 1
+        ok = False
+        try:
+            result = fn(*args, **kwargs)
+            ok = True
+            return result
+        finally:
+            local.depth = 0
+            recorder.finish(slot, ok)  # an async op (async_op=True) counts as completed once issued
+
+    wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
+    wrapper._scalpel_op = op  # type: ignore[attr-defined]
+    wrapper.__name__ = getattr(fn, "__name__", op)
+    wrapper.__doc__ = getattr(fn, "__doc__", None)
+    return wrapper
+
+
+_INSTALLED: list[Any] = []
+"""The recorder and the open stacks file, alive for the process lifetime."""
+
+
+def install(folder: Path, rank: int, world: int, restart: int = 0) -> CollectiveRecorder:
+    """Start logging this rank's collectives and steps into ``folder`` (see the module doc)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    recorder = CollectiveRecorder(folder, rank, world, restart)
+    for op in OPS:
+        fn = getattr(c10d, op, None)
+        if fn is None or getattr(fn, "_scalpel_op", None):  # absent in this torch, or installed already
+            continue
+        wrapped = _wrap(recorder, op, fn)
+        setattr(c10d, op, wrapped)
+        if getattr(dist, op, None) is fn:
+            setattr(dist, op, wrapped)
+    register_optimizer_step_post_hook(recorder.on_step)
+    from torchscalpel.runtime import rankfacts
+
+    _INSTALLED.append(rankfacts.install(folder, rank, world))
+    stacks = open(folder / f"rank-{rank}.stacks.txt", "w")  # noqa: SIM115 - kept open for the signal handler
+    faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
+    _INSTALLED.extend([recorder, stacks])
+    import atexit
+
+    atexit.register(recorder.mark_finished)
+    return recorder
+
+
+def mark_finished() -> None:
+    """Tell the watch this rank's script has ended (a no-op when nothing is installed)."""
+    for obj in _INSTALLED:
+        if isinstance(obj, CollectiveRecorder):
+            obj.mark_finished()
+
+
+def install_from_env(env: dict[str, str] | None = None) -> CollectiveRecorder | None:
+    """:func:`install` when ``scalpel launch`` asked for it (``TORCHSCALPEL_COLLECTIVE_DIR``)."""
+    env = os.environ if env is None else env
+    folder = env.get(ENV_DIR)
+    if not folder:
+        return None
+    return install(Path(folder), int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")),
+                   int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))

@@ -1,0 +1,155 @@
+"""Facts one rank records for the checks that need every rank: samplers, DDP syncs, random streams.
+
+Installed with the collective log (:func:`torchscalpel.runtime.collectives.install`) and written to
+``rank-R.facts.json`` beside it at steps 1, 2, 4, 8, ... 64 and at exit. The launcher compares the
+ranks' files (:mod:`torchscalpel.distributed.rankrules`); nothing here talks to another rank, so a
+check can never add a collective or wait on one.
+
+- every ``DistributedSampler`` iterated: its ``num_replicas``/``rank`` and the job's world size/rank;
+- every DDP forward with autograd on: whether it will all-reduce (``require_backward_grad_sync``,
+  False inside ``no_sync()``), counted per optimizer step; the DDP's ``device_ids``, ``LOCAL_RANK``
+  and gradient bytes;
+- after the second optimizer step: digests of the torch CPU, Python and NumPy generator states that
+  changed over that step (the generators the training step draws from).
+
+Cost: one attribute read per DDP forward and a counter per optimizer step; the file is rewritten
+seven times per run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import random
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.fileio import atomic_write_text
+
+WRITE_AT_STEPS = frozenset({1, 2, 4, 8, 16, 32, 64})
+MAX_STEPS_KEPT = 64
+
+
+def rng_digests() -> dict[str, int]:
+    """crc32 of each generator's state (equal digests: the same stream)."""
+    import torch
+
+    out = {"torch": zlib.crc32(torch.get_rng_state().numpy().tobytes()),
+           "python": zlib.crc32(repr(random.getstate()).encode())}
+    np = sys.modules.get("numpy")
+    if np is not None:
+        out["numpy"] = zlib.crc32(repr(np.random.get_state()[1][:16].tolist()).encode())
+    return out
+
+
+class RankFacts:
+    """Collects this rank's facts and writes them (see the module doc)."""
+
+    def __init__(self, folder: Path, rank: int, world: int, local_rank: int | None) -> None:
+        self.path = folder / f"rank-{rank}.facts.json"
+        self.data: dict[str, Any] = {"rank": rank, "world": world, "local_rank": local_rank, "samplers": [],
+                                     "ddp": [], "steps": [], "rng": None}
+        self._seen: set[int] = set()
+        self._synced = 0
+        self._unsynced = 0
+        self._step = 0
+        self._rng_step1: dict[str, int] = {}
+
+    def write(self) -> None:
+        """Rewrite ``rank-R.facts.json`` (atomic: the launcher never reads half a file)."""
+        try:
+            atomic_write_text(self.path, json.dumps(self.data) + "\n")
+        except OSError:
+            pass  # the launch folder went away; nothing to report into
+
+    def on_sampler(self, sampler: Any) -> None:
+        """A DistributedSampler starts an epoch."""
+        if id(sampler) in self._seen:
+            return
+        self._seen.add(id(sampler))
+        import torch.distributed as dist
+
+        live = dist.is_available() and dist.is_initialized()
+        self.data["samplers"].append({
+            "num_replicas": int(sampler.num_replicas), "rank": int(sampler.rank),
+            "world": dist.get_world_size() if live else self.data["world"],
+            "actual_rank": dist.get_rank() if live else self.data["rank"],
+            "site": _caller_site(),
+        })
+        self.write()
+
+    def on_ddp_forward(self, ddp: Any) -> None:
+        """A DDP forward: will its backward all-reduce?"""
+        import torch
+
+        if not torch.is_grad_enabled():
+            return
+        if ddp.require_backward_grad_sync:
+            self._synced += 1
+        else:
+            self._unsynced += 1
+        if id(ddp) not in self._seen:
+            self._seen.add(id(ddp))
+            grad_bytes = sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)
+            self.data["ddp"].append({"device_ids": list(ddp.device_ids) if ddp.device_ids else None,
+                                     "grad_bytes": grad_bytes, "site": _caller_site()})
+            self.write()
+
+    def on_step(self, *_: Any) -> None:
+        """Optimizer step: close this step's sync counts; digest the generators after step 2."""
+        self._step += 1
+        if len(self.data["steps"]) < MAX_STEPS_KEPT:
+            self.data["steps"].append([self._synced, self._unsynced])
+        self._synced = self._unsynced = 0
+        if self._step == 1:
+            self._rng_step1 = rng_digests()
+        if self._step == 2:
+            now = rng_digests()
+            # Which generators the training step draws from: unchanged over a step means none is used per
+            # step (no dropout, no random augmentation), so equal streams across ranks would not matter.
+            self.data["rng"] = {name: value for name, value in now.items() if self._rng_step1.get(name) != value}
+        if self._step in WRITE_AT_STEPS:
+            self.write()
+
+
+def _caller_site() -> str:
+    from torchscalpel.runtime.collectives import user_site
+
+    return user_site(sys._getframe(2))
+
+
+def install(folder: Path, rank: int, world: int) -> RankFacts:
+    """Patch DDP.forward and DistributedSampler.__iter__ to report to a new :class:`RankFacts`."""
+    import torch.utils.data.distributed as data_dist
+    from torch.nn.parallel import distributed as ddp_mod
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    local = os.environ.get("LOCAL_RANK")
+    facts = RankFacts(folder, rank, world, int(local) if local and local.isdigit() else None)
+    ddp_cls = ddp_mod.DistributedDataParallel
+    if not getattr(ddp_cls.forward, "_scalpel_facts", False):
+        forward = ddp_cls.forward
+
+        def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            facts.on_ddp_forward(self)
+            return forward(self, *args, **kwargs)
+
+        ddp_forward._scalpel_facts = True  # type: ignore[attr-defined]
+        ddp_cls.forward = ddp_forward  # type: ignore[method-assign]
+    sampler_cls = data_dist.DistributedSampler
+    if not getattr(sampler_cls.__iter__, "_scalpel_facts", False):
+        iterate = sampler_cls.__iter__
+
+        def sampler_iter(self: Any) -> Any:
+            facts.on_sampler(self)
+            return iterate(self)
+
+        sampler_iter._scalpel_facts = True  # type: ignore[attr-defined]
+        sampler_cls.__iter__ = sampler_iter  # type: ignore[method-assign]
+    register_optimizer_step_post_hook(facts.on_step)
+    atexit.register(facts.write)
+    facts.write()
+    return facts

@@ -1,0 +1,86 @@
+"""Checks that need every rank (launch --doctor): planted and clean fixtures through 2 gloo ranks, and the
+judgments on recorded facts (device_ids cannot be planted on CPU: DDP refuses device_ids for CPU modules)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import REPO, run_ranks
+
+from torchscalpel.distributed.rankrules import SLUGS, device_id_findings, no_sync_findings, rng_findings, sampler_findings
+
+FIXTURES = REPO / "tests" / "fixtures" / "dist"
+
+
+def _facts(rank: int, **over) -> dict:
+    base = {"rank": rank, "world": 2, "local_rank": rank, "samplers": [], "ddp": [], "steps": [], "rng": None}
+    return {**base, **over}
+
+
+def test_device_ids_must_be_the_local_rank():
+    ddp = {"device_ids": [0], "grad_bytes": 4, "site": "t.py:9"}
+    bad = {0: _facts(0, ddp=[ddp]), 1: _facts(1, ddp=[ddp])}
+    found = device_id_findings(bad)
+    assert found[0]["rule"] == "ddp-device-ids-not-local-rank" and found[0]["ranks"] == [1]
+    assert found[0]["message"] == "DDP(device_ids=[0]) on rank 1 whose LOCAL_RANK is 1: ranks share a device"
+    good = {r: _facts(r, ddp=[{**ddp, "device_ids": [r]}]) for r in (0, 1)}
+    assert device_id_findings(good) == [] and device_id_findings({0: _facts(0, ddp=[{**ddp, "device_ids": None}])}) == []
+
+
+def test_judgments_on_recorded_facts():
+    sampler = {"num_replicas": 1, "rank": 0, "world": 2, "actual_rank": 0, "site": "t.py:3"}
+    assert "part of" not in sampler_findings({0: _facts(0, samplers=[sampler])})[0]["message"]
+    many = {**sampler, "num_replicas": 4}
+    assert "part of the data is never read" in sampler_findings({0: _facts(0, samplers=[many])})[0]["message"]
+    ddp = [{"device_ids": None, "grad_bytes": 1000, "site": "t.py:5"}]
+    accum = {0: _facts(0, ddp=ddp, steps=[[4, 0]] * 5)}
+    assert no_sync_findings(accum)[0]["evidence"][-1].startswith(
+        "3 extra all-reduces of 1000 B of gradients per step: 2.9 KiB sent for nothing per step per rank")
+    assert no_sync_findings({0: _facts(0, ddp=ddp, steps=[[1, 3]] * 5)}) == []
+    assert no_sync_findings({0: _facts(0, ddp=[], steps=[[4, 0]] * 5)}) == []  # no DDP: nothing all-reduces
+    same = {r: _facts(r, rng={"torch": 1, "python": 2}) for r in (0, 1)}
+    assert rng_findings(same)[0]["ranks"] == [0, 1]
+    assert rng_findings({0: _facts(0, rng={"torch": 1}), 1: _facts(1, rng={"torch": 2})}) == []
+    assert rng_findings({0: _facts(0, rng={"torch": 1}), 1: _facts(1)}) == []  # a rank that never got there
+    assert rng_findings({r: _facts(r, rng={"python": 2}) for r in (0, 1)}) == []  # torch not drawn per step
+
+
+def _doctor(tmp_path: Path, fixture: str) -> list[dict]:
+    out = tmp_path / "launch"
+    proc = run_ranks("launch", "--nproc", "2", "--doctor", "--steps", "6", "--out", str(out), "--",
+                     str(FIXTURES / fixture), cwd=tmp_path, expect=[out / "launch.json"], timeout=280)
+    assert (out / "launch.json").exists(), proc.stderr[-3000:]
+    return json.loads((out / "launch.json").read_text())["findings"]
+
+
+@pytest.mark.dist
+def test_planted_pitfalls_are_found_across_ranks(tmp_path):
+    findings = {f["rule"]: f for f in _doctor(tmp_path, "rules_bad.py") if f["rule"] in SLUGS}
+    assert set(findings) == {"distributed-sampler-wrong-world", "ddp-accumulation-without-no-sync",
+                             "identical-random-streams"}
+    assert findings["distributed-sampler-wrong-world"]["ranks"] == [1]
+    assert findings["distributed-sampler-wrong-world"]["evidence"][0].endswith("rules_bad.py:16")
+    assert findings["ddp-accumulation-without-no-sync"]["message"].startswith(
+        "DDP all-reduces the gradients on every micro-batch: 4 synchronising backward passes")
+    assert findings["identical-random-streams"]["ranks"] == [0, 1]
+
+
+@pytest.mark.dist
+def test_the_clean_version_raises_none_of_them(tmp_path):
+    assert [f["rule"] for f in _doctor(tmp_path, "rules_clean.py") if f["rule"] in SLUGS] == []
+
+
+def test_static_device_ids_rule_positive_and_clean():
+    from torchscalpel.doctor.static import analyze_source
+
+    bad = FIXTURES / "ddp_device_ids_bad.py"
+    found = [f for f in analyze_source(bad.read_text(), str(bad)) if f.rule == "ddp-device-ids-not-local-rank"]
+    assert [(f.location.line, f.message) for f in found] == [
+        (10, "DDP(device_ids=[0]) is not this rank's LOCAL_RANK: every rank uses the same GPU."),
+        (11, "DDP(device_ids=[dist.get_rank()]) is not this rank's LOCAL_RANK: the global rank runs past the GPUs "
+             "of a node after the first."),
+    ]
+    clean = FIXTURES / "ddp_device_ids_clean.py"
+    assert [f for f in analyze_source(clean.read_text(), str(clean)) if f.rule == "ddp-device-ids-not-local-rank"] == []
