@@ -14,8 +14,17 @@ from torchscalpel.errors import UsageError
 from torchscalpel.runtime.target import Target, resolve_script
 from torchscalpel.runtime.window import STEP_KINDS, StepCount, parse_steps
 
-__all__ = ["Target", "add_output_arguments", "add_target_arguments", "add_window_arguments", "default_run_dir",
-           "resolve_target", "steps_arg"]
+__all__ = [
+    "Target",
+    "add_output_arguments",
+    "add_target_arguments",
+    "add_tracking_arguments",
+    "add_window_arguments",
+    "default_run_dir",
+    "resolve_target",
+    "steps_arg",
+    "track",
+]
 
 
 RUNS_ROOT: Path | None = None
@@ -88,6 +97,9 @@ def check_paths(args: argparse.Namespace) -> None:
         value = getattr(args, attr, None)
         if isinstance(value, Path):
             fileio.check_output_file(value, flag)
+    tensorboard = getattr(args, "tensorboard", None)
+    if isinstance(tensorboard, Path) and tensorboard.exists() and not tensorboard.is_dir():
+        raise UsageError(f"--tensorboard {tensorboard} is a file; name a log folder (it is created if missing).")
     config = getattr(args, "config", None)
     if isinstance(config, Path) and config.is_dir():
         raise UsageError(f"--config {config} is a folder; name a settings file, e.g. {config / 'scalpel.toml'}.")
@@ -99,3 +111,31 @@ def finite_float(value: float | None, flag: str, *, minimum: float = 0.0) -> Non
 
     if value is not None and (not math.isfinite(value) or value < minimum):
         raise UsageError(f"{flag} {value} must be a finite number of at least {minimum:g}.")
+
+
+def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--tensorboard DIR`` and ``--mlflow URI``: where else the finished run is written (docs/tracking.md)."""
+    parser.add_argument("--tensorboard", type=Path, metavar="DIR",
+                        help="also write per-step scalars and the trace to this TensorBoard log folder")
+    parser.add_argument("--mlflow", metavar="URI",
+                        help="also log metrics, parameters, report and record to this MLflow tracking URI or folder")
+
+
+def tracking_options(args: argparse.Namespace) -> object:
+    """The parsed tracking flags as :class:`~torchscalpel.tracking.TrackingOptions` (one sentence when invalid)."""
+    from torchscalpel.tracking import TrackingOptions
+
+    try:
+        return TrackingOptions(tensorboard=getattr(args, "tensorboard", None), mlflow=getattr(args, "mlflow", None))
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
+
+
+def track(args: argparse.Namespace, record: object, run_dir: Path | None, **kwargs: object) -> None:
+    """Write a finished run to the trackers its command line asked for (nothing when none was)."""
+    options = tracking_options(args)
+    if not options.any:  # type: ignore[attr-defined]
+        return
+    from torchscalpel.tracking import write_tracking
+
+    write_tracking(record, run_dir, options, **kwargs)  # type: ignore[arg-type]
