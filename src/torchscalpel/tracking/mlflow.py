@@ -30,12 +30,24 @@ def tracking_uri(uri: str) -> str:
 
 def write_mlflow(record: RunRecord, run_dir: Path | None, uri: str, *, run: str) -> str:
     """Log ``record`` as one MLflow run; return its run id. ImportError when mlflow is absent."""
+    uri = tracking_uri(uri)
+    if not uri.startswith("file:"):
+        return _write(record, run_dir, uri, run=run)
+    saved = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"  # the user named a folder: a file store is what they chose
+    try:
+        return _write(record, run_dir, uri, run=run)
+    finally:
+        if saved is None:
+            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+        else:
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = saved
+
+
+def _write(record: RunRecord, run_dir: Path | None, uri: str, *, run: str) -> str:
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param, RunTag
 
-    uri = tracking_uri(uri)
-    if uri.startswith("file:"):
-        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     client = MlflowClient(tracking_uri=uri)
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)
     experiment = client.get_experiment_by_name(name)
@@ -57,6 +69,6 @@ def write_mlflow(record: RunRecord, run_dir: Path | None, uri: str, *, run: str)
             name_ = record.artifacts.get(role) or {"record": "run.json"}.get(role)
             if name_ and (run_dir / name_).is_file():
                 client.log_artifact(run_id, str(run_dir / name_))
-    status = "FINISHED" if record.status in ("complete", "stopped") else "FAILED"
+    status = {"failed": "FAILED", "interrupted": "KILLED"}.get(record.status, "FINISHED")
     client.set_terminated(run_id, status=status)
     return run_id
