@@ -7,6 +7,7 @@ script arguments pass through untouched (argparse never sees them).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from torchscalpel import fileio
@@ -21,6 +22,7 @@ __all__ = [
     "add_tracking_arguments",
     "add_window_arguments",
     "default_run_dir",
+    "execute_tracked",
     "resolve_target",
     "steps_arg",
     "track",
@@ -132,10 +134,35 @@ def tracking_options(args: argparse.Namespace) -> object:
 
 
 def track(args: argparse.Namespace, record: object, run_dir: Path | None, **kwargs: object) -> None:
-    """Write a finished run to the trackers its command line asked for (nothing when none was)."""
+    """Write a finished run (a RunRecord, or the path of its run.json) to the trackers its command line
+    asked for; nothing when none was."""
     options = tracking_options(args)
     if not options.any:  # type: ignore[attr-defined]
         return
     from torchscalpel.tracking import write_tracking
 
+    if isinstance(record, Path):
+        from torchscalpel.record import load_record
+
+        record = load_record(record)
+
     write_tracking(record, run_dir, options, **kwargs)  # type: ignore[arg-type]
+
+
+def execute_tracked(args: argparse.Namespace, target: Target, execute: Callable[[Target], int]) -> int:
+    """``scalpel run``: ``execute(target)`` as it is, or, with ``--tensorboard`` / ``--mlflow``, the same run
+    under the runtime's step timeline (no profiler, no step limit, no timeout) so that per-step scalars
+    exist; its record goes to ``scalpel-runs/<time>-run-<name>/`` and to the trackers."""
+    if not tracking_options(args).any:  # type: ignore[attr-defined]
+        return execute(target)
+    from torchscalpel.record import save_record
+    from torchscalpel.runtime.session import RuntimeOptions, run_target
+
+    options = RuntimeOptions(warmup=0, steps=None, profile_steps=0, name=target.name, step_timeout_s=None)
+    record = run_target(target, options, command=["scalpel", "run", *target.argv()])
+    out = default_run_dir(f"run-{target.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    record.artifacts["record"] = "run.json"
+    save_record(record, out)
+    track(args, record, out)
+    return record.exit_code or 0

@@ -82,6 +82,9 @@ def _report_ranks(out) -> None:
         return
     merged = merge(records)
     atomic_write_text(out / "launch.json", json.dumps(merged, indent=1, default=str) + "\n")
+    from torchscalpel.trace.layout import write_rank_traces  # OUT/traces/: HTA's TraceAnalysis(trace_dir=...)
+
+    write_rank_traces(out)
     print(format_table(merged))
     print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,15 +33,16 @@ class TrackingOptions:
         return self.tensorboard is not None or self.mlflow is not None
 
 
-def _worker(record: RunRecord, worker: str | None) -> str:
-    if worker:
-        return worker
-    rank = (record.environment.get("env") or {}).get("RANK")
-    if rank is not None:
-        return f"rank{rank}"
+def names(run_dir: Path | None, record: RunRecord, run: str | None, worker: str | None) -> tuple[str, str]:
+    """(run, worker) for the trackers: a rank of ``scalpel launch --profile`` (its folder ``OUT/rank-R``)
+    is worker ``rankR`` of run ``OUT`` (so TensorBoard shows ``OUT/rankR``); else the run folder's name
+    and this host's name, as torch's own ``tensorboard_trace_handler`` names workers."""
+    rank = os.environ.get("RANK")
+    if run_dir is not None and rank is not None and run_dir.name == f"rank-{rank}":
+        return run or f"{run_dir.parent.name}/rank{rank}", worker or f"rank{rank}"
     import socket
 
-    return socket.gethostname() or "worker0"
+    return run or (run_dir.name if run_dir is not None else record.name), worker or socket.gethostname() or "worker0"
 
 
 def write_tracking(
@@ -57,12 +59,12 @@ def write_tracking(
     and names the extra to install; nothing is raised.
     """
     lines: list[str] = []
-    name = run or (run_dir.name if run_dir is not None else record.name)
+    name, worker = names(run_dir, record, run, worker)
     if options.tensorboard is not None:
         try:
             from torchscalpel.tracking.tensorboard import write_tensorboard
 
-            files = write_tensorboard(record, run_dir, options.tensorboard, run=name, worker=_worker(record, worker))
+            files = write_tensorboard(record, run_dir, options.tensorboard, run=name, worker=worker)
             lines.append(f"tensorboard: {len(files)} file(s) under {options.tensorboard} "
                          f"(tensorboard --logdir {options.tensorboard})")
         except ImportError:

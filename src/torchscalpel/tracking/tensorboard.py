@@ -43,7 +43,7 @@ def write_tensorboard(record: RunRecord, run_dir: Path | None, logdir: Path, *, 
     written = sorted(event_dir.glob("events.out.tfevents.*"))
     trace = record.profiler_view().trace
     if trace and run_dir is not None and (run_dir / trace).is_file():
-        dest = trace_path(logdir, run, worker)
+        dest = trace_path(logdir, run.split("/")[0], worker)  # a launch: every rank in one profile run
         dest.parent.mkdir(parents=True, exist_ok=True)
         source = run_dir / trace
         if source.suffix == ".gz":
