@@ -192,6 +192,8 @@ class RunRecord:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (``extra`` keys merged back at the top level)."""
         data = asdict(self)
+        if not data["provenance"]:
+            del data["provenance"]  # an older or hand-made record round-trips to the same JSON
         extra = data.pop("extra")
         for key, value in extra.items():
             data.setdefault(key, value)

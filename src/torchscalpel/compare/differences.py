@@ -18,7 +18,7 @@ KINDS = ("config", "tune", "code", "data", "seeds", "environment")
 VOLATILE_ENV = ("cpu.load_avg_1m", "executable", "driver.nvidia_smi", "gpus.*.memory_used", "gpus.*.utilization")
 """Environment facts that differ between any two runs on the same machine."""
 
-IGNORED_CONFIG = ("tune_settings", "settings_file")
+IGNORED_CONFIG = ("tune_settings", "settings_file", "tune_applied")
 """Config keys compared elsewhere (as tune settings) or not at all (where the settings file lay)."""
 
 
