@@ -150,3 +150,15 @@ def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     (tmp_path / "empty").mkdir()
     assert main(["compare", str(a), str(tmp_path / "empty")]) == 2
     assert "holds no run.json" in capsys.readouterr().err
+
+
+def test_phases_moving_both_ways_are_named_with_their_signs() -> None:
+    a = make_record()
+    b = make_record()
+    for s in b.steps:  # forward 3 ms faster, backward 1.5 ms slower: net 1.5 ms faster
+        s.forward_ms -= 3.0
+        s.backward_ms += 1.5
+        s.total_ms -= 1.5
+    b.summary = summarize(b)
+    verdict = compare_records([a, b]).pairs[0].verdict
+    assert "faster per step, net of forward -3.0 ms, backward +1.5 ms" in verdict, verdict

@@ -96,3 +96,28 @@ def test_a_missing_package_is_one_sentence_naming_the_extra(tmp_path: Path, monk
         "mlflow: not written, the mlflow package is not installed (pip install 'torchscalpel[tracking]').",
     ]
     assert not (tmp_path / "ml").exists()
+
+
+def test_cli_track_takes_a_record_path_and_does_nothing_without_flags(tmp_path: Path) -> None:
+    import argparse
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchscalpel.cli.common import track
+
+    make_run(tmp_path / "run")
+    track(argparse.Namespace(tensorboard=None, mlflow=None), tmp_path / "run" / "run.json", tmp_path / "run")
+    assert not (tmp_path / "tb").exists()
+    # tune hands the baseline's run.json path
+    track(argparse.Namespace(tensorboard=tmp_path / "tb", mlflow=None), tmp_path / "run" / "run.json", tmp_path / "run")
+    acc = EventAccumulator(str(tmp_path / "tb" / "run"))
+    acc.Reload()
+    assert len(acc.Scalars("step/time_ms")) == 6
+
+
+def test_tensorboard_naming_a_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from torchscalpel.cli.main import main
+
+    (tmp_path / "f").write_text("")
+    assert main(["profile", "--tensorboard", str(tmp_path / "f"), "--", "x.py"]) == 2
+    assert "is a file; name a log folder" in capsys.readouterr().err

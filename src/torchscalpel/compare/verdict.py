@@ -17,6 +17,8 @@ NOISE_FACTOR = 2.0
 """A change must exceed this many standard errors of the difference of the two medians."""
 ALL_OF_IT = 0.8
 """A phase holding at least this share of the change is where "all of it" went."""
+OFFSET_SHARE = 0.25
+"""Phases moving against the net change by more than this share of it are named with their signs."""
 VERDICT_ORDER = ("tune", "config", "seeds", "data", "environment", "code")
 """What the verdict names first: what the user chose (settings, arguments, seeds) before what came along."""
 MAX_NAMED = 3
@@ -53,6 +55,11 @@ def where(a: RunFacts, b: RunFacts) -> str:
     if not total:
         return ""
     same_sign = {p: d for p, d in deltas.items() if d * total > 0}
+    offsetting = sum(abs(d) for d in deltas.values() if d * total < 0)
+    if offsetting > OFFSET_SHARE * abs(total):
+        # Phases moved both ways (bf16: forward faster, backward slower): name the big movers, not a share.
+        movers = sorted((kv for kv in deltas.items() if abs(kv[1]) >= 0.1 * abs(total)), key=lambda kv: -abs(kv[1]))
+        return "net of " + ", ".join(f"{p} {d:+.1f} ms" for p, d in movers[:3])
     ranked = sorted(same_sign.items(), key=lambda kv: -abs(kv[1]))
     if not ranked:
         return ""
