@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO, run_cli
 
 SCRIPT = REPO / "tests" / "fixtures" / "tracking" / "tiny_train.py"

@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from torchscalpel.record import RunRecord, load_record
-from torchscalpel.runtime.provenance import ProvenanceObserver, batch_fingerprint, collect, git_facts, local_modules
+from torchscalpel.runtime.provenance import (
+    ProvenanceObserver,
+    batch_fingerprint,
+    collect,
+    git_facts,
+    local_modules,
+)
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -93,3 +99,17 @@ def test_a_schema_1_2_record_without_provenance_still_loads(tmp_path: Path) -> N
     record = load_record(tmp_path)
     assert record.provenance == {} and record.schema_version == "1.2"
     assert "provenance" not in record.extra
+
+
+def test_a_module_target_is_hashed_by_its_file(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchscalpel.runtime.provenance import module_file
+
+    pkg = repo / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text("print(1)\n")
+    monkeypatch.syspath_prepend(str(repo))
+    assert module_file("mypkg") == (pkg / "__main__.py").resolve()
+    (repo / "solo_mod_t17.py").write_text("")
+    assert module_file("solo_mod_t17") == (repo / "solo_mod_t17.py").resolve()
+    assert module_file("no_such_module_here") is None and module_file(None) is None

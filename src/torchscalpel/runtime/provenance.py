@@ -163,8 +163,9 @@ class ProvenanceObserver(Observer):
 
     name = "provenance"
 
-    def __init__(self, script: str | None = None) -> None:
+    def __init__(self, script: str | None = None, *, module: str | None = None) -> None:
         self.script = Path(script).resolve() if script else None
+        self.module = module
         self.seeds: list[dict[str, Any]] = []
         self.data: dict[str, Any] | None = None
         self.loaders: dict[int, dict[str, Any]] = {}
@@ -222,7 +223,24 @@ class ProvenanceObserver(Observer):
         for owner, attr, original in reversed(self._restore):
             setattr(owner, attr, original)
         self._restore = []
-        record.provenance = collect(self.script, seeds=self.seeds, data=self.data, loaders=list(self.loaders.values()))
+        script = self.script if self.script is not None else module_file(self.module)
+        record.provenance = collect(script, seeds=self.seeds, data=self.data, loaders=list(self.loaders.values()))
+
+
+def module_file(module: str | None) -> Path | None:
+    """The file ``python -m MODULE`` ran (a package's ``__main__.py``), None when it cannot be found."""
+    if not module:
+        return None
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations:
+            spec = importlib.util.find_spec(f"{module}.__main__")
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None) if spec is not None else None
+    return Path(origin).resolve() if origin and origin not in ("built-in", "frozen") else None
 
 
 def collect(

@@ -285,7 +285,7 @@ class Attachment:
             extra.append(self.module_timer)
         if progress is not None:
             extra.append(_ProgressObserver(progress))
-        extra.append(ProvenanceObserver((target or {}).get("script")))  # code, data, seeds: record.provenance
+        extra.append(ProvenanceObserver((target or {}).get("script"), module=(target or {}).get("module")))  # code, data, seeds: record.provenance
         extra.append(LearningRateObserver())  # per-step lr for --tensorboard / --mlflow
         self.options = options
         self.session = Session(options, [*observers, *extra])
