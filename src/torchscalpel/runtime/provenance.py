@@ -32,7 +32,7 @@ import torch
 from torchscalpel.runtime.observer import Observer
 
 if TYPE_CHECKING:
-    from torchscalpel.record import RunRecord
+    from torchscalpel.record import RunRecord, StepRecord
     from torchscalpel.runtime.session import Session
 
 GIT_TIMEOUT_S = 5.0
@@ -170,6 +170,7 @@ class ProvenanceObserver(Observer):
         self.data: dict[str, Any] | None = None
         self.loaders: dict[int, dict[str, Any]] = {}
         self._restore: list[tuple[Any, str, Any]] = []
+        self._first: tuple[Any, Any] | None = None
 
     def on_start(self, session: Session) -> None:
         """Wrap the seed setters the script may call (undone at the end)."""
@@ -215,11 +216,24 @@ class ProvenanceObserver(Observer):
                 except Exception:
                     pass
             self.loaders[id(loader)] = entry
-        if self.data is None:
+        if self.data is None and self._first is None:
+            # Hashed when the step closes (on_step_end runs between steps, outside any step's time),
+            # not here inside the step's data wait: a large batch costs ~5 ms per MB to hash.
+            self._first = (batch, loader)
+
+    def on_step_end(self, step: StepRecord) -> None:
+        """Fingerprint the first batch, outside the measured time."""
+        self._fingerprint()
+
+    def _fingerprint(self) -> None:
+        if self._first is not None:
+            batch, loader = self._first
+            self._first = None
             self.data = batch_fingerprint(batch, loader)
 
     def on_finish(self, record: RunRecord) -> None:
         """Undo the seed wrappers and write ``record.provenance``."""
+        self._fingerprint()  # a run that ended inside its first step
         for owner, attr, original in reversed(self._restore):
             setattr(owner, attr, original)
         self._restore = []
