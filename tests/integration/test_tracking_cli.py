@@ -134,3 +134,15 @@ def test_a_missing_extra_is_one_sentence_and_the_run_goes_on(tmp_path: Path) -> 
     assert "scalpel: tensorboard: not written, the tensorboard package is not installed " \
            "(pip install 'torchscalpel[tracking]')." in proc.stderr
     assert "scalpel: mlflow: not written, the mlflow package is not installed" in proc.stderr
+
+
+def test_doctor_with_tensorboard_and_mlflow(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc = run_cli("doctor", "--steps", "4", "--no-static", "--out", str(tmp_path / "doc"), "--tensorboard",
+                   str(tmp_path / "tb"), "--mlflow", str(tmp_path / "ml"), "--", str(SCRIPT), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    acc = EventAccumulator(str(tmp_path / "tb" / "doc"))
+    acc.Reload()
+    assert len(acc.Scalars("step/time_ms")) >= 4
+    assert "scalpel: mlflow: run " in proc.stderr

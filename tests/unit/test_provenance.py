@@ -113,3 +113,15 @@ def test_a_module_target_is_hashed_by_its_file(repo: Path, monkeypatch: pytest.M
     (repo / "solo_mod_t17.py").write_text("")
     assert module_file("solo_mod_t17") == (repo / "solo_mod_t17.py").resolve()
     assert module_file("no_such_module_here") is None and module_file(None) is None
+
+
+def test_the_first_batch_is_hashed_between_steps_not_inside_one() -> None:
+    from torchscalpel.record import StepRecord
+
+    obs = ProvenanceObserver(None)
+    first, second = [torch.ones(3)], [torch.zeros(3)]
+    obs.on_batch(first, None)
+    obs.on_batch(second, None)
+    assert obs.data is None  # nothing hashed inside the step's data wait
+    obs.on_step_end(StepRecord(index=0))
+    assert obs.data == batch_fingerprint(first)
