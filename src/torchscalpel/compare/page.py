@@ -35,8 +35,10 @@ def sections(cmp: Comparison) -> list[Section]:
                        body=table(["", *[r.label for r in cmp.runs]], rows, [False] + [True] * len(cmp.runs)) + bars))
     n = max(len(r.facts.step_ms) for r in cmp.runs)
     xs = list(range(n))
-    out.append(Section(id="step-curves", title="Step time per step (overlaid)", body=charts.lines(
-        "compare-steps", xs, {r.label: _curve(r.facts.step_ms, n) for r in cmp.runs}, unit="ms")))
+    # Warm-up steps (compilation, first-batch effects) would flatten the rest of the curve: left out.
+    measured = {r.label: _curve([None if s.warmup else s.total_ms for s in r.record.steps], n) for r in cmp.runs}
+    out.append(Section(id="step-curves", title="Step time per measured step (overlaid)", body=charts.lines(
+        "compare-steps", xs, measured, unit="ms")))
     if any(v is not None for r in cmp.runs for v in r.facts.losses):
         match = "".join(f"<p>{escape(p.a.label)} vs {escape(p.b.label)}: "
                         + escape("bit-identical" if p.losses.identical else
