@@ -150,6 +150,10 @@ def test_cli_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     (tmp_path / "empty").mkdir()
     assert main(["compare", str(a), str(tmp_path / "empty")]) == 2
     assert "holds no run.json" in capsys.readouterr().err
+    (tmp_path / "launch").mkdir()
+    _write(tmp_path / "launch", "rank-0", make_record())
+    assert main(["compare", str(a), str(tmp_path / "launch")]) == 2
+    assert "is a launch folder; compare one rank's run, e.g." in capsys.readouterr().err
 
 
 def test_phases_moving_both_ways_are_named_with_their_signs() -> None:

@@ -28,6 +28,8 @@ def make_run(folder: Path) -> RunRecord:
                        profiler={"steps": [3], "trace": "trace.json.gz"},
                        sections={"steps_extra": {"lr": {str(i): 0.1 * (i + 1) for i in range(6)}}})
     record.summary = summarize(record)
+    record.summary["flops_per_step"] = 2.0e9
+    record.summary["mfu"] = {"gpu": "H100", "peak_tflops_bf16": 1000.0, "mfu": 0.1}
     with gzip.open(folder / "trace.json.gz", "wt") as f:
         json.dump({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}, f)
     record.artifacts["record"] = "run.json"
@@ -40,6 +42,8 @@ def test_step_scalars_and_params_come_from_the_record(tmp_path: Path) -> None:
     series = dict(step_scalars(record))
     assert series[4]["step/backward_ms"] == 8.0 and series[4]["train/lr"] == pytest.approx(0.5)
     assert series[4]["train/samples_per_s"] == pytest.approx(16 / 0.014)
+    assert series[4]["perf/flops_per_s"] == pytest.approx(2.0e9 / 0.014)
+    assert series[4]["perf/mfu"] == pytest.approx(2.0e9 / 0.014 / 1e15)
     params = run_params(record)
     assert params["tune.amp"] == "bf16" and params["tune.compile.target"] == "Block"
     assert params["script_args"] == "--lr 0.1"

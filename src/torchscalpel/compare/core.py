@@ -113,6 +113,8 @@ def resolve_run(path: str | os.PathLike[str]) -> Path:
     """A run folder or its run.json; one sentence naming what is wrong otherwise."""
     p = Path(path)
     if p.is_dir():
+        if not (p / RECORD_FILENAME).is_file() and (p / "rank-0" / RECORD_FILENAME).is_file():
+            raise UsageError(f"{p} is a launch folder; compare one rank's run, e.g. {p / 'rank-0'}.")
         if not (p / RECORD_FILENAME).is_file():
             raise UsageError(f"{p} holds no {RECORD_FILENAME}; name a torchscalpel run folder or its run.json.")
         return p / RECORD_FILENAME

@@ -20,6 +20,11 @@ def step_scalars(record: RunRecord) -> list[tuple[int, dict[str, float]]]:
     ``train/lr`` and ``train/grad_norm`` (where a stage recorded them), ``memory/*`` peaks."""
     lr = _per_step(record, "lr")
     grad = _per_step(record, "grad_norm")
+    summary = record.summary_view()
+    # FLOPs are counted in the profiler window only; the same model runs every step, so each step's
+    # FLOP/s is the window's FLOPs per step over that step's time (and MFU that over the device peak).
+    flops = _number(summary.flops_per_step)
+    peak = _number((summary.mfu or {}).get("peak_tflops_bf16"))
     out = []
     for s in record.steps:
         values: dict[str, float] = {"step/time_ms": s.total_ms}
@@ -30,6 +35,10 @@ def step_scalars(record: RunRecord) -> list[tuple[int, dict[str, float]]]:
             values["train/loss"] = loss
         if s.samples and s.total_ms:
             values["train/samples_per_s"] = s.samples / (s.total_ms / 1000.0)
+        if flops and s.total_ms:
+            values["perf/flops_per_s"] = flops / (s.total_ms / 1000.0)
+            if peak:
+                values["perf/mfu"] = values["perf/flops_per_s"] / (peak * 1e12)
         for key, series in (("train/lr", lr), ("train/grad_norm", grad)):
             v = _number(series.get(s.index))
             if v is not None:
