@@ -146,3 +146,17 @@ def test_doctor_with_tensorboard_and_mlflow(tmp_path: Path) -> None:
     acc.Reload()
     assert len(acc.Scalars("step/time_ms")) >= 4
     assert "scalpel: mlflow: run " in proc.stderr
+
+
+@pytest.mark.slow
+def test_tune_writes_its_baseline_to_tensorboard(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "tune"
+    proc = run_cli("tune", "--knobs", "threads", "--budget", "2m", "--steps", "2", "--warmup", "1", "--confirm", "1",
+                   "--out", str(out), "--config", str(tmp_path / "scalpel.toml"), "--tensorboard", str(tmp_path / "tb"),
+                   "--", str(SCRIPT), "--steps", "40", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    acc = EventAccumulator(str(tmp_path / "tb" / "tune"))
+    acc.Reload()
+    assert len(acc.Scalars("step/time_ms")) >= 3  # the baseline's warm-up + measured steps
