@@ -139,3 +139,20 @@ def test_hta_loads_the_traces_folder_as_it_is(tmp_path: Path) -> None:
     done = subprocess.run([HTA_PYTHON, "-c", code, str(out / TRACES_DIR)], capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[0, 1] [True, True]"
+
+
+def test_counters_are_spliced_into_torchs_bytes_or_the_document_rewritten(tmp_path: Path) -> None:
+    torch_style = json.dumps(trace_events(rank=3), indent=2).replace('"traceEvents"', '"traceEvents"') + "\n"
+    path = tmp_path / "t.json"
+    path.write_text(torch_style[:-2] + ',\n  "traceName": "x]y.json"\n}\n')  # a ']' after the array too
+    assert add_memory_counters(path) == 3
+    text = path.read_text()
+    assert text.startswith(torch_style[: torch_style.index('"traceEvents"')])  # head kept byte for byte
+    data = json.loads(text)
+    assert data["traceName"] == "x]y.json" and [e["ph"] for e in data["traceEvents"]].count("C") == 3
+    assert trace_rank(path) == 3
+    other = tmp_path / "o.json"
+    other.write_text(json.dumps({"traceEvents": trace_events()["traceEvents"], "meta": {"list": [1, 2]}}))
+    assert add_memory_counters(other) == 3  # not torch's tail: the whole document is written again
+    data = json.loads(other.read_text())
+    assert data["meta"] == {"list": [1, 2]} and len(data["traceEvents"]) == 9
