@@ -19,6 +19,7 @@ Layout (all times in milliseconds, all memory in bytes):
 - ``profiler``: the profiler window (steps covered, trace path, FLOPs); its op summary (top ops,
   categories, allocator memory) lives once, in ``sections["trace"]``: read it with
   :meth:`RunRecord.op_summary` (records before 1.1 kept a copy in ``profiler``);
+- ``provenance`` (1.3): code (git, script and local-module hashes), data fingerprint, seeds;
 - ``findings``: doctor findings as dicts (see :mod:`torchscalpel.doctor.finding`);
 - ``sections``: stage outputs keyed by stage name (``tune``, ``plan``, ``trace``, ...).
 
@@ -45,7 +46,7 @@ RunStatus = Literal["complete", "stopped", "partial", "failed", "interrupted"]
 """How a run ended: ``complete`` (script finished), ``stopped`` (after N steps), ``partial`` (the
 default: no outcome set yet), ``failed`` (script raised), ``interrupted`` (Ctrl-C)."""
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 RECORD_FILENAME = "run.json"
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
@@ -135,6 +136,9 @@ class RunRecord:
     profiler: dict[str, Any] = field(default_factory=dict)
     findings: list[dict[str, Any]] = field(default_factory=list)
     sections: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    """Schema 1.3: git commit/branch/diff hash, script and local-module hashes, the first batch's
+    fingerprint and the seeds seen (:mod:`torchscalpel.runtime.provenance`); {} in older records."""
     artifacts: dict[str, str] = field(default_factory=dict)
     """Files next to run.json, by role (``trace``, ``report``), as paths relative to it."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -188,6 +192,8 @@ class RunRecord:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (``extra`` keys merged back at the top level)."""
         data = asdict(self)
+        if not data["provenance"]:
+            del data["provenance"]  # an older or hand-made record round-trips to the same JSON
         extra = data.pop("extra")
         for key, value in extra.items():
             data.setdefault(key, value)

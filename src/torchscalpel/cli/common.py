@@ -7,6 +7,7 @@ script arguments pass through untouched (argparse never sees them).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 from torchscalpel import fileio
@@ -14,8 +15,18 @@ from torchscalpel.errors import UsageError
 from torchscalpel.runtime.target import Target, resolve_script
 from torchscalpel.runtime.window import STEP_KINDS, StepCount, parse_steps
 
-__all__ = ["Target", "add_output_arguments", "add_target_arguments", "add_window_arguments", "default_run_dir",
-           "resolve_target", "steps_arg"]
+__all__ = [
+    "Target",
+    "add_output_arguments",
+    "add_target_arguments",
+    "add_tracking_arguments",
+    "add_window_arguments",
+    "default_run_dir",
+    "execute_tracked",
+    "resolve_target",
+    "steps_arg",
+    "track",
+]
 
 
 RUNS_ROOT: Path | None = None
@@ -88,6 +99,9 @@ def check_paths(args: argparse.Namespace) -> None:
         value = getattr(args, attr, None)
         if isinstance(value, Path):
             fileio.check_output_file(value, flag)
+    tensorboard = getattr(args, "tensorboard", None)
+    if isinstance(tensorboard, Path) and tensorboard.exists() and not tensorboard.is_dir():
+        raise UsageError(f"--tensorboard {tensorboard} is a file; name a log folder (it is created if missing).")
     config = getattr(args, "config", None)
     if isinstance(config, Path) and config.is_dir():
         raise UsageError(f"--config {config} is a folder; name a settings file, e.g. {config / 'scalpel.toml'}.")
@@ -99,3 +113,56 @@ def finite_float(value: float | None, flag: str, *, minimum: float = 0.0) -> Non
 
     if value is not None and (not math.isfinite(value) or value < minimum):
         raise UsageError(f"{flag} {value} must be a finite number of at least {minimum:g}.")
+
+
+def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--tensorboard DIR`` and ``--mlflow URI``: where else the finished run is written (docs/tracking.md)."""
+    parser.add_argument("--tensorboard", type=Path, metavar="DIR",
+                        help="also write per-step scalars and the trace to this TensorBoard log folder")
+    parser.add_argument("--mlflow", metavar="URI",
+                        help="also log metrics, parameters, report and record to this MLflow tracking URI or folder")
+
+
+def tracking_options(args: argparse.Namespace) -> object:
+    """The parsed tracking flags as :class:`~torchscalpel.tracking.TrackingOptions` (one sentence when invalid)."""
+    from torchscalpel.tracking import TrackingOptions
+
+    try:
+        return TrackingOptions(tensorboard=getattr(args, "tensorboard", None), mlflow=getattr(args, "mlflow", None))
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
+
+
+def track(args: argparse.Namespace, record: object, run_dir: Path | None, **kwargs: object) -> None:
+    """Write a finished run (a RunRecord, or the path of its run.json) to the trackers its command line
+    asked for; nothing when none was."""
+    options = tracking_options(args)
+    if not options.any:  # type: ignore[attr-defined]
+        return
+    from torchscalpel.tracking import write_tracking
+
+    if isinstance(record, Path):
+        from torchscalpel.record import load_record
+
+        record = load_record(record)
+
+    write_tracking(record, run_dir, options, **kwargs)  # type: ignore[arg-type]
+
+
+def execute_tracked(args: argparse.Namespace, target: Target, execute: Callable[[Target], int]) -> int:
+    """``scalpel run``: ``execute(target)`` as it is, or, with ``--tensorboard`` / ``--mlflow``, the same run
+    under the runtime's step timeline (no profiler, no step limit, no timeout) so that per-step scalars
+    exist; its record goes to ``scalpel-runs/<time>-run-<name>/`` and to the trackers."""
+    if not tracking_options(args).any:  # type: ignore[attr-defined]
+        return execute(target)
+    from torchscalpel.record import save_record
+    from torchscalpel.runtime.session import RuntimeOptions, run_target
+
+    options = RuntimeOptions(warmup=0, steps=None, profile_steps=0, name=target.name, step_timeout_s=None)
+    record = run_target(target, options, command=["scalpel", "run", *target.argv()])
+    out = default_run_dir(f"run-{target.name}")
+    out.mkdir(parents=True, exist_ok=True)
+    record.artifacts["record"] = "run.json"
+    save_record(record, out)
+    track(args, record, out)
+    return record.exit_code or 0

@@ -16,10 +16,12 @@ from typing import Any
 
 from torchscalpel.cli.common import (
     add_target_arguments,
+    add_tracking_arguments,
     add_window_arguments,
     default_run_dir,
     resolve_target,
     steps_arg,
+    track,
 )
 from torchscalpel.doctor.window import DEFAULT_STEPS, TIME_CAP_S
 from torchscalpel.errors import ScalpelError, UsageError
@@ -52,6 +54,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 when a finding reaches this severity")
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-<name>/)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    add_tracking_arguments(p)
     add_target_arguments(p, required=False)
     p.set_defaults(func=run)
     return p
@@ -176,6 +179,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     if hint:
         console.print(hint, markup=False, highlight=False, soft_wrap=True)
     console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
+    track(args, record, out_dir)
     _write_outputs(args, findings, {"mode": "run", "status": record.status, "steps": len(record.steps),
                                     "window": record.sections["doctor"].get("window"),
                                     "record": str(out_dir / "run.json")})

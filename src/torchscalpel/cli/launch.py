@@ -115,6 +115,9 @@ def _report_ranks(out) -> None:
     merged = merge(records) if records else {"ranks": [], "straggler": None, "findings": []}
     merged["findings"] = first + merged["findings"]
     atomic_write_text(out / "launch.json", json.dumps(merged, indent=1, default=str) + "\n")
+    from torchscalpel.trace.layout import write_rank_traces  # OUT/traces/: HTA's TraceAnalysis(trace_dir=...)
+
+    write_rank_traces(out)
     print(format_table(merged))
     print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")
 

@@ -12,7 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import Target, add_target_arguments, resolve_target
+from torchscalpel.cli.common import (
+    Target,
+    add_target_arguments,
+    add_tracking_arguments,
+    execute_tracked,
+    resolve_target,
+)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -25,6 +31,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--config", type=Path, default=Path("scalpel.toml"), help="settings file (default ./scalpel.toml)")
     p.add_argument("--show", action="store_true", help="print what each setting changed when the script ends")
+    add_tracking_arguments(p)
     add_target_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -41,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     print(f"scalpel run: {settings.label()} (from {args.config})", file=sys.stderr)
     with applied(settings) as log:
-        code = execute(target)
+        code = execute_tracked(args, target, execute)
     if args.show or log.skipped:
         for line in log.applied if args.show else []:
             print(f"scalpel run: applied {line}", file=sys.stderr)

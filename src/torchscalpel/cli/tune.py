@@ -17,10 +17,12 @@ from typing import Any
 from torchscalpel.cli.common import (
     add_output_arguments,
     add_target_arguments,
+    add_tracking_arguments,
     add_window_arguments,
     default_run_dir,
     resolve_target,
     steps_arg,
+    track,
 )
 from torchscalpel.errors import UsageError
 
@@ -53,6 +55,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="where to write the winning settings (default ./scalpel.toml; a file not written by "
                         "scalpel tune is never overwritten)")
     add_output_arguments(p)
+    add_tracking_arguments(p)
     add_target_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -111,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         from torchscalpel.record import load_record, save_record
 
         save_record(load_record(paths["record"]), args.json_path)
+    track(args, paths["record"], out_dir)  # the baseline's record (the search is in its sections["tune"])
     print_tune_result(result, out_dir=out_dir, config_path=paths.get("config", paths["settings"]))
     if "config" not in paths and args.config is not None:
         print(f"scalpel: {args.config} exists and was not written by scalpel tune; left it alone "

@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run every rank under 'scalpel profile' and report per-rank step time, collective wait, stragglers")
     mode.add_argument("--doctor", action="store_true", help="run every rank under 'scalpel doctor' and merge the findings")
     parser.add_argument("--steps", default="20", help="with --profile/--doctor: measured steps per rank, or 'all' (default 20)")
+    parser.add_argument("--tensorboard", metavar="DIR", help="with --profile/--doctor: every rank's scalars and trace here")
+    parser.add_argument("--mlflow", metavar="URI", help="with --profile/--doctor: one MLflow run per rank in this store")
     parser.add_argument("--plan", action="store_true",
                         help="before starting the ranks, plan the script's per-rank memory for this world size and warn "
                         "if no strategy fits (runs the script to its first optimizer step once, on one rank)")
@@ -165,14 +167,17 @@ def check_endpoint(endpoint: str) -> None:
 def wrap_for_stage(args: argparse.Namespace, out_dir: Path) -> str | None:
     """For --profile/--doctor, make every rank run ``scalpel COMMAND --out OUT/rank-R``; returns COMMAND."""
     command = "profile" if args.profile else "doctor" if args.doctor else None
+    tracking = [a for flag in ("tensorboard", "mlflow") if getattr(args, flag, None) for a in (f"--{flag}", getattr(args, flag))]
     if command is None:
+        if tracking:
+            raise UsageError("--tensorboard and --mlflow on launch need --profile or --doctor (the per-rank records).")
         return None
     if args.module or args.no_python:
         raise UsageError(f"--{command} runs a script file; drop -m/--no-python and pass the script path.")
     script, script_args = args.training_script, list(args.training_script_args)
     args.module = True
     args.training_script = "torchscalpel.cli.rank_entry"
-    args.training_script_args = [command, str(out_dir), "--steps", str(args.steps), "--", script, *script_args]
+    args.training_script_args = [command, str(out_dir), "--steps", str(args.steps), *tracking, "--", script, *script_args]
     return command
 
 

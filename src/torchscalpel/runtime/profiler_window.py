@@ -104,12 +104,15 @@ class ProfilerWindow:
             return
         prof, self._prof, self._done = self._prof, None, True
         self._close_range()
+        from torchscalpel.trace.counters import add_memory_counters
+
         try:
             prof.stop()
             if self.options.out_dir is not None:
                 self.options.out_dir.mkdir(parents=True, exist_ok=True)
                 self.trace_path = self.options.out_dir / TRACE_NAME
                 prof.export_chrome_trace(str(self.trace_path))
+                add_memory_counters(self.trace_path)  # memory as Perfetto counter tracks (trace/counters.py)
             self._flops = _flops_from(prof)
         except Exception as exc:
             self._error = f"profiler export failed: {exc!r}"

@@ -276,6 +276,8 @@ class Attachment:
         from torchscalpel.envcheck.facts import collect_facts
         from torchscalpel.runtime.module_times import ModuleTimes
         from torchscalpel.runtime.profiler_window import ProfilerWindow
+        from torchscalpel.runtime.provenance import ProvenanceObserver
+        from torchscalpel.tracking.observer import LearningRateObserver
 
         extra: list[Observer] = []
         self.module_timer = ModuleTimes() if options.module_times else None
@@ -283,6 +285,8 @@ class Attachment:
             extra.append(self.module_timer)
         if progress is not None:
             extra.append(_ProgressObserver(progress))
+        extra.append(ProvenanceObserver((target or {}).get("script"), module=(target or {}).get("module")))  # code, data, seeds: record.provenance
+        extra.append(LearningRateObserver())  # per-step lr for --tensorboard / --mlflow
         self.options = options
         self.session = Session(options, [*observers, *extra])
         if options.profile_steps and options.out_dir is not None:

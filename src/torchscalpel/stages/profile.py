@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from torchscalpel.record import RunRecord, save_record
-from torchscalpel.runtime.session import RuntimeOptions
+from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.session import RuntimeOptions, SetupHook
 from torchscalpel.runtime.target import Target
 from torchscalpel.sections import TraceSection
 
@@ -18,6 +20,8 @@ def profile_target(
     write_report: bool = True,
     json_path: Path | None = None,
     quiet: bool = False,
+    observers: Sequence[Observer] = (),
+    setup_hooks: Sequence[SetupHook] = (),
 ) -> tuple[RunRecord, Path]:
     """Run ``target``, enrich its record with the trace summary, save everything, print the summary."""
     from torchscalpel.report.terminal import StepProgress
@@ -29,7 +33,8 @@ def profile_target(
     out_dir.mkdir(parents=True, exist_ok=True)
     total = options.warmup + options.steps if options.steps is not None else None
     with StepProgress(total, f"profiling {target.name}") as bar:
-        record = run_target(target, options, progress=bar.update, command=["scalpel", *sys.argv[1:]])
+        record = run_target(target, options, observers, setup_hooks, progress=bar.update,
+                            command=["scalpel", *sys.argv[1:]])
     finish_profile(record, out_dir, write_report=write_report, json_path=json_path, quiet=quiet)
     return record, out_dir
 

@@ -12,6 +12,10 @@ import numpy as np
 from torchscalpel.errors import UsageError
 from torchscalpel.trace.categories import categorize
 from torchscalpel.trace.collect import RankCollector, RankData
+from torchscalpel.trace.folders import (
+    TRACE_SUFFIXES as TRACE_SUFFIXES,  # re-exported: readers imported it here
+)
+from torchscalpel.trace.folders import folder_traces
 from torchscalpel.trace.gpu import gpu_summary, launch_stats, launch_times
 from torchscalpel.trace.memory import memory_summary
 from torchscalpel.trace.ops import aggregate_ops, category_totals, op_self_times, top_table
@@ -19,7 +23,6 @@ from torchscalpel.trace.ranks import stragglers
 from torchscalpel.trace.reader import TraceReader, TraceReadError
 from torchscalpel.trace.steps import step_breakdown
 
-TRACE_SUFFIXES = (".json", ".json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
@@ -63,15 +66,13 @@ class TraceAnalysis:
 
 
 def expand_paths(paths: list[Path]) -> list[Path]:
-    """Files as given, folders replaced by their ``*.json`` / ``*.json.gz`` files (sorted by rank)."""
+    """Files as given, folders replaced by the traces they hold (:func:`~torchscalpel.trace.folders.folder_traces`:
+    run folder, launch folder, folder of rank traces, TensorBoard log folder), sorted by rank."""
     out: list[Path] = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
-            if not found:
-                raise UsageError(f"{p} has no .json or .json.gz trace files; pass a trace file or a folder of rank traces.")
-            out.extend(sorted(found, key=_rank_sort_key))
+            out.extend(sorted(folder_traces(p), key=_rank_sort_key))
         elif p.is_file():
             out.append(p)
         else:

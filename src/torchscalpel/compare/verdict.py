@@ -1,0 +1,121 @@
+"""The one-line verdict: how much slower or faster, where the time went, and what differs.
+
+``B is 1.31x slower per step, all of it in backward; torch 2.12 -> 2.13 is the only environment change``
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from torchscalpel.compare.differences import Difference
+from torchscalpel.compare.facts import LossMatch, RunFacts
+
+MIN_EFFECT = 0.05
+"""A step-time change smaller than this fraction is never called a change, whatever the noise says."""
+NOISE_FACTOR = 2.0
+"""A change must exceed this many standard errors of the difference of the two medians."""
+ALL_OF_IT = 0.8
+"""A phase holding at least this share of the change is where "all of it" went."""
+OFFSET_SHARE = 0.25
+"""Phases moving against the net change by more than this share of it are named with their signs."""
+VERDICT_ORDER = ("tune", "config", "seeds", "data", "environment", "code")
+"""What the verdict names first: what the user chose (settings, arguments, seeds) before what came along."""
+MAX_NAMED = 3
+"""Differences named in the verdict before "and N more"."""
+
+
+def median_error(facts: RunFacts) -> float:
+    """Relative standard error of a run's median step time, from its spread and step count.
+
+    The median's standard error is about 1.253 sigma / sqrt(n), and sigma about 1.4826 MAD for
+    normal-ish noise; a single step (no spread known) counts as a 10% error.
+    """
+    if facts.noise is None or facts.steps < 2:
+        return 0.10
+    return 1.253 * 1.4826 * facts.noise / math.sqrt(facts.steps)
+
+
+def step_change(a: RunFacts, b: RunFacts) -> tuple[float | None, bool, float]:
+    """(B / A median step ratio, whether it is beyond noise, the threshold used as a fraction)."""
+    if not a.median_step_ms or not b.median_step_ms:
+        return None, False, MIN_EFFECT
+    ratio = b.median_step_ms / a.median_step_ms
+    se = math.hypot(median_error(a), median_error(b))
+    threshold = max(MIN_EFFECT, NOISE_FACTOR * se)
+    return ratio, abs(ratio - 1.0) > threshold, threshold
+
+
+def where(a: RunFacts, b: RunFacts) -> str:
+    """The phase(s) the step-time change lies in: ``all of it in backward`` / ``mostly in ...``."""
+    if not a.phase_mean_ms or not b.phase_mean_ms:
+        return ""
+    deltas = {p: b.phase_mean_ms.get(p, 0.0) - a.phase_mean_ms.get(p, 0.0) for p in a.phase_mean_ms}
+    total = sum(deltas.values())
+    if not total:
+        return ""
+    same_sign = {p: d for p, d in deltas.items() if d * total > 0}
+    offsetting = sum(abs(d) for d in deltas.values() if d * total < 0)
+    if offsetting > OFFSET_SHARE * abs(total):
+        # Phases moved both ways (bf16: forward faster, backward slower): name the big movers, not a share.
+        movers = sorted((kv for kv in deltas.items() if abs(kv[1]) >= 0.1 * abs(total)), key=lambda kv: -abs(kv[1]))
+        return "net of " + ", ".join(f"{p} {d:+.1f} ms" for p, d in movers[:3])
+    ranked = sorted(same_sign.items(), key=lambda kv: -abs(kv[1]))
+    if not ranked:
+        return ""
+    top, top_delta = ranked[0]
+    share = top_delta / total
+    if share >= ALL_OF_IT:
+        return f"all of it in {top}"
+    if len(ranked) > 1:
+        second, second_delta = ranked[1]
+        return f"mostly in {top} ({share:.0%}) and {second} ({second_delta / total:.0%})"
+    return f"mostly in {top} ({share:.0%})"
+
+
+def differences_phrase(diffs: Sequence[Difference]) -> str:
+    """``torch 2.12 -> 2.13 is the only environment change`` / ``tune.amp (none) -> bf16 is the only
+    recorded difference`` / ``differences: a; b; c and 2 more`` / ``no recorded difference``."""
+    if not diffs:
+        return "no recorded difference in config, tune settings, code, data, seeds or environment"
+    if len(diffs) == 1:
+        d = diffs[0]
+        what = "environment change" if d.kind == "environment" else "recorded difference"
+        return f"{d.phrase()} is the only {what}"
+    kinds = {d.kind for d in diffs}
+    head = "environment changes: " if kinds == {"environment"} else f"{len(diffs)} recorded differences: "
+    diffs = sorted(diffs, key=lambda d: VERDICT_ORDER.index(d.kind) if d.kind in VERDICT_ORDER else len(VERDICT_ORDER))
+    named = "; ".join(d.phrase() for d in diffs[:MAX_NAMED])
+    more = f" and {len(diffs) - MAX_NAMED} more" if len(diffs) > MAX_NAMED else ""
+    return head + named + more
+
+
+def loss_phrase(match: LossMatch) -> str:
+    """``losses bit-identical over 12 steps`` / ``losses first differ at step 0``."""
+    if not match.compared:
+        return ""
+    if match.identical:
+        return f"losses bit-identical over {match.compared} steps"
+    return f"losses first differ at step {match.first_diff_step} (max |diff| {match.max_abs_diff:.3g})"
+
+
+def verdict(label: str, a: RunFacts, b: RunFacts, match: LossMatch, diffs: Sequence[Difference]) -> str:
+    """One line naming the speed change (or its absence), where it went, the losses and what differs."""
+    ratio, significant, threshold = step_change(a, b)
+    if ratio is None:
+        speed = f"{label} has no step time to compare"
+    elif significant:
+        direction = "slower" if ratio > 1 else "faster"
+        factor = ratio if ratio > 1 else 1 / ratio
+        speed = f"{label} is {factor:.2f}x {direction} per step"
+        place = where(a, b)
+        if place:
+            speed += f", {place}"
+    else:
+        speed = f"{label}'s step time is within noise ({ratio:.2f}x, threshold ±{threshold:.0%})"
+    parts = [speed]
+    losses = loss_phrase(match)
+    if losses:
+        parts.append(losses)
+    parts.append(differences_phrase(diffs))
+    return "; ".join(parts)
