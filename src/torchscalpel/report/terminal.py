@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import sys
 from types import TracebackType
 from typing import Any
@@ -56,6 +57,22 @@ class StepProgress:
         loss = f" loss {step.loss:.4g}" if step.loss is not None else ""
         tag = "warm-up" if step.warmup else ("profiled" if step.profiled else "step")
         self._progress.update(self._task, advance=1, info=f"{tag} {step.total_ms:.1f} ms{loss}")
+
+
+def summarized_steps(record: RunRecord) -> list[StepRecord]:
+    """The steps the record's summary covers: measured ones, profiled ones left out when others exist
+    (the rule of :func:`torchscalpel.runtime.summary.run_summary`)."""
+    measured = record.measured_steps
+    return [s for s in measured if not s.profiled] or measured
+
+
+def phase_medians(record: RunRecord) -> dict[str, float]:
+    """The median of each phase over :func:`summarized_steps` (empty without steps): the same statistic
+    and steps as the headline's median step."""
+    steps = summarized_steps(record)
+    if not steps:
+        return {}
+    return {p: statistics.median(s.phase_ms()[p] for s in steps) for p in PHASES}
 
 
 def fmt_flops(n: float | None) -> str:
