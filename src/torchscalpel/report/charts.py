@@ -96,7 +96,7 @@ def _y_grid(ticks: Sequence[float], to_y, left: int, right_x: float) -> str:
     for t in ticks:
         y = to_y(t)
         parts.append(f'<line x1="{left}" x2="{right_x:.1f}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text class="tick" x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{tick_label(t, step)}</text>')
+        parts.append(f'<text class="tick y-tick" x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{tick_label(t, step)}</text>')
     return "".join(parts)
 
 
@@ -154,7 +154,7 @@ def stacked_bars(
             )
     every = max(1, math.ceil(n / 16))
     for i in range(0, n, every):
-        parts.append(f'<text class="tick" x="{left + (i + 0.5) * bar_w:.1f}" y="{legend_h + plot_h + 14:.1f}" '
+        parts.append(f'<text class="tick x-tick" x="{left + (i + 0.5) * bar_w:.1f}" y="{legend_h + plot_h + 14:.1f}" '
                      f'text-anchor="middle">{escape(str(labels[i]))}</text>')
     if capacity:
         text = escape(capacity_label)
@@ -199,7 +199,7 @@ def horizontal_bars(
     for t in ticks:
         x = label_w + plot_w * t / x_max
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{plot_bottom}" class="grid"/>')
-        parts.append(f'<text class="tick" x="{x:.1f}" y="{plot_bottom + 14}" text-anchor="middle">{tick_label(t, step)}</text>')
+        parts.append(f'<text class="tick x-tick" x="{x:.1f}" y="{plot_bottom + 14}" text-anchor="middle">{tick_label(t, step)}</text>')
     for i, (label, value) in enumerate(items):
         y = top + i * bar_h
         w = plot_w * value / x_max
@@ -272,7 +272,7 @@ def lines(
     parts = [_svg_open(name, width, height), _y_grid(y_ticks, to_y, left, width - right)]
     x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else 1.0
     for t in x_ticks:
-        parts.append(f'<text class="tick" x="{to_x(t):.1f}" y="{legend_h + plot_h + 14:.1f}" text-anchor="middle">'
+        parts.append(f'<text class="tick x-tick" x="{to_x(t):.1f}" y="{legend_h + plot_h + 14:.1f}" text-anchor="middle">'
                      f"{tick_label(t, x_step)}</text>")
     for j, (sname, values) in enumerate(series.items()):
         colour = PALETTE[j % len(PALETTE)]
