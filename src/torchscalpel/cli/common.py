@@ -13,6 +13,7 @@ from torchscalpel import fileio
 from torchscalpel.errors import UsageError
 from torchscalpel.runtime.target import Target, resolve_script
 from torchscalpel.runtime.window import STEP_KINDS, StepCount, parse_steps
+from torchscalpel.units import duration_type
 
 __all__ = ["Target", "add_output_arguments", "add_target_arguments", "add_window_arguments", "default_run_dir",
            "resolve_target", "steps_arg"]
@@ -58,8 +59,9 @@ def add_window_arguments(parser: argparse.ArgumentParser, *, warmup: int, steps:
     parser.add_argument("--step-kind", choices=STEP_KINDS, default="auto",
                         help="what ends a step: auto (optimizer steps when there are any, else backward calls, "
                         "else forward calls) or one fixed kind (default auto)")
-    parser.add_argument("--step-timeout", type=float, default=600.0, metavar="SECONDS",
-                        help="stop the script when no step is recognised this long after the start (default 600)")
+    parser.add_argument("--step-timeout", type=duration_type("--step-timeout"), default=600.0,
+                        metavar="DURATION", help="stop the script when no step is recognised this long after the "
+                        "start: 90s, 10m; a bare number is seconds (default 600)")
 
 
 def steps_arg(args: argparse.Namespace, *, minimum: int = 1) -> StepCount:

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import Target, default_run_dir, finite_float
+from torchscalpel.cli.common import Target, default_run_dir
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
+from torchscalpel.units import duration_type
 
 STAGES = ("env", "profile", "doctor", "analyze", "tune", "plan", "ship")
 # Sized so every stage together takes a few minutes on a 2-core laptop CPU.
@@ -48,7 +49,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output folder (default scalpel-runs/<time>-demo/)")
     p.add_argument("--steps", type=int, default=12, help="measured steps for the profile stage (default 12)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
-    p.add_argument("--tune-budget", type=float, default=120.0, help="seconds for the tune stage (default 120)")
+    p.add_argument("--tune-budget", type=duration_type("--tune-budget", minimum=1.0), default=120.0, metavar="DURATION",
+                   help="time for the tune stage: 90s, 3m, 1h; a bare number is seconds (default 120)")
     p.set_defaults(func=run)
     return p
 
@@ -68,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--stages names no stage; choose from {', '.join(STAGES)}.")
     if not 1 <= args.steps <= 10_000:
         raise UsageError(f"--steps {args.steps} must be between 1 and 10000 (measured steps of the profile stage).")
-    finite_float(args.tune_budget, "--tune-budget", minimum=1.0)
     out: Path = args.out or default_run_dir("demo")
     out.mkdir(parents=True, exist_ok=True)
     # The stages run copies in <out>/examples/: what ran stays next to its report, editable.

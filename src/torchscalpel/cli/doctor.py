@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -75,10 +76,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     """``--nproc N``: every rank under the doctor via ``scalpel launch --doctor``, findings merged."""
-    from rich.console import Console
-
     from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.doctor.ranks import merge_rank_findings, run_ranks
+    from torchscalpel.report.terminal import make_console
 
     if args.module:
         raise UsageError("--nproc runs a script file; pass the script path instead of -m.")
@@ -86,8 +86,9 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     if target.script is None or not target.script.is_file():
         raise UsageError("--nproc needs a script file after --.")
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
-    console = Console()
-    console.print(f"[bold]scalpel doctor[/bold]: {target.name} on {args.nproc} ranks (scalpel launch --doctor)")
+    console = make_console()
+    console.print(f"[bold]scalpel doctor[/bold]: {target.name} on {args.nproc} ranks (scalpel launch --doctor); "
+                  "each rank's findings are merged into one list below")
     code, records = run_ranks(target.script, target.args, nproc=args.nproc, steps=args.steps, out=out_dir)
     if not records:
         raise ScalpelError(f"No rank wrote a run record under {out_dir}; see the rank logs in {out_dir / 'logs'}.")
@@ -115,16 +116,15 @@ def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str
 
 
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
-    from rich.console import Console
-
     from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.doctor.registry import rank_findings
     from torchscalpel.doctor.static import analyze_paths, iter_python_files
+    from torchscalpel.report.terminal import make_console
 
     files = list(iter_python_files(args.static))
     skipped: list[Any] = []
     findings = rank_findings(analyze_paths(files, not_analysed=skipped))
-    render_terminal(findings, Console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)",
+    render_terminal(findings, make_console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)",
                     not_analysed=skipped)
     _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files],
                                     "not_analysed": [s.to_dict() for s in skipped]})
@@ -133,19 +133,26 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
 
 
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
-    from rich.console import Console
+    from rich.markup import escape
 
     from torchscalpel.doctor.api import diagnose, launcher_hint
     from torchscalpel.doctor.output import reaches, render_terminal
+    from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
     from torchscalpel.record import save_record
+    from torchscalpel.report.terminal import make_console, strip_ansi
 
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    console = Console(stderr=False)
-    window = (f"{args.warmup}+{DEFAULT_STEPS} steps or more (up to {AUTO_MAX_STEPS}, ~{AUTO_SECONDS:.0f} s)"
-              if args.steps == "auto" else "every step, until the script ends" if args.steps == "all"
-              else f"{args.warmup}+{args.steps} steps")
+    console = make_console()
+    under_launcher = int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    if args.steps == "auto" and under_launcher:  # every rank stops at the same step (doctor.api)
+        window = f"{args.warmup} warm-up + {DEFAULT_STEPS} steps"
+    elif args.steps == "auto":
+        window = (f"{args.warmup} warm-up + {DEFAULT_STEPS} steps, continuing up to {AUTO_MAX_STEPS} while under "
+                  f"{AUTO_SECONDS:.0f} s (fewer if the script ends first)")
+    else:
+        window = "every step, until the script ends" if args.steps == "all" else f"{args.warmup} warm-up + {args.steps} steps"
     console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
                   + (" (+ overfit-one-batch check)" if args.sanity else ""))
     record, findings = diagnose(
@@ -161,8 +168,13 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         write_report(record, out_dir / "report.html")
         record.artifacts["report"] = "report.html"
         save_record(record, out_dir)
-    status = f"script {record.status} after {len(record.steps)} step(s)" + (f": {record.error}" if record.error else "")
-    render_terminal(findings, console, header=f"[dim]{status}[/dim]\n")
+    measured = len(record.measured_steps)
+    status = (f"script {record.status} after {len(record.steps)} step(s) ({len(record.steps) - measured} warm-up + "
+              f"{measured})") + (f": {strip_ansi(record.error)}" if record.error else "")
+    if os.environ.get(MERGED_RANKS_ENV) == "1":  # doctor --nproc prints the merged list once, not per rank
+        console.print(f"[dim]{escape(status)}; {len(findings)} finding(s) in {out_dir / 'run.json'}[/dim]")
+    else:
+        render_terminal(findings, console, header=f"[dim]{escape(status)}[/dim]\n")
     hint = launcher_hint(target, record)
     if hint:
         console.print(hint, markup=False, highlight=False, soft_wrap=True)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torchscalpel.doctor.finding import Severity
 from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.units import duration_type
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,10 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-probe", action="store_true", help="skip the probes (facts and checks only: about as long as importing torch)")
     p.add_argument("--probe", metavar="LIST",
                    help=f"comma-separated probes to run (default all: {','.join(PROBES)})")
-    p.add_argument("--probe-timeout", type=float, default=60.0, metavar="S",
-                   help="seconds each probe may take (default 60)")
-    p.add_argument("--compile-timeout", type=float, default=180.0, metavar="S",
-                   help="seconds the torch.compile probe may take (default 180; a cold CPU compile takes 15-25 s)")
+    p.add_argument("--probe-timeout", type=duration_type("--probe-timeout"), default=60.0, metavar="DURATION",
+                   help="time each probe may take: 60s, 2m; a bare number is seconds (default 60)")
+    p.add_argument("--compile-timeout", type=duration_type("--compile-timeout"), default=180.0, metavar="DURATION",
+                   help="time the torch.compile probe may take (default 180 s; a cold CPU compile takes 15-25 s)")
     p.add_argument("--nproc-per-node", type=int, metavar="N",
                    help="ranks you will run on this machine, for the thread-oversubscription check "
                         "(default LOCAL_WORLD_SIZE or 1)")

@@ -85,7 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ScalpelError as exc:
         print(f"scalpel: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    args = parser.parse_args(args_list)
+    try:  # a flag's type= (a duration, a size) raises UsageError: one line, exit 2, like every other
+        args = parser.parse_args(args_list)
+    except ScalpelError as exc:
+        print(f"scalpel: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
