@@ -42,7 +42,7 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool = Tr
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--out DIR`` and ``--json FILE``."""
     parser.add_argument("--out", type=Path, help="output folder (default scalpel-runs/<time>-<name>/)")
-    parser.add_argument("--json", dest="json_path", type=Path, help="also write the JSON result here")
+    parser.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the JSON result here (- for standard output)")
 
 
 def resolve_target(args: argparse.Namespace, *, default_script: Path | None = None) -> Target:

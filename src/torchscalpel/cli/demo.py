@@ -96,14 +96,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _env(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    from rich.console import Console
-
     from torchscalpel.envcheck.report import build_report, write_json
     from torchscalpel.envcheck.screen import render
+    from torchscalpel.report.terminal import make_console
 
     report = build_report(probes=[])  # what 'scalpel env --no-probe' shows
-    console = Console()
-    render(report, console if console.is_terminal else Console(width=120))
+    render(report, make_console())
     write_json(report, out / "env.json")
     return bool(report["complete"]), str(out / "env.json"), "environment facts and compatibility checks"
 
@@ -121,15 +119,14 @@ def _profile(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
 
 
 def _doctor(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    from rich.console import Console
-
     from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.output import render_terminal
+    from torchscalpel.report.terminal import make_console
 
     out.mkdir(parents=True, exist_ok=True)
     record, findings = diagnose(target, steps=20, warmup=2, out_dir=out, command=["scalpel", "demo"])
     _save_with_report(record, out)
-    render_terminal(findings, Console(), header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n")
+    render_terminal(findings, make_console(), header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n")
     return record.exit_code in (0, None), str(out), f"{len(findings)} finding(s)"
 
 

@@ -45,7 +45,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    "the findings; without it the script runs in-process exactly as 'python SCRIPT' would")
     p.add_argument("--sanity", action="store_true", help="also try to overfit one batch (rule cannot-overfit-batch)")
     p.add_argument("--no-static", action="store_true", help="skip static analysis in a script run")
-    p.add_argument("--json", dest="json_path", type=Path, help="write the findings as JSON here")
+    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the findings as JSON here (- for standard output)")
     p.add_argument("--sarif", type=Path, help="write static findings as SARIF 2.1.0 here")
     p.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 when a finding reaches this severity")
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-<name>/)")

@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--nproc-per-node", type=int, metavar="N",
                    help="ranks you will run on this machine, for the thread-oversubscription check "
                         "(default LOCAL_WORLD_SIZE or 1)")
-    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the report as JSON here")
+    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the report as JSON here (- for standard output)")
     p.add_argument("--fail-on", metavar="LEVEL", help="exit 1 when a finding reaches LEVEL (info, warning, error)")
     p.set_defaults(func=run)
 
@@ -82,10 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
     from torchscalpel.envcheck.report import build_report, write_json
     from torchscalpel.envcheck.screen import render
+    from torchscalpel.report.terminal import make_console
 
-    console = Console()
-    if not console.is_terminal:  # piped or captured: rich would wrap at 80 columns
-        console = Console(width=120)
+    console = make_console()  # piped or captured: full width, no wrapping at 80 columns
     status_console = Console(stderr=True)
     if probes and status_console.is_terminal:
         with status_console.status("running probes (--no-probe skips them)..."):

@@ -38,10 +38,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "that are faster beyond noise and keep the loss curve within tolerance, and write the winner "
         "to scalpel.toml for 'scalpel run'.",
     )
-    p.add_argument("--budget", default="10m", help="wall-clock budget for the whole search: 90s, 10m, 1h (default 10m)")
+    p.add_argument("--budget", default="10m", metavar="DURATION",
+                   help="wall-clock budget for the whole search: 90s, 10m, 1h; a bare number is seconds (default 10m)")
     add_window_arguments(p, warmup=3, steps="auto", steps_help=f"{TUNE_STEPS} per trial; 'all' is refused, "
                          "since every trial must end")
-    p.add_argument("--knobs", help=f"comma-separated knob families to try (default all: {','.join(KNOB_NAMES)})")
+    p.add_argument("--knobs", metavar="LIST",
+                   help=f"comma-separated knob families to try (default all: {', '.join(KNOB_NAMES)})")
     p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before the script, same for every trial")
     p.add_argument("--compile-mode", default="default",
                    help="comma-separated torch.compile modes to try (default 'default'; "

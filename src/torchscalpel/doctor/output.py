@@ -27,7 +27,10 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
                     not_analysed: Sequence[Any] = ()) -> None:
     """Print findings most severe first: slug, message, evidence, location and the fix as code; files
     the static rules could not analyse (``not_analysed``, e.g. a syntax error and its line) first."""
-    console = console or Console()
+    if console is None:
+        from torchscalpel.report.terminal import make_console
+
+        console = make_console()  # full width when piped: messages and fixes are never cut
     ranked = rank_findings(findings)
     if header:
         console.print(header)
@@ -47,7 +50,8 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
             console.print(f"  [dim]-[/dim] {escape(line)}")
         if f.fix:
             console.print("  [green]fix:[/green]")
-            console.print(Syntax(f.fix, "python", theme="ansi_dark", background_color="default", padding=(0, 4)))
+            console.print(Syntax(f.fix, "python", theme="ansi_dark", background_color="default", padding=(0, 4),
+                                 word_wrap=True))
         console.print()
     c = counts(ranked)
     console.print(f"[bold]{len(ranked)} finding(s):[/bold] {c['error']} error, {c['warning']} warning, {c['info']} info")

@@ -139,7 +139,9 @@ def _gpu(ranks: list[dict[str, Any]]) -> str:
 
 def _memory(m: dict[str, Any]) -> str:
     body = (f'<div class="kpis"><div class="kpi"><b>{escape(_mib(m["peak_bytes"]))}</b>peak allocated ({escape(m["device"])})</div>'
-            f'<div class="kpi"><b>{escape(str(m.get("peak_op") or "–"))}</b>op at the peak</div></div>')
+            f'<div class="kpi"><b>{escape(str(m.get("peak_op") or "–"))}</b>op at the peak</div>'
+            + (f'<div class="kpi"><b>{m["peak_ms_from_start"]:,.1f} ms</b>after the trace starts</div>'
+               if m.get("peak_ms_from_start") is not None else "") + "</div>")
     tl = m.get("timeline") or []
     if tl:
         t0 = tl[0][0]
