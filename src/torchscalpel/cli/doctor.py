@@ -155,11 +155,16 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         window = "every step, until the script ends" if args.steps == "all" else f"{args.warmup} warm-up + {args.steps} steps"
     console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
                   + (" (+ overfit-one-batch check)" if args.sanity else ""))
-    record, findings = diagnose(
-        target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
-        out_dir=out_dir, command=["scalpel", *sys.argv[1:]], step_kind=args.step_kind,
-        step_timeout_s=args.step_timeout,
-    )
+    from torchscalpel.report.terminal import StepProgress
+
+    planned = (args.warmup + DEFAULT_STEPS if args.steps == "auto" else None if args.steps == "all"
+               else args.warmup + int(args.steps))
+    with StepProgress(planned, f"doctor {target.name}") as bar:  # grows past the planned count, never "33 of 32"
+        record, findings = diagnose(
+            target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
+            out_dir=out_dir, command=["scalpel", *sys.argv[1:]], step_kind=args.step_kind,
+            step_timeout_s=args.step_timeout, progress=bar.update,
+        )
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"
     if not args.no_report:
