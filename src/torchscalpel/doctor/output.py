@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.syntax import Syntax
 
 from torchscalpel.doctor.finding import Finding, Severity, short_path
@@ -50,8 +51,10 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
             console.print(f"  [dim]-[/dim] {escape(line)}")
         if f.fix:
             console.print("  [green]fix:[/green]")
-            console.print(Syntax(f.fix, "python", theme="ansi_dark", background_color="default", padding=(0, 4),
-                                 word_wrap=True))
+            # as wide as the code (no trailing blanks in a log), wrapped rather than cut on a narrow terminal
+            code_width = min(max(len(line) for line in f.fix.splitlines() or [""]), max(20, console.width - 8))
+            console.print(Padding(Syntax(f.fix, "python", theme="ansi_dark", background_color="default",
+                                         word_wrap=True, code_width=code_width), (0, 0, 0, 4), expand=False))
         console.print()
     c = counts(ranked)
     console.print(f"[bold]{len(ranked)} finding(s):[/bold] {c['error']} error, {c['warning']} warning, {c['info']} info")
