@@ -93,3 +93,10 @@ def test_a_doctor_record_page_shows_findings_before_the_overview_and_the_environ
     page = record_page(record)
     ids = re.findall(r'<section id="([^"]+)"', page)
     assert ids.index("findings") < ids.index("overview") < ids.index("environment") == len(ids) - 1
+
+
+def test_a_left_out_series_does_not_shift_the_legend_colours() -> None:
+    svg = charts.stacked_bars("s", ["1"], {"a": [1.0], "never": [0.0], "c": [2.0]})
+    bar_fills = re.findall(r'<rect x="[^"]+" y="[^"]+" width="[^"]+" height="[^"]+" fill="([^"]+)">', svg)
+    legend_fills = re.findall(r'<rect class="legend"[^>]* fill="([^"]+)"', svg)
+    assert bar_fills == legend_fills == [charts.PALETTE[0], charts.PALETTE[2]]

@@ -79,12 +79,14 @@ def _axis_titles(width: int, height: int, left: int, top: int, plot_h: float, x_
             f'transform="rotate(-90 12 {cy:.1f})">{escape(y_title)}</text>')
 
 
-def _legend(names: Sequence[str], left: int) -> str:
+def _legend(names: Sequence[str], left: int, colours: Sequence[str] | None = None) -> str:
+    """The legend (only for two or more series); ``colours[i]`` is series i's colour (default: the palette in order)."""
     if len(names) < 2:
         return ""
+    colours = list(colours or [PALETTE[j % len(PALETTE)] for j in range(len(names))])
     parts, x = [], left
     for j, sname in enumerate(names):
-        parts.append(f'<rect class="legend" x="{x}" y="4" width="10" height="10" fill="{PALETTE[j % len(PALETTE)]}"/>')
+        parts.append(f'<rect class="legend" x="{x}" y="4" width="10" height="10" fill="{colours[j]}"/>')
         parts.append(f'<text x="{x + 14}" y="13">{escape(sname)}</text>')
         x += 14 + 7 * len(sname) + 16
     return '<g class="legend">' + "".join(parts) + "</g>"
@@ -167,7 +169,9 @@ def stacked_bars(
         else:
             parts.append(f'<text class="capacity-label" x="{width - right}" y="13" text-anchor="end" '
                          f'fill="{CAPACITY_COLOUR}">{text} (above this scale)</text>')
-    parts.append(_legend(list(shown), left))
+    # a series keeps its palette colour when others are left out, so one phase has one colour in every chart
+    colour_of = {sname: PALETTE[j % len(PALETTE)] for j, sname in enumerate(series)}
+    parts.append(_legend(list(shown), left, [colour_of[n] for n in shown]))
     parts.append(_axis_titles(width, height, left, legend_h, plot_h, x_title, y_title or value_title(unit)))
     parts.append("</svg>")
     return "".join(parts)
