@@ -30,7 +30,10 @@ def load_rank_records(base: Path) -> dict[int, RunRecord]:
 
 def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     """One rank's figures in milliseconds (None where the record has no value)."""
-    measured = [s.total_ms for s in record.measured_steps]
+    # the statistic and the steps of the rank's own profile summary: the median over measured steps,
+    # profiled ones left out when others exist (the profiler slows them)
+    plain = [s for s in record.measured_steps if not s.profiled] or record.measured_steps
+    measured = [s.total_ms for s in plain]
     step_ms = statistics.median(measured) if measured else None
     window = record.profiler_view().steps or []
     comm_us = (record.op_summary_view().categories or {}).get("communication")
@@ -38,11 +41,11 @@ def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     return {
         "rank": rank,
         "status": record.status,
-        "steps": len(measured),
+        "steps": len(record.measured_steps),
         "step_ms": step_ms,
         "collective_ms": comm_ms,
         "compute_ms": step_ms - comm_ms if (step_ms is not None and comm_ms is not None) else None,
-        "data_ms": statistics.median([s.data_ms for s in record.measured_steps]) if measured else None,
+        "data_ms": statistics.median([s.data_ms for s in plain]) if measured else None,
     }
 
 
@@ -76,7 +79,9 @@ def format_table(merged: dict[str, Any]) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
-    lines = ["rank  status     steps  step ms  collective ms  compute ms  data ms"]
+    lines = ["step and data ms: medians over each rank's unprofiled measured steps (as in its own summary); "
+             "collective ms: per profiled step",
+             "rank  status     steps  step ms  collective ms  compute ms  data ms"]
     for row in merged["ranks"]:
         lines.append(
             f"{row['rank']:>4}  {row['status']:<9} {row['steps']:>6}  {ms(row['step_ms']):>7}  "
