@@ -256,7 +256,7 @@ def lines(
     if flat:
         pad = max(abs(hi), abs(lo)) * 0.05 or 1.0
         lo, hi = lo - pad, hi + pad
-        height = min(height, 140)
+        height = min(height, 180)  # short, but tall enough for the rotated y title
     y_ticks = nice_ticks(lo, hi, 3 if flat else 5)
     y0, y1 = y_ticks[0], y_ticks[-1]
     integer_x = all(float(x).is_integer() for x in xs)
