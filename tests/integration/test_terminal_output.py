@@ -109,3 +109,12 @@ def test_readme_code_fences_are_balanced():
     assert len(fences) % 2 == 0, "an unclosed code fence renders the rest of the README as code"
     assert all(f == "```" for f in closing), f"a closing fence carries a language, so it opens one: {closing}"
     assert all(len(f) >= 3 for f in opening)
+
+
+def test_doctor_announces_its_window_and_ends_with_the_next_command(tmp_path):
+    fixture = REPO / "tests" / "fixtures" / "doctor" / "module_in_plain_container.py"
+    proc = run_cli("doctor", "--steps", "3", "--no-report", "--out", str(tmp_path / "doc"), "--", str(fixture))
+    assert "running module_in_plain_container for 2 warm-up + 3 steps" in proc.stdout
+    assert re.search(r"after 5 step\(s\) \(2 warm-up \+ 3\)", proc.stdout)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("next: apply the fix(es) above") and f"scalpel tune -- {fixture}" in last

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,10 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     if hint:
         console.print(hint, markup=False, highlight=False, soft_wrap=True)
     console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
+    if os.environ.get(MERGED_RANKS_ENV) != "1":
+        script = escape(shlex.join(["scalpel", "tune", "--", *(target.argv() if target.script else ["-m", *target.argv()])]))
+        console.print((f"next: apply the fix(es) above and run the doctor again, then {script}" if findings
+                       else f"next: {script} (measured speedups)"), soft_wrap=True)
     _write_outputs(args, findings, {"mode": "run", "status": record.status, "steps": len(record.steps),
                                     "record": str(out_dir / "run.json")})
     if reaches(findings, fail_on):
