@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from torchscalpel.examples import copy_examples
-    from torchscalpel.report.terminal import console
+    from torchscalpel.report.terminal import console, rule
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = sorted(set(stages) - set(STAGES))
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     c = console()
     results: list[StageResult] = []
     for i, name in enumerate(stages, start=1):
-        c.rule(f"[bold]{i}/{len(stages)} {name}[/]")
+        rule(c, f"[bold]{i}/{len(stages)} {name}[/]")
         start = time.perf_counter()
         try:
             ok, output, summary = _STAGE_FUNCS[name](target, out / name, args)
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         if not ok:
             c.print(f"[red]stage {name} failed:[/] {escape(summary)}")
     report = _write_combined_report(out, results)
-    c.rule("[bold]demo summary[/]")
+    rule(c, "[bold]demo summary[/]")
     for r in results:
         mark = "[red]FAILED[/]" if not r.ok else "[yellow]skipped[/]" if r.summary.startswith("skipped") else "[green]ok[/]"
         c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {escape(r.summary)}")

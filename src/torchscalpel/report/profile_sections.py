@@ -84,7 +84,8 @@ def _steps(record: RunRecord) -> Section:
     steps = record.measured_steps or record.steps
     labels = [str(s.index) + ("w" if s.warmup else "p" if s.profiled else "") for s in steps]
     series = {p: [s.phase_ms()[p] for s in steps] for p in PHASES}
-    chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms", x_title="step (p: profiled)",
+    x_title = "step (p: in the profiler window)" if any(st.profiled for st in steps) else "step"
+    chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms", x_title=x_title,
                                 y_title="step time (ms)")
     s = record.summary_view()
     rows = []

@@ -54,6 +54,15 @@ def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
     return Console(stderr=stderr, width=width, soft_wrap=True, **kwargs)
 
 
+def rule(out: Console, title: str) -> None:
+    """A section heading: rich's full-width rule on a terminal; in a pipe a short ``── title ──`` line
+    (a rule across the pipe width would be 200 dashes in a log)."""
+    if out.is_terminal:
+        out.rule(title)
+    else:
+        out.print(f"── {title} " + "─" * max(4, 72 - len(Text.from_markup(title).plain)))
+
+
 def console() -> Console:
     """The console for scalpel's own output: stderr, so a script's stdout stays clean for pipes."""
     return make_console(stderr=True, highlight=False)
