@@ -118,3 +118,15 @@ def test_doctor_announces_its_window_and_ends_with_the_next_command(tmp_path):
     assert re.search(r"after 5 step\(s\) \(2 warm-up \+ 3\)", proc.stdout)
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("next: apply the fix(es) above") and f"scalpel tune -- {fixture}" in last
+
+
+@pytest.mark.parametrize("command", [
+    ["doctor", "--static", "tests/fixtures/doctor/module_in_plain_container.py"],
+    ["env", "--no-probe"],
+])
+def test_json_dash_for_doctor_and_env(command, tmp_path):
+    proc = run_cli(*command, "--json", "-", cwd=REPO)
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
+    assert isinstance(data, dict) and data
+    assert not (REPO / "-").exists()

@@ -7,7 +7,7 @@ from html import escape
 from torchscalpel.record import PHASES, RunRecord
 from torchscalpel.report import charts
 from torchscalpel.report.html import Section, table
-from torchscalpel.report.terminal import fmt_flops, phase_medians, summarized_steps
+from torchscalpel.report.terminal import fmt_flops, phase_medians, strip_ansi, summarized_steps
 from torchscalpel.sections import TraceSection
 from torchscalpel.units import fmt_bytes
 
@@ -63,7 +63,7 @@ def _overview(record: RunRecord) -> Section | None:
         if s.median_step_ms is not None:
             facts.append(_statistic_note(record))
     if record.error:
-        facts.append(f'<span class="sev-error">{escape(record.error)}</span>')
+        facts.append(f'<span class="sev-error">{escape(strip_ansi(record.error))}</span>')
     facts += [f"note: {escape(n)}" for n in record.notes]
     body += "<ul>" + "".join(f"<li>{f}</li>" for f in facts) + "</ul>"
     return Section(id="overview", title="Overview", body=body)
