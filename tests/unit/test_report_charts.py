@@ -100,3 +100,26 @@ def test_a_left_out_series_does_not_shift_the_legend_colours() -> None:
     bar_fills = re.findall(r'<rect x="[^"]+" y="[^"]+" width="[^"]+" height="[^"]+" fill="([^"]+)">', svg)
     legend_fills = re.findall(r'<rect class="legend"[^>]* fill="([^"]+)"', svg)
     assert bar_fills == legend_fills == [charts.PALETTE[0], charts.PALETTE[2]]
+
+
+def test_analyze_page_puts_the_diff_first(tmp_path) -> None:
+    from torchscalpel.report.trace_sections import write_analysis_html
+
+    data = {"ranks": [{"rank": 0, "device": "cpu", "events": 1, "steps": [], "complete": True, "path": "a.json"}],
+            "top_ops": [{"name": "aten::mm", "category": "matmul", "count": 1, "self_us": 10.0, "total_us": 10.0}]}
+    diff = {"a": ["a.json"], "b": ["b.json"], "ops": {"rows": []}}
+    out = tmp_path / "a.html"
+    write_analysis_html(data, out, diff)
+    ids = re.findall(r'<section id="([^"]+)"', out.read_text())
+    assert ids[0] == "trace-diff" and "trace-ops" in ids
+
+
+def test_kernel_table_shows_short_names_with_the_full_one_on_hover() -> None:
+    from torchscalpel.report.trace_sections import build_trace_sections
+
+    full = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int, float)"
+    sections = build_trace_sections({"ranks": [], "top_kernels": [
+        {"name": full, "category": "elementwise", "count": 3, "total_us": 30.0, "mean_us": 10.0}]})
+    body = next(s.body for s in sections if s.id == "trace-kernels")
+    assert "<code>at::native::vectorized_elementwise_kernel&lt;…&gt;</code>" in body
+    assert 'title="void at::native::vectorized_elementwise_kernel&lt;4, ' in body
