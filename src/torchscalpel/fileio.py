@@ -9,6 +9,44 @@ import tempfile
 import time
 from pathlib import Path
 
+STDOUT_NAME = "-"
+"""The path that means standard output, for every ``--json`` (``--json -``)."""
+
+_result_stream = None  # where "-" writes: the real stdout, saved by the entry point before it points sys.stdout at stderr
+
+
+def is_stdout(path: object) -> bool:
+    """True when ``path`` is ``-`` (standard output)."""
+    return str(path) == STDOUT_NAME
+
+
+def claim_stdout() -> None:
+    """Reserve standard output for a ``-`` result: scalpel's own (and the script's) printing goes to
+    stderr from here on, so ``--json - | jq`` reads pure JSON."""
+    import sys
+
+    global _result_stream
+    if _result_stream is None:
+        _result_stream = sys.stdout
+        sys.stdout = sys.stderr
+
+
+def release_stdout() -> None:
+    """Undo :func:`claim_stdout` (the entry point calls it when the command ends)."""
+    import sys
+
+    global _result_stream
+    if _result_stream is not None:
+        sys.stdout, _result_stream = _result_stream, None
+
+
+def _write_stdout(text: str) -> None:
+    import sys
+
+    stream = _result_stream or sys.stdout
+    stream.write(text if text.endswith("\n") else text + "\n")
+    stream.flush()
+
 
 def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> Path:
     """Write ``text`` to ``path`` via a temp file in the same folder and a rename.
@@ -17,7 +55,11 @@ def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> Path:
     on failure. ``mode`` is set explicitly because ``mkstemp`` creates files private to the user.
     An existing path that is not a regular file (``/dev/stdout``, ``/dev/full``, a pipe) is written
     to in place: a rename would replace the device node itself (as root, ``/dev/full`` became a file).
+    ``-`` writes to standard output (:func:`is_stdout`).
     """
+    if is_stdout(path):
+        _write_stdout(text)
+        return Path(path)
     path = Path(path)
     if path.exists() and not path.is_file() and not path.is_dir():
         with path.open("w", encoding="utf-8") as fh:
@@ -93,6 +135,8 @@ def check_output_file(path: Path, flag: str) -> None:
     """Raise :class:`UsageError` (one sentence) unless ``path`` can be written as a file (checked before work)."""
     from torchscalpel.errors import UsageError
 
+    if is_stdout(path):
+        return
     path = Path(path)
     if path.is_dir():
         suffix = {"--sarif": ".sarif", "--html": ".html"}.get(flag, ".json")
@@ -113,6 +157,9 @@ def write_output_text(path: Path, text: str, *, flag: str) -> Path:
     :class:`UsageError` sentence. A regular file is replaced atomically; a device or pipe is written to."""
     from torchscalpel.errors import UsageError
 
+    if is_stdout(path):
+        _write_stdout(text)
+        return Path(path)
     path = Path(path)
     try:
         if path.is_dir():

@@ -1,4 +1,5 @@
-"""Byte sizes: one rule for every flag that takes a size (:func:`parse_size`), one way to print them (:func:`fmt_bytes`).
+"""Sizes and durations: one rule for every flag that takes a size (:func:`parse_size`) and one for every flag
+that takes a duration (:func:`parse_duration`); one way to print sizes (:func:`fmt_bytes`).
 
 The size rule: SI suffixes are powers of 10, IEC suffixes powers of 2, a bare number is bytes::
 
@@ -11,11 +12,23 @@ The size rule: SI suffixes are powers of 10, IEC suffixes powers of 2, a bare nu
 The unit is case-insensitive (``10mb`` is ``10MB``); a space before it is allowed; the number may
 have a fraction (``1.5GiB``), rounded down to whole bytes. A bare prefix (``10M``) is refused:
 it would have to guess between the two families.
+
+The duration rule: a number of seconds, or numbers with lower-case units, added up::
+
+    90   90s   1.5s      seconds
+    10m  10min           minutes
+    1h   1h30m           hours (and minutes)
+
+An upper-case unit (``10M``, ``1H``) is refused with the spelling to use: ``M`` reads as mega (a
+size) as easily as minutes. :func:`size_type` / :func:`duration_type` wrap both rules for argparse
+(``type=``); a bad value is a one-line usage error (exit 2).
 """
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from fractions import Fraction
 
 from torchscalpel.errors import UsageError
@@ -68,3 +81,57 @@ def fmt_bytes(n: float | None) -> str:
             return f"{sign}{int(value)} B" if unit == "B" else f"{sign}{value:.{decimals}f} {unit}"
         value /= 1024
     raise AssertionError("unreachable: TiB formats every remaining value")
+
+
+DURATION_UNITS: dict[str, float] = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "hr": 3600.0}
+"""Duration suffix -> seconds per unit (lower case only)."""
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)")
+
+
+def parse_duration(text: str | float | int, *, flag: str, minimum: float = 0.0, allow_zero: bool = False) -> float:
+    """``90`` / ``90s`` / ``10m`` / ``1h30m`` -> seconds, by the rule above; ``flag`` names the option in errors.
+
+    A value must be more than ``minimum`` seconds (or equal to 0 when ``allow_zero``). Raises
+    :class:`UsageError` otherwise, with one sentence that shows the accepted spellings.
+    """
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        raw = str(text or "").strip()
+        spelled = raw.replace(" ", "")
+        parts = _DURATION_PART.findall(spelled)
+        if not parts or "".join(n + u for n, u in parts) != spelled or (len(parts) > 1 and any(not u for _, u in parts)):
+            raise UsageError(f"{flag} {raw!r} is not a duration; write seconds (90 or 90s), minutes (10m) or hours "
+                             "(1h, 1h30m).")
+        bad = next((u for _, u in parts if u and u not in DURATION_UNITS), None)
+        if bad is not None:
+            if bad.lower() in DURATION_UNITS:
+                hint = f" (durations use lower-case units: write {bad.lower()!r}" + (
+                    "; 'M' reads as mega, a size prefix)" if bad == "M" else ")")
+            else:
+                hint = " (that is a size unit)" if bad.lower() in UNITS else ""
+            raise UsageError(f"{flag} {raw!r} has an unknown unit {bad!r}{hint}; write 90s, 10m or 1h.")
+        seconds = sum(float(n) * DURATION_UNITS[u or "s"] for n, u in parts)
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero) or (0 < seconds < minimum):
+        least = f"at least {minimum:g} s" if minimum else "more than zero"
+        raise UsageError(f"{flag} must be a positive number of seconds ({least}" + (", or 0 to turn it off" if allow_zero
+                         else "") + f"), not {text!r}.")
+    return seconds
+
+
+def duration_type(flag: str, *, minimum: float = 0.0, allow_zero: bool = False) -> Callable[[str], float]:
+    """An argparse ``type=`` for a duration flag: seconds as a float. A bad value raises :class:`UsageError`
+    (not one of argparse's own errors), which ``scalpel``'s entry point prints as one line, exit 2."""
+    def duration(text: str) -> float:
+        return parse_duration(text, flag=flag, minimum=minimum, allow_zero=allow_zero)
+
+    return duration
+
+
+def size_type(flag: str) -> Callable[[str], int]:
+    """An argparse ``type=`` for a size flag: bytes as an int (a bad value raises :class:`UsageError`)."""
+    def size(text: str) -> int:
+        return parse_size(text, flag=flag)
+
+    return size

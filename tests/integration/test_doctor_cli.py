@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,6 +125,8 @@ def test_nproc_2_runs_every_rank_through_launch_and_merges(tmp_path: Path) -> No
     assert data["mode"] == "ranks" and data["ranks"] == [0, 1]
     (f,) = [f for f in data["findings"] if f["rule"] == "ddp-no-distributed-sampler"]
     assert any("seen on ranks 0, 1" in e for e in f["evidence"])
+    # printed once, in the merged list: not once per rank and again merged
+    assert len(re.findall(r"(?:ERROR|WARNING|INFO)\s+ddp-no-distributed-sampler", proc.stdout)) == 1, proc.stdout[-3000:]
 
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"

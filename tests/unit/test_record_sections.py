@@ -164,8 +164,11 @@ def test_report_readers_given_an_empty_record_build_nothing_or_defaults() -> Non
 
     r = RunRecord()
     assert tune_sections.build(r) == [] and plan_sections.build(r) == [] and findings_sections.build(r) == []
-    overview = profile_sections.build(r)[0]
-    assert "0 measured steps after 0 warm-up" in overview.body and "timing clock: ?" in overview.body
+    # no steps, no error: no "0 measured steps after 0 warm-up ... timing clock: ?" overview (a plan record)
+    assert profile_sections.build(r) == []
+    failed = profile_sections.build(RunRecord(status="failed", error="\x1b[31mboom\x1b[0m"))[0]
+    assert "boom" in failed.body and "measured steps" not in failed.body and "clock" not in failed.body
+    assert "\x1b" not in failed.body and "[31m" not in failed.body  # torch's colours stripped
     assert tune_sections.build(RunRecord(sections={"tune": {"notes": []}})) == []  # no baseline: nothing to rank
     assert findings_sections.build(RunRecord(sections={"doctor": {}}))[0].title == "Findings"
 

@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "torch.profiler (Kineto) traces: .json or .json.gz files, or folders of rank files.",
     )
     p.add_argument("traces", nargs="+", type=Path, metavar="TRACE_OR_DIR", help="trace files or folders of rank traces")
-    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the full result as JSON")
+    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the full result as JSON (- for standard output)")
     p.add_argument("--html", dest="html_path", type=Path, metavar="FILE", help="write a self-contained HTML report")
     p.add_argument("--diff", nargs="+", type=Path, metavar="OTHER", help="compare against these traces (B = OTHER)")
     p.add_argument("--top", type=int, default=15, help="rows in the top ops / kernels tables (default 15)")
@@ -137,7 +137,9 @@ def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
             out.append(f"  {_ms(k['total_us']):>10}{k['count']:>8}{k['mean_us']:>10.1f}  {k['category']:<13} {_short(k['name'])}")
     m = data.get("memory")
     if m:
-        out.append(f"\nmemory: peak {m['peak_bytes'] / 2**20:.1f} MiB allocated ({m['device']}) at {m['peak_ts_us']:.0f} µs "
+        when = (f"{m['peak_ms_from_start']:,.1f} ms after the trace starts" if m.get("peak_ms_from_start") is not None
+                else f"trace time {m['peak_ts_us']:.0f} µs")
+        out.append(f"\nmemory: peak {m['peak_bytes'] / 2**20:.1f} MiB allocated ({m['device']}) {when}, "
                    f"under {m.get('peak_op') or 'no op'}")
     s = data.get("stragglers")
     if s:

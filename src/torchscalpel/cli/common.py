@@ -14,6 +14,7 @@ from torchscalpel import fileio
 from torchscalpel.errors import UsageError
 from torchscalpel.runtime.target import Target, resolve_script
 from torchscalpel.runtime.window import STEP_KINDS, StepCount, parse_steps
+from torchscalpel.units import duration_type
 
 __all__ = [
     "Target",
@@ -52,7 +53,7 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool = Tr
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--out DIR`` and ``--json FILE``."""
     parser.add_argument("--out", type=Path, help="output folder (default scalpel-runs/<time>-<name>/)")
-    parser.add_argument("--json", dest="json_path", type=Path, help="also write the JSON result here")
+    parser.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the JSON result here (- for standard output)")
 
 
 def resolve_target(args: argparse.Namespace, *, default_script: Path | None = None) -> Target:
@@ -69,8 +70,9 @@ def add_window_arguments(parser: argparse.ArgumentParser, *, warmup: int, steps:
     parser.add_argument("--step-kind", choices=STEP_KINDS, default="auto",
                         help="what ends a step: auto (optimizer steps when there are any, else backward calls, "
                         "else forward calls) or one fixed kind (default auto)")
-    parser.add_argument("--step-timeout", type=float, default=600.0, metavar="SECONDS",
-                        help="stop the script when no step is recognised this long after the start (default 600)")
+    parser.add_argument("--step-timeout", type=duration_type("--step-timeout"), default=600.0,
+                        metavar="DURATION", help="stop the script when no step is recognised this long after the "
+                        "start: 90s, 10m; a bare number is seconds (default 600)")
 
 
 def steps_arg(args: argparse.Namespace, *, minimum: int = 1) -> StepCount:

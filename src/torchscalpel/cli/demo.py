@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import Target, default_run_dir, finite_float
+from torchscalpel.cli.common import Target, default_run_dir
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
+from torchscalpel.units import duration_type
 
 STAGES = ("env", "profile", "doctor", "analyze", "tune", "plan", "ship")
 # Sized so every stage together takes a few minutes on a 2-core laptop CPU.
@@ -48,7 +49,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output folder (default scalpel-runs/<time>-demo/)")
     p.add_argument("--steps", type=int, default=12, help="measured steps for the profile stage (default 12)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
-    p.add_argument("--tune-budget", type=float, default=120.0, help="seconds for the tune stage (default 120)")
+    p.add_argument("--tune-budget", type=duration_type("--tune-budget", minimum=1.0), default=120.0, metavar="DURATION",
+                   help="time for the tune stage: 90s, 3m, 1h; a bare number is seconds (default 120)")
     p.set_defaults(func=run)
     return p
 
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from torchscalpel.examples import copy_examples
-    from torchscalpel.report.terminal import console
+    from torchscalpel.report.terminal import console, rule
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = sorted(set(stages) - set(STAGES))
@@ -68,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--stages names no stage; choose from {', '.join(STAGES)}.")
     if not 1 <= args.steps <= 10_000:
         raise UsageError(f"--steps {args.steps} must be between 1 and 10000 (measured steps of the profile stage).")
-    finite_float(args.tune_budget, "--tune-budget", minimum=1.0)
     out: Path = args.out or default_run_dir("demo")
     out.mkdir(parents=True, exist_ok=True)
     # The stages run copies in <out>/examples/: what ran stays next to its report, editable.
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     c = console()
     results: list[StageResult] = []
     for i, name in enumerate(stages, start=1):
-        c.rule(f"[bold]{i}/{len(stages)} {name}[/]")
+        rule(c, f"[bold]{i}/{len(stages)} {name}[/]")
         start = time.perf_counter()
         try:
             ok, output, summary = _STAGE_FUNCS[name](target, out / name, args)
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         if not ok:
             c.print(f"[red]stage {name} failed:[/] {escape(summary)}")
     report = _write_combined_report(out, results)
-    c.rule("[bold]demo summary[/]")
+    rule(c, "[bold]demo summary[/]")
     for r in results:
         mark = "[red]FAILED[/]" if not r.ok else "[yellow]skipped[/]" if r.summary.startswith("skipped") else "[green]ok[/]"
         c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {escape(r.summary)}")
@@ -95,14 +96,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _env(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    from rich.console import Console
-
     from torchscalpel.envcheck.report import build_report, write_json
     from torchscalpel.envcheck.screen import render
+    from torchscalpel.report.terminal import make_console
 
     report = build_report(probes=[])  # what 'scalpel env --no-probe' shows
-    console = Console()
-    render(report, console if console.is_terminal else Console(width=120))
+    render(report, make_console())
     write_json(report, out / "env.json")
     return bool(report["complete"]), str(out / "env.json"), "environment facts and compatibility checks"
 
@@ -120,15 +119,14 @@ def _profile(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
 
 
 def _doctor(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    from rich.console import Console
-
     from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.output import render_terminal
+    from torchscalpel.report.terminal import make_console
 
     out.mkdir(parents=True, exist_ok=True)
     record, findings = diagnose(target, steps=20, warmup=2, out_dir=out, command=["scalpel", "demo"])
     _save_with_report(record, out)
-    render_terminal(findings, Console(), header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n")
+    render_terminal(findings, make_console(), header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n")
     return record.exit_code in (0, None), str(out), f"{len(findings)} finding(s)"
 
 

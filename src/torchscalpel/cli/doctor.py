@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -49,7 +51,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    "the findings; without it the script runs in-process exactly as 'python SCRIPT' would")
     p.add_argument("--sanity", action="store_true", help="also try to overfit one batch (rule cannot-overfit-batch)")
     p.add_argument("--no-static", action="store_true", help="skip static analysis in a script run")
-    p.add_argument("--json", dest="json_path", type=Path, help="write the findings as JSON here")
+    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the findings as JSON here (- for standard output)")
     p.add_argument("--sarif", type=Path, help="write static findings as SARIF 2.1.0 here")
     p.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 when a finding reaches this severity")
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-<name>/)")
@@ -83,10 +85,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     """``--nproc N``: every rank under the doctor via ``scalpel launch --doctor``, findings merged."""
-    from rich.console import Console
-
     from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.doctor.ranks import merge_rank_findings, run_ranks
+    from torchscalpel.report.terminal import make_console
 
     if args.module:
         raise UsageError("--nproc runs a script file; pass the script path instead of -m.")
@@ -94,8 +95,9 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     if target.script is None or not target.script.is_file():
         raise UsageError("--nproc needs a script file after --.")
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
-    console = Console()
-    console.print(f"[bold]scalpel doctor[/bold]: {target.name} on {args.nproc} ranks (scalpel launch --doctor)")
+    console = make_console()
+    console.print(f"[bold]scalpel doctor[/bold]: {target.name} on {args.nproc} ranks (scalpel launch --doctor); "
+                  "each rank's findings are merged into one list below")
     code, records = run_ranks(target.script, target.args, nproc=args.nproc, steps=args.steps, out=out_dir)
     if not records:
         raise ScalpelError(f"No rank wrote a run record under {out_dir}; see the rank logs in {out_dir / 'logs'}.")
@@ -123,16 +125,15 @@ def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str
 
 
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
-    from rich.console import Console
-
     from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.doctor.registry import rank_findings
     from torchscalpel.doctor.static import analyze_paths, iter_python_files
+    from torchscalpel.report.terminal import make_console
 
     files = list(iter_python_files(args.static))
     skipped: list[Any] = []
     findings = rank_findings(analyze_paths(files, not_analysed=skipped))
-    render_terminal(findings, Console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)",
+    render_terminal(findings, make_console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)",
                     not_analysed=skipped)
     _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files],
                                     "not_analysed": [s.to_dict() for s in skipped]})
@@ -141,27 +142,34 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
 
 
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
-    from rich.console import Console
+    from rich.markup import escape
 
     from torchscalpel.doctor.api import diagnose, launcher_hint
     from torchscalpel.doctor.output import reaches, render_terminal
+    from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
     from torchscalpel.record import save_record
+    from torchscalpel.report.terminal import make_console, strip_ansi
 
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    console = Console(stderr=False)
-    window = (f"{args.warmup}+{DEFAULT_STEPS} steps" if args.steps == "auto"
-              else "every step, until the script ends" if args.steps == "all" else f"{args.warmup}+{args.steps} steps")
+    console = make_console()
+    window = (f"{args.warmup} warm-up + {DEFAULT_STEPS} steps" if args.steps == "auto"
+              else "every step, until the script ends" if args.steps == "all" else f"{args.warmup} warm-up + {args.steps} steps")
     if args.time_cap:
         window += f" (time cap {args.time_cap:.0f} s)"
     console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
                   + (" (+ overfit-one-batch check)" if args.sanity else ""))
-    record, findings = diagnose(
-        target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
-        out_dir=out_dir, command=["scalpel", *sys.argv[1:]], step_kind=args.step_kind,
-        step_timeout_s=args.step_timeout, time_cap_s=args.time_cap or None,
-    )
+    from torchscalpel.report.terminal import StepProgress
+
+    planned = (args.warmup + DEFAULT_STEPS if args.steps == "auto" else None if args.steps == "all"
+               else args.warmup + int(args.steps))
+    with StepProgress(planned, f"doctor {target.name}") as bar:  # grows past the planned count, never "33 of 32"
+        record, findings = diagnose(
+            target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
+            out_dir=out_dir, command=["scalpel", *sys.argv[1:]], step_kind=args.step_kind,
+            step_timeout_s=args.step_timeout, time_cap_s=args.time_cap or None, progress=bar.update,
+        )
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"
     if not args.no_report:
@@ -170,16 +178,25 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         write_report(record, out_dir / "report.html")
         record.artifacts["report"] = "report.html"
         save_record(record, out_dir)
-    status = f"script {record.status} after {len(record.steps)} step(s)" + (f": {record.error}" if record.error else "")
+    measured = len(record.measured_steps)
+    status = (f"script {record.status} after {len(record.steps)} step(s) ({len(record.steps) - measured} warm-up + "
+              f"{measured})") + (f": {strip_ansi(record.error)}" if record.error else "")
     capped = record.sections["doctor"].get("window", {}).get("capped")
     if capped:
         status += f"\nwindow shortened: {capped}"
-    render_terminal(findings, console, header=f"[dim]{status}[/dim]\n")
+    if os.environ.get(MERGED_RANKS_ENV) == "1":  # doctor --nproc prints the merged list once, not per rank
+        console.print(f"[dim]{escape(status)}; {len(findings)} finding(s) in {out_dir / 'run.json'}[/dim]")
+    else:
+        render_terminal(findings, console, header=f"[dim]{escape(status)}[/dim]\n")
     hint = launcher_hint(target, record)
     if hint:
         console.print(hint, markup=False, highlight=False, soft_wrap=True)
     console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
     track(args, record, out_dir)
+    if os.environ.get(MERGED_RANKS_ENV) != "1":
+        script = escape(shlex.join(["scalpel", "tune", "--", *(target.argv() if target.script else ["-m", *target.argv()])]))
+        console.print((f"next: apply the fix(es) above and run the doctor again, then {script}" if findings
+                       else f"next: {script} (measured speedups)"), soft_wrap=True)
     _write_outputs(args, findings, {"mode": "run", "status": record.status, "steps": len(record.steps),
                                     "window": record.sections["doctor"].get("window"),
                                     "record": str(out_dir / "run.json")})

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from torchscalpel.doctor.finding import Severity
 from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.units import duration_type
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -29,14 +30,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-probe", action="store_true", help="skip the probes (facts and checks only: about as long as importing torch)")
     p.add_argument("--probe", metavar="LIST",
                    help=f"comma-separated probes to run (default all: {','.join(PROBES)})")
-    p.add_argument("--probe-timeout", type=float, default=60.0, metavar="S",
-                   help="seconds each probe may take (default 60)")
-    p.add_argument("--compile-timeout", type=float, default=180.0, metavar="S",
-                   help="seconds the torch.compile probe may take (default 180; a cold CPU compile takes 15-25 s)")
+    p.add_argument("--probe-timeout", type=duration_type("--probe-timeout"), default=60.0, metavar="DURATION",
+                   help="time each probe may take: 60s, 2m; a bare number is seconds (default 60)")
+    p.add_argument("--compile-timeout", type=duration_type("--compile-timeout"), default=180.0, metavar="DURATION",
+                   help="time the torch.compile probe may take (default 180 s; a cold CPU compile takes 15-25 s)")
     p.add_argument("--nproc-per-node", type=int, metavar="N",
                    help="ranks you will run on this machine, for the thread-oversubscription check "
                         "(default LOCAL_WORLD_SIZE or 1)")
-    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the report as JSON here")
+    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the report as JSON here (- for standard output)")
     p.add_argument("--fail-on", metavar="LEVEL", help="exit 1 when a finding reaches LEVEL (info, warning, error)")
     p.set_defaults(func=run)
 
@@ -81,10 +82,9 @@ def run(args: argparse.Namespace) -> int:
 
     from torchscalpel.envcheck.report import build_report, write_json
     from torchscalpel.envcheck.screen import render
+    from torchscalpel.report.terminal import make_console
 
-    console = Console()
-    if not console.is_terminal:  # piped or captured: rich would wrap at 80 columns
-        console = Console(width=120)
+    console = make_console()  # piped or captured: full width, no wrapping at 80 columns
     status_console = Console(stderr=True)
     if probes and status_console.is_terminal:
         with status_console.status("running probes (--no-probe skips them)..."):

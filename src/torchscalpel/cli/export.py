@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="HMAC key file: a torchscalpel checkpoint must carry a matching signature "
                    "(written by Checkpointer(sign_key=FILE)), and the bundle's manifest is signed with it "
                    "(manifest.sig, checked by 'scalpel serve --sign-key'); detects tampering, not only corruption")
-    p.add_argument("--json", dest="json_path", type=Path, help="also write the manifest to this file")
+    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the manifest to this file (- for standard output)")
     p.set_defaults(func=run)
 
 

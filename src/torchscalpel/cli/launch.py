@@ -46,8 +46,11 @@ def run(args: argparse.Namespace) -> int:
     parser = build_parser()
     argv = list(args.argv)
     head = argv[: argv.index("--")] if "--" in argv else argv
-    if "-h" in head or "--help" in head:
+    if "--help-all" in head:
         parser.print_help()
+        return 0
+    if "-h" in head or "--help" in head:
+        print(own_options_help(parser))
         return 0
     try:
         parsed = parser.parse_args(argv)
@@ -97,6 +100,34 @@ def _announce_resume(parsed: argparse.Namespace) -> None:
     resumes = find_resumes(cwd, list(parsed.training_script_args))
     for line in (start_fresh(resumes, cwd) if parsed.fresh else announce(resumes, cwd)):
         print(line, flush=True)
+
+
+OWN_OPTIONS = ("nproc", "out", "profile", "doctor", "steps", "plan", "plan_device_memory")
+"""Destinations of scalpel's own launch options: 'scalpel launch -h' shows them first, in full."""
+
+
+def own_options_help(parser: argparse.ArgumentParser) -> str:
+    """'scalpel launch -h': scalpel's own options in full, then torchrun's flag names in a few lines
+    (``--help-all`` prints torchrun's full help)."""
+    import textwrap
+
+    from torchscalpel.cli.main import WholeWordsFormatter
+
+    own = argparse.ArgumentParser(
+        prog="scalpel launch", add_help=False, formatter_class=WholeWordsFormatter,
+        usage="scalpel launch [options] [torchrun options] -- SCRIPT [ARGS]",
+        description=parser.description,
+    )
+    group = own.add_argument_group("options")
+    for action in parser._actions:
+        if action.dest in OWN_OPTIONS:
+            group._add_action(action)
+    flags = sorted({a.option_strings[0] for a in parser._actions if a.option_strings and a.dest not in OWN_OPTIONS
+                    and a.help != argparse.SUPPRESS and a.option_strings[0] not in ("-h", "--help")})
+    torchrun = textwrap.fill(", ".join(flags), width=100, initial_indent="  ", subsequent_indent="  ",
+                             break_long_words=False, break_on_hyphens=False)
+    return (own.format_help().rstrip() + "\n\ntorchrun options (passed through; 'scalpel launch --help-all' "
+            "describes each):\n" + torchrun + "\n")
 
 
 def _report_ranks(out) -> None:

@@ -1,7 +1,7 @@
 """``scalpel`` entry point: builds the parser from the command modules and maps errors to exit codes.
 
-Exit codes: 0 ok; 2 usage error; 1 other torchscalpel error; a profiled script's own non-zero
-code when it fails; ``doctor --fail-on`` uses 1.
+Exit codes: 0 ok; 2 usage error; 1 other torchscalpel error; 130 interrupted (Ctrl-C); a profiled
+script's own non-zero code when it fails; ``doctor --fail-on`` uses 1.
 """
 
 from __future__ import annotations
@@ -14,26 +14,41 @@ from collections.abc import Sequence
 from torchscalpel.errors import ScalpelError
 
 # One module per verb under torchscalpel.cli; each defines register(subparsers) and run(args).
+# In workflow order (DESIGN.md): `scalpel --help` lists them so, from checking the machine to shipping.
 COMMANDS: tuple[str, ...] = (
-    "profile",
-    "demo",
-    "analyze",
     "env",
-    "export",
-    "serve",
-    "launch",
+    "profile",
+    "doctor",
     "tune",
     "run",
     "plan",
-    "doctor",
-    "report",
+    "launch",
     "compare",
+    "analyze",
+    "export",
+    "serve",
+    "report",
+    "demo",
 )
+
+
+class WholeWordsFormatter(argparse.HelpFormatter):
+    """argparse's help layout, but lines break only between words: a knob list or a path
+    (``scalpel-runs/<time>/``) is never split mid-word or at a hyphen."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_long_words=False, break_on_hyphens=False)
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a bad flag ends in one line on stderr (the error and where the help is), exit 2:
-    the same shape as every other user error. Sub-parsers inherit the class."""
+    the same shape as every other user error. Sub-parsers inherit the class (and the whole-word help layout)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", WholeWordsFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> None:  # type: ignore[override]
         text = " ".join(message.split())
@@ -45,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="scalpel",
         description="Measure, diagnose, tune, scale and ship an existing PyTorch training script.",
+        epilog="Commands are listed in workflow order: env, profile, doctor, tune (then run), plan, launch, "
+        "analyze, export, serve. Exit codes: 0 ok; 1 a scalpel error (or findings at --fail-on); 2 a usage "
+        "error; 130 interrupted; a profiled script's own non-zero code when it fails (partial results are "
+        "still written). 'scalpel COMMAND -h' describes each.",
     )
     from torchscalpel import __version__
 
@@ -86,10 +105,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ScalpelError as exc:
         print(f"scalpel: error: {exc}", file=sys.stderr)
         return exc.exit_code
-    args = parser.parse_args(args_list)
+    try:  # a flag's type= (a duration, a size) raises UsageError: one line, exit 2, like every other
+        args = parser.parse_args(args_list)
+    except ScalpelError as exc:
+        print(f"scalpel: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from torchscalpel import fileio
+
+    if fileio.is_stdout(getattr(args, "json_path", None)):
+        fileio.claim_stdout()  # --json -: stdout carries the JSON alone, everything else goes to stderr
     try:
         from torchscalpel.cli.common import check_paths
 
@@ -101,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("scalpel: interrupted", file=sys.stderr)
         return 130
+    finally:
+        fileio.release_stdout()
 
 
 if __name__ == "__main__":

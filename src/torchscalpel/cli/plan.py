@@ -59,6 +59,40 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.device_memory)
     strategies = strategies_for(args.strategy, args.world_size, args.nodes)
     script_mode = _script_mode(args)
+    with _planning_status(args, len(strategies)):
+        result, record, out_dir = _plan(args, device, strategies, script_mode)
+    from torchscalpel.plan.render import render_text
+    from torchscalpel.sections import PlanSection
+
+    print(render_text(result))
+    record.sections[PlanSection.KEY] = result.to_dict()
+    _write_outputs(args, record, out_dir, result.to_dict())
+    return 0
+
+
+def _planning_status(args: argparse.Namespace, n_strategies: int):
+    """What the user sees while the plan runs (a large model's simulation and max-batch search take
+    minutes): a live status with the elapsed time on a terminal; nothing in a pipe or a log, like the
+    step progress of profile and doctor (and so a bad --model stays a one-line error)."""
+    from rich.markup import escape
+
+    from torchscalpel.report.terminal import console
+
+    c = console()
+    what = (f"planning {n_strategies} strategy(ies) on fake tensors"
+            + ("" if args.no_max_batch else ", with the largest-batch search (--no-max-batch skips it)"))
+    if c.is_terminal:
+        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        progress = Progress(SpinnerColumn(), TextColumn(escape(what)), TimeElapsedColumn(), console=c, transient=True)
+        progress.add_task(what, total=None)
+        return progress
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _plan(args: argparse.Namespace, device, strategies, script_mode: bool):
     if script_mode:
         from torchscalpel.plan.script import ScriptPlanOptions, plan_script
 
@@ -73,13 +107,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         result = _factory_plan(args, device, strategies)
         record, out_dir = _factory_record(args, result)
-    from torchscalpel.plan.render import render_text
-    from torchscalpel.sections import PlanSection
-
-    print(render_text(result))
-    record.sections[PlanSection.KEY] = result.to_dict()
-    _write_outputs(args, record, out_dir, result.to_dict())
-    return 0
+    return result, record, out_dir
 
 
 def _script_mode(args: argparse.Namespace) -> bool:

@@ -52,6 +52,9 @@ def run(args: argparse.Namespace) -> int:
     if args.show or log.skipped:
         for line in log.applied if args.show else []:
             print(f"scalpel run: applied {line}", file=sys.stderr)
+        if args.show and not log.applied and not log.skipped:
+            print(f"scalpel run: nothing to apply: {args.config} holds no setting that changes the run "
+                  "(the script ran as it is)", file=sys.stderr)
         for line in log.skipped:
             print(f"scalpel run: not applied: {line}", file=sys.stderr)
     return code

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from torchscalpel.errors import UsageError
+from torchscalpel.units import duration_type
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,14 +27,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-batch", type=int, default=32, help="most rows per model call (default 32; 1 disables batching)")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default 5)")
     p.add_argument("--max-queue", type=int, default=256, help="requests allowed to wait; more answer 503 (default 256)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds before a queued request answers 504 (default 10)")
+    p.add_argument("--timeout", type=duration_type("--timeout"), metavar="DURATION", default=10.0, help="seconds before a queued request answers 504 (default 10)")
     p.add_argument("--max-body", default="10MiB", metavar="SIZE",
                    help="largest request body (default 10MiB); larger answers 413. KB/MB/GB are 10^3/10^6/10^9 bytes, "
                         "KiB/MiB/GiB 2^10/2^20/2^30, a bare number is bytes")
-    p.add_argument("--body-timeout", type=float, default=10.0, help="seconds to receive a body before 408 (default 10)")
-    p.add_argument("--header-timeout", type=float, default=10.0,
+    p.add_argument("--body-timeout", type=duration_type("--body-timeout"), metavar="DURATION", default=10.0, help="seconds to receive a body before 408 (default 10)")
+    p.add_argument("--header-timeout", type=duration_type("--header-timeout"), metavar="DURATION", default=10.0,
                    help="seconds a connection has to send a request's headers before it is closed (default 10)")
-    p.add_argument("--keepalive-timeout", type=float, default=5.0,
+    p.add_argument("--keepalive-timeout", type=duration_type("--keepalive-timeout"), metavar="DURATION", default=5.0,
                    help="seconds an idle keep-alive connection stays open (default 5)")
     p.add_argument("--max-connections", type=int, default=1024, help="open connections in all; more are closed (default 1024)")
     p.add_argument("--max-connections-per-client", type=int, default=256,

@@ -8,7 +8,6 @@ scalpel.toml (for ``scalpel run``), the equivalent code lines, run.json and repo
 from __future__ import annotations
 
 import argparse
-import re
 import signal
 import sys
 from pathlib import Path
@@ -41,10 +40,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "that are faster beyond noise and keep the loss curve within tolerance, and write the winner "
         "to scalpel.toml for 'scalpel run'.",
     )
-    p.add_argument("--budget", default="10m", help="wall-clock budget for the whole search: 90s, 10m, 1h (default 10m)")
+    p.add_argument("--budget", default="10m", metavar="DURATION",
+                   help="wall-clock budget for the whole search: 90s, 10m, 1h; a bare number is seconds (default 10m)")
     add_window_arguments(p, warmup=3, steps="auto", steps_help=f"{TUNE_STEPS} per trial; 'all' is refused, "
                          "since every trial must end")
-    p.add_argument("--knobs", help=f"comma-separated knob families to try (default all: {','.join(KNOB_NAMES)})")
+    p.add_argument("--knobs", metavar="LIST",
+                   help=f"comma-separated knob families to try (default all: {', '.join(KNOB_NAMES)})")
     p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before the script, same for every trial")
     p.add_argument("--compile-mode", default="default",
                    help="comma-separated torch.compile modes to try (default 'default'; "
@@ -62,18 +63,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def parse_budget(text: str) -> float:
-    """``90``, ``90s``, ``10m``, ``1h``, ``1h30m`` -> seconds; a UsageError naming --budget otherwise."""
-    value = str(text).strip().lower()
-    if re.fullmatch(r"\d+(\.\d+)?", value):
-        seconds = float(value)
-    else:
-        parts = re.findall(r"(\d+(?:\.\d+)?)([hms])", value)
-        if not parts or "".join(n + u for n, u in parts) != value:
-            raise UsageError(f"--budget takes a duration like 90s, 10m or 1h, not {text!r}.")
-        seconds = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
-    if seconds <= 0:
-        raise UsageError("--budget must be more than zero.")
-    return seconds
+    """``90``, ``90s``, ``10m``, ``1h``, ``1h30m`` -> seconds (the shared duration rule,
+    :func:`torchscalpel.units.parse_duration`); a UsageError naming --budget otherwise."""
+    from torchscalpel.units import parse_duration
+
+    return parse_duration(text, flag="--budget")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -50,7 +50,7 @@ def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     return {
         "rank": rank,
         "status": record.status,
-        "steps": len(measured),
+        "steps": len(record.measured_steps),
         "step_ms": step_ms,
         "collective_ms": comm_ms,
         "compute_ms": window_ms - comm_ms if (window_ms is not None and comm_ms is not None) else None,
@@ -88,7 +88,9 @@ def format_table(merged: dict[str, Any]) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
-    lines = ["rank  status     steps  step ms  collective ms  compute ms  data ms"]
+    lines = ["step and data ms: medians over each rank's unprofiled measured steps (as in its own summary); "
+             "collective ms: per profiled step",
+             "rank  status     steps  step ms  collective ms  compute ms  data ms"]
     for row in merged["ranks"]:
         lines.append(
             f"{row['rank']:>4}  {row['status']:<9} {row['steps']:>6}  {ms(row['step_ms']):>7}  "

@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.syntax import Syntax
 
 from torchscalpel.doctor.finding import Finding, Severity, short_path
@@ -27,7 +28,10 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
                     not_analysed: Sequence[Any] = ()) -> None:
     """Print findings most severe first: slug, message, evidence, location and the fix as code; files
     the static rules could not analyse (``not_analysed``, e.g. a syntax error and its line) first."""
-    console = console or Console()
+    if console is None:
+        from torchscalpel.report.terminal import make_console
+
+        console = make_console()  # full width when piped: messages and fixes are never cut
     ranked = rank_findings(findings)
     if header:
         console.print(header)
@@ -47,7 +51,10 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
             console.print(f"  [dim]-[/dim] {escape(line)}")
         if f.fix:
             console.print("  [green]fix:[/green]")
-            console.print(Syntax(f.fix, "python", theme="ansi_dark", background_color="default", padding=(0, 4)))
+            # as wide as the code (no trailing blanks in a log), wrapped rather than cut on a narrow terminal
+            code_width = min(max(len(line) for line in f.fix.splitlines() or [""]), max(20, console.width - 8))
+            console.print(Padding(Syntax(f.fix, "python", theme="ansi_dark", background_color="default",
+                                         word_wrap=True, code_width=code_width), (0, 0, 0, 4), expand=False))
         console.print()
     console.print(summary_line(ranked))
 

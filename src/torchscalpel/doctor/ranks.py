@@ -3,6 +3,7 @@ this merges the ranks' findings and compares what the ranks did (rule ``rank-con
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from torchscalpel.doctor.finding import Finding
@@ -63,6 +64,10 @@ def step_mismatch(records: dict[int, RunRecord]) -> list[Finding]:
     return found
 
 
+MERGED_RANKS_ENV = "SCALPEL_DOCTOR_MERGED"
+"""Set to 1 for the ranks of ``doctor --nproc``: each rank prints a one-line summary, the parent the merged list."""
+
+
 def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | str | None, out: Path) -> tuple[int, dict[int, RunRecord]]:
     """Launch ``nproc`` ranks under ``scalpel launch --doctor``; returns (exit code, records by rank)."""
     from torchscalpel.distributed.launch import build_parser, launch, prepare, wrap_for_stage
@@ -72,6 +77,14 @@ def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | 
             "--", str(script), *script_args]
     parsed = prepare(build_parser().parse_args(argv))
     wrap_for_stage(parsed, out)
-    code = launch(parsed, out_dir=out)
+    previous = os.environ.get(MERGED_RANKS_ENV)
+    os.environ[MERGED_RANKS_ENV] = "1"  # torchrun's workers inherit it
+    try:
+        code = launch(parsed, out_dir=out)
+    finally:
+        if previous is None:
+            os.environ.pop(MERGED_RANKS_ENV, None)
+        else:
+            os.environ[MERGED_RANKS_ENV] = previous
     records = load_rank_records(out)
     return code, records

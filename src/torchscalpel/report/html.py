@@ -27,13 +27,31 @@ class Section:
 SectionBuilder = Callable[[RunRecord], list[Section]]
 
 # "module:function" names, imported lazily so a stage's optional dependencies never break the report.
+# Verdicts first (the tune recommendation, the memory plan, the findings), then the evidence, then
+# the environment: :func:`sections_for` keeps that order whatever a builder returns (see VERDICT_IDS).
 SECTION_BUILDERS: list[str] = [
-    "torchscalpel.report.profile_sections:build",
-    "torchscalpel.report.env_sections:build",
     "torchscalpel.report.tune_sections:build",
     "torchscalpel.report.plan_sections:build",
     "torchscalpel.report.findings_sections:build",
+    "torchscalpel.report.profile_sections:build",
+    "torchscalpel.report.env_sections:build",
 ]
+
+VERDICT_IDS = ("tune", "plan", "findings", "trace-diff")
+"""Section ids that carry a verdict: the recommendation, the plan, the findings, a comparison. They lead the page."""
+
+ENVIRONMENT_IDS = ("environment",)
+"""Section ids that describe where a run happened: they close the page."""
+
+
+def verdict_first(sections: Sequence[Section]) -> list[Section]:
+    """``sections`` reordered: verdicts (in :data:`VERDICT_IDS` order), the rest as given, the environment last."""
+    def rank(s: Section) -> tuple[int, int]:
+        if s.id in VERDICT_IDS:
+            return (0, VERDICT_IDS.index(s.id))
+        return (2, 0) if s.id in ENVIRONMENT_IDS else (1, 0)
+
+    return sorted(sections, key=rank)
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232b;background:#f6f7f9}
@@ -74,7 +92,7 @@ def sections_for(record: RunRecord, builders: Iterable[str] = ()) -> list[Sectio
         except Exception as exc:  # a broken section must not cost the user the rest of the report
             out.append(Section(id=f"error-{func_name}", title="Report section failed",
                                body=f"<p class=\"sev-error\">{escape(ref)}: {escape(repr(exc))}</p>"))
-    return out
+    return verdict_first(out)
 
 
 def write_report(record: RunRecord, path: Path) -> Path:

@@ -7,14 +7,15 @@ from html import escape
 from torchscalpel.record import PHASES, RunRecord
 from torchscalpel.report import charts
 from torchscalpel.report.html import Section, table
-from torchscalpel.report.terminal import fmt_flops
+from torchscalpel.report.terminal import fmt_flops, phase_medians, strip_ansi, summarized_steps
 from torchscalpel.sections import TraceSection
 from torchscalpel.units import fmt_bytes
 
 
 def build(record: RunRecord) -> list[Section]:
     """All profile sections for ``record`` (the environment section is env_sections' job)."""
-    sections = [_overview(record)]
+    overview = _overview(record)
+    sections = [overview] if overview is not None else []
     if record.steps:
         sections.append(_steps(record))
         sections.append(_loss_and_memory(record))
@@ -26,13 +27,16 @@ def build(record: RunRecord) -> list[Section]:
     return sections
 
 
-def _overview(record: RunRecord) -> Section:
+def _overview(record: RunRecord) -> Section | None:
+    """Headline figures and how the run went; None for a record without steps that has nothing to say
+    about a run (a plan or a hand-made record), rather than "0 measured steps ... clock: ?"."""
     s = record.summary_view()
     config = record.config_view()
     kpis = []
     if s.median_step_ms is not None:
         kpis.append(("median step", f"{s.median_step_ms:.2f} ms"))
         kpis.append(("p90 step", f"{s.p90_step_ms:.2f} ms"))
+        kpis.append(("steps in these figures", f"{s.steps_summarized}"))
     if s.samples_per_s is not None:
         kpis.append(("throughput", f"{s.samples_per_s:.1f} samples/s"))
     if s.achieved_flops_per_s is not None:
@@ -49,16 +53,29 @@ def _overview(record: RunRecord) -> Section:
     body = '<div class="kpis">' + "".join(
         f'<div class="kpi"><b>{escape(v)}</b><span class="muted">{escape(k)}</span></div>' for k, v in kpis
     ) + "</div>"
-    facts = [
-        f"status <b>{escape(record.status)}</b>" + (f" (exit code {record.exit_code})" if record.exit_code else ""),
-        f"{s.steps_measured} measured steps after {config.warmup} warm-up; "
-        f"steps delimited by {escape(record.step_kind)} calls; timing clock: {escape(str(config.clock or '?'))}",
-    ]
+    if not record.steps and not kpis and not record.error and not record.exit_code:
+        return None
+    facts = [f"status <b>{escape(record.status)}</b>" + (f" (exit code {record.exit_code})" if record.exit_code else "")]
+    if record.steps:
+        clock = f"; timing clock: {escape(str(config.clock))}" if config.clock else ""
+        facts.append(f"{s.steps_measured} measured steps after {config.warmup} warm-up; "
+                     f"steps delimited by {escape(record.step_kind)} calls{clock}")
+        if s.median_step_ms is not None:
+            facts.append(_statistic_note(record))
     if record.error:
-        facts.append(f'<span class="sev-error">{escape(record.error)}</span>')
+        facts.append(f'<span class="sev-error">{escape(strip_ansi(record.error))}</span>')
     facts += [f"note: {escape(n)}" for n in record.notes]
     body += "<ul>" + "".join(f"<li>{f}</li>" for f in facts) + "</ul>"
     return Section(id="overview", title="Overview", body=body)
+
+
+def _statistic_note(record: RunRecord) -> str:
+    """Which steps and which statistic the headline and the phase table use (the same in both)."""
+    s = record.summary_view()
+    left_out = s.steps_measured - s.steps_summarized
+    which = f"{s.steps_summarized} measured step(s)" + (
+        f", the {left_out} profiled step(s) left out (the profiler slows them)" if left_out else "")
+    return f"step and phase times are medians over {which}"
 
 
 def _steps(record: RunRecord) -> Section:
@@ -67,22 +84,27 @@ def _steps(record: RunRecord) -> Section:
     steps = record.measured_steps or record.steps
     labels = [str(s.index) + ("w" if s.warmup else "p" if s.profiled else "") for s in steps]
     series = {p: [s.phase_ms()[p] for s in steps] for p in PHASES}
-    chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms")
+    x_title = "step (p: in the profiler window)" if any(st.profiled for st in steps) else "step"
+    chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms", x_title=x_title,
+                                y_title="step time (ms)")
     s = record.summary_view()
     rows = []
-    if s.phase_mean_ms is not None:
+    medians = phase_medians(record)
+    if medians and s.median_step_ms is not None:
         share = s.phase_share or {}
-        rows = [(p, f"{s.phase_mean_ms[p]:.3f}", f"{100 * share[p]:.1f}%") for p in PHASES]
-        rows.append(("step (mean)", f"{s.mean_step_ms:.3f}", "100%"))
+        rows = [(p, f"{medians[p]:.3f}", f"{100 * share.get(p, 0.0):.1f}%") for p in PHASES]
+        rows.append(("step", f"{s.median_step_ms:.3f}", "100%"))
     note = (
         '<p class="muted">Each bar is one measured step (p: inside the profiler window, left out of the '
-        "summary). The five phases add up to the step's wall time; <i>other</i> is what lies outside data "
-        "loading, model forward, backward and optimizer (logging, loss code, zero_grad, evaluation).</p>"
+        "table). The five phases add up to the step's wall time; <i>other</i> is what lies outside data "
+        "loading, model forward, backward and optimizer (logging, loss code, zero_grad, evaluation). "
+        f"The table gives medians over {len(summarized_steps(record))} step(s), as the headline does; the "
+        "phase medians need not add up to the step's, and the share is of the summed time.</p>"
     )
     return Section(
         id="steps",
         title="Per-step breakdown",
-        body=chart + note + table(["phase", "mean ms", "share"], rows, [False, True, True]),
+        body=chart + note + table(["phase", "median ms", "share of time"], rows, [False, True, True]),
     )
 
 
@@ -90,15 +112,17 @@ def _loss_and_memory(record: RunRecord) -> Section:
     xs = [s.index for s in record.steps]
     parts = []
     if any(s.loss is not None for s in record.steps):
-        parts.append("<h3>Loss</h3>" + charts.lines("loss", xs, {"loss": [s.loss for s in record.steps]}))
+        parts.append("<h3>Loss</h3>" + charts.lines("loss", xs, {"loss": [s.loss for s in record.steps]},
+                                                     y_title="loss (the script's own)"))
     mem: dict[str, list[float | None]] = {}
     if any(s.cuda_allocated_peak is not None for s in record.steps):
-        mem["CUDA allocated peak (MiB)"] = [(s.cuda_allocated_peak or 0) / 2**20 for s in record.steps]
-        mem["CUDA reserved peak (MiB)"] = [(s.cuda_reserved_peak or 0) / 2**20 for s in record.steps]
+        mem["CUDA allocated peak"] = [(s.cuda_allocated_peak or 0) / 2**20 for s in record.steps]
+        mem["CUDA reserved peak"] = [(s.cuda_reserved_peak or 0) / 2**20 for s in record.steps]
     if any(s.rss for s in record.steps):
-        mem["RSS (MiB)"] = [(s.rss / 2**20) if s.rss else None for s in record.steps]
+        mem["process RSS"] = [(s.rss / 2**20) if s.rss else None for s in record.steps]
     if mem:
-        parts.append("<h3>Memory over steps</h3>" + charts.lines("memory", xs, mem, unit="MiB"))
+        title = "process RSS (MiB)" if list(mem) == ["process RSS"] else "memory (MiB)"
+        parts.append("<h3>Memory over steps</h3>" + charts.lines("memory", xs, mem, unit="MiB", y_title=title))
     return Section(id="loss-memory", title="Loss and memory", body="".join(parts) or "<p>No loss or memory data.</p>")
 
 
@@ -106,7 +130,8 @@ def _top_ops(record: RunRecord) -> Section:
     summary = record.op_summary_view()
     profiler = record.profiler_view()
     ops = (summary.top_ops or [])[:15]
-    chart = charts.horizontal_bars("top-ops", [(o["name"], o["self_us"] / 1000.0) for o in ops], unit="ms")
+    chart = charts.horizontal_bars("top-ops", [(o["name"], o["self_us"] / 1000.0) for o in ops], unit="ms",
+                                   x_title="self time in the profiler window (ms)", y_title="op")
     flops = {f["name"]: f["flops"] for f in profiler.flops_by_op}
     rows = [
         (o["name"], o.get("category", ""), o.get("count", ""), f"{o['self_us'] / 1000:.3f}", f"{o.get('total_us', 0) / 1000:.3f}",
@@ -115,7 +140,8 @@ def _top_ops(record: RunRecord) -> Section:
     ]
     cats = summary.categories or {}
     cat_chart = charts.horizontal_bars(
-        "op-categories", sorted(((k, v / 1000.0) for k, v in cats.items()), key=lambda kv: -kv[1]), unit="ms"
+        "op-categories", sorted(((k, v / 1000.0) for k, v in cats.items()), key=lambda kv: -kv[1]), unit="ms",
+        x_title="self time in the profiler window (ms)", y_title="category",
     ) if cats else ""
     return Section(
         id="top-ops",

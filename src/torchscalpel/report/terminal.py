@@ -2,21 +2,95 @@
 
 from __future__ import annotations
 
+import os
+import re
+import statistics
 import sys
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
+from rich.text import Text
 
 from torchscalpel.record import PHASES, RunRecord, StepRecord
+from torchscalpel.runtime.native_log import LOG_NAME
 from torchscalpel.units import fmt_bytes
+
+PIPE_WIDTH = 200
+"""Columns when the output is not a terminal (a pipe, a file, CI) and ``COLUMNS`` is unset: wide enough
+for the tune table; plain lines are never wrapped there at all (soft wrap)."""
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours torch or a script put into an error message)."""
+    return _ANSI.sub("", text)
+
+
+def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
+    """A rich console for scalpel's output. On a terminal: rich's own width. Elsewhere (piped, redirected,
+    CI): ``COLUMNS`` or :data:`PIPE_WIDTH` columns and soft wrapping, so a line is never broken mid-word
+    and code is never cut at 80 columns. An explicit ``width`` wins."""
+    probe = Console(stderr=stderr)
+    if probe.is_terminal or "width" in kwargs:
+        return Console(stderr=stderr, **kwargs)
+    try:
+        width = int(os.environ.get("COLUMNS", "")) or PIPE_WIDTH
+    except ValueError:
+        width = PIPE_WIDTH
+    return Console(stderr=stderr, width=width, soft_wrap=True, **kwargs)
+
+
+def rule(out: Console, title: str) -> None:
+    """A section heading: rich's full-width rule on a terminal; in a pipe a short ``── title ──`` line
+    (a rule across the pipe width would be 200 dashes in a log)."""
+    if out.is_terminal:
+        out.rule(title)
+    else:
+        out.print(f"── {title} " + "─" * max(4, 72 - len(Text.from_markup(title).plain)))
 
 
 def console() -> Console:
     """The console for scalpel's own output: stderr, so a script's stdout stays clean for pipes."""
-    return Console(stderr=True, highlight=False)
+    return make_console(stderr=True, highlight=False)
+
+
+class OfTotalColumn(ProgressColumn):
+    """``N of M`` (``N`` alone while the total is unknown)."""
+
+    def render(self, task: Task) -> Text:
+        done = int(task.completed)
+        return Text(f"{done} of {int(task.total)}" if task.total is not None else f"{done}", style="progress.download")
+
+
+def stage_progress(out: Console) -> Progress:
+    """The one progress style of every long stage: label, bar, ``N of M``, the step's info, elapsed, time left."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        OfTotalColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=out,
+        transient=True,
+        redirect_stdout=True,
+        redirect_stderr=True,
+    )
 
 
 class StepProgress:
@@ -29,17 +103,9 @@ class StepProgress:
     def __init__(self, total: int | None, label: str) -> None:
         self.console = console()
         self.enabled = self.console.is_terminal
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=True,
-            redirect_stdout=True,
-            redirect_stderr=True,
-        )
+        self.total = total
+        self.done = 0
+        self._progress = stage_progress(self.console)
         self._task = self._progress.add_task(label, total=total, info="starting")
 
     def __enter__(self) -> StepProgress:
@@ -55,7 +121,28 @@ class StepProgress:
         """Advance by one step and show its time and loss."""
         loss = f" loss {step.loss:.4g}" if step.loss is not None else ""
         tag = "warm-up" if step.warmup else ("profiled" if step.profiled else "step")
-        self._progress.update(self._task, advance=1, info=f"{tag} {step.total_ms:.1f} ms{loss}")
+        self.done += 1
+        if self.total is not None and self.done > self.total:
+            # more steps than planned (a step kind merged late, an evaluation step): grow the total
+            # rather than show "13 of 12"
+            self.total = self.done
+        self._progress.update(self._task, completed=self.done, total=self.total, info=f"{tag} {step.total_ms:.1f} ms{loss}")
+
+
+def summarized_steps(record: RunRecord) -> list[StepRecord]:
+    """The steps the record's summary covers: measured ones, profiled ones left out when others exist
+    (the rule of :func:`torchscalpel.runtime.summary.run_summary`)."""
+    measured = record.measured_steps
+    return [s for s in measured if not s.profiled] or measured
+
+
+def phase_medians(record: RunRecord) -> dict[str, float]:
+    """The median of each phase over :func:`summarized_steps` (empty without steps): the same statistic
+    and steps as the headline's median step."""
+    steps = summarized_steps(record)
+    if not steps:
+        return {}
+    return {p: statistics.median(s.phase_ms()[p] for s in steps) for p in PHASES}
 
 
 def fmt_flops(n: float | None) -> str:
@@ -85,19 +172,21 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         f"clock = {config.clock or '?'}"
     )
     for note in record.notes:
-        c.print(f"[yellow]note:[/] {note}")
+        c.print(f"[yellow]note:[/] {escape(strip_ansi(note))}")
     if s.median_step_ms is None:
         c.print("[yellow]No measured steps to summarise.[/]")
     else:
-        c.print(f"[bold]step time[/]: median {s.median_step_ms:.2f} ms, p90 {s.p90_step_ms:.2f} ms")
-        phase_mean, phase_share = s.phase_mean_ms or {}, s.phase_share or {}
+        left_out = s.steps_measured - s.steps_summarized
+        which = f"over {s.steps_summarized} step(s)" + (f", {left_out} profiled left out" if left_out else "")
+        c.print(f"[bold]step time[/]: median {s.median_step_ms:.2f} ms, p90 {s.p90_step_ms:.2f} ms ({which})")
+        medians, phase_share = phase_medians(record), s.phase_share or {}
         table = Table()
         table.add_column("phase")
-        table.add_column("mean ms", justify="right")
-        table.add_column("share", justify="right")
+        table.add_column("median ms", justify="right")
+        table.add_column("share of time", justify="right")
         for p in PHASES:
-            table.add_row(p, f"{phase_mean[p]:.2f}", f"{100 * phase_share[p]:.1f}%")
-        table.add_row("[bold]step[/]", f"[bold]{s.mean_step_ms:.2f}[/]", "100%")
+            table.add_row(p, f"{medians[p]:.2f}", f"{100 * phase_share.get(p, 0.0):.1f}%")
+        table.add_row("[bold]step[/]", f"[bold]{s.median_step_ms:.2f}[/]", "100%")
         c.print(table)
         extras = []
         if s.samples_per_s is not None:
@@ -129,9 +218,17 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         t.add_column("calls", justify="right")
         t.add_column("self ms", justify="right")
         for op in ops[:8]:
-            t.add_row(op["name"][:60], op.get("category", ""), str(op.get("count", "")), f"{op['self_us'] / 1000:.2f}")
+            name = op["name"] if len(op["name"]) <= 60 else op["name"][:59] + "…"
+            t.add_row(escape(name), op.get("category", ""), str(op.get("count", "")), f"{op['self_us'] / 1000:.2f}")
         c.print(t)
-    c.print(f"run folder: [bold]{run_dir}[/] (run.json, report.html{', ' + profiler.trace if profiler.trace else ''})")
+    files = ["run.json", "report.html", *([profiler.trace] if profiler.trace else [])]
+    if (Path(run_dir) / LOG_NAME).exists():
+        files.append(f"{LOG_NAME}: the profiler's own messages")
+    c.print(f"run folder: [bold]{run_dir}[/] ({', '.join(files)})")
     if record.error:
-        c.print(f"[red]script error:[/] {record.error}")
+        c.print(f"[red]script error:[/] {escape(strip_ansi(record.error))}")
+    script = record.target.get("script") or (f"-m {record.target['module']}" if record.target.get("module") else None)
+    if script and record.steps:
+        c.print(f"next: [bold]scalpel doctor -- {escape(str(script))}[/] (findings with fixes), "
+                f"open {run_dir}/report.html")
     sys.stderr.flush()

@@ -11,6 +11,7 @@ from typing import Any
 
 from torchscalpel.report.charts import horizontal_bars, lines, stacked_bars
 from torchscalpel.report.html import Section, table
+from torchscalpel.report.names import short_kernel_name
 
 _STEP_SERIES = (("compute", "compute_us"), ("communication", "communication_us"), ("memcpy", "memcpy_us"),
                 ("memset", "memset_us"), ("idle", "gpu_idle_us"))
@@ -37,7 +38,8 @@ def build_trace_sections(result: dict[str, Any], *, prefix: str = "trace") -> li
         out.append(Section(id=f"{prefix}-gpu", title="GPU time breakdown", body=gpu_body))
     if result.get("top_ops"):
         ops = result["top_ops"][:20]
-        body = horizontal_bars(f"{prefix}-top-ops", [(o["name"], o["self_us"] / 1e3) for o in ops], unit="ms")
+        body = horizontal_bars(f"{prefix}-top-ops", [(o["name"], o["self_us"] / 1e3) for o in ops], unit="ms",
+                               x_title="self time (ms)", y_title="op")
         body += table(["op", "category", "calls", "self ms", "total ms"],
                       [[o["name"], o["category"], o["count"], _ms(o["self_us"]), _ms(o["total_us"])] for o in ops],
                       [False, False, True, True, True])
@@ -47,9 +49,7 @@ def build_trace_sections(result: dict[str, Any], *, prefix: str = "trace") -> li
         out.append(Section(id=f"{prefix}-ops", title="Top CPU ops (self time)", body=body))
     if result.get("top_kernels"):
         ks = result["top_kernels"][:20]
-        body = table(["kernel", "category", "count", "total ms", "mean µs"],
-                     [[k["name"], k["category"], k["count"], _ms(k["total_us"]), f"{k.get('mean_us', 0):.1f}"] for k in ks],
-                     [False, False, True, True, True])
+        body = _kernel_table(ks)
         out.append(Section(id=f"{prefix}-kernels", title="Top GPU kernels", body=body))
     if result.get("memory"):
         out.append(Section(id=f"{prefix}-memory", title="Memory timeline", body=_memory(result["memory"])))
@@ -59,6 +59,21 @@ def build_trace_sections(result: dict[str, Any], *, prefix: str = "trace") -> li
         body = "".join(f'<p class="sev-error">{escape(e["message"])}</p>' for e in result["errors"])
         out.append(Section(id=f"{prefix}-errors", title="Unreadable trace data", body=body))
     return out
+
+
+def _kernel_table(ks: list[dict[str, Any]]) -> str:
+    """Kernels by total time, each name shortened (templates and arguments elided) with the full
+    signature in the cell's hover title: one row per kernel, not 35 lines of template arguments."""
+    head = "".join(f'<th class="{"num" if num else ""}">{h}</th>' for h, num in
+                   (("kernel", False), ("category", False), ("count", True), ("total ms", True), ("mean µs", True)))
+    rows = "".join(
+        f'<tr><td title="{escape(k["name"])}"><code>{escape(short_kernel_name(k["name"]))}</code></td>'
+        f'<td>{escape(str(k["category"]))}</td><td class="num">{escape(str(k["count"]))}</td>'
+        f'<td class="num">{escape(_ms(k["total_us"]))}</td><td class="num">{k.get("mean_us", 0):.1f}</td></tr>'
+        for k in ks)
+    return (f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+            '<p class="muted">Kernel names shortened: template arguments as &lt;…&gt;, argument lists left out; '
+            "hover a name for its full signature.</p>")
 
 
 def _overview(result: dict[str, Any]) -> str:
@@ -84,7 +99,8 @@ def _steps(ranks: list[dict[str, Any]]) -> str:
         if "compute_us" in steps[0]:
             series = {name: [s[key] / 1e3 for s in steps] for name, key in _STEP_SERIES}
             parts.append(f"<h3>{escape(label)}</h3>")
-            parts.append(stacked_bars(f"steps-rank{r['rank']}", [str(s["number"]) for s in steps], series, unit="ms"))
+            parts.append(stacked_bars(f"steps-rank{r['rank']}", [str(s["number"]) for s in steps], series, unit="ms",
+                                      x_title="profiler step", y_title="GPU time per step (ms)"))
             parts.append(table(
                 ["step", "ms", "GPU busy", "compute", "comm", "memcpy", "memset", "idle", "host wait", "kernel wait", "other wait"],
                 [[s["name"], _ms(s["dur_us"]), f"{s['gpu_busy_pct']:.1f}%", _ms(s["compute_us"]), _ms(s["communication_us"]),
@@ -123,13 +139,14 @@ def _gpu(ranks: list[dict[str, Any]]) -> str:
 
 def _memory(m: dict[str, Any]) -> str:
     body = (f'<div class="kpis"><div class="kpi"><b>{escape(_mib(m["peak_bytes"]))}</b>peak allocated ({escape(m["device"])})</div>'
-            f'<div class="kpi"><b>{escape(str(m.get("peak_op") or "–"))}</b>op at the peak</div></div>')
+            f'<div class="kpi"><b>{escape(str(m.get("peak_op") or "–"))}</b>op at the peak</div>'
+            + (f'<div class="kpi"><b>{m["peak_ms_from_start"]:,.1f} ms</b>after the trace starts</div>'
+               if m.get("peak_ms_from_start") is not None else "") + "</div>")
     tl = m.get("timeline") or []
     if tl:
         t0 = tl[0][0]
-        body += lines("memory-timeline", [(p[0] - t0) / 1e3 for p in tl], {"allocated MiB": [p[1] / 2**20 for p in tl]},
-                      unit="MiB")
-        body += '<p class="muted">x: ms since the first allocator event</p>'
+        body += lines("memory-timeline", [(p[0] - t0) / 1e3 for p in tl], {"allocated": [p[1] / 2**20 for p in tl]},
+                      unit="MiB", x_title="time since the first allocator event (ms)", y_title="allocated (MiB)")
     return body
 
 
@@ -168,7 +185,7 @@ def write_analysis_html(data: dict[str, Any], path: Path, diff: dict[str, Any] |
     from torchscalpel.report.html import render_page
 
     sections = build_trace_sections(data)
-    if diff is not None:
-        sections.append(build_diff_section(diff))
+    if diff is not None:  # the comparison is the verdict: it leads the page
+        sections.insert(0, build_diff_section(diff))
     files = ", ".join(Path(r["path"]).name for r in data["ranks"])
     path.write_text(render_page("torchscalpel · analyze", files, sections), encoding="utf-8")

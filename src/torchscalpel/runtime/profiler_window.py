@@ -15,6 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from torchscalpel.record import StepRecord
+from torchscalpel.runtime.native_log import LOG_NAME, native_stderr_to
 
 if TYPE_CHECKING:
     from torchscalpel.runtime.session import RuntimeOptions, Session
@@ -69,7 +70,8 @@ class ProfilerWindow:
             prof, self._prof = self._prof, None
             self._close_range()
             try:
-                prof.stop()
+                with native_stderr_to(self._log_path()):
+                    prof.stop()
             except Exception as exc:
                 self._error = f"profiler restart failed: {exc!r}"
         self._profiled, self._done = [], False
@@ -84,10 +86,16 @@ class ProfilerWindow:
             self._prof = profile(
                 activities=activities, record_shapes=True, profile_memory=True, with_flops=True, with_stack=False
             )
-            self._prof.start()
+            with native_stderr_to(self._log_path()):  # Kineto's USDT lines go to the run's log
+                early = torch.empty(64)  # allocated before the window: freeing it inside triggers c10's
+                self._prof.start()       # once-per-process "Memory block of unknown size" warning here,
+                del early                # into the log, rather than in the middle of the user's output
             self._open_range(next_index)
         except Exception as exc:  # a profiler that cannot start must not stop the user's run
             self._prof, self._done, self._error = None, True, f"profiler failed to start: {exc!r}"
+
+    def _log_path(self) -> Path | None:
+        return self.options.out_dir / LOG_NAME if self.options.out_dir is not None else None
 
     def _open_range(self, index: int) -> None:
         self._range = record_function(f"ProfilerStep#{index}")
@@ -107,7 +115,8 @@ class ProfilerWindow:
         from torchscalpel.trace.counters import add_memory_counters
 
         try:
-            prof.stop()
+            with native_stderr_to(self._log_path()):
+                prof.stop()
             if self.options.out_dir is not None:
                 self.options.out_dir.mkdir(parents=True, exist_ok=True)
                 self.trace_path = self.options.out_dir / TRACE_NAME

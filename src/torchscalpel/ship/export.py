@@ -216,7 +216,7 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         with _quiet():
             runners.append(OrtRunner(path, threads=1) if fmt == "onnx" else exported_runner(path) if fmt == "exported"
                            else torchscript_runner(path))
-        log(f"exported {fmt:<11} -> {path} ({export_s[fmt]:.1f} s)")
+        log(f"wrote {fmt + ':':<12} {path} ({export_s[fmt]:.1f} s)")  # not "exported exported"
 
     sizes = sorted({*(b for b in PARITY_BATCHES if b <= opts.max_batch), opts.max_batch}) if dynamic else [example_batch]
     batches = {s: _to_numpy(make_batch(inputs, s, opts.seed + 1)) for s in sizes}

@@ -32,9 +32,11 @@ def memory_summary(d: RankData) -> dict[str, Any] | None:
         cand = np.flatnonzero(sel)
         peak_op = d.names[int(d.op_name[cand[np.argmin(d.op_dur[cand])]])]
     dev_sel = d.mem_device == dev
+    starts = [float(d.mem_ts.min())] + ([float(d.op_ts.min())] if len(d.op_ts) else [])
     return {
         "peak_bytes": float(d.mem_total[i]),
         "peak_ts_us": ts,
+        "peak_ms_from_start": (ts - min(starts)) / 1e3,  # what people read: ms into the trace, not a clock value
         "peak_op": peak_op,
         "device": DEVICE_TYPES.get(dev, f"device{dev}"),
         "peak_by_device": per_device,
