@@ -91,10 +91,8 @@ def test_ddp_batchnorm_on_cpu_is_reported_as_info_with_the_cpu_fix() -> None:
     assert "ddp-batchnorm-not-synced" not in loud(findings)
 
 
-# sampler-set-epoch-missing lives in rules/rt_dist.py (owned with the multi-rank rules): it counts an epoch
-# seen twice as "set_epoch not called", though the epochs did change ([0, 0, 1, 1, ...]).
-KNOWN_FALSE_ALARMS = {"clean_ddp_set_epoch_peek.py": "sampler-set-epoch-missing in rt_dist.py: fires when a loader is "
-                      "iterated twice per epoch although set_epoch was called"}
+# Clean fixtures that still raise a warning (strict xfail: fixing the rule makes the test fail until the entry goes).
+KNOWN_FALSE_ALARMS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [

@@ -243,7 +243,8 @@ def test_registry_has_every_contract_slug_once() -> None:
     ddp-no-distributed-sampler sampler-set-epoch-missing ddp-find-unused-parameters rank-conditional-step
     dataparallel-used optimizer-before-fsdp unsafe-torch-load whole-model-save state-dict-prefix-mismatch
     unseeded-run""".split()  # noqa: SIM905 - reads as the issue text
-    added = ["manual-parameter-update", "loss-constant"]  # issue 21: hand-written updates, a loss that cannot vary
+    # issue 21: hand-written updates, a loss that cannot vary; issue 18: DDP device_ids against LOCAL_RANK
+    added = ["manual-parameter-update", "loss-constant", "ddp-device-ids-not-local-rank"]
     assert sorted(contract + added) == sorted(RULES)
 
 

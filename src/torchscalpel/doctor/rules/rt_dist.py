@@ -117,6 +117,9 @@ class DdpDataRules(TrainLoaders):
         super().__init__()
         self.wrapped = False
         self._iters: dict[int, list[int]] = defaultdict(list)
+        # samplers whose set_epoch() ran: a loader read twice per epoch (a peek for the batch size, then
+        # the loop) repeats an epoch, but the order still changes between epochs
+        self._epoch_set: set[int] = set()
         self._sampler_loc: Location | None = None
 
     def on_forward_pre(self, module: torch.nn.Module, args: Any, kwargs: Any, root: bool) -> None:
@@ -142,7 +145,21 @@ class DdpDataRules(TrainLoaders):
 
             return __iter__
 
-        return patch_attr(DistributedSampler, "__iter__", make)
+        def make_set_epoch(original: Callable[..., Any]) -> Callable[..., Any]:
+            def set_epoch(sampler: Any, epoch: int) -> Any:
+                rule._epoch_set.add(id(sampler))
+                return original(sampler, epoch)
+
+            return set_epoch
+
+        undo_iter = patch_attr(DistributedSampler, "__iter__", make)
+        undo_set_epoch = patch_attr(DistributedSampler, "set_epoch", make_set_epoch)
+
+        def undo() -> None:
+            undo_set_epoch()
+            undo_iter()
+
+        return undo
 
     def findings(self, record: Any) -> Iterator[Finding]:
         if self.wrapped:
@@ -162,8 +179,8 @@ class DdpDataRules(TrainLoaders):
                     "for epoch in range(epochs):\n    sampler.set_epoch(epoch)",
                     location=facts["location"],
                 )
-        for epochs in self._iters.values():
-            if len(epochs) >= 2 and len(set(epochs)) < len(epochs):
+        for sampler_id, epochs in self._iters.items():
+            if sampler_id not in self._epoch_set and len(epochs) >= 2 and len(set(epochs)) < len(epochs):
                 yield make_finding(
                     "sampler-set-epoch-missing",
                     "A shuffling DistributedSampler was iterated several times with the same epoch: set_epoch() is "
