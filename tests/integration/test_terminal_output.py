@@ -73,8 +73,8 @@ def test_analyze_json_dash_and_memory_peak_in_ms_from_the_trace_start(profiled, 
 def test_help_lists_commands_in_workflow_order_and_exit_codes():
     proc = run_cli("--help", COLUMNS="100")
     listed = re.findall(r"^    (\w+)\s", proc.stdout, re.M)
-    assert listed == ["env", "profile", "doctor", "tune", "run", "plan", "launch", "analyze", "export", "serve",
-                      "report", "demo"]
+    assert listed == ["env", "profile", "doctor", "memory", "tune", "run", "plan", "launch", "compare", "analyze",
+                      "export", "serve", "report", "demo"]
     assert "130 interrupted" in " ".join(proc.stdout.split())
 
 

@@ -71,7 +71,7 @@ def test_run_passes_the_script_exit_code_and_skips(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["tune", "--budget", "soon", "--", str(TINY)], "--budget takes a duration"),
+    (["tune", "--budget", "soon", "--", str(TINY)], "--budget 'soon' is not a duration"),
     (["tune", "--knobs", "amp,turbo", "--", str(TINY)], "Unknown knob turbo"),
     (["tune", "--compile-mode", "fastest", "--", str(TINY)], "--compile-mode takes"),
     (["tune", "--steps", "1", "--", str(TINY)], "--steps must be at least 2"),

@@ -38,17 +38,15 @@ def run(args: argparse.Namespace) -> int:
     if len(args.runs) < 2:
         raise UsageError("Name at least two runs to compare, e.g. 'scalpel compare RUN_A RUN_B'.")
     cmp = compare_runs(args.runs)
-    to_stdout = args.json_path is not None and str(args.json_path) == "-"
-    if to_stdout:
-        print(json.dumps(cmp.to_dict(), indent=1, allow_nan=True))
-    else:
+    from torchscalpel.fileio import atomic_write_text, is_stdout
+
+    to_stdout = args.json_path is not None and is_stdout(args.json_path)
+    if not to_stdout:  # with '--json -' stdout holds only the JSON (the entry point moved prints to stderr)
         from torchscalpel.compare.text import print_comparison
 
         print_comparison(cmp)
-        if args.json_path is not None:
-            from torchscalpel.fileio import atomic_write_text
-
-            atomic_write_text(args.json_path, json.dumps(cmp.to_dict(), indent=1, allow_nan=True) + "\n")
+    if args.json_path is not None:
+        atomic_write_text(args.json_path, json.dumps(cmp.to_dict(), indent=1, allow_nan=True) + "\n")
     if args.html_path is not None:
         from torchscalpel.compare.page import write_html
 
