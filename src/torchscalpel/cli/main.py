@@ -27,6 +27,7 @@ COMMANDS: tuple[str, ...] = (
     "plan",
     "doctor",
     "report",
+    "memory",
 )
 
 
