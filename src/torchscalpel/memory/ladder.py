@@ -14,6 +14,10 @@ from typing import Any
 
 from torchscalpel.plan.script import PlanObserver
 
+MICRO_MARGIN = 0.75
+"""A micro-batch is at most this share of the plan's largest batch: the split keeps the whole batch's
+output and its gradient, and the recompute overlaps the next chunk's gradients."""
+
 FRAGMENTATION_SHARE = 0.2
 """Reserved-but-unallocated memory above this share of reserved recommends expandable segments."""
 
@@ -102,7 +106,7 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
         if kept:
             rung("detach-kept", "keep plain numbers across steps: log loss.item() (or loss.detach()), and del outputs "
                  "kept from an earlier step", kept.get("activations"), fits=True,
-                 why=f"{kept.get('losses_kept', 0)} loss tensor(s) from earlier steps still hold their graphs")
+                 why="activations saved in earlier steps are still live: a tensor that requires grad outlives its step")
         else:
             site = (growth.get("sites") or [{}])[0].get("site", "?")
             rung("stop-growth", f"stop keeping tensors across steps at {site} (store .item() / .detach().cpu(), or "
@@ -119,7 +123,7 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
     batch, mb = plan.get("batch"), plan.get("max_batch")
     if batch and mb is not None and mb < batch:
         if mb > 0:
-            k = -(-batch // mb)
+            k = max(2, -(-batch // max(1, int(mb * MICRO_MARGIN))))
             while batch % k and k < batch:  # micro-batches of equal size keep the loss scaling exact
                 k += 1
             rung("micro-batches", f"{k} micro-batches of {batch // k} with gradient accumulation (global batch "
@@ -136,11 +140,11 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
              "buffer per parameter), or shard it (FSDP)", max(0, base_peak - plan["sgd_peak"]),
              fits=plan["sgd_peak"] <= limit)
     if phase == "forward" and breakdown.get("gradients", 0) > 0:
-        rung("set-to-none", "optimizer.zero_grad(set_to_none=True): gradients stay allocated through the forward",
+        rung("set-to-none", "call optimizer.zero_grad(set_to_none=True) before the forward: the last step's gradients stay allocated through it",
              breakdown["gradients"])
     order = {"activations": ("checkpoint-blocks", "micro-batches", "bf16"), "optimizer_state": ("optimizer",),
              "growth": ("detach-kept", "stop-growth"), "fragmentation": ("expandable-segments",),
              "gradients": ("set-to-none",)}.get(cause, ())
-    rungs.sort(key=lambda r: (not r["fits"] if r["fits"] is not None else 1, r["kind"] not in order,
-                              order.index(r["kind"]) if r["kind"] in order else 0))
+    rungs.sort(key=lambda r: (r["kind"] not in order, order.index(r["kind"]) if r["kind"] in order else 0,
+                              not r["fits"] if r["fits"] is not None else 1))
     return rungs

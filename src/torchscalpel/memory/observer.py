@@ -113,12 +113,15 @@ class MemoryObserver(Observer):
             return
         top = sorted(tr.by_site.items(), key=lambda kv: kv[1], reverse=True)[:SITES_PER_SAMPLE]
         kept = sum(a.nbytes for a in tr.live.values() if a.category == "activations" and a.step < tr.step)
+        # Provisional steps (forward- or backward-delimited before the first optimizer step) are merged
+        # by the timeline: a step index seen again replaces what was sampled from it onwards.
+        self.samples = [s for s in self.samples if s["step"] < step.index]
         self.samples.append({
             "step": step.index, "warmup": bool(step.warmup), "live": tr.total, "peak": max(tr.step_peak, tr.total),
             "by_category": dict(tr.by_category), "sites": dict(top), "kept_activations": kept,
             "losses_kept": sum(1 for a in tr.live.values() if a.is_loss and a.step < tr.step),
         })
-        tr.step += 1
+        tr.step = step.index + 1
         tr.step_peak = tr.total
 
     def on_finish(self, record: Any) -> None:

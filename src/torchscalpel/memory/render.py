@@ -57,7 +57,7 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         kept = growth.get("kept")
         if kept:
             lines.append(f"  {fmt_bytes(kept['activations'])} of activations from earlier steps are still live "
-                         f"({kept['losses_kept']} loss tensor(s) kept with their graphs)")
+                         f"(a tensor that requires grad is kept across steps, with its graph)")
         lines += [f"  {_short(r['site']):<34} +{fmt_bytes(r['per_step'])}/step" for r in growth.get("sites", [])[:5]]
     oom = section.get("oom")
     cause = (section.get("top_cause") or {}).get("text", "?")

@@ -72,8 +72,8 @@ def install_checkpointing(log: ApplyLog) -> Undo:
     wrapped: list[torch.nn.Module] = []
 
     def pre(model: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if id(model) in done:
-            return None
+        if id(model) in done or torch._C._current_graph_task_id() != -1:
+            return None  # seen, or a checkpointed block's recompute in backward (its parts look like roots)
         done.add(id(model))
         blocks = find_blocks(model)
         if not blocks:
