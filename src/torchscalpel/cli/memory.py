@@ -14,7 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import add_target_arguments, add_window_arguments, default_run_dir, resolve_target, steps_arg
+from torchscalpel.cli.common import (
+    add_target_arguments,
+    add_window_arguments,
+    default_run_dir,
+    resolve_target,
+    steps_arg,
+)
 from torchscalpel.errors import UsageError
 
 DEFAULT_STEPS = 20

@@ -34,10 +34,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Read the settings (errors before the script starts), apply them, run the script."""
+    from torchscalpel.runtime.memory_limit import MemoryLimitExceeded, enforced
     from torchscalpel.tune.apply import applied
     from torchscalpel.tune.settings import read_settings_file
-
-    from torchscalpel.runtime.memory_limit import MemoryLimitExceeded, enforced
     from torchscalpel.units import parse_size
 
     limit = parse_size(args.memory_limit, flag="--memory-limit") if args.memory_limit else None

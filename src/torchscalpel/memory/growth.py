@@ -10,6 +10,7 @@ state and is never counted as growth).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 MIN_STEPS = 3
@@ -35,7 +36,7 @@ def slope(values: list[float]) -> float:
 
 
 def _rising(values: list[int]) -> bool:
-    ups = sum(1 for a, b in zip(values, values[1:], strict=False) if b > a)
+    ups = sum(1 for a, b in itertools.pairwise(values) if b > a)
     return ups >= STEADY_SHARE * (len(values) - 1)
 
 

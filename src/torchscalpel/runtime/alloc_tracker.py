@@ -136,7 +136,7 @@ class AllocationTracker(TorchDispatchMode):
         return out
 
     def _register(self, t: torch.Tensor, func: Any) -> None:
-        if t.device.type == "meta" or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        if t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
             return  # fake / subclass tensors own no storage of their own
         st = t.untyped_storage()
         key = st._cdata
@@ -204,7 +204,7 @@ class AllocationTracker(TorchDispatchMode):
     def recategorize(self, t: torch.Tensor, category: str, *, only_from: str | None = None,
                      module: str | None = None) -> None:
         """Give ``t``'s storage ``category`` (start tracking it when it predates the tracker)."""
-        if t.device.type == "meta" or type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        if t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
             return
         st = t.untyped_storage()
         key = st._cdata
