@@ -26,9 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "memory"
 CASES = [
-    ("deep transformer activations", "deep_transformer.py", "40MiB", "activations"),
-    ("optimizer state too big", "big_optimizer.py", "20MiB", "optimizer_state"),
-    ("growing list of logged losses", "logged_losses.py", "40MiB", "growth"),
+    ("deep transformer activations", "deep_transformer.py", "40MiB", "activations", None),
+    # Fixes that are code changes (the ladder's top rung says which): applied to a copy of the script.
+    ("optimizer state too big", "big_optimizer.py", "20MiB", "optimizer_state",
+     ("torch.optim.Adam(model.parameters(), lr=1e-3)", "torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)")),
+    ("growing list of logged losses", "logged_losses.py", "40MiB", "growth",
+     ("history.append(val_loss)", "history.append(val_loss.item())")),
 ]
 
 
@@ -40,21 +43,26 @@ def scalpel(*args: str) -> subprocess.CompletedProcess[str]:
 
 def oom_cases(tmp: Path) -> list[dict[str, object]]:
     rows = []
-    for label, script, limit, expected in CASES:
+    for label, script, limit, expected, code_fix in CASES:
         out = tmp / script
         scalpel("memory", "--steps", "all", "--memory-limit", limit, "--out", str(out), "--json",
                 str(tmp / f"{script}.json"), "--no-report", "--", str(FIXTURES / script))
         section = json.loads((tmp / f"{script}.json").read_text())
         cause = section["top_cause"]["key"]
         ladder = (section.get("oom") or {}).get("ladder", [])
-        rung = next((r for r in ladder if r.get("config") and r.get("fits")), None)
-        fixed = None
-        if rung is not None:
-            toml = tmp / f"{script}.toml"
-            toml.write_text("[tune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in rung["config"].items()))
-            fixed = scalpel("run", "--memory-limit", limit, "--config", str(toml), "--", str(FIXTURES / script))
+        rung = next((r for r in ladder if r.get("fits")), None)
+        toml = tmp / f"{script}.toml"
+        toml.write_text("[tune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in (rung or {}).get("config", {}).items()))
+        target = FIXTURES / script
+        if code_fix is not None:  # the top rung is a code change: apply it to a copy
+            target = tmp / f"fixed_{script}"
+            source = (FIXTURES / script).read_text()
+            assert code_fix[0] in source
+            target.write_text(source.replace(code_fix[0], code_fix[1]))
+        fixed = scalpel("run", "--memory-limit", limit, "--config", str(toml), "--", str(target)) if rung else None
         rows.append({"case": label, "limit": limit, "expected": expected, "named": cause, "ok": cause == expected,
-                     "oom": bool(section.get("oom")), "fix": rung["action"] if rung else "(none scalpel run can apply)",
+                     "oom": bool(section.get("oom")), "fix": rung["action"] if rung else "(none fits)",
+                     "applied_as": "scalpel.toml" if code_fix is None else f"code: {code_fix[1]}",
                      "fix_completes": None if fixed is None else fixed.returncode == 0,
                      "fix_peak": None if fixed is None else fixed.stderr.strip().splitlines()[-1]})
     return rows
@@ -67,7 +75,7 @@ def accuracy_and_cost() -> dict[str, object]:
     from torchscalpel.plan.measure import profiled_memory
     from torchscalpel.runtime.alloc_tracker import AllocationTracker
 
-    sys.argv = ["deep_transformer.py", "--steps", "0", "--batch", "32"]
+    sys.argv = ["deep_transformer.py", "--steps", "1", "--batch", "32"]
     ns: dict[str, object] = {"__name__": "bench"}
     exec(compile((FIXTURES / "deep_transformer.py").read_text(), "deep_transformer.py", "exec"), ns)
     model = ns["TinyLM"](layers=8)  # type: ignore[operator]

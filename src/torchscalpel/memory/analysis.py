@@ -121,9 +121,9 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
     limit = obs.limit or (fragmentation or {}).get("reserved") or _capacity()
     plan: dict[str, Any] | None = None
     plan_error = None
-    if obs.plan_observer is not None:
+    if obs.plan_observer is not None and cause != "growth":  # growth is fixed in code, not by a plan
         try:
-            plan = plan_numbers(obs.plan_observer, int(limit))
+            plan = plan_numbers(obs.plan_observer, int(limit), cause)
         except Exception as exc:  # the ladder still has the measured rungs
             plan_error = f"the plan could not simulate this model: {type(exc).__name__}: {exc}"
     if plan and "error" in plan:

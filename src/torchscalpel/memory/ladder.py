@@ -44,43 +44,51 @@ class LadderPlanObserver(PlanObserver):
         super().on_start(_NoStop(session))
 
 
-def plan_numbers(obs: LadderPlanObserver, limit: int) -> dict[str, Any]:
-    """Plan the captured step against ``limit``: baseline, checkpointed, bf16 and low-state figures."""
+def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, Any]:
+    """Simulate the captured step with the plan and answer the ladder's questions for ``cause``.
+
+    Only the simulations the cause needs run (each is a fake-tensor training step): the baseline;
+    for activations, the same step with block checkpointing, with bf16 autocast and at half the batch
+    (the largest fitting batch is the plan's peak, linear in the batch, solved for the limit: two
+    simulations instead of a search); for optimizer state, the step with SGD (one buffer per parameter).
+    """
     from torchscalpel.plan.devices import Device
-    from torchscalpel.plan.planner import PlanRequest, make_plan
-    from torchscalpel.plan.simulate import OptimizerSpec, sim_settings_for
+    from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, sim_settings_for, simulate
+    from torchscalpel.plan.strategies import evaluate
 
     if obs.model is None:
         return {"error": "the script never called a model, so there is nothing to plan"}
     device = Device(name="the memory limit", memory=limit, kind="cpu")
     optimizer = obs.optimizer or OptimizerSpec.named("none")
-    batch, loss_fn, note = obs.inputs()
+    batch, loss_fn, _ = obs.inputs()
     precision = obs.precision()
     accum = max(1, obs.backwards) if obs.optimizer_stepped else 1
-    request = PlanRequest(builder=obs.meta_builder(), batch=batch, loss_fn=loss_fn, strategies=["single"],
-                          device=device, checkpointing="none", model_name=type(obs.model).__name__, batch_note=note,
-                          settings=sim_settings_for(optimizer, precision, accum, device))
-    base = make_plan(request)
-    row = base.rows[0]
-    out: dict[str, Any] = {
-        "batch": batch.batch_size, "precision": precision, "optimizer": optimizer.label,
-        "peak": row.breakdown.peak, "activations_peak": base.measurement.act_peak_bytes,
-        "optimizer_state": base.measurement.optim_bytes, "max_batch": row.max_batch,
-        "blocks": len(base.measurement.blocks),
-    }
-    if base.measurement.blocks:
-        ckpt = make_plan(dataclasses.replace(request, checkpointing="blocks"))
-        out["checkpointed_peak"] = ckpt.rows[0].breakdown.peak
-        out["checkpointed_max_batch"] = ckpt.rows[0].max_batch
-    if precision == "fp32":
-        low = make_plan(dataclasses.replace(request, search_max_batch=False,
-                                            settings=sim_settings_for(optimizer, "bf16-mixed", accum, device)))
-        out["bf16_peak"] = low.rows[0].breakdown.peak
-    if optimizer.label not in ("none", "sgd"):
-        sgd = make_plan(dataclasses.replace(request, search_max_batch=False,
-                                            settings=sim_settings_for(OptimizerSpec.named("sgd"), precision, accum,
-                                                                      device)))
-        out["sgd_peak"] = sgd.rows[0].breakdown.peak
+    builder = obs.meta_builder()
+    base_settings = sim_settings_for(optimizer, precision, accum, device)
+
+    def run(settings: SimSettings, size: int | None = None) -> tuple[int, Any]:
+        m = simulate(lambda: build_meta_model(builder, settings.precision),
+                     batch if size is None else batch.with_batch(size), settings, loss_fn)
+        bd = evaluate(m, "single", world_size=1, nodes=1, device=device, checkpointing=settings.checkpoint_blocks)
+        return bd.peak, m
+
+    peak, m = run(base_settings)
+    b = batch.batch_size
+    out: dict[str, Any] = {"batch": b, "precision": precision, "optimizer": optimizer.label, "peak": peak,
+                           "activations_peak": m.act_peak_bytes, "optimizer_state": m.optim_bytes,
+                           "blocks": len(m.blocks)}
+    if cause in ("activations", "temporaries"):
+        if m.blocks:
+            out["checkpointed_peak"], _ = run(dataclasses.replace(base_settings, checkpoint_blocks=True))
+        if b and b >= 2:
+            half_peak, _ = run(base_settings, b // 2)
+            per_sample = (peak - half_peak) / (b - b // 2)
+            fixed = peak - per_sample * b
+            out["max_batch"] = max(0, int((limit - fixed) / per_sample)) if per_sample > 0 else None
+        if precision == "fp32":
+            out["bf16_peak"], _ = run(sim_settings_for(optimizer, "bf16-mixed", accum, device))
+    if cause == "optimizer_state" and optimizer.label not in ("none", "sgd"):
+        out["sgd_peak"], _ = run(sim_settings_for(OptimizerSpec.named("sgd"), precision, accum, device))
     return out
 
 
@@ -139,6 +147,12 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
         rung("optimizer", f"an optimizer with less state than {plan.get('optimizer')} (SGD with momentum keeps one "
              "buffer per parameter), or shard it (FSDP)", max(0, base_peak - plan["sgd_peak"]),
              fits=plan["sgd_peak"] <= limit)
+    if growth and growth.get("per_step"):
+        # Memory that grows fills any limit in the end: the other rungs only move the out-of-memory later.
+        for r in rungs:
+            if r["kind"] not in ("detach-kept", "stop-growth"):
+                r["fits"] = False
+                r["why"] = (r["why"] + "; " if r["why"] else "") + "only delays the out-of-memory while memory grows"
     if phase == "forward" and breakdown.get("gradients", 0) > 0:
         rung("set-to-none", "call optimizer.zero_grad(set_to_none=True) before the forward: the last step's gradients stay allocated through it",
              breakdown["gradients"])

@@ -32,6 +32,7 @@ SECTION_BUILDERS: list[str] = [
     "torchscalpel.report.env_sections:build",
     "torchscalpel.report.tune_sections:build",
     "torchscalpel.report.plan_sections:build",
+    "torchscalpel.report.memory_sections:build",
     "torchscalpel.report.findings_sections:build",
 ]
 

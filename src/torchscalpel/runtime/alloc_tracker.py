@@ -90,6 +90,7 @@ class AllocationTracker(TorchDispatchMode):
         self.oom: dict[str, Any] | None = None
         """What was live when the limit was crossed (or a device out-of-memory was raised)."""
         self._user_code: dict[Any, bool] = {}
+        self._op_names: dict[Any, str] = {}
         self._saved_hooks: Any = None
         self._module_handles: list[Any] = []
         self.allocations = 0
@@ -127,6 +128,8 @@ class AllocationTracker(TorchDispatchMode):
         except torch.OutOfMemoryError as exc:
             self._record_oom(str(func), _requested_bytes(str(exc)), device_error=str(exc).split("\n")[0])
             raise
+        if func.is_view:  # a view shares its input's storage: nothing new to count (the cheap common case)
+            return out
         if isinstance(out, torch.Tensor):
             self._register(out, func)
         elif isinstance(out, tuple | list):
@@ -148,8 +151,11 @@ class AllocationTracker(TorchDispatchMode):
         if t.device.type == "cuda":
             nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
         category = "optimizer_state" if self.phase == "optimizer" else "temporaries"
+        name = self._op_names.get(func)
+        if name is None:
+            name = self._op_names[func] = str(func)
         self._add(key, st, Alloc(nbytes, category, self._site(), self.module_stack[-1] if self.module_stack else "",
-                                 self.step, str(func)))
+                                 self.step, name))
         if self.limit is not None and self.total > self.limit and self.oom is None:
             self._record_oom(str(func), nbytes, device_error=None)
             raise MemoryLimitExceeded(self.oom_sentence())
