@@ -7,7 +7,6 @@ import pickle
 from pathlib import Path
 
 import pytest
-
 from tests.helpers import REPO, run_cli
 
 FIX = REPO / "tests" / "fixtures" / "memory"

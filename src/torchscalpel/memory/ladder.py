@@ -53,7 +53,13 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
     simulations instead of a search); for optimizer state, the step with SGD (one buffer per parameter).
     """
     from torchscalpel.plan.devices import Device
-    from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, sim_settings_for, simulate
+    from torchscalpel.plan.simulate import (
+        OptimizerSpec,
+        SimSettings,
+        build_meta_model,
+        sim_settings_for,
+        simulate,
+    )
     from torchscalpel.plan.strategies import evaluate
 
     if obs.model is None:

@@ -255,7 +255,10 @@ class AllocationTracker(TorchDispatchMode):
                               module=self.module_stack[-1] if self.module_stack else "")
         except Exception:  # never break the user's forward over accounting
             pass
-        return t
+        # Detached: same storage and values, but no reference to its grad_fn. Returning ``t`` itself
+        # would make an output that its own node saves (relu, tanh, softmax) a reference cycle, freed
+        # only by the garbage collector: a graph never backwarded (a logged loss) would outlive its step.
+        return t.detach()
 
     # ----- module stack -------------------------------------------------------------------
     def name_modules(self, root: torch.nn.Module) -> None:
