@@ -91,3 +91,19 @@ def test_snapshot_mode(tmp_path: Path) -> None:
     bad.write_bytes(pickle.dumps({"segments": [Path("x")]}))
     proc = run_cli("memory", str(bad))
     assert proc.returncode == 2 and "refuses" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_tune_fit_writes_a_config_that_fits(tmp_path: Path) -> None:
+    config = tmp_path / "scalpel.toml"
+    proc = run_cli("tune", "--fit", "40MiB", "--steps", "3", "--out", str(tmp_path / "fit"), "--config", str(config),
+                   "--", str(FIX / "deep_transformer.py"), "--steps", "5", OMP_NUM_THREADS="1", timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    fit = json.loads((tmp_path / "fit" / "fit.json").read_text())
+    assert not fit["trials"][0]["fits"] and fit["winner"]["fits"]
+    assert all(t["fits"] for t in fit["trials"] if t["label"] == fit["winner"]["label"])
+    check = run_cli("run", "--memory-limit", "40MiB", "--config", str(config), "--", str(FIX / "deep_transformer.py"),
+                    OMP_NUM_THREADS="1")
+    assert check.returncode == 0 and "under the limit" in check.stderr
+    bad = run_cli("tune", "--fit", "40M", "--", str(FIX / "deep_transformer.py"))
+    assert bad.returncode == 2 and "--fit" in bad.stderr

@@ -118,3 +118,14 @@ def test_settings_round_trip_and_validation() -> None:
         except ValueError:
             continue
         raise AssertionError(f"{bad} was accepted")
+
+
+def test_fit_candidates_are_the_ladder_rungs_and_their_pairs() -> None:
+    from torchscalpel.tune.fit import FitTrial, candidates
+
+    ladder = [{"config": {"checkpointing": "blocks"}}, {"config": {"microbatches": 4}}, {"config": {}},
+              {"config": {"amp": "bf16"}}]
+    base = FitTrial(TuneSettings(), False, None, None, section={"oom": {"ladder": ladder}})
+    labels = [c.label() for c in candidates(base)]
+    assert labels == ["checkpointing=blocks", "microbatches=4", "amp=bf16", "amp=bf16 + checkpointing=blocks",
+                      "amp=bf16 + microbatches=4"]
