@@ -41,7 +41,16 @@ print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrs
 """
 
 
+def _own(text: str) -> str:
+    """A fresh string object, as the C++ snapshot code makes one per frame (pickle memoizes shared objects)."""
+    return text[:1] + text[1:]
+
+
 def frames(i: int) -> list[dict[str, object]]:
+    return [{k: _own(v) if isinstance(v, str) else v for k, v in f.items()} for f in _frames(i)]
+
+
+def _frames(i: int) -> list[dict[str, object]]:
     return [
         {"filename": "/usr/lib/python3.11/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"},
         {"filename": f"/home/user/project/model_{i % 50}.py", "line": 10 + i % 300, "name": "forward"},
@@ -53,7 +62,7 @@ def frames(i: int) -> list[dict[str, object]]:
 
 def write_snapshot(path: Path, size_mb: int) -> None:
     """About ``size_mb`` MB of snapshot, written in one pickle like torch's _dump_snapshot."""
-    per_block = 900  # bytes each pickled block takes with its frames (measured on this generator)
+    per_block = 800  # bytes each pickled block takes with its frames (measured on this generator)
     n_blocks = size_mb * 10**6 // per_block
     segments, blocks_per_seg, addr, i = [], 64, 0, 0
     while i < n_blocks:

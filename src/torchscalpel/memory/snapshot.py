@@ -58,16 +58,26 @@ def load_snapshot(path: Path) -> dict[str, Any]:
     return data
 
 
-def user_site(frames: Any) -> str:
+def _is_user_file(fn: str, cache: dict[str, bool]) -> bool:
+    user = cache.get(fn)
+    if user is None:
+        user = cache[fn] = fn.endswith(".py") and not any(m in fn for m in _LIB_MARKERS)
+    return user
+
+
+def user_site(frames: Any, cache: dict[str, bool] | None = None) -> str:
     """The innermost frame outside torch and the standard library, as ``file:line``."""
     if not isinstance(frames, list):
         return "(no frames)"
+    cache = {} if cache is None else cache
     fallback = None
     for f in frames:
         if not isinstance(f, dict):
             continue
-        fn = str(f.get("filename", ""))
-        if fn.endswith(".py") and not any(m in fn for m in _LIB_MARKERS):
+        fn = f.get("filename", "")
+        if not isinstance(fn, str):
+            continue
+        if _is_user_file(fn, cache):
             return f"{fn}:{f.get('line')}"
         if fallback is None and fn.endswith(".py"):
             fallback = f"{fn}:{f.get('line')}"
@@ -77,6 +87,7 @@ def user_site(frames: Any) -> str:
 def explain(data: dict[str, Any]) -> dict[str, Any]:
     """Totals, fragmentation, sites and out-of-memory events of a loaded snapshot (plain JSON)."""
     reserved = allocated = requested = free = largest_free = blocks = 0
+    files: dict[str, bool] = {}
     by_site: dict[str, int] = {}
     largest: list[tuple[int, str]] = []
     for seg in data["segments"]:
@@ -89,7 +100,7 @@ def explain(data: dict[str, Any]) -> dict[str, Any]:
                 blocks += 1
                 allocated += size
                 requested += int(b.get("requested_size", size) or size)
-                site = user_site(b.get("frames"))
+                site = user_site(b.get("frames"), files)
                 by_site[site] = by_site.get(site, 0) + size
                 if len(largest) < 10 or size > largest[-1][0]:
                     largest.append((size, site))
@@ -102,7 +113,7 @@ def explain(data: dict[str, Any]) -> dict[str, Any]:
     for device, trace in enumerate(data.get("device_traces", []) or []):
         for e in trace or ():
             if isinstance(e, dict) and e.get("action") == "oom":
-                ooms.append({"device": device, "bytes": e.get("size"), "site": user_site(e.get("frames")),
+                ooms.append({"device": device, "bytes": e.get("size"), "site": user_site(e.get("frames"), files),
                              "device_free": e.get("device_free")})
     share = free / reserved if reserved else 0.0
     sites = sorted(by_site.items(), key=lambda kv: kv[1], reverse=True)[:10]
