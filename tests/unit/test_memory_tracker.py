@@ -151,3 +151,10 @@ def test_snapshot_reader_refuses_anything_but_plain_data(tmp_path: Path) -> None
     junk.write_bytes(b"\x80\x04not really")
     with pytest.raises(UsageError, match="not a PyTorch memory snapshot"):
         load_snapshot(junk)
+
+
+def test_modules_roll_up_to_their_block() -> None:
+    from torchscalpel.memory.analysis import by_block
+
+    assert by_block({"blocks.0.attn": 3, "blocks.0.mlp.1": 2, "blocks.1.attn": 4, "head": 1, "": 5}) == \
+        {"blocks.0": 5, "blocks.1": 4, "head": 1, "": 5}

@@ -40,6 +40,17 @@ def _top(d: dict[str, int], n: int) -> list[dict[str, Any]]:
     return [{"name": k, "bytes": v} for k, v in sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:n] if v > 0]
 
 
+def by_block(by_module: dict[str, int]) -> dict[str, int]:
+    """Module totals rolled up to the first indexed level (``blocks.3.attn`` -> ``blocks.3``): per repeated block."""
+    out: dict[str, int] = {}
+    for name, n in by_module.items():
+        parts = name.split(".")
+        cut = next((i + 1 for i, p in enumerate(parts) if p.isdigit()), len(parts))
+        key = ".".join(parts[:cut])
+        out[key] = out.get(key, 0) + n
+    return out
+
+
 def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation: dict[str, Any] | None,
               live: int) -> str:
     """The cause to name first (a key of :data:`CAUSE_TEXT`)."""
@@ -97,6 +108,7 @@ def build_section(obs: MemoryObserver, record: Any) -> dict[str, Any]:
             "phase": peak.get("phase"), "op": peak.get("op"), "module": peak.get("module"),
             "by_category": peak.get("by_category", {}),
             "modules": _top(peak.get("by_module", {}), TOP_MODULES),
+            "blocks": _top(by_block(peak.get("by_module", {})), TOP_MODULES),
             "sites": _top(peak.get("by_site", {}), TOP_SITES),
         },
         "samples": obs.samples,

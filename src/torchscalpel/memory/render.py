@@ -39,9 +39,11 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
     lines.append(f"peak live tensors {fmt_bytes(peak.get('total'))} (step {peak.get('step')}, {peak.get('phase')}, "
                  f"at {peak.get('op')} in {peak.get('module') or 'no module'})")
     lines += category_lines(peak.get("by_category", {}), total)
-    if peak.get("modules"):
+    owners = peak.get("blocks") if len(peak.get("blocks") or []) < len(peak.get("modules") or []) else None
+    if owners or peak.get("modules"):
         lines.append("activations by module at the peak:")
-        lines += [f"  {m['name'] or '(outside any module)':<34} {fmt_bytes(m['bytes']):>11}" for m in peak["modules"][:6]]
+        lines += [f"  {m['name'] or '(outside any module)':<34} {fmt_bytes(m['bytes']):>11}"
+                  for m in (owners or peak["modules"])[:6]]
     if peak.get("sites"):
         lines.append("largest live allocations at the peak, by call site:")
         lines += [f"  {_short(s['name']):<34} {fmt_bytes(s['bytes']):>11}" for s in peak["sites"][:6]]
