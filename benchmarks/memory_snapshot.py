@@ -6,7 +6,8 @@ Writes a synthetic snapshot shaped like ``torch.cuda.memory._snapshot()`` (segme
 block with a Python + C++ stack of frames, device traces with alloc/free events) of about the given
 size, then in fresh subprocesses, interleaved: (a) torchscalpel's restricted unpickler + explanation,
 (b) ``pickle.load`` + ``torch.cuda._memory_viz.segsum`` (memory_viz's parser and its text summary).
-Reports wall time and peak RSS (``ru_maxrss``) of each.
+Reports wall time and peak RSS (``VmHWM``, which exec resets; ``ru_maxrss`` would carry over the
+generating parent's) of each. The snapshot is written by a child process for the same reason.
 """
 
 from __future__ import annotations
@@ -23,21 +24,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 OURS = """
-import resource, sys, time
+import sys, time
 from pathlib import Path
 t = time.perf_counter()
 from torchscalpel.memory.snapshot import explain_snapshot
 r = explain_snapshot(Path(sys.argv[1]))
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, r["blocks"])
+hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(time.perf_counter() - t, hwm, r["blocks"])
 """
 PEER = """
-import pickle, resource, sys, time
+import pickle, sys, time
 t = time.perf_counter()
 from torch.cuda import _memory_viz
 with open(sys.argv[1], "rb") as f:
     data = pickle.load(f)
 text = _memory_viz.segsum(data)
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, len(text))
+hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(time.perf_counter() - t, hwm, len(text))
 """
 
 
@@ -62,7 +65,7 @@ def _frames(i: int) -> list[dict[str, object]]:
 
 def write_snapshot(path: Path, size_mb: int) -> None:
     """About ``size_mb`` MB of snapshot, written in one pickle like torch's _dump_snapshot."""
-    per_block = 800  # bytes each pickled block takes with its frames (measured on this generator)
+    per_block = 340  # bytes each pickled block takes with its frames (measured on this generator)
     n_blocks = size_mb * 10**6 // per_block
     segments, blocks_per_seg, addr, i = [], 64, 0, 0
     while i < n_blocks:
@@ -99,7 +102,9 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "snapshot.pickle"
-        write_snapshot(path, args.size_mb)
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
+        subprocess.run([sys.executable, "-c", f"import memory_snapshot as m, pathlib; "
+                        f"m.write_snapshot(pathlib.Path({str(path)!r}), {args.size_mb})"], env=env, check=True)
         size = path.stat().st_size
         ours, peer = [], []
         for _ in range(args.rounds):  # interleaved

@@ -41,3 +41,19 @@ def test_inprocess_memory_block_and_limit(tmp_path: Path) -> None:
     m = run.record.sections["memory"]
     assert run.record.status == "failed" and "memory limit 4.0 MiB exceeded" in run.record.error
     assert m["oom"]["live"] > 4 * 2**20 and (tmp_path / "b" / "memory-live.json").is_file()
+
+
+def test_a_crash_in_the_analysis_keeps_the_snapshot_and_the_record(tmp_path: Path, monkeypatch) -> None:
+    import torchscalpel.memory.analysis as analysis
+
+    def broken(*args: object, **kwargs: object) -> dict:
+        raise RuntimeError("analysis bug")
+
+    monkeypatch.setattr(analysis, "build_section", broken)
+    model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 128))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchscalpel.memory(steps=None, out=tmp_path, memory_limit="3MiB", report=False) as run:
+        _train(model, opt, 50, [])
+    m = run.record.sections["memory"]
+    assert "analysis bug" in m["error"] and m["oom"]["total"] > 3 * 2**20
+    assert (tmp_path / "memory-live.json").is_file() and (tmp_path / "run.json").is_file()

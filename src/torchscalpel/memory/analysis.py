@@ -89,7 +89,7 @@ def cuda_state() -> dict[str, Any] | None:
             "num_ooms": int(stats.get("num_ooms", 0))}
 
 
-def build_section(obs: MemoryObserver, record: Any) -> dict[str, Any]:
+def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | None = None) -> dict[str, Any]:
     """The memory section of the Run record (plain JSON)."""
     tr = obs.tracker
     assert tr is not None
@@ -124,12 +124,12 @@ def build_section(obs: MemoryObserver, record: Any) -> dict[str, Any]:
     cause = top_cause(by_cat, growth, fragmentation, live_now)
     section["top_cause"] = {"key": cause, "text": CAUSE_TEXT[cause]}
     if tr.oom is not None:
-        section["oom"] = _postmortem(obs, tr.oom, cause, growth, fragmentation, record)
+        section["oom"] = _postmortem(obs, tr.oom, cause, growth, fragmentation, snapshot or {})
     return section
 
 
 def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: dict[str, Any],
-                fragmentation: dict[str, Any] | None, record: Any) -> dict[str, Any]:
+                fragmentation: dict[str, Any] | None, snapshot: dict[str, str]) -> dict[str, Any]:
     limit = obs.limit or (fragmentation or {}).get("reserved") or _capacity()
     plan: dict[str, Any] | None = None
     plan_error = None
@@ -144,7 +144,6 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
     ladder = build_ladder(measured_peak=measured, limit=int(limit), plan=plan, cause=cause,
                           breakdown=oom.get("by_category", {}), phase=str(oom.get("phase")), growth=growth,
                           fragmentation=fragmentation)
-    snapshot = _write_snapshot(obs, oom, record)
     return {
         "request": {"op": oom.get("op"), "bytes": oom.get("request_bytes"), "site": oom.get("site"),
                     "module": oom.get("module"), "step": oom.get("step"), "phase": oom.get("phase"),
@@ -156,7 +155,7 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
     }
 
 
-def _write_snapshot(obs: MemoryObserver, oom: dict[str, Any], record: Any) -> dict[str, str]:
+def write_snapshot(obs: MemoryObserver, oom: dict[str, Any]) -> dict[str, str]:
     """What was live (JSON, any device) and, on CUDA, the allocator's own snapshot (pickle)."""
     out_dir = getattr(getattr(obs.session, "options", None), "out_dir", None)
     if out_dir is None:

@@ -134,16 +134,23 @@ class MemoryObserver(Observer):
         for h in self._grad_handles:
             h.remove()
         self._grad_handles = []
-        from torchscalpel.memory.analysis import build_section
+        from torchscalpel.memory.analysis import build_section, write_snapshot
 
+        snapshot: dict[str, str] = {}
+        if tr.oom is not None:  # written first: a crash in the analysis below keeps it
+            try:
+                snapshot = write_snapshot(self, tr.oom)
+            except Exception as exc:
+                snapshot = {"error": repr(exc)}
         try:
-            record.sections["memory"] = build_section(self, record)
+            record.sections["memory"] = build_section(self, record, snapshot)
         except Exception as exc:  # a crash in the analysis keeps what was measured
             import traceback
 
             record.sections["memory"] = {"version": "1.0", "error": f"analysis failed: {exc!r}",
                                          "traceback": traceback.format_exc(limit=6),
                                          "peak": {"total": tr.peak, **(tr.peak_copy or {})}, "oom": tr.oom,
+                                         "snapshot": snapshot,
                                          "samples": self.samples}
 
 
