@@ -12,7 +12,7 @@ from torchscalpel.record import RunRecord, load_record, save_record
 
 __version__ = "0.1.0"
 
-__all__ = ["RunRecord", "__version__", "doctor", "load_record", "profile", "save_record"]
+__all__ = ["RunRecord", "__version__", "doctor", "load_record", "memory", "profile", "save_record"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,4 +23,6 @@ def __getattr__(name: str) -> Any:
         return profile
     if name == "doctor":  # the doctor package is callable: torchscalpel.doctor(...) opens a diagnosed block
         return importlib.import_module("torchscalpel.doctor")
+    if name == "memory":  # callable package, as doctor: torchscalpel.memory(...) opens an accounted block
+        return importlib.import_module("torchscalpel.memory")
     raise AttributeError(f"module 'torchscalpel' has no attribute {name!r}")

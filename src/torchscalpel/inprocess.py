@@ -33,6 +33,7 @@ from typing import Any
 
 from torchscalpel.fileio import default_run_dir
 from torchscalpel.record import RunRecord
+from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.script import one_line_error
 from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook, StopScript
@@ -97,8 +98,9 @@ class InProcessRun(contextlib.ContextDecorator):
         if attachment is None:
             return False
         status, code, error = "complete", 0, None
-        if isinstance(exc, StopScript):
-            status = "stopped"
+        if isinstance(exc, StopScript | MemoryLimitExceeded):
+            status = "stopped" if isinstance(exc, StopScript) else "failed"
+            code, error = (0, None) if isinstance(exc, StopScript) else (1, str(exc))
         elif isinstance(exc, KeyboardInterrupt):
             status, code, error = "interrupted", 130, "interrupted (Ctrl-C)"
         elif exc is not None:
@@ -106,7 +108,8 @@ class InProcessRun(contextlib.ContextDecorator):
         self.record = attachment.detach(status, code, error)
         if self._finish is not None:
             self._finish(self)
-        return isinstance(exc, StopScript)  # the runtime's own stop ends the block quietly
+        # The runtime's own stop, and --memory-limit's, end the block quietly (the record says why).
+        return isinstance(exc, StopScript | MemoryLimitExceeded)
 
 
 def profile(
@@ -180,6 +183,42 @@ def doctor(
 
     return InProcessRun(options=options, out=Path(out) if out is not None else None, report=report, quiet=quiet,
                         observers=[observer], setup_hooks=[observer.setup_hook], finish=finish)
+
+
+def memory(
+    *,
+    steps: int | None = 20,
+    warmup: int = 1,
+    out: str | Path | None = None,
+    memory_limit: str | int | None = None,
+    step_kind: str = "auto",
+    name: str = "memory-inprocess",
+    report: bool = True,
+    quiet: bool = True,
+) -> InProcessRun:
+    """Account the block's memory like ``scalpel memory``: ``run.record.sections["memory"]`` holds the
+    breakdown, growth and (past ``memory_limit``, a size such as ``"2GiB"`` or bytes) the post-mortem.
+    A block that crosses the limit ends there, like a step stop; the record says why."""
+    from torchscalpel.memory.observer import MemoryObserver
+    from torchscalpel.memory.stage import observer_setup
+    from torchscalpel.units import parse_size
+
+    limit = parse_size(memory_limit, flag="memory_limit") if isinstance(memory_limit, str) else memory_limit
+    observer = MemoryObserver(limit=limit)
+    options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name)
+
+    def finish(run: InProcessRun) -> None:
+        from torchscalpel.memory.stage import finish as finish_memory
+
+        assert run.record is not None and run.out_dir is not None
+        finish_memory(run.record, run.out_dir, json_path=None, write_report=run.report)
+        if not run.quiet:
+            from torchscalpel.memory.render import summary_lines
+
+            print("\n".join(summary_lines(run.record.sections.get("memory") or {})))
+
+    return InProcessRun(options=options, out=Path(out) if out is not None else None, report=report, quiet=quiet,
+                        observers=[observer], setup_hooks=[observer_setup(observer)], finish=finish)
 
 
 def _caller() -> str:

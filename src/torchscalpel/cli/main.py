@@ -19,6 +19,7 @@ COMMANDS: tuple[str, ...] = (
     "env",
     "profile",
     "doctor",
+    "memory",
     "tune",
     "run",
     "plan",

@@ -31,6 +31,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--config", type=Path, default=Path("scalpel.toml"), help="settings file (default ./scalpel.toml)")
     p.add_argument("--show", action="store_true", help="print what each setting changed when the script ends")
+    p.add_argument("--memory-limit", metavar="SIZE", help="stop the script when live tensors exceed SIZE (e.g. 512MiB), "
+                   "on any device: shows that a fix from 'scalpel memory' fits")
     add_tracking_arguments(p)
     add_target_arguments(p)
     p.set_defaults(func=run)
@@ -39,16 +41,30 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Read the settings (errors before the script starts), apply them, run the script."""
+    from torchscalpel.runtime.memory_limit import MemoryLimitExceeded, enforced
     from torchscalpel.tune.apply import applied
     from torchscalpel.tune.settings import read_settings_file
+    from torchscalpel.units import parse_size
 
+    limit = parse_size(args.memory_limit, flag="--memory-limit") if args.memory_limit else None
     settings = read_settings_file(args.config)
     target = resolve_target(args)
     if settings.compile is not None and settings.dataloader.num_workers:
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     print(f"scalpel run: {settings.label()} (from {args.config})", file=sys.stderr)
+    tracker = None
     with applied(settings) as log:
-        code = execute_tracked(args, target, execute)
+        try:
+            with enforced(limit) as tracker:
+                code = execute_tracked(args, target, execute)
+        except MemoryLimitExceeded as exc:
+            print(f"scalpel run: {exc}; see 'scalpel memory --memory-limit {args.memory_limit}' for why.", file=sys.stderr)
+            code = 1
+        if tracker is not None and code == 0:
+            from torchscalpel.units import fmt_bytes
+
+            print(f"scalpel run: peak live tensors {fmt_bytes(tracker.peak)} under the limit "
+                  f"{fmt_bytes(limit)}", file=sys.stderr)
     if args.show or log.skipped:
         for line in log.applied if args.show else []:
             print(f"scalpel run: applied {line}", file=sys.stderr)

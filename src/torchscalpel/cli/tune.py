@@ -55,6 +55,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, default=Path("scalpel.toml"),
                    help="where to write the winning settings (default ./scalpel.toml; a file not written by "
                         "scalpel tune is never overwritten)")
+    p.add_argument("--fit", metavar="SIZE", help="find the fastest configuration whose live tensors fit in SIZE "
+                   "(memory knobs: checkpointing, micro-batches, bf16; see docs/memory.md)")
     add_output_arguments(p)
     add_tracking_arguments(p)
     add_target_arguments(p)
@@ -91,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--confirm must be at least 1: nothing is recommended without a confirmation run.")
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"tune-{target.name}")
+    if args.fit:
+        from torchscalpel.tune.fit import run_fit
+
+        return run_fit(target, limit_text=args.fit, out_dir=out_dir, config=args.config, warmup=args.warmup,
+                       steps=min(int(args.steps), 5))
     options = TuneOptions(out_dir=out_dir, budget_s=budget, warmup=args.warmup, steps=args.steps, seed=args.seed,
                           knobs=knobs, compile_backend=args.compile_backend, compile_modes=modes,
                           confirm_pairs=args.confirm, step_kind=args.step_kind)

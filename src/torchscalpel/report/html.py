@@ -32,6 +32,7 @@ SectionBuilder = Callable[[RunRecord], list[Section]]
 SECTION_BUILDERS: list[str] = [
     "torchscalpel.report.tune_sections:build",
     "torchscalpel.report.plan_sections:build",
+    "torchscalpel.report.memory_sections:build",
     "torchscalpel.report.findings_sections:build",
     "torchscalpel.report.profile_sections:build",
     "torchscalpel.report.env_sections:build",

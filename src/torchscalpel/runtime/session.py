@@ -21,6 +21,7 @@ from torchscalpel.record import RunRecord, StepRecord
 from torchscalpel.runtime.clock import clock_for
 from torchscalpel.runtime.hooks import HookSet
 from torchscalpel.runtime.memory import StepMemory
+from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
 from torchscalpel.runtime.observer import Observer, listeners_by_event
 from torchscalpel.runtime.script import (
     exit_code_of,
@@ -416,6 +417,8 @@ def run_target(
             error = f"the script exited with code {exit_code}"
     except KeyboardInterrupt:
         status, exit_code, error = "interrupted", 130, "interrupted (Ctrl-C)"
+    except MemoryLimitExceeded as exc:  # --memory-limit: a clean stop, explained by the memory section
+        status, exit_code, error = "failed", 1, str(exc)
     except BaseException as exc:
         status, exit_code = "failed", 1
         error = one_line_error(exc)

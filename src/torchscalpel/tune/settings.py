@@ -36,7 +36,8 @@ AMP_DTYPES = ("bf16", "fp16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZER_IMPLS = ("foreach", "fused")
-KNOB_NAMES: tuple[str, ...] = ("amp", "threads", "dataloader", "optimizer", "channels_last", "matmul", "cudnn", "compile")
+KNOB_NAMES: tuple[str, ...] = ("amp", "threads", "dataloader", "optimizer", "channels_last", "matmul", "cudnn", "compile",
+                             "checkpointing", "microbatch")
 """Knob families in search order (``tune.knobs.all_knobs()`` builds them). Kept here, torch-free,
 because the CLI parser lists them: every ``scalpel`` command builds that parser."""
 
@@ -118,6 +119,10 @@ class TuneSettings:
     """Convert the model and its 4-D inputs to channels_last memory format (conv nets)."""
     threads: int | None = None
     """``torch.set_num_threads`` (CPU intra-op threads)."""
+    checkpointing: str | None = None
+    """Activation checkpointing: ``blocks`` (every repeated block, ``torchscalpel.blocks``)."""
+    microbatches: int | None = None
+    """Split each batch into this many micro-batches with gradient accumulation (>= 2)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.compile, dict):
@@ -132,6 +137,10 @@ class TuneSettings:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZER_IMPLS)}, not {self.optimizer!r}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError("threads must be an integer >= 1")
+        if self.checkpointing is not None and self.checkpointing != "blocks":
+            raise ValueError(f"checkpointing must be \"blocks\", not {self.checkpointing!r}")
+        if self.microbatches is not None and (not isinstance(self.microbatches, int) or self.microbatches < 2):
+            raise ValueError("microbatches must be an integer >= 2")
         if self.amp_fp32_attention and self.amp is None:
             raise ValueError("amp_fp32_attention needs amp to be set")
         for name in ("cudnn_benchmark", "channels_last", "amp_fp32_attention"):

@@ -14,9 +14,11 @@ from torchscalpel.tune.knobs.base import (
     SetupHook,
     Undo,
 )
+from torchscalpel.tune.knobs.checkpointing import CheckpointingKnob
 from torchscalpel.tune.knobs.compile import CompileKnob
 from torchscalpel.tune.knobs.dataloader import DataLoaderKnob
 from torchscalpel.tune.knobs.layout import ChannelsLastKnob
+from torchscalpel.tune.knobs.microbatch import MicrobatchKnob
 from torchscalpel.tune.knobs.optimizer import OptimizerImplKnob
 from torchscalpel.tune.knobs.threads import ThreadsKnob
 from torchscalpel.tune.settings import KNOB_NAMES
@@ -47,6 +49,8 @@ def all_knobs(*, compile_backend: str = "inductor", compile_modes: tuple[str, ..
         MatmulPrecisionKnob(),
         CudnnBenchmarkKnob(),
         CompileKnob(backend=compile_backend, modes=compile_modes),
+        CheckpointingKnob(),
+        MicrobatchKnob(),
     ]
 
 

@@ -1,0 +1,155 @@
+"""scalpel memory: named cause and applied fix on OOM scripts, peak accuracy against the allocator, and cost.
+
+Run: ``PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/memory_accuracy.py``
+
+1. Each OOM fixture runs under ``scalpel memory --memory-limit SIZE``; the named top cause must be the
+   expected one, and the first ladder rung that ``scalpel run`` can apply (a ``[tune]`` config) must make
+   ``scalpel run --memory-limit SIZE --config scalpel.toml`` complete under the same limit.
+2. Accuracy: one training step of the deep transformer runs under the tracker with torch.profiler's
+   memory events inside it (the peer: the CPU allocator's own counter, read through
+   ``plan.measure.profiled_memory``); the tracker's peak above the live bytes at the window start is
+   compared with the allocator's peak, and with the plan's simulated peak.
+3. Cost: the same step plain and under the tracker, interleaved, median of each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "memory"
+CASES = [
+    ("deep transformer activations", "deep_transformer.py", "40MiB", "activations", None),
+    # Fixes that are code changes (the ladder's top rung says which): applied to a copy of the script.
+    ("optimizer state too big", "big_optimizer.py", "20MiB", "optimizer_state",
+     ("torch.optim.Adam(model.parameters(), lr=1e-3)", "torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)")),
+    ("growing list of logged losses", "logged_losses.py", "40MiB", "growth",
+     ("history.append(val_loss)", "history.append(val_loss.item())")),
+]
+
+
+def scalpel(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torchscalpel", *args], capture_output=True, text=True, env=env,
+                          timeout=900)
+
+
+def oom_cases(tmp: Path) -> list[dict[str, object]]:
+    rows = []
+    for label, script, limit, expected, code_fix in CASES:
+        out = tmp / script
+        scalpel("memory", "--steps", "all", "--memory-limit", limit, "--out", str(out), "--json",
+                str(tmp / f"{script}.json"), "--no-report", "--", str(FIXTURES / script))
+        section = json.loads((tmp / f"{script}.json").read_text())
+        cause = section["top_cause"]["key"]
+        ladder = (section.get("oom") or {}).get("ladder", [])
+        rung = next((r for r in ladder if r.get("fits")), None)
+        toml = tmp / f"{script}.toml"
+        toml.write_text("[tune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in (rung or {}).get("config", {}).items()))
+        target = FIXTURES / script
+        if code_fix is not None:  # the top rung is a code change: apply it to a copy
+            target = tmp / f"fixed_{script}"
+            source = (FIXTURES / script).read_text()
+            assert code_fix[0] in source
+            target.write_text(source.replace(code_fix[0], code_fix[1]))
+        fixed = scalpel("run", "--memory-limit", limit, "--config", str(toml), "--", str(target)) if rung else None
+        rows.append({"plan_peak": ((section.get("oom") or {}).get("plan") or {}).get("peak"), "case": label, "limit": limit, "expected": expected, "named": cause, "ok": cause == expected,
+                     "oom": bool(section.get("oom")), "fix": rung["action"] if rung else "(none fits)",
+                     "applied_as": "scalpel.toml" if code_fix is None else f"code: {code_fix[1]}",
+                     "fix_completes": None if fixed is None else fixed.returncode == 0,
+                     "fix_peak": None if fixed is None else fixed.stderr.strip().splitlines()[-1]})
+    return rows
+
+
+def accuracy_and_cost() -> dict[str, object]:
+    import torch
+    from torch import nn
+
+    from torchscalpel.plan.measure import profiled_memory
+    from torchscalpel.runtime.alloc_tracker import AllocationTracker
+
+    sys.argv = ["deep_transformer.py", "--steps", "1", "--batch", "32"]
+    ns: dict[str, object] = {"__name__": "bench"}
+    exec(compile((FIXTURES / "deep_transformer.py").read_text(), "deep_transformer.py", "exec"), ns)
+    model = ns["TinyLM"](layers=8)  # type: ignore[operator]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    idx = torch.randint(0, 256, (32, 64))
+
+    def step() -> None:
+        logits = model(idx)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, 256), idx.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    for _ in range(2):
+        step()
+    tr = AllocationTracker()
+    tr.start()
+    try:
+        tr.adopt(model.parameters(), "parameters")
+        tr.adopt([v for s in opt.state.values() for v in s.values()], "optimizer_state")
+        base = tr.total
+        tr.peak = tr.total
+        reading = profiled_memory(step)
+    finally:
+        tr.stop()
+    tracked = tr.peak - base
+    costs = {64: cost(step)}
+    wide = ns["TinyLM"](layers=8, d=256)  # type: ignore[operator]
+    wide_opt = torch.optim.AdamW(wide.parameters(), lr=1e-3)
+
+    def wide_step() -> None:
+        loss = nn.functional.cross_entropy(wide(idx).reshape(-1, 256), idx.reshape(-1))
+        wide_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        wide_opt.step()
+
+    wide_step()
+    costs[256] = cost(wide_step)
+    return {"tracker_peak_above_base": tracked, "allocator_peak": reading.peak,
+            "error": abs(tracked - reading.peak) / reading.peak,
+            "peak_breakdown": tr.peak_copy.get("by_category"),
+            "tracker_peak_total": tr.peak, "cost": costs}
+
+
+def cost(step: object) -> dict[str, float]:
+    """Median step time plain and under the tracker, interleaved (both see the same machine load)."""
+    from torchscalpel.runtime.alloc_tracker import AllocationTracker
+
+    plain_t, tracked_t = [], []
+    for _ in range(5):
+        t = time.perf_counter()
+        step()  # type: ignore[operator]
+        plain_t.append(time.perf_counter() - t)
+        tr = AllocationTracker()
+        tr.start()
+        t = time.perf_counter()
+        step()  # type: ignore[operator]
+        tracked_t.append(time.perf_counter() - t)
+        tr.stop()
+    return {"plain_step_ms": 1e3 * statistics.median(plain_t), "tracked_step_ms": 1e3 * statistics.median(tracked_t),
+            "ratio": statistics.median(tracked_t) / statistics.median(plain_t)}
+
+
+def main() -> int:
+    with tempfile.TemporaryDirectory() as d:
+        rows = oom_cases(Path(d))
+    for r in rows:
+        print(json.dumps(r))
+    acc = accuracy_and_cost()
+    print(json.dumps(acc))
+    ok = all(r["ok"] and r["fix_completes"] is not False for r in rows) and acc["error"] <= 0.10
+    print("PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

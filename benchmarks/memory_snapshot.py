@@ -1,0 +1,121 @@
+"""Reading a large memory snapshot: ``scalpel memory SNAPSHOT`` against memory_viz's own parser, same run.
+
+Run: ``PYTHONPATH=src python benchmarks/memory_snapshot.py [--size-mb 1024]``
+
+Writes a synthetic snapshot shaped like ``torch.cuda.memory._snapshot()`` (segments of blocks, each
+block with a Python + C++ stack of frames, device traces with alloc/free events) of about the given
+size, then in fresh subprocesses, interleaved: (a) torchscalpel's restricted unpickler + explanation,
+(b) ``pickle.load`` + ``torch.cuda._memory_viz.segsum`` (memory_viz's parser and its text summary).
+Reports wall time and peak RSS (``VmHWM``, which exec resets; ``ru_maxrss`` would carry over the
+generating parent's) of each. The snapshot is written by a child process for the same reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OURS = """
+import sys, time
+from pathlib import Path
+t = time.perf_counter()
+from torchscalpel.memory.snapshot import explain_snapshot
+r = explain_snapshot(Path(sys.argv[1]))
+hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(time.perf_counter() - t, hwm, r["blocks"])
+"""
+PEER = """
+import pickle, sys, time
+t = time.perf_counter()
+from torch.cuda import _memory_viz
+with open(sys.argv[1], "rb") as f:
+    data = pickle.load(f)
+text = _memory_viz.segsum(data)
+hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
+print(time.perf_counter() - t, hwm, len(text))
+"""
+
+
+def _own(text: str) -> str:
+    """A fresh string object, as the C++ snapshot code makes one per frame (pickle memoizes shared objects)."""
+    return text[:1] + text[1:]
+
+
+def frames(i: int) -> list[dict[str, object]]:
+    return [{k: _own(v) if isinstance(v, str) else v for k, v in f.items()} for f in _frames(i)]
+
+
+def _frames(i: int) -> list[dict[str, object]]:
+    return [
+        {"filename": "/usr/lib/python3.11/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"},
+        {"filename": f"/home/user/project/model_{i % 50}.py", "line": 10 + i % 300, "name": "forward"},
+        {"filename": "/home/user/project/train.py", "line": 88, "name": "train_step"},
+        {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"},
+        {"filename": "??", "line": 0, "name": "at::native::empty_cuda"},
+    ]
+
+
+def write_snapshot(path: Path, size_mb: int) -> None:
+    """About ``size_mb`` MB of snapshot, written in one pickle like torch's _dump_snapshot."""
+    per_block = 340  # bytes each pickled block takes with its frames (measured on this generator)
+    n_blocks = size_mb * 10**6 // per_block
+    segments, blocks_per_seg, addr, i = [], 64, 0, 0
+    while i < n_blocks:
+        blocks = []
+        for j in range(blocks_per_seg):
+            size = 512 * (1 + (i * 7 + j) % 4096)
+            state = "inactive" if j % 9 == 0 else "active_allocated"
+            blocks.append({"address": addr, "size": size, "requested_size": size - 17, "state": state,
+                           "frames": frames(i)})
+            addr += size
+            i += 1
+        segments.append({"device": 0, "address": addr, "total_size": sum(b["size"] for b in blocks),
+                         "allocated_size": 0, "active_size": 0, "requested_size": 0, "stream": 0,
+                         "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+                         "frames": [], "blocks": blocks})
+    data = {"segments": segments, "device_traces": [[{"action": "oom", "addr": 0, "size": 2**30, "stream": 0,
+                                                      "device_free": 10**8, "frames": frames(3)}]],
+            "allocator_settings": {"expandable_segments": False}}
+    with path.open("wb") as f:
+        pickle.dump(data, f, protocol=4)
+
+
+def run(code: str, path: Path) -> tuple[float, int]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env, check=True)
+    seconds, rss, _ = out.stdout.split()
+    return float(seconds), int(rss)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "snapshot.pickle"
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
+        subprocess.run([sys.executable, "-c", f"import memory_snapshot as m, pathlib; "
+                        f"m.write_snapshot(pathlib.Path({str(path)!r}), {args.size_mb})"], env=env, check=True)
+        size = path.stat().st_size
+        ours, peer = [], []
+        for _ in range(args.rounds):  # interleaved
+            ours.append(run(OURS, path))
+            peer.append(run(PEER, path))
+    best = lambda rows: (min(r[0] for r in rows), min(r[1] for r in rows))  # noqa: E731
+    (ot, orss), (pt, prss) = best(ours), best(peer)
+    print(json.dumps({"snapshot_bytes": size, "ours_s": ot, "ours_peak_rss": orss, "memory_viz_s": pt,
+                      "memory_viz_peak_rss": prss, "time_ratio": ot / pt, "rss_ratio": orss / prss}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""``scalpel memory [options] -- SCRIPT [ARGS]`` and ``scalpel memory SNAPSHOT.pickle``.
+
+Runs the script with tensor-level memory accounting: live memory by category (parameters, gradients,
+optimizer state, activations saved for backward per module, temporaries) over the run and at the peak,
+the call sites of the largest live allocations, memory that grows across steps, and with
+``--memory-limit SIZE`` an out-of-memory post-mortem with the fix ladder. Given a PyTorch memory
+snapshot instead of a script, explains the snapshot. See docs/memory.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.cli.common import (
+    add_target_arguments,
+    add_window_arguments,
+    default_run_dir,
+    resolve_target,
+    steps_arg,
+)
+from torchscalpel.errors import UsageError
+
+DEFAULT_STEPS = 20
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``memory`` sub-command."""
+    p = subparsers.add_parser(
+        "memory",
+        help="where memory goes (by category, module and line), what grows, and why it ran out",
+        description="Run a training script with tensor-level memory accounting and explain its peak, its growth "
+        "across steps and, under --memory-limit SIZE (or a CUDA out-of-memory), the failing request with a fix "
+        "ladder. 'scalpel memory SNAPSHOT.pickle' explains a torch.cuda.memory._dump_snapshot file. See docs/memory.md.",
+    )
+    p.add_argument("--memory-limit", metavar="SIZE",
+                   help="stop the run when live tensors exceed SIZE (e.g. 512MiB, 2GB), on any device")
+    add_window_arguments(p, warmup=1, steps=str(DEFAULT_STEPS), steps_help=f"default {DEFAULT_STEPS}")
+    p.add_argument("--config", type=Path, help="apply the [tune] settings of this scalpel.toml, as 'scalpel run' does")
+    p.add_argument("--no-plan", action="store_true", help="skip the plan's numbers in the fix ladder")
+    p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-memory-<name>/)")
+    p.add_argument("--json", dest="json_path", type=Path, help="also write the memory section as JSON here")
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    add_target_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, then explain a snapshot or run the script."""
+    from torchscalpel.units import parse_size
+
+    limit = parse_size(args.memory_limit, flag="--memory-limit") if args.memory_limit else None
+    target_words = list(args.target or [])
+    if target_words and target_words[0] == "--":
+        target_words = target_words[1:]
+    if not args.module and len(target_words) == 1 and _looks_like_snapshot(Path(target_words[0])):
+        return _explain_snapshot(Path(target_words[0]), args)
+    if not args.module and not target_words:
+        raise UsageError("Name the script after --, e.g. 'scalpel memory -- train.py', or give a SNAPSHOT.pickle.")
+    steps = steps_arg(args)
+    target = resolve_target(args)
+    settings_hooks: list[Any] = []
+    if args.config is not None:
+        from torchscalpel.tune.apply import setup_hooks
+        from torchscalpel.tune.knobs import ApplyLog
+        from torchscalpel.tune.settings import read_settings_file
+
+        settings_hooks = setup_hooks(read_settings_file(args.config), ApplyLog())
+    from torchscalpel.memory.render import summary_lines
+    from torchscalpel.memory.stage import run_memory
+    from torchscalpel.runtime.session import RuntimeOptions
+
+    out_dir = args.out or default_run_dir(f"memory-{target.name}")
+    try:
+        options = RuntimeOptions(warmup=args.warmup, steps=None if steps in ("all", "auto") else int(steps),
+                                 out_dir=out_dir, profile_steps=0, name=f"memory-{target.name}",
+                                 step_kind=args.step_kind, step_timeout_s=args.step_timeout)
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
+    record = run_memory(target, options, limit=limit, json_path=args.json_path, write_report=not args.no_report,
+                        setup_hooks=settings_hooks, plan=not args.no_plan)
+    section = record.sections.get("memory") or {}
+    print(f"scalpel memory: {target.name}: {record.status}" + (f" ({record.error})" if record.error else ""))
+    for line in summary_lines(section):
+        print(line)
+    print(f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}"))
+    return int(record.exit_code or 0)
+
+
+def _looks_like_snapshot(path: Path) -> bool:
+    return path.suffix.lower() in (".pickle", ".pkl") or (path.is_file() and path.suffix.lower() != ".py"
+                                                          and _starts_like_pickle(path))
+
+
+def _starts_like_pickle(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(1) == b"\x80"
+    except OSError:
+        return False
+
+
+def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
+    import json
+
+    from torchscalpel.memory.snapshot import explain_snapshot, render_snapshot
+
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist; give the path of a torch.cuda.memory._dump_snapshot file.")
+    result = explain_snapshot(path)
+    for line in render_snapshot(result):
+        print(line)
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"(read in {result['read_s']:.2f} s)", file=sys.stderr)
+    return 0

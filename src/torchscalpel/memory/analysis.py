@@ -1,0 +1,188 @@
+"""``record.sections["memory"]``: the peak by category and owner, growth, and the out-of-memory post-mortem.
+
+Everything here reads what the observer and the tracker measured; nothing is re-measured. The top
+cause is the story a reader needs first: memory that grows across steps (when it does, and the growth
+is a real share of what was live), fragmentation (CUDA, reserved memory that is free but in pieces),
+else the largest category when the limit was crossed (or at the peak).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchscalpel.memory.growth import find_growth
+from torchscalpel.memory.ladder import build_ladder, plan_numbers
+from torchscalpel.runtime.alloc_tracker import CATEGORIES
+
+if TYPE_CHECKING:
+    from torchscalpel.memory.observer import MemoryObserver
+
+SECTION_VERSION = "1.0"
+TOP_SITES = 10
+TOP_MODULES = 12
+GROWTH_SHARE = 0.25
+"""Growth is the top cause when what it kept is at least this share of the live memory."""
+
+CAUSE_TEXT = {
+    "activations": "activations saved for backward",
+    "optimizer_state": "optimizer state",
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "temporaries": "temporaries",
+    "growth": "memory that grows across steps",
+    "fragmentation": "allocator fragmentation",
+}
+
+
+def _top(d: dict[str, int], n: int) -> list[dict[str, Any]]:
+    return [{"name": k, "bytes": v} for k, v in sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:n] if v > 0]
+
+
+def by_block(by_module: dict[str, int]) -> dict[str, int]:
+    """Module totals rolled up to the first indexed level (``blocks.3.attn`` -> ``blocks.3``): per repeated block."""
+    out: dict[str, int] = {}
+    for name, n in by_module.items():
+        parts = name.split(".")
+        cut = next((i + 1 for i, p in enumerate(parts) if p.isdigit()), len(parts))
+        key = ".".join(parts[:cut])
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation: dict[str, Any] | None,
+              live: int) -> str:
+    """The cause to name first (a key of :data:`CAUSE_TEXT`)."""
+    kept = (growth.get("kept") or {}).get("activations", 0)
+    grown = growth.get("per_step", 0) * max(1, growth.get("steps", 1))
+    if growth.get("per_step") and max(kept, grown) >= GROWTH_SHARE * max(1, live):
+        return "growth"
+    if fragmentation and fragmentation.get("share", 0) > 0.3 and fragmentation.get("largest_free", 0) < \
+            (fragmentation.get("request") or 0):
+        return "fragmentation"
+    return max(CATEGORIES, key=lambda c: by_category.get(c, 0))
+
+
+def cuda_state() -> dict[str, Any] | None:
+    """Allocator cache and fragmentation from ``torch.cuda.memory_stats`` and the segment snapshot (CUDA only)."""
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    stats = torch.cuda.memory_stats()
+    reserved = int(stats.get("reserved_bytes.all.current", 0))
+    allocated = int(stats.get("allocated_bytes.all.current", 0))
+    largest = 0
+    try:
+        for seg in torch.cuda.memory_snapshot():
+            for block in seg.get("blocks", []):
+                if block.get("state") == "inactive":
+                    largest = max(largest, int(block.get("size", 0)))
+    except Exception:
+        pass
+    free = max(0, reserved - allocated)
+    return {"reserved": reserved, "allocated": allocated, "reserved_free": free,
+            "share": free / reserved if reserved else 0.0, "largest_free": largest,
+            "allocated_peak": int(stats.get("allocated_bytes.all.peak", 0)),
+            "reserved_peak": int(stats.get("reserved_bytes.all.peak", 0)),
+            "num_ooms": int(stats.get("num_ooms", 0))}
+
+
+def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | None = None) -> dict[str, Any]:
+    """The memory section of the Run record (plain JSON)."""
+    tr = obs.tracker
+    assert tr is not None
+    peak = tr.peak_copy or {"total": tr.peak, "by_category": dict(tr.by_category), "by_module": {}, "by_site": {}}
+    capacity = obs.limit or _capacity()
+    growth = find_growth(obs.samples, capacity=capacity)
+    fragmentation = cuda_state()
+    section: dict[str, Any] = {
+        "version": SECTION_VERSION,
+        "device": tr.device_kind,
+        "limit": obs.limit,
+        "capacity": capacity,
+        "allocations": tr.allocations,
+        "peak": {
+            "total": tr.peak, "breakdown_total": peak.get("total"), "step": peak.get("step"),
+            "phase": peak.get("phase"), "op": peak.get("op"), "module": peak.get("module"),
+            "by_category": peak.get("by_category", {}),
+            "modules": _top(peak.get("by_module", {}), TOP_MODULES),
+            "blocks": _top(by_block(peak.get("by_module", {})), TOP_MODULES),
+            "sites": _top(peak.get("by_site", {}), TOP_SITES),
+        },
+        "samples": obs.samples,
+        "growth": growth,
+        "cuda": fragmentation,
+        "end": {"live": tr.total, "by_category": dict(tr.by_category), "largest": tr.live_top(TOP_SITES)},
+    }
+    where = tr.oom or {}
+    live_now = where.get("total", tr.peak)
+    by_cat = where.get("by_category") or peak.get("by_category", {})
+    if fragmentation is not None and tr.oom is not None:
+        fragmentation["request"] = tr.oom.get("request_bytes")
+    cause = top_cause(by_cat, growth, fragmentation, live_now)
+    section["top_cause"] = {"key": cause, "text": CAUSE_TEXT[cause]}
+    if tr.oom is not None:
+        section["oom"] = _postmortem(obs, tr.oom, cause, growth, fragmentation, snapshot or {})
+    return section
+
+
+def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: dict[str, Any],
+                fragmentation: dict[str, Any] | None, snapshot: dict[str, str]) -> dict[str, Any]:
+    limit = obs.limit or (fragmentation or {}).get("reserved") or _capacity()
+    plan: dict[str, Any] | None = None
+    plan_error = None
+    if obs.plan_observer is not None and cause != "growth":  # growth is fixed in code, not by a plan
+        try:
+            plan = plan_numbers(obs.plan_observer, int(limit), cause)
+        except Exception as exc:  # the ladder still has the measured rungs
+            plan_error = f"the plan could not simulate this model: {type(exc).__name__}: {exc}"
+    if plan and "error" in plan:
+        plan_error, plan = plan["error"], None
+    measured = max(int(oom.get("total", 0)), int(obs.tracker.peak if obs.tracker else 0))
+    ladder = build_ladder(measured_peak=measured, limit=int(limit), plan=plan, cause=cause,
+                          breakdown=oom.get("by_category", {}), phase=str(oom.get("phase")), growth=growth,
+                          fragmentation=fragmentation)
+    return {
+        "request": {"op": oom.get("op"), "bytes": oom.get("request_bytes"), "site": oom.get("site"),
+                    "module": oom.get("module"), "step": oom.get("step"), "phase": oom.get("phase"),
+                    "device_error": oom.get("device_error")},
+        "limit": limit, "live": oom.get("total"), "by_category": oom.get("by_category", {}),
+        "modules": _top(oom.get("by_module", {}), TOP_MODULES), "sites": _top(oom.get("by_site", {}), TOP_SITES),
+        "largest": oom.get("live", [])[:TOP_SITES], "plan": plan, "plan_error": plan_error, "ladder": ladder,
+        "snapshot": snapshot,
+    }
+
+
+def write_snapshot(obs: MemoryObserver, oom: dict[str, Any]) -> dict[str, str]:
+    """What was live (JSON, any device) and, on CUDA, the allocator's own snapshot (pickle)."""
+    out_dir = getattr(getattr(obs.session, "options", None), "out_dir", None)
+    if out_dir is None:
+        return {}
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: dict[str, str] = {}
+    live_path = out_dir / "memory-live.json"
+    live_path.write_text(json.dumps({k: v for k, v in oom.items()}, indent=1, default=str) + "\n", encoding="utf-8")
+    written["live"] = str(live_path)
+    if obs.cuda_history:
+        import torch
+
+        try:
+            path = out_dir / "memory-snapshot.pickle"
+            torch.cuda.memory._dump_snapshot(str(path))
+            written["cuda_snapshot"] = str(path)
+        except Exception as exc:
+            written["cuda_snapshot_error"] = repr(exc)
+    return written
+
+
+def _capacity() -> int | None:
+    """The device's memory when no limit was given (growth's "steps until it runs out")."""
+    try:
+        from torchscalpel.plan.devices import local_device
+
+        return local_device().memory
+    except Exception:
+        return None

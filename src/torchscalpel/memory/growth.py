@@ -1,0 +1,75 @@
+"""Memory that grows from step to step: which call site, how fast, and when it runs out.
+
+Reads the step-end samples of the memory observer. A step end is where a training loop's live memory
+returns to its floor (parameters, gradients or not, optimizer state); what is still live there and
+more so at every step end is a leak in the making: tensors appended to a list, losses logged with
+their graph (their saved activations stay alive), caches that never evict. The growth per step is
+the least-squares slope over the steps measured after warm-up (the first step allocates optimizer
+state and is never counted as growth).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+MIN_STEPS = 3
+"""Step ends needed before a slope means anything."""
+
+MIN_GROWTH = 4096
+"""Bytes per step below which growth is noise (a Python int cache, a logged float)."""
+
+STEADY_SHARE = 0.6
+"""A site grows when its live bytes rose at this share of consecutive step ends or more."""
+
+
+def slope(values: list[float]) -> float:
+    """Least-squares slope of ``values`` against their index."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean_x = (n - 1) / 2
+    mean_y = sum(values) / n
+    num = sum((i - mean_x) * (v - mean_y) for i, v in enumerate(values))
+    den = sum((i - mean_x) ** 2 for i in range(n))
+    return num / den if den else 0.0
+
+
+def _rising(values: list[int]) -> bool:
+    ups = sum(1 for a, b in itertools.pairwise(values) if b > a)
+    return ups >= STEADY_SHARE * (len(values) - 1)
+
+
+def find_growth(samples: list[dict[str, Any]], *, capacity: int | None) -> dict[str, Any]:
+    """Growing sites, total growth per step and steps until ``capacity`` (bytes) at that rate."""
+    usable = [s for s in samples if not s.get("warmup")] or samples
+    usable = usable[1:] if len(usable) > MIN_STEPS else usable  # the first step builds optimizer state
+    out: dict[str, Any] = {"steps": len(usable), "sites": [], "per_step": 0, "steps_left": None, "kept": None}
+    if len(usable) < MIN_STEPS:
+        out["note"] = f"{len(usable)} step end(s) measured; growth needs {MIN_STEPS} or more"
+        return out
+    lives = [int(s["live"]) for s in usable]
+    total_rate = slope([float(v) for v in lives])
+    sites: set[str] = set()
+    for s in usable:
+        sites.update(s.get("sites", {}))
+    rows = []
+    for site in sites:
+        values = [int(s.get("sites", {}).get(site, 0)) for s in usable]
+        rate = slope([float(v) for v in values])
+        if rate >= MIN_GROWTH and _rising(values):
+            rows.append({"site": site, "per_step": int(rate), "live": values[-1]})
+    rows.sort(key=lambda r: r["per_step"], reverse=True)
+    out["sites"] = rows[:10]
+    growing = total_rate >= MIN_GROWTH and _rising(lives)
+    out["per_step"] = int(total_rate) if growing else 0
+    kept = [int(s.get("kept_activations", 0)) for s in usable]
+    losses = [int(s.get("losses_kept", 0)) for s in usable]
+    if growing and _rising(kept) and kept[-1] > 0:
+        out["kept"] = {"activations": kept[-1], "per_step": int(slope([float(v) for v in kept])),
+                       "losses_kept": losses[-1]}
+    if growing and capacity:
+        peak = max(int(s.get("peak", s["live"])) for s in usable)
+        out["steps_left"] = max(0, int((capacity - peak) / total_rate))
+        out["capacity"] = capacity
+    return out

@@ -1,0 +1,170 @@
+"""The fix ladder: what to change so the run fits, each rung with its number from the plan.
+
+The plan (:mod:`torchscalpel.plan`) simulates the script's own model, batch and optimizer on fake
+tensors; the ladder asks it the questions an engineer would: how much does activation checkpointing of
+the repeated blocks save, what is the largest batch that fits the limit, how many micro-batches keep the
+global batch, how much does bf16 autocast save, how much would an optimizer with less state save. The
+rungs that ``scalpel run`` can apply carry the ``[tune]`` settings that do it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torchscalpel.plan.script import PlanObserver
+
+MICRO_MARGIN = 0.75
+"""A micro-batch is at most this share of the plan's largest batch: the split keeps the whole batch's
+output and its gradient, and the recompute overlaps the next chunk's gradients."""
+
+FRAGMENTATION_SHARE = 0.2
+"""Reserved-but-unallocated memory above this share of reserved recommends expandable segments."""
+
+
+class _NoStop:
+    """The session, minus ``request_stop``: the memory run must not end at the plan's first step."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def request_stop(self, reason: str) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+class LadderPlanObserver(PlanObserver):
+    """The plan's script observer (model, batch, optimizer of the first step) without its stop."""
+
+    name = "memory-plan"
+
+    def on_start(self, session: Any) -> None:
+        super().on_start(_NoStop(session))
+
+
+def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, Any]:
+    """Simulate the captured step with the plan and answer the ladder's questions for ``cause``.
+
+    Only the simulations the cause needs run (each is a fake-tensor training step): the baseline;
+    for activations, the same step with block checkpointing, with bf16 autocast and at half the batch
+    (the largest fitting batch is the plan's peak, linear in the batch, solved for the limit: two
+    simulations instead of a search); for optimizer state, the step with SGD (one buffer per parameter).
+    """
+    from torchscalpel.plan.devices import Device
+    from torchscalpel.plan.simulate import (
+        OptimizerSpec,
+        SimSettings,
+        build_meta_model,
+        sim_settings_for,
+        simulate,
+    )
+    from torchscalpel.plan.strategies import evaluate
+
+    if obs.model is None:
+        return {"error": "the script never called a model, so there is nothing to plan"}
+    device = Device(name="the memory limit", memory=limit, kind="cpu")
+    optimizer = obs.optimizer or OptimizerSpec.named("none")
+    batch, loss_fn, _ = obs.inputs()
+    precision = obs.precision()
+    accum = max(1, obs.backwards) if obs.optimizer_stepped else 1
+    builder = obs.meta_builder()
+    base_settings = sim_settings_for(optimizer, precision, accum, device)
+
+    def run(settings: SimSettings, size: int | None = None) -> tuple[int, Any]:
+        m = simulate(lambda: build_meta_model(builder, settings.precision),
+                     batch if size is None else batch.with_batch(size), settings, loss_fn)
+        bd = evaluate(m, "single", world_size=1, nodes=1, device=device, checkpointing=settings.checkpoint_blocks)
+        return bd.peak, m
+
+    peak, m = run(base_settings)
+    b = batch.batch_size
+    out: dict[str, Any] = {"batch": b, "precision": precision, "optimizer": optimizer.label, "peak": peak,
+                           "activations_peak": m.act_peak_bytes, "optimizer_state": m.optim_bytes,
+                           "blocks": len(m.blocks)}
+    if cause in ("activations", "temporaries"):
+        if m.blocks:
+            out["checkpointed_peak"], _ = run(dataclasses.replace(base_settings, checkpoint_blocks=True))
+        if b and b >= 2:
+            half_peak, _ = run(base_settings, b // 2)
+            per_sample = (peak - half_peak) / (b - b // 2)
+            fixed = peak - per_sample * b
+            out["max_batch"] = max(0, int((limit - fixed) / per_sample)) if per_sample > 0 else None
+        if precision == "fp32":
+            out["bf16_peak"], _ = run(sim_settings_for(optimizer, "bf16-mixed", accum, device))
+    if cause == "optimizer_state" and optimizer.label not in ("none", "sgd"):
+        out["sgd_peak"], _ = run(sim_settings_for(OptimizerSpec.named("sgd"), precision, accum, device))
+    return out
+
+
+def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None, cause: str,
+                 breakdown: dict[str, int], phase: str, growth: dict[str, Any] | None,
+                 fragmentation: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The rungs, most relevant first; each has ``action``, ``saves`` (bytes or None), ``fits``, ``config``."""
+    from torchscalpel.units import fmt_bytes
+
+    rungs: list[dict[str, Any]] = []
+    plan = plan or {}
+    base_peak = plan.get("peak") or measured_peak
+
+    def rung(kind: str, action: str, saves: int | None, *, fits: bool | None = None,
+             config: dict[str, Any] | None = None, why: str = "") -> None:
+        if fits is None and saves is not None:
+            fits = measured_peak - saves <= limit
+        rungs.append({"kind": kind, "action": action, "saves": saves, "fits": fits, "config": config or {},
+                      "why": why})
+
+    if growth and growth.get("per_step"):
+        kept = growth.get("kept")
+        if kept:
+            rung("detach-kept", "keep plain numbers across steps: log loss.item() (or loss.detach()), and del outputs "
+                 "kept from an earlier step", kept.get("activations"), fits=True,
+                 why="activations saved in earlier steps are still live: a tensor that requires grad outlives its step")
+        else:
+            site = (growth.get("sites") or [{}])[0].get("site", "?")
+            rung("stop-growth", f"stop keeping tensors across steps at {site} (store .item() / .detach().cpu(), or "
+                 "bound the cache)", None, fits=None, why=f"grows {fmt_bytes(growth['per_step'])} per step")
+    if fragmentation and fragmentation.get("share", 0) > FRAGMENTATION_SHARE:
+        rung("expandable-segments", "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+             fragmentation.get("reserved_free"), why=f"{fragmentation['share']:.0%} of reserved memory is free but "
+             "fragmented")
+    if "checkpointed_peak" in plan:
+        saves = max(0, base_peak - plan["checkpointed_peak"])
+        rung("checkpoint-blocks", f"activation checkpointing of the {plan.get('blocks')} repeated blocks", saves,
+             fits=plan["checkpointed_peak"] <= limit, config={"checkpointing": "blocks"},
+             why="recomputes each block's forward in backward (about one extra forward)")
+    batch, mb = plan.get("batch"), plan.get("max_batch")
+    if batch and mb is not None and mb < batch:
+        if mb > 0:
+            k = max(2, -(-batch // max(1, int(mb * MICRO_MARGIN))))
+            while batch % k and k < batch:  # micro-batches of equal size keep the loss scaling exact
+                k += 1
+            rung("micro-batches", f"{k} micro-batches of {batch // k} with gradient accumulation (global batch "
+                 f"{batch} kept)", None, fits=True, config={"microbatches": k},
+                 why=f"the plan's largest batch under the limit is {mb}")
+            rung("max-batch", f"batch {mb} fits at most (from {batch})", None, fits=True)
+        else:
+            rung("max-batch", "not even batch 1 fits without other changes", None, fits=False)
+    if "bf16_peak" in plan:
+        rung("bf16", "bf16 autocast", max(0, base_peak - plan["bf16_peak"]), fits=plan["bf16_peak"] <= limit,
+             config={"amp": "bf16"}, why="activations in half precision; fp32 master weights kept")
+    if "sgd_peak" in plan and cause == "optimizer_state":
+        rung("optimizer", f"an optimizer with less state than {plan.get('optimizer')} (SGD with momentum keeps one "
+             "buffer per parameter), or shard it (FSDP)", max(0, base_peak - plan["sgd_peak"]),
+             fits=plan["sgd_peak"] <= limit)
+    if growth and growth.get("per_step"):
+        # Memory that grows fills any limit in the end: the other rungs only move the out-of-memory later.
+        for r in rungs:
+            if r["kind"] not in ("detach-kept", "stop-growth"):
+                r["fits"] = False
+                r["why"] = (r["why"] + "; " if r["why"] else "") + "only delays the out-of-memory while memory grows"
+    if phase == "forward" and breakdown.get("gradients", 0) > 0:
+        rung("set-to-none", "call optimizer.zero_grad(set_to_none=True) before the forward: the last step's gradients stay allocated through it",
+             breakdown["gradients"])
+    order = {"activations": ("checkpoint-blocks", "micro-batches", "bf16"), "optimizer_state": ("optimizer",),
+             "growth": ("detach-kept", "stop-growth"), "fragmentation": ("expandable-segments",),
+             "gradients": ("set-to-none",)}.get(cause, ())
+    rungs.sort(key=lambda r: (r["kind"] not in order, order.index(r["kind"]) if r["kind"] in order else 0,
+                              not r["fits"] if r["fits"] is not None else 1))
+    return rungs

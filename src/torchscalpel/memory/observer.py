@@ -1,0 +1,163 @@
+"""The memory observer: runs the allocation tracker over a script and tells it who owns what.
+
+The runtime's events give ownership: a root forward names the model's submodules and adopts its
+parameters and buffers; each parameter's post-accumulate-grad hook marks its ``.grad`` as a gradient the
+moment autograd writes it; the optimizer's step adopts its state; the loss passed to backward is marked
+(a loss kept across steps keeps its graph's saved activations alive). At every step end the observer
+keeps a sample (live total, step peak, categories, the largest sites) for the timeline and the growth
+analysis. At the end it stores ``record.sections["memory"]``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from torchscalpel.runtime.alloc_tracker import AllocationTracker
+from torchscalpel.runtime.observer import Observer
+
+SITES_PER_SAMPLE = 30
+"""Largest call sites kept at each step end (growth analysis reads these)."""
+
+
+class MemoryObserver(Observer):
+    """Tensor-level accounting over the run, optionally under a hard ``limit`` in bytes."""
+
+    name = "memory"
+
+    def __init__(self, *, limit: int | None = None, plan: bool = True) -> None:
+        self.limit = limit
+        self.tracker: AllocationTracker | None = None
+        self.samples: list[dict[str, Any]] = []
+        self.session: Any = None
+        self._models: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+        self._grad_handles: list[Any] = []
+        self._step_peak = 0
+        self.plan_observer: Any = None
+        if plan:
+            from torchscalpel.memory.ladder import LadderPlanObserver
+
+            self.plan_observer = LadderPlanObserver()
+        self.cuda_history = False
+
+    # ----- events -------------------------------------------------------------------------
+    def on_start(self, session: Any) -> None:
+        self.session = session
+        device_kind = "cuda" if torch.cuda.is_available() else "cpu"
+        self.tracker = AllocationTracker(limit=self.limit, device_kind=device_kind)
+        if device_kind == "cuda":
+            self.cuda_history = _start_cuda_history()
+        if self.plan_observer is not None:
+            self.plan_observer.on_start(session)
+        self.tracker.start()
+
+    def on_batch(self, batch: Any, loader: Any) -> None:
+        if self.plan_observer is not None:
+            self.plan_observer.on_batch(batch, loader)
+
+    def on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
+        if self.plan_observer is not None:
+            self.plan_observer.on_forward_pre(module, args, kwargs, root)
+        if not root or self.tracker is None:
+            return
+        tr = self.tracker
+        if not torch.is_grad_enabled():
+            return
+        tr.phase = "forward"
+        if module not in self._models:
+            self._models.add(module)
+            tr.name_modules(module)
+            tr.adopt(module.parameters(), "parameters")
+            tr.adopt(module.buffers(), "parameters")
+            tr.adopt((p.grad for p in module.parameters() if p.grad is not None), "gradients")
+            for p in module.parameters():
+                if p.requires_grad:
+                    self._grad_handles.append(p.register_post_accumulate_grad_hook(self._grad_written))
+
+    def _grad_written(self, p: torch.Tensor) -> None:
+        if self.tracker is not None and p.grad is not None:
+            self.tracker.recategorize(p.grad, "gradients")
+
+    def on_backward_pre(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        if self.plan_observer is not None:
+            self.plan_observer.on_backward_pre(tensors)
+        if self.tracker is not None:
+            self.tracker.phase = "backward"
+            for t in tensors:
+                self.tracker.mark_loss(t)
+
+    def on_backward_post(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        if self.tracker is not None:
+            self.tracker.phase = "after backward"
+
+    def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.tracker is not None:
+            self.tracker.phase = "optimizer"
+
+    def on_optimizer_step_post(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.plan_observer is not None:
+            self.plan_observer.on_optimizer_step_post(optimizer)
+        if self.tracker is None:
+            return
+        tr = self.tracker
+        tr.phase = "after optimizer"
+        state = [v for s in optimizer.state.values() if isinstance(s, dict) for v in s.values()]
+        tr.adopt((v for v in state if isinstance(v, torch.Tensor) and v.dim() > 0), "optimizer_state")
+        # Anything else the step left behind (a foreach temporary still referenced) stays a temporary.
+
+    def on_step_end(self, step: Any) -> None:
+        tr = self.tracker
+        if tr is None:
+            return
+        top = sorted(tr.by_site.items(), key=lambda kv: kv[1], reverse=True)[:SITES_PER_SAMPLE]
+        kept = sum(a.nbytes for a in tr.live.values() if a.category == "activations" and a.step < tr.step)
+        # Provisional steps (forward- or backward-delimited before the first optimizer step) are merged
+        # by the timeline: a step index seen again replaces what was sampled from it onwards.
+        self.samples = [s for s in self.samples if s["step"] < step.index]
+        self.samples.append({
+            "step": step.index, "warmup": bool(step.warmup), "live": tr.total, "peak": max(tr.step_peak, tr.total),
+            "by_category": dict(tr.by_category), "sites": dict(top), "kept_activations": kept,
+            "losses_kept": sum(1 for a in tr.live.values() if a.is_loss and a.step < tr.step),
+        })
+        tr.step = step.index + 1
+        tr.step_peak = tr.total
+
+    def on_finish(self, record: Any) -> None:
+        if self.plan_observer is not None:
+            self.plan_observer.on_finish(record)
+        tr = self.tracker
+        if tr is None:
+            return
+        tr.stop()
+        for h in self._grad_handles:
+            h.remove()
+        self._grad_handles = []
+        from torchscalpel.memory.analysis import build_section, write_snapshot
+
+        snapshot: dict[str, str] = {}
+        if tr.oom is not None:  # written first: a crash in the analysis below keeps it
+            try:
+                snapshot = write_snapshot(self, tr.oom)
+            except Exception as exc:
+                snapshot = {"error": repr(exc)}
+        try:
+            record.sections["memory"] = build_section(self, record, snapshot)
+        except Exception as exc:  # a crash in the analysis keeps what was measured
+            import traceback
+
+            record.sections["memory"] = {"version": "1.0", "error": f"analysis failed: {exc!r}",
+                                         "traceback": traceback.format_exc(limit=6),
+                                         "peak": {"total": tr.peak, **(tr.peak_copy or {})}, "oom": tr.oom,
+                                         "snapshot": snapshot,
+                                         "samples": self.samples}
+
+
+def _start_cuda_history() -> bool:
+    """Record allocator history on CUDA so an out-of-memory can dump ``torch.cuda.memory`` snapshot."""
+    try:
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+        return True
+    except Exception:
+        return False

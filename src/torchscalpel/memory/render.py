@@ -1,0 +1,86 @@
+"""The terminal summary of a memory section (plain text lines; the CLI prints them)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchscalpel.runtime.alloc_tracker import CATEGORIES
+from torchscalpel.units import fmt_bytes
+
+LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
+          "activations": "activations (saved for backward)", "temporaries": "temporaries"}
+
+
+def _short(site: str | None) -> str:
+    """``/long/path/train.py:42`` -> ``train.py:42``."""
+    if not site:
+        return "?"
+    head, _, line = site.rpartition(":")
+    return f"{head.rsplit('/', 1)[-1]}:{line}" if head else site
+
+
+def category_lines(by_category: dict[str, int], total: int) -> list[str]:
+    """One line per category with its share of ``total``."""
+    out = []
+    for c in CATEGORIES:
+        v = int(by_category.get(c, 0))
+        share = v / total if total else 0.0
+        out.append(f"  {LABELS[c]:<34} {fmt_bytes(v):>11}  {share:6.1%}")
+    return out
+
+
+def summary_lines(section: dict[str, Any]) -> list[str]:
+    """The whole summary: peak breakdown, owners, sites, growth, post-mortem and ladder."""
+    if "error" in section and "peak" not in section:
+        return [f"memory analysis failed: {section['error']}"]
+    lines: list[str] = []
+    peak = section.get("peak", {})
+    total = int(peak.get("breakdown_total") or peak.get("total") or 0)
+    lines.append(f"peak live tensors {fmt_bytes(peak.get('total'))} (step {peak.get('step')}, {peak.get('phase')}, "
+                 f"at {peak.get('op')} in {peak.get('module') or 'no module'})")
+    lines += category_lines(peak.get("by_category", {}), total)
+    owners = peak.get("blocks") if len(peak.get("blocks") or []) < len(peak.get("modules") or []) else None
+    if owners or peak.get("modules"):
+        lines.append("activations by module at the peak:")
+        lines += [f"  {m['name'] or '(outside any module)':<34} {fmt_bytes(m['bytes']):>11}"
+                  for m in (owners or peak["modules"])[:6]]
+    if peak.get("sites"):
+        lines.append("largest live allocations at the peak, by call site:")
+        lines += [f"  {_short(s['name']):<34} {fmt_bytes(s['bytes']):>11}" for s in peak["sites"][:6]]
+    cuda = section.get("cuda")
+    if cuda:
+        lines.append(f"allocator cache: {fmt_bytes(cuda['reserved'])} reserved, {fmt_bytes(cuda['reserved_free'])} "
+                     f"free in it ({cuda['share']:.0%}), largest free block {fmt_bytes(cuda['largest_free'])}")
+    growth = section.get("growth") or {}
+    if growth.get("per_step"):
+        left = growth.get("steps_left")
+        lines.append(f"memory grows {fmt_bytes(growth['per_step'])} per step"
+                     + (f": {left} more steps until {fmt_bytes(growth.get('capacity'))}" if left is not None else ""))
+        kept = growth.get("kept")
+        if kept:
+            lines.append(f"  {fmt_bytes(kept['activations'])} of activations from earlier steps are still live "
+                         f"(a tensor that requires grad is kept across steps, with its graph)")
+        lines += [f"  {_short(r['site']):<34} +{fmt_bytes(r['per_step'])}/step" for r in growth.get("sites", [])[:5]]
+    oom = section.get("oom")
+    cause = (section.get("top_cause") or {}).get("text", "?")
+    if oom:
+        req = oom["request"]
+        what = req.get("device_error") or f"limit {fmt_bytes(oom.get('limit'))}"
+        lines.append(f"OUT OF MEMORY ({what}): {req.get('op')} at {_short(req.get('site'))} asked for "
+                     f"{fmt_bytes(req.get('bytes'))} with {fmt_bytes(oom.get('live'))} live (step {req.get('step')}, "
+                     f"{req.get('phase')}, in {req.get('module') or 'no module'})")
+        lines.append(f"top cause: {cause}")
+        lines += category_lines(oom.get("by_category", {}), int(oom.get("live") or 0))
+        if oom.get("plan_error"):
+            lines.append(f"  (no plan numbers: {oom['plan_error']})")
+        if oom.get("ladder"):
+            lines.append("fix ladder:")
+            for r in oom["ladder"]:
+                saves = f"saves {fmt_bytes(r['saves'])}" if r.get("saves") else ""
+                fits = {True: "fits", False: "does not fit alone", None: ""}[r.get("fits")]
+                cfg = " [scalpel run: " + ", ".join(f"{k}={v}" for k, v in r["config"].items()) + "]" if r.get("config") else ""
+                tail = "; ".join(x for x in (saves, fits, r.get("why", "")) if x)
+                lines.append(f"  - {r['action']}" + (f" ({tail})" if tail else "") + cfg)
+    else:
+        lines.append(f"largest share: {cause}")
+    return lines

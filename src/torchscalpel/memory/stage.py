@@ -1,0 +1,64 @@
+"""The memory stage: run a target under the memory observer, save the record, print the summary."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.memory.observer import MemoryObserver
+from torchscalpel.record import RunRecord, save_record
+from torchscalpel.runtime.session import RuntimeOptions, SetupHook
+from torchscalpel.runtime.target import Target
+
+
+def run_memory(target: Target, options: RuntimeOptions, *, limit: int | None, json_path: Path | None = None,
+               write_report: bool = True, setup_hooks: Sequence[SetupHook] = (),
+               plan: bool = True) -> RunRecord:
+    """Run ``target`` with tensor-level accounting (and ``limit``, when given); write run.json and report.html."""
+    from torchscalpel.runtime.session import run_target
+
+    assert options.out_dir is not None
+    out_dir: Path = options.out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    observer = MemoryObserver(limit=limit, plan=plan)
+    record = run_target(target, options, observers=[observer], setup_hooks=[*setup_hooks, observer_setup(observer)],
+                        command=["scalpel", *sys.argv[1:]])
+    finish(record, out_dir, json_path=json_path, write_report=write_report)
+    return record
+
+
+def observer_setup(observer: MemoryObserver) -> SetupHook:
+    """The plan observer's keyword capture, as a runtime setup hook."""
+
+    def setup() -> Any:
+        if observer.plan_observer is not None:
+            return observer.plan_observer.setup_hook()
+        return None
+
+    return setup
+
+
+def finish(record: RunRecord, out_dir: Path, *, json_path: Path | None, write_report: bool) -> None:
+    """Save the record first (a report that fails to render loses nothing), then the report and the JSON copy."""
+    import json
+
+    record.artifacts["record"] = "run.json"
+    section = record.sections.get("memory")
+    if isinstance(section, dict) and (section.get("oom") or {}).get("snapshot"):
+        record.artifacts["memory_live"] = "memory-live.json"
+    save_record(record, out_dir)
+    if write_report:
+        try:
+            from torchscalpel.report.html import write_report as write_html
+
+            write_html(record, out_dir / "report.html")
+            record.artifacts["report"] = "report.html"
+            save_record(record, out_dir)
+        except Exception as exc:
+            record.notes.append(f"report.html failed: {exc!r}")
+            save_record(record, out_dir)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(section, indent=1, default=str) + "\n", encoding="utf-8")

@@ -1,0 +1,344 @@
+"""Tensor-level memory accounting on any device: every storage an op creates, who owns it, where it came from.
+
+CPU has no allocator statistics API (TORCH-FACTS.md), so the tracker sees memory the way PyTorch's own
+``MemTracker`` does: a :class:`~torch.utils._python_dispatch.TorchDispatchMode` registers the storage of
+every tensor an op returns (its bytes, the user's ``file:line`` that called the op, the module whose
+forward was running, the step) and a weak reference whose callback subtracts it when the storage dies.
+Categories start as ``temporaries`` and are refined as ownership becomes known:
+
+- ``activations``: a storage autograd saved for backward (``saved_tensors_hooks`` pack hook), owned by
+  the module whose forward saved it;
+- ``parameters`` / ``gradients`` / ``optimizer_state``: adopted by :meth:`AllocationTracker.adopt`
+  (the memory observer calls it with the model's parameters, their ``.grad`` after backward and the
+  optimizer's state after its step), and for storages allocated before the tracker started too.
+
+Totals per category, per module and per call site are kept incrementally (an allocation costs a few
+dictionary updates), and the breakdown is copied whenever the live total reaches a new high by
+:data:`PEAK_RESOLUTION`, so the peak breakdown is never more than that share below the true peak.
+
+With ``limit`` set, the op whose outputs take the live total over it raises
+:class:`~torchscalpel.runtime.memory_limit.MemoryLimitExceeded` after the tracker has copied what was
+live: ``--memory-limit`` is enforced the same way on a CPU and a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+"""Every category, in the order the breakdown prints them (allocator cache is added on CUDA)."""
+
+PEAK_RESOLUTION = 0.005
+"""The peak breakdown is re-copied each time the live total passes the last copy by this share."""
+
+LIVE_TOP = 40
+"""Largest live allocations kept in a full copy (at an out-of-memory and at the end)."""
+
+_CUDA_BLOCK = 512
+"""The CUDA caching allocator rounds every block up to 512 bytes."""
+
+_LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,))
+_SCALPEL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_PY_LIB = (os.path.dirname(os.__file__) + os.sep,)
+
+
+@dataclass(slots=True)
+class Alloc:
+    """One live storage."""
+
+    nbytes: int
+    category: str
+    site: str
+    module: str
+    step: int
+    op: str
+    is_loss: bool = False
+
+
+class AllocationTracker(TorchDispatchMode):
+    """Live bytes by category, module and site, the peak breakdown, and an optional hard limit."""
+
+    def __init__(self, *, limit: int | None = None, device_kind: str = "cpu") -> None:
+        super().__init__()
+        self.limit = limit
+        self.device_kind = device_kind
+        self.live: dict[int, Alloc] = {}
+        self._refs: dict[int, Any] = {}
+        self.total = 0
+        self.peak = 0
+        self.step_peak = 0
+        self.by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
+        self.by_module: dict[str, int] = {}
+        """Live activation bytes per module (the saving module's qualified name)."""
+        self.by_site: dict[str, int] = {}
+        """Live bytes per call site (``file:line``)."""
+        self.peak_copy: dict[str, Any] = {}
+        self._copy_at = 0
+        self.step = 0
+        self.phase = "forward"
+        self.module_stack: list[str] = []
+        self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self.oom: dict[str, Any] | None = None
+        """What was live when the limit was crossed (or a device out-of-memory was raised)."""
+        self._user_code: dict[Any, bool] = {}
+        self._op_names: dict[Any, str] = {}
+        self._saved_hooks: Any = None
+        self._module_handles: list[Any] = []
+        self.allocations = 0
+
+    # ----- lifecycle ----------------------------------------------------------------------
+    def start(self) -> None:
+        """Enter the dispatch mode, the saved-tensor hooks and the module-stack hooks."""
+        from torch.nn.modules import module as nn_module
+
+        self._module_handles = [
+            nn_module.register_module_forward_pre_hook(self._module_pre),
+            nn_module.register_module_forward_hook(self._module_post, always_call=True),
+        ]
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+        self._saved_hooks.__enter__()
+        self.__enter__()
+
+    def stop(self) -> None:
+        """Leave everything :meth:`start` entered (safe to call twice)."""
+        if self._saved_hooks is None:
+            return
+        try:
+            self.__exit__(None, None, None)
+        finally:
+            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks = None
+            for h in self._module_handles:
+                h.remove()
+            self._module_handles = []
+
+    # ----- the dispatch mode --------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        try:
+            out = func(*args, **(kwargs or {}))
+        except torch.OutOfMemoryError as exc:
+            self._record_oom(str(func), _requested_bytes(str(exc)), device_error=str(exc).split("\n")[0])
+            raise
+        if func.is_view:  # a view shares its input's storage: nothing new to count (the cheap common case)
+            return out
+        if isinstance(out, torch.Tensor):
+            self._register(out, func)
+        elif isinstance(out, tuple | list):
+            for t in out:
+                if isinstance(t, torch.Tensor):
+                    self._register(t, func)
+        return out
+
+    def _register(self, t: torch.Tensor, func: Any) -> None:
+        if t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
+            return  # fake / subclass tensors own no storage of their own
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.live:
+            return
+        nbytes = st.nbytes()
+        if nbytes == 0:
+            return
+        if t.device.type == "cuda":
+            nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
+        category = "optimizer_state" if self.phase == "optimizer" else "temporaries"
+        name = self._op_names.get(func)
+        if name is None:
+            name = self._op_names[func] = str(func)
+        self._add(key, st, Alloc(nbytes, category, self._site(), self.module_stack[-1] if self.module_stack else "",
+                                 self.step, name))
+        if self.limit is not None and self.total > self.limit and self.oom is None:
+            self._record_oom(str(func), nbytes, device_error=None)
+            raise MemoryLimitExceeded(self.oom_sentence())
+
+    def _add(self, key: int, st: Any, alloc: Alloc) -> None:
+        self.live[key] = alloc
+        self._refs[key] = weakref.ref(st, lambda _r, k=key: self._free(k))
+        self.allocations += 1
+        n = alloc.nbytes
+        self.total += n
+        self.by_category[alloc.category] += n
+        self.by_site[alloc.site] = self.by_site.get(alloc.site, 0) + n
+        if self.total > self.step_peak:
+            self.step_peak = self.total
+        if self.total > self.peak:
+            self.peak = self.total
+            if self.total >= self._copy_at:
+                self._copy_peak(alloc)
+
+    def _free(self, key: int) -> None:
+        alloc = self.live.pop(key, None)
+        self._refs.pop(key, None)
+        if alloc is None:
+            return
+        n = alloc.nbytes
+        self.total -= n
+        self.by_category[alloc.category] -= n
+        left = self.by_site.get(alloc.site, 0) - n
+        if left > 0:
+            self.by_site[alloc.site] = left
+        else:
+            self.by_site.pop(alloc.site, None)
+        if alloc.category == "activations":
+            self._module_sub(alloc.module, n)
+
+    def _module_sub(self, module: str, n: int) -> None:
+        left = self.by_module.get(module, 0) - n
+        if left > 0:
+            self.by_module[module] = left
+        else:
+            self.by_module.pop(module, None)
+
+    def _copy_peak(self, alloc: Alloc) -> None:
+        self._copy_at = int(self.total * (1 + PEAK_RESOLUTION))
+        self.peak_copy = {
+            "total": self.total, "step": self.step, "phase": self.phase, "op": alloc.op, "module": alloc.module,
+            "site": alloc.site, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
+            "by_site": dict(self.by_site),
+        }
+
+    # ----- ownership ----------------------------------------------------------------------
+    def recategorize(self, t: torch.Tensor, category: str, *, only_from: str | None = None,
+                     module: str | None = None) -> None:
+        """Give ``t``'s storage ``category`` (start tracking it when it predates the tracker)."""
+        if t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
+            return
+        st = t.untyped_storage()
+        key = st._cdata
+        alloc = self.live.get(key)
+        if alloc is None:
+            nbytes = st.nbytes()
+            if nbytes == 0:
+                return
+            self._add(key, st, Alloc(nbytes, category, "(before the tracker started)", module or "", self.step,
+                                     "adopted"))
+            if category == "activations":
+                self.by_module[module or ""] = self.by_module.get(module or "", 0) + nbytes
+            return
+        if alloc.category == category or (only_from is not None and alloc.category != only_from):
+            return
+        if alloc.category == "activations":
+            self._module_sub(alloc.module, alloc.nbytes)
+        self.by_category[alloc.category] -= alloc.nbytes
+        self.by_category[category] += alloc.nbytes
+        alloc.category = category
+        if category == "activations":
+            alloc.module = module if module is not None else alloc.module
+            self.by_module[alloc.module] = self.by_module.get(alloc.module, 0) + alloc.nbytes
+
+    def adopt(self, tensors: Any, category: str) -> None:
+        """Mark every tensor in ``tensors`` (an iterable) as ``category``."""
+        with torch.utils._python_dispatch._disable_current_modes():
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    self.recategorize(t, category)
+
+    def mark_loss(self, t: torch.Tensor) -> None:
+        """Remember that ``t`` was passed to backward (a loss kept across steps keeps its graph)."""
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            alloc = self.live.get(t.untyped_storage()._cdata)
+            if alloc is not None:
+                alloc.is_loss = True
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        try:
+            self.recategorize(t, "activations", only_from="temporaries",
+                              module=self.module_stack[-1] if self.module_stack else "")
+        except Exception:  # never break the user's forward over accounting
+            pass
+        # Detached: same storage and values, but no reference to its grad_fn. Returning ``t`` itself
+        # would make an output that its own node saves (relu, tanh, softmax) a reference cycle, freed
+        # only by the garbage collector: a graph never backwarded (a logged loss) would outlive its step.
+        return t.detach()
+
+    # ----- module stack -------------------------------------------------------------------
+    def name_modules(self, root: torch.nn.Module) -> None:
+        """Qualified names for ``root``'s submodules (the root itself is its class name)."""
+        if root in self.module_names:
+            return
+        self.module_names[root] = type(root).__name__
+        for name, m in root.named_modules():
+            if name and m not in self.module_names:
+                self.module_names[m] = name
+
+    def _module_pre(self, module: torch.nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
+        self.module_stack.append(self.module_names.get(module) or type(module).__name__)
+
+    def _module_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling() or not self.module_stack:
+            return
+        self.module_stack.pop()
+
+    # ----- call sites ---------------------------------------------------------------------
+    def _site(self) -> str:
+        """The innermost frame in the user's code (not torch, torchscalpel or the standard library)."""
+        f = sys._getframe(3)
+        fallback = None
+        while f is not None:
+            code = f.f_code
+            user = self._user_code.get(code)
+            if user is None:
+                fn = code.co_filename
+                user = not (fn.startswith(_LIB_DIRS) or fn.startswith(_SCALPEL_DIR) or fn.startswith(_PY_LIB)
+                            or fn.startswith("<"))
+                self._user_code[code] = user
+            if user:
+                if "site-packages" not in code.co_filename:
+                    return f"{code.co_filename}:{f.f_lineno}"
+                fallback = fallback or f"{code.co_filename}:{f.f_lineno}"
+            f = f.f_back
+        return fallback or "(no Python caller)"
+
+    # ----- copies -------------------------------------------------------------------------
+    def live_top(self, n: int = LIVE_TOP) -> list[dict[str, Any]]:
+        """The ``n`` largest live storages, largest first."""
+        rows = sorted(self.live.values(), key=lambda a: a.nbytes, reverse=True)[:n]
+        return [{"bytes": a.nbytes, "category": a.category, "site": a.site, "module": a.module, "step": a.step,
+                 "op": a.op} for a in rows]
+
+    def state(self) -> dict[str, Any]:
+        """The live picture now: totals by category, module and site."""
+        return {"total": self.total, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
+                "by_site": dict(self.by_site), "step": self.step, "phase": self.phase}
+
+    def _record_oom(self, op: str, request: int | None, *, device_error: str | None) -> None:
+        self.oom = {
+            "op": op, "request_bytes": request, "site": self._site(),
+            "module": self.module_stack[-1] if self.module_stack else "", "limit": self.limit,
+            "device_error": device_error, **self.state(), "live": self.live_top(),
+        }
+
+    def oom_sentence(self) -> str:
+        """One sentence for the exception and the record's error."""
+        from torchscalpel.units import fmt_bytes
+
+        o = self.oom or {}
+        return (f"memory limit {fmt_bytes(self.limit)} exceeded: {o.get('op')} at {o.get('site')} asked for "
+                f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live (step {o.get('step')}, "
+                f"{o.get('phase')})")
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _requested_bytes(message: str) -> int | None:
+    """``Tried to allocate 2.00 GiB`` in a CUDA out-of-memory message, in bytes."""
+    import re
+
+    m = re.search(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", message)
+    if not m:
+        return None
+    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[m.group(2)]
+    return int(float(m.group(1)) * scale)

@@ -1,0 +1,152 @@
+"""Micro-batching knob: split each batch into K micro-batches with gradient accumulation, no code change.
+
+The script calls ``loss = crit(model(x), y); loss.backward()`` on the whole batch. With ``microbatches
+= K`` the model's call splits every input whose first dimension is the batch into K equal chunks and
+runs each chunk's forward under non-reentrant checkpointing; the outputs are concatenated back into the
+batch the script expects. Only the chunk inputs are kept for backward, which recomputes one chunk at a
+time: activation memory is that of one micro-batch. Gradients accumulate over the chunks inside the one
+backward, and the loss is the script's own loss of the whole batch, so its scaling (a mean over the
+batch) is exactly the unsplit one: the gradients equal the unsplit batch's up to summation order.
+
+Outputs: tensors with a batch dimension are concatenated; 0-d floating outputs (a loss computed inside
+the model) are the chunk-size-weighted mean; tuples, lists and dicts of those are combined entry by
+entry. A model whose inputs have no batch dimension divisible by K runs unsplit (logged). Limitation:
+BatchNorm sees micro-batch statistics (as real micro-batching does), and its running statistics are
+updated again by the recompute.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from torchscalpel.tune.knobs.base import EXACT, ApplyLog, Knob, SetupHook, Undo
+from torchscalpel.tune.knobs.checkpointing import MEMORY_ONLY
+from torchscalpel.tune.settings import TuneSettings
+
+if TYPE_CHECKING:
+    from torchscalpel.tune.facts import ModelFacts
+
+
+class MicrobatchKnob(Knob):
+    """``microbatches = K``."""
+
+    name = "microbatch"
+    numerics = EXACT
+    description = "split each batch into K micro-batches with gradient accumulation"
+
+    def is_set(self, settings: TuneSettings) -> bool:
+        return settings.microbatches is not None
+
+    def candidates(self, facts: ModelFacts) -> tuple[list[TuneSettings], str | None]:
+        return [], MEMORY_ONLY
+
+    def setup_hook(self, settings: TuneSettings, log: ApplyLog) -> SetupHook | None:
+        if settings.microbatches is None:
+            return None
+        k = settings.microbatches
+        return lambda: install_microbatching(k, log)
+
+    def code_lines(self, settings: TuneSettings) -> list[str]:
+        k = settings.microbatches
+        if k is None:
+            return []
+        return [
+            "optimizer.zero_grad()",
+            f"for xb, yb in zip(x.chunk({k}), y.chunk({k})):",
+            f"    (loss_fn(model(xb), yb) / {k}).backward()",
+            "optimizer.step()",
+        ]
+
+
+def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.Tensor) and v.dim() > 0:
+            return int(v.shape[0])
+    return None
+
+
+def _split(value: Any, batch: int, k: int) -> list[Any]:
+    """``value`` cut into ``k`` chunks along dim 0 when it is a batch tensor, else ``k`` copies of it."""
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
+        return list(value.chunk(k, dim=0))
+    return [value] * k
+
+
+def combine(outs: list[Any], sizes: list[int]) -> Any:
+    """The chunk outputs put back together as the whole batch's output."""
+    first = outs[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() == 0:
+            if not first.is_floating_point():
+                return first
+            total = sum(sizes)
+            return sum(o * (n / total) for o, n in zip(outs, sizes, strict=True))
+        return torch.cat(outs, dim=0)
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(combine([o[i] for o in outs], sizes) for i in range(len(first))))
+    if isinstance(first, tuple | list):
+        return type(first)(combine([o[i] for o in outs], sizes) for i in range(len(first)))
+    if isinstance(first, dict):
+        merged = {key: combine([o[key] for o in outs], sizes) for key in first}
+        try:
+            return type(first)(**merged)
+        except TypeError:
+            return type(first)(merged)
+    if first is None or isinstance(first, int | float | str | bool):
+        return first
+    raise TypeError(f"cannot combine model outputs of type {type(first).__name__}")
+
+
+def install_microbatching(k: int, log: ApplyLog) -> Undo:
+    """Patch ``nn.Module.__call__`` so the outermost training call of a model runs in ``k`` micro-batches."""
+    from torch.utils.checkpoint import checkpoint
+
+    original_call = nn.Module.__call__
+    state = {"depth": 0}
+
+    def run_split(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        batch = _batch_size(args, kwargs)
+        if batch is None or batch < k or batch % k:
+            log.skip("microbatch", f"batch {batch} of {type(module).__name__} is not divisible into {k} micro-batches; "
+                     "ran unsplit")
+            return original_call(module, *args, **kwargs)
+        split_args = [_split(a, batch, k) for a in args]
+        split_kwargs = {key: _split(v, batch, k) for key, v in kwargs.items()}
+        outs, sizes = [], []
+
+        def chunk_forward(*xs: Any, kw: dict[str, Any]) -> Any:
+            # Also runs again in backward (the recompute): the depth keeps submodules and the model
+            # itself from being split a second time there.
+            state["depth"] += 1
+            try:
+                return original_call(module, *xs, **kw)
+            finally:
+                state["depth"] -= 1
+
+        for i in range(k):
+            a = tuple(s[i] for s in split_args)
+            kw = {key: s[i] for key, s in split_kwargs.items()}
+            outs.append(checkpoint(chunk_forward, *a, kw=kw, use_reentrant=False))
+            sizes.append(next(int(t.shape[0]) for t in (*a, *kw.values()) if isinstance(t, torch.Tensor) and t.dim()))
+        log.did("microbatch", f"{type(module).__name__}: batch {batch} in {k} micro-batches of {batch // k}")
+        return combine(outs, sizes)
+
+    def call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if (state["depth"] or not module.training or not torch.is_grad_enabled() or torch.compiler.is_compiling()
+                or next(iter(module.parameters()), None) is None):
+            return original_call(module, *args, **kwargs)
+        state["depth"] += 1
+        try:
+            return run_split(module, args, kwargs)
+        finally:
+            state["depth"] -= 1
+
+    nn.Module.__call__ = call  # type: ignore[method-assign]
+
+    def undo() -> None:
+        nn.Module.__call__ = original_call  # type: ignore[method-assign]
+
+    return undo

@@ -1,0 +1,59 @@
+"""``torchscalpel.memory(...)`` around a block of the user's code: the same section, and the limit stops the block."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import torchscalpel
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, steps: int, keep: list[torch.Tensor]) -> int:
+    done = 0
+    for _ in range(steps):
+        loss = model(torch.randn(64, 128)).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        keep.append(torch.empty(256 * 1024))  # 1 MiB a step, kept: growth
+        done += 1
+    return done
+
+
+def test_inprocess_memory_block_and_limit(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 128))
+    opt = torch.optim.Adam(model.parameters())
+    keep: list[torch.Tensor] = []
+    with torchscalpel.memory(steps=6, warmup=1, out=tmp_path / "a", report=False) as run:
+        _train(model, opt, 20, keep)
+    m = run.record.sections["memory"]
+    assert run.record.status == "stopped"
+    assert m["peak"]["by_category"]["parameters"] == sum(p.numel() * 4 for p in model.parameters())
+    assert m["peak"]["by_category"]["optimizer_state"] >= 2 * m["peak"]["by_category"]["parameters"]
+    assert m["growth"]["per_step"] >= 2**20 * 0.9
+    assert m["growth"]["sites"][0]["site"].startswith(__file__)
+    keep.clear()
+    with torchscalpel.memory(steps=None, out=tmp_path / "b", memory_limit="4MiB", report=False) as run:
+        _train(model, opt, 50, keep)
+    m = run.record.sections["memory"]
+    assert run.record.status == "failed" and "memory limit 4.0 MiB exceeded" in run.record.error
+    assert m["oom"]["live"] > 4 * 2**20 and (tmp_path / "b" / "memory-live.json").is_file()
+
+
+def test_a_crash_in_the_analysis_keeps_the_snapshot_and_the_record(tmp_path: Path, monkeypatch) -> None:
+    import torchscalpel.memory.analysis as analysis
+
+    def broken(*args: object, **kwargs: object) -> dict:
+        raise RuntimeError("analysis bug")
+
+    monkeypatch.setattr(analysis, "build_section", broken)
+    model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 128))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchscalpel.memory(steps=None, out=tmp_path, memory_limit="3MiB", report=False) as run:
+        _train(model, opt, 50, [])
+    m = run.record.sections["memory"]
+    assert "analysis bug" in m["error"] and m["oom"]["total"] > 3 * 2**20
+    assert (tmp_path / "memory-live.json").is_file() and (tmp_path / "run.json").is_file()

@@ -1,0 +1,131 @@
+"""The memory knobs: micro-batching gives the unsplit batch's gradients; checkpointing keeps them and saves memory."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torchscalpel.runtime.alloc_tracker import AllocationTracker
+from torchscalpel.tune.knobs import ApplyLog
+from torchscalpel.tune.knobs.checkpointing import install_checkpointing
+from torchscalpel.tune.knobs.microbatch import combine, install_microbatching
+from torchscalpel.tune.settings import TuneSettings
+
+
+class Block(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.tanh(self.fc1(x)))
+
+
+class Net(nn.Module):
+    def __init__(self, d: int = 32, n: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(d) for _ in range(n))
+        self.head = nn.Linear(d, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def _grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[list[torch.Tensor], float]:
+    model.zero_grad(set_to_none=True)
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()], loss.item()
+
+
+def _peak(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    tr = AllocationTracker()
+    tr.start()
+    try:
+        tr.adopt(model.parameters(), "parameters")
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(x), y).backward()
+    finally:
+        tr.stop()
+    return tr.peak
+
+
+def test_microbatches_give_the_unsplit_gradients_and_less_memory() -> None:
+    torch.manual_seed(0)
+    model, x, y = Net(), torch.randn(512, 32), torch.randint(0, 5, (512,))
+    ref, ref_loss = _grads(model, x, y)
+    plain_peak = _peak(model, x, y)
+    log = ApplyLog()
+    undo = install_microbatching(4, log)
+    try:
+        got, loss = _grads(model, x, y)
+        split_peak = _peak(model, x, y)
+    finally:
+        undo()
+    assert "microbatch" in log.fired
+    assert abs(loss - ref_loss) < 1e-6
+    for a, b in zip(ref, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert split_peak < plain_peak
+    assert nn.Module.__call__ is nn.Module._wrapped_call_impl  # undone
+
+
+def test_microbatch_skips_an_indivisible_batch() -> None:
+    model, x, y = Net(), torch.randn(6, 32), torch.randint(0, 5, (6,))
+    log = ApplyLog()
+    undo = install_microbatching(4, log)
+    try:
+        _grads(model, x, y)
+    finally:
+        undo()
+    assert "microbatch" not in log.fired and any("not divisible" in s for s in log.skipped)
+
+
+def test_combine_weights_a_scalar_loss_by_chunk_size() -> None:
+    out = combine([{"loss": torch.tensor(1.0), "logits": torch.ones(2, 3)},
+                   {"loss": torch.tensor(4.0), "logits": torch.zeros(6, 3)}], [2, 6])
+    assert float(out["loss"]) == 1.0 * 0.25 + 4.0 * 0.75
+    assert out["logits"].shape == (8, 3)
+
+
+def test_checkpointing_blocks_keeps_gradients_and_saves_activations() -> None:
+    torch.manual_seed(0)
+    model, x, y = Net(), torch.randn(512, 32), torch.randint(0, 5, (512,))
+    ref, _ = _grads(model, x, y)
+    plain_peak = _peak(model, x, y)
+    log = ApplyLog()
+    undo = install_checkpointing(log)
+    try:
+        got, _ = _grads(model, x, y)
+        ckpt_peak = _peak(model, x, y)
+    finally:
+        undo()
+    assert "checkpointing" in log.fired
+    assert all("forward" not in b.__dict__ for b in model.blocks)
+    for a, b in zip(ref, got, strict=True):
+        torch.testing.assert_close(a, b)
+    assert ckpt_peak < plain_peak
+
+
+def test_settings_round_trip_and_validation() -> None:
+    s = TuneSettings(checkpointing="blocks", microbatches=4)
+    assert TuneSettings.from_dict(s.to_dict()) == s
+    for bad in ({"checkpointing": "all"}, {"microbatches": 1}):
+        try:
+            TuneSettings(**bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad} was accepted")
+
+
+def test_fit_candidates_are_the_ladder_rungs_and_their_pairs() -> None:
+    from torchscalpel.tune.fit import FitTrial, candidates
+
+    ladder = [{"config": {"checkpointing": "blocks"}}, {"config": {"microbatches": 4}}, {"config": {}},
+              {"config": {"amp": "bf16"}}]
+    base = FitTrial(TuneSettings(), False, None, None, section={"oom": {"ladder": ladder}})
+    labels = [c.label() for c in candidates(base)]
+    assert labels == ["checkpointing=blocks", "microbatches=4", "amp=bf16", "amp=bf16 + checkpointing=blocks",
+                      "amp=bf16 + microbatches=4"]

@@ -1,0 +1,160 @@
+"""The allocation tracker, growth, ladder and snapshot reader: what they measure and refuse."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from torchscalpel.errors import UsageError
+from torchscalpel.memory.growth import find_growth
+from torchscalpel.memory.ladder import build_ladder
+from torchscalpel.memory.snapshot import explain, load_snapshot
+from torchscalpel.runtime.alloc_tracker import AllocationTracker
+from torchscalpel.runtime.memory_limit import MemoryLimitExceeded, enforced
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 4))
+
+
+def test_categories_add_up_and_activations_are_owned_by_modules() -> None:
+    model, x = _net(), torch.randn(128, 64)
+    tr = AllocationTracker()
+    tr.start()
+    try:
+        tr.name_modules(model)
+        tr.adopt(model.parameters(), "parameters")
+        out = model(x)
+        saved, modules = tr.by_category["activations"], dict(tr.by_module)
+        out.sum().backward()
+        tr.adopt((p.grad for p in model.parameters()), "gradients")
+    finally:
+        tr.stop()
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert tr.by_category["parameters"] == params
+    assert tr.by_category["gradients"] == params
+    # tanh saves its output, linear its input: 128 x 256 floats each at least
+    assert saved >= 2 * 128 * 256 * 4
+    # the first module to save a tensor owns it: Linear 0 its input, the Tanh modules their outputs (which
+    # the next Linear saves too)
+    assert set(modules) == {"0", "1", "3"}
+    assert sum(tr.peak_copy["by_category"].values()) == tr.peak_copy["total"]
+    assert tr.peak >= tr.peak_copy["total"] >= tr.peak * 0.99
+    # the largest live site is this test file
+    assert max(tr.peak_copy["by_site"], key=tr.peak_copy["by_site"].get).startswith(__file__)
+
+
+def test_frees_are_subtracted() -> None:
+    tr = AllocationTracker()
+    tr.start()
+    try:
+        a = torch.empty(1000)
+        live = tr.total
+        del a
+    finally:
+        tr.stop()
+    assert live == 4000 and tr.total == 0 and tr.peak == 4000
+
+
+def test_peak_agrees_with_the_cpu_allocator() -> None:
+    from torchscalpel.plan.measure import profiled_memory
+
+    model, x = _net(), torch.randn(512, 64)
+
+    def step() -> None:
+        model(x).square().mean().backward()
+        model.zero_grad(set_to_none=True)
+
+    step()
+    tr = AllocationTracker()
+    tr.start()
+    try:
+        tr.adopt(model.parameters(), "parameters")
+        base = tr.total
+        tr.peak = tr.total
+        reading = profiled_memory(step)
+    finally:
+        tr.stop()
+    assert abs((tr.peak - base) - reading.peak) <= 0.10 * reading.peak
+
+
+def test_limit_raises_once_with_what_was_live() -> None:
+    with pytest.raises(MemoryLimitExceeded, match="memory limit"), enforced(10_000) as tr:
+        keep = [torch.empty(1000) for _ in range(5)]
+        assert keep
+    assert tr.oom is not None and tr.oom["total"] > 10_000 and tr.oom["request_bytes"] == 4000
+    assert tr.oom["site"].startswith(__file__)
+
+
+def _samples(per_step: int, kept: int = 0) -> list[dict[str, object]]:
+    return [{"step": i, "warmup": i == 0, "live": 1000 + per_step * i, "peak": 5000 + per_step * i,
+             "sites": {"train.py:9": per_step * i, "model.py:3": 700}, "kept_activations": kept * i,
+             "losses_kept": 0} for i in range(8)]
+
+
+def test_growth_names_the_site_and_the_steps_left() -> None:
+    g = find_growth(_samples(10_000, kept=9000), capacity=1_000_000)
+    assert g["per_step"] == 10_000
+    assert [r["site"] for r in g["sites"]] == ["train.py:9"]
+    assert g["steps_left"] == (1_000_000 - (5000 + 70_000)) // 10_000
+    assert g["kept"]["activations"] == 63_000
+    assert find_growth(_samples(0), capacity=10**6)["per_step"] == 0
+
+
+def test_ladder_numbers_come_from_the_plan() -> None:
+    plan = {"peak": 100, "checkpointed_peak": 40, "blocks": 8, "batch": 32, "max_batch": 16, "bf16_peak": 70}
+    ladder = build_ladder(measured_peak=100, limit=50, plan=plan, cause="activations",
+                          breakdown={"activations": 80}, phase="forward", growth=None, fragmentation=None)
+    by_kind = {r["kind"]: r for r in ladder}
+    assert ladder[0]["kind"] == "checkpoint-blocks" and by_kind["checkpoint-blocks"]["saves"] == 60
+    assert by_kind["checkpoint-blocks"]["fits"] and by_kind["checkpoint-blocks"]["config"] == {"checkpointing": "blocks"}
+    assert by_kind["micro-batches"]["config"] == {"microbatches": 4}  # 16 * 0.75 -> 12 -> K=3 -> 4 divides 32
+    assert by_kind["bf16"]["saves"] == 30 and by_kind["bf16"]["fits"] is False
+
+
+def _snapshot(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "snap.pickle"
+    path.write_bytes(pickle.dumps(data))
+    return path
+
+
+def test_snapshot_reader_explains_plain_data(tmp_path: Path) -> None:
+    frames = [{"filename": "/x/site-packages/torch/nn/linear.py", "line": 1, "name": "f"},
+              {"filename": "/home/u/train.py", "line": 42, "name": "step"}]
+    data = {"segments": [{"total_size": 4096, "blocks": [
+        {"size": 1024, "state": "active_allocated", "frames": frames},
+        {"size": 3072, "state": "inactive", "frames": []}]}],
+        "device_traces": [[{"action": "oom", "size": 8192, "frames": frames}]]}
+    r = explain(load_snapshot(_snapshot(tmp_path, data)))
+    assert r["reserved"] == 4096 and r["allocated"] == 1024 and r["largest_free"] == 3072
+    assert r["sites"] == [{"name": "/home/u/train.py:42", "bytes": 1024}]
+    assert r["ooms"][0]["bytes"] == 8192 and r["expandable_segments_advised"]
+
+
+class Evil:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (print, ("pwned",))
+
+
+def test_snapshot_reader_refuses_anything_but_plain_data(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="refuses") as err:
+        load_snapshot(_snapshot(tmp_path, {"segments": [Evil()]}))
+    assert err.value.exit_code == 2
+    with pytest.raises(UsageError, match="not a PyTorch memory snapshot"):
+        load_snapshot(_snapshot(tmp_path, [1, 2, 3]))
+    junk = tmp_path / "junk.pickle"
+    junk.write_bytes(b"\x80\x04not really")
+    with pytest.raises(UsageError, match="not a PyTorch memory snapshot"):
+        load_snapshot(junk)
+
+
+def test_modules_roll_up_to_their_block() -> None:
+    from torchscalpel.memory.analysis import by_block
+
+    assert by_block({"blocks.0.attn": 3, "blocks.0.mlp.1": 2, "blocks.1.attn": 4, "head": 1, "": 5}) == \
+        {"blocks.0": 5, "blocks.1": 4, "head": 1, "": 5}
