@@ -59,6 +59,12 @@ class ModelFacts:
     """CPUs this process may use."""
     torch_threads: int = 1
     """``torch.get_num_threads()`` during the baseline."""
+    bf16_detail: str = ""
+    """How bf16 runs here: ``amx_bf16`` / ``avx512_bf16`` (native on CPU), ``emulated`` (converted
+    to float32 per op: slower than float32), ``sm80+`` / ``absent`` on CUDA."""
+    bottleneck: dict[str, Any] = field(default_factory=dict)
+    """The baseline's bottleneck class (:class:`~torchscalpel.tune.bottleneck.Bottleneck` as a dict);
+    set by the search from the profiled facts run, read by knobs that tailor their candidates."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -71,14 +77,59 @@ class ModelFacts:
         return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""CPU flags with native bf16 dot products (oneDNN uses them for bf16 matmul and conv)."""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none: macOS, Windows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def bf16_support(device: str, flags: set[str] | None = None) -> tuple[bool, str]:
+    """(fast, detail): whether bf16 arithmetic is native on ``device`` and how it runs.
+
+    On CPU oneDNN reports bf16 "supported" on any AVX-512 core, but without ``avx512_bf16`` or
+    AMX each bf16 op is converted to float32 and back: slower than float32, so not fast.
+    """
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            return False, "absent"
+        ok = bool(torch.cuda.is_bf16_supported(including_emulation=False)) if _has_emulation_arg() else bool(
+            torch.cuda.is_bf16_supported())
+        return ok, "sm80+" if ok else "absent"
+    flags = cpu_flags() if flags is None else flags
+    native = next((f for f in NATIVE_BF16_FLAGS if f in flags), None)
+    if native:
+        return True, native
+    try:
+        mkldnn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        mkldnn = False
+    if mkldnn and not flags:  # no flags to read (not Linux): trust oneDNN
+        return True, "onednn"
+    return False, "emulated" if mkldnn else "absent"
+
+
+def _has_emulation_arg() -> bool:
+    import inspect
+
+    try:
+        return "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def bf16_supported(device: str) -> bool:
     """True when bf16 arithmetic is fast on ``device`` (not emulated)."""
-    if device == "cuda":
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return bf16_support(device)[0]
 
 
 def cpu_count() -> int:
@@ -181,7 +232,7 @@ class FactsObserver(Observer):
             facts.uncalled_blocks = described["uncalled_blocks"]
             facts.has_conv = described["has_conv"]
             facts.forward_ms = module_ms.get("<root>")
-        facts.bf16_supported = bf16_supported(facts.device)
+        facts.bf16_supported, facts.bf16_detail = bf16_support(facts.device)
         facts.loaders = len(loaders)
         if loaders:
             facts.loader_workers = int(getattr(loaders[0], "num_workers", 0) or 0)

@@ -47,8 +47,11 @@ class AmpKnob(Knob):
         if not facts.models:
             return [], "no model forward call was seen"
         if not facts.bf16_supported:
-            what = "this GPU" if facts.device == "cuda" else "this CPU (no avx512_bf16/AMX)"
-            return [], f"bf16 is not supported natively on {what}, autocast would be slower"
+            if facts.device == "cuda":
+                return [], "bf16 is not native on this GPU (compute capability < 8.0); fp16 autocast needs a GradScaler"
+            how = "; oneDNN would emulate it, converting to float32 per op" if facts.bf16_detail == "emulated" else ""
+            return [], f"bf16 is not supported natively on this CPU (no avx512_bf16 or AMX flag{how}), " \
+                       "so autocast would be slower"
         if facts.device == "cpu":
             return [TuneSettings(amp="bf16", amp_fp32_attention=True), TuneSettings(amp="bf16")], None
         return [TuneSettings(amp="bf16")], None

@@ -1,0 +1,192 @@
+"""Compile triage inside a trial: graph breaks with file:line, recompiles with their guard, and a
+compile failure attributed to one function, excluded with ``torch.compiler.disable`` and retried.
+
+- **Breaks and recompiles** come from dynamo's own ``graph_breaks`` / ``recompiles`` log artifacts
+  (what ``TORCH_LOGS=graph_breaks,recompiles`` prints), captured by a handler: the message names
+  the user file and line, the reason, and for a recompile the guard that failed.
+- **A failing compile**: the backend is wrapped, so when it raises, the graph it was given is still
+  at hand. The failing op is the node named in the error (inductor names the target, e.g.
+  ``aten.sin.default``); its ``stack_trace`` gives the innermost user function. That function is
+  wrapped in ``torch.compiler.disable`` where the script looks it up (its class, or the module
+  globals that hold it) and the call is retried once; a second failure is the trial's failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
+_WHERE = re.compile(r"(?:at|in) ([^\s:]+\.py):(\d+)")
+_LIBRARY_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/torchscalpel/", "<frozen")
+
+
+@dataclass(slots=True)
+class TriageLog:
+    """What dynamo reported in this process (the trial section's ``compile`` entry)."""
+
+    breaks: list[dict[str, str]] = field(default_factory=list)
+    """``where`` (file:line) and ``reason`` of each distinct graph break."""
+    recompiles: list[dict[str, str]] = field(default_factory=list)
+    """``where`` and ``guard`` (the first failed guard) of each recompile."""
+    fullgraph: dict[str, Any] = field(default_factory=dict)
+    """``attempted``, ``ok`` and, when it failed, ``reason`` / ``where``."""
+    excluded: list[dict[str, str]] = field(default_factory=list)
+    """Functions excluded after a compile failure: ``function``, ``where``, ``cause``, ``retried``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"breaks": self.breaks[:20], "recompile_guards": self.recompiles[:20],
+                "fullgraph": dict(self.fullgraph), "excluded": list(self.excluded)}
+
+
+TRIAGE = TriageLog()
+"""The process's triage log (a trial process compiles for one settings object)."""
+
+
+class _DynamoHandler(logging.Handler):
+    """Reads dynamo's graph-break and recompile artifact records into :data:`TRIAGE`."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record that cannot format must not break the trial
+            return
+        if record.name.endswith("__graph_breaks"):
+            add_break(TRIAGE, text)
+        elif record.name.endswith("__recompiles"):
+            add_recompile(TRIAGE, text)
+
+
+def add_break(log: TriageLog, text: str) -> None:
+    """Parse one graph-break message (``Graph break in user code at FILE:LINE`` + ``Graph Break Reason``)."""
+    where = _WHERE.search(text)
+    reason = ""
+    for line in text.splitlines():
+        if "Reason:" in line:
+            reason = line.split("Reason:", 1)[1].strip()
+            break
+    if not reason:
+        reason = text.strip().splitlines()[0][:200] if text.strip() else "unknown"
+    entry = {"where": f"{where.group(1)}:{where.group(2)}" if where else "", "reason": reason[:300]}
+    if entry not in log.breaks:
+        log.breaks.append(entry)
+
+
+def add_recompile(log: TriageLog, text: str) -> None:
+    """Parse one recompile message (``Recompiling function F in FILE:LINE`` + the failed guards)."""
+    where = _WHERE.search(text)
+    guard = next((ln.strip().lstrip("- ").strip() for ln in text.splitlines() if ln.strip().startswith("- ")), "")
+    entry = {"where": f"{where.group(1)}:{where.group(2)}" if where else "", "guard": guard[:300]}
+    if entry not in log.recompiles:
+        log.recompiles.append(entry)
+
+
+def capture_dynamo_logs() -> None:
+    """Turn on dynamo's graph-break and recompile artifacts and route them into :data:`TRIAGE`."""
+    try:
+        torch._logging.set_logs(graph_breaks=True, recompiles=True)
+    except Exception:  # an older or newer logging API: breaks still come from the counters
+        return
+    logger = logging.getLogger("torch")
+    if not any(isinstance(h, _DynamoHandler) for h in logger.handlers):
+        logger.addHandler(_DynamoHandler())
+
+
+# -- failure attribution ----------------------------------------------------------------------------
+
+def user_frames(stack_trace: str) -> list[tuple[str, int, str]]:
+    """(file, line, function) of the frames in a node's stack trace that are user code."""
+    return [(f, int(n), fn) for f, n, fn in _FRAME.findall(stack_trace or "")
+            if not any(part in f for part in _LIBRARY_PARTS)]
+
+
+def failing_frame(gm: torch.fx.GraphModule, error: BaseException) -> tuple[str, int, str] | None:
+    """The innermost user frame of the graph node the error names (None when none is named)."""
+    text = "".join(traceback.format_exception_only(type(error), error))
+    nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method", "call_module")]
+    for node in nodes:
+        names = {node.name, str(node.target), getattr(node.target, "__name__", "")}
+        names |= {str(node.target).split(".")[-1]} if node.op == "call_function" else set()
+        if any(len(n) > 2 and re.search(rf"(?<![\w]){re.escape(n)}(?![\w])", text) for n in names if n):
+            frames = user_frames(node.meta.get("stack_trace", ""))
+            if frames:
+                return frames[-1]
+    return None
+
+
+class FailureRecorder:
+    """A backend wrapper that remembers the user frame of the op a failing compile names.
+
+    It wraps the backend *as torch.compile configures it* (inductor with its mode's config
+    patches: ``reduce-overhead`` is inductor with CUDA graphs on), so passing it as ``backend=``
+    with no mode compiles exactly what ``torch.compile(mode=..., backend=...)`` would.
+    """
+
+    def __init__(self, backend: str, mode: str | None, dynamic: bool | None) -> None:
+        mode = None if mode == "default" else mode
+        if backend == "inductor":
+            self.backend: Any = torch._TorchCompileInductorWrapper(mode, None, dynamic)
+        else:
+            self.backend = torch._TorchCompileWrapper(backend, mode, None, dynamic)
+        self.frame: tuple[str, int, str] | None = None
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        try:
+            return self.backend(gm, example_inputs)
+        except Exception as exc:
+            self.frame = failing_frame(gm, exc) or self.frame
+            raise
+
+    def get_compiler_config(self) -> Any:
+        """Dynamo asks the backend for its config (inductor's mode patches)."""
+        getter = getattr(self.backend, "get_compiler_config", None)
+        return getter() if getter is not None else None
+
+    def reset(self) -> None:
+        """``torch._dynamo.reset`` resets the backend's caches."""
+        reset = getattr(self.backend, "reset", None)
+        if reset is not None:
+            reset()
+
+
+def disable_function(frame: tuple[str, int, str], roots: list[torch.nn.Module]) -> str | None:
+    """Wrap the function defined at ``frame`` in ``torch.compiler.disable`` where it is looked up:
+    a method of a module class in ``roots``, or a global of a loaded module (``__main__`` first).
+    Returns its qualified name, or None when no such function is reachable."""
+    path, line, name = frame
+
+    def matches(fn: Any) -> bool:
+        code = getattr(fn, "__code__", None)
+        return code is not None and code.co_name == name and code.co_filename == path and \
+            code.co_firstlineno <= line
+
+    for cls in {type(m) for root in roots for m in root.modules()}:
+        for attr, value in list(vars(cls).items()):
+            if callable(value) and matches(value):
+                setattr(cls, attr, torch.compiler.disable(value))
+                return f"{cls.__name__}.{attr}"
+    modules = [sys.modules.get("__main__"), *[m for k, m in list(sys.modules.items()) if k != "__main__"]]
+    for module in modules:
+        if module is None or getattr(module, "__file__", None) != path:
+            continue
+        for attr, value in list(vars(module).items()):
+            if callable(value) and matches(value):
+                setattr(module, attr, torch.compiler.disable(value))
+                return attr
+    return None
+
+
+def is_compile_error(exc: BaseException) -> bool:
+    """True for errors raised by dynamo / a backend while compiling (not by the user's own code)."""
+    from torch._dynamo import exc as dynamo_exc
+
+    kinds = tuple(k for k in (getattr(dynamo_exc, "BackendCompilerFailed", None),
+                              getattr(dynamo_exc, "InternalTorchDynamoError", None)) if k is not None)
+    return isinstance(exc, kinds) or type(exc).__module__.startswith(("torch._inductor", "torch._dynamo"))
