@@ -143,7 +143,8 @@ def classify(*, device: str, shares: dict[str, float], measures: dict[str, float
     if opt >= OPTIMIZER_SHARE:
         found["optimizer"] = (opt / OPTIMIZER_SHARE, f"optimizer.step {opt:.0%} of the step")
     if memory_fraction is not None and memory_fraction >= MEMORY_FRACTION:
-        found["memory"] = (memory_fraction / MEMORY_FRACTION, f"peak {memory_fraction:.0%} of the GPU's memory")
+        # Near the limit comes first: other knobs' candidates (autotuning, more workers) may not fit.
+        found["memory"] = (100.0 * memory_fraction, f"peak {memory_fraction:.0%} of the GPU's memory")
     if device == "cuda":
         idle = measures.get("gpu_idle")
         short = measures.get("short_kernels")

@@ -1,9 +1,9 @@
 """Compile triage inside a trial: graph breaks with file:line, recompiles with their guard, and a
 compile failure attributed to one function, excluded with ``torch.compiler.disable`` and retried.
 
-- **Breaks and recompiles** come from dynamo's own ``graph_breaks`` / ``recompiles`` log artifacts
-  (what ``TORCH_LOGS=graph_breaks,recompiles`` prints), captured by a handler: the message names
-  the user file and line, the reason, and for a recompile the guard that failed.
+- **Breaks and recompiles** come from dynamo's own records: the reason of every graph break with
+  its user stack (what ``torch._dynamo.explain`` reports), and every failed guard keyed by the code
+  it recompiled; both give the user file and line.
 - **A failing compile**: the backend is wrapped, so when it raises, the graph it was given is still
   at hand. The failing op is the node named in the error (inductor names the target, e.g.
   ``aten.sin.default``); its ``stack_trace`` gives the innermost user function. That function is
@@ -13,7 +13,6 @@ compile failure attributed to one function, excluded with ``torch.compiler.disab
 
 from __future__ import annotations
 
-import logging
 import re
 import sys
 import traceback
@@ -23,7 +22,6 @@ from typing import Any
 import torch
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
-_WHERE = re.compile(r"(?:at|in) ([^\s:]+\.py):(\d+)")
 _LIBRARY_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/torchscalpel/", "<frozen")
 
 
@@ -50,53 +48,36 @@ TRIAGE = TriageLog()
 """The process's triage log (a trial process compiles for one settings object)."""
 
 
-class _DynamoHandler(logging.Handler):
-    """Reads dynamo's graph-break and recompile artifact records into :data:`TRIAGE`."""
+def collect_dynamo(log: TriageLog) -> TriageLog:
+    """Fill ``log`` from dynamo's own records: every graph break's reason with its user stack
+    (``torch._dynamo.utils.graph_break_reasons``), and every recompile's failed guard keyed by the
+    code object it recompiled (``guard_failures``), so both carry a file:line."""
+    from torch._dynamo import utils
 
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = record.getMessage()
-        except Exception:  # a record that cannot format must not break the trial
-            return
-        if record.name.endswith("__graph_breaks"):
-            add_break(TRIAGE, text)
-        elif record.name.endswith("__recompiles"):
-            add_recompile(TRIAGE, text)
-
-
-def add_break(log: TriageLog, text: str) -> None:
-    """Parse one graph-break message (``Graph break in user code at FILE:LINE`` + ``Graph Break Reason``)."""
-    where = _WHERE.search(text)
-    reason = ""
-    for line in text.splitlines():
-        if "Reason:" in line:
-            reason = line.split("Reason:", 1)[1].strip()
-            break
-    if not reason:
-        reason = text.strip().splitlines()[0][:200] if text.strip() else "unknown"
-    entry = {"where": f"{where.group(1)}:{where.group(2)}" if where else "", "reason": reason[:300]}
-    if entry not in log.breaks:
-        log.breaks.append(entry)
+    for reason in list(getattr(utils, "graph_break_reasons", []) or []):
+        frames = [f for f in getattr(reason, "user_stack", []) or []
+                  if not any(part in f.filename for part in _LIBRARY_PARTS)]
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        first = str(getattr(reason, "reason", "")).strip().splitlines()
+        entry = {"where": where, "reason": (first[0] if first else "unknown")[:300]}
+        if entry not in log.breaks:
+            log.breaks.append(entry)
+    for code, reasons in dict(getattr(utils, "guard_failures", {}) or {}).items():
+        where = f"{getattr(code, 'co_filename', '?')}:{getattr(code, 'co_firstlineno', '?')}"
+        for text in reasons:
+            entry = {"where": where, "guard": str(text).strip().splitlines()[0][:300] if str(text).strip() else ""}
+            if entry not in log.recompiles:
+                log.recompiles.append(entry)
+    return log
 
 
-def add_recompile(log: TriageLog, text: str) -> None:
-    """Parse one recompile message (``Recompiling function F in FILE:LINE`` + the failed guards)."""
-    where = _WHERE.search(text)
-    guard = next((ln.strip().lstrip("- ").strip() for ln in text.splitlines() if ln.strip().startswith("- ")), "")
-    entry = {"where": f"{where.group(1)}:{where.group(2)}" if where else "", "guard": guard[:300]}
-    if entry not in log.recompiles:
-        log.recompiles.append(entry)
+def reset_dynamo_records() -> None:
+    """Forget dynamo's recorded graph-break reasons (with the counters, for a clean trial or test)."""
+    from torch._dynamo import utils
 
-
-def capture_dynamo_logs() -> None:
-    """Turn on dynamo's graph-break and recompile artifacts and route them into :data:`TRIAGE`."""
-    try:
-        torch._logging.set_logs(graph_breaks=True, recompiles=True)
-    except Exception:  # an older or newer logging API: breaks still come from the counters
-        return
-    logger = logging.getLogger("torch")
-    if not any(isinstance(h, _DynamoHandler) for h in logger.handlers):
-        logger.addHandler(_DynamoHandler())
+    reasons = getattr(utils, "graph_break_reasons", None)
+    if reasons is not None:
+        reasons.clear()
 
 
 # -- failure attribution ----------------------------------------------------------------------------

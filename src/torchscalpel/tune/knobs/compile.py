@@ -161,15 +161,12 @@ def matching_modules(model: torch.nn.Module, target: str) -> list[torch.nn.Modul
 
 def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: bool = False) -> Undo:
     """On the first call of each model, replace the targeted modules' forward with a compiled one."""
-    from torchscalpel.tune.triage import capture_dynamo_logs
-
     if single_thread_compile:
         import torch._inductor.config as inductor_config
 
         inductor_config.compile_threads = 1
     from torchscalpel.tune.triage import FailureRecorder
 
-    capture_dynamo_logs()
     # One backend object for every region: dynamo caches compiled code per backend identity, so a
     # backend per Block instance would recompile the same code for each instance.
     recorder = FailureRecorder(spec.backend, spec.mode, spec.dynamic)
@@ -288,7 +285,7 @@ class CompiledRegion:
         return self._first_call(args, kwargs)
 
     def _first_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        from torch._dynamo.exc import Unsupported
+        from torch._dynamo.exc import Unsupported, UserError
 
         from torchscalpel.tune.triage import TRIAGE, user_frames
 
@@ -302,7 +299,7 @@ class CompiledRegion:
                     TRIAGE.fullgraph.setdefault("attempted", True)
                     TRIAGE.fullgraph.setdefault("ok", True)
                     return out
-                except Unsupported as exc:
+                except (Unsupported, UserError) as exc:
                     # Dynamo stops at the first break before running anything: falling back is safe.
                     frames = user_frames("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
                     where = f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
@@ -329,7 +326,9 @@ class CompiledRegion:
         name = disable_function(frame, [self.root])
         if name is None:
             raise exc
-        cause = str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else type(exc).__name__
+        inner = getattr(exc, "inner_exception", None) or exc  # BackendCompilerFailed wraps the backend's error
+        text = str(inner).strip()
+        cause = f"{type(inner).__name__}: {text.splitlines()[0][:300]}" if text else type(inner).__name__
         TRIAGE.excluded.append({"function": name, "where": f"{frame[0]}:{frame[1]}", "cause": cause,
                                 "retried": "yes"})
         self.log.did("compile", f"compile failed in {name} ({frame[0]}:{frame[1]}): excluded with "
@@ -346,8 +345,9 @@ def compile_stats() -> dict[str, Any]:
     recompiles (with the guard that failed), fullgraph, excluded functions, compile time."""
     from torch._dynamo import utils
 
-    from torchscalpel.tune.triage import TRIAGE
+    from torchscalpel.tune.triage import TRIAGE, collect_dynamo
 
+    collect_dynamo(TRIAGE)
     counters = utils.counters
     breaks = dict(counters.get("graph_break", {}))
     failures = getattr(utils, "guard_failures", {}) or {}
@@ -374,6 +374,7 @@ def reset_compile_stats() -> None:
     torch._dynamo.reset()
     utils.counters.clear()
     triage.TRIAGE = triage.TriageLog()
+    triage.reset_dynamo_records()
     for name in ("guard_failures", "compilation_time_metrics"):
         table = getattr(utils, name, None)
         if table is not None:
