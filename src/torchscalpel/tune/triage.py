@@ -111,12 +111,22 @@ class FailureRecorder:
     """
 
     def __init__(self, backend: str, mode: str | None, dynamic: bool | None) -> None:
-        mode = None if mode == "default" else mode
-        if backend == "inductor":
-            self.backend: Any = torch._TorchCompileInductorWrapper(mode, None, dynamic)
-        else:
-            self.backend = torch._TorchCompileWrapper(backend, mode, None, dynamic)
+        self.name = backend
+        self.mode = None if mode == "default" else mode
+        self.dynamic = dynamic
+        self._backend: Any = None
         self.frame: tuple[str, int, str] | None = None
+
+    @property
+    def backend(self) -> Any:
+        """The configured backend, built on first use: a backend the script registers itself
+        exists only once the script has run that far (the knob is installed before it starts)."""
+        if self._backend is None:
+            if self.name == "inductor":
+                self._backend = torch._TorchCompileInductorWrapper(self.mode, None, self.dynamic)
+            else:
+                self._backend = torch._TorchCompileWrapper(self.name, self.mode, None, self.dynamic)
+        return self._backend
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         try:
@@ -132,7 +142,7 @@ class FailureRecorder:
 
     def reset(self) -> None:
         """``torch._dynamo.reset`` resets the backend's caches."""
-        reset = getattr(self.backend, "reset", None)
+        reset = getattr(self._backend, "reset", None)
         if reset is not None:
             reset()
 
