@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from torchscalpel.tune.apply import applied
-from torchscalpel.tune.knobs.amp import AmpKnob
 from torchscalpel.tune.facts import ModelFacts
+from torchscalpel.tune.knobs.amp import AmpKnob
 from torchscalpel.tune.settings import TuneSettings
 
 
