@@ -1,11 +1,13 @@
 """The tune search: baseline, single knobs, greedy combination, interleaved confirmation.
 
-1. Baseline twice: once with model facts and submodule timings (what can apply, which region is
-   hottest), once plain (the reference step time). Their losses must agree: that is the script's
-   own nondeterminism, the floor of the numerics gate.
-2. Every applicable single knob, largest expected gain first. A knob that cannot apply is skipped
-   with the reason; a trial that crashes, runs out of memory, fails to compile or overruns its
-   share of the budget is reported with the cause and the search goes on.
+1. Baseline twice: once with model facts, submodule timings and a two-step profile (what can
+   apply, which region is hottest, what bounds the step), once plain (the reference step time).
+   Their losses must agree: that is the script's own nondeterminism, the floor of the numerics gate.
+2. Every applicable single knob, in the order the baseline's bottleneck class gives
+   (:mod:`torchscalpel.tune.plan`), each row saying why. A knob that cannot apply is skipped with
+   the reason; a trial that crashes, runs out of memory, fails to compile or overruns its share of
+   the budget is reported with the cause and the search goes on. No time is held back until a
+   candidate has won: then exactly its confirmation's (measured) time is kept.
 3. Winners (faster by a margin, numerics gate passed), best per family, combined greedily: a knob
    joins the combination only if the combination gets faster again and still passes the gate.
 4. Confirmation: the best configuration and the baseline run alternately; the recommended
