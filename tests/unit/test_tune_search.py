@@ -343,3 +343,15 @@ def test_each_row_shows_the_baseline_its_ratio_used(run_search):
     assert first["vs baseline ms"] == "100.0"  # measured before the refresh: against the first baseline
     base = dict(zip(HEADERS, row_cells(result.baseline), strict=True))
     assert base["vs baseline ms"] == base["step ms"] == "100.0" and base["speedup"] == "1.00x"
+
+
+def test_a_refresh_that_would_leave_the_trial_no_time_is_not_run(clocked):
+    # The first trial wins: 3 pairs x 20 s = 60 s are kept. Before the third trial a baseline
+    # refresh is due; with 75 s left, refresh (10 s) + the kept 60 s leave 5 s: neither runs
+    # (running the refresh anyway left the trial 15 s and it timed out, seen on char_transformer).
+    runner = FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0})
+    result, _ = clocked(runner, budget_s=115, knobs=("amp", "threads"))
+    assert not any("baseline-refresh" in c for c in runner.calls)
+    (not_run,) = [t for t in result.trials if t.verdict == "not run"]
+    assert not_run.label == "threads=2" and "kept to confirm" in not_run.cause
+    assert result.winner is not None and len(result.winner.confirm_ratios) == 3

@@ -344,9 +344,14 @@ class Search:
             measured.append(trial)
         return measured
 
+    def _refresh_due(self) -> bool:
+        """True when the next trial is preceded by a baseline re-measure."""
+        return self._since_ref >= REFRESH_EVERY and self.remaining() >= 3 * self.baseline_wall
+
     def _cannot_run(self, cand: Candidate, keep: float) -> str:
-        """Why a planned trial is not run now (empty: run it)."""
-        left = self.remaining() - keep
+        """Why a planned trial is not run now (empty: run it). The baseline re-measure due before
+        it counts too: a refresh that leaves the trial no time would only waste the budget."""
+        left = self.remaining() - keep - (self.baseline_wall if self._refresh_due() else 0.0)
         if left < self.baseline_wall * 1.2:
             what = " (the rest is kept to confirm the candidates that won)" if keep else ""
             return f"the budget ran out before this trial: {max(0.0, left):.0f} s left{what}"
@@ -359,7 +364,7 @@ class Search:
     def _refresh_baseline(self, result: TuneResult) -> None:
         """Re-measure the baseline every :data:`REFRESH_EVERY` trials, so screening compares
         each candidate with a baseline measured minutes, not a quarter of an hour, earlier."""
-        if self._since_ref < REFRESH_EVERY or self.remaining() < 3 * self.baseline_wall:
+        if not self._refresh_due():
             return
         ref = self._run(TuneSettings(), "baseline", tag="baseline-refresh",
                         limit_s=max(1.5 * self.baseline_wall, min(3 * self.baseline_wall, self.remaining())))
@@ -418,7 +423,8 @@ class Search:
             # Keep what confirming the current best needs, and nothing more.
             keep = self.options.confirm_pairs * self._pair_s(current)
             merged = TuneSettings.from_dict(current.settings).merged(TuneSettings.from_dict(candidate.settings))
-            if self.remaining() - keep < self.baseline_wall * 1.2:
+            refresh = self.baseline_wall if self._refresh_due() else 0.0
+            if self.remaining() - keep - refresh < self.baseline_wall * 1.2:
                 result.notes.append(f"not combined with {candidate.label}: the budget left "
                                     f"({max(0.0, self.remaining()):.0f} s) is what confirming {current.label} needs")
                 self._plan(-1)
