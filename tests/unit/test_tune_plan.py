@@ -65,8 +65,10 @@ def test_data_bound_sweeps_workers_first_with_the_reason():
     assert [c.settings.dataloader.num_workers for c in first] == [1, 2, 4]
     assert all(c.settings.dataloader.persistent_workers and c.settings.dataloader.prefetch_factor == 4 for c in first)
     assert planned[0].reason.startswith("data-bound (DataLoader wait 45% of the step): DataLoader workers")
+    assert planned[0].short == "data-bound: load batches ahead"  # the terminal table's form
     rest = [c for c in planned if not c.indicated]
     assert rest and all("not indicated by the profile (data-bound)" in c.reason for c in rest)
+    assert all(c.short == "not indicated (data-bound)" for c in rest)
 
 
 def test_worker_sweep_covers_zero_to_the_usable_cores_without_the_scripts_own():
@@ -103,6 +105,7 @@ def test_cuda_launch_bound_tries_cuda_graphs_on_the_hot_region_and_whole_model_f
     labels = [c.settings.label() for c in planned[:4]]
     assert labels[:2] == ["compile(Block, reduce-overhead)", "compile(model, reduce-overhead)"]
     assert "CUDA graphs" in planned[0].reason and planned[0].reason.startswith("launch-bound (GPU idle 70%")
+    assert planned[0].short == "launch-bound: CUDA graphs"
     assert "compile(Block)" in labels  # the default mode follows
     assert planned[len([c for c in planned if c.knob.name == "compile"])].knob.name == "optimizer"
 

@@ -65,7 +65,7 @@ def build(record: RunRecord) -> list[Section]:
                 f"{(tune.determinism or 0):.1e}.</p>")
     if notes:
         verdict += f"<ul>{notes}</ul>"
-    ranked = table(HEADERS, [row_cells(t) for t in rows], numeric=NUMERIC)
+    ranked = table(HEADERS, [row_cells(t, full=True) for t in rows], numeric=NUMERIC)
     ranked += f"<p class=\"muted\">{escape(TABLE_NOTE)}.</p>"
     bars = horizontal_bars("tune-step-ms", [(t.label, t.median_ms) for t in rows if t.median_ms is not None])
     series: dict[str, list[float | None]] = {"baseline": list(baseline.losses)}

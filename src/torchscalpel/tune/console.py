@@ -94,11 +94,12 @@ def compile_summary(stats: dict[str, Any]) -> str:
     return " | ".join(parts)
 
 
-def row_cells(trial: TrialResult) -> list[str]:
+def row_cells(trial: TrialResult, *, full: bool = False) -> list[str]:
     """Cells of one ranked-table row (shared with the HTML report).
 
     ``speedup`` is ``vs baseline ms / step ms`` of the same row: the baseline run each trial was
-    compared with (the most recent re-measure before it) stands beside the ratio.
+    compared with (the most recent re-measure before it) stands beside the ratio. ``full`` gives
+    the whole reason (the HTML report); the terminal shows its short form.
     """
     compile_ms = trial.compile.get("compile_ms") if trial.compile else None
     dev = "-" if trial.deviation is None else f"{trial.deviation:.1e}"
@@ -117,7 +118,7 @@ def row_cells(trial: TrialResult) -> list[str]:
         fmt_bytes(trial.peak_bytes) if trial.peak_bytes else "-",
         dev,
         str(trial.verdict),
-        trial.reason or "-",
+        (trial.reason if full else trial.reason_short or trial.reason) or "-",
         why,
     ]
 
@@ -138,7 +139,7 @@ def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out
     """The ranked table, the recommendation (or why there is none), the code lines and where files are."""
     c = out or default_console()
     if not c.is_terminal:  # logs and pipes: wide enough that the table does not fold every cell
-        c.width = max(c.width, 160)
+        c.width = max(c.width, 200)
     table = Table(title="scalpel tune: variants ranked by median step time", title_justify="left",
                   caption=TABLE_NOTE, caption_justify="left")
     for i, h in enumerate(HEADERS):

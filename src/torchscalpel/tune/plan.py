@@ -50,6 +50,32 @@ _RATIONALE: dict[tuple[str, str], str] = {
 }
 
 
+_SHORT: dict[tuple[str, str], str] = {
+    ("launch", "compile"): "fewer launches / less Python per op",
+    ("launch", "optimizer"): "fewer optimizer kernels",
+    ("compute", "amp"): "bf16 matmuls",
+    ("compute", "matmul"): "TF32 matmuls",
+    ("compute", "compile"): "fuse the elementwise work",
+    ("compute", "channels_last"): "NHWC conv kernels",
+    ("compute", "cudnn"): "fastest conv algorithm",
+    ("compute", "threads"): "more intra-op threads",
+    ("data", "dataloader"): "load batches ahead",
+    ("optimizer", "optimizer"): "fused optimizer kernels",
+    ("memory", "checkpointing"): "less activation memory",
+    ("memory", "microbatch"): "smaller activation peak",
+    ("memory", "amp"): "half-size activations",
+}
+"""The table's short form of each rationale (the full one is in run.json and the report)."""
+
+
+def short_reason(kind: str, family: str, device: str) -> str:
+    """``compute-bound: bf16 matmuls``: the class and, briefly, what the knob does about it."""
+    what = _SHORT.get((kind, family), family)
+    if (kind, family, device) == ("launch", "compile", "cuda"):
+        what = "CUDA graphs"
+    return f"{kind}-bound: {what}"
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One planned single-knob trial and why it was chosen."""
@@ -58,6 +84,8 @@ class Candidate:
     settings: TuneSettings
     reason: str
     indicated: bool
+    short: str = ""
+    """The reason in a few words, for the terminal table."""
     """True when the profile points at this knob (False: tried after the indicated ones)."""
 
 
@@ -98,15 +126,18 @@ def plan_candidates(knobs: list[Knob], facts: ModelFacts) -> tuple[list[Candidat
                 continue
             placed.add(family)
             why = f"{bottleneck.why(kind)}: {rationale(kind, family, facts.device)}"
-            planned.extend(Candidate(knob=by_name[family], settings=s, reason=why, indicated=True)
+            short = short_reason(kind, family, facts.device)
+            planned.extend(Candidate(knob=by_name[family], settings=s, reason=why, indicated=True, short=short)
                            for s in by_family[family])
     if bottleneck.kind == "unknown":
         rest_why = f"tried in registry order: {bottleneck.evidence.get('unknown', 'no profile')}"
+        rest_short = "no profile: registry order"
     else:
         rest_why = f"not indicated by the profile ({bottleneck.kind}-bound); tried after the indicated knobs"
+        rest_short = f"not indicated ({bottleneck.kind}-bound)"
     for knob in knobs:  # registry order: cheap knobs first, compile last
         if knob.name in by_family and knob.name not in placed:
             placed.add(knob.name)
-            planned.extend(Candidate(knob=knob, settings=s, reason=rest_why, indicated=False)
+            planned.extend(Candidate(knob=knob, settings=s, reason=rest_why, indicated=False, short=rest_short)
                            for s in by_family[knob.name])
     return planned, skipped

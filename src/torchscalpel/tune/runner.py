@@ -51,6 +51,8 @@ class TrialResult:
     baseline re-measure before this trial); shown beside the ratio in the table."""
     reason: str = ""
     """Why the search chose this candidate (the profile's evidence and what the knob addresses)."""
+    reason_short: str = ""
+    """The same in a few words (``compute-bound: bf16 matmuls``), for the terminal table."""
     confirm_ratios: list[float] = field(default_factory=list)
     """Baseline/candidate ratios of the interleaved confirmation pairs."""
     confirm_pairs: list[list[float]] = field(default_factory=list)

@@ -332,12 +332,13 @@ class Search:
             if why_not:
                 result.trials.append(TrialResult(label=settings.label(), settings=settings.to_dict(),
                                                  family=cand.knob.name, status=TrialStatus.NOT_RUN,
-                                                 verdict=Verdict.NOT_RUN, cause=why_not, reason=cand.reason))
+                                                 verdict=Verdict.NOT_RUN, cause=why_not, reason=cand.reason,
+                                                 reason_short=cand.short))
                 self._plan(-1)
                 continue
             self._refresh_baseline(result)
             trial = self._run(settings, cand.knob.name, limit_s=min(self._share(settings), self.remaining() - keep))
-            trial.reason = cand.reason
+            trial.reason, trial.reason_short = cand.reason, cand.short
             self._since_ref += 1
             self._judge(trial, result)
             result.trials.append(trial)
@@ -434,6 +435,7 @@ class Search:
             trial = self._run(merged, "combined", limit_s=min(self._share(merged), self.remaining() - keep),
                               tag="combined")
             trial.reason = f"combination of the winners {current.label} and {candidate.label}"
+            trial.reason_short = "combination of winners"
             self._judge(trial, result)
             result.trials.append(trial)
             if trial.verdict == Verdict.FASTER and (trial.median_ms or 0) * (1 + MIN_MARGIN) < (current.median_ms or 0):
