@@ -76,3 +76,31 @@ def test_fp16_offered_only_on_gpus_without_bf16():
     assert [c.amp for c in cands] == ["bf16"]
     _, reason = knob.candidates(ModelFacts(device="cpu", bf16_supported=False, models=["Net"]))
     assert reason and "not supported natively" in reason
+
+
+def test_fp32_attention_variant_only_when_the_model_calls_attention():
+    knob = AmpKnob()
+    facts = ModelFacts(device="cpu", bf16_supported=True, models=["Net"], attention_calls=0)
+    cands, _ = knob.candidates(facts)
+    assert [c.label() for c in cands] == ["amp=bf16"]
+    assert "never calls F.scaled_dot_product_attention" in knob.skipped_candidates(facts)[0][1]
+    facts.attention_calls = 8
+    assert len(knob.candidates(facts)[0]) == 2 and not knob.skipped_candidates(facts)
+
+
+def test_facts_count_attention_calls_and_restore_the_function():
+    import torch.nn.functional as F
+
+    from torchscalpel.record import new_run_record
+    from torchscalpel.tune.facts import FactsObserver
+
+    original = F.scaled_dot_product_attention
+    obs = FactsObserver()
+    obs.on_start(None)  # type: ignore[arg-type]
+    q = torch.randn(1, 2, 4, 8)
+    F.scaled_dot_product_attention(q, q, q)
+    F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    record = new_run_record("t", status="complete")
+    obs.on_finish(record)
+    assert F.scaled_dot_product_attention is original
+    assert record.sections["tune_facts"]["attention_calls"] == 2

@@ -62,6 +62,9 @@ class ModelFacts:
     bf16_detail: str = ""
     """How bf16 runs here: ``amx_bf16`` / ``avx512_bf16`` (native on CPU), ``emulated`` (converted
     to float32 per op: slower than float32), ``sm80+`` / ``absent`` on CUDA."""
+    attention_calls: int | None = None
+    """``F.scaled_dot_product_attention`` calls seen in the baseline (None: not counted, an
+    older record); 0 means the fp32-attention variant of amp has nothing to change."""
     bottleneck: dict[str, Any] = field(default_factory=dict)
     """The baseline's bottleneck class (:class:`~torchscalpel.tune.bottleneck.Bottleneck` as a dict);
     set by the search from the profiled facts run, read by knobs that tailor their candidates."""
@@ -184,6 +187,22 @@ class FactsObserver(Observer):
 
     def on_start(self, session: Session) -> None:
         self._session = session
+        self._count_attention()
+
+    def _count_attention(self) -> None:
+        """Count ``F.scaled_dot_product_attention`` calls (what amp's fp32-attention variant patches)."""
+        import torch.nn.functional as F
+
+        original = F.scaled_dot_product_attention
+        self._attention_original = original
+        self._attention_calls = 0
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if not torch.compiler.is_compiling():
+                self._attention_calls += 1
+            return original(*args, **kwargs)
+
+        F.scaled_dot_product_attention = counted
 
     def on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
         if not root:
@@ -208,7 +227,14 @@ class FactsObserver(Observer):
             self._loader = loader
 
     def on_finish(self, record: RunRecord) -> None:
-        record.sections["tune_facts"] = self.collect(record).to_dict()
+        original = getattr(self, "_attention_original", None)
+        if original is not None:
+            import torch.nn.functional as F
+
+            F.scaled_dot_product_attention = original
+        facts = self.collect(record)
+        facts.attention_calls = getattr(self, "_attention_calls", None)
+        record.sections["tune_facts"] = facts.to_dict()
 
     def collect(self, record: RunRecord) -> ModelFacts:
         """Facts from the session's live objects and the record's module timings."""

@@ -54,9 +54,15 @@ class AmpKnob(Knob):
             how = "; oneDNN would emulate it, converting to float32 per op" if facts.bf16_detail == "emulated" else ""
             return [], f"bf16 is not supported natively on this CPU (no avx512_bf16 or AMX flag{how}), " \
                        "so autocast would be slower"
-        if facts.device == "cpu":
+        if facts.device == "cpu" and facts.attention_calls != 0:
             return [TuneSettings(amp="bf16", amp_fp32_attention=True), TuneSettings(amp="bf16")], None
         return [TuneSettings(amp="bf16")], None
+
+    def skipped_candidates(self, facts: ModelFacts) -> list[tuple[str, str]]:
+        if facts.device == "cpu" and facts.bf16_supported and facts.attention_calls == 0:
+            return [("amp=bf16 + amp_fp32_attention",
+                     "the model never calls F.scaled_dot_product_attention: nothing to keep in float32")]
+        return []
 
     def setup_hook(self, settings: TuneSettings, log: ApplyLog) -> SetupHook | None:
         if settings.amp is None:
