@@ -182,3 +182,31 @@ def test_cpu_bf16_native_only_with_the_flags():
     assert bf16_support("cpu", {"avx512f", "avx512_bf16"}) == (True, "avx512_bf16")
     fast, detail = bf16_support("cpu", {"avx512f", "avx512bw"})
     assert not fast and detail in ("emulated", "absent")
+
+
+def test_a_torch_layer_block_is_not_a_compile_region_and_loss_inputs_do_not_vary_shapes():
+    from torchscalpel.tune.knobs.compile import CompileKnob
+
+    facts = ModelFacts(device="cpu", models=["DigitsCNN"], repeated=[{"cls": "Conv2d", "count": 2, "params": 9}],
+                       submodules=[{"name": "features", "cls": "Sequential", "params": 9, "forward_ms": 9.0}])
+    knob = CompileKnob(backend="aot_eager")
+    cands, _ = knob.candidates(facts)
+    assert [c.compile.target for c in cands] == ["model"]
+    (label, why), = knob.skipped_candidates(facts)
+    assert label == "compile(Conv2d)" and "single torch.nn.Conv2d layer" in why
+
+
+def test_facts_compare_input_shapes_per_model_not_with_the_loss_module():
+    import torch
+    from torch import nn
+
+    from torchscalpel.tune.facts import FactsObserver
+
+    obs = FactsObserver()
+    model, loss = nn.Linear(4, 3), nn.CrossEntropyLoss()
+    for _ in range(2):
+        obs.on_forward_pre(model, (torch.randn(8, 4),), {}, True)
+        obs.on_forward_pre(loss, (torch.randn(8, 3), torch.zeros(8, dtype=torch.long)), {}, True)
+    assert obs._shapes_vary is False
+    obs.on_forward_pre(model, (torch.randn(5, 4),), {}, True)
+    assert obs._shapes_vary is True

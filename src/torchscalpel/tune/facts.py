@@ -177,7 +177,9 @@ class FactsObserver(Observer):
 
     def __init__(self) -> None:
         self._session: Session | None = None
-        self._first_shape: tuple[int, ...] | None = None
+        self._first_shape: dict[int, tuple[int, ...]] = {}
+        """First input shape per root model (by id): a loss module called on the logits is a root
+        too, and its input is not the model's, so shapes are compared per module."""
         self._shapes_vary = False
         self._loader: Any = None
         # Strong references: the session holds weak ones, and the script's objects are gone by
@@ -213,9 +215,9 @@ class FactsObserver(Observer):
         if first is None:
             return
         shape = tuple(first.shape)
-        if self._first_shape is None:
-            self._first_shape = shape
-        elif shape != self._first_shape:
+        if next(iter(module.parameters()), None) is None:  # a loss module: not a compile region
+            return
+        if shape != self._first_shape.setdefault(id(module), shape):
             self._shapes_vary = True
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:

@@ -67,6 +67,11 @@ class CompileKnob(Knob):
     def skipped_candidates(self, facts: ModelFacts) -> list[tuple[str, str]]:
         # The block region is tried only on a block the baseline's forward called: compiling a
         # class that never runs (a ModuleDict container, say) is a no-op whose "speedup" is drift.
+        if facts.repeated and is_torch_layer(facts.repeated[0]["cls"]):
+            return [(f"compile({facts.repeated[0]['cls']})",
+                     f"the repeated block is a single torch.nn.{facts.repeated[0]['cls']} layer: "
+                     "compiled one at a time there is nothing to fuse; the hottest submodule and the "
+                     "whole model are tried instead")]
         if not facts.models or facts.repeated:
             return []
         if facts.uncalled_blocks:
@@ -129,13 +134,20 @@ def profile_modes(facts: ModelFacts, targets: list[str]) -> list[tuple[str, str]
     return pairs
 
 
+def is_torch_layer(cls_name: str) -> bool:
+    """True for a ``torch.nn`` layer class (``Conv2d``, ``Linear``): compiled one instance at a time
+    there is nothing to fuse across, so the repeated-block region is not worth a trial for it."""
+    layer = getattr(torch.nn, cls_name, None)
+    return isinstance(layer, type) and issubclass(layer, torch.nn.Module)
+
+
 def region_targets(facts: ModelFacts, limit: int) -> list[str]:
     """Compile targets in trial order: repeated blocks, hottest submodule, then the whole model.
 
     ``limit`` counts the whole model, which is always tried last.
     """
     containers = ("ModuleList", "ModuleDict", "Sequential")
-    regions: list[str] = [r["cls"] for r in facts.repeated[:1]]
+    regions: list[str] = [r["cls"] for r in facts.repeated[:1] if not is_torch_layer(r["cls"])]
     # The hottest single submodule is worth its own trial only when it holds a real share of the
     # forward time (compiling a 3% embedding gains nothing measurable).
     timed = [s for s in facts.submodules if s.get("forward_ms") is not None
