@@ -273,13 +273,16 @@ class Search:
         """Seconds one interleaved confirmation pair of ``candidate`` takes (from measured runs)."""
         return self.baseline_wall + max(candidate.wall_s, self.baseline_wall)
 
-    def _budget_advice(self, candidate: TrialResult) -> str:
-        """Why ``candidate`` cannot be confirmed in what is left, and the budget that would do it."""
-        need = self.options.confirm_pairs * self._pair_s(candidate)
+    def _budget_advice(self, candidate: TrialResult, pairs: int | None = None) -> str:
+        """Why ``candidate`` cannot be confirmed in what is left (``pairs`` still to run, default all),
+        and the budget that would have done it."""
+        pairs = self.options.confirm_pairs if pairs is None else pairs
+        need = pairs * self._pair_s(candidate)
         left = max(0.0, self.remaining())
         # What was spent so far plus the pairs, rounded up to half a minute.
         suggest = 30 * math.ceil((time.monotonic() - self.start + need) / 30)
-        return (f"{self.options.confirm_pairs} confirmation pair(s) need about {need:.0f} s "
+        return (f"{'the remaining ' if pairs < self.options.confirm_pairs else ''}{pairs} confirmation "
+                f"pair(s) need about {need:.0f} s "
                 f"(baseline {self.baseline_wall:.0f} s + candidate {max(candidate.wall_s, self.baseline_wall):.0f} s "
                 f"each) and {left:.0f} s of the {self.options.budget_s:.0f} s budget were left; "
                 f"--budget {suggest:.0f}s would confirm it")
@@ -464,7 +467,8 @@ class Search:
         for i in range(self.options.confirm_pairs):
             if pairs and self.remaining() < self._pair_s(best):
                 result.notes.append(f"confirmation of {best.label} stopped after {len(pairs)} of "
-                                    f"{self.options.confirm_pairs} pair(s): {self._budget_advice(best)}")
+                                    f"{self.options.confirm_pairs} pair(s): "
+                                    f"{self._budget_advice(best, self.options.confirm_pairs - len(pairs))}")
                 self._plan(-2 * (self.options.confirm_pairs - i))
                 break
             # The confirmation may overrun the budget slightly rather than kill a run half-way:
