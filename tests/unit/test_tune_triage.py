@@ -145,3 +145,17 @@ def test_user_frames_skip_library_code():
     trace = ('File "/usr/lib/python3/site-packages/torch/nn/modules/module.py", line 1, in _call_impl\n'
              'File "/home/u/train.py", line 7, in forward\nFile "/home/u/train.py", line 3, in helper\n')
     assert triage.user_frames(trace) == [("/home/u/train.py", 7, "forward"), ("/home/u/train.py", 3, "helper")]
+
+
+def test_a_model_with_compiled_regions_can_still_be_deep_copied():
+    import copy
+
+    model = Plain()
+    reset_compile_stats()
+    undo = install_compile(CompileSpec(target="lin", backend="aot_eager"), ApplyLog())
+    try:
+        model(X)
+        clone = copy.deepcopy(model)
+        assert torch.allclose(clone(X), model(X))
+    finally:
+        undo()

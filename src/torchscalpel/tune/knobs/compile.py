@@ -283,6 +283,11 @@ class CompiledRegion:
         self.fn: Any = None
         self.retried = False
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> CompiledRegion:
+        # A script that deep-copies its model (an EMA copy, say) gets the same region, as it got the
+        # same function before; copying dynamo's compiled state is not possible.
+        return self
+
     def _compile(self, fullgraph: bool) -> Any:
         # The mode lives in the recorder (it wraps the backend as torch.compile configures it).
         return torch.compile(self.forward, dynamic=self.spec.dynamic, backend=self.recorder, fullgraph=fullgraph)
