@@ -1,4 +1,4 @@
-"""Benchmark for `scalpel tune` on examples/char_transformer.py (BENCHMARKS.md, "scalpel tune").
+"""Benchmark for `scalpel tune` on examples/char_transformer.py or digits_cnn.py (BENCHMARKS.md, "scalpel tune").
 
 1. Runs `scalpel tune` on the example (the whole search: baseline, knobs, combination, confirmation).
 2. Re-measures its recommendation independently: baseline and tuned settings run alternately for
@@ -6,7 +6,7 @@
    per-round ratios baseline/tuned (each ratio from two runs made back to back, so machine load
    drifting between rounds cancels), with every round's numbers printed.
 
-    OMP_NUM_THREADS=1 python benchmarks/tune.py --budget 10m --rounds 5
+    OMP_NUM_THREADS=1 python benchmarks/tune.py --budget 10m --rounds 5 [--script digits_cnn]
 
 OMP_NUM_THREADS=1 pins both sides to one thread (the 2 cores are shared with other jobs); the
 threads knob is left out for the same reason, so the speedup comes from the other knobs.
@@ -31,12 +31,32 @@ from torchscalpel.tune.runner import run_trial  # noqa: E402
 from torchscalpel.tune.settings import TuneSettings, read_settings_file  # noqa: E402
 from torchscalpel.tune.verify import loss_deviation  # noqa: E402
 
-SCRIPT = REPO / "examples" / "char_transformer.py"
-SCRIPT_ARGS = ["--steps", "400", "--log-every", "1000"]
+SCRIPTS = {
+    "char_transformer": ["--steps", "400", "--log-every", "1000"],
+    "digits_cnn": ["--epochs", "20", "--log-every", "100000"],
+}
+"""Example scripts and the arguments that give them enough steps for every trial."""
+
+
+def machine() -> dict[str, object]:
+    """CPU model, bf16 flags and load average: the context every figure needs (the CPU is shared)."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    from torchscalpel.tune.facts import cpu_flags
+
+    flags = sorted(f for f in cpu_flags() if f in ("avx512_bf16", "amx_bf16", "amx_tile", "avx512f"))
+    return {"cpu": model, "cores": os.cpu_count(), "bf16_flags": flags, "loadavg": os.getloadavg()}
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--script", choices=sorted(SCRIPTS), default="char_transformer")
     p.add_argument("--budget", default="10m")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=15, help="measured steps per re-measurement run")
@@ -45,14 +65,17 @@ def main() -> int:
     p.add_argument("--config", type=Path, default=None, help="skip the search: re-measure this scalpel.toml")
     p.add_argument("--device", default=None, help="passed to the example as --device (default: its own choice)")
     args = p.parse_args()
-    script_args = [*SCRIPT_ARGS, *(["--device", args.device] if args.device else [])]
+    script = REPO / "examples" / f"{args.script}.py"
+    script_args = [*SCRIPTS[args.script], *(["--device", args.device] if args.device else [])]
+    before = machine()
+    print(f"machine: {before}", flush=True)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-tune-"))
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     config = args.config
     if config is None:
         config = out / "scalpel.toml"
         cmd = [sys.executable, "-m", "torchscalpel", "tune", "--budget", args.budget, "--knobs", args.knobs,
-               "--out", str(out / "tune"), "--config", str(config), "--", str(SCRIPT), *script_args]
+               "--out", str(out / "tune"), "--config", str(config), "--", str(script), *script_args]
         print("$", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, env=env, check=True)
     settings = read_settings_file(config)
@@ -62,7 +85,7 @@ def main() -> int:
         return 0
     os.environ.update(env)
 
-    target = Target(script=SCRIPT, args=script_args)
+    target = Target(script=script, args=script_args)
     rows = []
     for r in range(args.rounds):
         pair = {}
@@ -80,6 +103,9 @@ def main() -> int:
         print(f"round {r}: baseline {pair['baseline'].median_ms:.1f} ms  tuned {pair['tuned'].median_ms:.1f} ms  "
               f"ratio {ratio:.2f}x  loss dev {dev:.1e}", flush=True)
     summary = {
+        "script": args.script,
+        "machine_before": before,
+        "machine_after": machine(),
         "settings": settings.to_dict(),
         "median_ratio": statistics.median(r["ratio"] for r in rows),
         "min_ratio": min(r["ratio"] for r in rows),

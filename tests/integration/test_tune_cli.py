@@ -23,9 +23,17 @@ def test_tune_end_to_end_writes_table_record_report_and_settings(tmp_path):
                    timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "variants ranked" in proc.stderr
+    # progress counts "trial N of M" with the budget left; the table names each ratio's baseline
+    assert "trial 1 of " in proc.stderr and " s left)" in proc.stderr
+    assert "vs baseline ms" in proc.stderr and "profile of the baseline:" in proc.stderr
     data = json.loads((out / "run.json").read_text())
     tune = data["sections"]["tune"]
     trials = {t["label"]: t for t in tune["trials"]}
+    # the baseline was profiled and classified; every trial that ran says why it was chosen
+    assert tune["facts"]["bottleneck"]["shares"], tune["facts"]["bottleneck"]
+    ran = [t for t in tune["trials"] if t["verdict"] not in ("skipped",)]
+    assert ran and all(t["reason"] for t in ran)
+    assert all(t["baseline_ms"] for t in ran if t["speedup"] is not None)
     # a crash in one trial is reported with its cause and the search goes on
     assert trials["optimizer=fused"]["verdict"] == "failed"
     assert "this script refuses fused optimizers" in trials["optimizer=fused"]["cause"]
@@ -35,6 +43,9 @@ def test_tune_end_to_end_writes_table_record_report_and_settings(tmp_path):
     block = trials["compile(Block, backend=aot_eager)"] if "compile(Block, backend=aot_eager)" in trials \
         else next(t for label, t in trials.items() if label.startswith("compile(Block"))
     assert block["compile"]["graph_breaks"] >= 1
+    # triage: the break with file:line and reason; fullgraph was attempted and failed there
+    assert any(b["where"].startswith(str(TINY)) and b["reason"] for b in block["compile"]["breaks"])
+    assert block["compile"]["fullgraph"]["attempted"] and not block["compile"]["fullgraph"]["ok"]
     assert any(label.startswith("compile(model") for label in trials)
     for t in tune["trials"]:
         assert t["verdict"] in {"winner", "faster", "not faster", "numerics", "failed", "timeout", "skipped",
@@ -49,6 +60,25 @@ def test_tune_end_to_end_writes_table_record_report_and_settings(tmp_path):
     # scalpel run applies what tune wrote
     ran = run_cli("run", "--config", str(config), "--show", "--", str(TINY), "--steps", "3", timeout=120)
     assert ran.returncode == 0, ran.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_compile_failure_is_traced_to_one_function_excluded_and_retried(tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("tune", "--knobs", "compile", "--compile-backend", "tiny_no_sin", "--budget", "3m",
+                   "--steps", "3", "--warmup", "2", "--confirm", "1", "--out", str(out),
+                   "--config", str(tmp_path / "scalpel.toml"), "--", str(TINY), "--steps", "30", "--sin",
+                   timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tune = json.loads((out / "run.json").read_text())["sections"]["tune"]
+    block = next(t for t in tune["trials"] if t["label"].startswith("compile(Block"))
+    assert block["status"] == "ok", block  # the retry ran: the trial measured steps
+    (excluded,) = block["compile"]["excluded"]
+    assert excluded["function"] == "wobble" and excluded["where"].startswith(f"{TINY}:")
+    assert "cannot lower sin" in excluded["cause"]
+    assert block["deviation"] is not None and block["deviation"] <= block["tolerance"]
+    assert any("excluded with torch.compiler.disable and retried" in a for a in block["apply"]["applied"])
+    assert "compile failed in wobble" in proc.stderr
 
 
 def test_run_applies_settings_and_reports_them(tmp_path):

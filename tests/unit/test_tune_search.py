@@ -235,3 +235,123 @@ def test_compile_block_trial_not_run_when_no_block_was_called(run_search, monkey
     row = next(t for t in result.trials if t.label == "compile(blocks)")
     assert row.verdict == "skipped" and "never called in the forward" in row.cause
     assert any(c.endswith(":compile(model)") for c in runner.calls)
+
+
+# -- budget: no idle reserve, trial N of M, honest advice ----------------------------------------
+
+class Clock:
+    """A fake monotonic clock: each fake trial advances it by its wall time."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def timed(runner: FakeRunner, clock: Clock, wall: dict[str, float] | None = None, default: float = 10.0):
+    def run(target, settings, out_dir, **kw):
+        result = runner(target, settings, out_dir, **kw)
+        result.wall_s = (wall or {}).get(settings.label(), default)
+        clock.t += result.wall_s
+        return result
+
+    run.calls = runner.calls  # type: ignore[attr-defined]
+    return run
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.started: list[tuple[str, int, int, float]] = []
+        self.messages: list[str] = []
+
+    def message(self, text: str) -> None:
+        self.messages.append(text)
+
+    def trial_started(self, label, limit_s, *, index=0, total=0, left_s=0.0) -> None:
+        self.started.append((label, index, total, left_s))
+
+    def trial_finished(self, result) -> None:
+        return None
+
+
+@pytest.fixture()
+def clocked(monkeypatch, tmp_path):
+    clock = Clock()
+    monkeypatch.setattr(search_mod.time, "monotonic", clock)
+
+    def go(runner: FakeRunner, *, budget_s: float, wall: dict[str, float] | None = None, **opts):
+        monkeypatch.setattr(search_mod, "run_trial", timed(runner, clock, wall))
+        progress = Recorder()
+        options = TuneOptions(out_dir=tmp_path / "out", budget_s=budget_s, steps=3, warmup=1,
+                              compile_backend="aot_eager", **opts)
+        return search_mod.Search(Target(script=Path("train.py")), options, progress).run(), progress
+
+    return go
+
+
+def test_no_time_is_held_back_while_nothing_has_won(clocked):
+    # Baseline runs take 10 s. The old search kept 7 x 10 s back from the first trial on, so with
+    # 100 s and 20 s spent on the baseline no knob would have run at all.
+    result, _ = clocked(FakeRunner({}), budget_s=100, knobs=("amp", "threads"))
+    ran = [t for t in result.trials if t.verdict not in ("skipped",)]
+    assert ran and all(t.verdict == "not faster" for t in ran)
+    assert not any(t.verdict == "not run" for t in result.trials)
+
+
+def test_a_winner_keeps_exactly_its_confirmation_time(clocked):
+    runner = FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0})
+    result, _ = clocked(runner, budget_s=80, knobs=("amp", "threads"), confirm_pairs=2)
+    # after the first trial won, 2 pairs x (10 + 10) s = 40 s are kept: the later trials are not run
+    not_run = [t for t in result.trials if t.verdict == "not run"]
+    assert not_run and "kept to confirm" in not_run[0].cause
+    assert result.winner is not None and result.winner.label == "amp=bf16 + amp_fp32_attention"
+    assert result.winner.confirm_pairs == [[100.0, 60.0], [100.0, 60.0]]
+
+
+def test_too_small_a_budget_says_what_budget_would_confirm(clocked):
+    runner = FakeRunner({"amp=bf16": 60.0})
+    result, _ = clocked(runner, budget_s=42, knobs=("amp",), wall={"amp=bf16 + amp_fp32_attention": 1.0,
+                                                                   "amp=bf16": 11.0})
+    assert result.winner is None
+    note = next(n for n in result.notes if "not confirmed" in n)
+    assert "3 confirmation pair(s) need about 63 s (baseline 10 s + candidate 11 s each)" in note
+    assert "--budget 120s would confirm it" in note  # 32 s spent + 63 s of pairs, to the half minute
+
+
+def test_progress_counts_trial_n_of_m_with_time_left(clocked):
+    _, progress = clocked(FakeRunner({"threads=2": 60.0}), budget_s=600, knobs=("amp", "threads"))
+    indices = [i for _, i, _, _ in progress.started]
+    assert indices == list(range(1, len(indices) + 1))
+    assert all(0 < i <= total for _, i, total, _ in progress.started)
+    lefts = [left for *_, left in progress.started]
+    assert lefts == sorted(lefts, reverse=True) and lefts[0] == pytest.approx(600)
+    assert progress.started[-1][1] == progress.started[-1][2]  # the plan ends where the search ends
+    assert any(m.startswith("profile: ") for m in progress.messages)
+
+
+def test_each_row_shows_the_baseline_its_ratio_used(run_search):
+    from torchscalpel.tune.console import HEADERS, row_cells
+
+    runner = FakeRunner({"refresh": 200.0, "amp=bf16 + amp_fp32_attention": 210.0, "amp=bf16": 150.0,
+                         "threads=2": 150.0}, confirm={"threads=2": 50.0, "amp=bf16": 50.0})
+    result = run_search(runner, knobs=("amp", "threads"))
+    cells = dict(zip(HEADERS, row_cells(next(t for t in result.trials if t.label == "threads=2")), strict=True))
+    assert cells["vs baseline ms"] == "200.0" and cells["step ms"] == "150.0" and cells["speedup"] == "1.33x"
+    first = dict(zip(HEADERS, row_cells(next(t for t in result.trials if t.label.startswith("amp=bf16 +"))),
+                     strict=True))
+    assert first["vs baseline ms"] == "100.0"  # measured before the refresh: against the first baseline
+    base = dict(zip(HEADERS, row_cells(result.baseline), strict=True))
+    assert base["vs baseline ms"] == base["step ms"] == "100.0" and base["speedup"] == "1.00x"
+
+
+def test_a_refresh_that_would_leave_the_trial_no_time_is_not_run(clocked):
+    # The first trial wins: 3 pairs x 20 s = 60 s are kept. Before the third trial a baseline
+    # refresh is due; with 75 s left, refresh (10 s) + the kept 60 s leave 5 s: neither runs
+    # (running the refresh anyway left the trial 15 s and it timed out, seen on char_transformer).
+    runner = FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0})
+    result, _ = clocked(runner, budget_s=115, knobs=("amp", "threads"))
+    assert not any("baseline-refresh" in c for c in runner.calls)
+    (not_run,) = [t for t in result.trials if t.verdict == "not run"]
+    assert not_run.label == "threads=2" and "kept to confirm" in not_run.cause
+    assert result.winner is not None and len(result.winner.confirm_ratios) == 3

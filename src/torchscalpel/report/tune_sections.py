@@ -13,7 +13,7 @@ from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import horizontal_bars, lines
 from torchscalpel.report.html import Section, table
 from torchscalpel.sections import TuneSection
-from torchscalpel.tune.console import HEADERS, row_cells
+from torchscalpel.tune.console import HEADERS, NUMERIC, TABLE_NOTE, row_cells
 from torchscalpel.tune.runner import TrialResult
 from torchscalpel.tune.states import Verdict
 
@@ -54,12 +54,19 @@ def build(record: RunRecord) -> list[Section]:
     else:
         verdict = "<p><b>No change recommended</b>: nothing beat the baseline reliably with the numerics gate passed.</p>"
     notes = "".join(f"<li>{escape(n)}</li>" for n in tune.notes)
+    bottleneck = (tune.facts or {}).get("bottleneck")
+    if bottleneck:
+        from torchscalpel.tune.bottleneck import Bottleneck
+
+        verdict += (f"<p><b>Profile of the baseline</b>: {escape(Bottleneck.from_dict(bottleneck).summary())}. "
+                    "Knobs that address it were tried first; each row says why it was tried.</p>")
     verdict += (f"<p class=\"muted\">Required speedup {_required(tune):.2f}x "
                 f"(baseline noise {tune.noise:.1%}); baseline loss determinism "
                 f"{(tune.determinism or 0):.1e}.</p>")
     if notes:
         verdict += f"<ul>{notes}</ul>"
-    ranked = table(HEADERS, [row_cells(t) for t in rows], numeric=[False, True, True, True, True, True, False, False])
+    ranked = table(HEADERS, [row_cells(t, full=True) for t in rows], numeric=NUMERIC)
+    ranked += f"<p class=\"muted\">{escape(TABLE_NOTE)}.</p>"
     bars = horizontal_bars("tune-step-ms", [(t.label, t.median_ms) for t in rows if t.median_ms is not None])
     series: dict[str, list[float | None]] = {"baseline": list(baseline.losses)}
     for t in trials:

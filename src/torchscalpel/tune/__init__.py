@@ -5,6 +5,9 @@
 - :mod:`torchscalpel.tune.trial` / :mod:`~torchscalpel.tune.runner`: one trial per fresh process;
 - :mod:`torchscalpel.tune.states`: a trial's status and verdict (one enum each);
 - :mod:`torchscalpel.tune.verify`: the numerics gate and the speed margin;
+- :mod:`torchscalpel.tune.bottleneck`: the baseline's bottleneck class from its record and profile;
+- :mod:`torchscalpel.tune.plan`: which candidates, in what order, and why (from that class);
+- :mod:`torchscalpel.tune.triage`: compile breaks, recompile guards, a failing function excluded;
 - :mod:`torchscalpel.tune.search`: baseline, single knobs, greedy combination, confirmation.
 """
 

@@ -29,14 +29,20 @@ class RichProgress:
         self.console = out or default_console()
         self._status: Any = None
         self._n = 0
+        self._of = ""
+        self._left = 0.0
 
     def message(self, text: str) -> None:
         self.console.print(f"[dim]{text}[/]")
 
-    def trial_started(self, label: str, limit_s: float) -> None:
-        self._n += 1
+    def trial_started(self, label: str, limit_s: float, *, index: int = 0, total: int = 0,
+                      left_s: float = 0.0) -> None:
+        self._n = index or self._n + 1
+        self._of = f" of {total}" if total else ""
+        self._left = left_s
         if self.console.is_terminal:
-            self._status = self.console.status(f"trial {self._n}: {label} (limit {limit_s:.0f} s)")
+            self._status = self.console.status(f"trial {self._n}{self._of}: {label} "
+                                               f"(limit {limit_s:.0f} s, {left_s:.0f} s of the budget left)")
             self._status.start()
 
     def trial_finished(self, result: TrialResult) -> None:
@@ -47,7 +53,9 @@ class RichProgress:
             info = f"{result.median_ms:.1f} ms/step"
         else:
             info = f"[red]{result.status}[/]: {result.cause}"
-        self.console.print(f"  trial {self._n}: [bold]{result.label}[/] {info} [dim]({result.wall_s:.0f} s)[/]")
+        left = max(0.0, self._left - result.wall_s)
+        self.console.print(f"  trial {self._n}{self._of}: [bold]{result.label}[/] {info} "
+                           f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]")
 
 
 def fmt_speedup(value: float | None) -> str:
@@ -60,24 +68,67 @@ def fmt_ms(value: float | None) -> str:
     return f"{value:.1f}" if value is not None else "-"
 
 
-def row_cells(trial: TrialResult) -> list[str]:
-    """Cells of one ranked-table row (shared with the HTML report)."""
+def compile_summary(stats: dict[str, Any]) -> str:
+    """Compile triage in one cell: fullgraph, breaks (file:line reason), recompiles (guard), exclusions."""
+    if not stats:
+        return ""
+    parts: list[str] = []
+    for ex in stats.get("excluded") or []:
+        parts.append(f"compile failed in {ex.get('function')} ({ex.get('where')}): excluded with "
+                     f"torch.compiler.disable, retried once ({ex.get('cause', '')})")
+    full = stats.get("fullgraph") or {}
+    if full.get("attempted"):
+        parts.append("fullgraph: one graph, no breaks" if full.get("ok") else
+                     f"fullgraph failed at {full.get('where') or '?'}: {full.get('reason', '')}")
+    breaks = stats.get("breaks") or []
+    if breaks:
+        shown = "; ".join(f"{b.get('where') or '?'} {b.get('reason', '')}" for b in breaks[:3])
+        parts.append(f"{len(breaks)} graph break(s): {shown}")
+    elif stats.get("graph_breaks"):
+        parts.append(f"{stats['graph_breaks']} graph break(s): {'; '.join(stats.get('break_reasons') or [])}")
+    guards = stats.get("recompile_guards") or []
+    if guards:
+        parts.append(f"{len(guards)} recompile(s): " + "; ".join(f"{g.get('guard', '')}" for g in guards[:2]))
+    elif stats.get("recompiles"):
+        parts.append(f"{stats['recompiles']} recompile(s): {'; '.join(stats.get('recompile_reasons') or [])}")
+    return " | ".join(parts)
+
+
+def row_cells(trial: TrialResult, *, full: bool = False) -> list[str]:
+    """Cells of one ranked-table row (shared with the HTML report).
+
+    ``speedup`` is ``vs baseline ms / step ms`` of the same row: the baseline run each trial was
+    compared with (the most recent re-measure before it) stands beside the ratio. ``full`` gives
+    the whole reason (the HTML report); the terminal shows its short form.
+    """
     compile_ms = trial.compile.get("compile_ms") if trial.compile else None
     dev = "-" if trial.deviation is None else f"{trial.deviation:.1e}"
-    why = trial.note or trial.cause
+    why = "; ".join(p for p in (trial.note or trial.cause, compile_summary(trial.compile)) if p)
+    if trial.verdict == Verdict.BASELINE:
+        ref, ratio = fmt_ms(trial.median_ms), "1.00x"
+    else:
+        ref = fmt_ms(trial.baseline_ms)
+        ratio = fmt_speedup(trial.speedup) if trial.baseline_ms or trial.speedup is None else "?"
     return [
         trial.label,
         fmt_ms(trial.median_ms),
-        fmt_speedup(trial.speedup) if trial.verdict != Verdict.BASELINE else "1.00x",
+        ref,
+        ratio,
         f"{compile_ms / 1000:.1f} s" if compile_ms else "-",
         fmt_bytes(trial.peak_bytes) if trial.peak_bytes else "-",
         dev,
         str(trial.verdict),
+        (trial.reason if full else trial.reason_short or trial.reason) or "-",
         why,
     ]
 
 
-HEADERS = ["variant", "step ms", "speedup", "compile", "peak mem", "loss dev", "verdict", "why"]
+HEADERS = ["variant", "step ms", "vs baseline ms", "speedup", "compile", "peak mem", "loss dev", "verdict",
+           "why tried", "result"]
+NUMERIC = [False, True, True, True, True, True, True, False, False, False]
+"""Which columns hold figures (right-aligned)."""
+TABLE_NOTE = ("speedup = 'vs baseline ms' / 'step ms' of the same row; 'vs baseline ms' is the baseline run "
+              "measured just before that trial (re-measured every few trials, as load drifts)")
 
 
 FEW_PAIRS = 3
@@ -88,14 +139,20 @@ def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out
     """The ranked table, the recommendation (or why there is none), the code lines and where files are."""
     c = out or default_console()
     if not c.is_terminal:  # logs and pipes: wide enough that the table does not fold every cell
-        c.width = max(c.width, 160)
-    table = Table(title="scalpel tune: variants ranked by median step time", title_justify="left")
+        c.width = max(c.width, 200)
+    table = Table(title="scalpel tune: variants ranked by median step time", title_justify="left",
+                  caption=TABLE_NOTE, caption_justify="left")
     for i, h in enumerate(HEADERS):
-        table.add_column(h, justify="right" if 0 < i < 6 else "left", overflow="fold",
-                         no_wrap=i < 7, ratio=1 if i == 7 else None)
+        table.add_column(h, justify="right" if NUMERIC[i] else "left", overflow="fold",
+                         no_wrap=i < 8, ratio=1 if i >= 8 else None)
     for trial in result.ranked():
         table.add_row(*row_cells(trial), style=VERDICT_STYLE.get(trial.verdict, ""))
     c.print(table)
+    bottleneck = (result.facts or {}).get("bottleneck")
+    if bottleneck:
+        from torchscalpel.tune.bottleneck import Bottleneck
+
+        c.print(f"[bold]profile of the baseline:[/] {Bottleneck.from_dict(bottleneck).summary()}")
     if result.winner is not None:
         pairs = len(result.winner.confirm_ratios or [])
         c.print(f"[bold green]recommended:[/] {result.winner.label}: {fmt_speedup(result.confirmed_speedup)} "

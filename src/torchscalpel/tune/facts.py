@@ -59,6 +59,15 @@ class ModelFacts:
     """CPUs this process may use."""
     torch_threads: int = 1
     """``torch.get_num_threads()`` during the baseline."""
+    bf16_detail: str = ""
+    """How bf16 runs here: ``amx_bf16`` / ``avx512_bf16`` (native on CPU), ``emulated`` (converted
+    to float32 per op: slower than float32), ``sm80+`` / ``absent`` on CUDA."""
+    attention_calls: int | None = None
+    """``F.scaled_dot_product_attention`` calls seen in the baseline (None: not counted, an
+    older record); 0 means the fp32-attention variant of amp has nothing to change."""
+    bottleneck: dict[str, Any] = field(default_factory=dict)
+    """The baseline's bottleneck class (:class:`~torchscalpel.tune.bottleneck.Bottleneck` as a dict);
+    set by the search from the profiled facts run, read by knobs that tailor their candidates."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
@@ -71,14 +80,59 @@ class ModelFacts:
         return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""CPU flags with native bf16 dot products (oneDNN uses them for bf16 matmul and conv)."""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none: macOS, Windows)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def bf16_support(device: str, flags: set[str] | None = None) -> tuple[bool, str]:
+    """(fast, detail): whether bf16 arithmetic is native on ``device`` and how it runs.
+
+    On CPU oneDNN reports bf16 "supported" on any AVX-512 core, but without ``avx512_bf16`` or
+    AMX each bf16 op is converted to float32 and back: slower than float32, so not fast.
+    """
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            return False, "absent"
+        ok = bool(torch.cuda.is_bf16_supported(including_emulation=False)) if _has_emulation_arg() else bool(
+            torch.cuda.is_bf16_supported())
+        return ok, "sm80+" if ok else "absent"
+    flags = cpu_flags() if flags is None else flags
+    native = next((f for f in NATIVE_BF16_FLAGS if f in flags), None)
+    if native:
+        return True, native
+    try:
+        mkldnn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        mkldnn = False
+    if mkldnn and not flags:  # no flags to read (not Linux): trust oneDNN
+        return True, "onednn"
+    return False, "emulated" if mkldnn else "absent"
+
+
+def _has_emulation_arg() -> bool:
+    import inspect
+
+    try:
+        return "including_emulation" in inspect.signature(torch.cuda.is_bf16_supported).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def bf16_supported(device: str) -> bool:
     """True when bf16 arithmetic is fast on ``device`` (not emulated)."""
-    if device == "cuda":
-        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return bf16_support(device)[0]
 
 
 def cpu_count() -> int:
@@ -123,7 +177,9 @@ class FactsObserver(Observer):
 
     def __init__(self) -> None:
         self._session: Session | None = None
-        self._first_shape: tuple[int, ...] | None = None
+        self._first_shape: dict[int, tuple[int, ...]] = {}
+        """First input shape per root model (by id): a loss module called on the logits is a root
+        too, and its input is not the model's, so shapes are compared per module."""
         self._shapes_vary = False
         self._loader: Any = None
         # Strong references: the session holds weak ones, and the script's objects are gone by
@@ -133,6 +189,22 @@ class FactsObserver(Observer):
 
     def on_start(self, session: Session) -> None:
         self._session = session
+        self._count_attention()
+
+    def _count_attention(self) -> None:
+        """Count ``F.scaled_dot_product_attention`` calls (what amp's fp32-attention variant patches)."""
+        import torch.nn.functional as F
+
+        original = F.scaled_dot_product_attention
+        self._attention_original = original
+        self._attention_calls = 0
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            if not torch.compiler.is_compiling():
+                self._attention_calls += 1
+            return original(*args, **kwargs)
+
+        F.scaled_dot_product_attention = counted
 
     def on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
         if not root:
@@ -143,9 +215,9 @@ class FactsObserver(Observer):
         if first is None:
             return
         shape = tuple(first.shape)
-        if self._first_shape is None:
-            self._first_shape = shape
-        elif shape != self._first_shape:
+        if next(iter(module.parameters()), None) is None:  # a loss module: not a compile region
+            return
+        if shape != self._first_shape.setdefault(id(module), shape):
             self._shapes_vary = True
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
@@ -157,7 +229,14 @@ class FactsObserver(Observer):
             self._loader = loader
 
     def on_finish(self, record: RunRecord) -> None:
-        record.sections["tune_facts"] = self.collect(record).to_dict()
+        original = getattr(self, "_attention_original", None)
+        if original is not None:
+            import torch.nn.functional as F
+
+            F.scaled_dot_product_attention = original
+        facts = self.collect(record)
+        facts.attention_calls = getattr(self, "_attention_calls", None)
+        record.sections["tune_facts"] = facts.to_dict()
 
     def collect(self, record: RunRecord) -> ModelFacts:
         """Facts from the session's live objects and the record's module timings."""
@@ -181,7 +260,7 @@ class FactsObserver(Observer):
             facts.uncalled_blocks = described["uncalled_blocks"]
             facts.has_conv = described["has_conv"]
             facts.forward_ms = module_ms.get("<root>")
-        facts.bf16_supported = bf16_supported(facts.device)
+        facts.bf16_supported, facts.bf16_detail = bf16_support(facts.device)
         facts.loaders = len(loaders)
         if loaders:
             facts.loader_workers = int(getattr(loaders[0], "num_workers", 0) or 0)

@@ -46,8 +46,17 @@ class TrialResult:
     speedup: float | None = None
     deviation: float | None = None
     tolerance: float | None = None
+    baseline_ms: float | None = None
+    """Median step time of the baseline run ``speedup`` was computed against (the most recent
+    baseline re-measure before this trial); shown beside the ratio in the table."""
+    reason: str = ""
+    """Why the search chose this candidate (the profile's evidence and what the knob addresses)."""
+    reason_short: str = ""
+    """The same in a few words (``compute-bound: bf16 matmuls``), for the terminal table."""
     confirm_ratios: list[float] = field(default_factory=list)
     """Baseline/candidate ratios of the interleaved confirmation pairs."""
+    confirm_pairs: list[list[float]] = field(default_factory=list)
+    """The confirmation pairs' medians, ``[baseline_ms, candidate_ms]`` each."""
     verdict: Verdict = Verdict.UNJUDGED
     """What the search concluded (:class:`~torchscalpel.tune.states.Verdict`)."""
     note: str = ""
@@ -86,8 +95,15 @@ def child_env(settings: TuneSettings, cache_dir: Path | None) -> dict[str, str]:
     return env
 
 
+def profile_steps_for(steps: int) -> int:
+    """Steps the baseline's facts run profiles: two when the window has room (one is cut short by
+    the profiler's start on some builds), else one; the plain baseline run is never profiled."""
+    return 2 if steps >= 4 else 1
+
+
 def trial_command(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: int, steps: int,
-                  seed: int, facts: bool = False, module_times: bool = False, step_kind: str = "auto") -> list[str]:
+                  seed: int, facts: bool = False, module_times: bool = False, step_kind: str = "auto",
+                  profile_steps: int = 0) -> list[str]:
     """The command line of one trial process."""
     cmd = [sys.executable, "-m", "torchscalpel.tune.trial", "--settings", json.dumps(settings.to_dict()),
            "--out", str(out_dir), "--warmup", str(warmup), "--steps", str(steps), "--seed", str(seed)]
@@ -97,6 +113,8 @@ def trial_command(target: Target, settings: TuneSettings, out_dir: Path, *, warm
         cmd.append("--module-times")
     if step_kind != "auto":
         cmd += ["--step-kind", step_kind]
+    if profile_steps:
+        cmd += ["--profile-steps", str(profile_steps)]
     if target.module:
         cmd += ["-m", target.module, "--", *target.args]
     else:
@@ -106,11 +124,11 @@ def trial_command(target: Target, settings: TuneSettings, out_dir: Path, *, warm
 
 def run_trial(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: int, steps: int, seed: int,
               timeout_s: float, family: str = "baseline", facts: bool = False, module_times: bool = False,
-              cache_dir: Path | None = None, step_kind: str = "auto") -> TrialResult:
+              cache_dir: Path | None = None, step_kind: str = "auto", profile_steps: int = 0) -> TrialResult:
     """Run one trial process; never raises for the script's own failures (they become the result)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = trial_command(target, settings, out_dir, warmup=warmup, steps=steps, seed=seed, facts=facts,
-                        module_times=module_times, step_kind=step_kind)
+                        module_times=module_times, step_kind=step_kind, profile_steps=profile_steps)
     result = TrialResult(label=settings.label(), settings=settings.to_dict(), family=family, out_dir=str(out_dir))
     start = time.monotonic()
     with (out_dir / "stdout.txt").open("wb") as out, (out_dir / "stderr.txt").open("wb") as err:

@@ -1,11 +1,13 @@
 """The tune search: baseline, single knobs, greedy combination, interleaved confirmation.
 
-1. Baseline twice: once with model facts and submodule timings (what can apply, which region is
-   hottest), once plain (the reference step time). Their losses must agree: that is the script's
-   own nondeterminism, the floor of the numerics gate.
-2. Every applicable single knob, largest expected gain first. A knob that cannot apply is skipped
-   with the reason; a trial that crashes, runs out of memory, fails to compile or overruns its
-   share of the budget is reported with the cause and the search goes on.
+1. Baseline twice: once with model facts, submodule timings and a two-step profile (what can
+   apply, which region is hottest, what bounds the step), once plain (the reference step time).
+   Their losses must agree: that is the script's own nondeterminism, the floor of the numerics gate.
+2. Every applicable single knob, in the order the baseline's bottleneck class gives
+   (:mod:`torchscalpel.tune.plan`), each row saying why. A knob that cannot apply is skipped with
+   the reason; a trial that crashes, runs out of memory, fails to compile or overruns its share of
+   the budget is reported with the cause and the search goes on. No time is held back until a
+   candidate has won: then exactly its confirmation's (measured) time is kept.
 3. Winners (faster by a margin, numerics gate passed), best per family, combined greedily: a knob
    joins the combination only if the combination gets faster again and still passes the gate.
 4. Confirmation: the best configuration and the baseline run alternately; the recommended
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +27,11 @@ from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.runtime.target import Target
 from torchscalpel.runtime.window import check_window
 from torchscalpel.tune.apply import code_lines, knob_families, numerics_class
+from torchscalpel.tune.bottleneck import Bottleneck, classify_trial
 from torchscalpel.tune.facts import ModelFacts
 from torchscalpel.tune.knobs import KNOB_NAMES, Knob, all_knobs
-from torchscalpel.tune.runner import TrialResult, run_trial
+from torchscalpel.tune.plan import Candidate, plan_candidates
+from torchscalpel.tune.runner import TrialResult, profile_steps_for, run_trial
 from torchscalpel.tune.settings import TuneSettings
 from torchscalpel.tune.states import TrialStatus, Verdict
 from torchscalpel.tune.verify import (
@@ -41,6 +46,9 @@ from torchscalpel.tune.verify import (
 
 REFRESH_EVERY = 2
 """Screening trials between two baseline runs."""
+
+MAX_AUTOTUNE_MIN_S = 300.0
+"""A max-autotune trial runs only with this much budget left (it benchmarks every kernel choice)."""
 
 MEMORY_NOTE = 1.25
 """A candidate whose peak memory exceeds the baseline's by this factor gets a note in the table."""
@@ -87,7 +95,10 @@ class Progress(Protocol):
 
     def message(self, text: str) -> None: ...
 
-    def trial_started(self, label: str, limit_s: float) -> None: ...
+    def trial_started(self, label: str, limit_s: float, *, index: int = 0, total: int = 0,
+                      left_s: float = 0.0) -> None:
+        """Trial ``index`` of ``total`` (the plan as it stands; it shrinks when the budget runs out
+        or a stage ends early) starts, with ``left_s`` seconds of the budget left."""
 
     def trial_finished(self, result: TrialResult) -> None: ...
 
@@ -98,7 +109,8 @@ class SilentProgress:
     def message(self, text: str) -> None:
         return None
 
-    def trial_started(self, label: str, limit_s: float) -> None:
+    def trial_started(self, label: str, limit_s: float, *, index: int = 0, total: int = 0,
+                      left_s: float = 0.0) -> None:
         return None
 
     def trial_finished(self, result: TrialResult) -> None:
@@ -172,6 +184,8 @@ class Search:
         # by every trial and every tune run: a warm compile costs ~2 s instead of 15-25 s.
         self.cache_dir = options.cache_dir
         self._n = 0
+        self._planned = 2
+        """Trial runs planned so far (the "M" of "trial N of M"); stages add and drop runs."""
         self.baseline_wall = 0.0
         self.baseline_medians: list[float] = []
         self._determinism = 0.0
@@ -188,17 +202,28 @@ class Search:
         share = max(3.0 * self.baseline_wall, 30.0)
         if settings.compile is not None:
             share += 90.0  # a cold inductor compile of a model region is 15-25 s per graph here
+            if settings.compile.mode.startswith("max-autotune"):
+                share += 180.0  # autotuning benchmarks every GEMM / conv choice
         return min(share, self.remaining())
 
+    def _plan(self, delta: int) -> None:
+        """Add (or, negative, drop) runs from the plan shown as "trial N of M"."""
+        self._planned = max(self._n, self._planned + delta)
+
     def _run(self, settings: TuneSettings, family: str, *, limit_s: float, facts: bool = False,
-             module_times: bool = False, tag: str = "") -> TrialResult:
+             module_times: bool = False, tag: str = "", profile_steps: int = 0) -> TrialResult:
         self._n += 1
+        self._planned = max(self._planned, self._n)
         name = f"{self._n:02d}-{tag or family}"
-        self.progress.trial_started(settings.label(), limit_s)
+        self.progress.trial_started(settings.label(), limit_s, index=self._n, total=self._planned,
+                                    left_s=max(0.0, self.remaining()))
+        kwargs: dict[str, Any] = {}
+        if profile_steps:
+            kwargs["profile_steps"] = profile_steps
         result = run_trial(self.target, settings, self.options.out_dir / "trials" / name,
                            warmup=self.options.warmup, steps=self.options.steps, seed=self.options.seed,
                            timeout_s=limit_s, family=family, facts=facts, module_times=module_times,
-                           cache_dir=self.cache_dir, step_kind=self.options.step_kind)
+                           cache_dir=self.cache_dir, step_kind=self.options.step_kind, **kwargs)
         self.progress.trial_finished(result)
         return result
 
@@ -230,23 +255,45 @@ class Search:
         best = self._combine(winners, result)
         # Confirm the best; if it does not hold up, the next single winners while time allows.
         faster = sorted((t for t in singles if t.verdict == Verdict.FASTER), key=lambda t: t.median_ms or 0.0)
-        queue = [t for t in [best, *winners, *faster] if t is not None]
-        tried: set[str] = set()
+        queue: list[TrialResult] = []
+        for candidate in (t for t in [best, *winners, *faster] if t is not None):
+            if all(candidate.label != q.label for q in queue):
+                queue.append(candidate)
         for candidate in queue:
-            if candidate.label in tried:
-                continue
-            if tried and self.remaining() < 2 * self.options.confirm_pairs * self.baseline_wall:
-                result.notes.append(f"{candidate.label} not confirmed: the budget ran out")
-                break
-            tried.add(candidate.label)
             if self._confirm(candidate, result):
                 break
+            if self.remaining() < self._pair_s(candidate):
+                left = queue[queue.index(candidate) + 1:]
+                if left:
+                    result.notes.append(f"{', '.join(t.label for t in left)} not confirmed: "
+                                        f"{self._budget_advice(left[0])}")
+                break
+
+    def _pair_s(self, candidate: TrialResult) -> float:
+        """Seconds one interleaved confirmation pair of ``candidate`` takes (from measured runs)."""
+        return self.baseline_wall + max(candidate.wall_s, self.baseline_wall)
+
+    def _budget_advice(self, candidate: TrialResult, pairs: int | None = None) -> str:
+        """Why ``candidate`` cannot be confirmed in what is left (``pairs`` still to run, default all),
+        and the budget that would have done it."""
+        pairs = self.options.confirm_pairs if pairs is None else pairs
+        need = pairs * self._pair_s(candidate)
+        left = max(0.0, self.remaining())
+        # What was spent so far plus the pairs, rounded up to half a minute.
+        suggest = 30 * math.ceil((time.monotonic() - self.start + need) / 30)
+        return (f"{'the remaining ' if pairs < self.options.confirm_pairs else ''}{pairs} confirmation "
+                f"pair(s) need about {need:.0f} s "
+                f"(baseline {self.baseline_wall:.0f} s + candidate {max(candidate.wall_s, self.baseline_wall):.0f} s "
+                f"each) and {left:.0f} s of the {self.options.budget_s:.0f} s budget were left; "
+                f"--budget {suggest:.0f}s would confirm it")
 
     def _baseline(self) -> TrialResult:
-        self.progress.message("baseline: the script as it is (with model facts), then once plain for timing")
+        self.progress.message("baseline: the script as it is (with model facts and a short profile), "
+                              "then once plain for timing")
         budget = self.options.budget_s
         first = self._run(TuneSettings(), "baseline", limit_s=min(budget * 0.4, self.remaining()),
-                          facts=True, module_times=True, tag="baseline-facts")
+                          facts=True, module_times=True, tag="baseline-facts",
+                          profile_steps=profile_steps_for(self.options.steps))
         if not first.ok:
             raise ScalpelError(
                 f"The baseline run failed ({first.cause}); fix the script or its arguments first "
@@ -257,50 +304,71 @@ class Search:
         if not plain.ok:
             raise ScalpelError(f"The second baseline run failed ({plain.cause}); the script is not repeatable "
                                f"(output in {plain.out_dir}).")
-        plain.facts = first.facts
+        plain.facts = dict(first.facts)
+        plain.facts["bottleneck"] = classify_trial(first).to_dict()
         plain.verdict = Verdict.BASELINE
+        plain.baseline_ms = plain.median_ms
         self.baseline_medians.append(plain.median_ms or 0.0)
         self._ref_ms = plain.median_ms or 0.0
-        self.baseline_wall = max(first.wall_s, plain.wall_s)
+        # The plain run sets the pace: the facts run also profiles and times every submodule.
+        self.baseline_wall = plain.wall_s
         dev, _ = loss_deviation(first.losses, plain.losses)
         self._determinism = dev or 0.0
         return plain
 
     def _singles(self, knobs: list[Knob], facts: ModelFacts, result: TuneResult) -> list[TrialResult]:
         result.determinism = self._determinism
-        planned: list[tuple[Knob, TuneSettings]] = []
-        for knob in knobs:
-            candidates, reason = knob.candidates(facts)
-            if reason:
-                result.trials.append(TrialResult(label=knob.name, settings={}, family=knob.name, status=TrialStatus.SKIPPED,
-                                                 cause=reason, verdict=Verdict.SKIPPED))
-                continue
-            for label, why in knob.skipped_candidates(facts):
-                result.trials.append(TrialResult(label=label, settings={}, family=knob.name, status=TrialStatus.SKIPPED,
-                                                 cause=why, verdict=Verdict.SKIPPED))
-            planned.extend((knob, c) for c in candidates)
-        self.progress.message(f"{len(planned)} single-knob trial(s) planned")
+        planned, skipped = plan_candidates(knobs, facts)
+        result.trials.extend(skipped)
+        bottleneck = Bottleneck.from_dict(facts.bottleneck)
+        self.progress.message(f"profile: {bottleneck.summary()}")
+        self.progress.message(f"{len(planned)} single-knob trial(s) planned, in the order the profile suggests")
+        self._plan(len(planned) + len(planned) // (REFRESH_EVERY + 1) + 2 * self.options.confirm_pairs)
         measured: list[TrialResult] = []
-        for knob, settings in planned:
-            # Keep time for at least one combination and the confirmation pairs.
-            reserve = self.baseline_wall * (2 * self.options.confirm_pairs + 1)
-            if self.remaining() - reserve < self.baseline_wall * 1.2:
+        for cand in planned:
+            settings = cand.settings
+            # No reserve for confirmations that may never run: only once a candidate has won
+            # screening is the time its confirmation needs kept back (measured, not guessed).
+            keep = max((self.options.confirm_pairs * self._pair_s(t) for t in measured
+                        if t.verdict == Verdict.FASTER), default=0.0)
+            why_not = self._cannot_run(cand, keep)
+            if why_not:
                 result.trials.append(TrialResult(label=settings.label(), settings=settings.to_dict(),
-                                                 family=knob.name, status=TrialStatus.NOT_RUN, verdict=Verdict.NOT_RUN,
-                                                 cause="the budget ran out before this trial"))
+                                                 family=cand.knob.name, status=TrialStatus.NOT_RUN,
+                                                 verdict=Verdict.NOT_RUN, cause=why_not, reason=cand.reason,
+                                                 reason_short=cand.short))
+                self._plan(-1)
                 continue
             self._refresh_baseline(result)
-            trial = self._run(settings, knob.name, limit_s=min(self._share(settings), self.remaining() - reserve))
+            trial = self._run(settings, cand.knob.name, limit_s=min(self._share(settings), self.remaining() - keep))
+            trial.reason, trial.reason_short = cand.reason, cand.short
             self._since_ref += 1
             self._judge(trial, result)
             result.trials.append(trial)
             measured.append(trial)
         return measured
 
+    def _refresh_due(self) -> bool:
+        """True when the next trial is preceded by a baseline re-measure."""
+        return self._since_ref >= REFRESH_EVERY and self.remaining() >= 3 * self.baseline_wall
+
+    def _cannot_run(self, cand: Candidate, keep: float) -> str:
+        """Why a planned trial is not run now (empty: run it). The baseline re-measure due before
+        it counts too: a refresh that leaves the trial no time would only waste the budget."""
+        left = self.remaining() - keep - (self.baseline_wall if self._refresh_due() else 0.0)
+        if left < self.baseline_wall * 1.2:
+            what = " (the rest is kept to confirm the candidates that won)" if keep else ""
+            return f"the budget ran out before this trial: {max(0.0, left):.0f} s left{what}"
+        spec = cand.settings.compile
+        if spec is not None and spec.mode.startswith("max-autotune") and left < MAX_AUTOTUNE_MIN_S:
+            return (f"max-autotune benchmarks every kernel choice while compiling; it is tried with at least "
+                    f"{MAX_AUTOTUNE_MIN_S:.0f} s left ({left:.0f} s were)")
+        return ""
+
     def _refresh_baseline(self, result: TuneResult) -> None:
         """Re-measure the baseline every :data:`REFRESH_EVERY` trials, so screening compares
         each candidate with a baseline measured minutes, not a quarter of an hour, earlier."""
-        if self._since_ref < REFRESH_EVERY or self.remaining() < 3 * self.baseline_wall:
+        if not self._refresh_due():
             return
         ref = self._run(TuneSettings(), "baseline", tag="baseline-refresh",
                         limit_s=max(1.5 * self.baseline_wall, min(3 * self.baseline_wall, self.remaining())))
@@ -326,7 +394,9 @@ class Search:
                              noise=self._determinism)
         trial.deviation, trial.tolerance = gate.deviation, gate.tolerance
         # Against the most recent baseline run: load on a shared machine drifts within minutes.
-        trial.speedup = speedup(self._ref_ms or result.baseline.median_ms, trial.median_ms)
+        # The row keeps that baseline's median beside its ratio, so the table says which one it is.
+        trial.baseline_ms = self._ref_ms or result.baseline.median_ms
+        trial.speedup = speedup(trial.baseline_ms, trial.median_ms)
         base_peak = result.baseline.peak_bytes
         if trial.peak_bytes and base_peak and trial.peak_bytes > MEMORY_NOTE * base_peak:
             trial.note = f"peak memory {trial.peak_bytes / base_peak:.2f}x the baseline's"
@@ -352,16 +422,23 @@ class Search:
         if not winners:
             return None
         current = winners[0]
+        self._plan(len(winners) - 1)
         for candidate in winners[1:]:
-            reserve = self.baseline_wall * 2 * self.options.confirm_pairs
+            # Keep what confirming the current best needs, and nothing more.
+            keep = self.options.confirm_pairs * self._pair_s(current)
             merged = TuneSettings.from_dict(current.settings).merged(TuneSettings.from_dict(candidate.settings))
-            if self.remaining() - reserve < self.baseline_wall * 1.2:
-                result.notes.append(f"not combined with {candidate.label}: the budget ran out")
+            refresh = self.baseline_wall if self._refresh_due() else 0.0
+            if self.remaining() - keep - refresh < self.baseline_wall * 1.2:
+                result.notes.append(f"not combined with {candidate.label}: the budget left "
+                                    f"({max(0.0, self.remaining()):.0f} s) is what confirming {current.label} needs")
+                self._plan(-1)
                 continue
             self._refresh_baseline(result)
             self._since_ref += 1
-            trial = self._run(merged, "combined", limit_s=min(self._share(merged), self.remaining() - reserve),
+            trial = self._run(merged, "combined", limit_s=min(self._share(merged), self.remaining() - keep),
                               tag="combined")
+            trial.reason = f"combination of the winners {current.label} and {candidate.label}"
+            trial.reason_short = "combination of winners"
             self._judge(trial, result)
             result.trials.append(trial)
             if trial.verdict == Verdict.FASTER and (trial.median_ms or 0) * (1 + MIN_MARGIN) < (current.median_ms or 0):
@@ -376,14 +453,23 @@ class Search:
 
         Two conditions: the median of the per-pair ratios reaches ``1 + max(3 %, noise)``, and
         every single pair shows ``best`` faster by at least 3 % (one lucky pair cannot carry it).
+        The time comes from what is left now; when that is too little for even one pair, the note
+        says what the pairs need and which budget would have done it.
         """
-        self.progress.message(f"confirming {best.label} against the baseline in interleaved pairs")
+        if self.remaining() < self._pair_s(best):
+            best.note = best.note or "not confirmed: budget spent"
+            result.notes.append(f"{best.label} not confirmed: {self._budget_advice(best)}")
+            return False
+        self.progress.message(f"confirming {best.label} against the baseline in interleaved pairs "
+                              f"({max(0.0, self.remaining()):.0f} s left)")
         settings = TuneSettings.from_dict(best.settings)
         pairs: list[tuple[float, float]] = []
         for i in range(self.options.confirm_pairs):
-            needed = self.baseline_wall + best.wall_s
-            if self.remaining() < needed and pairs:
-                result.notes.append(f"confirmation of {best.label} stopped after {len(pairs)} pair(s): budget spent")
+            if pairs and self.remaining() < self._pair_s(best):
+                result.notes.append(f"confirmation of {best.label} stopped after {len(pairs)} of "
+                                    f"{self.options.confirm_pairs} pair(s): "
+                                    f"{self._budget_advice(best, self.options.confirm_pairs - len(pairs))}")
+                self._plan(-2 * (self.options.confirm_pairs - i))
                 break
             # The confirmation may overrun the budget slightly rather than kill a run half-way:
             # each run gets at least 1.5x its earlier duration.
@@ -396,8 +482,6 @@ class Search:
                 break
             self.baseline_medians.append(base.median_ms or 0.0)
             pairs.append((base.median_ms or 0.0, cand.median_ms or 0.0))
-            if pairs[-1][0] < (1.0 + MIN_MARGIN) * pairs[-1][1]:
-                break  # this pair already rules it out (every pair must show it faster)
             gate = numerics_gate(result.baseline.losses, cand.losses, numerics_class(settings),
                                  noise=self._determinism)
             if not gate.passed:
@@ -405,12 +489,16 @@ class Search:
                 best.note = f"confirmation run failed the gate: {gate.reason}"
                 result.notes.append(f"{best.label} not recommended: {best.note}")
                 return False
+            if pairs[-1][0] < (1.0 + MIN_MARGIN) * pairs[-1][1]:
+                self._plan(-2 * (self.options.confirm_pairs - i - 1))
+                break  # this pair already rules it out (every pair must show it faster)
         result.noise = noise_fraction(self.baseline_medians)
         result.required = required_speedup(result.noise)
         ratios = [b / c for b, c in pairs if b and c]
         ratio = paired_speedup(pairs)
         worst = min(ratios, default=None)
         best.confirm_ratios = [round(r, 3) for r in ratios]
+        best.confirm_pairs = [[round(b, 3), round(c, 3)] for b, c in pairs]
         if ratio is not None and worst is not None and ratio >= result.required and worst >= 1.0 + MIN_MARGIN:
             best.verdict = Verdict.WINNER
             result.winner = best

@@ -55,6 +55,9 @@ class CompileSpec:
     """torch.compile ``dynamic``; ``None`` lets dynamo decide (it marks sizes dynamic on a recompile)."""
     backend: str = "inductor"
     """torch.compile backend (tests use ``aot_eager``)."""
+    fullgraph: bool | None = None
+    """``None``: try ``fullgraph=True`` first and fall back to graphs with breaks (both reported);
+    ``True``: a graph break fails the trial; ``False``: never try fullgraph."""
 
     def __post_init__(self) -> None:
         if not self.target or not isinstance(self.target, str):
@@ -63,12 +66,16 @@ class CompileSpec:
             raise ValueError(f"compile.mode must be one of {', '.join(COMPILE_MODES)}, not {self.mode!r}")
         if self.dynamic not in (None, True, False):
             raise ValueError("compile.dynamic must be true, false or left out")
+        if self.fullgraph not in (None, True, False):
+            raise ValueError("compile.fullgraph must be true, false or left out")
 
     def label(self) -> str:
         """Short text for tables: ``compile(Block)``, ``compile(model, max-autotune)``."""
         extra = "" if self.mode == "default" else f", {self.mode}"
         if self.dynamic is not None:
             extra += f", dynamic={self.dynamic}"
+        if self.fullgraph is not None:
+            extra += f", fullgraph={self.fullgraph}"
         return f"compile({self.target}{extra})"
 
 

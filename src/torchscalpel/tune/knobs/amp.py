@@ -3,8 +3,9 @@
 The outermost module call (the model) runs inside ``torch.autocast(device, dtype=bfloat16)``;
 its floating outputs are cast back to float32 so the loss the script computes outside the model
 is computed in full precision, as the autocast recipe recommends. Backward runs outside autocast
-(it follows the forward's dtypes). bf16 has float32's range, so no GradScaler is needed; fp16 is
-not offered (it needs a GradScaler wired into the script's backward and step).
+(it follows the forward's dtypes). bf16 has float32's range, so no GradScaler is needed. On a CUDA
+GPU without bf16 (before Ampere) fp16 is tried instead, with a GradScaler the runtime inserts
+(:mod:`torchscalpel.tune.knobs.scaler`); on a CPU fp16 matmuls are emulated, so it never is.
 
 Optionally attention stays in float32: on CPUs with avx512_bf16 the bf16 matmuls are several
 times faster, but the bf16 flash-attention backward for CPU is ~7x slower than the float32 one
@@ -47,17 +48,27 @@ class AmpKnob(Knob):
         if not facts.models:
             return [], "no model forward call was seen"
         if not facts.bf16_supported:
-            what = "this GPU" if facts.device == "cuda" else "this CPU (no avx512_bf16/AMX)"
-            return [], f"bf16 is not supported natively on {what}, autocast would be slower"
-        if facts.device == "cpu":
+            if facts.device == "cuda":
+                # Pre-Ampere GPUs: fp16 tensor cores, with the GradScaler the runtime inserts.
+                return [TuneSettings(amp="fp16")], None
+            how = "; oneDNN would emulate it, converting to float32 per op" if facts.bf16_detail == "emulated" else ""
+            return [], f"bf16 is not supported natively on this CPU (no avx512_bf16 or AMX flag{how}), " \
+                       "so autocast would be slower"
+        if facts.device == "cpu" and facts.attention_calls != 0:
             return [TuneSettings(amp="bf16", amp_fp32_attention=True), TuneSettings(amp="bf16")], None
         return [TuneSettings(amp="bf16")], None
+
+    def skipped_candidates(self, facts: ModelFacts) -> list[tuple[str, str]]:
+        if facts.device == "cpu" and facts.bf16_supported and facts.attention_calls == 0:
+            return [("amp=bf16 + amp_fp32_attention",
+                     "the model never calls F.scaled_dot_product_attention: nothing to keep in float32")]
+        return []
 
     def setup_hook(self, settings: TuneSettings, log: ApplyLog) -> SetupHook | None:
         if settings.amp is None:
             return None
-        if settings.amp != "bf16":
-            raise ValueError("only amp = 'bf16' is supported")
+        if settings.amp == "fp16":
+            return lambda: install_fp16(log)
         fp32_attention = bool(settings.amp_fp32_attention)
 
         def hook() -> Undo:
@@ -77,6 +88,18 @@ class AmpKnob(Knob):
     def code_lines(self, settings: TuneSettings) -> list[str]:
         if settings.amp is None:
             return []
+        if settings.amp == "fp16":
+            return [
+                'scaler = torch.amp.GradScaler("cuda")',
+                'with torch.autocast(device_type="cuda", dtype=torch.float16):  # around the model call',
+                "    out = model(inputs)",
+                "loss = loss_fn(out.float(), targets)",
+                "scaler.scale(loss).backward()",
+                "scaler.unscale_(optimizer)  # before clipping",
+                "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)",
+                "scaler.step(optimizer)  # skipped when a gradient is inf/NaN",
+                "scaler.update()",
+            ]
         lines = [
             'with torch.autocast(device_type=device.type, dtype=torch.bfloat16):  # around the model call',
             "    out = model(inputs)",
@@ -89,6 +112,21 @@ class AmpKnob(Knob):
                 "    att = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)",
             ]
         return lines
+
+
+def install_fp16(log: ApplyLog) -> Undo:
+    """fp16 autocast around the model plus a GradScaler inserted into backward, clipping and the step."""
+    from torchscalpel.tune.knobs.scaler import install_grad_scaler
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    undo_scaler = install_grad_scaler(device, log)
+    undo_autocast = install_autocast(torch.float16, log)
+
+    def undo() -> None:
+        undo_autocast()
+        undo_scaler()
+
+    return undo
 
 
 def install_autocast(dtype: torch.dtype, log: ApplyLog) -> Undo:

@@ -65,6 +65,10 @@ class Knob:
     numerics: str = EXACT
     """Numerics class of this knob (see :data:`NUMERICS_ORDER`)."""
     description: str = ""
+    addresses: tuple[str, ...] = ()
+    """Bottleneck classes (``launch``, ``compute``, ``data``, ``optimizer``, ``memory``) this knob
+    addresses beyond :data:`torchscalpel.tune.plan.FAMILIES`: a new knob declares them here and
+    the planner tries it first when the baseline's profile shows that class."""
 
     def is_set(self, settings: TuneSettings) -> bool:
         """True when ``settings`` asks this knob to do something."""

@@ -10,6 +10,9 @@ the model is called, each matching module's ``forward`` is replaced by its compi
 
 from __future__ import annotations
 
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +22,7 @@ from torchscalpel.tune.settings import CompileSpec, TuneSettings
 
 if TYPE_CHECKING:
     from torchscalpel.tune.facts import ModelFacts
+    from torchscalpel.tune.triage import FailureRecorder
 
 
 HOT_SHARE = 0.25
@@ -46,16 +50,28 @@ class CompileKnob(Knob):
             return [], "no model forward call was seen"
         dynamic = True if facts.input_shapes_vary else None
         targets = region_targets(facts, self.max_regions)
-        out = []
+        out: list[TuneSettings] = []
+
+        def add(target: str, mode: str) -> None:
+            spec = CompileSpec(target=target, mode=mode, dynamic=dynamic, backend=self.backend)
+            if all(s.compile != spec for s in out):
+                out.append(TuneSettings(compile=spec))
+
+        for target, mode in profile_modes(facts, targets):
+            add(target, mode)
         for target in targets:
             for mode in self.modes:
-                out.append(TuneSettings(compile=CompileSpec(target=target, mode=mode, dynamic=dynamic,
-                                                            backend=self.backend)))
+                add(target, mode)
         return out, None
 
     def skipped_candidates(self, facts: ModelFacts) -> list[tuple[str, str]]:
         # The block region is tried only on a block the baseline's forward called: compiling a
         # class that never runs (a ModuleDict container, say) is a no-op whose "speedup" is drift.
+        if facts.repeated and is_torch_layer(facts.repeated[0]["cls"]):
+            return [(f"compile({facts.repeated[0]['cls']})",
+                     f"the repeated block is a single torch.nn.{facts.repeated[0]['cls']} layer: "
+                     "compiled one at a time there is nothing to fuse; the hottest submodule and the "
+                     "whole model are tried instead")]
         if not facts.models or facts.repeated:
             return []
         if facts.uncalled_blocks:
@@ -95,13 +111,43 @@ class CompileKnob(Knob):
         ]
 
 
+def profile_modes(facts: ModelFacts, targets: list[str]) -> list[tuple[str, str]]:
+    """Compile (region, mode) pairs the baseline's bottleneck asks for, before the ``--compile-mode`` ones.
+
+    Launch-bound on CUDA: CUDA graphs (``reduce-overhead``) on the hottest region and on the whole
+    model, since one graph replay replaces hundreds of kernel launches. Compute-bound on CUDA:
+    ``max-autotune`` on the hottest region (the search runs it only when the budget allows).
+    ``dynamic=True`` (shapes vary) rules CUDA graphs out: every new shape would record a graph.
+    On a CPU ``reduce-overhead`` runs without CUDA graphs, so the default mode is the analogue.
+    """
+    from torchscalpel.tune.bottleneck import Bottleneck
+
+    if facts.device != "cuda":
+        return []
+    bottleneck = Bottleneck.from_dict(facts.bottleneck)
+    order = bottleneck.order()
+    pairs: list[tuple[str, str]] = []
+    if "launch" in order and not facts.input_shapes_vary:
+        pairs += [(targets[0], "reduce-overhead"), ("model", "reduce-overhead")]
+    if "compute" in order:
+        pairs.append((targets[0], "max-autotune"))
+    return pairs
+
+
+def is_torch_layer(cls_name: str) -> bool:
+    """True for a ``torch.nn`` layer class (``Conv2d``, ``Linear``): compiled one instance at a time
+    there is nothing to fuse across, so the repeated-block region is not worth a trial for it."""
+    layer = getattr(torch.nn, cls_name, None)
+    return isinstance(layer, type) and issubclass(layer, torch.nn.Module)
+
+
 def region_targets(facts: ModelFacts, limit: int) -> list[str]:
     """Compile targets in trial order: repeated blocks, hottest submodule, then the whole model.
 
     ``limit`` counts the whole model, which is always tried last.
     """
     containers = ("ModuleList", "ModuleDict", "Sequential")
-    regions: list[str] = [r["cls"] for r in facts.repeated[:1]]
+    regions: list[str] = [r["cls"] for r in facts.repeated[:1] if not is_torch_layer(r["cls"])]
     # The hottest single submodule is worth its own trial only when it holds a real share of the
     # forward time (compiling a 3% embedding gains nothing measurable).
     timed = [s for s in facts.submodules if s.get("forward_ms") is not None
@@ -131,6 +177,11 @@ def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: 
         import torch._inductor.config as inductor_config
 
         inductor_config.compile_threads = 1
+    from torchscalpel.tune.triage import FailureRecorder
+
+    # One backend object for every region: dynamo caches compiled code per backend identity, so a
+    # backend per Block instance would recompile the same code for each instance.
+    recorder = FailureRecorder(spec.backend, spec.mode, spec.dynamic)
     done: set[int] = set()
     compiled: list[torch.nn.Module] = []
 
@@ -145,15 +196,16 @@ def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: 
         for target in targets:
             if "forward" in target.__dict__:  # already replaced (a shared block)
                 continue
-            target.forward = _first_call_logged(
-                torch.compile(target.forward, mode=spec.mode, dynamic=spec.dynamic, backend=spec.backend),
-                log, f"{spec.label()}: {len(targets)} module(s) in {type(module).__name__}")
+            target.forward = CompiledRegion(target.forward, spec, log, recorder, root=module,
+                                            what=f"{spec.label()}: {len(targets)} module(s) in {type(module).__name__}")
             compiled.append(target)
         return None
 
     remove_hooks = RootHooks(on_pre=pre).install()
+    remove_marks = _mark_cudagraph_steps() if uses_cudagraphs(spec) else (lambda: None)
 
     def undo() -> None:
+        remove_marks()
         remove_hooks()
         for target in compiled:
             target.__dict__.pop("forward", None)
@@ -161,39 +213,172 @@ def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: 
     return undo
 
 
-def _first_call_logged(fn: Any, log: ApplyLog, what: str) -> Any:
-    """``fn``, recording in ``log`` that the knob applied when a compiled region first runs.
+def uses_cudagraphs(spec: CompileSpec) -> bool:
+    """``reduce-overhead`` / ``max-autotune`` record CUDA graphs when a GPU is there."""
+    return spec.mode in ("reduce-overhead", "max-autotune") and torch.cuda.is_available()
 
-    Replacing a forward changes nothing until it is called: a trial whose regions never ran is
-    "not applied", never a measured (drift-only) speedup.
+
+def _mark_cudagraph_steps() -> Undo:
+    """Tell cudagraph trees where each training iteration begins (after every optimizer step), so
+    the replayed graphs may reuse the last iteration's output memory; without the mark a script
+    that calls the model twice per step (evaluation, accumulation) reads overwritten outputs."""
+    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+        torch.compiler.cudagraph_mark_step_begin()
+
+    handle = torch.optim.optimizer.register_optimizer_step_post_hook(post)
+    return handle.remove
+
+
+_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_always_called",
+               "_global_forward_hooks_with_kwargs")
+
+
+@contextmanager
+def no_global_forward_hooks() -> Iterator[None]:
+    """Run the block with torch's global forward-hook tables empty (restored after, new ones kept).
+
+    Why: dynamo guards on the *number* of global hooks, and the runtime swaps its global hooks for
+    root-module hooks after warm-up; inside a compiled region the hooks are no-ops anyway (they
+    return at once while compiling). Seen on char_transformer: every compile trial recompiled in
+    its first measured step ("len(_global_forward_hooks) != 2"), 0.7-4.7 s of the timed window.
     """
-    ran = [False]
+    from torch.nn.modules import module as mod
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if not ran[0]:
-            ran[0] = True
-            log.did("compile", what)
-        return fn(*args, **kwargs)
+    tables = [getattr(mod, name) for name in _HOOK_DICTS]
+    saved = [dict(t) for t in tables]
+    if not any(saved):
+        yield
+        return
+    for t in tables:
+        t.clear()
+    try:
+        yield
+    finally:
+        for t, old in zip(tables, saved, strict=True):
+            new = dict(t)
+            t.clear()
+            t.update(old)
+            t.update(new)
 
-    return forward
+
+class CompiledRegion:
+    """A module's forward replaced by its compiled version, with triage on the first call.
+
+    The first call tries ``fullgraph=True`` when the spec leaves it open: a region without graph
+    breaks compiles as one graph and that is reported; a break is reported (file:line, reason) and
+    the region compiles with breaks. A compile *failure* is attributed to one function (see
+    :mod:`torchscalpel.tune.triage`), which is excluded with ``torch.compiler.disable``; the call is
+    retried once and the exclusion is reported. Recording that the knob applied happens on the
+    first call: a region that never runs leaves the trial "not applied".
+    """
+
+    def __init__(self, forward: Any, spec: CompileSpec, log: ApplyLog, recorder: FailureRecorder, *,
+                 root: torch.nn.Module, what: str) -> None:
+        self.forward = forward
+        self.spec = spec
+        self.log = log
+        self.root = root
+        self.what = what
+        self.recorder = recorder
+        self.fn: Any = None
+        self.retried = False
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> CompiledRegion:
+        # A script that deep-copies its model (an EMA copy, say) gets the same region, as it got the
+        # same function before; copying dynamo's compiled state is not possible.
+        return self
+
+    def _compile(self, fullgraph: bool) -> Any:
+        # The mode lives in the recorder (it wraps the backend as torch.compile configures it).
+        return torch.compile(self.forward, dynamic=self.spec.dynamic, backend=self.recorder, fullgraph=fullgraph)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.fn is not None:
+            with no_global_forward_hooks():
+                try:
+                    return self.fn(*args, **kwargs)
+                except Exception as exc:
+                    return self._retry(exc, args, kwargs)
+        return self._first_call(args, kwargs)
+
+    def _first_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from torch._dynamo.exc import Unsupported, UserError
+
+        from torchscalpel.tune.triage import TRIAGE, user_frames
+
+        self.log.did("compile", self.what)
+        want_full = self.spec.fullgraph is not False
+        with no_global_forward_hooks():
+            if want_full:
+                self.fn = self._compile(True)
+                try:
+                    out = self.fn(*args, **kwargs)
+                    TRIAGE.fullgraph.setdefault("attempted", True)
+                    TRIAGE.fullgraph.setdefault("ok", True)
+                    return out
+                except (Unsupported, UserError) as exc:
+                    # Dynamo stops at the first break before running anything: falling back is safe.
+                    frames = user_frames("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+                    where = f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
+                    TRIAGE.fullgraph.update(attempted=True, ok=False, reason=str(exc).splitlines()[0][:300],
+                                            where=where)
+                    if self.spec.fullgraph:  # asked for explicitly: a break is this trial's failure
+                        raise
+                except Exception as exc:
+                    return self._retry(exc, args, kwargs)
+            self.fn = self._compile(False)
+            try:
+                return self.fn(*args, **kwargs)
+            except Exception as exc:
+                return self._retry(exc, args, kwargs)
+
+    def _retry(self, exc: Exception, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Exclude the function a compile failure points at and call once more; else re-raise."""
+        from torchscalpel.tune.triage import TRIAGE, disable_function, is_compile_error
+
+        if self.retried or not is_compile_error(exc) or self.recorder.frame is None:
+            raise exc
+        self.retried = True
+        frame = self.recorder.frame
+        name = disable_function(frame, [self.root])
+        if name is None:
+            raise exc
+        inner = getattr(exc, "inner_exception", None) or exc  # BackendCompilerFailed wraps the backend's error
+        text = str(inner).strip()
+        cause = f"{type(inner).__name__}: {text.splitlines()[0][:300]}" if text else type(inner).__name__
+        TRIAGE.excluded.append({"function": name, "where": f"{frame[0]}:{frame[1]}", "cause": cause,
+                                "retried": "yes"})
+        self.log.did("compile", f"compile failed in {name} ({frame[0]}:{frame[1]}): excluded with "
+                                "torch.compiler.disable and retried")
+        self.recorder.frame = None
+        torch._dynamo.reset()
+        self.fn = self._compile(False)
+        with no_global_forward_hooks():
+            return self.fn(*args, **kwargs)
 
 
 def compile_stats() -> dict[str, Any]:
-    """Dynamo's counters for this process: graphs, graph breaks (with reasons), recompiles, compile time."""
+    """Dynamo's counters for this process: graphs, graph breaks (with file:line and reason),
+    recompiles (with the guard that failed), fullgraph, excluded functions, compile time."""
     from torch._dynamo import utils
 
+    from torchscalpel.tune.triage import TRIAGE, collect_dynamo
+
+    collect_dynamo(TRIAGE)
     counters = utils.counters
     breaks = dict(counters.get("graph_break", {}))
     failures = getattr(utils, "guard_failures", {}) or {}
     times = getattr(utils, "compilation_time_metrics", {}) or {}
     compile_s = sum(times.get("_compile.compile_inner", [])) + sum(times.get("backward._backward_impl", []))
+    recompiles = int(sum(len(v) for v in failures.values()))
     return {
         "graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
         "graph_breaks": int(sum(breaks.values())),
         "break_reasons": sorted(breaks, key=lambda r: -breaks[r])[:5],
-        "recompiles": int(sum(len(v) for v in failures.values())),
+        "recompiles": max(recompiles, len(TRIAGE.recompiles)),
         "recompile_reasons": [r for v in failures.values() for r in v][:5],
         "compile_ms": round(compile_s * 1000.0, 1),
+        **TRIAGE.to_dict(),
     }
 
 
@@ -201,8 +386,12 @@ def reset_compile_stats() -> None:
     """Forget compiled code and dynamo's counters (a trial process starts clean; tests need this)."""
     from torch._dynamo import utils
 
+    from torchscalpel.tune import triage
+
     torch._dynamo.reset()
     utils.counters.clear()
+    triage.TRIAGE = triage.TriageLog()
+    triage.reset_dynamo_records()
     for name in ("guard_failures", "compilation_time_metrics"):
         table = getattr(utils, name, None)
         if table is not None:

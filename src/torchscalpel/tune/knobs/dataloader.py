@@ -37,15 +37,21 @@ class DataLoaderKnob(Knob):
             return [], "the script iterates no torch DataLoader"
         if facts.iterable_dataset:
             return [], "the DataLoader wraps an IterableDataset; extra workers would each yield the full stream"
+        pin = True if facts.device == "cuda" else None  # page-locked batches copy asynchronously
+        if data_bound(facts):
+            # The profile says the step waits on data: sweep the worker count (1, 2, 4, ... up to
+            # the usable cores), each with persistent workers (no re-fork per epoch) and a deeper
+            # prefetch queue, so the fastest count is measured rather than guessed.
+            return [TuneSettings(dataloader=DataLoaderSpec(
+                num_workers=w, persistent_workers=True, prefetch_factor=4 if w > 0 else None,
+                pin_memory=pin)) for w in worker_sweep(facts.cpu_count, facts.loader_workers)], None
         if facts.loader_workers > 0:
             # Workers already on: only the cheap follow-ups are worth a trial.
-            spec = DataLoaderSpec(persistent_workers=True, prefetch_factor=4,
-                                  pin_memory=True if facts.device == "cuda" else None)
+            spec = DataLoaderSpec(persistent_workers=True, prefetch_factor=4, pin_memory=pin)
             return [TuneSettings(dataloader=spec)], None
         # One worker per spare core (at least 1, at most 4): the main process keeps computing.
         workers = max(1, min(4, facts.cpu_count - 1))
-        spec = DataLoaderSpec(num_workers=workers, persistent_workers=True,
-                              pin_memory=True if facts.device == "cuda" else None)
+        spec = DataLoaderSpec(num_workers=workers, persistent_workers=True, pin_memory=pin)
         return [TuneSettings(dataloader=spec)], None
 
     def setup_hook(self, settings: TuneSettings, log: ApplyLog) -> SetupHook | None:
@@ -110,3 +116,25 @@ def _adjust(values: dict[str, Any], spec: DataLoaderSpec, log: ApplyLog) -> None
             continue
         values[key] = value
         log.did("dataloader", f"DataLoader {key}={value}")
+
+
+MAX_SWEEP_WORKERS = 16
+"""The sweep stops here: beyond it workers mostly add memory and start-up time."""
+
+
+def worker_sweep(cpu_count: int, current: int) -> list[int]:
+    """``num_workers`` values to try: 0, 1, 2, 4, ... and the usable core count, without the script's own."""
+    usable = max(1, min(cpu_count, MAX_SWEEP_WORKERS))
+    values = {0, usable}
+    w = 1
+    while w < usable:
+        values.add(w)
+        w *= 2
+    return sorted(v for v in values if v != current)
+
+
+def data_bound(facts: ModelFacts) -> bool:
+    """True when the baseline's profile classed the step as data-bound (first or secondary class)."""
+    from torchscalpel.tune.bottleneck import Bottleneck
+
+    return "data" in Bottleneck.from_dict(facts.bottleneck).order()
