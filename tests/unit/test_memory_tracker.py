@@ -117,6 +117,24 @@ def test_ladder_numbers_come_from_the_plan() -> None:
     assert by_kind["bf16"]["saves"] == 30 and by_kind["bf16"]["fits"] is False
 
 
+def test_kept_graph_rung_saves_what_the_growing_site_holds_beyond_one_step() -> None:
+    # a logged loss keeps its graph: the kept activations are only part of what the site holds (inputs, outputs)
+    growth = find_growth(_samples(10_000, kept=1000), capacity=100_000)
+    ladder = build_ladder(measured_peak=90_000, limit=40_000, plan=None, cause="growth", breakdown={},
+                          phase="forward", growth=growth, fragmentation=None)
+    rung = next(r for r in ladder if r["kind"] == "detach-kept")
+    assert rung["saves"] == 70_000 - 10_000  # train.py:9 holds 7 steps' worth at the end, one step stays
+    assert rung["fits"] is True  # 90_000 - 60_000 <= 40_000
+
+
+def test_growth_survives_a_partial_last_sample() -> None:
+    # a limit crossed mid-step ends the samples on one without per-site figures
+    samples = _samples(10_000, kept=1000)
+    samples[-1] = {**samples[-1], "sites": {}, "kept_activations": 0}
+    g = find_growth(samples, capacity=100_000)
+    assert g["sites"][0]["live"] == 60_000 and g["kept"]["activations"] == 6000
+
+
 def _snapshot(tmp_path: Path, data: object) -> Path:
     path = tmp_path / "snap.pickle"
     path.write_bytes(pickle.dumps(data))

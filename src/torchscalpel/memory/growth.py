@@ -44,6 +44,8 @@ def find_growth(samples: list[dict[str, Any]], *, capacity: int | None) -> dict[
     """Growing sites, total growth per step and steps until ``capacity`` (bytes) at that rate."""
     usable = [s for s in samples if not s.get("warmup")] or samples
     usable = usable[1:] if len(usable) > MIN_STEPS else usable  # the first step builds optimizer state
+    if len(usable) > MIN_STEPS and not usable[-1].get("sites") and any(s.get("sites") for s in usable[:-1]):
+        usable = usable[:-1]  # a run stopped mid-step (a limit crossed) ends on a partial sample
     out: dict[str, Any] = {"steps": len(usable), "sites": [], "per_step": 0, "steps_left": None, "kept": None}
     if len(usable) < MIN_STEPS:
         out["note"] = f"{len(usable)} step end(s) measured; growth needs {MIN_STEPS} or more"
@@ -58,15 +60,16 @@ def find_growth(samples: list[dict[str, Any]], *, capacity: int | None) -> dict[
         values = [int(s.get("sites", {}).get(site, 0)) for s in usable]
         rate = slope([float(v) for v in values])
         if rate >= MIN_GROWTH and _rising(values):
-            rows.append({"site": site, "per_step": int(rate), "live": values[-1]})
+            # the largest value, not the last: a run stopped mid-step (a limit crossed) ends on a partial sample
+            rows.append({"site": site, "per_step": int(rate), "live": max(values)})
     rows.sort(key=lambda r: r["per_step"], reverse=True)
     out["sites"] = rows[:10]
     growing = total_rate >= MIN_GROWTH and _rising(lives)
     out["per_step"] = int(total_rate) if growing else 0
     kept = [int(s.get("kept_activations", 0)) for s in usable]
     losses = [int(s.get("losses_kept", 0)) for s in usable]
-    if growing and _rising(kept) and kept[-1] > 0:
-        out["kept"] = {"activations": kept[-1], "per_step": int(slope([float(v) for v in kept])),
+    if growing and _rising(kept) and max(kept) > 0:
+        out["kept"] = {"activations": max(kept), "per_step": int(slope([float(v) for v in kept])),
                        "losses_kept": losses[-1]}
     if growing and capacity:
         peak = max(int(s.get("peak", s["live"])) for s in usable)

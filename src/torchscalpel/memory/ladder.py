@@ -118,8 +118,12 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
     if growth and growth.get("per_step"):
         kept = growth.get("kept")
         if kept:
+            # what the growing sites hold beyond one step's worth is what stops growing: the kept graphs'
+            # activations are only part of it (their inputs and outputs are counted at the same sites)
+            beyond_one_step = sum(max(0, int(r["live"]) - int(r["per_step"])) for r in growth.get("sites") or [])
+            saves = max(int(kept.get("activations") or 0), beyond_one_step)
             rung("detach-kept", "keep plain numbers across steps: log loss.item() (or loss.detach()), and del outputs "
-                 "kept from an earlier step", kept.get("activations"), fits=True,
+                 "kept from an earlier step", saves,
                  why="activations saved in earlier steps are still live: a tensor that requires grad outlives its step")
         else:
             site = (growth.get("sites") or [{}])[0].get("site", "?")
