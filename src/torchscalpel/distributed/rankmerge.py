@@ -88,9 +88,7 @@ def format_table(merged: dict[str, Any]) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
-    lines = ["step and data ms: medians over each rank's unprofiled measured steps (as in its own summary); "
-             "collective ms: per profiled step",
-             "rank  status     steps  step ms  collective ms  compute ms  data ms"]
+    lines = ["rank  status     steps  step ms  collective ms  compute ms  data ms"]  # what they mean: once, below
     for row in merged["ranks"]:
         lines.append(
             f"{row['rank']:>4}  {row['status']:<9} {row['steps']:>6}  {ms(row['step_ms']):>7}  "
