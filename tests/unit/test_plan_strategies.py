@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from torch import nn
 
@@ -206,3 +208,15 @@ def test_simulation_marks_each_unit_forward_backward_and_gradients(measured):
     assert backward == ["", *reversed(blocks)] * 2  # the root's output first, then the blocks in reverse
     grads = [(unit, n) for _, _, kind, unit, n in marks if kind == "grad"]
     assert sum(n for _, n in grads) == 2 * measured.trainable_bytes  # every gradient, once per step
+
+
+def test_progress_reports_each_row_and_grows_when_checkpointed_rows_follow(measured):
+    seen: list[tuple[int, int, str]] = []
+    fits = dataclasses.replace(_request(int(measured.peak_bytes * 3), ["ddp", "fsdp-full"], search=False),
+                               progress=lambda *a: seen.append(a))
+    make_plan(fits)
+    assert seen == [(1, 2, "ddp"), (2, 2, "fsdp-full")]
+    seen.clear()
+    nothing_fits = dataclasses.replace(_request(1024, ["ddp"], search=False), progress=lambda *a: seen.append(a))
+    make_plan(nothing_fits)
+    assert seen == [(1, 1, "ddp"), (2, 2, "ddp + checkpointing")]

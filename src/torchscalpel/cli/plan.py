@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from torchscalpel.cli.common import (
@@ -59,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.device_memory)
     strategies = strategies_for(args.strategy, args.world_size, args.nodes)
     script_mode = _script_mode(args)
-    with _planning_status(args, len(strategies)):
-        result, record, out_dir = _plan(args, device, strategies, script_mode)
+    with _PlanProgress(args, len(strategies)) as progress:
+        result, record, out_dir = _plan(args, device, strategies, script_mode, progress.update)
     from torchscalpel.plan.render import render_text
     from torchscalpel.sections import PlanSection
 
@@ -70,29 +71,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _planning_status(args: argparse.Namespace, n_strategies: int):
+class _PlanProgress:
     """What the user sees while the plan runs (a large model's simulation and max-batch search take
-    minutes): a live status with the elapsed time on a terminal; nothing in a pipe or a log, like the
-    step progress of profile and doctor (and so a bad --model stays a one-line error)."""
-    from rich.markup import escape
+    minutes): "N of M" strategies with the elapsed time and time left, in the style of every long stage,
+    on a terminal; nothing in a pipe or a log, like the step progress of profile and doctor (and so a
+    bad --model stays a one-line error)."""
 
-    from torchscalpel.report.terminal import console
+    def __init__(self, args: argparse.Namespace, n_strategies: int) -> None:
+        from torchscalpel.report.terminal import console, stage_progress
 
-    c = console()
-    what = (f"planning {n_strategies} strategy(ies) on fake tensors"
-            + ("" if args.no_max_batch else ", with the largest-batch search (--no-max-batch skips it)"))
-    if c.is_terminal:
-        from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        self.console = console()
+        self.enabled = self.console.is_terminal
+        self._progress = stage_progress(self.console)
+        info = "simulating on fake tensors" + ("" if args.no_max_batch else " + largest-batch search (--no-max-batch skips it)")
+        self._task = self._progress.add_task("plan", total=n_strategies, info=info)
 
-        progress = Progress(SpinnerColumn(), TextColumn(escape(what)), TimeElapsedColumn(), console=c, transient=True)
-        progress.add_task(what, total=None)
-        return progress
-    import contextlib
+    def __enter__(self) -> _PlanProgress:
+        if self.enabled:
+            self._progress.start()
+        return self
 
-    return contextlib.nullcontext()
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._progress.stop()
+
+    def update(self, done: int, total: int, what: str) -> None:
+        """One strategy's row is done (the total grows when nothing fits and checkpointed rows follow)."""
+        self._progress.update(self._task, completed=done, total=max(done, total), info=f"{what} done")
 
 
-def _plan(args: argparse.Namespace, device, strategies, script_mode: bool):
+def _plan(args: argparse.Namespace, device, strategies, script_mode: bool, progress: Callable[[int, int, str], None]):
     if script_mode:
         from torchscalpel.plan.script import ScriptPlanOptions, plan_script
 
@@ -103,9 +111,9 @@ def _plan(args: argparse.Namespace, device, strategies, script_mode: bool):
             world_size=args.world_size, nodes=args.nodes, checkpointing=args.activation_checkpointing,
             search_max_batch=not args.no_max_batch,
         )
-        result, record = plan_script(target, options, device, strategies)
+        result, record = plan_script(target, options, device, strategies, progress=progress)
     else:
-        result = _factory_plan(args, device, strategies)
+        result = _factory_plan(args, device, strategies, progress)
         record, out_dir = _factory_record(args, result)
     return result, record, out_dir
 
@@ -135,7 +143,7 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError("Factory mode needs --batch, e.g. --batch 'x=float32[8,3,32,32],y=int64[8]:10'.")
 
 
-def _factory_plan(args: argparse.Namespace, device, strategies):
+def _factory_plan(args: argparse.Namespace, device, strategies, progress: Callable[[int, int, str], None] | None = None):
     from torchscalpel.loading import load_callable
     from torchscalpel.plan.planner import PlanRequest, make_plan
     from torchscalpel.plan.simulate import OptimizerSpec, sim_settings_for
@@ -148,7 +156,7 @@ def _factory_plan(args: argparse.Namespace, device, strategies):
     request = PlanRequest(
         builder=lambda: factory(**kwargs), batch=batch, loss_fn=loss_fn, strategies=strategies,
         world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.activation_checkpointing,
-        search_max_batch=not args.no_max_batch, model_name=args.model,
+        search_max_batch=not args.no_max_batch, model_name=args.model, progress=progress,
         settings=sim_settings_for(OptimizerSpec.named(args.optimizer or "adamw"), args.precision, args.grad_accum, device),
     )
     return make_plan(request)

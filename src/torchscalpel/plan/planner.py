@@ -41,6 +41,9 @@ class PlanRequest:
     model_name: str = "model"
     batch_note: str = ""
     """Which dimension of each batch entry the max-batch search scales, and why (script mode)."""
+    progress: Callable[[int, int, str], None] | None = None
+    """Called after each strategy's row as ``(rows done, rows planned, what was done)``: the CLI's
+    "N of M" with time left (a large model's max-batch search takes minutes per strategy)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -108,11 +111,13 @@ def make_plan(request: PlanRequest) -> PlanResult:
 
     meta()  # factory errors surface here, before any simulation
     ckpt = request.checkpointing == "blocks"
-    rows, base = _rows(request, meta, ckpt)
+    counter = _Counter(request.progress, len(request.strategies))
+    rows, base = _rows(request, meta, ckpt, counter)
     alternatives: list[Row] = []
     other: Measurement | None = None
     if not any(row.breakdown.fits for row in rows) and not ckpt:
-        alternatives, other = _rows(request, meta, True)
+        counter.total += len(request.strategies)  # nothing fits: the same rows again with checkpointing
+        alternatives, other = _rows(request, meta, True, counter)
     elif request.search_max_batch:  # the full plan: show activations both ways (check_fits skips it)
         other = simulate(meta, request.batch, _settings(request, not ckpt), request.loss_fn)
     result = PlanResult(request=request, measurement=base, rows=rows, alternatives=alternatives,
@@ -121,7 +126,22 @@ def make_plan(request: PlanRequest) -> PlanResult:
     return result
 
 
-def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool) -> tuple[list[Row], Measurement]:
+@dataclass(slots=True)
+class _Counter:
+    """Rows done of rows planned, reported through :attr:`PlanRequest.progress`."""
+
+    report: Callable[[int, int, str], None] | None
+    total: int
+    done: int = 0
+
+    def row_done(self, what: str) -> None:
+        self.done += 1
+        if self.report is not None:
+            self.report(self.done, self.total, what)
+
+
+def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool,
+          counter: _Counter) -> tuple[list[Row], Measurement]:
     settings = _settings(request, ckpt)
     cache: dict[int, Measurement] = {}
 
@@ -140,6 +160,7 @@ def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool) -> tu
             mb = max_batch(measure, base, strategy, world_size=request.world_size, nodes=request.nodes,
                            device=request.device, checkpointing=ckpt)
         rows.append(Row(breakdown=bd, max_batch=mb))
+        counter.row_done(strategy + (" + checkpointing" if ckpt else ""))
     return rows, base
 
 

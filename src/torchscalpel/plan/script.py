@@ -12,6 +12,7 @@ in factory mode; the live model is only read for shapes (a meta copy, no data co
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,7 +279,8 @@ class ScriptPlanOptions:
             raise ValueError(f"--nodes {self.nodes} must be at least 1 and divide --world-size {self.world_size}")
 
 
-def plan_script(target: Target, args: ScriptPlanOptions, device: Any, strategies: list[str]) -> tuple[Any, Any]:
+def plan_script(target: Target, args: ScriptPlanOptions, device: Any, strategies: list[str], *,
+                progress: Callable[[int, int, str], None] | None = None) -> tuple[Any, Any]:
     """Run the script to its first optimizer step, then plan what it used. Returns (plan, record)."""
     from torchscalpel.plan.planner import PlanRequest, make_plan
     from torchscalpel.plan.simulate import sim_settings_for
@@ -306,6 +308,6 @@ def plan_script(target: Target, args: ScriptPlanOptions, device: Any, strategies
         builder=observer.meta_builder(), batch=batch, loss_fn=loss_fn, strategies=strategies,
         world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.checkpointing,
         search_max_batch=args.search_max_batch, model_name=type(observer.model).__name__, batch_note=batch_note,
-        settings=sim_settings_for(optimizer, precision, accum, device),
+        settings=sim_settings_for(optimizer, precision, accum, device), progress=progress,
     )
     return make_plan(request), record
