@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -26,19 +25,12 @@ from rich.text import Text
 
 from torchscalpel.record import PHASES, RunRecord, StepRecord
 from torchscalpel.runtime.native_log import LOG_NAME
+from torchscalpel.runtime.script import strip_ansi  # the runtime strips errors before they reach the record
 from torchscalpel.units import fmt_bytes
 
 PIPE_WIDTH = 200
 """Columns when the output is not a terminal (a pipe, a file, CI) and ``COLUMNS`` is unset: wide enough
 for the tune table; plain lines are never wrapped there at all (soft wrap)."""
-
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
-
-
-def strip_ansi(text: str) -> str:
-    """``text`` without terminal escape sequences (colours torch or a script put into an error message)."""
-    return _ANSI.sub("", text)
-
 
 def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
     """A rich console for scalpel's output. On a terminal: rich's own width. Elsewhere (piped, redirected,

@@ -8,6 +8,7 @@ finished distributed script's objects alive as the script's own process would.
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import sys
 import traceback
@@ -16,10 +17,18 @@ from typing import Any
 
 from torchscalpel.runtime.target import Target
 
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours torch or a script put into an error message)."""
+    return _ANSI.sub("", text)
+
 
 def one_line_error(exc: BaseException) -> str:
-    """``Type: message``, first line only, at most 500 characters."""
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+    """``Type: message``, first line only, at most 500 characters, without terminal colours (the
+    record and every later reader get plain text)."""
+    return strip_ansi(f"{type(exc).__name__}: {exc}").splitlines()[0][:500]
 
 
 def run_as_main(target: Target) -> dict[str, Any]:
