@@ -13,6 +13,7 @@ import pytest
 from torchscalpel.record import RunRecord, StepRecord, save_record
 from torchscalpel.runtime.summary import summarize
 from torchscalpel.tracking import TrackingOptions, write_tracking
+from torchscalpel.tracking.scalars import step_scalars
 from torchscalpel.tracking.scalars import run_params, step_scalars
 
 
@@ -125,3 +126,29 @@ def test_tensorboard_naming_a_file_is_a_usage_error(tmp_path: Path, capsys: pyte
     (tmp_path / "f").write_text("")
     assert main(["profile", "--tensorboard", str(tmp_path / "f"), "--", "x.py"]) == 2
     assert "is a file; name a log folder" in capsys.readouterr().err
+
+
+def test_grad_norm_is_what_the_scripts_clipping_returned(tmp_path: Path) -> None:
+    import torch
+
+    import torchscalpel
+
+    original = torch.nn.utils.clip_grad_norm_
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    returned: list[float] = []
+    with torchscalpel.profile(warmup=1, steps=4, out=tmp_path / "run", report=False, profile_steps=0) as run:
+        for _ in range(5):
+            loss = model(torch.randn(4, 8)).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            from torch.nn.utils import clip_grad_norm_  # bound after the attach, as a script's import is
+
+            returned.append(float(clip_grad_norm_(model.parameters(), 1.0)))
+            optimizer.step()
+    series = run.record.sections["steps_extra"]["grad_norm"]
+    assert [series[str(s.index)] for s in run.record.steps] == returned[: len(run.record.steps)]
+    assert torch.nn.utils.clip_grad_norm_ is original and torch.nn.utils.clip_grad.clip_grad_norm_ is original
+    grads = dict(step_scalars(run.record))
+    assert grads[run.record.steps[-1].index]["train/grad_norm"] == returned[len(run.record.steps) - 1]

@@ -278,7 +278,7 @@ class Attachment:
         from torchscalpel.runtime.module_times import ModuleTimes
         from torchscalpel.runtime.profiler_window import ProfilerWindow
         from torchscalpel.runtime.provenance import ProvenanceObserver
-        from torchscalpel.tracking.observer import LearningRateObserver
+        from torchscalpel.tracking.observer import GradNormObserver, LearningRateObserver
 
         extra: list[Observer] = []
         self.module_timer = ModuleTimes() if options.module_times else None
@@ -288,6 +288,7 @@ class Attachment:
             extra.append(_ProgressObserver(progress))
         extra.append(ProvenanceObserver((target or {}).get("script"), module=(target or {}).get("module")))  # code, data, seeds: record.provenance
         extra.append(LearningRateObserver())  # per-step lr for --tensorboard / --mlflow
+        extra.append(GradNormObserver())  # the norm clip_grad_norm_ returned, when the script clips
         self.options = options
         self.session = Session(options, [*observers, *extra])
         if options.profile_steps and options.out_dir is not None:

@@ -1,4 +1,5 @@
-"""Per-step facts the trackers log that the step timeline does not keep: the learning rate."""
+"""Per-step facts the trackers log that the step timeline does not keep: the learning rate and the
+gradient norm the script's own clipping returned."""
 
 from __future__ import annotations
 
@@ -47,3 +48,78 @@ class LearningRateObserver(Observer):
     def on_finish(self, record: RunRecord) -> None:
         if self.lr:
             record.sections.setdefault(STEPS_EXTRA, {})["lr"] = self.lr
+
+
+class GradNormObserver(Observer):
+    """The gradient norm each step's ``clip_grad_norm_`` returned, when the script clips.
+
+    Nothing is computed that the script did not compute: the value is the tensor
+    ``torch.nn.utils.clip_grad_norm_`` already returns. On CUDA reading it synchronizes, so the
+    tensors are kept and read in batches of :attr:`FLUSH_EVERY` steps (one sync per batch, between
+    steps) and at the end, never inside a step.
+    """
+
+    name = "grad-norm"
+    FLUSH_EVERY = 64
+
+    def __init__(self) -> None:
+        self.grad_norm: dict[str, float] = {}
+        self._pending: Any = None
+        self._unread: list[tuple[str, Any]] = []
+        self._restore: list[tuple[Any, str, Any]] = []
+
+    def on_start(self, session: Any) -> None:
+        """Wrap ``clip_grad_norm_`` where scripts reach it (``torch.nn.utils`` and its ``clip_grad`` module)."""
+        import torch.nn.utils as nn_utils
+        import torch.nn.utils.clip_grad as clip_grad
+
+        wrapped: dict[int, Any] = {}  # one wrapper per distinct original (both names usually hold the same)
+        for owner in (clip_grad, nn_utils):  # each wrapped as it is now (another observer may have wrapped one)
+            original = getattr(owner, "clip_grad_norm_", None)
+            if original is None:
+                continue
+            if id(original) not in wrapped:
+                wrapped[id(original)] = self._wrap(original)
+            self._restore.append((owner, "clip_grad_norm_", original))
+            owner.clip_grad_norm_ = wrapped[id(original)]  # type: ignore[attr-defined]
+
+    def _wrap(self, original: Any) -> Any:
+        observer = self
+
+        def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
+            norm = original(*args, **kwargs)
+            observer._pending = norm  # the last call in a step wins (one call per step is the norm)
+            return norm
+
+        clip_grad_norm_.__wrapped__ = original  # type: ignore[attr-defined]
+        clip_grad_norm_.__doc__ = original.__doc__
+        return clip_grad_norm_
+
+    def on_step_end(self, step: StepRecord) -> None:
+        if self._pending is None:
+            return
+        self._unread.append((str(step.index), self._pending))
+        self._pending = None
+        if len(self._unread) >= self.FLUSH_EVERY or not _on_cuda(self._unread[-1][1]):
+            self._read()
+
+    def _read(self) -> None:
+        for index, norm in self._unread:
+            try:
+                value = float(norm.item() if hasattr(norm, "item") else norm)
+            except (TypeError, ValueError, RuntimeError):
+                continue
+            self.grad_norm[index] = value
+        self._unread = []
+
+    def on_finish(self, record: RunRecord) -> None:
+        for owner, attr, original in reversed(self._restore):
+            setattr(owner, attr, original)
+        self._restore = []
+        self._read()
+        if self.grad_norm:
+            record.sections.setdefault(STEPS_EXTRA, {})["grad_norm"] = self.grad_norm
+
+
+def _on_cuda(value: Any) -> bool:
+    return bool(getattr(getattr(value, "device", None), "type", "cpu") != "cpu")
