@@ -13,7 +13,6 @@ import pytest
 from torchscalpel.record import RunRecord, StepRecord, save_record
 from torchscalpel.runtime.summary import summarize
 from torchscalpel.tracking import TrackingOptions, write_tracking
-from torchscalpel.tracking.scalars import step_scalars
 from torchscalpel.tracking.scalars import run_params, step_scalars
 
 
