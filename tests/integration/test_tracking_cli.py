@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from helpers import REPO, run_cli
 
-SCRIPT = REPO / "tests" / "fixtures" / "tracking" / "tiny_train.py"
+# A copy outside any git repository: the runs' provenance then holds no commit or diff hash, so a commit
+# made while the suite runs (a developer's, in this checkout) cannot show up as a difference between them.
+_COPY = Path(tempfile.mkdtemp(prefix="scalpel-tracking-")) / "tracking"
+shutil.copytree(REPO / "tests" / "fixtures" / "tracking", _COPY, ignore=shutil.ignore_patterns("__pycache__"))
+SCRIPT = _COPY / "tiny_train.py"
 WINDOW = ("--steps", "8", "--warmup", "2", "--profile-steps", "2")
 
 
