@@ -56,6 +56,10 @@ class RichProgress:
         left = max(0.0, self._left - result.wall_s)
         self.console.print(f"  trial {self._n}{self._of}: [bold]{result.label}[/] {info} "
                            f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]")
+        for ex in (getattr(result, "compile", None) or {}).get("excluded") or []:
+            # said on its own line as it happens: in the final table it is one wrapped cell among many
+            self.console.print(f"    compile failed in {ex.get('function')} ({ex.get('where')}): excluded with "
+                               "torch.compiler.disable and retried once", markup=False, highlight=False)
 
 
 def fmt_speedup(value: float | None) -> str:
