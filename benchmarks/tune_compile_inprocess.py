@@ -43,6 +43,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--knob", action="store_true",
+                   help="compile through the tune knob's compile(model) (CompiledRegion) instead of torch.compile")
     p.add_argument("--setups", default="plain,+root hooks,+backward wrap,+runtime",
                    help="comma-separated variants (plain alone: a process that never attached anything)")
     args = p.parse_args()
@@ -53,8 +55,22 @@ def main() -> int:
     eager = ct.CharGPT(vocab, block)
     model_c = ct.CharGPT(vocab, block)
     model_c.load_state_dict(eager.state_dict())
-    compiled = torch.compile(model_c)
-    models = {"eager": eager, "compiled": compiled}
+    models = {"eager": eager}
+    if not args.knob:
+        models["compiled"] = torch.compile(model_c)
+    else:
+        # Instead of torch.compile(model), not beside it: both compile CharGPT.forward's code, and
+        # two backends on one code object recompile on every switch (BACKEND_MATCH) until dynamo's
+        # recompile limit sends the frame to eager.
+        # the tune knob's own path: compile(model) as a CompiledRegion on the root's forward
+        from torchscalpel.tune.knobs import ApplyLog
+        from torchscalpel.tune.knobs.compile import install_compile
+        from torchscalpel.tune.settings import CompileSpec
+
+        knob = ct.CharGPT(vocab, block)
+        knob.load_state_dict(eager.state_dict())
+        install_compile(CompileSpec(target="model"), ApplyLog())
+        models["compiled"] = knob
     opts = {k: torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.01) for k, m in models.items()}
     scheds = {k: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, 300) / 300)))
               for k, o in opts.items()}
