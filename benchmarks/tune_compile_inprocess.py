@@ -4,7 +4,7 @@ One process, ``OMP_NUM_THREADS=1``; the model, optimizer, clip and LR schedule o
 examples/char_transformer.py; each step is the script's step (forward, cross-entropy, zero_grad,
 backward, clip_grad_norm_, AdamW, LambdaLR). Variants, timed in interleaved rounds:
 
-- ``eager`` / ``compiled`` (``torch.compile(model)``, the knob's whole-model region);
+- ``eager`` / ``compiled`` (``torch.compile(model)``; with ``--knob`` the tune knob's ``compile(model)`` instead);
 - ``+root hooks``: a forward pre/post hook on the root that reads a clock (what the runtime's
   narrowed hooks do around the compiled call);
 - ``+backward wrap``: ``torch.Tensor.backward`` wrapped like the runtime's wrapper;
