@@ -9,6 +9,8 @@ Interleaved rounds, each variant a fresh process running examples/char_transform
 
 Each ratio is eager / compiled within one environment and one round (load drift cancels), so the
 figures say whether compile wins without torchscalpel and whether the runtime changes that.
+benchmarks/tune_compile_inprocess.py takes the runtime apart in one process (root hooks only,
+backward wrapper only, the whole runtime, the knob's own compile path, fixed vs fresh batches).
 
     OMP_NUM_THREADS=1 python benchmarks/tune_compile_cpu.py --rounds 3
 """

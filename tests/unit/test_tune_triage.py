@@ -159,3 +159,65 @@ def test_a_model_with_compiled_regions_can_still_be_deep_copied():
         assert torch.allclose(clone(X), model(X))
     finally:
         undo()
+
+
+GRAPH_RUNS: list[int] = []
+GRAPHS: list[torch.fx.GraphModule] = []
+
+
+@torch._dynamo.register_backend
+def counts_graph_runs(gm, example_inputs):
+    """A backend whose compiled code counts its own executions (dynamo's counters count compiles)."""
+    GRAPHS.append(gm)
+
+    def run(*args):
+        GRAPH_RUNS.append(1)
+        return gm.forward(*args)
+    return run
+
+
+def _train_compiled(steps: int, block) -> ApplyLog:
+    model = Plain()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    log = ApplyLog()
+    torch._dynamo.reset()
+    reset_compile_stats()
+    undo = install_compile(CompileSpec(target="model", backend="counts_graph_runs"), log)
+    try:
+        with block:
+            for _ in range(steps):
+                loss = model(X).sum()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    finally:
+        undo()
+    return log
+
+
+def test_under_the_runtime_every_forward_runs_the_compiled_graph_with_no_hook_of_ours_inside(tmp_path):
+    """The runtime's hooks (global in warm-up, root hooks after) and its Tensor.backward wrapper sit
+    around a compiled region; the region's compiled code must still run on every call as in a plain
+    loop, as one graph that holds no torchscalpel code (issue 16: compile lost inside the tune
+    runtime on a CPU)."""
+    import contextlib
+
+    import torchscalpel
+
+    steps = 6
+    GRAPH_RUNS.clear()
+    GRAPHS.clear()
+    _train_compiled(steps, contextlib.nullcontext())
+    plain_runs = len(GRAPH_RUNS)
+    assert plain_runs >= steps - 1  # dynamo runs the first call's frame itself
+
+    GRAPH_RUNS.clear()
+    GRAPHS.clear()
+    run = torchscalpel.profile(steps=None, warmup=2, profile_steps=0, out=tmp_path / "r", report=False)
+    log = _train_compiled(steps, run)
+    assert len(GRAPH_RUNS) == plain_runs, (len(GRAPH_RUNS), plain_runs, log)
+    assert len(GRAPHS) == 1 and compile_stats()["recompiles"] == 0
+    targets = [n.target for gm in GRAPHS for n in gm.graph.nodes if n.op == "call_function"]
+    assert not [t for t in targets if "torchscalpel" in (getattr(t, "__module__", "") or "")], targets
+    # the runtime still saw the steps around the compiled call
+    assert run.record is not None and len(run.record.steps) >= steps - 1
