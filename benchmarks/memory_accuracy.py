@@ -140,6 +140,9 @@ def cost(step: object) -> dict[str, float]:
 
 
 def main() -> int:
+    if "--cost-only" in sys.argv[1:]:  # just the tracker's cost on the d=64 step, for paired before/after runs
+        print(json.dumps(accuracy_and_cost()["cost"]))
+        return 0
     with tempfile.TemporaryDirectory() as d:
         rows = oom_cases(Path(d))
     for r in rows:

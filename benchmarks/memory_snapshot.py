@@ -88,6 +88,37 @@ def write_snapshot(path: Path, size_mb: int) -> None:
         pickle.dump(data, f, protocol=4)
 
 
+_ARG_BYTES = {0x95: 8, 0x80: 1, 0x4b: 1, 0x4d: 2, 0x4a: 4, 0x47: 8, 0x71: 1, 0x72: 4, 0x68: 1, 0x6a: 4}
+
+
+def opcode_rate(size_mb: int) -> dict[str, float]:
+    """Seconds per GB of a pure-Python loop that only steps over opcode arguments (builds nothing).
+
+    The lower bound on any pure-Python streaming reader of this generator's snapshots.
+    """
+    import time
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "snapshot.pickle"
+        write_snapshot(path, size_mb)
+        data = path.read_bytes()
+    t, i, n, end = time.perf_counter(), 0, 0, len(data)
+    while i < end:
+        op = data[i]
+        i += 1
+        n += 1
+        if op == 0x8c or op == 0x8a:  # SHORT_BINUNICODE, LONG1: one length byte
+            i += 1 + data[i]
+        elif op == 0x58:  # BINUNICODE: four length bytes
+            i += 4 + int.from_bytes(data[i:i + 4], "little")
+        elif op == 0x2e:  # STOP
+            break
+        else:
+            i += _ARG_BYTES.get(op, 0)
+    dt = time.perf_counter() - t
+    return {"bytes": len(data), "opcodes": n, "skip_s": dt, "skip_s_per_gb": dt * 2**30 / len(data)}
+
+
 def run(code: str, path: Path) -> tuple[float, int]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env, check=True)
@@ -99,7 +130,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--opcode-rate", action="store_true", help="only time a pure-Python opcode skipper")
     args = parser.parse_args()
+    if args.opcode_rate:
+        print(json.dumps(opcode_rate(args.size_mb)))
+        return 0
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "snapshot.pickle"
         env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}

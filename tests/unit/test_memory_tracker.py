@@ -176,3 +176,24 @@ def test_modules_roll_up_to_their_block() -> None:
 
     assert by_block({"blocks.0.attn": 3, "blocks.0.mlp.1": 2, "blocks.1.attn": 4, "head": 1, "": 5}) == \
         {"blocks.0": 5, "blocks.1": 4, "head": 1, "": 5}
+
+
+def test_alias_returning_ops_are_skipped_and_new_storages_counted() -> None:
+    from torchscalpel.runtime.alloc_tracker import _returns_alias
+
+    assert _returns_alias(torch.ops.aten.add_.Tensor) and _returns_alias(torch.ops.aten.view.default)
+    assert _returns_alias(torch.ops.aten.add.out)
+    assert not _returns_alias(torch.ops.aten.add.Tensor) and not _returns_alias(torch.ops.aten.mm.default)
+    a = torch.ones(1000)  # allocated before the tracker: an in-place op on it is not a new allocation
+    tr = AllocationTracker()
+    tr.start()
+    try:
+        a.mul_(2)
+        a.add_(1)
+        b = a.view(10, 100)
+        assert tr.allocations == 0 and tr.total == 0  # in-place and view ops allocate nothing
+        c = a * 2
+        assert tr.allocations == 1 and tr.total == 4000
+    finally:
+        tr.stop()
+    del b, c

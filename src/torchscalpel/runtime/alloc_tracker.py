@@ -91,6 +91,7 @@ class AllocationTracker(TorchDispatchMode):
         """What was live when the limit was crossed (or a device out-of-memory was raised)."""
         self._user_code: dict[Any, bool] = {}
         self._op_names: dict[Any, str] = {}
+        self._alias_ops: dict[Any, bool] = {}
         self._saved_hooks: Any = None
         self._module_handles: list[Any] = []
         self.allocations = 0
@@ -128,7 +129,10 @@ class AllocationTracker(TorchDispatchMode):
         except torch.OutOfMemoryError as exc:
             self._record_oom(str(func), _requested_bytes(str(exc)), device_error=str(exc).split("\n")[0])
             raise
-        if func.is_view:  # a view shares its input's storage: nothing new to count (the cheap common case)
+        aliases = self._alias_ops.get(func)
+        if aliases is None:
+            aliases = self._alias_ops[func] = _returns_alias(func)
+        if aliases:  # a view / in-place / out= op returns an input's storage: nothing new (the common case)
             return out
         if isinstance(out, torch.Tensor):
             self._register(out, func)
@@ -139,7 +143,7 @@ class AllocationTracker(TorchDispatchMode):
         return out
 
     def _register(self, t: torch.Tensor, func: Any) -> None:
-        if t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
+        if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.is_meta:
             return  # fake / subclass tensors own no storage of their own
         st = t.untyped_storage()
         key = st._cdata
@@ -148,7 +152,7 @@ class AllocationTracker(TorchDispatchMode):
         nbytes = st.nbytes()
         if nbytes == 0:
             return
-        if t.device.type == "cuda":
+        if t.is_cuda:
             nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
         category = "optimizer_state" if self.phase == "optimizer" else "temporaries"
         name = self._op_names.get(func)
@@ -327,6 +331,17 @@ class AllocationTracker(TorchDispatchMode):
         return (f"memory limit {fmt_bytes(self.limit)} exceeded: {o.get('op')} at {o.get('site')} asked for "
                 f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live (step {o.get('step')}, "
                 f"{o.get('phase')})")
+
+
+def _returns_alias(func: Any) -> bool:
+    """Whether every output of ``func`` aliases an input (views, in-place and ``out=`` ops), from its schema."""
+    if func.is_view:
+        return True
+    try:
+        returns = func._schema.returns
+    except AttributeError:
+        return False
+    return bool(returns) and all(r.alias_info is not None for r in returns)
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
