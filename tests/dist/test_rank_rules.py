@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 from helpers import REPO, run_ranks
 
-from torchscalpel.distributed.rankrules import SLUGS, device_id_findings, no_sync_findings, rng_findings, sampler_findings
+from torchscalpel.distributed.rankrules import (
+    SLUGS,
+    device_id_findings,
+    loss_scale_findings,
+    no_sync_findings,
+    rng_findings,
+    sampler_findings,
+)
 
 FIXTURES = REPO / "tests" / "fixtures" / "dist"
 
@@ -48,6 +55,7 @@ def test_judgments_on_recorded_facts():
 
 
 def _doctor(tmp_path: Path, fixture: str) -> list[dict]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "launch"
     proc = run_ranks("launch", "--nproc", "2", "--doctor", "--steps", "6", "--out", str(out), "--",
                      str(FIXTURES / fixture), cwd=tmp_path, expect=[out / "launch.json"], timeout=280)
@@ -84,3 +92,36 @@ def test_static_device_ids_rule_positive_and_clean():
     ]
     clean = FIXTURES / "ddp_device_ids_clean.py"
     assert [f for f in analyze_source(clean.read_text(), str(clean)) if f.rule == "ddp-device-ids-not-local-rank"] == []
+
+
+def test_undivided_accumulated_loss_judgment():
+    ddp = [{"device_ids": None, "grad_bytes": 4, "site": "t.py:5"}]
+    raw = [[4, 0, False, "MseLossBackward0"]] * 5
+    found = loss_scale_findings({0: _facts(0, ddp=ddp, backward=raw, lr=0.01)})
+    assert found[0]["rule"] == "accumulated-loss-not-divided" and found[0]["message"].startswith(
+        "the loss is not divided by the accumulation steps: 4 backward passes per optimizer step")
+    assert found[0]["evidence"][-1].endswith("the optimizer's lr is 0.01")
+    assert loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[4, 4, False, "DivBackward0"]] * 5)}) == []
+    assert loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[1, 0, False, "MeanBackward0"]] * 5)}) == []
+    assert loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[20, 0, True, "MeanBackward0"]] * 5)}) == []  # LBFGS
+    assert loss_scale_findings({0: _facts(0, backward=raw)}) == []  # no DDP
+
+
+def test_scaled_root_sees_division_mul_and_sums_of_divided_terms():
+    import torch
+
+    from torchscalpel.runtime.rankfacts import scaled_root
+
+    w = torch.ones(3, requires_grad=True)
+    assert scaled_root((w.sum() / 4).grad_fn) and scaled_root((w.sum() * 0.25).grad_fn)
+    assert scaled_root((w.sum() / 4 + w.mean() / 4).grad_fn)
+    assert not scaled_root(w.pow(2).mean().grad_fn) and not scaled_root((w.sum() + w.mean() / 4).grad_fn)
+
+
+@pytest.mark.dist
+def test_undivided_accumulated_loss_planted_and_clean(tmp_path):
+    bad = [f for f in _doctor(tmp_path / "bad", "accum_undivided_bad.py") if f["rule"] == "accumulated-loss-not-divided"]
+    assert len(bad) == 1 and bad[0]["ranks"] == [0, 1], bad
+    assert "graph root MseLossBackward0" in bad[0]["evidence"][0]
+    clean = _doctor(tmp_path / "clean", "accum_undivided_clean.py")
+    assert [f["rule"] for f in clean if f["rule"] in SLUGS] == []

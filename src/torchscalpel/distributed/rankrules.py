@@ -10,7 +10,10 @@ the doctor's format (:class:`~torchscalpel.doctor.finding.Finding`) and go first
   all-reduce (gradient accumulation without ``no_sync()``), with the bytes sent for nothing;
 - ``identical-random-streams``: every rank's generators that a training step draws from in the same
   state after step 2 (the same dropout masks and augmentations on every rank);
-- ``ddp-device-ids-not-local-rank``: ``device_ids`` that are not ``[LOCAL_RANK]``.
+- ``ddp-device-ids-not-local-rank``: ``device_ids`` that are not ``[LOCAL_RANK]``;
+- ``accumulated-loss-not-divided``: under DDP, several backward passes per optimizer step whose loss
+  graph ends in no division or multiplication (the summed gradient is k times the mean: k times the
+  learning rate); steps that took a closure (LBFGS) are not accumulation and are left out.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.units import fmt_bytes
 
 SLUGS = ("distributed-sampler-wrong-world", "ddp-accumulation-without-no-sync", "identical-random-streams",
-         "ddp-device-ids-not-local-rank")
+         "ddp-device-ids-not-local-rank", "accumulated-loss-not-divided")
 
 
 def load_facts(folder: Path) -> dict[int, dict[str, Any]]:
@@ -125,9 +128,35 @@ def device_id_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]
                      "DDP(model, device_ids=[local_rank])", sorted({r for r, _, _ in bad}))]
 
 
+def loss_scale_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Accumulation (k > 1 backward passes per DDP optimizer step) on a loss that was never divided."""
+    hits = []
+    for rank, data in sorted(facts.items()):
+        rows = [b for b in data.get("backward", []) if not b[2]]  # closure steps re-evaluate, not accumulate
+        rows = rows[1:] or rows  # the first step may hold a warm-up or eval backward
+        if not data.get("ddp") or not rows:
+            continue
+        k = statistics.median(r[0] for r in rows)
+        if k > 1 and all(r[1] == 0 for r in rows):
+            hits.append((rank, k, rows[-1][3], data.get("lr")))
+    if not hits:
+        return []
+    _, k, _, lr = hits[0]
+    lr_text = f"; the optimizer's lr is {lr:g}" if lr is not None else ""
+    message = (f"the loss is not divided by the accumulation steps: {k:g} backward passes per optimizer step "
+               f"under DDP on a loss that is never scaled, so each step applies {k:g}x the mean gradient")
+    evidence = [f"rank {r}: median {n:g} backward passes per optimizer step, none through a division or "
+                f"multiplication (graph root {rt})" for r, n, rt, _ in hits]
+    evidence.append(f"a loss with reduction='sum' or an lr already divided by {k:g} is deliberate: then ignore "
+                    f"this{lr_text}")
+    fix = "loss = loss_fn(model(x), y) / accum_steps\nloss.backward()"
+    return [_finding(SLUGS[4], Severity.WARNING, message, evidence, fix, [r for r, _, _, _ in hits])]
+
+
 def rank_findings(folder: Path) -> list[dict[str, Any]]:
     """Every cross-rank check over the facts in ``folder``."""
     facts = load_facts(folder)
     if not facts:
         return []
-    return [*sampler_findings(facts), *device_id_findings(facts), *no_sync_findings(facts), *rng_findings(facts)]
+    return [*sampler_findings(facts), *device_id_findings(facts), *no_sync_findings(facts),
+            *loss_scale_findings(facts), *rng_findings(facts)]

@@ -9,6 +9,9 @@ check can never add a collective or wait on one.
 - every DDP forward with autograd on: whether it will all-reduce (``require_backward_grad_sync``,
   False inside ``no_sync()``), counted per optimizer step; the DDP's ``device_ids``, ``LOCAL_RANK``
   and gradient bytes;
+- every ``torch.autograd.backward`` (``loss.backward()`` too): whether the root of the graph is a
+  division or multiplication (``loss / accum_steps``, ``scaler.scale(loss)``), counted per optimizer
+  step, and whether the step took a closure (LBFGS re-evaluates the loss; not accumulation);
 - after the second optimizer step: digests of the torch CPU, Python and NumPy generator states that
   changed over that step (the generators the training step draws from).
 
@@ -51,12 +54,15 @@ class RankFacts:
     def __init__(self, folder: Path, rank: int, world: int, local_rank: int | None) -> None:
         self.path = folder / f"rank-{rank}.facts.json"
         self.data: dict[str, Any] = {"rank": rank, "world": world, "local_rank": local_rank, "samplers": [],
-                                     "ddp": [], "steps": [], "rng": None}
+                                     "ddp": [], "steps": [], "rng": None, "backward": [], "lr": None}
         self._seen: set[int] = set()
         self._synced = 0
         self._unsynced = 0
         self._step = 0
         self._rng_step1: dict[str, int] = {}
+        self._backward_calls = 0
+        self._backward_scaled = 0
+        self._backward_root = ""
 
     def write(self) -> None:
         """Rewrite ``rank-R.facts.json`` (atomic: the launcher never reads half a file)."""
@@ -98,12 +104,33 @@ class RankFacts:
                                      "grad_bytes": grad_bytes, "site": _caller_site()})
             self.write()
 
-    def on_step(self, *_: Any) -> None:
+    def on_backward(self, tensors: Any) -> None:
+        """A backward pass: is its root a scaling (``/ k``, ``* s``)?"""
+        root = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+        fn = getattr(root, "grad_fn", None)
+        if fn is None:
+            return
+        self._backward_calls += 1
+        self._backward_root = type(fn).__name__
+        if scaled_root(fn):
+            self._backward_scaled += 1
+
+    def on_step(self, optimizer: Any = None, args: Any = (), kwargs: Any = None) -> None:
         """Optimizer step: close this step's sync counts; digest the generators after step 2."""
         self._step += 1
+        # The hook gets step()'s own arguments, the optimizer first: step(closure) means LBFGS-style
+        # re-evaluation, where several backward passes per step are not accumulation.
+        closure = any(a is not None for a in tuple(args)[1:]) or bool(kwargs and kwargs.get("closure") is not None)
         if len(self.data["steps"]) < MAX_STEPS_KEPT:
             self.data["steps"].append([self._synced, self._unsynced])
+            self.data["backward"].append([self._backward_calls, self._backward_scaled, closure, self._backward_root])
         self._synced = self._unsynced = 0
+        self._backward_calls = self._backward_scaled = 0
+        if self.data["lr"] is None and optimizer is not None:
+            try:
+                self.data["lr"] = float(optimizer.param_groups[0]["lr"])
+            except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+                pass  # an LR held as a tensor schedule or no groups: not needed for the check
         if self._step == 1:
             self._rng_step1 = rng_digests()
         if self._step == 2:
@@ -113,6 +140,20 @@ class RankFacts:
             self.data["rng"] = {name: value for name, value in now.items() if self._rng_step1.get(name) != value}
         if self._step in WRITE_AT_STEPS:
             self.write()
+
+
+_SCALING = ("DivBackward", "MulBackward")
+
+
+def scaled_root(fn: Any) -> bool:
+    """A loss graph whose root divides or multiplies, or sums terms that each do (``a / k + b / k``)."""
+    name = type(fn).__name__
+    if name.startswith(_SCALING):
+        return True
+    if name.startswith(("AddBackward", "SubBackward")):
+        kids = [f for f, _ in getattr(fn, "next_functions", ()) if f is not None]
+        return bool(kids) and all(type(f).__name__.startswith(_SCALING) for f in kids)
+    return False
 
 
 def _caller_site() -> str:
@@ -149,6 +190,17 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
 
         sampler_iter._scalpel_facts = True  # type: ignore[attr-defined]
         sampler_cls.__iter__ = sampler_iter  # type: ignore[method-assign]
+    import torch.autograd
+
+    if not getattr(torch.autograd.backward, "_scalpel_facts", False):
+        backward = torch.autograd.backward  # Tensor.backward calls this module attribute
+
+        def autograd_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            facts.on_backward(tensors)
+            return backward(tensors, *args, **kwargs)
+
+        autograd_backward._scalpel_facts = True  # type: ignore[attr-defined]
+        torch.autograd.backward = autograd_backward  # type: ignore[assignment]
     register_optimizer_step_post_hook(facts.on_step)
     atexit.register(facts.write)
     facts.write()
