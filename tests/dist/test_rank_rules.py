@@ -125,3 +125,44 @@ def test_undivided_accumulated_loss_planted_and_clean(tmp_path):
     assert "graph root MseLossBackward0" in bad[0]["evidence"][0]
     clean = _doctor(tmp_path / "clean", "accum_undivided_clean.py")
     assert [f["rule"] for f in clean if f["rule"] in SLUGS] == []
+
+
+def test_batch_history_judgment(tmp_path):
+    from torchscalpel.distributed.rankrules import batch_entry, batch_findings, rank_findings
+
+    facts = {r: _facts(r, world=4, batch=8, lr=0.05, script="/s/train.py") for r in range(4)}
+    entry = batch_entry(facts)
+    info = batch_findings(entry, [])
+    assert [f["rule"] for f in info] == ["global-batch"]
+    assert info[0]["severity"] == "info" and info[0]["message"] == (
+        "global batch 32 = per-rank batch 8 x 4 ranks, optimizer lr 0.05")
+    old = {**entry, "world": 2}
+    warn = batch_findings(entry, [old])
+    assert warn[0]["rule"] == "batch-not-rescaled-for-world" and "from 16 to 32" in warn[0]["message"]
+    assert "per-rank batch to 4" in warn[0]["fix"]
+    assert [f["rule"] for f in batch_findings(entry, [{**old, "lr": 0.025}])] == ["global-batch"]  # lr followed
+    assert [f["rule"] for f in batch_findings(entry, [{**old, "batch": 16}])] == ["global-batch"]  # batch rescaled
+    assert [f["rule"] for f in batch_findings(entry, [{**old, "script": "/s/other.py"}])] == ["global-batch"]
+    # rank_findings keeps the history itself: a second judgment at another world warns
+    for r, data in facts.items():
+        (tmp_path / f"rank-{r}.facts.json").write_text(json.dumps({**data, "world": 2}) if r < 2 else "")
+    for r in (2, 3):
+        (tmp_path / f"rank-{r}.facts.json").unlink()
+    assert "batch-not-rescaled-for-world" not in [f["rule"] for f in rank_findings(tmp_path)]
+    for r in range(4):
+        (tmp_path / f"rank-{r}.facts.json").write_text(json.dumps(facts[r]))
+    assert "batch-not-rescaled-for-world" in [f["rule"] for f in rank_findings(tmp_path)]
+
+
+@pytest.mark.dist
+def test_relaunch_at_another_world_with_the_same_batch_and_lr_warns(tmp_path):
+    out = tmp_path / "launch"
+    rules = []
+    for nproc in ("1", "2"):
+        run_ranks("launch", "--nproc", nproc, "--doctor", "--steps", "6", "--out", str(out), "--",
+                  str(FIXTURES / "batch_world.py"), cwd=tmp_path, expect=[out / "launch.json"], timeout=280)
+        rules.append({f["rule"]: f for f in json.loads((out / "launch.json").read_text())["findings"]})
+    assert "batch-not-rescaled-for-world" not in rules[0]
+    assert rules[0]["global-batch"]["message"] == "global batch 8 = per-rank batch 8 x 1 ranks, optimizer lr 0.05"
+    assert rules[1]["batch-not-rescaled-for-world"]["message"].startswith(
+        "the world size changed from 1 to 2 ranks with the same per-rank batch 8 and the same lr 0.05")

@@ -120,6 +120,8 @@ class HangWatch:
     def start(self) -> None:
         """Run the watch in a daemon thread."""
         self.options.folder.mkdir(parents=True, exist_ok=True)
+        for stale in self.options.folder.glob("rank-*.facts.json"):
+            stale.unlink(missing_ok=True)  # an earlier launch's ranks (perhaps more of them) would be judged too
         self._thread = threading.Thread(target=self._loop, name="scalpel-hang-watch", daemon=True)
         self._thread.start()
 

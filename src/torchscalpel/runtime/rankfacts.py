@@ -54,7 +54,8 @@ class RankFacts:
     def __init__(self, folder: Path, rank: int, world: int, local_rank: int | None) -> None:
         self.path = folder / f"rank-{rank}.facts.json"
         self.data: dict[str, Any] = {"rank": rank, "world": world, "local_rank": local_rank, "samplers": [],
-                                     "ddp": [], "steps": [], "rng": None, "backward": [], "lr": None}
+                                     "ddp": [], "steps": [], "rng": None, "backward": [], "lr": None,
+                                     "batch": None}
         self._seen: set[int] = set()
         self._synced = 0
         self._unsynced = 0
@@ -87,12 +88,16 @@ class RankFacts:
         })
         self.write()
 
-    def on_ddp_forward(self, ddp: Any) -> None:
-        """A DDP forward: will its backward all-reduce?"""
+    def on_ddp_forward(self, ddp: Any, args: tuple = (), kwargs: dict | None = None) -> None:
+        """A DDP forward: will its backward all-reduce? Its first tensor's batch size (once)."""
         import torch
 
         if not torch.is_grad_enabled():
             return
+        if self.data["batch"] is None:
+            first = next((a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor) and a.dim()), None)
+            if first is not None:
+                self.data["batch"] = int(first.shape[0])
         if ddp.require_backward_grad_sync:
             self._synced += 1
         else:
@@ -133,6 +138,8 @@ class RankFacts:
                 pass  # an LR held as a tensor schedule or no groups: not needed for the check
         if self._step == 1:
             self._rng_step1 = rng_digests()
+            # By the first step the script runs as __main__ (argv[0] is it): the batch history's key.
+            self.data["script"] = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
         if self._step == 2:
             now = rng_digests()
             # Which generators the training step draws from: unchanged over a step means none is used per
@@ -175,7 +182,7 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
         forward = ddp_cls.forward
 
         def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            facts.on_ddp_forward(self)
+            facts.on_ddp_forward(self, args, kwargs)
             return forward(self, *args, **kwargs)
 
         ddp_forward._scalpel_facts = True  # type: ignore[attr-defined]
