@@ -166,3 +166,22 @@ def test_relaunch_at_another_world_with_the_same_batch_and_lr_warns(tmp_path):
     assert rules[0]["global-batch"]["message"] == "global batch 8 = per-rank batch 8 x 1 ranks, optimizer lr 0.05"
     assert rules[1]["batch-not-rescaled-for-world"]["message"].startswith(
         "the world size changed from 1 to 2 ranks with the same per-rank batch 8 and the same lr 0.05")
+
+
+def test_before_init_judgment():
+    from torchscalpel.distributed.rankrules import before_init_findings
+
+    call = {"call": "get_rank", "site": "t.py:5"}
+    found = before_init_findings({0: _facts(0, before_init=[call]), 1: _facts(1, before_init=[call])})
+    assert found[0]["rule"] == "process-group-before-init" and found[0]["ranks"] == [0, 1]
+    assert found[0]["message"] == "dist.get_rank() at t.py:5 runs before init_process_group on rank 0: there is no process group yet"
+    assert before_init_findings({0: _facts(0)}) == []
+
+
+@pytest.mark.dist
+def test_process_group_before_init_planted_and_clean(tmp_path):
+    bad = [f for f in _doctor(tmp_path / "bad", "pg_before_init_bad.py") if f["rule"] == "process-group-before-init"]
+    assert len(bad) == 1 and bad[0]["ranks"] == [0, 1], bad
+    assert bad[0]["evidence"][0].endswith("pg_before_init_bad.py:5 before init_process_group")
+    clean = _doctor(tmp_path / "clean", "pg_before_init_clean.py")
+    assert [f["rule"] for f in clean if f["rule"] in SLUGS] == []

@@ -17,7 +17,9 @@ the doctor's format (:class:`~torchscalpel.doctor.finding.Finding`) and go first
 - ``global-batch`` (info): per-rank batch x world = the global batch, with the optimizer's lr; and
   ``batch-not-rescaled-for-world`` (warning) when an earlier launch into the same folder ran the
   same script at another world size with the same per-rank batch and the same lr (the global batch
-  changed, the lr did not). ``OUT/watch/batch-history.json`` keeps one line per launch for this.
+  changed, the lr did not). ``OUT/watch/batch-history.json`` keeps one line per launch for this;
+- ``process-group-before-init``: the user's script called ``dist.get_rank()``/``barrier()``/... before
+  ``init_process_group`` (torch raises "Default process group has not been initialized").
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from torchscalpel.units import fmt_bytes
 
 SLUGS = ("distributed-sampler-wrong-world", "ddp-accumulation-without-no-sync", "identical-random-streams",
          "ddp-device-ids-not-local-rank", "accumulated-loss-not-divided",
-         "batch-not-rescaled-for-world")
+         "batch-not-rescaled-for-world", "process-group-before-init")
 INFO_SLUGS = ("global-batch",)
 HISTORY = "batch-history.json"
 
@@ -160,6 +162,21 @@ def loss_scale_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]
     return [_finding(SLUGS[4], Severity.WARNING, message, evidence, fix, [r for r, _, _, _ in hits])]
 
 
+def before_init_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Process-group calls the user's code made before ``init_process_group``."""
+    hits = [(r, c) for r, d in sorted(facts.items()) for c in d.get("before_init", [])]
+    if not hits:
+        return []
+    rank, call = hits[0]
+    return [_finding(SLUGS[6], Severity.ERROR,
+                     f"dist.{call['call']}() at {call['site']} runs before init_process_group on rank {rank}: "
+                     f"there is no process group yet",
+                     [f"rank {r}: dist.{c['call']}() at {c['site']} before init_process_group" for r, c in hits],
+                     "Call dist.init_process_group(backend) first (then torch.cuda.set_device(local_rank) on GPUs); "
+                     "before it, read the rank from os.environ['RANK'] / ['LOCAL_RANK'].",
+                     sorted({r for r, _ in hits}))]
+
+
 def batch_entry(facts: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """This launch's script, world, per-rank batch and lr (rank 0's view); None without a DDP forward."""
     data = facts.get(0) or facts[min(facts)]
@@ -222,5 +239,5 @@ def rank_findings(folder: Path) -> list[dict[str, Any]]:
     entry = batch_entry(facts)
     batch = batch_findings(entry, _history(folder))
     record_launch(folder, entry)
-    return [*sampler_findings(facts), *device_id_findings(facts), *no_sync_findings(facts),
+    return [*before_init_findings(facts), *sampler_findings(facts), *device_id_findings(facts), *no_sync_findings(facts),
             *loss_scale_findings(facts), *rng_findings(facts), *batch]

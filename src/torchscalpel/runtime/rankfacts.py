@@ -12,6 +12,10 @@ check can never add a collective or wait on one.
 - every ``torch.autograd.backward`` (``loss.backward()`` too): whether the root of the graph is a
   division or multiplication (``loss / accum_steps``, ``scaler.scale(loss)``), counted per optimizer
   step, and whether the step took a closure (LBFGS re-evaluates the loss; not accumulation);
+- a process-group call (``get_rank``, ``barrier``, ``all_reduce``, ...) made directly by the user's
+  code before ``init_process_group``: its function and file:line (library code that probes the
+  group inside its own ``try`` is not recorded);
+- the first DDP forward's batch size, the optimizer's lr and the script (for the global batch);
 - after the second optimizer step: digests of the torch CPU, Python and NumPy generator states that
   changed over that step (the generators the training step draws from).
 
@@ -55,7 +59,7 @@ class RankFacts:
         self.path = folder / f"rank-{rank}.facts.json"
         self.data: dict[str, Any] = {"rank": rank, "world": world, "local_rank": local_rank, "samplers": [],
                                      "ddp": [], "steps": [], "rng": None, "backward": [], "lr": None,
-                                     "batch": None}
+                                     "batch": None, "before_init": []}
         self._seen: set[int] = set()
         self._synced = 0
         self._unsynced = 0
@@ -150,6 +154,14 @@ class RankFacts:
 
 
 _SCALING = ("DivBackward", "MulBackward")
+GROUP_CALLS = ("get_rank", "get_world_size", "barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
+               "all_gather_into_tensor", "reduce_scatter_tensor", "new_group", "get_backend")
+
+
+def _user_frame(frame: Any) -> bool:
+    """The call comes straight from the user's script (not a library, not torch)."""
+    name = frame.f_code.co_filename if frame is not None else ""
+    return bool(name) and "site-packages" not in name and "/lib/python" not in name and "/torchscalpel/" not in name
 
 
 def scaled_root(fn: Any) -> bool:
@@ -167,6 +179,34 @@ def _caller_site() -> str:
     from torchscalpel.runtime.collectives import user_site
 
     return user_site(sys._getframe(2))
+
+
+def _watch_group_calls(facts: RankFacts) -> None:
+    """Record a user's process-group call made before ``init_process_group`` (then torch raises as usual)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    for name in GROUP_CALLS:
+        original = getattr(dist, name, None)
+        if original is None or getattr(original, "_scalpel_facts", False):
+            continue
+
+        def wrapper(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            if not dist.is_initialized() and _user_frame(sys._getframe(1)) and len(facts.data["before_init"]) < 5:
+                facts.data["before_init"].append({"call": _name, "site": _caller_site_at(sys._getframe(1))})
+                facts.write()
+            return _original(*args, **kwargs)
+
+        wrapper._scalpel_facts = True  # type: ignore[attr-defined]
+        wrapper.__doc__, wrapper.__name__ = original.__doc__, original.__name__
+        setattr(dist, name, wrapper)
+
+
+def _caller_site_at(frame: Any) -> str:
+    from torchscalpel.runtime.collectives import user_site
+
+    return user_site(frame)
 
 
 def install(folder: Path, rank: int, world: int) -> RankFacts:
@@ -208,6 +248,7 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
 
         autograd_backward._scalpel_facts = True  # type: ignore[attr-defined]
         torch.autograd.backward = autograd_backward  # type: ignore[assignment]
+    _watch_group_calls(facts)
     register_optimizer_step_post_hook(facts.on_step)
     atexit.register(facts.write)
     facts.write()
