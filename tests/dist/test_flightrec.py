@@ -25,7 +25,7 @@ def test_request_answered_by_one_rank_and_not_the_other(tmp_path: Path):
 
     threading.Timer(0.2, rank0_answers).start()
     got = collect_dumps(watch, report, [0, 1], wait_s=2)
-    assert got[0] == str(report / "nccl-trace" / "rank-0.pickle") and Path(got[0]).read_bytes() == b"trace"
+    assert got[0] == str(report / "nccl-trace" / "nccl_trace_rank_0") and Path(got[0]).read_bytes() == b"trace"
     assert got[1].startswith("no dump within 2 s")
     assert list(watch.iterdir()) == []  # requests withdrawn, the dump moved next to hang.json
 

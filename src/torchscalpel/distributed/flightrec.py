@@ -56,7 +56,7 @@ def collect_dumps(folder: Path, report_dir: Path, ranks: Iterable[int], wait_s: 
         for rank in sorted(pending):
             src = folder / DUMP.format(rank=rank)
             if src.exists():
-                dest = report_dir / "nccl-trace" / f"rank-{rank}.pickle"
+                dest = report_dir / "nccl-trace" / f"nccl_trace_rank_{rank}"  # fr_trace reads <prefix>_<rank>
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 src.replace(dest)
                 out[rank] = str(dest)
