@@ -18,7 +18,7 @@ the doctor's format (:class:`~torchscalpel.doctor.finding.Finding`) and go first
   ``batch-not-rescaled-for-world`` (warning) when an earlier launch into the same folder ran the
   same script at another world size with the same per-rank batch and the same lr (the global batch
   changed, the lr did not). ``OUT/watch/batch-history.json`` keeps one line per launch for this;
-- ``process-group-before-init``: the user's script called ``dist.get_rank()``/``barrier()``/... before
+- ``process-group-before-init``: the user's script called ``dist.get_rank()``/``get_world_size()``/... before
   ``init_process_group`` (torch raises "Default process group has not been initialized").
 """
 

@@ -12,7 +12,8 @@ check can never add a collective or wait on one.
 - every ``torch.autograd.backward`` (``loss.backward()`` too): whether the root of the graph is a
   division or multiplication (``loss / accum_steps``, ``scaler.scale(loss)``), counted per optimizer
   step, and whether the step took a closure (LBFGS re-evaluates the loss; not accumulation);
-- a process-group call (``get_rank``, ``barrier``, ``all_reduce``, ...) made directly by the user's
+- a process-group call (``get_rank``, ``get_world_size``, ``new_group``, ...; collectives the log
+  already wraps are left to torch's own error) made directly by the user's
   code before ``init_process_group``: its function and file:line (library code that probes the
   group inside its own ``try`` is not recorded);
 - the first DDP forward's batch size, the optimizer's lr and the script (for the global batch);
@@ -189,8 +190,8 @@ def _watch_group_calls(facts: RankFacts) -> None:
         return
     for name in GROUP_CALLS:
         original = getattr(dist, name, None)
-        if original is None or getattr(original, "_scalpel_facts", False):
-            continue
+        if original is None or getattr(original, "_scalpel_facts", False) or getattr(original, "_scalpel_op", None):
+            continue  # collectives the log wraps stay single-wrapped (its __wrapped__ and per-call cost unchanged)
 
         def wrapper(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
             if not dist.is_initialized() and _user_frame(sys._getframe(1)) and len(facts.data["before_init"]) < 5:
