@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 from helpers import REPO, run_ranks
 
-from torchscalpel.distributed.rankrules import SLUGS, device_id_findings, no_sync_findings, rng_findings, sampler_findings
+from torchscalpel.distributed.rankrules import (
+    SLUGS,
+    device_id_findings,
+    loss_scale_findings,
+    no_sync_findings,
+    rng_findings,
+    sampler_findings,
+)
 
 FIXTURES = REPO / "tests" / "fixtures" / "dist"
 
@@ -48,6 +55,7 @@ def test_judgments_on_recorded_facts():
 
 
 def _doctor(tmp_path: Path, fixture: str) -> list[dict]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "launch"
     proc = run_ranks("launch", "--nproc", "2", "--doctor", "--steps", "6", "--out", str(out), "--",
                      str(FIXTURES / fixture), cwd=tmp_path, expect=[out / "launch.json"], timeout=280)
@@ -84,3 +92,96 @@ def test_static_device_ids_rule_positive_and_clean():
     ]
     clean = FIXTURES / "ddp_device_ids_clean.py"
     assert [f for f in analyze_source(clean.read_text(), str(clean)) if f.rule == "ddp-device-ids-not-local-rank"] == []
+
+
+def test_undivided_accumulated_loss_judgment():
+    ddp = [{"device_ids": None, "grad_bytes": 4, "site": "t.py:5"}]
+    raw = [[4, 0, False, "MseLossBackward0"]] * 5
+    found = loss_scale_findings({0: _facts(0, ddp=ddp, backward=raw, lr=0.01)})
+    assert found[0]["rule"] == "accumulated-loss-not-divided" and found[0]["message"].startswith(
+        "the loss is not divided by the accumulation steps: 4 backward passes per optimizer step")
+    assert found[0]["evidence"][-1].endswith("the optimizer's lr is 0.01")
+    assert loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[4, 4, False, "DivBackward0"]] * 5)}) == []
+    assert loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[1, 0, False, "MeanBackward0"]] * 5)}) == []
+    assert loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[20, 0, True, "MeanBackward0"]] * 5)}) == []  # LBFGS
+    assert loss_scale_findings({0: _facts(0, backward=raw)}) == []  # no DDP
+
+
+def test_scaled_root_sees_division_mul_and_sums_of_divided_terms():
+    import torch
+
+    from torchscalpel.runtime.rankfacts import scaled_root
+
+    w = torch.ones(3, requires_grad=True)
+    assert scaled_root((w.sum() / 4).grad_fn) and scaled_root((w.sum() * 0.25).grad_fn)
+    assert scaled_root((w.sum() / 4 + w.mean() / 4).grad_fn)
+    assert not scaled_root(w.pow(2).mean().grad_fn) and not scaled_root((w.sum() + w.mean() / 4).grad_fn)
+
+
+@pytest.mark.dist
+def test_undivided_accumulated_loss_planted_and_clean(tmp_path):
+    bad = [f for f in _doctor(tmp_path / "bad", "accum_undivided_bad.py") if f["rule"] == "accumulated-loss-not-divided"]
+    assert len(bad) == 1 and bad[0]["ranks"] == [0, 1], bad
+    assert "graph root MseLossBackward0" in bad[0]["evidence"][0]
+    clean = _doctor(tmp_path / "clean", "accum_undivided_clean.py")
+    assert [f["rule"] for f in clean if f["rule"] in SLUGS] == []
+
+
+def test_batch_history_judgment(tmp_path):
+    from torchscalpel.distributed.rankrules import batch_entry, batch_findings, rank_findings
+
+    facts = {r: _facts(r, world=4, batch=8, lr=0.05, script="/s/train.py") for r in range(4)}
+    entry = batch_entry(facts)
+    info = batch_findings(entry, [])
+    assert [f["rule"] for f in info] == ["global-batch"]
+    assert info[0]["severity"] == "info" and info[0]["message"] == (
+        "global batch 32 = per-rank batch 8 x 4 ranks, optimizer lr 0.05")
+    old = {**entry, "world": 2}
+    warn = batch_findings(entry, [old])
+    assert warn[0]["rule"] == "batch-not-rescaled-for-world" and "from 16 to 32" in warn[0]["message"]
+    assert "per-rank batch to 4" in warn[0]["fix"]
+    assert [f["rule"] for f in batch_findings(entry, [{**old, "lr": 0.025}])] == ["global-batch"]  # lr followed
+    assert [f["rule"] for f in batch_findings(entry, [{**old, "batch": 16}])] == ["global-batch"]  # batch rescaled
+    assert [f["rule"] for f in batch_findings(entry, [{**old, "script": "/s/other.py"}])] == ["global-batch"]
+    # rank_findings keeps the history itself: a second judgment at another world warns
+    for r, data in facts.items():
+        (tmp_path / f"rank-{r}.facts.json").write_text(json.dumps({**data, "world": 2}) if r < 2 else "")
+    for r in (2, 3):
+        (tmp_path / f"rank-{r}.facts.json").unlink()
+    assert "batch-not-rescaled-for-world" not in [f["rule"] for f in rank_findings(tmp_path)]
+    for r in range(4):
+        (tmp_path / f"rank-{r}.facts.json").write_text(json.dumps(facts[r]))
+    assert "batch-not-rescaled-for-world" in [f["rule"] for f in rank_findings(tmp_path)]
+
+
+@pytest.mark.dist
+def test_relaunch_at_another_world_with_the_same_batch_and_lr_warns(tmp_path):
+    out = tmp_path / "launch"
+    rules = []
+    for nproc in ("1", "2"):
+        run_ranks("launch", "--nproc", nproc, "--doctor", "--steps", "6", "--out", str(out), "--",
+                  str(FIXTURES / "batch_world.py"), cwd=tmp_path, expect=[out / "launch.json"], timeout=280)
+        rules.append({f["rule"]: f for f in json.loads((out / "launch.json").read_text())["findings"]})
+    assert "batch-not-rescaled-for-world" not in rules[0]
+    assert rules[0]["global-batch"]["message"] == "global batch 8 = per-rank batch 8 x 1 ranks, optimizer lr 0.05"
+    assert rules[1]["batch-not-rescaled-for-world"]["message"].startswith(
+        "the world size changed from 1 to 2 ranks with the same per-rank batch 8 and the same lr 0.05")
+
+
+def test_before_init_judgment():
+    from torchscalpel.distributed.rankrules import before_init_findings
+
+    call = {"call": "get_rank", "site": "t.py:5"}
+    found = before_init_findings({0: _facts(0, before_init=[call]), 1: _facts(1, before_init=[call])})
+    assert found[0]["rule"] == "process-group-before-init" and found[0]["ranks"] == [0, 1]
+    assert found[0]["message"] == "dist.get_rank() at t.py:5 runs before init_process_group on rank 0: there is no process group yet"
+    assert before_init_findings({0: _facts(0)}) == []
+
+
+@pytest.mark.dist
+def test_process_group_before_init_planted_and_clean(tmp_path):
+    bad = [f for f in _doctor(tmp_path / "bad", "pg_before_init_bad.py") if f["rule"] == "process-group-before-init"]
+    assert len(bad) == 1 and bad[0]["ranks"] == [0, 1], bad
+    assert bad[0]["evidence"][0].endswith("pg_before_init_bad.py:5 before init_process_group")
+    clean = _doctor(tmp_path / "clean", "pg_before_init_clean.py")
+    assert [f["rule"] for f in clean if f["rule"] in SLUGS] == []

@@ -60,6 +60,8 @@ class WatchOptions:
     """Seconds without progress before a hang is declared; None: derived from the step time."""
     check: bool = False
     """Compare the ranks' collectives while the job runs (``--check-collectives``)."""
+    nccl_trace: bool = False
+    """On a hang, ask each rank for its NCCL flight recorder first (CUDA launches; see ``flightrec``)."""
 
 
 def exit_status(pid: int) -> str | None:
@@ -120,6 +122,8 @@ class HangWatch:
     def start(self) -> None:
         """Run the watch in a daemon thread."""
         self.options.folder.mkdir(parents=True, exist_ok=True)
+        for stale in self.options.folder.glob("rank-*.facts.json"):
+            stale.unlink(missing_ok=True)  # an earlier launch's ranks (perhaps more of them) would be judged too
         self._thread = threading.Thread(target=self._loop, name="scalpel-hang-watch", daemon=True)
         self._thread.start()
 
@@ -295,6 +299,13 @@ class HangWatch:
                      "detected_after_s": round(time.time() - last, 2)})
         if self.mismatch and not diag.get("mismatch"):
             diag["mismatch"] = self.mismatch
+        if self.options.nccl_trace:  # before the kill: the dumper threads live in the ranks
+            from torchscalpel.distributed.flightrec import collect_dumps, request_dumps
+
+            alive = [r for r in sorted(logs) if r not in dead]
+            request_dumps(self.options.folder, alive)
+            diag["nccl_trace"] = {str(r): p for r, p in collect_dumps(self.options.folder, self.options.report_dir,
+                                                                       alive).items()}
         for log in logs.values():
             kill_rank(log.pid)
         diag["torn_down_after_s"] = round(time.time() - last, 2)

@@ -139,7 +139,17 @@ def watch_options(args: argparse.Namespace, out_dir: Path) -> WatchOptions | Non
     local = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else 1
     timeout = None if args.hang_timeout is None else float(args.hang_timeout) or float("inf")
     return WatchOptions(folder=out_dir / "watch", report_dir=out_dir, local_ranks=local, hang_timeout=timeout,
-                        check=bool(args.check_collectives))
+                        check=bool(args.check_collectives), nccl_trace=_cuda())
+
+
+def _cuda() -> bool:
+    """Whether the ranks will see a GPU (the NCCL flight recorder only exists there)."""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken torch is reported by the ranks, not here
+        return False
 
 
 def wrap_plain(args: argparse.Namespace) -> None:
@@ -267,6 +277,9 @@ def launch(args: argparse.Namespace, *, out_dir: Path, watch: WatchOptions | Non
     watcher = None
     if watch is not None:
         os.environ[COLLECTIVE_ENV] = str(watch.folder)
+        from torchscalpel.distributed.flightrec import trace_env
+
+        os.environ.update(trace_env(os.environ, watch.folder, watch.nccl_trace))
         watcher = HangWatch(watch)
         watcher.start()
     try:

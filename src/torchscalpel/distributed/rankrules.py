@@ -10,7 +10,16 @@ the doctor's format (:class:`~torchscalpel.doctor.finding.Finding`) and go first
   all-reduce (gradient accumulation without ``no_sync()``), with the bytes sent for nothing;
 - ``identical-random-streams``: every rank's generators that a training step draws from in the same
   state after step 2 (the same dropout masks and augmentations on every rank);
-- ``ddp-device-ids-not-local-rank``: ``device_ids`` that are not ``[LOCAL_RANK]``.
+- ``ddp-device-ids-not-local-rank``: ``device_ids`` that are not ``[LOCAL_RANK]``;
+- ``accumulated-loss-not-divided``: under DDP, several backward passes per optimizer step whose loss
+  graph ends in no division or multiplication (the summed gradient is k times the mean: k times the
+  learning rate); steps that took a closure (LBFGS) are not accumulation and are left out;
+- ``global-batch`` (info): per-rank batch x world = the global batch, with the optimizer's lr; and
+  ``batch-not-rescaled-for-world`` (warning) when an earlier launch into the same folder ran the
+  same script at another world size with the same per-rank batch and the same lr (the global batch
+  changed, the lr did not). ``OUT/watch/batch-history.json`` keeps one line per launch for this;
+- ``process-group-before-init``: the user's script called ``dist.get_rank()``/``get_world_size()``/... before
+  ``init_process_group`` (torch raises "Default process group has not been initialized").
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.units import fmt_bytes
 
 SLUGS = ("distributed-sampler-wrong-world", "ddp-accumulation-without-no-sync", "identical-random-streams",
-         "ddp-device-ids-not-local-rank")
+         "ddp-device-ids-not-local-rank", "accumulated-loss-not-divided",
+         "batch-not-rescaled-for-world", "process-group-before-init")
+INFO_SLUGS = ("global-batch",)
+HISTORY = "batch-history.json"
 
 
 def load_facts(folder: Path) -> dict[int, dict[str, Any]]:
@@ -125,9 +137,107 @@ def device_id_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]
                      "DDP(model, device_ids=[local_rank])", sorted({r for r, _, _ in bad}))]
 
 
+def loss_scale_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Accumulation (k > 1 backward passes per DDP optimizer step) on a loss that was never divided."""
+    hits = []
+    for rank, data in sorted(facts.items()):
+        rows = [b for b in data.get("backward", []) if not b[2]]  # closure steps re-evaluate, not accumulate
+        rows = rows[1:] or rows  # the first step may hold a warm-up or eval backward
+        if not data.get("ddp") or not rows:
+            continue
+        k = statistics.median(r[0] for r in rows)
+        if k > 1 and all(r[1] == 0 for r in rows):
+            hits.append((rank, k, rows[-1][3], data.get("lr")))
+    if not hits:
+        return []
+    _, k, _, lr = hits[0]
+    lr_text = f"; the optimizer's lr is {lr:g}" if lr is not None else ""
+    message = (f"the loss is not divided by the accumulation steps: {k:g} backward passes per optimizer step "
+               f"under DDP on a loss that is never scaled, so each step applies {k:g}x the mean gradient")
+    evidence = [f"rank {r}: median {n:g} backward passes per optimizer step, none through a division or "
+                f"multiplication (graph root {rt})" for r, n, rt, _ in hits]
+    evidence.append(f"a loss with reduction='sum' or an lr already divided by {k:g} is deliberate: then ignore "
+                    f"this{lr_text}")
+    fix = "loss = loss_fn(model(x), y) / accum_steps\nloss.backward()"
+    return [_finding(SLUGS[4], Severity.WARNING, message, evidence, fix, [r for r, _, _, _ in hits])]
+
+
+def before_init_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Process-group calls the user's code made before ``init_process_group``."""
+    hits = [(r, c) for r, d in sorted(facts.items()) for c in d.get("before_init", [])]
+    if not hits:
+        return []
+    rank, call = hits[0]
+    return [_finding(SLUGS[6], Severity.ERROR,
+                     f"dist.{call['call']}() at {call['site']} runs before init_process_group on rank {rank}: "
+                     f"there is no process group yet",
+                     [f"rank {r}: dist.{c['call']}() at {c['site']} before init_process_group" for r, c in hits],
+                     "Call dist.init_process_group(backend) first (then torch.cuda.set_device(local_rank) on GPUs); "
+                     "before it, read the rank from os.environ['RANK'] / ['LOCAL_RANK'].",
+                     sorted({r for r, _ in hits}))]
+
+
+def batch_entry(facts: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """This launch's script, world, per-rank batch and lr (rank 0's view); None without a DDP forward."""
+    data = facts.get(0) or facts[min(facts)]
+    if data.get("batch") is None:
+        return None
+    return {"script": data.get("script"), "world": int(data["world"]), "batch": data["batch"], "lr": data.get("lr")}
+
+
+def batch_findings(entry: dict[str, Any] | None, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The global batch (info), and a warning when an earlier launch of the script changed only the world."""
+    if entry is None:
+        return []
+    lr = f"{entry['lr']:g}" if entry.get("lr") is not None else "unknown"
+    out = [_finding(INFO_SLUGS[0], Severity.INFO,
+                    f"global batch {entry['batch'] * entry['world']} = per-rank batch {entry['batch']} x "
+                    f"{entry['world']} ranks, optimizer lr {lr}", [f"script {entry['script']}"],
+                    "If the world size changes, scale the lr with the global batch (or keep the global batch).",
+                    list(range(entry["world"])))]
+    for old in reversed(history):
+        if (old.get("script") == entry["script"] and old.get("world") != entry["world"]
+                and old.get("batch") == entry["batch"] and old.get("lr") == entry["lr"]):
+            before, now = old["batch"] * old["world"], entry["batch"] * entry["world"]
+            out.insert(0, _finding(
+                SLUGS[5], Severity.WARNING,
+                f"the world size changed from {old['world']} to {entry['world']} ranks with the same per-rank "
+                f"batch {entry['batch']} and the same lr {lr}: the global batch went from {before} to {now} "
+                f"and the learning rate did not follow",
+                [f"earlier launch into this folder: world {old['world']}, per-rank batch {old['batch']}, lr {lr}",
+                 f"this launch: world {entry['world']}, per-rank batch {entry['batch']}, lr {lr}"],
+                f"Scale the lr by {now}/{before} (linear rule) or set the per-rank batch to "
+                f"{before // entry['world'] if before % entry['world'] == 0 else 'global/world'} to keep the global batch.",
+                list(range(entry["world"]))))
+            break
+    return out
+
+
+def _history(folder: Path) -> list[dict[str, Any]]:
+    try:
+        rows = json.loads((folder / HISTORY).read_text())
+    except (OSError, ValueError):
+        return []
+    return rows if isinstance(rows, list) else []
+
+
+def record_launch(folder: Path, entry: dict[str, Any] | None) -> None:
+    """Append this launch to ``batch-history.json`` (the last 20 kept)."""
+    if entry is None:
+        return
+    try:
+        (folder / HISTORY).write_text(json.dumps([*_history(folder), entry][-20:]) + "\n")
+    except OSError:
+        pass  # a read-only folder: the next launch just has no history
+
+
 def rank_findings(folder: Path) -> list[dict[str, Any]]:
-    """Every cross-rank check over the facts in ``folder``."""
+    """Every cross-rank check over the facts in ``folder`` (and this launch recorded in its batch history)."""
     facts = load_facts(folder)
     if not facts:
         return []
-    return [*sampler_findings(facts), *device_id_findings(facts), *no_sync_findings(facts), *rng_findings(facts)]
+    entry = batch_entry(facts)
+    batch = batch_findings(entry, _history(folder))
+    record_launch(folder, entry)
+    return [*before_init_findings(facts), *sampler_findings(facts), *device_id_findings(facts), *no_sync_findings(facts),
+            *loss_scale_findings(facts), *rng_findings(facts), *batch]

@@ -331,6 +331,7 @@ def install(folder: Path, rank: int, world: int, restart: int = 0) -> Collective
     from torchscalpel.runtime import rankfacts
 
     _INSTALLED.append(rankfacts.install(folder, rank, world))
+    start_flight_dumper(folder, rank)
     stacks = open(folder / f"rank-{rank}.stacks.txt", "w")  # noqa: SIM115 - kept open for the signal handler
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
     _INSTALLED.extend([recorder, stacks])
@@ -338,6 +339,35 @@ def install(folder: Path, rank: int, world: int, restart: int = 0) -> Collective
 
     atexit.register(recorder.mark_finished)
     return recorder
+
+
+def start_flight_dumper(folder: Path, rank: int, poll_s: float = 0.5) -> threading.Thread | None:
+    """On CUDA with the NCCL flight recorder: a thread that answers the launcher's dump request.
+
+    A thread, not a signal handler: a rank stuck in an NCCL wait does not return to the interpreter's
+    main loop, but the wait releases the GIL. None (nothing started) on CPU builds."""
+    import torch
+
+    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None) if hasattr(torch._C, "_distributed_c10d") else None
+    if dump is None or not torch.cuda.is_available():
+        return None
+    request, target = folder / f"rank-{rank}.nccl-request", folder / f"rank-{rank}.nccl-trace.pickle"
+
+    def loop() -> None:
+        while True:
+            time.sleep(poll_s)
+            if request.exists() and not target.exists():
+                try:
+                    data = dump()
+                except Exception as exc:  # the recorder is off or the group gone: say so in the file
+                    data = repr(exc).encode()
+                tmp = target.with_suffix(".tmp")
+                tmp.write_bytes(data)
+                tmp.replace(target)
+
+    thread = threading.Thread(target=loop, name="scalpel-nccl-dumper", daemon=True)
+    thread.start()
+    return thread
 
 
 def mark_finished() -> None:

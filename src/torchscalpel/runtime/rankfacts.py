@@ -9,6 +9,14 @@ check can never add a collective or wait on one.
 - every DDP forward with autograd on: whether it will all-reduce (``require_backward_grad_sync``,
   False inside ``no_sync()``), counted per optimizer step; the DDP's ``device_ids``, ``LOCAL_RANK``
   and gradient bytes;
+- every ``torch.autograd.backward`` (``loss.backward()`` too): whether the root of the graph is a
+  division or multiplication (``loss / accum_steps``, ``scaler.scale(loss)``), counted per optimizer
+  step, and whether the step took a closure (LBFGS re-evaluates the loss; not accumulation);
+- a process-group call (``get_rank``, ``get_world_size``, ``new_group``, ...; collectives the log
+  already wraps are left to torch's own error) made directly by the user's
+  code before ``init_process_group``: its function and file:line (library code that probes the
+  group inside its own ``try`` is not recorded);
+- the first DDP forward's batch size, the optimizer's lr and the script (for the global batch);
 - after the second optimizer step: digests of the torch CPU, Python and NumPy generator states that
   changed over that step (the generators the training step draws from).
 
@@ -51,12 +59,16 @@ class RankFacts:
     def __init__(self, folder: Path, rank: int, world: int, local_rank: int | None) -> None:
         self.path = folder / f"rank-{rank}.facts.json"
         self.data: dict[str, Any] = {"rank": rank, "world": world, "local_rank": local_rank, "samplers": [],
-                                     "ddp": [], "steps": [], "rng": None}
+                                     "ddp": [], "steps": [], "rng": None, "backward": [], "lr": None,
+                                     "batch": None, "before_init": []}
         self._seen: set[int] = set()
         self._synced = 0
         self._unsynced = 0
         self._step = 0
         self._rng_step1: dict[str, int] = {}
+        self._backward_calls = 0
+        self._backward_scaled = 0
+        self._backward_root = ""
 
     def write(self) -> None:
         """Rewrite ``rank-R.facts.json`` (atomic: the launcher never reads half a file)."""
@@ -81,12 +93,16 @@ class RankFacts:
         })
         self.write()
 
-    def on_ddp_forward(self, ddp: Any) -> None:
-        """A DDP forward: will its backward all-reduce?"""
+    def on_ddp_forward(self, ddp: Any, args: tuple = (), kwargs: dict | None = None) -> None:
+        """A DDP forward: will its backward all-reduce? Its first tensor's batch size (once)."""
         import torch
 
         if not torch.is_grad_enabled():
             return
+        if self.data["batch"] is None:
+            first = next((a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor) and a.dim()), None)
+            if first is not None:
+                self.data["batch"] = int(first.shape[0])
         if ddp.require_backward_grad_sync:
             self._synced += 1
         else:
@@ -98,14 +114,37 @@ class RankFacts:
                                      "grad_bytes": grad_bytes, "site": _caller_site()})
             self.write()
 
-    def on_step(self, *_: Any) -> None:
+    def on_backward(self, tensors: Any) -> None:
+        """A backward pass: is its root a scaling (``/ k``, ``* s``)?"""
+        root = tensors[0] if isinstance(tensors, (list, tuple)) and tensors else tensors
+        fn = getattr(root, "grad_fn", None)
+        if fn is None:
+            return
+        self._backward_calls += 1
+        self._backward_root = type(fn).__name__
+        if scaled_root(fn):
+            self._backward_scaled += 1
+
+    def on_step(self, optimizer: Any = None, args: Any = (), kwargs: Any = None) -> None:
         """Optimizer step: close this step's sync counts; digest the generators after step 2."""
         self._step += 1
+        # The hook gets step()'s own arguments, the optimizer first: step(closure) means LBFGS-style
+        # re-evaluation, where several backward passes per step are not accumulation.
+        closure = any(a is not None for a in tuple(args)[1:]) or bool(kwargs and kwargs.get("closure") is not None)
         if len(self.data["steps"]) < MAX_STEPS_KEPT:
             self.data["steps"].append([self._synced, self._unsynced])
+            self.data["backward"].append([self._backward_calls, self._backward_scaled, closure, self._backward_root])
         self._synced = self._unsynced = 0
+        self._backward_calls = self._backward_scaled = 0
+        if self.data["lr"] is None and optimizer is not None:
+            try:
+                self.data["lr"] = float(optimizer.param_groups[0]["lr"])
+            except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+                pass  # an LR held as a tensor schedule or no groups: not needed for the check
         if self._step == 1:
             self._rng_step1 = rng_digests()
+            # By the first step the script runs as __main__ (argv[0] is it): the batch history's key.
+            self.data["script"] = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
         if self._step == 2:
             now = rng_digests()
             # Which generators the training step draws from: unchanged over a step means none is used per
@@ -115,10 +154,60 @@ class RankFacts:
             self.write()
 
 
+_SCALING = ("DivBackward", "MulBackward")
+GROUP_CALLS = ("get_rank", "get_world_size", "barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
+               "all_gather_into_tensor", "reduce_scatter_tensor", "new_group", "get_backend")
+
+
+def _user_frame(frame: Any) -> bool:
+    """The call comes straight from the user's script (not a library, not torch)."""
+    name = frame.f_code.co_filename if frame is not None else ""
+    return bool(name) and "site-packages" not in name and "/lib/python" not in name and "/torchscalpel/" not in name
+
+
+def scaled_root(fn: Any) -> bool:
+    """A loss graph whose root divides or multiplies, or sums terms that each do (``a / k + b / k``)."""
+    name = type(fn).__name__
+    if name.startswith(_SCALING):
+        return True
+    if name.startswith(("AddBackward", "SubBackward")):
+        kids = [f for f, _ in getattr(fn, "next_functions", ()) if f is not None]
+        return bool(kids) and all(type(f).__name__.startswith(_SCALING) for f in kids)
+    return False
+
+
 def _caller_site() -> str:
     from torchscalpel.runtime.collectives import user_site
 
     return user_site(sys._getframe(2))
+
+
+def _watch_group_calls(facts: RankFacts) -> None:
+    """Record a user's process-group call made before ``init_process_group`` (then torch raises as usual)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    for name in GROUP_CALLS:
+        original = getattr(dist, name, None)
+        if original is None or getattr(original, "_scalpel_facts", False) or getattr(original, "_scalpel_op", None):
+            continue  # collectives the log wraps stay single-wrapped (its __wrapped__ and per-call cost unchanged)
+
+        def wrapper(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            if not dist.is_initialized() and _user_frame(sys._getframe(1)) and len(facts.data["before_init"]) < 5:
+                facts.data["before_init"].append({"call": _name, "site": _caller_site_at(sys._getframe(1))})
+                facts.write()
+            return _original(*args, **kwargs)
+
+        wrapper._scalpel_facts = True  # type: ignore[attr-defined]
+        wrapper.__doc__, wrapper.__name__ = original.__doc__, original.__name__
+        setattr(dist, name, wrapper)
+
+
+def _caller_site_at(frame: Any) -> str:
+    from torchscalpel.runtime.collectives import user_site
+
+    return user_site(frame)
 
 
 def install(folder: Path, rank: int, world: int) -> RankFacts:
@@ -134,7 +223,7 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
         forward = ddp_cls.forward
 
         def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            facts.on_ddp_forward(self)
+            facts.on_ddp_forward(self, args, kwargs)
             return forward(self, *args, **kwargs)
 
         ddp_forward._scalpel_facts = True  # type: ignore[attr-defined]
@@ -149,6 +238,18 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
 
         sampler_iter._scalpel_facts = True  # type: ignore[attr-defined]
         sampler_cls.__iter__ = sampler_iter  # type: ignore[method-assign]
+    import torch.autograd
+
+    if not getattr(torch.autograd.backward, "_scalpel_facts", False):
+        backward = torch.autograd.backward  # Tensor.backward calls this module attribute
+
+        def autograd_backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+            facts.on_backward(tensors)
+            return backward(tensors, *args, **kwargs)
+
+        autograd_backward._scalpel_facts = True  # type: ignore[attr-defined]
+        torch.autograd.backward = autograd_backward  # type: ignore[assignment]
+    _watch_group_calls(facts)
     register_optimizer_step_post_hook(facts.on_step)
     atexit.register(facts.write)
     facts.write()
