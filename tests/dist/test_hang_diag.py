@@ -244,3 +244,14 @@ def test_the_text_report_leaves_out_torchscalpels_own_frames():
     assert "/u/train.py:20 in <module>" in text and "distributed_c10d.py:3252" in text
     assert "collectives.py" not in text and "runpy" not in text
     assert len(diag["ranks"]["0"]["stack"]) == 4  # the JSON keeps them all
+
+
+def test_a_rank_killed_by_the_stack_request_is_the_diverging_one_whatever_order_the_deaths_were_seen() -> None:
+    from torchscalpel.distributed.hangdiag import diagnose
+
+    # rank 0 was stopped by torchrun (SIGTERM) right after rank 1 died of the stack request; the watch
+    # saw rank 0's death first, or judged it in a round of its own
+    dead = {0: "killed by SIGTERM while asked for its stack", 1: "killed by SIGUSR2 while asked for its stack"}
+    diag = diagnose({}, {}, dead, [0, 1])
+    assert diag["diverging_ranks"] == [1]
+    assert diag["ranks"]["0"]["where"] == "dead (killed by SIGTERM, after rank 1 died)"

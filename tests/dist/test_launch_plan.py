@@ -15,7 +15,7 @@ EXAMPLE = REPO / "examples" / "ddp_fsdp_transformer.py"
 def test_plan_warns_before_a_run_that_will_not_fit_and_the_run_still_happens(tmp_path):
     out = tmp_path / "run"
     logs = tmp_path / "logs"
-    proc = run_ranks("launch", "--nproc", "2", "--plan", "--plan-device-memory", "200MiB", "--out", str(out), "--",
+    proc = run_ranks("launch", "--nproc", "2", "--plan", "--plan-device-memory", "300MiB", "--out", str(out), "--",
                      str(EXAMPLE), "--steps", "2", "--workers", "0", "--strategy", "ddp", "--ckpt", str(tmp_path / "ckpt"),
                      "--log", str(logs), cwd=tmp_path, expect=[logs / "losses-rank1.jsonl"])
     text = proc.stdout + proc.stderr

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from torchscalpel.runtime.collectives import RankLog, signature
+from torchscalpel.runtime.collectives import STACK_SIGNAL, RankLog, signature
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
@@ -168,6 +169,13 @@ def _brief(entry: dict[str, Any]) -> dict[str, Any]:
 def diagnose(logs: dict[int, RankLog], stacks: dict[int, list[Frame]], dead: dict[int, str],
              ranks: list[int]) -> dict[str, Any]:
     """Each rank's state, the diverging ranks and a one-line summary (``rank 1 is in ...; ranks 0 are in ...``)."""
+    # A rank our stack signal killed died of the request; a rank killed otherwise (torchrun's SIGTERM)
+    # at about the same time was stopped after it, whichever death the watch's polling saw first
+    # (the stacks may also have been asked for in two rounds, each judging only its own ranks).
+    asked = [r for r in ranks if signal.Signals(STACK_SIGNAL).name in dead.get(r, "")]
+    if asked:
+        dead = {r: (why.replace(" while asked for its stack", f", after rank {asked[0]} died")
+                    if r not in asked else why) for r, why in dead.items()}
     states = {r: rank_state(logs.get(r), stacks.get(r, []), dead.get(r)) for r in ranks}
     groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for rank, st in states.items():

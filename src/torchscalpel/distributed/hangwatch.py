@@ -227,9 +227,14 @@ class HangWatch:
                 texts[rank] = fh.read().decode(errors="replace")
         dead = {}
         if died:
-            first_rank, (first_t, _) = min(died.items(), key=lambda kv: kv[1][0])
+            # the ranks our stack signal killed died of the request; the others were stopped after them
+            # (torchrun's SIGTERM). Only without that evidence does the order of death decide, which
+            # polling can misread when torchrun is fast.
+            by_request = [r for r, (_, status) in died.items() if signal.Signals(STACK_SIGNAL).name in status]
+            first_rank, (first_t, _) = min(((r, died[r]) for r in by_request) if by_request else died.items(),
+                                           key=lambda kv: kv[1][0])
             for rank, (t, status) in died.items():
-                late = t - first_t > 0.05 and rank != first_rank
+                late = (rank not in by_request) if by_request else (t - first_t > 0.05 and rank != first_rank)
                 dead[rank] = f"{status}, after rank {first_rank} died" if late else f"{status} while asked for its stack"
         return texts, dead
 
