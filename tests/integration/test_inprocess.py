@@ -97,3 +97,24 @@ def test_torchscalpel_doctor_is_the_same_callable_whatever_was_imported_first() 
     proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0 and proc.stdout.strip() == "InProcessRun", proc.stderr
+
+
+def test_a_doctor_block_leaves_no_wrapper_behind(tmp_path: Path) -> None:
+    # the doctor's rules and the runtime's observers wrap the same functions (clip_grad_norm_, the seed
+    # setters); whichever is undone first, each name must end as it was before the block
+    import random
+
+    import torchscalpel
+
+    before = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_, torch.manual_seed, random.seed)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchscalpel.doctor(steps=4, out=tmp_path / "doc", report=False, static=False):
+        torch.manual_seed(0)
+        for _ in range(10):
+            opt.zero_grad()
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+    after = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_, torch.manual_seed, random.seed)
+    assert after == before

@@ -132,7 +132,7 @@ def test_grad_norm_is_what_the_scripts_clipping_returned(tmp_path: Path) -> None
 
     import torchscalpel
 
-    original = torch.nn.utils.clip_grad_norm_
+    originals = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_)  # each as it was
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -148,6 +148,6 @@ def test_grad_norm_is_what_the_scripts_clipping_returned(tmp_path: Path) -> None
             optimizer.step()
     series = run.record.sections["steps_extra"]["grad_norm"]
     assert [series[str(s.index)] for s in run.record.steps] == returned[: len(run.record.steps)]
-    assert torch.nn.utils.clip_grad_norm_ is original and torch.nn.utils.clip_grad.clip_grad_norm_ is original
+    assert (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_) == originals
     grads = dict(step_scalars(run.record))
     assert grads[run.record.steps[-1].index]["train/grad_norm"] == returned[len(run.record.steps) - 1]

@@ -165,7 +165,7 @@ class ProvenanceObserver(Observer):
         self.seeds: list[dict[str, Any]] = []
         self.data: dict[str, Any] | None = None
         self.loaders: dict[int, dict[str, Any]] = {}
-        self._restore: list[tuple[Any, str, Any]] = []
+        self._restore: list[tuple[Any, str, Any, Any]] = []
         self._first: tuple[Any, Any] | None = None
 
     def on_start(self, session: Session) -> None:
@@ -196,7 +196,7 @@ class ProvenanceObserver(Observer):
             seeds.append({"source": label, "seed": value})
             return original(*args, **kwargs)
 
-        self._restore.append((owner, attr, original))
+        self._restore.append((owner, attr, original, seeded))
         setattr(owner, attr, seeded)
 
     def on_batch(self, batch: Any, loader: Any) -> None:
@@ -230,8 +230,9 @@ class ProvenanceObserver(Observer):
     def on_finish(self, record: RunRecord) -> None:
         """Undo the seed wrappers and write ``record.provenance``."""
         self._fingerprint()  # a run that ended inside its first step
-        for owner, attr, original in reversed(self._restore):
-            setattr(owner, attr, original)
+        for owner, attr, original, ours in reversed(self._restore):
+            if getattr(owner, attr, None) is ours:  # a set-up hook undone first already put back what it found
+                setattr(owner, attr, original)
         self._restore = []
         script = self.script if self.script is not None else module_file(self.module)
         record.provenance = collect(script, seeds=self.seeds, data=self.data, loaders=list(self.loaders.values()))

@@ -66,7 +66,7 @@ class GradNormObserver(Observer):
         self.grad_norm: dict[str, float] = {}
         self._pending: Any = None
         self._unread: list[tuple[str, Any]] = []
-        self._restore: list[tuple[Any, str, Any]] = []
+        self._restore: list[tuple[Any, str, Any, Any]] = []
 
     def on_start(self, session: Any) -> None:
         """Wrap ``clip_grad_norm_`` where scripts reach it (``torch.nn.utils`` and its ``clip_grad`` module)."""
@@ -80,7 +80,7 @@ class GradNormObserver(Observer):
                 continue
             if id(original) not in wrapped:
                 wrapped[id(original)] = self._wrap(original)
-            self._restore.append((owner, "clip_grad_norm_", original))
+            self._restore.append((owner, "clip_grad_norm_", original, wrapped[id(original)]))
             owner.clip_grad_norm_ = wrapped[id(original)]  # type: ignore[attr-defined]
 
     def _wrap(self, original: Any) -> Any:
@@ -113,8 +113,12 @@ class GradNormObserver(Observer):
         self._unread = []
 
     def on_finish(self, record: RunRecord) -> None:
-        for owner, attr, original in reversed(self._restore):
-            setattr(owner, attr, original)
+        for owner, attr, original, ours in reversed(self._restore):
+            # only where ours is still in place: a set-up hook undone before this (the doctor's rules
+            # wrap the same function) already put back what it found, and restoring our 'original'
+            # would reinstate its wrapper for good
+            if getattr(owner, attr, None) is ours:
+                setattr(owner, attr, original)
         self._restore = []
         self._read()
         if self.grad_norm:
