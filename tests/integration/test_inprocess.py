@@ -104,6 +104,8 @@ def test_a_doctor_block_leaves_no_wrapper_behind(tmp_path: Path) -> None:
     # setters); whichever is undone first, each name must end as it was before the block
     import random
 
+    import torch._dynamo
+
     import torchscalpel
 
     before = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_, torch.manual_seed, random.seed)
