@@ -1,6 +1,6 @@
 """What each rank is doing, written where the launcher can read it even when the rank hangs or dies.
 
-``scalpel launch`` runs every rank through :mod:`torchscalpel.cli.rank_entry`, which calls
+``scalpel launch`` runs every rank through its per-rank entry point (``scalpel`` under torchrun), which calls
 :func:`install_from_env` before the script starts. That:
 
 - wraps the ``torch.distributed`` collectives (``all_reduce``, ``barrier``, ...) so each call is
