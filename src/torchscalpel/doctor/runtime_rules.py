@@ -23,8 +23,7 @@ from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import guarded, internal_error
 from torchscalpel.doctor.rule import Rule
 from torchscalpel.runtime.observer import Observer, listeners_by_event
-
-Undo = Callable[[], None]
+from torchscalpel.runtime.patching import Undo
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,32 +77,6 @@ class RuntimeRule(Rule, Observer):
                 self.crashed = exc
 
         return call
-
-
-def patch_attr(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Undo:
-    """Replace ``owner.attr`` by ``make(original)``; the returned callable restores it."""
-    original = getattr(owner, attr)
-    wrapper = make(original)
-    try:
-        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    except AttributeError:
-        pass
-    setattr(owner, attr, wrapper)
-
-    def undo() -> None:
-        setattr(owner, attr, original)
-
-    return undo
-
-
-def undo_all(undos: Sequence[Undo]) -> Undo:
-    """One undo for several patches: restores them last-patched first."""
-
-    def undo() -> None:
-        for u in reversed(undos):
-            u()
-
-    return undo
 
 
 class DoctorObserver(Observer):

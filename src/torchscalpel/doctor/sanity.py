@@ -19,7 +19,8 @@ from torchscalpel.doctor.finding import Finding
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules._common import median
 from torchscalpel.doctor.rules.rt_numerics import NoUpdate
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr
+from torchscalpel.doctor.runtime_rules import RuntimeRule
+from torchscalpel.runtime.patching import Undo, wrap_attr
 
 SANITY_STEPS = 60
 """Optimizer steps on the repeated batch."""
@@ -53,7 +54,7 @@ class OverfitOneBatch(RuntimeRule):
 
             return __next__
 
-        return patch_attr(dl_module._BaseDataLoaderIter, "__next__", make)
+        return wrap_attr(dl_module._BaseDataLoaderIter, "__next__", make)
 
     def findings(self, record: Any) -> Iterator[Finding]:
         losses = [s.loss for s in (record.steps if record is not None else []) if s.loss is not None and math.isfinite(s.loss)]

@@ -32,6 +32,8 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 from torch.utils.data import dataloader as dl_module
 
+from torchscalpel.runtime.patching import wrap_attr
+
 if TYPE_CHECKING:
     from torchscalpel.runtime.session import Session
 
@@ -112,9 +114,7 @@ class HookSet:
         self._global_forward, self._root_handles = [], []
 
     def _patch(self, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        original = owner.__dict__[name]
-        setattr(owner, name, wrapper(original))
-        self._undo.append(lambda: setattr(owner, name, original))
+        self._undo.append(wrap_attr(owner, name, wrapper))
 
     # ----- forward ------------------------------------------------------------------------
     def _forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:

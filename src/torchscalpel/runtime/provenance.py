@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 
 if TYPE_CHECKING:
     from torchscalpel.record import RunRecord, StepRecord
@@ -165,7 +166,7 @@ class ProvenanceObserver(Observer):
         self.seeds: list[dict[str, Any]] = []
         self.data: dict[str, Any] | None = None
         self.loaders: dict[int, dict[str, Any]] = {}
-        self._restore: list[tuple[Any, str, Any, Any]] = []
+        self._restore: list[Undo] = []
         self._first: tuple[Any, Any] | None = None
 
     def on_start(self, session: Session) -> None:
@@ -182,22 +183,23 @@ class ProvenanceObserver(Observer):
             self._wrap(np.random, "seed", "numpy")
 
     def _wrap(self, owner: Any, attr: str, label: str) -> None:
-        original = getattr(owner, attr, None)
-        if original is None:
+        if getattr(owner, attr, None) is None:
             return
         seeds = self.seeds
 
-        def seeded(*args: Any, **kwargs: Any) -> Any:
-            value = args[0] if args else kwargs.get("seed", kwargs.get("a"))
-            try:
-                value = int(value) if value is not None else None
-            except (TypeError, ValueError):
-                value = repr(value)
-            seeds.append({"source": label, "seed": value})
-            return original(*args, **kwargs)
+        def make(original: Any) -> Any:
+            def seeded(*args: Any, **kwargs: Any) -> Any:
+                value = args[0] if args else kwargs.get("seed", kwargs.get("a"))
+                try:
+                    value = int(value) if value is not None else None
+                except (TypeError, ValueError):
+                    value = repr(value)
+                seeds.append({"source": label, "seed": value})
+                return original(*args, **kwargs)
 
-        self._restore.append((owner, attr, original, seeded))
-        setattr(owner, attr, seeded)
+            return seeded
+
+        self._restore.append(wrap_attr(owner, attr, make))
 
     def on_batch(self, batch: Any, loader: Any) -> None:
         """Fingerprint the first batch; note each loader's worker seeding."""
@@ -230,9 +232,7 @@ class ProvenanceObserver(Observer):
     def on_finish(self, record: RunRecord) -> None:
         """Undo the seed wrappers and write ``record.provenance``."""
         self._fingerprint()  # a run that ended inside its first step
-        for owner, attr, original, ours in reversed(self._restore):
-            if getattr(owner, attr, None) is ours:  # a set-up hook undone first already put back what it found
-                setattr(owner, attr, original)
+        undo_all(self._restore)()
         self._restore = []
         script = self.script if self.script is not None else module_file(self.module)
         record.provenance = collect(script, seeds=self.seeds, data=self.data, loaders=list(self.loaders.values()))

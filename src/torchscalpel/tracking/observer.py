@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 
 if TYPE_CHECKING:
     import torch
@@ -66,22 +67,16 @@ class GradNormObserver(Observer):
         self.grad_norm: dict[str, float] = {}
         self._pending: Any = None
         self._unread: list[tuple[str, Any]] = []
-        self._restore: list[tuple[Any, str, Any, Any]] = []
+        self._restore: list[Undo] = []
 
     def on_start(self, session: Any) -> None:
         """Wrap ``clip_grad_norm_`` where scripts reach it (``torch.nn.utils`` and its ``clip_grad`` module)."""
         import torch.nn.utils as nn_utils
         import torch.nn.utils.clip_grad as clip_grad
 
-        wrapped: dict[int, Any] = {}  # one wrapper per distinct original (both names usually hold the same)
         for owner in (clip_grad, nn_utils):  # each wrapped as it is now (another observer may have wrapped one)
-            original = getattr(owner, "clip_grad_norm_", None)
-            if original is None:
-                continue
-            if id(original) not in wrapped:
-                wrapped[id(original)] = self._wrap(original)
-            self._restore.append((owner, "clip_grad_norm_", original, wrapped[id(original)]))
-            owner.clip_grad_norm_ = wrapped[id(original)]  # type: ignore[attr-defined]
+            if getattr(owner, "clip_grad_norm_", None) is not None:
+                self._restore.append(wrap_attr(owner, "clip_grad_norm_", self._wrap))
 
     def _wrap(self, original: Any) -> Any:
         observer = self
@@ -91,8 +86,6 @@ class GradNormObserver(Observer):
             observer._pending = norm  # the last call in a step wins (one call per step is the norm)
             return norm
 
-        clip_grad_norm_.__wrapped__ = original  # type: ignore[attr-defined]
-        clip_grad_norm_.__doc__ = original.__doc__
         return clip_grad_norm_
 
     def on_step_end(self, step: StepRecord) -> None:
@@ -113,12 +106,7 @@ class GradNormObserver(Observer):
         self._unread = []
 
     def on_finish(self, record: RunRecord) -> None:
-        for owner, attr, original, ours in reversed(self._restore):
-            # only where ours is still in place: a set-up hook undone before this (the doctor's rules
-            # wrap the same function) already put back what it found, and restoring our 'original'
-            # would reinstate its wrapper for good
-            if getattr(owner, attr, None) is ours:
-                setattr(owner, attr, original)
+        undo_all(self._restore)()
         self._restore = []
         self._read()
         if self.grad_norm:

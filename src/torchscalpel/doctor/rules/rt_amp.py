@@ -12,7 +12,8 @@ from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, undo_all, user_location
+from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
+from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 
 
 def _scaler_class() -> Any:
@@ -91,9 +92,9 @@ class ClipBeforeUnscale(RuntimeRule):
 
             return update
 
-        undos.append(patch_attr(Scaler, "scale", make_scale))
-        undos.append(patch_attr(Scaler, "unscale_", make_unscale))
-        undos.append(patch_attr(Scaler, "update", make_update))
+        undos.append(wrap_attr(Scaler, "scale", make_scale))
+        undos.append(wrap_attr(Scaler, "unscale_", make_unscale))
+        undos.append(wrap_attr(Scaler, "update", make_update))
         check = self.safe(self._check)
 
         def make_clip(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -110,7 +111,7 @@ class ClipBeforeUnscale(RuntimeRule):
         for owner in (nn_utils, clip_mod):
             for name in ("clip_grad_norm_", "clip_grad_value_"):
                 if hasattr(owner, name):
-                    undos.append(patch_attr(owner, name, make_clip))
+                    undos.append(wrap_attr(owner, name, make_clip))
         return undo_all(undos)
 
     def _check(self, params: list[torch.Tensor]) -> None:
@@ -209,7 +210,7 @@ class ScalerSkippedSteps(RuntimeRule):
 
         from torch.optim.lr_scheduler import LRScheduler
 
-        return undo_all([patch_attr(Scaler, "step", make_step), patch_attr(LRScheduler, "step", make_sched)])
+        return undo_all([wrap_attr(Scaler, "step", make_step), wrap_attr(LRScheduler, "step", make_sched)])
 
     def findings(self, record: Any) -> Iterator[Finding]:
         if not self.skipped:

@@ -14,7 +14,8 @@ from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules import checkpoint_static, loop_static
 from torchscalpel.doctor.rules._common import fmt_loc
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, undo_all, user_location
+from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
+from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 
 _PREFIXES = ("module.", "_orig_mod.")
 
@@ -108,9 +109,9 @@ class CheckpointRules(RuntimeRule):
             return load_state_dict
 
         return undo_all([
-            patch_attr(torch, "save", make_save),
-            patch_attr(torch, "load", make_load),
-            patch_attr(torch.nn.Module, "load_state_dict", make_lsd),
+            wrap_attr(torch, "save", make_save),
+            wrap_attr(torch, "load", make_load),
+            wrap_attr(torch.nn.Module, "load_state_dict", make_lsd),
         ])
 
     def findings(self, record: Any) -> Iterator[Finding]:
@@ -256,11 +257,11 @@ class UnseededRun(RuntimeRule):
 
             return seed
 
-        undos = [patch_attr(owner, name, make) for owner, name in _SEED_FUNCS]
+        undos = [wrap_attr(owner, name, make) for owner, name in _SEED_FUNCS]
         try:
             import numpy as np
 
-            undos.append(patch_attr(np.random, "seed", make))
+            undos.append(wrap_attr(np.random, "seed", make))
         except ImportError:
             pass
         return undo_all(undos)

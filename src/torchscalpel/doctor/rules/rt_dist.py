@@ -15,7 +15,8 @@ from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules import dist_static
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params
 from torchscalpel.doctor.rules.rt_data import TrainLoaders
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, user_location
+from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
+from torchscalpel.runtime.patching import Undo, wrap_attr
 
 
 def _is_ddp(m: torch.nn.Module) -> bool:
@@ -152,8 +153,8 @@ class DdpDataRules(TrainLoaders):
 
             return set_epoch
 
-        undo_iter = patch_attr(DistributedSampler, "__iter__", make)
-        undo_set_epoch = patch_attr(DistributedSampler, "set_epoch", make_set_epoch)
+        undo_iter = wrap_attr(DistributedSampler, "__iter__", make)
+        undo_set_epoch = wrap_attr(DistributedSampler, "set_epoch", make_set_epoch)
 
         def undo() -> None:
             undo_set_epoch()

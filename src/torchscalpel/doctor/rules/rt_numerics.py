@@ -12,14 +12,8 @@ from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, median, param_names
-from torchscalpel.doctor.runtime_rules import (
-    RuntimeRule,
-    Undo,
-    iter_tensors,
-    patch_attr,
-    undo_all,
-    user_location,
-)
+from torchscalpel.doctor.runtime_rules import RuntimeRule, iter_tensors, user_location
+from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 
 MAX_CHECKED_STEPS = 500
 """Module outputs are checked for NaN/inf during at most this many steps (cost bound)."""
@@ -260,7 +254,7 @@ class ConstantLoss(RuntimeRule):
             return loss_fn
 
         # nll_loss too: F.nll_loss(F.log_softmax(out, 1), y) over one class is just as constant
-        return undo_all([patch_attr(F, "cross_entropy", make), patch_attr(F, "nll_loss", make)])
+        return undo_all([wrap_attr(F, "cross_entropy", make), wrap_attr(F, "nll_loss", make)])
 
     def findings(self, record: Any) -> Iterator[Finding]:
         losses = [s.loss for s in (record.steps if record is not None else []) if s.loss is not None]

@@ -13,7 +13,8 @@ from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules import loop_static
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params, param_names
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, user_location
+from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
+from torchscalpel.runtime.patching import Undo, wrap_attr
 
 _CHECK_STEPS = 5
 """Optimizer steps at which parameter coverage is checked (the first ones are enough)."""
@@ -121,7 +122,7 @@ class FrozenParamInOptimizer(RuntimeRule):
 
             return add_param_group
 
-        return patch_attr(torch.optim.Optimizer, "add_param_group", make)
+        return wrap_attr(torch.optim.Optimizer, "add_param_group", make)
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
         names = None

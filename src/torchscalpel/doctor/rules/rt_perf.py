@@ -14,7 +14,8 @@ from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules import loop_static
 from torchscalpel.doctor.rules._common import fmt_loc
-from torchscalpel.doctor.runtime_rules import RuntimeRule, Undo, patch_attr, undo_all, user_location
+from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
+from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 
 
 class EmptyCacheInLoop(RuntimeRule):
@@ -48,8 +49,8 @@ class EmptyCacheInLoop(RuntimeRule):
 
         import torch.cuda.memory as cuda_memory
 
-        u1 = patch_attr(torch.cuda, "empty_cache", make)
-        u2 = patch_attr(cuda_memory, "empty_cache", make)
+        u1 = wrap_attr(torch.cuda, "empty_cache", make)
+        u2 = wrap_attr(cuda_memory, "empty_cache", make)
         return undo_all([u1, u2])
 
     def on_step_end(self, step: Any) -> None:

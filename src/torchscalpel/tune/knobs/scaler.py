@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from torchscalpel.runtime.patching import undo_all, wrap_attr
 from torchscalpel.tune.knobs.base import ApplyLog, Undo
 
 
@@ -136,14 +137,4 @@ def install_grad_scaler(device: str, log: ApplyLog) -> Undo:
         (torch.optim.Optimizer, "__init__", state.wrap_init),
         (grad_scaler.GradScaler, "scale", state.wrap_script_scale),
     ]
-    saved = []
-    for owner, name, wrap in patches:
-        original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
-        saved.append((owner, name, original))
-        setattr(owner, name, wrap(original))
-
-    def undo() -> None:
-        for owner, name, original in reversed(saved):
-            setattr(owner, name, original)
-
-    return undo
+    return undo_all([wrap_attr(owner, name, wrap) for owner, name, wrap in patches])
