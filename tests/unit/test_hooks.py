@@ -326,3 +326,19 @@ def test_no_recognised_step_stops_the_run_with_what_it_saw():
         assert opt.param_groups
     finally:
         hooks.remove()
+
+
+def test_is_sequence_first_is_the_one_definition_for_layers() -> None:
+    import torch
+
+    from torchscalpel.runtime.hooks import _batch_dim, is_sequence_first
+
+    assert is_sequence_first(torch.nn.LSTM(4, 4))
+    assert not is_sequence_first(torch.nn.LSTM(4, 4, batch_first=True))
+    assert is_sequence_first(torch.nn.MultiheadAttention(4, 1))
+    assert is_sequence_first(torch.nn.TransformerEncoderLayer(4, 1))
+    assert not is_sequence_first(torch.nn.TransformerEncoderLayer(4, 1, batch_first=True))
+    assert not is_sequence_first(torch.nn.Linear(4, 4))
+    # a bare attention layer does not make the whole model sequence-first (models transpose into it)
+    assert _batch_dim(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.MultiheadAttention(4, 1))) == 0
+    assert _batch_dim(torch.nn.Sequential(torch.nn.LSTM(4, 4))) == 1

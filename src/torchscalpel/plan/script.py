@@ -25,6 +25,7 @@ from torchscalpel.errors import UsageError
 from torchscalpel.plan.model_io import loss_from_output
 from torchscalpel.plan.simulate import OptimizerSpec
 from torchscalpel.plan.spec import BatchSpec, TensorSpec
+from torchscalpel.runtime.hooks import is_sequence_first
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.target import Target
 
@@ -93,9 +94,7 @@ class PlanObserver(Observer):
     def _note_sequence_first(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         """An RNN or attention layer with ``batch_first=False`` inside the training forward: its input
         is (sequence, batch, features), so dimension 1 is the batch."""
-        if self.model is None or self._seq_first is not None or getattr(module, "batch_first", True):
-            return
-        if not isinstance(module, nn.RNNBase | nn.MultiheadAttention):
+        if self.model is None or self._seq_first is not None or not is_sequence_first(module):
             return
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.dim() == 3:

@@ -329,23 +329,35 @@ def _batch_size(args: tuple[Any, ...], batch_dim: int = 0) -> int | None:
 
 _SEQUENCE_FIRST_TYPES: tuple[type[torch.nn.Module], ...] = (
     torch.nn.RNNBase,
+    torch.nn.MultiheadAttention,
     torch.nn.Transformer,
     torch.nn.TransformerEncoderLayer,
     torch.nn.TransformerDecoderLayer,
 )
 
 
+def is_sequence_first(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a torch layer that takes (sequence, batch, ...) input: an RNN, attention or
+    Transformer layer built without ``batch_first=True``. The one definition the runtime's batch
+    counting and the planner's input reading share."""
+    if not isinstance(module, _SEQUENCE_FIRST_TYPES):
+        return False
+    first = getattr(module, "batch_first", None)
+    if first is None:  # TransformerEncoderLayer keeps it on its attention block
+        first = getattr(getattr(module, "self_attn", None), "batch_first", True)
+    return not first
+
+
 def _batch_dim(model: torch.nn.Module) -> int:
     """1 for a model built on sequence-first layers (an LSTM or Transformer without batch_first), else 0.
 
     Why: word_language_model-style scripts feed (seq, batch) tensors; dim 0 there is the sequence.
+    The first RNN or Transformer layer decides. A bare ``MultiheadAttention`` does not: models
+    usually transpose into it, so its layout says nothing about the model's input.
     """
     for sub in model.modules():
-        if isinstance(sub, _SEQUENCE_FIRST_TYPES):
-            first = getattr(sub, "batch_first", None)
-            if first is None:  # TransformerEncoderLayer keeps it on its attention block
-                first = getattr(getattr(sub, "self_attn", None), "batch_first", True)
-            return 0 if first else 1
+        if isinstance(sub, _SEQUENCE_FIRST_TYPES) and not isinstance(sub, torch.nn.MultiheadAttention):
+            return 1 if is_sequence_first(sub) else 0
     return 0
 
 
