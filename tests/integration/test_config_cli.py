@@ -28,3 +28,13 @@ def test_a_bad_config_key_is_one_sentence_and_exit_2(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "scalpel.toml: unknown key 'stepz' in [defaults]" in lines[0], proc.stderr
     assert not (tmp_path / "scalpel-runs").exists()
+
+
+def test_help_says_which_defaults_the_file_replaced(tmp_path):
+    (tmp_path / "scalpel.toml").write_text('[defaults.profile]\nsteps = 7\nwarmup = 1\n')
+    proc = run_cli("profile", "-h", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    help_text = " ".join(proc.stdout.split())
+    assert "[scalpel.toml sets 7]" in help_text and "[scalpel.toml sets 1]" in help_text
+    plain = run_cli("profile", "-h", cwd=tmp_path.parent)
+    assert "scalpel.toml sets" not in plain.stdout

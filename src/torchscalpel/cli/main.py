@@ -89,7 +89,18 @@ def apply_config(parser: argparse.ArgumentParser, command: str | None) -> None:
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     if found.values:
         sub.set_defaults(**found.values)
+        _note_file_defaults(sub, found.values, found.source)
     common.RUNS_ROOT = found.out_root
+
+
+def _note_file_defaults(sub: argparse.ArgumentParser, values: dict[str, object], source: object) -> None:
+    """Say in ``-h`` which defaults the config file replaced: the help text names the built-in one."""
+    from pathlib import Path
+
+    name = Path(str(source)).name if source is not None else "the config file"
+    for action in sub._actions:
+        if action.dest in values and action.help not in (None, argparse.SUPPRESS):
+            action.help = f"{action.help} [{name} sets {values[action.dest]}]"
 
 
 def _command_name(args: Sequence[str]) -> str | None:
