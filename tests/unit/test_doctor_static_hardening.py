@@ -54,3 +54,13 @@ def test_clean_file_still_says_no_findings(tmp_path: Path) -> None:
     f.write_text("x = 1\n")
     proc = run_cli("doctor", "--static", str(f), timeout=120)
     assert proc.returncode == 0 and "No findings." in proc.stdout and "NOT ANALYSED" not in proc.stdout
+
+
+def test_before_python_311_a_long_chain_is_refused_before_the_parser_sees_it(monkeypatch) -> None:
+    # Python 3.10's parser segfaults on a 200,000-term sum (no recursion guard); the guard counts first
+    monkeypatch.setattr(static.sys, "version_info", (3, 10, 13))
+    monkeypatch.setattr(static, "MAX_TERMS_BEFORE_311", 10)
+    refused = static.parse_source("x = " + "+".join(["1"] * 20) + "\n", "chain.py")
+    assert isinstance(refused, static.NotAnalysed) and "too deeply" in refused.reason
+    assert not isinstance(static.parse_source("x = 1 + 2\ny = (3, 4)\n", "short.py"), static.NotAnalysed)
+    assert static._longest_statement("a = 1 + 2 + 3\nb = 1\n") == 3

@@ -225,3 +225,18 @@ def test_serve_backends_from_the_bundle(exported, tmp_path):
     (copy / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(UsageError, match="no onnx file"):
         load_runner(verify_bundle(copy), "onnxruntime")
+
+
+def test_quantization_input_drops_the_exporters_shape_annotations(exported, tmp_path):
+    # onnxruntime 1.23 refused the exported model ("Inferred shape and existing shape differ") because of
+    # the example batch's intermediate shapes; the quantizer gets a copy without them
+    import onnx
+
+    from torchscalpel.ship.quantize import _without_value_info
+
+    result, _, _ = exported
+    src = result.path / "model.onnx"
+    original = onnx.load(str(src))
+    copy = _without_value_info(src, tmp_path)
+    assert len(onnx.load(str(copy)).graph.value_info) == 0
+    assert len(onnx.load(str(copy)).graph.node) == len(original.graph.node)

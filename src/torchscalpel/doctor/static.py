@@ -10,6 +10,7 @@ are ``nn.Module`` subclasses, so rules stay short and precise.
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,9 +193,33 @@ class NotAnalysed:
         return {"path": self.path, "line": self.line, "reason": self.reason}
 
 
+MAX_TERMS_BEFORE_311 = 50_000
+"""Operators in one statement above which Python 3.10's parser is not asked: it has no recursion guard
+and crashes the process (a segfault at a 200,000-term sum, measured) where 3.11+ raises RecursionError."""
+
+
+def _longest_statement(source: str) -> int:
+    """The most operator tokens in one logical line (0 when the text does not tokenize: the parser says why)."""
+    import io
+    import tokenize
+
+    longest = count = 0
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.OP:
+                count += 1
+            elif token.type == tokenize.NEWLINE:
+                longest, count = max(longest, count), 0
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        pass
+    return max(longest, count)
+
+
 def parse_source(source: str, path: str) -> StaticContext | NotAnalysed:
     """The parsed file, or why it cannot be analysed (a syntax error with its line, null bytes, an
     expression nested or chained too deeply for the parser)."""
+    if sys.version_info < (3, 11) and _longest_statement(source) > MAX_TERMS_BEFORE_311:
+        return NotAnalysed(path, "an expression is nested or chained too deeply for Python's parser")
     try:
         return StaticContext.parse(source, path)
     except SyntaxError as exc:

@@ -107,7 +107,7 @@ class Batcher:
         self._wakeup.set()
         try:
             return await asyncio.wait_for(item.future, self.timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             self.stats.dropped_timeouts += 1
             # wait_for cancelled the future; the worker skips cancelled items still in the queue.
             raise RequestError(504, f"no answer within {self.timeout_s:g} s; the server is overloaded") from None
@@ -147,7 +147,7 @@ class Batcher:
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), left)
-                except TimeoutError:
+                except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
                     break
             batch = self._take()
             if not batch:

@@ -106,7 +106,7 @@ async def read_limited(stream: AsyncIterator[bytes], content_length: str | None,
 
     try:
         await asyncio.wait_for(_read(), timeout_s)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         raise RequestError(408, f"body not received within {timeout_s:g} s") from None
     except ClientDisconnect:
         # Nobody is left to answer; 499 (nginx's "client closed request") is what /metrics counts.
