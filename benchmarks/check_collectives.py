@@ -11,7 +11,8 @@ Three figures, each against its peer in the same run:
 3. Whole launches, interleaved: ``--hang-timeout 0`` (nothing logged) vs ``--check-collectives``,
    median step of rank 0 (noisy on a shared CPU; reported beside 1, which is not).
 
-Run: ``python benchmarks/check_collectives.py --rounds 3``.
+Run: ``python benchmarks/check_collectives.py --rounds 9``. The 1-minute load average is sampled at every
+launch and printed with the figures (the CPU is shared: a figure means little without it).
 """
 
 from __future__ import annotations
@@ -106,9 +107,11 @@ def main() -> int:
     args = parser.parse_args()
     whole: dict[str, list[float]] = {name: [] for name in VARIANTS}
     ab: list[float] = []
+    loads: list[float] = []
     for r in range(args.rounds):
         order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
         for name in order:
+            loads.append(os.getloadavg()[0])
             with tempfile.TemporaryDirectory() as tmp:
                 rows = run_once(VARIANTS[name], args.steps, Path(tmp))[args.skip:]
             whole[name].append(statistics.median(t for _, t in rows) * 1000.0)
@@ -121,6 +124,7 @@ def main() -> int:
             print(f"round {r + 1} {name:<6} {whole[name][-1]:.3f} ms/step", flush=True)
     poll = poll_cost_ms()
     extra, base = per_call_us()
+    loads.append(os.getloadavg()[0])
     print(f"\n1. logged vs unlogged all_reduce, same process (7 collectives/step): median ratio "
           f"{statistics.median(ab):.3f} (rounds: {' '.join(f'{x:.3f}' for x in ab)})")
     print(f"1b. per call, one-rank group, alternating blocks: +{extra:.1f} us per logged all_reduce "
@@ -131,7 +135,19 @@ def main() -> int:
     print(f"3. whole launches: plain {plain:.3f} ms/step, --check-collectives {check:.3f} ms/step, ratio "
           f"{check / plain:.3f} (plain rounds {' '.join(f'{x:.2f}' for x in whole['plain'])}; check rounds "
           f"{' '.join(f'{x:.2f}' for x in whole['check'])})")
+    print(f"load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}, median {statistics.median(loads):.2f}; "
+          f"CPU: {_cpu_model()}")
     return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 if __name__ == "__main__":
