@@ -221,7 +221,7 @@ def test_launch_flags_are_validated_and_the_doctor_checks_collectives(tmp_path):
     opts = watch_options(plain, tmp_path)
     assert opts.hang_timeout == 7.0 and opts.local_ranks == 2 and opts.check is False
     wrap_plain(plain)
-    assert plain.training_script == "torchscalpel.cli.rank_entry" and plain.module is True
+    assert plain.training_script == "torchscalpel.distributed.rank_entry" and plain.module is True
     assert plain.training_script_args == ["exec", "--", str(script), "--lr", "1"]
     assert watch_options(parse("--nproc", "2", "--hang-timeout", "0", "--", str(script)), tmp_path) is None
     off_but_checked = watch_options(parse("--nproc", "2", "--hang-timeout", "0", "--check-collectives", "--",
