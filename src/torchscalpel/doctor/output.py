@@ -75,6 +75,7 @@ def render_rank_findings(across: Sequence[Finding], per_rank: Sequence[Finding],
                         header=f"[bold]across ranks[/bold] (the launcher compared the {ranks} ranks):")
     else:
         console.print(f"[bold]across ranks[/bold]: none (the launcher compared the {ranks} ranks)")
+    console.print()
     if per_rank:
         render_terminal(per_rank, console, header="[bold]per rank[/bold] (each rank's own doctor, merged):")
     else:

@@ -30,6 +30,7 @@ header fields that changed (:data:`PROGRESS`).
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import json
 import mmap
 import os
@@ -39,7 +40,6 @@ import struct
 import sys
 import threading
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -164,8 +164,11 @@ class CollectiveRecorder:
         self.rank, self.world, self.restart = rank, world, restart
         self._lock = threading.Lock()
         self._local = _Depth()  # shared by every wrapped op: all_gather_object's inner all_gather is nested
-        self._seq: dict[str, int] = {}
-        self._chain: dict[str, int] = {}
+        # Counters rather than a lock on the per-call path: next() on an itertools.count is atomic under
+        # the GIL, so threads that issue collectives concurrently still get distinct slots and numbers.
+        self._numbers = itertools.count()
+        self._seqs: dict[str, Any] = {}
+        self._completions = itertools.count(1)
         self._n = 0
         self.steps = 0
         self.completed = 0
@@ -206,40 +209,35 @@ class CollectiveRecorder:
     # all the rest, and so did rebuilding the same description text every call.
     def enter(self, op: str, group: str, shapes: list[list[int]], dtypes: list[str], site: str) -> int:
         """Log a collective this rank is entering; returns its slot for :meth:`finish`."""
-        sig, body = describe_entry(op, group, shapes, dtypes)
-        return self.enter_described(group, sig, body, quote_site(site))
+        return self.enter_described(group, describe_entry(op, group, shapes, dtypes), quote_site(site))
 
-    def enter_described(self, group: str, sig: int, body: bytes, site: bytes) -> int:
+    def enter_described(self, group: str, body: bytes, site: bytes) -> int:
         """:meth:`enter` from prepared parts (:func:`describe_entry`, :func:`quote_site`): the per-call path."""
-        with self._lock:
-            seq = self._seq.get(group, 0) + 1
-            self._seq[group] = seq
-            # An order-sensitive digest of this group's signatures so far, equal on ranks that agree.
-            chain = self._chain[group] = (self._chain.get(group, 0) * 1000003 + sig) & 0xFFFFFFFF
-            raw = b'{"done":0,"n":%d,"seq":%d,"t":%.3f,"chain":%d,"site":%s,%s}\0' % (
-                self._n, seq, time.time(), chain, site, body)
-            slot = self._n % SLOTS
-            offset = HEADER_SIZE + slot * SLOT
-            self._mm[offset:offset + len(raw)] = raw  # the NUL ends it: an older, longer entry's tail is not read
-            self._n += 1
-            return slot
+        seqs = self._seqs.get(group)
+        if seqs is None:
+            with self._lock:
+                seqs = self._seqs.setdefault(group, itertools.count(1))
+        n = next(self._numbers)
+        raw = b'{"done":0,"n":%d,"seq":%d,"t":%.3f,"site":%s,%s}\0' % (n, next(seqs), time.time(), site, body)
+        slot = n % SLOTS
+        offset = HEADER_SIZE + slot * SLOT
+        self._mm[offset:offset + len(raw)] = raw  # the NUL ends it: an older, longer entry's tail is not read
+        self._n = n + 1
+        return slot
 
     def finish(self, slot: int, ok: bool) -> None:
         """Mark the entry in ``slot`` completed (or raised)."""
-        with self._lock:
-            self._mm[HEADER_SIZE + slot * SLOT + _DONE_AT] = 49 if ok else 50  # ord("1"), ord("2")
-            if ok:
-                self.completed += 1
-                self.last_progress = time.time()
-            PROGRESS.pack_into(self._mm, PROGRESS_AT, self.completed, self._n, self.last_progress)
+        self._mm[HEADER_SIZE + slot * SLOT + _DONE_AT] = 49 if ok else 50  # ord("1"), ord("2")
+        if ok:
+            self.completed = next(self._completions)
+            self.last_progress = time.time()
+        PROGRESS.pack_into(self._mm, PROGRESS_AT, self.completed, self._n, self.last_progress)  # one C call
 
 
-def describe_entry(op: str, group: str, shapes: list[list[int]], dtypes: list[str]) -> tuple[int, bytes]:
-    """``(signature, body)`` of a collective: the CRC of what must agree across ranks (its chain's input)
-    and its slot's ``"op":..,"group":..,"dtypes":..,"shapes":..`` members (cut to :data:`BODY_MAX`)."""
+def describe_entry(op: str, group: str, shapes: list[list[int]], dtypes: list[str]) -> bytes:
+    """A collective's slot members ``"op":..,"group":..,"dtypes":..,"shapes":..`` (cut to :data:`BODY_MAX`)."""
     shape_text = repr([list(x) for x in shapes]).replace(" ", "")  # lists of ints: valid JSON as written
     dtype_text = json.dumps(dtypes, separators=(",", ":"))
-    sig = f"{op}|{shape_text if OPS[op][1] else ''}|{dtype_text}" if op in OPS else op
     head = f'"op":"{op}","group":{json.dumps(group)},'
     body = f'{head}"dtypes":{dtype_text},"shapes":{shape_text}'
     if len(body) > BODY_MAX:  # a long tensor list: keep the first shapes only
@@ -247,7 +245,7 @@ def describe_entry(op: str, group: str, shapes: list[list[int]], dtypes: list[st
         body = f'{head}"truncated":true,"dtypes":{json.dumps(dtypes[:4], separators=(",", ":"))},"shapes":{cut}'
         if len(body) > BODY_MAX:
             body = f'{head}"truncated":true,"dtypes":[],"shapes":[]'
-    return zlib.crc32(sig.encode()), body.encode()
+    return body.encode()
 
 
 def quote_site(site: str) -> bytes:
@@ -354,13 +352,13 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
     tensor_at = OPS[op][0]
     tensor_name = params[tensor_at] if tensor_at is not None else None
     local = recorder._local
-    described: dict[Any, tuple[str, int, bytes]] = {}  # (group, shape, dtype) -> (group name, sig, body)
+    described: dict[Any, tuple[str, bytes]] = {}  # (group, shape, dtype) -> (group name, body)
     enter, finish, getframe = recorder.enter_described, recorder.finish, sys._getframe
 
-    def describe(group: Any, value: Any) -> tuple[str, int, bytes]:
+    def describe(group: Any, value: Any) -> tuple[str, bytes]:
         name = _group_name(group, member)
         shapes, dtypes = _describe(value)
-        return (name, *describe_entry(op, name, shapes, dtypes))
+        return name, describe_entry(op, name, shapes, dtypes)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Nested calls (all_gather_object -> all_gather) and compiled code are not the user's collectives.
@@ -382,7 +380,7 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
             parts = describe(group, value)
         frame = getframe(1)
         site = _SITES.get((frame.f_code, frame.f_lineno)) if _KINDS.get(frame.f_code) == _USER else None
-        slot = enter(parts[0], parts[1], parts[2], site or quoted_user_site(frame))
+        slot = enter(parts[0], parts[1], site or quoted_user_site(frame))
         local.depth = 1
         ok = False
         try:
