@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 import torch
 
 from torchscalpel.runtime import collectives
@@ -83,3 +84,18 @@ def test_threads_issuing_collectives_at_once_get_distinct_slots_and_numbers(tmp_
     entries = _entries(tmp_path)
     assert sorted(e["n"] for e in entries) == list(range(200)) and sorted(e["seq"] for e in entries) == list(range(1, 201))
     assert read_rank_log(tmp_path / "rank-0.log").completed == 200
+
+
+def test_a_collective_that_raises_is_marked_raised_and_the_error_reaches_the_caller(tmp_path):
+    rec = CollectiveRecorder(tmp_path, rank=0, world=1, restart=0)
+
+    def broken(tensor, op=None, group=None, async_op=False):
+        raise RuntimeError("Connection closed by peer")
+
+    wrapped = _wrap(rec, "all_reduce", broken)
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        wrapped(torch.ones(3))
+    wrapped_ok = _wrap(rec, "all_reduce", _fake_all_reduce)
+    wrapped_ok(torch.ones(3))  # the depth guard was reset: the next call is logged
+    entries = _entries(tmp_path)
+    assert [e["done"] for e in entries] == [2, 1] and read_rank_log(tmp_path / "rank-0.log").completed == 1

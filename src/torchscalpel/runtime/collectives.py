@@ -61,6 +61,8 @@ SLOTS = 256
 SLOT = 512
 FILE_SIZE = HEADER_SIZE + SLOTS * SLOT
 _DONE_AT = len('{"done":')
+ENTRY = b'{"done":0,"n":%d,"seq":%d,"t":%.3f,"site":%s,%s}\0'
+"""One slot: number, per-group sequence number, time entered, quoted site, then :func:`describe_entry`'s bytes."""
 BODY_MAX = 224
 """Bytes of op/group/shapes/dtypes in a slot; a longer tensor list keeps its first 4 shapes."""
 SITE_MAX = 160
@@ -211,14 +213,19 @@ class CollectiveRecorder:
         """Log a collective this rank is entering; returns its slot for :meth:`finish`."""
         return self.enter_described(group, describe_entry(op, group, shapes, dtypes), quote_site(site))
 
-    def enter_described(self, group: str, body: bytes, site: bytes) -> int:
-        """:meth:`enter` from prepared parts (:func:`describe_entry`, :func:`quote_site`): the per-call path."""
+    def seqs_for(self, group: str) -> Any:
+        """The sequence-number counter of ``group`` (made on its first collective)."""
         seqs = self._seqs.get(group)
         if seqs is None:
             with self._lock:
                 seqs = self._seqs.setdefault(group, itertools.count(1))
+        return seqs
+
+    def enter_described(self, group: str, body: bytes, site: bytes) -> int:
+        """:meth:`enter` from prepared parts (:func:`describe_entry`, :func:`quote_site`); the wrapped
+        collectives do the same inline (:func:`_wrap`)."""
         n = next(self._numbers)
-        raw = b'{"done":0,"n":%d,"seq":%d,"t":%.3f,"site":%s,%s}\0' % (n, next(seqs), time.time(), site, body)
+        raw = ENTRY % (n, next(self.seqs_for(group)), time.time(), site, body)
         slot = n % SLOTS
         offset = HEADER_SIZE + slot * SLOT
         self._mm[offset:offset + len(raw)] = raw  # the NUL ends it: an older, longer entry's tail is not read
@@ -353,7 +360,10 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
     tensor_name = params[tensor_at] if tensor_at is not None else None
     local = recorder._local
     described: dict[Any, tuple[str, bytes]] = {}  # (group, shape, dtype) -> (group name, body)
-    enter, finish, getframe = recorder.enter_described, recorder.finish, sys._getframe
+    # Bound once: the per-call path below is enter_described + finish written inline (every attribute
+    # lookup and Python call there is paid on each collective, cold after the wait inside it).
+    finish, getframe, now = recorder.finish, sys._getframe, time.time
+    numbers, completions, seqs_of, mm = recorder._numbers, recorder._completions, recorder._seqs, recorder._mm
 
     def describe(group: Any, value: Any) -> tuple[str, bytes]:
         name = _group_name(group, member)
@@ -380,16 +390,26 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
             parts = describe(group, value)
         frame = getframe(1)
         site = _SITES.get((frame.f_code, frame.f_lineno)) if _KINDS.get(frame.f_code) == _USER else None
-        slot = enter(parts[0], parts[1], site or quoted_user_site(frame))
+        n = next(numbers)
+        raw = ENTRY % (n, next(seqs_of.get(parts[0]) or recorder.seqs_for(parts[0])), now(),
+                       site or quoted_user_site(frame), parts[1])
+        offset = HEADER_SIZE + (n % SLOTS) * SLOT
+        mm[offset:offset + len(raw)] = raw
+        recorder._n = n + 1
         local.depth = 1
-        ok = False
         try:
             result = fn(*args, **kwargs)
-            ok = True
-            return result
-        finally:
+        except BaseException:
             local.depth = 0
-            finish(slot, ok)  # an async op (async_op=True) counts as completed once issued
+            finish(n % SLOTS, False)
+            raise
+        local.depth = 0
+        # finish(slot, True), inline; an async op (async_op=True) counts as completed once issued
+        mm[offset + _DONE_AT] = 49  # ord("1")
+        recorder.completed = done = next(completions)
+        recorder.last_progress = t = now()
+        PROGRESS.pack_into(mm, PROGRESS_AT, done, n + 1, t)
+        return result
 
     wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
     wrapper._scalpel_op = op  # type: ignore[attr-defined]
