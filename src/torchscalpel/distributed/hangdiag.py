@@ -229,8 +229,14 @@ def format_report(diag: dict[str, Any]) -> str:
              f"(--hang-timeout {diag.get('hang_timeout_s', 0):g} s).", diag["summary"] + "."]
     if diag.get("mismatch"):
         lines.append("first mismatch: " + diag["mismatch"]["message"] + ".")
+    nccl = diag.get("nccl_summary") or {}
     for rank, st in diag["ranks"].items():
         lines.append(f"\nrank {rank}: {st['where']} (steps done: {st['steps']})")
+        if rank in nccl:
+            from torchscalpel.distributed.flightrec import describe_summary
+
+            summary = nccl[rank]
+            lines.append("  NCCL flight recorder: " + (summary["error"] if "error" in summary else describe_summary(summary)))
         for c in st["last_collectives"]:
             lines.append(f"    {c['status']:<9} {c['op']} #{c['seq']} {c['group']}{_shape_text(c)} from {c['site']}")
         shown = [f for f in st["stack"] if "/torchscalpel/" not in f and not f.startswith("<frozen runpy>")]
