@@ -3,15 +3,17 @@
 Three figures, each against its peer in the same run:
 
 1. In the ranks (what every watched launch pays): ``scalpel launch --check-collectives`` runs
-   ``benchmarks/scripts/collectives_train.py`` (7 collectives per step), whose blocks of 10 steps
-   alternate between the logged ``all_reduce`` and the unwrapped one (``__wrapped__``) in the same
-   process: median step time logged / unlogged.
+   ``benchmarks/scripts/collectives_train.py`` (7 collectives per step), whose steps alternate
+   between the logged ``all_reduce`` and the unwrapped one (``__wrapped__``) in the same process:
+   median step time logged / unlogged per launch, and the median over launches; the same for the
+   rank's CPU time per step (all its threads), which a shared CPU's scheduling delays do not inflate.
 2. In the launcher: CPU time of one poll of the check (read 2 full rank logs, compare them),
    as a share of one core at 2 polls per second.
 3. Whole launches, interleaved: ``--hang-timeout 0`` (nothing logged) vs ``--check-collectives``,
    median step of rank 0 (noisy on a shared CPU; reported beside 1, which is not).
 
-Run: ``python benchmarks/check_collectives.py --rounds 3``.
+Run: ``python benchmarks/check_collectives.py --rounds 9``. The 1-minute load average is sampled at every
+launch and printed with the figures (the CPU is shared: a figure means little without it).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ VARIANTS = {"plain": ["--hang-timeout", "0"], "check": ["--check-collectives"]}
 
 
 def run_once(flags: list[str], steps: int, folder: Path) -> list[list[float]]:
-    """Rank 0's ``[logged, seconds]`` per step from one 2-rank launch."""
+    """Rank 0's ``[logged, seconds, cpu seconds]`` per step from one 2-rank launch."""
     times = folder / "times.json"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     cmd = [sys.executable, "-m", "torchscalpel", "launch", "--nproc", "2", "--out", str(folder / "launch"), *flags,
@@ -105,24 +107,35 @@ def main() -> int:
     parser.add_argument("--skip", type=int, default=100, help="warm-up steps left out of the medians")
     args = parser.parse_args()
     whole: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    whole_cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
     ab: list[float] = []
+    ab_cpu: list[float] = []
+    loads: list[float] = []
     for r in range(args.rounds):
         order = list(VARIANTS) if r % 2 == 0 else list(reversed(VARIANTS))
         for name in order:
+            loads.append(os.getloadavg()[0])
             with tempfile.TemporaryDirectory() as tmp:
                 rows = run_once(VARIANTS[name], args.steps, Path(tmp))[args.skip:]
-            whole[name].append(statistics.median(t for _, t in rows) * 1000.0)
+            whole[name].append(statistics.median(row[1] for row in rows) * 1000.0)
+            whole_cpu[name].append(statistics.median(row[2] for row in rows) * 1000.0)
             if name == "check":
-                logged = statistics.median(t for lg, t in rows if lg)
-                plain = statistics.median(t for lg, t in rows if not lg)
+                logged = statistics.median(row[1] for row in rows if row[0])
+                plain = statistics.median(row[1] for row in rows if not row[0])
                 ab.append(logged / plain)
+                cpu_logged = statistics.median(row[2] for row in rows if row[0])
+                cpu_plain = statistics.median(row[2] for row in rows if not row[0])
+                ab_cpu.append(cpu_logged / cpu_plain)
                 print(f"round {r + 1} check  in-process logged/unlogged {logged * 1e3:.3f}/{plain * 1e3:.3f} ms "
-                      f"= {ab[-1]:.3f}", flush=True)
+                      f"= {ab[-1]:.3f}; CPU {cpu_logged * 1e3:.3f}/{cpu_plain * 1e3:.3f} ms = {ab_cpu[-1]:.3f}", flush=True)
             print(f"round {r + 1} {name:<6} {whole[name][-1]:.3f} ms/step", flush=True)
     poll = poll_cost_ms()
     extra, base = per_call_us()
+    loads.append(os.getloadavg()[0])
     print(f"\n1. logged vs unlogged all_reduce, same process (7 collectives/step): median ratio "
           f"{statistics.median(ab):.3f} (rounds: {' '.join(f'{x:.3f}' for x in ab)})")
+    print(f"1c. the same steps' CPU time (rank 0, all threads): median ratio {statistics.median(ab_cpu):.3f} "
+          f"(rounds: {' '.join(f'{x:.3f}' for x in ab_cpu)})")
     print(f"1b. per call, one-rank group, alternating blocks: +{extra:.1f} us per logged all_reduce "
           f"(unlogged call {base:.1f} us); at 7 collectives per step: {7 * extra / 1000:.3f} ms per step")
     print(f"2. launcher check: {poll:.2f} ms CPU per poll, {poll * 2 / 10:.2f}% of one core at 2 polls/s")
@@ -131,7 +144,22 @@ def main() -> int:
     print(f"3. whole launches: plain {plain:.3f} ms/step, --check-collectives {check:.3f} ms/step, ratio "
           f"{check / plain:.3f} (plain rounds {' '.join(f'{x:.2f}' for x in whole['plain'])}; check rounds "
           f"{' '.join(f'{x:.2f}' for x in whole['check'])})")
+    cpu_plain, cpu_check = statistics.median(whole_cpu["plain"]), statistics.median(whole_cpu["check"])
+    print(f"3b. whole launches, CPU time per step: plain {cpu_plain:.3f} ms, --check-collectives {cpu_check:.3f} ms, "
+          f"ratio {cpu_check / cpu_plain:.3f}")
+    print(f"load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}, median {statistics.median(loads):.2f}; "
+          f"CPU: {_cpu_model()}")
     return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 if __name__ == "__main__":

@@ -175,6 +175,27 @@ def test_a_rank_that_died_first_is_named_and_a_tie_names_no_one():
     assert diag["diverging_ranks"] == [] and diag["summary"].startswith("the ranks disagree: rank 0 is in all_reduce #1")
 
 
+def test_a_tie_in_where_the_ranks_wait_is_broken_by_the_first_mismatch():
+    # 4 gloo ranks, rank 1 all-reduces 5 values where the others send 4 (tests/fixtures/dist/hang_shape.py): two
+    # ranks get through that all_reduce and wait in the next one, two wait in it; two against two is a tie,
+    # but the desync that caused it had one rank on its own side
+    history = [_e(0, "all_reduce", 1, "/u/hang_shape.py:16")]
+    sizes = {0: 4, 1: 5, 2: 4, 3: 4}
+    logs = {}
+    for r in (0, 1, 2, 3):
+        stuck = r in (1, 2)
+        entries = [*history, _e(1, "all_reduce", 2, "/u/hang_shape.py:18", shapes=((sizes[r],),), done=0 if stuck else 1)]
+        if not stuck:
+            entries.append(_e(2, "all_reduce", 3, "/u/hang_shape.py:16", done=0))
+        logs[r] = _log(r, entries)
+    diag = diagnose(logs, {}, {}, [0, 1, 2, 3])
+    assert diag["diverging_ranks"] == [1]
+    assert diag["summary"] == (
+        "rank 1 diverged first, collective #2 differs across ranks: rank 1 calls all_reduce [5] float32 from "
+        "hang_shape.py:18; ranks 0, 2, 3 call all_reduce [4] float32 from hang_shape.py:18; now ranks 1, 2 are in "
+        "all_reduce #2 from hang_shape.py:18; ranks 0, 3 are in all_reduce #3 from hang_shape.py:16")
+
+
 def test_timeout_defaults_to_a_multiple_of_the_step_time_with_a_floor(tmp_path):
     watch = hangwatch.HangWatch(hangwatch.WatchOptions(folder=tmp_path, report_dir=tmp_path, local_ranks=2))
     fresh = {0: _log(0, [], steps=0, done=0), 1: _log(1, [], steps=0, done=0)}
@@ -221,7 +242,7 @@ def test_launch_flags_are_validated_and_the_doctor_checks_collectives(tmp_path):
     opts = watch_options(plain, tmp_path)
     assert opts.hang_timeout == 7.0 and opts.local_ranks == 2 and opts.check is False
     wrap_plain(plain)
-    assert plain.training_script == "torchscalpel.cli.rank_entry" and plain.module is True
+    assert plain.training_script == "torchscalpel.distributed.rank_entry" and plain.module is True
     assert plain.training_script_args == ["exec", "--", str(script), "--lr", "1"]
     assert watch_options(parse("--nproc", "2", "--hang-timeout", "0", "--", str(script)), tmp_path) is None
     off_but_checked = watch_options(parse("--nproc", "2", "--hang-timeout", "0", "--check-collectives", "--",

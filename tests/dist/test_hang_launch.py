@@ -121,10 +121,54 @@ def test_a_rank_that_still_computes_is_not_a_hang(tmp_path):
     assert not (out / "hang.json").exists()
 
 
+# 4 ranks (the checks: the same planted hangs at 2 and 4 ranks). Slow: ~4 processes on 2 cores each.
 @pytest.mark.slow
-def test_four_ranks_name_the_one_that_skipped(tmp_path):
-    proc, out = launch(tmp_path, "hang_skip_allreduce.py", "--hang-timeout", str(TIMEOUT), nproc=4)
+def test_four_ranks_name_the_one_that_skipped_and_the_check_finds_it_first(tmp_path):
+    proc, out = launch(tmp_path, "hang_skip_allreduce.py", "--hang-timeout", str(TIMEOUT), "--check-collectives",
+                       nproc=4)
     hang = hang_of(proc, out, "hang_skip_allreduce.py")
     assert hang["diverging_ranks"] == [1]
     assert hang["summary"] == ("rank 1 is in barrier #18 from hang_skip_allreduce.py:21; "
                                "ranks 0, 2, 3 are in all_reduce #18 from hang_skip_allreduce.py:20")
+    mismatch = json.loads((out / "collective-mismatch.json").read_text())
+    assert mismatch["seq"] == 18 and mismatch["minority"] == [1]
+    assert mismatch["message"] == ("collective #18 differs across ranks: rank 1 calls barrier from "
+                                   "hang_skip_allreduce.py:21; ranks 0, 2, 3 call all_reduce [] float32 from "
+                                   "hang_skip_allreduce.py:20")
+    assert proc.stderr.index("collective #18 differs across ranks") < proc.stderr.index("scalpel launch: hang:")
+
+
+@pytest.mark.slow
+def test_four_ranks_in_different_orders_name_the_one_that_broadcast_first(tmp_path):
+    proc, out = launch(tmp_path, "hang_order.py", "--hang-timeout", str(TIMEOUT), nproc=4)
+    hang = hang_of(proc, out, "hang_order.py")
+    assert hang["diverging_ranks"] == [1]
+    assert hang["summary"] == ("rank 1 is in broadcast #17 from hang_order.py:17; "
+                               "ranks 0, 2, 3 are in all_reduce #17 from hang_order.py:22")
+    assert hang["mismatch"]["seq"] == 17 and hang["mismatch"]["minority"] == [1]
+
+
+@pytest.mark.slow
+def test_four_ranks_with_a_shape_that_differs_name_the_rank_and_line(tmp_path):
+    # At 2 ranks gloo aborts on the size mismatch; at 4 its ring lets two ranks through and the job hangs.
+    # Either way the diagnosis must name rank 1 and line 18, found before any hang by the check.
+    proc, out = launch(tmp_path, "hang_shape.py", "--hang-timeout", str(TIMEOUT), "--check-collectives", nproc=4)
+    expected = ("collective #12 differs across ranks: rank 1 calls all_reduce [5] float32 from hang_shape.py:18; "
+                "ranks 0, 2, 3 call all_reduce [4] float32 from hang_shape.py:18")
+    assert json.loads((out / "collective-mismatch.json").read_text())["message"] == expected
+    if proc.returncode == 124:
+        hang = hang_of(proc, out, "hang_shape.py")
+        assert hang["diverging_ranks"] == [1]
+        assert hang["summary"].startswith(f"rank 1 diverged first, {expected}; now ")
+    else:
+        assert proc.returncode != 0 and f"before it failed, {expected}" in proc.stderr, proc.stderr[-3000:]
+        assert leftovers("hang_shape.py") == []
+
+
+@pytest.mark.slow
+def test_four_ranks_with_one_stuck_in_its_data_loader_name_it(tmp_path):
+    proc, out = launch(tmp_path, "hang_loader.py", "--hang-timeout", str(TIMEOUT), nproc=4)
+    hang = hang_of(proc, out, "hang_loader.py")
+    assert hang["diverging_ranks"] == [1]
+    assert hang["summary"].startswith("rank 1 is not in a collective: at hang_loader.py:20 in __getitem__ "
+                                      "(inside a DataLoader); ranks 0, 2, 3 are in backward() from hang_loader.py:31")

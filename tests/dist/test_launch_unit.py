@@ -81,7 +81,7 @@ def test_profile_and_doctor_rewrite_the_entry_point(tmp_path):
     script.write_text("")
     args = prepare(_parse("--nproc", "2", "--profile", "--steps", "4", "--", str(script), "--lr", "1"), env={})
     assert wrap_for_stage(args, tmp_path / "out") == "profile"
-    assert args.module is True and args.training_script == "torchscalpel.cli.rank_entry"
+    assert args.module is True and args.training_script == "torchscalpel.distributed.rank_entry"
     assert args.training_script_args == ["profile", str(tmp_path / "out"), "--steps", "4", "--", str(script), "--lr", "1"]
     doctor = prepare(_parse("--nproc", "2", "--doctor", "--", str(script)), env={})
     assert wrap_for_stage(doctor, tmp_path / "out") == "doctor"

@@ -54,18 +54,28 @@ def test_judgments_on_recorded_facts():
     assert rng_findings({r: _facts(r, rng={"python": 2}) for r in (0, 1)}) == []  # torch not drawn per step
 
 
-def _doctor(tmp_path: Path, fixture: str) -> list[dict]:
+def _doctor(tmp_path: Path, fixture: str, output: list[str] | None = None) -> list[dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "launch"
     proc = run_ranks("launch", "--nproc", "2", "--doctor", "--steps", "6", "--out", str(out), "--",
                      str(FIXTURES / fixture), cwd=tmp_path, expect=[out / "launch.json"], timeout=280)
     assert (out / "launch.json").exists(), proc.stderr[-3000:]
+    if output is not None:
+        output.append(proc.stdout)
     return json.loads((out / "launch.json").read_text())["findings"]
 
 
 @pytest.mark.dist
 def test_planted_pitfalls_are_found_across_ranks(tmp_path):
-    findings = {f["rule"]: f for f in _doctor(tmp_path, "rules_bad.py") if f["rule"] in SLUGS}
+    output: list[str] = []
+    findings = {f["rule"]: f for f in _doctor(tmp_path, "rules_bad.py", output) if f["rule"] in SLUGS}
+    # the terminal says one true thing: each rank a one-line summary, then the launcher's findings once,
+    # across ranks first; no rank's "No findings." above them
+    stdout = output[0]
+    assert "No findings" not in stdout, stdout[-3000:]
+    assert stdout.count("finding(s) in ") == 2 and stdout.count("[bold]") == 0
+    assert stdout.index("across ranks (the launcher compared the 2 ranks):") < stdout.index(
+        "distributed-sampler-wrong-world") < stdout.index("per rank")
     assert set(findings) == {"distributed-sampler-wrong-world", "ddp-accumulation-without-no-sync",
                              "identical-random-streams"}
     assert findings["distributed-sampler-wrong-world"]["ranks"] == [1]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchscalpel.cli.rank_entry import rank_argv
+from torchscalpel.distributed.rank_entry import rank_argv
 from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
 from torchscalpel.record import RunRecord, StepRecord, save_record
 

@@ -85,8 +85,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     """``--nproc N``: every rank under the doctor via ``scalpel launch --doctor``, findings merged."""
-    from torchscalpel.doctor.output import reaches, render_terminal
-    from torchscalpel.doctor.ranks import merge_rank_findings, run_ranks
+    from torchscalpel.doctor.output import reaches, render_rank_findings
+    from torchscalpel.doctor.ranks import across_rank_findings, merge_rank_findings, run_ranks
     from torchscalpel.report.terminal import make_console
 
     if args.module:
@@ -101,8 +101,10 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     code, records = run_ranks(target.script, target.args, nproc=args.nproc, steps=args.steps, out=out_dir)
     if not records:
         raise ScalpelError(f"No rank wrote a run record under {out_dir}; see the rank logs in {out_dir / 'logs'}.")
-    findings = merge_rank_findings(records)
-    render_terminal(findings, console, header=f"[dim]{len(records)} rank record(s) under {out_dir}[/dim]\n")
+    across, per_rank = across_rank_findings(out_dir), merge_rank_findings(records)
+    findings = across + per_rank
+    render_rank_findings(across, per_rank, console, ranks=args.nproc,
+                         header=f"[dim]{len(records)} rank record(s) under {out_dir}[/dim]\n")
     _write_outputs(args, findings, {"mode": "ranks", "nproc": args.nproc, "ranks": sorted(records),
                                     "records": [str(out_dir / f"rank-{r}" / "run.json") for r in sorted(records)]})
     if reaches(findings, fail_on):

@@ -7,6 +7,7 @@ torch.distributed.run costs about two seconds, which every other ``scalpel`` com
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from torchscalpel.cli.common import default_run_dir
@@ -84,10 +85,30 @@ def run(args: argparse.Namespace) -> int:
     stage = wrap_for_stage(parsed, out)
     if stage is None:
         wrap_plain(parsed)
-    code = launch(parsed, out_dir=out, watch=watch_options(parsed, out))
+    with _ranks_print_one_line(stage == "doctor"):
+        code = launch(parsed, out_dir=out, watch=watch_options(parsed, out))
     if stage is not None:
-        _report_ranks(out)
+        _report_ranks(out, doctor=stage == "doctor", nproc=parsed.nproc_per_node)
     return code
+
+
+@contextlib.contextmanager
+def _ranks_print_one_line(on: bool):
+    """Under --doctor each rank prints a one-line summary; the launcher prints every finding once, after."""
+    import os
+
+    from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
+
+    previous = os.environ.get(MERGED_RANKS_ENV)
+    if on:
+        os.environ[MERGED_RANKS_ENV] = "1"  # torchrun's workers inherit it
+    try:
+        yield
+    finally:
+        if on and previous is None:
+            os.environ.pop(MERGED_RANKS_ENV, None)
+        elif on:
+            os.environ[MERGED_RANKS_ENV] = previous
 
 
 def _announce_resume(parsed: argparse.Namespace) -> None:
@@ -130,8 +151,9 @@ def own_options_help(parser: argparse.ArgumentParser) -> str:
             "describes each):\n" + torchrun + "\n")
 
 
-def _report_ranks(out) -> None:
-    """Merge the per-rank Run records, print the table, save ``OUT/launch.json``."""
+def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
+    """Merge the per-rank Run records, print the table (with --doctor: then the findings across and per
+    rank, :func:`~torchscalpel.doctor.output.render_rank_findings`), save ``OUT/launch.json``."""
     import json
 
     from torchscalpel.distributed.hangwatch import watch_findings
@@ -149,7 +171,16 @@ def _report_ranks(out) -> None:
     from torchscalpel.trace.layout import write_rank_traces  # OUT/traces/: HTA's TraceAnalysis(trace_dir=...)
 
     write_rank_traces(out)
-    print(format_table(merged))
+    if not doctor:
+        print(format_table(merged))
+    else:
+        from torchscalpel.doctor.output import render_rank_findings
+        from torchscalpel.doctor.ranks import across_rank_findings, merge_rank_findings
+        from torchscalpel.report.terminal import make_console
+
+        print(format_table({**merged, "findings": []}), flush=True)
+        ranks = int(nproc) if str(nproc).isdigit() else len(records)
+        render_rank_findings(across_rank_findings(out), merge_rank_findings(records), make_console(), ranks=ranks)
     print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")
 
 

@@ -10,14 +10,21 @@ Launcher side only (the rank side is :func:`torchscalpel.runtime.collectives.sta
   moved next to ``hang.json`` under ``nccl-trace/``. Each wait has its own deadline: a rank that does
   not answer (dead, GIL held, a CPU build without the recorder) is named, never waited on.
 
-Not exercised on a GPU in this repository's tests (CPU only): the plumbing is unit-tested.
+- :func:`read_dump` / :func:`dump_summary`: a saved dump (plain data only, never code) as the collective
+  each rank's recorder says it waits in, for ``hang.json`` / ``hang.txt``.
+
+Not exercised on a GPU in this repository's tests (CPU only): the plumbing and the reading of a dump
+built in torch's format are unit-tested; ``scripts/gpu_check.d/hang.sh`` runs it with NCCL.
 """
 
 from __future__ import annotations
 
+import os
+import pickle
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 FILE_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
@@ -68,3 +75,77 @@ def collect_dumps(folder: Path, report_dir: Path, ranks: Iterable[int], wait_s: 
     for rank in out:
         (folder / REQUEST.format(rank=rank)).unlink(missing_ok=True)
     return dict(sorted(out.items()))
+
+
+# -- reading a dump into the diagnosis ------------------------------------------------------------
+# The dump is torch's own pickle (``_dump_nccl_trace``: a dict with "version", "pg_config" and
+# "entries", each entry with "profiling_name" like "nccl:all_reduce", "process_group" (name, desc),
+# "collective_seq_id", "state" (scheduled / started / completed), "input_sizes", "input_dtypes" and
+# "frames" [{"name", "filename", "line"}], the keys torch's fr_trace reads). It is read with an
+# unpickler that builds plain containers only: a file in the launch folder is not trusted to run code.
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def read_dump(path: Path) -> dict[str, Any]:
+    """A flight recorder dump as plain data; ``ValueError`` with one sentence when it is not one."""
+    try:
+        with path.open("rb") as fh:
+            data = _PlainUnpickler(fh).load()
+    except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError) as exc:
+        raise ValueError(f"{path} is not an NCCL flight recorder dump ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
+        raise ValueError(f"{path} is not an NCCL flight recorder dump (no 'entries' list)")
+    return data
+
+
+def _user_frame(frames: Any) -> str:
+    for frame in frames or []:
+        name = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
+        if name and "/torch/" not in name and "/torchscalpel/" not in name and "site-packages" not in name:
+            return f"{os.path.basename(name)}:{frame.get('line', '?')}"
+    return "?"
+
+
+def dump_summary(data: Mapping[str, Any], last: int = 3) -> dict[str, Any]:
+    """What the recorder says a rank was doing: the first collective not completed (the one it waits in)
+    and the last ``last`` entries, each ``{op, group, seq, state, sizes, dtypes, site}``."""
+    brief = []
+    for entry in data.get("entries", []):
+        if not isinstance(entry, dict):
+            continue
+        name = str(entry.get("profiling_name", "?"))
+        group = entry.get("process_group") or ("?", "?")
+        brief.append({"op": name.split(":", 1)[-1], "group": f"{group[0]}" + (f" ({group[1]})" if group[1:] else ""),
+                      "seq": entry.get("collective_seq_id"), "state": entry.get("state", "?"),
+                      "sizes": entry.get("input_sizes"), "dtypes": entry.get("input_dtypes"),
+                      "site": _user_frame(entry.get("frames"))})
+    waiting = next((b for b in brief if b["state"] != "completed"), None)
+    return {"version": data.get("version"), "entries": len(brief), "waiting_in": waiting, "last": brief[-last:]}
+
+
+def describe_summary(summary: Mapping[str, Any]) -> str:
+    """One line for hang.txt: ``in all_reduce #42 (started) [[4]] Float from train.py:88``."""
+    entry = summary.get("waiting_in")
+    if entry is None:
+        return f"every recorded collective completed ({summary.get('entries', 0)} entries)"
+    sizes = f" {entry['sizes']}" if entry.get("sizes") else ""
+    dtypes = f" {','.join(map(str, entry['dtypes']))}" if entry.get("dtypes") else ""
+    return f"in {entry['op']} #{entry['seq']} ({entry['state']}){sizes}{dtypes} from {entry['site']}"
+
+
+def summarize_dumps(paths: Mapping[str, str]) -> dict[str, Any]:
+    """Rank -> :func:`dump_summary` for each saved dump in ``collect_dumps``'s answer, or why it gave none."""
+    out: dict[str, Any] = {}
+    for rank, where in paths.items():
+        path = Path(where)
+        if not path.is_file():
+            out[rank] = {"error": where}
+            continue
+        try:
+            out[rank] = dump_summary(read_dump(path))
+        except ValueError as exc:
+            out[rank] = {"error": str(exc)}
+    return out

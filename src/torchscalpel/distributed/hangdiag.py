@@ -182,6 +182,8 @@ def diagnose(logs: dict[int, RankLog], stacks: dict[int, list[Frame]], dead: dic
         groups[st["key"]].append(rank)
     not_waiting = [r for r, st in states.items() if not st["waiting"]]
     first_dead = [r for r in ranks if r in dead and "after rank" not in dead[r]]
+    mismatch = first_mismatch(logs)
+    by_mismatch = False
     if first_dead and len(first_dead) < len(states):
         diverging = first_dead
     elif not_waiting and len(not_waiting) < len(states):
@@ -191,13 +193,19 @@ def diagnose(logs: dict[int, RankLog], stacks: dict[int, list[Frame]], dead: dic
         if len(groups) > 1 and sizes[0] > sizes[1]:
             biggest = max(groups.values(), key=len)
             diverging = sorted(r for r in states if r not in biggest)
+        elif mismatch is not None and mismatch["minority"]:
+            # Where the ranks wait now is a tie (a desync can leave some ranks a collective further on):
+            # the ranks that diverged are the minority of the first collective they disagreed on.
+            diverging, by_mismatch = sorted(mismatch["minority"]), True
         else:
             diverging = []
     for st in states.values():
         st.pop("key", None)
     diag = {"diverging_ranks": diverging, "ranks": {str(r): st for r, st in states.items()}}
     diag["summary"] = summarize(diag)
-    diag["mismatch"] = first_mismatch(logs)
+    if by_mismatch:
+        diag["summary"] = f"{_ranks(diverging)} diverged first, {mismatch['message']}; now {diag['summary']}"
+    diag["mismatch"] = mismatch
     return diag
 
 
@@ -221,8 +229,14 @@ def format_report(diag: dict[str, Any]) -> str:
              f"(--hang-timeout {diag.get('hang_timeout_s', 0):g} s).", diag["summary"] + "."]
     if diag.get("mismatch"):
         lines.append("first mismatch: " + diag["mismatch"]["message"] + ".")
+    nccl = diag.get("nccl_summary") or {}
     for rank, st in diag["ranks"].items():
         lines.append(f"\nrank {rank}: {st['where']} (steps done: {st['steps']})")
+        if rank in nccl:
+            from torchscalpel.distributed.flightrec import describe_summary
+
+            summary = nccl[rank]
+            lines.append("  NCCL flight recorder: " + (summary["error"] if "error" in summary else describe_summary(summary)))
         for c in st["last_collectives"]:
             lines.append(f"    {c['status']:<9} {c['op']} #{c['seq']} {c['group']}{_shape_text(c)} from {c['site']}")
         shown = [f for f in st["stack"] if "/torchscalpel/" not in f and not f.startswith("<frozen runpy>")]

@@ -305,12 +305,13 @@ class HangWatch:
         if self.mismatch and not diag.get("mismatch"):
             diag["mismatch"] = self.mismatch
         if self.options.nccl_trace:  # before the kill: the dumper threads live in the ranks
-            from torchscalpel.distributed.flightrec import collect_dumps, request_dumps
+            from torchscalpel.distributed.flightrec import collect_dumps, request_dumps, summarize_dumps
 
             alive = [r for r in sorted(logs) if r not in dead]
             request_dumps(self.options.folder, alive)
             diag["nccl_trace"] = {str(r): p for r, p in collect_dumps(self.options.folder, self.options.report_dir,
                                                                        alive).items()}
+            diag["nccl_summary"] = summarize_dumps(diag["nccl_trace"])
         for log in logs.values():
             kill_rank(log.pid)
         diag["torn_down_after_s"] = round(time.time() - last, 2)

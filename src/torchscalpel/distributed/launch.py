@@ -24,6 +24,7 @@ from pathlib import Path
 
 from torchscalpel.distributed.hangdiag import first_mismatch
 from torchscalpel.distributed.hangwatch import FLOOR_S, MULTIPLE, HangWatch, WatchOptions
+from torchscalpel.distributed.rank_entry import MODULE as RANK_ENTRY
 from torchscalpel.errors import UsageError
 from torchscalpel.netutil import free_port
 from torchscalpel.runtime.collectives import ENV_DIR as COLLECTIVE_ENV
@@ -159,7 +160,7 @@ def wrap_plain(args: argparse.Namespace) -> None:
     head = ["-m", args.training_script] if args.module else ["--", args.training_script]
     args.training_script_args = ["exec", *head, *args.training_script_args]
     args.module = True
-    args.training_script = "torchscalpel.cli.rank_entry"
+    args.training_script = RANK_ENTRY
 
 
 def check_endpoint(endpoint: str) -> None:
@@ -186,7 +187,7 @@ def wrap_for_stage(args: argparse.Namespace, out_dir: Path) -> str | None:
         raise UsageError(f"--{command} runs a script file; drop -m/--no-python and pass the script path.")
     script, script_args = args.training_script, list(args.training_script_args)
     args.module = True
-    args.training_script = "torchscalpel.cli.rank_entry"
+    args.training_script = RANK_ENTRY
     args.training_script_args = [command, str(out_dir), "--steps", str(args.steps), *tracking, "--", script, *script_args]
     return command
 

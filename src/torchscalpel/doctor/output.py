@@ -25,14 +25,15 @@ def counts(findings: Sequence[Finding]) -> dict[str, int]:
 
 
 def render_terminal(findings: Sequence[Finding], console: Console | None = None, *, header: str = "",
-                    not_analysed: Sequence[Any] = ()) -> None:
-    """Print findings most severe first: slug, message, evidence, location and the fix as code; files
-    the static rules could not analyse (``not_analysed``, e.g. a syntax error and its line) first."""
+                    not_analysed: Sequence[Any] = (), keep_order: bool = False) -> None:
+    """Print findings most severe first (``keep_order``: in the order given): slug, message, evidence,
+    location and the fix as code; files the static rules could not analyse (``not_analysed``, e.g. a
+    syntax error and its line) first."""
     if console is None:
         from torchscalpel.report.terminal import make_console
 
         console = make_console()  # full width when piped: messages and fixes are never cut
-    ranked = rank_findings(findings)
+    ranked = list(findings) if keep_order else rank_findings(findings)
     if header:
         console.print(header)
     for entry in not_analysed:
@@ -57,6 +58,28 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
                                          word_wrap=True, code_width=code_width), (0, 0, 0, 4), expand=False))
         console.print()
     console.print(summary_line(ranked))
+
+
+def render_rank_findings(across: Sequence[Finding], per_rank: Sequence[Finding], console: Console, *,
+                         ranks: int, header: str = "") -> None:
+    """A multi-rank doctor's findings (``scalpel launch --doctor``, ``scalpel doctor --nproc``): those
+    found by comparing the ranks, then each rank's own (merged), each group under a line that says which
+    it is; one "No findings." only when neither group has any."""
+    if header:
+        console.print(header)
+    if not across and not per_rank:
+        console.print(f"[green]No findings[/green] on any of the {ranks} rank(s), nor across them.")
+        return
+    if across:
+        render_terminal(across, console, keep_order=True,  # the hang watch's first: they explain the rest
+                        header=f"[bold]across ranks[/bold] (the launcher compared the {ranks} ranks):")
+    else:
+        console.print(f"[bold]across ranks[/bold]: none (the launcher compared the {ranks} ranks)")
+    console.print()
+    if per_rank:
+        render_terminal(per_rank, console, header="[bold]per rank[/bold] (each rank's own doctor, merged):")
+    else:
+        console.print("[bold]per rank[/bold]: none (each rank's own doctor)")
 
 
 def summary_line(findings: Sequence[Finding]) -> str:

@@ -64,13 +64,34 @@ def step_mismatch(records: dict[int, RunRecord]) -> list[Finding]:
     return found
 
 
+def across_rank_findings(out: Path) -> list[Finding]:
+    """What the launcher found by comparing the ranks of a launch into ``out``: the hang watch's
+    (``collective-mismatch``, ``rank-hang``: first, they explain the rest) then the cross-rank rules
+    (:mod:`torchscalpel.distributed.rankrules`), as findings tagged with their rank when only one is named."""
+    from torchscalpel.distributed.hangwatch import watch_findings
+    from torchscalpel.distributed.rankrules import rank_findings as cross_rank_findings
+
+    found = []
+    for data in watch_findings(out) + cross_rank_findings(out / "watch"):
+        f = Finding.from_dict(data)
+        ranks = sorted(data.get("ranks") or [])
+        if len(ranks) == 1:
+            f.rank = ranks[0]
+        elif ranks and not any(line.startswith("ranks ") for line in f.evidence):
+            f.evidence.append(f"ranks {', '.join(map(str, ranks))}")
+        found.append(f)
+    return found
+
+
 MERGED_RANKS_ENV = "SCALPEL_DOCTOR_MERGED"
 """Set to 1 for the ranks of ``doctor --nproc``: each rank prints a one-line summary, the parent the merged list."""
 
 
 def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | str | None, out: Path) -> tuple[int, dict[int, RunRecord]]:
-    """Launch ``nproc`` ranks under ``scalpel launch --doctor``; returns (exit code, records by rank)."""
-    from torchscalpel.distributed.launch import build_parser, launch, prepare, wrap_for_stage
+    """Launch ``nproc`` ranks under ``scalpel launch --doctor`` (its hang watch and collective check
+    included); returns (exit code, records by rank). :func:`across_rank_findings` reads what the
+    launcher found."""
+    from torchscalpel.distributed.launch import build_parser, launch, prepare, watch_options, wrap_for_stage
     from torchscalpel.distributed.rankmerge import load_rank_records
 
     argv = ["--nproc", str(nproc), "--doctor", "--steps", str(steps or "auto"), "--out", str(out),
@@ -80,7 +101,7 @@ def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | 
     previous = os.environ.get(MERGED_RANKS_ENV)
     os.environ[MERGED_RANKS_ENV] = "1"  # torchrun's workers inherit it
     try:
-        code = launch(parsed, out_dir=out)
+        code = launch(parsed, out_dir=out, watch=watch_options(parsed, out))
     finally:
         if previous is None:
             os.environ.pop(MERGED_RANKS_ENV, None)

@@ -16,13 +16,21 @@ Why a memory-mapped file and not a writer thread: a write into a shared mapping 
 a moment later (gloo aborts a rank on a size mismatch); a thread would lose its last entries.
 
 Layout: a fixed binary header (:data:`HEADER`), then :data:`SLOTS` slots of :data:`SLOT` bytes in a
-ring, each one JSON object whose first bytes are ``{"done":D,`` with ``D`` rewritten in place
-(0 entered, 1 completed, 2 raised).
+ring, each one JSON object ended by a NUL byte, whose first bytes are ``{"done":D,`` with ``D``
+rewritten in place (0 entered, 1 completed, 2 raised).
+
+Why the entry is cheap (the log runs on every collective of every watched launch): the parts that
+repeat from call to call are cached as ready bytes, the description of a collective (op, group,
+shapes, dtypes: keyed by the live shape and dtype objects) and the caller's ``file:line`` (resolved
+once per code object and line, so the frame walk is a dict lookup per frame); an entry is then one
+bytes ``%`` format and one copy into the mapping, and completing it rewrites one byte and the three
+header fields that changed (:data:`PROGRESS`).
 """
 
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import json
 import mmap
 import os
@@ -32,7 +40,6 @@ import struct
 import sys
 import threading
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,11 +53,22 @@ MAGIC = b"TSCOLL1\0"
 HEADER = struct.Struct("<8s5I4Q3d")
 """magic, pid, rank, world, restart, finished, main thread id, steps, completed, entries, last progress, step ms,
 started."""
+PROGRESS = struct.Struct("<QQd")
+"""completed, entries, last progress: the header fields a completed collective changes, written alone."""
+PROGRESS_AT = struct.calcsize("<8s5I2Q")
 HEADER_SIZE = 128
 SLOTS = 256
 SLOT = 512
 FILE_SIZE = HEADER_SIZE + SLOTS * SLOT
 _DONE_AT = len('{"done":')
+ENTRY = b'{"done":0,"n":%d,"seq":%d,"t":%.3f,"site":%s,%s}\0'
+"""One slot: number, per-group sequence number, time entered, quoted site, then :func:`describe_entry`'s bytes."""
+BODY_MAX = 224
+"""Bytes of op/group/shapes/dtypes in a slot; a longer tensor list keeps its first 4 shapes."""
+SITE_MAX = 160
+"""Bytes of the quoted ``file:line``; a longer path keeps its end."""
+CACHE_MAX = 4096
+"""Entries per cache before it is emptied (a script whose shapes change every step keeps paying a miss)."""
 
 # op name -> (index of the tensor argument whose shape must agree across ranks or None, compare shapes)
 OPS: dict[str, tuple[int | None, bool]] = {
@@ -79,6 +97,11 @@ def signature(entry: dict[str, Any]) -> tuple[Any, ...]:
     compare_shapes = OPS.get(entry.get("op", ""), (None, False))[1]
     return (entry.get("op"), tuple(map(tuple, entry.get("shapes") or ())) if compare_shapes else None,
             tuple(entry.get("dtypes") or ()))
+
+
+class _Depth(threading.local):
+    depth = 0
+    """1 while this thread is inside a logged collective (its nested ones are not the user's)."""
 
 
 @dataclass(slots=True)
@@ -118,7 +141,7 @@ def read_rank_log(path: Path) -> RankLog | None:
     (_, pid, rank, world, restart, finished, tid, steps, completed, _n, last, step_ms, started) = HEADER.unpack_from(data)
     entries = []
     for i in range(SLOTS):
-        raw = data[HEADER_SIZE + i * SLOT: HEADER_SIZE + (i + 1) * SLOT].rstrip(b"\0")
+        raw = data[HEADER_SIZE + i * SLOT: HEADER_SIZE + (i + 1) * SLOT].split(b"\0", 1)[0]
         if raw:
             try:
                 entries.append(json.loads(raw))
@@ -142,9 +165,12 @@ class CollectiveRecorder:
             os.close(fd)
         self.rank, self.world, self.restart = rank, world, restart
         self._lock = threading.Lock()
-        self._local = threading.local()
-        self._seq: dict[str, int] = {}
-        self._chain: dict[str, int] = {}
+        self._local = _Depth()  # shared by every wrapped op: all_gather_object's inner all_gather is nested
+        # Counters rather than a lock on the per-call path: next() on an itertools.count is atomic under
+        # the GIL, so threads that issue collectives concurrently still get distinct slots and numbers.
+        self._numbers = itertools.count()
+        self._seqs: dict[str, Any] = {}
+        self._completions = itertools.count(1)
         self._n = 0
         self.steps = 0
         self.completed = 0
@@ -155,7 +181,6 @@ class CollectiveRecorder:
         self._pid = os.getpid()
         self._tid = threading.main_thread().ident or 0
         self._step_ms = 0.0
-        self._quoted: dict[str, str] = {}
         self._write_header()
 
     # -- header -------------------------------------------------------------------------------------
@@ -182,62 +207,117 @@ class CollectiveRecorder:
             self._write_header()
 
     # -- entries ------------------------------------------------------------------------------------
-    # Why hand-written JSON: this runs twice per collective; json.dumps cost more than all the rest.
+    # Why hand-written JSON from cached bytes: this runs twice per collective; json.dumps cost more than
+    # all the rest, and so did rebuilding the same description text every call.
     def enter(self, op: str, group: str, shapes: list[list[int]], dtypes: list[str], site: str) -> int:
         """Log a collective this rank is entering; returns its slot for :meth:`finish`."""
-        with self._lock:
-            seq = self._seq.get(group, 0) + 1
-            self._seq[group] = seq
-            shape_text = repr(shapes).replace(" ", "")  # lists of ints (torch.Size): valid JSON as written
-            dtype_text = '["' + '","'.join(dtypes) + '"]' if dtypes else "[]"
-            sig = f"{op}|{shape_text if OPS[op][1] else ''}|{dtype_text}" if op in OPS else op
-            chain = zlib.crc32(sig.encode(), self._chain.get(group, 0))
-            self._chain[group] = chain
-            quoted = self._quoted.get(site)
-            if quoted is None:
-                quoted = self._quoted[site] = json.dumps(site)
-            gquoted = self._quoted.get(group)
-            if gquoted is None:
-                gquoted = self._quoted[group] = json.dumps(group)
-            head = (f'{{"done":0,"n":{self._n},"op":"{op}","group":{gquoted},"seq":{seq},'
-                    f'"t":{time.time():.3f},"chain":{chain},"site":{quoted},"dtypes":{dtype_text},')
-            raw = (head + f'"shapes":{shape_text}}}').encode()
-            if len(raw) > SLOT:  # a long tensor list: keep the first shapes only
-                cut = repr([list(x) for x in shapes[:4]]).replace(" ", "")
-                raw = (head.replace(f'"dtypes":{dtype_text}', '"dtypes":' + json.dumps(dtypes[:4]))
-                       + f'"truncated":true,"shapes":{cut}}}').encode()[:SLOT]
-            slot = self._n % SLOTS
-            offset = HEADER_SIZE + slot * SLOT
-            self._mm[offset:offset + SLOT] = raw.ljust(SLOT, b"\0")
-            self._n += 1
-            self._write_header()
-            return slot
+        return self.enter_described(group, describe_entry(op, group, shapes, dtypes), quote_site(site))
+
+    def seqs_for(self, group: str) -> Any:
+        """The sequence-number counter of ``group`` (made on its first collective)."""
+        seqs = self._seqs.get(group)
+        if seqs is None:
+            with self._lock:
+                seqs = self._seqs.setdefault(group, itertools.count(1))
+        return seqs
+
+    def enter_described(self, group: str, body: bytes, site: bytes) -> int:
+        """:meth:`enter` from prepared parts (:func:`describe_entry`, :func:`quote_site`); the wrapped
+        collectives do the same inline (:func:`_wrap`)."""
+        n = next(self._numbers)
+        raw = ENTRY % (n, next(self.seqs_for(group)), time.time(), site, body)
+        slot = n % SLOTS
+        offset = HEADER_SIZE + slot * SLOT
+        self._mm[offset:offset + len(raw)] = raw  # the NUL ends it: an older, longer entry's tail is not read
+        self._n = n + 1
+        return slot
 
     def finish(self, slot: int, ok: bool) -> None:
         """Mark the entry in ``slot`` completed (or raised)."""
-        with self._lock:
-            self._mm[HEADER_SIZE + slot * SLOT + _DONE_AT] = 49 if ok else 50  # ord("1"), ord("2")
-            if ok:
-                self.completed += 1
-                self.last_progress = time.time()
-            self._write_header()
+        self._mm[HEADER_SIZE + slot * SLOT + _DONE_AT] = 49 if ok else 50  # ord("1"), ord("2")
+        if ok:
+            self.completed = next(self._completions)
+            self.last_progress = time.time()
+        PROGRESS.pack_into(self._mm, PROGRESS_AT, self.completed, self._n, self.last_progress)  # one C call
+
+
+def describe_entry(op: str, group: str, shapes: list[list[int]], dtypes: list[str]) -> bytes:
+    """A collective's slot members ``"op":..,"group":..,"dtypes":..,"shapes":..`` (cut to :data:`BODY_MAX`)."""
+    shape_text = repr([list(x) for x in shapes]).replace(" ", "")  # lists of ints: valid JSON as written
+    dtype_text = json.dumps(dtypes, separators=(",", ":"))
+    head = f'"op":"{op}","group":{json.dumps(group)},'
+    body = f'{head}"dtypes":{dtype_text},"shapes":{shape_text}'
+    if len(body) > BODY_MAX:  # a long tensor list: keep the first shapes only
+        cut = repr([list(x) for x in shapes[:4]]).replace(" ", "")
+        body = f'{head}"truncated":true,"dtypes":{json.dumps(dtypes[:4], separators=(",", ":"))},"shapes":{cut}'
+        if len(body) > BODY_MAX:
+            body = f'{head}"truncated":true,"dtypes":[],"shapes":[]'
+    return body.encode()
+
+
+def quote_site(site: str) -> bytes:
+    """The JSON string of a ``file:line``, its path's start dropped past :data:`SITE_MAX` bytes."""
+    quoted = json.dumps(site).encode()
+    if len(quoted) > SITE_MAX:
+        quoted = json.dumps("..." + site[-(SITE_MAX // 2):]).encode()
+    return quoted
 
 
 _TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__import__("torch").__file__))) + os.sep + "torch" + os.sep
 _OUR_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
+_USER, _FALLBACK, _SKIP = 0, 1, 2
+_KINDS: dict[Any, int] = {}
+"""code object -> whose code it is (:func:`_kind`): the frame walk's only question, answered once per code."""
+_SITES: dict[tuple[Any, int], bytes] = {}
+"""(code object, line) -> quoted ``file:line``, for the per-call path."""
+
+
+def _kind(code: Any) -> int:
+    kind = _KINDS.get(code)
+    if kind is None:
+        name = code.co_filename
+        if name.startswith(_TORCH_DIR) or name.startswith(_OUR_DIR) or "/torch/" in name:
+            kind = _SKIP
+        elif "site-packages" in name or "/lib/python" in name:
+            kind = _FALLBACK  # a library's line: used only when no user frame is on the stack
+        else:
+            kind = _USER
+        if len(_KINDS) > CACHE_MAX:
+            _KINDS.clear()
+        _KINDS[code] = kind
+    return kind
+
+
+def _user_frame(frame: Any) -> Any:
+    fallback = None
+    while frame is not None:
+        kind = _kind(frame.f_code)
+        if kind == _USER:
+            return frame
+        if kind == _FALLBACK and fallback is None:
+            fallback = frame
+        frame = frame.f_back
+    return fallback
 
 
 def user_site(frame: Any) -> str:
     """``file:line`` of the innermost caller outside torch and torchscalpel."""
-    fallback = ""
-    while frame is not None:
-        name = frame.f_code.co_filename
-        if not (name.startswith(_TORCH_DIR) or name.startswith(_OUR_DIR) or "/torch/" in name):
-            if "site-packages" not in name and "/lib/python" not in name:
-                return f"{name}:{frame.f_lineno}"
-            fallback = fallback or f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-    return fallback or "?"
+    found = _user_frame(frame)
+    return "?" if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"
+
+
+def quoted_user_site(frame: Any) -> bytes:
+    """:func:`user_site`, JSON-quoted (:func:`quote_site`), cached per code object and line."""
+    found = _user_frame(frame)
+    if found is None:
+        return b'"?"'
+    key = (found.f_code, found.f_lineno)
+    quoted = _SITES.get(key)
+    if quoted is None:
+        if len(_SITES) > CACHE_MAX:
+            _SITES.clear()
+        quoted = _SITES[key] = quote_site(f"{key[0].co_filename}:{key[1]}")
+    return quoted
 
 
 _DTYPES: dict[Any, str] = {}
@@ -273,33 +353,63 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
 
     member = dist.GroupMember
     is_compiling = torch.compiler.is_compiling
+    tensor_type = torch.Tensor
     params = list(inspect.signature(fn).parameters)
     group_at = params.index("group") if "group" in params else None
     tensor_at = OPS[op][0]
+    tensor_name = params[tensor_at] if tensor_at is not None else None
     local = recorder._local
+    described: dict[Any, tuple[str, bytes]] = {}  # (group, shape, dtype) -> (group name, body)
+    # Bound once: the per-call path below is enter_described + finish written inline (every attribute
+    # lookup and Python call there is paid on each collective, cold after the wait inside it).
+    finish, getframe, now = recorder.finish, sys._getframe, time.time
+    numbers, completions, seqs_of, mm = recorder._numbers, recorder._completions, recorder._seqs, recorder._mm
+
+    def describe(group: Any, value: Any) -> tuple[str, bytes]:
+        name = _group_name(group, member)
+        shapes, dtypes = _describe(value)
+        return name, describe_entry(op, name, shapes, dtypes)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # Nested calls (all_gather_object -> all_gather) and compiled code are not the user's collectives.
-        if getattr(local, "depth", 0) or is_compiling():
+        if local.depth or is_compiling():
             return fn(*args, **kwargs)
         group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
-        shapes: list[list[int]] = []
-        dtypes: list[str] = []
-        if tensor_at is not None:
-            value = kwargs.get(params[tensor_at], args[tensor_at] if len(args) > tensor_at else None)
-            shapes, dtypes = _describe(value)
-        elif op == "all_to_all" and args:
-            shapes, dtypes = _describe(args[1] if len(args) > 1 else kwargs.get("input_tensor_list"))
-        slot = recorder.enter(op, _group_name(group, member), shapes, dtypes, user_site(sys._getframe(1)))
+        if tensor_name is not None:
+            value = kwargs.get(tensor_name, args[tensor_at] if len(args) > tensor_at else None)
+        else:
+            value = (args[1] if len(args) > 1 else kwargs.get("input_tensor_list")) if op == "all_to_all" else None
+        if isinstance(value, tensor_type):  # the common case: one tensor, its description cached
+            key = (group, value.shape, value.dtype)
+            parts = described.get(key)
+            if parts is None:
+                if len(described) > CACHE_MAX:
+                    described.clear()
+                parts = described[key] = describe(group, value)
+        else:
+            parts = describe(group, value)
+        frame = getframe(1)
+        site = _SITES.get((frame.f_code, frame.f_lineno)) if _KINDS.get(frame.f_code) == _USER else None
+        n = next(numbers)
+        raw = ENTRY % (n, next(seqs_of.get(parts[0]) or recorder.seqs_for(parts[0])), now(),
+                       site or quoted_user_site(frame), parts[1])
+        offset = HEADER_SIZE + (n % SLOTS) * SLOT
+        mm[offset:offset + len(raw)] = raw
+        recorder._n = n + 1
         local.depth = 1
-        ok = False
         try:
             result = fn(*args, **kwargs)
-            ok = True
-            return result
-        finally:
+        except BaseException:
             local.depth = 0
-            recorder.finish(slot, ok)  # an async op (async_op=True) counts as completed once issued
+            finish(n % SLOTS, False)
+            raise
+        local.depth = 0
+        # finish(slot, True), inline; an async op (async_op=True) counts as completed once issued
+        mm[offset + _DONE_AT] = 49  # ord("1")
+        recorder.completed = done = next(completions)
+        recorder.last_progress = t = now()
+        PROGRESS.pack_into(mm, PROGRESS_AT, done, n + 1, t)
+        return result
 
     wrapper.__wrapped__ = fn  # type: ignore[attr-defined]
     wrapper._scalpel_op = op  # type: ignore[attr-defined]

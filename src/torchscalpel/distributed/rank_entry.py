@@ -1,23 +1,34 @@
-"""Per-rank entry point of ``scalpel launch``.
+"""Per-rank entry point of ``scalpel launch`` (and of ``scalpel doctor --nproc``, which launches).
 
-torchrun runs ``python -m torchscalpel.cli.rank_entry COMMAND BASE [OPTIONS] -- SCRIPT ARGS`` on
-every rank. First the rank's collectives, steps and a stack dump on a signal are set up for the
-launcher's hang watch (:mod:`torchscalpel.runtime.collectives`, when the launcher asked for it).
-Then:
+torchrun runs ``python -m torchscalpel.distributed.rank_entry COMMAND BASE [OPTIONS] -- SCRIPT ARGS``
+(the module string is :data:`MODULE`) on every rank. First the rank's collectives, steps and a stack
+dump on a signal are set up for the launcher's hang watch (:mod:`torchscalpel.runtime.collectives`,
+when the launcher asked for it). Then:
 
 - ``exec``: the script (or ``-m MODULE``) runs as ``__main__``, as ``python SCRIPT`` would run it;
-- ``profile`` / ``doctor``: ``scalpel COMMAND --out BASE/rank-R [OPTIONS] -- SCRIPT ARGS`` with R
-  the global rank (torchrun can only substitute the *local* rank into arguments, which repeats
-  across nodes).
+- ``profile`` / ``doctor``: the ``scalpel`` program itself runs, in this process, as
+  ``scalpel COMMAND --out BASE/rank-R [OPTIONS] -- SCRIPT ARGS`` with R the global rank (torchrun
+  can only substitute the *local* rank into arguments, which repeats across nodes).
+
+Why this lives below ``cli/``: the launcher that starts the ranks is library code
+(:mod:`torchscalpel.distributed.launch`), and nothing below the CLI names it. For ``profile`` /
+``doctor`` it runs the package's public entry point (``python -m torchscalpel``, the same program as
+the ``scalpel`` command), as a shell would, rather than importing the CLI's modules.
 """
 
 from __future__ import annotations
 
 import os
+import runpy
 import sys
 from pathlib import Path
 
 from torchscalpel.errors import UsageError
+
+MODULE = "torchscalpel.distributed.rank_entry"
+"""What torchrun runs with ``-m`` on every rank."""
+PROGRAM = "torchscalpel"
+"""The package whose ``__main__`` is the ``scalpel`` command (run for ``profile`` / ``doctor``)."""
 
 
 def rank_argv(argv: list[str], rank: int) -> list[str]:
@@ -31,6 +42,7 @@ def rank_argv(argv: list[str], rank: int) -> list[str]:
 
 def exec_target(argv: list[str]) -> int:
     """Run ``[-m MODULE | SCRIPT] ARGS`` as ``__main__``; the exit status ``python`` would give."""
+    from torchscalpel.runtime.collectives import mark_finished
     from torchscalpel.runtime.script import (
         exit_code_of,
         park_if_distributed,
@@ -44,8 +56,6 @@ def exec_target(argv: list[str]) -> int:
     if not argv:
         raise UsageError("rank_entry exec needs SCRIPT [ARGS] or -m MODULE [ARGS].")
     target = Target(module=argv[1], args=argv[2:]) if argv[0] == "-m" else Target(script=Path(argv[0]), args=argv[1:])
-    from torchscalpel.runtime.collectives import mark_finished
-
     sys.argv = target.argv()
     try:
         park_if_distributed(run_as_main(target))
@@ -61,6 +71,18 @@ def exec_target(argv: list[str]) -> int:
     return 0
 
 
+def run_program(argv: list[str]) -> int:
+    """``scalpel ARGV`` in this process (``python -m torchscalpel``); its exit status."""
+    from torchscalpel.runtime.script import exit_code_of
+
+    sys.argv = ["scalpel", *argv]
+    try:
+        runpy.run_module(PROGRAM, run_name="__main__", alter_sys=False)
+    except SystemExit as exc:
+        return exit_code_of(exc.code)
+    return 0
+
+
 def main() -> int:
     """Set up the hang watch's side, then run the script or the scalpel command for this rank."""
     from torchscalpel.runtime.collectives import install_from_env
@@ -69,9 +91,7 @@ def main() -> int:
     args = sys.argv[1:]
     if args and args[0] == "exec":
         return exec_target(args[1:])
-    from torchscalpel.cli.main import main as scalpel_main
-
-    return scalpel_main(rank_argv(args, int(os.environ.get("RANK", "0"))))
+    return run_program(rank_argv(args, int(os.environ.get("RANK", "0"))))
 
 
 if __name__ == "__main__":
