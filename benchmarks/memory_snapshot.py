@@ -88,6 +88,59 @@ def write_snapshot(path: Path, size_mb: int) -> None:
         pickle.dump(data, f, protocol=4)
 
 
+def write_torch_shaped(path: Path, size_mb: int) -> None:
+    """About ``size_mb`` MB of snapshot laid out as torch writes one (``_cuda_memorySnapshot``).
+
+    What torch shares, shared here (torch/csrc/cuda/Module.cpp, profiler/python/combined_traceback.cpp):
+    the key and state strings are one object each (``py::str`` made once per snapshot); a frame is one dict
+    per distinct frame, shared by every traceback that holds it (``py_symbolize`` dedups frames); a block's
+    traceback is a new list per allocation, and the trace's ``alloc`` event of a block that is still live
+    holds the same list (one ``CapturedTraceback`` per allocation, deduped by pointer). Pickle memoizes
+    every shared object once and refers to it by index afterwards.
+    """
+    py_frames = [{"name": f"fn{i}", "filename": f"/home/user/project/model_{i % 40}.py", "line": 10 + i}
+                 for i in range(2000)]
+    torch_frames = [{"name": f"forward{i}", "filename": f"/usr/lib/python3.11/site-packages/torch/nn/mod{i}.py",
+                     "line": i} for i in range(200)]
+    cpp_frames = [{"name": f"c10::cuda::fn{i}", "filename": "??", "line": 0} for i in range(600)]
+    train = {"name": "train_step", "filename": "/home/user/project/train.py", "line": 88}
+    state = {s: s for s in ("active_allocated", "inactive", "active_pending_free")}
+
+    def traceback(i: int) -> list[dict[str, object]]:
+        return [*(cpp_frames[(i * 7 + k) % 600] for k in range(6)), torch_frames[i % 200], torch_frames[(i + 3) % 200],
+                py_frames[i % 2000], py_frames[(i * 13) % 2000], train]
+
+    per_block = 150  # bytes each pickled block and its trace share take (measured on this generator)
+    n_blocks = size_mb * 10**6 // per_block
+    segments, trace, addr, i = [], [], 0, 0
+    while i < n_blocks:
+        blocks = []
+        for j in range(64):
+            size = 512 * (1 + (i * 7 + j) % 4096)
+            tb = traceback(i)
+            live = j % 9 != 0
+            blocks.append({"address": addr, "size": size, "requested_size": size - 17,
+                           "state": state["active_allocated" if live else "inactive"], "frames": tb if live else []})
+            if live and i % 4 == 0:  # the alloc event of a live block: the same traceback list
+                trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": i, "frames": tb})
+            elif i % 4 == 1:  # a block allocated and freed since: its own traceback
+                tb2 = traceback(i + 1)
+                trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": i, "frames": tb2})
+                trace.append({"action": "free_completed", "addr": addr, "size": size, "stream": 0, "time_us": i + 1,
+                              "frames": tb2})
+            addr += size
+            i += 1
+        segments.append({"device": 0, "address": addr, "total_size": sum(b["size"] for b in blocks),
+                         "allocated_size": 0, "active_size": 0, "requested_size": 0, "stream": 0,
+                         "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+                         "frames": [], "blocks": blocks})
+    trace.append({"action": "oom", "device_free": 10**8, "size": 2**30, "stream": 0, "time_us": i,
+                  "frames": traceback(3)})
+    data = {"segments": segments, "device_traces": [trace], "allocator_settings": {"expandable_segments": False}}
+    with path.open("wb") as f:
+        pickle.dump(data, f, protocol=4)
+
+
 _ARG_BYTES = {0x95: 8, 0x80: 1, 0x4b: 1, 0x4d: 2, 0x4a: 4, 0x47: 8, 0x71: 1, 0x72: 4, 0x68: 1, 0x6a: 4}
 
 

@@ -134,7 +134,10 @@ class SnapshotSummary:
         self.ooms: list[dict[str, Any]] = []
         self.trace_events = self.live = self.trace_peak = 0
         self.trace_peak_at = -1
-        self.keys: list[str] = []
+        # site of a traceback, keyed by the ids of its frame dicts: torch shares one dict per distinct frame,
+        # so a new list of old frames hits. The entry holds the list, so no id in a key can be reused while
+        # it is cached; cleared when full, which bounds what it pins (every frame new: no hits, little kept).
+        self.tb_sites: dict[tuple[int, ...], tuple[list[Any], str]] = {}
 
     def segment(self, seg: Any) -> None:
         """One element of ``segments``."""
@@ -145,7 +148,7 @@ class SnapshotSummary:
         blocks = seg.get("blocks")
         if not isinstance(blocks, list):
             return
-        files, by_site, largest = self.files, self.by_site, self.largest
+        by_site, largest, site_of = self.by_site, self.largest, self._site
         for b in blocks:
             if not isinstance(b, dict):
                 continue
@@ -155,7 +158,7 @@ class SnapshotSummary:
                 self.blocks += 1
                 self.allocated += size
                 self.requested += _int(b.get("requested_size", size))
-                site = user_site(b.get("frames"), files)
+                site = site_of(b.get("frames"))
                 by_site[site] = by_site.get(site, 0) + size
                 if len(largest) < 10 or size > largest[-1][0]:
                     largest.append((size, site))
@@ -165,6 +168,19 @@ class SnapshotSummary:
                 self.free += size
                 if size > self.largest_free:
                     self.largest_free = size
+
+    def _site(self, frames: Any) -> str:
+        if type(frames) is not list:
+            return user_site(frames, self.files)
+        key = tuple(map(id, frames))
+        hit = self.tb_sites.get(key)
+        if hit is not None:
+            return hit[1]
+        site = user_site(frames, self.files)
+        if len(self.tb_sites) >= 20_000:
+            self.tb_sites.clear()
+        self.tb_sites[key] = (frames, site)
+        return site
 
     def trace_event(self, device: int, e: Any) -> None:
         """One element of ``device_traces[device]``: live bytes over the trace, and the OOM events."""
@@ -179,7 +195,7 @@ class SnapshotSummary:
         elif action == "free_completed":
             self.live -= _int(e.get("size"))
         elif action == "oom":
-            self.ooms.append({"device": device, "bytes": e.get("size"), "site": user_site(e.get("frames"), self.files),
+            self.ooms.append({"device": device, "bytes": e.get("size"), "site": self._site(e.get("frames")),
                               "device_free": e.get("device_free")})
             del self.ooms[:-5]
 

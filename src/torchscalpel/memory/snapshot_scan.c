@@ -89,6 +89,8 @@ typedef struct { size_t start; uint64_t memo; uint8_t tag, is_list; uint32_t ord
 typedef struct { size_t start, end; uint64_t memo; uint8_t is_list; } child_t;
 typedef struct { size_t child, parent; } pair_t;
 typedef struct { size_t sp, off; uint64_t memo; } mark_t;
+/* a piece waiting to be written into a batch (a == b: an event with no bytes) */
+typedef struct { size_t a, b; uint64_t memo; uint32_t code, arg; } piece_t;
 
 typedef struct {
   const uint8_t *buf; size_t len;
@@ -104,6 +106,7 @@ typedef struct {
   size_t pos; uint64_t memo; size_t rc_i, l2_i; uint32_t n_l1, n_l2_open; int done, started; size_t prev_op;
   size_t dropped;
   uint8_t *out; size_t out_n, out_cap; uint32_t *ev; size_t ev_n, ev_cap;
+  piece_t *q; size_t q_n, q_head, q_cap;
   uint64_t n_ops;
 } ctx_t;
 
@@ -228,6 +231,14 @@ static int skel_taken(ctx_t *c, size_t from, size_t pos) {
 /* The shape checks and the memo bookkeeping shared by both passes; pass 2 adds emission (hooks). */
 static int pass2_consume(ctx_t *c, size_t parent, size_t first, size_t last, size_t op_off);
 
+/* pass 2: queue a piece [a, b) (or, with a == b, an event alone); ts_next writes the queue into batches */
+static int enqueue(ctx_t *c, size_t a, size_t b, uint64_t memo, uint32_t code, uint32_t arg) {
+  if (grow((void **)&c->q, &c->q_cap, c->q_n + 1, sizeof(piece_t))) return fail(c, E_NOMEM, a, "out of memory");
+  piece_t *p = &c->q[c->q_n++];
+  p->a = a; p->b = b; p->memo = memo; p->code = code; p->arg = arg;
+  return 0;
+}
+
 static void drop_behind(ctx_t *c, size_t pos) {
   size_t page = 4096, upto = pos & ~(page - 1);
   if (upto >= c->dropped + ((size_t)32 << 20)) {
@@ -264,16 +275,14 @@ static int step(ctx_t *c, size_t pos, op_t *op) {
       if (pass == 2 && is_list && c->l2_i < c->n_l2 && c->l2s[c->l2_i] == pos) {
         slot_t *s = &c->st[c->sp - 1];
         s->tag = T_L2; s->ord = c->n_l2_open++;
-        if (grow((void **)&c->ev, &c->ev_cap, c->ev_n + 2, 4)) return fail(c, E_NOMEM, pos, "out of memory");
-        c->ev[c->ev_n++] = EV_OPEN2; c->ev[c->ev_n++] = c->l2p[c->l2_i];
+        if (enqueue(c, pos, pos, 0, EV_OPEN2, c->l2p[c->l2_i])) return -1;
         c->l2_i++;
       }
       if (pass == 2 && c->rc_i < c->n_rc && c->rc[c->rc_i].start == pos && c->rc[c->rc_i].is_list && c->sp >= 2 &&
           c->st[0].tag == T_ROOT) {
         slot_t *s = &c->st[c->sp - 1];
         s->tag = T_L1; s->ord = c->n_l1++;
-        if (grow((void **)&c->ev, &c->ev_cap, c->ev_n + 2, 4)) return fail(c, E_NOMEM, pos, "out of memory");
-        c->ev[c->ev_n++] = EV_OPEN1; c->ev[c->ev_n++] = s->ord;
+        if (enqueue(c, pos, pos, 0, EV_OPEN1, s->ord)) return -1;
       }
       if (c->sp == 1 && pass == 2) c->st[0].tag = (c->root_ok ? T_ROOT : T_PLAIN);
       break;
@@ -391,6 +400,7 @@ static int pass1_consume(ctx_t *c, size_t parent, size_t first, size_t last, siz
 /* Copy [a, b) into the batch, rewritten: FRAME and PROTO dropped, memo stores kept only for fetched keys,
    and every key renumbered to its rank among the fetched ones. */
 static int emit_range(ctx_t *c, size_t a, size_t b, uint64_t memo, uint32_t code, uint32_t arg) {
+  if (a == b) goto event;
   if (grow((void **)&c->out, &c->out_cap, c->out_n + (b - a) + 64, 1)) return fail(c, E_NOMEM, a, "out of memory");
   size_t pos = a;
   op_t op;
@@ -420,6 +430,7 @@ static int emit_range(ctx_t *c, size_t a, size_t b, uint64_t memo, uint32_t code
     c->out_n += op.size;
     pos += op.size;
   }
+event:
   if (grow((void **)&c->ev, &c->ev_cap, c->ev_n + 2, 4)) return fail(c, E_NOMEM, a, "out of memory");
   c->ev[c->ev_n++] = code; c->ev[c->ev_n++] = arg;
   return 0;
@@ -436,7 +447,7 @@ static int pass2_consume(ctx_t *c, size_t parent, size_t first, size_t last, siz
   for (size_t i = first; i < last; i++) {
     if (c->st[i].tag == T_L2) continue;
     size_t end = i + 1 < last ? c->st[i + 1].start : op_off;
-    if (emit_range(c, c->st[i].start, end, c->st[i].memo, p->tag == T_L1 ? EV_ELEM1 : EV_ELEM2, p->ord)) return -1;
+    if (enqueue(c, c->st[i].start, end, c->st[i].memo, p->tag == T_L1 ? EV_ELEM1 : EV_ELEM2, p->ord)) return -1;
   }
   return 0;
 }
@@ -530,7 +541,7 @@ int ts_scan(ctx_t *c) {
    into buffers the next call reuses; *n_events counts (code, arg) pairs. */
 long long ts_next(ctx_t *c, const uint8_t **data, const uint32_t **events, size_t *n_events, size_t batch) {
   if (c->err) return -1;
-  if (c->done) return 0;
+  if (c->done && c->q_head >= c->q_n) return 0;
   c->out_n = 0; c->ev_n = 0;
   static const uint8_t head[] = {0x80, 4, 0x95, 0, 0, 0, 0, 0, 0, 0, 0, ']', '('};
   if (grow((void **)&c->out, &c->out_cap, sizeof head + 64, 1)) { fail(c, E_NOMEM, 0, "out of memory"); return -1; }
@@ -538,18 +549,25 @@ long long ts_next(ctx_t *c, const uint8_t **data, const uint32_t **events, size_
   c->out_n = sizeof head;
   op_t op;
   while (c->out_n < batch && c->ev_n < 2 * 65536) {
+    if (c->q_head < c->q_n) {  /* write what is queued first: a batch holds whole pieces, about `batch` bytes */
+      piece_t *p = &c->q[c->q_head++];
+      if (emit_range(c, p->a, p->b, p->memo, p->code, p->arg)) return -1;
+      continue;
+    }
+    c->q_n = c->q_head = 0;
+    if (c->done) break;
     size_t pos = c->pos;
     /* a root child that is complete: emit it (a list value was streamed instead) */
     while (c->rc_i < c->n_rc && c->rc[c->rc_i].end == pos) {
       child_t *ch = &c->rc[c->rc_i];
-      if (!ch->is_list && emit_range(c, ch->start, ch->end, ch->memo, (c->rc_i & 1) ? EV_VALUE : EV_KEY, 0)) return -1;
+      if (!ch->is_list && enqueue(c, ch->start, ch->end, ch->memo, (c->rc_i & 1) ? EV_VALUE : EV_KEY, 0)) return -1;
       c->rc_i++;
     }
     if (c->rc_i < c->n_rc && c->rc[c->rc_i].start == pos) c->rc[c->rc_i].memo = c->memo;
     int r = step(c, pos, &op);
     if (r < 0) return -1;
     c->pos = pos + op.size;
-    if (r == 1) { c->done = 1; break; }
+    if (r == 1) c->done = 1;
     drop_behind(c, c->pos);
   }
   if (c->out_n == sizeof head && c->ev_n == 0) return 0;
@@ -577,6 +595,6 @@ void ts_close(ctx_t *c) {
   if (!c) return;
   if (c->buf) munmap((void *)c->buf, c->len);
   free(c->fetched); free(c->defined); free(c->rank); free(c->st); free(c->marks); free(c->rc); free(c->ll);
-  free(c->l2s); free(c->l2p); free(c->out); free(c->ev);
+  free(c->l2s); free(c->l2p); free(c->out); free(c->ev); free(c->q);
   free(c);
 }
