@@ -148,26 +148,37 @@ class SnapshotSummary:
         blocks = seg.get("blocks")
         if not isinstance(blocks, list):
             return
+        # the hot loop (millions of blocks in a large snapshot): locals, and the int check inlined
         by_site, largest, site_of = self.by_site, self.largest, self._site
+        n = allocated = requested = free = 0
+        largest_free = self.largest_free
         for b in blocks:
-            if not isinstance(b, dict):
+            if type(b) is not dict:
                 continue
             state = b.get("state")
-            size = _int(b.get("size"))
+            size = b.get("size")
+            if type(size) is not int:
+                size = _int(size)
             if state == "active_allocated":
-                self.blocks += 1
-                self.allocated += size
-                self.requested += _int(b.get("requested_size", size))
+                n += 1
+                allocated += size
+                req = b.get("requested_size", size)
+                requested += req if type(req) is int else _int(req)
                 site = site_of(b.get("frames"))
                 by_site[site] = by_site.get(site, 0) + size
-                if len(largest) < 10 or size > largest[-1][0]:
+                if size > largest[-1][0] if len(largest) >= 10 else True:
                     largest.append((size, site))
                     largest.sort(key=lambda t: t[0], reverse=True)
                     del largest[10:]
             elif state == "inactive":
-                self.free += size
-                if size > self.largest_free:
-                    self.largest_free = size
+                free += size
+                if size > largest_free:
+                    largest_free = size
+        self.blocks += n
+        self.allocated += allocated
+        self.requested += requested
+        self.free += free
+        self.largest_free = largest_free
 
     def _site(self, frames: Any) -> str:
         if type(frames) is not list:

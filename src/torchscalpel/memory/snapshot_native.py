@@ -21,10 +21,12 @@ import hashlib
 import io
 import os
 import platform
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,33 +141,56 @@ Sink = Callable[[int, int, Any], None]
 def stream(lib: ctypes.CDLL, path: Path, unpickler: type, on_event: Sink) -> dict[str, int]:
     """Scan ``path`` and call ``on_event(code, arg, obj)`` for every piece; returns scanner counters.
 
+    Pass 2 runs in a second thread (ctypes lets go of the GIL inside the C call), so cutting the next batch
+    overlaps with unpickling and summarizing this one; at most two batches wait in between.
     Raises :class:`ScanError` when the scanner stops (``E_SHAPE``: the pickle is plain but not laid out
     as a snapshot the streamer handles; the caller then reads it whole).
     """
     ctx = lib.ts_open(os.fsencode(str(path)))
     if not ctx:
         raise ScanError(E_NOMEM, "out of memory", 0)
+    batches: queue.Queue[tuple[bytes, bytes] | int] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def produce() -> None:
+        data, events, n_events = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
+        while not stop.is_set():
+            n = lib.ts_next(ctx, ctypes.byref(data), ctypes.byref(events), ctypes.byref(n_events), BATCH_BYTES)
+            item: tuple[bytes, bytes] | int = (
+                (ctypes.string_at(data, n), ctypes.string_at(events, n_events.value * 8)) if n > 0 else int(n))
+            while not stop.is_set():
+                try:
+                    batches.put(item, timeout=0.2)
+                    break
+                except queue.Full:
+                    continue
+            if not isinstance(item, tuple):
+                return
+
+    producer = threading.Thread(target=produce, name="snapshot-scan", daemon=True)
     try:
         if lib.ts_scan(ctx) != E_OK:
             raise _error(lib, ctx)
         bio = io.BytesIO()
         reader = unpickler(bio)
-        data, events, n_events = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
-        batches = 0
+        count = 0
+        producer.start()
         while True:
-            n = lib.ts_next(ctx, ctypes.byref(data), ctypes.byref(events), ctypes.byref(n_events), BATCH_BYTES)
-            if n == 0:
+            item = batches.get()
+            if not isinstance(item, tuple):
+                if item < 0:
+                    producer.join()
+                    raise _error(lib, ctx)
                 break
-            if n < 0:
-                raise _error(lib, ctx)
-            batches += 1
+            count += 1
             bio.seek(0)
             bio.truncate()
-            bio.write(ctypes.string_at(data, n))
+            bio.write(item[0])
             bio.seek(0)
             objs = iter(reader.load())
             ev = array("I")
-            ev.frombytes(ctypes.string_at(events, n_events.value * 8))
+            ev.frombytes(item[1])
+            del item
             for i in range(0, len(ev), 2):
                 code = ev[i]
                 obj = None if code in (EV_OPEN1, EV_OPEN2) else next(objs)
@@ -173,8 +198,11 @@ def stream(lib: ctypes.CDLL, path: Path, unpickler: type, on_event: Sink) -> dic
             del objs
         stats = (ctypes.c_uint64 * 5)()
         lib.ts_stats(ctx, stats)
-        return {"memo_entries": stats[0], "memo_kept": stats[1], "opcodes": stats[2], "batches": batches}
+        return {"memo_entries": stats[0], "memo_kept": stats[1], "opcodes": stats[2], "batches": count}
     finally:
+        stop.set()
+        if producer.is_alive():
+            producer.join()
         lib.ts_close(ctx)
 
 
