@@ -74,9 +74,12 @@ def _compile(target: Path) -> str:
     cc = _compiler()
     if cc is None:
         return "no C compiler found (set CC, or install gcc)"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+    except OSError as exc:
+        return f"the cache folder {target.parent} is not writable ({exc.strerror or exc})"
     try:
         proc = subprocess.run([*cc.split(), "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
                               capture_output=True, text=True, timeout=120)

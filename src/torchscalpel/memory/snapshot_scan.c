@@ -401,18 +401,22 @@ static int pass1_consume(ctx_t *c, size_t parent, size_t first, size_t last, siz
    and every key renumbered to its rank among the fetched ones. */
 static int emit_range(ctx_t *c, size_t a, size_t b, uint64_t memo, uint32_t code, uint32_t arg) {
   if (a == b) goto event;
-  if (grow((void **)&c->out, &c->out_cap, c->out_n + (b - a) + 64, 1)) return fail(c, E_NOMEM, a, "out of memory");
-  size_t pos = a;
+  /* the rewrite can grow a piece: each memo opcode (1 byte at least) becomes 5 bytes at most, so 5x bounds it
+     (reserved, not touched: the pages a piece does not use are never made resident) */
+  if (grow((void **)&c->out, &c->out_cap, c->out_n + (b - a) * 5 + 64, 1)) return fail(c, E_NOMEM, a, "out of memory");
+  size_t pos = a, run = a;  /* [run, pos): plain opcodes not yet copied, copied in one memcpy */
   op_t op;
   while (pos < b) {
     /* decode() only reads; errors here cannot happen after pass 1 */
     if (decode(c, pos, &op)) return -1;
     opinfo_t in = OPS[op.code];
-    if (in.kind == K_FRAME || op.code == 0x80) { pos += op.size; continue; }
-    if (in.kind == K_MEMOIZE || in.kind == K_PUT || in.kind == K_GET) {
+    int memo_op = in.kind == K_MEMOIZE || in.kind == K_PUT || in.kind == K_GET;
+    if (!memo_op && in.kind != K_FRAME && op.code != 0x80) { pos += op.size; continue; }
+    memcpy(c->out + c->out_n, c->buf + run, pos - run);
+    c->out_n += pos - run;
+    if (memo_op) {
       uint64_t key = in.kind == K_MEMOIZE ? memo++ : op.key;
       if (in.kind == K_GET || bit(c->fetched, c->words, key)) {
-        if (grow((void **)&c->out, &c->out_cap, c->out_n + (b - pos) + 64, 1)) return fail(c, E_NOMEM, a, "out of memory");
         uint64_t r = c->rank[key >> 6] + (uint64_t)__builtin_popcountll(c->fetched[key >> 6] & (((uint64_t)1 << (key & 63)) - 1));
         if (r < 256) {  /* BINGET / BINPUT: the common, short form */
           c->out[c->out_n++] = in.kind == K_GET ? 'h' : 'q';
@@ -422,14 +426,12 @@ static int emit_range(ctx_t *c, size_t a, size_t b, uint64_t memo, uint32_t code
           for (int i = 0; i < 4; i++) c->out[c->out_n++] = (uint8_t)(r >> (8 * i));
         }
       }
-      pos += op.size;
-      continue;
     }
-    if (grow((void **)&c->out, &c->out_cap, c->out_n + (b - pos) + 64, 1)) return fail(c, E_NOMEM, a, "out of memory");
-    memcpy(c->out + c->out_n, c->buf + pos, op.size);
-    c->out_n += op.size;
     pos += op.size;
+    run = pos;
   }
+  memcpy(c->out + c->out_n, c->buf + run, pos - run);
+  c->out_n += pos - run;
 event:
   if (grow((void **)&c->ev, &c->ev_cap, c->ev_n + 2, 4)) return fail(c, E_NOMEM, a, "out of memory");
   c->ev[c->ev_n++] = code; c->ev[c->ev_n++] = arg;
