@@ -105,6 +105,17 @@ def test_the_stream_is_cut_in_batches_and_only_shared_objects_stay_in_the_memo(t
     assert stats["memo_entries"] > 10_000 and stats["memo_kept"] < 200
 
 
+def test_an_object_fetched_once_leaves_the_memo_after_its_fetch(tmp_path: Path, reader) -> None:
+    # a live block's traceback list is the same object as its alloc event's (torch dedups by traceback):
+    # fetched once, in the trace, and then released, so such lists do not pile up for the whole read
+    data = snapshot_data(shared=True, trace_shares=True)
+    shared_once = sum(1 for t in data["device_traces"] for e in t if e["action"] == "alloc" and e["frames"])
+    ours = reader(_write(tmp_path, data), True)
+    _same(ours, reader(tmp_path / "snap.pickle", False))
+    stats = ours["scanner"]
+    assert stats["memo_released"] >= shared_once > 500 and stats["memo_kept"] < 200
+
+
 def test_a_layout_the_streamer_does_not_handle_is_read_whole(tmp_path: Path, reader) -> None:
     data = snapshot_data(n_segments=20)
     # protocol 0 has no EMPTY_DICT: the root is built from a mark, which the streamer leaves to the whole reader

@@ -199,9 +199,10 @@ def stream(lib: ctypes.CDLL, path: Path, unpickler: type, on_event: Sink) -> dic
                 obj = None if code in (EV_OPEN1, EV_OPEN2) else next(objs)
                 on_event(code, ev[i + 1], obj)
             del objs
-        stats = (ctypes.c_uint64 * 5)()
+        stats = (ctypes.c_uint64 * 6)()
         lib.ts_stats(ctx, stats)
-        return {"memo_entries": stats[0], "memo_kept": stats[1], "opcodes": stats[2], "batches": count}
+        return {"memo_entries": stats[0], "memo_kept": stats[1] - stats[5], "memo_released": stats[5],
+                "opcodes": stats[2], "batches": count}
     finally:
         stop.set()
         if producer.is_alive():

@@ -96,7 +96,7 @@ typedef struct {
   const uint8_t *buf; size_t len;
   int err; size_t err_off; char msg[240];
   /* memo */
-  uint64_t *fetched, *defined; uint32_t *rank; size_t words; uint64_t n_memo, n_fetched; int memo_style;
+  uint64_t *fetched, *again, *defined; uint32_t *rank; size_t words; uint64_t n_memo, n_fetched; int memo_style;
   /* stack */
   slot_t *st; size_t sp, cap_st; mark_t *marks; size_t nm, cap_m; int pass;
   /* pass 1 skeleton */
@@ -107,7 +107,7 @@ typedef struct {
   size_t dropped;
   uint8_t *out; size_t out_n, out_cap; uint32_t *ev; size_t ev_n, ev_cap;
   piece_t *q; size_t q_n, q_head, q_cap;
-  uint64_t n_ops;
+  uint64_t n_ops, released;
 } ctx_t;
 
 static int fail(ctx_t *c, int code, size_t off, const char *msg) {
@@ -132,14 +132,18 @@ static int memo_room(ctx_t *c, uint64_t key) {
   if (key > (uint64_t)c->len * 2 + 4096) return -1;  /* no valid pickle of this size has that key */
   size_t n = c->words ? c->words : 1024;
   while (n < need) n *= 2;
-  uint64_t *f = realloc(c->fetched, n * 8), *d;
+  uint64_t *f = realloc(c->fetched, n * 8), *d, *g;
   if (!f) return -1;
   c->fetched = f;
   d = realloc(c->defined, n * 8);
   if (!d) return -1;
   c->defined = d;
+  g = realloc(c->again, n * 8);
+  if (!g) return -1;
+  c->again = g;
   memset(c->fetched + c->words, 0, (n - c->words) * 8);
   memset(c->defined + c->words, 0, (n - c->words) * 8);
+  memset(c->again + c->words, 0, (n - c->words) * 8);
   c->words = n;
   return 0;
 }
@@ -289,7 +293,11 @@ static int step(ctx_t *c, size_t pos, op_t *op) {
     }
     case K_GET:
       if (!bit(c->defined, c->words, op->key)) return fail(c, E_NOTPICKLE, pos, "a memo key is fetched before it is stored");
-      if (pass == 1) c->fetched[op->key >> 6] |= (uint64_t)1 << (op->key & 63);
+      if (pass == 1) {  /* fetched, and fetched more than once: a key fetched once is released after it */
+        uint64_t m = (uint64_t)1 << (op->key & 63);
+        if (c->fetched[op->key >> 6] & m) c->again[op->key >> 6] |= m;
+        c->fetched[op->key >> 6] |= m;
+      }
       if (push(c, pos, 0)) return -1;
       break;
     case K_MEMOIZE: case K_PUT: {
@@ -397,13 +405,25 @@ static int pass1_consume(ctx_t *c, size_t parent, size_t first, size_t last, siz
 }
 
 
+/* A memo opcode with a dense key: BINGET/BINPUT ('h'/'q') when it fits a byte, else LONG_BINGET/LONG_BINPUT. */
+static void put_memo(ctx_t *c, uint8_t short_code, uint64_t r) {
+  if (r < 256) {
+    c->out[c->out_n++] = short_code;
+    c->out[c->out_n++] = (uint8_t)r;
+  } else {
+    c->out[c->out_n++] = short_code == 'h' ? 'j' : 'r';
+    for (int i = 0; i < 4; i++) c->out[c->out_n++] = (uint8_t)(r >> (8 * i));
+  }
+}
+
 /* Copy [a, b) into the batch, rewritten: FRAME and PROTO dropped, memo stores kept only for fetched keys,
    and every key renumbered to its rank among the fetched ones. */
 static int emit_range(ctx_t *c, size_t a, size_t b, uint64_t memo, uint32_t code, uint32_t arg) {
   if (a == b) goto event;
-  /* the rewrite can grow a piece: each memo opcode (1 byte at least) becomes 5 bytes at most, so 5x bounds it
+  /* the rewrite can grow a piece: each memo opcode (1 byte at least) becomes 12 bytes at most (a fetch with its
+     release), so 12x bounds it
      (reserved, not touched: the pages a piece does not use are never made resident) */
-  if (grow((void **)&c->out, &c->out_cap, c->out_n + (b - a) * 5 + 64, 1)) return fail(c, E_NOMEM, a, "out of memory");
+  if (grow((void **)&c->out, &c->out_cap, c->out_n + (b - a) * 12 + 64, 1)) return fail(c, E_NOMEM, a, "out of memory");
   size_t pos = a, run = a;  /* [run, pos): plain opcodes not yet copied, copied in one memcpy */
   op_t op;
   while (pos < b) {
@@ -418,12 +438,14 @@ static int emit_range(ctx_t *c, size_t a, size_t b, uint64_t memo, uint32_t code
       uint64_t key = in.kind == K_MEMOIZE ? memo++ : op.key;
       if (in.kind == K_GET || bit(c->fetched, c->words, key)) {
         uint64_t r = c->rank[key >> 6] + (uint64_t)__builtin_popcountll(c->fetched[key >> 6] & (((uint64_t)1 << (key & 63)) - 1));
-        if (r < 256) {  /* BINGET / BINPUT: the common, short form */
-          c->out[c->out_n++] = in.kind == K_GET ? 'h' : 'q';
-          c->out[c->out_n++] = (uint8_t)r;
-        } else {
-          c->out[c->out_n++] = in.kind == K_GET ? 'j' : 'r';
-          for (int i = 0; i < 4; i++) c->out[c->out_n++] = (uint8_t)(r >> (8 * i));
+        put_memo(c, in.kind == K_GET ? 'h' : 'q', r);
+        /* the only fetch of this key: the memo lets go of it (None stored over it, then popped), so an
+           object shared once (a block's traceback and its trace event's) lives no longer than its user */
+        if (in.kind == K_GET && !bit(c->again, c->words, key)) {
+          c->out[c->out_n++] = 'N';
+          put_memo(c, 'q', r);
+          c->out[c->out_n++] = '0';
+          c->released++;
         }
       }
     }
@@ -588,15 +610,15 @@ int ts_error(ctx_t *c) { return c ? c->err : E_NOMEM; }
 const char *ts_message(ctx_t *c) { return c ? c->msg : "out of memory"; }
 long long ts_offset(ctx_t *c) { return c ? (long long)c->err_off : 0; }
 long long ts_size(ctx_t *c) { return (long long)c->len; }
-/* n_memo, n_fetched, n_ops of the last pass, number of root children, nested lists */
+/* n_memo, n_fetched, n_ops of the last pass, root children, nested lists, memo entries released after their one fetch */
 void ts_stats(ctx_t *c, uint64_t *out) {
-  out[0] = c->n_memo; out[1] = c->n_fetched; out[2] = c->n_ops; out[3] = c->n_rc; out[4] = c->n_l2;
+  out[0] = c->n_memo; out[1] = c->n_fetched; out[2] = c->n_ops; out[3] = c->n_rc; out[4] = c->n_l2; out[5] = c->released;
 }
 
 void ts_close(ctx_t *c) {
   if (!c) return;
   if (c->buf) munmap((void *)c->buf, c->len);
-  free(c->fetched); free(c->defined); free(c->rank); free(c->st); free(c->marks); free(c->rc); free(c->ll);
+  free(c->fetched); free(c->again); free(c->defined); free(c->rank); free(c->st); free(c->marks); free(c->rc); free(c->ll);
   free(c->l2s); free(c->l2p); free(c->out); free(c->ev); free(c->q);
   free(c);
 }
