@@ -116,7 +116,7 @@ def write_torch_shaped(path: Path, size_mb: int) -> None:
         return [*(cpp_frames[(i * 7 + k) % 600] for k in range(6)), torch_frames[i % 200], torch_frames[(i + 3) % 200],
                 py_frames[i % 2000], py_frames[(i * 13) % 2000], train]
 
-    per_block = 150  # bytes each pickled block and its trace share take (measured on this generator)
+    per_block = 134  # bytes each pickled block and its trace share take (measured on this generator)
     n_blocks = size_mb * 10**6 // per_block
     segments, trace, addr, i = [], [], 0, 0
     while i < n_blocks:
