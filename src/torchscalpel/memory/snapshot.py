@@ -322,6 +322,9 @@ def read_snapshot(path: Path) -> dict[str, Any]:
             except Refused as exc:  # cannot happen after the scan refused every global; kept as a backstop
                 raise UsageError(f"{path} is not a plain PyTorch memory snapshot: it asks to build {exc}, which "
                                  "this reader refuses.") from None
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as exc:
+                # a piece the scanner cut that the unpickler rejects would be a scanner bug: read the file whole
+                why = f"the streaming reader failed ({type(exc).__name__}: {exc})"
         result = explain(load_snapshot(path))
         result.update(reader="python", reader_note=why)
         return result
