@@ -103,7 +103,7 @@ typedef struct {
   child_t *rc; size_t n_rc, cap_rc; pair_t *ll; size_t n_ll, cap_ll; int root_ok;
   size_t *l2s; uint32_t *l2p; size_t n_l2, cap_l2; size_t stop_off;
   /* pass 2 state */
-  size_t pos; uint64_t memo; size_t rc_i, l2_i; uint32_t n_l1, n_l2_open; int done, started; size_t prev_op;
+  size_t pos; uint64_t memo; size_t rc_i, l2_i; uint32_t n_l1, n_l2_open; int done;
   size_t dropped;
   uint8_t *out; size_t out_n, out_cap; uint32_t *ev; size_t ev_n, ev_cap;
   piece_t *q; size_t q_n, q_head, q_cap;
