@@ -2,12 +2,16 @@
 
 Run: ``PYTHONPATH=src python benchmarks/memory_snapshot.py [--size-mb 1024]``
 
-Writes a synthetic snapshot shaped like ``torch.cuda.memory._snapshot()`` (segments of blocks, each
-block with a Python + C++ stack of frames, device traces with alloc/free events) of about the given
-size, then in fresh subprocesses, interleaved: (a) torchscalpel's restricted unpickler + explanation,
-(b) ``pickle.load`` + ``torch.cuda._memory_viz.segsum`` (memory_viz's parser and its text summary).
-Reports wall time and peak RSS (``VmHWM``, which exec resets; ``ru_maxrss`` would carry over the
-generating parent's) of each. The snapshot is written by a child process for the same reason.
+Writes a synthetic snapshot of about the given size in each of two shapes: ``torch`` (laid out as
+torch's ``_cuda_memorySnapshot`` writes one: shared key strings and frame dicts, a new traceback list
+per allocation, shared with the trace's alloc event of a live block) and ``fresh-strings`` (the
+pessimistic one: five frames per block, each a new dict of new strings). Then, in fresh subprocesses,
+interleaved: (a) ``scalpel memory SNAPSHOT``'s reader + explanation (the native streaming reader when a
+C compiler exists, else the pure-Python one; each row says which ran), (b) ``pickle.load`` +
+``torch.cuda._memory_viz.segsum`` (memory_viz's parser and its text summary). Reports wall time, CPU
+time and peak RSS (``VmHWM``, which exec resets; ``ru_maxrss`` would carry over the generating parent's)
+of each. The snapshot is written by a child process for the same reason, in a temporary folder
+(``$SNAPSHOT_BENCH_DIR``, else the system's) that is deleted afterwards.
 """
 
 from __future__ import annotations
@@ -24,23 +28,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 OURS = """
-import sys, time
+import resource, sys, time
 from pathlib import Path
 t = time.perf_counter()
 from torchscalpel.memory.snapshot import explain_snapshot
 r = explain_snapshot(Path(sys.argv[1]))
 hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
-print(time.perf_counter() - t, hwm, r["blocks"])
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(time.perf_counter() - t, hwm, ru.ru_utime + ru.ru_stime, r["reader"], r["blocks"])
 """
 PEER = """
-import pickle, sys, time
+import pickle, resource, sys, time
 t = time.perf_counter()
 from torch.cuda import _memory_viz
 with open(sys.argv[1], "rb") as f:
     data = pickle.load(f)
 text = _memory_viz.segsum(data)
 hwm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM")][0]
-print(time.perf_counter() - t, hwm, len(text))
+ru = resource.getrusage(resource.RUSAGE_SELF)
+print(time.perf_counter() - t, hwm, ru.ru_utime + ru.ru_stime, "memory_viz", len(text))
 """
 
 
@@ -88,6 +94,59 @@ def write_snapshot(path: Path, size_mb: int) -> None:
         pickle.dump(data, f, protocol=4)
 
 
+def write_torch_shaped(path: Path, size_mb: int) -> None:
+    """About ``size_mb`` MB of snapshot laid out as torch writes one (``_cuda_memorySnapshot``).
+
+    What torch shares, shared here (torch/csrc/cuda/Module.cpp, profiler/python/combined_traceback.cpp):
+    the key and state strings are one object each (``py::str`` made once per snapshot); a frame is one dict
+    per distinct frame, shared by every traceback that holds it (``py_symbolize`` dedups frames); a block's
+    traceback is a new list per allocation, and the trace's ``alloc`` event of a block that is still live
+    holds the same list (one ``CapturedTraceback`` per allocation, deduped by pointer). Pickle memoizes
+    every shared object once and refers to it by index afterwards.
+    """
+    py_frames = [{"name": f"fn{i}", "filename": f"/home/user/project/model_{i % 40}.py", "line": 10 + i}
+                 for i in range(2000)]
+    torch_frames = [{"name": f"forward{i}", "filename": f"/usr/lib/python3.11/site-packages/torch/nn/mod{i}.py",
+                     "line": i} for i in range(200)]
+    cpp_frames = [{"name": f"c10::cuda::fn{i}", "filename": "??", "line": 0} for i in range(600)]
+    train = {"name": "train_step", "filename": "/home/user/project/train.py", "line": 88}
+    state = {s: s for s in ("active_allocated", "inactive", "active_pending_free")}
+
+    def traceback(i: int) -> list[dict[str, object]]:
+        return [*(cpp_frames[(i * 7 + k) % 600] for k in range(6)), torch_frames[i % 200], torch_frames[(i + 3) % 200],
+                py_frames[i % 2000], py_frames[(i * 13) % 2000], train]
+
+    per_block = 134  # bytes each pickled block and its trace share take (measured on this generator)
+    n_blocks = size_mb * 10**6 // per_block
+    segments, trace, addr, i = [], [], 0, 0
+    while i < n_blocks:
+        blocks = []
+        for j in range(64):
+            size = 512 * (1 + (i * 7 + j) % 4096)
+            tb = traceback(i)
+            live = j % 9 != 0
+            blocks.append({"address": addr, "size": size, "requested_size": size - 17,
+                           "state": state["active_allocated" if live else "inactive"], "frames": tb if live else []})
+            if live and i % 4 == 0:  # the alloc event of a live block: the same traceback list
+                trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": i, "frames": tb})
+            elif i % 4 == 1:  # a block allocated and freed since: its own traceback
+                tb2 = traceback(i + 1)
+                trace.append({"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": i, "frames": tb2})
+                trace.append({"action": "free_completed", "addr": addr, "size": size, "stream": 0, "time_us": i + 1,
+                              "frames": tb2})
+            addr += size
+            i += 1
+        segments.append({"device": 0, "address": addr, "total_size": sum(b["size"] for b in blocks),
+                         "allocated_size": 0, "active_size": 0, "requested_size": 0, "stream": 0,
+                         "segment_type": "large", "segment_pool_id": (0, 0), "is_expandable": False,
+                         "frames": [], "blocks": blocks})
+    trace.append({"action": "oom", "device_free": 10**8, "size": 2**30, "stream": 0, "time_us": i,
+                  "frames": traceback(3)})
+    data = {"segments": segments, "device_traces": [trace], "allocator_settings": {"expandable_segments": False}}
+    with path.open("wb") as f:
+        pickle.dump(data, f, protocol=4)
+
+
 _ARG_BYTES = {0x95: 8, 0x80: 1, 0x4b: 1, 0x4d: 2, 0x4a: 4, 0x47: 8, 0x71: 1, 0x72: 4, 0x68: 1, 0x6a: 4}
 
 
@@ -119,36 +178,57 @@ def opcode_rate(size_mb: int) -> dict[str, float]:
     return {"bytes": len(data), "opcodes": n, "skip_s": dt, "skip_s_per_gb": dt * 2**30 / len(data)}
 
 
-def run(code: str, path: Path) -> tuple[float, int]:
+def run(code: str, path: Path, timeout: float) -> dict[str, object]:
+    """One fresh subprocess: wall s, peak RSS, CPU s, which reader; or what went wrong."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env, check=True)
-    seconds, rss, _ = out.stdout.split()
-    return float(seconds), int(rss)
+    try:
+        out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, env=env,
+                             timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"failed": f"did not finish in {timeout:.0f} s"}
+    if out.returncode != 0:
+        return {"failed": f"exit {out.returncode}: {(out.stderr.strip().splitlines() or [''])[-1][:200]}"}
+    seconds, rss, cpu, reader, _ = out.stdout.split()
+    return {"wall_s": float(seconds), "peak_rss": int(rss), "cpu_s": float(cpu), "reader": reader}
+
+
+WRITERS = {"torch": "write_torch_shaped", "fresh-strings": "write_snapshot"}
+
+
+def bench(shape: str, size_mb: int, rounds: int, timeout: float) -> dict[str, object]:
+    """Write one snapshot of ``shape`` in a child process, read it ``rounds`` times with each reader, interleaved."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("SNAPSHOT_BENCH_DIR")) as d:
+        path = Path(d) / "snapshot.pickle"
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
+        subprocess.run([sys.executable, "-c", f"import memory_snapshot as m, pathlib; "
+                        f"m.{WRITERS[shape]}(pathlib.Path({str(path)!r}), {size_mb})"], env=env, check=True)
+        size = path.stat().st_size
+        ours, peer = [], []
+        for _ in range(rounds):  # interleaved
+            ours.append(run(OURS, path, timeout))
+            peer.append(run(PEER, path, timeout))
+    return {"shape": shape, "snapshot_bytes": size, "ours": ours, "memory_viz": peer}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size-mb", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--shape", choices=[*WRITERS, "both"], default="both",
+                        help="torch: frames shared as torch writes them; fresh-strings: a new string per frame")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds one read may take")
     parser.add_argument("--opcode-rate", action="store_true", help="only time a pure-Python opcode skipper")
     args = parser.parse_args()
     if args.opcode_rate:
         print(json.dumps(opcode_rate(args.size_mb)))
         return 0
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "snapshot.pickle"
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
-        subprocess.run([sys.executable, "-c", f"import memory_snapshot as m, pathlib; "
-                        f"m.write_snapshot(pathlib.Path({str(path)!r}), {args.size_mb})"], env=env, check=True)
-        size = path.stat().st_size
-        ours, peer = [], []
-        for _ in range(args.rounds):  # interleaved
-            ours.append(run(OURS, path))
-            peer.append(run(PEER, path))
-    best = lambda rows: (min(r[0] for r in rows), min(r[1] for r in rows))  # noqa: E731
-    (ot, orss), (pt, prss) = best(ours), best(peer)
-    print(json.dumps({"snapshot_bytes": size, "ours_s": ot, "ours_peak_rss": orss, "memory_viz_s": pt,
-                      "memory_viz_peak_rss": prss, "time_ratio": ot / pt, "rss_ratio": orss / prss}))
+    sys.path.insert(0, str(ROOT / "src"))
+    from torchscalpel.memory.snapshot_native import load_library
+
+    lib, why = load_library()  # compile once here, so no timed read pays for it
+    print(json.dumps({"native_reader": lib is not None, "why_not": why}), flush=True)
+    for shape in (WRITERS if args.shape == "both" else [args.shape]):
+        print(json.dumps(bench(shape, args.size_mb, args.rounds, args.timeout)), flush=True)
     return 0
 
 

@@ -9,6 +9,7 @@ and the fresh site-packages comes first.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -24,8 +25,9 @@ from helpers import REPO
 STAGES = "env,profile,doctor,analyze,plan,ship"
 
 
-def _run(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def _run(args: list[str], cwd: Path, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    env.update(extra)
     env.setdefault("OMP_NUM_THREADS", "1")
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
@@ -73,3 +75,13 @@ def test_wheel_installs_and_demo_runs_from_an_empty_folder(tmp_path: Path) -> No
     assert {p.name for p in (out / "examples").iterdir()} >= {"char_transformer.py", "digits_cnn.py"}
     assert (out / "report.html").is_file() and (out / "ship" / "bundle" / "manifest.json").is_file()
     assert sorted(p.name for p in empty.iterdir()) == ["out"]
+
+    # the snapshot reader's C source ships in the wheel and compiles on first use (the Python reader without a compiler)
+    snap = tmp_path / "snap.pickle"
+    snap.write_bytes(pickle.dumps({"segments": [{"total_size": 4096, "blocks": [
+        {"size": 4096, "state": "active_allocated", "frames": [{"filename": "/u/train.py", "line": 7, "name": "f"}]}]}]}))
+    proc = _run([str(env_dir / "bin" / "scalpel"), "memory", str(snap)], cwd=tmp_path,
+                TORCHSCALPEL_CACHE_DIR=str(tmp_path / "native-cache"))
+    assert proc.returncode == 0 and "/u/train.py:7" in proc.stdout, proc.stdout + proc.stderr
+    has_cc = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+    assert ("(read by the native streaming reader)" if has_cc else "pure-Python reader") in proc.stdout, proc.stdout

@@ -1,28 +1,46 @@
 """Read a PyTorch memory snapshot (``torch.cuda.memory._dump_snapshot``) safely, and explain it.
 
-A snapshot is a pickle, and a pickle can run code. :class:`PlainUnpickler` builds only what the pickle
-opcodes build by themselves (dicts, lists, tuples, strings, bytes, numbers, booleans, None): every
-global lookup (``find_class``) and persistent id is refused, so nothing is imported or called. A file
-that needs one is not a plain snapshot and gets one sentence and exit 2.
+A snapshot is a pickle, and a pickle can run code. Both readers here build only what the pickle opcodes
+build by themselves (dicts, lists, tuples, sets, strings, bytes, numbers, booleans, None):
 
-The explanation, from the ``segments`` part: reserved and allocated bytes, memory free inside reserved
-segments (fragmentation) and the largest free block, the allocations by the user's call site (the first
-Python frame outside torch), the largest blocks; from ``device_traces``: the out-of-memory events (the
+- the native reader (``snapshot_scan.c`` through ``snapshot_native``, compiled on first use) refuses
+  every opcode that imports, calls or builds an object before anything is built, then streams the file:
+  one segment or one trace event at a time goes through one restricted unpickler and into the summary,
+  and is dropped, so a 1 GB snapshot needs a small fraction of 1 GB of RAM;
+- the pure-Python reader (:class:`PlainUnpickler`, every global lookup and persistent id refused) reads
+  the whole file at once; it runs when no C compiler is available, with ``TORCHSCALPEL_NATIVE=0``, or
+  for a plain pickle laid out in a way the streamer does not handle. The output names the reader.
+
+A file that needs anything else is not a plain snapshot and gets one sentence and exit 2. Both readers
+feed :class:`SnapshotSummary`, so they give the same explanation: from ``segments``, reserved and
+allocated bytes, memory free inside reserved segments (fragmentation) and the largest free block, the
+allocations by the user's call site (the first Python frame outside torch), the largest blocks; from
+``device_traces``, the live bytes over the recorded trace (its peak) and the out-of-memory events (the
 request that failed) when the snapshot recorded history.
 """
 
 from __future__ import annotations
 
+import gc
 import io
 import pickle
 import time
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.errors import UsageError
+from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.memory import snapshot_native as native
 from torchscalpel.units import fmt_bytes
 
 _LIB_MARKERS = ("/torch/", "site-packages", "dist-packages", "/lib/python", "<frozen", "??")
+_WHAT = {  # why each refused opcode is refused, for the one sentence
+    "GLOBAL": "imports a class or function", "STACK_GLOBAL": "imports a class or function",
+    "INST": "imports and calls a class", "OBJ": "calls a class", "REDUCE": "calls a function",
+    "NEWOBJ": "calls a class", "NEWOBJ_EX": "calls a class", "BUILD": "sets an object's state",
+    "PERSID": "needs a persistent id", "BINPERSID": "needs a persistent id",
+    "EXT1": "names a registered class", "EXT2": "names a registered class", "EXT4": "names a registered class",
+    "NEXT_BUFFER": "needs an out-of-band buffer", "READONLY_BUFFER": "needs an out-of-band buffer",
+}
 
 
 class Refused(pickle.UnpicklingError):
@@ -39,22 +57,38 @@ class PlainUnpickler(pickle.Unpickler):
         raise Refused("a persistent id")
 
 
+def _not_snapshot(path: Path, why: str) -> UsageError:
+    return UsageError(f"{path} is not a PyTorch memory snapshot ({why}); give a file written by "
+                      "torch.cuda.memory._dump_snapshot.")
+
+
+def _truncated(path: Path, where: str) -> UsageError:
+    return UsageError(f"{path} is cut short ({where}): the snapshot was not written completely; dump it again.")
+
+
 def load_snapshot(path: Path) -> dict[str, Any]:
-    """The snapshot as plain data; :class:`UsageError` (exit 2) with one sentence for anything else."""
+    """The whole snapshot as plain data (pure-Python reader); :class:`UsageError` (exit 2) for anything else."""
     try:
         with path.open("rb") as fh:
             data = PlainUnpickler(io.BufferedReader(fh, buffer_size=1 << 20)).load()
     except Refused as exc:
         raise UsageError(f"{path} is not a plain PyTorch memory snapshot: it asks to build {exc}, which this "
                          "reader refuses (only containers and numbers are allowed).") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError, AttributeError) as exc:
-        raise UsageError(f"{path} is not a PyTorch memory snapshot ({type(exc).__name__} while reading it as a "
-                         "pickle); give a file written by torch.cuda.memory._dump_snapshot.") from None
+    except EOFError:
+        raise _truncated(path, "it ends before the pickle's STOP opcode") from None
+    except pickle.UnpicklingError as exc:
+        if "truncated" in str(exc):
+            raise _truncated(path, "it ends inside an opcode") from None
+        raise _not_snapshot(path, f"{type(exc).__name__} while reading it as a pickle") from None
+    except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as exc:
+        raise _not_snapshot(path, f"{type(exc).__name__} while reading it as a pickle") from None
+    except MemoryError:
+        raise ScalpelError(f"{path} does not fit in memory with the pure-Python reader; install a C compiler "
+                           "(gcc) so the streaming reader can run.") from None
     except OSError as exc:
         raise UsageError(f"Cannot read {path}: {exc.strerror or exc}.") from None
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
-        raise UsageError(f"{path} is a pickle but not a PyTorch memory snapshot (no 'segments' list); give a file "
-                         "written by torch.cuda.memory._dump_snapshot.")
+        raise _not_snapshot(path, "a pickle, but with no 'segments' list")
     return data
 
 
@@ -84,52 +118,225 @@ def user_site(frames: Any, cache: dict[str, bool] | None = None) -> str:
     return fallback or "(no Python frame)"
 
 
-def explain(data: dict[str, Any]) -> dict[str, Any]:
-    """Totals, fragmentation, sites and out-of-memory events of a loaded snapshot (plain JSON)."""
-    reserved = allocated = requested = free = largest_free = blocks = 0
-    files: dict[str, bool] = {}
-    by_site: dict[str, int] = {}
-    largest: list[tuple[int, str]] = []
-    for seg in data["segments"]:
+def _int(v: Any) -> int:
+    return v if type(v) is int else int(v or 0) if isinstance(v, int | float) else 0
+
+
+class SnapshotSummary:
+    """The explanation, built one segment and one trace event at a time (both readers feed it)."""
+
+    def __init__(self) -> None:
+        self.segments = self.blocks = self.reserved = self.allocated = self.requested = 0
+        self.free = self.largest_free = 0
+        self.files: dict[str, bool] = {}
+        self.by_site: dict[str, int] = {}
+        self.largest: list[tuple[int, str]] = []
+        self.ooms: list[dict[str, Any]] = []
+        self.trace_events = self.live = self.trace_peak = 0
+        self.trace_peak_at = -1
+        # site of a traceback, keyed by the ids of its frame dicts: torch shares one dict per distinct frame,
+        # so a new list of old frames hits. The entry holds the list, so no id in a key can be reused while
+        # it is cached; cleared when full, which bounds what it pins (every frame new: no hits, little kept).
+        self.tb_sites: dict[tuple[int, ...], tuple[list[Any], str]] = {}
+
+    def segment(self, seg: Any) -> None:
+        """One element of ``segments``."""
+        self.segments += 1
         if not isinstance(seg, dict):
-            continue
-        reserved += int(seg.get("total_size", 0) or 0)
-        for b in seg.get("blocks", ()) or ():
-            size = int(b.get("size", 0) or 0)
-            if b.get("state") == "active_allocated":
-                blocks += 1
+            return
+        self.reserved += _int(seg.get("total_size"))
+        blocks = seg.get("blocks")
+        if not isinstance(blocks, list):
+            return
+        # the hot loop (millions of blocks in a large snapshot): locals, and the int check inlined
+        by_site, largest, site_of = self.by_site, self.largest, self._site
+        n = allocated = requested = free = 0
+        largest_free = self.largest_free
+        for b in blocks:
+            if type(b) is not dict:
+                continue
+            state = b.get("state")
+            size = b.get("size")
+            if type(size) is not int:
+                size = _int(size)
+            if state == "active_allocated":
+                n += 1
                 allocated += size
-                requested += int(b.get("requested_size", size) or size)
-                site = user_site(b.get("frames"), files)
+                req = b.get("requested_size", size)
+                requested += req if type(req) is int else _int(req)
+                site = site_of(b.get("frames"))
                 by_site[site] = by_site.get(site, 0) + size
-                if len(largest) < 10 or size > largest[-1][0]:
+                if size > largest[-1][0] if len(largest) >= 10 else True:
                     largest.append((size, site))
                     largest.sort(key=lambda t: t[0], reverse=True)
                     del largest[10:]
-            elif b.get("state") == "inactive":
+            elif state == "inactive":
                 free += size
-                largest_free = max(largest_free, size)
-    ooms = []
-    for device, trace in enumerate(data.get("device_traces", []) or []):
-        for e in trace or ():
-            if isinstance(e, dict) and e.get("action") == "oom":
-                ooms.append({"device": device, "bytes": e.get("size"), "site": user_site(e.get("frames"), files),
-                             "device_free": e.get("device_free")})
-    share = free / reserved if reserved else 0.0
-    sites = sorted(by_site.items(), key=lambda kv: kv[1], reverse=True)[:10]
-    return {
-        "segments": len(data["segments"]), "blocks": blocks, "reserved": reserved, "allocated": allocated,
-        "requested": requested, "reserved_free": free, "fragmentation_share": share, "largest_free": largest_free,
-        "sites": [{"name": s, "bytes": v} for s, v in sites],
-        "largest": [{"bytes": n, "site": s} for n, s in largest], "ooms": ooms[-5:],
-        "expandable_segments_advised": share > 0.2,
-    }
+                if size > largest_free:
+                    largest_free = size
+        self.blocks += n
+        self.allocated += allocated
+        self.requested += requested
+        self.free += free
+        self.largest_free = largest_free
+
+    def _site(self, frames: Any) -> str:
+        if type(frames) is not list:
+            return user_site(frames, self.files)
+        key = tuple(map(id, frames))
+        hit = self.tb_sites.get(key)
+        if hit is not None:
+            return hit[1]
+        site = user_site(frames, self.files)
+        if len(self.tb_sites) >= 20_000:
+            self.tb_sites.clear()
+        self.tb_sites[key] = (frames, site)
+        return site
+
+    def trace_event(self, device: int, e: Any) -> None:
+        """One element of ``device_traces[device]``: live bytes over the trace, and the OOM events."""
+        if not isinstance(e, dict):
+            return
+        self.trace_events += 1
+        action = e.get("action")
+        if action == "alloc":
+            self.live += _int(e.get("size"))
+            if self.live > self.trace_peak:
+                self.trace_peak, self.trace_peak_at = self.live, self.trace_events - 1
+        elif action == "free_completed":
+            self.live -= _int(e.get("size"))
+        elif action == "oom":
+            self.ooms.append({"device": device, "bytes": e.get("size"), "site": self._site(e.get("frames")),
+                              "device_free": e.get("device_free")})
+            del self.ooms[:-5]
+
+    def result(self) -> dict[str, Any]:
+        """Plain JSON."""
+        share = self.free / self.reserved if self.reserved else 0.0
+        sites = sorted(self.by_site.items(), key=lambda kv: kv[1], reverse=True)[:10]
+        return {
+            "segments": self.segments, "blocks": self.blocks, "reserved": self.reserved, "allocated": self.allocated,
+            "requested": self.requested, "reserved_free": self.free, "fragmentation_share": share,
+            "largest_free": self.largest_free, "sites": [{"name": s, "bytes": v} for s, v in sites],
+            "largest": [{"bytes": n, "site": s} for n, s in self.largest], "ooms": self.ooms,
+            "trace": {"events": self.trace_events, "peak_live": self.trace_peak, "peak_at_event": self.trace_peak_at},
+            "expandable_segments_advised": share > 0.2,
+        }
+
+
+def explain(data: dict[str, Any]) -> dict[str, Any]:
+    """Totals, fragmentation, sites, trace peak and out-of-memory events of a loaded snapshot (plain JSON)."""
+    summary = SnapshotSummary()
+    for seg in data["segments"]:
+        summary.segment(seg)
+    traces = data.get("device_traces")
+    for device, trace in enumerate(traces if isinstance(traces, list) else ()):
+        if isinstance(trace, list):
+            for e in trace:
+                summary.trace_event(device, e)
+    return summary.result()
+
+
+class _Router:
+    """Turns the native reader's events (root key, root value, list opened, element) into summary calls."""
+
+    def __init__(self, summary: SnapshotSummary) -> None:
+        self.summary = summary
+        self.key: Any = None
+        self.l1: list[Any] = []          # root key of each streamed root list
+        self.l2: list[tuple[Any, int]] = []  # (root key, index) of each streamed nested list
+        self.l2_count: dict[int, int] = {}
+        self.seen: dict[Any, str] = {}   # root key -> "list" or a type name
+
+    def __call__(self, code: int, arg: int, obj: Any) -> None:
+        if code == native.EV_ELEM2:
+            key, index = self.l2[arg]
+            if key == "device_traces":
+                self.summary.trace_event(index, obj)
+        elif code == native.EV_ELEM1:
+            if self.l1[arg] == "segments":
+                self.summary.segment(obj)
+        elif code == native.EV_KEY:
+            self.key = obj
+        elif code == native.EV_VALUE:
+            self.seen[self.key] = type(obj).__name__
+            # a list the scanner did not open (the root refers to one already built): fed whole
+            if self.key == "segments" and isinstance(obj, list):
+                for seg in obj:
+                    self.summary.segment(seg)
+            elif self.key == "device_traces" and isinstance(obj, list):
+                for device, trace in enumerate(obj):
+                    for e in trace if isinstance(trace, list) else ():
+                        self.summary.trace_event(device, e)
+        elif code == native.EV_OPEN1:
+            self.l1.append(self.key)
+            self.seen[self.key] = "list"
+        elif code == native.EV_OPEN2:
+            index = self.l2_count.get(arg, 0)
+            self.l2_count[arg] = index + 1
+            self.l2.append((self.l1[arg], index))
+
+
+def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
+    if err.code == native.E_REFUSED:
+        what = _WHAT.get(err.message, "is not plain data")
+        return UsageError(f"{path} is not a plain PyTorch memory snapshot: at byte {err.offset} it {what} "
+                          f"(pickle opcode {err.message}), which this reader refuses (only containers and "
+                          "numbers are allowed).")
+    if err.code == native.E_TRUNCATED:
+        return _truncated(path, f"{err.message}, at byte {err.offset}")
+    if err.code == native.E_IO:
+        return UsageError(f"Cannot read {path}: {err.message}.")
+    if err.code == native.E_NOMEM:
+        return ScalpelError(f"Reading {path} ran out of memory in the native reader.")
+    return _not_snapshot(path, f"{err.message}, at byte {err.offset}")
+
+
+def _read_native(path: Path, lib: Any) -> tuple[dict[str, Any], dict[str, int]]:
+    summary = SnapshotSummary()
+    router = _Router(summary)
+    stats = native.stream(lib, path, PlainUnpickler, router)
+    if router.seen.get("segments") != "list":
+        raise _not_snapshot(path, "a pickle, but with no 'segments' list")
+    return summary.result(), stats
+
+
+def read_snapshot(path: Path) -> dict[str, Any]:
+    """Explain ``path`` with the native streaming reader, or the pure-Python one when it cannot run.
+
+    ``reader`` says which ran ("native" or "python") and ``reader_note`` why the native one did not.
+    """
+    lib, why = native.load_library()
+    gc_was = gc.isenabled()
+    gc.disable()  # the readers make millions of acyclic containers; collections would only cost time
+    try:
+        if lib is not None:
+            try:
+                result, stats = _read_native(path, lib)
+                result.update(reader="native", reader_note="", scanner=stats)
+                return result
+            except native.ScanError as err:
+                if err.code != native.E_SHAPE:
+                    raise _native_error(path, err) from None
+                why = f"the streaming reader does not handle this layout ({err.message})"
+            except Refused as exc:  # cannot happen after the scan refused every global; kept as a backstop
+                raise UsageError(f"{path} is not a plain PyTorch memory snapshot: it asks to build {exc}, which "
+                                 "this reader refuses.") from None
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as exc:
+                # a piece the scanner cut that the unpickler rejects would be a scanner bug: read the file whole
+                why = f"the streaming reader failed ({type(exc).__name__}: {exc})"
+        result = explain(load_snapshot(path))
+        result.update(reader="python", reader_note=why)
+        return result
+    finally:
+        if gc_was:
+            gc.enable()
 
 
 def explain_snapshot(path: Path) -> dict[str, Any]:
     """Load (safely) and explain ``path``; ``read_s`` is the wall time both took."""
     t0 = time.perf_counter()
-    result = explain(load_snapshot(path))
+    result = read_snapshot(path)
     result["read_s"] = time.perf_counter() - t0
     result["path"] = str(path)
     return result
@@ -141,6 +348,10 @@ def render_snapshot(r: dict[str, Any]) -> list[str]:
              f"  reserved {fmt_bytes(r['reserved'])}, allocated {fmt_bytes(r['allocated'])}, free inside reserved "
              f"{fmt_bytes(r['reserved_free'])} ({r['fragmentation_share']:.0%}), largest free block "
              f"{fmt_bytes(r['largest_free'])}"]
+    trace = r.get("trace") or {}
+    if trace.get("events"):
+        lines.append(f"  trace: {trace['events']} allocator events, live bytes peaked {fmt_bytes(trace['peak_live'])} "
+                     f"above the trace's start (event {trace['peak_at_event']})")
     for o in r["ooms"]:
         lines.append(f"  out of memory: asked for {fmt_bytes(o['bytes'])} at {o['site']}")
     if r["sites"]:
@@ -149,4 +360,8 @@ def render_snapshot(r: dict[str, Any]) -> list[str]:
     if r["expandable_segments_advised"]:
         lines.append("fix: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (more than 20% of reserved memory is "
                      "free but fragmented)")
+    if r.get("reader") == "python":
+        lines.append(f"(read whole by the pure-Python reader: {r.get('reader_note') or 'native reader unavailable'})")
+    elif r.get("reader") == "native":
+        lines.append("(read by the native streaming reader)")
     return lines

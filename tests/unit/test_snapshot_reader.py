@@ -1,0 +1,196 @@
+"""The snapshot readers: the native streaming one and the pure-Python one agree, and both refuse.
+
+The native reader compiles ``memory/snapshot_scan.c`` into a per-test cache folder; tests of the
+native path skip (visibly) on a machine with no C compiler, where CI installs gcc first (.ci/run).
+"""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchscalpel.errors import UsageError
+from torchscalpel.memory import snapshot as S
+from torchscalpel.memory import snapshot_native as native
+
+HAS_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
+
+
+@pytest.fixture
+def reader(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """read(path, native=True|False) -> the explanation, with the reader that ran checked."""
+    monkeypatch.setenv("TORCHSCALPEL_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "native-cache"))
+    monkeypatch.setattr(native, "_loaded", None)
+
+    def read(path: Path, use_native: bool) -> dict[str, Any]:
+        monkeypatch.setenv("TORCHSCALPEL_NATIVE", "1" if use_native else "0")
+        if use_native and not HAS_CC:
+            pytest.skip("no C compiler on this machine: the native reader cannot be built (CI installs gcc)")
+        r = S.read_snapshot(path)
+        assert r["reader"] == ("native" if use_native else "python"), r.get("reader_note")
+        return r
+
+    return read
+
+
+def _frames(pool: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
+    return [pool[(i * 3) % len(pool)], pool[(i * 5 + 1) % len(pool)], pool[i % 7]]
+
+
+def snapshot_data(n_segments: int = 1003, devices: int = 2, shared: bool = True,
+                  trace_shares: bool = True) -> dict[str, Any]:
+    """A snapshot laid out as torch writes one: shared key strings and frame dicts, a list per traceback."""
+    pool = [{"name": f"f{i}", "filename": f"/home/u/model_{i}.py" if i % 3 else "/x/site-packages/torch/nn/m.py",
+             "line": i} for i in range(40)]
+    segments, traces = [], [[] for _ in range(devices)]
+    for s in range(n_segments):
+        blocks = []
+        for j in range(1 + s % 5):
+            i = s * 7 + j
+            tb = _frames(pool, i) if shared else [dict(f) for f in _frames(pool, i)]
+            state = "inactive" if j == 2 else "active_allocated"
+            blocks.append({"address": i, "size": 512 * (1 + i % 50), "requested_size": 500, "state": state,
+                           "frames": tb})
+            if state == "active_allocated" and s % 2 == 0:
+                traces[s % devices].append({"action": "alloc", "addr": i, "size": 512 * (1 + i % 50),
+                                            "frames": tb if trace_shares else [dict(f) for f in tb]})
+            if s % 3 == 0:
+                traces[s % devices].append({"action": "free_completed", "addr": i, "size": 512, "frames": []})
+        segments.append({"device": 0, "address": s, "total_size": sum(b["size"] for b in blocks) + 4096,
+                         "segment_pool_id": (0, 0), "blocks": blocks})
+    traces[-1].append({"action": "oom", "size": 1 << 30, "device_free": 10, "frames": _frames(pool, 11)})
+    traces.append([{"action": "alloc", "size": 7, "frames": []}])  # a one-event trace: a single APPEND
+    return {"segments": segments, "device_traces": traces, "allocator_settings": {"expandable_segments": False}}
+
+
+def _write(tmp_path: Path, data: object, protocol: int = 4, name: str = "snap.pickle") -> Path:
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(data, protocol=protocol))
+    return path
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    strip = ("reader", "reader_note", "scanner")
+    assert {k: v for k, v in a.items() if k not in strip} == {k: v for k, v in b.items() if k not in strip}
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+@pytest.mark.parametrize("shared", [True, False])
+def test_native_and_python_readers_give_the_same_explanation(tmp_path: Path, reader, protocol: int,
+                                                             shared: bool) -> None:
+    data = snapshot_data(shared=shared)
+    path = _write(tmp_path, data, protocol)
+    ours, theirs = reader(path, True), reader(path, False)
+    _same(ours, theirs)
+    assert ours == {**S.explain(data), "reader": "native", "reader_note": "", "scanner": ours["scanner"]}
+    assert ours["segments"] == 1003 and ours["ooms"][0]["bytes"] == 1 << 30
+    assert ours["trace"]["events"] == sum(len(t) for t in data["device_traces"])
+
+
+def test_the_stream_is_cut_in_batches_and_only_shared_objects_stay_in_the_memo(tmp_path: Path, reader,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, snapshot_data(shared=False, trace_shares=False))
+    whole = reader(path, False)
+    monkeypatch.setattr(native, "BATCH_BYTES", 4096)
+    ours = reader(path, True)
+    _same(ours, whole)
+    stats = ours["scanner"]
+    assert stats["batches"] > 20
+    # every block dict, list and string is memoized once by the pickler; only what is fetched again is kept
+    # (key, state, file and function name strings: about 100), not one entry per block
+    assert stats["memo_entries"] > 10_000 and stats["memo_kept"] < 200
+
+
+def test_an_object_fetched_once_leaves_the_memo_after_its_fetch(tmp_path: Path, reader) -> None:
+    # a live block's traceback list is the same object as its alloc event's (torch dedups by traceback):
+    # fetched once, in the trace, and then released, so such lists do not pile up for the whole read
+    data = snapshot_data(shared=True, trace_shares=True)
+    shared_once = sum(1 for t in data["device_traces"] for e in t if e["action"] == "alloc" and e["frames"])
+    ours = reader(_write(tmp_path, data), True)
+    _same(ours, reader(tmp_path / "snap.pickle", False))
+    stats = ours["scanner"]
+    assert stats["memo_released"] >= shared_once > 500 and stats["memo_kept"] < 200
+
+
+def test_a_layout_the_streamer_does_not_handle_is_read_whole(tmp_path: Path, reader) -> None:
+    data = snapshot_data(n_segments=20)
+    # protocol 0 has no EMPTY_DICT: the root is built from a mark, which the streamer leaves to the whole reader
+    path = _write(tmp_path, data, protocol=0)
+    r = S.read_snapshot(path) if HAS_CC else reader(path, False)
+    assert r["reader"] == "python"
+    assert not HAS_CC or "does not handle this layout" in r["reader_note"]
+    _same(r, reader(_write(tmp_path, data, name="p4.pickle"), False))
+
+
+# (plain opcodes first, the refused opcode with its argument, the name the sentence gives), put after the
+# root dict's mark and first key, at byte 16
+REFUSED = [
+    (b"", b"cos\nsystem\n", "GLOBAL"), (b"\x8c\x02os\x8c\x06system", b"\x93", "STACK_GLOBAL"),
+    (b"N)", b"R", "REDUCE"), (b"}}", b"b", "BUILD"), (b"(", b"ios\nsystem\n", "INST"), (b"(N", b"o", "OBJ"),
+    (b"N)", b"\x81", "NEWOBJ"), (b"N)}", b"\x92", "NEWOBJ_EX"), (b"", b"P1\n", "PERSID"), (b"K\x01", b"Q", "BINPERSID"),
+    (b"", b"\x82\x01", "EXT1"), (b"", b"\x83\x01\x00", "EXT2"), (b"", b"\x84\x01\x00\x00\x00", "EXT4"),
+    (b"", b"\x97", "NEXT_BUFFER"), (b"K\x01", b"\x98", "READONLY_BUFFER"),
+]
+
+
+@pytest.mark.parametrize(("plain", "op", "name"), REFUSED, ids=[n for *_, n in REFUSED])
+def test_every_opcode_that_is_not_plain_data_is_refused_before_anything_is_built(tmp_path: Path, reader, plain: bytes,
+                                                                                   op: bytes, name: str) -> None:
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(b"\x80\x04}\x94(\x8c\x08segments\x94" + plain + op + b"u.")
+    if not HAS_CC:
+        pytest.skip("no C compiler: the native reader cannot be built")
+    reader(_write(tmp_path, {"segments": []}, name="ok.pickle"), True)  # builds the library
+    with pytest.raises(UsageError) as err:
+        S.read_snapshot(path)
+    msg = str(err.value)
+    assert err.value.exit_code == 2 and f"pickle opcode {name})" in msg and "refuses" in msg
+    assert f"at byte {16 + len(plain)} it" in msg
+    assert msg.count(". ") == 0 and "\n" not in msg
+
+
+def test_a_real_object_is_refused_by_both_readers(tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _write(tmp_path, {"segments": [Path("x")]})
+    for use_native in (True, False):
+        if use_native and not HAS_CC:
+            continue
+        monkeypatch.setenv("TORCHSCALPEL_NATIVE", "1" if use_native else "0")
+        with pytest.raises(UsageError, match="refuses") as err:
+            S.read_snapshot(path)
+        assert err.value.exit_code == 2
+
+
+@pytest.mark.parametrize("use_native", [True, False])
+def test_truncated_files_and_files_that_are_not_pickles_get_one_sentence(tmp_path: Path, reader,
+                                                                         use_native: bool) -> None:
+    good = _write(tmp_path, snapshot_data(n_segments=50))
+    reader(good, use_native)
+    cut = tmp_path / "cut.pickle"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(UsageError, match="is cut short") as err:
+        S.read_snapshot(cut)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    text = tmp_path / "notes.pickle"
+    text.write_text("these are my notes, not a pickle\n")
+    with pytest.raises(UsageError, match="is not a PyTorch memory snapshot") as err:
+        S.read_snapshot(text)
+    assert err.value.exit_code == 2
+    for data in ([1, 2, 3], {"segments": (1, 2)}, {"other": []}):
+        with pytest.raises(UsageError, match="no 'segments' list"):
+            S.read_snapshot(_write(tmp_path, data, name="plain.pickle"))
+
+
+def test_without_a_compiler_the_python_reader_runs_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHSCALPEL_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("TORCHSCALPEL_NATIVE", "1")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(native, "_loaded", None)
+    r = S.explain_snapshot(_write(tmp_path, snapshot_data(n_segments=30)))
+    assert r["reader"] == "python" and r["reader_note"] == "no C compiler found (set CC, or install gcc)"
+    assert any("pure-Python reader: no C compiler found" in line for line in S.render_snapshot(r))
+    assert not (tmp_path / "empty-cache").exists() or not any((tmp_path / "empty-cache").iterdir())
