@@ -10,6 +10,7 @@ import pytest
 
 from torchscalpel.errors import ScalpelError
 from torchscalpel.runtime.target import Target
+from torchscalpel.tune import budget as budget_mod
 from torchscalpel.tune import search as search_mod
 from torchscalpel.tune.runner import TrialResult
 from torchscalpel.tune.search import TuneOptions, parse_knobs, tune
@@ -149,7 +150,7 @@ def test_baseline_failure_is_a_clear_error(run_search):
 
 def test_budget_exhaustion_marks_trials_not_run(run_search, monkeypatch):
     clock = iter(range(0, 10_000, 50))  # every look at the clock costs 50 s
-    monkeypatch.setattr(search_mod.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(budget_mod.time, "monotonic", lambda: float(next(clock)))
     result = run_search(FakeRunner({"amp=bf16": 50.0}), budget_s=200)
     assert any(t.verdict == "not run" and "budget" in t.cause for t in result.trials)
 
@@ -278,7 +279,7 @@ class Recorder:
 @pytest.fixture()
 def clocked(monkeypatch, tmp_path):
     clock = Clock()
-    monkeypatch.setattr(search_mod.time, "monotonic", clock)
+    monkeypatch.setattr(budget_mod.time, "monotonic", clock)
 
     def go(runner: FakeRunner, *, budget_s: float, wall: dict[str, float] | None = None, **opts):
         monkeypatch.setattr(search_mod, "run_trial", timed(runner, clock, wall))
