@@ -356,3 +356,63 @@ def test_a_refresh_that_would_leave_the_trial_no_time_is_not_run(clocked):
     (not_run,) = [t for t in result.trials if t.verdict == "not run"]
     assert not_run.label == "threads=2" and "kept to confirm" in not_run.cause
     assert result.winner is not None and len(result.winner.confirm_ratios) == 3
+
+
+# -- near-ties stacked on the winner; measured steps from a minimum measured time ----------------
+
+def test_near_tie_is_stacked_on_the_winner(run_search):
+    # fused alone is 1.01x (below the 3 % margin); on top of bf16 it is worth a trial.
+    runner = FakeRunner({"amp=bf16": 70.0, "optimizer=fused": 99.0, "amp=bf16 + optimizer=fused": 66.0})
+    result = run_search(runner, knobs=("amp", "optimizer"))
+    fused = next(t for t in result.trials if t.label == "optimizer=fused")
+    assert fused.verdict == "not faster"
+    assert result.winner is not None and result.winner.label == "amp=bf16 + optimizer=fused"
+    assert "near-tie optimizer=fused" in result.winner.reason and result.winner.reason_short == "winner + near-tie"
+
+
+def test_near_tie_that_does_not_help_the_winner_is_dropped(run_search):
+    runner = FakeRunner({"amp=bf16": 70.0, "optimizer=fused": 99.0, "amp=bf16 + optimizer=fused": 72.0})
+    result = run_search(runner, knobs=("amp", "optimizer"))
+    combined = next(t for t in result.trials if t.label == "amp=bf16 + optimizer=fused")
+    assert combined.verdict == "not faster" and "did not match its ratio" in combined.note
+    assert result.winner is not None and result.winner.label == "amp=bf16"
+
+
+def test_slower_or_expensive_knobs_are_not_stacked(run_search):
+    runner = FakeRunner({"amp=bf16": 70.0, "optimizer=fused": 103.0, "compile(Block)": 99.0,
+                         "compile(model)": 99.5})
+    result = run_search(runner, knobs=("amp", "optimizer", "compile"))
+    assert not any(t.family == "combined" for t in result.trials)
+    assert result.winner is not None and result.winner.label == "amp=bf16"
+
+
+def test_no_near_tie_without_a_winner(run_search):
+    runner = FakeRunner({"optimizer=fused": 99.0})
+    result = run_search(runner, knobs=("optimizer",))
+    assert result.winner is None and not any(t.family == "combined" for t in result.trials)
+
+
+def test_measured_steps_reach_the_minimum_measured_time():
+    options = TuneOptions(out_dir=Path("x"), steps=10, min_measure_s=2.0)
+    assert options.measured_steps(15.0) == 134  # ceil(2000 / 15)
+    assert options.measured_steps(400.0) == 10  # never below --steps
+    assert options.measured_steps(0.5) == 400  # capped
+    assert TuneOptions(out_dir=Path("x"), steps=10).measured_steps(15.0) == 10  # 0: fixed steps
+    with pytest.raises(ValueError, match="min-measure"):
+        TuneOptions(out_dir=Path("x"), min_measure_s=-1)
+
+
+def test_trials_after_the_first_baseline_measure_more_steps_when_steps_are_short(monkeypatch, tmp_path):
+    steps: list[tuple[str, int]] = []
+    runner = FakeRunner({"baseline": 20.0, "threads=2": 10.0})
+
+    def recording(target, settings, out_dir, **kw):
+        steps.append((out_dir.name, kw["steps"]))
+        return runner(target, settings, out_dir, **kw)
+
+    monkeypatch.setattr(search_mod, "run_trial", recording)
+    options = TuneOptions(out_dir=tmp_path / "out", steps=3, warmup=1, knobs=("threads",), min_measure_s=1.0)
+    result = tune(Target(script=Path("train.py")), options)
+    assert steps[0] == ("01-baseline-facts", 3)
+    assert {n for _, n in steps[1:]} == {50}  # 1 s / 20 ms, for the plain baseline and every trial after it
+    assert result.measured_steps == 50 and result.to_dict()["measured_steps"] == 50

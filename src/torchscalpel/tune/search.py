@@ -28,7 +28,7 @@ from torchscalpel.tune.confirm import confirm
 from torchscalpel.tune.facts import ModelFacts
 from torchscalpel.tune.knobs import KNOB_NAMES, Knob, all_knobs
 from torchscalpel.tune.options import Progress, SilentProgress, TuneOptions
-from torchscalpel.tune.ordering import confirm_queue, winners
+from torchscalpel.tune.ordering import confirm_queue, near_ties, winners
 from torchscalpel.tune.plan import plan_candidates
 from torchscalpel.tune.result import TuneResult
 from torchscalpel.tune.runner import TrialResult, profile_steps_for, run_trial
@@ -117,7 +117,7 @@ class Search:
         chosen = winners(singles)
         if not chosen:
             result.notes.append("no single knob was faster than the baseline by the margin with numerics intact")
-        best = self._combine(chosen, result)
+        best = self._combine(chosen, near_ties(singles, chosen) if chosen else [], result)
         # Confirm the best; if it does not hold up, the next single winners while time allows.
         queue = confirm_queue(best, chosen, singles)
         for candidate in queue:
@@ -243,12 +243,20 @@ class Search:
         else:
             trial.verdict = Verdict.NOT_FASTER
 
-    def _combine(self, chosen: list[TrialResult], result: TuneResult) -> TrialResult | None:
+    def _combine(self, chosen: list[TrialResult], ties: list[TrialResult], result: TuneResult) -> TrialResult | None:
+        """Greedy combination: each further winner, then each near-tie, merged into the best so far.
+
+        A winner joins when the merged trial beats the best by the margin. A near-tie (not slower
+        than its baseline, below the margin alone) joins when the merged trial's ratio against the
+        baseline beside it is at least the best's: a few percent that screening cannot resolve on
+        their own add up on top of a bigger gain, and the confirmation still has to hold.
+        """
         if not chosen:
             return None
         current = chosen[0]
-        self.plan(len(chosen) - 1)
-        for candidate in chosen[1:]:
+        self.plan(len(chosen) - 1 + len(ties))
+        for candidate in [*chosen[1:], *ties]:
+            tie = candidate in ties
             # Keep what confirming the current best needs, and nothing more.
             keep = self.budget.confirm_s(current)
             merged = TuneSettings.from_dict(current.settings).merged(TuneSettings.from_dict(candidate.settings))
@@ -260,16 +268,28 @@ class Search:
             self._refresh_baseline(result)
             self._since_ref += 1
             trial = self.trial(merged, "combined", limit_s=min(self.budget.share(merged), self.remaining() - keep),
-                             tag="combined")
-            trial.reason = f"combination of the winners {current.label} and {candidate.label}"
-            trial.reason_short = "combination of winners"
+                               tag="combined")
+            if tie:
+                trial.reason = (f"{current.label} with the near-tie {candidate.label} "
+                                f"(screened {candidate.speedup or 0:.2f}x alone, below the margin)")
+                trial.reason_short = "winner + near-tie"
+            else:
+                trial.reason = f"combination of the winners {current.label} and {candidate.label}"
+                trial.reason_short = "combination of winners"
             self._judge(trial, result)
             result.trials.append(trial)
-            if trial.verdict == Verdict.FASTER and (trial.median_ms or 0) * (1 + MIN_MARGIN) < (current.median_ms or 0):
+            if trial.verdict != Verdict.FASTER:
+                continue
+            if tie:
+                better = (trial.speedup or 0.0) >= (current.speedup or 0.0)
+            else:
+                better = (trial.median_ms or 0) * (1 + MIN_MARGIN) < (current.median_ms or 0)
+            if better:
                 current = trial
-            elif trial.verdict == Verdict.FASTER:
+            else:
                 trial.verdict = Verdict.NOT_FASTER
-                trial.note = f"adding {candidate.label} did not beat {current.label} by {MIN_MARGIN:.0%}"
+                how = "match its ratio" if tie else f"beat it by {MIN_MARGIN:.0%}"
+                trial.note = f"adding {candidate.label} to {current.label} did not {how}"
         return current
 
 
