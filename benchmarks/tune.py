@@ -1,10 +1,12 @@
 """Benchmark for `scalpel tune` on examples/char_transformer.py or digits_cnn.py (BENCHMARKS.md, "scalpel tune").
 
-1. Runs `scalpel tune` on the example (the whole search: baseline, knobs, combination, confirmation).
+1. Runs `scalpel tune` on the example (the whole search: baseline, knobs, combination, near-ties
+   stacked on the winner, confirmation; trials measure at least 2 s of steps, tune's default).
 2. Re-measures its recommendation independently: baseline and tuned settings run alternately for
    --rounds rounds, each a fresh trial process with the same seed; the figure is the median of the
    per-round ratios baseline/tuned (each ratio from two runs made back to back, so machine load
-   drifting between rounds cancels), with every round's numbers printed.
+   drifting between rounds cancels), with every round's numbers printed. Each run measures at
+   least --min-measure seconds of steps (a calibration baseline run sets the count).
 
     OMP_NUM_THREADS=1 python benchmarks/tune.py --budget 10m --rounds 5 [--script digits_cnn]
 
@@ -59,7 +61,10 @@ def main() -> int:
     p.add_argument("--script", choices=sorted(SCRIPTS), default="char_transformer")
     p.add_argument("--budget", default="10m")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=15, help="measured steps per re-measurement run")
+    p.add_argument("--steps", type=int, default=15, help="measured steps per re-measurement run (at least)")
+    p.add_argument("--min-measure", type=float, default=3.0,
+                   help="seconds of measured steps per re-measurement run: a calibration baseline run sets "
+                        "the step count to max(--steps, seconds / its step time); 0 keeps --steps")
     p.add_argument("--knobs", default="amp,dataloader,optimizer,compile")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--config", type=Path, default=None, help="skip the search: re-measure this scalpel.toml")
@@ -86,11 +91,19 @@ def main() -> int:
     os.environ.update(env)
 
     target = Target(script=script, args=script_args)
+    steps = args.steps
+    if args.min_measure > 0:
+        # Short steps (digits_cnn: ~15 ms) timed over 15 steps are noise: measure seconds, not steps.
+        cal = run_trial(target, TuneSettings(), out / "remeasure" / "calibrate", warmup=3, steps=args.steps, seed=0,
+                        timeout_s=600, family="baseline")
+        if cal.ok and cal.median_ms:
+            steps = max(args.steps, min(400, -(-int(args.min_measure * 1000) // int(max(1.0, cal.median_ms)))))
+    print(f"re-measure runs: 3 warm-up + {steps} measured steps each", flush=True)
     rows = []
     for r in range(args.rounds):
         pair = {}
         for name, s in (("baseline", TuneSettings()), ("tuned", settings)):
-            res = run_trial(target, s, out / "remeasure" / f"{r}-{name}", warmup=3, steps=args.steps, seed=0,
+            res = run_trial(target, s, out / "remeasure" / f"{r}-{name}", warmup=3, steps=steps, seed=0,
                             timeout_s=600, family=name)
             if not res.ok:
                 print(f"round {r} {name} failed: {res.cause}")
@@ -107,6 +120,7 @@ def main() -> int:
         "machine_before": before,
         "machine_after": machine(),
         "settings": settings.to_dict(),
+        "measured_steps": steps,
         "median_ratio": statistics.median(r["ratio"] for r in rows),
         "min_ratio": min(r["ratio"] for r in rows),
         "baseline_ms_median": statistics.median(r["baseline_ms"] for r in rows),
