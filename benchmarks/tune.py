@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -66,12 +67,18 @@ def main() -> int:
                    help="seconds of measured steps per re-measurement run: a calibration baseline run sets "
                         "the step count to max(--steps, seconds / its step time); 0 keeps --steps")
     p.add_argument("--knobs", default="amp,dataloader,optimizer,compile")
+    p.add_argument("--target", type=Path, default=None,
+                   help="any script instead of an example (held-out checks: tests/fixtures/corpus/...)")
+    p.add_argument("--target-args", default="", help="the --target script's arguments, one string")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--config", type=Path, default=None, help="skip the search: re-measure this scalpel.toml")
     p.add_argument("--device", default=None, help="passed to the example as --device (default: its own choice)")
     args = p.parse_args()
-    script = REPO / "examples" / f"{args.script}.py"
-    script_args = [*SCRIPTS[args.script], *(["--device", args.device] if args.device else [])]
+    if args.target is not None:
+        script, script_args = args.target.resolve(), shlex.split(args.target_args)
+    else:
+        script = REPO / "examples" / f"{args.script}.py"
+        script_args = [*SCRIPTS[args.script], *(["--device", args.device] if args.device else [])]
     before = machine()
     print(f"machine: {before}", flush=True)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-tune-"))
@@ -116,7 +123,7 @@ def main() -> int:
         print(f"round {r}: baseline {pair['baseline'].median_ms:.1f} ms  tuned {pair['tuned'].median_ms:.1f} ms  "
               f"ratio {ratio:.2f}x  loss dev {dev:.1e}", flush=True)
     summary = {
-        "script": args.script,
+        "script": str(args.target) if args.target else args.script,
         "machine_before": before,
         "machine_after": machine(),
         "settings": settings.to_dict(),
