@@ -66,7 +66,7 @@ def main() -> int:
     p.add_argument("--min-measure", type=float, default=3.0,
                    help="seconds of measured steps per re-measurement run: a calibration baseline run sets "
                         "the step count to max(--steps, seconds / its step time); 0 keeps --steps")
-    p.add_argument("--knobs", default="amp,dataloader,optimizer,compile")
+    p.add_argument("--knobs", default="amp,dataloader,optimizer,compile,channels_last")
     p.add_argument("--target", type=Path, default=None,
                    help="any script instead of an example (held-out checks: tests/fixtures/corpus/...)")
     p.add_argument("--target-args", default="", help="the --target script's arguments, one string")
