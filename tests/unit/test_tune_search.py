@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 from pathlib import Path
 from typing import Any
@@ -416,3 +417,20 @@ def test_trials_after_the_first_baseline_measure_more_steps_when_steps_are_short
     assert steps[0] == ("01-baseline-facts", 3)
     assert {n for _, n in steps[1:]} == {50}  # 1 s / 20 ms, for the plain baseline and every trial after it
     assert result.measured_steps == 50 and result.to_dict()["measured_steps"] == 50
+
+
+def _refresh_positions(calls: list[str]) -> list[int]:
+    screening = [c for c in calls if "confirm" not in c and "combined" not in c]
+    return [i for i, c in enumerate(screening) if "baseline-refresh" in c]
+
+
+def test_a_noisy_baseline_is_re_measured_before_every_trial(run_search):
+    # Screening: amp (2 candidates), threads, optimizer. Quiet machine: one refresh every 2 trials.
+    quiet = FakeRunner({"refresh": 100.0})
+    run_search(quiet, knobs=("amp", "threads", "optimizer"))
+    assert len(_refresh_positions(quiet.calls)) == 1
+    # The first refresh differs from the baseline by 67 %: from then on one before every trial.
+    noisy = FakeRunner({"refresh": 200.0})
+    run_search(noisy, knobs=("amp", "threads", "optimizer"))
+    positions = _refresh_positions(noisy.calls)
+    assert len(positions) >= 2 and all(b - a == 2 for a, b in itertools.pairwise(positions))  # refresh, trial, ...

@@ -34,10 +34,15 @@ from torchscalpel.tune.result import TuneResult
 from torchscalpel.tune.runner import TrialResult, profile_steps_for, run_trial
 from torchscalpel.tune.settings import TuneSettings
 from torchscalpel.tune.states import TrialStatus, Verdict
-from torchscalpel.tune.verify import MIN_MARGIN, loss_deviation, numerics_gate, speedup
+from torchscalpel.tune.verify import MIN_MARGIN, loss_deviation, noise_fraction, numerics_gate, speedup
 
 REFRESH_EVERY = 2
 """Screening trials between two baseline runs."""
+
+NOISY = 0.15
+"""Relative difference between consecutive baseline runs above which the baseline is re-measured
+before every screening trial, not every :data:`REFRESH_EVERY`: on a shared machine whose step time
+swings 2-3x within minutes, a baseline two trials old says little about the load a trial ran at."""
 
 MEMORY_NOTE = 1.25
 """A candidate whose peak memory exceeds the baseline's by this factor gets a note in the table."""
@@ -194,9 +199,14 @@ class Search:
             measured.append(trial)
         return measured
 
+    def _refresh_every(self) -> int:
+        """Screening trials per baseline re-measure: 1 once consecutive baselines differ by more
+        than :data:`NOISY`, else :data:`REFRESH_EVERY`."""
+        return 1 if noise_fraction(self.baseline_medians) > NOISY else REFRESH_EVERY
+
     def _refresh_due(self) -> bool:
         """True when the next trial is preceded by a baseline re-measure."""
-        return self._since_ref >= REFRESH_EVERY and self.remaining() >= 3 * self.budget.baseline_wall
+        return self._since_ref >= self._refresh_every() and self.remaining() >= 3 * self.budget.baseline_wall
 
     def _refresh_s(self) -> float:
         """Seconds the baseline re-measure due before the next trial takes (0 when none is due)."""
