@@ -103,6 +103,20 @@ DEFAULTS = {
 }
 
 
+def entry_point(model: torch.nn.Module, name: str) -> Callable[[Any], Any]:
+    """``lambda x: model(x)`` with a code object of its own per configuration.
+
+    dynamo caches compiled code per code object and, with nn.Module inlining, does not guard on
+    the module instance: ``torch.compile(model_a)`` and ``torch.compile(model_b)`` of one class
+    share ``forward``'s compiled graph, so the second configuration would silently run the first
+    one's graph (compiled under the first one's inductor settings). A separately compiled entry
+    function per configuration gets its own cache entry; the model's forward is inlined into it.
+    """
+    namespace: dict[str, Any] = {"model": model}
+    exec(compile("def entry(x):\n    return model(x)\n", f"<step_parts {name}>", "exec"), namespace)
+    return namespace["entry"]
+
+
 class Variant:
     """One configuration: its own model and optimizer (same seed), stepped one step at a time."""
 
@@ -116,7 +130,7 @@ class Variant:
             self.model = self.model.to(memory_format=torch.channels_last)
         self.forward = self.model
         if cfg.get("compile"):
-            self.forward = torch.compile(self.model)
+            self.forward = torch.compile(entry_point(self.model, name))
         self.parts: list[tuple[float, float, float]] = []
 
     def step(self) -> float:
