@@ -122,7 +122,11 @@ def main() -> int:
                      "ratio": ratio, "loss_dev": dev})
         print(f"round {r}: baseline {pair['baseline'].median_ms:.1f} ms  tuned {pair['tuned'].median_ms:.1f} ms  "
               f"ratio {ratio:.2f}x  loss dev {dev:.1e}", flush=True)
+    flags = before.get("bf16_flags") or []
     summary = {
+        # The CPU targets lean on bf16 autocast; without native bf16 the amp knob skips itself.
+        "bf16_targets": "applicable" if {"avx512_bf16", "amx_bf16"} & set(flags)
+        else "not applicable: no avx512_bf16 / amx_bf16 on this CPU (the amp knob is skipped with that reason)",
         "script": str(args.target) if args.target else args.script,
         "machine_before": before,
         "machine_after": machine(),
