@@ -419,6 +419,24 @@ def test_trials_after_the_first_baseline_measure_more_steps_when_steps_are_short
     assert result.measured_steps == 50 and result.to_dict()["measured_steps"] == 50
 
 
+def test_the_plain_baseline_raises_the_step_count_when_the_facts_run_was_slowed(monkeypatch, tmp_path):
+    steps: list[int] = []
+    runner = FakeRunner({"baseline": 10.0})
+
+    def recording(target, settings, out_dir, **kw):
+        steps.append(kw["steps"])
+        result = runner(target, settings, out_dir, **kw)
+        if kw.get("facts"):  # submodule timing hooks make the facts run's steps twice as slow
+            result.median_ms = 20.0
+        return result
+
+    monkeypatch.setattr(search_mod, "run_trial", recording)
+    options = TuneOptions(out_dir=tmp_path / "out", steps=3, warmup=1, knobs=("threads",), min_measure_s=1.0)
+    result = tune(Target(script=Path("train.py")), options)
+    assert steps[:3] == [3, 50, 100]  # facts run, plain baseline (from 20 ms), then 1 s / 10 ms
+    assert result.measured_steps == 100
+
+
 def _refresh_positions(calls: list[str]) -> list[int]:
     screening = [c for c in calls if "confirm" not in c and "combined" not in c]
     return [i for i, c in enumerate(screening) if "baseline-refresh" in c]

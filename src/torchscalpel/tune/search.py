@@ -164,6 +164,8 @@ class Search:
         self._ref_ms = plain.median_ms or 0.0
         # The plain run sets the pace: the facts run also profiles and times every submodule.
         self.budget.baseline_wall = plain.wall_s
+        # Those hooks slow the facts run's steps, so its estimate of the steps needed is low.
+        self.steps = max(self.steps, self.options.measured_steps(plain.median_ms))
         dev, _ = loss_deviation(first.losses, plain.losses)
         self.determinism = dev or 0.0
         return plain
