@@ -452,3 +452,17 @@ def test_a_noisy_baseline_is_re_measured_before_every_trial(run_search):
     run_search(noisy, knobs=("amp", "threads", "optimizer"))
     positions = _refresh_positions(noisy.calls)
     assert len(positions) >= 2 and all(b - a == 2 for a, b in itertools.pairwise(positions))  # refresh, trial, ...
+
+
+def test_winners_are_ranked_by_their_ratio_not_raw_step_time():
+    from torchscalpel.tune.ordering import confirm_queue, winners
+
+    def trial(label, family, ms, base):
+        return TrialResult(label=label, settings={}, family=family, median_ms=ms, baseline_ms=base,
+                           speedup=base / ms, verdict=Verdict.FASTER)
+
+    # Seen on char_transformer: screened minutes apart, against baselines of 312 and 325 ms.
+    workers = trial("num_workers=1", "dataloader", 295.7, 312.2)
+    amp = trial("amp=bf16", "amp", 295.8, 325.1)
+    assert [t.label for t in winners([workers, amp])] == ["amp=bf16", "num_workers=1"]
+    assert [t.label for t in confirm_queue(None, [], [workers, amp])] == ["amp=bf16", "num_workers=1"]

@@ -258,7 +258,7 @@ class Search:
     def _combine(self, chosen: list[TrialResult], ties: list[TrialResult], result: TuneResult) -> TrialResult | None:
         """Greedy combination: each further winner, then each near-tie, merged into the best so far.
 
-        A winner joins when the merged trial beats the best by the margin. A near-tie (not slower
+        A winner joins when the merged trial's ratio beats the best's by the margin. A near-tie (not slower
         than its baseline, below the margin alone) joins when the merged trial's ratio against the
         baseline beside it is at least the best's: a few percent that screening cannot resolve on
         their own add up on top of a bigger gain, and the confirmation still has to hold.
@@ -292,10 +292,11 @@ class Search:
             result.trials.append(trial)
             if trial.verdict != Verdict.FASTER:
                 continue
+            # Ratios against the baseline beside each trial: the two ran minutes apart.
             if tie:
                 better = (trial.speedup or 0.0) >= (current.speedup or 0.0)
             else:
-                better = (trial.median_ms or 0) * (1 + MIN_MARGIN) < (current.median_ms or 0)
+                better = (trial.speedup or 0.0) > (current.speedup or 0.0) * (1 + MIN_MARGIN)
             if better:
                 current = trial
             else:
