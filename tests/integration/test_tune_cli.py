@@ -105,6 +105,7 @@ def test_run_passes_the_script_exit_code_and_skips(tmp_path):
     (["tune", "--knobs", "amp,turbo", "--", str(TINY)], "Unknown knob turbo"),
     (["tune", "--compile-mode", "fastest", "--", str(TINY)], "--compile-mode takes"),
     (["tune", "--steps", "1", "--", str(TINY)], "--steps must be at least 2"),
+    (["tune", "--min-measure", "a while", "--", str(TINY)], "--min-measure 'a while' is not a duration"),
     (["tune"], "Name the script to run"),
     (["tune", "--", "missing.py"], "does not exist"),
     (["run", "--config", "nope.toml", "--", str(TINY)], "does not exist"),

@@ -420,3 +420,39 @@ def test_the_torch_free_knob_name_list_matches_the_knobs_built():
     from torchscalpel.tune.knobs import KNOB_NAMES, all_knobs
 
     assert tuple(k.name for k in all_knobs()) == KNOB_NAMES
+
+
+def test_compile_on_cpu_with_dropout_uses_eager_random_and_restores_it():
+    import torch._inductor.config as inductor_config
+
+    class Dropping(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([Block(), Block()])
+            self.drop = nn.Dropout(0.1)
+
+        def forward(self, x):
+            for b in self.blocks:
+                x = b(x)
+            return self.drop(x)
+
+    reset_compile_stats()
+    before = inductor_config.fallback_random
+    settings = TuneSettings(compile=CompileSpec(target="Block", backend="aot_eager"))
+    net = Dropping().train()
+    with applied(settings) as log:
+        net(torch.randn(4, 8))
+        assert inductor_config.fallback_random is True
+    assert inductor_config.fallback_random == before
+    assert any("fallback_random" in d for d in log.applied)
+    # eval mode (or no dropout): inductor's RNG is left alone
+    with applied(settings):
+        Net()(torch.randn(4, 8))
+        assert inductor_config.fallback_random == before
+    assert any("fallback_random" in line for line in code_lines(settings))
+
+
+def test_channels_last_is_held_to_the_close_tolerance():
+    # NHWC convolutions sum in another order: digits_cnn deviated 1.6e-4, over the exact class's 1e-4.
+    assert numerics_class(TuneSettings(channels_last=True)) == "close"
+    assert numerics_class(TuneSettings(channels_last=True, amp="bf16")) == "bf16"

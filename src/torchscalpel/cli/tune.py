@@ -24,9 +24,13 @@ from torchscalpel.cli.common import (
     track,
 )
 from torchscalpel.errors import UsageError
+from torchscalpel.units import duration_type
 
 TUNE_STEPS = 10
 """Measured steps per trial for ``--steps auto``."""
+
+MIN_MEASURE_S = 2.0
+"""Measured wall time per trial with ``--steps auto``: a 15 ms step is timed over ~130 steps, not 10."""
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -51,6 +55,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="comma-separated torch.compile modes to try (default 'default'; "
                         "max-autotune compiles much longer)")
     p.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
+    p.add_argument("--min-measure", type=duration_type("--min-measure", allow_zero=True), default=None, metavar="DURATION",
+                   help=f"measured wall time each trial reaches at least: short steps are measured in more steps "
+                        f"(default {MIN_MEASURE_S:g}s with --steps auto, 0 with a given --steps)")
     p.add_argument("--confirm", type=int, default=3, help="interleaved baseline/winner pairs to confirm (default 3)")
     p.add_argument("--config", type=Path, default=Path("scalpel.toml"),
                    help="where to write the winning settings (default ./scalpel.toml; a file not written by "
@@ -89,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if steps == "all":
         raise UsageError("--steps all would let every trial run to the script's end; give a number (default 10).")
     args.steps = TUNE_STEPS if steps == "auto" else steps
+    min_measure = args.min_measure if args.min_measure is not None else (MIN_MEASURE_S if steps == "auto" else 0.0)
     if args.confirm < 1:
         raise UsageError("--confirm must be at least 1: nothing is recommended without a confirmation run.")
     target = resolve_target(args)
@@ -100,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
                        steps=min(int(args.steps), 5))
     options = TuneOptions(out_dir=out_dir, budget_s=budget, warmup=args.warmup, steps=args.steps, seed=args.seed,
                           knobs=knobs, compile_backend=args.compile_backend, compile_modes=modes,
-                          confirm_pairs=args.confirm, step_kind=args.step_kind)
+                          confirm_pairs=args.confirm, step_kind=args.step_kind,
+                          min_measure_s=min_measure)
     # SIGTERM (a CI timeout, a job scheduler) ends the search like Ctrl-C: the running trial's process
     # group is killed and what was measured is saved.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -8,7 +8,11 @@
 - :mod:`torchscalpel.tune.bottleneck`: the baseline's bottleneck class from its record and profile;
 - :mod:`torchscalpel.tune.plan`: which candidates, in what order, and why (from that class);
 - :mod:`torchscalpel.tune.triage`: compile breaks, recompile guards, a failing function excluded;
-- :mod:`torchscalpel.tune.search`: baseline, single knobs, greedy combination, confirmation.
+- :mod:`torchscalpel.tune.search`: the loop: baseline, single knobs, greedy combination;
+- :mod:`torchscalpel.tune.options` / :mod:`~torchscalpel.tune.result`: what it is asked, what it found;
+- :mod:`torchscalpel.tune.budget`: time left, each trial's limit, what a confirmation costs;
+- :mod:`torchscalpel.tune.ordering`: winners per family, near-ties to stack, the confirmation order;
+- :mod:`torchscalpel.tune.confirm`: the interleaved confirmation pairs.
 """
 
 from __future__ import annotations

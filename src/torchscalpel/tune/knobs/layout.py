@@ -1,4 +1,9 @@
-"""channels_last knob: NHWC memory format for conv nets (the model and its 4-D inputs)."""
+"""channels_last knob: NHWC memory format for conv nets (the model and its 4-D inputs).
+
+Numerics class "close", not "exact": oneDNN picks other convolution kernels for NHWC, whose float32
+sums run in another order. Seen on digits_cnn: a 1.6e-4 relative loss deviation over 10 steps,
+which the exact class's 1e-4 rejected although nothing but the summation order had changed.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from torchscalpel.tune.knobs.base import EXACT, ApplyLog, Knob, RootHooks, SetupHook, Undo
+from torchscalpel.tune.knobs.base import CLOSE, ApplyLog, Knob, RootHooks, SetupHook, Undo
 
 if TYPE_CHECKING:
     from torchscalpel.tune.facts import ModelFacts
@@ -17,7 +22,7 @@ class ChannelsLastKnob(Knob):
     """Convert conv models and their image inputs to ``torch.channels_last``."""
 
     name = "channels_last"
-    numerics = EXACT
+    numerics = CLOSE
     description = "channels_last memory format for conv nets"
 
     def is_set(self, settings: TuneSettings) -> bool:

@@ -1,0 +1,68 @@
+"""What a tune search found (:class:`TuneResult`), ready for the table, the report and scalpel.toml."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchscalpel.tune.apply import code_lines
+from torchscalpel.tune.runner import TrialResult
+from torchscalpel.tune.settings import TuneSettings
+from torchscalpel.tune.verify import MIN_MARGIN
+
+
+@dataclass(kw_only=True, slots=True)
+class TuneResult:
+    """Everything the search found, ready for the table, the report and scalpel.toml."""
+
+    baseline: TrialResult
+    trials: list[TrialResult] = field(default_factory=list)
+    """Every candidate (single knobs, combinations), skipped ones included, in the order run."""
+    winner: TrialResult | None = None
+    """The confirmed configuration, or None when nothing beat the baseline reliably."""
+    confirmed_speedup: float | None = None
+    """Median baseline/winner ratio over the interleaved confirmation pairs."""
+    required: float = 1.0 + MIN_MARGIN
+    noise: float = 0.0
+    """Relative spread of the baseline's repeated median step times."""
+    determinism: float | None = None
+    """Loss deviation between two baseline runs with the same seed."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+    """Ctrl-C ended the search early."""
+    baseline_refs: list[float] = field(default_factory=list)
+    """Median step times of the baseline re-measured between screening trials."""
+    measured_steps: int = 0
+    """Measured steps per trial after the first baseline run (``TuneOptions.measured_steps``)."""
+
+    @property
+    def settings(self) -> TuneSettings:
+        """The recommended settings (empty: keep the script as it is)."""
+        return TuneSettings.from_dict(self.winner.settings) if self.winner else TuneSettings()
+
+    def ranked(self) -> list[TrialResult]:
+        """Baseline and trials, fastest measured first; unmeasured ones last."""
+        rows = [self.baseline, *self.trials]
+        return sorted(rows, key=lambda r: (r.median_ms is None, r.median_ms or 0.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, stored as ``record.sections["tune"]``."""
+        return {
+            "baseline": self.baseline.to_dict(),
+            "trials": [t.to_dict() for t in self.trials],
+            "winner": self.winner.to_dict() if self.winner else None,
+            "settings": self.settings.to_dict(),
+            "code_lines": code_lines(self.settings),
+            "confirmed_speedup": self.confirmed_speedup,
+            "required_speedup": self.required,
+            "noise": self.noise,
+            "determinism": self.determinism,
+            "facts": self.facts,
+            "notes": list(self.notes),
+            "elapsed_s": self.elapsed_s,
+            "interrupted": self.interrupted,
+            "baseline_refs": list(self.baseline_refs),
+            "measured_steps": self.measured_steps,
+        }
