@@ -197,3 +197,36 @@ def test_alias_returning_ops_are_skipped_and_new_storages_counted() -> None:
     finally:
         tr.stop()
     del b, c
+
+
+def test_dispatch_is_not_wrapped_and_dynamo_never_enters_the_tracker(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    import torch._dynamo
+
+    # torch's per-call dynamo-disable wrapper is replaced by a C-level skip of the tracker's code
+    assert not hasattr(AllocationTracker.__torch_dispatch__, "__wrapped__")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x.sin() * 2
+        torch._dynamo.graph_break()
+        return (y.cos() + 1).sum()
+
+    compiled = torch.compile(f, backend="eager")
+    x = torch.randn(100, requires_grad=True)
+    torch._logging.set_logs(dynamo=logging.DEBUG)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            tr = AllocationTracker()
+            tr.start()
+            try:
+                compiled(x).backward()
+            finally:
+                tr.stop()
+    finally:
+        torch._logging.set_logs()
+        torch._dynamo.reset()
+    assert tr.allocations > 0 and x.grad is not None
+    frames = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert any("skipping: f " in m for m in frames)  # dynamo did look at the user's frame
+    assert not [m for m in frames if "alloc_tracker" in m]  # and never at the tracker's

@@ -90,8 +90,9 @@ class AllocationTracker(TorchDispatchMode):
         self.oom: dict[str, Any] | None = None
         """What was live when the limit was crossed (or a device out-of-memory was raised)."""
         self._user_code: dict[Any, bool] = {}
-        self._op_names: dict[Any, str] = {}
-        self._alias_ops: dict[Any, bool] = {}
+        self._cuda = device_kind == "cuda"
+        self._dead = self._storage_died
+        """One bound method for every storage's weak-reference callback (not a closure per allocation)."""
         self._saved_hooks: Any = None
         self._module_handles: list[Any] = []
         self.allocations = 0
@@ -123,28 +124,38 @@ class AllocationTracker(TorchDispatchMode):
             self._module_handles = []
 
     # ----- the dispatch mode --------------------------------------------------------------
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._dynamo.disable: three Python
+        # frames and four eval-frame switches per op, a fifth of the tracker's cost on small ops. Dynamo
+        # must still never trace this mode; _skip_dynamo_recursively marks its code (C-level, no wrapper),
+        # and torch 2.13 refuses to compile any frame while a non-infra dispatch mode is active anyway.
+        return False
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         try:
-            out = func(*args, **(kwargs or {}))
+            out = func(*args, **kwargs) if kwargs else func(*args)
         except torch.OutOfMemoryError as exc:
             self._record_oom(str(func), _requested_bytes(str(exc)), device_error=str(exc).split("\n")[0])
             raise
-        aliases = self._alias_ops.get(func)
-        if aliases is None:
-            aliases = self._alias_ops[func] = _returns_alias(func)
-        if aliases:  # a view / in-place / out= op returns an input's storage: nothing new (the common case)
+        # Keyed by id(): an OpOverload's own __hash__ is Python code, a third of this method's cost.
+        entry = _OPS.get(id(func))
+        if entry is None or entry[0] is not func:
+            entry = _op_entry(func)
+        name = entry[1]
+        if name is None:  # a view / in-place / out= op returns an input's storage: nothing new (the common case)
             return out
-        if isinstance(out, torch.Tensor):
-            self._register(out, func)
+        if type(out) is torch.Tensor:
+            self._register(out, name)
         elif isinstance(out, tuple | list):
             for t in out:
-                if isinstance(t, torch.Tensor):
-                    self._register(t, func)
+                if type(t) is torch.Tensor:
+                    self._register(t, name)
         return out
 
-    def _register(self, t: torch.Tensor, func: Any) -> None:
-        if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.is_meta:
-            return  # fake / subclass tensors own no storage of their own
+    def _register(self, t: torch.Tensor, name: str) -> None:
+        if t.is_meta:
+            return  # fake / subclass tensors (filtered by the caller) and meta ones own no storage of their own
         st = t.untyped_storage()
         key = st._cdata
         if key in self.live:
@@ -152,21 +163,20 @@ class AllocationTracker(TorchDispatchMode):
         nbytes = st.nbytes()
         if nbytes == 0:
             return
-        if t.is_cuda:
+        if self._cuda and t.is_cuda:
             nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
-        category = "optimizer_state" if self.phase == "optimizer" else "temporaries"
-        name = self._op_names.get(func)
-        if name is None:
-            name = self._op_names[func] = str(func)
-        self._add(key, st, Alloc(nbytes, category, self._site(), self.module_stack[-1] if self.module_stack else "",
-                                 self.step, name))
+        stack = self.module_stack
+        self._add(key, st, Alloc(nbytes, "optimizer_state" if self.phase == "optimizer" else "temporaries",
+                                 self._site(), stack[-1] if stack else "", self.step, name))
         if self.limit is not None and self.total > self.limit and self.oom is None:
-            self._record_oom(str(func), nbytes, device_error=None)
+            self._record_oom(name, nbytes, device_error=None)
             raise MemoryLimitExceeded(self.oom_sentence())
 
     def _add(self, key: int, st: Any, alloc: Alloc) -> None:
         self.live[key] = alloc
-        self._refs[key] = weakref.ref(st, lambda _r, k=key: self._free(k))
+        ref = _StorageRef(st, self._dead)
+        ref.key = key
+        self._refs[key] = ref
         self.allocations += 1
         n = alloc.nbytes
         self.total += n
@@ -178,6 +188,9 @@ class AllocationTracker(TorchDispatchMode):
             self.peak = self.total
             if self.total >= self._copy_at:
                 self._copy_peak(alloc)
+
+    def _storage_died(self, ref: _StorageRef) -> None:
+        self._free(ref.key)
 
     def _free(self, key: int) -> None:
         alloc = self.live.pop(key, None)
@@ -214,7 +227,7 @@ class AllocationTracker(TorchDispatchMode):
     def recategorize(self, t: torch.Tensor, category: str, *, only_from: str | None = None,
                      module: str | None = None) -> None:
         """Give ``t``'s storage ``category`` (start tracking it when it predates the tracker)."""
-        if t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
+        if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.is_meta:
             return
         st = t.untyped_storage()
         key = st._cdata
@@ -248,7 +261,7 @@ class AllocationTracker(TorchDispatchMode):
 
     def mark_loss(self, t: torch.Tensor) -> None:
         """Remember that ``t`` was passed to backward (a loss kept across steps keeps its graph)."""
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+        if isinstance(t, torch.Tensor) and not t.is_meta:
             alloc = self.live.get(t.untyped_storage()._cdata)
             if alloc is not None:
                 alloc.is_loss = True
@@ -262,6 +275,12 @@ class AllocationTracker(TorchDispatchMode):
         # Detached: same storage and values, but no reference to its grad_fn. Returning ``t`` itself
         # would make an output that its own node saves (relu, tanh, softmax) a reference cycle, freed
         # only by the garbage collector: a graph never backwarded (a logged loss) would outlive its step.
+        # A tensor with no grad_fn (a parameter, an input) makes no cycle and is returned as it is.
+        if t.grad_fn is None:
+            return t
+        if type(t) is torch.Tensor:  # our own detach need not go through this mode (a full dispatch round trip)
+            with _NO_DISPATCH():
+                return t.detach()
         return t.detach()
 
     # ----- module stack -------------------------------------------------------------------
@@ -333,6 +352,38 @@ class AllocationTracker(TorchDispatchMode):
                 f"{o.get('phase')})")
 
 
+class _StorageRef(weakref.ref):
+    """A weak reference to a storage that carries its key (the callback needs no closure)."""
+
+    __slots__ = ("key",)
+
+
+_NO_DISPATCH = torch._C._DisableTorchDispatch
+
+_OPS: dict[int, tuple[Any, str | None]] = {}
+"""``id(op) -> (op, name or None)``: None for an op whose outputs all alias inputs. The op is kept so an id
+is never reused by another; shared by every tracker, so a tracker started per step starts warm."""
+
+
+def _op_entry(func: Any) -> tuple[Any, str | None]:
+    entry = (func, None if _returns_alias(func) else str(func))
+    _OPS[id(func)] = entry
+    return entry
+
+
+def _skip_dynamo_recursively(*functions: Any) -> None:
+    """Tell dynamo never to trace these functions nor anything they call (what ``disable(recursive=True)`` does).
+
+    Marked once on the code objects, checked in C at frame evaluation, instead of a Python wrapper per call.
+    """
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    except ImportError:  # a torch without the exec strategies: dynamo's own mode check still skips these frames
+        return
+    for fn in functions:
+        set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
 def _returns_alias(func: Any) -> bool:
     """Whether every output of ``func`` aliases an input (views, in-place and ``out=`` ops), from its schema."""
     if func.is_view:
@@ -357,3 +408,8 @@ def _requested_bytes(message: str) -> int | None:
         return None
     scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[m.group(2)]
     return int(float(m.group(1)) * scale)
+
+
+_skip_dynamo_recursively(AllocationTracker.__torch_dispatch__, AllocationTracker._pack,
+                         AllocationTracker._module_pre, AllocationTracker._module_post,
+                         AllocationTracker._storage_died)
