@@ -109,6 +109,30 @@ def test_checkpointing_blocks_keeps_gradients_and_saves_activations() -> None:
     assert ckpt_peak < plain_peak
 
 
+def test_checkpointing_with_microbatches_keeps_the_loss_and_gradients_and_saves_most() -> None:
+    # Each checkpointed block recomputes its forward in backward, outside the micro-batch's own call:
+    # the micro-batch knob must not split it again there (it used to, and checkpoint refused the shapes).
+    torch.manual_seed(0)
+    model, x, y = Net(), torch.randn(512, 32), torch.randint(0, 5, (512,))
+    ref, ref_loss = _grads(model, x, y)
+    peaks = {}
+    for name, installs in (("micro", (lambda log: install_microbatching(4, log),)),
+                           ("both", (install_checkpointing, lambda log: install_microbatching(4, log)))):
+        log = ApplyLog()
+        undos = [install(log) for install in installs]
+        try:
+            got, loss = _grads(model, x, y)
+            peaks[name] = _peak(model, x, y)
+        finally:
+            for undo in reversed(undos):
+                undo()
+        assert abs(loss - ref_loss) < 1e-6
+        for a, b in zip(ref, got, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert "microbatch" in log.fired and (name == "micro" or "checkpointing" in log.fired)
+    assert peaks["both"] < peaks["micro"]
+
+
 def test_settings_round_trip_and_validation() -> None:
     s = TuneSettings(checkpointing="blocks", microbatches=4)
     assert TuneSettings.from_dict(s.to_dict()) == s
@@ -127,5 +151,6 @@ def test_fit_candidates_are_the_ladder_rungs_and_their_pairs() -> None:
               {"config": {"amp": "bf16"}}]
     base = FitTrial(TuneSettings(), False, None, None, section={"oom": {"ladder": ladder}})
     labels = [c.label() for c in candidates(base)]
-    assert labels == ["checkpointing=blocks", "microbatches=4", "amp=bf16", "amp=bf16 + checkpointing=blocks",
+    pair = TuneSettings(checkpointing="blocks", microbatches=4).label()
+    assert labels == ["checkpointing=blocks", "microbatches=4", "amp=bf16", pair, "amp=bf16 + checkpointing=blocks",
                       "amp=bf16 + microbatches=4"]

@@ -10,9 +10,8 @@ batch) is exactly the unsplit one: the gradients equal the unsplit batch's up to
 
 Outputs: tensors with a batch dimension are concatenated; 0-d floating outputs (a loss computed inside
 the model) are the chunk-size-weighted mean; tuples, lists and dicts of those are combined entry by
-entry. A model whose inputs have no batch dimension divisible by K runs unsplit (logged). Limitation:
-BatchNorm sees micro-batch statistics (as real micro-batching does), and its running statistics are
-updated again by the recompute.
+entry. A model whose inputs have no batch dimension divisible by K runs unsplit (logged). Combined with
+``checkpointing = "blocks"`` each block is checkpointed inside each micro-batch (the least memory of all).
 """
 
 from __future__ import annotations
@@ -135,8 +134,11 @@ def install_microbatching(k: int, log: ApplyLog) -> Undo:
         return combine(outs, sizes)
 
     def call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # Inside backward (a graph task running) a module call is a checkpoint's recompute: a block
+        # checkpointed by the checkpointing knob recomputes its forward there, outside any micro-batch
+        # call, and must see the tensors it saved, not be split again.
         if (state["depth"] or not module.training or not torch.is_grad_enabled() or torch.compiler.is_compiling()
-                or next(iter(module.parameters()), None) is None):
+                or torch._C._current_graph_task_id() != -1 or next(iter(module.parameters()), None) is None):
             return original_call(module, *args, **kwargs)
         state["depth"] += 1
         try:
