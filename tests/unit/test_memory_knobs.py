@@ -154,3 +154,65 @@ def test_fit_candidates_are_the_ladder_rungs_and_their_pairs() -> None:
     pair = TuneSettings(checkpointing="blocks", microbatches=4).label()
     assert labels == ["checkpointing=blocks", "microbatches=4", "amp=bf16", pair, "amp=bf16 + checkpointing=blocks",
                       "amp=bf16 + microbatches=4"]
+
+
+class BNNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU())
+        self.head = nn.Linear(64, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_microbatch_refuses_a_training_batchnorm_and_says_why() -> None:
+    from torchscalpel.tune.knobs.microbatch import batch_statistics_modules, batchnorm_reason
+
+    torch.manual_seed(0)
+    model, x, y = BNNet(), torch.randn(64, 32), torch.randint(0, 5, (64,))
+    ref_model = BNNet()
+    ref_model.load_state_dict(model.state_dict())
+    ref, ref_loss = _grads(ref_model, x, y)
+    log = ApplyLog()
+    undo = install_microbatching(4, log)
+    try:
+        got, loss = _grads(model, x, y)
+    finally:
+        undo()
+    assert "microbatch" not in log.fired
+    assert any("body.1 (BatchNorm1d)" in s and "ran unsplit" in s for s in log.skipped)
+    assert loss == ref_loss  # unsplit: the whole batch's statistics
+    for a, b in zip(ref, got, strict=True):
+        torch.testing.assert_close(a, b)
+    # running statistics updated once, as in the plain step
+    torch.testing.assert_close(model.body[1].running_mean, ref_model.body[1].running_mean)
+    assert int(model.body[1].num_batches_tracked) == 1
+    # a frozen (eval-mode) BatchNorm uses its running statistics: splitting is exact, so it is allowed
+    model.body[1].eval()
+    assert batchnorm_reason(model, batch_statistics_modules(model)) is None
+    log = ApplyLog()
+    undo = install_microbatching(4, log)
+    try:
+        _grads(model, x, y)
+    finally:
+        undo()
+    assert "microbatch" in log.fired
+    assert batch_statistics_modules(Net()) == []
+
+
+def test_the_ladder_does_not_offer_microbatches_to_a_batchnorm_model() -> None:
+    from torchscalpel.memory.ladder import LadderPlanObserver, build_ladder
+
+    obs = LadderPlanObserver()
+    model = BNNet()
+    obs.on_forward_pre(model, (torch.randn(8, 32),), {}, True)
+    assert obs.batchnorm is not None and "BatchNorm1d" in obs.batchnorm
+    plan = {"peak": 100, "batch": 32, "max_batch": 16, "batchnorm": obs.batchnorm}
+    ladder = build_ladder(measured_peak=100, limit=50, plan=plan, cause="activations", breakdown={}, phase="forward",
+                          growth=None, fragmentation=None)
+    rung = next(r for r in ladder if r["kind"] == "micro-batches")
+    assert rung["config"] == {} and rung["fits"] is None and "not applied by scalpel run" in rung["why"]
+    plain = build_ladder(measured_peak=100, limit=50, plan={**plan, "batchnorm": None}, cause="activations",
+                         breakdown={}, phase="forward", growth=None, fragmentation=None)
+    assert next(r for r in plain if r["kind"] == "micro-batches")["config"] == {"microbatches": 4}
