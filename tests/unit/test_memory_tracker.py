@@ -41,8 +41,8 @@ def test_categories_add_up_and_activations_are_owned_by_modules() -> None:
     # tanh saves its output, linear its input: 128 x 256 floats each at least
     assert saved >= 2 * 128 * 256 * 4
     # the first module to save a tensor owns it: Linear 0 its input, the Tanh modules their outputs (which
-    # the next Linear saves too)
-    assert set(modules) == {"0", "1", "3"}
+    # the next Linear saves too); Sequential children are named by their class and parent, not a bare index
+    assert set(modules) == {"Sequential.0 (Linear)", "Sequential.1 (Tanh)", "Sequential.3 (Tanh)"}
     assert sum(tr.peak_copy["by_category"].values()) == tr.peak_copy["total"]
     assert tr.peak >= tr.peak_copy["total"] >= tr.peak * 0.99
     # the largest live site is this test file
@@ -176,6 +176,29 @@ def test_modules_roll_up_to_their_block() -> None:
 
     assert by_block({"blocks.0.attn": 3, "blocks.0.mlp.1": 2, "blocks.1.attn": 4, "head": 1, "": 5}) == \
         {"blocks.0": 5, "blocks.1": 4, "head": 1, "": 5}
+    # display names: the class an indexed name carries labels its block
+    assert by_block({"blocks.0 (Block)": 1, "blocks.0.attn": 3, "blocks.0.mlp.1 (GELU)": 2, "blocks.1.attn": 4,
+                     "Sequential.2 (Linear)": 7}) == {"blocks.0 (Block)": 6, "blocks.1": 4, "Sequential.2 (Linear)": 7}
+
+
+def test_indexed_modules_are_named_by_class_and_parent() -> None:
+    from torchscalpel.runtime.alloc_tracker import display_name, split_display_name
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+            self.head = nn.Linear(4, 2)
+
+    tr = AllocationTracker()
+    net = Net()
+    tr.name_modules(net)
+    assert tr.module_names[net.layers[0]] == "layers.0 (Linear)"
+    assert tr.module_names[net.layers] == "layers" and tr.module_names[net.head] == "head"
+    assert tr.module_names[net] == "Net"
+    assert display_name("3", nn.Linear(1, 1), "Sequential") == "Sequential.3 (Linear)"
+    assert split_display_name("layers.0 (Linear)") == ("layers.0", "Linear")
+    assert split_display_name("head") == ("head", None)
 
 
 def test_alias_returning_ops_are_skipped_and_new_storages_counted() -> None:

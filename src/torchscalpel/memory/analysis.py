@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder, plan_numbers
-from torchscalpel.runtime.alloc_tracker import CATEGORIES
+from torchscalpel.runtime.alloc_tracker import CATEGORIES, split_display_name
 
 if TYPE_CHECKING:
     from torchscalpel.memory.observer import MemoryObserver
@@ -41,14 +41,24 @@ def _top(d: dict[str, int], n: int) -> list[dict[str, Any]]:
 
 
 def by_block(by_module: dict[str, int]) -> dict[str, int]:
-    """Module totals rolled up to the first indexed level (``blocks.3.attn`` -> ``blocks.3``): per repeated block."""
-    out: dict[str, int] = {}
+    """Module totals rolled up to the first indexed level (``blocks.3.attn`` -> ``blocks.3``): per repeated block.
+
+    Names are the tracker's display names (``blocks.3 (Block)``): the class a name carries stays on its
+    block's key, so ``blocks.3.attn`` and ``blocks.3 (Block)`` roll up to one ``blocks.3 (Block)``.
+    """
+    keys: dict[str, str] = {}
+    sums: dict[str, int] = {}
     for name, n in by_module.items():
-        parts = name.split(".")
+        path, cls = split_display_name(name)
+        parts = path.split(".")
         cut = next((i + 1 for i, p in enumerate(parts) if p.isdigit()), len(parts))
         key = ".".join(parts[:cut])
-        out[key] = out.get(key, 0) + n
-    return out
+        if cut == len(parts) and cls is not None:
+            keys[key] = f"{key} ({cls})"
+        elif cut == len(parts) and key not in keys:
+            keys[key] = name
+        sums[key] = sums.get(key, 0) + n
+    return {keys.get(k, k): v for k, v in sums.items()}
 
 
 def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation: dict[str, Any] | None,

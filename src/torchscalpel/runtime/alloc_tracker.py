@@ -285,13 +285,14 @@ class AllocationTracker(TorchDispatchMode):
 
     # ----- module stack -------------------------------------------------------------------
     def name_modules(self, root: torch.nn.Module) -> None:
-        """Qualified names for ``root``'s submodules (the root itself is its class name)."""
+        """Names for ``root``'s submodules a user recognises (see :func:`display_name`; the root is its class)."""
         if root in self.module_names:
             return
-        self.module_names[root] = type(root).__name__
+        root_name = type(root).__name__
+        self.module_names[root] = root_name
         for name, m in root.named_modules():
             if name and m not in self.module_names:
-                self.module_names[m] = name
+                self.module_names[m] = display_name(name, m, root_name)
 
     def _module_pre(self, module: torch.nn.Module, args: Any) -> None:
         if torch.compiler.is_compiling():
@@ -350,6 +351,28 @@ class AllocationTracker(TorchDispatchMode):
         return (f"memory limit {fmt_bytes(self.limit)} exceeded: {o.get('op')} at {o.get('site')} asked for "
                 f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live (step {o.get('step')}, "
                 f"{o.get('phase')})")
+
+
+def display_name(qualified: str, module: torch.nn.Module, root: str) -> str:
+    """``layers.3`` -> ``layers.3 (Linear)``: an index names no layer, so its class is added.
+
+    A child of an ``nn.Sequential`` / ``nn.ModuleList`` root (qualified name ``3``) also gets the root's
+    class as its parent path (``Sequential.3 (Linear)``). Named children (``blocks.0.attn``) are unchanged;
+    :func:`split_display_name` gives the qualified name back.
+    """
+    last = qualified.rsplit(".", 1)[-1]
+    if not last.isdigit():
+        return qualified
+    path = qualified if "." in qualified else f"{root}.{qualified}"
+    return f"{path} ({type(module).__name__})"
+
+
+def split_display_name(name: str) -> tuple[str, str | None]:
+    """``blocks.3 (Block)`` -> (``blocks.3``, ``Block``); a name without a class -> (name, None)."""
+    if name.endswith(")") and " (" in name:
+        path, cls = name[:-1].rsplit(" (", 1)
+        return path, cls
+    return name, None
 
 
 class _StorageRef(weakref.ref):
