@@ -179,6 +179,7 @@ def test_modules_roll_up_to_their_block() -> None:
     # display names: the class an indexed name carries labels its block
     assert by_block({"blocks.0 (Block)": 1, "blocks.0.attn": 3, "blocks.0.mlp.1 (GELU)": 2, "blocks.1.attn": 4,
                      "Sequential.2 (Linear)": 7}) == {"blocks.0 (Block)": 6, "blocks.1": 4, "Sequential.2 (Linear)": 7}
+    assert by_block({"blocks.1.attn": 4}, {"blocks.1": "blocks.1 (Block)"}) == {"blocks.1 (Block)": 4}
 
 
 def test_indexed_modules_are_named_by_class_and_parent() -> None:
@@ -195,7 +196,8 @@ def test_indexed_modules_are_named_by_class_and_parent() -> None:
     tr.name_modules(net)
     assert tr.module_names[net.layers[0]] == "layers.0 (Linear)"
     assert tr.module_names[net.layers] == "layers" and tr.module_names[net.head] == "head"
-    assert tr.module_names[net] == "Net"
+    assert tr.module_names[net] == "Net" and tr.index_labels == {"layers.0": "layers.0 (Linear)",
+                                                                 "layers.1": "layers.1 (ReLU)"}
     assert display_name("3", nn.Linear(1, 1), "Sequential") == "Sequential.3 (Linear)"
     assert split_display_name("layers.0 (Linear)") == ("layers.0", "Linear")
     assert split_display_name("head") == ("head", None)

@@ -40,13 +40,14 @@ def _top(d: dict[str, int], n: int) -> list[dict[str, Any]]:
     return [{"name": k, "bytes": v} for k, v in sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:n] if v > 0]
 
 
-def by_block(by_module: dict[str, int]) -> dict[str, int]:
+def by_block(by_module: dict[str, int], labels: dict[str, str] | None = None) -> dict[str, int]:
     """Module totals rolled up to the first indexed level (``blocks.3.attn`` -> ``blocks.3``): per repeated block.
 
     Names are the tracker's display names (``blocks.3 (Block)``): the class a name carries stays on its
-    block's key, so ``blocks.3.attn`` and ``blocks.3 (Block)`` roll up to one ``blocks.3 (Block)``.
+    block's key, so ``blocks.3.attn`` and ``blocks.3 (Block)`` roll up to one ``blocks.3 (Block)``;
+    ``labels`` (the tracker's ``index_labels``) names a block that saved nothing itself.
     """
-    keys: dict[str, str] = {}
+    keys: dict[str, str] = dict(labels or {})
     sums: dict[str, int] = {}
     for name, n in by_module.items():
         path, cls = split_display_name(name)
@@ -118,7 +119,7 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
             "phase": peak.get("phase"), "op": peak.get("op"), "module": peak.get("module"),
             "by_category": peak.get("by_category", {}),
             "modules": _top(peak.get("by_module", {}), TOP_MODULES),
-            "blocks": _top(by_block(peak.get("by_module", {})), TOP_MODULES),
+            "blocks": _top(by_block(peak.get("by_module", {}), tr.index_labels), TOP_MODULES),
             "sites": _top(peak.get("by_site", {}), TOP_SITES),
         },
         "samples": obs.samples,

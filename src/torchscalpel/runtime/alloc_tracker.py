@@ -87,6 +87,8 @@ class AllocationTracker(TorchDispatchMode):
         self.phase = "forward"
         self.module_stack: list[str] = []
         self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self.index_labels: dict[str, str] = {}
+        """``blocks.3`` -> ``blocks.3 (Block)`` for every indexed submodule named: the per-block rollup's labels."""
         self.oom: dict[str, Any] | None = None
         """What was live when the limit was crossed (or a device out-of-memory was raised)."""
         self._user_code: dict[Any, bool] = {}
@@ -293,6 +295,8 @@ class AllocationTracker(TorchDispatchMode):
         for name, m in root.named_modules():
             if name and m not in self.module_names:
                 self.module_names[m] = display_name(name, m, root_name)
+                if name.rsplit(".", 1)[-1].isdigit():
+                    self.index_labels[name] = self.module_names[m]
 
     def _module_pre(self, module: torch.nn.Module, args: Any) -> None:
         if torch.compiler.is_compiling():
