@@ -255,3 +255,25 @@ def test_dispatch_is_not_wrapped_and_dynamo_never_enters_the_tracker(caplog: pyt
     frames = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
     assert any("skipping: f " in m for m in frames)  # dynamo did look at the user's frame
     assert not [m for m in frames if "alloc_tracker" in m]  # and never at the tracker's
+
+
+def test_an_op_on_a_thread_without_python_callers_is_still_counted() -> None:
+    # CUDA runs backward ops on autograd's device threads, where the dispatch mode is the whole Python stack
+    import _thread
+    import threading
+
+    done = threading.Event()
+    result: list[object] = []
+    tr = AllocationTracker()
+
+    def site() -> None:
+        try:
+            result.append(tr._site())
+        except Exception as exc:  # the test reports whatever escaped
+            result.append(exc)
+        finally:
+            done.set()
+
+    _thread.start_new_thread(site, ())
+    assert done.wait(10)
+    assert result == ["(no Python caller)"]

@@ -311,7 +311,10 @@ class AllocationTracker(TorchDispatchMode):
     # ----- call sites ---------------------------------------------------------------------
     def _site(self) -> str:
         """The innermost frame in the user's code (not torch, torchscalpel or the standard library)."""
-        f = sys._getframe(3)
+        try:
+            f: Any = sys._getframe(3)
+        except ValueError:  # a thread with no Python caller (CUDA's autograd device threads run backward ops)
+            return "(no Python caller)"
         fallback = None
         while f is not None:
             code = f.f_code
