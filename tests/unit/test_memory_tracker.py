@@ -277,3 +277,26 @@ def test_an_op_on_a_thread_without_python_callers_is_still_counted() -> None:
     _thread.start_new_thread(site, ())
     assert done.wait(10)
     assert result == ["(no Python caller)"]
+
+
+def test_the_peak_copy_is_the_picture_at_the_highest_total() -> None:
+    tr = AllocationTracker()
+    tr.start()
+    try:
+        a = torch.empty(1000)
+        b = torch.empty(2000)  # the high: 12,000 bytes, made by this allocation
+        del a  # the copy is taken here, before the free is subtracted
+        c = torch.empty(100)
+        del b, c
+    finally:
+        tr.stop()
+    copy = tr.peak_copy
+    assert tr.peak == 12_000 and copy["total"] == 12_000 and copy["by_category"]["temporaries"] == 12_000
+    assert copy["op"] == "aten.empty.memory_format" and sum(copy["by_site"].values()) == 12_000
+    tr2 = AllocationTracker()
+    tr2.start()
+    try:
+        keep = torch.empty(500)  # a high never followed by a free: read through the property
+    finally:
+        tr2.stop()
+    assert tr2.peak_copy["total"] == 2000 and keep.numel() == 500

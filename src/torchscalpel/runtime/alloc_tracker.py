@@ -14,7 +14,8 @@ Categories start as ``temporaries`` and are refined as ownership becomes known:
 
 Totals per category, per module and per call site are kept incrementally (an allocation costs a few
 dictionary updates), and the breakdown is copied whenever the live total reaches a new high by
-:data:`PEAK_RESOLUTION`, so the peak breakdown is never more than that share below the true peak.
+:data:`PEAK_RESOLUTION` (at the first free after that high, when the picture is still the peak's), so the
+peak breakdown is never more than that share below the true peak.
 
 With ``limit`` set, the op whose outputs take the live total over it raises
 :class:`~torchscalpel.runtime.memory_limit.MemoryLimitExceeded` after the tracker has copied what was
@@ -81,8 +82,10 @@ class AllocationTracker(TorchDispatchMode):
         """Live activation bytes per module (the saving module's qualified name)."""
         self.by_site: dict[str, int] = {}
         """Live bytes per call site (``file:line``)."""
-        self.peak_copy: dict[str, Any] = {}
+        self._peak_copy: dict[str, Any] = {}
         self._copy_at = 0
+        self._pending: Alloc | None = None
+        """The allocation that made a new high not copied yet: copied at the next free (see _free)."""
         self.step = 0
         self.phase = "forward"
         self.module_stack: list[str] = []
@@ -188,8 +191,8 @@ class AllocationTracker(TorchDispatchMode):
             self.step_peak = self.total
         if self.total > self.peak:
             self.peak = self.total
-            if self.total >= self._copy_at:
-                self._copy_peak(alloc)
+            if self._pending is not None or self.total >= self._copy_at:
+                self._pending = alloc
 
     def _storage_died(self, ref: _StorageRef) -> None:
         self._free(ref.key)
@@ -199,6 +202,10 @@ class AllocationTracker(TorchDispatchMode):
         self._refs.pop(key, None)
         if alloc is None:
             return
+        if self._pending is not None:
+            # Only allocations happened since the last new high, so the live picture before this free is the
+            # one at the peak: one copy per local maximum instead of one per allocation while memory climbs.
+            self._copy_peak(self._pending)
         n = alloc.nbytes
         self.total -= n
         self.by_category[alloc.category] -= n
@@ -217,9 +224,17 @@ class AllocationTracker(TorchDispatchMode):
         else:
             self.by_module.pop(module, None)
 
+    @property
+    def peak_copy(self) -> dict[str, Any]:
+        """The breakdown at the highest live total, at most :data:`PEAK_RESOLUTION` below it ({} before any)."""
+        if self._pending is not None:
+            self._copy_peak(self._pending)
+        return self._peak_copy
+
     def _copy_peak(self, alloc: Alloc) -> None:
+        self._pending = None
         self._copy_at = int(self.total * (1 + PEAK_RESOLUTION))
-        self.peak_copy = {
+        self._peak_copy = {
             "total": self.total, "step": self.step, "phase": self.phase, "op": alloc.op, "module": alloc.module,
             "site": alloc.site, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
             "by_site": dict(self.by_site),
