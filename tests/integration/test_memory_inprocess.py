@@ -57,3 +57,15 @@ def test_a_crash_in_the_analysis_keeps_the_snapshot_and_the_record(tmp_path: Pat
     m = run.record.sections["memory"]
     assert "analysis bug" in m["error"] and m["oom"]["total"] > 3 * 2**20
     assert (tmp_path / "memory-live.json").is_file() and (tmp_path / "run.json").is_file()
+
+
+def test_a_peak_before_the_first_forward_is_named_so(tmp_path: Path) -> None:
+    # a dataset materialised as tensors before training (closure_sgd.py's digits / 16.0) can be the run's peak
+    model = nn.Linear(128, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchscalpel.memory(steps=2, warmup=0, out=tmp_path, report=False) as run:
+        data = torch.empty(4 * 2**20) / 2.0  # 16 MiB twice at once, then 16 MiB kept
+        _train(model, opt, 2, [])
+        del data
+    peak = run.record.sections["memory"]["peak"]
+    assert peak["phase"] == "before training" and peak["total"] >= 32 * 2**20

@@ -18,6 +18,9 @@ import torch
 from torchscalpel.runtime.alloc_tracker import AllocationTracker
 from torchscalpel.runtime.observer import Observer
 
+BEFORE_TRAINING = "before training"
+"""The phase of everything allocated before the model's first training forward."""
+
 SITES_PER_SAMPLE = 30
 """Largest call sites kept at each step end (growth analysis reads these)."""
 
@@ -47,6 +50,9 @@ class MemoryObserver(Observer):
         self.session = session
         device_kind = "cuda" if torch.cuda.is_available() else "cpu"
         self.tracker = AllocationTracker(limit=self.limit, device_kind=device_kind)
+        # Until the model's first training forward the script is loading data or building things: a peak
+        # there (a dataset materialised as tensors) is reported as such, not as step 0's forward.
+        self.tracker.phase = BEFORE_TRAINING
         if device_kind == "cuda":
             self.cuda_history = _start_cuda_history()
         if self.plan_observer is not None:
