@@ -59,7 +59,7 @@ def test_a_crash_in_the_analysis_keeps_the_snapshot_and_the_record(tmp_path: Pat
     assert (tmp_path / "memory-live.json").is_file() and (tmp_path / "run.json").is_file()
 
 
-def test_a_peak_before_the_first_forward_is_named_so(tmp_path: Path) -> None:
+def test_a_peak_before_training_is_kept_apart_from_the_training_peak(tmp_path: Path) -> None:
     # a dataset materialised as tensors before training (closure_sgd.py's digits / 16.0) can be the run's peak
     model = nn.Linear(128, 128)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -67,5 +67,12 @@ def test_a_peak_before_the_first_forward_is_named_so(tmp_path: Path) -> None:
         data = torch.empty(4 * 2**20) / 2.0  # 16 MiB twice at once, then 16 MiB kept
         _train(model, opt, 2, [])
         del data
-    peak = run.record.sections["memory"]["peak"]
-    assert peak["phase"] == "before training" and peak["total"] >= 32 * 2**20
+    m = run.record.sections["memory"]
+    # the breakdown is the training peak's; the higher one before training is named beside it, with its site
+    assert m["peak"]["phase"] != "before training" and m["peak"]["total"] < 32 * 2**20
+    assert m["peak"]["by_category"]["parameters"] == 128 * 129 * 4
+    before = m["before_training"]
+    assert before["total"] >= 32 * 2**20 and before["site"].startswith(__file__)
+    from torchscalpel.memory.render import summary_lines
+
+    assert any(line.startswith("before training the live total was higher") for line in summary_lines(m))

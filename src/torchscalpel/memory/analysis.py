@@ -62,6 +62,14 @@ def by_block(by_module: dict[str, int], labels: dict[str, str] | None = None) ->
     return {keys.get(k, k): v for k, v in sums.items()}
 
 
+def _before_training(before: dict[str, Any] | None, training_peak: int) -> dict[str, Any] | None:
+    """The peak before training, kept only when it was higher than the training peak (else it says nothing)."""
+    if not before or int(before.get("total", 0)) <= training_peak:
+        return None
+    return {"total": before["total"], "op": before.get("op"), "site": before.get("site"),
+            "by_category": before.get("by_category", {}), "sites": _top(before.get("by_site", {}), TOP_SITES)}
+
+
 def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation: dict[str, Any] | None,
               live: int) -> str:
     """The cause to name first (a key of :data:`CAUSE_TEXT`)."""
@@ -122,6 +130,7 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
             "blocks": _top(by_block(peak.get("by_module", {}), tr.index_labels), TOP_MODULES),
             "sites": _top(peak.get("by_site", {}), TOP_SITES),
         },
+        "before_training": _before_training(obs.before_training, tr.peak),
         "samples": obs.samples,
         "growth": growth,
         "cuda": fragmentation,

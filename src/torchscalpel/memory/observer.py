@@ -44,6 +44,8 @@ class MemoryObserver(Observer):
 
             self.plan_observer = LadderPlanObserver()
         self.cuda_history = False
+        self.before_training: dict[str, Any] | None = None
+        """The peak breakdown before the model's first training forward (data loading, model building)."""
 
     # ----- events -------------------------------------------------------------------------
     def on_start(self, session: Any) -> None:
@@ -71,6 +73,8 @@ class MemoryObserver(Observer):
         tr = self.tracker
         if not torch.is_grad_enabled():
             return
+        if tr.phase == BEFORE_TRAINING:  # the first training forward: the breakdown is of the training peak
+            self.before_training = tr.restart_peak()
         tr.phase = "forward"
         if module not in self._models:
             self._models.add(module)

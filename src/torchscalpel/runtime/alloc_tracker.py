@@ -231,6 +231,19 @@ class AllocationTracker(TorchDispatchMode):
             self._copy_peak(self._pending)
         return self._peak_copy
 
+    def restart_peak(self) -> dict[str, Any] | None:
+        """Start the peak over from the live total now; return the breakdown of the peak so far (None if none).
+
+        The memory observer calls it at the model's first training forward: a dataset materialised as
+        tensors before training can be the run's highest total, and would hide the training step's breakdown.
+        """
+        before = dict(self.peak_copy) or None
+        if before is not None:
+            before["total"] = self.peak
+        self._peak_copy, self._pending, self._copy_at = {}, None, 0
+        self.peak = self.step_peak = self.total
+        return before
+
     def _copy_peak(self, alloc: Alloc) -> None:
         self._pending = None
         self._copy_at = int(self.total * (1 + PEAK_RESOLUTION))
