@@ -89,6 +89,7 @@ def test_limit_raises_once_with_what_was_live() -> None:
         assert keep
     assert tr.oom is not None and tr.oom["total"] > 10_000 and tr.oom["request_bytes"] == 4000
     assert tr.oom["site"].startswith(__file__)
+    assert "(step" not in tr.oom_sentence()  # a bare limit has no step timeline to name
 
 
 def _samples(per_step: int, kept: int = 0) -> list[dict[str, object]]:

@@ -87,7 +87,8 @@ class AllocationTracker(TorchDispatchMode):
         self._pending: Alloc | None = None
         """The allocation that made a new high not copied yet: copied at the next free (see _free)."""
         self.step = 0
-        self.phase = "forward"
+        self.phase: str | None = "forward"
+        """Set by the memory observer from the runtime's events; None when nothing tells it (a bare limit)."""
         self.module_stack: list[str] = []
         self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self.index_labels: dict[str, str] = {}
@@ -383,9 +384,10 @@ class AllocationTracker(TorchDispatchMode):
         from torchscalpel.units import fmt_bytes
 
         o = self.oom or {}
+        # Without a step timeline (scalpel run's bare limit: phase None) the step and phase are not known.
+        where = f" (step {o.get('step')}, {o.get('phase')})" if o.get("phase") is not None else ""
         return (f"memory limit {fmt_bytes(self.limit)} exceeded: {o.get('op')} at {o.get('site')} asked for "
-                f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live (step {o.get('step')}, "
-                f"{o.get('phase')})")
+                f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live{where}")
 
 
 def display_name(qualified: str, module: torch.nn.Module, root: str) -> str:
