@@ -46,6 +46,9 @@ class MemoryObserver(Observer):
         self.cuda_history = False
         self.before_training: dict[str, Any] | None = None
         """The peak breakdown before the model's first training forward (data loading, model building)."""
+        self._trained = False
+        self._in_step = False
+        """Inside optimizer.step(): a closure's backward returns to the step's own update."""
 
     # ----- events -------------------------------------------------------------------------
     def on_start(self, session: Any) -> None:
@@ -73,7 +76,9 @@ class MemoryObserver(Observer):
         tr = self.tracker
         if not torch.is_grad_enabled():
             return
-        if tr.phase == BEFORE_TRAINING:  # the first training forward: the breakdown is of the training peak
+        if not self._trained:  # the first training forward: the breakdown is of the training peak
+            # (a flag, not the phase: Lightning's optimizer.step(closure) runs the first forward inside the step)
+            self._trained = True
             self.before_training = tr.restart_peak()
         tr.phase = "forward"
         if module not in self._models:
@@ -100,13 +105,15 @@ class MemoryObserver(Observer):
 
     def on_backward_post(self, tensors: tuple[torch.Tensor, ...]) -> None:
         if self.tracker is not None:
-            self.tracker.phase = "after backward"
+            self.tracker.phase = "optimizer" if self._in_step else "after backward"
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        self._in_step = True
         if self.tracker is not None:
             self.tracker.phase = "optimizer"
 
     def on_optimizer_step_post(self, optimizer: torch.optim.Optimizer) -> None:
+        self._in_step = False
         if self.plan_observer is not None:
             self.plan_observer.on_optimizer_step_post(optimizer)
         if self.tracker is None:
