@@ -199,6 +199,9 @@ def test_microbatch_refuses_a_training_batchnorm_and_says_why() -> None:
         undo()
     assert "microbatch" in log.fired
     assert batch_statistics_modules(Net()) == []
+    seq = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))  # named as the memory report names modules
+    assert "Sequential has Sequential.1 (BatchNorm1d) in training mode" in str(
+        batchnorm_reason(seq, batch_statistics_modules(seq)))
 
 
 def test_the_ladder_does_not_offer_microbatches_to_a_batchnorm_model() -> None:

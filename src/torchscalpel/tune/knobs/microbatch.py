@@ -86,10 +86,15 @@ def batchnorm_reason(model: nn.Module, modules: list[nn.Module]) -> str | None:
     training = [m for m in modules if m.training]
     if not training:
         return None
+    from torchscalpel.runtime.alloc_tracker import display_name
+
     names = {m: n for n, m in model.named_modules()}
     first = training[0]
+    label = display_name(names.get(first, "?"), first, type(model).__name__)  # the memory report's module names
+    if not label.endswith(")"):
+        label += f" ({type(first).__name__})"
     more = f" and {len(training) - 1} more" if len(training) > 1 else ""
-    return (f"{type(model).__name__} has {names.get(first, '?')} ({type(first).__name__}){more} in training mode: "
+    return (f"{type(model).__name__} has {label}{more} in training mode: "
             "micro-batches would each be normalised by their own statistics (a different loss and gradients) and "
             "update its running statistics once per micro-batch; ran unsplit (a GroupNorm/LayerNorm model, or a "
             "smaller batch in the script, avoids this)")
