@@ -219,3 +219,46 @@ def test_the_ladder_does_not_offer_microbatches_to_a_batchnorm_model() -> None:
     plain = build_ladder(measured_peak=100, limit=50, plan={**plan, "batchnorm": None}, cause="activations",
                          breakdown={}, phase="forward", growth=None, fragmentation=None)
     assert next(r for r in plain if r["kind"] == "micro-batches")["config"] == {"microbatches": 4}
+
+
+class BNBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.bn = nn.Linear(16, 16), nn.BatchNorm1d(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.bn(self.fc(x)))
+
+
+class BNBlocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(BNBlock() for _ in range(3))
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def test_checkpointing_updates_batchnorm_running_stats_once() -> None:
+    # the checkpoint's recompute in backward would update BatchNorm's running statistics a second time
+    torch.manual_seed(0)
+    plain, ckpt = BNBlocks(), BNBlocks()
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(32, 16)
+    plain(x).sum().backward()
+    log = ApplyLog()
+    undo = install_checkpointing(log)
+    try:
+        ckpt(x).sum().backward()
+    finally:
+        undo()
+    assert "checkpointing" in log.fired
+    for a, b in zip(plain.blocks, ckpt.blocks, strict=True):
+        assert int(b.bn.num_batches_tracked) == 1
+        torch.testing.assert_close(a.bn.running_mean, b.bn.running_mean)
+        torch.testing.assert_close(a.bn.running_var, b.bn.running_var)
+    for p, q in zip(plain.parameters(), ckpt.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)
