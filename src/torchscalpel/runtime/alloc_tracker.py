@@ -52,6 +52,28 @@ _SCALPEL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 _PY_LIB = (os.path.dirname(os.__file__) + os.sep,)
 
 
+def _exec_strategy() -> Any:
+    """torch's C-level "skip this code and all it calls" marker for dynamo, or None on a torch without one."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    except ImportError:
+        return None
+    return lambda code: set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
+_MARK_SKIP = _exec_strategy()
+
+
+def _skip_dynamo_recursively(*functions: Any) -> None:
+    """Tell dynamo never to trace these functions nor anything they call (what ``disable(recursive=True)`` does).
+
+    Marked once on the code objects, checked in C at frame evaluation, instead of a Python wrapper per call.
+    """
+    if _MARK_SKIP is not None:
+        for fn in functions:
+            _MARK_SKIP(fn.__code__)
+
+
 @dataclass(slots=True)
 class Alloc:
     """One live storage."""
@@ -136,7 +158,8 @@ class AllocationTracker(TorchDispatchMode):
         # frames and four eval-frame switches per op, a fifth of the tracker's cost on small ops. Dynamo
         # must still never trace this mode; _skip_dynamo_recursively marks its code (C-level, no wrapper),
         # and torch 2.13 refuses to compile any frame while a non-infra dispatch mode is active anyway.
-        return False
+        # A torch without the C-level marker keeps its own wrapper.
+        return _MARK_SKIP is None
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         try:
@@ -429,19 +452,6 @@ def _op_entry(func: Any) -> tuple[Any, str | None]:
     entry = (func, None if _returns_alias(func) else str(func))
     _OPS[id(func)] = entry
     return entry
-
-
-def _skip_dynamo_recursively(*functions: Any) -> None:
-    """Tell dynamo never to trace these functions nor anything they call (what ``disable(recursive=True)`` does).
-
-    Marked once on the code objects, checked in C at frame evaluation, instead of a Python wrapper per call.
-    """
-    try:
-        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
-    except ImportError:  # a torch without the exec strategies: dynamo's own mode check still skips these frames
-        return
-    for fn in functions:
-        set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
 
 
 def _returns_alias(func: Any) -> bool:
