@@ -184,7 +184,7 @@ def test_modules_roll_up_to_their_block() -> None:
 
 
 def test_indexed_modules_are_named_by_class_and_parent() -> None:
-    from torchscalpel.runtime.alloc_tracker import display_name, split_display_name
+    from torchscalpel.runtime.module_names import display_name, split_display_name
 
     class Net(nn.Module):
         def __init__(self) -> None:

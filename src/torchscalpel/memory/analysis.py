@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder, plan_numbers
-from torchscalpel.runtime.alloc_tracker import CATEGORIES, split_display_name
+from torchscalpel.runtime.alloc_tracker import CATEGORIES
+from torchscalpel.runtime.module_names import split_display_name
 
 if TYPE_CHECKING:
     from torchscalpel.memory.observer import MemoryObserver

@@ -34,6 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
+from torchscalpel.runtime.module_names import display_name
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 """Every category, in the order the breakdown prints them (allocator cache is added on CUDA)."""
@@ -411,28 +412,6 @@ class AllocationTracker(TorchDispatchMode):
         where = f" (step {o.get('step')}, {o.get('phase')})" if o.get("phase") is not None else ""
         return (f"memory limit {fmt_bytes(self.limit)} exceeded: {o.get('op')} at {o.get('site')} asked for "
                 f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live{where}")
-
-
-def display_name(qualified: str, module: torch.nn.Module, root: str) -> str:
-    """``layers.3`` -> ``layers.3 (Linear)``: an index names no layer, so its class is added.
-
-    A child of an ``nn.Sequential`` / ``nn.ModuleList`` root (qualified name ``3``) also gets the root's
-    class as its parent path (``Sequential.3 (Linear)``). Named children (``blocks.0.attn``) are unchanged;
-    :func:`split_display_name` gives the qualified name back.
-    """
-    last = qualified.rsplit(".", 1)[-1]
-    if not last.isdigit():
-        return qualified
-    path = qualified if "." in qualified else f"{root}.{qualified}"
-    return f"{path} ({type(module).__name__})"
-
-
-def split_display_name(name: str) -> tuple[str, str | None]:
-    """``blocks.3 (Block)`` -> (``blocks.3``, ``Block``); a name without a class -> (name, None)."""
-    if name.endswith(")") and " (" in name:
-        path, cls = name[:-1].rsplit(" (", 1)
-        return path, cls
-    return name, None
 
 
 class _StorageRef(weakref.ref):

@@ -86,7 +86,7 @@ def batchnorm_reason(model: nn.Module, modules: list[nn.Module]) -> str | None:
     training = [m for m in modules if m.training]
     if not training:
         return None
-    from torchscalpel.runtime.alloc_tracker import display_name
+    from torchscalpel.runtime.module_names import display_name
 
     names = {m: n for n, m in model.named_modules()}
     first = training[0]
