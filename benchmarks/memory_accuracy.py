@@ -9,7 +9,9 @@ Run: ``PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/memory_accuracy.py``
    memory events inside it (the peer: the CPU allocator's own counter, read through
    ``plan.measure.profiled_memory``); the tracker's peak above the live bytes at the window start is
    compared with the allocator's peak, and with the plan's simulated peak.
-3. Cost: the same step plain and under the tracker, interleaved, median of each.
+3. Cost: the same step plain, under an empty dispatch mode (torch's own floor for any Python mode) and
+   under the tracker, interleaved in every round (``--rounds N``, default 15), median wall and CPU time.
+   ``--cost-only`` runs 2 and 3 only.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "memory"
+ROUNDS = 15
+"""Interleaved rounds of the cost measurement (``--rounds N``)."""
 CASES = [
     ("deep transformer activations", "deep_transformer.py", "40MiB", "activations", None),
     # Fixes that are code changes (the ladder's top rung says which): applied to a copy of the script.
@@ -102,7 +106,7 @@ def accuracy_and_cost() -> dict[str, object]:
     finally:
         tr.stop()
     tracked = tr.peak - base
-    costs = {64: cost(step)}
+    costs = {64: cost(step, ROUNDS)}
     wide = ns["TinyLM"](layers=8, d=256)  # type: ignore[operator]
     wide_opt = torch.optim.AdamW(wide.parameters(), lr=1e-3)
 
@@ -113,35 +117,72 @@ def accuracy_and_cost() -> dict[str, object]:
         wide_opt.step()
 
     wide_step()
-    costs[256] = cost(wide_step)
+    costs[256] = cost(wide_step, max(3, ROUNDS // 3))
     return {"tracker_peak_above_base": tracked, "allocator_peak": reading.peak,
             "error": abs(tracked - reading.peak) / reading.peak,
             "peak_breakdown": tr.peak_copy.get("by_category"),
             "tracker_peak_total": tr.peak, "cost": costs}
 
 
-def cost(step: object) -> dict[str, float]:
-    """Median step time plain and under the tracker, interleaved (both see the same machine load)."""
+class _EmptyMode:
+    """The peer for the floor: a dispatch mode that only calls the op (torch's own cost of any Python mode)."""
+
+    def __init__(self) -> None:
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Empty(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Empty()
+
+    def start(self) -> None:
+        self.mode.__enter__()
+
+    def stop(self) -> None:
+        self.mode.__exit__(None, None, None)
+
+
+def cost(step: object, rounds: int = ROUNDS) -> dict[str, float]:
+    """Median step time plain, under an empty dispatch mode and under the tracker, interleaved in each round.
+
+    Wall time and this process's CPU time (``time.process_time``; single-threaded under OMP_NUM_THREADS=1):
+    on a shared machine the CPU time is what the tracker adds, the wall time also what other jobs took.
+    """
     from torchscalpel.runtime.alloc_tracker import AllocationTracker
 
-    plain_t, tracked_t = [], []
-    for _ in range(5):
-        t = time.perf_counter()
-        step()  # type: ignore[operator]
-        plain_t.append(time.perf_counter() - t)
-        tr = AllocationTracker()
-        tr.start()
-        t = time.perf_counter()
-        step()  # type: ignore[operator]
-        tracked_t.append(time.perf_counter() - t)
-        tr.stop()
-    return {"plain_step_ms": 1e3 * statistics.median(plain_t), "tracked_step_ms": 1e3 * statistics.median(tracked_t),
-            "ratio": statistics.median(tracked_t) / statistics.median(plain_t)}
+    # One tracker over all its steps, as scalpel memory runs it (entered for its step, left for the others):
+    # its peak copy and caches carry over, so a round measures a steady-state step, not a tracker's first.
+    variants = {"plain": None, "empty_mode": _EmptyMode(), "tracked": AllocationTracker()}
+    wall: dict[str, list[float]] = {k: [] for k in variants}
+    cpu: dict[str, list[float]] = {k: [] for k in variants}
+    for i in range(rounds + 1):
+        for name, tr in variants.items():
+            if tr is not None:
+                tr.start()
+            c, t = time.process_time(), time.perf_counter()
+            step()  # type: ignore[operator]
+            if i:  # round 0 warms each variant up
+                wall[name].append(time.perf_counter() - t)
+                cpu[name].append(time.process_time() - c)
+            if tr is not None:
+                tr.stop()
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    return {"rounds": rounds, "plain_step_ms": 1e3 * med["plain"], "tracked_step_ms": 1e3 * med["tracked"],
+            "ratio": med["tracked"] / med["plain"], "empty_mode_ratio": med["empty_mode"] / med["plain"],
+            "cpu_plain_step_ms": 1e3 * cmed["plain"], "cpu_tracked_step_ms": 1e3 * cmed["tracked"],
+            "cpu_ratio": cmed["tracked"] / cmed["plain"], "cpu_empty_mode_ratio": cmed["empty_mode"] / cmed["plain"]}
 
 
 def main() -> int:
-    if "--cost-only" in sys.argv[1:]:  # just the tracker's cost on the d=64 step, for paired before/after runs
-        print(json.dumps(accuracy_and_cost()["cost"]))
+    global ROUNDS
+    if "--rounds" in sys.argv[1:]:
+        ROUNDS = int(sys.argv[sys.argv.index("--rounds") + 1])
+    if "--cost-only" in sys.argv[1:]:  # accuracy and cost on the transformer steps only (no OOM scripts)
+        acc = accuracy_and_cost()
+        print(json.dumps({k: acc[k] for k in ("error", "tracker_peak_above_base", "allocator_peak")}))
+        print(json.dumps(acc["cost"], indent=1))
         return 0
     with tempfile.TemporaryDirectory() as d:
         rows = oom_cases(Path(d))

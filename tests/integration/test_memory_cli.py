@@ -66,6 +66,25 @@ def test_activation_oom_names_activations_and_the_checkpointing_fix_fits(tmp_pat
     assert plain.returncode == 1 and "memory limit 40.0 MiB exceeded" in plain.stderr
 
 
+def _final_loss(stdout: str) -> float:
+    return float(next(line for line in stdout.splitlines() if line.startswith("done")).split()[1])
+
+
+@pytest.mark.slow
+def test_checkpointing_with_microbatches_fits_and_keeps_the_loss(tmp_path: Path) -> None:
+    script = str(FIX / "deep_transformer.py")
+    none, both = tmp_path / "none.toml", tmp_path / "both.toml"
+    none.write_text("[tune]\n")
+    both.write_text('[tune]\ncheckpointing = "blocks"\nmicrobatches = 4\n')
+    plain = run_cli("run", "--config", str(none), "--", script, "--steps", "2", OMP_NUM_THREADS="1")
+    fixed = run_cli("run", "--memory-limit", "40MiB", "--show", "--config", str(both), "--", script, "--steps", "2",
+                    OMP_NUM_THREADS="1")
+    assert plain.returncode == 0 and fixed.returncode == 0, fixed.stderr[-1500:]
+    assert "under the limit" in fixed.stderr
+    assert "activation checkpointing of 8 Block blocks" in fixed.stderr and "4 micro-batches" in fixed.stderr
+    assert abs(_final_loss(fixed.stdout) - _final_loss(plain.stdout)) <= 1e-5 * abs(_final_loss(plain.stdout))
+
+
 @pytest.mark.slow
 def test_optimizer_state_and_growth_are_named(tmp_path: Path) -> None:
     _, m, _ = _memory(tmp_path, "big_optimizer.py", "--memory-limit", "20MiB")

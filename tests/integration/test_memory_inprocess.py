@@ -57,3 +57,62 @@ def test_a_crash_in_the_analysis_keeps_the_snapshot_and_the_record(tmp_path: Pat
     m = run.record.sections["memory"]
     assert "analysis bug" in m["error"] and m["oom"]["total"] > 3 * 2**20
     assert (tmp_path / "memory-live.json").is_file() and (tmp_path / "run.json").is_file()
+
+
+def test_a_peak_before_training_is_kept_apart_from_the_training_peak(tmp_path: Path) -> None:
+    # a dataset materialised as tensors before training (closure_sgd.py's digits / 16.0) can be the run's peak
+    model = nn.Linear(128, 128)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchscalpel.memory(steps=2, warmup=0, out=tmp_path, report=False) as run:
+        data = torch.empty(4 * 2**20) / 2.0  # 16 MiB twice at once, then 16 MiB kept
+        _train(model, opt, 2, [])
+        del data
+    m = run.record.sections["memory"]
+    # the breakdown is the training peak's; the higher one before training is named beside it, with its site
+    assert m["peak"]["phase"] != "before training" and m["peak"]["total"] < 32 * 2**20
+    assert m["peak"]["by_category"]["parameters"] == 128 * 129 * 4
+    before = m["before_training"]
+    assert before["total"] >= 32 * 2**20 and before["site"].startswith(__file__)
+    from torchscalpel.memory.render import summary_lines
+
+    assert any(line.startswith("before training the live total was higher") for line in summary_lines(m))
+
+
+def test_a_closure_steps_update_is_in_the_optimizer_phase(tmp_path: Path) -> None:
+    # optimizer.step(closure) (Lightning's automatic optimization, LBFGS): forward and backward run inside the
+    # step, and the update after the closure's backward is the optimizer's, where Adam creates its state
+    torch.manual_seed(0)
+    model = nn.Linear(512, 512)  # 1 MiB of weights: Adam's two state buffers cross a 3.5 MiB limit
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(16, 512)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).square().mean()
+        loss.backward()
+        return loss
+
+    with torchscalpel.memory(steps=None, out=tmp_path, memory_limit="3.5MiB", report=False) as run:
+        for _ in range(3):
+            opt.step(closure)
+    oom = run.record.sections["memory"]["oom"]
+    assert oom["request"]["phase"] == "optimizer"
+
+
+def test_the_first_forward_inside_a_closure_step_starts_the_training_peak(tmp_path: Path) -> None:
+    model = nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        loss = model(torch.randn(8, 64)).square().mean()
+        loss.backward()
+        return loss
+
+    with torchscalpel.memory(steps=2, warmup=0, out=tmp_path, report=False) as run:
+        data = torch.empty(2**20) / 2.0  # 8 MiB at once before training
+        del data
+        for _ in range(3):
+            opt.step(closure)  # the first forward runs inside the optimizer's step
+    m = run.record.sections["memory"]
+    assert m["before_training"]["total"] >= 8 * 2**20 and m["peak"]["by_category"]["parameters"] == 64 * 65 * 4

@@ -109,6 +109,30 @@ def test_checkpointing_blocks_keeps_gradients_and_saves_activations() -> None:
     assert ckpt_peak < plain_peak
 
 
+def test_checkpointing_with_microbatches_keeps_the_loss_and_gradients_and_saves_most() -> None:
+    # Each checkpointed block recomputes its forward in backward, outside the micro-batch's own call:
+    # the micro-batch knob must not split it again there (it used to, and checkpoint refused the shapes).
+    torch.manual_seed(0)
+    model, x, y = Net(), torch.randn(512, 32), torch.randint(0, 5, (512,))
+    ref, ref_loss = _grads(model, x, y)
+    peaks = {}
+    for name, installs in (("micro", (lambda log: install_microbatching(4, log),)),
+                           ("both", (install_checkpointing, lambda log: install_microbatching(4, log)))):
+        log = ApplyLog()
+        undos = [install(log) for install in installs]
+        try:
+            got, loss = _grads(model, x, y)
+            peaks[name] = _peak(model, x, y)
+        finally:
+            for undo in reversed(undos):
+                undo()
+        assert abs(loss - ref_loss) < 1e-6
+        for a, b in zip(ref, got, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert "microbatch" in log.fired and (name == "micro" or "checkpointing" in log.fired)
+    assert peaks["both"] < peaks["micro"]
+
+
 def test_settings_round_trip_and_validation() -> None:
     s = TuneSettings(checkpointing="blocks", microbatches=4)
     assert TuneSettings.from_dict(s.to_dict()) == s
@@ -127,5 +151,114 @@ def test_fit_candidates_are_the_ladder_rungs_and_their_pairs() -> None:
               {"config": {"amp": "bf16"}}]
     base = FitTrial(TuneSettings(), False, None, None, section={"oom": {"ladder": ladder}})
     labels = [c.label() for c in candidates(base)]
-    assert labels == ["checkpointing=blocks", "microbatches=4", "amp=bf16", "amp=bf16 + checkpointing=blocks",
+    pair = TuneSettings(checkpointing="blocks", microbatches=4).label()
+    assert labels == ["checkpointing=blocks", "microbatches=4", "amp=bf16", pair, "amp=bf16 + checkpointing=blocks",
                       "amp=bf16 + microbatches=4"]
+
+
+class BNNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU())
+        self.head = nn.Linear(64, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_microbatch_refuses_a_training_batchnorm_and_says_why() -> None:
+    from torchscalpel.tune.knobs.microbatch import batch_statistics_modules, batchnorm_reason
+
+    torch.manual_seed(0)
+    model, x, y = BNNet(), torch.randn(64, 32), torch.randint(0, 5, (64,))
+    ref_model = BNNet()
+    ref_model.load_state_dict(model.state_dict())
+    ref, ref_loss = _grads(ref_model, x, y)
+    log = ApplyLog()
+    undo = install_microbatching(4, log)
+    try:
+        got, loss = _grads(model, x, y)
+    finally:
+        undo()
+    assert "microbatch" not in log.fired
+    assert any("body.1 (BatchNorm1d)" in s and "ran unsplit" in s for s in log.skipped)
+    assert loss == ref_loss  # unsplit: the whole batch's statistics
+    for a, b in zip(ref, got, strict=True):
+        torch.testing.assert_close(a, b)
+    # running statistics updated once, as in the plain step
+    torch.testing.assert_close(model.body[1].running_mean, ref_model.body[1].running_mean)
+    assert int(model.body[1].num_batches_tracked) == 1
+    # a frozen (eval-mode) BatchNorm uses its running statistics: splitting is exact, so it is allowed
+    model.body[1].eval()
+    assert batchnorm_reason(model, batch_statistics_modules(model)) is None
+    log = ApplyLog()
+    undo = install_microbatching(4, log)
+    try:
+        _grads(model, x, y)
+    finally:
+        undo()
+    assert "microbatch" in log.fired
+    assert batch_statistics_modules(Net()) == []
+    seq = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))  # named as the memory report names modules
+    assert "Sequential has Sequential.1 (BatchNorm1d) in training mode" in str(
+        batchnorm_reason(seq, batch_statistics_modules(seq)))
+
+
+def test_the_ladder_does_not_offer_microbatches_to_a_batchnorm_model() -> None:
+    from torchscalpel.memory.ladder import LadderPlanObserver, build_ladder
+
+    obs = LadderPlanObserver()
+    model = BNNet()
+    obs.on_forward_pre(model, (torch.randn(8, 32),), {}, True)
+    assert obs.batchnorm is not None and "BatchNorm1d" in obs.batchnorm
+    plan = {"peak": 100, "batch": 32, "max_batch": 16, "batchnorm": obs.batchnorm}
+    ladder = build_ladder(measured_peak=100, limit=50, plan=plan, cause="activations", breakdown={}, phase="forward",
+                          growth=None, fragmentation=None)
+    rung = next(r for r in ladder if r["kind"] == "micro-batches")
+    assert rung["config"] == {} and rung["fits"] is None and "not applied by scalpel run" in rung["why"]
+    plain = build_ladder(measured_peak=100, limit=50, plan={**plan, "batchnorm": None}, cause="activations",
+                         breakdown={}, phase="forward", growth=None, fragmentation=None)
+    assert next(r for r in plain if r["kind"] == "micro-batches")["config"] == {"microbatches": 4}
+
+
+class BNBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.bn = nn.Linear(16, 16), nn.BatchNorm1d(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.relu(self.bn(self.fc(x)))
+
+
+class BNBlocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(BNBlock() for _ in range(3))
+        self.head = nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def test_checkpointing_updates_batchnorm_running_stats_once() -> None:
+    # the checkpoint's recompute in backward would update BatchNorm's running statistics a second time
+    torch.manual_seed(0)
+    plain, ckpt = BNBlocks(), BNBlocks()
+    ckpt.load_state_dict(plain.state_dict())
+    x = torch.randn(32, 16)
+    plain(x).sum().backward()
+    log = ApplyLog()
+    undo = install_checkpointing(log)
+    try:
+        ckpt(x).sum().backward()
+    finally:
+        undo()
+    assert "checkpointing" in log.fired
+    for a, b in zip(plain.blocks, ckpt.blocks, strict=True):
+        assert int(b.bn.num_batches_tracked) == 1
+        torch.testing.assert_close(a.bn.running_mean, b.bn.running_mean)
+        torch.testing.assert_close(a.bn.running_var, b.bn.running_var)
+    for p, q in zip(plain.parameters(), ckpt.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad)

@@ -41,8 +41,8 @@ def test_categories_add_up_and_activations_are_owned_by_modules() -> None:
     # tanh saves its output, linear its input: 128 x 256 floats each at least
     assert saved >= 2 * 128 * 256 * 4
     # the first module to save a tensor owns it: Linear 0 its input, the Tanh modules their outputs (which
-    # the next Linear saves too)
-    assert set(modules) == {"0", "1", "3"}
+    # the next Linear saves too); Sequential children are named by their class and parent, not a bare index
+    assert set(modules) == {"Sequential.0 (Linear)", "Sequential.1 (Tanh)", "Sequential.3 (Tanh)"}
     assert sum(tr.peak_copy["by_category"].values()) == tr.peak_copy["total"]
     assert tr.peak >= tr.peak_copy["total"] >= tr.peak * 0.99
     # the largest live site is this test file
@@ -89,6 +89,7 @@ def test_limit_raises_once_with_what_was_live() -> None:
         assert keep
     assert tr.oom is not None and tr.oom["total"] > 10_000 and tr.oom["request_bytes"] == 4000
     assert tr.oom["site"].startswith(__file__)
+    assert "(step" not in tr.oom_sentence()  # a bare limit has no step timeline to name
 
 
 def _samples(per_step: int, kept: int = 0) -> list[dict[str, object]]:
@@ -176,6 +177,31 @@ def test_modules_roll_up_to_their_block() -> None:
 
     assert by_block({"blocks.0.attn": 3, "blocks.0.mlp.1": 2, "blocks.1.attn": 4, "head": 1, "": 5}) == \
         {"blocks.0": 5, "blocks.1": 4, "head": 1, "": 5}
+    # display names: the class an indexed name carries labels its block
+    assert by_block({"blocks.0 (Block)": 1, "blocks.0.attn": 3, "blocks.0.mlp.1 (GELU)": 2, "blocks.1.attn": 4,
+                     "Sequential.2 (Linear)": 7}) == {"blocks.0 (Block)": 6, "blocks.1": 4, "Sequential.2 (Linear)": 7}
+    assert by_block({"blocks.1.attn": 4}, {"blocks.1": "blocks.1 (Block)"}) == {"blocks.1 (Block)": 4}
+
+
+def test_indexed_modules_are_named_by_class_and_parent() -> None:
+    from torchscalpel.runtime.module_names import display_name, split_display_name
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+            self.head = nn.Linear(4, 2)
+
+    tr = AllocationTracker()
+    net = Net()
+    tr.name_modules(net)
+    assert tr.module_names[net.layers[0]] == "layers.0 (Linear)"
+    assert tr.module_names[net.layers] == "layers" and tr.module_names[net.head] == "head"
+    assert tr.module_names[net] == "Net" and tr.index_labels == {"layers.0": "layers.0 (Linear)",
+                                                                 "layers.1": "layers.1 (ReLU)"}
+    assert display_name("3", nn.Linear(1, 1), "Sequential") == "Sequential.3 (Linear)"
+    assert split_display_name("layers.0 (Linear)") == ("layers.0", "Linear")
+    assert split_display_name("head") == ("head", None)
 
 
 def test_alias_returning_ops_are_skipped_and_new_storages_counted() -> None:
@@ -197,3 +223,94 @@ def test_alias_returning_ops_are_skipped_and_new_storages_counted() -> None:
     finally:
         tr.stop()
     del b, c
+
+
+def test_dispatch_is_not_wrapped_and_dynamo_never_enters_the_tracker(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    import torch._dynamo
+
+    # torch's per-call dynamo-disable wrapper is replaced by a C-level skip of the tracker's code
+    assert not hasattr(AllocationTracker.__torch_dispatch__, "__wrapped__")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x.sin() * 2
+        torch._dynamo.graph_break()
+        return (y.cos() + 1).sum()
+
+    compiled = torch.compile(f, backend="eager")
+    x = torch.randn(100, requires_grad=True)
+    torch._logging.set_logs(dynamo=logging.DEBUG)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            tr = AllocationTracker()
+            tr.start()
+            try:
+                compiled(x).backward()
+            finally:
+                tr.stop()
+    finally:
+        torch._logging.set_logs()
+        torch._dynamo.reset()
+    assert tr.allocations > 0 and x.grad is not None
+    frames = [r.getMessage() for r in caplog.records if "skipping" in r.getMessage()]
+    assert any("skipping: f " in m for m in frames)  # dynamo did look at the user's frame
+    assert not [m for m in frames if "alloc_tracker" in m]  # and never at the tracker's
+
+
+def test_an_op_on_a_thread_without_python_callers_is_still_counted() -> None:
+    # CUDA runs backward ops on autograd's device threads, where the dispatch mode is the whole Python stack
+    import _thread
+    import threading
+
+    done = threading.Event()
+    result: list[object] = []
+    tr = AllocationTracker()
+
+    def site() -> None:
+        try:
+            result.append(tr._site())
+        except Exception as exc:  # the test reports whatever escaped
+            result.append(exc)
+        finally:
+            done.set()
+
+    _thread.start_new_thread(site, ())
+    assert done.wait(10)
+    assert result == ["(no Python caller)"]
+
+
+def test_the_peak_copy_is_the_picture_at_the_highest_total() -> None:
+    tr = AllocationTracker()
+    tr.start()
+    try:
+        a = torch.empty(1000)
+        b = torch.empty(2000)  # the high: 12,000 bytes, made by this allocation
+        del a  # the copy is taken here, before the free is subtracted
+        c = torch.empty(100)
+        del b, c
+    finally:
+        tr.stop()
+    copy = tr.peak_copy
+    assert tr.peak == 12_000 and copy["total"] == 12_000 and copy["by_category"]["temporaries"] == 12_000
+    assert copy["op"] == "aten.empty.memory_format" and sum(copy["by_site"].values()) == 12_000
+    tr2 = AllocationTracker()
+    tr2.start()
+    try:
+        keep = torch.empty(500)  # a high never followed by a free: read through the property
+    finally:
+        tr2.stop()
+    assert tr2.peak_copy["total"] == 2000 and keep.numel() == 500
+
+
+def test_the_report_names_a_higher_peak_before_training() -> None:
+    from types import SimpleNamespace
+
+    from torchscalpel.report.memory_sections import build
+
+    section = {"peak": {"total": 1000, "by_category": {"parameters": 1000}, "modules": [], "sites": []},
+               "before_training": {"total": 5000, "site": "/home/u/train.py:9"}}
+    html = "".join(s.body for s in build(SimpleNamespace(sections={"memory": section})))  # type: ignore[arg-type]
+    assert "Before training the live total was higher" in html and "/home/u/train.py:9" in html
+    del section["before_training"]
+    assert "Before training" not in "".join(s.body for s in build(SimpleNamespace(sections={"memory": section})))  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder, plan_numbers
 from torchscalpel.runtime.alloc_tracker import CATEGORIES
+from torchscalpel.runtime.module_names import split_display_name
 
 if TYPE_CHECKING:
     from torchscalpel.memory.observer import MemoryObserver
@@ -40,15 +41,34 @@ def _top(d: dict[str, int], n: int) -> list[dict[str, Any]]:
     return [{"name": k, "bytes": v} for k, v in sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:n] if v > 0]
 
 
-def by_block(by_module: dict[str, int]) -> dict[str, int]:
-    """Module totals rolled up to the first indexed level (``blocks.3.attn`` -> ``blocks.3``): per repeated block."""
-    out: dict[str, int] = {}
+def by_block(by_module: dict[str, int], labels: dict[str, str] | None = None) -> dict[str, int]:
+    """Module totals rolled up to the first indexed level (``blocks.3.attn`` -> ``blocks.3``): per repeated block.
+
+    Names are the tracker's display names (``blocks.3 (Block)``): the class a name carries stays on its
+    block's key, so ``blocks.3.attn`` and ``blocks.3 (Block)`` roll up to one ``blocks.3 (Block)``;
+    ``labels`` (the tracker's ``index_labels``) names a block that saved nothing itself.
+    """
+    keys: dict[str, str] = dict(labels or {})
+    sums: dict[str, int] = {}
     for name, n in by_module.items():
-        parts = name.split(".")
+        path, cls = split_display_name(name)
+        parts = path.split(".")
         cut = next((i + 1 for i, p in enumerate(parts) if p.isdigit()), len(parts))
         key = ".".join(parts[:cut])
-        out[key] = out.get(key, 0) + n
-    return out
+        if cut == len(parts) and cls is not None:
+            keys[key] = f"{key} ({cls})"
+        elif cut == len(parts) and key not in keys:
+            keys[key] = name
+        sums[key] = sums.get(key, 0) + n
+    return {keys.get(k, k): v for k, v in sums.items()}
+
+
+def _before_training(before: dict[str, Any] | None, training_peak: int) -> dict[str, Any] | None:
+    """The peak before training, kept only when it was higher than the training peak (else it says nothing)."""
+    if not before or int(before.get("total", 0)) <= training_peak:
+        return None
+    return {"total": before["total"], "op": before.get("op"), "site": before.get("site"),
+            "by_category": before.get("by_category", {}), "sites": _top(before.get("by_site", {}), TOP_SITES)}
 
 
 def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation: dict[str, Any] | None,
@@ -108,9 +128,10 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
             "phase": peak.get("phase"), "op": peak.get("op"), "module": peak.get("module"),
             "by_category": peak.get("by_category", {}),
             "modules": _top(peak.get("by_module", {}), TOP_MODULES),
-            "blocks": _top(by_block(peak.get("by_module", {})), TOP_MODULES),
+            "blocks": _top(by_block(peak.get("by_module", {}), tr.index_labels), TOP_MODULES),
             "sites": _top(peak.get("by_site", {}), TOP_SITES),
         },
+        "before_training": _before_training(obs.before_training, tr.peak),
         "samples": obs.samples,
         "growth": growth,
         "cuda": fragmentation,

@@ -36,12 +36,33 @@ class _NoStop:
 
 
 class LadderPlanObserver(PlanObserver):
-    """The plan's script observer (model, batch, optimizer of the first step) without its stop."""
+    """The plan's script observer (model, batch, optimizer of the first step) without its stop.
+
+    It also notes, at the model's first training forward, whether a BatchNorm was training: the
+    micro-batch knob refuses such a model (the split would change the batch statistics), so the ladder
+    must not offer it as a ``[tune]`` fix.
+    """
 
     name = "memory-plan"
+    batchnorm: str | None = None
+    """Why micro-batching is refused for this model (None when it is not)."""
+    _norms_checked = False
 
     def on_start(self, session: Any) -> None:
         super().on_start(_NoStop(session))
+
+    def on_forward_pre(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
+        super().on_forward_pre(module, args, kwargs, root)
+        # the model the plan captured (a loss module or a frozen teacher is not), in a training forward
+        captured = self.model is not None and (self.model is module or getattr(module, "module", None) is self.model)
+        if root and captured and not self._norms_checked and module.training:
+            import torch
+
+            if torch.is_grad_enabled():
+                from torchscalpel.tune.knobs.microbatch import batch_statistics_modules, batchnorm_reason
+
+                self._norms_checked = True
+                self.batchnorm = batchnorm_reason(module, batch_statistics_modules(module))
 
 
 def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, Any]:
@@ -82,7 +103,7 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
     b = batch.batch_size
     out: dict[str, Any] = {"batch": b, "precision": precision, "optimizer": optimizer.label, "peak": peak,
                            "activations_peak": m.act_peak_bytes, "optimizer_state": m.optim_bytes,
-                           "blocks": len(m.blocks)}
+                           "blocks": len(m.blocks), "batchnorm": obs.batchnorm}
     if cause in ("activations", "temporaries"):
         if m.blocks:
             out["checkpointed_peak"], _ = run(dataclasses.replace(base_settings, checkpoint_blocks=True))
@@ -144,9 +165,14 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
             k = max(2, -(-batch // max(1, int(mb * MICRO_MARGIN))))
             while batch % k and k < batch:  # micro-batches of equal size keep the loss scaling exact
                 k += 1
-            rung("micro-batches", f"{k} micro-batches of {batch // k} with gradient accumulation (global batch "
-                 f"{batch} kept)", None, fits=True, config={"microbatches": k},
-                 why=f"the plan's largest batch under the limit is {mb}")
+            why = f"the plan's largest batch under the limit is {mb}"
+            if plan.get("batchnorm"):  # the knob refuses it: a script change with a BatchNorm caveat
+                rung("micro-batches", f"{k} micro-batches of {batch // k} with gradient accumulation in the script "
+                     f"(global batch {batch} kept)", None, fits=None,
+                     why=f"{why}; not applied by scalpel run: {plan['batchnorm'].split('; ran unsplit')[0]}")
+            else:
+                rung("micro-batches", f"{k} micro-batches of {batch // k} with gradient accumulation (global batch "
+                     f"{batch} kept)", None, fits=True, config={"microbatches": k}, why=why)
             rung("max-batch", f"batch {mb} fits at most (from {batch})", None, fits=True)
         else:
             rung("max-batch", "not even batch 1 fits without other changes", None, fits=False)

@@ -18,6 +18,9 @@ import torch
 from torchscalpel.runtime.alloc_tracker import AllocationTracker
 from torchscalpel.runtime.observer import Observer
 
+BEFORE_TRAINING = "before training"
+"""The phase of everything allocated before the model's first training forward."""
+
 SITES_PER_SAMPLE = 30
 """Largest call sites kept at each step end (growth analysis reads these)."""
 
@@ -41,12 +44,20 @@ class MemoryObserver(Observer):
 
             self.plan_observer = LadderPlanObserver()
         self.cuda_history = False
+        self.before_training: dict[str, Any] | None = None
+        """The peak breakdown before the model's first training forward (data loading, model building)."""
+        self._trained = False
+        self._in_step = False
+        """Inside optimizer.step(): a closure's backward returns to the step's own update."""
 
     # ----- events -------------------------------------------------------------------------
     def on_start(self, session: Any) -> None:
         self.session = session
         device_kind = "cuda" if torch.cuda.is_available() else "cpu"
         self.tracker = AllocationTracker(limit=self.limit, device_kind=device_kind)
+        # Until the model's first training forward the script is loading data or building things: a peak
+        # there (a dataset materialised as tensors) is reported as such, not as step 0's forward.
+        self.tracker.phase = BEFORE_TRAINING
         if device_kind == "cuda":
             self.cuda_history = _start_cuda_history()
         if self.plan_observer is not None:
@@ -65,6 +76,10 @@ class MemoryObserver(Observer):
         tr = self.tracker
         if not torch.is_grad_enabled():
             return
+        if not self._trained:  # the first training forward: the breakdown is of the training peak
+            # (a flag, not the phase: Lightning's optimizer.step(closure) runs the first forward inside the step)
+            self._trained = True
+            self.before_training = tr.restart_peak()
         tr.phase = "forward"
         if module not in self._models:
             self._models.add(module)
@@ -90,13 +105,15 @@ class MemoryObserver(Observer):
 
     def on_backward_post(self, tensors: tuple[torch.Tensor, ...]) -> None:
         if self.tracker is not None:
-            self.tracker.phase = "after backward"
+            self.tracker.phase = "optimizer" if self._in_step else "after backward"
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        self._in_step = True
         if self.tracker is not None:
             self.tracker.phase = "optimizer"
 
     def on_optimizer_step_post(self, optimizer: torch.optim.Optimizer) -> None:
+        self._in_step = False
         if self.plan_observer is not None:
             self.plan_observer.on_optimizer_step_post(optimizer)
         if self.tracker is None:

@@ -39,6 +39,10 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
     lines.append(f"peak live tensors {fmt_bytes(peak.get('total'))} (step {peak.get('step')}, {peak.get('phase')}, "
                  f"at {peak.get('op')} in {peak.get('module') or 'no module'})")
     lines += category_lines(peak.get("by_category", {}), total)
+    before = section.get("before_training")
+    if before:
+        lines.append(f"before training the live total was higher: {fmt_bytes(before['total'])} at "
+                     f"{_short(str(before.get('site')))} ({before.get('op')}; loading data or building the model)")
     owners = peak.get("blocks") if len(peak.get("blocks") or []) < len(peak.get("modules") or []) else None
     if owners or peak.get("modules"):
         lines.append("activations by module at the peak:")

@@ -36,6 +36,10 @@ def build(record: RunRecord) -> list[Section]:
     peak = m["peak"]
     parts.append(f"<h3>At the peak: {escape(fmt_bytes(peak.get('total')))}</h3><p>step {escape(str(peak.get('step')))}, "
                  f"{escape(str(peak.get('phase')))}, at <code>{escape(str(peak.get('op')))}</code></p>")
+    before = m.get("before_training")
+    if before:
+        parts.append(f"<p>Before training the live total was higher: {escape(fmt_bytes(before.get('total')))} at "
+                     f"<code>{escape(str(before.get('site')))}</code> (loading data or building the model).</p>")
     parts.append(stacked_bars("memory-peak", ["peak"], {_NAMES[c]: [peak["by_category"].get(c, 0) / mib]
                                                         for c in CATEGORIES}, unit="MiB"))
     parts.append(table(["activations saved by module", "bytes"],

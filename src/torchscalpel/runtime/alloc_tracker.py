@@ -14,7 +14,8 @@ Categories start as ``temporaries`` and are refined as ownership becomes known:
 
 Totals per category, per module and per call site are kept incrementally (an allocation costs a few
 dictionary updates), and the breakdown is copied whenever the live total reaches a new high by
-:data:`PEAK_RESOLUTION`, so the peak breakdown is never more than that share below the true peak.
+:data:`PEAK_RESOLUTION` (at the first free after that high, when the picture is still the peak's), so the
+peak breakdown is never more than that share below the true peak.
 
 With ``limit`` set, the op whose outputs take the live total over it raises
 :class:`~torchscalpel.runtime.memory_limit.MemoryLimitExceeded` after the tracker has copied what was
@@ -33,6 +34,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
+from torchscalpel.runtime.module_names import display_name
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 """Every category, in the order the breakdown prints them (allocator cache is added on CUDA)."""
@@ -49,6 +51,28 @@ _CUDA_BLOCK = 512
 _LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,))
 _SCALPEL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _PY_LIB = (os.path.dirname(os.__file__) + os.sep,)
+
+
+def _exec_strategy() -> Any:
+    """torch's C-level "skip this code and all it calls" marker for dynamo, or None on a torch without one."""
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    except ImportError:
+        return None
+    return lambda code: set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
+_MARK_SKIP = _exec_strategy()
+
+
+def _skip_dynamo_recursively(*functions: Any) -> None:
+    """Tell dynamo never to trace these functions nor anything they call (what ``disable(recursive=True)`` does).
+
+    Marked once on the code objects, checked in C at frame evaluation, instead of a Python wrapper per call.
+    """
+    if _MARK_SKIP is not None:
+        for fn in functions:
+            _MARK_SKIP(fn.__code__)
 
 
 @dataclass(slots=True)
@@ -81,17 +105,23 @@ class AllocationTracker(TorchDispatchMode):
         """Live activation bytes per module (the saving module's qualified name)."""
         self.by_site: dict[str, int] = {}
         """Live bytes per call site (``file:line``)."""
-        self.peak_copy: dict[str, Any] = {}
+        self._peak_copy: dict[str, Any] = {}
         self._copy_at = 0
+        self._pending: Alloc | None = None
+        """The allocation that made a new high not copied yet: copied at the next free (see _free)."""
         self.step = 0
-        self.phase = "forward"
+        self.phase: str | None = "forward"
+        """Set by the memory observer from the runtime's events; None when nothing tells it (a bare limit)."""
         self.module_stack: list[str] = []
         self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self.index_labels: dict[str, str] = {}
+        """``blocks.3`` -> ``blocks.3 (Block)`` for every indexed submodule named: the per-block rollup's labels."""
         self.oom: dict[str, Any] | None = None
         """What was live when the limit was crossed (or a device out-of-memory was raised)."""
         self._user_code: dict[Any, bool] = {}
-        self._op_names: dict[Any, str] = {}
-        self._alias_ops: dict[Any, bool] = {}
+        self._cuda = device_kind == "cuda"
+        self._dead = self._storage_died
+        """One bound method for every storage's weak-reference callback (not a closure per allocation)."""
         self._saved_hooks: Any = None
         self._module_handles: list[Any] = []
         self.allocations = 0
@@ -123,28 +153,39 @@ class AllocationTracker(TorchDispatchMode):
             self._module_handles = []
 
     # ----- the dispatch mode --------------------------------------------------------------
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._dynamo.disable: three Python
+        # frames and four eval-frame switches per op, a fifth of the tracker's cost on small ops. Dynamo
+        # must still never trace this mode; _skip_dynamo_recursively marks its code (C-level, no wrapper),
+        # and torch 2.13 refuses to compile any frame while a non-infra dispatch mode is active anyway.
+        # A torch without the C-level marker keeps its own wrapper.
+        return _MARK_SKIP is None
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         try:
-            out = func(*args, **(kwargs or {}))
+            out = func(*args, **kwargs) if kwargs else func(*args)
         except torch.OutOfMemoryError as exc:
             self._record_oom(str(func), _requested_bytes(str(exc)), device_error=str(exc).split("\n")[0])
             raise
-        aliases = self._alias_ops.get(func)
-        if aliases is None:
-            aliases = self._alias_ops[func] = _returns_alias(func)
-        if aliases:  # a view / in-place / out= op returns an input's storage: nothing new (the common case)
+        # Keyed by id(): an OpOverload's own __hash__ is Python code, a third of this method's cost.
+        entry = _OPS.get(id(func))
+        if entry is None or entry[0] is not func:
+            entry = _op_entry(func)
+        name = entry[1]
+        if name is None:  # a view / in-place / out= op returns an input's storage: nothing new (the common case)
             return out
-        if isinstance(out, torch.Tensor):
-            self._register(out, func)
+        if type(out) is torch.Tensor:
+            self._register(out, name)
         elif isinstance(out, tuple | list):
             for t in out:
-                if isinstance(t, torch.Tensor):
-                    self._register(t, func)
+                if type(t) is torch.Tensor:
+                    self._register(t, name)
         return out
 
-    def _register(self, t: torch.Tensor, func: Any) -> None:
-        if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.is_meta:
-            return  # fake / subclass tensors own no storage of their own
+    def _register(self, t: torch.Tensor, name: str) -> None:
+        if t.is_meta:
+            return  # fake / subclass tensors (filtered by the caller) and meta ones own no storage of their own
         st = t.untyped_storage()
         key = st._cdata
         if key in self.live:
@@ -152,21 +193,20 @@ class AllocationTracker(TorchDispatchMode):
         nbytes = st.nbytes()
         if nbytes == 0:
             return
-        if t.is_cuda:
+        if self._cuda and t.is_cuda:
             nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
-        category = "optimizer_state" if self.phase == "optimizer" else "temporaries"
-        name = self._op_names.get(func)
-        if name is None:
-            name = self._op_names[func] = str(func)
-        self._add(key, st, Alloc(nbytes, category, self._site(), self.module_stack[-1] if self.module_stack else "",
-                                 self.step, name))
+        stack = self.module_stack
+        self._add(key, st, Alloc(nbytes, "optimizer_state" if self.phase == "optimizer" else "temporaries",
+                                 self._site(), stack[-1] if stack else "", self.step, name))
         if self.limit is not None and self.total > self.limit and self.oom is None:
-            self._record_oom(str(func), nbytes, device_error=None)
+            self._record_oom(name, nbytes, device_error=None)
             raise MemoryLimitExceeded(self.oom_sentence())
 
     def _add(self, key: int, st: Any, alloc: Alloc) -> None:
         self.live[key] = alloc
-        self._refs[key] = weakref.ref(st, lambda _r, k=key: self._free(k))
+        ref = _StorageRef(st, self._dead)
+        ref.key = key
+        self._refs[key] = ref
         self.allocations += 1
         n = alloc.nbytes
         self.total += n
@@ -176,14 +216,21 @@ class AllocationTracker(TorchDispatchMode):
             self.step_peak = self.total
         if self.total > self.peak:
             self.peak = self.total
-            if self.total >= self._copy_at:
-                self._copy_peak(alloc)
+            if self._pending is not None or self.total >= self._copy_at:
+                self._pending = alloc
+
+    def _storage_died(self, ref: _StorageRef) -> None:
+        self._free(ref.key)
 
     def _free(self, key: int) -> None:
         alloc = self.live.pop(key, None)
         self._refs.pop(key, None)
         if alloc is None:
             return
+        if self._pending is not None:
+            # Only allocations happened since the last new high, so the live picture before this free is the
+            # one at the peak: one copy per local maximum instead of one per allocation while memory climbs.
+            self._copy_peak(self._pending)
         n = alloc.nbytes
         self.total -= n
         self.by_category[alloc.category] -= n
@@ -202,9 +249,30 @@ class AllocationTracker(TorchDispatchMode):
         else:
             self.by_module.pop(module, None)
 
+    @property
+    def peak_copy(self) -> dict[str, Any]:
+        """The breakdown at the highest live total, at most :data:`PEAK_RESOLUTION` below it ({} before any)."""
+        if self._pending is not None:
+            self._copy_peak(self._pending)
+        return self._peak_copy
+
+    def restart_peak(self) -> dict[str, Any] | None:
+        """Start the peak over from the live total now; return the breakdown of the peak so far (None if none).
+
+        The memory observer calls it at the model's first training forward: a dataset materialised as
+        tensors before training can be the run's highest total, and would hide the training step's breakdown.
+        """
+        before = dict(self.peak_copy) or None
+        if before is not None:
+            before["total"] = self.peak
+        self._peak_copy, self._pending, self._copy_at = {}, None, 0
+        self.peak = self.step_peak = self.total
+        return before
+
     def _copy_peak(self, alloc: Alloc) -> None:
+        self._pending = None
         self._copy_at = int(self.total * (1 + PEAK_RESOLUTION))
-        self.peak_copy = {
+        self._peak_copy = {
             "total": self.total, "step": self.step, "phase": self.phase, "op": alloc.op, "module": alloc.module,
             "site": alloc.site, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
             "by_site": dict(self.by_site),
@@ -214,7 +282,7 @@ class AllocationTracker(TorchDispatchMode):
     def recategorize(self, t: torch.Tensor, category: str, *, only_from: str | None = None,
                      module: str | None = None) -> None:
         """Give ``t``'s storage ``category`` (start tracking it when it predates the tracker)."""
-        if t.device.type == "meta" or (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)):
+        if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.is_meta:
             return
         st = t.untyped_storage()
         key = st._cdata
@@ -248,7 +316,7 @@ class AllocationTracker(TorchDispatchMode):
 
     def mark_loss(self, t: torch.Tensor) -> None:
         """Remember that ``t`` was passed to backward (a loss kept across steps keeps its graph)."""
-        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+        if isinstance(t, torch.Tensor) and not t.is_meta:
             alloc = self.live.get(t.untyped_storage()._cdata)
             if alloc is not None:
                 alloc.is_loss = True
@@ -262,17 +330,26 @@ class AllocationTracker(TorchDispatchMode):
         # Detached: same storage and values, but no reference to its grad_fn. Returning ``t`` itself
         # would make an output that its own node saves (relu, tanh, softmax) a reference cycle, freed
         # only by the garbage collector: a graph never backwarded (a logged loss) would outlive its step.
+        # A tensor with no grad_fn (a parameter, an input) makes no cycle and is returned as it is.
+        if t.grad_fn is None:
+            return t
+        if type(t) is torch.Tensor:  # our own detach need not go through this mode (a full dispatch round trip)
+            with _NO_DISPATCH():
+                return t.detach()
         return t.detach()
 
     # ----- module stack -------------------------------------------------------------------
     def name_modules(self, root: torch.nn.Module) -> None:
-        """Qualified names for ``root``'s submodules (the root itself is its class name)."""
+        """Names for ``root``'s submodules a user recognises (see :func:`display_name`; the root is its class)."""
         if root in self.module_names:
             return
-        self.module_names[root] = type(root).__name__
+        root_name = type(root).__name__
+        self.module_names[root] = root_name
         for name, m in root.named_modules():
             if name and m not in self.module_names:
-                self.module_names[m] = name
+                self.module_names[m] = display_name(name, m, root_name)
+                if name.rsplit(".", 1)[-1].isdigit():
+                    self.index_labels[name] = self.module_names[m]
 
     def _module_pre(self, module: torch.nn.Module, args: Any) -> None:
         if torch.compiler.is_compiling():
@@ -287,7 +364,10 @@ class AllocationTracker(TorchDispatchMode):
     # ----- call sites ---------------------------------------------------------------------
     def _site(self) -> str:
         """The innermost frame in the user's code (not torch, torchscalpel or the standard library)."""
-        f = sys._getframe(3)
+        try:
+            f: Any = sys._getframe(3)
+        except ValueError:  # a thread with no Python caller (CUDA's autograd device threads run backward ops)
+            return "(no Python caller)"
         fallback = None
         while f is not None:
             code = f.f_code
@@ -328,9 +408,29 @@ class AllocationTracker(TorchDispatchMode):
         from torchscalpel.units import fmt_bytes
 
         o = self.oom or {}
+        # Without a step timeline (scalpel run's bare limit: phase None) the step and phase are not known.
+        where = f" (step {o.get('step')}, {o.get('phase')})" if o.get("phase") is not None else ""
         return (f"memory limit {fmt_bytes(self.limit)} exceeded: {o.get('op')} at {o.get('site')} asked for "
-                f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live (step {o.get('step')}, "
-                f"{o.get('phase')})")
+                f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live{where}")
+
+
+class _StorageRef(weakref.ref):
+    """A weak reference to a storage that carries its key (the callback needs no closure)."""
+
+    __slots__ = ("key",)
+
+
+_NO_DISPATCH = torch._C._DisableTorchDispatch
+
+_OPS: dict[int, tuple[Any, str | None]] = {}
+"""``id(op) -> (op, name or None)``: None for an op whose outputs all alias inputs. The op is kept so an id
+is never reused by another; shared by every tracker, so a tracker started per step starts warm."""
+
+
+def _op_entry(func: Any) -> tuple[Any, str | None]:
+    entry = (func, None if _returns_alias(func) else str(func))
+    _OPS[id(func)] = entry
+    return entry
 
 
 def _returns_alias(func: Any) -> bool:
@@ -357,3 +457,8 @@ def _requested_bytes(message: str) -> int | None:
         return None
     scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[m.group(2)]
     return int(float(m.group(1)) * scale)
+
+
+_skip_dynamo_recursively(AllocationTracker.__torch_dispatch__, AllocationTracker._pack,
+                         AllocationTracker._module_pre, AllocationTracker._module_post,
+                         AllocationTracker._storage_died)

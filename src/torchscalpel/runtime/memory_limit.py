@@ -25,6 +25,7 @@ def enforced(limit: int | None) -> Iterator[Any]:
     from torchscalpel.runtime.alloc_tracker import AllocationTracker
 
     tracker = AllocationTracker(limit=limit)
+    tracker.phase = None  # no step timeline here: the limit sentence names no step or phase it cannot know
     tracker.start()
     try:
         yield tracker

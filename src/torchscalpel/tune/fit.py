@@ -92,10 +92,7 @@ def candidates(baseline: FitTrial) -> list[TuneSettings]:
         if rung.get("config") and rung["config"] not in configs:
             configs.append(rung["config"])
     singles = [TuneSettings.from_dict(c) for c in configs]
-    # Block checkpointing inside a micro-batch's own checkpointed recompute is a nested recompute that
-    # torch.utils.checkpoint refuses (different metadata), so that pair is never tried.
-    pairs = [a.merged(b) for a, b in itertools.combinations(singles, 2)
-             if not (a.merged(b).checkpointing and a.merged(b).microbatches)]
+    pairs = [a.merged(b) for a, b in itertools.combinations(singles, 2)]
     return [*singles, *pairs]
 
 

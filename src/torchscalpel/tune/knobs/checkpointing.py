@@ -4,7 +4,9 @@ The blocks are :func:`torchscalpel.blocks.find_blocks` of the model (the one "re
 definition plan, compile and dist use). The first time the model is called, each block's ``forward``
 becomes an instance attribute that runs the original under ``torch.utils.checkpoint.checkpoint(...,
 use_reentrant=False)`` while training with grad enabled (evaluation and no-grad calls run it plainly);
-undo deletes the attribute. Same arithmetic, recomputed: numerics are exact.
+undo deletes the attribute. Same arithmetic, recomputed: numerics are exact. A BatchNorm (or any norm
+layer with running statistics) inside a block updates them once per step, as without the knob: the
+recompute runs on copies of its running buffers.
 """
 
 from __future__ import annotations
@@ -50,15 +52,52 @@ class CheckpointingKnob(Knob):
         ]
 
 
+_RUNNING = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def _running_stats(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The norm layers in ``module`` that update running statistics when called in training mode."""
+    from torch.nn.modules.batchnorm import _NormBase
+
+    return [m for m in module.modules() if isinstance(m, _NormBase) and m.track_running_stats]
+
+
+def _recompute_keeping_running_stats(original: Any, norms: list[torch.nn.Module]) -> Any:
+    """``original``, except that a call in backward (the checkpoint's recompute) leaves running stats as they were.
+
+    The forward already updated them once; the recompute would update them again (BatchNorm's running
+    mean and variance, and its batch count, twice per step). The recompute runs on copies of the buffers,
+    and the module's own buffers are put back: not copied into, so nothing saved for backward changes.
+    """
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if torch._C._current_graph_task_id() == -1:
+            return original(*args, **kwargs)
+        kept = [(m, {n: getattr(m, n) for n in _RUNNING if getattr(m, n, None) is not None}) for m in norms]
+        for m, buffers in kept:
+            for n, t in buffers.items():
+                setattr(m, n, t.clone())
+        try:
+            return original(*args, **kwargs)
+        finally:
+            for m, buffers in kept:
+                for n, t in buffers.items():
+                    setattr(m, n, t)
+
+    return run
+
+
 def checkpointed(module: torch.nn.Module) -> Any:
     """``module.forward`` run under non-reentrant checkpointing while training with grad."""
     original = type(module).forward.__get__(module)
+    norms = _running_stats(module)
+    inner = _recompute_keeping_running_stats(original, norms) if norms else original
 
     def forward(*args: Any, **kwargs: Any) -> Any:
         if module.training and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             from torch.utils.checkpoint import checkpoint
 
-            return checkpoint(original, *args, use_reentrant=False, **kwargs)
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs)
         return original(*args, **kwargs)
 
     return forward

@@ -10,13 +10,19 @@ batch) is exactly the unsplit one: the gradients equal the unsplit batch's up to
 
 Outputs: tensors with a batch dimension are concatenated; 0-d floating outputs (a loss computed inside
 the model) are the chunk-size-weighted mean; tuples, lists and dicts of those are combined entry by
-entry. A model whose inputs have no batch dimension divisible by K runs unsplit (logged). Limitation:
-BatchNorm sees micro-batch statistics (as real micro-batching does), and its running statistics are
-updated again by the recompute.
+entry. A model whose inputs have no batch dimension divisible by K runs unsplit (logged). Combined with
+``checkpointing = "blocks"`` each block is checkpointed inside each micro-batch (the least memory of all).
+
+BatchNorm: a model with a BatchNorm (or an InstanceNorm that tracks running statistics) in training mode
+runs unsplit, with the reason logged. Each micro-batch would be normalised by its own statistics, so the
+loss and gradients would no longer be the whole batch's (the knob promises exact numerics), and the
+running statistics would be updated once per micro-batch and again by its recompute. The memory ladder
+says so instead of offering the rung (:func:`batch_statistics_modules` is the one test for both).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,6 +65,39 @@ class MicrobatchKnob(Knob):
             f"    (loss_fn(model(xb), yb) / {k}).backward()",
             "optimizer.step()",
         ]
+
+
+def batch_statistics_modules(model: nn.Module) -> list[nn.Module]:
+    """The submodules of ``model`` that normalise by, or keep running, statistics over the batch when training.
+
+    BatchNorm (1d/2d/3d, lazy, SyncBatchNorm) uses the batch's statistics in training mode; an InstanceNorm
+    with ``track_running_stats`` updates its running statistics from every call. Splitting the batch changes
+    both. The caller checks ``.training`` (a model can switch modes between calls).
+    """
+    from torch.nn.modules.batchnorm import _BatchNorm
+    from torch.nn.modules.instancenorm import _InstanceNorm
+
+    return [m for m in model.modules()
+            if isinstance(m, _BatchNorm) or (isinstance(m, _InstanceNorm) and m.track_running_stats)]
+
+
+def batchnorm_reason(model: nn.Module, modules: list[nn.Module]) -> str | None:
+    """Why ``model`` must not be split now (its batch-statistics modules that are training), or None."""
+    training = [m for m in modules if m.training]
+    if not training:
+        return None
+    from torchscalpel.runtime.module_names import display_name
+
+    names = {m: n for n, m in model.named_modules()}
+    first = training[0]
+    label = display_name(names.get(first, "?"), first, type(model).__name__)  # the memory report's module names
+    if not label.endswith(")"):
+        label += f" ({type(first).__name__})"
+    more = f" and {len(training) - 1} more" if len(training) > 1 else ""
+    return (f"{type(model).__name__} has {label}{more} in training mode: "
+            "micro-batches would each be normalised by their own statistics (a different loss and gradients) and "
+            "update its running statistics once per micro-batch; ran unsplit (a GroupNorm/LayerNorm model, or a "
+            "smaller batch in the script, avoids this)")
 
 
 def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -106,8 +145,16 @@ def install_microbatching(k: int, log: ApplyLog) -> Undo:
 
     original_call = nn.Module.__call__
     state = {"depth": 0}
+    norms: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
 
     def run_split(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        found = norms.get(module)
+        if found is None:
+            found = norms[module] = batch_statistics_modules(module)
+        reason = batchnorm_reason(module, found) if found else None
+        if reason is not None:
+            log.skip("microbatch", reason)
+            return original_call(module, *args, **kwargs)
         batch = _batch_size(args, kwargs)
         if batch is None or batch < k or batch % k:
             log.skip("microbatch", f"batch {batch} of {type(module).__name__} is not divisible into {k} micro-batches; "
@@ -135,8 +182,11 @@ def install_microbatching(k: int, log: ApplyLog) -> Undo:
         return combine(outs, sizes)
 
     def call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        # Inside backward (a graph task running) a module call is a checkpoint's recompute: a block
+        # checkpointed by the checkpointing knob recomputes its forward there, outside any micro-batch
+        # call, and must see the tensors it saved, not be split again.
         if (state["depth"] or not module.training or not torch.is_grad_enabled() or torch.compiler.is_compiling()
-                or next(iter(module.parameters()), None) is None):
+                or torch._C._current_graph_task_id() != -1 or next(iter(module.parameters()), None) is None):
             return original_call(module, *args, **kwargs)
         state["depth"] += 1
         try:
