@@ -116,3 +116,31 @@ def test_the_first_forward_inside_a_closure_step_starts_the_training_peak(tmp_pa
             opt.step(closure)  # the first forward runs inside the optimizer's step
     m = run.record.sections["memory"]
     assert m["before_training"]["total"] >= 8 * 2**20 and m["peak"]["by_category"]["parameters"] == 64 * 65 * 4
+
+
+def _deep_mlp_steps(tmp: Path, *, accumulate: bool) -> dict:
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(512, 512), nn.ReLU())])  # 8 MiB of weights
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchscalpel.memory(steps=None, out=tmp, memory_limit="26MiB", report=False) as run:
+        for _ in range(3):
+            if accumulate:  # two micro-batches, zero_grad after the step: the second forward holds summed grads
+                for _micro in range(2):
+                    (model(torch.randn(512, 512)).square().mean() / 2).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            else:  # zero_grad between forward and backward: the forward holds the last step's grads
+                loss = model(torch.randn(512, 512)).square().mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+    return run.record.sections["memory"]["oom"]
+
+
+def test_set_to_none_is_offered_for_stale_gradients_not_for_accumulated_ones(tmp_path: Path) -> None:
+    stale = _deep_mlp_steps(tmp_path / "stale", accumulate=False)
+    summed = _deep_mlp_steps(tmp_path / "accumulate", accumulate=True)
+    assert stale["request"]["phase"] == summed["request"]["phase"] == "forward"
+    assert stale["by_category"]["gradients"] > 0 and summed["by_category"]["gradients"] > 0
+    assert "set-to-none" in {r["kind"] for r in stale["ladder"]}
+    assert "set-to-none" not in {r["kind"] for r in summed["ladder"]}

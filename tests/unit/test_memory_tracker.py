@@ -118,6 +118,14 @@ def test_ladder_numbers_come_from_the_plan() -> None:
     assert by_kind["bf16"]["saves"] == 30 and by_kind["bf16"]["fits"] is False
 
 
+def test_set_to_none_rung_only_for_gradients_left_from_the_last_step() -> None:
+    args = dict(measured_peak=100, limit=50, plan=None, cause="activations", breakdown={"activations": 60, "gradients": 30},
+                phase="forward", growth=None, fragmentation=None)
+    assert "set-to-none" in {r["kind"] for r in build_ladder(**args)}
+    # under gradient accumulation the gradients in a later micro-batch's forward are the ones being summed
+    assert "set-to-none" not in {r["kind"] for r in build_ladder(**args, accumulating=True)}
+
+
 def test_kept_graph_rung_saves_what_the_growing_site_holds_beyond_one_step() -> None:
     # a logged loss keeps its graph: the kept activations are only part of what the site holds (inputs, outputs)
     growth = find_growth(_samples(10_000, kept=1000), capacity=100_000)

@@ -163,7 +163,7 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
         plan_error, plan = plan["error"], None
     measured = max(int(oom.get("total", 0)), int(obs.tracker.peak if obs.tracker else 0))
     ladder = build_ladder(measured_peak=measured, limit=int(limit), plan=plan, cause=cause,
-                          breakdown=oom.get("by_category", {}), phase=str(oom.get("phase")), growth=growth,
+                          breakdown=oom.get("by_category", {}), phase=str(oom.get("phase")), growth=growth, accumulating=bool(oom.get("accumulating")),
                           fragmentation=fragmentation)
     return {
         "request": {"op": oom.get("op"), "bytes": oom.get("request_bytes"), "site": oom.get("site"),

@@ -121,8 +121,12 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
 
 def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None, cause: str,
                  breakdown: dict[str, int], phase: str, growth: dict[str, Any] | None,
-                 fragmentation: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The rungs, most relevant first; each has ``action``, ``saves`` (bytes or None), ``fits``, ``config``."""
+                 fragmentation: dict[str, Any] | None, accumulating: bool = False) -> list[dict[str, Any]]:
+    """The rungs, most relevant first; each has ``action``, ``saves`` (bytes or None), ``fits``, ``config``.
+
+    ``accumulating``: a backward ran since the last optimizer step (gradient accumulation), so
+    gradients live at a forward peak are not left over from the previous step.
+    """
     from torchscalpel.units import fmt_bytes
 
     rungs: list[dict[str, Any]] = []
@@ -189,7 +193,9 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
             if r["kind"] not in ("detach-kept", "stop-growth"):
                 r["fits"] = False
                 r["why"] = (r["why"] + "; " if r["why"] else "") + "only delays the out-of-memory while memory grows"
-    if phase == "forward" and breakdown.get("gradients", 0) > 0:
+    # Gradients live in a forward are stale only when no backward ran since the last step: under gradient
+    # accumulation the second micro-batch's forward holds the first one's gradients by design.
+    if phase == "forward" and breakdown.get("gradients", 0) > 0 and not accumulating:
         rung("set-to-none", "call optimizer.zero_grad(set_to_none=True) before the forward: the last step's gradients stay allocated through it",
              breakdown["gradients"])
     order = {"activations": ("checkpoint-blocks", "micro-batches", "bf16"), "optimizer_state": ("optimizer",),

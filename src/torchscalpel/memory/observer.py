@@ -106,6 +106,7 @@ class MemoryObserver(Observer):
     def on_backward_post(self, tensors: tuple[torch.Tensor, ...]) -> None:
         if self.tracker is not None:
             self.tracker.phase = "optimizer" if self._in_step else "after backward"
+            self.tracker.accumulating = True
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
         self._in_step = True
@@ -120,6 +121,7 @@ class MemoryObserver(Observer):
             return
         tr = self.tracker
         tr.phase = "after optimizer"
+        tr.accumulating = False
         state = [v for s in optimizer.state.values() if isinstance(s, dict) for v in s.values()]
         tr.adopt((v for v in state if isinstance(v, torch.Tensor) and v.dim() > 0), "optimizer_state")
         # Anything else the step left behind (a foreach temporary still referenced) stays a temporary.

@@ -112,6 +112,8 @@ class AllocationTracker(TorchDispatchMode):
         self.step = 0
         self.phase: str | None = "forward"
         """Set by the memory observer from the runtime's events; None when nothing tells it (a bare limit)."""
+        self.accumulating = False
+        """A backward ran since the last optimizer step: gradients live in a forward are being accumulated."""
         self.module_stack: list[str] = []
         self.module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
         self.index_labels: dict[str, str] = {}
@@ -273,7 +275,8 @@ class AllocationTracker(TorchDispatchMode):
         self._pending = None
         self._copy_at = int(self.total * (1 + PEAK_RESOLUTION))
         self._peak_copy = {
-            "total": self.total, "step": self.step, "phase": self.phase, "op": alloc.op, "module": alloc.module,
+            "total": self.total, "step": self.step, "phase": self.phase, "accumulating": self.accumulating,
+            "op": alloc.op, "module": alloc.module,
             "site": alloc.site, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
             "by_site": dict(self.by_site),
         }
@@ -394,7 +397,8 @@ class AllocationTracker(TorchDispatchMode):
     def state(self) -> dict[str, Any]:
         """The live picture now: totals by category, module and site."""
         return {"total": self.total, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
-                "by_site": dict(self.by_site), "step": self.step, "phase": self.phase}
+                "by_site": dict(self.by_site), "step": self.step, "phase": self.phase,
+                "accumulating": self.accumulating}
 
     def _record_oom(self, op: str, request: int | None, *, device_error: str | None) -> None:
         self.oom = {
