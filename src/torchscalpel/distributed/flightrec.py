@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.plaindata import PlainUnpickler, Refused
+
 BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 FILE_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 DEFAULT_BUFFER = 2000  # entries; torch's docs suggest a few thousand
@@ -84,16 +86,14 @@ def collect_dumps(folder: Path, report_dir: Path, ranks: Iterable[int], wait_s: 
 # "frames" [{"name", "filename", "line"}], the keys torch's fr_trace reads). It is read with an
 # unpickler that builds plain containers only: a file in the launch folder is not trusted to run code.
 
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
-
-
 def read_dump(path: Path) -> dict[str, Any]:
     """A flight recorder dump as plain data; ``ValueError`` with one sentence when it is not one."""
     try:
         with path.open("rb") as fh:
-            data = _PlainUnpickler(fh).load()
+            data = PlainUnpickler(fh).load()
+    except Refused as exc:
+        raise ValueError(f"{path} is not an NCCL flight recorder dump (it asks to build {exc}, which is not plain "
+                         "data)") from exc
     except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError) as exc:
         raise ValueError(f"{path} is not an NCCL flight recorder dump ({type(exc).__name__}: {exc})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):

@@ -30,6 +30,7 @@ from typing import Any
 
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.memory import snapshot_native as native
+from torchscalpel.plaindata import PlainUnpickler, Refused
 from torchscalpel.units import fmt_bytes
 
 _LIB_MARKERS = ("/torch/", "site-packages", "dist-packages", "/lib/python", "<frozen", "??")
@@ -41,20 +42,6 @@ _WHAT = {  # why each refused opcode is refused, for the one sentence
     "EXT1": "names a registered class", "EXT2": "names a registered class", "EXT4": "names a registered class",
     "NEXT_BUFFER": "needs an out-of-band buffer", "READONLY_BUFFER": "needs an out-of-band buffer",
 }
-
-
-class Refused(pickle.UnpicklingError):
-    """The pickle asked for a global or a persistent id."""
-
-
-class PlainUnpickler(pickle.Unpickler):
-    """An unpickler that refuses every class, function and persistent id."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise Refused(f"{module}.{name}")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise Refused("a persistent id")
 
 
 def _not_snapshot(path: Path, why: str) -> UsageError:
