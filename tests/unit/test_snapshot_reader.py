@@ -6,6 +6,7 @@ native path skip (visibly) on a machine with no C compiler, where CI installs gc
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import shutil
 from pathlib import Path
@@ -91,18 +92,29 @@ def test_native_and_python_readers_give_the_same_explanation(tmp_path: Path, rea
     assert ours["trace"]["events"] == sum(len(t) for t in data["device_traces"])
 
 
-def test_the_stream_is_cut_in_batches_and_only_shared_objects_stay_in_the_memo(tmp_path: Path, reader,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _write(tmp_path, snapshot_data(shared=False, trace_shares=False))
+def test_segments_and_events_are_freed_as_they_are_read_and_only_shared_objects_stay(
+        tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = snapshot_data(n_segments=6003, shared=False, trace_shares=False)
+    path = _write(tmp_path, data)
     whole = reader(path, False)
-    monkeypatch.setattr(native, "BATCH_BYTES", 4096)
-    ours = reader(path, True)
+    monkeypatch.setattr(native, "SLICE_BYTES", 16384)
+    monkeypatch.setenv("TORCHSCALPEL_NATIVE", "1")
+    seen: list[tuple[int, int]] = []
+    ours = S.read_snapshot(path, progress=lambda done, total: seen.append((done, total)))
+    assert ours["reader"] == "native"
     _same(ours, whole)
     stats = ours["scanner"]
-    assert stats["batches"] > 20
+    assert stats["streamed"] and stats["streamed_events"] == sum(len(t) for t in data["device_traces"])
     # every block dict, list and string is memoized once by the pickler; only what is fetched again is kept
     # (key, state, file and function name strings: about 100), not one entry per block
     assert stats["memo_entries"] > 10_000 and stats["memo_kept"] < 200
+    # the pickler appends in batches of 1000, and one batch of segments at a time is built: the most
+    # containers alive at once is a fraction of those made (a whole build would keep them all)
+    assert stats["nodes_made"] > 100_000 and stats["nodes_peak"] < stats["nodes_made"] / 4
+    # progress in slices, over both passes, ending at twice the file's size
+    size = path.stat().st_size
+    assert len(seen) > 20 and seen[-1] == (2 * size, 2 * size)
+    assert all(a[0] <= b[0] for a, b in itertools.pairwise(seen))
 
 
 def test_an_object_fetched_once_leaves_the_memo_after_its_fetch(tmp_path: Path, reader) -> None:
@@ -116,14 +128,55 @@ def test_an_object_fetched_once_leaves_the_memo_after_its_fetch(tmp_path: Path, 
     assert stats["memo_released"] >= shared_once > 500 and stats["memo_kept"] < 200
 
 
-def test_a_layout_the_streamer_does_not_handle_is_read_whole(tmp_path: Path, reader) -> None:
+def test_a_layout_the_streamer_does_not_handle_is_built_whole_and_explained_the_same(tmp_path: Path, reader) -> None:
     data = snapshot_data(n_segments=20)
-    # protocol 0 has no EMPTY_DICT: the root is built from a mark, which the streamer leaves to the whole reader
+    # protocol 0 has no EMPTY_DICT: the root is built from a mark, so nothing is streamed
+    p0 = reader(_write(tmp_path, data, protocol=0), True)
+    assert not p0["scanner"]["streamed"]
+    _same(p0, reader(_write(tmp_path, data, name="p4.pickle"), False))
+
+
+def test_a_streamed_list_referred_to_again_is_kept_whole_and_summarized_once(tmp_path: Path, reader) -> None:
+    data = snapshot_data(n_segments=40)
+    data["segments_again"] = data["segments"]  # the pickler memoizes the list and fetches it for this key
+    data["traces_again"] = data["device_traces"][0]
+    path = _write(tmp_path, data)
+    ours = reader(path, True)
+    assert ours["scanner"]["kept_whole"] == 2
+    _same(ours, reader(path, False))
+    assert ours["segments"] == 40
+
+
+def test_odd_values_are_read_as_python_reads_them(tmp_path: Path, reader) -> None:
+    frames = [{"filename": "/home/\u00fc/\u2135 model.py", "line": None}, {"filename": 7, "line": 1},
+              {"filename": "/home/u/t.py", "line": "12"}]
+    blocks: list[Any] = [
+        {"state": "active_allocated", "size": 1024.75, "requested_size": None, "frames": frames[:1]},
+        {"state": "active_allocated", "size": True, "frames": frames[1:]},
+        {"state": "active_allocated", "size": 2**40, "frames": ()},
+        {"state": "inactive", "size": -5},
+        {"state": "inactive ", "size": 9}, "not a block",
+    ]
+    blocks.append({"state": "active_allocated", "size": 3, "frames": blocks})  # a traceback that is the blocks list
+    data = {"segments": [{"total_size": 4096.0, "blocks": blocks}, None, {"blocks": "x"}],
+            "device_traces": [None, [{"action": "oom", "size": 2.5, "device_free": True, "frames": frames}],
+                              [{"action": "oom", "frames": None}, 5]]}
+    for protocol in (0, 2, 4):
+        path = _write(tmp_path, data, protocol, name=f"odd{protocol}.pickle")
+        ours, theirs = reader(path, True), reader(path, False)
+        _same(ours, theirs)
+    assert ours["ooms"][0] == {"device": 1, "bytes": 2.5, "site": "/home/\u00fc/\u2135 model.py:None",
+                               "device_free": True}
+    assert ours["segments"] == 3 and ours["blocks"] == 4
+
+
+def test_protocol_0_text_is_decoded_as_python_decodes_it(tmp_path: Path, reader) -> None:
+    frames = [{"filename": "/home/\u00fc/\u2135 m\u00e9\nx.py", "line": 3}]
+    data = {"segments": [{"blocks": [{"state": "active_allocated", "size": 8, "frames": frames}]}]}
     path = _write(tmp_path, data, protocol=0)
-    r = S.read_snapshot(path) if HAS_CC else reader(path, False)
-    assert r["reader"] == "python"
-    assert not HAS_CC or "does not handle this layout" in r["reader_note"]
-    _same(r, reader(_write(tmp_path, data, name="p4.pickle"), False))
+    ours = reader(path, True)
+    _same(ours, reader(path, False))
+    assert ours["sites"] == [{"name": "/home/\u00fc/\u2135 m\u00e9\nx.py:3", "bytes": 8}]
 
 
 # (plain opcodes first, the refused opcode with its argument, the name the sentence gives), put after the
