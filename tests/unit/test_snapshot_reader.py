@@ -247,3 +247,89 @@ def test_without_a_compiler_the_python_reader_runs_and_says_why(tmp_path: Path, 
     assert r["reader"] == "python" and r["reader_note"] == "no C compiler found (set CC, or install gcc)"
     assert any("pure-Python reader: no C compiler found" in line for line in S.render_snapshot(r))
     assert not (tmp_path / "empty-cache").exists() or not any((tmp_path / "empty-cache").iterdir())
+
+
+def test_deep_nesting_and_self_reference_neither_crash_nor_recurse(tmp_path: Path, reader) -> None:
+    # 200,000 nested lists as the one segment: the C reader frees and summarizes without recursion
+    depth = 200_000
+    evil = tmp_path / "deep.pickle"
+    evil.write_bytes(b"\x80\x04}(\x8c\x08segments]" + b"]" * depth + b"a" * depth + b"u.")
+    r = reader(evil, True)
+    assert r["segments"] == 1 and r["blocks"] == 0
+    blocks: list[Any] = []
+    blocks.append({"state": "active_allocated", "size": 3, "frames": blocks})
+    data = {"segments": [{"blocks": blocks}], "again": blocks}  # the traceback is the list being walked
+    path = _write(tmp_path, data)
+    _same(reader(path, True), reader(path, False))
+
+
+CRASH_PROBE = """
+import json, random, sys
+from pathlib import Path
+from torchscalpel.errors import ScalpelError
+from torchscalpel.memory import snapshot as S
+good = Path(sys.argv[1]).read_bytes()
+rng = random.Random(7)
+bad = Path(sys.argv[2])
+outcomes = {"explained": 0, "refused": 0}
+for i in range(300):
+    data = bytearray(good)
+    for _ in range(rng.randint(1, 6)):
+        data[rng.randrange(len(data))] = rng.randrange(256)
+    if i % 5 == 0:
+        data = data[: rng.randrange(len(data))]
+    bad.write_bytes(bytes(data))
+    try:
+        r = S.read_snapshot(bad)
+        assert r["reader"] == "native", r["reader_note"]
+        outcomes["explained"] += 1
+    except ScalpelError:
+        outcomes["refused"] += 1
+print(json.dumps(outcomes))
+"""
+
+
+def test_corrupted_snapshots_never_crash_the_native_reader(tmp_path: Path, reader) -> None:
+    """300 files with random bytes changed or cut: each is explained or refused in one sentence, and the
+    process survives (a crash in C would kill it: the probe runs in a child)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    good = _write(tmp_path, snapshot_data(n_segments=60))
+    reader(good, True)  # builds the library into the test's cache
+    env = {**os.environ, "PYTHONPATH": str(Path(S.__file__).parents[2])}
+    proc = subprocess.run([sys.executable, "-c", CRASH_PROBE, str(good), str(tmp_path / "bad.pickle")],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert outcomes["explained"] + outcomes["refused"] == 300 and outcomes["refused"] > 50
+
+
+def test_the_cli_shows_progress_in_mib_on_a_terminal_only(tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from torchscalpel.cli import memory as cli_memory
+    from torchscalpel.report import terminal
+
+    path = _write(tmp_path, snapshot_data(n_segments=1000))
+    reader(path, True)
+    monkeypatch.setattr(native, "SLICE_BYTES", 1 << 14)
+    updates: list[tuple[int, int]] = []
+    real_update = cli_memory._SnapshotProgress.update
+    monkeypatch.setattr(cli_memory._SnapshotProgress, "update",
+                        lambda self, d, t: (updates.append((d, t)), real_update(self, d, t)))
+    for is_terminal in (True, False):
+        out = io.StringIO()
+        monkeypatch.setattr(terminal, "console", lambda out=out, t=is_terminal: Console(file=out, force_terminal=t,
+                                                                                         width=120))
+        updates.clear()
+        assert cli_memory._explain_snapshot(path, argparse.Namespace(json_path=None)) == 0
+        assert len(updates) > 4 and updates[-1] == (2 * path.stat().st_size,) * 2
+        assert ("MiB of snap.pickle" in out.getvalue()) == is_terminal
+    assert "live blocks" in capsys.readouterr().out

@@ -1,5 +1,7 @@
 """The native snapshot reader: ``snapshot_scan.c`` compiled on first use, loaded through ctypes.
 
+``-fwrapv``: sums of sizes from a file nobody vetted may overflow, and wrapping is then defined behaviour.
+
 Why not a setuptools extension: the package must install and run with no compiler (a wheel built
 offline, ``PYTHONPATH=src`` in a checkout, ``pip install -e .``), and a checkout has no build step. The
 C source ships as package data; the first snapshot read compiles it with the system's C compiler
@@ -82,7 +84,7 @@ def _compile(target: Path) -> str:
     except OSError as exc:
         return f"the cache folder {target.parent} is not writable ({exc.strerror or exc})"
     try:
-        proc = subprocess.run([*cc.split(), "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
+        proc = subprocess.run([*cc.split(), "-O2", "-fwrapv", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["no message"])[0]

@@ -98,7 +98,8 @@ static inline uint64_t rd_le(const uint8_t *p, int n) {
 /* ================= values ================= */
 
 /* V_DONE: the place of a segment that was summarized and freed as soon as it was complete */
-enum { V_NONE, V_BOOL, V_INT, V_BIG, V_FLOAT, V_STR, V_RAWSTR, V_BYTES, V_OBJ, V_DONE };
+/* V_SITE: in the memo, a traceback reduced to its call site's id (see site_of) */
+enum { V_NONE, V_BOOL, V_INT, V_BIG, V_FLOAT, V_STR, V_RAWSTR, V_BYTES, V_OBJ, V_DONE, V_SITE };
 enum { N_LIST, N_TUPLE, N_DICT, N_SET, N_FROZENSET };
 /* what happens to what is appended to a list: kept, or summarized and freed */
 enum { S_NONE, S_SEG, S_DT, S_TRACE, S_DROP };
@@ -119,6 +120,7 @@ struct node {
   int32_t site;                       /* cached call site of a frame dict or a traceback list */
   uint32_t n, cap;                    /* items (pairs for a dict) */
   int64_t aux;                        /* S_DT: elements taken; S_TRACE: its device index */
+  uint32_t memo_slot;                 /* 1 + its place in memo_vals, when the memo holds it; else 0 */
   val_t *items;
   node_t *next_free;
 };
@@ -699,6 +701,7 @@ static uint8_t frame_class(ctx_t *c, node_t *f) {
    file) is cut down to its site: the summary never needs its frames again, and the memo would otherwise
    keep a list per live block until the end of the file. */
 static int32_t site_of(ctx_t *c, const val_t *frames) {
+  if (frames && frames->t == V_SITE) return (int32_t)frames->u.i;
   if (!is_node(frames, N_LIST)) return c->site_no_frames;
   node_t *l = frames->u.n;
   if (l->site != SITE_NONE || l->cut) return l->site;
@@ -716,6 +719,15 @@ static int32_t site_of(ctx_t *c, const val_t *frames) {
     for (size_t i = 0; i < l->n; i++) release(c, l->items[i]);
     items_free(c, l->items, l->cap);
     l->items = NULL; l->n = l->cap = 0; l->cut = 1;
+    if (l->memo_slot) {  /* the memo keeps the site alone, and the list goes with the block that holds it */
+      val_t *m = &c->memo_vals[l->memo_slot - 1];
+      l->memo_slot = 0;
+      if (m->t == V_OBJ && m->u.n == l) {
+        m->t = V_SITE;
+        m->u.i = site;
+        unref(c, l);
+      }
+    }
   }
   return site;
 }
@@ -986,6 +998,7 @@ static int step2(ctx_t *c, size_t pos, op_t *op) {
       uint64_t r = rank_of(c, key);
       release(c, c->memo_vals[r]);
       c->memo_vals[r] = share(*top);
+      if (top->t == V_OBJ) top->u.n->memo_slot = (uint32_t)(r + 1);
       return 0;
     }
     case K_MARK:
