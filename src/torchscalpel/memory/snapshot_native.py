@@ -181,7 +181,7 @@ def summarize(lib: ctypes.CDLL, path: Path, library_markers: tuple[str, ...],
                 if state < 0:
                     raise _error(lib, ctx)
                 if progress is not None:
-                    progress(phase * size + min(upto, size), 2 * size)
+                    progress(phase * size + (size if state == 0 else min(upto, size)), 2 * size)
                 if state == 0:
                     break
         raw = (ctypes.c_int64 * len(COUNTERS))()
