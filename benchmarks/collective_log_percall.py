@@ -51,7 +51,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         old = _load_old(args.against, Path(tmp))
-        old._OUR_DIR = new._OUR_DIR  # the caller (this file) counts as the user's code for both
+        old._OUR_DIR = str(REPO / "src" / "torchscalpel") + os.sep  # the caller (this file) is the user's for both
         variants = {
             "bare": noop,
             "old": old._wrap(old.CollectiveRecorder(Path(tmp) / "old", 0, 1, 0), "all_reduce", noop),

@@ -77,22 +77,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def execute(target: Target) -> int:
-    """Run the script or module as ``__main__`` with its argv; return what ``python`` would exit with."""
-    from torchscalpel.runtime.script import exit_code_of, park_if_distributed, run_as_main
+    """Run the script or module as ``__main__`` with its argv; return what ``python`` would exit with.
 
-    saved_argv, saved_path = list(sys.argv), list(sys.path)
-    sys.argv = target.argv()
-    try:
-        park_if_distributed(run_as_main(target))
-    except SystemExit as exc:
-        return exit_code_of(exc.code)
-    except KeyboardInterrupt:
-        return 130
-    except Exception:
-        import traceback
+    ``--memory-limit``'s stop goes through to :func:`run`, which explains it; Ctrl-C is 130.
+    """
+    from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
+    from torchscalpel.runtime.script import ExecOptions, run_script
 
-        traceback.print_exc()
-        return 1
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path
-    return 0
+    return run_script(target, ExecOptions(passthrough=(MemoryLimitExceeded,))).exit_code

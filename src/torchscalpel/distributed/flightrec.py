@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.plaindata import PlainUnpickler, Refused
+from torchscalpel.runtime.userframes import first_user
 
 BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 FILE_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
@@ -102,11 +103,9 @@ def read_dump(path: Path) -> dict[str, Any]:
 
 
 def _user_frame(frames: Any) -> str:
-    for frame in frames or []:
-        name = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
-        if name and "/torch/" not in name and "/torchscalpel/" not in name and "site-packages" not in name:
-            return f"{os.path.basename(name)}:{frame.get('line', '?')}"
-    return "?"
+    """``file:line`` of the innermost user frame of a recorded entry (the names may be another machine's)."""
+    found = first_user([f for f in frames or [] if isinstance(f, dict)], lambda f: str(f.get("filename", "")))
+    return "?" if found is None else f"{os.path.basename(str(found['filename']))}:{found.get('line', '?')}"
 
 
 def dump_summary(data: Mapping[str, Any], last: int = 3) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchscalpel.runtime.collectives import STACK_SIGNAL, RankLog, signature
+from torchscalpel.runtime.userframes import ANY, first_user, is_runner_file
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in (.*)$')
@@ -58,13 +59,9 @@ def parse_stacks(text: str) -> dict[int, list[Frame]]:
     return threads
 
 
-def _is_library(path: str) -> bool:
-    return "/site-packages/" in path or "/torchscalpel/" in path or "/lib/python" in path or path.startswith("<")
-
-
 def user_frame(frames: list[Frame]) -> Frame | None:
-    """The innermost frame in the user's own code."""
-    return next((f for f in frames if not _is_library(f.file)), frames[0] if frames else None)
+    """The innermost frame in the user's own code, else the innermost frame (a rank is somewhere)."""
+    return first_user(frames, lambda f: f.file, fallback=ANY)
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -239,7 +236,7 @@ def format_report(diag: dict[str, Any]) -> str:
             lines.append("  NCCL flight recorder: " + (summary["error"] if "error" in summary else describe_summary(summary)))
         for c in st["last_collectives"]:
             lines.append(f"    {c['status']:<9} {c['op']} #{c['seq']} {c['group']}{_shape_text(c)} from {c['site']}")
-        shown = [f for f in st["stack"] if "/torchscalpel/" not in f and not f.startswith("<frozen runpy>")]
+        shown = [f for f in st["stack"] if not is_runner_file(f.rsplit(" in ", 1)[0].rsplit(":", 1)[0])]
         if shown:  # hang.json keeps every frame; the text leaves out the launcher's own
             lines.append("  main thread, innermost first:")
             lines.extend(f"    {f}" for f in shown[:12])

@@ -19,11 +19,12 @@ the ``scalpel`` command), as a shell would, rather than importing the CLI's modu
 from __future__ import annotations
 
 import os
-import runpy
 import sys
 from pathlib import Path
 
 from torchscalpel.errors import UsageError
+from torchscalpel.runtime.script import ExecOptions, run_script
+from torchscalpel.runtime.target import Target
 
 MODULE = "torchscalpel.distributed.rank_entry"
 """What torchrun runs with ``-m`` on every rank."""
@@ -40,47 +41,29 @@ def rank_argv(argv: list[str], rank: int) -> list[str]:
     return [command, "--out", os.path.join(base, f"rank-{rank}"), *extra, *rest]
 
 
+_AS_A_RANK = ExecOptions(interrupt="raise", restore_sys=False)
+"""A rank's process is the script's: Ctrl-C kills it by SIGINT (what torchrun expects of a worker),
+and ``sys.argv`` / ``sys.path`` stay the script's until the process exits."""
+
+
 def exec_target(argv: list[str]) -> int:
     """Run ``[-m MODULE | SCRIPT] ARGS`` as ``__main__``; the exit status ``python`` would give."""
     from torchscalpel.runtime.collectives import mark_finished
-    from torchscalpel.runtime.script import (
-        exit_code_of,
-        park_if_distributed,
-        print_script_traceback,
-        run_as_main,
-    )
-    from torchscalpel.runtime.target import Target
 
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
         raise UsageError("rank_entry exec needs SCRIPT [ARGS] or -m MODULE [ARGS].")
     target = Target(module=argv[1], args=argv[2:]) if argv[0] == "-m" else Target(script=Path(argv[0]), args=argv[1:])
-    sys.argv = target.argv()
     try:
-        park_if_distributed(run_as_main(target))
-    except SystemExit as exc:
-        return exit_code_of(exc.code)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # the script's own error: its traceback, exit 1, as python prints it
-        print_script_traceback(exc)
-        return 1
+        return run_script(target, _AS_A_RANK).exit_code
     finally:
         mark_finished()  # exiting may take a while (gloo teardown): that silence is not a hang
-    return 0
 
 
 def run_program(argv: list[str]) -> int:
-    """``scalpel ARGV`` in this process (``python -m torchscalpel``); its exit status."""
-    from torchscalpel.runtime.script import exit_code_of
-
-    sys.argv = ["scalpel", *argv]
-    try:
-        runpy.run_module(PROGRAM, run_name="__main__", alter_sys=False)
-    except SystemExit as exc:
-        return exit_code_of(exc.code)
-    return 0
+    """``scalpel ARGV`` in this process (``python -m torchscalpel``, the ``scalpel`` program); its exit status."""
+    return run_script(Target(module=PROGRAM, args=argv), _AS_A_RANK).exit_code
 
 
 def main() -> int:

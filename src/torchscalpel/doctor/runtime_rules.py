@@ -12,7 +12,6 @@ internal-error finding, so the user's script and the other rules are never affec
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -24,23 +23,18 @@ from torchscalpel.doctor.registry import guarded, internal_error
 from torchscalpel.doctor.rule import Rule
 from torchscalpel.runtime.observer import Observer, listeners_by_event
 from torchscalpel.runtime.patching import Undo
-
-_TORCH_DIR = os.path.dirname(torch.__file__)
-_OUR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_SKIP = (_TORCH_DIR, _OUR_DIR, os.path.dirname(os.__file__) + os.sep + "runpy", "<frozen", "<string>")
+from torchscalpel.runtime.userframes import user_frame
 
 
 def user_location(depth_limit: int = 60) -> Location | None:
-    """The innermost stack frame in the user's code (not torch, not torchscalpel, not the stdlib's runpy)."""
-    frame = sys._getframe(1)
-    for _ in range(depth_limit):
-        if frame is None:
-            return None
-        fname = frame.f_code.co_filename
-        if not fname.startswith(_SKIP) and "site-packages" + os.sep + "torch" not in fname and "contextlib" not in fname:
-            return Location(file=fname, line=frame.f_lineno)
-        frame = frame.f_back
-    return None
+    """The innermost stack frame in the user's code (:mod:`~torchscalpel.runtime.userframes`), None if none.
+
+    No library fallback: a finding's location is where the user edits, and a finding without one is
+    better than one pointing into Lightning. The depth limit bounds what a hook fired deep in a
+    framework's stack pays on each call.
+    """
+    frame = user_frame(sys._getframe(1), max_depth=depth_limit)
+    return None if frame is None else Location(file=frame.f_code.co_filename, line=frame.f_lineno)
 
 
 class RuntimeRule(Rule, Observer):

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.runtime.userframes import LIBRARIES, is_user_file, user_frame
+
 STACK_SIGNAL = signal.SIGUSR2
 """The signal the launcher sends for stacks (SIGUSR1 is taken by SLURM/Lightning requeueing)."""
 ENV_DIR = "TORCHSCALPEL_COLLECTIVE_DIR"
@@ -263,52 +265,28 @@ def quote_site(site: str) -> bytes:
     return quoted
 
 
-_TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__import__("torch").__file__))) + os.sep + "torch" + os.sep
-_OUR_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
-_USER, _FALLBACK, _SKIP = 0, 1, 2
-_KINDS: dict[Any, int] = {}
-"""code object -> whose code it is (:func:`_kind`): the frame walk's only question, answered once per code."""
 _SITES: dict[tuple[Any, int], bytes] = {}
 """(code object, line) -> quoted ``file:line``, for the per-call path."""
+_USER_CODE: set[Any] = set()
+"""Code objects of the user's (:mod:`~torchscalpel.runtime.userframes`) with a line in :data:`_SITES`: the per-call
+path asks only this set and that cache when the collective's direct caller is the user's script."""
 
 
-def _kind(code: Any) -> int:
-    kind = _KINDS.get(code)
-    if kind is None:
-        name = code.co_filename
-        if name.startswith(_TORCH_DIR) or name.startswith(_OUR_DIR) or "/torch/" in name:
-            kind = _SKIP
-        elif "site-packages" in name or "/lib/python" in name:
-            kind = _FALLBACK  # a library's line: used only when no user frame is on the stack
-        else:
-            kind = _USER
-        if len(_KINDS) > CACHE_MAX:
-            _KINDS.clear()
-        _KINDS[code] = kind
-    return kind
-
-
-def _user_frame(frame: Any) -> Any:
-    fallback = None
-    while frame is not None:
-        kind = _kind(frame.f_code)
-        if kind == _USER:
-            return frame
-        if kind == _FALLBACK and fallback is None:
-            fallback = frame
-        frame = frame.f_back
-    return fallback
+def _site_frame(frame: Any) -> Any:
+    # A library's line (Lightning's, the stdlib's) is named when no user frame is on the stack (a
+    # library's own thread): better than "?"; torch's and ours never are.
+    return user_frame(frame, fallback=LIBRARIES)
 
 
 def user_site(frame: Any) -> str:
-    """``file:line`` of the innermost caller outside torch and torchscalpel."""
-    found = _user_frame(frame)
+    """``file:line`` of the innermost caller outside torch and torchscalpel (the user's, else a library's)."""
+    found = _site_frame(frame)
     return "?" if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"
 
 
 def quoted_user_site(frame: Any) -> bytes:
     """:func:`user_site`, JSON-quoted (:func:`quote_site`), cached per code object and line."""
-    found = _user_frame(frame)
+    found = _site_frame(frame)
     if found is None:
         return b'"?"'
     key = (found.f_code, found.f_lineno)
@@ -316,7 +294,10 @@ def quoted_user_site(frame: Any) -> bytes:
     if quoted is None:
         if len(_SITES) > CACHE_MAX:
             _SITES.clear()
+            _USER_CODE.clear()
         quoted = _SITES[key] = quote_site(f"{key[0].co_filename}:{key[1]}")
+        if is_user_file(key[0].co_filename):
+            _USER_CODE.add(key[0])
     return quoted
 
 
@@ -389,7 +370,7 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
         else:
             parts = describe(group, value)
         frame = getframe(1)
-        site = _SITES.get((frame.f_code, frame.f_lineno)) if _KINDS.get(frame.f_code) == _USER else None
+        site = _SITES.get((frame.f_code, frame.f_lineno)) if frame.f_code in _USER_CODE else None
         n = next(numbers)
         raw = ENTRY % (n, next(seqs_of.get(parts[0]) or recorder.seqs_for(parts[0])), now(),
                        site or quoted_user_site(frame), parts[1])

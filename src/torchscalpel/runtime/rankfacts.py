@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.fileio import atomic_write_text
+from torchscalpel.runtime.userframes import is_user_file
 
 WRITE_AT_STEPS = frozenset({1, 2, 4, 8, 16, 32, 64})
 MAX_STEPS_KEPT = 64
@@ -159,10 +160,9 @@ GROUP_CALLS = ("get_rank", "get_world_size", "barrier", "all_reduce", "broadcast
                "all_gather_into_tensor", "reduce_scatter_tensor", "new_group", "get_backend")
 
 
-def _user_frame(frame: Any) -> bool:
-    """The call comes straight from the user's script (not a library, not torch)."""
-    name = frame.f_code.co_filename if frame is not None else ""
-    return bool(name) and "site-packages" not in name and "/lib/python" not in name and "/torchscalpel/" not in name
+def _from_user(frame: Any) -> bool:
+    """The call comes straight from the user's script (not a library that asks before init, not torch)."""
+    return frame is not None and is_user_file(frame.f_code.co_filename)
 
 
 def scaled_root(fn: Any) -> bool:
@@ -194,7 +194,7 @@ def _watch_group_calls(facts: RankFacts) -> None:
             continue  # collectives the log wraps stay single-wrapped (its __wrapped__ and per-call cost unchanged)
 
         def wrapper(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
-            if not dist.is_initialized() and _user_frame(sys._getframe(1)) and len(facts.data["before_init"]) < 5:
+            if not dist.is_initialized() and _from_user(sys._getframe(1)) and len(facts.data["before_init"]) < 5:
                 facts.data["before_init"].append({"call": _name, "site": _caller_site_at(sys._getframe(1))})
                 facts.write()
             return _original(*args, **kwargs)

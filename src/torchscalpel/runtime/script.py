@@ -1,8 +1,11 @@
 """Running a script or module as ``__main__`` in this process, as ``python SCRIPT`` would.
 
-The session (:mod:`torchscalpel.runtime.session`) attaches the hooks; this module only runs the
-code, turns ``sys.exit`` into an exit status, prints the script's own traceback, and keeps a
-finished distributed script's objects alive as the script's own process would.
+:func:`run_script` is the one way torchscalpel runs a target: under the hooks (the session,
+:mod:`torchscalpel.runtime.session`), plainly (``scalpel run``), and on each rank of a launch
+(:mod:`torchscalpel.distributed.rank_entry`). It runs the code, turns ``sys.exit`` / an exception /
+Ctrl-C into an exit status as ``python`` would, prints the script's own traceback, and keeps a
+finished distributed script's objects alive as the script's own process would. What differs between
+those callers is an explicit :class:`ExecOptions` field.
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import re
 import runpy
 import sys
 import traceback
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from torchscalpel.runtime.target import Target
+from torchscalpel.runtime.userframes import is_runner_file
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 
@@ -77,13 +82,80 @@ def exit_code_of(code: Any) -> int:
 
 
 def print_script_traceback(exc: BaseException) -> None:
-    """The script's own traceback, without torchscalpel's frames above it."""
+    """The script's own traceback, without the frames above it that run it (torchscalpel's and runpy's)."""
     tb = exc.__traceback__
-    while tb is not None and not _is_user_frame(tb.tb_frame.f_code.co_filename):
+    while tb is not None and is_runner_file(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
 
 
-def _is_user_frame(filename: str) -> bool:
-    here = str(Path(__file__).resolve().parents[1])
-    return not (filename.startswith(here) or "runpy" in filename or filename.startswith("<frozen runpy"))
+INTERRUPTED = 130
+"""The exit status a shell reports for a program ended by Ctrl-C (128 + SIGINT)."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ExecOptions:
+    """How :func:`run_script` treats the ways a script can end, where its callers need different things."""
+
+    interrupt: Literal["exit", "raise"] = "exit"
+    """Ctrl-C: ``exit`` ends the run with status 130 and the caller carries on (writes its record, prints
+    its summary); ``raise`` lets the ``KeyboardInterrupt`` go, so that a process that is only the script
+    (a launched rank) dies of SIGINT as ``python SCRIPT`` does, which is what torchrun expects to see."""
+    restore_sys: bool = True
+    """Put ``sys.argv`` and ``sys.path`` back afterwards: the caller's process goes on after the script.
+    False where the process ends with the script (a rank): the script's ``sys.path[0]`` then stays, as
+    under ``python SCRIPT``, for its atexit handlers and the late imports of threads it left running."""
+    passthrough: tuple[type[BaseException], ...] = ()
+    """Exceptions the caller handles itself (the session's stop-after-N-steps, ``--memory-limit``): re-raised
+    after the restore, not taken for the script's failure."""
+
+    def __post_init__(self) -> None:
+        if self.interrupt not in ("exit", "raise"):
+            raise ValueError(f"interrupt must be 'exit' or 'raise', not {self.interrupt!r}")
+
+
+@dataclass(slots=True, frozen=True)
+class ScriptOutcome:
+    """How the script ended."""
+
+    status: Literal["complete", "failed", "interrupted"]
+    """``complete``: it returned or exited 0; ``failed``: a non-zero exit or an exception; ``interrupted``: Ctrl-C."""
+    exit_code: int
+    """What ``python SCRIPT`` would have exited with."""
+    error: str | None = None
+    """One line for the record (None when it completed)."""
+
+
+def run_script(target: Target, options: ExecOptions | None = None, *,
+               before: Callable[[], object] | None = None) -> ScriptOutcome:
+    """Run ``target`` as ``__main__`` with its argv, as ``python SCRIPT ARGS`` would; how it ended.
+
+    ``before`` runs first, inside the same guard (the session attaches its hooks there: a set-up that
+    fails is the run's failure, reported as the script's would be). ``sys.exit(code)`` gives ``code``
+    (a message is printed and gives 1), an exception its own traceback and 1, Ctrl-C 130 or, with
+    ``interrupt="raise"``, the ``KeyboardInterrupt`` itself.
+    """
+    options = options or ExecOptions()
+    saved_argv, saved_path = list(sys.argv), list(sys.path)
+    try:
+        if before is not None:
+            before()
+        sys.argv = target.argv()
+        park_if_distributed(run_as_main(target))
+    except options.passthrough:
+        raise
+    except SystemExit as exc:
+        code = exit_code_of(exc.code)
+        return ScriptOutcome("failed" if code else "complete", code,
+                             f"the script exited with code {code}" if code else None)
+    except KeyboardInterrupt:
+        if options.interrupt == "raise":
+            raise
+        return ScriptOutcome("interrupted", INTERRUPTED, "interrupted (Ctrl-C)")
+    except BaseException as exc:  # the script's own error: its traceback and exit 1, as python prints them
+        print_script_traceback(exc)
+        return ScriptOutcome("failed", 1, one_line_error(exc))
+    finally:
+        if options.restore_sys:
+            sys.argv, sys.path[:] = saved_argv, saved_path
+    return ScriptOutcome("complete", 0)

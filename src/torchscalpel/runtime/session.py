@@ -7,7 +7,6 @@ knobs) are the explicit exception, and each is undone afterwards.
 
 from __future__ import annotations
 
-import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -23,13 +22,7 @@ from torchscalpel.runtime.hooks import HookSet
 from torchscalpel.runtime.memory import StepMemory
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
 from torchscalpel.runtime.observer import Observer, listeners_by_event
-from torchscalpel.runtime.script import (
-    exit_code_of,
-    one_line_error,
-    park_if_distributed,
-    print_script_traceback,
-    run_as_main,
-)
+from torchscalpel.runtime.script import ExecOptions, run_script
 from torchscalpel.runtime.target import Target
 from torchscalpel.runtime.timeline import Timeline
 from torchscalpel.runtime.window import check_window
@@ -403,30 +396,14 @@ def run_target(
     """
     attachment = Attachment(options, observers, setup_hooks, progress=progress, command=command,
                             target=target.to_dict())
-    saved_argv, saved_path0 = list(sys.argv), list(sys.path)
-    status, exit_code, error = "complete", 0, None
     try:
-        attachment.attach()
-        sys.argv = target.argv()
-        park_if_distributed(run_as_main(target))
+        outcome = run_script(target, ExecOptions(passthrough=(StopScript, MemoryLimitExceeded)),
+                             before=attachment.attach)
     except StopScript:
-        status = "stopped"
-    except SystemExit as exc:
-        exit_code = exit_code_of(exc.code)
-        status = "complete" if exit_code == 0 else "failed"
-        if exit_code:
-            error = f"the script exited with code {exit_code}"
-    except KeyboardInterrupt:
-        status, exit_code, error = "interrupted", 130, "interrupted (Ctrl-C)"
+        return attachment.detach("stopped", 0, None)
     except MemoryLimitExceeded as exc:  # --memory-limit: a clean stop, explained by the memory section
-        status, exit_code, error = "failed", 1, str(exc)
-    except BaseException as exc:
-        status, exit_code = "failed", 1
-        error = one_line_error(exc)
-        print_script_traceback(exc)
-    finally:
-        sys.argv, sys.path[:] = saved_argv, saved_path0
-    return attachment.detach(status, exit_code, error)
+        return attachment.detach("failed", 1, str(exc))
+    return attachment.detach(outcome.status, outcome.exit_code, outcome.error)
 
 
 def _seen_summary(session: Session) -> str:

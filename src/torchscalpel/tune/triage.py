@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
+from torchscalpel.runtime.userframes import is_user_file
+
 _FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
-_LIBRARY_PARTS = ("/torch/", "/site-packages/", "/dist-packages/", "/torchscalpel/", "<frozen")
 
 
 @dataclass(slots=True)
@@ -55,8 +56,7 @@ def collect_dynamo(log: TriageLog) -> TriageLog:
     from torch._dynamo import utils
 
     for reason in list(getattr(utils, "graph_break_reasons", []) or []):
-        frames = [f for f in getattr(reason, "user_stack", []) or []
-                  if not any(part in f.filename for part in _LIBRARY_PARTS)]
+        frames = [f for f in getattr(reason, "user_stack", []) or [] if is_user_file(f.filename)]
         where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         first = str(getattr(reason, "reason", "")).strip().splitlines()
         entry = {"where": where, "reason": (first[0] if first else "unknown")[:300]}
@@ -84,8 +84,7 @@ def reset_dynamo_records() -> None:
 
 def user_frames(stack_trace: str) -> list[tuple[str, int, str]]:
     """(file, line, function) of the frames in a node's stack trace that are user code."""
-    return [(f, int(n), fn) for f, n, fn in _FRAME.findall(stack_trace or "")
-            if not any(part in f for part in _LIBRARY_PARTS)]
+    return [(f, int(n), fn) for f, n, fn in _FRAME.findall(stack_trace or "") if is_user_file(f)]
 
 
 def failing_frame(gm: torch.fx.GraphModule, error: BaseException) -> tuple[str, int, str] | None:
