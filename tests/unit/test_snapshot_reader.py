@@ -333,3 +333,22 @@ def test_the_cli_shows_progress_in_mib_on_a_terminal_only(tmp_path: Path, reader
         assert len(updates) > 4 and updates[-1] == (2 * path.stat().st_size,) * 2
         assert ("MiB of snap.pickle" in out.getvalue()) == is_terminal
     assert "live blocks" in capsys.readouterr().out
+
+
+def test_whose_frame_it_is_is_the_userframes_rule_in_both_readers(tmp_path: Path, reader) -> None:
+    def block(*files: str) -> dict[str, Any]:
+        return {"state": "active_allocated", "size": 64, "frames": [{"filename": f, "line": 5} for f in files]}
+
+    torch_file = "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/linear.py"
+    blocks = [
+        block("??", torch_file, "/home/u/lib/python/train.py"),  # a project folder named lib/python is the user's
+        block(torch_file, "/home/u/torch/train.py"),  # and so is one named torch
+        block("/usr/lib/python3.10/threading.py", "/srv/job/run.py"),  # another machine's stdlib is not
+        block("/opt/conda/lib/python3.10/site-packages/lightning/trainer.py"),  # only a library: its line
+    ]
+    path = _write(tmp_path, {"segments": [{"blocks": blocks}]})
+    ours = reader(path, True)
+    _same(ours, reader(path, False))
+    assert [s["name"] for s in ours["sites"]] == [
+        "/home/u/lib/python/train.py:5", "/home/u/torch/train.py:5", "/srv/job/run.py:5",
+        "/opt/conda/lib/python3.10/site-packages/lightning/trainer.py:5"]

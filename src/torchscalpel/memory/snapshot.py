@@ -4,19 +4,20 @@ A snapshot is a pickle, and a pickle can run code. Both readers here build only 
 build by themselves (dicts, lists, tuples, sets, strings, bytes, numbers, booleans, None):
 
 - the native reader (``snapshot_scan.c`` through ``snapshot_native``, compiled on first use) refuses
-  every opcode that imports, calls or builds an object before anything is built, then streams the file:
-  one segment or one trace event at a time goes through one restricted unpickler and into the summary,
-  and is dropped, so a 1 GB snapshot needs a small fraction of 1 GB of RAM;
+  every opcode that imports, calls or builds an object before anything is built, then evaluates the
+  pickle in C and builds the explanation there: each segment is summarized and freed as soon as it is
+  complete, so a 1 GB snapshot needs a small fraction of 1 GB of RAM and no Python object per block;
 - the pure-Python reader (:class:`PlainUnpickler`, every global lookup and persistent id refused) reads
   the whole file at once; it runs when no C compiler is available, with ``TORCHSCALPEL_NATIVE=0``, or
-  for a plain pickle laid out in a way the streamer does not handle. The output names the reader.
+  for a pickle that mixes the two memo styles. The output names the reader.
 
 A file that needs anything else is not a plain snapshot and gets one sentence and exit 2. Both readers
-feed :class:`SnapshotSummary`, so they give the same explanation: from ``segments``, reserved and
-allocated bytes, memory free inside reserved segments (fragmentation) and the largest free block, the
-allocations by the user's call site (the first Python frame outside torch), the largest blocks; from
-``device_traces``, the live bytes over the recorded trace (its peak) and the out-of-memory events (the
-request that failed) when the snapshot recorded history.
+give the same explanation, by the same rules (:class:`SnapshotSummary` here, its C twin in
+``snapshot_scan.c``; a test compares them): from ``segments``, reserved and allocated bytes, memory free
+inside reserved segments (fragmentation) and the largest free block, the allocations by the user's call
+site (the innermost ``.py`` frame :mod:`torchscalpel.runtime.userframes` calls the user's), the largest
+blocks; from ``device_traces``, the live bytes over the recorded trace (its peak) and the out-of-memory
+events (the request that failed) when the snapshot recorded history.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from typing import Any
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.memory import snapshot_native as native
 from torchscalpel.plaindata import PlainUnpickler, Refused
+from torchscalpel.runtime.userframes import is_user_file
 from torchscalpel.units import fmt_bytes
 
-_LIB_MARKERS = ("/torch/", "site-packages", "dist-packages", "/lib/python", "<frozen", "??")
 _WHAT = {  # why each refused opcode is refused, for the one sentence
     "GLOBAL": "imports a class or function", "STACK_GLOBAL": "imports a class or function",
     "INST": "imports and calls a class", "OBJ": "calls a class", "REDUCE": "calls a function",
@@ -82,12 +83,16 @@ def load_snapshot(path: Path) -> dict[str, Any]:
 def _is_user_file(fn: str, cache: dict[str, bool]) -> bool:
     user = cache.get(fn)
     if user is None:
-        user = cache[fn] = fn.endswith(".py") and not any(m in fn for m in _LIB_MARKERS)
+        user = cache[fn] = fn.endswith(".py") and is_user_file(fn)
     return user
 
 
 def user_site(frames: Any, cache: dict[str, bool] | None = None) -> str:
-    """The innermost frame outside torch and the standard library, as ``file:line``."""
+    """The innermost frame of the user's code (:mod:`torchscalpel.runtime.userframes`, ``.py`` files only), else
+    the innermost ``.py`` frame, as ``file:line``.
+
+    Not ``userframes.first_user`` itself: this runs per block of a large snapshot with its own per-name
+    cache, and must give the C reader's answers (which asks the same ``is_user_file`` once per name)."""
     if not isinstance(frames, list):
         return "(no frames)"
     cache = {} if cache is None else cache
@@ -254,7 +259,7 @@ def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
 
 def _read_native(path: Path, lib: Any, progress: native.Progress | None) -> tuple[dict[str, Any], dict[str, int]]:
     try:
-        fields, stats = native.summarize(lib, path, _LIB_MARKERS, progress)
+        fields, stats = native.summarize(lib, path, is_user_file, progress)
     except native.ScanError as err:
         if err.code == native.E_NOSEG:
             raise _not_snapshot(path, "a pickle, but with no 'segments' list") from None

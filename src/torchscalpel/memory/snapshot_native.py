@@ -100,7 +100,7 @@ def _compile(target: Path) -> str:
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, size, i32, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_int64
-    lib.ts_open.restype, lib.ts_open.argtypes = p, [ctypes.c_char_p, ctypes.c_char_p, size]
+    lib.ts_open.restype, lib.ts_open.argtypes = p, [ctypes.c_char_p, IS_USER]
     lib.ts_scan.restype, lib.ts_scan.argtypes = ctypes.c_int, [p, size]
     lib.ts_eval.restype, lib.ts_eval.argtypes = ctypes.c_int, [p, size]
     lib.ts_error.restype, lib.ts_error.argtypes = ctypes.c_int, [p]
@@ -145,6 +145,9 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     return _loaded
 
 
+IS_USER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t)
+"""The C reader asks this, once per distinct ``.py`` file name, whether it is the user's code."""
+
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: bytes of both passes read so far, of twice the file's size."""
 
@@ -160,15 +163,22 @@ def _raw(kind: int, value: int) -> int | bool | float | None:
     return None
 
 
-def summarize(lib: ctypes.CDLL, path: Path, library_markers: tuple[str, ...],
+def summarize(lib: ctypes.CDLL, path: Path, is_user_file: Callable[[str], bool],
               progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """Read ``path`` in C: the summary's fields (as ``SnapshotSummary`` keeps them) and the reader's counters.
 
-    ``library_markers``: a file name holding one of these is not the user's (``snapshot._LIB_MARKERS``).
+    ``is_user_file(name)``: whether a ``.py`` file the snapshot names is the user's (asked once per name).
     Raises :class:`ScanError` when the reader stops; ``E_NOSEG``: a plain pickle that is not a snapshot.
     """
-    markers = b"\0".join(m.encode() for m in library_markers)
-    ctx = lib.ts_open(os.fsencode(str(path)), markers, len(markers))
+
+    def ask(name: Any, length: int) -> int:
+        try:
+            return int(bool(is_user_file(ctypes.string_at(name, length).decode("utf-8", "surrogateescape"))))
+        except Exception:  # an exception cannot cross into C; a name we cannot judge is not the user's
+            return 0
+
+    callback = IS_USER(ask)  # held here: C calls it until ts_close
+    ctx = lib.ts_open(os.fsencode(str(path)), callback)
     if not ctx:
         raise ScanError(E_NOMEM, "out of memory", 0)
     try:

@@ -157,8 +157,8 @@ typedef struct {
   node_t *free_nodes; node_t **fq; size_t cap_fq;
   void *pool[POOL_CLASSES];  /* freed item arrays of 4 << k values, reused before malloc is asked */
   uint64_t live_nodes, peak_nodes, made_nodes, released, n_ops, streamed_segments, streamed_events, kept_lists;
-  /* markers of library files, "\0"-separated, from the caller */
-  char *markers; size_t markers_len;
+  /* the caller's rule for a file name (UTF-8): 1 when it is the user's code */
+  int (*is_user)(const char *name, size_t len);
   /* the summary */
   int64_t segments, blocks, reserved, allocated, requested, free_bytes, largest_free;
   int64_t trace_events, live, trace_peak, trace_peak_at;
@@ -669,17 +669,9 @@ static int32_t intern(ctx_t *c, const char *s, size_t n) {
   return (int32_t)c->n_sites++;
 }
 
-static int is_library(const ctx_t *c, const char *fn, size_t n) {
-  for (size_t i = 0; i < c->markers_len;) {
-    const char *m = c->markers + i;
-    size_t ml = strlen(m);
-    if (ml && ml <= n && memmem(fn, n, m, ml)) return 1;
-    i += ml + 1;
-  }
-  return 0;
-}
-
-/* A frame dict's class and, for a .py file, its site "file:line" (cached on the dict). */
+/* A frame dict's class and, for a .py file, its site "file:line" (cached on the dict). Whose file it is
+   the caller decides (userframes.is_user_file), once per distinct name: the name is interned with a
+   leading \1 (never a site's first byte), and that entry's `bytes` holds the answer (1 user, 2 not). */
 static uint8_t frame_class(ctx_t *c, node_t *f) {
   if (f->fclass != F_UNKNOWN) return f->fclass;
   const val_t *fn = DGET(f, "filename");
@@ -687,12 +679,16 @@ static uint8_t frame_class(ctx_t *c, node_t *f) {
   const val_t *line = DGET(f, "line");
   char *out = tmp_room(c, (size_t)fn->len * 4 + (line && (line->t == V_STR || line->t == V_RAWSTR) ? line->len * 4 : 0) + 64);
   if (!out) return F_SKIP;
-  size_t n = text_of(fn, out);
-  if (n < 3 || memcmp(out + n - 3, ".py", 3) != 0) return f->fclass = F_SKIP;
-  uint8_t cls = is_library(c, out, n) ? F_PY : F_USER;
-  out[n++] = ':';
-  n += line_text(line, out + n);
-  f->site = intern(c, out, n);
+  size_t n = text_of(fn, out + 1);
+  if (n < 3 || memcmp(out + 1 + n - 3, ".py", 3) != 0) return f->fclass = F_SKIP;
+  out[0] = 1;
+  int32_t file = intern(c, out, n + 1);
+  if (file < 0) return F_SKIP;
+  if (c->sites[file].bytes == 0) c->sites[file].bytes = c->is_user && c->is_user(out + 1, n) ? 1 : 2;
+  uint8_t cls = c->sites[file].bytes == 1 ? F_USER : F_PY;
+  out[1 + n] = ':';
+  size_t len = n + 1 + line_text(line, out + 2 + n);
+  f->site = intern(c, out + 1, len);
   return f->fclass = cls;
 }
 
@@ -1079,16 +1075,12 @@ static void segment_done(ctx_t *c, size_t pos) {
 
 /* ================= the API ================= */
 
-void *ts_open(const char *path, const char *markers, size_t markers_len) {
+void *ts_open(const char *path, int (*is_user)(const char *, size_t)) {
   init_ops();
   ctx_t *c = calloc(1, sizeof(ctx_t));
   if (!c) return NULL;
   c->trace_peak_at = -1;
-  c->markers = malloc(markers_len + 1);
-  if (!c->markers) { c->err = E_NOMEM; snprintf(c->msg, sizeof c->msg, "out of memory"); return c; }
-  memcpy(c->markers, markers, markers_len);
-  c->markers[markers_len] = 0;
-  c->markers_len = markers_len;
+  c->is_user = is_user;
   c->site_no_frames = intern(c, "(no frames)", 11);
   c->site_no_py = intern(c, "(no Python frame)", 17);
   int fd = open(path, O_RDONLY);
@@ -1251,7 +1243,7 @@ void ts_close(ctx_t *c) {
     while (c->pool[k]) { void *p = c->pool[k]; c->pool[k] = *(void **)p; free(p); }
   if (c->buf) munmap((void *)c->buf, c->len);
   free(c->fetched); free(c->again); free(c->defined); free(c->rank); free(c->st); free(c->marks); free(c->rc);
-  free(c->ll); free(c->l2); free(c->se); free(c->vs); free(c->vmarks); free(c->memo_vals); free(c->fq); free(c->markers);
+  free(c->ll); free(c->l2); free(c->se); free(c->vs); free(c->vmarks); free(c->memo_vals); free(c->fq);
   free(c->sites); free(c->table); free(c->arena); free(c->tmp);
   free(c);
 }
