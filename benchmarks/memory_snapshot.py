@@ -6,8 +6,8 @@ Writes a synthetic snapshot of about the given size in each of two shapes: ``tor
 torch's ``_cuda_memorySnapshot`` writes one: shared key strings and frame dicts, a new traceback list
 per allocation, shared with the trace's alloc event of a live block) and ``fresh-strings`` (the
 pessimistic one: five frames per block, each a new dict of new strings). Then, in fresh subprocesses,
-interleaved: (a) ``scalpel memory SNAPSHOT``'s reader + explanation (the native streaming reader when a
-C compiler exists, else the pure-Python one; each row says which ran), (b) ``pickle.load`` +
+interleaved: (a) ``scalpel memory SNAPSHOT``'s reader + explanation (the native reader when a C compiler
+exists, else the pure-Python one; each row says which ran), (b) ``pickle.load`` +
 ``torch.cuda._memory_viz.segsum`` (memory_viz's parser and its text summary). Reports wall time, CPU
 time and peak RSS (``VmHWM``, which exec resets; ``ru_maxrss`` would carry over the generating parent's)
 of each. The snapshot is written by a child process for the same reason, in a temporary folder
@@ -195,13 +195,18 @@ def run(code: str, path: Path, timeout: float) -> dict[str, object]:
 WRITERS = {"torch": "write_torch_shaped", "fresh-strings": "write_snapshot"}
 
 
-def bench(shape: str, size_mb: int, rounds: int, timeout: float) -> dict[str, object]:
-    """Write one snapshot of ``shape`` in a child process, read it ``rounds`` times with each reader, interleaved."""
+def bench(shape: str, size_mb: int, rounds: int, timeout: float, keep: Path | None = None) -> dict[str, object]:
+    """Write one snapshot of ``shape`` in a child process, read it ``rounds`` times with each reader, interleaved.
+
+    ``keep``: write the snapshot into this folder and leave it there (reused when it is already there).
+    """
     with tempfile.TemporaryDirectory(dir=os.environ.get("SNAPSHOT_BENCH_DIR")) as d:
-        path = Path(d) / "snapshot.pickle"
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
-        subprocess.run([sys.executable, "-c", f"import memory_snapshot as m, pathlib; "
-                        f"m.{WRITERS[shape]}(pathlib.Path({str(path)!r}), {size_mb})"], env=env, check=True)
+        path = (keep or Path(d)) / f"snapshot-{shape}-{size_mb}mb.pickle"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            env = {**os.environ, "PYTHONPATH": str(ROOT / "benchmarks")}
+            subprocess.run([sys.executable, "-c", f"import memory_snapshot as m, pathlib; "
+                            f"m.{WRITERS[shape]}(pathlib.Path({str(path)!r}), {size_mb})"], env=env, check=True)
         size = path.stat().st_size
         ours, peer = [], []
         for _ in range(rounds):  # interleaved
@@ -218,6 +223,8 @@ def main() -> int:
                         help="torch: frames shared as torch writes them; fresh-strings: a new string per frame")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one read may take")
     parser.add_argument("--opcode-rate", action="store_true", help="only time a pure-Python opcode skipper")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="write the snapshots into this folder and keep them (reused on the next run)")
     args = parser.parse_args()
     if args.opcode_rate:
         print(json.dumps(opcode_rate(args.size_mb)))
@@ -228,7 +235,7 @@ def main() -> int:
     lib, why = load_library()  # compile once here, so no timed read pays for it
     print(json.dumps({"native_reader": lib is not None, "why_not": why}), flush=True)
     for shape in (WRITERS if args.shape == "both" else [args.shape]):
-        print(json.dumps(bench(shape, args.size_mb, args.rounds, args.timeout)), flush=True)
+        print(json.dumps(bench(shape, args.size_mb, args.rounds, args.timeout, args.keep)), flush=True)
     return 0
 
 

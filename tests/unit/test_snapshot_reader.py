@@ -6,6 +6,7 @@ native path skip (visibly) on a machine with no C compiler, where CI installs gc
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import shutil
 from pathlib import Path
@@ -91,18 +92,29 @@ def test_native_and_python_readers_give_the_same_explanation(tmp_path: Path, rea
     assert ours["trace"]["events"] == sum(len(t) for t in data["device_traces"])
 
 
-def test_the_stream_is_cut_in_batches_and_only_shared_objects_stay_in_the_memo(tmp_path: Path, reader,
-                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    path = _write(tmp_path, snapshot_data(shared=False, trace_shares=False))
+def test_segments_and_events_are_freed_as_they_are_read_and_only_shared_objects_stay(
+        tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = snapshot_data(n_segments=6003, shared=False, trace_shares=False)
+    path = _write(tmp_path, data)
     whole = reader(path, False)
-    monkeypatch.setattr(native, "BATCH_BYTES", 4096)
-    ours = reader(path, True)
+    monkeypatch.setattr(native, "SLICE_BYTES", 16384)
+    monkeypatch.setenv("TORCHSCALPEL_NATIVE", "1")
+    seen: list[tuple[int, int]] = []
+    ours = S.read_snapshot(path, progress=lambda done, total: seen.append((done, total)))
+    assert ours["reader"] == "native"
     _same(ours, whole)
     stats = ours["scanner"]
-    assert stats["batches"] > 20
+    assert stats["streamed"] and stats["streamed_events"] == sum(len(t) for t in data["device_traces"])
     # every block dict, list and string is memoized once by the pickler; only what is fetched again is kept
     # (key, state, file and function name strings: about 100), not one entry per block
     assert stats["memo_entries"] > 10_000 and stats["memo_kept"] < 200
+    # the pickler appends in batches of 1000, and one batch of segments at a time is built: the most
+    # containers alive at once is a fraction of those made (a whole build would keep them all)
+    assert stats["nodes_made"] > 100_000 and stats["nodes_peak"] < stats["nodes_made"] / 4
+    # progress in slices, over both passes, ending at twice the file's size
+    size = path.stat().st_size
+    assert len(seen) > 20 and seen[-1] == (2 * size, 2 * size)
+    assert all(a[0] <= b[0] for a, b in itertools.pairwise(seen))
 
 
 def test_an_object_fetched_once_leaves_the_memo_after_its_fetch(tmp_path: Path, reader) -> None:
@@ -116,14 +128,55 @@ def test_an_object_fetched_once_leaves_the_memo_after_its_fetch(tmp_path: Path, 
     assert stats["memo_released"] >= shared_once > 500 and stats["memo_kept"] < 200
 
 
-def test_a_layout_the_streamer_does_not_handle_is_read_whole(tmp_path: Path, reader) -> None:
+def test_a_layout_the_streamer_does_not_handle_is_built_whole_and_explained_the_same(tmp_path: Path, reader) -> None:
     data = snapshot_data(n_segments=20)
-    # protocol 0 has no EMPTY_DICT: the root is built from a mark, which the streamer leaves to the whole reader
+    # protocol 0 has no EMPTY_DICT: the root is built from a mark, so nothing is streamed
+    p0 = reader(_write(tmp_path, data, protocol=0), True)
+    assert not p0["scanner"]["streamed"]
+    _same(p0, reader(_write(tmp_path, data, name="p4.pickle"), False))
+
+
+def test_a_streamed_list_referred_to_again_is_kept_whole_and_summarized_once(tmp_path: Path, reader) -> None:
+    data = snapshot_data(n_segments=40)
+    data["segments_again"] = data["segments"]  # the pickler memoizes the list and fetches it for this key
+    data["traces_again"] = data["device_traces"][0]
+    path = _write(tmp_path, data)
+    ours = reader(path, True)
+    assert ours["scanner"]["kept_whole"] == 2
+    _same(ours, reader(path, False))
+    assert ours["segments"] == 40
+
+
+def test_odd_values_are_read_as_python_reads_them(tmp_path: Path, reader) -> None:
+    frames = [{"filename": "/home/\u00fc/\u2135 model.py", "line": None}, {"filename": 7, "line": 1},
+              {"filename": "/home/u/t.py", "line": "12"}]
+    blocks: list[Any] = [
+        {"state": "active_allocated", "size": 1024.75, "requested_size": None, "frames": frames[:1]},
+        {"state": "active_allocated", "size": True, "frames": frames[1:]},
+        {"state": "active_allocated", "size": 2**40, "frames": ()},
+        {"state": "inactive", "size": -5},
+        {"state": "inactive ", "size": 9}, "not a block",
+    ]
+    blocks.append({"state": "active_allocated", "size": 3, "frames": blocks})  # a traceback that is the blocks list
+    data = {"segments": [{"total_size": 4096.0, "blocks": blocks}, None, {"blocks": "x"}],
+            "device_traces": [None, [{"action": "oom", "size": 2.5, "device_free": True, "frames": frames}],
+                              [{"action": "oom", "frames": None}, 5]]}
+    for protocol in (0, 2, 4):
+        path = _write(tmp_path, data, protocol, name=f"odd{protocol}.pickle")
+        ours, theirs = reader(path, True), reader(path, False)
+        _same(ours, theirs)
+    assert ours["ooms"][0] == {"device": 1, "bytes": 2.5, "site": "/home/\u00fc/\u2135 model.py:None",
+                               "device_free": True}
+    assert ours["segments"] == 3 and ours["blocks"] == 4
+
+
+def test_protocol_0_text_is_decoded_as_python_decodes_it(tmp_path: Path, reader) -> None:
+    frames = [{"filename": "/home/\u00fc/\u2135 m\u00e9\nx.py", "line": 3}]
+    data = {"segments": [{"blocks": [{"state": "active_allocated", "size": 8, "frames": frames}]}]}
     path = _write(tmp_path, data, protocol=0)
-    r = S.read_snapshot(path) if HAS_CC else reader(path, False)
-    assert r["reader"] == "python"
-    assert not HAS_CC or "does not handle this layout" in r["reader_note"]
-    _same(r, reader(_write(tmp_path, data, name="p4.pickle"), False))
+    ours = reader(path, True)
+    _same(ours, reader(path, False))
+    assert ours["sites"] == [{"name": "/home/\u00fc/\u2135 m\u00e9\nx.py:3", "bytes": 8}]
 
 
 # (plain opcodes first, the refused opcode with its argument, the name the sentence gives), put after the
@@ -194,3 +247,108 @@ def test_without_a_compiler_the_python_reader_runs_and_says_why(tmp_path: Path, 
     assert r["reader"] == "python" and r["reader_note"] == "no C compiler found (set CC, or install gcc)"
     assert any("pure-Python reader: no C compiler found" in line for line in S.render_snapshot(r))
     assert not (tmp_path / "empty-cache").exists() or not any((tmp_path / "empty-cache").iterdir())
+
+
+def test_deep_nesting_and_self_reference_neither_crash_nor_recurse(tmp_path: Path, reader) -> None:
+    # 200,000 nested lists as the one segment: the C reader frees and summarizes without recursion
+    depth = 200_000
+    evil = tmp_path / "deep.pickle"
+    evil.write_bytes(b"\x80\x04}(\x8c\x08segments]" + b"]" * depth + b"a" * depth + b"u.")
+    r = reader(evil, True)
+    assert r["segments"] == 1 and r["blocks"] == 0
+    blocks: list[Any] = []
+    blocks.append({"state": "active_allocated", "size": 3, "frames": blocks})
+    data = {"segments": [{"blocks": blocks}], "again": blocks}  # the traceback is the list being walked
+    path = _write(tmp_path, data)
+    _same(reader(path, True), reader(path, False))
+
+
+CRASH_PROBE = """
+import json, random, sys
+from pathlib import Path
+from torchscalpel.errors import ScalpelError
+from torchscalpel.memory import snapshot as S
+good = Path(sys.argv[1]).read_bytes()
+rng = random.Random(7)
+bad = Path(sys.argv[2])
+outcomes = {"explained": 0, "refused": 0}
+for i in range(300):
+    data = bytearray(good)
+    for _ in range(rng.randint(1, 6)):
+        data[rng.randrange(len(data))] = rng.randrange(256)
+    if i % 5 == 0:
+        data = data[: rng.randrange(len(data))]
+    bad.write_bytes(bytes(data))
+    try:
+        r = S.read_snapshot(bad)
+        assert r["reader"] == "native", r["reader_note"]
+        outcomes["explained"] += 1
+    except ScalpelError:
+        outcomes["refused"] += 1
+print(json.dumps(outcomes))
+"""
+
+
+def test_corrupted_snapshots_never_crash_the_native_reader(tmp_path: Path, reader) -> None:
+    """300 files with random bytes changed or cut: each is explained or refused in one sentence, and the
+    process survives (a crash in C would kill it: the probe runs in a child)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    good = _write(tmp_path, snapshot_data(n_segments=60))
+    reader(good, True)  # builds the library into the test's cache
+    env = {**os.environ, "PYTHONPATH": str(Path(S.__file__).parents[2])}
+    proc = subprocess.run([sys.executable, "-c", CRASH_PROBE, str(good), str(tmp_path / "bad.pickle")],
+                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert outcomes["explained"] + outcomes["refused"] == 300 and outcomes["refused"] > 50
+
+
+def test_the_cli_shows_progress_in_mib_on_a_terminal_only(tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import io
+
+    from rich.console import Console
+
+    from torchscalpel.cli import memory as cli_memory
+    from torchscalpel.report import terminal
+
+    path = _write(tmp_path, snapshot_data(n_segments=1000))
+    reader(path, True)
+    monkeypatch.setattr(native, "SLICE_BYTES", 1 << 14)
+    updates: list[tuple[int, int]] = []
+    real_update = cli_memory._SnapshotProgress.update
+    monkeypatch.setattr(cli_memory._SnapshotProgress, "update",
+                        lambda self, d, t: (updates.append((d, t)), real_update(self, d, t)))
+    for is_terminal in (True, False):
+        out = io.StringIO()
+        monkeypatch.setattr(terminal, "console", lambda out=out, t=is_terminal: Console(file=out, force_terminal=t,
+                                                                                         width=120))
+        updates.clear()
+        assert cli_memory._explain_snapshot(path, argparse.Namespace(json_path=None)) == 0
+        assert len(updates) > 4 and updates[-1] == (2 * path.stat().st_size,) * 2
+        assert ("MiB of snap.pickle" in out.getvalue()) == is_terminal
+    assert "live blocks" in capsys.readouterr().out
+
+
+def test_whose_frame_it_is_is_the_userframes_rule_in_both_readers(tmp_path: Path, reader) -> None:
+    def block(*files: str) -> dict[str, Any]:
+        return {"state": "active_allocated", "size": 64, "frames": [{"filename": f, "line": 5} for f in files]}
+
+    torch_file = "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/linear.py"
+    blocks = [
+        block("??", torch_file, "/home/u/lib/python/train.py"),  # a project folder named lib/python is the user's
+        block(torch_file, "/home/u/torch/train.py"),  # and so is one named torch
+        block("/usr/lib/python3.10/threading.py", "/srv/job/run.py"),  # another machine's stdlib is not
+        block("/opt/conda/lib/python3.10/site-packages/lightning/trainer.py"),  # only a library: its line
+    ]
+    path = _write(tmp_path, {"segments": [{"blocks": blocks}]})
+    ours = reader(path, True)
+    _same(ours, reader(path, False))
+    assert [s["name"] for s in ours["sites"]] == [
+        "/home/u/lib/python/train.py:5", "/home/u/torch/train.py:5", "/srv/job/run.py:5",
+        "/opt/conda/lib/python3.10/site-packages/lightning/trainer.py:5"]

@@ -4,19 +4,20 @@ A snapshot is a pickle, and a pickle can run code. Both readers here build only 
 build by themselves (dicts, lists, tuples, sets, strings, bytes, numbers, booleans, None):
 
 - the native reader (``snapshot_scan.c`` through ``snapshot_native``, compiled on first use) refuses
-  every opcode that imports, calls or builds an object before anything is built, then streams the file:
-  one segment or one trace event at a time goes through one restricted unpickler and into the summary,
-  and is dropped, so a 1 GB snapshot needs a small fraction of 1 GB of RAM;
+  every opcode that imports, calls or builds an object before anything is built, then evaluates the
+  pickle in C and builds the explanation there: each segment is summarized and freed as soon as it is
+  complete, so a 1 GB snapshot needs a small fraction of 1 GB of RAM and no Python object per block;
 - the pure-Python reader (:class:`PlainUnpickler`, every global lookup and persistent id refused) reads
   the whole file at once; it runs when no C compiler is available, with ``TORCHSCALPEL_NATIVE=0``, or
-  for a plain pickle laid out in a way the streamer does not handle. The output names the reader.
+  for a pickle that mixes the two memo styles. The output names the reader.
 
 A file that needs anything else is not a plain snapshot and gets one sentence and exit 2. Both readers
-feed :class:`SnapshotSummary`, so they give the same explanation: from ``segments``, reserved and
-allocated bytes, memory free inside reserved segments (fragmentation) and the largest free block, the
-allocations by the user's call site (the first Python frame outside torch), the largest blocks; from
-``device_traces``, the live bytes over the recorded trace (its peak) and the out-of-memory events (the
-request that failed) when the snapshot recorded history.
+give the same explanation, by the same rules (:class:`SnapshotSummary` here, its C twin in
+``snapshot_scan.c``; a test compares them): from ``segments``, reserved and allocated bytes, memory free
+inside reserved segments (fragmentation) and the largest free block, the allocations by the user's call
+site (the innermost ``.py`` frame :mod:`torchscalpel.runtime.userframes` calls the user's), the largest
+blocks; from ``device_traces``, the live bytes over the recorded trace (its peak) and the out-of-memory
+events (the request that failed) when the snapshot recorded history.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from typing import Any
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.memory import snapshot_native as native
 from torchscalpel.plaindata import PlainUnpickler, Refused
+from torchscalpel.runtime.userframes import is_user_file
 from torchscalpel.units import fmt_bytes
 
-_LIB_MARKERS = ("/torch/", "site-packages", "dist-packages", "/lib/python", "<frozen", "??")
 _WHAT = {  # why each refused opcode is refused, for the one sentence
     "GLOBAL": "imports a class or function", "STACK_GLOBAL": "imports a class or function",
     "INST": "imports and calls a class", "OBJ": "calls a class", "REDUCE": "calls a function",
@@ -82,12 +83,16 @@ def load_snapshot(path: Path) -> dict[str, Any]:
 def _is_user_file(fn: str, cache: dict[str, bool]) -> bool:
     user = cache.get(fn)
     if user is None:
-        user = cache[fn] = fn.endswith(".py") and not any(m in fn for m in _LIB_MARKERS)
+        user = cache[fn] = fn.endswith(".py") and is_user_file(fn)
     return user
 
 
 def user_site(frames: Any, cache: dict[str, bool] | None = None) -> str:
-    """The innermost frame outside torch and the standard library, as ``file:line``."""
+    """The innermost frame of the user's code (:mod:`torchscalpel.runtime.userframes`, ``.py`` files only), else
+    the innermost ``.py`` frame, as ``file:line``.
+
+    Not ``userframes.first_user`` itself: this runs per block of a large snapshot with its own per-name
+    cache, and must give the C reader's answers (which asks the same ``is_user_file`` once per name)."""
     if not isinstance(frames, list):
         return "(no frames)"
     cache = {} if cache is None else cache
@@ -197,18 +202,31 @@ class SnapshotSummary:
                               "device_free": e.get("device_free")})
             del self.ooms[:-5]
 
+    def fields(self) -> dict[str, Any]:
+        """What :func:`explanation` needs, as the native reader returns it too."""
+        sites = sorted(self.by_site.items(), key=lambda kv: kv[1], reverse=True)[:10]
+        return {"segments": self.segments, "blocks": self.blocks, "reserved": self.reserved,
+                "allocated": self.allocated, "requested": self.requested, "free": self.free,
+                "largest_free": self.largest_free, "trace_events": self.trace_events, "live": self.live,
+                "trace_peak": self.trace_peak, "trace_peak_at": self.trace_peak_at, "sites": sites,
+                "largest": list(self.largest), "ooms": list(self.ooms)}
+
     def result(self) -> dict[str, Any]:
         """Plain JSON."""
-        share = self.free / self.reserved if self.reserved else 0.0
-        sites = sorted(self.by_site.items(), key=lambda kv: kv[1], reverse=True)[:10]
-        return {
-            "segments": self.segments, "blocks": self.blocks, "reserved": self.reserved, "allocated": self.allocated,
-            "requested": self.requested, "reserved_free": self.free, "fragmentation_share": share,
-            "largest_free": self.largest_free, "sites": [{"name": s, "bytes": v} for s, v in sites],
-            "largest": [{"bytes": n, "site": s} for n, s in self.largest], "ooms": self.ooms,
-            "trace": {"events": self.trace_events, "peak_live": self.trace_peak, "peak_at_event": self.trace_peak_at},
-            "expandable_segments_advised": share > 0.2,
-        }
+        return explanation(self.fields())
+
+
+def explanation(f: dict[str, Any]) -> dict[str, Any]:
+    """The explanation (plain JSON) from a summary's fields, whichever reader built them."""
+    share = f["free"] / f["reserved"] if f["reserved"] else 0.0
+    return {
+        "segments": f["segments"], "blocks": f["blocks"], "reserved": f["reserved"], "allocated": f["allocated"],
+        "requested": f["requested"], "reserved_free": f["free"], "fragmentation_share": share,
+        "largest_free": f["largest_free"], "sites": [{"name": s, "bytes": v} for s, v in f["sites"]],
+        "largest": [{"bytes": n, "site": s} for n, s in f["largest"]], "ooms": f["ooms"],
+        "trace": {"events": f["trace_events"], "peak_live": f["trace_peak"], "peak_at_event": f["trace_peak_at"]},
+        "expandable_segments_advised": share > 0.2,
+    }
 
 
 def explain(data: dict[str, Any]) -> dict[str, Any]:
@@ -222,46 +240,6 @@ def explain(data: dict[str, Any]) -> dict[str, Any]:
             for e in trace:
                 summary.trace_event(device, e)
     return summary.result()
-
-
-class _Router:
-    """Turns the native reader's events (root key, root value, list opened, element) into summary calls."""
-
-    def __init__(self, summary: SnapshotSummary) -> None:
-        self.summary = summary
-        self.key: Any = None
-        self.l1: list[Any] = []          # root key of each streamed root list
-        self.l2: list[tuple[Any, int]] = []  # (root key, index) of each streamed nested list
-        self.l2_count: dict[int, int] = {}
-        self.seen: dict[Any, str] = {}   # root key -> "list" or a type name
-
-    def __call__(self, code: int, arg: int, obj: Any) -> None:
-        if code == native.EV_ELEM2:
-            key, index = self.l2[arg]
-            if key == "device_traces":
-                self.summary.trace_event(index, obj)
-        elif code == native.EV_ELEM1:
-            if self.l1[arg] == "segments":
-                self.summary.segment(obj)
-        elif code == native.EV_KEY:
-            self.key = obj
-        elif code == native.EV_VALUE:
-            self.seen[self.key] = type(obj).__name__
-            # a list the scanner did not open (the root refers to one already built): fed whole
-            if self.key == "segments" and isinstance(obj, list):
-                for seg in obj:
-                    self.summary.segment(seg)
-            elif self.key == "device_traces" and isinstance(obj, list):
-                for device, trace in enumerate(obj):
-                    for e in trace if isinstance(trace, list) else ():
-                        self.summary.trace_event(device, e)
-        elif code == native.EV_OPEN1:
-            self.l1.append(self.key)
-            self.seen[self.key] = "list"
-        elif code == native.EV_OPEN2:
-            index = self.l2_count.get(arg, 0)
-            self.l2_count[arg] = index + 1
-            self.l2.append((self.l1[arg], index))
 
 
 def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
@@ -279,51 +257,47 @@ def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
     return _not_snapshot(path, f"{err.message}, at byte {err.offset}")
 
 
-def _read_native(path: Path, lib: Any) -> tuple[dict[str, Any], dict[str, int]]:
-    summary = SnapshotSummary()
-    router = _Router(summary)
-    stats = native.stream(lib, path, PlainUnpickler, router)
-    if router.seen.get("segments") != "list":
-        raise _not_snapshot(path, "a pickle, but with no 'segments' list")
-    return summary.result(), stats
+def _read_native(path: Path, lib: Any, progress: native.Progress | None) -> tuple[dict[str, Any], dict[str, int]]:
+    try:
+        fields, stats = native.summarize(lib, path, is_user_file, progress)
+    except native.ScanError as err:
+        if err.code == native.E_NOSEG:
+            raise _not_snapshot(path, "a pickle, but with no 'segments' list") from None
+        raise
+    return explanation(fields), stats
 
 
-def read_snapshot(path: Path) -> dict[str, Any]:
-    """Explain ``path`` with the native streaming reader, or the pure-Python one when it cannot run.
+def read_snapshot(path: Path, progress: native.Progress | None = None) -> dict[str, Any]:
+    """Explain ``path`` with the native reader, or the pure-Python one when it cannot run.
 
-    ``reader`` says which ran ("native" or "python") and ``reader_note`` why the native one did not.
+    ``reader`` says which ran ("native" or "python") and ``reader_note`` why the native one did not;
+    ``progress(done, total)`` is called between slices of the native reader's two passes.
     """
     lib, why = native.load_library()
+    if lib is not None:
+        try:
+            result, stats = _read_native(path, lib, progress)
+            result.update(reader="native", reader_note="", scanner=stats)
+            return result
+        except native.ScanError as err:
+            if err.code != native.E_SHAPE:
+                raise _native_error(path, err) from None
+            why = f"the native reader does not handle this layout ({err.message})"
     gc_was = gc.isenabled()
-    gc.disable()  # the readers make millions of acyclic containers; collections would only cost time
+    gc.disable()  # the whole-file reader makes millions of acyclic containers; collections would only cost time
     try:
-        if lib is not None:
-            try:
-                result, stats = _read_native(path, lib)
-                result.update(reader="native", reader_note="", scanner=stats)
-                return result
-            except native.ScanError as err:
-                if err.code != native.E_SHAPE:
-                    raise _native_error(path, err) from None
-                why = f"the streaming reader does not handle this layout ({err.message})"
-            except Refused as exc:  # cannot happen after the scan refused every global; kept as a backstop
-                raise UsageError(f"{path} is not a plain PyTorch memory snapshot: it asks to build {exc}, which "
-                                 "this reader refuses.") from None
-            except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, KeyError) as exc:
-                # a piece the scanner cut that the unpickler rejects would be a scanner bug: read the file whole
-                why = f"the streaming reader failed ({type(exc).__name__}: {exc})"
         result = explain(load_snapshot(path))
-        result.update(reader="python", reader_note=why)
-        return result
     finally:
         if gc_was:
             gc.enable()
+    result.update(reader="python", reader_note=why)
+    return result
 
 
-def explain_snapshot(path: Path) -> dict[str, Any]:
+def explain_snapshot(path: Path, progress: native.Progress | None = None) -> dict[str, Any]:
     """Load (safely) and explain ``path``; ``read_s`` is the wall time both took."""
     t0 = time.perf_counter()
-    result = read_snapshot(path)
+    result = read_snapshot(path, progress)
     result["read_s"] = time.perf_counter() - t0
     result["path"] = str(path)
     return result

@@ -1,4 +1,6 @@
-"""The native snapshot scanner: ``snapshot_scan.c`` compiled on first use, loaded through ctypes.
+"""The native snapshot reader: ``snapshot_scan.c`` compiled on first use, loaded through ctypes.
+
+``-fwrapv``: sums of sizes from a file nobody vetted may overflow, and wrapping is then defined behaviour.
 
 Why not a setuptools extension: the package must install and run with no compiler (a wheel built
 offline, ``PYTHONPATH=src`` in a checkout, ``pip install -e .``), and a checkout has no build step. The
@@ -8,36 +10,37 @@ C source ships as package data; the first snapshot read compiles it with the sys
 changed source compiles again and an unchanged one never does. With no compiler, a failed compile, or
 ``TORCHSCALPEL_NATIVE=0``, :func:`load_library` says why and the caller uses the pure-Python reader.
 
-:func:`stream` drives the scanner: pass 1 refuses anything that is not plain data and notes which memo
-keys are fetched again; pass 2 hands over batches (each a small pickle building a list of pieces, plus
-one event per piece saying where it belongs), which ONE restricted unpickler reads, so the memo of shared
-objects carries from batch to batch and nothing else outlives its batch.
+:func:`summarize` drives it: pass 1 refuses anything that is not plain data and notes which memo keys are
+fetched again; pass 2 evaluates the pickle in C and builds the explanation there (snapshot.py's
+``SnapshotSummary``, the same rules), so no Python object is made per block, frame or event. Both passes
+run in slices of :data:`SLICE_BYTES`, with ctypes letting go of the GIL inside each, so a caller can show
+progress between them.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
-import io
 import os
 import platform
-import queue
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
-import threading
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 SOURCE = Path(__file__).with_name("snapshot_scan.c")
-BATCH_BYTES = 4 << 20  # a batch is cut after this many bytes: bounds what one load() builds at once
+SLICE_BYTES = 64 << 20  # each C call reads this much of the file before it returns (progress, Ctrl-C)
 
-E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO = range(7)
-EV_KEY, EV_VALUE, EV_OPEN1, EV_ELEM1, EV_OPEN2, EV_ELEM2 = range(1, 7)
+E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG = range(8)
+COUNTERS = ("segments", "blocks", "reserved", "allocated", "requested", "free", "largest_free", "trace_events",
+            "live", "trace_peak", "trace_peak_at", "n_largest", "n_ooms", "memo_entries", "memo_fetched",
+            "memo_released", "opcodes", "nodes_made", "nodes_peak", "streamed_segments", "streamed_events", "sites", "kept_lists")
+"""The numbers ``ts_counters`` writes, in its order."""
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
@@ -81,7 +84,7 @@ def _compile(target: Path) -> str:
     except OSError as exc:
         return f"the cache folder {target.parent} is not writable ({exc.strerror or exc})"
     try:
-        proc = subprocess.run([*cc.split(), "-O2", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
+        proc = subprocess.run([*cc.split(), "-O2", "-fwrapv", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
                               capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["no message"])[0]
@@ -96,16 +99,20 @@ def _compile(target: Path) -> str:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    p = ctypes.c_void_p
-    lib.ts_open.restype, lib.ts_open.argtypes = p, [ctypes.c_char_p]
-    lib.ts_scan.restype, lib.ts_scan.argtypes = ctypes.c_int, [p]
-    lib.ts_next.restype = ctypes.c_longlong
-    lib.ts_next.argtypes = [p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
-                            ctypes.POINTER(ctypes.c_size_t), ctypes.c_size_t]
+    p, size, i32, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_int64
+    lib.ts_open.restype, lib.ts_open.argtypes = p, [ctypes.c_char_p, IS_USER]
+    lib.ts_scan.restype, lib.ts_scan.argtypes = ctypes.c_int, [p, size]
+    lib.ts_eval.restype, lib.ts_eval.argtypes = ctypes.c_int, [p, size]
     lib.ts_error.restype, lib.ts_error.argtypes = ctypes.c_int, [p]
     lib.ts_message.restype, lib.ts_message.argtypes = ctypes.c_char_p, [p]
     lib.ts_offset.restype, lib.ts_offset.argtypes = ctypes.c_longlong, [p]
-    lib.ts_stats.restype, lib.ts_stats.argtypes = None, [p, ctypes.POINTER(ctypes.c_uint64)]
+    lib.ts_size.restype, lib.ts_size.argtypes = ctypes.c_longlong, [p]
+    lib.ts_counters.restype, lib.ts_counters.argtypes = None, [p, ctypes.POINTER(i64)]
+    lib.ts_site.restype, lib.ts_site.argtypes = ctypes.c_char_p, [p, i32]
+    lib.ts_top_sites.restype = ctypes.c_int
+    lib.ts_top_sites.argtypes = [p, ctypes.c_int, ctypes.POINTER(i32), ctypes.POINTER(i64)]
+    lib.ts_largest.restype, lib.ts_largest.argtypes = None, [p, ctypes.POINTER(i64), ctypes.POINTER(i32)]
+    lib.ts_ooms.restype, lib.ts_ooms.argtypes = None, [p, ctypes.POINTER(i64)]
     lib.ts_close.restype, lib.ts_close.argtypes = None, [p]
 
 
@@ -138,77 +145,80 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     return _loaded
 
 
-Sink = Callable[[int, int, Any], None]
+IS_USER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t)
+"""The C reader asks this, once per distinct ``.py`` file name, whether it is the user's code."""
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)``: bytes of both passes read so far, of twice the file's size."""
 
 
-def stream(lib: ctypes.CDLL, path: Path, unpickler: type, on_event: Sink) -> dict[str, int]:
-    """Scan ``path`` and call ``on_event(code, arg, obj)`` for every piece; returns scanner counters.
+def _raw(kind: int, value: int) -> int | bool | float | None:
+    """An out-of-memory event's number as the snapshot held it (kinds from ``ts_ooms``)."""
+    if kind == 1:
+        return value
+    if kind == 2:
+        return bool(value)
+    if kind == 3:
+        return struct.unpack("<d", struct.pack("<q", value))[0]
+    return None
 
-    Pass 2 runs in a second thread (ctypes lets go of the GIL inside the C call), so cutting the next batch
-    overlaps with unpickling and summarizing this one; at most two batches wait in between.
-    Raises :class:`ScanError` when the scanner stops (``E_SHAPE``: the pickle is plain but not laid out
-    as a snapshot the streamer handles; the caller then reads it whole).
+
+def summarize(lib: ctypes.CDLL, path: Path, is_user_file: Callable[[str], bool],
+              progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+    """Read ``path`` in C: the summary's fields (as ``SnapshotSummary`` keeps them) and the reader's counters.
+
+    ``is_user_file(name)``: whether a ``.py`` file the snapshot names is the user's (asked once per name).
+    Raises :class:`ScanError` when the reader stops; ``E_NOSEG``: a plain pickle that is not a snapshot.
     """
-    ctx = lib.ts_open(os.fsencode(str(path)))
+
+    def ask(name: Any, length: int) -> int:
+        try:
+            return int(bool(is_user_file(ctypes.string_at(name, length).decode("utf-8", "surrogateescape"))))
+        except Exception:  # an exception cannot cross into C; a name we cannot judge is not the user's
+            return 0
+
+    callback = IS_USER(ask)  # held here: C calls it until ts_close
+    ctx = lib.ts_open(os.fsencode(str(path)), callback)
     if not ctx:
         raise ScanError(E_NOMEM, "out of memory", 0)
-    batches: queue.Queue[tuple[bytes, bytes] | int] = queue.Queue(maxsize=2)
-    stop = threading.Event()
-
-    def produce() -> None:
-        data, events, n_events = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_size_t()
-        while not stop.is_set():
-            n = lib.ts_next(ctx, ctypes.byref(data), ctypes.byref(events), ctypes.byref(n_events), BATCH_BYTES)
-            item: tuple[bytes, bytes] | int = (
-                (ctypes.string_at(data, n), ctypes.string_at(events, n_events.value * 8)) if n > 0 else int(n))
-            while not stop.is_set():
-                try:
-                    batches.put(item, timeout=0.2)
-                    break
-                except queue.Full:
-                    continue
-            if not isinstance(item, tuple):
-                return
-
-    producer = threading.Thread(target=produce, name="snapshot-scan", daemon=True)
     try:
-        if lib.ts_scan(ctx) != E_OK:
-            raise _error(lib, ctx)
-        bio = io.BytesIO()
-        reader = unpickler(bio)
-        count = 0
-        producer.start()
-        while True:
-            item = batches.get()
-            if not isinstance(item, tuple):
-                if item < 0:
-                    producer.join()
+        size = max(int(lib.ts_size(ctx)), 0)
+        for phase, run in enumerate((lib.ts_scan, lib.ts_eval)):
+            upto = 0
+            while True:
+                upto += SLICE_BYTES
+                state = run(ctx, upto) if lib.ts_error(ctx) == E_OK else -1
+                if state < 0:
                     raise _error(lib, ctx)
-                break
-            count += 1
-            bio.seek(0)
-            bio.truncate()
-            bio.write(item[0])
-            bio.seek(0)
-            objs = iter(reader.load())
-            ev = array("I")
-            ev.frombytes(item[1])
-            del item
-            for i in range(0, len(ev), 2):
-                code = ev[i]
-                obj = None if code in (EV_OPEN1, EV_OPEN2) else next(objs)
-                on_event(code, ev[i + 1], obj)
-            del objs
-        stats = (ctypes.c_uint64 * 6)()
-        lib.ts_stats(ctx, stats)
-        return {"memo_entries": stats[0], "memo_kept": stats[1] - stats[5], "memo_released": stats[5],
-                "opcodes": stats[2], "batches": count}
+                if progress is not None:
+                    progress(phase * size + (size if state == 0 else min(upto, size)), 2 * size)
+                if state == 0:
+                    break
+        raw = (ctypes.c_int64 * len(COUNTERS))()
+        lib.ts_counters(ctx, raw)
+        n = dict(zip(COUNTERS, raw, strict=True))
+        ids, sizes = (ctypes.c_int32 * 10)(), (ctypes.c_int64 * 10)()
+        top = lib.ts_top_sites(ctx, 10, ids, sizes)
+        sites = [(lib.ts_site(ctx, ids[i]).decode("utf-8", "replace"), int(sizes[i])) for i in range(top)]
+        lib.ts_largest(ctx, sizes, ids)
+        largest = [(int(sizes[i]), lib.ts_site(ctx, ids[i]).decode("utf-8", "replace")) for i in range(n["n_largest"])]
+        ooms_raw = (ctypes.c_int64 * (6 * 5))()
+        lib.ts_ooms(ctx, ooms_raw)
+        ooms = []
+        for i in range(n["n_ooms"]):
+            device, bytes_kind, nbytes, site, free_kind, free = ooms_raw[6 * i:6 * i + 6]
+            ooms.append({"device": device, "bytes": _raw(bytes_kind, nbytes),
+                         "site": lib.ts_site(ctx, site).decode("utf-8", "replace"),
+                         "device_free": _raw(free_kind, free)})
+        fields = {k: n[k] for k in ("segments", "blocks", "reserved", "allocated", "requested", "free",
+                                    "largest_free", "trace_events", "live", "trace_peak", "trace_peak_at")}
+        fields.update(sites=sites, largest=largest, ooms=ooms)
+        stats = {"memo_entries": n["memo_entries"], "memo_kept": n["memo_fetched"] - n["memo_released"],
+                 "memo_released": n["memo_released"], "opcodes": n["opcodes"], "nodes_made": n["nodes_made"],
+                 "nodes_peak": n["nodes_peak"], "streamed": n["streamed_segments"] == n["segments"],
+                 "streamed_events": n["streamed_events"], "kept_whole": n["kept_lists"]}
+        return fields, stats
     finally:
-        stop.set()
-        if producer.is_alive():
-            producer.join()
         lib.ts_close(ctx)
-
-
 def _error(lib: ctypes.CDLL, ctx: int) -> ScanError:
     return ScanError(lib.ts_error(ctx), lib.ts_message(ctx).decode(errors="replace"), lib.ts_offset(ctx))

@@ -1,22 +1,27 @@
-/* snapshot_scan.c: a streaming, refusing scanner for PyTorch memory snapshots (pickles).
+/* snapshot_scan.c: reads a PyTorch memory snapshot (a pickle) at C speed, safely, and explains it.
  *
- * Loaded by torchscalpel.memory.snapshot_native through ctypes (no Python or torch headers), compiled
- * on first use. It walks the pickle opcode stream at C speed and never builds an object:
+ * Loaded by torchscalpel.memory.snapshot_native through ctypes (no Python or torch headers), compiled on
+ * first use. Nothing here is a Python object and nothing is imported or called: the file is evaluated by a
+ * small pickle machine that knows only plain data (None, booleans, numbers, strings, bytes, lists, tuples,
+ * dicts, sets), and the explanation (the same one snapshot.py's SnapshotSummary builds from the
+ * pure-Python reader) is accumulated in C while the file is read.
  *
  *   pass 1 (ts_scan): refuses every opcode that is not plain data (globals, calls, object builds,
- *     persistent ids, extension codes, out-of-band buffers) with its byte offset; notes which memo keys
- *     are ever fetched; finds the root dict's children and the lists nested in the root's lists.
- *   pass 2 (ts_next, repeatedly): cuts the stream into self-contained pieces (a root key or value, one
- *     element of a root-level list such as `segments`, one element of a list inside one, such as
- *     `device_traces[i]`) and writes them, in batches, as small pickles that build a list of pieces:
- *     FRAME opcodes dropped, memo stores kept only for keys fetched later and renumbered densely (so
- *     objects nobody refers to again are not pinned by the unpickler's memo, and the memo array stays
- *     small), fetches renumbered the same way. One Python Unpickler reads every batch, so its memo
- *     carries the shared objects (strings, frame dicts, frame lists) from batch to batch.
+ *     persistent ids, extension codes, out-of-band buffers) with its byte offset, before pass 2 builds
+ *     anything; notes which memo keys are ever fetched, and which more than once; finds the root dict's
+ *     children and the lists nested in its lists (by byte offset).
+ *   pass 2 (ts_eval): builds values. The root's `segments` list and the lists inside `device_traces` are
+ *     streamed: each segment and each trace event is summarized as it is appended and then freed, so a
+ *     1 GB snapshot never exists in memory at once. The memo keeps only the keys pass 1 saw fetched (a
+ *     key fetched once is let go after that fetch); a block's traceback that the memo must keep for a
+ *     later trace event is cut down to the call site it was summarized to.
  *
- * The file is mmapped read-only; pages behind the cursor are dropped (MADV_DONTNEED) every 32 MiB, so
- * the resident size stays bounded however large the file; a piece emitted later faults its pages back.
+ * Values are 16 bytes; strings point into the read-only mapping of the file, so reading copies no text.
+ * Containers are reference-counted nodes. Pages behind the cursor are dropped (MADV_DONTNEED) every
+ * 32 MiB, so the resident size stays bounded however large the file; a string used later faults its
+ * page back.
  */
+#define _GNU_SOURCE  /* memmem */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -27,9 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { E_OK = 0, E_REFUSED = 1, E_TRUNCATED = 2, E_NOTPICKLE = 3, E_SHAPE = 4, E_NOMEM = 5, E_IO = 6 };
-enum { T_PLAIN = 0, T_ROOT = 1, T_L1 = 2, T_L2 = 3 };
-enum { EV_KEY = 1, EV_VALUE = 2, EV_OPEN1 = 3, EV_ELEM1 = 4, EV_OPEN2 = 5, EV_ELEM2 = 6 };
+enum { E_OK = 0, E_REFUSED = 1, E_TRUNCATED = 2, E_NOTPICKLE = 3, E_SHAPE = 4, E_NOMEM = 5, E_IO = 6, E_NOSEG = 7 };
 /* op kinds */
 enum { K_PUSH, K_NONE, K_MARK, K_STOP, K_POP, K_POPMARK, K_APPEND, K_APPENDS, K_SETITEM, K_SETITEMS,
        K_FROMMARK, K_TUPLE2, K_TUPLE3, K_ADDITEMS, K_MEMOIZE, K_PUT, K_GET, K_FRAME, K_REFUSE, K_UNKNOWN };
@@ -85,29 +88,86 @@ static void init_ops(void) {
   ops_ready = 1;
 }
 
-typedef struct { size_t start; uint64_t memo; uint8_t tag, is_list; uint32_t ord; } slot_t;
-typedef struct { size_t start, end; uint64_t memo; uint8_t is_list; } child_t;
+
+static inline uint64_t rd_le(const uint8_t *p, int n) {
+  uint64_t v = 0;
+  for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+/* ================= values ================= */
+
+/* V_DONE: the place of a segment that was summarized and freed as soon as it was complete */
+/* V_SITE: in the memo, a traceback reduced to its call site's id (see site_of) */
+enum { V_NONE, V_BOOL, V_INT, V_BIG, V_FLOAT, V_STR, V_RAWSTR, V_BYTES, V_OBJ, V_DONE, V_SITE };
+enum { N_LIST, N_TUPLE, N_DICT, N_SET, N_FROZENSET };
+/* what happens to what is appended to a list: kept, or summarized and freed */
+enum { S_NONE, S_SEG, S_DT, S_TRACE, S_DROP };
+/* a frame dict's class, cached on it: not yet known, the user's, a library .py file, neither */
+enum { F_UNKNOWN, F_USER, F_PY, F_SKIP };
+#define SITE_NONE (-1)
+
+typedef struct node node_t;
+/* V_STR: UTF-8 text in the mapped file; V_RAWSTR: protocol 0's raw-unicode-escape text, decoded when shown */
+typedef struct { uint8_t t; uint32_t len; union { int64_t i; double f; const uint8_t *s; node_t *n; } u; } val_t;
+
+struct node {
+  uint32_t refs;
+  uint8_t kind, stream, fclass, cut;  /* cut: a traceback reduced to its cached site (see site_of) */
+  uint8_t busy;                       /* a list the summary is walking: never cut while walked */
+  uint8_t keep;                       /* a streamed list referred to again: its items are kept as well */
+  uint8_t summarized;                 /* a streamed list: what it was given is summarized already */
+  int32_t site;                       /* cached call site of a frame dict or a traceback list */
+  uint32_t n, cap;                    /* items (pairs for a dict) */
+  int64_t aux;                        /* S_DT: elements taken; S_TRACE: its device index */
+  uint32_t memo_slot;                 /* 1 + its place in memo_vals, when the memo holds it; else 0 */
+  val_t *items;
+  node_t *next_free;
+};
+
+/* ================= the context ================= */
+
+#define POOL_CLASSES 9  /* item arrays of 4 to 1024 values come from per-size free lists */
+
+typedef struct { size_t start; uint8_t is_list; } slot_t;
+typedef struct { size_t sp, off; } mark_t;
+typedef struct { size_t start, end; uint8_t is_list; } child_t;
 typedef struct { size_t child, parent; } pair_t;
-typedef struct { size_t sp, off; uint64_t memo; } mark_t;
-/* a piece waiting to be written into a batch (a == b: an event with no bytes) */
-typedef struct { size_t a, b; uint64_t memo; uint32_t code, arg; } piece_t;
+typedef struct { uint64_t hash; uint32_t off, len; int64_t bytes; int64_t order; } site_t;
+typedef struct { int64_t size; int32_t site; } big_t;
+typedef struct { int64_t device, bytes_kind, bytes, site, free_kind, free; } oom_t;
 
 typedef struct {
   const uint8_t *buf; size_t len;
   int err; size_t err_off; char msg[240];
-  /* memo */
-  uint64_t *fetched, *again, *defined; uint32_t *rank; size_t words; uint64_t n_memo, n_fetched; int memo_style;
-  /* stack */
-  slot_t *st; size_t sp, cap_st; mark_t *marks; size_t nm, cap_m; int pass;
-  /* pass 1 skeleton */
-  child_t *rc; size_t n_rc, cap_rc; pair_t *ll; size_t n_ll, cap_ll; int root_ok;
-  size_t *l2s; uint32_t *l2p; size_t n_l2, cap_l2; size_t stop_off;
-  /* pass 2 state */
-  size_t pos; uint64_t memo; size_t rc_i, l2_i; uint32_t n_l1, n_l2_open; int done;
   size_t dropped;
-  uint8_t *out; size_t out_n, out_cap; uint32_t *ev; size_t ev_n, ev_cap;
-  piece_t *q; size_t q_n, q_head, q_cap;
-  uint64_t n_ops, released;
+  /* memo (both passes) */
+  uint64_t *fetched, *again, *defined; uint32_t *rank; size_t words; uint64_t n_memo, n_fetched; int memo_style;
+  /* pass 1 */
+  slot_t *st; size_t sp, cap_st; mark_t *marks; size_t nm, cap_m;
+  child_t *rc; size_t n_rc, cap_rc; pair_t *ll; size_t n_ll, cap_ll; int root_ok;
+  pair_t *l2; size_t n_l2, cap_l2;
+  pair_t *se; size_t n_se, cap_se;  /* (end, parent start) of each element of a list that may be a root value */
+  size_t pos1; uint64_t memo1; int scanned;
+  /* pass 2 */
+  val_t *vs; size_t vsp, cap_vs; size_t *vmarks; size_t vnm, cap_vm;
+  val_t *memo_vals; size_t pos2; uint64_t memo2; int done;
+  size_t rc_i, l2_i; size_t dt_slot, dt_start; int has_dt;
+  size_t se_i, se_end, seg_slot, seg_start; int has_seg;
+  node_t *free_nodes; node_t **fq; size_t cap_fq;
+  void *pool[POOL_CLASSES];  /* freed item arrays of 4 << k values, reused before malloc is asked */
+  uint64_t live_nodes, peak_nodes, made_nodes, released, n_ops, streamed_segments, streamed_events, kept_lists;
+  /* the caller's rule for a file name (UTF-8): 1 when it is the user's code */
+  int (*is_user)(const char *name, size_t len);
+  /* the summary */
+  int64_t segments, blocks, reserved, allocated, requested, free_bytes, largest_free;
+  int64_t trace_events, live, trace_peak, trace_peak_at;
+  site_t *sites; size_t n_sites, cap_sites; uint32_t *table; size_t table_cap; int64_t site_order;
+  char *arena; size_t arena_n, arena_cap;
+  big_t largest[10]; int n_largest;
+  oom_t ooms[5]; int n_ooms;
+  char *tmp; size_t tmp_cap;
+  int32_t site_no_frames, site_no_py;
 } ctx_t;
 
 static int fail(ctx_t *c, int code, size_t off, const char *msg) {
@@ -125,25 +185,60 @@ static int grow(void **p, size_t *cap, size_t need, size_t elem) {
   return 0;
 }
 
-/* memo bitmaps grow with the largest key seen */
+/* Item arrays: capacity 4 << k values, k < POOL_CLASSES, kept on a free list per k when freed, so the
+   millions of small dicts and lists a snapshot holds cost no malloc after the first segments. */
+static val_t *items_alloc(ctx_t *c, size_t need, uint32_t *cap) {
+  int k = 0;
+  size_t n = 4;
+  while (n < need && k < POOL_CLASSES) { n <<= 1; k++; }
+  if (k == POOL_CLASSES) {  /* larger than the pools: malloc, rounded up to a power of two */
+    while (n < need) n <<= 1;
+    *cap = (uint32_t)n;
+    return malloc(n * sizeof(val_t));
+  }
+  *cap = (uint32_t)n;
+  void *p = c->pool[k];
+  if (p) { c->pool[k] = *(void **)p; return p; }
+  return malloc(n * sizeof(val_t));
+}
+
+static void items_free(ctx_t *c, val_t *items, uint32_t cap) {
+  if (!items) return;
+  int k = 0;
+  size_t n = 4;
+  while (n < cap && k < POOL_CLASSES) { n <<= 1; k++; }
+  if (k == POOL_CLASSES || n != cap) { free(items); return; }
+  *(void **)items = c->pool[k];
+  c->pool[k] = items;
+}
+
+/* Drop the file's pages more than `lag` bytes behind the cursor. Pass 2 keeps a window: the values of the
+   batch being built (the pickler appends 1000 segments at a time) point at strings in it, and a page
+   dropped under them would be faulted back when they are summarized, and then stay. */
+static void drop_behind(ctx_t *c, size_t pos, size_t lag) {
+  if (pos < lag) return;
+  size_t upto = (pos - lag) & ~(size_t)4095;
+  if (upto >= c->dropped + ((size_t)32 << 20)) {
+    madvise((void *)(c->buf + c->dropped), upto - c->dropped, MADV_DONTNEED);
+    c->dropped = upto;
+  }
+}
+
+/* ================= memo bitmaps ================= */
+
 static int memo_room(ctx_t *c, uint64_t key) {
   size_t need = (size_t)(key >> 6) + 1;
   if (need <= c->words) return 0;
   if (key > (uint64_t)c->len * 2 + 4096) return -1;  /* no valid pickle of this size has that key */
   size_t n = c->words ? c->words : 1024;
   while (n < need) n *= 2;
-  uint64_t *f = realloc(c->fetched, n * 8), *d, *g;
-  if (!f) return -1;
-  c->fetched = f;
-  d = realloc(c->defined, n * 8);
-  if (!d) return -1;
-  c->defined = d;
-  g = realloc(c->again, n * 8);
-  if (!g) return -1;
-  c->again = g;
-  memset(c->fetched + c->words, 0, (n - c->words) * 8);
-  memset(c->defined + c->words, 0, (n - c->words) * 8);
-  memset(c->again + c->words, 0, (n - c->words) * 8);
+  uint64_t **maps[3] = {&c->fetched, &c->defined, &c->again};
+  for (int i = 0; i < 3; i++) {
+    uint64_t *m = realloc(*maps[i], n * 8);
+    if (!m) return -1;
+    memset(m + c->words, 0, (n - c->words) * 8);
+    *maps[i] = m;
+  }
   c->words = n;
   return 0;
 }
@@ -152,31 +247,45 @@ static inline int bit(const uint64_t *m, size_t words, uint64_t k) {
   return (k >> 6) < words && (m[k >> 6] >> (k & 63)) & 1;
 }
 
-typedef struct { int code; size_t size; uint64_t key; } op_t;
-
-static uint64_t rd_le(const uint8_t *p, int n) {
-  uint64_t v = 0;
-  for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
-  return v;
+/* bits set in x, without needing the popcnt instruction (the library is compiled for any x86-64 or arm64) */
+static inline uint64_t ones(uint64_t x) {
+  x = x - ((x >> 1) & 0x5555555555555555ULL);
+  x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+  x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+  return (x * 0x0101010101010101ULL) >> 56;
 }
 
+/* the dense index of a fetched key among all fetched keys */
+static inline uint64_t rank_of(const ctx_t *c, uint64_t key) {
+  return c->rank[key >> 6] + (uint64_t)ones(c->fetched[key >> 6] & (((uint64_t)1 << (key & 63)) - 1));
+}
+
+/* ================= decoding ================= */
+
+typedef struct { int code; size_t size; uint64_t key; } op_t;
+
 /* Decode the opcode at pos: its total size and, for memo opcodes, the key. */
-static int decode(ctx_t *c, size_t pos, op_t *op) {
+static inline int decode(ctx_t *c, size_t pos, op_t *op) {
   const uint8_t *b = c->buf;
   size_t end = c->len;
   int code = b[pos];
   opinfo_t in = OPS[code];
   op->code = code;
   op->key = 0;
-  if (in.kind == K_UNKNOWN) {
-    char m[80];
-    snprintf(m, sizeof m, "byte 0x%02x is not a pickle opcode", code);
-    return fail(c, E_NOTPICKLE, pos, m);
-  }
   size_t p = pos + 1, n = 0;
   switch (in.arg) {
-    case A_NONE: break;
-    case A_FIX: n = in.n; break;
+    case A_NONE:
+      if (in.kind == K_UNKNOWN) {
+        char m[80];
+        snprintf(m, sizeof m, "byte 0x%02x is not a pickle opcode", code);
+        return fail(c, E_NOTPICKLE, pos, m);
+      }
+      break;
+    case A_FIX:
+      n = in.n;
+      if (p + n > end) return fail(c, E_TRUNCATED, pos, "the file ends inside an opcode");
+      if (in.kind == K_GET || in.kind == K_PUT) op->key = rd_le(b + p, in.n);
+      break;
     case A_LINE: {
       const uint8_t *nl = p < end ? memchr(b + p, '\n', end - p) : NULL;
       if (!nl) return fail(c, E_TRUNCATED, pos, "the file ends inside an opcode");
@@ -192,195 +301,43 @@ static int decode(ctx_t *c, size_t pos, op_t *op) {
       }
       break;
     }
-    case A_LEN1: case A_LEN4: case A_LEN8: {
+    default: {
       int w = in.arg == A_LEN1 ? 1 : in.arg == A_LEN4 ? 4 : 8;
       if (p + (size_t)w > end) return fail(c, E_TRUNCATED, pos, "the file ends inside an opcode");
       uint64_t l = rd_le(b + p, w);
       if (l > end) return fail(c, E_TRUNCATED, pos, "the file ends inside an opcode");
       n = (size_t)w + (size_t)l;
-      break;
+      if (p + n > end) return fail(c, E_TRUNCATED, pos, "the file ends inside an opcode");
     }
   }
-  if (p + n > end) return fail(c, E_TRUNCATED, pos, "the file ends inside an opcode");
-  if (in.arg == A_FIX && (in.kind == K_GET || in.kind == K_PUT)) op->key = rd_le(b + p, in.n);
   op->size = 1 + n;
   return 0;
 }
 
-static int push(ctx_t *c, size_t start, uint8_t is_list) {
-  if (grow((void **)&c->st, &c->cap_st, c->sp + 1, sizeof(slot_t))) return fail(c, E_NOMEM, start, "out of memory");
-  slot_t *s = &c->st[c->sp++];
-  s->start = start; s->memo = c->memo; s->tag = T_PLAIN; s->is_list = is_list; s->ord = 0;
-  return 0;
-}
+/* ================= pass 1: refuse, count fetches, find the skeleton ================= */
 
 static int underflow(ctx_t *c, size_t pos) { return fail(c, E_NOTPICKLE, pos, "the opcodes take more from the stack than it holds"); }
 
-static mark_t pop_mark(ctx_t *c, size_t pos, int *bad) {
-  mark_t none = {0, 0, 0};
-  if (!c->nm) { *bad = 1; underflow(c, pos); return none; }
-  mark_t m = c->marks[--c->nm];
-  if (m.sp > c->sp) { *bad = 1; underflow(c, pos); return none; }
-  return m;
-}
-
-/* pass 2: an opcode other than APPEND(S)/SETITEM(S) that takes a streamed container off the stack */
-static int skel_taken(ctx_t *c, size_t from, size_t pos) {
-  if (c->pass != 2) { if (from == 0) c->root_ok = 0; return 0; }
-  for (size_t i = from; i < c->sp; i++)
-    if (c->st[i].tag != T_PLAIN) return fail(c, E_SHAPE, pos, "a streamed container is taken apart");
+static int push1(ctx_t *c, size_t start, uint8_t is_list) {
+  if (c->sp == c->cap_st && grow((void **)&c->st, &c->cap_st, c->sp + 1, sizeof(slot_t)))
+    return fail(c, E_NOMEM, start, "out of memory");
+  c->st[c->sp].start = start; c->st[c->sp].is_list = is_list;
+  c->sp++;
   return 0;
 }
 
-/* The shape checks and the memo bookkeeping shared by both passes; pass 2 adds emission (hooks). */
-static int pass2_consume(ctx_t *c, size_t parent, size_t first, size_t last, size_t op_off);
-
-/* pass 2: queue a piece [a, b) (or, with a == b, an event alone); ts_next writes the queue into batches */
-static int enqueue(ctx_t *c, size_t a, size_t b, uint64_t memo, uint32_t code, uint32_t arg) {
-  if (grow((void **)&c->q, &c->q_cap, c->q_n + 1, sizeof(piece_t))) return fail(c, E_NOMEM, a, "out of memory");
-  piece_t *p = &c->q[c->q_n++];
-  p->a = a; p->b = b; p->memo = memo; p->code = code; p->arg = arg;
+static int pop_mark1(ctx_t *c, size_t pos, mark_t *out) {
+  if (!c->nm) return underflow(c, pos);
+  *out = c->marks[--c->nm];
+  if (out->sp > c->sp) return underflow(c, pos);
   return 0;
 }
 
-static void drop_behind(ctx_t *c, size_t pos) {
-  size_t page = 4096, upto = pos & ~(page - 1);
-  if (upto >= c->dropped + ((size_t)32 << 20)) {
-    madvise((void *)c->buf, upto, MADV_DONTNEED);
-    c->dropped = upto;
-  }
-}
+/* an opcode other than SETITEM(S) that takes the root off the stack: the root is not a dict to stream */
+static inline void taken1(ctx_t *c, size_t from) { if (from == 0) c->root_ok = 0; }
 
-/* One opcode of either pass. pass 1 records the skeleton; pass 2 emits pieces. */
-static int step(ctx_t *c, size_t pos, op_t *op) {
-  int pass = c->pass;
-  if (decode(c, pos, op)) return -1;
-  opinfo_t in = OPS[op->code];
-  int bad = 0;
-  c->n_ops++;
-  switch (in.kind) {
-    case K_REFUSE: {
-      char m[160];
-      snprintf(m, sizeof m, "%s", NAMES[op->code]);
-      return fail(c, E_REFUSED, pos, m);
-    }
-    case K_FRAME: break;
-    case K_NONE:
-      if (op->code == 0x85) {  /* TUPLE1 */
-        if (!c->sp) return underflow(c, pos);
-        if (skel_taken(c, c->sp - 1, pos)) return -1;
-        c->st[c->sp - 1].is_list = 0;
-      }
-      break;
-    case K_PUSH: {
-      uint8_t is_list = op->code == ']';
-      if (op->code == '2') return fail(c, E_SHAPE, pos, "DUP is not written by Python's pickler");
-      if (push(c, pos, is_list)) return -1;
-      if (pass == 2 && is_list && c->l2_i < c->n_l2 && c->l2s[c->l2_i] == pos) {
-        slot_t *s = &c->st[c->sp - 1];
-        s->tag = T_L2; s->ord = c->n_l2_open++;
-        if (enqueue(c, pos, pos, 0, EV_OPEN2, c->l2p[c->l2_i])) return -1;
-        c->l2_i++;
-      }
-      if (pass == 2 && c->rc_i < c->n_rc && c->rc[c->rc_i].start == pos && c->rc[c->rc_i].is_list && c->sp >= 2 &&
-          c->st[0].tag == T_ROOT) {
-        slot_t *s = &c->st[c->sp - 1];
-        s->tag = T_L1; s->ord = c->n_l1++;
-        if (enqueue(c, pos, pos, 0, EV_OPEN1, s->ord)) return -1;
-      }
-      if (c->sp == 1 && pass == 2) c->st[0].tag = (c->root_ok ? T_ROOT : T_PLAIN);
-      break;
-    }
-    case K_GET:
-      if (!bit(c->defined, c->words, op->key)) return fail(c, E_NOTPICKLE, pos, "a memo key is fetched before it is stored");
-      if (pass == 1) {  /* fetched, and fetched more than once: a key fetched once is released after it */
-        uint64_t m = (uint64_t)1 << (op->key & 63);
-        if (c->fetched[op->key >> 6] & m) c->again[op->key >> 6] |= m;
-        c->fetched[op->key >> 6] |= m;
-      }
-      if (push(c, pos, 0)) return -1;
-      break;
-    case K_MEMOIZE: case K_PUT: {
-      if (!c->sp) return underflow(c, pos);
-      int style = in.kind == K_MEMOIZE ? 1 : 2;
-      if (c->memo_style && c->memo_style != style) return fail(c, E_SHAPE, pos, "mixed memo styles");
-      c->memo_style = style;
-      uint64_t key = in.kind == K_MEMOIZE ? c->memo : op->key;
-      if (memo_room(c, key)) return fail(c, E_NOTPICKLE, pos, "a memo key is out of range");
-      if (!bit(c->defined, c->words, key)) { c->defined[key >> 6] |= (uint64_t)1 << (key & 63); }
-      if (in.kind == K_MEMOIZE) c->memo++;
-      if (pass == 2) {
-        slot_t *top = &c->st[c->sp - 1];
-        if (top->tag != T_PLAIN && bit(c->fetched, c->words, key))
-          return fail(c, E_SHAPE, pos, "a container the reader streams is referred to again");
-      }
-      break;
-    }
-    case K_MARK:
-      if (grow((void **)&c->marks, &c->cap_m, c->nm + 1, sizeof(size_t))) return fail(c, E_NOMEM, pos, "out of memory");
-      c->marks[c->nm].sp = c->sp; c->marks[c->nm].off = pos; c->marks[c->nm].memo = c->memo;
-      c->nm++;
-      break;
-    case K_STOP:
-      if (c->sp != 1) return fail(c, E_NOTPICKLE, pos, "the pickle stops with other than one object built");
-      return 1;
-    case K_POP:
-      if (!c->sp) return underflow(c, pos);
-      if (skel_taken(c, c->sp - 1, pos)) return -1;
-      c->sp--;
-      break;
-    case K_POPMARK: {
-      mark_t m = pop_mark(c, pos, &bad);
-      if (bad) return -1;
-      if (skel_taken(c, m.sp, pos)) return -1;
-      c->sp = m.sp;
-      break;
-    }
-    case K_APPEND: case K_SETITEM: {
-      size_t k = in.kind == K_APPEND ? 1 : 2;
-      if (c->sp < k + 1) return underflow(c, pos);
-      size_t parent = c->sp - k - 1;
-      if (pass2_consume(c, parent, parent + 1, c->sp, pos)) return -1;
-      c->sp = parent + 1;
-      break;
-    }
-    case K_APPENDS: case K_SETITEMS: case K_ADDITEMS: {
-      mark_t mk = pop_mark(c, pos, &bad);
-      if (bad) return -1;
-      size_t m = mk.sp;
-      if (m == 0) return underflow(c, pos);
-      if (in.kind != K_ADDITEMS && pass2_consume(c, m - 1, m, c->sp, pos)) return -1;
-      if (in.kind == K_ADDITEMS && skel_taken(c, m - 1, pos)) return -1;
-      c->sp = m;
-      break;
-    }
-    case K_FROMMARK: {
-      mark_t mk = pop_mark(c, pos, &bad);
-      if (bad) return -1;
-      if (skel_taken(c, mk.sp, pos)) return -1;
-      c->sp = mk.sp;
-      /* the object built from the mark starts at the mark */
-      if (push(c, mk.off, 0)) return -1;
-      c->st[c->sp - 1].memo = mk.memo;
-      break;
-    }
-    case K_TUPLE2: case K_TUPLE3: {
-      size_t k = in.kind == K_TUPLE2 ? 2 : 3;
-      if (c->sp < k) return underflow(c, pos);
-      if (skel_taken(c, c->sp - k, pos)) return -1;
-      c->sp -= k - 1;
-      c->st[c->sp - 1].is_list = 0;
-      c->st[c->sp - 1].tag = T_PLAIN;
-      break;
-    }
-    default: break;
-  }
-  return 0;
-}
-
-/* ---- pass 1 ---- */
-
-static int pass1_consume(ctx_t *c, size_t parent, size_t first, size_t last, size_t op_off) {
+/* APPEND(S)/SETITEM(S): the root's children (by byte range) and the lists appended to lists */
+static int consume1(ctx_t *c, size_t parent, size_t first, size_t last, size_t op_off) {
   if (parent == 0 && (c->buf[op_off] == 'a' || c->buf[op_off] == 'e' || ((last - first) & 1))) c->root_ok = 0;
   if (parent == 0 && c->root_ok) {
     for (size_t i = first; i < last; i++) {
@@ -389,10 +346,20 @@ static int pass1_consume(ctx_t *c, size_t parent, size_t first, size_t last, siz
       ch->start = c->st[i].start;
       ch->end = i + 1 < last ? c->st[i + 1].start : op_off;
       ch->is_list = c->st[i].is_list && c->buf[ch->start] == ']';
-      ch->memo = 0;
       if (c->n_rc > 4096) { c->root_ok = 0; return 0; }
     }
   } else if (c->st[parent].is_list) {
+    /* the elements of a list in a root value's place (the root's mark below, nothing else): where each ends,
+       so pass 2 can summarize a segment as soon as it is complete, while it is still in the cache */
+    if (c->root_ok && parent >= 2 && !(parent & 1) && (c->nm == 0 || (c->nm == 1 && c->marks[0].sp == 1)) &&
+        c->buf[c->st[parent].start] == ']') {
+      for (size_t i = first; i < last; i++) {
+        if (grow((void **)&c->se, &c->cap_se, c->n_se + 1, sizeof(pair_t))) return fail(c, E_NOMEM, op_off, "out of memory");
+        c->se[c->n_se].child = i + 1 < last ? c->st[i + 1].start : op_off;
+        c->se[c->n_se].parent = c->st[parent].start;
+        c->n_se++;
+      }
+    }
     for (size_t i = first; i < last; i++) {
       if (!(c->st[i].is_list && c->buf[c->st[i].start] == ']')) continue;
       if (grow((void **)&c->ll, &c->cap_ll, c->n_ll + 1, sizeof(pair_t))) return fail(c, E_NOMEM, op_off, "out of memory");
@@ -404,84 +371,718 @@ static int pass1_consume(ctx_t *c, size_t parent, size_t first, size_t last, siz
   return 0;
 }
 
+/* One opcode of pass 1: 1 at STOP, 0 to go on, -1 on error. */
+static int step1(ctx_t *c, size_t pos, op_t *op) {
+  if (decode(c, pos, op)) return -1;
+  opinfo_t in = OPS[op->code];
+  mark_t mk;
+  c->n_ops++;
+  switch (in.kind) {
+    case K_REFUSE: return fail(c, E_REFUSED, pos, NAMES[op->code]);
+    case K_FRAME: break;
+    case K_NONE:
+      if (op->code == 0x85) {  /* TUPLE1 */
+        if (!c->sp) return underflow(c, pos);
+        taken1(c, c->sp - 1);
+        c->st[c->sp - 1].is_list = 0;
+      }
+      break;
+    case K_PUSH:
+      if (c->sp == 0 && op->code != '}') c->root_ok = 0;
+      if (push1(c, pos, op->code == ']')) return -1;
+      break;
+    case K_GET: {
+      if (!bit(c->defined, c->words, op->key)) return fail(c, E_NOTPICKLE, pos, "a memo key is fetched before it is stored");
+      uint64_t m = (uint64_t)1 << (op->key & 63);
+      if (c->fetched[op->key >> 6] & m) c->again[op->key >> 6] |= m;
+      c->fetched[op->key >> 6] |= m;
+      if (push1(c, pos, 0)) return -1;
+      break;
+    }
+    case K_MEMOIZE: case K_PUT: {
+      if (!c->sp) return underflow(c, pos);
+      int style = in.kind == K_MEMOIZE ? 1 : 2;
+      if (c->memo_style && c->memo_style != style) return fail(c, E_SHAPE, pos, "mixed memo styles");
+      c->memo_style = style;
+      uint64_t key = in.kind == K_MEMOIZE ? c->memo1++ : op->key;
+      if (memo_room(c, key)) return fail(c, E_NOTPICKLE, pos, "a memo key is out of range");
+      c->defined[key >> 6] |= (uint64_t)1 << (key & 63);
+      break;
+    }
+    case K_MARK:
+      if (c->nm == c->cap_m && grow((void **)&c->marks, &c->cap_m, c->nm + 1, sizeof(mark_t)))
+        return fail(c, E_NOMEM, pos, "out of memory");
+      c->marks[c->nm].sp = c->sp; c->marks[c->nm].off = pos;
+      c->nm++;
+      break;
+    case K_STOP:
+      if (c->sp != 1) return fail(c, E_NOTPICKLE, pos, "the pickle stops with other than one object built");
+      return 1;
+    case K_POP:
+      if (!c->sp) return underflow(c, pos);
+      taken1(c, c->sp - 1);
+      c->sp--;
+      break;
+    case K_POPMARK:
+      if (pop_mark1(c, pos, &mk)) return -1;
+      taken1(c, mk.sp);
+      c->sp = mk.sp;
+      break;
+    case K_APPEND: case K_SETITEM: {
+      size_t k = in.kind == K_APPEND ? 1 : 2;
+      if (c->sp < k + 1) return underflow(c, pos);
+      size_t parent = c->sp - k - 1;
+      if (consume1(c, parent, parent + 1, c->sp, pos)) return -1;
+      c->sp = parent + 1;
+      break;
+    }
+    case K_APPENDS: case K_SETITEMS: case K_ADDITEMS:
+      if (pop_mark1(c, pos, &mk)) return -1;
+      if (mk.sp == 0) return underflow(c, pos);
+      if (in.kind != K_ADDITEMS && consume1(c, mk.sp - 1, mk.sp, c->sp, pos)) return -1;
+      if (in.kind == K_ADDITEMS) taken1(c, mk.sp - 1);
+      c->sp = mk.sp;
+      break;
+    case K_FROMMARK:
+      if (pop_mark1(c, pos, &mk)) return -1;
+      taken1(c, mk.sp);
+      c->sp = mk.sp;
+      if (c->sp == 0) c->root_ok = 0;  /* a root built from a mark (protocol 0): not streamed */
+      if (push1(c, mk.off, 0)) return -1;
+      break;
+    case K_TUPLE2: case K_TUPLE3: {
+      size_t k = in.kind == K_TUPLE2 ? 2 : 3;
+      if (c->sp < k) return underflow(c, pos);
+      taken1(c, c->sp - k);
+      c->sp -= k - 1;
+      c->st[c->sp - 1].is_list = 0;
+      break;
+    }
+    default: break;
+  }
+  return 0;
+}
 
-/* A memo opcode with a dense key: BINGET/BINPUT ('h'/'q') when it fits a byte, else LONG_BINGET/LONG_BINPUT. */
-static void put_memo(ctx_t *c, uint8_t short_code, uint64_t r) {
-  if (r < 256) {
-    c->out[c->out_n++] = short_code;
-    c->out[c->out_n++] = (uint8_t)r;
-  } else {
-    c->out[c->out_n++] = short_code == 'h' ? 'j' : 'r';
-    for (int i = 0; i < 4; i++) c->out[c->out_n++] = (uint8_t)(r >> (8 * i));
+/* ================= pass 2: nodes ================= */
+
+static node_t *new_node(ctx_t *c, uint8_t kind) {
+  node_t *n = c->free_nodes;
+  if (n) c->free_nodes = n->next_free;
+  else if (!(n = malloc(sizeof(node_t)))) return NULL;
+  memset(n, 0, sizeof *n);
+  n->refs = 1; n->kind = kind; n->site = SITE_NONE;
+  c->live_nodes++; c->made_nodes++;
+  if (c->live_nodes > c->peak_nodes) c->peak_nodes = c->live_nodes;
+  return n;
+}
+
+static inline size_t n_vals(const node_t *n) { return n->kind == N_DICT ? 2 * (size_t)n->n : n->n; }
+
+/* Drop one reference; a node nobody holds frees what it holds, without recursion (a deep pickle is fine). */
+static void unref(ctx_t *c, node_t *n) {
+  if (--n->refs) return;
+  size_t q = 0;
+  if (!c->cap_fq && grow((void **)&c->fq, &c->cap_fq, 64, sizeof(node_t *))) { c->fq = NULL; return; }
+  c->fq[q++] = n;
+  while (q) {
+    node_t *x = c->fq[--q];
+    size_t nv = n_vals(x);
+    for (size_t i = 0; i < nv; i++) {
+      if (x->items[i].t != V_OBJ) continue;
+      node_t *y = x->items[i].u.n;
+      if (--y->refs) continue;
+      if (q == c->cap_fq && grow((void **)&c->fq, &c->cap_fq, q + 1, sizeof(node_t *))) continue; /* leak, no crash */
+      c->fq[q++] = y;
+    }
+    items_free(c, x->items, x->cap);
+    x->next_free = c->free_nodes;
+    c->free_nodes = x;
+    c->live_nodes--;
   }
 }
 
-/* Copy [a, b) into the batch, rewritten: FRAME and PROTO dropped, memo stores kept only for fetched keys,
-   and every key renumbered to its rank among the fetched ones. */
-static int emit_range(ctx_t *c, size_t a, size_t b, uint64_t memo, uint32_t code, uint32_t arg) {
-  if (a == b) goto event;
-  /* the rewrite can grow a piece: each memo opcode (1 byte at least) becomes 12 bytes at most (a fetch with its
-     release), so 12x bounds it
-     (reserved, not touched: the pages a piece does not use are never made resident) */
-  if (grow((void **)&c->out, &c->out_cap, c->out_n + (b - a) * 12 + 64, 1)) return fail(c, E_NOMEM, a, "out of memory");
-  size_t pos = a, run = a;  /* [run, pos): plain opcodes not yet copied, copied in one memcpy */
-  op_t op;
-  while (pos < b) {
-    /* decode() only reads; errors here cannot happen after pass 1 */
-    if (decode(c, pos, &op)) return -1;
-    opinfo_t in = OPS[op.code];
-    int memo_op = in.kind == K_MEMOIZE || in.kind == K_PUT || in.kind == K_GET;
-    if (!memo_op && in.kind != K_FRAME && op.code != 0x80) { pos += op.size; continue; }
-    memcpy(c->out + c->out_n, c->buf + run, pos - run);
-    c->out_n += pos - run;
-    if (memo_op) {
-      uint64_t key = in.kind == K_MEMOIZE ? memo++ : op.key;
-      if (in.kind == K_GET || bit(c->fetched, c->words, key)) {
-        uint64_t r = c->rank[key >> 6] + (uint64_t)__builtin_popcountll(c->fetched[key >> 6] & (((uint64_t)1 << (key & 63)) - 1));
-        put_memo(c, in.kind == K_GET ? 'h' : 'q', r);
-        /* the only fetch of this key: the memo lets go of it (None stored over it, then popped), so an
-           object shared once (a block's traceback and its trace event's) lives no longer than its user */
-        if (in.kind == K_GET && !bit(c->again, c->words, key)) {
-          c->out[c->out_n++] = 'N';
-          put_memo(c, 'q', r);
-          c->out[c->out_n++] = '0';
-          c->released++;
-        }
+static inline void release(ctx_t *c, val_t v) { if (v.t == V_OBJ) unref(c, v.u.n); }
+static inline val_t share(val_t v) { if (v.t == V_OBJ) v.u.n->refs++; return v; }
+
+/* append n values to a node (moved: the node now holds their references) */
+static int add_items(ctx_t *c, node_t *n, const val_t *v, size_t count, size_t pos) {
+  size_t have = n_vals(n);
+  if (have + count > n->cap) {
+    uint32_t cap;
+    val_t *items = items_alloc(c, have + count, &cap);
+    if (!items) return fail(c, E_NOMEM, pos, "out of memory");
+    if (have) memcpy(items, n->items, have * sizeof(val_t));
+    items_free(c, n->items, n->cap);
+    n->items = items; n->cap = cap;
+  }
+  memcpy(n->items + have, v, count * sizeof(val_t));
+  n->n += (uint32_t)(n->kind == N_DICT ? count / 2 : count);
+  return 0;
+}
+
+static int vpush(ctx_t *c, val_t v, size_t pos) {
+  if (c->vsp == c->cap_vs && grow((void **)&c->vs, &c->cap_vs, c->vsp + 1, sizeof(val_t))) {
+    release(c, v);
+    return fail(c, E_NOMEM, pos, "out of memory");
+  }
+  c->vs[c->vsp++] = v;
+  return 0;
+}
+
+/* a node of `kind` made of the top `count` values */
+static int collect(ctx_t *c, uint8_t kind, size_t count, size_t pos) {
+  node_t *n = new_node(c, kind);
+  if (!n) return fail(c, E_NOMEM, pos, "out of memory");
+  if (count && add_items(c, n, c->vs + c->vsp - count, count, pos)) { unref(c, n); return -1; }
+  c->vsp -= count;
+  val_t v = {.t = V_OBJ};
+  v.u.n = n;
+  return vpush(c, v, pos);
+}
+
+/* ================= the summary ================= */
+
+static inline int str_is(const val_t *v, const char *lit, uint32_t n) {
+  return v && (v->t == V_STR || v->t == V_RAWSTR) && v->len == n && memcmp(v->u.s, lit, n) == 0;
+}
+#define STR_IS(v, lit) str_is((v), lit, (uint32_t)(sizeof lit - 1))
+
+static inline int is_node(const val_t *v, uint8_t kind) { return v && v->t == V_OBJ && v->u.n->kind == kind; }
+
+/* d[key] (the last one set wins, as in a Python dict), or NULL */
+static const val_t *dget(const node_t *d, const char *key, uint32_t n) {
+  for (size_t i = d->n; i-- > 0;) {
+    const val_t *k = &d->items[2 * i];
+    if ((k->t == V_STR || k->t == V_RAWSTR) && k->len == n && memcmp(k->u.s, key, n) == 0) return &d->items[2 * i + 1];
+  }
+  return NULL;
+}
+#define DGET(d, lit) dget((d), lit, (uint32_t)(sizeof lit - 1))
+
+/* snapshot.py's _int: ints and booleans as they are, floats truncated, anything else 0 */
+static inline int64_t as_int(const val_t *v) {
+  if (!v) return 0;
+  if (v->t == V_INT || v->t == V_BOOL) return v->u.i;
+  if (v->t == V_FLOAT) return v->u.f < 9.2e18 && v->u.f > -9.2e18 ? (int64_t)v->u.f : 0;  /* NaN, inf: 0 */
+  return 0;
+}
+
+static char *tmp_room(ctx_t *c, size_t n) {
+  if (grow((void **)&c->tmp, &c->tmp_cap, n, 1)) return NULL;
+  return c->tmp;
+}
+
+static void put_utf8(char *out, size_t *o, uint32_t cp) {
+  if (cp < 0x80) out[(*o)++] = (char)cp;
+  else if (cp < 0x800) { out[(*o)++] = (char)(0xc0 | cp >> 6); out[(*o)++] = (char)(0x80 | (cp & 63)); }
+  else if (cp < 0x10000) {
+    out[(*o)++] = (char)(0xe0 | cp >> 12); out[(*o)++] = (char)(0x80 | ((cp >> 6) & 63)); out[(*o)++] = (char)(0x80 | (cp & 63));
+  } else {
+    out[(*o)++] = (char)(0xf0 | cp >> 18); out[(*o)++] = (char)(0x80 | ((cp >> 12) & 63));
+    out[(*o)++] = (char)(0x80 | ((cp >> 6) & 63)); out[(*o)++] = (char)(0x80 | (cp & 63));
+  }
+}
+
+static int hexval(uint8_t ch) {
+  return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+/* Text of a string value as UTF-8 into out (room for 4 bytes per input byte); returns its length. */
+static size_t text_of(const val_t *v, char *out) {
+  if (v->t == V_STR) { memcpy(out, v->u.s, v->len); return v->len; }
+  /* raw-unicode-escape: \uXXXX and \UXXXXXXXX are code points, every other byte is latin-1 */
+  size_t o = 0;
+  const uint8_t *s = v->u.s;
+  for (size_t i = 0; i < v->len; i++) {
+    int w = 0;
+    if (s[i] == '\\' && i + 1 < v->len) w = s[i + 1] == 'u' ? 4 : s[i + 1] == 'U' ? 8 : 0;
+    if (w && i + 1 + (size_t)w < v->len) {
+      uint32_t cp = 0;
+      int ok = 1;
+      for (int k = 0; k < w; k++) { int h = hexval(s[i + 2 + k]); if (h < 0) { ok = 0; break; } cp = cp * 16 + (uint32_t)h; }
+      if (ok && cp < 0x110000) { put_utf8(out, &o, cp); i += 1 + (size_t)w; continue; }
+    }
+    put_utf8(out, &o, s[i]);
+  }
+  return o;
+}
+
+/* Python's str() of a frame's line value, appended at out; returns the length */
+static size_t line_text(const val_t *v, char *out) {
+  if (!v || v->t == V_NONE) { memcpy(out, "None", 4); return 4; }
+  if (v->t == V_BOOL) { const char *s = v->u.i ? "True" : "False"; memcpy(out, s, strlen(s)); return strlen(s); }
+  if (v->t == V_INT) return (size_t)sprintf(out, "%lld", (long long)v->u.i);
+  if (v->t == V_FLOAT) {
+    /* the shortest text that reads back as the same double, as Python's repr */
+    for (int p = 1; p <= 17; p++) {
+      int n = sprintf(out, "%.*g", p, v->u.f);
+      if (strtod(out, NULL) == v->u.f || p == 17) {
+        if (!strpbrk(out, ".eni")) { memcpy(out + n, ".0", 2); n += 2; }
+        return (size_t)n;
       }
     }
-    pos += op.size;
-    run = pos;
   }
-  memcpy(c->out + c->out_n, c->buf + run, pos - run);
-  c->out_n += pos - run;
-event:
-  if (grow((void **)&c->ev, &c->ev_cap, c->ev_n + 2, 4)) return fail(c, E_NOMEM, a, "out of memory");
-  c->ev[c->ev_n++] = code; c->ev[c->ev_n++] = arg;
+  if (v->t == V_STR || v->t == V_RAWSTR) return text_of(v, out);
+  memcpy(out, "?", 1);
+  return 1;
+}
+
+static uint64_t hash_bytes(const char *s, size_t n) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < n; i++) { h ^= (uint8_t)s[i]; h *= 1099511628211ULL; }
+  return h;
+}
+
+/* The id of a site's text, interned. */
+static int32_t intern(ctx_t *c, const char *s, size_t n) {
+  uint64_t h = hash_bytes(s, n);
+  if (c->n_sites * 2 >= c->table_cap) {  /* rehash at half full */
+    size_t cap = c->table_cap ? c->table_cap * 2 : 1024;
+    uint32_t *t = malloc(cap * sizeof(uint32_t));
+    if (!t) { fail(c, E_NOMEM, 0, "out of memory"); return SITE_NONE; }
+    memset(t, 0xff, cap * sizeof(uint32_t));
+    for (size_t i = 0; i < c->n_sites; i++) {
+      size_t j = c->sites[i].hash & (cap - 1);
+      while (t[j] != 0xffffffffu) j = (j + 1) & (cap - 1);
+      t[j] = (uint32_t)i;
+    }
+    free(c->table);
+    c->table = t; c->table_cap = cap;
+  }
+  size_t j = h & (c->table_cap - 1);
+  while (c->table[j] != 0xffffffffu) {
+    site_t *e = &c->sites[c->table[j]];
+    if (e->hash == h && e->len == n && memcmp(c->arena + e->off, s, n) == 0) return (int32_t)c->table[j];
+    j = (j + 1) & (c->table_cap - 1);
+  }
+  if (grow((void **)&c->sites, &c->cap_sites, c->n_sites + 1, sizeof(site_t)) ||
+      grow((void **)&c->arena, &c->arena_cap, c->arena_n + n + 1, 1)) {
+    fail(c, E_NOMEM, 0, "out of memory");
+    return SITE_NONE;
+  }
+  site_t *e = &c->sites[c->n_sites];
+  e->hash = h; e->off = (uint32_t)c->arena_n; e->len = (uint32_t)n; e->bytes = 0; e->order = -1;
+  memcpy(c->arena + c->arena_n, s, n);
+  c->arena[c->arena_n + n] = 0;
+  c->arena_n += n + 1;
+  c->table[j] = (uint32_t)c->n_sites;
+  return (int32_t)c->n_sites++;
+}
+
+/* A frame dict's class and, for a .py file, its site "file:line" (cached on the dict). Whose file it is
+   the caller decides (userframes.is_user_file), once per distinct name: the name is interned with a
+   leading \1 (never a site's first byte), and that entry's `bytes` holds the answer (1 user, 2 not). */
+static uint8_t frame_class(ctx_t *c, node_t *f) {
+  if (f->fclass != F_UNKNOWN) return f->fclass;
+  const val_t *fn = DGET(f, "filename");
+  if (!fn || (fn->t != V_STR && fn->t != V_RAWSTR)) return f->fclass = F_SKIP;  /* missing: "" is not a .py file */
+  const val_t *line = DGET(f, "line");
+  char *out = tmp_room(c, (size_t)fn->len * 4 + (line && (line->t == V_STR || line->t == V_RAWSTR) ? line->len * 4 : 0) + 64);
+  if (!out) return F_SKIP;
+  size_t n = text_of(fn, out + 1);
+  if (n < 3 || memcmp(out + 1 + n - 3, ".py", 3) != 0) return f->fclass = F_SKIP;
+  out[0] = 1;
+  int32_t file = intern(c, out, n + 1);
+  if (file < 0) return F_SKIP;
+  if (c->sites[file].bytes == 0) c->sites[file].bytes = c->is_user && c->is_user(out + 1, n) ? 1 : 2;
+  uint8_t cls = c->sites[file].bytes == 1 ? F_USER : F_PY;
+  out[1 + n] = ':';
+  size_t len = n + 1 + line_text(line, out + 2 + n);
+  f->site = intern(c, out + 1, len);
+  return f->fclass = cls;
+}
+
+/* snapshot.py's user_site: the innermost user frame, else the first .py frame, else a placeholder; cached
+   on the traceback list. A traceback something else still holds (the memo, for a trace event later in the
+   file) is cut down to its site: the summary never needs its frames again, and the memo would otherwise
+   keep a list per live block until the end of the file. */
+static int32_t site_of(ctx_t *c, const val_t *frames) {
+  if (frames && frames->t == V_SITE) return (int32_t)frames->u.i;
+  if (!is_node(frames, N_LIST)) return c->site_no_frames;
+  node_t *l = frames->u.n;
+  if (l->site != SITE_NONE || l->cut) return l->site;
+  int32_t fallback = SITE_NONE, site = SITE_NONE;
+  for (size_t i = 0; i < l->n; i++) {
+    if (!is_node(&l->items[i], N_DICT)) continue;
+    node_t *f = l->items[i].u.n;
+    uint8_t cls = frame_class(c, f);
+    if (cls == F_USER) { site = f->site; break; }
+    if (cls == F_PY && fallback == SITE_NONE) fallback = f->site;
+  }
+  if (site == SITE_NONE) site = fallback != SITE_NONE ? fallback : c->site_no_py;
+  l->site = site;
+  if (l->refs > 1 && !l->busy) {
+    for (size_t i = 0; i < l->n; i++) release(c, l->items[i]);
+    items_free(c, l->items, l->cap);
+    l->items = NULL; l->n = l->cap = 0; l->cut = 1;
+    if (l->memo_slot) {  /* the memo keeps the site alone, and the list goes with the block that holds it */
+      val_t *m = &c->memo_vals[l->memo_slot - 1];
+      l->memo_slot = 0;
+      if (m->t == V_OBJ && m->u.n == l) {
+        m->t = V_SITE;
+        m->u.i = site;
+        unref(c, l);
+      }
+    }
+  }
+  return site;
+}
+
+static void add_site_bytes(ctx_t *c, int32_t site, int64_t size) {
+  if (site < 0) return;
+  site_t *e = &c->sites[site];
+  if (e->order < 0) e->order = c->site_order++;
+  e->bytes += size;
+}
+
+/* keep the ten largest, earlier ones first among equals (snapshot.py: append, stable sort, cut) */
+static void note_largest(ctx_t *c, int64_t size, int32_t site) {
+  if (c->n_largest >= 10 && size <= c->largest[9].size) return;
+  int i = c->n_largest < 10 ? c->n_largest++ : 9;
+  while (i > 0 && c->largest[i - 1].size < size) { c->largest[i] = c->largest[i - 1]; i--; }
+  c->largest[i].size = size; c->largest[i].site = site;
+}
+
+/* snapshot.py's SnapshotSummary.segment */
+static void summarize_segment(ctx_t *c, const val_t *seg) {
+  c->segments++;
+  if (!is_node(seg, N_DICT)) return;
+  node_t *s = seg->u.n;
+  c->reserved += as_int(DGET(s, "total_size"));
+  const val_t *blocks = DGET(s, "blocks");
+  if (!is_node(blocks, N_LIST)) return;
+  node_t *bl = blocks->u.n;
+  bl->busy++;
+  for (size_t i = 0; i < bl->n; i++) {
+    if (!is_node(&bl->items[i], N_DICT)) continue;
+    node_t *b = bl->items[i].u.n;
+    const val_t *state = DGET(b, "state");
+    int64_t size = as_int(DGET(b, "size"));
+    if (STR_IS(state, "active_allocated")) {
+      c->blocks++;
+      c->allocated += size;
+      const val_t *req = DGET(b, "requested_size");
+      c->requested += req ? as_int(req) : size;
+      int32_t site = site_of(c, DGET(b, "frames"));
+      add_site_bytes(c, site, size);
+      note_largest(c, size, site);
+    } else if (STR_IS(state, "inactive")) {
+      c->free_bytes += size;
+      if (size > c->largest_free) c->largest_free = size;
+    }
+  }
+  bl->busy--;
+}
+
+static void raw_number(const val_t *v, int64_t *kind, int64_t *out) {
+  if (!v || v->t == V_NONE) { *kind = 0; *out = 0; }
+  else if (v->t == V_INT) { *kind = 1; *out = v->u.i; }
+  else if (v->t == V_BOOL) { *kind = 2; *out = v->u.i; }
+  else if (v->t == V_FLOAT) { *kind = 3; memcpy(out, &v->u.f, 8); }
+  else { *kind = 0; *out = 0; }
+}
+
+/* snapshot.py's SnapshotSummary.trace_event */
+static void summarize_event(ctx_t *c, int64_t device, const val_t *ev) {
+  if (!is_node(ev, N_DICT)) return;
+  node_t *e = ev->u.n;
+  c->trace_events++;
+  const val_t *action = DGET(e, "action");
+  if (STR_IS(action, "alloc")) {
+    c->live += as_int(DGET(e, "size"));
+    if (c->live > c->trace_peak) { c->trace_peak = c->live; c->trace_peak_at = c->trace_events - 1; }
+  } else if (STR_IS(action, "free_completed")) {
+    c->live -= as_int(DGET(e, "size"));
+  } else if (STR_IS(action, "oom")) {
+    if (c->n_ooms == 5) { memmove(c->ooms, c->ooms + 1, 4 * sizeof(oom_t)); c->n_ooms--; }
+    oom_t *o = &c->ooms[c->n_ooms++];
+    o->device = device;
+    raw_number(DGET(e, "size"), &o->bytes_kind, &o->bytes);
+    o->site = site_of(c, DGET(e, "frames"));
+    raw_number(DGET(e, "device_free"), &o->free_kind, &o->free);
+  }
+}
+
+static void summarize_trace(ctx_t *c, int64_t device, const val_t *trace) {
+  if (!is_node(trace, N_LIST)) return;
+  node_t *t = trace->u.n;
+  t->busy++;
+  for (size_t i = 0; i < t->n; i++) summarize_event(c, device, &t->items[i]);
+  t->busy--;
+}
+
+/* ================= pass 2: the machine ================= */
+
+static int bad_shape(ctx_t *c, size_t pos, const char *what) { return fail(c, E_NOTPICKLE, pos, what); }
+
+/* An EMPTY_LIST at pos: is it a root value to stream, or a trace inside device_traces? */
+static void tag_list(ctx_t *c, node_t *n, size_t pos) {
+  while (c->rc_i < c->n_rc && c->rc[c->rc_i].start < pos) c->rc_i++;
+  if (c->root_ok && c->rc_i < c->n_rc && c->rc[c->rc_i].start == pos && (c->rc_i & 1) && c->rc[c->rc_i].is_list &&
+      c->vsp >= 2 && is_node(&c->vs[0], N_DICT)) {
+    const val_t *key = &c->vs[c->vsp - 1];  /* the root's key is pushed right before its value */
+    if (STR_IS(key, "segments")) {
+      n->stream = S_SEG;
+      n->summarized = 1;
+      c->has_seg = 1; c->seg_slot = c->vsp; c->seg_start = pos;
+    }
+    else if (STR_IS(key, "device_traces")) {
+      n->stream = S_DT;
+      n->summarized = 1;
+      c->has_dt = 1; c->dt_slot = c->vsp; c->dt_start = pos;
+    } else n->stream = S_DROP;  /* the summary reads nothing else: its elements are freed as they come */
+    return;
+  }
+  while (c->l2_i < c->n_l2 && c->l2[c->l2_i].child < pos) c->l2_i++;
+  if (c->has_dt && c->l2_i < c->n_l2 && c->l2[c->l2_i].child == pos && c->l2[c->l2_i].parent == c->dt_start &&
+      c->dt_slot < c->vsp && is_node(&c->vs[c->dt_slot], N_LIST) && c->vs[c->dt_slot].u.n->stream == S_DT) {
+    n->stream = S_TRACE;
+    n->summarized = 1;
+    n->aux = c->vs[c->dt_slot].u.n->aux + (int64_t)(c->vsp - c->dt_slot - 1);
+  }
+}
+
+/* values appended to a list: kept, or (a streamed list) summarized, then freed or (referred to again) kept */
+static int take(ctx_t *c, node_t *list, size_t first, size_t pos) {
+  size_t count = c->vsp - first;
+  val_t *v = c->vs + first;
+  switch (list->stream) {
+    case S_SEG:
+      for (size_t i = 0; i < count; i++)
+        if (v[i].t != V_DONE) { summarize_segment(c, &v[i]); c->streamed_segments++; }
+      break;
+    case S_DT:
+      for (size_t i = 0; i < count; i++, list->aux++)
+        if (!(is_node(&v[i], N_LIST) && v[i].u.n->summarized)) summarize_trace(c, list->aux, &v[i]);
+      break;
+    case S_TRACE:
+      for (size_t i = 0; i < count; i++) { summarize_event(c, list->aux, &v[i]); c->streamed_events++; }
+      break;
+    default: break;
+  }
+  if (list->stream == S_NONE || list->keep) {
+    if (add_items(c, list, v, count, pos)) return -1;
+    list->site = SITE_NONE;  /* a traceback that grows: its cached site is stale */
+  } else {
+    for (size_t i = 0; i < count; i++) release(c, v[i]);
+  }
+  c->vsp = first;
+  return c->err ? -1 : 0;
+}
+
+static int vpop_mark(ctx_t *c, size_t pos, size_t *m) {
+  if (!c->vnm) return underflow(c, pos);
+  *m = c->vmarks[--c->vnm];
+  if (*m > c->vsp) return underflow(c, pos);
   return 0;
 }
 
-static int pass2_consume(ctx_t *c, size_t parent, size_t first, size_t last, size_t op_off) {
-  if (c->pass == 1) return pass1_consume(c, parent, first, last, op_off);
-  slot_t *p = &c->st[parent];
-  for (size_t i = first; i < last; i++)
-    if (c->st[i].tag == T_ROOT || (c->st[i].tag == T_L1 && p->tag != T_ROOT) ||
-        (c->st[i].tag == T_L2 && p->tag != T_L1))
-      return fail(c, E_SHAPE, op_off, "a streamed list ends up somewhere unexpected");
-  if (p->tag != T_L1 && p->tag != T_L2) return 0;
-  for (size_t i = first; i < last; i++) {
-    if (c->st[i].tag == T_L2) continue;
-    size_t end = i + 1 < last ? c->st[i + 1].start : op_off;
-    if (enqueue(c, c->st[i].start, end, c->st[i].memo, p->tag == T_L1 ? EV_ELEM1 : EV_ELEM2, p->ord)) return -1;
+static int parse_line_int(const uint8_t *s, size_t n, val_t *v) {
+  size_t i = 0;
+  int neg = 0;
+  if (n && s[n - 1] == 'L') n--;  /* LONG's Python 2 suffix */
+  if (i < n && (s[i] == '-' || s[i] == '+')) { neg = s[i] == '-'; i++; }
+  if (i == n) return -1;
+  uint64_t acc = 0;
+  int big = 0;
+  for (; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9') return -1;
+    if (acc > (UINT64_MAX - 9) / 10) big = 1;
+    acc = acc * 10 + (uint64_t)(s[i] - '0');
   }
+  if (big || acc > (uint64_t)INT64_MAX) { v->t = V_BIG; return 0; }
+  v->t = V_INT; v->u.i = neg ? -(int64_t)acc : (int64_t)acc;
   return 0;
 }
 
-/* ---- the API ---- */
+/* One opcode of pass 2: 1 at STOP, 0 to go on, -1 on error. Pass 1 has refused what is not plain data. */
+static int step2(ctx_t *c, size_t pos, op_t *op) {
+  if (decode(c, pos, op)) return -1;
+  const uint8_t *a = c->buf + pos + 1;  /* the argument */
+  opinfo_t in = OPS[op->code];
+  val_t v = {.t = V_NONE};
+  size_t m;
+  switch (in.kind) {
+    case K_REFUSE: return fail(c, E_REFUSED, pos, NAMES[op->code]);
+    case K_FRAME: return 0;
+    case K_NONE:
+      if (op->code == 0x85) {  /* TUPLE1 */
+        if (!c->vsp) return underflow(c, pos);
+        return collect(c, N_TUPLE, 1, pos);
+      }
+      return 0;
+    case K_PUSH:
+      switch (op->code) {
+        case ']': case '}': case ')': case 0x8f: {
+          uint8_t kind = op->code == ']' ? N_LIST : op->code == '}' ? N_DICT : op->code == ')' ? N_TUPLE : N_SET;
+          node_t *n = new_node(c, kind);
+          if (!n) return fail(c, E_NOMEM, pos, "out of memory");
+          if (kind == N_LIST) tag_list(c, n, pos);
+          v.t = V_OBJ; v.u.n = n;
+          return vpush(c, v, pos);
+        }
+        case '2':
+          if (!c->vsp) return underflow(c, pos);
+          return vpush(c, share(c->vs[c->vsp - 1]), pos);
+        case 'N': break;
+        case 0x88: case 0x89: v.t = V_BOOL; v.u.i = op->code == 0x88; break;
+        case 'K': v.t = V_INT; v.u.i = a[0]; break;
+        case 'M': v.t = V_INT; v.u.i = (int64_t)rd_le(a, 2); break;
+        case 'J': v.t = V_INT; v.u.i = (int32_t)(uint32_t)rd_le(a, 4); break;
+        case 'G': { uint64_t bits = 0; for (int i = 0; i < 8; i++) bits = (bits << 8) | a[i]; v.t = V_FLOAT; memcpy(&v.u.f, &bits, 8); break; }
+        case 'I': case 'L': {
+          size_t n = op->size - 2;
+          if (op->code == 'I' && n == 2 && a[0] == '0' && (a[1] == '0' || a[1] == '1')) { v.t = V_BOOL; v.u.i = a[1] == '1'; break; }
+          if (parse_line_int(a, n, &v)) return bad_shape(c, pos, "an INT opcode does not hold a number");
+          break;
+        }
+        case 'F': {
+          char num[64];
+          size_t n = op->size - 2;
+          if (n >= sizeof num) return bad_shape(c, pos, "a FLOAT opcode does not hold a number");
+          memcpy(num, a, n); num[n] = 0;
+          char *end;
+          v.t = V_FLOAT; v.u.f = strtod(num, &end);
+          if (end == num) return bad_shape(c, pos, "a FLOAT opcode does not hold a number");
+          break;
+        }
+        case 0x8a: case 0x8b: {  /* LONG1, LONG4: little-endian two's complement */
+          int w = op->code == 0x8a ? 1 : 4;
+          size_t n = (size_t)rd_le(a, w);
+          if (n > 8) { v.t = V_BIG; break; }
+          uint64_t x = n ? rd_le(a + w, (int)n) : 0;
+          if (n && n < 8 && (x >> (8 * n - 1)) & 1) x |= ~(uint64_t)0 << (8 * n);
+          v.t = V_INT; v.u.i = (int64_t)x;
+          break;
+        }
+        case 'X': case 'T': v.t = V_STR; v.len = (uint32_t)rd_le(a, 4); v.u.s = a + 4; break;
+        case 0x8c: case 'U': v.t = V_STR; v.len = a[0]; v.u.s = a + 1; break;
+        case 0x8d: v.t = V_STR; v.len = (uint32_t)rd_le(a, 8); v.u.s = a + 8; break;
+        case 'V': v.t = V_RAWSTR; v.len = (uint32_t)(op->size - 2); v.u.s = a; break;
+        case 'S': {  /* Python 2's repr of a str: quoted; with an escape it is not text this reader compares */
+          size_t n = op->size - 2;
+          if (n < 2 || (a[0] != '\'' && a[0] != '"') || a[n - 1] != a[0]) return bad_shape(c, pos, "a STRING opcode is not quoted");
+          v.t = memchr(a, '\\', n) ? V_BYTES : V_STR; v.len = (uint32_t)(n - 2); v.u.s = a + 1;
+          break;
+        }
+        case 'B': v.t = V_BYTES; v.len = (uint32_t)rd_le(a, 4); v.u.s = a + 4; break;
+        case 'C': v.t = V_BYTES; v.len = a[0]; v.u.s = a + 1; break;
+        case 0x8e: case 0x96: v.t = V_BYTES; v.len = (uint32_t)rd_le(a, 8); v.u.s = a + 8; break;
+        default: return bad_shape(c, pos, "an opcode this reader does not know");
+      }
+      return vpush(c, v, pos);
+    case K_GET: {
+      if (!bit(c->fetched, c->words, op->key)) return bad_shape(c, pos, "a memo key is fetched before it is stored");
+      uint64_t r = rank_of(c, op->key);
+      v = c->memo_vals[r];
+      if (bit(c->again, c->words, op->key)) return vpush(c, share(v), pos);
+      /* the only fetch of this key: the memo lets go of it, so the object lives no longer than its user */
+      c->memo_vals[r].t = V_NONE;
+      c->released++;
+      return vpush(c, v, pos);
+    }
+    case K_MEMOIZE: case K_PUT: {
+      if (!c->vsp) return underflow(c, pos);
+      uint64_t key = in.kind == K_MEMOIZE ? c->memo2++ : op->key;
+      if (!bit(c->fetched, c->words, key)) return 0;  /* nobody fetches it: not kept */
+      val_t *top = &c->vs[c->vsp - 1];
+      if (top->t == V_OBJ && top->u.n->stream != S_NONE && !top->u.n->keep) {
+        /* a streamed list referred to again: still summarized as it is read, and kept whole as well */
+        top->u.n->keep = 1;
+        c->kept_lists++;
+      }
+      uint64_t r = rank_of(c, key);
+      release(c, c->memo_vals[r]);
+      c->memo_vals[r] = share(*top);
+      if (top->t == V_OBJ) top->u.n->memo_slot = (uint32_t)(r + 1);
+      return 0;
+    }
+    case K_MARK:
+      if (c->vnm == c->cap_vm && grow((void **)&c->vmarks, &c->cap_vm, c->vnm + 1, sizeof(size_t)))
+        return fail(c, E_NOMEM, pos, "out of memory");
+      c->vmarks[c->vnm++] = c->vsp;
+      return 0;
+    case K_STOP: return 1;
+    case K_POP:
+      if (!c->vsp) return underflow(c, pos);
+      release(c, c->vs[--c->vsp]);
+      return 0;
+    case K_POPMARK:
+      if (vpop_mark(c, pos, &m)) return -1;
+      while (c->vsp > m) release(c, c->vs[--c->vsp]);
+      return 0;
+    case K_APPEND: case K_APPENDS: {
+      if (in.kind == K_APPEND) { if (c->vsp < 2) return underflow(c, pos); m = c->vsp - 1; }
+      else if (vpop_mark(c, pos, &m)) return -1;
+      if (m == 0) return underflow(c, pos);
+      if (!is_node(&c->vs[m - 1], N_LIST)) return bad_shape(c, pos, "something that is not a list is appended to");
+      return take(c, c->vs[m - 1].u.n, m, pos);
+    }
+    case K_SETITEM: case K_SETITEMS: {
+      if (in.kind == K_SETITEM) { if (c->vsp < 3) return underflow(c, pos); m = c->vsp - 2; }
+      else if (vpop_mark(c, pos, &m)) return -1;
+      if (m == 0) return underflow(c, pos);
+      if (!is_node(&c->vs[m - 1], N_DICT)) return bad_shape(c, pos, "items are set on something that is not a dict");
+      if ((c->vsp - m) & 1) return bad_shape(c, pos, "a dict is given a key without a value");
+      for (size_t i = m; i < c->vsp; i += 2)
+        if (c->vs[i].t == V_OBJ && c->vs[i].u.n->kind != N_TUPLE && c->vs[i].u.n->kind != N_FROZENSET)
+          return bad_shape(c, pos, "a dict key is a list, dict or set");
+      node_t *d = c->vs[m - 1].u.n;
+      if (add_items(c, d, c->vs + m, c->vsp - m, pos)) return -1;
+      d->fclass = F_UNKNOWN;  /* a frame dict that changes: its cached class is stale */
+      c->vsp = m;
+      return 0;
+    }
+    case K_ADDITEMS: {
+      if (vpop_mark(c, pos, &m)) return -1;
+      if (m == 0) return underflow(c, pos);
+      if (!is_node(&c->vs[m - 1], N_SET)) return bad_shape(c, pos, "items are added to something that is not a set");
+      if (add_items(c, c->vs[m - 1].u.n, c->vs + m, c->vsp - m, pos)) return -1;
+      c->vsp = m;
+      return 0;
+    }
+    case K_FROMMARK: {
+      if (vpop_mark(c, pos, &m)) return -1;
+      size_t count = c->vsp - m;
+      uint8_t kind = op->code == 'd' ? N_DICT : op->code == 'l' ? N_LIST : op->code == 't' ? N_TUPLE : N_FROZENSET;
+      if (kind == N_DICT && (count & 1)) return bad_shape(c, pos, "a dict is given a key without a value");
+      return collect(c, kind, count, pos);
+    }
+    case K_TUPLE2: case K_TUPLE3: {
+      size_t k = in.kind == K_TUPLE2 ? 2 : 3;
+      if (c->vsp < k) return underflow(c, pos);
+      return collect(c, N_TUPLE, k, pos);
+    }
+    default: return 0;
+  }
+}
 
-void *ts_open(const char *path) {
+/* pos ends an element of a list that may be the root's `segments`: summarize it and free it now */
+static void segment_done(ctx_t *c, size_t pos) {
+  while (c->se_i < c->n_se && c->se[c->se_i].child <= pos) {
+    const pair_t *e = &c->se[c->se_i++];
+    if (e->child != pos || !c->has_seg || e->parent != c->seg_start || c->vsp <= c->seg_slot + 1) continue;
+    const val_t *list = &c->vs[c->seg_slot];
+    if (!is_node(list, N_LIST) || list->u.n->stream != S_SEG || list->u.n->keep) continue;
+    val_t *top = &c->vs[c->vsp - 1];
+    summarize_segment(c, top);
+    c->streamed_segments++;
+    release(c, *top);
+    top->t = V_DONE;
+  }
+  c->se_end = c->se_i < c->n_se ? c->se[c->se_i].child : SIZE_MAX;
+}
+
+/* ================= the API ================= */
+
+void *ts_open(const char *path, int (*is_user)(const char *, size_t)) {
   init_ops();
   ctx_t *c = calloc(1, sizeof(ctx_t));
   if (!c) return NULL;
+  c->trace_peak_at = -1;
+  c->is_user = is_user;
+  c->site_no_frames = intern(c, "(no frames)", 11);
+  c->site_no_py = intern(c, "(no Python frame)", 17);
   int fd = open(path, O_RDONLY);
   if (fd < 0) { c->err = E_IO; snprintf(c->msg, sizeof c->msg, "%s", strerror(errno)); return c; }
   struct stat stt;
@@ -491,134 +1092,158 @@ void *ts_open(const char *path) {
     close(fd);
     return c;
   }
-  void *m = mmap(NULL, (size_t)stt.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void *mp = mmap(NULL, (size_t)stt.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
-  if (m == MAP_FAILED) { c->err = E_IO; snprintf(c->msg, sizeof c->msg, "%s", strerror(errno)); return c; }
-  madvise(m, (size_t)stt.st_size, MADV_SEQUENTIAL);
-  c->buf = m;
+  if (mp == MAP_FAILED) { c->err = E_IO; snprintf(c->msg, sizeof c->msg, "%s", strerror(errno)); return c; }
+  madvise(mp, (size_t)stt.st_size, MADV_SEQUENTIAL);
+  c->buf = mp;
   c->len = (size_t)stt.st_size;
+  c->root_ok = 1;
   return c;
 }
 
-static void reset_walk(ctx_t *c) {
-  c->sp = 0; c->nm = 0; c->memo = 0; c->memo_style = 0; c->n_ops = 0;
-  if (c->words) memset(c->defined, 0, c->words * 8);
-}
-
-/* Pass 1 over the whole file. Returns an E_ code. */
-int ts_scan(ctx_t *c) {
-  if (c->err) return c->err;
-  c->pass = 1;
-  reset_walk(c);
-  c->root_ok = 1;
-  c->dropped = 0;
-  size_t pos = 0;
-  op_t op;
-  for (;;) {
-    if (pos >= c->len) { fail(c, E_TRUNCATED, pos, "the file ends before the pickle's STOP opcode"); return c->err; }
-    if (c->sp == 0 && c->buf[pos] != 0x80 && c->buf[pos] != 0x95 && c->buf[pos] != '}') c->root_ok = 0;
-    int r = step(c, pos, &op);
-    if (r < 0) return c->err;
-    pos += op.size;
-    if (r == 1) break;
-    drop_behind(c, pos);
-  }
-  c->stop_off = pos - 1;
+/* after pass 1: the lists nested in the root's list values, and the dense ranks of the fetched keys */
+static int finish_scan(ctx_t *c) {
   if (c->sp != 1 || c->buf[c->st[0].start] != '}') c->root_ok = 0;
-  /* the lists nested in a root-level list (device_traces[i]) */
   for (size_t i = 0; i < c->n_ll; i++) {
-    for (size_t j = 0; j < c->n_rc; j++) {
-      if (c->rc[j].is_list && c->rc[j].start == c->ll[i].parent && (j & 1)) {
-        if (grow((void **)&c->l2s, &c->cap_l2, c->n_l2 + 1, sizeof(size_t)) ||
-            !(c->l2p = realloc(c->l2p, (c->n_l2 + 1) * sizeof(uint32_t)))) {
-          fail(c, E_NOMEM, 0, "out of memory");
-          return c->err;
-        }
-        uint32_t ord = 0;
-        for (size_t k = 0; k < j; k++) ord += (c->rc[k].is_list && (k & 1));
-        c->l2s[c->n_l2] = c->ll[i].child;
-        c->l2p[c->n_l2] = ord;
-        c->n_l2++;
-      }
+    for (size_t j = 1; j < c->n_rc; j += 2) {
+      if (!(c->rc[j].is_list && c->rc[j].start == c->ll[i].parent)) continue;
+      if (grow((void **)&c->l2, &c->cap_l2, c->n_l2 + 1, sizeof(pair_t))) return fail(c, E_NOMEM, 0, "out of memory");
+      c->l2[c->n_l2++] = c->ll[i];
     }
   }
-  /* keys of the root are even children, values odd; only values are streamed */
-  for (size_t j = 0; j < c->n_rc; j++) if (!(j & 1)) c->rc[j].is_list = 0;
-  /* ranks of the fetched keys */
   c->rank = malloc((c->words + 1) * sizeof(uint32_t));
-  if (!c->rank && c->words) { fail(c, E_NOMEM, 0, "out of memory"); return c->err; }
+  if (!c->rank) return fail(c, E_NOMEM, 0, "out of memory");
   uint64_t acc = 0;
-  for (size_t w = 0; w < c->words; w++) { c->rank[w] = (uint32_t)acc; acc += (uint64_t)__builtin_popcountll(c->fetched[w]); }
+  for (size_t w = 0; w < c->words; w++) { c->rank[w] = (uint32_t)acc; acc += (uint64_t)ones(c->fetched[w]); }
+  if (acc > 0xffffffffULL) return fail(c, E_SHAPE, 0, "too many shared objects");
   c->n_fetched = acc;
-  c->n_memo = c->memo;
-  if (acc > 0xffffffffULL) { fail(c, E_SHAPE, 0, "too many shared objects"); return c->err; }
-  if (!c->root_ok) { fail(c, E_SHAPE, 0, "the root is not a dict the reader can stream"); return c->err; }
+  c->n_memo = c->memo1;
+  c->se_end = c->n_se ? c->se[0].child : SIZE_MAX;
+  c->memo_vals = calloc(acc + 1, sizeof(val_t));
+  if (!c->memo_vals) return fail(c, E_NOMEM, 0, "out of memory");
   madvise((void *)c->buf, c->len, MADV_DONTNEED);
-  c->pass = 2;
-  reset_walk(c);
   c->dropped = 0;
-  c->pos = 0;
-  return E_OK;
+  free(c->st); c->st = NULL; c->cap_st = 0;
+  free(c->ll); c->ll = NULL; c->cap_ll = 0;
+  return 0;
 }
 
-/* Pass 2: the next batch. Returns its size in bytes (0 at the end, -1 on error); *data and *events point
-   into buffers the next call reuses; *n_events counts (code, arg) pairs. */
-long long ts_next(ctx_t *c, const uint8_t **data, const uint32_t **events, size_t *n_events, size_t batch) {
+/* Pass 1 up to byte `upto` (or the end). Returns 1 while there is more, 0 when done, -1 on error. */
+int ts_scan(ctx_t *c, size_t upto) {
   if (c->err) return -1;
-  if (c->done && c->q_head >= c->q_n) return 0;
-  c->out_n = 0; c->ev_n = 0;
-  static const uint8_t head[] = {0x80, 4, 0x95, 0, 0, 0, 0, 0, 0, 0, 0, ']', '('};
-  if (grow((void **)&c->out, &c->out_cap, sizeof head + 64, 1)) { fail(c, E_NOMEM, 0, "out of memory"); return -1; }
-  memcpy(c->out, head, sizeof head);
-  c->out_n = sizeof head;
+  if (c->scanned) return 0;
+  size_t pos = c->pos1;
   op_t op;
-  while (c->out_n < batch && c->ev_n < 2 * 65536) {
-    if (c->q_head < c->q_n) {  /* write what is queued first: a batch holds whole pieces, about `batch` bytes */
-      piece_t *p = &c->q[c->q_head++];
-      if (emit_range(c, p->a, p->b, p->memo, p->code, p->arg)) return -1;
-      continue;
-    }
-    c->q_n = c->q_head = 0;
-    if (c->done) break;
-    size_t pos = c->pos;
-    /* a root child that is complete: emit it (a list value was streamed instead) */
-    while (c->rc_i < c->n_rc && c->rc[c->rc_i].end == pos) {
-      child_t *ch = &c->rc[c->rc_i];
-      if (!ch->is_list && enqueue(c, ch->start, ch->end, ch->memo, (c->rc_i & 1) ? EV_VALUE : EV_KEY, 0)) return -1;
-      c->rc_i++;
-    }
-    if (c->rc_i < c->n_rc && c->rc[c->rc_i].start == pos) c->rc[c->rc_i].memo = c->memo;
-    int r = step(c, pos, &op);
+  while (pos < upto) {
+    if (pos >= c->len) return fail(c, E_TRUNCATED, pos, "the file ends before the pickle's STOP opcode");
+    int r = step1(c, pos, &op);
     if (r < 0) return -1;
-    c->pos = pos + op.size;
-    if (r == 1) c->done = 1;
-    drop_behind(c, c->pos);
+    pos += op.size;
+    if (r == 1) {
+      c->scanned = 1;
+      return finish_scan(c) ? -1 : 0;
+    }
+    drop_behind(c, pos, 0);
   }
-  if (c->out_n == sizeof head && c->ev_n == 0) return 0;
-  if (grow((void **)&c->out, &c->out_cap, c->out_n + 2, 1)) { fail(c, E_NOMEM, 0, "out of memory"); return -1; }
-  c->out[c->out_n++] = 'e';
-  c->out[c->out_n++] = '.';
-  uint64_t flen = c->out_n - 11;
-  for (int i = 0; i < 8; i++) c->out[3 + i] = (uint8_t)(flen >> (8 * i));
-  *data = c->out;
-  *events = c->ev;
-  *n_events = c->ev_n / 2;
-  return (long long)c->out_n;
+  c->pos1 = pos;
+  return 1;
+}
+
+/* Pass 2 up to byte `upto`. Returns 1 while there is more, 0 when done (the summary is complete), -1 on error. */
+int ts_eval(ctx_t *c, size_t upto) {
+  if (c->err) return -1;
+  if (!c->scanned) return fail(c, E_SHAPE, 0, "the file was not scanned first");
+  if (c->done) return 0;
+  size_t pos = c->pos2;
+  op_t op;
+  while (pos < upto) {
+    if (pos == c->se_end) segment_done(c, pos);
+    int r = step2(c, pos, &op);
+    if (r < 0) return -1;
+    pos += op.size;
+    if (r == 1) {
+      c->done = 1;
+      break;
+    }
+    drop_behind(c, pos, (size_t)96 << 20);
+  }
+  c->pos2 = pos;
+  if (!c->done) return 1;
+  /* what was not streamed (a layout the streamer leaves alone) is summarized from the built root */
+  if (c->vsp != 1 || !is_node(&c->vs[0], N_DICT)) return fail(c, E_NOSEG, pos, "the root is not a dict");
+  node_t *root = c->vs[0].u.n;
+  const val_t *segs = DGET(root, "segments");
+  if (!is_node(segs, N_LIST)) return fail(c, E_NOSEG, pos, "no 'segments' list");
+  node_t *sl = segs->u.n;
+  sl->busy++;
+  for (size_t i = 0; !sl->summarized && i < sl->n; i++) summarize_segment(c, &sl->items[i]);
+  sl->busy--;
+  const val_t *traces = DGET(root, "device_traces");
+  if (is_node(traces, N_LIST) && !traces->u.n->summarized) {
+    node_t *tl = traces->u.n;
+    tl->busy++;
+    for (size_t i = 0; i < tl->n; i++)
+      if (!(is_node(&tl->items[i], N_LIST) && tl->items[i].u.n->summarized)) summarize_trace(c, (int64_t)i, &tl->items[i]);
+    tl->busy--;
+  }
+  return c->err ? -1 : 0;
 }
 
 int ts_error(ctx_t *c) { return c ? c->err : E_NOMEM; }
 const char *ts_message(ctx_t *c) { return c ? c->msg : "out of memory"; }
 long long ts_offset(ctx_t *c) { return c ? (long long)c->err_off : 0; }
-long long ts_size(ctx_t *c) { return (long long)c->len; }
-/* n_memo, n_fetched, n_ops of the last pass, root children, nested lists, memo entries released after their one fetch */
-void ts_stats(ctx_t *c, uint64_t *out) {
-  out[0] = c->n_memo; out[1] = c->n_fetched; out[2] = c->n_ops; out[3] = c->n_rc; out[4] = c->n_l2; out[5] = c->released;
+long long ts_size(ctx_t *c) { return c ? (long long)c->len : 0; }
+
+/* The summary's numbers, in the order snapshot_native.COUNTERS names them. */
+void ts_counters(ctx_t *c, int64_t *out) {
+  int64_t v[] = {c->segments, c->blocks, c->reserved, c->allocated, c->requested, c->free_bytes, c->largest_free,
+                 c->trace_events, c->live, c->trace_peak, c->trace_peak_at, c->n_largest, c->n_ooms,
+                 (int64_t)c->n_memo, (int64_t)c->n_fetched, (int64_t)c->released, (int64_t)c->n_ops,
+                 (int64_t)c->made_nodes, (int64_t)c->peak_nodes, (int64_t)c->streamed_segments,
+                 (int64_t)c->streamed_events, (int64_t)c->n_sites, (int64_t)c->kept_lists};
+  memcpy(out, v, sizeof v);
 }
+
+const char *ts_site(ctx_t *c, int32_t id) { return id >= 0 && (size_t)id < c->n_sites ? c->arena + c->sites[id].off : ""; }
+
+static int by_bytes(const void *x, const void *y) {
+  const site_t *a = *(site_t *const *)x, *b = *(site_t *const *)y;
+  if (a->bytes != b->bytes) return a->bytes < b->bytes ? 1 : -1;
+  return a->order < b->order ? -1 : a->order > b->order;
+}
+
+/* The k sites with the most bytes (first seen first among equals): their ids and bytes. Returns how many. */
+int ts_top_sites(ctx_t *c, int k, int32_t *ids, int64_t *bytes) {
+  site_t **all = malloc((c->n_sites + 1) * sizeof(site_t *));
+  if (!all) return 0;
+  size_t n = 0;
+  for (size_t i = 0; i < c->n_sites; i++) if (c->sites[i].order >= 0) all[n++] = &c->sites[i];
+  qsort(all, n, sizeof *all, by_bytes);
+  int got = 0;
+  for (size_t i = 0; i < n && got < k; i++, got++) { ids[got] = (int32_t)(all[i] - c->sites); bytes[got] = all[i]->bytes; }
+  free(all);
+  return got;
+}
+
+void ts_largest(ctx_t *c, int64_t *sizes, int32_t *sites) {
+  for (int i = 0; i < c->n_largest; i++) { sizes[i] = c->largest[i].size; sites[i] = c->largest[i].site; }
+}
+
+/* each out-of-memory event: device, bytes kind, bytes, site, device_free kind, device_free (kinds: 0 None,
+   1 int, 2 bool, 3 float bits) */
+void ts_ooms(ctx_t *c, int64_t *out) { memcpy(out, c->ooms, (size_t)c->n_ooms * sizeof(oom_t)); }
 
 void ts_close(ctx_t *c) {
   if (!c) return;
+  if (c->memo_vals) for (uint64_t i = 0; i < c->n_fetched; i++) release(c, c->memo_vals[i]);
+  while (c->vsp) release(c, c->vs[--c->vsp]);
+  while (c->free_nodes) { node_t *n = c->free_nodes; c->free_nodes = n->next_free; free(n); }
+  for (int k = 0; k < POOL_CLASSES; k++)
+    while (c->pool[k]) { void *p = c->pool[k]; c->pool[k] = *(void **)p; free(p); }
   if (c->buf) munmap((void *)c->buf, c->len);
-  free(c->fetched); free(c->again); free(c->defined); free(c->rank); free(c->st); free(c->marks); free(c->rc); free(c->ll);
-  free(c->l2s); free(c->l2p); free(c->out); free(c->ev); free(c->q);
+  free(c->fetched); free(c->again); free(c->defined); free(c->rank); free(c->st); free(c->marks); free(c->rc);
+  free(c->ll); free(c->l2); free(c->se); free(c->vs); free(c->vmarks); free(c->memo_vals); free(c->fq);
+  free(c->sites); free(c->table); free(c->arena); free(c->tmp);
   free(c);
 }
