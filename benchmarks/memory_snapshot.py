@@ -106,8 +106,11 @@ def write_torch_shaped(path: Path, size_mb: int) -> None:
     """
     py_frames = [{"name": f"fn{i}", "filename": f"/home/user/project/model_{i % 40}.py", "line": 10 + i}
                  for i in range(2000)]
-    torch_frames = [{"name": f"forward{i}", "filename": f"/usr/lib/python3.11/site-packages/torch/nn/mod{i}.py",
-                     "line": i} for i in range(200)]
+    torch_entry = [  # torch's own frames, as this torch names the ones that mark a phase (see snapshot.frame_code)
+        ("_call_impl", "nn/modules/module.py"), ("linear", "nn/functional.py"), ("_init_group", "optim/adam.py"),
+        ("_engine_run_backward", "autograd/graph.py")]
+    torch_frames = [{"name": torch_entry[i % 4][0], "filename": f"/usr/lib/python3.11/site-packages/torch/"
+                     f"{torch_entry[i % 4][1]}", "line": i} for i in range(200)]
     cpp_frames = [{"name": f"c10::cuda::fn{i}", "filename": "??", "line": 0} for i in range(600)]
     train = {"name": "train_step", "filename": "/home/user/project/train.py", "line": 88}
     state = {s: s for s in ("active_allocated", "inactive", "active_pending_free")}

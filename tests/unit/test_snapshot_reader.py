@@ -352,3 +352,103 @@ def test_whose_frame_it_is_is_the_userframes_rule_in_both_readers(tmp_path: Path
     assert [s["name"] for s in ours["sites"]] == [
         "/home/u/lib/python/train.py:5", "/home/u/torch/train.py:5", "/srv/job/run.py:5",
         "/opt/conda/lib/python3.10/site-packages/lightning/trainer.py:5"]
+
+
+def _recorded_training_snapshot() -> tuple[dict[str, Any], dict[str, int]]:
+    """A snapshot whose tracebacks are this torch's real Python stacks, innermost first (as torch records them),
+    taken at every op of building, one forward/backward/Adam step of a small model; and the bytes each phase
+    really allocated (we know which phase we were in)."""
+    import traceback
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Scale(torch.autograd.Function):  # a custom Function: its apply runs in forward, not backward
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    blocks: list[dict[str, Any]] = []
+    truth = dict.fromkeys(S.PHASES, 0)
+    phase = ["parameters"]
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            stack = traceback.extract_stack()[:-1][::-1]  # this frame dropped; innermost first
+            for t in out if isinstance(out, tuple | list) else [out]:
+                if isinstance(t, torch.Tensor) and func._schema.name not in ("aten::detach", "aten::t", "aten::view"):
+                    size = t.untyped_storage().nbytes()
+                    blocks.append({"state": "active_allocated", "size": size, "frames": [
+                        {"filename": fs.filename, "line": fs.lineno, "name": fs.name} for fs in stack]})
+                    truth[phase[0]] += size
+            return out
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(16, 32), torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.b(Scale.apply(torch.relu(self.a(x))))
+
+    with Record():
+        net = Net()
+        opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+        phase[0] = "other"  # the user's own tensors: no torch frame says what they are for
+        x = torch.ones(8, 16)
+        phase[0] = "activations"
+        out = net(x)
+        phase[0] = "other"  # the loss is computed in the user's code, outside any module call
+        loss = out.square().mean()
+        phase[0] = "gradients"
+        loss.backward()
+        phase[0] = "optimizer_state"
+        opt.step()
+    return {"segments": [{"total_size": 1 << 20, "blocks": blocks}]}, truth
+
+
+def test_phases_from_this_torchs_real_stacks(tmp_path: Path, reader) -> None:
+    data, truth = _recorded_training_snapshot()
+    path = _write(tmp_path, data)
+    ours = reader(path, True)
+    _same(ours, reader(path, False))
+    assert all(truth[p] for p in S.PHASES)
+    assert ours["phases"] == truth, (ours["phases"], truth)
+    lines = S.render_snapshot({**ours, "path": "x"})
+    assert any(line.startswith("allocated by phase") for line in lines)
+
+
+def test_a_cuda_backward_allocation_with_native_frames_only_is_a_gradient(tmp_path: Path, reader) -> None:
+    native_only = [{"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"},
+                   {"filename": "??", "line": 0, "name": "torch::autograd::generated::MmBackward0::apply"},
+                   {"filename": "??", "line": 0, "name": "torch::autograd::Engine::thread_main"}]
+    forward = [{"filename": "??", "line": 0, "name": "torch::autograd::VariableType::mm"},
+               {"filename": "/x/site-packages/torch/nn/modules/module.py", "line": 1, "name": "_call_impl"},
+               {"filename": "/home/u/train.py", "line": 9, "name": "<module>"}]
+    blocks = [{"state": "active_allocated", "size": 700, "frames": native_only},
+              {"state": "active_allocated", "size": 300, "frames": forward}]
+    path = _write(tmp_path, {"segments": [{"total_size": 1000, "blocks": blocks}]})
+    ours = reader(path, True)
+    _same(ours, reader(path, False))
+    assert ours["phases"]["gradients"] == 700 and ours["phases"]["activations"] == 300
+    assert [s["name"] for s in ours["sites"]] == ["(no Python frame)", "/home/u/train.py:9"]
+    assert any("zero_grad(set_to_none=True)" in line for line in S.render_snapshot({**ours, "path": "x"}))
+
+
+def test_a_traceback_shared_by_blocks_and_events_keeps_its_site_and_phase_once_cut(tmp_path: Path, reader) -> None:
+    tb = [{"filename": "/x/site-packages/torch/optim/adam.py", "line": 3, "name": "_init_group"},
+          {"filename": "/home/u/train.py", "line": 40, "name": "<module>"}]
+    blocks = [{"state": "active_allocated", "size": 100 * (i + 1), "frames": tb} for i in range(3)]
+    data = {"segments": [{"blocks": blocks[:2]}, {"blocks": blocks[2:]}],
+            "device_traces": [[{"action": "alloc", "size": 100, "frames": tb},
+                               {"action": "oom", "size": 5, "frames": tb}]]}
+    path = _write(tmp_path, data)
+    ours = reader(path, True)
+    _same(ours, reader(path, False))
+    assert ours["phases"]["optimizer_state"] == 600
+    assert ours["ooms"][0]["site"] == "/home/u/train.py:40"

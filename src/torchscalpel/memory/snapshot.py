@@ -22,6 +22,7 @@ events (the request that failed) when the snapshot recorded history.
 
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import pickle
@@ -32,7 +33,7 @@ from typing import Any
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.memory import snapshot_native as native
 from torchscalpel.plaindata import PlainUnpickler, Refused
-from torchscalpel.runtime.userframes import is_user_file
+from torchscalpel.runtime.userframes import Kind, file_kind
 from torchscalpel.units import fmt_bytes
 
 _WHAT = {  # why each refused opcode is refused, for the one sentence
@@ -80,34 +81,79 @@ def load_snapshot(path: Path) -> dict[str, Any]:
     return data
 
 
-def _is_user_file(fn: str, cache: dict[str, bool]) -> bool:
-    user = cache.get(fn)
-    if user is None:
-        user = cache[fn] = fn.endswith(".py") and is_user_file(fn)
-    return user
+PHASES = ("other", "parameters", "gradients", "optimizer_state", "activations")
+"""What a block was allocated for, read from its traceback (the innermost frame that marks one), in the
+order of the C reader's PH_* codes. "other": no torch frame says (the user's own tensors, data, caches)."""
+_FORWARD = frozenset({"_call_impl", "_wrapped_call_impl"})
+_PARAMETER_SETUP = frozenset({"_apply", "to", "cuda", "load_state_dict", "_load_from_state_dict", "register_parameter",
+                              "register_buffer"})
 
 
-def user_site(frames: Any, cache: dict[str, bool] | None = None) -> str:
-    """The innermost frame of the user's code (:mod:`torchscalpel.runtime.userframes`, ``.py`` files only), else
-    the innermost ``.py`` frame, as ``file:line``.
+@functools.lru_cache(maxsize=65536)
+def frame_code(file: str, function: str) -> int:
+    """What a ``.py`` frame of a snapshot is: bit 0 when the file is the user's (:mod:`runtime.userframes`),
+    bits 1-3 the index in :data:`PHASES` its torch function marks (0: none).
 
-    Not ``userframes.first_user`` itself: this runs per block of a large snapshot with its own per-name
-    cache, and must give the C reader's answers (which asks the same ``is_user_file`` once per name)."""
+    The marks are torch's own entry points, by file and function: a module's ``forward`` call
+    (``nn/modules/module.py`` ``_call_impl``), autograd's backward (``autograd/graph.py``
+    ``_engine_run_backward``, ``autograd/__init__.py`` ``backward``/``grad``, ``Tensor.backward``), an
+    optimizer's code (``torch/optim/``: ``step``, ``_init_group`` creating the state), and a module being
+    built, moved or loaded (``__init__`` under ``nn/modules/``, ``Module._apply``/``to``/``load_state_dict``,
+    ``nn/parameter.py``). ``autograd/function.py`` is not one: a custom Function's ``apply`` runs in forward.
+    A native frame (C++, recorded with ``stacks="all"``) marks backward when it is the autograd engine's or
+    a generated ``...Backward`` node's: the only frames a CUDA backward allocation has. Bit 0 counts for
+    ``.py`` files only.
+    """
+    kind = file_kind(file)
+    phase = 0
+    if not file.endswith(".py"):  # a native frame: on CUDA, backward runs in the autograd engine's thread,
+        # whose allocations have no Python frame at all, only these
+        if "autograd::Engine::" in function or ("autograd::generated::" in function and "Backward" in function):
+            phase = 2
+    elif kind is Kind.TORCH:
+        p = file.replace("\\", "/")
+        if "/optim/" in p:
+            phase = 3
+        elif ((p.endswith("/autograd/graph.py") and function == "_engine_run_backward")
+              or (p.endswith("/autograd/__init__.py") and function in ("backward", "grad"))
+              or (p.endswith("/_tensor.py") and function == "backward")):
+            phase = 2
+        elif p.endswith("/nn/modules/module.py"):
+            phase = 4 if function in _FORWARD else 1 if function in _PARAMETER_SETUP else 0
+        elif ("/nn/modules/" in p and function == "__init__") or p.endswith("/nn/parameter.py"):
+            phase = 1
+    return int(kind is Kind.USER) | phase << 1
+
+
+def traceback_facts(frames: Any) -> tuple[str, int]:
+    """A block's call site and phase from its frames (innermost first), as the C reader finds them.
+
+    The site: the innermost ``.py`` frame of the user's code, else the innermost ``.py`` frame, as
+    ``file:line``. The phase: the index in :data:`PHASES` of the innermost frame that marks one.
+    """
     if not isinstance(frames, list):
-        return "(no frames)"
-    cache = {} if cache is None else cache
-    fallback = None
+        return "(no frames)", 0
+    site = fallback = None
+    phase = 0
     for f in frames:
         if not isinstance(f, dict):
             continue
         fn = f.get("filename", "")
         if not isinstance(fn, str):
             continue
-        if _is_user_file(fn, cache):
-            return f"{fn}:{f.get('line')}"
-        if fallback is None and fn.endswith(".py"):
+        name = f.get("name")
+        code = frame_code(fn, name if isinstance(name, str) else "")
+        if phase == 0:
+            phase = code >> 1
+        if not fn.endswith(".py"):
+            continue
+        if code & 1 and site is None:
+            site = f"{fn}:{f.get('line')}"
+        if fallback is None:
             fallback = f"{fn}:{f.get('line')}"
-    return fallback or "(no Python frame)"
+        if site is not None and phase:
+            break
+    return site or fallback or "(no Python frame)", phase
 
 
 def _int(v: Any) -> int:
@@ -120,16 +166,16 @@ class SnapshotSummary:
     def __init__(self) -> None:
         self.segments = self.blocks = self.reserved = self.allocated = self.requested = 0
         self.free = self.largest_free = 0
-        self.files: dict[str, bool] = {}
+        self.phases = [0] * len(PHASES)
         self.by_site: dict[str, int] = {}
         self.largest: list[tuple[int, str]] = []
         self.ooms: list[dict[str, Any]] = []
         self.trace_events = self.live = self.trace_peak = 0
         self.trace_peak_at = -1
-        # site of a traceback, keyed by the ids of its frame dicts: torch shares one dict per distinct frame,
-        # so a new list of old frames hits. The entry holds the list, so no id in a key can be reused while
-        # it is cached; cleared when full, which bounds what it pins (every frame new: no hits, little kept).
-        self.tb_sites: dict[tuple[int, ...], tuple[list[Any], str]] = {}
+        # site and phase of a traceback, keyed by the ids of its frame dicts: torch shares one dict per distinct
+        # frame, so a new list of old frames hits. The entry holds the list, so no id in a key can be reused
+        # while it is cached; cleared when full, which bounds what it pins (every frame new: no hits, little kept).
+        self.tb_facts: dict[tuple[int, ...], tuple[list[Any], tuple[str, int]]] = {}
 
     def segment(self, seg: Any) -> None:
         """One element of ``segments``."""
@@ -141,7 +187,7 @@ class SnapshotSummary:
         if not isinstance(blocks, list):
             return
         # the hot loop (millions of blocks in a large snapshot): locals, and the int check inlined
-        by_site, largest, site_of = self.by_site, self.largest, self._site
+        by_site, largest, facts_of, phases = self.by_site, self.largest, self._facts, self.phases
         n = allocated = requested = free = 0
         largest_free = self.largest_free
         for b in blocks:
@@ -156,8 +202,9 @@ class SnapshotSummary:
                 allocated += size
                 req = b.get("requested_size", size)
                 requested += req if type(req) is int else _int(req)
-                site = site_of(b.get("frames"))
+                site, phase = facts_of(b.get("frames"))
                 by_site[site] = by_site.get(site, 0) + size
+                phases[phase] += size
                 if size > largest[-1][0] if len(largest) >= 10 else True:
                     largest.append((size, site))
                     largest.sort(key=lambda t: t[0], reverse=True)
@@ -172,18 +219,18 @@ class SnapshotSummary:
         self.free += free
         self.largest_free = largest_free
 
-    def _site(self, frames: Any) -> str:
+    def _facts(self, frames: Any) -> tuple[str, int]:
         if type(frames) is not list:
-            return user_site(frames, self.files)
+            return traceback_facts(frames)
         key = tuple(map(id, frames))
-        hit = self.tb_sites.get(key)
+        hit = self.tb_facts.get(key)
         if hit is not None:
             return hit[1]
-        site = user_site(frames, self.files)
-        if len(self.tb_sites) >= 20_000:
-            self.tb_sites.clear()
-        self.tb_sites[key] = (frames, site)
-        return site
+        facts = traceback_facts(frames)
+        if len(self.tb_facts) >= 20_000:
+            self.tb_facts.clear()
+        self.tb_facts[key] = (frames, facts)
+        return facts
 
     def trace_event(self, device: int, e: Any) -> None:
         """One element of ``device_traces[device]``: live bytes over the trace, and the OOM events."""
@@ -198,7 +245,7 @@ class SnapshotSummary:
         elif action == "free_completed":
             self.live -= _int(e.get("size"))
         elif action == "oom":
-            self.ooms.append({"device": device, "bytes": e.get("size"), "site": self._site(e.get("frames")),
+            self.ooms.append({"device": device, "bytes": e.get("size"), "site": self._facts(e.get("frames"))[0],
                               "device_free": e.get("device_free")})
             del self.ooms[:-5]
 
@@ -209,7 +256,7 @@ class SnapshotSummary:
                 "allocated": self.allocated, "requested": self.requested, "free": self.free,
                 "largest_free": self.largest_free, "trace_events": self.trace_events, "live": self.live,
                 "trace_peak": self.trace_peak, "trace_peak_at": self.trace_peak_at, "sites": sites,
-                "largest": list(self.largest), "ooms": list(self.ooms)}
+                "largest": list(self.largest), "ooms": list(self.ooms), "phases": dict(zip(PHASES, self.phases, strict=True))}
 
     def result(self) -> dict[str, Any]:
         """Plain JSON."""
@@ -225,6 +272,7 @@ def explanation(f: dict[str, Any]) -> dict[str, Any]:
         "largest_free": f["largest_free"], "sites": [{"name": s, "bytes": v} for s, v in f["sites"]],
         "largest": [{"bytes": n, "site": s} for n, s in f["largest"]], "ooms": f["ooms"],
         "trace": {"events": f["trace_events"], "peak_live": f["trace_peak"], "peak_at_event": f["trace_peak_at"]},
+        "phases": dict(f["phases"]),
         "expandable_segments_advised": share > 0.2,
     }
 
@@ -259,7 +307,7 @@ def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
 
 def _read_native(path: Path, lib: Any, progress: native.Progress | None) -> tuple[dict[str, Any], dict[str, int]]:
     try:
-        fields, stats = native.summarize(lib, path, is_user_file, progress)
+        fields, stats = native.summarize(lib, path, frame_code, progress)
     except native.ScanError as err:
         if err.code == native.E_NOSEG:
             raise _not_snapshot(path, "a pickle, but with no 'segments' list") from None
@@ -303,6 +351,20 @@ def explain_snapshot(path: Path, progress: native.Progress | None = None) -> dic
     return result
 
 
+_PHASE_WORDS = {"parameters": "parameters and buffers", "gradients": "in backward (gradients)",
+                "optimizer_state": "in optimizer.step (optimizer state)", "activations": "in forward (activations)",
+                "other": "other"}
+_PHASE_FIX = {  # the rungs of the post-mortem's ladder that act on each phase (docs/memory.md)
+    "activations": "activation checkpointing of the repeated blocks or micro-batches with accumulation cut what "
+                   "forward keeps; 'scalpel memory --memory-limit SIZE -- SCRIPT' prices both for the script",
+    "optimizer_state": "a lighter optimizer state (SGD with momentum, Adafactor, 8-bit Adam) or sharding it "
+                       "(FSDP, ZeRO) cuts what optimizer.step keeps",
+    "gradients": "optimizer.zero_grad(set_to_none=True) frees the last step's gradients before the next forward; "
+                 "sharding them (FSDP, ZeRO-2) cuts them per rank",
+    "parameters": "bf16 weights halve the parameters; sharding (FSDP) divides them by the ranks",
+}
+
+
 def render_snapshot(r: dict[str, Any]) -> list[str]:
     """Terminal lines for :func:`explain_snapshot`'s result."""
     lines = [f"snapshot {r['path']}: {r['segments']} segments, {r['blocks']} live blocks",
@@ -315,6 +377,14 @@ def render_snapshot(r: dict[str, Any]) -> list[str]:
                      f"above the trace's start (event {trace['peak_at_event']})")
     for o in r["ooms"]:
         lines.append(f"  out of memory: asked for {fmt_bytes(o['bytes'])} at {o['site']}")
+    phases = {k: v for k, v in (r.get("phases") or {}).items() if v}
+    if set(phases) - {"other"} and r["allocated"]:  # all "other": no torch frame said anything
+        shares = sorted(phases.items(), key=lambda kv: kv[1], reverse=True)
+        lines.append("allocated by phase (from each block's frames): " + ", ".join(
+            f"{_PHASE_WORDS[k]} {fmt_bytes(v)} ({v / r['allocated']:.0%})" for k, v in shares))
+        top, top_bytes = shares[0]
+        if top in _PHASE_FIX and top_bytes >= 0.3 * r["allocated"]:
+            lines.append(f"fix: {_PHASE_FIX[top]}")
     if r["sites"]:
         lines.append("allocated by call site:")
         lines += [f"  {s['name']:<60} {fmt_bytes(s['bytes']):>11}" for s in r["sites"][:8]]

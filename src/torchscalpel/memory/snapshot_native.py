@@ -39,7 +39,8 @@ SLICE_BYTES = 64 << 20  # each C call reads this much of the file before it retu
 E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG = range(8)
 COUNTERS = ("segments", "blocks", "reserved", "allocated", "requested", "free", "largest_free", "trace_events",
             "live", "trace_peak", "trace_peak_at", "n_largest", "n_ooms", "memo_entries", "memo_fetched",
-            "memo_released", "opcodes", "nodes_made", "nodes_peak", "streamed_segments", "streamed_events", "sites", "kept_lists")
+            "memo_released", "opcodes", "nodes_made", "nodes_peak", "streamed_segments", "streamed_events", "sites", "kept_lists",
+            "phase_other", "phase_parameters", "phase_gradients", "phase_optimizer_state", "phase_activations")
 """The numbers ``ts_counters`` writes, in its order."""
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
@@ -100,7 +101,7 @@ def _compile(target: Path) -> str:
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, size, i32, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_int64
-    lib.ts_open.restype, lib.ts_open.argtypes = p, [ctypes.c_char_p, IS_USER]
+    lib.ts_open.restype, lib.ts_open.argtypes = p, [ctypes.c_char_p, FRAME_CODE]
     lib.ts_scan.restype, lib.ts_scan.argtypes = ctypes.c_int, [p, size]
     lib.ts_eval.restype, lib.ts_eval.argtypes = ctypes.c_int, [p, size]
     lib.ts_error.restype, lib.ts_error.argtypes = ctypes.c_int, [p]
@@ -145,8 +146,10 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     return _loaded
 
 
-IS_USER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t)
-"""The C reader asks this, once per distinct ``.py`` file name, whether it is the user's code."""
+FRAME_CODE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t,
+                              ctypes.POINTER(ctypes.c_char), ctypes.c_size_t)
+"""The C reader asks this once per distinct ``.py`` frame (file name, function name): bit 0 the user's
+file, bits 1-3 the phase the function marks (``snapshot.frame_code``)."""
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: bytes of both passes read so far, of twice the file's size."""
@@ -163,21 +166,22 @@ def _raw(kind: int, value: int) -> int | bool | float | None:
     return None
 
 
-def summarize(lib: ctypes.CDLL, path: Path, is_user_file: Callable[[str], bool],
+def summarize(lib: ctypes.CDLL, path: Path, frame_code: Callable[[str, str], int],
               progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """Read ``path`` in C: the summary's fields (as ``SnapshotSummary`` keeps them) and the reader's counters.
 
-    ``is_user_file(name)``: whether a ``.py`` file the snapshot names is the user's (asked once per name).
+    ``frame_code(file, function)``: what a ``.py`` frame is (see :data:`FRAME_CODE`), asked once per pair.
     Raises :class:`ScanError` when the reader stops; ``E_NOSEG``: a plain pickle that is not a snapshot.
     """
 
-    def ask(name: Any, length: int) -> int:
+    def ask(file: Any, file_len: int, name: Any, name_len: int) -> int:
         try:
-            return int(bool(is_user_file(ctypes.string_at(name, length).decode("utf-8", "surrogateescape"))))
-        except Exception:  # an exception cannot cross into C; a name we cannot judge is not the user's
+            return int(frame_code(ctypes.string_at(file, file_len).decode("utf-8", "surrogateescape"),
+                                  ctypes.string_at(name, name_len).decode("utf-8", "surrogateescape")))
+        except Exception:  # an exception cannot cross into C; a frame we cannot judge is a library's, no phase
             return 0
 
-    callback = IS_USER(ask)  # held here: C calls it until ts_close
+    callback = FRAME_CODE(ask)  # held here: C calls it until ts_close
     ctx = lib.ts_open(os.fsencode(str(path)), callback)
     if not ctx:
         raise ScanError(E_NOMEM, "out of memory", 0)
@@ -212,7 +216,8 @@ def summarize(lib: ctypes.CDLL, path: Path, is_user_file: Callable[[str], bool],
                          "device_free": _raw(free_kind, free)})
         fields = {k: n[k] for k in ("segments", "blocks", "reserved", "allocated", "requested", "free",
                                     "largest_free", "trace_events", "live", "trace_peak", "trace_peak_at")}
-        fields.update(sites=sites, largest=largest, ooms=ooms)
+        fields.update(sites=sites, largest=largest, ooms=ooms,
+                      phases={k[len("phase_"):]: n[k] for k in COUNTERS if k.startswith("phase_")})
         stats = {"memo_entries": n["memo_entries"], "memo_kept": n["memo_fetched"] - n["memo_released"],
                  "memo_released": n["memo_released"], "opcodes": n["opcodes"], "nodes_made": n["nodes_made"],
                  "nodes_peak": n["nodes_peak"], "streamed": n["streamed_segments"] == n["segments"],

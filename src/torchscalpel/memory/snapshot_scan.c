@@ -98,7 +98,7 @@ static inline uint64_t rd_le(const uint8_t *p, int n) {
 /* ================= values ================= */
 
 /* V_DONE: the place of a segment that was summarized and freed as soon as it was complete */
-/* V_SITE: in the memo, a traceback reduced to its call site's id (see site_of) */
+/* V_SITE: in the memo, a traceback reduced to its call site's id (u.i) and phase (len) (see site_of) */
 enum { V_NONE, V_BOOL, V_INT, V_BIG, V_FLOAT, V_STR, V_RAWSTR, V_BYTES, V_OBJ, V_DONE, V_SITE };
 enum { N_LIST, N_TUPLE, N_DICT, N_SET, N_FROZENSET };
 /* what happens to what is appended to a list: kept, or summarized and freed */
@@ -106,6 +106,8 @@ enum { S_NONE, S_SEG, S_DT, S_TRACE, S_DROP };
 /* a frame dict's class, cached on it: not yet known, the user's, a library .py file, neither */
 enum { F_UNKNOWN, F_USER, F_PY, F_SKIP };
 #define SITE_NONE (-1)
+/* the phase a traceback's frames mark, as snapshot.py's PHASES names them (the innermost frame that marks one) */
+enum { PH_OTHER, PH_PARAMETERS, PH_GRADIENTS, PH_OPTIMIZER, PH_ACTIVATIONS, PH_COUNT };
 
 typedef struct node node_t;
 /* V_STR: UTF-8 text in the mapped file; V_RAWSTR: protocol 0's raw-unicode-escape text, decoded when shown */
@@ -115,6 +117,8 @@ struct node {
   uint32_t refs;
   uint8_t kind, stream, fclass, cut;  /* cut: a traceback reduced to its cached site (see site_of) */
   uint8_t busy;                       /* a list the summary is walking: never cut while walked */
+  uint8_t hint;                       /* a frame dict: the phase its function marks (PH_*), cached with fclass;
+                                         a traceback list: its phase, cached with site */
   uint8_t keep;                       /* a streamed list referred to again: its items are kept as well */
   uint8_t summarized;                 /* a streamed list: what it was given is summarized already */
   int32_t site;                       /* cached call site of a frame dict or a traceback list */
@@ -158,10 +162,13 @@ typedef struct {
   void *pool[POOL_CLASSES];  /* freed item arrays of 4 << k values, reused before malloc is asked */
   uint64_t live_nodes, peak_nodes, made_nodes, released, n_ops, streamed_segments, streamed_events, kept_lists;
   /* the caller's rule for a file name (UTF-8): 1 when it is the user's code */
-  int (*is_user)(const char *name, size_t len);
+  /* the caller's rule for a frame (file name and function name, UTF-8): bit 0 set when the file is the
+     user's code, bits 1-3 the phase the function marks (PH_*) */
+  int (*frame_code)(const char *file, size_t file_len, const char *name, size_t name_len);
   /* the summary */
   int64_t segments, blocks, reserved, allocated, requested, free_bytes, largest_free;
   int64_t trace_events, live, trace_peak, trace_peak_at;
+  int64_t phase_bytes[PH_COUNT];
   site_t *sites; size_t n_sites, cap_sites; uint32_t *table; size_t table_cap; int64_t site_order;
   char *arena; size_t arena_n, arena_cap;
   big_t largest[10]; int n_largest;
@@ -669,58 +676,76 @@ static int32_t intern(ctx_t *c, const char *s, size_t n) {
   return (int32_t)c->n_sites++;
 }
 
-/* A frame dict's class and, for a .py file, its site "file:line" (cached on the dict). Whose file it is
-   the caller decides (userframes.is_user_file), once per distinct name: the name is interned with a
-   leading \1 (never a site's first byte), and that entry's `bytes` holds the answer (1 user, 2 not). */
+/* A frame dict's class, the phase it marks (any frame: C++ frames name the autograd engine) and, for a
+   .py file, its site "file:line" (cached on the dict). Whose file it is and what phase its function marks the caller decides (snapshot.frame_code),
+   once per distinct (file, function): the pair is interned with a leading \1 (never a site's first
+   byte), and that entry's `bytes` holds 1 + the caller's answer. */
 static uint8_t frame_class(ctx_t *c, node_t *f) {
   if (f->fclass != F_UNKNOWN) return f->fclass;
+  f->hint = PH_OTHER;
   const val_t *fn = DGET(f, "filename");
   if (!fn || (fn->t != V_STR && fn->t != V_RAWSTR)) return f->fclass = F_SKIP;  /* missing: "" is not a .py file */
-  const val_t *line = DGET(f, "line");
-  char *out = tmp_room(c, (size_t)fn->len * 4 + (line && (line->t == V_STR || line->t == V_RAWSTR) ? line->len * 4 : 0) + 64);
+  const val_t *line = DGET(f, "line"), *name = DGET(f, "name");
+  if (name && name->t != V_STR && name->t != V_RAWSTR) name = NULL;
+  size_t room = (size_t)fn->len * 4 + (name ? name->len * 4 : 0) +
+                (line && (line->t == V_STR || line->t == V_RAWSTR) ? line->len * 4 : 0) + 64;
+  char *out = tmp_room(c, room);
   if (!out) return F_SKIP;
   size_t n = text_of(fn, out + 1);
-  if (n < 3 || memcmp(out + 1 + n - 3, ".py", 3) != 0) return f->fclass = F_SKIP;
+  int is_py = n >= 3 && memcmp(out + 1 + n - 3, ".py", 3) == 0;  /* only a .py frame can be a call site */
   out[0] = 1;
-  int32_t file = intern(c, out, n + 1);
-  if (file < 0) return F_SKIP;
-  if (c->sites[file].bytes == 0) c->sites[file].bytes = c->is_user && c->is_user(out + 1, n) ? 1 : 2;
-  uint8_t cls = c->sites[file].bytes == 1 ? F_USER : F_PY;
+  out[1 + n] = 0;
+  size_t nn = name ? text_of(name, out + 2 + n) : 0;
+  int32_t key = intern(c, out, n + 2 + nn);
+  if (key < 0) return F_SKIP;
+  if (c->sites[key].bytes == 0)
+    c->sites[key].bytes = 1 + (c->frame_code ? (c->frame_code(out + 1, n, out + 2 + n, nn) & 15) : 0);
+  int code = (int)c->sites[key].bytes - 1;
+  f->hint = (uint8_t)((code >> 1) < PH_COUNT ? code >> 1 : PH_OTHER);
+  if (!is_py) return f->fclass = F_SKIP;
+  uint8_t cls = code & 1 ? F_USER : F_PY;
   out[1 + n] = ':';
   size_t len = n + 1 + line_text(line, out + 2 + n);
   f->site = intern(c, out + 1, len);
   return f->fclass = cls;
 }
 
-/* snapshot.py's user_site: the innermost user frame, else the first .py frame, else a placeholder; cached
-   on the traceback list. A traceback something else still holds (the memo, for a trace event later in the
-   file) is cut down to its site: the summary never needs its frames again, and the memo would otherwise
-   keep a list per live block until the end of the file. */
-static int32_t site_of(ctx_t *c, const val_t *frames) {
-  if (frames && frames->t == V_SITE) return (int32_t)frames->u.i;
+/* snapshot.py's traceback_facts: the site (the innermost user frame, else the first .py frame, else a
+   placeholder) and the phase (the innermost frame that marks one), cached on the traceback list. A
+   traceback something else still holds (the memo, for a trace event later in the file) is cut down to
+   these two: the summary never needs its frames again, and the memo would otherwise keep a list per live
+   block until the end of the file. */
+static int32_t site_of(ctx_t *c, const val_t *frames, uint8_t *phase) {
+  *phase = PH_OTHER;
+  if (frames && frames->t == V_SITE) { *phase = (uint8_t)frames->len; return (int32_t)frames->u.i; }
   if (!is_node(frames, N_LIST)) return c->site_no_frames;
   node_t *l = frames->u.n;
-  if (l->site != SITE_NONE || l->cut) return l->site;
+  if (l->site != SITE_NONE || l->cut) { *phase = l->hint; return l->site; }
   int32_t fallback = SITE_NONE, site = SITE_NONE;
-  for (size_t i = 0; i < l->n; i++) {
+  uint8_t hint = PH_OTHER;
+  for (size_t i = 0; i < l->n && (site == SITE_NONE || hint == PH_OTHER); i++) {
     if (!is_node(&l->items[i], N_DICT)) continue;
     node_t *f = l->items[i].u.n;
     uint8_t cls = frame_class(c, f);
-    if (cls == F_USER) { site = f->site; break; }
+    if (hint == PH_OTHER) hint = f->hint;
+    if (cls == F_USER && site == SITE_NONE) site = f->site;
     if (cls == F_PY && fallback == SITE_NONE) fallback = f->site;
   }
   if (site == SITE_NONE) site = fallback != SITE_NONE ? fallback : c->site_no_py;
   l->site = site;
+  l->hint = hint;
+  *phase = hint;
   if (l->refs > 1 && !l->busy) {
     for (size_t i = 0; i < l->n; i++) release(c, l->items[i]);
     items_free(c, l->items, l->cap);
     l->items = NULL; l->n = l->cap = 0; l->cut = 1;
-    if (l->memo_slot) {  /* the memo keeps the site alone, and the list goes with the block that holds it */
+    if (l->memo_slot) {  /* the memo keeps the two facts alone, and the list goes with the block that holds it */
       val_t *m = &c->memo_vals[l->memo_slot - 1];
       l->memo_slot = 0;
       if (m->t == V_OBJ && m->u.n == l) {
         m->t = V_SITE;
         m->u.i = site;
+        m->len = hint;
         unref(c, l);
       }
     }
@@ -763,8 +788,10 @@ static void summarize_segment(ctx_t *c, const val_t *seg) {
       c->allocated += size;
       const val_t *req = DGET(b, "requested_size");
       c->requested += req ? as_int(req) : size;
-      int32_t site = site_of(c, DGET(b, "frames"));
+      uint8_t phase;
+      int32_t site = site_of(c, DGET(b, "frames"), &phase);
       add_site_bytes(c, site, size);
+      c->phase_bytes[phase] += size;
       note_largest(c, size, site);
     } else if (STR_IS(state, "inactive")) {
       c->free_bytes += size;
@@ -798,7 +825,8 @@ static void summarize_event(ctx_t *c, int64_t device, const val_t *ev) {
     oom_t *o = &c->ooms[c->n_ooms++];
     o->device = device;
     raw_number(DGET(e, "size"), &o->bytes_kind, &o->bytes);
-    o->site = site_of(c, DGET(e, "frames"));
+    uint8_t phase;
+    o->site = site_of(c, DGET(e, "frames"), &phase);
     raw_number(DGET(e, "device_free"), &o->free_kind, &o->free);
   }
 }
@@ -1075,12 +1103,12 @@ static void segment_done(ctx_t *c, size_t pos) {
 
 /* ================= the API ================= */
 
-void *ts_open(const char *path, int (*is_user)(const char *, size_t)) {
+void *ts_open(const char *path, int (*frame_code)(const char *, size_t, const char *, size_t)) {
   init_ops();
   ctx_t *c = calloc(1, sizeof(ctx_t));
   if (!c) return NULL;
   c->trace_peak_at = -1;
-  c->is_user = is_user;
+  c->frame_code = frame_code;
   c->site_no_frames = intern(c, "(no frames)", 11);
   c->site_no_py = intern(c, "(no Python frame)", 17);
   int fd = open(path, O_RDONLY);
@@ -1201,7 +1229,8 @@ void ts_counters(ctx_t *c, int64_t *out) {
                  c->trace_events, c->live, c->trace_peak, c->trace_peak_at, c->n_largest, c->n_ooms,
                  (int64_t)c->n_memo, (int64_t)c->n_fetched, (int64_t)c->released, (int64_t)c->n_ops,
                  (int64_t)c->made_nodes, (int64_t)c->peak_nodes, (int64_t)c->streamed_segments,
-                 (int64_t)c->streamed_events, (int64_t)c->n_sites, (int64_t)c->kept_lists};
+                 (int64_t)c->streamed_events, (int64_t)c->n_sites, (int64_t)c->kept_lists,
+                 c->phase_bytes[0], c->phase_bytes[1], c->phase_bytes[2], c->phase_bytes[3], c->phase_bytes[4]};
   memcpy(out, v, sizeof v);
 }
 
