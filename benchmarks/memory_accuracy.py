@@ -69,6 +69,16 @@ def scalpel(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=900)
 
 
+def _measured_peak(stderr: str) -> int | None:
+    """The bytes of ``scalpel run``'s "peak live tensors X under the limit" line (None when it did not fit)."""
+    import re
+
+    from torchscalpel.units import parse_size
+
+    m = re.search(r"peak live tensors ([\d.]+) (B|KiB|MiB|GiB) under the limit", stderr)
+    return parse_size(f"{m.group(1)}{m.group(2)}", flag="peak") if m else None
+
+
 def oom_cases(tmp: Path, cases: list[tuple[str, str, str, str, tuple[str, str] | None]] = CASES,
               ) -> list[dict[str, object]]:
     """Each case: the named cause, the first rung that fits, and whether that fix completes under the limit."""
@@ -93,13 +103,23 @@ def oom_cases(tmp: Path, cases: list[tuple[str, str, str, str, tuple[str, str] |
             target.write_text(source.replace(code_fix[0], code_fix[1]))
         fixed = scalpel("run", "--memory-limit", limit, "--config", str(toml), "--", str(target)) \
             if rung or code_fix else None
+        others = []  # every other [tune] rung that fits, applied too: its plan peak against the measured one
+        for r in ladder:
+            if r is rung or not r.get("fits") or not r.get("config"):
+                continue
+            alt = tmp / f"{name}-{r['kind']}.toml"
+            alt.write_text("[tune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in r["config"].items()))
+            done = scalpel("run", "--memory-limit", limit, "--config", str(alt), "--", str(FIXTURES / script))
+            others.append({"kind": r["kind"], "predicted_peak": r.get("peak"), "completes": done.returncode == 0,
+                           "measured_peak": _measured_peak(done.stderr)})
         rows.append({"case": label, "limit": limit, "expected": expected, "named": cause, "ok": cause == expected,
                      "oom": bool(oom), "plan_peak": (oom.get("plan") or {}).get("peak"),
                      "measured_live": oom.get("live"), "fix": rung["action"] if rung else "(no rung fits)",
                      "fix_kind": rung["kind"] if rung else None, "predicted_peak": (rung or {}).get("peak"),
                      "applied_as": "scalpel.toml" if code_fix is None else f"code: {code_fix[1].strip()}",
                      "fix_completes": None if fixed is None else fixed.returncode == 0,
-                     "fix_peak": None if fixed is None else (fixed.stderr.strip().splitlines() or [""])[-1]})
+                     "fix_peak": None if fixed is None else (fixed.stderr.strip().splitlines() or [""])[-1],
+                     "measured_peak": None if fixed is None else _measured_peak(fixed.stderr), "other_rungs": others})
     return rows
 
 

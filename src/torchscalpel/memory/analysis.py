@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder, plan_numbers
+from torchscalpel.memory.observer import BEFORE_TRAINING
 from torchscalpel.runtime.alloc_tracker import CATEGORIES
 from torchscalpel.runtime.module_names import split_display_name
 
@@ -34,6 +35,7 @@ CAUSE_TEXT = {
     "temporaries": "temporaries",
     "growth": "memory that grows across steps",
     "fragmentation": "allocator fragmentation",
+    "data_preparation": "data preparation before training",
 }
 
 
@@ -72,8 +74,15 @@ def _before_training(before: dict[str, Any] | None, training_peak: int) -> dict[
 
 
 def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation: dict[str, Any] | None,
-              live: int) -> str:
-    """The cause to name first (a key of :data:`CAUSE_TEXT`)."""
+              live: int, *, before_training: bool = False) -> str:
+    """The cause to name first (a key of :data:`CAUSE_TEXT`).
+
+    ``before_training``: the limit was crossed before the model's first training forward, or (no limit)
+    the peak then was higher than the training peak: data preparation (a dataset built as tensors, a
+    float64 copy) is the cause, and no training-step fix changes it.
+    """
+    if before_training:
+        return "data_preparation"
     kept = (growth.get("kept") or {}).get("activations", 0)
     grown = growth.get("per_step", 0) * max(1, growth.get("steps", 1))
     if growth.get("per_step") and max(kept, grown) >= GROWTH_SHARE * max(1, live):
@@ -142,7 +151,8 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
     by_cat = where.get("by_category") or peak.get("by_category", {})
     if fragmentation is not None and tr.oom is not None:
         fragmentation["request"] = tr.oom.get("request_bytes")
-    cause = top_cause(by_cat, growth, fragmentation, live_now)
+    early = where.get("phase") == BEFORE_TRAINING if tr.oom is not None else section["before_training"] is not None
+    cause = top_cause(by_cat, growth, fragmentation, live_now, before_training=early)
     section["top_cause"] = {"key": cause, "text": CAUSE_TEXT[cause]}
     if tr.oom is not None:
         section["oom"] = _postmortem(obs, tr.oom, cause, growth, fragmentation, snapshot or {})
@@ -154,7 +164,8 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
     limit = obs.limit or (fragmentation or {}).get("reserved") or _capacity()
     plan: dict[str, Any] | None = None
     plan_error = None
-    if obs.plan_observer is not None and cause != "growth":  # growth is fixed in code, not by a plan
+    # growth and data preparation are fixed in code, not by a plan of the training step
+    if obs.plan_observer is not None and cause not in ("growth", "data_preparation"):
         try:
             plan = plan_numbers(obs.plan_observer, int(limit), cause)
         except Exception as exc:  # the ladder still has the measured rungs
@@ -162,9 +173,10 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
     if plan and "error" in plan:
         plan_error, plan = plan["error"], None
     measured = max(int(oom.get("total", 0)), int(obs.tracker.peak if obs.tracker else 0))
+    top_site = next((r["name"] for r in _top(oom.get("by_site", {}), 1)), None)
     ladder = build_ladder(measured_peak=measured, limit=int(limit), plan=plan, cause=cause,
                           breakdown=oom.get("by_category", {}), phase=str(oom.get("phase")), growth=growth, accumulating=bool(oom.get("accumulating")),
-                          fragmentation=fragmentation)
+                          fragmentation=fragmentation, top_site=top_site)
     return {
         "request": {"op": oom.get("op"), "bytes": oom.get("request_bytes"), "site": oom.get("site"),
                     "module": oom.get("module"), "step": oom.get("step"), "phase": oom.get("phase"),

@@ -81,6 +81,8 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
             lines.append("fix ladder:")
             for r in oom["ladder"]:
                 saves = f"saves {fmt_bytes(r['saves'])}" if r.get("saves") else ""
+                if r.get("peak"):
+                    saves = ", ".join(x for x in (saves, f"plan peak {fmt_bytes(r['peak'])}") if x)
                 fits = {True: "fits", False: "does not fit alone", None: ""}[r.get("fits")]
                 cfg = " [scalpel run: " + ", ".join(f"{k}={v}" for k, v in r["config"].items()) + "]" if r.get("config") else ""
                 tail = "; ".join(x for x in (saves, fits, r.get("why", "")) if x)

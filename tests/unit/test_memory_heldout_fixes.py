@@ -1,0 +1,107 @@
+"""Fixes found by running `scalpel memory` on the held-out OOM scripts (tests/fixtures/memory/heldout/).
+
+Each test fails without its fix: the plan capturing a transformers model's keyword arguments when the
+forward never returns (an out-of-memory inside it), and checkpointing a transformers layer that writes
+its key/value cache (the recompute wrote it a second time).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from torchscalpel.plan.model_io import without_kv_cache
+from torchscalpel.plan.script import PlanObserver
+from torchscalpel.tune.knobs import ApplyLog
+from torchscalpel.tune.knobs.checkpointing import install_checkpointing
+
+transformers = pytest.importorskip("transformers")
+
+
+class _Boom(BaseException):
+    """Stands in for MemoryLimitExceeded: a BaseException, so no forward hook sees the call return."""
+
+
+class _KwModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+        raise _Boom("out of memory in the forward")
+
+
+def test_the_plan_sees_keyword_inputs_of_a_forward_that_never_returns() -> None:
+    obs = PlanObserver()
+    model = _KwModel()
+
+    def pre(module: nn.Module, args: tuple) -> None:
+        if module is model:  # as the runtime calls observers: global pre hooks get no kwargs
+            obs.on_forward_pre(module, args, {}, True)
+
+    handle = nn.modules.module.register_module_forward_pre_hook(pre)
+    try:
+        with pytest.raises(_Boom):
+            model(input_ids=torch.zeros(2, 4), labels=torch.ones(2, 4))
+    finally:
+        handle.remove()
+    assert obs.model is model and set(obs.kwargs) == {"input_ids", "labels"}
+    spec, _, _ = obs.inputs()
+    assert {e.name for e in spec.entries} == {"input_ids", "labels"}
+
+
+def _gpt2() -> nn.Module:
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
+                                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+                                     attn_implementation="eager")
+    return transformers.GPT2LMHeadModel(config)
+
+
+def test_checkpointing_a_transformers_model_keeps_its_loss_and_gradients() -> None:
+    torch.manual_seed(0)
+    model = _gpt2()
+    ids = torch.randint(0, 64, (2, 16))
+    ref_loss = model(input_ids=ids, labels=ids).loss  # use_cache defaults to True: a DynamicCache is written
+    ref_loss.backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    log = ApplyLog()
+    undo = install_checkpointing(log)
+    try:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()  # the recompute wrote the cache again without the fix: a shape error here
+    finally:
+        undo()
+    assert "checkpointing" in log.fired
+    torch.testing.assert_close(loss, ref_loss)
+    for a, p in zip(ref, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, a)
+
+
+def test_the_plan_simulates_a_checkpointed_transformers_model() -> None:
+    from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, simulate
+    from torchscalpel.plan.spec import BatchSpec, TensorSpec
+
+    batch = BatchSpec((TensorSpec("input_ids", torch.int64, (2, 16), 64, 0),))
+
+    def loss_fn(model: nn.Module, b: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(input_ids=b["input_ids"], labels=b["input_ids"]).loss
+
+    peaks = {}
+    for ckpt in (False, True):
+        settings = SimSettings(optimizer=OptimizerSpec.named("adamw"), checkpoint_blocks=ckpt)
+        peaks[ckpt] = simulate(lambda: build_meta_model(_gpt2, "fp32"), batch, settings, loss_fn).act_peak_bytes
+    assert peaks[True] < peaks[False]
+
+
+def test_without_kv_cache_drops_only_the_cache() -> None:
+    cache = transformers.DynamicCache()
+    x = torch.ones(1)
+    args, kwargs = without_kv_cache((x, cache, 3), {"use_cache": True, "attention_mask": x})
+    assert args[0] is x and args[1] is None and args[2] == 3
+    assert kwargs["use_cache"] is False and kwargs["attention_mask"] is x
+    same_args, same_kwargs = (x,), {"mask": x}
+    assert without_kv_cache(same_args, same_kwargs) == (same_args, same_kwargs)
+    _, kw = without_kv_cache((), {"past_key_values": cache, "use_cache": False})
+    assert kw["past_key_values"] is None
