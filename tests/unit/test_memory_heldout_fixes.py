@@ -105,3 +105,73 @@ def test_without_kv_cache_drops_only_the_cache() -> None:
     assert without_kv_cache(same_args, same_kwargs) == (same_args, same_kwargs)
     _, kw = without_kv_cache((), {"past_key_values": cache, "use_cache": False})
     assert kw["past_key_values"] is None
+
+
+def test_an_oom_before_training_is_named_data_preparation_with_its_site() -> None:
+    from torchscalpel.memory.analysis import top_cause
+    from torchscalpel.memory.ladder import build_ladder
+
+    temps = {"temporaries": 100}
+    assert top_cause(temps, {}, None, 100) == "temporaries"
+    assert top_cause(temps, {}, None, 100, before_training=True) == "data_preparation"
+    ladder = build_ladder(measured_peak=100, limit=80, plan=None, cause="data_preparation", breakdown=temps,
+                          phase="before training", growth=None, fragmentation=None, top_site="prep.py:14")
+    assert ladder[0]["kind"] == "data-preparation" and "prep.py:14" in ladder[0]["action"]
+    assert ladder[0]["config"] == {}
+
+
+class _Wide(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20_000, 32)
+        self.blocks = nn.ModuleList(nn.Linear(32, 32) for _ in range(2))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def _captured(model: nn.Module, x: torch.Tensor, optimizer: torch.optim.Optimizer) -> object:
+    from torchscalpel.memory.ladder import LadderPlanObserver
+    from torchscalpel.plan.script import optimizer_spec
+
+    obs = LadderPlanObserver()
+    obs.on_forward_pre(model, (x,), {}, True)
+    obs.backwards, obs.optimizer_stepped, obs.optimizer = 1, True, optimizer_spec(optimizer)
+    return obs
+
+
+def test_the_optimizer_rung_prices_sgd_with_momentum() -> None:
+    from torchscalpel.memory.ladder import plan_numbers
+
+    model = _Wide()
+    params = sum(p.numel() * 4 for p in model.parameters())
+    obs = _captured(model, torch.randint(0, 20_000, (8, 4)), torch.optim.Adam(model.parameters()))
+    plan = plan_numbers(obs, 10 * params, "optimizer_state")  # type: ignore[arg-type]
+    # parameters + gradients + one momentum buffer: plain SGD (no state) would be about 2x the parameters
+    assert plan["sgd_peak"] >= 2.9 * params
+    assert plan["sgd_peak"] < plan["peak"]
+
+
+def test_the_micro_batch_rung_is_priced_with_the_knob_simulated() -> None:
+    from torchscalpel.memory.ladder import build_ladder, plan_numbers
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(3)])
+    x = torch.randn(512, 64)
+    obs = _captured(model, x, torch.optim.SGD(model.parameters(), lr=0.1))
+    full = plan_numbers(obs, 2**40, "activations")["peak"]  # type: ignore[arg-type]
+    limit = full // 2
+    plan = plan_numbers(obs, limit, "activations")  # type: ignore[arg-type]
+    k = plan["microbatches"]
+    line = plan["fixed"] + plan["per_sample"] * (512 // k)
+    assert plan["microbatch_peak"] > line  # the whole batch's input and output come on top of one micro-batch
+    ladder = build_ladder(measured_peak=full, limit=limit, plan=plan, cause="activations", breakdown={},
+                          phase="forward", growth=None, fragmentation=None)
+    rung = next(r for r in ladder if r["kind"] == "micro-batches")
+    assert rung["peak"] == plan["microbatch_peak"] and rung["fits"] == (plan["microbatch_peak"] <= limit)
+    tight = build_ladder(measured_peak=full, limit=limit, plan={**plan, "microbatch_peak": limit + 1},
+                         cause="activations", breakdown={}, phase="forward", growth=None, fragmentation=None)
+    assert next(r for r in tight if r["kind"] == "micro-batches")["fits"] is False

@@ -132,6 +132,7 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
             per_sample = (peak - half_peak) / (b - b // 2)
             fixed = peak - per_sample * b
             out["max_batch"] = max(0, int((limit - fixed) / per_sample)) if per_sample > 0 else None
+            out["per_sample"], out["fixed"] = per_sample, fixed  # the largest batch's predicted peak
             mb = out["max_batch"]
             if mb is not None and 0 < mb < b and not obs.batchnorm:
                 # the knob itself, simulated: the whole batch's input, output and its gradient come on top of
