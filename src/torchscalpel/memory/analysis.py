@@ -151,7 +151,8 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
     by_cat = where.get("by_category") or peak.get("by_category", {})
     if fragmentation is not None and tr.oom is not None:
         fragmentation["request"] = tr.oom.get("request_bytes")
-    early = where.get("phase") == BEFORE_TRAINING if tr.oom is not None else section["before_training"] is not None
+    early = (where if tr.oom is not None else (obs.before_training or {}) if section["before_training"] else {}
+             ).get("phase") == BEFORE_TRAINING
     cause = top_cause(by_cat, growth, fragmentation, live_now, before_training=early)
     section["top_cause"] = {"key": cause, "text": CAUSE_TEXT[cause]}
     if tr.oom is not None:

@@ -19,7 +19,10 @@ from torchscalpel.runtime.alloc_tracker import AllocationTracker
 from torchscalpel.runtime.observer import Observer
 
 BEFORE_TRAINING = "before training"
-"""The phase of everything allocated before the model's first training forward."""
+"""The phase of everything allocated before the model's first training forward (and before any evaluation)."""
+
+EVALUATION = "evaluation"
+"""The phase from a root forward without grad (``torch.no_grad()`` evaluation) to the next training event."""
 
 SITES_PER_SAMPLE = 30
 """Largest call sites kept at each step end (growth analysis reads these)."""
@@ -75,6 +78,10 @@ class MemoryObserver(Observer):
             return
         tr = self.tracker
         if not torch.is_grad_enabled():
+            # An evaluation forward (nanoGPT's estimate_loss before the first step): not data preparation, so an
+            # out-of-memory in it is not blamed on the data (a loss module has no parameters: not a model)
+            if any(True for _ in module.parameters()):
+                tr.phase = EVALUATION
             return
         if not self._trained:  # the first training forward: the breakdown is of the training peak
             # (a flag, not the phase: Lightning's optimizer.step(closure) runs the first forward inside the step)
