@@ -132,3 +132,20 @@ def test_an_evaluation_forward_before_training_is_not_data_preparation(tmp_path:
         evaluate_then_train(8)
     m = run.record.sections["memory"]
     assert m["oom"]["request"]["phase"] == "before training" and m["top_cause"]["key"] == "data_preparation"
+
+
+@pytest.mark.slow
+def test_under_a_limit_the_run_goes_on_until_slow_growth_crosses_it(tmp_path: Path) -> None:
+    # Found: `scalpel memory --memory-limit 12MiB -- feature_cache.py` stopped at the default 20 steps, 4 steps
+    # short of the limit: exit 0, no post-mortem, no ladder. A limit now means "until it ends or runs out".
+    script = HELD / "feature_cache.py"
+    js = tmp_path / "m.json"
+    proc = run_cli("memory", "--memory-limit", "12MiB", "--no-report", "--out", str(tmp_path / "run"), "--json",
+                   str(js), "--", str(script), OMP_NUM_THREADS="1")
+    m = json.loads(js.read_text())
+    assert proc.returncode == 1 and m["oom"]["request"]["step"] > 21, proc.stdout[-1500:]
+    assert m["top_cause"]["key"] == "growth"
+    assert m["growth"]["sites"][0]["site"].startswith(f"{script}:")
+    assert m["oom"]["ladder"][0]["kind"] == "stop-growth"
+    fixed = ("    if missing:\n", "    if len(feature_cache) > 1024:\n        feature_cache.clear()\n    if missing:\n")
+    assert _run_fixed(tmp_path, script, "12MiB", code=fixed) is not None
