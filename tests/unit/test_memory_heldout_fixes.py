@@ -175,3 +175,26 @@ def test_the_micro_batch_rung_is_priced_with_the_knob_simulated() -> None:
     tight = build_ladder(measured_peak=full, limit=limit, plan={**plan, "microbatch_peak": limit + 1},
                          cause="activations", breakdown={}, phase="forward", growth=None, fragmentation=None)
     assert next(r for r in tight if r["kind"] == "micro-batches")["fits"] is False
+
+
+def test_micro_batches_are_doubled_until_the_simulated_knob_fits() -> None:
+    from torchscalpel.memory.ladder import micro_batches, plan_numbers
+
+    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10))
+    obs = _captured(model, torch.randn(4096, 256), torch.optim.SGD(model.parameters(), lr=0.1))
+    limit = 12 * 2**20
+    plan = plan_numbers(obs, limit, "activations")  # type: ignore[arg-type]
+    first = micro_batches(4096, plan["max_batch"])
+    # the whole batch's input and output alone keep `first` micro-batches over the limit here
+    assert plan["microbatches"] > first and plan["microbatch_peak"] <= limit
+
+
+def test_a_request_that_fails_in_the_training_forward_counts_as_an_activation() -> None:
+    from torchscalpel.memory.analysis import _request_as_activation, top_cause
+
+    live = {"parameters": 1, "activations": 4, "temporaries": 21}
+    oom = {"phase": "forward", "request_bytes": 16}
+    moved, note = _request_as_activation(live, oom)
+    assert moved["activations"] == 20 and moved["temporaries"] == 5 and note
+    assert top_cause(moved, {}, None, 26) == "activations"
+    assert _request_as_activation(live, {**oom, "phase": "backward"}) == (live, None)

@@ -93,6 +93,26 @@ def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation
     return max(CATEGORIES, key=lambda c: by_category.get(c, 0))
 
 
+def _request_as_activation(by_category: dict[str, int], oom: dict[str, Any] | None) -> tuple[dict[str, int], str | None]:
+    """The categories the cause is chosen from: a request that failed in a training forward counts as an activation.
+
+    Why: the failing op's output is counted live (as a temporary: nothing saved it yet), and so are the
+    inputs the op was about to save. When a wide first layer at a large batch crosses the limit, the
+    activations saved so far are small next to that one output, and "temporaries" would be named for what
+    is an activation problem (checkpointing, micro-batches and a smaller batch are its fixes).
+    """
+    if not oom or oom.get("phase") != "forward" or not oom.get("request_bytes"):
+        return by_category, None
+    from torchscalpel.units import fmt_bytes
+
+    moved = min(int(oom["request_bytes"]), int(by_category.get("temporaries", 0)))
+    out = dict(by_category)
+    out["temporaries"] = out.get("temporaries", 0) - moved
+    out["activations"] = out.get("activations", 0) + moved
+    return out, (f"the failing request ({fmt_bytes(moved)}, an op output of the training forward) is counted as the "
+                 "activation it was about to become")
+
+
 def cuda_state() -> dict[str, Any] | None:
     """Allocator cache and fragmentation from ``torch.cuda.memory_stats`` and the segment snapshot (CUDA only)."""
     import torch
@@ -153,8 +173,11 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
         fragmentation["request"] = tr.oom.get("request_bytes")
     early = (where if tr.oom is not None else (obs.before_training or {}) if section["before_training"] else {}
              ).get("phase") == BEFORE_TRAINING
-    cause = top_cause(by_cat, growth, fragmentation, live_now, before_training=early)
+    cause_cat, note = _request_as_activation(by_cat, tr.oom)
+    cause = top_cause(cause_cat, growth, fragmentation, live_now, before_training=early)
     section["top_cause"] = {"key": cause, "text": CAUSE_TEXT[cause]}
+    if note and cause == "activations" and max(CATEGORIES, key=lambda c: by_cat.get(c, 0)) != "activations":
+        section["top_cause"]["note"] = note
     if tr.oom is not None:
         section["oom"] = _postmortem(obs, tr.oom, cause, growth, fragmentation, snapshot or {})
     return section

@@ -18,6 +18,9 @@ MICRO_MARGIN = 0.75
 """A micro-batch is at most this share of the plan's largest batch: the split keeps the whole batch's
 output and its gradient, and the recompute overlaps the next chunk's gradients."""
 
+MICRO_DOUBLINGS = 2
+"""When the simulated K micro-batches still go over the limit, 2K and then 4K are simulated (at most)."""
+
 FRAGMENTATION_SHARE = 0.2
 """Reserved-but-unallocated memory above this share of reserved recommends expandable segments."""
 
@@ -137,9 +140,15 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
             if mb is not None and 0 < mb < b and not obs.batchnorm:
                 # the knob itself, simulated: the whole batch's input, output and its gradient come on top of
                 # one micro-batch's step, so the line above alone would predict too little
-                out["microbatches"] = k = micro_batches(b, mb)
+                k = micro_batches(b, mb)
                 try:
-                    out["microbatch_peak"], _ = _with_microbatches(k, lambda: run(base_settings))
+                    # the whole batch's share can still take K micro-batches over the limit: twice as many, twice
+                    for _ in range(MICRO_DOUBLINGS + 1):
+                        out["microbatches"] = k
+                        out["microbatch_peak"], _ = _with_microbatches(k, lambda k=k: run(base_settings))
+                        if out["microbatch_peak"] <= limit or 2 * k > b or b % (2 * k):
+                            break
+                        k *= 2
                 except Exception as exc:  # the rung keeps the plan's line; the reason is kept
                     out["microbatch_error"] = f"{type(exc).__name__}: {exc}"
         if precision == "fp32":

@@ -73,7 +73,8 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         lines.append(f"OUT OF MEMORY ({what}): {req.get('op')} at {_short(req.get('site'))} asked for "
                      f"{fmt_bytes(req.get('bytes'))} with {fmt_bytes(oom.get('live'))} live (step {req.get('step')}, "
                      f"{req.get('phase')}, in {req.get('module') or 'no module'})")
-        lines.append(f"top cause: {cause}")
+        note = (section.get("top_cause") or {}).get("note")
+        lines.append(f"top cause: {cause}" + (f" ({note})" if note else ""))
         lines += category_lines(oom.get("by_category", {}), int(oom.get("live") or 0))
         if oom.get("plan_error"):
             lines.append(f"  (no plan numbers: {oom['plan_error']})")
