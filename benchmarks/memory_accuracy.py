@@ -49,6 +49,7 @@ HELDOUT_CASES = [
     ("HF Trainer, tiny BERT", "heldout/hf_trainer_bert.py", "90MiB", "activations", None),
     ("nanoGPT, 2 of 8 blocks checkpointed", "heldout/nanogpt_partial_checkpoint.py", "110MiB", "activations", None),
     ("BatchNorm CNN (micro-batching refused)", "heldout/batchnorm_cnn.py", "96MiB", "activations", None),
+    ("CIFAR ResNet, BasicBlocks with BatchNorm", "heldout/resnet_cifar.py", "128MiB", "activations", None),
     ("accelerate find_executable_batch_size retry", "heldout/retry_smaller_batch.py", "20MiB", "activations", None),
     ("Adam on large embeddings", "heldout/embedding_adam.py", "48MiB", "optimizer_state",
      ("torch.optim.Adam(model.parameters(), lr=1e-2)", "torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)")),
