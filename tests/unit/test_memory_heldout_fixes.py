@@ -198,3 +198,26 @@ def test_a_request_that_fails_in_the_training_forward_counts_as_an_activation() 
     assert moved["activations"] == 20 and moved["temporaries"] == 5 and note
     assert top_cause(moved, {}, None, 26) == "activations"
     assert _request_as_activation(live, {**oom, "phase": "backward"}) == (live, None)
+
+
+def test_micro_batching_a_transformers_model_that_returns_its_kv_cache() -> None:
+    from torchscalpel.tune.knobs.microbatch import install_microbatching
+
+    torch.manual_seed(0)
+    model = _gpt2()  # config.use_cache: every training call returns a DynamicCache too
+    ids = torch.randint(0, 64, (4, 16))
+    ref_loss = model(input_ids=ids, labels=ids).loss
+    ref_loss.backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    log = ApplyLog()
+    undo = install_microbatching(2, log)
+    try:
+        out = model(input_ids=ids, labels=ids)  # "cannot combine model outputs of type DynamicCache" before
+        out.loss.backward()
+    finally:
+        undo()
+    assert "microbatch" in log.fired and out.past_key_values is None
+    torch.testing.assert_close(out.loss, ref_loss)
+    for a, p in zip(ref, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, a, rtol=1e-4, atol=1e-6)

@@ -108,7 +108,7 @@ _CACHE_KWARGS = ("cache", "layer_past", "past_key_value", "past_key_values")
 """Names transformers' layers give their key/value cache argument."""
 
 
-def _is_kv_cache(value: Any) -> bool:
+def is_kv_cache(value: Any) -> bool:
     """A transformers ``Cache`` (``DynamicCache``, ...), recognised by its class, without importing transformers."""
     return any(c.__name__ == "Cache" and c.__module__.startswith("transformers") for c in type(value).__mro__)
 
@@ -122,9 +122,9 @@ def without_kv_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tup
     never reads the cache it writes, so transformers itself drops it under gradient checkpointing
     (``GradientCheckpointingLayer``); the same is done here, for the cache passed by keyword or position.
     """
-    if not any(_is_kv_cache(a) for a in args) and not any(
+    if not any(is_kv_cache(a) for a in args) and not any(
             (k in _CACHE_KWARGS and v is not None) or (k == "use_cache" and v) for k, v in kwargs.items()):
         return args, kwargs
-    args = tuple(None if _is_kv_cache(a) else a for a in args)
+    args = tuple(None if is_kv_cache(a) else a for a in args)
     kwargs = {k: (None if k in _CACHE_KWARGS else False if k == "use_cache" else v) for k, v in kwargs.items()}
     return args, kwargs
