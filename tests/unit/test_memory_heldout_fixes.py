@@ -221,3 +221,17 @@ def test_micro_batching_a_transformers_model_that_returns_its_kv_cache() -> None
     torch.testing.assert_close(out.loss, ref_loss)
     for a, p in zip(ref, model.parameters(), strict=True):
         torch.testing.assert_close(p.grad, a, rtol=1e-4, atol=1e-6)
+
+
+def test_a_plan_rung_within_the_plan_error_of_the_limit_does_not_fit() -> None:
+    from torchscalpel.memory.ladder import build_ladder
+
+    def bf16_fits(bf16_peak: int) -> bool:
+        plan = {"peak": 200, "batch": 8, "precision": "fp32", "bf16_peak": bf16_peak}
+        ladder = build_ladder(measured_peak=130, limit=128, plan=plan, cause="activations", breakdown={},
+                              phase="forward", growth=None, fragmentation=None)
+        return next(r for r in ladder if r["kind"] == "bf16")["fits"]
+
+    # GPT-2 in bf16: the plan said 126.6 MiB under 128 MiB, scalpel run then crossed the limit
+    assert not bf16_fits(127)
+    assert bf16_fits(100)
