@@ -149,3 +149,21 @@ def test_under_a_limit_the_run_goes_on_until_slow_growth_crosses_it(tmp_path: Pa
     assert m["oom"]["ladder"][0]["kind"] == "stop-growth"
     fixed = ("    if missing:\n", "    if len(feature_cache) > 1024:\n        feature_cache.clear()\n    if missing:\n")
     assert _run_fixed(tmp_path, script, "12MiB", code=fixed) is not None
+
+
+@pytest.mark.slow
+def test_a_bare_except_retry_that_swallows_the_stop_still_fails_the_limit(tmp_path: Path) -> None:
+    # Found: a bare `except:` caught the limit's stop, the script halved its batch and finished: exit 0, and
+    # `scalpel run` printed "peak live tensors 27.1 MiB under the limit 12.0 MiB".
+    script = HELD / "bare_except_retry.py"
+    js = tmp_path / "m.json"
+    proc = run_cli("memory", "--memory-limit", "12MiB", "--no-report", "--no-plan", "--out", str(tmp_path / "run"),
+                   "--json", str(js), "--", str(script), OMP_NUM_THREADS="1")
+    m = json.loads(js.read_text())
+    assert proc.returncode == 1 and m["oom"]["caught_by_script"] and "caught the stop" in proc.stderr
+    assert m["top_cause"]["key"] == "activations" and "note" in m["top_cause"]
+    assert m["oom"]["request"]["bytes"] == 4096 * 1024 * 4  # the first attempt's request, not a retry's
+    (tmp_path / "none.toml").write_text("[tune]\n")
+    ran = run_cli("run", "--memory-limit", "12MiB", "--config", str(tmp_path / "none.toml"), "--", str(script),
+                  OMP_NUM_THREADS="1")
+    assert ran.returncode == 1 and "the script caught the stop" in ran.stderr and "under the limit" not in ran.stderr

@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     for line in summary_lines(section):
         print(line)
     print(f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}"))
+    if (section.get("oom") or {}).get("caught_by_script"):
+        print("scalpel memory: the script caught the stop at the limit (a bare 'except:' or 'except BaseException') "
+              "and went on; the post-mortem above is the crossing's, and the run did not fit.", file=sys.stderr)
+        return 1
     return int(record.exit_code or 0)
 
 

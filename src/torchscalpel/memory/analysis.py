@@ -180,6 +180,9 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
         section["top_cause"]["note"] = note
     if tr.oom is not None:
         section["oom"] = _postmortem(obs, tr.oom, cause, growth, fragmentation, snapshot or {})
+        # a bare `except:` (or `except BaseException`) in the script caught the stop and the script went on:
+        # the post-mortem is still the crossing's, and the run did not fit
+        section["oom"]["caught_by_script"] = getattr(record, "status", None) in ("complete", "stopped")
     return section
 
 
