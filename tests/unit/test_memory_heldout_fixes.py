@@ -235,3 +235,14 @@ def test_a_plan_rung_within_the_plan_error_of_the_limit_does_not_fit() -> None:
     # GPT-2 in bf16: the plan said 126.6 MiB under 128 MiB, scalpel run then crossed the limit
     assert not bf16_fits(127)
     assert bf16_fits(100)
+
+
+def test_a_compiled_model_is_named_as_the_model_it_wraps() -> None:
+    from torchscalpel.runtime.alloc_tracker import AllocationTracker
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    compiled = torch.compile(model)  # not called: only the wrapper's module tree matters
+    tr = AllocationTracker()
+    tr.name_modules(compiled)
+    assert tr.module_names[compiled] == "Sequential" and tr.module_names[model] == "Sequential"
+    assert tr.module_names[model[0]] == "Sequential.0 (Linear)"  # was "_orig_mod.0 (Linear)"

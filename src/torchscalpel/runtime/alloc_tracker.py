@@ -346,9 +346,14 @@ class AllocationTracker(TorchDispatchMode):
         """Names for ``root``'s submodules a user recognises (see :func:`display_name`; the root is its class)."""
         if root in self.module_names:
             return
-        root_name = type(root).__name__
+        inner = getattr(root, "_orig_mod", None)  # torch.compile's wrapper: name the model it wraps
+        root_name = type(inner if isinstance(inner, torch.nn.Module) else root).__name__
         self.module_names[root] = root_name
         for name, m in root.named_modules():
+            if isinstance(inner, torch.nn.Module):
+                name = "" if name == "_orig_mod" else name.removeprefix("_orig_mod.")
+                if not name:
+                    self.module_names.setdefault(m, root_name)
             if name and m not in self.module_names:
                 self.module_names[m] = display_name(name, m, root_name)
                 if name.rsplit(".", 1)[-1].isdigit():
