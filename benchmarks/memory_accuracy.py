@@ -58,6 +58,8 @@ HELDOUT_CASES = [
      ("torch.optim.Adam(model.parameters(), lr=1e-2)", "torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)")),
     ("validation outputs kept without no_grad", "heldout/epoch_outputs_kept.py", "48MiB", "growth",
      ("val_outputs.append(model(x_val))", "val_outputs.append(model(x_val).detach())")),
+    ("validation graphs kept, limit crossed at step 2", "heldout/fast_growth_eval.py", "56MiB", "growth",
+     ("val_logits.append(model(x_val))", "val_logits.append(model(x_val).detach())")),
     ("LBFGS closure losses kept (retain_graph)", "heldout/lbfgs_closure_losses.py", "96MiB", "growth",
      ("losses.append(loss)  #", "losses.append(loss.item())  #")),
     ("feature cache that never evicts", "heldout/feature_cache.py", "12MiB", "growth",

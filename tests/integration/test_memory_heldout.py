@@ -167,3 +167,18 @@ def test_a_bare_except_retry_that_swallows_the_stop_still_fails_the_limit(tmp_pa
     ran = run_cli("run", "--memory-limit", "12MiB", "--config", str(tmp_path / "none.toml"), "--", str(script),
                   OMP_NUM_THREADS="1")
     assert ran.returncode == 1 and "the script caught the stop" in ran.stderr and "under the limit" not in ran.stderr
+
+
+def test_graphs_kept_from_earlier_steps_are_growth_before_a_slope_can_be_fit(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found: the limit was crossed at step 2, too few step ends for a growth slope, so "activations" was named and
+    # checkpointing offered as the fix (it would only move the out-of-memory a step later).
+    monkeypatch.setattr(sys, "argv", ["fast_growth_eval.py"])
+    with torchscalpel.memory(steps=None, memory_limit="56MiB", out=tmp_path / "run", report=False) as run:
+        runpy.run_path(str(HELD / "fast_growth_eval.py"), run_name="__main__")
+    m = run.record.sections["memory"]
+    assert m["oom"]["request"]["step"] <= 3 and not m["growth"]["per_step"]
+    assert m["top_cause"]["key"] == "growth"
+    first = m["oom"]["ladder"][0]
+    assert first["kind"] == "detach-kept" and first["saves"] >= 16 * 2**20
+    assert not any(r["kind"] == "checkpoint-blocks" for r in m["oom"]["ladder"])

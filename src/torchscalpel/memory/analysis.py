@@ -74,15 +74,19 @@ def _before_training(before: dict[str, Any] | None, training_peak: int) -> dict[
 
 
 def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation: dict[str, Any] | None,
-              live: int, *, before_training: bool = False) -> str:
+              live: int, *, before_training: bool = False, kept_at_oom: int = 0) -> str:
     """The cause to name first (a key of :data:`CAUSE_TEXT`).
 
     ``before_training``: the limit was crossed before the model's first training forward, or (no limit)
     the peak then was higher than the training peak: data preparation (a dataset built as tensors, a
-    float64 copy) is the cause, and no training-step fix changes it.
+    float64 copy) is the cause, and no training-step fix changes it. ``kept_at_oom``: activations saved in
+    an earlier step still live at the out-of-memory (graphs kept across steps; growth, even when too few
+    step ends were measured to fit its slope).
     """
     if before_training:
         return "data_preparation"
+    if kept_at_oom >= GROWTH_SHARE * max(1, live):
+        return "growth"
     kept = (growth.get("kept") or {}).get("activations", 0)
     grown = growth.get("per_step", 0) * max(1, growth.get("steps", 1))
     if growth.get("per_step") and max(kept, grown) >= GROWTH_SHARE * max(1, live):
@@ -174,7 +178,8 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
     early = (where if tr.oom is not None else (obs.before_training or {}) if section["before_training"] else {}
              ).get("phase") == BEFORE_TRAINING
     cause_cat, note = _request_as_activation(by_cat, tr.oom)
-    cause = top_cause(cause_cat, growth, fragmentation, live_now, before_training=early)
+    cause = top_cause(cause_cat, growth, fragmentation, live_now, before_training=early,
+                      kept_at_oom=int(where.get("kept_activations") or 0))
     section["top_cause"] = {"key": cause, "text": CAUSE_TEXT[cause]}
     if note and cause == "activations" and max(CATEGORIES, key=lambda c: by_cat.get(c, 0)) != "activations":
         section["top_cause"]["note"] = note
@@ -200,6 +205,13 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
     if plan and "error" in plan:
         plan_error, plan = plan["error"], None
     measured = max(int(oom.get("total", 0)), int(obs.tracker.peak if obs.tracker else 0))
+    kept = int(oom.get("kept_activations") or 0)
+    if cause == "growth" and not growth.get("per_step") and kept:
+        # too few step ends for a slope, but graphs from earlier steps are live: the ladder's growth rungs
+        # read the kept bytes (per step: over the steps that kept them)
+        growth = {**growth, "per_step": kept // max(1, int(oom.get("step") or 1)),
+                  "kept": {"activations": kept, "per_step": kept // max(1, int(oom.get("step") or 1)),
+                           "losses_kept": 0}}
     top_site = next((r["name"] for r in _top(oom.get("by_site", {}), 1)), None)
     ladder = build_ladder(measured_peak=measured, limit=int(limit), plan=plan, cause=cause,
                           breakdown=oom.get("by_category", {}), phase=str(oom.get("phase")), growth=growth, accumulating=bool(oom.get("accumulating")),

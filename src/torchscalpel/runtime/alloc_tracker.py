@@ -406,10 +406,13 @@ class AllocationTracker(TorchDispatchMode):
                 "accumulating": self.accumulating}
 
     def _record_oom(self, op: str, request: int | None, *, device_error: str | None) -> None:
+        # Activations saved in an earlier step and still live: graphs kept across steps (outputs or losses kept
+        # with their graph). Known at the out-of-memory even when too few steps ran to fit a growth slope.
+        kept = sum(a.nbytes for a in self.live.values() if a.category == "activations" and a.step < self.step)
         self.oom = {
             "op": op, "request_bytes": request, "site": self._site(),
             "module": self.module_stack[-1] if self.module_stack else "", "limit": self.limit,
-            "device_error": device_error, **self.state(), "live": self.live_top(),
+            "device_error": device_error, **self.state(), "live": self.live_top(), "kept_activations": kept,
         }
 
     def oom_sentence(self) -> str:
