@@ -246,3 +246,16 @@ def test_a_compiled_model_is_named_as_the_model_it_wraps() -> None:
     tr.name_modules(compiled)
     assert tr.module_names[compiled] == "Sequential" and tr.module_names[model] == "Sequential"
     assert tr.module_names[model[0]] == "Sequential.0 (Linear)"  # was "_orig_mod.0 (Linear)"
+
+
+def test_the_first_rung_is_one_that_fits() -> None:
+    from torchscalpel.memory.ladder import build_ladder
+
+    # GPT-2 with a 16k vocabulary at 160 MiB: the logits dominate, checkpointing the blocks does not fit
+    mib = 2**20
+    plan = {"peak": 232 * mib, "batch": 4, "blocks": 2, "checkpointed_peak": 193 * mib, "max_batch": 2,
+            "microbatches": 4, "microbatch_peak": 130 * mib, "per_sample": 57 * mib, "fixed": 4 * mib}
+    ladder = build_ladder(measured_peak=170 * mib, limit=160 * mib, plan=plan, cause="activations", breakdown={},
+                          phase="forward", growth=None, fragmentation=None)
+    assert ladder[0]["kind"] == "micro-batches" and ladder[0]["fits"]
+    assert [r["kind"] for r in ladder].index("checkpoint-blocks") > 0

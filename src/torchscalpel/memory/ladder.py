@@ -266,6 +266,8 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
              "growth": ("detach-kept", "stop-growth"), "fragmentation": ("expandable-segments",),
              "data_preparation": ("data-preparation",),
              "gradients": ("set-to-none",)}.get(cause, ())
-    rungs.sort(key=lambda r: (r["kind"] not in order, order.index(r["kind"]) if r["kind"] in order else 0,
-                              not r["fits"] if r["fits"] is not None else 1))
+    # The cause's own rungs first, and among them those that fit: the first rung is the recommended fix (a
+    # checkpointing rung that does not fit must not come before micro-batches that do: GPT-2 with a 16k vocab)
+    rungs.sort(key=lambda r: (r["kind"] not in order, r["fits"] is not True,
+                              order.index(r["kind"]) if r["kind"] in order else 0))
     return rungs
