@@ -26,6 +26,10 @@ PLAN_MARGIN = 0.08
 scripts the plan's peak ran 3-8% below what ``scalpel run`` measured with the rung applied (bf16 up to 10%,
 BENCHMARKS.md), and a rung at 99% of the limit (GPT-2 in bf16) then did not fit."""
 
+BF16_MARGIN = 0.15
+"""The same for the bf16 rung, whose plan peak ran 2.5-10% below the measured one and once more than 10% (an
+MLP of Linear + GELU at batch 2048: 18.2 MiB planned, over 20 MiB measured): autocast's casts are not all planned."""
+
 FRAGMENTATION_SHARE = 0.2
 """Reserved-but-unallocated memory above this share of reserved recommends expandable segments."""
 
@@ -73,9 +77,9 @@ class LadderPlanObserver(PlanObserver):
                 self.batchnorm = batchnorm_reason(module, batch_statistics_modules(module))
 
 
-def plan_budget(limit: int) -> int:
+def plan_budget(limit: int, margin: float = PLAN_MARGIN) -> int:
     """The plan peak under which a simulated rung is said to fit the ``limit`` (see :data:`PLAN_MARGIN`)."""
-    return int(limit * (1 - PLAN_MARGIN))
+    return int(limit * (1 - margin))
 
 
 def micro_batches(batch: int, max_batch: int) -> int:
@@ -244,7 +248,7 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
         else:
             rung("max-batch", "not even batch 1 fits without other changes", None, fits=False)
     if "bf16_peak" in plan:
-        rung("bf16", "bf16 autocast", max(0, base_peak - plan["bf16_peak"]), fits=plan["bf16_peak"] <= budget,
+        rung("bf16", "bf16 autocast", max(0, base_peak - plan["bf16_peak"]), fits=plan["bf16_peak"] <= plan_budget(limit, BF16_MARGIN),
              config={"amp": "bf16"}, why="activations in half precision; fp32 master weights kept",
              peak=plan["bf16_peak"])
     if "sgd_peak" in plan and cause == "optimizer_state":
