@@ -182,3 +182,16 @@ def test_graphs_kept_from_earlier_steps_are_growth_before_a_slope_can_be_fit(tmp
     first = m["oom"]["ladder"][0]
     assert first["kind"] == "detach-kept" and first["saves"] >= 16 * 2**20
     assert not any(r["kind"] == "checkpoint-blocks" for r in m["oom"]["ladder"])
+
+
+@pytest.mark.slow
+def test_an_optimizer_local_to_main_is_priced_when_the_first_forward_runs_out(tmp_path: Path) -> None:
+    # Found: the plan priced "optimizer none" (the optimizer was gone with main()'s frame by the run's end, and no
+    # backward had run), predicting 29.0 MiB for 8 micro-batches under 32 MiB; scalpel run then crossed the limit
+    # in AdamW's first step. Parameters, gradients and AdamW state alone are 48 MiB here.
+    m = _memory(tmp_path, HELD / "amp_main_workers.py", "40MiB")
+    plan = m["oom"]["plan"]
+    assert m["oom"]["request"]["step"] == 0 and plan["optimizer"] == "AdamW" and plan["precision"] == "bf16-mixed"
+    assert plan["optimizer_state"] >= 2 * 12 * 2**20
+    assert not any(r["fits"] and r["config"] for r in m["oom"]["ladder"])  # no [tune] rung alone fits
+    assert any(r["kind"] == "optimizer" for r in m["oom"]["ladder"])

@@ -167,7 +167,10 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
                     out["microbatch_error"] = f"{type(exc).__name__}: {exc}"
         if precision == "fp32":
             out["bf16_peak"], _ = run(sim_settings_for(optimizer, "bf16-mixed", accum, device))
-    if cause == "optimizer_state" and optimizer.label.lower() not in ("none", "sgd"):
+    # the optimizer's state is the question for its own cause, and also when the step's batch-independent part
+    # (parameters, gradients, optimizer state) leaves no room for even one sample
+    no_batch_fits = out.get("max_batch") == 0
+    if (cause == "optimizer_state" or no_batch_fits) and optimizer.label.lower() not in ("none", "sgd"):
         # the rung says "SGD with momentum": price that (one buffer per parameter), not plain SGD (none)
         out["sgd_peak"], _ = run(sim_settings_for(OptimizerSpec.named("sgd-momentum"), precision, accum, device))
     return out
@@ -251,7 +254,7 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
         rung("bf16", "bf16 autocast", max(0, base_peak - plan["bf16_peak"]), fits=plan["bf16_peak"] <= plan_budget(limit, BF16_MARGIN),
              config={"amp": "bf16"}, why="activations in half precision; fp32 master weights kept",
              peak=plan["bf16_peak"])
-    if "sgd_peak" in plan and cause == "optimizer_state":
+    if "sgd_peak" in plan:
         rung("optimizer", f"an optimizer with less state than {plan.get('optimizer')} (SGD with momentum keeps one "
              "buffer per parameter), or shard it (FSDP)", max(0, base_peak - plan["sgd_peak"]),
              fits=plan["sgd_peak"] <= budget, peak=plan["sgd_peak"])

@@ -93,6 +93,11 @@ class PlanObserver(Observer):
         device = next((p.device.type for p in module.parameters()), "cpu")
         if torch.is_autocast_enabled(device):
             self.autocast = torch.get_autocast_dtype(device)
+        if torch.is_grad_enabled():
+            # The optimizer is priced from its spec, taken now: a training forward that runs out of memory never
+            # reaches a backward, and an optimizer local to the script's main() is gone (the session holds it
+            # weakly) by the time the run ends. A stepping optimizer still replaces it.
+            self._find_built_optimizer()
 
     def _note_sequence_first(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         """An RNN or attention layer with ``batch_first=False`` inside the training forward: its input
