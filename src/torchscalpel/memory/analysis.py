@@ -221,6 +221,7 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
                     "module": oom.get("module"), "step": oom.get("step"), "phase": oom.get("phase"),
                     "device_error": oom.get("device_error")},
         "limit": limit, "live": oom.get("total"), "by_category": oom.get("by_category", {}),
+        "kept_activations": int(oom.get("kept_activations") or 0),
         "modules": _top(oom.get("by_module", {}), TOP_MODULES), "sites": _top(oom.get("by_site", {}), TOP_SITES),
         "largest": oom.get("live", [])[:TOP_SITES], "plan": plan, "plan_error": plan_error, "ladder": ladder,
         "snapshot": snapshot,

@@ -76,6 +76,9 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         note = (section.get("top_cause") or {}).get("note")
         lines.append(f"top cause: {cause}" + (f" ({note})" if note else ""))
         lines += category_lines(oom.get("by_category", {}), int(oom.get("live") or 0))
+        if oom.get("kept_activations") and not growth.get("per_step"):  # growth named before a slope could be fit
+            lines.append(f"  {fmt_bytes(oom['kept_activations'])} of activations saved in earlier steps were still live "
+                         "(a tensor that requires grad is kept across steps, with its graph)")
         if oom.get("plan_error"):
             lines.append(f"  (no plan numbers: {oom['plan_error']})")
         if oom.get("ladder"):
