@@ -198,3 +198,12 @@ def test_an_optimizer_local_to_main_is_priced_when_the_first_forward_runs_out(tm
     assert plan["optimizer_state"] >= 2 * 12 * 2**20
     assert not any(r["fits"] and r["config"] for r in m["oom"]["ladder"])  # no [tune] rung alone fits
     assert any(r["kind"] == "optimizer" for r in m["oom"]["ladder"])
+
+
+@pytest.mark.slow
+def test_a_first_backward_out_of_memory_is_not_growth(tmp_path: Path) -> None:
+    # Found while adding growth-at-the-OOM: before the first optimizer step a forward ends a provisional step, so the
+    # first forward's activations read as "from an earlier step" in the first backward: 65 MiB "kept", growth named.
+    m = _memory(tmp_path, REPO / "tests" / "fixtures" / "memory" / "deep_transformer.py", "74MiB", "--no-plan")
+    assert m["oom"]["request"]["phase"] == "backward" and m["oom"]["kept_activations"] == 0
+    assert m["top_cause"]["key"] == "activations"

@@ -52,6 +52,8 @@ class MemoryObserver(Observer):
         self._trained = False
         self._in_step = False
         """Inside optimizer.step(): a closure's backward returns to the step's own update."""
+        self._stepped = False
+        """An optimizer step ran since the last step end (that step end commits the step, see committed_step)."""
 
     # ----- events -------------------------------------------------------------------------
     def on_start(self, session: Any) -> None:
@@ -122,6 +124,7 @@ class MemoryObserver(Observer):
 
     def on_optimizer_step_post(self, optimizer: torch.optim.Optimizer) -> None:
         self._in_step = False
+        self._stepped = True
         if self.plan_observer is not None:
             self.plan_observer.on_optimizer_step_post(optimizer)
         if self.tracker is None:
@@ -148,6 +151,8 @@ class MemoryObserver(Observer):
             "losses_kept": sum(1 for a in tr.live.values() if a.is_loss and a.step < tr.step),
         })
         tr.step = step.index + 1
+        if self._stepped:  # a step that an optimizer step ended (not a provisional forward/backward one)
+            tr.committed_step, self._stepped = tr.step, False
         tr.step_peak = tr.total
 
     def on_finish(self, record: Any) -> None:

@@ -112,6 +112,10 @@ class AllocationTracker(TorchDispatchMode):
         self.step = 0
         self.phase: str | None = "forward"
         """Set by the memory observer from the runtime's events; None when nothing tells it (a bare limit)."""
+        self.committed_step = 0
+        """Steps before this index ended with an optimizer step (set by the memory observer). Provisional step ends
+        (a forward or backward before the first optimizer step) do not count: activations saved in them are not
+        kept across a step, however their step index reads."""
         self.accumulating = False
         """A backward ran since the last optimizer step: gradients live in a forward are being accumulated."""
         self.module_stack: list[str] = []
@@ -408,7 +412,7 @@ class AllocationTracker(TorchDispatchMode):
     def _record_oom(self, op: str, request: int | None, *, device_error: str | None) -> None:
         # Activations saved in an earlier step and still live: graphs kept across steps (outputs or losses kept
         # with their graph). Known at the out-of-memory even when too few steps ran to fit a growth slope.
-        kept = sum(a.nbytes for a in self.live.values() if a.category == "activations" and a.step < self.step)
+        kept = sum(a.nbytes for a in self.live.values() if a.category == "activations" and a.step < self.committed_step)
         self.oom = {
             "op": op, "request_bytes": request, "site": self._site(),
             "module": self.module_stack[-1] if self.module_stack else "", "limit": self.limit,
