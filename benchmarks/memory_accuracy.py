@@ -44,6 +44,7 @@ HELDOUT_CASES = [
     # (label, script, limit, expected top cause, code fix or None): scripts in the styles users write
     # (tests/fixtures/memory/heldout/), written to test the diagnosis rather than to pass it.
     ("HF GPT-2 fine-tune, eager attention", "heldout/hf_gpt2_finetune.py", "128MiB", "activations", None),
+    ("HF GPT-2, gradient_checkpointing_enable() on", "heldout/hf_gpt2_grad_ckpt.py", "40MiB", "activations", None),
     ("HF GPT-2, 16k vocabulary (logits dominate)", "heldout/hf_gpt2_big_vocab.py", "160MiB", "activations", None),
     ("HF Llama, eval first + 4x accumulation", "heldout/hf_llama_accum.py", "96MiB", "activations", None),
     ("Lightning ResMLP, batch 4096", "heldout/lightning_resmlp.py", "40MiB", "activations", None),

@@ -207,3 +207,16 @@ def test_a_first_backward_out_of_memory_is_not_growth(tmp_path: Path) -> None:
     m = _memory(tmp_path, REPO / "tests" / "fixtures" / "memory" / "deep_transformer.py", "74MiB", "--no-plan")
     assert m["oom"]["request"]["phase"] == "backward" and m["oom"]["kept_activations"] == 0
     assert m["top_cause"]["key"] == "activations"
+
+
+@pytest.mark.slow
+def test_a_backward_of_recomputed_blocks_is_named_activations_and_micro_batches_fit(tmp_path: Path) -> None:
+    # Found: GPT-2 with gradient_checkpointing_enable() ran out in backward with 81% temporaries (recomputed
+    # activations and their gradients) and "temporaries" was named: not a cause a user can act on.
+    script = HELD / "hf_gpt2_grad_ckpt.py"
+    m = _memory(tmp_path, script, "40MiB")
+    assert m["oom"]["request"]["phase"] == "backward" and m["top_cause"]["key"] == "activations"
+    assert "temporaries of the training backward" in m["top_cause"]["note"]
+    first = m["oom"]["ladder"][0]
+    assert first["kind"] == "micro-batches" and first["fits"]
+    assert _run_fixed(tmp_path, script, "40MiB", first["config"]) is not None

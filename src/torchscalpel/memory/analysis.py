@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 SECTION_VERSION = "1.0"
 TOP_SITES = 10
 TOP_MODULES = 12
+TRAINING_PHASES = ("forward", "backward")
+"""Phases whose temporaries belong to the batch's training step (see build_section)."""
 GROWTH_SHARE = 0.25
 """Growth is the top cause when what it kept is at least this share of the live memory."""
 
@@ -180,6 +182,13 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
     cause_cat, note = _request_as_activation(by_cat, tr.oom)
     cause = top_cause(cause_cat, growth, fragmentation, live_now, before_training=early,
                       kept_at_oom=int(where.get("kept_activations") or 0))
+    phase = where.get("phase") if tr.oom is not None else peak.get("phase")
+    if cause == "temporaries" and phase in TRAINING_PHASES:
+        # In a training forward or backward the temporaries are the batch's own: gradients of activations and,
+        # under checkpointing, recomputed activations (GPT-2 with gradient_checkpointing_enable() ran out in
+        # backward with 81% temporaries). They scale with the batch and have the activations' fixes.
+        cause, note = "activations", (f"temporaries of the training {phase} (gradients of activations, recomputed "
+                                      "activations) scale with the batch as activations do")
     section["top_cause"] = {"key": cause, "text": CAUSE_TEXT[cause]}
     if note and cause == "activations" and max(CATEGORIES, key=lambda c: by_cat.get(c, 0)) != "activations":
         section["top_cause"]["note"] = note
