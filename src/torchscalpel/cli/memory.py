@@ -37,8 +37,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="stop the run when live tensors exceed SIZE (e.g. 512MiB, 2GB), on any device")
-    add_window_arguments(p, warmup=1, steps=str(DEFAULT_STEPS),
-                         steps_help=f"default {DEFAULT_STEPS}, or all under --memory-limit")
+    add_window_arguments(p, warmup=1, steps=f"{DEFAULT_STEPS}, or all under --memory-limit",
+                         steps_help="the same as 'all' here")
     # None: not given. Under --memory-limit the run goes on until the script ends or crosses the limit, so
     # memory that grows slowly still reaches its out-of-memory (and its fix ladder) instead of a step-20 stop.
     p.set_defaults(steps=None)
