@@ -37,7 +37,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="stop the run when live tensors exceed SIZE (e.g. 512MiB, 2GB), on any device")
-    add_window_arguments(p, warmup=1, steps=str(DEFAULT_STEPS), steps_help=f"default {DEFAULT_STEPS}")
+    add_window_arguments(p, warmup=1, steps=f"{DEFAULT_STEPS}, or all under --memory-limit",
+                         steps_help="the same as 'all' here")
+    # None: not given. Under --memory-limit the run goes on until the script ends or crosses the limit, so
+    # memory that grows slowly still reaches its out-of-memory (and its fix ladder) instead of a step-20 stop.
+    p.set_defaults(steps=None)
     p.add_argument("--config", type=Path, help="apply the [tune] settings of this scalpel.toml, as 'scalpel run' does")
     p.add_argument("--no-plan", action="store_true", help="skip the plan's numbers in the fix ladder")
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-memory-<name>/)")
@@ -60,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
         return _explain_snapshot(Path(target_words[0]), args)
     if not args.module and not target_words:
         raise UsageError("Name the script after --, e.g. 'scalpel memory -- train.py', or give a SNAPSHOT.pickle.")
+    if args.steps is None:
+        args.steps = "all" if limit is not None else str(DEFAULT_STEPS)
     steps = steps_arg(args)
     target = resolve_target(args)
     settings_hooks: list[Any] = []
@@ -87,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
     for line in summary_lines(section):
         print(line)
     print(f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}"))
+    if (section.get("oom") or {}).get("caught_by_script"):
+        print("scalpel memory: the script caught the stop at the limit (a bare 'except:' or 'except BaseException') "
+              "and went on; the post-mortem above is the crossing's, and the run did not fit.", file=sys.stderr)
+        return 1
     return int(record.exit_code or 0)
 
 

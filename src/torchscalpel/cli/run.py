@@ -60,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         except MemoryLimitExceeded as exc:
             print(f"scalpel run: {exc}; see 'scalpel memory --memory-limit {args.memory_limit}' for why.", file=sys.stderr)
             code = 1
+        if tracker is not None and tracker.oom is not None and code == 0:  # the script caught the stop itself
+            print(f"scalpel run: {tracker.oom_sentence()} (the script caught the stop and went on); see "
+                  f"'scalpel memory --memory-limit {args.memory_limit}' for why.", file=sys.stderr)
+            code = 1
         if tracker is not None and code == 0:
             from torchscalpel.units import fmt_bytes
 

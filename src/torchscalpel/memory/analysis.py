@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder, plan_numbers
+from torchscalpel.memory.observer import BEFORE_TRAINING
 from torchscalpel.runtime.alloc_tracker import CATEGORIES
 from torchscalpel.runtime.module_names import split_display_name
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 SECTION_VERSION = "1.0"
 TOP_SITES = 10
 TOP_MODULES = 12
+TRAINING_PHASES = ("forward", "backward")
+"""Phases whose temporaries belong to the batch's training step (see build_section)."""
 GROWTH_SHARE = 0.25
 """Growth is the top cause when what it kept is at least this share of the live memory."""
 
@@ -34,6 +37,7 @@ CAUSE_TEXT = {
     "temporaries": "temporaries",
     "growth": "memory that grows across steps",
     "fragmentation": "allocator fragmentation",
+    "data_preparation": "data preparation before training",
 }
 
 
@@ -72,8 +76,19 @@ def _before_training(before: dict[str, Any] | None, training_peak: int) -> dict[
 
 
 def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation: dict[str, Any] | None,
-              live: int) -> str:
-    """The cause to name first (a key of :data:`CAUSE_TEXT`)."""
+              live: int, *, before_training: bool = False, kept_at_oom: int = 0) -> str:
+    """The cause to name first (a key of :data:`CAUSE_TEXT`).
+
+    ``before_training``: the limit was crossed before the model's first training forward, or (no limit)
+    the peak then was higher than the training peak: data preparation (a dataset built as tensors, a
+    float64 copy) is the cause, and no training-step fix changes it. ``kept_at_oom``: activations saved in
+    an earlier step still live at the out-of-memory (graphs kept across steps; growth, even when too few
+    step ends were measured to fit its slope).
+    """
+    if before_training:
+        return "data_preparation"
+    if kept_at_oom >= GROWTH_SHARE * max(1, live):
+        return "growth"
     kept = (growth.get("kept") or {}).get("activations", 0)
     grown = growth.get("per_step", 0) * max(1, growth.get("steps", 1))
     if growth.get("per_step") and max(kept, grown) >= GROWTH_SHARE * max(1, live):
@@ -82,6 +97,26 @@ def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation
             (fragmentation.get("request") or 0):
         return "fragmentation"
     return max(CATEGORIES, key=lambda c: by_category.get(c, 0))
+
+
+def _request_as_activation(by_category: dict[str, int], oom: dict[str, Any] | None) -> tuple[dict[str, int], str | None]:
+    """The categories the cause is chosen from: a request that failed in a training forward counts as an activation.
+
+    Why: the failing op's output is counted live (as a temporary: nothing saved it yet), and so are the
+    inputs the op was about to save. When a wide first layer at a large batch crosses the limit, the
+    activations saved so far are small next to that one output, and "temporaries" would be named for what
+    is an activation problem (checkpointing, micro-batches and a smaller batch are its fixes).
+    """
+    if not oom or oom.get("phase") != "forward" or not oom.get("request_bytes"):
+        return by_category, None
+    from torchscalpel.units import fmt_bytes
+
+    moved = min(int(oom["request_bytes"]), int(by_category.get("temporaries", 0)))
+    out = dict(by_category)
+    out["temporaries"] = out.get("temporaries", 0) - moved
+    out["activations"] = out.get("activations", 0) + moved
+    return out, (f"the failing request ({fmt_bytes(moved)}, an op output of the training forward) is counted as the "
+                 "activation it was about to become")
 
 
 def cuda_state() -> dict[str, Any] | None:
@@ -142,10 +177,26 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
     by_cat = where.get("by_category") or peak.get("by_category", {})
     if fragmentation is not None and tr.oom is not None:
         fragmentation["request"] = tr.oom.get("request_bytes")
-    cause = top_cause(by_cat, growth, fragmentation, live_now)
+    early = (where if tr.oom is not None else (obs.before_training or {}) if section["before_training"] else {}
+             ).get("phase") == BEFORE_TRAINING
+    cause_cat, note = _request_as_activation(by_cat, tr.oom)
+    cause = top_cause(cause_cat, growth, fragmentation, live_now, before_training=early,
+                      kept_at_oom=int(where.get("kept_activations") or 0))
+    phase = where.get("phase") if tr.oom is not None else peak.get("phase")
+    if cause == "temporaries" and phase in TRAINING_PHASES:
+        # In a training forward or backward the temporaries are the batch's own: gradients of activations and,
+        # under checkpointing, recomputed activations (GPT-2 with gradient_checkpointing_enable() ran out in
+        # backward with 81% temporaries). They scale with the batch and have the activations' fixes.
+        cause, note = "activations", (f"temporaries of the training {phase} (gradients of activations, recomputed "
+                                      "activations) scale with the batch as activations do")
     section["top_cause"] = {"key": cause, "text": CAUSE_TEXT[cause]}
+    if note and cause == "activations" and max(CATEGORIES, key=lambda c: by_cat.get(c, 0)) != "activations":
+        section["top_cause"]["note"] = note
     if tr.oom is not None:
         section["oom"] = _postmortem(obs, tr.oom, cause, growth, fragmentation, snapshot or {})
+        # a bare `except:` (or `except BaseException`) in the script caught the stop and the script went on:
+        # the post-mortem is still the crossing's, and the run did not fit
+        section["oom"]["caught_by_script"] = getattr(record, "status", None) in ("complete", "stopped")
     return section
 
 
@@ -154,7 +205,8 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
     limit = obs.limit or (fragmentation or {}).get("reserved") or _capacity()
     plan: dict[str, Any] | None = None
     plan_error = None
-    if obs.plan_observer is not None and cause != "growth":  # growth is fixed in code, not by a plan
+    # growth and data preparation are fixed in code, not by a plan of the training step
+    if obs.plan_observer is not None and cause not in ("growth", "data_preparation"):
         try:
             plan = plan_numbers(obs.plan_observer, int(limit), cause)
         except Exception as exc:  # the ladder still has the measured rungs
@@ -162,14 +214,23 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
     if plan and "error" in plan:
         plan_error, plan = plan["error"], None
     measured = max(int(oom.get("total", 0)), int(obs.tracker.peak if obs.tracker else 0))
+    kept = int(oom.get("kept_activations") or 0)
+    if cause == "growth" and not growth.get("per_step") and kept:
+        # too few step ends for a slope, but graphs from earlier steps are live: the ladder's growth rungs
+        # read the kept bytes (per step: over the steps that kept them)
+        growth = {**growth, "per_step": kept // max(1, int(oom.get("step") or 1)),
+                  "kept": {"activations": kept, "per_step": kept // max(1, int(oom.get("step") or 1)),
+                           "losses_kept": 0}}
+    top_site = next((r["name"] for r in _top(oom.get("by_site", {}), 1)), None)
     ladder = build_ladder(measured_peak=measured, limit=int(limit), plan=plan, cause=cause,
                           breakdown=oom.get("by_category", {}), phase=str(oom.get("phase")), growth=growth, accumulating=bool(oom.get("accumulating")),
-                          fragmentation=fragmentation)
+                          fragmentation=fragmentation, top_site=top_site)
     return {
         "request": {"op": oom.get("op"), "bytes": oom.get("request_bytes"), "site": oom.get("site"),
                     "module": oom.get("module"), "step": oom.get("step"), "phase": oom.get("phase"),
                     "device_error": oom.get("device_error")},
         "limit": limit, "live": oom.get("total"), "by_category": oom.get("by_category", {}),
+        "kept_activations": int(oom.get("kept_activations") or 0),
         "modules": _top(oom.get("by_module", {}), TOP_MODULES), "sites": _top(oom.get("by_site", {}), TOP_SITES),
         "largest": oom.get("live", [])[:TOP_SITES], "plan": plan, "plan_error": plan_error, "ladder": ladder,
         "snapshot": snapshot,

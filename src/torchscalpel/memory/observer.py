@@ -19,7 +19,10 @@ from torchscalpel.runtime.alloc_tracker import AllocationTracker
 from torchscalpel.runtime.observer import Observer
 
 BEFORE_TRAINING = "before training"
-"""The phase of everything allocated before the model's first training forward."""
+"""The phase of everything allocated before the model's first training forward (and before any evaluation)."""
+
+EVALUATION = "evaluation"
+"""The phase from a root forward without grad (``torch.no_grad()`` evaluation) to the next training event."""
 
 SITES_PER_SAMPLE = 30
 """Largest call sites kept at each step end (growth analysis reads these)."""
@@ -49,6 +52,8 @@ class MemoryObserver(Observer):
         self._trained = False
         self._in_step = False
         """Inside optimizer.step(): a closure's backward returns to the step's own update."""
+        self._stepped = False
+        """An optimizer step ran since the last step end (that step end commits the step, see committed_step)."""
 
     # ----- events -------------------------------------------------------------------------
     def on_start(self, session: Any) -> None:
@@ -75,6 +80,10 @@ class MemoryObserver(Observer):
             return
         tr = self.tracker
         if not torch.is_grad_enabled():
+            # An evaluation forward (nanoGPT's estimate_loss before the first step): not data preparation, so an
+            # out-of-memory in it is not blamed on the data (a loss module has no parameters: not a model)
+            if any(True for _ in module.parameters()):
+                tr.phase = EVALUATION
             return
         if not self._trained:  # the first training forward: the breakdown is of the training peak
             # (a flag, not the phase: Lightning's optimizer.step(closure) runs the first forward inside the step)
@@ -115,6 +124,7 @@ class MemoryObserver(Observer):
 
     def on_optimizer_step_post(self, optimizer: torch.optim.Optimizer) -> None:
         self._in_step = False
+        self._stepped = True
         if self.plan_observer is not None:
             self.plan_observer.on_optimizer_step_post(optimizer)
         if self.tracker is None:
@@ -141,6 +151,8 @@ class MemoryObserver(Observer):
             "losses_kept": sum(1 for a in tr.live.values() if a.is_loss and a.step < tr.step),
         })
         tr.step = step.index + 1
+        if self._stepped:  # a step that an optimizer step ended (not a provisional forward/backward one)
+            tr.committed_step, self._stepped = tr.step, False
         tr.step_peak = tr.total
 
     def on_finish(self, record: Any) -> None:

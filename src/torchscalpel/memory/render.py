@@ -73,14 +73,20 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         lines.append(f"OUT OF MEMORY ({what}): {req.get('op')} at {_short(req.get('site'))} asked for "
                      f"{fmt_bytes(req.get('bytes'))} with {fmt_bytes(oom.get('live'))} live (step {req.get('step')}, "
                      f"{req.get('phase')}, in {req.get('module') or 'no module'})")
-        lines.append(f"top cause: {cause}")
+        note = (section.get("top_cause") or {}).get("note")
+        lines.append(f"top cause: {cause}" + (f" ({note})" if note else ""))
         lines += category_lines(oom.get("by_category", {}), int(oom.get("live") or 0))
+        if oom.get("kept_activations") and not growth.get("per_step"):  # growth named before a slope could be fit
+            lines.append(f"  {fmt_bytes(oom['kept_activations'])} of activations saved in earlier steps were still live "
+                         "(a tensor that requires grad is kept across steps, with its graph)")
         if oom.get("plan_error"):
             lines.append(f"  (no plan numbers: {oom['plan_error']})")
         if oom.get("ladder"):
             lines.append("fix ladder:")
             for r in oom["ladder"]:
                 saves = f"saves {fmt_bytes(r['saves'])}" if r.get("saves") else ""
+                if r.get("peak"):
+                    saves = ", ".join(x for x in (saves, f"plan peak {fmt_bytes(r['peak'])}") if x)
                 fits = {True: "fits", False: "does not fit alone", None: ""}[r.get("fits")]
                 cfg = " [scalpel run: " + ", ".join(f"{k}={v}" for k, v in r["config"].items()) + "]" if r.get("config") else ""
                 tail = "; ".join(x for x in (saves, fits, r.get("why", "")) if x)

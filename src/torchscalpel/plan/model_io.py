@@ -102,3 +102,29 @@ def unique_params(module: nn.Module) -> list[nn.Parameter]:
             seen.add(id(p))
             out.append(p)
     return out
+
+
+_CACHE_KWARGS = ("cache", "layer_past", "past_key_value", "past_key_values")
+"""Names transformers' layers give their key/value cache argument."""
+
+
+def is_kv_cache(value: Any) -> bool:
+    """A transformers ``Cache`` (``DynamicCache``, ...), recognised by its class, without importing transformers."""
+    return any(c.__name__ == "Cache" and c.__module__.startswith("transformers") for c in type(value).__mro__)
+
+
+def without_kv_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A checkpointed block's call arguments with its key/value cache dropped (``use_cache=False``, cache None).
+
+    Why: a checkpoint's recompute in backward runs the block again with the same arguments, and a layer that
+    writes to a transformers cache would append its keys a second time (GPT-2's attention then sees twice
+    the keys and fails: "Attempting to broadcast a dimension of length 256"). A training forward with grad
+    never reads the cache it writes, so transformers itself drops it under gradient checkpointing
+    (``GradientCheckpointingLayer``); the same is done here, for the cache passed by keyword or position.
+    """
+    if not any(is_kv_cache(a) for a in args) and not any(
+            (k in _CACHE_KWARGS and v is not None) or (k == "use_cache" and v) for k, v in kwargs.items()):
+        return args, kwargs
+    args = tuple(None if is_kv_cache(a) else a for a in args)
+    kwargs = {k: (None if k in _CACHE_KWARGS else False if k == "use_cache" else v) for k, v in kwargs.items()}
+    return args, kwargs

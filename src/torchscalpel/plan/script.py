@@ -86,10 +86,18 @@ class PlanObserver(Observer):
         # DDP's own buffers). Same inputs: DDP passes them through unchanged.
         if isinstance(module, DistributedDataParallel):
             module = module.module
-        self.model, self.args, self.kwargs = module, args, dict(kwargs)
+        # Global pre hooks get no keyword arguments; the call's own frame has them. Read here, not only as
+        # the call returns (setup_hook): a forward that runs out of memory under --memory-limit never returns,
+        # and `scalpel memory`'s ladder plans exactly that call (transformers: model(input_ids=x, labels=y)).
+        self.model, self.args, self.kwargs = module, args, dict(kwargs) or call_kwargs(self._root)
         device = next((p.device.type for p in module.parameters()), "cpu")
         if torch.is_autocast_enabled(device):
             self.autocast = torch.get_autocast_dtype(device)
+        if torch.is_grad_enabled():
+            # The optimizer is priced from its spec, taken now: a training forward that runs out of memory never
+            # reaches a backward, and an optimizer local to the script's main() is gone (the session holds it
+            # weakly) by the time the run ends. A stepping optimizer still replaces it.
+            self._find_built_optimizer()
 
     def _note_sequence_first(self, module: nn.Module, args: tuple[Any, ...]) -> None:
         """An RNN or attention layer with ``batch_first=False`` inside the training forward: its input
@@ -212,6 +220,30 @@ class PlanObserver(Observer):
                                  "use factory mode (--model MODULE:FACTORY).") from None
 
         return build
+
+
+_CALL_IMPL = nn.Module._call_impl.__code__
+CALL_FRAMES = 24
+"""Frames walked up from a forward pre hook to the module call that ran it (hooks, session, observers)."""
+
+
+def call_kwargs(module: nn.Module) -> dict[str, Any]:
+    """The keyword arguments of the ``module(...)`` call now running its forward pre hooks ({} if not found).
+
+    ``Module._call_impl(self, *args, **kwargs)`` holds them in its frame: the innermost such frame of
+    ``module`` (a nested call of the same module is inside the outer one) is the call being hooked.
+    """
+    import sys
+
+    f: Any = sys._getframe(1)
+    for _ in range(CALL_FRAMES):
+        if f is None:
+            break
+        if f.f_code is _CALL_IMPL and f.f_locals.get("self") is module:
+            kwargs = f.f_locals.get("kwargs")
+            return dict(kwargs) if isinstance(kwargs, dict) else {}
+        f = f.f_back
+    return {}
 
 
 def _tensors(batch: Any) -> list[torch.Tensor]:

@@ -368,6 +368,9 @@ def unit_marks(model: nn.Module, blocks: list[tuple[str, nn.Module]], tracker: A
 
 
 def _checkpoint_call(checkpoint, original, *args, **kwargs):
+    from torchscalpel.plan.model_io import without_kv_cache
+
+    args, kwargs = without_kv_cache(args, kwargs)  # the recompute must not write a transformers cache twice
     return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
 

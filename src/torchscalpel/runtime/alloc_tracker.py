@@ -112,6 +112,10 @@ class AllocationTracker(TorchDispatchMode):
         self.step = 0
         self.phase: str | None = "forward"
         """Set by the memory observer from the runtime's events; None when nothing tells it (a bare limit)."""
+        self.committed_step = 0
+        """Steps before this index ended with an optimizer step (set by the memory observer). Provisional step ends
+        (a forward or backward before the first optimizer step) do not count: activations saved in them are not
+        kept across a step, however their step index reads."""
         self.accumulating = False
         """A backward ran since the last optimizer step: gradients live in a forward are being accumulated."""
         self.module_stack: list[str] = []
@@ -346,9 +350,14 @@ class AllocationTracker(TorchDispatchMode):
         """Names for ``root``'s submodules a user recognises (see :func:`display_name`; the root is its class)."""
         if root in self.module_names:
             return
-        root_name = type(root).__name__
+        inner = getattr(root, "_orig_mod", None)  # torch.compile's wrapper: name the model it wraps
+        root_name = type(inner if isinstance(inner, torch.nn.Module) else root).__name__
         self.module_names[root] = root_name
         for name, m in root.named_modules():
+            if isinstance(inner, torch.nn.Module):
+                name = "" if name == "_orig_mod" else name.removeprefix("_orig_mod.")
+                if not name:
+                    self.module_names.setdefault(m, root_name)
             if name and m not in self.module_names:
                 self.module_names[m] = display_name(name, m, root_name)
                 if name.rsplit(".", 1)[-1].isdigit():
@@ -401,10 +410,13 @@ class AllocationTracker(TorchDispatchMode):
                 "accumulating": self.accumulating}
 
     def _record_oom(self, op: str, request: int | None, *, device_error: str | None) -> None:
+        # Activations saved in an earlier step and still live: graphs kept across steps (outputs or losses kept
+        # with their graph). Known at the out-of-memory even when too few steps ran to fit a growth slope.
+        kept = sum(a.nbytes for a in self.live.values() if a.category == "activations" and a.step < self.committed_step)
         self.oom = {
             "op": op, "request_bytes": request, "site": self._site(),
             "module": self.module_stack[-1] if self.module_stack else "", "limit": self.limit,
-            "device_error": device_error, **self.state(), "live": self.live_top(),
+            "device_error": device_error, **self.state(), "live": self.live_top(), "kept_activations": kept,
         }
 
     def oom_sentence(self) -> str:

@@ -97,6 +97,10 @@ def checkpointed(module: torch.nn.Module) -> Any:
         if module.training and torch.is_grad_enabled() and not torch.compiler.is_compiling():
             from torch.utils.checkpoint import checkpoint
 
+            from torchscalpel.plan.model_io import without_kv_cache
+
+            # a transformers layer writing its key/value cache would write it again in the recompute
+            args, kwargs = without_kv_cache(args, kwargs)
             return checkpoint(inner, *args, use_reentrant=False, **kwargs)
         return original(*args, **kwargs)
 

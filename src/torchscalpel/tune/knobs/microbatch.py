@@ -10,7 +10,8 @@ batch) is exactly the unsplit one: the gradients equal the unsplit batch's up to
 
 Outputs: tensors with a batch dimension are concatenated; 0-d floating outputs (a loss computed inside
 the model) are the chunk-size-weighted mean; tuples, lists and dicts of those are combined entry by
-entry. A model whose inputs have no batch dimension divisible by K runs unsplit (logged). Combined with
+entry; a transformers key/value cache (``past_key_values`` of a model whose config has ``use_cache``)
+becomes None. A model whose inputs have no batch dimension divisible by K runs unsplit (logged). Combined with
 ``checkpointing = "blocks"`` each block is checkpointed inside each micro-batch (the least memory of all).
 
 BatchNorm: a model with a BatchNorm (or an InstanceNorm that tracks running statistics) in training mode
@@ -136,6 +137,12 @@ def combine(outs: list[Any], sizes: list[int]) -> Any:
             return type(first)(merged)
     if first is None or isinstance(first, int | float | str | bool):
         return first
+    from torchscalpel.plan.model_io import is_kv_cache
+
+    if is_kv_cache(first):
+        # A transformers model called in training returns the key/value cache its config asks for; each chunk's
+        # holds only its own rows, and a training step never reads it: no whole-batch cache, rather than a wrong one.
+        return None
     raise TypeError(f"cannot combine model outputs of type {type(first).__name__}")
 
 
