@@ -29,7 +29,7 @@ import contextlib
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from torchscalpel.fileio import default_run_dir
 from torchscalpel.record import RunRecord
@@ -187,7 +187,7 @@ def doctor(
 
 def memory(
     *,
-    steps: int | None = 20,
+    steps: int | Literal["default"] | None = "default",
     warmup: int = 1,
     out: str | Path | None = None,
     memory_limit: str | int | None = None,
@@ -198,13 +198,18 @@ def memory(
 ) -> InProcessRun:
     """Account the block's memory like ``scalpel memory``: ``run.record.sections["memory"]`` holds the
     breakdown, growth and (past ``memory_limit``, a size such as ``"2GiB"`` or bytes) the post-mortem.
-    A block that crosses the limit ends there, like a step stop; the record says why."""
+    A block that crosses the limit ends there, like a step stop; the record says why.
+
+    ``steps``: how many to account (None: all); by default 20, or all under ``memory_limit`` as in
+    ``scalpel memory``, so growth that crosses the limit late still gets its post-mortem."""
     from torchscalpel.memory.observer import MemoryObserver
     from torchscalpel.memory.stage import observer_setup
     from torchscalpel.units import parse_size
 
     limit = parse_size(memory_limit, flag="memory_limit") if isinstance(memory_limit, str) else memory_limit
     observer = MemoryObserver(limit=limit)
+    if steps == "default":
+        steps = None if limit is not None else 20
     options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name)
 
     def finish(run: InProcessRun) -> None:

@@ -144,3 +144,11 @@ def test_set_to_none_is_offered_for_stale_gradients_not_for_accumulated_ones(tmp
     assert stale["by_category"]["gradients"] > 0 and summed["by_category"]["gradients"] > 0
     assert "set-to-none" in {r["kind"] for r in stale["ladder"]}
     assert "set-to-none" not in {r["kind"] for r in summed["ladder"]}
+
+
+def test_under_a_limit_every_step_is_accounted_as_in_the_cli() -> None:
+    import torchscalpel
+
+    assert torchscalpel.memory().options.steps == 20
+    assert torchscalpel.memory(memory_limit="1GiB").options.steps is None  # growth may cross the limit late
+    assert torchscalpel.memory(memory_limit="1GiB", steps=5).options.steps == 5

@@ -322,3 +322,21 @@ def test_the_report_names_a_higher_peak_before_training() -> None:
     assert "Before training the live total was higher" in html and "/home/u/train.py:9" in html
     del section["before_training"]
     assert "Before training" not in "".join(s.body for s in build(SimpleNamespace(sections={"memory": section})))  # type: ignore[arg-type]
+
+
+def test_a_notebook_cell_is_the_users_call_site() -> None:
+    # runtime.userframes: a cell (<ipython-input-...>) is a person's code, exec'd <string> code is not
+    cell = compile("big = torch.zeros(4096, 64)\n", "<ipython-input-3-5f2a>", "exec")
+    generated = compile("small = torch.zeros(16, 64)\n", "<string>", "exec")
+    tr = AllocationTracker()
+    tr.start()
+    try:
+        scope: dict[str, object] = {"torch": torch}
+        exec(cell, scope)
+        exec(generated, scope)
+    finally:
+        tr.stop()
+    sites = tr.by_site
+    assert sites.get("<ipython-input-3-5f2a>:1") == 4096 * 64 * 4
+    assert not any(s.startswith("<string>") for s in sites)
+    assert any(s.startswith(__file__) for s in sites)  # the generated code's allocation is named by its caller

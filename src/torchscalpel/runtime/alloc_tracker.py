@@ -24,7 +24,6 @@ live: ``--memory-limit`` is enforced the same way on a CPU and a GPU.
 
 from __future__ import annotations
 
-import os
 import sys
 import weakref
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
 from torchscalpel.runtime.module_names import display_name
+from torchscalpel.runtime.userframes import Kind, file_kind
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 """Every category, in the order the breakdown prints them (allocator cache is added on CUDA)."""
@@ -48,9 +48,6 @@ LIVE_TOP = 40
 _CUDA_BLOCK = 512
 """The CUDA caching allocator rounds every block up to 512 bytes."""
 
-_LIB_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,))
-_SCALPEL_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_PY_LIB = (os.path.dirname(os.__file__) + os.sep,)
 
 
 def _exec_strategy() -> Any:
@@ -124,7 +121,7 @@ class AllocationTracker(TorchDispatchMode):
         """``blocks.3`` -> ``blocks.3 (Block)`` for every indexed submodule named: the per-block rollup's labels."""
         self.oom: dict[str, Any] | None = None
         """What was live when the limit was crossed (or a device out-of-memory was raised)."""
-        self._user_code: dict[Any, bool] = {}
+        self._code_kind: dict[Any, Kind] = {}
         self._cuda = device_kind == "cuda"
         self._dead = self._storage_died
         """One bound method for every storage's weak-reference callback (not a closure per allocation)."""
@@ -375,7 +372,8 @@ class AllocationTracker(TorchDispatchMode):
 
     # ----- call sites ---------------------------------------------------------------------
     def _site(self) -> str:
-        """The innermost frame in the user's code (not torch, torchscalpel or the standard library)."""
+        """The innermost frame of the user's code (:mod:`runtime.userframes`), else the innermost frame of a
+        third-party package (a library the user called: Lightning, transformers), as ``file:line``."""
         try:
             f: Any = sys._getframe(3)
         except ValueError:  # a thread with no Python caller (CUDA's autograd device threads run backward ops)
@@ -383,16 +381,13 @@ class AllocationTracker(TorchDispatchMode):
         fallback = None
         while f is not None:
             code = f.f_code
-            user = self._user_code.get(code)
-            if user is None:
-                fn = code.co_filename
-                user = not (fn.startswith(_LIB_DIRS) or fn.startswith(_SCALPEL_DIR) or fn.startswith(_PY_LIB)
-                            or fn.startswith("<"))
-                self._user_code[code] = user
-            if user:
-                if "site-packages" not in code.co_filename:
-                    return f"{code.co_filename}:{f.f_lineno}"
-                fallback = fallback or f"{code.co_filename}:{f.f_lineno}"
+            kind = self._code_kind.get(code)  # per code object: this runs at every allocation
+            if kind is None:
+                kind = self._code_kind[code] = file_kind(code.co_filename)
+            if kind is Kind.USER:
+                return f"{code.co_filename}:{f.f_lineno}"
+            if kind is Kind.THIRD_PARTY and fallback is None:
+                fallback = f"{code.co_filename}:{f.f_lineno}"
             f = f.f_back
         return fallback or "(no Python caller)"
 
