@@ -321,16 +321,16 @@ def test_the_cli_shows_progress_in_mib_on_a_terminal_only(tmp_path: Path, reader
     reader(path, True)
     monkeypatch.setattr(native, "SLICE_BYTES", 1 << 14)
     updates: list[tuple[int, int]] = []
-    real_update = cli_memory._SnapshotProgress.update
-    monkeypatch.setattr(cli_memory._SnapshotProgress, "update",
-                        lambda self, d, t: (updates.append((d, t)), real_update(self, d, t)))
+    real_show = terminal.TerminalProgress.show
+    monkeypatch.setattr(terminal.TerminalProgress, "show",
+                        lambda self, **f: (updates.append((f["completed"], f["total"])), real_show(self, **f)))
     for is_terminal in (True, False):
         out = io.StringIO()
         monkeypatch.setattr(terminal, "console", lambda out=out, t=is_terminal: Console(file=out, force_terminal=t,
                                                                                          width=120))
         updates.clear()
         assert cli_memory._explain_snapshot(path, argparse.Namespace(json_path=None)) == 0
-        assert len(updates) > 4 and updates[-1] == (2 * path.stat().st_size,) * 2
+        assert len(updates) > 4 and updates[-1] == ((2 * path.stat().st_size) >> 20, max((2 * path.stat().st_size) >> 20, 1))
         assert ("MiB of snap.pickle" in out.getvalue()) == is_terminal
     assert "live blocks" in capsys.readouterr().out
 

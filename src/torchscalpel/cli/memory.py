@@ -113,32 +113,6 @@ def _starts_like_pickle(path: Path) -> bool:
         return False
 
 
-class _SnapshotProgress:
-    """MiB read of the native reader's two passes (checking every opcode, then explaining), on a terminal
-    only, in the style of every long stage; a large snapshot takes seconds to tens of seconds."""
-
-    def __init__(self, path: Path) -> None:
-        from torchscalpel.report.terminal import console, stage_progress
-
-        self.console = console()
-        self.enabled = self.console.is_terminal
-        self._progress = stage_progress(self.console)
-        self._task = self._progress.add_task("snapshot", total=None, info=f"MiB of {path.name} (checked, then explained)")
-
-    def __enter__(self) -> _SnapshotProgress:
-        if self.enabled:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self._progress.stop()
-
-    def update(self, done: int, total: int) -> None:
-        """Bytes of both passes read so far, of twice the file's size."""
-        self._progress.update(self._task, completed=done >> 20, total=max(total >> 20, 1))
-
-
 def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
     import json
 
@@ -146,8 +120,11 @@ def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
 
     if not path.is_file():
         raise UsageError(f"{path} does not exist; give the path of a torch.cuda.memory._dump_snapshot file.")
-    with _SnapshotProgress(path) as progress:
-        result = explain_snapshot(path, progress.update)
+    from torchscalpel.report.terminal import TerminalProgress
+
+    # MiB of the native reader's two passes: a large snapshot takes seconds to tens of seconds
+    with TerminalProgress("snapshot", None, f"MiB of {path.name} (checked, then explained)") as bar:
+        result = explain_snapshot(path, lambda done, total: bar.show(completed=done >> 20, total=max(total >> 20, 1)))
     for line in render_snapshot(result):
         print(line)
     if args.json_path is not None:

@@ -60,8 +60,17 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.device_memory)
     strategies = strategies_for(args.strategy, args.world_size, args.nodes)
     script_mode = _script_mode(args)
-    with _PlanProgress(args, len(strategies)) as progress:
-        result, record, out_dir = _plan(args, device, strategies, script_mode, progress.update)
+    from torchscalpel.report.terminal import TerminalProgress
+
+    # a large model's simulation and max-batch search take minutes: "N of M" strategies, on a terminal only
+    info = "simulating on fake tensors" + ("" if args.no_max_batch else " + largest-batch search (--no-max-batch skips it)")
+    with TerminalProgress("plan", len(strategies), info) as bar:
+
+        def progress(done: int, total: int, what: str) -> None:
+            # the total grows when nothing fits and checkpointed rows follow
+            bar.show(completed=done, total=max(done, total), info=f"{what} done")
+
+        result, record, out_dir = _plan(args, device, strategies, script_mode, progress)
     from torchscalpel.plan.render import render_text
     from torchscalpel.sections import PlanSection
 
@@ -69,35 +78,6 @@ def run(args: argparse.Namespace) -> int:
     record.sections[PlanSection.KEY] = result.to_dict()
     _write_outputs(args, record, out_dir, result.to_dict())
     return 0
-
-
-class _PlanProgress:
-    """What the user sees while the plan runs (a large model's simulation and max-batch search take
-    minutes): "N of M" strategies with the elapsed time and time left, in the style of every long stage,
-    on a terminal; nothing in a pipe or a log, like the step progress of profile and doctor (and so a
-    bad --model stays a one-line error)."""
-
-    def __init__(self, args: argparse.Namespace, n_strategies: int) -> None:
-        from torchscalpel.report.terminal import console, stage_progress
-
-        self.console = console()
-        self.enabled = self.console.is_terminal
-        self._progress = stage_progress(self.console)
-        info = "simulating on fake tensors" + ("" if args.no_max_batch else " + largest-batch search (--no-max-batch skips it)")
-        self._task = self._progress.add_task("plan", total=n_strategies, info=info)
-
-    def __enter__(self) -> _PlanProgress:
-        if self.enabled:
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled:
-            self._progress.stop()
-
-    def update(self, done: int, total: int, what: str) -> None:
-        """One strategy's row is done (the total grows when nothing fits and checkpointed rows follow)."""
-        self._progress.update(self._task, completed=done, total=max(done, total), info=f"{what} done")
 
 
 def _plan(args: argparse.Namespace, device, strategies, script_mode: bool, progress: Callable[[int, int, str], None]):

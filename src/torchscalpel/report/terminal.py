@@ -85,6 +85,30 @@ def stage_progress(out: Console) -> Progress:
     )
 
 
+class TerminalProgress:
+    """One :func:`stage_progress` bar, drawn only on a terminal (nothing in a pipe or a log, so a bad input
+    stays a one-line error), as a context manager; subclasses turn their stage's events into ``update``."""
+
+    def __init__(self, label: str, total: int | None, info: str) -> None:
+        self.console = console()
+        self.enabled = self.console.is_terminal
+        self._progress = stage_progress(self.console)
+        self._task = self._progress.add_task(label, total=total, info=info)
+
+    def __enter__(self) -> TerminalProgress:
+        if self.enabled:
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self._progress.stop()
+
+    def show(self, **fields: Any) -> None:
+        """Update the bar (``completed``, ``total``, ``info``)."""
+        self._progress.update(self._task, **fields)
+
+
 class StepProgress:
     """A progress bar over the steps, updated from the runtime's step-end events.
 
