@@ -91,7 +91,7 @@ _PARAMETER_SETUP = frozenset({"_apply", "to", "cuda", "load_state_dict", "_load_
 
 @functools.lru_cache(maxsize=65536)
 def frame_code(file: str, function: str) -> int:
-    """What a ``.py`` frame of a snapshot is: bit 0 when the file is the user's (:mod:`runtime.userframes`),
+    """What a frame of a snapshot is: bit 0 when the file is the user's (:mod:`runtime.userframes`),
     bits 1-3 the index in :data:`PHASES` its torch function marks (0: none).
 
     The marks are torch's own entry points, by file and function: a module's ``forward`` call

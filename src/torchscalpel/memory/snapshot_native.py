@@ -148,8 +148,8 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
 
 FRAME_CODE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t,
                               ctypes.POINTER(ctypes.c_char), ctypes.c_size_t)
-"""The C reader asks this once per distinct ``.py`` frame (file name, function name): bit 0 the user's
-file, bits 1-3 the phase the function marks (``snapshot.frame_code``)."""
+"""The C reader asks this once per distinct frame (file name, function name): bit 0 the user's file
+(read for ``.py`` files only), bits 1-3 the phase the function marks (``snapshot.frame_code``)."""
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: bytes of both passes read so far, of twice the file's size."""
@@ -170,7 +170,7 @@ def summarize(lib: ctypes.CDLL, path: Path, frame_code: Callable[[str, str], int
               progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, int]]:
     """Read ``path`` in C: the summary's fields (as ``SnapshotSummary`` keeps them) and the reader's counters.
 
-    ``frame_code(file, function)``: what a ``.py`` frame is (see :data:`FRAME_CODE`), asked once per pair.
+    ``frame_code(file, function)``: what a frame is (see :data:`FRAME_CODE`), asked once per distinct pair.
     Raises :class:`ScanError` when the reader stops; ``E_NOSEG``: a plain pickle that is not a snapshot.
     """
 

@@ -49,7 +49,6 @@ _CUDA_BLOCK = 512
 """The CUDA caching allocator rounds every block up to 512 bytes."""
 
 
-
 def _exec_strategy() -> Any:
     """torch's C-level "skip this code and all it calls" marker for dynamo, or None on a torch without one."""
     try:
