@@ -64,7 +64,7 @@ def test_every_rule_has_a_positive_fixture() -> None:
 
     covered = set().union(*(must for must, _ in POSITIVE.values()), *INFO_POSITIVE.values()) | {
         "cannot-overfit-batch", "host-device-copy-bound", "ddp-batchnorm-not-synced",
-        # a static rule whose fixtures (DDP on CPU refuses device_ids) live in tests/dist/test_rank_rules.py
+        # a static rule whose fixtures (DDP on CPU refuses device_ids) live in tests/distributed/test_rank_rules.py
         "ddp-device-ids-not-local-rank"}
     assert covered == set(RULES)
     assert all((FIXTURES / name).exists() for name in [*POSITIVE, *INFO_POSITIVE])

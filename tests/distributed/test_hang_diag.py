@@ -176,7 +176,7 @@ def test_a_rank_that_died_first_is_named_and_a_tie_names_no_one():
 
 
 def test_a_tie_in_where_the_ranks_wait_is_broken_by_the_first_mismatch():
-    # 4 gloo ranks, rank 1 all-reduces 5 values where the others send 4 (tests/fixtures/dist/hang_shape.py): two
+    # 4 gloo ranks, rank 1 all-reduces 5 values where the others send 4 (tests/fixtures/distributed/hang_shape.py): two
     # ranks get through that all_reduce and wait in the next one, two wait in it; two against two is a tie,
     # but the desync that caused it had one rank on its own side
     history = [_e(0, "all_reduce", 1, "/u/hang_shape.py:16")]

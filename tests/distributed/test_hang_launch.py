@@ -20,7 +20,7 @@ from helpers import LOOPBACK_ENV, REPO, cli_env
 
 pytestmark = pytest.mark.dist
 
-FIXTURES = REPO / "tests" / "fixtures" / "dist"
+FIXTURES = REPO / "tests" / "fixtures" / "distributed"
 TIMEOUT = 6
 
 

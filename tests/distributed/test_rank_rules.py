@@ -18,7 +18,7 @@ from torchscalpel.distributed.rankrules import (
     sampler_findings,
 )
 
-FIXTURES = REPO / "tests" / "fixtures" / "dist"
+FIXTURES = REPO / "tests" / "fixtures" / "distributed"
 
 
 def _facts(rank: int, **over) -> dict:

@@ -24,7 +24,7 @@ from helpers import GLOO_EXIT_ABORT, LOOPBACK_ENV, REPO, cli_env, run_cli, run_r
 pytestmark = pytest.mark.dist
 
 EXAMPLE = REPO / "examples" / "ddp_fsdp_transformer.py"
-SCRIPTS = REPO / "tests" / "dist" / "scripts"
+SCRIPTS = REPO / "tests" / "distributed" / "scripts"
 ENV = LOOPBACK_ENV
 TRAIN = ["--steps", "10", "--save-every", "4", "--workers", "2", "--scaler", "--windows", "160"]
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.dist
 
 
 def test_every_rank_raises_when_rank_0_cannot_save(tmp_path):
-    script = REPO / "tests" / "dist" / "scripts" / "ckpt_agree.py"
+    script = REPO / "tests" / "distributed" / "scripts" / "ckpt_agree.py"
     expect = [tmp_path / "rank-0.txt", tmp_path / "rank-1.txt"]
     proc = run_ranks("launch", "--nproc", "2", "--out", str(tmp_path / "launch"), "--", str(script), str(tmp_path),
                      cwd=tmp_path, expect=expect, timeout=240)
