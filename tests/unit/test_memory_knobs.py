@@ -72,15 +72,51 @@ def test_microbatches_give_the_unsplit_gradients_and_less_memory() -> None:
     assert nn.Module.__call__ is nn.Module._wrapped_call_impl  # undone
 
 
-def test_microbatch_skips_an_indivisible_batch() -> None:
-    model, x, y = Net(), torch.randn(6, 32), torch.randint(0, 5, (6,))
+def test_an_epochs_last_smaller_batch_is_split_and_keeps_the_full_batch_gradient() -> None:
+    # The style of pytorch/examples mnist: a DataLoader without drop_last, so the epoch ends on a smaller
+    # batch (1000 rows in 640s: 640, then 360). With microbatches = 7 neither divides; both are split into 7
+    # near-equal chunks (92 x 3 + 91 x 4 and 52 x 3 + 51 x 4), never run unsplit across the limit.
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    model = Net()
+    data = TensorDataset(torch.randn(1000, 32), torch.randint(0, 5, (1000,)))
+    batches = list(DataLoader(data, batch_size=640))
+    assert [len(x) for x, _ in batches] == [640, 360]
+    refs = [_grads(model, x, y) for x, y in batches]
+    last_x, last_y = batches[-1]
+    plain_peak = _peak(model, last_x, last_y)
+    log = ApplyLog()
+    undo = install_microbatching(7, log)
+    try:
+        got = [_grads(model, x, y) for x, y in batches]
+        split_peak = _peak(model, last_x, last_y)
+    finally:
+        undo()
+    assert not log.skipped, log.skipped
+    assert "Net: batch 360 in 7 micro-batches of 52 and 51" in log.applied, log.applied
+    assert "Net: batch 640 in 7 micro-batches of 92 and 91" in log.applied, log.applied
+    for (ref, ref_loss), (grads, loss) in zip(refs, got, strict=True):
+        assert abs(loss - ref_loss) < 1e-6
+        for a, b in zip(ref, grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert split_peak < plain_peak
+
+
+def test_a_batch_smaller_than_k_is_split_into_single_rows() -> None:
+    torch.manual_seed(0)
+    model, x, y = Net(), torch.randn(3, 32), torch.randint(0, 5, (3,))
+    ref, ref_loss = _grads(model, x, y)
     log = ApplyLog()
     undo = install_microbatching(4, log)
     try:
-        _grads(model, x, y)
+        got, loss = _grads(model, x, y)
     finally:
         undo()
-    assert "microbatch" not in log.fired and any("not divisible" in s for s in log.skipped)
+    assert log.applied == ["Net: batch 3 in 3 micro-batches of 1"]
+    assert abs(loss - ref_loss) < 1e-6
+    for a, b in zip(ref, got, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_combine_weights_a_scalar_loss_by_chunk_size() -> None:

@@ -1,7 +1,9 @@
 """Micro-batching knob: split each batch into K micro-batches with gradient accumulation, no code change.
 
 The script calls ``loss = crit(model(x), y); loss.backward()`` on the whole batch. With ``microbatches
-= K`` the model's call splits every input whose first dimension is the batch into K equal chunks and
+= K`` the model's call splits every input whose first dimension is the batch into K near-equal chunks
+(sizes differ by at most one: a batch of 10 in 4 is 3, 3, 2, 2; a batch smaller than K is split into
+one-sample chunks, so no chunk is larger than a full batch's ``ceil(batch / K)``) and
 runs each chunk's forward under non-reentrant checkpointing; the outputs are concatenated back into the
 batch the script expects. Only the chunk inputs are kept for backward, which recomputes one chunk at a
 time: activation memory is that of one micro-batch. Gradients accumulate over the chunks inside the one
@@ -9,9 +11,10 @@ backward, and the loss is the script's own loss of the whole batch, so its scali
 batch) is exactly the unsplit one: the gradients equal the unsplit batch's up to summation order.
 
 Outputs: tensors with a batch dimension are concatenated; 0-d floating outputs (a loss computed inside
-the model) are the chunk-size-weighted mean; tuples, lists and dicts of those are combined entry by
+the model) are the chunk-size-weighted mean, so unequal chunks (an epoch's last, smaller batch) still give
+the whole batch's loss and gradients; tuples, lists and dicts of those are combined entry by
 entry; a transformers key/value cache (``past_key_values`` of a model whose config has ``use_cache``)
-becomes None. A model whose inputs have no batch dimension divisible by K runs unsplit (logged). Combined with
+becomes None. A model whose inputs have no batch dimension (or a batch of one) runs unsplit (logged). Combined with
 ``checkpointing = "blocks"`` each block is checkpointed inside each micro-batch (the least memory of all).
 
 BatchNorm: a model with a BatchNorm (or an InstanceNorm that tracks running statistics) in training mode
@@ -108,10 +111,17 @@ def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
     return None
 
 
+def chunk_count(batch: int, k: int) -> int:
+    """Micro-batches a batch of ``batch`` rows is cut into: ``k``, or ``batch`` one-row chunks when it is
+    smaller (an epoch's last batch); never more rows per chunk than a full batch divisible by ``k`` has."""
+    return max(1, min(k, batch))
+
+
 def _split(value: Any, batch: int, k: int) -> list[Any]:
-    """``value`` cut into ``k`` chunks along dim 0 when it is a batch tensor, else ``k`` copies of it."""
+    """``value`` cut into ``k`` near-equal chunks along dim 0 when it is a batch tensor (sizes differ by at
+    most one, ``torch.tensor_split``; ``chunk`` would give fewer than ``k`` for 10 rows in 4), else ``k`` copies."""
     if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == batch:
-        return list(value.chunk(k, dim=0))
+        return list(torch.tensor_split(value, k, dim=0))
     return [value] * k
 
 
@@ -163,12 +173,15 @@ def install_microbatching(k: int, log: ApplyLog) -> Undo:
             log.skip("microbatch", reason)
             return original_call(module, *args, **kwargs)
         batch = _batch_size(args, kwargs)
-        if batch is None or batch < k or batch % k:
-            log.skip("microbatch", f"batch {batch} of {type(module).__name__} is not divisible into {k} micro-batches; "
-                     "ran unsplit")
+        if batch is None or batch < 2:
+            log.skip("microbatch", f"{type(module).__name__} was called without a batch dimension to split "
+                     f"({'no tensor input' if batch is None else 'a batch of 1'}); ran unsplit")
             return original_call(module, *args, **kwargs)
-        split_args = [_split(a, batch, k) for a in args]
-        split_kwargs = {key: _split(v, batch, k) for key, v in kwargs.items()}
+        # An indivisible batch (an epoch's last, smaller one) is split too: run unsplit it would hold the
+        # whole batch's activations at once and cross the limit the micro-batches were chosen for.
+        n = chunk_count(batch, k)
+        split_args = [_split(a, batch, n) for a in args]
+        split_kwargs = {key: _split(v, batch, n) for key, v in kwargs.items()}
         outs, sizes = [], []
 
         def chunk_forward(*xs: Any, kw: dict[str, Any]) -> Any:
@@ -180,12 +193,13 @@ def install_microbatching(k: int, log: ApplyLog) -> Undo:
             finally:
                 state["depth"] -= 1
 
-        for i in range(k):
+        for i in range(n):
             a = tuple(s[i] for s in split_args)
             kw = {key: s[i] for key, s in split_kwargs.items()}
             outs.append(checkpoint(chunk_forward, *a, kw=kw, use_reentrant=False))
             sizes.append(next(int(t.shape[0]) for t in (*a, *kw.values()) if isinstance(t, torch.Tensor) and t.dim()))
-        log.did("microbatch", f"{type(module).__name__}: batch {batch} in {k} micro-batches of {batch // k}")
+        shown = f"{min(sizes)}" if min(sizes) == max(sizes) else f"{max(sizes)} and {min(sizes)}"
+        log.did("microbatch", f"{type(module).__name__}: batch {batch} in {n} micro-batches of {shown}")
         return combine(outs, sizes)
 
     def call(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
