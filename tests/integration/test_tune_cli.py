@@ -128,3 +128,34 @@ def test_tune_refuses_a_script_whose_baseline_fails(tmp_path):
     assert proc.returncode == 1
     assert "The baseline run failed" in proc.stderr and "no data here" in proc.stderr
     assert "Traceback" not in proc.stderr.split("scalpel: error")[-1]
+
+
+def test_run_under_a_memory_limit_needs_no_config(tmp_path, monkeypatch, capsys):
+    # 'scalpel run --memory-limit SIZE -- SCRIPT' checks a fix made in the script itself: no scalpel.toml
+    # in the folder and no --config, so it runs the script as it is under the limit (it used to refuse:
+    # "Config file scalpel.toml does not exist").
+    from torchscalpel.cli.main import main
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, torch\n"
+        "n = int(sys.argv[1])\n"
+        "model = torch.nn.Linear(256, 256)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(2):\n"
+        "    model(torch.randn(n, 256)).square().mean().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n"
+        "print('trained', flush=True)\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--memory-limit", "64MiB", "--", str(script), "8"]) == 0
+    out, err = capsys.readouterr()
+    assert "trained" in out
+    assert "no --config and no ./scalpel.toml: no tuning settings" in err
+    assert "under the limit 64.0 MiB" in err
+    # the same limit still stops a batch that does not fit, and says so
+    assert main(["run", "--memory-limit", "64MiB", "--", str(script), "40000"]) == 1
+    assert "scalpel memory --memory-limit 64MiB" in capsys.readouterr().err
+    # without --memory-limit a missing default config is still the clear usage error
+    assert main(["run", "--", str(script), "8"]) == 2
+    assert "scalpel.toml does not exist" in capsys.readouterr().err
