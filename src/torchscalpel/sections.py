@@ -202,13 +202,19 @@ class TuneSection(StageSection):
     confirmed_speedup: float | None = None
     required_speedup: float | None = None
     """None only in a hand-made section (readers then use tune's own margin)."""
-    noise: float = 0.0
+    noise: float | None = 0.0
+    """None when one plain baseline run left nothing to measure it over."""
     determinism: float | None = None
     facts: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     elapsed_s: float | None = None
     interrupted: bool = False
     baseline_refs: list[float] = field(default_factory=list)
+    measured_steps: int | None = None
+    baseline_medians: list[float] = field(default_factory=list)
+    """Every plain baseline run's median step time, in order: what ``noise`` is over."""
+    no_candidate: str = ""
+    """Why no candidate was measured (empty when one was)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -67,10 +67,10 @@ def test_the_recommendation_says_how_many_pairs_confirmed_it_and_warns_below_thr
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
     result = tune_stage(Target(script=Path("train.py")), tmp_path / "t", budget_s=60, quiet=True)
     assert result.winner is not None
-    for ratios, warned in (([1.6], True), ([1.6, 1.6, 1.7], False)):
-        result.winner.confirm_ratios = ratios
+    for pairs, warned in (([[160.0, 100.0]], True), ([[160.0, 100.0], [160.0, 100.0], [170.0, 100.0]], False)):
+        result.winner.confirm_pairs = pairs
         console = Console(record=True, width=200)
         print_tune_result(result, out_dir=tmp_path, config_path=tmp_path / "scalpel.toml", out=console)
         text = console.export_text()
-        assert f"in {len(ratios)} interleaved pair" in text
+        assert f"1.60x faster per step than the baseline ({len(pairs)} interleaved pair" in text
         assert ("re-measure with --confirm 3" in text) is warned

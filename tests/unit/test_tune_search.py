@@ -126,9 +126,12 @@ def test_slower_candidates_leave_the_baseline(run_search):
 def test_confirmation_rejects_a_lucky_screening(run_search):
     runner = FakeRunner({"amp=bf16": 70.0}, confirm={"amp=bf16": 99.0})
     result = run_search(runner, knobs=("amp",))
-    assert result.winner is None
-    assert result.confirmed_speedup == pytest.approx(100 / 99)
-    assert any("not recommended" in n for n in result.notes)
+    assert result.winner is None and result.confirmed_speedup is None
+    (amp,) = [t for t in result.trials if t.label == "amp=bf16"]
+    # its one speedup is now the confirmation's (the screening said 100/70 = 1.43x), everywhere
+    assert amp.verdict == "not confirmed" and amp.speedup == pytest.approx(100 / 99)
+    assert amp.speedup_pair == [100.0, 99.0]
+    assert any("not recommended" in n and "(speedup 1.01x)" in n for n in result.notes)
 
 
 def test_failures_and_timeouts_are_reported_and_search_goes_on(run_search):
@@ -224,7 +227,9 @@ def test_screening_compares_with_the_latest_baseline(run_search):
     result = run_search(runner, knobs=("amp", "threads"))
     assert any("baseline-refresh" in c for c in runner.calls)
     threads = next(t for t in result.trials if t.label == "threads=2")
-    assert threads.speedup == pytest.approx(200 / 150) and threads.verdict in ("faster", "winner")
+    # screened against the refreshed baseline beside it; its speedup is then the confirmation's
+    assert threads.baseline_ms == 200.0 and threads.median_ms == 150.0 and threads.verdict == "winner"
+    assert threads.speedup == pytest.approx(100 / 50) == result.confirmed_speedup
     assert result.to_dict()["baseline_refs"] == [200.0]
 
 
@@ -339,7 +344,13 @@ def test_each_row_shows_the_baseline_its_ratio_used(run_search):
                          "threads=2": 150.0}, confirm={"threads=2": 50.0, "amp=bf16": 50.0})
     result = run_search(runner, knobs=("amp", "threads"))
     cells = dict(zip(HEADERS, row_cells(next(t for t in result.trials if t.label == "threads=2")), strict=True))
-    assert cells["vs baseline ms"] == "200.0" and cells["step ms"] == "150.0" and cells["speedup"] == "1.33x"
+    # confirmed: the row shows the confirmation pair its speedup is the ratio of, and the screening beside it
+    assert cells["vs baseline ms"] == "100.0" and cells["step ms"] == "50.0" and cells["speedup"] == "2.00x"
+    assert cells["spread"] == "2.00-2.00x over 3 pairs"
+    assert "screened 1.33x (200.0 / 150.0 ms) before confirmation" in cells["result"]
+    amp = dict(zip(HEADERS, row_cells(next(t for t in result.trials if t.label == "amp=bf16")), strict=True))
+    assert amp["vs baseline ms"] == "100.0" and amp["step ms"] == "150.0" and amp["speedup"] == "0.67x"
+    assert amp["spread"] == "not measured: one run"
     first = dict(zip(HEADERS, row_cells(next(t for t in result.trials if t.label.startswith("amp=bf16 +"))),
                      strict=True))
     assert first["vs baseline ms"] == "100.0"  # measured before the refresh: against the first baseline

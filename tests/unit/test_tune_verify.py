@@ -12,9 +12,7 @@ from torchscalpel.tune.verify import (
     loss_deviation,
     noise_fraction,
     numerics_gate,
-    paired_speedup,
     required_speedup,
-    speedup,
 )
 
 BASE = [4.0, 3.5, 3.0, 2.8, 2.5]
@@ -77,6 +75,19 @@ def test_speed_margin():
     assert noise_fraction([100.0]) == 0.0
     assert required_speedup(0.0) == 1 + MIN_MARGIN
     assert required_speedup(0.2) == pytest.approx(1.2)
-    assert speedup(100.0, 50.0) == 2.0 and speedup(None, 1.0) is None
-    assert paired_speedup([(100.0, 50.0), (200.0, 100.0), (90.0, 100.0)]) == 2.0
-    assert paired_speedup([]) is None
+
+
+def test_one_speedup_per_candidate_from_its_pairs():
+    from torchscalpel.tune.speedup import speedup_of
+
+    screened = speedup_of({"verdict": "faster", "baseline_ms": 100.0, "median_ms": 50.0})
+    assert screened.ratio == 2.0 and not screened.confirmed and screened.low is None
+    assert screened.spread_text().startswith("not measured")
+    assert speedup_of({"verdict": "failed", "baseline_ms": 100.0, "median_ms": None}).ratio is None
+    # confirmed: the pair with the median ratio (an actual pair, so ratio == baseline / candidate shown)
+    confirmed = speedup_of({"verdict": "winner", "baseline_ms": 100.0, "median_ms": 61.0,
+                            "confirm_pairs": [[100.0, 50.0], [200.0, 100.0], [90.0, 100.0]]})
+    assert (confirmed.ratio, confirmed.baseline_ms, confirmed.candidate_ms) == (2.0, 100.0, 50.0)
+    assert (confirmed.low, confirmed.high) == (0.9, 2.0) and confirmed.spread_text() == "0.90-2.00x over 3 pairs"
+    # an even count takes the lower of the middle two: never the flattering one
+    assert speedup_of({"verdict": "x", "confirm_pairs": [[120.0, 100.0], [150.0, 100.0]]}).ratio == 1.2

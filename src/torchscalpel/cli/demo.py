@@ -152,9 +152,8 @@ def _tune(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, st
 
     tune_target = Target(script=target.script, args=["--steps", "60", "--log-every", "1000", "--corpus-chars", "500000"])
     result = tune_stage(tune_target, out, budget_s=args.tune_budget)
-    if result.winner is None:
-        return True, str(out), "no change recommended: nothing beat the baseline beyond noise"
-    return True, str(out), f"recommended {result.winner.label}: {result.confirmed_speedup or 0:.2f}x, numerics checked"
+    # The tune table's own verdict line: "no candidate was measured: ..." when the budget ran out first.
+    return True, str(out), result.headline() + (", numerics checked" if result.winner is not None else "")
 
 
 def _plan(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:

@@ -13,8 +13,10 @@ from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import horizontal_bars, lines
 from torchscalpel.report.html import Section, table
 from torchscalpel.sections import TuneSection
-from torchscalpel.tune.console import HEADERS, NUMERIC, TABLE_NOTE, row_cells
+from torchscalpel.tune.console import HEADERS, NUMERIC, TABLE_NOTE, noise_line, row_cells
+from torchscalpel.tune.result import headline
 from torchscalpel.tune.runner import TrialResult
+from torchscalpel.tune.speedup import rank_key, speedup_of
 from torchscalpel.tune.states import Verdict
 
 CURVE_VERDICTS = (Verdict.WINNER, Verdict.FASTER, Verdict.NUMERICS)
@@ -42,27 +44,30 @@ def build(record: RunRecord) -> list[Section]:
         return []
     baseline = _trial(tune.baseline)
     trials = [_trial(t) for t in tune.trials]
-    rows = sorted([baseline, *trials], key=lambda t: (t.median_ms is None, t.median_ms or 0.0))
+    rows = sorted([baseline, *trials], key=rank_key)
     winner = tune.winner
+    line = headline(winner, tune.no_candidate)  # the terminal's, code.txt's and scalpel.toml's words
     if winner:
-        verdict = (f"<p class=\"kpis\"><span class=\"kpi\"><b>{tune.confirmed_speedup or 0:.2f}x</b>"
-                   f"faster per step (interleaved repeats)</span><span class=\"kpi\"><b>{escape(winner['label'])}</b>"
-                   "recommended</span></p>")
+        measured = speedup_of(winner)  # the one definition (torchscalpel.tune.speedup)
+        verdict = (f"<p class=\"kpis\"><span class=\"kpi\"><b>{measured.text()}</b>"
+                   f"faster per step ({escape(measured.spread_text())})</span>"
+                   f"<span class=\"kpi\"><b>{escape(winner['label'])}</b>recommended</span></p>"
+                   f"<p>{escape(line)}</p>")
         code = "\n".join(tune.code_lines or [])
         verdict += "<p>Apply with <code>scalpel run --config scalpel.toml -- SCRIPT</code>, or edit the script:</p>"
         verdict += f"<pre>{escape(code)}</pre>"
     else:
-        verdict = "<p><b>No change recommended</b>: nothing beat the baseline reliably with the numerics gate passed.</p>"
-    notes = "".join(f"<li>{escape(n)}</li>" for n in tune.notes)
+        verdict = f"<p><b>No change recommended</b>: {escape(line.removeprefix('no change recommended: '))}.</p>"
+    notes = "".join(f"<li>{escape(n)}</li>" for n in tune.notes if n != tune.no_candidate)
     bottleneck = (tune.facts or {}).get("bottleneck")
     if bottleneck:
         from torchscalpel.tune.bottleneck import Bottleneck
 
         verdict += (f"<p><b>Profile of the baseline</b>: {escape(Bottleneck.from_dict(bottleneck).summary())}. "
                     "Knobs that address it were tried first; each row says why it was tried.</p>")
-    verdict += (f"<p class=\"muted\">Required speedup {_required(tune):.2f}x "
-                f"(baseline noise {tune.noise:.1%}); baseline loss determinism "
-                f"{(tune.determinism or 0):.1e}.</p>")
+    runs = len(tune.baseline_medians) if tune.baseline_medians else None
+    verdict += (f"<p class=\"muted\">Required speedup {_required(tune):.2f}x; {escape(noise_line(tune.noise, runs))}; "
+                f"baseline loss determinism {(tune.determinism or 0):.1e}.</p>")
     if notes:
         verdict += f"<ul>{notes}</ul>"
     ranked = table(HEADERS, [row_cells(t, full=True) for t in rows], numeric=NUMERIC)

@@ -17,6 +17,16 @@ from torchscalpel.tune.settings import TuneSettings
 MAX_AUTOTUNE_MIN_S = 300.0
 """A max-autotune trial runs only with this much budget left (it benchmarks every kernel choice)."""
 
+COMPILE_MIN_S = 30.0
+"""Seconds a compile trial needs on top of a baseline run before it is started: a cold inductor
+compile of a model region is 15-25 s per graph on these CPUs (TORCH-FACTS.md). Started with less, it
+times out half-way and spends what the cheaper knobs after it needed (seen on pytorch/examples mnist,
+``--budget 3m``: compile(conv2) ran on the 26 s left beside the confirmation's reserve, timed out, and
+channels_last, threads, dataloader and optimizer were then not run)."""
+
+NEED_FACTOR = 1.2
+"""A trial is started only with at least this many baseline runs' time left (plus a compile's)."""
+
 
 class Budget:
     """Wall-clock budget of one search, started when it is made."""
@@ -73,16 +83,35 @@ class Budget:
                 f"each) and {left:.0f} s of the {self.budget_s:.0f} s budget were left; "
                 f"--budget {suggest:.0f}s would confirm it")
 
+    def need_s(self, settings: TuneSettings) -> float:
+        """Seconds a trial of ``settings`` needs to finish: a baseline run with some margin, plus a cold
+        compile for a compile trial (:data:`COMPILE_MIN_S`)."""
+        need = NEED_FACTOR * self.baseline_wall
+        if settings.compile is not None:
+            need += COMPILE_MIN_S
+        return need
+
     def cannot_run(self, settings: TuneSettings, keep: float, refresh_s: float) -> str:
         """Why a planned trial is not run now (empty: run it), keeping ``keep`` seconds for the
         confirmations of candidates that won and ``refresh_s`` for the baseline re-measure due
-        before it: a refresh that leaves the trial no time would only waste the budget."""
+        before it: a refresh that leaves the trial no time would only waste the budget, and so would
+        a trial started with less than it needs (:meth:`need_s`), which times out half-way."""
         left = self.remaining() - keep - refresh_s
-        if left < self.baseline_wall * 1.2:
-            what = " (the rest is kept to confirm the candidates that won)" if keep else ""
+        what = " (the rest is kept to confirm the candidates that won)" if keep else ""
+        if left < NEED_FACTOR * self.baseline_wall:
             return f"the budget ran out before this trial: {max(0.0, left):.0f} s left{what}"
+        need = self.need_s(settings)
+        if left < need:
+            return (f"a compile trial needs about {need:.0f} s (a baseline run and a cold compile) and "
+                    f"{left:.0f} s were left{what}; cheaper knobs went on")
         spec = settings.compile
         if spec is not None and spec.mode.startswith("max-autotune") and left < MAX_AUTOTUNE_MIN_S:
             return (f"max-autotune benchmarks every kernel choice while compiling; it is tried with at least "
                     f"{MAX_AUTOTUNE_MIN_S:.0f} s left ({left:.0f} s were)")
         return ""
+
+    def suggest_s(self, unrun: list[TuneSettings]) -> int:
+        """A ``--budget`` (seconds, rounded up to half a minute) that would have run ``unrun`` too and
+        confirmed one winner: what was spent, their needs, and the confirmation pairs."""
+        need = self.elapsed() + sum(self.need_s(s) for s in unrun) + self.confirm_pairs * 2 * self.baseline_wall
+        return int(30 * math.ceil(need / 30))

@@ -1,8 +1,8 @@
 """Confirmation: the best configuration and the baseline run alternately, in interleaved pairs.
 
-A candidate is recommended only if the median of the per-pair ratios reaches
-``1 + max(3 %, noise)`` and every single pair shows it faster by at least 3 % (one lucky pair
-cannot carry it), and every confirmation run passes the numerics gate. The time comes from what
+A candidate is recommended only if its speedup (:func:`torchscalpel.tune.speedup.speedup_of`: the
+pair with the lower-median ratio) reaches ``1 + max(3 %, noise)`` and every single pair shows it
+faster by at least 3 % (one lucky pair cannot carry it), and every confirmation run passes the numerics gate. The time comes from what
 is left when confirmation starts; the budget's advice says what a too-small budget could not do.
 """
 
@@ -16,14 +16,9 @@ from torchscalpel.tune.options import Progress
 from torchscalpel.tune.result import TuneResult
 from torchscalpel.tune.runner import TrialResult
 from torchscalpel.tune.settings import TuneSettings
+from torchscalpel.tune.speedup import stamp
 from torchscalpel.tune.states import Verdict
-from torchscalpel.tune.verify import (
-    MIN_MARGIN,
-    noise_fraction,
-    numerics_gate,
-    paired_speedup,
-    required_speedup,
-)
+from torchscalpel.tune.verify import MIN_MARGIN, noise_fraction, numerics_gate, required_speedup
 
 
 class TrialRunner(Protocol):
@@ -38,7 +33,7 @@ class TrialRunner(Protocol):
     def trial(self, settings: TuneSettings, family: str, *, limit_s: float, tag: str = "") -> TrialResult:
         """Run one trial process (counted in "trial N of M")."""
 
-    def plan(self, delta: int) -> None:
+    def plan(self, delta: int, why: str = "") -> None:
         """Add (or, negative, drop) runs from the plan shown as "trial N of M"."""
 
 
@@ -53,20 +48,28 @@ def confirm(search: TrialRunner, best: TrialResult, result: TuneResult) -> bool:
                             f"({max(0.0, budget.remaining()):.0f} s left)")
     settings = TuneSettings.from_dict(best.settings)
     total = search.confirm_pairs
+    search.plan(2 * total, f"confirming {best.label} in {total} interleaved pair(s) with the baseline")
     pairs: list[tuple[float, float]] = []
+    ran = 0
+
+    def drop(why: str) -> None:
+        search.plan(-(2 * total - ran), why)
+
     for i in range(total):
         if pairs and budget.remaining() < budget.pair_s(best):
             result.notes.append(f"confirmation of {best.label} stopped after {len(pairs)} of {total} pair(s): "
                                 f"{budget.advice(best, total - len(pairs))}")
-            search.plan(-2 * (total - i))
+            drop(f"confirmation of {best.label} stopped after {len(pairs)} pair(s) (budget)")
             break
         # The confirmation may overrun the budget slightly rather than kill a run half-way:
         # each run gets at least 1.5x its earlier duration.
         base = search.trial(TuneSettings(), "baseline", tag=f"confirm-baseline-{i + 1}", limit_s=budget.baseline_limit())
         cand = search.trial(settings, "confirm", tag=f"confirm-{i + 1}",
                           limit_s=max(1.5 * best.wall_s, min(budget.share(settings), budget.remaining())))
+        ran += 2
         if not (base.ok and cand.ok):
             result.notes.append(f"confirmation run failed: {base.cause or cand.cause}")
+            drop(f"a confirmation run of {best.label} failed")
             break
         search.baseline_medians.append(base.median_ms or 0.0)
         pairs.append((base.median_ms or 0.0, cand.median_ms or 0.0))
@@ -75,27 +78,26 @@ def confirm(search: TrialRunner, best: TrialResult, result: TuneResult) -> bool:
             best.verdict = Verdict.NUMERICS
             best.note = f"confirmation run failed the gate: {gate.reason}"
             result.notes.append(f"{best.label} not recommended: {best.note}")
+            drop(f"{best.label} failed the numerics gate in confirmation")
             return False
         if pairs[-1][0] < (1.0 + MIN_MARGIN) * pairs[-1][1]:
-            search.plan(-2 * (total - i - 1))
+            drop(f"pair {i + 1} already rules {best.label} out")
             break  # this pair already rules it out (every pair must show it faster)
     result.noise = noise_fraction(search.baseline_medians)
     result.required = required_speedup(result.noise)
-    ratios = [b / c for b, c in pairs if b and c]
-    ratio = paired_speedup(pairs)
-    worst = min(ratios, default=None)
-    best.confirm_ratios = [round(r, 3) for r in ratios]
     best.confirm_pairs = [[round(b, 3), round(c, 3)] for b, c in pairs]
-    if ratio is not None and worst is not None and ratio >= result.required and worst >= 1.0 + MIN_MARGIN:
+    best.confirm_ratios = [round(b / c, 3) for b, c in pairs if b and c]
+    measured = stamp(best)  # the one speedup every output shows (torchscalpel.tune.speedup)
+    worst = measured.low if measured.low is not None else measured.ratio
+    if (measured.confirmed and measured.ratio is not None and worst is not None
+            and measured.ratio >= result.required and worst >= 1.0 + MIN_MARGIN):
         best.verdict = Verdict.WINNER
         result.winner = best
-        result.confirmed_speedup = ratio
+        result.confirmed_speedup = measured.ratio
         return True
     shown = ", ".join(f"{r:.2f}x" for r in best.confirm_ratios) or "no measurement"
     best.verdict = Verdict.NOT_CONFIRMED
-    best.note = (f"interleaved pairs gave {shown}; needed a median of {result.required:.2f}x "
+    best.note = (f"interleaved pairs gave {shown} (speedup {measured.text()}); needed {result.required:.2f}x "
                  f"and every pair above {1 + MIN_MARGIN:.2f}x")
     result.notes.append(f"{best.label} not recommended: {best.note}")
-    if result.confirmed_speedup is None:
-        result.confirmed_speedup = ratio
     return False

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchscalpel.report.terminal import console as default_console
+from torchscalpel.tune.speedup import speedup_of
 from torchscalpel.tune.states import TrialStatus, Verdict
 from torchscalpel.units import fmt_bytes
 
@@ -62,11 +63,6 @@ class RichProgress:
                                "torch.compiler.disable and retried once", markup=False, highlight=False)
 
 
-def fmt_speedup(value: float | None) -> str:
-    """``1.35x`` or ``-``."""
-    return f"{value:.2f}x" if value else "-"
-
-
 def fmt_ms(value: float | None) -> str:
     """Milliseconds with one decimal, or ``-``."""
     return f"{value:.1f}" if value is not None else "-"
@@ -101,23 +97,34 @@ def compile_summary(stats: dict[str, Any]) -> str:
 def row_cells(trial: TrialResult, *, full: bool = False) -> list[str]:
     """Cells of one ranked-table row (shared with the HTML report).
 
-    ``speedup`` is ``vs baseline ms / step ms`` of the same row: the baseline run each trial was
-    compared with (the most recent re-measure before it) stands beside the ratio. ``full`` gives
-    the whole reason (the HTML report); the terminal shows its short form.
+    ``speedup`` is :func:`~torchscalpel.tune.speedup.speedup_of` (the one definition every output
+    uses), and ``vs baseline ms`` / ``step ms`` are the two runs it is the ratio of: the screening pair
+    (the baseline re-measure just before the trial, and the trial), or for a confirmed candidate the
+    confirmation pair with the median ratio, the lowest-highest pair in ``spread``. ``full`` gives the
+    whole reason (the HTML report); the terminal shows its short form.
     """
     compile_ms = trial.compile.get("compile_ms") if trial.compile else None
     dev = "-" if trial.deviation is None else f"{trial.deviation:.1e}"
-    why = "; ".join(p for p in (trial.note or trial.cause, compile_summary(trial.compile)) if p)
-    if trial.verdict == Verdict.BASELINE:
-        ref, ratio = fmt_ms(trial.median_ms), "1.00x"
+    measured = speedup_of(trial)
+    screened = ""
+    if measured.confirmed and trial.baseline_ms and trial.median_ms:
+        screened = (f"screened {trial.baseline_ms / trial.median_ms:.2f}x "
+                    f"({fmt_ms(trial.baseline_ms)} / {fmt_ms(trial.median_ms)} ms) before confirmation")
+    why = "; ".join(p for p in (trial.note or trial.cause, screened, compile_summary(trial.compile)) if p)
+    if measured.ratio is None:
+        step, ref, ratio, spread = fmt_ms(trial.median_ms), "-", "-", "-"
+    elif trial.verdict == Verdict.BASELINE:
+        step = ref = fmt_ms(trial.median_ms)
+        ratio, spread = measured.text(), "-"
     else:
-        ref = fmt_ms(trial.baseline_ms)
-        ratio = fmt_speedup(trial.speedup) if trial.baseline_ms or trial.speedup is None else "?"
+        step, ref = fmt_ms(measured.candidate_ms), fmt_ms(measured.baseline_ms)
+        ratio, spread = measured.text(), measured.spread_text()
     return [
         trial.label,
-        fmt_ms(trial.median_ms),
+        step,
         ref,
         ratio,
+        spread,
         f"{compile_ms / 1000:.1f} s" if compile_ms else "-",
         fmt_bytes(trial.peak_bytes) if trial.peak_bytes else "-",
         dev,
@@ -127,12 +134,24 @@ def row_cells(trial: TrialResult, *, full: bool = False) -> list[str]:
     ]
 
 
-HEADERS = ["variant", "step ms", "vs baseline ms", "speedup", "compile", "peak mem", "loss dev", "verdict",
+HEADERS = ["variant", "step ms", "vs baseline ms", "speedup", "spread", "compile", "peak mem", "loss dev", "verdict",
            "why tried", "result"]
-NUMERIC = [False, True, True, True, True, True, True, False, False, False]
+NUMERIC = [False, True, True, True, False, True, True, True, False, False, False]
 """Which columns hold figures (right-aligned)."""
-TABLE_NOTE = ("speedup = 'vs baseline ms' / 'step ms' of the same row; 'vs baseline ms' is the baseline run "
-              "measured just before that trial (re-measured every few trials, as load drifts)")
+TABLE_NOTE = ("speedup = 'vs baseline ms' / 'step ms' of the same row, two runs measured beside each other: the "
+              "baseline re-measured just before the trial, or for a confirmed candidate the interleaved pair with "
+              "the median ratio ('spread': lowest-highest pair); the recommendation, report.html, run.json and "
+              "code.txt show the same figure")
+
+
+def noise_line(noise: float | None, runs: int | None) -> str:
+    """``baseline noise 4.1% over 5 baseline runs``, or why it is not measured (``runs`` None: a record
+    older than the list of baseline runs, whose stated noise is shown as it is)."""
+    if runs is None:
+        return f"baseline noise {noise or 0.0:.1%}"
+    if noise is None or runs < 2:
+        return f"baseline noise not measured: {runs} plain baseline run{'s' if runs != 1 else ''} (it needs two)"
+    return f"baseline noise {noise:.1%} over {runs} baseline runs"
 
 
 FEW_PAIRS = 3
@@ -148,7 +167,7 @@ def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out
                   caption=TABLE_NOTE, caption_justify="left")
     for i, h in enumerate(HEADERS):
         table.add_column(h, justify="right" if NUMERIC[i] else "left", overflow="fold",
-                         no_wrap=i < 8, ratio=1 if i >= 8 else None)
+                         no_wrap=i < 9, ratio=1 if i >= 9 else None)
     for trial in result.ranked():
         table.add_row(*row_cells(trial), style=VERDICT_STYLE.get(trial.verdict, ""))
     c.print(table)
@@ -157,11 +176,11 @@ def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out
         from torchscalpel.tune.bottleneck import Bottleneck
 
         c.print(f"[bold]profile of the baseline:[/] {Bottleneck.from_dict(bottleneck).summary()}")
+    c.print(f"[dim]required speedup {result.required:.2f}x; "
+            f"{noise_line(result.noise, len(result.baseline_medians))}[/]", highlight=False)
     if result.winner is not None:
-        pairs = len(result.winner.confirm_ratios or [])
-        c.print(f"[bold green]recommended:[/] {result.winner.label}: {fmt_speedup(result.confirmed_speedup)} "
-                f"faster per step than the baseline in {pairs} interleaved pair{'s' if pairs != 1 else ''} "
-                f"(needed {result.required:.2f}x)")
+        pairs = len(result.winner.confirm_pairs or [])
+        c.print(f"[bold green]recommended:[/] {result.headline().removeprefix('recommended: ')}", highlight=False)
         if pairs < FEW_PAIRS:
             # Seen on a shared GPU: one pair said 1.59x, an independent 2-round re-measure 1.07x.
             c.print(f"[yellow]note:[/] {pairs} pair{'s' if pairs != 1 else ''} can overstate the gain on a busy machine; "
@@ -173,7 +192,9 @@ def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out
             c.print(f"    {line}", markup=False, highlight=False)
         c.print(f"settings: [bold]{config_path}[/]  ->  scalpel run --config {config_path} -- SCRIPT ...")
     else:
-        c.print("[bold yellow]no change recommended:[/] nothing beat the baseline reliably with numerics intact.")
+        c.print(f"[bold yellow]no change recommended:[/] {result.headline().removeprefix('no change recommended: ')}",
+                highlight=False)
     for note in result.notes:
-        c.print(f"[dim]note: {note}[/]")
+        if note != result.no_candidate:  # already the headline
+            c.print(f"[dim]note: {note}[/]", highlight=False)
     c.print(f"report: [bold]{out_dir}/report.html[/]  record: {out_dir}/run.json  trials: {out_dir}/trials/")

@@ -37,15 +37,13 @@ def save_outputs(result: TuneResult, out_dir: Path, *, config_path: Path | None,
     record = tune_record(result, command)
     header = [f"{TOML_MARK} on {time.strftime('%Y-%m-%d %H:%M')} for: {target_text}",
               f"apply with: scalpel run --config scalpel.toml -- {target_text}"]
-    if result.winner is not None:
-        header.append(f"measured {result.confirmed_speedup:.2f}x faster per step than the baseline")
-    else:
-        header.append("no change beat the baseline reliably: the [tune] table is empty")
+    # The verdict line the terminal printed (the one speedup definition, torchscalpel.tune.speedup).
+    header.append(result.headline() + ("" if result.winner is not None else ": the [tune] table is empty"))
     paths["settings"] = write_settings_file(result.settings, out_dir / "scalpel.toml", header=header)
     if config_path is not None and _may_overwrite(config_path):
         paths["config"] = write_settings_file(result.settings, config_path, header=header)
     lines = code_lines(result.settings)
-    (out_dir / "code.txt").write_text("\n".join(lines) + "\n" if lines else "# no change recommended\n",
+    (out_dir / "code.txt").write_text("\n".join([f"# scalpel tune: {result.headline()}", *lines]) + "\n",
                                       encoding="utf-8")
     paths["code"] = out_dir / "code.txt"
     record.artifacts.update({"record": "run.json", "settings": "scalpel.toml", "code": "code.txt"})

@@ -8,6 +8,7 @@ from typing import Any
 from torchscalpel.tune.apply import code_lines
 from torchscalpel.tune.runner import TrialResult
 from torchscalpel.tune.settings import TuneSettings
+from torchscalpel.tune.speedup import rank_key, speedup_of
 from torchscalpel.tune.verify import MIN_MARGIN
 
 
@@ -21,10 +22,12 @@ class TuneResult:
     winner: TrialResult | None = None
     """The confirmed configuration, or None when nothing beat the baseline reliably."""
     confirmed_speedup: float | None = None
-    """Median baseline/winner ratio over the interleaved confirmation pairs."""
+    """The winner's speedup (:func:`torchscalpel.tune.speedup.speedup_of`, equal to ``winner.speedup``);
+    None when nothing is recommended."""
     required: float = 1.0 + MIN_MARGIN
-    noise: float = 0.0
-    """Relative spread of the baseline's repeated median step times."""
+    noise: float | None = None
+    """Short-term noise of the plain baseline runs' medians (:func:`torchscalpel.tune.verify.noise_fraction`
+    over every one: the reference, each re-measure, each confirmation baseline); None with one run."""
     determinism: float | None = None
     """Loss deviation between two baseline runs with the same seed."""
     facts: dict[str, Any] = field(default_factory=dict)
@@ -36,6 +39,10 @@ class TuneResult:
     """Median step times of the baseline re-measured between screening trials."""
     measured_steps: int = 0
     """Measured steps per trial after the first baseline run (``TuneOptions.measured_steps``)."""
+    baseline_medians: list[float] = field(default_factory=list)
+    """Median step time of every plain baseline run, in time order: what ``noise`` is computed over."""
+    no_candidate: str = ""
+    """When no candidate was measured: the sentence saying why and what to change (else empty)."""
 
     @property
     def settings(self) -> TuneSettings:
@@ -43,9 +50,9 @@ class TuneResult:
         return TuneSettings.from_dict(self.winner.settings) if self.winner else TuneSettings()
 
     def ranked(self) -> list[TrialResult]:
-        """Baseline and trials, fastest measured first; unmeasured ones last."""
-        rows = [self.baseline, *self.trials]
-        return sorted(rows, key=lambda r: (r.median_ms is None, r.median_ms or 0.0))
+        """Baseline and trials, fastest shown step time first (:func:`~torchscalpel.tune.speedup.shown_ms`);
+        unmeasured ones last."""
+        return sorted([self.baseline, *self.trials], key=rank_key)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form, stored as ``record.sections["tune"]``."""
@@ -65,4 +72,21 @@ class TuneResult:
             "interrupted": self.interrupted,
             "baseline_refs": list(self.baseline_refs),
             "measured_steps": self.measured_steps,
+            "baseline_medians": list(self.baseline_medians),
+            "no_candidate": self.no_candidate,
         }
+
+    def headline(self) -> str:
+        """The verdict in one line, as the terminal and the demo say it (the report builds the same
+        from the record: :func:`torchscalpel.report.tune_sections.build`)."""
+        return headline(self.winner.to_dict() if self.winner else None, self.no_candidate)
+
+
+def headline(winner: dict[str, Any] | None, no_candidate: str) -> str:
+    """``recommended: LABEL: 1.32x faster per step than the baseline (3 interleaved pairs, spread ...)``,
+    or why nothing is recommended."""
+    if winner is not None:
+        return f"recommended: {winner['label']}: {speedup_of(winner).sentence()}"
+    if no_candidate:
+        return f"no change recommended: {no_candidate}"
+    return "no change recommended: nothing beat the baseline reliably with numerics intact"

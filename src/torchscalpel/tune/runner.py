@@ -44,11 +44,17 @@ class TrialResult:
     out_dir: str = ""
     # Filled by the search:
     speedup: float | None = None
+    """The candidate's one speedup (:func:`torchscalpel.tune.speedup.speedup_of`): the confirmation's
+    when it went through confirmation, else its screening ratio ``baseline_ms / median_ms``."""
+    speedup_pair: list[float | None] | None = None
+    """``[baseline ms, candidate ms]`` of the pair ``speedup`` is the ratio of."""
+    speedup_spread: list[float] | None = None
+    """Lowest and highest pair ratio (None with one pair: not measured)."""
     deviation: float | None = None
     tolerance: float | None = None
     baseline_ms: float | None = None
-    """Median step time of the baseline run ``speedup`` was computed against (the most recent
-    baseline re-measure before this trial); shown beside the ratio in the table."""
+    """Median step time of the baseline run this trial was screened against (the most recent
+    baseline re-measure before it); with ``median_ms``, the screening pair."""
     reason: str = ""
     """Why the search chose this candidate (the profile's evidence and what the knob addresses)."""
     reason_short: str = ""

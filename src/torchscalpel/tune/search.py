@@ -33,8 +33,15 @@ from torchscalpel.tune.plan import plan_candidates
 from torchscalpel.tune.result import TuneResult
 from torchscalpel.tune.runner import TrialResult, profile_steps_for, run_trial
 from torchscalpel.tune.settings import TuneSettings
+from torchscalpel.tune.speedup import stamp
 from torchscalpel.tune.states import TrialStatus, Verdict
-from torchscalpel.tune.verify import MIN_MARGIN, loss_deviation, noise_fraction, numerics_gate, speedup
+from torchscalpel.tune.verify import (
+    MIN_MARGIN,
+    loss_deviation,
+    noise_fraction,
+    numerics_gate,
+    required_speedup,
+)
 
 REFRESH_EVERY = 2
 """Screening trials between two baseline runs."""
@@ -65,6 +72,12 @@ class Search:
         self._n = 0
         self._planned = 2
         """Trial runs planned so far (the "M" of "trial N of M"); stages add and drop runs."""
+        self._shown = 0
+        """The M the last "trial N of M" showed: a change is said before the next trial (never a silent jump)."""
+        self._plan_why: list[str] = []
+        """Why M changed since it was last shown."""
+        self._refreshes_planned = 0
+        """Baseline re-measures counted in M that have not run yet."""
         self.baseline_medians: list[float] = []
         self.determinism = 0.0
         self._ref_ms = 0.0
@@ -75,15 +88,33 @@ class Search:
         """Seconds left in the budget."""
         return self.budget.remaining()
 
-    def plan(self, delta: int) -> None:
-        """Add (or, negative, drop) runs from the plan shown as "trial N of M"."""
+    def plan(self, delta: int, why: str = "") -> None:
+        """Add (or, negative, drop) runs from the plan shown as "trial N of M"; ``why`` is said with the
+        next trial (or at the end), so M never changes without a line saying so."""
+        before = self._planned
         self._planned = max(self._n, self._planned + delta)
+        if why and self._planned != before:
+            self._plan_why.append(why)
+
+    def _say_plan(self, *, ended: bool = False) -> None:
+        """Say that M changed since it was last shown, and why (``ended``: the search is over)."""
+        if ended and self._planned != self._n:
+            self._plan_why.append("nothing further to run")
+            self._planned = self._n
+        if self._shown and self._planned != self._shown:
+            why = "; ".join(dict.fromkeys(self._plan_why)) or "the plan changed"
+            head = f"the search ended after {self._n} runs" if ended else f"{self._planned} runs in all"
+            self.progress.message(f"plan: {head} (was {self._shown}): {why}")
+        self._plan_why.clear()
+        self._shown = self._planned
 
     def trial(self, settings: TuneSettings, family: str, *, limit_s: float, facts: bool = False,
               module_times: bool = False, tag: str = "", profile_steps: int = 0) -> TrialResult:
         """Run one trial process, counted in "trial N of M"."""
         self._n += 1
-        self._planned = max(self._planned, self._n)
+        if self._n > self._planned:  # every stage plans its runs; this only keeps "N of M" true
+            self.plan(self._n - self._planned, f"{tag or family} added")
+        self._say_plan()
         name = f"{self._n:02d}-{tag or family}"
         self.progress.trial_started(settings.label(), limit_s, index=self._n, total=self._planned,
                                     left_s=max(0.0, self.remaining()))
@@ -111,6 +142,13 @@ class Search:
         except KeyboardInterrupt:
             result.interrupted = True
             result.notes.append("interrupted (Ctrl-C): the search stopped early; what was measured is kept")
+        # Noise over every plain baseline run of the search (the reference, each re-measure, each
+        # confirmation baseline), whether or not a confirmation ran: never 0 % over 3570 and 2499 ms.
+        result.baseline_medians = [round(m, 3) for m in self.baseline_medians]
+        result.noise = noise_fraction(self.baseline_medians) if len(self.baseline_medians) >= 2 else None
+        if result.winner is None:
+            result.required = required_speedup(result.noise or 0.0)
+        self._say_plan(ended=True)
         result.elapsed_s = self.budget.elapsed()
         return result
 
@@ -119,6 +157,10 @@ class Search:
         knobs = [k for k in all_knobs(compile_backend=self.options.compile_backend,
                                       compile_modes=self.options.compile_modes) if k.name in self.options.knobs]
         singles = self._singles(knobs, facts, result)
+        if not any(t.speedup is not None for t in singles):
+            result.no_candidate = self._nothing_measured(result)
+            result.notes.append(result.no_candidate)
+            return  # nothing to combine or confirm, and nothing to recommend
         chosen = winners(singles)
         if not chosen:
             result.notes.append("no single knob was faster than the baseline by the margin with numerics intact")
@@ -134,6 +176,23 @@ class Search:
                     result.notes.append(f"{', '.join(t.label for t in left)} not confirmed: "
                                         f"{self.budget.advice(left[0])}")
                 break
+
+    def _nothing_measured(self, result: TuneResult) -> str:
+        """The sentence for a search that measured no candidate: why, and what to change."""
+        rows = [t for t in result.trials if t.family != "baseline"]
+        unrun = [t for t in rows if t.verdict == Verdict.NOT_RUN]
+        ran = [t for t in rows if t.verdict not in (Verdict.NOT_RUN, Verdict.SKIPPED)]
+        rerun = (f"rerun with --budget {self.budget.suggest_s([TuneSettings.from_dict(t.settings) for t in unrun])}s"
+                 if unrun else "")
+        if unrun and not ran:
+            return (f"no candidate was measured: the budget ran out after the baseline ({self.budget.elapsed():.0f} s "
+                    f"of {self.options.budget_s:.0f} s went to the baseline runs, {len(unrun)} trial(s) not run); "
+                    f"{rerun}")
+        if ran:
+            causes = ", ".join(f"{t.label}: {t.verdict}" for t in ran)
+            return (f"no candidate was measured: every trial that ran ended without a step time to compare "
+                    f"({causes})" + (f"; {len(unrun)} more not run: {rerun}" if unrun else ""))
+        return "no candidate was measured: no knob applies to this script (each skipped row says why)"
 
     def _baseline(self) -> TrialResult:
         self.progress.message("baseline: the script as it is (with model facts and a short profile), "
@@ -177,7 +236,11 @@ class Search:
         bottleneck = Bottleneck.from_dict(facts.bottleneck)
         self.progress.message(f"profile: {bottleneck.summary()}")
         self.progress.message(f"{len(planned)} single-knob trial(s) planned, in the order the profile suggests")
-        self.plan(len(planned) + len(planned) // (REFRESH_EVERY + 1) + 2 * self.options.confirm_pairs)
+        # Re-measures come before every REFRESH_EVERY-th trial after the first; confirmation runs are
+        # planned only once a candidate has won (most searches on a busy machine never get there).
+        self._refreshes_planned = max(0, len(planned) - 1) // self._refresh_every()
+        self.plan(len(planned) + self._refreshes_planned,
+                  f"{len(planned)} single-knob trial(s) and {self._refreshes_planned} baseline re-measure(s) planned")
         measured: list[TrialResult] = []
         for cand in planned:
             settings = cand.settings
@@ -190,7 +253,7 @@ class Search:
                                                  family=cand.knob.name, status=TrialStatus.NOT_RUN,
                                                  verdict=Verdict.NOT_RUN, cause=why_not, reason=cand.reason,
                                                  reason_short=cand.short))
-                self.plan(-1)
+                self.plan(-1, f"{settings.label()} not run (budget)")
                 continue
             self._refresh_baseline(result)
             trial = self.trial(settings, cand.knob.name, limit_s=min(self.budget.share(settings), self.remaining() - keep))
@@ -199,6 +262,9 @@ class Search:
             self._judge(trial, result)
             result.trials.append(trial)
             measured.append(trial)
+        if self._refreshes_planned:
+            self.plan(-self._refreshes_planned, "fewer baseline re-measures than planned")
+            self._refreshes_planned = 0
         return measured
 
     def _refresh_every(self) -> int:
@@ -219,6 +285,11 @@ class Search:
         each candidate with a baseline measured minutes, not a quarter of an hour, earlier."""
         if not self._refresh_due():
             return
+        if self._refreshes_planned:
+            self._refreshes_planned -= 1
+        else:
+            self.plan(1, "the baseline is re-measured before every trial (consecutive baselines differ by more "
+                         f"than {NOISY:.0%})" if self._refresh_every() == 1 else "a baseline re-measure")
         ref = self.trial(TuneSettings(), "baseline", tag="baseline-refresh", limit_s=self.budget.baseline_limit())
         self._since_ref = 0
         if ref.ok and ref.median_ms:
@@ -243,7 +314,7 @@ class Search:
         # Against the most recent baseline run: load on a shared machine drifts within minutes.
         # The row keeps that baseline's median beside its ratio, so the table says which one it is.
         trial.baseline_ms = self._ref_ms or result.baseline.median_ms
-        trial.speedup = speedup(trial.baseline_ms, trial.median_ms)
+        stamp(trial)  # the screening pair until a confirmation replaces it (torchscalpel.tune.speedup)
         base_peak = result.baseline.peak_bytes
         if trial.peak_bytes and base_peak and trial.peak_bytes > MEMORY_NOTE * base_peak:
             trial.note = f"peak memory {trial.peak_bytes / base_peak:.2f}x the baseline's"
@@ -266,7 +337,7 @@ class Search:
         if not chosen:
             return None
         current = chosen[0]
-        self.plan(len(chosen) - 1 + len(ties))
+        self.plan(len(chosen) - 1 + len(ties), "combining the winners")
         for candidate in [*chosen[1:], *ties]:
             tie = candidate in ties
             # Keep what confirming the current best needs, and nothing more.
@@ -275,7 +346,7 @@ class Search:
             if self.remaining() - keep - self._refresh_s() < self.budget.baseline_wall * 1.2:
                 result.notes.append(f"not combined with {candidate.label}: the budget left "
                                     f"({max(0.0, self.remaining()):.0f} s) is what confirming {current.label} needs")
-                self.plan(-1)
+                self.plan(-1, f"not combined with {candidate.label} (budget)")
                 continue
             self._refresh_baseline(result)
             self._since_ref += 1

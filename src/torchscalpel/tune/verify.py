@@ -99,16 +99,3 @@ def noise_fraction(medians: Sequence[float]) -> float:
 def required_speedup(noise: float) -> float:
     """The speedup a candidate must show: 1 + max(MIN_MARGIN, noise)."""
     return 1.0 + max(MIN_MARGIN, noise)
-
-
-def speedup(baseline_ms: float | None, candidate_ms: float | None) -> float | None:
-    """``baseline / candidate`` (None when either is missing or zero)."""
-    if not baseline_ms or not candidate_ms:
-        return None
-    return baseline_ms / candidate_ms
-
-
-def paired_speedup(pairs: Sequence[tuple[float, float]]) -> float | None:
-    """Median of per-pair ratios ``baseline / candidate`` from interleaved repeats (drift cancels per pair)."""
-    ratios = [b / c for b, c in pairs if b and c]
-    return statistics.median(ratios) if ratios else None
