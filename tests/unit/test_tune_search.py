@@ -477,3 +477,201 @@ def test_winners_are_ranked_by_their_ratio_not_raw_step_time():
     amp = trial("amp=bf16", "amp", 295.8, 325.1)
     assert [t.label for t in winners([workers, amp])] == ["amp=bf16", "num_workers=1"]
     assert [t.label for t in confirm_queue(None, [], [workers, amp])] == ["amp=bf16", "num_workers=1"]
+
+
+# -- issue 27: every number a user reads is right -------------------------------------------------
+
+def limited(runner: FakeRunner, clock: Clock, wall: dict[str, float], default: float = 10.0):
+    """Like :func:`timed`, but a trial whose wall time passes its limit is stopped there (a timeout)."""
+    def run(target, settings, out_dir, **kw):
+        label = settings.label()
+        spent = wall.get("compile" if label.startswith("compile") else label, default)
+        limit = kw["timeout_s"]
+        if spent > limit:
+            clock.t += limit
+            return TrialResult(label=label, settings=settings.to_dict(), family=kw.get("family", "x"),
+                               status=TrialStatus.TIMEOUT, wall_s=limit, out_dir=str(out_dir),
+                               cause=f"stopped after {limit:.0f} s, its share of the budget")
+        result = runner(target, settings, out_dir, **kw)
+        result.wall_s = spent
+        clock.t += spent
+        return result
+
+    run.calls = runner.calls  # type: ignore[attr-defined]
+    return run
+
+
+def test_a_compile_trial_is_not_started_on_less_than_a_cold_compile_needs():
+    # The budget arithmetic of pytorch/examples mnist under --budget 3m: baseline runs of 13 s, amp won
+    # screening with a 23 s run, so 3 pairs x (13 + 23) s = 108 s are kept; 133 s were left. The compile
+    # trial got the 25 s between (its limit), timed out, and every cheaper knob after it was "not run".
+    budget = budget_mod.Budget(180.0, 3)
+    budget.baseline_wall = 13.0
+    amp = TrialResult(label="amp=bf16", settings={}, wall_s=23.0)
+    keep = budget.confirm_s(amp)
+    assert keep == 108.0
+    budget.deadline = budget.start + 133.0 + budget.elapsed()
+    compile_settings = TuneSettings.from_dict({"compile": {"target": "model"}})
+    why = budget.cannot_run(compile_settings, keep, 0.0)
+    assert why.startswith("a compile trial needs about 46 s"), why
+    assert budget.cannot_run(TuneSettings(threads=2), keep, 0.0) == ""  # 25 s left: a 13 s knob fits
+
+
+def test_mnist_budget_goes_to_the_cheap_knobs_not_to_a_compile_that_cannot_finish(monkeypatch, tmp_path):
+    from torchscalpel.tune.bottleneck import Bottleneck
+
+    clock = Clock()
+    monkeypatch.setattr(budget_mod.time, "monotonic", clock)
+    # mnist's profile: compute-bound, so amp and compile come before threads and the optimizer
+    monkeypatch.setattr(search_mod, "classify_trial", lambda trial: Bottleneck(
+        kind="compute", evidence={"compute": "matmul/conv/attention 58% of op time"}))
+    monkeypatch.setattr(sys.modules[__name__], "FACTS", dict(FACTS, attention_calls=0))  # a CNN: one amp trial
+    runner = FakeRunner({"baseline": 182.0, "amp=bf16 + amp_fp32_attention": 171.6, "amp=bf16": 171.6})
+    monkeypatch.setattr(search_mod, "run_trial", limited(runner, clock, {
+        "baseline": 13.0, "amp=bf16 + amp_fp32_attention": 23.0, "amp=bf16": 23.0, "compile": 60.0}))
+    options = TuneOptions(out_dir=tmp_path / "out", budget_s=180, steps=3, warmup=1, compile_backend="aot_eager",
+                          knobs=("amp", "compile", "threads", "optimizer"))
+    result = search_mod.Search(Target(script=Path("train.py")), options, Recorder()).run()
+    rows = {t.label: t for t in result.trials}
+    assert not any(t.verdict == "timeout" for t in rows.values()), {k: t.cause for k, t in rows.items()}
+    compiles = [t for label, t in rows.items() if label.startswith("compile")]
+    assert compiles and all(t.verdict == "not run" and "a compile trial needs about" in t.cause
+                            for t in compiles), {t.label: t.cause for t in result.trials}
+    cheap = [t for label, t in rows.items() if label.startswith(("threads", "optimizer"))]
+    assert any(t.verdict not in ("not run", "skipped") for t in cheap), {t.label: t.cause for t in cheap}
+
+
+def test_every_output_shows_one_speedup_per_candidate(monkeypatch, tmp_path):
+    # Screening said 100/61 = 1.64x; the interleaved pairs said 1.32x, 1.25x and 1.40x. The table, the
+    # recommendation, report.html, run.json and code.txt all show 1.32x (the old table showed 1.64x).
+    import json
+    import re
+
+    from rich.console import Console
+
+    from torchscalpel.record import load_record
+    from torchscalpel.report.tune_sections import build
+    from torchscalpel.tune.console import HEADERS, print_tune_result
+    from torchscalpel.tune.outputs import save_outputs
+
+    label = "threads=2"
+    runner = FakeRunner({label: 61.0}, confirm={label: [100 / 1.32, 100 / 1.25, 100 / 1.40]})
+    monkeypatch.setattr(search_mod, "run_trial", runner)
+    options = TuneOptions(out_dir=tmp_path / "out", budget_s=600, steps=3, warmup=1, knobs=("threads",))
+    result = tune(Target(script=Path("train.py")), options)
+    out = tmp_path / "out"
+    save_outputs(result, out, config_path=None, command=["scalpel", "tune"], target_text="train.py")
+    console = Console(record=True, width=400)
+    print_tune_result(result, out_dir=out, config_path=out / "scalpel.toml", out=console)
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if line.startswith(f"│ {label}"))
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    table = dict(zip(HEADERS, cells, strict=False))
+    recommended = re.search(rf"recommended: {re.escape(label)}: (\d+\.\d\d)x faster", text).group(1)
+    assert table["speedup"] == f"{recommended}x" == "1.32x"  # the old table said 1.64x (screening)
+    tune_json = json.loads((out / "run.json").read_text())["sections"]["tune"]
+    stored = next(t for t in tune_json["trials"] if t["label"] == label)
+    code = re.search(r"(\d+\.\d\d)x faster", (out / "code.txt").read_text()).group(1)
+    toml = re.search(r"(\d+\.\d\d)x faster", (out / "scalpel.toml").read_text()).group(1)
+    body = build(load_record(out))[0].body
+    html = re.search(r"<b>(\d+\.\d\d)x</b>faster per step", body).group(1)
+    html_row = build(load_record(out))[1].body
+    assert table["speedup"] == f"{recommended}x" == "1.32x"
+    assert recommended == code == toml == html == f"{stored['speedup']:.2f}" == f"{tune_json['confirmed_speedup']:.2f}"
+    assert f"<td class=\"num\">{recommended}x</td>" in html_row or f">{recommended}x<" in html_row
+    # the ratio equals the two step times shown beside it, in the table and in run.json
+    base_ms, cand_ms = stored["speedup_pair"]
+    assert stored["speedup"] == pytest.approx(base_ms / cand_ms)
+    assert table["vs baseline ms"] == f"{base_ms:.1f}" and table["step ms"] == f"{cand_ms:.1f}"
+    assert table["spread"] == "1.25-1.40x over 3 pairs" and stored["speedup_spread"] == [1.25, 1.4]
+    assert "1.64x" in table["result"]  # the screening figure is kept, said as the screening's
+
+
+def test_noise_is_over_every_baseline_run_even_without_a_confirmation(run_search):
+    from torchscalpel.record import RunRecord
+    from torchscalpel.report.tune_sections import build
+    from torchscalpel.tune.verify import noise_fraction
+
+    # 3570 and 2499 ms per step: the old search printed "baseline noise 0.0%" (set only by a confirmation)
+    runner = FakeRunner({"baseline": 3570.0, "refresh": 2499.0, "amp=bf16": 3600.0, "threads=2": 3600.0,
+                         "amp=bf16 + amp_fp32_attention": 3600.0})
+    result = run_search(runner, knobs=("amp", "threads"))
+    assert result.winner is None and not any("confirm" in c for c in runner.calls)
+    assert result.noise == pytest.approx(noise_fraction([3570.0, 2499.0])) and result.noise > 0.3
+    body = build(RunRecord(sections={"tune": result.to_dict()}))[0].body
+    assert f"baseline noise {result.noise:.1%} over 2 baseline runs" in body
+    assert result.baseline_medians == [3570.0, 2499.0]
+
+
+def test_noise_from_one_baseline_run_is_not_measured(run_search):
+    from torchscalpel.record import RunRecord
+    from torchscalpel.report.tune_sections import build
+
+    result = run_search(FakeRunner({}), knobs=("threads",))
+    body = build(RunRecord(sections={"tune": result.to_dict()}))[0].body
+    assert "baseline noise not measured: 1 plain baseline run (it needs two)" in body  # was "0.0%"
+    assert result.baseline_medians == [100.0] and result.noise is None
+
+
+def test_a_search_that_measured_no_candidate_says_so_and_recommends_nothing(clocked, tmp_path):
+    from rich.console import Console
+
+    from torchscalpel.tune.console import print_tune_result
+
+    # baseline runs of 10 s in a 25 s budget: nothing is left for any candidate
+    result, _ = clocked(FakeRunner({"threads=2": 50.0}), budget_s=25, knobs=("amp", "threads"))
+    assert result.winner is None and result.settings.is_baseline()
+    assert all(t.verdict in ("not run", "skipped") for t in result.trials)
+    console = Console(record=True, width=300)
+    print_tune_result(result, out_dir=tmp_path, config_path=tmp_path / "scalpel.toml", out=console)
+    text = console.export_text()
+    assert "nothing beat the baseline" not in text  # what the demo said when every candidate was "not run"
+    assert "no change recommended: no candidate was measured: the budget ran out after the baseline" in text
+    assert "rerun with --budget " in result.no_candidate
+
+
+class Events(Recorder):
+    """Progress lines and trial starts in the order they were said."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, Any]] = []
+
+    def message(self, text: str) -> None:
+        super().message(text)
+        self.events.append(("message", text))
+
+    def trial_started(self, label, limit_s, *, index=0, total=0, left_s=0.0) -> None:
+        super().trial_started(label, limit_s, index=index, total=total, left_s=left_s)
+        self.events.append(("trial", (index, total)))
+
+
+@pytest.mark.parametrize("budget_s,medians", [
+    (115, {"amp=bf16 + amp_fp32_attention": 60.0}),   # a winner, a refresh, a trial not run, confirmation
+    (600, {"refresh": 160.0}),                       # noisy baselines: a re-measure before every trial
+    (600, {"amp=bf16": 70.0}),                       # confirmation ruled out by its first pair
+    (45, {}),                                        # the budget runs out after the baseline
+])
+def test_trial_n_of_m_is_consecutive_and_m_never_changes_silently(monkeypatch, tmp_path, budget_s, medians):
+    clock = Clock()
+    monkeypatch.setattr(budget_mod.time, "monotonic", clock)
+    runner = FakeRunner(medians, confirm={"amp=bf16": 99.0})
+    monkeypatch.setattr(search_mod, "run_trial", timed(runner, clock))
+    progress = Events()
+    options = TuneOptions(out_dir=tmp_path / "out", budget_s=budget_s, steps=3, warmup=1,
+                          compile_backend="aot_eager", knobs=("amp", "threads"))
+    search_mod.Search(Target(script=Path("train.py")), options, progress).run()
+    starts = [v for kind, v in progress.events if kind == "trial"]
+    assert [i for i, _ in starts] == list(range(1, len(starts) + 1))
+    said = False
+    last_total = None
+    for kind, value in progress.events:
+        if kind == "message" and value.startswith("plan: "):
+            said = True
+        elif kind == "trial":
+            index, total = value
+            assert index <= total
+            assert last_total is None or total == last_total or said, progress.events
+            last_total, said = total, False
+    # the last trial shown is the last of the plan, or a line says the search ended earlier
+    assert starts[-1][0] == starts[-1][1] or said, progress.events
