@@ -159,3 +159,42 @@ def test_run_under_a_memory_limit_needs_no_config(tmp_path, monkeypatch, capsys)
     # without --memory-limit a missing default config is still the clear usage error
     assert main(["run", "--", str(script), "8"]) == 2
     assert "scalpel.toml does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_every_output_of_a_tune_run_shows_the_same_speedup(tmp_path):
+    # A step 30 ms slower unless the optimizer is fused: optimizer=fused wins screening and confirmation
+    # on any load. The terminal table, the recommendation, report.html, run.json, code.txt and
+    # scalpel.toml must show one figure for it (one run showed 1.64x in its table and 1.32x below it).
+    import html
+    import re
+
+    out, config = tmp_path / "out", tmp_path / "scalpel.toml"
+    proc = run_cli("tune", "--knobs", "optimizer", "--budget", "5m", "--steps", "4", "--warmup", "1",
+                   "--confirm", "2", "--out", str(out), "--config", str(config), "--",
+                   str(TINY), "--steps", "30", "--slow-unfused", "30", timeout=400, OMP_NUM_THREADS="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    tune = json.loads((out / "run.json").read_text())["sections"]["tune"]
+    assert tune["winner"] and tune["winner"]["label"] == "optimizer=fused", tune["notes"]
+    stored = next(t for t in tune["trials"] if t["label"] == "optimizer=fused")
+    figure = f"{stored['speedup']:.2f}x"
+    assert stored["speedup"] == tune["winner"]["speedup"] == tune["confirmed_speedup"]
+    base_ms, cand_ms = stored["speedup_pair"]
+    assert [base_ms, cand_ms] in stored["confirm_pairs"] and stored["speedup"] == pytest.approx(base_ms / cand_ms)
+    # terminal: the table row and the recommendation
+    row = next(line for line in text.splitlines() if line.startswith("│ optimizer=fused"))
+    cells = [c.strip() for c in row.strip().strip("│").split("│")]
+    assert cells[1:4] == [f"{cand_ms:.1f}", f"{base_ms:.1f}", figure], cells
+    assert re.search(rf"recommended: optimizer=fused: {re.escape(figure)} faster per step than the baseline "
+                     r"\(2 interleaved pairs, spread \d+\.\d\d-\d+\.\d\dx\)", text), text[-2000:]
+    # the files
+    for name in ("code.txt", "scalpel.toml"):
+        assert f"{figure} faster per step" in (out / name).read_text(), name
+    assert f"{figure} faster per step" in config.read_text()
+    page = html.unescape((out / "report.html").read_text())
+    assert f"<b>{figure}</b>faster per step" in page
+    assert f"recommended: optimizer=fused: {figure} faster per step" in page
+    # no other figure for it anywhere: the screening ratio is said as the screening's
+    screened = stored["baseline_ms"] / stored["median_ms"]
+    assert f"screened {screened:.2f}x" in row or f"{screened:.2f}x" == figure
