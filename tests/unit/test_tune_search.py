@@ -675,3 +675,13 @@ def test_trial_n_of_m_is_consecutive_and_m_never_changes_silently(monkeypatch, t
             last_total, said = total, False
     # the last trial shown is the last of the plan, or a line says the search ended earlier
     assert starts[-1][0] == starts[-1][1] or said, progress.events
+
+
+def test_a_search_whose_every_trial_failed_says_no_candidate_was_measured(run_search):
+    runner = FakeRunner({}, status={"amp=bf16": ("failed", "crashed: RuntimeError: boom"),
+                                    "amp=bf16 + amp_fp32_attention": ("failed", "crashed: RuntimeError: boom"),
+                                    "threads=2": ("timeout", "stopped after 30 s, its share of the budget")})
+    result = run_search(runner, knobs=("amp", "threads"))
+    assert result.winner is None
+    assert result.no_candidate.startswith("no candidate was measured: every trial that ran failed, timed out")
+    assert "threads=2: timeout" in result.no_candidate and result.headline().endswith(result.no_candidate)

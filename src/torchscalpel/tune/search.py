@@ -190,7 +190,7 @@ class Search:
                     f"{rerun}")
         if ran:
             causes = ", ".join(f"{t.label}: {t.verdict}" for t in ran)
-            return (f"no candidate was measured: every trial that ran ended without a step time to compare "
+            return (f"no candidate was measured: every trial that ran failed, timed out or changed nothing "
                     f"({causes})" + (f"; {len(unrun)} more not run: {rerun}" if unrun else ""))
         return "no candidate was measured: no knob applies to this script (each skipped row says why)"
 
@@ -343,7 +343,7 @@ class Search:
             # Keep what confirming the current best needs, and nothing more.
             keep = self.budget.confirm_s(current)
             merged = TuneSettings.from_dict(current.settings).merged(TuneSettings.from_dict(candidate.settings))
-            if self.remaining() - keep - self._refresh_s() < self.budget.baseline_wall * 1.2:
+            if self.remaining() - keep - self._refresh_s() < self.budget.need_s(merged):
                 result.notes.append(f"not combined with {candidate.label}: the budget left "
                                     f"({max(0.0, self.remaining()):.0f} s) is what confirming {current.label} needs")
                 self.plan(-1, f"not combined with {candidate.label} (budget)")
