@@ -298,3 +298,18 @@ def test_checkpointing_updates_batchnorm_running_stats_once() -> None:
         torch.testing.assert_close(a.bn.running_var, b.bn.running_var)
     for p, q in zip(plain.parameters(), ckpt.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_the_microbatch_code_lines_give_the_full_batch_gradient_for_an_indivisible_batch() -> None:
+    # The lines code.txt shows for microbatches = 4, executed on a batch of 10 (the last of an epoch).
+    from torchscalpel.tune.knobs.microbatch import MicrobatchKnob
+
+    torch.manual_seed(0)
+    model, x, y = Net(), torch.randn(10, 32), torch.randint(0, 5, (10,))
+    ref, _ = _grads(model, x, y)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss_fn = nn.functional.cross_entropy
+    exec("\n".join(MicrobatchKnob().code_lines(TuneSettings(microbatches=4))),
+         {"optimizer": optimizer, "x": x, "y": y, "model": model, "loss_fn": loss_fn})
+    for a, p in zip(ref, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)

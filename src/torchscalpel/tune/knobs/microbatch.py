@@ -63,10 +63,12 @@ class MicrobatchKnob(Knob):
         k = settings.microbatches
         if k is None:
             return []
+        # tensor_split gives k near-equal chunks of any batch (chunk gives fewer for 10 rows in 4), and each
+        # chunk's mean loss is weighted by its share of the batch: the full batch's gradient, last batch included.
         return [
             "optimizer.zero_grad()",
-            f"for xb, yb in zip(x.chunk({k}), y.chunk({k})):",
-            f"    (loss_fn(model(xb), yb) / {k}).backward()",
+            f"for xb, yb in zip(x.tensor_split({k}), y.tensor_split({k})):",
+            "    (loss_fn(model(xb), yb) * len(xb) / len(x)).backward()  # weighted by chunk size",
             "optimizer.step()",
         ]
 
