@@ -304,8 +304,11 @@ class Attachment:
         self.session.timeline.restart_open_step()
         return self.session
 
-    def detach(self, status: str, exit_code: int = 0, error: str | None = None) -> RunRecord:
-        """Remove every hook, close the last step and the profiler window; return the record."""
+    def detach(self, status: str, exit_code: int = 0, error: str | None = None, *,
+               exception: BaseException | None = None) -> RunRecord:
+        """Remove every hook, close the last step and the profiler window; return the record.
+
+        ``exception``: what a failed script raised, sent to the observers (``on_script_error``)."""
         session, record = self.session, self.record
         self.hooks.remove()
         for u in reversed(self._undo):
@@ -349,6 +352,8 @@ class Attachment:
         from torchscalpel.runtime.summary import summarize
 
         record.summary = summarize(record)
+        if exception is not None:
+            session.emit("on_script_error", exception)
         session.emit("on_finish", record)
         record.notes = session.notes
         return record
@@ -403,7 +408,7 @@ def run_target(
         return attachment.detach("stopped", 0, None)
     except MemoryLimitExceeded as exc:  # --memory-limit: a clean stop, explained by the memory section
         return attachment.detach("failed", 1, str(exc))
-    return attachment.detach(outcome.status, outcome.exit_code, outcome.error)
+    return attachment.detach(outcome.status, outcome.exit_code, outcome.error, exception=outcome.exception)
 
 
 def _seen_summary(session: Session) -> str:
