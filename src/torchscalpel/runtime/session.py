@@ -85,6 +85,9 @@ class Session:
     seen: dict[str, int] = field(default_factory=lambda: {"models": 0, "optimizers": 0, "loaders": 0})
     """How many distinct models, optimizers and loaders the run saw (the weak sets above empty
     once the script's objects are freed; these counts stay for the record's notes)."""
+    samples_unknown: dict[str, str] = field(default_factory=dict)
+    """Why a training batch's size could not be read (``batch``: a DataLoader batch, ``forward``: a root
+    model's inputs), the first reason of each: what the summary says when it has no samples/s."""
     scaled_losses: dict[int, torch.Tensor] = field(default_factory=dict)
     """GradScaler outputs by id, with the scale they were multiplied by (to report the true loss)."""
     stop_reason: str | None = None
@@ -352,6 +355,9 @@ class Attachment:
         from torchscalpel.runtime.summary import summarize
 
         record.summary = summarize(record)
+        if record.summary.get("samples_per_s_not_measured") and session.samples_unknown:
+            # The runtime saw why: say that rather than the summary's generic reason.
+            record.summary["samples_per_s_not_measured"] = "; ".join(session.samples_unknown.values())
         if exception is not None:
             session.emit("on_script_error", exception)
         session.emit("on_finish", record)
