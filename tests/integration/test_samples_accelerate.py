@@ -17,7 +17,7 @@ import pytest
 from helpers import REPO, run_cli
 from torchscalpel.record import load_record
 
-SCRIPT = REPO / "tests" / "fixtures" / "corpus" / "accelerate_nlp.py"
+SCRIPT = REPO / "tests" / "fixtures" / "scripts" / "accelerate_nlp.py"
 STEP_LINE = re.compile(r"^step (\d+) loss [-+0-9.eE]+ samples (\d+)$", re.MULTILINE)
 
 

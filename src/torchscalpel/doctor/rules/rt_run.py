@@ -71,6 +71,16 @@ def crash_of(exc: BaseException) -> Crash:
     return crash
 
 
+def _crash_from_record(error: str | None) -> Crash:
+    """The failure as the record keeps it (``Type: message``, one line), for a run whose exception the
+    rule did not hear (the in-process API, a ``--memory-limit`` stop): no place, no traceback."""
+    text = strip_ansi(error or "unknown error")
+    head, sep, rest = text.partition(": ")
+    if sep and head.isidentifier():
+        return Crash(head, rest)
+    return Crash("", text)
+
+
 def launcher_commands(script: str | None, args: Sequence[str], module: str | None = None) -> str:
     """The commands that give a distributed script the launcher it expects, its arguments kept
     verbatim (shell-quoted): ``scalpel launch``, torchrun, and the doctor's own multi-rank mode."""
@@ -195,16 +205,18 @@ class ScriptFailed(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if getattr(record, "status", None) != "failed":
             return
-        crash = self.crash or Crash("error", record.error or "unknown error")
+        crash = self.crash or _crash_from_record(record.error)
         known = _weights_only(crash) or _missing_module(crash) or _launcher(crash, record)
         steps = len(record.steps)
         when = "before its first step" if not steps else f"after {steps} step(s)"
         lines = [line.strip() for line in crash.message.splitlines() if line.strip()]
+        who = "The block" if (getattr(record, "target", {}) or {}).get("inprocess") else "The script"
         if crash.exit_code is not None:
-            message = f"The script exited with code {crash.exit_code} {when}."
+            message = f"{who} exited with code {crash.exit_code} {when}."
         else:
             what = known.what if known is not None else (lines[0] if lines else "")
-            message = f"The script raised {crash.type_name} {when}" + (f": {what}" if what else "")
+            raised = f"raised {crash.type_name}" if crash.type_name else "failed"
+            message = f"{who} {raised} {when}" + (f": {what}" if what else "")
             message = message.rstrip(". ") + "."
         evidence = []
         if crash.location is not None:
