@@ -109,6 +109,8 @@ class RunSummary(SectionView):
     breakdown_max_error: float | None = None
     """Largest per-step gap between the phase sum and the step time, as a fraction of the step."""
     samples_per_s: float | None = None
+    samples_per_s_not_measured: str | None = None
+    """Why ``samples_per_s`` is None on a run that measured steps (shown as "not measured: <reason>")."""
     first_loss: float | None = None
     last_loss: float | None = None
     rss_peak: int | None = None

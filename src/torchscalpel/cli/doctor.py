@@ -146,7 +146,7 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from rich.markup import escape
 
-    from torchscalpel.doctor.api import diagnose, launcher_hint
+    from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
     from torchscalpel.record import save_record
@@ -190,18 +190,23 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         console.print(f"[dim]{escape(status)}; {len(findings)} finding(s) in {out_dir / 'run.json'}[/dim]")
     else:
         render_terminal(findings, console, header=f"[dim]{escape(status)}[/dim]\n")
-    hint = launcher_hint(target, record)
-    if hint:
-        console.print(hint, markup=False, highlight=False, soft_wrap=True)
+    # A failed run's launcher advice is the script-failed finding's fix (above), the script's arguments kept.
     console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
     track(args, record, out_dir)
     if os.environ.get(MERGED_RANKS_ENV) != "1":
-        script = escape(shlex.join(["scalpel", "tune", "--", *(target.argv() if target.script else ["-m", *target.argv()])]))
-        console.print((f"next: apply the fix(es) above and run the doctor again, then {script}" if findings
-                       else f"next: {script} (measured speedups)"), soft_wrap=True)
+        target_argv = target.argv() if target.script else ["-m", *target.argv()]
+        if record.status == "failed":  # tuning a script that does not run measures nothing
+            again = escape(shlex.join(["scalpel", "doctor", "--", *target_argv]))
+            console.print(f"next: fix the failure above, then run the doctor again: {again}", soft_wrap=True)
+        else:
+            script = escape(shlex.join(["scalpel", "tune", "--", *target_argv]))
+            console.print((f"next: apply the fix(es) above and run the doctor again, then {script}" if findings
+                           else f"next: {script} (measured speedups)"), soft_wrap=True)
     _write_outputs(args, findings, {"mode": "run", "status": record.status, "steps": len(record.steps),
                                     "window": record.sections["doctor"].get("window"),
                                     "record": str(out_dir / "run.json")})
+    if record.status == "failed" and record.exit_code:
+        return record.exit_code  # the script's own failure wins: it is the first finding, and CI sees it as python would
     if reaches(findings, fail_on):
         return 1
     return record.exit_code or 0

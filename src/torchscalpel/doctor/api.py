@@ -9,6 +9,7 @@ import contextlib
 import inspect
 import io
 import os
+import shlex
 import sysconfig
 import time
 import warnings
@@ -21,6 +22,7 @@ import torch
 from torchscalpel.doctor.finding import Finding
 from torchscalpel.doctor.output import counts
 from torchscalpel.doctor.registry import rank_findings
+from torchscalpel.doctor.rules.rt_run import needs_launcher
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
 from torchscalpel.doctor.static import analyze_paths
 from torchscalpel.doctor.window import DEFAULT_STEPS, RANK_STEPS, TIME_CAP_S
@@ -99,11 +101,6 @@ def check_static(paths: Iterable[Path], rules: Sequence[str] | None = None) -> l
     return rank_findings(analyze_paths(list(paths), rules=rules))
 
 
-_DIST_CALLS = ("init_process_group", "init_device_mesh")
-_DIST_ERRORS = ("torch.distributed", "env://", "rendezvous", "process group", "MASTER_ADDR", "MASTER_PORT",
-                "RANK", "WORLD_SIZE", "NCCL", "Gloo", "gloo")
-
-
 def _destroy_left_process_group() -> Callable[[], None]:
     """A setup hook: the script runs in this process, so a process group it leaves initialised would
     outlive it (and break the doctor's re-runs); destroy one created during the run. The script's own
@@ -120,18 +117,18 @@ def _destroy_left_process_group() -> Callable[[], None]:
 
 def launcher_hint(target: Target, record: RunRecord) -> str | None:
     """One sentence for a script that failed in torch.distributed's set-up (usually: no launcher set
-    RANK/WORLD_SIZE/MASTER_ADDR), naming the doctor's multi-rank mode; None otherwise."""
+    RANK/WORLD_SIZE/MASTER_ADDR), naming the doctor's multi-rank mode with the script's own arguments
+    (shell-quoted); None otherwise. The ``script-failed`` finding carries the same commands as its fix."""
     if record.status != "failed" or not record.error:
         return None
-    text = ""
-    if target.script is not None and target.script.is_file():
-        text = target.script.read_text(encoding="utf-8", errors="replace")
-    if not any(s in text for s in _DIST_CALLS) or not any(s in record.error for s in _DIST_ERRORS):
+    script = str(target.script) if target.script is not None else None
+    if not needs_launcher(script, record.error):
         return None
-    script = target.script.name if target.script is not None else "SCRIPT"
-    return (f"The script failed while setting up torch.distributed, as it would under 'python {script}': "
-            f"to diagnose it as a distributed run, give it a launcher with 'scalpel doctor --nproc N -- {script}' "
-            f"(or 'scalpel launch --nproc N --doctor -- {script}').")
+    rest = shlex.join(target.argv() if target.script is not None else ["-m", *target.argv()])
+    name = target.script.name if target.script is not None else "SCRIPT"
+    return (f"The script failed while setting up torch.distributed, as it would under 'python {name}': "
+            f"to diagnose it as a distributed run, give it a launcher with 'scalpel doctor --nproc N -- {rest}' "
+            f"(or 'scalpel launch --nproc N --doctor -- {rest}').")
 
 
 def _restore_global_flags() -> Callable[[], None]:

@@ -24,12 +24,15 @@ from torchscalpel.doctor.rules import (
     rt_numerics,
     rt_optim,
     rt_perf,
+    rt_run,
 )
 from torchscalpel.doctor.runtime_rules import RuntimeRule
 from torchscalpel.doctor.sanity import OverfitOneBatch
 from torchscalpel.doctor.static import StaticRule
 
 RULE_CLASSES: tuple[type[Rule], ...] = (
+    # The run
+    rt_run.ScriptFailed,
     # Model and parameters
     model_static.ModuleInPlainContainerStatic,
     rt_model.ModuleInPlainContainer,

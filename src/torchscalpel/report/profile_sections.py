@@ -39,6 +39,8 @@ def _overview(record: RunRecord) -> Section | None:
         kpis.append(("steps in these figures", f"{s.steps_summarized}"))
     if s.samples_per_s is not None:
         kpis.append(("throughput", f"{s.samples_per_s:.1f} samples/s"))
+    elif s.samples_per_s_not_measured:
+        kpis.append(("throughput", f"not measured: {s.samples_per_s_not_measured}"))
     if s.achieved_flops_per_s is not None:
         kpis.append(("achieved", fmt_flops(s.achieved_flops_per_s)))
     if s.mfu is not None:

@@ -207,6 +207,8 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         extras = []
         if s.samples_per_s is not None:
             extras.append(f"throughput {s.samples_per_s:.1f} samples/s")
+        elif s.samples_per_s_not_measured:
+            extras.append(f"samples/s not measured: {s.samples_per_s_not_measured}")
         if s.first_loss is not None:
             extras.append(f"loss {s.first_loss:.4g} -> {s.last_loss:.4g}")
         if s.achieved_flops_per_s is not None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -145,7 +145,12 @@ class HookSet:
             tl.begin("forward")
             has_params, batch_dim = self._facts(module)
             if has_params:  # loss modules (no parameters) do not count samples
-                tl.note_forward(_batch_size(args, batch_dim))
+                samples = _batch_size(args, batch_dim)
+                tl.note_forward(samples)
+                if samples is None:
+                    s.samples_unknown.setdefault(
+                        "forward", f"{type(module).__name__} was called without a positional tensor "
+                        "(keyword arguments only, e.g. model(**batch)), so its inputs give no batch size")
         else:
             # Evaluation (estimate_loss, a validation loop) while training: not a step, not forward.
             self._root_role, self._root_began = "eval", False
@@ -287,7 +292,12 @@ class HookSet:
             finally:
                 s.timeline.end("data")
             if torch.is_grad_enabled():  # an evaluation loop's batches are not training samples
-                s.timeline.note_batch(_batch_size((batch,)))
+                samples = _batch_size((batch,))
+                s.timeline.note_batch(samples)
+                if samples is None:
+                    s.samples_unknown.setdefault(
+                        "batch", f"the training DataLoader's batches ({type(batch).__name__}) hold no tensor "
+                        "(nor a list, tuple or mapping of tensors) to read a batch size from")
             ref = getattr(it, "_scalpel_loader", None)
             s.emit("on_batch", batch, ref() if ref is not None else None)
             return batch
@@ -313,12 +323,14 @@ class HookSet:
 def _batch_size(args: tuple[Any, ...], batch_dim: int = 0) -> int | None:
     """Size of the first tensor argument along ``batch_dim`` (None when there is none).
 
-    A 1-D input of a sequence-first model is one unbatched sequence: its batch is 1.
+    A 1-D input of a sequence-first model is one unbatched sequence: its batch is 1. A mapping counts
+    as a dict: Hugging Face's ``BatchEncoding`` (what a tokenizer's collate returns, and what an
+    accelerate-prepared loader yields) is a ``UserDict``, not a ``dict``.
     """
     for a in args:
         tensor = a if isinstance(a, torch.Tensor) else None
-        if tensor is None and isinstance(a, dict | list | tuple):
-            values = a.values() if isinstance(a, dict) else a
+        if tensor is None and isinstance(a, Mapping | list | tuple):
+            values = a.values() if isinstance(a, Mapping) else a
             tensor = next((v for v in values if isinstance(v, torch.Tensor) and v.dim() > 0), None)
         if tensor is not None and tensor.dim() > 0:
             if tensor.dim() > batch_dim:

@@ -53,6 +53,11 @@ class Observer:
     def on_step_end(self, step: StepRecord) -> None:
         """A step was closed and its timings are final."""
 
+    def on_script_error(self, exc: BaseException) -> None:
+        """The script failed with ``exc`` (its own exception, or ``SystemExit`` with a non-zero code);
+        sent once, before :meth:`on_finish`. Keep what you need from it, not ``exc`` itself: its
+        traceback holds the script's frames and every tensor they refer to."""
+
     def on_finish(self, record: RunRecord) -> None:
         """The script ended (completed, stopped, crashed or interrupted); add to ``record`` here."""
 

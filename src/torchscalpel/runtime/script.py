@@ -16,11 +16,11 @@ import runpy
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from torchscalpel.runtime.target import Target
-from torchscalpel.runtime.userframes import is_runner_file
+from torchscalpel.runtime.userframes import Kind, file_kind, is_runner_file
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
 
@@ -81,12 +81,32 @@ def exit_code_of(code: Any) -> int:
     return 1
 
 
+def _hide_runner_frames(te: traceback.TracebackException, seen: set[int]) -> None:
+    """Drop the runner's frames (torchscalpel's, runpy's) from ``te`` and the exceptions chained to it.
+
+    Why every frame, not only those above the script: the wrappers torchscalpel puts on torch functions
+    for a run (``torch.load``, ``load_state_dict``, ...) sit between the script's line and torch's, and
+    ``python SCRIPT`` shows none of them. A traceback whose innermost frame is torchscalpel's keeps all
+    of them: that error is ours, and hiding its frames would hide where it is.
+    """
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    frames = list(te.stack)
+    if not frames or file_kind(frames[-1].filename) is not Kind.SCALPEL:
+        te.stack = traceback.StackSummary.from_list([f for f in frames if not is_runner_file(f.filename)])
+    for chained in (te.__cause__, te.__context__):
+        if chained is not None:
+            _hide_runner_frames(chained, seen)
+
+
 def print_script_traceback(exc: BaseException) -> None:
-    """The script's own traceback, without the frames above it that run it (torchscalpel's and runpy's)."""
-    tb = exc.__traceback__
-    while tb is not None and is_runner_file(tb.tb_frame.f_code.co_filename):
-        tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb or exc.__traceback__, file=sys.stderr)
+    """The script's own traceback as ``python SCRIPT`` prints it: without the frames of the runner
+    (torchscalpel's and runpy's), above the script or between its lines and torch's (a SyntaxError in
+    the script itself then shows only the offending line, as python shows it)."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, compact=True)
+    _hide_runner_frames(te, set())
+    print("".join(te.format()), end="", file=sys.stderr)
 
 
 INTERRUPTED = 130
@@ -124,6 +144,9 @@ class ScriptOutcome:
     """What ``python SCRIPT`` would have exited with."""
     error: str | None = None
     """One line for the record (None when it completed)."""
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+    """What the script raised when it failed (``SystemExit`` for a non-zero exit), for the caller's
+    observers (the doctor's crash finding); never stored: it holds the script's frames."""
 
 
 def run_script(target: Target, options: ExecOptions | None = None, *,
@@ -147,14 +170,14 @@ def run_script(target: Target, options: ExecOptions | None = None, *,
     except SystemExit as exc:
         code = exit_code_of(exc.code)
         return ScriptOutcome("failed" if code else "complete", code,
-                             f"the script exited with code {code}" if code else None)
+                             f"the script exited with code {code}" if code else None, exc if code else None)
     except KeyboardInterrupt:
         if options.interrupt == "raise":
             raise
         return ScriptOutcome("interrupted", INTERRUPTED, "interrupted (Ctrl-C)")
     except BaseException as exc:  # the script's own error: its traceback and exit 1, as python prints them
         print_script_traceback(exc)
-        return ScriptOutcome("failed", 1, one_line_error(exc))
+        return ScriptOutcome("failed", 1, one_line_error(exc), exc)
     finally:
         if options.restore_sys:
             sys.argv, sys.path[:] = saved_argv, saved_path

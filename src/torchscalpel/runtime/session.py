@@ -85,6 +85,9 @@ class Session:
     seen: dict[str, int] = field(default_factory=lambda: {"models": 0, "optimizers": 0, "loaders": 0})
     """How many distinct models, optimizers and loaders the run saw (the weak sets above empty
     once the script's objects are freed; these counts stay for the record's notes)."""
+    samples_unknown: dict[str, str] = field(default_factory=dict)
+    """Why a training batch's size could not be read (``batch``: a DataLoader batch, ``forward``: a root
+    model's inputs), the first reason of each: what the summary says when it has no samples/s."""
     scaled_losses: dict[int, torch.Tensor] = field(default_factory=dict)
     """GradScaler outputs by id, with the scale they were multiplied by (to report the true loss)."""
     stop_reason: str | None = None
@@ -304,8 +307,11 @@ class Attachment:
         self.session.timeline.restart_open_step()
         return self.session
 
-    def detach(self, status: str, exit_code: int = 0, error: str | None = None) -> RunRecord:
-        """Remove every hook, close the last step and the profiler window; return the record."""
+    def detach(self, status: str, exit_code: int = 0, error: str | None = None, *,
+               exception: BaseException | None = None) -> RunRecord:
+        """Remove every hook, close the last step and the profiler window; return the record.
+
+        ``exception``: what a failed script raised, sent to the observers (``on_script_error``)."""
         session, record = self.session, self.record
         self.hooks.remove()
         for u in reversed(self._undo):
@@ -349,6 +355,11 @@ class Attachment:
         from torchscalpel.runtime.summary import summarize
 
         record.summary = summarize(record)
+        if record.summary.get("samples_per_s_not_measured") and session.samples_unknown:
+            # The runtime saw why: say that rather than the summary's generic reason.
+            record.summary["samples_per_s_not_measured"] = "; ".join(session.samples_unknown.values())
+        if exception is not None:
+            session.emit("on_script_error", exception)
         session.emit("on_finish", record)
         record.notes = session.notes
         return record
@@ -403,7 +414,7 @@ def run_target(
         return attachment.detach("stopped", 0, None)
     except MemoryLimitExceeded as exc:  # --memory-limit: a clean stop, explained by the memory section
         return attachment.detach("failed", 1, str(exc))
-    return attachment.detach(outcome.status, outcome.exit_code, outcome.error)
+    return attachment.detach(outcome.status, outcome.exit_code, outcome.error, exception=outcome.exception)
 
 
 def _seen_summary(session: Session) -> str:

@@ -40,6 +40,9 @@ def run_summary(record: RunRecord) -> RunSummary:
     samples = [s.samples for s in plain if s.samples]
     if samples and mean_total:
         out.samples_per_s = statistics.fmean(samples) / (mean_total / 1000.0)
+    else:  # never a silent gap: the runtime replaces this with what it saw, when it saw why
+        out.samples_per_s_not_measured = ("no measured step recorded how many samples it trained on" if mean_total
+                                          else "the measured steps took no time on this clock")
     losses = [s.loss for s in record.steps if s.loss is not None]
     if losses:
         out.first_loss, out.last_loss = losses[0], losses[-1]
