@@ -78,3 +78,33 @@ def test_launch_merge_names_no_straggler_on_noise() -> None:
 def test_launch_merge_without_traces_uses_step_times() -> None:
     merged = merge({0: _record([10.0, 10.2, 10.1]), 1: _record([25.0, 25.3, 24.9])})
     assert merged["straggler"]["rank"] == 1 and merged["straggler_verdict"]["what"] == "per step"
+
+
+def _gloo_trace(path, rank: int, waits_us: list[float]) -> None:
+    """A CPU rank trace: 10 ms steps, each ending in a gloo all-reduce (on gloo's worker thread) of ``waits_us``."""
+    import json
+
+    events = []
+    for i, wait in enumerate(waits_us):
+        t0 = 1_000_000.0 + i * 10_000.0
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i + 3}", "ts": t0, "dur": 10_000.0,
+                       "pid": 1, "tid": 1})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": t0 + 100.0, "dur": 20.0,
+                       "pid": 1, "tid": 1})  # the enqueue: a few µs whatever the wait
+        events.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "ts": t0 + 9_900.0 - wait,
+                       "dur": wait, "pid": 1, "tid": 2})
+    path.write_text(json.dumps({"distributedInfo": {"rank": rank}, "traceEvents": events}))
+
+
+def test_gloo_waits_on_the_worker_thread_count_as_collective_time(tmp_path) -> None:
+    """On CPU the wait for a slow rank is inside gloo's worker-thread annotation, not in c10d::allreduce_:
+    a 2-rank DDP run where rank 1 slept 40 ms per step was 'none' until this was counted."""
+    from torchscalpel.trace.analyze import analyze_traces
+
+    _gloo_trace(tmp_path / "rank-0.json", 0, [6000.0, 6100.0, 5900.0])  # rank 0 waits ~6 ms per step
+    _gloo_trace(tmp_path / "rank-1.json", 1, [200.0, 250.0, 210.0])
+    result = analyze_traces(tmp_path).to_dict()
+    assert [s["collective_wall_us"] for s in result["ranks"][0]["steps"]] == [6000.0, 6100.0, 5900.0]
+    s = result["stragglers"]
+    assert s["likely_straggler"] == 1
+    assert s["reason"].startswith("rank 1: 9.79 ms ±0.01 per step outside collectives against rank 0's 4.00 ms ±")

@@ -110,9 +110,13 @@ def straggler_verdict(per_rank: Mapping[int, Sequence[float]], *, what: str = "p
 
 def outside_collectives_us(step: Mapping[str, Any]) -> tuple[float, bool]:
     """A trace step's time outside collectives (µs) and whether a collective time was subtracted: GPU
-    communication kernels not overlapped by compute where the trace has a GPU, else the CPU ops'
-    ``communication`` self time; the step's duration when neither is recorded."""
+    communication kernels not overlapped by compute where the trace has a GPU, else the wall time of
+    gloo's collectives (``collective_wall_us``: they include the wait for the other ranks, which the
+    enqueuing CPU op does not), else the CPU ops' ``communication`` self time; the step's duration when
+    none is recorded."""
     comm = step.get("communication_us")
+    if comm is None:
+        comm = step.get("collective_wall_us")
     if comm is None:
         comm = (step.get("cpu_categories") or {}).get("communication")
     return float(step["dur_us"]) - float(comm or 0.0), comm is not None
