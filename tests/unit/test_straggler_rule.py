@@ -62,6 +62,8 @@ def test_launch_merge_uses_time_outside_collectives() -> None:
     merged = merge({0: _record([100.0, 101.0, 100.5], window0), 1: _record([100.0, 101.0, 100.5], window1)})
     assert merged["straggler"]["rank"] == 1
     assert merged["straggler_verdict"]["what"] == "per profiled step outside collectives"
+    # the collective ms column counts what the rule subtracts: the mean per profiled step
+    assert [round(row["collective_ms"], 3) for row in merged["ranks"]] == [50.233, 0.22]
     table = format_table(merged)
     assert "straggler: rank 1: 100.25 ms ±" in table and "against rank 0's 50.30 ms ±" in table
 

@@ -32,6 +32,20 @@ STEP_TIME_MEANS = ("step ms: median of the measured steps outside the profiler w
 """Said once under the table: what each time column counts."""
 
 
+def _collective_ms(record: RunRecord) -> float | None:
+    """Mean collective time per profiled step from the trace's steps, by the straggler rule's own measure
+    (:func:`~torchscalpel.trace.ranks.outside_collectives_us`: gloo's wall time, waits included, on CPU);
+    None when the trace has no per-step collective figure."""
+    trace_ranks = record.op_summary_view().ranks
+    steps = trace_ranks[0].get("steps") if len(trace_ranks) == 1 else None
+    if not steps:
+        return None
+    parts = [outside_collectives_us(s) for s in steps]
+    if not all(had for _, had in parts):
+        return None
+    return statistics.fmean(float(s["dur_us"]) - busy for s, (busy, _) in zip(steps, parts, strict=True)) / 1000.0
+
+
 def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     """One rank's figures in milliseconds (None where the record has no value).
 
@@ -43,8 +57,10 @@ def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     profiled = [s for s in measured if s.profiled]
     step_ms = statistics.median(s.total_ms for s in plain) if plain else None
     window = record.profiler_view().steps or []
-    comm_us = (record.op_summary_view().categories or {}).get("communication")
-    comm_ms = comm_us / 1000.0 / len(window) if (comm_us is not None and window) else None
+    comm_ms = _collective_ms(record)
+    if comm_ms is None:  # no per-step trace figures: the window's communication ops over its steps
+        comm_us = (record.op_summary_view().categories or {}).get("communication")
+        comm_ms = comm_us / 1000.0 / len(window) if (comm_us is not None and window) else None
     window_ms = statistics.median(s.total_ms for s in profiled) if profiled else step_ms
     return {
         "rank": rank,
