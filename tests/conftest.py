@@ -18,6 +18,79 @@ TRACES = SHARED / "data" / "traces"
 """HolisticTraceAnalysis's recorded traces (the HTA agreement tests compare against tests/data/hta_*.json)."""
 
 
+RECORD_CHECK_ENV = "SCALPEL_RECORD_CHECK"
+"""``strict`` (default): a test whose tmp_path holds a run.json breaking a record invariant fails in teardown;
+``warn``: a warning instead; ``off``: not checked."""
+
+KNOWN_VIOLATIONS: tuple[tuple[str, str], ...] = (
+    # (substring of the violation, the defect it stands for). Remove an entry when its fix lands.
+    ("differs from confirmed_speedup", "issue 27, tune: the winner's table speedup (screening ratio) is not the confirmed ratio "
+                                         "the recommendation shows; the tune helper is making it one ratio"),
+)
+"""Violations of defects being fixed elsewhere: reported as warnings, not failures, until their fixes land."""
+
+
+def _written_by_torchscalpel(path: Path) -> bool:
+    """A record a stage wrote: ``record.new_run_record`` stamps ``tool_version``. Records a test builds by hand
+    (``RunRecord(...)`` fakes, corrupt files, newer majors for the error paths) have none and are not checked."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and bool(data.get("tool_version"))
+
+
+def record_violations(root: Path) -> tuple[list[str], list[str]]:
+    """``(failures, known)``: every broken invariant of every run.json a torchscalpel stage wrote under ``root``,
+    as ``path: sentence``; ``known`` holds those of :data:`KNOWN_VIOLATIONS`, each with its defect."""
+    from torchscalpel.errors import ScalpelError
+    from torchscalpel.record import check_invariants
+
+    failures, known = [], []
+    for path in sorted(root.rglob("run.json")):
+        if not _written_by_torchscalpel(path):
+            continue
+        try:
+            found = check_invariants(path)
+        except ScalpelError as exc:  # RecordVersionError included: a record no reader can load
+            found = [f"does not load: {exc}"]
+        for v in found:
+            defect = next((d for key, d in KNOWN_VIOLATIONS if key in v), None)
+            (known if defect else failures).append(f"{path.relative_to(root)}: {v}" + (f" [known: {defect}]" if defect else ""))
+    return failures, known
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "broken_record(reason): the test writes an inconsistent or unreadable "
+                            "run.json on purpose; the record-invariant check skips it")
+
+
+@pytest.fixture(autouse=True)
+def _record_invariants(request: pytest.FixtureRequest):
+    """After each test, every run.json under its tmp_path (the runs it wrote, --out folders included) must keep
+    the record invariants (:func:`torchscalpel.record.check_invariants`): no stage writes an inconsistent record
+    without a test failing."""
+    mode = os.environ.get(RECORD_CHECK_ENV, "strict")
+    if mode == "off" or "tmp_path" not in request.fixturenames or request.node.get_closest_marker("broken_record"):
+        yield
+        return
+    root: Path = request.getfixturevalue("tmp_path")
+    yield
+    import warnings
+
+    failures, known = record_violations(root)
+    if known:
+        warnings.warn("record invariants (known defects): " + "; ".join(known), stacklevel=1)
+    if failures:
+        message = "record invariants broken:\n  " + "\n  ".join(failures)
+        if mode == "warn":
+            warnings.warn(message, stacklevel=1)
+        else:
+            pytest.fail(message, pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def _destroy_process_group():
     """No test leaks a process group into the next one."""

@@ -288,3 +288,11 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     raise TypeError(f"cannot store {type(value).__name__} in a run record")
+
+
+def check_invariants(record_or_path: RunRecord | str | os.PathLike[str]) -> list[str]:
+    """The invariants a record breaks, one sentence each naming the field (empty: consistent);
+    :mod:`torchscalpel.record_check` lists the rules."""
+    from torchscalpel.record_check import check_invariants as check  # the rules import this module
+
+    return check(record_or_path)

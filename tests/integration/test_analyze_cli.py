@@ -13,7 +13,7 @@ def test_two_rank_folder_json_and_html(tmp_path: Path, traces_dir: Path) -> None
     out_json, out_html = tmp_path / "a.json", tmp_path / "a.html"
     proc = run_cli("analyze", str(traces_dir / "gpu_2rank"), "--json", str(out_json), "--html", str(out_html), "--top", "5")
     assert proc.returncode == 0, proc.stderr
-    assert "ProfilerStep#551" in proc.stdout and "likely straggler" in proc.stdout
+    assert "ProfilerStep#551" in proc.stdout and "straggler: not measured: rank 0 has 2, rank 1 has 2 steps" in proc.stdout
     data = json.loads(out_json.read_text())
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     assert data["ranks"][0]["gpu"]["comm_comp_overlap_pct"] == 11.81

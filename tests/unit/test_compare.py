@@ -166,3 +166,45 @@ def test_phases_moving_both_ways_are_named_with_their_signs() -> None:
     b.summary = summarize(b)
     verdict = compare_records([a, b]).pairs[0].verdict
     assert "faster per step, net of forward -3.0 ms, backward +1.5 ms" in verdict, verdict
+
+
+def _skewed(forward_ms: list[float], backward_ms: float) -> RunRecord:
+    """12 measured steps whose forward times are ``forward_ms`` (one outlier pulls the mean off the median)."""
+    record = make_record()
+    measured = [s for s in record.steps if not s.warmup]
+    for s, f in zip(measured, forward_ms, strict=True):
+        s.forward_ms, s.backward_ms = f, backward_ms
+        s.total_ms = sum(s.phase_ms().values())
+    record.summary = summarize(record)
+    return record
+
+
+def test_the_phase_chart_plots_the_medians_its_table_names() -> None:
+    # the issue's run: forward 15.5 ms in the chart, 13.30 ms in the table titled "median"
+    a = _skewed([13.3] * 11 + [39.5], backward_ms=20.0)  # mean 15.48, median 13.30
+    b = _skewed([10.0] * 10 + [60.0, 61.0], backward_ms=20.0)  # mean 18.42, median 10.00
+    cmp = compare_records([a, b])
+    page = render(cmp)
+    section = page[page.index('id="steps"'):]
+    table_html, chart = section.split('data-chart="compare-phases"', 1)
+    chart = chart[:chart.index("</svg>")]
+    cells = {m[1]: [float(x) for x in re.findall(r'<td class="num">([\d.]+)</td>', m[2])]
+             for m in re.finditer(r'<tr><td class="">(\w+)</td>(.*?)</tr>', table_html)}
+    plotted = {(m[1], m[2]): float(m[3]) for m in re.finditer(r"<title>(\w) (\w+): ([\d.,]+) ms</title>", chart)}
+    assert cells["forward"] == [13.3, 10.0]
+    for phase in ("data", "forward", "backward", "optimizer", "other"):
+        for label, cell in zip("AB", cells[phase], strict=True):
+            assert plotted[(label, phase)] == pytest.approx(cell, abs=0.051), (label, phase, plotted, cells)
+    # the verdict's phase deltas are the same medians: forward B - A read off the table
+    assert cmp.pairs[0].phase_delta_ms["forward"] == pytest.approx(10.0 - 13.3)
+
+
+def test_stacked_medians_that_do_not_add_up_to_the_median_step_are_said() -> None:
+    b = make_record()
+    for s in b.steps:  # every step 31.5 ms, spent in one phase of three in turn: each phase's median is 0
+        s.data_ms, s.forward_ms, s.backward_ms = [(30.0, 0.0, 0.0), (0.0, 30.0, 0.0), (0.0, 0.0, 30.0)][s.index % 3]
+        s.total_ms = sum(s.phase_ms().values())
+    b.summary = summarize(b)
+    page = render(compare_records([make_record(), b]))
+    assert "need not add up to the median step when steps vary (B: 1.50 ms stacked, 31.50 ms median step)" in page
+    assert "A: " not in page[page.index("need not add up"):page.index("median step)")]

@@ -135,6 +135,7 @@ def _v11_text() -> str:
     return json.dumps(data, indent=1) + "\n"
 
 
+@pytest.mark.broken_record("a hand-written 1.1 record abridged to one step under a summary of six")
 def test_a_schema_1_1_record_loads_unchanged_and_its_parts_round_trip_to_the_same_json(tmp_path: Path) -> None:
     text = _v11_text()
     src = tmp_path / "old" / "run.json"

@@ -148,6 +148,8 @@ def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
                                           for r, v in sorted(s["mean_step_us"].items())))
         if s.get("likely_straggler") is not None:
             out.append(f"  likely straggler: {s['reason']}")
+        elif s.get("verdict"):  # none, or not measured: said with its figures (trace.ranks.straggler_verdict)
+            out.append(f"  straggler: {s['verdict']['sentence']}")
     return "\n".join(out)
 
 

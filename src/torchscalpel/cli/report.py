@@ -34,6 +34,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"the .html file to write (default <RUN_DIR>/report.html for one record, ./{MULTI_DEFAULT} "
                    "for several)")
     p.add_argument("--title", help="page title for several records (default 'torchscalpel report')")
+    p.add_argument("--check", action="store_true",
+                   help="check each record's invariants (phases sum to the step, ratios match their figures, ...) "
+                   "instead of rendering: one line per violation, exit 1 when there is any")
     p.set_defaults(func=run)
     return p
 
@@ -80,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.report.html import RecordGroup, record_page, render_records
 
     records = [load_run_record(p) for p in args.records]
+    if args.check:
+        return _check(records, args.records)
     out = output_path(list(args.records), args.out)
     if len(records) == 1:
         html = record_page(records[0])
@@ -94,3 +99,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"Cannot write --out {out}: {exc.strerror or exc}.") from None
     print(f"report written to {out} ({len(records)} record{'s' if len(records) != 1 else ''})")
     return 0
+
+
+def _check(records: list[Any], paths: list[Path]) -> int:
+    """``--check``: every broken invariant of every record (:func:`torchscalpel.record.check_invariants`)."""
+    from torchscalpel.record import check_invariants
+
+    broken = 0
+    for record, path in zip(records, paths, strict=True):
+        found = check_invariants(record)
+        broken += len(found)
+        print(f"{path}: " + (f"{len(found)} invariant(s) broken" if found else "consistent"))
+        for sentence in found:
+            print(f"  {sentence}")
+    return 1 if broken else 0

@@ -100,7 +100,8 @@ def compare_records(records: Sequence[RunRecord], paths: Sequence[str] | None = 
     pairs = []
     for other in runs[1:]:
         ratio, significant, threshold = step_change(base.facts, other.facts)
-        deltas = {p: other.facts.phase_mean_ms.get(p, 0.0) - v for p, v in base.facts.phase_mean_ms.items()}
+        # medians, as the step table shows: a delta the reader can check against the two cells above it
+        deltas = {p: other.facts.phase_median_ms.get(p, 0.0) - v for p, v in base.facts.phase_median_ms.items()}
         match = loss_match(base.facts.losses, other.facts.losses)
         diffs = all_differences(base.record, other.record)
         pairs.append(Pair(a=base, b=other, ratio=ratio, significant=significant, threshold=threshold,

@@ -20,6 +20,7 @@ class RunFacts:
     """Median absolute deviation of the step time over its median: this run's own spread."""
     phase_median_ms: dict[str, float] = field(default_factory=dict)
     phase_mean_ms: dict[str, float] = field(default_factory=dict)
+    """Kept in ``--json`` only: the table, the chart and the verdict all read ``phase_median_ms``."""
     phase_noise: dict[str, float] = field(default_factory=dict)
     step_ms: list[float | None] = field(default_factory=list)
     """Every step's wall time by step index (warm-up included), for the overlaid curves."""

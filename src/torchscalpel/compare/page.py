@@ -18,6 +18,23 @@ def _curve(values: list[float | None], n: int) -> list[float | None]:
     return list(values) + [None] * (n - len(values))
 
 
+STACK_GAP = 0.05
+"""A run whose stacked phase medians differ from its median step by more than this share gets a note."""
+
+
+def _stack_note(cmp: Comparison) -> str:
+    """Medians do not add up: say so where the stacked phase medians and the median step differ visibly."""
+    off = []
+    for r in cmp.runs:
+        total, stacked = r.facts.median_step_ms, sum(r.facts.phase_median_ms.values())
+        if total and abs(stacked - total) > STACK_GAP * total:
+            off.append(f"{r.label}: {stacked:.2f} ms stacked, {total:.2f} ms median step")
+    if not off:
+        return ""
+    return ("<p>Each bar stacks the phases' medians, which need not add up to the median step when steps vary ("
+            + escape("; ".join(off)) + ").</p>")
+
+
 def sections(cmp: Comparison) -> list[Section]:
     """Verdicts, step time and phases, the overlaid curves, memory and throughput, differences, notes."""
     out = [Section(id="verdict", title="Verdict", body="".join(
@@ -29,10 +46,13 @@ def sections(cmp: Comparison) -> list[Section]:
     for phase in PHASES:
         rows.append([phase, *[f"{r.facts.phase_median_ms[phase]:.2f}" if phase in r.facts.phase_median_ms else "-"
                               for r in cmp.runs]])
+    # The chart plots the table's statistic (each phase's median), so a bar's segment is its table cell.
     bars = charts.stacked_bars("compare-phases", [r.label for r in cmp.runs],
-                               {p: [r.facts.phase_mean_ms.get(p, 0.0) for r in cmp.runs] for p in PHASES})
+                               {p: [r.facts.phase_median_ms.get(p, 0.0) for r in cmp.runs] for p in PHASES},
+                               x_title="run", y_title="median per phase (ms)")
     out.append(Section(id="steps", title="Step time and phases (median ms, ± noise)",
-                       body=table(["", *[r.label for r in cmp.runs]], rows, [False] + [True] * len(cmp.runs)) + bars))
+                       body=table(["", *[r.label for r in cmp.runs]], rows, [False] + [True] * len(cmp.runs)) + bars
+                       + _stack_note(cmp)))
     n = max(len(r.facts.step_ms) for r in cmp.runs)
     xs = list(range(n))
     # Warm-up steps (compilation, first-batch effects) would flatten the rest of the curve: left out.

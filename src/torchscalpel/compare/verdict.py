@@ -48,9 +48,10 @@ def step_change(a: RunFacts, b: RunFacts) -> tuple[float | None, bool, float]:
 
 def where(a: RunFacts, b: RunFacts) -> str:
     """The phase(s) the step-time change lies in: ``all of it in backward`` / ``mostly in ...``."""
-    if not a.phase_mean_ms or not b.phase_mean_ms:
+    if not a.phase_median_ms or not b.phase_median_ms:
         return ""
-    deltas = {p: b.phase_mean_ms.get(p, 0.0) - a.phase_mean_ms.get(p, 0.0) for p in a.phase_mean_ms}
+    # the phases' medians, the figures the step table prints (a mean would carry one outlier step into the verdict)
+    deltas = {p: b.phase_median_ms.get(p, 0.0) - a.phase_median_ms.get(p, 0.0) for p in a.phase_median_ms}
     total = sum(deltas.values())
     if not total:
         return ""

@@ -1,10 +1,10 @@
 """Merge the per-rank Run records of ``scalpel launch --profile``/``--doctor`` into one view.
 
 Per rank: median step time, time in collectives per step (the ``communication`` category of the
-profiler window), compute time (the rest). The likely straggler is the rank that spends the least
-time in collectives while the others wait for it (same rule as :mod:`torchscalpel.trace.ranks`:
-reported when the spread of collective time is above 5%). Findings from every rank are merged
-with the ranks that raised them.
+profiler window), compute time (the rest). The straggler verdict is
+:func:`torchscalpel.trace.ranks.straggler_verdict`, the rule ``scalpel analyze`` uses too, over each rank's
+profiled steps less their time in collectives (each rank's measured step times when a rank has no
+per-step trace figures). Findings from every rank are merged with the ranks that raised them.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.record import RunRecord, load_record
-
-STRAGGLER_SPREAD = 0.05
+from torchscalpel.trace.ranks import StragglerVerdict, outside_collectives_us, straggler_verdict
 
 
 def load_rank_records(base: Path) -> dict[int, RunRecord]:
@@ -33,6 +32,20 @@ STEP_TIME_MEANS = ("step ms: median of the measured steps outside the profiler w
 """Said once under the table: what each time column counts."""
 
 
+def _collective_ms(record: RunRecord) -> float | None:
+    """Mean collective time per profiled step from the trace's steps, by the straggler rule's own measure
+    (:func:`~torchscalpel.trace.ranks.outside_collectives_us`: gloo's wall time, waits included, on CPU);
+    None when the trace has no per-step collective figure."""
+    trace_ranks = record.op_summary_view().ranks
+    steps = trace_ranks[0].get("steps") if len(trace_ranks) == 1 else None
+    if not steps:
+        return None
+    parts = [outside_collectives_us(s) for s in steps]
+    if not all(had for _, had in parts):
+        return None
+    return statistics.fmean(float(s["dur_us"]) - busy for s, (busy, _) in zip(steps, parts, strict=True)) / 1000.0
+
+
 def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     """One rank's figures in milliseconds (None where the record has no value).
 
@@ -44,8 +57,10 @@ def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     profiled = [s for s in measured if s.profiled]
     step_ms = statistics.median(s.total_ms for s in plain) if plain else None
     window = record.profiler_view().steps or []
-    comm_us = (record.op_summary_view().categories or {}).get("communication")
-    comm_ms = comm_us / 1000.0 / len(window) if (comm_us is not None and window) else None
+    comm_ms = _collective_ms(record)
+    if comm_ms is None:  # no per-step trace figures: the window's communication ops over its steps
+        comm_us = (record.op_summary_view().categories or {}).get("communication")
+        comm_ms = comm_us / 1000.0 / len(window) if (comm_us is not None and window) else None
     window_ms = statistics.median(s.total_ms for s in profiled) if profiled else step_ms
     return {
         "rank": rank,
@@ -58,20 +73,41 @@ def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     }
 
 
+def rank_step_times(records: dict[int, RunRecord]) -> StragglerVerdict:
+    """The straggler verdict over every rank's per-step times: the profiled steps' time outside collectives
+    when every rank's trace has per-step figures (in a synchronous job the wall step is the slowest rank's
+    on every rank, so only the time outside collectives tells them apart), else the measured steps'
+    wall times (those the step ms column summarizes)."""
+    traced: dict[int, list[float]] = {}
+    subtracted = True
+    for rank, record in records.items():
+        trace_ranks = record.op_summary_view().ranks
+        steps = trace_ranks[0].get("steps") if len(trace_ranks) == 1 else None
+        if not steps:
+            break
+        values = []
+        for step in steps:
+            value, had = outside_collectives_us(step)
+            values.append(value / 1e3)
+            subtracted = subtracted and had
+        traced[rank] = values
+    else:
+        what = "per profiled step outside collectives" if subtracted else "per profiled step"
+        return straggler_verdict(traced, what=what)
+    plain = {}
+    for rank, record in records.items():
+        measured = record.measured_steps
+        plain[rank] = [s.total_ms for s in ([s for s in measured if not s.profiled] or measured)]
+    return straggler_verdict(plain, what="per step")
+
+
 def merge(records: dict[int, RunRecord]) -> dict[str, Any]:
     """Per-rank rows, the straggler verdict and merged findings."""
     rows = [rank_row(r, rec) for r, rec in sorted(records.items())]
-    out: dict[str, Any] = {"ranks": rows, "straggler": None}
-    comm = {row["rank"]: row["collective_ms"] for row in rows if row["collective_ms"] is not None}
-    if len(comm) >= 2:
-        lo, hi = min(comm.values()), max(comm.values())
-        if hi > 0 and (hi - lo) / hi > STRAGGLER_SPREAD:
-            slow = min(comm, key=lambda r: comm[r])
-            out["straggler"] = {
-                "rank": slow,
-                "reason": f"rank {slow} spends the least time in collectives ({lo:.2f} ms vs up to {hi:.2f} ms per "
-                "step): the other ranks wait for it",
-            }
+    verdict = rank_step_times(records)
+    out: dict[str, Any] = {"ranks": rows, "straggler": None, "straggler_verdict": verdict.to_dict()}
+    if verdict.rank is not None:
+        out["straggler"] = {"rank": verdict.rank, "reason": verdict.sentence}
     merged: dict[tuple[str, str], dict[str, Any]] = {}
     for rank, record in sorted(records.items()):
         for finding in record.findings:
@@ -96,8 +132,9 @@ def format_table(merged: dict[str, Any]) -> str:
         )
     if merged["ranks"]:
         lines.append(STEP_TIME_MEANS)
-    straggler = merged.get("straggler")
-    lines.append(f"straggler: {straggler['reason']}" if straggler else "straggler: none (collective time within 5% across ranks)")
+    verdict = merged.get("straggler_verdict")
+    if verdict:
+        lines.append(f"straggler: {verdict['sentence']}")
     for finding in merged.get("findings", []):
         ranks = ",".join(str(r) for r in finding["ranks"])
         lines.append(f"[{finding.get('severity', '?')}] {finding.get('message', '')} (ranks {ranks})")

@@ -158,8 +158,11 @@ def _stragglers(result: dict[str, Any], ranks: list[dict[str, Any]]) -> str:
     body = table(["rank", "mean step ms", "mean collective ms", "comm/compute overlap"],
                  [[r, _ms(s["mean_step_us"][r]), _ms(comm.get(r)), "–" if ov.get(r) is None else f"{ov[r]:.1f}%"] for r in rks],
                  [True, True, True, True])
+    verdict = s.get("verdict")  # the one rule, trace.ranks.straggler_verdict; traces analysed before it have none
     if s.get("likely_straggler") is not None:
         body += f'<p class="sev-warning">Likely straggler: {escape(s["reason"])}.</p>'
+    elif verdict:
+        body += f'<p>Straggler: {escape(verdict["sentence"])}.</p>'
     body += table(["step", "slowest rank", "spread"], [[row["step"], row["slowest_rank"], f"{row['spread_pct']:.1f}%"] for row in s["steps"]],
                   [False, True, True])
     return body

@@ -67,6 +67,10 @@ class RankData:
     mem_tid: np.ndarray
     tids: list[Any] = field(default_factory=list)
     invalid_events: int = 0  # events left out for a time that is NaN, infinite, negative or absurd
+    # gloo's collectives (``gloo:all_reduce``, ...): user annotations on gloo's worker threads spanning the
+    # exchange, the wait for the other ranks included (the CPU op ``c10d::allreduce_`` only enqueues it)
+    coll_ts: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    coll_dur: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 class RankCollector:
@@ -82,6 +86,7 @@ class RankCollector:
         self.launch_corr, self.launch_ts, self.launch_name = array("d"), array("d"), array("l")
         self.mem_ts, self.mem_total, self.mem_bytes = array("d"), array("d"), array("d")
         self.mem_device, self.mem_tid = array("l"), array("l")
+        self.coll_ts, self.coll_dur = array("d"), array("d")
         self.invalid_events = 0
 
     def _name(self, name: str) -> int:
@@ -151,6 +156,9 @@ class RankCollector:
                     m = STEP_RE.match(name)
                     if m is not None:
                         self.steps.append(Step(name, int(m.group(1)), ts, dur, self._tid(e.tid)))
+                    elif name.startswith("gloo:"):
+                        self.coll_ts.append(ts)
+                        self.coll_dur.append(dur)
             elif (ph == "i" or ph == "I") and e.name == "[memory]":
                 a = e.args
                 if a is not None and a.total_allocated is not None:
@@ -186,5 +194,5 @@ class RankCollector:
             launch_corr=f(self.launch_corr), launch_ts=f(self.launch_ts), launch_name=f(self.launch_name),
             mem_ts=f(self.mem_ts), mem_total=f(self.mem_total), mem_bytes=f(self.mem_bytes),
             mem_device=f(self.mem_device), mem_tid=f(self.mem_tid), tids=tids,
-            invalid_events=self.invalid_events,
+            invalid_events=self.invalid_events, coll_ts=f(self.coll_ts), coll_dur=f(self.coll_dur),
         )

@@ -85,6 +85,8 @@ def step_breakdown(d: RankData, launch: np.ndarray, op_self: np.ndarray) -> list
     op_ts_sorted = d.op_ts[op_order]
     op_cat_of = op_cat[d.op_name] if len(d.op_name) else np.zeros(0, dtype=object)
     busy_by_tid: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    # gloo collectives (worker-thread annotations, waits included), merged once: their wall time per step
+    coll = merge(d.coll_ts, d.coll_ts + d.coll_dur)[:2] if len(d.coll_ts) else None
     out = []
     for s in d.steps:
         lo, hi = s.start, s.start + s.dur
@@ -104,6 +106,8 @@ def step_breakdown(d: RankData, launch: np.ndarray, op_self: np.ndarray) -> list
             for cat in set(step_cats):
                 cats[str(cat)] = float(step_self[step_cats == cat].sum())
         row["cpu_categories"] = dict(sorted(cats.items(), key=lambda kv: -kv[1]))
+        if coll is not None:
+            row["collective_wall_us"] = clipped_length(coll[0], coll[1], lo, hi)
         if has_gpu:
             tot = cov.totals(lo, hi)
             masks = np.arange(16)
