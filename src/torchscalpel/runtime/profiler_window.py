@@ -3,7 +3,9 @@
 The window opens after the first measured step (so one-off first-step work stays out), covers
 ``profile_steps`` steps, each wrapped in a ``ProfilerStep#N`` range like torch.profiler's own
 schedule emits, and closes early if the script ends. Steps inside it are marked ``profiled`` and
-left out of the timing summary, since the profiler slows them down.
+left out of the timing summary, since the profiler slows them down. The step after the window is
+the FLOP-counting step (:mod:`torchscalpel.runtime.flop_count`): the profiler's own FLOP counts
+are not a step's FLOPs (no backward, autocast ops counted twice), so it does not collect them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from torchscalpel.record import StepRecord
+from torchscalpel.runtime.flop_count import StepFlopCounter
 from torchscalpel.runtime.native_log import LOG_NAME, native_stderr_to
 
 if TYPE_CHECKING:
@@ -39,25 +42,28 @@ class ProfilerWindow:
         self._prof: profile | None = None
         self._range: Any = None
         self._profiled: list[int] = []
-        self._flops: dict[str, Any] = {}
         self._error: str | None = None
         self.trace_path: Path | None = None
         self._done = False
+        # The FLOP-counting step: the first one after the window, inside the measured steps.
+        end = w + options.steps - 1 if options.steps is not None else None
+        self.flops = StepFlopCounter(session, self.last + 1, end)
         if self.first == 0:
             self._start(0)
 
     def on_step_closed(self, step: StepRecord) -> None:
-        """Called at every step end: mark, open or close the window."""
+        """Called at every settled step end: mark, open or close the window; then the FLOP step."""
         if self._prof is not None:
             step.profiled = True
             self._profiled.append(step.index)
             self._close_range()
             if step.index >= self.last:
                 self.close()
-                return
-            self._open_range(step.index + 1)
+            else:
+                self._open_range(step.index + 1)
         elif not self._done and step.index + 1 == self.first:
             self._start(step.index + 1)
+        self.flops.on_step_closed(step, window_open=self._prof is not None)
 
     def restart(self) -> None:
         """Discard what the window captured and open it again at the first measured step.
@@ -75,6 +81,7 @@ class ProfilerWindow:
             except Exception as exc:
                 self._error = f"profiler restart failed: {exc!r}"
         self._profiled, self._done = [], False
+        self.flops.restart()
         if self.first == 0:
             self._start(0)
 
@@ -84,7 +91,7 @@ class ProfilerWindow:
             activities.append(ProfilerActivity.CUDA)
         try:
             self._prof = profile(
-                activities=activities, record_shapes=True, profile_memory=True, with_flops=True, with_stack=False
+                activities=activities, record_shapes=True, profile_memory=True, with_flops=False, with_stack=False
             )
             with native_stderr_to(self._log_path()):  # Kineto's USDT lines go to the run's log
                 early = torch.empty(64)  # allocated before the window: freeing it inside triggers c10's
@@ -107,7 +114,8 @@ class ProfilerWindow:
             self._range = None
 
     def close(self) -> None:
-        """Stop the profiler (idempotent), export the trace and read FLOPs from its averages."""
+        """Stop the profiler (idempotent) and export the trace; stop a FLOP count cut short."""
+        self.flops.close()
         if self._prof is None:
             return
         prof, self._prof, self._done = self._prof, None, True
@@ -122,7 +130,6 @@ class ProfilerWindow:
                 self.trace_path = self.options.out_dir / TRACE_NAME
                 prof.export_chrome_trace(str(self.trace_path))
                 add_memory_counters(self.trace_path)  # memory as Perfetto counter tracks (trace/counters.py)
-            self._flops = _flops_from(prof)
         except Exception as exc:
             self._error = f"profiler export failed: {exc!r}"
 
@@ -131,21 +138,9 @@ class ProfilerWindow:
         out: dict[str, Any] = {
             "steps": self._profiled,
             "trace": self.trace_path.name if self.trace_path else None,
-            **self._flops,
+            **self.flops.result(),
         }
         if self._error:
             out["error"] = self._error
         return out
 
-
-def _flops_from(prof: profile) -> dict[str, Any]:
-    """Total and per-op FLOPs: the profiler counts them in key_averages, not in the exported trace."""
-    total = 0
-    per_op: list[dict[str, Any]] = []
-    for evt in prof.key_averages():
-        flops = int(getattr(evt, "flops", 0) or 0)
-        if flops:
-            total += flops
-            per_op.append({"name": evt.key, "count": int(evt.count), "flops": flops})
-    per_op.sort(key=lambda d: d["flops"], reverse=True)
-    return {"flops_total": total, "flops_by_op": per_op[:20]}
