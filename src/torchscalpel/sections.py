@@ -152,7 +152,13 @@ class ProfilerSection(SectionView):
     flops_by_op: list[dict[str, Any]] = field(default_factory=list)
     """``name`` (``aten::mm``), ``count`` (calls), ``flops`` (model), ``recompute``: every op that counted."""
     flops_not_measured: str | None = None
-    """Why no FLOPs were counted (the script ended first, no step left after the window, ...)."""
+    """Why no FLOPs were counted (the script ended first, no step left beside the window, ...)."""
+    event_budget: int | None = None
+    """Trace events the window was allowed (``--profile-budget``)."""
+    events_per_step_estimate: int | None = None
+    """A step's trace events, estimated from the ops the FLOP-counting step dispatched."""
+    bounded: str | None = None
+    """What the budget made the window do (fewer steps, no shapes/memory, a step cut short, none)."""
     error: str | None = None
     """Why the profiler window failed, when it did."""
 

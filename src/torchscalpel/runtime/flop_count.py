@@ -19,16 +19,13 @@ from the next step).
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from torchscalpel.record import StepRecord
-
-if TYPE_CHECKING:
-    from torchscalpel.runtime.session import Session
 
 _aten = torch.ops.aten
 # Metadata queries FlopCounterMode declines (it returns NotImplemented for them), kept equal.
@@ -50,6 +47,18 @@ def _recomputing() -> bool:
     return torch._C._current_graph_task_id() != -1 and torch.is_grad_enabled()
 
 
+_COMPOSITE: dict[Any, bool] = {}
+
+
+def _composite(func: Any) -> bool:
+    """Whether ``func`` has a composite kernel ``decompose`` could use (cached per overload)."""
+    known = _COMPOSITE.get(func)
+    if known is None:
+        keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.CompositeImplicitAutogradNestedTensor)
+        known = _COMPOSITE[func] = any(func.has_kernel_for_dispatch_key(k) for k in keys)
+    return known
+
+
 class FlopCountMode(TorchDispatchMode):
     """Counts FLOPs per aten op, model and recompute apart (the formulas of FlopCounterMode)."""
 
@@ -58,14 +67,18 @@ class FlopCountMode(TorchDispatchMode):
         self.flops: dict[str, int] = defaultdict(int)
         self.recompute: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)
+        self.ops = 0
+        """Every op dispatched (the profiler window's size estimate)."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in _SKIP or isinstance(func, torch._ops.HigherOrderOperator):
             return NotImplemented
+        self.ops += 1
         packet = func._overloadpacket
-        # FlopCounterMode decomposes an op it has no formula for (so a composite op's matmuls count).
-        if packet not in flop_registry and func is not torch.ops.prim.device.default:
+        # FlopCounterMode decomposes an op it has no formula for (so a composite op's matmuls count);
+        # only composite ops can decompose, and asking every op costs more than the op (LSTM loops).
+        if packet not in flop_registry and func is not torch.ops.prim.device.default and _composite(func):
             with self:
                 r = func.decompose(*args, **kwargs)
                 if r is not NotImplemented:
@@ -88,35 +101,40 @@ class FlopCountMode(TorchDispatchMode):
 
 
 class StepFlopCounter:
-    """Counts one settled training step's FLOPs: the first step after the profiler window.
+    """Counts the FLOPs of one settled training step, ``index`` (None: no step is left for it).
 
-    ``first`` is where counting may start; the counted step is the first settled step at or after
-    it that the window does not cover. Restarted with the window when a stronger step kind appears.
+    The profiler window sizes itself from what this step saw (:attr:`ops`, the aten ops it
+    dispatched, and the forward/backward ends in it), so the counting step comes before the window.
     """
 
-    def __init__(self, session: Session, first: int, last: int | None) -> None:
-        self.session = session
-        self.first = first
-        self.last = last
-        """The last step index the run will have (None: unknown, the script decides)."""
+    def __init__(self, index: int | None, reason: str | None = None) -> None:
+        self.index = index
         self._mode: FlopCountMode | None = None
-        self._step: int | None = None
         self._result: dict[str, Any] = {}
-        self._reason: str | None = None
+        self._reason = reason if index is None else None
+        self.ops: int | None = None
+        """Aten ops the counted step dispatched (after it ended)."""
+        self.boundaries = 0
+        """Root forward and backward ends seen while counting (the window cuts a step at one of these)."""
+        if index == 0:
+            self._start()
 
-    def on_step_closed(self, step: StepRecord, *, window_open: bool) -> None:
-        """Called at each settled step end, after the profiler window saw it."""
+    @property
+    def counting(self) -> bool:
+        """True while the counting step runs."""
+        return self._mode is not None
+
+    def on_step_closed(self, step: StepRecord) -> None:
+        """Called at each settled step end: finish the counted step, or start it next."""
         if self._mode is not None:
-            self._finish(step)
+            if step.index == self.index:
+                self._finish(step)
             return
-        if self._result or self._reason:
-            return
-        nxt = step.index + 1
-        if nxt >= self.first and not window_open and (self.last is None or nxt <= self.last):
-            self._start(nxt)
+        if not self._result and self._reason is None and self.index is not None and step.index + 1 == self.index:
+            self._start()
 
-    def _start(self, index: int) -> None:
-        self._mode, self._step = FlopCountMode(), index
+    def _start(self) -> None:
+        self._mode, self.boundaries = FlopCountMode(), 0
         try:
             self._mode.__enter__()
         except Exception as exc:
@@ -140,6 +158,7 @@ class StepFlopCounter:
         if mode is None:
             return
         ops = mode.by_op()
+        self.ops = mode.ops
         self._result = {
             "flops_step": step.index,
             "flops_total": sum(o["flops"] for o in ops),
@@ -148,24 +167,22 @@ class StepFlopCounter:
         }
 
     def restart(self) -> None:
-        """Forget a count made on steps a stronger step kind merged away."""
+        """Forget a count made on steps a stronger step kind merged away, and arm again."""
         self._stop()
-        self._result, self._reason, self._step = {}, None, None
+        self._result, self.ops = {}, None
+        if self.index is not None:
+            self._reason = None
+            if self.index == 0:
+                self._start()
 
     def close(self) -> None:
         """The run ended: a step still being counted was cut short and counts for nothing."""
         if self._mode is not None:
             self._stop()
-            self._reason = self._reason or f"the script ended during step {self._step}, the FLOP-counting step"
+            self._reason = self._reason or f"the script ended during step {self.index}, the FLOP-counting step"
 
     def result(self) -> dict[str, Any]:
         """The FLOP keys of the record's ``profiler`` section, or the reason they are missing."""
         if self._result:
             return dict(self._result)
-        reason = self._reason
-        if reason is None:
-            if self.last is not None and self.first > self.last:
-                reason = "no measured step was left for counting after the profiler window; add one to --steps"
-            else:
-                reason = "the script ended before the FLOP-counting step"
-        return {"flops_not_measured": reason}
+        return {"flops_not_measured": self._reason or f"the script ended before step {self.index}, the FLOP-counting step"}
