@@ -73,3 +73,15 @@ def test_checkpoint_recompute_is_counted_once_apart_from_model_flops(tmp_path):
     assert summary["flops_per_step"] == pytest.approx(model_flops, rel=0.02)
     assert summary["recompute_flops_per_step"] == pytest.approx(with_recompute - model_flops, rel=0.02)
     assert record["profiler"]["flops_recompute"] == sum(op["recompute"] for op in record["profiler"]["flops_by_op"])
+
+
+@pytest.mark.slow
+def test_a_run_with_no_step_left_for_counting_says_not_measured(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("profile", "--out", str(out), "--warmup", "1", "--steps", "2", "--profile-steps", "2",
+                   "--no-report", "--", str(FIXTURE))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "run.json").read_text())
+    assert record["summary"].get("flops_per_step") is None and record["summary"].get("achieved_flops_per_s") is None
+    assert "--steps 3" in record["summary"]["flops_not_measured"]
+    assert "FLOPs: not measured: no measured step was left for counting" in proc.stderr

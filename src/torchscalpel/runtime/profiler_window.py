@@ -142,8 +142,9 @@ class ProfilerWindow:
             self.bounded = f"the profiler window covers 1 step without shapes and memory: {about}"
         else:
             cuts = self.flops.boundaries
-            k = cuts * budget // light
-            if cuts < 2 or k < 1:
+            # At least up to the first cut point: a forward is about a third of a forward+backward.
+            k = max(1, cuts * budget // light)
+            if cuts < 2:
                 self._done = True
                 self.bounded = (f"no step was profiled: {about}, and the step has no forward or backward end to cut "
                                 "it at; raise --profile-budget or profile a smaller configuration")
