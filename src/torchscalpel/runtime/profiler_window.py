@@ -8,8 +8,9 @@ torch.profiler's own schedule emits, and closes early if the script ends. Steps 
 
 The window has a size budget in trace events (``profile_event_budget``). The counting step's op
 count estimates a step's events; when the steps asked for would exceed the budget the window covers
-fewer steps, then drops shapes and memory events, and last cuts its one step short at a forward or
-backward end (a script whose one step holds millions of ops: LBFGS over an unrolled LSTM). What it
+fewer steps, then drops shapes and memory events, then cuts its one step short after a backward
+call (a closure loop whose one step holds millions of ops: LBFGS over an unrolled LSTM), and last
+profiles nothing. What it
 did is recorded (``profiler.bounded``) and printed; the run itself always goes on.
 """
 
@@ -41,17 +42,17 @@ CUDA_EVENTS_PER_OP = 2
 
 
 class _Boundaries(Observer):
-    """Root forward and backward ends: where the counting step is measured and a window cut."""
+    """Backward ends: where the counting step is measured and a window cut.
+
+    Only backward: a forward listener would keep the global module hooks on for the whole run (see
+    ``HookSet.narrow_to_roots``), slowing every measured step. A closure loop (LBFGS) has one backward
+    per evaluation, which is where one step grows past any budget.
+    """
 
     name = "profiler-window"
 
     def __init__(self, window: ProfilerWindow) -> None:
         self.window = window
-
-    def on_forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any,
-                        root: bool) -> None:
-        if root:
-            self.window.boundary()
 
     def on_backward_post(self, tensors: tuple[torch.Tensor, ...]) -> None:
         self.window.boundary()
@@ -112,7 +113,7 @@ class ProfilerWindow:
             self._start(step.index + 1)
 
     def boundary(self) -> None:
-        """A root forward or a backward ended: counted in the FLOP step; the cut point of a window cut short."""
+        """A backward ended: counted in the FLOP step; the cut point of a window cut short."""
         if self.flops.counting:
             self.flops.boundaries += 1
         elif self._prof is not None and self._cut_after is not None:
@@ -142,16 +143,15 @@ class ProfilerWindow:
             self.bounded = f"the profiler window covers 1 step without shapes and memory: {about}"
         else:
             cuts = self.flops.boundaries
-            # At least up to the first cut point: a forward is about a third of a forward+backward.
-            k = max(1, cuts * budget // light)
-            if cuts < 2:
+            if cuts < 2:  # one backward per step: nowhere to cut it before its end
                 self._done = True
-                self.bounded = (f"no step was profiled: {about}, and the step has no forward or backward end to cut "
-                                "it at; raise --profile-budget or profile a smaller configuration")
+                self.bounded = (f"no step was profiled: {about}, even without shapes and memory, and the step has one "
+                                "backward call to cut it at; raise --profile-budget or profile a smaller configuration")
                 return False
+            k = max(1, cuts * budget // light)  # at least the first evaluation
             self.last, self._shapes, self._cut_after = self.first, False, k
             self.bounded = (f"the profiler window covers part of 1 step without shapes and memory, cut short after "
-                            f"{k} of its {cuts} forward/backward ends: {about}")
+                            f"{k} of its {cuts} backward calls: {about}")
         self.bounded += " (--profile-budget)"
         return True
 
