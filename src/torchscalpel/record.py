@@ -99,7 +99,10 @@ class StepRecord:
     rss: int | None = None
     """Process resident set size at the end of the step."""
     profiled: bool = False
-    """True when the step lies inside the torch.profiler window."""
+    """True when the step was instrumented, and so is left out of the timing summary: it lies inside
+    the torch.profiler window, or it is the FLOP-counting step (``flops_counted``)."""
+    flops_counted: bool = False
+    """True for the one step whose FLOPs a dispatch mode counted (``profiler.flops_step``)."""
 
     def phase_ms(self) -> dict[str, float]:
         """The five-way split as a dict keyed by :data:`PHASES`."""

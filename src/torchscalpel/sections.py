@@ -105,7 +105,7 @@ class RunSummary(SectionView):
     phase_mean_ms: dict[str, float] | None = None
     """Mean time per phase (keys: :data:`torchscalpel.record.PHASES`); they sum to ``mean_step_ms``."""
     phase_share: dict[str, float] | None = None
-    """Each phase's share of the mean step."""
+    """Each phase's share of the mean step (the share of ``phase_mean_ms``)."""
     breakdown_max_error: float | None = None
     """Largest per-step gap between the phase sum and the step time, as a fraction of the step."""
     samples_per_s: float | None = None
@@ -117,10 +117,20 @@ class RunSummary(SectionView):
     cuda_allocated_peak: int | None = None
     cuda_reserved_peak: int | None = None
     flops_per_step: float | None = None
-    """Profiler-counted FLOPs per profiled step."""
+    """Model FLOPs of one training step (forward, backward, optimizer), counted with
+    FlopCounterMode's formulas over the FLOP-counting step; checkpoint recomputation not included."""
     achieved_flops_per_s: float | None = None
+    """``flops_per_step`` over the median step time."""
     mfu: dict[str, Any] | None = None
     """``gpu``, ``peak_tflops_bf16``, ``mfu`` (fraction) when the device's peak is known."""
+    recompute_flops_per_step: float | None = None
+    """FLOPs of forwards recomputed inside backward (activation checkpointing), apart from the model's."""
+    flops_not_measured: str | None = None
+    """Why ``flops_per_step`` is missing when the run had a FLOP-counting window."""
+    phase_median_ms: dict[str, float] | None = None
+    """Median time per phase over the same steps as ``median_step_ms`` (need not sum to it)."""
+    phase_median_share: dict[str, float] | None = None
+    """Each phase's median over the median step: the share shown beside ``phase_median_ms``."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -134,9 +144,23 @@ class ProfilerSection(SectionView):
     """Indices of the profiled steps; None: the run had no profiler window."""
     trace: str | None = None
     """The exported trace's file name, next to run.json."""
+    flops_step: int | None = None
+    """The step whose FLOPs were counted (schema 1.3 records without it counted the profiled steps
+    with the profiler's ``with_flops``, which missed backward)."""
     flops_total: int | None = None
+    """Model FLOPs of ``flops_step``: the sum of ``flops`` over ``flops_by_op``."""
+    flops_recompute: int | None = None
+    """Checkpoint recomputation FLOPs of ``flops_step``: the sum of ``recompute`` over ``flops_by_op``."""
     flops_by_op: list[dict[str, Any]] = field(default_factory=list)
-    """``name``, ``count``, ``flops`` for the top ops by FLOPs."""
+    """``name`` (``aten::mm``), ``count`` (calls), ``flops`` (model), ``recompute``: every op that counted."""
+    flops_not_measured: str | None = None
+    """Why no FLOPs were counted (the script ended first, no step left beside the window, ...)."""
+    event_budget: int | None = None
+    """Trace events the window was allowed (``--profile-budget``)."""
+    events_per_step_estimate: int | None = None
+    """A step's trace events, estimated from the ops the FLOP-counting step dispatched."""
+    bounded: str | None = None
+    """What the budget made the window do (fewer steps, no shapes/memory, a step cut short, none)."""
     error: str | None = None
     """Why the profiler window failed, when it did."""
 

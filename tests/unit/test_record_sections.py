@@ -150,8 +150,8 @@ def test_a_schema_1_1_record_loads_unchanged_and_its_parts_round_trip_to_the_sam
         assert _same_json(r.section(kind).to_dict(), original["sections"][kind.KEY]), kind.KEY
     out = save_record(r, tmp_path / "new")  # reading the views changed nothing
     written = json.loads(out.read_text(encoding="utf-8"))
-    # The one difference: StepRecord fills in the 1.2 per-step fields with their defaults.
-    added = {"closure_evals": 0, "recomputed_forwards": 0, "skipped_update": False}
+    # The one difference: StepRecord fills in the later per-step fields with their defaults.
+    added = {"closure_evals": 0, "recomputed_forwards": 0, "skipped_update": False, "flops_counted": False}
     assert written["steps"] == [{**original["steps"][0], **added}]
     written["steps"] = original["steps"]
     assert json.dumps(written, indent=1) + "\n" == text

@@ -32,8 +32,9 @@ def test_summary_leaves_out_warmup_and_profiled_steps():
 def test_flops_become_achieved_rate_and_mfu_on_a_known_gpu():
     r = RunRecord(environment={"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]}, config={"device": "cuda:0"})
     r.steps = [_step(0, 10), _step(1, 10)]
-    r.profiler = {"flops_total": 2e12, "steps": [0, 1]}
+    r.profiler = {"steps": [0], "flops_step": 1, "flops_total": 1e12, "flops_recompute": 0}
     s = summarize(r)
+    assert s["flops_per_step"] == 1e12  # one counted step, not a total over the profiled steps
     assert s["achieved_flops_per_s"] == pytest.approx(1e14)
     assert s["mfu"]["mfu"] == pytest.approx(1e14 / 989e12)
     assert peak_tflops("NVIDIA H100 PCIe") == 756.0  # longest key wins over "H100"
@@ -51,3 +52,29 @@ def test_report_is_self_contained_and_has_the_charts(tmp_path):
         assert f'data-chart="{chart}"' in html
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org/2000/svg", "")
     assert "aten::addmm" in html
+
+
+def test_every_share_shown_is_the_share_of_the_median_shown_beside_it(tmp_path):
+    """One outlier step (a 990 ms data stall) once gave a 0.04 ms median phase a mean share of 95%."""
+    import io
+
+    from rich.console import Console
+
+    from torchscalpel.report.terminal import print_profile_summary
+
+    r = RunRecord(name="outlier", status="stopped")
+    r.steps = [StepRecord(index=i, total_ms=10.0, data_ms=0.04, forward_ms=4.0, backward_ms=4.0, optimizer_ms=1.0,
+                          other_ms=0.96) for i in range(5)]
+    r.steps.append(StepRecord(index=5, total_ms=1000.0, data_ms=990.04, forward_ms=4.0, backward_ms=4.0,
+                              optimizer_ms=1.0, other_ms=0.96))
+    r.summary = summarize(r)
+    buf = io.StringIO()
+    print_profile_summary(r, tmp_path, out=Console(file=buf, width=200, color_system=None))
+    rows = {line.split()[1]: line.split() for line in buf.getvalue().splitlines() if line.startswith("│")}
+    assert rows["data"][3] == "0.04" and rows["data"][5] == "0.4%", rows["data"]
+    assert rows["forward"][5] == "40.0%", rows["forward"]
+    assert r.summary["median_step_ms"] == 10.0
+    assert r.summary["phase_median_ms"]["data"] == pytest.approx(0.04)
+    assert r.summary["phase_median_share"]["data"] == pytest.approx(0.004)
+    html = write_report(r, tmp_path / "report.html").read_text()
+    assert '<td class="">data</td><td class="num">0.040</td><td class="num">0.4%</td>' in html

@@ -53,6 +53,9 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     """The run window plus ``--profile-steps`` and ``--module-times``."""
     add_window_arguments(p, warmup=2, steps=str(PROFILE_STEPS), steps_help=f"{PROFILE_STEPS}")
     p.add_argument("--profile-steps", type=int, default=3, help="steps inside the torch.profiler window; 0 disables (default 3)")
+    p.add_argument("--profile-budget", type=int, default=200_000, metavar="EVENTS",
+                   help="trace events the profiler window may hold; beyond it the window covers fewer steps, "
+                        "drops shapes and memory, or cuts its step short, and says so (default 200000)")
     p.add_argument("--module-times", action="store_true", help="also time each submodule's forward")
 
 
@@ -67,6 +70,7 @@ def runtime_options(args: argparse.Namespace, out_dir: Path | None, name: str) -
             steps=None if steps == "all" else PROFILE_STEPS if steps == "auto" else steps,
             out_dir=out_dir,
             profile_steps=args.profile_steps,
+            profile_event_budget=getattr(args, "profile_budget", 200_000),
             module_times=args.module_times,
             name=name,
             step_kind=args.step_kind,

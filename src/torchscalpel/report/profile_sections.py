@@ -7,7 +7,15 @@ from html import escape
 from torchscalpel.record import PHASES, RunRecord
 from torchscalpel.report import charts
 from torchscalpel.report.html import Section, table
-from torchscalpel.report.terminal import fmt_flops, phase_medians, strip_ansi, summarized_steps
+from torchscalpel.report.terminal import (
+    fmt_count,
+    fmt_flops,
+    left_out_text,
+    phase_medians,
+    phase_shares,
+    strip_ansi,
+    summarized_steps,
+)
 from torchscalpel.sections import TraceSection
 from torchscalpel.units import fmt_bytes
 
@@ -41,6 +49,10 @@ def _overview(record: RunRecord) -> Section | None:
         kpis.append(("throughput", f"{s.samples_per_s:.1f} samples/s"))
     elif s.samples_per_s_not_measured:
         kpis.append(("throughput", f"not measured: {s.samples_per_s_not_measured}"))
+    if s.flops_per_step is not None:
+        kpis.append(("FLOP per step", f"{fmt_count(s.flops_per_step)}FLOP"))
+    elif s.flops_not_measured:
+        kpis.append(("FLOP per step", "not measured"))
     if s.achieved_flops_per_s is not None:
         kpis.append(("achieved", fmt_flops(s.achieved_flops_per_s)))
     if s.mfu is not None:
@@ -66,6 +78,13 @@ def _overview(record: RunRecord) -> Section | None:
             facts.append(_statistic_note(record))
     if record.error:
         facts.append(f'<span class="sev-error">{escape(strip_ansi(record.error))}</span>')
+    if s.flops_per_step is not None:
+        recompute = (f", plus {fmt_count(s.recompute_flops_per_step)}FLOP of checkpoint recomputation"
+                     if s.recompute_flops_per_step else "")
+        facts.append(f"FLOPs counted over step {record.profiler_view().flops_step} (forward, backward and optimizer, "
+                     f"FlopCounterMode's formulas){recompute}; FLOP/s over the median step")
+    elif s.flops_not_measured:
+        facts.append(f"FLOPs not measured: {escape(s.flops_not_measured)}")
     facts += [f"note: {escape(n)}" for n in record.notes]
     body += "<ul>" + "".join(f"<li>{f}</li>" for f in facts) + "</ul>"
     return Section(id="overview", title="Overview", body=body)
@@ -74,9 +93,9 @@ def _overview(record: RunRecord) -> Section | None:
 def _statistic_note(record: RunRecord) -> str:
     """Which steps and which statistic the headline and the phase table use (the same in both)."""
     s = record.summary_view()
-    left_out = s.steps_measured - s.steps_summarized
+    left_out = left_out_text(record)
     which = f"{s.steps_summarized} measured step(s)" + (
-        f", the {left_out} profiled step(s) left out (the profiler slows them)" if left_out else "")
+        f", the {left_out} step(s) left out (instrumentation slows them)" if left_out else "")
     return f"step and phase times are medians over {which}"
 
 
@@ -84,29 +103,30 @@ def _steps(record: RunRecord) -> Section:
     # Warm-up steps hold one-off start-up work (imports, data set-up, compilation) that would
     # flatten every other bar, so the chart shows measured steps only.
     steps = record.measured_steps or record.steps
-    labels = [str(s.index) + ("w" if s.warmup else "p" if s.profiled else "") for s in steps]
+    labels = [str(s.index) + ("w" if s.warmup else "f" if s.flops_counted else "p" if s.profiled else "") for s in steps]
     series = {p: [s.phase_ms()[p] for s in steps] for p in PHASES}
-    x_title = "step (p: in the profiler window)" if any(st.profiled for st in steps) else "step"
+    x_title = "step" + (" (p: in the profiler window, f: FLOP-counting)" if any(st.profiled for st in steps) else "")
     chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms", x_title=x_title,
                                 y_title="step time (ms)")
     s = record.summary_view()
     rows = []
     medians = phase_medians(record)
     if medians and s.median_step_ms is not None:
-        share = s.phase_share or {}
-        rows = [(p, f"{medians[p]:.3f}", f"{100 * share.get(p, 0.0):.1f}%") for p in PHASES]
+        shares = phase_shares(record)
+        rows = [(p, f"{medians[p]:.3f}", f"{100 * shares[p]:.1f}%") for p in PHASES]
         rows.append(("step", f"{s.median_step_ms:.3f}", "100%"))
     note = (
-        '<p class="muted">Each bar is one measured step (p: inside the profiler window, left out of the '
-        "table). The five phases add up to the step's wall time; <i>other</i> is what lies outside data "
-        "loading, model forward, backward and optimizer (logging, loss code, zero_grad, evaluation). "
-        f"The table gives medians over {len(summarized_steps(record))} step(s), as the headline does; the "
-        "phase medians need not add up to the step's, and the share is of the summed time.</p>"
+        '<p class="muted">Each bar is one measured step (p: inside the profiler window, f: the FLOP-counting '
+        "step; both left out of the table). The five phases add up to the step's wall time; <i>other</i> is "
+        "what lies outside data loading, model forward, backward and optimizer (logging, loss code, zero_grad, "
+        f"evaluation). The table gives medians over {len(summarized_steps(record))} step(s), as the headline "
+        "does, and each share is the phase's median over the median step; the phase medians (and so the "
+        "shares) need not add up to the step's.</p>"
     )
     return Section(
         id="steps",
         title="Per-step breakdown",
-        body=chart + note + table(["phase", "median ms", "share of time"], rows, [False, True, True]),
+        body=chart + note + table(["phase", "median ms", "of median step"], rows, [False, True, True]),
     )
 
 
@@ -134,7 +154,7 @@ def _top_ops(record: RunRecord) -> Section:
     ops = (summary.top_ops or [])[:15]
     chart = charts.horizontal_bars("top-ops", [(o["name"], o["self_us"] / 1000.0) for o in ops], unit="ms",
                                    x_title="self time in the profiler window (ms)", y_title="op")
-    flops = {f["name"]: f["flops"] for f in profiler.flops_by_op}
+    flops = {f["name"]: f["flops"] + f.get("recompute", 0) for f in profiler.flops_by_op}
     rows = [
         (o["name"], o.get("category", ""), o.get("count", ""), f"{o['self_us'] / 1000:.3f}", f"{o.get('total_us', 0) / 1000:.3f}",
          f"{flops[o['name']]:.3g}" if o["name"] in flops else "")
@@ -150,8 +170,20 @@ def _top_ops(record: RunRecord) -> Section:
         title=f"Top ops (profiler window: steps {profiler.steps})",
         body=chart
         + table(["op", "category", "calls", "self ms", "total ms", "FLOPs"], rows, [False, False, True, True, True, True])
-        + ("<h3>Self time by category</h3>" + cat_chart if cat_chart else ""),
+        + ("<h3>Self time by category</h3>" + cat_chart if cat_chart else "")
+        + _flops_table(record),
     )
+
+
+def _flops_table(record: RunRecord) -> str:
+    """Every op that counted FLOPs in the FLOP-counting step (the rows sum to the step's figure)."""
+    profiler = record.profiler_view()
+    if profiler.flops_step is None or not profiler.flops_by_op:
+        return ""
+    rows = [(f["name"], f["count"], f"{f['flops']:.4g}", f"{f.get('recompute', 0):.4g}") for f in profiler.flops_by_op]
+    rows.append(("total", "", f"{profiler.flops_total or 0:.4g}", f"{profiler.flops_recompute or 0:.4g}"))
+    return (f"<h3>FLOPs by op (step {profiler.flops_step})</h3>"
+            + table(["op", "calls", "FLOPs", "recompute FLOPs"], rows, [False, True, True, True]))
 
 
 def _modules(record: RunRecord) -> Section:

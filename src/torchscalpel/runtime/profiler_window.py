@@ -1,9 +1,17 @@
 """The torch.profiler window: a few measured steps profiled, exported as a gzipped Chrome trace.
 
-The window opens after the first measured step (so one-off first-step work stays out), covers
-``profile_steps`` steps, each wrapped in a ``ProfilerStep#N`` range like torch.profiler's own
-schedule emits, and closes early if the script ends. Steps inside it are marked ``profiled`` and
-left out of the timing summary, since the profiler slows them down.
+The first measured step is the FLOP-counting step (:mod:`torchscalpel.runtime.flop_count`; the
+profiler's own FLOP counts are not a step's FLOPs, so the window does not collect them). The window
+opens after it, covers ``profile_steps`` steps, each wrapped in a ``ProfilerStep#N`` range like
+torch.profiler's own schedule emits, and closes early if the script ends. Steps inside it are marked
+``profiled`` and left out of the timing summary, since the profiler slows them down.
+
+The window has a size budget in trace events (``profile_event_budget``). The counting step's op
+count estimates a step's events; when the steps asked for would exceed the budget the window covers
+fewer steps, then drops shapes and memory events, then cuts its one step short after a backward
+call (a closure loop whose one step holds millions of ops: LBFGS over an unrolled LSTM), and last
+profiles nothing. What it
+did is recorded (``profiler.bounded``) and printed; the run itself always goes on.
 """
 
 from __future__ import annotations
@@ -15,12 +23,39 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from torchscalpel.record import StepRecord
+from torchscalpel.runtime.flop_count import StepFlopCounter
 from torchscalpel.runtime.native_log import LOG_NAME, native_stderr_to
+from torchscalpel.runtime.observer import Observer
 
 if TYPE_CHECKING:
     from torchscalpel.runtime.session import RuntimeOptions, Session
 
 TRACE_NAME = "trace.json.gz"
+
+EVENTS_PER_OP = 5.0
+"""Trace events per dispatched aten op with shapes and memory recorded (measured 4.6 on the LBFGS
+LSTMCell fixture, 5.7 on digits_cnn: the op, its composite parent, the autograd node, allocations)."""
+EVENTS_PER_OP_LIGHT = 3.5
+"""The same without shapes and memory (measured 2.9 on the LSTMCell loop)."""
+CUDA_EVENTS_PER_OP = 2
+"""Added per op on CUDA: a kernel and its launch."""
+
+
+class _Boundaries(Observer):
+    """Backward ends: where the counting step is measured and a window cut.
+
+    Only backward: a forward listener would keep the global module hooks on for the whole run (see
+    ``HookSet.narrow_to_roots``), slowing every measured step. A closure loop (LBFGS) has one backward
+    per evaluation, which is where one step grows past any budget.
+    """
+
+    name = "profiler-window"
+
+    def __init__(self, window: ProfilerWindow) -> None:
+        self.window = window
+
+    def on_backward_post(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        self.window.boundary()
 
 
 class ProfilerWindow:
@@ -30,34 +65,95 @@ class ProfilerWindow:
         self.options = options
         self.session = session
         w = options.warmup
-        # Leave the first measured step unprofiled when there are enough of them.
+        # The first measured step is the FLOP-counting step when there are enough of them.
         enough = options.steps is None or options.steps >= options.profile_steps + 1
         self.first = w + 1 if enough else w
+        self.asked = options.profile_steps
         self.last = self.first + options.profile_steps - 1
         if options.steps is not None:
             self.last = min(self.last, w + options.steps - 1)
         self._prof: profile | None = None
         self._range: Any = None
         self._profiled: list[int] = []
-        self._flops: dict[str, Any] = {}
         self._error: str | None = None
         self.trace_path: Path | None = None
         self._done = False
+        self._shapes = True
+        self._cut_after: int | None = None
+        self._seen = 0
+        self._cut_step: int | None = None
+        self._step_index = -1
+        self.bounded: str | None = None
+        """What the budget made the window do, when it did anything."""
+        self.estimate: int | None = None
+        self.flops = StepFlopCounter(
+            w if enough else None,
+            None if enough else f"no measured step was left for counting beside the {options.profile_steps}-step "
+                                f"profiler window; run one more step (--steps {options.profile_steps + 1})",
+        )
+        session.add_observer(_Boundaries(self))
         if self.first == 0:
             self._start(0)
 
     def on_step_closed(self, step: StepRecord) -> None:
-        """Called at every step end: mark, open or close the window."""
-        if self._prof is not None:
+        """Called at every settled step end: the FLOP step, then mark, open or close the window."""
+        self.flops.on_step_closed(step)
+        if self._cut_step == step.index:  # the step the budget cut short was profiled in part
+            step.profiled, self._cut_step = True, None
+            self._profiled.append(step.index)
+        elif self._prof is not None:
             step.profiled = True
             self._profiled.append(step.index)
             self._close_range()
             if step.index >= self.last:
                 self.close()
-                return
-            self._open_range(step.index + 1)
+            else:
+                self._open_range(step.index + 1)
         elif not self._done and step.index + 1 == self.first:
             self._start(step.index + 1)
+
+    def boundary(self) -> None:
+        """A backward ended: counted in the FLOP step; the cut point of a window cut short."""
+        if self.flops.counting:
+            self.flops.boundaries += 1
+        elif self._prof is not None and self._cut_after is not None:
+            self._seen += 1
+            if self._seen >= self._cut_after:
+                self._cut_step = self._step_index
+                self.close()
+
+    def _plan(self) -> bool:
+        """Fit the window to the event budget from the counting step's op count; False: profile nothing."""
+        budget, ops = self.options.profile_event_budget, self.flops.ops
+        if not budget or ops is None:
+            return True
+        extra = CUDA_EVENTS_PER_OP if torch.cuda.is_available() else 0
+        full, light = int(ops * (EVENTS_PER_OP + extra)), int(ops * (EVENTS_PER_OP_LIGHT + extra))
+        self.estimate = full
+        n = self.last - self.first + 1
+        about = f"one step is about {full:,} trace events ({ops:,} ops), and the budget is {budget:,}"
+        if full * n <= budget:
+            return True
+        if full <= budget:
+            n = budget // full
+            self.last = self.first + n - 1
+            self.bounded = f"the profiler window covers {n} step(s), not {self.asked}: {about}"
+        elif light <= budget:
+            self.last, self._shapes = self.first, False
+            self.bounded = f"the profiler window covers 1 step without shapes and memory: {about}"
+        else:
+            cuts = self.flops.boundaries
+            if cuts < 2:  # one backward per step: nowhere to cut it before its end
+                self._done = True
+                self.bounded = (f"no step was profiled: {about}, even without shapes and memory, and the step has one "
+                                "backward call to cut it at; raise --profile-budget or profile a smaller configuration")
+                return False
+            k = max(1, cuts * budget // light)  # at least the first evaluation
+            self.last, self._shapes, self._cut_after = self.first, False, k
+            self.bounded = (f"the profiler window covers part of 1 step without shapes and memory, cut short after "
+                            f"{k} of its {cuts} backward calls: {about}")
+        self.bounded += " (--profile-budget)"
+        return True
 
     def restart(self) -> None:
         """Discard what the window captured and open it again at the first measured step.
@@ -74,17 +170,24 @@ class ProfilerWindow:
                     prof.stop()
             except Exception as exc:
                 self._error = f"profiler restart failed: {exc!r}"
-        self._profiled, self._done = [], False
+        self._profiled, self._done, self._cut_step, self._seen = [], False, None, 0
+        self.flops.restart()
         if self.first == 0:
             self._start(0)
 
     def _start(self, next_index: int) -> None:
+        if not self._plan():
+            self.session.notes.append(self.bounded or "")
+            return
+        if self.bounded:
+            self.session.notes.append(self.bounded)
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
         try:
             self._prof = profile(
-                activities=activities, record_shapes=True, profile_memory=True, with_flops=True, with_stack=False
+                activities=activities, record_shapes=self._shapes, profile_memory=self._shapes, with_flops=False,
+                with_stack=False,
             )
             with native_stderr_to(self._log_path()):  # Kineto's USDT lines go to the run's log
                 early = torch.empty(64)  # allocated before the window: freeing it inside triggers c10's
@@ -98,6 +201,7 @@ class ProfilerWindow:
         return self.options.out_dir / LOG_NAME if self.options.out_dir is not None else None
 
     def _open_range(self, index: int) -> None:
+        self._step_index = index
         self._range = record_function(f"ProfilerStep#{index}")
         self._range.__enter__()
 
@@ -107,7 +211,8 @@ class ProfilerWindow:
             self._range = None
 
     def close(self) -> None:
-        """Stop the profiler (idempotent), export the trace and read FLOPs from its averages."""
+        """Stop the profiler (idempotent) and export the trace; stop a FLOP count cut short."""
+        self.flops.close()
         if self._prof is None:
             return
         prof, self._prof, self._done = self._prof, None, True
@@ -122,7 +227,6 @@ class ProfilerWindow:
                 self.trace_path = self.options.out_dir / TRACE_NAME
                 prof.export_chrome_trace(str(self.trace_path))
                 add_memory_counters(self.trace_path)  # memory as Perfetto counter tracks (trace/counters.py)
-            self._flops = _flops_from(prof)
         except Exception as exc:
             self._error = f"profiler export failed: {exc!r}"
 
@@ -131,21 +235,15 @@ class ProfilerWindow:
         out: dict[str, Any] = {
             "steps": self._profiled,
             "trace": self.trace_path.name if self.trace_path else None,
-            **self._flops,
+            **self.flops.result(),
         }
+        if self.options.profile_event_budget:
+            out["event_budget"] = self.options.profile_event_budget
+        if self.estimate is not None:
+            out["events_per_step_estimate"] = self.estimate
+        if self.bounded:
+            out["bounded"] = self.bounded
         if self._error:
             out["error"] = self._error
         return out
 
-
-def _flops_from(prof: profile) -> dict[str, Any]:
-    """Total and per-op FLOPs: the profiler counts them in key_averages, not in the exported trace."""
-    total = 0
-    per_op: list[dict[str, Any]] = []
-    for evt in prof.key_averages():
-        flops = int(getattr(evt, "flops", 0) or 0)
-        if flops:
-            total += flops
-            per_op.append({"name": evt.key, "count": int(evt.count), "flops": flops})
-    per_op.sort(key=lambda d: d["flops"], reverse=True)
-    return {"flops_total": total, "flops_by_op": per_op[:20]}

@@ -24,6 +24,7 @@ def run_summary(record: RunRecord) -> RunSummary:
     plain = [s for s in measured if not s.profiled] or measured
     out = RunSummary(steps_total=len(record.steps), steps_measured=len(measured), steps_summarized=len(plain))
     if not plain:
+        _flops(out, record)
         return out
     totals = sorted(s.total_ms for s in plain)
     mean_total = statistics.fmean(totals)
@@ -34,6 +35,11 @@ def run_summary(record: RunRecord) -> RunSummary:
     out.p90_step_ms = totals[min(len(totals) - 1, int(0.9 * len(totals)))]
     out.phase_mean_ms = phase_mean
     out.phase_share = {p: (v / mean_total if mean_total else 0.0) for p, v in phase_mean.items()}
+    # The tables show medians: their share column is the share of the median step, so a phase's
+    # figure and its share are the same statistic (one outlier step cannot inflate a share).
+    median_total = out.median_step_ms
+    out.phase_median_ms = {p: statistics.median(s.phase_ms()[p] for s in plain) for p in PHASES}
+    out.phase_median_share = {p: (v / median_total if median_total else 0.0) for p, v in out.phase_median_ms.items()}
     out.breakdown_max_error = max(
         abs(sum(s.phase_ms().values()) - s.total_ms) / s.total_ms if s.total_ms else 0.0 for s in plain
     )
@@ -53,14 +59,23 @@ def run_summary(record: RunRecord) -> RunSummary:
     if cuda:
         out.cuda_allocated_peak = max(cuda)
         out.cuda_reserved_peak = max(s.cuda_reserved_peak or 0 for s in record.steps)
+    _flops(out, record)
+    return out
+
+
+def _flops(out: RunSummary, record: RunRecord) -> None:
+    """FLOPs per step from the FLOP-counting step, and FLOP/s and MFU from it and the median step."""
     profiler = record.profiler_view()
-    flops = profiler.flops_total
-    profiled = len(profiler.steps or [])
-    if flops and profiled:
-        per_step = flops / profiled
-        out.flops_per_step = per_step
-        out.achieved_flops_per_s = per_step / (statistics.median(totals) / 1000.0)
+    if profiler.flops_step is None:
+        out.flops_not_measured = profiler.flops_not_measured
+        return
+    if not profiler.flops_total:
+        out.flops_not_measured = f"no op with a FLOP formula (matmul, convolution, attention) ran in step {profiler.flops_step}"
+        return
+    out.flops_per_step = float(profiler.flops_total)
+    out.recompute_flops_per_step = float(profiler.flops_recompute or 0)
+    if out.median_step_ms:
+        out.achieved_flops_per_s = out.flops_per_step / (out.median_step_ms / 1000.0)
         from torchscalpel.runtime.peaks import mfu
 
         out.mfu = mfu(out.achieved_flops_per_s, record.environment, record.config_view().device) or None
-    return out

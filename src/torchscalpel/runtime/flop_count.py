@@ -1,0 +1,188 @@
+"""FLOPs per training step, counted by one dispatch mode over one dedicated step.
+
+torch.profiler's ``with_flops`` counts are not a step's FLOPs: it counts an op and the op it
+dispatches to (``aten::conv2d`` and ``aten::convolution`` both, so an autocast run doubles the
+forward) and counts no backward op at all. This module counts what
+:class:`torch.utils.flop_counter.FlopCounterMode` counts, with the same formulas
+(``torch.utils.flop_counter.flop_registry``) and the same dispatch rules, over one whole step
+(data, forward, backward, optimizer), and keeps checkpoint recomputation apart: a forward op that
+runs inside backward with grad enabled is recomputation, counted once as ``recompute`` and not as
+model FLOPs.
+
+The counting step runs every op through Python, so it is slow: it is marked ``profiled`` (and
+``flops_counted``) and left out of the timing summary like the profiler window's steps. Under
+``torch.compile`` dynamo does not trace frames while a dispatch mode is active, so the counted
+step runs the model eagerly: the same arithmetic, counted op by op (the compiled code is used again
+from the next step).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
+
+from torchscalpel.record import StepRecord
+
+_aten = torch.ops.aten
+# Metadata queries FlopCounterMode declines (it returns NotImplemented for them), kept equal.
+_SKIP = {
+    _aten.sym_is_contiguous.default, _aten.is_contiguous.default, _aten.is_contiguous.memory_format,
+    _aten.is_strides_like_format.default, _aten.is_non_overlapping_and_dense.default, _aten.size.default,
+    _aten.sym_size.default, _aten.stride.default, _aten.sym_stride.default, _aten.storage_offset.default,
+    _aten.sym_storage_offset.default, _aten.numel.default, _aten.sym_numel.default, _aten.dim.default,
+    torch.ops.prim.layout.default,
+}
+
+
+def _recomputing() -> bool:
+    """True inside backward with grad enabled: a checkpointed forward being recomputed.
+
+    Backward formulas run with grad disabled (unless ``create_graph=True``); both checkpoint
+    styles re-run the forward under ``torch.enable_grad()`` from inside the autograd engine.
+    """
+    return torch._C._current_graph_task_id() != -1 and torch.is_grad_enabled()
+
+
+_COMPOSITE: dict[Any, bool] = {}
+
+
+def _composite(func: Any) -> bool:
+    """Whether ``func`` has a composite kernel ``decompose`` could use (cached per overload)."""
+    known = _COMPOSITE.get(func)
+    if known is None:
+        keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.CompositeImplicitAutogradNestedTensor)
+        known = _COMPOSITE[func] = any(func.has_kernel_for_dispatch_key(k) for k in keys)
+    return known
+
+
+class FlopCountMode(TorchDispatchMode):
+    """Counts FLOPs per aten op, model and recompute apart (the formulas of FlopCounterMode)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops: dict[str, int] = defaultdict(int)
+        self.recompute: dict[str, int] = defaultdict(int)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.ops = 0
+        """Every op dispatched (the profiler window's size estimate)."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _SKIP or isinstance(func, torch._ops.HigherOrderOperator):
+            return NotImplemented
+        self.ops += 1
+        packet = func._overloadpacket
+        # FlopCounterMode decomposes an op it has no formula for (so a composite op's matmuls count);
+        # only composite ops can decompose, and asking every op costs more than the op (LSTM loops).
+        if packet not in flop_registry and func is not torch.ops.prim.device.default and _composite(func):
+            with self:
+                r = func.decompose(*args, **kwargs)
+                if r is not NotImplemented:
+                    return r
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(packet)
+        if formula is not None:
+            n = int(formula(*args, **kwargs, out_val=out))
+            name = packet._qualified_op_name  # "aten::mm", the profiler's spelling (the op table joins on it)
+            (self.recompute if _recomputing() else self.flops)[name] += n
+            self.calls[name] += 1
+        return out
+
+    def by_op(self) -> list[dict[str, Any]]:
+        """Every op that counted: ``name``, ``count`` (calls), ``flops`` (model), ``recompute``; most first."""
+        names = set(self.flops) | set(self.recompute)
+        rows = [{"name": n, "count": self.calls[n], "flops": self.flops.get(n, 0), "recompute": self.recompute.get(n, 0)}
+                for n in names]
+        return sorted(rows, key=lambda d: (-d["flops"], -d["recompute"], d["name"]))
+
+
+class StepFlopCounter:
+    """Counts the FLOPs of one settled training step, ``index`` (None: no step is left for it).
+
+    The profiler window sizes itself from what this step saw (:attr:`ops`, the aten ops it
+    dispatched, and the forward/backward ends in it), so the counting step comes before the window.
+    """
+
+    def __init__(self, index: int | None, reason: str | None = None) -> None:
+        self.index = index
+        self._mode: FlopCountMode | None = None
+        self._result: dict[str, Any] = {}
+        self._reason = reason if index is None else None
+        self.ops: int | None = None
+        """Aten ops the counted step dispatched (after it ended)."""
+        self.boundaries = 0
+        """Root forward and backward ends seen while counting (the window cuts a step at one of these)."""
+        if index == 0:
+            self._start()
+
+    @property
+    def counting(self) -> bool:
+        """True while the counting step runs."""
+        return self._mode is not None
+
+    def on_step_closed(self, step: StepRecord) -> None:
+        """Called at each settled step end: finish the counted step, or start it next."""
+        if self._mode is not None:
+            if step.index == self.index:
+                self._finish(step)
+            return
+        if not self._result and self._reason is None and self.index is not None and step.index + 1 == self.index:
+            self._start()
+
+    def _start(self) -> None:
+        self._mode, self.boundaries = FlopCountMode(), 0
+        try:
+            self._mode.__enter__()
+        except Exception as exc:
+            self._mode, self._reason = None, f"the FLOP counter failed to start: {exc!r}"
+
+    def _stop(self) -> FlopCountMode | None:
+        mode, self._mode = self._mode, None
+        if mode is None:
+            return None
+        try:
+            mode.__exit__(None, None, None)
+        except Exception as exc:  # another mode left on top of ours: say so rather than guess
+            self._reason = f"the FLOP counter could not be removed cleanly: {exc!r}"
+            return None
+        return mode
+
+    def _finish(self, step: StepRecord) -> None:
+        mode = self._stop()
+        step.profiled = True
+        step.flops_counted = True
+        if mode is None:
+            return
+        ops = mode.by_op()
+        self.ops = mode.ops
+        self._result = {
+            "flops_step": step.index,
+            "flops_total": sum(o["flops"] for o in ops),
+            "flops_recompute": sum(o["recompute"] for o in ops),
+            "flops_by_op": ops,
+        }
+
+    def restart(self) -> None:
+        """Forget a count made on steps a stronger step kind merged away, and arm again."""
+        self._stop()
+        self._result, self.ops = {}, None
+        if self.index is not None:
+            self._reason = None
+            if self.index == 0:
+                self._start()
+
+    def close(self) -> None:
+        """The run ended: a step still being counted was cut short and counts for nothing."""
+        if self._mode is not None:
+            self._stop()
+            self._reason = self._reason or f"the script ended during step {self.index}, the FLOP-counting step"
+
+    def result(self) -> dict[str, Any]:
+        """The FLOP keys of the record's ``profiler`` section, or the reason they are missing."""
+        if self._result:
+            return dict(self._result)
+        return {"flops_not_measured": self._reason or f"the script ended before step {self.index}, the FLOP-counting step"}
