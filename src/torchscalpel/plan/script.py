@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchscalpel.errors import UsageError
-from torchscalpel.plan.model_io import loss_from_output
+from torchscalpel.plan.model_io import loss_from_output, plain_tensor_attributes
 from torchscalpel.plan.simulate import OptimizerSpec
 from torchscalpel.plan.spec import BatchSpec, TensorSpec
 from torchscalpel.runtime.hooks import is_sequence_first
@@ -213,6 +213,11 @@ class PlanObserver(Observer):
                 memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
             for b in model.buffers():
                 memo[id(b)] = torch.empty_like(b, device="meta")
+            for _module, _name, tensors in plain_tensor_attributes(model):
+                # A plain tensor attribute (a mask made in forward) is copied as its shape only: a real tensor
+                # deep-copied under fake tensors cannot keep its CPU storage, and one with a graph cannot be copied.
+                for t in tensors:
+                    memo.setdefault(id(t), torch.empty_like(t, device="meta", requires_grad=False))
             try:
                 return copy.deepcopy(model, memo)
             except Exception as exc:
