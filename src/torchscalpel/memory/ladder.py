@@ -269,12 +269,15 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
     if phase == "forward" and breakdown.get("gradients", 0) > 0 and not accumulating:
         rung("set-to-none", "call optimizer.zero_grad(set_to_none=True) before the forward: the last step's gradients stay allocated through it",
              breakdown["gradients"])
-    order = {"activations": ("checkpoint-blocks", "micro-batches", "bf16"), "optimizer_state": ("optimizer",),
+    order = {"activations": ("checkpoint-blocks", "micro-batches", "bf16", "max-batch"), "optimizer_state": ("optimizer",),
              "growth": ("detach-kept", "stop-growth"), "fragmentation": ("expandable-segments",),
              "data_preparation": ("data-preparation",),
              "gradients": ("set-to-none",)}.get(cause, ())
-    # The cause's own rungs first, and among them those that fit: the first rung is the recommended fix (a
-    # checkpointing rung that does not fit must not come before micro-batches that do: GPT-2 with a 16k vocab)
-    rungs.sort(key=lambda r: (r["kind"] not in order, r["fits"] is not True,
+    # Rungs that fit first, the cause's own first among them: the first rung is the recommended fix (a
+    # checkpointing rung that does not fit must not come before micro-batches that do: GPT-2 with a 16k vocab;
+    # mnist's ladder put micro-batches and bf16 that did not fit before the smaller batch that did, when
+    # max-batch was not one of the activations' rungs). ``fits`` compared by truth, not identity: a numpy
+    # bool from a plan figure is as true as True.
+    rungs.sort(key=lambda r: (r["fits"] is None or not bool(r["fits"]), r["kind"] not in order,
                               order.index(r["kind"]) if r["kind"] in order else 0))
     return rungs

@@ -92,5 +92,13 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
                 tail = "; ".join(x for x in (saves, fits, r.get("why", "")) if x)
                 lines.append(f"  - {r['action']}" + (f" ({tail})" if tail else "") + cfg)
     else:
-        lines.append(f"largest share: {cause}")
+        # "largest share" names the largest of the categories printed above; the top cause, when it is another
+        # (temporaries of a training backward read as activations, growth, data preparation), follows with its why
+        by_category = peak.get("by_category", {})
+        largest = max(CATEGORIES, key=lambda c: int(by_category.get(c, 0)))
+        share = int(by_category.get(largest, 0)) / total if total else 0.0
+        lines.append(f"largest share: {LABELS[largest]} ({share:.1%})")
+        top = section.get("top_cause") or {}
+        if top.get("key") and top["key"] != largest:
+            lines.append(f"top cause: {cause}" + (f" ({top['note']})" if top.get("note") else ""))
     return lines
