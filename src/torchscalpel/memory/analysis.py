@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder, plan_numbers
-from torchscalpel.memory.observer import BEFORE_TRAINING
+from torchscalpel.memory.observer import BEFORE_TRAINING, EVALUATION
 from torchscalpel.runtime.alloc_tracker import CATEGORIES
 from torchscalpel.runtime.module_names import split_display_name
 
@@ -171,6 +171,7 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
         "growth": growth,
         "cuda": fragmentation,
         "end": {"live": tr.total, "by_category": dict(tr.by_category), "largest": tr.live_top(TOP_SITES)},
+        "evaluation": evaluation_seen(obs, record, peak.get("phase")),
     }
     where = tr.oom or {}
     live_now = where.get("total", tr.peak)
@@ -198,6 +199,28 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
         # the post-mortem is still the crossing's, and the run did not fit
         section["oom"]["caught_by_script"] = getattr(record, "status", None) in ("complete", "stopped")
     return section
+
+
+def evaluation_seen(obs: MemoryObserver, record: Any, peak_phase: Any) -> dict[str, Any]:
+    """Whether the window saw the script evaluate, and when it did not, one plain sentence saying so.
+
+    Why: pytorch/examples mnist trains 938 batches of 64, then tests under ``torch.no_grad()`` in batches of 1000:
+    a 20-step window reported 50.9 MiB where the test loop peaks at 302.7 MiB, and a limit "fitting" the
+    training step is crossed in evaluation. A run that ended early (stopped, or crossed a limit) before any
+    evaluation says so, and how to include it.
+    """
+    passes = int(getattr(obs, "evaluations", 0))
+    out: dict[str, Any] = {"passes": passes, "peak_in_evaluation": peak_phase == EVALUATION, "note": None}
+    status = getattr(record, "status", None)
+    crossed = obs.tracker is not None and obs.tracker.oom is not None
+    if passes == 0 and (status == "stopped" or crossed):
+        steps = len(getattr(record, "steps", None) or [])
+        ended = "crossed the limit" if crossed else "was stopped"
+        out["note"] = (f"evaluation not seen: the run {ended} after {steps} step(s), before the script evaluated (no "
+                       "model forward under torch.no_grad() ran), and an evaluation with a larger batch can peak "
+                       "higher" + ("; the ladder's 'fits' is the training step's" if crossed else
+                                   "; rerun with --until-eval to measure through the first evaluation"))
+    return out
 
 
 def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: dict[str, Any],

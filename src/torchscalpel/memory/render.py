@@ -39,6 +39,9 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
     lines.append(f"peak live tensors {fmt_bytes(peak.get('total'))} (step {peak.get('step')}, {peak.get('phase')}, "
                  f"at {peak.get('op')} in {peak.get('module') or 'no module'})")
     lines += category_lines(peak.get("by_category", {}), total)
+    evaluation = section.get("evaluation") or {}
+    if evaluation.get("note") and not section.get("oom"):
+        lines.append(str(evaluation["note"]))
     before = section.get("before_training")
     if before:
         lines.append(f"before training the live total was higher: {fmt_bytes(before['total'])} at "
@@ -91,6 +94,8 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
                 cfg = " [scalpel run: " + ", ".join(f"{k}={v}" for k, v in r["config"].items()) + "]" if r.get("config") else ""
                 tail = "; ".join(x for x in (saves, fits, r.get("why", "")) if x)
                 lines.append(f"  - {r['action']}" + (f" ({tail})" if tail else "") + cfg)
+        if evaluation.get("note"):
+            lines.append(str(evaluation["note"]))
     else:
         # "largest share" names the largest of the categories printed above; the top cause, when it is another
         # (temporaries of a training backward read as activations, growth, data preparation), follows with its why

@@ -1,0 +1,45 @@
+"""`scalpel memory` on scripts shaped like public ones whose figures were wrong (issue 27)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from helpers import run_cli
+
+PUBLIC = Path(__file__).resolve().parents[1] / "fixtures" / "memory" / "public"
+MIB = 1024**2
+
+
+def _memory(tmp_path: Path, script: str, *args: str) -> tuple[str, dict]:
+    js = tmp_path / "memory.json"
+    proc = run_cli("memory", "--no-report", "--out", str(tmp_path / "run"), "--json", str(js), *args, "--",
+                   str(PUBLIC / script), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout, json.loads(js.read_text())
+
+
+@pytest.mark.slow
+def test_mnist_default_window_says_evaluation_was_not_seen_and_until_eval_measures_it(tmp_path):
+    # train batches of 64 for 30 steps, then a test loop of batch 1000 under no_grad: the default 20-step window
+    # ends before evaluation and must say so; --until-eval measures through it, where the peak is
+    stdout, section = _memory(tmp_path, "mnist_eval_peak.py")
+    assert section["evaluation"]["passes"] == 0
+    assert "evaluation not seen" in stdout and "--until-eval" in stdout
+    # the one "largest share" line names the largest category the summary printed above it
+    shares = {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"^  (\D+?)\s+[\d.]+ \w+\s+([\d.]+)%$",
+                                                                          stdout, re.MULTILINE)}
+    largest = max(shares, key=lambda k: shares[k])
+    assert re.search(rf"^largest share: {re.escape(largest)}", stdout, re.MULTILINE), (largest, stdout)
+
+    stdout, section = _memory(tmp_path, "mnist_eval_peak.py", "--until-eval")
+    peak = section["peak"]
+    assert section["evaluation"]["passes"] == 1 and section["evaluation"]["note"] is None
+    assert peak["phase"] == "evaluation" and section["evaluation"]["peak_in_evaluation"]
+    # witness: conv2's output and its relu at batch 1000 (1000 x 64 x 24 x 24 fp32 each) are live together in the
+    # test loop; the training step (batch 64) cannot come near that
+    assert peak["total"] >= 2 * 1000 * 64 * 24 * 24 * 4
+    assert "evaluation not seen" not in stdout
