@@ -43,3 +43,18 @@ def test_mnist_default_window_says_evaluation_was_not_seen_and_until_eval_measur
     # test loop; the training step (batch 64) cannot come near that
     assert peak["total"] >= 2 * 1000 * 64 * 24 * 24 * 4
     assert "evaluation not seen" not in stdout
+
+
+def test_fabric_module_names_are_the_models_own(tmp_path):
+    # Fabric's setup() wraps the model in _FabricModule (_forward_module / _original_module): the names a user
+    # reads are those of their own code
+    fabric_lm = PUBLIC.parents[1] / "plan" / "fabric_lm.py"
+    js = tmp_path / "memory.json"
+    proc = run_cli("memory", "--steps", "3", "--no-report", "--out", str(tmp_path / "run"), "--json", str(js), "--",
+                   str(fabric_lm), timeout=400)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    peak = json.loads(js.read_text())["peak"]
+    names = [m["name"] for m in peak["modules"] + peak["blocks"]]
+    assert "blocks.0 (Block)" in names and "blocks.0.attn" in names, names
+    assert not [n for n in names if "_forward_module" in n or "_original_module" in n], names
+    assert "_forward_module" not in proc.stdout

@@ -216,9 +216,9 @@ def evaluation_seen(obs: MemoryObserver, record: Any, peak_phase: Any) -> dict[s
     if passes == 0 and (status == "stopped" or crossed):
         steps = len(getattr(record, "steps", None) or [])
         ended = "crossed the limit" if crossed else "was stopped"
-        out["note"] = (f"evaluation not seen: the run {ended} after {steps} step(s), before the script evaluated (no "
-                       "model forward under torch.no_grad() ran), and an evaluation with a larger batch can peak "
-                       "higher" + ("; the ladder's 'fits' is the training step's" if crossed else
+        out["note"] = (f"evaluation not seen: the run {ended} after {steps} step(s) and no model forward under "
+                       "torch.no_grad() ran; if the script evaluates later (a test loop, often with a larger batch) "
+                       "its peak can be higher" + ("; the ladder's 'fits' is the training step's" if crossed else
                                    "; rerun with --until-eval to measure through the first evaluation"))
     return out
 

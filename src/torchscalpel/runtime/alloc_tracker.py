@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
-from torchscalpel.runtime.module_names import display_name
+from torchscalpel.runtime.module_names import split_display_name, user_modules
 from torchscalpel.runtime.userframes import Kind, file_kind
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
@@ -346,18 +346,15 @@ class AllocationTracker(TorchDispatchMode):
         """Names for ``root``'s submodules a user recognises (see :func:`display_name`; the root is its class)."""
         if root in self.module_names:
             return
-        inner = getattr(root, "_orig_mod", None)  # torch.compile's wrapper: name the model it wraps
-        root_name = type(inner if isinstance(inner, torch.nn.Module) else root).__name__
+        # wrappers (Fabric's _forward_module, DDP's module, compile's _orig_mod, ...) named as the model they wrap
+        root_name, named = user_modules(root)
         self.module_names[root] = root_name
-        for name, m in root.named_modules():
-            if isinstance(inner, torch.nn.Module):
-                name = "" if name == "_orig_mod" else name.removeprefix("_orig_mod.")
-                if not name:
-                    self.module_names.setdefault(m, root_name)
-            if name and m not in self.module_names:
-                self.module_names[m] = display_name(name, m, root_name)
-                if name.rsplit(".", 1)[-1].isdigit():
-                    self.index_labels[name] = self.module_names[m]
+        for name, m in named:
+            if m not in self.module_names:
+                self.module_names[m] = name
+                path, _cls = split_display_name(name)
+                if path.rsplit(".", 1)[-1].isdigit():
+                    self.index_labels[path] = name
 
     def _module_pre(self, module: torch.nn.Module, args: Any) -> None:
         if torch.compiler.is_compiling():
