@@ -14,10 +14,10 @@ PUBLIC = Path(__file__).resolve().parents[1] / "fixtures" / "memory" / "public"
 MIB = 1024**2
 
 
-def _memory(tmp_path: Path, script: str, *args: str) -> tuple[str, dict]:
+def _memory(tmp_path: Path, script: str, *args: str, script_args: tuple[str, ...] = ()) -> tuple[str, dict]:
     js = tmp_path / "memory.json"
     proc = run_cli("memory", "--no-report", "--out", str(tmp_path / "run"), "--json", str(js), *args, "--",
-                   str(PUBLIC / script), timeout=400)
+                   str(PUBLIC / script), *script_args, timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout, json.loads(js.read_text())
 
@@ -58,3 +58,33 @@ def test_fabric_module_names_are_the_models_own(tmp_path):
     assert "blocks.0 (Block)" in names and "blocks.0.attn" in names, names
     assert not [n for n in names if "_forward_module" in n or "_original_module" in n], names
     assert "_forward_module" not in proc.stdout
+
+
+@pytest.mark.slow
+def test_lbfgs_history_that_filled_is_not_named_growth(tmp_path):
+    # 8 LBFGS steps: its history (100 pairs of float64 parameter-sized vectors) fills in ~5, then stays flat
+    stdout, section = _memory(tmp_path, "lbfgs_lstmcell.py", script_args=("--steps", "8"))
+    growth = section["growth"]
+    assert growth["per_step"] == 0 and growth["steps_left"] is None, growth
+    assert growth["stopped"]["flat_steps"] >= 3
+    assert "memory grows" not in stdout and "bounded state" in stdout
+    assert section["top_cause"]["key"] == "optimizer_state"
+    # the figure it stays at is LBFGS's own state: 2 x 100 flat vectors + direction + previous gradient
+    params = 4 * 51 * (1 + 51 + 2) + 4 * 51 * (51 + 51 + 2) + 51 + 1
+    assert abs(section["peak"]["by_category"]["optimizer_state"] - 202 * params * 8) <= 0.02 * 202 * params * 8
+
+
+def test_a_limit_crossing_has_one_step_number_everywhere(tmp_path):
+    # mnist crossing 20 MiB in its first training forward: the status line, the peak line and the post-mortem
+    # all name the crossing's step, 0-based as the record's steps (the peak line said "step 1" for "step 0")
+    js = tmp_path / "memory.json"
+    proc = run_cli("memory", "--memory-limit", "20MiB", "--no-report", "--out", str(tmp_path / "run"), "--json",
+                   str(js), "--", str(PUBLIC / "mnist_eval_peak.py"), timeout=400)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    section = json.loads(js.read_text())
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    crossing = section["oom"]["request"]["step"]
+    assert crossing == record["steps"][-1]["index"] == 0
+    named = {int(n) for n in re.findall(r"\(step (\d+),", proc.stdout)}
+    assert named == {crossing}, proc.stdout
+    assert section["peak"]["step"] == crossing and section["peak"]["phase"] == section["oom"]["request"]["phase"]

@@ -59,3 +59,49 @@ def test_a_model_failing_on_fake_tensors_is_one_sentence_without_torch_log_lines
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("scalpel: error:"), result.stderr
+
+
+LBFGS_SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "memory" / "public" / "lbfgs_lstmcell.py"
+
+
+def _lbfgs_state_bytes_at_the_end() -> int:
+    """Witness: the script run to its end (15 steps fill LBFGS's history of 100 pairs); its optimizer's tensors."""
+    import contextlib
+    import io
+    import runpy
+    import sys
+
+    import torch
+
+    argv = sys.argv
+    sys.argv = [str(LBFGS_SCRIPT)]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            optimizer = runpy.run_path(str(LBFGS_SCRIPT), run_name="__main__")["optimizer"]
+    finally:
+        sys.argv = argv
+    state = next(iter(optimizer.state.values()))
+    assert len(state["old_dirs"]) == optimizer.param_groups[0]["history_size"]  # the history is full
+
+    def nbytes(v) -> int:
+        if isinstance(v, torch.Tensor):
+            return v.numel() * v.element_size() if v.dim() else 0
+        return sum(nbytes(x) for x in v) if isinstance(v, list | tuple) else 0
+
+    return sum(nbytes(v) for v in state.values())
+
+
+def test_lbfgs_closure_evaluations_are_not_micro_batches_and_float64_is_read(tmp_path):
+    # time_sequence_prediction: LBFGS evaluates its closure up to 20 times per step on the same batch, in float64
+    from torchscalpel.plan.devices import Device
+    from torchscalpel.plan.script import ScriptPlanOptions, plan_script
+    from torchscalpel.runtime.target import Target
+
+    result, record = plan_script(Target(script=LBFGS_SCRIPT), ScriptPlanOptions(search_max_batch=False),
+                                 Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
+    settings = result.request.settings
+    assert record.steps and record.steps[0].closure_evals > 1  # the runtime saw a closure, not micro-batches
+    assert settings.grad_accum == 1, settings.grad_accum
+    assert str(settings.precision) == "fp64", settings.precision
+    planned, real = result.measurement.optim_bytes, _lbfgs_state_bytes_at_the_end()
+    assert abs(planned - real) <= 0.02 * real, (planned, real)  # history + direction + previous gradient (+1 flat)

@@ -215,8 +215,10 @@ def evaluation_seen(obs: MemoryObserver, record: Any, peak_phase: Any) -> dict[s
     crossed = obs.tracker is not None and obs.tracker.oom is not None
     if passes == 0 and (status == "stopped" or crossed):
         steps = len(getattr(record, "steps", None) or [])
-        ended = "crossed the limit" if crossed else "was stopped"
-        out["note"] = (f"evaluation not seen: the run {ended} after {steps} step(s) and no model forward under "
+        # the crossing's own step (0-based, as every step in the record and the output), not a count
+        ended = f"crossed the limit in step {obs.tracker.oom.get('step')}" if crossed and obs.tracker is not None \
+            and obs.tracker.oom is not None else f"was stopped after {steps} step(s)"
+        out["note"] = (f"evaluation not seen: the run {ended} and no model forward under "
                        "torch.no_grad() ran; if the script evaluates later (a test loop, often with a larger batch) "
                        "its peak can be higher" + ("; the ladder's 'fits' is the training step's" if crossed else
                                    "; rerun with --until-eval to measure through the first evaluation"))

@@ -126,7 +126,7 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
     optimizer = obs.optimizer or OptimizerSpec.named("none")
     batch, loss_fn, _ = obs.inputs()
     precision = obs.precision()
-    accum = max(1, obs.backwards) if obs.optimizer_stepped else 1
+    accum = obs.micro_batches()
     builder = obs.meta_builder()
     base_settings = sim_settings_for(optimizer, precision, accum, device)
 

@@ -131,6 +131,8 @@ class MemoryObserver(Observer):
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
         self._in_step = True
+        if self.plan_observer is not None:
+            self.plan_observer.on_optimizer_step_pre(optimizer)
         if self.tracker is not None:
             self.tracker.phase = "optimizer"
 

@@ -59,6 +59,11 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         lines.append(f"allocator cache: {fmt_bytes(cuda['reserved'])} reserved, {fmt_bytes(cuda['reserved_free'])} "
                      f"free in it ({cuda['share']:.0%}), largest free block {fmt_bytes(cuda['largest_free'])}")
     growth = section.get("growth") or {}
+    stopped = growth.get("stopped")
+    if stopped and not growth.get("per_step"):
+        lines.append(f"memory grew {fmt_bytes(stopped['grew'])} over the first steps, then stayed at "
+                     f"{fmt_bytes(stopped['live'])} for the last {stopped['flat_steps']} step ends: bounded state (an "
+                     "optimizer's history, a cache that filled), not growth")
     if growth.get("per_step"):
         left = growth.get("steps_left")
         lines.append(f"memory grows {fmt_bytes(growth['per_step'])} per step"

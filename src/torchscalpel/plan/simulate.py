@@ -173,7 +173,7 @@ def simulate(
     tracker = AllocationTracker()
     try:
         with quiet_fake_logs(), fake_mode:
-            model = _to_fake(meta_builder(), settings.device, torch.bfloat16 if settings.precision == Precision.BF16 else None)
+            model = _to_fake(meta_builder(), settings.device, _WHOLE_MODEL_DTYPES.get(settings.precision))
         for p in model.parameters():
             tracker.label(p, "param")
         for b in model.buffers():
@@ -263,12 +263,22 @@ def _closure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     if not params:
         return
-    numel = sum(p.numel() for p in params)
-    group = optimizer.param_groups[0]
-    vectors = 2 * int(group.get("history_size", 0)) + 3 if isinstance(optimizer, torch.optim.LBFGS) else 1
     first = params[0]
     state = optimizer.state[first]
-    state["scalpel_flat_state"] = [torch.empty(numel, dtype=first.dtype, device=first.device) for _ in range(vectors)]
+    if "scalpel_flat_state" in state:
+        # the history is bounded and reused: allocating it again each simulated step held two copies at once
+        # (an LBFGS step planned at 100 MiB of state where torch keeps 50.5)
+        return
+    numel = sum(p.numel() for p in params)
+    state["scalpel_flat_state"] = [torch.empty(numel, dtype=first.dtype, device=first.device)
+                                   for _ in range(closure_state_vectors(optimizer))]
+
+
+def closure_state_vectors(optimizer: torch.optim.Optimizer) -> int:
+    """Flat parameter-sized vectors a closure optimizer keeps at steady state (see _closure_optimizer_state)."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        return 2 * int(optimizer.param_groups[0].get("history_size", 0)) + 3
+    return 1
 
 
 def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> None:
@@ -281,8 +291,9 @@ def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> Non
     for _ in range(min(settings.grad_accum, 2)):
         tracker.set_phase("data")
         tensors = batch.make(settings.device)
-        if settings.precision == Precision.BF16:
-            tensors = {k: v.to(torch.bfloat16) if v.dtype.is_floating_point else v for k, v in tensors.items()}
+        whole = _WHOLE_MODEL_DTYPES.get(settings.precision)
+        if whole is not None:
+            tensors = {k: v.to(whole) if v.dtype.is_floating_point else v for k, v in tensors.items()}
         for t in tensors.values():
             tracker.label(t, "input")
         tracker.set_phase("forward")
@@ -333,6 +344,9 @@ def _autocast(settings: SimSettings) -> Iterator[None]:
     with torch.autocast(device_type=settings.device, dtype=dtype):
         yield
 
+
+_WHOLE_MODEL_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP64: torch.float64}
+"""Precisions that put the whole model (and float inputs) in one dtype."""
 
 _AUTOCAST_DTYPES = {Precision.BF16_MIXED: torch.bfloat16, Precision.FP16_MIXED: torch.float16}
 """The ``*-mixed`` precisions: autocast's dtype over fp32 parameters."""

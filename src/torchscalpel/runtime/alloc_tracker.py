@@ -104,6 +104,10 @@ class AllocationTracker(TorchDispatchMode):
         self._peak_copy: dict[str, Any] = {}
         self._copy_at = 0
         self._pending: Alloc | None = None
+        self._pending_at: tuple[int, Any, bool] = (0, None, False)
+        """(step, phase, accumulating) when the pending high was reached: the copy is taken at a later free,
+        after a step end or phase change that allocated nothing (a limit crossed in step 0 was reported as
+        the peak of "step 1")."""
         """The allocation that made a new high not copied yet: copied at the next free (see _free)."""
         self.step = 0
         self.phase: str | None = "forward"
@@ -220,6 +224,7 @@ class AllocationTracker(TorchDispatchMode):
             self.peak = self.total
             if self._pending is not None or self.total >= self._copy_at:
                 self._pending = alloc
+                self._pending_at = (self.step, self.phase, self.accumulating)
 
     def _storage_died(self, ref: _StorageRef) -> None:
         self._free(ref.key)
@@ -274,8 +279,9 @@ class AllocationTracker(TorchDispatchMode):
     def _copy_peak(self, alloc: Alloc) -> None:
         self._pending = None
         self._copy_at = int(self.total * (1 + PEAK_RESOLUTION))
+        step, phase, accumulating = self._pending_at
         self._peak_copy = {
-            "total": self.total, "step": self.step, "phase": self.phase, "accumulating": self.accumulating,
+            "total": self.total, "step": step, "phase": phase, "accumulating": accumulating,
             "op": alloc.op, "module": alloc.module,
             "site": alloc.site, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
             "by_site": dict(self.by_site),
