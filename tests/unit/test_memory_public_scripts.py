@@ -40,3 +40,12 @@ def test_largest_share_names_the_largest_category_printed() -> None:
     share_line = next(line for line in lines if line.startswith("largest share:"))
     assert share_line.startswith(f"largest share: {largest}"), (share_line, shares)
     assert any(line.startswith("top cause: activations saved for backward (temporaries") for line in lines)
+
+
+def test_under_growth_no_other_rung_comes_first_as_fitting() -> None:
+    # logged losses keep their graphs: set-to-none "fitting" would only delay the out-of-memory (docs/memory.md)
+    growth = {"per_step": 1 * MIB, "sites": [{"site": "train.py:9", "per_step": MIB, "live": 20 * MIB}], "kept": None}
+    ladder = build_ladder(measured_peak=41 * MIB, limit=40 * MIB, plan=None, cause="growth",
+                          breakdown={"gradients": 5 * MIB}, phase="forward", growth=growth, fragmentation=None)
+    assert ladder[0]["kind"] == "stop-growth", [(r["kind"], r["fits"]) for r in ladder]
+    assert next(r for r in ladder if r["kind"] == "set-to-none")["fits"] is False

@@ -258,17 +258,17 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
         rung("optimizer", f"an optimizer with less state than {plan.get('optimizer')} (SGD with momentum keeps one "
              "buffer per parameter), or shard it (FSDP)", max(0, base_peak - plan["sgd_peak"]),
              fits=plan["sgd_peak"] <= budget, peak=plan["sgd_peak"])
-    if growth and growth.get("per_step"):
-        # Memory that grows fills any limit in the end: the other rungs only move the out-of-memory later.
-        for r in rungs:
-            if r["kind"] not in ("detach-kept", "stop-growth"):
-                r["fits"] = False
-                r["why"] = (r["why"] + "; " if r["why"] else "") + "only delays the out-of-memory while memory grows"
     # Gradients live in a forward are stale only when no backward ran since the last step: under gradient
     # accumulation the second micro-batch's forward holds the first one's gradients by design.
     if phase == "forward" and breakdown.get("gradients", 0) > 0 and not accumulating:
         rung("set-to-none", "call optimizer.zero_grad(set_to_none=True) before the forward: the last step's gradients stay allocated through it",
              breakdown["gradients"])
+    if growth and growth.get("per_step"):
+        # Memory that grows fills any limit in the end: every other rung (set-to-none included) only moves the out-of-memory later.
+        for r in rungs:
+            if r["kind"] not in ("detach-kept", "stop-growth"):
+                r["fits"] = False
+                r["why"] = (r["why"] + "; " if r["why"] else "") + "only delays the out-of-memory while memory grows"
     order = {"activations": ("checkpoint-blocks", "micro-batches", "bf16", "max-batch"), "optimizer_state": ("optimizer",),
              "growth": ("detach-kept", "stop-growth"), "fragmentation": ("expandable-segments",),
              "data_preparation": ("data-preparation",),
