@@ -96,3 +96,17 @@ def test_a_limit_crossing_has_one_step_number_everywhere(tmp_path):
     named = {int(n) for n in re.findall(r"\(step (\d+),", proc.stdout)}
     assert named == {crossing}, proc.stdout
     assert section["peak"]["step"] == crossing and section["peak"]["phase"] == section["oom"]["request"]["phase"]
+
+
+def test_lbfgs_history_still_filling_is_bounded_not_growth(tmp_path):
+    # a window that ends while LBFGS's history fills (4 steps of up to 20 pairs, history_size 100): the growth is
+    # the optimizer's capped state, priced from its own settings, not "N more steps until the device is full"
+    stdout, section = _memory(tmp_path, "lbfgs_lstmcell.py", "--steps", "3")
+    growth = section["growth"]
+    assert growth["per_step"] == 0 and growth["steps_left"] is None, growth
+    bounded = growth["bounded"]
+    params = 4 * 51 * (1 + 51 + 2) + 4 * 51 * (51 + 51 + 2) + 51 + 1
+    assert bounded["history_size"] == 100 and bounded["cap"] == (2 * 100 + 2) * params * 8
+    assert 0 < bounded["pairs"] < 100 and bounded["now"] + bounded["left"] == bounded["cap"]
+    assert "memory grows" not in stdout and "not growth" in stdout
+    assert section["top_cause"]["key"] != "growth"

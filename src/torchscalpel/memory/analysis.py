@@ -150,7 +150,7 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
     assert tr is not None
     peak = tr.peak_copy or {"total": tr.peak, "by_category": dict(tr.by_category), "by_module": {}, "by_site": {}}
     capacity = obs.limit or _capacity()
-    growth = find_growth(obs.samples, capacity=capacity)
+    growth = bounded_growth(find_growth(obs.samples, capacity=capacity), obs)
     fragmentation = cuda_state()
     section: dict[str, Any] = {
         "version": SECTION_VERSION,
@@ -199,6 +199,32 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
         # the post-mortem is still the crossing's, and the run did not fit
         section["oom"]["caught_by_script"] = getattr(record, "status", None) in ("complete", "stopped")
     return section
+
+
+BOUNDED_SHARE = 0.9
+"""Growth is the bounded optimizer's own when its state's slope is at least this share of the total slope."""
+
+
+def bounded_growth(growth: dict[str, Any], obs: MemoryObserver) -> dict[str, Any]:
+    """Growth that is an optimizer filling a capped state (LBFGS's history) is not named growth: it stops at the cap.
+
+    Why: time_sequence_prediction (LBFGS, history_size 100) was told "grows 7.0 MiB/step: 3410 more steps until
+    23.54 GiB" while its history was filling; it stops at 100 pairs. Found from the optimizer's own state and
+    settings (``bounded_state``), when the optimizer state's slope over the same steps is the growth.
+    """
+    bound = getattr(obs, "bounded_state", None)
+    if not growth.get("per_step") or not bound:
+        return growth
+    from torchscalpel.memory.growth import slope
+
+    usable = [s for s in obs.samples if not s.get("warmup")] or obs.samples
+    opt = [float((s.get("by_category") or {}).get("optimizer_state", 0)) for s in usable][-int(growth["steps"]):]
+    if slope(opt) < BOUNDED_SHARE * growth["per_step"]:
+        return growth
+    now = int(opt[-1]) if opt else 0
+    return {**growth, "per_step": 0, "steps_left": None, "sites": [], "kept": None,
+            "bounded": {**bound, "grew_per_step": int(growth["per_step"]), "now": now,
+                        "left": max(0, int(bound["cap"]) - now)}}
 
 
 def evaluation_seen(obs: MemoryObserver, record: Any, peak_phase: Any) -> dict[str, Any]:

@@ -41,6 +41,8 @@ class MemoryObserver(Observer):
         self.evaluations = 0
         """Evaluation passes entered (a root forward of a model without grad after anything else)."""
         self._eval_ended = False
+        self.bounded_state: dict[str, Any] | None = None
+        """An optimizer whose state grows to a known cap (LBFGS's history), as of its last step (lbfgs_bound)."""
         self._steps_done = 0
         self.tracker: AllocationTracker | None = None
         self.samples: list[dict[str, Any]] = []
@@ -146,6 +148,8 @@ class MemoryObserver(Observer):
         tr = self.tracker
         tr.phase = "after optimizer"
         tr.accumulating = False
+        if isinstance(optimizer, torch.optim.LBFGS):
+            self.bounded_state = lbfgs_bound(optimizer)
         state = [v for s in optimizer.state.values() if isinstance(s, dict) for v in s.values()]
         tr.adopt((v for v in state if isinstance(v, torch.Tensor) and v.dim() > 0), "optimizer_state")
         # Anything else the step left behind (a foreach temporary still referenced) stays a temporary.
@@ -206,6 +210,19 @@ class MemoryObserver(Observer):
                                          "peak": {"total": tr.peak, **(tr.peak_copy or {})}, "oom": tr.oom,
                                          "snapshot": snapshot,
                                          "samples": self.samples}
+
+
+def lbfgs_bound(optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """LBFGS's state cap: ``history_size`` pairs of flat parameter-sized vectors (``old_dirs``, ``old_stps``) plus
+    the direction and the previous flat gradient; and how many pairs it holds now. None without parameters."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if not params:
+        return None
+    history = int(optimizer.param_groups[0].get("history_size", 0))
+    state = optimizer.state.get(params[0]) or {}
+    vector = sum(p.numel() for p in params) * params[0].element_size()
+    return {"optimizer": type(optimizer).__name__, "history_size": history,
+            "pairs": len(state.get("old_dirs") or []), "cap": (2 * history + 2) * vector}
 
 
 def _start_cuda_history() -> bool:

@@ -64,6 +64,11 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         lines.append(f"memory grew {fmt_bytes(stopped['grew'])} over the first steps, then stayed at "
                      f"{fmt_bytes(stopped['live'])} for the last {stopped['flat_steps']} step ends: bounded state (an "
                      "optimizer's history, a cache that filled), not growth")
+    bounded = growth.get("bounded")
+    if bounded:
+        lines.append(f"optimizer state grew {fmt_bytes(bounded['grew_per_step'])} per step while {bounded['optimizer']}'s "
+                     f"history filled ({bounded['pairs']} of {bounded['history_size']} pairs): bounded at "
+                     f"{fmt_bytes(bounded['cap'])}, {fmt_bytes(bounded['left'])} more; not growth")
     if growth.get("per_step"):
         left = growth.get("steps_left")
         lines.append(f"memory grows {fmt_bytes(growth['per_step'])} per step"
