@@ -348,7 +348,7 @@ def plan_script(target: Target, args: ScriptPlanOptions, device: Any, strategies
                         setup_hooks=[observer.setup_hook])
     if observer.model is None:
         raise UsageError(f"The script never called a model (status {record.status}); plan needs one training step to see it.")
-    if not observer.optimizer_stepped and observer.backwards == 0 and record.status == "failed":
+    if not observer.optimizer_stepped and observer.backwards + observer.closure_evals == 0 and record.status == "failed":
         raise UsageError(f"The script failed before its first optimizer step ({record.error}); fix it or use factory mode.")
     # --optimizer, when given, asks "what if"; otherwise the optimizer the script built, or none at all
     # (updates written by hand, ``p.data.add_(-lr * p.grad)``, keep no state).
