@@ -14,7 +14,7 @@ from torchscalpel.plan.spec import parse_batch_spec
 
 
 def test_the_names_are_the_enum_values_and_print_as_themselves():
-    assert PRECISIONS == ("fp32", "bf16-mixed", "fp16-mixed", "bf16")
+    assert PRECISIONS == ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp64")
     assert Precision.parse("fp16-mixed") is Precision.FP16_MIXED == "fp16-mixed"
     assert f"{Precision.BF16_MIXED}" == "bf16-mixed" and json.dumps(Precision.BF16) == '"bf16"'
     assert {"bf16-mixed": 1}.get(Precision.BF16_MIXED) == 1  # a str key still finds it (plan.measure)
@@ -43,5 +43,5 @@ def test_every_precision_simulates_and_bf16_halves_the_parameters(precision):
     settings = SimSettings(optimizer=OptimizerSpec.named("adamw"), precision=precision)
     m = simulate(lambda: build_meta_model(_Net, precision), spec, settings)
     fp32_bytes = 4 * sum(p.numel() for p in _Net().parameters())
-    assert m.param_bytes == (fp32_bytes // 2 if precision == "bf16" else fp32_bytes)
+    assert m.param_bytes == {"bf16": fp32_bytes // 2, "fp64": 2 * fp32_bytes}.get(precision, fp32_bytes)
     assert m.peak_bytes > m.param_bytes

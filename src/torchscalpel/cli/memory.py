@@ -42,6 +42,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     # None: not given. Under --memory-limit the run goes on until the script ends or crosses the limit, so
     # memory that grows slowly still reaches its out-of-memory (and its fix ladder) instead of a step-20 stop.
     p.set_defaults(steps=None)
+    p.add_argument("--until-eval", action="store_true",
+                   help="after the --steps window, keep measuring until the script's first evaluation (a forward "
+                   "under torch.no_grad(), e.g. a test loop with a larger batch) has ended")
     p.add_argument("--config", type=Path, help="apply the [tune] settings of this scalpel.toml, as 'scalpel run' does")
     p.add_argument("--no-plan", action="store_true", help="skip the plan's numbers in the fix ladder")
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-memory-<name>/)")
@@ -80,14 +83,17 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.runtime.session import RuntimeOptions
 
     out_dir = args.out or default_run_dir(f"memory-{target.name}")
+    # --until-eval: the runtime runs on; the observer stops it once the window's steps and an evaluation ran
+    window = None if steps in ("all", "auto") else int(steps)
+    until_eval = (args.warmup + (window or 0)) if args.until_eval else None
     try:
-        options = RuntimeOptions(warmup=args.warmup, steps=None if steps in ("all", "auto") else int(steps),
+        options = RuntimeOptions(warmup=args.warmup, steps=None if args.until_eval else window,
                                  out_dir=out_dir, profile_steps=0, name=f"memory-{target.name}",
                                  step_kind=args.step_kind, step_timeout_s=args.step_timeout)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
     record = run_memory(target, options, limit=limit, json_path=args.json_path, write_report=not args.no_report,
-                        setup_hooks=settings_hooks, plan=not args.no_plan)
+                        setup_hooks=settings_hooks, plan=not args.no_plan, until_eval=until_eval)
     section = record.sections.get("memory") or {}
     print(f"scalpel memory: {target.name}: {record.status}" + (f" ({record.error})" if record.error else ""))
     for line in summary_lines(section):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder, plan_numbers
-from torchscalpel.memory.observer import BEFORE_TRAINING
+from torchscalpel.memory.observer import BEFORE_TRAINING, EVALUATION
 from torchscalpel.runtime.alloc_tracker import CATEGORIES
 from torchscalpel.runtime.module_names import split_display_name
 
@@ -150,7 +150,7 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
     assert tr is not None
     peak = tr.peak_copy or {"total": tr.peak, "by_category": dict(tr.by_category), "by_module": {}, "by_site": {}}
     capacity = obs.limit or _capacity()
-    growth = find_growth(obs.samples, capacity=capacity)
+    growth = bounded_growth(find_growth(obs.samples, capacity=capacity), obs)
     fragmentation = cuda_state()
     section: dict[str, Any] = {
         "version": SECTION_VERSION,
@@ -171,6 +171,7 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
         "growth": growth,
         "cuda": fragmentation,
         "end": {"live": tr.total, "by_category": dict(tr.by_category), "largest": tr.live_top(TOP_SITES)},
+        "evaluation": evaluation_seen(obs, record, peak.get("phase")),
     }
     where = tr.oom or {}
     live_now = where.get("total", tr.peak)
@@ -198,6 +199,56 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
         # the post-mortem is still the crossing's, and the run did not fit
         section["oom"]["caught_by_script"] = getattr(record, "status", None) in ("complete", "stopped")
     return section
+
+
+BOUNDED_SHARE = 0.9
+"""Growth is the bounded optimizer's own when its state's slope is at least this share of the total slope."""
+
+
+def bounded_growth(growth: dict[str, Any], obs: MemoryObserver) -> dict[str, Any]:
+    """Growth that is an optimizer filling a capped state (LBFGS's history) is not named growth: it stops at the cap.
+
+    Why: time_sequence_prediction (LBFGS, history_size 100) was told "grows 7.0 MiB/step: 3410 more steps until
+    23.54 GiB" while its history was filling; it stops at 100 pairs. Found from the optimizer's own state and
+    settings (``bounded_state``), when the optimizer state's slope over the same steps is the growth.
+    """
+    bound = getattr(obs, "bounded_state", None)
+    if not growth.get("per_step") or not bound:
+        return growth
+    from torchscalpel.memory.growth import slope
+
+    usable = [s for s in obs.samples if not s.get("warmup")] or obs.samples
+    opt = [float((s.get("by_category") or {}).get("optimizer_state", 0)) for s in usable][-int(growth["steps"]):]
+    if slope(opt) < BOUNDED_SHARE * growth["per_step"]:
+        return growth
+    now = int(opt[-1]) if opt else 0
+    return {**growth, "per_step": 0, "steps_left": None, "sites": [], "kept": None,
+            "bounded": {**bound, "grew_per_step": int(growth["per_step"]), "now": now,
+                        "left": max(0, int(bound["cap"]) - now)}}
+
+
+def evaluation_seen(obs: MemoryObserver, record: Any, peak_phase: Any) -> dict[str, Any]:
+    """Whether the window saw the script evaluate, and when it did not, one plain sentence saying so.
+
+    Why: pytorch/examples mnist trains 938 batches of 64, then tests under ``torch.no_grad()`` in batches of 1000:
+    a 20-step window reported 50.9 MiB where the test loop peaks at 302.7 MiB, and a limit "fitting" the
+    training step is crossed in evaluation. A run that ended early (stopped, or crossed a limit) before any
+    evaluation says so, and how to include it.
+    """
+    passes = int(getattr(obs, "evaluations", 0))
+    out: dict[str, Any] = {"passes": passes, "peak_in_evaluation": peak_phase == EVALUATION, "note": None}
+    status = getattr(record, "status", None)
+    crossed = obs.tracker is not None and obs.tracker.oom is not None
+    if passes == 0 and (status == "stopped" or crossed):
+        steps = len(getattr(record, "steps", None) or [])
+        # the crossing's own step (0-based, as every step in the record and the output), not a count
+        ended = f"crossed the limit in step {obs.tracker.oom.get('step')}" if crossed and obs.tracker is not None \
+            and obs.tracker.oom is not None else f"was stopped after {steps} step(s)"
+        out["note"] = (f"evaluation not seen: the run {ended} and no model forward under "
+                       "torch.no_grad() ran; if the script evaluates later (a test loop, often with a larger batch) "
+                       "its peak can be higher" + ("; the ladder's 'fits' is the training step's" if crossed else
+                                   "; rerun with --until-eval to measure through the first evaluation"))
+    return out
 
 
 def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: dict[str, Any],

@@ -65,6 +65,14 @@ def find_growth(samples: list[dict[str, Any]], *, capacity: int | None) -> dict[
     rows.sort(key=lambda r: r["per_step"], reverse=True)
     out["sites"] = rows[:10]
     growing = total_rate >= MIN_GROWTH and _rising(lives)
+    tail = lives[-max(MIN_STEPS, len(lives) // 3):]
+    if growing and max(tail) - min(tail) < MIN_GROWTH:
+        # Growth that stopped is bounded state, not a leak: LBFGS's history fills to history_size pairs in its
+        # first steps and stays there (time_sequence_prediction was told "grows 7.0 MiB/step: 3410 more steps
+        # until 23.54 GiB" while its peak was flat); a cache that filled does the same.
+        out["stopped"] = {"grew": max(lives) - lives[0], "flat_steps": len(tail), "live": max(tail)}
+        growing = False
+        out["sites"] = []
     out["per_step"] = int(total_rate) if growing else 0
     kept = [int(s.get("kept_activations", 0)) for s in usable]
     losses = [int(s.get("losses_kept", 0)) for s in usable]

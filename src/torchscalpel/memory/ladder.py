@@ -126,7 +126,7 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
     optimizer = obs.optimizer or OptimizerSpec.named("none")
     batch, loss_fn, _ = obs.inputs()
     precision = obs.precision()
-    accum = max(1, obs.backwards) if obs.optimizer_stepped else 1
+    accum = obs.micro_batches()
     builder = obs.meta_builder()
     base_settings = sim_settings_for(optimizer, precision, accum, device)
 
@@ -258,23 +258,26 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
         rung("optimizer", f"an optimizer with less state than {plan.get('optimizer')} (SGD with momentum keeps one "
              "buffer per parameter), or shard it (FSDP)", max(0, base_peak - plan["sgd_peak"]),
              fits=plan["sgd_peak"] <= budget, peak=plan["sgd_peak"])
-    if growth and growth.get("per_step"):
-        # Memory that grows fills any limit in the end: the other rungs only move the out-of-memory later.
-        for r in rungs:
-            if r["kind"] not in ("detach-kept", "stop-growth"):
-                r["fits"] = False
-                r["why"] = (r["why"] + "; " if r["why"] else "") + "only delays the out-of-memory while memory grows"
     # Gradients live in a forward are stale only when no backward ran since the last step: under gradient
     # accumulation the second micro-batch's forward holds the first one's gradients by design.
     if phase == "forward" and breakdown.get("gradients", 0) > 0 and not accumulating:
         rung("set-to-none", "call optimizer.zero_grad(set_to_none=True) before the forward: the last step's gradients stay allocated through it",
              breakdown["gradients"])
-    order = {"activations": ("checkpoint-blocks", "micro-batches", "bf16"), "optimizer_state": ("optimizer",),
+    if growth and growth.get("per_step"):
+        # Memory that grows fills any limit in the end: every other rung (set-to-none included) only moves the out-of-memory later.
+        for r in rungs:
+            if r["kind"] not in ("detach-kept", "stop-growth"):
+                r["fits"] = False
+                r["why"] = (r["why"] + "; " if r["why"] else "") + "only delays the out-of-memory while memory grows"
+    order = {"activations": ("checkpoint-blocks", "micro-batches", "bf16", "max-batch"), "optimizer_state": ("optimizer",),
              "growth": ("detach-kept", "stop-growth"), "fragmentation": ("expandable-segments",),
              "data_preparation": ("data-preparation",),
              "gradients": ("set-to-none",)}.get(cause, ())
-    # The cause's own rungs first, and among them those that fit: the first rung is the recommended fix (a
-    # checkpointing rung that does not fit must not come before micro-batches that do: GPT-2 with a 16k vocab)
-    rungs.sort(key=lambda r: (r["kind"] not in order, r["fits"] is not True,
+    # Rungs that fit first, the cause's own first among them: the first rung is the recommended fix (a
+    # checkpointing rung that does not fit must not come before micro-batches that do: GPT-2 with a 16k vocab;
+    # mnist's ladder put micro-batches and bf16 that did not fit before the smaller batch that did, when
+    # max-batch was not one of the activations' rungs). ``fits`` compared by truth, not identity: a numpy
+    # bool from a plan figure is as true as True.
+    rungs.sort(key=lambda r: (r["fits"] is None or not bool(r["fits"]), r["kind"] not in order,
                               order.index(r["kind"]) if r["kind"] in order else 0))
     return rungs

@@ -33,8 +33,17 @@ class MemoryObserver(Observer):
 
     name = "memory"
 
-    def __init__(self, *, limit: int | None = None, plan: bool = True) -> None:
+    def __init__(self, *, limit: int | None = None, plan: bool = True, until_eval: int | None = None) -> None:
         self.limit = limit
+        self.until_eval = until_eval
+        """``--until-eval``: steps to run at least (warm-up included), then stop once an evaluation has ended
+        (None: the runtime's own window decides)."""
+        self.evaluations = 0
+        """Evaluation passes entered (a root forward of a model without grad after anything else)."""
+        self._eval_ended = False
+        self.bounded_state: dict[str, Any] | None = None
+        """An optimizer whose state grows to a known cap (LBFGS's history), as of its last step (lbfgs_bound)."""
+        self._steps_done = 0
         self.tracker: AllocationTracker | None = None
         self.samples: list[dict[str, Any]] = []
         self.session: Any = None
@@ -83,8 +92,13 @@ class MemoryObserver(Observer):
             # An evaluation forward (nanoGPT's estimate_loss before the first step): not data preparation, so an
             # out-of-memory in it is not blamed on the data (a loss module has no parameters: not a model)
             if any(True for _ in module.parameters()):
+                if tr.phase != EVALUATION:
+                    self.evaluations += 1
                 tr.phase = EVALUATION
             return
+        if tr.phase == EVALUATION and self.evaluations:  # training again: the evaluation pass is over
+            self._eval_ended = True
+            self._stop_after_evaluation()
         if not self._trained:  # the first training forward: the breakdown is of the training peak
             # (a flag, not the phase: Lightning's optimizer.step(closure) runs the first forward inside the step)
             self._trained = True
@@ -119,6 +133,8 @@ class MemoryObserver(Observer):
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
         self._in_step = True
+        if self.plan_observer is not None:
+            self.plan_observer.on_optimizer_step_pre(optimizer)
         if self.tracker is not None:
             self.tracker.phase = "optimizer"
 
@@ -132,6 +148,8 @@ class MemoryObserver(Observer):
         tr = self.tracker
         tr.phase = "after optimizer"
         tr.accumulating = False
+        if isinstance(optimizer, torch.optim.LBFGS):
+            self.bounded_state = lbfgs_bound(optimizer)
         state = [v for s in optimizer.state.values() if isinstance(s, dict) for v in s.values()]
         tr.adopt((v for v in state if isinstance(v, torch.Tensor) and v.dim() > 0), "optimizer_state")
         # Anything else the step left behind (a foreach temporary still referenced) stays a temporary.
@@ -151,9 +169,18 @@ class MemoryObserver(Observer):
             "losses_kept": sum(1 for a in tr.live.values() if a.is_loss and a.step < tr.step),
         })
         tr.step = step.index + 1
+        self._steps_done = step.index + 1
+        self._stop_after_evaluation()
         if self._stepped:  # a step that an optimizer step ended (not a provisional forward/backward one)
             tr.committed_step, self._stepped = tr.step, False
         tr.step_peak = tr.total
+
+    def _stop_after_evaluation(self) -> None:
+        """Under ``--until-eval``: end the run at the next step boundary once the window's steps ran and an
+        evaluation pass (mnist's test loop after each epoch, with a larger batch) was measured to its end."""
+        if self.until_eval is not None and self._eval_ended and self._steps_done >= self.until_eval \
+                and self.session is not None:
+            self.session.request_stop("scalpel memory: the window's steps and one evaluation were measured")
 
     def on_finish(self, record: Any) -> None:
         if self.plan_observer is not None:
@@ -183,6 +210,19 @@ class MemoryObserver(Observer):
                                          "peak": {"total": tr.peak, **(tr.peak_copy or {})}, "oom": tr.oom,
                                          "snapshot": snapshot,
                                          "samples": self.samples}
+
+
+def lbfgs_bound(optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """LBFGS's state cap: ``history_size`` pairs of flat parameter-sized vectors (``old_dirs``, ``old_stps``) plus
+    the direction and the previous flat gradient; and how many pairs it holds now. None without parameters."""
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    if not params:
+        return None
+    history = int(optimizer.param_groups[0].get("history_size", 0))
+    state = optimizer.state.get(params[0]) or {}
+    vector = sum(p.numel() for p in params) * params[0].element_size()
+    return {"optimizer": type(optimizer).__name__, "history_size": history,
+            "pairs": len(state.get("old_dirs") or []), "cap": (2 * history + 2) * vector}
 
 
 def _start_cuda_history() -> bool:

@@ -39,6 +39,9 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
     lines.append(f"peak live tensors {fmt_bytes(peak.get('total'))} (step {peak.get('step')}, {peak.get('phase')}, "
                  f"at {peak.get('op')} in {peak.get('module') or 'no module'})")
     lines += category_lines(peak.get("by_category", {}), total)
+    evaluation = section.get("evaluation") or {}
+    if evaluation.get("note") and not section.get("oom"):
+        lines.append(str(evaluation["note"]))
     before = section.get("before_training")
     if before:
         lines.append(f"before training the live total was higher: {fmt_bytes(before['total'])} at "
@@ -56,6 +59,16 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         lines.append(f"allocator cache: {fmt_bytes(cuda['reserved'])} reserved, {fmt_bytes(cuda['reserved_free'])} "
                      f"free in it ({cuda['share']:.0%}), largest free block {fmt_bytes(cuda['largest_free'])}")
     growth = section.get("growth") or {}
+    stopped = growth.get("stopped")
+    if stopped and not growth.get("per_step"):
+        lines.append(f"memory grew {fmt_bytes(stopped['grew'])} over the first steps, then stayed at "
+                     f"{fmt_bytes(stopped['live'])} for the last {stopped['flat_steps']} step ends: bounded state (an "
+                     "optimizer's history, a cache that filled), not growth")
+    bounded = growth.get("bounded")
+    if bounded:
+        lines.append(f"optimizer state grew {fmt_bytes(bounded['grew_per_step'])} per step while {bounded['optimizer']}'s "
+                     f"history filled ({bounded['pairs']} of {bounded['history_size']} pairs): bounded at "
+                     f"{fmt_bytes(bounded['cap'])}, {fmt_bytes(bounded['left'])} more; not growth")
     if growth.get("per_step"):
         left = growth.get("steps_left")
         lines.append(f"memory grows {fmt_bytes(growth['per_step'])} per step"
@@ -91,6 +104,16 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
                 cfg = " [scalpel run: " + ", ".join(f"{k}={v}" for k, v in r["config"].items()) + "]" if r.get("config") else ""
                 tail = "; ".join(x for x in (saves, fits, r.get("why", "")) if x)
                 lines.append(f"  - {r['action']}" + (f" ({tail})" if tail else "") + cfg)
+        if evaluation.get("note"):
+            lines.append(str(evaluation["note"]))
     else:
-        lines.append(f"largest share: {cause}")
+        # "largest share" names the largest of the categories printed above; the top cause, when it is another
+        # (temporaries of a training backward read as activations, growth, data preparation), follows with its why
+        by_category = peak.get("by_category", {})
+        largest = max(CATEGORIES, key=lambda c: int(by_category.get(c, 0)))
+        share = int(by_category.get(largest, 0)) / total if total else 0.0
+        lines.append(f"largest share: {LABELS[largest]} ({share:.1%})")
+        top = section.get("top_cause") or {}
+        if top.get("key") and top["key"] != largest:
+            lines.append(f"top cause: {cause}" + (f" ({top['note']})" if top.get("note") else ""))
     return lines

@@ -199,8 +199,9 @@ def train_steps(
     wrap: Callable[[nn.Module], nn.Module] | None = None, device: str = "cpu",
 ) -> None:
     """A plain training loop: zero_grad(set_to_none), forward, loss, backward, step; ``steps`` times."""
-    if settings.precision == "bf16":
-        model = model.to(torch.bfloat16)
+    whole = {"bf16": torch.bfloat16, "fp64": torch.float64}.get(settings.precision)  # the whole model in one dtype
+    if whole is not None:
+        model = model.to(whole)
     if wrap is not None:
         model = wrap(model)
     params = [p for p in unique_params(model) if p.requires_grad]
@@ -210,8 +211,8 @@ def train_steps(
             optimizer.zero_grad(set_to_none=True)
         for _ in range(settings.grad_accum):
             tensors = batch.make(device)
-            if settings.precision == "bf16":
-                tensors = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in tensors.items()}
+            if whole is not None:
+                tensors = {k: v.to(whole) if v.is_floating_point() else v for k, v in tensors.items()}
             dtype = {"bf16-mixed": torch.bfloat16, "fp16-mixed": torch.float16}.get(settings.precision)
             with torch.autocast(device, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
                 if loss_fn is not None:

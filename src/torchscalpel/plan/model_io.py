@@ -25,6 +25,29 @@ from torch import nn
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 
+_MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules"})
+
+
+def plain_tensor_attributes(model: nn.Module) -> list[tuple[nn.Module, str, list[torch.Tensor]]]:
+    """Tensors a model holds as plain attributes, neither parameters nor buffers: ``(module, attribute,
+    tensors)`` for each attribute holding one directly or inside a list / tuple / dict.
+
+    Lightning's demo Transformer keeps ``self.src_mask = torch.triu(...)`` and a positional table this
+    way (``.to()`` and ``state_dict`` skip them); planning must still copy them to meta and fake
+    tensors with the rest of the model, or its forward mixes devices.
+    """
+    from torch.utils._pytree import tree_flatten
+
+    found = []
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if name in _MODULE_TABLES:
+                continue
+            tensors = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+            if tensors:
+                found.append((module, name, tensors))
+    return found
+
 
 def split_batch(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[torch.Tensor]]:
     """(positional inputs, keyword inputs, targets) following the calling convention above."""

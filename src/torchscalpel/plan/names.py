@@ -22,6 +22,8 @@ class Precision(str, enum.Enum):
     """fp16 autocast over fp32 parameters, with GradScaler's scaled loss."""
     BF16 = "bf16"
     """The whole model (parameters, buffers, float inputs) in bf16."""
+    FP64 = "fp64"
+    """The whole model in float64 (``model.double()``: time_sequence_prediction, scientific models)."""
 
     def __str__(self) -> str:
         return str(self.value)

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from torchscalpel.errors import UsageError
-from torchscalpel.plan.model_io import loss_from_output
+from torchscalpel.plan.model_io import loss_from_output, plain_tensor_attributes
 from torchscalpel.plan.simulate import OptimizerSpec
 from torchscalpel.plan.spec import BatchSpec, TensorSpec
 from torchscalpel.runtime.hooks import is_sequence_first
@@ -46,6 +46,10 @@ class PlanObserver(Observer):
         self.batch: Any = None
         self.autocast: torch.dtype | None = None
         self.backwards = 0
+        """Backward calls before the first optimizer step outside it (micro-batches; see micro_batches)."""
+        self.closure_evals = 0
+        """Backward calls inside the first optimizer step (a closure: LBFGS evaluates it up to max_iter times)."""
+        self._in_step = False
         self.optimizer: OptimizerSpec | None = None
         self.optimizer_stepped = False  # False with an optimizer: built over the model but never stepped
         self._trained = False  # a backward was seen: the forward and batch before it are the training ones
@@ -108,16 +112,23 @@ class PlanObserver(Observer):
         if isinstance(x, torch.Tensor) and x.dim() == 3:
             self._seq_first = (f"{type(module).__name__} with batch_first=False got input {list(x.shape)}", x.shape[1])
 
+    def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        self._in_step = True
+
     def on_backward_pre(self, tensors: tuple[torch.Tensor, ...]) -> None:
         if not self.optimizer_stepped:
-            self.backwards += 1
+            if self._in_step:
+                self.closure_evals += 1  # a closure re-evaluating the same batch is not another micro-batch
+            else:
+                self.backwards += 1
             self._trained = self.model is not None
             self._find_built_optimizer()
-            if self.backwards >= MAX_BACKWARDS_WITHOUT_STEP and self.session is not None:
+            if self.backwards + self.closure_evals >= MAX_BACKWARDS_WITHOUT_STEP and self.session is not None:
                 # Hand-written updates (no torch.optim): this many backward calls is enough to plan.
                 self.session.request_stop("scalpel plan: no optimizer step after many backward calls")
 
     def on_optimizer_step_post(self, optimizer: torch.optim.Optimizer) -> None:
+        self._in_step = False
         if self.optimizer_stepped:
             return
         self.optimizer, self.optimizer_stepped = optimizer_spec(optimizer), True
@@ -139,15 +150,22 @@ class PlanObserver(Observer):
                 return
 
     # -- what the plan needs ---------------------------------------------------------------------
+    def micro_batches(self) -> int:
+        """Micro-batches of the first optimizer step, counted as the runtime counts them: backward calls before
+        the step, plus one for a closure evaluated inside it (Lightning's last micro-batch, LBFGS's batch)."""
+        if not self.optimizer_stepped:
+            return 1
+        return max(1, self.backwards + (1 if self.closure_evals else 0))
+
     def precision(self) -> str:
-        """fp32 / bf16-mixed / fp16-mixed / bf16, from autocast and the parameters' dtype."""
+        """fp32 / bf16-mixed / fp16-mixed / bf16 / fp64, from autocast and the parameters' real dtype."""
         if self.autocast is torch.bfloat16:
             return "bf16-mixed"
         if self.autocast is torch.float16:
             return "fp16-mixed"
         assert self.model is not None
-        dtypes = {p.dtype for p in self.model.parameters()}
-        return "bf16" if dtypes == {torch.bfloat16} else "fp32"
+        dtypes = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
+        return {frozenset({torch.bfloat16}): "bf16", frozenset({torch.float64}): "fp64"}.get(frozenset(dtypes), "fp32")
 
     def inputs(self) -> tuple[BatchSpec, Any, str]:
         """The batch as a spec (entries argN[_J] / keyword names / targetN, nested tensors included), a
@@ -213,6 +231,11 @@ class PlanObserver(Observer):
                 memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
             for b in model.buffers():
                 memo[id(b)] = torch.empty_like(b, device="meta")
+            for _module, _name, tensors in plain_tensor_attributes(model):
+                # A plain tensor attribute (a mask made in forward) is copied as its shape only: a real tensor
+                # deep-copied under fake tensors cannot keep its CPU storage, and one with a graph cannot be copied.
+                for t in tensors:
+                    memo.setdefault(id(t), torch.empty_like(t, device="meta", requires_grad=False))
             try:
                 return copy.deepcopy(model, memo)
             except Exception as exc:
@@ -325,7 +348,7 @@ def plan_script(target: Target, args: ScriptPlanOptions, device: Any, strategies
                         setup_hooks=[observer.setup_hook])
     if observer.model is None:
         raise UsageError(f"The script never called a model (status {record.status}); plan needs one training step to see it.")
-    if not observer.optimizer_stepped and observer.backwards == 0 and record.status == "failed":
+    if not observer.optimizer_stepped and observer.backwards + observer.closure_evals == 0 and record.status == "failed":
         raise UsageError(f"The script failed before its first optimizer step ({record.error}); fix it or use factory mode.")
     # --optimizer, when given, asks "what if"; otherwise the optimizer the script built, or none at all
     # (updates written by hand, ``p.data.add_(-lr * p.grad)``, keep no state).
@@ -333,8 +356,7 @@ def plan_script(target: Target, args: ScriptPlanOptions, device: Any, strategies
         else observer.optimizer
     batch, loss_fn, batch_note = observer.inputs()
     precision = observer.precision() if args.precision == "fp32" else args.precision
-    seen_accum = max(1, observer.backwards) if observer.optimizer_stepped else 1
-    accum = seen_accum if args.grad_accum == 1 else args.grad_accum
+    accum = observer.micro_batches() if args.grad_accum == 1 else args.grad_accum
     request = PlanRequest(
         builder=observer.meta_builder(), batch=batch, loss_fn=loss_fn, strategies=strategies,
         world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.checkpointing,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -22,11 +23,11 @@ import numpy as np
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from torchscalpel.blocks import find_blocks
 from torchscalpel.errors import UsageError
-from torchscalpel.plan.model_io import LossFn, default_loss, unique_params
+from torchscalpel.plan.model_io import LossFn, default_loss, plain_tensor_attributes, unique_params
 from torchscalpel.plan.names import OPTIMIZERS, Precision
 from torchscalpel.plan.spec import BatchSpec
 from torchscalpel.plan.tracker import AllocationTracker, Timeline
@@ -123,10 +124,32 @@ class Measurement:
 ModelBuilder = Callable[[], nn.Module]
 
 
+FAKE_LOGGERS = ("torch._subclasses.fake_tensor",)
+"""torch loggers that print a traceback for an op that fails on meta / fake tensors; planning turns such a
+failure into one sentence, so their lines are held back unless ``SCALPEL_DEBUG`` is set."""
+
+
+@contextlib.contextmanager
+def quiet_fake_logs() -> Iterator[None]:
+    """Hold back torch's own log lines for ops failing on fake tensors (the error says it once, clearly)."""
+    if os.environ.get("SCALPEL_DEBUG"):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in FAKE_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
 def build_meta_model(builder: ModelBuilder, precision: Precision | str) -> nn.Module:
     """Call the factory with the meta device as default, so no parameter memory is allocated."""
     try:
-        with torch.device("meta"):
+        with quiet_fake_logs(), torch.device("meta"):
             model = builder()
     except UsageError:
         raise
@@ -149,17 +172,21 @@ def simulate(
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     tracker = AllocationTracker()
     try:
-        with fake_mode:
-            model = _to_fake(meta_builder(), settings.device, torch.bfloat16 if settings.precision == Precision.BF16 else None)
+        with quiet_fake_logs(), fake_mode:
+            model = _to_fake(meta_builder(), settings.device, _WHOLE_MODEL_DTYPES.get(settings.precision))
         for p in model.parameters():
             tracker.label(p, "param")
         for b in model.buffers():
             tracker.label(b, "buffer")
+        for _module, _name, tensors in plain_tensor_attributes(model):
+            for t in tensors:  # held by the model like a buffer; a parameter keeps its own label
+                if not isinstance(t, nn.Parameter):
+                    tracker.label(t, "buffer")
         # The FSDP / checkpointing units dist.wrap uses (torchscalpel.blocks); with no block, as
         # wrap does, the root is the only FSDP unit and checkpointing wraps the whole model.
         blocks = find_blocks(model)
         params = [p for p in unique_params(model) if p.requires_grad]
-        with fake_mode, tracker, checkpointed_blocks(blocks or [("", model)], settings.checkpoint_blocks), \
+        with quiet_fake_logs(), fake_mode, tracker, checkpointed_blocks(blocks or [("", model)], settings.checkpoint_blocks), \
                 unit_marks(model, blocks, tracker):
             optimizer = settings.optimizer.build(params, foreach=settings.foreach)
             saved: dict[int, int] = {}
@@ -202,6 +229,19 @@ def _to_fake(meta_model: nn.Module, device: str, float_dtype: torch.dtype | None
         for name, b in list(module._buffers.items()):
             if b is not None:
                 module._buffers[name] = fake_like(b)
+    # Plain tensor attributes (Lightning's demo ``self.src_mask``) follow the model to the device but keep
+    # their dtype, as ``model.to(dtype)`` leaves them; one that is a parameter or buffer stays that object.
+    for module, name, _tensors in plain_tensor_attributes(model):
+        def swap(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            if id(t) in params:
+                return params[id(t)]
+            if id(t) not in memo:
+                memo[id(t)] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+            return memo[id(t)]
+
+        module.__dict__[name] = tree_map(swap, module.__dict__[name])
     return model
 
 
@@ -223,12 +263,22 @@ def _closure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
     params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     if not params:
         return
-    numel = sum(p.numel() for p in params)
-    group = optimizer.param_groups[0]
-    vectors = 2 * int(group.get("history_size", 0)) + 3 if isinstance(optimizer, torch.optim.LBFGS) else 1
     first = params[0]
     state = optimizer.state[first]
-    state["scalpel_flat_state"] = [torch.empty(numel, dtype=first.dtype, device=first.device) for _ in range(vectors)]
+    if "scalpel_flat_state" in state:
+        # the history is bounded and reused: allocating it again each simulated step held two copies at once
+        # (an LBFGS step planned at 100 MiB of state where torch keeps 50.5)
+        return
+    numel = sum(p.numel() for p in params)
+    state["scalpel_flat_state"] = [torch.empty(numel, dtype=first.dtype, device=first.device)
+                                   for _ in range(closure_state_vectors(optimizer))]
+
+
+def closure_state_vectors(optimizer: torch.optim.Optimizer) -> int:
+    """Flat parameter-sized vectors a closure optimizer keeps at steady state (see _closure_optimizer_state)."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        return 2 * int(optimizer.param_groups[0].get("history_size", 0)) + 3
+    return 1
 
 
 def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> None:
@@ -241,8 +291,9 @@ def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> Non
     for _ in range(min(settings.grad_accum, 2)):
         tracker.set_phase("data")
         tensors = batch.make(settings.device)
-        if settings.precision == Precision.BF16:
-            tensors = {k: v.to(torch.bfloat16) if v.dtype.is_floating_point else v for k, v in tensors.items()}
+        whole = _WHOLE_MODEL_DTYPES.get(settings.precision)
+        if whole is not None:
+            tensors = {k: v.to(whole) if v.dtype.is_floating_point else v for k, v in tensors.items()}
         for t in tensors.values():
             tracker.label(t, "input")
         tracker.set_phase("forward")
@@ -293,6 +344,9 @@ def _autocast(settings: SimSettings) -> Iterator[None]:
     with torch.autocast(device_type=settings.device, dtype=dtype):
         yield
 
+
+_WHOLE_MODEL_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP64: torch.float64}
+"""Precisions that put the whole model (and float inputs) in one dtype."""
 
 _AUTOCAST_DTYPES = {Precision.BF16_MIXED: torch.bfloat16, Precision.FP16_MIXED: torch.float16}
 """The ``*-mixed`` precisions: autocast's dtype over fp32 parameters."""

@@ -36,6 +36,9 @@ def build(record: RunRecord) -> list[Section]:
     peak = m["peak"]
     parts.append(f"<h3>At the peak: {escape(fmt_bytes(peak.get('total')))}</h3><p>step {escape(str(peak.get('step')))}, "
                  f"{escape(str(peak.get('phase')))}, at <code>{escape(str(peak.get('op')))}</code></p>")
+    note = (m.get("evaluation") or {}).get("note")
+    if note:
+        parts.append(f"<p><b>{escape(str(note))}.</b></p>")
     before = m.get("before_training")
     if before:
         parts.append(f"<p>Before training the live total was higher: {escape(fmt_bytes(before.get('total')))} at "

@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
-from torchscalpel.runtime.module_names import display_name
+from torchscalpel.runtime.module_names import split_display_name, user_modules
 from torchscalpel.runtime.userframes import Kind, file_kind
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
@@ -104,6 +104,10 @@ class AllocationTracker(TorchDispatchMode):
         self._peak_copy: dict[str, Any] = {}
         self._copy_at = 0
         self._pending: Alloc | None = None
+        self._pending_at: tuple[int, Any, bool] = (0, None, False)
+        """(step, phase, accumulating) when the pending high was reached: the copy is taken at a later free,
+        after a step end or phase change that allocated nothing (a limit crossed in step 0 was reported as
+        the peak of "step 1")."""
         """The allocation that made a new high not copied yet: copied at the next free (see _free)."""
         self.step = 0
         self.phase: str | None = "forward"
@@ -220,6 +224,7 @@ class AllocationTracker(TorchDispatchMode):
             self.peak = self.total
             if self._pending is not None or self.total >= self._copy_at:
                 self._pending = alloc
+                self._pending_at = (self.step, self.phase, self.accumulating)
 
     def _storage_died(self, ref: _StorageRef) -> None:
         self._free(ref.key)
@@ -274,8 +279,9 @@ class AllocationTracker(TorchDispatchMode):
     def _copy_peak(self, alloc: Alloc) -> None:
         self._pending = None
         self._copy_at = int(self.total * (1 + PEAK_RESOLUTION))
+        step, phase, accumulating = self._pending_at
         self._peak_copy = {
-            "total": self.total, "step": self.step, "phase": self.phase, "accumulating": self.accumulating,
+            "total": self.total, "step": step, "phase": phase, "accumulating": accumulating,
             "op": alloc.op, "module": alloc.module,
             "site": alloc.site, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
             "by_site": dict(self.by_site),
@@ -346,18 +352,15 @@ class AllocationTracker(TorchDispatchMode):
         """Names for ``root``'s submodules a user recognises (see :func:`display_name`; the root is its class)."""
         if root in self.module_names:
             return
-        inner = getattr(root, "_orig_mod", None)  # torch.compile's wrapper: name the model it wraps
-        root_name = type(inner if isinstance(inner, torch.nn.Module) else root).__name__
+        # wrappers (Fabric's _forward_module, DDP's module, compile's _orig_mod, ...) named as the model they wrap
+        root_name, named = user_modules(root)
         self.module_names[root] = root_name
-        for name, m in root.named_modules():
-            if isinstance(inner, torch.nn.Module):
-                name = "" if name == "_orig_mod" else name.removeprefix("_orig_mod.")
-                if not name:
-                    self.module_names.setdefault(m, root_name)
-            if name and m not in self.module_names:
-                self.module_names[m] = display_name(name, m, root_name)
-                if name.rsplit(".", 1)[-1].isdigit():
-                    self.index_labels[name] = self.module_names[m]
+        for name, m in named:
+            if m not in self.module_names:
+                self.module_names[m] = name
+                path, _cls = split_display_name(name)
+                if path.rsplit(".", 1)[-1].isdigit():
+                    self.index_labels[path] = name
 
     def _module_pre(self, module: torch.nn.Module, args: Any) -> None:
         if torch.compiler.is_compiling():
