@@ -6,9 +6,9 @@ The rules are about consistency between figures one record holds (never about ho
 - steps: every phase and step time a finite number >= 0, the five phases summing to the step
   (the runtime stores ``other = total - the measured phases``), step indices increasing, warm-up first;
 - the profiler window: its steps are recorded training steps, after warm-up, and exactly the steps
-  marked ``profiled``;
+  marked ``profiled`` (the FLOP-counting step aside);
 - FLOPs: ``flops_total``, every op's ``flops`` and ``flops_per_step`` >= 0; a per-op list that says it
-  is complete (``flops_by_op_complete``) sums to ``flops_total``;
+  is complete (a counted ``flops_step``, or ``flops_by_op_complete``) sums to ``flops_total``;
 - the summary: its step statistics are those of the steps it says it covers; phase means sum to the
   mean step, shares are phase mean / mean step; samples/s is mean samples / mean step; FLOP/s is
   FLOPs per step / median step; MFU is FLOP/s over the peak recorded beside it;
@@ -84,7 +84,9 @@ def _steps(record: RunRecord) -> list[str]:
 
 def _window(record: RunRecord) -> list[str]:
     window = record.profiler_view().steps
-    marked = [s.index for s in record.steps if s.profiled]
+    # The FLOP-counting step is marked profiled (left out of timings, like the window's steps) but is not
+    # inside the profiler window: it ran under the counting mode instead.
+    marked = [s.index for s in record.steps if s.profiled and not s.flops_counted]
     if window is None:
         return [f"steps {marked}: marked profiled but the record has no profiler window (profiler.steps)."] if marked else []
     out = []
@@ -117,7 +119,9 @@ def _flops(record: RunRecord) -> list[str]:
     per_step = record.summary_view().flops_per_step
     if per_step is not None and (not _num(per_step) or per_step < 0):
         out.append(f"summary.flops_per_step is {per_step!r}, not a count >= 0.")
-    if prof.extra.get("flops_by_op_complete") and _num(prof.flops_total):
+    # A counted step (flops_step) lists every op that counted, so its total must be their sum.
+    complete = prof.flops_step is not None or prof.extra.get("flops_by_op_complete")
+    if complete and _num(prof.flops_total):
         listed = sum(op.get("flops") or 0 for op in prof.flops_by_op if isinstance(op, dict))
         if not _close(listed, prof.flops_total, 1e-3):
             out.append(f"profiler.flops_by_op says it is complete but sums to {listed:.6g} FLOPs, not "

@@ -52,7 +52,7 @@ def _overview(record: RunRecord) -> Section | None:
     if s.flops_per_step is not None:
         kpis.append(("FLOP per step", f"{fmt_count(s.flops_per_step)}FLOP"))
     elif s.flops_not_measured:
-        kpis.append(("FLOP per step", "not measured"))
+        kpis.append(("FLOP per step", f"not measured: {s.flops_not_measured}"))
     if s.achieved_flops_per_s is not None:
         kpis.append(("achieved", fmt_flops(s.achieved_flops_per_s)))
     if s.mfu is not None:

@@ -219,7 +219,10 @@ class HostDeviceCopyBound(RuntimeRule):
             copy_us += us
             if "pageable" in low:
                 pageable_us += us
-        steps = [s for s in record.steps if s.profiled]
+        # The profiler window's steps only: the FLOP-counting step is marked profiled too, but its copies
+        # are not in the trace.
+        window = set(record.profiler_view().steps or ())
+        steps = [s for s in record.steps if s.index in window]
         step_us = sum(s.total_ms for s in steps) * 1000.0
         if not step_us:
             return
