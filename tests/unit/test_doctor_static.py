@@ -244,7 +244,8 @@ def test_registry_has_every_contract_slug_once() -> None:
     dataparallel-used optimizer-before-fsdp unsafe-torch-load whole-model-save state-dict-prefix-mismatch
     unseeded-run""".split()  # noqa: SIM905 - reads as the issue text
     # issue 21: hand-written updates, a loss that cannot vary; issue 18: DDP device_ids against LOCAL_RANK
-    added = ["manual-parameter-update", "loss-constant", "ddp-device-ids-not-local-rank"]
+    # issue 27: the script's own failure is the first finding
+    added = ["manual-parameter-update", "loss-constant", "ddp-device-ids-not-local-rank", "script-failed"]
     assert sorted(contract + added) == sorted(RULES)
 
 

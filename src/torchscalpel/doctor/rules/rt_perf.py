@@ -221,8 +221,7 @@ class HostDeviceCopyBound(RuntimeRule):
                 pageable_us += us
         # The profiler window's steps only: the FLOP-counting step is marked profiled too, but its copies
         # are not in the trace.
-        window = set(record.profiler_view().steps or ())
-        steps = [s for s in record.steps if s.index in window]
+        steps = [s for s in record.steps if s.profiled and not s.flops_counted]
         step_us = sum(s.total_ms for s in steps) * 1000.0
         if not step_us:
             return
