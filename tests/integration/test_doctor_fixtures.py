@@ -34,17 +34,12 @@ def loud(findings) -> set[str]:
     return {f.rule for f in findings if f.severity >= Severity.WARNING}
 
 
-# Fixtures whose planted bug sits after a long training loop (1500-2000 steps) where only the source can find it:
-# the default window (300 steps) would spend ~20-35 s training a loop that says nothing about the bug. A 10-step
-# window leaves the save just as far beyond the window, so the finding still has to come from the source.
-WINDOW: dict[str, int] = {"whole_model_save_kwargs.py": 10, "whole_model_save_trainer.py": 10}
-
 _RUNS: dict[tuple, tuple] = {}
 """Each (fixture, arguments, options) is diagnosed once per module: several tests read the same run."""
 
 
 def run(path: Path, args=(), **kw):
-    """The fixture's doctor run (once per module), with the default window unless WINDOW says otherwise."""
+    """The fixture's doctor run, once per module (several tests read the same one)."""
     key = (path, tuple(args), tuple(sorted(kw.items())))
     if key not in _RUNS:
         _RUNS[key] = diagnose_fresh(path, args, **kw)
@@ -54,7 +49,6 @@ def run(path: Path, args=(), **kw):
 def diagnose_fresh(path: Path, args=(), **kw):
     # the default window, as users get it; DDP/FSDP fixtures get the variables a 1-rank launcher sets
     # (doctor itself never sets them: it runs the script as 'python SCRIPT' would)
-    kw.setdefault("steps", WINDOW.get(path.name, "auto"))
     with _launcher_env(path):
         return diagnose(Target(script=path, args=list(args)), **kw)
 
