@@ -3,7 +3,7 @@ on scripts written the way real users write them (tests/fixtures/corpus/).
 
 Each script prints ``step N loss X`` (or nanoGPT's ``iter N: loss X``) for the N-th optimizer step,
 0-based, with X the loss the script itself would report. Runs are shared per module: one plain
-``python`` run, one profile and one doctor run per script.
+``python`` run, one profile and (for a few scripts) one doctor run per script.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, cli_env, run_cli
-from torchscalpel.doctor.finding import Severity
 from torchscalpel.record import RunRecord, load_record
 
 pytestmark = pytest.mark.slow
@@ -107,13 +106,6 @@ class Runs:
         proc, out = self.profile(spec)
         if not (out / "run.json").exists():
             pytest.fail(f"no run.json (exit {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}")
-        return load_record(out)
-
-    def doctor_record(self, spec: Spec) -> RunRecord:
-        proc = self.doctor(spec)
-        out = self._dir("doctor", spec)
-        if not (out / "run.json").exists():
-            pytest.fail(f"doctor wrote no run.json (exit {proc.returncode}); stderr tail:\n{proc.stderr[-3000:]}")
         return load_record(out)
 
     def doctor(self, spec: Spec) -> subprocess.CompletedProcess[str]:
@@ -275,21 +267,6 @@ def test_nanogpt_ddp_branch_is_not_taken_under_doctor(runs):
     doctored = runs.doctor(next(s for s in SPECS if s.script == "nanogpt_style.py"))
     assert doctored.returncode == 0, doctored.stderr[-3000:]
     assert "nccl" not in doctored.stderr.lower() and "iter 19: loss" in doctored.stdout
-
-
-DOCTOR_CLEAN = [*SPECS, Spec("notebook_inprocess.py", samples=32)]
-"""Every corpus script (nanoGPT with and without --compile) under 'scalpel doctor'."""
-
-
-@pytest.mark.parametrize("spec", DOCTOR_CLEAN, ids=[s.id for s in DOCTOR_CLEAN])
-def test_doctor_finds_nothing_louder_than_info(runs, spec):
-    """The corpus is clean: run as 'scalpel doctor -- SCRIPT' runs it (the default window, no launcher variables:
-    nanoGPT takes its single-process branch), no warning or error. The DOCTOR scripts share their run with the
-    exit-code and stdout test above."""
-    record = runs.doctor_record(spec)
-    assert record.status in {"complete", "stopped"}, record.error
-    loud = [f["message"] for f in record.findings if Severity.parse(f["severity"]) >= Severity.WARNING]
-    assert loud == []
 
 
 def test_notebook_profiles_in_process(tmp_path):

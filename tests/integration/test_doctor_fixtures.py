@@ -297,8 +297,18 @@ def test_every_planted_bug_is_found_while_the_cpu_is_loaded() -> None:
     assert missed == {}
 
 
-# The corpus scripts (Lightning, HF Trainer, accelerate, nanoGPT, ...) are judged clean under 'scalpel doctor' in
-# tests/integration/test_corpus.py, from the doctor run that module shares between its tests.
+CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "args"), [*((p.name, []) for p in sorted(CORPUS.glob("*.py"))),
+                                           ("nanogpt_style.py", ["--compile"])])
+def test_clean_corpus_script_has_no_warning_or_error(name: str, args: list[str]) -> None:
+    """The corpus of scripts in the styles real users write (Lightning, HF Trainer, accelerate, nanoGPT, ...),
+    run as 'scalpel doctor -- SCRIPT' runs them: no launcher variables (nanoGPT takes its single-process branch)."""
+    record, findings = diagnose(Target(script=CORPUS / name, args=args))
+    assert record.status in {"complete", "stopped"}, record.error
+    assert loud(findings) == set(), [f.message for f in findings]
 
 
 def test_loader_order_comes_from_the_batch_sampler_when_one_was_given() -> None:
