@@ -1,5 +1,4 @@
-"""The built wheel, installed into a fresh venv, runs ``scalpel demo`` from an empty folder (the suite's one demo
-run: the demo's stages and report are checked here too).
+"""The built wheel, installed into a fresh venv, runs ``scalpel demo`` from an empty folder.
 
 The fresh venv holds only the wheel (``--no-deps``); its dependencies come from the venv running the
 tests through a ``.pth`` line, so nothing is downloaded and no torch build is resolved. That venv's
@@ -20,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, assert_training_breakdown
-from torchscalpel.record import load_record
+from helpers import REPO
 
 # Every stage that reads packaged files (examples, data tables) except tune, which only adds minutes.
 STAGES = "env,profile,doctor,analyze,plan,ship"
@@ -77,14 +75,6 @@ def test_wheel_installs_and_demo_runs_from_an_empty_folder(tmp_path: Path) -> No
     assert {p.name for p in (out / "examples").iterdir()} >= {"char_transformer.py", "digits_cnn.py"}
     assert (out / "report.html").is_file() and (out / "ship" / "bundle" / "manifest.json").is_file()
     assert sorted(p.name for p in empty.iterdir()) == ["out"]
-    # the demo's own checks (this is the suite's one demo run): every stage wrote its part, one combined report
-    assert_training_breakdown(load_record(out / "profile"))
-    assert (out / "analyze" / "analysis.json").exists() and (out / "env" / "env.json").exists()
-    assert "plan" in load_record(out / "plan").sections
-    html = (out / "report.html").read_text()
-    for section in ('id="demo-stages"', 'id="steps"', 'data-chart="step-breakdown"', 'id="plan'):
-        assert section in html
-    assert "FAILED" not in html
 
     # the snapshot reader's C source ships in the wheel and compiles on first use (the Python reader without a compiler)
     snap = tmp_path / "snap.pickle"
