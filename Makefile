@@ -21,12 +21,14 @@ $(STAMP): pyproject.toml requirements-dev.txt constraints.txt
 demo: venv
 	$(VENV)/bin/scalpel demo
 
+# Everything: unit, integration and distributed; the 25 slowest tests and the time per folder are printed at the end.
 test: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
-	$(PY) -m pytest tests -q -p no:cacheprovider
+	$(PY) -m pytest tests -q -p no:cacheprovider --durations=25
 
+# The edit loop: tests/unit without the tests that start processes for ranks (dist) or run end to end (slow).
 test-fast: venv
-	$(PY) -m pytest tests -q -m "not slow and not browser"
+	$(PY) -m pytest tests/unit -q -p no:cacheprovider -m "not slow and not dist and not browser" --durations=10
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts

@@ -1,4 +1,5 @@
-"""Shared test fixtures: repository paths, the shared data folder, process-group cleanup."""
+"""Shared test fixtures: repository paths, the shared data folder, process-group cleanup, one inductor cache,
+and a per-folder time summary at the end of a run."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ FIXTURES = REPO / "tests" / "fixtures"
 SHARED = Path(os.environ.get("SCALPEL_SHARED_DIR", REPO.parent / "shared"))
 TRACES = SHARED / "data" / "traces"
 """HolisticTraceAnalysis's recorded traces (the HTA agreement tests compare against tests/data/hta_*.json)."""
+
+# One inductor cache for the whole run (DESIGN.md, Testing): a cold compile costs 15-25 s on 2 cores, a warm one ~2 s.
+# `make test` exports this folder; a plain `pytest` gets the same one, for in-process compiles and for every child
+# process a test starts (helpers.cli_env and tune's trials copy os.environ).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
 
 
 RECORD_CHECK_ENV = "SCALPEL_RECORD_CHECK"
@@ -112,3 +118,22 @@ def traces_dir() -> Path:
 def trace_set(request: pytest.FixtureRequest) -> Path:
     """For tests that only need a trace of a given layout: the committed traces, then the shared ones."""
     return COMMITTED_TRACES if request.param == "committed" else request.getfixturevalue("traces_dir")
+
+
+_SECONDS_BY_FOLDER: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add each test's setup, call and teardown time to its folder (tests/unit, tests/integration, ...)."""
+    parts = report.nodeid.split("/")
+    folder = "/".join(parts[:2]) if len(parts) > 2 else parts[0].split("::")[0]
+    _SECONDS_BY_FOLDER[folder] = _SECONDS_BY_FOLDER.get(folder, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Time spent per test folder, so that whoever runs CI sees which part of the suite costs what."""
+    if not _SECONDS_BY_FOLDER:
+        return
+    terminalreporter.section("time per test folder")
+    for folder, seconds in sorted(_SECONDS_BY_FOLDER.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{seconds:8.1f} s  {folder}")

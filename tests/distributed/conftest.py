@@ -1,8 +1,12 @@
-"""Fixtures for torchscalpel.distributed tests: a one-rank process group, and 2-rank launches."""
+"""Fixtures for torchscalpel.distributed tests: a one-rank process group, and 2-rank launches.
+
+Every test in this folder carries the ``dist`` marker, so ``-m "not dist"`` (``make test-fast``) leaves the whole
+folder out and ``-m dist`` selects it, whether or not a module declares the marker itself."""
 
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +14,16 @@ from torchscalpel import distributed as sd
 
 DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
             "TORCHELASTIC_USE_AGENT_STORE")
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own -m selection reads the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test collected from this folder ``dist`` (a conftest hook sees the whole session's items)."""
+    for item in items:
+        if HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.dist)
 
 
 @pytest.fixture()

@@ -72,7 +72,7 @@ def test_resume_is_exact(single_rank, tmp_path):
 
 
 def test_no_checkpoint_returns_none_and_keep_prunes(single_rank, tmp_path):
-    model, opt, sched, data = _parts()
+    model, opt, _sched, _data = _parts()
     ckpt = sd.Checkpointer(tmp_path, model=model, optimizer=opt, keep=2, sigterm=False)
     assert ckpt.load() is None
     for step in (1, 2, 3):
@@ -116,7 +116,7 @@ def test_sigterm_saves_and_exits_143(single_rank, tmp_path):
 
 
 def test_async_save_commits_on_wait(single_rank, tmp_path):
-    model, opt, sched, data = _parts()
+    model, opt, _sched, _data = _parts()
     ckpt = sd.Checkpointer(tmp_path, model=model, optimizer=opt, async_save=True, sigterm=False)
     ckpt.save(4)
     ckpt.wait()

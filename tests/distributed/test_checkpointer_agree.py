@@ -5,9 +5,9 @@ from __future__ import annotations
 import signal
 
 import pytest
-from helpers import REPO, run_ranks
 from torch import nn
 
+from helpers import REPO, run_ranks
 from torchscalpel import distributed as sd
 from torchscalpel.distributed import manifest
 

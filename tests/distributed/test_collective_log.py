@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from torchscalpel.runtime import collectives
-from torchscalpel.runtime.collectives import CollectiveRecorder, _wrap, describe_entry, quote_site, read_rank_log
+from torchscalpel.runtime.collectives import (
+    CollectiveRecorder,
+    _wrap,
+    describe_entry,
+    quote_site,
+    read_rank_log,
+)
 
 
 def _fake_all_reduce(tensor, op=None, group=None, async_op=False):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+
 from helpers import LOOPBACK_ENV, REPO, cli_env
 
 pytestmark = pytest.mark.dist

@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+
 from helpers import REPO
 
 pytestmark = pytest.mark.dist
@@ -41,5 +42,5 @@ def test_verify_catches_a_broken_latest(tmp_path):
     blob = bytearray(target.read_bytes())
     blob[-10] ^= 0x01
     target.write_bytes(bytes(blob))
-    step, problem = soak.verify(tmp_path / "ckpt")
+    _step, problem = soak.verify(tmp_path / "ckpt")
     assert problem is not None and "broken" in problem

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from helpers import REPO, run_cli, run_ranks
 
 pytestmark = pytest.mark.dist

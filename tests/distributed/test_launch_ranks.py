@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import GLOO_EXIT_ABORT, LOOPBACK_ENV, REPO, cli_env, run_cli, run_ranks
+
+from helpers import GLOO_EXIT_ABORT, LOOPBACK_ENV, REPO, cli_env, run_ranks
 
 pytestmark = pytest.mark.dist
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_cli, run_ranks
 
+from helpers import REPO, run_cli, run_ranks
 from torchscalpel.distributed.launch import build_parser, wrap_for_stage
 from torchscalpel.errors import UsageError
 from torchscalpel.trace.layout import trace_rank

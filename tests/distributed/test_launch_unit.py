@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from helpers import run_cli
 
+from helpers import run_cli
 from torchscalpel.distributed.launch import RankFailure, build_parser, failure_report, prepare, stderr_tail
 from torchscalpel.errors import UsageError
 

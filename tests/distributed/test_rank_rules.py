@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_ranks
 
+from helpers import REPO, run_ranks
 from torchscalpel.distributed.rankrules import (
     SLUGS,
     device_id_findings,

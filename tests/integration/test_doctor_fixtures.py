@@ -34,7 +34,19 @@ def loud(findings) -> set[str]:
     return {f.rule for f in findings if f.severity >= Severity.WARNING}
 
 
+_RUNS: dict[tuple, tuple] = {}
+"""Each (fixture, arguments, options) is diagnosed once per module: several tests read the same run."""
+
+
 def run(path: Path, args=(), **kw):
+    """The fixture's doctor run, once per module (several tests read the same one)."""
+    key = (path, tuple(args), tuple(sorted(kw.items())))
+    if key not in _RUNS:
+        _RUNS[key] = diagnose_fresh(path, args, **kw)
+    return _RUNS[key]
+
+
+def diagnose_fresh(path: Path, args=(), **kw):
     # the default window, as users get it; DDP/FSDP fixtures get the variables a 1-rank launcher sets
     # (doctor itself never sets them: it runs the script as 'python SCRIPT' would)
     with _launcher_env(path):
@@ -279,7 +291,7 @@ def test_every_planted_bug_is_found_while_the_cpu_is_loaded() -> None:
     missed = {}
     with _competing_cpu_load():
         for name, (must, _allowed) in sorted(POSITIVE.items()):
-            _, findings = run(FIXTURES / name)
+            _, findings = diagnose_fresh(FIXTURES / name)  # a run of its own: the point is the loaded CPU
             if not must <= loud(findings):
                 missed[name] = must - loud(findings)
     assert missed == {}

@@ -34,3 +34,13 @@ def test_every_test_folder_collects_tests() -> None:
     empty = sorted(str(f.relative_to(REPO)) for f in folders if not collected.get(f))
     assert not empty, f"folders holding test_*.py from which pytest collected nothing: {empty}"
     assert collected.get(TESTS / "distributed", 0) > 100, "the distributed tests are not collected"
+
+
+def test_every_distributed_test_carries_the_dist_marker() -> None:
+    """``make test-fast`` selects with ``-m "not dist"``: no test under tests/distributed may slip into it."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           "-m", "not dist", "tests/distributed"],
+                          cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    unmarked = [line for line in done.stdout.splitlines() if "::" in line]
+    assert not unmarked, f"{len(unmarked)} tests under tests/distributed lack the dist marker: {unmarked[:5]}"
+    assert "deselected" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
