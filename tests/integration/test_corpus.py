@@ -27,6 +27,9 @@ pytestmark = pytest.mark.slow
 CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
 WARMUP, STEPS = 2, 10
 LOSS_LINE = re.compile(r"^(?:step|iter) (\d+):? loss ([-+0-9.eE]+|nan|inf)", re.MULTILINE)
+# Where a script prints them on its loss line: the learning rate it set and what its clip_grad_norm_ returned.
+LR_AND_NORM = {"lr": re.compile(r"^(?:step|iter) (\d+):? loss \S+.*?\blr ([-+0-9.eE]+)", re.MULTILINE),
+               "grad_norm": re.compile(r"^(?:step|iter) (\d+):? loss \S+.*?\bgrad norm ([-+0-9.eE]+)", re.MULTILINE)}
 BACKWARD_OP = re.compile(r"Backward|autograd::engine")
 
 
@@ -218,6 +221,25 @@ def test_recorded_loss_is_what_the_script_reports(runs, spec):
     assert len(pairs) >= STEPS, f"only {len(pairs)} printed losses matched recorded steps: {sorted(printed)}"
     wrong = [(i, got, want) for i, got, want in pairs
              if got is None or not math.isclose(got, want, rel_tol=1e-5, abs_tol=2e-6)]
+    assert not wrong, f"(step, recorded, printed): {wrong}"
+
+
+WITNESSED_SERIES = [(s, series) for s in SPECS for series in sorted(LR_AND_NORM)
+                    if (s.script, series) in {("nanogpt_style.py", "lr"), ("nanogpt_style.py", "grad_norm"),
+                                              ("mingpt_trainer.py", "grad_norm")}]
+
+
+@pytest.mark.parametrize(("spec", "series"), WITNESSED_SERIES, ids=[f"{s.id}-{n}" for s, n in WITNESSED_SERIES])
+def test_recorded_lr_and_grad_norm_are_what_the_script_set_and_clipped(runs, spec, series):
+    """Witness: the learning rate the script set (nanoGPT's cosine schedule) and the norm its own
+    clip_grad_norm_ returned, step by step, against the record's per-step series."""
+    proc, _ = runs.profile(spec)
+    printed = {int(m.group(1)): float(m.group(2)) for m in LR_AND_NORM[series].finditer(proc.stdout)}
+    assert printed, f"{spec.script} printed no {series}"
+    recorded = runs.record(spec).sections.get("steps_extra", {}).get(series, {})
+    pairs = [(i, recorded.get(str(i)), want) for i, want in printed.items() if str(i) in recorded]
+    assert len(pairs) >= STEPS, f"only {len(pairs)} printed {series} values matched recorded steps: {recorded}"
+    wrong = [(i, got, want) for i, got, want in pairs if not math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-9)]
     assert not wrong, f"(step, recorded, printed): {wrong}"
 
 
