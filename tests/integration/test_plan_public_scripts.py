@@ -33,6 +33,15 @@ def test_plan_copies_plain_tensor_attributes_and_prints_no_torch_log(script, pla
     assert "fake_tensor.py" not in stderr and "Traceback" not in stderr
 
 
+def test_plan_runs_lightnings_demo_transformer_as_it_ships(tmp_path):
+    """The demo passes a causal mask without an is_causal hint: nn.Transformer's value check of the mask
+    cannot run on fake tensors, and plan used to stop on it ('op aten._local_scalar_dense needs real data')."""
+    stdout, stderr, plan = _plan("lightning_demo_unmodified.py", tmp_path)
+    assert "recommendation:" in stdout and "Traceback" not in stderr and "fake_tensor.py" not in stderr
+    # the lazily made positional table (demo default max_len 5000 x ninp 32, fp32) and the 16x16 mask are planned
+    assert plan["measurement"]["buffer_bytes"] >= (16 * 16) * 4
+
+
 FACTORY = '''
 import torch
 from torch import nn

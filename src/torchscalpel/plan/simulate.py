@@ -31,6 +31,7 @@ from torchscalpel.plan.model_io import LossFn, default_loss, plain_tensor_attrib
 from torchscalpel.plan.names import OPTIMIZERS, Precision
 from torchscalpel.plan.spec import BatchSpec
 from torchscalpel.plan.tracker import AllocationTracker, Timeline
+from torchscalpel.runtime.patching import wrap_attr
 
 
 @dataclass(kw_only=True, slots=True)
@@ -130,6 +131,33 @@ failure into one sentence, so their lines are held back unless ``SCALPEL_DEBUG``
 
 
 @contextlib.contextmanager
+def causal_masks_undetected() -> Iterator[None]:
+    """nn.Transformer and nn.TransformerEncoder given a mask but no ``is_causal`` hint compare the mask's values
+    with a causal one (``_detect_is_causal_mask``), a data read fake tensors cannot answer: Lightning's demo
+    Transformer does so with every step. Under the simulation the check answers "not causal", the path that
+    uses the mask as given: the same tensors are allocated either way in a training step, and ``is_causal``
+    only picks an attention kernel."""
+    from torch.nn.modules import transformer
+
+    def make(original: Callable[..., bool]) -> Callable[..., bool]:
+        def detect(mask: torch.Tensor | None, is_causal: bool | None = None, size: int | None = None) -> bool:
+            if is_causal is None and mask is not None and isinstance(mask, torch._subclasses.fake_tensor.FakeTensor):
+                return False
+            return original(mask, is_causal, size)
+        return detect
+
+    try:
+        undo = wrap_attr(transformer, "_detect_is_causal_mask", make)
+    except AttributeError:  # a torch without the check
+        yield
+        return
+    try:
+        yield
+    finally:
+        undo()
+
+
+@contextlib.contextmanager
 def quiet_fake_logs() -> Iterator[None]:
     """Hold back torch's own log lines for ops failing on fake tensors (the error says it once, clearly)."""
     if os.environ.get("SCALPEL_DEBUG"):
@@ -186,7 +214,7 @@ def simulate(
         # wrap does, the root is the only FSDP unit and checkpointing wraps the whole model.
         blocks = find_blocks(model)
         params = [p for p in unique_params(model) if p.requires_grad]
-        with quiet_fake_logs(), fake_mode, tracker, checkpointed_blocks(blocks or [("", model)], settings.checkpoint_blocks), \
+        with quiet_fake_logs(), causal_masks_undetected(), fake_mode, tracker, checkpointed_blocks(blocks or [("", model)], settings.checkpoint_blocks), \
                 unit_marks(model, blocks, tracker):
             optimizer = settings.optimizer.build(params, foreach=settings.foreach)
             saved: dict[int, int] = {}
