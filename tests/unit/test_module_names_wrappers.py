@@ -64,3 +64,32 @@ def test_fabric_module_names_drop_forward_module():
     assert tracker.module_names[model.blocks[0].attn] == "blocks.0.attn"
     assert tracker.module_names[wrapped] == "TinyLM"
     assert not any("_forward_module" in n or "_original_module" in n for n in tracker.module_names.values())
+
+
+def test_profile_module_times_show_fabric_names_and_keep_the_path_tune_compiles_by():
+    """profile's per-module table under Fabric read ``_forward_module.blocks.0``: it now shows the user's name
+    and keeps the qualified path (what ``get_submodule`` and tune's compile knob take) beside it."""
+    import lightning as L
+
+    from torchscalpel.record import StepRecord
+    from torchscalpel.runtime.clock import Clock
+    from torchscalpel.runtime.module_times import ModuleTimes
+
+    model = TinyLM()
+    wrapped = L.Fabric(accelerator="cpu", devices=1).setup_module(model)
+    timer = ModuleTimes()
+
+    class Session:  # the two attributes ModuleTimes reads
+        timeline = type("Timeline", (), {"clock": Clock()})()
+
+    timer.on_start(Session())  # type: ignore[arg-type]
+    # the root forward call, then one block's, as the global hooks would report them
+    timer.on_forward_pre(wrapped, (), {}, True)
+    timer.on_forward_pre(model.blocks[0], (), {}, False)
+    timer.on_forward_post(model.blocks[0], (), {}, None, False)
+    timer.on_forward_post(wrapped, (), {}, None, True)
+    timer.on_step_end(StepRecord(index=0))
+    rows = {r["shown"]: r for r in timer.table()}
+    assert "blocks.0" in rows and not any("_forward_module" in shown for shown in rows)
+    assert rows["blocks.0"]["name"] == "_forward_module.blocks.0"
+    assert wrapped.get_submodule(rows["blocks.0"]["name"]) is model.blocks[0]

@@ -187,7 +187,7 @@ def _flops_table(record: RunRecord) -> str:
 
 
 def _modules(record: RunRecord) -> Section:
-    rows = [(m["name"], m["type"], f"{m['params']:,}", m["calls"], f"{m['forward_ms']:.3f}") for m in record.modules[:25]]
+    rows = [(m.get("shown") or m["name"], m["type"], f"{m['params']:,}", m["calls"], f"{m['forward_ms']:.3f}") for m in record.modules[:25]]
     return Section(
         id="modules",
         title="Forward time by module",

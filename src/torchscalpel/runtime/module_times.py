@@ -1,8 +1,11 @@
 """Per-submodule forward time (opt-in): which region of the model is hottest.
 
 Tune reads this to compile the hottest submodules first. Submodules are named by their path
-under the root module (``blocks.0.mlp``) down to :data:`MAX_DEPTH` levels; deeper calls are
-inside their parent's time. Only measured (non-warm-up) steps count.
+under the root module (``blocks.0.mlp``, what ``get_submodule`` takes: tune compiles by it) and, for
+people, by that path without wrapper segments (``shown``: Fabric's ``_forward_module``, DDP's
+``module``, compile's ``_orig_mod``; :func:`runtime.module_names.user_path`), down to :data:`MAX_DEPTH`
+levels of the shown path; deeper calls are inside their parent's time. Only measured (non-warm-up)
+steps count.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchscalpel.runtime.module_names import user_path
 from torchscalpel.runtime.observer import Observer
 
 if TYPE_CHECKING:
@@ -30,6 +34,7 @@ class ModuleTimes(Observer):
     def __init__(self) -> None:
         self.session: Session | None = None
         self._names: dict[int, tuple[str, str, int]] = {}
+        self._shown: dict[str, str] = {}
         # Each mark is kept with the clock that made it: the session switches clocks when the
         # model reaches a GPU, and marks of two clocks cannot be subtracted.
         self._stack: list[tuple[int, Clock, Any]] = []
@@ -44,10 +49,12 @@ class ModuleTimes(Observer):
     def on_forward_pre(self, module: torch.nn.Module, args: Any, kwargs: Any, root: bool) -> None:
         if root and id(module) not in self._names:
             for qual, sub in module.named_modules():
-                depth = qual.count(".") + 1 if qual else 0
+                shown = user_path(module, qual)
+                depth = shown.count(".") + 1 if shown else 0  # wrappers do not use up the depth
                 if depth <= MAX_DEPTH and id(sub) not in self._names:
                     params = sum(p.numel() for p in sub.parameters(recurse=True))
                     self._names[id(sub)] = (qual or "<root>", type(sub).__name__, params)
+                    self._shown[qual or "<root>"] = shown or "<root>"
         if id(module) in self._names and self.session is not None:
             clock = self.session.timeline.clock
             self._stack.append((id(module), clock, clock.mark()))
@@ -73,6 +80,7 @@ class ModuleTimes(Observer):
         rows = [
             {
                 "name": qual,
+                "shown": self._shown.get(qual, qual),
                 "type": self._meta[qual][0],
                 "params": self._meta[qual][1],
                 "calls": self._calls[qual],
