@@ -33,6 +33,13 @@ COMMANDS: tuple[str, ...] = (
 )
 
 
+def workflow_order() -> str:
+    """``env, profile, doctor, memory, tune (then run), ...``: the epilog's order, from :data:`COMMANDS` so the
+    two cannot drift (``run`` applies what tune wrote; ``report`` and ``demo`` are not steps)."""
+    steps = [c for c in COMMANDS if c not in ("run", "report", "demo")]
+    return ", ".join("tune (then run)" if c == "tune" else c for c in steps)
+
+
 class WholeWordsFormatter(argparse.HelpFormatter):
     """argparse's help layout, but lines break only between words: a knob list or a path
     (``scalpel-runs/<time>/``) is never split mid-word or at a hyphen."""
@@ -61,9 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="scalpel",
         description="Measure, diagnose, tune, scale and ship an existing PyTorch training script.",
-        epilog="Commands are listed in workflow order: env, profile, doctor, tune (then run), plan, launch, "
-        "analyze, export, serve. Exit codes: 0 ok; 1 a scalpel error (or findings at --fail-on); 2 a usage "
-        "error; 130 interrupted; a profiled script's own non-zero code when it fails (partial results are "
+        epilog=f"Commands are listed in workflow order: {workflow_order()}. Exit codes: 0 ok; 1 a scalpel error "
+        "(or findings at --fail-on); 2 a usage error; 130 interrupted; a profiled script's own non-zero code when it fails (partial results are "
         "still written). 'scalpel COMMAND -h' describes each.",
     )
     from torchscalpel import __version__
