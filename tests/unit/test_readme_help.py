@@ -36,3 +36,12 @@ def test_the_workflow_order_names_every_step_command() -> None:
         if command not in ("run", "report", "demo"):
             assert re.search(rf"\b{command}\b", order), (command, order)
     assert order.startswith("env, profile, doctor, memory, tune (then run)")
+
+
+@pytest.mark.parametrize("command", ["tune", "doctor", "memory"])  # profile alone profiles the bundled example
+def test_a_missing_script_is_named_with_the_command_the_user_typed(command: str, capsys) -> None:
+    from torchscalpel.cli.main import main
+
+    assert main([command]) == 2
+    err = capsys.readouterr().err
+    assert f"e.g. 'scalpel {command} -- train.py" in err and "Traceback" not in err

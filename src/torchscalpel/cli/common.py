@@ -58,7 +58,8 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve_target(args: argparse.Namespace, *, default_script: Path | None = None) -> Target:
     """Validate the script or module the user named; raise :class:`UsageError` with one sentence."""
-    return resolve_script(list(args.target or []), getattr(args, "module", None), default_script=default_script)
+    return resolve_script(list(args.target or []), getattr(args, "module", None), default_script=default_script,
+                          command=getattr(args, "command", None) or "profile")
 
 
 def add_window_arguments(parser: argparse.ArgumentParser, *, warmup: int, steps: str, steps_help: str) -> None:

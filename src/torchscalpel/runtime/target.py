@@ -42,8 +42,10 @@ class Target:
         }
 
 
-def resolve_script(rest: list[str], module: str | None = None, *, default_script: Path | None = None) -> Target:
-    """Validate the script (``rest[0]``, its arguments after) or module; raise :class:`UsageError` with one sentence."""
+def resolve_script(rest: list[str], module: str | None = None, *, default_script: Path | None = None,
+                   command: str = "profile") -> Target:
+    """Validate the script (``rest[0]``, its arguments after) or module; raise :class:`UsageError` with one sentence
+    (``command``: the verb the user typed, for the example in it)."""
     rest = list(rest)
     if rest and rest[0] == "--":
         rest = rest[1:]
@@ -53,7 +55,7 @@ def resolve_script(rest: list[str], module: str | None = None, *, default_script
         return Target(module=module, args=rest)
     if not rest:
         if default_script is None:
-            raise UsageError("Name the script to run after --, e.g. 'scalpel profile -- train.py --lr 3e-4'.")
+            raise UsageError(f"Name the script to run after --, e.g. 'scalpel {command} -- train.py --lr 3e-4'.")
         return Target(script=default_script, args=[])
     script = Path(rest[0])
     if not script.exists():
