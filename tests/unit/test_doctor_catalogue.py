@@ -17,10 +17,10 @@ import torch
 
 import torchscalpel.doctor
 from torchscalpel.doctor import catalogue, registry
-from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.doctor.rule import Rule, RuleInfo
 from torchscalpel.doctor.runtime_rules import OBSERVER_EVENTS, DoctorObserver, RuntimeRule
 from torchscalpel.doctor.static import StaticRule
+from torchscalpel.findings import Finding, Severity
 from torchscalpel.runtime.observer import Observer, listeners_by_event
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"
@@ -189,8 +189,8 @@ def test_merge_findings_consults_every_catalogue_class(monkeypatch: pytest.Monke
 
 
 def test_nan_rule_answers_through_its_public_methods() -> None:
-    from torchscalpel.doctor.finding import Location
     from torchscalpel.doctor.rules.rt_numerics import NanLoss
+    from torchscalpel.findings import Location
 
     rule = NanLoss()
     assert rule.rerun_steps() is None

@@ -64,7 +64,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Validate flags, then run the static-only or the full doctor."""
-    from torchscalpel.doctor.finding import Severity
+    from torchscalpel.findings import Severity
 
     fail_on = Severity.parse(args.fail_on) if args.fail_on else None
     args.steps = steps_arg(args)
