@@ -1,28 +1,30 @@
 """torchscalpel: measure, diagnose, tune, scale and ship an existing PyTorch training script.
 
 The public API is kept small on purpose: most users only touch the ``scalpel`` command line;
-notebooks and programs whose loop is a function use :func:`profile` (and :func:`doctor`) in
-process; users who scale out use :mod:`torchscalpel.distributed`.
+notebooks and programs whose loop is a function use :func:`profile`, :func:`doctor` and
+:func:`memory` in process (docs/inprocess.md); users who scale out use
+:mod:`torchscalpel.distributed`. ``import torchscalpel`` does not import torch (``scalpel --help``
+stays fast): the runtime is imported when a block starts.
 """
 
-import importlib
-from typing import Any
-
+# Why the subpackages are imported here, before the functions of the same names are bound: the
+# import system sets ``torchscalpel.doctor = <the package>`` when the package is first loaded. Loading
+# both packages now (they hold only a docstring, no torch) means that setattr has already happened,
+# so the function bound below stays the package attribute whatever a program imports later
+# (``from torchscalpel.doctor.api import ...`` finds the package in sys.modules and sets nothing on
+# ``torchscalpel``). Inside the repository, reach a submodule with ``from torchscalpel.doctor import
+# api`` or ``from torchscalpel.doctor.api import X``, never as the attribute chain
+# ``torchscalpel.doctor.api`` (that is the function's attribute, and there is none).
+import torchscalpel.doctor as _doctor_package  # noqa: F401
+import torchscalpel.memory as _memory_package  # noqa: F401
+from torchscalpel.inprocess import InProcessRun, doctor, memory, profile
 from torchscalpel.record import RunRecord, load_record, save_record
 
 __version__ = "0.1.0"
 
-__all__ = ["RunRecord", "__version__", "doctor", "load_record", "memory", "profile", "save_record"]
+__all__ = ["InProcessRun", "RunRecord", "__version__", "doctor", "load_record", "memory", "profile", "save_record"]
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy: ``import torchscalpel`` (and so ``scalpel --help``) must not import torch.
-    if name == "profile":
-        from torchscalpel.inprocess import profile
-
-        return profile
-    if name == "doctor":  # the doctor package is callable: torchscalpel.doctor(...) opens a diagnosed block
-        return importlib.import_module("torchscalpel.doctor")
-    if name == "memory":  # callable package, as doctor: torchscalpel.memory(...) opens an accounted block
-        return importlib.import_module("torchscalpel.memory")
-    raise AttributeError(f"module 'torchscalpel' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    """The public API only (not the helpers this module imported)."""
+    return sorted(__all__)

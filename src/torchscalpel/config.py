@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.errors import UsageError
-from torchscalpel.runtime.window import STEP_KINDS, parse_steps
+from torchscalpel.runtime.window import STEP_KINDS, check_warmup, parse_steps
 
 try:
     import tomllib
@@ -57,8 +57,8 @@ class Defaults:
     """The folder that holds ``<time>-<name>/`` run folders when ``--out`` is not given (default scalpel-runs)."""
 
     def __post_init__(self) -> None:
-        if self.warmup is not None and not (_is_int(self.warmup) and self.warmup >= 0):
-            raise ValueError(f"warmup must be an integer >= 0, not {self.warmup!r}")
+        if self.warmup is not None:
+            check_warmup(self.warmup, name="warmup")
         if self.steps is not None:
             if isinstance(self.steps, bool) or not isinstance(self.steps, int | str):
                 raise ValueError(f"steps must be a number, \"all\" or \"auto\", not {self.steps!r}")

@@ -29,14 +29,20 @@ import contextlib
 import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from torchscalpel.doctor.window import DOCTOR_WINDOW, TIME_CAP_S
 from torchscalpel.fileio import default_run_dir
 from torchscalpel.record import RunRecord
-from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
-from torchscalpel.runtime.observer import Observer
-from torchscalpel.runtime.script import one_line_error
-from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook, StopScript
+from torchscalpel.runtime.window import MEMORY_WINDOW, PROFILE_WINDOW
+
+# The runtime imports torch; this module is imported by ``import torchscalpel`` (and so by
+# ``scalpel --help``), so it names the runtime's types for the checker only and imports the
+# runtime when a block is built.
+if TYPE_CHECKING:
+    from torchscalpel.findings import Finding
+    from torchscalpel.runtime.observer import Observer
+    from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook
 
 _active: list[Attachment] = []
 """The attachment in force: hooks are global, so one block at a time."""
@@ -65,7 +71,7 @@ class InProcessRun(contextlib.ContextDecorator):
         self._finish = finish
         self.record: RunRecord | None = None
         """The Run record of the last block that ended (None while it runs)."""
-        self.findings: list[Any] = []
+        self.findings: list[Finding] = []
         """Doctor blocks: the ranked findings (``Finding`` objects) of the last block."""
         self.caller: str = "?"
         """``file:line`` of the code that opened the block."""
@@ -74,6 +80,8 @@ class InProcessRun(contextlib.ContextDecorator):
         self._attachment: Attachment | None = None
 
     def __enter__(self) -> InProcessRun:
+        from torchscalpel.runtime.session import Attachment
+
         if _active:
             raise RuntimeError("torchscalpel is already measuring a block in this process; nest no runs")
         self.out_dir = self._out or default_run_dir(self.options.name)
@@ -93,6 +101,10 @@ class InProcessRun(contextlib.ContextDecorator):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
+        from torchscalpel.runtime.script import one_line_error
+        from torchscalpel.runtime.session import StopScript
+
         attachment, self._attachment = self._attachment, None
         _active.clear()
         if attachment is None:
@@ -114,10 +126,10 @@ class InProcessRun(contextlib.ContextDecorator):
 
 def profile(
     *,
-    steps: int | None = 20,
-    warmup: int = 2,
+    steps: int | None = PROFILE_WINDOW.steps,
+    warmup: int = PROFILE_WINDOW.warmup,
     out: str | Path | None = None,
-    profile_steps: int = 3,
+    profile_steps: int = PROFILE_WINDOW.profile_steps,
     module_times: bool = False,
     step_kind: str = "auto",
     name: str = "inprocess",
@@ -127,8 +139,11 @@ def profile(
     """Profile the block (or each call of the decorated function) like ``scalpel profile``.
 
     ``steps=None`` lets the block finish; ``out`` defaults to ``scalpel-runs/<time>-<name>/``;
-    ``quiet=False`` also prints the terminal summary. Bad values raise ``ValueError``.
+    ``quiet=False`` also prints the terminal summary. Bad values raise ``ValueError``. The defaults
+    are ``scalpel profile``'s (:data:`~torchscalpel.runtime.window.PROFILE_WINDOW`).
     """
+    from torchscalpel.runtime.session import RuntimeOptions
+
     options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=profile_steps, module_times=module_times,
                              step_kind=step_kind, name=name)
 
@@ -144,10 +159,11 @@ def profile(
 
 def doctor(
     *,
-    steps: int | None = 30,
-    warmup: int = 2,
+    steps: int | None = DOCTOR_WINDOW.steps,
+    warmup: int = DOCTOR_WINDOW.warmup,
     out: str | Path | None = None,
     static: bool = True,
+    time_cap_s: float | None = TIME_CAP_S,
     step_kind: str = "auto",
     name: str = "doctor-inprocess",
     report: bool = True,
@@ -156,12 +172,17 @@ def doctor(
     """Diagnose the block (or each call of the decorated function) like ``scalpel doctor``.
 
     ``run.findings`` are the ranked findings and ``run.record.findings`` their JSON form;
-    ``quiet=False`` prints them. ``static=False`` skips the static rules.
+    ``quiet=False`` prints them. ``static=False`` skips the static rules. The window is
+    ``scalpel doctor``'s (:data:`~torchscalpel.doctor.window.DOCTOR_WINDOW`: 300 steps, ended early by
+    ``time_cap_s``, None or 0 for no cap); ``run.record.sections["doctor"]["window"]`` says what ran.
     """
-    from torchscalpel.doctor.api import assemble_findings, runtime_rules_for_block
+    from torchscalpel.doctor.api import TimeCap, assemble_findings, runtime_rules_for_block, window_facts
     from torchscalpel.doctor.runtime_rules import DoctorObserver
+    from torchscalpel.runtime.session import RuntimeOptions
 
     rules, sources = runtime_rules_for_block()
+    cap = TimeCap(time_cap_s)  # as in ``scalpel doctor``: the step window, bounded for a very slow loop
+    rules.append(cap)
     observer = DoctorObserver(rules)
     options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name)
 
@@ -173,6 +194,7 @@ def doctor(
         files = [caller_file.resolve()] if caller_file.is_file() else []  # a notebook cell has no file
         run.findings = assemble_findings(run.record, observer, observer.findings(run.record), rules, sources,
                                          files if static else None)
+        run.record.sections["doctor"]["window"] = window_facts(steps, warmup, cap)
         finish_profile(run.record, run.out_dir, write_report=run.report, quiet=True)
         if not run.quiet:
             from rich.console import Console
@@ -188,7 +210,7 @@ def doctor(
 def memory(
     *,
     steps: int | Literal["default"] | None = "default",
-    warmup: int = 1,
+    warmup: int = MEMORY_WINDOW.warmup,
     out: str | Path | None = None,
     memory_limit: str | int | None = None,
     step_kind: str = "auto",
@@ -200,16 +222,18 @@ def memory(
     breakdown, growth and (past ``memory_limit``, a size such as ``"2GiB"`` or bytes) the post-mortem.
     A block that crosses the limit ends there, like a step stop; the record says why.
 
-    ``steps``: how many to account (None: all); by default 20, or all under ``memory_limit`` as in
+    ``steps``: how many to account (None: all); by default ``scalpel memory``'s
+    (:data:`~torchscalpel.runtime.window.MEMORY_WINDOW`: 20), or all under ``memory_limit`` as in
     ``scalpel memory``, so growth that crosses the limit late still gets its post-mortem."""
     from torchscalpel.memory.observer import MemoryObserver
     from torchscalpel.memory.stage import observer_setup
+    from torchscalpel.runtime.session import RuntimeOptions
     from torchscalpel.units import parse_size
 
     limit = parse_size(memory_limit, flag="memory_limit") if isinstance(memory_limit, str) else memory_limit
     observer = MemoryObserver(limit=limit)
     if steps == "default":
-        steps = None if limit is not None else 20
+        steps = None if limit is not None else MEMORY_WINDOW.steps
     options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name)
 
     def finish(run: InProcessRun) -> None:

@@ -20,7 +20,7 @@ Layout (all times in milliseconds, all memory in bytes):
   categories, allocator memory) lives once, in ``sections["trace"]``: read it with
   :meth:`RunRecord.op_summary` (records before 1.1 kept a copy in ``profiler``);
 - ``provenance`` (1.3): code (git, script and local-module hashes), data fingerprint, seeds;
-- ``findings``: doctor findings as dicts (see :mod:`torchscalpel.doctor.finding`);
+- ``findings``: doctor findings as dicts (see :mod:`torchscalpel.findings`);
 - ``sections``: stage outputs keyed by stage name (``tune``, ``plan``, ``trace``, ...).
 
 The dict parts are stored as plain JSON data; read them through the typed views of

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from torchscalpel.doctor.api import diagnose
-from torchscalpel.doctor.finding import Severity
+from torchscalpel.findings import Severity
 from torchscalpel.netutil import free_port
 from torchscalpel.runtime.target import Target
 

@@ -88,10 +88,18 @@ def test_doctor_block_finds_a_planted_bug_in_code_built_before_it(tmp_path: Path
     assert saved["sections"]["doctor"]["static_files"] == [str(Path(__file__).resolve())]
 
 
-def test_torchscalpel_doctor_is_the_same_callable_whatever_was_imported_first() -> None:
-    code = ("import torchscalpel.doctor.api, torchscalpel\n"
-            "import torchscalpel.doctor as d\n"
-            "assert callable(torchscalpel.doctor) and torchscalpel.doctor is d\n"
+def test_torchscalpel_doctor_is_the_same_function_whatever_was_imported_first() -> None:
+    # a fresh interpreter, the subpackages' modules imported before the package's functions are used
+    code = ("import inspect, sys\n"
+            "from torchscalpel.doctor.api import diagnose\n"
+            "from torchscalpel.memory import analysis\n"
+            "import torchscalpel.doctor.output\n"
+            "import torchscalpel\n"
+            "from torchscalpel import doctor, memory\n"
+            "assert inspect.isfunction(doctor) and torchscalpel.doctor is doctor, torchscalpel.doctor\n"
+            "assert inspect.isfunction(memory) and torchscalpel.memory is memory, torchscalpel.memory\n"
+            "assert sys.modules['torchscalpel.doctor'].__path__ and sys.modules['torchscalpel.memory'].__path__\n"
+            "assert list(inspect.signature(doctor).parameters)[:2] == ['steps', 'warmup']\n"
             "run = torchscalpel.doctor(steps=1, report=False)\n"
             "print(type(run).__name__)\n")
     proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120,
@@ -120,3 +128,20 @@ def test_a_doctor_block_leaves_no_wrapper_behind(tmp_path: Path) -> None:
             opt.step()
     after = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_, torch.manual_seed, random.seed)
     assert after == before
+
+
+def test_the_in_process_doctor_runs_the_cli_default_window(tmp_path: Path) -> None:
+    # `scalpel doctor` measures 300 steps by default (--steps auto); the in-process doctor did 30
+    import torchscalpel
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with torchscalpel.doctor(out=tmp_path / "doc", report=False, static=False) as run:
+        for _ in range(400):
+            opt.zero_grad()
+            model(torch.randn(2, 4)).pow(2).mean().backward()
+            opt.step()
+    assert run.record is not None and run.record.status == "stopped"
+    assert len([s for s in run.record.steps if not s.warmup]) == 300
+    window = run.record.sections["doctor"]["window"]
+    assert (window["steps"], window["warmup"], window["time_cap_s"]) == (300, 2, 120.0), window

@@ -44,7 +44,7 @@ def test_inprocess_memory_block_and_limit(tmp_path: Path) -> None:
 
 
 def test_a_crash_in_the_analysis_keeps_the_snapshot_and_the_record(tmp_path: Path, monkeypatch) -> None:
-    import torchscalpel.memory.analysis as analysis
+    from torchscalpel.memory import analysis
 
     def broken(*args: object, **kwargs: object) -> dict:
         raise RuntimeError("analysis bug")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
-from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.findings import Finding, Severity
 from torchscalpel.record import new_run_record, save_record
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"

@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import torchscalpel.doctor
 from torchscalpel.doctor import catalogue, registry
-from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.doctor.rule import Rule, RuleInfo
 from torchscalpel.doctor.runtime_rules import OBSERVER_EVENTS, DoctorObserver, RuntimeRule
 from torchscalpel.doctor.static import StaticRule
+from torchscalpel.findings import Finding, Severity
 from torchscalpel.runtime.observer import Observer, listeners_by_event
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"
@@ -29,7 +28,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"
 def _doctor_classes() -> list[type]:
     """Every class defined in a torchscalpel.doctor module that derives from Rule."""
     found: list[type] = []
-    for mod in pkgutil.walk_packages(torchscalpel.doctor.__path__, "torchscalpel.doctor."):
+    for mod in pkgutil.walk_packages(importlib.import_module("torchscalpel.doctor").__path__, "torchscalpel.doctor."):
         module = importlib.import_module(mod.name)
         for _, obj in inspect.getmembers(module, inspect.isclass):
             if obj.__module__ == module.__name__ and issubclass(obj, Rule) and obj not in (Rule, StaticRule, RuntimeRule):
@@ -95,7 +94,7 @@ def test_catalogue_has_no_import_side_effects() -> None:
     code = textwrap.dedent(
         """
         import importlib, sys
-        import torchscalpel.doctor.static as static
+        from torchscalpel.doctor import static
         assert not [m for m in sys.modules if m.startswith(("torchscalpel.doctor.rules", "torchscalpel.doctor.catalogue"))]
         assert not hasattr(static, "STATIC_CHECKS")
         SRC = "import torch\\nimport torch.nn as nn\\ntorch.save(model, 'm.pt')\\nm = nn.DataParallel(model)\\n"
@@ -189,8 +188,8 @@ def test_merge_findings_consults_every_catalogue_class(monkeypatch: pytest.Monke
 
 
 def test_nan_rule_answers_through_its_public_methods() -> None:
-    from torchscalpel.doctor.finding import Location
     from torchscalpel.doctor.rules.rt_numerics import NanLoss
+    from torchscalpel.findings import Location
 
     rule = NanLoss()
     assert rule.rerun_steps() is None

@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from torchscalpel.doctor.finding import Severity
 from torchscalpel.doctor.rules.rt_graph import EvalInTrainMode, EvalWithoutNoGrad, LossGraphRetained
 from torchscalpel.doctor.rules.rt_model import ModuleInPlainContainer, TensorAttributeNotRegistered
 from torchscalpel.doctor.rules.rt_optim import FrozenParamInOptimizer, GradNotZeroed, ParamNotInOptimizer
 from torchscalpel.doctor.rules.rt_perf import HostDeviceCopyBound
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule
+from torchscalpel.findings import Severity
 from torchscalpel.record import RunRecord, StepRecord
 
 

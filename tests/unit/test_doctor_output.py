@@ -6,9 +6,9 @@ import io
 
 from rich.console import Console
 
-from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.output import reaches, render_terminal, to_json
 from torchscalpel.doctor.sarif import to_sarif
+from torchscalpel.findings import Finding, Location, Severity
 from torchscalpel.record import RunRecord
 from torchscalpel.report.findings_sections import build
 

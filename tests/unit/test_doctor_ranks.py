@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.ranks import merge_rank_findings
+from torchscalpel.findings import Finding, Location, Severity
 from torchscalpel.record import RunRecord, StepRecord
 
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.envcheck.checks import SLUGS, run_checks
+from torchscalpel.findings import Finding, Severity
 
 CONTRACT_SLUGS = {
     "torch-cpu-build-on-gpu-machine", "driver-too-old-for-cuda", "cuda-unavailable", "no-compiler-for-inductor",

@@ -13,7 +13,7 @@ from pathlib import Path
 from torchscalpel import fileio
 from torchscalpel.errors import UsageError
 from torchscalpel.runtime.target import Target, resolve_script
-from torchscalpel.runtime.window import STEP_KINDS, StepCount, parse_steps
+from torchscalpel.runtime.window import STEP_KINDS, StepCount, check_warmup, parse_steps
 from torchscalpel.units import duration_type
 
 __all__ = [
@@ -78,9 +78,8 @@ def add_window_arguments(parser: argparse.ArgumentParser, *, warmup: int, steps:
 
 def steps_arg(args: argparse.Namespace, *, minimum: int = 1) -> StepCount:
     """The parsed ``--steps`` (and a valid ``--warmup``), as a :class:`UsageError` with one sentence when not."""
-    if args.warmup < 0:
-        raise UsageError("--warmup must be 0 or more.")
     try:
+        check_warmup(args.warmup)
         return parse_steps(args.steps, minimum=minimum)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None

@@ -25,7 +25,7 @@ from torchscalpel.cli.common import (
     steps_arg,
     track,
 )
-from torchscalpel.doctor.window import DEFAULT_STEPS, TIME_CAP_S
+from torchscalpel.doctor.window import DEFAULT_STEPS, DOCTOR_WINDOW, TIME_CAP_S
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import write_output_text
 
@@ -41,7 +41,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--static", nargs="+", type=Path, metavar="PATH",
                    help="only run the static rules over these files/folders (fast; no script is run)")
-    add_window_arguments(p, warmup=2, steps="auto",
+    add_window_arguments(p, warmup=DOCTOR_WINDOW.warmup, steps="auto",
                          steps_help=f"{DEFAULT_STEPS} steps, within the --time-cap")
     p.add_argument("--time-cap", type=float, default=TIME_CAP_S, metavar="SECONDS",
                    help=f"stop a slow script after this long even before its steps are done, and say so in the "
@@ -64,7 +64,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Validate flags, then run the static-only or the full doctor."""
-    from torchscalpel.doctor.finding import Severity
+    from torchscalpel.findings import Severity
 
     fail_on = Severity.parse(args.fail_on) if args.fail_on else None
     args.steps = steps_arg(args)

@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from torchscalpel.doctor.finding import Severity
 from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.findings import Severity
 from torchscalpel.units import duration_type
 
 

@@ -22,8 +22,9 @@ from torchscalpel.cli.common import (
     steps_arg,
 )
 from torchscalpel.errors import UsageError
+from torchscalpel.runtime.window import MEMORY_WINDOW
 
-DEFAULT_STEPS = 20
+DEFAULT_STEPS = MEMORY_WINDOW.steps
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--memory-limit", metavar="SIZE",
                    help="stop the run when live tensors exceed SIZE (e.g. 512MiB, 2GB), on any device")
-    add_window_arguments(p, warmup=1, steps=f"{DEFAULT_STEPS}, or all under --memory-limit",
+    add_window_arguments(p, warmup=MEMORY_WINDOW.warmup, steps=f"{DEFAULT_STEPS}, or all under --memory-limit",
                          steps_help="the same as 'all' here")
     # None: not given. Under --memory-limit the run goes on until the script ends or crosses the limit, so
     # memory that grows slowly still reaches its out-of-memory (and its fix ladder) instead of a step-20 stop.

@@ -21,6 +21,7 @@ from torchscalpel.cli.common import (
     track,
 )
 from torchscalpel.errors import UsageError
+from torchscalpel.runtime.window import PROFILE_WINDOW
 
 DEFAULT_EXAMPLE = "char_transformer.py"
 
@@ -45,14 +46,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-PROFILE_STEPS = 20
+PROFILE_STEPS = PROFILE_WINDOW.steps
 """What ``--steps auto`` measures in profile."""
 
 
 def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     """The run window plus ``--profile-steps`` and ``--module-times``."""
-    add_window_arguments(p, warmup=2, steps=str(PROFILE_STEPS), steps_help=f"{PROFILE_STEPS}")
-    p.add_argument("--profile-steps", type=int, default=3, help="steps inside the torch.profiler window; 0 disables (default 3)")
+    add_window_arguments(p, warmup=PROFILE_WINDOW.warmup, steps=str(PROFILE_STEPS), steps_help=f"{PROFILE_STEPS}")
+    p.add_argument("--profile-steps", type=int, default=PROFILE_WINDOW.profile_steps,
+                   help=f"steps inside the torch.profiler window; 0 disables (default {PROFILE_WINDOW.profile_steps})")
     p.add_argument("--profile-budget", type=int, default=200_000, metavar="EVENTS",
                    help="trace events the profiler window may hold; beyond it the window covers fewer steps, "
                         "drops shapes and memory, or cuts its step short, and says so (default 200000)")

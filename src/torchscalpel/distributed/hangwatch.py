@@ -357,7 +357,7 @@ def _describe_code(code: int) -> str:
 
 def watch_findings(report_dir: Path) -> list[dict[str, Any]]:
     """The watch's results as findings for ``launch.json`` (first: they explain whatever follows)."""
-    from torchscalpel.doctor.finding import Finding, Severity
+    from torchscalpel.findings import Finding, Severity
 
     found = []
     mismatch_path, hang_path = report_dir / "collective-mismatch.json", report_dir / "hang.json"

@@ -1,7 +1,7 @@
 """Checks that need every rank's view, judged by the launcher from ``rank-R.facts.json``.
 
 The ranks only record (:mod:`torchscalpel.runtime.rankfacts`); this module compares. Findings use
-the doctor's format (:class:`~torchscalpel.doctor.finding.Finding`) and go first into
+the doctor's format (:class:`~torchscalpel.findings.Finding`) and go first into
 ``launch.json`` under ``scalpel launch --doctor``:
 
 - ``distributed-sampler-wrong-world``: a ``DistributedSampler`` whose ``num_replicas``/``rank``
@@ -29,7 +29,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.findings import Finding, Severity
 from torchscalpel.units import fmt_bytes
 
 SLUGS = ("distributed-sampler-wrong-world", "ddp-accumulation-without-no-sync", "identical-random-streams",

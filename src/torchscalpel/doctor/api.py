@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from torchscalpel.doctor.finding import Finding
 from torchscalpel.doctor.output import counts
 from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.doctor.rules.rt_run import needs_launcher
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
 from torchscalpel.doctor.static import analyze_paths
-from torchscalpel.doctor.window import DEFAULT_STEPS, RANK_STEPS, TIME_CAP_S
+from torchscalpel.doctor.window import DEFAULT_STEPS, DOCTOR_WINDOW, RANK_STEPS, TIME_CAP_S
+from torchscalpel.findings import Finding
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
 
@@ -207,7 +207,7 @@ def diagnose(
     target: Target,
     *,
     steps: int | Literal["all", "auto"] | None = "auto",
-    warmup: int = 2,
+    warmup: int = DOCTOR_WINDOW.warmup,
     sanity: bool = False,
     static: bool = True,
     nan_rerun: bool = True,

@@ -11,8 +11,8 @@ from rich.markup import escape
 from rich.padding import Padding
 from rich.syntax import Syntax
 
-from torchscalpel.doctor.finding import Finding, Severity, short_path
 from torchscalpel.doctor.registry import rank_findings
+from torchscalpel.findings import Finding, Severity, short_path
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "cyan"}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torchscalpel.doctor.finding import Finding
 from torchscalpel.doctor.registry import make_finding, rank_findings
+from torchscalpel.findings import Finding
 from torchscalpel.record import RunRecord
 
 

@@ -13,8 +13,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.findings import Finding, Location, Severity
 
 if TYPE_CHECKING:
     RULES: dict[str, RuleInfo]

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from torchscalpel.doctor.finding import Finding, Severity
+from torchscalpel.findings import Finding, Severity
 
 
 @dataclass(frozen=True, slots=True)

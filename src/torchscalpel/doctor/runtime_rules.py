@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import guarded, internal_error
 from torchscalpel.doctor.rule import Rule
+from torchscalpel.findings import Finding, Location
 from torchscalpel.runtime.observer import Observer, listeners_by_event
 from torchscalpel.runtime.patching import Undo
 from torchscalpel.runtime.userframes import user_frame

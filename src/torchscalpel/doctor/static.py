@@ -15,10 +15,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import guarded, make_finding
 from torchscalpel.doctor.rule import Rule
 from torchscalpel.errors import UsageError
+from torchscalpel.findings import Finding, Location
 
 # Base classes (fully qualified) whose subclasses are modules, beyond classes defined in the file.
 _MODULE_BASES = {

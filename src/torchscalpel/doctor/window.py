@@ -7,9 +7,13 @@ cap only protects users from a very slow script; when it ends the window before 
 the run record and the output say so (``sections.doctor.window.capped``).
 """
 
-DEFAULT_STEPS = 300
-"""Measured steps of the default window (``--steps auto``): small scripts reach their evaluation
-loops, later epochs and checkpoint saves, where many bugs live."""
+from torchscalpel.runtime.window import WindowDefaults
+
+DOCTOR_WINDOW = WindowDefaults(warmup=2, steps=300)
+"""``scalpel doctor`` and ``torchscalpel.doctor``: 300 measured steps (``--steps auto``), so small
+scripts reach their evaluation loops, later epochs and checkpoint saves, where many bugs live."""
+DEFAULT_STEPS = DOCTOR_WINDOW.steps
+"""Measured steps of the default window (``--steps auto``)."""
 RANK_STEPS = 30
 """Measured steps of every rank under a launcher (no time cap there: a rank stopped by its own
 clock would leave the others blocked in their next collective)."""

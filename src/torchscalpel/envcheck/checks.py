@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.envcheck.tables import (
     cuda_major_minor,
     load_table,
@@ -22,6 +21,7 @@ from torchscalpel.envcheck.tables import (
     newest_wheel_cuda_at_most,
     version_below,
 )
+from torchscalpel.findings import Finding, Severity
 
 Facts = dict[str, Any]
 CheckFn = Callable[[Facts], list[Finding]]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.envcheck.probes import ProbeResult
+from torchscalpel.findings import Finding, Severity
 
 SLOW_LOWP_RATIO = 0.5
 """A bf16 / fp16 matmul at under half the fp32 speed is flagged: autocast to it would slow training."""

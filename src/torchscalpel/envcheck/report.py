@@ -13,13 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.doctor.finding import Finding
 from torchscalpel.envcheck import nvidia_smi
 from torchscalpel.envcheck.checks import run_checks
 from torchscalpel.envcheck.facts import collect_facts
 from torchscalpel.envcheck.probe_findings import findings_from_probes
 from torchscalpel.envcheck.probes import ProbeResult, run_probes
 from torchscalpel.fileio import atomic_write_text
+from torchscalpel.findings import Finding
 from torchscalpel.record import now_timestamp
 
 ENV_REPORT_VERSION = "1.0"

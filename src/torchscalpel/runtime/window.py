@@ -7,6 +7,7 @@ torch so the CLI can validate flags before anything heavy is imported.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 StepCount = int | Literal["all", "auto"]
@@ -14,6 +15,34 @@ StepCount = int | Literal["all", "auto"]
 
 STEP_KINDS = ("auto", "optimizer", "backward", "forward")
 """What delimits a step: ``auto`` (the strongest boundary seen) or one fixed kind."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowDefaults:
+    """A stage's default run window. The one source of these numbers: the CLI's flag defaults
+    (``--warmup``, ``--steps auto``, ``--profile-steps``) and the in-process API's argument defaults
+    (``torchscalpel.profile`` / ``doctor`` / ``memory``) both read the stage's instance."""
+
+    warmup: int
+    """Steps run before measuring."""
+    steps: int
+    """Measured steps of the default window (``--steps auto``)."""
+    profile_steps: int = 0
+    """Steps inside the torch.profiler window (profile only)."""
+
+
+PROFILE_WINDOW = WindowDefaults(warmup=2, steps=20, profile_steps=3)
+"""``scalpel profile`` / ``torchscalpel.profile``."""
+MEMORY_WINDOW = WindowDefaults(warmup=1, steps=20)
+"""``scalpel memory`` / ``torchscalpel.memory`` (all steps instead under a memory limit)."""
+
+
+def check_warmup(value: object, *, name: str = "--warmup") -> int:
+    """The one warm-up check, for the CLI flag, the ``scalpel.toml`` key and the in-process argument:
+    an integer >= 0 (not a bool); ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
+    return value
 
 
 def parse_steps(text: str | int, *, minimum: int = 1) -> StepCount:
@@ -33,8 +62,7 @@ def parse_steps(text: str | int, *, minimum: int = 1) -> StepCount:
 def check_window(*, warmup: int, steps: int | None, profile_steps: int = 0, step_kind: str = "auto",
                  step_timeout_s: float | None = None) -> None:
     """The checks every run window passes, with messages that name the flag a user typed."""
-    if warmup < 0:
-        raise ValueError("--warmup must be 0 or more")
+    check_warmup(warmup)
     if steps is not None and steps < 1:
         raise ValueError("--steps must be at least 1, or 'all'")
     if profile_steps < 0:

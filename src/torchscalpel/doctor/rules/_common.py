@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Location, short_path
+from torchscalpel.findings import Location, short_path
 
 
 def param_names(roots: Iterable[torch.nn.Module]) -> dict[int, str]:

@@ -7,9 +7,9 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.static import StaticContext, StaticRule
+from torchscalpel.findings import Finding, Severity
 
 # Names that are modules in practice; names that are just as often something else (a label "encoder",
 # a "policy" dict) count only when this file assigns them a module constructor (see _module_names).

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.static import StaticContext, StaticRule
+from torchscalpel.findings import Finding, Severity
 
 _COLLECTIVES = {
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast", "broadcast_object_list",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
-from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.static import StaticContext, StaticRule
+from torchscalpel.findings import Finding, Severity
 
 
 def empty_cache_in_loop(ctx: StaticContext) -> Iterator[Finding]:

@@ -6,9 +6,9 @@ import ast
 import re
 from collections.abc import Iterator
 
-from torchscalpel.doctor.finding import Finding, Severity
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.static import StaticContext, StaticRule, methods, self_attr_target
+from torchscalpel.findings import Finding, Severity
 
 # Tensor factories whose result stored on ``self`` is a plain tensor attribute.
 _FACTORIES = {

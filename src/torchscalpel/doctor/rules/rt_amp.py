@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
+from torchscalpel.findings import Finding, Location, Severity
 from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 
 

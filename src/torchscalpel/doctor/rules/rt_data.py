@@ -7,11 +7,11 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, loader_facts, median
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
+from torchscalpel.findings import Finding, Location, Severity
 
 
 class TrainLoaders(RuntimeRule):

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.finding import Finding, Location
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules import model_static
 from torchscalpel.doctor.rules._common import attribute_location, fmt_loc, user_class
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
+from torchscalpel.findings import Finding, Location
 
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()).keys())
 

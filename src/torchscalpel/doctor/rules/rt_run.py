@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.doctor.finding import Finding, Location, Severity
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule
+from torchscalpel.findings import Finding, Location, Severity
 from torchscalpel.runtime.script import strip_ansi
 from torchscalpel.runtime.userframes import first_user, is_user_file
 

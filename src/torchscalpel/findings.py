@@ -1,4 +1,6 @@
-"""The finding format shared by every check (doctor rules, env checks): a contract for JSON and SARIF.
+"""The finding format shared by every check (doctor rules, env checks, distributed rank rules): a
+contract for JSON and SARIF. It lives at the package root, below every stage, so the stages that
+produce findings (``envcheck/``, ``distributed/``) need not import ``doctor/``.
 
 A finding carries a stable ``rule`` slug, a ``severity``, a one-line ``message``, ``evidence``
 (numbers from this run, locations) and a ``fix`` (a code snippet or instruction).

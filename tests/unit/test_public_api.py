@@ -1,0 +1,78 @@
+"""The in-process API as a user's editor and type checker see it: plain functions with their real
+parameters, listed by ``dir()``, whose defaults are the CLI's."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import torchscalpel
+from torchscalpel.cli.main import build_parser
+from torchscalpel.doctor.window import DEFAULT_STEPS, TIME_CAP_S
+
+API = ("doctor", "memory", "profile")
+
+
+@pytest.mark.parametrize("name", API)
+def test_the_api_functions_are_functions_with_their_real_parameters(name: str) -> None:
+    func = getattr(torchscalpel, name)
+    assert inspect.isfunction(func) and func.__doc__
+    params = inspect.signature(func).parameters
+    assert {"steps", "warmup", "out", "report", "quiet"} <= set(params), params
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params.values())
+
+
+def test_dir_lists_the_api_and_not_the_helpers_the_package_imported() -> None:
+    assert {*API, "InProcessRun", "RunRecord", "load_record", "save_record", "__version__"} <= set(torchscalpel.__all__)
+    assert sorted(torchscalpel.__all__) == dir(torchscalpel)
+    assert not {"Any", "importlib", "_doctor_package"} & set(dir(torchscalpel))
+
+
+def test_the_functions_survive_a_later_import_of_their_subpackages() -> None:
+    # Importing a submodule of torchscalpel.doctor / .memory must not rebind the package attribute.
+    from torchscalpel.doctor import api  # noqa: F401
+    from torchscalpel.memory import analysis  # noqa: F401
+
+    assert inspect.isfunction(torchscalpel.doctor) and inspect.isfunction(torchscalpel.memory)
+    assert "steps" in inspect.signature(torchscalpel.doctor).parameters
+
+
+def _cli_defaults(command: str) -> dict[str, object]:
+    return vars(build_parser().parse_args([command, "train.py"]))
+
+
+def _api_defaults(name: str) -> dict[str, object]:
+    return {k: p.default for k, p in inspect.signature(getattr(torchscalpel, name)).parameters.items()}
+
+
+def test_the_in_process_doctor_runs_the_cli_window() -> None:
+    cli, api = _cli_defaults("doctor"), _api_defaults("doctor")
+    assert cli["steps"] == "auto" and api["steps"] == DEFAULT_STEPS == 300  # --steps auto is DEFAULT_STEPS
+    assert api["warmup"] == cli["warmup"] and api["time_cap_s"] == cli["time_cap"] == TIME_CAP_S
+
+
+def test_the_in_process_profile_and_memory_defaults_are_the_cli_defaults() -> None:
+    from torchscalpel.cli.memory import DEFAULT_STEPS as MEMORY_STEPS
+
+    cli, api = _cli_defaults("profile"), _api_defaults("profile")
+    assert (api["steps"], api["warmup"], api["profile_steps"]) == (int(cli["steps"]), cli["warmup"], cli["profile_steps"])
+    cli, api = _cli_defaults("memory"), _api_defaults("memory")
+    assert api["warmup"] == cli["warmup"]
+    assert torchscalpel.memory().options.steps == MEMORY_STEPS
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5])
+def test_one_warmup_check_for_the_flag_the_config_key_and_the_api(bad: object) -> None:
+    from torchscalpel.cli.common import steps_arg
+    from torchscalpel.config import Defaults
+    from torchscalpel.errors import UsageError
+
+    with pytest.raises(ValueError, match=r"^--warmup must be an integer >= 0, not "):
+        torchscalpel.profile(warmup=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^warmup must be an integer >= 0, not "):
+        Defaults(warmup=bad)  # type: ignore[arg-type]
+    args = build_parser().parse_args(["profile", "train.py"])
+    args.warmup = bad
+    with pytest.raises(UsageError, match=r"^--warmup must be an integer >= 0, not .*\.$"):
+        steps_arg(args)
