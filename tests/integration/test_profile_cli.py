@@ -133,13 +133,20 @@ def test_ctrl_c_writes_the_partial_record(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "torchscalpel", "profile", "--out", str(out), "--warmup", "0", "--steps", "all",
          "--profile-steps", "0", "--", str(SCRIPTS / "runs_until_interrupted.py")],
-        env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # faulthandler: a run that does not end after the Ctrl-C is sent SIGABRT below, and prints where
+        # every thread was, so a hang names its line instead of a bare timeout (seen once in CI under load)
+        env=cli_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "running"
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"the run did not end within 120 s of Ctrl-C; its threads:\n{err[-6000:]}")
     finally:
         proc.kill()
     assert proc.returncode == 130, err

@@ -98,7 +98,7 @@ def test_report_renders_charts_without_console_errors(tmp_path):
     assert charts["step-breakdown"]["marks"] >= 6 * 3  # 6 measured steps, at least 3 visible phases each
     step = charts["step-breakdown"]
     assert step["legend"] and not charts["loss"]["legend"]  # a legend only where there are several series
-    assert step["ticks"] and all(re.fullmatch(r"\d+[wp]?", t) for t in step["ticks"])  # steps are whole numbers
+    assert step["ticks"] and all(re.fullmatch(r"\d+[wpf]?", t) for t in step["ticks"])  # whole numbers (w warm-up, p profiled, f FLOP-counted)
     assert charts["loss"]["ticks"] and all(re.fullmatch(r"\d+", t) for t in charts["loss"]["ticks"])
     order = _section_order(data)
     assert order[-1] == "environment" and order.index("overview") < order.index("steps")

@@ -159,10 +159,10 @@ def test_scalpel_report_check_prints_each_violation_and_exits_1(tmp_path, capsys
 
 @pytest.mark.broken_record("leaves broken records under tmp_path to see the suite's check find them")
 def test_the_suites_check_finds_every_broken_record_under_a_tests_folder(tmp_path, monkeypatch) -> None:
-    import conftest
-    from conftest import record_violations
+    import record_guard
+    from record_guard import record_violations
 
-    monkeypatch.setattr(conftest, "KNOWN_VIOLATIONS", (("differs from confirmed_speedup", "a defect being fixed"),))
+    monkeypatch.setattr(record_guard, "KNOWN_VIOLATIONS", (("differs from confirmed_speedup", "a defect being fixed"),))
     save_record(valid(), tmp_path / "ok" / "run.json")
     hand_made = valid()
     hand_made.tool_version, hand_made.steps[2].total_ms = "", 99.0  # a test's own fake: not a stage's record
