@@ -64,6 +64,9 @@ def test_long_tensor_lists_are_cut_to_fit_a_slot(tmp_path):
 def test_wrapped_collectives_log_op_shape_and_the_callers_line(tmp_path, single_rank, monkeypatch):
     originals = {op: getattr(dist, op) for op in collectives.OPS if hasattr(dist, op)}
     c10d_originals = {op: getattr(dist.distributed_c10d, op) for op in collectives.OPS if hasattr(dist.distributed_c10d, op)}
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+
+    hooks_before = set(_global_optimizer_post_hooks)
     try:
         collectives.install(tmp_path, rank=0, world=1)
         t = torch.ones(3, 2, dtype=torch.float64)
@@ -81,6 +84,10 @@ def test_wrapped_collectives_log_op_shape_and_the_callers_line(tmp_path, single_
         for op, fn in c10d_originals.items():
             setattr(dist.distributed_c10d, op, fn)
         faulthandler.unregister(collectives.STACK_SIGNAL)
+        # install() registers a global optimizer post-hook for the rank's life; a test must not leave it behind
+        # (tests/unit/test_hooks.py checks that no hook survives a run)
+        for key in set(_global_optimizer_post_hooks) - hooks_before:
+            del _global_optimizer_post_hooks[key]
     log = read_rank_log(tmp_path / "rank-0.log")
     ops = [(e["op"], e["seq"], e["done"]) for e in log.entries]
     assert ops == [("all_reduce", 1, 1), ("barrier", 2, 1), ("all_gather_object", 3, 1)]
