@@ -230,3 +230,47 @@ def test_switching_to_the_same_clock_kind_is_a_no_op():
     _phase(tl, clock, "data", 1)
     tl.switch_clock(FakeClock())
     assert tl.clock is clock
+
+
+def test_a_backward_that_raises_inside_a_recomputed_forward_keeps_its_time_in_its_own_step():
+    """hf GPT-2 with gradient checkpointing crossed a memory limit inside a block's recomputation: the recomputed
+    forward's end never came, backward's phase stayed open when its step closed, and the next step was recorded
+    with 41.7 ms of backward in a 0.5 ms total (scalpel memory's record broke the phases-sum invariant)."""
+    clock = FakeClock()
+    tl = Timeline(clock)
+    _phase(tl, clock, "data", 1)
+    tl.begin("forward")
+    clock.tick(3)
+    tl.note_forward(8)
+    tl.end("forward")
+    tl.boundary("forward")
+    tl.begin("backward")
+    clock.tick(10)
+    tl.begin("forward")  # checkpoint recomputation: attributed to backward
+    clock.tick(30)  # ... and it raises here: no end("forward")
+    tl.end("backward")  # the backward wrapper's finally
+    tl.boundary("backward")
+    clock.tick(0.5)
+    tl.finish()
+    for step in tl.steps:
+        phases = step.data_ms + step.forward_ms + step.backward_ms + step.optimizer_ms
+        assert phases <= step.total_ms + 1e-9, step
+    assert tl.steps[0].backward_ms == pytest.approx(40)
+
+
+def test_after_a_caught_error_inside_backward_the_next_forward_is_a_forward():
+    """The wrapper ends every phase opened inside it (end_to): a script that catches the error and goes on
+    (a bare except retry) has its next forward timed as forward, not as recomputation inside backward."""
+    clock = FakeClock()
+    tl = Timeline(clock)
+    depth = tl.depth
+    tl.begin("backward")
+    tl.begin("forward")  # recomputation that raised
+    clock.tick(5)
+    tl.end_to(depth)
+    assert tl.depth == 0 and tl.in_phase is None
+    tl.begin("forward")
+    clock.tick(3)
+    tl.end("forward")
+    tl.boundary("forward")
+    assert tl.steps[-1].forward_ms == pytest.approx(3) and tl.steps[-1].backward_ms == pytest.approx(5)

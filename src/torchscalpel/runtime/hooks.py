@@ -204,11 +204,12 @@ class HookSet:
             hooks._backward_depth += 1
             s.check_progress()
             s.emit("on_backward_pre", tensors)
+            depth = s.timeline.depth
             outermost = s.timeline.begin("backward")
             try:
                 return original(*args, **kwargs)
             finally:
-                s.timeline.end("backward")
+                s.timeline.end_to(depth)  # backward's phase, and any a raise inside it left open
                 hooks._backward_depth -= 1
                 if tensors:
                     s.timeline.note_loss(s.loss_of(tensors[0]))

@@ -125,6 +125,22 @@ class Timeline:
         if resumed != self._phase:
             self._switch(resumed)
 
+    @property
+    def depth(self) -> int:
+        """How many phases are open (for :meth:`end_to`)."""
+        return len(self._stack)
+
+    def end_to(self, depth: int) -> None:
+        """Leave every phase opened above ``depth``: a wrapper's exit when what ran inside raised before its inner
+        phases ended (a checkpointed block's recomputed forward that raised inside backward). A script that
+        catches the error and goes on must not have its next forward counted as recomputation."""
+        if len(self._stack) <= depth:
+            return
+        del self._stack[depth:]
+        resumed = self._stack[-1] if self._stack else None
+        if resumed != self._phase:
+            self._switch(resumed)
+
     def _switch(self, phase: str | None) -> None:
         """End the running span now and start one attributed to ``phase`` (None: between phases)."""
         now = self.clock.mark()
@@ -213,6 +229,13 @@ class Timeline:
         end = self.clock.mark()
         self.clock.resolve(end)
         open_step = self._open
+        if self._phase is not None:
+            # A step that closes while a phase is still open (a checkpointed block's recomputed forward raised
+            # inside backward, so its end never came and backward's stays open under it) keeps the phase's time
+            # up to now; the rest goes to the next step. Left running, the whole span went to the next step,
+            # which then held more phase time than its own total.
+            open_step.spans.append((self._phase, self._phase_start, end))
+            self._phase_start = end
         phases = dict.fromkeys(PHASE_FIELDS, 0.0)
         for name, a, b in open_step.spans:
             phases[name] = phases.get(name, 0.0) + self.clock.elapsed_ms(a, b)
