@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import run_cli
 
@@ -28,14 +26,7 @@ def _fixture():
 
 def _counted(argv: list[str]) -> int:
     """FlopCounterMode's count of one training step of the fixture run with ``argv``."""
-    mod = _fixture()
-    args = mod.parse(argv)
-    model, optimizer = mod.build(args)
-    x, y = torch.rand(mod.BATCH, 1, 8, 8), torch.randint(0, 10, (mod.BATCH,))
-    mod.train_step(model, optimizer, x, y, args.amp)
-    with FlopCounterMode(display=False) as counter:
-        mod.train_step(model, optimizer, x, y, args.amp)
-    return counter.get_total_flops()
+    return _fixture().counted_flops(argv)
 
 
 def _profile(tmp_path: Path, argv: list[str]) -> dict:
