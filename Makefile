@@ -24,6 +24,7 @@ demo: venv
 # Everything: unit, integration and distributed; the 25 slowest tests and the time per folder are printed at the end.
 test: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 	$(PY) -m pytest tests -q -p no:cacheprovider --durations=25
 
 # The edit loop: tests/unit without the tests that start processes for ranks (dist) or run end to end (slow).
@@ -32,6 +33,7 @@ test-fast: venv
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 
 format: venv
 	$(VENV)/bin/ruff format src tests benchmarks examples scripts

@@ -37,8 +37,21 @@ def run_once(flags: list[str], steps: int, folder: Path) -> list[list[float]]:
     """Rank 0's ``[logged, seconds, cpu seconds]`` per step from one 2-rank launch."""
     times = folder / "times.json"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    cmd = [sys.executable, "-m", "torchscalpel", "launch", "--nproc", "2", "--out", str(folder / "launch"), *flags,
-           "--", str(SCRIPT), str(times), str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchscalpel",
+        "launch",
+        "--nproc",
+        "2",
+        "--out",
+        str(folder / "launch"),
+        *flags,
+        "--",
+        str(SCRIPT),
+        str(times),
+        str(steps),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     if not times.exists():
         raise SystemExit(f"launch failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -56,7 +69,9 @@ def poll_cost_ms(repeats: int = 200) -> float:
         for rank in (0, 1):
             rec = CollectiveRecorder(Path(tmp), rank, 2, 0)
             for i in range(SLOTS):
-                rec.finish(rec.enter("all_reduce", "default", [[128, 64]], ["float32"], f"/u/train.py:{i}"), ok=True)
+                rec.finish(
+                    rec.enter("all_reduce", "default", [[128, 64]], ["float32"], f"/u/train.py:{i}"), ok=True
+                )
         watch = HangWatch(WatchOptions(folder=Path(tmp), report_dir=Path(tmp), local_ranks=2, check=True))
         t0 = time.process_time()
         for _ in range(repeats):
@@ -95,8 +110,14 @@ def per_call_us() -> tuple[float, float]:
     from torchscalpel.netutil import free_port
 
     env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", PER_CALL_CHILD, str(free_port())], env=env, capture_output=True,
-                         text=True, timeout=600, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", PER_CALL_CHILD, str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout.split()
     return float(out[0]), float(out[1])
 
 
@@ -116,7 +137,7 @@ def main() -> int:
         for name in order:
             loads.append(os.getloadavg()[0])
             with tempfile.TemporaryDirectory() as tmp:
-                rows = run_once(VARIANTS[name], args.steps, Path(tmp))[args.skip:]
+                rows = run_once(VARIANTS[name], args.steps, Path(tmp))[args.skip :]
             whole[name].append(statistics.median(row[1] for row in rows) * 1000.0)
             whole_cpu[name].append(statistics.median(row[2] for row in rows) * 1000.0)
             if name == "check":
@@ -126,29 +147,44 @@ def main() -> int:
                 cpu_logged = statistics.median(row[2] for row in rows if row[0])
                 cpu_plain = statistics.median(row[2] for row in rows if not row[0])
                 ab_cpu.append(cpu_logged / cpu_plain)
-                print(f"round {r + 1} check  in-process logged/unlogged {logged * 1e3:.3f}/{plain * 1e3:.3f} ms "
-                      f"= {ab[-1]:.3f}; CPU {cpu_logged * 1e3:.3f}/{cpu_plain * 1e3:.3f} ms = {ab_cpu[-1]:.3f}", flush=True)
+                print(
+                    f"round {r + 1} check  in-process logged/unlogged {logged * 1e3:.3f}/{plain * 1e3:.3f} ms "
+                    f"= {ab[-1]:.3f}; CPU {cpu_logged * 1e3:.3f}/{cpu_plain * 1e3:.3f} ms = {ab_cpu[-1]:.3f}",
+                    flush=True,
+                )
             print(f"round {r + 1} {name:<6} {whole[name][-1]:.3f} ms/step", flush=True)
     poll = poll_cost_ms()
     extra, base = per_call_us()
     loads.append(os.getloadavg()[0])
-    print(f"\n1. logged vs unlogged all_reduce, same process (7 collectives/step): median ratio "
-          f"{statistics.median(ab):.3f} (rounds: {' '.join(f'{x:.3f}' for x in ab)})")
-    print(f"1c. the same steps' CPU time (rank 0, all threads): median ratio {statistics.median(ab_cpu):.3f} "
-          f"(rounds: {' '.join(f'{x:.3f}' for x in ab_cpu)})")
-    print(f"1b. per call, one-rank group, alternating blocks: +{extra:.1f} us per logged all_reduce "
-          f"(unlogged call {base:.1f} us); at 7 collectives per step: {7 * extra / 1000:.3f} ms per step")
+    print(
+        f"\n1. logged vs unlogged all_reduce, same process (7 collectives/step): median ratio "
+        f"{statistics.median(ab):.3f} (rounds: {' '.join(f'{x:.3f}' for x in ab)})"
+    )
+    print(
+        f"1c. the same steps' CPU time (rank 0, all threads): median ratio {statistics.median(ab_cpu):.3f} "
+        f"(rounds: {' '.join(f'{x:.3f}' for x in ab_cpu)})"
+    )
+    print(
+        f"1b. per call, one-rank group, alternating blocks: +{extra:.1f} us per logged all_reduce "
+        f"(unlogged call {base:.1f} us); at 7 collectives per step: {7 * extra / 1000:.3f} ms per step"
+    )
     print(f"2. launcher check: {poll:.2f} ms CPU per poll, {poll * 2 / 10:.2f}% of one core at 2 polls/s")
     plain = statistics.median(whole["plain"])
     check = statistics.median(whole["check"])
-    print(f"3. whole launches: plain {plain:.3f} ms/step, --check-collectives {check:.3f} ms/step, ratio "
-          f"{check / plain:.3f} (plain rounds {' '.join(f'{x:.2f}' for x in whole['plain'])}; check rounds "
-          f"{' '.join(f'{x:.2f}' for x in whole['check'])})")
+    print(
+        f"3. whole launches: plain {plain:.3f} ms/step, --check-collectives {check:.3f} ms/step, ratio "
+        f"{check / plain:.3f} (plain rounds {' '.join(f'{x:.2f}' for x in whole['plain'])}; check rounds "
+        f"{' '.join(f'{x:.2f}' for x in whole['check'])})"
+    )
     cpu_plain, cpu_check = statistics.median(whole_cpu["plain"]), statistics.median(whole_cpu["check"])
-    print(f"3b. whole launches, CPU time per step: plain {cpu_plain:.3f} ms, --check-collectives {cpu_check:.3f} ms, "
-          f"ratio {cpu_check / cpu_plain:.3f}")
-    print(f"load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}, median {statistics.median(loads):.2f}; "
-          f"CPU: {_cpu_model()}")
+    print(
+        f"3b. whole launches, CPU time per step: plain {cpu_plain:.3f} ms, --check-collectives {cpu_check:.3f} ms, "
+        f"ratio {cpu_check / cpu_plain:.3f}"
+    )
+    print(
+        f"load average (1 min) during the run: {min(loads):.2f}-{max(loads):.2f}, median {statistics.median(loads):.2f}; "
+        f"CPU: {_cpu_model()}"
+    )
     return 0
 
 

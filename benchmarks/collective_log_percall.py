@@ -24,8 +24,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _load_old(rev: str, folder: Path):
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:src/torchscalpel/runtime/collectives.py"],
-                            capture_output=True, text=True, check=True).stdout
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{rev}:src/torchscalpel/runtime/collectives.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     path = folder / "old_collectives.py"
     path.write_text(source)
     spec = importlib.util.spec_from_file_location("torchscalpel.runtime._old_collectives", path)
@@ -37,7 +41,9 @@ def _load_old(rev: str, folder: Path):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--against", default="1c50ec8", help="the earlier commit (default: before issue 18's rewrite)")
+    parser.add_argument(
+        "--against", default="1c50ec8", help="the earlier commit (default: before issue 18's rewrite)"
+    )
     parser.add_argument("--blocks", type=int, default=40)
     parser.add_argument("--calls", type=int, default=1000)
     args = parser.parse_args()
@@ -51,7 +57,9 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         old = _load_old(args.against, Path(tmp))
-        old._OUR_DIR = str(REPO / "src" / "torchscalpel") + os.sep  # the caller (this file) is the user's for both
+        old._OUR_DIR = (
+            str(REPO / "src" / "torchscalpel") + os.sep
+        )  # the caller (this file) is the user's for both
         variants = {
             "bare": noop,
             "old": old._wrap(old.CollectiveRecorder(Path(tmp) / "old", 0, 1, 0), "all_reduce", noop),
@@ -70,8 +78,10 @@ def main() -> int:
     for how, pick in (("median", statistics.median), ("fastest", min)):  # fastest: the block least preempted
         bare = pick(times["bare"])
         old_us, new_us = pick(times["old"]) - bare, pick(times["new"]) - bare
-        print(f"per logged call ({how} of {args.blocks} alternating blocks of {args.calls}): {args.against} "
-              f"+{old_us:.2f} us, this checkout +{new_us:.2f} us: {old_us / new_us:.2f}x less")
+        print(
+            f"per logged call ({how} of {args.blocks} alternating blocks of {args.calls}): {args.against} "
+            f"+{old_us:.2f} us, this checkout +{new_us:.2f} us: {old_us / new_us:.2f}x less"
+        )
     print(f"load average (1 min) {min(loads):.2f}-{max(loads):.2f}")
     return 0
 

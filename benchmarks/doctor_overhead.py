@@ -28,7 +28,14 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_cnn.py"
 
 def step_ms(with_doctor: bool, steps: int) -> float:
     rules = all_runtime_rules() if with_doctor else []
-    record, _ = _run(Target(script=EXAMPLE, args=["--epochs", "3"]), rules, steps=steps, warmup=3, out_dir=None, name="bench")
+    record, _ = _run(
+        Target(script=EXAMPLE, args=["--epochs", "3"]),
+        rules,
+        steps=steps,
+        warmup=3,
+        out_dir=None,
+        name="bench",
+    )
     return float(record.summary["median_step_ms"])
 
 
@@ -58,8 +65,10 @@ def main() -> None:
     t0 = time.perf_counter()
     n = sum(len(analyze_source(text, name)) for name, text in texts)
     static_s = time.perf_counter() - t0
-    print(f"static over torch/: {len(files)} files, {lines:,} lines, {n} findings: doctor {static_s:.1f} s "
-          f"({lines / static_s:,.0f} lines/s), ast.parse alone {parse_s:.1f} s, ratio {static_s / parse_s:.1f}x")
+    print(
+        f"static over torch/: {len(files)} files, {lines:,} lines, {n} findings: doctor {static_s:.1f} s "
+        f"({lines / static_s:,.0f} lines/s), ast.parse alone {parse_s:.1f} s, ratio {static_s / parse_s:.1f}x"
+    )
 
 
 if __name__ == "__main__":

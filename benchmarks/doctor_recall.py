@@ -29,7 +29,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "doctor"
 CORPUS = REPO / "tests" / "fixtures" / "corpus"
-LAUNCHER = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+LAUNCHER = {
+    "RANK": "0",
+    "LOCAL_RANK": "0",
+    "WORLD_SIZE": "1",
+    "LOCAL_WORLD_SIZE": "1",
+    "MASTER_ADDR": "127.0.0.1",
+}
 
 
 @contextlib.contextmanager
@@ -74,9 +80,13 @@ def diagnose_script(path: Path, args: list[str] | None = None) -> dict:
     start = time.monotonic()
     with launcher_env(path), contextlib.redirect_stdout(open(os.devnull, "w")):
         record, findings = diagnose(Target(script=path, args=list(args or [])))
-    return {"status": record.status, "steps": len(record.steps), "seconds": round(time.monotonic() - start, 2),
-            "capped": (record.sections.get("doctor", {}).get("window") or {}).get("capped"),
-            "findings": [(f.rule, str(f.severity)) for f in findings]}
+    return {
+        "status": record.status,
+        "steps": len(record.steps),
+        "seconds": round(time.monotonic() - start, 2),
+        "capped": (record.sections.get("doctor", {}).get("window") or {}).get("capped"),
+        "findings": [(f.rule, str(f.severity)) for f in findings],
+    }
 
 
 def corpus_scripts() -> list[tuple[Path, list[str]]]:
@@ -112,7 +122,9 @@ def one_pass(load: str, only: set[str], clean: bool) -> dict:
         if clean and not only:
             for path, args in [*((p, []) for p in sorted(FIXTURES.glob("clean_*.py"))), *corpus_scripts()]:
                 r = diagnose_script(path, args)
-                r["false_alarms"] = sorted({rule for rule, sev in r["findings"] if sev in {"warning", "error"}})
+                r["false_alarms"] = sorted(
+                    {rule for rule, sev in r["findings"] if sev in {"warning", "error"}}
+                )
                 out["clean"][" ".join([str(path.relative_to(REPO)), *args])] = r
         out["loadavg_end"] = os.getloadavg()[0]
     out["planted"], out["found"] = planted, found
@@ -132,16 +144,28 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if "torchscalpel" not in sys.modules and not any(Path(p, "torchscalpel").is_dir() for p in sys.path if p):
         sys.path.insert(0, str(REPO / "src"))  # PYTHONPATH decides which torchscalpel is measured
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else ""
+    )
     passes = [one_pass(load, set(a.only), not a.no_clean) for load in a.loads]
     print(f"CPU: {cpu}, {os.cpu_count()} cores")
     for p in passes:
         missed = {k: r["missed"] for k, r in p["fixtures"].items() if r["missed"]}
-        print(f"{p['load']:8} load (competing procs {p['burners']}, loadavg {p['loadavg_start']:.1f}->{p['loadavg_end']:.1f}): "
-              f"recall {p['found']}/{p['planted']} = {p['recall']:.1%}; missed {missed or 'none'}; "
-              f"false alarms on clean scripts: {len(p['false_alarm_scripts'])}/{len(p['clean'])} "
-              f"{[(k, p['clean'][k]['false_alarms']) for k in p['false_alarm_scripts']]}")
+        print(
+            f"{p['load']:8} load (competing procs {p['burners']}, loadavg {p['loadavg_start']:.1f}->{p['loadavg_end']:.1f}): "
+            f"recall {p['found']}/{p['planted']} = {p['recall']:.1%}; missed {missed or 'none'}; "
+            f"false alarms on clean scripts: {len(p['false_alarm_scripts'])}/{len(p['clean'])} "
+            f"{[(k, p['clean'][k]['false_alarms']) for k in p['false_alarm_scripts']]}"
+        )
         failed = {k: r["status"] for k, r in p["clean"].items() if r["status"] not in {"complete", "stopped"}}
         if failed:
             print(f"         clean scripts that did not run through: {failed}")

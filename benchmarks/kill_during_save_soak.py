@@ -142,9 +142,14 @@ def run_trials(kills: int, seed: int, root: Path) -> dict[str, object]:
         if step is not None and step < last_step:
             problems.append(f"latest went back from step {last_step} to {step}")
         last_step = step or last_step
-    return {"kills": kills, "problems": problems, "phases": phases, "final_step": last_step,
-            "mean_save_ms": round(save_s * 1000, 1),
-            **{f"mean_{k}": round(sum(v) / len(v), 3) for k, v in timings.items()}}
+    return {
+        "kills": kills,
+        "problems": problems,
+        "phases": phases,
+        "final_step": last_step,
+        "mean_save_ms": round(save_s * 1000, 1),
+        **{f"mean_{k}": round(sum(v) / len(v), 3) for k, v in timings.items()},
+    }
 
 
 def measure_overhead(root: Path, n: int, width: int = 256) -> dict[str, float]:
@@ -174,8 +179,13 @@ def measure_overhead(root: Path, n: int, width: int = 256) -> dict[str, float]:
     sd.teardown()
     a, b = statistics.median(ours), statistics.median(plain)
     mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
-    return {"saves": n, "weights_mib": round(mib, 1), "checkpointer_ms": round(a * 1000, 1), "plain_dcp_ms": round(b * 1000, 1),
-            "ratio": round(a / b, 2)}
+    return {
+        "saves": n,
+        "weights_mib": round(mib, 1),
+        "checkpointer_ms": round(a * 1000, 1),
+        "plain_dcp_ms": round(b * 1000, 1),
+        "ratio": round(a / b, 2),
+    }
 
 
 def main() -> int:
@@ -183,9 +193,16 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", type=Path, help="checkpoint folder (default: a temporary one)")
-    parser.add_argument("--overhead", type=int, default=0, metavar="N",
-                        help="only measure N interleaved saves: Checkpointer vs plain dcp.save")
-    parser.add_argument("--width", type=int, default=256, help="with --overhead: 4 Linear(width, width) layers")
+    parser.add_argument(
+        "--overhead",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only measure N interleaved saves: Checkpointer vs plain dcp.save",
+    )
+    parser.add_argument(
+        "--width", type=int, default=256, help="with --overhead: 4 Linear(width, width) layers"
+    )
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)

@@ -32,10 +32,23 @@ ROUNDS = 15
 CASES = [
     ("deep transformer activations", "deep_transformer.py", "40MiB", "activations", None),
     # Fixes that are code changes (the ladder's top rung says which): applied to a copy of the script.
-    ("optimizer state too big", "big_optimizer.py", "20MiB", "optimizer_state",
-     ("torch.optim.Adam(model.parameters(), lr=1e-3)", "torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)")),
-    ("growing list of logged losses", "logged_losses.py", "40MiB", "growth",
-     ("history.append(val_loss)", "history.append(val_loss.item())")),
+    (
+        "optimizer state too big",
+        "big_optimizer.py",
+        "20MiB",
+        "optimizer_state",
+        (
+            "torch.optim.Adam(model.parameters(), lr=1e-3)",
+            "torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)",
+        ),
+    ),
+    (
+        "growing list of logged losses",
+        "logged_losses.py",
+        "40MiB",
+        "growth",
+        ("history.append(val_loss)", "history.append(val_loss.item())"),
+    ),
 ]
 
 
@@ -44,37 +57,103 @@ HELDOUT_CASES = [
     # (label, script, limit, expected top cause, code fix or None): scripts in the styles users write
     # (tests/fixtures/memory/heldout/), written to test the diagnosis rather than to pass it.
     ("HF GPT-2 fine-tune, eager attention", "heldout/hf_gpt2_finetune.py", "128MiB", "activations", None),
-    ("HF GPT-2, gradient_checkpointing_enable() on", "heldout/hf_gpt2_grad_ckpt.py", "40MiB", "activations", None),
-    ("HF GPT-2, 16k vocabulary (logits dominate)", "heldout/hf_gpt2_big_vocab.py", "160MiB", "activations", None),
+    (
+        "HF GPT-2, gradient_checkpointing_enable() on",
+        "heldout/hf_gpt2_grad_ckpt.py",
+        "40MiB",
+        "activations",
+        None,
+    ),
+    (
+        "HF GPT-2, 16k vocabulary (logits dominate)",
+        "heldout/hf_gpt2_big_vocab.py",
+        "160MiB",
+        "activations",
+        None,
+    ),
     ("HF Llama, eval first + 4x accumulation", "heldout/hf_llama_accum.py", "96MiB", "activations", None),
     ("Lightning ResMLP, batch 4096", "heldout/lightning_resmlp.py", "40MiB", "activations", None),
     ("HF Trainer, tiny BERT", "heldout/hf_trainer_bert.py", "90MiB", "activations", None),
-    ("nanoGPT, 2 of 8 blocks checkpointed", "heldout/nanogpt_partial_checkpoint.py", "110MiB", "activations", None),
+    (
+        "nanoGPT, 2 of 8 blocks checkpointed",
+        "heldout/nanogpt_partial_checkpoint.py",
+        "110MiB",
+        "activations",
+        None,
+    ),
     ("BatchNorm CNN (micro-batching refused)", "heldout/batchnorm_cnn.py", "96MiB", "activations", None),
-    ("accelerate loop, accumulate(), TransformerEncoder", "heldout/accelerate_accumulate.py", "72MiB", "activations",
-     None),
+    (
+        "accelerate loop, accumulate(), TransformerEncoder",
+        "heldout/accelerate_accumulate.py",
+        "72MiB",
+        "activations",
+        None,
+    ),
     ("hand-written retry with a bare except", "heldout/bare_except_retry.py", "12MiB", "activations", None),
     ("CIFAR ResNet, BasicBlocks with BatchNorm", "heldout/resnet_cifar.py", "128MiB", "activations", None),
-    ("accelerate find_executable_batch_size retry", "heldout/retry_smaller_batch.py", "20MiB", "activations", None),
-    ("Adam on large embeddings", "heldout/embedding_adam.py", "48MiB", "optimizer_state",
-     ("torch.optim.Adam(model.parameters(), lr=1e-2)", "torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)")),
-    ("validation outputs kept without no_grad", "heldout/epoch_outputs_kept.py", "48MiB", "growth",
-     ("val_outputs.append(model(x_val))", "val_outputs.append(model(x_val).detach())")),
-    ("validation graphs kept, limit crossed at step 2", "heldout/fast_growth_eval.py", "56MiB", "growth",
-     ("val_logits.append(model(x_val))", "val_logits.append(model(x_val).detach())")),
-    ("LBFGS closure losses kept (retain_graph)", "heldout/lbfgs_closure_losses.py", "96MiB", "growth",
-     ("losses.append(loss)  #", "losses.append(loss.item())  #")),
-    ("feature cache that never evicts", "heldout/feature_cache.py", "12MiB", "growth",
-     ("    if missing:\n", "    if len(feature_cache) > 1024:\n        feature_cache.clear()\n    if missing:\n")),
-    ("float64 data preparation before training", "heldout/data_prep_peak.py", "96MiB", "data_preparation",
-     ("dtype=torch.float64", "dtype=torch.float32")),
+    (
+        "accelerate find_executable_batch_size retry",
+        "heldout/retry_smaller_batch.py",
+        "20MiB",
+        "activations",
+        None,
+    ),
+    (
+        "Adam on large embeddings",
+        "heldout/embedding_adam.py",
+        "48MiB",
+        "optimizer_state",
+        (
+            "torch.optim.Adam(model.parameters(), lr=1e-2)",
+            "torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)",
+        ),
+    ),
+    (
+        "validation outputs kept without no_grad",
+        "heldout/epoch_outputs_kept.py",
+        "48MiB",
+        "growth",
+        ("val_outputs.append(model(x_val))", "val_outputs.append(model(x_val).detach())"),
+    ),
+    (
+        "validation graphs kept, limit crossed at step 2",
+        "heldout/fast_growth_eval.py",
+        "56MiB",
+        "growth",
+        ("val_logits.append(model(x_val))", "val_logits.append(model(x_val).detach())"),
+    ),
+    (
+        "LBFGS closure losses kept (retain_graph)",
+        "heldout/lbfgs_closure_losses.py",
+        "96MiB",
+        "growth",
+        ("losses.append(loss)  #", "losses.append(loss.item())  #"),
+    ),
+    (
+        "feature cache that never evicts",
+        "heldout/feature_cache.py",
+        "12MiB",
+        "growth",
+        (
+            "    if missing:\n",
+            "    if len(feature_cache) > 1024:\n        feature_cache.clear()\n    if missing:\n",
+        ),
+    ),
+    (
+        "float64 data preparation before training",
+        "heldout/data_prep_peak.py",
+        "96MiB",
+        "data_preparation",
+        ("dtype=torch.float64", "dtype=torch.float32"),
+    ),
 ]
 
 
 def scalpel(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torchscalpel", *args], capture_output=True, text=True, env=env,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "torchscalpel", *args], capture_output=True, text=True, env=env, timeout=900
+    )
 
 
 def _measured_peak(stderr: str) -> int | None:
@@ -87,30 +166,50 @@ def _measured_peak(stderr: str) -> int | None:
     return parse_size(f"{m.group(1)}{m.group(2)}", flag="peak") if m else None
 
 
-def oom_cases(tmp: Path, cases: list[tuple[str, str, str, str, tuple[str, str] | None]] = CASES,
-              ) -> list[dict[str, object]]:
+def oom_cases(
+    tmp: Path,
+    cases: list[tuple[str, str, str, str, tuple[str, str] | None]] = CASES,
+) -> list[dict[str, object]]:
     """Each case: the named cause, the first rung that fits, and whether that fix completes under the limit."""
     rows = []
     for label, script, limit, expected, code_fix in cases:
         name = Path(script).stem
         out, js = tmp / name, tmp / f"{name}.json"
-        scalpel("memory", "--steps", "all", "--memory-limit", limit, "--out", str(out), "--json", str(js),
-                "--no-report", "--", str(FIXTURES / script))
+        scalpel(
+            "memory",
+            "--steps",
+            "all",
+            "--memory-limit",
+            limit,
+            "--out",
+            str(out),
+            "--json",
+            str(js),
+            "--no-report",
+            "--",
+            str(FIXTURES / script),
+        )
         section = json.loads(js.read_text())
         cause = section["top_cause"]["key"]
         oom = section.get("oom") or {}
         ladder = oom.get("ladder", [])
         rung = next((r for r in ladder if r.get("fits")), None)
         toml = tmp / f"{name}.toml"
-        toml.write_text("[tune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in (rung or {}).get("config", {}).items()))
+        toml.write_text(
+            "[tune]\n"
+            + "".join(f"{k} = {json.dumps(v)}\n" for k, v in (rung or {}).get("config", {}).items())
+        )
         target = FIXTURES / script
         if code_fix is not None:  # the fix is a code change (the top rung says which): applied to a copy
             target = tmp / f"fixed_{name}.py"
             source = (FIXTURES / script).read_text()
             assert code_fix[0] in source, (script, code_fix[0])
             target.write_text(source.replace(code_fix[0], code_fix[1]))
-        fixed = scalpel("run", "--memory-limit", limit, "--config", str(toml), "--", str(target)) \
-            if rung or code_fix else None
+        fixed = (
+            scalpel("run", "--memory-limit", limit, "--config", str(toml), "--", str(target))
+            if rung or code_fix
+            else None
+        )
         others = []  # every other [tune] rung that fits, applied too: its plan peak against the measured one
         for r in ladder:
             if r is rung or not r.get("fits") or not r.get("config"):
@@ -118,16 +217,34 @@ def oom_cases(tmp: Path, cases: list[tuple[str, str, str, str, tuple[str, str] |
             alt = tmp / f"{name}-{r['kind']}.toml"
             alt.write_text("[tune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in r["config"].items()))
             done = scalpel("run", "--memory-limit", limit, "--config", str(alt), "--", str(FIXTURES / script))
-            others.append({"kind": r["kind"], "predicted_peak": r.get("peak"), "completes": done.returncode == 0,
-                           "measured_peak": _measured_peak(done.stderr)})
-        rows.append({"case": label, "limit": limit, "expected": expected, "named": cause, "ok": cause == expected,
-                     "oom": bool(oom), "plan_peak": (oom.get("plan") or {}).get("peak"),
-                     "measured_live": oom.get("live"), "fix": rung["action"] if rung else "(no rung fits)",
-                     "fix_kind": rung["kind"] if rung else None, "predicted_peak": (rung or {}).get("peak"),
-                     "applied_as": "scalpel.toml" if code_fix is None else f"code: {code_fix[1].strip()}",
-                     "fix_completes": None if fixed is None else fixed.returncode == 0,
-                     "fix_peak": None if fixed is None else (fixed.stderr.strip().splitlines() or [""])[-1],
-                     "measured_peak": None if fixed is None else _measured_peak(fixed.stderr), "other_rungs": others})
+            others.append(
+                {
+                    "kind": r["kind"],
+                    "predicted_peak": r.get("peak"),
+                    "completes": done.returncode == 0,
+                    "measured_peak": _measured_peak(done.stderr),
+                }
+            )
+        rows.append(
+            {
+                "case": label,
+                "limit": limit,
+                "expected": expected,
+                "named": cause,
+                "ok": cause == expected,
+                "oom": bool(oom),
+                "plan_peak": (oom.get("plan") or {}).get("peak"),
+                "measured_live": oom.get("live"),
+                "fix": rung["action"] if rung else "(no rung fits)",
+                "fix_kind": rung["kind"] if rung else None,
+                "predicted_peak": (rung or {}).get("peak"),
+                "applied_as": "scalpel.toml" if code_fix is None else f"code: {code_fix[1].strip()}",
+                "fix_completes": None if fixed is None else fixed.returncode == 0,
+                "fix_peak": None if fixed is None else (fixed.stderr.strip().splitlines() or [""])[-1],
+                "measured_peak": None if fixed is None else _measured_peak(fixed.stderr),
+                "other_rungs": others,
+            }
+        )
     return rows
 
 
@@ -177,10 +294,14 @@ def accuracy_and_cost() -> dict[str, object]:
 
     wide_step()
     costs[256] = cost(wide_step, max(3, ROUNDS // 3))
-    return {"tracker_peak_above_base": tracked, "allocator_peak": reading.peak,
-            "error": abs(tracked - reading.peak) / reading.peak,
-            "peak_breakdown": tr.peak_copy.get("by_category"),
-            "tracker_peak_total": tr.peak, "cost": costs}
+    return {
+        "tracker_peak_above_base": tracked,
+        "allocator_peak": reading.peak,
+        "error": abs(tracked - reading.peak) / reading.peak,
+        "peak_breakdown": tr.peak_copy.get("by_category"),
+        "tracker_peak_total": tr.peak,
+        "cost": costs,
+    }
 
 
 class _EmptyMode:
@@ -228,10 +349,17 @@ def cost(step: object, rounds: int = ROUNDS) -> dict[str, float]:
                 tr.stop()
     med = {k: statistics.median(v) for k, v in wall.items()}
     cmed = {k: statistics.median(v) for k, v in cpu.items()}
-    return {"rounds": rounds, "plain_step_ms": 1e3 * med["plain"], "tracked_step_ms": 1e3 * med["tracked"],
-            "ratio": med["tracked"] / med["plain"], "empty_mode_ratio": med["empty_mode"] / med["plain"],
-            "cpu_plain_step_ms": 1e3 * cmed["plain"], "cpu_tracked_step_ms": 1e3 * cmed["tracked"],
-            "cpu_ratio": cmed["tracked"] / cmed["plain"], "cpu_empty_mode_ratio": cmed["empty_mode"] / cmed["plain"]}
+    return {
+        "rounds": rounds,
+        "plain_step_ms": 1e3 * med["plain"],
+        "tracked_step_ms": 1e3 * med["tracked"],
+        "ratio": med["tracked"] / med["plain"],
+        "empty_mode_ratio": med["empty_mode"] / med["plain"],
+        "cpu_plain_step_ms": 1e3 * cmed["plain"],
+        "cpu_tracked_step_ms": 1e3 * cmed["tracked"],
+        "cpu_ratio": cmed["tracked"] / cmed["plain"],
+        "cpu_empty_mode_ratio": cmed["empty_mode"] / cmed["plain"],
+    }
 
 
 def main() -> int:

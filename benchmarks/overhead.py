@@ -46,7 +46,9 @@ def _env() -> dict[str, str]:
 def step_intervals(cmd: list[str], skip: int) -> list[float]:
     """Milliseconds between consecutive 'loss' lines of one run, after ``skip`` lines."""
     stamps: list[float] = []
-    with subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+    with subprocess.Popen(
+        cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
             if "loss" in line:
@@ -58,8 +60,23 @@ def step_intervals(cmd: list[str], skip: int) -> list[float]:
 
 
 def _profile_cmd(script: list[str], out: Path, profile_steps: int, steps: str) -> list[str]:
-    return [sys.executable, "-m", "torchscalpel", "profile", "--out", str(out), "--warmup", "0", "--steps", steps,
-            "--profile-steps", str(profile_steps), "--no-report", "--", *script]
+    return [
+        sys.executable,
+        "-m",
+        "torchscalpel",
+        "profile",
+        "--out",
+        str(out),
+        "--warmup",
+        "0",
+        "--steps",
+        steps,
+        "--profile-steps",
+        str(profile_steps),
+        "--no-report",
+        "--",
+        *script,
+    ]
 
 
 def measure(name: str, rounds: int) -> dict[str, object]:
@@ -70,13 +87,23 @@ def measure(name: str, rounds: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             for variant in ("plain", "scalpel") if r % 2 == 0 else ("scalpel", "plain"):
-                cmd = [sys.executable, *script] if variant == "plain" else _profile_cmd(script, Path(tmp) / f"r{r}", 0, "all")
+                cmd = (
+                    [sys.executable, *script]
+                    if variant == "plain"
+                    else _profile_cmd(script, Path(tmp) / f"r{r}", 0, "all")
+                )
                 got = step_intervals(cmd, skip)
                 samples[variant] += got
                 per_round[variant].append(statistics.median(got))
         out = Path(tmp) / "window"
-        subprocess.run(_profile_cmd(script, out, 5, "30"), cwd=REPO, env=_env(), check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            _profile_cmd(script, out, 5, "30"),
+            cwd=REPO,
+            env=_env(),
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         record = json.loads((out / "run.json").read_text())
     steps = [s for s in record["steps"] if not s["warmup"] and s["index"] >= 2]
     inside = statistics.median(s["total_ms"] for s in steps if s["profiled"])
@@ -102,13 +129,19 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = [measure(name, args.rounds) for name in args.examples.split(",")]
-    print("| example | plain ms/step | under `scalpel profile` ms/step | overhead | steps in profiler window vs outside |")
+    print(
+        "| example | plain ms/step | under `scalpel profile` ms/step | overhead | steps in profiler window vs outside |"
+    )
     print("|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['example']} | {r['plain_step_ms']:.2f} | {r['scalpel_step_ms']:.2f} | {100 * r['overhead']:+.1f}% "
-              f"| {r['window_slowdown']:.2f}x ({r['window_step_ms']:.1f} vs {r['unprofiled_step_ms']:.1f} ms) |")
+        print(
+            f"| {r['example']} | {r['plain_step_ms']:.2f} | {r['scalpel_step_ms']:.2f} | {100 * r['overhead']:+.1f}% "
+            f"| {r['window_slowdown']:.2f}x ({r['window_step_ms']:.1f} vs {r['unprofiled_step_ms']:.1f} ms) |"
+        )
     for r in results:
-        print(f"{r['example']}: per-round medians {json.dumps(r['round_medians'])}, intervals {r['intervals']}")
+        print(
+            f"{r['example']}: per-round medians {json.dumps(r['round_medians'])}, intervals {r['intervals']}"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -46,15 +46,24 @@ CASES = {
 # Other shapes of three families, run only when named (--cases gpt-wide,llama-deep,mlp-wide): a check
 # that the FSDP2 strategy model holds beyond the shapes it was developed on.
 EXTRA_CASES = {
-    "gpt-wide": (functools.partial(pm.gpt, d=384, layers=8, heads=6), "idx=int64[4,128]:8192,y=int64[4,128]:8192"),
-    "llama-deep": (functools.partial(pm.llama, hidden=384, layers=4, heads=6, intermediate=1024),
-                   "input_ids=int64[2,256]:8192,labels=int64[2,256]:8192"),
+    "gpt-wide": (
+        functools.partial(pm.gpt, d=384, layers=8, heads=6),
+        "idx=int64[4,128]:8192,y=int64[4,128]:8192",
+    ),
+    "llama-deep": (
+        functools.partial(pm.llama, hidden=384, layers=4, heads=6, intermediate=1024),
+        "input_ids=int64[2,256]:8192,labels=int64[2,256]:8192",
+    ),
     "mlp-wide": (functools.partial(pm.mlp, width=2048, depth=6), "x=float32[64,784],y=int64[64]:10"),
 }
 # (strategy, precision, activation checkpointing)
 VARIANTS = [
-    ("single", "fp32", False), ("single", "bf16-mixed", False), ("single", "fp32", True),
-    ("ddp", "fp32", False), ("fsdp-full", "fp32", False), ("fsdp-grad-op", "fp32", False),
+    ("single", "fp32", False),
+    ("single", "bf16-mixed", False),
+    ("single", "fp32", True),
+    ("ddp", "fp32", False),
+    ("fsdp-full", "fp32", False),
+    ("fsdp-grad-op", "fp32", False),
 ]
 CPU = Device(name="cpu", memory=1 << 40, kind="cpu")
 GPU = Device(name="gpu", memory=1 << 40, kind="cuda")
@@ -62,10 +71,16 @@ GPU = Device(name="gpu", memory=1 << 40, kind="cuda")
 CUDA_CASES = {
     "mlp": (pm.mlp, {"width": 4096, "depth": 6}, "x=float32[512,784],y=int64[512]:10"),
     "cnn": (pm.cnn, {"width": 64, "blocks": 8}, "x=float32[128,3,64,64],y=int64[128]:10"),
-    "gpt": (pm.gpt, {"vocab": 32000, "d": 768, "layers": 6, "heads": 12, "ctx": 512},
-            "idx=int64[16,512]:32000,y=int64[16,512]:32000"),
-    "llama": (pm.llama, {"vocab": 32000, "hidden": 768, "layers": 4, "heads": 12, "intermediate": 2048},
-              "input_ids=int64[8,512]:32000,labels=int64[8,512]:32000"),
+    "gpt": (
+        pm.gpt,
+        {"vocab": 32000, "d": 768, "layers": 6, "heads": 12, "ctx": 512},
+        "idx=int64[16,512]:32000,y=int64[16,512]:32000",
+    ),
+    "llama": (
+        pm.llama,
+        {"vocab": 32000, "hidden": 768, "layers": 4, "heads": 12, "intermediate": 2048},
+        "input_ids=int64[8,512]:32000,labels=int64[8,512]:32000",
+    ),
 }
 CUDA_VARIANTS = [("fp32", False), ("bf16-mixed", False), ("fp32", True)]
 
@@ -99,8 +114,11 @@ def _worker(rank: int, port: int, out: str, strategy: str, names: list[str]) -> 
     for name in names:
         factory, spec = case(name)
         torch.manual_seed(0)
-        reading = profiled_memory(lambda f=factory, s=spec: train_steps(
-            f(), parse_batch_spec(s), settings("fp32", False), wrap=wrap_for(strategy, find_blocks)))
+        reading = profiled_memory(
+            lambda f=factory, s=spec: train_steps(
+                f(), parse_batch_spec(s), settings("fp32", False), wrap=wrap_for(strategy, find_blocks)
+            )
+        )
         # the raw profiler counter too: it misses frees done on gloo's worker threads (plan.measure)
         result[name] = [reading.peak, reading.counter_peak]
     Path(f"{out}.{rank}").write_text(json.dumps(result))
@@ -116,7 +134,9 @@ def measured_dist(strategy: str, names: list[str]) -> dict[str, list[list[int]]]
         try:
             mp.spawn(_worker, args=(port, out, strategy, names), nprocs=2)
         except Exception as exc:  # judge by what the ranks wrote (gloo teardown abort)
-            print(f"note: {strategy} spawn ended with {type(exc).__name__}: {str(exc)[-600:]}", file=sys.stderr)
+            print(
+                f"note: {strategy} spawn ended with {type(exc).__name__}: {str(exc)[-600:]}", file=sys.stderr
+            )
         files = [Path(f"{out}.{r}") for r in range(2)]
         if all(f.exists() for f in files):
             ranks = [json.loads(f.read_text()) for f in files]
@@ -128,8 +148,12 @@ def measured_dist(strategy: str, names: list[str]) -> dict[str, list[list[int]]]
 
 def planned(name: str, strategy: str, precision: str, ckpt: bool) -> tuple[int, int]:
     factory, spec = case(name)
-    m = simulate(lambda: build_meta_model(factory, precision), parse_batch_spec(spec), settings(precision, ckpt))
-    bd = evaluate(m, strategy, world_size=1 if strategy == "single" else 2, nodes=1, device=CPU, checkpointing=ckpt)
+    m = simulate(
+        lambda: build_meta_model(factory, precision), parse_batch_spec(spec), settings(precision, ckpt)
+    )
+    bd = evaluate(
+        m, strategy, world_size=1 if strategy == "single" else 2, nodes=1, device=CPU, checkpointing=ckpt
+    )
     return bd.peak, bd.weights_optimizer_rule
 
 
@@ -143,8 +167,13 @@ def cuda_rows(names: list[str]) -> list[dict]:
         factory, kwargs, spec_text = CUDA_CASES[name]
         spec = parse_batch_spec(spec_text)
         for precision, ckpt in CUDA_VARIANTS:
-            s = SimSettings(optimizer=OptimizerSpec.named("adamw"), precision=precision, checkpoint_blocks=ckpt,
-                            foreach=True, device="cuda")
+            s = SimSettings(
+                optimizer=OptimizerSpec.named("adamw"),
+                precision=precision,
+                checkpoint_blocks=ckpt,
+                foreach=True,
+                device="cuda",
+            )
 
             def go(factory=factory, kwargs=kwargs, spec=spec, s=s, ckpt=ckpt) -> None:
                 model = factory(**kwargs).cuda()
@@ -152,20 +181,36 @@ def cuda_rows(names: list[str]) -> list[dict]:
                     train_steps(model, spec, s, device="cuda")
 
             real = cuda_peak(go)
-            m = simulate(lambda f=factory, k=kwargs, p=precision: build_meta_model(lambda: f(**k), p), spec, s)
+            m = simulate(
+                lambda f=factory, k=kwargs, p=precision: build_meta_model(lambda: f(**k), p), spec, s
+            )
             bd = evaluate(m, "single", world_size=1, nodes=1, device=GPU, checkpointing=ckpt)
-            rows.append({"model": name, "strategy": "single (cuda)", "precision": precision, "checkpointing": ckpt,
-                         "measured": real, "plan": bd.peak, "plan_error": bd.peak / real - 1,
-                         "rule": bd.weights_optimizer_rule, "rule_error": bd.weights_optimizer_rule / real - 1})
+            rows.append(
+                {
+                    "model": name,
+                    "strategy": "single (cuda)",
+                    "precision": precision,
+                    "checkpointing": ckpt,
+                    "measured": real,
+                    "plan": bd.peak,
+                    "plan_error": bd.peak / real - 1,
+                    "rule": bd.weights_optimizer_rule,
+                    "rule_error": bd.weights_optimizer_rule / real - 1,
+                }
+            )
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--cases", default=None, help="comma-separated model names (default: all of the chosen mode's)")
+    parser.add_argument(
+        "--cases", default=None, help="comma-separated model names (default: all of the chosen mode's)"
+    )
     parser.add_argument("--cuda", action="store_true", help="single-GPU rows instead of the CPU ones")
-    parser.add_argument("--max-error", type=float, default=None, help="exit 1 if any |plan error| exceeds this")
+    parser.add_argument(
+        "--max-error", type=float, default=None, help="exit 1 if any |plan error| exceeds this"
+    )
     args = parser.parse_args()
     names = args.cases.split(",") if args.cases else list(CUDA_CASES if args.cuda else CASES)
     if args.cuda:
@@ -183,13 +228,26 @@ def main() -> None:
                     real = max(peak for peak, _ in dist_cache[strategy][name])
                     counters = [counter for _, counter in dist_cache[strategy][name]]
             except Exception as exc:  # e.g. a model that generic block checkpointing breaks for real
-                print(f"note: {name} {strategy} {precision} ckpt={ckpt}: real run failed: {type(exc).__name__}: "
-                      f"{str(exc).splitlines()[0][:200]}", file=sys.stderr)
+                print(
+                    f"note: {name} {strategy} {precision} ckpt={ckpt}: real run failed: {type(exc).__name__}: "
+                    f"{str(exc).splitlines()[0][:200]}",
+                    file=sys.stderr,
+                )
                 continue
             plan, rule = planned(name, strategy, precision, ckpt)
-            rows.append({"model": name, "strategy": strategy, "precision": precision, "checkpointing": ckpt,
-                         "measured": real, "plan": plan, "plan_error": plan / real - 1,
-                         "rule": rule, "rule_error": rule / real - 1})
+            rows.append(
+                {
+                    "model": name,
+                    "strategy": strategy,
+                    "precision": precision,
+                    "checkpointing": ckpt,
+                    "measured": real,
+                    "plan": plan,
+                    "plan_error": plan / real - 1,
+                    "rule": rule,
+                    "rule_error": rule / real - 1,
+                }
+            )
             if counters is not None:
                 rows[-1]["raw_counter_per_rank"] = counters
     report(rows, args)
@@ -198,15 +256,21 @@ def main() -> None:
 def report(rows: list[dict], args: argparse.Namespace) -> None:
     """Markdown table, summary line, optional JSON; exit 1 above --max-error."""
     mib = 1024**2
-    print("| model | strategy | precision | ckpt | measured MiB | plan MiB | plan error | weights+opt rule MiB | rule error |")
+    print(
+        "| model | strategy | precision | ckpt | measured MiB | plan MiB | plan error | weights+opt rule MiB | rule error |"
+    )
     print("|---|---|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['strategy']} | {r['precision']} | {'blocks' if r['checkpointing'] else '-'} | "
-              f"{r['measured'] / mib:.1f} | {r['plan'] / mib:.1f} | {r['plan_error']:+.1%} | {r['rule'] / mib:.1f} | "
-              f"{r['rule_error']:+.1%} |")
+        print(
+            f"| {r['model']} | {r['strategy']} | {r['precision']} | {'blocks' if r['checkpointing'] else '-'} | "
+            f"{r['measured'] / mib:.1f} | {r['plan'] / mib:.1f} | {r['plan_error']:+.1%} | {r['rule'] / mib:.1f} | "
+            f"{r['rule_error']:+.1%} |"
+        )
     errs = [abs(r["plan_error"]) for r in rows]
-    print(f"\nplan: max |error| {max(errs):.1%}, mean {sum(errs) / len(errs):.1%}; within ±15%: "
-          f"{sum(e <= 0.15 for e in errs)}/{len(errs)}")
+    print(
+        f"\nplan: max |error| {max(errs):.1%}, mean {sum(errs) / len(errs):.1%}; within ±15%: "
+        f"{sum(e <= 0.15 for e in errs)}/{len(errs)}"
+    )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     if args.max_error is not None and max(errs) > args.max_error:

@@ -57,8 +57,13 @@ class RealLog(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        self.rows.append((str(func), _new_output_bytes(args, kwargs, out),
-                          torch.cuda.memory_allocated() if self.cuda else 0))
+        self.rows.append(
+            (
+                str(func),
+                _new_output_bytes(args, kwargs, out),
+                torch.cuda.memory_allocated() if self.cuda else 0,
+            )
+        )
         return out
 
 
@@ -90,8 +95,13 @@ def snapshot_peak(run, top: int = 15) -> None:
     at_peak: dict[int, tuple[int, str]] = {}
     for ev in snap["device_traces"][0]:
         if ev["action"] == "alloc":
-            frames = [f for f in ev.get("frames", []) if "torch/" not in f["filename"] or "nn/modules" in f["filename"]
-                      or "functional" in f["filename"]]
+            frames = [
+                f
+                for f in ev.get("frames", [])
+                if "torch/" not in f["filename"]
+                or "nn/modules" in f["filename"]
+                or "functional" in f["filename"]
+            ]
             site = " < ".join(f"{Path(f['filename']).name}:{f['line']}:{f['name']}" for f in frames[:3])
             live[ev["addr"]] = (ev["size"], site)
             total += ev["size"]
@@ -103,8 +113,10 @@ def snapshot_peak(run, top: int = 15) -> None:
     for size, site in at_peak.values():
         sites[site][0] += size
         sites[site][1] += 1
-    print(f"snapshot: max_memory_allocated {peak_stat / 2**20:.1f} MiB; replayed peak {best / 2**20:.1f} MiB "
-          f"(incl. what was live before); live at peak by call site:")
+    print(
+        f"snapshot: max_memory_allocated {peak_stat / 2**20:.1f} MiB; replayed peak {best / 2**20:.1f} MiB "
+        f"(incl. what was live before); live at peak by call site:"
+    )
     for site, (size, n) in sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"  {size / 2**20:9.1f} MiB {n:4d}x  {site}")
 
@@ -115,12 +127,17 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--device", default="cuda", help="cpu only smoke-tests this script (no live bytes)")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--snapshot", action="store_true",
-                        help="instead: the plain real run (3 steps, as plan_accuracy.py) with the allocator's history")
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="instead: the plain real run (3 steps, as plan_accuracy.py) with the allocator's history",
+    )
     args = parser.parse_args()
     factory, kwargs, spec_text = pa.CUDA_CASES[args.case]
     spec = parse_batch_spec(spec_text)
-    s = SimSettings(optimizer=OptimizerSpec.named("adamw"), precision=args.precision, foreach=True, device=args.device)
+    s = SimSettings(
+        optimizer=OptimizerSpec.named("adamw"), precision=args.precision, foreach=True, device=args.device
+    )
     cuda = args.device == "cuda"
     if args.snapshot:
         snapshot_peak(lambda: train_steps(factory(**kwargs).cuda(), spec, s, device="cuda"))
@@ -153,7 +170,7 @@ def main() -> None:
 
     for name, rows in (("real", real), ("fake", fake)):
         i = max(range(len(rows)), key=lambda k: rows[k][2])
-        ctx = [r[0].replace("aten.", "") for r in rows[max(0, i - 6): i + 3]]
+        ctx = [r[0].replace("aten.", "") for r in rows[max(0, i - 6) : i + 3]]
         print(f"{name} peak {rows[i][2] / 2**20:.1f} MiB at op {i}/{len(rows)} {rows[i][0]}; around: {ctx}")
     by_op: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     for op, b, _ in real:

@@ -39,7 +39,9 @@ class CNN(nn.Module):
 
     def __init__(self, width: int = 32, blocks: int = 4, classes: int = 10) -> None:
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU())
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU()
+        )
         self.blocks = nn.Sequential(*[_Res(width) for _ in range(blocks)])
         self.head = nn.Linear(width, classes)
 
@@ -75,7 +77,9 @@ class _Block(nn.Module):
 class GPT(nn.Module):
     """A GPT-style decoder LM: token + position embeddings, pre-norm blocks, untied head."""
 
-    def __init__(self, vocab: int = 8192, d: int = 256, layers: int = 4, heads: int = 4, ctx: int = 256) -> None:
+    def __init__(
+        self, vocab: int = 8192, d: int = 256, layers: int = 4, heads: int = 4, ctx: int = 256
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(ctx, d)
@@ -95,14 +99,22 @@ def gpt(vocab: int = 8192, d: int = 256, layers: int = 4, heads: int = 4, ctx: i
     return GPT(vocab, d, layers, heads, ctx)
 
 
-def llama(vocab: int = 8192, hidden: int = 256, layers: int = 2, heads: int = 4, intermediate: int = 688) -> nn.Module:
+def llama(
+    vocab: int = 8192, hidden: int = 256, layers: int = 2, heads: int = 4, intermediate: int = 688
+) -> nn.Module:
     """transformers' LlamaForCausalLM from a tiny config, random weights, SDPA attention."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-        num_key_value_heads=heads, intermediate_size=intermediate, max_position_embeddings=512,
-        tie_word_embeddings=False, attn_implementation="sdpa",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        intermediate_size=intermediate,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
     )
     config.use_cache = False
     return LlamaForCausalLM(config)
@@ -130,6 +142,14 @@ def t5(vocab: int = 4000, d: int = 128, layers: int = 2, heads: int = 4, d_ff: i
     """transformers' T5ForConditionalGeneration from a tiny config, random weights."""
     from transformers import T5Config, T5ForConditionalGeneration
 
-    config = T5Config(vocab_size=vocab, d_model=d, num_layers=layers, num_heads=heads, d_ff=d_ff, d_kv=d // heads,
-                      decoder_start_token_id=0, pad_token_id=0)
+    config = T5Config(
+        vocab_size=vocab,
+        d_model=d,
+        num_layers=layers,
+        num_heads=heads,
+        d_ff=d_ff,
+        d_kv=d // heads,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+    )
     return T5ForConditionalGeneration(config)

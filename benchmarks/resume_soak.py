@@ -32,16 +32,43 @@ TRAIN = ["--steps", "16", "--save-every", "3", "--workers", "2", "--scaler", "--
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.update({"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "GLOO_SOCKET_IFNAME": "lo",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
 def launch(cwd: Path, *script_args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "torchscalpel", "launch", "--nproc", "2", "--out", str(cwd / "launch"), "--",
-           str(EXAMPLE), *TRAIN, "--ckpt", "ckpt", "--log", "logs", "--final", "final.pt", *script_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchscalpel",
+        "launch",
+        "--nproc",
+        "2",
+        "--out",
+        str(cwd / "launch"),
+        "--",
+        str(EXAMPLE),
+        *TRAIN,
+        "--ckpt",
+        "ckpt",
+        "--log",
+        "logs",
+        "--final",
+        "final.pt",
+        *script_args,
+    ]
     proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0 and ABORT in proc.stdout + proc.stderr and (cwd / "final.pt").exists():
-        return subprocess.CompletedProcess(cmd, 0, proc.stdout, proc.stderr)  # exit-time gloo abort, work done
+        return subprocess.CompletedProcess(
+            cmd, 0, proc.stdout, proc.stderr
+        )  # exit-time gloo abort, work done
     return proc
 
 
@@ -62,7 +89,9 @@ def differences(a, b, path: str = "state") -> list[str]:
             return [f"{path} keys"]
         return [d for k in a for d in differences(a[k], b[k], f"{path}.{k}")]
     if isinstance(a, list | tuple):
-        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
+        return [
+            d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")
+        ]
     return [] if a == b else [path]
 
 
@@ -93,16 +122,28 @@ def main() -> int:
             killed = launch(cwd, "--strategy", strategy, "--die-at", str(die_at), "--die-rank", str(die_rank))
             resumed = launch(cwd, "--strategy", strategy)
             ok = killed.returncode != 0 and resumed.returncode == 0
-            problems = [] if ok else [f"exit codes {killed.returncode}/{resumed.returncode}: {resumed.stderr[-500:]}"]
+            problems = (
+                []
+                if ok
+                else [f"exit codes {killed.returncode}/{resumed.returncode}: {resumed.stderr[-500:]}"]
+            )
             if ok:
                 ref_losses, ref_state = refs[strategy]
                 got = losses(cwd / "logs")
                 problems += [f"loss {k}" for k in ref_losses if got.get(k) != ref_losses[k]]
                 problems += differences(ref_state, torch.load(cwd / "final.pt", weights_only=True))
-            resumed_from = [ln for ln in resumed.stderr.splitlines() + resumed.stdout.splitlines() if "resumed from" in ln]
-            row = {"trial": trial, "strategy": strategy, "die_at": die_at, "die_rank": die_rank,
-                   "resumed": resumed_from[0].split("(")[-1].rstrip(")") if resumed_from else "start",
-                   "exact": not problems, "problems": problems[:5]}
+            resumed_from = [
+                ln for ln in resumed.stderr.splitlines() + resumed.stdout.splitlines() if "resumed from" in ln
+            ]
+            row = {
+                "trial": trial,
+                "strategy": strategy,
+                "die_at": die_at,
+                "die_rank": die_rank,
+                "resumed": resumed_from[0].split("(")[-1].rstrip(")") if resumed_from else "start",
+                "exact": not problems,
+                "problems": problems[:5],
+            }
             results.append(row)
             print(json.dumps(row), flush=True)
     exact = sum(r["exact"] for r in results)

@@ -36,7 +36,9 @@ LOOPBACK = "127.0.0.1"
 SHAPE = (1, 8, 8)  # the digits bundle's per-row shape; override with --row-shape for other bundles
 
 
-def http(method: str, path: str, body: bytes, headers: dict[str, str] | None = None, *, length: str | None = None) -> bytes:
+def http(
+    method: str, path: str, body: bytes, headers: dict[str, str] | None = None, *, length: str | None = None
+) -> bytes:
     """A raw HTTP/1.1 request (Content-Length is the true length unless ``length`` overrides it)."""
     head = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
     for k, v in (headers or {}).items():
@@ -47,7 +49,9 @@ def http(method: str, path: str, body: bytes, headers: dict[str, str] | None = N
 
 
 def _json(obj: object, **headers: str) -> bytes:
-    return http("POST", "/v1/predict", json.dumps(obj).encode(), {"Content-Type": "application/json", **headers})
+    return http(
+        "POST", "/v1/predict", json.dumps(obj).encode(), {"Content-Type": "application/json", **headers}
+    )
 
 
 def _npy(arr: np.ndarray) -> bytes:
@@ -68,52 +72,193 @@ def malformed(rng: random.Random, row_shape: tuple[int, ...], max_body: int) -> 
     good = np.zeros((2, *row_shape), np.float32)
     good_npy = _npy(good)
     cases = [
-        ("random-bytes-json", lambda: http("POST", "/v1/predict", rng.randbytes(rng.randint(0, 4000)),
-                                           {"Content-Type": "application/json"})),
-        ("random-bytes-npy", lambda: http("POST", "/v1/predict", rng.randbytes(rng.randint(0, 4000)),
-                                          {"Content-Type": "application/x-npy"})),
-        ("npy-magic-garbage", lambda: http("POST", "/v1/predict", b"\x93NUMPY\x01\x00" + rng.randbytes(rng.randint(0, 300)),
-                                           {"Content-Type": "application/x-npy"})),
-        ("wrong-shape", lambda: _json({"inputs": np.zeros([rng.randint(1, 5) for _ in range(rng.randint(1, 6))]).tolist()})),
+        (
+            "random-bytes-json",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                rng.randbytes(rng.randint(0, 4000)),
+                {"Content-Type": "application/json"},
+            ),
+        ),
+        (
+            "random-bytes-npy",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                rng.randbytes(rng.randint(0, 4000)),
+                {"Content-Type": "application/x-npy"},
+            ),
+        ),
+        (
+            "npy-magic-garbage",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                b"\x93NUMPY\x01\x00" + rng.randbytes(rng.randint(0, 300)),
+                {"Content-Type": "application/x-npy"},
+            ),
+        ),
+        (
+            "wrong-shape",
+            lambda: _json(
+                {"inputs": np.zeros([rng.randint(1, 5) for _ in range(rng.randint(1, 6))]).tolist()}
+            ),
+        ),
         ("batch-too-big", lambda: _json({"inputs": np.zeros((rng.randint(33, 60), *row_shape)).tolist()})),
-        ("nan-inf", lambda: http("POST", "/v1/predict",
-                                 json.dumps({"inputs": [[[[0.0] * row_shape[-1]] * row_shape[-2]]]}).replace(
-                                     "0.0", rng.choice(["NaN", "Infinity", "-Infinity", "1e39"]), 1).encode(),
-                                 {"Content-Type": "application/json"})),
-        ("npy-huge-dims", lambda: http("POST", "/v1/predict", good_npy.replace(
-            b"(2, " + ", ".join(map(str, row_shape)).encode(),
-            b"(" + str(rng.choice([2**31, 2**40, 10**12])).encode() + b", " + ", ".join(map(str, row_shape)).encode()),
-            {"Content-Type": "application/x-npy"})),
-        ("npy-negative-dims", lambda: http("POST", "/v1/predict", good_npy.replace(b"(2, ", b"(-2, "),
-                                           {"Content-Type": "application/x-npy"})),
-        ("npy-wrong-dtype", lambda: http("POST", "/v1/predict", _npy(good.astype(rng.choice(["complex64", "U1", "int8"]))),
-                                         {"Content-Type": "application/x-npy"})),
-        ("deep-nesting", lambda: http("POST", "/v1/predict", b'{"inputs": ' + b"[" * rng.randint(500, 100_000),
-                                      {"Content-Type": "application/json"})),
-        ("truncated-json", lambda: (lambda b: http("POST", "/v1/predict", b[: rng.randint(0, len(b) - 1)],
-                                                   {"Content-Type": "application/json"}))(
-            json.dumps({"inputs": good.tolist()}).encode())),
-        ("truncated-npy", lambda: http("POST", "/v1/predict", good_npy[: rng.randint(0, len(good_npy) - 1)],
-                                       {"Content-Type": "application/x-npy"})),
-        ("wrong-types", lambda: _json({"inputs": rng.choice([None, "x", True, {"a": 1}, [["a"]], [[None]], 3.5])})),
-        ("missing-inputs", lambda: _json(rng.choice([{}, [], {"input": []}, {"inputs": {"nope": [1]}}, 1, "s"]))),
-        ("big-ints", lambda: http("POST", "/v1/predict", b'{"inputs": [[' + b"9" * rng.randint(20, 6000) + b"]]}",
-                                  {"Content-Type": "application/json"})),
-        ("invalid-utf8", lambda: http("POST", "/v1/predict", b'{"inputs": "\xff\xfe\xfd"}', {"Content-Type": "application/json"})),
-        ("wrong-content-type", lambda: http("POST", "/v1/predict", b"a,b,c",
-                                            {"Content-Type": rng.choice(["text/csv", "multipart/form-data", "image/png"])})),
-        ("oversize-declared", lambda: http("POST", "/v1/predict", b"", {"Content-Type": "application/json"},
-                                           length=str(max_body + rng.randint(1, 10**9)))),
-        ("oversize-chunked", lambda: http("POST", "/v1/predict",
-                                          b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in [b"[" * 65536] * (max_body // 65536 + 2))
-                                          + b"0\r\n\r\n",
-                                          {"Content-Type": "application/json", "Transfer-Encoding": "chunked"}, length="omit")),
-        ("lying-short-length", lambda: http("POST", "/v1/predict", json.dumps({"inputs": good.tolist()}).encode(),
-                                            {"Content-Type": "application/json"}, length=str(rng.randint(1, 20)))),
-        ("bad-content-length", lambda: http("POST", "/v1/predict", b"{}", {"Content-Type": "application/json"},
-                                            length=rng.choice(["abc", "-5", "1e3", ""]))),
+        (
+            "nan-inf",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                json.dumps({"inputs": [[[[0.0] * row_shape[-1]] * row_shape[-2]]]})
+                .replace("0.0", rng.choice(["NaN", "Infinity", "-Infinity", "1e39"]), 1)
+                .encode(),
+                {"Content-Type": "application/json"},
+            ),
+        ),
+        (
+            "npy-huge-dims",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                good_npy.replace(
+                    b"(2, " + ", ".join(map(str, row_shape)).encode(),
+                    b"("
+                    + str(rng.choice([2**31, 2**40, 10**12])).encode()
+                    + b", "
+                    + ", ".join(map(str, row_shape)).encode(),
+                ),
+                {"Content-Type": "application/x-npy"},
+            ),
+        ),
+        (
+            "npy-negative-dims",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                good_npy.replace(b"(2, ", b"(-2, "),
+                {"Content-Type": "application/x-npy"},
+            ),
+        ),
+        (
+            "npy-wrong-dtype",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                _npy(good.astype(rng.choice(["complex64", "U1", "int8"]))),
+                {"Content-Type": "application/x-npy"},
+            ),
+        ),
+        (
+            "deep-nesting",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                b'{"inputs": ' + b"[" * rng.randint(500, 100_000),
+                {"Content-Type": "application/json"},
+            ),
+        ),
+        (
+            "truncated-json",
+            lambda: (
+                lambda b: http(
+                    "POST",
+                    "/v1/predict",
+                    b[: rng.randint(0, len(b) - 1)],
+                    {"Content-Type": "application/json"},
+                )
+            )(json.dumps({"inputs": good.tolist()}).encode()),
+        ),
+        (
+            "truncated-npy",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                good_npy[: rng.randint(0, len(good_npy) - 1)],
+                {"Content-Type": "application/x-npy"},
+            ),
+        ),
+        (
+            "wrong-types",
+            lambda: _json({"inputs": rng.choice([None, "x", True, {"a": 1}, [["a"]], [[None]], 3.5])}),
+        ),
+        (
+            "missing-inputs",
+            lambda: _json(rng.choice([{}, [], {"input": []}, {"inputs": {"nope": [1]}}, 1, "s"])),
+        ),
+        (
+            "big-ints",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                b'{"inputs": [[' + b"9" * rng.randint(20, 6000) + b"]]}",
+                {"Content-Type": "application/json"},
+            ),
+        ),
+        (
+            "invalid-utf8",
+            lambda: http(
+                "POST", "/v1/predict", b'{"inputs": "\xff\xfe\xfd"}', {"Content-Type": "application/json"}
+            ),
+        ),
+        (
+            "wrong-content-type",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                b"a,b,c",
+                {"Content-Type": rng.choice(["text/csv", "multipart/form-data", "image/png"])},
+            ),
+        ),
+        (
+            "oversize-declared",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                b"",
+                {"Content-Type": "application/json"},
+                length=str(max_body + rng.randint(1, 10**9)),
+            ),
+        ),
+        (
+            "oversize-chunked",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in [b"[" * 65536] * (max_body // 65536 + 2))
+                + b"0\r\n\r\n",
+                {"Content-Type": "application/json", "Transfer-Encoding": "chunked"},
+                length="omit",
+            ),
+        ),
+        (
+            "lying-short-length",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                json.dumps({"inputs": good.tolist()}).encode(),
+                {"Content-Type": "application/json"},
+                length=str(rng.randint(1, 20)),
+            ),
+        ),
+        (
+            "bad-content-length",
+            lambda: http(
+                "POST",
+                "/v1/predict",
+                b"{}",
+                {"Content-Type": "application/json"},
+                length=rng.choice(["abc", "-5", "1e3", ""]),
+            ),
+        ),
         ("wrong-method", lambda: http(rng.choice(["GET", "PUT", "DELETE", "PATCH"]), "/v1/predict", b"")),
-        ("unknown-path", lambda: http("POST", rng.choice(["/", "/v2/predict", "/admin", "/../etc/passwd", "/v1/models/load"]), b"{}")),
+        (
+            "unknown-path",
+            lambda: http(
+                "POST", rng.choice(["/", "/v2/predict", "/admin", "/../etc/passwd", "/v1/models/load"]), b"{}"
+            ),
+        ),
         ("garbage-request-line", lambda: rng.randbytes(rng.randint(1, 200)) + b"\r\n\r\n"),
     ]
     while True:
@@ -159,9 +304,20 @@ def slow_client(port: int, stall_s: float) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def run_fuzz(port: int, *, count: int, seed: int = 0, row_shape: tuple[int, ...] = SHAPE, max_body: int = 256 << 10,
-             valid_every: int = 50, workers: int = 4, time_limit_s: float = 900, rss=None, slow_clients: int = 0,
-             body_timeout_s: float = 2.0) -> dict:
+def run_fuzz(
+    port: int,
+    *,
+    count: int,
+    seed: int = 0,
+    row_shape: tuple[int, ...] = SHAPE,
+    max_body: int = 256 << 10,
+    valid_every: int = 50,
+    workers: int = 4,
+    time_limit_s: float = 900,
+    rss=None,
+    slow_clients: int = 0,
+    body_timeout_s: float = 2.0,
+) -> dict:
     """Send ``count`` malformed requests (plus a valid one every ``valid_every``); return the tallies."""
     rng = random.Random(seed)
     gen = malformed(rng, row_shape, max_body)
@@ -218,13 +374,27 @@ def run_fuzz(port: int, *, count: int, seed: int = 0, row_shape: tuple[int, ...]
         "problems": bad[:30],
         "valid": {str(k): v for k, v in valid.items()},
         "rss_mb": [round(r / 2**20, 1) for r in rss_samples],
-        "rss_growth_mb": round((rss_samples[-1] - rss_samples[0]) / 2**20, 1) if len(rss_samples) > 1 else None,
+        "rss_growth_mb": round((rss_samples[-1] - rss_samples[0]) / 2**20, 1)
+        if len(rss_samples) > 1
+        else None,
     }
 
 
 def _export_digits(out: Path) -> Path:
-    cmd = [sys.executable, "-m", "torchscalpel", "export", "--model", f"{REPO}/tests/fixtures/digits_model.py:make_model",
-           "--example", "float32[1,1,8,8]", "--formats", "onnx", "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchscalpel",
+        "export",
+        "--model",
+        f"{REPO}/tests/fixtures/digits_model.py:make_model",
+        "--example",
+        "float32[1,1,8,8]",
+        "--formats",
+        "onnx",
+        "--out",
+        str(out),
+    ]
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")}, capture_output=True)
     return out
 
@@ -243,9 +413,29 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         bundle = args.bundle or _export_digits(Path(tmp) / "bundle")
         env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "torchscalpel", "serve", str(bundle), "--host", LOOPBACK,
-                                 "--port", "0", "--max-body", "256KiB", "--body-timeout", "2", "--threads", "1"],
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torchscalpel",
+                "serve",
+                str(bundle),
+                "--host",
+                LOOPBACK,
+                "--port",
+                "0",
+                "--max-body",
+                "256KiB",
+                "--body-timeout",
+                "2",
+                "--threads",
+                "1",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         assert proc.stdout is not None
         line = proc.stdout.readline()
         match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
@@ -256,8 +446,14 @@ def main() -> int:
         port = int(match.group(1))
         server = psutil.Process(proc.pid)
         try:
-            report = run_fuzz(port, count=args.count, seed=args.seed, time_limit_s=args.time_limit,
-                              rss=lambda: server.memory_info().rss, slow_clients=args.slow_clients)
+            report = run_fuzz(
+                port,
+                count=args.count,
+                seed=args.seed,
+                time_limit_s=args.time_limit,
+                rss=lambda: server.memory_info().rss,
+                slow_clients=args.slow_clients,
+            )
             report["server_alive"] = proc.poll() is None
             report["server_exit_code"] = proc.poll()
         finally:
@@ -266,8 +462,12 @@ def main() -> int:
     print(json.dumps(report, indent=2))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
-    ok = report["server_alive"] and report["not_4xx"] == 0 and set(report["valid"]) == {"200"} and \
-        (report["rss_growth_mb"] or 0) < 50
+    ok = (
+        report["server_alive"]
+        and report["not_4xx"] == 0
+        and set(report["valid"]) == {"200"}
+        and (report["rss_growth_mb"] or 0) < 50
+    )
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

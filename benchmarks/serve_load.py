@@ -83,7 +83,9 @@ def start(cmd: list[str]) -> tuple[subprocess.Popen, int]:
     return proc, int(match.group(1))
 
 
-async def client(port: int, request: bytes, stop_at: float, latencies: list[float], errors: list[int]) -> None:
+async def client(
+    port: int, request: bytes, stop_at: float, latencies: list[float], errors: list[int]
+) -> None:
     """One closed-loop client on a keep-alive connection."""
     reader, writer = await asyncio.open_connection(HOST, port)
     try:
@@ -102,18 +104,28 @@ async def client(port: int, request: bytes, stop_at: float, latencies: list[floa
         writer.close()
 
 
-async def measure(port: int, request: bytes, concurrency: int, seconds: float) -> tuple[list[float], list[int], float]:
+async def measure(
+    port: int, request: bytes, concurrency: int, seconds: float
+) -> tuple[list[float], list[int], float]:
     latencies: list[float] = []
     errors: list[int] = []
     start_t = time.perf_counter()
-    await asyncio.gather(*(client(port, request, start_t + seconds, latencies, errors) for _ in range(concurrency)))
+    await asyncio.gather(
+        *(client(port, request, start_t + seconds, latencies, errors) for _ in range(concurrency))
+    )
     return latencies, errors, time.perf_counter() - start_t
 
 
 def summarize(lat: list[float], errors: list[int], wall: float) -> dict:
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0] if lat else float("nan")] * 99
-    return {"requests": len(lat), "errors": len(errors), "throughput_rps": round(len(lat) / wall, 1),
-            "p50_ms": round(q[49] * 1e3, 1), "p90_ms": round(q[89] * 1e3, 1), "p99_ms": round(q[98] * 1e3, 1)}
+    return {
+        "requests": len(lat),
+        "errors": len(errors),
+        "throughput_rps": round(len(lat) / wall, 1),
+        "p50_ms": round(q[49] * 1e3, 1),
+        "p90_ms": round(q[89] * 1e3, 1),
+        "p99_ms": round(q[98] * 1e3, 1),
+    }
 
 
 def keepalive_main(args: argparse.Namespace) -> int:
@@ -139,9 +151,13 @@ def keepalive_main(args: argparse.Namespace) -> int:
         proc.wait(15)
     print(f"{'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>6}")
     for conc, r in results.items():
-        print(f"{conc:>4} {r['throughput_rps']:>8} {r['p50_ms']:>8} {r['p90_ms']:>8} {r['p99_ms']:>8} {r['errors']:>6}")
+        print(
+            f"{conc:>4} {r['throughput_rps']:>8} {r['p50_ms']:>8} {r['p90_ms']:>8} {r['p99_ms']:>8} {r['errors']:>6}"
+        )
     if args.json:
-        args.json.write_text(json.dumps({"keepalive_healthz": results, "cpu_count": os.cpu_count()}, indent=2))
+        args.json.write_text(
+            json.dumps({"keepalive_healthz": results, "cpu_count": os.cpu_count()}, indent=2)
+        )
     return 0
 
 
@@ -159,12 +175,18 @@ raise SystemExit(main(["serve", sys.argv[1], "--port", "0"]))
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bundle", type=Path, help="an exported bundle taking float32[*, 2048] (default: export the MLP)")
-    p.add_argument("--seconds", type=float, default=6.0, help="seconds per (variant, concurrency) cell per round")
+    p.add_argument(
+        "--bundle", type=Path, help="an exported bundle taking float32[*, 2048] (default: export the MLP)"
+    )
+    p.add_argument(
+        "--seconds", type=float, default=6.0, help="seconds per (variant, concurrency) cell per round"
+    )
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", default="1,10,100")
     p.add_argument("--json", type=Path)
-    p.add_argument("--keepalive", action="store_true", help="only keep-alive GET /healthz latency at each concurrency")
+    p.add_argument(
+        "--keepalive", action="store_true", help="only keep-alive GET /healthz latency at each concurrency"
+    )
     p.add_argument("--plain-server", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.plain_server:
@@ -177,10 +199,27 @@ def main() -> int:
     if bundle is None:
         bundle = Path(tmp) / "mlp"
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-        subprocess.run([sys.executable, "-m", "torchscalpel", "export", "--model",
-                        f"{REPO}/tests/fixtures/digits_model.py:make_big_mlp", "--example", f"float32[1,{DIM}]",
-                        "--formats", "onnx", "--max-batch", "32", "--out", str(bundle)], check=True, env=env,
-                        stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torchscalpel",
+                "export",
+                "--model",
+                f"{REPO}/tests/fixtures/digits_model.py:make_big_mlp",
+                "--example",
+                f"float32[1,{DIM}]",
+                "--formats",
+                "onnx",
+                "--max-batch",
+                "32",
+                "--out",
+                str(bundle),
+            ],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
     serve = [sys.executable, "-m", "torchscalpel", "serve", str(bundle), "--threads", "1", "--port", "0"]
     procs = {
         "batched": start([*serve, "--max-batch", "32", "--max-wait-ms", "5"]),
@@ -189,8 +228,10 @@ def main() -> int:
     }
     x = np.random.default_rng(0).standard_normal((1, DIM)).astype(np.float32)
     body = json.dumps({"inputs": x.tolist()}).encode()
-    request = (f"POST /v1/predict HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    request = (
+        f"POST /v1/predict HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     levels = [int(c) for c in args.concurrency.split(",")]
     cells: dict[tuple[str, int], tuple[list[float], list[int], float]] = {}
     try:
@@ -203,7 +244,11 @@ def main() -> int:
                     lat, err, wall = asyncio.run(measure(procs[name][1], request, conc, args.seconds))
                     acc = cells.setdefault((name, conc), ([], [], 0.0))
                     cells[(name, conc)] = (acc[0] + lat, acc[1] + err, acc[2] + wall)
-                    print(f"round {rnd} c={conc:<3} {name:<9} {len(lat) / wall:8.1f} req/s", file=sys.stderr, flush=True)
+                    print(
+                        f"round {rnd} c={conc:<3} {name:<9} {len(lat) / wall:8.1f} req/s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
         for proc, _ in procs.values():
             proc.terminate()
@@ -212,16 +257,26 @@ def main() -> int:
     ratios = {}
     for conc in levels:
         b, u, pl = (results[f"{v}@{conc}"] for v in ("batched", "unbatched", "plain"))
-        ratios[str(conc)] = {"throughput_vs_unbatched": round(b["throughput_rps"] / u["throughput_rps"], 2),
-                             "throughput_vs_plain": round(b["throughput_rps"] / pl["throughput_rps"], 2),
-                             "p99_vs_unbatched": round(b["p99_ms"] / u["p99_ms"], 2),
-                             "p99_vs_plain": round(b["p99_ms"] / pl["p99_ms"], 2)}
-    report = {"model": "MLP 3x2048 + head 1000 (14.6M params), ONNX, 1 model thread", "seconds_per_cell": args.seconds,
-              "rounds": args.rounds, "cpu_count": os.cpu_count(), "results": results, "ratios": ratios}
+        ratios[str(conc)] = {
+            "throughput_vs_unbatched": round(b["throughput_rps"] / u["throughput_rps"], 2),
+            "throughput_vs_plain": round(b["throughput_rps"] / pl["throughput_rps"], 2),
+            "p99_vs_unbatched": round(b["p99_ms"] / u["p99_ms"], 2),
+            "p99_vs_plain": round(b["p99_ms"] / pl["p99_ms"], 2),
+        }
+    report = {
+        "model": "MLP 3x2048 + head 1000 (14.6M params), ONNX, 1 model thread",
+        "seconds_per_cell": args.seconds,
+        "rounds": args.rounds,
+        "cpu_count": os.cpu_count(),
+        "results": results,
+        "ratios": ratios,
+    }
     print(f"{'variant':<10} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'errors':>6}")
     for key, r in results.items():
         name, conc = key.split("@")
-        print(f"{name:<10} {conc:>4} {r['throughput_rps']:>8} {r['p50_ms']:>8} {r['p90_ms']:>8} {r['p99_ms']:>8} {r['errors']:>6}")
+        print(
+            f"{name:<10} {conc:>4} {r['throughput_rps']:>8} {r['p50_ms']:>8} {r['p90_ms']:>8} {r['p99_ms']:>8} {r['errors']:>6}"
+        )
     print(json.dumps(ratios, indent=1))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))

@@ -55,7 +55,10 @@ def build(source: Path, out: Path, size_mb: int, steps: int = 0) -> Path:
     xs = [e for e in events if e.get("ph") == "X" and "ts" in e]
     t0 = min(e["ts"] for e in xs)
     span = max(e["ts"] + e.get("dur", 0) for e in xs) - t0 + 1000
-    corr_span = 1 + max((e.get("args", {}).get("correlation", 0) for e in events if isinstance(e.get("args"), dict)), default=0)
+    corr_span = 1 + max(
+        (e.get("args", {}).get("correlation", 0) for e in events if isinstance(e.get("args"), dict)),
+        default=0,
+    )
     step_names = sorted({e["name"] for e in xs if str(e.get("name", "")).startswith("ProfilerStep#")})
     body = [e for e in events if e.get("ph") != "M" and not (steps and e.get("name") in step_names)]
     step_tid = next((e["tid"] for e in xs if e.get("name") in step_names), 0)
@@ -85,9 +88,19 @@ def build(source: Path, out: Path, size_mb: int, steps: int = 0) -> Path:
             k += 1
         if steps:  # N steps, each spanning ceil(k / N) tiles, written after the tiles (order does not matter)
             per = -(-k // steps)
-            marks = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "pid": step_pid, "tid": step_tid,
-                      "ts": t0 + i * per * span, "dur": min(per, k - i * per) * span - 1}
-                     for i in range(steps) if i * per < k]
+            marks = [
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{i}",
+                    "pid": step_pid,
+                    "tid": step_tid,
+                    "ts": t0 + i * per * span,
+                    "dur": min(per, k - i * per) * span - 1,
+                }
+                for i in range(steps)
+                if i * per < k
+            ]
             fh.write(", " + ", ".join(json.dumps(m) for m in marks))
         fh.write("]}")
     print(f"built {out} ({out.stat().st_size / 2**20:.0f} MiB, {k} tiles of {source.name})")
@@ -106,14 +119,24 @@ def _child(cmd: list[str], timeout: float, env: dict[str, str] | None = None) ->
         if time.perf_counter() > deadline:
             proc.kill()
             pid, status, usage = os.wait4(proc.pid, 0)
-            return {"ok": False, "error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - t0,
-                    "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mb": usage.ru_maxrss / 1024}
+            return {
+                "ok": False,
+                "error": f"timed out after {timeout:.0f} s",
+                "wall_s": time.perf_counter() - t0,
+                "cpu_s": usage.ru_utime + usage.ru_stime,
+                "peak_rss_mb": usage.ru_maxrss / 1024,
+            }
         time.sleep(0.05)
     wall = time.perf_counter() - t0
     out, err = proc.stdout.read(), proc.stderr.read()
     code = os.waitstatus_to_exitcode(status)
-    res = {"ok": code == 0, "wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
-           "peak_rss_mb": usage.ru_maxrss / 1024, "exit": code}
+    res = {
+        "ok": code == 0,
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_mb": usage.ru_maxrss / 1024,
+        "exit": code,
+    }
     lines = [ln for ln in out.splitlines() if ln.startswith("{")]
     if lines:
         res["result"] = json.loads(lines[-1])
@@ -170,7 +193,11 @@ def run(trace: Path, hta_python: str, timeout: float, skip_hta: bool) -> dict:
     if ours.get("ok"):
         ours["mb_per_s"] = size_mb / ours["wall_s"]
     if not skip_hta:
-        hta = _child([hta_python, str(WORKER), "bench", str(trace.parent)], timeout, dict(os.environ, OMP_NUM_THREADS="1"))
+        hta = _child(
+            [hta_python, str(WORKER), "bench", str(trace.parent)],
+            timeout,
+            dict(os.environ, OMP_NUM_THREADS="1"),
+        )
         print("HolisticTraceAnalysis:", json.dumps(hta)[:3000])
         report["hta"] = hta
         if hta.get("ok") and ours.get("ok"):
@@ -188,9 +215,11 @@ def parsers(trace: Path, timeout: float) -> None:
         r = _child([sys.executable, "-c", _PARSE, mode, str(trace)], timeout, _env())
         res = r.get("result", {})
         cpu = res.get("parse_cpu_s", float("nan"))
-        print(f"{mode:15s} events {res.get('events', 0):>9}  parse wall {res.get('parse_s', float('nan')):7.2f} s  "
-              f"CPU {cpu:7.2f} s = {size_mb / cpu:6.1f} MB/s per CPU-second  peak RSS {r['peak_rss_mb']:6.0f} MiB "
-              f"{r.get('error', '')[:200]}")
+        print(
+            f"{mode:15s} events {res.get('events', 0):>9}  parse wall {res.get('parse_s', float('nan')):7.2f} s  "
+            f"CPU {cpu:7.2f} s = {size_mb / cpu:6.1f} MB/s per CPU-second  peak RSS {r['peak_rss_mb']:6.0f} MiB "
+            f"{r.get('error', '')[:200]}"
+        )
 
 
 def record_hta(hta_python: str) -> None:
@@ -203,7 +232,9 @@ def record_hta(hta_python: str) -> None:
     }
     for name, files in cases.items():
         out = REPO / "tests" / "data" / f"hta_{name}.json"
-        subprocess.run([hta_python, str(WORKER), "record", str(out), *[str(TRACES / f) for f in files]], check=True)
+        subprocess.run(
+            [hta_python, str(WORKER), "record", str(out), *[str(TRACES / f) for f in files]], check=True
+        )
         print("recorded", out)
 
 

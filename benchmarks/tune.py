@@ -63,16 +63,26 @@ def main() -> int:
     p.add_argument("--budget", default="10m")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=15, help="measured steps per re-measurement run (at least)")
-    p.add_argument("--min-measure", type=float, default=3.0,
-                   help="seconds of measured steps per re-measurement run: a calibration baseline run sets "
-                        "the step count to max(--steps, seconds / its step time); 0 keeps --steps")
+    p.add_argument(
+        "--min-measure",
+        type=float,
+        default=3.0,
+        help="seconds of measured steps per re-measurement run: a calibration baseline run sets "
+        "the step count to max(--steps, seconds / its step time); 0 keeps --steps",
+    )
     p.add_argument("--knobs", default="amp,dataloader,optimizer,compile,channels_last")
-    p.add_argument("--target", type=Path, default=None,
-                   help="any script instead of an example (held-out checks: tests/fixtures/corpus/...)")
+    p.add_argument(
+        "--target",
+        type=Path,
+        default=None,
+        help="any script instead of an example (held-out checks: tests/fixtures/corpus/...)",
+    )
     p.add_argument("--target-args", default="", help="the --target script's arguments, one string")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--config", type=Path, default=None, help="skip the search: re-measure this scalpel.toml")
-    p.add_argument("--device", default=None, help="passed to the example as --device (default: its own choice)")
+    p.add_argument(
+        "--device", default=None, help="passed to the example as --device (default: its own choice)"
+    )
     args = p.parse_args()
     if args.target is not None:
         script, script_args = args.target.resolve(), shlex.split(args.target_args)
@@ -82,12 +92,29 @@ def main() -> int:
     before = machine()
     print(f"machine: {before}", flush=True)
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-tune-"))
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(
+        os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")
+    )
     config = args.config
     if config is None:
         config = out / "scalpel.toml"
-        cmd = [sys.executable, "-m", "torchscalpel", "tune", "--budget", args.budget, "--knobs", args.knobs,
-               "--out", str(out / "tune"), "--config", str(config), "--", str(script), *script_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torchscalpel",
+            "tune",
+            "--budget",
+            args.budget,
+            "--knobs",
+            args.knobs,
+            "--out",
+            str(out / "tune"),
+            "--config",
+            str(config),
+            "--",
+            str(script),
+            *script_args,
+        ]
         print("$", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, env=env, check=True)
     settings = read_settings_file(config)
@@ -101,31 +128,60 @@ def main() -> int:
     steps = args.steps
     if args.min_measure > 0:
         # Short steps (digits_cnn: ~15 ms) timed over 15 steps are noise: measure seconds, not steps.
-        cal = run_trial(target, TuneSettings(), out / "remeasure" / "calibrate", warmup=3, steps=args.steps, seed=0,
-                        timeout_s=600, family="baseline")
+        cal = run_trial(
+            target,
+            TuneSettings(),
+            out / "remeasure" / "calibrate",
+            warmup=3,
+            steps=args.steps,
+            seed=0,
+            timeout_s=600,
+            family="baseline",
+        )
         if cal.ok and cal.median_ms:
-            steps = max(args.steps, min(400, -(-int(args.min_measure * 1000) // int(max(1.0, cal.median_ms)))))
+            steps = max(
+                args.steps, min(400, -(-int(args.min_measure * 1000) // int(max(1.0, cal.median_ms))))
+            )
     print(f"re-measure runs: 3 warm-up + {steps} measured steps each", flush=True)
     rows = []
     for r in range(args.rounds):
         pair = {}
         for name, s in (("baseline", TuneSettings()), ("tuned", settings)):
-            res = run_trial(target, s, out / "remeasure" / f"{r}-{name}", warmup=3, steps=steps, seed=0,
-                            timeout_s=600, family=name)
+            res = run_trial(
+                target,
+                s,
+                out / "remeasure" / f"{r}-{name}",
+                warmup=3,
+                steps=steps,
+                seed=0,
+                timeout_s=600,
+                family=name,
+            )
             if not res.ok:
                 print(f"round {r} {name} failed: {res.cause}")
                 return 1
             pair[name] = res
         ratio = pair["baseline"].median_ms / pair["tuned"].median_ms
         dev, _ = loss_deviation(pair["baseline"].losses, pair["tuned"].losses, steps=10)
-        rows.append({"round": r, "baseline_ms": pair["baseline"].median_ms, "tuned_ms": pair["tuned"].median_ms,
-                     "ratio": ratio, "loss_dev": dev})
-        print(f"round {r}: baseline {pair['baseline'].median_ms:.1f} ms  tuned {pair['tuned'].median_ms:.1f} ms  "
-              f"ratio {ratio:.2f}x  loss dev {dev:.1e}", flush=True)
+        rows.append(
+            {
+                "round": r,
+                "baseline_ms": pair["baseline"].median_ms,
+                "tuned_ms": pair["tuned"].median_ms,
+                "ratio": ratio,
+                "loss_dev": dev,
+            }
+        )
+        print(
+            f"round {r}: baseline {pair['baseline'].median_ms:.1f} ms  tuned {pair['tuned'].median_ms:.1f} ms  "
+            f"ratio {ratio:.2f}x  loss dev {dev:.1e}",
+            flush=True,
+        )
     flags = before.get("bf16_flags") or []
     summary = {
         # The CPU targets lean on bf16 autocast; without native bf16 the amp knob skips itself.
-        "bf16_targets": "applicable" if {"avx512_bf16", "amx_bf16"} & set(flags)
+        "bf16_targets": "applicable"
+        if {"avx512_bf16", "amx_bf16"} & set(flags)
         else "not applicable: no avx512_bf16 / amx_bf16 on this CPU (the amp knob is skipped with that reason)",
         "script": str(args.target) if args.target else args.script,
         "machine_before": before,

@@ -43,10 +43,16 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--knob", action="store_true",
-                   help="compile through the tune knob's compile(model) (CompiledRegion) instead of torch.compile")
-    p.add_argument("--setups", default="plain,+root hooks,+backward wrap,+runtime",
-                   help="comma-separated variants (plain alone: a process that never attached anything)")
+    p.add_argument(
+        "--knob",
+        action="store_true",
+        help="compile through the tune knob's compile(model) (CompiledRegion) instead of torch.compile",
+    )
+    p.add_argument(
+        "--setups",
+        default="plain,+root hooks,+backward wrap,+runtime",
+        help="comma-separated variants (plain alone: a process that never attached anything)",
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     ct = load_script()
@@ -72,12 +78,18 @@ def main() -> int:
         install_compile(CompileSpec(target="model"), ApplyLog())
         models["compiled"] = knob
     opts = {k: torch.optim.AdamW(m.parameters(), lr=2e-3, weight_decay=0.01) for k, m in models.items()}
-    scheds = {k: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, 300) / 300)))
-              for k, o in opts.items()}
+    scheds = {
+        k: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, 300) / 300)))
+        for k, o in opts.items()
+    }
     fixed = (torch.randint(0, vocab, (batch, block)), torch.randint(0, vocab, (batch, block)))
 
     def step(kind: str, fresh: bool) -> float:
-        x, y = (torch.randint(0, vocab, (batch, block)), torch.randint(0, vocab, (batch, block))) if fresh else fixed
+        x, y = (
+            (torch.randint(0, vocab, (batch, block)), torch.randint(0, vocab, (batch, block)))
+            if fresh
+            else fixed
+        )
         t0 = time.perf_counter()
         logits = models[kind](x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
@@ -91,8 +103,10 @@ def main() -> int:
     def root_hooks(kind: str):
         stamp = []
         m = models[kind]
-        h = [m.register_forward_pre_hook(lambda mod, a: stamp.append(time.perf_counter())),
-             m.register_forward_hook(lambda mod, a, o: stamp.append(time.perf_counter()), always_call=True)]
+        h = [
+            m.register_forward_pre_hook(lambda mod, a: stamp.append(time.perf_counter())),
+            m.register_forward_hook(lambda mod, a, o: stamp.append(time.perf_counter()), always_call=True),
+        ]
         return lambda: [x.remove() for x in h]
 
     def backward_wrap(kind: str):
@@ -103,13 +117,16 @@ def main() -> int:
             out = original(*a, **k)
             _ = time.perf_counter() - t
             return out
+
         torch.Tensor.backward = backward
         return lambda: setattr(torch.Tensor, "backward", original)
 
     def runtime(kind: str):
         import torchscalpel
-        run = torchscalpel.profile(steps=None, warmup=1, profile_steps=0, report=False,
-                                   out=tempfile.mkdtemp(prefix="tci-"))
+
+        run = torchscalpel.profile(
+            steps=None, warmup=1, profile_steps=0, report=False, out=tempfile.mkdtemp(prefix="tci-")
+        )
         run.__enter__()
         return lambda: run.__exit__(None, None, None)
 
@@ -135,17 +152,27 @@ def main() -> int:
                         undo()
                     key = f"{kind} {name} {'fresh' if fresh else 'fixed'}"
                     results.setdefault(key, []).append(statistics.median(times))
-                    print(json.dumps({"round": r, "variant": key, "median_ms": round(statistics.median(times), 1)}),
-                          flush=True)
-    counters = {k: dict(v) for k, v in torch._dynamo.utils.counters.items() if k in ("stats", "recompiles", "graph_break")}
+                    print(
+                        json.dumps(
+                            {"round": r, "variant": key, "median_ms": round(statistics.median(times), 1)}
+                        ),
+                        flush=True,
+                    )
+    counters = {
+        k: dict(v)
+        for k, v in torch._dynamo.utils.counters.items()
+        if k in ("stats", "recompiles", "graph_break")
+    }
     summary = {}
     for name in setups:
         for batch_kind in ("fixed", "fresh"):
             e = results[f"eager {name} {batch_kind}"]
             c = results[f"compiled {name} {batch_kind}"]
-            summary[f"{name} {batch_kind}"] = {"eager_ms": round(statistics.median(e), 1),
-                                               "compiled_ms": round(statistics.median(c), 1),
-                                               "ratio": round(statistics.median(a / b for a, b in zip(e, c, strict=True)), 2)}
+            summary[f"{name} {batch_kind}"] = {
+                "eager_ms": round(statistics.median(e), 1),
+                "compiled_ms": round(statistics.median(c), 1),
+                "ratio": round(statistics.median(a / b for a, b in zip(e, c, strict=True)), 2),
+            }
     print(json.dumps({"summary": summary, "dynamo": counters}, indent=1))
     return 0
 

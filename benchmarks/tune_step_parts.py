@@ -51,22 +51,30 @@ def group_of(name: str) -> str:
     return "other"
 
 
-def char_setup(fused: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer, Callable[[], tuple[Any, Any]], int]:
+def char_setup(
+    fused: bool,
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, Callable[[], tuple[Any, Any]], int]:
     from char_transformer import CharGPT
 
     torch.manual_seed(0)
     vocab = 100
     model = CharGPT(vocab, 64, 128, 4, 4)
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.01, **({"fused": True} if fused else {}))
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=2e-3, weight_decay=0.01, **({"fused": True} if fused else {})
+    )
     gen = torch.Generator().manual_seed(0)
 
     def batch() -> tuple[Any, Any]:
-        return torch.randint(0, vocab, (32, 64), generator=gen), torch.randint(0, vocab, (32, 64), generator=gen)
+        return torch.randint(0, vocab, (32, 64), generator=gen), torch.randint(
+            0, vocab, (32, 64), generator=gen
+        )
 
     return model, opt, batch, vocab
 
 
-def digits_setup(fused: bool) -> tuple[torch.nn.Module, torch.optim.Optimizer, Callable[[], tuple[Any, Any]], int]:
+def digits_setup(
+    fused: bool,
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, Callable[[], tuple[Any, Any]], int]:
     from digits_cnn import DigitsCNN
 
     torch.manual_seed(0)
@@ -88,18 +96,37 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "fused": {"fused": True},
     "compile(model)": {"compile": True},
     "compile(model) + inductor RNG": {"compile": True, "inductor_rng": True},
-    "bf16 + fp32 attention + fused + compile(model)": {"amp": True, "attn32": True, "fused": True, "compile": True},
+    "bf16 + fp32 attention + fused + compile(model)": {
+        "amp": True,
+        "attn32": True,
+        "fused": True,
+        "compile": True,
+    },
     "channels_last": {"channels_last": True},
     "bf16 + channels_last": {"amp": True, "channels_last": True},
     "bf16 + fused": {"amp": True, "fused": True},
 }
 
 DEFAULTS = {
-    "char_transformer": ["fp32", "bf16", "bf16 + fp32 attention", "bf16 + fp32 attention + fused", "fused",
-                         "compile(model)", "compile(model) + inductor RNG",
-                         "bf16 + fp32 attention + fused + compile(model)"],
-    "digits_cnn": ["fp32", "bf16", "bf16 + fused", "fused", "channels_last", "bf16 + channels_last",
-                   "compile(model)"],
+    "char_transformer": [
+        "fp32",
+        "bf16",
+        "bf16 + fp32 attention",
+        "bf16 + fp32 attention + fused",
+        "fused",
+        "compile(model)",
+        "compile(model) + inductor RNG",
+        "bf16 + fp32 attention + fused + compile(model)",
+    ],
+    "digits_cnn": [
+        "fp32",
+        "bf16",
+        "bf16 + fused",
+        "fused",
+        "channels_last",
+        "bf16 + channels_last",
+        "compile(model)",
+    ],
 }
 
 
@@ -142,9 +169,11 @@ class Variant:
             x = x.contiguous(memory_format=torch.channels_last)
         original = F.scaled_dot_product_attention
         if self.cfg.get("attn32"):
+
             def attention(q: Any, k: Any, v: Any, *a: Any, **kw: Any) -> Any:
                 with torch.autocast("cpu", enabled=False):
                     return original(q.float(), k.float(), v.float(), *a, **kw)
+
             F.scaled_dot_product_attention = attention
         try:
             t0 = time.perf_counter()
@@ -185,8 +214,11 @@ def main() -> int:
     p.add_argument("--configs", default=None, help=f"';'-separated, from: {'; '.join(CONFIGS)}")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--profile", default="fp32;bf16 + fp32 attention + fused",
-                   help="';'-separated configurations to profile into op groups ('' for none)")
+    p.add_argument(
+        "--profile",
+        default="fp32;bf16 + fp32 attention + fused",
+        help="';'-separated configurations to profile into op groups ('' for none)",
+    )
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     names = [n.strip() for n in args.configs.split(";")] if args.configs else DEFAULTS[args.script]
@@ -207,14 +239,23 @@ def main() -> int:
     for v in variants:
         ratios = [b / c for b, c in zip(ref, times[v.name], strict=True)]
         fwd, bwd, opt = (statistics.median(p[i] for p in v.parts) * 1000 for i in range(3))
-        rows.append({"config": v.name, "median_ms": statistics.median(times[v.name]) * 1000,
-                     "ratio_vs_first": statistics.median(ratios), "forward_ms": fwd, "backward_ms": bwd,
-                     "clip_and_step_ms": opt})
+        rows.append(
+            {
+                "config": v.name,
+                "median_ms": statistics.median(times[v.name]) * 1000,
+                "ratio_vs_first": statistics.median(ratios),
+                "forward_ms": fwd,
+                "backward_ms": bwd,
+                "clip_and_step_ms": opt,
+            }
+        )
     print(f"\n| configuration | ms/step | vs {variants[0].name} | forward + loss | backward | clip + step |")
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['config']} | {r['median_ms']:.1f} | {r['ratio_vs_first']:.2f}x | {r['forward_ms']:.1f} | "
-              f"{r['backward_ms']:.1f} | {r['clip_and_step_ms']:.1f} |")
+        print(
+            f"| {r['config']} | {r['median_ms']:.1f} | {r['ratio_vs_first']:.2f}x | {r['forward_ms']:.1f} | "
+            f"{r['backward_ms']:.1f} | {r['clip_and_step_ms']:.1f} |"
+        )
     profiles = {}
     for name in [n.strip() for n in args.profile.split(";") if n.strip()]:
         v = next((x for x in variants if x.name == name), None)
@@ -225,7 +266,9 @@ def main() -> int:
         print(f"\nprofile, {name} (self CPU ms per step): {shown}")
     print(f"\nload average {os.getloadavg()}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "profiles": profiles, "loadavg": os.getloadavg()}, indent=1))
+        args.json.write_text(
+            json.dumps({"rows": rows, "profiles": profiles, "loadavg": os.getloadavg()}, indent=1)
+        )
     return 0
 
 

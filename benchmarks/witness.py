@@ -55,18 +55,29 @@ def window_budget(timesteps: int) -> dict:
     rc_plain, wall_plain, rss_plain = _timed([sys.executable, *args])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        rc, wall, rss = _timed([sys.executable, "-m", "torchscalpel", "profile", "--out", str(out), "--no-report",
-                                "--", *args])
+        rc, wall, rss = _timed(
+            [sys.executable, "-m", "torchscalpel", "profile", "--out", str(out), "--no-report", "--", *args]
+        )
         record = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
         trace = out / "trace.json.gz"
         events = len(json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]) if trace.exists() else 0
         size = trace.stat().st_size if trace.exists() else 0
     prof = record.get("profiler", {})
-    return {"timesteps": timesteps, "plain": {"exit": rc_plain, "wall_s": wall_plain, "max_rss_mib": rss_plain},
-            "profile": {"exit": rc, "wall_s": wall, "max_rss_mib": rss, "run_json": bool(record),
-                        "trace_events": events, "trace_gz_bytes": size, "bounded": prof.get("bounded"),
-                        "event_budget": prof.get("event_budget"),
-                        "events_per_step_estimate": prof.get("events_per_step_estimate")}}
+    return {
+        "timesteps": timesteps,
+        "plain": {"exit": rc_plain, "wall_s": wall_plain, "max_rss_mib": rss_plain},
+        "profile": {
+            "exit": rc,
+            "wall_s": wall,
+            "max_rss_mib": rss,
+            "run_json": bool(record),
+            "trace_events": events,
+            "trace_gz_bytes": size,
+            "bounded": prof.get("bounded"),
+            "event_budget": prof.get("event_budget"),
+            "events_per_step_estimate": prof.get("events_per_step_estimate"),
+        },
+    }
 
 
 def _fixture():
@@ -82,13 +93,39 @@ def flops(argv: list[str]) -> dict:
     witness = _fixture().counted_flops(argv)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        subprocess.run([sys.executable, "-m", "torchscalpel", "profile", "--out", str(out), "--warmup", "2",
-                        "--steps", "5", "--profile-steps", "1", "--no-report", "--", str(WITNESS / "flops_cnn.py"),
-                        *argv], env=_env(), cwd=REPO, capture_output=True, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torchscalpel",
+                "profile",
+                "--out",
+                str(out),
+                "--warmup",
+                "2",
+                "--steps",
+                "5",
+                "--profile-steps",
+                "1",
+                "--no-report",
+                "--",
+                str(WITNESS / "flops_cnn.py"),
+                *argv,
+            ],
+            env=_env(),
+            cwd=REPO,
+            capture_output=True,
+            check=True,
+        )
         summary = json.loads((out / "run.json").read_text())["summary"]
     recorded = summary["flops_per_step"]
-    return {"argv": " ".join(argv) or "(fp32)", "recorded": recorded, "flop_counter_mode": witness,
-            "recompute": summary.get("recompute_flops_per_step"), "ratio": recorded / witness}
+    return {
+        "argv": " ".join(argv) or "(fp32)",
+        "recorded": recorded,
+        "flop_counter_mode": witness,
+        "recompute": summary.get("recompute_flops_per_step"),
+        "ratio": recorded / witness,
+    }
 
 
 def main() -> None:
@@ -96,18 +133,25 @@ def main() -> None:
     p.add_argument("--timesteps", type=int, default=300)
     p.add_argument("--json", type=Path)
     a = p.parse_args()
-    result = {"cpu": platform.processor() or platform.machine(), "load": os.getloadavg(),
-              "window": window_budget(a.timesteps),
-              "flops": [flops(argv) for argv in ([], ["--amp"], ["--checkpoint"], ["--compile", "aot_eager"])]}
+    result = {
+        "cpu": platform.processor() or platform.machine(),
+        "load": os.getloadavg(),
+        "window": window_budget(a.timesteps),
+        "flops": [flops(argv) for argv in ([], ["--amp"], ["--checkpoint"], ["--compile", "aot_eager"])],
+    }
     w = result["window"]
-    print(f"window, LBFGS fixture at {w['timesteps']} timesteps: plain {w['plain']['wall_s']:.1f} s "
-          f"{w['plain']['max_rss_mib']:.0f} MiB; profile {w['profile']['wall_s']:.1f} s "
-          f"{w['profile']['max_rss_mib']:.0f} MiB, {w['profile']['trace_events']} events "
-          f"({w['profile']['trace_gz_bytes'] / 1e6:.1f} MB gz), run.json {w['profile']['run_json']}; "
-          f"{w['profile']['bounded']}")
+    print(
+        f"window, LBFGS fixture at {w['timesteps']} timesteps: plain {w['plain']['wall_s']:.1f} s "
+        f"{w['plain']['max_rss_mib']:.0f} MiB; profile {w['profile']['wall_s']:.1f} s "
+        f"{w['profile']['max_rss_mib']:.0f} MiB, {w['profile']['trace_events']} events "
+        f"({w['profile']['trace_gz_bytes'] / 1e6:.1f} MB gz), run.json {w['profile']['run_json']}; "
+        f"{w['profile']['bounded']}"
+    )
     for row in result["flops"]:
-        print(f"flops {row['argv']:>22}: recorded {row['recorded']:.6g}, FlopCounterMode {row['flop_counter_mode']:.6g}, "
-              f"ratio {row['ratio']:.4f}, recompute {row['recompute']}")
+        print(
+            f"flops {row['argv']:>22}: recorded {row['recorded']:.6g}, FlopCounterMode {row['flop_counter_mode']:.6g}, "
+            f"ratio {row['ratio']:.4f}, recompute {row['recompute']}"
+        )
     if a.json:
         a.json.write_text(json.dumps(result, indent=2))
 

@@ -36,7 +36,9 @@ NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, nccl
 MEMCPY = "Memcpy HtoD (Pageable -> Device)"
 
 
-def _x(name: str, cat: str, ts: float, dur: float, *, tid: int = 1, pid: int = 100, **args: Any) -> dict[str, Any]:
+def _x(
+    name: str, cat: str, ts: float, dur: float, *, tid: int = 1, pid: int = 100, **args: Any
+) -> dict[str, Any]:
     ev: dict[str, Any] = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
     if args:
         ev["args"] = args
@@ -44,33 +46,64 @@ def _x(name: str, cat: str, ts: float, dur: float, *, tid: int = 1, pid: int = 1
 
 
 def _meta(rank: int | None, device_name: str | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"schemaVersion": 1, "displayTimeUnit": "ms", "baseTimeNanoseconds": 1_700_000_000_000_000_000}
+    meta: dict[str, Any] = {
+        "schemaVersion": 1,
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+    }
     if device_name:
-        meta["deviceProperties"] = [{"id": 0, "name": device_name, "totalGlobalMem": 85_000_000_000,
-                                     "computeMajor": 9, "computeMinor": 0, "numSms": 132}]
+        meta["deviceProperties"] = [
+            {
+                "id": 0,
+                "name": device_name,
+                "totalGlobalMem": 85_000_000_000,
+                "computeMajor": 9,
+                "computeMinor": 0,
+                "numSms": 132,
+            }
+        ]
     if rank is not None:
         meta["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 2}
     return meta
 
 
-def gpu_rank(rank: int, *, device_name: str = "NVIDIA H100 80GB HBM3", launch: str = "cudaLaunchKernel",
-             offset: float = 0.0) -> dict[str, Any]:
+def gpu_rank(
+    rank: int,
+    *,
+    device_name: str = "NVIDIA H100 80GB HBM3",
+    launch: str = "cudaLaunchKernel",
+    offset: float = 0.0,
+) -> dict[str, Any]:
     """One rank's trace; ``offset`` shifts every GPU event (fractional: sub-microsecond timestamps)."""
     ev: list[dict[str, Any]] = []
     corr = 1000
     for k in range(STEPS):
         t0 = BASE_US + k * STEP_US
         ev.append(_x(f"ProfilerStep#{FIRST_STEP + k}", "user_annotation", t0, STEP_US))
-        host = [("aten::mm", 10, 100, launch, 20, GEMM, "kernel", 7, 100, 300),
-                ("aten::add_", 150, 40, launch, 160, ELEMENTWISE, "kernel", 7, 400, 50),
-                ("nccl:all_reduce", 300, 40, launch, 310, NCCL, "kernel", 20, 350, COMM_US[rank]),
-                ("aten::copy_", 400, 30, "cudaMemcpyAsync", 405, MEMCPY, "gpu_memcpy", 7, 600, 20)]
+        host = [
+            ("aten::mm", 10, 100, launch, 20, GEMM, "kernel", 7, 100, 300),
+            ("aten::add_", 150, 40, launch, 160, ELEMENTWISE, "kernel", 7, 400, 50),
+            ("nccl:all_reduce", 300, 40, launch, 310, NCCL, "kernel", 20, 350, COMM_US[rank]),
+            ("aten::copy_", 400, 30, "cudaMemcpyAsync", 405, MEMCPY, "gpu_memcpy", 7, 600, 20),
+        ]
         for op, ots, odur, rt, rts, kname, kcat, stream, kts, kdur in host:
             corr += 1
             ev.append(_x(op, "cpu_op", t0 + ots, odur, **{"External id": corr}))
             ev.append(_x(rt, "cuda_runtime", t0 + rts, 5, correlation=corr, **{"External id": corr}))
-            ev.append(_x(kname, kcat, t0 + kts + offset, kdur, pid=0, tid=stream, device=0, stream=stream,
-                         correlation=corr, **{"External id": corr}))
+            ev.append(
+                _x(
+                    kname,
+                    kcat,
+                    t0 + kts + offset,
+                    kdur,
+                    pid=0,
+                    tid=stream,
+                    device=0,
+                    stream=stream,
+                    correlation=corr,
+                    **{"External id": corr},
+                )
+            )
     ev.append({"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}})
     ev.append({"ph": "M", "name": "thread_name", "pid": 100, "tid": 1, "args": {"name": "python"}})
     return {**_meta(rank, device_name), "traceEvents": ev}
@@ -94,7 +127,19 @@ def compare(test: bool) -> dict[str, Any]:
     kernels = 3 if test else 1
     for i in range(kernels):
         ev.append(_x("cudaLaunchKernel", "cuda_runtime", BASE_US + 20 + i, 1, correlation=i + 1))
-        ev.append(_x(GEMM, "kernel", BASE_US + 100 + 100 * i, 80, pid=0, tid=7, device=0, stream=7, correlation=i + 1))
+        ev.append(
+            _x(
+                GEMM,
+                "kernel",
+                BASE_US + 100 + 100 * i,
+                80,
+                pid=0,
+                tid=7,
+                device=0,
+                stream=7,
+                correlation=i + 1,
+            )
+        )
     if test:
         ev.append(_x("aten::cat", "cpu_op", BASE_US + 500, 30))
     return {**_meta(None, "NVIDIA H100 80GB HBM3"), "traceEvents": ev}
@@ -105,8 +150,10 @@ def files() -> dict[str, dict[str, Any]]:
         "gpu_2rank/rank-0.json.gz": gpu_rank(0),
         "gpu_2rank/rank-1.json.gz": gpu_rank(1),
         "cpu_only/rank-3.json.gz": cpu_only(),
-        "rocm_mi250/trace.json.gz": {**gpu_rank(0, device_name="AMD Instinct MI250X", launch="hipLaunchKernel", offset=0.25),
-                               "distributedInfo": {"backend": "rccl", "rank": 0, "world_size": 1}},
+        "rocm_mi250/trace.json.gz": {
+            **gpu_rank(0, device_name="AMD Instinct MI250X", launch="hipLaunchKernel", offset=0.25),
+            "distributedInfo": {"backend": "rccl", "rank": 0, "world_size": 1},
+        },
         "compare/base.json.gz": compare(False),
         "compare/test.json.gz": compare(True),
     }
@@ -118,7 +165,9 @@ def main() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         raw = json.dumps(data).encode()  # one line, events as json.dumps writes them: `}, {"ph": ...`
         path.write_bytes(gzip.compress(raw, compresslevel=9, mtime=0))  # mtime=0: same bytes every time
-        print(f"{path.relative_to(OUT.parents[2])}: {len(data['traceEvents'])} events, {path.stat().st_size} bytes")
+        print(
+            f"{path.relative_to(OUT.parents[2])}: {len(data['traceEvents'])} events, {path.stat().st_size} bytes"
+        )
 
 
 if __name__ == "__main__":

@@ -26,9 +26,15 @@ class MinGPT(nn.Module):
 
     def __init__(self, n_layer: int = 3, d: int = 16, vocab: int = 50) -> None:
         super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab, d), wpe=nn.Embedding(8, d), drop=nn.Dropout(0.0),
-            h=nn.ModuleList([MinBlock(d) for _ in range(n_layer)]), ln_f=nn.LayerNorm(d)))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(vocab, d),
+                wpe=nn.Embedding(8, d),
+                drop=nn.Dropout(0.0),
+                h=nn.ModuleList([MinBlock(d) for _ in range(n_layer)]),
+                ln_f=nn.LayerNorm(d),
+            )
+        )
         self.lm_head = nn.Linear(d, vocab, bias=False)
 
     def forward(self, idx):
@@ -43,7 +49,10 @@ class NanoBlock(nn.Module):
     def __init__(self, d: int) -> None:
         super().__init__()
         self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn, self.mlp = nn.Linear(d, d), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.attn, self.mlp = (
+            nn.Linear(d, d),
+            nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)),
+        )
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -55,9 +64,15 @@ class NanoGPT(nn.Module):
 
     def __init__(self, n_layer: int = 2, d: int = 16, vocab: int = 500) -> None:
         super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(vocab, d), wpe=nn.Embedding(vocab, d), drop=nn.Dropout(0.0),
-            h=nn.ModuleList([NanoBlock(d) for _ in range(n_layer)]), ln_f=nn.LayerNorm(d)))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(vocab, d),
+                wpe=nn.Embedding(vocab, d),
+                drop=nn.Dropout(0.0),
+                h=nn.ModuleList([NanoBlock(d) for _ in range(n_layer)]),
+                ln_f=nn.LayerNorm(d),
+            )
+        )
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied, as nanoGPT does
 
@@ -76,8 +91,11 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(c)
         self.conv2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(c)
-        self.downsample = (nn.Sequential(nn.Conv2d(c // stride, c, 1, stride, bias=False), nn.BatchNorm2d(c))
-                           if stride != 1 else None)
+        self.downsample = (
+            nn.Sequential(nn.Conv2d(c // stride, c, 1, stride, bias=False), nn.BatchNorm2d(c))
+            if stride != 1
+            else None
+        )
 
     def forward(self, x):
         idt = x if self.downsample is None else self.downsample(x)
@@ -101,6 +119,13 @@ class ResNetLike(nn.Module):
 
 def tiny_llama():
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+    )
     return transformers.LlamaForCausalLM(config)

@@ -29,8 +29,11 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "broken_record(reason): the test writes an inconsistent or unreadable "
-                            "run.json on purpose; the record-invariant check skips it")
+    config.addinivalue_line(
+        "markers",
+        "broken_record(reason): the test writes an inconsistent or unreadable "
+        "run.json on purpose; the record-invariant check skips it",
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +42,11 @@ def _record_invariants(request: pytest.FixtureRequest):
     the record invariants (:func:`torchscalpel.record.check_invariants`): no stage writes an inconsistent record
     without a test failing."""
     mode = os.environ.get(RECORD_CHECK_ENV, "strict")
-    if mode == "off" or "tmp_path" not in request.fixturenames or request.node.get_closest_marker("broken_record"):
+    if (
+        mode == "off"
+        or "tmp_path" not in request.fixturenames
+        or request.node.get_closest_marker("broken_record")
+    ):
         yield
         return
     root: Path = request.getfixturevalue("tmp_path")
@@ -71,8 +78,10 @@ def _destroy_process_group():
 def traces_dir() -> Path:
     """The recorded HTA traces from ../shared/data/traces; the test skips (saying where it looked) without them."""
     if not TRACES.is_dir():
-        pytest.skip(f"shared HTA traces not found at {TRACES} (set SCALPEL_SHARED_DIR); "
-                    f"the committed traces in {COMMITTED_TRACES.relative_to(REPO)} cover the same code")
+        pytest.skip(
+            f"shared HTA traces not found at {TRACES} (set SCALPEL_SHARED_DIR); "
+            f"the committed traces in {COMMITTED_TRACES.relative_to(REPO)} cover the same code"
+        )
     return TRACES
 
 

@@ -25,7 +25,9 @@ def cli_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 240, **env: str) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 240, **env: str
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m torchscalpel ARGS`` and capture its output."""
     return subprocess.run(
         [sys.executable, "-m", "torchscalpel", *args],
@@ -44,22 +46,34 @@ machines) after its work is done: such a run is judged by what it wrote."""
 LOOPBACK_ENV = {"MASTER_ADDR": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 
 
-def _run_killing_the_tree(args: list[str], cwd: Path | None, timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _run_killing_the_tree(
+    args: list[str], cwd: Path | None, timeout: float, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     """Run a command in its own session; on timeout kill the whole tree (the ranks too) and return
     what it printed with exit code -9, instead of raising and leaving orphaned ranks behind."""
-    proc = subprocess.Popen(args, cwd=cwd or REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        args,
+        cwd=cwd or REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
         return subprocess.CompletedProcess(args, proc.returncode, out, err)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        return subprocess.CompletedProcess(args, -9, out, err + f"\n[test helper: killed after {timeout:.0f} s]")
+        return subprocess.CompletedProcess(
+            args, -9, out, err + f"\n[test helper: killed after {timeout:.0f} s]"
+        )
 
 
-def run_ranks(*args: str, expect: list[Path] | None = None, cwd: Path | None = None, timeout: float = 280,
-              **env: str) -> subprocess.CompletedProcess[str]:
+def run_ranks(
+    *args: str, expect: list[Path] | None = None, cwd: Path | None = None, timeout: float = 280, **env: str
+) -> subprocess.CompletedProcess[str]:
     """``run_cli`` for a multi-rank command on loopback gloo, retried once on gloo's known failures.
 
     Two failures are retried: the exit-time abort (an aborted run whose ``expect`` files all exist

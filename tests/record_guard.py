@@ -44,5 +44,7 @@ def record_violations(root: Path) -> tuple[list[str], list[str]]:
             found = [f"does not load: {exc}"]
         for v in found:
             defect = next((d for key, d in KNOWN_VIOLATIONS if key in v), None)
-            (known if defect else failures).append(f"{path.relative_to(root)}: {v}" + (f" [known: {defect}]" if defect else ""))
+            (known if defect else failures).append(
+                f"{path.relative_to(root)}: {v}" + (f" [known: {defect}]" if defect else "")
+            )
     return failures, known

@@ -17,8 +17,13 @@ import torch.distributed as dist
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
-                            torch.nn.Linear(128, 1))
+model = torch.nn.Sequential(
+    torch.nn.Linear(64, 128),
+    torch.nn.ReLU(),
+    torch.nn.Linear(128, 128),
+    torch.nn.ReLU(),
+    torch.nn.Linear(128, 1),
+)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 steps = int(sys.argv[2])
 logged_fn = dist.all_reduce

@@ -18,7 +18,9 @@ args = parser.parse_args()
 class Classifier(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
+        self.net = nn.Sequential(
+            nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10)
+        )
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -35,6 +37,14 @@ class PrintLoss(L.Callback):
 
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(128 * 50, 256), torch.randint(0, 10, (128 * 50,)))
-trainer = L.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False, callbacks=[PrintLoss()])
+trainer = L.Trainer(
+    max_steps=args.steps,
+    accelerator="cpu",
+    devices=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    callbacks=[PrintLoss()],
+)
 trainer.fit(Classifier(), DataLoader(data, batch_size=128, shuffle=True))

@@ -22,7 +22,16 @@ from torchscalpel.record import RunRecord, load_record, save_record
 
 __version__ = "0.1.0"
 
-__all__ = ["InProcessRun", "RunRecord", "__version__", "doctor", "load_record", "memory", "profile", "save_record"]
+__all__ = [
+    "InProcessRun",
+    "RunRecord",
+    "__version__",
+    "doctor",
+    "load_record",
+    "memory",
+    "profile",
+    "save_record",
+]
 
 
 def __dir__() -> list[str]:

@@ -24,8 +24,13 @@ from typing import Any
 
 from torch import nn
 
-CONTAINERS: tuple[type[nn.Module], ...] = (nn.ModuleList, nn.ModuleDict, nn.Sequential,
-                                            nn.ParameterList, nn.ParameterDict)
+CONTAINERS: tuple[type[nn.Module], ...] = (
+    nn.ModuleList,
+    nn.ModuleDict,
+    nn.Sequential,
+    nn.ParameterList,
+    nn.ParameterDict,
+)
 """Module classes that hold modules rather than compute: never a block."""
 
 _STACKS = (nn.ModuleList, nn.Sequential)
@@ -103,7 +108,9 @@ def find_blocks(model: nn.Module, calls: Mapping[str, int] | None = None) -> lis
     if calls is not None:
         depth = _max_depth(calls)
         by_name = dict(named)
-        owned = {cls: [(n, m) for n, m in mods if _called(n, calls, depth, by_name)] for cls, mods in owned.items()}
+        owned = {
+            cls: [(n, m) for n, m in mods if _called(n, calls, depth, by_name)] for cls, mods in owned.items()
+        }
     candidates = {cls: mods for cls, mods in owned.items() if cls in stacked and len(mods) >= 2}
     if not candidates:
         return []

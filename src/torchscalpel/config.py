@@ -61,15 +61,19 @@ class Defaults:
             check_warmup(self.warmup, name="warmup")
         if self.steps is not None:
             if isinstance(self.steps, bool) or not isinstance(self.steps, int | str):
-                raise ValueError(f"steps must be a number, \"all\" or \"auto\", not {self.steps!r}")
+                raise ValueError(f'steps must be a number, "all" or "auto", not {self.steps!r}')
             try:
                 parse_steps(self.steps)
             except ValueError:
-                raise ValueError(f"steps must be a number >= 1, \"all\" or \"auto\", not {self.steps!r}") from None
+                raise ValueError(
+                    f'steps must be a number >= 1, "all" or "auto", not {self.steps!r}'
+                ) from None
         if self.step_kind is not None and self.step_kind not in STEP_KINDS:
             raise ValueError(f"step_kind must be one of {', '.join(STEP_KINDS)}, not {self.step_kind!r}")
         if self.step_timeout is not None and not (
-            isinstance(self.step_timeout, int | float) and not isinstance(self.step_timeout, bool) and self.step_timeout > 0
+            isinstance(self.step_timeout, int | float)
+            and not isinstance(self.step_timeout, bool)
+            and self.step_timeout > 0
         ):
             raise ValueError(f"step_timeout must be a number of seconds > 0, not {self.step_timeout!r}")
         if self.profile_steps is not None and not (_is_int(self.profile_steps) and self.profile_steps >= 0):
@@ -121,7 +125,9 @@ def load_defaults(command: str, cwd: Path | None = None) -> CommandDefaults:
         return CommandDefaults(values={})
     path, prefix, table = found
     shared = _check_table(path, prefix, table, command=None)
-    own = {c: _check_table(path, f"{prefix}.{c}", table.get(c, {}), command=c) for c in COMMANDS}  # all checked
+    own = {
+        c: _check_table(path, f"{prefix}.{c}", table.get(c, {}), command=c) for c in COMMANDS
+    }  # all checked
     merged = {**shared, **own.get(command, {})}
     applicable = {k: v for k, v in merged.items() if command in COMMAND_ONLY.get(k, (command,))}
     out_root = applicable.pop("out_root", None)
@@ -135,8 +141,11 @@ def find_defaults_table(folder: Path) -> tuple[Path, str, dict[str, Any]] | None
         data = _read_toml(toml_path)
         unknown = sorted(set(data) - set(SCALPEL_TOML_KEYS))
         if unknown:
-            hint = (f"; per-command defaults go in [defaults.{unknown[0]}]" if unknown[0] in COMMANDS
-                    else f"; it holds {', '.join(f'[{k}]' for k in SCALPEL_TOML_KEYS[1:])} and a version")
+            hint = (
+                f"; per-command defaults go in [defaults.{unknown[0]}]"
+                if unknown[0] in COMMANDS
+                else f"; it holds {', '.join(f'[{k}]' for k in SCALPEL_TOML_KEYS[1:])} and a version"
+            )
             raise UsageError(f"{toml_path}: unknown key {unknown[0]!r}{hint}.")
         if "defaults" in data:
             return toml_path, "defaults", _table(toml_path, "defaults", data["defaults"])
@@ -148,10 +157,16 @@ def find_defaults_table(folder: Path) -> tuple[Path, str, dict[str, Any]] | None
             ours = _table(py_path, "tool.scalpel", ours)
             unknown = sorted(set(ours) - {"defaults"})
             if unknown:
-                raise UsageError(f"{py_path}: unknown key {unknown[0]!r} in [tool.scalpel]; "
-                                 "defaults go in [tool.scalpel.defaults] (see docs/config.md).")
+                raise UsageError(
+                    f"{py_path}: unknown key {unknown[0]!r} in [tool.scalpel]; "
+                    "defaults go in [tool.scalpel.defaults] (see docs/config.md)."
+                )
             if "defaults" in ours:
-                return py_path, "tool.scalpel.defaults", _table(py_path, "tool.scalpel.defaults", ours["defaults"])
+                return (
+                    py_path,
+                    "tool.scalpel.defaults",
+                    _table(py_path, "tool.scalpel.defaults", ours["defaults"]),
+                )
     return None
 
 
@@ -178,13 +193,17 @@ def _check_table(path: Path, name: str, table: Any, *, command: str | None) -> d
         if command is None and key in COMMANDS:
             continue  # a command's own table, checked by its caller when that command runs
         if command is None and isinstance(value, dict):
-            raise UsageError(f"{path}: unknown table [{name}.{key}]; per-command tables are "
-                             f"{', '.join(f'[{name}.{c}]' for c in COMMANDS)}.")
+            raise UsageError(
+                f"{path}: unknown table [{name}.{key}]; per-command tables are "
+                f"{', '.join(f'[{name}.{c}]' for c in COMMANDS)}."
+            )
         if key not in KEYS:
             raise UsageError(f"{path}: unknown key {key!r} in [{name}]; known keys: {', '.join(KEYS)}.")
         if command is not None and command not in COMMAND_ONLY.get(key, (command,)):
-            raise UsageError(f"{path}: {key!r} in [{name}] does not apply to scalpel {command} "
-                             f"(only {', '.join(COMMAND_ONLY[key])}).")
+            raise UsageError(
+                f"{path}: {key!r} in [{name}] does not apply to scalpel {command} "
+                f"(only {', '.join(COMMAND_ONLY[key])})."
+            )
         values[key] = value
     try:
         return Defaults(**values).set_keys()

@@ -14,7 +14,9 @@ from torchscalpel.errors import UsageError
 
 _PACKAGED = Path(__file__).resolve().parent / "example_scripts"
 # A checkout whose link was not made (git without symlink support) still finds the top-level folder.
-EXAMPLES_DIR = (_PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "examples").resolve()
+EXAMPLES_DIR = (
+    _PACKAGED if _PACKAGED.is_dir() else Path(__file__).resolve().parents[2] / "examples"
+).resolve()
 NAMES = ("char_transformer.py", "digits_cnn.py", "ddp_fsdp_transformer.py")
 
 

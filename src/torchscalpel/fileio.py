@@ -12,7 +12,9 @@ from pathlib import Path
 STDOUT_NAME = "-"
 """The path that means standard output, for every ``--json`` (``--json -``)."""
 
-_result_stream = None  # where "-" writes: the real stdout, saved by the entry point before it points sys.stdout at stderr
+_result_stream = (
+    None  # where "-" writes: the real stdout, saved by the entry point before it points sys.stdout at stderr
+)
 
 
 def is_stdout(path: object) -> bool:
@@ -146,7 +148,9 @@ def check_output_file(path: Path, flag: str) -> None:
             raise UsageError(f"Cannot write {flag} {path}: it is not writable; choose another path.")
         return
     if not path.parent.exists():
-        raise UsageError(f"{flag} {path}: folder {path.parent} does not exist; create it or choose another path.")
+        raise UsageError(
+            f"{flag} {path}: folder {path.parent} does not exist; create it or choose another path."
+        )
     why = _probe_folder(path.parent)
     if why is not None:
         raise UsageError(f"Cannot write {flag} {path}: {why}; choose another path.")
@@ -166,7 +170,9 @@ def write_output_text(path: Path, text: str, *, flag: str) -> Path:
             raise IsADirectoryError(21, "it is a folder")
         return atomic_write_text(path, text)
     except OSError as exc:
-        raise UsageError(f"Could not write {flag} {path}: {exc.strerror or exc}; choose another path.") from None
+        raise UsageError(
+            f"Could not write {flag} {path}: {exc.strerror or exc}; choose another path."
+        ) from None
 
 
 def finite_json(obj):

@@ -88,8 +88,13 @@ class InProcessRun(contextlib.ContextDecorator):
         self.options.out_dir = self.out_dir
         self.record = None
         self.caller = _caller()
-        attachment = Attachment(self.options, self.observers, self.setup_hooks,
-                                command=["torchscalpel.inprocess"], target={"inprocess": self.caller})
+        attachment = Attachment(
+            self.options,
+            self.observers,
+            self.setup_hooks,
+            command=["torchscalpel.inprocess"],
+            target={"inprocess": self.caller},
+        )
         _active.append(attachment)
         try:
             attachment.attach()
@@ -144,8 +149,14 @@ def profile(
     """
     from torchscalpel.runtime.session import RuntimeOptions
 
-    options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=profile_steps, module_times=module_times,
-                             step_kind=step_kind, name=name)
+    options = RuntimeOptions(
+        warmup=warmup,
+        steps=steps,
+        profile_steps=profile_steps,
+        module_times=module_times,
+        step_kind=step_kind,
+        name=name,
+    )
 
     def finish(run: InProcessRun) -> None:
         from torchscalpel.stages.profile import finish_profile
@@ -153,8 +164,9 @@ def profile(
         assert run.record is not None and run.out_dir is not None
         finish_profile(run.record, run.out_dir, write_report=run.report, quiet=run.quiet)
 
-    return InProcessRun(options=options, out=Path(out) if out is not None else None, report=report, quiet=quiet,
-                        finish=finish)
+    return InProcessRun(
+        options=options, out=Path(out) if out is not None else None, report=report, quiet=quiet, finish=finish
+    )
 
 
 def doctor(
@@ -192,8 +204,9 @@ def doctor(
         assert run.record is not None and run.out_dir is not None
         caller_file = Path(run.caller.rsplit(":", 1)[0])
         files = [caller_file.resolve()] if caller_file.is_file() else []  # a notebook cell has no file
-        run.findings = assemble_findings(run.record, observer, observer.findings(run.record), rules, sources,
-                                         files if static else None)
+        run.findings = assemble_findings(
+            run.record, observer, observer.findings(run.record), rules, sources, files if static else None
+        )
         run.record.sections["doctor"]["window"] = window_facts(steps, warmup, cap)
         finish_profile(run.record, run.out_dir, write_report=run.report, quiet=True)
         if not run.quiet:
@@ -203,8 +216,15 @@ def doctor(
 
             render_terminal(run.findings, Console())
 
-    return InProcessRun(options=options, out=Path(out) if out is not None else None, report=report, quiet=quiet,
-                        observers=[observer], setup_hooks=[observer.setup_hook], finish=finish)
+    return InProcessRun(
+        options=options,
+        out=Path(out) if out is not None else None,
+        report=report,
+        quiet=quiet,
+        observers=[observer],
+        setup_hooks=[observer.setup_hook],
+        finish=finish,
+    )
 
 
 def memory(
@@ -246,8 +266,15 @@ def memory(
 
             print("\n".join(summary_lines(run.record.sections.get("memory") or {})))
 
-    return InProcessRun(options=options, out=Path(out) if out is not None else None, report=report, quiet=quiet,
-                        observers=[observer], setup_hooks=[observer_setup(observer)], finish=finish)
+    return InProcessRun(
+        options=options,
+        out=Path(out) if out is not None else None,
+        report=report,
+        quiet=quiet,
+        observers=[observer],
+        setup_hooks=[observer_setup(observer)],
+        finish=finish,
+    )
 
 
 def _caller() -> str:

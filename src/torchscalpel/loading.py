@@ -28,7 +28,9 @@ def load_callable(ref: str, *, flag: str) -> Callable[..., Any]:
     """Import ``MODULE:NAME`` and return ``NAME``; ``flag`` (e.g. ``--model``) starts every error sentence."""
     module_ref, sep, name = (ref or "").rpartition(":")
     if not sep or not module_ref or not name:
-        raise UsageError(f"{flag} {ref!r} must be MODULE:NAME, e.g. 'mypkg.models:build' or 'path/models.py:build'.")
+        raise UsageError(
+            f"{flag} {ref!r} must be MODULE:NAME, e.g. 'mypkg.models:build' or 'path/models.py:build'."
+        )
     if _is_path(module_ref):
         path = Path(module_ref)
         if not path.is_file():
@@ -41,7 +43,9 @@ def load_callable(ref: str, *, flag: str) -> Callable[..., Any]:
             "on its own, or give a .py path."
         ) from None
     if not hasattr(module, name):
-        raise UsageError(f"{flag}: {module_ref!r} has no attribute {name!r}; name a function or class defined there.")
+        raise UsageError(
+            f"{flag}: {module_ref!r} has no attribute {name!r}; name a function or class defined there."
+        )
     target = getattr(module, name)
     if not callable(target):
         raise UsageError(

@@ -229,9 +229,16 @@ def new_run_record(
     """The one factory of records: stamps ``created`` (:func:`now_timestamp`) and ``tool_version``."""
     from torchscalpel import __version__
 
-    return RunRecord(name=name, created=now_timestamp(), tool_version=__version__, status=status,
-                     command=list(command or []), target=dict(target or {}), environment=dict(environment or {}),
-                     config=dict(config or {}))
+    return RunRecord(
+        name=name,
+        created=now_timestamp(),
+        tool_version=__version__,
+        status=status,
+        command=list(command or []),
+        target=dict(target or {}),
+        environment=dict(environment or {}),
+        config=dict(config or {}),
+    )
 
 
 def now_timestamp() -> str:

@@ -66,15 +66,21 @@ def _steps(record: RunRecord) -> list[str]:
         timed = {"total_ms": s.total_ms, **{f"{p}_ms": v for p, v in s.phase_ms().items()}}
         bad = [k for k, v in timed.items() if not _num(v) or not math.isfinite(v) or v < 0]
         if bad:
-            out.append(f"{where}: {', '.join(bad)} not a finite time >= 0 ({', '.join(f'{k}={timed[k]!r}' for k in bad)}).")
+            out.append(
+                f"{where}: {', '.join(bad)} not a finite time >= 0 ({', '.join(f'{k}={timed[k]!r}' for k in bad)})."
+            )
             continue
         phase_sum = sum(s.phase_ms().values())
         if abs(phase_sum - s.total_ms) > max(PHASE_TOLERANCE * s.total_ms, ABS_TOLERANCE_MS):
-            out.append(f"{where}: the phases sum to {phase_sum:.3f} ms but total_ms is {s.total_ms:.3f} ms "
-                       f"(more than {PHASE_TOLERANCE:.0%} apart).")
+            out.append(
+                f"{where}: the phases sum to {phase_sum:.3f} ms but total_ms is {s.total_ms:.3f} ms "
+                f"(more than {PHASE_TOLERANCE:.0%} apart)."
+            )
         if pos and s.index <= record.steps[pos - 1].index:
-            out.append(f"{where}: step index {s.index} does not increase (the step before is "
-                       f"{record.steps[pos - 1].index}).")
+            out.append(
+                f"{where}: step index {s.index} does not increase (the step before is "
+                f"{record.steps[pos - 1].index})."
+            )
         if not s.warmup and seen_measured is None:
             seen_measured = s.index
         elif s.warmup and seen_measured is not None:
@@ -88,13 +94,19 @@ def _window(record: RunRecord) -> list[str]:
     # inside the profiler window: it ran under the counting mode instead.
     marked = [s.index for s in record.steps if s.profiled and not s.flops_counted]
     if window is None:
-        return [f"steps {marked}: marked profiled but the record has no profiler window (profiler.steps)."] if marked else []
+        return (
+            [f"steps {marked}: marked profiled but the record has no profiler window (profiler.steps)."]
+            if marked
+            else []
+        )
     out = []
     by_index = {s.index: s for s in record.steps}
     outside = [i for i in window if i not in by_index]
     if outside:
-        out.append(f"profiler.steps {outside}: not among the recorded training steps "
-                   f"({len(record.steps)} recorded, indices {_span(list(by_index))}).")
+        out.append(
+            f"profiler.steps {outside}: not among the recorded training steps "
+            f"({len(record.steps)} recorded, indices {_span(list(by_index))})."
+        )
     warm = [i for i in window if i in by_index and by_index[i].warmup]
     if warm:
         out.append(f"profiler.steps {warm}: warm-up steps inside the profiler window.")
@@ -124,8 +136,10 @@ def _flops(record: RunRecord) -> list[str]:
     if complete and _num(prof.flops_total):
         listed = sum(op.get("flops") or 0 for op in prof.flops_by_op if isinstance(op, dict))
         if not _close(listed, prof.flops_total, 1e-3):
-            out.append(f"profiler.flops_by_op says it is complete but sums to {listed:.6g} FLOPs, not "
-                       f"profiler.flops_total {prof.flops_total:.6g}.")
+            out.append(
+                f"profiler.flops_by_op says it is complete but sums to {listed:.6g} FLOPs, not "
+                f"profiler.flops_total {prof.flops_total:.6g}."
+            )
     return out
 
 
@@ -136,46 +150,77 @@ def _summary(record: RunRecord) -> list[str]:
     measured = record.measured_steps
     plain = [x for x in measured if not x.profiled] or measured
     out = []
-    if s.steps_total != len(record.steps) or s.steps_measured != len(measured) or s.steps_summarized != len(plain):
-        out.append(f"summary.steps_total/steps_measured/steps_summarized are {s.steps_total}/{s.steps_measured}/"
-                   f"{s.steps_summarized}, the steps recorded give {len(record.steps)}/{len(measured)}/{len(plain)}.")
+    if (
+        s.steps_total != len(record.steps)
+        or s.steps_measured != len(measured)
+        or s.steps_summarized != len(plain)
+    ):
+        out.append(
+            f"summary.steps_total/steps_measured/steps_summarized are {s.steps_total}/{s.steps_measured}/"
+            f"{s.steps_summarized}, the steps recorded give {len(record.steps)}/{len(measured)}/{len(plain)}."
+        )
         return out  # the statistics below cover other steps than the record holds: each would repeat this
     if not plain or any(not _num(x.total_ms) or not math.isfinite(x.total_ms) for x in plain):
         return out
     totals = [x.total_ms for x in plain]
     mean = statistics.fmean(totals)
-    for name, value, expect in (("median_step_ms", s.median_step_ms, statistics.median(totals)),
-                                ("mean_step_ms", s.mean_step_ms, mean), ("min_step_ms", s.min_step_ms, min(totals))):
+    for name, value, expect in (
+        ("median_step_ms", s.median_step_ms, statistics.median(totals)),
+        ("mean_step_ms", s.mean_step_ms, mean),
+        ("min_step_ms", s.min_step_ms, min(totals)),
+    ):
         if _num(value) and not _close(value, expect, 1e-6, 1e-9):
-            out.append(f"summary.{name} is {value:.4f} ms; the {len(plain)} summarized steps give {expect:.4f} ms.")
+            out.append(
+                f"summary.{name} is {value:.4f} ms; the {len(plain)} summarized steps give {expect:.4f} ms."
+            )
     if s.phase_mean_ms and _num(s.mean_step_ms):
         phase_sum = sum(v for v in s.phase_mean_ms.values() if _num(v))
         if abs(phase_sum - s.mean_step_ms) > max(PHASE_TOLERANCE * s.mean_step_ms, ABS_TOLERANCE_MS):
-            out.append(f"summary.phase_mean_ms sums to {phase_sum:.3f} ms, not summary.mean_step_ms "
-                       f"{s.mean_step_ms:.3f} ms.")
+            out.append(
+                f"summary.phase_mean_ms sums to {phase_sum:.3f} ms, not summary.mean_step_ms "
+                f"{s.mean_step_ms:.3f} ms."
+            )
         for p in PHASES:
             share, pm = (s.phase_share or {}).get(p), s.phase_mean_ms.get(p)
-            if _num(share) and _num(pm) and s.mean_step_ms and not _close(share, pm / s.mean_step_ms, RATIO_TOLERANCE, 1e-6):
-                out.append(f"summary.phase_share.{p} is {share:.4f}; phase_mean_ms.{p} / mean_step_ms is "
-                           f"{pm / s.mean_step_ms:.4f}.")
+            if (
+                _num(share)
+                and _num(pm)
+                and s.mean_step_ms
+                and not _close(share, pm / s.mean_step_ms, RATIO_TOLERANCE, 1e-6)
+            ):
+                out.append(
+                    f"summary.phase_share.{p} is {share:.4f}; phase_mean_ms.{p} / mean_step_ms is "
+                    f"{pm / s.mean_step_ms:.4f}."
+                )
     samples = [x.samples for x in plain if x.samples]
     if _num(s.samples_per_s) and samples and mean:
         expect = statistics.fmean(samples) / (mean / 1000.0)
         if not _close(s.samples_per_s, expect):
-            out.append(f"summary.samples_per_s is {s.samples_per_s:.4g}; the steps' mean samples "
-                       f"{statistics.fmean(samples):.4g} over the mean step {mean:.4g} ms give {expect:.4g}.")
-    if _num(s.achieved_flops_per_s) and _num(s.flops_per_step) and _num(s.median_step_ms) and s.median_step_ms:
+            out.append(
+                f"summary.samples_per_s is {s.samples_per_s:.4g}; the steps' mean samples "
+                f"{statistics.fmean(samples):.4g} over the mean step {mean:.4g} ms give {expect:.4g}."
+            )
+    if (
+        _num(s.achieved_flops_per_s)
+        and _num(s.flops_per_step)
+        and _num(s.median_step_ms)
+        and s.median_step_ms
+    ):
         expect = s.flops_per_step / (s.median_step_ms / 1000.0)
         if not _close(s.achieved_flops_per_s, expect):
-            out.append(f"summary.achieved_flops_per_s is {s.achieved_flops_per_s:.4g}; flops_per_step over "
-                       f"median_step_ms gives {expect:.4g}.")
+            out.append(
+                f"summary.achieved_flops_per_s is {s.achieved_flops_per_s:.4g}; flops_per_step over "
+                f"median_step_ms gives {expect:.4g}."
+            )
     mfu = s.mfu or {}
     peak = mfu.get("peak_tflops_bf16")
     if _num(mfu.get("mfu")) and _num(peak) and peak and _num(s.achieved_flops_per_s):
         expect = s.achieved_flops_per_s / (peak * 1e12)
         if not _close(mfu["mfu"], expect):
-            out.append(f"summary.mfu.mfu is {mfu['mfu']:.4g}; achieved_flops_per_s over "
-                       f"peak_tflops_bf16 {peak:g} TFLOP/s gives {expect:.4g}.")
+            out.append(
+                f"summary.mfu.mfu is {mfu['mfu']:.4g}; achieved_flops_per_s over "
+                f"peak_tflops_bf16 {peak:g} TFLOP/s gives {expect:.4g}."
+            )
     return out
 
 
@@ -193,27 +238,38 @@ def _tune(record: RunRecord) -> list[str]:
             # tune's one definition (tune/speedup.py): the speedup is the ratio of the pair stored beside
             # it, and that pair is one the candidate was measured in (a confirmation pair, else screening).
             if _num(sp) and not _close(sp, pair[0] / pair[1]):
-                out.append(f"sections.tune trial {label!r}: speedup {sp:.3f}x but its speedup_pair is "
-                           f"{pair[0]:.3f} / {pair[1]:.3f} ms = {pair[0] / pair[1]:.3f}x.")
+                out.append(
+                    f"sections.tune trial {label!r}: speedup {sp:.3f}x but its speedup_pair is "
+                    f"{pair[0]:.3f} / {pair[1]:.3f} ms = {pair[0] / pair[1]:.3f}x."
+                )
             measured = [p for p in t.get("confirm_pairs") or [] if len(p) == 2] or [[base, med]]
             if t.get("verdict") != "baseline" and not any(
-                    _num(b) and _num(c) and _close(b, pair[0]) and _close(c, pair[1]) for b, c in measured):
-                out.append(f"sections.tune trial {label!r}: speedup_pair {pair} is not a pair it was measured in "
-                           f"({measured}).")
+                _num(b) and _num(c) and _close(b, pair[0]) and _close(c, pair[1]) for b, c in measured
+            ):
+                out.append(
+                    f"sections.tune trial {label!r}: speedup_pair {pair} is not a pair it was measured in "
+                    f"({measured})."
+                )
         elif _num(sp) and _num(base) and _num(med) and med and not _close(sp, base / med):
-            out.append(f"sections.tune trial {label!r}: speedup {sp:.3f}x but baseline_ms / median_ms is "
-                       f"{base:.3f} / {med:.3f} = {base / med:.3f}x.")
+            out.append(
+                f"sections.tune trial {label!r}: speedup {sp:.3f}x but baseline_ms / median_ms is "
+                f"{base:.3f} / {med:.3f} = {base / med:.3f}x."
+            )
         for ratio, cpair in zip(t.get("confirm_ratios") or [], t.get("confirm_pairs") or [], strict=False):
             ok = _num(ratio) and len(cpair) == 2 and all(_num(x) for x in cpair) and cpair[1]
             if ok and not _close(ratio, cpair[0] / cpair[1]):
-                out.append(f"sections.tune trial {label!r}: confirmation ratio {ratio:.3f}x but its pair is "
-                           f"{cpair[0]:.3f} / {cpair[1]:.3f} ms = {cpair[0] / cpair[1]:.3f}x.")
+                out.append(
+                    f"sections.tune trial {label!r}: confirmation ratio {ratio:.3f}x but its pair is "
+                    f"{cpair[0]:.3f} / {cpair[1]:.3f} ms = {cpair[0] / cpair[1]:.3f}x."
+                )
     winner, confirmed = tune.get("winner"), tune.get("confirmed_speedup")
     if isinstance(winner, dict) and _num(confirmed):
         sp = winner.get("speedup")
         if _num(sp) and not _close(sp, confirmed):
-            out.append(f"sections.tune.winner {winner.get('label')!r}: speedup {sp:.3f}x differs from "
-                       f"confirmed_speedup {confirmed:.3f}x (one candidate, two ratios shown).")
+            out.append(
+                f"sections.tune.winner {winner.get('label')!r}: speedup {sp:.3f}x differs from "
+                f"confirmed_speedup {confirmed:.3f}x (one candidate, two ratios shown)."
+            )
     return out
 
 
@@ -231,8 +287,12 @@ def _walk(value: Any, path: str) -> Iterator[tuple[str, float]]:
 
 def _finite(record: RunRecord) -> list[str]:
     out = []
-    parts = {"summary": record.summary, "profiler": record.profiler, "sections": record.sections,
-             "modules": record.modules}
+    parts = {
+        "summary": record.summary,
+        "profiler": record.profiler,
+        "sections": record.sections,
+        "modules": record.modules,
+    }
     for name, data in parts.items():
         for path, value in _walk(data, name):
             if not math.isfinite(value):

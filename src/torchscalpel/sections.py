@@ -169,7 +169,9 @@ class ProfilerSection(SectionView):
 class RunConfig(SectionView):
     """``record.config``: the options the run used (knobs a stage adds stay in ``extra``)."""
 
-    ALWAYS: ClassVar[frozenset[str]] = frozenset({"warmup", "steps", "profile_steps", "module_times", "step_kind"})
+    ALWAYS: ClassVar[frozenset[str]] = frozenset(
+        {"warmup", "steps", "profile_steps", "module_times", "step_kind"}
+    )
 
     warmup: int = 0
     steps: int | None = None

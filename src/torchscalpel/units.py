@@ -35,8 +35,14 @@ from torchscalpel.errors import UsageError
 
 UNITS: dict[str, int] = {
     "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 """Lower-cased suffix -> bytes per unit."""
 
@@ -89,7 +95,9 @@ DURATION_UNITS: dict[str, float] = {"s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)")
 
 
-def parse_duration(text: str | float | int, *, flag: str, minimum: float = 0.0, allow_zero: bool = False) -> float:
+def parse_duration(
+    text: str | float | int, *, flag: str, minimum: float = 0.0, allow_zero: bool = False
+) -> float:
     """``90`` / ``90s`` / ``10m`` / ``1h30m`` -> seconds, by the rule above; ``flag`` names the option in errors.
 
     A value must be more than ``minimum`` seconds (or equal to 0 when ``allow_zero``). Raises
@@ -101,28 +109,44 @@ def parse_duration(text: str | float | int, *, flag: str, minimum: float = 0.0, 
         raw = str(text or "").strip()
         spelled = raw.replace(" ", "")
         parts = _DURATION_PART.findall(spelled)
-        if not parts or "".join(n + u for n, u in parts) != spelled or (len(parts) > 1 and any(not u for _, u in parts)):
-            raise UsageError(f"{flag} {raw!r} is not a duration; write seconds (90 or 90s), minutes (10m) or hours "
-                             "(1h, 1h30m).")
+        if (
+            not parts
+            or "".join(n + u for n, u in parts) != spelled
+            or (len(parts) > 1 and any(not u for _, u in parts))
+        ):
+            raise UsageError(
+                f"{flag} {raw!r} is not a duration; write seconds (90 or 90s), minutes (10m) or hours "
+                "(1h, 1h30m)."
+            )
         bad = next((u for _, u in parts if u and u not in DURATION_UNITS), None)
         if bad is not None:
             if bad.lower() in DURATION_UNITS:
                 hint = f" (durations use lower-case units: write {bad.lower()!r}" + (
-                    "; 'M' reads as mega, a size prefix)" if bad == "M" else ")")
+                    "; 'M' reads as mega, a size prefix)" if bad == "M" else ")"
+                )
             else:
                 hint = " (that is a size unit)" if bad.lower() in UNITS else ""
             raise UsageError(f"{flag} {raw!r} has an unknown unit {bad!r}{hint}; write 90s, 10m or 1h.")
         seconds = sum(float(n) * DURATION_UNITS[u or "s"] for n, u in parts)
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero) or (0 < seconds < minimum):
+    if (
+        not math.isfinite(seconds)
+        or seconds < 0
+        or (seconds == 0 and not allow_zero)
+        or (0 < seconds < minimum)
+    ):
         least = f"at least {minimum:g} s" if minimum else "more than zero"
-        raise UsageError(f"{flag} must be a positive number of seconds ({least}" + (", or 0 to turn it off" if allow_zero
-                         else "") + f"), not {text!r}.")
+        raise UsageError(
+            f"{flag} must be a positive number of seconds ({least}"
+            + (", or 0 to turn it off" if allow_zero else "")
+            + f"), not {text!r}."
+        )
     return seconds
 
 
 def duration_type(flag: str, *, minimum: float = 0.0, allow_zero: bool = False) -> Callable[[str], float]:
     """An argparse ``type=`` for a duration flag: seconds as a float. A bad value raises :class:`UsageError`
     (not one of argparse's own errors), which ``scalpel``'s entry point prints as one line, exit 2."""
+
     def duration(text: str) -> float:
         return parse_duration(text, flag=flag, minimum=minimum, allow_zero=allow_zero)
 
@@ -131,6 +155,7 @@ def duration_type(flag: str, *, minimum: float = 0.0, allow_zero: bool = False) 
 
 def size_type(flag: str) -> Callable[[str], int]:
     """An argparse ``type=`` for a size flag: bytes as an int (a bad value raises :class:`UsageError`)."""
+
     def size(text: str) -> int:
         return parse_size(text, flag=flag)
 

@@ -12,8 +12,15 @@ import pytest
 
 from torchscalpel import distributed as sd
 
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-            "TORCHELASTIC_USE_AGENT_STORE")
+DIST_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 
 HERE = Path(__file__).resolve().parent
 

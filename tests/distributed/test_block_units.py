@@ -24,8 +24,9 @@ def _stack_of_sequentials() -> nn.Module:
     class Net(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.layers = nn.ModuleList([nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
-                                         for _ in range(3)])
+            self.layers = nn.ModuleList(
+                [nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)) for _ in range(3)]
+            )
             self.head = nn.Linear(8, 2)
 
         def forward(self, x):
@@ -50,8 +51,12 @@ MODELS = {
 @pytest.mark.parametrize("key", list(MODELS))
 def test_plan_fsdp_units_are_the_units_dist_wrap_shards(single_rank, key):
     factory, spec, expected = MODELS[key]
-    planned = simulate(lambda: build_meta_model(factory, "fp32"), parse_batch_spec(spec),
-                       SimSettings(optimizer=OptimizerSpec.named("sgd")), steps=1)
+    planned = simulate(
+        lambda: build_meta_model(factory, "fp32"),
+        parse_batch_spec(spec),
+        SimSettings(optimizer=OptimizerSpec.named("sgd")),
+        steps=1,
+    )
     plan_units = [name for name, _ in planned.blocks]
     wrapped = sd.wrap(factory(), "fsdp")
     sharded = [name for name, m in wrapped.named_modules() if isinstance(m, FSDPModule) and m is not wrapped]

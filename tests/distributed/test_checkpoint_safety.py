@@ -71,9 +71,22 @@ def test_metadata_payload_never_runs(single_rank, tmp_path):
         sd.consolidate(tmp_path / "ck", tmp_path / "w.safetensors")
     assert not marker.exists()
     for target in (tmp_path / "ck", folder):
-        r = run_cli("export", "--model", f"{FIXTURE}:make_model", "--factory-args", '{"channels": 4}',
-                    "--weights", str(target), "--example", "float32[1,1,8,8]", "--formats", "exported",
-                    "--out", str(tmp_path / f"b-{target.name}"), cwd=tmp_path)
+        r = run_cli(
+            "export",
+            "--model",
+            f"{FIXTURE}:make_model",
+            "--factory-args",
+            '{"channels": 4}',
+            "--weights",
+            str(target),
+            "--example",
+            "float32[1,1,8,8]",
+            "--formats",
+            "exported",
+            "--out",
+            str(tmp_path / f"b-{target.name}"),
+            cwd=tmp_path,
+        )
         assert r.returncode != 0, r.stdout + r.stderr
         assert "Traceback" not in r.stderr and "builtins.exec" in r.stderr, r.stderr
         assert not marker.exists()
@@ -97,9 +110,19 @@ def test_real_metadata_is_admitted(single_rank, tmp_path):
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(5, 3)).sum().backward()
     opt.step()
-    state = {"model": model.state_dict(), "optim": opt.state_dict(),
-             "misc": {"bf": torch.ones(2, dtype=torch.bfloat16), "i": torch.arange(3), "n": 3, "s": "x",
-                      "t": (1, 2.5), "b": True, "none": None}}
+    state = {
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "misc": {
+            "bf": torch.ones(2, dtype=torch.bfloat16),
+            "i": torch.arange(3),
+            "n": 3,
+            "s": "x",
+            "t": (1, 2.5),
+            "b": True,
+            "none": None,
+        },
+    }
     dcp.save(state, checkpoint_id=str(tmp_path / "plain"))
     meta = read_metadata(tmp_path / "plain" / ".metadata")
     assert "model.0.weight" in meta.state_dict_metadata
@@ -109,9 +132,22 @@ def test_real_metadata_is_admitted(single_rank, tmp_path):
 
 
 def _export(tmp_path: Path, weights: Path, name: str):
-    return run_cli("export", "--model", f"{FIXTURE}:make_model", "--factory-args", '{"channels": 4}',
-                   "--weights", str(weights), "--example", "float32[1,1,8,8]", "--formats", "exported",
-                   "--out", str(tmp_path / name), cwd=tmp_path)
+    return run_cli(
+        "export",
+        "--model",
+        f"{FIXTURE}:make_model",
+        "--factory-args",
+        '{"channels": 4}',
+        "--weights",
+        str(weights),
+        "--example",
+        "float32[1,1,8,8]",
+        "--formats",
+        "exported",
+        "--out",
+        str(tmp_path / name),
+        cwd=tmp_path,
+    )
 
 
 def _flip_a_bit(folder: Path) -> None:
@@ -212,11 +248,19 @@ def test_second_writer_process_is_refused(single_rank, tmp_path):
     env = cli_env()
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
-    other = subprocess.Popen([sys.executable, "-c", _WRITER, str(root)], env=env, stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    other = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(root)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert other.stdout.readline().strip() == "holding", other.stderr.read()
-        with pytest.raises(sd.CheckpointError, match=rf"being written by another process \(pid {other.pid} on "):
+        with pytest.raises(
+            sd.CheckpointError, match=rf"being written by another process \(pid {other.pid} on "
+        ):
             sd.Checkpointer(root, model=nn.Linear(2, 2), sigterm=False)
         assert manifest.check(manifest.step_dir(root, 1)) is None  # the other run's step is untouched
     finally:
@@ -228,8 +272,14 @@ def test_second_writer_process_is_refused(single_rank, tmp_path):
     second.close()
     first.save(2)
     first.close()
-    out = subprocess.run([sys.executable, "-c", _WRITER.replace("ckpt.save(1)", "ckpt.save(3)"), str(root)], env=env,
-                         input="", capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", _WRITER.replace("ckpt.save(1)", "ckpt.save(3)"), str(root)],
+        env=env,
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0 and "holding" in out.stdout, out.stderr
     shutil.rmtree(root)
 
@@ -244,8 +294,9 @@ def test_metadata_pointing_outside_the_folder_is_refused(tmp_path):
     dcp.save({"w": torch.ones(3)}, checkpoint_id=str(tmp_path / "plain"), no_dist=True)
     path = tmp_path / "plain" / ".metadata"
     meta = read_metadata(path)
-    meta.storage_data = {k: dataclasses.replace(v, relative_path="../../secret.distcp")
-                         for k, v in meta.storage_data.items()}
+    meta.storage_data = {
+        k: dataclasses.replace(v, relative_path="../../secret.distcp") for k, v in meta.storage_data.items()
+    }
     path.write_bytes(pickle.dumps(meta))
     with pytest.raises(sd.CheckpointError, match="not a file of the checkpoint folder"):
         read_metadata(path)
@@ -275,7 +326,9 @@ def test_signed_checkpoint_detects_a_rewritten_manifest(single_rank, tmp_path):
     assert ckpt.load() == 1
     assert load_weights(make_model(4), root, sign_key=key).source == "dcp:step-000000001"
     # Someone who can write the folder changes a file and rewrites the manifest to match:
-    (folder / "shared.json").write_text((folder / "shared.json").read_text().replace('"step": 1', '"step": 7'))
+    (folder / "shared.json").write_text(
+        (folder / "shared.json").read_text().replace('"step": 1', '"step": 7')
+    )
     recommit(folder)
     assert manifest.check(folder) is None  # unkeyed SHA-256 cannot tell
     with pytest.raises(sd.CheckpointError, match="carries no signature"):
@@ -306,10 +359,19 @@ def test_a_forked_child_does_not_keep_the_lock(single_rank, tmp_path):
     from helpers import cli_env
 
     root = tmp_path / "ck"
-    script = _WRITER.replace("ckpt.save(1)", "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)")
+    script = _WRITER.replace(
+        "ckpt.save(1)", "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)"
+    )
     env = cli_env()
-    parent = subprocess.Popen([sys.executable, "-c", script, str(root)], env=env, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, str(root)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert parent.stdout.readline().strip() == "holding", parent.stderr.read()
         parent.kill()
@@ -330,8 +392,19 @@ def test_export_sign_key_flag_refuses_a_checkpoint_signed_with_another_key(singl
     other.write_bytes(os.urandom(32))
     root = tmp_path / "ck"
     sd.Checkpointer(root, model=make_model(4), sigterm=False, sign_key=key).save(1)
-    common = ["export", "--model", f"{FIXTURE}:make_model", "--factory-args", '{"channels": 4}', "--weights",
-              str(root / "step-000000001"), "--example", "float32[1,1,8,8]", "--formats", "exported"]
+    common = [
+        "export",
+        "--model",
+        f"{FIXTURE}:make_model",
+        "--factory-args",
+        '{"channels": 4}',
+        "--weights",
+        str(root / "step-000000001"),
+        "--example",
+        "float32[1,1,8,8]",
+        "--formats",
+        "exported",
+    ]
     bad = run_cli(*common, "--sign-key", str(other), "--out", str(tmp_path / "bad"), cwd=tmp_path)
     assert bad.returncode != 0 and "signature" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     good = run_cli(*common, "--sign-key", str(key), "--out", str(tmp_path / "good"), cwd=tmp_path)
@@ -350,4 +423,6 @@ def test_export_sign_key_flag_refuses_a_checkpoint_signed_with_another_key(singl
     with pytest.raises(ScalpelError, match="does not match its signature"):
         verify_bundle(bundle, key=key.read_bytes())
     served = run_cli("serve", str(bundle), "--sign-key", str(key), "--port", "0", cwd=tmp_path, timeout=60)
-    assert served.returncode == 1 and "signature" in served.stderr and "Traceback" not in served.stderr, served.stderr
+    assert served.returncode == 1 and "signature" in served.stderr and "Traceback" not in served.stderr, (
+        served.stderr
+    )

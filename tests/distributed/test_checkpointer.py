@@ -56,13 +56,17 @@ def test_resume_is_exact(single_rank, tmp_path):
     ref_parts = _parts()
     ref = _train(*ref_parts, steps=12)
     model, opt, sched, data = _parts()
-    ckpt = sd.Checkpointer(tmp_path, model=model, optimizer=opt, scheduler=sched, loader=data, sigterm=False, keep=2)
+    ckpt = sd.Checkpointer(
+        tmp_path, model=model, optimizer=opt, scheduler=sched, loader=data, sigterm=False, keep=2
+    )
     first = _train(model, opt, sched, data, steps=7, ckpt=ckpt, every=5)
     assert [p.name for _, p in manifest.committed_steps(tmp_path)] == ["step-000000005"]
     # A fresh process would rebuild everything and load; the RNG is deliberately disturbed first.
     torch.manual_seed(123)
     model2, opt2, sched2, data2 = _parts()
-    ckpt2 = sd.Checkpointer(tmp_path, model=model2, optimizer=opt2, scheduler=sched2, loader=data2, sigterm=False)
+    ckpt2 = sd.Checkpointer(
+        tmp_path, model=model2, optimizer=opt2, scheduler=sched2, loader=data2, sigterm=False
+    )
     assert ckpt2.load() == 5
     rest = _train(model2, opt2, sched2, data2, steps=12, start=5)
     assert first[:5] + rest == ref
@@ -100,7 +104,9 @@ def test_missing_state_needs_allow_partial(single_rank, tmp_path):
     strict = sd.Checkpointer(tmp_path, model=model, optimizer=opt, scheduler=sched, sigterm=False)
     with pytest.raises(sd.CheckpointError, match="no scheduler state"):
         strict.load()
-    lenient = sd.Checkpointer(tmp_path, model=model, optimizer=opt, scheduler=sched, sigterm=False, allow_partial=True)
+    lenient = sd.Checkpointer(
+        tmp_path, model=model, optimizer=opt, scheduler=sched, sigterm=False, allow_partial=True
+    )
     assert lenient.load() == 1
 
 

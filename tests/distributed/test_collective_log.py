@@ -29,7 +29,9 @@ def _entries(tmp_path):
 
 def test_a_short_entry_over_a_long_one_reads_back_clean(tmp_path):
     rec = CollectiveRecorder(tmp_path, rank=0, world=1, restart=0)
-    rec.finish(rec.enter("all_gather", "default", [[7, 7]] * 20, ["float32"] * 20, "/u/" + "x" * 100 + ".py:1"), True)
+    rec.finish(
+        rec.enter("all_gather", "default", [[7, 7]] * 20, ["float32"] * 20, "/u/" + "x" * 100 + ".py:1"), True
+    )
     for i in range(collectives.SLOTS - 1):
         rec.finish(rec.enter("barrier", "default", [], [], f"/u/t.py:{i}"), True)
     rec.enter("barrier", "default", [], [], "/u/t.py:9")  # slot 0 again, much shorter than what it replaces
@@ -57,8 +59,12 @@ def test_the_cached_path_logs_what_each_call_had(tmp_path):
     wrapped(tensor=a)
     entries = _entries(tmp_path)
     assert [(e["shapes"], e["dtypes"]) for e in entries] == [
-        ([[2, 3]], ["float32"]), ([[2, 3]], ["float32"]), ([[2, 3]], ["float64"]), ([[4]], ["float32"]),
-        ([[2, 3]], ["float32"])]
+        ([[2, 3]], ["float32"]),
+        ([[2, 3]], ["float32"]),
+        ([[2, 3]], ["float64"]),
+        ([[4]], ["float32"]),
+        ([[2, 3]], ["float32"]),
+    ]
     assert [e["site"] for e in entries[:4]] == [f"{__file__}:{first}"] * 4
     assert entries[4]["site"] == f"{__file__}:{first + 1}"  # another line of the same code object
     assert [e["seq"] for e in entries] == [1, 2, 3, 4, 5] and all(e["done"] == 1 for e in entries)
@@ -67,8 +73,12 @@ def test_the_cached_path_logs_what_each_call_had(tmp_path):
 
 def test_description_bytes_are_the_json_the_reader_expects():
     body = describe_entry("all_reduce", "group 3", [[2, 3]], ["float32"])
-    assert json.loads(b"{" + body + b"}") == {"op": "all_reduce", "group": "group 3", "dtypes": ["float32"],
-                                                "shapes": [[2, 3]]}
+    assert json.loads(b"{" + body + b"}") == {
+        "op": "all_reduce",
+        "group": "group 3",
+        "dtypes": ["float32"],
+        "shapes": [[2, 3]],
+    }
 
 
 def test_threads_issuing_collectives_at_once_get_distinct_slots_and_numbers(tmp_path):
@@ -88,7 +98,9 @@ def test_threads_issuing_collectives_at_once_get_distinct_slots_and_numbers(tmp_
     for th in threads:
         th.join()
     entries = _entries(tmp_path)
-    assert sorted(e["n"] for e in entries) == list(range(200)) and sorted(e["seq"] for e in entries) == list(range(1, 201))
+    assert sorted(e["n"] for e in entries) == list(range(200)) and sorted(e["seq"] for e in entries) == list(
+        range(1, 201)
+    )
     assert read_rank_log(tmp_path / "rank-0.log").completed == 200
 
 

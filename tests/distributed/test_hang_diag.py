@@ -23,13 +23,34 @@ from torchscalpel.runtime.collectives import CollectiveRecorder, RankLog, read_r
 
 
 def _log(rank: int, entries: list[dict], steps: int = 5, done: int = 10) -> RankLog:
-    return RankLog(pid=1000 + rank, rank=rank, world=4, restart=0, finished=False, main_thread=1, steps=steps, completed=done,
-                   last_progress=0.0, step_ms=10.0, started=0.0, entries=entries)
+    return RankLog(
+        pid=1000 + rank,
+        rank=rank,
+        world=4,
+        restart=0,
+        finished=False,
+        main_thread=1,
+        steps=steps,
+        completed=done,
+        last_progress=0.0,
+        step_ms=10.0,
+        started=0.0,
+        entries=entries,
+    )
 
 
 def _e(n: int, op: str, seq: int, site: str, shapes=((4,),), done: int = 1) -> dict:
-    return {"done": done, "n": n, "op": op, "group": "default", "seq": seq, "shapes": [list(s) for s in shapes],
-            "dtypes": ["float32"] * len(shapes), "site": site, "t": float(n)}
+    return {
+        "done": done,
+        "n": n,
+        "op": op,
+        "group": "default",
+        "seq": seq,
+        "shapes": [list(s) for s in shapes],
+        "dtypes": ["float32"] * len(shapes),
+        "site": site,
+        "t": float(n),
+    }
 
 
 def test_recorder_round_trip_and_in_place_completion(tmp_path):
@@ -63,7 +84,9 @@ def test_long_tensor_lists_are_cut_to_fit_a_slot(tmp_path):
 @pytest.mark.dist
 def test_wrapped_collectives_log_op_shape_and_the_callers_line(tmp_path, single_rank, monkeypatch):
     originals = {op: getattr(dist, op) for op in collectives.OPS if hasattr(dist, op)}
-    c10d_originals = {op: getattr(dist.distributed_c10d, op) for op in collectives.OPS if hasattr(dist.distributed_c10d, op)}
+    c10d_originals = {
+        op: getattr(dist.distributed_c10d, op) for op in collectives.OPS if hasattr(dist.distributed_c10d, op)
+    }
     from torch.optim.optimizer import _global_optimizer_post_hooks
 
     hooks_before = set(_global_optimizer_post_hooks)
@@ -126,8 +149,10 @@ def test_a_real_faulthandler_dump_parses(tmp_path):
 
 def test_first_mismatch_names_both_call_sites():
     same = [_e(0, "all_reduce", 1, "/u/t.py:10"), _e(1, "barrier", 2, "/u/t.py:11", shapes=())]
-    logs = {0: _log(0, [*same, _e(2, "all_reduce", 3, "/u/t.py:20", shapes=((),), done=0)]),
-            1: _log(1, [*same, _e(2, "barrier", 3, "/u/t.py:21", shapes=(), done=0)])}
+    logs = {
+        0: _log(0, [*same, _e(2, "all_reduce", 3, "/u/t.py:20", shapes=((),), done=0)]),
+        1: _log(1, [*same, _e(2, "barrier", 3, "/u/t.py:21", shapes=(), done=0)]),
+    }
     found = first_mismatch(logs)
     assert found is not None and found["seq"] == 3
     assert "rank 0 calls all_reduce [] float32 from t.py:20" in found["message"]
@@ -150,7 +175,10 @@ def test_the_minority_is_named_first():
     logs[1] = _log(1, [*history, _e(1, "barrier", 2, "/u/t.py:95", shapes=(), done=0)])
     diag = diagnose(logs, {}, {}, [0, 1, 2, 3])
     assert diag["diverging_ranks"] == [1]
-    assert diag["summary"] == "rank 1 is in barrier #2 from t.py:95; ranks 0, 2, 3 are in all_reduce #2 from t.py:88"
+    assert (
+        diag["summary"]
+        == "rank 1 is in barrier #2 from t.py:95; ranks 0, 2, 3 are in all_reduce #2 from t.py:88"
+    )
 
 
 def test_a_rank_outside_any_wait_is_the_culprit():
@@ -167,7 +195,9 @@ def test_a_rank_outside_any_wait_is_the_culprit():
     logs = {r: _log(r, [_e(0, "broadcast", 1, "/u/train.py:5")]) for r in (0, 1)}
     diag = diagnose(logs, {0: waiting, 1: frames}, {}, [0, 1])
     assert diag["diverging_ranks"] == [1]
-    assert diag["summary"].startswith("rank 1 is not in a collective: at train.py:20 in __getitem__ (inside a DataLoader)")
+    assert diag["summary"].startswith(
+        "rank 1 is not in a collective: at train.py:20 in __getitem__ (inside a DataLoader)"
+    )
     assert "rank 0 is in backward() from train.py:31" in diag["summary"]
 
 
@@ -176,10 +206,14 @@ def test_a_rank_that_died_first_is_named_and_a_tie_names_no_one():
     dead = {1: "killed by SIGUSR2 while asked for its stack", 0: "killed by SIGTERM, after rank 1 died"}
     diag = diagnose(logs, {}, dead, [0, 1])
     assert diag["diverging_ranks"] == [1] and diag["summary"].startswith("rank 1 is dead (killed by SIGUSR2")
-    tie = {0: _log(0, [_e(0, "all_reduce", 1, "/u/a.py:1", done=0)]),
-           1: _log(1, [_e(0, "broadcast", 1, "/u/a.py:2", done=0)])}
+    tie = {
+        0: _log(0, [_e(0, "all_reduce", 1, "/u/a.py:1", done=0)]),
+        1: _log(1, [_e(0, "broadcast", 1, "/u/a.py:2", done=0)]),
+    }
     diag = diagnose(tie, {}, {}, [0, 1])
-    assert diag["diverging_ranks"] == [] and diag["summary"].startswith("the ranks disagree: rank 0 is in all_reduce #1")
+    assert diag["diverging_ranks"] == [] and diag["summary"].startswith(
+        "the ranks disagree: rank 0 is in all_reduce #1"
+    )
 
 
 def test_a_tie_in_where_the_ranks_wait_is_broken_by_the_first_mismatch():
@@ -191,7 +225,10 @@ def test_a_tie_in_where_the_ranks_wait_is_broken_by_the_first_mismatch():
     logs = {}
     for r in (0, 1, 2, 3):
         stuck = r in (1, 2)
-        entries = [*history, _e(1, "all_reduce", 2, "/u/hang_shape.py:18", shapes=((sizes[r],),), done=0 if stuck else 1)]
+        entries = [
+            *history,
+            _e(1, "all_reduce", 2, "/u/hang_shape.py:18", shapes=((sizes[r],),), done=0 if stuck else 1),
+        ]
         if not stuck:
             entries.append(_e(2, "all_reduce", 3, "/u/hang_shape.py:16", done=0))
         logs[r] = _log(r, entries)
@@ -200,7 +237,8 @@ def test_a_tie_in_where_the_ranks_wait_is_broken_by_the_first_mismatch():
     assert diag["summary"] == (
         "rank 1 diverged first, collective #2 differs across ranks: rank 1 calls all_reduce [5] float32 from "
         "hang_shape.py:18; ranks 0, 2, 3 call all_reduce [4] float32 from hang_shape.py:18; now ranks 1, 2 are in "
-        "all_reduce #2 from hang_shape.py:18; ranks 0, 3 are in all_reduce #3 from hang_shape.py:16")
+        "all_reduce #2 from hang_shape.py:18; ranks 0, 3 are in all_reduce #3 from hang_shape.py:16"
+    )
 
 
 def test_timeout_defaults_to_a_multiple_of_the_step_time_with_a_floor(tmp_path):
@@ -244,7 +282,10 @@ def test_launch_flags_are_validated_and_the_doctor_checks_collectives(tmp_path):
     with pytest.raises(UsageError, match="--hang-timeout -3 must be 0"):
         parse("--nproc", "2", "--hang-timeout", "-3", "--", str(script))
     assert parse("--nproc", "2", "--doctor", "--", str(script)).check_collectives is True
-    assert parse("--nproc", "2", "--doctor", "--no-check-collectives", "--", str(script)).check_collectives is False
+    assert (
+        parse("--nproc", "2", "--doctor", "--no-check-collectives", "--", str(script)).check_collectives
+        is False
+    )
     plain = parse("--nproc", "2", "--hang-timeout", "7", "--", str(script), "--lr", "1")
     opts = watch_options(plain, tmp_path)
     assert opts.hang_timeout == 7.0 and opts.local_ranks == 2 and opts.check is False
@@ -252,8 +293,9 @@ def test_launch_flags_are_validated_and_the_doctor_checks_collectives(tmp_path):
     assert plain.training_script == "torchscalpel.distributed.rank_entry" and plain.module is True
     assert plain.training_script_args == ["exec", "--", str(script), "--lr", "1"]
     assert watch_options(parse("--nproc", "2", "--hang-timeout", "0", "--", str(script)), tmp_path) is None
-    off_but_checked = watch_options(parse("--nproc", "2", "--hang-timeout", "0", "--check-collectives", "--",
-                                          str(script)), tmp_path)
+    off_but_checked = watch_options(
+        parse("--nproc", "2", "--hang-timeout", "0", "--check-collectives", "--", str(script)), tmp_path
+    )
     assert off_but_checked.hang_timeout == float("inf") and off_but_checked.check
 
 
@@ -274,12 +316,17 @@ def test_the_text_report_leaves_out_torchscalpels_own_frames():
     assert len(diag["ranks"]["0"]["stack"]) == 4  # the JSON keeps them all
 
 
-def test_a_rank_killed_by_the_stack_request_is_the_diverging_one_whatever_order_the_deaths_were_seen() -> None:
+def test_a_rank_killed_by_the_stack_request_is_the_diverging_one_whatever_order_the_deaths_were_seen() -> (
+    None
+):
     from torchscalpel.distributed.hangdiag import diagnose
 
     # rank 0 was stopped by torchrun (SIGTERM) right after rank 1 died of the stack request; the watch
     # saw rank 0's death first, or judged it in a round of its own
-    dead = {0: "killed by SIGTERM while asked for its stack", 1: "killed by SIGUSR2 while asked for its stack"}
+    dead = {
+        0: "killed by SIGTERM while asked for its stack",
+        1: "killed by SIGUSR2 while asked for its stack",
+    }
     diag = diagnose({}, {}, dead, [0, 1])
     assert diag["diverging_ranks"] == [1]
     assert diag["ranks"]["0"]["where"] == "dead (killed by SIGTERM, after rank 1 died)"

@@ -25,13 +25,33 @@ FIXTURES = REPO / "tests" / "fixtures" / "distributed"
 TIMEOUT = 6
 
 
-def launch(tmp_path: Path, fixture: str, *args: str, nproc: int = 2,
-           script_args: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str], Path]:
+def launch(
+    tmp_path: Path, fixture: str, *args: str, nproc: int = 2, script_args: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp_path / "launch"
-    cmd = [sys.executable, "-m", "torchscalpel", "launch", "--nproc", str(nproc), "--out", str(out), *args,
-           "--", str(FIXTURES / fixture), *script_args]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(**LOOPBACK_ENV), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchscalpel",
+        "launch",
+        "--nproc",
+        str(nproc),
+        "--out",
+        str(out),
+        *args,
+        "--",
+        str(FIXTURES / fixture),
+        *script_args,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=cli_env(**LOOPBACK_ENV),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=200)
     except subprocess.TimeoutExpired:
@@ -53,22 +73,30 @@ def leftovers(fixture: str) -> list[str]:
 def hang_of(proc: subprocess.CompletedProcess[str], out: Path, fixture: str) -> dict:
     assert proc.returncode == 124, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     hang = json.loads((out / "hang.json").read_text())
-    assert hang["torn_down_after_s"] < 2 * TIMEOUT, hang  # as the watch measured it: well before torch's timeout
+    assert hang["torn_down_after_s"] < 2 * TIMEOUT, (
+        hang
+    )  # as the watch measured it: well before torch's timeout
     assert (out / "hang.txt").read_text().startswith("scalpel launch: hang:")
     assert leftovers(fixture) == []
     return hang
 
 
 def test_a_rank_that_skips_an_all_reduce_is_caught_before_the_hang_and_named(tmp_path):
-    proc, out = launch(tmp_path, "hang_skip_allreduce.py", "--hang-timeout", str(TIMEOUT), "--check-collectives")
+    proc, out = launch(
+        tmp_path, "hang_skip_allreduce.py", "--hang-timeout", str(TIMEOUT), "--check-collectives"
+    )
     hang = hang_of(proc, out, "hang_skip_allreduce.py")
-    assert hang["summary"] == ("the ranks disagree: rank 0 is in all_reduce #18 from hang_skip_allreduce.py:20; "
-                               "rank 1 is in barrier #18 from hang_skip_allreduce.py:21")
+    assert hang["summary"] == (
+        "the ranks disagree: rank 0 is in all_reduce #18 from hang_skip_allreduce.py:20; "
+        "rank 1 is in barrier #18 from hang_skip_allreduce.py:21"
+    )
     mismatch = json.loads((out / "collective-mismatch.json").read_text())
     assert mismatch["seq"] == 18 and mismatch["ranks"]["1"]["op"] == "barrier"
     assert mismatch["ranks"]["0"]["site"].endswith("hang_skip_allreduce.py:20")
     # the desync was reported while the job ran, before the hang report
-    assert proc.stderr.index("collective #18 differs across ranks") < proc.stderr.index("scalpel launch: hang:")
+    assert proc.stderr.index("collective #18 differs across ranks") < proc.stderr.index(
+        "scalpel launch: hang:"
+    )
     ranks = hang["ranks"]
     assert ranks["1"]["collective"]["op"] == "barrier" and ranks["0"]["collective"]["shapes"] == [[]]
     assert any(line.endswith("hang_skip_allreduce.py:21 in <module>") for line in ranks["1"]["stack"])
@@ -87,15 +115,19 @@ def test_a_rank_stuck_in_its_data_loader_is_the_one_named(tmp_path):
     proc, out = launch(tmp_path, "hang_loader.py", "--hang-timeout", str(TIMEOUT))
     hang = hang_of(proc, out, "hang_loader.py")
     assert hang["diverging_ranks"] == [1]
-    assert hang["summary"].startswith("rank 1 is not in a collective: at hang_loader.py:20 in __getitem__ "
-                                      "(inside a DataLoader); rank 0 is in backward() from hang_loader.py:31")
+    assert hang["summary"].startswith(
+        "rank 1 is not in a collective: at hang_loader.py:20 in __getitem__ "
+        "(inside a DataLoader); rank 0 is in backward() from hang_loader.py:31"
+    )
 
 
 def test_a_shape_mismatch_that_aborts_a_rank_is_explained(tmp_path):
     proc, _ = launch(tmp_path, "hang_shape.py", "--hang-timeout", str(TIMEOUT))
     assert proc.returncode not in (0, 124), proc.stderr[-3000:]
-    assert ("before it failed, collective #12 differs across ranks: rank 0 calls all_reduce [4] float32 from "
-            "hang_shape.py:18; rank 1 calls all_reduce [5] float32 from hang_shape.py:18") in proc.stderr
+    assert (
+        "before it failed, collective #12 differs across ranks: rank 0 calls all_reduce [4] float32 from "
+        "hang_shape.py:18; rank 1 calls all_reduce [5] float32 from hang_shape.py:18"
+    ) in proc.stderr
     assert leftovers("hang_shape.py") == []
 
 
@@ -125,18 +157,25 @@ def test_a_rank_that_still_computes_is_not_a_hang(tmp_path):
 # 4 ranks (the checks: the same planted hangs at 2 and 4 ranks). Slow: ~4 processes on 2 cores each.
 @pytest.mark.slow
 def test_four_ranks_name_the_one_that_skipped_and_the_check_finds_it_first(tmp_path):
-    proc, out = launch(tmp_path, "hang_skip_allreduce.py", "--hang-timeout", str(TIMEOUT), "--check-collectives",
-                       nproc=4)
+    proc, out = launch(
+        tmp_path, "hang_skip_allreduce.py", "--hang-timeout", str(TIMEOUT), "--check-collectives", nproc=4
+    )
     hang = hang_of(proc, out, "hang_skip_allreduce.py")
     assert hang["diverging_ranks"] == [1]
-    assert hang["summary"] == ("rank 1 is in barrier #18 from hang_skip_allreduce.py:21; "
-                               "ranks 0, 2, 3 are in all_reduce #18 from hang_skip_allreduce.py:20")
+    assert hang["summary"] == (
+        "rank 1 is in barrier #18 from hang_skip_allreduce.py:21; "
+        "ranks 0, 2, 3 are in all_reduce #18 from hang_skip_allreduce.py:20"
+    )
     mismatch = json.loads((out / "collective-mismatch.json").read_text())
     assert mismatch["seq"] == 18 and mismatch["minority"] == [1]
-    assert mismatch["message"] == ("collective #18 differs across ranks: rank 1 calls barrier from "
-                                   "hang_skip_allreduce.py:21; ranks 0, 2, 3 call all_reduce [] float32 from "
-                                   "hang_skip_allreduce.py:20")
-    assert proc.stderr.index("collective #18 differs across ranks") < proc.stderr.index("scalpel launch: hang:")
+    assert mismatch["message"] == (
+        "collective #18 differs across ranks: rank 1 calls barrier from "
+        "hang_skip_allreduce.py:21; ranks 0, 2, 3 call all_reduce [] float32 from "
+        "hang_skip_allreduce.py:20"
+    )
+    assert proc.stderr.index("collective #18 differs across ranks") < proc.stderr.index(
+        "scalpel launch: hang:"
+    )
 
 
 @pytest.mark.slow
@@ -144,8 +183,10 @@ def test_four_ranks_in_different_orders_name_the_one_that_broadcast_first(tmp_pa
     proc, out = launch(tmp_path, "hang_order.py", "--hang-timeout", str(TIMEOUT), nproc=4)
     hang = hang_of(proc, out, "hang_order.py")
     assert hang["diverging_ranks"] == [1]
-    assert hang["summary"] == ("rank 1 is in broadcast #17 from hang_order.py:17; "
-                               "ranks 0, 2, 3 are in all_reduce #17 from hang_order.py:22")
+    assert hang["summary"] == (
+        "rank 1 is in broadcast #17 from hang_order.py:17; "
+        "ranks 0, 2, 3 are in all_reduce #17 from hang_order.py:22"
+    )
     assert hang["mismatch"]["seq"] == 17 and hang["mismatch"]["minority"] == [1]
 
 
@@ -153,9 +194,13 @@ def test_four_ranks_in_different_orders_name_the_one_that_broadcast_first(tmp_pa
 def test_four_ranks_with_a_shape_that_differs_name_the_rank_and_line(tmp_path):
     # At 2 ranks gloo aborts on the size mismatch; at 4 its ring lets two ranks through and the job hangs.
     # Either way the diagnosis must name rank 1 and line 18, found before any hang by the check.
-    proc, out = launch(tmp_path, "hang_shape.py", "--hang-timeout", str(TIMEOUT), "--check-collectives", nproc=4)
-    expected = ("collective #12 differs across ranks: rank 1 calls all_reduce [5] float32 from hang_shape.py:18; "
-                "ranks 0, 2, 3 call all_reduce [4] float32 from hang_shape.py:18")
+    proc, out = launch(
+        tmp_path, "hang_shape.py", "--hang-timeout", str(TIMEOUT), "--check-collectives", nproc=4
+    )
+    expected = (
+        "collective #12 differs across ranks: rank 1 calls all_reduce [5] float32 from hang_shape.py:18; "
+        "ranks 0, 2, 3 call all_reduce [4] float32 from hang_shape.py:18"
+    )
     assert json.loads((out / "collective-mismatch.json").read_text())["message"] == expected
     if proc.returncode == 124:
         hang = hang_of(proc, out, "hang_shape.py")
@@ -171,5 +216,7 @@ def test_four_ranks_with_one_stuck_in_its_data_loader_name_it(tmp_path):
     proc, out = launch(tmp_path, "hang_loader.py", "--hang-timeout", str(TIMEOUT), nproc=4)
     hang = hang_of(proc, out, "hang_loader.py")
     assert hang["diverging_ranks"] == [1]
-    assert hang["summary"].startswith("rank 1 is not in a collective: at hang_loader.py:20 in __getitem__ "
-                                      "(inside a DataLoader); ranks 0, 2, 3 are in backward() from hang_loader.py:31")
+    assert hang["summary"].startswith(
+        "rank 1 is not in a collective: at hang_loader.py:20 in __getitem__ "
+        "(inside a DataLoader); ranks 0, 2, 3 are in backward() from hang_loader.py:31"
+    )

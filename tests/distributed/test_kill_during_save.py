@@ -15,7 +15,9 @@ pytestmark = pytest.mark.dist
 
 def _soak_module():
     # The forkserver is a fresh interpreter: point it at this checkout's sources.
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep
+    )
     # A real import (not from a file spec): the soak's forkserver children import it by name.
     if str(REPO / "benchmarks") not in sys.path:
         sys.path.insert(0, str(REPO / "benchmarks"))

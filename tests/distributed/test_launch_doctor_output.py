@@ -43,14 +43,23 @@ def test_both_groups_are_labelled_and_the_launchers_come_first_in_their_order():
     text = _text(across, [_f("zero-grad-missing", rank=1)])
     assert "No findings" not in text
     # the launcher's order is kept (the hang watch's findings explain the rest); then each rank's own
-    assert text.index("global-batch") < text.index("collective-mismatch") < text.index("per rank") \
+    assert (
+        text.index("global-batch")
+        < text.index("collective-mismatch")
+        < text.index("per rank")
         < text.index("zero-grad-missing")
+    )
     assert "(rank 1)" in text
 
 
 def test_across_rank_findings_read_the_watch_and_the_facts(tmp_path: Path):
-    hang = {"summary": "rank 1 is in barrier #3 from t.py:9; rank 0 is in all_reduce #3 from t.py:8",
-            "idle_s": 6.1, "hang_timeout_s": 6, "diverging_ranks": [1], "ranks": {"0": {}, "1": {}}}
+    hang = {
+        "summary": "rank 1 is in barrier #3 from t.py:9; rank 0 is in all_reduce #3 from t.py:8",
+        "idle_s": 6.1,
+        "hang_timeout_s": 6,
+        "diverging_ranks": [1],
+        "ranks": {"0": {}, "1": {}},
+    }
     (tmp_path / "hang.json").write_text(json.dumps(hang))
     (tmp_path / "watch").mkdir()
     found = across_rank_findings(tmp_path)

@@ -30,10 +30,21 @@ ENV = LOOPBACK_ENV
 TRAIN = ["--steps", "10", "--save-every", "4", "--workers", "2", "--scaler", "--windows", "160"]
 
 
-def launch(cwd: Path, *args: str, expect: Path | None = None, timeout: float = 280) -> subprocess.CompletedProcess[str]:
+def launch(
+    cwd: Path, *args: str, expect: Path | None = None, timeout: float = 280
+) -> subprocess.CompletedProcess[str]:
     """``scalpel launch --nproc 2 ARGS``; retried once on gloo's known failures (see helpers.run_ranks)."""
-    return run_ranks("launch", "--nproc", "2", "--out", str(cwd / "launch"), *args, cwd=cwd, timeout=timeout,
-                     expect=[expect] if expect is not None else None)
+    return run_ranks(
+        "launch",
+        "--nproc",
+        "2",
+        "--out",
+        str(cwd / "launch"),
+        *args,
+        cwd=cwd,
+        timeout=timeout,
+        expect=[expect] if expect is not None else None,
+    )
 
 
 def _ok(proc: subprocess.CompletedProcess[str]) -> str:
@@ -68,12 +79,27 @@ def assert_state_equal(a, b, path: str = "state") -> None:
 def assert_same_run(ref: Path, other: Path) -> None:
     ref_losses, other_losses = losses(ref / "logs"), losses(other / "logs")
     assert len(ref_losses) == 20 and ref_losses == other_losses
-    assert_state_equal(torch.load(ref / "final.pt", weights_only=True), torch.load(other / "final.pt", weights_only=True))
+    assert_state_equal(
+        torch.load(ref / "final.pt", weights_only=True), torch.load(other / "final.pt", weights_only=True)
+    )
 
 
 def train(cwd: Path, *extra: str, launch_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return launch(cwd, *launch_args, "--", str(EXAMPLE), *TRAIN, "--ckpt", "ckpt", "--log", "logs",
-                  "--final", "final.pt", *extra, expect=cwd / "final.pt")
+    return launch(
+        cwd,
+        *launch_args,
+        "--",
+        str(EXAMPLE),
+        *TRAIN,
+        "--ckpt",
+        "ckpt",
+        "--log",
+        "logs",
+        "--final",
+        "final.pt",
+        *extra,
+        expect=cwd / "final.pt",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,12 +122,38 @@ def test_ddp_and_fsdp_match_single_process(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_saves_exits_143_and_resumes_exactly(tmp_path, ddp_reference):
-    cmd = [sys.executable, "-m", "torchscalpel", "launch", "--nproc", "2", "--out", str(tmp_path / "launch"), "--",
-           str(EXAMPLE), *TRAIN, "--strategy", "ddp", "--ckpt", "ckpt", "--log", "logs", "--final", "final.pt",
-           "--sleep", "0.4"]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=cli_env(**ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchscalpel",
+        "launch",
+        "--nproc",
+        "2",
+        "--out",
+        str(tmp_path / "launch"),
+        "--",
+        str(EXAMPLE),
+        *TRAIN,
+        "--strategy",
+        "ddp",
+        "--ckpt",
+        "ckpt",
+        "--log",
+        "logs",
+        "--final",
+        "final.pt",
+        "--sleep",
+        "0.4",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=cli_env(**ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     deadline = time.monotonic() + 240
-    while not (tmp_path / "ckpt" / "step-000000004").exists() and time.monotonic() < deadline and proc.poll() is None:
+    while (
+        not (tmp_path / "ckpt" / "step-000000004").exists()
+        and time.monotonic() < deadline
+        and proc.poll() is None
+    ):
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()[0][-3000:]
     proc.send_signal(signal.SIGTERM)
@@ -140,8 +192,16 @@ def test_two_rank_fsdp_checkpoint_reshards_to_one_process(fsdp_reference, single
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.8)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
     data = sd.loader(example.TextWindows(32, 160), 8, num_workers=0)
-    ckpt = sd.Checkpointer(fsdp_reference / "ckpt", model=model, optimizer=opt, scheduler=sched, scaler=scaler,
-                           loader=data, guard=sd.NonFiniteGuard(model), sigterm=False)
+    ckpt = sd.Checkpointer(
+        fsdp_reference / "ckpt",
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        scaler=scaler,
+        loader=data,
+        guard=sd.NonFiniteGuard(model),
+        sigterm=False,
+    )
     assert ckpt.load() == 8
     full = load_file(str(sd.consolidate(fsdp_reference / "ckpt", fsdp_reference / "full.safetensors")))
     assert set(full) == set(model.state_dict())
@@ -156,10 +216,23 @@ def test_sigkill_then_max_restarts_recovers_exactly_with_fsdp(tmp_path_factory, 
     rng = random.Random()
     die_at, die_rank = rng.randint(1, 9), rng.randint(0, 1)
     cwd = tmp_path_factory.mktemp("fsdp-restart")
-    proc = train(cwd, "--strategy", "fsdp", "--activation-checkpointing", "--die-at", str(die_at), "--die-rank",
-                 str(die_rank), "--die-attempt", "0", launch_args=("--max-restarts", "1"))
+    proc = train(
+        cwd,
+        "--strategy",
+        "fsdp",
+        "--activation-checkpointing",
+        "--die-at",
+        str(die_at),
+        "--die-rank",
+        str(die_rank),
+        "--die-attempt",
+        "0",
+        launch_args=("--max-restarts", "1"),
+    )
     assert proc.returncode == 0, f"die at {die_at} on rank {die_rank}: " + _ok(proc)
-    attempts = {json.loads(line)["attempt"] for line in (cwd / "logs" / "losses-rank0.jsonl").read_text().splitlines()}
+    attempts = {
+        json.loads(line)["attempt"] for line in (cwd / "logs" / "losses-rank0.jsonl").read_text().splitlines()
+    }
     assert attempts == {0, 1}, f"the run was not restarted: {attempts}"
     assert_same_run(ref, cwd)
 
@@ -180,12 +253,43 @@ def test_two_nodes_on_localhost(tmp_path):
     for node in (0, 1):
         cwd = tmp_path / f"node{node}"
         cwd.mkdir()
-        cmd = [sys.executable, "-m", "torchscalpel", "launch", "--nnodes", "2", "--nproc", "1", "--node-rank", str(node),
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes",
-               "--out", str(cwd / "launch"), "--", str(EXAMPLE), "--steps", "4", "--workers", "0", "--ckpt",
-               str(tmp_path / "ckpt"), "--save-every", "2", "--log", str(cwd / "logs")]
-        procs.append(subprocess.Popen(cmd, cwd=cwd, env=cli_env(**ENV), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torchscalpel",
+            "launch",
+            "--nnodes",
+            "2",
+            "--nproc",
+            "1",
+            "--node-rank",
+            str(node),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint,
+            "--rdzv-id",
+            "two-nodes",
+            "--out",
+            str(cwd / "launch"),
+            "--",
+            str(EXAMPLE),
+            "--steps",
+            "4",
+            "--workers",
+            "0",
+            "--ckpt",
+            str(tmp_path / "ckpt"),
+            "--save-every",
+            "2",
+            "--log",
+            str(cwd / "logs"),
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=cwd, env=cli_env(**ENV), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     logged = sorted(p.name for p in tmp_path.glob("node*/logs/losses-rank*.jsonl"))
     assert logged == ["losses-rank0.jsonl", "losses-rank1.jsonl"], outputs
@@ -200,9 +304,27 @@ def test_two_nodes_on_localhost(tmp_path):
 def test_profile_every_rank_and_merge(tmp_path):
     out = tmp_path / "prof"
     merged_path = out / "launch.json"
-    proc = run_ranks("launch", "--nproc", "2", "--profile", "--steps", "3", "--out", str(out), "--", str(EXAMPLE),
-                     "--steps", "40", "--workers", "0", "--ckpt", str(tmp_path / "ckpt"), cwd=tmp_path, timeout=280,
-                     expect=[merged_path])
+    proc = run_ranks(
+        "launch",
+        "--nproc",
+        "2",
+        "--profile",
+        "--steps",
+        "3",
+        "--out",
+        str(out),
+        "--",
+        str(EXAMPLE),
+        "--steps",
+        "40",
+        "--workers",
+        "0",
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        cwd=tmp_path,
+        timeout=280,
+        expect=[merged_path],
+    )
     assert merged_path.exists(), _ok(proc)
     merged = json.loads(merged_path.read_text())
     assert [row["rank"] for row in merged["ranks"]] == [0, 1]

@@ -42,15 +42,23 @@ def test_plan_strict_refuses_to_launch_when_nothing_fits(tmp_path, monkeypatch, 
     script = tmp_path / "train.py"
     script.write_text("raise SystemExit('the ranks must not start')\n")
     started = []
-    monkeypatch.setattr(preflight, "run_preflight",
-                        lambda args, out: preflight.Preflight(True, False, ["WARNING: this run will not fit"]))
+    monkeypatch.setattr(
+        preflight,
+        "run_preflight",
+        lambda args, out: preflight.Preflight(True, False, ["WARNING: this run will not fit"]),
+    )
     monkeypatch.setattr("torchscalpel.distributed.launch.launch", lambda *a, **k: started.append(1) or 0)
-    code = main(["launch", "--nproc", "2", "--plan", "--plan-strict", "--out", str(tmp_path / "o"), "--", str(script)])
+    code = main(
+        ["launch", "--nproc", "2", "--plan", "--plan-strict", "--out", str(tmp_path / "o"), "--", str(script)]
+    )
     assert code == 1 and started == []
     assert "--plan-strict: no strategy fits, so no rank was started" in capsys.readouterr().err
-    monkeypatch.setattr(preflight, "run_preflight", lambda args, out: preflight.Preflight(True, True, ["fits"]))
-    assert main(["launch", "--nproc", "2", "--plan", "--plan-strict", "--out", str(tmp_path / "p"), "--",
-                 str(script)]) == 0 and started == [1]
+    monkeypatch.setattr(
+        preflight, "run_preflight", lambda args, out: preflight.Preflight(True, True, ["fits"])
+    )
+    assert main(
+        ["launch", "--nproc", "2", "--plan", "--plan-strict", "--out", str(tmp_path / "p"), "--", str(script)]
+    ) == 0 and started == [1]
     assert main(["launch", "--nproc", "2", "--plan-strict", "--", str(script)]) == 2
 
 
@@ -58,7 +66,9 @@ def test_step_time_leaves_profiled_steps_out_and_says_so_once():
     steps = [StepRecord(index=0, warmup=True, total_ms=999.0)]
     steps += [StepRecord(index=i + 1, total_ms=t, data_ms=1.0) for i, t in enumerate([10.0, 12.0, 11.0])]
     steps += [StepRecord(index=4 + i, total_ms=t, profiled=True) for i, t in enumerate([30.0, 32.0])]
-    record = RunRecord(status="stopped", steps=steps, profiler={"steps": [4, 5], "categories": {"communication": 8000.0}})
+    record = RunRecord(
+        status="stopped", steps=steps, profiler={"steps": [4, 5], "categories": {"communication": 8000.0}}
+    )
     row = rank_row(0, record)
     assert row["step_ms"] == 11.0  # what the rank's own summary calls its median step
     assert row["collective_ms"] == 4.0 and row["compute_ms"] == 27.0  # both from the profiled steps

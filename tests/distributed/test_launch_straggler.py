@@ -16,8 +16,21 @@ SCRIPT = REPO / "tests" / "fixtures" / "distributed" / "straggler.py"
 @pytest.mark.slow
 def test_a_rank_sleeping_40_ms_per_step_is_named_with_both_figures(tmp_path: Path) -> None:
     out = tmp_path / "prof"
-    proc = run_ranks("launch", "--nproc", "2", "--profile", "--steps", "8", "--out", str(out), "--", str(SCRIPT),
-                     cwd=tmp_path, timeout=280, expect=[out / "launch.json"])
+    proc = run_ranks(
+        "launch",
+        "--nproc",
+        "2",
+        "--profile",
+        "--steps",
+        "8",
+        "--out",
+        str(out),
+        "--",
+        str(SCRIPT),
+        cwd=tmp_path,
+        timeout=280,
+        expect=[out / "launch.json"],
+    )
     assert (out / "launch.json").exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
     merged = json.loads((out / "launch.json").read_text())
     verdict = merged["straggler_verdict"]
@@ -26,5 +39,7 @@ def test_a_rank_sleeping_40_ms_per_step_is_named_with_both_figures(tmp_path: Pat
     # rank 0 waits for rank 1 in gloo's all-reduce: it shows as rank 0's collective time, not as work
     rows = {row["rank"]: row for row in merged["ranks"]}
     assert rows[0]["collective_ms"] > rows[1]["collective_ms"]
-    assert verdict["gap_ms"] > verdict["needed_ms"] and verdict["gap_ms"] > 20.0  # 40 ms slept, less the noise
+    assert (
+        verdict["gap_ms"] > verdict["needed_ms"] and verdict["gap_ms"] > 20.0
+    )  # 40 ms slept, less the noise
     assert "straggler: rank 1: " in proc.stdout and "against rank 0's" in proc.stdout

@@ -18,11 +18,24 @@ EXAMPLE = REPO / "examples" / "ddp_fsdp_transformer.py"
 
 
 def test_tracking_flags_reach_every_rank_and_need_a_stage(tmp_path: Path) -> None:
-    args = build_parser().parse_args(["--nproc", "2", "--profile", "--tensorboard", "tb", "--mlflow", "ml", "--",
-                                      "train.py", "--lr", "1"])
+    args = build_parser().parse_args(
+        ["--nproc", "2", "--profile", "--tensorboard", "tb", "--mlflow", "ml", "--", "train.py", "--lr", "1"]
+    )
     assert wrap_for_stage(args, tmp_path) == "profile"
-    assert args.training_script_args == ["profile", str(tmp_path), "--steps", "20", "--tensorboard", "tb",
-                                         "--mlflow", "ml", "--", "train.py", "--lr", "1"]
+    assert args.training_script_args == [
+        "profile",
+        str(tmp_path),
+        "--steps",
+        "20",
+        "--tensorboard",
+        "tb",
+        "--mlflow",
+        "ml",
+        "--",
+        "train.py",
+        "--lr",
+        "1",
+    ]
     plain = build_parser().parse_args(["--nproc", "2", "--tensorboard", "tb", "--", "train.py"])
     with pytest.raises(UsageError, match="need --profile or --doctor"):
         wrap_for_stage(plain, tmp_path)
@@ -33,9 +46,29 @@ def test_launch_profile_tensorboard_per_rank_and_hta_layout(tmp_path: Path) -> N
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out, logdir = tmp_path / "prof", tmp_path / "tb"
-    proc = run_ranks("launch", "--nproc", "2", "--profile", "--steps", "3", "--tensorboard", str(logdir),
-                     "--out", str(out), "--", str(EXAMPLE), "--steps", "40", "--workers", "0",
-                     "--ckpt", str(tmp_path / "ckpt"), cwd=tmp_path, timeout=280, expect=[out / "launch.json"])
+    proc = run_ranks(
+        "launch",
+        "--nproc",
+        "2",
+        "--profile",
+        "--steps",
+        "3",
+        "--tensorboard",
+        str(logdir),
+        "--out",
+        str(out),
+        "--",
+        str(EXAMPLE),
+        "--steps",
+        "40",
+        "--workers",
+        "0",
+        "--ckpt",
+        str(tmp_path / "ckpt"),
+        cwd=tmp_path,
+        timeout=280,
+        expect=[out / "launch.json"],
+    )
     assert (out / "launch.json").exists(), proc.stdout[-2000:] + proc.stderr[-2000:]
     for rank in (0, 1):
         acc = EventAccumulator(str(logdir / "prof" / f"rank{rank}"))

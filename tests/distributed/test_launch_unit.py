@@ -27,8 +27,21 @@ def test_single_node_rendezvous_is_loopback(tmp_path):
 def test_multi_node_keeps_the_given_endpoint(tmp_path):
     script = tmp_path / "train.py"
     script.write_text("")
-    args = prepare(_parse("--nnodes", "2", "--nproc", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                          "10.0.0.1:29400", "--", str(script)), env={})
+    args = prepare(
+        _parse(
+            "--nnodes",
+            "2",
+            "--nproc",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "10.0.0.1:29400",
+            "--",
+            str(script),
+        ),
+        env={},
+    )
     assert args.rdzv_endpoint == "10.0.0.1:29400"
 
 
@@ -50,7 +63,9 @@ def test_usage_errors(tmp_path, argv, message):
 
 
 def test_failure_report_names_rank_signal_and_restarts():
-    report = failure_report(RankFailure(rank=1, local_rank=1, exit_code=-9, tail=["x", "boom"]), restarts=2, nnodes="1")
+    report = failure_report(
+        RankFailure(rank=1, local_rank=1, exit_code=-9, tail=["x", "boom"]), restarts=2, nnodes="1"
+    )
     assert report.startswith("scalpel launch: rank 1 failed: killed by SIGKILL, after 2 restarts")
     assert report.endswith("    boom")
     assert RankFailure(rank=0, local_rank=0, exit_code=-9, tail=[]).shell_code() == 137
@@ -69,7 +84,11 @@ def test_stderr_tail_reads_newest_attempt(tmp_path):
 def test_cli_usage_error_exit_2():
     proc = run_cli("launch", "--nproc", "2", "--", "no_such_script.py")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("scalpel: error: Script no_such_script.py does not exist")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("scalpel: error: Script no_such_script.py does not exist")
+    )
     text = build_parser().format_help()  # what 'scalpel launch -h' prints: torchrun's options plus ours
     assert "--max-restarts" in text and "--nproc" in text and "--profile" in text
 
@@ -79,10 +98,21 @@ def test_profile_and_doctor_rewrite_the_entry_point(tmp_path):
 
     script = tmp_path / "t.py"
     script.write_text("")
-    args = prepare(_parse("--nproc", "2", "--profile", "--steps", "4", "--", str(script), "--lr", "1"), env={})
+    args = prepare(
+        _parse("--nproc", "2", "--profile", "--steps", "4", "--", str(script), "--lr", "1"), env={}
+    )
     assert wrap_for_stage(args, tmp_path / "out") == "profile"
     assert args.module is True and args.training_script == "torchscalpel.distributed.rank_entry"
-    assert args.training_script_args == ["profile", str(tmp_path / "out"), "--steps", "4", "--", str(script), "--lr", "1"]
+    assert args.training_script_args == [
+        "profile",
+        str(tmp_path / "out"),
+        "--steps",
+        "4",
+        "--",
+        str(script),
+        "--lr",
+        "1",
+    ]
     doctor = prepare(_parse("--nproc", "2", "--doctor", "--", str(script)), env={})
     assert wrap_for_stage(doctor, tmp_path / "out") == "doctor"
     assert doctor.training_script_args[0] == "doctor"

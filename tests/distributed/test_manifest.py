@@ -56,7 +56,9 @@ def test_tampering_is_detected(tmp_path, how):
     elif how == "missing":
         (final / "sub" / "b.json").unlink()
     else:
-        (final / manifest.MANIFEST).write_text((final / manifest.MANIFEST).read_text().replace("abc", "abd", 1) + " ")
+        (final / manifest.MANIFEST).write_text(
+            (final / manifest.MANIFEST).read_text().replace("abc", "abd", 1) + " "
+        )
     problem = manifest.check(final, full=True)
     assert problem is not None and problem.kind == "tampered"
 
@@ -84,11 +86,19 @@ def test_prune_keeps_newest(tmp_path):
     assert [s for s, _ in manifest.committed_steps(tmp_path)] == [4, 3]
 
 
-@pytest.mark.parametrize("commit, files", [
-    ("5", None), ("[]", None), ('{"manifest_sha256": 5}', None),
-    (None, {"a.bin": {"sha256": "0" * 64}}), (None, {"a.bin": {"size": "6", "sha256": "0" * 64}}),
-    (None, {"../a.bin": {"size": 6, "sha256": "0" * 64}}), (None, ["a.bin"]), (None, {"a.bin": 6}),
-])
+@pytest.mark.parametrize(
+    "commit, files",
+    [
+        ("5", None),
+        ("[]", None),
+        ('{"manifest_sha256": 5}', None),
+        (None, {"a.bin": {"sha256": "0" * 64}}),
+        (None, {"a.bin": {"size": "6", "sha256": "0" * 64}}),
+        (None, {"../a.bin": {"size": 6, "sha256": "0" * 64}}),
+        (None, ["a.bin"]),
+        (None, {"a.bin": 6}),
+    ],
+)
 def test_malformed_marker_or_manifest_is_a_problem_not_a_traceback(tmp_path, commit, files):
     import hashlib
     import json

@@ -25,8 +25,14 @@ dist.destroy_process_group()
 
 @pytest.mark.dist
 def test_a_ddp_scripts_globals_are_parked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(free_port()), "GLOO_SOCKET_IFNAME": "lo"}.items():
+    for key, value in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "GLOO_SOCKET_IFNAME": "lo",
+    }.items():
         monkeypatch.setenv(key, value)
     script = tmp_path / "ddp.py"
     script.write_text(SCRIPT)

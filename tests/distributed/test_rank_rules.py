@@ -33,7 +33,10 @@ def test_device_ids_must_be_the_local_rank():
     assert found[0]["rule"] == "ddp-device-ids-not-local-rank" and found[0]["ranks"] == [1]
     assert found[0]["message"] == "DDP(device_ids=[0]) on rank 1 whose LOCAL_RANK is 1: ranks share a device"
     good = {r: _facts(r, ddp=[{**ddp, "device_ids": [r]}]) for r in (0, 1)}
-    assert device_id_findings(good) == [] and device_id_findings({0: _facts(0, ddp=[{**ddp, "device_ids": None}])}) == []
+    assert (
+        device_id_findings(good) == []
+        and device_id_findings({0: _facts(0, ddp=[{**ddp, "device_ids": None}])}) == []
+    )
 
 
 def test_judgments_on_recorded_facts():
@@ -44,7 +47,8 @@ def test_judgments_on_recorded_facts():
     ddp = [{"device_ids": None, "grad_bytes": 1000, "site": "t.py:5"}]
     accum = {0: _facts(0, ddp=ddp, steps=[[4, 0]] * 5)}
     assert no_sync_findings(accum)[0]["evidence"][-1].startswith(
-        "3 extra all-reduces of 1000 B of gradients per step: 2.9 KiB sent for nothing per step per rank")
+        "3 extra all-reduces of 1000 B of gradients per step: 2.9 KiB sent for nothing per step per rank"
+    )
     assert no_sync_findings({0: _facts(0, ddp=ddp, steps=[[1, 3]] * 5)}) == []
     assert no_sync_findings({0: _facts(0, ddp=[], steps=[[4, 0]] * 5)}) == []  # no DDP: nothing all-reduces
     same = {r: _facts(r, rng={"torch": 1, "python": 2}) for r in (0, 1)}
@@ -57,8 +61,21 @@ def test_judgments_on_recorded_facts():
 def _doctor(tmp_path: Path, fixture: str, output: list[str] | None = None) -> list[dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     out = tmp_path / "launch"
-    proc = run_ranks("launch", "--nproc", "2", "--doctor", "--steps", "6", "--out", str(out), "--",
-                     str(FIXTURES / fixture), cwd=tmp_path, expect=[out / "launch.json"], timeout=280)
+    proc = run_ranks(
+        "launch",
+        "--nproc",
+        "2",
+        "--doctor",
+        "--steps",
+        "6",
+        "--out",
+        str(out),
+        "--",
+        str(FIXTURES / fixture),
+        cwd=tmp_path,
+        expect=[out / "launch.json"],
+        timeout=280,
+    )
     assert (out / "launch.json").exists(), proc.stderr[-3000:]
     if output is not None:
         output.append(proc.stdout)
@@ -74,14 +91,21 @@ def test_planted_pitfalls_are_found_across_ranks(tmp_path):
     stdout = output[0]
     assert "No findings" not in stdout, stdout[-3000:]
     assert stdout.count("finding(s) in ") == 2 and stdout.count("[bold]") == 0
-    assert stdout.index("across ranks (the launcher compared the 2 ranks):") < stdout.index(
-        "distributed-sampler-wrong-world") < stdout.index("per rank")
-    assert set(findings) == {"distributed-sampler-wrong-world", "ddp-accumulation-without-no-sync",
-                             "identical-random-streams"}
+    assert (
+        stdout.index("across ranks (the launcher compared the 2 ranks):")
+        < stdout.index("distributed-sampler-wrong-world")
+        < stdout.index("per rank")
+    )
+    assert set(findings) == {
+        "distributed-sampler-wrong-world",
+        "ddp-accumulation-without-no-sync",
+        "identical-random-streams",
+    }
     assert findings["distributed-sampler-wrong-world"]["ranks"] == [1]
     assert findings["distributed-sampler-wrong-world"]["evidence"][0].endswith("rules_bad.py:16")
     assert findings["ddp-accumulation-without-no-sync"]["message"].startswith(
-        "DDP all-reduces the gradients on every micro-batch: 4 synchronising backward passes")
+        "DDP all-reduces the gradients on every micro-batch: 4 synchronising backward passes"
+    )
     assert findings["identical-random-streams"]["ranks"] == [0, 1]
 
 
@@ -94,14 +118,21 @@ def test_static_device_ids_rule_positive_and_clean():
     from torchscalpel.doctor.static import analyze_source
 
     bad = FIXTURES / "ddp_device_ids_bad.py"
-    found = [f for f in analyze_source(bad.read_text(), str(bad)) if f.rule == "ddp-device-ids-not-local-rank"]
+    found = [
+        f for f in analyze_source(bad.read_text(), str(bad)) if f.rule == "ddp-device-ids-not-local-rank"
+    ]
     assert [(f.location.line, f.message) for f in found] == [
         (10, "DDP(device_ids=[0]) is not this rank's LOCAL_RANK: every rank uses the same GPU."),
-        (11, "DDP(device_ids=[dist.get_rank()]) is not this rank's LOCAL_RANK: the global rank runs past the GPUs "
-             "of a node after the first."),
+        (
+            11,
+            "DDP(device_ids=[dist.get_rank()]) is not this rank's LOCAL_RANK: the global rank runs past the GPUs "
+            "of a node after the first.",
+        ),
     ]
     clean = FIXTURES / "ddp_device_ids_clean.py"
-    assert [f for f in analyze_source(clean.read_text(), str(clean)) if f.rule == "ddp-device-ids-not-local-rank"] == []
+    assert [
+        f for f in analyze_source(clean.read_text(), str(clean)) if f.rule == "ddp-device-ids-not-local-rank"
+    ] == []
 
 
 def test_undivided_accumulated_loss_judgment():
@@ -109,11 +140,14 @@ def test_undivided_accumulated_loss_judgment():
     raw = [[4, 0, False, "MseLossBackward0"]] * 5
     found = loss_scale_findings({0: _facts(0, ddp=ddp, backward=raw, lr=0.01)})
     assert found[0]["rule"] == "accumulated-loss-not-divided" and found[0]["message"].startswith(
-        "the loss is not divided by the accumulation steps: 4 backward passes per optimizer step")
+        "the loss is not divided by the accumulation steps: 4 backward passes per optimizer step"
+    )
     assert found[0]["evidence"][-1].endswith("the optimizer's lr is 0.01")
     assert loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[4, 4, False, "DivBackward0"]] * 5)}) == []
     assert loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[1, 0, False, "MeanBackward0"]] * 5)}) == []
-    assert loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[20, 0, True, "MeanBackward0"]] * 5)}) == []  # LBFGS
+    assert (
+        loss_scale_findings({0: _facts(0, ddp=ddp, backward=[[20, 0, True, "MeanBackward0"]] * 5)}) == []
+    )  # LBFGS
     assert loss_scale_findings({0: _facts(0, backward=raw)}) == []  # no DDP
 
 
@@ -130,7 +164,11 @@ def test_scaled_root_sees_division_mul_and_sums_of_divided_terms():
 
 @pytest.mark.dist
 def test_undivided_accumulated_loss_planted_and_clean(tmp_path):
-    bad = [f for f in _doctor(tmp_path / "bad", "accum_undivided_bad.py") if f["rule"] == "accumulated-loss-not-divided"]
+    bad = [
+        f
+        for f in _doctor(tmp_path / "bad", "accum_undivided_bad.py")
+        if f["rule"] == "accumulated-loss-not-divided"
+    ]
     assert len(bad) == 1 and bad[0]["ranks"] == [0, 1], bad
     assert "graph root MseLossBackward0" in bad[0]["evidence"][0]
     clean = _doctor(tmp_path / "clean", "accum_undivided_clean.py")
@@ -145,13 +183,18 @@ def test_batch_history_judgment(tmp_path):
     info = batch_findings(entry, [])
     assert [f["rule"] for f in info] == ["global-batch"]
     assert info[0]["severity"] == "info" and info[0]["message"] == (
-        "global batch 32 = per-rank batch 8 x 4 ranks, optimizer lr 0.05")
+        "global batch 32 = per-rank batch 8 x 4 ranks, optimizer lr 0.05"
+    )
     old = {**entry, "world": 2}
     warn = batch_findings(entry, [old])
     assert warn[0]["rule"] == "batch-not-rescaled-for-world" and "from 16 to 32" in warn[0]["message"]
     assert "per-rank batch to 4" in warn[0]["fix"]
-    assert [f["rule"] for f in batch_findings(entry, [{**old, "lr": 0.025}])] == ["global-batch"]  # lr followed
-    assert [f["rule"] for f in batch_findings(entry, [{**old, "batch": 16}])] == ["global-batch"]  # batch rescaled
+    assert [f["rule"] for f in batch_findings(entry, [{**old, "lr": 0.025}])] == [
+        "global-batch"
+    ]  # lr followed
+    assert [f["rule"] for f in batch_findings(entry, [{**old, "batch": 16}])] == [
+        "global-batch"
+    ]  # batch rescaled
     assert [f["rule"] for f in batch_findings(entry, [{**old, "script": "/s/other.py"}])] == ["global-batch"]
     # rank_findings keeps the history itself: a second judgment at another world warns
     for r, data in facts.items():
@@ -169,13 +212,30 @@ def test_relaunch_at_another_world_with_the_same_batch_and_lr_warns(tmp_path):
     out = tmp_path / "launch"
     rules = []
     for nproc in ("1", "2"):
-        run_ranks("launch", "--nproc", nproc, "--doctor", "--steps", "6", "--out", str(out), "--",
-                  str(FIXTURES / "batch_world.py"), cwd=tmp_path, expect=[out / "launch.json"], timeout=280)
+        run_ranks(
+            "launch",
+            "--nproc",
+            nproc,
+            "--doctor",
+            "--steps",
+            "6",
+            "--out",
+            str(out),
+            "--",
+            str(FIXTURES / "batch_world.py"),
+            cwd=tmp_path,
+            expect=[out / "launch.json"],
+            timeout=280,
+        )
         rules.append({f["rule"]: f for f in json.loads((out / "launch.json").read_text())["findings"]})
     assert "batch-not-rescaled-for-world" not in rules[0]
-    assert rules[0]["global-batch"]["message"] == "global batch 8 = per-rank batch 8 x 1 ranks, optimizer lr 0.05"
+    assert (
+        rules[0]["global-batch"]["message"]
+        == "global batch 8 = per-rank batch 8 x 1 ranks, optimizer lr 0.05"
+    )
     assert rules[1]["batch-not-rescaled-for-world"]["message"].startswith(
-        "the world size changed from 1 to 2 ranks with the same per-rank batch 8 and the same lr 0.05")
+        "the world size changed from 1 to 2 ranks with the same per-rank batch 8 and the same lr 0.05"
+    )
 
 
 def test_before_init_judgment():
@@ -184,13 +244,20 @@ def test_before_init_judgment():
     call = {"call": "get_rank", "site": "t.py:5"}
     found = before_init_findings({0: _facts(0, before_init=[call]), 1: _facts(1, before_init=[call])})
     assert found[0]["rule"] == "process-group-before-init" and found[0]["ranks"] == [0, 1]
-    assert found[0]["message"] == "dist.get_rank() at t.py:5 runs before init_process_group on rank 0: there is no process group yet"
+    assert (
+        found[0]["message"]
+        == "dist.get_rank() at t.py:5 runs before init_process_group on rank 0: there is no process group yet"
+    )
     assert before_init_findings({0: _facts(0)}) == []
 
 
 @pytest.mark.dist
 def test_process_group_before_init_planted_and_clean(tmp_path):
-    bad = [f for f in _doctor(tmp_path / "bad", "pg_before_init_bad.py") if f["rule"] == "process-group-before-init"]
+    bad = [
+        f
+        for f in _doctor(tmp_path / "bad", "pg_before_init_bad.py")
+        if f["rule"] == "process-group-before-init"
+    ]
     assert len(bad) == 1 and bad[0]["ranks"] == [0, 1], bad
     assert bad[0]["evidence"][0].endswith("pg_before_init_bad.py:5 before init_process_group")
     clean = _doctor(tmp_path / "clean", "pg_before_init_clean.py")

@@ -11,9 +11,21 @@ from helpers import COMMITTED_TRACES, run_cli
 
 def test_two_rank_folder_json_and_html(tmp_path: Path, traces_dir: Path) -> None:
     out_json, out_html = tmp_path / "a.json", tmp_path / "a.html"
-    proc = run_cli("analyze", str(traces_dir / "gpu_2rank"), "--json", str(out_json), "--html", str(out_html), "--top", "5")
+    proc = run_cli(
+        "analyze",
+        str(traces_dir / "gpu_2rank"),
+        "--json",
+        str(out_json),
+        "--html",
+        str(out_html),
+        "--top",
+        "5",
+    )
     assert proc.returncode == 0, proc.stderr
-    assert "ProfilerStep#551" in proc.stdout and "straggler: not measured: rank 0 has 2, rank 1 has 2 steps" in proc.stdout
+    assert (
+        "ProfilerStep#551" in proc.stdout
+        and "straggler: not measured: rank 0 has 2, rank 1 has 2 steps" in proc.stdout
+    )
     data = json.loads(out_json.read_text())
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     assert data["ranks"][0]["gpu"]["comm_comp_overlap_pct"] == 11.81
@@ -27,7 +39,9 @@ def test_two_rank_folder_json_and_html(tmp_path: Path, traces_dir: Path) -> None
 
 def test_committed_two_rank_folder_json_and_html(tmp_path: Path) -> None:
     out_json, out_html = tmp_path / "a.json", tmp_path / "a.html"
-    proc = run_cli("analyze", str(COMMITTED_TRACES / "gpu_2rank"), "--json", str(out_json), "--html", str(out_html))
+    proc = run_cli(
+        "analyze", str(COMMITTED_TRACES / "gpu_2rank"), "--json", str(out_json), "--html", str(out_html)
+    )
     assert proc.returncode == 0, proc.stderr
     assert "ProfilerStep#10" in proc.stdout and "likely straggler" in proc.stdout
     data = json.loads(out_json.read_text())
@@ -41,20 +55,40 @@ def test_committed_two_rank_folder_json_and_html(tmp_path: Path) -> None:
 
 def test_committed_diff_lists_added_ops(tmp_path: Path) -> None:
     out_json = tmp_path / "d.json"
-    proc = run_cli("analyze", str(COMMITTED_TRACES / "compare/base.json.gz"), "--diff",
-                   str(COMMITTED_TRACES / "compare/test.json.gz"), "--json", str(out_json))
+    proc = run_cli(
+        "analyze",
+        str(COMMITTED_TRACES / "compare/base.json.gz"),
+        "--diff",
+        str(COMMITTED_TRACES / "compare/test.json.gz"),
+        "--json",
+        str(out_json),
+    )
     assert proc.returncode == 0, proc.stderr
     diff = json.loads(out_json.read_text())["diff"]
     assert diff["ops"]["added"] == ["aten::cat"] and diff["ops"]["removed"] == []
     (row,) = diff["kernels"]["rows"]
-    assert (row["status"], row["count_a"], row["count_b"], row["time_a_us"], row["time_b_us"]) == ("changed", 1, 3, 80, 240)
+    assert (row["status"], row["count_a"], row["count_b"], row["time_a_us"], row["time_b_us"]) == (
+        "changed",
+        1,
+        3,
+        80,
+        240,
+    )
     assert "added    aten::cat" in proc.stdout
 
 
 def test_diff_lists_added_ops(tmp_path: Path, traces_dir: Path) -> None:
     out_json = tmp_path / "d.json"
-    proc = run_cli("analyze", str(traces_dir / "compare/base.json.gz"), "--diff", str(traces_dir / "compare/test.json.gz"),
-                   "--json", str(out_json), "--html", str(tmp_path / "d.html"))
+    proc = run_cli(
+        "analyze",
+        str(traces_dir / "compare/base.json.gz"),
+        "--diff",
+        str(traces_dir / "compare/test.json.gz"),
+        "--json",
+        str(out_json),
+        "--html",
+        str(tmp_path / "d.html"),
+    )
     assert proc.returncode == 0, proc.stderr
     diff = json.loads(out_json.read_text())["diff"]
     assert diff["ops"]["added"] == ["AddmmBackward0", "All2All_Pooled_Req", "CatBackward0"]
@@ -99,8 +133,12 @@ def test_real_cpu_profiler_trace_with_memory(tmp_path: Path) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(32, 64)
     path = tmp_path / "cpu.json"
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, schedule=schedule(wait=0, warmup=1, active=3),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        profile_memory=True,
+        schedule=schedule(wait=0, warmup=1, active=3),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
         for _ in range(4):
             opt.zero_grad()
             model(x).sum().backward()

@@ -11,8 +11,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "scripts" / "epoch_l
 
 
 def test_profile_takes_the_file_defaults_and_the_flags_win(tmp_path):
-    (tmp_path / "scalpel.toml").write_text('[defaults]\nout_root = "runs"\nwarmup = 0\n\n'
-                                           '[defaults.profile]\nsteps = 2\nprofile_steps = 0\n')
+    (tmp_path / "scalpel.toml").write_text(
+        '[defaults]\nout_root = "runs"\nwarmup = 0\n\n[defaults.profile]\nsteps = 2\nprofile_steps = 0\n'
+    )
     proc = run_cli("profile", "--steps", "3", "--", str(SCRIPT), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
@@ -31,7 +32,7 @@ def test_a_bad_config_key_is_one_sentence_and_exit_2(tmp_path):
 
 
 def test_help_says_which_defaults_the_file_replaced(tmp_path):
-    (tmp_path / "scalpel.toml").write_text('[defaults.profile]\nsteps = 7\nwarmup = 1\n')
+    (tmp_path / "scalpel.toml").write_text("[defaults.profile]\nsteps = 7\nwarmup = 1\n")
     proc = run_cli("profile", "-h", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     help_text = " ".join(proc.stdout.split())

@@ -28,8 +28,10 @@ CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
 WARMUP, STEPS = 2, 10
 LOSS_LINE = re.compile(r"^(?:step|iter) (\d+):? loss ([-+0-9.eE]+|nan|inf)", re.MULTILINE)
 # Where a script prints them on its loss line: the learning rate it set and what its clip_grad_norm_ returned.
-LR_AND_NORM = {"lr": re.compile(r"^(?:step|iter) (\d+):? loss \S+.*?\blr ([-+0-9.eE]+)", re.MULTILINE),
-               "grad_norm": re.compile(r"^(?:step|iter) (\d+):? loss \S+.*?\bgrad norm ([-+0-9.eE]+)", re.MULTILINE)}
+LR_AND_NORM = {
+    "lr": re.compile(r"^(?:step|iter) (\d+):? loss \S+.*?\blr ([-+0-9.eE]+)", re.MULTILINE),
+    "grad_norm": re.compile(r"^(?:step|iter) (\d+):? loss \S+.*?\bgrad norm ([-+0-9.eE]+)", re.MULTILINE),
+}
 BACKWARD_OP = re.compile(r"Backward|autograd::engine")
 
 
@@ -90,8 +92,13 @@ class Runs:
         key = ("plain", spec.id)
         if key not in self._cache:
             self._cache[key] = subprocess.run(
-                [sys.executable, str(CORPUS / spec.script), *spec.args], cwd=REPO, env=cli_env(),
-                capture_output=True, text=True, timeout=240, check=False,
+                [sys.executable, str(CORPUS / spec.script), *spec.args],
+                cwd=REPO,
+                env=cli_env(),
+                capture_output=True,
+                text=True,
+                timeout=240,
+                check=False,
             )
         return self._cache[key]
 
@@ -100,8 +107,17 @@ class Runs:
         out = self._dir("profile", spec)
         if key not in self._cache:
             self._cache[key] = run_cli(
-                "profile", "--warmup", str(WARMUP), "--steps", str(STEPS), "--out", str(out), "--no-report",
-                "--", str(CORPUS / spec.script), *spec.args,
+                "profile",
+                "--warmup",
+                str(WARMUP),
+                "--steps",
+                str(STEPS),
+                "--out",
+                str(out),
+                "--no-report",
+                "--",
+                str(CORPUS / spec.script),
+                *spec.args,
             )
         return self._cache[key], out
 
@@ -115,8 +131,13 @@ class Runs:
         key = ("doctor", spec.id)
         if key not in self._cache:
             self._cache[key] = run_cli(
-                "doctor", "--out", str(self._dir("doctor", spec)), "--no-report", "--",
-                str(CORPUS / spec.script), *spec.args,
+                "doctor",
+                "--out",
+                str(self._dir("doctor", spec)),
+                "--no-report",
+                "--",
+                str(CORPUS / spec.script),
+                *spec.args,
             )
         return self._cache[key]
 
@@ -128,7 +149,9 @@ def runs(tmp_path_factory) -> Runs:
 
 def _brief(record: RunRecord) -> str:
     """The record in a few lines, for assertion messages."""
-    rows = [f"status={record.status} step_kind={record.step_kind} steps={len(record.steps)} notes={record.notes}"]
+    rows = [
+        f"status={record.status} step_kind={record.step_kind} steps={len(record.steps)} notes={record.notes}"
+    ]
     rows += [
         f"  #{s.index}{'w' if s.warmup else ''}{'p' if s.profiled else ''} total={s.total_ms:.1f} data={s.data_ms:.1f} "
         f"fwd={s.forward_ms:.1f} bwd={s.backward_ms:.1f} opt={s.optimizer_ms:.1f} other={s.other_ms:.1f} "
@@ -167,7 +190,7 @@ def test_profile_exits_0_and_honours_steps(runs, spec):
     else:
         assert record.status == "complete", f"{record.error}\n{_brief(record)}"
         assert len(record.steps) >= WARMUP + STEPS, _brief(record)
-    assert [s.warmup for s in record.steps[:WARMUP + 1]] == [True] * WARMUP + [False]
+    assert [s.warmup for s in record.steps[: WARMUP + 1]] == [True] * WARMUP + [False]
     assert len(record.measured_steps) >= STEPS
 
 
@@ -187,7 +210,9 @@ def test_phases_add_up_and_forward_and_backward_are_seen(runs, spec):
         if abs(parts - step.total_ms) > 0.01 * step.total_ms:
             bad.append(f"step {step.index}: phases sum {parts:.2f} ms != total {step.total_ms:.2f} ms")
         if not step.forward_ms > 0 or not step.backward_ms > 0:
-            bad.append(f"step {step.index}: forward {step.forward_ms:.2f} ms, backward {step.backward_ms:.2f} ms")
+            bad.append(
+                f"step {step.index}: forward {step.forward_ms:.2f} ms, backward {step.backward_ms:.2f} ms"
+            )
     assert not bad, "\n".join(bad)
 
 
@@ -219,17 +244,26 @@ def test_recorded_loss_is_what_the_script_reports(runs, spec):
     printed = _losses(proc.stdout)
     pairs = [(s.index, s.loss, printed[s.index]) for s in record.steps if s.index in printed]
     assert len(pairs) >= STEPS, f"only {len(pairs)} printed losses matched recorded steps: {sorted(printed)}"
-    wrong = [(i, got, want) for i, got, want in pairs
-             if got is None or not math.isclose(got, want, rel_tol=1e-5, abs_tol=2e-6)]
+    wrong = [
+        (i, got, want)
+        for i, got, want in pairs
+        if got is None or not math.isclose(got, want, rel_tol=1e-5, abs_tol=2e-6)
+    ]
     assert not wrong, f"(step, recorded, printed): {wrong}"
 
 
-WITNESSED_SERIES = [(s, series) for s in SPECS for series in sorted(LR_AND_NORM)
-                    if (s.script, series) in {("nanogpt_style.py", "lr"), ("nanogpt_style.py", "grad_norm"),
-                                              ("mingpt_trainer.py", "grad_norm")}]
+WITNESSED_SERIES = [
+    (s, series)
+    for s in SPECS
+    for series in sorted(LR_AND_NORM)
+    if (s.script, series)
+    in {("nanogpt_style.py", "lr"), ("nanogpt_style.py", "grad_norm"), ("mingpt_trainer.py", "grad_norm")}
+]
 
 
-@pytest.mark.parametrize(("spec", "series"), WITNESSED_SERIES, ids=[f"{s.id}-{n}" for s, n in WITNESSED_SERIES])
+@pytest.mark.parametrize(
+    ("spec", "series"), WITNESSED_SERIES, ids=[f"{s.id}-{n}" for s, n in WITNESSED_SERIES]
+)
 def test_recorded_lr_and_grad_norm_are_what_the_script_set_and_clipped(runs, spec, series):
     """Witness: the learning rate the script set (nanoGPT's cosine schedule) and the norm its own
     clip_grad_norm_ returned, step by step, against the record's per-step series."""
@@ -238,8 +272,12 @@ def test_recorded_lr_and_grad_norm_are_what_the_script_set_and_clipped(runs, spe
     assert printed, f"{spec.script} printed no {series}"
     recorded = runs.record(spec).sections.get("steps_extra", {}).get(series, {})
     pairs = [(i, recorded.get(str(i)), want) for i, want in printed.items() if str(i) in recorded]
-    assert len(pairs) >= STEPS, f"only {len(pairs)} printed {series} values matched recorded steps: {recorded}"
-    wrong = [(i, got, want) for i, got, want in pairs if not math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-9)]
+    assert len(pairs) >= STEPS, (
+        f"only {len(pairs)} printed {series} values matched recorded steps: {recorded}"
+    )
+    wrong = [
+        (i, got, want) for i, got, want in pairs if not math.isclose(got, want, rel_tol=1e-5, abs_tol=1e-9)
+    ]
     assert not wrong, f"(step, recorded, printed): {wrong}"
 
 
@@ -266,15 +304,20 @@ def test_profiler_window_covers_training_steps_with_backward_ops(runs, spec):
     assert trace.exists(), record.profiler
     events = _trace_events(trace)
     ranges = [(e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
-    assert len(ranges) == len(window), sorted({e["name"] for e in events if e["name"].startswith("ProfilerStep")})
+    assert len(ranges) == len(window), sorted(
+        {e["name"] for e in events if e["name"].startswith("ProfilerStep")}
+    )
     backward = [e for e in events if BACKWARD_OP.search(e["name"])]
     assert backward, "no autograd ops in the trace"
     inside = [e for e in backward if any(lo <= e["ts"] <= hi for lo, hi in ranges)]
     assert inside, "no autograd op falls inside a ProfilerStep range"
 
 
-@pytest.mark.parametrize("spec", [s for s in SPECS if s.script in DOCTOR and not s.args],
-                         ids=[s.id for s in SPECS if s.script in DOCTOR and not s.args])
+@pytest.mark.parametrize(
+    "spec",
+    [s for s in SPECS if s.script in DOCTOR and not s.args],
+    ids=[s.id for s in SPECS if s.script in DOCTOR and not s.args],
+)
 def test_doctor_keeps_the_scripts_exit_code_and_stdout(runs, spec):
     plain = runs.plain(spec)
     doctored = runs.doctor(spec)
@@ -293,12 +336,25 @@ def test_nanogpt_ddp_branch_is_not_taken_under_doctor(runs):
 
 def test_notebook_profiles_in_process(tmp_path):
     has_api = subprocess.run(
-        [sys.executable, "-c", "import torchscalpel, sys; sys.exit(0 if hasattr(torchscalpel, 'profile') else 1)"],
-        env=cli_env(), capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-c",
+            "import torchscalpel, sys; sys.exit(0 if hasattr(torchscalpel, 'profile') else 1)",
+        ],
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     proc = subprocess.run(
-        [sys.executable, str(CORPUS / "notebook_inprocess.py"), str(tmp_path)], cwd=REPO, env=cli_env(),
-        capture_output=True, text=True, timeout=240, check=False,
+        [sys.executable, str(CORPUS / "notebook_inprocess.py"), str(tmp_path)],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "held-out accuracy" in proc.stdout  # the notebook went on after the profiled call
@@ -307,7 +363,11 @@ def test_notebook_profiles_in_process(tmp_path):
         pytest.skip("torchscalpel.profile does not exist yet; the notebook trained without it")
     for part in ("context", "decorated"):
         record = load_record(tmp_path / part)
-        assert record.status == "stopped" and len(record.measured_steps) == 10, (part, record.status, record.notes)
+        assert record.status == "stopped" and len(record.measured_steps) == 10, (
+            part,
+            record.status,
+            record.notes,
+        )
         assert record.step_kind == "optimizer"
         assert all(s.forward_ms > 0 and s.backward_ms > 0 and s.samples == 32 for s in record.measured_steps)
     assert "context manager: status stopped, 10 measured steps" in proc.stdout
@@ -327,8 +387,16 @@ PLAN = [
 @pytest.mark.parametrize(("script", "optimizer", "batch", "dim"), PLAN, ids=[p[0] for p in PLAN])
 def test_plan_prices_what_the_script_built(tmp_path, script, optimizer, batch, dim):
     out = tmp_path / "plan"
-    proc = run_cli("plan", "--no-max-batch", "--out", str(out), "--json", str(tmp_path / "plan.json"), "--",
-                   str(CORPUS / script))
+    proc = run_cli(
+        "plan",
+        "--no-max-batch",
+        "--out",
+        str(out),
+        "--json",
+        str(tmp_path / "plan.json"),
+        "--",
+        str(CORPUS / script),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     plan = load_record(out).sections["plan"]
     assert plan["optimizer"] == optimizer

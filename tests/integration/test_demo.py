@@ -11,7 +11,9 @@ from torchscalpel.record import load_record
 @pytest.mark.slow
 def test_demo_runs_the_chosen_stages_and_writes_one_report(tmp_path):
     out = tmp_path / "demo"
-    proc = run_cli("demo", "--out", str(out), "--steps", "4", "--stages", "env,profile,analyze,plan", timeout=600)
+    proc = run_cli(
+        "demo", "--out", str(out), "--steps", "4", "--stages", "env,profile,analyze,plan", timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = load_record(out / "profile")
     assert_training_breakdown(record)
@@ -38,7 +40,9 @@ def test_ship_stage_without_its_extras_is_skipped_with_the_install_command(tmp_p
     from torchscalpel.cli.common import Target
 
     monkeypatch.setattr(demo, "SHIP_MODULES", {"torchscalpel_no_such_module": "nosuchdist"})
-    ok, _, summary = demo._ship(Target(script=tmp_path / "char_transformer.py", args=[]), tmp_path, argparse.Namespace())
+    ok, _, summary = demo._ship(
+        Target(script=tmp_path / "char_transformer.py", args=[]), tmp_path, argparse.Namespace()
+    )
     assert ok and summary == 'skipped: needs nosuchdist (pip install "torchscalpel[all]")'
     assert demo._result_word(demo.StageResult("ship", ok, 0.0, "", summary)) == "skipped"
 

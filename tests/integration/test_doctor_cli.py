@@ -17,14 +17,32 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
 
 def test_static_mode_over_a_folder_writes_json_and_sarif_and_fails_on_error(tmp_path: Path) -> None:
     out_json, out_sarif = tmp_path / "f.json", tmp_path / "f.sarif"
-    proc = run_cli("doctor", "--static", str(FIXTURES), "--json", str(out_json), "--sarif", str(out_sarif),
-                   "--fail-on", "error", timeout=120)
+    proc = run_cli(
+        "doctor",
+        "--static",
+        str(FIXTURES),
+        "--json",
+        str(out_json),
+        "--sarif",
+        str(out_sarif),
+        "--fail-on",
+        "error",
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "module-in-plain-container" in proc.stdout and "rank-conditional-step" in proc.stdout
     data = json.loads(out_json.read_text())
     rules = {f["rule"] for f in data["findings"]}
-    assert {"module-in-plain-container", "rank-conditional-step", "unsafe-torch-load", "whole-model-save",
-            "optimizer-before-fsdp", "dataparallel-used", "sampler-set-epoch-missing", "empty-cache-in-loop"} <= rules
+    assert {
+        "module-in-plain-container",
+        "rank-conditional-step",
+        "unsafe-torch-load",
+        "whole-model-save",
+        "optimizer-before-fsdp",
+        "dataparallel-used",
+        "sampler-set-epoch-missing",
+        "empty-cache-in-loop",
+    } <= rules
     assert data["counts"]["error"] >= 1 and all(f["source"] == "static" for f in data["findings"])
     # No clean fixture may get a static warning or error.
     assert not [f for f in data["findings"] if "clean_" in f["location"]["file"] and f["severity"] != "info"]
@@ -64,8 +82,18 @@ def test_usage_errors_are_one_sentence_and_exit_2(tmp_path: Path) -> None:
 
 def test_run_mode_reports_ranked_findings_into_record_report_and_json(tmp_path: Path) -> None:
     out, js = tmp_path / "run", tmp_path / "doctor.json"
-    proc = run_cli("doctor", "--out", str(out), "--json", str(js), "--fail-on", "error", "--",
-                   str(FIXTURES / "grad_not_zeroed.py"), timeout=240)
+    proc = run_cli(
+        "doctor",
+        "--out",
+        str(out),
+        "--json",
+        str(js),
+        "--fail-on",
+        "error",
+        "--",
+        str(FIXTURES / "grad_not_zeroed.py"),
+        timeout=240,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "grad-not-zeroed" in proc.stdout and "zero_grad" in proc.stdout
     data = json.loads(js.read_text())
@@ -82,24 +110,63 @@ def test_exit_code_follows_fail_on_and_the_summary_names_errors(tmp_path: Path) 
     codes = {}
     for level in (None, "error", "warning"):
         flags = ["--fail-on", level] if level else []
-        proc = run_cli("doctor", "--no-report", "--no-static", "--steps", "6", "--out", str(tmp_path / f"r{level}"),
-                       *flags, "--", script, timeout=240)
+        proc = run_cli(
+            "doctor",
+            "--no-report",
+            "--no-static",
+            "--steps",
+            "6",
+            "--out",
+            str(tmp_path / f"r{level}"),
+            *flags,
+            "--",
+            script,
+            timeout=240,
+        )
         codes[level] = proc.returncode
         assert "loss-constant" in proc.stdout and "1 error(s) found" in proc.stdout, proc.stdout[-2000:]
     assert codes == {None: 0, "error": 1, "warning": 1}
-    info_only = run_cli("doctor", "--no-report", "--steps", "6", "--out", str(tmp_path / "i"), "--fail-on", "warning",
-                        "--", str(FIXTURES / "unseeded_run.py"), timeout=240)
-    assert info_only.returncode == 0 and "unseeded-run" in info_only.stdout and "error(s) found" not in info_only.stdout
+    info_only = run_cli(
+        "doctor",
+        "--no-report",
+        "--steps",
+        "6",
+        "--out",
+        str(tmp_path / "i"),
+        "--fail-on",
+        "warning",
+        "--",
+        str(FIXTURES / "unseeded_run.py"),
+        timeout=240,
+    )
+    assert (
+        info_only.returncode == 0
+        and "unseeded-run" in info_only.stdout
+        and "error(s) found" not in info_only.stdout
+    )
 
 
 def test_a_time_cap_that_cut_the_window_is_printed_and_written(tmp_path: Path) -> None:
     script = tmp_path / "slow.py"
-    script.write_text("import time, torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(2, 1)\n"
-                      "o = torch.optim.SGD(m.parameters(), lr=0.01)\nfor _ in range(100):\n"
-                      "    time.sleep(0.3)\n    o.zero_grad(); m(torch.ones(4, 2)).sum().backward(); o.step()\n")
+    script.write_text(
+        "import time, torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(2, 1)\n"
+        "o = torch.optim.SGD(m.parameters(), lr=0.01)\nfor _ in range(100):\n"
+        "    time.sleep(0.3)\n    o.zero_grad(); m(torch.ones(4, 2)).sum().backward(); o.step()\n"
+    )
     js = tmp_path / "d.json"
-    proc = run_cli("doctor", "--no-report", "--time-cap", "1", "--json", str(js), "--out", str(tmp_path / "r"),
-                   "--", str(script), timeout=240)
+    proc = run_cli(
+        "doctor",
+        "--no-report",
+        "--time-cap",
+        "1",
+        "--json",
+        str(js),
+        "--out",
+        str(tmp_path / "r"),
+        "--",
+        str(script),
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "window shortened: the 1 s time cap ended the run after" in proc.stdout.replace("\n", " ")
     window = json.loads(js.read_text())["window"]
@@ -109,7 +176,14 @@ def test_a_time_cap_that_cut_the_window_is_printed_and_written(tmp_path: Path) -
 
 
 def test_failing_script_exits_with_its_code_and_still_reports(tmp_path: Path) -> None:
-    proc = run_cli("doctor", "--out", str(tmp_path / "r"), "--", str(FIXTURES / "state_dict_prefix_mismatch.py"), timeout=240)
+    proc = run_cli(
+        "doctor",
+        "--out",
+        str(tmp_path / "r"),
+        "--",
+        str(FIXTURES / "state_dict_prefix_mismatch.py"),
+        timeout=240,
+    )
     assert proc.returncode == 1
     assert "state-dict-prefix-mismatch" in proc.stdout and "_orig_mod." in proc.stdout
 
@@ -118,15 +192,30 @@ def test_failing_script_exits_with_its_code_and_still_reports(tmp_path: Path) ->
 @pytest.mark.dist
 def test_nproc_2_runs_every_rank_through_launch_and_merges(tmp_path: Path) -> None:
     js = tmp_path / "d.json"
-    proc = run_ranks("doctor", "--nproc", "2", "--out", str(tmp_path / "r"), "--json", str(js), "--",
-                     str(FIXTURES / "ddp_no_distributed_sampler.py"), expect=[js], timeout=280)
-    assert (tmp_path / "r" / "rank-0" / "run.json").exists() and (tmp_path / "r" / "rank-1" / "run.json").exists(), proc.stdout[-2000:]
+    proc = run_ranks(
+        "doctor",
+        "--nproc",
+        "2",
+        "--out",
+        str(tmp_path / "r"),
+        "--json",
+        str(js),
+        "--",
+        str(FIXTURES / "ddp_no_distributed_sampler.py"),
+        expect=[js],
+        timeout=280,
+    )
+    assert (tmp_path / "r" / "rank-0" / "run.json").exists() and (
+        tmp_path / "r" / "rank-1" / "run.json"
+    ).exists(), proc.stdout[-2000:]
     data = json.loads(js.read_text())
     assert data["mode"] == "ranks" and data["ranks"] == [0, 1]
     (f,) = [f for f in data["findings"] if f["rule"] == "ddp-no-distributed-sampler"]
     assert any("seen on ranks 0, 1" in e for e in f["evidence"])
     # printed once, in the merged list: not once per rank and again merged
-    assert len(re.findall(r"(?:ERROR|WARNING|INFO)\s+ddp-no-distributed-sampler", proc.stdout)) == 1, proc.stdout[-3000:]
+    assert len(re.findall(r"(?:ERROR|WARNING|INFO)\s+ddp-no-distributed-sampler", proc.stdout)) == 1, (
+        proc.stdout[-3000:]
+    )
 
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"
@@ -148,11 +237,34 @@ def _script_lines(text: str) -> list[str]:
 def test_doctor_runs_the_script_exactly_as_python_does(tmp_path: Path, name: str) -> None:
     script = SCRIPTS / name
     env = _no_launcher_env()
-    plain = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=120, check=False)
-    doctor = subprocess.run([sys.executable, "-m", "torchscalpel", "doctor", "--no-report", "--out", str(tmp_path / "d"),
-                             "--", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240,
-                            check=False)
+    plain = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    doctor = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchscalpel",
+            "doctor",
+            "--no-report",
+            "--out",
+            str(tmp_path / "d"),
+            "--",
+            str(script),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert doctor.returncode == plain.returncode, doctor.stdout[-3000:] + doctor.stderr[-3000:]
     assert _script_lines(plain.stdout) and _script_lines(doctor.stdout) == _script_lines(plain.stdout)
     hint = "scalpel doctor --nproc N"

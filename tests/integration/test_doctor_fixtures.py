@@ -24,7 +24,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXPECTED = json.loads((FIXTURES / "expected.json").read_text())
 # fixture -> (warning/error rules that must fire, further rules allowed to fire as well)
 POSITIVE: dict[str, tuple[set[str], set[str]]] = {
-    name: (set(e["must"]), set(e["allowed"])) for name, e in EXPECTED["positive"].items()}
+    name: (set(e["must"]), set(e["allowed"])) for name, e in EXPECTED["positive"].items()
+}
 INFO_POSITIVE: dict[str, set[str]] = {name: set(rules) for name, rules in EXPECTED["info"].items()}
 CLEAN = sorted(p.name for p in FIXTURES.glob("clean_*.py"))
 # gpu_host_device_copy.py (host-device-copy-bound) needs CUDA: scripts/gpu_check.d/doctor.sh runs it.
@@ -59,8 +60,14 @@ def _launcher_env(path: Path):
         yield
         return
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        for name, value in {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }.items():
             mp.setenv(name, value)
         yield
 
@@ -75,9 +82,12 @@ def test_every_rule_has_a_positive_fixture() -> None:
     from torchscalpel.doctor.registry import RULES
 
     covered = set().union(*(must for must, _ in POSITIVE.values()), *INFO_POSITIVE.values()) | {
-        "cannot-overfit-batch", "host-device-copy-bound", "ddp-batchnorm-not-synced",
+        "cannot-overfit-batch",
+        "host-device-copy-bound",
+        "ddp-batchnorm-not-synced",
         # a static rule whose fixtures (DDP on CPU refuses device_ids) live in tests/distributed/test_rank_rules.py
-        "ddp-device-ids-not-local-rank"}
+        "ddp-device-ids-not-local-rank",
+    }
     assert covered == set(RULES)
     assert all((FIXTURES / name).exists() for name in [*POSITIVE, *INFO_POSITIVE])
 
@@ -109,9 +119,15 @@ def test_ddp_batchnorm_on_cpu_is_reported_as_info_with_the_cpu_fix() -> None:
 KNOWN_FALSE_ALARMS: dict[str, str] = {}
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_FALSE_ALARMS[n], strict=True)) if n in KNOWN_FALSE_ALARMS else n
-    for n in CLEAN])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_FALSE_ALARMS[n], strict=True))
+        if n in KNOWN_FALSE_ALARMS
+        else n
+        for n in CLEAN
+    ],
+)
 def test_clean_fixture_has_no_warning_or_error(name: str) -> None:
     record, findings = run(FIXTURES / name)
     assert record.status in {"complete", "stopped"}, record.error
@@ -152,10 +168,16 @@ def test_sanity_flags_a_model_that_cannot_overfit_and_passes_a_healthy_one() -> 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("script", "args"), [
-    ("digits_cnn.py", ["--epochs", "1"]),
-    ("char_transformer.py", ["--steps", "40", "--corpus-chars", "200000", "--dim", "64", "--layers", "2"]),
-])
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [
+        ("digits_cnn.py", ["--epochs", "1"]),
+        (
+            "char_transformer.py",
+            ["--steps", "40", "--corpus-chars", "200000", "--dim", "64", "--layers", "2"],
+        ),
+    ],
+)
 def test_examples_are_clean(script: str, args: list[str]) -> None:
     record, findings = run(EXAMPLES / script, args)
     assert record.status in {"complete", "stopped"}, record.error
@@ -177,7 +199,9 @@ def test_blow_up_at_step_1_then_crash_is_loss_diverging_from_the_first_loss() ->
     assert record.status == "failed" and "diverged" in record.error
     (f,) = [f for f in findings if f.rule == "loss-diverging"]
     assert "blew up" in f.message and "crashed" in f.message and "step 1" in f.message
-    assert f.message.startswith("The loss blew up: 9.")  # the baseline is the first loss, not the blown-up one
+    assert f.message.startswith(
+        "The loss blew up: 9."
+    )  # the baseline is the first loss, not the blown-up one
     assert any("training diverged" in e for e in f.evidence)
 
 
@@ -204,8 +228,11 @@ def test_pickle_the_repository_writes_itself_is_info_with_a_json_fix() -> None:
 
     (f,) = [f for f in check_static([FIXTURES / "clean_pickle_vocab.py"]) if f.rule == "unsafe-torch-load"]
     assert f.severity == Severity.INFO and "prep_vocab.py" in f.message and "json" in f.fix
-    (g,) = [g for g in _static_text("import pickle\nmeta = pickle.load(open('downloaded.pkl', 'rb'))\n")
-            if g.rule == "unsafe-torch-load"]
+    (g,) = [
+        g
+        for g in _static_text("import pickle\nmeta = pickle.load(open('downloaded.pkl', 'rb'))\n")
+        if g.rule == "unsafe-torch-load"
+    ]
     assert g.severity == Severity.WARNING and "json" in g.fix and "safetensors" not in g.fix
 
 
@@ -216,10 +243,12 @@ def test_pickle_written_by_a_prepare_script_two_folders_down_is_info(tmp_path: P
     (tmp_path / "data" / "shakespeare_char").mkdir(parents=True)
     (tmp_path / "data" / "shakespeare_char" / "prepare.py").write_text(
         "import os, pickle\nmeta = {'vocab_size': 65}\n"
-        "with open(os.path.join(os.path.dirname(__file__), 'meta.pkl'), 'wb') as f:\n    pickle.dump(meta, f)\n")
+        "with open(os.path.join(os.path.dirname(__file__), 'meta.pkl'), 'wb') as f:\n    pickle.dump(meta, f)\n"
+    )
     (tmp_path / "train.py").write_text(
         "import os, pickle\nmeta_path = os.path.join('data', 'shakespeare_char', 'meta.pkl')\n"
-        "with open(meta_path, 'rb') as f:\n    meta = pickle.load(f)\n")
+        "with open(meta_path, 'rb') as f:\n    meta = pickle.load(f)\n"
+    )
     (f,) = check_static([tmp_path / "train.py"])
     assert f.rule == "unsafe-torch-load" and f.severity == Severity.INFO and "prepare.py:4" in f.message
     (tmp_path / "other.py").write_text("import pickle\nstate = pickle.load(open('weights.pkl', 'rb'))\n")
@@ -245,12 +274,18 @@ def test_static_unseeded_run_skips_library_modules_and_sees_manual_sgd() -> None
 def test_whole_model_save_in_uncommon_styles_points_at_the_call() -> None:
     from torchscalpel.doctor.api import check_static
 
-    (kw,) = [f for f in check_static([FIXTURES / "whole_model_save_kwargs.py"]) if f.rule == "whole-model-save"]
+    (kw,) = [
+        f for f in check_static([FIXTURES / "whole_model_save_kwargs.py"]) if f.rule == "whole-model-save"
+    ]
     assert kw.location.line == 27 and "net.state_dict()" in kw.fix
-    (helper,) = [f for f in check_static([FIXTURES / "whole_model_save_trainer.py"]) if f.rule == "whole-model-save"]
+    (helper,) = [
+        f for f in check_static([FIXTURES / "whole_model_save_trainer.py"]) if f.rule == "whole-model-save"
+    ]
     assert "save_checkpoint" in helper.message and helper.location.line == 38
-    quiet = _static_text("import copy, torch\nbest_model = copy.deepcopy(model.state_dict())\n"
-                         "torch.save(best_model, 'b.pt')\ntorch.save(obj=model.state_dict(), f='m.pt')\n")
+    quiet = _static_text(
+        "import copy, torch\nbest_model = copy.deepcopy(model.state_dict())\n"
+        "torch.save(best_model, 'b.pt')\ntorch.save(obj=model.state_dict(), f='m.pt')\n"
+    )
     assert "whole-model-save" not in {f.rule for f in quiet}
     loud_dict = _static_text("import torch\ntorch.save({'model': self.model, 'step': 3}, 'c.pt')\n")
     assert "whole-model-save" in {f.rule for f in loud_dict}
@@ -258,9 +293,11 @@ def test_whole_model_save_in_uncommon_styles_points_at_the_call() -> None:
 
 def test_a_time_cap_that_shortens_the_window_is_reported(tmp_path: Path) -> None:
     script = tmp_path / "slow.py"
-    script.write_text("import time, torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(2, 1)\n"
-                      "o = torch.optim.SGD(m.parameters(), lr=0.01)\nfor _ in range(50):\n"
-                      "    time.sleep(0.3)\n    o.zero_grad(); m(torch.ones(4, 2)).sum().backward(); o.step()\n")
+    script.write_text(
+        "import time, torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(2, 1)\n"
+        "o = torch.optim.SGD(m.parameters(), lr=0.01)\nfor _ in range(50):\n"
+        "    time.sleep(0.3)\n    o.zero_grad(); m(torch.ones(4, 2)).sum().backward(); o.step()\n"
+    )
     record, _ = diagnose(Target(script=script), steps=40, static=False, nan_rerun=False, time_cap_s=1.0)
     window = record.sections["doctor"]["window"]
     assert record.status == "stopped" and window["capped_after"] == len(record.steps) < 42
@@ -301,8 +338,10 @@ CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "args"), [*((p.name, []) for p in sorted(CORPUS.glob("*.py"))),
-                                           ("nanogpt_style.py", ["--compile"])])
+@pytest.mark.parametrize(
+    ("name", "args"),
+    [*((p.name, []) for p in sorted(CORPUS.glob("*.py"))), ("nanogpt_style.py", ["--compile"])],
+)
 def test_clean_corpus_script_has_no_warning_or_error(name: str, args: list[str]) -> None:
     """The corpus of scripts in the styles real users write (Lightning, HF Trainer, accelerate, nanoGPT, ...),
     run as 'scalpel doctor -- SCRIPT' runs them: no launcher variables (nanoGPT takes its single-process branch)."""

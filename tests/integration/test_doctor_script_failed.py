@@ -30,15 +30,44 @@ def _env() -> dict[str, str]:
 
 
 def _python(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=_env(), capture_output=True, text=True,
-                          timeout=240, check=False)
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
 
 
-def _doctor(tmp_path: Path, script: Path, *args: str, flags: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str], dict]:
+def _doctor(
+    tmp_path: Path, script: Path, *args: str, flags: tuple[str, ...] = ()
+) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = tmp_path / "findings.json"
-    proc = subprocess.run([sys.executable, "-m", "torchscalpel", "doctor", "--no-report", "--out", str(tmp_path / "run"),
-                           "--json", str(out), *flags, "--", str(script), *args],
-                          cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchscalpel",
+            "doctor",
+            "--no-report",
+            "--out",
+            str(tmp_path / "run"),
+            "--json",
+            str(out),
+            *flags,
+            "--",
+            str(script),
+            *args,
+        ],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads(out.read_text())
 
@@ -67,7 +96,9 @@ def test_weights_only_load_crash_is_the_first_finding_with_the_allowlist_fix(tmp
     assert first["rule"] == "script-failed" and first["severity"] == "error", data["findings"]
     assert "UnpicklingError" in first["message"] and "__main__.RNNModel" in first["message"]
     assert "after 30 step(s)" in first["message"]
-    assert first["location"]["file"] == str(script) and first["location"]["line"] == _line_of(script, "model = torch.load(f)")
+    assert first["location"]["file"] == str(script) and first["location"]["line"] == _line_of(
+        script, "model = torch.load(f)"
+    )
     assert "torch.serialization.add_safe_globals([RNNModel])" in first["fix"]
     assert "model = torch.load(f, weights_only=False)" in first["fix"] and "trust" in first["fix"]
     assert data["status"] == "failed" and data["counts"]["error"] >= 1
@@ -88,8 +119,11 @@ def test_ddp_script_without_a_launcher_gets_the_launch_command_with_its_own_argu
     assert failed["location"]["line"] == _line_of(script, 'init_process_group(backend="gloo")')
     command = shlex.join([str(script), *args])  # the arguments verbatim, the one with a space quoted
     assert "'my run/snapshot.pt'" in command
-    for launcher in (f"scalpel launch --nproc N -- {command}", f"torchrun --nproc-per-node N {command}",
-                     f"scalpel doctor --nproc N -- {command}"):
+    for launcher in (
+        f"scalpel launch --nproc N -- {command}",
+        f"torchrun --nproc-per-node N {command}",
+        f"scalpel doctor --nproc N -- {command}",
+    ):
         assert launcher in failed["fix"], failed["fix"]
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert f"scalpel doctor --nproc N -- {command}" in record["sections"]["doctor"]["hint"]
@@ -110,7 +144,7 @@ def test_script_exit_code_wins_over_fail_on(tmp_path: Path) -> None:
     _no_next_tune(proc)
 
 
-SYNTAX_ERROR_TRAIN = '''\
+SYNTAX_ERROR_TRAIN = """\
 import torch
 from torch import nn
 
@@ -120,9 +154,9 @@ for step in range(10)
     optimizer.zero_grad()
     nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 2, (4,))).backward()
     optimizer.step()
-'''
+"""
 
-APEX_TRAIN = '''\
+APEX_TRAIN = """\
 import torch
 from torch import nn
 from apex import amp
@@ -130,12 +164,14 @@ from apex import amp
 model = nn.Linear(8, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
-'''
+"""
 
 
 def test_failures_before_the_first_step_are_one_sentence_without_scalpel_frames(tmp_path: Path) -> None:
-    for name, source, kind, line in (("train_typo.py", SYNTAX_ERROR_TRAIN, "SyntaxError", 6),
-                                     ("train_apex.py", APEX_TRAIN, "ModuleNotFoundError", 3)):
+    for name, source, kind, line in (
+        ("train_typo.py", SYNTAX_ERROR_TRAIN, "SyntaxError", 6),
+        ("train_apex.py", APEX_TRAIN, "ModuleNotFoundError", 3),
+    ):
         script = tmp_path / name
         script.write_text(source)
         plain = _python(script, cwd=tmp_path)

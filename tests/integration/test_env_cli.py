@@ -30,7 +30,10 @@ def test_env_with_fast_probes(tmp_path: Path) -> None:
     proc = run_cli("env", "--probe", "matmul,lowp", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     probes = json.loads(out.read_text())["probes"]
-    assert [(p["name"], p["device"], p["status"]) for p in probes][:2] == [("matmul", "cpu", "ok"), ("lowp", "cpu", "ok")]
+    assert [(p["name"], p["device"], p["status"]) for p in probes][:2] == [
+        ("matmul", "cpu", "ok"),
+        ("lowp", "cpu", "ok"),
+    ]
     assert "GFLOP/s fp32" in proc.stdout
 
 
@@ -80,5 +83,8 @@ def test_env_with_every_probe(tmp_path: Path) -> None:
     probes = {p["name"]: p for p in json.loads(out.read_text())["probes"]}
     assert set(probes) == {"matmul", "lowp", "compile", "allreduce"}
     assert probes["compile"]["status"] == "ok", probes["compile"]["detail"]
-    assert probes["compile"]["metrics"]["backend"] == "inductor" and probes["compile"]["metrics"]["compile_s"] > 0
+    assert (
+        probes["compile"]["metrics"]["backend"] == "inductor"
+        and probes["compile"]["metrics"]["compile_s"] > 0
+    )
     assert probes["allreduce"]["status"] == "ok", probes["allreduce"]["detail"]

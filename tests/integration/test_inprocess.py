@@ -24,11 +24,20 @@ def _doc_code() -> str:
 def test_the_documented_notebook_example_runs_and_writes_a_record(tmp_path: Path) -> None:
     script = tmp_path / "cells.py"
     script.write_text(_doc_code() + "\nshort_run()\n", encoding="utf-8")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=cli_env(), capture_output=True,
-                          text=True, timeout=240, check=False)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "stopped 12 steps" in proc.stdout
-    assert "['report.html', 'run.json', 'scalpel.log', 'trace.json.gz']" in proc.stdout  # scalpel.log: the profiler's own messages
+    assert (
+        "['report.html', 'run.json', 'scalpel.log', 'trace.json.gz']" in proc.stdout
+    )  # scalpel.log: the profiler's own messages
     record = json.loads((tmp_path / "runs/notebook/run.json").read_text())
     assert record["status"] == "stopped" and record["step_kind"] == "optimizer"
     measured = [s for s in record["steps"] if not s["warmup"]]
@@ -53,7 +62,7 @@ def test_a_block_that_raises_still_writes_its_record_and_the_error_propagates(tm
     assert run.record is not None and run.record.status == "failed"
     assert run.record.error == "ZeroDivisionError: boom" and len(run.record.steps) == 4
     assert (tmp_path / "r" / "run.json").exists()
-    assert "<div class=\"scalpel-inline\">" in run.record._repr_html_()
+    assert '<div class="scalpel-inline">' in run.record._repr_html_()
 
 
 def test_blocks_do_not_nest_and_bad_options_raise_value_error(tmp_path: Path) -> None:
@@ -62,7 +71,11 @@ def test_blocks_do_not_nest_and_bad_options_raise_value_error(tmp_path: Path) ->
     with pytest.raises(ValueError, match="--warmup"):
         torchscalpel.profile(warmup=-1)
     outer = torchscalpel.profile(steps=None, profile_steps=0, out=tmp_path / "a", report=False)
-    with outer, pytest.raises(RuntimeError, match="already measuring"), torchscalpel.profile(out=tmp_path / "b"):
+    with (
+        outer,
+        pytest.raises(RuntimeError, match="already measuring"),
+        torchscalpel.profile(out=tmp_path / "b"),
+    ):
         pass
     assert outer.record is not None and outer.record.status == "complete"
 
@@ -90,20 +103,23 @@ def test_doctor_block_finds_a_planted_bug_in_code_built_before_it(tmp_path: Path
 
 def test_torchscalpel_doctor_is_the_same_function_whatever_was_imported_first() -> None:
     # a fresh interpreter, the subpackages' modules imported before the package's functions are used
-    code = ("import inspect, sys\n"
-            "from torchscalpel.doctor.api import diagnose\n"
-            "from torchscalpel.memory import analysis\n"
-            "import torchscalpel.doctor.output\n"
-            "import torchscalpel\n"
-            "from torchscalpel import doctor, memory\n"
-            "assert inspect.isfunction(doctor) and torchscalpel.doctor is doctor, torchscalpel.doctor\n"
-            "assert inspect.isfunction(memory) and torchscalpel.memory is memory, torchscalpel.memory\n"
-            "assert sys.modules['torchscalpel.doctor'].__path__ and sys.modules['torchscalpel.memory'].__path__\n"
-            "assert list(inspect.signature(doctor).parameters)[:2] == ['steps', 'warmup']\n"
-            "run = torchscalpel.doctor(steps=1, report=False)\n"
-            "print(type(run).__name__)\n")
-    proc = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120,
-                          check=False)
+    code = (
+        "import inspect, sys\n"
+        "from torchscalpel.doctor.api import diagnose\n"
+        "from torchscalpel.memory import analysis\n"
+        "import torchscalpel.doctor.output\n"
+        "import torchscalpel\n"
+        "from torchscalpel import doctor, memory\n"
+        "assert inspect.isfunction(doctor) and torchscalpel.doctor is doctor, torchscalpel.doctor\n"
+        "assert inspect.isfunction(memory) and torchscalpel.memory is memory, torchscalpel.memory\n"
+        "assert sys.modules['torchscalpel.doctor'].__path__ and sys.modules['torchscalpel.memory'].__path__\n"
+        "assert list(inspect.signature(doctor).parameters)[:2] == ['steps', 'warmup']\n"
+        "run = torchscalpel.doctor(steps=1, report=False)\n"
+        "print(type(run).__name__)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=cli_env(), capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "InProcessRun", proc.stderr
 
 
@@ -116,7 +132,12 @@ def test_a_doctor_block_leaves_no_wrapper_behind(tmp_path: Path) -> None:
 
     import torchscalpel
 
-    before = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_, torch.manual_seed, random.seed)
+    before = (
+        torch.nn.utils.clip_grad_norm_,
+        torch.nn.utils.clip_grad.clip_grad_norm_,
+        torch.manual_seed,
+        random.seed,
+    )
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with torchscalpel.doctor(steps=4, out=tmp_path / "doc", report=False, static=False):
@@ -126,7 +147,12 @@ def test_a_doctor_block_leaves_no_wrapper_behind(tmp_path: Path) -> None:
             model(torch.randn(4, 8)).pow(2).mean().backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-    after = (torch.nn.utils.clip_grad_norm_, torch.nn.utils.clip_grad.clip_grad_norm_, torch.manual_seed, random.seed)
+    after = (
+        torch.nn.utils.clip_grad_norm_,
+        torch.nn.utils.clip_grad.clip_grad_norm_,
+        torch.manual_seed,
+        random.seed,
+    )
     assert after == before
 
 

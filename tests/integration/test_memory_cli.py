@@ -15,8 +15,19 @@ FIX = REPO / "tests" / "fixtures" / "memory"
 def _memory(tmp_path: Path, script: str, *args: str) -> tuple[int, dict, str]:
     out = tmp_path / "run"
     js = tmp_path / "memory.json"
-    proc = run_cli("memory", "--steps", "all", "--out", str(out), "--json", str(js), *args, "--", str(FIX / script),
-                   OMP_NUM_THREADS="1")
+    proc = run_cli(
+        "memory",
+        "--steps",
+        "all",
+        "--out",
+        str(out),
+        "--json",
+        str(js),
+        *args,
+        "--",
+        str(FIX / script),
+        OMP_NUM_THREADS="1",
+    )
     assert js.is_file(), proc.stderr[-2000:]
     return proc.returncode, json.loads(js.read_text()), proc.stdout
 
@@ -52,17 +63,43 @@ def test_activation_oom_names_activations_and_the_checkpointing_fix_fits(tmp_pat
     toml = tmp_path / "scalpel.toml"
     for rung in oom["ladder"]:
         if rung["config"] and rung["fits"] and rung["kind"] in ("checkpoint-blocks", "micro-batches"):
-            toml.write_text("[tune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in rung["config"].items()))
-            fixed = run_cli("run", "--memory-limit", "40MiB", "--config", str(toml), "--",
-                            str(FIX / "deep_transformer.py"), OMP_NUM_THREADS="1")
+            toml.write_text(
+                "[tune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in rung["config"].items())
+            )
+            fixed = run_cli(
+                "run",
+                "--memory-limit",
+                "40MiB",
+                "--config",
+                str(toml),
+                "--",
+                str(FIX / "deep_transformer.py"),
+                OMP_NUM_THREADS="1",
+            )
             assert fixed.returncode == 0, (rung, fixed.stderr[-1500:])
             assert "under the limit" in fixed.stderr
-    plain = run_cli("run", "--memory-limit", "40MiB", "--config", str(tmp_path / "none.toml"), "--",
-                    str(FIX / "deep_transformer.py"), OMP_NUM_THREADS="1")
+    plain = run_cli(
+        "run",
+        "--memory-limit",
+        "40MiB",
+        "--config",
+        str(tmp_path / "none.toml"),
+        "--",
+        str(FIX / "deep_transformer.py"),
+        OMP_NUM_THREADS="1",
+    )
     assert plain.returncode == 2  # the config file does not exist: one sentence
     (tmp_path / "none.toml").write_text("[tune]\n")
-    plain = run_cli("run", "--memory-limit", "40MiB", "--config", str(tmp_path / "none.toml"), "--",
-                    str(FIX / "deep_transformer.py"), OMP_NUM_THREADS="1")
+    plain = run_cli(
+        "run",
+        "--memory-limit",
+        "40MiB",
+        "--config",
+        str(tmp_path / "none.toml"),
+        "--",
+        str(FIX / "deep_transformer.py"),
+        OMP_NUM_THREADS="1",
+    )
     assert plain.returncode == 1 and "memory limit 40.0 MiB exceeded" in plain.stderr
 
 
@@ -77,8 +114,19 @@ def test_checkpointing_with_microbatches_fits_and_keeps_the_loss(tmp_path: Path)
     none.write_text("[tune]\n")
     both.write_text('[tune]\ncheckpointing = "blocks"\nmicrobatches = 4\n')
     plain = run_cli("run", "--config", str(none), "--", script, "--steps", "2", OMP_NUM_THREADS="1")
-    fixed = run_cli("run", "--memory-limit", "40MiB", "--show", "--config", str(both), "--", script, "--steps", "2",
-                    OMP_NUM_THREADS="1")
+    fixed = run_cli(
+        "run",
+        "--memory-limit",
+        "40MiB",
+        "--show",
+        "--config",
+        str(both),
+        "--",
+        script,
+        "--steps",
+        "2",
+        OMP_NUM_THREADS="1",
+    )
     assert plain.returncode == 0 and fixed.returncode == 0, fixed.stderr[-1500:]
     assert "under the limit" in fixed.stderr
     assert "activation checkpointing of 8 Block blocks" in fixed.stderr and "4 micro-batches" in fixed.stderr
@@ -102,8 +150,24 @@ def test_optimizer_state_and_growth_are_named(tmp_path: Path) -> None:
 
 def test_snapshot_mode(tmp_path: Path) -> None:
     good = tmp_path / "good.pickle"
-    good.write_bytes(pickle.dumps({"segments": [{"total_size": 2048, "blocks": [
-        {"size": 2048, "state": "active_allocated", "frames": [{"filename": "/u/train.py", "line": 3, "name": "f"}]}]}]}))
+    good.write_bytes(
+        pickle.dumps(
+            {
+                "segments": [
+                    {
+                        "total_size": 2048,
+                        "blocks": [
+                            {
+                                "size": 2048,
+                                "state": "active_allocated",
+                                "frames": [{"filename": "/u/train.py", "line": 3, "name": "f"}],
+                            }
+                        ],
+                    }
+                ]
+            }
+        )
+    )
     proc = run_cli("memory", str(good))
     assert proc.returncode == 0 and "/u/train.py:3" in proc.stdout
     bad = tmp_path / "bad.pickle"
@@ -115,14 +179,37 @@ def test_snapshot_mode(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_tune_fit_writes_a_config_that_fits(tmp_path: Path) -> None:
     config = tmp_path / "scalpel.toml"
-    proc = run_cli("tune", "--fit", "40MiB", "--steps", "3", "--out", str(tmp_path / "fit"), "--config", str(config),
-                   "--", str(FIX / "deep_transformer.py"), "--steps", "5", OMP_NUM_THREADS="1", timeout=900)
+    proc = run_cli(
+        "tune",
+        "--fit",
+        "40MiB",
+        "--steps",
+        "3",
+        "--out",
+        str(tmp_path / "fit"),
+        "--config",
+        str(config),
+        "--",
+        str(FIX / "deep_transformer.py"),
+        "--steps",
+        "5",
+        OMP_NUM_THREADS="1",
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     fit = json.loads((tmp_path / "fit" / "fit.json").read_text())
     assert not fit["trials"][0]["fits"] and fit["winner"]["fits"]
     assert all(t["fits"] for t in fit["trials"] if t["label"] == fit["winner"]["label"])
-    check = run_cli("run", "--memory-limit", "40MiB", "--config", str(config), "--", str(FIX / "deep_transformer.py"),
-                    OMP_NUM_THREADS="1")
+    check = run_cli(
+        "run",
+        "--memory-limit",
+        "40MiB",
+        "--config",
+        str(config),
+        "--",
+        str(FIX / "deep_transformer.py"),
+        OMP_NUM_THREADS="1",
+    )
     assert check.returncode == 0 and "under the limit" in check.stderr
     bad = run_cli("tune", "--fit", "40M", "--", str(FIX / "deep_transformer.py"))
     assert bad.returncode == 2 and "--fit" in bad.stderr

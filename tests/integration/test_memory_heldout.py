@@ -22,14 +22,29 @@ HELD = REPO / "tests" / "fixtures" / "memory" / "heldout"
 
 def _memory(tmp_path: Path, script: Path, limit: str, *args: str) -> dict:
     js = tmp_path / f"{script.stem}.json"
-    proc = run_cli("memory", "--steps", "all", "--memory-limit", limit, "--no-report", "--out", str(tmp_path / "run"),
-                   "--json", str(js), *args, "--", str(script), OMP_NUM_THREADS="1")
+    proc = run_cli(
+        "memory",
+        "--steps",
+        "all",
+        "--memory-limit",
+        limit,
+        "--no-report",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        str(js),
+        *args,
+        "--",
+        str(script),
+        OMP_NUM_THREADS="1",
+    )
     assert proc.returncode == 1 and js.is_file(), proc.stderr[-2000:]
     return json.loads(js.read_text())
 
 
-def _run_fixed(tmp_path: Path, script: Path, limit: str, config: dict | None = None,
-               code: tuple[str, str] | None = None) -> int | None:
+def _run_fixed(
+    tmp_path: Path, script: Path, limit: str, config: dict | None = None, code: tuple[str, str] | None = None
+) -> int | None:
     """``scalpel run --memory-limit`` with a rung's config and/or a code change; the peak it printed (None: failed)."""
     toml = tmp_path / "fix.toml"
     toml.write_text("[tune]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in (config or {}).items()))
@@ -39,7 +54,9 @@ def _run_fixed(tmp_path: Path, script: Path, limit: str, config: dict | None = N
         assert code[0] in source
         target = tmp_path / f"fixed_{script.name}"
         target.write_text(source.replace(code[0], code[1]))
-    proc = run_cli("run", "--memory-limit", limit, "--config", str(toml), "--", str(target), OMP_NUM_THREADS="1")
+    proc = run_cli(
+        "run", "--memory-limit", limit, "--config", str(toml), "--", str(target), OMP_NUM_THREADS="1"
+    )
     if proc.returncode != 0:
         return None
     line = next(ln for ln in proc.stderr.splitlines() if "under the limit" in ln)
@@ -50,7 +67,9 @@ def _run_fixed(tmp_path: Path, script: Path, limit: str, config: dict | None = N
 
 
 @pytest.mark.slow
-def test_transformers_model_called_with_keywords_gets_plan_numbers_and_checkpointing_fits(tmp_path: Path) -> None:
+def test_transformers_model_called_with_keywords_gets_plan_numbers_and_checkpointing_fits(
+    tmp_path: Path,
+) -> None:
     # Found: the plan read model(**batch)'s keywords only as the call returned, which an OOM forward never does
     # ("You have to specify either input_ids"); then checkpointing GPT-2 blocks wrote the KV cache twice.
     script = HELD / "hf_gpt2_finetune.py"
@@ -58,10 +77,16 @@ def test_transformers_model_called_with_keywords_gets_plan_numbers_and_checkpoin
     oom = m["oom"]
     assert m["top_cause"]["key"] == "activations" and oom["plan"] and not oom["plan_error"]
     first = oom["ladder"][0]
-    assert first["kind"] == "checkpoint-blocks" and first["fits"] and first["config"] == {"checkpointing": "blocks"}
+    assert (
+        first["kind"] == "checkpoint-blocks"
+        and first["fits"]
+        and first["config"] == {"checkpointing": "blocks"}
+    )
     measured = _run_fixed(tmp_path, script, "128MiB", first["config"])
     assert measured is not None and measured <= 128 * 2**20
-    assert abs(measured - first["peak"]) <= 0.15 * measured  # the plan's peak with the rung, against scalpel run
+    assert (
+        abs(measured - first["peak"]) <= 0.15 * measured
+    )  # the plan's peak with the rung, against scalpel run
 
 
 @pytest.mark.slow
@@ -72,7 +97,9 @@ def test_data_preparation_before_training_is_named_and_its_fix_fits(tmp_path: Pa
     rung = m["oom"]["ladder"][0]
     assert rung["kind"] == "data-preparation" and f"{script}:" in rung["action"]
     assert m["oom"]["plan_error"] is None  # no "the script never called a model" noise
-    assert _run_fixed(tmp_path, script, "96MiB", code=("dtype=torch.float64", "dtype=torch.float32")) is not None
+    assert (
+        _run_fixed(tmp_path, script, "96MiB", code=("dtype=torch.float64", "dtype=torch.float32")) is not None
+    )
 
 
 @pytest.mark.slow
@@ -82,13 +109,22 @@ def test_optimizer_rung_predicts_the_sgd_momentum_peak(tmp_path: Path) -> None:
     assert m["top_cause"]["key"] == "optimizer_state"
     rung = next(r for r in m["oom"]["ladder"] if r["kind"] == "optimizer")
     assert rung["fits"]
-    measured = _run_fixed(tmp_path, script, "48MiB", code=("torch.optim.Adam(model.parameters(), lr=1e-2)",
-                                                          "torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)"))
+    measured = _run_fixed(
+        tmp_path,
+        script,
+        "48MiB",
+        code=(
+            "torch.optim.Adam(model.parameters(), lr=1e-2)",
+            "torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)",
+        ),
+    )
     assert measured is not None and abs(measured - rung["peak"]) <= 0.10 * measured
 
 
 @pytest.mark.slow
-def test_notebook_driver_in_process_on_two_heldout_scripts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_notebook_driver_in_process_on_two_heldout_scripts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A notebook runs the script's cells in its own process: here each script's code, run by runpy in this one.
     monkeypatch.setattr(sys, "argv", ["retry_smaller_batch.py"])
     with torchscalpel.memory(steps=None, memory_limit="20MiB", out=tmp_path / "retry", report=False) as run:
@@ -140,14 +176,28 @@ def test_under_a_limit_the_run_goes_on_until_slow_growth_crosses_it(tmp_path: Pa
     # short of the limit: exit 0, no post-mortem, no ladder. A limit now means "until it ends or runs out".
     script = HELD / "feature_cache.py"
     js = tmp_path / "m.json"
-    proc = run_cli("memory", "--memory-limit", "12MiB", "--no-report", "--out", str(tmp_path / "run"), "--json",
-                   str(js), "--", str(script), OMP_NUM_THREADS="1")
+    proc = run_cli(
+        "memory",
+        "--memory-limit",
+        "12MiB",
+        "--no-report",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        str(js),
+        "--",
+        str(script),
+        OMP_NUM_THREADS="1",
+    )
     m = json.loads(js.read_text())
     assert proc.returncode == 1 and m["oom"]["request"]["step"] > 21, proc.stdout[-1500:]
     assert m["top_cause"]["key"] == "growth"
     assert m["growth"]["sites"][0]["site"].startswith(f"{script}:")
     assert m["oom"]["ladder"][0]["kind"] == "stop-growth"
-    fixed = ("    if missing:\n", "    if len(feature_cache) > 1024:\n        feature_cache.clear()\n    if missing:\n")
+    fixed = (
+        "    if missing:\n",
+        "    if len(feature_cache) > 1024:\n        feature_cache.clear()\n    if missing:\n",
+    )
     assert _run_fixed(tmp_path, script, "12MiB", code=fixed) is not None
 
 
@@ -157,20 +207,45 @@ def test_a_bare_except_retry_that_swallows_the_stop_still_fails_the_limit(tmp_pa
     # `scalpel run` printed "peak live tensors 27.1 MiB under the limit 12.0 MiB".
     script = HELD / "bare_except_retry.py"
     js = tmp_path / "m.json"
-    proc = run_cli("memory", "--memory-limit", "12MiB", "--no-report", "--no-plan", "--out", str(tmp_path / "run"),
-                   "--json", str(js), "--", str(script), OMP_NUM_THREADS="1")
+    proc = run_cli(
+        "memory",
+        "--memory-limit",
+        "12MiB",
+        "--no-report",
+        "--no-plan",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        str(js),
+        "--",
+        str(script),
+        OMP_NUM_THREADS="1",
+    )
     m = json.loads(js.read_text())
     assert proc.returncode == 1 and m["oom"]["caught_by_script"] and "caught the stop" in proc.stderr
     assert m["top_cause"]["key"] == "activations" and "note" in m["top_cause"]
     assert m["oom"]["request"]["bytes"] == 4096 * 1024 * 4  # the first attempt's request, not a retry's
     (tmp_path / "none.toml").write_text("[tune]\n")
-    ran = run_cli("run", "--memory-limit", "12MiB", "--config", str(tmp_path / "none.toml"), "--", str(script),
-                  OMP_NUM_THREADS="1")
-    assert ran.returncode == 1 and "the script caught the stop" in ran.stderr and "under the limit" not in ran.stderr
+    ran = run_cli(
+        "run",
+        "--memory-limit",
+        "12MiB",
+        "--config",
+        str(tmp_path / "none.toml"),
+        "--",
+        str(script),
+        OMP_NUM_THREADS="1",
+    )
+    assert (
+        ran.returncode == 1
+        and "the script caught the stop" in ran.stderr
+        and "under the limit" not in ran.stderr
+    )
 
 
-def test_graphs_kept_from_earlier_steps_are_growth_before_a_slope_can_be_fit(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_graphs_kept_from_earlier_steps_are_growth_before_a_slope_can_be_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Found: the limit was crossed at step 2, too few step ends for a growth slope, so "activations" was named and
     # checkpointing offered as the fix (it would only move the out-of-memory a step later).
     monkeypatch.setattr(sys, "argv", ["fast_growth_eval.py"])
@@ -194,7 +269,11 @@ def test_an_optimizer_local_to_main_is_priced_when_the_first_forward_runs_out(tm
     # in AdamW's first step. Parameters, gradients and AdamW state alone are 48 MiB here.
     m = _memory(tmp_path, HELD / "amp_main_workers.py", "40MiB")
     plan = m["oom"]["plan"]
-    assert m["oom"]["request"]["step"] == 0 and plan["optimizer"] == "AdamW" and plan["precision"] == "bf16-mixed"
+    assert (
+        m["oom"]["request"]["step"] == 0
+        and plan["optimizer"] == "AdamW"
+        and plan["precision"] == "bf16-mixed"
+    )
     assert plan["optimizer_state"] >= 2 * 12 * 2**20
     assert not any(r["fits"] and r["config"] for r in m["oom"]["ladder"])  # no [tune] rung alone fits
     assert any(r["kind"] == "optimizer" for r in m["oom"]["ladder"])
@@ -204,7 +283,9 @@ def test_an_optimizer_local_to_main_is_priced_when_the_first_forward_runs_out(tm
 def test_a_first_backward_out_of_memory_is_not_growth(tmp_path: Path) -> None:
     # Found while adding growth-at-the-OOM: before the first optimizer step a forward ends a provisional step, so the
     # first forward's activations read as "from an earlier step" in the first backward: 65 MiB "kept", growth named.
-    m = _memory(tmp_path, REPO / "tests" / "fixtures" / "memory" / "deep_transformer.py", "74MiB", "--no-plan")
+    m = _memory(
+        tmp_path, REPO / "tests" / "fixtures" / "memory" / "deep_transformer.py", "74MiB", "--no-plan"
+    )
     assert m["oom"]["request"]["phase"] == "backward" and m["oom"]["kept_activations"] == 0
     assert m["top_cause"]["key"] == "activations"
 

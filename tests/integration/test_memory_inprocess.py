@@ -115,16 +115,22 @@ def test_the_first_forward_inside_a_closure_step_starts_the_training_peak(tmp_pa
         for _ in range(3):
             opt.step(closure)  # the first forward runs inside the optimizer's step
     m = run.record.sections["memory"]
-    assert m["before_training"]["total"] >= 8 * 2**20 and m["peak"]["by_category"]["parameters"] == 64 * 65 * 4
+    assert (
+        m["before_training"]["total"] >= 8 * 2**20 and m["peak"]["by_category"]["parameters"] == 64 * 65 * 4
+    )
 
 
 def _deep_mlp_steps(tmp: Path, *, accumulate: bool) -> dict:
     torch.manual_seed(0)
-    model = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(512, 512), nn.ReLU())])  # 8 MiB of weights
+    model = nn.Sequential(
+        *[m for _ in range(8) for m in (nn.Linear(512, 512), nn.ReLU())]
+    )  # 8 MiB of weights
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     with torchscalpel.memory(steps=None, out=tmp, memory_limit="26MiB", report=False) as run:
         for _ in range(3):
-            if accumulate:  # two micro-batches, zero_grad after the step: the second forward holds summed grads
+            if (
+                accumulate
+            ):  # two micro-batches, zero_grad after the step: the second forward holds summed grads
                 for _micro in range(2):
                     (model(torch.randn(512, 512)).square().mean() / 2).backward()
                 opt.step()

@@ -16,8 +16,19 @@ MIB = 1024**2
 
 def _memory(tmp_path: Path, script: str, *args: str, script_args: tuple[str, ...] = ()) -> tuple[str, dict]:
     js = tmp_path / "memory.json"
-    proc = run_cli("memory", "--no-report", "--out", str(tmp_path / "run"), "--json", str(js), *args, "--",
-                   str(PUBLIC / script), *script_args, timeout=400)
+    proc = run_cli(
+        "memory",
+        "--no-report",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        str(js),
+        *args,
+        "--",
+        str(PUBLIC / script),
+        *script_args,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout, json.loads(js.read_text())
 
@@ -30,8 +41,10 @@ def test_mnist_default_window_says_evaluation_was_not_seen(tmp_path):
     assert section["evaluation"]["passes"] == 0
     assert "evaluation not seen" in stdout and "--until-eval" in stdout
     # the one "largest share" line names the largest category the summary printed above it
-    shares = {m.group(1).strip(): float(m.group(2)) for m in re.finditer(r"^  (\D+?)\s+[\d.]+ \w+\s+([\d.]+)%$",
-                                                                          stdout, re.MULTILINE)}
+    shares = {
+        m.group(1).strip(): float(m.group(2))
+        for m in re.finditer(r"^  (\D+?)\s+[\d.]+ \w+\s+([\d.]+)%$", stdout, re.MULTILINE)
+    }
     largest = max(shares, key=lambda k: shares[k])
     assert re.search(rf"^largest share: {re.escape(largest)}", stdout, re.MULTILINE), (largest, stdout)
 
@@ -58,8 +71,19 @@ def test_fabric_module_names_are_the_models_own(tmp_path):
     # reads are those of their own code
     fabric_lm = PUBLIC.parents[1] / "plan" / "fabric_lm.py"
     js = tmp_path / "memory.json"
-    proc = run_cli("memory", "--steps", "3", "--no-report", "--out", str(tmp_path / "run"), "--json", str(js), "--",
-                   str(fabric_lm), timeout=400)
+    proc = run_cli(
+        "memory",
+        "--steps",
+        "3",
+        "--no-report",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        str(js),
+        "--",
+        str(fabric_lm),
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     peak = json.loads(js.read_text())["peak"]
     names = [m["name"] for m in peak["modules"] + peak["blocks"]]
@@ -79,15 +103,28 @@ def test_lbfgs_history_that_filled_is_not_named_growth(tmp_path):
     assert section["top_cause"]["key"] == "optimizer_state"
     # the figure it stays at is LBFGS's own state: 2 x 100 flat vectors + direction + previous gradient
     params = 4 * 51 * (1 + 51 + 2) + 4 * 51 * (51 + 51 + 2) + 51 + 1
-    assert abs(section["peak"]["by_category"]["optimizer_state"] - 202 * params * 8) <= 0.02 * 202 * params * 8
+    assert (
+        abs(section["peak"]["by_category"]["optimizer_state"] - 202 * params * 8) <= 0.02 * 202 * params * 8
+    )
 
 
 def test_a_limit_crossing_has_one_step_number_everywhere(tmp_path):
     # mnist crossing 20 MiB in its first training forward: the status line, the peak line and the post-mortem
     # all name the crossing's step, 0-based as the record's steps (the peak line said "step 1" for "step 0")
     js = tmp_path / "memory.json"
-    proc = run_cli("memory", "--memory-limit", "20MiB", "--no-report", "--out", str(tmp_path / "run"), "--json",
-                   str(js), "--", str(PUBLIC / "mnist_eval_peak.py"), timeout=400)
+    proc = run_cli(
+        "memory",
+        "--memory-limit",
+        "20MiB",
+        "--no-report",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        str(js),
+        "--",
+        str(PUBLIC / "mnist_eval_peak.py"),
+        timeout=400,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     section = json.loads(js.read_text())
     record = json.loads((tmp_path / "run" / "run.json").read_text())
@@ -95,7 +132,9 @@ def test_a_limit_crossing_has_one_step_number_everywhere(tmp_path):
     assert crossing == record["steps"][-1]["index"] == 0
     named = {int(n) for n in re.findall(r"\(step (\d+),", proc.stdout)}
     assert named == {crossing}, proc.stdout
-    assert section["peak"]["step"] == crossing and section["peak"]["phase"] == section["oom"]["request"]["phase"]
+    assert (
+        section["peak"]["step"] == crossing and section["peak"]["phase"] == section["oom"]["request"]["phase"]
+    )
 
 
 def test_lbfgs_history_still_filling_is_bounded_not_growth(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import REPO, run_cli
 
-FACTORY = '''
+FACTORY = """
 import torch
 from torch import nn
 
@@ -41,7 +41,7 @@ class NeedsData(nn.Module):
 
 def needs_data():
     return NeedsData()
-'''
+"""
 
 
 @pytest.fixture()
@@ -53,9 +53,24 @@ def factory(tmp_path):
 
 def test_factory_mode_prints_table_and_writes_json_record_and_report(factory, tmp_path):
     out = tmp_path / "run"
-    result = run_cli("plan", "--model", f"{factory}:build", "--factory-args", '{"width": 128}',
-                     "--batch", "x=float32[32,128],y=int64[32]:10", "--world-size", "2", "--device", "L4",
-                     "--out", str(out), "--json", str(tmp_path / "plan.json"), cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--model",
+        f"{factory}:build",
+        "--factory-args",
+        '{"width": 128}',
+        "--batch",
+        "x=float32[32,128],y=int64[32]:10",
+        "--world-size",
+        "2",
+        "--device",
+        "L4",
+        "--out",
+        str(out),
+        "--json",
+        str(tmp_path / "plan.json"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     for strategy in ("ddp", "fsdp-grad-op", "fsdp-full"):
         assert strategy in result.stdout
@@ -73,9 +88,15 @@ def test_factory_mode_prints_table_and_writes_json_record_and_report(factory, tm
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--model", "no_such_pkg_xyz:build", "--batch", "x=float32[8,64]"], "--model: cannot import 'no_such_pkg_xyz' (ModuleNotFoundError"),
+        (
+            ["--model", "no_such_pkg_xyz:build", "--batch", "x=float32[8,64]"],
+            "--model: cannot import 'no_such_pkg_xyz' (ModuleNotFoundError",
+        ),
         (["--model", "{factory}:build", "--batch", "x=float32[8,64"], "Cannot read batch entry"),
-        (["--model", "{factory}:build", "--batch", "x=float32[8,64]", "--device", "TPU9"], "Unknown device 'TPU9'"),
+        (
+            ["--model", "{factory}:build", "--batch", "x=float32[8,64]", "--device", "TPU9"],
+            "Unknown device 'TPU9'",
+        ),
         (["--model", "{factory}:needs_data", "--batch", "x=float32[8,4]", "--no-max-batch"], "aten.nonzero"),
     ],
     ids=["unimportable", "malformed-batch", "unknown-device", "needs-real-data"],
@@ -93,9 +114,27 @@ def test_user_errors_are_one_sentence_and_exit_2(factory, tmp_path, extra, needl
 @pytest.mark.slow
 def test_script_mode_through_the_cli(tmp_path):
     out = tmp_path / "run"
-    result = run_cli("plan", "--device", "T4", "--no-max-batch", "--out", str(out), "--json", str(tmp_path / "p.json"),
-                     "--", str(REPO / "examples" / "digits_cnn.py"), "--epochs", "1", "--batch-size", "32", "--workers", "0",
-                     "--device", "cpu", cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--device",
+        "T4",
+        "--no-max-batch",
+        "--out",
+        str(out),
+        "--json",
+        str(tmp_path / "p.json"),
+        "--",
+        str(REPO / "examples" / "digits_cnn.py"),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "32",
+        "--workers",
+        "0",
+        "--device",
+        "cpu",
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     plan = json.loads((tmp_path / "p.json").read_text())
     assert plan["model"] == "DigitsCNN" and plan["batch_size"] == 32
@@ -110,8 +149,18 @@ SCRIPTS = REPO / "tests" / "fixtures" / "scripts"
 def test_script_mode_scales_the_batch_not_the_sequence_and_prices_no_optimizer(tmp_path):
     # word_language_model: (seq=35, batch=20) inputs, hand-written SGD; once dim 0 (35) was taken for the batch
     js = tmp_path / "p.json"
-    result = run_cli("plan", "--device-memory", "1GiB", "--out", str(tmp_path / "run"), "--json", str(js), "--",
-                     str(SCRIPTS / "plan_seq_first_lstm.py"), cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--device-memory",
+        "1GiB",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        str(js),
+        "--",
+        str(SCRIPTS / "plan_seq_first_lstm.py"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "batch dimension dim 1 of arg0, arg1_0, arg1_1 (sequence-first: LSTM" in result.stdout
     plan = json.loads(js.read_text())
@@ -123,8 +172,19 @@ def test_script_mode_scales_the_batch_not_the_sequence_and_prices_no_optimizer(t
 
 def test_script_mode_replays_a_transformers_model_called_with_keywords(tmp_path):
     js = tmp_path / "p.json"
-    result = run_cli("plan", "--device-memory", "1GiB", "--no-max-batch", "--out", str(tmp_path / "run"),
-                     "--json", str(js), "--", str(SCRIPTS / "plan_hf_kwargs.py"), cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--device-memory",
+        "1GiB",
+        "--no-max-batch",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        str(js),
+        "--",
+        str(SCRIPTS / "plan_hf_kwargs.py"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     plan = json.loads(js.read_text())
     assert plan["model"] == "LlamaForCausalLM" and plan["optimizer"] == "AdamW"

@@ -20,11 +20,17 @@ def _plan(script: str, tmp_path: Path) -> tuple[str, str, dict]:
     return result.stdout, result.stderr, json.loads((out / "run.json").read_text())["sections"]["plan"]
 
 
-@pytest.mark.parametrize(("script", "plain_bytes"), [
-    # pe (1, 64, 32) fp32 made in forward + src_mask (12, 12) made in forward + scale () made in __init__
-    ("lightning_transformer.py", (64 * 32 + 12 * 12 + 1) * 4),
-    ("fabric_lm.py", 16 * 16 * 4),  # the causal mask (16, 16) fp32 made in __init__, model set up by Fabric
-])
+@pytest.mark.parametrize(
+    ("script", "plain_bytes"),
+    [
+        # pe (1, 64, 32) fp32 made in forward + src_mask (12, 12) made in forward + scale () made in __init__
+        ("lightning_transformer.py", (64 * 32 + 12 * 12 + 1) * 4),
+        (
+            "fabric_lm.py",
+            16 * 16 * 4,
+        ),  # the causal mask (16, 16) fp32 made in __init__, model set up by Fabric
+    ],
+)
 def test_plan_copies_plain_tensor_attributes_and_prints_no_torch_log(script, plain_bytes, tmp_path):
     stdout, stderr, plan = _plan(script, tmp_path)
     assert "single" in stdout and "recommendation:" in stdout
@@ -42,7 +48,7 @@ def test_plan_runs_lightnings_demo_transformer_as_it_ships(tmp_path):
     assert plan["measurement"]["buffer_bytes"] >= (16 * 16) * 4
 
 
-FACTORY = '''
+FACTORY = """
 import torch
 from torch import nn
 
@@ -58,13 +64,21 @@ class Mismatched(nn.Module):
 
 def build():
     return Mismatched()
-'''
+"""
 
 
 def test_a_model_failing_on_fake_tensors_is_one_sentence_without_torch_log_lines(tmp_path):
     (tmp_path / "mismatched_model.py").write_text(FACTORY)
-    result = run_cli("plan", "--model", f"{tmp_path / 'mismatched_model.py'}:build", "--batch", "x=float32[4,8]",
-                     "--out", str(tmp_path / "run"), cwd=tmp_path)
+    result = run_cli(
+        "plan",
+        "--model",
+        f"{tmp_path / 'mismatched_model.py'}:build",
+        "--batch",
+        "x=float32[4,8]",
+        "--out",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("scalpel: error:"), result.stderr
@@ -106,11 +120,18 @@ def test_lbfgs_closure_evaluations_are_not_micro_batches_and_float64_is_read(tmp
     from torchscalpel.plan.script import ScriptPlanOptions, plan_script
     from torchscalpel.runtime.target import Target
 
-    result, record = plan_script(Target(script=LBFGS_SCRIPT), ScriptPlanOptions(search_max_batch=False),
-                                 Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
+    result, record = plan_script(
+        Target(script=LBFGS_SCRIPT),
+        ScriptPlanOptions(search_max_batch=False),
+        Device(name="cpu", memory=1 << 34, kind="cpu"),
+        ["single"],
+    )
     settings = result.request.settings
     assert record.steps and record.steps[0].closure_evals > 1  # the runtime saw a closure, not micro-batches
     assert settings.grad_accum == 1, settings.grad_accum
     assert str(settings.precision) == "fp64", settings.precision
     planned, real = result.measurement.optim_bytes, _lbfgs_state_bytes_at_the_end()
-    assert abs(planned - real) <= 0.02 * real, (planned, real)  # history + direction + previous gradient (+1 flat)
+    assert abs(planned - real) <= 0.02 * real, (
+        planned,
+        real,
+    )  # history + direction + previous gradient (+1 flat)

@@ -19,7 +19,9 @@ def _profile(tmp_path: Path, script: str, *flags: str, args: tuple[str, ...] = (
     return proc, out
 
 
-@pytest.mark.parametrize("script", ["epoch_loop.py", "while_loop.py", "class_loop.py", "third_party_trainer.py"])
+@pytest.mark.parametrize(
+    "script", ["epoch_loop.py", "while_loop.py", "class_loop.py", "third_party_trainer.py"]
+)
 def test_every_loop_style_is_segmented_into_optimizer_steps(tmp_path, script):
     proc, out = _profile(tmp_path, script, "--warmup", "1", "--steps", "5", "--profile-steps", "0")
     assert proc.returncode == 0, proc.stderr
@@ -44,7 +46,9 @@ def test_gradient_accumulation_counts_micro_batches(tmp_path):
 
 
 def test_inference_only_script_is_stepped_by_forward_calls(tmp_path):
-    proc, out = _profile(tmp_path, "inference_only.py", "--warmup", "0", "--steps", "all", "--profile-steps", "0")
+    proc, out = _profile(
+        tmp_path, "inference_only.py", "--warmup", "0", "--steps", "all", "--profile-steps", "0"
+    )
     assert proc.returncode == 0, proc.stderr
     record = load_record(out)
     assert record.status == "complete" and record.step_kind == "forward"
@@ -54,14 +58,18 @@ def test_inference_only_script_is_stepped_by_forward_calls(tmp_path):
 
 
 def test_steps_all_lets_the_script_finish(tmp_path):
-    proc, out = _profile(tmp_path, "epoch_loop.py", "--warmup", "0", "--steps", "all", "--profile-steps", "0", args=("1",))
+    proc, out = _profile(
+        tmp_path, "epoch_loop.py", "--warmup", "0", "--steps", "all", "--profile-steps", "0", args=("1",)
+    )
     assert proc.returncode == 0, proc.stderr
     assert "done __main__" in proc.stdout
     assert len(load_record(out).steps) == 16
 
 
 def test_script_sees_argv_main_and_its_folder_on_sys_path(tmp_path):
-    proc, _ = _profile(tmp_path, "argv_echo.py", "--steps", "all", "--profile-steps", "0", args=("--flag", "v a l"))
+    proc, _ = _profile(
+        tmp_path, "argv_echo.py", "--steps", "all", "--profile-steps", "0", args=("--flag", "v a l")
+    )
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen["argv"] == [str(SCRIPTS / "argv_echo.py"), "--flag", "v a l"]
@@ -82,7 +90,9 @@ def test_a_failing_script_keeps_its_traceback_exit_code_and_partial_record(tmp_p
 
 
 def test_sys_exit_code_is_passed_through(tmp_path):
-    proc, out = _profile(tmp_path, "exits_three.py", "--warmup", "0", "--steps", "all", "--profile-steps", "0")
+    proc, out = _profile(
+        tmp_path, "exits_three.py", "--warmup", "0", "--steps", "all", "--profile-steps", "0"
+    )
     assert proc.returncode == 3
     assert load_record(out).exit_code == 3
 
@@ -92,7 +102,9 @@ def test_a_script_that_never_steps_is_told_what_was_seen(tmp_path):
     assert proc.returncode == 0
     record = load_record(out)
     assert record.steps == []
-    assert any("never completed a step" in n and "optimizer(s) created but never stepped" in n for n in record.notes)
+    assert any(
+        "never completed a step" in n and "optimizer(s) created but never stepped" in n for n in record.notes
+    )
     assert "never completed a step" in proc.stderr and "--step-kind" in " ".join(record.notes)
 
 
@@ -115,7 +127,17 @@ def test_bad_input_is_one_sentence_and_exit_2(argv, message):
 def test_module_mode_runs_like_python_dash_m(tmp_path):
     out = tmp_path / "run"
     proc = run_cli(
-        "profile", "--out", str(out), "--steps", "2", "--warmup", "0", "--profile-steps", "0", "-m", "epoch_loop",
+        "profile",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--profile-steps",
+        "0",
+        "-m",
+        "epoch_loop",
         cwd=SCRIPTS,
     )
     assert proc.returncode == 0, proc.stderr
@@ -138,11 +160,28 @@ def test_ctrl_c_writes_the_partial_record(tmp_path):
 
     out = tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torchscalpel", "profile", "--out", str(out), "--warmup", "0", "--steps", "all",
-         "--profile-steps", "0", "--", str(SCRIPTS / "runs_until_interrupted.py")],
+        [
+            sys.executable,
+            "-m",
+            "torchscalpel",
+            "profile",
+            "--out",
+            str(out),
+            "--warmup",
+            "0",
+            "--steps",
+            "all",
+            "--profile-steps",
+            "0",
+            "--",
+            str(SCRIPTS / "runs_until_interrupted.py"),
+        ],
         # faulthandler: a run that does not end after the Ctrl-C is sent SIGABRT below, and prints where
         # every thread was, so a hang names its line instead of a bare timeout (seen once in CI under load)
-        env=cli_env(PYTHONFAULTHANDLER="1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=cli_env(PYTHONFAULTHANDLER="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         # Ctrl-C as a terminal delivers it: a child inherits its parent's blocked signals and ignored ones, and in
         # the whole suite something before this test left SIGINT blocked in pytest's process (the run went on,
         # never interrupted, in two CI runs; alone it passed)

@@ -19,14 +19,28 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
     ("script", "args"),
     [
         ("digits_cnn.py", ["--epochs", "1"]),
-        ("char_transformer.py", ["--steps", "40", "--dim", "64", "--layers", "2", "--corpus-chars", "200000"]),
+        (
+            "char_transformer.py",
+            ["--steps", "40", "--dim", "64", "--layers", "2", "--corpus-chars", "200000"],
+        ),
     ],
 )
 def test_example_profile_writes_trace_record_and_report(tmp_path, script, args):
     out = tmp_path / "run"
     proc = run_cli(
-        "profile", "--out", str(out), "--warmup", "2", "--steps", "6", "--profile-steps", "2", "--module-times",
-        "--", str(EXAMPLES / script), *args,
+        "profile",
+        "--out",
+        str(out),
+        "--warmup",
+        "2",
+        "--steps",
+        "6",
+        "--profile-steps",
+        "2",
+        "--module-times",
+        "--",
+        str(EXAMPLES / script),
+        *args,
     )
     assert proc.returncode == 0, proc.stderr
     record = load_record(out)
@@ -38,7 +52,10 @@ def test_example_profile_writes_trace_record_and_report(tmp_path, script, args):
     assert [s.index for s in record.steps if s.flops_counted] == [record.profiler["flops_step"]] == [2]
     assert record.profiler["flops_total"] > 0 and record.summary["achieved_flops_per_s"] > 0
     # the op summary is stored once, in the trace section
-    assert "top_ops" not in record.profiler and record.op_summary()["top_ops"] == record.sections["trace"]["top_ops"]
+    assert (
+        "top_ops" not in record.profiler
+        and record.op_summary()["top_ops"] == record.sections["trace"]["top_ops"]
+    )
     with gzip.open(out / "trace.json.gz") as fh:
         trace = json.loads(fh.read())
     names = {e.get("name") for e in trace["traceEvents"]}

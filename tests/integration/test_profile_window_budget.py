@@ -18,8 +18,20 @@ SCRIPT_ARGS = ["--timesteps", "20", "--max-iter", "10", "--steps", "8"]
 
 def _profile(tmp_path: Path, *flags: str) -> tuple[dict, str, int]:
     out = tmp_path / "run"
-    proc = run_cli("profile", "--out", str(out), "--warmup", "1", "--steps", "4", "--no-report", *flags,
-                   "--", str(FIXTURE), *SCRIPT_ARGS)
+    proc = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--warmup",
+        "1",
+        "--steps",
+        "4",
+        "--no-report",
+        *flags,
+        "--",
+        str(FIXTURE),
+        *SCRIPT_ARGS,
+    )
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "run.json").read_text())
     with gzip.open(out / "trace.json.gz") as fh:

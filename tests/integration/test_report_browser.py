@@ -63,10 +63,26 @@ def _probe(browser: str, report: Path, tmp_path: Path) -> dict:
     probed = tmp_path / "probed.html"
     probed.write_text(report.read_text().replace("</body>", PROBE + "</body>"))
     result = subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000", "--dump-dom", probed.as_uri()],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+            probed.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     match = re.search(r'<pre id="probe-result">(.*?)</pre>', result.stdout, re.S)
     assert match, f"probe did not run; chromium said: {result.stderr[-2000:]}"
@@ -86,8 +102,19 @@ def _section_order(data: dict) -> list[str]:
 def test_report_renders_charts_without_console_errors(tmp_path):
     browser = _browser()
     out = tmp_path / "run"
-    proc = run_cli("profile", "--out", str(out), "--warmup", "1", "--steps", "6", "--profile-steps", "2",
-                   "--", str(SCRIPTS / "epoch_loop.py"))
+    proc = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--warmup",
+        "1",
+        "--steps",
+        "6",
+        "--profile-steps",
+        "2",
+        "--",
+        str(SCRIPTS / "epoch_loop.py"),
+    )
     assert proc.returncode == 0, proc.stderr
     data = _probe(browser, out / "report.html", tmp_path)
     charts = {c["name"]: c for c in data["charts"]}
@@ -98,7 +125,9 @@ def test_report_renders_charts_without_console_errors(tmp_path):
     assert charts["step-breakdown"]["marks"] >= 6 * 3  # 6 measured steps, at least 3 visible phases each
     step = charts["step-breakdown"]
     assert step["legend"] and not charts["loss"]["legend"]  # a legend only where there are several series
-    assert step["ticks"] and all(re.fullmatch(r"\d+[wpf]?", t) for t in step["ticks"])  # whole numbers (w warm-up, p profiled, f FLOP-counted)
+    assert step["ticks"] and all(
+        re.fullmatch(r"\d+[wpf]?", t) for t in step["ticks"]
+    )  # whole numbers (w warm-up, p profiled, f FLOP-counted)
     assert charts["loss"]["ticks"] and all(re.fullmatch(r"\d+", t) for t in charts["loss"]["ticks"])
     order = _section_order(data)
     assert order[-1] == "environment" and order.index("overview") < order.index("steps")
@@ -108,12 +137,25 @@ def test_report_renders_charts_without_console_errors(tmp_path):
 def test_plan_report_leads_with_the_plan_and_draws_the_device_limit(tmp_path):
     browser = _browser()
     factory = tmp_path / "models_for_browser.py"
-    factory.write_text("from torch import nn\n\ndef build():\n    return nn.Sequential(nn.Linear(256, 256), nn.ReLU(), "
-                       "nn.Linear(256, 10))\n")
+    factory.write_text(
+        "from torch import nn\n\ndef build():\n    return nn.Sequential(nn.Linear(256, 256), nn.ReLU(), "
+        "nn.Linear(256, 10))\n"
+    )
     out = tmp_path / "plan"
     # a small device so the capacity line lies within the bars' scale
-    proc = run_cli("plan", "--model", f"{factory}:build", "--batch", "x=float32[64,256],y=int64[64]:10",
-                   "--device-memory", "3MiB", "--no-max-batch", "--out", str(out), cwd=tmp_path)
+    proc = run_cli(
+        "plan",
+        "--model",
+        f"{factory}:build",
+        "--batch",
+        "x=float32[64,256],y=int64[64]:10",
+        "--device-memory",
+        "3MiB",
+        "--no-max-batch",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     data = _probe(browser, out / "report.html", tmp_path)
     order = _section_order(data)

@@ -17,16 +17,33 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"
 def profile_run(tmp_path_factory) -> Path:
     """A record written by 'scalpel profile' on a tiny script (shared by the tests of this module)."""
     out = tmp_path_factory.mktemp("report") / "profiled"
-    proc = run_cli("profile", "--out", str(out), "--warmup", "1", "--steps", "3", "--profile-steps", "0",
-                   "--", str(SCRIPTS / "epoch_loop.py"))
+    proc = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--warmup",
+        "1",
+        "--steps",
+        "3",
+        "--profile-steps",
+        "0",
+        "--",
+        str(SCRIPTS / "epoch_loop.py"),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
 
 def _doctor_like_record(folder: Path) -> Path:
     record = new_run_record("checked", status="complete", target={"script": "train.py"})
-    record.findings = [Finding(rule="grads-never-zeroed", severity=Severity.ERROR, message="Gradients pile up",
-                               fix="optimizer.zero_grad()").to_dict()]
+    record.findings = [
+        Finding(
+            rule="grads-never-zeroed",
+            severity=Severity.ERROR,
+            message="Gradients pile up",
+            fix="optimizer.zero_grad()",
+        ).to_dict()
+    ]
     record.sections["doctor"] = {"counts": {"error": 1}}
     save_record(record, folder)
     return folder

@@ -22,11 +22,30 @@ STEP_LINE = re.compile(r"^step (\d+) loss [-+0-9.eE]+ samples (\d+)$", re.MULTIL
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_samples_per_step_and_samples_per_s_match_the_scripts_own_count(tmp_path: Path, accumulation: int) -> None:
-    proc = run_cli("profile", "--steps", "6", "--profile-steps", "0", "--no-report", "--out", str(tmp_path), "--",
-                   str(SCRIPT), "--gradient_accumulation_steps", str(accumulation), "--max_steps", "12", timeout=300)
+def test_samples_per_step_and_samples_per_s_match_the_scripts_own_count(
+    tmp_path: Path, accumulation: int
+) -> None:
+    proc = run_cli(
+        "profile",
+        "--steps",
+        "6",
+        "--profile-steps",
+        "0",
+        "--no-report",
+        "--out",
+        str(tmp_path),
+        "--",
+        str(SCRIPT),
+        "--gradient_accumulation_steps",
+        str(accumulation),
+        "--max_steps",
+        "12",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    own = {int(n): int(s) for n, s in STEP_LINE.findall(proc.stdout)}  # update -> samples, as the script counted
+    own = {
+        int(n): int(s) for n, s in STEP_LINE.findall(proc.stdout)
+    }  # update -> samples, as the script counted
     record = load_record(tmp_path)
     measured = record.measured_steps
     assert len(measured) == 6 and all(s.micro_batches == accumulation for s in measured)
@@ -78,8 +97,19 @@ for step, batch in zip(range(12), batches()):
 def test_a_batch_size_that_cannot_be_read_is_not_measured_with_the_reason(tmp_path: Path) -> None:
     script = tmp_path / "kwargs_only.py"
     script.write_text(NO_BATCH_SIZE)
-    proc = run_cli("profile", "--steps", "4", "--profile-steps", "0", "--no-report", "--out", str(tmp_path / "run"),
-                   "--", str(script), timeout=240)
+    proc = run_cli(
+        "profile",
+        "--steps",
+        "4",
+        "--profile-steps",
+        "0",
+        "--no-report",
+        "--out",
+        str(tmp_path / "run"),
+        "--",
+        str(script),
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = load_record(tmp_path / "run").summary_view()
     assert summary.samples_per_s is None

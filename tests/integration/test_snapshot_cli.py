@@ -29,13 +29,19 @@ CLASSES = [  # (class, plain opcodes first, the refused opcode, what the sentenc
 
 
 def _cli(path: Path, tmp_path: Path, native: str = "1", *extra: str):
-    return run_cli("memory", *extra, str(path), TORCHSCALPEL_CACHE_DIR=str(tmp_path / "cache"),
-                   TORCHSCALPEL_NATIVE=native)
+    return run_cli(
+        "memory",
+        *extra,
+        str(path),
+        TORCHSCALPEL_CACHE_DIR=str(tmp_path / "cache"),
+        TORCHSCALPEL_NATIVE=native,
+    )
 
 
 @pytest.mark.parametrize(("kind", "plain", "op", "what"), CLASSES, ids=[c[0] for c in CLASSES])
-def test_each_refused_opcode_class_is_one_sentence_and_exit_2(tmp_path: Path, kind: str, plain: bytes, op: bytes,
-                                                              what: str) -> None:
+def test_each_refused_opcode_class_is_one_sentence_and_exit_2(
+    tmp_path: Path, kind: str, plain: bytes, op: bytes, what: str
+) -> None:
     if not HAS_CC:
         pytest.skip("no C compiler: the native reader cannot be built (CI installs gcc)")
     path = tmp_path / "evil.pickle"
@@ -50,15 +56,30 @@ def test_each_refused_opcode_class_is_one_sentence_and_exit_2(tmp_path: Path, ki
 def test_a_cut_snapshot_and_a_file_that_is_not_a_pickle_exit_2(tmp_path: Path, native: str) -> None:
     if native == "1" and not HAS_CC:
         pytest.skip("no C compiler: the native reader cannot be built (CI installs gcc)")
-    data = {"segments": [{"total_size": 4096, "blocks": [{"size": 4096, "state": "active_allocated", "frames": [
-        {"filename": f"/u/train_{i}.py", "line": i, "name": "f"}]}]} for i in range(200)]}
+    data = {
+        "segments": [
+            {
+                "total_size": 4096,
+                "blocks": [
+                    {
+                        "size": 4096,
+                        "state": "active_allocated",
+                        "frames": [{"filename": f"/u/train_{i}.py", "line": i, "name": "f"}],
+                    }
+                ],
+            }
+            for i in range(200)
+        ]
+    }
     good = tmp_path / "good.pickle"
     good.write_bytes(pickle.dumps(data))
     proc = _cli(good, tmp_path, native, "--json", str(tmp_path / "out.json"))
     assert proc.returncode == 0, proc.stderr
     reader = "native streaming reader" if native == "1" else "pure-Python reader: TORCHSCALPEL_NATIVE=0"
     assert reader in proc.stdout.strip().splitlines()[-1]
-    assert json.loads((tmp_path / "out.json").read_text())["reader"] == ("native" if native == "1" else "python")
+    assert json.loads((tmp_path / "out.json").read_text())["reader"] == (
+        "native" if native == "1" else "python"
+    )
     cut = tmp_path / "cut.pickle"
     cut.write_bytes(good.read_bytes()[:-300])
     notes = tmp_path / "notes.pickle"

@@ -21,8 +21,14 @@ def _folders_with_test_modules() -> set[Path]:
 
 
 def test_every_test_folder_collects_tests() -> None:
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
-                          cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     collected: dict[Path, int] = {}
     for line in done.stdout.splitlines():
@@ -38,9 +44,25 @@ def test_every_test_folder_collects_tests() -> None:
 
 def test_every_distributed_test_carries_the_dist_marker() -> None:
     """``make test-fast`` selects with ``-m "not dist"``: no test under tests/distributed may slip into it."""
-    done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                           "-m", "not dist", "tests/distributed"],
-                          cwd=REPO, capture_output=True, text=True, timeout=240, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not dist",
+            "tests/distributed",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     unmarked = [line for line in done.stdout.splitlines() if "::" in line]
     assert not unmarked, f"{len(unmarked)} tests under tests/distributed lack the dist marker: {unmarked[:5]}"
     assert "deselected" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]

@@ -17,8 +17,20 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory):
     out = tmp_path_factory.mktemp("term") / "run"
-    proc = run_cli("profile", "--out", str(out), "--warmup", "1", "--steps", "6", "--profile-steps", "2",
-                   "--", str(SCRIPTS / "epoch_loop.py"), COLUMNS="")
+    proc = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--warmup",
+        "1",
+        "--steps",
+        "6",
+        "--profile-steps",
+        "2",
+        "--",
+        str(SCRIPTS / "epoch_loop.py"),
+        COLUMNS="",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc, out
 
@@ -31,7 +43,10 @@ def test_piped_summary_is_not_wrapped_at_80_columns(profiled):
 
 def test_the_statistic_is_named_and_the_same_in_headline_and_table(profiled):
     proc, _ = profiled
-    assert re.search(r"step time: median [\d.]+ ms, p90 [\d.]+ ms \(over 3 step\(s\), 2 profiled, 1 FLOP-counting left out\)", proc.stderr)
+    assert re.search(
+        r"step time: median [\d.]+ ms, p90 [\d.]+ ms \(over 3 step\(s\), 2 profiled, 1 FLOP-counting left out\)",
+        proc.stderr,
+    )
     assert "median ms" in proc.stderr and "mean ms" not in proc.stderr
     headline = float(re.search(r"step time: median ([\d.]+) ms", proc.stderr).group(1))
     step_row = float(re.search(r"│ step\s+│\s+([\d.]+) │", proc.stderr).group(1))
@@ -53,8 +68,22 @@ def test_summary_ends_with_the_next_command(profiled):
 
 
 def test_json_dash_writes_the_record_to_stdout_and_nothing_else(tmp_path):
-    proc = run_cli("profile", "--out", str(tmp_path / "run"), "--warmup", "0", "--steps", "2", "--profile-steps", "0",
-                   "--json", "-", "--", str(SCRIPTS / "plain_prints.py"), cwd=tmp_path)
+    proc = run_cli(
+        "profile",
+        "--out",
+        str(tmp_path / "run"),
+        "--warmup",
+        "0",
+        "--steps",
+        "2",
+        "--profile-steps",
+        "0",
+        "--json",
+        "-",
+        "--",
+        str(SCRIPTS / "plain_prints.py"),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     record = json.loads(proc.stdout)  # the script's own prints went to stderr
     assert record["schema_version"] and not (tmp_path / "-").exists()
@@ -73,8 +102,22 @@ def test_analyze_json_dash_and_memory_peak_in_ms_from_the_trace_start(profiled, 
 def test_help_lists_commands_in_workflow_order_and_exit_codes():
     proc = run_cli("--help", COLUMNS="100")
     listed = re.findall(r"^    (\w+)\s", proc.stdout, re.M)
-    assert listed == ["env", "profile", "doctor", "memory", "tune", "run", "plan", "launch", "compare", "analyze",
-                      "export", "serve", "report", "demo"]
+    assert listed == [
+        "env",
+        "profile",
+        "doctor",
+        "memory",
+        "tune",
+        "run",
+        "plan",
+        "launch",
+        "compare",
+        "analyze",
+        "export",
+        "serve",
+        "report",
+        "demo",
+    ]
     assert "130 interrupted" in " ".join(proc.stdout.split())
 
 
@@ -96,7 +139,9 @@ def test_launch_help_shows_its_own_options_first():
 def test_run_show_with_nothing_to_apply_says_so(tmp_path):
     config = tmp_path / "scalpel.toml"
     config.write_text('version = "1.0"\n[tune]\n')
-    proc = run_cli("run", "--config", str(config), "--show", "--", str(SCRIPTS / "plain_prints.py"), cwd=tmp_path)
+    proc = run_cli(
+        "run", "--config", str(config), "--show", "--", str(SCRIPTS / "plain_prints.py"), cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "nothing to apply" in proc.stderr
 
@@ -113,17 +158,22 @@ def test_readme_code_fences_are_balanced():
 
 def test_doctor_announces_its_window_and_ends_with_the_next_command(tmp_path):
     fixture = REPO / "tests" / "fixtures" / "doctor" / "module_in_plain_container.py"
-    proc = run_cli("doctor", "--steps", "3", "--no-report", "--out", str(tmp_path / "doc"), "--", str(fixture))
+    proc = run_cli(
+        "doctor", "--steps", "3", "--no-report", "--out", str(tmp_path / "doc"), "--", str(fixture)
+    )
     assert "running module_in_plain_container for 2 warm-up + 3 steps" in proc.stdout
     assert re.search(r"after 5 step\(s\) \(2 warm-up \+ 3\)", proc.stdout)
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("next: apply the fix(es) above") and f"scalpel tune -- {fixture}" in last
 
 
-@pytest.mark.parametrize("command", [
-    ["doctor", "--static", "tests/fixtures/doctor/module_in_plain_container.py"],
-    ["env", "--no-probe"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["doctor", "--static", "tests/fixtures/doctor/module_in_plain_container.py"],
+        ["env", "--no-probe"],
+    ],
+)
 def test_json_dash_for_doctor_and_env(command, tmp_path):
     proc = run_cli(*command, "--json", "-", cwd=REPO)
     assert proc.returncode in (0, 1), proc.stderr[-2000:]

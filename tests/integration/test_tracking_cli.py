@@ -26,11 +26,26 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
     (root / "amp.toml").write_text('[tune]\namp = "bf16"\n')
     out = {}
-    for name, extra, script_args in (("base", (), ()), ("amp", ("--config", str(root / "amp.toml")), ()),
-                                     ("seed", (), ("--seed", "1"))):
-        tracking = ("--tensorboard", str(root / "tb"), "--mlflow", str(root / "mlruns")) if name == "base" else ()
-        proc = run_cli("profile", *WINDOW, "--out", str(root / name), *extra, *tracking, "--", str(SCRIPT),
-                       *script_args, cwd=root)
+    for name, extra, script_args in (
+        ("base", (), ()),
+        ("amp", ("--config", str(root / "amp.toml")), ()),
+        ("seed", (), ("--seed", "1")),
+    ):
+        tracking = (
+            ("--tensorboard", str(root / "tb"), "--mlflow", str(root / "mlruns")) if name == "base" else ()
+        )
+        proc = run_cli(
+            "profile",
+            *WINDOW,
+            "--out",
+            str(root / name),
+            *extra,
+            *tracking,
+            "--",
+            str(SCRIPT),
+            *script_args,
+            cwd=root,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         out[name] = root / name
     out["root"] = root
@@ -47,10 +62,15 @@ def _verdict(*runs: Path) -> tuple[str, dict]:
 def test_profile_config_applies_the_settings_as_scalpel_run_does(runs: dict[str, Path]) -> None:
     record = json.loads((runs["amp"] / "run.json").read_text())
     assert record["config"]["tune_settings"] == {"amp": "bf16"}
-    proc = run_cli("run", "--config", str(runs["root"] / "amp.toml"), "--show", "--", str(SCRIPT), cwd=runs["root"])
+    proc = run_cli(
+        "run", "--config", str(runs["root"] / "amp.toml"), "--show", "--", str(SCRIPT), cwd=runs["root"]
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    shown = [line.removeprefix("scalpel run: applied ") for line in proc.stderr.splitlines()
-             if line.startswith("scalpel run: applied ")]
+    shown = [
+        line.removeprefix("scalpel run: applied ")
+        for line in proc.stderr.splitlines()
+        if line.startswith("scalpel run: applied ")
+    ]
     assert shown and record["config"]["tune_applied"] == shown
 
 
@@ -70,7 +90,9 @@ def test_compare_names_the_seed_and_bit_identical_reruns(runs: dict[str, Path]) 
     assert proc.returncode == 0, proc.stderr[-2000:]
     verdict, data = _verdict(runs["base"], again)
     assert data["pairs"][0]["losses"]["identical"] and "losses bit-identical over 10 steps" in verdict
-    assert verdict.endswith("no recorded difference in config, tune settings, code, data, seeds or environment"), verdict
+    assert verdict.endswith(
+        "no recorded difference in config, tune settings, code, data, seeds or environment"
+    ), verdict
 
 
 def test_compare_names_a_version_faked_in_the_record(runs: dict[str, Path], tmp_path: Path) -> None:
@@ -91,7 +113,9 @@ def test_tensorboard_from_profile_reads_back(runs: dict[str, Path]) -> None:
     acc = EventAccumulator(str(logdir / "base"))
     acc.Reload()
     assert [e.step for e in acc.Scalars("step/time_ms")] == list(range(10))
-    assert len(acc.Scalars("train/loss")) == 10 and all(e.value == pytest.approx(0.05) for e in acc.Scalars("train/lr"))
+    assert len(acc.Scalars("train/loss")) == 10 and all(
+        e.value == pytest.approx(0.05) for e in acc.Scalars("train/lr")
+    )
     assert acc.Scalars("summary/median_step_ms")
     traces = list((logdir / "plugins" / "profile" / "base").glob("*.pt.trace.json.gz"))
     assert len(traces) == 1
@@ -116,8 +140,18 @@ def test_run_with_tensorboard_records_steps(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (tmp_path / "s.toml").write_text("[tune]\nthreads = 1\n")
-    proc = run_cli("run", "--config", str(tmp_path / "s.toml"), "--tensorboard", str(tmp_path / "tb"), "--",
-                   str(SCRIPT), "--steps", "5", cwd=tmp_path)
+    proc = run_cli(
+        "run",
+        "--config",
+        str(tmp_path / "s.toml"),
+        "--tensorboard",
+        str(tmp_path / "tb"),
+        "--",
+        str(SCRIPT),
+        "--steps",
+        "5",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (events,) = [p for p in (tmp_path / "tb").iterdir() if p.is_dir()]
     acc = EventAccumulator(str(events))
@@ -131,22 +165,53 @@ def test_a_missing_extra_is_one_sentence_and_the_run_goes_on(tmp_path: Path) -> 
     (blocker / "sitecustomize.py").write_text(
         "import sys\nclass _Block:\n    def find_spec(self, name, path=None, target=None):\n"
         "        if name == 'tensorboard' or name.startswith('tensorboard.') or name == 'mlflow':\n"
-        "            raise ImportError(name)\n        return None\nsys.meta_path.insert(0, _Block())\n")
-    proc = run_cli("profile", "--steps", "3", "--profile-steps", "0", "--no-report", "--out", str(tmp_path / "r"),
-                   "--tensorboard", str(tmp_path / "tb"), "--mlflow", str(tmp_path / "ml"), "--", str(SCRIPT),
-                   cwd=tmp_path, PYTHONPATH=os.pathsep.join([str(blocker), str(REPO / "src")]))
+        "            raise ImportError(name)\n        return None\nsys.meta_path.insert(0, _Block())\n"
+    )
+    proc = run_cli(
+        "profile",
+        "--steps",
+        "3",
+        "--profile-steps",
+        "0",
+        "--no-report",
+        "--out",
+        str(tmp_path / "r"),
+        "--tensorboard",
+        str(tmp_path / "tb"),
+        "--mlflow",
+        str(tmp_path / "ml"),
+        "--",
+        str(SCRIPT),
+        cwd=tmp_path,
+        PYTHONPATH=os.pathsep.join([str(blocker), str(REPO / "src")]),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "r" / "run.json").is_file()
-    assert "scalpel: tensorboard: not written, the tensorboard package is not installed " \
-           "(pip install 'torchscalpel[tracking]')." in proc.stderr
+    assert (
+        "scalpel: tensorboard: not written, the tensorboard package is not installed "
+        "(pip install 'torchscalpel[tracking]')." in proc.stderr
+    )
     assert "scalpel: mlflow: not written, the mlflow package is not installed" in proc.stderr
 
 
 def test_doctor_with_tensorboard_and_mlflow(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    proc = run_cli("doctor", "--steps", "4", "--no-static", "--out", str(tmp_path / "doc"), "--tensorboard",
-                   str(tmp_path / "tb"), "--mlflow", str(tmp_path / "ml"), "--", str(SCRIPT), cwd=tmp_path)
+    proc = run_cli(
+        "doctor",
+        "--steps",
+        "4",
+        "--no-static",
+        "--out",
+        str(tmp_path / "doc"),
+        "--tensorboard",
+        str(tmp_path / "tb"),
+        "--mlflow",
+        str(tmp_path / "ml"),
+        "--",
+        str(SCRIPT),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     acc = EventAccumulator(str(tmp_path / "tb" / "doc"))
     acc.Reload()
@@ -159,9 +224,31 @@ def test_tune_writes_its_baseline_to_tensorboard(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "tune"
-    proc = run_cli("tune", "--knobs", "threads", "--budget", "2m", "--steps", "2", "--warmup", "1", "--confirm", "1",
-                   "--out", str(out), "--config", str(tmp_path / "scalpel.toml"), "--tensorboard", str(tmp_path / "tb"),
-                   "--", str(SCRIPT), "--steps", "40", cwd=tmp_path, timeout=300)
+    proc = run_cli(
+        "tune",
+        "--knobs",
+        "threads",
+        "--budget",
+        "2m",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--confirm",
+        "1",
+        "--out",
+        str(out),
+        "--config",
+        str(tmp_path / "scalpel.toml"),
+        "--tensorboard",
+        str(tmp_path / "tb"),
+        "--",
+        str(SCRIPT),
+        "--steps",
+        "40",
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     acc = EventAccumulator(str(tmp_path / "tb" / "tune"))
     acc.Reload()

@@ -17,10 +17,32 @@ TINY = FIXTURES / "tiny_train.py"
 def test_tune_end_to_end_writes_table_record_report_and_settings(tmp_path):
     out = tmp_path / "out"
     config = tmp_path / "scalpel.toml"
-    proc = run_cli("tune", "--knobs", "optimizer,channels_last,compile", "--compile-backend", "aot_eager",
-                   "--budget", "4m", "--steps", "3", "--warmup", "2", "--confirm", "1", "--out", str(out),
-                   "--config", str(config), "--", str(TINY), "--steps", "40", "--crash-with-fused", "--break",
-                   timeout=400)
+    proc = run_cli(
+        "tune",
+        "--knobs",
+        "optimizer,channels_last,compile",
+        "--compile-backend",
+        "aot_eager",
+        "--budget",
+        "4m",
+        "--steps",
+        "3",
+        "--warmup",
+        "2",
+        "--confirm",
+        "1",
+        "--out",
+        str(out),
+        "--config",
+        str(config),
+        "--",
+        str(TINY),
+        "--steps",
+        "40",
+        "--crash-with-fused",
+        "--break",
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "variants ranked" in proc.stderr
     # progress counts "trial N of M" with the budget left; the table names each ratio's baseline
@@ -40,16 +62,29 @@ def test_tune_end_to_end_writes_table_record_report_and_settings(tmp_path):
     # a knob that cannot apply is skipped with the reason
     assert trials["channels_last"]["verdict"] == "skipped" and "no Conv2d" in trials["channels_last"]["cause"]
     # compile regions: repeated blocks first, then the whole model; graph breaks counted per region
-    block = trials["compile(Block, backend=aot_eager)"] if "compile(Block, backend=aot_eager)" in trials \
+    block = (
+        trials["compile(Block, backend=aot_eager)"]
+        if "compile(Block, backend=aot_eager)" in trials
         else next(t for label, t in trials.items() if label.startswith("compile(Block"))
+    )
     assert block["compile"]["graph_breaks"] >= 1
     # triage: the break with file:line and reason; fullgraph was attempted and failed there
     assert any(b["where"].startswith(str(TINY)) and b["reason"] for b in block["compile"]["breaks"])
     assert block["compile"]["fullgraph"]["attempted"] and not block["compile"]["fullgraph"]["ok"]
     assert any(label.startswith("compile(model") for label in trials)
     for t in tune["trials"]:
-        assert t["verdict"] in {"winner", "faster", "not faster", "numerics", "failed", "timeout", "skipped",
-                                "not applied", "not run", "not confirmed"}
+        assert t["verdict"] in {
+            "winner",
+            "faster",
+            "not faster",
+            "numerics",
+            "failed",
+            "timeout",
+            "skipped",
+            "not applied",
+            "not run",
+            "not confirmed",
+        }
         if t["deviation"] is not None and t["verdict"] != "numerics":
             assert t["deviation"] <= t["tolerance"]
     # never recommended without confirmation beyond the margin
@@ -65,10 +100,31 @@ def test_tune_end_to_end_writes_table_record_report_and_settings(tmp_path):
 @pytest.mark.slow
 def test_a_compile_failure_is_traced_to_one_function_excluded_and_retried(tmp_path):
     out = tmp_path / "out"
-    proc = run_cli("tune", "--knobs", "compile", "--compile-backend", "tiny_no_sin", "--budget", "3m",
-                   "--steps", "3", "--warmup", "2", "--confirm", "1", "--out", str(out),
-                   "--config", str(tmp_path / "scalpel.toml"), "--", str(TINY), "--steps", "30", "--sin",
-                   timeout=300)
+    proc = run_cli(
+        "tune",
+        "--knobs",
+        "compile",
+        "--compile-backend",
+        "tiny_no_sin",
+        "--budget",
+        "3m",
+        "--steps",
+        "3",
+        "--warmup",
+        "2",
+        "--confirm",
+        "1",
+        "--out",
+        str(out),
+        "--config",
+        str(tmp_path / "scalpel.toml"),
+        "--",
+        str(TINY),
+        "--steps",
+        "30",
+        "--sin",
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     tune = json.loads((out / "run.json").read_text())["sections"]["tune"]
     block = next(t for t in tune["trials"] if t["label"].startswith("compile(Block"))
@@ -83,7 +139,9 @@ def test_a_compile_failure_is_traced_to_one_function_excluded_and_retried(tmp_pa
 
 def test_run_applies_settings_and_reports_them(tmp_path):
     config = tmp_path / "scalpel.toml"
-    config.write_text('version = "1.0"\n[tune]\namp = "bf16"\nthreads = 1\n[tune.dataloader]\nnum_workers = 1\n')
+    config.write_text(
+        'version = "1.0"\n[tune]\namp = "bf16"\nthreads = 1\n[tune.dataloader]\nnum_workers = 1\n'
+    )
     proc = run_cli("run", "--config", str(config), "--show", "--", str(TINY), "--steps", "3", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "scalpel run: amp=bf16 + num_workers=1 + threads=1" in proc.stderr
@@ -95,21 +153,24 @@ def test_run_passes_the_script_exit_code_and_skips(tmp_path):
     script = tmp_path / "exit3.py"
     script.write_text("import sys\nsys.exit(3)\n")
     config = tmp_path / "scalpel.toml"
-    config.write_text('[tune]\nchannels_last = true\n')
+    config.write_text("[tune]\nchannels_last = true\n")
     proc = run_cli("run", "--config", str(config), "--", str(script))
     assert proc.returncode == 3
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["tune", "--budget", "soon", "--", str(TINY)], "--budget 'soon' is not a duration"),
-    (["tune", "--knobs", "amp,turbo", "--", str(TINY)], "Unknown knob turbo"),
-    (["tune", "--compile-mode", "fastest", "--", str(TINY)], "--compile-mode takes"),
-    (["tune", "--steps", "1", "--", str(TINY)], "--steps must be at least 2"),
-    (["tune", "--min-measure", "a while", "--", str(TINY)], "--min-measure 'a while' is not a duration"),
-    (["tune"], "Name the script to run"),
-    (["tune", "--", "missing.py"], "does not exist"),
-    (["run", "--config", "nope.toml", "--", str(TINY)], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["tune", "--budget", "soon", "--", str(TINY)], "--budget 'soon' is not a duration"),
+        (["tune", "--knobs", "amp,turbo", "--", str(TINY)], "Unknown knob turbo"),
+        (["tune", "--compile-mode", "fastest", "--", str(TINY)], "--compile-mode takes"),
+        (["tune", "--steps", "1", "--", str(TINY)], "--steps must be at least 2"),
+        (["tune", "--min-measure", "a while", "--", str(TINY)], "--min-measure 'a while' is not a duration"),
+        (["tune"], "Name the script to run"),
+        (["tune", "--", "missing.py"], "does not exist"),
+        (["run", "--config", "nope.toml", "--", str(TINY)], "does not exist"),
+    ],
+)
 def test_usage_errors_are_one_sentence_exit_2(args, needle, tmp_path, monkeypatch, capsys):
     # In-process: validation happens before any script runs, so no subprocess is needed.
     from torchscalpel.cli.main import main
@@ -123,8 +184,18 @@ def test_usage_errors_are_one_sentence_exit_2(args, needle, tmp_path, monkeypatc
 def test_tune_refuses_a_script_whose_baseline_fails(tmp_path):
     script = tmp_path / "broken.py"
     script.write_text("raise ValueError('no data here')\n")
-    proc = run_cli("tune", "--budget", "60s", "--out", str(tmp_path / "o"), "--config", str(tmp_path / "c.toml"),
-                   "--", str(script), timeout=120)
+    proc = run_cli(
+        "tune",
+        "--budget",
+        "60s",
+        "--out",
+        str(tmp_path / "o"),
+        "--config",
+        str(tmp_path / "c.toml"),
+        "--",
+        str(script),
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert "The baseline run failed" in proc.stderr and "no data here" in proc.stderr
     assert "Traceback" not in proc.stderr.split("scalpel: error")[-1]
@@ -146,7 +217,8 @@ def test_run_under_a_memory_limit_needs_no_config(tmp_path, monkeypatch, capsys)
         "    model(torch.randn(n, 256)).square().mean().backward()\n"
         "    opt.step()\n"
         "    opt.zero_grad()\n"
-        "print('trained', flush=True)\n")
+        "print('trained', flush=True)\n"
+    )
     monkeypatch.chdir(tmp_path)
     assert main(["run", "--memory-limit", "64MiB", "--", str(script), "8"]) == 0
     out, err = capsys.readouterr()
@@ -170,9 +242,31 @@ def test_every_output_of_a_tune_run_shows_the_same_speedup(tmp_path):
     import re
 
     out, config = tmp_path / "out", tmp_path / "scalpel.toml"
-    proc = run_cli("tune", "--knobs", "optimizer", "--budget", "5m", "--steps", "4", "--warmup", "1",
-                   "--confirm", "2", "--out", str(out), "--config", str(config), "--",
-                   str(TINY), "--steps", "30", "--slow-unfused", "30", timeout=400, OMP_NUM_THREADS="1")
+    proc = run_cli(
+        "tune",
+        "--knobs",
+        "optimizer",
+        "--budget",
+        "5m",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--confirm",
+        "2",
+        "--out",
+        str(out),
+        "--config",
+        str(config),
+        "--",
+        str(TINY),
+        "--steps",
+        "30",
+        "--slow-unfused",
+        "30",
+        timeout=400,
+        OMP_NUM_THREADS="1",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout + proc.stderr
     tune = json.loads((out / "run.json").read_text())["sections"]["tune"]
@@ -181,13 +275,18 @@ def test_every_output_of_a_tune_run_shows_the_same_speedup(tmp_path):
     figure = f"{stored['speedup']:.2f}x"
     assert stored["speedup"] == tune["winner"]["speedup"] == tune["confirmed_speedup"]
     base_ms, cand_ms = stored["speedup_pair"]
-    assert [base_ms, cand_ms] in stored["confirm_pairs"] and stored["speedup"] == pytest.approx(base_ms / cand_ms)
+    assert [base_ms, cand_ms] in stored["confirm_pairs"] and stored["speedup"] == pytest.approx(
+        base_ms / cand_ms
+    )
     # terminal: the table row and the recommendation
     row = next(line for line in text.splitlines() if line.startswith("│ optimizer=fused"))
     cells = [c.strip() for c in row.strip().strip("│").split("│")]
     assert cells[1:4] == [f"{cand_ms:.1f}", f"{base_ms:.1f}", figure], cells
-    assert re.search(rf"recommended: optimizer=fused: {re.escape(figure)} faster per step than the baseline "
-                     r"\(2 interleaved pairs, spread \d+\.\d\d-\d+\.\d\dx\)", text), text[-2000:]
+    assert re.search(
+        rf"recommended: optimizer=fused: {re.escape(figure)} faster per step than the baseline "
+        r"\(2 interleaved pairs, spread \d+\.\d\d-\d+\.\d\dx\)",
+        text,
+    ), text[-2000:]
     # the files
     for name in ("code.txt", "scalpel.toml"):
         assert f"{figure} faster per step" in (out / name).read_text(), name

@@ -21,7 +21,9 @@ CORPUS = Path(__file__).resolve().parents[1] / "fixtures" / "corpus"
 def test_a_lightning_finding_points_at_the_users_script(tmp_path: Path) -> None:
     source = (CORPUS / "lightning_auto.py").read_text()
     assert "batch_size=32, shuffle=True" in source
-    script = tmp_path / "lib" / "python" / "train_lightning.py"  # a folder the old markers took for the stdlib
+    script = (
+        tmp_path / "lib" / "python" / "train_lightning.py"
+    )  # a folder the old markers took for the stdlib
     script.parent.mkdir(parents=True)
     script.write_text(source.replace("batch_size=32, shuffle=True", "batch_size=32, shuffle=False"))
     record, findings = diagnose(Target(script=script))

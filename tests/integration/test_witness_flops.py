@@ -31,24 +31,46 @@ def _counted(argv: list[str]) -> int:
 
 def _profile(tmp_path: Path, argv: list[str]) -> dict:
     out = tmp_path / "run"
-    proc = run_cli("profile", "--out", str(out), "--warmup", "2", "--steps", "5", "--profile-steps", "1",
-                   "--no-report", "--", str(FIXTURE), *argv)
+    proc = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--warmup",
+        "2",
+        "--steps",
+        "5",
+        "--profile-steps",
+        "1",
+        "--no-report",
+        "--",
+        str(FIXTURE),
+        *argv,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads((out / "run.json").read_text())
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore:Using `torch.compile")  # FlopCounterMode's own module hooks, in this process
-@pytest.mark.parametrize("argv", [[], ["--amp"], ["--compile", "aot_eager"]], ids=["fp32", "bf16-autocast", "compiled"])
+@pytest.mark.filterwarnings(
+    "ignore:Using `torch.compile"
+)  # FlopCounterMode's own module hooks, in this process
+@pytest.mark.parametrize(
+    "argv", [[], ["--amp"], ["--compile", "aot_eager"]], ids=["fp32", "bf16-autocast", "compiled"]
+)
 def test_flops_per_step_equal_flop_counter_mode_over_the_same_step(tmp_path, argv):
     record = _profile(tmp_path, argv)
     expected = _counted(argv)
     summary, profiler = record["summary"], record["profiler"]
-    assert summary["flops_per_step"] == pytest.approx(expected, rel=0.02), (summary["flops_per_step"], expected)
+    assert summary["flops_per_step"] == pytest.approx(expected, rel=0.02), (
+        summary["flops_per_step"],
+        expected,
+    )
     # the total is the sum over ops, and backward ops are among them
     assert profiler["flops_total"] == sum(op["flops"] for op in profiler["flops_by_op"])
     assert any("backward" in op["name"] for op in profiler["flops_by_op"])
-    assert summary["achieved_flops_per_s"] == pytest.approx(summary["flops_per_step"] / (summary["median_step_ms"] / 1000))
+    assert summary["achieved_flops_per_s"] == pytest.approx(
+        summary["flops_per_step"] / (summary["median_step_ms"] / 1000)
+    )
     # the counted step is left out of the timings, like profiled steps
     counted = [s for s in record["steps"] if s["flops_counted"]]
     assert [s["index"] for s in counted] == [profiler["flops_step"]] and counted[0]["profiled"]
@@ -63,16 +85,33 @@ def test_checkpoint_recompute_is_counted_once_apart_from_model_flops(tmp_path):
     assert with_recompute > model_flops  # the witness itself sees the recomputation
     assert summary["flops_per_step"] == pytest.approx(model_flops, rel=0.02)
     assert summary["recompute_flops_per_step"] == pytest.approx(with_recompute - model_flops, rel=0.02)
-    assert record["profiler"]["flops_recompute"] == sum(op["recompute"] for op in record["profiler"]["flops_by_op"])
+    assert record["profiler"]["flops_recompute"] == sum(
+        op["recompute"] for op in record["profiler"]["flops_by_op"]
+    )
 
 
 @pytest.mark.slow
 def test_a_run_with_no_step_left_for_counting_says_not_measured(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("profile", "--out", str(out), "--warmup", "1", "--steps", "2", "--profile-steps", "2",
-                   "--no-report", "--", str(FIXTURE))
+    proc = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--warmup",
+        "1",
+        "--steps",
+        "2",
+        "--profile-steps",
+        "2",
+        "--no-report",
+        "--",
+        str(FIXTURE),
+    )
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "run.json").read_text())
-    assert record["summary"].get("flops_per_step") is None and record["summary"].get("achieved_flops_per_s") is None
+    assert (
+        record["summary"].get("flops_per_step") is None
+        and record["summary"].get("achieved_flops_per_s") is None
+    )
     assert "--steps 3" in record["summary"]["flops_not_measured"]
     assert "FLOPs: not measured: no measured step was left for counting" in proc.stderr

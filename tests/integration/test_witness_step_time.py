@@ -17,8 +17,20 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "witness" / "timed_
 @pytest.mark.slow
 def test_recorded_step_times_equal_the_scripts_own_timer_step_by_step(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("profile", "--out", str(out), "--warmup", "2", "--steps", "8", "--profile-steps", "2",
-                   "--no-report", "--", str(FIXTURE))
+    proc = run_cli(
+        "profile",
+        "--out",
+        str(out),
+        "--warmup",
+        "2",
+        "--steps",
+        "8",
+        "--profile-steps",
+        "2",
+        "--no-report",
+        "--",
+        str(FIXTURE),
+    )
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "run.json").read_text())
     own = {int(m[1]): float(m[2]) for m in re.finditer(r"^step (\d+) ms ([\d.]+)$", proc.stdout, re.M)}
@@ -36,5 +48,8 @@ def test_recorded_step_times_equal_the_scripts_own_timer_step_by_step(tmp_path):
         assert phases == pytest.approx(recorded, rel=1e-6, abs=1e-6), (i, phases, recorded)
     # the headline median is the median of those very steps' times (profiled and FLOP-counted left out)
     plain = sorted(steps[i]["total_ms"] for i in steps if not steps[i]["warmup"] and not steps[i]["profiled"])
-    assert record["summary"]["median_step_ms"] == pytest.approx(plain[len(plain) // 2] if len(plain) % 2
-                                                                else (plain[len(plain) // 2 - 1] + plain[len(plain) // 2]) / 2)
+    assert record["summary"]["median_step_ms"] == pytest.approx(
+        plain[len(plain) // 2]
+        if len(plain) % 2
+        else (plain[len(plain) // 2 - 1] + plain[len(plain) // 2]) / 2
+    )

@@ -89,8 +89,12 @@ def test_call_counts_exclude_never_called_classes():
 
     model = TwoStacks()
     assert block_classes(model) == [MinBlock, NanoBlock]  # statically both stacks are blocks...
-    rows = [{"name": "<root>", "calls": 1}, {"name": "used", "calls": 0},
-            {"name": "used.0", "calls": 1}, {"name": "used.1", "calls": 1}]
+    rows = [
+        {"name": "<root>", "calls": 1},
+        {"name": "used", "calls": 0},
+        {"name": "used.0", "calls": 1},
+        {"name": "used.1", "calls": 1},
+    ]
     assert block_classes(model, calls_from_rows(rows)) == [NanoBlock]  # ...but only NanoBlock ran
     assert calls_from_rows([]) is None
     # blocks deeper than anything timed keep the static answer

@@ -17,30 +17,57 @@ from torchscalpel.runtime.summary import summarize
 PHASE_MS = {"data": 1.0, "forward": 3.0, "backward": 5.0, "optimizer": 1.0, "other": 0.5}
 
 
-def make_record(*, backward_scale: float = 1.0, seed: int = 0, torch_version: str = "2.12.0",
-                losses: list[float] | None = None, settings: dict | None = None, jitter: float = 0.01) -> RunRecord:
+def make_record(
+    *,
+    backward_scale: float = 1.0,
+    seed: int = 0,
+    torch_version: str = "2.12.0",
+    losses: list[float] | None = None,
+    settings: dict | None = None,
+    jitter: float = 0.01,
+) -> RunRecord:
     """A record of 12 measured steps (+2 warm-up) with a small, fixed spread."""
     steps = []
     for i in range(14):
         wiggle = 1.0 + jitter * ((i % 3) - 1)
         phases = {k: v * wiggle * (backward_scale if k == "backward" else 1.0) for k, v in PHASE_MS.items()}
-        steps.append(StepRecord(index=i, warmup=i < 2, total_ms=sum(phases.values()),
-                                **{f"{k}_ms": v for k, v in phases.items()},
-                                loss=(losses[i] if losses else 2.0 / (i + 1)), samples=32))
-    record = RunRecord(name="train", created="2026-12-01T10:00:00+0000", steps=steps,
-                       command=["scalpel", "profile", "--", "train.py"],
-                       target={"script": "train.py", "module": None, "args": ["--lr", "0.1"]},
-                       environment={"python": "3.11.7", "torch": torch_version,
-                                    "packages": {"torch": torch_version, "numpy": "2.4.6"},
-                                    "cpu": {"model": "Xeon", "load_avg_1m": 0.1 * seed + backward_scale}},
-                       config={"warmup": 2, "steps": 12, "profile_steps": 0, "module_times": False, "step_kind": "auto"},
-                       provenance={"git": {"commit": "a" * 40, "branch": "main", "dirty": False, "diff_sha256": "0" * 64},
-                                   "code": {"script": {"path": "train.py", "sha256": "1" * 64},
-                                            "modules": {"helpers": {"path": "helpers.py", "sha256": "2" * 64}}},
-                                   "data": {"dataset_len": 256, "shapes": [[32, 8]], "dtypes": ["float32"],
-                                            "sha256": "3" * 64},
-                                   "seeds": {"calls": [{"source": "torch", "seed": seed}], "torch_initial_seed": seed,
-                                             "loaders": []}})
+        steps.append(
+            StepRecord(
+                index=i,
+                warmup=i < 2,
+                total_ms=sum(phases.values()),
+                **{f"{k}_ms": v for k, v in phases.items()},
+                loss=(losses[i] if losses else 2.0 / (i + 1)),
+                samples=32,
+            )
+        )
+    record = RunRecord(
+        name="train",
+        created="2026-12-01T10:00:00+0000",
+        steps=steps,
+        command=["scalpel", "profile", "--", "train.py"],
+        target={"script": "train.py", "module": None, "args": ["--lr", "0.1"]},
+        environment={
+            "python": "3.11.7",
+            "torch": torch_version,
+            "packages": {"torch": torch_version, "numpy": "2.4.6"},
+            "cpu": {"model": "Xeon", "load_avg_1m": 0.1 * seed + backward_scale},
+        },
+        config={"warmup": 2, "steps": 12, "profile_steps": 0, "module_times": False, "step_kind": "auto"},
+        provenance={
+            "git": {"commit": "a" * 40, "branch": "main", "dirty": False, "diff_sha256": "0" * 64},
+            "code": {
+                "script": {"path": "train.py", "sha256": "1" * 64},
+                "modules": {"helpers": {"path": "helpers.py", "sha256": "2" * 64}},
+            },
+            "data": {"dataset_len": 256, "shapes": [[32, 8]], "dtypes": ["float32"], "sha256": "3" * 64},
+            "seeds": {
+                "calls": [{"source": "torch", "seed": seed}],
+                "torch_initial_seed": seed,
+                "loaders": [],
+            },
+        },
+    )
     if settings is not None:
         record.config["tune_settings"] = settings
     record.summary = summarize(record)
@@ -82,7 +109,9 @@ def test_no_difference_and_noise_keeps_a_small_change_unnamed() -> None:
     noisy_b = make_record(jitter=0.3, backward_scale=1.05)
     pair = compare_records([noisy_a, noisy_b]).pairs[0]
     assert not pair.significant and "within noise" in pair.verdict
-    assert pair.verdict.endswith("no recorded difference in config, tune settings, code, data, seeds or environment")
+    assert pair.verdict.endswith(
+        "no recorded difference in config, tune settings, code, data, seeds or environment"
+    )
 
 
 def test_code_and_data_differences_are_listed() -> None:
@@ -114,24 +143,42 @@ def _write(tmp_path: Path, name: str, record: RunRecord) -> Path:
     return folder
 
 
-def test_cli_json_html_and_an_older_minor_schema_note(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_json_html_and_an_older_minor_schema_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     old = make_record()
     old.schema_version, old.provenance = "1.2", {}
     a = _write(tmp_path, "a", old)
     b = _write(tmp_path, "b", make_record(backward_scale=1.652, torch_version="2.13.0"))
-    assert main(["compare", str(a), str(b / "run.json"), "--json", str(tmp_path / "c.json"),
-                 "--html", str(tmp_path / "c.html")]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                str(a),
+                str(b / "run.json"),
+                "--json",
+                str(tmp_path / "c.json"),
+                "--html",
+                str(tmp_path / "c.html"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "verdict A -> B: B is 1.31x slower per step, all of it in backward" in out
     assert "schema 1.2 record" in out
     data = json.loads((tmp_path / "c.json").read_text())
-    assert data["pairs"][0]["differences"] == [{"kind": "environment", "key": "torch", "a": "2.12.0", "b": "2.13.0"}]
+    assert data["pairs"][0]["differences"] == [
+        {"kind": "environment", "key": "torch", "a": "2.12.0", "b": "2.13.0"}
+    ]
     assert any("no provenance" in n for n in data["notes"])
     assert (tmp_path / "c.html").read_text().startswith("<!DOCTYPE html>")
     assert load_record(a).schema_version == "1.2"  # older records still load
 
 
-def test_cli_refuses_a_newer_major_schema_in_one_sentence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_refuses_a_newer_major_schema_in_one_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     newer = make_record()
     newer.schema_version = f"{int(SCHEMA_VERSION.split('.')[0]) + 1}.0"
     a = _write(tmp_path, "a", make_record())
@@ -185,12 +232,16 @@ def test_the_phase_chart_plots_the_medians_its_table_names() -> None:
     b = _skewed([10.0] * 10 + [60.0, 61.0], backward_ms=20.0)  # mean 18.42, median 10.00
     cmp = compare_records([a, b])
     page = render(cmp)
-    section = page[page.index('id="steps"'):]
+    section = page[page.index('id="steps"') :]
     table_html, chart = section.split('data-chart="compare-phases"', 1)
-    chart = chart[:chart.index("</svg>")]
-    cells = {m[1]: [float(x) for x in re.findall(r'<td class="num">([\d.]+)</td>', m[2])]
-             for m in re.finditer(r'<tr><td class="">(\w+)</td>(.*?)</tr>', table_html)}
-    plotted = {(m[1], m[2]): float(m[3]) for m in re.finditer(r"<title>(\w) (\w+): ([\d.,]+) ms</title>", chart)}
+    chart = chart[: chart.index("</svg>")]
+    cells = {
+        m[1]: [float(x) for x in re.findall(r'<td class="num">([\d.]+)</td>', m[2])]
+        for m in re.finditer(r'<tr><td class="">(\w+)</td>(.*?)</tr>', table_html)
+    }
+    plotted = {
+        (m[1], m[2]): float(m[3]) for m in re.finditer(r"<title>(\w) (\w+): ([\d.,]+) ms</title>", chart)
+    }
     assert cells["forward"] == [13.3, 10.0]
     for phase in ("data", "forward", "backward", "optimizer", "other"):
         for label, cell in zip("AB", cells[phase], strict=True):
@@ -202,9 +253,14 @@ def test_the_phase_chart_plots_the_medians_its_table_names() -> None:
 def test_stacked_medians_that_do_not_add_up_to_the_median_step_are_said() -> None:
     b = make_record()
     for s in b.steps:  # every step 31.5 ms, spent in one phase of three in turn: each phase's median is 0
-        s.data_ms, s.forward_ms, s.backward_ms = [(30.0, 0.0, 0.0), (0.0, 30.0, 0.0), (0.0, 0.0, 30.0)][s.index % 3]
+        s.data_ms, s.forward_ms, s.backward_ms = [(30.0, 0.0, 0.0), (0.0, 30.0, 0.0), (0.0, 0.0, 30.0)][
+            s.index % 3
+        ]
         s.total_ms = sum(s.phase_ms().values())
     b.summary = summarize(b)
     page = render(compare_records([make_record(), b]))
-    assert "need not add up to the median step when steps vary (B: 1.50 ms stacked, 31.50 ms median step)" in page
-    assert "A: " not in page[page.index("need not add up"):page.index("median step)")]
+    assert (
+        "need not add up to the median step when steps vary (B: 1.50 ms stacked, 31.50 ms median step)"
+        in page
+    )
+    assert "A: " not in page[page.index("need not add up") : page.index("median step)")]

@@ -34,7 +34,13 @@ def test_defaults_then_file_then_flags(tmp_path, monkeypatch):
         '[defaults.profile]\nsteps = 8\nstep_kind = "backward"\n\n[defaults.doctor]\nsteps = "all"\n'
     )
     args = _parse(tmp_path, monkeypatch, "profile", "--", "train.py")
-    assert (args.warmup, args.steps, args.step_kind, args.step_timeout, args.profile_steps) == (5, "8", "backward", 30.0, 1)
+    assert (args.warmup, args.steps, args.step_kind, args.step_timeout, args.profile_steps) == (
+        5,
+        "8",
+        "backward",
+        30.0,
+        1,
+    )
     assert str(common.RUNS_ROOT) == "runs"
     assert common.default_run_dir("x").parent == Path("runs")
     args = _parse(tmp_path, monkeypatch, "profile", "--warmup", "7", "--steps", "all", "--", "train.py")
@@ -52,15 +58,19 @@ def test_pyproject_tool_scalpel_is_read_when_scalpel_toml_has_no_defaults(tmp_pa
     found = load_defaults("tune", tmp_path)
     assert found.source == tmp_path / "pyproject.toml" and found.values == {"warmup": 1, "steps": "4"}
     # the file scalpel tune writes ([tune] only) does not hide pyproject's defaults
-    (tmp_path / "scalpel.toml").write_text('# written by scalpel tune\nversion = "1.0"\n\n[tune]\nthreads = 2\n')
+    (tmp_path / "scalpel.toml").write_text(
+        '# written by scalpel tune\nversion = "1.0"\n\n[tune]\nthreads = 2\n'
+    )
     args = _parse(tmp_path, monkeypatch, "tune", "--", "train.py")
     assert (args.warmup, args.steps) == (1, "4")
 
 
 def test_defaults_sit_beside_tunes_tables_without_conflict(tmp_path):
     path = tmp_path / "scalpel.toml"
-    path.write_text('version = "1.0"\n\n[tune]\namp = "bf16"\n\n[tune.dataloader]\nnum_workers = 2\n\n'
-                    '[defaults]\nwarmup = 4\n')
+    path.write_text(
+        'version = "1.0"\n\n[tune]\namp = "bf16"\n\n[tune.dataloader]\nnum_workers = 2\n\n'
+        "[defaults]\nwarmup = 4\n"
+    )
     assert load_defaults("profile", tmp_path).values == {"warmup": 4}
     settings = read_settings_file(path)  # what scalpel run reads is unchanged
     assert settings.amp == "bf16" and settings.dataloader.num_workers == 2
@@ -80,7 +90,10 @@ def test_no_file_means_no_defaults(tmp_path):
         ('[defaults.profile]\nsteps = "lots"\n', "in [defaults.profile], steps must be a number >= 1"),
         ('[defaults]\nstep_kind = "epoch"\n', "step_kind must be one of auto, optimizer, backward, forward"),
         ("[defaults]\nstep_timeout = 0\n", "step_timeout must be a number of seconds > 0"),
-        ("[defaults.doctor]\nprofile_steps = 2\n", "'profile_steps' in [defaults.doctor] does not apply to scalpel doctor"),
+        (
+            "[defaults.doctor]\nprofile_steps = 2\n",
+            "'profile_steps' in [defaults.doctor] does not apply to scalpel doctor",
+        ),
         ("[defaults.plan]\nwarmup = 2\n", "unknown table [defaults.plan]"),
         ("[profile]\nwarmup = 2\n", "unknown key 'profile'; per-command defaults go in [defaults.profile]"),
         ("[defaults\nwarmup = 2\n", "is not valid TOML"),

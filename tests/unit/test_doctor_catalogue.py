@@ -28,10 +28,16 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "doctor.md"
 def _doctor_classes() -> list[type]:
     """Every class defined in a torchscalpel.doctor module that derives from Rule."""
     found: list[type] = []
-    for mod in pkgutil.walk_packages(importlib.import_module("torchscalpel.doctor").__path__, "torchscalpel.doctor."):
+    for mod in pkgutil.walk_packages(
+        importlib.import_module("torchscalpel.doctor").__path__, "torchscalpel.doctor."
+    ):
         module = importlib.import_module(mod.name)
         for _, obj in inspect.getmembers(module, inspect.isclass):
-            if obj.__module__ == module.__name__ and issubclass(obj, Rule) and obj not in (Rule, StaticRule, RuntimeRule):
+            if (
+                obj.__module__ == module.__name__
+                and issubclass(obj, Rule)
+                and obj not in (Rule, StaticRule, RuntimeRule)
+            ):
                 found.append(obj)
     return found
 
@@ -47,8 +53,12 @@ def test_every_rule_class_is_in_the_catalogue_with_its_metadata() -> None:
     assert len(classes) > len(catalogue.RULE_CLASSES)  # the walk found the helpers and bases too
     for cls in classes:
         if cls.slugs or _reports_findings(cls):
-            assert cls.infos, f"{cls.__qualname__} reports findings but declares no RuleInfo (set info = RuleInfo(...))"
-            assert cls in catalogue.RULE_CLASSES, f"{cls.__module__}.{cls.__qualname__} is not listed in doctor/catalogue.py"
+            assert cls.infos, (
+                f"{cls.__qualname__} reports findings but declares no RuleInfo (set info = RuleInfo(...))"
+            )
+            assert cls in catalogue.RULE_CLASSES, (
+                f"{cls.__module__}.{cls.__qualname__} is not listed in doctor/catalogue.py"
+            )
     assert len(set(catalogue.RULE_CLASSES)) == len(catalogue.RULE_CLASSES)
     for cls in catalogue.RULE_CLASSES:
         assert cls.infos and cls.slugs == tuple(i.slug for i in cls.infos), cls
@@ -69,7 +79,9 @@ def test_each_slug_has_one_rule_info_and_kinds_match_the_classes() -> None:
     assert set(by_slug) == set(registry.RULES)
     for slug, classes in by_slug.items():
         infos = [next(i for i in c.infos if i.slug == slug) for c in classes]
-        assert all(i is infos[0] for i in infos), f"{slug}: declare its RuleInfo once and reference it from the other class"
+        assert all(i is infos[0] for i in infos), (
+            f"{slug}: declare its RuleInfo once and reference it from the other class"
+        )
         kinds = set(registry.RULES[slug].kinds)
         assert ("static" in kinds) == any(issubclass(c, StaticRule) for c in classes), slug
         # rank-conditional-step's runtime half compares ranks' records (doctor/ranks.py), not an observer.
@@ -113,8 +125,13 @@ def test_catalogue_has_no_import_side_effects() -> None:
         """
     )
     src = Path(__file__).resolve().parents[2] / "src"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
@@ -122,7 +139,11 @@ def test_analyzing_twice_gives_the_same_findings() -> None:
     from torchscalpel.doctor.static import analyze_source
 
     src = "import torch\nimport torch.nn as nn\ntorch.save(model, 'm.pt')\n"
-    assert [f.rule for f in analyze_source(src, "t.py")] == [f.rule for f in analyze_source(src, "t.py")] == ["whole-model-save"]
+    assert (
+        [f.rule for f in analyze_source(src, "t.py")]
+        == [f.rule for f in analyze_source(src, "t.py")]
+        == ["whole-model-save"]
+    )
 
 
 def test_observer_events_are_the_runtimes_own_list() -> None:
@@ -161,16 +182,31 @@ def test_merge_findings_drops_what_the_declared_supersedes_explain() -> None:
     from torchscalpel.doctor.api import merge_findings
     from torchscalpel.doctor.rules.rt_numerics import NONFINITE_GRADS
 
-    fsdp = [_f("optimizer-before-fsdp"), _f("param-not-in-optimizer"), _f("cannot-overfit-batch"), _f("loss-diverging")]
+    fsdp = [
+        _f("optimizer-before-fsdp"),
+        _f("param-not-in-optimizer"),
+        _f("cannot-overfit-batch"),
+        _f("loss-diverging"),
+    ]
     assert sorted(f.rule for f in merge_findings([], fsdp)) == ["loss-diverging", "optimizer-before-fsdp"]
     # A static optimizer-before-fsdp explains them too (as before: the slug, whatever its source).
     static_fsdp = merge_findings([_f("optimizer-before-fsdp", source="static")], fsdp[1:])
     assert sorted(f.rule for f in static_fsdp) == ["loss-diverging", "optimizer-before-fsdp"]
-    assert sorted(f.rule for f in merge_findings([], fsdp[1:])) == ["cannot-overfit-batch", "loss-diverging", "param-not-in-optimizer"]
+    assert sorted(f.rule for f in merge_findings([], fsdp[1:])) == [
+        "cannot-overfit-batch",
+        "loss-diverging",
+        "param-not-in-optimizer",
+    ]
     # nan-loss explains non-finite gradients, not a finite explosion.
-    nan = [_f("nan-loss"), _f("grad-norm-explosion", NONFINITE_GRADS), _f("grad-norm-explosion", "The gradient norm explodes: 300x")]
+    nan = [
+        _f("nan-loss"),
+        _f("grad-norm-explosion", NONFINITE_GRADS),
+        _f("grad-norm-explosion", "The gradient norm explodes: 300x"),
+    ]
     kept = merge_findings([], nan)
-    assert [(f.rule, f.message) for f in kept if f.rule == "grad-norm-explosion"] == [("grad-norm-explosion", "The gradient norm explodes: 300x")]
+    assert [(f.rule, f.message) for f in kept if f.rule == "grad-norm-explosion"] == [
+        ("grad-norm-explosion", "The gradient norm explodes: 300x")
+    ]
     assert len(merge_findings([], nan[1:2])) == 1
     # Static findings a runtime rule that watched the run supersedes are dropped.
     assert merge_findings([_f("unseeded-run", source="static")], [], {"unseeded-run"}) == []
@@ -184,7 +220,9 @@ def test_merge_findings_consults_every_catalogue_class(monkeypatch: pytest.Monke
         supersedes = ("unseeded-run",)
 
     monkeypatch.setattr(catalogue, "RULE_CLASSES", (*catalogue.RULE_CLASSES, Explains))
-    assert [f.rule for f in merge_findings([], [_f("loss-diverging"), _f("unseeded-run")])] == ["loss-diverging"]
+    assert [f.rule for f in merge_findings([], [_f("loss-diverging"), _f("unseeded-run")])] == [
+        "loss-diverging"
+    ]
 
 
 def test_nan_rule_answers_through_its_public_methods() -> None:
@@ -195,6 +233,8 @@ def test_nan_rule_answers_through_its_public_methods() -> None:
     assert rule.rerun_steps() is None
     rule.on_backward_pre((torch.tensor(float("nan")),))
     assert rule.rerun_steps() == 1
-    rule.set_op_origin({"op": "aten.log.default", "location": Location(file="train.py", line=13), "backward": False})
+    rule.set_op_origin(
+        {"op": "aten.log.default", "location": Location(file="train.py", line=13), "backward": False}
+    )
     (f,) = rule.findings(None)
     assert "aten.log.default at train.py:13" in f.message and f.location == Location(file="train.py", line=13)

@@ -27,10 +27,14 @@ def _raise_from_user_file(tmp_path: Path, source: str) -> BaseException:
     raise AssertionError("the user code did not raise")
 
 
-def test_a_real_weights_only_refusal_gives_the_allowlist_and_the_trusted_load_of_the_same_line(tmp_path: Path) -> None:
+def test_a_real_weights_only_refusal_gives_the_allowlist_and_the_trusted_load_of_the_same_line(
+    tmp_path: Path,
+) -> None:
     ckpt = tmp_path / "ck.pt"
     torch.save({"vocab": Vocab()}, ckpt)
-    exc = _raise_from_user_file(tmp_path, f"import torch\nstate = torch.load({str(ckpt)!r}, map_location='cpu')\n")
+    exc = _raise_from_user_file(
+        tmp_path, f"import torch\nstate = torch.load({str(ckpt)!r}, map_location='cpu')\n"
+    )
     crash = crash_of(exc)
     assert crash.type_name == "UnpicklingError" and crash.location is not None and crash.location.line == 2
     rule = ScriptFailed()
@@ -56,6 +60,8 @@ def test_launcher_commands_keep_the_arguments_shell_quoted() -> None:
 
 
 def test_without_the_exception_the_record_error_still_makes_a_finding() -> None:
-    (f,) = ScriptFailed().findings(RunRecord(status="failed", error="RuntimeError: boom", target={"inprocess": "nb:3"}))
+    (f,) = ScriptFailed().findings(
+        RunRecord(status="failed", error="RuntimeError: boom", target={"inprocess": "nb:3"})
+    )
     assert f.message == "The block raised RuntimeError before its first step: boom." and f.location is None
     assert list(ScriptFailed().findings(RunRecord(status="stopped"))) == []

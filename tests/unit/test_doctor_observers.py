@@ -18,14 +18,18 @@ from torchscalpel.record import RunRecord, StepRecord
 
 
 def session(*roots: nn.Module, optimizers=()) -> SimpleNamespace:
-    return SimpleNamespace(root_modules=list(roots), optimizers=list(optimizers), loaders=[], request_stop=lambda r: None)
+    return SimpleNamespace(
+        root_modules=list(roots), optimizers=list(optimizers), loaders=[], request_stop=lambda r: None
+    )
 
 
 def rules_of(rule: RuntimeRule, record=None) -> list[str]:
     return [f.rule for f in rule.findings(record)]
 
 
-def train(rule: GradNotZeroed, model: nn.Module, opt, *, steps: int, accum: int = 1, zero: bool = True) -> None:
+def train(
+    rule: GradNotZeroed, model: nn.Module, opt, *, steps: int, accum: int = 1, zero: bool = True
+) -> None:
     x, y = torch.randn(8, 4), torch.randn(8, 1)
     for _ in range(steps):
         for _ in range(accum):
@@ -39,7 +43,9 @@ def train(rule: GradNotZeroed, model: nn.Module, opt, *, steps: int, accum: int 
             opt.zero_grad()
 
 
-@pytest.mark.parametrize(("accum", "zero", "fires"), [(1, False, True), (1, True, False), (4, True, False), (4, False, True)])
+@pytest.mark.parametrize(
+    ("accum", "zero", "fires"), [(1, False, True), (1, True, False), (4, True, False), (4, False, True)]
+)
 def test_grad_not_zeroed_mechanism(accum: int, zero: bool, fires: bool) -> None:
     torch.manual_seed(0)
     model = nn.Linear(4, 1)
@@ -211,16 +217,25 @@ def test_crashing_runtime_rule_reports_internal_error_and_others_continue() -> N
         doctor.on_forward_pre(nn.Dropout(0.5), (), {}, True)
     found = doctor.findings(RunRecord())
     by_rule = {f.rule: f for f in found}
-    assert by_rule["loss-diverging"].severity == Severity.INFO and "bad rule" in by_rule["loss-diverging"].message
+    assert (
+        by_rule["loss-diverging"].severity == Severity.INFO
+        and "bad rule" in by_rule["loss-diverging"].message
+    )
     assert "eval-in-train-mode" in by_rule
 
 
 def test_host_device_copy_bound_reads_profiled_copy_time() -> None:
     steps = [StepRecord(index=i, total_ms=10.0, profiled=True) for i in range(3)]
-    hot = RunRecord(config={"device": "cuda:0"}, steps=steps,
-                    profiler={"top_ops": [{"name": "Memcpy HtoD (Pageable -> Device)", "total_us": 9000.0}]})
-    cold = RunRecord(config={"device": "cuda:0"}, steps=steps,
-                     profiler={"top_ops": [{"name": "Memcpy HtoD (Pinned -> Device)", "total_us": 1000.0}]})
+    hot = RunRecord(
+        config={"device": "cuda:0"},
+        steps=steps,
+        profiler={"top_ops": [{"name": "Memcpy HtoD (Pageable -> Device)", "total_us": 9000.0}]},
+    )
+    cold = RunRecord(
+        config={"device": "cuda:0"},
+        steps=steps,
+        profiler={"top_ops": [{"name": "Memcpy HtoD (Pinned -> Device)", "total_us": 1000.0}]},
+    )
     assert rules_of(HostDeviceCopyBound(), hot) == ["host-device-copy-bound"]
     assert rules_of(HostDeviceCopyBound(), cold) == []
 
@@ -299,7 +314,9 @@ def test_loss_diverging_baseline_excludes_an_early_blow_up_and_short_crashed_run
     from torchscalpel.doctor.rules.rt_numerics import LossDiverging
 
     def record(losses, status="complete", error=None):
-        return RunRecord(steps=[StepRecord(index=i, loss=x) for i, x in enumerate(losses)], status=status, error=error)
+        return RunRecord(
+            steps=[StepRecord(index=i, loss=x) for i, x in enumerate(losses)], status=status, error=error
+        )
 
     # 9.28 -> 12767 then a crash: two steps are enough, the baseline is the first loss
     (f,) = LossDiverging().findings(record([9.28, 12767.0], status="failed", error="RuntimeError: boom"))

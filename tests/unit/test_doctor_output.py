@@ -13,12 +13,27 @@ from torchscalpel.record import RunRecord
 from torchscalpel.report.findings_sections import build
 
 FINDINGS = [
-    Finding(rule="unseeded-run", severity=Severity.INFO, message="no seed", source="static",
-            location=Location(file="a.py", line=3)),
-    Finding(rule="grad-not-zeroed", severity=Severity.ERROR, message="grads pile up", evidence=["5 of 5 steps"],
-            fix="optimizer.zero_grad()"),
-    Finding(rule="dataparallel-used", severity=Severity.WARNING, message="use DDP", source="static",
-            location=Location(file="b.py", line=7, column=5)),
+    Finding(
+        rule="unseeded-run",
+        severity=Severity.INFO,
+        message="no seed",
+        source="static",
+        location=Location(file="a.py", line=3),
+    ),
+    Finding(
+        rule="grad-not-zeroed",
+        severity=Severity.ERROR,
+        message="grads pile up",
+        evidence=["5 of 5 steps"],
+        fix="optimizer.zero_grad()",
+    ),
+    Finding(
+        rule="dataparallel-used",
+        severity=Severity.WARNING,
+        message="use DDP",
+        source="static",
+        location=Location(file="b.py", line=7, column=5),
+    ),
 ]
 
 
@@ -58,13 +73,19 @@ def test_terminal_lists_most_severe_first_with_fix_and_location() -> None:
 def test_summary_line_says_when_errors_were_found() -> None:
     from torchscalpel.doctor.output import summary_line
 
-    assert "2 error(s) found" in summary_line([FINDINGS[1], FINDINGS[1]]) and "they are fixed" in summary_line(FINDINGS[1:2] * 2)
-    assert "error(s) found" not in summary_line(FINDINGS[2:]) and "0 error, 1 warning" in summary_line(FINDINGS[2:])
+    assert "2 error(s) found" in summary_line(
+        [FINDINGS[1], FINDINGS[1]]
+    ) and "they are fixed" in summary_line(FINDINGS[1:2] * 2)
+    assert "error(s) found" not in summary_line(FINDINGS[2:]) and "0 error, 1 warning" in summary_line(
+        FINDINGS[2:]
+    )
     assert "no errors or warnings" in summary_line(FINDINGS[:1])
 
 
 def test_report_section_lists_findings_and_escapes_html() -> None:
-    record = RunRecord(findings=[Finding(rule="nan-loss", severity=Severity.ERROR, message="<b>nan</b>").to_dict()])
+    record = RunRecord(
+        findings=[Finding(rule="nan-loss", severity=Severity.ERROR, message="<b>nan</b>").to_dict()]
+    )
     (section,) = build(record)
     assert "nan-loss" in section.body and "&lt;b&gt;" in section.body and "<b>nan</b>" not in section.body
     assert build(RunRecord()) == []
@@ -75,7 +96,9 @@ def test_env_findings_join_the_doctor_list(monkeypatch) -> None:
     from torchscalpel.doctor import api
     from torchscalpel.envcheck import checks
 
-    fake = Finding(rule="cuda-driver-too-old", severity=Severity.ERROR, message="old driver", source="runtime")
+    fake = Finding(
+        rule="cuda-driver-too-old", severity=Severity.ERROR, message="old driver", source="runtime"
+    )
     monkeypatch.setattr(checks, "run_checks", lambda facts: [fake])
     (f,) = api._env_findings(RunRecord(environment={"python": "3.11"}))
     assert f.rule == "cuda-driver-too-old" and f.source == "env"

@@ -8,13 +8,20 @@ from torchscalpel.record import RunRecord, StepRecord
 
 
 def record(steps: int, *findings: Finding, micro: int = 1) -> RunRecord:
-    return RunRecord(status="complete", step_kind="optimizer",
-                     steps=[StepRecord(index=i, micro_batches=micro) for i in range(steps)],
-                     findings=[f.to_dict() for f in findings])
+    return RunRecord(
+        status="complete",
+        step_kind="optimizer",
+        steps=[StepRecord(index=i, micro_batches=micro) for i in range(steps)],
+        findings=[f.to_dict() for f in findings],
+    )
 
 
-SAME = Finding(rule="ddp-no-distributed-sampler", severity=Severity.ERROR, message="same data",
-               location=Location(file="t.py", line=3))
+SAME = Finding(
+    rule="ddp-no-distributed-sampler",
+    severity=Severity.ERROR,
+    message="same data",
+    location=Location(file="t.py", line=3),
+)
 ONLY1 = Finding(rule="eval-in-train-mode", severity=Severity.WARNING, message="train mode")
 
 

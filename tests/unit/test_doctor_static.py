@@ -20,23 +20,26 @@ def rules_in(code: str) -> list[str]:
 
 CASES = [
     # (rule, buggy code, correct code)
-    ("module-in-plain-container",
-     """
+    (
+        "module-in-plain-container",
+        """
      class M(nn.Module):
          def __init__(self):
              super().__init__()
              self.layers = [nn.Linear(2, 2) for _ in range(3)]
      """,
-     """
+        """
      class M(nn.Module):
          def __init__(self):
              super().__init__()
              self.layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(3)])
              layers = [nn.Linear(2, 2)]
              self.seq = nn.Sequential(*layers)
-     """),
-    ("module-in-plain-container",
-     """
+     """,
+    ),
+    (
+        "module-in-plain-container",
+        """
      class Block(nn.Module):
          pass
      class M(nn.Module):
@@ -45,15 +48,17 @@ CASES = [
              self.heads = {}
              self.heads["a"] = Block()
      """,
-     """
+        """
      class M(nn.Module):
          def __init__(self):
              super().__init__()
              self.sizes = [1, 2, 3]
              self.names = {"a": "b"}
-     """),
-    ("module-in-plain-container",
-     """
+     """,
+    ),
+    (
+        "module-in-plain-container",
+        """
      from torch.nn import Linear, Module
      class M(Module):
          def __init__(self):
@@ -62,7 +67,7 @@ CASES = [
              for i in range(2):
                  self.blocks.append(Linear(2, 2))
      """,
-     """
+        """
      class M(nn.Module):
          def __init__(self):
              super().__init__()
@@ -70,15 +75,17 @@ CASES = [
              for i in range(2):
                  self.blocks.append(nn.Linear(2, 2))
              self.blocks = nn.ModuleList(self.blocks)
-     """),
-    ("tensor-attribute-not-registered",
-     """
+     """,
+    ),
+    (
+        "tensor-attribute-not-registered",
+        """
      class M(nn.Module):
          def __init__(self):
              super().__init__()
              self.mask = torch.ones(4, 4).tril()
      """,
-     """
+        """
      class M(nn.Module):
          def __init__(self):
              super().__init__()
@@ -88,47 +95,55 @@ CASES = [
          def forward(self, x):
              self.tmp = torch.zeros(2)
              return x
-     """),
-    ("module-created-in-forward",
-     """
+     """,
+    ),
+    (
+        "module-created-in-forward",
+        """
      class M(nn.Module):
          def forward(self, x):
              return nn.Linear(4, 4)(x)
      """,
-     """
+        """
      class M(nn.Module):
          def __init__(self):
              super().__init__()
              self.fc = nn.Linear(4, 4)
          def forward(self, x):
              return nn.ReLU()(self.fc(x)) + nn.CrossEntropyLoss()(x, x)
-     """),
-    ("empty-cache-in-loop",
-     """
+     """,
+    ),
+    (
+        "empty-cache-in-loop",
+        """
      for step in range(10):
          torch.cuda.empty_cache()
      """,
-     """
+        """
      for step in range(10):
          pass
      torch.cuda.empty_cache()
-     """),
-    ("unseeded-run",
-     """
+     """,
+    ),
+    (
+        "unseeded-run",
+        """
      for x in data:
          loss = model(x); loss.backward(); opt.step()
      """,
-     """
+        """
      torch.manual_seed(0)
      for x in data:
          loss = model(x); loss.backward(); opt.step()
-     """),
-    ("rank-conditional-step",
-     """
+     """,
+    ),
+    (
+        "rank-conditional-step",
+        """
      if dist.get_rank() == 0:
          dist.all_reduce(t)
      """,
-     """
+        """
      if rank == 0:
          print(loss.item())
          torch.save(model.state_dict(), "m.pt")
@@ -142,58 +157,71 @@ CASES = [
          dist.broadcast(payload, src=src)
      else:
          dist.broadcast(buffer, src=src)
-     """),
-    ("rank-conditional-step",
-     """
+     """,
+    ),
+    (
+        "rank-conditional-step",
+        """
      if is_main_process:
          loss.backward()
          optimizer.step()
      """,
-     """
+        """
      loss.backward()
      optimizer.step()
      if is_main_process:
          scheduler.step()
-     """),
+     """,
+    ),
     ("dataparallel-used", "m = nn.DataParallel(model)\n", "m = nn.parallel.DistributedDataParallel(model)\n"),
-    ("sampler-set-epoch-missing",
-     """
+    (
+        "sampler-set-epoch-missing",
+        """
      from torch.utils.data.distributed import DistributedSampler
      s = DistributedSampler(ds)
      """,
-     """
+        """
      from torch.utils.data.distributed import DistributedSampler
      s = DistributedSampler(ds)
      val = DistributedSampler(ds_val, shuffle=False)
      for epoch in range(3):
          s.set_epoch(epoch)
-     """),
-    ("optimizer-before-fsdp",
-     """
+     """,
+    ),
+    (
+        "optimizer-before-fsdp",
+        """
      from torch.distributed.fsdp import fully_shard
      def main():
          model = Net()
          opt = torch.optim.AdamW(model.parameters())
          fully_shard(model)
      """,
-     """
+        """
      from torch.distributed.fsdp import fully_shard
      def main():
          model = Net()
          fully_shard(model)
          opt = torch.optim.AdamW(model.parameters())
-     """),
-    ("unsafe-torch-load", "s = torch.load(p, weights_only=False)\n", "s = torch.load(p)\nt = torch.load(p, weights_only=True)\n"),
-    ("whole-model-save",
-     """
+     """,
+    ),
+    (
+        "unsafe-torch-load",
+        "s = torch.load(p, weights_only=False)\n",
+        "s = torch.load(p)\nt = torch.load(p, weights_only=True)\n",
+    ),
+    (
+        "whole-model-save",
+        """
      net = nn.Linear(2, 2).to("cpu")
      torch.save(net, "m.pt")
      """,
-     """
+        """
      net = nn.Linear(2, 2)
      torch.save(net.state_dict(), "m.pt")
      torch.save({"model": net.state_dict(), "step": 3}, "ckpt.pt")
-     """),
+     """,
+    ),
 ]
 
 
@@ -216,7 +244,9 @@ def test_syntax_error_file_gives_no_findings() -> None:
     assert analyze_source("def broken(:\n", "bad.py") == []
 
 
-def test_crashing_static_rule_becomes_its_internal_error_and_others_still_report(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crashing_static_rule_becomes_its_internal_error_and_others_still_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from torchscalpel.doctor import catalogue
     from torchscalpel.doctor.rules.checkpoint_static import WholeModelSaveStatic
 
@@ -250,7 +280,9 @@ def test_registry_has_every_contract_slug_once() -> None:
 
 
 def test_rank_findings_orders_by_severity() -> None:
-    found = analyze_source(HEADER + "torch.save(model, 'm.pt')\nfor i in x:\n    if rank == 0:\n        dist.barrier()\n", "t.py")
+    found = analyze_source(
+        HEADER + "torch.save(model, 'm.pt')\nfor i in x:\n    if rank == 0:\n        dist.barrier()\n", "t.py"
+    )
     ranked = rank_findings(found)
     assert [f.severity for f in ranked] == sorted((f.severity for f in ranked), reverse=True)
     assert ranked[0].rule == "rank-conditional-step"

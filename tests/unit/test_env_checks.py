@@ -11,33 +11,71 @@ from torchscalpel.envcheck.checks import SLUGS, run_checks
 from torchscalpel.findings import Finding, Severity
 
 CONTRACT_SLUGS = {
-    "torch-cpu-build-on-gpu-machine", "driver-too-old-for-cuda", "cuda-unavailable", "no-compiler-for-inductor",
-    "triton-missing", "nccl-unavailable", "torch-unsafe-loader-version", "onnx-vulnerable-version",
-    "omp-threads-oversubscribed", "mixed-cuda-runtimes",
+    "torch-cpu-build-on-gpu-machine",
+    "driver-too-old-for-cuda",
+    "cuda-unavailable",
+    "no-compiler-for-inductor",
+    "triton-missing",
+    "nccl-unavailable",
+    "torch-unsafe-loader-version",
+    "onnx-vulnerable-version",
+    "omp-threads-oversubscribed",
+    "mixed-cuda-runtimes",
 }
 
 CPU_BOX: dict[str, Any] = {
-    "platform": "linux", "torch": "2.13.0+cpu", "torch_cuda": None, "torch_hip": None,
-    "torch_build": {"kind": "cpu"}, "torch_threads": 2, "cuda_available": False, "gpus": [], "cpu_count": 2,
+    "platform": "linux",
+    "torch": "2.13.0+cpu",
+    "torch_cuda": None,
+    "torch_hip": None,
+    "torch_build": {"kind": "cpu"},
+    "torch_threads": 2,
+    "cuda_available": False,
+    "gpus": [],
+    "cpu_count": 2,
     "cpu": {"usable_cores": 2},
-    "driver": {"nvidia_version": None, "cuda_version": None, "nvidia_smi": None, "nvidia_devices": [],
-               "rocm_kfd": False, "wsl_dxg": False},
+    "driver": {
+        "nvidia_version": None,
+        "cuda_version": None,
+        "nvidia_smi": None,
+        "nvidia_devices": [],
+        "rocm_kfd": False,
+        "wsl_dxg": False,
+    },
     "distributed": {"available": True, "gloo": True, "nccl": False},
     "compilers": {"cxx": "/usr/bin/g++", "cc": "/usr/bin/gcc"},
-    "packages": {"torch": "2.13.0+cpu", "onnx": "1.23.2"}, "cuda_wheels": [], "env": {},
+    "packages": {"torch": "2.13.0+cpu", "onnx": "1.23.2"},
+    "cuda_wheels": [],
+    "env": {},
 }
 
 GPU_BOX: dict[str, Any] = {
     **copy.deepcopy(CPU_BOX),
-    "torch": "2.8.0+cu128", "torch_cuda": "12.8",
-    "torch_build": {"kind": "cuda", "cudnn": 91002, "arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]},
-    "cuda_available": True, "torch_threads": 8, "cpu_count": 32, "cpu": {"usable_cores": 32},
+    "torch": "2.8.0+cu128",
+    "torch_cuda": "12.8",
+    "torch_build": {
+        "kind": "cuda",
+        "cudnn": 91002,
+        "arch_list": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"],
+    },
+    "cuda_available": True,
+    "torch_threads": 8,
+    "cpu_count": 32,
+    "cpu": {"usable_cores": 32},
     "gpus": [{"index": 0, "name": "NVIDIA H100", "capability": "9.0", "memory_bytes": 80 << 30}],
-    "driver": {"nvidia_version": "570.124.06", "cuda_version": "12.8", "nvidia_smi": "/usr/bin/nvidia-smi",
-               "nvidia_devices": ["/dev/nvidia0"], "rocm_kfd": False, "wsl_dxg": False},
+    "driver": {
+        "nvidia_version": "570.124.06",
+        "cuda_version": "12.8",
+        "nvidia_smi": "/usr/bin/nvidia-smi",
+        "nvidia_devices": ["/dev/nvidia0"],
+        "rocm_kfd": False,
+        "wsl_dxg": False,
+    },
     "distributed": {"available": True, "gloo": True, "nccl": True},
     "packages": {"torch": "2.8.0+cu128", "triton": "3.4.0"},
-    "cuda_wheels": [{"name": "nvidia-cuda-runtime-cu12", "version": "12.8.90", "cuda_major": 12, "location": "/venv"}],
+    "cuda_wheels": [
+        {"name": "nvidia-cuda-runtime-cu12", "version": "12.8.90", "cuda_major": 12, "location": "/venv"}
+    ],
 }
 
 
@@ -87,8 +125,10 @@ def test_cpu_build_with_nvidia_smi_present() -> None:
 
 
 def test_cpu_build_fix_names_a_wheel_the_driver_can_run() -> None:
-    f = only(facts(CPU_BOX, driver={"nvidia_version": "535.104.05", "nvidia_devices": ["/dev/nvidia0"]}),
-             "torch-cpu-build-on-gpu-machine")
+    f = only(
+        facts(CPU_BOX, driver={"nvidia_version": "535.104.05", "nvidia_devices": ["/dev/nvidia0"]}),
+        "torch-cpu-build-on-gpu-machine",
+    )
     assert "whl/cu121" in f.fix  # driver 535 -> CUDA 12.2 -> newest PyTorch wheel at most 12.2 is cu121
     assert any("12.2" in e for e in f.evidence)
 
@@ -128,8 +168,10 @@ def test_windows_uses_the_windows_column() -> None:
     ("change", "cause"),
     [
         ({"env": {"CUDA_VISIBLE_DEVICES": ""}}, "CUDA_VISIBLE_DEVICES"),
-        ({"env": {"CUDA_VISIBLE_DEVICES": "2,3"}, "nvidia_smi": {"gpus": [{"name": "A"}, {"name": "B"}]}},
-         "CUDA_VISIBLE_DEVICES"),
+        (
+            {"env": {"CUDA_VISIBLE_DEVICES": "2,3"}, "nvidia_smi": {"gpus": [{"name": "A"}, {"name": "B"}]}},
+            "CUDA_VISIBLE_DEVICES",
+        ),
         ({"driver": {"nvidia_devices": [], "wsl_dxg": False}}, "container"),
         ({"driver": {"cuda_version": "11.8"}}, "older than the CUDA"),
         ({"nvidia_smi": {"error": "nvidia-smi did not answer within 10 s"}}, "does not answer"),
@@ -142,14 +184,24 @@ def test_cuda_unavailable_names_the_likeliest_cause(change: dict[str, Any], caus
 
 
 def test_visible_devices_within_range_is_not_blamed() -> None:
-    box = facts(GPU_BOX, cuda_available=False, gpus=[], env={"CUDA_VISIBLE_DEVICES": "1"},
-                nvidia_smi={"gpus": [{"name": "A"}, {"name": "B"}]}, driver={"nvidia_devices": []})
+    box = facts(
+        GPU_BOX,
+        cuda_available=False,
+        gpus=[],
+        env={"CUDA_VISIBLE_DEVICES": "1"},
+        nvidia_smi={"gpus": [{"name": "A"}, {"name": "B"}]},
+        driver={"nvidia_devices": []},
+    )
     assert "container" in only(box, "cuda-unavailable").message
 
 
 def test_cuda_wheel_on_machine_without_gpu_is_only_info() -> None:
-    box = facts(GPU_BOX, cuda_available=False, gpus=[], driver={"nvidia_version": None, "cuda_version": None,
-                                                                  "nvidia_smi": None, "nvidia_devices": []})
+    box = facts(
+        GPU_BOX,
+        cuda_available=False,
+        gpus=[],
+        driver={"nvidia_version": None, "cuda_version": None, "nvidia_smi": None, "nvidia_devices": []},
+    )
     f = only(box, "cuda-unavailable")
     assert f.severity == Severity.INFO and "no NVIDIA driver" in f.message
     assert "whl/cpu" in f.fix
@@ -187,7 +239,13 @@ def test_nccl_unavailable_on_linux_gpu_build() -> None:
 
 @pytest.mark.parametrize(
     ("version", "fires"),
-    [("2.5.1+cu121", True), ("2.6.0a0+git1234", True), ("2.6.0", False), ("2.13.0+cpu", False), ("1.13.1", True)],
+    [
+        ("2.5.1+cu121", True),
+        ("2.6.0a0+git1234", True),
+        ("2.6.0", False),
+        ("2.13.0+cpu", False),
+        ("1.13.1", True),
+    ],
 )
 def test_torch_unsafe_loader_version(version: str, fires: bool) -> None:
     box = facts(CPU_BOX, torch=version, packages={"torch": version})
@@ -216,8 +274,12 @@ def test_more_ranks_than_cores_asks_for_fewer_ranks() -> None:
 
 
 def test_omp_default_threads_count_when_unset() -> None:
-    assert "omp-threads-oversubscribed" in slugs(facts(CPU_BOX, local_ranks=2))  # 2 threads x 2 ranks > 2 cores
-    assert "omp-threads-oversubscribed" not in slugs(facts(CPU_BOX, local_ranks=2, env={"OMP_NUM_THREADS": "1"}))
+    assert "omp-threads-oversubscribed" in slugs(
+        facts(CPU_BOX, local_ranks=2)
+    )  # 2 threads x 2 ranks > 2 cores
+    assert "omp-threads-oversubscribed" not in slugs(
+        facts(CPU_BOX, local_ranks=2, env={"OMP_NUM_THREADS": "1"})
+    )
 
 
 def test_mixed_cuda_runtimes() -> None:
@@ -232,7 +294,12 @@ def test_mixed_cuda_runtimes() -> None:
 
 def test_same_runtime_installed_twice_or_for_another_cuda() -> None:
     twice = [
-        {"name": "nvidia-cuda-runtime-cu12", "version": "12.1.105", "cuda_major": 12, "location": "/home/u/.local"},
+        {
+            "name": "nvidia-cuda-runtime-cu12",
+            "version": "12.1.105",
+            "cuda_major": 12,
+            "location": "/home/u/.local",
+        },
         {"name": "nvidia-cuda-runtime-cu12", "version": "12.8.90", "cuda_major": 12, "location": "/venv"},
     ]
     assert "mixed-cuda-runtimes" in slugs(facts(GPU_BOX, cuda_wheels=twice))
@@ -247,7 +314,9 @@ def test_missing_keys_mean_unknown_not_a_crash() -> None:
 
 
 def test_findings_sorted_most_severe_first() -> None:
-    box = facts(CPU_BOX, torch="2.4.0", packages={"torch": "2.4.0"}, driver={"nvidia_smi": "/usr/bin/nvidia-smi"})
+    box = facts(
+        CPU_BOX, torch="2.4.0", packages={"torch": "2.4.0"}, driver={"nvidia_smi": "/usr/bin/nvidia-smi"}
+    )
     severities = [int(f.severity) for f in run_checks(box)]
     assert severities == sorted(severities, reverse=True) and severities[0] == Severity.ERROR
 
@@ -263,6 +332,9 @@ def test_findings_sorted_most_severe_first() -> None:
     ],
 )
 def test_gpu_arch_not_in_wheel(capability: str, arch_list: list[str], fires: bool) -> None:
-    box = facts(GPU_BOX, torch_build={"arch_list": arch_list},
-                gpus=[{"index": 0, "name": "GPU", "capability": capability}])
+    box = facts(
+        GPU_BOX,
+        torch_build={"arch_list": arch_list},
+        gpus=[{"index": 0, "name": "GPU", "capability": capability}],
+    )
     assert ("gpu-arch-not-in-wheel" in slugs(box)) is fires

@@ -28,13 +28,29 @@ def test_collect_facts_is_json_ready_and_starts_no_process(monkeypatch: pytest.M
     monkeypatch.setattr(subprocess.Popen, "__init__", no_process)
     facts = collect_facts()
     assert json.loads(json.dumps(facts)) == facts
-    for key in ("python", "torch", "torch_cuda", "torch_build", "cpu", "driver", "distributed", "compilers",
-                "packages", "cuda_wheels", "env", "gpus", "cuda_available", "platform"):
+    for key in (
+        "python",
+        "torch",
+        "torch_cuda",
+        "torch_build",
+        "cpu",
+        "driver",
+        "distributed",
+        "compilers",
+        "packages",
+        "cuda_wheels",
+        "env",
+        "gpus",
+        "cuda_available",
+        "platform",
+    ):
         assert key in facts, key
     import torch
 
     assert facts["torch"] == torch.__version__
-    assert facts["torch_build"]["kind"] == ("cuda" if torch.version.cuda else "rocm" if torch.version.hip else "cpu")
+    assert facts["torch_build"]["kind"] == (
+        "cuda" if torch.version.cuda else "rocm" if torch.version.hip else "cpu"
+    )
     assert facts["distributed"]["gloo"] == torch.distributed.is_gloo_available()
     assert facts["cpu"]["usable_cores"] == len(os.sched_getaffinity(0))
 
@@ -45,17 +61,24 @@ def test_env_vars_that_matter_are_kept_and_others_not(monkeypatch: pytest.Monkey
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     monkeypatch.setenv("SOME_SECRET_TOKEN", "x")
     env = collect_facts()["env"]
-    assert env["NCCL_DEBUG"] == "INFO" and env["TORCHINDUCTOR_FREEZING"] == "1" and env["OMP_NUM_THREADS"] == "3"
+    assert (
+        env["NCCL_DEBUG"] == "INFO" and env["TORCHINDUCTOR_FREEZING"] == "1" and env["OMP_NUM_THREADS"] == "3"
+    )
     assert "SOME_SECRET_TOKEN" not in env
 
 
 @pytest.mark.parametrize(
     ("text", "version"),
     [
-        ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
-         "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n", "535.104.05"),
-        ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  (dvs-builder@U16)\n",
-         "570.124.06"),
+        (
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n",
+            "535.104.05",
+        ),
+        (
+            "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.124.06  Release Build  (dvs-builder@U16)\n",
+            "570.124.06",
+        ),
         ("garbage\n", None),
     ],
 )
@@ -68,7 +91,9 @@ def test_read_nvidia_driver_version(tmp_path: Path, text: str, version: str | No
 
 def test_cpu_facts_from_a_fake_cpuinfo(tmp_path: Path) -> None:
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nmodel name\t: Fake Xeon 9999\nflags\t\t: fpu sse avx2 fma avx512f avx512_bf16 amx_tile\n")
+    info.write_text(
+        "processor\t: 0\nmodel name\t: Fake Xeon 9999\nflags\t\t: fpu sse avx2 fma avx512f avx512_bf16 amx_tile\n"
+    )
     cpu = cpu_facts(info)
     assert cpu["model"] == "Fake Xeon 9999"
     assert cpu["flags"] == ["avx2", "fma", "avx512f", "avx512_bf16", "amx_tile"]
@@ -89,7 +114,10 @@ def test_cuda_wheels_read_through_importlib_metadata(tmp_path: Path) -> None:
     _fake_dist(tmp_path, "numpy", "2.0.0")
     wheels = cuda_wheel_distributions(path=[str(tmp_path)])
     assert [(w["name"], w["cuda_major"]) for w in wheels] == [
-        ("nvidia-cuda-runtime", 13), ("nvidia-cuda-runtime-cu11", 11), ("nvidia-cuda-runtime-cu12", 12)]
+        ("nvidia-cuda-runtime", 13),
+        ("nvidia-cuda-runtime-cu11", 11),
+        ("nvidia-cuda-runtime-cu12", 12),
+    ]
     assert wheels[0]["location"] == str(tmp_path)
     # the whole path: fake installed distributions -> facts -> the mixed-cuda-runtimes finding
     found = run_checks({"torch_cuda": "12.8", "cuda_wheels": wheels})

@@ -25,13 +25,21 @@ def test_parse_header_and_query() -> None:
     assert nvidia_smi.parse_header(BANNER) == {"driver_version": "535.104.05", "cuda_version": "12.2"}
     gpus = nvidia_smi.parse_query(CSV)
     assert len(gpus) == 2
-    assert gpus[0] == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "driver_version": "535.104.05",
-                       "memory_bytes": 81559 * 1024 * 1024, "capability": "9.0"}
+    assert gpus[0] == {
+        "index": 0,
+        "name": "NVIDIA H100 80GB HBM3",
+        "driver_version": "535.104.05",
+        "memory_bytes": 81559 * 1024 * 1024,
+        "capability": "9.0",
+    }
     assert nvidia_smi.parse_query("[N/A]\n") == []
 
 
 def test_query_a_fake_nvidia_smi(tmp_path: Path) -> None:
-    exe = _fake_smi(tmp_path, f'if [ -z "$1" ]; then cat <<EOF\n{BANNER}EOF\nelse printf "{CSV}"; fi\n'.replace("\n0,", "\n0,"))
+    exe = _fake_smi(
+        tmp_path,
+        f'if [ -z "$1" ]; then cat <<EOF\n{BANNER}EOF\nelse printf "{CSV}"; fi\n'.replace("\n0,", "\n0,"),
+    )
     out = nvidia_smi.query(exe, timeout=10)
     assert out["error"] is None
     assert out["cuda_version"] == "12.2" and out["driver_version"] == "535.104.05"
@@ -40,15 +48,22 @@ def test_query_a_fake_nvidia_smi(tmp_path: Path) -> None:
 
 def test_query_falls_back_without_compute_cap(tmp_path: Path) -> None:
     # an old driver: --query-gpu with compute_cap fails, without it answers
-    body = ('case "$1" in *compute_cap*) echo "Field compute_cap is not a valid field"; exit 2;; '
-            '--query-gpu*) echo "0, Tesla V100, 16160, 450.80.02";; *) echo "Driver Version: 450.80.02";; esac\n')
+    body = (
+        'case "$1" in *compute_cap*) echo "Field compute_cap is not a valid field"; exit 2;; '
+        '--query-gpu*) echo "0, Tesla V100, 16160, 450.80.02";; *) echo "Driver Version: 450.80.02";; esac\n'
+    )
     out = nvidia_smi.query(_fake_smi(tmp_path, body), timeout=10)
     assert out["error"] is None
     assert out["gpus"][0]["name"] == "Tesla V100" and "capability" not in out["gpus"][0]
 
 
 def test_query_reports_failure_and_hang_as_sentences(tmp_path: Path) -> None:
-    failing = nvidia_smi.query(_fake_smi(tmp_path, 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9\n'))
+    failing = nvidia_smi.query(
+        _fake_smi(
+            tmp_path,
+            'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."; exit 9\n',
+        )
+    )
     assert failing["error"].startswith("nvidia-smi exited with 9: NVIDIA-SMI has failed")
     hang = tmp_path / "hang"
     hang.mkdir()

@@ -30,7 +30,9 @@ def test_lowp_probe_reports_both_dtypes_against_fp32() -> None:
 
 
 def test_in_process_probe_timeout_and_failure() -> None:
-    slow = probes._with_timeout("matmul", "cpu", 0.1, lambda: (time.sleep(1.0), ProbeResult(name="x", device="cpu", status="ok"))[1])
+    slow = probes._with_timeout(
+        "matmul", "cpu", 0.1, lambda: (time.sleep(1.0), ProbeResult(name="x", device="cpu", status="ok"))[1]
+    )
     assert slow.status == "timeout" and "0.1 s" in slow.detail
 
     def boom() -> ProbeResult:
@@ -91,8 +93,12 @@ def test_run_probes_selects_and_orders() -> None:
 
 def _lowp(bf16: float, fp16: float) -> ProbeResult:
     metric = lambda s: {"supported": True, "speedup_vs_fp32": s, "gflops": 100 * s, "rel_err": 1e-3}  # noqa: E731
-    return ProbeResult(name="lowp", device="cpu", status="ok",
-                       metrics={"n": 256, "fp32_gflops": 100.0, "bf16": metric(bf16), "fp16": metric(fp16)})
+    return ProbeResult(
+        name="lowp",
+        device="cpu",
+        status="ok",
+        metrics={"n": 256, "fp32_gflops": 100.0, "bf16": metric(bf16), "fp16": metric(fp16)},
+    )
 
 
 def test_slow_half_precision_finding() -> None:
@@ -107,8 +113,20 @@ def test_slow_half_precision_finding() -> None:
 
 def test_failed_and_timed_out_probes_become_findings() -> None:
     results = [
-        ProbeResult(name="compile", device="cpu", status="failed", detail="InvalidCxxCompiler: No working C++ compiler found"),
-        {"name": "allreduce", "device": "cpu", "status": "timeout", "seconds": 60.0, "detail": "did not finish", "metrics": {}},
+        ProbeResult(
+            name="compile",
+            device="cpu",
+            status="failed",
+            detail="InvalidCxxCompiler: No working C++ compiler found",
+        ),
+        {
+            "name": "allreduce",
+            "device": "cpu",
+            "status": "timeout",
+            "seconds": 60.0,
+            "detail": "did not finish",
+            "metrics": {},
+        },
         ProbeResult(name="matmul", device="cpu", status="ok"),
         ProbeResult(name="allreduce", device="cpu", status="skipped"),
     ]

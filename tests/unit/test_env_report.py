@@ -15,17 +15,39 @@ from torchscalpel.envcheck.report import build_report, write_json
 from torchscalpel.envcheck.screen import fact_rows, render
 
 GPU_FACTS: dict[str, Any] = {
-    "python": "3.11.7", "executable": "/venv/bin/python", "os": "Linux 6.8", "machine": "x86_64", "platform": "linux",
-    "cpu_count": 32, "cpu": {"model": "Xeon", "usable_cores": 32, "physical_cores": 16, "flags": ["avx512f"]},
-    "torch": "2.8.0+cu128", "torch_cuda": "12.8", "torch_hip": None, "torch_threads": 16,
-    "torch_build": {"kind": "cuda", "cudnn": 91002, "bf16_supported": True}, "cuda_available": True,
-    "gpus": [{"index": 0, "name": "NVIDIA H100", "memory_bytes": 80 << 30, "capability": "9.0", "multiprocessors": 132}],
-    "driver": {"nvidia_version": "535.104.05", "cuda_version": "12.2", "nvidia_smi": "/usr/bin/nvidia-smi",
-               "nvidia_devices": ["/dev/nvidia0"]},
+    "python": "3.11.7",
+    "executable": "/venv/bin/python",
+    "os": "Linux 6.8",
+    "machine": "x86_64",
+    "platform": "linux",
+    "cpu_count": 32,
+    "cpu": {"model": "Xeon", "usable_cores": 32, "physical_cores": 16, "flags": ["avx512f"]},
+    "torch": "2.8.0+cu128",
+    "torch_cuda": "12.8",
+    "torch_hip": None,
+    "torch_threads": 16,
+    "torch_build": {"kind": "cuda", "cudnn": 91002, "bf16_supported": True},
+    "cuda_available": True,
+    "gpus": [
+        {
+            "index": 0,
+            "name": "NVIDIA H100",
+            "memory_bytes": 80 << 30,
+            "capability": "9.0",
+            "multiprocessors": 132,
+        }
+    ],
+    "driver": {
+        "nvidia_version": "535.104.05",
+        "cuda_version": "12.2",
+        "nvidia_smi": "/usr/bin/nvidia-smi",
+        "nvidia_devices": ["/dev/nvidia0"],
+    },
     "distributed": {"available": True, "gloo": True, "nccl": True},
     "compilers": {"cxx": "/usr/bin/g++", "cc": "/usr/bin/gcc"},
     "packages": {"torch": "2.8.0+cu128", "triton": "3.4.0", "onnx": "1.15.0"},
-    "cuda_wheels": [], "env": {"OMP_NUM_THREADS": "4"},
+    "cuda_wheels": [],
+    "env": {"OMP_NUM_THREADS": "4"},
 }
 
 
@@ -51,7 +73,9 @@ def test_report_without_probes_carries_facts_and_findings() -> None:
 
 def test_probe_results_and_findings_in_the_report(monkeypatch: pytest.MonkeyPatch) -> None:
     def fake_run(names, *, timeout, compile_timeout, on_result):  # type: ignore[no-untyped-def]
-        on_result(ProbeResult(name="compile", device="cpu", status="failed", seconds=1.0, detail="no compiler"))
+        on_result(
+            ProbeResult(name="compile", device="cpu", status="failed", seconds=1.0, detail="no compiler")
+        )
 
     monkeypatch.setattr(report_mod, "run_probes", fake_run)
     rep = build_report(probes=("compile",), facts={})
@@ -79,9 +103,15 @@ def test_write_json_round_trips_and_creates_folders(tmp_path: Path) -> None:
 
 
 def test_gpus_seen_only_by_nvidia_smi_are_shown() -> None:
-    facts = {"torch_build": {"kind": "cpu"}, "torch": "2.8.0+cpu",
-             "nvidia_smi": {"gpus": [{"index": 0, "name": "NVIDIA A100", "memory_bytes": 40 << 30, "capability": "8.0"}],
-                            "driver_version": "550.54.14", "cuda_version": "12.4"}}
+    facts = {
+        "torch_build": {"kind": "cpu"},
+        "torch": "2.8.0+cpu",
+        "nvidia_smi": {
+            "gpus": [{"index": 0, "name": "NVIDIA A100", "memory_bytes": 40 << 30, "capability": "8.0"}],
+            "driver_version": "550.54.14",
+            "cuda_version": "12.4",
+        },
+    }
     rows = dict(fact_rows(facts))
     assert rows["GPU 0"] == "NVIDIA A100, 40 GiB, sm 8.0 (nvidia-smi; torch cannot see it)"
     assert rows["NVIDIA driver"] == "550.54.14, supports CUDA up to 12.4"

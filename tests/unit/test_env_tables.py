@@ -16,8 +16,16 @@ from torchscalpel.envcheck.tables import (
 
 @pytest.mark.parametrize(
     ("text", "parsed"),
-    [("2.5.1+cu121", (2, 5, 1, 1)), ("2.6.0a0+git1", (2, 6, 0, 0)), ("2.6.0.dev20241112", (2, 6, 0, 0)),
-     ("12.8", (12, 8, 0, 1)), ("1.16.0rc1", (1, 16, 0, 0)), ("", None), ("abc", None), (None, None)],
+    [
+        ("2.5.1+cu121", (2, 5, 1, 1)),
+        ("2.6.0a0+git1", (2, 6, 0, 0)),
+        ("2.6.0.dev20241112", (2, 6, 0, 0)),
+        ("12.8", (12, 8, 0, 1)),
+        ("1.16.0rc1", (1, 16, 0, 0)),
+        ("", None),
+        ("abc", None),
+        (None, None),
+    ],
 )
 def test_parse_version(text: str | None, parsed: tuple[int, ...] | None) -> None:
     assert parse_version(text) == parsed
@@ -31,8 +39,15 @@ def test_version_below() -> None:
 
 @pytest.mark.parametrize(
     ("driver", "platform", "cuda"),
-    [("535.104.05", "linux", "12.2"), ("570.26", "linux", "12.8"), ("570.25", "linux", "12.6"),
-     ("450.36.06", "linux", "11.0"), ("440.33", "linux", None), ("546.12", "win32", "12.3"), ("580.65.06", "linux", "13.0")],
+    [
+        ("535.104.05", "linux", "12.2"),
+        ("570.26", "linux", "12.8"),
+        ("570.25", "linux", "12.6"),
+        ("450.36.06", "linux", "11.0"),
+        ("440.33", "linux", None),
+        ("546.12", "win32", "12.3"),
+        ("580.65.06", "linux", "13.0"),
+    ],
 )
 def test_max_cuda_for_driver(driver: str, platform: str, cuda: str | None) -> None:
     assert max_cuda_for_driver(driver, platform) == cuda

@@ -57,5 +57,7 @@ def test_write_to_a_full_device_is_one_sentence() -> None:
 def test_finite_json_has_no_nan() -> None:
     import numpy as np
 
-    assert finite_json({"a": [float("nan"), np.float32("inf"), 1.5, np.int64(3)], "b": (None, True)}) == \
-        {"a": [None, None, 1.5, 3], "b": [None, True]}
+    assert finite_json({"a": [float("nan"), np.float32("inf"), 1.5, np.int64(3)], "b": (None, True)}) == {
+        "a": [None, None, 1.5, 3],
+        "b": [None, True],
+    }

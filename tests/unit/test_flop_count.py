@@ -16,7 +16,9 @@ class _Net(nn.Module):
     def __init__(self, reentrant: bool | None) -> None:
         super().__init__()
         self.conv = nn.Conv2d(1, 4, 3, padding=1)
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 256)) for _ in range(2))
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(256, 64), nn.ReLU(), nn.Linear(64, 256)) for _ in range(2)
+        )
         self.head = nn.Linear(256, 10)
         self.reentrant = reentrant
 
@@ -38,7 +40,9 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, amp: bool) -> None:
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("amp", [False, True], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("reentrant", [None, False, True], ids=["plain", "checkpoint", "checkpoint-reentrant"])
+@pytest.mark.parametrize(
+    "reentrant", [None, False, True], ids=["plain", "checkpoint", "checkpoint-reentrant"]
+)
 def test_counts_equal_flop_counter_mode_with_recompute_apart(amp, reentrant):
     torch.manual_seed(0)
     model = _Net(reentrant)

@@ -53,8 +53,13 @@ def _train(n: int = 3) -> tuple[object, ...]:
 
 
 def test_hooks_fan_out_to_observers_and_are_fully_removed():
-    originals = (torch.Tensor.backward, torch.autograd.backward, dl_module._BaseDataLoaderIter.__next__,
-                 dl_module.DataLoader.__iter__, optim_module.Optimizer.__init__)
+    originals = (
+        torch.Tensor.backward,
+        torch.autograd.backward,
+        dl_module._BaseDataLoaderIter.__next__,
+        dl_module.DataLoader.__iter__,
+        optim_module.Optimizer.__init__,
+    )
     rec = Recorder()
     session = Session(RuntimeOptions(steps=None), [Broken(), rec])
     hooks = HookSet(session)
@@ -68,8 +73,13 @@ def test_hooks_fan_out_to_observers_and_are_fully_removed():
     assert any("broken" in n and "disabled" in n for n in session.notes)
     assert len(session.optimizers) == 1 and len(session.loaders) == 1 and len(session.root_modules) == 1
     del alive
-    assert (torch.Tensor.backward, torch.autograd.backward, dl_module._BaseDataLoaderIter.__next__,
-            dl_module.DataLoader.__iter__, optim_module.Optimizer.__init__) == originals
+    assert (
+        torch.Tensor.backward,
+        torch.autograd.backward,
+        dl_module._BaseDataLoaderIter.__next__,
+        dl_module.DataLoader.__iter__,
+        optim_module.Optimizer.__init__,
+    ) == originals
     assert not nn_module._global_forward_hooks and not nn_module._global_forward_pre_hooks
     assert not optim_module._global_optimizer_pre_hooks and not optim_module._global_optimizer_post_hooks
 
@@ -185,11 +195,13 @@ def test_closure_steps_are_optimizer_steps_with_forward_and_backward_inside():
     def body():
         opt = torch.optim.LBFGS(model.parameters(), max_iter=3)
         for _ in range(4):
+
             def closure():
                 opt.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()
                 return loss
+
             first_losses.append(float(opt.step(closure)))
 
     steps = _run(body).timeline.steps
@@ -317,7 +329,9 @@ def test_no_recognised_step_stops_the_run_with_what_it_saw():
         opt = torch.optim.SGD(model.parameters(), lr=0.1)  # built (and kept), never stepped
         import time
 
-        time.sleep(0.02)  # set-up before the loop is not held against it: the clock starts at the first forward
+        time.sleep(
+            0.02
+        )  # set-up before the loop is not held against it: the clock starts at the first forward
         with torch.no_grad():
             model(torch.ones(1, 2))
         time.sleep(0.02)

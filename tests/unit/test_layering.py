@@ -35,7 +35,9 @@ def upward_imports(package: Path = PACKAGE) -> list[str]:
 
 
 def _names_cli(text: str) -> bool:
-    return text == "torchscalpel.cli" or text.startswith(("torchscalpel.cli.", "torchscalpel.cli:", "torchscalpel/cli/"))
+    return text == "torchscalpel.cli" or text.startswith(
+        ("torchscalpel.cli.", "torchscalpel.cli:", "torchscalpel/cli/")
+    )
 
 
 def upward_strings(package: Path = PACKAGE) -> list[str]:
@@ -68,14 +70,19 @@ def test_the_string_check_sees_a_planted_module_string(tmp_path: Path) -> None:
     pkg = tmp_path / "torchscalpel"
     (pkg / "cli").mkdir(parents=True)
     (pkg / "cli" / "entry.py").write_text('ME = "torchscalpel.cli.entry"\n')  # inside cli/: allowed
-    (pkg / "__main__.py").write_text('"""python -m torchscalpel runs torchscalpel.cli.main."""\n')  # the entry point
+    (pkg / "__main__.py").write_text(
+        '"""python -m torchscalpel runs torchscalpel.cli.main."""\n'
+    )  # the entry point
     (pkg / "distributed").mkdir()
     (pkg / "distributed" / "launch.py").write_text(
         'def wrap(args):\n    args.training_script = "torchscalpel.cli.rank_entry"\n'
         'OTHER = "torchscalpel.client"  # not the cli package\n'
-        'CMD = f"python -m torchscalpel.cli.x {1}"\n')
-    assert upward_strings(pkg) == ["distributed/launch.py:2: 'torchscalpel.cli.rank_entry'",
-                                   "distributed/launch.py:4: 'torchscalpel.cli.x'"]
+        'CMD = f"python -m torchscalpel.cli.x {1}"\n'
+    )
+    assert upward_strings(pkg) == [
+        "distributed/launch.py:2: 'torchscalpel.cli.rank_entry'",
+        "distributed/launch.py:4: 'torchscalpel.cli.x'",
+    ]
 
 
 def test_the_check_sees_a_planted_upward_import(tmp_path: Path) -> None:
@@ -83,4 +90,7 @@ def test_the_check_sees_a_planted_upward_import(tmp_path: Path) -> None:
     (pkg / "cli").mkdir(parents=True)
     (pkg / "cli" / "common.py").write_text("X = 1\n")
     (pkg / "runtime.py").write_text("def f():\n    from torchscalpel.cli.common import X\n    return X\n")
-    assert upward_imports(pkg) == ["runtime.py: torchscalpel.cli.common", "runtime.py: torchscalpel.cli.common.X"]
+    assert upward_imports(pkg) == [
+        "runtime.py: torchscalpel.cli.common",
+        "runtime.py: torchscalpel.cli.common.X",
+    ]

@@ -13,7 +13,9 @@ def test_loads_from_a_dotted_module_and_from_a_file_that_imports_its_sibling(tmp
     assert load_callable("torch.nn:Linear", flag="--model") is torch.nn.Linear
     (tmp_path / "helpers_xyz.py").write_text("WIDTH = 2\n")
     f = tmp_path / "factory_mod.py"
-    f.write_text("import torch\nfrom helpers_xyz import WIDTH\ndef build(width=3):\n    return torch.nn.Linear(width, WIDTH)\n")
+    f.write_text(
+        "import torch\nfrom helpers_xyz import WIDTH\ndef build(width=3):\n    return torch.nn.Linear(width, WIDTH)\n"
+    )
     build = load_callable(f"{f}:build", flag="--model")
     assert build(width=4).in_features == 4 and build().out_features == 2
 
@@ -29,14 +31,25 @@ def test_two_files_with_the_same_name_do_not_collide(tmp_path):
 @pytest.mark.parametrize(
     ("ref", "message"),
     [
-        ("nocolon", "--loss 'nocolon' must be MODULE:NAME, e.g. 'mypkg.models:build' or 'path/models.py:build'."),
+        (
+            "nocolon",
+            "--loss 'nocolon' must be MODULE:NAME, e.g. 'mypkg.models:build' or 'path/models.py:build'.",
+        ),
         ("torch.nn:", "--loss 'torch.nn:' must be MODULE:NAME"),
         ("/no/such/file.py:f", "--loss: file /no/such/file.py does not exist; check the path before ':f'."),
-        ("no_such_module_xyz:f",
-         "--loss: cannot import 'no_such_module_xyz' (ModuleNotFoundError: No module named 'no_such_module_xyz'); "
-         "check the module name and that it imports on its own, or give a .py path."),
-        ("torch.nn:NoSuch", "--loss: 'torch.nn' has no attribute 'NoSuch'; name a function or class defined there."),
-        ("torch:__version__", "--loss: torch:__version__ is a TorchVersion, not callable; name a function or class."),
+        (
+            "no_such_module_xyz:f",
+            "--loss: cannot import 'no_such_module_xyz' (ModuleNotFoundError: No module named 'no_such_module_xyz'); "
+            "check the module name and that it imports on its own, or give a .py path.",
+        ),
+        (
+            "torch.nn:NoSuch",
+            "--loss: 'torch.nn' has no attribute 'NoSuch'; name a function or class defined there.",
+        ),
+        (
+            "torch:__version__",
+            "--loss: torch:__version__ is a TorchVersion, not callable; name a function or class.",
+        ),
     ],
 )
 def test_each_error_is_one_sentence_starting_with_the_flag(ref, message):

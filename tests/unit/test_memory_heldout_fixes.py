@@ -28,7 +28,9 @@ class _KwModel(nn.Module):
         super().__init__()
         self.fc = nn.Linear(4, 4)
 
-    def forward(self, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None
+    ) -> torch.Tensor:
         raise _Boom("out of memory in the forward")
 
 
@@ -52,9 +54,19 @@ def test_the_plan_sees_keyword_inputs_of_a_forward_that_never_returns() -> None:
 
 
 def _gpt2() -> nn.Module:
-    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
-                                     embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
-                                     attn_implementation="eager")
+    config = transformers.GPT2Config(
+        vocab_size=64,
+        n_positions=16,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -91,7 +103,9 @@ def test_the_plan_simulates_a_checkpointed_transformers_model() -> None:
     peaks = {}
     for ckpt in (False, True):
         settings = SimSettings(optimizer=OptimizerSpec.named("adamw"), checkpoint_blocks=ckpt)
-        peaks[ckpt] = simulate(lambda: build_meta_model(_gpt2, "fp32"), batch, settings, loss_fn).act_peak_bytes
+        peaks[ckpt] = simulate(
+            lambda: build_meta_model(_gpt2, "fp32"), batch, settings, loss_fn
+        ).act_peak_bytes
     assert peaks[True] < peaks[False]
 
 
@@ -114,8 +128,17 @@ def test_an_oom_before_training_is_named_data_preparation_with_its_site() -> Non
     temps = {"temporaries": 100}
     assert top_cause(temps, {}, None, 100) == "temporaries"
     assert top_cause(temps, {}, None, 100, before_training=True) == "data_preparation"
-    ladder = build_ladder(measured_peak=100, limit=80, plan=None, cause="data_preparation", breakdown=temps,
-                          phase="before training", growth=None, fragmentation=None, top_site="prep.py:14")
+    ladder = build_ladder(
+        measured_peak=100,
+        limit=80,
+        plan=None,
+        cause="data_preparation",
+        breakdown=temps,
+        phase="before training",
+        growth=None,
+        fragmentation=None,
+        top_site="prep.py:14",
+    )
     assert ladder[0]["kind"] == "data-preparation" and "prep.py:14" in ladder[0]["action"]
     assert ladder[0]["config"] == {}
 
@@ -159,7 +182,9 @@ def test_the_micro_batch_rung_is_priced_with_the_knob_simulated() -> None:
     from torchscalpel.memory.ladder import build_ladder, plan_numbers
 
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(3)])
+    model = nn.Sequential(
+        *[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(3)]
+    )
     x = torch.randn(512, 64)
     obs = _captured(model, x, torch.optim.SGD(model.parameters(), lr=0.1))
     full = plan_numbers(obs, 2**40, "activations")["peak"]  # type: ignore[arg-type]
@@ -168,12 +193,28 @@ def test_the_micro_batch_rung_is_priced_with_the_knob_simulated() -> None:
     k = plan["microbatches"]
     line = plan["fixed"] + plan["per_sample"] * (512 // k)
     assert plan["microbatch_peak"] > line  # the whole batch's input and output come on top of one micro-batch
-    ladder = build_ladder(measured_peak=full, limit=limit, plan=plan, cause="activations", breakdown={},
-                          phase="forward", growth=None, fragmentation=None)
+    ladder = build_ladder(
+        measured_peak=full,
+        limit=limit,
+        plan=plan,
+        cause="activations",
+        breakdown={},
+        phase="forward",
+        growth=None,
+        fragmentation=None,
+    )
     rung = next(r for r in ladder if r["kind"] == "micro-batches")
     assert rung["peak"] == plan["microbatch_peak"] and rung["fits"] == (plan["microbatch_peak"] <= limit)
-    tight = build_ladder(measured_peak=full, limit=limit, plan={**plan, "microbatch_peak": limit + 1},
-                         cause="activations", breakdown={}, phase="forward", growth=None, fragmentation=None)
+    tight = build_ladder(
+        measured_peak=full,
+        limit=limit,
+        plan={**plan, "microbatch_peak": limit + 1},
+        cause="activations",
+        breakdown={},
+        phase="forward",
+        growth=None,
+        fragmentation=None,
+    )
     assert next(r for r in tight if r["kind"] == "micro-batches")["fits"] is False
 
 
@@ -228,8 +269,16 @@ def test_a_plan_rung_within_the_plan_error_of_the_limit_does_not_fit() -> None:
 
     def bf16_fits(bf16_peak: int) -> bool:
         plan = {"peak": 200, "batch": 8, "precision": "fp32", "bf16_peak": bf16_peak}
-        ladder = build_ladder(measured_peak=130, limit=128, plan=plan, cause="activations", breakdown={},
-                              phase="forward", growth=None, fragmentation=None)
+        ladder = build_ladder(
+            measured_peak=130,
+            limit=128,
+            plan=plan,
+            cause="activations",
+            breakdown={},
+            phase="forward",
+            growth=None,
+            fragmentation=None,
+        )
         return next(r for r in ladder if r["kind"] == "bf16")["fits"]
 
     # GPT-2 in bf16: the plan said 126.6 MiB under 128 MiB, scalpel run then crossed the limit
@@ -254,9 +303,26 @@ def test_the_first_rung_is_one_that_fits() -> None:
 
     # GPT-2 with a 16k vocabulary at 160 MiB: the logits dominate, checkpointing the blocks does not fit
     mib = 2**20
-    plan = {"peak": 232 * mib, "batch": 4, "blocks": 2, "checkpointed_peak": 193 * mib, "max_batch": 2,
-            "microbatches": 4, "microbatch_peak": 130 * mib, "per_sample": 57 * mib, "fixed": 4 * mib}
-    ladder = build_ladder(measured_peak=170 * mib, limit=160 * mib, plan=plan, cause="activations", breakdown={},
-                          phase="forward", growth=None, fragmentation=None)
+    plan = {
+        "peak": 232 * mib,
+        "batch": 4,
+        "blocks": 2,
+        "checkpointed_peak": 193 * mib,
+        "max_batch": 2,
+        "microbatches": 4,
+        "microbatch_peak": 130 * mib,
+        "per_sample": 57 * mib,
+        "fixed": 4 * mib,
+    }
+    ladder = build_ladder(
+        measured_peak=170 * mib,
+        limit=160 * mib,
+        plan=plan,
+        cause="activations",
+        breakdown={},
+        phase="forward",
+        growth=None,
+        fragmentation=None,
+    )
     assert ladder[0]["kind"] == "micro-batches" and ladder[0]["fits"]
     assert [r["kind"] for r in ladder].index("checkpoint-blocks") > 0

@@ -120,8 +120,13 @@ def test_a_batch_smaller_than_k_is_split_into_single_rows() -> None:
 
 
 def test_combine_weights_a_scalar_loss_by_chunk_size() -> None:
-    out = combine([{"loss": torch.tensor(1.0), "logits": torch.ones(2, 3)},
-                   {"loss": torch.tensor(4.0), "logits": torch.zeros(6, 3)}], [2, 6])
+    out = combine(
+        [
+            {"loss": torch.tensor(1.0), "logits": torch.ones(2, 3)},
+            {"loss": torch.tensor(4.0), "logits": torch.zeros(6, 3)},
+        ],
+        [2, 6],
+    )
     assert float(out["loss"]) == 1.0 * 0.25 + 4.0 * 0.75
     assert out["logits"].shape == (8, 3)
 
@@ -152,8 +157,10 @@ def test_checkpointing_with_microbatches_keeps_the_loss_and_gradients_and_saves_
     model, x, y = Net(), torch.randn(512, 32), torch.randint(0, 5, (512,))
     ref, ref_loss = _grads(model, x, y)
     peaks = {}
-    for name, installs in (("micro", (lambda log: install_microbatching(4, log),)),
-                           ("both", (install_checkpointing, lambda log: install_microbatching(4, log)))):
+    for name, installs in (
+        ("micro", (lambda log: install_microbatching(4, log),)),
+        ("both", (install_checkpointing, lambda log: install_microbatching(4, log))),
+    ):
         log = ApplyLog()
         undos = [install(log) for install in installs]
         try:
@@ -183,13 +190,23 @@ def test_settings_round_trip_and_validation() -> None:
 def test_fit_candidates_are_the_ladder_rungs_and_their_pairs() -> None:
     from torchscalpel.tune.fit import FitTrial, candidates
 
-    ladder = [{"config": {"checkpointing": "blocks"}}, {"config": {"microbatches": 4}}, {"config": {}},
-              {"config": {"amp": "bf16"}}]
+    ladder = [
+        {"config": {"checkpointing": "blocks"}},
+        {"config": {"microbatches": 4}},
+        {"config": {}},
+        {"config": {"amp": "bf16"}},
+    ]
     base = FitTrial(TuneSettings(), False, None, None, section={"oom": {"ladder": ladder}})
     labels = [c.label() for c in candidates(base)]
     pair = TuneSettings(checkpointing="blocks", microbatches=4).label()
-    assert labels == ["checkpointing=blocks", "microbatches=4", "amp=bf16", pair, "amp=bf16 + checkpointing=blocks",
-                      "amp=bf16 + microbatches=4"]
+    assert labels == [
+        "checkpointing=blocks",
+        "microbatches=4",
+        "amp=bf16",
+        pair,
+        "amp=bf16 + checkpointing=blocks",
+        "amp=bf16 + microbatches=4",
+    ]
 
 
 class BNNet(nn.Module):
@@ -237,7 +254,8 @@ def test_microbatch_refuses_a_training_batchnorm_and_says_why() -> None:
     assert batch_statistics_modules(Net()) == []
     seq = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))  # named as the memory report names modules
     assert "Sequential has Sequential.1 (BatchNorm1d) in training mode" in str(
-        batchnorm_reason(seq, batch_statistics_modules(seq)))
+        batchnorm_reason(seq, batch_statistics_modules(seq))
+    )
 
 
 def test_the_ladder_does_not_offer_microbatches_to_a_batchnorm_model() -> None:
@@ -248,12 +266,28 @@ def test_the_ladder_does_not_offer_microbatches_to_a_batchnorm_model() -> None:
     obs.on_forward_pre(model, (torch.randn(8, 32),), {}, True)
     assert obs.batchnorm is not None and "BatchNorm1d" in obs.batchnorm
     plan = {"peak": 100, "batch": 32, "max_batch": 16, "batchnorm": obs.batchnorm}
-    ladder = build_ladder(measured_peak=100, limit=50, plan=plan, cause="activations", breakdown={}, phase="forward",
-                          growth=None, fragmentation=None)
+    ladder = build_ladder(
+        measured_peak=100,
+        limit=50,
+        plan=plan,
+        cause="activations",
+        breakdown={},
+        phase="forward",
+        growth=None,
+        fragmentation=None,
+    )
     rung = next(r for r in ladder if r["kind"] == "micro-batches")
     assert rung["config"] == {} and rung["fits"] is None and "not applied by scalpel run" in rung["why"]
-    plain = build_ladder(measured_peak=100, limit=50, plan={**plan, "batchnorm": None}, cause="activations",
-                         breakdown={}, phase="forward", growth=None, fragmentation=None)
+    plain = build_ladder(
+        measured_peak=100,
+        limit=50,
+        plan={**plan, "batchnorm": None},
+        cause="activations",
+        breakdown={},
+        phase="forward",
+        growth=None,
+        fragmentation=None,
+    )
     assert next(r for r in plain if r["kind"] == "micro-batches")["config"] == {"microbatches": 4}
 
 
@@ -309,7 +343,9 @@ def test_the_microbatch_code_lines_give_the_full_batch_gradient_for_an_indivisib
     ref, _ = _grads(model, x, y)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     loss_fn = nn.functional.cross_entropy
-    exec("\n".join(MicrobatchKnob().code_lines(TuneSettings(microbatches=4))),
-         {"optimizer": optimizer, "x": x, "y": y, "model": model, "loss_fn": loss_fn})
+    exec(
+        "\n".join(MicrobatchKnob().code_lines(TuneSettings(microbatches=4))),
+        {"optimizer": optimizer, "x": x, "y": y, "model": model, "loss_fn": loss_fn},
+    )
     for a, p in zip(ref, model.parameters(), strict=True):
         torch.testing.assert_close(a, p.grad, rtol=1e-5, atol=1e-6)

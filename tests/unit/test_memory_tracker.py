@@ -93,9 +93,18 @@ def test_limit_raises_once_with_what_was_live() -> None:
 
 
 def _samples(per_step: int, kept: int = 0) -> list[dict[str, object]]:
-    return [{"step": i, "warmup": i == 0, "live": 1000 + per_step * i, "peak": 5000 + per_step * i,
-             "sites": {"train.py:9": per_step * i, "model.py:3": 700}, "kept_activations": kept * i,
-             "losses_kept": 0} for i in range(8)]
+    return [
+        {
+            "step": i,
+            "warmup": i == 0,
+            "live": 1000 + per_step * i,
+            "peak": 5000 + per_step * i,
+            "sites": {"train.py:9": per_step * i, "model.py:3": 700},
+            "kept_activations": kept * i,
+            "losses_kept": 0,
+        }
+        for i in range(8)
+    ]
 
 
 def test_growth_names_the_site_and_the_steps_left() -> None:
@@ -109,18 +118,36 @@ def test_growth_names_the_site_and_the_steps_left() -> None:
 
 def test_ladder_numbers_come_from_the_plan() -> None:
     plan = {"peak": 100, "checkpointed_peak": 40, "blocks": 8, "batch": 32, "max_batch": 16, "bf16_peak": 70}
-    ladder = build_ladder(measured_peak=100, limit=50, plan=plan, cause="activations",
-                          breakdown={"activations": 80}, phase="forward", growth=None, fragmentation=None)
+    ladder = build_ladder(
+        measured_peak=100,
+        limit=50,
+        plan=plan,
+        cause="activations",
+        breakdown={"activations": 80},
+        phase="forward",
+        growth=None,
+        fragmentation=None,
+    )
     by_kind = {r["kind"]: r for r in ladder}
     assert ladder[0]["kind"] == "checkpoint-blocks" and by_kind["checkpoint-blocks"]["saves"] == 60
-    assert by_kind["checkpoint-blocks"]["fits"] and by_kind["checkpoint-blocks"]["config"] == {"checkpointing": "blocks"}
+    assert by_kind["checkpoint-blocks"]["fits"] and by_kind["checkpoint-blocks"]["config"] == {
+        "checkpointing": "blocks"
+    }
     assert by_kind["micro-batches"]["config"] == {"microbatches": 4}  # 16 * 0.75 -> 12 -> K=3 -> 4 divides 32
     assert by_kind["bf16"]["saves"] == 30 and by_kind["bf16"]["fits"] is False
 
 
 def test_set_to_none_rung_only_for_gradients_left_from_the_last_step() -> None:
-    args = dict(measured_peak=100, limit=50, plan=None, cause="activations", breakdown={"activations": 60, "gradients": 30},
-                phase="forward", growth=None, fragmentation=None)
+    args = dict(
+        measured_peak=100,
+        limit=50,
+        plan=None,
+        cause="activations",
+        breakdown={"activations": 60, "gradients": 30},
+        phase="forward",
+        growth=None,
+        fragmentation=None,
+    )
     assert "set-to-none" in {r["kind"] for r in build_ladder(**args)}
     # under gradient accumulation the gradients in a later micro-batch's forward are the ones being summed
     assert "set-to-none" not in {r["kind"] for r in build_ladder(**args, accumulating=True)}
@@ -129,8 +156,16 @@ def test_set_to_none_rung_only_for_gradients_left_from_the_last_step() -> None:
 def test_kept_graph_rung_saves_what_the_growing_site_holds_beyond_one_step() -> None:
     # a logged loss keeps its graph: the kept activations are only part of what the site holds (inputs, outputs)
     growth = find_growth(_samples(10_000, kept=1000), capacity=100_000)
-    ladder = build_ladder(measured_peak=90_000, limit=40_000, plan=None, cause="growth", breakdown={},
-                          phase="forward", growth=growth, fragmentation=None)
+    ladder = build_ladder(
+        measured_peak=90_000,
+        limit=40_000,
+        plan=None,
+        cause="growth",
+        breakdown={},
+        phase="forward",
+        growth=growth,
+        fragmentation=None,
+    )
     rung = next(r for r in ladder if r["kind"] == "detach-kept")
     assert rung["saves"] == 70_000 - 10_000  # train.py:9 holds 7 steps' worth at the end, one step stays
     assert rung["fits"] is True  # 90_000 - 60_000 <= 40_000
@@ -151,12 +186,22 @@ def _snapshot(tmp_path: Path, data: object) -> Path:
 
 
 def test_snapshot_reader_explains_plain_data(tmp_path: Path) -> None:
-    frames = [{"filename": "/x/site-packages/torch/nn/linear.py", "line": 1, "name": "f"},
-              {"filename": "/home/u/train.py", "line": 42, "name": "step"}]
-    data = {"segments": [{"total_size": 4096, "blocks": [
-        {"size": 1024, "state": "active_allocated", "frames": frames},
-        {"size": 3072, "state": "inactive", "frames": []}]}],
-        "device_traces": [[{"action": "oom", "size": 8192, "frames": frames}]]}
+    frames = [
+        {"filename": "/x/site-packages/torch/nn/linear.py", "line": 1, "name": "f"},
+        {"filename": "/home/u/train.py", "line": 42, "name": "step"},
+    ]
+    data = {
+        "segments": [
+            {
+                "total_size": 4096,
+                "blocks": [
+                    {"size": 1024, "state": "active_allocated", "frames": frames},
+                    {"size": 3072, "state": "inactive", "frames": []},
+                ],
+            }
+        ],
+        "device_traces": [[{"action": "oom", "size": 8192, "frames": frames}]],
+    }
     r = explain(load_snapshot(_snapshot(tmp_path, data)))
     assert r["reserved"] == 4096 and r["allocated"] == 1024 and r["largest_free"] == 3072
     assert r["sites"] == [{"name": "/home/u/train.py:42", "bytes": 1024}]
@@ -183,11 +228,22 @@ def test_snapshot_reader_refuses_anything_but_plain_data(tmp_path: Path) -> None
 def test_modules_roll_up_to_their_block() -> None:
     from torchscalpel.memory.analysis import by_block
 
-    assert by_block({"blocks.0.attn": 3, "blocks.0.mlp.1": 2, "blocks.1.attn": 4, "head": 1, "": 5}) == \
-        {"blocks.0": 5, "blocks.1": 4, "head": 1, "": 5}
+    assert by_block({"blocks.0.attn": 3, "blocks.0.mlp.1": 2, "blocks.1.attn": 4, "head": 1, "": 5}) == {
+        "blocks.0": 5,
+        "blocks.1": 4,
+        "head": 1,
+        "": 5,
+    }
     # display names: the class an indexed name carries labels its block
-    assert by_block({"blocks.0 (Block)": 1, "blocks.0.attn": 3, "blocks.0.mlp.1 (GELU)": 2, "blocks.1.attn": 4,
-                     "Sequential.2 (Linear)": 7}) == {"blocks.0 (Block)": 6, "blocks.1": 4, "Sequential.2 (Linear)": 7}
+    assert by_block(
+        {
+            "blocks.0 (Block)": 1,
+            "blocks.0.attn": 3,
+            "blocks.0.mlp.1 (GELU)": 2,
+            "blocks.1.attn": 4,
+            "Sequential.2 (Linear)": 7,
+        }
+    ) == {"blocks.0 (Block)": 6, "blocks.1": 4, "Sequential.2 (Linear)": 7}
     assert by_block({"blocks.1.attn": 4}, {"blocks.1": "blocks.1 (Block)"}) == {"blocks.1 (Block)": 4}
 
 
@@ -205,8 +261,10 @@ def test_indexed_modules_are_named_by_class_and_parent() -> None:
     tr.name_modules(net)
     assert tr.module_names[net.layers[0]] == "layers.0 (Linear)"
     assert tr.module_names[net.layers] == "layers" and tr.module_names[net.head] == "head"
-    assert tr.module_names[net] == "Net" and tr.index_labels == {"layers.0": "layers.0 (Linear)",
-                                                                 "layers.1": "layers.1 (ReLU)"}
+    assert tr.module_names[net] == "Net" and tr.index_labels == {
+        "layers.0": "layers.0 (Linear)",
+        "layers.1": "layers.1 (ReLU)",
+    }
     assert display_name("3", nn.Linear(1, 1), "Sequential") == "Sequential.3 (Linear)"
     assert split_display_name("layers.0 (Linear)") == ("layers.0", "Linear")
     assert split_display_name("head") == ("head", None)
@@ -233,7 +291,9 @@ def test_alias_returning_ops_are_skipped_and_new_storages_counted() -> None:
     del b, c
 
 
-def test_dispatch_is_not_wrapped_and_dynamo_never_enters_the_tracker(caplog: pytest.LogCaptureFixture) -> None:
+def test_dispatch_is_not_wrapped_and_dynamo_never_enters_the_tracker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     import logging
 
     import torch._dynamo
@@ -316,12 +376,16 @@ def test_the_report_names_a_higher_peak_before_training() -> None:
 
     from torchscalpel.report.memory_sections import build
 
-    section = {"peak": {"total": 1000, "by_category": {"parameters": 1000}, "modules": [], "sites": []},
-               "before_training": {"total": 5000, "site": "/home/u/train.py:9"}}
+    section = {
+        "peak": {"total": 1000, "by_category": {"parameters": 1000}, "modules": [], "sites": []},
+        "before_training": {"total": 5000, "site": "/home/u/train.py:9"},
+    }
     html = "".join(s.body for s in build(SimpleNamespace(sections={"memory": section})))  # type: ignore[arg-type]
     assert "Before training the live total was higher" in html and "/home/u/train.py:9" in html
     del section["before_training"]
-    assert "Before training" not in "".join(s.body for s in build(SimpleNamespace(sections={"memory": section})))  # type: ignore[arg-type]
+    assert "Before training" not in "".join(
+        s.body for s in build(SimpleNamespace(sections={"memory": section}))
+    )  # type: ignore[arg-type]
 
 
 def test_a_notebook_cell_is_the_users_call_site() -> None:
@@ -339,4 +403,6 @@ def test_a_notebook_cell_is_the_users_call_site() -> None:
     sites = tr.by_site
     assert sites.get("<ipython-input-3-5f2a>:1") == 4096 * 64 * 4
     assert not any(s.startswith("<string>") for s in sites)
-    assert any(s.startswith(__file__) for s in sites)  # the generated code's allocation is named by its caller
+    assert any(
+        s.startswith(__file__) for s in sites
+    )  # the generated code's allocation is named by its caller

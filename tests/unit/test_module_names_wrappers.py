@@ -41,10 +41,20 @@ def test_every_wrapper_names_the_modules_as_the_bare_model_does():
     model = TinyLM()
     bare_root, bare = user_modules(model)
     bare_names = {name for name, _ in bare}
-    assert {"blocks.0 (Block)", "blocks.0.attn", "blocks.0.module", "blocks.1 (Block)", "blocks.1.attn"} <= bare_names
+    assert {
+        "blocks.0 (Block)",
+        "blocks.0.attn",
+        "blocks.0.module",
+        "blocks.1 (Block)",
+        "blocks.1.attn",
+    } <= bare_names
     assert bare_root == "TinyLM"
-    for wrapped in (torch.compile(model), nn.DataParallel(model), FSDPStandIn(model),
-                    torch.compile(nn.DataParallel(model))):
+    for wrapped in (
+        torch.compile(model),
+        nn.DataParallel(model),
+        FSDPStandIn(model),
+        torch.compile(nn.DataParallel(model)),
+    ):
         root, named = user_modules(wrapped)
         assert root == "TinyLM", type(wrapped)
         assert {n for n, _ in named} == bare_names, type(wrapped)

@@ -23,8 +23,9 @@ SPEC = "x=float32[64,256],y=int64[64]:10"
 class _Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
-                                     for _ in range(3)])
+        self.layers = nn.ModuleList(
+            [nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)) for _ in range(3)]
+        )
         self.head = nn.Linear(256, 10)
 
     def forward(self, x):
@@ -42,9 +43,12 @@ def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     settings = SimSettings(optimizer=OptimizerSpec.named("adamw"))
-    peaks = {s: profiled_peak(lambda s=s: train_steps(_Net(), parse_batch_spec(SPEC), settings,
-                                                      wrap=wrap_for(s, find_blocks)))
-             for s in ("ddp", "fsdp-full", "fsdp-grad-op")}
+    peaks = {
+        s: profiled_peak(
+            lambda s=s: train_steps(_Net(), parse_batch_spec(SPEC), settings, wrap=wrap_for(s, find_blocks))
+        )
+        for s in ("ddp", "fsdp-full", "fsdp-grad-op")
+    }
     Path(f"{out}.{rank}").write_text(json.dumps(peaks))
     dist.barrier()  # past it, every rank has written its output
     dist.destroy_process_group()
@@ -77,8 +81,11 @@ def test_ddp_and_fsdp_plans_are_within_15_percent_of_two_real_ranks(tmp_path):
         port = s.getsockname()[1]
     out = str(tmp_path / "peaks")
     ranks = spawn_two_ranks(_worker, port, out)
-    m = simulate(lambda: build_meta_model(_Net, "fp32"), parse_batch_spec(SPEC),
-                 SimSettings(optimizer=OptimizerSpec.named("adamw")))
+    m = simulate(
+        lambda: build_meta_model(_Net, "fp32"),
+        parse_batch_spec(SPEC),
+        SimSettings(optimizer=OptimizerSpec.named("adamw")),
+    )
     cpu = Device(name="cpu", memory=1 << 40, kind="cpu")
     # FSDP2 peaks are steady too once the frees gloo's worker threads hide from the profiler are
     # restored (plan.measure.allocator_peak): both ranks read the same peak in every run.
@@ -91,8 +98,13 @@ def test_ddp_and_fsdp_plans_are_within_15_percent_of_two_real_ranks(tmp_path):
 
 
 def _teardown_abort(*_args, **_kw):
-    raise mp.ProcessExitedException("process 0 terminated with signal SIGABRT", error_index=0, error_pid=1,
-                                     exit_code=-signal.SIGABRT, signal_name="SIGABRT")
+    raise mp.ProcessExitedException(
+        "process 0 terminated with signal SIGABRT",
+        error_index=0,
+        error_pid=1,
+        exit_code=-signal.SIGABRT,
+        signal_name="SIGABRT",
+    )
 
 
 def _write_outputs(out: str, ranks=(0, 1)) -> None:
@@ -110,12 +122,17 @@ def test_the_teardown_abort_is_tolerated_only_after_every_rank_wrote(tmp_path, m
     assert spawn_two_ranks(None, 0, out) == [{"rank": 0}, {"rank": 1}]
 
 
-@pytest.mark.parametrize("exc", [
-    mp.ProcessRaisedException("RuntimeError: boom", 1, 2),
-    mp.ProcessExitedException("exit code 1", error_index=1, error_pid=2, exit_code=1),
-    mp.ProcessExitedException("signal SIGSEGV", error_index=1, error_pid=2, exit_code=-signal.SIGSEGV,
-                              signal_name="SIGSEGV"),
-], ids=["raised", "exit-1", "sigsegv"])
+@pytest.mark.parametrize(
+    "exc",
+    [
+        mp.ProcessRaisedException("RuntimeError: boom", 1, 2),
+        mp.ProcessExitedException("exit code 1", error_index=1, error_pid=2, exit_code=1),
+        mp.ProcessExitedException(
+            "signal SIGSEGV", error_index=1, error_pid=2, exit_code=-signal.SIGSEGV, signal_name="SIGSEGV"
+        ),
+    ],
+    ids=["raised", "exit-1", "sigsegv"],
+)
 def test_any_other_worker_failure_fails_even_with_every_output_written(tmp_path, monkeypatch, exc):
     out = str(tmp_path / "o")
     _write_outputs(out)

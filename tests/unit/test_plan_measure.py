@@ -26,7 +26,13 @@ def _free(ts: float, addr: int, n: int, tid: str = MAIN) -> MemoryEvent:
 def test_a_block_whose_address_is_reused_without_a_free_is_freed_when_its_collective_completes():
     # a reduce-scatter clones its 100-byte input inside the c10d op; the worker thread drops the
     # clone after the collective (no free event); the address is handed out again later
-    events = [_alloc(1, 0xA, 100), _alloc(4, 0xB, 50), _alloc(5, 0xA, 100), _free(6, 0xA, 100), _free(7, 0xB, 50)]
+    events = [
+        _alloc(1, 0xA, 100),
+        _alloc(4, 0xB, 50),
+        _alloc(5, 0xA, 100),
+        _free(6, 0xA, 100),
+        _free(7, 0xB, 50),
+    ]
     spans = [Span("c10d::_reduce_scatter_base_", MAIN, 0.5, 2), Span("gloo:all_reduce", WORKER, 1.5, 3)]
     r = allocator_peak(events, spans)
     assert r.counter_peak == 250  # the raw counter never subtracts the clone
@@ -38,9 +44,13 @@ def test_a_block_whose_address_is_reused_without_a_free_is_freed_when_its_collec
 def test_collectives_pair_with_worker_spans_in_issue_order():
     # the block belongs to the second collective, whose worker span ends at 9: it is live at 8
     events = [_alloc(6, 0xA, 100), _alloc(8, 0xB, 10), _alloc(10, 0xC, 10)]
-    spans = [Span("c10d::_allgather_base_", MAIN, 1, 2), Span("c10d::_reduce_scatter_base_", MAIN, 5.5, 7),
-             Span("gloo:all_gather", WORKER, 1.5, 3), Span("gloo:all_reduce", WORKER, 6.5, 9),
-             Span("aten::clone", MAIN, 5.8, 6.2)]
+    spans = [
+        Span("c10d::_allgather_base_", MAIN, 1, 2),
+        Span("c10d::_reduce_scatter_base_", MAIN, 5.5, 7),
+        Span("gloo:all_gather", WORKER, 1.5, 3),
+        Span("gloo:all_reduce", WORKER, 6.5, 9),
+        Span("aten::clone", MAIN, 5.8, 6.2),
+    ]
     r = allocator_peak(events, spans)
     assert r.peak == 110  # at 8 (block still live); at 10 it is gone: 20
     assert r.repaired_bytes == 100

@@ -11,7 +11,7 @@ from torchscalpel.plan.devices import Device
 from torchscalpel.plan.script import ScriptPlanOptions, plan_script
 from torchscalpel.runtime.target import Target
 
-SCRIPT = '''
+SCRIPT = """
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -30,7 +30,7 @@ for epoch in range(3):
             opt.zero_grad()
             STEPS += 1
 print("trained", STEPS)
-'''
+"""
 
 
 def _plan(tmp_path, name: str, text: str, optimizer: str | None = None):
@@ -38,7 +38,9 @@ def _plan(tmp_path, name: str, text: str, optimizer: str | None = None):
     script = tmp_path / name
     script.write_text(text)
     options = ScriptPlanOptions(optimizer=optimizer, search_max_batch=False)
-    result, record = plan_script(Target(script=script), options, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
+    result, record = plan_script(
+        Target(script=script), options, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"]
+    )
     return result, record
 
 
@@ -60,7 +62,7 @@ def test_script_mode_plans_what_the_first_step_used(tmp_path, capsys):
     assert result.rows[0].breakdown.fits
 
 
-OPTIMIZER_SCRIPT = '''
+OPTIMIZER_SCRIPT = """
 import torch
 from torch import nn
 
@@ -70,10 +72,10 @@ for _ in range(2):
     nn.functional.cross_entropy(model(torch.randn(8, 16)), torch.randint(0, 4, (8,))).backward()
     opt.step()
     opt.zero_grad()
-'''
+"""
 
 
-PROBE_FIRST = '''
+PROBE_FIRST = """
 import torch
 from torch import nn
 
@@ -86,7 +88,7 @@ for _ in range(3):
     nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
     opt.zero_grad()
-'''
+"""
 
 
 def test_script_mode_plans_the_training_forward_not_an_earlier_probe(tmp_path):
@@ -103,18 +105,28 @@ def test_script_mode_replays_keyword_inputs_as_the_model_was_called(tmp_path):
     result, record = _plan(tmp_path, "hf.py", (SCRIPTS / "plan_hf_kwargs.py").read_text())
     assert record.status == "stopped"
     assert [(e.name, e.shape, e.batch_dim) for e in result.request.batch.entries] == [
-        ("input_ids", (2, 16), 0), ("labels", (2, 16), 0)]
+        ("input_ids", (2, 16), 0),
+        ("labels", (2, 16), 0),
+    ]
     assert result.request.settings.optimizer.cls == "torch.optim.adamw.AdamW"
     assert result.request.settings.optimizer.kwargs["weight_decay"] == 0.01
     m = result.measurement  # two moments per parameter (+ Adam's 4-byte step counters)
     assert 0 <= m.optim_bytes - 2 * m.param_bytes < 1024 and m.act_peak_bytes > 0
 
 
-@pytest.mark.parametrize(("name", "text", "label", "states"), [
-    ("manual.py", (SCRIPTS / "plan_manual_sgd.py").read_text(), "none", 0),
-    ("sgd.py", OPTIMIZER_SCRIPT.format("torch.optim.SGD(model.parameters(), lr=0.1)"), "SGD", 0),
-    ("adam.py", OPTIMIZER_SCRIPT.format("torch.optim.Adam(model.parameters(), betas=(0.8, 0.9))"), "Adam", 2),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "label", "states"),
+    [
+        ("manual.py", (SCRIPTS / "plan_manual_sgd.py").read_text(), "none", 0),
+        ("sgd.py", OPTIMIZER_SCRIPT.format("torch.optim.SGD(model.parameters(), lr=0.1)"), "SGD", 0),
+        (
+            "adam.py",
+            OPTIMIZER_SCRIPT.format("torch.optim.Adam(model.parameters(), betas=(0.8, 0.9))"),
+            "Adam",
+            2,
+        ),
+    ],
+)
 def test_script_mode_prices_the_optimizer_the_script_built_or_none(tmp_path, name, text, label, states):
     result, _record = _plan(tmp_path, name, text)
     assert result.request.settings.optimizer.label == label
@@ -124,7 +136,9 @@ def test_script_mode_prices_the_optimizer_the_script_built_or_none(tmp_path, nam
 
 
 def test_explicit_optimizer_flag_overrides_the_scripts_own(tmp_path):
-    result, _record = _plan(tmp_path, "manual.py", (SCRIPTS / "plan_manual_sgd.py").read_text(), optimizer="adamw")
+    result, _record = _plan(
+        tmp_path, "manual.py", (SCRIPTS / "plan_manual_sgd.py").read_text(), optimizer="adamw"
+    )
     assert result.request.settings.optimizer.label == "AdamW"
     assert 0 <= result.measurement.optim_bytes - 2 * result.measurement.param_bytes < 64
 
@@ -134,14 +148,17 @@ def test_sequence_first_inputs_scale_dimension_1_and_say_so(tmp_path):
     result, _record = _plan(tmp_path, "lstm.py", (SCRIPTS / "plan_seq_first_lstm.py").read_text())
     batch = result.request.batch
     assert [(e.name, e.shape, e.batch_dim) for e in batch.entries] == [
-        ("arg0", (35, 20), 1), ("arg1_0", (2, 20, 16), 1), ("arg1_1", (2, 20, 16), 1)]
+        ("arg0", (35, 20), 1),
+        ("arg1_0", (2, 20, 16), 1),
+        ("arg1_1", (2, 20, 16), 1),
+    ]
     assert batch.batch_size == 20
     assert [e.shape for e in batch.with_batch(64).entries] == [(35, 64), (2, 64, 16), (2, 64, 16)]
     note = result.to_dict()["batch_dims"]
     assert note.startswith("batch dimension dim 1 of arg0, arg1_0, arg1_1") and "batch_first=False" in note
 
 
-SEQ_FIRST_LOADER = '''
+SEQ_FIRST_LOADER = """
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -165,13 +182,16 @@ for tokens, y in loader:
     nn.functional.cross_entropy(model(tokens), y).backward()
     opt.step()
     opt.zero_grad()
-'''
+"""
 
 
 def test_the_dataloaders_batch_size_picks_the_batch_dimension(tmp_path):
     result, _record = _plan(tmp_path, "seq_loader.py", SEQ_FIRST_LOADER)
     batch = result.request.batch
-    assert [(e.name, e.shape, e.batch_dim) for e in batch.entries] == [("arg0", (12, 4), 1), ("target1", (4,), 0)]
+    assert [(e.name, e.shape, e.batch_dim) for e in batch.entries] == [
+        ("arg0", (12, 4), 1),
+        ("target1", (4,), 0),
+    ]
     assert batch.batch_size == 4
     assert "the DataLoader's batch_size 4" in result.request.batch_note
 
@@ -179,10 +199,13 @@ def test_the_dataloaders_batch_size_picks_the_batch_dimension(tmp_path):
 def test_a_loader_batch_without_its_loader_still_scales_dimension_0(tmp_path):
     result, _record = _plan(tmp_path, "train_tiny.py", SCRIPT)  # DataLoader(...) built inline, gone by then
     assert result.request.batch.batch_size == 8
-    assert result.request.batch_note == "batch dimension dim 0 of arg0, target1 (dim 0 of the DataLoader's batch)"
+    assert (
+        result.request.batch_note
+        == "batch dimension dim 0 of arg0, target1 (dim 0 of the DataLoader's batch)"
+    )
 
 
-LBFGS_SCRIPT = '''
+LBFGS_SCRIPT = """
 import torch
 from torch import nn
 
@@ -196,7 +219,7 @@ for _ in range(3):
         loss.backward()
         return loss
     opt.step(closure)
-'''
+"""
 
 
 def test_a_closure_optimizer_is_planned_with_its_full_history(tmp_path):

@@ -82,7 +82,9 @@ def test_batch_names_are_matched_through_ddp_style_wrappers():
         def forward(self, input_ids=None, labels=None):
             return input_ids
 
-    class Wrapper(nn.Module):  # like DistributedDataParallel: forward(*inputs, **kwargs), the model in .module
+    class Wrapper(
+        nn.Module
+    ):  # like DistributedDataParallel: forward(*inputs, **kwargs), the model in .module
         def __init__(self) -> None:
             super().__init__()
             self.module = Inner()

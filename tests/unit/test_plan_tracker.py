@@ -34,8 +34,11 @@ def _linear():
 
 
 def test_linear_adamw_states_are_exact():
-    m = simulate(lambda: build_meta_model(_linear, "fp32"), parse_batch_spec("x=float32[16,256]"),
-                 SimSettings(optimizer=OptimizerSpec.named("adamw")))
+    m = simulate(
+        lambda: build_meta_model(_linear, "fp32"),
+        parse_batch_spec("x=float32[16,256]"),
+        SimSettings(optimizer=OptimizerSpec.named("adamw")),
+    )
     params = (256 * 128 + 128) * 4
     assert m.param_bytes == params
     assert m.grad_bytes == params
@@ -48,18 +51,26 @@ def test_linear_adamw_states_are_exact():
 
 
 def test_sgd_has_no_state_and_bf16_halves_the_weights():
-    sgd = simulate(lambda: build_meta_model(_linear, "fp32"), parse_batch_spec("x=float32[16,256]"),
-                   SimSettings(optimizer=OptimizerSpec.named("sgd")))
+    sgd = simulate(
+        lambda: build_meta_model(_linear, "fp32"),
+        parse_batch_spec("x=float32[16,256]"),
+        SimSettings(optimizer=OptimizerSpec.named("sgd")),
+    )
     assert sgd.optim_bytes == 0
-    half = simulate(lambda: build_meta_model(_linear, "bf16"), parse_batch_spec("x=float32[16,256]"),
-                    SimSettings(optimizer=OptimizerSpec.named("sgd"), precision="bf16"))
+    half = simulate(
+        lambda: build_meta_model(_linear, "bf16"),
+        parse_batch_spec("x=float32[16,256]"),
+        SimSettings(optimizer=OptimizerSpec.named("sgd"), precision="bf16"),
+    )
     assert half.param_bytes * 2 == sgd.param_bytes
 
 
 class _Deep(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(6)])
+        self.layers = nn.ModuleList(
+            [nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(6)]
+        )
         self.head = nn.Linear(64, 10)
 
     def forward(self, x):
@@ -70,9 +81,14 @@ class _Deep(nn.Module):
 
 def test_block_checkpointing_lowers_the_activation_peak():
     spec = parse_batch_spec("x=float32[512,64],y=int64[512]:10")
-    plain = simulate(lambda: build_meta_model(_Deep, "fp32"), spec, SimSettings(optimizer=OptimizerSpec.named("sgd")))
-    ckpt = simulate(lambda: build_meta_model(_Deep, "fp32"), spec,
-                    SimSettings(optimizer=OptimizerSpec.named("sgd"), checkpoint_blocks=True))
+    plain = simulate(
+        lambda: build_meta_model(_Deep, "fp32"), spec, SimSettings(optimizer=OptimizerSpec.named("sgd"))
+    )
+    ckpt = simulate(
+        lambda: build_meta_model(_Deep, "fp32"),
+        spec,
+        SimSettings(optimizer=OptimizerSpec.named("sgd"), checkpoint_blocks=True),
+    )
     assert [n for n, _ in plain.blocks] == [f"layers.{i}" for i in range(6)]
     assert ckpt.act_peak_bytes < 0.6 * plain.act_peak_bytes
     assert plain.saved_bytes > 6 * 512 * 256 * 4  # each block saves at least its hidden activations
@@ -89,9 +105,14 @@ def test_plan_matches_the_profiled_peak_of_real_steps(precision):
 
 def test_grad_accumulation_keeps_gradients_alive_through_the_second_forward():
     spec = parse_batch_spec("x=float32[512,64],y=int64[512]:10")
-    one = simulate(lambda: build_meta_model(_Deep, "fp32"), spec, SimSettings(optimizer=OptimizerSpec.named("sgd")))
-    two = simulate(lambda: build_meta_model(_Deep, "fp32"), spec,
-                   SimSettings(optimizer=OptimizerSpec.named("sgd"), grad_accum=2))
+    one = simulate(
+        lambda: build_meta_model(_Deep, "fp32"), spec, SimSettings(optimizer=OptimizerSpec.named("sgd"))
+    )
+    two = simulate(
+        lambda: build_meta_model(_Deep, "fp32"),
+        spec,
+        SimSettings(optimizer=OptimizerSpec.named("sgd"), grad_accum=2),
+    )
     fwd = two.timeline.in_phases(("forward",))
     assert int(two.timeline.bytes["grad"][fwd].max()) == two.grad_bytes
     assert int(one.timeline.bytes["grad"][one.timeline.in_phases(("forward",))].max()) == 0
@@ -108,8 +129,11 @@ class _NeedsData(nn.Module):
 
 def test_a_model_that_needs_real_data_names_the_op():
     with pytest.raises(UsageError, match=r"fake tensors.*aten\.\w+"):
-        simulate(lambda: build_meta_model(_NeedsData, "fp32"), parse_batch_spec("x=float32[8,4]"),
-                 SimSettings(optimizer=OptimizerSpec.named("sgd")))
+        simulate(
+            lambda: build_meta_model(_NeedsData, "fp32"),
+            parse_batch_spec("x=float32[8,4]"),
+            SimSettings(optimizer=OptimizerSpec.named("sgd")),
+        )
 
 
 def test_factory_errors_and_non_modules_are_usage_errors():
@@ -153,7 +177,9 @@ def test_large_probes_scale_the_last_real_probe_instead_of_allocating(monkeypatc
     spec = parse_batch_spec("x=float32[16,48,32],y=int64[16]:10")
     settings = SimSettings(optimizer=OptimizerSpec.named("sgd"))
     real_probe = simulate(lambda: build_meta_model(_LSTM, "fp32"), spec.with_batch(64), settings)
-    simulate(lambda: build_meta_model(_LSTM, "fp32"), spec, settings)  # a real probe at batch 16 sets the ratio
+    simulate(
+        lambda: build_meta_model(_LSTM, "fp32"), spec, settings
+    )  # a real probe at batch 16 sets the ratio
     monkeypatch.setattr(tracker_module, "PROBE_LIMIT", 0)  # every later probe "too big": ratio only
     monkeypatch.setattr(tracker_module, "_PROBE_CACHE", {})
     big = simulate(lambda: build_meta_model(_LSTM, "fp32"), spec.with_batch(64), settings)

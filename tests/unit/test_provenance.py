@@ -23,9 +23,19 @@ from torchscalpel.runtime.provenance import (
 
 
 def _git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
-                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin", "HOME": str(repo)})
+    subprocess.run(
+        ["git", "-C", str(repo), *args],
+        check=True,
+        capture_output=True,
+        env={
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(repo),
+        },
+    )
 
 
 @pytest.fixture
@@ -60,8 +70,14 @@ def test_script_and_local_module_hashes(repo: Path, monkeypatch: pytest.MonkeyPa
     import helpers  # noqa: F401  (the script's local module, as the script would import it)
 
     prov = collect(repo / "train.py")
-    assert prov["code"]["script"] == {"path": "train.py", "sha256": hashlib.sha256(b"import helpers\n").hexdigest()}
-    assert prov["code"]["modules"]["helpers"] == {"path": "helpers.py", "sha256": hashlib.sha256(b"X = 1\n").hexdigest()}
+    assert prov["code"]["script"] == {
+        "path": "train.py",
+        "sha256": hashlib.sha256(b"import helpers\n").hexdigest(),
+    }
+    assert prov["code"]["modules"]["helpers"] == {
+        "path": "helpers.py",
+        "sha256": hashlib.sha256(b"X = 1\n").hexdigest(),
+    }
     # installed packages and torchscalpel itself are not the user's code
     mods = local_modules(repo)
     assert not any(name.startswith(("torch", "json", "pytest")) for name in mods)
@@ -69,8 +85,9 @@ def test_script_and_local_module_hashes(repo: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_batch_fingerprint_is_shapes_dtypes_and_content() -> None:
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(40.0).reshape(20, 2),
-                                                                        torch.arange(20)), batch_size=4)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.arange(40.0).reshape(20, 2), torch.arange(20)), batch_size=4
+    )
     batch = next(iter(loader))
     fp = batch_fingerprint(batch, loader)
     assert fp["dataset_len"] == 20 and fp["shapes"] == [[4, 2], [4]] and fp["dtypes"] == ["float32", "int64"]
@@ -90,7 +107,10 @@ def test_the_observer_records_seeds_and_undoes_its_wrappers() -> None:
     record = RunRecord()
     obs.on_finish(record)
     assert torch.manual_seed is original
-    assert record.provenance["seeds"]["calls"] == [{"source": "torch", "seed": 7}, {"source": "random", "seed": 11}]
+    assert record.provenance["seeds"]["calls"] == [
+        {"source": "torch", "seed": 7},
+        {"source": "random", "seed": 11},
+    ]
     assert record.provenance["seeds"]["torch_initial_seed"] == 7
 
 

@@ -24,7 +24,9 @@ def test_the_api_functions_are_functions_with_their_real_parameters(name: str) -
 
 
 def test_dir_lists_the_api_and_not_the_helpers_the_package_imported() -> None:
-    assert {*API, "InProcessRun", "RunRecord", "load_record", "save_record", "__version__"} <= set(torchscalpel.__all__)
+    assert {*API, "InProcessRun", "RunRecord", "load_record", "save_record", "__version__"} <= set(
+        torchscalpel.__all__
+    )
     assert sorted(torchscalpel.__all__) == dir(torchscalpel)
     assert not {"Any", "importlib", "_doctor_package"} & set(dir(torchscalpel))
 
@@ -56,7 +58,11 @@ def test_the_in_process_profile_and_memory_defaults_are_the_cli_defaults() -> No
     from torchscalpel.cli.memory import DEFAULT_STEPS as MEMORY_STEPS
 
     cli, api = _cli_defaults("profile"), _api_defaults("profile")
-    assert (api["steps"], api["warmup"], api["profile_steps"]) == (int(cli["steps"]), cli["warmup"], cli["profile_steps"])
+    assert (api["steps"], api["warmup"], api["profile_steps"]) == (
+        int(cli["steps"]),
+        cli["warmup"],
+        cli["profile_steps"],
+    )
     cli, api = _cli_defaults("memory"), _api_defaults("memory")
     assert api["warmup"] == cli["warmup"]
     assert torchscalpel.memory().options.steps == MEMORY_STEPS

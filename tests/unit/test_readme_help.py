@@ -27,7 +27,8 @@ def test_the_readme_help_block_is_the_real_help_at_100_columns(monkeypatch: pyte
     block = re.search(r"```console\n\$ scalpel --help\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
     assert block, "README.md has no '$ scalpel --help' block"
     assert block.group(1).rstrip() == _help(100, monkeypatch).rstrip(), (
-        "README's help block differs from `COLUMNS=100 scalpel --help`: paste the real output")
+        "README's help block differs from `COLUMNS=100 scalpel --help`: paste the real output"
+    )
 
 
 def test_the_workflow_order_names_every_step_command() -> None:
@@ -38,7 +39,9 @@ def test_the_workflow_order_names_every_step_command() -> None:
     assert order.startswith("env, profile, doctor, memory, tune (then run)")
 
 
-@pytest.mark.parametrize("command", ["tune", "doctor", "memory"])  # profile alone profiles the bundled example
+@pytest.mark.parametrize(
+    "command", ["tune", "doctor", "memory"]
+)  # profile alone profiles the bundled example
 def test_a_missing_script_is_named_with_the_command_the_user_typed(command: str, capsys) -> None:
     from torchscalpel.cli.main import main
 

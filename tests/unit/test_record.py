@@ -12,7 +12,10 @@ from torchscalpel.record import RunRecord, StepRecord, load_record, save_record
 
 def _record() -> RunRecord:
     r = RunRecord(name="t", status="stopped", exit_code=0, target={"script": "x.py", "args": ["--a"]})
-    r.steps = [StepRecord(index=0, warmup=True, total_ms=3.0), StepRecord(index=1, total_ms=2.0, loss=0.5, forward_ms=1.0)]
+    r.steps = [
+        StepRecord(index=0, warmup=True, total_ms=3.0),
+        StepRecord(index=1, total_ms=2.0, loss=0.5, forward_ms=1.0),
+    ]
     r.sections["tune"] = {"winner": "amp"}
     return r
 
@@ -50,9 +53,15 @@ def test_missing_and_corrupt_records_give_one_sentence(tmp_path):
 
 
 def test_op_summary_reads_the_trace_section_and_falls_back_to_schema_1_0_copies():
-    current = RunRecord(profiler={"steps": [3]}, sections={"trace": {"top_ops": [{"name": "aten::mm"}], "categories": {}}})
+    current = RunRecord(
+        profiler={"steps": [3]}, sections={"trace": {"top_ops": [{"name": "aten::mm"}], "categories": {}}}
+    )
     assert current.op_summary()["top_ops"] == [{"name": "aten::mm"}]
-    old = RunRecord.from_dict({"schema_version": "1.0", "profiler": {"steps": [3], "top_ops": [{"name": "aten::addmm"}],
-                                                                   "memory": {"peak_bytes": 5}}})
+    old = RunRecord.from_dict(
+        {
+            "schema_version": "1.0",
+            "profiler": {"steps": [3], "top_ops": [{"name": "aten::addmm"}], "memory": {"peak_bytes": 5}},
+        }
+    )
     assert old.op_summary() == {"top_ops": [{"name": "aten::addmm"}], "memory": {"peak_bytes": 5}}
     assert RunRecord().op_summary() == {}

@@ -29,8 +29,13 @@ def test_nice_ticks_land_on_round_numbers_and_cover_the_range() -> None:
 
 
 def test_stacked_bars_have_titles_integer_steps_and_a_legend_for_several_series() -> None:
-    svg = charts.stacked_bars("s", ["0", "1", "2"], {"forward": [1, 2, 3], "backward": [2, 2, 2], "never": [0, 0, 0]},
-                              unit="ms", y_title="step time (ms)")
+    svg = charts.stacked_bars(
+        "s",
+        ["0", "1", "2"],
+        {"forward": [1, 2, 3], "backward": [2, 2, 2], "never": [0, 0, 0]},
+        unit="ms",
+        y_title="step time (ms)",
+    )
     assert _titles(svg) == {"x": "step", "y": "step time (ms)"}
     assert 'class="legend"' in svg and "never" not in svg  # an all-zero series is left out of bars and legend
     assert "0.00" not in _ticks(svg) and "13.0" not in _ticks(svg)
@@ -46,50 +51,80 @@ def test_a_single_series_has_no_legend_and_a_loss_curve_is_not_pinned_to_zero() 
 
 
 def test_a_flat_series_gets_a_short_chart_that_says_it_is_flat() -> None:
-    flat = charts.lines("rss", list(range(20)), {"RSS": [512.0 + 0.01 * (i % 2) for i in range(20)]}, unit="MiB")
+    flat = charts.lines(
+        "rss", list(range(20)), {"RSS": [512.0 + 0.01 * (i % 2) for i in range(20)]}, unit="MiB"
+    )
     height = int(re.search(r'viewBox="0 0 \d+ (\d+)"', flat).group(1))
     assert height <= 180 and "flat: 512 to 512 MiB" in flat
     assert _titles(flat)["y"] == "MiB"
 
 
 def test_capacity_line_is_drawn_when_in_range_and_named_when_far_above() -> None:
-    near = charts.stacked_bars("p", ["ddp"], {"params": [300.0], "activations": [500.0]}, unit="MiB",
-                               capacity=1000.0, capacity_label="device capacity 1000 MiB")
+    near = charts.stacked_bars(
+        "p",
+        ["ddp"],
+        {"params": [300.0], "activations": [500.0]},
+        unit="MiB",
+        capacity=1000.0,
+        capacity_label="device capacity 1000 MiB",
+    )
     assert 'class="capacity"' in near and "device capacity 1000 MiB" in near
-    far = charts.stacked_bars("p", ["ddp"], {"params": [3.0]}, unit="MiB", capacity=81920.0, capacity_label="device 80 GiB")
+    far = charts.stacked_bars(
+        "p", ["ddp"], {"params": [3.0]}, unit="MiB", capacity=81920.0, capacity_label="device 80 GiB"
+    )
     assert 'class="capacity"' not in far and "device 80 GiB (above this scale)" in far
     assert "81,920" not in far  # the scale stays the bars' own
 
 
 def test_horizontal_bars_have_a_value_axis_and_keep_full_names_on_hover() -> None:
     long = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
-    svg = charts.horizontal_bars("ops", [(long, 31.1), ("aten::mm", 147.0)], unit="ms", x_title="self time (ms)")
+    svg = charts.horizontal_bars(
+        "ops", [(long, 31.1), ("aten::mm", 147.0)], unit="ms", x_title="self time (ms)"
+    )
     assert _titles(svg)["x"] == "self time (ms)" and f"<title>{long}</title>" in svg and "…" in svg
     assert _ticks(svg)[:2] == ["0", "50"]
 
 
 def test_kernel_names_are_shortened_like_a_profiler_shows_them() -> None:
-    full = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
-            "at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)")
+    full = (
+        "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+        "at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)"
+    )
     assert short_kernel_name(full) == "at::native::vectorized_elementwise_kernel<…>"
     assert short_kernel_name("Memcpy HtoD (Pageable -> Device)") == "Memcpy HtoD (Pageable -> Device)"
-    assert short_kernel_name("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == \
-        "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    assert (
+        short_kernel_name("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)")
+        == "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+    )
     assert demangle("_ZN2at6native18elementwise_kernelILi128EEEviT_") == "at::native::elementwise_kernel"
     assert short_kernel_name("aten::mm") == "aten::mm"
 
 
 def test_verdicts_lead_and_the_environment_closes() -> None:
-    order = [s.id for s in verdict_first([Section(id=i, title=i, body="") for i in
-                                          ("overview", "environment", "steps", "findings", "plan", "tune")])]
+    order = [
+        s.id
+        for s in verdict_first(
+            [
+                Section(id=i, title=i, body="")
+                for i in ("overview", "environment", "steps", "findings", "plan", "tune")
+            ]
+        )
+    ]
     assert order == ["tune", "plan", "findings", "overview", "steps", "environment"]
 
 
 def test_a_doctor_record_page_shows_findings_before_the_overview_and_the_environment() -> None:
-    record = RunRecord(name="d", status="stopped", environment={"python": "3.11"}, sections={"doctor": {}},
-                       steps=[StepRecord(index=i, total_ms=2.0, forward_ms=1.0, other_ms=1.0, loss=1.0 - 0.1 * i)
-                              for i in range(4)],
-                       findings=[{"rule": "r", "severity": "warning", "message": "m", "evidence": [], "fix": ""}])
+    record = RunRecord(
+        name="d",
+        status="stopped",
+        environment={"python": "3.11"},
+        sections={"doctor": {}},
+        steps=[
+            StepRecord(index=i, total_ms=2.0, forward_ms=1.0, other_ms=1.0, loss=1.0 - 0.1 * i)
+            for i in range(4)
+        ],
+        findings=[{"rule": "r", "severity": "warning", "message": "m", "evidence": [], "fix": ""}],
+    )
     page = record_page(record)
     ids = re.findall(r'<section id="([^"]+)"', page)
     assert ids.index("findings") < ids.index("overview") < ids.index("environment") == len(ids) - 1
@@ -105,8 +140,12 @@ def test_a_left_out_series_does_not_shift_the_legend_colours() -> None:
 def test_analyze_page_puts_the_diff_first(tmp_path) -> None:
     from torchscalpel.report.trace_sections import write_analysis_html
 
-    data = {"ranks": [{"rank": 0, "device": "cpu", "events": 1, "steps": [], "complete": True, "path": "a.json"}],
-            "top_ops": [{"name": "aten::mm", "category": "matmul", "count": 1, "self_us": 10.0, "total_us": 10.0}]}
+    data = {
+        "ranks": [{"rank": 0, "device": "cpu", "events": 1, "steps": [], "complete": True, "path": "a.json"}],
+        "top_ops": [
+            {"name": "aten::mm", "category": "matmul", "count": 1, "self_us": 10.0, "total_us": 10.0}
+        ],
+    }
     diff = {"a": ["a.json"], "b": ["b.json"], "ops": {"rows": []}}
     out = tmp_path / "a.html"
     write_analysis_html(data, out, diff)
@@ -118,8 +157,14 @@ def test_kernel_table_shows_short_names_with_the_full_one_on_hover() -> None:
     from torchscalpel.report.trace_sections import build_trace_sections
 
     full = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int, float)"
-    sections = build_trace_sections({"ranks": [], "top_kernels": [
-        {"name": full, "category": "elementwise", "count": 3, "total_us": 30.0, "mean_us": 10.0}]})
+    sections = build_trace_sections(
+        {
+            "ranks": [],
+            "top_kernels": [
+                {"name": full, "category": "elementwise", "count": 3, "total_us": 30.0, "mean_us": 10.0}
+            ],
+        }
+    )
     body = next(s.body for s in sections if s.id == "trace-kernels")
     assert "<code>at::native::vectorized_elementwise_kernel&lt;…&gt;</code>" in body
     assert 'title="void at::native::vectorized_elementwise_kernel&lt;4, ' in body

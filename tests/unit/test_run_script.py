@@ -26,15 +26,18 @@ def _script(tmp_path: Path, body: str, name: str = "train.py") -> Path:
     return path
 
 
-@pytest.mark.parametrize(("body", "status", "code"), [
-    ("pass\n", "complete", 0),
-    ("raise SystemExit(0)\n", "complete", 0),
-    ("import sys\nsys.exit()\n", "complete", 0),
-    ("raise SystemExit(3)\n", "failed", 3),
-    ("raise SystemExit('the data folder is empty')\n", "failed", 1),
-    ("raise ValueError('bad batch')\n", "failed", 1),
-    ("raise KeyboardInterrupt\n", "interrupted", 130),
-])
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ("pass\n", "complete", 0),
+        ("raise SystemExit(0)\n", "complete", 0),
+        ("import sys\nsys.exit()\n", "complete", 0),
+        ("raise SystemExit(3)\n", "failed", 3),
+        ("raise SystemExit('the data folder is empty')\n", "failed", 1),
+        ("raise ValueError('bad batch')\n", "failed", 1),
+        ("raise KeyboardInterrupt\n", "interrupted", 130),
+    ],
+)
 def test_each_ending_gives_the_status_python_gives(tmp_path, capsys, body, status, code) -> None:
     outcome = run_script(Target(script=_script(tmp_path, body)))
     assert (outcome.status, outcome.exit_code) == (status, code)
@@ -146,8 +149,15 @@ def test_scalpel_run_prints_the_traceback_python_prints(tmp_path) -> None:
     ``python SCRIPT`` shows only the script's, which is what ``scalpel run`` promises to be."""
     path = _script(tmp_path, RAISES)
     (tmp_path / "scalpel.toml").write_text("[tune]\n")
-    plain = subprocess.run([sys.executable, str(path)], cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
-                           timeout=120, check=False)
+    plain = subprocess.run(
+        [sys.executable, str(path)],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     ours = run_cli("run", "--", str(path), cwd=tmp_path)
     assert ours.returncode == plain.returncode == 1, ours.stderr
 
@@ -180,7 +190,14 @@ def test_a_rank_runs_the_scalpel_program(tmp_path, monkeypatch) -> None:
 def test_rank_entry_runs_under_python_as_torchrun_starts_it(tmp_path) -> None:
     path = _script(tmp_path, SEES)
     out = tmp_path / "seen.json"
-    proc = subprocess.run([sys.executable, "-m", rank_entry.MODULE, "exec", "--", str(path), str(out)], cwd=REPO,
-                          env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", rank_entry.MODULE, "exec", "--", str(path), str(out)],
+        cwd=REPO,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["argv"] == [str(path), str(out)]

@@ -22,7 +22,9 @@ def runner():
 
 @pytest.fixture()
 def client(tmp_path, runner):
-    app = create_app(linear_bundle(tmp_path), runner, ServeConfig(max_batch=8, max_wait_ms=1, max_body=64 << 10))
+    app = create_app(
+        linear_bundle(tmp_path), runner, ServeConfig(max_batch=8, max_wait_ms=1, max_body=64 << 10)
+    )
     with TestClient(app) as c:
         yield c
 
@@ -63,7 +65,11 @@ def test_health_ready_model_and_openapi(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").status_code == 200
     info = client.get("/v1/model").json()
-    assert info["inputs"][0]["name"] == "x" and info["max_batch"] == 8 and info["preprocessing"] == {"scale": 0.0625}
+    assert (
+        info["inputs"][0]["name"] == "x"
+        and info["max_batch"] == 8
+        and info["preprocessing"] == {"scale": 0.0625}
+    )
     spec = client.get("/openapi.json").json()
     req = spec["paths"]["/v1/predict"]["post"]["requestBody"]["content"]
     assert "application/x-npy" in req
@@ -136,7 +142,9 @@ def test_busy_and_slow_answers_over_http(tmp_path):
     gate = threading.Event()
     gate.set()  # open for the start-up warm-up call
     runner = LinearRunner(gate=gate)
-    app = create_app(linear_bundle(tmp_path), runner, ServeConfig(max_batch=1, max_wait_ms=0, max_queue=1, timeout_s=1.0))
+    app = create_app(
+        linear_bundle(tmp_path), runner, ServeConfig(max_batch=1, max_wait_ms=0, max_queue=1, timeout_s=1.0)
+    )
     _, b = body(1)
     with live_server(app) as (host, port):
         url = f"http://{host}:{port}/v1/predict"

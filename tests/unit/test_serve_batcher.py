@@ -139,7 +139,9 @@ def test_no_wait_when_nothing_is_arriving_but_wait_when_something_is():
     arriving = {"n": 0}
 
     async def main():
-        b = Batcher(runner, max_batch=8, max_wait_s=30, max_queue=8, timeout_s=60, arriving=lambda: arriving["n"])
+        b = Batcher(
+            runner, max_batch=8, max_wait_s=30, max_queue=8, timeout_s=60, arriving=lambda: arriving["n"]
+        )
         b.start()
         # Nothing else on the way: answered at once despite a 30 s max wait.
         await asyncio.wait_for(b.submit(rows(1)), 5)

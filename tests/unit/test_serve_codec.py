@@ -30,7 +30,9 @@ def err(body: bytes, ctype: str = "application/json", specs=(X,), max_batch: int
 def test_json_valid_single_and_named():
     x = np.random.default_rng(0).standard_normal((3, 1, 8, 8)).astype(np.float32)
     (a,) = decode(json.dumps({"inputs": x.tolist()}).encode(), "application/json", [X], 8)
-    (b,) = decode(json.dumps({"inputs": {"x": x.tolist()}}).encode(), "application/json; charset=utf-8", [X], 8)
+    (b,) = decode(
+        json.dumps({"inputs": {"x": x.tolist()}}).encode(), "application/json; charset=utf-8", [X], 8
+    )
     assert a.dtype == np.float32 and a.shape == (3, 1, 8, 8)
     np.testing.assert_array_equal(a, x)
     np.testing.assert_array_equal(b, x)

@@ -14,8 +14,10 @@ from torchscalpel.serve.app import ByteBudget, ServeConfig, create_app
 
 
 def _post(port: int, body: bytes) -> int:
-    head = (f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
+    head = (
+        f"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
     with socket.create_connection(("127.0.0.1", port), timeout=30) as c:
         c.sendall(head + body)
         data = b""
@@ -50,8 +52,11 @@ def test_large_bodies_decode_off_the_event_loop_and_healthz_answers(tmp_path, mo
     x = np.random.default_rng(0).standard_normal((rows, 1, 8, 8)).astype(np.float32)
     big = json.dumps({"inputs": x.tolist()}).encode()
     assert len(big) > 5_000_000
-    app = create_app(linear_bundle(tmp_path, max_batch=4096), LinearRunner(),
-                     ServeConfig(max_batch=4096, max_wait_ms=1, max_body=16 << 20, timeout_s=60, body_timeout_s=60))
+    app = create_app(
+        linear_bundle(tmp_path, max_batch=4096),
+        LinearRunner(),
+        ServeConfig(max_batch=4096, max_wait_ms=1, max_body=16 << 20, timeout_s=60, body_timeout_s=60),
+    )
 
     @app.get("/_loop_thread")
     async def loop_thread() -> dict[str, int]:  # runs on the event loop's thread
@@ -60,8 +65,10 @@ def test_large_bodies_decode_off_the_event_loop_and_healthz_answers(tmp_path, mo
 
     statuses: list[int] = []
     with live_server(app) as (_, port):
-        workers = [threading.Thread(target=lambda: statuses.extend(_post(port, big) for _ in range(2)), daemon=True)
-                   for _ in range(2)]
+        workers = [
+            threading.Thread(target=lambda: statuses.extend(_post(port, big) for _ in range(2)), daemon=True)
+            for _ in range(2)
+        ]
         for w in workers:
             w.start()
         health = [_healthz_status(port) for _ in range(3)]

@@ -16,7 +16,9 @@ from torchscalpel.serve.app import ServeConfig, create_app
 
 
 def test_openapi_fuzz_finds_no_server_errors(tmp_path):
-    app = create_app(linear_bundle(tmp_path, max_batch=4), LinearRunner(), ServeConfig(max_wait_ms=0, max_body=256 << 10))
+    app = create_app(
+        linear_bundle(tmp_path, max_batch=4), LinearRunner(), ServeConfig(max_wait_ms=0, max_body=256 << 10)
+    )
     with live_server(app) as (host, port):
         base = f"http://{host}:{port}"
         schema = schemathesis.openapi.from_dict(app.openapi())
@@ -29,14 +31,22 @@ def test_openapi_fuzz_finds_no_server_errors(tmp_path):
                     continue  # GETs take no input: nothing to make invalid
                 _fuzz(op.as_strategy(mode), base, f"{op.label} [{mode.value}]", seen, failures)
         assert not failures, "\n".join(failures[:5])
-        assert any(code == 200 for code in seen["POST /v1/predict [positive]"]), seen["POST /v1/predict [positive]"]
+        assert any(code == 200 for code in seen["POST /v1/predict [positive]"]), seen[
+            "POST /v1/predict [positive]"
+        ]
         assert all(code < 500 for codes in seen.values() for code in codes)
 
 
 def _fuzz(strategy, base: str, label: str, seen: dict[str, list[int]], failures: list[str]) -> None:
     # Bounded: 40 examples per operation and mode keeps the whole test under a minute on 2 cores.
-    @settings(max_examples=40, deadline=None, derandomize=True, database=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=40,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(strategy)
     def check(case):
         try:

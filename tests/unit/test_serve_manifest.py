@@ -25,6 +25,7 @@ def _set(path: str, value):
         else:
             node[last] = value
         return m
+
     return edit
 
 
@@ -32,6 +33,7 @@ def _drop(key: str):
     def edit(m):
         del m[key]
         return m
+
     return edit
 
 
@@ -109,9 +111,17 @@ def test_untampered_manifest_passes_the_schema(tmp_path):
     assert verify_bundle(folder).max_batch == 8
 
 
-@pytest.mark.parametrize("raw", [b"[" * 100_000 + b"]" * 100_000,
-                                 b'{"format": "torchscalpel-bundle", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-                                 b"\xff\xfe{}", b"", b"null", b"{" + b" " * (17 << 20) + b"}"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"format": "torchscalpel-bundle", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b"\xff\xfe{}",
+        b"",
+        b"null",
+        b"{" + b" " * (17 << 20) + b"}",
+    ],
+)
 def test_unparseable_or_deep_manifest_is_one_sentence(tmp_path, capsys, raw):
     _refused(capsys, _write(tmp_path / "b", raw=raw))
 

@@ -70,8 +70,11 @@ def _metric(port: int, line_start: str) -> float | None:
 
 def test_lone_surrogate_in_an_input_name_is_422_not_500(app):
     with TestClient(app, raise_server_exceptions=False) as c:
-        for body in (b'{"inputs": {"\\ud800": [[1]]}}', b'{"inputs": {"x": [[1]], "\\udfff\\ud800": 1}}',
-                     b'{"\\ud800": 1}'):
+        for body in (
+            b'{"inputs": {"\\ud800": [[1]]}}',
+            b'{"inputs": {"x": [[1]], "\\udfff\\ud800": 1}}',
+            b'{"\\ud800": 1}',
+        ):
             r = c.post("/v1/predict", content=body, headers={"content-type": "application/json"})
             assert r.status_code == 422, (body, r.status_code, r.text)
             assert "error" in json.loads(r.content)
@@ -95,8 +98,10 @@ def test_client_hanging_up_mid_body_is_counted_without_a_traceback(app, server_l
     with live_server(app) as (_, port):
         for _ in range(3):
             with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
-                c.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: 5000\r\n\r\n" + b'{"inputs": [[' + b"1," * 50)
+                c.sendall(
+                    b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 5000\r\n\r\n" + b'{"inputs": [[' + b"1," * 50
+                )
                 time.sleep(0.1)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
@@ -111,9 +116,11 @@ def test_client_hanging_up_mid_body_is_counted_without_a_traceback(app, server_l
 def test_content_length_with_chunked_answers_400_and_closes(app):
     with live_server(app) as (_, port):
         with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
-            c.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
-                      b"5\r\n{\"in\"\r\n0\r\n\r\n")
+            c.sendall(
+                b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+                b'5\r\n{"in"\r\n0\r\n\r\n'
+            )
             data = _recv_all(c)
         assert data.startswith(b"HTTP/1.1 400"), data[:200]
         assert data.endswith(b"<closed>"), "the connection was kept open"

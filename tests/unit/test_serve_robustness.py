@@ -19,11 +19,15 @@ import serve_fuzz
 
 def test_malformed_requests_all_get_4xx_and_server_keeps_answering(tmp_path):
     runner = LinearRunner()
-    app = create_app(linear_bundle(tmp_path, max_batch=32), runner,
-                     ServeConfig(max_body=256 << 10, body_timeout_s=1.0, max_wait_ms=1))
+    app = create_app(
+        linear_bundle(tmp_path, max_batch=32),
+        runner,
+        ServeConfig(max_body=256 << 10, body_timeout_s=1.0, max_wait_ms=1),
+    )
     with live_server(app, timeout_keep_alive=5) as (_, port):
-        report = serve_fuzz.run_fuzz(port, count=300, seed=1, valid_every=25, workers=2, slow_clients=2,
-                                     body_timeout_s=1.0)
+        report = serve_fuzz.run_fuzz(
+            port, count=300, seed=1, valid_every=25, workers=2, slow_clients=2, body_timeout_s=1.0
+        )
     assert report["not_4xx"] == 0, report["problems"]
     assert report["valid"] == {"200": 12}
     assert report["by_category"]["slow-client"] == {"408": 2}

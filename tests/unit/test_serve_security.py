@@ -18,9 +18,19 @@ from torchscalpel.serve.security import (
 )
 
 
-@pytest.mark.parametrize(("host", "loop"), [("127.0.0.1", True), ("127.5.0.1", True), ("::1", True),
-                                            ("localhost", True), ("0.0.0.0", False), ("::", False),
-                                            ("10.0.0.5", False), ("example.com", False)])
+@pytest.mark.parametrize(
+    ("host", "loop"),
+    [
+        ("127.0.0.1", True),
+        ("127.5.0.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.0.0.5", False),
+        ("example.com", False),
+    ],
+)
 def test_is_loopback(host, loop):
     assert is_loopback(host) is loop
 

@@ -102,7 +102,9 @@ def _refused_count(app, reason: str) -> int:
 
 def test_idle_connections_from_one_address_cannot_starve_healthz(tmp_path):
     """767 idle sockets made the old server answer a bare 503 to everyone, and none was ever closed."""
-    app, settings = _guarded(tmp_path, header_timeout_s=1.0, max_connections_per_client=20, max_connections=64)
+    app, settings = _guarded(
+        tmp_path, header_timeout_s=1.0, max_connections_per_client=20, max_connections=64
+    )
     with live_server(app, **settings) as (_, port):
         idle = []
         try:
@@ -135,7 +137,7 @@ def test_slow_headers_and_idle_keepalive_are_closed(tmp_path):
         with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
             start = time.monotonic()
             closed = False
-            for byte in (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200):
+            for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200:
                 try:
                     c.sendall(bytes([byte]))
                 except (BrokenPipeError, ConnectionResetError):
@@ -160,7 +162,11 @@ def test_slow_headers_and_idle_keepalive_are_closed(tmp_path):
 def test_connection_limit_flags_are_validated():
     import pytest
 
-    for bad in ({"header_timeout_s": float("nan")}, {"keepalive_s": 0}, {"max_connections_per_client": 0},
-                {"max_connections_per_client": 10, "max_connections": 5}):
+    for bad in (
+        {"header_timeout_s": float("nan")},
+        {"keepalive_s": 0},
+        {"max_connections_per_client": 0},
+        {"max_connections_per_client": 10, "max_connections": 5},
+    ):
         with pytest.raises(ValueError):
             ServeConfig(**bad)

@@ -16,12 +16,23 @@ def _refused(capsys, argv) -> str:
     return err
 
 
-@pytest.mark.parametrize("flags", [
-    ["--timeout", "nan"], ["--timeout", "inf"], ["--timeout", "0"], ["--timeout", "-1"],
-    ["--body-timeout", "nan"], ["--body-timeout", "inf"], ["--body-timeout", "-0.5"],
-    ["--max-wait-ms", "nan"], ["--max-wait-ms", "-1"], ["--max-wait-ms", "inf"],
-    ["--threads", "-1"], ["--threads", "100000"],
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--timeout", "nan"],
+        ["--timeout", "inf"],
+        ["--timeout", "0"],
+        ["--timeout", "-1"],
+        ["--body-timeout", "nan"],
+        ["--body-timeout", "inf"],
+        ["--body-timeout", "-0.5"],
+        ["--max-wait-ms", "nan"],
+        ["--max-wait-ms", "-1"],
+        ["--max-wait-ms", "inf"],
+        ["--threads", "-1"],
+        ["--threads", "100000"],
+    ],
+)
 def test_bad_numbers_refused_before_the_bundle_is_read(tmp_path, capsys, flags):
     err = _refused(capsys, ["serve", str(tmp_path / "missing-bundle"), *flags])
     assert flags[0] in err and "bundle" not in err.lower()

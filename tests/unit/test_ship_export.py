@@ -24,10 +24,18 @@ def exported(tmp_path_factory):
     torch.manual_seed(0)
     model = make_model(8)
     torch.save({"model": {f"module.{k}": v for k, v in model.state_dict().items()}}, tmp / "ckpt.pt")
-    opts = ExportOptions(model=f"{FIXTURE}:make_model", factory_args='{"channels": 8}', weights=tmp / "ckpt.pt",
-                         examples=["float32[1,1,8,8]"], formats=("onnx", "exported", "torchscript"), max_batch=16,
-                         quantize="int8-dynamic", out=tmp / "bundle", output_names=["logits"],
-                         preprocess={"divide_by": 16})
+    opts = ExportOptions(
+        model=f"{FIXTURE}:make_model",
+        factory_args='{"channels": 8}',
+        weights=tmp / "ckpt.pt",
+        examples=["float32[1,1,8,8]"],
+        formats=("onnx", "exported", "torchscript"),
+        max_batch=16,
+        quantize="int8-dynamic",
+        out=tmp / "bundle",
+        output_names=["logits"],
+        preprocess={"divide_by": 16},
+    )
     logs: list[str] = []
     result = export_bundle(opts, log=logs.append)
     return result, model, logs
@@ -39,12 +47,19 @@ def test_bundle_contents_and_parity(exported):
     m = result.manifest
     assert set(m["artifacts"]) == {"weights", "onnx", "exported", "torchscript", "onnx_int8"}
     assert {"model.onnx", "model.onnx.data", "model.pt2", "model.safetensors"} <= set(m["files"])
-    assert m["inputs"] == [{"name": "x", "dtype": "float32", "shape": [None, 1, 8, 8], "dynamic_dims": {"0": "batch"}}]
+    assert m["inputs"] == [
+        {"name": "x", "dtype": "float32", "shape": [None, 1, 8, 8], "dynamic_dims": {"0": "batch"}}
+    ]
     assert m["outputs"][0]["name"] == "logits" and m["outputs"][0]["shape"] == [None, 10]
     assert m["parity"]["batches"] == [1, 7, 16]
     formats = {(c["format"], c["batch"]) for c in m["parity"]["checks"]}
     assert formats == {(f, b) for f in ("onnx", "exported", "torchscript") for b in (1, 7, 16)}
-    assert set(m["latency_ms"]) == {"1", "16"} and set(m["latency_ms"]["16"]) == {"eager", "onnx", "exported", "torchscript"}
+    assert set(m["latency_ms"]) == {"1", "16"} and set(m["latency_ms"]["16"]) == {
+        "eager",
+        "onnx",
+        "exported",
+        "torchscript",
+    }
     assert m["model"]["weights_loading"]["stripped_prefixes"] == {"module.": 6}
     assert any("module." in line for line in logs)
     assert m["preprocessing"] == {"divide_by": 16}
@@ -89,8 +104,13 @@ def test_verify_detects_tampering_and_versions(exported, tmp_path):
 
 
 def test_parity_failure_is_reported_and_bundle_refused(tmp_path):
-    opts = ExportOptions(model=f"{FIXTURE}:make_noisy", examples=["float32[2,4]"], formats=("exported",),
-                         max_batch=8, out=tmp_path / "noisy")
+    opts = ExportOptions(
+        model=f"{FIXTURE}:make_noisy",
+        examples=["float32[2,4]"],
+        formats=("exported",),
+        max_batch=8,
+        out=tmp_path / "noisy",
+    )
     result = export_bundle(opts, log=lambda s: None)
     assert not result.passed
     assert all(not c.passed and c.max_abs > 1e-3 for c in result.checks)
@@ -100,8 +120,16 @@ def test_parity_failure_is_reported_and_bundle_refused(tmp_path):
 
 
 def test_static_export_and_tolerance_override(tmp_path):
-    opts = ExportOptions(model=f"{FIXTURE}:make_model", factory_args="[4]", examples=["float32[3,1,8,8]"],
-                         formats=("onnx",), dynamic="none", out=tmp_path / "static", atol=0.0, rtol=0.0)
+    opts = ExportOptions(
+        model=f"{FIXTURE}:make_model",
+        factory_args="[4]",
+        examples=["float32[3,1,8,8]"],
+        formats=("onnx",),
+        dynamic="none",
+        out=tmp_path / "static",
+        atol=0.0,
+        rtol=0.0,
+    )
     result = export_bundle(opts, log=lambda s: None)
     assert result.manifest["inputs"][0]["shape"] == [3, 1, 8, 8] and result.manifest["max_batch"] == 3
     assert [c["batch"] for c in result.manifest["parity"]["checks"]] == [3]
@@ -136,7 +164,9 @@ def test_user_errors(tmp_path):
     with pytest.raises(UsageError, match=r"^--model: cannot import 'no_such_pkg_xyz' \(ModuleNotFoundError"):
         export_bundle(ExportOptions(model="no_such_pkg_xyz:make", **base))
     (tmp_path / "broken.py").write_text("raise RuntimeError('boom at import')\n")
-    with pytest.raises(UsageError, match=r"^--model: cannot import .*broken.py' \(RuntimeError: boom at import\)"):
+    with pytest.raises(
+        UsageError, match=r"^--model: cannot import .*broken.py' \(RuntimeError: boom at import\)"
+    ):
         export_bundle(ExportOptions(model=f"{tmp_path / 'broken.py'}:make", **base))
     with pytest.raises(UsageError, match=r"^--model: torch:__version__ is a TorchVersion, not callable"):
         export_bundle(ExportOptions(model="torch:__version__", **base))
@@ -145,11 +175,19 @@ def test_user_errors(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "keep.txt").write_text("mine")
     with pytest.raises(UsageError, match="not empty"):
-        export_bundle(ExportOptions(model=f"{FIXTURE}:make_model", examples=["float32[1,1,8,8]"], out=tmp_path / "full"))
+        export_bundle(
+            ExportOptions(model=f"{FIXTURE}:make_model", examples=["float32[1,1,8,8]"], out=tmp_path / "full")
+        )
     assert (tmp_path / "full" / "keep.txt").read_text() == "mine"
     with pytest.raises(UsageError, match="fails on the --example"):
-        export_bundle(ExportOptions(model=f"{FIXTURE}:make_model", examples=["float32[1,1,8,8,2]"],
-                                    formats=("exported",), out=tmp_path / "bad"))
+        export_bundle(
+            ExportOptions(
+                model=f"{FIXTURE}:make_model",
+                examples=["float32[1,1,8,8,2]"],
+                formats=("exported",),
+                out=tmp_path / "bad",
+            )
+        )
     assert not (tmp_path / "bad").exists()
 
 
@@ -164,8 +202,13 @@ def test_two_inputs_two_outputs_served(tmp_path):
     from torchscalpel.serve.app import ServeConfig, create_app
     from torchscalpel.serve.backends import load_runner
 
-    opts = ExportOptions(model=f"{FIXTURE}:make_two_inputs", examples=["int64[1,6]:0..50", "float32[1,3]"],
-                         formats=("onnx",), max_batch=8, out=tmp_path / "two")
+    opts = ExportOptions(
+        model=f"{FIXTURE}:make_two_inputs",
+        examples=["int64[1,6]:0..50", "float32[1,3]"],
+        formats=("onnx",),
+        max_batch=8,
+        out=tmp_path / "two",
+    )
     result = export_bundle(opts, log=lambda s: None)
     assert result.passed
     m = result.manifest
@@ -180,16 +223,19 @@ def test_two_inputs_two_outputs_served(tmp_path):
         want = [t.numpy() for t in model.eval()(ids, feats)]
     app = create_app(bundle, load_runner(bundle, "onnxruntime"), ServeConfig())
     with TestClient(app) as c:
-        r = c.post("/v1/predict", content=_json.dumps({"inputs": {"ids": ids.tolist(), "feats": feats.tolist()}}))
+        r = c.post(
+            "/v1/predict", content=_json.dumps({"inputs": {"ids": ids.tolist(), "feats": feats.tolist()}})
+        )
         assert r.status_code == 200, r.text
         out = r.json()["outputs"]
         np.testing.assert_allclose(out["output_0"], want[0], atol=1e-5, rtol=1e-4)
         np.testing.assert_allclose(out["output_1"], want[1], atol=1e-5, rtol=1e-4)
-        bad = c.post("/v1/predict", content=_json.dumps({"inputs": {"ids": [[50] * 6], "feats": [[0.0] * 3]}}))
+        bad = c.post(
+            "/v1/predict", content=_json.dumps({"inputs": {"ids": [[50] * 6], "feats": [[0.0] * 3]}})
+        )
         assert bad.status_code == 422 and "outside [0, 49]" in bad.json()["error"]
         schema = c.get("/openapi.json").json()["paths"]["/v1/predict"]["post"]["requestBody"]["content"]
         assert "application/x-npy" not in schema  # .npy bodies carry one array: not offered for two inputs
-
 
 
 def test_serve_backends_from_the_bundle(exported, tmp_path):
@@ -202,8 +248,11 @@ def test_serve_backends_from_the_bundle(exported, tmp_path):
     x = torch.randn(3, 1, 8, 8)
     with torch.no_grad():
         want = model(x).numpy()
-    for backend, kwargs, name in (("onnxruntime", {}, "onnx"), ("onnxruntime", {"quantized": True}, "onnx_int8"),
-                                  ("torch", {"trust": True}, "exported")):
+    for backend, kwargs, name in (
+        ("onnxruntime", {}, "onnx"),
+        ("onnxruntime", {"quantized": True}, "onnx_int8"),
+        ("torch", {"trust": True}, "exported"),
+    ):
         runner = load_runner(bundle, backend, **kwargs)
         assert runner.name == name
         got = runner([x.numpy()])[0]

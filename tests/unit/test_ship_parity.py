@@ -21,7 +21,9 @@ def test_compare_pass_and_fail_with_figures():
     assert not bad[0].passed and bad[0].max_abs == 1.0 and abs(bad[0].max_rel - 0.01) < 1e-9
     assert "FAIL" in format_table(bad)
     # The same error passes with a loose enough relative tolerance (1.0 <= 1e-4 + 0.02 * 100).
-    assert compare("onnx", 1, ["y"], [want], [want + np.array([[0, 0, 1.0]], np.float32)], (None, 0.02))[0].passed
+    assert compare("onnx", 1, ["y"], [want], [want + np.array([[0, 0, 1.0]], np.float32)], (None, 0.02))[
+        0
+    ].passed
 
 
 def test_compare_shape_nan_and_int():

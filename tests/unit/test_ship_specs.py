@@ -33,8 +33,9 @@ def test_file_specs(tmp_path):
     assert names == ["a", "b"]
 
 
-@pytest.mark.parametrize("spec", ["float32", "complex64[1,2]", "float32[0,3]", "int64[1,2]:5..5", "missing.npy",
-                                  "x.txt"])
+@pytest.mark.parametrize(
+    "spec", ["float32", "complex64[1,2]", "float32[0,3]", "int64[1,2]:5..5", "missing.npy", "x.txt"]
+)
 def test_bad_specs(spec):
     with pytest.raises(UsageError):
         parse_example(spec)

@@ -34,8 +34,10 @@ def test_plain_state_dict_and_safetensors(tmp_path):
 
 def test_ddp_compile_fsdp_prefixes_are_stripped_and_reported(tmp_path):
     state = trained_state()
-    wrapped = {f"module._orig_mod.{k}".replace("features.", "features._checkpoint_wrapped_module."): v
-               for k, v in state.items()}
+    wrapped = {
+        f"module._orig_mod.{k}".replace("features.", "features._checkpoint_wrapped_module."): v
+        for k, v in state.items()
+    }
     torch.save({"model": wrapped, "optim": {"step": 3}, "epoch": 2}, tmp_path / "ckpt.pt")
     model = make_model(4)
     info = load_weights(model, tmp_path / "ckpt.pt")

@@ -42,11 +42,18 @@ def _frames(pool: list[dict[str, Any]], i: int) -> list[dict[str, Any]]:
     return [pool[(i * 3) % len(pool)], pool[(i * 5 + 1) % len(pool)], pool[i % 7]]
 
 
-def snapshot_data(n_segments: int = 1003, devices: int = 2, shared: bool = True,
-                  trace_shares: bool = True) -> dict[str, Any]:
+def snapshot_data(
+    n_segments: int = 1003, devices: int = 2, shared: bool = True, trace_shares: bool = True
+) -> dict[str, Any]:
     """A snapshot laid out as torch writes one: shared key strings and frame dicts, a list per traceback."""
-    pool = [{"name": f"f{i}", "filename": f"/home/u/model_{i}.py" if i % 3 else "/x/site-packages/torch/nn/m.py",
-             "line": i} for i in range(40)]
+    pool = [
+        {
+            "name": f"f{i}",
+            "filename": f"/home/u/model_{i}.py" if i % 3 else "/x/site-packages/torch/nn/m.py",
+            "line": i,
+        }
+        for i in range(40)
+    ]
     segments, traces = [], [[] for _ in range(devices)]
     for s in range(n_segments):
         blocks = []
@@ -54,18 +61,42 @@ def snapshot_data(n_segments: int = 1003, devices: int = 2, shared: bool = True,
             i = s * 7 + j
             tb = _frames(pool, i) if shared else [dict(f) for f in _frames(pool, i)]
             state = "inactive" if j == 2 else "active_allocated"
-            blocks.append({"address": i, "size": 512 * (1 + i % 50), "requested_size": 500, "state": state,
-                           "frames": tb})
+            blocks.append(
+                {
+                    "address": i,
+                    "size": 512 * (1 + i % 50),
+                    "requested_size": 500,
+                    "state": state,
+                    "frames": tb,
+                }
+            )
             if state == "active_allocated" and s % 2 == 0:
-                traces[s % devices].append({"action": "alloc", "addr": i, "size": 512 * (1 + i % 50),
-                                            "frames": tb if trace_shares else [dict(f) for f in tb]})
+                traces[s % devices].append(
+                    {
+                        "action": "alloc",
+                        "addr": i,
+                        "size": 512 * (1 + i % 50),
+                        "frames": tb if trace_shares else [dict(f) for f in tb],
+                    }
+                )
             if s % 3 == 0:
                 traces[s % devices].append({"action": "free_completed", "addr": i, "size": 512, "frames": []})
-        segments.append({"device": 0, "address": s, "total_size": sum(b["size"] for b in blocks) + 4096,
-                         "segment_pool_id": (0, 0), "blocks": blocks})
+        segments.append(
+            {
+                "device": 0,
+                "address": s,
+                "total_size": sum(b["size"] for b in blocks) + 4096,
+                "segment_pool_id": (0, 0),
+                "blocks": blocks,
+            }
+        )
     traces[-1].append({"action": "oom", "size": 1 << 30, "device_free": 10, "frames": _frames(pool, 11)})
     traces.append([{"action": "alloc", "size": 7, "frames": []}])  # a one-event trace: a single APPEND
-    return {"segments": segments, "device_traces": traces, "allocator_settings": {"expandable_segments": False}}
+    return {
+        "segments": segments,
+        "device_traces": traces,
+        "allocator_settings": {"expandable_segments": False},
+    }
 
 
 def _write(tmp_path: Path, data: object, protocol: int = 4, name: str = "snap.pickle") -> Path:
@@ -81,8 +112,9 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("protocol", [2, 4, 5])
 @pytest.mark.parametrize("shared", [True, False])
-def test_native_and_python_readers_give_the_same_explanation(tmp_path: Path, reader, protocol: int,
-                                                             shared: bool) -> None:
+def test_native_and_python_readers_give_the_same_explanation(
+    tmp_path: Path, reader, protocol: int, shared: bool
+) -> None:
     data = snapshot_data(shared=shared)
     path = _write(tmp_path, data, protocol)
     ours, theirs = reader(path, True), reader(path, False)
@@ -93,7 +125,8 @@ def test_native_and_python_readers_give_the_same_explanation(tmp_path: Path, rea
 
 
 def test_segments_and_events_are_freed_as_they_are_read_and_only_shared_objects_stay(
-        tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = snapshot_data(n_segments=6003, shared=False, trace_shares=False)
     path = _write(tmp_path, data)
     whole = reader(path, False)
@@ -128,7 +161,9 @@ def test_an_object_fetched_once_leaves_the_memo_after_its_fetch(tmp_path: Path, 
     assert stats["memo_released"] >= shared_once > 500 and stats["memo_kept"] < 200
 
 
-def test_a_layout_the_streamer_does_not_handle_is_built_whole_and_explained_the_same(tmp_path: Path, reader) -> None:
+def test_a_layout_the_streamer_does_not_handle_is_built_whole_and_explained_the_same(
+    tmp_path: Path, reader
+) -> None:
     data = snapshot_data(n_segments=20)
     # protocol 0 has no EMPTY_DICT: the root is built from a mark, so nothing is streamed
     p0 = reader(_write(tmp_path, data, protocol=0), True)
@@ -148,25 +183,40 @@ def test_a_streamed_list_referred_to_again_is_kept_whole_and_summarized_once(tmp
 
 
 def test_odd_values_are_read_as_python_reads_them(tmp_path: Path, reader) -> None:
-    frames = [{"filename": "/home/\u00fc/\u2135 model.py", "line": None}, {"filename": 7, "line": 1},
-              {"filename": "/home/u/t.py", "line": "12"}]
+    frames = [
+        {"filename": "/home/\u00fc/\u2135 model.py", "line": None},
+        {"filename": 7, "line": 1},
+        {"filename": "/home/u/t.py", "line": "12"},
+    ]
     blocks: list[Any] = [
         {"state": "active_allocated", "size": 1024.75, "requested_size": None, "frames": frames[:1]},
         {"state": "active_allocated", "size": True, "frames": frames[1:]},
         {"state": "active_allocated", "size": 2**40, "frames": ()},
         {"state": "inactive", "size": -5},
-        {"state": "inactive ", "size": 9}, "not a block",
+        {"state": "inactive ", "size": 9},
+        "not a block",
     ]
-    blocks.append({"state": "active_allocated", "size": 3, "frames": blocks})  # a traceback that is the blocks list
-    data = {"segments": [{"total_size": 4096.0, "blocks": blocks}, None, {"blocks": "x"}],
-            "device_traces": [None, [{"action": "oom", "size": 2.5, "device_free": True, "frames": frames}],
-                              [{"action": "oom", "frames": None}, 5]]}
+    blocks.append(
+        {"state": "active_allocated", "size": 3, "frames": blocks}
+    )  # a traceback that is the blocks list
+    data = {
+        "segments": [{"total_size": 4096.0, "blocks": blocks}, None, {"blocks": "x"}],
+        "device_traces": [
+            None,
+            [{"action": "oom", "size": 2.5, "device_free": True, "frames": frames}],
+            [{"action": "oom", "frames": None}, 5],
+        ],
+    }
     for protocol in (0, 2, 4):
         path = _write(tmp_path, data, protocol, name=f"odd{protocol}.pickle")
         ours, theirs = reader(path, True), reader(path, False)
         _same(ours, theirs)
-    assert ours["ooms"][0] == {"device": 1, "bytes": 2.5, "site": "/home/\u00fc/\u2135 model.py:None",
-                               "device_free": True}
+    assert ours["ooms"][0] == {
+        "device": 1,
+        "bytes": 2.5,
+        "site": "/home/\u00fc/\u2135 model.py:None",
+        "device_free": True,
+    }
     assert ours["segments"] == 3 and ours["blocks"] == 4
 
 
@@ -182,17 +232,28 @@ def test_protocol_0_text_is_decoded_as_python_decodes_it(tmp_path: Path, reader)
 # (plain opcodes first, the refused opcode with its argument, the name the sentence gives), put after the
 # root dict's mark and first key, at byte 16
 REFUSED = [
-    (b"", b"cos\nsystem\n", "GLOBAL"), (b"\x8c\x02os\x8c\x06system", b"\x93", "STACK_GLOBAL"),
-    (b"N)", b"R", "REDUCE"), (b"}}", b"b", "BUILD"), (b"(", b"ios\nsystem\n", "INST"), (b"(N", b"o", "OBJ"),
-    (b"N)", b"\x81", "NEWOBJ"), (b"N)}", b"\x92", "NEWOBJ_EX"), (b"", b"P1\n", "PERSID"), (b"K\x01", b"Q", "BINPERSID"),
-    (b"", b"\x82\x01", "EXT1"), (b"", b"\x83\x01\x00", "EXT2"), (b"", b"\x84\x01\x00\x00\x00", "EXT4"),
-    (b"", b"\x97", "NEXT_BUFFER"), (b"K\x01", b"\x98", "READONLY_BUFFER"),
+    (b"", b"cos\nsystem\n", "GLOBAL"),
+    (b"\x8c\x02os\x8c\x06system", b"\x93", "STACK_GLOBAL"),
+    (b"N)", b"R", "REDUCE"),
+    (b"}}", b"b", "BUILD"),
+    (b"(", b"ios\nsystem\n", "INST"),
+    (b"(N", b"o", "OBJ"),
+    (b"N)", b"\x81", "NEWOBJ"),
+    (b"N)}", b"\x92", "NEWOBJ_EX"),
+    (b"", b"P1\n", "PERSID"),
+    (b"K\x01", b"Q", "BINPERSID"),
+    (b"", b"\x82\x01", "EXT1"),
+    (b"", b"\x83\x01\x00", "EXT2"),
+    (b"", b"\x84\x01\x00\x00\x00", "EXT4"),
+    (b"", b"\x97", "NEXT_BUFFER"),
+    (b"K\x01", b"\x98", "READONLY_BUFFER"),
 ]
 
 
 @pytest.mark.parametrize(("plain", "op", "name"), REFUSED, ids=[n for *_, n in REFUSED])
-def test_every_opcode_that_is_not_plain_data_is_refused_before_anything_is_built(tmp_path: Path, reader, plain: bytes,
-                                                                                   op: bytes, name: str) -> None:
+def test_every_opcode_that_is_not_plain_data_is_refused_before_anything_is_built(
+    tmp_path: Path, reader, plain: bytes, op: bytes, name: str
+) -> None:
     path = tmp_path / "evil.pickle"
     path.write_bytes(b"\x80\x04}\x94(\x8c\x08segments\x94" + plain + op + b"u.")
     if not HAS_CC:
@@ -206,7 +267,9 @@ def test_every_opcode_that_is_not_plain_data_is_refused_before_anything_is_built
     assert msg.count(". ") == 0 and "\n" not in msg
 
 
-def test_a_real_object_is_refused_by_both_readers(tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_real_object_is_refused_by_both_readers(
+    tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = _write(tmp_path, {"segments": [Path("x")]})
     for use_native in (True, False):
         if use_native and not HAS_CC:
@@ -218,8 +281,9 @@ def test_a_real_object_is_refused_by_both_readers(tmp_path: Path, reader, monkey
 
 
 @pytest.mark.parametrize("use_native", [True, False])
-def test_truncated_files_and_files_that_are_not_pickles_get_one_sentence(tmp_path: Path, reader,
-                                                                         use_native: bool) -> None:
+def test_truncated_files_and_files_that_are_not_pickles_get_one_sentence(
+    tmp_path: Path, reader, use_native: bool
+) -> None:
     good = _write(tmp_path, snapshot_data(n_segments=50))
     reader(good, use_native)
     cut = tmp_path / "cut.pickle"
@@ -237,7 +301,9 @@ def test_truncated_files_and_files_that_are_not_pickles_get_one_sentence(tmp_pat
             S.read_snapshot(_write(tmp_path, data, name="plain.pickle"))
 
 
-def test_without_a_compiler_the_python_reader_runs_and_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_compiler_the_python_reader_runs_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TORCHSCALPEL_CACHE_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setenv("TORCHSCALPEL_NATIVE", "1")
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
@@ -300,15 +366,22 @@ def test_corrupted_snapshots_never_crash_the_native_reader(tmp_path: Path, reade
     good = _write(tmp_path, snapshot_data(n_segments=60))
     reader(good, True)  # builds the library into the test's cache
     env = {**os.environ, "PYTHONPATH": str(Path(S.__file__).parents[2])}
-    proc = subprocess.run([sys.executable, "-c", CRASH_PROBE, str(good), str(tmp_path / "bad.pickle")],
-                          capture_output=True, text=True, env=env, timeout=600, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_PROBE, str(good), str(tmp_path / "bad.pickle")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
     assert outcomes["explained"] + outcomes["refused"] == 300 and outcomes["refused"] > 50
 
 
-def test_the_cli_shows_progress_in_mib_on_a_terminal_only(tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_shows_progress_in_mib_on_a_terminal_only(
+    tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import argparse
     import io
 
@@ -322,26 +395,39 @@ def test_the_cli_shows_progress_in_mib_on_a_terminal_only(tmp_path: Path, reader
     monkeypatch.setattr(native, "SLICE_BYTES", 1 << 14)
     updates: list[tuple[int, int]] = []
     real_show = terminal.TerminalProgress.show
-    monkeypatch.setattr(terminal.TerminalProgress, "show",
-                        lambda self, **f: (updates.append((f["completed"], f["total"])), real_show(self, **f)))
+    monkeypatch.setattr(
+        terminal.TerminalProgress,
+        "show",
+        lambda self, **f: (updates.append((f["completed"], f["total"])), real_show(self, **f)),
+    )
     for is_terminal in (True, False):
         out = io.StringIO()
-        monkeypatch.setattr(terminal, "console", lambda out=out, t=is_terminal: Console(file=out, force_terminal=t,
-                                                                                         width=120))
+        monkeypatch.setattr(
+            terminal, "console", lambda out=out, t=is_terminal: Console(file=out, force_terminal=t, width=120)
+        )
         updates.clear()
         assert cli_memory._explain_snapshot(path, argparse.Namespace(json_path=None)) == 0
-        assert len(updates) > 4 and updates[-1] == ((2 * path.stat().st_size) >> 20, max((2 * path.stat().st_size) >> 20, 1))
+        assert len(updates) > 4 and updates[-1] == (
+            (2 * path.stat().st_size) >> 20,
+            max((2 * path.stat().st_size) >> 20, 1),
+        )
         assert ("MiB of snap.pickle" in out.getvalue()) == is_terminal
     assert "live blocks" in capsys.readouterr().out
 
 
 def test_whose_frame_it_is_is_the_userframes_rule_in_both_readers(tmp_path: Path, reader) -> None:
     def block(*files: str) -> dict[str, Any]:
-        return {"state": "active_allocated", "size": 64, "frames": [{"filename": f, "line": 5} for f in files]}
+        return {
+            "state": "active_allocated",
+            "size": 64,
+            "frames": [{"filename": f, "line": 5} for f in files],
+        }
 
     torch_file = "/opt/conda/lib/python3.10/site-packages/torch/nn/modules/linear.py"
     blocks = [
-        block("??", torch_file, "/home/u/lib/python/train.py"),  # a project folder named lib/python is the user's
+        block(
+            "??", torch_file, "/home/u/lib/python/train.py"
+        ),  # a project folder named lib/python is the user's
         block(torch_file, "/home/u/torch/train.py"),  # and so is one named torch
         block("/usr/lib/python3.10/threading.py", "/srv/job/run.py"),  # another machine's stdlib is not
         block("/opt/conda/lib/python3.10/site-packages/lightning/trainer.py"),  # only a library: its line
@@ -350,8 +436,11 @@ def test_whose_frame_it_is_is_the_userframes_rule_in_both_readers(tmp_path: Path
     ours = reader(path, True)
     _same(ours, reader(path, False))
     assert [s["name"] for s in ours["sites"]] == [
-        "/home/u/lib/python/train.py:5", "/home/u/torch/train.py:5", "/srv/job/run.py:5",
-        "/opt/conda/lib/python3.10/site-packages/lightning/trainer.py:5"]
+        "/home/u/lib/python/train.py:5",
+        "/home/u/torch/train.py:5",
+        "/srv/job/run.py:5",
+        "/opt/conda/lib/python3.10/site-packages/lightning/trainer.py:5",
+    ]
 
 
 def _recorded_training_snapshot() -> tuple[dict[str, Any], dict[str, int]]:
@@ -381,10 +470,21 @@ def _recorded_training_snapshot() -> tuple[dict[str, Any], dict[str, int]]:
             out = func(*args, **(kwargs or {}))
             stack = traceback.extract_stack()[:-1][::-1]  # this frame dropped; innermost first
             for t in out if isinstance(out, tuple | list) else [out]:
-                if isinstance(t, torch.Tensor) and func._schema.name not in ("aten::detach", "aten::t", "aten::view"):
+                if isinstance(t, torch.Tensor) and func._schema.name not in (
+                    "aten::detach",
+                    "aten::t",
+                    "aten::view",
+                ):
                     size = t.untyped_storage().nbytes()
-                    blocks.append({"state": "active_allocated", "size": size, "frames": [
-                        {"filename": fs.filename, "line": fs.lineno, "name": fs.name} for fs in stack]})
+                    blocks.append(
+                        {
+                            "state": "active_allocated",
+                            "size": size,
+                            "frames": [
+                                {"filename": fs.filename, "line": fs.lineno, "name": fs.name} for fs in stack
+                            ],
+                        }
+                    )
                     truth[phase[0]] += size
             return out
 
@@ -424,14 +524,20 @@ def test_phases_from_this_torchs_real_stacks(tmp_path: Path, reader) -> None:
 
 
 def test_a_cuda_backward_allocation_with_native_frames_only_is_a_gradient(tmp_path: Path, reader) -> None:
-    native_only = [{"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"},
-                   {"filename": "??", "line": 0, "name": "torch::autograd::generated::MmBackward0::apply"},
-                   {"filename": "??", "line": 0, "name": "torch::autograd::Engine::thread_main"}]
-    forward = [{"filename": "??", "line": 0, "name": "torch::autograd::VariableType::mm"},
-               {"filename": "/x/site-packages/torch/nn/modules/module.py", "line": 1, "name": "_call_impl"},
-               {"filename": "/home/u/train.py", "line": 9, "name": "<module>"}]
-    blocks = [{"state": "active_allocated", "size": 700, "frames": native_only},
-              {"state": "active_allocated", "size": 300, "frames": forward}]
+    native_only = [
+        {"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::malloc"},
+        {"filename": "??", "line": 0, "name": "torch::autograd::generated::MmBackward0::apply"},
+        {"filename": "??", "line": 0, "name": "torch::autograd::Engine::thread_main"},
+    ]
+    forward = [
+        {"filename": "??", "line": 0, "name": "torch::autograd::VariableType::mm"},
+        {"filename": "/x/site-packages/torch/nn/modules/module.py", "line": 1, "name": "_call_impl"},
+        {"filename": "/home/u/train.py", "line": 9, "name": "<module>"},
+    ]
+    blocks = [
+        {"state": "active_allocated", "size": 700, "frames": native_only},
+        {"state": "active_allocated", "size": 300, "frames": forward},
+    ]
     path = _write(tmp_path, {"segments": [{"total_size": 1000, "blocks": blocks}]})
     ours = reader(path, True)
     _same(ours, reader(path, False))
@@ -440,13 +546,20 @@ def test_a_cuda_backward_allocation_with_native_frames_only_is_a_gradient(tmp_pa
     assert any("zero_grad(set_to_none=True)" in line for line in S.render_snapshot({**ours, "path": "x"}))
 
 
-def test_a_traceback_shared_by_blocks_and_events_keeps_its_site_and_phase_once_cut(tmp_path: Path, reader) -> None:
-    tb = [{"filename": "/x/site-packages/torch/optim/adam.py", "line": 3, "name": "_init_group"},
-          {"filename": "/home/u/train.py", "line": 40, "name": "<module>"}]
+def test_a_traceback_shared_by_blocks_and_events_keeps_its_site_and_phase_once_cut(
+    tmp_path: Path, reader
+) -> None:
+    tb = [
+        {"filename": "/x/site-packages/torch/optim/adam.py", "line": 3, "name": "_init_group"},
+        {"filename": "/home/u/train.py", "line": 40, "name": "<module>"},
+    ]
     blocks = [{"state": "active_allocated", "size": 100 * (i + 1), "frames": tb} for i in range(3)]
-    data = {"segments": [{"blocks": blocks[:2]}, {"blocks": blocks[2:]}],
-            "device_traces": [[{"action": "alloc", "size": 100, "frames": tb},
-                               {"action": "oom", "size": 5, "frames": tb}]]}
+    data = {
+        "segments": [{"blocks": blocks[:2]}, {"blocks": blocks[2:]}],
+        "device_traces": [
+            [{"action": "alloc", "size": 100, "frames": tb}, {"action": "oom", "size": 5, "frames": tb}]
+        ],
+    }
     path = _write(tmp_path, data)
     ours = reader(path, True)
     _same(ours, reader(path, False))

@@ -21,7 +21,9 @@ def test_noise_level_difference_names_no_straggler() -> None:
 
 
 def test_a_rank_twice_as_slow_with_tight_spreads_is_named_with_both_figures() -> None:
-    v = ranks.straggler_verdict({0: [50.0, 50.5, 49.8, 50.2], 1: [100.0, 101.0, 100.4, 99.7], 2: [50.3, 50.1, 50.6, 49.9]})
+    v = ranks.straggler_verdict(
+        {0: [50.0, 50.5, 49.8, 50.2], 1: [100.0, 101.0, 100.4, 99.7], 2: [50.3, 50.1, 50.6, 49.9]}
+    )
     assert (v.rank, v.candidate, v.compared_with) == (1, 1, 2)
     assert v.sentence.startswith("rank 1: 100.20 ms ±") and "against rank 2's 50.20 ms ±" in v.sentence
     assert "50.00 ms (100%) slower" in v.sentence and "the other ranks wait for it" in v.sentence
@@ -49,9 +51,23 @@ def _record(totals: list[float], window: list[tuple[float, float]] | None = None
     steps += [StepRecord(index=i + 1, total_ms=t) for i, t in enumerate(totals)]
     sections = {}
     if window:
-        sections["trace"] = {"ranks": [{"rank": 0, "steps": [
-            {"name": f"ProfilerStep#{i}", "start_us": i * 1e5, "dur_us": d, "cpu_categories": {"communication": c}}
-            for i, (d, c) in enumerate(window)]}], "categories": {"communication": sum(c for _, c in window)}}
+        sections["trace"] = {
+            "ranks": [
+                {
+                    "rank": 0,
+                    "steps": [
+                        {
+                            "name": f"ProfilerStep#{i}",
+                            "start_us": i * 1e5,
+                            "dur_us": d,
+                            "cpu_categories": {"communication": c},
+                        }
+                        for i, (d, c) in enumerate(window)
+                    ],
+                }
+            ],
+            "categories": {"communication": sum(c for _, c in window)},
+        }
     return RunRecord(status="stopped", steps=steps, profiler={"steps": [1, 2, 3]}, sections=sections)
 
 
@@ -89,12 +105,39 @@ def _gloo_trace(path, rank: int, waits_us: list[float]) -> None:
     events = []
     for i, wait in enumerate(waits_us):
         t0 = 1_000_000.0 + i * 10_000.0
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i + 3}", "ts": t0, "dur": 10_000.0,
-                       "pid": 1, "tid": 1})
-        events.append({"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": t0 + 100.0, "dur": 20.0,
-                       "pid": 1, "tid": 1})  # the enqueue: a few µs whatever the wait
-        events.append({"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "ts": t0 + 9_900.0 - wait,
-                       "dur": wait, "pid": 1, "tid": 2})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{i + 3}",
+                "ts": t0,
+                "dur": 10_000.0,
+                "pid": 1,
+                "tid": 1,
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "c10d::allreduce_",
+                "ts": t0 + 100.0,
+                "dur": 20.0,
+                "pid": 1,
+                "tid": 1,
+            }
+        )  # the enqueue: a few µs whatever the wait
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "gloo:all_reduce",
+                "ts": t0 + 9_900.0 - wait,
+                "dur": wait,
+                "pid": 1,
+                "tid": 2,
+            }
+        )
     path.write_text(json.dumps({"distributedInfo": {"rank": rank}, "traceEvents": events}))
 
 
@@ -109,4 +152,6 @@ def test_gloo_waits_on_the_worker_thread_count_as_collective_time(tmp_path) -> N
     assert [s["collective_wall_us"] for s in result["ranks"][0]["steps"]] == [6000.0, 6100.0, 5900.0]
     s = result["stragglers"]
     assert s["likely_straggler"] == 1
-    assert s["reason"].startswith("rank 1: 9.79 ms ±0.01 per step outside collectives against rank 0's 4.00 ms ±")
+    assert s["reason"].startswith(
+        "rank 1: 9.79 ms ±0.01 per step outside collectives against rank 0's 4.00 ms ±"
+    )

@@ -12,14 +12,30 @@ from torchscalpel.runtime.summary import summarize
 
 def _step(i: int, total: float, warmup: bool = False, profiled: bool = False) -> StepRecord:
     return StepRecord(
-        index=i, warmup=warmup, profiled=profiled, total_ms=total, data_ms=1, forward_ms=2, backward_ms=3,
-        optimizer_ms=1, other_ms=total - 7, loss=1.0 / (i + 1), samples=32, rss=100 + i,
+        index=i,
+        warmup=warmup,
+        profiled=profiled,
+        total_ms=total,
+        data_ms=1,
+        forward_ms=2,
+        backward_ms=3,
+        optimizer_ms=1,
+        other_ms=total - 7,
+        loss=1.0 / (i + 1),
+        samples=32,
+        rss=100 + i,
     )
 
 
 def test_summary_leaves_out_warmup_and_profiled_steps():
     r = RunRecord()
-    r.steps = [_step(0, 100, warmup=True), _step(1, 10), _step(2, 50, profiled=True), _step(3, 12), _step(4, 14)]
+    r.steps = [
+        _step(0, 100, warmup=True),
+        _step(1, 10),
+        _step(2, 50, profiled=True),
+        _step(3, 12),
+        _step(4, 14),
+    ]
     s = summarize(r)
     assert s["steps_measured"] == 4 and s["steps_summarized"] == 3
     assert s["median_step_ms"] == 12
@@ -30,7 +46,9 @@ def test_summary_leaves_out_warmup_and_profiled_steps():
 
 
 def test_flops_become_achieved_rate_and_mfu_on_a_known_gpu():
-    r = RunRecord(environment={"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]}, config={"device": "cuda:0"})
+    r = RunRecord(
+        environment={"gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3"}]}, config={"device": "cuda:0"}
+    )
     r.steps = [_step(0, 10), _step(1, 10)]
     r.profiler = {"steps": [0], "flops_step": 1, "flops_total": 1e12, "flops_recompute": 0}
     s = summarize(r)
@@ -45,7 +63,12 @@ def test_flops_become_achieved_rate_and_mfu_on_a_known_gpu():
 def test_report_is_self_contained_and_has_the_charts(tmp_path):
     r = RunRecord(name="demo", status="stopped")
     r.steps = [_step(i, 10 + i, warmup=i == 0) for i in range(6)]
-    r.profiler = {"steps": [2], "top_ops": [{"name": "aten::addmm", "category": "matmul", "count": 3, "self_us": 1500.0, "total_us": 1600.0}]}
+    r.profiler = {
+        "steps": [2],
+        "top_ops": [
+            {"name": "aten::addmm", "category": "matmul", "count": 3, "self_us": 1500.0, "total_us": 1600.0}
+        ],
+    }
     r.summary = summarize(r)
     html = write_report(r, tmp_path / "report.html").read_text()
     for chart in ("step-breakdown", "loss", "memory", "top-ops"):
@@ -63,10 +86,29 @@ def test_every_share_shown_is_the_share_of_the_median_shown_beside_it(tmp_path):
     from torchscalpel.report.terminal import print_profile_summary
 
     r = RunRecord(name="outlier", status="stopped")
-    r.steps = [StepRecord(index=i, total_ms=10.0, data_ms=0.04, forward_ms=4.0, backward_ms=4.0, optimizer_ms=1.0,
-                          other_ms=0.96) for i in range(5)]
-    r.steps.append(StepRecord(index=5, total_ms=1000.0, data_ms=990.04, forward_ms=4.0, backward_ms=4.0,
-                              optimizer_ms=1.0, other_ms=0.96))
+    r.steps = [
+        StepRecord(
+            index=i,
+            total_ms=10.0,
+            data_ms=0.04,
+            forward_ms=4.0,
+            backward_ms=4.0,
+            optimizer_ms=1.0,
+            other_ms=0.96,
+        )
+        for i in range(5)
+    ]
+    r.steps.append(
+        StepRecord(
+            index=5,
+            total_ms=1000.0,
+            data_ms=990.04,
+            forward_ms=4.0,
+            backward_ms=4.0,
+            optimizer_ms=1.0,
+            other_ms=0.96,
+        )
+    )
     r.summary = summarize(r)
     buf = io.StringIO()
     print_profile_summary(r, tmp_path, out=Console(file=buf, width=200, color_system=None))

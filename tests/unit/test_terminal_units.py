@@ -12,7 +12,10 @@ from torchscalpel.report.terminal import OfTotalColumn, StepProgress, make_conso
 
 
 def test_ansi_escapes_are_stripped():
-    assert strip_ansi("\x1b[31mRuntimeError\x1b[0m: shapes \x1b[1m(2, 3)\x1b[22m") == "RuntimeError: shapes (2, 3)"
+    assert (
+        strip_ansi("\x1b[31mRuntimeError\x1b[0m: shapes \x1b[1m(2, 3)\x1b[22m")
+        == "RuntimeError: shapes (2, 3)"
+    )
     assert strip_ansi("\x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\") == "link"
 
 

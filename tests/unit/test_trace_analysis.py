@@ -19,8 +19,16 @@ def _x(name, cat, ts, dur, tid=1, **args):
 
 
 def _mem(ts, total, nbytes):
-    return {"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "ts": ts, "pid": 1, "tid": 1,
-            "args": {"Total Allocated": total, "Bytes": nbytes, "Addr": 1, "Device Type": 0, "Device Id": -1}}
+    return {
+        "ph": "i",
+        "cat": "cpu_instant_event",
+        "s": "t",
+        "name": "[memory]",
+        "ts": ts,
+        "pid": 1,
+        "tid": 1,
+        "args": {"Total Allocated": total, "Bytes": nbytes, "Addr": 1, "Device Type": 0, "Device Id": -1},
+    }
 
 
 def synthetic_events() -> list[dict]:
@@ -29,12 +37,18 @@ def synthetic_events() -> list[dict]:
         _x("ProfilerStep#2", "user_annotation", 100, 100),
         _x("aten::mm", "cpu_op", 10, 30),
         _x("aten::empty", "cpu_op", 12, 2),
-        _mem(13, 1000, 1000), _mem(35, 3000, 2000), _mem(150, 500, -2500),
+        _mem(13, 1000, 1000),
+        _mem(35, 3000, 2000),
+        _mem(150, 500, -2500),
     ]
-    launches = [(1, 20, "gemm_kernel", 30, 20, "kernel"), (2, 60, "ncclKernel_AllReduce", 62, 28, "kernel"),
-                (3, 45, "Memcpy HtoD (Pageable -> Device)", 90, 5, "gpu_memcpy"),
-                (4, 110, "gemm_kernel", 120, 10, "kernel"), (5, 112, "vectorized_elementwise_kernel", 135, 5, "kernel"),
-                (6, 115, "gemm_kernel", 180, 5, "kernel")]
+    launches = [
+        (1, 20, "gemm_kernel", 30, 20, "kernel"),
+        (2, 60, "ncclKernel_AllReduce", 62, 28, "kernel"),
+        (3, 45, "Memcpy HtoD (Pageable -> Device)", 90, 5, "gpu_memcpy"),
+        (4, 110, "gemm_kernel", 120, 10, "kernel"),
+        (5, 112, "vectorized_elementwise_kernel", 135, 5, "kernel"),
+        (6, 115, "gemm_kernel", 180, 5, "kernel"),
+    ]
     for corr, lts, kname, kts, kdur, cat in launches:
         ev.append(_x("cudaLaunchKernel", "cuda_runtime", lts, 2, correlation=corr))
         ev.append(_x(kname, cat, kts, kdur, tid=7, stream=7, correlation=corr))
@@ -77,7 +91,13 @@ def test_contract_keys_top_ops_kernels_memory(synthetic: Path) -> None:
     rank = r["ranks"][0]
     assert rank["rank"] == 0 and rank["path"] == str(synthetic) and rank["complete"]
     ops = {o["name"]: o for o in r["top_ops"]}
-    assert ops["aten::mm"] == {"name": "aten::mm", "category": "matmul", "count": 1, "self_us": 28, "total_us": 30}
+    assert ops["aten::mm"] == {
+        "name": "aten::mm",
+        "category": "matmul",
+        "count": 1,
+        "self_us": 28,
+        "total_us": 30,
+    }
     assert r["top_ops"][0]["name"] == "aten::mm"
     assert r["categories"]["matmul"] == 28 and r["categories"]["memory"] == 2
     kern = {k["name"]: k for k in r["top_kernels"]}
@@ -101,7 +121,10 @@ def test_directory_of_ranks_and_stragglers(traces_dir: Path) -> None:
     # rank 1 spends less time in NCCL kernels per step than rank 0 in this trace, but two steps give no spread
     comm = s["mean_communication_us"]
     assert min(comm, key=comm.get) == 1 and "likely_straggler" not in s
-    assert s["verdict"]["sentence"] == "not measured: rank 0 has 2, rank 1 has 2 steps; a spread needs 3 per rank"
+    assert (
+        s["verdict"]["sentence"]
+        == "not measured: rank 0 has 2, rank 1 has 2 steps; a spread needs 3 per rank"
+    )
 
 
 def test_cpu_only_trace(traces_dir: Path) -> None:
@@ -117,18 +140,31 @@ def test_rocm_trace_is_recognised(trace_set: Path) -> None:
     assert rank["steps"][0]["compute_us"] > 0
 
 
-@pytest.mark.parametrize(("name", "cat"), [
-    ("aten::mm", "matmul"), ("ampere_sgemm_128x128_tn", "matmul"), ("aten::cudnn_convolution", "conv"),
-    ("ncclKernel_AllReduce_RING_LL_Sum_float", "communication"), ("Memcpy HtoD (Pageable -> Device)", "copy"),
-    ("Memset (Device)", "memory"), ("aten::add_", "elementwise"), ("aten::_foreach_mul_", "optimizer"),
-    ("aten::layer_norm", "norm"), ("aten::sum", "reduction"), ("mystery_op", "other"),
-    ("autograd::engine::evaluate_function: AddmmBackward0", "autograd"), ("AddmmBackward0", "autograd"),
-    ("aten::convolution_backward", "conv"), ("aten::native_batch_norm_backward", "norm"),
-    ("aten::threshold_backward", "elementwise"),
-    ("fbgemm::permute_sparse_features", "copy"), ("All2All_Pooled_Wait", "communication"),
-    ("void split_embedding_codegen_forward_unweighted_kernel<c10::Half>", "embedding"),
-    ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x64_32x6_nt_align1>", "matmul"),
-])
+@pytest.mark.parametrize(
+    ("name", "cat"),
+    [
+        ("aten::mm", "matmul"),
+        ("ampere_sgemm_128x128_tn", "matmul"),
+        ("aten::cudnn_convolution", "conv"),
+        ("ncclKernel_AllReduce_RING_LL_Sum_float", "communication"),
+        ("Memcpy HtoD (Pageable -> Device)", "copy"),
+        ("Memset (Device)", "memory"),
+        ("aten::add_", "elementwise"),
+        ("aten::_foreach_mul_", "optimizer"),
+        ("aten::layer_norm", "norm"),
+        ("aten::sum", "reduction"),
+        ("mystery_op", "other"),
+        ("autograd::engine::evaluate_function: AddmmBackward0", "autograd"),
+        ("AddmmBackward0", "autograd"),
+        ("aten::convolution_backward", "conv"),
+        ("aten::native_batch_norm_backward", "norm"),
+        ("aten::threshold_backward", "elementwise"),
+        ("fbgemm::permute_sparse_features", "copy"),
+        ("All2All_Pooled_Wait", "communication"),
+        ("void split_embedding_codegen_forward_unweighted_kernel<c10::Half>", "embedding"),
+        ("void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x64_32x6_nt_align1>", "matmul"),
+    ],
+)
 def test_categorize(name: str, cat: str) -> None:
     assert categorize(name) == cat
     assert cat in CATEGORIES

@@ -41,7 +41,12 @@ def test_step_breakdown_per_rank(two_ranks: dict) -> None:
         assert s["cpu_busy_us"] == 210
         assert s["cpu_categories"] == {"matmul": 100, "communication": 40, "elementwise": 40, "copy": 30}
     for s in r1["steps"]:  # the all-reduce [350, 450) hides entirely under the gemm
-        assert (s["compute_us"], s["communication_us"], s["gpu_busy_us"], s["gpu_idle_us"]) == (350, 0, 370, 630)
+        assert (s["compute_us"], s["communication_us"], s["gpu_busy_us"], s["gpu_idle_us"]) == (
+            350,
+            0,
+            370,
+            630,
+        )
         assert (s["host_wait_us"], s["other_wait_us"]) == (480, 150)
 
 
@@ -49,27 +54,65 @@ def test_whole_trace_gpu_summary(two_ranks: dict) -> None:
     g0, g1 = (r["gpu"] for r in two_ranks["ranks"])
     # HTA's window: kernels launched before the last step, 7 steps; first kernel at 100, last ends at 6620
     assert g0["window"] == "launched before the last step"
-    assert (g0["kernel_time_us"], g0["idle_us"], g0["compute_us"], g0["non_compute_us"]) == (6520, 3230, 2450, 840)
-    assert g0["kernel_types"] == {"COMPUTATION": 1750, "COMMUNICATION": 700,
-                                  "COMPUTATION overlapping COMMUNICATION": 700, "MEMORY": 140}
+    assert (g0["kernel_time_us"], g0["idle_us"], g0["compute_us"], g0["non_compute_us"]) == (
+        6520,
+        3230,
+        2450,
+        840,
+    )
+    assert g0["kernel_types"] == {
+        "COMPUTATION": 1750,
+        "COMMUNICATION": 700,
+        "COMPUTATION overlapping COMMUNICATION": 700,
+        "MEMORY": 140,
+    }
     assert g0["comm_comp_overlap_pct"] == 50.0  # 100 of the 200 µs all-reduce under compute
-    assert (g1["kernel_time_us"], g1["idle_us"], g1["compute_us"], g1["non_compute_us"]) == (6520, 3930, 2450, 140)
-    assert g1["kernel_types"] == {"COMPUTATION": 1750, "COMPUTATION overlapping COMMUNICATION": 700, "MEMORY": 140}
+    assert (g1["kernel_time_us"], g1["idle_us"], g1["compute_us"], g1["non_compute_us"]) == (
+        6520,
+        3930,
+        2450,
+        140,
+    )
+    assert g1["kernel_types"] == {
+        "COMPUTATION": 1750,
+        "COMPUTATION overlapping COMMUNICATION": 700,
+        "MEMORY": 140,
+    }
     assert g1["comm_comp_overlap_pct"] == 100.0
     kernels = {k["name"]: k for k in g0["kernels"]}
     gemm = kernels["ampere_sgemm_128x128_tn"]
-    assert (gemm["kernel_type"], gemm["count"], gemm["total_us"], gemm["mean_us"]) == ("COMPUTATION", 7, 2100, 300)
+    assert (gemm["kernel_type"], gemm["count"], gemm["total_us"], gemm["mean_us"]) == (
+        "COMPUTATION",
+        7,
+        2100,
+        300,
+    )
     nccl = next(k for name, k in kernels.items() if name.startswith("ncclKernel_AllReduce"))
-    assert (nccl["kernel_type"], nccl["count"], nccl["total_us"], nccl["max_us"]) == ("COMMUNICATION", 7, 1400, 200)
+    assert (nccl["kernel_type"], nccl["count"], nccl["total_us"], nccl["max_us"]) == (
+        "COMMUNICATION",
+        7,
+        1400,
+        200,
+    )
 
 
 def test_launches_ops_and_stragglers(two_ranks: dict) -> None:
     launch = two_ranks["ranks"][0]["launch"]
     # kernels launched at 20, 160, 310, started at 100, 400, 350: delays 80, 240, 40 (the memcpy is not a kernel)
     assert (launch["kernels"], launch["launches_matched"], launch["short_kernels"]) == (24, 24, 0)
-    assert (launch["launch_delay_mean_us"], launch["launch_delay_p50_us"], launch["launch_delay_max_us"]) == (120, 80, 240)
+    assert (launch["launch_delay_mean_us"], launch["launch_delay_p50_us"], launch["launch_delay_max_us"]) == (
+        120,
+        80,
+        240,
+    )
     ops = {o["name"]: o for o in two_ranks["top_ops"]}
-    assert ops["aten::mm"] == {"name": "aten::mm", "category": "matmul", "count": 16, "self_us": 1600, "total_us": 1600}
+    assert ops["aten::mm"] == {
+        "name": "aten::mm",
+        "category": "matmul",
+        "count": 16,
+        "self_us": 1600,
+        "total_us": 1600,
+    }
     assert two_ranks["categories"] == {"matmul": 1600, "elementwise": 640, "communication": 640, "copy": 480}
     s = two_ranks["stragglers"]
     assert [row["step"] for row in s["steps"]] == [f"ProfilerStep#{n}" for n in range(10, 18)]
@@ -96,7 +139,14 @@ def test_rocm_fractional_timestamps() -> None:
     assert exact["device"] == "rocm" and exact["steps"][0]["launched"] == 4
     assert (exact["steps"][0]["compute_us"], exact["steps"][0]["communication_us"]) == (350, 100)
     g = exact["gpu"]
-    assert (g["kernel_time_us"], g["idle_us"], g["compute_us"], g["non_compute_us"]) == (6520, 3230, 2450, 840)
+    assert (g["kernel_time_us"], g["idle_us"], g["compute_us"], g["non_compute_us"]) == (
+        6520,
+        3230,
+        2450,
+        840,
+    )
     rounded = analyze_traces(COMMITTED_TRACES / "rocm_mi250", hta_rounding=True).to_dict()["ranks"][0]["gpu"]
     assert rounded["compute_us"] < g["compute_us"]
-    assert rounded["compute_us"] + rounded["non_compute_us"] + rounded["idle_us"] == pytest.approx(rounded["kernel_time_us"])
+    assert rounded["compute_us"] + rounded["non_compute_us"] + rounded["idle_us"] == pytest.approx(
+        rounded["kernel_time_us"]
+    )

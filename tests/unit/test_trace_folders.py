@@ -24,14 +24,38 @@ HTA_PYTHON = os.environ.get("SCALPEL_HTA_PYTHON", "/work/bench-venv/bin/python")
 def trace_events(rank: int | None = None) -> dict:
     """A small CPU trace: one profiler step, two ops, three memory events."""
     events = [
-        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#3",
+            "pid": 1,
+            "tid": 1,
+            "ts": 0,
+            "dur": 100,
+        },
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 40},
         {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 60, "dur": 20},
     ]
     for ts, total in ((12, 4096), (30, 8192), (70, 4096)):
-        events.append({"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": 1, "tid": 1,
-                       "ts": ts, "args": {"Total Reserved": 0, "Total Allocated": total, "Bytes": 4096,
-                                          "Device Type": 0, "Device Id": -1, "Addr": 1}})
+        events.append(
+            {
+                "ph": "i",
+                "cat": "cpu_instant_event",
+                "s": "t",
+                "name": "[memory]",
+                "pid": 1,
+                "tid": 1,
+                "ts": ts,
+                "args": {
+                    "Total Reserved": 0,
+                    "Total Allocated": total,
+                    "Bytes": 4096,
+                    "Device Type": 0,
+                    "Device Id": -1,
+                    "Addr": 1,
+                },
+            }
+        )
     data: dict = {"schemaVersion": 1, "traceEvents": events}
     if rank is not None:
         data = {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}, **data}
@@ -49,8 +73,11 @@ def write_run(folder: Path, *, trace: bool = True, rank: int | None = None) -> P
     folder.mkdir(parents=True, exist_ok=True)
     if trace:
         write_trace(folder / "trace.json.gz", rank)
-    (folder / "run.json").write_text(json.dumps({"schema_version": "1.3", "profiler": {
-        "steps": [3], "trace": "trace.json.gz" if trace else None}}))
+    (folder / "run.json").write_text(
+        json.dumps(
+            {"schema_version": "1.3", "profiler": {"steps": [3], "trace": "trace.json.gz" if trace else None}}
+        )
+    )
     return folder
 
 
@@ -100,9 +127,15 @@ def test_memory_counters_are_added_once_and_change_no_figure(tmp_path: Path) -> 
     with gzip.open(path, "rt") as f:
         counters = [e for e in json.load(f)["traceEvents"] if e["ph"] == "C"]
     assert [(c["name"], c["ts"], c["args"]["allocated"]) for c in counters] == [
-        ("Memory (cpu)", 12, 4096), ("Memory (cpu)", 30, 8192), ("Memory (cpu)", 70, 4096)]
+        ("Memory (cpu)", 12, 4096),
+        ("Memory (cpu)", 30, 8192),
+        ("Memory (cpu)", 70, 4096),
+    ]
     after = analyze_traces([path]).to_dict()
-    assert after["top_ops"] == before["top_ops"] and after["memory"]["peak_bytes"] == before["memory"]["peak_bytes"] == 8192
+    assert (
+        after["top_ops"] == before["top_ops"]
+        and after["memory"]["peak_bytes"] == before["memory"]["peak_bytes"] == 8192
+    )
 
 
 def make_launch(tmp_path: Path) -> Path:
@@ -128,15 +161,21 @@ def test_launch_traces_folder_follows_htas_layout_contract(tmp_path: Path) -> No
     assert trace_rank(out / "launch.json") == 0  # why launch.json itself must stay out of trace_dir
 
 
-@pytest.mark.skipif(not Path(HTA_PYTHON).is_file(), reason=f"no HTA venv at {HTA_PYTHON} (set SCALPEL_HTA_PYTHON)")
+@pytest.mark.skipif(
+    not Path(HTA_PYTHON).is_file(), reason=f"no HTA venv at {HTA_PYTHON} (set SCALPEL_HTA_PYTHON)"
+)
 def test_hta_loads_the_traces_folder_as_it_is(tmp_path: Path) -> None:
     out = make_launch(tmp_path)
     write_rank_traces(out)
-    code = ("import logging, sys; logging.disable(logging.WARNING)\n"
-            "from hta.trace_analysis import TraceAnalysis\n"
-            "ta = TraceAnalysis(trace_dir=sys.argv[1])\n"
-            "print(sorted(ta.t.get_ranks()), [len(ta.t.get_trace(r)) > 0 for r in sorted(ta.t.get_ranks())])\n")
-    done = subprocess.run([HTA_PYTHON, "-c", code, str(out / TRACES_DIR)], capture_output=True, text=True, timeout=180)
+    code = (
+        "import logging, sys; logging.disable(logging.WARNING)\n"
+        "from hta.trace_analysis import TraceAnalysis\n"
+        "ta = TraceAnalysis(trace_dir=sys.argv[1])\n"
+        "print(sorted(ta.t.get_ranks()), [len(ta.t.get_trace(r)) > 0 for r in sorted(ta.t.get_ranks())])\n"
+    )
+    done = subprocess.run(
+        [HTA_PYTHON, "-c", code, str(out / TRACES_DIR)], capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[0, 1] [True, True]"
 

@@ -50,8 +50,9 @@ def _op(i: int, name: str = "aten::mm") -> dict:
 
 
 @pytest.mark.parametrize("filler", [",", "}, {"], ids=["commas", "separators-in-strings"])
-def test_splitter_is_linear_in_the_size_of_one_huge_event(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         filler: str) -> None:
+def test_splitter_is_linear_in_the_size_of_one_huge_event(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, filler: str
+) -> None:
     # One event whose name is n fillers long spans n*len/CHUNK chunks; the old splitter searched (and
     # re-decoded) the whole growing buffer at every chunk: 4x the input cost 16x the work.
     small, big = 40_000, 160_000
@@ -66,7 +67,9 @@ def test_splitter_is_linear_in_the_size_of_one_huge_event(tmp_path: Path, monkey
     assert w_big < 6 * s_big, counts
 
 
-def test_splitter_is_linear_in_the_number_of_comma_heavy_events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_splitter_is_linear_in_the_number_of_comma_heavy_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     counts = {}
     for n in (200, 800):
         p = _trace(tmp_path / f"e{n}.json", [_op(i, "a," * 3000 + str(i)) for i in range(n)])
@@ -79,7 +82,9 @@ def test_splitter_is_linear_in_the_number_of_comma_heavy_events(tmp_path: Path, 
 
 def test_deeply_nested_args_are_a_corrupt_event_not_a_crash(tmp_path: Path) -> None:
     deep = "[" * 200_000 + "]" * 200_000
-    text = '{"traceEvents": [' + json.dumps(_op(0)) + ', {"ph": "X", "name": "x", "args": {"a": ' + deep + "}}]}"
+    text = (
+        '{"traceEvents": [' + json.dumps(_op(0)) + ', {"ph": "X", "name": "x", "args": {"a": ' + deep + "}}]}"
+    )
     p = tmp_path / "deep.json"
     p.write_text(text)
     result = analyze_traces(p)
@@ -93,10 +98,28 @@ def test_deeply_nested_args_are_a_corrupt_event_not_a_crash(tmp_path: Path) -> N
 def _bad_times(tmp_path: Path) -> Path:
     events = []
     for i, dur in enumerate([1000.0, float("nan"), -5.0, 1e308]):
-        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": 2000.0 * i, "dur": dur,
-                       "pid": 1, "tid": 1})
-        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 2000.0 * i + 1,
-                       "dur": 10.0 if i == 0 else dur, "pid": 1, "tid": 1})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": f"ProfilerStep#{i}",
+                "ts": 2000.0 * i,
+                "dur": dur,
+                "pid": 1,
+                "tid": 1,
+            }
+        )
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cpu_op",
+                "name": "aten::mm",
+                "ts": 2000.0 * i + 1,
+                "dur": 10.0 if i == 0 else dur,
+                "pid": 1,
+                "tid": 1,
+            }
+        )
     return _trace(tmp_path / "times.json", events)  # json.dumps writes NaN as the bare literal
 
 

@@ -47,7 +47,12 @@ def test_temporal_and_kernel_breakdown_match_hta(case: str, traces_dir: Path) ->
     for k in ref["kernels"]:
         mine = ours[(k["rank"], k["name"])]
         assert mine["kernel_type"] == k["kernel_type"]
-        for key, theirs in (("total_us", "sum_us"), ("mean_us", "mean_us"), ("max_us", "max_us"), ("min_us", "min_us")):
+        for key, theirs in (
+            ("total_us", "sum_us"),
+            ("mean_us", "mean_us"),
+            ("max_us", "max_us"),
+            ("min_us", "min_us"),
+        ):
             assert _close(mine[key], k[theirs]), (case, k["name"], key, mine[key], k[theirs])
     for rank, pct in ref["comm_comp_overlap_pct"].items():
         if pct == pct:  # HTA writes NaN when a rank has no communication kernels

@@ -12,7 +12,7 @@ from torchscalpel.trace.ranks import stragglers
 def _grid(starts, ends, size):
     g = np.zeros(size, dtype=bool)
     for s, e in zip(starts, ends, strict=True):
-        g[int(s):int(e)] = True
+        g[int(s) : int(e)] = True
     return g
 
 
@@ -39,8 +39,13 @@ def test_union_coverage_and_clipping_match_brute_force(seed: int) -> None:
 
 
 def _rank(rank: int, durs: list[float], comm: list[float]) -> dict:
-    return {"rank": rank, "steps": [{"name": f"ProfilerStep#{i}", "start_us": i * 1000.0, "dur_us": d, "communication_us": c}
-                                    for i, (d, c) in enumerate(zip(durs, comm, strict=True))]}
+    return {
+        "rank": rank,
+        "steps": [
+            {"name": f"ProfilerStep#{i}", "start_us": i * 1000.0, "dur_us": d, "communication_us": c}
+            for i, (d, c) in enumerate(zip(durs, comm, strict=True))
+        ],
+    }
 
 
 def test_straggler_named_only_when_collective_wait_differs() -> None:
@@ -49,11 +54,16 @@ def test_straggler_named_only_when_collective_wait_differs() -> None:
     assert same["verdict"]["sentence"].startswith("none: ")
     assert same["steps"][0]["slowest_rank"] == 1 and same["steps"][1]["slowest_rank"] == 0
     # rank 0 waits ~0.4 ms of each ~1 ms step in its collective for rank 1, tight spreads
-    skew = stragglers([_rank(0, [1000, 1100, 1050], [400, 450, 420]), _rank(1, [1010, 1110, 1060], [50, 60, 50])])
+    skew = stragglers(
+        [_rank(0, [1000, 1100, 1050], [400, 450, 420]), _rank(1, [1010, 1110, 1060], [50, 60, 50])]
+    )
     assert skew["likely_straggler"] == 1
     assert skew["verdict"]["what"] == "per step outside collectives"
     assert stragglers([_rank(0, [100], [1])]) is None
     assert stragglers([_rank(1, [100], [1]), _rank(1, [100], [40])]) is None  # two runs, same rank number
     two = stragglers([_rank(0, [100, 110], [40, 45]), _rank(1, [101, 111], [5, 6])])  # two steps: no spread
     assert "likely_straggler" not in two
-    assert two["verdict"]["sentence"] == "not measured: rank 0 has 2, rank 1 has 2 steps; a spread needs 3 per rank"
+    assert (
+        two["verdict"]["sentence"]
+        == "not measured: rank 0 has 2, rank 1 has 2 steps; a spread needs 3 per rank"
+    )

@@ -11,8 +11,13 @@ import pytest
 from helpers import COMMITTED_TRACES
 from torchscalpel.trace import TraceReader, TraceReadError, analyze_traces
 
-SHARED_FILES = ["alexnet_gpu/trace.json.gz", "compare/base.json.gz", "cpu_only/rank-34.json.gz",
-                "gpu_2rank/rank-0.json.gz", "rocm_mi250/trace.json.gz"]
+SHARED_FILES = [
+    "alexnet_gpu/trace.json.gz",
+    "compare/base.json.gz",
+    "cpu_only/rank-34.json.gz",
+    "gpu_2rank/rank-0.json.gz",
+    "rocm_mi250/trace.json.gz",
+]
 COMMITTED_FILES = sorted(str(p.relative_to(COMMITTED_TRACES)) for p in COMMITTED_TRACES.rglob("*.json.gz"))
 ALL = [("committed", name) for name in COMMITTED_FILES] + [("shared", name) for name in SHARED_FILES]
 
@@ -40,17 +45,41 @@ def test_reader_matches_json_load(which: str, name: str, chunk: int, request: py
 
 
 def test_plain_json_and_newlines_between_events(tmp_path: Path) -> None:
-    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i}", "ts": i * 10, "dur": 5, "pid": 1, "tid": 1,
-               "args": {"nested": [{"a": "}, {"}, {"b": 1}]}} for i in range(50)]
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": f"op{i}",
+            "ts": i * 10,
+            "dur": 5,
+            "pid": 1,
+            "tid": 1,
+            "args": {"nested": [{"a": "}, {"}, {"b": 1}]},
+        }
+        for i in range(50)
+    ]
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"traceEvents": events, "distributedInfo": {"rank": 3, "pg": [{"x": 1}, {"y": 2}]}}, indent=2))
+    path.write_text(
+        json.dumps(
+            {"traceEvents": events, "distributedInfo": {"rank": 3, "pg": [{"x": 1}, {"y": 2}]}}, indent=2
+        )
+    )
     got, r = _read(path, 300)
     assert [e.name for e in got] == [f"op{i}" for i in range(50)]
     assert r.meta["distributedInfo"]["rank"] == 3
 
 
 def test_fields_of_unexpected_types_fall_back(tmp_path: Path) -> None:
-    events = [{"ph": "X", "cat": "kernel", "name": "k", "ts": "12", "dur": 3, "args": {"correlation": "7", "stream": 7}}]
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "ts": "12",
+            "dur": 3,
+            "args": {"correlation": "7", "stream": 7},
+        }
+    ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))
     got, _ = _read(path, 1 << 20)
@@ -73,7 +102,7 @@ def test_truncated_file_reports_offset_and_keeps_events(frac: float, tmp_path: P
     # every event that ends before the cut was read; the offset is where the unfinished one starts
     complete = raw[:cut].count(b'}, {"ph"')
     assert n == complete == err.events_read
-    assert raw[err.offset:err.offset + 7] == b'{"ph": '
+    assert raw[err.offset : err.offset + 7] == b'{"ph": '
     assert cut - err.offset < 2000
 
 

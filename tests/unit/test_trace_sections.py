@@ -25,7 +25,14 @@ def test_sections_for_synthetic_gpu_trace_with_memory(tmp_path: Path) -> None:
         json.dump({"traceEvents": synthetic_events()}, fh)
     data = analyze_traces([path]).to_dict()
     sections = build_trace_sections(data)
-    assert _ids(sections) == ["trace-overview", "trace-steps", "trace-gpu", "trace-ops", "trace-kernels", "trace-memory"]
+    assert _ids(sections) == [
+        "trace-overview",
+        "trace-steps",
+        "trace-gpu",
+        "trace-ops",
+        "trace-kernels",
+        "trace-memory",
+    ]
     html = render_page("t", "s", sections)
     assert 'data-chart="memory-timeline"' in html and 'data-chart="steps-rank0"' in html
     assert "aten::mm" in html and "0.0 MiB" in html  # 3000 bytes peak
@@ -61,4 +68,6 @@ def test_diff_section_committed() -> None:
     a = analyze_traces(COMMITTED_TRACES / "compare/base.json.gz")
     b = analyze_traces(COMMITTED_TRACES / "compare/test.json.gz")
     sec = build_diff_section(diff_results(a, b))
-    assert sec.id == "trace-diff" and "aten::cat" in sec.body and "added" in sec.body and "changed" in sec.body
+    assert (
+        sec.id == "trace-diff" and "aten::cat" in sec.body and "added" in sec.body and "changed" in sec.body
+    )

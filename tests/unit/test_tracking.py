@@ -19,19 +19,39 @@ from torchscalpel.tracking.scalars import run_params, step_scalars
 def make_run(folder: Path) -> RunRecord:
     """A run folder with a record of 6 steps (lr recorded per step) and a small trace."""
     folder.mkdir(parents=True, exist_ok=True)
-    steps = [StepRecord(index=i, warmup=i < 2, total_ms=10.0 + i, data_ms=1.0, forward_ms=3.0, backward_ms=4.0 + i,
-                        optimizer_ms=1.0, other_ms=1.0, loss=1.0 / (i + 1), samples=16, profiled=i == 3)
-               for i in range(6)]
-    record = RunRecord(name="train", steps=steps, command=["scalpel", "profile", "--", "train.py"],
-                       target={"script": "train.py", "args": ["--lr", "0.1"]}, environment={"torch": "2.13.0"},
-                       config={"warmup": 2, "steps": 4, "tune_settings": {"amp": "bf16", "compile": {"target": "Block"}}},
-                       profiler={"steps": [3], "trace": "trace.json.gz"},
-                       sections={"steps_extra": {"lr": {str(i): 0.1 * (i + 1) for i in range(6)}}})
+    steps = [
+        StepRecord(
+            index=i,
+            warmup=i < 2,
+            total_ms=10.0 + i,
+            data_ms=1.0,
+            forward_ms=3.0,
+            backward_ms=4.0 + i,
+            optimizer_ms=1.0,
+            other_ms=1.0,
+            loss=1.0 / (i + 1),
+            samples=16,
+            profiled=i == 3,
+        )
+        for i in range(6)
+    ]
+    record = RunRecord(
+        name="train",
+        steps=steps,
+        command=["scalpel", "profile", "--", "train.py"],
+        target={"script": "train.py", "args": ["--lr", "0.1"]},
+        environment={"torch": "2.13.0"},
+        config={"warmup": 2, "steps": 4, "tune_settings": {"amp": "bf16", "compile": {"target": "Block"}}},
+        profiler={"steps": [3], "trace": "trace.json.gz"},
+        sections={"steps_extra": {"lr": {str(i): 0.1 * (i + 1) for i in range(6)}}},
+    )
     record.summary = summarize(record)
     record.summary["flops_per_step"] = 2.0e9
     record.summary["mfu"] = {"gpu": "H100", "peak_tflops_bf16": 1000.0, "mfu": 0.1}
     with gzip.open(folder / "trace.json.gz", "wt") as f:
-        json.dump({"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}, f)
+        json.dump(
+            {"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}, f
+        )
     record.artifacts["record"] = "run.json"
     save_record(record, folder)
     return record
@@ -54,16 +74,26 @@ def test_tensorboard_events_read_back_with_tensorboards_reader(tmp_path: Path) -
 
     record = make_run(tmp_path / "run")
     logdir = tmp_path / "tb"
-    lines = write_tracking(record, tmp_path / "run", TrackingOptions(tensorboard=logdir), run="r1", worker="rank0")
+    lines = write_tracking(
+        record, tmp_path / "run", TrackingOptions(tensorboard=logdir), run="r1", worker="rank0"
+    )
     assert lines[0].startswith("tensorboard: 2 file(s)")
     acc = EventAccumulator(str(logdir / "r1"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"step/time_ms", "step/backward_ms", "train/loss", "train/lr", "train/samples_per_s",
-            "summary/median_step_ms"} <= tags
+    assert {
+        "step/time_ms",
+        "step/backward_ms",
+        "train/loss",
+        "train/lr",
+        "train/samples_per_s",
+        "summary/median_step_ms",
+    } <= tags
     backward = [(e.step, e.value) for e in acc.Scalars("step/backward_ms")]
     assert backward == [(i, 4.0 + i) for i in range(6)]
-    assert [round(e.value, 6) for e in acc.Scalars("train/loss")] == [round(1.0 / (i + 1), 6) for i in range(6)]
+    assert [round(e.value, 6) for e in acc.Scalars("train/loss")] == [
+        round(1.0 / (i + 1), 6) for i in range(6)
+    ]
     trace = logdir / "plugins" / "profile" / "r1" / "rank0.pt.trace.json.gz"
     with gzip.open(trace, "rt") as f:
         assert json.load(f)["traceEvents"][0]["name"] == "aten::mm"
@@ -83,18 +113,23 @@ def test_mlflow_run_reads_back_with_mlflow_client(tmp_path: Path, monkeypatch: p
     client = MlflowClient(tracking_uri=store.resolve().as_uri())
     run = client.get_run(run_id)
     assert run.info.run_name == "r1" and run.info.status == "FINISHED"
-    assert run.data.params["tune.amp"] == "bf16" and run.data.params["command"] == "scalpel profile -- train.py"
+    assert (
+        run.data.params["tune.amp"] == "bf16" and run.data.params["command"] == "scalpel profile -- train.py"
+    )
     history = client.get_metric_history(run_id, "step.backward_ms")
     assert sorted((m.step, m.value) for m in history) == [(i, 4.0 + i) for i in range(6)]
     assert {a.path for a in client.list_artifacts(run_id)} == {"run.json"}
 
 
-def test_a_missing_package_is_one_sentence_naming_the_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_package_is_one_sentence_naming_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     record = make_run(tmp_path / "run")
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as if not installed
     monkeypatch.setitem(sys.modules, "mlflow", None)
-    lines = write_tracking(record, tmp_path / "run",
-                           TrackingOptions(tensorboard=tmp_path / "tb", mlflow=str(tmp_path / "ml")))
+    lines = write_tracking(
+        record, tmp_path / "run", TrackingOptions(tensorboard=tmp_path / "tb", mlflow=str(tmp_path / "ml"))
+    )
     assert lines == [
         "tensorboard: not written, the tensorboard package is not installed (pip install 'torchscalpel[tracking]').",
         "mlflow: not written, the mlflow package is not installed (pip install 'torchscalpel[tracking]').",
@@ -113,13 +148,19 @@ def test_cli_track_takes_a_record_path_and_does_nothing_without_flags(tmp_path: 
     track(argparse.Namespace(tensorboard=None, mlflow=None), tmp_path / "run" / "run.json", tmp_path / "run")
     assert not (tmp_path / "tb").exists()
     # tune hands the baseline's run.json path
-    track(argparse.Namespace(tensorboard=tmp_path / "tb", mlflow=None), tmp_path / "run" / "run.json", tmp_path / "run")
+    track(
+        argparse.Namespace(tensorboard=tmp_path / "tb", mlflow=None),
+        tmp_path / "run" / "run.json",
+        tmp_path / "run",
+    )
     acc = EventAccumulator(str(tmp_path / "tb" / "run"))
     acc.Reload()
     assert len(acc.Scalars("step/time_ms")) == 6
 
 
-def test_tensorboard_naming_a_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tensorboard_naming_a_file_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from torchscalpel.cli.main import main
 
     (tmp_path / "f").write_text("")

@@ -50,6 +50,7 @@ def dataset() -> TensorDataset:
 
 # -- data loading -------------------------------------------------------------------------------
 
+
 def test_dataloader_values_forced_and_undone():
     spec = DataLoaderSpec(num_workers=2, persistent_workers=True, prefetch_factor=3)
     with applied(TuneSettings(dataloader=spec)) as log:
@@ -83,6 +84,7 @@ def test_pin_memory_skipped_without_cuda():
 
 
 # -- root hooks and AMP -------------------------------------------------------------------------
+
 
 def test_root_hooks_fire_only_for_outermost_parameterised_module():
     seen = []
@@ -127,6 +129,7 @@ def test_amp_balanced_when_forward_raises():
 
 
 # -- compile ------------------------------------------------------------------------------------
+
 
 def test_matching_modules_by_model_name_and_class():
     net = Net()
@@ -183,10 +186,16 @@ def test_compile_unknown_target_is_skipped_with_reason():
 
 
 def test_region_targets_repeated_then_hot_then_model():
-    facts = ModelFacts(models=["Net"], forward_ms=10.0, repeated=[{"cls": "Block", "count": 4, "params": 9}],
-                       submodules=[{"name": "blocks", "cls": "ModuleList", "forward_ms": None},
-                                   {"name": "emb", "cls": "Embedding", "forward_ms": 0.5},
-                                   {"name": "head", "cls": "Linear", "forward_ms": 4.0}])
+    facts = ModelFacts(
+        models=["Net"],
+        forward_ms=10.0,
+        repeated=[{"cls": "Block", "count": 4, "params": 9}],
+        submodules=[
+            {"name": "blocks", "cls": "ModuleList", "forward_ms": None},
+            {"name": "emb", "cls": "Embedding", "forward_ms": 0.5},
+            {"name": "head", "cls": "Linear", "forward_ms": 4.0},
+        ],
+    )
     assert region_targets(facts, 3) == ["Block", "head", "model"]
     assert region_targets(facts, 2) == ["Block", "model"]
     facts.submodules[2]["forward_ms"] = 1.0  # below the hot share: not a region of its own
@@ -210,8 +219,9 @@ def test_compile_block_region_skipped_with_reason_when_no_block_ran():
     facts = ModelFacts(models=["GPT"], repeated=[], uncalled_blocks=["Block"])
     targets = [c.compile.target for c in knob.candidates(facts)[0]]
     assert targets == ["model"]  # no block region is run...
-    assert knob.skipped_candidates(facts) == [("compile(blocks)", "the repeated block class Block is never "
-                                                                  "called in the forward")]  # ...and the table says why
+    assert knob.skipped_candidates(facts) == [
+        ("compile(blocks)", "the repeated block class Block is never called in the forward")
+    ]  # ...and the table says why
     facts.uncalled_blocks = []
     assert "no repeated block" in knob.skipped_candidates(facts)[0][1]
     facts.repeated = [{"cls": "Block", "count": 2, "params": 4}]
@@ -246,6 +256,7 @@ def test_describe_model_finds_repeated_blocks():
 
 # -- optimizer, layout, threads, backends --------------------------------------------------------
 
+
 @pytest.mark.parametrize("impl,other", [("fused", "foreach"), ("foreach", "fused")])
 def test_optimizer_impl_forced_and_undone(impl, other):
     params = [nn.Parameter(torch.randn(3))]
@@ -261,7 +272,9 @@ def test_optimizer_impl_forced_and_undone(impl, other):
 def test_channels_last_converts_conv_model_and_inputs():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
     seen = []
-    model[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last)))
+    model[0].register_forward_pre_hook(
+        lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last))
+    )
     with applied(TuneSettings(channels_last=True)) as log:
         model(torch.randn(2, 3, 8, 8))
     assert seen == [True]
@@ -293,12 +306,15 @@ def test_cudnn_benchmark_set_and_restored():
 
 # -- candidates and skip reasons -----------------------------------------------------------------
 
+
 def candidates(facts: ModelFacts) -> dict[str, tuple[list[TuneSettings], str | None]]:
     return {k.name: k.candidates(facts) for k in all_knobs()}
 
 
 def test_skip_reasons_for_a_bare_cpu_script():
-    out = candidates(ModelFacts(device="cpu", bf16_supported=False, models=["Net"], cpu_count=2, torch_threads=2))
+    out = candidates(
+        ModelFacts(device="cpu", bf16_supported=False, models=["Net"], cpu_count=2, torch_threads=2)
+    )
     assert "bf16 is not supported" in out["amp"][1]
     assert "no torch DataLoader" in out["dataloader"][1]
     assert "no Conv2d" in out["channels_last"][1]
@@ -309,8 +325,17 @@ def test_skip_reasons_for_a_bare_cpu_script():
 
 
 def test_candidates_for_a_cpu_training_script():
-    facts = ModelFacts(device="cpu", bf16_supported=True, models=["Net"], loaders=1, cpu_count=4, torch_threads=1,
-                       optimizers=["AdamW"], has_conv=True, input_shapes_vary=True)
+    facts = ModelFacts(
+        device="cpu",
+        bf16_supported=True,
+        models=["Net"],
+        loaders=1,
+        cpu_count=4,
+        torch_threads=1,
+        optimizers=["AdamW"],
+        has_conv=True,
+        input_shapes_vary=True,
+    )
     out = candidates(facts)
     assert out["amp"][0] == [TuneSettings(amp="bf16", amp_fp32_attention=True), TuneSettings(amp="bf16")]
     assert out["dataloader"][0][0].dataloader.num_workers == 3
@@ -325,6 +350,7 @@ def test_iterable_dataset_skips_workers():
 
 
 # -- numerics class, families, code lines --------------------------------------------------------
+
 
 def test_numerics_class_is_the_loosest_member():
     assert numerics_class(TuneSettings()) == "exact"
@@ -345,11 +371,23 @@ def test_code_lines_compile_regions_when_executed():
 
 
 def test_code_lines_cover_every_set_knob():
-    settings = TuneSettings(amp="bf16", threads=2, optimizer="fused", channels_last=True,
-                            dataloader=DataLoaderSpec(num_workers=2), matmul_precision="high")
+    settings = TuneSettings(
+        amp="bf16",
+        threads=2,
+        optimizer="fused",
+        channels_last=True,
+        dataloader=DataLoaderSpec(num_workers=2),
+        matmul_precision="high",
+    )
     text = "\n".join(code_lines(settings))
-    for needle in ("torch.autocast", "set_num_threads(2)", "fused=True", "channels_last",
-                   "num_workers=2", 'set_float32_matmul_precision("high")'):
+    for needle in (
+        "torch.autocast",
+        "set_num_threads(2)",
+        "fused=True",
+        "channels_last",
+        "num_workers=2",
+        'set_float32_matmul_precision("high")',
+    ):
         assert needle in text
 
 
@@ -406,8 +444,9 @@ def test_amp_fp32_attention_and_compile_compose_without_graph_breaks():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     model = Attn()
-    settings = TuneSettings(amp="bf16", amp_fp32_attention=True,
-                            compile=CompileSpec(target="model", backend="aot_eager"))
+    settings = TuneSettings(
+        amp="bf16", amp_fp32_attention=True, compile=CompileSpec(target="model", backend="aot_eager")
+    )
     with applied(settings) as log:
         for _ in range(3):
             model(torch.randn(2, 4, 8)).sum().backward()

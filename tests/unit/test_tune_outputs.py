@@ -35,9 +35,9 @@ def test_user_config_is_never_overwritten(monkeypatch, tmp_path):
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
     result = tune(Target(script=Path("t.py")), TuneOptions(out_dir=tmp_path / "o", knobs=("amp",), steps=3))
     mine = tmp_path / "scalpel.toml"
-    mine.write_text('[tune]\nthreads = 3\n')  # hand-written: no "written by scalpel tune" mark
+    mine.write_text("[tune]\nthreads = 3\n")  # hand-written: no "written by scalpel tune" mark
     paths = save_outputs(result, tmp_path / "o", config_path=mine, command=[], target_text="t.py")
-    assert "config" not in paths and mine.read_text() == '[tune]\nthreads = 3\n'
+    assert "config" not in paths and mine.read_text() == "[tune]\nthreads = 3\n"
     ours = tmp_path / "ours.toml"
     save_outputs(result, tmp_path / "o", config_path=ours, command=[], target_text="t.py")
     save_outputs(result, tmp_path / "o", config_path=ours, command=[], target_text="t.py")  # ours: replaced
@@ -67,7 +67,10 @@ def test_the_recommendation_says_how_many_pairs_confirmed_it_and_warns_below_thr
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
     result = tune_stage(Target(script=Path("train.py")), tmp_path / "t", budget_s=60, quiet=True)
     assert result.winner is not None
-    for pairs, warned in (([[160.0, 100.0]], True), ([[160.0, 100.0], [160.0, 100.0], [170.0, 100.0]], False)):
+    for pairs, warned in (
+        ([[160.0, 100.0]], True),
+        ([[160.0, 100.0], [160.0, 100.0], [170.0, 100.0]], False),
+    ):
         result.winner.confirm_pairs = pairs
         console = Console(record=True, width=200)
         print_tune_result(result, out_dir=tmp_path, config_path=tmp_path / "scalpel.toml", out=console)

@@ -14,20 +14,43 @@ from torchscalpel.tune.knobs.dataloader import worker_sweep
 from torchscalpel.tune.plan import plan_candidates
 
 
-def step(total: float, data: float = 0.0, forward: float = 0.0, backward: float = 0.0, optimizer: float = 0.0,
-         warmup: bool = False, profiled: bool = False) -> SimpleNamespace:
-    return SimpleNamespace(total_ms=total, data_ms=data, forward_ms=forward, backward_ms=backward,
-                           optimizer_ms=optimizer, other_ms=total - data - forward - backward - optimizer,
-                           warmup=warmup, profiled=profiled)
+def step(
+    total: float,
+    data: float = 0.0,
+    forward: float = 0.0,
+    backward: float = 0.0,
+    optimizer: float = 0.0,
+    warmup: bool = False,
+    profiled: bool = False,
+) -> SimpleNamespace:
+    return SimpleNamespace(
+        total_ms=total,
+        data_ms=data,
+        forward_ms=forward,
+        backward_ms=backward,
+        optimizer_ms=optimizer,
+        other_ms=total - data - forward - backward - optimizer,
+        warmup=warmup,
+        profiled=profiled,
+    )
 
 
 COMPUTE_STEPS = [step(100, data=1, forward=40, backward=50, optimizer=5) for _ in range(5)]
 
 
 def facts_for(bottleneck: Bottleneck, **kw) -> ModelFacts:
-    base = {"device": "cpu", "bf16_supported": True, "models": ["Net"], "loaders": 1, "cpu_count": 4,
-            "torch_threads": 1, "optimizers": ["AdamW"], "repeated": [{"cls": "Block", "count": 4, "params": 10}],
-            "submodules": [], "bottleneck": bottleneck.to_dict()}
+    base = {
+        "device": "cpu",
+        "bf16_supported": True,
+        "models": ["Net"],
+        "loaders": 1,
+        "cpu_count": 4,
+        "torch_threads": 1,
+        "optimizers": ["AdamW"],
+        "repeated": [{"cls": "Block", "count": 4, "params": 10}],
+        "submodules": [],
+        "bottleneck": bottleneck.to_dict(),
+    }
     base.update(kw)
     return ModelFacts.from_dict(base)
 
@@ -45,10 +68,20 @@ def test_step_shares_skip_warmup_and_profiled_steps():
 
 
 def test_profile_measures_from_a_trace_summary():
-    rank = {"steps": [{"dur_us": 1000.0, "cpu_busy_us": 600.0, "cpu_categories": {"matmul": 300.0, "elementwise": 200.0,
-                                                                                  "autograd": 50.0}},
-                      {"dur_us": 1000.0, "cpu_busy_us": 600.0, "cpu_categories": {"matmul": 300.0,
-                                                                                  "elementwise": 200.0}}]}
+    rank = {
+        "steps": [
+            {
+                "dur_us": 1000.0,
+                "cpu_busy_us": 600.0,
+                "cpu_categories": {"matmul": 300.0, "elementwise": 200.0, "autograd": 50.0},
+            },
+            {
+                "dur_us": 1000.0,
+                "cpu_busy_us": 600.0,
+                "cpu_categories": {"matmul": 300.0, "elementwise": 200.0},
+            },
+        ]
+    }
     m = profile_measures(rank)
     assert m["host_gap"] == pytest.approx(0.4)
     assert m["compute_ops"] == pytest.approx(0.6)  # autograd bookkeeping is not op time
@@ -56,14 +89,19 @@ def test_profile_measures_from_a_trace_summary():
 
 
 def test_data_bound_sweeps_workers_first_with_the_reason():
-    b = classify(device="cpu", shares={"data": 0.45, "forward": 0.2, "backward": 0.3, "optimizer": 0.05},
-                 measures={"host_gap": 0.05, "compute_ops": 0.3})
+    b = classify(
+        device="cpu",
+        shares={"data": 0.45, "forward": 0.2, "backward": 0.3, "optimizer": 0.05},
+        measures={"host_gap": 0.05, "compute_ops": 0.3},
+    )
     assert b.kind == "data" and "DataLoader wait 45% of the step" in b.evidence["data"]
     planned, _ = plan(facts_for(b))
     first = [c for c in planned if c.indicated]
     assert {c.knob.name for c in first} == {"dataloader"}
     assert [c.settings.dataloader.num_workers for c in first] == [1, 2, 4]
-    assert all(c.settings.dataloader.persistent_workers and c.settings.dataloader.prefetch_factor == 4 for c in first)
+    assert all(
+        c.settings.dataloader.persistent_workers and c.settings.dataloader.prefetch_factor == 4 for c in first
+    )
     assert planned[0].reason.startswith("data-bound (DataLoader wait 45% of the step): DataLoader workers")
     assert planned[0].short == "data-bound: load batches ahead"  # the terminal table's form
     rest = [c for c in planned if not c.indicated]
@@ -86,7 +124,9 @@ def test_optimizer_bound_tries_fused_first():
 
 
 def test_cpu_host_overhead_is_the_launch_analogue_compile_default_first():
-    b = classify(device="cpu", shares={"data": 0.0, "optimizer": 0.05}, measures={"host_gap": 0.5, "compute_ops": 0.2})
+    b = classify(
+        device="cpu", shares={"data": 0.0, "optimizer": 0.05}, measures={"host_gap": 0.5, "compute_ops": 0.2}
+    )
     assert b.kind == "launch" and "outside ATen ops" in b.evidence["launch"]
     planned, _ = plan(facts_for(b))
     assert planned[0].knob.name == "compile"
@@ -96,10 +136,15 @@ def test_cpu_host_overhead_is_the_launch_analogue_compile_default_first():
 
 
 def test_cuda_launch_bound_tries_cuda_graphs_on_the_hot_region_and_whole_model_first():
-    b = classify(device="cuda", shares={"data": 0.01, "optimizer": 0.1},
-                 measures={"gpu_idle": 0.7, "short_kernels": 0.8, "host_over_gpu": 2.0})
+    b = classify(
+        device="cuda",
+        shares={"data": 0.01, "optimizer": 0.1},
+        measures={"gpu_idle": 0.7, "short_kernels": 0.8, "host_over_gpu": 2.0},
+    )
     assert b.kind == "launch"
-    assert b.evidence["launch"] == "GPU idle 70% of the step, 80% of kernels < 10 µs, host op time >= GPU time"
+    assert (
+        b.evidence["launch"] == "GPU idle 70% of the step, 80% of kernels < 10 µs, host op time >= GPU time"
+    )
     facts = facts_for(b, device="cuda", bf16_supported=True)
     planned, _ = plan(facts)
     labels = [c.settings.label() for c in planned[:4]]
@@ -187,12 +232,16 @@ def test_cpu_bf16_native_only_with_the_flags():
 def test_a_torch_layer_block_is_not_a_compile_region_and_loss_inputs_do_not_vary_shapes():
     from torchscalpel.tune.knobs.compile import CompileKnob
 
-    facts = ModelFacts(device="cpu", models=["DigitsCNN"], repeated=[{"cls": "Conv2d", "count": 2, "params": 9}],
-                       submodules=[{"name": "features", "cls": "Sequential", "params": 9, "forward_ms": 9.0}])
+    facts = ModelFacts(
+        device="cpu",
+        models=["DigitsCNN"],
+        repeated=[{"cls": "Conv2d", "count": 2, "params": 9}],
+        submodules=[{"name": "features", "cls": "Sequential", "params": 9, "forward_ms": 9.0}],
+    )
     knob = CompileKnob(backend="aot_eager")
     cands, _ = knob.candidates(facts)
     assert [c.compile.target for c in cands] == ["model"]
-    (label, why), = knob.skipped_candidates(facts)
+    ((label, why),) = knob.skipped_candidates(facts)
     assert label == "compile(Conv2d)" and "single torch.nn.Conv2d layer" in why
 
 

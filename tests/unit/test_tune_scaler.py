@@ -61,7 +61,11 @@ def test_a_step_with_inf_gradients_is_skipped():
 
 
 def test_patches_are_undone():
-    backward, clip, init = torch.Tensor.backward, torch.nn.utils.clip_grad_norm_, torch.optim.Optimizer.__init__
+    backward, clip, init = (
+        torch.Tensor.backward,
+        torch.nn.utils.clip_grad_norm_,
+        torch.optim.Optimizer.__init__,
+    )
     with applied(TuneSettings(amp="fp16")):
         assert torch.Tensor.backward is not backward
     assert torch.Tensor.backward is backward and torch.nn.utils.clip_grad_norm_ is clip

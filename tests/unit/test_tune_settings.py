@@ -16,9 +16,16 @@ from torchscalpel.tune.settings import (
 
 
 def full() -> TuneSettings:
-    return TuneSettings(amp="bf16", compile=CompileSpec(target="Block", mode="max-autotune", dynamic=True),
-                        dataloader=DataLoaderSpec(num_workers=2, persistent_workers=True), threads=2,
-                        optimizer="fused", channels_last=True, matmul_precision="high", cudnn_benchmark=False)
+    return TuneSettings(
+        amp="bf16",
+        compile=CompileSpec(target="Block", mode="max-autotune", dynamic=True),
+        dataloader=DataLoaderSpec(num_workers=2, persistent_workers=True),
+        threads=2,
+        optimizer="fused",
+        channels_last=True,
+        matmul_precision="high",
+        cudnn_benchmark=False,
+    )
 
 
 def test_toml_round_trip(tmp_path):
@@ -46,16 +53,30 @@ def test_merge_combines_families_and_dataloader_fields():
 
 def test_label_names_every_setting():
     label = full().label()
-    for part in ("amp=bf16", "compile(Block, max-autotune, dynamic=True)", "num_workers=2", "threads=2",
-                 "channels_last", "no-cudnn_benchmark"):
+    for part in (
+        "amp=bf16",
+        "compile(Block, max-autotune, dynamic=True)",
+        "num_workers=2",
+        "threads=2",
+        "channels_last",
+        "no-cudnn_benchmark",
+    ):
         assert part in label
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"amp": "fp8"}, {"threads": 0}, {"optimizer": "magic"}, {"matmul_precision": "low"},
-    {"compile": {"target": "Block", "mode": "fast"}}, {"dataloader": {"num_workers": -1}},
-    {"dataloader": {"prefetch_factor": 0}}, {"channels_last": "yes"},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"amp": "fp8"},
+        {"threads": 0},
+        {"optimizer": "magic"},
+        {"matmul_precision": "low"},
+        {"compile": {"target": "Block", "mode": "fast"}},
+        {"dataloader": {"num_workers": -1}},
+        {"dataloader": {"prefetch_factor": 0}},
+        {"channels_last": "yes"},
+    ],
+)
 def test_invalid_values_raise_value_error(kwargs):
     with pytest.raises(ValueError):
         TuneSettings.from_dict(kwargs)
@@ -66,13 +87,16 @@ def test_unknown_key_is_named():
         TuneSettings.from_dict({"turbo": True})
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("[tune\namp=", "not valid TOML"),
-    ('version = "1.0"\n', "no [tune] table"),
-    ('version = "9.0"\n[tune]\n', "settings version 9.0"),
-    ('[tune]\namp = "fp8"\n', "amp must be one of"),
-    ('[tune.compile]\ntarget = "x"\nspeed = 3\n', "speed"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("[tune\namp=", "not valid TOML"),
+        ('version = "1.0"\n', "no [tune] table"),
+        ('version = "9.0"\n[tune]\n', "settings version 9.0"),
+        ('[tune]\namp = "fp8"\n', "amp must be one of"),
+        ('[tune.compile]\ntarget = "x"\nspeed = 3\n', "speed"),
+    ],
+)
 def test_bad_files_are_usage_errors(tmp_path, text, needle):
     path = tmp_path / "scalpel.toml"
     path.write_text(text)

@@ -16,8 +16,18 @@ from torchscalpel.tune.verify import MIN_MARGIN
 def test_states_are_spelled_once_and_compare_as_their_strings():
     assert [s.value for s in TrialStatus] == ["ok", "failed", "timeout", "not applied", "skipped", "not run"]
     assert [v.value for v in Verdict if v is not Verdict.UNJUDGED] == [
-        "baseline", "winner", "not confirmed", "faster", "not faster", "numerics", "failed", "timeout",
-        "skipped", "not applied", "not run"]
+        "baseline",
+        "winner",
+        "not confirmed",
+        "faster",
+        "not faster",
+        "numerics",
+        "failed",
+        "timeout",
+        "skipped",
+        "not applied",
+        "not run",
+    ]
     # what both enums share is one word, not two spellings
     shared = {s.value for s in TrialStatus} & {v.value for v in Verdict}
     assert shared == {"failed", "timeout", "not applied", "skipped", "not run"}
@@ -26,8 +36,12 @@ def test_states_are_spelled_once_and_compare_as_their_strings():
 
 
 def test_to_dict_writes_plain_strings_and_from_dict_reads_them_back():
-    trial = TrialResult(label="amp=bf16", settings={"amp": "bf16"}, status=TrialStatus.NOT_APPLIED,
-                        verdict=Verdict.NOT_APPLIED)
+    trial = TrialResult(
+        label="amp=bf16",
+        settings={"amp": "bf16"},
+        status=TrialStatus.NOT_APPLIED,
+        verdict=Verdict.NOT_APPLIED,
+    )
     data = trial.to_dict()
     assert type(data["status"]) is str and type(data["verdict"]) is str
     assert json.loads(json.dumps(data))["status"] == "not applied"
@@ -36,10 +50,15 @@ def test_to_dict_writes_plain_strings_and_from_dict_reads_them_back():
     assert TrialResult(label="b", settings={}).verdict is Verdict.UNJUDGED
 
 
-@pytest.mark.parametrize(("old", "state"), [("not-applied", TrialStatus.NOT_APPLIED), ("not-run", TrialStatus.NOT_RUN)])
+@pytest.mark.parametrize(
+    ("old", "state"), [("not-applied", TrialStatus.NOT_APPLIED), ("not-run", TrialStatus.NOT_RUN)]
+)
 def test_old_records_status_spellings_are_read(old, state):
     assert TrialStatus.parse(old) is state
-    assert TrialResult.from_dict({"label": "x", "settings": {}, "status": old, "verdict": state.value}).status is state
+    assert (
+        TrialResult.from_dict({"label": "x", "settings": {}, "status": old, "verdict": state.value}).status
+        is state
+    )
 
 
 def test_an_unknown_state_is_an_error_not_a_silent_string():
@@ -49,8 +68,12 @@ def test_an_unknown_state_is_an_error_not_a_silent_string():
 
 def _section(**extra):
     base = TrialResult(label="baseline", settings={}, median_ms=10.0, losses=[1.0], verdict=Verdict.BASELINE)
-    old = {**TrialResult(label="compile(model)", settings={"compile": "model"}, verdict=Verdict.NOT_APPLIED).to_dict(),
-           "status": "not-applied"}  # written before the states were typed
+    old = {
+        **TrialResult(
+            label="compile(model)", settings={"compile": "model"}, verdict=Verdict.NOT_APPLIED
+        ).to_dict(),
+        "status": "not-applied",
+    }  # written before the states were typed
     return {"baseline": base.to_dict(), "trials": [old], "winner": None, **extra}
 
 

@@ -142,9 +142,14 @@ def test_recompiles_are_reported_with_the_guard_and_where():
 
 
 def test_user_frames_skip_library_code():
-    trace = ('File "/usr/lib/python3/site-packages/torch/nn/modules/module.py", line 1, in _call_impl\n'
-             'File "/home/u/train.py", line 7, in forward\nFile "/home/u/train.py", line 3, in helper\n')
-    assert triage.user_frames(trace) == [("/home/u/train.py", 7, "forward"), ("/home/u/train.py", 3, "helper")]
+    trace = (
+        'File "/usr/lib/python3/site-packages/torch/nn/modules/module.py", line 1, in _call_impl\n'
+        'File "/home/u/train.py", line 7, in forward\nFile "/home/u/train.py", line 3, in helper\n'
+    )
+    assert triage.user_frames(trace) == [
+        ("/home/u/train.py", 7, "forward"),
+        ("/home/u/train.py", 3, "helper"),
+    ]
 
 
 def test_a_model_with_compiled_regions_can_still_be_deep_copied():
@@ -173,6 +178,7 @@ def counts_graph_runs(gm, example_inputs):
     def run(*args):
         GRAPH_RUNS.append(1)
         return gm.forward(*args)
+
     return run
 
 

@@ -85,9 +85,18 @@ def test_one_speedup_per_candidate_from_its_pairs():
     assert screened.spread_text().startswith("not measured")
     assert speedup_of({"verdict": "failed", "baseline_ms": 100.0, "median_ms": None}).ratio is None
     # confirmed: the pair with the median ratio (an actual pair, so ratio == baseline / candidate shown)
-    confirmed = speedup_of({"verdict": "winner", "baseline_ms": 100.0, "median_ms": 61.0,
-                            "confirm_pairs": [[100.0, 50.0], [200.0, 100.0], [90.0, 100.0]]})
+    confirmed = speedup_of(
+        {
+            "verdict": "winner",
+            "baseline_ms": 100.0,
+            "median_ms": 61.0,
+            "confirm_pairs": [[100.0, 50.0], [200.0, 100.0], [90.0, 100.0]],
+        }
+    )
     assert (confirmed.ratio, confirmed.baseline_ms, confirmed.candidate_ms) == (2.0, 100.0, 50.0)
-    assert (confirmed.low, confirmed.high) == (0.9, 2.0) and confirmed.spread_text() == "0.90-2.00x over 3 pairs"
+    assert (confirmed.low, confirmed.high) == (
+        0.9,
+        2.0,
+    ) and confirmed.spread_text() == "0.90-2.00x over 3 pairs"
     # an even count takes the lower of the middle two: never the flattering one
     assert speedup_of({"verdict": "x", "confirm_pairs": [[120.0, 100.0], [150.0, 100.0]]}).ratio == 1.2

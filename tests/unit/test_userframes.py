@@ -29,39 +29,45 @@ TORCH_FILE = torch.__file__
 OUR_FILE = os.path.join(os.path.dirname(torchscalpel.__file__), "runtime", "session.py")
 
 
-@pytest.mark.parametrize(("path", "kind"), [
-    (TORCH_FILE, Kind.TORCH),
-    (os.path.join(os.path.dirname(TORCH_FILE), "nn", "modules", "module.py"), Kind.TORCH),
-    (OUR_FILE, Kind.SCALPEL),
-    (runpy.__file__, Kind.STDLIB),
-    (threading.__file__, Kind.STDLIB),
-    ("<frozen runpy>", Kind.STDLIB),
-    ("<string>", Kind.GENERATED),
-    ("<eval_with_key>.3", Kind.GENERATED),
-    ("<ipython-input-3-5f2c>", Kind.USER),
-    ("<stdin>", Kind.USER),
-    ("/home/u/.venv/lib/python3.11/site-packages/lightning/pytorch/loops/fit_loop.py", Kind.THIRD_PARTY),
-    ("/usr/local/lib/python3.10/dist-packages/transformers/trainer.py", Kind.THIRD_PARTY),
-    # Recorded on another machine: its stdlib, a torch built from source, torchscalpel installed elsewhere.
-    ("/usr/lib/python3.10/threading.py", Kind.STDLIB),
-    ("/opt/pytorch/torch/distributed/distributed_c10d.py", Kind.TORCH),
-    ("/usr/local/lib/python3.10/dist-packages/torch/nn/parallel/distributed.py", Kind.TORCH),
-    ("/cluster/src/torchscalpel/runtime/collectives.py", Kind.SCALPEL),
-    ("C:\\Users\\u\\venv\\Lib\\site-packages\\accelerate\\accelerator.py", Kind.THIRD_PARTY),
-])
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        (TORCH_FILE, Kind.TORCH),
+        (os.path.join(os.path.dirname(TORCH_FILE), "nn", "modules", "module.py"), Kind.TORCH),
+        (OUR_FILE, Kind.SCALPEL),
+        (runpy.__file__, Kind.STDLIB),
+        (threading.__file__, Kind.STDLIB),
+        ("<frozen runpy>", Kind.STDLIB),
+        ("<string>", Kind.GENERATED),
+        ("<eval_with_key>.3", Kind.GENERATED),
+        ("<ipython-input-3-5f2c>", Kind.USER),
+        ("<stdin>", Kind.USER),
+        ("/home/u/.venv/lib/python3.11/site-packages/lightning/pytorch/loops/fit_loop.py", Kind.THIRD_PARTY),
+        ("/usr/local/lib/python3.10/dist-packages/transformers/trainer.py", Kind.THIRD_PARTY),
+        # Recorded on another machine: its stdlib, a torch built from source, torchscalpel installed elsewhere.
+        ("/usr/lib/python3.10/threading.py", Kind.STDLIB),
+        ("/opt/pytorch/torch/distributed/distributed_c10d.py", Kind.TORCH),
+        ("/usr/local/lib/python3.10/dist-packages/torch/nn/parallel/distributed.py", Kind.TORCH),
+        ("/cluster/src/torchscalpel/runtime/collectives.py", Kind.SCALPEL),
+        ("C:\\Users\\u\\venv\\Lib\\site-packages\\accelerate\\accelerator.py", Kind.THIRD_PARTY),
+    ],
+)
 def test_file_kinds(path: str, kind: Kind) -> None:
     assert file_kind(path) is kind
 
 
-@pytest.mark.parametrize("path", [
-    "/home/u/proj/train.py",
-    "/home/u/proj/lib/train.py",           # a folder named lib
-    "/home/u/proj/lib/python/train.py",    # ... and lib/python (a monorepo layout), which is no stdlib
-    "/home/u/torch/train.py",              # a project folder named torch
-    "/home/u/torchscalpel/examples/ddp_fsdp_transformer.py",  # a clone named torchscalpel: its examples
-    "/home/u/site/train.py",
-    "/tmp/ipykernel_4242/1234567.py",      # a Jupyter cell
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/home/u/proj/train.py",
+        "/home/u/proj/lib/train.py",  # a folder named lib
+        "/home/u/proj/lib/python/train.py",  # ... and lib/python (a monorepo layout), which is no stdlib
+        "/home/u/torch/train.py",  # a project folder named torch
+        "/home/u/torchscalpel/examples/ddp_fsdp_transformer.py",  # a clone named torchscalpel: its examples
+        "/home/u/site/train.py",
+        "/tmp/ipykernel_4242/1234567.py",  # a Jupyter cell
+    ],
+)
 def test_the_users_files_wherever_they_live(path: str) -> None:
     assert is_user_file(path), file_kind(path)
 
@@ -70,7 +76,9 @@ def test_runner_files_are_ours_and_runpys_only() -> None:
     assert is_runner_file(OUR_FILE) and is_runner_file(runpy.__file__) and is_runner_file("<frozen runpy>")
     assert not is_runner_file(threading.__file__)
     assert not is_runner_file("/home/u/myrunpy.py")
-    assert not is_runner_file("/venv/lib/python3.11/site-packages/proj/train.py")  # -m of an installed package
+    assert not is_runner_file(
+        "/venv/lib/python3.11/site-packages/proj/train.py"
+    )  # -m of an installed package
 
 
 def _chain(*files: str) -> Callable[[Callable[[], Any]], Any]:
@@ -115,6 +123,7 @@ def test_first_user_on_recorded_names() -> None:
 
 # -- each place that names the user's line -------------------------------------------------------------
 
+
 def test_collective_sites_name_a_user_script_in_a_torch_folder() -> None:
     from torchscalpel.runtime.collectives import quoted_user_site, user_site
 
@@ -123,7 +132,9 @@ def test_collective_sites_name_a_user_script_in_a_torch_folder() -> None:
     assert user_site(frame).startswith(user_torch + ":")  # the old "/torch/" marker skipped it
     assert quoted_user_site(frame).startswith(b'"' + user_torch.encode() + b":")
     only_libs = _chain(LIGHTNING, TORCH_FILE)(lambda: sys._getframe(1))
-    assert user_site(only_libs).startswith(user_site(sys._getframe()).rsplit(":", 1)[0])  # this test is the user
+    assert user_site(only_libs).startswith(
+        user_site(sys._getframe()).rsplit(":", 1)[0]
+    )  # this test is the user
 
 
 def test_rank_facts_take_a_lib_python_folder_for_the_user() -> None:
@@ -138,27 +149,37 @@ def test_doctor_locations_point_past_a_framework_into_the_users_code() -> None:
     from torchscalpel.doctor.runtime_rules import user_location
 
     loc = _chain(USER_LIB, LIGHTNING)(user_location)
-    assert loc is not None and loc.file == USER_LIB  # it used to name Lightning's file (only torch was skipped)
+    assert (
+        loc is not None and loc.file == USER_LIB
+    )  # it used to name Lightning's file (only torch was skipped)
     assert _chain(*[LIGHTNING] * 5)(functools.partial(user_location, depth_limit=3)) is None
 
 
 def test_triage_frames_keep_a_users_torch_folder() -> None:
     from torchscalpel.tune import triage
 
-    trace = (f'File "{TORCH_FILE}", line 1, in _call_impl\n'
-             'File "/home/u/torch/model.py", line 7, in forward\n'
-             f'File "{threading.__file__}", line 3, in run\n')
+    trace = (
+        f'File "{TORCH_FILE}", line 1, in _call_impl\n'
+        'File "/home/u/torch/model.py", line 7, in forward\n'
+        f'File "{threading.__file__}", line 3, in run\n'
+    )
     assert triage.user_frames(trace) == [("/home/u/torch/model.py", 7, "forward")]
 
 
 def test_flight_recorder_site_is_the_users_on_the_recording_machine() -> None:
     from torchscalpel.distributed.flightrec import dump_summary
 
-    frames = [{"filename": "/opt/pytorch/torch/distributed/distributed_c10d.py", "line": 2501},
-              {"filename": "/cluster/src/torchscalpel/runtime/collectives.py", "line": 400},
-              {"filename": "/scratch/torchscalpel/examples/train.py", "line": 88}]
-    entry = {"profiling_name": "nccl:all_reduce", "process_group": ("0", "default"), "state": "scheduled",
-             "frames": frames}
+    frames = [
+        {"filename": "/opt/pytorch/torch/distributed/distributed_c10d.py", "line": 2501},
+        {"filename": "/cluster/src/torchscalpel/runtime/collectives.py", "line": 400},
+        {"filename": "/scratch/torchscalpel/examples/train.py", "line": 88},
+    ]
+    entry = {
+        "profiling_name": "nccl:all_reduce",
+        "process_group": ("0", "default"),
+        "state": "scheduled",
+        "frames": frames,
+    }
     assert dump_summary({"entries": [entry]})["waiting_in"]["site"] == "train.py:88"
 
 
@@ -166,7 +187,9 @@ def test_hang_diagnosis_names_a_user_frame_or_the_innermost() -> None:
     from torchscalpel.distributed.hangdiag import Frame
     from torchscalpel.distributed.hangdiag import user_frame as hang_user_frame
 
-    torch_frame = Frame("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 1, "barrier")
+    torch_frame = Frame(
+        "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 1, "barrier"
+    )
     user = Frame("<ipython-input-2-ab>", 4, "<module>")
     assert hang_user_frame([torch_frame, user]) == user  # every "<...>" name used to count as a library's
     assert hang_user_frame([torch_frame]) == torch_frame

@@ -53,27 +53,54 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, required: bool = Tr
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--out DIR`` and ``--json FILE``."""
     parser.add_argument("--out", type=Path, help="output folder (default scalpel-runs/<time>-<name>/)")
-    parser.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the JSON result here (- for standard output)")
+    parser.add_argument(
+        "--json",
+        dest="json_path",
+        type=Path,
+        metavar="FILE",
+        help="also write the JSON result here (- for standard output)",
+    )
 
 
 def resolve_target(args: argparse.Namespace, *, default_script: Path | None = None) -> Target:
     """Validate the script or module the user named; raise :class:`UsageError` with one sentence."""
-    return resolve_script(list(args.target or []), getattr(args, "module", None), default_script=default_script,
-                          command=getattr(args, "command", None) or "profile")
+    return resolve_script(
+        list(args.target or []),
+        getattr(args, "module", None),
+        default_script=default_script,
+        command=getattr(args, "command", None) or "profile",
+    )
 
 
-def add_window_arguments(parser: argparse.ArgumentParser, *, warmup: int, steps: str, steps_help: str) -> None:
+def add_window_arguments(
+    parser: argparse.ArgumentParser, *, warmup: int, steps: str, steps_help: str
+) -> None:
     """``--warmup``, ``--steps N|all|auto``, ``--step-kind``, ``--step-timeout``: the run window of every
     script-running command, one grammar (see :mod:`torchscalpel.runtime.window`)."""
-    parser.add_argument("--warmup", type=int, default=warmup, help=f"steps run before measuring (default {warmup})")
-    parser.add_argument("--steps", default=steps, help=f"measured steps: a number, 'all' (until the script ends) or "
-                        f"'auto' ({steps_help}; default {steps})")
-    parser.add_argument("--step-kind", choices=STEP_KINDS, default="auto",
-                        help="what ends a step: auto (optimizer steps when there are any, else backward calls, "
-                        "else forward calls) or one fixed kind (default auto)")
-    parser.add_argument("--step-timeout", type=duration_type("--step-timeout"), default=600.0,
-                        metavar="DURATION", help="stop the script when no step is recognised this long after the "
-                        "start: 90s, 10m; a bare number is seconds (default 600)")
+    parser.add_argument(
+        "--warmup", type=int, default=warmup, help=f"steps run before measuring (default {warmup})"
+    )
+    parser.add_argument(
+        "--steps",
+        default=steps,
+        help=f"measured steps: a number, 'all' (until the script ends) or "
+        f"'auto' ({steps_help}; default {steps})",
+    )
+    parser.add_argument(
+        "--step-kind",
+        choices=STEP_KINDS,
+        default="auto",
+        help="what ends a step: auto (optimizer steps when there are any, else backward calls, "
+        "else forward calls) or one fixed kind (default auto)",
+    )
+    parser.add_argument(
+        "--step-timeout",
+        type=duration_type("--step-timeout"),
+        default=600.0,
+        metavar="DURATION",
+        help="stop the script when no step is recognised this long after the "
+        "start: 90s, 10m; a bare number is seconds (default 600)",
+    )
 
 
 def steps_arg(args: argparse.Namespace, *, minimum: int = 1) -> StepCount:
@@ -103,10 +130,14 @@ def check_paths(args: argparse.Namespace) -> None:
             fileio.check_output_file(value, flag)
     tensorboard = getattr(args, "tensorboard", None)
     if isinstance(tensorboard, Path) and tensorboard.exists() and not tensorboard.is_dir():
-        raise UsageError(f"--tensorboard {tensorboard} is a file; name a log folder (it is created if missing).")
+        raise UsageError(
+            f"--tensorboard {tensorboard} is a file; name a log folder (it is created if missing)."
+        )
     config = getattr(args, "config", None)
     if isinstance(config, Path) and config.is_dir():
-        raise UsageError(f"--config {config} is a folder; name a settings file, e.g. {config / 'scalpel.toml'}.")
+        raise UsageError(
+            f"--config {config} is a folder; name a settings file, e.g. {config / 'scalpel.toml'}."
+        )
 
 
 def finite_float(value: float | None, flag: str, *, minimum: float = 0.0) -> None:
@@ -119,10 +150,17 @@ def finite_float(value: float | None, flag: str, *, minimum: float = 0.0) -> Non
 
 def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:
     """``--tensorboard DIR`` and ``--mlflow URI``: where else the finished run is written (docs/tracking.md)."""
-    parser.add_argument("--tensorboard", type=Path, metavar="DIR",
-                        help="also write per-step scalars and the trace to this TensorBoard log folder")
-    parser.add_argument("--mlflow", metavar="URI",
-                        help="also log metrics, parameters, report and record to this MLflow tracking URI or folder")
+    parser.add_argument(
+        "--tensorboard",
+        type=Path,
+        metavar="DIR",
+        help="also write per-step scalars and the trace to this TensorBoard log folder",
+    )
+    parser.add_argument(
+        "--mlflow",
+        metavar="URI",
+        help="also log metrics, parameters, report and record to this MLflow tracking URI or folder",
+    )
 
 
 def tracking_options(args: argparse.Namespace) -> object:
@@ -130,7 +168,9 @@ def tracking_options(args: argparse.Namespace) -> object:
     from torchscalpel.tracking import TrackingOptions
 
     try:
-        return TrackingOptions(tensorboard=getattr(args, "tensorboard", None), mlflow=getattr(args, "mlflow", None))
+        return TrackingOptions(
+            tensorboard=getattr(args, "tensorboard", None), mlflow=getattr(args, "mlflow", None)
+        )
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
 

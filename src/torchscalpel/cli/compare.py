@@ -23,8 +23,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "and phases with each run's noise, memory peaks, loss curves, throughput, environment, config, tune "
         "settings, code and data differences, and a one-line verdict.",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders or run.json files; the first is the baseline")
-    p.add_argument("--json", dest="json_path", type=Path, help="write the comparison as JSON here ('-' for stdout)")
+    p.add_argument(
+        "runs", nargs="+", metavar="RUN", help="run folders or run.json files; the first is the baseline"
+    )
+    p.add_argument(
+        "--json", dest="json_path", type=Path, help="write the comparison as JSON here ('-' for stdout)"
+    )
     p.add_argument("--html", dest="html_path", type=Path, help="write a self-contained HTML report here")
     p.set_defaults(func=run)
     return p

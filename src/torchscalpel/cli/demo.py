@@ -49,8 +49,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="output folder (default scalpel-runs/<time>-demo/)")
     p.add_argument("--steps", type=int, default=12, help="measured steps for the profile stage (default 12)")
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
-    p.add_argument("--tune-budget", type=duration_type("--tune-budget", minimum=1.0), default=120.0, metavar="DURATION",
-                   help="time for the tune stage: 90s, 3m, 1h; a bare number is seconds (default 120)")
+    p.add_argument(
+        "--tune-budget",
+        type=duration_type("--tune-budget", minimum=1.0),
+        default=120.0,
+        metavar="DURATION",
+        help="time for the tune stage: 90s, 3m, 1h; a bare number is seconds (default 120)",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -69,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     if not stages:
         raise UsageError(f"--stages names no stage; choose from {', '.join(STAGES)}.")
     if not 1 <= args.steps <= 10_000:
-        raise UsageError(f"--steps {args.steps} must be between 1 and 10000 (measured steps of the profile stage).")
+        raise UsageError(
+            f"--steps {args.steps} must be between 1 and 10000 (measured steps of the profile stage)."
+        )
     out: Path = args.out or default_run_dir("demo")
     out.mkdir(parents=True, exist_ok=True)
     # The stages run copies in <out>/examples/: what ran stays next to its report, editable.
@@ -89,7 +96,13 @@ def run(args: argparse.Namespace) -> int:
     report = _write_combined_report(out, results)
     rule(c, "[bold]demo summary[/]")
     for r in results:
-        mark = "[red]FAILED[/]" if not r.ok else "[yellow]skipped[/]" if r.summary.startswith("skipped") else "[green]ok[/]"
+        mark = (
+            "[red]FAILED[/]"
+            if not r.ok
+            else "[yellow]skipped[/]"
+            if r.summary.startswith("skipped")
+            else "[green]ok[/]"
+        )
         c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {escape(r.summary)}")
     c.print(f"\nOpen the report: [bold]{escape(str(report))}[/]")
     return 0 if all(r.ok for r in results) else 1
@@ -110,7 +123,9 @@ def _profile(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
     from torchscalpel.runtime.session import RuntimeOptions
     from torchscalpel.stages.profile import profile_target
 
-    options = RuntimeOptions(warmup=2, steps=args.steps, out_dir=out, profile_steps=3, module_times=True, name="demo")
+    options = RuntimeOptions(
+        warmup=2, steps=args.steps, out_dir=out, profile_steps=3, module_times=True, name="demo"
+    )
     record, _ = profile_target(target, options)
     s = record.summary_view()
     median = s.median_step_ms if s.median_step_ms is not None else float("nan")
@@ -126,7 +141,11 @@ def _doctor(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, 
     out.mkdir(parents=True, exist_ok=True)
     record, findings = diagnose(target, steps=20, warmup=2, out_dir=out, command=["scalpel", "demo"])
     _save_with_report(record, out)
-    render_terminal(findings, make_console(), header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n")
+    render_terminal(
+        findings,
+        make_console(),
+        header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n",
+    )
     return record.exit_code in (0, None), str(out), f"{len(findings)} finding(s)"
 
 
@@ -150,7 +169,9 @@ def _analyze(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
 def _tune(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
     from torchscalpel.tune import tune_stage
 
-    tune_target = Target(script=target.script, args=["--steps", "60", "--log-every", "1000", "--corpus-chars", "500000"])
+    tune_target = Target(
+        script=target.script, args=["--steps", "60", "--log-every", "1000", "--corpus-chars", "500000"]
+    )
     result = tune_stage(tune_target, out, budget_s=args.tune_budget)
     # The tune table's own verdict line: "no candidate was measured: ..." when the budget ran out first.
     return True, str(out), result.headline() + (", numerics checked" if result.winner is not None else "")
@@ -164,9 +185,18 @@ def _plan(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, st
     from torchscalpel.plan.strategies import strategies_for
     from torchscalpel.sections import PlanSection
 
-    options = ScriptPlanOptions(optimizer=None, precision="fp32", grad_accum=1, world_size=2, nodes=1,
-                                checkpointing="none", search_max_batch=False)
-    result, record = plan_script(target, options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1))
+    options = ScriptPlanOptions(
+        optimizer=None,
+        precision="fp32",
+        grad_accum=1,
+        world_size=2,
+        nodes=1,
+        checkpointing="none",
+        search_max_batch=False,
+    )
+    result, record = plan_script(
+        target, options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1)
+    )
     print(render_text(result))
     record.sections[PlanSection.KEY] = result.to_dict()
     _save_with_report(record, out)
@@ -184,8 +214,14 @@ def _save_with_report(record: Any, out: Path) -> None:
     write_report(record, out / "report.html")
 
 
-SHIP_MODULES = {"sklearn": "scikit-learn", "onnx": "onnx", "onnxscript": "onnxscript", "onnxruntime": "onnxruntime",
-                "fastapi": "fastapi", "uvicorn": "uvicorn"}
+SHIP_MODULES = {
+    "sklearn": "scikit-learn",
+    "onnx": "onnx",
+    "onnxscript": "onnxscript",
+    "onnxruntime": "onnxruntime",
+    "fastapi": "fastapi",
+    "uvicorn": "uvicorn",
+}
 """What the ship stage imports beyond the core dependencies (module: distribution), all in torchscalpel[all]."""
 
 
@@ -194,13 +230,17 @@ def _ship(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, st
 
     missing = [dist for mod, dist in SHIP_MODULES.items() if importlib.util.find_spec(mod) is None]
     if missing:
-        return True, str(out), f"skipped: needs {', '.join(missing)} (pip install \"torchscalpel[all]\")"
+        return True, str(out), f'skipped: needs {", ".join(missing)} (pip install "torchscalpel[all]")'
     result = run_ship_demo(out, script=target.script.with_name("digits_cnn.py"))
     check = result["serve_check"]
     same = bool(result["parity_passed"] and check["same_argmax"])
-    return same, str(out), (
-        f"exported and served on 127.0.0.1: {check['requests']} requests, "
-        + ("same predictions as eager" if same else "predictions DIFFER from eager")
+    return (
+        same,
+        str(out),
+        (
+            f"exported and served on 127.0.0.1: {check['requests']} requests, "
+            + ("same predictions as eager" if same else "predictions DIFFER from eager")
+        ),
     )
 
 
@@ -233,7 +273,9 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
             record = load_record(out / r.name)
         except Exception:  # the stage's own failure is already in the table
             continue
-        groups.append(RecordGroup(record=record, title=f"{r.name} · {record.name}", source=_rel(str(out / r.name), out)))
+        groups.append(
+            RecordGroup(record=record, title=f"{r.name} · {record.name}", source=_rel(str(out / r.name), out))
+        )
     stages = Section(
         id="demo-stages",
         title="Demo stages",
@@ -245,8 +287,9 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
         + '<p class="muted">Each stage also wrote its own files (run.json, report.html, trace, bundle) in its folder.</p>',
     )
     created = groups[0].record.created if groups else now_timestamp()
-    html = render_records(groups, title="torchscalpel demo", subtitle=f"examples/char_transformer.py · {created}",
-                          lead=[stages])
+    html = render_records(
+        groups, title="torchscalpel demo", subtitle=f"examples/char_transformer.py · {created}", lead=[stages]
+    )
     return atomic_write_text(out / "report.html", html)
 
 

@@ -39,21 +39,49 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "report pitfalls (unregistered modules, grads never zeroed, NaN origin, loader bottlenecks, DDP "
         "mistakes, unsafe checkpoints, ...) ranked by severity. See docs/doctor.md.",
     )
-    p.add_argument("--static", nargs="+", type=Path, metavar="PATH",
-                   help="only run the static rules over these files/folders (fast; no script is run)")
-    add_window_arguments(p, warmup=DOCTOR_WINDOW.warmup, steps="auto",
-                         steps_help=f"{DEFAULT_STEPS} steps, within the --time-cap")
-    p.add_argument("--time-cap", type=float, default=TIME_CAP_S, metavar="SECONDS",
-                   help=f"stop a slow script after this long even before its steps are done, and say so in the "
-                   f"output and run.json (default {TIME_CAP_S:.0f}; 0: no cap)")
-    p.add_argument("--nproc", type=int, default=None,
-                   help="run the script on this many ranks through 'scalpel launch' (torchrun; gloo on CPU) and merge "
-                   "the findings; without it the script runs in-process exactly as 'python SCRIPT' would")
-    p.add_argument("--sanity", action="store_true", help="also try to overfit one batch (rule cannot-overfit-batch)")
+    p.add_argument(
+        "--static",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="only run the static rules over these files/folders (fast; no script is run)",
+    )
+    add_window_arguments(
+        p,
+        warmup=DOCTOR_WINDOW.warmup,
+        steps="auto",
+        steps_help=f"{DEFAULT_STEPS} steps, within the --time-cap",
+    )
+    p.add_argument(
+        "--time-cap",
+        type=float,
+        default=TIME_CAP_S,
+        metavar="SECONDS",
+        help=f"stop a slow script after this long even before its steps are done, and say so in the "
+        f"output and run.json (default {TIME_CAP_S:.0f}; 0: no cap)",
+    )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="run the script on this many ranks through 'scalpel launch' (torchrun; gloo on CPU) and merge "
+        "the findings; without it the script runs in-process exactly as 'python SCRIPT' would",
+    )
+    p.add_argument(
+        "--sanity", action="store_true", help="also try to overfit one batch (rule cannot-overfit-batch)"
+    )
     p.add_argument("--no-static", action="store_true", help="skip static analysis in a script run")
-    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="write the findings as JSON here (- for standard output)")
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        type=Path,
+        metavar="FILE",
+        help="write the findings as JSON here (- for standard output)",
+    )
     p.add_argument("--sarif", type=Path, help="write static findings as SARIF 2.1.0 here")
-    p.add_argument("--fail-on", choices=("info", "warning", "error"), help="exit 1 when a finding reaches this severity")
+    p.add_argument(
+        "--fail-on", choices=("info", "warning", "error"), help="exit 1 when a finding reaches this severity"
+    )
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-<name>/)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
     add_tracking_arguments(p)
@@ -74,10 +102,14 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--nproc must be at least 1.")
     if args.static is not None:
         if args.target or args.module:
-            raise UsageError("--static takes paths, not a script to run; drop the '-- SCRIPT' part or drop --static.")
+            raise UsageError(
+                "--static takes paths, not a script to run; drop the '-- SCRIPT' part or drop --static."
+            )
         return _run_static(args, fail_on)
     if not args.target and not args.module:
-        raise UsageError("Name the script to check after --, e.g. 'scalpel doctor -- train.py', or pass --static PATH.")
+        raise UsageError(
+            "Name the script to check after --, e.g. 'scalpel doctor -- train.py', or pass --static PATH."
+        )
     if args.nproc is not None:
         return _run_ranks(args, fail_on)
     return _run_script(args, fail_on)
@@ -96,17 +128,34 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
         raise UsageError("--nproc needs a script file after --.")
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
     console = make_console()
-    console.print(f"[bold]scalpel doctor[/bold]: {target.name} on {args.nproc} ranks (scalpel launch --doctor); "
-                  "each rank's findings are merged into one list below")
+    console.print(
+        f"[bold]scalpel doctor[/bold]: {target.name} on {args.nproc} ranks (scalpel launch --doctor); "
+        "each rank's findings are merged into one list below"
+    )
     code, records = run_ranks(target.script, target.args, nproc=args.nproc, steps=args.steps, out=out_dir)
     if not records:
-        raise ScalpelError(f"No rank wrote a run record under {out_dir}; see the rank logs in {out_dir / 'logs'}.")
+        raise ScalpelError(
+            f"No rank wrote a run record under {out_dir}; see the rank logs in {out_dir / 'logs'}."
+        )
     across, per_rank = across_rank_findings(out_dir), merge_rank_findings(records)
     findings = across + per_rank
-    render_rank_findings(across, per_rank, console, ranks=args.nproc,
-                         header=f"[dim]{len(records)} rank record(s) under {out_dir}[/dim]\n")
-    _write_outputs(args, findings, {"mode": "ranks", "nproc": args.nproc, "ranks": sorted(records),
-                                    "records": [str(out_dir / f"rank-{r}" / "run.json") for r in sorted(records)]})
+    render_rank_findings(
+        across,
+        per_rank,
+        console,
+        ranks=args.nproc,
+        header=f"[dim]{len(records)} rank record(s) under {out_dir}[/dim]\n",
+    )
+    _write_outputs(
+        args,
+        findings,
+        {
+            "mode": "ranks",
+            "nproc": args.nproc,
+            "ranks": sorted(records),
+            "records": [str(out_dir / f"rank-{r}" / "run.json") for r in sorted(records)],
+        },
+    )
     if reaches(findings, fail_on):
         return 1
     return code
@@ -118,12 +167,14 @@ def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str
     from torchscalpel.doctor.sarif import to_sarif
 
     if args.json_path is not None:
-        write_output_text(args.json_path, json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n",
-                          flag="--json")
+        write_output_text(
+            args.json_path, json.dumps(to_json(findings, **meta), indent=1, default=str) + "\n", flag="--json"
+        )
     if args.sarif is not None:
         static = [f for f in findings if f.source == "static"]
-        write_output_text(args.sarif, json.dumps(to_sarif(static, version=__version__), indent=1) + "\n",
-                          flag="--sarif")
+        write_output_text(
+            args.sarif, json.dumps(to_sarif(static, version=__version__), indent=1) + "\n", flag="--sarif"
+        )
 
 
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
@@ -135,10 +186,17 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
     files = list(iter_python_files(args.static))
     skipped: list[Any] = []
     findings = rank_findings(analyze_paths(files, not_analysed=skipped))
-    render_terminal(findings, make_console(), header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)",
-                    not_analysed=skipped)
-    _write_outputs(args, findings, {"mode": "static", "files": [str(f) for f in files],
-                                    "not_analysed": [s.to_dict() for s in skipped]})
+    render_terminal(
+        findings,
+        make_console(),
+        header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)",
+        not_analysed=skipped,
+    )
+    _write_outputs(
+        args,
+        findings,
+        {"mode": "static", "files": [str(f) for f in files], "not_analysed": [s.to_dict() for s in skipped]},
+    )
     # A CI gate never passes code it could not read.
     return 1 if reaches(findings, fail_on) or (fail_on is not None and skipped) else 0
 
@@ -156,21 +214,43 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
     out_dir.mkdir(parents=True, exist_ok=True)
     console = make_console()
-    window = (f"{args.warmup} warm-up + {DEFAULT_STEPS} steps" if args.steps == "auto"
-              else "every step, until the script ends" if args.steps == "all" else f"{args.warmup} warm-up + {args.steps} steps")
+    window = (
+        f"{args.warmup} warm-up + {DEFAULT_STEPS} steps"
+        if args.steps == "auto"
+        else "every step, until the script ends"
+        if args.steps == "all"
+        else f"{args.warmup} warm-up + {args.steps} steps"
+    )
     if args.time_cap:
         window += f" (time cap {args.time_cap:.0f} s)"
-    console.print(f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
-                  + (" (+ overfit-one-batch check)" if args.sanity else ""))
+    console.print(
+        f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
+        + (" (+ overfit-one-batch check)" if args.sanity else "")
+    )
     from torchscalpel.report.terminal import StepProgress
 
-    planned = (args.warmup + DEFAULT_STEPS if args.steps == "auto" else None if args.steps == "all"
-               else args.warmup + int(args.steps))
-    with StepProgress(planned, f"doctor {target.name}") as bar:  # grows past the planned count, never "33 of 32"
+    planned = (
+        args.warmup + DEFAULT_STEPS
+        if args.steps == "auto"
+        else None
+        if args.steps == "all"
+        else args.warmup + int(args.steps)
+    )
+    with StepProgress(
+        planned, f"doctor {target.name}"
+    ) as bar:  # grows past the planned count, never "33 of 32"
         record, findings = diagnose(
-            target, steps=args.steps, warmup=args.warmup, sanity=args.sanity, static=not args.no_static,
-            out_dir=out_dir, command=["scalpel", *sys.argv[1:]], step_kind=args.step_kind,
-            step_timeout_s=args.step_timeout, time_cap_s=args.time_cap or None, progress=bar.update,
+            target,
+            steps=args.steps,
+            warmup=args.warmup,
+            sanity=args.sanity,
+            static=not args.no_static,
+            out_dir=out_dir,
+            command=["scalpel", *sys.argv[1:]],
+            step_kind=args.step_kind,
+            step_timeout_s=args.step_timeout,
+            time_cap_s=args.time_cap or None,
+            progress=bar.update,
         )
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"
@@ -181,8 +261,10 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         record.artifacts["report"] = "report.html"
         save_record(record, out_dir)
     measured = len(record.measured_steps)
-    status = (f"script {record.status} after {len(record.steps)} step(s) ({len(record.steps) - measured} warm-up + "
-              f"{measured})") + (f": {strip_ansi(record.error)}" if record.error else "")
+    status = (
+        f"script {record.status} after {len(record.steps)} step(s) ({len(record.steps) - measured} warm-up + "
+        f"{measured})"
+    ) + (f": {strip_ansi(record.error)}" if record.error else "")
     capped = record.sections["doctor"].get("window", {}).get("capped")
     if capped:
         status += f"\nwindow shortened: {capped}"
@@ -200,13 +282,29 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
             console.print(f"next: fix the failure above, then run the doctor again: {again}", soft_wrap=True)
         else:
             script = escape(shlex.join(["scalpel", "tune", "--", *target_argv]))
-            console.print((f"next: apply the fix(es) above and run the doctor again, then {script}" if findings
-                           else f"next: {script} (measured speedups)"), soft_wrap=True)
-    _write_outputs(args, findings, {"mode": "run", "status": record.status, "steps": len(record.steps),
-                                    "window": record.sections["doctor"].get("window"),
-                                    "record": str(out_dir / "run.json")})
+            console.print(
+                (
+                    f"next: apply the fix(es) above and run the doctor again, then {script}"
+                    if findings
+                    else f"next: {script} (measured speedups)"
+                ),
+                soft_wrap=True,
+            )
+    _write_outputs(
+        args,
+        findings,
+        {
+            "mode": "run",
+            "status": record.status,
+            "steps": len(record.steps),
+            "window": record.sections["doctor"].get("window"),
+            "record": str(out_dir / "run.json"),
+        },
+    )
     if record.status == "failed" and record.exit_code:
-        return record.exit_code  # the script's own failure wins: it is the first finding, and CI sees it as python would
+        return (
+            record.exit_code
+        )  # the script's own failure wins: it is the first finding, and CI sees it as python would
     if reaches(findings, fail_on):
         return 1
     return record.exit_code or 0

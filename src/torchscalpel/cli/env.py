@@ -25,20 +25,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "env",
         help="check CUDA / driver / torch / compiler / backend compatibility, with quick probes",
         description="Report the environment (Python, CPU, torch build, GPUs, driver, compilers, backends, "
-                    "variables), check it for known incompatibilities, and run quick probes.",
+        "variables), check it for known incompatibilities, and run quick probes.",
     )
-    p.add_argument("--no-probe", action="store_true", help="skip the probes (facts and checks only: about as long as importing torch)")
-    p.add_argument("--probe", metavar="LIST",
-                   help=f"comma-separated probes to run (default all: {','.join(PROBES)})")
-    p.add_argument("--probe-timeout", type=duration_type("--probe-timeout"), default=60.0, metavar="DURATION",
-                   help="time each probe may take: 60s, 2m; a bare number is seconds (default 60)")
-    p.add_argument("--compile-timeout", type=duration_type("--compile-timeout"), default=180.0, metavar="DURATION",
-                   help="time the torch.compile probe may take (default 180 s; a cold CPU compile takes 15-25 s)")
-    p.add_argument("--nproc-per-node", type=int, metavar="N",
-                   help="ranks you will run on this machine, for the thread-oversubscription check "
-                        "(default LOCAL_WORLD_SIZE or 1)")
-    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the report as JSON here (- for standard output)")
-    p.add_argument("--fail-on", metavar="LEVEL", help="exit 1 when a finding reaches LEVEL (info, warning, error)")
+    p.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="skip the probes (facts and checks only: about as long as importing torch)",
+    )
+    p.add_argument(
+        "--probe", metavar="LIST", help=f"comma-separated probes to run (default all: {','.join(PROBES)})"
+    )
+    p.add_argument(
+        "--probe-timeout",
+        type=duration_type("--probe-timeout"),
+        default=60.0,
+        metavar="DURATION",
+        help="time each probe may take: 60s, 2m; a bare number is seconds (default 60)",
+    )
+    p.add_argument(
+        "--compile-timeout",
+        type=duration_type("--compile-timeout"),
+        default=180.0,
+        metavar="DURATION",
+        help="time the torch.compile probe may take (default 180 s; a cold CPU compile takes 15-25 s)",
+    )
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        metavar="N",
+        help="ranks you will run on this machine, for the thread-oversubscription check "
+        "(default LOCAL_WORLD_SIZE or 1)",
+    )
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        type=Path,
+        metavar="FILE",
+        help="also write the report as JSON here (- for standard output)",
+    )
+    p.add_argument(
+        "--fail-on", metavar="LEVEL", help="exit 1 when a finding reaches LEVEL (info, warning, error)"
+    )
     p.set_defaults(func=run)
 
 
@@ -61,9 +88,13 @@ def _validate(args: argparse.Namespace) -> tuple[list[str], Severity | None]:
         raise UsageError(f"--nproc-per-node must be at least 1, not {args.nproc_per_node}.")
     if args.json_path is not None:
         if args.json_path.is_dir():
-            raise UsageError(f"--json {args.json_path} is a folder; name a file, e.g. {args.json_path / 'env.json'}.")
+            raise UsageError(
+                f"--json {args.json_path} is a folder; name a file, e.g. {args.json_path / 'env.json'}."
+            )
         # Checked before the probes run, so a typo does not cost the user a minute of probing.
-        existing = next((p for p in [args.json_path.parent, *args.json_path.parent.parents] if p.exists()), None)
+        existing = next(
+            (p for p in [args.json_path.parent, *args.json_path.parent.parents] if p.exists()), None
+        )
         if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK):
             raise UsageError(f"Cannot write --json {args.json_path}: {existing} is not a writable folder.")
     fail_on = None
@@ -71,7 +102,9 @@ def _validate(args: argparse.Namespace) -> tuple[list[str], Severity | None]:
         try:
             fail_on = Severity.parse(args.fail_on)
         except ValueError:
-            raise UsageError(f"--fail-on {args.fail_on!r} is not a level; use info, warning or error.") from None
+            raise UsageError(
+                f"--fail-on {args.fail_on!r} is not a level; use info, warning or error."
+            ) from None
     return probes, fail_on
 
 
@@ -88,11 +121,19 @@ def run(args: argparse.Namespace) -> int:
     status_console = Console(stderr=True)
     if probes and status_console.is_terminal:
         with status_console.status("running probes (--no-probe skips them)..."):
-            report = build_report(probes=probes, probe_timeout=args.probe_timeout,
-                                  compile_timeout=args.compile_timeout, local_ranks=args.nproc_per_node)
+            report = build_report(
+                probes=probes,
+                probe_timeout=args.probe_timeout,
+                compile_timeout=args.compile_timeout,
+                local_ranks=args.nproc_per_node,
+            )
     else:
-        report = build_report(probes=probes, probe_timeout=args.probe_timeout,
-                              compile_timeout=args.compile_timeout, local_ranks=args.nproc_per_node)
+        report = build_report(
+            probes=probes,
+            probe_timeout=args.probe_timeout,
+            compile_timeout=args.compile_timeout,
+            local_ranks=args.nproc_per_node,
+        )
     render(report, console)
     if args.json_path is not None:
         try:

@@ -16,8 +16,23 @@ MAX_BATCH = 65536
 MAX_EXAMPLE_BYTES = 4 << 30
 """The largest example input (at --max-batch rows) the parity check may allocate."""
 _SPEC = re.compile(r"^\s*(?:\w+\s*=\s*)?(?P<dtype>[a-z0-9_]+)\s*\[(?P<shape>[^\]]*)\]")
-_ITEMSIZE = {"bool": 1, "uint8": 1, "int8": 1, "float16": 2, "half": 2, "bfloat16": 2, "int16": 2, "float32": 4,
-             "float": 4, "int32": 4, "int": 4, "float64": 8, "double": 8, "int64": 8, "long": 8}
+_ITEMSIZE = {
+    "bool": 1,
+    "uint8": 1,
+    "int8": 1,
+    "float16": 2,
+    "half": 2,
+    "bfloat16": 2,
+    "int16": 2,
+    "float32": 4,
+    "float": 4,
+    "int32": 4,
+    "int": 4,
+    "float64": 8,
+    "double": 8,
+    "int64": 8,
+    "long": 8,
+}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,29 +42,71 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="export a trained model (ONNX, torch.export, TorchScript) with a parity check, into a bundle",
         description="Load weights into your model, export it, prove each export matches eager, write a bundle.",
     )
-    p.add_argument("--model", required=True, metavar="MODULE:FACTORY",
-                   help="callable that builds the model, e.g. mypkg.models:make_model or path/model.py:Net")
+    p.add_argument(
+        "--model",
+        required=True,
+        metavar="MODULE:FACTORY",
+        help="callable that builds the model, e.g. mypkg.models:make_model or path/model.py:Net",
+    )
     p.add_argument("--factory-args", metavar="JSON", help="arguments for the factory: a JSON object or array")
-    p.add_argument("--weights", type=Path, metavar="CKPT",
-                   help="safetensors file, state_dict file (.pt/.pth, weights_only) or DCP checkpoint folder")
-    p.add_argument("--example", action="append", default=[], metavar="SPEC", required=True,
-                   help="one model input: 'float32[1,1,8,8]', 'int64[1,16]:0..1000', 'x=inputs.npy' or a .safetensors "
-                        "file; repeat for several inputs, in forward() order")
-    p.add_argument("--formats", default="onnx,exported", help="comma list of onnx, exported, torchscript (default onnx,exported)")
-    p.add_argument("--dynamic", default="batch", choices=["batch", "none"], help="dynamic batch axis (default batch)")
-    p.add_argument("--max-batch", type=int, default=32, help="largest batch exported and checked (default 32)")
-    p.add_argument("--quantize", choices=["int8-dynamic"], help="also write an int8 dynamically quantized ONNX model")
-    p.add_argument("--out", type=Path, help="bundle folder (default scalpel-runs/<time>-bundle/); must be new or empty")
+    p.add_argument(
+        "--weights",
+        type=Path,
+        metavar="CKPT",
+        help="safetensors file, state_dict file (.pt/.pth, weights_only) or DCP checkpoint folder",
+    )
+    p.add_argument(
+        "--example",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        required=True,
+        help="one model input: 'float32[1,1,8,8]', 'int64[1,16]:0..1000', 'x=inputs.npy' or a .safetensors "
+        "file; repeat for several inputs, in forward() order",
+    )
+    p.add_argument(
+        "--formats",
+        default="onnx,exported",
+        help="comma list of onnx, exported, torchscript (default onnx,exported)",
+    )
+    p.add_argument(
+        "--dynamic", default="batch", choices=["batch", "none"], help="dynamic batch axis (default batch)"
+    )
+    p.add_argument(
+        "--max-batch", type=int, default=32, help="largest batch exported and checked (default 32)"
+    )
+    p.add_argument(
+        "--quantize", choices=["int8-dynamic"], help="also write an int8 dynamically quantized ONNX model"
+    )
+    p.add_argument(
+        "--out", type=Path, help="bundle folder (default scalpel-runs/<time>-bundle/); must be new or empty"
+    )
     p.add_argument("--atol", type=float, help="override the per-dtype absolute tolerance of the parity check")
     p.add_argument("--rtol", type=float, help="override the per-dtype relative tolerance of the parity check")
-    p.add_argument("--output-names", help="comma list of output names (default output, or output_0, output_1...)")
-    p.add_argument("--preprocess", metavar="JSON", help="preprocessing metadata stored in the manifest for clients")
-    p.add_argument("--trust", action="store_true", help="allow a weights file that needs full unpickling (runs code)")
-    p.add_argument("--sign-key", type=Path, metavar="FILE",
-                   help="HMAC key file: a torchscalpel checkpoint must carry a matching signature "
-                   "(written by Checkpointer(sign_key=FILE)), and the bundle's manifest is signed with it "
-                   "(manifest.sig, checked by 'scalpel serve --sign-key'); detects tampering, not only corruption")
-    p.add_argument("--json", dest="json_path", type=Path, metavar="FILE", help="also write the manifest to this file (- for standard output)")
+    p.add_argument(
+        "--output-names", help="comma list of output names (default output, or output_0, output_1...)"
+    )
+    p.add_argument(
+        "--preprocess", metavar="JSON", help="preprocessing metadata stored in the manifest for clients"
+    )
+    p.add_argument(
+        "--trust", action="store_true", help="allow a weights file that needs full unpickling (runs code)"
+    )
+    p.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="FILE",
+        help="HMAC key file: a torchscalpel checkpoint must carry a matching signature "
+        "(written by Checkpointer(sign_key=FILE)), and the bundle's manifest is signed with it "
+        "(manifest.sig, checked by 'scalpel serve --sign-key'); detects tampering, not only corruption",
+    )
+    p.add_argument(
+        "--json",
+        dest="json_path",
+        type=Path,
+        metavar="FILE",
+        help="also write the manifest to this file (- for standard output)",
+    )
     p.set_defaults(func=run)
 
 
@@ -93,9 +150,11 @@ def run(args: argparse.Namespace) -> int:
     if not result.passed:
         failed = [c for c in result.checks if not c.passed]
         worst = max(failed, key=lambda c: c.max_abs)
-        print(f"scalpel: error: parity failed for {len(failed)} check(s) (worst: {worst.format} at batch {worst.batch}, "
-              f"max abs {worst.max_abs:.3g} > atol {worst.atol:g}); the bundle in {result.path} is marked failed "
-              "and serve will refuse it.")
+        print(
+            f"scalpel: error: parity failed for {len(failed)} check(s) (worst: {worst.format} at batch {worst.batch}, "
+            f"max abs {worst.max_abs:.3g} > atol {worst.atol:g}); the bundle in {result.path} is marked failed "
+            "and serve will refuse it."
+        )
         return 1
     print(f"bundle: {result.path} (parity passed)")
     return 0
@@ -114,7 +173,9 @@ def _validate(args: argparse.Namespace) -> None:
         try:
             dims = [int(d) for d in m.group("shape").replace(" ", "").split(",") if d]
         except ValueError:
-            raise UsageError(f"--example {spec!r}: the shape must be whole numbers, e.g. 'float32[1,3,224,224]'.") from None
+            raise UsageError(
+                f"--example {spec!r}: the shape must be whole numbers, e.g. 'float32[1,3,224,224]'."
+            ) from None
         if not dims or min(dims) < 1:
             raise UsageError(f"--example {spec!r} needs a shape with a batch dimension and no zero sizes.")
         rows = max(dims[0], args.max_batch)
@@ -124,5 +185,7 @@ def _validate(args: argparse.Namespace) -> None:
             if size > MAX_EXAMPLE_BYTES:
                 break
         if size > MAX_EXAMPLE_BYTES:
-            raise UsageError(f"--example {spec!r} needs over {MAX_EXAMPLE_BYTES >> 30} GiB at batch {rows}; give a "
-                             "smaller shape (or a smaller --max-batch).")
+            raise UsageError(
+                f"--example {spec!r} needs over {MAX_EXAMPLE_BYTES >> 30} GiB at batch {rows}; give a "
+                "smaller shape (or a smaller --max-batch)."
+            )

@@ -68,8 +68,10 @@ def run(args: argparse.Namespace) -> int:
     if parsed.plan_device_memory:
         size = parse_size(parsed.plan_device_memory, flag="--plan-device-memory")
         if size < MIN_DEVICE_MEMORY:
-            raise UsageError(f"--plan-device-memory {parsed.plan_device_memory} is {fmt_bytes(size)}, too small to be "
-                             f"a device; give its memory, e.g. 80GiB (at least {fmt_bytes(MIN_DEVICE_MEMORY)}).")
+            raise UsageError(
+                f"--plan-device-memory {parsed.plan_device_memory} is {fmt_bytes(size)}, too small to be "
+                f"a device; give its memory, e.g. 80GiB (at least {fmt_bytes(MIN_DEVICE_MEMORY)})."
+            )
     if parsed.plan:
         if parsed.module or parsed.no_python:
             raise UsageError("--plan runs a script file; drop -m/--no-python and pass the script path.")
@@ -119,7 +121,7 @@ def _announce_resume(parsed: argparse.Namespace) -> None:
 
     cwd = Path.cwd()
     resumes = find_resumes(cwd, list(parsed.training_script_args))
-    for line in (start_fresh(resumes, cwd) if parsed.fresh else announce(resumes, cwd)):
+    for line in start_fresh(resumes, cwd) if parsed.fresh else announce(resumes, cwd):
         print(line, flush=True)
 
 
@@ -135,7 +137,9 @@ def own_options_help(parser: argparse.ArgumentParser) -> str:
     from torchscalpel.cli.main import WholeWordsFormatter
 
     own = argparse.ArgumentParser(
-        prog="scalpel launch", add_help=False, formatter_class=WholeWordsFormatter,
+        prog="scalpel launch",
+        add_help=False,
+        formatter_class=WholeWordsFormatter,
         usage="scalpel launch [options] [torchrun options] -- SCRIPT [ARGS]",
         description=parser.description,
     )
@@ -143,12 +147,28 @@ def own_options_help(parser: argparse.ArgumentParser) -> str:
     for action in parser._actions:
         if action.dest in OWN_OPTIONS:
             group._add_action(action)
-    flags = sorted({a.option_strings[0] for a in parser._actions if a.option_strings and a.dest not in OWN_OPTIONS
-                    and a.help != argparse.SUPPRESS and a.option_strings[0] not in ("-h", "--help")})
-    torchrun = textwrap.fill(", ".join(flags), width=100, initial_indent="  ", subsequent_indent="  ",
-                             break_long_words=False, break_on_hyphens=False)
-    return (own.format_help().rstrip() + "\n\ntorchrun options (passed through; 'scalpel launch --help-all' "
-            "describes each):\n" + torchrun + "\n")
+    flags = sorted(
+        {
+            a.option_strings[0]
+            for a in parser._actions
+            if a.option_strings
+            and a.dest not in OWN_OPTIONS
+            and a.help != argparse.SUPPRESS
+            and a.option_strings[0] not in ("-h", "--help")
+        }
+    )
+    torchrun = textwrap.fill(
+        ", ".join(flags),
+        width=100,
+        initial_indent="  ",
+        subsequent_indent="  ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return (
+        own.format_help().rstrip() + "\n\ntorchrun options (passed through; 'scalpel launch --help-all' "
+        "describes each):\n" + torchrun + "\n"
+    )
 
 
 def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
@@ -180,7 +200,9 @@ def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
 
         print(format_table({**merged, "findings": []}), flush=True)
         ranks = int(nproc) if str(nproc).isdigit() else len(records)
-        render_rank_findings(across_rank_findings(out), merge_rank_findings(records), make_console(), ranks=ranks)
+        render_rank_findings(
+            across_rank_findings(out), merge_rank_findings(records), make_console(), ranks=ranks
+        )
     print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")
 
 

@@ -36,17 +36,29 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "across steps and, under --memory-limit SIZE (or a CUDA out-of-memory), the failing request with a fix "
         "ladder. 'scalpel memory SNAPSHOT.pickle' explains a torch.cuda.memory._dump_snapshot file. See docs/memory.md.",
     )
-    p.add_argument("--memory-limit", metavar="SIZE",
-                   help="stop the run when live tensors exceed SIZE (e.g. 512MiB, 2GB), on any device")
-    add_window_arguments(p, warmup=MEMORY_WINDOW.warmup, steps=f"{DEFAULT_STEPS}, or all under --memory-limit",
-                         steps_help="the same as 'all' here")
+    p.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="stop the run when live tensors exceed SIZE (e.g. 512MiB, 2GB), on any device",
+    )
+    add_window_arguments(
+        p,
+        warmup=MEMORY_WINDOW.warmup,
+        steps=f"{DEFAULT_STEPS}, or all under --memory-limit",
+        steps_help="the same as 'all' here",
+    )
     # None: not given. Under --memory-limit the run goes on until the script ends or crosses the limit, so
     # memory that grows slowly still reaches its out-of-memory (and its fix ladder) instead of a step-20 stop.
     p.set_defaults(steps=None)
-    p.add_argument("--until-eval", action="store_true",
-                   help="after the --steps window, keep measuring until the script's first evaluation (a forward "
-                   "under torch.no_grad(), e.g. a test loop with a larger batch) has ended")
-    p.add_argument("--config", type=Path, help="apply the [tune] settings of this scalpel.toml, as 'scalpel run' does")
+    p.add_argument(
+        "--until-eval",
+        action="store_true",
+        help="after the --steps window, keep measuring until the script's first evaluation (a forward "
+        "under torch.no_grad(), e.g. a test loop with a larger batch) has ended",
+    )
+    p.add_argument(
+        "--config", type=Path, help="apply the [tune] settings of this scalpel.toml, as 'scalpel run' does"
+    )
     p.add_argument("--no-plan", action="store_true", help="skip the plan's numbers in the fix ladder")
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-memory-<name>/)")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the memory section as JSON here")
@@ -67,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.module and len(target_words) == 1 and _looks_like_snapshot(Path(target_words[0])):
         return _explain_snapshot(Path(target_words[0]), args)
     if not args.module and not target_words:
-        raise UsageError("Name the script after --, e.g. 'scalpel memory -- train.py', or give a SNAPSHOT.pickle.")
+        raise UsageError(
+            "Name the script after --, e.g. 'scalpel memory -- train.py', or give a SNAPSHOT.pickle."
+        )
     if args.steps is None:
         args.steps = "all" if limit is not None else str(DEFAULT_STEPS)
     steps = steps_arg(args)
@@ -88,28 +102,48 @@ def run(args: argparse.Namespace) -> int:
     window = None if steps in ("all", "auto") else int(steps)
     until_eval = (args.warmup + (window or 0)) if args.until_eval else None
     try:
-        options = RuntimeOptions(warmup=args.warmup, steps=None if args.until_eval else window,
-                                 out_dir=out_dir, profile_steps=0, name=f"memory-{target.name}",
-                                 step_kind=args.step_kind, step_timeout_s=args.step_timeout)
+        options = RuntimeOptions(
+            warmup=args.warmup,
+            steps=None if args.until_eval else window,
+            out_dir=out_dir,
+            profile_steps=0,
+            name=f"memory-{target.name}",
+            step_kind=args.step_kind,
+            step_timeout_s=args.step_timeout,
+        )
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
-    record = run_memory(target, options, limit=limit, json_path=args.json_path, write_report=not args.no_report,
-                        setup_hooks=settings_hooks, plan=not args.no_plan, until_eval=until_eval)
+    record = run_memory(
+        target,
+        options,
+        limit=limit,
+        json_path=args.json_path,
+        write_report=not args.no_report,
+        setup_hooks=settings_hooks,
+        plan=not args.no_plan,
+        until_eval=until_eval,
+    )
     section = record.sections.get("memory") or {}
     print(f"scalpel memory: {target.name}: {record.status}" + (f" ({record.error})" if record.error else ""))
     for line in summary_lines(section):
         print(line)
-    print(f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}"))
+    print(
+        f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}")
+    )
     if (section.get("oom") or {}).get("caught_by_script"):
-        print("scalpel memory: the script caught the stop at the limit (a bare 'except:' or 'except BaseException') "
-              "and went on; the post-mortem above is the crossing's, and the run did not fit.", file=sys.stderr)
+        print(
+            "scalpel memory: the script caught the stop at the limit (a bare 'except:' or 'except BaseException') "
+            "and went on; the post-mortem above is the crossing's, and the run did not fit.",
+            file=sys.stderr,
+        )
         return 1
     return int(record.exit_code or 0)
 
 
 def _looks_like_snapshot(path: Path) -> bool:
-    return path.suffix.lower() in (".pickle", ".pkl") or (path.is_file() and path.suffix.lower() != ".py"
-                                                          and _starts_like_pickle(path))
+    return path.suffix.lower() in (".pickle", ".pkl") or (
+        path.is_file() and path.suffix.lower() != ".py" and _starts_like_pickle(path)
+    )
 
 
 def _starts_like_pickle(path: Path) -> bool:
@@ -131,7 +165,9 @@ def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
 
     # MiB of the native reader's two passes: a large snapshot takes seconds to tens of seconds
     with TerminalProgress("snapshot", None, f"MiB of {path.name} (checked, then explained)") as bar:
-        result = explain_snapshot(path, lambda done, total: bar.show(completed=done >> 20, total=max(total >> 20, 1)))
+        result = explain_snapshot(
+            path, lambda done, total: bar.show(completed=done >> 20, total=max(total >> 20, 1))
+        )
     for line in render_snapshot(result):
         print(line)
     if args.json_path is not None:

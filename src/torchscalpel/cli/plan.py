@@ -27,24 +27,47 @@ from torchscalpel.plan.names import OPTIMIZERS, PRECISIONS, STRATEGIES
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``plan`` sub-command."""
     p = subparsers.add_parser(
-        "plan", help="per-rank memory plan (params, grads, optimizer, activations, buffers) per strategy",
+        "plan",
+        help="per-rank memory plan (params, grads, optimizer, activations, buffers) per strategy",
         description="Plan per-rank memory for each parallel strategy without allocating real memory.",
     )
-    p.add_argument("--model", metavar="MODULE:FACTORY", help="factory returning the nn.Module (MODULE may be a .py path)")
+    p.add_argument(
+        "--model", metavar="MODULE:FACTORY", help="factory returning the nn.Module (MODULE may be a .py path)"
+    )
     p.add_argument("--factory-args", metavar="JSON", help="keyword arguments for the factory, a JSON object")
-    p.add_argument("--batch", metavar="SPEC", help="per-rank batch, e.g. 'x=float32[8,3,32,32],y=int64[8]:10'")
+    p.add_argument(
+        "--batch", metavar="SPEC", help="per-rank batch, e.g. 'x=float32[8,3,32,32],y=int64[8]:10'"
+    )
     p.add_argument("--loss", metavar="MODULE:FN", help="loss function FN(model, batch) -> scalar tensor")
-    p.add_argument("--optimizer", default=None, choices=list(OPTIMIZERS),
-                   help="optimizer (default: adamw with --model; with a script, the one the script built, or none)")
-    p.add_argument("--precision", default="fp32", choices=list(PRECISIONS), help="numeric precision (default fp32)")
-    p.add_argument("--strategy", default="all", choices=[*STRATEGIES, "all"], help="strategy to plan (default all)")
+    p.add_argument(
+        "--optimizer",
+        default=None,
+        choices=list(OPTIMIZERS),
+        help="optimizer (default: adamw with --model; with a script, the one the script built, or none)",
+    )
+    p.add_argument(
+        "--precision", default="fp32", choices=list(PRECISIONS), help="numeric precision (default fp32)"
+    )
+    p.add_argument(
+        "--strategy", default="all", choices=[*STRATEGIES, "all"], help="strategy to plan (default all)"
+    )
     p.add_argument("--world-size", type=int, default=1, help="total ranks (default 1)")
     p.add_argument("--nodes", type=int, default=1, help="nodes the ranks span (for fsdp-hybrid; default 1)")
-    p.add_argument("--activation-checkpointing", default="none", choices=["none", "blocks"],
-                   help="block-level activation checkpointing assumed by the rows (default none)")
+    p.add_argument(
+        "--activation-checkpointing",
+        default="none",
+        choices=["none", "blocks"],
+        help="block-level activation checkpointing assumed by the rows (default none)",
+    )
     p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation micro-steps (default 1)")
-    p.add_argument("--device", metavar="NAME", help="target device from the table (e.g. A100-80GB, H100-80GB, L4, cpu)")
-    p.add_argument("--device-memory", metavar="SIZE", help="target device memory, e.g. 80GiB (2^30 bytes each) or 40GB (10^9 each); a bare number is bytes")
+    p.add_argument(
+        "--device", metavar="NAME", help="target device from the table (e.g. A100-80GB, H100-80GB, L4, cpu)"
+    )
+    p.add_argument(
+        "--device-memory",
+        metavar="SIZE",
+        help="target device memory, e.g. 80GiB (2^30 bytes each) or 40GB (10^9 each); a bare number is bytes",
+    )
     p.add_argument("--no-max-batch", action="store_true", help="skip the largest-batch search (faster)")
     add_output_arguments(p)
     add_target_arguments(p, required=False)
@@ -63,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.report.terminal import TerminalProgress
 
     # a large model's simulation and max-batch search take minutes: "N of M" strategies, on a terminal only
-    info = "simulating on fake tensors" + ("" if args.no_max_batch else " + largest-batch search (--no-max-batch skips it)")
+    info = "simulating on fake tensors" + (
+        "" if args.no_max_batch else " + largest-batch search (--no-max-batch skips it)"
+    )
     with TerminalProgress("plan", len(strategies), info) as bar:
 
         def progress(done: int, total: int, what: str) -> None:
@@ -80,15 +105,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(args: argparse.Namespace, device, strategies, script_mode: bool, progress: Callable[[int, int, str], None]):
+def _plan(
+    args: argparse.Namespace, device, strategies, script_mode: bool, progress: Callable[[int, int, str], None]
+):
     if script_mode:
         from torchscalpel.plan.script import ScriptPlanOptions, plan_script
 
         target = resolve_target(args)
         out_dir = Path(args.out or default_run_dir(f"plan-{target.name}"))
         options = ScriptPlanOptions(
-            optimizer=args.optimizer, precision=args.precision, grad_accum=args.grad_accum,
-            world_size=args.world_size, nodes=args.nodes, checkpointing=args.activation_checkpointing,
+            optimizer=args.optimizer,
+            precision=args.precision,
+            grad_accum=args.grad_accum,
+            world_size=args.world_size,
+            nodes=args.nodes,
+            checkpointing=args.activation_checkpointing,
             search_max_batch=not args.no_max_batch,
         )
         result, record = plan_script(target, options, device, strategies, progress=progress)
@@ -107,13 +138,19 @@ def _validate(args: argparse.Namespace) -> None:
     if args.world_size < 1:
         raise UsageError(f"--world-size {args.world_size} must be at least 1.")
     if args.nodes < 1 or args.world_size % args.nodes:
-        raise UsageError(f"--nodes {args.nodes} must be at least 1 and divide --world-size {args.world_size}.")
+        raise UsageError(
+            f"--nodes {args.nodes} must be at least 1 and divide --world-size {args.world_size}."
+        )
     if args.grad_accum < 1:
         raise UsageError(f"--grad-accum {args.grad_accum} must be at least 1.")
     if args.strategy == "fsdp-hybrid" and args.nodes < 2:
-        raise UsageError("--strategy fsdp-hybrid shards within a node and replicates across nodes; give --nodes 2 or more.")
+        raise UsageError(
+            "--strategy fsdp-hybrid shards within a node and replicates across nodes; give --nodes 2 or more."
+        )
     if args.strategy in ("ddp", "fsdp-full", "fsdp-grad-op") and args.world_size < 2:
-        raise UsageError(f"--strategy {args.strategy} needs --world-size 2 or more; use --strategy single for one rank.")
+        raise UsageError(
+            f"--strategy {args.strategy} needs --world-size 2 or more; use --strategy single for one rank."
+        )
     script = _script_mode(args)
     if script and (args.model or args.batch):
         raise UsageError("Give either --model/--batch (factory mode) or a script after --, not both.")
@@ -123,7 +160,9 @@ def _validate(args: argparse.Namespace) -> None:
         raise UsageError("Factory mode needs --batch, e.g. --batch 'x=float32[8,3,32,32],y=int64[8]:10'.")
 
 
-def _factory_plan(args: argparse.Namespace, device, strategies, progress: Callable[[int, int, str], None] | None = None):
+def _factory_plan(
+    args: argparse.Namespace, device, strategies, progress: Callable[[int, int, str], None] | None = None
+):
     from torchscalpel.loading import load_callable
     from torchscalpel.plan.planner import PlanRequest, make_plan
     from torchscalpel.plan.simulate import OptimizerSpec, sim_settings_for
@@ -134,10 +173,20 @@ def _factory_plan(args: argparse.Namespace, device, strategies, progress: Callab
     factory = load_callable(args.model, flag="--model")
     loss_fn = load_callable(args.loss, flag="--loss") if args.loss else None
     request = PlanRequest(
-        builder=lambda: factory(**kwargs), batch=batch, loss_fn=loss_fn, strategies=strategies,
-        world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.activation_checkpointing,
-        search_max_batch=not args.no_max_batch, model_name=args.model, progress=progress,
-        settings=sim_settings_for(OptimizerSpec.named(args.optimizer or "adamw"), args.precision, args.grad_accum, device),
+        builder=lambda: factory(**kwargs),
+        batch=batch,
+        loss_fn=loss_fn,
+        strategies=strategies,
+        world_size=args.world_size,
+        nodes=args.nodes,
+        device=device,
+        checkpointing=args.activation_checkpointing,
+        search_max_batch=not args.no_max_batch,
+        model_name=args.model,
+        progress=progress,
+        settings=sim_settings_for(
+            OptimizerSpec.named(args.optimizer or "adamw"), args.precision, args.grad_accum, device
+        ),
     )
     return make_plan(request)
 
@@ -151,8 +200,13 @@ def _factory_record(args: argparse.Namespace, result):
         env = collect_facts()
     except Exception:  # facts are nice to have; a plan must not fail for them
         env = {}
-    record = new_run_record(f"plan-{name}", command=["scalpel", *sys.argv[1:]], status="complete", environment=env,
-                            target={"model": args.model, "factory_args": args.factory_args})
+    record = new_run_record(
+        f"plan-{name}",
+        command=["scalpel", *sys.argv[1:]],
+        status="complete",
+        environment=env,
+        target={"model": args.model, "factory_args": args.factory_args},
+    )
     return record, args.out or default_run_dir(f"plan-{name}")
 
 

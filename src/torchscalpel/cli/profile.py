@@ -38,8 +38,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     add_runtime_arguments(p)
     add_output_arguments(p)
     p.add_argument("--no-report", action="store_true", help="skip report.html")
-    p.add_argument("--config", type=Path, default=None, metavar="FILE",
-                   help="apply the [tune] settings of this scalpel.toml while profiling, as 'scalpel run' does")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="apply the [tune] settings of this scalpel.toml while profiling, as 'scalpel run' does",
+    )
     add_tracking_arguments(p)
     add_target_arguments(p, required=False)
     p.set_defaults(func=run)
@@ -52,12 +57,23 @@ PROFILE_STEPS = PROFILE_WINDOW.steps
 
 def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     """The run window plus ``--profile-steps`` and ``--module-times``."""
-    add_window_arguments(p, warmup=PROFILE_WINDOW.warmup, steps=str(PROFILE_STEPS), steps_help=f"{PROFILE_STEPS}")
-    p.add_argument("--profile-steps", type=int, default=PROFILE_WINDOW.profile_steps,
-                   help=f"steps inside the torch.profiler window; 0 disables (default {PROFILE_WINDOW.profile_steps})")
-    p.add_argument("--profile-budget", type=int, default=200_000, metavar="EVENTS",
-                   help="trace events the profiler window may hold; beyond it the window covers fewer steps, "
-                        "drops shapes and memory, or cuts its step short, and says so (default 200000)")
+    add_window_arguments(
+        p, warmup=PROFILE_WINDOW.warmup, steps=str(PROFILE_STEPS), steps_help=f"{PROFILE_STEPS}"
+    )
+    p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=PROFILE_WINDOW.profile_steps,
+        help=f"steps inside the torch.profiler window; 0 disables (default {PROFILE_WINDOW.profile_steps})",
+    )
+    p.add_argument(
+        "--profile-budget",
+        type=int,
+        default=200_000,
+        metavar="EVENTS",
+        help="trace events the profiler window may hold; beyond it the window covers fewer steps, "
+        "drops shapes and memory, or cuts its step short, and says so (default 200000)",
+    )
     p.add_argument("--module-times", action="store_true", help="also time each submodule's forward")
 
 
@@ -96,7 +112,9 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.stages.profile import profile_target
 
     tuned = tuned_run(args.config) if args.config is not None else {}
-    record, _ = profile_target(target, options, write_report=not args.no_report, json_path=args.json_path, **tuned)
+    record, _ = profile_target(
+        target, options, write_report=not args.no_report, json_path=args.json_path, **tuned
+    )
     track(args, record, out_dir)
     return record.exit_code or 0
 

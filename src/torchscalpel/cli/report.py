@@ -29,14 +29,23 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "<RUN_DIR>/report.html by default. Several: one page with a group of sections per record, "
         f"./{MULTI_DEFAULT} by default. See docs/report.md.",
     )
-    p.add_argument("records", nargs="+", type=Path, metavar="RUN_DIR", help="run folder or run.json, one or more")
-    p.add_argument("--out", type=Path, metavar="FILE",
-                   help=f"the .html file to write (default <RUN_DIR>/report.html for one record, ./{MULTI_DEFAULT} "
-                   "for several)")
+    p.add_argument(
+        "records", nargs="+", type=Path, metavar="RUN_DIR", help="run folder or run.json, one or more"
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help=f"the .html file to write (default <RUN_DIR>/report.html for one record, ./{MULTI_DEFAULT} "
+        "for several)",
+    )
     p.add_argument("--title", help="page title for several records (default 'torchscalpel report')")
-    p.add_argument("--check", action="store_true",
-                   help="check each record's invariants (phases sum to the step, ratios match their figures, ...) "
-                   "instead of rendering: one line per violation, exit 1 when there is any")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check each record's invariants (phases sum to the step, ratios match their figures, ...) "
+        "instead of rendering: one line per violation, exit 1 when there is any",
+    )
     p.set_defaults(func=run)
     return p
 
@@ -59,8 +68,10 @@ def load_run_record(path: Path) -> Any:
         data = {}
     missing = [k for k in _RECORD_KEYS if k not in data]
     if missing:
-        raise UsageError(f"{source} is not a run record (it has no {', '.join(missing)}); pass a run folder "
-                         "written by scalpel profile, doctor, tune, plan or demo, or its run.json.")
+        raise UsageError(
+            f"{source} is not a run record (it has no {', '.join(missing)}); pass a run folder "
+            "written by scalpel profile, doctor, tune, plan or demo, or its run.json."
+        )
     return record
 
 
@@ -72,9 +83,13 @@ def output_path(records: list[Path], out: Path | None) -> Path:
         first = records[0]
         return (first if first.is_dir() else first.parent) / "report.html"
     if out.is_dir():
-        raise UsageError(f"--out {out} is a folder; name the .html file to write, e.g. {out / 'report.html'}.")
+        raise UsageError(
+            f"--out {out} is a folder; name the .html file to write, e.g. {out / 'report.html'}."
+        )
     if out.suffix.lower() not in (".html", ".htm"):
-        raise UsageError(f"--out {out} is not an .html file; scalpel report only writes (and overwrites) .html files.")
+        raise UsageError(
+            f"--out {out} is not an .html file; scalpel report only writes (and overwrites) .html files."
+        )
     return out
 
 
@@ -91,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         groups = [RecordGroup(record=r, source=str(p)) for r, p in zip(records, args.records, strict=True)]
         names = ", ".join(g.record.name for g in groups)
-        html = render_records(groups, title=args.title or "torchscalpel report",
-                              subtitle=f"{len(records)} records: {names}")
+        html = render_records(
+            groups, title=args.title or "torchscalpel report", subtitle=f"{len(records)} records: {names}"
+        )
     try:
         atomic_write_text(out, html)
     except OSError as exc:

@@ -35,12 +35,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description="Run a training script unmodified with the [tune] settings of a scalpel.toml applied "
         "(autocast, compile regions, DataLoader arguments, ...), and nothing measured.",
     )
-    p.add_argument("--config", type=Path, default=None,
-                   help=f"settings file (default ./{DEFAULT_CONFIG} when it exists; with --memory-limit and no such "
-                        "file the script runs with no tuning settings)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"settings file (default ./{DEFAULT_CONFIG} when it exists; with --memory-limit and no such "
+        "file the script runs with no tuning settings)",
+    )
     p.add_argument("--show", action="store_true", help="print what each setting changed when the script ends")
-    p.add_argument("--memory-limit", metavar="SIZE", help="stop the script when live tensors exceed SIZE (e.g. 512MiB), "
-                   "on any device: shows that a fix from 'scalpel memory' fits")
+    p.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help="stop the script when live tensors exceed SIZE (e.g. 512MiB), "
+        "on any device: shows that a fix from 'scalpel memory' fits",
+    )
     add_tracking_arguments(p)
     add_target_arguments(p)
     p.set_defaults(func=run)
@@ -63,7 +71,11 @@ def run(args: argparse.Namespace) -> int:
     target = resolve_target(args)
     if settings.compile is not None and settings.dataloader.num_workers:
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    origin = f"from {config}" if config is not None else f"no --config and no ./{DEFAULT_CONFIG}: no tuning settings"
+    origin = (
+        f"from {config}"
+        if config is not None
+        else f"no --config and no ./{DEFAULT_CONFIG}: no tuning settings"
+    )
     print(f"scalpel run: {settings.label()} ({origin})", file=sys.stderr)
     tracker = None
     with applied(settings) as log:
@@ -71,23 +83,35 @@ def run(args: argparse.Namespace) -> int:
             with enforced(limit) as tracker:
                 code = execute_tracked(args, target, execute)
         except MemoryLimitExceeded as exc:
-            print(f"scalpel run: {exc}; see 'scalpel memory --memory-limit {args.memory_limit}' for why.", file=sys.stderr)
+            print(
+                f"scalpel run: {exc}; see 'scalpel memory --memory-limit {args.memory_limit}' for why.",
+                file=sys.stderr,
+            )
             code = 1
         if tracker is not None and tracker.oom is not None and code == 0:  # the script caught the stop itself
-            print(f"scalpel run: {tracker.oom_sentence()} (the script caught the stop and went on); see "
-                  f"'scalpel memory --memory-limit {args.memory_limit}' for why.", file=sys.stderr)
+            print(
+                f"scalpel run: {tracker.oom_sentence()} (the script caught the stop and went on); see "
+                f"'scalpel memory --memory-limit {args.memory_limit}' for why.",
+                file=sys.stderr,
+            )
             code = 1
         if tracker is not None and code == 0:
             from torchscalpel.units import fmt_bytes
 
-            print(f"scalpel run: peak live tensors {fmt_bytes(tracker.peak)} under the limit "
-                  f"{fmt_bytes(limit)}", file=sys.stderr)
+            print(
+                f"scalpel run: peak live tensors {fmt_bytes(tracker.peak)} under the limit "
+                f"{fmt_bytes(limit)}",
+                file=sys.stderr,
+            )
     if args.show or log.skipped:
         for line in log.applied if args.show else []:
             print(f"scalpel run: applied {line}", file=sys.stderr)
         if args.show and not log.applied and not log.skipped:
-            print(f"scalpel run: nothing to apply: {config or 'no config'} holds no setting that changes the run "
-                  "(the script ran as it is)", file=sys.stderr)
+            print(
+                f"scalpel run: nothing to apply: {config or 'no config'} holds no setting that changes the run "
+                "(the script ran as it is)",
+                file=sys.stderr,
+            )
         for line in log.skipped:
             print(f"scalpel run: not applied: {line}", file=sys.stderr)
     return code

@@ -19,32 +19,94 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Verify a bundle's hashes and serve it: POST /v1/predict, /healthz, /readyz, /metrics, /openapi.json.",
     )
     p.add_argument("bundle", type=Path, metavar="BUNDLE", help="folder written by 'scalpel export'")
-    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"],
-                   help="onnxruntime (model.onnx, default) or torch (model.pt2; needs --trust)")
+    p.add_argument(
+        "--backend",
+        default="onnxruntime",
+        choices=["onnxruntime", "torch"],
+        help="onnxruntime (model.onnx, default) or torch (model.pt2; needs --trust)",
+    )
     p.add_argument("--quantized", action="store_true", help="serve the int8 ONNX model (export --quantize)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token-file)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
-    p.add_argument("--max-batch", type=int, default=32, help="most rows per model call (default 32; 1 disables batching)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with (default 5)")
-    p.add_argument("--max-queue", type=int, default=256, help="requests allowed to wait; more answer 503 (default 256)")
-    p.add_argument("--timeout", type=duration_type("--timeout"), metavar="DURATION", default=10.0, help="seconds before a queued request answers 504 (default 10)")
-    p.add_argument("--max-body", default="10MiB", metavar="SIZE",
-                   help="largest request body (default 10MiB); larger answers 413. KB/MB/GB are 10^3/10^6/10^9 bytes, "
-                        "KiB/MiB/GiB 2^10/2^20/2^30, a bare number is bytes")
-    p.add_argument("--body-timeout", type=duration_type("--body-timeout"), metavar="DURATION", default=10.0, help="seconds to receive a body before 408 (default 10)")
-    p.add_argument("--header-timeout", type=duration_type("--header-timeout"), metavar="DURATION", default=10.0,
-                   help="seconds a connection has to send a request's headers before it is closed (default 10)")
-    p.add_argument("--keepalive-timeout", type=duration_type("--keepalive-timeout"), metavar="DURATION", default=5.0,
-                   help="seconds an idle keep-alive connection stays open (default 5)")
-    p.add_argument("--max-connections", type=int, default=1024, help="open connections in all; more are closed (default 1024)")
-    p.add_argument("--max-connections-per-client", type=int, default=256,
-                   help="open connections per client address; more are closed (default 256)")
-    p.add_argument("--token-file", type=Path, help="file whose first line is the bearer token clients must send")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads for the model (default 0: runtime decides)")
-    p.add_argument("--trust", action="store_true", help="allow .pt2/TorchScript artifacts, which unpickle code")
-    p.add_argument("--sign-key", type=Path, metavar="FILE",
-                   help="HMAC key file: refuse a bundle whose manifest.sig (written by 'scalpel export --sign-key') "
-                   "is missing or does not match")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token-file)"
+    )
+    p.add_argument(
+        "--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)"
+    )
+    p.add_argument(
+        "--max-batch", type=int, default=32, help="most rows per model call (default 32; 1 disables batching)"
+    )
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=5.0,
+        help="how long a request waits for others to batch with (default 5)",
+    )
+    p.add_argument(
+        "--max-queue", type=int, default=256, help="requests allowed to wait; more answer 503 (default 256)"
+    )
+    p.add_argument(
+        "--timeout",
+        type=duration_type("--timeout"),
+        metavar="DURATION",
+        default=10.0,
+        help="seconds before a queued request answers 504 (default 10)",
+    )
+    p.add_argument(
+        "--max-body",
+        default="10MiB",
+        metavar="SIZE",
+        help="largest request body (default 10MiB); larger answers 413. KB/MB/GB are 10^3/10^6/10^9 bytes, "
+        "KiB/MiB/GiB 2^10/2^20/2^30, a bare number is bytes",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=duration_type("--body-timeout"),
+        metavar="DURATION",
+        default=10.0,
+        help="seconds to receive a body before 408 (default 10)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=duration_type("--header-timeout"),
+        metavar="DURATION",
+        default=10.0,
+        help="seconds a connection has to send a request's headers before it is closed (default 10)",
+    )
+    p.add_argument(
+        "--keepalive-timeout",
+        type=duration_type("--keepalive-timeout"),
+        metavar="DURATION",
+        default=5.0,
+        help="seconds an idle keep-alive connection stays open (default 5)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        help="open connections in all; more are closed (default 1024)",
+    )
+    p.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=256,
+        help="open connections per client address; more are closed (default 256)",
+    )
+    p.add_argument(
+        "--token-file", type=Path, help="file whose first line is the bearer token clients must send"
+    )
+    p.add_argument(
+        "--threads", type=int, default=0, help="intra-op threads for the model (default 0: runtime decides)"
+    )
+    p.add_argument(
+        "--trust", action="store_true", help="allow .pt2/TorchScript artifacts, which unpickle code"
+    )
+    p.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="FILE",
+        help="HMAC key file: refuse a bundle whose manifest.sig (written by 'scalpel export --sign-key') "
+        "is missing or does not match",
+    )
     p.set_defaults(func=run)
 
 
@@ -56,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port {args.port} is not a valid port (0-65535).")
     if not 0 <= args.threads <= 1024:
-        raise UsageError(f"--threads {args.threads} is not a thread count; pass 0 (the runtime decides) or 1 to 1024.")
+        raise UsageError(
+            f"--threads {args.threads} is not a thread count; pass 0 (the runtime decides) or 1 to 1024."
+        )
     token = read_token(args.token_file) if args.token_file else None
     check_bind(args.host, token)
     from torchscalpel.serve.app import ServeConfig, create_app
@@ -64,11 +128,19 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.ship.bundle import verify_bundle
 
     try:
-        config = ServeConfig(max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, max_queue=args.max_queue,
-                             timeout_s=args.timeout, max_body=parse_size(args.max_body, flag="--max-body"),
-                             body_timeout_s=args.body_timeout, token=token, header_timeout_s=args.header_timeout,
-                             keepalive_s=args.keepalive_timeout, max_connections=args.max_connections,
-                             max_connections_per_client=args.max_connections_per_client)
+        config = ServeConfig(
+            max_batch=args.max_batch,
+            max_wait_ms=args.max_wait_ms,
+            max_queue=args.max_queue,
+            timeout_s=args.timeout,
+            max_body=parse_size(args.max_body, flag="--max-body"),
+            body_timeout_s=args.body_timeout,
+            token=token,
+            header_timeout_s=args.header_timeout,
+            keepalive_s=args.keepalive_timeout,
+            max_connections=args.max_connections,
+            max_connections_per_client=args.max_connections_per_client,
+        )
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
     key = None
@@ -77,7 +149,9 @@ def run(args: argparse.Namespace) -> int:
 
         key = read_key(args.sign_key)
     bundle = verify_bundle(args.bundle, key=key)
-    runner = load_runner(bundle, args.backend, trust=args.trust, quantized=args.quantized, threads=args.threads)
+    runner = load_runner(
+        bundle, args.backend, trust=args.trust, quantized=args.quantized, threads=args.threads
+    )
     check_runner(bundle, runner)
     app = create_app(bundle, runner, config)
 
@@ -88,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
     sock = listen_socket(args.host, args.port)
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if sock.family == socket.AF_INET6 else args.host
-    banner = (f"serving {bundle.path} ({runner.name}, max batch {min(config.max_batch, bundle.max_batch)}) "
-              f"on http://{host}:{port}{' (token required)' if token else ''}")
+    banner = (
+        f"serving {bundle.path} ({runner.name}, max batch {min(config.max_batch, bundle.max_batch)}) "
+        f"on http://{host}:{port}{' (token required)' if token else ''}"
+    )
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
@@ -98,7 +174,9 @@ def run(args: argparse.Namespace) -> int:
                 # Printed only once the socket accepts and the model is warm: scripts wait for this line.
                 print(banner, flush=True)
 
-    server = _Server(uvicorn.Config(app, log_level="warning", access_log=False, **uvicorn_settings(app, config)))
+    server = _Server(
+        uvicorn.Config(app, log_level="warning", access_log=False, **uvicorn_settings(app, config))
+    )
     try:
         server.run(sockets=[sock])
     finally:

@@ -44,26 +44,57 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "that are faster beyond noise and keep the loss curve within tolerance, and write the winner "
         "to scalpel.toml for 'scalpel run'.",
     )
-    p.add_argument("--budget", default="10m", metavar="DURATION",
-                   help="wall-clock budget for the whole search: 90s, 10m, 1h; a bare number is seconds (default 10m)")
-    add_window_arguments(p, warmup=3, steps="auto", steps_help=f"{TUNE_STEPS} per trial; 'all' is refused, "
-                         "since every trial must end")
-    p.add_argument("--knobs", metavar="LIST",
-                   help=f"comma-separated knob families to try (default all: {', '.join(KNOB_NAMES)})")
-    p.add_argument("--seed", type=int, default=0, help="torch.manual_seed before the script, same for every trial")
-    p.add_argument("--compile-mode", default="default",
-                   help="comma-separated torch.compile modes to try (default 'default'; "
-                        "max-autotune compiles much longer)")
+    p.add_argument(
+        "--budget",
+        default="10m",
+        metavar="DURATION",
+        help="wall-clock budget for the whole search: 90s, 10m, 1h; a bare number is seconds (default 10m)",
+    )
+    add_window_arguments(
+        p,
+        warmup=3,
+        steps="auto",
+        steps_help=f"{TUNE_STEPS} per trial; 'all' is refused, since every trial must end",
+    )
+    p.add_argument(
+        "--knobs",
+        metavar="LIST",
+        help=f"comma-separated knob families to try (default all: {', '.join(KNOB_NAMES)})",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="torch.manual_seed before the script, same for every trial"
+    )
+    p.add_argument(
+        "--compile-mode",
+        default="default",
+        help="comma-separated torch.compile modes to try (default 'default'; "
+        "max-autotune compiles much longer)",
+    )
     p.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
-    p.add_argument("--min-measure", type=duration_type("--min-measure", allow_zero=True), default=None, metavar="DURATION",
-                   help=f"measured wall time each trial reaches at least: short steps are measured in more steps "
-                        f"(default {MIN_MEASURE_S:g}s with --steps auto, 0 with a given --steps)")
-    p.add_argument("--confirm", type=int, default=3, help="interleaved baseline/winner pairs to confirm (default 3)")
-    p.add_argument("--config", type=Path, default=Path("scalpel.toml"),
-                   help="where to write the winning settings (default ./scalpel.toml; a file not written by "
-                        "scalpel tune is never overwritten)")
-    p.add_argument("--fit", metavar="SIZE", help="find the fastest configuration whose live tensors fit in SIZE "
-                   "(memory knobs: checkpointing, micro-batches, bf16; see docs/memory.md)")
+    p.add_argument(
+        "--min-measure",
+        type=duration_type("--min-measure", allow_zero=True),
+        default=None,
+        metavar="DURATION",
+        help=f"measured wall time each trial reaches at least: short steps are measured in more steps "
+        f"(default {MIN_MEASURE_S:g}s with --steps auto, 0 with a given --steps)",
+    )
+    p.add_argument(
+        "--confirm", type=int, default=3, help="interleaved baseline/winner pairs to confirm (default 3)"
+    )
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=Path("scalpel.toml"),
+        help="where to write the winning settings (default ./scalpel.toml; a file not written by "
+        "scalpel tune is never overwritten)",
+    )
+    p.add_argument(
+        "--fit",
+        metavar="SIZE",
+        help="find the fastest configuration whose live tensors fit in SIZE "
+        "(memory knobs: checkpointing, micro-batches, bf16; see docs/memory.md)",
+    )
     add_output_arguments(p)
     add_tracking_arguments(p)
     add_target_arguments(p)
@@ -94,9 +125,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--compile-mode takes {', '.join(COMPILE_MODES)}, not {args.compile_mode!r}.")
     steps = steps_arg(args, minimum=2)
     if steps == "all":
-        raise UsageError("--steps all would let every trial run to the script's end; give a number (default 10).")
+        raise UsageError(
+            "--steps all would let every trial run to the script's end; give a number (default 10)."
+        )
     args.steps = TUNE_STEPS if steps == "auto" else steps
-    min_measure = args.min_measure if args.min_measure is not None else (MIN_MEASURE_S if steps == "auto" else 0.0)
+    min_measure = (
+        args.min_measure if args.min_measure is not None else (MIN_MEASURE_S if steps == "auto" else 0.0)
+    )
     if args.confirm < 1:
         raise UsageError("--confirm must be at least 1: nothing is recommended without a confirmation run.")
     target = resolve_target(args)
@@ -104,12 +139,27 @@ def run(args: argparse.Namespace) -> int:
     if args.fit:
         from torchscalpel.tune.fit import run_fit
 
-        return run_fit(target, limit_text=args.fit, out_dir=out_dir, config=args.config, warmup=args.warmup,
-                       steps=min(int(args.steps), 5))
-    options = TuneOptions(out_dir=out_dir, budget_s=budget, warmup=args.warmup, steps=args.steps, seed=args.seed,
-                          knobs=knobs, compile_backend=args.compile_backend, compile_modes=modes,
-                          confirm_pairs=args.confirm, step_kind=args.step_kind,
-                          min_measure_s=min_measure)
+        return run_fit(
+            target,
+            limit_text=args.fit,
+            out_dir=out_dir,
+            config=args.config,
+            warmup=args.warmup,
+            steps=min(int(args.steps), 5),
+        )
+    options = TuneOptions(
+        out_dir=out_dir,
+        budget_s=budget,
+        warmup=args.warmup,
+        steps=args.steps,
+        seed=args.seed,
+        knobs=knobs,
+        compile_backend=args.compile_backend,
+        compile_modes=modes,
+        confirm_pairs=args.confirm,
+        step_kind=args.step_kind,
+        min_measure_s=min_measure,
+    )
     # SIGTERM (a CI timeout, a job scheduler) ends the search like Ctrl-C: the running trial's process
     # group is killed and what was measured is saved.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -118,8 +168,9 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     target_text = " ".join(str(a) for a in target.argv())
-    paths = save_outputs(result, out_dir, config_path=args.config, command=["scalpel", *sys.argv[1:]],
-                         target_text=target_text)
+    paths = save_outputs(
+        result, out_dir, config_path=args.config, command=["scalpel", *sys.argv[1:]], target_text=target_text
+    )
     if args.json_path is not None:
         from torchscalpel.record import load_record, save_record
 
@@ -127,8 +178,11 @@ def run(args: argparse.Namespace) -> int:
     track(args, paths["record"], out_dir)  # the baseline's record (the search is in its sections["tune"])
     print_tune_result(result, out_dir=out_dir, config_path=paths.get("config", paths["settings"]))
     if "config" not in paths and args.config is not None:
-        print(f"scalpel: {args.config} exists and was not written by scalpel tune; left it alone "
-              f"(settings are in {paths['settings']}).", file=sys.stderr)
+        print(
+            f"scalpel: {args.config} exists and was not written by scalpel tune; left it alone "
+            f"(settings are in {paths['settings']}).",
+            file=sys.stderr,
+        )
     return 130 if result.interrupted else 0
 
 

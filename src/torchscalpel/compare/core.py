@@ -29,8 +29,15 @@ class ComparedRun:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data (the record itself is not repeated, only its identity)."""
         r = self.record
-        return {"label": self.label, "path": self.path, "name": r.name, "created": r.created,
-                "schema_version": r.schema_version, "status": r.status, "facts": self.facts.to_dict()}
+        return {
+            "label": self.label,
+            "path": self.path,
+            "name": r.name,
+            "created": r.created,
+            "schema_version": r.schema_version,
+            "status": r.status,
+            "facts": self.facts.to_dict(),
+        }
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,9 +56,17 @@ class Pair:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
-        return {"a": self.a.label, "b": self.b.label, "step_ratio": self.ratio, "significant": self.significant,
-                "threshold": self.threshold, "phase_delta_ms": self.phase_delta_ms, "losses": self.losses.to_dict(),
-                "differences": [d.to_dict() for d in self.differences], "verdict": self.verdict}
+        return {
+            "a": self.a.label,
+            "b": self.b.label,
+            "step_ratio": self.ratio,
+            "significant": self.significant,
+            "threshold": self.threshold,
+            "phase_delta_ms": self.phase_delta_ms,
+            "losses": self.losses.to_dict(),
+            "differences": [d.to_dict() for d in self.differences],
+            "verdict": self.verdict,
+        }
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,8 +79,12 @@ class Comparison:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document."""
-        return {"compare_version": COMPARE_VERSION, "runs": [r.to_dict() for r in self.runs],
-                "pairs": [p.to_dict() for p in self.pairs], "notes": list(self.notes)}
+        return {
+            "compare_version": COMPARE_VERSION,
+            "runs": [r.to_dict() for r in self.runs],
+            "pairs": [p.to_dict() for p in self.pairs],
+            "notes": list(self.notes),
+        }
 
 
 def _label(i: int) -> str:
@@ -81,17 +100,25 @@ def _older_note(label: str, record: RunRecord) -> str | None:
         return None
     if (major, minor) >= (cur_major, cur_minor):
         return None
-    missing = " it has no provenance, so code, data and seed differences are not compared;" if not record.provenance else ""
-    return (f"{label} is a schema {record.schema_version} record (this torchscalpel writes {SCHEMA_VERSION}):"
-            f"{missing} figures it lacks are left blank.")
+    missing = (
+        " it has no provenance, so code, data and seed differences are not compared;"
+        if not record.provenance
+        else ""
+    )
+    return (
+        f"{label} is a schema {record.schema_version} record (this torchscalpel writes {SCHEMA_VERSION}):"
+        f"{missing} figures it lacks are left blank."
+    )
 
 
 def compare_records(records: Sequence[RunRecord], paths: Sequence[str] | None = None) -> Comparison:
     """Compare ``records[1:]`` each against ``records[0]``."""
     if len(records) < 2:
         raise UsageError("Name at least two runs to compare, e.g. 'scalpel compare RUN_A RUN_B'.")
-    runs = [ComparedRun(label=_label(i), path=(paths[i] if paths else r.name), record=r, facts=run_facts(r))
-            for i, r in enumerate(records)]
+    runs = [
+        ComparedRun(label=_label(i), path=(paths[i] if paths else r.name), record=r, facts=run_facts(r))
+        for i, r in enumerate(records)
+    ]
     notes = [n for n in (_older_note(r.label, r.record) for r in runs) if n]
     for r in runs:
         if not r.facts.median_step_ms:
@@ -101,12 +128,24 @@ def compare_records(records: Sequence[RunRecord], paths: Sequence[str] | None = 
     for other in runs[1:]:
         ratio, significant, threshold = step_change(base.facts, other.facts)
         # medians, as the step table shows: a delta the reader can check against the two cells above it
-        deltas = {p: other.facts.phase_median_ms.get(p, 0.0) - v for p, v in base.facts.phase_median_ms.items()}
+        deltas = {
+            p: other.facts.phase_median_ms.get(p, 0.0) - v for p, v in base.facts.phase_median_ms.items()
+        }
         match = loss_match(base.facts.losses, other.facts.losses)
         diffs = all_differences(base.record, other.record)
-        pairs.append(Pair(a=base, b=other, ratio=ratio, significant=significant, threshold=threshold,
-                          phase_delta_ms=deltas, losses=match, differences=diffs,
-                          verdict=verdict(other.label, base.facts, other.facts, match, diffs)))
+        pairs.append(
+            Pair(
+                a=base,
+                b=other,
+                ratio=ratio,
+                significant=significant,
+                threshold=threshold,
+                phase_delta_ms=deltas,
+                losses=match,
+                differences=diffs,
+                verdict=verdict(other.label, base.facts, other.facts, match, diffs),
+            )
+        )
     return Comparison(runs=runs, pairs=pairs, notes=notes)
 
 
@@ -117,7 +156,9 @@ def resolve_run(path: str | os.PathLike[str]) -> Path:
         if not (p / RECORD_FILENAME).is_file() and (p / "rank-0" / RECORD_FILENAME).is_file():
             raise UsageError(f"{p} is a launch folder; compare one rank's run, e.g. {p / 'rank-0'}.")
         if not (p / RECORD_FILENAME).is_file():
-            raise UsageError(f"{p} holds no {RECORD_FILENAME}; name a torchscalpel run folder or its run.json.")
+            raise UsageError(
+                f"{p} holds no {RECORD_FILENAME}; name a torchscalpel run folder or its run.json."
+            )
         return p / RECORD_FILENAME
     if not p.exists():
         raise UsageError(f"{p} does not exist; name a torchscalpel run folder or its run.json.")

@@ -15,7 +15,13 @@ from torchscalpel.record import RunRecord
 KINDS = ("config", "tune", "code", "data", "seeds", "environment")
 """Difference groups, in the order a verdict names them."""
 
-VOLATILE_ENV = ("cpu.load_avg_1m", "executable", "driver.nvidia_smi", "gpus.*.memory_used", "gpus.*.utilization")
+VOLATILE_ENV = (
+    "cpu.load_avg_1m",
+    "executable",
+    "driver.nvidia_smi",
+    "gpus.*.memory_used",
+    "gpus.*.utilization",
+)
 """Environment facts that differ between any two runs on the same machine."""
 
 IGNORED_CONFIG = ("tune_settings", "settings_file", "tune_applied")
@@ -82,8 +88,14 @@ def _env_label(key: str) -> str:
     """``packages.numpy`` reads ``numpy``; ``driver.nvidia_version`` reads ``driver``; others as stored."""
     if key.startswith("packages."):
         return key.removeprefix("packages.")
-    return {"driver.nvidia_version": "driver", "driver.cuda_version": "CUDA driver API", "torch_cuda": "CUDA",
-            "torch_hip": "ROCm", "torch_build.cudnn": "cuDNN", "torch_build.nccl": "NCCL"}.get(key, key)
+    return {
+        "driver.nvidia_version": "driver",
+        "driver.cuda_version": "CUDA driver API",
+        "torch_cuda": "CUDA",
+        "torch_hip": "ROCm",
+        "torch_build.cudnn": "cuDNN",
+        "torch_build.nccl": "NCCL",
+    }.get(key, key)
 
 
 def _dict_diff(kind: str, a: dict[str, Any], b: dict[str, Any], *, label: Any = None) -> list[Difference]:
@@ -174,14 +186,24 @@ def code_differences(a: RunRecord, b: RunRecord) -> list[Difference]:
         return []
     diffs = []
     ga, gb = ca.get("git") or {}, cb.get("git") or {}
-    for key, label in (("commit", "git commit"), ("branch", "git branch"), ("diff_sha256", "uncommitted diff")):
+    for key, label in (
+        ("commit", "git commit"),
+        ("branch", "git branch"),
+        ("diff_sha256", "uncommitted diff"),
+    ):
         if (ga or gb) and ga.get(key) != gb.get(key):
             diffs.append(Difference(kind="code", key=label, a=ga.get(key), b=gb.get(key)))
     code_a, code_b = ca.get("code") or {}, cb.get("code") or {}
     sa, sb = code_a.get("script") or {}, code_b.get("script") or {}
     if sa.get("sha256") != sb.get("sha256"):
-        diffs.append(Difference(kind="code", key=f"script {sb.get('path') or sa.get('path') or ''} hash".replace("  ", " "),
-                                a=sa.get("sha256"), b=sb.get("sha256")))
+        diffs.append(
+            Difference(
+                kind="code",
+                key=f"script {sb.get('path') or sa.get('path') or ''} hash".replace("  ", " "),
+                a=sa.get("sha256"),
+                b=sb.get("sha256"),
+            )
+        )
     ma, mb = code_a.get("modules") or {}, code_b.get("modules") or {}
     for name in list(dict.fromkeys([*ma, *mb])):
         ha, hb = (ma.get(name) or {}).get("sha256"), (mb.get(name) or {}).get("sha256")
@@ -196,8 +218,12 @@ def data_differences(a: RunRecord, b: RunRecord) -> list[Difference]:
     if not da or not db:
         return []
     out = []
-    for key, label in (("dataset_len", "dataset length"), ("shapes", "first batch shapes"),
-                       ("dtypes", "first batch dtypes"), ("sha256", "first batch content hash")):
+    for key, label in (
+        ("dataset_len", "dataset length"),
+        ("shapes", "first batch shapes"),
+        ("dtypes", "first batch dtypes"),
+        ("sha256", "first batch content hash"),
+    ):
         if da.get(key) != db.get(key):
             out.append(Difference(kind="data", key=label, a=da.get(key), b=db.get(key)))
     return out
@@ -218,8 +244,14 @@ def seed_differences(a: RunRecord, b: RunRecord) -> list[Difference]:
         sources = ", ".join(d.key.removeprefix("seed (").removesuffix(")") for d in out)
         out = [Difference(kind="seeds", key=f"seed ({sources})", a=out[0].a, b=out[0].b)]
     if not out and sa.get("torch_initial_seed") != sb.get("torch_initial_seed"):
-        out.append(Difference(kind="seeds", key="torch initial seed", a=sa.get("torch_initial_seed"),
-                              b=sb.get("torch_initial_seed")))
+        out.append(
+            Difference(
+                kind="seeds",
+                key="torch initial seed",
+                a=sa.get("torch_initial_seed"),
+                b=sb.get("torch_initial_seed"),
+            )
+        )
     la = [x.get("generator_seed") for x in sa.get("loaders") or []]
     lb = [x.get("generator_seed") for x in sb.get("loaders") or []]
     if la != lb:
@@ -229,5 +261,11 @@ def seed_differences(a: RunRecord, b: RunRecord) -> list[Difference]:
 
 def all_differences(a: RunRecord, b: RunRecord) -> list[Difference]:
     """Every recorded difference, grouped in :data:`KINDS` order."""
-    return [*config_differences(a, b), *tune_differences(a, b), *code_differences(a, b),
-            *data_differences(a, b), *seed_differences(a, b), *environment_differences(a, b)]
+    return [
+        *config_differences(a, b),
+        *tune_differences(a, b),
+        *code_differences(a, b),
+        *data_differences(a, b),
+        *seed_differences(a, b),
+        *environment_differences(a, b),
+    ]

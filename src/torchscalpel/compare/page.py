@@ -31,57 +31,142 @@ def _stack_note(cmp: Comparison) -> str:
             off.append(f"{r.label}: {stacked:.2f} ms stacked, {total:.2f} ms median step")
     if not off:
         return ""
-    return ("<p>Each bar stacks the phases' medians, which need not add up to the median step when steps vary ("
-            + escape("; ".join(off)) + ").</p>")
+    return (
+        "<p>Each bar stacks the phases' medians, which need not add up to the median step when steps vary ("
+        + escape("; ".join(off))
+        + ").</p>"
+    )
 
 
 def sections(cmp: Comparison) -> list[Section]:
     """Verdicts, step time and phases, the overlaid curves, memory and throughput, differences, notes."""
-    out = [Section(id="verdict", title="Verdict", body="".join(
-        f"<p><b>{escape(p.a.label)} → {escape(p.b.label)}</b>: {escape(p.verdict)}</p>" for p in cmp.pairs)
-        + table(["run", "path", "name", "created", "schema"],
-                [(r.label, r.path, r.record.name, r.record.created, r.record.schema_version) for r in cmp.runs]))]
-    rows = [["step", *[f"{r.facts.median_step_ms:.2f} ±{(r.facts.noise or 0):.0%}" if r.facts.median_step_ms else "-"
-                       for r in cmp.runs]]]
+    out = [
+        Section(
+            id="verdict",
+            title="Verdict",
+            body="".join(
+                f"<p><b>{escape(p.a.label)} → {escape(p.b.label)}</b>: {escape(p.verdict)}</p>"
+                for p in cmp.pairs
+            )
+            + table(
+                ["run", "path", "name", "created", "schema"],
+                [
+                    (r.label, r.path, r.record.name, r.record.created, r.record.schema_version)
+                    for r in cmp.runs
+                ],
+            ),
+        )
+    ]
+    rows = [
+        [
+            "step",
+            *[
+                f"{r.facts.median_step_ms:.2f} ±{(r.facts.noise or 0):.0%}" if r.facts.median_step_ms else "-"
+                for r in cmp.runs
+            ],
+        ]
+    ]
     for phase in PHASES:
-        rows.append([phase, *[f"{r.facts.phase_median_ms[phase]:.2f}" if phase in r.facts.phase_median_ms else "-"
-                              for r in cmp.runs]])
+        rows.append(
+            [
+                phase,
+                *[
+                    f"{r.facts.phase_median_ms[phase]:.2f}" if phase in r.facts.phase_median_ms else "-"
+                    for r in cmp.runs
+                ],
+            ]
+        )
     # The chart plots the table's statistic (each phase's median), so a bar's segment is its table cell.
-    bars = charts.stacked_bars("compare-phases", [r.label for r in cmp.runs],
-                               {p: [r.facts.phase_median_ms.get(p, 0.0) for r in cmp.runs] for p in PHASES},
-                               x_title="run", y_title="median per phase (ms)")
-    out.append(Section(id="steps", title="Step time and phases (median ms, ± noise)",
-                       body=table(["", *[r.label for r in cmp.runs]], rows, [False] + [True] * len(cmp.runs)) + bars
-                       + _stack_note(cmp)))
+    bars = charts.stacked_bars(
+        "compare-phases",
+        [r.label for r in cmp.runs],
+        {p: [r.facts.phase_median_ms.get(p, 0.0) for r in cmp.runs] for p in PHASES},
+        x_title="run",
+        y_title="median per phase (ms)",
+    )
+    out.append(
+        Section(
+            id="steps",
+            title="Step time and phases (median ms, ± noise)",
+            body=table(["", *[r.label for r in cmp.runs]], rows, [False] + [True] * len(cmp.runs))
+            + bars
+            + _stack_note(cmp),
+        )
+    )
     n = max(len(r.facts.step_ms) for r in cmp.runs)
     xs = list(range(n))
     # Warm-up steps (compilation, first-batch effects) would flatten the rest of the curve: left out.
-    measured = {r.label: _curve([None if s.warmup else s.total_ms for s in r.record.steps], n) for r in cmp.runs}
-    out.append(Section(id="step-curves", title="Step time per measured step (overlaid)", body=charts.lines(
-        "compare-steps", xs, measured, unit="ms")))
+    measured = {
+        r.label: _curve([None if s.warmup else s.total_ms for s in r.record.steps], n) for r in cmp.runs
+    }
+    out.append(
+        Section(
+            id="step-curves",
+            title="Step time per measured step (overlaid)",
+            body=charts.lines("compare-steps", xs, measured, unit="ms"),
+        )
+    )
     if any(v is not None for r in cmp.runs for v in r.facts.losses):
-        match = "".join(f"<p>{escape(p.a.label)} vs {escape(p.b.label)}: "
-                        + escape("bit-identical" if p.losses.identical else
-                                 f"first differ at step {p.losses.first_diff_step}, max |diff| "
-                                 f"{(p.losses.max_abs_diff or 0):.3g}" if p.losses.compared else "no common steps")
-                        + f" ({p.losses.compared} steps compared)</p>" for p in cmp.pairs)
-        out.append(Section(id="loss", title="Loss curves (overlaid)", body=charts.lines(
-            "compare-loss", xs, {r.label: _curve(r.facts.losses, n) for r in cmp.runs}) + match))
+        match = "".join(
+            f"<p>{escape(p.a.label)} vs {escape(p.b.label)}: "
+            + escape(
+                "bit-identical"
+                if p.losses.identical
+                else f"first differ at step {p.losses.first_diff_step}, max |diff| "
+                f"{(p.losses.max_abs_diff or 0):.3g}"
+                if p.losses.compared
+                else "no common steps"
+            )
+            + f" ({p.losses.compared} steps compared)</p>"
+            for p in cmp.pairs
+        )
+        out.append(
+            Section(
+                id="loss",
+                title="Loss curves (overlaid)",
+                body=charts.lines("compare-loss", xs, {r.label: _curve(r.facts.losses, n) for r in cmp.runs})
+                + match,
+            )
+        )
     fig_rows = []
     for key in ("allocator_peak", "cuda_allocated_peak", "cuda_reserved_peak", "rss_peak"):
         if any(key in r.facts.memory for r in cmp.runs):
-            fig_rows.append([key, *[fmt_bytes(r.facts.memory[key]) if key in r.facts.memory else "-" for r in cmp.runs]])
+            fig_rows.append(
+                [key, *[fmt_bytes(r.facts.memory[key]) if key in r.facts.memory else "-" for r in cmp.runs]]
+            )
     for key in ("samples_per_s", "steps_per_s", "flops_per_s", "mfu"):
         if any(key in r.facts.throughput for r in cmp.runs):
-            fig_rows.append([key, *[f"{r.facts.throughput[key]:.4g}" if key in r.facts.throughput else "-"
-                                    for r in cmp.runs]])
+            fig_rows.append(
+                [
+                    key,
+                    *[
+                        f"{r.facts.throughput[key]:.4g}" if key in r.facts.throughput else "-"
+                        for r in cmp.runs
+                    ],
+                ]
+            )
     if fig_rows:
-        out.append(Section(id="figures", title="Memory peaks and throughput",
-                           body=table(["", *[r.label for r in cmp.runs]], fig_rows, [False] + [True] * len(cmp.runs))))
-    diff_rows = [(f"{p.a.label} vs {p.b.label}", d.kind, d.key, *d.phrase().removeprefix(d.key + " ").split(" -> ", 1))
-                 for p in cmp.pairs for d in p.differences]
-    out.append(Section(id="differences", title="Recorded differences", body=table(
-        ["pair", "kind", "what", "before", "after"], diff_rows) if diff_rows else "<p>None recorded.</p>"))
+        out.append(
+            Section(
+                id="figures",
+                title="Memory peaks and throughput",
+                body=table(["", *[r.label for r in cmp.runs]], fig_rows, [False] + [True] * len(cmp.runs)),
+            )
+        )
+    diff_rows = [
+        (f"{p.a.label} vs {p.b.label}", d.kind, d.key, *d.phrase().removeprefix(d.key + " ").split(" -> ", 1))
+        for p in cmp.pairs
+        for d in p.differences
+    ]
+    out.append(
+        Section(
+            id="differences",
+            title="Recorded differences",
+            body=table(["pair", "kind", "what", "before", "after"], diff_rows)
+            if diff_rows
+            else "<p>None recorded.</p>",
+        )
+    )
     if cmp.notes:
         out.append(Section(id="notes", title="Notes", body="".join(f"<p>{escape(n)}</p>" for n in cmp.notes)))
     return out

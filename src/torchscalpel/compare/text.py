@@ -43,14 +43,26 @@ def figures_table(cmp: Comparison) -> Table | None:
     rows: list[tuple[str, list[str]]] = []
     for key in ("allocator_peak", "cuda_allocated_peak", "cuda_reserved_peak", "rss_peak"):
         if any(key in r.facts.memory for r in cmp.runs):
-            rows.append((key.replace("_", " "), [fmt_bytes(r.facts.memory[key]) if key in r.facts.memory else "-"
-                                                  for r in cmp.runs]))
-    fmt: dict[str, Any] = {"samples_per_s": lambda v: f"{v:,.1f}", "steps_per_s": lambda v: f"{v:.2f}",
-                           "flops_per_s": lambda v: f"{v / 1e9:.2f} G", "mfu": lambda v: f"{v:.1%}"}
+            rows.append(
+                (
+                    key.replace("_", " "),
+                    [fmt_bytes(r.facts.memory[key]) if key in r.facts.memory else "-" for r in cmp.runs],
+                )
+            )
+    fmt: dict[str, Any] = {
+        "samples_per_s": lambda v: f"{v:,.1f}",
+        "steps_per_s": lambda v: f"{v:.2f}",
+        "flops_per_s": lambda v: f"{v / 1e9:.2f} G",
+        "mfu": lambda v: f"{v:.1%}",
+    }
     for key, f in fmt.items():
         if any(key in r.facts.throughput for r in cmp.runs):
-            rows.append((key.replace("_per_s", "/s").replace("_", " "),
-                         [f(r.facts.throughput[key]) if key in r.facts.throughput else "-" for r in cmp.runs]))
+            rows.append(
+                (
+                    key.replace("_per_s", "/s").replace("_", " "),
+                    [f(r.facts.throughput[key]) if key in r.facts.throughput else "-" for r in cmp.runs],
+                )
+            )
     if not rows:
         return None
     t = Table(title="memory and throughput")
@@ -66,8 +78,10 @@ def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
     """Runs, the step table, memory/throughput, then per pair its losses, differences and verdict."""
     out = console or Console(highlight=False)
     for r in cmp.runs:
-        out.print(f"[bold]{r.label}[/bold] {r.path} ({r.record.name}, {r.record.created or 'no date'}, "
-                  f"schema {r.record.schema_version})")
+        out.print(
+            f"[bold]{r.label}[/bold] {r.path} ({r.record.name}, {r.record.created or 'no date'}, "
+            f"schema {r.record.schema_version})"
+        )
     out.print(step_table(cmp))
     figures = figures_table(cmp)
     if figures is not None:

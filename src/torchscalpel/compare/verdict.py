@@ -59,7 +59,9 @@ def where(a: RunFacts, b: RunFacts) -> str:
     offsetting = sum(abs(d) for d in deltas.values() if d * total < 0)
     if offsetting > OFFSET_SHARE * abs(total):
         # Phases moved both ways (bf16: forward faster, backward slower): name the big movers, not a share.
-        movers = sorted((kv for kv in deltas.items() if abs(kv[1]) >= 0.1 * abs(total)), key=lambda kv: -abs(kv[1]))
+        movers = sorted(
+            (kv for kv in deltas.items() if abs(kv[1]) >= 0.1 * abs(total)), key=lambda kv: -abs(kv[1])
+        )
         return "net of " + ", ".join(f"{p} {d:+.1f} ms" for p, d in movers[:3])
     ranked = sorted(same_sign.items(), key=lambda kv: -abs(kv[1]))
     if not ranked:
@@ -85,7 +87,9 @@ def differences_phrase(diffs: Sequence[Difference]) -> str:
         return f"{d.phrase()} is the only {what}"
     kinds = {d.kind for d in diffs}
     head = "environment changes: " if kinds == {"environment"} else f"{len(diffs)} recorded differences: "
-    diffs = sorted(diffs, key=lambda d: VERDICT_ORDER.index(d.kind) if d.kind in VERDICT_ORDER else len(VERDICT_ORDER))
+    diffs = sorted(
+        diffs, key=lambda d: VERDICT_ORDER.index(d.kind) if d.kind in VERDICT_ORDER else len(VERDICT_ORDER)
+    )
     named = "; ".join(d.phrase() for d in diffs[:MAX_NAMED])
     more = f" and {len(diffs) - MAX_NAMED} more" if len(diffs) > MAX_NAMED else ""
     return head + named + more

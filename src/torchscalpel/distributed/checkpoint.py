@@ -120,8 +120,10 @@ class Checkpointer:
             self._sigterm_installed = False
             try:
                 if signal.getsignal(signal.SIGTERM) == self._on_sigterm:  # not replaced by someone since
-                    signal.signal(signal.SIGTERM, self._previous_sigterm
-                                  if self._previous_sigterm is not None else signal.SIG_DFL)
+                    signal.signal(
+                        signal.SIGTERM,
+                        self._previous_sigterm if self._previous_sigterm is not None else signal.SIG_DFL,
+                    )
             except ValueError:  # closed from a thread other than the main one: signals belong to it
                 log.warning("checkpoint: closed outside the main thread; the SIGTERM handler stays installed")
 
@@ -135,8 +137,11 @@ class Checkpointer:
             except CheckpointError as exc:
                 refused[0] = str(exc)
             except OSError as exc:  # a read-only folder (resume or evaluate only): nothing to guard
-                log.warning("checkpoint: cannot take the writer lock in %s (%s); saving there will fail",
-                            self.root, exc.strerror or exc)
+                log.warning(
+                    "checkpoint: cannot take the writer lock in %s (%s); saving there will fail",
+                    self.root,
+                    exc.strerror or exc,
+                )
         if self.ctx.world_size > 1:
             dist.broadcast_object_list(refused, src=0)
         if refused[0] is not None:
@@ -277,7 +282,9 @@ class Checkpointer:
         if int(flag.item()):
             self.save(step)
             self.wait()
-            log.warning("checkpoint: SIGTERM received, saved step %d, exiting with %d", step, SIGTERM_EXIT_CODE)
+            log.warning(
+                "checkpoint: SIGTERM received, saved step %d, exiting with %d", step, SIGTERM_EXIT_CODE
+            )
             from torchscalpel.distributed.setup import teardown
 
             teardown()
@@ -306,7 +313,9 @@ class Checkpointer:
 
     def _move_aside(self, folder: Path, problem: manifest.Problem) -> None:
         aside = manifest.move_aside(folder)
-        log.warning("checkpoint: skipped %s: %s; moved it aside to %s", folder.name, problem.message, aside.name)
+        log.warning(
+            "checkpoint: skipped %s: %s; moved it aside to %s", folder.name, problem.message, aside.name
+        )
 
     def load(self, path: str | Path | None = None) -> int | None:
         """Restore the newest (or the given) checkpoint; return its step, or None if there is none.
@@ -342,7 +351,9 @@ class Checkpointer:
             planner=WeightsOnlyLoadPlanner(allow_partial_load=self.allow_partial),
         )
         if self.optimizer is not None:
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
         else:
             from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
@@ -377,7 +388,9 @@ class Checkpointer:
             rng_restore(state["rng"])
             if self.loader is not None:
                 if "loader" not in state and not self.allow_partial:
-                    raise CheckpointError(f"{own}.json has no loader position; pass allow_partial=True to restart the epoch.")
+                    raise CheckpointError(
+                        f"{own}.json has no loader position; pass allow_partial=True to restart the epoch."
+                    )
                 if "loader" in state:
                     self.loader.load_state_dict(state["loader"])
             return
@@ -386,8 +399,11 @@ class Checkpointer:
         from torchscalpel.distributed.data import mix_seed
         from torchscalpel.distributed.setup import seed_everything
 
-        log.warning("checkpoint: saved with %d ranks, resuming on %d; random streams are re-seeded",
-                    saved_world, self.ctx.world_size)
+        log.warning(
+            "checkpoint: saved with %d ranks, resuming on %d; random streams are re-seeded",
+            saved_world,
+            self.ctx.world_size,
+        )
         seed_everything(mix_seed(self.ctx.seed, step, self.ctx.rank))
         if self.loader is not None:
             rank0 = load_state(folder / "rank-0")

@@ -26,8 +26,9 @@ def clean_key(key: str) -> str:
     return ".".join(part for part in key.split(".") if part not in WRAPPER_PARTS)
 
 
-def consolidate(ckpt: str | Path, out: str | Path, *, dtype: torch.dtype | None = None,
-                sign_key: str | Path | None = None) -> Path:
+def consolidate(
+    ckpt: str | Path, out: str | Path, *, dtype: torch.dtype | None = None, sign_key: str | Path | None = None
+) -> Path:
     """Write the model weights of checkpoint ``ckpt`` (a ``step-N`` folder, or a Checkpointer folder
     whose newest checkpoint is used) into one safetensors file; return its path. With ``sign_key``
     the checkpoint's HMAC signature must match (see ``Checkpointer(sign_key=)``)."""
@@ -36,7 +37,9 @@ def consolidate(ckpt: str | Path, out: str | Path, *, dtype: torch.dtype | None 
     if not (folder / manifest.COMMIT).exists():
         newest = manifest.latest(folder)
         if newest is None:
-            raise CheckpointError(f"{folder} holds no committed checkpoint; pass a step-N folder or a Checkpointer folder.")
+            raise CheckpointError(
+                f"{folder} holds no committed checkpoint; pass a step-N folder or a Checkpointer folder."
+            )
         folder = newest
     problem = manifest.check(folder, full=True, key=key)
     if problem is not None:
@@ -50,14 +53,20 @@ def consolidate(ckpt: str | Path, out: str | Path, *, dtype: torch.dtype | None 
         raise CheckpointError(f"{folder} holds no model tensors.")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
-        dcp.load(state, storage_reader=SafeFileSystemReader(str(folder)), planner=WeightsOnlyLoadPlanner(),
-                 no_dist=True)
+        dcp.load(
+            state,
+            storage_reader=SafeFileSystemReader(str(folder)),
+            planner=WeightsOnlyLoadPlanner(),
+            no_dist=True,
+        )
     clean: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
-        name = clean_key(key[len("model."):])
+        name = clean_key(key[len("model.") :])
         if name in clean:
             raise CheckpointError(f"Two entries map to {name!r} after removing wrapper prefixes.")
-        clean[name] = (tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor).contiguous()
+        clean[name] = (
+            tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+        ).contiguous()
     target = Path(out)
     target.parent.mkdir(parents=True, exist_ok=True)
     save_file(clean, str(target), metadata={"source": str(folder), "format": "pt"})

@@ -98,15 +98,30 @@ class ResumableLoader:
     batches this rank has consumed. Pass it to :class:`torchscalpel.distributed.Checkpointer`.
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, *, shuffle: bool, seed: int, drop_last: bool,
-                 num_replicas: int, rank: int, **loader_kwargs: Any) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        num_replicas: int,
+        rank: int,
+        **loader_kwargs: Any,
+    ) -> None:
         self.batch_size = batch_size
         self.seed = seed
         self.epoch = 0
         self.batches_done = 0
         self._seeded = _SeededSamples(dataset, seed)
         self.sampler = _ResumableSampler(
-            self._seeded, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+            self._seeded,
+            num_replicas=num_replicas,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
         )
         # Why a private generator: DataLoader draws the workers' base seed from the global torch
         # generator at every iter(); a resumed run creates its iterator mid-epoch, so drawing from the
@@ -114,8 +129,12 @@ class ResumableLoader:
         self._generator = torch.Generator()
         loader_kwargs["worker_init_fn"] = _WorkerInit(loader_kwargs.get("worker_init_fn"))
         self.loader = DataLoader(
-            self._seeded, batch_size=batch_size, sampler=self.sampler, drop_last=drop_last,
-            generator=self._generator, **loader_kwargs,
+            self._seeded,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            drop_last=drop_last,
+            generator=self._generator,
+            **loader_kwargs,
         )
         self.drop_last = drop_last
 
@@ -140,8 +159,13 @@ class ResumableLoader:
 
     def state_dict(self) -> dict[str, int]:
         """Position: epoch and batches consumed in it (plain ints)."""
-        return {"epoch": self.epoch, "batches_done": self.batches_done, "seed": self.seed,
-                "batch_size": self.batch_size, "num_replicas": self.sampler.num_replicas}
+        return {
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "num_replicas": self.sampler.num_replicas,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a saved position (the next ``iter()`` starts at the first unseen batch)."""
@@ -184,11 +208,20 @@ def loader(
     if loader_kwargs.get("persistent_workers"):
         # Persistent workers keep the dataset copy of the first epoch, so per-sample seeds would
         # repeat every epoch.
-        raise UsageError("loader() does not support persistent_workers=True; drop it (workers restart each epoch).")
+        raise UsageError(
+            "loader() does not support persistent_workers=True; drop it (workers restart each epoch)."
+        )
     for key in ("sampler", "batch_sampler", "shuffle", "generator"):
         if key in loader_kwargs:
             raise UsageError(f"loader() sets {key} itself; drop the {key}= argument.")
     return ResumableLoader(
-        dataset, batch_size, shuffle=shuffle, seed=ctx.seed if seed is None else seed, drop_last=drop_last,
-        num_replicas=ctx.world_size, rank=ctx.rank, num_workers=num_workers, **loader_kwargs,
+        dataset,
+        batch_size,
+        shuffle=shuffle,
+        seed=ctx.seed if seed is None else seed,
+        drop_last=drop_last,
+        num_replicas=ctx.world_size,
+        rank=ctx.rank,
+        num_workers=num_workers,
+        **loader_kwargs,
     )

@@ -58,7 +58,9 @@ def request_dumps(folder: Path, ranks: Iterable[int]) -> None:
             pass  # the watch folder went away: collect_dumps reports every rank as unanswered
 
 
-def collect_dumps(folder: Path, report_dir: Path, ranks: Iterable[int], wait_s: float = WAIT_S) -> dict[int, str]:
+def collect_dumps(
+    folder: Path, report_dir: Path, ranks: Iterable[int], wait_s: float = WAIT_S
+) -> dict[int, str]:
     """Per rank: the saved dump's path, or why there is none. Waits at most ``wait_s`` in all."""
     pending, out = set(ranks), {}
     deadline = time.monotonic() + wait_s
@@ -74,7 +76,9 @@ def collect_dumps(folder: Path, report_dir: Path, ranks: Iterable[int], wait_s: 
         if pending:
             time.sleep(0.1)
     for rank in pending:
-        out[rank] = f"no dump within {wait_s:g} s (the rank is dead, holds the GIL, or has no NCCL flight recorder)"
+        out[rank] = (
+            f"no dump within {wait_s:g} s (the rank is dead, holds the GIL, or has no NCCL flight recorder)"
+        )
     for rank in out:
         (folder / REQUEST.format(rank=rank)).unlink(missing_ok=True)
     return dict(sorted(out.items()))
@@ -87,14 +91,16 @@ def collect_dumps(folder: Path, report_dir: Path, ranks: Iterable[int], wait_s: 
 # "frames" [{"name", "filename", "line"}], the keys torch's fr_trace reads). It is read with an
 # unpickler that builds plain containers only: a file in the launch folder is not trusted to run code.
 
+
 def read_dump(path: Path) -> dict[str, Any]:
     """A flight recorder dump as plain data; ``ValueError`` with one sentence when it is not one."""
     try:
         with path.open("rb") as fh:
             data = PlainUnpickler(fh).load()
     except Refused as exc:
-        raise ValueError(f"{path} is not an NCCL flight recorder dump (it asks to build {exc}, which is not plain "
-                         "data)") from exc
+        raise ValueError(
+            f"{path} is not an NCCL flight recorder dump (it asks to build {exc}, which is not plain data)"
+        ) from exc
     except (OSError, EOFError, pickle.UnpicklingError, ValueError, TypeError) as exc:
         raise ValueError(f"{path} is not an NCCL flight recorder dump ({type(exc).__name__}: {exc})") from exc
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
@@ -117,12 +123,24 @@ def dump_summary(data: Mapping[str, Any], last: int = 3) -> dict[str, Any]:
             continue
         name = str(entry.get("profiling_name", "?"))
         group = entry.get("process_group") or ("?", "?")
-        brief.append({"op": name.split(":", 1)[-1], "group": f"{group[0]}" + (f" ({group[1]})" if group[1:] else ""),
-                      "seq": entry.get("collective_seq_id"), "state": entry.get("state", "?"),
-                      "sizes": entry.get("input_sizes"), "dtypes": entry.get("input_dtypes"),
-                      "site": _user_frame(entry.get("frames"))})
+        brief.append(
+            {
+                "op": name.split(":", 1)[-1],
+                "group": f"{group[0]}" + (f" ({group[1]})" if group[1:] else ""),
+                "seq": entry.get("collective_seq_id"),
+                "state": entry.get("state", "?"),
+                "sizes": entry.get("input_sizes"),
+                "dtypes": entry.get("input_dtypes"),
+                "site": _user_frame(entry.get("frames")),
+            }
+        )
     waiting = next((b for b in brief if b["state"] != "completed"), None)
-    return {"version": data.get("version"), "entries": len(brief), "waiting_in": waiting, "last": brief[-last:]}
+    return {
+        "version": data.get("version"),
+        "entries": len(brief),
+        "waiting_in": waiting,
+        "last": brief[-last:],
+    }
 
 
 def describe_summary(summary: Mapping[str, Any]) -> str:

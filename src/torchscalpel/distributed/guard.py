@@ -61,8 +61,14 @@ class NonFiniteGuard:
         self.checked += 1
         return not bool(flags.any())
 
-    def step(self, optimizer: torch.optim.Optimizer, loss: torch.Tensor | None = None, *,
-             scheduler: Any = None, scaler: Any = None) -> bool:
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        loss: torch.Tensor | None = None,
+        *,
+        scheduler: Any = None,
+        scaler: Any = None,
+    ) -> bool:
         """Step optimizer (and scheduler) when loss and gradients are finite; return whether it did."""
         scaler_on = scaler is not None and scaler.is_enabled()
         if scaler_on:
@@ -81,7 +87,9 @@ class NonFiniteGuard:
                 )
             self.skipped += 1
             optimizer.zero_grad(set_to_none=True)
-            log.warning("guard: non-finite %s, step skipped on every rank (%d skipped so far)", what, self.skipped)
+            log.warning(
+                "guard: non-finite %s, step skipped on every rank (%d skipped so far)", what, self.skipped
+            )
             if scaler_on:
                 scaler.update()
             return False

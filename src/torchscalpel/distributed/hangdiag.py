@@ -104,20 +104,27 @@ def first_mismatch(logs: dict[int, RankLog]) -> dict[str, Any] | None:
     return min(found, key=lambda m: m["t"])
 
 
-def _mismatch(group: str, seq: int, entries: dict[int, dict[str, Any]], sides: dict[tuple[Any, ...], list[int]]) -> dict[str, Any]:
+def _mismatch(
+    group: str, seq: int, entries: dict[int, dict[str, Any]], sides: dict[tuple[Any, ...], list[int]]
+) -> dict[str, Any]:
     ordered = sorted(sides.values(), key=lambda rs: (len(rs), rs))  # minority first
     parts = []
     for ranks in ordered:
         e = entries[ranks[0]]
-        parts.append(f"{_ranks(ranks)} call{'s' if len(ranks) == 1 else ''} {e['op']}{_shape_text(e)} "
-                     f"from {_short_site(e.get('site', '?'))}")
+        parts.append(
+            f"{_ranks(ranks)} call{'s' if len(ranks) == 1 else ''} {e['op']}{_shape_text(e)} "
+            f"from {_short_site(e.get('site', '?'))}"
+        )
     where = "" if group == "default" else f" on {group}"
     message = f"collective #{seq}{where} differs across ranks: " + "; ".join(parts)
     return {
         "group": group,
         "seq": seq,
         "t": min(e.get("t", 0.0) for e in entries.values()),
-        "ranks": {str(r): {k: e.get(k) for k in ("op", "shapes", "dtypes", "site")} for r, e in sorted(entries.items())},
+        "ranks": {
+            str(r): {k: e.get(k) for k in ("op", "shapes", "dtypes", "site")}
+            for r, e in sorted(entries.items())
+        },
         "minority": ordered[0] if len(ordered[0]) < len(ordered[-1]) else [],
         "message": message,
     }
@@ -138,8 +145,14 @@ def rank_state(log: RankLog | None, frames: list[Frame], dead: str | None) -> di
         where = f"in {pending['op']} #{pending['seq']}"
         where += "" if pending.get("group") == "default" else f" on {pending['group']}"
         where += f" from {_short_site(pending.get('site', '?'))}"
-        return {**state, "state": "in_collective", "collective": _brief(pending), "where": where,
-                "key": ("collective", pending["op"], pending.get("group"), pending["seq"]), "waiting": True}
+        return {
+            **state,
+            "state": "in_collective",
+            "collective": _brief(pending),
+            "where": where,
+            "key": ("collective", pending["op"], pending.get("group"), pending["seq"]),
+            "waiting": True,
+        }
     site = user.site() if user else "an unknown place (no stack came back)"
     waiting = any(part in f.file for f in frames[:8] for part in _WAITING)
     if waiting and user is not None and any("/torch/autograd/" in f.file for f in frames):
@@ -153,26 +166,45 @@ def rank_state(log: RankLog | None, frames: list[Frame], dead: str | None) -> di
             where += " (inside a DataLoader)"
     else:
         where = f"at {site}"
-    return {**state, "state": "waiting" if waiting else "running", "where": where,
-            "key": ("site", site, waiting), "waiting": waiting}
+    return {
+        **state,
+        "state": "waiting" if waiting else "running",
+        "where": where,
+        "key": ("site", site, waiting),
+        "waiting": waiting,
+    }
 
 
 def _brief(entry: dict[str, Any]) -> dict[str, Any]:
     status = {0: "entered", 1: "completed", 2: "raised"}.get(entry.get("done", 0), "?")
-    return {"op": entry.get("op"), "group": entry.get("group"), "seq": entry.get("seq"), "shapes": entry.get("shapes"),
-            "dtypes": entry.get("dtypes"), "site": entry.get("site"), "status": status}
+    return {
+        "op": entry.get("op"),
+        "group": entry.get("group"),
+        "seq": entry.get("seq"),
+        "shapes": entry.get("shapes"),
+        "dtypes": entry.get("dtypes"),
+        "site": entry.get("site"),
+        "status": status,
+    }
 
 
-def diagnose(logs: dict[int, RankLog], stacks: dict[int, list[Frame]], dead: dict[int, str],
-             ranks: list[int]) -> dict[str, Any]:
+def diagnose(
+    logs: dict[int, RankLog], stacks: dict[int, list[Frame]], dead: dict[int, str], ranks: list[int]
+) -> dict[str, Any]:
     """Each rank's state, the diverging ranks and a one-line summary (``rank 1 is in ...; ranks 0 are in ...``)."""
     # A rank our stack signal killed died of the request; a rank killed otherwise (torchrun's SIGTERM)
     # at about the same time was stopped after it, whichever death the watch's polling saw first
     # (the stacks may also have been asked for in two rounds, each judging only its own ranks).
     asked = [r for r in ranks if signal.Signals(STACK_SIGNAL).name in dead.get(r, "")]
     if asked:
-        dead = {r: (why.replace(" while asked for its stack", f", after rank {asked[0]} died")
-                    if r not in asked else why) for r, why in dead.items()}
+        dead = {
+            r: (
+                why.replace(" while asked for its stack", f", after rank {asked[0]} died")
+                if r not in asked
+                else why
+            )
+            for r, why in dead.items()
+        }
     states = {r: rank_state(logs.get(r), stacks.get(r, []), dead.get(r)) for r in ranks}
     groups: dict[tuple[Any, ...], list[int]] = defaultdict(list)
     for rank, st in states.items():
@@ -222,8 +254,11 @@ def summarize(diag: dict[str, Any]) -> str:
 
 def format_report(diag: dict[str, Any]) -> str:
     """The text report (``hang.txt``): the summary, the first mismatch, each rank's stack and last collectives."""
-    lines = [f"scalpel launch: hang: no rank made progress for {diag.get('idle_s', 0):.1f} s "
-             f"(--hang-timeout {diag.get('hang_timeout_s', 0):g} s).", diag["summary"] + "."]
+    lines = [
+        f"scalpel launch: hang: no rank made progress for {diag.get('idle_s', 0):.1f} s "
+        f"(--hang-timeout {diag.get('hang_timeout_s', 0):g} s).",
+        diag["summary"] + ".",
+    ]
     if diag.get("mismatch"):
         lines.append("first mismatch: " + diag["mismatch"]["message"] + ".")
     nccl = diag.get("nccl_summary") or {}
@@ -233,9 +268,14 @@ def format_report(diag: dict[str, Any]) -> str:
             from torchscalpel.distributed.flightrec import describe_summary
 
             summary = nccl[rank]
-            lines.append("  NCCL flight recorder: " + (summary["error"] if "error" in summary else describe_summary(summary)))
+            lines.append(
+                "  NCCL flight recorder: "
+                + (summary["error"] if "error" in summary else describe_summary(summary))
+            )
         for c in st["last_collectives"]:
-            lines.append(f"    {c['status']:<9} {c['op']} #{c['seq']} {c['group']}{_shape_text(c)} from {c['site']}")
+            lines.append(
+                f"    {c['status']:<9} {c['op']} #{c['seq']} {c['group']}{_shape_text(c)} from {c['site']}"
+            )
         shown = [f for f in st["stack"] if not is_runner_file(f.rsplit(" in ", 1)[0].rsplit(":", 1)[0])]
         if shown:  # hang.json keeps every frame; the text leaves out the launcher's own
             lines.append("  main thread, innermost first:")

@@ -123,7 +123,9 @@ class HangWatch:
         """Run the watch in a daemon thread."""
         self.options.folder.mkdir(parents=True, exist_ok=True)
         for stale in self.options.folder.glob("rank-*.facts.json"):
-            stale.unlink(missing_ok=True)  # an earlier launch's ranks (perhaps more of them) would be judged too
+            stale.unlink(
+                missing_ok=True
+            )  # an earlier launch's ranks (perhaps more of them) would be judged too
         self._thread = threading.Thread(target=self._loop, name="scalpel-hang-watch", daemon=True)
         self._thread.start()
 
@@ -159,7 +161,11 @@ class HangWatch:
             try:
                 self._poll()
             except Exception as exc:  # the watch must never take the launch down with it
-                print(f"scalpel launch: hang watch stopped: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                print(
+                    f"scalpel launch: hang watch stopped: {type(exc).__name__}: {exc}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return
 
     def _poll(self) -> None:
@@ -179,14 +185,21 @@ class HangWatch:
         if idle > timeout:
             with self._busy:
                 if self.handle_hang(logs, timeout, idle) is not None:
-                    self._attempt = max(log.restart for log in logs.values()) + 1  # a restart gets a fresh watch
+                    self._attempt = (
+                        max(log.restart for log in logs.values()) + 1
+                    )  # a restart gets a fresh watch
 
     def report_mismatch(self, found: dict[str, Any]) -> None:
         """Print the first desync and keep it in ``collective-mismatch.json``."""
         self.mismatch = found
-        atomic_write_text(self.options.report_dir / "collective-mismatch.json", json.dumps(found, indent=1) + "\n")
-        print(f"scalpel launch: {found['message']} (found while the job runs; it will likely hang or fail there)",
-              file=sys.stderr, flush=True)
+        atomic_write_text(
+            self.options.report_dir / "collective-mismatch.json", json.dumps(found, indent=1) + "\n"
+        )
+        print(
+            f"scalpel launch: {found['message']} (found while the job runs; it will likely hang or fail there)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def collect_stacks(self, logs: dict[int, RankLog]) -> tuple[dict[int, str], dict[int, str]]:
         """Signal every rank for its stacks; (rank -> new stack text, rank -> how it died while asked).
@@ -214,7 +227,12 @@ class HangWatch:
                 path = folder / f"rank-{rank}.stacks.txt"
                 size = path.stat().st_size if path.exists() else 0
                 last = sizes.get(rank)
-                if size > offsets[rank] and last and last[0] == size and time.monotonic() - last[1] >= STABLE_S:
+                if (
+                    size > offsets[rank]
+                    and last
+                    and last[0] == size
+                    and time.monotonic() - last[1] >= STABLE_S
+                ):
                     pending.discard(rank)
                 elif size > offsets[rank] and (not last or last[0] != size):
                     sizes[rank] = (size, time.monotonic())
@@ -231,11 +249,16 @@ class HangWatch:
             # (torchrun's SIGTERM). Only without that evidence does the order of death decide, which
             # polling can misread when torchrun is fast.
             by_request = [r for r, (_, status) in died.items() if signal.Signals(STACK_SIGNAL).name in status]
-            first_rank, (first_t, _) = min(((r, died[r]) for r in by_request) if by_request else died.items(),
-                                           key=lambda kv: kv[1][0])
+            first_rank, (first_t, _) = min(
+                ((r, died[r]) for r in by_request) if by_request else died.items(), key=lambda kv: kv[1][0]
+            )
             for rank, (t, status) in died.items():
                 late = (rank not in by_request) if by_request else (t - first_t > 0.05 and rank != first_rank)
-                dead[rank] = f"{status}, after rank {first_rank} died" if late else f"{status} while asked for its stack"
+                dead[rank] = (
+                    f"{status}, after rank {first_rank} died"
+                    if late
+                    else f"{status} while asked for its stack"
+                )
         return texts, dead
 
     def fill_exit_codes(self, codes: dict[int, int]) -> None:
@@ -294,14 +317,24 @@ class HangWatch:
                 if not self._said_alive:
                     self._said_alive = True
                     who = ", ".join(map(str, moving))
-                    print(f"scalpel launch: no step or collective finished for {idle:.0f} s, but rank {who} is still "
-                          "working (its stack, CPU time or I/O moves); still watching.", file=sys.stderr, flush=True)
+                    print(
+                        f"scalpel launch: no step or collective finished for {idle:.0f} s, but rank {who} is still "
+                        "working (its stack, CPU time or I/O moves); still watching.",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return None
             stacks, dead = self._stacks(logs)  # the newest stacks go into the report
         diag = diagnose(logs, stacks, dead, sorted(logs))
         last = max(log.last_progress for log in logs.values())
-        diag.update({"kind": "hang", "hang_timeout_s": timeout, "idle_s": round(idle, 2),
-                     "detected_after_s": round(time.time() - last, 2)})
+        diag.update(
+            {
+                "kind": "hang",
+                "hang_timeout_s": timeout,
+                "idle_s": round(idle, 2),
+                "detected_after_s": round(time.time() - last, 2),
+            }
+        )
         if self.mismatch and not diag.get("mismatch"):
             diag["mismatch"] = self.mismatch
         if self.options.nccl_trace:  # before the kill: the dumper threads live in the ranks
@@ -309,8 +342,10 @@ class HangWatch:
 
             alive = [r for r in sorted(logs) if r not in dead]
             request_dumps(self.options.folder, alive)
-            diag["nccl_trace"] = {str(r): p for r, p in collect_dumps(self.options.folder, self.options.report_dir,
-                                                                       alive).items()}
+            diag["nccl_trace"] = {
+                str(r): p
+                for r, p in collect_dumps(self.options.folder, self.options.report_dir, alive).items()
+            }
             diag["nccl_summary"] = summarize_dumps(diag["nccl_trace"])
         for log in logs.values():
             kill_rank(log.pid)
@@ -365,18 +400,33 @@ def watch_findings(report_dir: Path) -> list[dict[str, Any]]:
     hang = json.loads(hang_path.read_text()) if hang_path.is_file() else None
     mismatch = mismatch or (hang or {}).get("mismatch")
     if mismatch:
-        f = Finding(rule="collective-mismatch", severity=Severity.ERROR, message=mismatch["message"],
-                    evidence=[f"rank {r}: {e['op']} {e.get('shapes')} {e.get('dtypes')} from {e.get('site')}"
-                              for r, e in mismatch["ranks"].items()],
-                    fix="Every rank must call the same collectives in the same order with the same shapes and dtypes: "
-                        "move collectives out of rank-dependent branches (log on every rank, or gather first).",
-                    source="launch")
+        f = Finding(
+            rule="collective-mismatch",
+            severity=Severity.ERROR,
+            message=mismatch["message"],
+            evidence=[
+                f"rank {r}: {e['op']} {e.get('shapes')} {e.get('dtypes')} from {e.get('site')}"
+                for r, e in mismatch["ranks"].items()
+            ],
+            fix="Every rank must call the same collectives in the same order with the same shapes and dtypes: "
+            "move collectives out of rank-dependent branches (log on every rank, or gather first).",
+            source="launch",
+        )
         found.append({**f.to_dict(), "ranks": sorted(int(r) for r in mismatch["ranks"])})
     if hang:
-        f = Finding(rule="rank-hang", severity=Severity.ERROR, message=f"the job hung: {hang['summary']}",
-                    evidence=[f"no progress for {hang.get('idle_s')} s (timeout {hang.get('hang_timeout_s')} s)",
-                              f"stacks and last collectives: {report_dir / 'hang.txt'}"],
-                    fix="Look at the diverging rank's line in hang.txt; a collective it skipped or reordered, or a "
-                        "blocking read, is the usual cause.", source="launch")
-        found.append({**f.to_dict(), "ranks": hang.get("diverging_ranks") or sorted(int(r) for r in hang["ranks"])})
+        f = Finding(
+            rule="rank-hang",
+            severity=Severity.ERROR,
+            message=f"the job hung: {hang['summary']}",
+            evidence=[
+                f"no progress for {hang.get('idle_s')} s (timeout {hang.get('hang_timeout_s')} s)",
+                f"stacks and last collectives: {report_dir / 'hang.txt'}",
+            ],
+            fix="Look at the diverging rank's line in hang.txt; a collective it skipped or reordered, or a "
+            "blocking read, is the usual cause.",
+            source="launch",
+        )
+        found.append(
+            {**f.to_dict(), "ranks": hang.get("diverging_ranks") or sorted(int(r) for r in hang["ranks"])}
+        )
     return found

@@ -64,31 +64,66 @@ def build_parser() -> argparse.ArgumentParser:
         if action.dest == "training_script":
             action.nargs = "?"  # a missing script gets prepare()'s sentence, not argparse's
     parser.add_argument("--nproc", type=int, help="processes on this node (same as --nproc-per-node)")
-    parser.add_argument("--out", type=Path, help="folder for per-rank logs (default scalpel-runs/<time>-launch-<name>/)")
+    parser.add_argument(
+        "--out", type=Path, help="folder for per-rank logs (default scalpel-runs/<time>-launch-<name>/)"
+    )
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--profile", action="store_true",
-                      help="run every rank under 'scalpel profile' and report per-rank step time, collective wait, stragglers")
-    mode.add_argument("--doctor", action="store_true", help="run every rank under 'scalpel doctor' and merge the findings")
-    parser.add_argument("--steps", default="20", help="with --profile/--doctor: measured steps per rank, or 'all' (default 20)")
-    parser.add_argument("--tensorboard", metavar="DIR", help="with --profile/--doctor: every rank's scalars and trace here")
-    parser.add_argument("--mlflow", metavar="URI", help="with --profile/--doctor: one MLflow run per rank in this store")
-    parser.add_argument("--plan", action="store_true",
-                        help="before starting the ranks, plan the script's per-rank memory for this world size and warn "
-                        "if no strategy fits (runs the script to its first optimizer step once, on one rank)")
-    parser.add_argument("--hang-timeout", type=float, metavar="SECONDS",
-                        help="declare a hang when no rank made progress (a step or a finished collective) for this long, "
-                        f"name the rank that diverged and stop the job (default: {MULTIPLE:g}x the step time, at least "
-                        f"{FLOOR_S:g} s; 0 turns the watch off)")
-    parser.add_argument("--check-collectives", action=argparse.BooleanOptionalAction, default=None,
-                        help="compare every rank's collectives (op, shapes, dtypes, order) while the job runs and report "
-                        "the first mismatch with both call sites (default: on with --doctor)")
-    parser.add_argument("--plan-strict", action="store_true",
-                        help="with --plan: do not launch when the plan says no strategy fits (exit 1)")
-    parser.add_argument("--fresh", action="store_true",
-                        help="start over: move an existing checkpoint folder (in the current folder or named in the "
-                        "script's arguments) aside instead of resuming from it")
-    parser.add_argument("--plan-device-memory", metavar="SIZE",
-                        help="with --plan: the per-rank device memory to plan against (default: this machine's GPU 0)")
+    mode.add_argument(
+        "--profile",
+        action="store_true",
+        help="run every rank under 'scalpel profile' and report per-rank step time, collective wait, stragglers",
+    )
+    mode.add_argument(
+        "--doctor", action="store_true", help="run every rank under 'scalpel doctor' and merge the findings"
+    )
+    parser.add_argument(
+        "--steps",
+        default="20",
+        help="with --profile/--doctor: measured steps per rank, or 'all' (default 20)",
+    )
+    parser.add_argument(
+        "--tensorboard", metavar="DIR", help="with --profile/--doctor: every rank's scalars and trace here"
+    )
+    parser.add_argument(
+        "--mlflow", metavar="URI", help="with --profile/--doctor: one MLflow run per rank in this store"
+    )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="before starting the ranks, plan the script's per-rank memory for this world size and warn "
+        "if no strategy fits (runs the script to its first optimizer step once, on one rank)",
+    )
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="declare a hang when no rank made progress (a step or a finished collective) for this long, "
+        f"name the rank that diverged and stop the job (default: {MULTIPLE:g}x the step time, at least "
+        f"{FLOOR_S:g} s; 0 turns the watch off)",
+    )
+    parser.add_argument(
+        "--check-collectives",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compare every rank's collectives (op, shapes, dtypes, order) while the job runs and report "
+        "the first mismatch with both call sites (default: on with --doctor)",
+    )
+    parser.add_argument(
+        "--plan-strict",
+        action="store_true",
+        help="with --plan: do not launch when the plan says no strategy fits (exit 1)",
+    )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over: move an existing checkpoint folder (in the current folder or named in the "
+        "script's arguments) aside instead of resuming from it",
+    )
+    parser.add_argument(
+        "--plan-device-memory",
+        metavar="SIZE",
+        help="with --plan: the per-rank device memory to plan against (default: this machine's GPU 0)",
+    )
     return parser
 
 
@@ -103,12 +138,19 @@ def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argp
         args.nproc_per_node = str(args.nproc)
     script = Path(args.training_script)
     if not args.module and not args.no_python and not script.is_file():
-        raise UsageError(f"Script {script} does not exist; check the path (it is read relative to {Path.cwd()}).")
+        raise UsageError(
+            f"Script {script} does not exist; check the path (it is read relative to {Path.cwd()})."
+        )
     nnodes = str(args.nnodes)
     single_node = nnodes in ("1", "1:1")
     if not single_node and not args.rdzv_endpoint and args.rdzv_backend != "static":
         raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node).")
-    if not single_node and args.rdzv_backend == "static" and not args.rdzv_endpoint and "MASTER_ADDR" not in env:
+    if (
+        not single_node
+        and args.rdzv_backend == "static"
+        and not args.rdzv_endpoint
+        and "MASTER_ADDR" not in env
+    ):
         raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node).")
     if single_node and not args.rdzv_endpoint and not args.standalone and args.rdzv_backend == "static":
         # Why not torchrun's own default ("localhost:0"): localhost may resolve to a public
@@ -139,8 +181,14 @@ def watch_options(args: argparse.Namespace, out_dir: Path) -> WatchOptions | Non
         return None
     local = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else 1
     timeout = None if args.hang_timeout is None else float(args.hang_timeout) or float("inf")
-    return WatchOptions(folder=out_dir / "watch", report_dir=out_dir, local_ranks=local, hang_timeout=timeout,
-                        check=bool(args.check_collectives), nccl_trace=_cuda())
+    return WatchOptions(
+        folder=out_dir / "watch",
+        report_dir=out_dir,
+        local_ranks=local,
+        hang_timeout=timeout,
+        check=bool(args.check_collectives),
+        nccl_trace=_cuda(),
+    )
 
 
 def _cuda() -> bool:
@@ -172,23 +220,41 @@ def check_endpoint(endpoint: str) -> None:
         host = host[1:-1]
     bad_port = bool(sep) and not (port.isdigit() and int(port) <= 65535)
     if not host or bad_port or (":" in host and not sep) or (":" in host and "[" not in endpoint):
-        raise UsageError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT; write e.g. 10.0.0.1:29500 (port 0-65535).")
+        raise UsageError(
+            f"--rdzv-endpoint {endpoint!r} is not HOST:PORT; write e.g. 10.0.0.1:29500 (port 0-65535)."
+        )
 
 
 def wrap_for_stage(args: argparse.Namespace, out_dir: Path) -> str | None:
     """For --profile/--doctor, make every rank run ``scalpel COMMAND --out OUT/rank-R``; returns COMMAND."""
     command = "profile" if args.profile else "doctor" if args.doctor else None
-    tracking = [a for flag in ("tensorboard", "mlflow") if getattr(args, flag, None) for a in (f"--{flag}", getattr(args, flag))]
+    tracking = [
+        a
+        for flag in ("tensorboard", "mlflow")
+        if getattr(args, flag, None)
+        for a in (f"--{flag}", getattr(args, flag))
+    ]
     if command is None:
         if tracking:
-            raise UsageError("--tensorboard and --mlflow on launch need --profile or --doctor (the per-rank records).")
+            raise UsageError(
+                "--tensorboard and --mlflow on launch need --profile or --doctor (the per-rank records)."
+            )
         return None
     if args.module or args.no_python:
         raise UsageError(f"--{command} runs a script file; drop -m/--no-python and pass the script path.")
     script, script_args = args.training_script, list(args.training_script_args)
     args.module = True
     args.training_script = RANK_ENTRY
-    args.training_script_args = [command, str(out_dir), "--steps", str(args.steps), *tracking, "--", script, *script_args]
+    args.training_script_args = [
+        command,
+        str(out_dir),
+        "--steps",
+        str(args.steps),
+        *tracking,
+        "--",
+        script,
+        *script_args,
+    ]
     return command
 
 
@@ -217,7 +283,9 @@ class RankFailure:
 
 def stderr_tail(log_dir: Path, local_rank: int, n: int = TAIL_LINES) -> list[str]:
     """Last ``n`` non-empty lines of ``local_rank``'s stderr in the newest attempt under ``log_dir``."""
-    candidates = sorted(log_dir.glob(f"**/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime)
+    candidates = sorted(
+        log_dir.glob(f"**/attempt_*/{local_rank}/stderr.log"), key=lambda p: p.stat().st_mtime
+    )
     if not candidates:
         return []
     lines = [ln.rstrip() for ln in candidates[-1].read_text(errors="replace").splitlines() if ln.strip()]
@@ -226,10 +294,14 @@ def stderr_tail(log_dir: Path, local_rank: int, n: int = TAIL_LINES) -> list[str
 
 def failure_report(failure: RankFailure, *, restarts: int, nnodes: str) -> str:
     """The paragraph printed when a rank fails."""
-    where = f"rank {failure.rank}" + (f" (local rank {failure.local_rank} on this node)" if nnodes not in ("1", "1:1") else "")
+    where = f"rank {failure.rank}" + (
+        f" (local rank {failure.local_rank} on this node)" if nnodes not in ("1", "1:1") else ""
+    )
     head = f"scalpel launch: {where} failed: {failure.describe()}"
     if restarts:
-        head += f", after {restarts} restart{'s' if restarts != 1 else ''} (--max-restarts {restarts} used up)"
+        head += (
+            f", after {restarts} restart{'s' if restarts != 1 else ''} (--max-restarts {restarts} used up)"
+        )
     body = [head + "."]
     if failure.tail:
         body.append(f"last lines of rank {failure.rank}'s stderr:")
@@ -291,12 +363,18 @@ def launch(args: argparse.Namespace, *, out_dir: Path, watch: WatchOptions | Non
             if watcher.hangs:
                 watcher.fill_exit_codes({r: f.exitcode for r, f in exc.failures.items()})
                 hang = watcher.hangs[-1]
-                print(f"scalpel launch: the job hung and was stopped: {hang['summary']}. "
-                      f"Stacks and last collectives: {out_dir / 'hang.txt'}", file=sys.stderr)
+                print(
+                    f"scalpel launch: the job hung and was stopped: {hang['summary']}. "
+                    f"Stacks and last collectives: {out_dir / 'hang.txt'}",
+                    file=sys.stderr,
+                )
                 return HANG_EXIT
         rank, first = exc.get_first_failure()
         failure = RankFailure(
-            rank=rank, local_rank=first.local_rank, exit_code=first.exitcode, tail=stderr_tail(log_dir, first.local_rank)
+            rank=rank,
+            local_rank=first.local_rank,
+            exit_code=first.exitcode,
+            tail=stderr_tail(log_dir, first.local_rank),
         )
         print(failure_report(failure, restarts=args.max_restarts, nnodes=str(args.nnodes)), file=sys.stderr)
         mismatch = (watcher.mismatch or first_mismatch(watcher.logs())) if watcher is not None else None
@@ -307,8 +385,11 @@ def launch(args: argparse.Namespace, *, out_dir: Path, watch: WatchOptions | Non
     except SignalException as exc:
         # torchrun already forwarded the signal to every rank and waited for them to exit.
         name = signal.Signals(exc.sigval).name
-        print(f"scalpel launch: stopped by {name}; every rank received it (a Checkpointer saves on SIGTERM). "
-              f"Output is in {log_dir}", file=sys.stderr)
+        print(
+            f"scalpel launch: stopped by {name}; every rank received it (a Checkpointer saves on SIGTERM). "
+            f"Output is in {log_dir}",
+            file=sys.stderr,
+        )
         return 128 + int(exc.sigval)
     finally:
         if watcher is not None:

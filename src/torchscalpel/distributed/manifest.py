@@ -74,8 +74,10 @@ def read_key(path: str | Path) -> bytes:
     except OSError as exc:
         raise CheckpointError(f"Cannot read the signing key {path} ({exc.strerror or exc}).") from None
     if len(key.strip()) < 16:
-        raise CheckpointError(f"The signing key {path} holds {len(key.strip())} bytes; use at least 16 random bytes "
-                              "(e.g. head -c 32 /dev/urandom > KEY).")
+        raise CheckpointError(
+            f"The signing key {path} holds {len(key.strip())} bytes; use at least 16 random bytes "
+            "(e.g. head -c 32 /dev/urandom > KEY)."
+        )
     return key
 
 
@@ -90,14 +92,21 @@ def commit(tmp: Path, final: Path, step: int, *, key: bytes | None = None) -> No
     """
     if final.exists():
         raise CheckpointError(f"{final} already exists; checkpoints are never overwritten (save a new step).")
-    files = {str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_file(p)} for p in _payload_files(tmp)}
-    manifest = json.dumps({"format": FORMAT_VERSION, "step": step, "files": files}, indent=1, sort_keys=True).encode()
+    files = {
+        str(p.relative_to(tmp)): {"size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in _payload_files(tmp)
+    }
+    manifest = json.dumps(
+        {"format": FORMAT_VERSION, "step": step, "files": files}, indent=1, sort_keys=True
+    ).encode()
     write_durable(tmp / MANIFEST, manifest)
     marker = {"step": step, "manifest_sha256": hashlib.sha256(manifest).hexdigest()}
     if key is not None:
         marker["hmac_sha256"] = _signature(key, manifest)
     write_durable(tmp / COMMIT, json.dumps(marker).encode())
-    for sub in sorted({p.parent for p in _payload_files(tmp)} | {tmp}, key=lambda p: len(p.parts), reverse=True):
+    for sub in sorted(
+        {p.parent for p in _payload_files(tmp)} | {tmp}, key=lambda p: len(p.parts), reverse=True
+    ):
         fsync_path(sub)
     os.rename(tmp, final)
     fsync_path(final.parent)
@@ -156,13 +165,17 @@ def check(folder: Path, *, full: bool = True, key: bytes | None = None) -> Probl
         if not isinstance(signature, str):
             return Problem("unsigned", f"{folder}/{COMMIT} carries no signature, and a signing key was given")
         if not hmac.compare_digest(signature, _signature(key, manifest_bytes)):
-            return Problem("tampered", f"{folder}/{MANIFEST} does not match its signature under the given key")
+            return Problem(
+                "tampered", f"{folder}/{MANIFEST} does not match its signature under the given key"
+            )
     bad = _manifest_problem(manifest)
     if bad is not None:
         return Problem("tampered", f"{folder}/{MANIFEST} {bad}")
     files = manifest["files"]
     if manifest.get("format", 0) > FORMAT_VERSION:
-        return Problem("tampered", f"{folder} was written by a newer torchscalpel (format {manifest['format']})")
+        return Problem(
+            "tampered", f"{folder} was written by a newer torchscalpel (format {manifest['format']})"
+        )
     present = {str(p.relative_to(folder)) for p in _payload_files(folder)}
     extra = present - set(files)
     if extra:
@@ -172,7 +185,9 @@ def check(folder: Path, *, full: bool = True, key: bytes | None = None) -> Probl
         if not path.is_file():
             return Problem("tampered", f"{path} is listed in the manifest but missing")
         if path.stat().st_size != info["size"]:
-            return Problem("tampered", f"{path} has {path.stat().st_size} bytes, the manifest says {info['size']}")
+            return Problem(
+                "tampered", f"{path} has {path.stat().st_size} bytes, the manifest says {info['size']}"
+            )
         if full and sha256_file(path) != info["sha256"]:
             return Problem("tampered", f"{path} does not match its SHA-256 in the manifest")
     return None

@@ -50,8 +50,21 @@ def world_size(args: argparse.Namespace) -> tuple[int, int]:
 def plan_command(args: argparse.Namespace, plan_dir: Path) -> list[str]:
     """The ``scalpel plan`` command line that plans this launch's script."""
     ranks, nodes = world_size(args)
-    cmd = [sys.executable, "-m", "torchscalpel", "plan", "--world-size", str(ranks), "--nodes", str(nodes),
-           "--no-max-batch", "--out", str(plan_dir), "--json", str(plan_dir / "plan.json")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchscalpel",
+        "plan",
+        "--world-size",
+        str(ranks),
+        "--nodes",
+        str(nodes),
+        "--no-max-batch",
+        "--out",
+        str(plan_dir),
+        "--json",
+        str(plan_dir / "plan.json"),
+    ]
     if args.plan_device_memory:
         cmd += ["--device-memory", args.plan_device_memory]
     return [*cmd, "--", args.training_script, *args.training_script_args]
@@ -59,17 +72,28 @@ def plan_command(args: argparse.Namespace, plan_dir: Path) -> list[str]:
 
 def one_rank_env() -> dict[str, str]:
     """Environment of a one-rank world, so the script's ``init_process_group`` works in the plan child."""
-    return child_env(RANK="0", LOCAL_RANK="0", GROUP_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    return child_env(
+        RANK="0",
+        LOCAL_RANK="0",
+        GROUP_RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+    )
 
 
 def verdict(plan: dict) -> Preflight:
     """Read a plan's JSON: per-strategy peak against capacity, and a warning line if nothing fits."""
     device = plan["device"]
     rows = plan["rows"]
-    cells = [f"{r['strategy']} {fmt_bytes(r['needed'])} {'fits' if r['fits'] else 'does NOT fit'}" for r in rows]
-    head = (f"scalpel launch --plan: per-rank memory on {device['name']} ({fmt_bytes(device['memory'])}), "
-            f"{plan['world_size']} rank(s), batch {plan['batch_size']}: " + " · ".join(cells))
+    cells = [
+        f"{r['strategy']} {fmt_bytes(r['needed'])} {'fits' if r['fits'] else 'does NOT fit'}" for r in rows
+    ]
+    head = (
+        f"scalpel launch --plan: per-rank memory on {device['name']} ({fmt_bytes(device['memory'])}), "
+        f"{plan['world_size']} rank(s), batch {plan['batch_size']}: " + " · ".join(cells)
+    )
     fits = any(r["fits"] for r in rows) or any(r["fits"] for r in plan.get("alternatives", []))
     lines = [head]
     if not fits:
@@ -84,17 +108,35 @@ def run_preflight(args: argparse.Namespace, out_dir: Path, *, timeout: float = P
     plan_dir = out_dir / "plan"
     plan_dir.mkdir(parents=True, exist_ok=True)
     cmd = plan_command(args, plan_dir)
-    print(f"scalpel launch --plan: planning {args.training_script} (one rank, first optimizer step)...", flush=True)
+    print(
+        f"scalpel launch --plan: planning {args.training_script} (one rank, first optimizer step)...",
+        flush=True,
+    )
     try:
-        proc = subprocess.run(cmd, env=one_rank_env(), capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            cmd, env=one_rank_env(), capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired:
-        return Preflight(False, True, [f"scalpel launch --plan: the plan did not finish in {timeout:.0f} s; launching without it."])
+        return Preflight(
+            False,
+            True,
+            [f"scalpel launch --plan: the plan did not finish in {timeout:.0f} s; launching without it."],
+        )
     (plan_dir / "plan.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     plan_json = plan_dir / "plan.json"
     if proc.returncode != 0 or not plan_json.exists():
-        last = next((line for line in reversed((proc.stderr or proc.stdout).splitlines()) if line.strip()), "no output")
-        return Preflight(False, True, [f"scalpel launch --plan: could not plan this script ({last.strip()}); "
-                                       f"launching anyway (log: {plan_dir / 'plan.log'})."])
+        last = next(
+            (line for line in reversed((proc.stderr or proc.stdout).splitlines()) if line.strip()),
+            "no output",
+        )
+        return Preflight(
+            False,
+            True,
+            [
+                f"scalpel launch --plan: could not plan this script ({last.strip()}); "
+                f"launching anyway (log: {plan_dir / 'plan.log'})."
+            ],
+        )
     result = verdict(json.loads(plan_json.read_text(encoding="utf-8")))
     result.lines.append(f"plan: {plan_dir / 'report.html'}")
     return result

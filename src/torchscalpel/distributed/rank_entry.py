@@ -54,7 +54,11 @@ def exec_target(argv: list[str]) -> int:
         argv = argv[1:]
     if not argv:
         raise UsageError("rank_entry exec needs SCRIPT [ARGS] or -m MODULE [ARGS].")
-    target = Target(module=argv[1], args=argv[2:]) if argv[0] == "-m" else Target(script=Path(argv[0]), args=argv[1:])
+    target = (
+        Target(module=argv[1], args=argv[2:])
+        if argv[0] == "-m"
+        else Target(script=Path(argv[0]), args=argv[1:])
+    )
     try:
         return run_script(target, _AS_A_RANK).exit_code
     finally:

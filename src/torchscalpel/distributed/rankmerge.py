@@ -27,8 +27,10 @@ def load_rank_records(base: Path) -> dict[int, RunRecord]:
     return records
 
 
-STEP_TIME_MEANS = ("step ms: median of the measured steps outside the profiler window (profiled steps are slower and "
-                   "left out, as in each rank's own summary); collective and compute ms: per profiled step")
+STEP_TIME_MEANS = (
+    "step ms: median of the measured steps outside the profiler window (profiled steps are slower and "
+    "left out, as in each rank's own summary); collective and compute ms: per profiled step"
+)
 """Said once under the table: what each time column counts."""
 
 
@@ -43,7 +45,10 @@ def _collective_ms(record: RunRecord) -> float | None:
     parts = [outside_collectives_us(s) for s in steps]
     if not all(had for _, had in parts):
         return None
-    return statistics.fmean(float(s["dur_us"]) - busy for s, (busy, _) in zip(steps, parts, strict=True)) / 1000.0
+    return (
+        statistics.fmean(float(s["dur_us"]) - busy for s, (busy, _) in zip(steps, parts, strict=True))
+        / 1000.0
+    )
 
 
 def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
@@ -124,7 +129,9 @@ def format_table(merged: dict[str, Any]) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
-    lines = ["rank  status     steps  step ms  collective ms  compute ms  data ms"]  # what they mean: once, below
+    lines = [
+        "rank  status     steps  step ms  collective ms  compute ms  data ms"
+    ]  # what they mean: once, below
     for row in merged["ranks"]:
         lines.append(
             f"{row['rank']:>4}  {row['status']:<9} {row['steps']:>6}  {ms(row['step_ms']):>7}  "

@@ -32,9 +32,15 @@ from typing import Any
 from torchscalpel.findings import Finding, Severity
 from torchscalpel.units import fmt_bytes
 
-SLUGS = ("distributed-sampler-wrong-world", "ddp-accumulation-without-no-sync", "identical-random-streams",
-         "ddp-device-ids-not-local-rank", "accumulated-loss-not-divided",
-         "batch-not-rescaled-for-world", "process-group-before-init")
+SLUGS = (
+    "distributed-sampler-wrong-world",
+    "ddp-accumulation-without-no-sync",
+    "identical-random-streams",
+    "ddp-device-ids-not-local-rank",
+    "accumulated-loss-not-divided",
+    "batch-not-rescaled-for-world",
+    "process-group-before-init",
+)
 INFO_SLUGS = ("global-batch",)
 HISTORY = "batch-history.json"
 
@@ -51,9 +57,15 @@ def load_facts(folder: Path) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _finding(slug: str, severity: Severity, message: str, evidence: list[str], fix: str, ranks: list[int]) -> dict[str, Any]:
-    return {**Finding(rule=slug, severity=severity, message=message, evidence=evidence, fix=fix,
-                      source="launch").to_dict(), "ranks": ranks}
+def _finding(
+    slug: str, severity: Severity, message: str, evidence: list[str], fix: str, ranks: list[int]
+) -> dict[str, Any]:
+    return {
+        **Finding(
+            rule=slug, severity=severity, message=message, evidence=evidence, fix=fix, source="launch"
+        ).to_dict(),
+        "ranks": ranks,
+    }
 
 
 def sampler_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -66,14 +78,30 @@ def sampler_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     if not bad:
         return []
     rank, s = bad[0]
-    message = (f"DistributedSampler(num_replicas={s['num_replicas']}, rank={s['rank']}) on rank {rank} of a "
-               f"{s['world']}-rank job: " + ("ranks read overlapping shards" if s["num_replicas"] < s["world"] or
-                                             s["rank"] != s["actual_rank"] else "part of the data is never read"))
-    evidence = [f"rank {r}: num_replicas={x['num_replicas']} rank={x['rank']} (job: world {x['world']}, rank "
-                f"{x['actual_rank']}) at {x['site']}" for r, x in bad]
-    return [_finding(SLUGS[0], Severity.ERROR, message, evidence,
-                     "Leave num_replicas and rank out: DistributedSampler(dataset) reads them from the process group.",
-                     sorted({r for r, _ in bad}))]
+    message = (
+        f"DistributedSampler(num_replicas={s['num_replicas']}, rank={s['rank']}) on rank {rank} of a "
+        f"{s['world']}-rank job: "
+        + (
+            "ranks read overlapping shards"
+            if s["num_replicas"] < s["world"] or s["rank"] != s["actual_rank"]
+            else "part of the data is never read"
+        )
+    )
+    evidence = [
+        f"rank {r}: num_replicas={x['num_replicas']} rank={x['rank']} (job: world {x['world']}, rank "
+        f"{x['actual_rank']}) at {x['site']}"
+        for r, x in bad
+    ]
+    return [
+        _finding(
+            SLUGS[0],
+            Severity.ERROR,
+            message,
+            evidence,
+            "Leave num_replicas and rank out: DistributedSampler(dataset) reads them from the process group.",
+            sorted({r for r, _ in bad}),
+        )
+    ]
 
 
 def no_sync_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,13 +118,19 @@ def no_sync_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         return []
     rank, k, ddp = hits[0]
     wasted = (k - 1) * ddp["grad_bytes"]
-    message = (f"DDP all-reduces the gradients on every micro-batch: {k:g} synchronising backward passes per "
-               f"optimizer step where 1 is needed (gradient accumulation without no_sync())")
+    message = (
+        f"DDP all-reduces the gradients on every micro-batch: {k:g} synchronising backward passes per "
+        f"optimizer step where 1 is needed (gradient accumulation without no_sync())"
+    )
     evidence = [f"rank {r}: median {n:g} synced DDP forwards per optimizer step" for r, n, _ in hits]
-    evidence.append(f"{k - 1:g} extra all-reduces of {fmt_bytes(ddp['grad_bytes'])} of gradients per step: "
-                    f"{fmt_bytes(int(wasted))} sent for nothing per step per rank (first DDP forward at {ddp['site']})")
-    fix = ("with model.no_sync() if not last_micro_batch else contextlib.nullcontext():\n"
-           "    loss = model(x).loss / accum_steps\n    loss.backward()")
+    evidence.append(
+        f"{k - 1:g} extra all-reduces of {fmt_bytes(ddp['grad_bytes'])} of gradients per step: "
+        f"{fmt_bytes(int(wasted))} sent for nothing per step per rank (first DDP forward at {ddp['site']})"
+    )
+    fix = (
+        "with model.no_sync() if not last_micro_batch else contextlib.nullcontext():\n"
+        "    loss = model(x).loss / accum_steps\n    loss.backward()"
+    )
     return [_finding(SLUGS[1], Severity.WARNING, message, evidence, fix, [r for r, _, _ in hits])]
 
 
@@ -105,18 +139,33 @@ def rng_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
     digests = {r: d["rng"] for r, d in facts.items() if d.get("rng") is not None}
     if len(digests) < 2 or len(digests) < len(facts):
         return []  # a rank that never reached step 2
-    same = [name for name in ("torch", "numpy", "python")
-            if all(name in d for d in digests.values()) and len({d[name] for d in digests.values()}) == 1]
+    same = [
+        name
+        for name in ("torch", "numpy", "python")
+        if all(name in d for d in digests.values()) and len({d[name] for d in digests.values()}) == 1
+    ]
     if "torch" not in same:
         return []
     ranks = sorted(digests)
-    message = (f"every rank's random stream is the same ({', '.join(same)} generators, drawn from every step, "
-               f"identical after step 2 on ranks "
-               f"{', '.join(map(str, ranks))}): dropout masks and random augmentations repeat on every rank")
-    fix = ("Seed per rank after the model is built (DDP broadcasts rank 0's weights anyway):\n"
-           "torch.manual_seed(base_seed + rank); random.seed(base_seed + rank); np.random.seed(base_seed + rank)")
-    return [_finding(SLUGS[2], Severity.WARNING, message, [f"{n} state digest equal on all {len(ranks)} ranks" for n in same],
-                     fix, ranks)]
+    message = (
+        f"every rank's random stream is the same ({', '.join(same)} generators, drawn from every step, "
+        f"identical after step 2 on ranks "
+        f"{', '.join(map(str, ranks))}): dropout masks and random augmentations repeat on every rank"
+    )
+    fix = (
+        "Seed per rank after the model is built (DDP broadcasts rank 0's weights anyway):\n"
+        "torch.manual_seed(base_seed + rank); random.seed(base_seed + rank); np.random.seed(base_seed + rank)"
+    )
+    return [
+        _finding(
+            SLUGS[2],
+            Severity.WARNING,
+            message,
+            [f"{n} state digest equal on all {len(ranks)} ranks" for n in same],
+            fix,
+            ranks,
+        )
+    ]
 
 
 def device_id_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -130,11 +179,17 @@ def device_id_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]
     if not bad:
         return []
     rank, local, d = bad[0]
-    return [_finding(SLUGS[3], Severity.ERROR,
-                     f"DDP(device_ids={d['device_ids']}) on rank {rank} whose LOCAL_RANK is {local}: ranks share a device",
-                     [f"rank {r}: device_ids={x['device_ids']}, LOCAL_RANK={lr} at {x['site']}" for r, lr, x in bad],
-                     "local_rank = int(os.environ['LOCAL_RANK']); torch.cuda.set_device(local_rank); "
-                     "DDP(model, device_ids=[local_rank])", sorted({r for r, _, _ in bad}))]
+    return [
+        _finding(
+            SLUGS[3],
+            Severity.ERROR,
+            f"DDP(device_ids={d['device_ids']}) on rank {rank} whose LOCAL_RANK is {local}: ranks share a device",
+            [f"rank {r}: device_ids={x['device_ids']}, LOCAL_RANK={lr} at {x['site']}" for r, lr, x in bad],
+            "local_rank = int(os.environ['LOCAL_RANK']); torch.cuda.set_device(local_rank); "
+            "DDP(model, device_ids=[local_rank])",
+            sorted({r for r, _, _ in bad}),
+        )
+    ]
 
 
 def loss_scale_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -152,12 +207,19 @@ def loss_scale_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any]
         return []
     _, k, _, lr = hits[0]
     lr_text = f"; the optimizer's lr is {lr:g}" if lr is not None else ""
-    message = (f"the loss is not divided by the accumulation steps: {k:g} backward passes per optimizer step "
-               f"under DDP on a loss that is never scaled, so each step applies {k:g}x the mean gradient")
-    evidence = [f"rank {r}: median {n:g} backward passes per optimizer step, none through a division or "
-                f"multiplication (graph root {rt})" for r, n, rt, _ in hits]
-    evidence.append(f"a loss with reduction='sum' or an lr already divided by {k:g} is deliberate: then ignore "
-                    f"this{lr_text}")
+    message = (
+        f"the loss is not divided by the accumulation steps: {k:g} backward passes per optimizer step "
+        f"under DDP on a loss that is never scaled, so each step applies {k:g}x the mean gradient"
+    )
+    evidence = [
+        f"rank {r}: median {n:g} backward passes per optimizer step, none through a division or "
+        f"multiplication (graph root {rt})"
+        for r, n, rt, _ in hits
+    ]
+    evidence.append(
+        f"a loss with reduction='sum' or an lr already divided by {k:g} is deliberate: then ignore "
+        f"this{lr_text}"
+    )
     fix = "loss = loss_fn(model(x), y) / accum_steps\nloss.backward()"
     return [_finding(SLUGS[4], Severity.WARNING, message, evidence, fix, [r for r, _, _, _ in hits])]
 
@@ -168,13 +230,18 @@ def before_init_findings(facts: dict[int, dict[str, Any]]) -> list[dict[str, Any
     if not hits:
         return []
     rank, call = hits[0]
-    return [_finding(SLUGS[6], Severity.ERROR,
-                     f"dist.{call['call']}() at {call['site']} runs before init_process_group on rank {rank}: "
-                     f"there is no process group yet",
-                     [f"rank {r}: dist.{c['call']}() at {c['site']} before init_process_group" for r, c in hits],
-                     "Call dist.init_process_group(backend) first (then torch.cuda.set_device(local_rank) on GPUs); "
-                     "before it, read the rank from os.environ['RANK'] / ['LOCAL_RANK'].",
-                     sorted({r for r, _ in hits}))]
+    return [
+        _finding(
+            SLUGS[6],
+            Severity.ERROR,
+            f"dist.{call['call']}() at {call['site']} runs before init_process_group on rank {rank}: "
+            f"there is no process group yet",
+            [f"rank {r}: dist.{c['call']}() at {c['site']} before init_process_group" for r, c in hits],
+            "Call dist.init_process_group(backend) first (then torch.cuda.set_device(local_rank) on GPUs); "
+            "before it, read the rank from os.environ['RANK'] / ['LOCAL_RANK'].",
+            sorted({r for r, _ in hits}),
+        )
+    ]
 
 
 def batch_entry(facts: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
@@ -182,7 +249,12 @@ def batch_entry(facts: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     data = facts.get(0) or facts[min(facts)]
     if data.get("batch") is None:
         return None
-    return {"script": data.get("script"), "world": int(data["world"]), "batch": data["batch"], "lr": data.get("lr")}
+    return {
+        "script": data.get("script"),
+        "world": int(data["world"]),
+        "batch": data["batch"],
+        "lr": data.get("lr"),
+    }
 
 
 def batch_findings(entry: dict[str, Any] | None, history: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -190,25 +262,42 @@ def batch_findings(entry: dict[str, Any] | None, history: list[dict[str, Any]]) 
     if entry is None:
         return []
     lr = f"{entry['lr']:g}" if entry.get("lr") is not None else "unknown"
-    out = [_finding(INFO_SLUGS[0], Severity.INFO,
-                    f"global batch {entry['batch'] * entry['world']} = per-rank batch {entry['batch']} x "
-                    f"{entry['world']} ranks, optimizer lr {lr}", [f"script {entry['script']}"],
-                    "If the world size changes, scale the lr with the global batch (or keep the global batch).",
-                    list(range(entry["world"])))]
+    out = [
+        _finding(
+            INFO_SLUGS[0],
+            Severity.INFO,
+            f"global batch {entry['batch'] * entry['world']} = per-rank batch {entry['batch']} x "
+            f"{entry['world']} ranks, optimizer lr {lr}",
+            [f"script {entry['script']}"],
+            "If the world size changes, scale the lr with the global batch (or keep the global batch).",
+            list(range(entry["world"])),
+        )
+    ]
     for old in reversed(history):
-        if (old.get("script") == entry["script"] and old.get("world") != entry["world"]
-                and old.get("batch") == entry["batch"] and old.get("lr") == entry["lr"]):
+        if (
+            old.get("script") == entry["script"]
+            and old.get("world") != entry["world"]
+            and old.get("batch") == entry["batch"]
+            and old.get("lr") == entry["lr"]
+        ):
             before, now = old["batch"] * old["world"], entry["batch"] * entry["world"]
-            out.insert(0, _finding(
-                SLUGS[5], Severity.WARNING,
-                f"the world size changed from {old['world']} to {entry['world']} ranks with the same per-rank "
-                f"batch {entry['batch']} and the same lr {lr}: the global batch went from {before} to {now} "
-                f"and the learning rate did not follow",
-                [f"earlier launch into this folder: world {old['world']}, per-rank batch {old['batch']}, lr {lr}",
-                 f"this launch: world {entry['world']}, per-rank batch {entry['batch']}, lr {lr}"],
-                f"Scale the lr by {now}/{before} (linear rule) or set the per-rank batch to "
-                f"{before // entry['world'] if before % entry['world'] == 0 else 'global/world'} to keep the global batch.",
-                list(range(entry["world"]))))
+            out.insert(
+                0,
+                _finding(
+                    SLUGS[5],
+                    Severity.WARNING,
+                    f"the world size changed from {old['world']} to {entry['world']} ranks with the same per-rank "
+                    f"batch {entry['batch']} and the same lr {lr}: the global batch went from {before} to {now} "
+                    f"and the learning rate did not follow",
+                    [
+                        f"earlier launch into this folder: world {old['world']}, per-rank batch {old['batch']}, lr {lr}",
+                        f"this launch: world {entry['world']}, per-rank batch {entry['batch']}, lr {lr}",
+                    ],
+                    f"Scale the lr by {now}/{before} (linear rule) or set the per-rank batch to "
+                    f"{before // entry['world'] if before % entry['world'] == 0 else 'global/world'} to keep the global batch.",
+                    list(range(entry["world"])),
+                ),
+            )
             break
     return out
 
@@ -239,5 +328,12 @@ def rank_findings(folder: Path) -> list[dict[str, Any]]:
     entry = batch_entry(facts)
     batch = batch_findings(entry, _history(folder))
     record_launch(folder, entry)
-    return [*before_init_findings(facts), *sampler_findings(facts), *device_id_findings(facts), *no_sync_findings(facts),
-            *loss_scale_findings(facts), *rng_findings(facts), *batch]
+    return [
+        *before_init_findings(facts),
+        *sampler_findings(facts),
+        *device_id_findings(facts),
+        *no_sync_findings(facts),
+        *loss_scale_findings(facts),
+        *rng_findings(facts),
+        *batch,
+    ]

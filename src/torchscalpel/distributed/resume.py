@@ -65,7 +65,9 @@ def _show(path: Path, cwd: Path) -> str:
 
 def announce(resumes: list[Resume], cwd: Path) -> list[str]:
     """The lines printed before the launch."""
-    return [f"scalpel launch: resuming from {_show(r.step, cwd)}; pass --fresh to start over" for r in resumes]
+    return [
+        f"scalpel launch: resuming from {_show(r.step, cwd)}; pass --fresh to start over" for r in resumes
+    ]
 
 
 def start_fresh(resumes: list[Resume], cwd: Path) -> list[str]:
@@ -75,6 +77,8 @@ def start_fresh(resumes: list[Resume], cwd: Path) -> list[str]:
     for r in resumes:
         aside = r.root.with_name(f"{r.root.name}.before-fresh-{stamp}")
         r.root.rename(aside)
-        lines.append(f"scalpel launch: --fresh: moved {_show(r.root, cwd)} aside to {_show(aside, cwd)} "
-                     f"(it held {r.step.name}); the run starts over")
+        lines.append(
+            f"scalpel launch: --fresh: moved {_show(r.root, cwd)} aside to {_show(aside, cwd)} "
+            f"(it held {r.step.name}); the run starts over"
+        )
     return lines

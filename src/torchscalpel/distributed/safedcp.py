@@ -24,10 +24,18 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torchscalpel.distributed.manifest import CheckpointError
 
 _ALLOWED: dict[str, frozenset[str]] = {
-    "torch.distributed.checkpoint.metadata": frozenset({
-        "Metadata", "MetadataIndex", "StorageMeta", "TensorProperties", "TensorStorageMetadata",
-        "BytesStorageMetadata", "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING",
-    }),
+    "torch.distributed.checkpoint.metadata": frozenset(
+        {
+            "Metadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "TensorProperties",
+            "TensorStorageMetadata",
+            "BytesStorageMetadata",
+            "ChunkStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        }
+    ),
     "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo", "_StoragePrefix"}),
     "torch.serialization": frozenset({"_get_layout"}),  # looks a layout up by name, nothing else
     "torch": frozenset({"Size"}),  # and every torch dtype, checked below
@@ -64,7 +72,9 @@ def read_metadata(path: Path) -> Metadata:
     except OSError as exc:
         raise CheckpointError(f"Cannot read {path} ({exc.strerror or exc}).") from None
     except Exception as exc:  # truncated or garbled pickles raise EOFError, ValueError, TypeError...
-        raise CheckpointError(f"{path} is not valid DCP checkpoint metadata ({type(exc).__name__}: {exc}).") from None
+        raise CheckpointError(
+            f"{path} is not valid DCP checkpoint metadata ({type(exc).__name__}: {exc})."
+        ) from None
     if not isinstance(metadata, Metadata):
         raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP checkpoint metadata.")
     for info in (metadata.storage_data or {}).values() if isinstance(metadata.storage_data, dict) else ():
@@ -124,6 +134,10 @@ def load_all(folder: Path) -> dict[str, Any]:
     state: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "assuming the intent is to load in a single process": it is
-        _load_state_dict(state, storage_reader=SafeFileSystemReader(str(folder)), planner=WeightsOnlyEmptyPlanner(),
-                         no_dist=True)
+        _load_state_dict(
+            state,
+            storage_reader=SafeFileSystemReader(str(folder)),
+            planner=WeightsOnlyEmptyPlanner(),
+            no_dist=True,
+        )
     return state

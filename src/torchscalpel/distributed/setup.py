@@ -57,7 +57,9 @@ def _env_int(name: str, default: int) -> int:
     try:
         return int(value)
     except ValueError:
-        raise UsageError(f"Environment variable {name}={value!r} is not an integer; unset it or fix the launcher.") from None
+        raise UsageError(
+            f"Environment variable {name}={value!r} is not an integer; unset it or fix the launcher."
+        ) from None
 
 
 def seed_everything(seed: int) -> None:
@@ -127,10 +129,18 @@ def setup(
         else:
             store = _make_store(rank, world_size, attempt, timeout)
         kwargs = {"device_id": device} if chosen == "nccl" else {}
-        dist.init_process_group(chosen, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+        dist.init_process_group(
+            chosen, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs
+        )
     seed_everything(seed + rank)
     ctx = DistContext(
-        rank=rank, world_size=world_size, local_rank=local_rank, device=device, backend=chosen, seed=seed, attempt=attempt
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        device=device,
+        backend=chosen,
+        seed=seed,
+        attempt=attempt,
     )
     _STATE["ctx"] = ctx
     _install_logging(ctx, log_all_ranks=log_all_ranks, level=log_level)
@@ -140,7 +150,9 @@ def setup(
 def context() -> DistContext:
     """The context of the last ``setup()``; raises a clear error before it."""
     if "ctx" not in _STATE or not dist.is_initialized():
-        raise UsageError("torchscalpel.distributed.setup() has not run in this process; call it before wrap/loader/Checkpointer.")
+        raise UsageError(
+            "torchscalpel.distributed.setup() has not run in this process; call it before wrap/loader/Checkpointer."
+        )
     return _STATE["ctx"]
 
 

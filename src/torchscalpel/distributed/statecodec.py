@@ -29,7 +29,9 @@ def encode(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> Any:
         return {"__tensor__": key}
     if isinstance(obj, np.ndarray):
         key = f"t{len(tensors)}"
-        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj).astype(np.int64 if obj.dtype.kind in "iu" else obj.dtype))
+        tensors[key] = torch.from_numpy(
+            np.ascontiguousarray(obj).astype(np.int64 if obj.dtype.kind in "iu" else obj.dtype)
+        )
         return {"__ndarray__": key, "dtype": str(obj.dtype)}
     if isinstance(obj, np.generic):
         return obj.item()
@@ -40,7 +42,9 @@ def encode(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> Any:
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("__") for k in obj):
             return {k: encode(v, tensors, f"{path}.{k}") for k, v in obj.items()}
-        return {"__items__": [[encode(k, tensors), encode(v, tensors, f"{path}[{k!r}]")] for k, v in obj.items()]}
+        return {
+            "__items__": [[encode(k, tensors), encode(v, tensors, f"{path}[{k!r}]")] for k, v in obj.items()]
+        }
     raise CheckpointError(
         f"Cannot store {type(obj).__name__} at {path or 'top level'} without pickle; keep checkpoint state to "
         "tensors, numbers, strings, lists and dicts (e.g. a LambdaLR lambda is code: rebuild it, do not save it)."

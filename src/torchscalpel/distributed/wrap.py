@@ -124,7 +124,12 @@ def unused_parameters(model: nn.Module, sample: Any) -> list[str]:
 def _resolve_dtype(mixed_precision: str | torch.dtype | None) -> torch.dtype | None:
     if mixed_precision is None or isinstance(mixed_precision, torch.dtype):
         return mixed_precision
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+    table = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }
     if mixed_precision not in table:
         raise UsageError(f"mixed_precision={mixed_precision!r} is not one of bf16, fp16 or a torch dtype.")
     return table[mixed_precision]
@@ -144,7 +149,10 @@ def choose_strategy(model: nn.Module, world_size: int, device: torch.device) -> 
         total = torch.cuda.get_device_properties(device).total_memory
         need = 16 * n
         if need > total // 2:
-            return "fsdp", f"{n:,} parameters need ~{need / 2**30:.1f} GiB for training state, over half of the device"
+            return (
+                "fsdp",
+                f"{n:,} parameters need ~{need / 2**30:.1f} GiB for training state, over half of the device",
+            )
         return "ddp", f"{n:,} parameters fit on each device with room for activations"
     return "ddp", "CPU: DDP (FSDP on CPU only saves memory, at a communication cost)"
 
@@ -204,7 +212,9 @@ def wrap(
     dtype = _resolve_dtype(mixed_precision)
     blocks = find_blocks(model)
     if (activation_checkpointing or compile) and not blocks:
-        log.warning("wrap: no repeated block found; activation checkpointing/compile apply to the whole model")
+        log.warning(
+            "wrap: no repeated block found; activation checkpointing/compile apply to the whole model"
+        )
     if activation_checkpointing:
         _apply_checkpointing(blocks or [model])
     if strategy == "fsdp":
@@ -275,6 +285,10 @@ def _wrap_fsdp(model: nn.Module, blocks: list[nn.Module], dtype: torch.dtype | N
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    log.info("wrap: FSDP2 over %d ranks, %d blocks of %s", ctx.world_size, len(blocks),
-             type(blocks[0]).__name__ if blocks else "-")
+    log.info(
+        "wrap: FSDP2 over %d ranks, %d blocks of %s",
+        ctx.world_size,
+        len(blocks),
+        type(blocks[0]).__name__ if blocks else "-",
+    )
     return model

@@ -34,8 +34,13 @@ if TYPE_CHECKING:
 
 _SKIP_DIRS = tuple(
     str(Path(p).resolve())
-    for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
-              os.path.dirname(torch.__file__), str(Path(__file__).resolve().parents[1])}
+    for p in {
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+        os.path.dirname(torch.__file__),
+        str(Path(__file__).resolve().parents[1]),
+    }
 )
 
 
@@ -61,8 +66,12 @@ class TimeCap(RuntimeRule):
 
     def on_step_end(self, step: Any) -> None:
         self.steps += 1
-        if (self.seconds is None or self.capped_after is not None or self.session is None
-                or time.monotonic() - self._start < self.seconds):
+        if (
+            self.seconds is None
+            or self.capped_after is not None
+            or self.session is None
+            or time.monotonic() - self._start < self.seconds
+        ):
             return
         self.capped_after = self.steps
         self.session.request_stop(f"doctor time cap: {self.seconds:.0f} s reached")
@@ -126,16 +135,24 @@ def launcher_hint(target: Target, record: RunRecord) -> str | None:
         return None
     rest = shlex.join(target.argv() if target.script is not None else ["-m", *target.argv()])
     name = target.script.name if target.script is not None else "SCRIPT"
-    return (f"The script failed while setting up torch.distributed, as it would under 'python {name}': "
-            f"to diagnose it as a distributed run, give it a launcher with 'scalpel doctor --nproc N -- {rest}' "
-            f"(or 'scalpel launch --nproc N --doctor -- {rest}').")
+    return (
+        f"The script failed while setting up torch.distributed, as it would under 'python {name}': "
+        f"to diagnose it as a distributed run, give it a launcher with 'scalpel doctor --nproc N -- {rest}' "
+        f"(or 'scalpel launch --nproc N --doctor -- {rest}')."
+    )
 
 
 def _restore_global_flags() -> Callable[[], None]:
     """A setup hook: the script runs in this process, so put back the torch flags it may flip
     (the doctor's re-runs and the tests run several scripts in one process)."""
-    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic, torch.is_grad_enabled(),
-             torch.get_default_dtype(), torch.is_anomaly_enabled(), torch.are_deterministic_algorithms_enabled())
+    saved = (
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.is_grad_enabled(),
+        torch.get_default_dtype(),
+        torch.is_anomaly_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+    )
 
     def undo() -> None:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved[0], saved[1]
@@ -147,19 +164,42 @@ def _restore_global_flags() -> Callable[[], None]:
     return undo
 
 
-def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup: int, out_dir: Path | None,
-         name: str, progress: Any = None, command: Sequence[str] = (), profile: bool = False,
-         step_kind: str = "auto", step_timeout_s: float | None = 600.0) -> tuple[RunRecord, DoctorObserver]:
+def _run(
+    target: Target,
+    rules: list[RuntimeRule],
+    *,
+    steps: int | None,
+    warmup: int,
+    out_dir: Path | None,
+    name: str,
+    progress: Any = None,
+    command: Sequence[str] = (),
+    profile: bool = False,
+    step_kind: str = "auto",
+    step_timeout_s: float | None = 600.0,
+) -> tuple[RunRecord, DoctorObserver]:
     from torchscalpel.runtime.session import RuntimeOptions, run_target
 
     doctor = DoctorObserver(rules)
     # The profiler window only pays off on CUDA (host-device copies); on CPU it would just cost time.
     profile_steps = 3 if profile and out_dir is not None and torch.cuda.is_available() else 0
-    options = RuntimeOptions(warmup=warmup, steps=steps, out_dir=out_dir, profile_steps=profile_steps, name=name,
-                             step_kind=step_kind, step_timeout_s=step_timeout_s)
-    record = run_target(target, options, observers=[doctor],
-                        setup_hooks=[_restore_global_flags, _destroy_left_process_group, doctor.setup_hook],
-                        progress=progress, command=command)
+    options = RuntimeOptions(
+        warmup=warmup,
+        steps=steps,
+        out_dir=out_dir,
+        profile_steps=profile_steps,
+        name=name,
+        step_kind=step_kind,
+        step_timeout_s=step_timeout_s,
+    )
+    record = run_target(
+        target,
+        options,
+        observers=[doctor],
+        setup_hooks=[_restore_global_flags, _destroy_left_process_group, doctor.setup_hook],
+        progress=progress,
+        command=command,
+    )
     if profile_steps and out_dir is not None:
         try:
             from torchscalpel.stages.profile import add_trace_summary
@@ -170,7 +210,9 @@ def _run(target: Target, rules: list[RuntimeRule], *, steps: int | None, warmup:
     return record, doctor
 
 
-def merge_findings(static: Sequence[Finding], runtime: Sequence[Finding], superseded: set[str] = frozenset()) -> list[Finding]:
+def merge_findings(
+    static: Sequence[Finding], runtime: Sequence[Finding], superseded: set[str] = frozenset()
+) -> list[Finding]:
     """One list: a runtime finding of the same rule replaces the static one (taking its location if it
     has none); static findings of ``superseded`` slugs go; exact duplicates go; findings a more specific
     one explains go (each rule class's :meth:`~torchscalpel.doctor.rule.Rule.redundant`)."""
@@ -184,8 +226,16 @@ def merge_findings(static: Sequence[Finding], runtime: Sequence[Finding], supers
         if f.rule in superseded:
             continue
         same = by_rule.get(f.rule, [])
-        match = next((r for r in same if r.location is None or f.location is None
-                      or (os.path.realpath(r.location.file) == os.path.realpath(f.location.file))), None)
+        match = next(
+            (
+                r
+                for r in same
+                if r.location is None
+                or f.location is None
+                or (os.path.realpath(r.location.file) == os.path.realpath(f.location.file))
+            ),
+            None,
+        )
         if match is not None:
             if match.location is None:
                 match.location = f.location
@@ -238,9 +288,19 @@ def diagnose(
     else:
         run_steps = DEFAULT_STEPS if steps is None or steps == "auto" else None if steps == "all" else steps
     rules.append(cap)
-    record, doctor = _run(target, rules, steps=run_steps, warmup=warmup, out_dir=out_dir, name=target.name,
-                          progress=progress, command=command, profile=True, step_kind=step_kind,
-                          step_timeout_s=step_timeout_s)
+    record, doctor = _run(
+        target,
+        rules,
+        steps=run_steps,
+        warmup=warmup,
+        out_dir=out_dir,
+        name=target.name,
+        progress=progress,
+        command=command,
+        profile=True,
+        step_kind=step_kind,
+        step_timeout_s=step_timeout_s,
+    )
     notes: list[str] = []
 
     nan_rule = next(r for r in rules if isinstance(r, NanLoss))
@@ -254,8 +314,16 @@ def diagnose(
     files: list[Path] = []
     if static and target.script is not None and target.script.is_file():
         files.append(target.script.resolve())
-    findings = assemble_findings(record, doctor, runtime_findings, rules, sources, files if static else None,
-                                 notes=notes, sanity=sanity)
+    findings = assemble_findings(
+        record,
+        doctor,
+        runtime_findings,
+        rules,
+        sources,
+        files if static else None,
+        notes=notes,
+        sanity=sanity,
+    )
     record.sections["doctor"]["hint"] = launcher_hint(target, record)
     record.sections["doctor"]["window"] = window_facts(run_steps, warmup, cap)
     return record, findings
@@ -267,10 +335,18 @@ def window_facts(steps: int | None, warmup: int, cap: TimeCap) -> dict[str, Any]
     capped = None
     if cap.capped_after is not None:
         planned = "the end of the script" if steps is None else f"{warmup}+{steps} planned steps"
-        capped = (f"the {cap.seconds:.0f} s time cap ended the run after {cap.capped_after} step(s) of {planned}: "
-                  "findings that need later steps may be missing (pass --time-cap 0, or fewer --steps)")
-    return {"steps": steps, "warmup": warmup, "time_cap_s": cap.seconds, "steps_seen": cap.steps,
-            "capped_after": cap.capped_after, "capped": capped}
+        capped = (
+            f"the {cap.seconds:.0f} s time cap ended the run after {cap.capped_after} step(s) of {planned}: "
+            "findings that need later steps may be missing (pass --time-cap 0, or fewer --steps)"
+        )
+    return {
+        "steps": steps,
+        "warmup": warmup,
+        "time_cap_s": cap.seconds,
+        "steps_seen": cap.steps,
+        "capped_after": cap.capped_after,
+        "capped": capped,
+    }
 
 
 def _world_size() -> int:
@@ -305,7 +381,9 @@ def assemble_findings(
     if static_files is not None:
         files += [Path(f) for f in sorted(sources.files) if Path(f) not in files]
         static_findings = analyze_paths(files)
-    findings = merge_findings(static_findings, runtime_findings + _env_findings(record), doctor.superseded_static())
+    findings = merge_findings(
+        static_findings, runtime_findings + _env_findings(record), doctor.superseded_static()
+    )
     record.findings = [f.to_dict() for f in findings]
     record.sections["doctor"] = {
         "rules_run": len([r for r in rules if r.slugs]),
@@ -357,6 +435,8 @@ def _sanity(target: Target, notes: list[str]) -> list[Finding]:
     from torchscalpel.doctor.sanity import SANITY_STEPS, OverfitOneBatch
 
     rule = OverfitOneBatch()
-    record, doctor = _run(target, [rule], steps=SANITY_STEPS, warmup=0, out_dir=None, name=f"{target.name}-sanity")
+    record, doctor = _run(
+        target, [rule], steps=SANITY_STEPS, warmup=0, out_dir=None, name=f"{target.name}-sanity"
+    )
     notes.append(f"sanity run: {len(record.steps)} steps on a repeated batch, status {record.status}")
     return doctor.findings(record)

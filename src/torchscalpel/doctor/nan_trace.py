@@ -16,7 +16,12 @@ from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
 
 
 def _bad(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 0 and not bool(torch.isfinite(t).all())
+    return (
+        isinstance(t, torch.Tensor)
+        and t.is_floating_point()
+        and t.numel() > 0
+        and not bool(torch.isfinite(t).all())
+    )
 
 
 _UNINITIALISED = ("empty", "new_empty", "resize", "set_")

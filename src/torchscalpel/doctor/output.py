@@ -17,15 +17,20 @@ from torchscalpel.findings import Finding, Severity, short_path
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "cyan"}
 
 
-
 def counts(findings: Sequence[Finding]) -> dict[str, int]:
     """Number of findings per severity name (all three keys present)."""
     c = Counter(str(f.severity) for f in findings)
     return {name: c.get(name, 0) for name in ("error", "warning", "info")}
 
 
-def render_terminal(findings: Sequence[Finding], console: Console | None = None, *, header: str = "",
-                    not_analysed: Sequence[Any] = (), keep_order: bool = False) -> None:
+def render_terminal(
+    findings: Sequence[Finding],
+    console: Console | None = None,
+    *,
+    header: str = "",
+    not_analysed: Sequence[Any] = (),
+    keep_order: bool = False,
+) -> None:
     """Print findings most severe first (``keep_order``: in the order given): slug, message, evidence,
     location and the fix as code; files the static rules could not analyse (``not_analysed``, e.g. a
     syntax error and its line) first."""
@@ -39,8 +44,11 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
     for entry in not_analysed:
         console.print(f"[bold yellow]NOT ANALYSED[/] {escape(str(entry))}")
     if not ranked:
-        console.print("[green]No findings in the files that could be analysed.[/green]" if not_analysed
-                      else "[green]No findings.[/green]")
+        console.print(
+            "[green]No findings in the files that could be analysed.[/green]"
+            if not_analysed
+            else "[green]No findings.[/green]"
+        )
         return
     for f in ranked:
         sev = f.severity
@@ -53,15 +61,30 @@ def render_terminal(findings: Sequence[Finding], console: Console | None = None,
         if f.fix:
             console.print("  [green]fix:[/green]")
             # as wide as the code (no trailing blanks in a log), wrapped rather than cut on a narrow terminal
-            code_width = min(max(len(line) for line in f.fix.splitlines() or [""]), max(20, console.width - 8))
-            console.print(Padding(Syntax(f.fix, "python", theme="ansi_dark", background_color="default",
-                                         word_wrap=True, code_width=code_width), (0, 0, 0, 4), expand=False))
+            code_width = min(
+                max(len(line) for line in f.fix.splitlines() or [""]), max(20, console.width - 8)
+            )
+            console.print(
+                Padding(
+                    Syntax(
+                        f.fix,
+                        "python",
+                        theme="ansi_dark",
+                        background_color="default",
+                        word_wrap=True,
+                        code_width=code_width,
+                    ),
+                    (0, 0, 0, 4),
+                    expand=False,
+                )
+            )
         console.print()
     console.print(summary_line(ranked))
 
 
-def render_rank_findings(across: Sequence[Finding], per_rank: Sequence[Finding], console: Console, *,
-                         ranks: int, header: str = "") -> None:
+def render_rank_findings(
+    across: Sequence[Finding], per_rank: Sequence[Finding], console: Console, *, ranks: int, header: str = ""
+) -> None:
     """A multi-rank doctor's findings (``scalpel launch --doctor``, ``scalpel doctor --nproc``): those
     found by comparing the ranks, then each rank's own (merged), each group under a line that says which
     it is; one "No findings." only when neither group has any."""
@@ -71,8 +94,12 @@ def render_rank_findings(across: Sequence[Finding], per_rank: Sequence[Finding],
         console.print(f"[green]No findings[/green] on any of the {ranks} rank(s), nor across them.")
         return
     if across:
-        render_terminal(across, console, keep_order=True,  # the hang watch's first: they explain the rest
-                        header=f"[bold]across ranks[/bold] (the launcher compared the {ranks} ranks):")
+        render_terminal(
+            across,
+            console,
+            keep_order=True,  # the hang watch's first: they explain the rest
+            header=f"[bold]across ranks[/bold] (the launcher compared the {ranks} ranks):",
+        )
     else:
         console.print(f"[bold]across ranks[/bold]: none (the launcher compared the {ranks} ranks)")
     console.print()
@@ -87,8 +114,10 @@ def summary_line(findings: Sequence[Finding]) -> str:
     c = counts(findings)
     line = f"[bold]{len(findings)} finding(s):[/bold] {c['error']} error, {c['warning']} warning, {c['info']} info"
     if c["error"]:
-        line += (f" - [bold red]{c['error']} error(s) found[/]: training or its results are broken until "
-                 f"{'it is' if c['error'] == 1 else 'they are'} fixed")
+        line += (
+            f" - [bold red]{c['error']} error(s) found[/]: training or its results are broken until "
+            f"{'it is' if c['error'] == 1 else 'they are'} fixed"
+        )
     elif not c["warning"]:
         line += " - no errors or warnings"
     return line
@@ -97,7 +126,12 @@ def summary_line(findings: Sequence[Finding]) -> str:
 def to_json(findings: Sequence[Finding], **meta: Any) -> dict[str, Any]:
     """The ``--json`` document: ``findings`` (each with its ``rule`` slug), ``counts`` and run metadata."""
     ranked = rank_findings(findings)
-    return {"tool": "torchscalpel-doctor", **meta, "counts": counts(ranked), "findings": [f.to_dict() for f in ranked]}
+    return {
+        "tool": "torchscalpel-doctor",
+        **meta,
+        "counts": counts(ranked),
+        "findings": [f.to_dict() for f in ranked],
+    }
 
 
 def reaches(findings: Sequence[Finding], level: Severity | None) -> bool:

@@ -51,15 +51,22 @@ def step_mismatch(records: dict[int, RunRecord]) -> list[Finding]:
         values = {rank: c[what] for rank, c in counts.items()}
         if len(set(values.values())) > 1:
             shown = ", ".join(f"rank {r}: {n}" for r, n in sorted(values.items()))
-            found.append(make_finding(
-                "rank-conditional-step",
-                f"The ranks did not run the same number of {what}: some of them run only on some ranks, so "
-                "replicas diverge and collectives can hang.",
-                evidence=[shown, *(f"rank {r} ended {rec.status}" + (f": {rec.error}" if rec.error else "")
-                                   for r, rec in sorted(records.items()))],
-                fix="# run backward and optimizer.step() on every rank; guard only logging/saving:\n"
-                "if dist.get_rank() == 0:\n    print(loss.item())",
-            ))
+            found.append(
+                make_finding(
+                    "rank-conditional-step",
+                    f"The ranks did not run the same number of {what}: some of them run only on some ranks, so "
+                    "replicas diverge and collectives can hang.",
+                    evidence=[
+                        shown,
+                        *(
+                            f"rank {r} ended {rec.status}" + (f": {rec.error}" if rec.error else "")
+                            for r, rec in sorted(records.items())
+                        ),
+                    ],
+                    fix="# run backward and optimizer.step() on every rank; guard only logging/saving:\n"
+                    "if dist.get_rank() == 0:\n    print(loss.item())",
+                )
+            )
             break
     return found
 
@@ -87,15 +94,27 @@ MERGED_RANKS_ENV = "SCALPEL_DOCTOR_MERGED"
 """Set to 1 for the ranks of ``doctor --nproc``: each rank prints a one-line summary, the parent the merged list."""
 
 
-def run_ranks(script: Path, script_args: list[str], *, nproc: int, steps: int | str | None, out: Path) -> tuple[int, dict[int, RunRecord]]:
+def run_ranks(
+    script: Path, script_args: list[str], *, nproc: int, steps: int | str | None, out: Path
+) -> tuple[int, dict[int, RunRecord]]:
     """Launch ``nproc`` ranks under ``scalpel launch --doctor`` (its hang watch and collective check
     included); returns (exit code, records by rank). :func:`across_rank_findings` reads what the
     launcher found."""
     from torchscalpel.distributed.launch import build_parser, launch, prepare, watch_options, wrap_for_stage
     from torchscalpel.distributed.rankmerge import load_rank_records
 
-    argv = ["--nproc", str(nproc), "--doctor", "--steps", str(steps or "auto"), "--out", str(out),
-            "--", str(script), *script_args]
+    argv = [
+        "--nproc",
+        str(nproc),
+        "--doctor",
+        "--steps",
+        str(steps or "auto"),
+        "--out",
+        str(out),
+        "--",
+        str(script),
+        *script_args,
+    ]
     parsed = prepare(build_parser().parse_args(argv))
     wrap_for_stage(parsed, out)
     previous = os.environ.get(MERGED_RANKS_ENV)

@@ -96,6 +96,11 @@ def rank_findings(findings: Iterable[Finding]) -> list[Finding]:
 
     def key(f: Finding) -> tuple[int, int, str, int]:
         loc = f.location
-        return (-int(f.severity), order.get(f.rule, len(order)), loc.file if loc else "", loc.line if loc else 0)
+        return (
+            -int(f.severity),
+            order.get(f.rule, len(order)),
+            loc.file if loc else "",
+            loc.line if loc else 0,
+        )
 
     return sorted(findings, key=key)

@@ -57,7 +57,11 @@ class OverfitOneBatch(RuntimeRule):
         return wrap_attr(dl_module._BaseDataLoaderIter, "__next__", make)
 
     def findings(self, record: Any) -> Iterator[Finding]:
-        losses = [s.loss for s in (record.steps if record is not None else []) if s.loss is not None and math.isfinite(s.loss)]
+        losses = [
+            s.loss
+            for s in (record.steps if record is not None else [])
+            if s.loss is not None and math.isfinite(s.loss)
+        ]
         if len(losses) < 10 or not self.replayed:
             return
         first = median(losses[:2])
@@ -68,8 +72,11 @@ class OverfitOneBatch(RuntimeRule):
             "cannot-overfit-batch",
             f"The model cannot overfit a single batch: after {len(losses)} steps on the same batch the loss is "
             f"{best_tail:.4g}, {best_tail / first:.0%} of its first value {first:.4g}.",
-            evidence=["loss on the repeated batch: " + ", ".join(f"{x:.3g}" for x in losses[:: max(1, len(losses) // 8)]),
-                      f"{self.replayed} batches replayed"],
+            evidence=[
+                "loss on the repeated batch: "
+                + ", ".join(f"{x:.3g}" for x in losses[:: max(1, len(losses) // 8)]),
+                f"{self.replayed} batches replayed",
+            ],
             fix="# check, in order: the loss is computed from model outputs (no .detach()/.item()/argmax),\n"
             "# optimizer.step() runs with lr > 0 over model.parameters(), labels match inputs,\n"
             "# the output layer matches the loss (logits for CrossEntropyLoss, no softmax before it)",

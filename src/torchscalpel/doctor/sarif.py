@@ -49,7 +49,12 @@ def to_sarif(findings: Sequence[Finding], *, version: str, base: Path | None = N
             "level": _LEVEL[f.severity],
             "message": {"text": text},
             "locations": [
-                {"physicalLocation": {"artifactLocation": {"uri": _uri(f.location.file, base)}, "region": region}}
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": _uri(f.location.file, base)},
+                        "region": region,
+                    }
+                }
             ],
             "properties": {"evidence": list(f.evidence), "source": f.source},
         }

@@ -98,7 +98,9 @@ class StaticContext:
 
     def location(self, node: ast.AST) -> Location:
         """``file:line`` of ``node``."""
-        return Location(file=self.path, line=getattr(node, "lineno", 1), column=getattr(node, "col_offset", 0) + 1)
+        return Location(
+            file=self.path, line=getattr(node, "lineno", 1), column=getattr(node, "col_offset", 0) + 1
+        )
 
     def finding(self, slug: str, node: ast.AST, message: str, **kw: object) -> Finding:
         """A static finding of ``slug`` located at ``node``; the source line is added as evidence."""
@@ -106,7 +108,9 @@ class StaticContext:
         line = self.line_text(node)
         if line:
             evidence.append(f"{self.path}:{getattr(node, 'lineno', 1)}: {line}")
-        return make_finding(slug, message, evidence=evidence, location=self.location(node), source="static", **kw)  # type: ignore[arg-type]
+        return make_finding(
+            slug, message, evidence=evidence, location=self.location(node), source="static", **kw
+        )  # type: ignore[arg-type]
 
     def line_text(self, node: ast.AST) -> str:
         """The stripped source line where ``node`` starts."""
@@ -123,7 +127,9 @@ class StaticContext:
     def mentions_attr(self, attr: str) -> bool:
         """True when ``.attr`` or a name ``attr`` appears anywhere in the file."""
         for node in ast.walk(self.tree):
-            if (isinstance(node, ast.Attribute) and node.attr == attr) or (isinstance(node, ast.Name) and node.id == attr):
+            if (isinstance(node, ast.Attribute) and node.attr == attr) or (
+                isinstance(node, ast.Name) and node.id == attr
+            ):
                 return True
         return False
 
@@ -170,7 +176,9 @@ def _module_classes(ctx: StaticContext) -> dict[str, ast.ClassDef]:
                 continue
             for base in cls.bases:
                 qn = ctx.qualname(base)
-                if qn and (qn in _MODULE_BASES or qn in found or (qn.startswith("torch.nn.") and qn.count(".") == 2)):
+                if qn and (
+                    qn in _MODULE_BASES or qn in found or (qn.startswith("torch.nn.") and qn.count(".") == 2)
+                ):
                     found[name] = cls
                     changed = True
                     break
@@ -230,8 +238,13 @@ def parse_source(source: str, path: str) -> StaticContext | NotAnalysed:
         return NotAnalysed(path, "an expression is nested or chained too deeply for Python's parser")
 
 
-def analyze_source(source: str, path: str, *, rules: Sequence[str] | None = None,
-                   not_analysed: list[NotAnalysed] | None = None) -> list[Finding]:
+def analyze_source(
+    source: str,
+    path: str,
+    *,
+    rules: Sequence[str] | None = None,
+    not_analysed: list[NotAnalysed] | None = None,
+) -> list[Finding]:
     """All static findings for one file's text (``rules``: only these slugs); a file that does not
     parse gives no findings and, when ``not_analysed`` is given, an entry there saying why."""
     from torchscalpel.doctor import catalogue
@@ -249,7 +262,9 @@ def analyze_source(source: str, path: str, *, rules: Sequence[str] | None = None
                 out.extend(guarded(slug, lambda rule=cls(): rule.check(ctx), source="static"))
             except (RecursionError, MemoryError):  # a rule walking a pathological tree recursively
                 if not_analysed is not None:
-                    not_analysed.append(NotAnalysed(path, f"rule {slug} not run: the file's syntax tree is too deep"))
+                    not_analysed.append(
+                        NotAnalysed(path, f"rule {slug} not run: the file's syntax tree is too deep")
+                    )
     return out
 
 
@@ -257,19 +272,28 @@ def iter_python_files(paths: Iterable[Path]) -> Iterator[Path]:
     """Python files named directly or found under folders (skipping hidden and virtualenv folders)."""
     for path in paths:
         if not path.exists():
-            raise UsageError(f"{path} does not exist; pass Python files or folders to 'scalpel doctor --static'.")
+            raise UsageError(
+                f"{path} does not exist; pass Python files or folders to 'scalpel doctor --static'."
+            )
         if path.is_file():
             yield path
             continue
         for file in sorted(path.rglob("*.py")):
             rel = file.relative_to(path).parts
-            if any(p.startswith(".") or p in {"__pycache__", "site-packages", "node_modules", "venv"} for p in rel[:-1]):
+            if any(
+                p.startswith(".") or p in {"__pycache__", "site-packages", "node_modules", "venv"}
+                for p in rel[:-1]
+            ):
                 continue
             yield file
 
 
-def analyze_paths(paths: Iterable[Path], *, rules: Sequence[str] | None = None,
-                  not_analysed: list[NotAnalysed] | None = None) -> list[Finding]:
+def analyze_paths(
+    paths: Iterable[Path],
+    *,
+    rules: Sequence[str] | None = None,
+    not_analysed: list[NotAnalysed] | None = None,
+) -> list[Finding]:
     """Static findings over files and folders; files that cannot be read or parsed (or are over
     :data:`MAX_SOURCE_BYTES`) give no findings and an entry in ``not_analysed`` when it is given."""
     skipped: list[NotAnalysed] = [] if not_analysed is None else not_analysed
@@ -278,8 +302,13 @@ def analyze_paths(paths: Iterable[Path], *, rules: Sequence[str] | None = None,
         try:
             size = file.stat().st_size
             if size > MAX_SOURCE_BYTES:
-                skipped.append(NotAnalysed(str(file), f"{size / 2**20:.1f} MiB is over the "
-                                           f"{MAX_SOURCE_BYTES >> 20} MiB limit for static analysis"))
+                skipped.append(
+                    NotAnalysed(
+                        str(file),
+                        f"{size / 2**20:.1f} MiB is over the "
+                        f"{MAX_SOURCE_BYTES >> 20} MiB limit for static analysis",
+                    )
+                )
                 continue
             with file.open("rb") as fh:  # bounded read: the file may have grown since stat
                 data = fh.read(MAX_SOURCE_BYTES + 1)
@@ -287,8 +316,9 @@ def analyze_paths(paths: Iterable[Path], *, rules: Sequence[str] | None = None,
             skipped.append(NotAnalysed(str(file), f"cannot be read ({exc.strerror or exc})"))
             continue
         if len(data) > MAX_SOURCE_BYTES:
-            skipped.append(NotAnalysed(str(file), f"over the {MAX_SOURCE_BYTES >> 20} MiB limit "
-                                       "for static analysis"))
+            skipped.append(
+                NotAnalysed(str(file), f"over the {MAX_SOURCE_BYTES >> 20} MiB limit for static analysis")
+            )
             continue
         text = data.decode("utf-8", errors="replace")
         out.extend(analyze_source(text, str(file), rules=rules, not_analysed=skipped))

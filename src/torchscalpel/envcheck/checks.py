@@ -102,16 +102,23 @@ def check_cpu_build_on_gpu_machine(facts: Facts) -> list[Finding]:
         return []
     cuda, source = driver_cuda(facts)
     wheel = newest_wheel_cuda_at_most(cuda) if cuda else None
-    index = f"https://download.pytorch.org/whl/cu{wheel.replace('.', '')}" if wheel else "https://download.pytorch.org/whl/cu126"
+    index = (
+        f"https://download.pytorch.org/whl/cu{wheel.replace('.', '')}"
+        if wheel
+        else "https://download.pytorch.org/whl/cu126"
+    )
     evidence = [f"torch {facts.get('torch')} is a CPU-only build (torch.version.cuda is None)", *signs]
     if cuda:
         evidence.append(f"the driver supports CUDA up to {cuda} ({source})")
-    return [_finding(
-        "torch-cpu-build-on-gpu-machine", Severity.ERROR,
-        "This machine has an NVIDIA GPU but torch is a CPU-only build, so everything runs on the CPU.",
-        evidence,
-        f"pip install --force-reinstall torch --index-url {index}",
-    )]
+    return [
+        _finding(
+            "torch-cpu-build-on-gpu-machine",
+            Severity.ERROR,
+            "This machine has an NVIDIA GPU but torch is a CPU-only build, so everything runs on the CPU.",
+            evidence,
+            f"pip install --force-reinstall torch --index-url {index}",
+        )
+    ]
 
 
 def check_driver_too_old(facts: Facts) -> list[Finding]:
@@ -132,17 +139,25 @@ def check_driver_too_old(facts: Facts) -> list[Finding]:
         f"the driver supports CUDA up to {have} ({source})",
     ]
     if min_driver:
-        evidence.append(f"CUDA {wheel} needs driver >= {min_driver} ({'Windows' if platform.startswith('win') else 'Linux'})")
+        evidence.append(
+            f"CUDA {wheel} needs driver >= {min_driver} ({'Windows' if platform.startswith('win') else 'Linux'})"
+        )
     if not hard:
-        evidence.append("same CUDA major: runs under minor-version compatibility, but PTX JIT (triton / torch.compile) can fail")
+        evidence.append(
+            "same CUDA major: runs under minor-version compatibility, but PTX JIT (triton / torch.compile) can fail"
+        )
     fix = f"Upgrade the NVIDIA driver to >= {min_driver}" if min_driver else "Upgrade the NVIDIA driver"
     if alt:
         fix += f", or install a torch wheel built for CUDA {alt}: pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu{alt.replace('.', '')}"
-    return [_finding(
-        "driver-too-old-for-cuda", Severity.ERROR if hard else Severity.WARNING,
-        f"The NVIDIA driver supports CUDA {have} but torch was built for CUDA {wheel}.",
-        evidence, fix,
-    )]
+    return [
+        _finding(
+            "driver-too-old-for-cuda",
+            Severity.ERROR if hard else Severity.WARNING,
+            f"The NVIDIA driver supports CUDA {have} but torch was built for CUDA {wheel}.",
+            evidence,
+            fix,
+        )
+    ]
 
 
 # The likeliest causes of "CUDA build, but torch.cuda.is_available() is False", in the order they
@@ -153,12 +168,21 @@ def _cause_hidden(f: Facts) -> bool:
 
 def _cause_no_driver(f: Facts) -> bool:
     drv = _driver(f)
-    return not drv.get("nvidia_version") and not drv.get("nvidia_devices") and not drv.get("wsl_dxg") and not _smi(f).get("gpus")
+    return (
+        not drv.get("nvidia_version")
+        and not drv.get("nvidia_devices")
+        and not drv.get("wsl_dxg")
+        and not _smi(f).get("gpus")
+    )
 
 
 def _cause_no_device_files(f: Facts) -> bool:
     drv = _driver(f)
-    return bool(drv.get("nvidia_version") or _smi(f).get("gpus")) and not drv.get("nvidia_devices") and not drv.get("wsl_dxg")
+    return (
+        bool(drv.get("nvidia_version") or _smi(f).get("gpus"))
+        and not drv.get("nvidia_devices")
+        and not drv.get("wsl_dxg")
+    )
 
 
 def _cause_old_driver(f: Facts) -> bool:
@@ -172,17 +196,32 @@ def _cause_smi_error(f: Facts) -> bool:
 
 
 CUDA_UNAVAILABLE_CAUSES: tuple[tuple[Callable[[Facts], bool], str, str], ...] = (
-    (_cause_hidden, "CUDA_VISIBLE_DEVICES hides every GPU",
-     "Unset CUDA_VISIBLE_DEVICES or set it to the GPU indices to use, e.g. CUDA_VISIBLE_DEVICES=0,1."),
-    (_cause_no_driver, "no NVIDIA driver is loaded on this machine (or it has no NVIDIA GPU)",
-     "On a GPU machine install the NVIDIA driver; on a CPU-only machine the CPU wheel is ~10x smaller: "
-     "pip install torch --index-url https://download.pytorch.org/whl/cpu"),
-    (_cause_no_device_files, "the driver is loaded but no /dev/nvidia* device is visible (a container started without GPUs)",
-     "Start the container with GPUs: docker run --gpus all ... (needs the NVIDIA Container Toolkit)."),
-    (_cause_old_driver, "the driver is older than the CUDA torch was built for",
-     "See driver-too-old-for-cuda: upgrade the driver or install a torch wheel for an older CUDA."),
-    (_cause_smi_error, "the driver does not answer (nvidia-smi fails)",
-     "Check nvidia-smi and dmesg for Xid errors; a GPU that fell off the bus needs a reset or a reboot."),
+    (
+        _cause_hidden,
+        "CUDA_VISIBLE_DEVICES hides every GPU",
+        "Unset CUDA_VISIBLE_DEVICES or set it to the GPU indices to use, e.g. CUDA_VISIBLE_DEVICES=0,1.",
+    ),
+    (
+        _cause_no_driver,
+        "no NVIDIA driver is loaded on this machine (or it has no NVIDIA GPU)",
+        "On a GPU machine install the NVIDIA driver; on a CPU-only machine the CPU wheel is ~10x smaller: "
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu",
+    ),
+    (
+        _cause_no_device_files,
+        "the driver is loaded but no /dev/nvidia* device is visible (a container started without GPUs)",
+        "Start the container with GPUs: docker run --gpus all ... (needs the NVIDIA Container Toolkit).",
+    ),
+    (
+        _cause_old_driver,
+        "the driver is older than the CUDA torch was built for",
+        "See driver-too-old-for-cuda: upgrade the driver or install a torch wheel for an older CUDA.",
+    ),
+    (
+        _cause_smi_error,
+        "the driver does not answer (nvidia-smi fails)",
+        "Check nvidia-smi and dmesg for Xid errors; a GPU that fell off the bus needs a reset or a reboot.",
+    ),
 )
 
 
@@ -193,12 +232,20 @@ def check_cuda_unavailable(facts: Facts) -> list[Finding]:
         return []
     if kind == "rocm":
         drv = _driver(facts)
-        cause = "no /dev/kfd: the ROCm kernel driver is not loaded or not visible" if not drv.get("rocm_kfd") else \
-            "the ROCm runtime found no usable GPU (HIP_VISIBLE_DEVICES, or the user is not in the render/video groups)"
-        return [_finding("cuda-unavailable", Severity.ERROR,
-                         f"torch is a ROCm build but torch.cuda.is_available() is False: {cause}.",
-                         [f"torch {facts.get('torch')} (HIP {facts.get('torch_hip')})"],
-                         "Check rocm-smi, /dev/kfd and /dev/dri permissions (usermod -aG render,video $USER).")]
+        cause = (
+            "no /dev/kfd: the ROCm kernel driver is not loaded or not visible"
+            if not drv.get("rocm_kfd")
+            else "the ROCm runtime found no usable GPU (HIP_VISIBLE_DEVICES, or the user is not in the render/video groups)"
+        )
+        return [
+            _finding(
+                "cuda-unavailable",
+                Severity.ERROR,
+                f"torch is a ROCm build but torch.cuda.is_available() is False: {cause}.",
+                [f"torch {facts.get('torch')} (HIP {facts.get('torch_hip')})"],
+                "Check rocm-smi, /dev/kfd and /dev/dri permissions (usermod -aG render,video $USER).",
+            )
+        ]
     signs = gpu_evidence(facts)
     cause, fix = "unknown", "Run python -c 'import torch; torch.cuda.init()' to see CUDA's own error."
     for predicate, text, remedy in CUDA_UNAVAILABLE_CAUSES:
@@ -213,9 +260,15 @@ def check_cuda_unavailable(facts: Facts) -> list[Finding]:
         evidence.append(f"CUDA_VISIBLE_DEVICES={hidden!r}")
     if _smi(facts).get("error"):
         evidence.append(_smi(facts)["error"])
-    return [_finding("cuda-unavailable", severity,
-                     f"torch is a CUDA build but torch.cuda.is_available() is False; likeliest cause: {cause}.",
-                     evidence, fix)]
+    return [
+        _finding(
+            "cuda-unavailable",
+            severity,
+            f"torch is a CUDA build but torch.cuda.is_available() is False; likeliest cause: {cause}.",
+            evidence,
+            fix,
+        )
+    ]
 
 
 def check_compiler(facts: Facts) -> list[Finding]:
@@ -229,17 +282,26 @@ def check_compiler(facts: Facts) -> list[Finding]:
         return []
     env = facts.get("env") or {}
     var = "CC" if missing == "cc" else "CXX"
-    evidence = [f"no {'C' if missing == 'cc' else 'C++'} compiler on PATH ({'gcc, clang, cc' if missing == 'cc' else 'g++, clang++, c++'})"]
+    evidence = [
+        f"no {'C' if missing == 'cc' else 'C++'} compiler on PATH ({'gcc, clang, cc' if missing == 'cc' else 'g++, clang++, c++'})"
+    ]
     if env.get(var):
         evidence.append(f"{var}={env[var]!r} does not name an executable on PATH")
-    what = "triton builds a small C launcher for each kernel" if on_gpu else "inductor compiles generated C++ for CPU code"
-    return [_finding(
-        "no-compiler-for-inductor", Severity.WARNING,
-        f"torch.compile will fail here: {what} and no compiler is installed.",
-        evidence,
-        "Install one: apt-get install g++ (Debian/Ubuntu), dnf install gcc-c++ (Fedora), or conda install gxx_linux-64; "
-        f"or point {var} at it.",
-    )]
+    what = (
+        "triton builds a small C launcher for each kernel"
+        if on_gpu
+        else "inductor compiles generated C++ for CPU code"
+    )
+    return [
+        _finding(
+            "no-compiler-for-inductor",
+            Severity.WARNING,
+            f"torch.compile will fail here: {what} and no compiler is installed.",
+            evidence,
+            "Install one: apt-get install g++ (Debian/Ubuntu), dnf install gcc-c++ (Fedora), or conda install gxx_linux-64; "
+            f"or point {var} at it.",
+        )
+    ]
 
 
 def check_triton(facts: Facts) -> list[Finding]:
@@ -255,12 +317,18 @@ def check_triton(facts: Facts) -> list[Finding]:
     if kind == "cuda" and caps and not usable:
         return []  # triton does not support GPUs older than Volta; inductor falls back there
     dist = "pytorch-triton-rocm" if kind == "rocm" else "triton"
-    return [_finding(
-        "triton-missing", Severity.WARNING,
-        "triton is not installed, so torch.compile cannot generate GPU kernels (it fails with 'Cannot find a working triton installation').",
-        [f"torch {facts.get('torch')} ({kind} build) sees {len(facts.get('gpus') or [])} GPU(s)", f"no {dist} distribution installed"],
-        f"pip install {dist} (the version your torch wheel pins: see pip show torch, 'Requires').",
-    )]
+    return [
+        _finding(
+            "triton-missing",
+            Severity.WARNING,
+            "triton is not installed, so torch.compile cannot generate GPU kernels (it fails with 'Cannot find a working triton installation').",
+            [
+                f"torch {facts.get('torch')} ({kind} build) sees {len(facts.get('gpus') or [])} GPU(s)",
+                f"no {dist} distribution installed",
+            ],
+            f"pip install {dist} (the version your torch wheel pins: see pip show torch, 'Requires').",
+        )
+    ]
 
 
 def check_nccl(facts: Facts) -> list[Finding]:
@@ -270,13 +338,18 @@ def check_nccl(facts: Facts) -> list[Finding]:
         return []
     if not facts.get("platform", "linux").startswith("linux") or dist.get("nccl"):
         return []
-    return [_finding(
-        "nccl-unavailable", Severity.WARNING,
-        "torch has no NCCL backend here, so multi-GPU training cannot use backend='nccl'.",
-        [f"torch.distributed.is_nccl_available() is False ({'distributed available' if dist.get('available') else 'torch.distributed unavailable'})",
-         f"{len(facts.get('gpus') or [])} GPU(s) visible"],
-        "Install an official torch wheel for Linux (they include NCCL), e.g. pip install torch --index-url https://download.pytorch.org/whl/cu126.",
-    )]
+    return [
+        _finding(
+            "nccl-unavailable",
+            Severity.WARNING,
+            "torch has no NCCL backend here, so multi-GPU training cannot use backend='nccl'.",
+            [
+                f"torch.distributed.is_nccl_available() is False ({'distributed available' if dist.get('available') else 'torch.distributed unavailable'})",
+                f"{len(facts.get('gpus') or [])} GPU(s) visible",
+            ],
+            "Install an official torch wheel for Linux (they include NCCL), e.g. pip install torch --index-url https://download.pytorch.org/whl/cu126.",
+        )
+    ]
 
 
 def check_vulnerable_versions(facts: Facts) -> list[Finding]:
@@ -288,11 +361,17 @@ def check_vulnerable_versions(facts: Facts) -> list[Finding]:
     for row in load_table("vulnerable_versions.json")["rows"]:
         installed = packages.get(row["package"])
         if installed and version_below(installed, row["fixed_in"]):
-            out.append(_finding(
-                row["slug"], Severity.WARNING, row["message"].format(version=installed),
-                [f"{row['package']} {installed} installed; fixed in {row['fixed_in']} ({row['advisory']})"],
-                row["fix"],
-            ))
+            out.append(
+                _finding(
+                    row["slug"],
+                    Severity.WARNING,
+                    row["message"].format(version=installed),
+                    [
+                        f"{row['package']} {installed} installed; fixed in {row['fixed_in']} ({row['advisory']})"
+                    ],
+                    row["fix"],
+                )
+            )
     return out
 
 
@@ -302,7 +381,9 @@ def _threads_per_rank(facts: Facts) -> tuple[int | None, str]:
     if raw and raw.strip().isdigit() and int(raw) > 0:
         return int(raw), f"OMP_NUM_THREADS={raw}"
     if facts.get("torch_threads"):
-        return int(facts["torch_threads"]), f"torch.get_num_threads()={facts['torch_threads']} (OMP_NUM_THREADS unset)"
+        return int(
+            facts["torch_threads"]
+        ), f"torch.get_num_threads()={facts['torch_threads']} (OMP_NUM_THREADS unset)"
     return None, ""
 
 
@@ -326,12 +407,15 @@ def check_omp_oversubscribed(facts: Facts) -> list[Finding]:
         fix = f"Run at most {cores} ranks on this machine (e.g. torchrun --nproc-per-node {cores}) with OMP_NUM_THREADS=1."
     else:
         fix = f"export OMP_NUM_THREADS={cores // ranks}  # cores // local ranks"
-    return [_finding(
-        "omp-threads-oversubscribed", Severity.WARNING,
-        f"{ranks} rank(s) x {threads} thread(s) = {threads * ranks} threads on {cores} cores: they will preempt each other and every step slows down.",
-        [t_src, r_src, f"{cores} usable cores (CPU affinity)"],
-        fix,
-    )]
+    return [
+        _finding(
+            "omp-threads-oversubscribed",
+            Severity.WARNING,
+            f"{ranks} rank(s) x {threads} thread(s) = {threads * ranks} threads on {cores} cores: they will preempt each other and every step slows down.",
+            [t_src, r_src, f"{cores} usable cores (CPU affinity)"],
+            fix,
+        )
+    ]
 
 
 def check_mixed_cuda_runtimes(facts: Facts) -> list[Finding]:
@@ -346,18 +430,29 @@ def check_mixed_cuda_runtimes(facts: Facts) -> list[Finding]:
     foreign = [m for m in majors if torch_major and m != torch_major[0]]
     if len(majors) < 2 and not duplicates and not foreign:
         return []
-    evidence = [f"{w['name']}=={w['version']}" + (f" in {w['location']}" if w.get("location") else "") for w in wheels
-                if len(majors) > 1 or w["name"] in duplicates or w.get("cuda_major") in foreign][:12]
+    evidence = [
+        f"{w['name']}=={w['version']}" + (f" in {w['location']}" if w.get("location") else "")
+        for w in wheels
+        if len(majors) > 1 or w["name"] in duplicates or w.get("cuda_major") in foreign
+    ][:12]
     if torch_major:
         evidence.append(f"torch is built for CUDA {facts.get('torch_cuda')}")
     keep = torch_major[0] if torch_major else majors[-1]
     drop = sorted({w["name"] for w in wheels if w.get("cuda_major") != keep})
-    fix = f"pip uninstall {' '.join(drop)}" if drop else "pip uninstall the duplicate copies (pip list -v shows where each lives)"
-    return [_finding(
-        "mixed-cuda-runtimes", Severity.WARNING,
-        f"CUDA runtime packages for several CUDA versions are installed side by side (CUDA majors {', '.join(map(str, majors))}); which library loads first is an accident.",
-        evidence, fix + "; then reinstall torch so its own CUDA wheels are complete.",
-    )]
+    fix = (
+        f"pip uninstall {' '.join(drop)}"
+        if drop
+        else "pip uninstall the duplicate copies (pip list -v shows where each lives)"
+    )
+    return [
+        _finding(
+            "mixed-cuda-runtimes",
+            Severity.WARNING,
+            f"CUDA runtime packages for several CUDA versions are installed side by side (CUDA majors {', '.join(map(str, majors))}); which library loads first is an accident.",
+            evidence,
+            fix + "; then reinstall torch so its own CUDA wheels are complete.",
+        )
+    ]
 
 
 def _arch(entry: str) -> tuple[str, tuple[int, int]] | None:
@@ -392,14 +487,20 @@ def check_gpu_arch(facts: Facts) -> list[Finding]:
     for gpu in facts.get("gpus") or []:
         cap = cuda_major_minor(gpu.get("capability"))
         if cap and not wheel_runs_on(cap, arch_list):
-            out.append(_finding(
-                "gpu-arch-not-in-wheel", Severity.ERROR,
-                f"GPU {gpu.get('index')} ({gpu.get('name')}, sm_{cap[0]}{cap[1]}) is not supported by this torch wheel: "
-                "kernels fail with 'no kernel image is available for execution on the device'.",
-                [f"GPU compute capability {cap[0]}.{cap[1]}", f"torch {facts.get('torch')} has kernels for {' '.join(arch_list)}"],
-                "Install a torch wheel built for a newer CUDA that lists this architecture "
-                "(Blackwell, sm_100/sm_120, needs CUDA 12.8+): pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu128",
-            ))
+            out.append(
+                _finding(
+                    "gpu-arch-not-in-wheel",
+                    Severity.ERROR,
+                    f"GPU {gpu.get('index')} ({gpu.get('name')}, sm_{cap[0]}{cap[1]}) is not supported by this torch wheel: "
+                    "kernels fail with 'no kernel image is available for execution on the device'.",
+                    [
+                        f"GPU compute capability {cap[0]}.{cap[1]}",
+                        f"torch {facts.get('torch')} has kernels for {' '.join(arch_list)}",
+                    ],
+                    "Install a torch wheel built for a newer CUDA that lists this architecture "
+                    "(Blackwell, sm_100/sm_120, needs CUDA 12.8+): pip install --force-reinstall torch --index-url https://download.pytorch.org/whl/cu128",
+                )
+            )
     return out
 
 

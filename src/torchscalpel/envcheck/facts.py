@@ -49,14 +49,36 @@ ENV_PREFIXES_THAT_MATTER = ("NCCL_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_",
 
 # CPU features that decide whether bf16 / fp16 / int8 paths are fast; read from /proc/cpuinfo.
 CPU_FLAGS_THAT_MATTER = (
-    "avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
-    "amx_int8", "amx_fp16", "asimd", "sve", "bf16",
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "amx_fp16",
+    "asimd",
+    "sve",
+    "bf16",
 )
 
 # Distributions whose versions the checks and the report use (import name differs for some).
 PACKAGES = (
-    "torch", "triton", "pytorch-triton", "pytorch-triton-rocm", "numpy", "onnx", "onnxruntime",
-    "onnxruntime-gpu", "onnxscript", "torchvision", "torchaudio", "torchao", "transformers",
+    "torch",
+    "triton",
+    "pytorch-triton",
+    "pytorch-triton-rocm",
+    "numpy",
+    "onnx",
+    "onnxruntime",
+    "onnxruntime-gpu",
+    "onnxscript",
+    "torchvision",
+    "torchaudio",
+    "torchao",
+    "transformers",
 )
 
 # NVIDIA's pip wheels carry the CUDA major in the name (nvidia-cudnn-cu12) or, from CUDA 13, in
@@ -104,7 +126,9 @@ def collect_facts() -> dict[str, Any]:
                 }
             )
         facts["torch_build"]["bf16_supported"] = bool(torch.cuda.is_bf16_supported())
-        facts["torch_build"]["arch_list"] = list(torch.cuda.get_arch_list())  # GPU archs the wheel has kernels for
+        facts["torch_build"]["arch_list"] = list(
+            torch.cuda.get_arch_list()
+        )  # GPU archs the wheel has kernels for
     return facts
 
 
@@ -116,8 +140,12 @@ def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
         usable = len(os.sched_getaffinity(0))  # what cgroups / taskset leave this process
     except (AttributeError, OSError):
         usable = os.cpu_count()
-    out: dict[str, Any] = {"model": None, "usable_cores": usable,  # platform.processor() runs uname -p
-                           "physical_cores": None, "flags": []}
+    out: dict[str, Any] = {
+        "model": None,
+        "usable_cores": usable,  # platform.processor() runs uname -p
+        "physical_cores": None,
+        "flags": [],
+    }
     try:
         import psutil
 
@@ -143,7 +171,10 @@ def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     # torch's view can differ from /proc/cpuinfo (a hypervisor may list AMX yet not enable it).
     cap = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
     out["torch_capability"] = cap() if cap else None
-    for key, fn in (("torch_avx512_bf16", "_is_avx512_bf16_supported"), ("torch_amx_tile", "_is_amx_tile_supported")):
+    for key, fn in (
+        ("torch_avx512_bf16", "_is_avx512_bf16_supported"),
+        ("torch_amx_tile", "_is_amx_tile_supported"),
+    ):
         probe = getattr(torch.cpu, fn, None)
         out[key] = bool(probe()) if probe else None
     return out
@@ -267,8 +298,11 @@ def cuda_wheel_distributions(path: list[str] | None = None) -> list[dict[str, An
             continue
         seen.add(real)
         try:
-            entries = [e for e in os.scandir(real) if e.name.lower().startswith("nvidia")
-                       and e.name.endswith((".dist-info", ".egg-info"))]
+            entries = [
+                e
+                for e in os.scandir(real)
+                if e.name.lower().startswith("nvidia") and e.name.endswith((".dist-info", ".egg-info"))
+            ]
         except OSError:  # a zip, a missing folder: nothing installed there that we care about
             continue
         for entry in entries:

@@ -28,17 +28,25 @@ def query(executable: str, timeout: float = 10.0) -> dict[str, Any]:
         fields = list(QUERY_FIELDS)
         result = subprocess.run(
             [executable, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=timeout, check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
         if result.returncode != 0:  # drivers before ~510 do not know compute_cap
             fields.remove("compute_cap")
             result = subprocess.run(
                 [executable, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=timeout, check=False,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
             )
         if result.returncode != 0:
             message = (result.stdout + result.stderr).strip().splitlines()
-            out["error"] = f"nvidia-smi exited with {result.returncode}: {message[0] if message else 'no output'}"
+            out["error"] = (
+                f"nvidia-smi exited with {result.returncode}: {message[0] if message else 'no output'}"
+            )
             return out
         out["gpus"] = parse_query(result.stdout, fields)
         if out["gpus"] and not out["driver_version"]:
@@ -54,7 +62,10 @@ def parse_header(text: str) -> dict[str, str | None]:
     """Driver and CUDA version from nvidia-smi's banner (``Driver Version: 535.104.05  CUDA Version: 12.2``)."""
     driver = re.search(r"Driver Version:\s*([\d.]+)", text)
     cuda = re.search(r"CUDA Version:\s*([\d.]+)", text)
-    return {"driver_version": driver.group(1) if driver else None, "cuda_version": cuda.group(1) if cuda else None}
+    return {
+        "driver_version": driver.group(1) if driver else None,
+        "cuda_version": cuda.group(1) if cuda else None,
+    }
 
 
 def parse_query(text: str, fields: list[str] | tuple[str, ...] = QUERY_FIELDS) -> list[dict[str, Any]]:
@@ -65,8 +76,11 @@ def parse_query(text: str, fields: list[str] | tuple[str, ...] = QUERY_FIELDS) -
         if len(cells) != len(fields):
             continue
         row = dict(zip(fields, cells, strict=True))
-        gpu: dict[str, Any] = {"index": int(row["index"]) if row["index"].isdigit() else row["index"],
-                               "name": row["name"], "driver_version": row.get("driver_version")}
+        gpu: dict[str, Any] = {
+            "index": int(row["index"]) if row["index"].isdigit() else row["index"],
+            "name": row["name"],
+            "driver_version": row.get("driver_version"),
+        }
         try:
             gpu["memory_bytes"] = int(float(row["memory.total"]) * 1024 * 1024)  # MiB with nounits
         except ValueError:

@@ -43,8 +43,14 @@ def compile_once(device: str, backend: str) -> dict[str, Any]:
         torch.cuda.synchronize(device)
     second = time.perf_counter() - start
     err = float((out - tiny(x)).abs().max())
-    return {"ok": err < 1e-4, "compile_s": first, "second_call_ms": second * 1e3, "max_abs_err": err,
-            "backend": backend, "device": device}
+    return {
+        "ok": err < 1e-4,
+        "compile_s": first,
+        "second_call_ms": second * 1e3,
+        "max_abs_err": err,
+        "backend": backend,
+        "device": device,
+    }
 
 
 def allreduce(backend: str, numel: int, reps: int, timeout_s: float) -> dict[str, Any]:
@@ -59,8 +65,13 @@ def allreduce(backend: str, numel: int, reps: int, timeout_s: float) -> dict[str
     if device.type == "cuda":
         torch.cuda.set_device(device)
     start = time.perf_counter()
-    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(
+        backend,
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
     init_s = time.perf_counter() - start
     try:
         t = torch.full((numel,), float(rank + 1), device=device)
@@ -80,8 +91,16 @@ def allreduce(backend: str, numel: int, reps: int, timeout_s: float) -> dict[str
     nbytes = numel * 4
     # ring all_reduce bus bandwidth, as nccl-tests reports it: 2(n-1)/n x bytes / time
     busbw = 2 * (world - 1) / world * nbytes / per_call / 1e9 if world > 1 else None
-    return {"ok": ok, "rank": rank, "world_size": world, "backend": backend, "init_s": init_s,
-            "ms_per_call": per_call * 1e3, "bytes": nbytes, "bus_gb_s": busbw}
+    return {
+        "ok": ok,
+        "rank": rank,
+        "world_size": world,
+        "backend": backend,
+        "init_s": init_s,
+        "ms_per_call": per_call * 1e3,
+        "bytes": nbytes,
+        "bus_gb_s": busbw,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

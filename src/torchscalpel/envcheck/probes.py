@@ -79,13 +79,23 @@ def _with_timeout(name: str, device: str, timeout: float, fn: Callable[[], Probe
     thread.join(timeout)
     elapsed = time.perf_counter() - start
     if not box:
-        return ProbeResult(name=name, device=device, status="timeout", seconds=elapsed,
-                           detail=f"did not finish within {timeout:g} s")
+        return ProbeResult(
+            name=name,
+            device=device,
+            status="timeout",
+            seconds=elapsed,
+            detail=f"did not finish within {timeout:g} s",
+        )
     outcome = box[0]
     if isinstance(outcome, BaseException):
         text = str(outcome).strip().splitlines()
-        return ProbeResult(name=name, device=device, status="failed", seconds=elapsed,
-                           detail=f"{type(outcome).__name__}: {text[0] if text else ''}"[:300])
+        return ProbeResult(
+            name=name,
+            device=device,
+            status="failed",
+            seconds=elapsed,
+            detail=f"{type(outcome).__name__}: {text[0] if text else ''}"[:300],
+        )
     outcome.seconds = elapsed
     return outcome
 
@@ -122,9 +132,13 @@ def matmul_probe(device: str, budget: float = TIME_BUDGET_S) -> ProbeResult:
     err = float((out[:16].cpu().double() - ref).abs().max() / ref.abs().max())
     gflops = 2 * n**3 / per_call / 1e9
     ok = err < 1e-3  # TF32 (if the user enabled it) stays near 1e-3; garbage is far above
-    return ProbeResult(name="matmul", device=device, status="ok" if ok else "failed",
-                       detail=f"{gflops:,.1f} GFLOP/s fp32 at n={n}" if ok else f"wrong result: relative error {err:.2e}",
-                       metrics={"n": n, "gflops": gflops, "reps": reps, "rel_err": err})
+    return ProbeResult(
+        name="matmul",
+        device=device,
+        status="ok" if ok else "failed",
+        detail=f"{gflops:,.1f} GFLOP/s fp32 at n={n}" if ok else f"wrong result: relative error {err:.2e}",
+        metrics={"n": n, "gflops": gflops, "reps": reps, "rel_err": err},
+    )
 
 
 def lowp_probe(device: str, budget: float = 3 * TIME_BUDGET_S) -> ProbeResult:
@@ -150,7 +164,10 @@ def lowp_probe(device: str, budget: float = 3 * TIME_BUDGET_S) -> ProbeResult:
             metrics[label] = {"supported": False, "error": f"{type(exc).__name__}: {exc}"[:200]}
             continue
         operands[label] = (x, y)
-        metrics[label] = {"supported": True, "rel_err": float((out.float() - ref).abs().max() / ref.abs().max())}
+        metrics[label] = {
+            "supported": True,
+            "rel_err": float((out.float() - ref).abs().max() / ref.abs().max()),
+        }
     best = dict.fromkeys(operands, float("inf"))
     rounds, start = 0, time.perf_counter()
     while rounds < 2 or (time.perf_counter() - start < budget and rounds < 500):
@@ -174,14 +191,15 @@ def lowp_probe(device: str, budget: float = 3 * TIME_BUDGET_S) -> ProbeResult:
 
 
 def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def _parse_result(output: str) -> dict[str, Any] | None:
     for line in reversed(output.splitlines()):
         if line.startswith(MARKER):
-            return json.loads(line[len(MARKER):])
+            return json.loads(line[len(MARKER) :])
     return None
 
 
@@ -194,8 +212,16 @@ def compile_probe(device: str = "cpu", timeout: float = 120.0, backend: str = "i
     """One ``torch.compile`` of a tiny function in a child process; reports the compile time."""
     env = child_env()
     env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # no worker pool: faster for one tiny kernel
-    argv = [sys.executable, "-m", "torchscalpel.envcheck.probe_worker", "compile", "--device", device,
-            "--backend", backend]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchscalpel.envcheck.probe_worker",
+        "compile",
+        "--device",
+        device,
+        "--backend",
+        backend,
+    ]
     start = time.perf_counter()
     proc = _spawn(argv, env)
     try:
@@ -203,29 +229,60 @@ def compile_probe(device: str = "cpu", timeout: float = 120.0, backend: str = "i
     except subprocess.TimeoutExpired:
         kill_tree(proc)
         proc.communicate()
-        return ProbeResult(name="compile", device=device, status="timeout", seconds=time.perf_counter() - start,
-                           detail=f"torch.compile ({backend}) did not finish within {timeout:g} s")
+        return ProbeResult(
+            name="compile",
+            device=device,
+            status="timeout",
+            seconds=time.perf_counter() - start,
+            detail=f"torch.compile ({backend}) did not finish within {timeout:g} s",
+        )
     elapsed = time.perf_counter() - start
     result = _parse_result(output)
     if result is None:
-        return ProbeResult(name="compile", device=device, status="failed", seconds=elapsed,
-                           detail=f"child exited with {proc.returncode}: {_last_line(output)}")
+        return ProbeResult(
+            name="compile",
+            device=device,
+            status="failed",
+            seconds=elapsed,
+            detail=f"child exited with {proc.returncode}: {_last_line(output)}",
+        )
     if not result.get("ok"):
         detail = result.get("error") or f"compiled result differs from eager by {result.get('max_abs_err')}"
-        return ProbeResult(name="compile", device=device, status="failed", seconds=elapsed, detail=detail, metrics=result)
-    return ProbeResult(name="compile", device=device, status="ok", seconds=elapsed, metrics=result,
-                       detail=f"{backend}: first call {result['compile_s']:.1f} s, then {result['second_call_ms']:.2f} ms")
+        return ProbeResult(
+            name="compile", device=device, status="failed", seconds=elapsed, detail=detail, metrics=result
+        )
+    return ProbeResult(
+        name="compile",
+        device=device,
+        status="ok",
+        seconds=elapsed,
+        metrics=result,
+        detail=f"{backend}: first call {result['compile_s']:.1f} s, then {result['second_call_ms']:.2f} ms",
+    )
 
 
 def allreduce_probe(backend: str = "gloo", world: int = 2, timeout: float = 60.0) -> ProbeResult:
     """An all_reduce between ``world`` local processes over loopback; checks the sum and times it."""
     port = free_port()
-    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world),
-            "LOCAL_WORLD_SIZE": str(world), "OMP_NUM_THREADS": "1"}
+    base = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "OMP_NUM_THREADS": "1",
+    }
     if backend == "gloo":
         base["GLOO_SOCKET_IFNAME"] = "lo0" if sys.platform == "darwin" else "lo"
-    argv = [sys.executable, "-m", "torchscalpel.envcheck.probe_worker", "allreduce", "--backend", backend,
-            "--timeout", str(max(5.0, timeout - 5))]
+    argv = [
+        sys.executable,
+        "-m",
+        "torchscalpel.envcheck.probe_worker",
+        "allreduce",
+        "--backend",
+        backend,
+        "--timeout",
+        str(max(5.0, timeout - 5)),
+    ]
     start = time.perf_counter()
     procs = [_spawn(argv, child_env(**base, RANK=str(r), LOCAL_RANK=str(r))) for r in range(world)]
     outputs: list[str] = []
@@ -246,30 +303,58 @@ def allreduce_probe(backend: str = "gloo", world: int = 2, timeout: float = 60.0
     device = "cuda" if backend == "nccl" else "cpu"
     name = f"allreduce-{backend}"
     if timed_out:
-        return ProbeResult(name="allreduce", device=device, status="timeout", seconds=elapsed,
-                           detail=f"{backend} all_reduce of {world} ranks did not finish within {timeout:g} s")
+        return ProbeResult(
+            name="allreduce",
+            device=device,
+            status="timeout",
+            seconds=elapsed,
+            detail=f"{backend} all_reduce of {world} ranks did not finish within {timeout:g} s",
+        )
     results = [_parse_result(o) for o in outputs]
     bad = [(r, o, p) for r, o, p in zip(results, outputs, procs, strict=True) if not r or not r.get("ok")]
     if bad:
         res, out, proc = bad[0]
         detail = (res or {}).get("error") or f"rank exited with {proc.returncode}: {_last_line(out)}"
-        return ProbeResult(name="allreduce", device=device, status="failed", seconds=elapsed, detail=detail,
-                           metrics={"backend": backend, "world_size": world})
+        return ProbeResult(
+            name="allreduce",
+            device=device,
+            status="failed",
+            seconds=elapsed,
+            detail=detail,
+            metrics={"backend": backend, "world_size": world},
+        )
     r0 = results[0] or {}
-    metrics = {"backend": backend, "world_size": world, "init_s": r0.get("init_s"), "ms_per_call": r0.get("ms_per_call"),
-               "bytes": r0.get("bytes"), "bus_gb_s": r0.get("bus_gb_s"),
-               "exit_codes": [p.returncode for p in procs]}
+    metrics = {
+        "backend": backend,
+        "world_size": world,
+        "init_s": r0.get("init_s"),
+        "ms_per_call": r0.get("ms_per_call"),
+        "bytes": r0.get("bytes"),
+        "bus_gb_s": r0.get("bus_gb_s"),
+        "exit_codes": [p.returncode for p in procs],
+    }
     note = ""
     if any(p.returncode for p in procs):
         # Known torch 2.13 gloo hazard: a rank aborts at interpreter exit after finishing its work.
         note = f" (a rank exited with {[p.returncode for p in procs]} after reporting success)"
     bw = f", {metrics['bus_gb_s']:.2f} GB/s bus" if metrics["bus_gb_s"] else ""
-    return ProbeResult(name="allreduce", device=device, status="ok", seconds=elapsed, metrics=metrics,
-                       detail=f"{name}, {world} ranks: {metrics['ms_per_call']:.2f} ms per 1 MiB call{bw}{note}")
+    return ProbeResult(
+        name="allreduce",
+        device=device,
+        status="ok",
+        seconds=elapsed,
+        metrics=metrics,
+        detail=f"{name}, {world} ranks: {metrics['ms_per_call']:.2f} ms per 1 MiB call{bw}{note}",
+    )
 
 
-def run_probes(names: tuple[str, ...] | list[str] = PROBES, *, timeout: float = 60.0,
-               compile_timeout: float = 180.0, on_result: Callable[[ProbeResult], None] | None = None) -> list[ProbeResult]:
+def run_probes(
+    names: tuple[str, ...] | list[str] = PROBES,
+    *,
+    timeout: float = 60.0,
+    compile_timeout: float = 180.0,
+    on_result: Callable[[ProbeResult], None] | None = None,
+) -> list[ProbeResult]:
     """Run the named probes (in :data:`PROBES` order) and return one result per probe and device."""
     import torch
 
@@ -294,7 +379,14 @@ def run_probes(names: tuple[str, ...] | list[str] = PROBES, *, timeout: float = 
             import torch.distributed as dist
 
             if not dist.is_available() or not dist.is_gloo_available():
-                add(ProbeResult(name="allreduce", device="cpu", status="skipped", detail="torch.distributed / gloo not in this build"))
+                add(
+                    ProbeResult(
+                        name="allreduce",
+                        device="cpu",
+                        status="skipped",
+                        detail="torch.distributed / gloo not in this build",
+                    )
+                )
             else:
                 add(allreduce_probe("gloo", 2, timeout))
             if torch.cuda.is_available() and dist.is_available() and dist.is_nccl_available():

@@ -60,7 +60,9 @@ def build_report(
     complete = True
     try:
         if probes:
-            run_probes(list(probes), timeout=probe_timeout, compile_timeout=compile_timeout, on_result=collect)
+            run_probes(
+                list(probes), timeout=probe_timeout, compile_timeout=compile_timeout, on_result=collect
+            )
     except KeyboardInterrupt:
         complete = False
     findings += findings_from_probes(done)

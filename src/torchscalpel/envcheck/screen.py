@@ -32,39 +32,70 @@ def fact_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
     rows = [
         ("Python", f"{facts.get('python')} ({facts.get('executable')})"),
         ("OS", f"{facts.get('os')} {facts.get('machine')}"),
-        ("CPU", f"{cpu.get('model') or '?'}: {cpu.get('usable_cores', facts.get('cpu_count'))} usable cores"
-                f" ({cpu.get('physical_cores') or '?'} physical), load {cpu.get('load_avg_1m', '?')};"
-                f" torch kernels {cpu.get('torch_capability') or '?'}"),
+        (
+            "CPU",
+            f"{cpu.get('model') or '?'}: {cpu.get('usable_cores', facts.get('cpu_count'))} usable cores"
+            f" ({cpu.get('physical_cores') or '?'} physical), load {cpu.get('load_avg_1m', '?')};"
+            f" torch kernels {cpu.get('torch_capability') or '?'}",
+        ),
     ]
     flags = cpu.get("flags") or []
     if flags:
         torch_view = f"; torch: avx512_bf16 {_yes(cpu.get('torch_avx512_bf16'))}, amx {_yes(cpu.get('torch_amx_tile'))}"
         rows.append(("CPU features", " ".join(flags) + torch_view))
     kind = build.get("kind", "cpu")
-    what = {"cuda": f"CUDA {facts.get('torch_cuda')}", "rocm": f"ROCm/HIP {facts.get('torch_hip')}", "cpu": "CPU-only"}[kind]
+    what = {
+        "cuda": f"CUDA {facts.get('torch_cuda')}",
+        "rocm": f"ROCm/HIP {facts.get('torch_hip')}",
+        "cpu": "CPU-only",
+    }[kind]
     cudnn = f", cuDNN {build['cudnn']}" if build.get("cudnn") else ""
     cudnn += f", NCCL {build['nccl']}" if build.get("nccl") else ""
-    rows.append(("torch", f"{facts.get('torch')} ({what} build{cudnn}), {facts.get('torch_threads')} thread(s)"))
+    rows.append(
+        ("torch", f"{facts.get('torch')} ({what} build{cudnn}), {facts.get('torch_threads')} thread(s)")
+    )
     gpus = facts.get("gpus") or []
     if gpus:
         for g in gpus:
-            rows.append((f"GPU {g.get('index')}", f"{g.get('name')}, {_gib(g.get('memory_bytes'))}, sm {g.get('capability')}"
-                         f", {g.get('multiprocessors', '?')} SMs"))
+            rows.append(
+                (
+                    f"GPU {g.get('index')}",
+                    f"{g.get('name')}, {_gib(g.get('memory_bytes'))}, sm {g.get('capability')}"
+                    f", {g.get('multiprocessors', '?')} SMs",
+                )
+            )
         if "bf16_supported" in build:
             rows.append(("GPU bf16", _yes(build["bf16_supported"])))
     elif smi.get("gpus"):
         for g in smi["gpus"]:
-            rows.append((f"GPU {g.get('index')}", f"{g.get('name')}, {_gib(g.get('memory_bytes'))}, sm {g.get('capability') or '?'}"
-                         " (nvidia-smi; torch cannot see it)"))
+            rows.append(
+                (
+                    f"GPU {g.get('index')}",
+                    f"{g.get('name')}, {_gib(g.get('memory_bytes'))}, sm {g.get('capability') or '?'}"
+                    " (nvidia-smi; torch cannot see it)",
+                )
+            )
     else:
-        rows.append(("GPUs", "none visible to torch" + (" (torch.cuda.is_available() is False)" if kind != "cpu" else "")))
+        rows.append(
+            (
+                "GPUs",
+                "none visible to torch" + (" (torch.cuda.is_available() is False)" if kind != "cpu" else ""),
+            )
+        )
     driver = drv.get("nvidia_version") or smi.get("driver_version")
     cuda = drv.get("cuda_version") or smi.get("cuda_version")
     if driver or cuda or drv.get("nvidia_smi"):
-        rows.append(("NVIDIA driver", f"{driver or '?'}, supports CUDA up to {cuda or '?'}"
-                     + (f"; nvidia-smi: {smi['error']}" if smi.get("error") else "")))
+        rows.append(
+            (
+                "NVIDIA driver",
+                f"{driver or '?'}, supports CUDA up to {cuda or '?'}"
+                + (f"; nvidia-smi: {smi['error']}" if smi.get("error") else ""),
+            )
+        )
     if kind == "cuda" or pk.get("triton") or pk.get("pytorch-triton"):
-        triton = pk.get("triton") or pk.get("pytorch-triton") or pk.get("pytorch-triton-rocm") or "not installed"
+        triton = (
+            pk.get("triton") or pk.get("pytorch-triton") or pk.get("pytorch-triton-rocm") or "not installed"
+        )
         rows.append(("triton", triton))
     rows.append(("Compilers", f"C++ {comp.get('cxx') or 'none'}, C {comp.get('cc') or 'none'}"))
     if dist:
@@ -73,15 +104,26 @@ def fact_rows(facts: dict[str, Any]) -> list[tuple[str, str]]:
         else:
             backends = [b for b in ("gloo", "nccl", "mpi", "ucc", "xccl") if dist.get(b)]
             rows.append(("Distributed", "backends: " + (", ".join(backends) or "none")))
-    shown = [f"{k} {pk[k]}" for k in ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torchvision", "torchao", "transformers") if k in pk]
+    shown = [
+        f"{k} {pk[k]}"
+        for k in ("numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torchvision", "torchao", "transformers")
+        if k in pk
+    ]
     if shown:
         rows.append(("Packages", ", ".join(shown)))
     wheels = facts.get("cuda_wheels") or []
     if wheels:
         majors = sorted({w["cuda_major"] for w in wheels})
-        rows.append(("CUDA wheels", f"{len(wheels)} nvidia-* packages for CUDA {', '.join(map(str, majors))}"))
+        rows.append(
+            ("CUDA wheels", f"{len(wheels)} nvidia-* packages for CUDA {', '.join(map(str, majors))}")
+        )
     env = facts.get("env") or {}
-    rows.append(("Variables", ", ".join(f"{k}={v}" for k, v in sorted(env.items()) if k != "LD_LIBRARY_PATH") or "none set"))
+    rows.append(
+        (
+            "Variables",
+            ", ".join(f"{k}={v}" for k, v in sorted(env.items()) if k != "LD_LIBRARY_PATH") or "none set",
+        )
+    )
     if facts.get("local_ranks"):
         rows.append(("Local ranks", str(facts["local_ranks"])))
     return rows
@@ -104,8 +146,13 @@ def render(report: dict[str, Any], console: Console) -> None:
         for col in ("probe", "device", "status", "result", "time"):
             table.add_column(col, justify="right" if col == "time" else "left")
         for p in probes:
-            table.add_row(p["name"], p["device"], Text(p["status"], style=_STATUS_STYLE.get(p["status"], "")),
-                          p.get("detail", ""), f"{p.get('seconds', 0):.1f} s")
+            table.add_row(
+                p["name"],
+                p["device"],
+                Text(p["status"], style=_STATUS_STYLE.get(p["status"], "")),
+                p.get("detail", ""),
+                f"{p.get('seconds', 0):.1f} s",
+            )
         console.print(table)
     elif not report.get("probes_requested"):
         console.print(Text("Probes skipped (--no-probe).", style="dim"))
@@ -129,4 +176,8 @@ def render(report: dict[str, Any], console: Console) -> None:
         if f.get("fix"):
             console.print(Text(f"        fix: {f['fix']}"))
     counts = {s: sum(1 for f in findings if f["severity"] == s) for s in ("error", "warning", "info")}
-    console.print(Text(f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info", style="bold"))
+    console.print(
+        Text(
+            f"{counts['error']} error(s), {counts['warning']} warning(s), {counts['info']} info", style="bold"
+        )
+    )

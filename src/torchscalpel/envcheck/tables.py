@@ -70,7 +70,9 @@ def max_cuda_for_driver(driver: str, platform: str = "linux") -> str | None:
     if have is None:
         return None
     key = _os_key(platform)
-    ok = [r["cuda"] for r in load_table("cuda_driver_table.json")["toolkits"] if parse_version(r[key]) <= have]
+    ok = [
+        r["cuda"] for r in load_table("cuda_driver_table.json")["toolkits"] if parse_version(r[key]) <= have
+    ]
     return max(ok, key=parse_version) if ok else None
 
 

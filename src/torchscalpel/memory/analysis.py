@@ -42,7 +42,9 @@ CAUSE_TEXT = {
 
 
 def _top(d: dict[str, int], n: int) -> list[dict[str, Any]]:
-    return [{"name": k, "bytes": v} for k, v in sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:n] if v > 0]
+    return [
+        {"name": k, "bytes": v} for k, v in sorted(d.items(), key=lambda kv: kv[1], reverse=True)[:n] if v > 0
+    ]
 
 
 def by_block(by_module: dict[str, int], labels: dict[str, str] | None = None) -> dict[str, int]:
@@ -71,12 +73,24 @@ def _before_training(before: dict[str, Any] | None, training_peak: int) -> dict[
     """The peak before training, kept only when it was higher than the training peak (else it says nothing)."""
     if not before or int(before.get("total", 0)) <= training_peak:
         return None
-    return {"total": before["total"], "op": before.get("op"), "site": before.get("site"),
-            "by_category": before.get("by_category", {}), "sites": _top(before.get("by_site", {}), TOP_SITES)}
+    return {
+        "total": before["total"],
+        "op": before.get("op"),
+        "site": before.get("site"),
+        "by_category": before.get("by_category", {}),
+        "sites": _top(before.get("by_site", {}), TOP_SITES),
+    }
 
 
-def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation: dict[str, Any] | None,
-              live: int, *, before_training: bool = False, kept_at_oom: int = 0) -> str:
+def top_cause(
+    by_category: dict[str, int],
+    growth: dict[str, Any],
+    fragmentation: dict[str, Any] | None,
+    live: int,
+    *,
+    before_training: bool = False,
+    kept_at_oom: int = 0,
+) -> str:
     """The cause to name first (a key of :data:`CAUSE_TEXT`).
 
     ``before_training``: the limit was crossed before the model's first training forward, or (no limit)
@@ -93,13 +107,18 @@ def top_cause(by_category: dict[str, int], growth: dict[str, Any], fragmentation
     grown = growth.get("per_step", 0) * max(1, growth.get("steps", 1))
     if growth.get("per_step") and max(kept, grown) >= GROWTH_SHARE * max(1, live):
         return "growth"
-    if fragmentation and fragmentation.get("share", 0) > 0.3 and fragmentation.get("largest_free", 0) < \
-            (fragmentation.get("request") or 0):
+    if (
+        fragmentation
+        and fragmentation.get("share", 0) > 0.3
+        and fragmentation.get("largest_free", 0) < (fragmentation.get("request") or 0)
+    ):
         return "fragmentation"
     return max(CATEGORIES, key=lambda c: by_category.get(c, 0))
 
 
-def _request_as_activation(by_category: dict[str, int], oom: dict[str, Any] | None) -> tuple[dict[str, int], str | None]:
+def _request_as_activation(
+    by_category: dict[str, int], oom: dict[str, Any] | None
+) -> tuple[dict[str, int], str | None]:
     """The categories the cause is chosen from: a request that failed in a training forward counts as an activation.
 
     Why: the failing op's output is counted live (as a temporary: nothing saved it yet), and so are the
@@ -115,8 +134,10 @@ def _request_as_activation(by_category: dict[str, int], oom: dict[str, Any] | No
     out = dict(by_category)
     out["temporaries"] = out.get("temporaries", 0) - moved
     out["activations"] = out.get("activations", 0) + moved
-    return out, (f"the failing request ({fmt_bytes(moved)}, an op output of the training forward) is counted as the "
-                 "activation it was about to become")
+    return out, (
+        f"the failing request ({fmt_bytes(moved)}, an op output of the training forward) is counted as the "
+        "activation it was about to become"
+    )
 
 
 def cuda_state() -> dict[str, Any] | None:
@@ -137,18 +158,28 @@ def cuda_state() -> dict[str, Any] | None:
     except Exception:
         pass
     free = max(0, reserved - allocated)
-    return {"reserved": reserved, "allocated": allocated, "reserved_free": free,
-            "share": free / reserved if reserved else 0.0, "largest_free": largest,
-            "allocated_peak": int(stats.get("allocated_bytes.all.peak", 0)),
-            "reserved_peak": int(stats.get("reserved_bytes.all.peak", 0)),
-            "num_ooms": int(stats.get("num_ooms", 0))}
+    return {
+        "reserved": reserved,
+        "allocated": allocated,
+        "reserved_free": free,
+        "share": free / reserved if reserved else 0.0,
+        "largest_free": largest,
+        "allocated_peak": int(stats.get("allocated_bytes.all.peak", 0)),
+        "reserved_peak": int(stats.get("reserved_bytes.all.peak", 0)),
+        "num_ooms": int(stats.get("num_ooms", 0)),
+    }
 
 
 def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | None = None) -> dict[str, Any]:
     """The memory section of the Run record (plain JSON)."""
     tr = obs.tracker
     assert tr is not None
-    peak = tr.peak_copy or {"total": tr.peak, "by_category": dict(tr.by_category), "by_module": {}, "by_site": {}}
+    peak = tr.peak_copy or {
+        "total": tr.peak,
+        "by_category": dict(tr.by_category),
+        "by_module": {},
+        "by_site": {},
+    }
     capacity = obs.limit or _capacity()
     growth = bounded_growth(find_growth(obs.samples, capacity=capacity), obs)
     fragmentation = cuda_state()
@@ -159,8 +190,12 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
         "capacity": capacity,
         "allocations": tr.allocations,
         "peak": {
-            "total": tr.peak, "breakdown_total": peak.get("total"), "step": peak.get("step"),
-            "phase": peak.get("phase"), "op": peak.get("op"), "module": peak.get("module"),
+            "total": tr.peak,
+            "breakdown_total": peak.get("total"),
+            "step": peak.get("step"),
+            "phase": peak.get("phase"),
+            "op": peak.get("op"),
+            "module": peak.get("module"),
             "by_category": peak.get("by_category", {}),
             "modules": _top(peak.get("by_module", {}), TOP_MODULES),
             "blocks": _top(by_block(peak.get("by_module", {}), tr.index_labels), TOP_MODULES),
@@ -178,18 +213,30 @@ def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | N
     by_cat = where.get("by_category") or peak.get("by_category", {})
     if fragmentation is not None and tr.oom is not None:
         fragmentation["request"] = tr.oom.get("request_bytes")
-    early = (where if tr.oom is not None else (obs.before_training or {}) if section["before_training"] else {}
-             ).get("phase") == BEFORE_TRAINING
+    early = (
+        where if tr.oom is not None else (obs.before_training or {}) if section["before_training"] else {}
+    ).get("phase") == BEFORE_TRAINING
     cause_cat, note = _request_as_activation(by_cat, tr.oom)
-    cause = top_cause(cause_cat, growth, fragmentation, live_now, before_training=early,
-                      kept_at_oom=int(where.get("kept_activations") or 0))
+    cause = top_cause(
+        cause_cat,
+        growth,
+        fragmentation,
+        live_now,
+        before_training=early,
+        kept_at_oom=int(where.get("kept_activations") or 0),
+    )
     phase = where.get("phase") if tr.oom is not None else peak.get("phase")
     if cause == "temporaries" and phase in TRAINING_PHASES:
         # In a training forward or backward the temporaries are the batch's own: gradients of activations and,
         # under checkpointing, recomputed activations (GPT-2 with gradient_checkpointing_enable() ran out in
         # backward with 81% temporaries). They scale with the batch and have the activations' fixes.
-        cause, note = "activations", (f"temporaries of the training {phase} (gradients of activations, recomputed "
-                                      "activations) scale with the batch as activations do")
+        cause, note = (
+            "activations",
+            (
+                f"temporaries of the training {phase} (gradients of activations, recomputed "
+                "activations) scale with the batch as activations do"
+            ),
+        )
     section["top_cause"] = {"key": cause, "text": CAUSE_TEXT[cause]}
     if note and cause == "activations" and max(CATEGORIES, key=lambda c: by_cat.get(c, 0)) != "activations":
         section["top_cause"]["note"] = note
@@ -218,13 +265,25 @@ def bounded_growth(growth: dict[str, Any], obs: MemoryObserver) -> dict[str, Any
     from torchscalpel.memory.growth import slope
 
     usable = [s for s in obs.samples if not s.get("warmup")] or obs.samples
-    opt = [float((s.get("by_category") or {}).get("optimizer_state", 0)) for s in usable][-int(growth["steps"]):]
+    opt = [float((s.get("by_category") or {}).get("optimizer_state", 0)) for s in usable][
+        -int(growth["steps"]) :
+    ]
     if slope(opt) < BOUNDED_SHARE * growth["per_step"]:
         return growth
     now = int(opt[-1]) if opt else 0
-    return {**growth, "per_step": 0, "steps_left": None, "sites": [], "kept": None,
-            "bounded": {**bound, "grew_per_step": int(growth["per_step"]), "now": now,
-                        "left": max(0, int(bound["cap"]) - now)}}
+    return {
+        **growth,
+        "per_step": 0,
+        "steps_left": None,
+        "sites": [],
+        "kept": None,
+        "bounded": {
+            **bound,
+            "grew_per_step": int(growth["per_step"]),
+            "now": now,
+            "left": max(0, int(bound["cap"]) - now),
+        },
+    }
 
 
 def evaluation_seen(obs: MemoryObserver, record: Any, peak_phase: Any) -> dict[str, Any]:
@@ -242,17 +301,32 @@ def evaluation_seen(obs: MemoryObserver, record: Any, peak_phase: Any) -> dict[s
     if passes == 0 and (status == "stopped" or crossed):
         steps = len(getattr(record, "steps", None) or [])
         # the crossing's own step (0-based, as every step in the record and the output), not a count
-        ended = f"crossed the limit in step {obs.tracker.oom.get('step')}" if crossed and obs.tracker is not None \
-            and obs.tracker.oom is not None else f"was stopped after {steps} step(s)"
-        out["note"] = (f"evaluation not seen: the run {ended} and no model forward under "
-                       "torch.no_grad() ran; if the script evaluates later (a test loop, often with a larger batch) "
-                       "its peak can be higher" + ("; the ladder's 'fits' is the training step's" if crossed else
-                                   "; rerun with --until-eval to measure through the first evaluation"))
+        ended = (
+            f"crossed the limit in step {obs.tracker.oom.get('step')}"
+            if crossed and obs.tracker is not None and obs.tracker.oom is not None
+            else f"was stopped after {steps} step(s)"
+        )
+        out["note"] = (
+            f"evaluation not seen: the run {ended} and no model forward under "
+            "torch.no_grad() ran; if the script evaluates later (a test loop, often with a larger batch) "
+            "its peak can be higher"
+            + (
+                "; the ladder's 'fits' is the training step's"
+                if crossed
+                else "; rerun with --until-eval to measure through the first evaluation"
+            )
+        )
     return out
 
 
-def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: dict[str, Any],
-                fragmentation: dict[str, Any] | None, snapshot: dict[str, str]) -> dict[str, Any]:
+def _postmortem(
+    obs: MemoryObserver,
+    oom: dict[str, Any],
+    cause: str,
+    growth: dict[str, Any],
+    fragmentation: dict[str, Any] | None,
+    snapshot: dict[str, str],
+) -> dict[str, Any]:
     limit = obs.limit or (fragmentation or {}).get("reserved") or _capacity()
     plan: dict[str, Any] | None = None
     plan_error = None
@@ -269,21 +343,48 @@ def _postmortem(obs: MemoryObserver, oom: dict[str, Any], cause: str, growth: di
     if cause == "growth" and not growth.get("per_step") and kept:
         # too few step ends for a slope, but graphs from earlier steps are live: the ladder's growth rungs
         # read the kept bytes (per step: over the steps that kept them)
-        growth = {**growth, "per_step": kept // max(1, int(oom.get("step") or 1)),
-                  "kept": {"activations": kept, "per_step": kept // max(1, int(oom.get("step") or 1)),
-                           "losses_kept": 0}}
+        growth = {
+            **growth,
+            "per_step": kept // max(1, int(oom.get("step") or 1)),
+            "kept": {
+                "activations": kept,
+                "per_step": kept // max(1, int(oom.get("step") or 1)),
+                "losses_kept": 0,
+            },
+        }
     top_site = next((r["name"] for r in _top(oom.get("by_site", {}), 1)), None)
-    ladder = build_ladder(measured_peak=measured, limit=int(limit), plan=plan, cause=cause,
-                          breakdown=oom.get("by_category", {}), phase=str(oom.get("phase")), growth=growth, accumulating=bool(oom.get("accumulating")),
-                          fragmentation=fragmentation, top_site=top_site)
+    ladder = build_ladder(
+        measured_peak=measured,
+        limit=int(limit),
+        plan=plan,
+        cause=cause,
+        breakdown=oom.get("by_category", {}),
+        phase=str(oom.get("phase")),
+        growth=growth,
+        accumulating=bool(oom.get("accumulating")),
+        fragmentation=fragmentation,
+        top_site=top_site,
+    )
     return {
-        "request": {"op": oom.get("op"), "bytes": oom.get("request_bytes"), "site": oom.get("site"),
-                    "module": oom.get("module"), "step": oom.get("step"), "phase": oom.get("phase"),
-                    "device_error": oom.get("device_error")},
-        "limit": limit, "live": oom.get("total"), "by_category": oom.get("by_category", {}),
+        "request": {
+            "op": oom.get("op"),
+            "bytes": oom.get("request_bytes"),
+            "site": oom.get("site"),
+            "module": oom.get("module"),
+            "step": oom.get("step"),
+            "phase": oom.get("phase"),
+            "device_error": oom.get("device_error"),
+        },
+        "limit": limit,
+        "live": oom.get("total"),
+        "by_category": oom.get("by_category", {}),
         "kept_activations": int(oom.get("kept_activations") or 0),
-        "modules": _top(oom.get("by_module", {}), TOP_MODULES), "sites": _top(oom.get("by_site", {}), TOP_SITES),
-        "largest": oom.get("live", [])[:TOP_SITES], "plan": plan, "plan_error": plan_error, "ladder": ladder,
+        "modules": _top(oom.get("by_module", {}), TOP_MODULES),
+        "sites": _top(oom.get("by_site", {}), TOP_SITES),
+        "largest": oom.get("live", [])[:TOP_SITES],
+        "plan": plan,
+        "plan_error": plan_error,
+        "ladder": ladder,
         "snapshot": snapshot,
     }
 
@@ -297,7 +398,9 @@ def write_snapshot(obs: MemoryObserver, oom: dict[str, Any]) -> dict[str, str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written: dict[str, str] = {}
     live_path = out_dir / "memory-live.json"
-    live_path.write_text(json.dumps({k: v for k, v in oom.items()}, indent=1, default=str) + "\n", encoding="utf-8")
+    live_path.write_text(
+        json.dumps({k: v for k, v in oom.items()}, indent=1, default=str) + "\n", encoding="utf-8"
+    )
     written["live"] = str(live_path)
     if obs.cuda_history:
         import torch

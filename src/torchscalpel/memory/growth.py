@@ -65,7 +65,7 @@ def find_growth(samples: list[dict[str, Any]], *, capacity: int | None) -> dict[
     rows.sort(key=lambda r: r["per_step"], reverse=True)
     out["sites"] = rows[:10]
     growing = total_rate >= MIN_GROWTH and _rising(lives)
-    tail = lives[-max(MIN_STEPS, len(lives) // 3):]
+    tail = lives[-max(MIN_STEPS, len(lives) // 3) :]
     if growing and max(tail) - min(tail) < MIN_GROWTH:
         # Growth that stopped is bounded state, not a leak: LBFGS's history fills to history_size pairs in its
         # first steps and stays there (time_sequence_prediction was told "grows 7.0 MiB/step: 3410 more steps
@@ -77,8 +77,11 @@ def find_growth(samples: list[dict[str, Any]], *, capacity: int | None) -> dict[
     kept = [int(s.get("kept_activations", 0)) for s in usable]
     losses = [int(s.get("losses_kept", 0)) for s in usable]
     if growing and _rising(kept) and max(kept) > 0:
-        out["kept"] = {"activations": max(kept), "per_step": int(slope([float(v) for v in kept])),
-                       "losses_kept": losses[-1]}
+        out["kept"] = {
+            "activations": max(kept),
+            "per_step": int(slope([float(v) for v in kept])),
+            "losses_kept": losses[-1],
+        }
     if growing and capacity:
         peak = max(int(s.get("peak", s["live"])) for s in usable)
         out["steps_left"] = max(0, int((capacity - peak) / total_rate))

@@ -66,7 +66,9 @@ class LadderPlanObserver(PlanObserver):
     def on_forward_pre(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
         super().on_forward_pre(module, args, kwargs, root)
         # the model the plan captured (a loss module or a frozen teacher is not), in a training forward
-        captured = self.model is not None and (self.model is module or getattr(module, "module", None) is self.model)
+        captured = self.model is not None and (
+            self.model is module or getattr(module, "module", None) is self.model
+        )
         if root and captured and not self._norms_checked and module.training:
             import torch
 
@@ -131,16 +133,29 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
     base_settings = sim_settings_for(optimizer, precision, accum, device)
 
     def run(settings: SimSettings, size: int | None = None) -> tuple[int, Any]:
-        m = simulate(lambda: build_meta_model(builder, settings.precision),
-                     batch if size is None else batch.with_batch(size), settings, loss_fn)
-        bd = evaluate(m, "single", world_size=1, nodes=1, device=device, checkpointing=settings.checkpoint_blocks)
+        m = simulate(
+            lambda: build_meta_model(builder, settings.precision),
+            batch if size is None else batch.with_batch(size),
+            settings,
+            loss_fn,
+        )
+        bd = evaluate(
+            m, "single", world_size=1, nodes=1, device=device, checkpointing=settings.checkpoint_blocks
+        )
         return bd.peak, m
 
     peak, m = run(base_settings)
     b = batch.batch_size
-    out: dict[str, Any] = {"batch": b, "precision": precision, "optimizer": optimizer.label, "peak": peak,
-                           "activations_peak": m.act_peak_bytes, "optimizer_state": m.optim_bytes,
-                           "blocks": len(m.blocks), "batchnorm": obs.batchnorm}
+    out: dict[str, Any] = {
+        "batch": b,
+        "precision": precision,
+        "optimizer": optimizer.label,
+        "peak": peak,
+        "activations_peak": m.act_peak_bytes,
+        "optimizer_state": m.optim_bytes,
+        "blocks": len(m.blocks),
+        "batchnorm": obs.batchnorm,
+    }
     if cause in ("activations", "temporaries"):
         if m.blocks:
             out["checkpointed_peak"], _ = run(dataclasses.replace(base_settings, checkpoint_blocks=True))
@@ -148,7 +163,9 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
             half_peak, _ = run(base_settings, b // 2)
             per_sample = (peak - half_peak) / (b - b // 2)
             fixed = peak - per_sample * b
-            out["max_batch"] = max(0, int((plan_budget(limit) - fixed) / per_sample)) if per_sample > 0 else None
+            out["max_batch"] = (
+                max(0, int((plan_budget(limit) - fixed) / per_sample)) if per_sample > 0 else None
+            )
             out["per_sample"], out["fixed"] = per_sample, fixed  # the largest batch's predicted peak
             mb = out["max_batch"]
             if mb is not None and 0 < mb < b and not obs.batchnorm:
@@ -172,14 +189,25 @@ def plan_numbers(obs: LadderPlanObserver, limit: int, cause: str) -> dict[str, A
     no_batch_fits = out.get("max_batch") == 0
     if (cause == "optimizer_state" or no_batch_fits) and optimizer.label.lower() not in ("none", "sgd"):
         # the rung says "SGD with momentum": price that (one buffer per parameter), not plain SGD (none)
-        out["sgd_peak"], _ = run(sim_settings_for(OptimizerSpec.named("sgd-momentum"), precision, accum, device))
+        out["sgd_peak"], _ = run(
+            sim_settings_for(OptimizerSpec.named("sgd-momentum"), precision, accum, device)
+        )
     return out
 
 
-def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None, cause: str,
-                 breakdown: dict[str, int], phase: str, growth: dict[str, Any] | None,
-                 fragmentation: dict[str, Any] | None, accumulating: bool = False,
-                 top_site: str | None = None) -> list[dict[str, Any]]:
+def build_ladder(
+    *,
+    measured_peak: int,
+    limit: int,
+    plan: dict[str, Any] | None,
+    cause: str,
+    breakdown: dict[str, int],
+    phase: str,
+    growth: dict[str, Any] | None,
+    fragmentation: dict[str, Any] | None,
+    accumulating: bool = False,
+    top_site: str | None = None,
+) -> list[dict[str, Any]]:
     """The rungs, most relevant first; each has ``action``, ``saves`` (bytes or None), ``fits``, ``config``
     and ``peak``: the plan's peak with the rung applied (None for a rung the plan does not simulate), what
     ``scalpel run --memory-limit`` then measures.
@@ -195,43 +223,86 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
     budget = plan_budget(limit)
     base_peak = plan.get("peak") or measured_peak
 
-    def rung(kind: str, action: str, saves: int | None, *, fits: bool | None = None,
-             config: dict[str, Any] | None = None, why: str = "", peak: int | None = None) -> None:
+    def rung(
+        kind: str,
+        action: str,
+        saves: int | None,
+        *,
+        fits: bool | None = None,
+        config: dict[str, Any] | None = None,
+        why: str = "",
+        peak: int | None = None,
+    ) -> None:
         if fits is None and saves is not None:
             fits = measured_peak - saves <= limit
-        rungs.append({"kind": kind, "action": action, "saves": saves, "fits": fits, "config": config or {},
-                      "why": why, "peak": None if peak is None else int(peak)})
+        rungs.append(
+            {
+                "kind": kind,
+                "action": action,
+                "saves": saves,
+                "fits": fits,
+                "config": config or {},
+                "why": why,
+                "peak": None if peak is None else int(peak),
+            }
+        )
 
     if cause == "data_preparation":
         where = f" at {top_site}" if top_site else ""
-        rung("data-preparation", f"hold less while preparing the data{where}: build it in a smaller dtype "
-             "(float32, uint8 images), per sample in a Dataset's __getitem__, or del intermediates before training",
-             None, fits=None, why="the limit was crossed before the model's first training forward: no training-step "
-             "setting (checkpointing, micro-batches, bf16) changes that peak")
+        rung(
+            "data-preparation",
+            f"hold less while preparing the data{where}: build it in a smaller dtype "
+            "(float32, uint8 images), per sample in a Dataset's __getitem__, or del intermediates before training",
+            None,
+            fits=None,
+            why="the limit was crossed before the model's first training forward: no training-step "
+            "setting (checkpointing, micro-batches, bf16) changes that peak",
+        )
 
     if growth and growth.get("per_step"):
         kept = growth.get("kept")
         if kept:
             # what the growing sites hold beyond one step's worth is what stops growing: the kept graphs'
             # activations are only part of it (their inputs and outputs are counted at the same sites)
-            beyond_one_step = sum(max(0, int(r["live"]) - int(r["per_step"])) for r in growth.get("sites") or [])
+            beyond_one_step = sum(
+                max(0, int(r["live"]) - int(r["per_step"])) for r in growth.get("sites") or []
+            )
             saves = max(int(kept.get("activations") or 0), beyond_one_step)
-            rung("detach-kept", "keep plain numbers across steps: log loss.item() (or loss.detach()), and del outputs "
-                 "kept from an earlier step", saves,
-                 why="activations saved in earlier steps are still live: a tensor that requires grad outlives its step")
+            rung(
+                "detach-kept",
+                "keep plain numbers across steps: log loss.item() (or loss.detach()), and del outputs "
+                "kept from an earlier step",
+                saves,
+                why="activations saved in earlier steps are still live: a tensor that requires grad outlives its step",
+            )
         else:
             site = (growth.get("sites") or [{}])[0].get("site", "?")
-            rung("stop-growth", f"stop keeping tensors across steps at {site} (store .item() / .detach().cpu(), or "
-                 "bound the cache)", None, fits=None, why=f"grows {fmt_bytes(growth['per_step'])} per step")
+            rung(
+                "stop-growth",
+                f"stop keeping tensors across steps at {site} (store .item() / .detach().cpu(), or "
+                "bound the cache)",
+                None,
+                fits=None,
+                why=f"grows {fmt_bytes(growth['per_step'])} per step",
+            )
     if fragmentation and fragmentation.get("share", 0) > FRAGMENTATION_SHARE:
-        rung("expandable-segments", "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
-             fragmentation.get("reserved_free"), why=f"{fragmentation['share']:.0%} of reserved memory is free but "
-             "fragmented")
+        rung(
+            "expandable-segments",
+            "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+            fragmentation.get("reserved_free"),
+            why=f"{fragmentation['share']:.0%} of reserved memory is free but fragmented",
+        )
     if "checkpointed_peak" in plan:
         saves = max(0, base_peak - plan["checkpointed_peak"])
-        rung("checkpoint-blocks", f"activation checkpointing of the {plan.get('blocks')} repeated blocks", saves,
-             fits=plan["checkpointed_peak"] <= budget, config={"checkpointing": "blocks"}, peak=plan["checkpointed_peak"],
-             why="recomputes each block's forward in backward (about one extra forward)")
+        rung(
+            "checkpoint-blocks",
+            f"activation checkpointing of the {plan.get('blocks')} repeated blocks",
+            saves,
+            fits=plan["checkpointed_peak"] <= budget,
+            config={"checkpointing": "blocks"},
+            peak=plan["checkpointed_peak"],
+            why="recomputes each block's forward in backward (about one extra forward)",
+        )
     batch, mb = plan.get("batch"), plan.get("max_batch")
     if batch and mb is not None and mb < batch:
         if mb > 0:
@@ -240,44 +311,81 @@ def build_ladder(*, measured_peak: int, limit: int, plan: dict[str, Any] | None,
             micro_peak = plan.get("microbatch_peak")  # the knob simulated (None: not simulated)
             max_peak = plan["fixed"] + plan["per_sample"] * mb if "per_sample" in plan else None
             if plan.get("batchnorm"):  # the knob refuses it: a script change with a BatchNorm caveat
-                rung("micro-batches", f"{k} micro-batches of {batch // k} with gradient accumulation in the script "
-                     f"(global batch {batch} kept)", None, fits=None,
-                     why=f"{why}; not applied by scalpel run: {plan['batchnorm'].split('; ran unsplit')[0]}")
+                rung(
+                    "micro-batches",
+                    f"{k} micro-batches of {batch // k} with gradient accumulation in the script "
+                    f"(global batch {batch} kept)",
+                    None,
+                    fits=None,
+                    why=f"{why}; not applied by scalpel run: {plan['batchnorm'].split('; ran unsplit')[0]}",
+                )
             else:
-                rung("micro-batches", f"{k} micro-batches of {batch // k} with gradient accumulation (global batch "
-                     f"{batch} kept)", None, fits=True if micro_peak is None else micro_peak <= budget,
-                     config={"microbatches": k}, why=why, peak=micro_peak)
+                rung(
+                    "micro-batches",
+                    f"{k} micro-batches of {batch // k} with gradient accumulation (global batch "
+                    f"{batch} kept)",
+                    None,
+                    fits=True if micro_peak is None else micro_peak <= budget,
+                    config={"microbatches": k},
+                    why=why,
+                    peak=micro_peak,
+                )
             rung("max-batch", f"batch {mb} fits at most (from {batch})", None, fits=True, peak=max_peak)
         else:
             rung("max-batch", "not even batch 1 fits without other changes", None, fits=False)
     if "bf16_peak" in plan:
-        rung("bf16", "bf16 autocast", max(0, base_peak - plan["bf16_peak"]), fits=plan["bf16_peak"] <= plan_budget(limit, BF16_MARGIN),
-             config={"amp": "bf16"}, why="activations in half precision; fp32 master weights kept",
-             peak=plan["bf16_peak"])
+        rung(
+            "bf16",
+            "bf16 autocast",
+            max(0, base_peak - plan["bf16_peak"]),
+            fits=plan["bf16_peak"] <= plan_budget(limit, BF16_MARGIN),
+            config={"amp": "bf16"},
+            why="activations in half precision; fp32 master weights kept",
+            peak=plan["bf16_peak"],
+        )
     if "sgd_peak" in plan:
-        rung("optimizer", f"an optimizer with less state than {plan.get('optimizer')} (SGD with momentum keeps one "
-             "buffer per parameter), or shard it (FSDP)", max(0, base_peak - plan["sgd_peak"]),
-             fits=plan["sgd_peak"] <= budget, peak=plan["sgd_peak"])
+        rung(
+            "optimizer",
+            f"an optimizer with less state than {plan.get('optimizer')} (SGD with momentum keeps one "
+            "buffer per parameter), or shard it (FSDP)",
+            max(0, base_peak - plan["sgd_peak"]),
+            fits=plan["sgd_peak"] <= budget,
+            peak=plan["sgd_peak"],
+        )
     # Gradients live in a forward are stale only when no backward ran since the last step: under gradient
     # accumulation the second micro-batch's forward holds the first one's gradients by design.
     if phase == "forward" and breakdown.get("gradients", 0) > 0 and not accumulating:
-        rung("set-to-none", "call optimizer.zero_grad(set_to_none=True) before the forward: the last step's gradients stay allocated through it",
-             breakdown["gradients"])
+        rung(
+            "set-to-none",
+            "call optimizer.zero_grad(set_to_none=True) before the forward: the last step's gradients stay allocated through it",
+            breakdown["gradients"],
+        )
     if growth and growth.get("per_step"):
         # Memory that grows fills any limit in the end: every other rung (set-to-none included) only moves the out-of-memory later.
         for r in rungs:
             if r["kind"] not in ("detach-kept", "stop-growth"):
                 r["fits"] = False
-                r["why"] = (r["why"] + "; " if r["why"] else "") + "only delays the out-of-memory while memory grows"
-    order = {"activations": ("checkpoint-blocks", "micro-batches", "bf16", "max-batch"), "optimizer_state": ("optimizer",),
-             "growth": ("detach-kept", "stop-growth"), "fragmentation": ("expandable-segments",),
-             "data_preparation": ("data-preparation",),
-             "gradients": ("set-to-none",)}.get(cause, ())
+                r["why"] = (
+                    r["why"] + "; " if r["why"] else ""
+                ) + "only delays the out-of-memory while memory grows"
+    order = {
+        "activations": ("checkpoint-blocks", "micro-batches", "bf16", "max-batch"),
+        "optimizer_state": ("optimizer",),
+        "growth": ("detach-kept", "stop-growth"),
+        "fragmentation": ("expandable-segments",),
+        "data_preparation": ("data-preparation",),
+        "gradients": ("set-to-none",),
+    }.get(cause, ())
     # Rungs that fit first, the cause's own first among them: the first rung is the recommended fix (a
     # checkpointing rung that does not fit must not come before micro-batches that do: GPT-2 with a 16k vocab;
     # mnist's ladder put micro-batches and bf16 that did not fit before the smaller batch that did, when
     # max-batch was not one of the activations' rungs). ``fits`` compared by truth, not identity: a numpy
     # bool from a plan figure is as true as True.
-    rungs.sort(key=lambda r: (r["fits"] is None or not bool(r["fits"]), r["kind"] not in order,
-                              order.index(r["kind"]) if r["kind"] in order else 0))
+    rungs.sort(
+        key=lambda r: (
+            r["fits"] is None or not bool(r["fits"]),
+            r["kind"] not in order,
+            order.index(r["kind"]) if r["kind"] in order else 0,
+        )
+    )
     return rungs

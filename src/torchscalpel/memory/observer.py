@@ -82,7 +82,9 @@ class MemoryObserver(Observer):
         if self.plan_observer is not None:
             self.plan_observer.on_batch(batch, loader)
 
-    def on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
+    def on_forward_pre(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool
+    ) -> None:
         if self.plan_observer is not None:
             self.plan_observer.on_forward_pre(module, args, kwargs, root)
         if not root or self.tracker is None:
@@ -163,11 +165,18 @@ class MemoryObserver(Observer):
         # Provisional steps (forward- or backward-delimited before the first optimizer step) are merged
         # by the timeline: a step index seen again replaces what was sampled from it onwards.
         self.samples = [s for s in self.samples if s["step"] < step.index]
-        self.samples.append({
-            "step": step.index, "warmup": bool(step.warmup), "live": tr.total, "peak": max(tr.step_peak, tr.total),
-            "by_category": dict(tr.by_category), "sites": dict(top), "kept_activations": kept,
-            "losses_kept": sum(1 for a in tr.live.values() if a.is_loss and a.step < tr.step),
-        })
+        self.samples.append(
+            {
+                "step": step.index,
+                "warmup": bool(step.warmup),
+                "live": tr.total,
+                "peak": max(tr.step_peak, tr.total),
+                "by_category": dict(tr.by_category),
+                "sites": dict(top),
+                "kept_activations": kept,
+                "losses_kept": sum(1 for a in tr.live.values() if a.is_loss and a.step < tr.step),
+            }
+        )
         tr.step = step.index + 1
         self._steps_done = step.index + 1
         self._stop_after_evaluation()
@@ -178,8 +187,12 @@ class MemoryObserver(Observer):
     def _stop_after_evaluation(self) -> None:
         """Under ``--until-eval``: end the run at the next step boundary once the window's steps ran and an
         evaluation pass (mnist's test loop after each epoch, with a larger batch) was measured to its end."""
-        if self.until_eval is not None and self._eval_ended and self._steps_done >= self.until_eval \
-                and self.session is not None:
+        if (
+            self.until_eval is not None
+            and self._eval_ended
+            and self._steps_done >= self.until_eval
+            and self.session is not None
+        ):
             self.session.request_stop("scalpel memory: the window's steps and one evaluation were measured")
 
     def on_finish(self, record: Any) -> None:
@@ -205,11 +218,15 @@ class MemoryObserver(Observer):
         except Exception as exc:  # a crash in the analysis keeps what was measured
             import traceback
 
-            record.sections["memory"] = {"version": "1.0", "error": f"analysis failed: {exc!r}",
-                                         "traceback": traceback.format_exc(limit=6),
-                                         "peak": {"total": tr.peak, **(tr.peak_copy or {})}, "oom": tr.oom,
-                                         "snapshot": snapshot,
-                                         "samples": self.samples}
+            record.sections["memory"] = {
+                "version": "1.0",
+                "error": f"analysis failed: {exc!r}",
+                "traceback": traceback.format_exc(limit=6),
+                "peak": {"total": tr.peak, **(tr.peak_copy or {})},
+                "oom": tr.oom,
+                "snapshot": snapshot,
+                "samples": self.samples,
+            }
 
 
 def lbfgs_bound(optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
@@ -221,8 +238,12 @@ def lbfgs_bound(optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
     history = int(optimizer.param_groups[0].get("history_size", 0))
     state = optimizer.state.get(params[0]) or {}
     vector = sum(p.numel() for p in params) * params[0].element_size()
-    return {"optimizer": type(optimizer).__name__, "history_size": history,
-            "pairs": len(state.get("old_dirs") or []), "cap": (2 * history + 2) * vector}
+    return {
+        "optimizer": type(optimizer).__name__,
+        "history_size": history,
+        "pairs": len(state.get("old_dirs") or []),
+        "cap": (2 * history + 2) * vector,
+    }
 
 
 def _start_cuda_history() -> bool:

@@ -7,8 +7,13 @@ from typing import Any
 from torchscalpel.runtime.alloc_tracker import CATEGORIES
 from torchscalpel.units import fmt_bytes
 
-LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
-          "activations": "activations (saved for backward)", "temporaries": "temporaries"}
+LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "activations": "activations (saved for backward)",
+    "temporaries": "temporaries",
+}
 
 
 def _short(site: str | None) -> str:
@@ -36,62 +41,86 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
     lines: list[str] = []
     peak = section.get("peak", {})
     total = int(peak.get("breakdown_total") or peak.get("total") or 0)
-    lines.append(f"peak live tensors {fmt_bytes(peak.get('total'))} (step {peak.get('step')}, {peak.get('phase')}, "
-                 f"at {peak.get('op')} in {peak.get('module') or 'no module'})")
+    lines.append(
+        f"peak live tensors {fmt_bytes(peak.get('total'))} (step {peak.get('step')}, {peak.get('phase')}, "
+        f"at {peak.get('op')} in {peak.get('module') or 'no module'})"
+    )
     lines += category_lines(peak.get("by_category", {}), total)
     evaluation = section.get("evaluation") or {}
     if evaluation.get("note") and not section.get("oom"):
         lines.append(str(evaluation["note"]))
     before = section.get("before_training")
     if before:
-        lines.append(f"before training the live total was higher: {fmt_bytes(before['total'])} at "
-                     f"{_short(str(before.get('site')))} ({before.get('op')}; loading data or building the model)")
+        lines.append(
+            f"before training the live total was higher: {fmt_bytes(before['total'])} at "
+            f"{_short(str(before.get('site')))} ({before.get('op')}; loading data or building the model)"
+        )
     owners = peak.get("blocks") if len(peak.get("blocks") or []) < len(peak.get("modules") or []) else None
     if owners or peak.get("modules"):
         lines.append("activations by module at the peak:")
-        lines += [f"  {m['name'] or '(outside any module)':<34} {fmt_bytes(m['bytes']):>11}"
-                  for m in (owners or peak["modules"])[:6]]
+        lines += [
+            f"  {m['name'] or '(outside any module)':<34} {fmt_bytes(m['bytes']):>11}"
+            for m in (owners or peak["modules"])[:6]
+        ]
     if peak.get("sites"):
         lines.append("largest live allocations at the peak, by call site:")
         lines += [f"  {_short(s['name']):<34} {fmt_bytes(s['bytes']):>11}" for s in peak["sites"][:6]]
     cuda = section.get("cuda")
     if cuda:
-        lines.append(f"allocator cache: {fmt_bytes(cuda['reserved'])} reserved, {fmt_bytes(cuda['reserved_free'])} "
-                     f"free in it ({cuda['share']:.0%}), largest free block {fmt_bytes(cuda['largest_free'])}")
+        lines.append(
+            f"allocator cache: {fmt_bytes(cuda['reserved'])} reserved, {fmt_bytes(cuda['reserved_free'])} "
+            f"free in it ({cuda['share']:.0%}), largest free block {fmt_bytes(cuda['largest_free'])}"
+        )
     growth = section.get("growth") or {}
     stopped = growth.get("stopped")
     if stopped and not growth.get("per_step"):
-        lines.append(f"memory grew {fmt_bytes(stopped['grew'])} over the first steps, then stayed at "
-                     f"{fmt_bytes(stopped['live'])} for the last {stopped['flat_steps']} step ends: bounded state (an "
-                     "optimizer's history, a cache that filled), not growth")
+        lines.append(
+            f"memory grew {fmt_bytes(stopped['grew'])} over the first steps, then stayed at "
+            f"{fmt_bytes(stopped['live'])} for the last {stopped['flat_steps']} step ends: bounded state (an "
+            "optimizer's history, a cache that filled), not growth"
+        )
     bounded = growth.get("bounded")
     if bounded:
-        lines.append(f"optimizer state grew {fmt_bytes(bounded['grew_per_step'])} per step while {bounded['optimizer']}'s "
-                     f"history filled ({bounded['pairs']} of {bounded['history_size']} pairs): bounded at "
-                     f"{fmt_bytes(bounded['cap'])}, {fmt_bytes(bounded['left'])} more; not growth")
+        lines.append(
+            f"optimizer state grew {fmt_bytes(bounded['grew_per_step'])} per step while {bounded['optimizer']}'s "
+            f"history filled ({bounded['pairs']} of {bounded['history_size']} pairs): bounded at "
+            f"{fmt_bytes(bounded['cap'])}, {fmt_bytes(bounded['left'])} more; not growth"
+        )
     if growth.get("per_step"):
         left = growth.get("steps_left")
-        lines.append(f"memory grows {fmt_bytes(growth['per_step'])} per step"
-                     + (f": {left} more steps until {fmt_bytes(growth.get('capacity'))}" if left is not None else ""))
+        lines.append(
+            f"memory grows {fmt_bytes(growth['per_step'])} per step"
+            + (f": {left} more steps until {fmt_bytes(growth.get('capacity'))}" if left is not None else "")
+        )
         kept = growth.get("kept")
         if kept:
-            lines.append(f"  {fmt_bytes(kept['activations'])} of activations from earlier steps are still live "
-                         f"(a tensor that requires grad is kept across steps, with its graph)")
-        lines += [f"  {_short(r['site']):<34} +{fmt_bytes(r['per_step'])}/step" for r in growth.get("sites", [])[:5]]
+            lines.append(
+                f"  {fmt_bytes(kept['activations'])} of activations from earlier steps are still live "
+                f"(a tensor that requires grad is kept across steps, with its graph)"
+            )
+        lines += [
+            f"  {_short(r['site']):<34} +{fmt_bytes(r['per_step'])}/step" for r in growth.get("sites", [])[:5]
+        ]
     oom = section.get("oom")
     cause = (section.get("top_cause") or {}).get("text", "?")
     if oom:
         req = oom["request"]
         what = req.get("device_error") or f"limit {fmt_bytes(oom.get('limit'))}"
-        lines.append(f"OUT OF MEMORY ({what}): {req.get('op')} at {_short(req.get('site'))} asked for "
-                     f"{fmt_bytes(req.get('bytes'))} with {fmt_bytes(oom.get('live'))} live (step {req.get('step')}, "
-                     f"{req.get('phase')}, in {req.get('module') or 'no module'})")
+        lines.append(
+            f"OUT OF MEMORY ({what}): {req.get('op')} at {_short(req.get('site'))} asked for "
+            f"{fmt_bytes(req.get('bytes'))} with {fmt_bytes(oom.get('live'))} live (step {req.get('step')}, "
+            f"{req.get('phase')}, in {req.get('module') or 'no module'})"
+        )
         note = (section.get("top_cause") or {}).get("note")
         lines.append(f"top cause: {cause}" + (f" ({note})" if note else ""))
         lines += category_lines(oom.get("by_category", {}), int(oom.get("live") or 0))
-        if oom.get("kept_activations") and not growth.get("per_step"):  # growth named before a slope could be fit
-            lines.append(f"  {fmt_bytes(oom['kept_activations'])} of activations saved in earlier steps were still live "
-                         "(a tensor that requires grad is kept across steps, with its graph)")
+        if oom.get("kept_activations") and not growth.get(
+            "per_step"
+        ):  # growth named before a slope could be fit
+            lines.append(
+                f"  {fmt_bytes(oom['kept_activations'])} of activations saved in earlier steps were still live "
+                "(a tensor that requires grad is kept across steps, with its graph)"
+            )
         if oom.get("plan_error"):
             lines.append(f"  (no plan numbers: {oom['plan_error']})")
         if oom.get("ladder"):
@@ -101,7 +130,11 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
                 if r.get("peak"):
                     saves = ", ".join(x for x in (saves, f"plan peak {fmt_bytes(r['peak'])}") if x)
                 fits = {True: "fits", False: "does not fit alone", None: ""}[r.get("fits")]
-                cfg = " [scalpel run: " + ", ".join(f"{k}={v}" for k, v in r["config"].items()) + "]" if r.get("config") else ""
+                cfg = (
+                    " [scalpel run: " + ", ".join(f"{k}={v}" for k, v in r["config"].items()) + "]"
+                    if r.get("config")
+                    else ""
+                )
                 tail = "; ".join(x for x in (saves, fits, r.get("why", "")) if x)
                 lines.append(f"  - {r['action']}" + (f" ({tail})" if tail else "") + cfg)
         if evaluation.get("note"):

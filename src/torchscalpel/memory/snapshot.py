@@ -37,22 +37,35 @@ from torchscalpel.runtime.userframes import Kind, file_kind
 from torchscalpel.units import fmt_bytes
 
 _WHAT = {  # why each refused opcode is refused, for the one sentence
-    "GLOBAL": "imports a class or function", "STACK_GLOBAL": "imports a class or function",
-    "INST": "imports and calls a class", "OBJ": "calls a class", "REDUCE": "calls a function",
-    "NEWOBJ": "calls a class", "NEWOBJ_EX": "calls a class", "BUILD": "sets an object's state",
-    "PERSID": "needs a persistent id", "BINPERSID": "needs a persistent id",
-    "EXT1": "names a registered class", "EXT2": "names a registered class", "EXT4": "names a registered class",
-    "NEXT_BUFFER": "needs an out-of-band buffer", "READONLY_BUFFER": "needs an out-of-band buffer",
+    "GLOBAL": "imports a class or function",
+    "STACK_GLOBAL": "imports a class or function",
+    "INST": "imports and calls a class",
+    "OBJ": "calls a class",
+    "REDUCE": "calls a function",
+    "NEWOBJ": "calls a class",
+    "NEWOBJ_EX": "calls a class",
+    "BUILD": "sets an object's state",
+    "PERSID": "needs a persistent id",
+    "BINPERSID": "needs a persistent id",
+    "EXT1": "names a registered class",
+    "EXT2": "names a registered class",
+    "EXT4": "names a registered class",
+    "NEXT_BUFFER": "needs an out-of-band buffer",
+    "READONLY_BUFFER": "needs an out-of-band buffer",
 }
 
 
 def _not_snapshot(path: Path, why: str) -> UsageError:
-    return UsageError(f"{path} is not a PyTorch memory snapshot ({why}); give a file written by "
-                      "torch.cuda.memory._dump_snapshot.")
+    return UsageError(
+        f"{path} is not a PyTorch memory snapshot ({why}); give a file written by "
+        "torch.cuda.memory._dump_snapshot."
+    )
 
 
 def _truncated(path: Path, where: str) -> UsageError:
-    return UsageError(f"{path} is cut short ({where}): the snapshot was not written completely; dump it again.")
+    return UsageError(
+        f"{path} is cut short ({where}): the snapshot was not written completely; dump it again."
+    )
 
 
 def load_snapshot(path: Path) -> dict[str, Any]:
@@ -61,8 +74,10 @@ def load_snapshot(path: Path) -> dict[str, Any]:
         with path.open("rb") as fh:
             data = PlainUnpickler(io.BufferedReader(fh, buffer_size=1 << 20)).load()
     except Refused as exc:
-        raise UsageError(f"{path} is not a plain PyTorch memory snapshot: it asks to build {exc}, which this "
-                         "reader refuses (only containers and numbers are allowed).") from None
+        raise UsageError(
+            f"{path} is not a plain PyTorch memory snapshot: it asks to build {exc}, which this "
+            "reader refuses (only containers and numbers are allowed)."
+        ) from None
     except EOFError:
         raise _truncated(path, "it ends before the pickle's STOP opcode") from None
     except pickle.UnpicklingError as exc:
@@ -72,8 +87,10 @@ def load_snapshot(path: Path) -> dict[str, Any]:
     except (ValueError, TypeError, IndexError, KeyError, OverflowError, AttributeError) as exc:
         raise _not_snapshot(path, f"{type(exc).__name__} while reading it as a pickle") from None
     except MemoryError:
-        raise ScalpelError(f"{path} does not fit in memory with the pure-Python reader; install a C compiler "
-                           "(gcc) so the streaming reader can run.") from None
+        raise ScalpelError(
+            f"{path} does not fit in memory with the pure-Python reader; install a C compiler "
+            "(gcc) so the streaming reader can run."
+        ) from None
     except OSError as exc:
         raise UsageError(f"Cannot read {path}: {exc.strerror or exc}.") from None
     if not isinstance(data, dict) or not isinstance(data.get("segments"), list):
@@ -85,8 +102,17 @@ PHASES = ("other", "parameters", "gradients", "optimizer_state", "activations")
 """What a block was allocated for, read from its traceback (the innermost frame that marks one), in the
 order of the C reader's PH_* codes. "other": no torch frame says (the user's own tensors, data, caches)."""
 _FORWARD = frozenset({"_call_impl", "_wrapped_call_impl"})
-_PARAMETER_SETUP = frozenset({"_apply", "to", "cuda", "load_state_dict", "_load_from_state_dict", "register_parameter",
-                              "register_buffer"})
+_PARAMETER_SETUP = frozenset(
+    {
+        "_apply",
+        "to",
+        "cuda",
+        "load_state_dict",
+        "_load_from_state_dict",
+        "register_parameter",
+        "register_buffer",
+    }
+)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -108,15 +134,19 @@ def frame_code(file: str, function: str) -> int:
     phase = 0
     if not file.endswith(".py"):  # a native frame: on CUDA, backward runs in the autograd engine's thread,
         # whose allocations have no Python frame at all, only these
-        if "autograd::Engine::" in function or ("autograd::generated::" in function and "Backward" in function):
+        if "autograd::Engine::" in function or (
+            "autograd::generated::" in function and "Backward" in function
+        ):
             phase = 2
     elif kind is Kind.TORCH:
         p = file.replace("\\", "/")
         if "/optim/" in p:
             phase = 3
-        elif ((p.endswith("/autograd/graph.py") and function == "_engine_run_backward")
-              or (p.endswith("/autograd/__init__.py") and function in ("backward", "grad"))
-              or (p.endswith("/_tensor.py") and function == "backward")):
+        elif (
+            (p.endswith("/autograd/graph.py") and function == "_engine_run_backward")
+            or (p.endswith("/autograd/__init__.py") and function in ("backward", "grad"))
+            or (p.endswith("/_tensor.py") and function == "backward")
+        ):
             phase = 2
         elif p.endswith("/nn/modules/module.py"):
             phase = 4 if function in _FORWARD else 1 if function in _PARAMETER_SETUP else 0
@@ -245,18 +275,36 @@ class SnapshotSummary:
         elif action == "free_completed":
             self.live -= _int(e.get("size"))
         elif action == "oom":
-            self.ooms.append({"device": device, "bytes": e.get("size"), "site": self._facts(e.get("frames"))[0],
-                              "device_free": e.get("device_free")})
+            self.ooms.append(
+                {
+                    "device": device,
+                    "bytes": e.get("size"),
+                    "site": self._facts(e.get("frames"))[0],
+                    "device_free": e.get("device_free"),
+                }
+            )
             del self.ooms[:-5]
 
     def fields(self) -> dict[str, Any]:
         """What :func:`explanation` needs, as the native reader returns it too."""
         sites = sorted(self.by_site.items(), key=lambda kv: kv[1], reverse=True)[:10]
-        return {"segments": self.segments, "blocks": self.blocks, "reserved": self.reserved,
-                "allocated": self.allocated, "requested": self.requested, "free": self.free,
-                "largest_free": self.largest_free, "trace_events": self.trace_events, "live": self.live,
-                "trace_peak": self.trace_peak, "trace_peak_at": self.trace_peak_at, "sites": sites,
-                "largest": list(self.largest), "ooms": list(self.ooms), "phases": dict(zip(PHASES, self.phases, strict=True))}
+        return {
+            "segments": self.segments,
+            "blocks": self.blocks,
+            "reserved": self.reserved,
+            "allocated": self.allocated,
+            "requested": self.requested,
+            "free": self.free,
+            "largest_free": self.largest_free,
+            "trace_events": self.trace_events,
+            "live": self.live,
+            "trace_peak": self.trace_peak,
+            "trace_peak_at": self.trace_peak_at,
+            "sites": sites,
+            "largest": list(self.largest),
+            "ooms": list(self.ooms),
+            "phases": dict(zip(PHASES, self.phases, strict=True)),
+        }
 
     def result(self) -> dict[str, Any]:
         """Plain JSON."""
@@ -267,11 +315,22 @@ def explanation(f: dict[str, Any]) -> dict[str, Any]:
     """The explanation (plain JSON) from a summary's fields, whichever reader built them."""
     share = f["free"] / f["reserved"] if f["reserved"] else 0.0
     return {
-        "segments": f["segments"], "blocks": f["blocks"], "reserved": f["reserved"], "allocated": f["allocated"],
-        "requested": f["requested"], "reserved_free": f["free"], "fragmentation_share": share,
-        "largest_free": f["largest_free"], "sites": [{"name": s, "bytes": v} for s, v in f["sites"]],
-        "largest": [{"bytes": n, "site": s} for n, s in f["largest"]], "ooms": f["ooms"],
-        "trace": {"events": f["trace_events"], "peak_live": f["trace_peak"], "peak_at_event": f["trace_peak_at"]},
+        "segments": f["segments"],
+        "blocks": f["blocks"],
+        "reserved": f["reserved"],
+        "allocated": f["allocated"],
+        "requested": f["requested"],
+        "reserved_free": f["free"],
+        "fragmentation_share": share,
+        "largest_free": f["largest_free"],
+        "sites": [{"name": s, "bytes": v} for s, v in f["sites"]],
+        "largest": [{"bytes": n, "site": s} for n, s in f["largest"]],
+        "ooms": f["ooms"],
+        "trace": {
+            "events": f["trace_events"],
+            "peak_live": f["trace_peak"],
+            "peak_at_event": f["trace_peak_at"],
+        },
         "phases": dict(f["phases"]),
         "expandable_segments_advised": share > 0.2,
     }
@@ -293,9 +352,11 @@ def explain(data: dict[str, Any]) -> dict[str, Any]:
 def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
     if err.code == native.E_REFUSED:
         what = _WHAT.get(err.message, "is not plain data")
-        return UsageError(f"{path} is not a plain PyTorch memory snapshot: at byte {err.offset} it {what} "
-                          f"(pickle opcode {err.message}), which this reader refuses (only containers and "
-                          "numbers are allowed).")
+        return UsageError(
+            f"{path} is not a plain PyTorch memory snapshot: at byte {err.offset} it {what} "
+            f"(pickle opcode {err.message}), which this reader refuses (only containers and "
+            "numbers are allowed)."
+        )
     if err.code == native.E_TRUNCATED:
         return _truncated(path, f"{err.message}, at byte {err.offset}")
     if err.code == native.E_IO:
@@ -305,7 +366,9 @@ def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
     return _not_snapshot(path, f"{err.message}, at byte {err.offset}")
 
 
-def _read_native(path: Path, lib: Any, progress: native.Progress | None) -> tuple[dict[str, Any], dict[str, int]]:
+def _read_native(
+    path: Path, lib: Any, progress: native.Progress | None
+) -> tuple[dict[str, Any], dict[str, int]]:
     try:
         fields, stats = native.summarize(lib, path, frame_code, progress)
     except native.ScanError as err:
@@ -351,37 +414,47 @@ def explain_snapshot(path: Path, progress: native.Progress | None = None) -> dic
     return result
 
 
-_PHASE_WORDS = {"parameters": "parameters and buffers", "gradients": "in backward (gradients)",
-                "optimizer_state": "in optimizer.step (optimizer state)", "activations": "in forward (activations)",
-                "other": "other"}
+_PHASE_WORDS = {
+    "parameters": "parameters and buffers",
+    "gradients": "in backward (gradients)",
+    "optimizer_state": "in optimizer.step (optimizer state)",
+    "activations": "in forward (activations)",
+    "other": "other",
+}
 _PHASE_FIX = {  # the rungs of the post-mortem's ladder that act on each phase (docs/memory.md)
     "activations": "activation checkpointing of the repeated blocks or micro-batches with accumulation cut what "
-                   "forward keeps; 'scalpel memory --memory-limit SIZE -- SCRIPT' prices both for the script",
+    "forward keeps; 'scalpel memory --memory-limit SIZE -- SCRIPT' prices both for the script",
     "optimizer_state": "a lighter optimizer state (SGD with momentum, Adafactor, 8-bit Adam) or sharding it "
-                       "(FSDP, ZeRO) cuts what optimizer.step keeps",
+    "(FSDP, ZeRO) cuts what optimizer.step keeps",
     "gradients": "optimizer.zero_grad(set_to_none=True) frees the last step's gradients before the next forward; "
-                 "sharding them (FSDP, ZeRO-2) cuts them per rank",
+    "sharding them (FSDP, ZeRO-2) cuts them per rank",
     "parameters": "bf16 weights halve the parameters; sharding (FSDP) divides them by the ranks",
 }
 
 
 def render_snapshot(r: dict[str, Any]) -> list[str]:
     """Terminal lines for :func:`explain_snapshot`'s result."""
-    lines = [f"snapshot {r['path']}: {r['segments']} segments, {r['blocks']} live blocks",
-             f"  reserved {fmt_bytes(r['reserved'])}, allocated {fmt_bytes(r['allocated'])}, free inside reserved "
-             f"{fmt_bytes(r['reserved_free'])} ({r['fragmentation_share']:.0%}), largest free block "
-             f"{fmt_bytes(r['largest_free'])}"]
+    lines = [
+        f"snapshot {r['path']}: {r['segments']} segments, {r['blocks']} live blocks",
+        f"  reserved {fmt_bytes(r['reserved'])}, allocated {fmt_bytes(r['allocated'])}, free inside reserved "
+        f"{fmt_bytes(r['reserved_free'])} ({r['fragmentation_share']:.0%}), largest free block "
+        f"{fmt_bytes(r['largest_free'])}",
+    ]
     trace = r.get("trace") or {}
     if trace.get("events"):
-        lines.append(f"  trace: {trace['events']} allocator events, live bytes peaked {fmt_bytes(trace['peak_live'])} "
-                     f"above the trace's start (event {trace['peak_at_event']})")
+        lines.append(
+            f"  trace: {trace['events']} allocator events, live bytes peaked {fmt_bytes(trace['peak_live'])} "
+            f"above the trace's start (event {trace['peak_at_event']})"
+        )
     for o in r["ooms"]:
         lines.append(f"  out of memory: asked for {fmt_bytes(o['bytes'])} at {o['site']}")
     phases = {k: v for k, v in (r.get("phases") or {}).items() if v}
     if set(phases) - {"other"} and r["allocated"]:  # all "other": no torch frame said anything
         shares = sorted(phases.items(), key=lambda kv: kv[1], reverse=True)
-        lines.append("allocated by phase (from each block's frames): " + ", ".join(
-            f"{_PHASE_WORDS[k]} {fmt_bytes(v)} ({v / r['allocated']:.0%})" for k, v in shares))
+        lines.append(
+            "allocated by phase (from each block's frames): "
+            + ", ".join(f"{_PHASE_WORDS[k]} {fmt_bytes(v)} ({v / r['allocated']:.0%})" for k, v in shares)
+        )
         top, top_bytes = shares[0]
         if top in _PHASE_FIX and top_bytes >= 0.3 * r["allocated"]:
             lines.append(f"fix: {_PHASE_FIX[top]}")
@@ -389,10 +462,14 @@ def render_snapshot(r: dict[str, Any]) -> list[str]:
         lines.append("allocated by call site:")
         lines += [f"  {s['name']:<60} {fmt_bytes(s['bytes']):>11}" for s in r["sites"][:8]]
     if r["expandable_segments_advised"]:
-        lines.append("fix: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (more than 20% of reserved memory is "
-                     "free but fragmented)")
+        lines.append(
+            "fix: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (more than 20% of reserved memory is "
+            "free but fragmented)"
+        )
     if r.get("reader") == "python":
-        lines.append(f"(read whole by the pure-Python reader: {r.get('reader_note') or 'native reader unavailable'})")
+        lines.append(
+            f"(read whole by the pure-Python reader: {r.get('reader_note') or 'native reader unavailable'})"
+        )
     elif r.get("reader") == "native":
         lines.append("(read by the native streaming reader)")
     return lines

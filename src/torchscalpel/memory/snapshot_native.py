@@ -37,10 +37,36 @@ SOURCE = Path(__file__).with_name("snapshot_scan.c")
 SLICE_BYTES = 64 << 20  # each C call reads this much of the file before it returns (progress, Ctrl-C)
 
 E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG = range(8)
-COUNTERS = ("segments", "blocks", "reserved", "allocated", "requested", "free", "largest_free", "trace_events",
-            "live", "trace_peak", "trace_peak_at", "n_largest", "n_ooms", "memo_entries", "memo_fetched",
-            "memo_released", "opcodes", "nodes_made", "nodes_peak", "streamed_segments", "streamed_events", "sites", "kept_lists",
-            "phase_other", "phase_parameters", "phase_gradients", "phase_optimizer_state", "phase_activations")
+COUNTERS = (
+    "segments",
+    "blocks",
+    "reserved",
+    "allocated",
+    "requested",
+    "free",
+    "largest_free",
+    "trace_events",
+    "live",
+    "trace_peak",
+    "trace_peak_at",
+    "n_largest",
+    "n_ooms",
+    "memo_entries",
+    "memo_fetched",
+    "memo_released",
+    "opcodes",
+    "nodes_made",
+    "nodes_peak",
+    "streamed_segments",
+    "streamed_events",
+    "sites",
+    "kept_lists",
+    "phase_other",
+    "phase_parameters",
+    "phase_gradients",
+    "phase_optimizer_state",
+    "phase_activations",
+)
 """The numbers ``ts_counters`` writes, in its order."""
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
@@ -85,8 +111,12 @@ def _compile(target: Path) -> str:
     except OSError as exc:
         return f"the cache folder {target.parent} is not writable ({exc.strerror or exc})"
     try:
-        proc = subprocess.run([*cc.split(), "-O2", "-fwrapv", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [*cc.split(), "-O2", "-fwrapv", "-shared", "-fPIC", "-o", tmp, str(SOURCE)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["no message"])[0]
             return f"the C compiler failed ({first})"
@@ -130,7 +160,9 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     if not SOURCE.is_file():
         _loaded = (None, f"{SOURCE.name} is missing from the installed package")
         return _loaded
-    digest = hashlib.sha256(SOURCE.read_bytes() + platform.machine().encode() + sys.platform.encode()).hexdigest()
+    digest = hashlib.sha256(
+        SOURCE.read_bytes() + platform.machine().encode() + sys.platform.encode()
+    ).hexdigest()
     target = cache_dir() / f"snapshot_scan-{digest[:16]}.so"
     why = "" if target.is_file() else _compile(target)
     if why:
@@ -146,8 +178,13 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     return _loaded
 
 
-FRAME_CODE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_char), ctypes.c_size_t,
-                              ctypes.POINTER(ctypes.c_char), ctypes.c_size_t)
+FRAME_CODE = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.POINTER(ctypes.c_char),
+    ctypes.c_size_t,
+    ctypes.POINTER(ctypes.c_char),
+    ctypes.c_size_t,
+)
 """The C reader asks this once per distinct frame (file name, function name): bit 0 the user's file
 (read for ``.py`` files only), bits 1-3 the phase the function marks (``snapshot.frame_code``)."""
 
@@ -166,8 +203,9 @@ def _raw(kind: int, value: int) -> int | bool | float | None:
     return None
 
 
-def summarize(lib: ctypes.CDLL, path: Path, frame_code: Callable[[str, str], int],
-              progress: Progress | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+def summarize(
+    lib: ctypes.CDLL, path: Path, frame_code: Callable[[str, str], int], progress: Progress | None = None
+) -> tuple[dict[str, Any], dict[str, int]]:
     """Read ``path`` in C: the summary's fields (as ``SnapshotSummary`` keeps them) and the reader's counters.
 
     ``frame_code(file, function)``: what a frame is (see :data:`FRAME_CODE`), asked once per distinct pair.
@@ -176,9 +214,15 @@ def summarize(lib: ctypes.CDLL, path: Path, frame_code: Callable[[str, str], int
 
     def ask(file: Any, file_len: int, name: Any, name_len: int) -> int:
         try:
-            return int(frame_code(ctypes.string_at(file, file_len).decode("utf-8", "surrogateescape"),
-                                  ctypes.string_at(name, name_len).decode("utf-8", "surrogateescape")))
-        except Exception:  # an exception cannot cross into C; a frame we cannot judge is a library's, no phase
+            return int(
+                frame_code(
+                    ctypes.string_at(file, file_len).decode("utf-8", "surrogateescape"),
+                    ctypes.string_at(name, name_len).decode("utf-8", "surrogateescape"),
+                )
+            )
+        except (
+            Exception
+        ):  # an exception cannot cross into C; a frame we cannot judge is a library's, no phase
             return 0
 
     callback = FRAME_CODE(ask)  # held here: C calls it until ts_close
@@ -205,25 +249,60 @@ def summarize(lib: ctypes.CDLL, path: Path, frame_code: Callable[[str, str], int
         top = lib.ts_top_sites(ctx, 10, ids, sizes)
         sites = [(lib.ts_site(ctx, ids[i]).decode("utf-8", "replace"), int(sizes[i])) for i in range(top)]
         lib.ts_largest(ctx, sizes, ids)
-        largest = [(int(sizes[i]), lib.ts_site(ctx, ids[i]).decode("utf-8", "replace")) for i in range(n["n_largest"])]
+        largest = [
+            (int(sizes[i]), lib.ts_site(ctx, ids[i]).decode("utf-8", "replace"))
+            for i in range(n["n_largest"])
+        ]
         ooms_raw = (ctypes.c_int64 * (6 * 5))()
         lib.ts_ooms(ctx, ooms_raw)
         ooms = []
         for i in range(n["n_ooms"]):
-            device, bytes_kind, nbytes, site, free_kind, free = ooms_raw[6 * i:6 * i + 6]
-            ooms.append({"device": device, "bytes": _raw(bytes_kind, nbytes),
-                         "site": lib.ts_site(ctx, site).decode("utf-8", "replace"),
-                         "device_free": _raw(free_kind, free)})
-        fields = {k: n[k] for k in ("segments", "blocks", "reserved", "allocated", "requested", "free",
-                                    "largest_free", "trace_events", "live", "trace_peak", "trace_peak_at")}
-        fields.update(sites=sites, largest=largest, ooms=ooms,
-                      phases={k[len("phase_"):]: n[k] for k in COUNTERS if k.startswith("phase_")})
-        stats = {"memo_entries": n["memo_entries"], "memo_kept": n["memo_fetched"] - n["memo_released"],
-                 "memo_released": n["memo_released"], "opcodes": n["opcodes"], "nodes_made": n["nodes_made"],
-                 "nodes_peak": n["nodes_peak"], "streamed": n["streamed_segments"] == n["segments"],
-                 "streamed_events": n["streamed_events"], "kept_whole": n["kept_lists"]}
+            device, bytes_kind, nbytes, site, free_kind, free = ooms_raw[6 * i : 6 * i + 6]
+            ooms.append(
+                {
+                    "device": device,
+                    "bytes": _raw(bytes_kind, nbytes),
+                    "site": lib.ts_site(ctx, site).decode("utf-8", "replace"),
+                    "device_free": _raw(free_kind, free),
+                }
+            )
+        fields = {
+            k: n[k]
+            for k in (
+                "segments",
+                "blocks",
+                "reserved",
+                "allocated",
+                "requested",
+                "free",
+                "largest_free",
+                "trace_events",
+                "live",
+                "trace_peak",
+                "trace_peak_at",
+            )
+        }
+        fields.update(
+            sites=sites,
+            largest=largest,
+            ooms=ooms,
+            phases={k[len("phase_") :]: n[k] for k in COUNTERS if k.startswith("phase_")},
+        )
+        stats = {
+            "memo_entries": n["memo_entries"],
+            "memo_kept": n["memo_fetched"] - n["memo_released"],
+            "memo_released": n["memo_released"],
+            "opcodes": n["opcodes"],
+            "nodes_made": n["nodes_made"],
+            "nodes_peak": n["nodes_peak"],
+            "streamed": n["streamed_segments"] == n["segments"],
+            "streamed_events": n["streamed_events"],
+            "kept_whole": n["kept_lists"],
+        }
         return fields, stats
     finally:
         lib.ts_close(ctx)
+
+
 def _error(lib: ctypes.CDLL, ctx: int) -> ScanError:
     return ScanError(lib.ts_error(ctx), lib.ts_message(ctx).decode(errors="replace"), lib.ts_offset(ctx))

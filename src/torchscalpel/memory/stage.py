@@ -13,9 +13,17 @@ from torchscalpel.runtime.session import RuntimeOptions, SetupHook
 from torchscalpel.runtime.target import Target
 
 
-def run_memory(target: Target, options: RuntimeOptions, *, limit: int | None, json_path: Path | None = None,
-               write_report: bool = True, setup_hooks: Sequence[SetupHook] = (),
-               plan: bool = True, until_eval: int | None = None) -> RunRecord:
+def run_memory(
+    target: Target,
+    options: RuntimeOptions,
+    *,
+    limit: int | None,
+    json_path: Path | None = None,
+    write_report: bool = True,
+    setup_hooks: Sequence[SetupHook] = (),
+    plan: bool = True,
+    until_eval: int | None = None,
+) -> RunRecord:
     """Run ``target`` with tensor-level accounting (and ``limit``, when given); write run.json and report.html.
 
     ``until_eval``: run at least this many steps, then stop once the script's first evaluation has ended."""
@@ -25,8 +33,13 @@ def run_memory(target: Target, options: RuntimeOptions, *, limit: int | None, js
     out_dir: Path = options.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     observer = MemoryObserver(limit=limit, plan=plan, until_eval=until_eval)
-    record = run_target(target, options, observers=[observer], setup_hooks=[*setup_hooks, observer_setup(observer)],
-                        command=["scalpel", *sys.argv[1:]])
+    record = run_target(
+        target,
+        options,
+        observers=[observer],
+        setup_hooks=[*setup_hooks, observer_setup(observer)],
+        command=["scalpel", *sys.argv[1:]],
+    )
     finish(record, out_dir, json_path=json_path, write_report=write_report)
     return record
 

@@ -48,8 +48,13 @@ class Device:
 
     def to_dict(self) -> dict[str, object]:
         """JSON form."""
-        return {"name": self.name, "memory": self.memory, "kind": self.kind, "context_bytes": self.context_bytes,
-                "margin": self.margin}
+        return {
+            "name": self.name,
+            "memory": self.memory,
+            "kind": self.kind,
+            "context_bytes": self.context_bytes,
+            "margin": self.margin,
+        }
 
 
 def device_table() -> dict[str, dict[str, object]]:
@@ -62,7 +67,9 @@ def resolve_device(name: str | None, memory: str | None, *, kind: str | None = N
     if name and memory:
         raise UsageError("Give either --device or --device-memory, not both.")
     if memory:
-        return Device(name=f"{memory} device", memory=parse_size(memory, flag="--device-memory"), kind=kind or "cuda")
+        return Device(
+            name=f"{memory} device", memory=parse_size(memory, flag="--device-memory"), kind=kind or "cuda"
+        )
     if name:
         table = device_table()
         lookup = {k.lower().replace("_", "-"): k for k in table}
@@ -70,7 +77,9 @@ def resolve_device(name: str | None, memory: str | None, *, kind: str | None = N
         if key is None and name.lower() == "cpu":
             return _this_cpu()
         if key is None:
-            raise UsageError(f"Unknown device {name!r}; use one of {', '.join(table)}, cpu, or --device-memory SIZE.")
+            raise UsageError(
+                f"Unknown device {name!r}; use one of {', '.join(table)}, cpu, or --device-memory SIZE."
+            )
         entry = table[key]
         return Device(name=key, memory=int(entry["memory_mib"]) * 1024**2, kind=str(entry["kind"]))
     return local_device()

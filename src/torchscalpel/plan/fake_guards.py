@@ -28,9 +28,14 @@ def causal_masks_undetected() -> Iterator[None]:
 
     def make(original: Callable[..., bool]) -> Callable[..., bool]:
         def detect(mask: torch.Tensor | None, is_causal: bool | None = None, size: int | None = None) -> bool:
-            if is_causal is None and mask is not None and isinstance(mask, torch._subclasses.fake_tensor.FakeTensor):
+            if (
+                is_causal is None
+                and mask is not None
+                and isinstance(mask, torch._subclasses.fake_tensor.FakeTensor)
+            ):
                 return False
             return original(mask, is_causal, size)
+
         return detect
 
     try:

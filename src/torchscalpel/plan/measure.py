@@ -77,8 +77,9 @@ WORKER_SPAN_PREFIXES = ("gloo:",)
 """Names of the spans a process group's worker thread records while it runs a collective."""
 
 
-def allocator_peak(events: Iterable[MemoryEvent], spans: Iterable[Span], *,
-                   window_end_is_clean: bool = True) -> MemoryReading:
+def allocator_peak(
+    events: Iterable[MemoryEvent], spans: Iterable[Span], *, window_end_is_clean: bool = True
+) -> MemoryReading:
     """Peak live bytes of a window's allocation events, restoring the frees the profiler missed.
 
     A missed free shows as a block whose address is allocated again while the block is still live, or
@@ -91,8 +92,9 @@ def allocator_peak(events: Iterable[MemoryEvent], spans: Iterable[Span], *,
     """
     evs = sorted(events, key=lambda e: e.ts)
     all_spans = list(spans)
-    issued = _outermost(sorted((s for s in all_spans if s.name.startswith(COLLECTIVE_OP_PREFIX)),
-                               key=lambda s: s.start))
+    issued = _outermost(
+        sorted((s for s in all_spans if s.name.startswith(COLLECTIVE_OP_PREFIX)), key=lambda s: s.start)
+    )
     workers = sorted((s for s in all_spans if s.name.startswith(WORKER_SPAN_PREFIXES)), key=lambda s: s.start)
     done = [w.end for w in workers] if len(workers) == len(issued) else [c.end for c in issued]
     starts = [c.start for c in issued]
@@ -116,7 +118,11 @@ def allocator_peak(events: Iterable[MemoryEvent], spans: Iterable[Span], *,
     for i, latest in missed:
         k = bisect.bisect_left(starts, evs[i].ts)
         # an allocation inside the issuing op belongs to that collective
-        if k > 0 and issued[k - 1].tid == evs[i].tid and issued[k - 1].start <= evs[i].ts <= issued[k - 1].end:
+        if (
+            k > 0
+            and issued[k - 1].tid == evs[i].tid
+            and issued[k - 1].start <= evs[i].ts <= issued[k - 1].end
+        ):
             k -= 1
         when = done[k] if k < len(done) else None
         if when is None and latest is None:
@@ -139,8 +145,13 @@ def allocator_peak(events: Iterable[MemoryEvent], spans: Iterable[Span], *,
         if total > peak:
             peak, peak_ts = total, e.ts
         counter_peak = max(counter_peak, counter)
-    return MemoryReading(peak=peak, counter_peak=counter_peak, repaired_bytes=sum(n for _, n in frees),
-                         unresolved_bytes=unresolved, peak_ts=peak_ts)
+    return MemoryReading(
+        peak=peak,
+        counter_peak=counter_peak,
+        repaired_bytes=sum(n for _, n in frees),
+        unresolved_bytes=unresolved,
+        peak_ts=peak_ts,
+    )
 
 
 def _outermost(spans: list[Span]) -> list[Span]:
@@ -180,12 +191,24 @@ def profiled_memory(fn: Callable[[], None]) -> MemoryReading:
             # frees of blocks allocated before the window count too (as the counter does): the
             # garbage collection above keeps them out, and a run's peak is what it adds on top.
             if str(args.get("Device Type", 0)) in ("0", "cpu"):
-                events.append(MemoryEvent(ts=float(e.get("ts", 0)), tid=str(e.get("tid")),
-                                          addr=int(args.get("Addr", 0)), nbytes=int(args.get("Bytes", 0))))
+                events.append(
+                    MemoryEvent(
+                        ts=float(e.get("ts", 0)),
+                        tid=str(e.get("tid")),
+                        addr=int(args.get("Addr", 0)),
+                        nbytes=int(args.get("Bytes", 0)),
+                    )
+                )
         elif e.get("ph") == "X":
             start = float(e.get("ts", 0))
-            spans.append(Span(name=str(e.get("name", "")), tid=str(e.get("tid")), start=start,
-                              end=start + float(e.get("dur", 0))))
+            spans.append(
+                Span(
+                    name=str(e.get("name", "")),
+                    tid=str(e.get("tid")),
+                    start=start,
+                    end=start + float(e.get("dur", 0)),
+                )
+            )
     return allocator_peak(events, spans)
 
 
@@ -195,11 +218,19 @@ def profiled_peak(fn: Callable[[], None]) -> int:
 
 
 def train_steps(
-    model: nn.Module, batch: BatchSpec, settings: SimSettings, loss_fn: LossFn | None = None, *, steps: int = 3,
-    wrap: Callable[[nn.Module], nn.Module] | None = None, device: str = "cpu",
+    model: nn.Module,
+    batch: BatchSpec,
+    settings: SimSettings,
+    loss_fn: LossFn | None = None,
+    *,
+    steps: int = 3,
+    wrap: Callable[[nn.Module], nn.Module] | None = None,
+    device: str = "cpu",
 ) -> None:
     """A plain training loop: zero_grad(set_to_none), forward, loss, backward, step; ``steps`` times."""
-    whole = {"bf16": torch.bfloat16, "fp64": torch.float64}.get(settings.precision)  # the whole model in one dtype
+    whole = {"bf16": torch.bfloat16, "fp64": torch.float64}.get(
+        settings.precision
+    )  # the whole model in one dtype
     if whole is not None:
         model = model.to(whole)
     if wrap is not None:
@@ -226,12 +257,15 @@ def train_steps(
         del out, loss
 
 
-def wrap_for(strategy: str, blocks_of: Callable[[nn.Module], list[tuple[str, nn.Module]]]) -> Callable[[nn.Module], nn.Module]:
+def wrap_for(
+    strategy: str, blocks_of: Callable[[nn.Module], list[tuple[str, nn.Module]]]
+) -> Callable[[nn.Module], nn.Module]:
     """The wrapping a plan assumes for ``strategy`` (needs an initialised process group).
 
     ``ddp``: DistributedDataParallel with default buckets. ``fsdp-full`` / ``fsdp-grad-op``: FSDP2
     ``fully_shard`` on every block, then on the root, with ``reshard_after_forward`` True / False.
     """
+
     def wrap(model: nn.Module) -> nn.Module:
         if strategy == "single":
             return model

@@ -49,7 +49,9 @@ def plain_tensor_attributes(model: nn.Module) -> list[tuple[nn.Module, str, list
     return found
 
 
-def split_batch(model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[torch.Tensor]]:
+def split_batch(
+    model: nn.Module, batch: dict[str, torch.Tensor]
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor], list[torch.Tensor]]:
     """(positional inputs, keyword inputs, targets) following the calling convention above."""
     inner = model
     # DDP (``.module``) and torch.compile (``._orig_mod``) wrap forward as (*inputs, **kwargs)
@@ -146,8 +148,11 @@ def without_kv_cache(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tup
     (``GradientCheckpointingLayer``); the same is done here, for the cache passed by keyword or position.
     """
     if not any(is_kv_cache(a) for a in args) and not any(
-            (k in _CACHE_KWARGS and v is not None) or (k == "use_cache" and v) for k, v in kwargs.items()):
+        (k in _CACHE_KWARGS and v is not None) or (k == "use_cache" and v) for k, v in kwargs.items()
+    ):
         return args, kwargs
     args = tuple(None if is_kv_cache(a) else a for a in args)
-    kwargs = {k: (None if k in _CACHE_KWARGS else False if k == "use_cache" else v) for k, v in kwargs.items()}
+    kwargs = {
+        k: (None if k in _CACHE_KWARGS else False if k == "use_cache" else v) for k, v in kwargs.items()
+    }
     return args, kwargs

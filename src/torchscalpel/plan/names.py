@@ -37,7 +37,9 @@ class Precision(str, enum.Enum):
         try:
             return cls(value)
         except ValueError:
-            raise UsageError(f"Unknown precision {value!r}; use --precision {' / '.join(PRECISIONS)}.") from None
+            raise UsageError(
+                f"Unknown precision {value!r}; use --precision {' / '.join(PRECISIONS)}."
+            ) from None
 
 
 PRECISIONS = tuple(p.value for p in Precision)

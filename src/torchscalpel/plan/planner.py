@@ -120,8 +120,13 @@ def make_plan(request: PlanRequest) -> PlanResult:
         alternatives, other = _rows(request, meta, True, counter)
     elif request.search_max_batch:  # the full plan: show activations both ways (check_fits skips it)
         other = simulate(meta, request.batch, _settings(request, not ckpt), request.loss_fn)
-    result = PlanResult(request=request, measurement=base, rows=rows, alternatives=alternatives,
-                        other_checkpointing_act_peak=other.act_peak_bytes if other is not None else None)
+    result = PlanResult(
+        request=request,
+        measurement=base,
+        rows=rows,
+        alternatives=alternatives,
+        other_checkpointing_act_peak=other.act_peak_bytes if other is not None else None,
+    )
     result.recommended, result.recommendation = recommend(result)
     return result
 
@@ -140,8 +145,9 @@ class _Counter:
             self.report(self.done, self.total, what)
 
 
-def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool,
-          counter: _Counter) -> tuple[list[Row], Measurement]:
+def _rows(
+    request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool, counter: _Counter
+) -> tuple[list[Row], Measurement]:
     settings = _settings(request, ckpt)
     cache: dict[int, Measurement] = {}
 
@@ -153,12 +159,25 @@ def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool,
     base = measure(request.batch.batch_size)
     rows = []
     for strategy in request.strategies:
-        bd = evaluate(base, strategy, world_size=request.world_size, nodes=request.nodes, device=request.device,
-                      checkpointing=ckpt)
+        bd = evaluate(
+            base,
+            strategy,
+            world_size=request.world_size,
+            nodes=request.nodes,
+            device=request.device,
+            checkpointing=ckpt,
+        )
         mb = None
         if request.search_max_batch:
-            mb = max_batch(measure, base, strategy, world_size=request.world_size, nodes=request.nodes,
-                           device=request.device, checkpointing=ckpt)
+            mb = max_batch(
+                measure,
+                base,
+                strategy,
+                world_size=request.world_size,
+                nodes=request.nodes,
+                device=request.device,
+                checkpointing=ckpt,
+            )
         rows.append(Row(breakdown=bd, max_batch=mb))
         counter.row_done(strategy + (" + checkpointing" if ckpt else ""))
     return rows, base
@@ -166,8 +185,14 @@ def _rows(request: PlanRequest, meta: Callable[[], nn.Module], ckpt: bool,
 
 def _settings(request: PlanRequest, ckpt: bool) -> SimSettings:
     s = request.settings
-    return SimSettings(optimizer=s.optimizer, precision=s.precision, checkpoint_blocks=ckpt, grad_accum=s.grad_accum,
-                       foreach=s.foreach, device=s.device)
+    return SimSettings(
+        optimizer=s.optimizer,
+        precision=s.precision,
+        checkpoint_blocks=ckpt,
+        grad_accum=s.grad_accum,
+        foreach=s.foreach,
+        device=s.device,
+    )
 
 
 _PREFERENCE = ("single", "ddp", "fsdp-grad-op", "fsdp-hybrid", "fsdp-full")
@@ -184,8 +209,10 @@ def recommend(result: PlanResult) -> tuple[str | None, str]:
         best = min(fitting, key=lambda r: _PREFERENCE.index(r.breakdown.strategy))
         b = best.breakdown
         label = b.strategy + (" + checkpointing" if b.checkpointing else "")
-        why = (f"{b.strategy}{note} fits with {b.headroom / gib:.2f} GiB headroom per rank "
-               f"({b.needed / gib:.2f} of {b.capacity / gib:.2f} GiB) and communicates least among those that fit")
+        why = (
+            f"{b.strategy}{note} fits with {b.headroom / gib:.2f} GiB headroom per rank "
+            f"({b.needed / gib:.2f} of {b.capacity / gib:.2f} GiB) and communicates least among those that fit"
+        )
         if best.max_batch:
             why += f"; its largest batch per rank is {best.max_batch}"
         return label, why + "."
@@ -194,14 +221,18 @@ def recommend(result: PlanResult) -> tuple[str | None, str]:
         return None, "No strategy was evaluated."
     closest = min(rows, key=lambda r: r.breakdown.needed)
     b = closest.breakdown
-    msg = (f"Nothing fits: the smallest need is {b.needed / gib:.2f} GiB per rank with {b.strategy}"
-           f"{' + checkpointing' if b.checkpointing else ''} against {b.capacity / gib:.2f} GiB")
+    msg = (
+        f"Nothing fits: the smallest need is {b.needed / gib:.2f} GiB per rank with {b.strategy}"
+        f"{' + checkpointing' if b.checkpointing else ''} against {b.capacity / gib:.2f} GiB"
+    )
     fit_batch = [r for r in rows if r.max_batch]
     if fit_batch:
         r = max(fit_batch, key=lambda r: r.max_batch or 0)
         k = -(-result.request.batch.batch_size // int(r.max_batch or 1))
-        msg += (f"; use batch {r.max_batch} with {r.breakdown.strategy}"
-                f"{' + checkpointing' if r.breakdown.checkpointing else ''} and --grad-accum {k}")
+        msg += (
+            f"; use batch {r.max_batch} with {r.breakdown.strategy}"
+            f"{' + checkpointing' if r.breakdown.checkpointing else ''} and --grad-accum {k}"
+        )
     else:
         msg += "; more ranks (sharding), a larger device or a smaller model is needed"
     return None, msg + "."

@@ -5,18 +5,40 @@ from __future__ import annotations
 from torchscalpel.plan.planner import PlanResult, Row
 from torchscalpel.units import fmt_bytes
 
-COLUMNS = ("strategy", "params", "grads", "optim", "activ.", "comm", "peak", "+margin", "needed", "fits",
-           "headroom", "max batch", "w+opt rule")
+COLUMNS = (
+    "strategy",
+    "params",
+    "grads",
+    "optim",
+    "activ.",
+    "comm",
+    "peak",
+    "+margin",
+    "needed",
+    "fits",
+    "headroom",
+    "max batch",
+    "w+opt rule",
+)
 
 
 def row_cells(row: Row) -> list[str]:
     """The cells of one table row, in :data:`COLUMNS` order."""
     b = row.breakdown
     return [
-        b.strategy + (" +ckpt" if b.checkpointing else ""), fmt_bytes(b.params), fmt_bytes(b.grads),
-        fmt_bytes(b.optim), fmt_bytes(b.activations), fmt_bytes(b.comm), fmt_bytes(b.peak), fmt_bytes(b.margin),
-        fmt_bytes(b.needed), "yes" if b.fits else "NO", fmt_bytes(b.headroom),
-        "-" if row.max_batch is None else str(row.max_batch), fmt_bytes(b.weights_optimizer_rule),
+        b.strategy + (" +ckpt" if b.checkpointing else ""),
+        fmt_bytes(b.params),
+        fmt_bytes(b.grads),
+        fmt_bytes(b.optim),
+        fmt_bytes(b.activations),
+        fmt_bytes(b.comm),
+        fmt_bytes(b.peak),
+        fmt_bytes(b.margin),
+        fmt_bytes(b.needed),
+        "yes" if b.fits else "NO",
+        fmt_bytes(b.headroom),
+        "-" if row.max_batch is None else str(row.max_batch),
+        fmt_bytes(b.weights_optimizer_rule),
     ]
 
 
@@ -50,9 +72,16 @@ def render_text(result: PlanResult) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = [*header_lines(result), ""]
     for k, row in enumerate(rows):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))))
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
         if k == 0:
             lines.append("  ".join("-" * w for w in widths))
-    lines += ["", f"recommendation: {result.recommendation}",
-              "peak = allocator peak per rank; needed = peak + margin; w+opt rule = weights+grads+optimizer only."]
+    lines += [
+        "",
+        f"recommendation: {result.recommendation}",
+        "peak = allocator peak per rank; needed = peak + margin; w+opt rule = weights+grads+optimizer only.",
+    ]
     return "\n".join(lines)

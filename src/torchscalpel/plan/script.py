@@ -55,7 +55,9 @@ class PlanObserver(Observer):
         self._trained = False  # a backward was seen: the forward and batch before it are the training ones
         self._root: nn.Module | None = None  # the root module as called (a DDP wrapper stays the wrapper)
         self._loader: Any = None
-        self._seq_first: tuple[str, int] | None = None  # (what said so, its batch size) in the training forward
+        self._seq_first: tuple[str, int] | None = (
+            None  # (what said so, its batch size) in the training forward
+        )
 
     def setup_hook(self) -> Any:
         """A runtime setup hook: global module forward *pre* hooks get no keyword arguments, so a
@@ -75,7 +77,9 @@ class PlanObserver(Observer):
         if not self._trained:
             self.batch, self._loader = batch, loader
 
-    def on_forward_pre(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
+    def on_forward_pre(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool
+    ) -> None:
         # The last root forward before the first backward is the training one: earlier calls may
         # be probes on a different batch (DDP's unused-parameter check, a sanity forward, eval).
         if self._trained:
@@ -110,7 +114,10 @@ class PlanObserver(Observer):
             return
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.dim() == 3:
-            self._seq_first = (f"{type(module).__name__} with batch_first=False got input {list(x.shape)}", x.shape[1])
+            self._seq_first = (
+                f"{type(module).__name__} with batch_first=False got input {list(x.shape)}",
+                x.shape[1],
+            )
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
         self._in_step = True
@@ -165,14 +172,21 @@ class PlanObserver(Observer):
             return "fp16-mixed"
         assert self.model is not None
         dtypes = {p.dtype for p in self.model.parameters() if p.is_floating_point()}
-        return {frozenset({torch.bfloat16}): "bf16", frozenset({torch.float64}): "fp64"}.get(frozenset(dtypes), "fp32")
+        return {frozenset({torch.bfloat16}): "bf16", frozenset({torch.float64}): "fp64"}.get(
+            frozenset(dtypes), "fp32"
+        )
 
     def inputs(self) -> tuple[BatchSpec, Any, str]:
         """The batch as a spec (entries argN[_J] / keyword names / targetN, nested tensors included), a
         loss function that calls the model exactly as the script did, and which dimension is the batch."""
         arg_leaves = [tree_flatten(a) for a in self.args]
         kw_leaves = {k: tree_flatten(v) for k, v in self.kwargs.items()}
-        inputs = [t for leaves, _ in [*arg_leaves, *kw_leaves.values()] for t in leaves if isinstance(t, torch.Tensor)]
+        inputs = [
+            t
+            for leaves, _ in [*arg_leaves, *kw_leaves.values()]
+            for t in leaves
+            if isinstance(t, torch.Tensor)
+        ]
         given = {id(t) for t in inputs}
         loose = [t for t in _tensors(self.batch) if id(t) not in given]
         size, prefer, why = self._batch_size(inputs, loose)
@@ -188,7 +202,11 @@ class PlanObserver(Observer):
 
         positional = [(slots(f"arg{i}", leaves), spec) for i, (leaves, spec) in enumerate(arg_leaves)]
         keywords = {k: (slots(k, leaves), spec) for k, (leaves, spec) in kw_leaves.items()}
-        targets = [n for n in (add(f"target{i}", t) for i, t in enumerate(_tensors(self.batch)) if id(t) not in given) if n]
+        targets = [
+            n
+            for n in (add(f"target{i}", t) for i, t in enumerate(_tensors(self.batch)) if id(t) not in given)
+            if n
+        ]
 
         def rebuild(parts: list[tuple[str | None, Any]], spec: Any, batch: dict[str, torch.Tensor]) -> Any:
             return tree_unflatten([batch[name] if name else value for name, value in parts], spec)
@@ -202,7 +220,9 @@ class PlanObserver(Observer):
         dims = spec.batch_dims()
         return spec, loss_fn, f"batch dimension {dims} ({why})" if dims and why else ""
 
-    def _batch_size(self, inputs: list[torch.Tensor], loose: list[torch.Tensor]) -> tuple[int | None, int, str]:
+    def _batch_size(
+        self, inputs: list[torch.Tensor], loose: list[torch.Tensor]
+    ) -> tuple[int | None, int, str]:
         """(batch size, preferred dimension, why): the DataLoader's ``batch_size``; else what a
         sequence-first layer received; else dimension 0 of the loader's batch or of the first input."""
         prefer = 1 if self._seq_first else 0
@@ -239,8 +259,10 @@ class PlanObserver(Observer):
             try:
                 return copy.deepcopy(model, memo)
             except Exception as exc:
-                raise UsageError(f"Cannot copy the script's model structure for planning ({type(exc).__name__}: {exc}); "
-                                 "use factory mode (--model MODULE:FACTORY).") from None
+                raise UsageError(
+                    f"Cannot copy the script's model structure for planning ({type(exc).__name__}: {exc}); "
+                    "use factory mode (--model MODULE:FACTORY)."
+                ) from None
 
         return build
 
@@ -293,8 +315,11 @@ def _batch_dim(value: Any, size: int | None, prefer: int) -> int | None:
 def optimizer_spec(optimizer: torch.optim.Optimizer) -> OptimizerSpec:
     """The optimizer's class and first param group's hyperparameters (momentum, betas, ...)."""
     klass = type(optimizer)
-    hyper = {k: (float(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
-             for k, v in optimizer.param_groups[0].items() if k != "params"}
+    hyper = {
+        k: (float(v) if isinstance(v, torch.Tensor) and v.numel() == 1 else v)
+        for k, v in optimizer.param_groups[0].items()
+        if k != "params"
+    }
     hyper = {k: v for k, v in hyper.items() if not isinstance(v, torch.Tensor)}
     return OptimizerSpec(cls=f"{klass.__module__}.{klass.__qualname__}", kwargs=hyper)
 
@@ -330,11 +355,19 @@ class ScriptPlanOptions:
         if self.grad_accum < 1:
             raise ValueError(f"--grad-accum {self.grad_accum} must be at least 1")
         if self.world_size < 1 or self.nodes < 1 or self.world_size % self.nodes:
-            raise ValueError(f"--nodes {self.nodes} must be at least 1 and divide --world-size {self.world_size}")
+            raise ValueError(
+                f"--nodes {self.nodes} must be at least 1 and divide --world-size {self.world_size}"
+            )
 
 
-def plan_script(target: Target, args: ScriptPlanOptions, device: Any, strategies: list[str], *,
-                progress: Callable[[int, int, str], None] | None = None) -> tuple[Any, Any]:
+def plan_script(
+    target: Target,
+    args: ScriptPlanOptions,
+    device: Any,
+    strategies: list[str],
+    *,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> tuple[Any, Any]:
     """Run the script to its first optimizer step, then plan what it used. Returns (plan, record)."""
     from torchscalpel.plan.planner import PlanRequest, make_plan
     from torchscalpel.plan.simulate import sim_settings_for
@@ -343,24 +376,47 @@ def plan_script(target: Target, args: ScriptPlanOptions, device: Any, strategies
     observer = PlanObserver()
     # No step count: forward-only steps before the optimizer exists (a sanity forward) must not end
     # the run; the observer stops it at the first optimizer step.
-    record = run_target(target, RuntimeOptions(warmup=0, steps=None, out_dir=None, profile_steps=0,
-                                               name=f"plan-{target.name}"), observers=[observer],
-                        setup_hooks=[observer.setup_hook])
+    record = run_target(
+        target,
+        RuntimeOptions(warmup=0, steps=None, out_dir=None, profile_steps=0, name=f"plan-{target.name}"),
+        observers=[observer],
+        setup_hooks=[observer.setup_hook],
+    )
     if observer.model is None:
-        raise UsageError(f"The script never called a model (status {record.status}); plan needs one training step to see it.")
-    if not observer.optimizer_stepped and observer.backwards + observer.closure_evals == 0 and record.status == "failed":
-        raise UsageError(f"The script failed before its first optimizer step ({record.error}); fix it or use factory mode.")
+        raise UsageError(
+            f"The script never called a model (status {record.status}); plan needs one training step to see it."
+        )
+    if (
+        not observer.optimizer_stepped
+        and observer.backwards + observer.closure_evals == 0
+        and record.status == "failed"
+    ):
+        raise UsageError(
+            f"The script failed before its first optimizer step ({record.error}); fix it or use factory mode."
+        )
     # --optimizer, when given, asks "what if"; otherwise the optimizer the script built, or none at all
     # (updates written by hand, ``p.data.add_(-lr * p.grad)``, keep no state).
-    optimizer = OptimizerSpec.named(args.optimizer or "none") if args.optimizer or observer.optimizer is None \
+    optimizer = (
+        OptimizerSpec.named(args.optimizer or "none")
+        if args.optimizer or observer.optimizer is None
         else observer.optimizer
+    )
     batch, loss_fn, batch_note = observer.inputs()
     precision = observer.precision() if args.precision == "fp32" else args.precision
     accum = observer.micro_batches() if args.grad_accum == 1 else args.grad_accum
     request = PlanRequest(
-        builder=observer.meta_builder(), batch=batch, loss_fn=loss_fn, strategies=strategies,
-        world_size=args.world_size, nodes=args.nodes, device=device, checkpointing=args.checkpointing,
-        search_max_batch=args.search_max_batch, model_name=type(observer.model).__name__, batch_note=batch_note,
-        settings=sim_settings_for(optimizer, precision, accum, device), progress=progress,
+        builder=observer.meta_builder(),
+        batch=batch,
+        loss_fn=loss_fn,
+        strategies=strategies,
+        world_size=args.world_size,
+        nodes=args.nodes,
+        device=device,
+        checkpointing=args.checkpointing,
+        search_max_batch=args.search_max_batch,
+        model_name=type(observer.model).__name__,
+        batch_note=batch_note,
+        settings=sim_settings_for(optimizer, precision, accum, device),
+        progress=progress,
     )
     return make_plan(request), record

@@ -21,8 +21,15 @@ Measure = Callable[[int], Measurement]
 
 
 def max_batch(
-    measure: Measure, base: Measurement, strategy: str, *, world_size: int, nodes: int, device: Device,
-    checkpointing: bool, max_sims: int = 14,
+    measure: Measure,
+    base: Measurement,
+    strategy: str,
+    *,
+    world_size: int,
+    nodes: int,
+    device: Device,
+    checkpointing: bool,
+    max_sims: int = 14,
 ) -> int:
     """Largest batch whose peak fits ``device`` under ``strategy`` (0 when not even batch 1 fits)."""
     limit = device.usable_for_allocations()
@@ -32,7 +39,9 @@ def max_batch(
         nonlocal sims
         sims += 1
         m = base if batch == base.batch else measure(batch)
-        return evaluate(m, strategy, world_size=world_size, nodes=nodes, device=device, checkpointing=checkpointing).peak
+        return evaluate(
+            m, strategy, world_size=world_size, nodes=nodes, device=device, checkpointing=checkpointing
+        ).peak
 
     b0, p0 = base.batch, peak(base.batch)
     if p0 > limit:

@@ -66,8 +66,11 @@ class OptimizerSpec:
         accepts = inspect.signature(klass.__init__).parameters
         if foreach is not None and "foreach" in accepts and kwargs.get("foreach") is None:
             kwargs["foreach"] = foreach
-        kwargs = {k: v for k, v in kwargs.items() if k in accepts or any(
-            p.kind is inspect.Parameter.VAR_KEYWORD for p in accepts.values())}
+        kwargs = {
+            k: v
+            for k, v in kwargs.items()
+            if k in accepts or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepts.values())
+        }
         return klass(params, **kwargs)
 
 
@@ -112,11 +115,19 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         """JSON form (without the timeline)."""
         return {
-            "batch": self.batch, "param_bytes": self.param_bytes, "trainable_bytes": self.trainable_bytes,
-            "buffer_bytes": self.buffer_bytes, "grad_bytes": self.grad_bytes, "optim_bytes": self.optim_bytes,
-            "input_bytes": self.input_bytes, "saved_bytes": self.saved_bytes, "peak_bytes": self.peak_bytes,
-            "act_peak_bytes": self.act_peak_bytes, "param_count": self.param_count,
-            "blocks": len(self.blocks), "largest_block_bytes": max((b for _, b in self.blocks), default=0),
+            "batch": self.batch,
+            "param_bytes": self.param_bytes,
+            "trainable_bytes": self.trainable_bytes,
+            "buffer_bytes": self.buffer_bytes,
+            "grad_bytes": self.grad_bytes,
+            "optim_bytes": self.optim_bytes,
+            "input_bytes": self.input_bytes,
+            "saved_bytes": self.saved_bytes,
+            "peak_bytes": self.peak_bytes,
+            "act_peak_bytes": self.act_peak_bytes,
+            "param_count": self.param_count,
+            "blocks": len(self.blocks),
+            "largest_block_bytes": max((b for _, b in self.blocks), default=0),
             "root_param_bytes": self.root_param_bytes,
         }
 
@@ -134,13 +145,19 @@ def build_meta_model(builder: ModelBuilder, precision: Precision | str) -> nn.Mo
     except Exception as exc:
         raise UsageError(f"The model factory raised {type(exc).__name__}: {_one_line(exc)}.") from None
     if not isinstance(model, nn.Module):
-        raise UsageError(f"The model factory returned {type(model).__name__}, not a torch.nn.Module; return the model.")
+        raise UsageError(
+            f"The model factory returned {type(model).__name__}, not a torch.nn.Module; return the model."
+        )
     return model
 
 
 def simulate(
-    meta_builder: Callable[[], nn.Module], batch: BatchSpec, settings: SimSettings, loss_fn: LossFn | None = None,
-    *, steps: int = 2,
+    meta_builder: Callable[[], nn.Module],
+    batch: BatchSpec,
+    settings: SimSettings,
+    loss_fn: LossFn | None = None,
+    *,
+    steps: int = 2,
 ) -> Measurement:
     """Run ``steps`` training steps of a fresh meta model from ``meta_builder`` on fake tensors; measure them.
 
@@ -164,8 +181,14 @@ def simulate(
         # wrap does, the root is the only FSDP unit and checkpointing wraps the whole model.
         blocks = find_blocks(model)
         params = [p for p in unique_params(model) if p.requires_grad]
-        with quiet_fake_logs(), causal_masks_undetected(), fake_mode, tracker, checkpointed_blocks(blocks or [("", model)], settings.checkpoint_blocks), \
-                unit_marks(model, blocks, tracker):
+        with (
+            quiet_fake_logs(),
+            causal_masks_undetected(),
+            fake_mode,
+            tracker,
+            checkpointed_blocks(blocks or [("", model)], settings.checkpoint_blocks),
+            unit_marks(model, blocks, tracker),
+        ):
             optimizer = settings.optimizer.build(params, foreach=settings.foreach)
             saved: dict[int, int] = {}
             for _ in range(steps):
@@ -210,6 +233,7 @@ def _to_fake(meta_model: nn.Module, device: str, float_dtype: torch.dtype | None
     # Plain tensor attributes (Lightning's demo ``self.src_mask``) follow the model to the device but keep
     # their dtype, as ``model.to(dtype)`` leaves them; one that is a parameter or buffer stays that object.
     for module, name, _tensors in plain_tensor_attributes(model):
+
         def swap(t: Any) -> Any:
             if not isinstance(t, torch.Tensor):
                 return t
@@ -248,8 +272,10 @@ def _closure_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         # (an LBFGS step planned at 100 MiB of state where torch keeps 50.5)
         return
     numel = sum(p.numel() for p in params)
-    state["scalpel_flat_state"] = [torch.empty(numel, dtype=first.dtype, device=first.device)
-                                   for _ in range(closure_state_vectors(optimizer))]
+    state["scalpel_flat_state"] = [
+        torch.empty(numel, dtype=first.dtype, device=first.device)
+        for _ in range(closure_state_vectors(optimizer))
+    ]
 
 
 def closure_state_vectors(optimizer: torch.optim.Optimizer) -> int:
@@ -288,7 +314,9 @@ def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> Non
             else:
                 out, loss = default_loss(model, tensors)
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
-            raise UsageError("The loss does not require grad (no trainable parameter reaches it); check the model or --loss.")
+            raise UsageError(
+                "The loss does not require grad (no trainable parameter reaches it); check the model or --loss."
+            )
         if settings.precision == Precision.FP16_MIXED:
             loss = loss * 65536.0  # GradScaler's scaled loss: one scalar, same graph
         tracker.set_phase("backward")
@@ -355,7 +383,9 @@ ROOT_UNIT = ""
 
 
 @contextlib.contextmanager
-def unit_marks(model: nn.Module, blocks: list[tuple[str, nn.Module]], tracker: AllocationTracker) -> Iterator[None]:
+def unit_marks(
+    model: nn.Module, blocks: list[tuple[str, nn.Module]], tracker: AllocationTracker
+) -> Iterator[None]:
     """Mark the moments FSDP2 acts on each unit (every block, and the root for the rest) in the timeline.
 
     ``pre_forward`` / ``post_forward``: the unit's forward starts / ends (forward hooks);
@@ -383,15 +413,27 @@ def unit_marks(model: nn.Module, blocks: list[tuple[str, nn.Module]], tracker: A
             for t in tensors:
                 t.register_hook(on_grad)
             tracker.mark("post_forward", unit)
+
         return post
 
     for unit, module in units:
-        handles.append(module.register_forward_pre_hook(lambda _m, _a, unit=unit: tracker.mark("pre_forward", unit)))
+        handles.append(
+            module.register_forward_pre_hook(lambda _m, _a, unit=unit: tracker.mark("pre_forward", unit))
+        )
         handles.append(module.register_forward_hook(outputs_hook(unit)))
-        owned = (p for p in unique_params(module) if p.requires_grad and (unit != ROOT_UNIT or id(p) not in in_block))
+        owned = (
+            p
+            for p in unique_params(module)
+            if p.requires_grad and (unit != ROOT_UNIT or id(p) not in in_block)
+        )
         for p in owned:
-            handles.append(p.register_post_accumulate_grad_hook(
-                lambda q, unit=unit: tracker.mark("grad", unit, _nbytes(q.grad) if q.grad is not None else 0)))
+            handles.append(
+                p.register_post_accumulate_grad_hook(
+                    lambda q, unit=unit: tracker.mark(
+                        "grad", unit, _nbytes(q.grad) if q.grad is not None else 0
+                    )
+                )
+            )
     try:
         yield
     finally:
@@ -411,8 +453,10 @@ def _summarise(model, batch, timeline: Timeline, tracker, saved, blocks, params)
     total = timeline.total()
     train_mask = timeline.in_phases(("forward", "backward"))
     act = timeline.bytes["act"]
-    label_bytes = {label: sum(r.nbytes for r in records if r.label == label and r.end is None) for label in
-                   ("param", "buffer", "grad", "optim")}
+    label_bytes = {
+        label: sum(r.nbytes for r in records if r.label == label and r.end is None)
+        for label in ("param", "buffer", "grad", "optim")
+    }
     block_params = {id(p) for _, b in blocks for p in b.parameters()}
     trainable = sum(_nbytes(p) for p in params)
     return Measurement(
@@ -424,7 +468,8 @@ def _summarise(model, batch, timeline: Timeline, tracker, saved, blocks, params)
         grad_bytes=label_bytes["grad"],
         optim_bytes=label_bytes["optim"],
         input_bytes=sum(r.nbytes for r in records if r.label == "input") // max(1, _count_steps(timeline)),
-        saved_bytes=sum(n for i, n in saved.items() if records[i].label == "act") // max(1, _count_steps(timeline)),
+        saved_bytes=sum(n for i, n in saved.items() if records[i].label == "act")
+        // max(1, _count_steps(timeline)),
         peak_bytes=int(total.max()) if total.size else 0,
         act_peak_bytes=int(act[train_mask].max()) if train_mask.any() else 0,
         blocks=[(name, sum(_nbytes(p) for p in unique_params(b) if p.requires_grad)) for name, b in blocks],
@@ -456,20 +501,32 @@ def _fake_error(exc: BaseException, failed_op: str | None) -> UsageError:
     op = getattr(exc, "func", None) or failed_op
     from torch._subclasses import fake_tensor as ft
 
-    fake_kinds = (ft.UnsupportedOperatorException, ft.DataDependentOutputException, ft.DynamicOutputShapeException)
+    fake_kinds = (
+        ft.UnsupportedOperatorException,
+        ft.DataDependentOutputException,
+        ft.DynamicOutputShapeException,
+    )
     if isinstance(exc, fake_kinds):
         return UsageError(
             f"The model cannot run on fake tensors: op {op} needs real data ({type(exc).__name__}); "
             "plan it with script mode on a real batch or make that step shape-only."
         )
     where = f" in op {op}" if op else ""
-    return UsageError(f"Running the model on the batch under fake tensors failed{where}: {type(exc).__name__}: {_one_line(exc)}.")
+    return UsageError(
+        f"Running the model on the batch under fake tensors failed{where}: {type(exc).__name__}: {_one_line(exc)}."
+    )
 
 
-def sim_settings_for(optimizer: OptimizerSpec, precision: Precision | str, grad_accum: int,
-                     device: Any) -> SimSettings:
+def sim_settings_for(
+    optimizer: OptimizerSpec, precision: Precision | str, grad_accum: int, device: Any
+) -> SimSettings:
     """Simulation settings for a target device (fake CUDA only where CUDA exists; foreach as CUDA does)."""
     gpu_target = device.kind in ("cuda", "rocm")
     sim_device = "cuda" if gpu_target and torch.cuda.is_available() else "cpu"
-    return SimSettings(optimizer=optimizer, precision=precision, grad_accum=grad_accum,
-                       foreach=True if gpu_target else None, device=sim_device)
+    return SimSettings(
+        optimizer=optimizer,
+        precision=precision,
+        grad_accum=grad_accum,
+        foreach=True if gpu_target else None,
+        device=sim_device,
+    )

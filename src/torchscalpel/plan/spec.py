@@ -24,12 +24,24 @@ import torch
 from torchscalpel.errors import UsageError
 
 DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float64": torch.float64, "double": torch.float64,
-    "int64": torch.int64, "long": torch.int64, "int32": torch.int32, "int": torch.int32,
-    "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float64": torch.float64,
+    "double": torch.float64,
+    "int64": torch.int64,
+    "long": torch.int64,
+    "int32": torch.int32,
+    "int": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
 }
 
 _ENTRY = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*([A-Za-z0-9_]+)\s*\[([^\]]*)\]\s*(?::\s*(\d+))?\s*$")
@@ -51,7 +63,7 @@ class TensorSpec:
         d = self.batch_dim
         if d is None or d >= len(self.shape):
             return self
-        shape = (*self.shape[:d], batch, *self.shape[d + 1:])
+        shape = (*self.shape[:d], batch, *self.shape[d + 1 :])
         return TensorSpec(self.name, self.dtype, shape, self.high, d)
 
     def text(self) -> str:
@@ -92,9 +104,13 @@ class BatchSpec:
         by_dim: dict[int | None, list[str]] = {}
         for e in self.entries:
             if e.shape:
-                by_dim.setdefault(e.batch_dim if e.batch_dim is not None and e.batch_dim < len(e.shape) else None,
-                                  []).append(e.name)
-        parts = [f"dim {d} of {', '.join(names)}" for d, names in sorted((k, v) for k, v in by_dim.items() if k is not None)]
+                by_dim.setdefault(
+                    e.batch_dim if e.batch_dim is not None and e.batch_dim < len(e.shape) else None, []
+                ).append(e.name)
+        parts = [
+            f"dim {d} of {', '.join(names)}"
+            for d, names in sorted((k, v) for k, v in by_dim.items() if k is not None)
+        ]
         if None in by_dim:
             parts.append(f"not scaled: {', '.join(by_dim[None])}")
         return "; ".join(parts)
@@ -123,15 +139,23 @@ def parse_batch_spec(text: str) -> BatchSpec:
         name, dtype_name, dims, high = match.groups()
         dtype = DTYPES.get(dtype_name.lower())
         if dtype is None:
-            raise UsageError(f"Unknown dtype {dtype_name!r} in batch entry {name!r}; use one of {', '.join(sorted(DTYPES))}.")
+            raise UsageError(
+                f"Unknown dtype {dtype_name!r} in batch entry {name!r}; use one of {', '.join(sorted(DTYPES))}."
+            )
         try:
             shape = tuple(int(d) for d in dims.split(",") if d.strip())
         except ValueError:
-            raise UsageError(f"Batch entry {name!r} has a non-integer dimension in [{dims}]; dimensions are whole numbers.") from None
+            raise UsageError(
+                f"Batch entry {name!r} has a non-integer dimension in [{dims}]; dimensions are whole numbers."
+            ) from None
         if any(d <= 0 for d in shape):
-            raise UsageError(f"Batch entry {name!r} has a dimension <= 0 in [{dims}]; every dimension must be positive.")
+            raise UsageError(
+                f"Batch entry {name!r} has a dimension <= 0 in [{dims}]; every dimension must be positive."
+            )
         if high is not None and (dtype.is_floating_point or dtype == torch.bool):
-            raise UsageError(f"Batch entry {name!r} is {dtype_name}; ':{high}' only applies to integer entries.")
+            raise UsageError(
+                f"Batch entry {name!r} is {dtype_name}; ':{high}' only applies to integer entries."
+            )
         if high is not None and int(high) <= 0:
             raise UsageError(f"Batch entry {name!r} has ':{high}'; the integer upper bound must be positive.")
         if any(e.name == name for e in entries):
@@ -169,7 +193,9 @@ def parse_factory_args(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"--factory-args is not valid JSON ({exc.msg}); write an object like '{{\"depth\": 4}}'.") from None
+        raise UsageError(
+            f"--factory-args is not valid JSON ({exc.msg}); write an object like '{{\"depth\": 4}}'."
+        ) from None
     if not isinstance(value, dict):
         raise UsageError("--factory-args must be a JSON object of keyword arguments, e.g. '{\"depth\": 4}'.")
     return value

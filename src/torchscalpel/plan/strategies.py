@@ -74,10 +74,20 @@ class Breakdown:
     def to_dict(self) -> dict[str, object]:
         """JSON form."""
         return {
-            "strategy": self.strategy, "checkpointing": self.checkpointing, "params": self.params,
-            "grads": self.grads, "optim": self.optim, "activations": self.activations, "comm": self.comm,
-            "peak": self.peak, "margin": self.margin, "needed": self.needed, "capacity": self.capacity,
-            "fits": self.fits, "headroom": self.headroom, "phase": self.phase,
+            "strategy": self.strategy,
+            "checkpointing": self.checkpointing,
+            "params": self.params,
+            "grads": self.grads,
+            "optim": self.optim,
+            "activations": self.activations,
+            "comm": self.comm,
+            "peak": self.peak,
+            "margin": self.margin,
+            "needed": self.needed,
+            "capacity": self.capacity,
+            "fits": self.fits,
+            "headroom": self.headroom,
+            "phase": self.phase,
             "weights_optimizer_rule": self.weights_optimizer_rule,
         }
 
@@ -91,8 +101,9 @@ def shard_size(strategy: str, world_size: int, nodes: int) -> int:
     return 1
 
 
-def evaluate(m: Measurement, strategy: str, *, world_size: int, nodes: int, device: Device,
-             checkpointing: bool = False) -> Breakdown:
+def evaluate(
+    m: Measurement, strategy: str, *, world_size: int, nodes: int, device: Device, checkpointing: bool = False
+) -> Breakdown:
     """Per-rank peak and breakdown of ``strategy`` from measurement ``m``."""
     tl = m.timeline
     b = tl.bytes
@@ -114,11 +125,17 @@ def evaluate(m: Measurement, strategy: str, *, world_size: int, nodes: int, devi
     peak = int(total[i]) if total.size else 0
     rule = int((m.trainable_bytes + m.grad_bytes + m.optim_bytes) / n + (m.param_bytes - m.trainable_bytes))
     return Breakdown(
-        strategy=strategy, checkpointing=checkpointing,
-        params=int(params[i]) if total.size else 0, grads=int(grads[i]) if total.size else 0,
-        optim=int(optim[i]) if total.size else 0, activations=int(other[i]) if total.size else 0,
-        comm=int(comm[i]) if total.size else 0, peak=peak, margin=device.needed(peak) - peak,
-        needed=device.needed(peak), capacity=device.memory,
+        strategy=strategy,
+        checkpointing=checkpointing,
+        params=int(params[i]) if total.size else 0,
+        grads=int(grads[i]) if total.size else 0,
+        optim=int(optim[i]) if total.size else 0,
+        activations=int(other[i]) if total.size else 0,
+        comm=int(comm[i]) if total.size else 0,
+        peak=peak,
+        margin=device.needed(peak) - peak,
+        needed=device.needed(peak),
+        capacity=device.memory,
         phase=tl.phase_names[int(tl.phase[i])] if total.size else "setup",
         weights_optimizer_rule=rule,
     )

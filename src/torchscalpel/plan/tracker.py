@@ -38,7 +38,10 @@ def _probed_sizes(func, args, kwargs, outputs) -> list[int] | None:
     from torch.utils._python_dispatch import _disable_current_modes
 
     flat, spec = tree_flatten((args, kwargs))
-    key = (str(func), tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a) for a in flat))
+    key = (
+        str(func),
+        tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else repr(a) for a in flat),
+    )
     in_bytes = sum(a.numel() * a.element_size() for a in flat if isinstance(a, torch.Tensor))
     if key not in _PROBE_CACHE and in_bytes > PROBE_LIMIT:
         # Too big to run for real (the max-batch search goes far): scale the last probe of this op,
@@ -48,13 +51,18 @@ def _probed_sizes(func, args, kwargs, outputs) -> list[int] | None:
     if key not in _PROBE_CACHE:
         try:
             with _disable_current_modes():
-                real = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in flat]
+                real = [
+                    torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in flat
+                ]
                 from torch.utils._pytree import tree_unflatten
 
                 r_args, r_kwargs = tree_unflatten(real, spec)
                 result = func(*r_args, **r_kwargs)
-                _PROBE_CACHE[key] = [int(t.untyped_storage().nbytes()) for t in tree_flatten(result)[0]
-                                     if isinstance(t, torch.Tensor)]
+                _PROBE_CACHE[key] = [
+                    int(t.untyped_storage().nbytes())
+                    for t in tree_flatten(result)[0]
+                    if isinstance(t, torch.Tensor)
+                ]
                 _PROBE_RATIOS[str(func)] = [n / max(1, in_bytes) for n in _PROBE_CACHE[key]]
         except Exception:  # a probe is a refinement; without it the fake size stands
             _PROBE_CACHE[key] = []
@@ -129,7 +137,9 @@ class AllocationTracker(TorchDispatchMode):
         index = self._live.get(key)
         if index is None:
             index = len(self.records)
-            self.records.append(StorageRecord(nbytes=int(storage.nbytes()), start=len(self._events), label=label or "act"))
+            self.records.append(
+                StorageRecord(nbytes=int(storage.nbytes()), start=len(self._events), label=label or "act")
+            )
             self._live[key] = index
             self._log(index, +1)
             weakref.finalize(storage, self._free, key, index)
@@ -166,7 +176,12 @@ class AllocationTracker(TorchDispatchMode):
         for k, item in enumerate(outputs):
             index = self.track(item)
             # only storages this op created: raise them to what the real kernel allocates
-            if sizes is not None and index is not None and index >= first_new and sizes[k] > self.records[index].nbytes:
+            if (
+                sizes is not None
+                and index is not None
+                and index >= first_new
+                and sizes[k] > self.records[index].nbytes
+            ):
                 self.records[index].nbytes = sizes[k]
         return out
 
@@ -188,5 +203,7 @@ class AllocationTracker(TorchDispatchMode):
     def live_bytes(self, label: str | None = None) -> int:
         """Bytes alive now (of one label, or all)."""
         return sum(
-            self.records[i].nbytes for i in self._live.values() if label is None or self.records[i].label == label
+            self.records[i].nbytes
+            for i in self._live.values()
+            if label is None or self.records[i].label == label
         )

@@ -20,8 +20,10 @@ _TIME_UNITS = {"ms", "s", "us", "µs", "ns"}
 
 
 def _svg_open(name: str, width: int, height: int) -> str:
-    return (f'<svg class="chart" data-chart="{escape(name)}" viewBox="0 0 {width} {height}" width="100%" '
-            f'role="img" xmlns="http://www.w3.org/2000/svg">')
+    return (
+        f'<svg class="chart" data-chart="{escape(name)}" viewBox="0 0 {width} {height}" width="100%" '
+        f'role="img" xmlns="http://www.w3.org/2000/svg">'
+    )
 
 
 def nice_ticks(lo: float, hi: float, max_ticks: int = 6, *, integer: bool = False) -> list[float]:
@@ -50,7 +52,9 @@ def nice_ticks(lo: float, hi: float, max_ticks: int = 6, *, integer: bool = Fals
 
 def tick_label(value: float, step: float) -> str:
     """``value`` with as many decimals as the tick step needs (``0.25`` -> 2, ``50`` -> 0), thousands separated."""
-    decimals = next((d for d in range(7) if abs(step * 10**d - round(step * 10**d)) < 1e-6 * max(1.0, step * 10**d)), 6)
+    decimals = next(
+        (d for d in range(7) if abs(step * 10**d - round(step * 10**d)) < 1e-6 * max(1.0, step * 10**d)), 6
+    )
     text = f"{value:,.{decimals}f}"
     return "0" if text in ("-0", "-0.0", "-0.00") else text
 
@@ -71,12 +75,16 @@ def value_title(unit: str) -> str:
     return f"time ({unit})" if unit in _TIME_UNITS else unit
 
 
-def _axis_titles(width: int, height: int, left: int, top: int, plot_h: float, x_title: str, y_title: str) -> str:
+def _axis_titles(
+    width: int, height: int, left: int, top: int, plot_h: float, x_title: str, y_title: str
+) -> str:
     cy = top + plot_h / 2
-    return (f'<text class="axis-title x-title" x="{left + (width - left) / 2:.1f}" y="{height - 4}" '
-            f'text-anchor="middle" font-weight="600">{escape(x_title)}</text>'
-            f'<text class="axis-title y-title" x="12" y="{cy:.1f}" text-anchor="middle" font-weight="600" '
-            f'transform="rotate(-90 12 {cy:.1f})">{escape(y_title)}</text>')
+    return (
+        f'<text class="axis-title x-title" x="{left + (width - left) / 2:.1f}" y="{height - 4}" '
+        f'text-anchor="middle" font-weight="600">{escape(x_title)}</text>'
+        f'<text class="axis-title y-title" x="12" y="{cy:.1f}" text-anchor="middle" font-weight="600" '
+        f'transform="rotate(-90 12 {cy:.1f})">{escape(y_title)}</text>'
+    )
 
 
 def _legend(names: Sequence[str], left: int, colours: Sequence[str] | None = None) -> str:
@@ -98,7 +106,9 @@ def _y_grid(ticks: Sequence[float], to_y, left: int, right_x: float) -> str:
     for t in ticks:
         y = to_y(t)
         parts.append(f'<line x1="{left}" x2="{right_x:.1f}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
-        parts.append(f'<text class="tick y-tick" x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{tick_label(t, step)}</text>')
+        parts.append(
+            f'<text class="tick y-tick" x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{tick_label(t, step)}</text>'
+        )
     return "".join(parts)
 
 
@@ -156,19 +166,27 @@ def stacked_bars(
             )
     every = max(1, math.ceil(n / 16))
     for i in range(0, n, every):
-        parts.append(f'<text class="tick x-tick" x="{left + (i + 0.5) * bar_w:.1f}" y="{legend_h + plot_h + 14:.1f}" '
-                     f'text-anchor="middle">{escape(str(labels[i]))}</text>')
+        parts.append(
+            f'<text class="tick x-tick" x="{left + (i + 0.5) * bar_w:.1f}" y="{legend_h + plot_h + 14:.1f}" '
+            f'text-anchor="middle">{escape(str(labels[i]))}</text>'
+        )
     if capacity:
         text = escape(capacity_label)
         if draw_capacity:
             y = to_y(capacity)
-            parts.append(f'<line class="capacity" x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
-                         f'stroke="{CAPACITY_COLOUR}" stroke-width="1.5" stroke-dasharray="6 3"/>')
-            parts.append(f'<text class="capacity-label" x="{width - right}" y="{y - 4:.1f}" text-anchor="end" '
-                         f'fill="{CAPACITY_COLOUR}">{text}</text>')
+            parts.append(
+                f'<line class="capacity" x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}" '
+                f'stroke="{CAPACITY_COLOUR}" stroke-width="1.5" stroke-dasharray="6 3"/>'
+            )
+            parts.append(
+                f'<text class="capacity-label" x="{width - right}" y="{y - 4:.1f}" text-anchor="end" '
+                f'fill="{CAPACITY_COLOUR}">{text}</text>'
+            )
         else:
-            parts.append(f'<text class="capacity-label" x="{width - right}" y="13" text-anchor="end" '
-                         f'fill="{CAPACITY_COLOUR}">{text} (above this scale)</text>')
+            parts.append(
+                f'<text class="capacity-label" x="{width - right}" y="13" text-anchor="end" '
+                f'fill="{CAPACITY_COLOUR}">{text} (above this scale)</text>'
+            )
     # a series keeps its palette colour when others are left out, so one phase has one colour in every chart
     colour_of = {sname: PALETTE[j % len(PALETTE)] for j, sname in enumerate(series)}
     parts.append(_legend(list(shown), left, [colour_of[n] for n in shown]))
@@ -203,23 +221,33 @@ def horizontal_bars(
     for t in ticks:
         x = label_w + plot_w * t / x_max
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{plot_bottom}" class="grid"/>')
-        parts.append(f'<text class="tick x-tick" x="{x:.1f}" y="{plot_bottom + 14}" text-anchor="middle">{tick_label(t, step)}</text>')
+        parts.append(
+            f'<text class="tick x-tick" x="{x:.1f}" y="{plot_bottom + 14}" text-anchor="middle">{tick_label(t, step)}</text>'
+        )
     for i, (label, value) in enumerate(items):
         y = top + i * bar_h
         w = plot_w * value / x_max
         short = label if len(label) <= 44 else label[:43] + "…"
-        parts.append(f'<text x="{label_w - 6}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(short)}'
-                     f"<title>{escape(label)}</title></text>")
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(short)}'
+            f"<title>{escape(label)}</title></text>"
+        )
         parts.append(
             f'<rect x="{label_w}" y="{y + 2}" width="{max(w, 0.5):.1f}" height="{bar_h - 4}" fill="{PALETTE[0]}">'
             f"<title>{escape(label)}: {_fmt(value)} {escape(unit)}</title></rect>"
         )
-        parts.append(f'<text x="{label_w + w + 4:.1f}" y="{y + bar_h * 0.7:.1f}">{_fmt(value)} {escape(unit)}</text>')
-    parts.append(f'<text class="axis-title x-title" x="{label_w + plot_w / 2:.1f}" y="{height - 4}" text-anchor="middle" '
-                 f'font-weight="600">{escape(x_title or value_title(unit))}</text>')
+        parts.append(
+            f'<text x="{label_w + w + 4:.1f}" y="{y + bar_h * 0.7:.1f}">{_fmt(value)} {escape(unit)}</text>'
+        )
+    parts.append(
+        f'<text class="axis-title x-title" x="{label_w + plot_w / 2:.1f}" y="{height - 4}" text-anchor="middle" '
+        f'font-weight="600">{escape(x_title or value_title(unit))}</text>'
+    )
     cy = top + (plot_bottom - top) / 2
-    parts.append(f'<text class="axis-title y-title" x="12" y="{cy:.1f}" text-anchor="middle" font-weight="600" '
-                 f'transform="rotate(-90 12 {cy:.1f})">{escape(y_title or "name")}</text>')
+    parts.append(
+        f'<text class="axis-title y-title" x="12" y="{cy:.1f}" text-anchor="middle" font-weight="600" '
+        f'transform="rotate(-90 12 {cy:.1f})">{escape(y_title or "name")}</text>'
+    )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -276,8 +304,10 @@ def lines(
     parts = [_svg_open(name, width, height), _y_grid(y_ticks, to_y, left, width - right)]
     x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else 1.0
     for t in x_ticks:
-        parts.append(f'<text class="tick x-tick" x="{to_x(t):.1f}" y="{legend_h + plot_h + 14:.1f}" text-anchor="middle">'
-                     f"{tick_label(t, x_step)}</text>")
+        parts.append(
+            f'<text class="tick x-tick" x="{to_x(t):.1f}" y="{legend_h + plot_h + 14:.1f}" text-anchor="middle">'
+            f"{tick_label(t, x_step)}</text>"
+        )
     for j, (sname, values) in enumerate(series.items()):
         colour = PALETTE[j % len(PALETTE)]
         pts = [(to_x(float(x)), to_y(float(v))) for x, v in zip(xs, values, strict=False) if v is not None]
@@ -285,15 +315,21 @@ def lines(
             continue
         label = f"{sname} ({unit})" if unit and unit not in sname else sname
         if len(pts) == 1:
-            parts.append(f'<circle cx="{pts[0][0]:.1f}" cy="{pts[0][1]:.1f}" r="3" fill="{colour}"><title>{escape(label)}</title></circle>')
+            parts.append(
+                f'<circle cx="{pts[0][0]:.1f}" cy="{pts[0][1]:.1f}" r="3" fill="{colour}"><title>{escape(label)}</title></circle>'
+            )
             continue
         coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}">'
-                     f"<title>{escape(label)}</title></polyline>")
+        parts.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}">'
+            f"<title>{escape(label)}</title></polyline>"
+        )
     if flat:
         vals = [float(v) for values in series.values() for v in values if v is not None]
-        parts.append(f'<text class="flat-note muted" x="{width - right}" y="{legend_h + 12}" text-anchor="end">'
-                     f"flat: {_fmt(min(vals))} to {_fmt(max(vals))} {escape(unit)}</text>")
+        parts.append(
+            f'<text class="flat-note muted" x="{width - right}" y="{legend_h + 12}" text-anchor="end">'
+            f"flat: {_fmt(min(vals))} to {_fmt(max(vals))} {escape(unit)}</text>"
+        )
     parts.append(_legend(list(series), left))
     parts.append(_axis_titles(width, height, left, legend_h, plot_h, x_title, y_title or value_title(unit)))
     parts.append("</svg>")

@@ -12,5 +12,5 @@ def build(record: RunRecord) -> list[Section]:
     if not record.environment:
         return []
     body = table(["", ""], fact_rows(record.environment))
-    note = ('<p class="muted">Run <code>scalpel env</code> on this machine for compatibility checks and probes.</p>')
+    note = '<p class="muted">Run <code>scalpel env</code> on this machine for compatibility checks and probes.</p>'
     return [Section(id="environment", title="Environment", body=body + note)]

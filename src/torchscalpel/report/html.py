@@ -47,12 +47,14 @@ ENVIRONMENT_IDS = ("environment",)
 
 def verdict_first(sections: Sequence[Section]) -> list[Section]:
     """``sections`` reordered: verdicts (in :data:`VERDICT_IDS` order), the rest as given, the environment last."""
+
     def rank(s: Section) -> tuple[int, int]:
         if s.id in VERDICT_IDS:
             return (0, VERDICT_IDS.index(s.id))
         return (2, 0) if s.id in ENVIRONMENT_IDS else (1, 0)
 
     return sorted(sections, key=rank)
+
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1d232b;background:#f6f7f9}
@@ -75,8 +77,8 @@ def render_page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
         f'<section id="{escape(s.id)}"><h2>{escape(s.title)}</h2>{s.body}</section>' for s in sections
     )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<meta name=\"viewport\" content=\"width=device-width\"><title>{escape(title)}</title>"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width"><title>{escape(title)}</title>'
         f"<style>{_CSS}</style></head><body><header><h1>{escape(title)}</h1><p>{escape(subtitle)}</p>"
         f"<p>{nav}</p></header><main>{body}</main></body></html>\n"
     )
@@ -91,8 +93,13 @@ def sections_for(record: RunRecord, builders: Iterable[str] = ()) -> list[Sectio
             builder: SectionBuilder = getattr(importlib.import_module(module_name), func_name)
             out.extend(builder(record))
         except Exception as exc:  # a broken section must not cost the user the rest of the report
-            out.append(Section(id=f"error-{func_name}", title="Report section failed",
-                               body=f"<p class=\"sev-error\">{escape(ref)}: {escape(repr(exc))}</p>"))
+            out.append(
+                Section(
+                    id=f"error-{func_name}",
+                    title="Report section failed",
+                    body=f'<p class="sev-error">{escape(ref)}: {escape(repr(exc))}</p>',
+                )
+            )
     return verdict_first(out)
 
 
@@ -109,7 +116,12 @@ def record_page(record: RunRecord) -> str:
 
 
 def _target_text(record: RunRecord) -> str:
-    return str(record.target.get("script") or record.target.get("module") or record.target.get("model") or record.name)
+    return str(
+        record.target.get("script")
+        or record.target.get("module")
+        or record.target.get("model")
+        or record.name
+    )
 
 
 RECORD_KINDS = ("tune", "plan", "doctor")
@@ -123,7 +135,11 @@ def record_kind(record: RunRecord) -> str:
     for kind in RECORD_KINDS:
         if kind in record.sections:
             return kind
-    if len(record.command) > 1 and Path(str(record.command[0])).name == "scalpel" and not record.command[1].startswith("-"):
+    if (
+        len(record.command) > 1
+        and Path(str(record.command[0])).name == "scalpel"
+        and not record.command[1].startswith("-")
+    ):
         return str(record.command[1])
     return "profile" if record.steps else "record"
 
@@ -139,11 +155,15 @@ class RecordGroup:
     """Where the record was read from (shown under the title)."""
 
 
-_GROUP_CSS = (".group-head{margin:28px 0 0;padding:10px 18px;background:#e8eef6;border:1px solid #c9d6e6;"
-              "border-radius:6px}.group-head h2{margin:0;font-size:18px}.group-head p{margin:2px 0 0}")
+_GROUP_CSS = (
+    ".group-head{margin:28px 0 0;padding:10px 18px;background:#e8eef6;border:1px solid #c9d6e6;"
+    "border-radius:6px}.group-head h2{margin:0;font-size:18px}.group-head p{margin:2px 0 0}"
+)
 
 
-def render_records(groups: Sequence[RecordGroup], *, title: str, subtitle: str, lead: Sequence[Section] = ()) -> str:
+def render_records(
+    groups: Sequence[RecordGroup], *, title: str, subtitle: str, lead: Sequence[Section] = ()
+) -> str:
     """One page for several records: the ``lead`` sections, then one group per record with every
     section that record's builders produce.
 
@@ -186,8 +206,10 @@ def render_records(groups: Sequence[RecordGroup], *, title: str, subtitle: str, 
             body.append(f'<section id="{escape(sid)}"><h2>{escape(s.title)}</h2>{s.body}</section>')
         meta = " · ".join(x for x in (_target_text(record), record.created, record.status, group.source) if x)
         note = f'<p class="muted">Not repeated: {escape(", ".join(repeated))}.</p>' if repeated else ""
-        parts.append(f'<div class="group-head" id="{escape(gid)}"><h2>{escape(heading)}</h2>'
-                     f'<p class="muted">{escape(meta)}</p>{note}</div>')
+        parts.append(
+            f'<div class="group-head" id="{escape(gid)}"><h2>{escape(heading)}</h2>'
+            f'<p class="muted">{escape(meta)}</p>{note}</div>'
+        )
         parts.extend(body)
     return _document(title, subtitle, " · ".join(nav), "\n".join(parts), extra_css=_GROUP_CSS)
 
@@ -205,19 +227,27 @@ def _machine_key(record: RunRecord) -> str:
 
 def _document(title: str, subtitle: str, nav: str, body: str, *, extra_css: str = "") -> str:
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<meta name=\"viewport\" content=\"width=device-width\"><title>{escape(title)}</title>"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width"><title>{escape(title)}</title>'
         f"<style>{_CSS}{extra_css}</style></head><body><header><h1>{escape(title)}</h1><p>{escape(subtitle)}</p>"
         f"<p>{nav}</p></header><main>{body}</main></body></html>\n"
     )
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Sequence[bool] | None = None) -> str:
+def table(
+    headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Sequence[bool] | None = None
+) -> str:
     """An HTML table; cells are escaped; ``numeric[i]`` right-aligns column i."""
     numeric = list(numeric or [False] * len(headers))
-    head = "".join(f'<th class="{"num" if numeric[i] else ""}">{escape(str(h))}</th>' for i, h in enumerate(headers))
+    head = "".join(
+        f'<th class="{"num" if numeric[i] else ""}">{escape(str(h))}</th>' for i, h in enumerate(headers)
+    )
     body = "".join(
-        "<tr>" + "".join(f'<td class="{"num" if numeric[i] else ""}">{escape(str(c))}</td>' for i, c in enumerate(row)) + "</tr>"
+        "<tr>"
+        + "".join(
+            f'<td class="{"num" if numeric[i] else ""}">{escape(str(c))}</td>' for i, c in enumerate(row)
+        )
+        + "</tr>"
         for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -227,7 +257,9 @@ def inline_summary(record: RunRecord, *, max_sections: int = 3) -> str:
     """An HTML fragment for a notebook cell: the record's first sections, scoped styles, no page chrome."""
     sections = sections_for(record)[:max_sections]
     css = "".join(f".scalpel-inline {rule}}}" for rule in _CSS.replace("\n", "").split("}") if rule.strip())
-    head = (f"<p><b>torchscalpel · {escape(record.name)}</b> · {escape(record.status)} · "
-            f"{len(record.steps)} step(s)</p>")
+    head = (
+        f"<p><b>torchscalpel · {escape(record.name)}</b> · {escape(record.status)} · "
+        f"{len(record.steps)} step(s)</p>"
+    )
     body = "".join(f"<section><h2>{escape(s.title)}</h2>{s.body}</section>" for s in sections)
     return f'<div class="scalpel-inline"><style>{css}</style>{head}{body}</div>'

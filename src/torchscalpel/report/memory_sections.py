@@ -15,8 +15,13 @@ from torchscalpel.report.html import Section, table
 from torchscalpel.runtime.alloc_tracker import CATEGORIES
 from torchscalpel.units import fmt_bytes
 
-_NAMES = {"parameters": "parameters", "gradients": "gradients", "optimizer_state": "optimizer state",
-          "activations": "activations", "temporaries": "temporaries"}
+_NAMES = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_state": "optimizer state",
+    "activations": "activations",
+    "temporaries": "temporaries",
+}
 
 
 def build(record: RunRecord) -> list[Section]:
@@ -25,39 +30,74 @@ def build(record: RunRecord) -> list[Section]:
     if not isinstance(m, dict):
         return []
     if "peak" not in m or "by_category" not in m.get("peak", {}):
-        return [Section(id="memory", title="Memory", body=f"<p>{escape(str(m.get('error', 'no memory data')))}</p>")]
+        return [
+            Section(
+                id="memory", title="Memory", body=f"<p>{escape(str(m.get('error', 'no memory data')))}</p>"
+            )
+        ]
     mib = 1024**2
     parts: list[str] = []
     samples = m.get("samples") or []
     if samples:
         labels = [f"step {s['step']}" for s in samples][-40:]
         series = {_NAMES[c]: [s["by_category"].get(c, 0) / mib for s in samples][-40:] for c in CATEGORIES}
-        parts.append("<h3>Live memory at each step end</h3>" + stacked_bars("memory-steps", labels, series, unit="MiB"))
+        parts.append(
+            "<h3>Live memory at each step end</h3>" + stacked_bars("memory-steps", labels, series, unit="MiB")
+        )
     peak = m["peak"]
-    parts.append(f"<h3>At the peak: {escape(fmt_bytes(peak.get('total')))}</h3><p>step {escape(str(peak.get('step')))}, "
-                 f"{escape(str(peak.get('phase')))}, at <code>{escape(str(peak.get('op')))}</code></p>")
+    parts.append(
+        f"<h3>At the peak: {escape(fmt_bytes(peak.get('total')))}</h3><p>step {escape(str(peak.get('step')))}, "
+        f"{escape(str(peak.get('phase')))}, at <code>{escape(str(peak.get('op')))}</code></p>"
+    )
     note = (m.get("evaluation") or {}).get("note")
     if note:
         parts.append(f"<p><b>{escape(str(note))}.</b></p>")
     before = m.get("before_training")
     if before:
-        parts.append(f"<p>Before training the live total was higher: {escape(fmt_bytes(before.get('total')))} at "
-                     f"<code>{escape(str(before.get('site')))}</code> (loading data or building the model).</p>")
-    parts.append(stacked_bars("memory-peak", ["peak"], {_NAMES[c]: [peak["by_category"].get(c, 0) / mib]
-                                                        for c in CATEGORIES}, unit="MiB"))
-    parts.append(table(["activations saved by module", "bytes"],
-                       [[r["name"] or "(outside any module)", fmt_bytes(r["bytes"])] for r in peak.get("modules", [])],
-                       numeric=[False, True]))
-    parts.append(table(["live at the peak, by call site", "bytes"],
-                       [[r["name"], fmt_bytes(r["bytes"])] for r in peak.get("sites", [])], numeric=[False, True]))
+        parts.append(
+            f"<p>Before training the live total was higher: {escape(fmt_bytes(before.get('total')))} at "
+            f"<code>{escape(str(before.get('site')))}</code> (loading data or building the model).</p>"
+        )
+    parts.append(
+        stacked_bars(
+            "memory-peak",
+            ["peak"],
+            {_NAMES[c]: [peak["by_category"].get(c, 0) / mib] for c in CATEGORIES},
+            unit="MiB",
+        )
+    )
+    parts.append(
+        table(
+            ["activations saved by module", "bytes"],
+            [[r["name"] or "(outside any module)", fmt_bytes(r["bytes"])] for r in peak.get("modules", [])],
+            numeric=[False, True],
+        )
+    )
+    parts.append(
+        table(
+            ["live at the peak, by call site", "bytes"],
+            [[r["name"], fmt_bytes(r["bytes"])] for r in peak.get("sites", [])],
+            numeric=[False, True],
+        )
+    )
     growth = m.get("growth") or {}
     if growth.get("per_step"):
-        parts.append(f"<h3>Growth: {escape(fmt_bytes(growth['per_step']))} per step</h3>"
-                     + (f"<p>{growth['steps_left']} more steps until {escape(fmt_bytes(growth.get('capacity')))}</p>"
-                        if growth.get("steps_left") is not None else "")
-                     + table(["growing site", "per step", "live"],
-                             [[r["site"], fmt_bytes(r["per_step"]), fmt_bytes(r["live"])] for r in growth.get("sites", [])],
-                             numeric=[False, True, True]))
+        parts.append(
+            f"<h3>Growth: {escape(fmt_bytes(growth['per_step']))} per step</h3>"
+            + (
+                f"<p>{growth['steps_left']} more steps until {escape(fmt_bytes(growth.get('capacity')))}</p>"
+                if growth.get("steps_left") is not None
+                else ""
+            )
+            + table(
+                ["growing site", "per step", "live"],
+                [
+                    [r["site"], fmt_bytes(r["per_step"]), fmt_bytes(r["live"])]
+                    for r in growth.get("sites", [])
+                ],
+                numeric=[False, True, True],
+            )
+        )
     oom = m.get("oom")
     if oom:
         parts.append(_oom(oom, m))
@@ -66,10 +106,20 @@ def build(record: RunRecord) -> list[Section]:
 
 def _oom(oom: dict[str, Any], m: dict[str, Any]) -> str:
     req = oom["request"]
-    head = (f"<h3>Out of memory</h3><p><code>{escape(str(req.get('op')))}</code> at <code>{escape(str(req.get('site')))}"
-            f"</code> asked for {escape(fmt_bytes(req.get('bytes')))} with {escape(fmt_bytes(oom.get('live')))} live "
-            f"(limit {escape(fmt_bytes(oom.get('limit')))}). Top cause: <b>{escape(m['top_cause']['text'])}</b>.</p>")
-    rows = [[r["action"], fmt_bytes(r["saves"]) if r.get("saves") else "-",
-             {True: "yes", False: "no", None: "?"}[r.get("fits")],
-             ", ".join(f"{k} = {v}" for k, v in r.get("config", {}).items()) or "-"] for r in oom.get("ladder", [])]
-    return head + table(["fix", "saves", "fits", "scalpel.toml [tune]"], rows, numeric=[False, True, False, False])
+    head = (
+        f"<h3>Out of memory</h3><p><code>{escape(str(req.get('op')))}</code> at <code>{escape(str(req.get('site')))}"
+        f"</code> asked for {escape(fmt_bytes(req.get('bytes')))} with {escape(fmt_bytes(oom.get('live')))} live "
+        f"(limit {escape(fmt_bytes(oom.get('limit')))}). Top cause: <b>{escape(m['top_cause']['text'])}</b>.</p>"
+    )
+    rows = [
+        [
+            r["action"],
+            fmt_bytes(r["saves"]) if r.get("saves") else "-",
+            {True: "yes", False: "no", None: "?"}[r.get("fits")],
+            ", ".join(f"{k} = {v}" for k, v in r.get("config", {}).items()) or "-",
+        ]
+        for r in oom.get("ladder", [])
+    ]
+    return head + table(
+        ["fix", "saves", "fits", "scalpel.toml [tune]"], rows, numeric=[False, True, False, False]
+    )

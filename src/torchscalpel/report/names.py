@@ -29,8 +29,8 @@ def demangle(name: str) -> str:
             break
         n = int(m.group(1))
         start = m.end()
-        parts.append(rest[start:start + n])
-        rest = rest[start + n:]
+        parts.append(rest[start : start + n])
+        rest = rest[start + n :]
         if not nested:
             break
     return "::".join(parts) if parts else name
@@ -63,7 +63,9 @@ def short_kernel_name(name: str, limit: int = 80) -> str:
     if "<" in text:
         text = _elide(text, "<", ">", "…")
     cut = text.find("(")
-    if cut > 0 and text.endswith(")") and not text[cut - 1].isspace():  # "f(int, float)", not "Memcpy HtoD (Pageable)"
+    if (
+        cut > 0 and text.endswith(")") and not text[cut - 1].isspace()
+    ):  # "f(int, float)", not "Memcpy HtoD (Pageable)"
         text = text[:cut]
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

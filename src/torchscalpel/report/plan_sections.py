@@ -10,8 +10,14 @@ from torchscalpel.report.html import Section, table
 from torchscalpel.sections import PlanSection
 from torchscalpel.units import fmt_bytes
 
-_PARTS = (("params", "params"), ("grads", "grads"), ("optim", "optimizer"), ("activations", "activations"),
-          ("comm", "comm buffers"), ("margin", "margin"))
+_PARTS = (
+    ("params", "params"),
+    ("grads", "grads"),
+    ("optim", "optimizer"),
+    ("activations", "activations"),
+    ("comm", "comm buffers"),
+    ("margin", "margin"),
+)
 
 
 def build(record: RunRecord) -> list[Section]:
@@ -29,24 +35,59 @@ def build(record: RunRecord) -> list[Section]:
     # segment it dwarfs a small model's measured parts, so the bars show the peak's parts and the
     # table carries "needed" (peak + margin).
     chart = stacked_bars(
-        "plan-memory", labels, {name: [r.get(key, 0) / mib for r in rows] for key, name in _PARTS if key != "margin"},
-        unit="MiB", x_title="strategy", y_title="per-rank peak memory (MiB)", capacity=(capacity / mib) if capacity else None,
-        capacity_label=f"device capacity {fmt_bytes(capacity)}" if capacity else "")
+        "plan-memory",
+        labels,
+        {name: [r.get(key, 0) / mib for r in rows] for key, name in _PARTS if key != "margin"},
+        unit="MiB",
+        x_title="strategy",
+        y_title="per-rank peak memory (MiB)",
+        capacity=(capacity / mib) if capacity else None,
+        capacity_label=f"device capacity {fmt_bytes(capacity)}" if capacity else "",
+    )
     body_rows = [
-        [label, fmt_bytes(r["peak"]), fmt_bytes(r.get("margin")), fmt_bytes(r["needed"]), fmt_bytes(r["capacity"]),
-         "yes" if r["fits"] else "no", fmt_bytes(r["headroom"]), r.get("max_batch") if r.get("max_batch") is not None else "-",
-         fmt_bytes(r["weights_optimizer_rule"]), r.get("phase", "")]
+        [
+            label,
+            fmt_bytes(r["peak"]),
+            fmt_bytes(r.get("margin")),
+            fmt_bytes(r["needed"]),
+            fmt_bytes(r["capacity"]),
+            "yes" if r["fits"] else "no",
+            fmt_bytes(r["headroom"]),
+            r.get("max_batch") if r.get("max_batch") is not None else "-",
+            fmt_bytes(r["weights_optimizer_rule"]),
+            r.get("phase", ""),
+        ]
         for label, r in zip(labels, rows, strict=True)
     ]
-    head = (f"<p>{escape(str(plan.model))} · batch per rank <code>{escape(str(plan.batch))}</code> · "
-            f"{escape(str(plan.optimizer))} · {escape(str(plan.precision))} · "
-            f"{plan.world_size} rank(s) · device {escape(str(device.get('name')))}"
-            + (f" ({escape(fmt_bytes(capacity))})" if capacity else "") + "</p>")
-    body = (f"<p><b>Recommendation:</b> {escape(str(plan.recommendation))}</p>" + head + chart + table(
-        ["strategy", "peak", "margin", "needed", "device", "fits", "headroom", "max batch",
-         "weights+optimizer rule", "peak in"], body_rows,
-        numeric=[False, True, True, True, True, False, True, True, True, False])
+    head = (
+        f"<p>{escape(str(plan.model))} · batch per rank <code>{escape(str(plan.batch))}</code> · "
+        f"{escape(str(plan.optimizer))} · {escape(str(plan.precision))} · "
+        f"{plan.world_size} rank(s) · device {escape(str(device.get('name')))}"
+        + (f" ({escape(fmt_bytes(capacity))})" if capacity else "")
+        + "</p>"
+    )
+    body = (
+        f"<p><b>Recommendation:</b> {escape(str(plan.recommendation))}</p>"
+        + head
+        + chart
+        + table(
+            [
+                "strategy",
+                "peak",
+                "margin",
+                "needed",
+                "device",
+                "fits",
+                "headroom",
+                "max batch",
+                "weights+optimizer rule",
+                "peak in",
+            ],
+            body_rows,
+            numeric=[False, True, True, True, True, False, True, True, True, False],
+        )
         + '<p class="muted">Peak is the per-rank allocator peak measured on fake tensors (the bars: its parts); '
-          "needed adds the stated fragmentation margin and device context; headroom is the device capacity "
-          "minus needed.</p>")
+        "needed adds the stated fragmentation margin and device context; headroom is the device capacity "
+        "minus needed.</p>"
+    )
     return [Section(id="plan", title="Memory plan", body=body)]

@@ -64,25 +64,40 @@ def _overview(record: RunRecord) -> Section | None:
         kpis.append(("allocator peak (window)", fmt_bytes(mem_peak)))
     if s.rss_peak is not None:
         kpis.append(("RSS peak", fmt_bytes(s.rss_peak)))
-    body = '<div class="kpis">' + "".join(
-        f'<div class="kpi"><b>{escape(v)}</b><span class="muted">{escape(k)}</span></div>' for k, v in kpis
-    ) + "</div>"
+    body = (
+        '<div class="kpis">'
+        + "".join(
+            f'<div class="kpi"><b>{escape(v)}</b><span class="muted">{escape(k)}</span></div>'
+            for k, v in kpis
+        )
+        + "</div>"
+    )
     if not record.steps and not kpis and not record.error and not record.exit_code:
         return None
-    facts = [f"status <b>{escape(record.status)}</b>" + (f" (exit code {record.exit_code})" if record.exit_code else "")]
+    facts = [
+        f"status <b>{escape(record.status)}</b>"
+        + (f" (exit code {record.exit_code})" if record.exit_code else "")
+    ]
     if record.steps:
         clock = f"; timing clock: {escape(str(config.clock))}" if config.clock else ""
-        facts.append(f"{s.steps_measured} measured steps after {config.warmup} warm-up; "
-                     f"steps delimited by {escape(record.step_kind)} calls{clock}")
+        facts.append(
+            f"{s.steps_measured} measured steps after {config.warmup} warm-up; "
+            f"steps delimited by {escape(record.step_kind)} calls{clock}"
+        )
         if s.median_step_ms is not None:
             facts.append(_statistic_note(record))
     if record.error:
         facts.append(f'<span class="sev-error">{escape(strip_ansi(record.error))}</span>')
     if s.flops_per_step is not None:
-        recompute = (f", plus {fmt_count(s.recompute_flops_per_step)}FLOP of checkpoint recomputation"
-                     if s.recompute_flops_per_step else "")
-        facts.append(f"FLOPs counted over step {record.profiler_view().flops_step} (forward, backward and optimizer, "
-                     f"FlopCounterMode's formulas){recompute}; FLOP/s over the median step")
+        recompute = (
+            f", plus {fmt_count(s.recompute_flops_per_step)}FLOP of checkpoint recomputation"
+            if s.recompute_flops_per_step
+            else ""
+        )
+        facts.append(
+            f"FLOPs counted over step {record.profiler_view().flops_step} (forward, backward and optimizer, "
+            f"FlopCounterMode's formulas){recompute}; FLOP/s over the median step"
+        )
     elif s.flops_not_measured:
         facts.append(f"FLOPs not measured: {escape(s.flops_not_measured)}")
     facts += [f"note: {escape(n)}" for n in record.notes]
@@ -95,7 +110,8 @@ def _statistic_note(record: RunRecord) -> str:
     s = record.summary_view()
     left_out = left_out_text(record)
     which = f"{s.steps_summarized} measured step(s)" + (
-        f", the {left_out} step(s) left out (instrumentation slows them)" if left_out else "")
+        f", the {left_out} step(s) left out (instrumentation slows them)" if left_out else ""
+    )
     return f"step and phase times are medians over {which}"
 
 
@@ -103,11 +119,17 @@ def _steps(record: RunRecord) -> Section:
     # Warm-up steps hold one-off start-up work (imports, data set-up, compilation) that would
     # flatten every other bar, so the chart shows measured steps only.
     steps = record.measured_steps or record.steps
-    labels = [str(s.index) + ("w" if s.warmup else "f" if s.flops_counted else "p" if s.profiled else "") for s in steps]
+    labels = [
+        str(s.index) + ("w" if s.warmup else "f" if s.flops_counted else "p" if s.profiled else "")
+        for s in steps
+    ]
     series = {p: [s.phase_ms()[p] for s in steps] for p in PHASES}
-    x_title = "step" + (" (p: in the profiler window, f: FLOP-counting)" if any(st.profiled for st in steps) else "")
-    chart = charts.stacked_bars("step-breakdown", labels, series, unit="ms", x_title=x_title,
-                                y_title="step time (ms)")
+    x_title = "step" + (
+        " (p: in the profiler window, f: FLOP-counting)" if any(st.profiled for st in steps) else ""
+    )
+    chart = charts.stacked_bars(
+        "step-breakdown", labels, series, unit="ms", x_title=x_title, y_title="step time (ms)"
+    )
     s = record.summary_view()
     rows = []
     medians = phase_medians(record)
@@ -134,8 +156,12 @@ def _loss_and_memory(record: RunRecord) -> Section:
     xs = [s.index for s in record.steps]
     parts = []
     if any(s.loss is not None for s in record.steps):
-        parts.append("<h3>Loss</h3>" + charts.lines("loss", xs, {"loss": [s.loss for s in record.steps]},
-                                                     y_title="loss (the script's own)"))
+        parts.append(
+            "<h3>Loss</h3>"
+            + charts.lines(
+                "loss", xs, {"loss": [s.loss for s in record.steps]}, y_title="loss (the script's own)"
+            )
+        )
     mem: dict[str, list[float | None]] = {}
     if any(s.cuda_allocated_peak is not None for s in record.steps):
         mem["CUDA allocated peak"] = [(s.cuda_allocated_peak or 0) / 2**20 for s in record.steps]
@@ -144,32 +170,58 @@ def _loss_and_memory(record: RunRecord) -> Section:
         mem["process RSS"] = [(s.rss / 2**20) if s.rss else None for s in record.steps]
     if mem:
         title = "process RSS (MiB)" if list(mem) == ["process RSS"] else "memory (MiB)"
-        parts.append("<h3>Memory over steps</h3>" + charts.lines("memory", xs, mem, unit="MiB", y_title=title))
-    return Section(id="loss-memory", title="Loss and memory", body="".join(parts) or "<p>No loss or memory data.</p>")
+        parts.append(
+            "<h3>Memory over steps</h3>" + charts.lines("memory", xs, mem, unit="MiB", y_title=title)
+        )
+    return Section(
+        id="loss-memory", title="Loss and memory", body="".join(parts) or "<p>No loss or memory data.</p>"
+    )
 
 
 def _top_ops(record: RunRecord) -> Section:
     summary = record.op_summary_view()
     profiler = record.profiler_view()
     ops = (summary.top_ops or [])[:15]
-    chart = charts.horizontal_bars("top-ops", [(o["name"], o["self_us"] / 1000.0) for o in ops], unit="ms",
-                                   x_title="self time in the profiler window (ms)", y_title="op")
+    chart = charts.horizontal_bars(
+        "top-ops",
+        [(o["name"], o["self_us"] / 1000.0) for o in ops],
+        unit="ms",
+        x_title="self time in the profiler window (ms)",
+        y_title="op",
+    )
     flops = {f["name"]: f["flops"] + f.get("recompute", 0) for f in profiler.flops_by_op}
     rows = [
-        (o["name"], o.get("category", ""), o.get("count", ""), f"{o['self_us'] / 1000:.3f}", f"{o.get('total_us', 0) / 1000:.3f}",
-         f"{flops[o['name']]:.3g}" if o["name"] in flops else "")
+        (
+            o["name"],
+            o.get("category", ""),
+            o.get("count", ""),
+            f"{o['self_us'] / 1000:.3f}",
+            f"{o.get('total_us', 0) / 1000:.3f}",
+            f"{flops[o['name']]:.3g}" if o["name"] in flops else "",
+        )
         for o in ops
     ]
     cats = summary.categories or {}
-    cat_chart = charts.horizontal_bars(
-        "op-categories", sorted(((k, v / 1000.0) for k, v in cats.items()), key=lambda kv: -kv[1]), unit="ms",
-        x_title="self time in the profiler window (ms)", y_title="category",
-    ) if cats else ""
+    cat_chart = (
+        charts.horizontal_bars(
+            "op-categories",
+            sorted(((k, v / 1000.0) for k, v in cats.items()), key=lambda kv: -kv[1]),
+            unit="ms",
+            x_title="self time in the profiler window (ms)",
+            y_title="category",
+        )
+        if cats
+        else ""
+    )
     return Section(
         id="top-ops",
         title=f"Top ops (profiler window: steps {profiler.steps})",
         body=chart
-        + table(["op", "category", "calls", "self ms", "total ms", "FLOPs"], rows, [False, False, True, True, True, True])
+        + table(
+            ["op", "category", "calls", "self ms", "total ms", "FLOPs"],
+            rows,
+            [False, False, True, True, True, True],
+        )
         + ("<h3>Self time by category</h3>" + cat_chart if cat_chart else "")
         + _flops_table(record),
     )
@@ -180,18 +232,29 @@ def _flops_table(record: RunRecord) -> str:
     profiler = record.profiler_view()
     if profiler.flops_step is None or not profiler.flops_by_op:
         return ""
-    rows = [(f["name"], f["count"], f"{f['flops']:.4g}", f"{f.get('recompute', 0):.4g}") for f in profiler.flops_by_op]
+    rows = [
+        (f["name"], f["count"], f"{f['flops']:.4g}", f"{f.get('recompute', 0):.4g}")
+        for f in profiler.flops_by_op
+    ]
     rows.append(("total", "", f"{profiler.flops_total or 0:.4g}", f"{profiler.flops_recompute or 0:.4g}"))
-    return (f"<h3>FLOPs by op (step {profiler.flops_step})</h3>"
-            + table(["op", "calls", "FLOPs", "recompute FLOPs"], rows, [False, True, True, True]))
+    return f"<h3>FLOPs by op (step {profiler.flops_step})</h3>" + table(
+        ["op", "calls", "FLOPs", "recompute FLOPs"], rows, [False, True, True, True]
+    )
 
 
 def _modules(record: RunRecord) -> Section:
-    rows = [(m.get("shown") or m["name"], m["type"], f"{m['params']:,}", m["calls"], f"{m['forward_ms']:.3f}") for m in record.modules[:25]]
+    rows = [
+        (m.get("shown") or m["name"], m["type"], f"{m['params']:,}", m["calls"], f"{m['forward_ms']:.3f}")
+        for m in record.modules[:25]
+    ]
     return Section(
         id="modules",
         title="Forward time by module",
-        body=table(["module", "type", "params", "calls", "forward ms (measured steps)"], rows, [False, False, True, True, True]),
+        body=table(
+            ["module", "type", "params", "calls", "forward ms (measured steps)"],
+            rows,
+            [False, False, True, True, True],
+        ),
     )
 
 

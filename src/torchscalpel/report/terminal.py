@@ -32,6 +32,7 @@ PIPE_WIDTH = 200
 """Columns when the output is not a terminal (a pipe, a file, CI) and ``COLUMNS`` is unset: wide enough
 for the tune table; plain lines are never wrapped there at all (soft wrap)."""
 
+
 def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
     """A rich console for scalpel's output. On a terminal: rich's own width. Elsewhere (piped, redirected,
     CI): ``COLUMNS`` or :data:`PIPE_WIDTH` columns and soft wrapping, so a line is never broken mid-word
@@ -65,7 +66,9 @@ class OfTotalColumn(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         done = int(task.completed)
-        return Text(f"{done} of {int(task.total)}" if task.total is not None else f"{done}", style="progress.download")
+        return Text(
+            f"{done} of {int(task.total)}" if task.total is not None else f"{done}", style="progress.download"
+        )
 
 
 def stage_progress(out: Console) -> Progress:
@@ -129,21 +132,28 @@ class StepProgress:
             self._progress.start()
         return self
 
-    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.enabled:
             self._progress.stop()
 
     def update(self, step: StepRecord) -> None:
         """Advance by one step and show its time and loss."""
         loss = f" loss {step.loss:.4g}" if step.loss is not None else ""
-        tag = "warm-up" if step.warmup else ("counting FLOPs" if step.flops_counted else
-                                             "profiled" if step.profiled else "step")
+        tag = (
+            "warm-up"
+            if step.warmup
+            else ("counting FLOPs" if step.flops_counted else "profiled" if step.profiled else "step")
+        )
         self.done += 1
         if self.total is not None and self.done > self.total:
             # more steps than planned (a step kind merged late, an evaluation step): grow the total
             # rather than show "13 of 12"
             self.total = self.done
-        self._progress.update(self._task, completed=self.done, total=self.total, info=f"{tag} {step.total_ms:.1f} ms{loss}")
+        self._progress.update(
+            self._task, completed=self.done, total=self.total, info=f"{tag} {step.total_ms:.1f} ms{loss}"
+        )
 
 
 def summarized_steps(record: RunRecord) -> list[StepRecord]:
@@ -173,7 +183,9 @@ def phase_shares(record: RunRecord) -> dict[str, float]:
 def left_out_text(record: RunRecord) -> str:
     """Which instrumented steps the timing figures leave out ("2 profiled, 1 FLOP-counting")."""
     s = record.summary_view()
-    left_out = [st for st in record.measured_steps if st.profiled] if s.steps_summarized < s.steps_measured else []
+    left_out = (
+        [st for st in record.measured_steps if st.profiled] if s.steps_summarized < s.steps_measured else []
+    )
     counted = sum(1 for st in left_out if st.flops_counted)
     parts = [f"{len(left_out) - counted} profiled"] if len(left_out) > counted else []
     if counted:
@@ -259,7 +271,9 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
             extras.append(f"MFU {100 * s.mfu['mfu']:.1f}% of {s.mfu['gpu']} bf16 peak")
         mem = []
         if s.cuda_allocated_peak is not None:
-            mem.append(f"CUDA allocated peak {fmt_bytes(s.cuda_allocated_peak)}, reserved {fmt_bytes(s.cuda_reserved_peak)}")
+            mem.append(
+                f"CUDA allocated peak {fmt_bytes(s.cuda_allocated_peak)}, reserved {fmt_bytes(s.cuda_reserved_peak)}"
+            )
         window_peak = (ops_summary.memory or {}).get("peak_bytes")
         if window_peak:
             mem.append(f"allocator peak in profiler window {fmt_bytes(window_peak)}")
@@ -279,7 +293,9 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         t.add_column("self ms", justify="right")
         for op in ops[:8]:
             name = op["name"] if len(op["name"]) <= 60 else op["name"][:59] + "…"
-            t.add_row(escape(name), op.get("category", ""), str(op.get("count", "")), f"{op['self_us'] / 1000:.2f}")
+            t.add_row(
+                escape(name), op.get("category", ""), str(op.get("count", "")), f"{op['self_us'] / 1000:.2f}"
+            )
         c.print(t)
     files = ["run.json", "report.html", *([profiler.trace] if profiler.trace else [])]
     if (Path(run_dir) / LOG_NAME).exists():
@@ -287,8 +303,12 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
     c.print(f"run folder: [bold]{run_dir}[/] ({', '.join(files)})")
     if record.error:
         c.print(f"[red]script error:[/] {escape(strip_ansi(record.error))}")
-    script = record.target.get("script") or (f"-m {record.target['module']}" if record.target.get("module") else None)
+    script = record.target.get("script") or (
+        f"-m {record.target['module']}" if record.target.get("module") else None
+    )
     if script and record.steps:
-        c.print(f"next: [bold]scalpel doctor -- {escape(str(script))}[/] (findings with fixes), "
-                f"open {run_dir}/report.html")
+        c.print(
+            f"next: [bold]scalpel doctor -- {escape(str(script))}[/] (findings with fixes), "
+            f"open {run_dir}/report.html"
+        )
     sys.stderr.flush()

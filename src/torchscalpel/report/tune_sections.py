@@ -49,29 +49,39 @@ def build(record: RunRecord) -> list[Section]:
     line = headline(winner, tune.no_candidate)  # the terminal's, code.txt's and scalpel.toml's words
     if winner:
         measured = speedup_of(winner)  # the one definition (torchscalpel.tune.speedup)
-        verdict = (f"<p class=\"kpis\"><span class=\"kpi\"><b>{measured.text()}</b>"
-                   f"faster per step ({escape(measured.spread_text())})</span>"
-                   f"<span class=\"kpi\"><b>{escape(winner['label'])}</b>recommended</span></p>"
-                   f"<p>{escape(line)}</p>")
+        verdict = (
+            f'<p class="kpis"><span class="kpi"><b>{measured.text()}</b>'
+            f"faster per step ({escape(measured.spread_text())})</span>"
+            f'<span class="kpi"><b>{escape(winner["label"])}</b>recommended</span></p>'
+            f"<p>{escape(line)}</p>"
+        )
         code = "\n".join(tune.code_lines or [])
-        verdict += "<p>Apply with <code>scalpel run --config scalpel.toml -- SCRIPT</code>, or edit the script:</p>"
+        verdict += (
+            "<p>Apply with <code>scalpel run --config scalpel.toml -- SCRIPT</code>, or edit the script:</p>"
+        )
         verdict += f"<pre>{escape(code)}</pre>"
     else:
-        verdict = f"<p><b>No change recommended</b>: {escape(line.removeprefix('no change recommended: '))}.</p>"
+        verdict = (
+            f"<p><b>No change recommended</b>: {escape(line.removeprefix('no change recommended: '))}.</p>"
+        )
     notes = "".join(f"<li>{escape(n)}</li>" for n in tune.notes if n != tune.no_candidate)
     bottleneck = (tune.facts or {}).get("bottleneck")
     if bottleneck:
         from torchscalpel.tune.bottleneck import Bottleneck
 
-        verdict += (f"<p><b>Profile of the baseline</b>: {escape(Bottleneck.from_dict(bottleneck).summary())}. "
-                    "Knobs that address it were tried first; each row says why it was tried.</p>")
+        verdict += (
+            f"<p><b>Profile of the baseline</b>: {escape(Bottleneck.from_dict(bottleneck).summary())}. "
+            "Knobs that address it were tried first; each row says why it was tried.</p>"
+        )
     runs = len(tune.baseline_medians) if tune.baseline_medians else None
-    verdict += (f"<p class=\"muted\">Required speedup {_required(tune):.2f}x; {escape(noise_line(tune.noise, runs))}; "
-                f"baseline loss determinism {(tune.determinism or 0):.1e}.</p>")
+    verdict += (
+        f'<p class="muted">Required speedup {_required(tune):.2f}x; {escape(noise_line(tune.noise, runs))}; '
+        f"baseline loss determinism {(tune.determinism or 0):.1e}.</p>"
+    )
     if notes:
         verdict += f"<ul>{notes}</ul>"
     ranked = table(HEADERS, [row_cells(t, full=True) for t in rows], numeric=NUMERIC)
-    ranked += f"<p class=\"muted\">{escape(TABLE_NOTE)}.</p>"
+    ranked += f'<p class="muted">{escape(TABLE_NOTE)}.</p>'
     bars = horizontal_bars("tune-step-ms", [(t.label, t.median_ms) for t in rows if t.median_ms is not None])
     series: dict[str, list[float | None]] = {"baseline": list(baseline.losses)}
     for t in trials:

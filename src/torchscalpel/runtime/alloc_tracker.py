@@ -179,7 +179,9 @@ class AllocationTracker(TorchDispatchMode):
         if entry is None or entry[0] is not func:
             entry = _op_entry(func)
         name = entry[1]
-        if name is None:  # a view / in-place / out= op returns an input's storage: nothing new (the common case)
+        if (
+            name is None
+        ):  # a view / in-place / out= op returns an input's storage: nothing new (the common case)
             return out
         if type(out) is torch.Tensor:
             self._register(out, name)
@@ -202,8 +204,18 @@ class AllocationTracker(TorchDispatchMode):
         if self._cuda and t.is_cuda:
             nbytes = -(-nbytes // _CUDA_BLOCK) * _CUDA_BLOCK
         stack = self.module_stack
-        self._add(key, st, Alloc(nbytes, "optimizer_state" if self.phase == "optimizer" else "temporaries",
-                                 self._site(), stack[-1] if stack else "", self.step, name))
+        self._add(
+            key,
+            st,
+            Alloc(
+                nbytes,
+                "optimizer_state" if self.phase == "optimizer" else "temporaries",
+                self._site(),
+                stack[-1] if stack else "",
+                self.step,
+                name,
+            ),
+        )
         if self.limit is not None and self.total > self.limit and self.oom is None:
             self._record_oom(name, nbytes, device_error=None)
             raise MemoryLimitExceeded(self.oom_sentence())
@@ -281,15 +293,22 @@ class AllocationTracker(TorchDispatchMode):
         self._copy_at = int(self.total * (1 + PEAK_RESOLUTION))
         step, phase, accumulating = self._pending_at
         self._peak_copy = {
-            "total": self.total, "step": step, "phase": phase, "accumulating": accumulating,
-            "op": alloc.op, "module": alloc.module,
-            "site": alloc.site, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
+            "total": self.total,
+            "step": step,
+            "phase": phase,
+            "accumulating": accumulating,
+            "op": alloc.op,
+            "module": alloc.module,
+            "site": alloc.site,
+            "by_category": dict(self.by_category),
+            "by_module": dict(self.by_module),
             "by_site": dict(self.by_site),
         }
 
     # ----- ownership ----------------------------------------------------------------------
-    def recategorize(self, t: torch.Tensor, category: str, *, only_from: str | None = None,
-                     module: str | None = None) -> None:
+    def recategorize(
+        self, t: torch.Tensor, category: str, *, only_from: str | None = None, module: str | None = None
+    ) -> None:
         """Give ``t``'s storage ``category`` (start tracking it when it predates the tracker)."""
         if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.is_meta:
             return
@@ -300,8 +319,11 @@ class AllocationTracker(TorchDispatchMode):
             nbytes = st.nbytes()
             if nbytes == 0:
                 return
-            self._add(key, st, Alloc(nbytes, category, "(before the tracker started)", module or "", self.step,
-                                     "adopted"))
+            self._add(
+                key,
+                st,
+                Alloc(nbytes, category, "(before the tracker started)", module or "", self.step, "adopted"),
+            )
             if category == "activations":
                 self.by_module[module or ""] = self.by_module.get(module or "", 0) + nbytes
             return
@@ -332,8 +354,12 @@ class AllocationTracker(TorchDispatchMode):
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         try:
-            self.recategorize(t, "activations", only_from="temporaries",
-                              module=self.module_stack[-1] if self.module_stack else "")
+            self.recategorize(
+                t,
+                "activations",
+                only_from="temporaries",
+                module=self.module_stack[-1] if self.module_stack else "",
+            )
         except Exception:  # never break the user's forward over accounting
             pass
         # Detached: same storage and values, but no reference to its grad_fn. Returning ``t`` itself
@@ -342,7 +368,9 @@ class AllocationTracker(TorchDispatchMode):
         # A tensor with no grad_fn (a parameter, an input) makes no cycle and is returned as it is.
         if t.grad_fn is None:
             return t
-        if type(t) is torch.Tensor:  # our own detach need not go through this mode (a full dispatch round trip)
+        if (
+            type(t) is torch.Tensor
+        ):  # our own detach need not go through this mode (a full dispatch round trip)
             with _NO_DISPATCH():
                 return t.detach()
         return t.detach()
@@ -397,23 +425,48 @@ class AllocationTracker(TorchDispatchMode):
     def live_top(self, n: int = LIVE_TOP) -> list[dict[str, Any]]:
         """The ``n`` largest live storages, largest first."""
         rows = sorted(self.live.values(), key=lambda a: a.nbytes, reverse=True)[:n]
-        return [{"bytes": a.nbytes, "category": a.category, "site": a.site, "module": a.module, "step": a.step,
-                 "op": a.op} for a in rows]
+        return [
+            {
+                "bytes": a.nbytes,
+                "category": a.category,
+                "site": a.site,
+                "module": a.module,
+                "step": a.step,
+                "op": a.op,
+            }
+            for a in rows
+        ]
 
     def state(self) -> dict[str, Any]:
         """The live picture now: totals by category, module and site."""
-        return {"total": self.total, "by_category": dict(self.by_category), "by_module": dict(self.by_module),
-                "by_site": dict(self.by_site), "step": self.step, "phase": self.phase,
-                "accumulating": self.accumulating}
+        return {
+            "total": self.total,
+            "by_category": dict(self.by_category),
+            "by_module": dict(self.by_module),
+            "by_site": dict(self.by_site),
+            "step": self.step,
+            "phase": self.phase,
+            "accumulating": self.accumulating,
+        }
 
     def _record_oom(self, op: str, request: int | None, *, device_error: str | None) -> None:
         # Activations saved in an earlier step and still live: graphs kept across steps (outputs or losses kept
         # with their graph). Known at the out-of-memory even when too few steps ran to fit a growth slope.
-        kept = sum(a.nbytes for a in self.live.values() if a.category == "activations" and a.step < self.committed_step)
+        kept = sum(
+            a.nbytes
+            for a in self.live.values()
+            if a.category == "activations" and a.step < self.committed_step
+        )
         self.oom = {
-            "op": op, "request_bytes": request, "site": self._site(),
-            "module": self.module_stack[-1] if self.module_stack else "", "limit": self.limit,
-            "device_error": device_error, **self.state(), "live": self.live_top(), "kept_activations": kept,
+            "op": op,
+            "request_bytes": request,
+            "site": self._site(),
+            "module": self.module_stack[-1] if self.module_stack else "",
+            "limit": self.limit,
+            "device_error": device_error,
+            **self.state(),
+            "live": self.live_top(),
+            "kept_activations": kept,
         }
 
     def oom_sentence(self) -> str:
@@ -423,8 +476,10 @@ class AllocationTracker(TorchDispatchMode):
         o = self.oom or {}
         # Without a step timeline (scalpel run's bare limit: phase None) the step and phase are not known.
         where = f" (step {o.get('step')}, {o.get('phase')})" if o.get("phase") is not None else ""
-        return (f"memory limit {fmt_bytes(self.limit)} exceeded: {o.get('op')} at {o.get('site')} asked for "
-                f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live{where}")
+        return (
+            f"memory limit {fmt_bytes(self.limit)} exceeded: {o.get('op')} at {o.get('site')} asked for "
+            f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live{where}"
+        )
 
 
 class _StorageRef(weakref.ref):
@@ -472,6 +527,10 @@ def _requested_bytes(message: str) -> int | None:
     return int(float(m.group(1)) * scale)
 
 
-_skip_dynamo_recursively(AllocationTracker.__torch_dispatch__, AllocationTracker._pack,
-                         AllocationTracker._module_pre, AllocationTracker._module_post,
-                         AllocationTracker._storage_died)
+_skip_dynamo_recursively(
+    AllocationTracker.__torch_dispatch__,
+    AllocationTracker._pack,
+    AllocationTracker._module_pre,
+    AllocationTracker._module_post,
+    AllocationTracker._storage_died,
+)

@@ -97,8 +97,11 @@ OPS: dict[str, tuple[int | None, bool]] = {
 def signature(entry: dict[str, Any]) -> tuple[Any, ...]:
     """What must agree across ranks for the same collective: op, and shapes/dtypes where they must."""
     compare_shapes = OPS.get(entry.get("op", ""), (None, False))[1]
-    return (entry.get("op"), tuple(map(tuple, entry.get("shapes") or ())) if compare_shapes else None,
-            tuple(entry.get("dtypes") or ()))
+    return (
+        entry.get("op"),
+        tuple(map(tuple, entry.get("shapes") or ())) if compare_shapes else None,
+        tuple(entry.get("dtypes") or ()),
+    )
 
 
 class _Depth(threading.local):
@@ -140,17 +143,21 @@ def read_rank_log(path: Path) -> RankLog | None:
         return None
     if len(data) < FILE_SIZE or data[:8] != MAGIC:
         return None
-    (_, pid, rank, world, restart, finished, tid, steps, completed, _n, last, step_ms, started) = HEADER.unpack_from(data)
+    (_, pid, rank, world, restart, finished, tid, steps, completed, _n, last, step_ms, started) = (
+        HEADER.unpack_from(data)
+    )
     entries = []
     for i in range(SLOTS):
-        raw = data[HEADER_SIZE + i * SLOT: HEADER_SIZE + (i + 1) * SLOT].split(b"\0", 1)[0]
+        raw = data[HEADER_SIZE + i * SLOT : HEADER_SIZE + (i + 1) * SLOT].split(b"\0", 1)[0]
         if raw:
             try:
                 entries.append(json.loads(raw))
             except ValueError:
                 continue
     entries.sort(key=lambda e: e.get("n", 0))
-    return RankLog(pid, rank, world, restart, bool(finished), tid, steps, completed, last, step_ms, started, entries)
+    return RankLog(
+        pid, rank, world, restart, bool(finished), tid, steps, completed, last, step_ms, started, entries
+    )
 
 
 class CollectiveRecorder:
@@ -187,8 +194,23 @@ class CollectiveRecorder:
 
     # -- header -------------------------------------------------------------------------------------
     def _write_header(self) -> None:
-        HEADER.pack_into(self._mm, 0, MAGIC, self._pid, self.rank, self.world, self.restart, int(self.finished),
-                         self._tid, self.steps, self.completed, self._n, self.last_progress, self._step_ms, self.started)
+        HEADER.pack_into(
+            self._mm,
+            0,
+            MAGIC,
+            self._pid,
+            self.rank,
+            self.world,
+            self.restart,
+            int(self.finished),
+            self._tid,
+            self.steps,
+            self.completed,
+            self._n,
+            self.last_progress,
+            self._step_ms,
+            self.started,
+        )
 
     def mark_finished(self) -> None:
         """The script is done (its end, or interpreter exit): the watch stops counting this rank's silence."""
@@ -230,7 +252,9 @@ class CollectiveRecorder:
         raw = ENTRY % (n, next(self.seqs_for(group)), time.time(), site, body)
         slot = n % SLOTS
         offset = HEADER_SIZE + slot * SLOT
-        self._mm[offset:offset + len(raw)] = raw  # the NUL ends it: an older, longer entry's tail is not read
+        self._mm[offset : offset + len(raw)] = (
+            raw  # the NUL ends it: an older, longer entry's tail is not read
+        )
         self._n = n + 1
         return slot
 
@@ -251,7 +275,9 @@ def describe_entry(op: str, group: str, shapes: list[list[int]], dtypes: list[st
     body = f'{head}"dtypes":{dtype_text},"shapes":{shape_text}'
     if len(body) > BODY_MAX:  # a long tensor list: keep the first shapes only
         cut = repr([list(x) for x in shapes[:4]]).replace(" ", "")
-        body = f'{head}"truncated":true,"dtypes":{json.dumps(dtypes[:4], separators=(",", ":"))},"shapes":{cut}'
+        body = (
+            f'{head}"truncated":true,"dtypes":{json.dumps(dtypes[:4], separators=(",", ":"))},"shapes":{cut}'
+        )
         if len(body) > BODY_MAX:
             body = f'{head}"truncated":true,"dtypes":[],"shapes":[]'
     return body.encode()
@@ -261,7 +287,7 @@ def quote_site(site: str) -> bytes:
     """The JSON string of a ``file:line``, its path's start dropped past :data:`SITE_MAX` bytes."""
     quoted = json.dumps(site).encode()
     if len(quoted) > SITE_MAX:
-        quoted = json.dumps("..." + site[-(SITE_MAX // 2):]).encode()
+        quoted = json.dumps("..." + site[-(SITE_MAX // 2) :]).encode()
     return quoted
 
 
@@ -313,7 +339,11 @@ def _dtype_name(dtype: Any) -> str:
 
 def _describe(value: Any) -> tuple[list[list[int]], list[str]]:
     if isinstance(value, list | tuple):
-        pairs = [(list(t.shape), _dtype_name(t.dtype)) for t in value if hasattr(t, "shape") and hasattr(t, "dtype")]
+        pairs = [
+            (list(t.shape), _dtype_name(t.dtype))
+            for t in value
+            if hasattr(t, "shape") and hasattr(t, "dtype")
+        ]
         return [p[0] for p in pairs], [p[1] for p in pairs]
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         return [list(value.shape)], [_dtype_name(value.dtype)]
@@ -359,7 +389,11 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
         if tensor_name is not None:
             value = kwargs.get(tensor_name, args[tensor_at] if len(args) > tensor_at else None)
         else:
-            value = (args[1] if len(args) > 1 else kwargs.get("input_tensor_list")) if op == "all_to_all" else None
+            value = (
+                (args[1] if len(args) > 1 else kwargs.get("input_tensor_list"))
+                if op == "all_to_all"
+                else None
+            )
         if isinstance(value, tensor_type):  # the common case: one tensor, its description cached
             key = (group, value.shape, value.dtype)
             parts = described.get(key)
@@ -372,10 +406,15 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
         frame = getframe(1)
         site = _SITES.get((frame.f_code, frame.f_lineno)) if frame.f_code in _USER_CODE else None
         n = next(numbers)
-        raw = ENTRY % (n, next(seqs_of.get(parts[0]) or recorder.seqs_for(parts[0])), now(),
-                       site or quoted_user_site(frame), parts[1])
+        raw = ENTRY % (
+            n,
+            next(seqs_of.get(parts[0]) or recorder.seqs_for(parts[0])),
+            now(),
+            site or quoted_user_site(frame),
+            parts[1],
+        )
         offset = HEADER_SIZE + (n % SLOTS) * SLOT
-        mm[offset:offset + len(raw)] = raw
+        mm[offset : offset + len(raw)] = raw
         recorder._n = n + 1
         local.depth = 1
         try:
@@ -439,7 +478,11 @@ def start_flight_dumper(folder: Path, rank: int, poll_s: float = 0.5) -> threadi
     main loop, but the wait releases the GIL. None (nothing started) on CPU builds."""
     import torch
 
-    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None) if hasattr(torch._C, "_distributed_c10d") else None
+    dump = (
+        getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+        if hasattr(torch._C, "_distributed_c10d")
+        else None
+    )
     if dump is None or not torch.cuda.is_available():
         return None
     request, target = folder / f"rank-{rank}.nccl-request", folder / f"rank-{rank}.nccl-trace.pickle"
@@ -474,5 +517,9 @@ def install_from_env(env: dict[str, str] | None = None) -> CollectiveRecorder | 
     folder = env.get(ENV_DIR)
     if not folder:
         return None
-    return install(Path(folder), int(env.get("RANK", "0")), int(env.get("WORLD_SIZE", "1")),
-                   int(env.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    return install(
+        Path(folder),
+        int(env.get("RANK", "0")),
+        int(env.get("WORLD_SIZE", "1")),
+        int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )

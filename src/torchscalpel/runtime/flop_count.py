@@ -30,10 +30,20 @@ from torchscalpel.record import StepRecord
 _aten = torch.ops.aten
 # Metadata queries FlopCounterMode declines (it returns NotImplemented for them), kept equal.
 _SKIP = {
-    _aten.sym_is_contiguous.default, _aten.is_contiguous.default, _aten.is_contiguous.memory_format,
-    _aten.is_strides_like_format.default, _aten.is_non_overlapping_and_dense.default, _aten.size.default,
-    _aten.sym_size.default, _aten.stride.default, _aten.sym_stride.default, _aten.storage_offset.default,
-    _aten.sym_storage_offset.default, _aten.numel.default, _aten.sym_numel.default, _aten.dim.default,
+    _aten.sym_is_contiguous.default,
+    _aten.is_contiguous.default,
+    _aten.is_contiguous.memory_format,
+    _aten.is_strides_like_format.default,
+    _aten.is_non_overlapping_and_dense.default,
+    _aten.size.default,
+    _aten.sym_size.default,
+    _aten.stride.default,
+    _aten.sym_stride.default,
+    _aten.storage_offset.default,
+    _aten.sym_storage_offset.default,
+    _aten.numel.default,
+    _aten.sym_numel.default,
+    _aten.dim.default,
     torch.ops.prim.layout.default,
 }
 
@@ -54,7 +64,10 @@ def _composite(func: Any) -> bool:
     """Whether ``func`` has a composite kernel ``decompose`` could use (cached per overload)."""
     known = _COMPOSITE.get(func)
     if known is None:
-        keys = (torch._C.DispatchKey.CompositeImplicitAutograd, torch._C.DispatchKey.CompositeImplicitAutogradNestedTensor)
+        keys = (
+            torch._C.DispatchKey.CompositeImplicitAutograd,
+            torch._C.DispatchKey.CompositeImplicitAutogradNestedTensor,
+        )
         known = _COMPOSITE[func] = any(func.has_kernel_for_dispatch_key(k) for k in keys)
     return known
 
@@ -95,8 +108,15 @@ class FlopCountMode(TorchDispatchMode):
     def by_op(self) -> list[dict[str, Any]]:
         """Every op that counted: ``name``, ``count`` (calls), ``flops`` (model), ``recompute``; most first."""
         names = set(self.flops) | set(self.recompute)
-        rows = [{"name": n, "count": self.calls[n], "flops": self.flops.get(n, 0), "recompute": self.recompute.get(n, 0)}
-                for n in names]
+        rows = [
+            {
+                "name": n,
+                "count": self.calls[n],
+                "flops": self.flops.get(n, 0),
+                "recompute": self.recompute.get(n, 0),
+            }
+            for n in names
+        ]
         return sorted(rows, key=lambda d: (-d["flops"], -d["recompute"], d["name"]))
 
 
@@ -130,7 +150,12 @@ class StepFlopCounter:
             if step.index == self.index:
                 self._finish(step)
             return
-        if not self._result and self._reason is None and self.index is not None and step.index + 1 == self.index:
+        if (
+            not self._result
+            and self._reason is None
+            and self.index is not None
+            and step.index + 1 == self.index
+        ):
             self._start()
 
     def _start(self) -> None:
@@ -179,10 +204,15 @@ class StepFlopCounter:
         """The run ended: a step still being counted was cut short and counts for nothing."""
         if self._mode is not None:
             self._stop()
-            self._reason = self._reason or f"the script ended during step {self.index}, the FLOP-counting step"
+            self._reason = (
+                self._reason or f"the script ended during step {self.index}, the FLOP-counting step"
+            )
 
     def result(self) -> dict[str, Any]:
         """The FLOP keys of the record's ``profiler`` section, or the reason they are missing."""
         if self._result:
             return dict(self._result)
-        return {"flops_not_measured": self._reason or f"the script ended before step {self.index}, the FLOP-counting step"}
+        return {
+            "flops_not_measured": self._reason
+            or f"the script ended before step {self.index}, the FLOP-counting step"
+        }

@@ -55,7 +55,9 @@ class HookSet:
         self._backward_depth = 0
         self._optimizer_posts = 0
         """Optimizer post-hooks seen: tells a GradScaler step whose update was skipped."""
-        self._model_facts: weakref.WeakKeyDictionary[torch.nn.Module, tuple[bool, int]] = weakref.WeakKeyDictionary()
+        self._model_facts: weakref.WeakKeyDictionary[torch.nn.Module, tuple[bool, int]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._global_forward: list[Any] = []
         self._root_handles: list[Any] = []
         # The session's per-event observer lists, fixed for the run: read on every submodule call.
@@ -113,7 +115,9 @@ class HookSet:
             h.remove()
         self._global_forward, self._root_handles = [], []
 
-    def _patch(self, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    def _patch(
+        self, owner: Any, name: str, wrapper: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> None:
         self._undo.append(wrap_attr(owner, name, wrapper))
 
     # ----- forward ------------------------------------------------------------------------
@@ -149,8 +153,10 @@ class HookSet:
                 tl.note_forward(samples)
                 if samples is None:
                     s.samples_unknown.setdefault(
-                        "forward", f"{type(module).__name__} was called without a positional tensor "
-                        "(keyword arguments only, e.g. model(**batch)), so its inputs give no batch size")
+                        "forward",
+                        f"{type(module).__name__} was called without a positional tensor "
+                        "(keyword arguments only, e.g. model(**batch)), so its inputs give no batch size",
+                    )
         else:
             # Evaluation (estimate_loss, a validation loop) while training: not a step, not forward.
             self._root_role, self._root_began = "eval", False
@@ -269,7 +275,11 @@ class HookSet:
             before = hooks._optimizer_posts
             out = original(scaler, optimizer, *args, **kwargs)
             s = hooks.session
-            if hooks._optimizer_posts == before and isinstance(optimizer, torch.optim.Optimizer) and not _compiling():
+            if (
+                hooks._optimizer_posts == before
+                and isinstance(optimizer, torch.optim.Optimizer)
+                and not _compiling()
+            ):
                 # inf/NaN gradients: GradScaler skipped optimizer.step(), so no hook fired; the
                 # iteration still ends here, as a step with no update.
                 s.note_optimizer(optimizer)
@@ -297,8 +307,10 @@ class HookSet:
                 s.timeline.note_batch(samples)
                 if samples is None:
                     s.samples_unknown.setdefault(
-                        "batch", f"the training DataLoader's batches ({type(batch).__name__}) hold no tensor "
-                        "(nor a list, tuple or mapping of tensors) to read a batch size from")
+                        "batch",
+                        f"the training DataLoader's batches ({type(batch).__name__}) hold no tensor "
+                        "(nor a list, tuple or mapping of tensors) to read a batch size from",
+                    )
             ref = getattr(it, "_scalpel_loader", None)
             s.emit("on_batch", batch, ref() if ref is not None else None)
             return batch

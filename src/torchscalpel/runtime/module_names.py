@@ -24,8 +24,9 @@ def display_name(qualified: str, module: torch.nn.Module, root: str) -> str:
     return f"{path} ({type(module).__name__})"
 
 
-WRAPPER_ATTRIBUTES = frozenset({"_forward_module", "_original_module", "_orig_mod", "_fsdp_wrapped_module",
-                                 "_checkpoint_wrapped_module"})
+WRAPPER_ATTRIBUTES = frozenset(
+    {"_forward_module", "_original_module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
+)
 """Attributes under which a wrapper holds the user's model: Fabric / Lightning's ``_FabricModule``
 (``_forward_module``, and ``_original_module`` when a strategy wrapped it in between), torch.compile's
 ``OptimizedModule`` (``_orig_mod``), FSDP1 (``_fsdp_wrapped_module``), ``checkpoint_wrapper``. Private names
@@ -65,7 +66,9 @@ def user_modules(root: torch.nn.Module) -> tuple[str, list[tuple[str, torch.nn.M
     named = [(user_path(root, q), m) for q, m in root.named_modules()]
     inner = {path: m for path, m in named}  # pre-order: the last module on a path is the innermost
     root_name = type(inner.get("", root)).__name__
-    return root_name, [(display_name(path, inner[path], root_name) if path else root_name, m) for path, m in named]
+    return root_name, [
+        (display_name(path, inner[path], root_name) if path else root_name, m) for path, m in named
+    ]
 
 
 def split_display_name(name: str) -> tuple[str, str | None]:

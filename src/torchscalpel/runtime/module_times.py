@@ -59,7 +59,9 @@ class ModuleTimes(Observer):
             clock = self.session.timeline.clock
             self._stack.append((id(module), clock, clock.mark()))
 
-    def on_forward_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool) -> None:
+    def on_forward_post(
+        self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool
+    ) -> None:
         if self._stack and self._stack[-1][0] == id(module) and self.session is not None:
             mid, clock, start = self._stack.pop()
             if clock is self.session.timeline.clock:

@@ -27,7 +27,9 @@ class Observer:
     def on_start(self, session: Session) -> None:
         """Hooks are installed; the script is about to run."""
 
-    def on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
+    def on_forward_pre(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool
+    ) -> None:
         """Any module's forward is about to run; ``root`` is True for the outermost call."""
 
     def on_forward_post(

@@ -25,7 +25,9 @@ def peak_tflops(gpu_name: str, dtype: str = "bf16") -> float | None:
     return None
 
 
-def mfu(achieved_flops_per_s: float, environment: dict[str, Any], device: str | None) -> dict[str, Any] | None:
+def mfu(
+    achieved_flops_per_s: float, environment: dict[str, Any], device: str | None
+) -> dict[str, Any] | None:
     """Model FLOPs utilisation against the bf16 peak of the device the run timed, if known."""
     if not device or not device.startswith("cuda"):
         return None

@@ -88,8 +88,10 @@ class ProfilerWindow:
         self.estimate: int | None = None
         self.flops = StepFlopCounter(
             w if enough else None,
-            None if enough else f"no measured step was left for counting beside the {options.profile_steps}-step "
-                                f"profiler window; run one more step (--steps {options.profile_steps + 1})",
+            None
+            if enough
+            else f"no measured step was left for counting beside the {options.profile_steps}-step "
+            f"profiler window; run one more step (--steps {options.profile_steps + 1})",
         )
         session.add_observer(_Boundaries(self))
         if self.first == 0:
@@ -145,13 +147,17 @@ class ProfilerWindow:
             cuts = self.flops.boundaries
             if cuts < 2:  # one backward per step: nowhere to cut it before its end
                 self._done = True
-                self.bounded = (f"no step was profiled: {about}, even without shapes and memory, and the step has one "
-                                "backward call to cut it at; raise --profile-budget or profile a smaller configuration")
+                self.bounded = (
+                    f"no step was profiled: {about}, even without shapes and memory, and the step has one "
+                    "backward call to cut it at; raise --profile-budget or profile a smaller configuration"
+                )
                 return False
             k = max(1, cuts * budget // light)  # at least the first evaluation
             self.last, self._shapes, self._cut_after = self.first, False, k
-            self.bounded = (f"the profiler window covers part of 1 step without shapes and memory, cut short after "
-                            f"{k} of its {cuts} backward calls: {about}")
+            self.bounded = (
+                f"the profiler window covers part of 1 step without shapes and memory, cut short after "
+                f"{k} of its {cuts} backward calls: {about}"
+            )
         self.bounded += " (--profile-budget)"
         return True
 
@@ -186,13 +192,16 @@ class ProfilerWindow:
             activities.append(ProfilerActivity.CUDA)
         try:
             self._prof = profile(
-                activities=activities, record_shapes=self._shapes, profile_memory=self._shapes, with_flops=False,
+                activities=activities,
+                record_shapes=self._shapes,
+                profile_memory=self._shapes,
+                with_flops=False,
                 with_stack=False,
             )
             with native_stderr_to(self._log_path()):  # Kineto's USDT lines go to the run's log
                 early = torch.empty(64)  # allocated before the window: freeing it inside triggers c10's
-                self._prof.start()       # once-per-process "Memory block of unknown size" warning here,
-                del early                # into the log, rather than in the middle of the user's output
+                self._prof.start()  # once-per-process "Memory block of unknown size" warning here,
+                del early  # into the log, rather than in the middle of the user's output
             self._open_range(next_index)
         except Exception as exc:  # a profiler that cannot start must not stop the user's run
             self._prof, self._done, self._error = None, True, f"profiler failed to start: {exc!r}"
@@ -246,4 +255,3 @@ class ProfilerWindow:
         if self._error:
             out["error"] = self._error
         return out
-

@@ -53,7 +53,9 @@ def file_sha256(path: Path) -> str | None:
 
 def _git(cwd: Path, *args: str) -> bytes | None:
     try:
-        done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=GIT_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(cwd), *args], capture_output=True, timeout=GIT_TIMEOUT_S, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout if done.returncode == 0 else None
@@ -205,9 +207,11 @@ class ProvenanceObserver(Observer):
         """Fingerprint the first batch; note each loader's worker seeding."""
         if loader is not None and id(loader) not in self.loaders:
             generator = getattr(loader, "generator", None)
-            entry: dict[str, Any] = {"num_workers": getattr(loader, "num_workers", None),
-                                     "generator": generator is not None,
-                                     "worker_init_fn": getattr(loader, "worker_init_fn", None) is not None}
+            entry: dict[str, Any] = {
+                "num_workers": getattr(loader, "num_workers", None),
+                "generator": generator is not None,
+                "worker_init_fn": getattr(loader, "worker_init_fn", None) is not None,
+            }
             if generator is not None:
                 try:
                     entry["generator_seed"] = int(generator.initial_seed())
@@ -235,7 +239,9 @@ class ProvenanceObserver(Observer):
         undo_all(self._restore)()
         self._restore = []
         script = self.script if self.script is not None else module_file(self.module)
-        record.provenance = collect(script, seeds=self.seeds, data=self.data, loaders=list(self.loaders.values()))
+        record.provenance = collect(
+            script, seeds=self.seeds, data=self.data, loaders=list(self.loaders.values())
+        )
 
 
 def module_file(module: str | None) -> Path | None:
@@ -273,6 +279,9 @@ def collect(
         prov["code"] = code
     if data is not None:
         prov["data"] = data
-    prov["seeds"] = {"calls": list(seeds or []), "torch_initial_seed": int(torch.initial_seed()),
-                     "loaders": list(loaders or [])}
+    prov["seeds"] = {
+        "calls": list(seeds or []),
+        "torch_initial_seed": int(torch.initial_seed()),
+        "loaders": list(loaders or []),
+    }
     return prov

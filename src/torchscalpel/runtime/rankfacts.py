@@ -46,8 +46,10 @@ def rng_digests() -> dict[str, int]:
     """crc32 of each generator's state (equal digests: the same stream)."""
     import torch
 
-    out = {"torch": zlib.crc32(torch.get_rng_state().numpy().tobytes()),
-           "python": zlib.crc32(repr(random.getstate()).encode())}
+    out = {
+        "torch": zlib.crc32(torch.get_rng_state().numpy().tobytes()),
+        "python": zlib.crc32(repr(random.getstate()).encode()),
+    }
     np = sys.modules.get("numpy")
     if np is not None:
         out["numpy"] = zlib.crc32(repr(np.random.get_state()[1][:16].tolist()).encode())
@@ -59,9 +61,19 @@ class RankFacts:
 
     def __init__(self, folder: Path, rank: int, world: int, local_rank: int | None) -> None:
         self.path = folder / f"rank-{rank}.facts.json"
-        self.data: dict[str, Any] = {"rank": rank, "world": world, "local_rank": local_rank, "samplers": [],
-                                     "ddp": [], "steps": [], "rng": None, "backward": [], "lr": None,
-                                     "batch": None, "before_init": []}
+        self.data: dict[str, Any] = {
+            "rank": rank,
+            "world": world,
+            "local_rank": local_rank,
+            "samplers": [],
+            "ddp": [],
+            "steps": [],
+            "rng": None,
+            "backward": [],
+            "lr": None,
+            "batch": None,
+            "before_init": [],
+        }
         self._seen: set[int] = set()
         self._synced = 0
         self._unsynced = 0
@@ -86,12 +98,15 @@ class RankFacts:
         import torch.distributed as dist
 
         live = dist.is_available() and dist.is_initialized()
-        self.data["samplers"].append({
-            "num_replicas": int(sampler.num_replicas), "rank": int(sampler.rank),
-            "world": dist.get_world_size() if live else self.data["world"],
-            "actual_rank": dist.get_rank() if live else self.data["rank"],
-            "site": _caller_site(),
-        })
+        self.data["samplers"].append(
+            {
+                "num_replicas": int(sampler.num_replicas),
+                "rank": int(sampler.rank),
+                "world": dist.get_world_size() if live else self.data["world"],
+                "actual_rank": dist.get_rank() if live else self.data["rank"],
+                "site": _caller_site(),
+            }
+        )
         self.write()
 
     def on_ddp_forward(self, ddp: Any, args: tuple = (), kwargs: dict | None = None) -> None:
@@ -101,7 +116,10 @@ class RankFacts:
         if not torch.is_grad_enabled():
             return
         if self.data["batch"] is None:
-            first = next((a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor) and a.dim()), None)
+            first = next(
+                (a for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor) and a.dim()),
+                None,
+            )
             if first is not None:
                 self.data["batch"] = int(first.shape[0])
         if ddp.require_backward_grad_sync:
@@ -111,8 +129,13 @@ class RankFacts:
         if id(ddp) not in self._seen:
             self._seen.add(id(ddp))
             grad_bytes = sum(p.numel() * p.element_size() for p in ddp.parameters() if p.requires_grad)
-            self.data["ddp"].append({"device_ids": list(ddp.device_ids) if ddp.device_ids else None,
-                                     "grad_bytes": grad_bytes, "site": _caller_site()})
+            self.data["ddp"].append(
+                {
+                    "device_ids": list(ddp.device_ids) if ddp.device_ids else None,
+                    "grad_bytes": grad_bytes,
+                    "site": _caller_site(),
+                }
+            )
             self.write()
 
     def on_backward(self, tensors: Any) -> None:
@@ -131,10 +154,14 @@ class RankFacts:
         self._step += 1
         # The hook gets step()'s own arguments, the optimizer first: step(closure) means LBFGS-style
         # re-evaluation, where several backward passes per step are not accumulation.
-        closure = any(a is not None for a in tuple(args)[1:]) or bool(kwargs and kwargs.get("closure") is not None)
+        closure = any(a is not None for a in tuple(args)[1:]) or bool(
+            kwargs and kwargs.get("closure") is not None
+        )
         if len(self.data["steps"]) < MAX_STEPS_KEPT:
             self.data["steps"].append([self._synced, self._unsynced])
-            self.data["backward"].append([self._backward_calls, self._backward_scaled, closure, self._backward_root])
+            self.data["backward"].append(
+                [self._backward_calls, self._backward_scaled, closure, self._backward_root]
+            )
         self._synced = self._unsynced = 0
         self._backward_calls = self._backward_scaled = 0
         if self.data["lr"] is None and optimizer is not None:
@@ -150,14 +177,27 @@ class RankFacts:
             now = rng_digests()
             # Which generators the training step draws from: unchanged over a step means none is used per
             # step (no dropout, no random augmentation), so equal streams across ranks would not matter.
-            self.data["rng"] = {name: value for name, value in now.items() if self._rng_step1.get(name) != value}
+            self.data["rng"] = {
+                name: value for name, value in now.items() if self._rng_step1.get(name) != value
+            }
         if self._step in WRITE_AT_STEPS:
             self.write()
 
 
 _SCALING = ("DivBackward", "MulBackward")
-GROUP_CALLS = ("get_rank", "get_world_size", "barrier", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
-               "all_gather_into_tensor", "reduce_scatter_tensor", "new_group", "get_backend")
+GROUP_CALLS = (
+    "get_rank",
+    "get_world_size",
+    "barrier",
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "new_group",
+    "get_backend",
+)
 
 
 def _from_user(frame: Any) -> bool:
@@ -190,11 +230,19 @@ def _watch_group_calls(facts: RankFacts) -> None:
         return
     for name in GROUP_CALLS:
         original = getattr(dist, name, None)
-        if original is None or getattr(original, "_scalpel_facts", False) or getattr(original, "_scalpel_op", None):
+        if (
+            original is None
+            or getattr(original, "_scalpel_facts", False)
+            or getattr(original, "_scalpel_op", None)
+        ):
             continue  # collectives the log wraps stay single-wrapped (its __wrapped__ and per-call cost unchanged)
 
         def wrapper(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
-            if not dist.is_initialized() and _from_user(sys._getframe(1)) and len(facts.data["before_init"]) < 5:
+            if (
+                not dist.is_initialized()
+                and _from_user(sys._getframe(1))
+                and len(facts.data["before_init"]) < 5
+            ):
                 facts.data["before_init"].append({"call": _name, "site": _caller_site_at(sys._getframe(1))})
                 facts.write()
             return _original(*args, **kwargs)

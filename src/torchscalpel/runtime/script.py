@@ -149,8 +149,9 @@ class ScriptOutcome:
     observers (the doctor's crash finding); never stored: it holds the script's frames."""
 
 
-def run_script(target: Target, options: ExecOptions | None = None, *,
-               before: Callable[[], object] | None = None) -> ScriptOutcome:
+def run_script(
+    target: Target, options: ExecOptions | None = None, *, before: Callable[[], object] | None = None
+) -> ScriptOutcome:
     """Run ``target`` as ``__main__`` with its argv, as ``python SCRIPT ARGS`` would; how it ended.
 
     ``before`` runs first, inside the same guard (the session attaches its hooks there: a set-up that
@@ -169,8 +170,12 @@ def run_script(target: Target, options: ExecOptions | None = None, *,
         raise
     except SystemExit as exc:
         code = exit_code_of(exc.code)
-        return ScriptOutcome("failed" if code else "complete", code,
-                             f"the script exited with code {code}" if code else None, exc if code else None)
+        return ScriptOutcome(
+            "failed" if code else "complete",
+            code,
+            f"the script exited with code {code}" if code else None,
+            exc if code else None,
+        )
     except KeyboardInterrupt:
         if options.interrupt == "raise":
             raise

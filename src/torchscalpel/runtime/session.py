@@ -75,8 +75,13 @@ class RuntimeOptions:
     def __post_init__(self) -> None:
         if self.profile_event_budget is not None and self.profile_event_budget < 1:
             raise ValueError(f"--profile-budget must be at least 1 event, got {self.profile_event_budget}")
-        check_window(warmup=self.warmup, steps=self.steps, profile_steps=self.profile_steps,
-                     step_kind=self.step_kind, step_timeout_s=self.step_timeout_s)
+        check_window(
+            warmup=self.warmup,
+            steps=self.steps,
+            profile_steps=self.profile_steps,
+            step_kind=self.step_kind,
+            step_timeout_s=self.step_timeout_s,
+        )
 
 
 @dataclass(slots=True)
@@ -122,7 +127,10 @@ class Session:
         self.device = torch.device(self.options.device) if self.options.device else None
         forced = None if self.options.step_kind == "auto" else self.options.step_kind
         self.timeline = Timeline(
-            clock_for(self.device), on_close=self._step_closed, forced_kind=forced, on_kind_change=self._kind_changed
+            clock_for(self.device),
+            on_close=self._step_closed,
+            forced_kind=forced,
+            on_kind_change=self._kind_changed,
         )
         self.memory = StepMemory(self.device)
 
@@ -201,13 +209,15 @@ class Session:
         optimizer step merges them. Warm-up, the profiler window and root narrowing wait for this.
         """
         kind = self.timeline.kind
-        return self.timeline.forced or kind == "optimizer" or not (
-            self.optimizers or (kind == "forward" and self.grad_forward_seen)
+        return (
+            self.timeline.forced
+            or kind == "optimizer"
+            or not (self.optimizers or (kind == "forward" and self.grad_forward_seen))
         )
 
     def check_progress(self) -> None:
         """Stop a run whose loop is not recognised: no settled step within ``step_timeout_s`` of the
-    first root forward or backward (called from those hooks)."""
+        first root forward or backward (called from those hooks)."""
         limit = self.options.step_timeout_s
         if limit is None or self._stopping or self.options.steps is None:
             return
@@ -256,7 +266,11 @@ class Session:
     # ----- step bookkeeping ---------------------------------------------------------------
     def _step_closed(self, step: StepRecord) -> None:
         step.warmup = step.index < self.options.warmup
-        if step.index + 1 == max(self.options.warmup, 1) and self.hooks is not None and self.timeline.kind == "optimizer":
+        if (
+            step.index + 1 == max(self.options.warmup, 1)
+            and self.hooks is not None
+            and self.timeline.kind == "optimizer"
+        ):
             self.hooks.narrow_to_roots()
         self.memory.close_step(step)
         if self.window is not None and self.settled():
@@ -296,7 +310,9 @@ class Attachment:
             extra.append(self.module_timer)
         if progress is not None:
             extra.append(_ProgressObserver(progress))
-        extra.append(ProvenanceObserver((target or {}).get("script"), module=(target or {}).get("module")))  # code, data, seeds: record.provenance
+        extra.append(
+            ProvenanceObserver((target or {}).get("script"), module=(target or {}).get("module"))
+        )  # code, data, seeds: record.provenance
         extra.append(LearningRateObserver())  # per-step lr for --tensorboard / --mlflow
         extra.append(GradNormObserver())  # the norm clip_grad_norm_ returned, when the script clips
         self.options = options
@@ -321,8 +337,14 @@ class Attachment:
         self.session.timeline.restart_open_step()
         return self.session
 
-    def detach(self, status: str, exit_code: int = 0, error: str | None = None, *,
-               exception: BaseException | None = None) -> RunRecord:
+    def detach(
+        self,
+        status: str,
+        exit_code: int = 0,
+        error: str | None = None,
+        *,
+        exception: BaseException | None = None,
+    ) -> RunRecord:
         """Remove every hook, close the last step and the profiler window; return the record.
 
         ``exception``: what a failed script raised, sent to the observers (``on_script_error``)."""
@@ -419,11 +441,13 @@ def run_target(
     The record's ``exit_code`` is what ``python SCRIPT`` would have exited with (0 when the
     runtime stopped it after the requested steps).
     """
-    attachment = Attachment(options, observers, setup_hooks, progress=progress, command=command,
-                            target=target.to_dict())
+    attachment = Attachment(
+        options, observers, setup_hooks, progress=progress, command=command, target=target.to_dict()
+    )
     try:
-        outcome = run_script(target, ExecOptions(passthrough=(StopScript, MemoryLimitExceeded)),
-                             before=attachment.attach)
+        outcome = run_script(
+            target, ExecOptions(passthrough=(StopScript, MemoryLimitExceeded)), before=attachment.attach
+        )
     except StopScript:
         return attachment.detach("stopped", 0, None)
     except MemoryLimitExceeded as exc:  # --memory-limit: a clean stop, explained by the memory section
@@ -440,17 +464,23 @@ def _seen_summary(session: Session) -> str:
         seen.append(f"{session.eval_forwards} evaluation forward(s) without grad")
     if session.seen["optimizers"]:
         stepped = session.timeline.kind == "optimizer"
-        seen.append(f"{session.seen['optimizers']} optimizer(s) created" + ("" if stepped else " but never stepped"))
+        seen.append(
+            f"{session.seen['optimizers']} optimizer(s) created" + ("" if stepped else " but never stepped")
+        )
     if session.seen["loaders"]:
         seen.append(f"{session.seen['loaders']} DataLoader(s) iterated")
     if session.timeline.steps:
         seen.append(f"{len(session.timeline.steps)} {session.timeline.kind}-delimited step(s)")
-    return "saw " + (", ".join(seen) if seen else "no nn.Module forward, backward, optimizer step or DataLoader")
+    return "saw " + (
+        ", ".join(seen) if seen else "no nn.Module forward, backward, optimizer step or DataLoader"
+    )
 
 
 def _no_step_note(session: Session) -> str:
-    return (f"the script never completed a step: {_seen_summary(session)}; if its loop trains, delimit steps "
-            "with --step-kind (optimizer, backward or forward) or the in-process API (docs/inprocess.md)")
+    return (
+        f"the script never completed a step: {_seen_summary(session)}; if its loop trains, delimit steps "
+        "with --step-kind (optimizer, backward or forward) or the in-process API (docs/inprocess.md)"
+    )
 
 
 class _ProgressObserver(Observer):

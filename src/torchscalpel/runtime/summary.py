@@ -39,7 +39,9 @@ def run_summary(record: RunRecord) -> RunSummary:
     # figure and its share are the same statistic (one outlier step cannot inflate a share).
     median_total = out.median_step_ms
     out.phase_median_ms = {p: statistics.median(s.phase_ms()[p] for s in plain) for p in PHASES}
-    out.phase_median_share = {p: (v / median_total if median_total else 0.0) for p, v in out.phase_median_ms.items()}
+    out.phase_median_share = {
+        p: (v / median_total if median_total else 0.0) for p, v in out.phase_median_ms.items()
+    }
     out.breakdown_max_error = max(
         abs(sum(s.phase_ms().values()) - s.total_ms) / s.total_ms if s.total_ms else 0.0 for s in plain
     )
@@ -47,8 +49,11 @@ def run_summary(record: RunRecord) -> RunSummary:
     if samples and mean_total:
         out.samples_per_s = statistics.fmean(samples) / (mean_total / 1000.0)
     else:  # never a silent gap: the runtime replaces this with what it saw, when it saw why
-        out.samples_per_s_not_measured = ("no measured step recorded how many samples it trained on" if mean_total
-                                          else "the measured steps took no time on this clock")
+        out.samples_per_s_not_measured = (
+            "no measured step recorded how many samples it trained on"
+            if mean_total
+            else "the measured steps took no time on this clock"
+        )
     losses = [s.loss for s in record.steps if s.loss is not None]
     if losses:
         out.first_loss, out.last_loss = losses[0], losses[-1]
@@ -70,7 +75,9 @@ def _flops(out: RunSummary, record: RunRecord) -> None:
         out.flops_not_measured = profiler.flops_not_measured
         return
     if not profiler.flops_total:
-        out.flops_not_measured = f"no op with a FLOP formula (matmul, convolution, attention) ran in step {profiler.flops_step}"
+        out.flops_not_measured = (
+            f"no op with a FLOP formula (matmul, convolution, attention) ran in step {profiler.flops_step}"
+        )
         return
     out.flops_per_step = float(profiler.flops_total)
     out.recompute_flops_per_step = float(profiler.flops_recompute or 0)

@@ -42,8 +42,13 @@ class Target:
         }
 
 
-def resolve_script(rest: list[str], module: str | None = None, *, default_script: Path | None = None,
-                   command: str = "profile") -> Target:
+def resolve_script(
+    rest: list[str],
+    module: str | None = None,
+    *,
+    default_script: Path | None = None,
+    command: str = "profile",
+) -> Target:
     """Validate the script (``rest[0]``, its arguments after) or module; raise :class:`UsageError` with one sentence
     (``command``: the verb the user typed, for the example in it)."""
     rest = list(rest)
@@ -55,11 +60,15 @@ def resolve_script(rest: list[str], module: str | None = None, *, default_script
         return Target(module=module, args=rest)
     if not rest:
         if default_script is None:
-            raise UsageError(f"Name the script to run after --, e.g. 'scalpel {command} -- train.py --lr 3e-4'.")
+            raise UsageError(
+                f"Name the script to run after --, e.g. 'scalpel {command} -- train.py --lr 3e-4'."
+            )
         return Target(script=default_script, args=[])
     script = Path(rest[0])
     if not script.exists():
-        raise UsageError(f"Script {script} does not exist; check the path (it is read relative to {Path.cwd()}).")
+        raise UsageError(
+            f"Script {script} does not exist; check the path (it is read relative to {Path.cwd()})."
+        )
     if script.is_dir():
         main = script / "__main__.py"
         if not main.exists():

@@ -24,7 +24,12 @@ from torchscalpel.record import StepRecord
 from torchscalpel.runtime.clock import Clock
 
 KIND_RANK = {"forward": 0, "backward": 1, "optimizer": 2}
-PHASE_FIELDS = {"data": "data_ms", "forward": "forward_ms", "backward": "backward_ms", "optimizer": "optimizer_ms"}
+PHASE_FIELDS = {
+    "data": "data_ms",
+    "forward": "forward_ms",
+    "backward": "backward_ms",
+    "optimizer": "optimizer_ms",
+}
 
 
 @dataclass(slots=True)
@@ -86,7 +91,9 @@ class Timeline:
         become merged milliseconds, an open phase restarts on the new clock, and step start
         times stay continuous through an offset.
         """
-        if type(clock) is type(self.clock) and getattr(clock, "device", None) == getattr(self.clock, "device", None):
+        if type(clock) is type(self.clock) and getattr(clock, "device", None) == getattr(
+            self.clock, "device", None
+        ):
             return
         old = self.clock
         now = old.mark()
@@ -96,7 +103,9 @@ class Timeline:
             o.merged_ms[name] = o.merged_ms.get(name, 0.0) + old.elapsed_ms(a, b)
         o.spans = []
         if self._phase is not None:
-            o.merged_ms[self._phase] = o.merged_ms.get(self._phase, 0.0) + old.elapsed_ms(self._phase_start, now)
+            o.merged_ms[self._phase] = o.merged_ms.get(self._phase, 0.0) + old.elapsed_ms(
+                self._phase_start, now
+            )
         o.merged_total_ms += old.elapsed_ms(o.start, now)
         self._origin_offset_ms += old.elapsed_ms(self.origin, now)
         self.clock = clock

@@ -69,8 +69,11 @@ def _torch_dir() -> str | None:
 def _layout(name: str, folder: str | None) -> str:
     """A pattern for ``/NAME/ENTRY`` with ENTRY one of the package's own top-level entries here."""
     try:
-        entries = sorted(e for e in os.listdir(folder or "") if not e.startswith(".") and e != "__pycache__"
-                         and e != "example_scripts")  # the bundled examples play the user's part
+        entries = sorted(
+            e
+            for e in os.listdir(folder or "")
+            if not e.startswith(".") and e != "__pycache__" and e != "example_scripts"
+        )  # the bundled examples play the user's part
     except OSError:
         entries = []
     if not entries:
@@ -83,7 +86,9 @@ _OUR_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH = _torch_dir()
 _TORCH_DIRS = _folders(_TORCH)
 _OUR_DIRS = _folders(_OUR_PACKAGE)
-_STDLIB_DIRS = tuple(sorted({d for key in ("stdlib", "platstdlib") for d in _folders(sysconfig.get_paths().get(key))}))
+_STDLIB_DIRS = tuple(
+    sorted({d for key in ("stdlib", "platstdlib") for d in _folders(sysconfig.get_paths().get(key))})
+)
 _TORCH_LAYOUT = re.compile(_layout("torch", _TORCH))
 _OUR_LAYOUT = re.compile(_layout("torchscalpel", _OUR_PACKAGE))
 # Installed packages, wherever the environment is; site-packages is tested before the stdlib folder it sits in.
@@ -153,8 +158,13 @@ def user_frame(frame: Any, *, fallback: Collection[Kind] = (), max_depth: int | 
     return spare
 
 
-def first_user(frames: Iterable[T], filename: Callable[[T], str] = str, *, fallback: Collection[Kind] = (),
-               python_only: bool = False) -> T | None:
+def first_user(
+    frames: Iterable[T],
+    filename: Callable[[T], str] = str,
+    *,
+    fallback: Collection[Kind] = (),
+    python_only: bool = False,
+) -> T | None:
     """The first of ``frames`` (recorded ones, innermost first) whose file is the user's.
 
     ``filename`` gives a frame's file name (the frame itself by default: a list of names);

@@ -59,8 +59,14 @@ def parse_steps(text: str | int, *, minimum: int = 1) -> StepCount:
     return value
 
 
-def check_window(*, warmup: int, steps: int | None, profile_steps: int = 0, step_kind: str = "auto",
-                 step_timeout_s: float | None = None) -> None:
+def check_window(
+    *,
+    warmup: int,
+    steps: int | None,
+    profile_steps: int = 0,
+    step_kind: str = "auto",
+    step_timeout_s: float | None = None,
+) -> None:
     """The checks every run window passes, with messages that name the flag a user typed."""
     check_warmup(warmup)
     if steps is not None and steps < 1:

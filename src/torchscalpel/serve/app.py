@@ -68,19 +68,29 @@ class ServeConfig:
             raise ValueError(f"--max-batch must be at least 1, not {self.max_batch}")
         # "not (x > 0)" and isfinite so that NaN (which compares false to everything) is refused too.
         if not (math.isfinite(self.max_wait_ms) and 0 <= self.max_wait_ms <= MAX_SECONDS * 1e3):
-            raise ValueError(f"--max-wait-ms must be a number of milliseconds from 0 to {MAX_SECONDS * 1000:g}, "
-                             f"not {self.max_wait_ms:g}")
-        for flag, value in (("--timeout", self.timeout_s), ("--body-timeout", self.body_timeout_s),
-                            ("--header-timeout", self.header_timeout_s), ("--keepalive-timeout", self.keepalive_s)):
+            raise ValueError(
+                f"--max-wait-ms must be a number of milliseconds from 0 to {MAX_SECONDS * 1000:g}, "
+                f"not {self.max_wait_ms:g}"
+            )
+        for flag, value in (
+            ("--timeout", self.timeout_s),
+            ("--body-timeout", self.body_timeout_s),
+            ("--header-timeout", self.header_timeout_s),
+            ("--keepalive-timeout", self.keepalive_s),
+        ):
             if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):
-                raise ValueError(f"{flag} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {value:g}")
+                raise ValueError(
+                    f"{flag} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {value:g}"
+                )
         if self.max_queue < 1 or self.max_body < 1:
             raise ValueError("--max-queue and --max-body must be at least 1")
         if not (1 <= self.decode_threads <= 64 and 1 <= self.decode_budget_factor <= 64):
             raise ValueError("decode_threads and decode_budget_factor must be 1 to 64")
         if not 1 <= self.max_connections_per_client <= self.max_connections <= 1 << 20:
-            raise ValueError(f"--max-connections-per-client ({self.max_connections_per_client}) must be at least 1 "
-                             f"and at most --max-connections ({self.max_connections}, at most {1 << 20})")
+            raise ValueError(
+                f"--max-connections-per-client ({self.max_connections_per_client}) must be at least 1 "
+                f"and at most --max-connections ({self.max_connections}, at most {1 << 20})"
+            )
 
 
 INLINE_DECODE_BYTES = 64 << 10
@@ -153,9 +163,17 @@ class FramingGuard:
             if b"content-length" in names and b"transfer-encoding" in names:
                 self.metrics.record_refused("content_length_with_transfer_encoding")
                 body = b'{"error":"a request may not carry both Content-Length and Transfer-Encoding"}'
-                await send({"type": "http.response.start", "status": 400,
-                            "headers": [(b"content-type", b"application/json"), (b"connection", b"close"),
-                                        (b"content-length", str(len(body)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 400,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"connection", b"close"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
                 return
         await self.app(scope, receive, send)
@@ -175,15 +193,24 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         rows = bundle.max_batch if static else 1
         warm = [np.full((rows, *s.shape[1:]), s.low or 0, dtype=s.dtype) for s in specs]
-        await asyncio.get_running_loop().run_in_executor(None, runner, warm)  # first call allocates; not a user's cost
-        batcher = Batcher(runner, max_batch=bundle.max_batch if static else max_batch,
-                          max_wait_s=config.max_wait_ms / 1e3, max_queue=config.max_queue,
-                          timeout_s=config.timeout_s, on_batch=metrics.record_batch,
-                          arriving=lambda: state["arriving"])
+        await asyncio.get_running_loop().run_in_executor(
+            None, runner, warm
+        )  # first call allocates; not a user's cost
+        batcher = Batcher(
+            runner,
+            max_batch=bundle.max_batch if static else max_batch,
+            max_wait_s=config.max_wait_ms / 1e3,
+            max_queue=config.max_queue,
+            timeout_s=config.timeout_s,
+            on_batch=metrics.record_batch,
+            arriving=lambda: state["arriving"],
+        )
         batcher.start()
         # Decoding a large JSON body costs ~30 ms of CPU per MB: off the event loop, in a bounded pool,
         # the bodies being decoded at once bounded in bytes (each request counts its body size).
-        decode_pool = ThreadPoolExecutor(max_workers=config.decode_threads, thread_name_prefix="scalpel-decode")
+        decode_pool = ThreadPoolExecutor(
+            max_workers=config.decode_threads, thread_name_prefix="scalpel-decode"
+        )
         state["decode_pool"] = decode_pool
         state["decode_budget"] = ByteBudget(config.decode_budget_factor * config.max_body)
         state["batcher"], state["ready"] = batcher, True
@@ -195,16 +222,24 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             state["decode_pool"] = None
             decode_pool.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="torchscalpel model server", version=str(bundle.manifest.get("format_version")),
-                  description=f"Serves {bundle.manifest['model'].get('class', 'a model')} from a verified bundle.",
-                  docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="torchscalpel model server",
+        version=str(bundle.manifest.get("format_version")),
+        description=f"Serves {bundle.manifest['model'].get('class', 'a model')} from a verified bundle.",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
 
     def finish(path: str, started: float, response: Response) -> Response:
         metrics.record_request(path, response.status_code, time.perf_counter() - started)
         return response
 
-    @app.post("/v1/predict", openapi_extra=predict_openapi(specs, bundle.outputs, max_batch),
-              responses={200: {"description": "model outputs"}})
+    @app.post(
+        "/v1/predict",
+        openapi_extra=predict_openapi(specs, bundle.outputs, max_batch),
+        responses={200: {"description": "model outputs"}},
+    )
     async def predict(request: Request) -> Response:
         started = time.perf_counter()
         state["arriving"] += 1
@@ -212,8 +247,12 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
         try:
             check_token(request.headers.get("authorization"), config.token)
             ctype = request.headers.get("content-type", "application/json")
-            body = await read_limited(request.stream(), request.headers.get("content-length"),
-                                      config.max_body, config.body_timeout_s)
+            body = await read_limited(
+                request.stream(),
+                request.headers.get("content-length"),
+                config.max_body,
+                config.body_timeout_s,
+            )
             limit_rows = bundle.max_batch if static else max_batch
             decode_pool = state["decode_pool"]
             if len(body) <= INLINE_DECODE_BYTES or decode_pool is None:
@@ -221,7 +260,8 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             else:
                 async with state["decode_budget"].hold(len(body)):
                     arrays = await asyncio.get_running_loop().run_in_executor(
-                        decode_pool, decode, body, ctype, specs, limit_rows)
+                        decode_pool, decode, body, ctype, specs, limit_rows
+                    )
             del body
             batcher: Batcher | None = state["batcher"]
             if batcher is None or not state["ready"]:
@@ -229,8 +269,10 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             state["arriving"] -= 1
             arriving = False
             outputs = await batcher.submit(arrays)
-            payload = {"outputs": {n: _jsonable(o) for n, o in zip(out_names, outputs, strict=True)},
-                       "batch_size": int(arrays[0].shape[0])}
+            payload = {
+                "outputs": {n: _jsonable(o) for n, o in zip(out_names, outputs, strict=True)},
+                "batch_size": int(arrays[0].shape[0]),
+            }
             response: Response = Response(json.dumps(payload, allow_nan=False), media_type="application/json")
         except RequestError as exc:
             if exc.status == CLIENT_CLOSED:
@@ -243,18 +285,28 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
                     state["batcher"].poke()
         return finish("/v1/predict", started, response)
 
-    @app.get("/v1/model", responses={200: {"description": "inputs, outputs and limits of the served model"},
-                                     401: {"description": "token", "content": {"application/json": {"schema": ERROR_SCHEMA}}}})
+    @app.get(
+        "/v1/model",
+        responses={
+            200: {"description": "inputs, outputs and limits of the served model"},
+            401: {"description": "token", "content": {"application/json": {"schema": ERROR_SCHEMA}}},
+        },
+    )
     async def model_info(request: Request) -> Response:
         started = time.perf_counter()
         try:
             check_token(request.headers.get("authorization"), config.token)
             m = bundle.manifest
-            response: Response = JSONResponse({
-                "inputs": m["inputs"], "outputs": m["outputs"], "max_batch": max_batch,
-                "preprocessing": m.get("preprocessing"), "class": m["model"].get("class"),
-                "parity_passed": m["parity"]["passed"],
-            })
+            response: Response = JSONResponse(
+                {
+                    "inputs": m["inputs"],
+                    "outputs": m["outputs"],
+                    "max_batch": max_batch,
+                    "preprocessing": m.get("preprocessing"),
+                    "class": m["model"].get("class"),
+                    "parity_passed": m["parity"]["passed"],
+                }
+            )
         except RequestError as exc:
             response = _error(exc)
         return finish("/v1/model", started, response)
@@ -263,16 +315,25 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     async def healthz() -> Response:
         return JSONResponse({"status": "ok"})
 
-    @app.get("/readyz", responses={200: {"description": "ready to predict"}, 503: {"description": "not ready"}})
+    @app.get(
+        "/readyz", responses={200: {"description": "ready to predict"}, 503: {"description": "not ready"}}
+    )
     async def readyz() -> Response:
         batcher: Batcher | None = state["batcher"]
         if state["ready"] and batcher is not None and batcher.running:
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "not ready"}, status_code=503, headers={"Retry-After": "1"})
 
-    @app.get("/metrics", responses={200: {"description": "Prometheus text format",
-                                          "content": {"text/plain": {"schema": {"type": "string"}}}},
-                                    401: {"description": "token", "content": {"application/json": {"schema": ERROR_SCHEMA}}}})
+    @app.get(
+        "/metrics",
+        responses={
+            200: {
+                "description": "Prometheus text format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+            401: {"description": "token", "content": {"application/json": {"schema": ERROR_SCHEMA}}},
+        },
+    )
     async def metrics_endpoint(request: Request) -> Response:
         try:
             check_token(request.headers.get("authorization"), config.token)
@@ -281,8 +342,10 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
         batcher: Batcher | None = state["batcher"]
         if batcher is None:
             return PlainTextResponse("", status_code=503)
-        return PlainTextResponse(metrics.render(batcher.stats, batcher.depth),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(
+            metrics.render(batcher.stats, batcher.depth),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+        )
 
     app.add_middleware(FramingGuard, metrics=metrics)
     app.state.metrics = metrics

@@ -15,19 +15,27 @@ from torchscalpel.ship.runners import OrtRunner, Runner, exported_runner, torchs
 BACKENDS = ("onnxruntime", "torch")
 
 
-def load_runner(bundle: Bundle, backend: str, *, trust: bool = False, quantized: bool = False, threads: int = 0) -> Runner:
+def load_runner(
+    bundle: Bundle, backend: str, *, trust: bool = False, quantized: bool = False, threads: int = 0
+) -> Runner:
     """The runner for ``backend``; raises :class:`UsageError` naming the flag to change."""
     if backend == "onnxruntime":
         kind = "onnx_int8" if quantized else "onnx"
         path = bundle.file(kind)
         if path is None:
-            hint = "export with --quantize int8-dynamic" if quantized else "export with --formats onnx, or use --backend torch"
+            hint = (
+                "export with --quantize int8-dynamic"
+                if quantized
+                else "export with --formats onnx, or use --backend torch"
+            )
             raise UsageError(f"Bundle {bundle.path} has no {kind} file; {hint}.")
         return OrtRunner(path, name=kind, threads=threads)
     if backend == "torch":
         if quantized:
             raise UsageError("--quantized serves the int8 ONNX model; use it with --backend onnxruntime.")
-        kind = "exported" if bundle.file("exported") else "torchscript" if bundle.file("torchscript") else None
+        kind = (
+            "exported" if bundle.file("exported") else "torchscript" if bundle.file("torchscript") else None
+        )
         if kind is None:
             raise UsageError(f"Bundle {bundle.path} has no .pt2 or TorchScript file for --backend torch.")
         if not trust:
@@ -64,15 +72,23 @@ def check_runner(bundle: Bundle, runner: Runner) -> None:
         outputs = runner(warm)
     except Exception as exc:  # any runtime's own error types: the model rejected the manifest's inputs
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:160]
-        raise UsageError(f"The model in {bundle.path} does not take the inputs its manifest describes ({first}); "
-                         "re-run 'scalpel export'.") from None
+        raise UsageError(
+            f"The model in {bundle.path} does not take the inputs its manifest describes ({first}); "
+            "re-run 'scalpel export'."
+        ) from None
     declared = bundle.outputs
     if len(outputs) != len(declared):
-        raise UsageError(f"The manifest of {bundle.path} names {len(declared)} outputs but the model returns "
-                         f"{len(outputs)}; re-run 'scalpel export'.")
+        raise UsageError(
+            f"The manifest of {bundle.path} names {len(declared)} outputs but the model returns "
+            f"{len(outputs)}; re-run 'scalpel export'."
+        )
     for spec, out in zip(declared, outputs, strict=True):
         shape = getattr(out, "shape", ())
         want = spec["shape"]
-        if len(shape) != len(want) or any(w is not None and w != g for w, g in zip(want[1:], shape[1:], strict=True)):
-            raise UsageError(f"Output {spec['name'][:60]!r} of {bundle.path} has shape {tuple(shape)} but the manifest "
-                             f"says {want}; re-run 'scalpel export'.")
+        if len(shape) != len(want) or any(
+            w is not None and w != g for w, g in zip(want[1:], shape[1:], strict=True)
+        ):
+            raise UsageError(
+                f"Output {spec['name'][:60]!r} of {bundle.path} has shape {tuple(shape)} but the manifest "
+                f"says {want}; re-run 'scalpel export'."
+            )

@@ -47,8 +47,15 @@ class Batcher:
     """Queue + worker. Create inside a running event loop; call :meth:`start` then :meth:`submit`."""
 
     def __init__(
-        self, run: RunFn, *, max_batch: int, max_wait_s: float, max_queue: int, timeout_s: float,
-        on_batch: Callable[[int, float], None] | None = None, arriving: Callable[[], int] | None = None,
+        self,
+        run: RunFn,
+        *,
+        max_batch: int,
+        max_wait_s: float,
+        max_queue: int,
+        timeout_s: float,
+        on_batch: Callable[[int, float], None] | None = None,
+        arriving: Callable[[], int] | None = None,
     ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError("max_batch and max_queue must be at least 1")
@@ -99,7 +106,9 @@ class Batcher:
     async def submit(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Queue one request (``rows`` = its batch size) and wait for its outputs."""
         if len(self._queue) >= self.max_queue:
-            raise RequestError(503, "server is busy (request queue full); retry shortly", {"Retry-After": "1"})
+            raise RequestError(
+                503, "server is busy (request queue full); retry shortly", {"Retry-After": "1"}
+            )
         rows = int(inputs[0].shape[0])
         item = _Item(inputs, rows, asyncio.get_running_loop().create_future())
         self._queue.append(item)
@@ -110,7 +119,9 @@ class Batcher:
         except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             self.stats.dropped_timeouts += 1
             # wait_for cancelled the future; the worker skips cancelled items still in the queue.
-            raise RequestError(504, f"no answer within {self.timeout_s:g} s; the server is overloaded") from None
+            raise RequestError(
+                504, f"no answer within {self.timeout_s:g} s; the server is overloaded"
+            ) from None
 
     def poke(self) -> None:
         """Wake the worker (an arriving request was refused, so it may stop waiting for it)."""
@@ -142,8 +153,11 @@ class Batcher:
             deadline = self._queue[0].arrived + self.max_wait_s
             # Wait for company only while someone is on the way: a lone client pays no batching delay,
             # and under load the queue fills while the previous batch runs anyway.
-            while (self._queued_rows() < self.max_batch and (self.arriving is None or self.arriving() > 0)
-                   and (left := deadline - time.monotonic()) > 0):
+            while (
+                self._queued_rows() < self.max_batch
+                and (self.arriving is None or self.arriving() > 0)
+                and (left := deadline - time.monotonic()) > 0
+            ):
                 self._wakeup.clear()
                 try:
                     await asyncio.wait_for(self._wakeup.wait(), left)
@@ -152,15 +166,19 @@ class Batcher:
             batch = self._take()
             if not batch:
                 continue
-            merged = [np.concatenate([it.inputs[i] for it in batch]) if len(batch) > 1 else batch[0].inputs[i]
-                      for i in range(len(batch[0].inputs))]
+            merged = [
+                np.concatenate([it.inputs[i] for it in batch]) if len(batch) > 1 else batch[0].inputs[i]
+                for i in range(len(batch[0].inputs))
+            ]
             t0 = time.perf_counter()
             try:
                 outputs = await loop.run_in_executor(self._executor, self.run, merged)
             except Exception as exc:  # the model failed on a validated batch: a server error for each request
                 for it in batch:
                     if not it.future.done():
-                        it.future.set_exception(RequestError(500, f"inference failed: {str(exc).splitlines()[0][:200]}"))
+                        it.future.set_exception(
+                            RequestError(500, f"inference failed: {str(exc).splitlines()[0][:200]}")
+                        )
                 continue
             elapsed = time.perf_counter() - t0
             rows = sum(it.rows for it in batch)
@@ -172,5 +190,5 @@ class Batcher:
             start = 0
             for it in batch:
                 if not it.future.done():
-                    it.future.set_result([o[start:start + it.rows] for o in outputs])
+                    it.future.set_result([o[start : start + it.rows] for o in outputs])
                 start += it.rows

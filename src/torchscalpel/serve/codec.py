@@ -44,8 +44,13 @@ class InputSpec:
     def from_manifest(cls, entry: dict[str, Any]) -> InputSpec:
         """Build from a manifest ``inputs`` entry."""
         lo_hi = entry.get("range") or (None, None)
-        return cls(name=entry["name"], dtype=np.dtype(entry["dtype"]), shape=tuple(entry["shape"]),
-                   low=lo_hi[0], high=lo_hi[1])
+        return cls(
+            name=entry["name"],
+            dtype=np.dtype(entry["dtype"]),
+            shape=tuple(entry["shape"]),
+            low=lo_hi[0],
+            high=lo_hi[1],
+        )
 
 
 def _fail(reason: str) -> RequestError:
@@ -63,7 +68,9 @@ def _clean(exc: BaseException) -> str:
 def check_array(arr: np.ndarray, spec: InputSpec, max_batch: int) -> np.ndarray:
     """Check shape, dtype and values against ``spec``; return a contiguous array of the right dtype."""
     if arr.ndim != len(spec.shape):
-        raise _fail(f"input {spec.name!r} has {arr.ndim} dimensions; expected {len(spec.shape)} (batch first)")
+        raise _fail(
+            f"input {spec.name!r} has {arr.ndim} dimensions; expected {len(spec.shape)} (batch first)"
+        )
     for dim, (got, want) in enumerate(zip(arr.shape, spec.shape, strict=True)):
         if want is not None and got != want:
             raise _fail(f"input {spec.name!r} has size {got} in dimension {dim}; expected {want}")
@@ -71,7 +78,9 @@ def check_array(arr: np.ndarray, spec: InputSpec, max_batch: int) -> np.ndarray:
     if batch < 1:
         raise _fail(f"input {spec.name!r} has an empty batch")
     if batch > max_batch:
-        raise _fail(f"input {spec.name!r} has a batch of {batch}; the most one request may send is {max_batch}")
+        raise _fail(
+            f"input {spec.name!r} has a batch of {batch}; the most one request may send is {max_batch}"
+        )
     kind = arr.dtype.kind
     if spec.dtype.kind == "f":
         if kind not in "fiub":
@@ -79,7 +88,9 @@ def check_array(arr: np.ndarray, spec: InputSpec, max_batch: int) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
             out = arr.astype(spec.dtype)
         if not np.all(np.isfinite(out)):
-            raise _fail(f"input {spec.name!r} contains NaN, infinity or values too large for {spec.dtype.name}")
+            raise _fail(
+                f"input {spec.name!r} contains NaN, infinity or values too large for {spec.dtype.name}"
+            )
     elif spec.dtype.kind in "iu":
         if kind not in "iub":
             raise _fail(f"input {spec.name!r} must hold integers ({spec.dtype.name})")
@@ -129,9 +140,11 @@ def decode_json(body: bytes, specs: list[InputSpec], max_batch: int) -> list[np.
     missing = [s.name for s in specs if s.name not in raw]
     extra = [k for k in raw if k not in {s.name for s in specs}]
     if missing or extra:
-        raise _fail(f"inputs must be exactly {', '.join(s.name for s in specs)}"
-                    + (f"; missing {', '.join(missing)}" if missing else "")
-                    + (f"; unknown {', '.join(map(str, extra))[:200]}" if extra else ""))
+        raise _fail(
+            f"inputs must be exactly {', '.join(s.name for s in specs)}"
+            + (f"; missing {', '.join(missing)}" if missing else "")
+            + (f"; unknown {', '.join(map(str, extra))[:200]}" if extra else "")
+        )
     arrays = [check_array(_to_array(raw[s.name], s), s, max_batch) for s in specs]
     _same_batch(arrays, specs)
     return arrays
@@ -174,15 +187,23 @@ def decode_npy(body: bytes, specs: list[InputSpec], max_batch: int) -> list[np.n
     if any(not isinstance(d, int) or d < 0 for d in shape):
         raise _fail(f"the .npy header has an invalid shape {shape!r}")
     if len(shape) != len(spec.shape):
-        raise _fail(f"input {spec.name!r} has {len(shape)} dimensions; expected {len(spec.shape)} (batch first)")
+        raise _fail(
+            f"input {spec.name!r} has {len(shape)} dimensions; expected {len(spec.shape)} (batch first)"
+        )
     for dim, (got, want) in enumerate(zip(shape, spec.shape, strict=True)):
         if (want is not None and got != want) or (dim == 0 and not 1 <= got <= max_batch):
-            raise _fail(f"input {spec.name!r} has shape {tuple(shape)}; expected {_describe(spec, max_batch)}")
+            raise _fail(
+                f"input {spec.name!r} has shape {tuple(shape)}; expected {_describe(spec, max_batch)}"
+            )
     count = math.prod(shape)
     offset = fp.tell()
     if len(body) - offset != count * dtype.itemsize:
-        raise _fail(f"the .npy data has {len(body) - offset} bytes; its header promises {count * dtype.itemsize}")
-    arr = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape, order="F" if fortran else "C")
+        raise _fail(
+            f"the .npy data has {len(body) - offset} bytes; its header promises {count * dtype.itemsize}"
+        )
+    arr = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(
+        shape, order="F" if fortran else "C"
+    )
     return [check_array(arr.astype(arr.dtype.newbyteorder("=")), spec, max_batch)]
 
 
@@ -204,4 +225,6 @@ def decode(body: bytes, content_type: str, specs: list[InputSpec], max_batch: in
         return decode_json(body, specs, max_batch)
     if media in NPY_TYPES:
         return decode_npy(body, specs, max_batch)
-    raise RequestError(415, f"content type {media[:60]!r} is not accepted; send application/json or application/x-npy")
+    raise RequestError(
+        415, f"content type {media[:60]!r} is not accepted; send application/json or application/x-npy"
+    )

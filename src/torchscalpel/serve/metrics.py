@@ -75,32 +75,36 @@ class Metrics:
 
     def render(self, stats: BatchStats, queue_depth: int) -> str:
         """The whole exposition text."""
-        lines = ["# HELP scalpel_requests_total Requests answered, by path and HTTP status.",
-                 "# TYPE scalpel_requests_total counter"]
+        lines = [
+            "# HELP scalpel_requests_total Requests answered, by path and HTTP status.",
+            "# TYPE scalpel_requests_total counter",
+        ]
         for (path, status), n in sorted(self.requests.items()):
             lines.append(f'scalpel_requests_total{{path="{path}",code="{status}"}} {n}')
-        lines += ["# HELP scalpel_request_duration_seconds Time from request start to answer for /v1/predict.",
-                  "# TYPE scalpel_request_duration_seconds histogram",
-                  *self.request_latency.lines("scalpel_request_duration_seconds"),
-                  "# HELP scalpel_inference_duration_seconds Time of one batched model call.",
-                  "# TYPE scalpel_inference_duration_seconds histogram",
-                  *self.inference_latency.lines("scalpel_inference_duration_seconds"),
-                  "# HELP scalpel_batch_rows Rows per batched model call.",
-                  "# TYPE scalpel_batch_rows histogram",
-                  *self.batch_size.lines("scalpel_batch_rows"),
-                  "# HELP scalpel_batches_total Batched model calls.",
-                  "# TYPE scalpel_batches_total counter",
-                  f"scalpel_batches_total {stats.batches}",
-                  "# HELP scalpel_rows_total Rows (samples) run through the model.",
-                  "# TYPE scalpel_rows_total counter",
-                  f"scalpel_rows_total {stats.rows}",
-                  "# HELP scalpel_timeouts_total Requests answered 504.",
-                  "# TYPE scalpel_timeouts_total counter",
-                  f"scalpel_timeouts_total {stats.dropped_timeouts}",
-                  "# HELP scalpel_refused_total Requests and connections refused or closed early, by reason.",
-                  "# TYPE scalpel_refused_total counter",
-                  *(f'scalpel_refused_total{{reason="{r}"}} {n}' for r, n in sorted(self.refused.items())),
-                  "# HELP scalpel_queue_depth Requests waiting for a batch.",
-                  "# TYPE scalpel_queue_depth gauge",
-                  f"scalpel_queue_depth {queue_depth}"]
+        lines += [
+            "# HELP scalpel_request_duration_seconds Time from request start to answer for /v1/predict.",
+            "# TYPE scalpel_request_duration_seconds histogram",
+            *self.request_latency.lines("scalpel_request_duration_seconds"),
+            "# HELP scalpel_inference_duration_seconds Time of one batched model call.",
+            "# TYPE scalpel_inference_duration_seconds histogram",
+            *self.inference_latency.lines("scalpel_inference_duration_seconds"),
+            "# HELP scalpel_batch_rows Rows per batched model call.",
+            "# TYPE scalpel_batch_rows histogram",
+            *self.batch_size.lines("scalpel_batch_rows"),
+            "# HELP scalpel_batches_total Batched model calls.",
+            "# TYPE scalpel_batches_total counter",
+            f"scalpel_batches_total {stats.batches}",
+            "# HELP scalpel_rows_total Rows (samples) run through the model.",
+            "# TYPE scalpel_rows_total counter",
+            f"scalpel_rows_total {stats.rows}",
+            "# HELP scalpel_timeouts_total Requests answered 504.",
+            "# TYPE scalpel_timeouts_total counter",
+            f"scalpel_timeouts_total {stats.dropped_timeouts}",
+            "# HELP scalpel_refused_total Requests and connections refused or closed early, by reason.",
+            "# TYPE scalpel_refused_total counter",
+            *(f'scalpel_refused_total{{reason="{r}"}} {n}' for r, n in sorted(self.refused.items())),
+            "# HELP scalpel_queue_depth Requests waiting for a batch.",
+            "# TYPE scalpel_queue_depth gauge",
+            f"scalpel_queue_depth {queue_depth}",
+        ]
         return "\n".join(lines) + "\n"

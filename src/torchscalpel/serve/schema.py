@@ -59,8 +59,11 @@ def response_schema(outputs: list[dict[str, Any]]) -> dict[str, Any]:
         "type": "object",
         "required": ["outputs", "batch_size"],
         "properties": {
-            "outputs": {"type": "object", "properties": {o["name"]: {"type": "array"} for o in outputs},
-                        "required": [o["name"] for o in outputs]},
+            "outputs": {
+                "type": "object",
+                "properties": {o["name"]: {"type": "array"} for o in outputs},
+                "required": [o["name"] for o in outputs],
+            },
             "batch_size": {"type": "integer", "minimum": 1},
         },
     }
@@ -75,7 +78,10 @@ def predict_openapi(specs: list[InputSpec], outputs: list[dict[str, Any]], max_b
     return {
         "requestBody": {"required": True, "content": content},
         "responses": {
-            "200": {"description": "model outputs", "content": {"application/json": {"schema": response_schema(outputs)}}},
+            "200": {
+                "description": "model outputs",
+                "content": {"application/json": {"schema": response_schema(outputs)}},
+            },
             "400": {"description": "malformed HTTP request", "content": err},
             "401": {"description": "missing or wrong bearer token", "content": err},
             "408": {"description": "body not received in time", "content": err},

@@ -42,8 +42,10 @@ def read_token(path: Path) -> str:
     mode = path.stat().st_mode
     if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
         # What the message asks for is what is accepted: owner-only (600 or stricter).
-        raise UsageError(f"--token-file {path} has mode {stat.S_IMODE(mode):o}, open to other users; "
-                         f"run 'chmod 600 {path}'.")
+        raise UsageError(
+            f"--token-file {path} has mode {stat.S_IMODE(mode):o}, open to other users; "
+            f"run 'chmod 600 {path}'."
+        )
     try:
         with path.open("rb") as fh:
             raw = fh.read(64 << 10)
@@ -53,15 +55,21 @@ def read_token(path: Path) -> str:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
         # HTTP headers carry bytes that servers decode as Latin-1: a non-ASCII token could never match.
-        raise UsageError(f"The token in {path} has non-ASCII bytes, which no Authorization header can match; "
-                         "use e.g. 'openssl rand -hex 32'.") from None
+        raise UsageError(
+            f"The token in {path} has non-ASCII bytes, which no Authorization header can match; "
+            "use e.g. 'openssl rand -hex 32'."
+        ) from None
     lines = text.splitlines()
     token = lines[0].strip() if lines else ""
     if len(token) < MIN_TOKEN_LENGTH:
-        raise UsageError(f"The token in {path} is shorter than {MIN_TOKEN_LENGTH} characters; use e.g. 'openssl rand -hex 32'.")
+        raise UsageError(
+            f"The token in {path} is shorter than {MIN_TOKEN_LENGTH} characters; use e.g. 'openssl rand -hex 32'."
+        )
     if not all(33 <= ord(ch) < 127 for ch in token):
-        raise UsageError(f"The token in {path} has spaces or control characters, which clients cannot send reliably; "
-                         "use e.g. 'openssl rand -hex 32'.")
+        raise UsageError(
+            f"The token in {path} has spaces or control characters, which clients cannot send reliably; "
+            "use e.g. 'openssl rand -hex 32'."
+        )
     return token
 
 
@@ -85,7 +93,9 @@ def check_token(header: str | None, token: str | None) -> None:
         raise RequestError(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
 
 
-async def read_limited(stream: AsyncIterator[bytes], content_length: str | None, limit: int, timeout_s: float) -> bytes:
+async def read_limited(
+    stream: AsyncIterator[bytes], content_length: str | None, limit: int, timeout_s: float
+) -> bytes:
     """Read a request body, counting bytes as they arrive; 413 over ``limit``, 408 past ``timeout_s``."""
     from starlette.requests import ClientDisconnect
 
@@ -110,5 +120,7 @@ async def read_limited(stream: AsyncIterator[bytes], content_length: str | None,
         raise RequestError(408, f"body not received within {timeout_s:g} s") from None
     except ClientDisconnect:
         # Nobody is left to answer; 499 (nginx's "client closed request") is what /metrics counts.
-        raise RequestError(CLIENT_CLOSED, "client closed the connection before sending the whole body") from None
+        raise RequestError(
+            CLIENT_CLOSED, "client closed the connection before sending the whole body"
+        ) from None
     return bytes(buf)

@@ -56,8 +56,16 @@ def _post(port: int, body: bytes) -> tuple[int, dict[str, Any]]:
         conn.close()
 
 
-def serve_check(bundle_path: Path, inputs: np.ndarray, expected: np.ndarray, *, rows_per_request: int = 2,
-                concurrency: int = 8, atol: float = 1e-4, rtol: float = 1e-3) -> dict[str, Any]:
+def serve_check(
+    bundle_path: Path,
+    inputs: np.ndarray,
+    expected: np.ndarray,
+    *,
+    rows_per_request: int = 2,
+    concurrency: int = 8,
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+) -> dict[str, Any]:
     """Serve the bundle (onnxruntime), post ``inputs`` in small concurrent requests, compare with ``expected``."""
     from torchscalpel.serve.app import ServeConfig, create_app
     from torchscalpel.serve.backends import load_runner
@@ -65,18 +73,20 @@ def serve_check(bundle_path: Path, inputs: np.ndarray, expected: np.ndarray, *, 
 
     bundle = verify_bundle(bundle_path)
     app = create_app(bundle, load_runner(bundle, "onnxruntime"), ServeConfig(max_wait_ms=5))
-    chunks = [(i, inputs[i:i + rows_per_request]) for i in range(0, len(inputs), rows_per_request)]
+    chunks = [(i, inputs[i : i + rows_per_request]) for i in range(0, len(inputs), rows_per_request)]
     got = np.zeros_like(expected)
     statuses: list[int] = []
     with loopback_server(app) as port:
         with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-            futures = {pool.submit(_post, port, json.dumps({"inputs": c.tolist()}).encode()): i for i, c in chunks}
+            futures = {
+                pool.submit(_post, port, json.dumps({"inputs": c.tolist()}).encode()): i for i, c in chunks
+            }
             for fut in concurrent.futures.as_completed(futures):
                 status, payload = fut.result()
                 statuses.append(status)
                 if status == 200:
                     out = np.asarray(next(iter(payload["outputs"].values())), dtype=expected.dtype)
-                    got[futures[fut]:futures[fut] + len(out)] = out
+                    got[futures[fut] : futures[fut] + len(out)] = out
         metrics = app.state.metrics
     ok = all(s == 200 for s in statuses)
     max_abs = float(np.max(np.abs(got - expected))) if ok else float("inf")

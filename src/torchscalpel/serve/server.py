@@ -24,11 +24,15 @@ def listen_socket(host: str, port: int) -> socket.socket:
         sock.bind((host.strip("[]"), port))
     except OSError as exc:
         sock.close()
-        raise UsageError(f"Cannot bind {host}:{port} ({exc.strerror}); choose another --port or --host.") from None
+        raise UsageError(
+            f"Cannot bind {host}:{port} ({exc.strerror}); choose another --port or --host."
+        ) from None
     return sock
 
 
-def guarded_protocol(metrics: Any, *, header_timeout_s: float, max_per_client: int, max_connections: int) -> type:
+def guarded_protocol(
+    metrics: Any, *, header_timeout_s: float, max_per_client: int, max_connections: int
+) -> type:
     """uvicorn's h11 protocol with connection limits that idle and slow clients cannot exhaust.
 
     - A connection must deliver a request's headers within ``header_timeout_s`` of connecting (or
@@ -54,7 +58,9 @@ def guarded_protocol(metrics: Any, *, header_timeout_s: float, max_per_client: i
             self._header_timer: asyncio.TimerHandle | None = None
             host = self.client[0] if self.client else "?"
             if open_total[0] >= max_connections or per_client[host] >= max_per_client:
-                metrics.record_refused("connection_limit" if open_total[0] >= max_connections else "per_client_limit")
+                metrics.record_refused(
+                    "connection_limit" if open_total[0] >= max_connections else "per_client_limit"
+                )
                 transport.abort()
                 return
             per_client[host] += 1
@@ -105,9 +111,12 @@ def guarded_protocol(metrics: Any, *, header_timeout_s: float, max_per_client: i
 def uvicorn_settings(app: Any, config: Any) -> dict[str, Any]:
     """Keyword arguments for ``uvicorn.Config`` from a :class:`~torchscalpel.serve.app.ServeConfig`."""
     return {
-        "http": guarded_protocol(app.state.metrics, header_timeout_s=config.header_timeout_s,
-                                 max_per_client=config.max_connections_per_client,
-                                 max_connections=config.max_connections),
+        "http": guarded_protocol(
+            app.state.metrics,
+            header_timeout_s=config.header_timeout_s,
+            max_per_client=config.max_connections_per_client,
+            max_connections=config.max_connections,
+        ),
         # The connection cap above replaces uvicorn's limit_concurrency, whose bare 503 also hit /healthz.
         "limit_concurrency": None,
         "timeout_keep_alive": config.keepalive_s,

@@ -67,11 +67,15 @@ def check_signature(folder: Path, key: bytes) -> None:
         have = sig_path.read_text(encoding="ascii").strip()
         data = (folder / MANIFEST).read_bytes()
     except (OSError, UnicodeDecodeError):
-        raise ScalpelError(f"Bundle {folder} carries no readable {SIGNATURE}; export it with --sign-key, "
-                           "or serve it without --sign-key.") from None
+        raise ScalpelError(
+            f"Bundle {folder} carries no readable {SIGNATURE}; export it with --sign-key, "
+            "or serve it without --sign-key."
+        ) from None
     if not hmac.compare_digest(have, _signature(key, data)):
-        raise ScalpelError(f"Bundle {folder}'s manifest does not match its signature under this key: it was "
-                           "changed after export, or signed with another key; re-export it.")
+        raise ScalpelError(
+            f"Bundle {folder}'s manifest does not match its signature under this key: it was "
+            "changed after export, or signed with another key; re-export it."
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -108,7 +112,17 @@ MAX_INPUT_BYTES = 1 << 32
 """Largest input (or output) one model call may take at the bundle's max batch (4 GiB)."""
 DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 """Tensor dtypes a manifest may name (what export writes and the server can decode)."""
-_ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "bool": 1}
+_ITEMSIZE = {
+    "float16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "uint8": 1,
+    "bool": 1,
+}
 
 
 try:
@@ -170,7 +184,9 @@ def _check_tensors(kind: str, specs: list[dict[str, Any]], max_batch: int) -> st
         if size > MAX_INPUT_BYTES:
             return f"{label} of shape {shape} takes {size:.3g} bytes at batch {rows}, over the {MAX_INPUT_BYTES >> 30} GiB limit"
         rng = spec.get("range")
-        if rng is not None and (spec["dtype"] in ("float16", "float32", "float64", "bool") or rng[0] >= rng[1]):
+        if rng is not None and (
+            spec["dtype"] in ("float16", "float32", "float64", "bool") or rng[0] >= rng[1]
+        ):
             return f"{label} has a range {rng} that is not [low, high) of an integer input"
     return None
 
@@ -182,8 +198,10 @@ def validate_manifest(manifest: Any, path: Path) -> None:
     try:
         msgspec.convert(manifest, _ManifestSchema)
     except msgspec.ValidationError as exc:
-        raise UsageError(f"{path} does not match the bundle manifest schema ({str(exc)[:200]}); "
-                         "re-run 'scalpel export' rather than editing it.") from None
+        raise UsageError(
+            f"{path} does not match the bundle manifest schema ({str(exc)[:200]}); "
+            "re-run 'scalpel export' rather than editing it."
+        ) from None
     inputs, outputs, max_batch = manifest["inputs"], manifest["outputs"], manifest.get("max_batch", 1)
     problem = _check_tensors("inputs", inputs, max_batch) or _check_tensors("outputs", outputs, max_batch)
     if problem is None:
@@ -214,7 +232,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     except OSError as exc:
         raise UsageError(f"Cannot read {path} ({exc.strerror}).") from None
     if len(raw) > MAX_MANIFEST_BYTES:
-        raise UsageError(f"{path} is over {MAX_MANIFEST_BYTES >> 20} MiB, which no export writes; re-run 'scalpel export'.")
+        raise UsageError(
+            f"{path} is over {MAX_MANIFEST_BYTES >> 20} MiB, which no export writes; re-run 'scalpel export'."
+        )
     try:
         manifest = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # ValueError: bad JSON or bytes; RecursionError: deep nesting
@@ -226,8 +246,8 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     major = version.partition(".")[0] if isinstance(version, str) and len(version) <= 9 else ""
     if major.isdigit() and int(major) > int(FORMAT_VERSION.split(".")[0]):
         raise RecordVersionError(
-                f"Bundle format {version} is newer than this torchscalpel reads ({FORMAT_VERSION}); upgrade torchscalpel."
-            )
+            f"Bundle format {version} is newer than this torchscalpel reads ({FORMAT_VERSION}); upgrade torchscalpel."
+        )
     validate_manifest(manifest, path)
     return manifest
 
@@ -251,7 +271,11 @@ def verify_bundle(folder: Path, *, key: bytes | None = None) -> Bundle:
                 problems.append(f"{shown} is missing")
             elif sha256_file(target) != want:
                 problems.append(f"{shown} has changed")
-        except (OSError, RuntimeError, ValueError):  # symlink loop (RuntimeError on 3.11), NUL byte, unreadable
+        except (
+            OSError,
+            RuntimeError,
+            ValueError,
+        ):  # symlink loop (RuntimeError on 3.11), NUL byte, unreadable
             problems.append(f"{shown} cannot be resolved or read (a symlink loop?)")
         if len(problems) >= 5:
             break

@@ -71,7 +71,9 @@ class ExportOptions:
     def __post_init__(self) -> None:
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown or not self.formats:
-            raise UsageError(f"--formats takes a comma list of {', '.join(FORMATS)}; got {','.join(self.formats)!r}.")
+            raise UsageError(
+                f"--formats takes a comma list of {', '.join(FORMATS)}; got {','.join(self.formats)!r}."
+            )
         if self.dynamic not in ("batch", "none"):
             raise UsageError(f"--dynamic takes 'batch' or 'none', not {self.dynamic!r}.")
         if self.max_batch < 1:
@@ -102,7 +104,9 @@ class ExportResult:
 
 def _prepare_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {out} already exists and is not empty; choose a new folder so nothing is overwritten.")
+        raise UsageError(
+            f"--out {out} already exists and is not empty; choose a new folder so nothing is overwritten."
+        )
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -121,8 +125,15 @@ def _quiet():
         onnx_log.setLevel(level)
 
 
-def _export_one(fmt: str, model: torch.nn.Module, args: tuple[torch.Tensor, ...], dyn: Any,
-                in_names: list[str], out_names: list[str], out: Path) -> Path:
+def _export_one(
+    fmt: str,
+    model: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    dyn: Any,
+    in_names: list[str],
+    out_names: list[str],
+    out: Path,
+) -> Path:
     path = out / bundle_mod.ARTIFACT_FILES[fmt]
     with _quiet():
         try:
@@ -130,8 +141,15 @@ def _export_one(fmt: str, model: torch.nn.Module, args: tuple[torch.Tensor, ...]
                 program = torch.export.export(model, args, dynamic_shapes=dyn)
                 torch.export.save(program, str(path))
             elif fmt == "onnx":
-                torch.onnx.export(model, args, str(path), dynamo=True, dynamic_shapes=dyn,
-                                  input_names=in_names, output_names=out_names)
+                torch.onnx.export(
+                    model,
+                    args,
+                    str(path),
+                    dynamo=True,
+                    dynamic_shapes=dyn,
+                    input_names=in_names,
+                    output_names=out_names,
+                )
             else:
                 traced = torch.jit.trace(model, args, check_trace=False)
                 torch.jit.save(traced, str(path))
@@ -176,7 +194,9 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
             log("stripped prefixes: " + ", ".join(f"{p!r} from {n} keys" for p, n in loaded.stripped.items()))
     model.eval()
     if any(m.training for m in model.modules()):
-        raise ScalpelError("The model stays in training mode after .eval(); check its train()/eval() overrides.")
+        raise ScalpelError(
+            "The model stays in training mode after .eval(); check its train()/eval() overrides."
+        )
     named = [i.name for i in inputs]
     in_names = [n for n in named if n] if all(named) else forward_input_names(model, len(inputs))
 
@@ -189,12 +209,18 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
             eager_out = flatten_outputs(model(*args))
     except Exception as exc:  # the user's forward on the user's example: name both
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        raise UsageError(f"The model fails on the --example inputs ({first}); give one --example per forward() "
-                         "argument, with the shape it expects.") from None
+        raise UsageError(
+            f"The model fails on the --example inputs ({first}); give one --example per forward() "
+            "argument, with the shape it expects."
+        ) from None
     _prepare_out(opts.out)
-    out_names = opts.output_names or (["output"] if len(eager_out) == 1 else [f"output_{i}" for i in range(len(eager_out))])
+    out_names = opts.output_names or (
+        ["output"] if len(eager_out) == 1 else [f"output_{i}" for i in range(len(eager_out))]
+    )
     if len(out_names) != len(eager_out):
-        raise UsageError(f"--output-names has {len(out_names)} names but the model returns {len(eager_out)} outputs.")
+        raise UsageError(
+            f"--output-names has {len(out_names)} names but the model returns {len(eager_out)} outputs."
+        )
 
     from safetensors.torch import save_model
 
@@ -214,11 +240,20 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         export_s[fmt] = round(time.perf_counter() - t0, 3)
         artifacts[fmt] = path.name
         with _quiet():
-            runners.append(OrtRunner(path, threads=1) if fmt == "onnx" else exported_runner(path) if fmt == "exported"
-                           else torchscript_runner(path))
+            runners.append(
+                OrtRunner(path, threads=1)
+                if fmt == "onnx"
+                else exported_runner(path)
+                if fmt == "exported"
+                else torchscript_runner(path)
+            )
         log(f"wrote {fmt + ':':<12} {path} ({export_s[fmt]:.1f} s)")  # not "exported exported"
 
-    sizes = sorted({*(b for b in PARITY_BATCHES if b <= opts.max_batch), opts.max_batch}) if dynamic else [example_batch]
+    sizes = (
+        sorted({*(b for b in PARITY_BATCHES if b <= opts.max_batch), opts.max_batch})
+        if dynamic
+        else [example_batch]
+    )
     batches = {s: _to_numpy(make_batch(inputs, s, opts.seed + 1)) for s in sizes}
     checks = run_parity(eager, runners, batches, out_names, (opts.atol, opts.rtol))
 
@@ -238,15 +273,27 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         "format": bundle_mod.FORMAT,
         "format_version": bundle_mod.FORMAT_VERSION,
         "created": now_timestamp(),
-        "versions": {"torch": torch.__version__, "onnx": onnx.__version__, "onnxruntime": onnxruntime.__version__,
-                     "torchscalpel": _tool_version()},
-        "model": {"factory": opts.model, "factory_args": opts.factory_args, "class": type(model).__name__,
-                  "weights": str(opts.weights) if opts.weights else None,
-                  "weights_loading": loaded.to_dict() if loaded else None,
-                  "parameters": sum(p.numel() for p in model.parameters())},
+        "versions": {
+            "torch": torch.__version__,
+            "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__,
+            "torchscalpel": _tool_version(),
+        },
+        "model": {
+            "factory": opts.model,
+            "factory_args": opts.factory_args,
+            "class": type(model).__name__,
+            "weights": str(opts.weights) if opts.weights else None,
+            "weights_loading": loaded.to_dict() if loaded else None,
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
         "inputs": _input_specs(inputs, in_names, dynamic),
         "outputs": [
-            {"name": n, "dtype": dtype_name(t.dtype), "shape": [None if (dynamic and d == 0) else s for d, s in enumerate(t.shape)]}
+            {
+                "name": n,
+                "dtype": dtype_name(t.dtype),
+                "shape": [None if (dynamic and d == 0) else s for d, s in enumerate(t.shape)],
+            }
             for n, t in zip(out_names, eager_out, strict=True)
         ],
         "max_batch": opts.max_batch if dynamic else example_batch,
@@ -255,8 +302,11 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         "artifacts": artifacts,
         "export_seconds": export_s,
         "latency_threads": 1,
-        "parity": {"passed": bool(checks) and all(c.passed for c in checks), "batches": sizes,
-                   "checks": [c.to_dict() for c in checks]},
+        "parity": {
+            "passed": bool(checks) and all(c.passed for c in checks),
+            "batches": sizes,
+            "checks": [c.to_dict() for c in checks],
+        },
         "quantization": quant,
         "latency_ms": latency,
     }
@@ -271,8 +321,14 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
 
 
 def _quantize_and_time(
-    opts: ExportOptions, eager: Runner, runners: list[Runner], batches: dict[int, list[np.ndarray]],
-    sizes: list[int], artifacts: dict[str, str], checks: list[ParityCheck], log: Callable[[str], None],
+    opts: ExportOptions,
+    eager: Runner,
+    runners: list[Runner],
+    batches: dict[int, list[np.ndarray]],
+    sizes: list[int],
+    artifacts: dict[str, str],
+    checks: list[ParityCheck],
+    log: Callable[[str], None],
 ) -> tuple[dict[str, Any] | None, dict[str, dict[str, float]]]:
     """Optional int8 quantization (only after parity passed) and latency of every form."""
     quant: dict[str, Any] | None = None
@@ -283,11 +339,15 @@ def _quantize_and_time(
         quantize_onnx(opts.out / artifacts["onnx"], qpath)
         artifacts["onnx_int8"] = qpath.name
         fp32 = next(r for r in runners if r.name == "onnx")
-        report = evaluate(eager, fp32, OrtRunner(qpath, name="onnx-int8", threads=1), batches, opts.quantize, qpath.name)
+        report = evaluate(
+            eager, fp32, OrtRunner(qpath, name="onnx-int8", threads=1), batches, opts.quantize, qpath.name
+        )
         quant = report.to_dict()
-        log(f"int8: max abs error {report.max_abs_error:.3g}, top-1 agreement "
+        log(
+            f"int8: max abs error {report.max_abs_error:.3g}, top-1 agreement "
             f"{'n/a' if report.top1_agreement is None else f'{report.top1_agreement:.3f}'}, "
-            f"{report.speedup:.2f}x vs fp32 ONNX at batch {report.batch}")
+            f"{report.speedup:.2f}x vs fp32 ONNX at batch {report.batch}"
+        )
     latency = {str(s): measure_latency([eager, *runners], batches[s]) for s in sorted({sizes[0], sizes[-1]})}
     return quant, latency
 

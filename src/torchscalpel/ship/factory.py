@@ -23,12 +23,16 @@ def parse_factory_args(text: str | None) -> tuple[list[Any], dict[str, Any]]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"--factory-args is not valid JSON ({exc.msg}); write e.g. '{{\"hidden\": 64}}'.") from None
+        raise UsageError(
+            f"--factory-args is not valid JSON ({exc.msg}); write e.g. '{{\"hidden\": 64}}'."
+        ) from None
     if isinstance(value, dict):
         return [], value
     if isinstance(value, list):
         return value, {}
-    raise UsageError("--factory-args must be a JSON object (keyword arguments) or array (positional arguments).")
+    raise UsageError(
+        "--factory-args must be a JSON object (keyword arguments) or array (positional arguments)."
+    )
 
 
 def build_model(spec: str, factory_args: str | None = None) -> torch.nn.Module:

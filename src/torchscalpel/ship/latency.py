@@ -16,7 +16,12 @@ from torchscalpel.ship.runners import Runner
 
 
 def measure_latency(
-    runners: Sequence[Runner], inputs: Sequence[np.ndarray], *, warmup: int = 2, rounds: int = 15, budget_s: float = 1.0
+    runners: Sequence[Runner],
+    inputs: Sequence[np.ndarray],
+    *,
+    warmup: int = 2,
+    rounds: int = 15,
+    budget_s: float = 1.0,
 ) -> dict[str, float]:
     """Median milliseconds per call for each runner on the same inputs (interleaved rounds)."""
     for runner in runners:

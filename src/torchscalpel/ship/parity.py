@@ -24,10 +24,15 @@ TOLERANCES: dict[str, tuple[float, float]] = {
 INT8_TOLERANCE = (5e-2, 5e-2)
 
 
-def tolerance_for(dtype: np.dtype, override: tuple[float | None, float | None] = (None, None)) -> tuple[float, float]:
+def tolerance_for(
+    dtype: np.dtype, override: tuple[float | None, float | None] = (None, None)
+) -> tuple[float, float]:
     """(atol, rtol) for an output of ``dtype``, with user overrides applied."""
     atol, rtol = TOLERANCES.get(np.dtype(dtype).name, (0.0, 0.0))
-    return (override[0] if override[0] is not None else atol, override[1] if override[1] is not None else rtol)
+    return (
+        override[0] if override[0] is not None else atol,
+        override[1] if override[1] is not None else rtol,
+    )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -50,21 +55,45 @@ class ParityCheck:
 
 
 def compare(
-    fmt: str, batch: int, names: Sequence[str], want: Sequence[np.ndarray], got: Sequence[np.ndarray],
+    fmt: str,
+    batch: int,
+    names: Sequence[str],
+    want: Sequence[np.ndarray],
+    got: Sequence[np.ndarray],
     override: tuple[float | None, float | None] = (None, None),
 ) -> list[ParityCheck]:
     """Compare one run of an export with eager's outputs for the same inputs."""
     if len(got) != len(want):
-        return [ParityCheck(format=fmt, batch=batch, output="*", max_abs=float("inf"), max_rel=float("inf"),
-                            atol=0.0, rtol=0.0, passed=False,
-                            note=f"{len(got)} outputs, eager has {len(want)}")]
+        return [
+            ParityCheck(
+                format=fmt,
+                batch=batch,
+                output="*",
+                max_abs=float("inf"),
+                max_rel=float("inf"),
+                atol=0.0,
+                rtol=0.0,
+                passed=False,
+                note=f"{len(got)} outputs, eager has {len(want)}",
+            )
+        ]
     checks = []
     for name, w, g in zip(names, want, got, strict=True):
         atol, rtol = tolerance_for(w.dtype, override)
         if w.shape != g.shape:
-            checks.append(ParityCheck(format=fmt, batch=batch, output=name, max_abs=float("inf"),
-                                      max_rel=float("inf"), atol=atol, rtol=rtol, passed=False,
-                                      note=f"shape {g.shape} vs eager {w.shape}"))
+            checks.append(
+                ParityCheck(
+                    format=fmt,
+                    batch=batch,
+                    output=name,
+                    max_abs=float("inf"),
+                    max_rel=float("inf"),
+                    atol=atol,
+                    rtol=rtol,
+                    passed=False,
+                    note=f"shape {g.shape} vs eager {w.shape}",
+                )
+            )
             continue
         w64, g64 = w.astype(np.float64), g.astype(np.float64)
         diff = np.abs(g64 - w64)
@@ -74,13 +103,27 @@ def compare(
         rel = diff / np.maximum(np.abs(w64), np.finfo(np.float64).tiny)
         max_rel = float(np.nanmax(np.where(diff == 0, 0.0, rel))) if diff.size else 0.0
         ok = bool(np.all(diff <= atol + rtol * np.abs(w64))) and not nan_mismatch
-        checks.append(ParityCheck(format=fmt, batch=batch, output=name, max_abs=max_abs, max_rel=max_rel,
-                                  atol=atol, rtol=rtol, passed=ok, note="NaN where eager has none" if nan_mismatch else ""))
+        checks.append(
+            ParityCheck(
+                format=fmt,
+                batch=batch,
+                output=name,
+                max_abs=max_abs,
+                max_rel=max_rel,
+                atol=atol,
+                rtol=rtol,
+                passed=ok,
+                note="NaN where eager has none" if nan_mismatch else "",
+            )
+        )
     return checks
 
 
 def run_parity(
-    eager: Runner, exports: Sequence[Runner], batches: dict[int, list[np.ndarray]], output_names: Sequence[str],
+    eager: Runner,
+    exports: Sequence[Runner],
+    batches: dict[int, list[np.ndarray]],
+    output_names: Sequence[str],
     override: tuple[float | None, float | None] = (None, None),
 ) -> list[ParityCheck]:
     """Run every export at every batch size against eager."""
@@ -90,10 +133,22 @@ def run_parity(
         for runner in exports:
             try:
                 got = runner(inputs)
-            except Exception as exc:  # an export that cannot run a batch size is a parity failure, with the reason
-                checks.append(ParityCheck(format=runner.name, batch=size, output="*", max_abs=float("inf"),
-                                          max_rel=float("inf"), atol=0.0, rtol=0.0, passed=False,
-                                          note=f"failed to run: {str(exc).splitlines()[0][:200]}"))
+            except (
+                Exception
+            ) as exc:  # an export that cannot run a batch size is a parity failure, with the reason
+                checks.append(
+                    ParityCheck(
+                        format=runner.name,
+                        batch=size,
+                        output="*",
+                        max_abs=float("inf"),
+                        max_rel=float("inf"),
+                        atol=0.0,
+                        rtol=0.0,
+                        passed=False,
+                        note=f"failed to run: {str(exc).splitlines()[0][:200]}",
+                    )
+                )
                 continue
             checks.extend(compare(runner.name, size, output_names, want, got, override))
     return checks
@@ -101,7 +156,9 @@ def run_parity(
 
 def format_table(checks: Sequence[ParityCheck]) -> str:
     """Plain-text table of parity results (printed by the CLI, pass or fail)."""
-    lines = [f"{'format':<12} {'batch':>5} {'output':<12} {'max abs':>10} {'max rel':>10} {'atol':>8} {'rtol':>8}  result"]
+    lines = [
+        f"{'format':<12} {'batch':>5} {'output':<12} {'max abs':>10} {'max rel':>10} {'atol':>8} {'rtol':>8}  result"
+    ]
     for c in checks:
         lines.append(
             f"{c.format:<12} {c.batch:>5} {c.output:<12} {c.max_abs:>10.3g} {c.max_rel:>10.3g} {c.atol:>8.0e} "

@@ -55,8 +55,12 @@ def quantize_onnx(src: Path, dst: Path) -> None:
         with contextlib.redirect_stdout(None), tempfile.TemporaryDirectory() as scratch:
             # Linear layers only: measured here, ConvInteger runs ~7x slower than fp32 Conv in onnxruntime's
             # CPU provider, while MatMulInteger runs a 1024-wide MLP 2.4x (batch 1) to 3.7x (batch 32) faster.
-            quantize_dynamic(str(_without_value_info(src, Path(scratch))), str(dst), weight_type=QuantType.QInt8,
-                             op_types_to_quantize=["MatMul", "Gemm"])
+            quantize_dynamic(
+                str(_without_value_info(src, Path(scratch))),
+                str(dst),
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=["MatMul", "Gemm"],
+            )
     except Exception as exc:  # onnxruntime raises many types for unsupported graphs
         raise ScalpelError(f"int8 quantization of {src.name} failed ({str(exc).splitlines()[0]}).") from None
     finally:
@@ -83,7 +87,12 @@ def _without_value_info(src: Path, scratch: Path) -> Path:
 
 
 def evaluate(
-    eager: Runner, fp32: OrtRunner, int8: OrtRunner, batches: dict[int, list[np.ndarray]], method: str, file: str
+    eager: Runner,
+    fp32: OrtRunner,
+    int8: OrtRunner,
+    batches: dict[int, list[np.ndarray]],
+    method: str,
+    file: str,
 ) -> QuantReport:
     """Compare the int8 model with eager on the parity batches and time it against fp32 ONNX."""
     max_abs, agree, rows = 0.0, 0, 0
@@ -106,4 +115,3 @@ def evaluate(
         speedup=round(timing[fp32.name] / max(timing[int8.name], 1e-9), 3),
         batch=biggest,
     )
-

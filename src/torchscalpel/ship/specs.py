@@ -74,13 +74,17 @@ def parse_example(spec: str) -> list[ExampleInput]:
     """Parse one ``--example`` value into one input (or several, for a safetensors file)."""
     match = _SPEC.match(spec.strip())
     if not match:
-        raise UsageError(f"Cannot read --example {spec!r}; write e.g. 'float32[1,3,224,224]' or 'x=inputs.npy'.")
+        raise UsageError(
+            f"Cannot read --example {spec!r}; write e.g. 'float32[1,3,224,224]' or 'x=inputs.npy'."
+        )
     name, body = match.group("name"), match.group("body")
     rand = _RANDOM.match(body.replace(" ", ""))
     if rand:
         dtype = DTYPES.get(rand.group("dtype"))
         if dtype is None:
-            raise UsageError(f"Unknown dtype {rand.group('dtype')!r} in --example; use one of {', '.join(DTYPES)}.")
+            raise UsageError(
+                f"Unknown dtype {rand.group('dtype')!r} in --example; use one of {', '.join(DTYPES)}."
+            )
         shape = tuple(int(s) for s in rand.group("shape").split(",") if s)
         if not shape or min(shape) < 1:
             raise UsageError(f"--example {spec!r} needs a shape with a batch dimension and no zero sizes.")
@@ -99,14 +103,18 @@ def parse_example(spec: str) -> list[ExampleInput]:
         try:
             arr = np.load(path, allow_pickle=False)
         except (ValueError, OSError) as exc:
-            raise UsageError(f"Cannot read {path} as a plain .npy array ({exc}); save it with np.save.") from None
+            raise UsageError(
+                f"Cannot read {path} as a plain .npy array ({exc}); save it with np.save."
+            ) from None
         return [_from_tensor(name, torch.from_numpy(np.ascontiguousarray(arr)), path)]
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
         tensors = load_file(str(path))
         if name is not None:
-            raise UsageError(f"--example {spec!r}: a safetensors file names its inputs itself; drop '{name}='.")
+            raise UsageError(
+                f"--example {spec!r}: a safetensors file names its inputs itself; drop '{name}='."
+            )
         return [_from_tensor(k, v, path) for k, v in tensors.items()]
     raise UsageError(f"--example file {path} must be .npy or .safetensors.")
 

@@ -43,11 +43,16 @@ class LoadedWeights:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form for the manifest."""
-        return {"source": self.source, "nested_key": self.nested_key, "stripped_prefixes": dict(self.stripped)}
+        return {
+            "source": self.source,
+            "nested_key": self.nested_key,
+            "stripped_prefixes": dict(self.stripped),
+        }
 
 
-def read_checkpoint(path: Path, *, trust: bool = False, notes: list[str] | None = None,
-                    sign_key: Path | None = None) -> tuple[dict[str, Any], str]:
+def read_checkpoint(
+    path: Path, *, trust: bool = False, notes: list[str] | None = None, sign_key: Path | None = None
+) -> tuple[dict[str, Any], str]:
     """Read a checkpoint into a (possibly nested) dict and say which kind it was.
 
     A torchscalpel checkpoint (``step-N`` with ``MANIFEST.json`` and ``COMMIT``) is verified against
@@ -60,8 +65,10 @@ def read_checkpoint(path: Path, *, trust: bool = False, notes: list[str] | None 
         path = _dcp_folder(path, notes if notes is not None else [], sign_key)
         return _read_dcp(path), f"dcp:{path.name}"
     if sign_key is not None:
-        raise UsageError(f"--sign-key checks a torchscalpel checkpoint's signed manifest; {path} is a single file "
-                         "with none, so drop --sign-key or point --weights at the checkpoint folder.")
+        raise UsageError(
+            f"--sign-key checks a torchscalpel checkpoint's signed manifest; {path} is a single file "
+            "with none, so drop --sign-key or point --weights at the checkpoint folder."
+        )
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
@@ -83,8 +90,10 @@ def _dcp_folder(path: Path, notes: list[str], sign_key: Path | None = None) -> P
         return path
     if (path / ".metadata").exists():
         if key is not None:
-            raise ScalpelError(f"{path} is a plain DCP folder with no signed manifest, and a signing key was given; "
-                               "refusing to export it.")
+            raise ScalpelError(
+                f"{path} is a plain DCP folder with no signed manifest, and a signing key was given; "
+                "refusing to export it."
+            )
         return path  # a plain DCP folder (no manifest to check); its metadata is still read safely
     return latest_committed_step(path, notes, key)
 
@@ -125,7 +134,9 @@ def _torch_load(path: Path, *, trust: bool) -> dict[str, Any]:
             "re-save only model.state_dict(), or pass --trust if you trust where the file came from."
         ) from None
     except Exception as exc:  # corrupt files surface as struct.error, EOFError, RuntimeError...
-        raise ScalpelError(f"Cannot read {path} as a torch state_dict file ({str(exc).splitlines()[0]}).") from None
+        raise ScalpelError(
+            f"Cannot read {path} as a torch state_dict file ({str(exc).splitlines()[0]})."
+        ) from None
     if isinstance(obj, torch.nn.Module):
         return dict(obj.state_dict())
     if not isinstance(obj, dict):
@@ -142,7 +153,9 @@ def _read_dcp(path: Path) -> dict[str, Any]:
     except CheckpointError:
         raise
     except Exception as exc:  # DCP raises CheckpointException and friends with long messages
-        raise ScalpelError(f"Cannot consolidate the DCP checkpoint in {path} ({str(exc).splitlines()[0]}).") from None
+        raise ScalpelError(
+            f"Cannot consolidate the DCP checkpoint in {path} ({str(exc).splitlines()[0]})."
+        ) from None
 
 
 def _find_state_dict(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str | None]:
@@ -164,7 +177,9 @@ def _find_state_dict(obj: dict[str, Any]) -> tuple[dict[str, torch.Tensor], str 
     )
 
 
-def strip_prefixes(state_dict: dict[str, torch.Tensor], model_keys: set[str]) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+def strip_prefixes(
+    state_dict: dict[str, torch.Tensor], model_keys: set[str]
+) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
     """Remove wrapper prefixes from keys; return the new dict and prefix -> count removed."""
     counts: Counter[str] = Counter()
     out: dict[str, torch.Tensor] = {}
@@ -180,13 +195,14 @@ def strip_prefixes(state_dict: dict[str, torch.Tensor], model_keys: set[str]) ->
                 continue
             while new.startswith(prefix) and new not in model_keys:
                 counts[prefix] += 1
-                new = new[len(prefix):]
+                new = new[len(prefix) :]
         out[new] = value
     return out, dict(counts)
 
 
-def load_weights(model: torch.nn.Module, path: Path, *, trust: bool = False,
-                 sign_key: Path | None = None) -> LoadedWeights:
+def load_weights(
+    model: torch.nn.Module, path: Path, *, trust: bool = False, sign_key: Path | None = None
+) -> LoadedWeights:
     """Load ``path`` into ``model`` strictly; raise listing every missing/unexpected/mis-shaped key."""
     notes: list[str] = []
     raw, source = read_checkpoint(path, trust=trust, notes=notes, sign_key=sign_key)

@@ -33,14 +33,20 @@ def profile_target(
     out_dir.mkdir(parents=True, exist_ok=True)
     total = options.warmup + options.steps if options.steps is not None else None
     with StepProgress(total, f"profiling {target.name}") as bar:
-        record = run_target(target, options, observers, setup_hooks, progress=bar.update,
-                            command=["scalpel", *sys.argv[1:]])
+        record = run_target(
+            target, options, observers, setup_hooks, progress=bar.update, command=["scalpel", *sys.argv[1:]]
+        )
     finish_profile(record, out_dir, write_report=write_report, json_path=json_path, quiet=quiet)
     return record, out_dir
 
 
 def finish_profile(
-    record: RunRecord, out_dir: Path, *, write_report: bool = True, json_path: Path | None = None, quiet: bool = False
+    record: RunRecord,
+    out_dir: Path,
+    *,
+    write_report: bool = True,
+    json_path: Path | None = None,
+    quiet: bool = False,
 ) -> None:
     """Everything after the run: trace summary, run.json, report.html, the optional JSON copy, the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -95,13 +95,19 @@ def _rank_of(meta: dict[str, Any], path: Path, index: int) -> int:
 
 def _device(meta: dict[str, Any], d: RankData) -> str:
     props = meta.get("deviceProperties")
-    names = " ".join(str(p.get("name", "")) for p in props if isinstance(p, dict)) if isinstance(props, list) else ""
+    names = (
+        " ".join(str(p.get("name", "")) for p in props if isinstance(p, dict))
+        if isinstance(props, list)
+        else ""
+    )
     if re.search(r"AMD|Radeon|Instinct|MI\d", names) or "roctracer" in str(meta.get("traceName", "")):
         return "rocm"
     return "gpu" if (d.gpu_kind != 3).any() else "cpu"
 
 
-def analyze_file(path: Path, index: int = 0, *, strict: bool = False, hta_rounding: bool = False) -> tuple[dict[str, Any], RankData, Any]:
+def analyze_file(
+    path: Path, index: int = 0, *, strict: bool = False, hta_rounding: bool = False
+) -> tuple[dict[str, Any], RankData, Any]:
     """Stream one trace file; returns the rank summary, its columns and the CPU op self times."""
     reader = TraceReader(path)
     collector = RankCollector()
@@ -124,7 +130,9 @@ def analyze_file(path: Path, index: int = 0, *, strict: bool = False, hta_roundi
         "invalid_events": d.invalid_events,
         "json_bytes": reader.bytes_read,
         "complete": error is None,
-        "error": None if error is None else {"message": str(error), "byte_offset": error.offset, "reason": error.reason},
+        "error": None
+        if error is None
+        else {"message": str(error), "byte_offset": error.offset, "reason": error.reason},
         "steps": step_breakdown(d, launch, op_self),
         "gpu": gpu_summary(d, launch, hta_rounding=hta_rounding),
         "launch": launch_stats(d, launch),
@@ -133,8 +141,9 @@ def analyze_file(path: Path, index: int = 0, *, strict: bool = False, hta_roundi
     return rank, d, op_self
 
 
-def analyze_traces(paths: list[Path] | Path, *, top: int = 30, strict: bool = False,
-                   hta_rounding: bool = False) -> TraceAnalysis:
+def analyze_traces(
+    paths: list[Path] | Path, *, top: int = 30, strict: bool = False, hta_rounding: bool = False
+) -> TraceAnalysis:
     """Analyse trace files (or folders of rank files) in one streaming pass each.
 
     A truncated or corrupt file does not stop the analysis: its rank covers what could be read and
@@ -159,14 +168,22 @@ def analyze_traces(paths: list[Path] | Path, *, top: int = 30, strict: bool = Fa
             acc[2] += t
         _add_kernels(d, kernels)
     top_kernels = [
-        {"name": n, "category": categorize(n), "count": int(v[0]), "self_us": v[1], "total_us": v[2],
-         "mean_us": v[2] / v[0] if v[0] else 0.0}
+        {
+            "name": n,
+            "category": categorize(n),
+            "count": int(v[0]),
+            "self_us": v[1],
+            "total_us": v[2],
+            "mean_us": v[2] / v[0] if v[0] else 0.0,
+        }
         for n, v in sorted(kernels.items(), key=lambda kv: -kv[1][2])
     ]
     mems = [r["memory"] for r in ranks if r["memory"]]
     memory = dict(max(mems, key=lambda m: m["peak_bytes"])) if mems else None
     if memory is not None and len(ranks) > 1:
-        memory["rank"] = next(r["rank"] for r in ranks if r["memory"] and r["memory"]["peak_bytes"] == memory["peak_bytes"])
+        memory["rank"] = next(
+            r["rank"] for r in ranks if r["memory"] and r["memory"]["peak_bytes"] == memory["peak_bytes"]
+        )
     gpu_cats: dict[str, float] = {}
     for n, v in kernels.items():
         c = categorize(n)

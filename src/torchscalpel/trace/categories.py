@@ -17,16 +17,30 @@ import re
 from functools import lru_cache
 
 CATEGORIES: tuple[str, ...] = (
-    "matmul", "conv", "attention", "embedding", "elementwise", "reduction", "norm", "copy",
-    "communication", "optimizer", "autograd", "memory", "other",
+    "matmul",
+    "conv",
+    "attention",
+    "embedding",
+    "elementwise",
+    "reduction",
+    "norm",
+    "copy",
+    "communication",
+    "optimizer",
+    "autograd",
+    "memory",
+    "other",
 )
 
 # Ordered: the first pattern that matches wins (e.g. "nccl" before "copy" for nccl memcpy kernels).
 _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (cat, re.compile(rx, re.IGNORECASE))
     for cat, rx in (
-        ("communication", r"nccl|rccl|c10d::|gloo|all_?reduce|all_?gather|reduce_?scatter|broadcast_|alltoall|"
-                          r"send_?recv|barrier|record_param_comms|all_?to_?all|all2all"),
+        (
+            "communication",
+            r"nccl|rccl|c10d::|gloo|all_?reduce|all_?gather|reduce_?scatter|broadcast_|alltoall|"
+            r"send_?recv|barrier|record_param_comms|all_?to_?all|all2all",
+        ),
         ("optimizer", r"optimizer|multi_tensor_apply|_foreach_|adam|sgd|lamb_|fused_adam|Optimizer\.step"),
         # autograd engine wrappers (their own self time is bookkeeping; the real work is in child ops).
         # Engine nodes end in a digit (AddmmBackward0); aten's own backward kernels
@@ -35,19 +49,34 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("attention", r"flash|attention|sdpa|fmha|_efficient_attention|scaled_dot_product"),
         ("conv", r"conv|cudnn_convolution|implicit_?gemm|winograd|dgrad|wgrad|fprop|_nchw|nhwc"),
         ("embedding", r"embedding|embedding_bag|\bembs?\b|_embs_|split_lookup|\btbe\b"),
-        ("matmul", r"(?<!fb)gemm|matmul|\bmm\b|aten::mm|aten::bmm|aten::addmm|aten::baddbmm|aten::linear|cublas|cutlass|"
-                   r"aten::einsum|aten::_scaled_mm|sgemm|hgemm|dot_kernel|Cijk_"),
+        (
+            "matmul",
+            r"(?<!fb)gemm|matmul|\bmm\b|aten::mm|aten::bmm|aten::addmm|aten::baddbmm|aten::linear|cublas|cutlass|"
+            r"aten::einsum|aten::_scaled_mm|sgemm|hgemm|dot_kernel|Cijk_",
+        ),
         ("norm", r"norm|batch_norm|layer_norm|group_norm|rms_?norm|bn_fw|bn_bw|welford"),
-        ("reduction", r"reduce|softmax|sum\b|aten::sum|aten::mean|aten::max\b|aten::min\b|aten::argmax|aten::var|"
-                      r"aten::std|cross_entropy|nll_loss|log_softmax|aten::norm|cumsum|topk|sort"),
-        ("copy", r"memcpy|copy|aten::to\b|aten::_to_copy|aten::contiguous|aten::clone|cat\b|aten::cat|aten::stack|"
-                 r"index|gather|scatter|transpose|permute|DtoH|HtoD|DtoD"),
-        ("memory", r"memset|aten::empty|aten::zeros|aten::ones|aten::fill_|aten::zero_|aten::full|aten::resize_|"
-                   r"\[memory\]|cudaMalloc|cudaFree|hipMalloc|hipFree|empty_strided"),
-        ("elementwise", r"elementwise|vectorized|unrolled_elementwise|aten::(add|sub|mul|div|relu|gelu|silu|sigmoid|"
-                        r"tanh|exp|log|pow|sqrt|rsqrt|neg|abs|clamp|where|dropout|threshold|masked_fill|"
-                        r"hardtanh|leaky_relu|lerp|addcmul|addcdiv|sign|floor|ceil|round|eq|ne|lt|gt|le|ge|"
-                        r"bitwise|logical|maximum|minimum|reciprocal|sin|cos)|triton_poi"),
+        (
+            "reduction",
+            r"reduce|softmax|sum\b|aten::sum|aten::mean|aten::max\b|aten::min\b|aten::argmax|aten::var|"
+            r"aten::std|cross_entropy|nll_loss|log_softmax|aten::norm|cumsum|topk|sort",
+        ),
+        (
+            "copy",
+            r"memcpy|copy|aten::to\b|aten::_to_copy|aten::contiguous|aten::clone|cat\b|aten::cat|aten::stack|"
+            r"index|gather|scatter|transpose|permute|DtoH|HtoD|DtoD",
+        ),
+        (
+            "memory",
+            r"memset|aten::empty|aten::zeros|aten::ones|aten::fill_|aten::zero_|aten::full|aten::resize_|"
+            r"\[memory\]|cudaMalloc|cudaFree|hipMalloc|hipFree|empty_strided",
+        ),
+        (
+            "elementwise",
+            r"elementwise|vectorized|unrolled_elementwise|aten::(add|sub|mul|div|relu|gelu|silu|sigmoid|"
+            r"tanh|exp|log|pow|sqrt|rsqrt|neg|abs|clamp|where|dropout|threshold|masked_fill|"
+            r"hardtanh|leaky_relu|lerp|addcmul|addcdiv|sign|floor|ceil|round|eq|ne|lt|gt|le|ge|"
+            r"bitwise|logical|maximum|minimum|reciprocal|sin|cos)|triton_poi",
+        ),
     )
 )
 

@@ -106,8 +106,18 @@ class RankCollector:
         names = self._names
         tids = self._tids
         gpu_cats = GPU_CATS
-        op_ts, op_dur, op_tid, op_name = self.op_ts.append, self.op_dur.append, self.op_tid.append, self.op_name.append
-        g_ts, g_dur, g_stream, g_corr = self.gpu_ts.append, self.gpu_dur.append, self.gpu_stream.append, self.gpu_corr.append
+        op_ts, op_dur, op_tid, op_name = (
+            self.op_ts.append,
+            self.op_dur.append,
+            self.op_tid.append,
+            self.op_name.append,
+        )
+        g_ts, g_dur, g_stream, g_corr = (
+            self.gpu_ts.append,
+            self.gpu_dur.append,
+            self.gpu_stream.append,
+            self.gpu_corr.append,
+        )
         g_name, g_kind = self.gpu_name.append, self.gpu_kind.append
         l_corr, l_ts, l_name = self.launch_corr.append, self.launch_ts.append, self.launch_name.append
         for e in events:
@@ -163,8 +173,11 @@ class RankCollector:
                 a = e.args
                 if a is not None and a.total_allocated is not None:
                     ts = e.ts or 0.0
-                    if not (-MAX_TS_US <= ts <= MAX_TS_US and abs(a.total_allocated) < 1e30
-                            and (a.nbytes is None or abs(a.nbytes) < 1e30)):
+                    if not (
+                        -MAX_TS_US <= ts <= MAX_TS_US
+                        and abs(a.total_allocated) < 1e30
+                        and (a.nbytes is None or abs(a.nbytes) < 1e30)
+                    ):
                         self.invalid_events += 1
                         continue
                     self.mem_ts.append(ts)
@@ -187,12 +200,28 @@ class RankCollector:
             tids[v] = k
         self.steps.sort(key=lambda s: s.start)
         return RankData(
-            names=names, steps=self.steps,
-            op_ts=f(self.op_ts), op_dur=f(self.op_dur), op_tid=f(self.op_tid), op_name=f(self.op_name),
-            gpu_ts=f(self.gpu_ts), gpu_dur=f(self.gpu_dur), gpu_stream=f(self.gpu_stream), gpu_corr=f(self.gpu_corr),
-            gpu_name=f(self.gpu_name), gpu_kind=np.asarray(self.gpu_kind, dtype=np.int8),
-            launch_corr=f(self.launch_corr), launch_ts=f(self.launch_ts), launch_name=f(self.launch_name),
-            mem_ts=f(self.mem_ts), mem_total=f(self.mem_total), mem_bytes=f(self.mem_bytes),
-            mem_device=f(self.mem_device), mem_tid=f(self.mem_tid), tids=tids,
-            invalid_events=self.invalid_events, coll_ts=f(self.coll_ts), coll_dur=f(self.coll_dur),
+            names=names,
+            steps=self.steps,
+            op_ts=f(self.op_ts),
+            op_dur=f(self.op_dur),
+            op_tid=f(self.op_tid),
+            op_name=f(self.op_name),
+            gpu_ts=f(self.gpu_ts),
+            gpu_dur=f(self.gpu_dur),
+            gpu_stream=f(self.gpu_stream),
+            gpu_corr=f(self.gpu_corr),
+            gpu_name=f(self.gpu_name),
+            gpu_kind=np.asarray(self.gpu_kind, dtype=np.int8),
+            launch_corr=f(self.launch_corr),
+            launch_ts=f(self.launch_ts),
+            launch_name=f(self.launch_name),
+            mem_ts=f(self.mem_ts),
+            mem_total=f(self.mem_total),
+            mem_bytes=f(self.mem_bytes),
+            mem_device=f(self.mem_device),
+            mem_tid=f(self.mem_tid),
+            tids=tids,
+            invalid_events=self.invalid_events,
+            coll_ts=f(self.coll_ts),
+            coll_dur=f(self.coll_dur),
         )

@@ -32,13 +32,28 @@ def memory_counter_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not isinstance(allocated, int | float):
             continue
         kind = args.get("Device Type", 0)
-        device = "cpu" if kind == 0 else f"cuda:{args.get('Device Id', 0)}" if kind == 1 else f"device{kind}:{args.get('Device Id', 0)}"
+        device = (
+            "cpu"
+            if kind == 0
+            else f"cuda:{args.get('Device Id', 0)}"
+            if kind == 1
+            else f"device{kind}:{args.get('Device Id', 0)}"
+        )
         counter: dict[str, Any] = {"allocated": allocated}
         reserved = args.get("Total Reserved")
         if isinstance(reserved, int | float):
             counter["reserved"] = reserved
-        out.append({"ph": "C", "name": f"{COUNTER_PREFIX} ({device})", "cat": "memory", "pid": e.get("pid", 0),
-                    "tid": 0, "ts": e.get("ts", 0), "args": counter})
+        out.append(
+            {
+                "ph": "C",
+                "name": f"{COUNTER_PREFIX} ({device})",
+                "cat": "memory",
+                "pid": e.get("pid", 0),
+                "tid": 0,
+                "ts": e.get("ts", 0),
+                "args": counter,
+            }
+        )
     return out
 
 
@@ -94,7 +109,7 @@ def _spliced(raw: bytes, counters: list[dict[str, Any]]) -> bytes | None:
         end = raw.rfind(b"]", 0, end)
         if end < 0:
             return None
-        if _TAIL.fullmatch(raw[end + 1:]):
+        if _TAIL.fullmatch(raw[end + 1 :]):
             break
     else:
         return None

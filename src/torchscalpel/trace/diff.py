@@ -14,13 +14,26 @@ def _table_diff(a: dict[str, list[float]], b: dict[str, list[float]], time_index
         va, vb = a.get(name), b.get(name)
         ta = va[time_index] if va else 0.0
         tb = vb[time_index] if vb else 0.0
-        status = "added" if va is None else "removed" if vb is None else ("same" if (va[0], ta) == (vb[0], tb) else "changed")
-        rows.append({
-            "name": name, "category": categorize(name), "status": status,
-            "count_a": int(va[0]) if va else 0, "count_b": int(vb[0]) if vb else 0,
-            "time_a_us": ta, "time_b_us": tb, "delta_us": tb - ta,
-            "delta_pct": round(100.0 * (tb - ta) / ta, 2) if ta > 0 else None,
-        })
+        status = (
+            "added"
+            if va is None
+            else "removed"
+            if vb is None
+            else ("same" if (va[0], ta) == (vb[0], tb) else "changed")
+        )
+        rows.append(
+            {
+                "name": name,
+                "category": categorize(name),
+                "status": status,
+                "count_a": int(va[0]) if va else 0,
+                "count_b": int(vb[0]) if vb else 0,
+                "time_a_us": ta,
+                "time_b_us": tb,
+                "delta_us": tb - ta,
+                "delta_pct": round(100.0 * (tb - ta) / ta, 2) if ta > 0 else None,
+            }
+        )
     rows.sort(key=lambda r: (-abs(r["delta_us"]), r["name"]))
     return {
         "rows": rows,

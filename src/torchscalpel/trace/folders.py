@@ -40,23 +40,34 @@ def folder_traces(folder: Path) -> list[Path]:
     if (folder / RECORD).is_file():
         trace = record_trace(folder)
         if trace is None:
-            raise UsageError(f"{folder} is a torchscalpel run folder without a profiler trace; "
-                             "profile with --profile-steps 1 or more to get one.")
+            raise UsageError(
+                f"{folder} is a torchscalpel run folder without a profiler trace; "
+                "profile with --profile-steps 1 or more to get one."
+            )
         return [trace]
-    ranks = sorted((p for p in folder.glob("rank-*") if p.is_dir() and (p / RECORD).is_file()),
-                   key=lambda p: (int(p.name[5:]) if p.name[5:].isdigit() else 1 << 30, p.name))
+    ranks = sorted(
+        (p for p in folder.glob("rank-*") if p.is_dir() and (p / RECORD).is_file()),
+        key=lambda p: (int(p.name[5:]) if p.name[5:].isdigit() else 1 << 30, p.name),
+    )
     if ranks:
         traces = [t for t in (record_trace(r) for r in ranks) if t is not None]
         if not traces:
-            raise UsageError(f"{folder} is a launch folder whose ranks wrote no profiler trace; "
-                             "run 'scalpel launch --profile' to get them.")
+            raise UsageError(
+                f"{folder} is a launch folder whose ranks wrote no profiler trace; "
+                "run 'scalpel launch --profile' to get them."
+            )
         return traces
-    flat = sorted(f for f in folder.iterdir()
-                  if f.is_file() and f.name.endswith(TRACE_SUFFIXES) and f.name not in NOT_TRACES)
+    flat = sorted(
+        f
+        for f in folder.iterdir()
+        if f.is_file() and f.name.endswith(TRACE_SUFFIXES) and f.name not in NOT_TRACES
+    )
     if flat:
         return flat
     nested = sorted(f for f in folder.rglob("*") if f.is_file() and f.name.endswith(PT_TRACE_SUFFIXES))
     if nested:
         return nested
-    raise UsageError(f"{folder} has no .json or .json.gz trace files (nor *.pt.trace.json.gz below it); pass a trace "
-                     "file, a folder of rank traces, a run or launch folder, or a TensorBoard log folder.")
+    raise UsageError(
+        f"{folder} has no .json or .json.gz trace files (nor *.pt.trace.json.gz below it); pass a trace "
+        "file, a folder of rank traces, a run or launch folder, or a TensorBoard log folder."
+    )

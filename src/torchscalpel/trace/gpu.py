@@ -64,7 +64,11 @@ def gpu_summary(d: RankData, launch: np.ndarray, *, hta_rounding: bool = False) 
         return None
     keep = analysis_window_mask(d, launch)
     ts, end = d.gpu_ts[keep], d.gpu_ts[keep] + d.gpu_dur[keep]
-    if hta_rounding and len(d.gpu_ts) and (np.any(d.gpu_ts != np.floor(d.gpu_ts)) or np.any(d.op_ts != np.floor(d.op_ts))):
+    if (
+        hta_rounding
+        and len(d.gpu_ts)
+        and (np.any(d.gpu_ts != np.floor(d.gpu_ts)) or np.any(d.op_ts != np.floor(d.op_ts)))
+    ):
         ts, end = np.ceil(ts), np.floor(end)
     types = type_codes(d)[keep]
     names = d.gpu_name[keep]
@@ -123,11 +127,20 @@ def _kernel_stats(d: RankData, names: np.ndarray, dur: np.ndarray, types: np.nda
     out = []
     for i in np.argsort(-total, kind="stable"):
         name = d.names[int(uniq[i])]
-        out.append({
-            "name": name, "category": categorize(name), "kernel_type": list(_TYPE_INDEX)[int(ktype[i])],
-            "count": int(count[i]), "total_us": float(total[i]), "self_us": float(total[i]),
-            "mean_us": float(mean[i]), "min_us": float(mn[i]), "max_us": float(mx[i]), "std_us": float(std[i]),
-        })
+        out.append(
+            {
+                "name": name,
+                "category": categorize(name),
+                "kernel_type": list(_TYPE_INDEX)[int(ktype[i])],
+                "count": int(count[i]),
+                "total_us": float(total[i]),
+                "self_us": float(total[i]),
+                "mean_us": float(mean[i]),
+                "min_us": float(mn[i]),
+                "max_us": float(mx[i]),
+                "std_us": float(std[i]),
+            }
+        )
     return out
 
 
@@ -148,10 +161,12 @@ def launch_stats(d: RankData, launch: np.ndarray) -> dict[str, Any] | None:
         "launches_matched": len(delay),
     }
     if len(delay):
-        out.update({
-            "launch_delay_mean_us": float(delay.mean()),
-            "launch_delay_p50_us": float(np.percentile(delay, 50)),
-            "launch_delay_p95_us": float(np.percentile(delay, 95)),
-            "launch_delay_max_us": float(delay.max()),
-        })
+        out.update(
+            {
+                "launch_delay_mean_us": float(delay.mean()),
+                "launch_delay_p50_us": float(np.percentile(delay, 50)),
+                "launch_delay_p95_us": float(np.percentile(delay, 95)),
+                "launch_delay_max_us": float(delay.max()),
+            }
+        )
     return out

@@ -65,7 +65,10 @@ class Coverage:
         for bit, (s, e) in enumerate(kinds):
             ms, me, _ = merge(s, e)  # merge per kind so the mask counts each kind once
             times += [ms, me]
-            deltas += [np.full(len(ms), 1 << bit, dtype=np.int64), np.full(len(me), -(1 << bit), dtype=np.int64)]
+            deltas += [
+                np.full(len(ms), 1 << bit, dtype=np.int64),
+                np.full(len(me), -(1 << bit), dtype=np.int64),
+            ]
         self.nmasks = 1 << len(kinds)
         if not times or sum(len(t) for t in times) == 0:
             self.seg_start = self.seg_end = np.zeros(0)

@@ -42,7 +42,7 @@ def write_rank_trace(source: Path, dest: Path, rank: int, world_size: int) -> No
             head = src.read(HEAD_BYTES)
             brace = head.index(b"{")
             info = json.dumps({"backend": "unknown", "rank": rank, "world_size": world_size}).encode()
-            out.write(head[: brace + 1] + b'\n  "distributedInfo": ' + info + b"," + head[brace + 1:])
+            out.write(head[: brace + 1] + b'\n  "distributedInfo": ' + info + b"," + head[brace + 1 :])
         shutil.copyfileobj(src, out)
     tmp.replace(dest)
 

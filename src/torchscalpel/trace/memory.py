@@ -36,7 +36,8 @@ def memory_summary(d: RankData) -> dict[str, Any] | None:
     return {
         "peak_bytes": float(d.mem_total[i]),
         "peak_ts_us": ts,
-        "peak_ms_from_start": (ts - min(starts)) / 1e3,  # what people read: ms into the trace, not a clock value
+        "peak_ms_from_start": (ts - min(starts))
+        / 1e3,  # what people read: ms into the trace, not a clock value
         "peak_op": peak_op,
         "device": DEVICE_TYPES.get(dev, f"device{dev}"),
         "peak_by_device": per_device,

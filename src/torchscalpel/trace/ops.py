@@ -48,7 +48,10 @@ def aggregate_ops(d: RankData, op_self: np.ndarray) -> dict[int, list[float]]:
     count = np.bincount(inv)
     self_sum = np.bincount(inv, weights=op_self)
     total = np.bincount(inv, weights=d.op_dur)
-    return {int(u): [float(c), float(s), float(t)] for u, c, s, t in zip(uniq, count, self_sum, total, strict=True)}
+    return {
+        int(u): [float(c), float(s), float(t)]
+        for u, c, s, t in zip(uniq, count, self_sum, total, strict=True)
+    }
 
 
 def top_table(agg: dict[str, list[float]], top: int) -> list[dict[str, Any]]:

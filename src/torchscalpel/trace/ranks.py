@@ -82,30 +82,51 @@ def straggler_verdict(per_rank: Mapping[int, Sequence[float]], *, what: str = "p
     time the rank works, i.e. outside collectives where those are measured: in a synchronous job
     every rank's wall step is as long as the slowest one's)."""
     if len(per_rank) < 2:
-        return StragglerVerdict(measured=False, rank=None, what=what,
-                                sentence="not measured: one rank, nothing to compare it with")
+        return StragglerVerdict(
+            measured=False,
+            rank=None,
+            what=what,
+            sentence="not measured: one rank, nothing to compare it with",
+        )
     short = {r: len(v) for r, v in per_rank.items() if len(v) < MIN_STEPS}
     if short:
         listed = ", ".join(f"rank {r} has {n}" for r, n in sorted(short.items()))
-        return StragglerVerdict(measured=False, rank=None, what=what,
-                                sentence=f"not measured: {listed} step{'s' if max(short.values()) != 1 else ''}; "
-                                f"a spread needs {MIN_STEPS} per rank")
+        return StragglerVerdict(
+            measured=False,
+            rank=None,
+            what=what,
+            sentence=f"not measured: {listed} step{'s' if max(short.values()) != 1 else ''}; "
+            f"a spread needs {MIN_STEPS} per rank",
+        )
     times = [rank_time(r, v) for r, v in sorted(per_rank.items())]
     slow = max(times, key=lambda t: t.median_ms)
     others = [t for t in times if t.rank != slow.rank]
     hardest = max(others, key=lambda t: t.median_ms + needed_gap(slow, t))
     gap, needed = slow.median_ms - hardest.median_ms, needed_gap(slow, hardest)
     share = gap / hardest.median_ms if hardest.median_ms > 0 else 0.0
-    figures = (f"{slow.median_ms:.2f} ms ±{slow.noise_ms:.2f} {what} against rank {hardest.rank}'s "
-               f"{hardest.median_ms:.2f} ms ±{hardest.noise_ms:.2f}: {gap:.2f} ms ({share:.0%}) slower")
+    figures = (
+        f"{slow.median_ms:.2f} ms ±{slow.noise_ms:.2f} {what} against rank {hardest.rank}'s "
+        f"{hardest.median_ms:.2f} ms ±{hardest.noise_ms:.2f}: {gap:.2f} ms ({share:.0%}) slower"
+    )
     named = gap > needed
     if named:
         sentence = f"rank {slow.rank}: {figures}, beyond the {needed:.2f} ms a straggler needs; the other ranks wait for it"
     else:
-        sentence = (f"none: rank {slow.rank}'s {figures}, within the {needed:.2f} ms a straggler needs (two sigmas of "
-                    f"both ranks' noise, at least {MIN_GAP_MS} ms and {MIN_GAP_SHARE:.0%} of the step)")
-    return StragglerVerdict(measured=True, rank=slow.rank if named else None, sentence=sentence, what=what,
-                            ranks=times, candidate=slow.rank, compared_with=hardest.rank, gap_ms=gap, needed_ms=needed)
+        sentence = (
+            f"none: rank {slow.rank}'s {figures}, within the {needed:.2f} ms a straggler needs (two sigmas of "
+            f"both ranks' noise, at least {MIN_GAP_MS} ms and {MIN_GAP_SHARE:.0%} of the step)"
+        )
+    return StragglerVerdict(
+        measured=True,
+        rank=slow.rank if named else None,
+        sentence=sentence,
+        what=what,
+        ranks=times,
+        candidate=slow.rank,
+        compared_with=hardest.rank,
+        gap_ms=gap,
+        needed_ms=needed,
+    )
 
 
 def outside_collectives_us(step: Mapping[str, Any]) -> tuple[float, bool]:
@@ -139,13 +160,17 @@ def stragglers(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
         durs = {r: s["dur_us"] for r, s in per.items()}
         comm = {r: s.get("communication_us") for r, s in per.items()}
         med = statistics.median(durs.values())
-        rows.append({
-            "step": name,
-            "dur_us": durs,
-            "communication_us": comm if all(v is not None for v in comm.values()) else None,
-            "slowest_rank": max(durs, key=lambda r: durs[r]),
-            "spread_pct": round(100.0 * (max(durs.values()) - min(durs.values())) / med, 2) if med > 0 else 0.0,
-        })
+        rows.append(
+            {
+                "step": name,
+                "dur_us": durs,
+                "communication_us": comm if all(v is not None for v in comm.values()) else None,
+                "slowest_rank": max(durs, key=lambda r: durs[r]),
+                "spread_pct": round(100.0 * (max(durs.values()) - min(durs.values())) / med, 2)
+                if med > 0
+                else 0.0,
+            }
+        )
         for r, s in per.items():
             value, had = outside_collectives_us(s)
             busy[r].append(value / 1e3)
@@ -153,7 +178,9 @@ def stragglers(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     mean_dur = {r: statistics.fmean(row["dur_us"][r] for row in rows) for r in by_rank}
     out: dict[str, Any] = {"steps": rows, "mean_step_us": mean_dur}
     if all(row["communication_us"] is not None for row in rows):
-        out["mean_communication_us"] = {r: statistics.fmean(row["communication_us"][r] for row in rows) for r in by_rank}
+        out["mean_communication_us"] = {
+            r: statistics.fmean(row["communication_us"][r] for row in rows) for r in by_rank
+        }
     verdict = straggler_verdict(busy, what="per step outside collectives" if subtracted else "per step")
     out["verdict"] = verdict.to_dict()
     if verdict.rank is not None:

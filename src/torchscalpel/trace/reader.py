@@ -62,8 +62,15 @@ class _PlainArgs:
 
     __slots__ = ("correlation", "device_id", "device_type", "nbytes", "stream", "total_allocated")
 
-    def __init__(self, correlation=None, stream=None, total_allocated=None, nbytes=None, device_type=None,
-                 device_id=None) -> None:
+    def __init__(
+        self,
+        correlation=None,
+        stream=None,
+        total_allocated=None,
+        nbytes=None,
+        device_type=None,
+        device_id=None,
+    ) -> None:
         self.correlation, self.stream, self.total_allocated = correlation, stream, total_allocated
         self.nbytes, self.device_type, self.device_id = nbytes, device_type, device_id
 
@@ -108,8 +115,14 @@ else:  # pragma: no cover - exercised by test_reader_without_msgspec through a f
     Args, Event = _PlainArgs, _PlainEvent  # type: ignore[misc]
     _DECODER = None
 
-_ARGS_FIELDS = {"correlation": "correlation", "stream": "stream", "Total Allocated": "total_allocated",
-                "Bytes": "nbytes", "Device Type": "device_type", "Device Id": "device_id"}
+_ARGS_FIELDS = {
+    "correlation": "correlation",
+    "stream": "stream",
+    "Total Allocated": "total_allocated",
+    "Bytes": "nbytes",
+    "Device Type": "device_type",
+    "Device Id": "device_id",
+}
 
 
 def _event_from_dict(d: Any) -> Event | None:
@@ -136,10 +149,16 @@ def _event_from_dict(d: Any) -> Event | None:
             else:
                 kw[attr] = num(v)
     pid, tid = d.get("pid"), d.get("tid")
-    return Event(ph=str(d.get("ph", "")), name=str(d.get("name", "")), cat=str(d.get("cat", "") or ""),
-                 ts=num(d.get("ts")), dur=num(d.get("dur")),
-                 pid=pid if isinstance(pid, int | str) else None, tid=tid if isinstance(tid, int | str) else None,
-                 args=Args(**kw) if kw else None)
+    return Event(
+        ph=str(d.get("ph", "")),
+        name=str(d.get("name", "")),
+        cat=str(d.get("cat", "") or ""),
+        ts=num(d.get("ts")),
+        dur=num(d.get("dur")),
+        pid=pid if isinstance(pid, int | str) else None,
+        tid=tid if isinstance(tid, int | str) else None,
+        args=Args(**kw) if kw else None,
+    )
 
 
 def _iter_decompressed(path: Path, chunk: int) -> Iterator[tuple[bytes, bool]]:
@@ -175,8 +194,13 @@ class _Piece:
 
     __slots__ = ("closed_at", "consumed", "error", "events")
 
-    def __init__(self, events: list[Event], consumed: int, closed_at: int | None = None,
-                 error: TraceReadError | None = None) -> None:
+    def __init__(
+        self,
+        events: list[Event],
+        consumed: int,
+        closed_at: int | None = None,
+        error: TraceReadError | None = None,
+    ) -> None:
         self.events = events
         self.consumed = consumed
         self.closed_at = closed_at
@@ -247,7 +271,7 @@ class TraceReader:
             if piece.error is not None:
                 raise piece.error
             if piece.closed_at is not None:
-                tail = [buf[piece.closed_at + 1:]]
+                tail = [buf[piece.closed_at + 1 :]]
                 buf = b""
                 continue
             nxt = _skip_sep(buf, piece.consumed)
@@ -273,7 +297,7 @@ class TraceReader:
             if piece.closed_at is None:
                 reason = "truncated" if gz_complete else "truncated (its gzip stream ends early)"
                 raise self._error(base + piece.consumed, reason)
-            tail = [buf[piece.closed_at + 1:]]
+            tail = [buf[piece.closed_at + 1 :]]
         self._read_tail(b"".join(tail))
         if not gz_complete:
             raise self._error(self.bytes_read, "truncated (its gzip stream ends early)")
@@ -324,12 +348,18 @@ class TraceReader:
             if pos >= n:
                 return _Piece(out, len(piece))
             if text[pos] == "]":
-                return _Piece(out, _to_bytes(text, pos, ascii_only), closed_at=_to_bytes(text, pos, ascii_only))
+                return _Piece(
+                    out, _to_bytes(text, pos, ascii_only), closed_at=_to_bytes(text, pos, ascii_only)
+                )
             try:
                 obj, nxt = dec.raw_decode(text, pos)
             except RecursionError:
-                err = TraceReadError(self.path, base + _to_bytes(text, pos, ascii_only), f"corrupt ({_DEPTH})",
-                                     self.events_read + len(out))
+                err = TraceReadError(
+                    self.path,
+                    base + _to_bytes(text, pos, ascii_only),
+                    f"corrupt ({_DEPTH})",
+                    self.events_read + len(out),
+                )
                 return _Piece(out, _to_bytes(text, last_ok, ascii_only), error=err)
             except json.JSONDecodeError as exc:
                 at_end = exc.pos >= n - 1 or exc.msg.startswith("Unterminated string")
@@ -338,8 +368,12 @@ class TraceReader:
                     return _Piece(out, consumed)
                 if at_end:
                     return _Piece(out, _to_bytes(text, pos, ascii_only))  # caller reports truncation
-                err = TraceReadError(self.path, base + _to_bytes(text, exc.pos, ascii_only),
-                                     f"corrupt ({exc.msg})", self.events_read + len(out))
+                err = TraceReadError(
+                    self.path,
+                    base + _to_bytes(text, exc.pos, ascii_only),
+                    f"corrupt ({exc.msg})",
+                    self.events_read + len(out),
+                )
                 return _Piece(out, consumed, error=err)
             ev = _event_from_dict(obj)
             if ev is not None:

@@ -118,12 +118,20 @@ def step_breakdown(d: RankData, launch: np.ndarray, op_self: np.ndarray) -> list
             busy = compute + comm + memcpy + memset
             g = gaps.split(lo, hi)
             j0, j1 = np.searchsorted(sorted_launch, [lo, hi])
-            row.update({
-                "gpu_busy_us": busy, "gpu_idle_us": s.dur - busy,
-                "compute_us": compute, "communication_us": comm, "memcpy_us": memcpy, "memset_us": memset,
-                "host_wait_us": float(g[_HOST]), "kernel_wait_us": float(g[_KERNEL]), "other_wait_us": float(g[_OTHER]),
-                "gpu_busy_pct": round(100.0 * busy / s.dur, 2) if s.dur > 0 else 0.0,
-                "launched": int(j1 - j0),
-            })
+            row.update(
+                {
+                    "gpu_busy_us": busy,
+                    "gpu_idle_us": s.dur - busy,
+                    "compute_us": compute,
+                    "communication_us": comm,
+                    "memcpy_us": memcpy,
+                    "memset_us": memset,
+                    "host_wait_us": float(g[_HOST]),
+                    "kernel_wait_us": float(g[_KERNEL]),
+                    "other_wait_us": float(g[_OTHER]),
+                    "gpu_busy_pct": round(100.0 * busy / s.dur, 2) if s.dur > 0 else 0.0,
+                    "launched": int(j1 - j0),
+                }
+            )
         out.append(row)
     return out

@@ -55,15 +55,24 @@ def _write(record: RunRecord, run_dir: Path | None, uri: str, *, run: str) -> st
     mlrun = client.create_run(experiment_id, run_name=run, tags={"torchscalpel.record": record.name})
     run_id = mlrun.info.run_id
     now = int(time.time() * 1000)
-    metrics = [Metric(key=tag.replace("/", "."), value=value, timestamp=now, step=index)
-               for index, values in step_scalars(record) for tag, value in values.items()]
+    metrics = [
+        Metric(key=tag.replace("/", "."), value=value, timestamp=now, step=index)
+        for index, values in step_scalars(record)
+        for tag, value in values.items()
+    ]
     last = record.steps[-1].index if record.steps else 0
-    metrics += [Metric(key=tag.replace("/", "."), value=value, timestamp=now, step=last)
-                for tag, value in run_scalars(record).items()]
+    metrics += [
+        Metric(key=tag.replace("/", "."), value=value, timestamp=now, step=last)
+        for tag, value in run_scalars(record).items()
+    ]
     params = [Param(key=k, value=v[:MAX_PARAM]) for k, v in run_params(record).items()]
     for start in range(0, max(len(metrics), 1), 1000):  # MLflow caps a batch at 1000 metrics
-        client.log_batch(run_id, metrics=metrics[start:start + 1000], params=params if start == 0 else [],
-                         tags=[RunTag("torchscalpel.status", record.status)] if start == 0 else [])
+        client.log_batch(
+            run_id,
+            metrics=metrics[start : start + 1000],
+            params=params if start == 0 else [],
+            tags=[RunTag("torchscalpel.status", record.status)] if start == 0 else [],
+        )
     if run_dir is not None:
         for role in ("record", "report"):
             name_ = record.artifacts.get(role) or {"record": "run.json"}.get(role)

@@ -74,7 +74,10 @@ class GradNormObserver(Observer):
         import torch.nn.utils as nn_utils
         import torch.nn.utils.clip_grad as clip_grad
 
-        for owner in (clip_grad, nn_utils):  # each wrapped as it is now (another observer may have wrapped one)
+        for owner in (
+            clip_grad,
+            nn_utils,
+        ):  # each wrapped as it is now (another observer may have wrapped one)
             if getattr(owner, "clip_grad_norm_", None) is not None:
                 self._restore.append(wrap_attr(owner, "clip_grad_norm_", self._wrap))
 

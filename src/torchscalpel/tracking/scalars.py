@@ -43,8 +43,11 @@ def step_scalars(record: RunRecord) -> list[tuple[int, dict[str, float]]]:
             v = _number(series.get(s.index))
             if v is not None:
                 values[key] = v
-        for key, v in (("memory/cuda_allocated_peak_bytes", s.cuda_allocated_peak),
-                       ("memory/cuda_reserved_peak_bytes", s.cuda_reserved_peak), ("memory/rss_bytes", s.rss)):
+        for key, v in (
+            ("memory/cuda_allocated_peak_bytes", s.cuda_allocated_peak),
+            ("memory/cuda_reserved_peak_bytes", s.cuda_reserved_peak),
+            ("memory/rss_bytes", s.rss),
+        ):
             if v:
                 values[key] = float(v)
         out.append((s.index, values))
@@ -67,9 +70,13 @@ def run_scalars(record: RunRecord) -> dict[str, float]:
     """Run-level figures: median step, phase means, samples/s, FLOP/s, MFU, memory peaks."""
     s = record.summary_view()
     out: dict[str, float] = {}
-    for key, value in (("summary/median_step_ms", s.median_step_ms), ("summary/samples_per_s", s.samples_per_s),
-                       ("summary/flops_per_s", s.achieved_flops_per_s), ("summary/rss_peak_bytes", s.rss_peak),
-                       ("summary/cuda_allocated_peak_bytes", s.cuda_allocated_peak)):
+    for key, value in (
+        ("summary/median_step_ms", s.median_step_ms),
+        ("summary/samples_per_s", s.samples_per_s),
+        ("summary/flops_per_s", s.achieved_flops_per_s),
+        ("summary/rss_peak_bytes", s.rss_peak),
+        ("summary/cuda_allocated_peak_bytes", s.cuda_allocated_peak),
+    ):
         v = _number(value)
         if v is not None:
             out[key] = v

@@ -42,7 +42,9 @@ def names(run_dir: Path | None, record: RunRecord, run: str | None, worker: str 
         return run or f"{run_dir.parent.name}/rank{rank}", worker or f"rank{rank}"
     import socket
 
-    return run or (run_dir.name if run_dir is not None else record.name), worker or socket.gethostname() or "worker0"
+    return run or (
+        run_dir.name if run_dir is not None else record.name
+    ), worker or socket.gethostname() or "worker0"
 
 
 def write_tracking(
@@ -65,10 +67,14 @@ def write_tracking(
             from torchscalpel.tracking.tensorboard import write_tensorboard
 
             files = write_tensorboard(record, run_dir, options.tensorboard, run=name, worker=worker)
-            lines.append(f"tensorboard: {len(files)} file(s) under {options.tensorboard} "
-                         f"(tensorboard --logdir {options.tensorboard})")
+            lines.append(
+                f"tensorboard: {len(files)} file(s) under {options.tensorboard} "
+                f"(tensorboard --logdir {options.tensorboard})"
+            )
         except ImportError:
-            lines.append(f"tensorboard: not written, the tensorboard package is not installed ({EXTRA_HINT}).")
+            lines.append(
+                f"tensorboard: not written, the tensorboard package is not installed ({EXTRA_HINT})."
+            )
         except Exception as exc:  # a tracker must never cost the run its own results
             lines.append(f"tensorboard: not written ({type(exc).__name__}: {exc}).")
     if options.mlflow is not None:

@@ -24,7 +24,9 @@ def trace_path(logdir: Path, run: str, worker: str) -> Path:
     return logdir / "plugins" / "profile" / run / f"{worker}{TRACE_SUFFIX}"
 
 
-def write_tensorboard(record: RunRecord, run_dir: Path | None, logdir: Path, *, run: str, worker: str) -> list[Path]:
+def write_tensorboard(
+    record: RunRecord, run_dir: Path | None, logdir: Path, *, run: str, worker: str
+) -> list[Path]:
     """Write the scalars and copy the trace; return the files written. ImportError when tensorboard is absent."""
     from torch.utils.tensorboard import SummaryWriter  # raises ImportError without the tensorboard package
 

@@ -25,8 +25,16 @@ if TYPE_CHECKING:
     from torchscalpel.tune.search import TuneResult
 
 
-def tune_stage(target: Target, out_dir: Path, *, budget_s: float = 120.0, steps: int = 6, warmup: int = 2,
-               knobs: tuple[str, ...] = ("amp", "threads", "dataloader"), quiet: bool = False) -> TuneResult:
+def tune_stage(
+    target: Target,
+    out_dir: Path,
+    *,
+    budget_s: float = 120.0,
+    steps: int = 6,
+    warmup: int = 2,
+    knobs: tuple[str, ...] = ("amp", "threads", "dataloader"),
+    quiet: bool = False,
+) -> TuneResult:
     """A short tune for ``scalpel demo``: cheap knobs only (no cold compile), results in ``out_dir``.
 
     Writes run.json, report.html, scalpel.toml and code.txt into ``out_dir`` and prints the table.
@@ -35,11 +43,17 @@ def tune_stage(target: Target, out_dir: Path, *, budget_s: float = 120.0, steps:
     from torchscalpel.tune.outputs import save_outputs
     from torchscalpel.tune.search import SilentProgress, TuneOptions, tune
 
-    options = TuneOptions(out_dir=out_dir, budget_s=budget_s, steps=steps, warmup=warmup, knobs=knobs,
-                          confirm_pairs=1)
+    options = TuneOptions(
+        out_dir=out_dir, budget_s=budget_s, steps=steps, warmup=warmup, knobs=knobs, confirm_pairs=1
+    )
     result = tune(target, options, SilentProgress() if quiet else RichProgress())
-    save_outputs(result, out_dir, config_path=None, command=["scalpel", "demo"],
-                 target_text=" ".join(str(a) for a in target.argv()))
+    save_outputs(
+        result,
+        out_dir,
+        config_path=None,
+        command=["scalpel", "demo"],
+        target_text=" ".join(str(a) for a in target.argv()),
+    )
     if not quiet:
         print_tune_result(result, out_dir=out_dir, config_path=out_dir / "scalpel.toml")
     return result

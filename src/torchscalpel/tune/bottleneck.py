@@ -95,8 +95,11 @@ class Bottleneck:
 
 def step_shares(steps: list[Any]) -> dict[str, float]:
     """Median share of each part of the step over the measured, unprofiled steps."""
-    rows = [s for s in steps if not getattr(s, "warmup", False) and not getattr(s, "profiled", False)
-            and s.total_ms > 0]
+    rows = [
+        s
+        for s in steps
+        if not getattr(s, "warmup", False) and not getattr(s, "profiled", False) and s.total_ms > 0
+    ]
     if not rows:
         return {}
     out = {}
@@ -132,8 +135,9 @@ def profile_measures(rank: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def classify(*, device: str, shares: dict[str, float], measures: dict[str, float],
-             memory_fraction: float | None = None) -> Bottleneck:
+def classify(
+    *, device: str, shares: dict[str, float], measures: dict[str, float], memory_fraction: float | None = None
+) -> Bottleneck:
     """The bottleneck class from the step split and the profile figures (pure; see the module doc)."""
     found: dict[str, tuple[float, str]] = {}  # kind -> (strength: value / threshold, evidence)
     data = shares.get("data", 0.0)
@@ -149,7 +153,9 @@ def classify(*, device: str, shares: dict[str, float], measures: dict[str, float
         idle = measures.get("gpu_idle")
         short = measures.get("short_kernels")
         host_heavy = measures.get("host_over_gpu", 0.0) >= 1.0
-        if idle is not None and (idle >= GPU_IDLE or (short is not None and short >= SHORT_KERNELS and host_heavy)):
+        if idle is not None and (
+            idle >= GPU_IDLE or (short is not None and short >= SHORT_KERNELS and host_heavy)
+        ):
             parts = [f"GPU idle {idle:.0%} of the step"]
             if short is not None:
                 parts.append(f"{short:.0%} of kernels < 10 µs")
@@ -162,8 +168,10 @@ def classify(*, device: str, shares: dict[str, float], measures: dict[str, float
     else:
         gap = measures.get("host_gap")
         if gap is not None and gap >= HOST_GAP:
-            found["launch"] = (gap / HOST_GAP, f"host overhead: {gap:.0%} of the step outside ATen ops "
-                                               "(Python, module calls, dispatch)")
+            found["launch"] = (
+                gap / HOST_GAP,
+                f"host overhead: {gap:.0%} of the step outside ATen ops (Python, module calls, dispatch)",
+            )
         ops = measures.get("compute_ops")
         if ops is not None and ops >= COMPUTE_OPS:
             found["compute"] = (ops / COMPUTE_OPS, f"matmul/conv/attention {ops:.0%} of op time")
@@ -205,8 +213,12 @@ def classify_record(record: RunRecord, trace: Path | None) -> Bottleneck:
             note = f"the baseline's trace could not be read ({exc!r})"
     else:
         note = "the baseline was not profiled"
-    result = classify(device=device, shares=step_shares(record.steps), measures=measures,
-                      memory_fraction=memory_fraction(record))
+    result = classify(
+        device=device,
+        shares=step_shares(record.steps),
+        measures=measures,
+        memory_fraction=memory_fraction(record),
+    )
     if note and result.kind == "unknown":
         result.evidence["unknown"] = note
     return result

@@ -77,11 +77,13 @@ class Budget:
         left = max(0.0, self.remaining())
         # What was spent so far plus the pairs, rounded up to half a minute.
         suggest = 30 * math.ceil((self.elapsed() + need) / 30)
-        return (f"{'the remaining ' if pairs < self.confirm_pairs else ''}{pairs} confirmation "
-                f"pair(s) need about {need:.0f} s "
-                f"(baseline {self.baseline_wall:.0f} s + candidate {max(candidate.wall_s, self.baseline_wall):.0f} s "
-                f"each) and {left:.0f} s of the {self.budget_s:.0f} s budget were left; "
-                f"--budget {suggest:.0f}s would confirm it")
+        return (
+            f"{'the remaining ' if pairs < self.confirm_pairs else ''}{pairs} confirmation "
+            f"pair(s) need about {need:.0f} s "
+            f"(baseline {self.baseline_wall:.0f} s + candidate {max(candidate.wall_s, self.baseline_wall):.0f} s "
+            f"each) and {left:.0f} s of the {self.budget_s:.0f} s budget were left; "
+            f"--budget {suggest:.0f}s would confirm it"
+        )
 
     def need_s(self, settings: TuneSettings) -> float:
         """Seconds a trial of ``settings`` needs to finish: a baseline run with some margin, plus a cold
@@ -102,16 +104,22 @@ class Budget:
             return f"the budget ran out before this trial: {max(0.0, left):.0f} s left{what}"
         need = self.need_s(settings)
         if left < need:
-            return (f"a compile trial needs about {need:.0f} s (a baseline run and a cold compile) and "
-                    f"{left:.0f} s were left{what}; cheaper knobs went on")
+            return (
+                f"a compile trial needs about {need:.0f} s (a baseline run and a cold compile) and "
+                f"{left:.0f} s were left{what}; cheaper knobs went on"
+            )
         spec = settings.compile
         if spec is not None and spec.mode.startswith("max-autotune") and left < MAX_AUTOTUNE_MIN_S:
-            return (f"max-autotune benchmarks every kernel choice while compiling; it is tried with at least "
-                    f"{MAX_AUTOTUNE_MIN_S:.0f} s left ({left:.0f} s were)")
+            return (
+                f"max-autotune benchmarks every kernel choice while compiling; it is tried with at least "
+                f"{MAX_AUTOTUNE_MIN_S:.0f} s left ({left:.0f} s were)"
+            )
         return ""
 
     def suggest_s(self, unrun: list[TuneSettings]) -> int:
         """A ``--budget`` (seconds, rounded up to half a minute) that would have run ``unrun`` too and
         confirmed one winner: what was spent, their needs, and the confirmation pairs."""
-        need = self.elapsed() + sum(self.need_s(s) for s in unrun) + self.confirm_pairs * 2 * self.baseline_wall
+        need = (
+            self.elapsed() + sum(self.need_s(s) for s in unrun) + self.confirm_pairs * 2 * self.baseline_wall
+        )
         return int(30 * math.ceil(need / 30))

@@ -44,8 +44,10 @@ def confirm(search: TrialRunner, best: TrialResult, result: TuneResult) -> bool:
         best.note = best.note or "not confirmed: budget spent"
         result.notes.append(f"{best.label} not confirmed: {budget.advice(best)}")
         return False
-    search.progress.message(f"confirming {best.label} against the baseline in interleaved pairs "
-                            f"({max(0.0, budget.remaining()):.0f} s left)")
+    search.progress.message(
+        f"confirming {best.label} against the baseline in interleaved pairs "
+        f"({max(0.0, budget.remaining()):.0f} s left)"
+    )
     settings = TuneSettings.from_dict(best.settings)
     total = search.confirm_pairs
     search.plan(2 * total, f"confirming {best.label} in {total} interleaved pair(s) with the baseline")
@@ -57,15 +59,23 @@ def confirm(search: TrialRunner, best: TrialResult, result: TuneResult) -> bool:
 
     for i in range(total):
         if pairs and budget.remaining() < budget.pair_s(best):
-            result.notes.append(f"confirmation of {best.label} stopped after {len(pairs)} of {total} pair(s): "
-                                f"{budget.advice(best, total - len(pairs))}")
+            result.notes.append(
+                f"confirmation of {best.label} stopped after {len(pairs)} of {total} pair(s): "
+                f"{budget.advice(best, total - len(pairs))}"
+            )
             drop(f"confirmation of {best.label} stopped after {len(pairs)} pair(s) (budget)")
             break
         # The confirmation may overrun the budget slightly rather than kill a run half-way:
         # each run gets at least 1.5x its earlier duration.
-        base = search.trial(TuneSettings(), "baseline", tag=f"confirm-baseline-{i + 1}", limit_s=budget.baseline_limit())
-        cand = search.trial(settings, "confirm", tag=f"confirm-{i + 1}",
-                          limit_s=max(1.5 * best.wall_s, min(budget.share(settings), budget.remaining())))
+        base = search.trial(
+            TuneSettings(), "baseline", tag=f"confirm-baseline-{i + 1}", limit_s=budget.baseline_limit()
+        )
+        cand = search.trial(
+            settings,
+            "confirm",
+            tag=f"confirm-{i + 1}",
+            limit_s=max(1.5 * best.wall_s, min(budget.share(settings), budget.remaining())),
+        )
         ran += 2
         if not (base.ok and cand.ok):
             result.notes.append(f"confirmation run failed: {base.cause or cand.cause}")
@@ -73,7 +83,9 @@ def confirm(search: TrialRunner, best: TrialResult, result: TuneResult) -> bool:
             break
         search.baseline_medians.append(base.median_ms or 0.0)
         pairs.append((base.median_ms or 0.0, cand.median_ms or 0.0))
-        gate = numerics_gate(result.baseline.losses, cand.losses, numerics_class(settings), noise=search.determinism)
+        gate = numerics_gate(
+            result.baseline.losses, cand.losses, numerics_class(settings), noise=search.determinism
+        )
         if not gate.passed:
             best.verdict = Verdict.NUMERICS
             best.note = f"confirmation run failed the gate: {gate.reason}"
@@ -89,15 +101,22 @@ def confirm(search: TrialRunner, best: TrialResult, result: TuneResult) -> bool:
     best.confirm_ratios = [round(b / c, 3) for b, c in pairs if b and c]
     measured = stamp(best)  # the one speedup every output shows (torchscalpel.tune.speedup)
     worst = measured.low if measured.low is not None else measured.ratio
-    if (measured.confirmed and measured.ratio is not None and worst is not None
-            and measured.ratio >= result.required and worst >= 1.0 + MIN_MARGIN):
+    if (
+        measured.confirmed
+        and measured.ratio is not None
+        and worst is not None
+        and measured.ratio >= result.required
+        and worst >= 1.0 + MIN_MARGIN
+    ):
         best.verdict = Verdict.WINNER
         result.winner = best
         result.confirmed_speedup = measured.ratio
         return True
     shown = ", ".join(f"{r:.2f}x" for r in best.confirm_ratios) or "no measurement"
     best.verdict = Verdict.NOT_CONFIRMED
-    best.note = (f"interleaved pairs gave {shown} (speedup {measured.text()}); needed {result.required:.2f}x "
-                 f"and every pair above {1 + MIN_MARGIN:.2f}x")
+    best.note = (
+        f"interleaved pairs gave {shown} (speedup {measured.text()}); needed {result.required:.2f}x "
+        f"and every pair above {1 + MIN_MARGIN:.2f}x"
+    )
     result.notes.append(f"{best.label} not recommended: {best.note}")
     return False

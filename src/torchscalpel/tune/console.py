@@ -17,9 +17,17 @@ if TYPE_CHECKING:
     from torchscalpel.tune.search import TuneResult
 
 VERDICT_STYLE: dict[Verdict, str] = {
-    Verdict.WINNER: "bold green", Verdict.FASTER: "green", Verdict.BASELINE: "bold", Verdict.NOT_FASTER: "yellow",
-    Verdict.NUMERICS: "red", Verdict.NOT_CONFIRMED: "yellow", Verdict.FAILED: "red", Verdict.TIMEOUT: "red",
-    Verdict.SKIPPED: "dim", Verdict.NOT_APPLIED: "dim", Verdict.NOT_RUN: "dim",
+    Verdict.WINNER: "bold green",
+    Verdict.FASTER: "green",
+    Verdict.BASELINE: "bold",
+    Verdict.NOT_FASTER: "yellow",
+    Verdict.NUMERICS: "red",
+    Verdict.NOT_CONFIRMED: "yellow",
+    Verdict.FAILED: "red",
+    Verdict.TIMEOUT: "red",
+    Verdict.SKIPPED: "dim",
+    Verdict.NOT_APPLIED: "dim",
+    Verdict.NOT_RUN: "dim",
 }
 
 
@@ -36,14 +44,17 @@ class RichProgress:
     def message(self, text: str) -> None:
         self.console.print(f"[dim]{text}[/]")
 
-    def trial_started(self, label: str, limit_s: float, *, index: int = 0, total: int = 0,
-                      left_s: float = 0.0) -> None:
+    def trial_started(
+        self, label: str, limit_s: float, *, index: int = 0, total: int = 0, left_s: float = 0.0
+    ) -> None:
         self._n = index or self._n + 1
         self._of = f" of {total}" if total else ""
         self._left = left_s
         if self.console.is_terminal:
-            self._status = self.console.status(f"trial {self._n}{self._of}: {label} "
-                                               f"(limit {limit_s:.0f} s, {left_s:.0f} s of the budget left)")
+            self._status = self.console.status(
+                f"trial {self._n}{self._of}: {label} "
+                f"(limit {limit_s:.0f} s, {left_s:.0f} s of the budget left)"
+            )
             self._status.start()
 
     def trial_finished(self, result: TrialResult) -> None:
@@ -55,12 +66,18 @@ class RichProgress:
         else:
             info = f"[red]{result.status}[/]: {result.cause}"
         left = max(0.0, self._left - result.wall_s)
-        self.console.print(f"  trial {self._n}{self._of}: [bold]{result.label}[/] {info} "
-                           f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]")
+        self.console.print(
+            f"  trial {self._n}{self._of}: [bold]{result.label}[/] {info} "
+            f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]"
+        )
         for ex in (getattr(result, "compile", None) or {}).get("excluded") or []:
             # said on its own line as it happens: in the final table it is one wrapped cell among many
-            self.console.print(f"    compile failed in {ex.get('function')} ({ex.get('where')}): excluded with "
-                               "torch.compiler.disable and retried once", markup=False, highlight=False)
+            self.console.print(
+                f"    compile failed in {ex.get('function')} ({ex.get('where')}): excluded with "
+                "torch.compiler.disable and retried once",
+                markup=False,
+                highlight=False,
+            )
 
 
 def fmt_ms(value: float | None) -> str:
@@ -74,12 +91,17 @@ def compile_summary(stats: dict[str, Any]) -> str:
         return ""
     parts: list[str] = []
     for ex in stats.get("excluded") or []:
-        parts.append(f"compile failed in {ex.get('function')} ({ex.get('where')}): excluded with "
-                     f"torch.compiler.disable, retried once ({ex.get('cause', '')})")
+        parts.append(
+            f"compile failed in {ex.get('function')} ({ex.get('where')}): excluded with "
+            f"torch.compiler.disable, retried once ({ex.get('cause', '')})"
+        )
     full = stats.get("fullgraph") or {}
     if full.get("attempted"):
-        parts.append("fullgraph: one graph, no breaks" if full.get("ok") else
-                     f"fullgraph failed at {full.get('where') or '?'}: {full.get('reason', '')}")
+        parts.append(
+            "fullgraph: one graph, no breaks"
+            if full.get("ok")
+            else f"fullgraph failed at {full.get('where') or '?'}: {full.get('reason', '')}"
+        )
     breaks = stats.get("breaks") or []
     if breaks:
         shown = "; ".join(f"{b.get('where') or '?'} {b.get('reason', '')}" for b in breaks[:3])
@@ -108,8 +130,10 @@ def row_cells(trial: TrialResult, *, full: bool = False) -> list[str]:
     measured = speedup_of(trial)
     screened = ""
     if measured.confirmed and trial.baseline_ms and trial.median_ms:
-        screened = (f"screened {trial.baseline_ms / trial.median_ms:.2f}x "
-                    f"({fmt_ms(trial.baseline_ms)} / {fmt_ms(trial.median_ms)} ms) before confirmation")
+        screened = (
+            f"screened {trial.baseline_ms / trial.median_ms:.2f}x "
+            f"({fmt_ms(trial.baseline_ms)} / {fmt_ms(trial.median_ms)} ms) before confirmation"
+        )
     why = "; ".join(p for p in (trial.note or trial.cause, screened, compile_summary(trial.compile)) if p)
     if measured.ratio is None:
         step, ref, ratio, spread = fmt_ms(trial.median_ms), "-", "-", "-"
@@ -134,14 +158,27 @@ def row_cells(trial: TrialResult, *, full: bool = False) -> list[str]:
     ]
 
 
-HEADERS = ["variant", "step ms", "vs baseline ms", "speedup", "spread", "compile", "peak mem", "loss dev", "verdict",
-           "why tried", "result"]
+HEADERS = [
+    "variant",
+    "step ms",
+    "vs baseline ms",
+    "speedup",
+    "spread",
+    "compile",
+    "peak mem",
+    "loss dev",
+    "verdict",
+    "why tried",
+    "result",
+]
 NUMERIC = [False, True, True, True, False, True, True, True, False, False, False]
 """Which columns hold figures (right-aligned)."""
-TABLE_NOTE = ("speedup = 'vs baseline ms' / 'step ms' of the same row, two runs measured beside each other: the "
-              "baseline re-measured just before the trial, or for a confirmed candidate the interleaved pair with "
-              "the median ratio ('spread': lowest-highest pair); the recommendation, report.html, run.json and "
-              "code.txt show the same figure")
+TABLE_NOTE = (
+    "speedup = 'vs baseline ms' / 'step ms' of the same row, two runs measured beside each other: the "
+    "baseline re-measured just before the trial, or for a confirmed candidate the interleaved pair with "
+    "the median ratio ('spread': lowest-highest pair); the recommendation, report.html, run.json and "
+    "code.txt show the same figure"
+)
 
 
 def noise_line(noise: float | None, runs: int | None) -> str:
@@ -150,7 +187,9 @@ def noise_line(noise: float | None, runs: int | None) -> str:
     if runs is None:
         return f"baseline noise {noise or 0.0:.1%}"
     if noise is None or runs < 2:
-        return f"baseline noise not measured: {runs} plain baseline run{'s' if runs != 1 else ''} (it needs two)"
+        return (
+            f"baseline noise not measured: {runs} plain baseline run{'s' if runs != 1 else ''} (it needs two)"
+        )
     return f"baseline noise {noise:.1%} over {runs} baseline runs"
 
 
@@ -158,16 +197,27 @@ FEW_PAIRS = 3
 """Below this many confirmation pairs the recommendation carries a re-measure note."""
 
 
-def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out: Console | None = None) -> None:
+def print_tune_result(
+    result: TuneResult, *, out_dir: Any, config_path: Any, out: Console | None = None
+) -> None:
     """The ranked table, the recommendation (or why there is none), the code lines and where files are."""
     c = out or default_console()
     if not c.is_terminal:  # logs and pipes: wide enough that the table does not fold every cell
         c.width = max(c.width, 200)
-    table = Table(title="scalpel tune: variants ranked by median step time", title_justify="left",
-                  caption=TABLE_NOTE, caption_justify="left")
+    table = Table(
+        title="scalpel tune: variants ranked by median step time",
+        title_justify="left",
+        caption=TABLE_NOTE,
+        caption_justify="left",
+    )
     for i, h in enumerate(HEADERS):
-        table.add_column(h, justify="right" if NUMERIC[i] else "left", overflow="fold",
-                         no_wrap=i < 9, ratio=1 if i >= 9 else None)
+        table.add_column(
+            h,
+            justify="right" if NUMERIC[i] else "left",
+            overflow="fold",
+            no_wrap=i < 9,
+            ratio=1 if i >= 9 else None,
+        )
     for trial in result.ranked():
         table.add_row(*row_cells(trial), style=VERDICT_STYLE.get(trial.verdict, ""))
     c.print(table)
@@ -176,15 +226,22 @@ def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out
         from torchscalpel.tune.bottleneck import Bottleneck
 
         c.print(f"[bold]profile of the baseline:[/] {Bottleneck.from_dict(bottleneck).summary()}")
-    c.print(f"[dim]required speedup {result.required:.2f}x; "
-            f"{noise_line(result.noise, len(result.baseline_medians))}[/]", highlight=False)
+    c.print(
+        f"[dim]required speedup {result.required:.2f}x; "
+        f"{noise_line(result.noise, len(result.baseline_medians))}[/]",
+        highlight=False,
+    )
     if result.winner is not None:
         pairs = len(result.winner.confirm_pairs or [])
-        c.print(f"[bold green]recommended:[/] {result.headline().removeprefix('recommended: ')}", highlight=False)
+        c.print(
+            f"[bold green]recommended:[/] {result.headline().removeprefix('recommended: ')}", highlight=False
+        )
         if pairs < FEW_PAIRS:
             # Seen on a shared GPU: one pair said 1.59x, an independent 2-round re-measure 1.07x.
-            c.print(f"[yellow]note:[/] {pairs} pair{'s' if pairs != 1 else ''} can overstate the gain on a busy machine; "
-                    f"re-measure with --confirm {FEW_PAIRS} before quoting the figure.")
+            c.print(
+                f"[yellow]note:[/] {pairs} pair{'s' if pairs != 1 else ''} can overstate the gain on a busy machine; "
+                f"re-measure with --confirm {FEW_PAIRS} before quoting the figure."
+            )
         from torchscalpel.tune.apply import code_lines
 
         c.print("[bold]equivalent code[/] (if you prefer to edit the script):")
@@ -192,8 +249,10 @@ def print_tune_result(result: TuneResult, *, out_dir: Any, config_path: Any, out
             c.print(f"    {line}", markup=False, highlight=False)
         c.print(f"settings: [bold]{config_path}[/]  ->  scalpel run --config {config_path} -- SCRIPT ...")
     else:
-        c.print(f"[bold yellow]no change recommended:[/] {result.headline().removeprefix('no change recommended: ')}",
-                highlight=False)
+        c.print(
+            f"[bold yellow]no change recommended:[/] {result.headline().removeprefix('no change recommended: ')}",
+            highlight=False,
+        )
     for note in result.notes:
         if note != result.no_candidate:  # already the headline
             c.print(f"[dim]note: {note}[/]", highlight=False)

@@ -105,8 +105,11 @@ def bf16_support(device: str, flags: set[str] | None = None) -> tuple[bool, str]
     if device == "cuda":
         if not torch.cuda.is_available():
             return False, "absent"
-        ok = bool(torch.cuda.is_bf16_supported(including_emulation=False)) if _has_emulation_arg() else bool(
-            torch.cuda.is_bf16_supported())
+        ok = (
+            bool(torch.cuda.is_bf16_supported(including_emulation=False))
+            if _has_emulation_arg()
+            else bool(torch.cuda.is_bf16_supported())
+        )
         return ok, "sm80+" if ok else "absent"
     flags = cpu_flags() if flags is None else flags
     native = next((f for f in NATIVE_BF16_FLAGS if f in flags), None)
@@ -143,8 +146,9 @@ def cpu_count() -> int:
         return os.cpu_count() or 1
 
 
-def describe_model(model: torch.nn.Module, module_ms: dict[str, float] | None = None,
-                   calls: Mapping[str, int] | None = None) -> dict[str, Any]:
+def describe_model(
+    model: torch.nn.Module, module_ms: dict[str, float] | None = None, calls: Mapping[str, int] | None = None
+) -> dict[str, Any]:
     """Submodules and repeated block classes of ``model`` (the compile-region candidates).
 
     ``calls``: forward calls per submodule name seen in the run (``record.modules``); a block
@@ -155,12 +159,20 @@ def describe_model(model: torch.nn.Module, module_ms: dict[str, float] | None = 
     for name, child in model.named_children():
         params = sum(p.numel() for p in child.parameters())
         if params:
-            children.append({"name": name, "cls": type(child).__name__, "params": params,
-                             "forward_ms": module_ms.get(name)})
+            children.append(
+                {
+                    "name": name,
+                    "cls": type(child).__name__,
+                    "params": params,
+                    "forward_ms": module_ms.get(name),
+                }
+            )
     found = find_blocks(model, calls)
     repeated: dict[str, dict[str, Any]] = {}
     for _, block in found:
-        entry = repeated.setdefault(type(block).__name__, {"cls": type(block).__name__, "count": 0, "params": 0})
+        entry = repeated.setdefault(
+            type(block).__name__, {"cls": type(block).__name__, "count": 0, "params": 0}
+        )
         entry["count"] += 1
         entry["params"] += sum(p.numel() for p in block.parameters())
     ranked = sorted(repeated.values(), key=lambda r: -r["params"])
@@ -206,7 +218,9 @@ class FactsObserver(Observer):
 
         F.scaled_dot_product_attention = counted
 
-    def on_forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool) -> None:
+    def on_forward_pre(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool
+    ) -> None:
         if not root:
             return
         if all(m is not module for m in self._roots):
@@ -246,8 +260,9 @@ class FactsObserver(Observer):
         optimizers = self._optimizers or list(getattr(session, "optimizers", []) or [])
         if self._loader is not None and self._loader not in loaders:
             loaders.insert(0, self._loader)
-        facts = ModelFacts(cpu_count=cpu_count(), torch_threads=torch.get_num_threads(),
-                           input_shapes_vary=self._shapes_vary)
+        facts = ModelFacts(
+            cpu_count=cpu_count(), torch_threads=torch.get_num_threads(), input_shapes_vary=self._shapes_vary
+        )
         model = max(roots, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
         if model is not None:
             param = next(iter(model.parameters()), None)

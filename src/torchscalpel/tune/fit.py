@@ -50,26 +50,53 @@ class FitTrial:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {"settings": self.settings.to_dict(), "label": self.settings.label(), "fits": self.fits,
-                "step_ms": self.step_ms, "peak": self.peak, "error": self.error}
+        return {
+            "settings": self.settings.to_dict(),
+            "label": self.settings.label(),
+            "fits": self.fits,
+            "step_ms": self.step_ms,
+            "peak": self.peak,
+            "error": self.error,
+        }
 
 
-def _trial(target: Target, settings: TuneSettings, options: FitOptions, index: int, *, plan: bool) -> FitTrial:
+def _trial(
+    target: Target, settings: TuneSettings, options: FitOptions, index: int, *, plan: bool
+) -> FitTrial:
     folder = options.out_dir / f"fit-{index}"
     folder.mkdir(parents=True, exist_ok=True)
     toml = folder / "scalpel.toml"
     toml.write_text(settings_to_toml(settings), encoding="utf-8")
     js = folder / "memory.json"
-    cmd = [sys.executable, "-m", "torchscalpel", "memory", "--memory-limit", options.limit_text, "--warmup",
-           str(options.warmup), "--steps", str(options.steps), "--config", str(toml), "--out", str(folder / "run"),
-           "--json", str(js), "--no-report", *([] if plan else ["--no-plan"])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchscalpel",
+        "memory",
+        "--memory-limit",
+        options.limit_text,
+        "--warmup",
+        str(options.warmup),
+        "--steps",
+        str(options.steps),
+        "--config",
+        str(toml),
+        "--out",
+        str(folder / "run"),
+        "--json",
+        str(js),
+        "--no-report",
+        *([] if plan else ["--no-plan"]),
+    ]
     cmd += ["-m", target.module] if target.module else ["--", str(target.script)]
     cmd += list(target.args)
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=options.timeout_s, env=env, check=False)
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=options.timeout_s, env=env, check=False
+        )
     except subprocess.TimeoutExpired:
         return FitTrial(settings, False, None, None, f"no result in {options.timeout_s:.0f} s")
     if not js.is_file():
@@ -80,8 +107,14 @@ def _trial(target: Target, settings: TuneSettings, options: FitOptions, index: i
     times = [s["total_ms"] for s in record.get("steps", []) if not s.get("warmup")]
     fits = "oom" not in section and record.get("status") in ("complete", "stopped")
     error = None if fits else (record.get("error") or f"status {record.get('status')}")
-    return FitTrial(settings, fits, statistics.median(times) if times else None,
-                    (section.get("peak") or {}).get("total"), error, section)
+    return FitTrial(
+        settings,
+        fits,
+        statistics.median(times) if times else None,
+        (section.get("peak") or {}).get("total"),
+        error,
+        section,
+    )
 
 
 def candidates(baseline: FitTrial) -> list[TuneSettings]:
@@ -106,8 +139,12 @@ def fit_search(target: Target, options: FitOptions) -> dict[str, Any]:
             trials.append(_trial(target, settings, options, i, plan=False))
     fitting = [t for t in trials if t.fits and t.step_ms is not None]
     winner = min(fitting, key=lambda t: t.step_ms or 0.0) if fitting else None
-    return {"limit": options.limit_text, "trials": [t.to_dict() for t in trials],
-            "winner": winner.to_dict() if winner else None, "_winner": winner}
+    return {
+        "limit": options.limit_text,
+        "trials": [t.to_dict() for t in trials],
+        "winner": winner.to_dict() if winner else None,
+        "_winner": winner,
+    }
 
 
 def write_winner(result: dict[str, Any], config: Path) -> Path | None:
@@ -115,8 +152,10 @@ def write_winner(result: dict[str, Any], config: Path) -> Path | None:
     winner: FitTrial | None = result.get("_winner")
     if winner is None:
         return None
-    header = [f"scalpel tune --fit {result['limit']}: fastest configuration that fits",
-              f"check it: scalpel run --memory-limit {result['limit']} --config {config} -- SCRIPT"]
+    header = [
+        f"scalpel tune --fit {result['limit']}: fastest configuration that fits",
+        f"check it: scalpel run --memory-limit {result['limit']} --config {config} -- SCRIPT",
+    ]
     return write_settings_file(winner.settings, config, header=header)
 
 
@@ -125,20 +164,26 @@ def run_fit(target: Target, *, limit_text: str, out_dir: Path, config: Path, war
     from torchscalpel.units import fmt_bytes, parse_size
 
     parse_size(limit_text, flag="--fit")  # one sentence and exit 2 for a bad size, before any trial
-    result = fit_search(target, FitOptions(limit_text=limit_text, out_dir=out_dir, warmup=warmup, steps=steps))
+    result = fit_search(
+        target, FitOptions(limit_text=limit_text, out_dir=out_dir, warmup=warmup, steps=steps)
+    )
     print(f"scalpel tune --fit {limit_text}: {len(result['trials'])} trial(s)")
     for t in result["trials"]:
         ms = f"{t['step_ms']:.1f} ms/step" if t["step_ms"] is not None else "-"
         state = "fits" if t["fits"] else f"does not fit ({t['error']})"
         print(f"  {t['label']:<40} {fmt_bytes(t['peak']):>11}  {ms:>14}  {state}")
-    (out_dir / "fit.json").write_text(json.dumps({k: v for k, v in result.items() if not k.startswith("_")},
-                                                 indent=1) + "\n", encoding="utf-8")
+    (out_dir / "fit.json").write_text(
+        json.dumps({k: v for k, v in result.items() if not k.startswith("_")}, indent=1) + "\n",
+        encoding="utf-8",
+    )
     written = None
     if result["winner"] is not None:
         own = not config.exists() or config.read_text(encoding="utf-8").startswith("# scalpel tune")
         written = write_winner(result, config if own else out_dir / "scalpel.toml")
-        print(f"fastest that fits: {result['winner']['label']}; settings in {written} "
-              f"(scalpel run --memory-limit {limit_text} --config {written} -- ...)")
+        print(
+            f"fastest that fits: {result['winner']['label']}; settings in {written} "
+            f"(scalpel run --memory-limit {limit_text} --config {written} -- ...)"
+        )
         return 0
     print("nothing fits: see the ladder in " + str(out_dir / "fit-0" / "memory.json"))
     return 1

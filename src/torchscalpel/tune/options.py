@@ -71,8 +71,9 @@ class Progress(Protocol):
 
     def message(self, text: str) -> None: ...
 
-    def trial_started(self, label: str, limit_s: float, *, index: int = 0, total: int = 0,
-                      left_s: float = 0.0) -> None:
+    def trial_started(
+        self, label: str, limit_s: float, *, index: int = 0, total: int = 0, left_s: float = 0.0
+    ) -> None:
         """Trial ``index`` of ``total`` (the plan as it stands; it shrinks when the budget runs out
         or a stage ends early) starts, with ``left_s`` seconds of the budget left."""
 
@@ -85,8 +86,9 @@ class SilentProgress:
     def message(self, text: str) -> None:
         return None
 
-    def trial_started(self, label: str, limit_s: float, *, index: int = 0, total: int = 0,
-                      left_s: float = 0.0) -> None:
+    def trial_started(
+        self, label: str, limit_s: float, *, index: int = 0, total: int = 0, left_s: float = 0.0
+    ) -> None:
         return None
 
     def trial_finished(self, result: TrialResult) -> None:

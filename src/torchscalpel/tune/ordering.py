@@ -43,8 +43,13 @@ def near_ties(singles: list[TrialResult], chosen: list[TrialResult]) -> list[Tri
     taken = {t.family for t in chosen}
     best: dict[str, TrialResult] = {}
     for trial in singles:
-        if (trial.verdict != Verdict.NOT_FASTER or trial.family not in TIE_FAMILIES
-                or trial.family in taken or trial.speedup is None or trial.speedup < 1.0):
+        if (
+            trial.verdict != Verdict.NOT_FASTER
+            or trial.family not in TIE_FAMILIES
+            or trial.family in taken
+            or trial.speedup is None
+            or trial.speedup < 1.0
+        ):
             continue
         current = best.get(trial.family)
         if current is None or trial.speedup > (current.speedup or 0.0):
@@ -52,8 +57,9 @@ def near_ties(singles: list[TrialResult], chosen: list[TrialResult]) -> list[Tri
     return sorted(best.values(), key=lambda t: -(t.speedup or 0.0))[:MAX_TIES]
 
 
-def confirm_queue(best: TrialResult | None, chosen: list[TrialResult],
-                  singles: list[TrialResult]) -> list[TrialResult]:
+def confirm_queue(
+    best: TrialResult | None, chosen: list[TrialResult], singles: list[TrialResult]
+) -> list[TrialResult]:
     """Candidates to confirm in order: the best combination, then the single winners, then every
     other ``faster`` single trial by its ratio; each label once."""
     faster = sorted((t for t in singles if t.verdict == Verdict.FASTER), key=_rank)

@@ -28,23 +28,27 @@ def tune_record(result: TuneResult, command: list[str]) -> RunRecord:
     return record
 
 
-def save_outputs(result: TuneResult, out_dir: Path, *, config_path: Path | None, command: list[str],
-                 target_text: str) -> dict[str, Path]:
+def save_outputs(
+    result: TuneResult, out_dir: Path, *, config_path: Path | None, command: list[str], target_text: str
+) -> dict[str, Path]:
     """Write every output; return their paths by role. ``config_path`` is only overwritten when
     it does not exist or was itself written by scalpel tune (never a user's own file)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     record = tune_record(result, command)
-    header = [f"{TOML_MARK} on {time.strftime('%Y-%m-%d %H:%M')} for: {target_text}",
-              f"apply with: scalpel run --config scalpel.toml -- {target_text}"]
+    header = [
+        f"{TOML_MARK} on {time.strftime('%Y-%m-%d %H:%M')} for: {target_text}",
+        f"apply with: scalpel run --config scalpel.toml -- {target_text}",
+    ]
     # The verdict line the terminal printed (the one speedup definition, torchscalpel.tune.speedup).
     header.append(result.headline() + ("" if result.winner is not None else ": the [tune] table is empty"))
     paths["settings"] = write_settings_file(result.settings, out_dir / "scalpel.toml", header=header)
     if config_path is not None and _may_overwrite(config_path):
         paths["config"] = write_settings_file(result.settings, config_path, header=header)
     lines = code_lines(result.settings)
-    (out_dir / "code.txt").write_text("\n".join([f"# scalpel tune: {result.headline()}", *lines]) + "\n",
-                                      encoding="utf-8")
+    (out_dir / "code.txt").write_text(
+        "\n".join([f"# scalpel tune: {result.headline()}", *lines]) + "\n", encoding="utf-8"
+    )
     paths["code"] = out_dir / "code.txt"
     record.artifacts.update({"record": "run.json", "settings": "scalpel.toml", "code": "code.txt"})
     save_record(record, out_dir)

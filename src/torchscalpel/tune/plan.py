@@ -30,12 +30,16 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 """Knob families per bottleneck class, best first."""
 
 _RATIONALE: dict[tuple[str, str], str] = {
-    ("launch", "compile", "cuda"): "CUDA graphs (torch.compile mode='reduce-overhead') replay the step's kernels "
-                                   "with one launch; compile also fuses the small kernels",
+    (
+        "launch",
+        "compile",
+        "cuda",
+    ): "CUDA graphs (torch.compile mode='reduce-overhead') replay the step's kernels "
+    "with one launch; compile also fuses the small kernels",
     ("launch", "compile", "cpu"): "compile fuses ops and removes per-op Python/dispatch overhead "
-                                  "(the CPU analogue of CUDA graphs)",
+    "(the CPU analogue of CUDA graphs)",
     ("launch", "optimizer", ""): "a fused optimizer updates every parameter in a few kernels instead of "
-                                 "several per tensor",
+    "several per tensor",
     ("compute", "amp", ""): "bf16 autocast: matmuls at bf16 throughput",
     ("compute", "matmul", ""): "TF32 float32 matmuls on tensor cores",
     ("compute", "compile", ""): "compile fuses the elementwise work around the matmuls",
@@ -91,8 +95,11 @@ class Candidate:
 
 def rationale(kind: str, family: str, device: str) -> str:
     """What a knob family does about a bottleneck class (device-specific when it differs)."""
-    return (_RATIONALE.get((kind, family, device)) or _RATIONALE.get((kind, family, ""))
-            or f"{family} addresses {kind}-bound steps")
+    return (
+        _RATIONALE.get((kind, family, device))
+        or _RATIONALE.get((kind, family, ""))
+        or f"{family} addresses {kind}-bound steps"
+    )
 
 
 def _families_for(kind: str, knobs: list[Knob]) -> list[str]:
@@ -109,12 +116,28 @@ def plan_candidates(knobs: list[Knob], facts: ModelFacts) -> tuple[list[Candidat
     for knob in knobs:
         candidates, reason = knob.candidates(facts)
         if reason:
-            skipped.append(TrialResult(label=knob.name, settings={}, family=knob.name, status=TrialStatus.SKIPPED,
-                                       cause=reason, verdict=Verdict.SKIPPED))
+            skipped.append(
+                TrialResult(
+                    label=knob.name,
+                    settings={},
+                    family=knob.name,
+                    status=TrialStatus.SKIPPED,
+                    cause=reason,
+                    verdict=Verdict.SKIPPED,
+                )
+            )
             continue
         for label, why in knob.skipped_candidates(facts):
-            skipped.append(TrialResult(label=label, settings={}, family=knob.name, status=TrialStatus.SKIPPED,
-                                       cause=why, verdict=Verdict.SKIPPED))
+            skipped.append(
+                TrialResult(
+                    label=label,
+                    settings={},
+                    family=knob.name,
+                    status=TrialStatus.SKIPPED,
+                    cause=why,
+                    verdict=Verdict.SKIPPED,
+                )
+            )
         if candidates:
             by_family[knob.name] = candidates
     by_name = {k.name: k for k in knobs}
@@ -127,8 +150,10 @@ def plan_candidates(knobs: list[Knob], facts: ModelFacts) -> tuple[list[Candidat
             placed.add(family)
             why = f"{bottleneck.why(kind)}: {rationale(kind, family, facts.device)}"
             short = short_reason(kind, family, facts.device)
-            planned.extend(Candidate(knob=by_name[family], settings=s, reason=why, indicated=True, short=short)
-                           for s in by_family[family])
+            planned.extend(
+                Candidate(knob=by_name[family], settings=s, reason=why, indicated=True, short=short)
+                for s in by_family[family]
+            )
     if bottleneck.kind == "unknown":
         rest_why = f"tried in registry order: {bottleneck.evidence.get('unknown', 'no profile')}"
         rest_short = "no profile: registry order"
@@ -138,6 +163,8 @@ def plan_candidates(knobs: list[Knob], facts: ModelFacts) -> tuple[list[Candidat
     for knob in knobs:  # registry order: cheap knobs first, compile last
         if knob.name in by_family and knob.name not in placed:
             placed.add(knob.name)
-            planned.extend(Candidate(knob=knob, settings=s, reason=rest_why, indicated=False, short=rest_short)
-                           for s in by_family[knob.name])
+            planned.extend(
+                Candidate(knob=knob, settings=s, reason=rest_why, indicated=False, short=rest_short)
+                for s in by_family[knob.name]
+            )
     return planned, skipped

@@ -107,12 +107,35 @@ def profile_steps_for(steps: int) -> int:
     return 2 if steps >= 4 else 1
 
 
-def trial_command(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: int, steps: int,
-                  seed: int, facts: bool = False, module_times: bool = False, step_kind: str = "auto",
-                  profile_steps: int = 0) -> list[str]:
+def trial_command(
+    target: Target,
+    settings: TuneSettings,
+    out_dir: Path,
+    *,
+    warmup: int,
+    steps: int,
+    seed: int,
+    facts: bool = False,
+    module_times: bool = False,
+    step_kind: str = "auto",
+    profile_steps: int = 0,
+) -> list[str]:
     """The command line of one trial process."""
-    cmd = [sys.executable, "-m", "torchscalpel.tune.trial", "--settings", json.dumps(settings.to_dict()),
-           "--out", str(out_dir), "--warmup", str(warmup), "--steps", str(steps), "--seed", str(seed)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torchscalpel.tune.trial",
+        "--settings",
+        json.dumps(settings.to_dict()),
+        "--out",
+        str(out_dir),
+        "--warmup",
+        str(warmup),
+        "--steps",
+        str(steps),
+        "--seed",
+        str(seed),
+    ]
     if facts:
         cmd.append("--facts")
     if module_times:
@@ -128,19 +151,45 @@ def trial_command(target: Target, settings: TuneSettings, out_dir: Path, *, warm
     return cmd
 
 
-def run_trial(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: int, steps: int, seed: int,
-              timeout_s: float, family: str = "baseline", facts: bool = False, module_times: bool = False,
-              cache_dir: Path | None = None, step_kind: str = "auto", profile_steps: int = 0) -> TrialResult:
+def run_trial(
+    target: Target,
+    settings: TuneSettings,
+    out_dir: Path,
+    *,
+    warmup: int,
+    steps: int,
+    seed: int,
+    timeout_s: float,
+    family: str = "baseline",
+    facts: bool = False,
+    module_times: bool = False,
+    cache_dir: Path | None = None,
+    step_kind: str = "auto",
+    profile_steps: int = 0,
+) -> TrialResult:
     """Run one trial process; never raises for the script's own failures (they become the result)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = trial_command(target, settings, out_dir, warmup=warmup, steps=steps, seed=seed, facts=facts,
-                        module_times=module_times, step_kind=step_kind, profile_steps=profile_steps)
-    result = TrialResult(label=settings.label(), settings=settings.to_dict(), family=family, out_dir=str(out_dir))
+    cmd = trial_command(
+        target,
+        settings,
+        out_dir,
+        warmup=warmup,
+        steps=steps,
+        seed=seed,
+        facts=facts,
+        module_times=module_times,
+        step_kind=step_kind,
+        profile_steps=profile_steps,
+    )
+    result = TrialResult(
+        label=settings.label(), settings=settings.to_dict(), family=family, out_dir=str(out_dir)
+    )
     start = time.monotonic()
     with (out_dir / "stdout.txt").open("wb") as out, (out_dir / "stderr.txt").open("wb") as err:
         # A new session, so a timeout kills the script's DataLoader workers and compile pool too.
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=child_env(settings, cache_dir),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=err, env=child_env(settings, cache_dir), start_new_session=True
+        )
         try:
             code = proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
@@ -158,7 +207,8 @@ def run_trial(target: Target, settings: TuneSettings, out_dir: Path, *, warmup: 
     if record is None:
         result.status = TrialStatus.FAILED
         result.cause = _signal_cause(code) or (
-            f"the trial process exited with code {code} before writing a record: {stderr_tail or 'no output'}")
+            f"the trial process exited with code {code} before writing a record: {stderr_tail or 'no output'}"
+        )
         return result
     fill_from_record(result, record)
     if record.status in ("failed", "interrupted") or code != 0:
@@ -195,8 +245,17 @@ def classify_error(error: str, code: int | None) -> str:
     lowered = (error or "").lower()
     if "out of memory" in lowered or "cannot allocate memory" in lowered:
         return f"out of memory: {last}"
-    if any(k in (error or "") for k in ("BackendCompilerFailed", "torch._dynamo", "torch._inductor",
-                                        "InductorError", "Unsupported", "TorchRuntimeError")):
+    if any(
+        k in (error or "")
+        for k in (
+            "BackendCompilerFailed",
+            "torch._dynamo",
+            "torch._inductor",
+            "InductorError",
+            "Unsupported",
+            "TorchRuntimeError",
+        )
+    ):
         return f"compile error: {last}"
     return f"crashed: {last}"
 

@@ -108,23 +108,44 @@ class Search:
         self._plan_why.clear()
         self._shown = self._planned
 
-    def trial(self, settings: TuneSettings, family: str, *, limit_s: float, facts: bool = False,
-              module_times: bool = False, tag: str = "", profile_steps: int = 0) -> TrialResult:
+    def trial(
+        self,
+        settings: TuneSettings,
+        family: str,
+        *,
+        limit_s: float,
+        facts: bool = False,
+        module_times: bool = False,
+        tag: str = "",
+        profile_steps: int = 0,
+    ) -> TrialResult:
         """Run one trial process, counted in "trial N of M"."""
         self._n += 1
         if self._n > self._planned:  # every stage plans its runs; this only keeps "N of M" true
             self.plan(self._n - self._planned, f"{tag or family} added")
         self._say_plan()
         name = f"{self._n:02d}-{tag or family}"
-        self.progress.trial_started(settings.label(), limit_s, index=self._n, total=self._planned,
-                                    left_s=max(0.0, self.remaining()))
+        self.progress.trial_started(
+            settings.label(), limit_s, index=self._n, total=self._planned, left_s=max(0.0, self.remaining())
+        )
         kwargs: dict[str, Any] = {}
         if profile_steps:
             kwargs["profile_steps"] = profile_steps
-        result = run_trial(self.target, settings, self.options.out_dir / "trials" / name,
-                           warmup=self.options.warmup, steps=self.steps, seed=self.options.seed,
-                           timeout_s=limit_s, family=family, facts=facts, module_times=module_times,
-                           cache_dir=self.cache_dir, step_kind=self.options.step_kind, **kwargs)
+        result = run_trial(
+            self.target,
+            settings,
+            self.options.out_dir / "trials" / name,
+            warmup=self.options.warmup,
+            steps=self.steps,
+            seed=self.options.seed,
+            timeout_s=limit_s,
+            family=family,
+            facts=facts,
+            module_times=module_times,
+            cache_dir=self.cache_dir,
+            step_kind=self.options.step_kind,
+            **kwargs,
+        )
         self.progress.trial_finished(result)
         return result
 
@@ -154,8 +175,13 @@ class Search:
 
     def _search(self, result: TuneResult) -> None:
         facts = ModelFacts.from_dict(result.baseline.facts)
-        knobs = [k for k in all_knobs(compile_backend=self.options.compile_backend,
-                                      compile_modes=self.options.compile_modes) if k.name in self.options.knobs]
+        knobs = [
+            k
+            for k in all_knobs(
+                compile_backend=self.options.compile_backend, compile_modes=self.options.compile_modes
+            )
+            if k.name in self.options.knobs
+        ]
         singles = self._singles(knobs, facts, result)
         if not any(t.speedup is not None for t in singles):
             result.no_candidate = self._nothing_measured(result)
@@ -163,7 +189,9 @@ class Search:
             return  # nothing to combine or confirm, and nothing to recommend
         chosen = winners(singles)
         if not chosen:
-            result.notes.append("no single knob was faster than the baseline by the margin with numerics intact")
+            result.notes.append(
+                "no single knob was faster than the baseline by the margin with numerics intact"
+            )
         best = self._combine(chosen, near_ties(singles, chosen) if chosen else [], result)
         # Confirm the best; if it does not hold up, the next single winners while time allows.
         queue = confirm_queue(best, chosen, singles)
@@ -171,10 +199,11 @@ class Search:
             if confirm(self, candidate, result):
                 break
             if self.remaining() < self.budget.pair_s(candidate):
-                left = queue[queue.index(candidate) + 1:]
+                left = queue[queue.index(candidate) + 1 :]
                 if left:
-                    result.notes.append(f"{', '.join(t.label for t in left)} not confirmed: "
-                                        f"{self.budget.advice(left[0])}")
+                    result.notes.append(
+                        f"{', '.join(t.label for t in left)} not confirmed: {self.budget.advice(left[0])}"
+                    )
                 break
 
     def _nothing_measured(self, result: TuneResult) -> str:
@@ -182,39 +211,62 @@ class Search:
         rows = [t for t in result.trials if t.family != "baseline"]
         unrun = [t for t in rows if t.verdict == Verdict.NOT_RUN]
         ran = [t for t in rows if t.verdict not in (Verdict.NOT_RUN, Verdict.SKIPPED)]
-        rerun = (f"rerun with --budget {self.budget.suggest_s([TuneSettings.from_dict(t.settings) for t in unrun])}s"
-                 if unrun else "")
+        rerun = (
+            f"rerun with --budget {self.budget.suggest_s([TuneSettings.from_dict(t.settings) for t in unrun])}s"
+            if unrun
+            else ""
+        )
         if unrun and not ran:
-            return (f"no candidate was measured: the budget ran out after the baseline ({self.budget.elapsed():.0f} s "
-                    f"of {self.options.budget_s:.0f} s went to the baseline runs, {len(unrun)} trial(s) not run); "
-                    f"{rerun}")
+            return (
+                f"no candidate was measured: the budget ran out after the baseline ({self.budget.elapsed():.0f} s "
+                f"of {self.options.budget_s:.0f} s went to the baseline runs, {len(unrun)} trial(s) not run); "
+                f"{rerun}"
+            )
         if ran:
             causes = ", ".join(f"{t.label}: {t.verdict}" for t in ran)
-            return (f"no candidate was measured: every trial that ran failed, timed out or changed nothing "
-                    f"({causes})" + (f"; {len(unrun)} more not run: {rerun}" if unrun else ""))
+            return (
+                f"no candidate was measured: every trial that ran failed, timed out or changed nothing "
+                f"({causes})" + (f"; {len(unrun)} more not run: {rerun}" if unrun else "")
+            )
         return "no candidate was measured: no knob applies to this script (each skipped row says why)"
 
     def _baseline(self) -> TrialResult:
-        self.progress.message("baseline: the script as it is (with model facts and a short profile), "
-                              "then once plain for timing")
+        self.progress.message(
+            "baseline: the script as it is (with model facts and a short profile), then once plain for timing"
+        )
         budget = self.options.budget_s
-        first = self.trial(TuneSettings(), "baseline", limit_s=min(budget * 0.4, self.remaining()),
-                         facts=True, module_times=True, tag="baseline-facts",
-                         profile_steps=profile_steps_for(self.options.steps))
+        first = self.trial(
+            TuneSettings(),
+            "baseline",
+            limit_s=min(budget * 0.4, self.remaining()),
+            facts=True,
+            module_times=True,
+            tag="baseline-facts",
+            profile_steps=profile_steps_for(self.options.steps),
+        )
         if not first.ok:
             raise ScalpelError(
                 f"The baseline run failed ({first.cause}); fix the script or its arguments first "
-                f"(output in {first.out_dir}).")
+                f"(output in {first.out_dir})."
+            )
         self.budget.baseline_wall = first.wall_s
         self.steps = self.options.measured_steps(first.median_ms)
         if self.steps != self.options.steps:
-            self.progress.message(f"steps take {first.median_ms:.1f} ms: every trial measures {self.steps} steps "
-                                  f"(at least {self.options.min_measure_s:g} s of timing)")
-        plain = self.trial(TuneSettings(), "baseline", limit_s=min(max(3 * first.wall_s, 30.0), self.remaining()),
-                         tag="baseline")
+            self.progress.message(
+                f"steps take {first.median_ms:.1f} ms: every trial measures {self.steps} steps "
+                f"(at least {self.options.min_measure_s:g} s of timing)"
+            )
+        plain = self.trial(
+            TuneSettings(),
+            "baseline",
+            limit_s=min(max(3 * first.wall_s, 30.0), self.remaining()),
+            tag="baseline",
+        )
         if not plain.ok:
-            raise ScalpelError(f"The second baseline run failed ({plain.cause}); the script is not repeatable "
-                               f"(output in {plain.out_dir}).")
+            raise ScalpelError(
+                f"The second baseline run failed ({plain.cause}); the script is not repeatable "
+                f"(output in {plain.out_dir})."
+            )
         plain.facts = dict(first.facts)
         plain.facts["bottleneck"] = classify_trial(first).to_dict()
         plain.verdict = Verdict.BASELINE
@@ -235,28 +287,44 @@ class Search:
         result.trials.extend(skipped)
         bottleneck = Bottleneck.from_dict(facts.bottleneck)
         self.progress.message(f"profile: {bottleneck.summary()}")
-        self.progress.message(f"{len(planned)} single-knob trial(s) planned, in the order the profile suggests")
+        self.progress.message(
+            f"{len(planned)} single-knob trial(s) planned, in the order the profile suggests"
+        )
         # Re-measures come before every REFRESH_EVERY-th trial after the first; confirmation runs are
         # planned only once a candidate has won (most searches on a busy machine never get there).
         self._refreshes_planned = max(0, len(planned) - 1) // self._refresh_every()
-        self.plan(len(planned) + self._refreshes_planned,
-                  f"{len(planned)} single-knob trial(s) and {self._refreshes_planned} baseline re-measure(s) planned")
+        self.plan(
+            len(planned) + self._refreshes_planned,
+            f"{len(planned)} single-knob trial(s) and {self._refreshes_planned} baseline re-measure(s) planned",
+        )
         measured: list[TrialResult] = []
         for cand in planned:
             settings = cand.settings
             # No reserve for confirmations that may never run: only once a candidate has won
             # screening is the time its confirmation needs kept back (measured, not guessed).
-            keep = max((self.budget.confirm_s(t) for t in measured if t.verdict == Verdict.FASTER), default=0.0)
+            keep = max(
+                (self.budget.confirm_s(t) for t in measured if t.verdict == Verdict.FASTER), default=0.0
+            )
             why_not = self.budget.cannot_run(settings, keep, self._refresh_s())
             if why_not:
-                result.trials.append(TrialResult(label=settings.label(), settings=settings.to_dict(),
-                                                 family=cand.knob.name, status=TrialStatus.NOT_RUN,
-                                                 verdict=Verdict.NOT_RUN, cause=why_not, reason=cand.reason,
-                                                 reason_short=cand.short))
+                result.trials.append(
+                    TrialResult(
+                        label=settings.label(),
+                        settings=settings.to_dict(),
+                        family=cand.knob.name,
+                        status=TrialStatus.NOT_RUN,
+                        verdict=Verdict.NOT_RUN,
+                        cause=why_not,
+                        reason=cand.reason,
+                        reason_short=cand.short,
+                    )
+                )
                 self.plan(-1, f"{settings.label()} not run (budget)")
                 continue
             self._refresh_baseline(result)
-            trial = self.trial(settings, cand.knob.name, limit_s=min(self.budget.share(settings), self.remaining() - keep))
+            trial = self.trial(
+                settings, cand.knob.name, limit_s=min(self.budget.share(settings), self.remaining() - keep)
+            )
             trial.reason, trial.reason_short = cand.reason, cand.short
             self._since_ref += 1
             self._judge(trial, result)
@@ -288,9 +356,16 @@ class Search:
         if self._refreshes_planned:
             self._refreshes_planned -= 1
         else:
-            self.plan(1, "the baseline is re-measured before every trial (consecutive baselines differ by more "
-                         f"than {NOISY:.0%})" if self._refresh_every() == 1 else "a baseline re-measure")
-        ref = self.trial(TuneSettings(), "baseline", tag="baseline-refresh", limit_s=self.budget.baseline_limit())
+            self.plan(
+                1,
+                "the baseline is re-measured before every trial (consecutive baselines differ by more "
+                f"than {NOISY:.0%})"
+                if self._refresh_every() == 1
+                else "a baseline re-measure",
+            )
+        ref = self.trial(
+            TuneSettings(), "baseline", tag="baseline-refresh", limit_s=self.budget.baseline_limit()
+        )
         self._since_ref = 0
         if ref.ok and ref.median_ms:
             self._ref_ms = ref.median_ms
@@ -309,7 +384,9 @@ class Search:
             trial.verdict = Verdict.FAILED
             return
         settings = TuneSettings.from_dict(trial.settings)
-        gate = numerics_gate(result.baseline.losses, trial.losses, numerics_class(settings), noise=self.determinism)
+        gate = numerics_gate(
+            result.baseline.losses, trial.losses, numerics_class(settings), noise=self.determinism
+        )
         trial.deviation, trial.tolerance = gate.deviation, gate.tolerance
         # Against the most recent baseline run: load on a shared machine drifts within minutes.
         # The row keeps that baseline's median beside its ratio, so the table says which one it is.
@@ -326,7 +403,9 @@ class Search:
         else:
             trial.verdict = Verdict.NOT_FASTER
 
-    def _combine(self, chosen: list[TrialResult], ties: list[TrialResult], result: TuneResult) -> TrialResult | None:
+    def _combine(
+        self, chosen: list[TrialResult], ties: list[TrialResult], result: TuneResult
+    ) -> TrialResult | None:
         """Greedy combination: each further winner, then each near-tie, merged into the best so far.
 
         A winner joins when the merged trial's ratio beats the best's by the margin. A near-tie (not slower
@@ -342,19 +421,29 @@ class Search:
             tie = candidate in ties
             # Keep what confirming the current best needs, and nothing more.
             keep = self.budget.confirm_s(current)
-            merged = TuneSettings.from_dict(current.settings).merged(TuneSettings.from_dict(candidate.settings))
+            merged = TuneSettings.from_dict(current.settings).merged(
+                TuneSettings.from_dict(candidate.settings)
+            )
             if self.remaining() - keep - self._refresh_s() < self.budget.need_s(merged):
-                result.notes.append(f"not combined with {candidate.label}: the budget left "
-                                    f"({max(0.0, self.remaining()):.0f} s) is what confirming {current.label} needs")
+                result.notes.append(
+                    f"not combined with {candidate.label}: the budget left "
+                    f"({max(0.0, self.remaining()):.0f} s) is what confirming {current.label} needs"
+                )
                 self.plan(-1, f"not combined with {candidate.label} (budget)")
                 continue
             self._refresh_baseline(result)
             self._since_ref += 1
-            trial = self.trial(merged, "combined", limit_s=min(self.budget.share(merged), self.remaining() - keep),
-                               tag="combined")
+            trial = self.trial(
+                merged,
+                "combined",
+                limit_s=min(self.budget.share(merged), self.remaining() - keep),
+                tag="combined",
+            )
             if tie:
-                trial.reason = (f"{current.label} with the near-tie {candidate.label} "
-                                f"(screened {candidate.speedup or 0:.2f}x alone, below the margin)")
+                trial.reason = (
+                    f"{current.label} with the near-tie {candidate.label} "
+                    f"(screened {candidate.speedup or 0:.2f}x alone, below the margin)"
+                )
                 trial.reason_short = "winner + near-tie"
             else:
                 trial.reason = f"combination of the winners {current.label} and {candidate.label}"
@@ -389,9 +478,20 @@ def parse_knobs(text: str | None) -> tuple[str, ...]:
     names = tuple(k.strip() for k in text.split(",") if k.strip())
     unknown = [k for k in names if k not in KNOB_NAMES]
     if unknown:
-        raise UsageError(f"Unknown knob {', '.join(unknown)} in --knobs; choose from {', '.join(KNOB_NAMES)}.")
+        raise UsageError(
+            f"Unknown knob {', '.join(unknown)} in --knobs; choose from {', '.join(KNOB_NAMES)}."
+        )
     return names
 
 
-__all__ = ["MAX_AUTOTUNE_MIN_S", "Progress", "Search", "SilentProgress", "TuneOptions", "TuneResult",
-           "knob_families", "parse_knobs", "tune"]
+__all__ = [
+    "MAX_AUTOTUNE_MIN_S",
+    "Progress",
+    "Search",
+    "SilentProgress",
+    "TuneOptions",
+    "TuneResult",
+    "knob_families",
+    "parse_knobs",
+    "tune",
+]

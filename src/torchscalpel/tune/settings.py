@@ -36,8 +36,18 @@ AMP_DTYPES = ("bf16", "fp16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 OPTIMIZER_IMPLS = ("foreach", "fused")
-KNOB_NAMES: tuple[str, ...] = ("amp", "threads", "dataloader", "optimizer", "channels_last", "matmul", "cudnn", "compile",
-                             "checkpointing", "microbatch")
+KNOB_NAMES: tuple[str, ...] = (
+    "amp",
+    "threads",
+    "dataloader",
+    "optimizer",
+    "channels_last",
+    "matmul",
+    "cudnn",
+    "compile",
+    "checkpointing",
+    "microbatch",
+)
 """Knob families in search order (``tune.knobs.all_knobs()`` builds them). Kept here, torch-free,
 because the CLI parser lists them: every ``scalpel`` command builds that parser."""
 
@@ -145,8 +155,10 @@ class TuneSettings:
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ValueError("threads must be an integer >= 1")
         if self.checkpointing is not None and self.checkpointing != "blocks":
-            raise ValueError(f"checkpointing must be \"blocks\", not {self.checkpointing!r}")
-        if self.microbatches is not None and (not isinstance(self.microbatches, int) or self.microbatches < 2):
+            raise ValueError(f'checkpointing must be "blocks", not {self.checkpointing!r}')
+        if self.microbatches is not None and (
+            not isinstance(self.microbatches, int) or self.microbatches < 2
+        ):
             raise ValueError("microbatches must be an integer >= 2")
         if self.amp_fp32_attention and self.amp is None:
             raise ValueError("amp_fp32_attention needs amp to be set")
@@ -178,7 +190,9 @@ class TuneSettings:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown tune setting(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+            raise ValueError(
+                f"unknown tune setting(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+            )
         kwargs = dict(data)
         try:
             if "compile" in kwargs and isinstance(kwargs["compile"], dict):
@@ -223,17 +237,24 @@ class TuneSettings:
 
 # -- scalpel.toml ---------------------------------------------------------------------------------
 
+
 def read_settings_file(path: Path) -> TuneSettings:
     """Read ``[tune]`` from a scalpel.toml; raise :class:`UsageError` with one sentence on any problem."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UsageError(f"Config file {path} does not exist; run 'scalpel tune' first or pass --config PATH.") from None
+        raise UsageError(
+            f"Config file {path} does not exist; run 'scalpel tune' first or pass --config PATH."
+        ) from None
     except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path} is not valid TOML ({exc}); fix the file or re-run 'scalpel tune'.") from None
+        raise UsageError(
+            f"{path} is not valid TOML ({exc}); fix the file or re-run 'scalpel tune'."
+        ) from None
     version = str(data.get("version", SETTINGS_VERSION))
     if version.split(".")[0] != SETTINGS_VERSION.split(".")[0]:
-        raise UsageError(f"{path} has settings version {version}; this torchscalpel reads {SETTINGS_VERSION}.")
+        raise UsageError(
+            f"{path} has settings version {version}; this torchscalpel reads {SETTINGS_VERSION}."
+        )
     section = data.get("tune")
     if section is None:
         raise UsageError(f"{path} has no [tune] table; it was not written by 'scalpel tune'.")

@@ -59,8 +59,11 @@ class Speedup:
         if self.ratio is None:
             return "speedup not measured"
         if self.confirmed:
-            spread = (f"spread {self.low:.2f}-{self.high:.2f}x" if self.low is not None and self.high is not None
-                      else "spread not measured: one pair")
+            spread = (
+                f"spread {self.low:.2f}-{self.high:.2f}x"
+                if self.low is not None and self.high is not None
+                else "spread not measured: one pair"
+            )
             where = f"{self.pairs} interleaved pair{'s' if self.pairs != 1 else ''}, {spread}"
         else:
             where = "screened once against the baseline run beside it, spread not measured"
@@ -101,8 +104,15 @@ def speedup_of(trial: Any) -> Speedup:
     base, cand = ranked[(len(ranked) - 1) // 2]  # the lower median: an actual pair
     ratios = [b / c for b, c in ranked]
     spread = (ratios[0], ratios[-1]) if len(ratios) >= 2 else (None, None)
-    return Speedup(ratio=base / cand, baseline_ms=base, candidate_ms=cand, pairs=len(pairs),
-                   low=spread[0], high=spread[1], confirmed=confirmed)
+    return Speedup(
+        ratio=base / cand,
+        baseline_ms=base,
+        candidate_ms=cand,
+        pairs=len(pairs),
+        low=spread[0],
+        high=spread[1],
+        confirmed=confirmed,
+    )
 
 
 def stamp(trial: Any) -> Speedup:

@@ -41,8 +41,12 @@ class TriageLog:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {"breaks": self.breaks[:20], "recompile_guards": self.recompiles[:20],
-                "fullgraph": dict(self.fullgraph), "excluded": list(self.excluded)}
+        return {
+            "breaks": self.breaks[:20],
+            "recompile_guards": self.recompiles[:20],
+            "fullgraph": dict(self.fullgraph),
+            "excluded": list(self.excluded),
+        }
 
 
 TRIAGE = TriageLog()
@@ -65,7 +69,10 @@ def collect_dynamo(log: TriageLog) -> TriageLog:
     for code, reasons in dict(getattr(utils, "guard_failures", {}) or {}).items():
         where = f"{getattr(code, 'co_filename', '?')}:{getattr(code, 'co_firstlineno', '?')}"
         for text in reasons:
-            entry = {"where": where, "guard": str(text).strip().splitlines()[0][:300] if str(text).strip() else ""}
+            entry = {
+                "where": where,
+                "guard": str(text).strip().splitlines()[0][:300] if str(text).strip() else "",
+            }
             if entry not in log.recompiles:
                 log.recompiles.append(entry)
     return log
@@ -81,6 +88,7 @@ def reset_dynamo_records() -> None:
 
 
 # -- failure attribution ----------------------------------------------------------------------------
+
 
 def user_frames(stack_trace: str) -> list[tuple[str, int, str]]:
     """(file, line, function) of the frames in a node's stack trace that are user code."""
@@ -154,8 +162,12 @@ def disable_function(frame: tuple[str, int, str], roots: list[torch.nn.Module]) 
 
     def matches(fn: Any) -> bool:
         code = getattr(fn, "__code__", None)
-        return code is not None and code.co_name == name and code.co_filename == path and \
-            code.co_firstlineno <= line
+        return (
+            code is not None
+            and code.co_name == name
+            and code.co_filename == path
+            and code.co_firstlineno <= line
+        )
 
     for cls in {type(m) for root in roots for m in root.modules()}:
         for attr, value in list(vars(cls).items()):
@@ -177,6 +189,12 @@ def is_compile_error(exc: BaseException) -> bool:
     """True for errors raised by dynamo / a backend while compiling (not by the user's own code)."""
     from torch._dynamo import exc as dynamo_exc
 
-    kinds = tuple(k for k in (getattr(dynamo_exc, "BackendCompilerFailed", None),
-                              getattr(dynamo_exc, "InternalTorchDynamoError", None)) if k is not None)
+    kinds = tuple(
+        k
+        for k in (
+            getattr(dynamo_exc, "BackendCompilerFailed", None),
+            getattr(dynamo_exc, "InternalTorchDynamoError", None),
+        )
+        if k is not None
+    )
     return isinstance(exc, kinds) or type(exc).__module__.startswith(("torch._inductor", "torch._dynamo"))

@@ -88,8 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--facts", action="store_true", help="collect model facts (baseline)")
     parser.add_argument("--module-times", action="store_true", help="time submodule forwards (baseline)")
     parser.add_argument("--step-kind", default="auto")
-    parser.add_argument("--profile-steps", type=int, default=0,
-                        help="profile this many measured steps (the baseline's facts run: what tune tries first)")
+    parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="profile this many measured steps (the baseline's facts run: what tune tries first)",
+    )
     parser.add_argument("-m", dest="module")
     parser.add_argument("target", nargs=argparse.REMAINDER)
     return parser
@@ -107,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     rest = list(args.target)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    target = (Target(module=args.module, args=rest) if args.module
-              else Target(script=Path(rest[0]), args=rest[1:]))
+    target = (
+        Target(module=args.module, args=rest) if args.module else Target(script=Path(rest[0]), args=rest[1:])
+    )
     settings = TuneSettings.from_dict(json.loads(args.settings))
     log = ApplyLog()
     observers: list[Observer] = [TrialObserver(settings, log, args.seed)]
@@ -116,9 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         observers.append(FactsObserver())
     args.out.mkdir(parents=True, exist_ok=True)
     seed_everything(args.seed)
-    options = RuntimeOptions(warmup=args.warmup, steps=args.steps, out_dir=args.out,
-                             profile_steps=args.profile_steps,
-                             module_times=args.module_times, step_kind=args.step_kind)
+    options = RuntimeOptions(
+        warmup=args.warmup,
+        steps=args.steps,
+        out_dir=args.out,
+        profile_steps=args.profile_steps,
+        module_times=args.module_times,
+        step_kind=args.step_kind,
+    )
     record = run_target(target, options, observers=observers, setup_hooks=setup_hooks(settings, log))
     record.sections.setdefault(TRIAL_SECTION, trial_section(settings, log, args.seed))
     save_record(record, args.out)

@@ -52,8 +52,9 @@ class GateResult:
         return asdict(self)
 
 
-def loss_deviation(baseline: Sequence[float | None], candidate: Sequence[float | None],
-                   steps: int = GATE_STEPS) -> tuple[float | None, int]:
+def loss_deviation(
+    baseline: Sequence[float | None], candidate: Sequence[float | None], steps: int = GATE_STEPS
+) -> tuple[float | None, int]:
     """Largest ``|candidate - baseline| / max(|baseline|, 1e-6)`` over the first ``steps`` steps.
 
     Returns ``(deviation, steps compared)``; a non-finite candidate loss where the baseline is
@@ -70,19 +71,35 @@ def loss_deviation(baseline: Sequence[float | None], candidate: Sequence[float |
     return worst, compared
 
 
-def numerics_gate(baseline: Sequence[float | None], candidate: Sequence[float | None], numerics: str,
-                  *, noise: float = 0.0, steps: int = GATE_STEPS) -> GateResult:
+def numerics_gate(
+    baseline: Sequence[float | None],
+    candidate: Sequence[float | None],
+    numerics: str,
+    *,
+    noise: float = 0.0,
+    steps: int = GATE_STEPS,
+) -> GateResult:
     """Pass when the candidate's losses track the baseline's within the class tolerance (or 3x noise)."""
     tolerance = max(TOLERANCES[numerics], 3.0 * noise)
     deviation, compared = loss_deviation(baseline, candidate, steps)
     if deviation is None:
-        return GateResult(passed=False, deviation=None, tolerance=tolerance, steps=0,
-                          reason="no losses to compare (the script called backward on nothing the runtime saw)")
+        return GateResult(
+            passed=False,
+            deviation=None,
+            tolerance=tolerance,
+            steps=0,
+            reason="no losses to compare (the script called backward on nothing the runtime saw)",
+        )
     if deviation <= tolerance:
         return GateResult(passed=True, deviation=deviation, tolerance=tolerance, steps=compared)
     what = "non-finite loss" if math.isinf(deviation) else f"loss deviates {deviation:.2e}"
-    return GateResult(passed=False, deviation=deviation, tolerance=tolerance, steps=compared,
-                      reason=f"{what} > tolerance {tolerance:.1e} ({numerics}) over the first {compared} steps")
+    return GateResult(
+        passed=False,
+        deviation=deviation,
+        tolerance=tolerance,
+        steps=compared,
+        reason=f"{what} > tolerance {tolerance:.1e} ({numerics}) over the first {compared} steps",
+    )
 
 
 def noise_fraction(medians: Sequence[float]) -> float:

@@ -24,6 +24,7 @@ with sd.Checkpointer(out / "ckpt", model=model, optimizer=opt) as ckpt:
         lines.append(str(exc))
     real_commit = manifest.commit
     if ctx.rank == 0:
+
         def broken_commit(*args, **kwargs):
             raise OSError(28, "No space left on device", str(out / "ckpt" / "step-2"))
 

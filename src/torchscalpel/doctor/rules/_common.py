@@ -54,7 +54,6 @@ def attribute_location(cls: type, attr: str) -> Location | None:
     return Location(file=file, line=start)
 
 
-
 def fmt_loc(loc: Location | None) -> str:
     return f"{short_path(loc.file)}:{loc.line}" if loc else "?"
 
@@ -85,7 +84,9 @@ def loader_facts(loader: Any) -> dict[str, Any]:
         "sequential": isinstance(sampler, SequentialSampler),
         "random": isinstance(sampler, RandomSampler),
         "distributed": isinstance(sampler, DistributedSampler),
-        "dist_shuffle": bool(getattr(sampler, "shuffle", False)) if isinstance(sampler, DistributedSampler) else None,
+        "dist_shuffle": bool(getattr(sampler, "shuffle", False))
+        if isinstance(sampler, DistributedSampler)
+        else None,
         "custom_batch_sampler": batch_sampler is not None and type(batch_sampler) is not BatchSampler,
         "iterable": isinstance(dataset, IterableDataset),
         "dataset": type(dataset).__name__,

@@ -13,10 +13,34 @@ from torchscalpel.findings import Finding, Severity
 
 # Names that are modules in practice; names that are just as often something else (a label "encoder",
 # a "policy" dict) count only when this file assigns them a module constructor (see _module_names).
-_MODEL_NAMES = {"model", "net", "network", "module", "student", "teacher", "generator", "discriminator", "ema",
-                "classifier", "backbone", "actor", "critic", "autoencoder", "vae", "unet", "gpt"}
+_MODEL_NAMES = {
+    "model",
+    "net",
+    "network",
+    "module",
+    "student",
+    "teacher",
+    "generator",
+    "discriminator",
+    "ema",
+    "classifier",
+    "backbone",
+    "actor",
+    "critic",
+    "autoencoder",
+    "vae",
+    "unet",
+    "gpt",
+}
 _MODEL_SUFFIXES = ("model", "_net", "net_", "_module")
-_PICKLE_LOADS = {"pickle.load", "pickle.loads", "dill.load", "cloudpickle.load", "joblib.load", "pandas.read_pickle"}
+_PICKLE_LOADS = {
+    "pickle.load",
+    "pickle.loads",
+    "dill.load",
+    "cloudpickle.load",
+    "joblib.load",
+    "pandas.read_pickle",
+}
 _PICKLE_DUMP = re.compile(r"\b(pickle|dill|cloudpickle|joblib)\.dump\b|\.to_pickle\(")
 _PICKLE_NAME = re.compile(r"""["']([^"'\s]*?([\w.-]+\.(?:pkl|pickle|pck|pkl\.gz)))["']""")
 _SIBLING_FILES = 200
@@ -95,9 +119,11 @@ def unsafe_torch_load(ctx: StaticContext) -> Iterator[Finding]:
         elif name in _PICKLE_LOADS:
             if writer is False:
                 writer = _own_pickle_writer(ctx)
-            fix = ("# plain data (vocabularies, configs, metadata): JSON needs no unpickling\n"
-                   "json.dump(meta, f)   ->   meta = json.load(f)   # note: JSON object keys become strings\n"
-                   "# arrays: np.save / np.load; tensors: torch.save + torch.load(path, weights_only=True)")
+            fix = (
+                "# plain data (vocabularies, configs, metadata): JSON needs no unpickling\n"
+                "json.dump(meta, f)   ->   meta = json.load(f)   # note: JSON object keys become strings\n"
+                "# arrays: np.save / np.load; tensors: torch.save + torch.load(path, weights_only=True)"
+            )
             if writer:
                 yield ctx.finding(
                     "unsafe-torch-load",
@@ -127,8 +153,12 @@ def _strip(node: ast.AST) -> ast.AST:
             node = node.func.value
         elif isinstance(node, ast.Attribute) and node.attr in {"module", "_orig_mod"}:
             node = node.value
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute | ast.Name) and \
-                (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "deepcopy" and node.args:
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute | ast.Name)
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "deepcopy"
+            and node.args
+        ):
             node = node.args[0]
         else:
             return node
@@ -143,8 +173,12 @@ def _module_names(ctx: StaticContext) -> set[str]:
             if node.value is None or len(targets) != 1:
                 continue
             value = _strip(node.value)
-            while isinstance(value, ast.Call) and value.args and ctx.call_name(value) in {
-                    "torch.compile", "torch.nn.DataParallel", "torch.nn.parallel.DistributedDataParallel"}:
+            while (
+                isinstance(value, ast.Call)
+                and value.args
+                and ctx.call_name(value)
+                in {"torch.compile", "torch.nn.DataParallel", "torch.nn.parallel.DistributedDataParallel"}
+            ):
                 value = _strip(value.args[0])
             if not ctx.is_module_ctor(value):
                 continue
@@ -161,15 +195,18 @@ def _state_names(ctx: StaticContext) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(ctx.tree):
         if isinstance(node, ast.Assign) and any(
-                isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "state_dict"
-                for c in ast.walk(node.value)):
+            isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "state_dict"
+            for c in ast.walk(node.value)
+        ):
             for t in node.targets:
                 if isinstance(t, ast.Name | ast.Attribute):
                     names.add(t.id if isinstance(t, ast.Name) else t.attr)
     return names
 
 
-def _modelish(node: ast.AST, modules: set[str], states: frozenset[str] | set[str] = frozenset()) -> str | None:
+def _modelish(
+    node: ast.AST, modules: set[str], states: frozenset[str] | set[str] = frozenset()
+) -> str | None:
     """The source name of a saved expression that is a module (not its state_dict), else None."""
     node = _strip(node)
     name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
@@ -181,12 +218,16 @@ def _modelish(node: ast.AST, modules: set[str], states: frozenset[str] | set[str
     return None
 
 
-def _saved(ctx: StaticContext, call: ast.Call, modules: set[str], obj_index: int = 0,
-           obj_kw: str = "obj") -> str | None:
+def _saved(
+    ctx: StaticContext, call: ast.Call, modules: set[str], obj_index: int = 0, obj_kw: str = "obj"
+) -> str | None:
     """What a save call pickles when it is a module: the positional/keyword object, or a dict literal
     holding one (``{"model": model, ...}``)."""
-    obj = call.args[obj_index] if len(call.args) > obj_index else next(
-        (k.value for k in call.keywords if k.arg == obj_kw), None)
+    obj = (
+        call.args[obj_index]
+        if len(call.args) > obj_index
+        else next((k.value for k in call.keywords if k.arg == obj_kw), None)
+    )
     if obj is None or isinstance(obj, ast.Starred):
         return None
     if isinstance(obj, ast.Dict):
@@ -209,7 +250,9 @@ def _save_helpers(ctx: StaticContext) -> dict[str, tuple[int, str]]:
         for call in ctx.calls(fn):
             if ctx.call_name(call) != "torch.save":
                 continue
-            obj = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "obj"), None)
+            obj = (
+                call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "obj"), None)
+            )
             if isinstance(obj, ast.Name) and obj.id in params:
                 index = params.index(obj.id)
                 if params and params[0] in {"self", "cls"}:
@@ -232,7 +275,13 @@ def whole_model_save(ctx: StaticContext) -> Iterator[Finding]:
         if cname == "torch.save":
             name = _saved(ctx, call, modules)
         else:
-            fname = call.func.id if isinstance(call.func, ast.Name) else call.func.attr if isinstance(call.func, ast.Attribute) else None
+            fname = (
+                call.func.id
+                if isinstance(call.func, ast.Name)
+                else call.func.attr
+                if isinstance(call.func, ast.Attribute)
+                else None
+            )
             if fname in helpers:
                 index, param = helpers[fname]
                 name = _saved(ctx, call, modules, obj_index=index, obj_kw=param)

@@ -10,9 +10,23 @@ from torchscalpel.doctor.static import StaticContext, StaticRule
 from torchscalpel.findings import Finding, Severity
 
 _COLLECTIVES = {
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "broadcast", "broadcast_object_list",
-    "barrier", "reduce", "reduce_scatter", "reduce_scatter_tensor", "gather", "gather_object", "scatter",
-    "scatter_object_list", "all_to_all", "all_to_all_single", "monitored_barrier",
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "broadcast",
+    "broadcast_object_list",
+    "barrier",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "all_to_all",
+    "all_to_all_single",
+    "monitored_barrier",
 }
 _RANK_WORDS = ("rank", "is_main", "is_master", "main_process", "master_process")
 
@@ -90,8 +104,11 @@ def dataparallel_used(ctx: StaticContext) -> Iterator[Finding]:
             )
 
 
-_DDP = {"torch.nn.parallel.DistributedDataParallel", "torch.nn.parallel.distributed.DistributedDataParallel",
-        "torch.nn.DistributedDataParallel"}
+_DDP = {
+    "torch.nn.parallel.DistributedDataParallel",
+    "torch.nn.parallel.distributed.DistributedDataParallel",
+    "torch.nn.DistributedDataParallel",
+}
 
 
 def _fixed_device(ctx: StaticContext, node: ast.AST) -> str | None:
@@ -116,8 +133,11 @@ def ddp_device_ids(ctx: StaticContext) -> Iterator[Finding]:
                         "ddp-device-ids-not-local-rank",
                         call,
                         f"DDP(device_ids=[{fixed}]) is not this rank's LOCAL_RANK: "
-                        + ("every rank uses the same GPU." if fixed != "dist.get_rank()" else
-                           "the global rank runs past the GPUs of a node after the first."),
+                        + (
+                            "every rank uses the same GPU."
+                            if fixed != "dist.get_rank()"
+                            else "the global rank runs past the GPUs of a node after the first."
+                        ),
                         fix="local_rank = int(os.environ['LOCAL_RANK'])\ntorch.cuda.set_device(local_rank)\n"
                         "model = DDP(model.to(local_rank), device_ids=[local_rank])",
                     )
@@ -157,7 +177,11 @@ def optimizer_before_fsdp(ctx: StaticContext) -> Iterator[Finding]:
         for stmt in scope.body:
             for call in ctx.calls(stmt):
                 name = ctx.call_name(call) or ""
-                if name.startswith("torch.optim.") and name.count(".") == 2 and name.split(".")[2][:1].isupper():
+                if (
+                    name.startswith("torch.optim.")
+                    and name.count(".") == 2
+                    and name.split(".")[2][:1].isupper()
+                ):
                     used = {n.id for a in call.args[:1] for n in ast.walk(a) if isinstance(n, ast.Name)}
                     optimizers.append((call.lineno, used, call))
                 elif name.endswith(_FULLY_SHARD) and call.args:

@@ -18,7 +18,10 @@ def empty_cache_in_loop(ctx: StaticContext) -> Iterator[Finding]:
             continue
         for stmt in loop.body:
             for call in ctx.calls(stmt):
-                if ctx.call_name(call) in {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"} and id(call) not in seen:
+                if (
+                    ctx.call_name(call) in {"torch.cuda.empty_cache", "torch.cuda.memory.empty_cache"}
+                    and id(call) not in seen
+                ):
                     seen.add(id(call))
                     yield ctx.finding(
                         "empty-cache-in-loop",
@@ -57,25 +60,40 @@ def manual_updates(ctx: StaticContext) -> Iterator[ast.AST]:
     ``p -= lr * p.grad``, ``w.data = w.data - lr * w.grad``), outside custom Optimizer classes."""
     skip: set[int] = set()
     for cls in ast.walk(ctx.tree):
-        if isinstance(cls, ast.ClassDef) and any((ctx.qualname(b) or "").rsplit(".", 1)[-1] == "Optimizer" for b in cls.bases):
+        if isinstance(cls, ast.ClassDef) and any(
+            (ctx.qualname(b) or "").rsplit(".", 1)[-1] == "Optimizer" for b in cls.bases
+        ):
             skip.update(id(n) for n in ast.walk(cls))
     for node in ast.walk(ctx.tree):
         if id(node) in skip:
             continue
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in {"add_", "sub_", "copy_"}:
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"add_", "sub_", "copy_"}
+        ):
             receiver = node.func.value
-            if not _mentions_grad(receiver) and any(_mentions_grad(a) for a in [*node.args, *(k.value for k in node.keywords)]):
+            if not _mentions_grad(receiver) and any(
+                _mentions_grad(a) for a in [*node.args, *(k.value for k in node.keywords)]
+            ):
                 yield node
         elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Sub | ast.Add):
             if not _mentions_grad(node.target) and _mentions_grad(node.value):
                 yield node
-        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Attribute) \
-                and node.targets[0].attr == "data" and _mentions_grad(node.value):
+        elif (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Attribute)
+            and node.targets[0].attr == "data"
+            and _mentions_grad(node.value)
+        ):
             yield node
 
 
-MANUAL_UPDATE_FIX = ("optimizer = torch.optim.SGD(model.parameters(), lr=lr)   # once, before the loop\n"
-                     "optimizer.step(); optimizer.zero_grad()                  # replaces the hand-written update")
+MANUAL_UPDATE_FIX = (
+    "optimizer = torch.optim.SGD(model.parameters(), lr=lr)   # once, before the loop\n"
+    "optimizer.step(); optimizer.zero_grad()                  # replaces the hand-written update"
+)
 
 
 def manual_parameter_update(ctx: StaticContext) -> Iterator[Finding]:

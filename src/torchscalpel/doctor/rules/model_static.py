@@ -12,9 +12,30 @@ from torchscalpel.findings import Finding, Severity
 
 # Tensor factories whose result stored on ``self`` is a plain tensor attribute.
 _FACTORIES = {
-    "tensor", "zeros", "ones", "randn", "rand", "randint", "arange", "eye", "full", "empty", "linspace",
-    "logspace", "zeros_like", "ones_like", "randn_like", "full_like", "empty_like", "as_tensor", "from_numpy",
-    "triu", "tril", "FloatTensor", "LongTensor", "Tensor",
+    "tensor",
+    "zeros",
+    "ones",
+    "randn",
+    "rand",
+    "randint",
+    "arange",
+    "eye",
+    "full",
+    "empty",
+    "linspace",
+    "logspace",
+    "zeros_like",
+    "ones_like",
+    "randn_like",
+    "full_like",
+    "empty_like",
+    "as_tensor",
+    "from_numpy",
+    "triu",
+    "tril",
+    "FloatTensor",
+    "LongTensor",
+    "Tensor",
 }
 # Modules without parameters: creating them in forward wastes time but trains nothing wrong.
 _PARAM_FREE = re.compile(
@@ -49,7 +70,11 @@ def _wrapped_later(ctx: StaticContext, cls: ast.ClassDef, attr: str) -> bool:
             name = ctx.call_name(node.value) or ""
             if name.rsplit(".", 1)[-1] in {"ModuleList", "ModuleDict", "Sequential"}:
                 return True
-        if isinstance(node, ast.Call) and ctx.call_name(node) and (ctx.call_name(node) or "").endswith("add_module"):
+        if (
+            isinstance(node, ast.Call)
+            and ctx.call_name(node)
+            and (ctx.call_name(node) or "").endswith("add_module")
+        ):
             return True
     return False
 
@@ -62,10 +87,23 @@ def module_in_plain_container(ctx: StaticContext) -> Iterator[Finding]:
             if isinstance(node, ast.Assign | ast.AnnAssign):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for target in targets:
-                    if isinstance(target, ast.Subscript) and node.value is not None:  # self.heads["a"] = Block()
+                    if (
+                        isinstance(target, ast.Subscript) and node.value is not None
+                    ):  # self.heads["a"] = Block()
                         attr = self_attr_target(target.value)
-                        if attr in empty_lists and ctx.is_module_ctor(node.value) and not _wrapped_later(ctx, cls, attr):
-                            yield _container_finding(ctx, empty_lists.pop(attr), cls, attr, ast.Dict(keys=[], values=[]), node.value)
+                        if (
+                            attr in empty_lists
+                            and ctx.is_module_ctor(node.value)
+                            and not _wrapped_later(ctx, cls, attr)
+                        ):
+                            yield _container_finding(
+                                ctx,
+                                empty_lists.pop(attr),
+                                cls,
+                                attr,
+                                ast.Dict(keys=[], values=[]),
+                                node.value,
+                            )
                         continue
                     attr = self_attr_target(target)
                     if attr is None or node.value is None:
@@ -73,19 +111,31 @@ def module_in_plain_container(ctx: StaticContext) -> Iterator[Finding]:
                     elements = _module_elements(ctx, node.value)
                     if elements and not _wrapped_later(ctx, cls, attr):
                         yield _container_finding(ctx, node, cls, attr, node.value, elements[0])
-                    elif isinstance(node.value, ast.List | ast.Dict) and not getattr(node.value, "elts", None) and not getattr(node.value, "keys", None):
+                    elif (
+                        isinstance(node.value, ast.List | ast.Dict)
+                        and not getattr(node.value, "elts", None)
+                        and not getattr(node.value, "keys", None)
+                    ):
                         empty_lists[attr] = node
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in {"append", "extend", "insert", "__setitem__"}:
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"append", "extend", "insert", "__setitem__"}
+            ):
                 attr = self_attr_target(node.func.value)
                 if (
                     attr in empty_lists
                     and any(ctx.is_module_ctor(a) or _module_elements(ctx, a) for a in node.args)
                     and not _wrapped_later(ctx, cls, attr)
                 ):
-                    yield _container_finding(ctx, empty_lists.pop(attr), cls, attr, ast.List(elts=[]), node.args[-1])
+                    yield _container_finding(
+                        ctx, empty_lists.pop(attr), cls, attr, ast.List(elts=[]), node.args[-1]
+                    )
 
 
-def _container_finding(ctx: StaticContext, node: ast.AST, cls: ast.ClassDef, attr: str, value: ast.AST, element: ast.AST) -> Finding:
+def _container_finding(
+    ctx: StaticContext, node: ast.AST, cls: ast.ClassDef, attr: str, value: ast.AST, element: ast.AST
+) -> Finding:
     is_dict = isinstance(value, ast.Dict | ast.DictComp) or (ctx.call_name(value) == "dict")
     kind = "dict" if is_dict else "tuple" if isinstance(value, ast.Tuple) else "list"
     wrapper = "nn.ModuleDict" if is_dict else "nn.ModuleList"

@@ -26,7 +26,9 @@ def _stage_unscaled(scaler: Any, optimizer: Any) -> bool:
     """True when ``scaler.unscale_(optimizer)`` already ran in this iteration."""
     from torch.amp.grad_scaler import OptState
 
-    state = scaler._per_optimizer_states.get(id(optimizer)) if hasattr(scaler, "_per_optimizer_states") else None
+    state = (
+        scaler._per_optimizer_states.get(id(optimizer)) if hasattr(scaler, "_per_optimizer_states") else None
+    )
     return bool(state) and state.get("stage") is OptState.UNSCALED
 
 
@@ -69,7 +71,11 @@ class ClipBeforeUnscale(RuntimeRule):
             rule._scaled[id(scaler)] = False
             rule._unscaled = {k for k in rule._unscaled if k[0] != id(scaler)}
 
-        safe_scale, safe_unscale, safe_update = self.safe(on_scale), self.safe(on_unscale), self.safe(on_update)
+        safe_scale, safe_unscale, safe_update = (
+            self.safe(on_scale),
+            self.safe(on_unscale),
+            self.safe(on_update),
+        )
 
         def make_scale(original: Callable[..., Any]) -> Callable[..., Any]:
             def scale(scaler: Any, outputs: Any) -> Any:
@@ -136,9 +142,15 @@ class ClipBeforeUnscale(RuntimeRule):
             "clip-before-unscale",
             "Gradients are clipped while still multiplied by the GradScaler's scale: the threshold is compared "
             "with scaled norms, so clipping is far too aggressive (or meaningless).",
-            evidence=[f"{self.events} of {self.clips} clip call(s) ran before scaler.unscale_(optimizer); "
-                      + (f"scale was {self.scale:g}" if self.scale is not None else "the scaler is disabled on this machine (no CUDA) but scales on a GPU"),
-                      f"clipped at {fmt_loc(self.location)}"],
+            evidence=[
+                f"{self.events} of {self.clips} clip call(s) ran before scaler.unscale_(optimizer); "
+                + (
+                    f"scale was {self.scale:g}"
+                    if self.scale is not None
+                    else "the scaler is disabled on this machine (no CUDA) but scales on a GPU"
+                ),
+                f"clipped at {fmt_loc(self.location)}",
+            ],
             fix="scaler.scale(loss).backward()\nscaler.unscale_(optimizer)\n"
             "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\nscaler.step(optimizer)\nscaler.update()",
             location=self.location,
@@ -218,7 +230,9 @@ class ScalerSkippedSteps(RuntimeRule):
         many = self.skipped >= max(3, 0.2 * self.calls)
         if not many and not self.sched_after_skip:
             return
-        evidence = [f"{self.skipped} of {self.calls} scaler.step() calls skipped optimizer.step() (inf/NaN gradients); scale now {self.scale:g}"]
+        evidence = [
+            f"{self.skipped} of {self.calls} scaler.step() calls skipped optimizer.step() (inf/NaN gradients); scale now {self.scale:g}"
+        ]
         if self.sched_after_skip:
             evidence.append(f"the LR scheduler advanced on {self.sched_after_skip} skipped step(s) anyway")
         yield make_finding(

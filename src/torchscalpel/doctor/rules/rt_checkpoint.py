@@ -55,7 +55,9 @@ class CheckpointRules(RuntimeRule):
                     if isinstance(o, torch.nn.Module):
                         mods.append(f"{key}: {type(o).__name__}")
                     elif depth < 3 and isinstance(o, dict):
-                        stack.extend((f"{key}.{k}".lstrip("."), v, depth + 1) for k, v in list(o.items())[:64])
+                        stack.extend(
+                            (f"{key}.{k}".lstrip("."), v, depth + 1) for k, v in list(o.items())[:64]
+                        )
                     elif depth < 3 and isinstance(o, list | tuple):
                         stack.extend((f"{key}[{i}]", v, depth + 1) for i, v in enumerate(o[:64]))
             if mods:
@@ -73,15 +75,29 @@ class CheckpointRules(RuntimeRule):
             if mine == theirs or not theirs:
                 return
             for prefix in _PREFIXES:
-                strip = {k[len(prefix):] if k.startswith(prefix) else k for k in theirs}
+                strip = {k[len(prefix) :] if k.startswith(prefix) else k for k in theirs}
                 add = {prefix + k for k in theirs}
-                if strip == mine or (len(strip & mine) > len(theirs & mine) and len(strip & mine) >= 0.9 * len(mine)):
-                    rule.mismatch = {"prefix": prefix, "direction": "strip", "example": next(k for k in theirs if k.startswith(prefix)),
-                                     "model": type(module).__name__, "location": user_location()}
+                if strip == mine or (
+                    len(strip & mine) > len(theirs & mine) and len(strip & mine) >= 0.9 * len(mine)
+                ):
+                    rule.mismatch = {
+                        "prefix": prefix,
+                        "direction": "strip",
+                        "example": next(k for k in theirs if k.startswith(prefix)),
+                        "model": type(module).__name__,
+                        "location": user_location(),
+                    }
                     return
-                if add == mine or (len(add & mine) > len(theirs & mine) and len(add & mine) >= 0.9 * len(mine)):
-                    rule.mismatch = {"prefix": prefix, "direction": "add", "example": next(iter(sorted(theirs))),
-                                     "model": type(module).__name__, "location": user_location()}
+                if add == mine or (
+                    len(add & mine) > len(theirs & mine) and len(add & mine) >= 0.9 * len(mine)
+                ):
+                    rule.mismatch = {
+                        "prefix": prefix,
+                        "direction": "add",
+                        "example": next(iter(sorted(theirs))),
+                        "model": type(module).__name__,
+                        "location": user_location(),
+                    }
                     return
 
         safe_save, safe_load, safe_lsd = self.safe(on_save), self.safe(on_load), self.safe(on_load_state_dict)
@@ -108,11 +124,13 @@ class CheckpointRules(RuntimeRule):
 
             return load_state_dict
 
-        return undo_all([
-            wrap_attr(torch, "save", make_save),
-            wrap_attr(torch, "load", make_load),
-            wrap_attr(torch.nn.Module, "load_state_dict", make_lsd),
-        ])
+        return undo_all(
+            [
+                wrap_attr(torch, "save", make_save),
+                wrap_attr(torch, "load", make_load),
+                wrap_attr(torch.nn.Module, "load_state_dict", make_lsd),
+            ]
+        )
 
     def findings(self, record: Any) -> Iterator[Finding]:
         if self.saves:
@@ -131,7 +149,10 @@ class CheckpointRules(RuntimeRule):
                 "unsafe-torch-load",
                 "torch.load(weights_only=False) unpickles arbitrary objects: a tampered checkpoint runs code here. "
                 + what["advice"],
-                evidence=[f"{len(self.loads)} call(s), first at {fmt_loc(loc)}", f"the file held {what['held']}"],
+                evidence=[
+                    f"{len(self.loads)} call(s), first at {fmt_loc(loc)}",
+                    f"the file held {what['held']}",
+                ],
                 fix=what["fix"],
                 location=loc,
             )
@@ -139,7 +160,7 @@ class CheckpointRules(RuntimeRule):
             m = self.mismatch
             p = m["prefix"]
             if m["direction"] == "strip":
-                mapping = f"'{m['example']}' -> '{m['example'][len(p):]}'"
+                mapping = f"'{m['example']}' -> '{m['example'][len(p) :]}'"
                 fix = f"state = {{k.removeprefix({p!r}): v for k, v in state.items()}}\nmodel.load_state_dict(state)"
                 cause = "saved from a wrapped model (DDP's module. / torch.compile's _orig_mod.)"
             else:
@@ -150,7 +171,10 @@ class CheckpointRules(RuntimeRule):
                 "state-dict-prefix-mismatch",
                 f"The state_dict keys differ from {m['model']}'s by a {p!r} prefix ({cause}): a strict load fails, "
                 "a non-strict one silently loads nothing.",
-                evidence=[f"key mapping: {mapping}"] + ([f"the script failed with: {record.error}"] if record is not None and record.error else []),
+                evidence=[f"key mapping: {mapping}"]
+                + (
+                    [f"the script failed with: {record.error}"] if record is not None and record.error else []
+                ),
                 fix=fix,
                 location=m["location"],
             )
@@ -192,37 +216,61 @@ def describe_loaded(obj: Any, f: Any) -> dict[str, str]:
             needed = list(torch.serialization.get_unsafe_globals_in_checkpoint(f))
         except Exception:  # an old-format or odd file: judge by the loaded object alone
             needed = None
-    parts = [name for name, on in (("tensors", kinds["tensor"]), ("numpy arrays", kinds["numpy"]),
-                                   ("plain Python data", kinds["plain"])) if on]
+    parts = [
+        name
+        for name, on in (
+            ("tensors", kinds["tensor"]),
+            ("numpy arrays", kinds["numpy"]),
+            ("plain Python data", kinds["plain"]),
+        )
+        if on
+    ]
     parts += [f"module {m}" for m in kinds["module"][:2]] + sorted(kinds["other"])[:3]
     held = ", ".join(parts) or type(obj).__name__
     if needed is not None:
         held += f"; globals a weights-only load refuses: {', '.join(needed[:6]) or 'none'}"
     if kinds["module"]:
-        return {"held": held, "advice": "It holds a whole module: save its state_dict instead.",
-                "fix": "torch.save(model.state_dict(), path)\n"
-                       "model.load_state_dict(torch.load(path, weights_only=True, map_location='cpu'))"}
+        return {
+            "held": held,
+            "advice": "It holds a whole module: save its state_dict instead.",
+            "fix": "torch.save(model.state_dict(), path)\n"
+            "model.load_state_dict(torch.load(path, weights_only=True, map_location='cpu'))",
+        }
     if kinds["numpy"]:
-        names = ", ".join(needed) if needed else "numpy.ndarray, numpy.dtype, numpy._core.multiarray._reconstruct"
-        return {"held": held, "advice": "It holds numpy arrays, which weights_only=True refuses: store them with numpy "
-                "(no pickle), or allow exactly numpy's globals.",
-                "fix": "np.save(path, array)              # arrays: no pickle involved\n"
-                       "array = np.load(path)             # allow_pickle=False is numpy's default\n"
-                       "# or keep torch.save and allow exactly these globals:\n"
-                       f"with torch.serialization.safe_globals([{names}]):\n"
-                       "    blob = torch.load(path, weights_only=True)"}
+        names = (
+            ", ".join(needed) if needed else "numpy.ndarray, numpy.dtype, numpy._core.multiarray._reconstruct"
+        )
+        return {
+            "held": held,
+            "advice": "It holds numpy arrays, which weights_only=True refuses: store them with numpy "
+            "(no pickle), or allow exactly numpy's globals.",
+            "fix": "np.save(path, array)              # arrays: no pickle involved\n"
+            "array = np.load(path)             # allow_pickle=False is numpy's default\n"
+            "# or keep torch.save and allow exactly these globals:\n"
+            f"with torch.serialization.safe_globals([{names}]):\n"
+            "    blob = torch.load(path, weights_only=True)",
+        }
     if (needed is not None and needed) or kinds["other"]:
         names = ", ".join(needed or sorted(kinds["other"]))
-        return {"held": held, "advice": "weights_only=True needs exactly the classes below allowed.",
-                "fix": f"with torch.serialization.safe_globals([{names}]):\n"
-                       "    state = torch.load(path, weights_only=True, map_location='cpu')\n"
-                       "# or store those objects as plain data (dicts, lists, numbers, strings)"}
+        return {
+            "held": held,
+            "advice": "weights_only=True needs exactly the classes below allowed.",
+            "fix": f"with torch.serialization.safe_globals([{names}]):\n"
+            "    state = torch.load(path, weights_only=True, map_location='cpu')\n"
+            "# or store those objects as plain data (dicts, lists, numbers, strings)",
+        }
     if kinds["plain"] and not kinds["tensor"]:
-        return {"held": held, "advice": "It holds plain data only: weights_only=True loads it as is (or store it as JSON).",
-                "fix": "data = torch.load(path, weights_only=True)\n"
-                       "# plain data needs no pickle at all: json.dump(data, f) / json.load(f)"}
-    return {"held": held, "advice": "It holds only tensors and plain containers: weights_only=True loads it as is.",
-            "fix": "state = torch.load(path, weights_only=True, map_location='cpu')"}
+        return {
+            "held": held,
+            "advice": "It holds plain data only: weights_only=True loads it as is (or store it as JSON).",
+            "fix": "data = torch.load(path, weights_only=True)\n"
+            "# plain data needs no pickle at all: json.dump(data, f) / json.load(f)",
+        }
+    return {
+        "held": held,
+        "advice": "It holds only tensors and plain containers: weights_only=True loads it as is.",
+        "fix": "state = torch.load(path, weights_only=True, map_location='cpu')",
+    }
 
 
 _SEED_FUNCS = (
@@ -284,7 +332,9 @@ class UnseededRun(RuntimeRule):
             "unseeded-run",
             "No random seed was set (torch, random or numpy): initial weights and data order differ from run to "
             "run, so a regression cannot be told from noise.",
-            evidence=[f"{self.steps} optimizer step(s) and {self.backwards} backward call(s) ran without a seeding call"],
+            evidence=[
+                f"{self.steps} optimizer step(s) and {self.backwards} backward call(s) ran without a seeding call"
+            ],
             fix="import random, numpy as np, torch\nrandom.seed(0); np.random.seed(0); torch.manual_seed(0)",
             location=self.location,
         )

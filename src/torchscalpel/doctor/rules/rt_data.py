@@ -64,17 +64,23 @@ class TrainLoaderNotShuffled(TrainLoaders):
             if facts["iterable"] or facts["custom_batch_sampler"]:
                 continue
             fixed = facts["sequential"] or (facts["distributed"] and facts["dist_shuffle"] is False)
-            if not fixed or (facts["len"] is not None and facts["batch_size"] and facts["len"] <= facts["batch_size"]):
+            if not fixed or (
+                facts["len"] is not None and facts["batch_size"] and facts["len"] <= facts["batch_size"]
+            ):
                 continue
             dist = facts["distributed"]
             yield make_finding(
                 "train-loader-not-shuffled",
                 f"The training DataLoader over {facts['dataset']} reads samples in a fixed order ({facts['sampler']}): "
                 "batches are correlated (e.g. sorted by class) and every epoch repeats the same sequence.",
-                evidence=[f"sampler {facts['sampler']}" + (" with shuffle=False" if dist else "")
-                          + f", {facts['len']} samples, batch size {facts['batch_size']}",
-                          f"iterated at {fmt_loc(facts['location'])}"],
-                fix="DistributedSampler(dataset, shuffle=True)  # and sampler.set_epoch(epoch) each epoch" if dist
+                evidence=[
+                    f"sampler {facts['sampler']}"
+                    + (" with shuffle=False" if dist else "")
+                    + f", {facts['len']} samples, batch size {facts['batch_size']}",
+                    f"iterated at {fmt_loc(facts['location'])}",
+                ],
+                fix="DistributedSampler(dataset, shuffle=True)  # and sampler.set_epoch(epoch) each epoch"
+                if dist
                 else "DataLoader(dataset, batch_size=bs, shuffle=True)",
                 location=facts["location"],
             )
@@ -120,8 +126,14 @@ class DataloaderBound(TrainLoaders):
             evidence=[
                 f"median data wait {med:.1f} ms of a median {median([s.total_ms for s in steps]):.1f} ms step "
                 f"over {len(steps)} measured steps",
-                *([f"loader: num_workers={facts['num_workers']}, pin_memory={facts['pin_memory']}, "
-                   f"batch_size={facts['batch_size']}, dataset {facts['dataset']}"] if facts else []),
+                *(
+                    [
+                        f"loader: num_workers={facts['num_workers']}, pin_memory={facts['pin_memory']}, "
+                        f"batch_size={facts['batch_size']}, dataset {facts['dataset']}"
+                    ]
+                    if facts
+                    else []
+                ),
             ],
             fix=fix,
             location=facts.get("location") if facts else None,

@@ -80,12 +80,20 @@ class DdpBatchnormNotSynced(_RootScan):
     def findings(self, record: Any) -> Iterator[Finding]:
         if not self.bns:
             return
-        evidence = [", ".join(self.bns[:6]) + (" ..." if len(self.bns) > 6 else ""), f"model called at {fmt_loc(self.location)}"]
-        message = (f"The DDP model has {len(self.bns)} BatchNorm layer(s) that normalise with each rank's local batch "
-                   "only: statistics differ across ranks and from single-device training with the same global batch.")
+        evidence = [
+            ", ".join(self.bns[:6]) + (" ..." if len(self.bns) > 6 else ""),
+            f"model called at {fmt_loc(self.location)}",
+        ]
+        message = (
+            f"The DDP model has {len(self.bns)} BatchNorm layer(s) that normalise with each rank's local batch "
+            "only: statistics differ across ranks and from single-device training with the same global batch."
+        )
         if self.on_gpu:
             yield make_finding(
-                "ddp-batchnorm-not-synced", message, evidence=evidence, location=self.location,
+                "ddp-batchnorm-not-synced",
+                message,
+                evidence=evidence,
+                location=self.location,
                 fix="model = nn.SyncBatchNorm.convert_sync_batchnorm(model)   # before DDP(...)\n"
                 "model = DDP(model.to(local_rank), device_ids=[local_rank])",
             )
@@ -93,8 +101,11 @@ class DdpBatchnormNotSynced(_RootScan):
         # SyncBatchNorm has no CPU kernel: on CPU there is nothing to convert to, so this is a fact
         # about the run, not a mistake.
         yield make_finding(
-            "ddp-batchnorm-not-synced", message + " On CPU, SyncBatchNorm cannot run, so this is expected.",
-            evidence=evidence, location=self.location, severity=Severity.INFO,
+            "ddp-batchnorm-not-synced",
+            message + " On CPU, SyncBatchNorm cannot run, so this is expected.",
+            evidence=evidence,
+            location=self.location,
+            severity=Severity.INFO,
             fix="# CPU: keep each rank's batch large enough for stable statistics, or use GroupNorm/LayerNorm;\n"
             "# on GPUs: model = nn.SyncBatchNorm.convert_sync_batchnorm(model) before DDP(...)",
         )
@@ -167,14 +178,20 @@ class DdpDataRules(TrainLoaders):
             for facts in self.train.values():
                 if facts["distributed"] or facts["iterable"] or facts["custom_batch_sampler"]:
                     continue
-                world = torch.distributed.get_world_size() if torch.distributed.is_available() and torch.distributed.is_initialized() else None
+                world = (
+                    torch.distributed.get_world_size()
+                    if torch.distributed.is_available() and torch.distributed.is_initialized()
+                    else None
+                )
                 yield make_finding(
                     "ddp-no-distributed-sampler",
                     f"The model is wrapped for data parallelism but the training DataLoader uses {facts['sampler']}: "
                     "every rank reads the same samples, so N ranks do the work of one.",
-                    evidence=[f"loader over {facts['dataset']} ({facts['len']} samples) with {facts['sampler']}"
-                              + (f"; world size in this run {world}" if world else ""),
-                              f"iterated at {fmt_loc(facts['location'])}"],
+                    evidence=[
+                        f"loader over {facts['dataset']} ({facts['len']} samples) with {facts['sampler']}"
+                        + (f"; world size in this run {world}" if world else ""),
+                        f"iterated at {fmt_loc(facts['location'])}",
+                    ],
                     fix="sampler = DistributedSampler(dataset, shuffle=True)\n"
                     "loader = DataLoader(dataset, batch_size=bs, sampler=sampler)\n"
                     "for epoch in range(epochs):\n    sampler.set_epoch(epoch)",
@@ -186,8 +203,10 @@ class DdpDataRules(TrainLoaders):
                     "sampler-set-epoch-missing",
                     "A shuffling DistributedSampler was iterated several times with the same epoch: set_epoch() is "
                     "not called, so every epoch uses the same order.",
-                    evidence=[f"{len(epochs)} passes over the sampler, epochs seen: {sorted(set(epochs))}",
-                              f"iterated at {fmt_loc(self._sampler_loc)}"],
+                    evidence=[
+                        f"{len(epochs)} passes over the sampler, epochs seen: {sorted(set(epochs))}",
+                        f"iterated at {fmt_loc(self._sampler_loc)}",
+                    ],
                     fix="for epoch in range(epochs):\n    sampler.set_epoch(epoch)\n    for batch in loader: ...",
                     location=self._sampler_loc,
                 )
@@ -241,7 +260,11 @@ class DdpFindUnusedParameters(RuntimeRule):
                 "Some parameters get no gradient in a step while DDP waits for all of them "
                 "(find_unused_parameters=False): DDP fails or hangs on the next iteration.",
                 evidence=([f"the script failed with: {record.error}"] if crashed else [])
-                + ([f"parameters without gradient: {', '.join(sorted(self.unused_names)[:6])}"] if self.unused_names else []),
+                + (
+                    [f"parameters without gradient: {', '.join(sorted(self.unused_names)[:6])}"]
+                    if self.unused_names
+                    else []
+                ),
                 fix="model = DDP(model, device_ids=[local_rank], find_unused_parameters=True)\n"
                 "# better: make every parameter take part in the loss, or remove the unused ones",
                 location=self.location,
@@ -320,8 +343,10 @@ class OptimizerBeforeFsdp(RuntimeRule):
             "optimizer-before-fsdp",
             "The optimizer holds parameters that are not the FSDP model's: it was built before fully_shard(), "
             "which replaced the parameters with sharded DTensors. The model never trains.",
-            evidence=[f"{self.stale} optimizer parameter(s) are not among the {self.model_params} sharded parameters",
-                      f"optimizer step at {fmt_loc(self.location)}"],
+            evidence=[
+                f"{self.stale} optimizer parameter(s) are not among the {self.model_params} sharded parameters",
+                f"optimizer step at {fmt_loc(self.location)}",
+            ],
             fix="fully_shard(model)                       # first\noptimizer = torch.optim.AdamW(model.parameters())  # then",
             location=self.location,
         )

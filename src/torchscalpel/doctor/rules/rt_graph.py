@@ -55,15 +55,21 @@ def _loss_nodes(t: torch.Tensor, depth: int = 2, exclude: set[int] = frozenset()
         nxt = []
         for node in frontier:
             for child, _ in getattr(node, "next_functions", ()):
-                if (child is not None and type(child).__name__ != "AccumulateGrad" and id(child) not in exclude
-                        and len(nodes) < 8):
+                if (
+                    child is not None
+                    and type(child).__name__ != "AccumulateGrad"
+                    and id(child) not in exclude
+                    and len(nodes) < 8
+                ):
                     nodes.append(child)
                     nxt.append(child)
         frontier = nxt
     return nodes
 
 
-def _attach(tensors: list[torch.Tensor], use: _Use | None = None, nodes: list[Any] | None = None) -> weakref.ref[_Sentinel] | None:
+def _attach(
+    tensors: list[torch.Tensor], use: _Use | None = None, nodes: list[Any] | None = None
+) -> weakref.ref[_Sentinel] | None:
     """Register one sentinel on the distinct grad_fn nodes of ``tensors`` (or on ``nodes``); None if none has a graph."""
     sentinel = _Sentinel(use or _Use())
     attached = False
@@ -111,20 +117,26 @@ class LossGraphRetained(RuntimeRule):
         # A node below the root that an earlier backward also reached is shared between steps (a
         # tensor built once, before the loop): it would keep every step's sentinel alive.
         nodes = _loss_nodes(tensors[0], exclude=self._recent_nodes)
-        self._recent_nodes = {id(n) for n in nodes[1:]} | {id(c) for c, _ in getattr(tensors[0].grad_fn, "next_functions", ()) if c is not None}
+        self._recent_nodes = {id(n) for n in nodes[1:]} | {
+            id(c) for c, _ in getattr(tensors[0].grad_fn, "next_functions", ()) if c is not None
+        }
         ref = _attach([], nodes=nodes)
         if ref is not None:
             self._losses.append((self.step, ref))
             if len(self._losses) <= 2:
                 self._last_loss_loc = user_location()
 
-    def on_forward_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool) -> None:
+    def on_forward_post(
+        self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool
+    ) -> None:
         if root and torch.is_grad_enabled() and module.training:
             ref = _attach([t for t in iter_tensors(output, limit=4) if t.grad_fn is not None])
             if ref is not None:
                 self._outputs.append((self.step, ref))
 
-    def _count(self, entries: list[tuple[int, weakref.ref[_Sentinel]]], history: list[tuple[int, int, int]]) -> list[tuple[int, weakref.ref[_Sentinel]]]:
+    def _count(
+        self, entries: list[tuple[int, weakref.ref[_Sentinel]]], history: list[tuple[int, int, int]]
+    ) -> list[tuple[int, weakref.ref[_Sentinel]]]:
         old = [(s, r) for s, r in entries if s <= self.step - 3]
         alive = sum(1 for _, r in old if r() is not None)
         history.append((self.step, alive, len(old)))
@@ -203,7 +215,9 @@ class EvalWithoutNoGrad(RuntimeRule):
         self.unused: Counter[tuple[str, bool]] = Counter()
         self.unused_locations: Counter[tuple[str, int]] = Counter()
 
-    def on_forward_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool) -> None:
+    def on_forward_post(
+        self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool
+    ) -> None:
         if not root or not torch.is_grad_enabled():
             return
         tensors = [t for t in iter_tensors(output, limit=8) if t.grad_fn is not None]
@@ -213,7 +227,9 @@ class EvalWithoutNoGrad(RuntimeRule):
         if _attach(tensors, use) is None:
             return
         loc = user_location()
-        self._pending.append((use, self.step, type(module).__name__, module.training, (loc.file, loc.line) if loc else None))
+        self._pending.append(
+            (use, self.step, type(module).__name__, module.training, (loc.file, loc.line) if loc else None)
+        )
 
     def _settle(self, *, final: bool = False) -> None:
         keep = []
@@ -247,14 +263,18 @@ class EvalWithoutNoGrad(RuntimeRule):
             (file, line), _ = self.unused_locations.most_common(1)[0]
             loc = Location(file=file, line=line)
         what = ", ".join(
-            f"{n} call(s) of {name} in {'train' if training else 'eval'} mode" for (name, training), n in self.unused.most_common(3)
+            f"{n} call(s) of {name} in {'train' if training else 'eval'} mode"
+            for (name, training), n in self.unused.most_common(3)
         )
         yield make_finding(
             "eval-without-no-grad",
             "Forward passes build autograd graphs that no backward ever uses (evaluation without torch.no_grad): "
             "activations are kept for nothing, costing memory and time.",
-            evidence=[f"{total} forward pass(es) whose graph was freed unused: {what}",
-                      f"{self.used} forward pass(es) were backpropagated", f"called at {fmt_loc(loc)}"],
+            evidence=[
+                f"{total} forward pass(es) whose graph was freed unused: {what}",
+                f"{self.used} forward pass(es) were backpropagated",
+                f"called at {fmt_loc(loc)}",
+            ],
             fix="model.eval()\nwith torch.inference_mode():   # or torch.no_grad()\n    logits = model(x)",
             location=loc,
         )
@@ -311,8 +331,10 @@ class EvalInTrainMode(RuntimeRule):
             "eval-in-train-mode",
             f"{self.model} runs under no_grad/inference_mode with dropout/batch-norm still in training mode: "
             "evaluation is noisy and batch-norm running statistics are overwritten by evaluation data.",
-            evidence=[f"{self.calls} no-grad forward call(s) with training-mode modules: {listed}",
-                      f"called at {fmt_loc(self.location)}"],
+            evidence=[
+                f"{self.calls} no-grad forward call(s) with training-mode modules: {listed}",
+                f"called at {fmt_loc(self.location)}",
+            ],
             fix="model.eval()\nwith torch.no_grad():\n    ...evaluate...\nmodel.train()  # before training resumes",
             location=self.location,
         )

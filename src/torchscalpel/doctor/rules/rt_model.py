@@ -56,21 +56,29 @@ class ModuleInPlainContainer(_OncePerRoot):
             if not user_class(m):
                 continue
             for attr, value in _user_attrs(m):
-                items = list(value.values()) if isinstance(value, dict) else list(value) if isinstance(value, list | tuple) else []
+                items = (
+                    list(value.values())
+                    if isinstance(value, dict)
+                    else list(value)
+                    if isinstance(value, list | tuple)
+                    else []
+                )
                 hidden = [x for x in items if isinstance(x, torch.nn.Module) and id(x) not in registered]
                 if not hidden:
                     continue
                 n_params = sum(p.numel() for x in hidden for p in x.parameters())
-                self.hits.append({
-                    "owner": f"{type(m).__name__}{'.' + name if name else ''}",
-                    "attr": attr,
-                    "kind": type(value).__name__,
-                    "count": len(hidden),
-                    "types": sorted({type(x).__name__ for x in hidden}),
-                    "params": n_params,
-                    "registered": sum(p.numel() for p in root.parameters()),
-                    "location": attribute_location(type(m), attr),
-                })
+                self.hits.append(
+                    {
+                        "owner": f"{type(m).__name__}{'.' + name if name else ''}",
+                        "attr": attr,
+                        "kind": type(value).__name__,
+                        "count": len(hidden),
+                        "types": sorted({type(x).__name__ for x in hidden}),
+                        "params": n_params,
+                        "registered": sum(p.numel() for p in root.parameters()),
+                        "location": attribute_location(type(m), attr),
+                    }
+                )
 
     def findings(self, record: Any) -> Iterator[Finding]:
         for h in self.hits:
@@ -107,24 +115,30 @@ class TensorAttributeNotRegistered(_OncePerRoot):
                 continue
             for attr, value in _user_attrs(m):
                 if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
-                    self.hits.append({
-                        "owner": f"{type(m).__name__}{'.' + name if name else ''}",
-                        "attr": attr,
-                        "shape": list(value.shape),
-                        "device": str(value.device),
-                        "model_device": model_device,
-                        "location": attribute_location(type(m), attr),
-                    })
+                    self.hits.append(
+                        {
+                            "owner": f"{type(m).__name__}{'.' + name if name else ''}",
+                            "attr": attr,
+                            "shape": list(value.shape),
+                            "device": str(value.device),
+                            "model_device": model_device,
+                            "location": attribute_location(type(m), attr),
+                        }
+                    )
 
     def findings(self, record: Any) -> Iterator[Finding]:
-        crashed_on_device = bool(record is not None and record.error and "device" in (record.error or "").lower())
+        crashed_on_device = bool(
+            record is not None and record.error and "device" in (record.error or "").lower()
+        )
         for h in self.hits:
             evidence = [
                 f"{h['owner']}.{h['attr']}: tensor of shape {h['shape']} on {h['device']}, "
                 f"not in named_parameters() or named_buffers()",
             ]
             if h["model_device"] and h["model_device"] != h["device"]:
-                evidence.append(f"the model's parameters are on {h['model_device']}: a device mismatch in forward")
+                evidence.append(
+                    f"the model's parameters are on {h['model_device']}: a device mismatch in forward"
+                )
             if crashed_on_device:
                 evidence.append(f"the script failed with: {record.error}")
             yield make_finding(

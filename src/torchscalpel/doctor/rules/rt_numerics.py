@@ -62,7 +62,9 @@ class NanLoss(RuntimeRule):
         """Non-finite gradients are the NaN loss's own consequence; an explosion with finite gradients is not."""
         if not any(f.rule == "nan-loss" for f in findings):
             return []
-        return [f for f in findings if f.rule == "grad-norm-explosion" and f.message.startswith(NONFINITE_GRADS)]
+        return [
+            f for f in findings if f.rule == "grad-norm-explosion" and f.message.startswith(NONFINITE_GRADS)
+        ]
 
     def rerun_steps(self) -> int | None:
         """Steps a re-run needs to reach the first non-finite loss (None: the loss stayed finite)."""
@@ -72,7 +74,9 @@ class NanLoss(RuntimeRule):
         """Record the first op that produced a non-finite value, found by the re-run (its ``op``, ``location``, ``backward``)."""
         self.op_origin = origin
 
-    def on_forward_post(self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool) -> None:
+    def on_forward_post(
+        self, module: torch.nn.Module, args: Any, kwargs: Any, output: Any, root: bool
+    ) -> None:
         if self.origin is not None or self.step >= MAX_CHECKED_STEPS:
             return
         outs = [t for t in iter_tensors(output, limit=4) if _nonfinite(t)]
@@ -106,7 +110,9 @@ class NanLoss(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if self.first_step is None:
             return
-        evidence = [f"loss = {self.loss_value} first at step {self.first_step}; non-finite at {self.nonfinite_steps} backward call(s)"]
+        evidence = [
+            f"loss = {self.loss_value} first at step {self.first_step}; non-finite at {self.nonfinite_steps} backward call(s)"
+        ]
         origin_text = "outside any module (in the loss computation or the training loop)"
         if self.origin is not None and self.origin["step"] <= self.first_step:
             o = self.origin
@@ -118,7 +124,9 @@ class NanLoss(RuntimeRule):
         if self.op_origin:
             op = self.op_origin
             where = f" at {fmt_loc(op['location'])}" if op.get("location") else ""
-            evidence.append(f"first op producing non-finite values: {op['op']}{' (backward)' if op.get('backward') else ''}{where} (re-run up to that step)")
+            evidence.append(
+                f"first op producing non-finite values: {op['op']}{' (backward)' if op.get('backward') else ''}{where} (re-run up to that step)"
+            )
             origin_text = f"by {op['op']}{where}"
         loc = (self.op_origin or {}).get("location") or self.location
         yield make_finding(
@@ -169,21 +177,35 @@ class LossDiverging(RuntimeRule):
         blowup = base > 0 and peak >= self.BLOWUP * base and peak >= 1.0
         # A trend needs enough steps; a short finite run that ends in NaN/inf must have grown 10x first.
         factor = self.FACTOR if len(finite) >= self.MIN_STEPS else 10.0
-        rising = (len(finite) >= self.MIN_STEPS or went_nonfinite) and last - base > (factor - 1.0) * max(abs(base), 1e-8)
+        rising = (len(finite) >= self.MIN_STEPS or went_nonfinite) and last - base > (factor - 1.0) * max(
+            abs(base), 1e-8
+        )
         if not (blowup or rising):
             return
         crashed = record is not None and getattr(record, "status", "") == "failed"
         if blowup and not rising:
-            message = (f"The loss blew up: {base:.4g} at the start, {peak:.4g} at step {peak_i} ({peak / base:.0f}x)"
-                       + ("; it then became non-finite." if went_nonfinite else
-                          "; the script then crashed." if crashed else
-                          f", and {last:.4g} at the end." if peak_i < len(finite) - 1 else "."))
+            message = (
+                f"The loss blew up: {base:.4g} at the start, {peak:.4g} at step {peak_i} ({peak / base:.0f}x)"
+                + (
+                    "; it then became non-finite."
+                    if went_nonfinite
+                    else "; the script then crashed."
+                    if crashed
+                    else f", and {last:.4g} at the end."
+                    if peak_i < len(finite) - 1
+                    else "."
+                )
+            )
         else:
-            message = (f"The loss rises instead of falling: {base:.4g} at the start, median {last:.4g} over the last {k} steps"
-                       + (f" (peak {peak:.4g})" if blowup else "")
-                       + (" before it became non-finite." if went_nonfinite else "."))
-        evidence = [f"loss at steps 0..{len(finite) - 1}: " + ", ".join(f"{x:.3g}" for x in _sample(finite)),
-                    f"max {peak:.4g} at step {peak_i}; baseline (first steps, blow-ups excluded) {base:.4g}"]
+            message = (
+                f"The loss rises instead of falling: {base:.4g} at the start, median {last:.4g} over the last {k} steps"
+                + (f" (peak {peak:.4g})" if blowup else "")
+                + (" before it became non-finite." if went_nonfinite else ".")
+            )
+        evidence = [
+            f"loss at steps 0..{len(finite) - 1}: " + ", ".join(f"{x:.3g}" for x in _sample(finite)),
+            f"max {peak:.4g} at step {peak_i}; baseline (first steps, blow-ups excluded) {base:.4g}",
+        ]
         if crashed and record.error:
             evidence.append(f"the script then failed: {str(record.error).splitlines()[0][:200]}")
         yield make_finding(
@@ -237,8 +259,13 @@ class ConstantLoss(RuntimeRule):
         rule = self
 
         def seen(input: Any) -> None:
-            if (rule.single_class is None and isinstance(input, torch.Tensor) and input.dim() >= 2
-                    and input.shape[1] == 1 and input.requires_grad):
+            if (
+                rule.single_class is None
+                and isinstance(input, torch.Tensor)
+                and input.dim() >= 2
+                and input.shape[1] == 1
+                and input.requires_grad
+            ):
                 rule.single_class = {"shape": list(input.shape), "location": user_location()}
 
         safe_seen = self.safe(seen)
@@ -263,23 +290,33 @@ class ConstantLoss(RuntimeRule):
         value = losses[0]
         sc = self.single_class
         if sc is not None:
-            cause = (f"{_SINGLE_CLASS}: the model's output has shape {sc['shape']}, one logit per sample, and softmax "
-                     "over one logit is always 1, so the loss is 0 whatever the model predicts")
-            fix = ("# one output unit is binary classification: use a loss made for it\n"
-                   "criterion = nn.BCEWithLogitsLoss()          # targets: float 0/1, shape like the output\n"
-                   "# or two output units with integer class targets:\n"
-                   "# model = ...nn.Linear(d, 2); loss = F.cross_entropy(logits, y.long().view(-1))")
+            cause = (
+                f"{_SINGLE_CLASS}: the model's output has shape {sc['shape']}, one logit per sample, and softmax "
+                "over one logit is always 1, so the loss is 0 whatever the model predicts"
+            )
+            fix = (
+                "# one output unit is binary classification: use a loss made for it\n"
+                "criterion = nn.BCEWithLogitsLoss()          # targets: float 0/1, shape like the output\n"
+                "# or two output units with integer class targets:\n"
+                "# model = ...nn.Linear(d, 2); loss = F.cross_entropy(logits, y.long().view(-1))"
+            )
         else:
             cause = "it does not depend on the model's output (a detached or constant term, a loss over a single class, ...)"
-            fix = ("# compute the loss from the model's output without .detach()/.item()/argmax in between,\n"
-                   "# and check the output layer matches the loss:\n"
-                   "loss = F.cross_entropy(model(x), y)   # logits of shape (N, classes), integer targets")
+            fix = (
+                "# compute the loss from the model's output without .detach()/.item()/argmax in between,\n"
+                "# and check the output layer matches the loss:\n"
+                "loss = F.cross_entropy(model(x), y)   # logits of shape (N, classes), integer targets"
+            )
         yield make_finding(
             "loss-constant",
             f"The loss is exactly {value:.6g} at every one of the {len(losses)} steps: it cannot vary, because {cause}. "
             "Nothing can learn.",
             evidence=[f"{len(losses)} steps, every loss bit-identical ({value!r})"]
-            + ([f"cross_entropy called with input of shape {sc['shape']} at {fmt_loc(sc['location'])}"] if sc else []),
+            + (
+                [f"cross_entropy called with input of shape {sc['shape']} at {fmt_loc(sc['location'])}"]
+                if sc
+                else []
+            ),
             fix=fix,
             location=sc["location"] if sc else None,
         )
@@ -319,7 +356,12 @@ class GradNorms(RuntimeRule):
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
         if len(self.norms) >= self.MAX_STEPS:
             return
-        grads = [(p, _local(p.grad)) for g in optimizer.param_groups for p in g["params"] if p.grad is not None and not p.grad.is_sparse]
+        grads = [
+            (p, _local(p.grad))
+            for g in optimizer.param_groups
+            for p in g["params"]
+            if p.grad is not None and not p.grad.is_sparse
+        ]
         if not grads:
             return
         sq = torch.stack([g.detach().float().pow(2).sum() for _, g in grads])
@@ -329,7 +371,11 @@ class GradNorms(RuntimeRule):
             self.location = user_location()
         if total == 0.0:
             self.zero_steps += 1
-        weights = [(p, math.sqrt(float(s)) / math.sqrt(max(1, p.numel()))) for (p, _), s in zip(grads, sq.tolist(), strict=True) if p.dim() >= 2 and not _is_embedding(p, self)]
+        weights = [
+            (p, math.sqrt(float(s)) / math.sqrt(max(1, p.numel())))
+            for (p, _), s in zip(grads, sq.tolist(), strict=True)
+            if p.dim() >= 2 and not _is_embedding(p, self)
+        ]
         if len(weights) >= 3 and math.isfinite(total) and total > 0:
             # Medians over the first and last third of the weight matrices: one layer with small gradients
             # at init (attention query/key weights) is normal; a whole early third starved is not.
@@ -340,8 +386,10 @@ class GradNorms(RuntimeRule):
                 self.ratios.append(early / late)
                 if self.layers is None:
                     names = param_names(getattr(self.session, "root_modules", ()) or ())
-                    self.layers = (f"first {k} weight(s) from {names.get(id(weights[0][0]), 'the first layer')}",
-                                   f"last {k} up to {names.get(id(weights[-1][0]), 'the last layer')}")
+                    self.layers = (
+                        f"first {k} weight(s) from {names.get(id(weights[0][0]), 'the first layer')}",
+                        f"last {k} up to {names.get(id(weights[-1][0]), 'the last layer')}",
+                    )
 
     def findings(self, record: Any) -> Iterator[Finding]:
         yield from self._explosion()
@@ -361,10 +409,14 @@ class GradNorms(RuntimeRule):
         shown = ", ".join(f"{x:.3g}" for x in norms[:: max(1, len(norms) // 10)])
         yield make_finding(
             "grad-norm-explosion",
-            f"The gradient norm explodes: {peak / base:.0f}x its early value" if exploded and not nonfinite
+            f"The gradient norm explodes: {peak / base:.0f}x its early value"
+            if exploded and not nonfinite
             else NONFINITE_GRADS,
-            evidence=[f"total grad norm over {len(norms)} steps: {shown}", f"early median {base:.3g}, peak {peak:.3g}",
-                      f"optimizer step at {fmt_loc(self.location)}"],
+            evidence=[
+                f"total grad norm over {len(norms)} steps: {shown}",
+                f"early median {base:.3g}, peak {peak:.3g}",
+                f"optimizer step at {fmt_loc(self.location)}",
+            ],
             fix="loss.backward()\ntorch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)\noptimizer.step()\n"
             "# and/or lower the learning rate",
             location=self.location,
@@ -375,21 +427,33 @@ class GradNorms(RuntimeRule):
             first_zero = next(i for i, x in enumerate(self.norms) if x == 0.0)
             died = first_zero > 0 and all(x > 0 for x in self.norms[:first_zero])
             if died:  # the network learned, then went dead: large updates killed the units
-                message = (f"Gradients were non-zero for the first {first_zero} optimizer step(s), then exactly zero at "
-                           "most steps: the units died after large updates, so nothing learns any more.")
-                fix = ("# the learning rate is too high for this optimizer: lower it 10x, add warm-up and clipping\n"
-                       "optimizer = torch.optim.AdamW(model.parameters(), lr=lr / 10)\n"
-                       "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)")
+                message = (
+                    f"Gradients were non-zero for the first {first_zero} optimizer step(s), then exactly zero at "
+                    "most steps: the units died after large updates, so nothing learns any more."
+                )
+                fix = (
+                    "# the learning rate is too high for this optimizer: lower it 10x, add warm-up and clipping\n"
+                    "optimizer = torch.optim.AdamW(model.parameters(), lr=lr / 10)\n"
+                    "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)"
+                )
             else:
-                message = ("Gradients are exactly zero at most optimizer steps: nothing upstream of the loss learns "
-                           "(dead activations or a detached graph).")
+                message = (
+                    "Gradients are exactly zero at most optimizer steps: nothing upstream of the loss learns "
+                    "(dead activations or a detached graph)."
+                )
                 fix = "# check for .detach()/.item()/argmax between model and loss, and saturated activations"
             yield make_finding(
                 "vanishing-gradients",
                 message,
-                evidence=[f"total grad norm was 0 at {self.zero_steps} of {len(self.norms)} optimizer steps"
-                          + (f", from step {first_zero} on; before it: "
-                             + ", ".join(f"{x:.3g}" for x in self.norms[:min(first_zero, 5)]) if died else "")],
+                evidence=[
+                    f"total grad norm was 0 at {self.zero_steps} of {len(self.norms)} optimizer steps"
+                    + (
+                        f", from step {first_zero} on; before it: "
+                        + ", ".join(f"{x:.3g}" for x in self.norms[: min(first_zero, 5)])
+                        if died
+                        else ""
+                    )
+                ],
                 fix=fix,
                 location=self.location,
                 severity=Severity.ERROR,  # training that cannot learn at all
@@ -404,7 +468,9 @@ class GradNorms(RuntimeRule):
         yield make_finding(
             "vanishing-gradients",
             f"Early layers get gradients {1 / r:.0e}x smaller than later ones: they barely learn.",
-            evidence=[f"median RMS gradient of the {first} / of the {top} = {r:.2e} over {len(self.ratios)} steps"],
+            evidence=[
+                f"median RMS gradient of the {first} / of the {top} = {r:.2e} over {len(self.ratios)} steps"
+            ],
             fix="# use ReLU/GELU instead of sigmoid/tanh stacks, normalisation layers, residual connections,\n"
             "# and a suitable init, e.g. nn.init.kaiming_normal_(layer.weight, nonlinearity='relu')",
             location=self.location,
@@ -473,8 +539,10 @@ class NoUpdate(RuntimeRule):
             "cannot-overfit-batch",
             f"None of the {self.steps} optimizer steps changed the parameters: the model cannot learn, not even "
             "one batch.",
-            evidence=[f"sampled parameters were bit-identical before and after all {self.steps} optimizer.step() calls",
-                      f"optimizer step at {fmt_loc(self.location)}"],
+            evidence=[
+                f"sampled parameters were bit-identical before and after all {self.steps} optimizer.step() calls",
+                f"optimizer step at {fmt_loc(self.location)}",
+            ],
             fix="# check: zero_grad() must come before backward(), not between backward() and step();\n"
             "# the learning rate (and scheduler) must be > 0; the loss must depend on the model's output\n"
             "optimizer.zero_grad(); loss.backward(); optimizer.step()",

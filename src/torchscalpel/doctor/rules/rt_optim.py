@@ -142,7 +142,9 @@ class FrozenParamInOptimizer(RuntimeRule):
             return
         stale = sum(self.frozen.values())
         listed = ", ".join(list(self.frozen)[:6]) + (" ..." if len(self.frozen) > 6 else "")
-        evidence = [f"{len(self.frozen)} parameter tensor(s) had requires_grad=True when the optimizer was built and False at its step: {listed}"]
+        evidence = [
+            f"{len(self.frozen)} parameter tensor(s) had requires_grad=True when the optimizer was built and False at its step: {listed}"
+        ]
         if stale:
             evidence.append(
                 f"{stale} of them still hold a gradient from before, so momentum/weight decay keep changing them"
@@ -283,8 +285,10 @@ class ManualParameterUpdate(RuntimeRule):
         if self.stepped or getattr(self.session, "optimizers", None):
             return
         self.backwards += 1
-        if self._snap and any((p := ref()) is not None and not torch.equal(p.detach().reshape(-1)[:16], head)
-                              for ref, head in self._snap):
+        if self._snap and any(
+            (p := ref()) is not None and not torch.equal(p.detach().reshape(-1)[:16], head)
+            for ref, head in self._snap
+        ):
             self.updates += 1
         params = [p for root in _roots(self) for p in root.parameters() if p.requires_grad and p.numel()]
         params = params[:: max(1, len(params) // self._PARAMS)][: self._PARAMS]
@@ -297,7 +301,9 @@ class ManualParameterUpdate(RuntimeRule):
             "manual-parameter-update",
             "Parameters are updated by hand (they changed between backward calls and no optimizer exists): no "
             "momentum, weight decay, clipping or LR schedule. torch.optim does the same update in two lines.",
-            evidence=[f"parameters changed between {self.updates} of {self.backwards} consecutive backward calls "
-                      "without any optimizer.step()"],
+            evidence=[
+                f"parameters changed between {self.updates} of {self.backwards} consecutive backward calls "
+                "without any optimizer.step()"
+            ],
             fix=loop_static.MANUAL_UPDATE_FIX,
         )

@@ -63,8 +63,10 @@ class EmptyCacheInLoop(RuntimeRule):
             "empty-cache-in-loop",
             "torch.cuda.empty_cache() runs every step: it synchronises the GPU and returns cached memory, so the "
             "next step pays for cudaMalloc again; it never frees memory that tensors still use.",
-            evidence=[f"{self.calls} call(s) during {len(self.steps_with_calls)} of {self.step} steps",
-                      f"called at {fmt_loc(self.location)}"],
+            evidence=[
+                f"{self.calls} call(s) during {len(self.steps_with_calls)} of {self.step} steps",
+                f"called at {fmt_loc(self.location)}",
+            ],
             fix="# delete the call; for fragmentation use\n# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
             location=self.location,
         )
@@ -96,7 +98,9 @@ class CudnnBenchmarkDynamicShapes(RuntimeRule):
 
         has = self._has_conv.get(id(module))
         if has is None:
-            has = self._has_conv[id(module)] = any(isinstance(m, _ConvNd | torch.nn.RNNBase) for m in module.modules())
+            has = self._has_conv[id(module)] = any(
+                isinstance(m, _ConvNd | torch.nn.RNNBase) for m in module.modules()
+            )
         if not has:
             return
         shape = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
@@ -115,8 +119,10 @@ class CudnnBenchmarkDynamicShapes(RuntimeRule):
             "cudnn-benchmark-dynamic-shapes",
             f"torch.backends.cudnn.benchmark is on but the model saw {len(self.shapes)} different input shapes: "
             "cuDNN re-runs its algorithm search for every new shape.",
-            evidence=[f"{sum(self.shapes.values())} calls, {len(self.shapes)} shapes, e.g. {examples}",
-                      f"called at {fmt_loc(self.location)}"],
+            evidence=[
+                f"{sum(self.shapes.values())} calls, {len(self.shapes)} shapes, e.g. {examples}",
+                f"called at {fmt_loc(self.location)}",
+            ],
             fix="torch.backends.cudnn.benchmark = False   # for variable shapes\n"
             "# or pad/bucket inputs to a few fixed shapes",
             location=self.location,
@@ -172,11 +178,14 @@ class CompileRules(RuntimeRule):
                 fix="# find them: torch._dynamo.explain(model)(x)\n# remove print()/.item()/data-dependent if in forward,"
                 " or wrap them with torch.compiler.disable",
             )
-        metrics = utils.get_compilation_metrics()[self._metrics_start:]
+        metrics = utils.get_compilation_metrics()[self._metrics_start :]
         # A graph compiled once per grad mode (train, then evaluation under no_grad, as nanoGPT does)
         # is bounded and expected: only other guard failures count.
-        reasons = [m.recompile_reason for m in metrics if getattr(m, "recompile_reason", None)
-                   and "changed: grad_mode" not in m.recompile_reason]
+        reasons = [
+            m.recompile_reason
+            for m in metrics
+            if getattr(m, "recompile_reason", None) and "changed: grad_mode" not in m.recompile_reason
+        ]
         if len(reasons) >= self.MIN_RECOMPILES:
             shown = [r.strip().splitlines()[0][:160] for r in reasons[:4]]
             yield make_finding(
@@ -231,8 +240,14 @@ class HostDeviceCopyBound(RuntimeRule):
         yield make_finding(
             "host-device-copy-bound",
             f"Host-to-device copies take {share:.0%} of step time in the profiled steps"
-            + (f", {pageable:.0%} from pageable memory (synchronous, cannot overlap)." if pageable_us else "."),
-            evidence=[f"{copy_us / 1000:.1f} ms of Memcpy HtoD over {len(steps)} profiled steps ({step_us / 1000:.1f} ms)"],
+            + (
+                f", {pageable:.0%} from pageable memory (synchronous, cannot overlap)."
+                if pageable_us
+                else "."
+            ),
+            evidence=[
+                f"{copy_us / 1000:.1f} ms of Memcpy HtoD over {len(steps)} profiled steps ({step_us / 1000:.1f} ms)"
+            ],
             fix="DataLoader(..., pin_memory=True)\nx = x.to(device, non_blocking=True)\n"
             "# keep constant tensors on the GPU instead of copying them every step",
         )

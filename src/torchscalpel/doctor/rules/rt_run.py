@@ -30,8 +30,19 @@ from torchscalpel.runtime.userframes import first_user, is_user_file
 
 DIST_CALLS = ("init_process_group", "init_device_mesh")
 """Calls that need a launcher's RANK/WORLD_SIZE/MASTER_ADDR (env:// rendezvous)."""
-DIST_ERRORS = ("torch.distributed", "env://", "rendezvous", "process group", "MASTER_ADDR", "MASTER_PORT",
-               "RANK", "WORLD_SIZE", "NCCL", "Gloo", "gloo")
+DIST_ERRORS = (
+    "torch.distributed",
+    "env://",
+    "rendezvous",
+    "process group",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "NCCL",
+    "Gloo",
+    "gloo",
+)
 """Words of the errors torch.distributed's set-up raises without a launcher."""
 _EVIDENCE_LINES = 6
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL ([\w.]+) was not an allowed global")
@@ -86,11 +97,13 @@ def launcher_commands(script: str | None, args: Sequence[str], module: str | Non
     verbatim (shell-quoted): ``scalpel launch``, torchrun, and the doctor's own multi-rank mode."""
     target = [script] if script else ["-m", module or "MODULE"]
     rest = shlex.join([*target, *args])
-    return (f"# N: processes on this machine (one per GPU; any number on CPU, where gloo is used)\n"
-            f"scalpel launch --nproc N -- {rest}\n"
-            f"torchrun --nproc-per-node N {rest}\n"
-            f"# diagnose it on N ranks:\n"
-            f"scalpel doctor --nproc N -- {rest}")
+    return (
+        f"# N: processes on this machine (one per GPU; any number on CPU, where gloo is used)\n"
+        f"scalpel launch --nproc N -- {rest}\n"
+        f"torchrun --nproc-per-node N {rest}\n"
+        f"# diagnose it on N ranks:\n"
+        f"scalpel doctor --nproc N -- {rest}"
+    )
 
 
 def needs_launcher(script: str | None, error: str | None) -> bool:
@@ -126,12 +139,16 @@ def _weights_only(crash: Crash) -> Known | None:
     refused = f"the pickled {', '.join(names)}" if names else "a pickled object"
     return Known(
         what=f"torch.load refused {refused}: weights_only=True is its default since torch 2.6",
-        advice=("Allowlist exactly the classes the file holds, or, only for a checkpoint you trust, load with "
-                "weights_only=False (unpickling can run arbitrary code)."),
-        fix=(f"# keep the safe load: allowlist the classes the file holds (import them first)\n"
-             f"torch.serialization.add_safe_globals([{', '.join(shown)}])\n"
-             f"# or, only for a checkpoint you trust:\n{unsafe}\n"
-             "# best: save tensors and plain data only (state_dict(), lists, dicts) and keep weights_only=True"),
+        advice=(
+            "Allowlist exactly the classes the file holds, or, only for a checkpoint you trust, load with "
+            "weights_only=False (unpickling can run arbitrary code)."
+        ),
+        fix=(
+            f"# keep the safe load: allowlist the classes the file holds (import them first)\n"
+            f"torch.serialization.add_safe_globals([{', '.join(shown)}])\n"
+            f"# or, only for a checkpoint you trust:\n{unsafe}\n"
+            "# best: save tensors and plain data only (state_dict(), lists, dicts) and keep weights_only=True"
+        ),
         keep=("WeightsUnpickler error",),
     )
 
@@ -143,13 +160,19 @@ def _load_call(line: str) -> tuple[str, str] | None:
         tree = ast.parse(line)
     except SyntaxError:
         return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func).endswith("load")
-             and n.end_lineno == 1 and n.end_col_offset is not None]
+    calls = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and ast.unparse(n.func).endswith("load")
+        and n.end_lineno == 1
+        and n.end_col_offset is not None
+    ]
     calls.sort(key=lambda n: "torch" not in ast.unparse(n.func))  # torch.load first, then a bare load
     for node in calls:
         if any(k.arg == "weights_only" for k in node.keywords):
             return None  # the call already says; the generic fix is clearer than an edited line
-        end = len(line.encode()[:node.end_col_offset - 1].decode(errors="ignore"))  # before the ")"
+        end = len(line.encode()[: node.end_col_offset - 1].decode(errors="ignore"))  # before the ")"
         return line[:end], line[end:]
     return None
 
@@ -165,9 +188,11 @@ def _missing_module(crash: Crash) -> Known | None:
     return Known(
         what=crash.message.splitlines()[0],
         advice=f"The doctor runs the script with {sys.executable}, where '{top}' cannot be imported.",
-        fix=(f"# install the package that provides '{top}' (its PyPI name may differ) into this environment:\n"
-             f"{shlex.quote(sys.executable)} -m pip install <package providing {top}>\n"
-             "# or run scalpel from the environment the script normally uses"),
+        fix=(
+            f"# install the package that provides '{top}' (its PyPI name may differ) into this environment:\n"
+            f"{shlex.quote(sys.executable)} -m pip install <package providing {top}>\n"
+            "# or run scalpel from the environment the script normally uses"
+        ),
     )
 
 
@@ -178,8 +203,10 @@ def _launcher(crash: Crash, record: Any) -> Known | None:
         return None
     return Known(
         what=crash.message.splitlines()[0] if crash.message else record.error or "",
-        advice=("It sets up torch.distributed, which needs the variables a launcher sets (RANK, WORLD_SIZE, "
-                "MASTER_ADDR): run it under one, as it is meant to run."),
+        advice=(
+            "It sets up torch.distributed, which needs the variables a launcher sets (RANK, WORLD_SIZE, "
+            "MASTER_ADDR): run it under one, as it is meant to run."
+        ),
         fix=launcher_commands(target.get("script"), target.get("args") or (), target.get("module")),
     )
 
@@ -220,7 +247,9 @@ class ScriptFailed(RuntimeRule):
             message = message.rstrip(". ") + "."
         evidence = []
         if crash.location is not None:
-            evidence.append(f"at {fmt_loc(crash.location)}" + (f": {crash.source_line}" if crash.source_line else ""))
+            evidence.append(
+                f"at {fmt_loc(crash.location)}" + (f": {crash.source_line}" if crash.source_line else "")
+            )
         rest = lines[1:]
         if known is not None and known.keep is not None:
             rest = [line for line in lines if any(k in line for k in known.keep)]
@@ -229,5 +258,10 @@ class ScriptFailed(RuntimeRule):
             evidence.append("findings that need the steps after the failure could not be checked")
         if known is not None:
             message += " " + known.advice
-        yield make_finding("script-failed", message, evidence=evidence, fix=known.fix if known else "",
-                           location=crash.location)
+        yield make_finding(
+            "script-failed",
+            message,
+            evidence=evidence,
+            fix=known.fix if known else "",
+            location=crash.location,
+        )

@@ -37,7 +37,9 @@ __all__ = [
 ]
 
 
-def all_knobs(*, compile_backend: str = "inductor", compile_modes: tuple[str, ...] = ("default",)) -> list[Knob]:
+def all_knobs(
+    *, compile_backend: str = "inductor", compile_modes: tuple[str, ...] = ("default",)
+) -> list[Knob]:
     """Every knob, in trial order: the cheap trials first, compile (a 15-25 s cold compile per trial on a
     CPU) last, so a short budget still measures every cheap knob and compile gets what is left."""
     return [
@@ -52,5 +54,3 @@ def all_knobs(*, compile_backend: str = "inductor", compile_modes: tuple[str, ..
         CheckpointingKnob(),
         MicrobatchKnob(),
     ]
-
-

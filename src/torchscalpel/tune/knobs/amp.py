@@ -51,17 +51,28 @@ class AmpKnob(Knob):
             if facts.device == "cuda":
                 # Pre-Ampere GPUs: fp16 tensor cores, with the GradScaler the runtime inserts.
                 return [TuneSettings(amp="fp16")], None
-            how = "; oneDNN would emulate it, converting to float32 per op" if facts.bf16_detail == "emulated" else ""
-            return [], f"bf16 is not supported natively on this CPU (no avx512_bf16 or AMX flag{how}), " \
-                       "so autocast would be slower"
+            how = (
+                "; oneDNN would emulate it, converting to float32 per op"
+                if facts.bf16_detail == "emulated"
+                else ""
+            )
+            return (
+                [],
+                f"bf16 is not supported natively on this CPU (no avx512_bf16 or AMX flag{how}), "
+                "so autocast would be slower",
+            )
         if facts.device == "cpu" and facts.attention_calls != 0:
             return [TuneSettings(amp="bf16", amp_fp32_attention=True), TuneSettings(amp="bf16")], None
         return [TuneSettings(amp="bf16")], None
 
     def skipped_candidates(self, facts: ModelFacts) -> list[tuple[str, str]]:
         if facts.device == "cpu" and facts.bf16_supported and facts.attention_calls == 0:
-            return [("amp=bf16 + amp_fp32_attention",
-                     "the model never calls F.scaled_dot_product_attention: nothing to keep in float32")]
+            return [
+                (
+                    "amp=bf16 + amp_fp32_attention",
+                    "the model never calls F.scaled_dot_product_attention: nothing to keep in float32",
+                )
+            ]
         return []
 
     def setup_hook(self, settings: TuneSettings, log: ApplyLog) -> SetupHook | None:
@@ -101,7 +112,7 @@ class AmpKnob(Knob):
                 "scaler.update()",
             ]
         lines = [
-            'with torch.autocast(device_type=device.type, dtype=torch.bfloat16):  # around the model call',
+            "with torch.autocast(device_type=device.type, dtype=torch.bfloat16):  # around the model call",
             "    out = model(inputs)",
             "out = out.float()  # compute the loss in float32",
         ]
@@ -138,7 +149,9 @@ def install_autocast(dtype: torch.dtype, log: ApplyLog) -> Undo:
         ctx = torch.autocast(device_type=device, dtype=dtype)
         ctx.__enter__()
         stack.append(ctx)
-        log.did("amp", f"autocast({device}, {str(dtype).removeprefix('torch.')}) around {type(module).__name__}")
+        log.did(
+            "amp", f"autocast({device}, {str(dtype).removeprefix('torch.')}) around {type(module).__name__}"
+        )
         return None
 
     def post(module: torch.nn.Module, output: Any) -> Any:
@@ -161,7 +174,9 @@ def patch_attention_fp32(log: ApplyLog) -> Undo:
 
     original = F.scaled_dot_product_attention
 
-    def attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    def attention(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> Any:
         device = query.device.type
         if not torch.is_autocast_enabled(device):
             return original(query, key, value, *args, **kwargs)

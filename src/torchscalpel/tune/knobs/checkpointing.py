@@ -21,7 +21,9 @@ from torchscalpel.tune.settings import TuneSettings
 if TYPE_CHECKING:
     from torchscalpel.tune.facts import ModelFacts
 
-MEMORY_ONLY = "a memory knob: 'scalpel tune --fit SIZE' and 'scalpel memory' recommend it; it never makes a step faster"
+MEMORY_ONLY = (
+    "a memory knob: 'scalpel tune --fit SIZE' and 'scalpel memory' recommend it; it never makes a step faster"
+)
 
 
 class CheckpointingKnob(Knob):
@@ -126,7 +128,9 @@ def install_checkpointing(log: ApplyLog) -> Undo:
             if "forward" not in block.__dict__:
                 block.forward = checkpointed(block)  # type: ignore[method-assign]
                 wrapped.append(block)
-        log.did("checkpointing", f"activation checkpointing of {len(blocks)} {type(blocks[0][1]).__name__} blocks")
+        log.did(
+            "checkpointing", f"activation checkpointing of {len(blocks)} {type(blocks[0][1]).__name__} blocks"
+        )
         return None
 
     remove = RootHooks(on_pre=pre).install()

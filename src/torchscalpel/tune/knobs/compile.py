@@ -43,8 +43,9 @@ class CompileKnob(Knob):
     numerics = CLOSE
     description = "torch.compile of a model region"
 
-    def __init__(self, *, backend: str = "inductor", modes: tuple[str, ...] = ("default",),
-                 max_regions: int = 2) -> None:
+    def __init__(
+        self, *, backend: str = "inductor", modes: tuple[str, ...] = ("default",), max_regions: int = 2
+    ) -> None:
         self.backend = backend
         self.modes = modes
         self.max_regions = max_regions
@@ -75,17 +76,26 @@ class CompileKnob(Knob):
         # The block region is tried only on a block the baseline's forward called: compiling a
         # class that never runs (a ModuleDict container, say) is a no-op whose "speedup" is drift.
         if facts.repeated and is_torch_layer(facts.repeated[0]["cls"]):
-            return [(f"compile({facts.repeated[0]['cls']})",
-                     f"the repeated block is a single torch.nn.{facts.repeated[0]['cls']} layer: "
-                     "compiled one at a time there is nothing to fuse; the hottest submodule and the "
-                     "whole model are tried instead")]
+            return [
+                (
+                    f"compile({facts.repeated[0]['cls']})",
+                    f"the repeated block is a single torch.nn.{facts.repeated[0]['cls']} layer: "
+                    "compiled one at a time there is nothing to fuse; the hottest submodule and the "
+                    "whole model are tried instead",
+                )
+            ]
         if not facts.models or facts.repeated:
             return []
         if facts.uncalled_blocks:
             names = ", ".join(facts.uncalled_blocks)
             return [("compile(blocks)", f"the repeated block class {names} is never called in the forward")]
-        return [("compile(blocks)", "no repeated block: no module class is called from a "
-                                    "ModuleList/Sequential stack of two or more")]
+        return [
+            (
+                "compile(blocks)",
+                "no repeated block: no module class is called from a "
+                "ModuleList/Sequential stack of two or more",
+            )
+        ]
 
     def setup_hook(self, settings: TuneSettings, log: ApplyLog) -> SetupHook | None:
         if settings.compile is None:
@@ -115,7 +125,7 @@ class CompileKnob(Knob):
         return [
             *cpu,
             "for module in model.modules():",
-            f"    if type(module).__name__ == \"{spec.target}\":",
+            f'    if type(module).__name__ == "{spec.target}":',
             f"        module.compile({args})",
         ]
 
@@ -159,8 +169,11 @@ def region_targets(facts: ModelFacts, limit: int) -> list[str]:
     regions: list[str] = [r["cls"] for r in facts.repeated[:1] if not is_torch_layer(r["cls"])]
     # The hottest single submodule is worth its own trial only when it holds a real share of the
     # forward time (compiling a 3% embedding gains nothing measurable).
-    timed = [s for s in facts.submodules if s.get("forward_ms") is not None
-             and s["cls"] not in containers and s["cls"] not in regions]
+    timed = [
+        s
+        for s in facts.submodules
+        if s.get("forward_ms") is not None and s["cls"] not in containers and s["cls"] not in regions
+    ]
     if timed:
         hottest = max(timed, key=lambda s: s["forward_ms"])
         if facts.forward_ms and hottest["forward_ms"] >= HOT_SHARE * facts.forward_ms:
@@ -177,7 +190,8 @@ def matching_modules(model: torch.nn.Module, target: str) -> list[torch.nn.Modul
     except AttributeError:
         pass
     return [m for m in model.modules() if type(m).__name__ == target and m is not model] or (
-        [model] if type(model).__name__ == target else [])
+        [model] if type(model).__name__ == target else []
+    )
 
 
 def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: bool = False) -> Undo:
@@ -208,8 +222,14 @@ def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: 
         for target in targets:
             if "forward" in target.__dict__:  # already replaced (a shared block)
                 continue
-            target.forward = CompiledRegion(target.forward, spec, log, recorder, root=module,
-                                            what=f"{spec.label()}: {len(targets)} module(s) in {type(module).__name__}")
+            target.forward = CompiledRegion(
+                target.forward,
+                spec,
+                log,
+                recorder,
+                root=module,
+                what=f"{spec.label()}: {len(targets)} module(s) in {type(module).__name__}",
+            )
             compiled.append(target)
         return None
 
@@ -231,8 +251,9 @@ def needs_eager_random(model: torch.nn.Module) -> bool:
     """True for a CPU model in training mode with a dropout layer that draws masks (p > 0)."""
     if module_device(model).type != "cpu":
         return False  # on CUDA inductor's Philox RNG is fast
-    return any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0
-               for m in model.modules())
+    return any(
+        isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in model.modules()
+    )
 
 
 def use_eager_random(log: ApplyLog) -> Undo:
@@ -258,6 +279,7 @@ def _mark_cudagraph_steps() -> Undo:
     """Tell cudagraph trees where each training iteration begins (after every optimizer step), so
     the replayed graphs may reuse the last iteration's output memory; without the mark a script
     that calls the model twice per step (evaluation, accumulation) reads overwritten outputs."""
+
     def post(optimizer: Any, args: Any, kwargs: Any) -> None:
         torch.compiler.cudagraph_mark_step_begin()
 
@@ -265,8 +287,12 @@ def _mark_cudagraph_steps() -> Undo:
     return handle.remove
 
 
-_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_forward_hooks_always_called",
-               "_global_forward_hooks_with_kwargs")
+_HOOK_DICTS = (
+    "_global_forward_pre_hooks",
+    "_global_forward_hooks",
+    "_global_forward_hooks_always_called",
+    "_global_forward_hooks_with_kwargs",
+)
 
 
 @contextmanager
@@ -308,8 +334,16 @@ class CompiledRegion:
     first call: a region that never runs leaves the trial "not applied".
     """
 
-    def __init__(self, forward: Any, spec: CompileSpec, log: ApplyLog, recorder: FailureRecorder, *,
-                 root: torch.nn.Module, what: str) -> None:
+    def __init__(
+        self,
+        forward: Any,
+        spec: CompileSpec,
+        log: ApplyLog,
+        recorder: FailureRecorder,
+        *,
+        root: torch.nn.Module,
+        what: str,
+    ) -> None:
         self.forward = forward
         self.spec = spec
         self.log = log
@@ -326,7 +360,9 @@ class CompiledRegion:
 
     def _compile(self, fullgraph: bool) -> Any:
         # The mode lives in the recorder (it wraps the backend as torch.compile configures it).
-        return torch.compile(self.forward, dynamic=self.spec.dynamic, backend=self.recorder, fullgraph=fullgraph)
+        return torch.compile(
+            self.forward, dynamic=self.spec.dynamic, backend=self.recorder, fullgraph=fullgraph
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.fn is not None:
@@ -354,10 +390,13 @@ class CompiledRegion:
                     return out
                 except (Unsupported, UserError) as exc:
                     # Dynamo stops at the first break before running anything: falling back is safe.
-                    frames = user_frames("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+                    frames = user_frames(
+                        "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+                    )
                     where = f"{frames[-1][0]}:{frames[-1][1]}" if frames else ""
-                    TRIAGE.fullgraph.update(attempted=True, ok=False, reason=str(exc).splitlines()[0][:300],
-                                            where=where)
+                    TRIAGE.fullgraph.update(
+                        attempted=True, ok=False, reason=str(exc).splitlines()[0][:300], where=where
+                    )
                     if self.spec.fullgraph:  # asked for explicitly: a break is this trial's failure
                         raise
                 except Exception as exc:
@@ -379,13 +418,19 @@ class CompiledRegion:
         name = disable_function(frame, [self.root])
         if name is None:
             raise exc
-        inner = getattr(exc, "inner_exception", None) or exc  # BackendCompilerFailed wraps the backend's error
+        inner = (
+            getattr(exc, "inner_exception", None) or exc
+        )  # BackendCompilerFailed wraps the backend's error
         text = str(inner).strip()
         cause = f"{type(inner).__name__}: {text.splitlines()[0][:300]}" if text else type(inner).__name__
-        TRIAGE.excluded.append({"function": name, "where": f"{frame[0]}:{frame[1]}", "cause": cause,
-                                "retried": "yes"})
-        self.log.did("compile", f"compile failed in {name} ({frame[0]}:{frame[1]}): excluded with "
-                                "torch.compiler.disable and retried")
+        TRIAGE.excluded.append(
+            {"function": name, "where": f"{frame[0]}:{frame[1]}", "cause": cause, "retried": "yes"}
+        )
+        self.log.did(
+            "compile",
+            f"compile failed in {name} ({frame[0]}:{frame[1]}): excluded with "
+            "torch.compiler.disable and retried",
+        )
         self.recorder.frame = None
         torch._dynamo.reset()
         self.fn = self._compile(False)

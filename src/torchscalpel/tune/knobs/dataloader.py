@@ -36,15 +36,26 @@ class DataLoaderKnob(Knob):
         if facts.loaders == 0:
             return [], "the script iterates no torch DataLoader"
         if facts.iterable_dataset:
-            return [], "the DataLoader wraps an IterableDataset; extra workers would each yield the full stream"
+            return (
+                [],
+                "the DataLoader wraps an IterableDataset; extra workers would each yield the full stream",
+            )
         pin = True if facts.device == "cuda" else None  # page-locked batches copy asynchronously
         if data_bound(facts):
             # The profile says the step waits on data: sweep the worker count (1, 2, 4, ... up to
             # the usable cores), each with persistent workers (no re-fork per epoch) and a deeper
             # prefetch queue, so the fastest count is measured rather than guessed.
-            return [TuneSettings(dataloader=DataLoaderSpec(
-                num_workers=w, persistent_workers=True, prefetch_factor=4 if w > 0 else None,
-                pin_memory=pin)) for w in worker_sweep(facts.cpu_count, facts.loader_workers)], None
+            return [
+                TuneSettings(
+                    dataloader=DataLoaderSpec(
+                        num_workers=w,
+                        persistent_workers=True,
+                        prefetch_factor=4 if w > 0 else None,
+                        pin_memory=pin,
+                    )
+                )
+                for w in worker_sweep(facts.cpu_count, facts.loader_workers)
+            ], None
         if facts.loader_workers > 0:
             # Workers already on: only the cheap follow-ups are worth a trial.
             spec = DataLoaderSpec(persistent_workers=True, prefetch_factor=4, pin_memory=pin)

@@ -43,8 +43,10 @@ class ChannelsLastKnob(Knob):
     def code_lines(self, settings: TuneSettings) -> list[str]:
         if not settings.channels_last:
             return []
-        return ["model = model.to(memory_format=torch.channels_last)",
-                "images = images.to(memory_format=torch.channels_last)  # each 4-D input batch"]
+        return [
+            "model = model.to(memory_format=torch.channels_last)",
+            "images = images.to(memory_format=torch.channels_last)  # each 4-D input batch",
+        ]
 
 
 def install_channels_last(log: ApplyLog) -> Undo:
@@ -59,7 +61,11 @@ def install_channels_last(log: ApplyLog) -> Undo:
                 return None
             module.to(memory_format=torch.channels_last)
             log.did("channels_last", f"{type(module).__name__} -> channels_last")
-        return tuple(a.contiguous(memory_format=torch.channels_last)
-                     if isinstance(a, torch.Tensor) and a.dim() == 4 else a for a in args)
+        return tuple(
+            a.contiguous(memory_format=torch.channels_last)
+            if isinstance(a, torch.Tensor) and a.dim() == 4
+            else a
+            for a in args
+        )
 
     return RootHooks(on_pre=pre).install()

@@ -83,8 +83,11 @@ def batch_statistics_modules(model: nn.Module) -> list[nn.Module]:
     from torch.nn.modules.batchnorm import _BatchNorm
     from torch.nn.modules.instancenorm import _InstanceNorm
 
-    return [m for m in model.modules()
-            if isinstance(m, _BatchNorm) or (isinstance(m, _InstanceNorm) and m.track_running_stats)]
+    return [
+        m
+        for m in model.modules()
+        if isinstance(m, _BatchNorm) or (isinstance(m, _InstanceNorm) and m.track_running_stats)
+    ]
 
 
 def batchnorm_reason(model: nn.Module, modules: list[nn.Module]) -> str | None:
@@ -96,14 +99,18 @@ def batchnorm_reason(model: nn.Module, modules: list[nn.Module]) -> str | None:
 
     names = {m: n for n, m in model.named_modules()}
     first = training[0]
-    label = display_name(names.get(first, "?"), first, type(model).__name__)  # the memory report's module names
+    label = display_name(
+        names.get(first, "?"), first, type(model).__name__
+    )  # the memory report's module names
     if not label.endswith(")"):
         label += f" ({type(first).__name__})"
     more = f" and {len(training) - 1} more" if len(training) > 1 else ""
-    return (f"{type(model).__name__} has {label}{more} in training mode: "
-            "micro-batches would each be normalised by their own statistics (a different loss and gradients) and "
-            "update its running statistics once per micro-batch; ran unsplit (a GroupNorm/LayerNorm model, or a "
-            "smaller batch in the script, avoids this)")
+    return (
+        f"{type(model).__name__} has {label}{more} in training mode: "
+        "micro-batches would each be normalised by their own statistics (a different loss and gradients) and "
+        "update its running statistics once per micro-batch; ran unsplit (a GroupNorm/LayerNorm model, or a "
+        "smaller batch in the script, avoids this)"
+    )
 
 
 def _batch_size(args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
@@ -176,8 +183,11 @@ def install_microbatching(k: int, log: ApplyLog) -> Undo:
             return original_call(module, *args, **kwargs)
         batch = _batch_size(args, kwargs)
         if batch is None or batch < 2:
-            log.skip("microbatch", f"{type(module).__name__} was called without a batch dimension to split "
-                     f"({'no tensor input' if batch is None else 'a batch of 1'}); ran unsplit")
+            log.skip(
+                "microbatch",
+                f"{type(module).__name__} was called without a batch dimension to split "
+                f"({'no tensor input' if batch is None else 'a batch of 1'}); ran unsplit",
+            )
             return original_call(module, *args, **kwargs)
         # An indivisible batch (an epoch's last, smaller one) is split too: run unsplit it would hold the
         # whole batch's activations at once and cross the limit the micro-batches were chosen for.
@@ -199,7 +209,9 @@ def install_microbatching(k: int, log: ApplyLog) -> Undo:
             a = tuple(s[i] for s in split_args)
             kw = {key: s[i] for key, s in split_kwargs.items()}
             outs.append(checkpoint(chunk_forward, *a, kw=kw, use_reentrant=False))
-            sizes.append(next(int(t.shape[0]) for t in (*a, *kw.values()) if isinstance(t, torch.Tensor) and t.dim()))
+            sizes.append(
+                next(int(t.shape[0]) for t in (*a, *kw.values()) if isinstance(t, torch.Tensor) and t.dim())
+            )
         shown = f"{min(sizes)}" if min(sizes) == max(sizes) else f"{max(sizes)} and {min(sizes)}"
         log.did("microbatch", f"{type(module).__name__}: batch {batch} in {n} micro-batches of {shown}")
         return combine(outs, sizes)
@@ -208,8 +220,14 @@ def install_microbatching(k: int, log: ApplyLog) -> Undo:
         # Inside backward (a graph task running) a module call is a checkpoint's recompute: a block
         # checkpointed by the checkpointing knob recomputes its forward there, outside any micro-batch
         # call, and must see the tensors it saved, not be split again.
-        if (state["depth"] or not module.training or not torch.is_grad_enabled() or torch.compiler.is_compiling()
-                or torch._C._current_graph_task_id() != -1 or next(iter(module.parameters()), None) is None):
+        if (
+            state["depth"]
+            or not module.training
+            or not torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+            or torch._C._current_graph_task_id() != -1
+            or next(iter(module.parameters()), None) is None
+        ):
             return original_call(module, *args, **kwargs)
         state["depth"] += 1
         try:

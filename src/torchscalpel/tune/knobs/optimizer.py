@@ -59,7 +59,10 @@ def patch_optimizers(impl: str, log: ApplyLog) -> Undo:
     """Make every ``torch.optim`` optimizer that accepts ``impl`` (``fused``/``foreach``) default to it."""
     originals: dict[type, Any] = {}
     for cls in vars(torch.optim).values():
-        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)) or cls is torch.optim.Optimizer:
+        if (
+            not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer))
+            or cls is torch.optim.Optimizer
+        ):
             continue
         init = cls.__dict__.get("__init__")
         if init is None or impl not in inspect.signature(init).parameters:

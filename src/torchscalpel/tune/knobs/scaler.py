@@ -96,7 +96,9 @@ class InsertedScaler:
                     scaler.scaler.update()
                     if scaler.scaler.get_scale() < before:
                         scaler.skipped_steps += 1
-                        scaler.log.did("amp", "a step with inf/NaN gradients was skipped and the scale lowered")
+                        scaler.log.did(
+                            "amp", "a step with inf/NaN gradients was skipped and the scale lowered"
+                        )
                     else:
                         scaler.log.did("amp", "optimizer.step through the inserted GradScaler")
                     return out
