@@ -25,6 +25,7 @@ demo: venv
 test: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests -q -p no:cacheprovider --durations=25
 
 # The edit loop: tests/unit without the tests that start processes for ranks (dist) or run end to end (slow).
@@ -34,6 +35,7 @@ test-fast: venv
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
+	$(VENV)/bin/lint-imports
 
 format: venv
 	$(VENV)/bin/ruff format src tests benchmarks examples scripts

@@ -39,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _record_invariants(request: pytest.FixtureRequest):
     """After each test, every run.json under its tmp_path (the runs it wrote, --out folders included) must keep
-    the record invariants (:func:`torchscalpel.record.check_invariants`): no stage writes an inconsistent record
+    the record invariants (:func:`torchscalpel.record_check.check_invariants`): no stage writes an inconsistent record
     without a test failing."""
     mode = os.environ.get(RECORD_CHECK_ENV, "strict")
     if (

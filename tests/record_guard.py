@@ -1,5 +1,5 @@
 """The suite's record check: every run.json a torchscalpel stage wrote under a test's folder must satisfy
-``torchscalpel.record.check_invariants`` (issue 27). ``tests/conftest.py``'s autouse fixture calls
+``torchscalpel.record_check.check_invariants`` (issue 27). ``tests/conftest.py``'s autouse fixture calls
 :func:`record_violations` after each test."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def record_violations(root: Path) -> tuple[list[str], list[str]]:
     """``(failures, known)``: every broken invariant of every run.json a torchscalpel stage wrote under ``root``,
     as ``path: sentence``; ``known`` holds those of :data:`KNOWN_VIOLATIONS`, each with its defect."""
     from torchscalpel.errors import ScalpelError
-    from torchscalpel.record import check_invariants
+    from torchscalpel.record_check import check_invariants
 
     failures, known = [], []
     for path in sorted(root.rglob("run.json")):

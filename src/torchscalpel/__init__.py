@@ -18,9 +18,8 @@ stays fast): the runtime is imported when a block starts.
 import torchscalpel.doctor as _doctor_package  # noqa: F401
 import torchscalpel.memory as _memory_package  # noqa: F401
 from torchscalpel.inprocess import InProcessRun, doctor, memory, profile
-from torchscalpel.record import RunRecord, load_record, save_record
-
-__version__ = "0.1.0"
+from torchscalpel.record import RunRecord, load_record, save_record, set_inline_html
+from torchscalpel.version import __version__
 
 __all__ = [
     "InProcessRun",
@@ -32,6 +31,16 @@ __all__ = [
     "profile",
     "save_record",
 ]
+
+
+def _inline_summary(record: RunRecord) -> str:
+    """A record's report summary for Jupyter; imported on first display (the report imports torch)."""
+    from torchscalpel.report.html import inline_summary
+
+    return inline_summary(record)
+
+
+set_inline_html(_inline_summary)  # the record cannot import the report: it is on the floor below
 
 
 def __dir__() -> list[str]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import os
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -93,3 +95,9 @@ class Finding:
             source=data.get("source", "runtime"),
             rank=data.get("rank"),
         )
+
+
+def counts(findings: Sequence[Finding]) -> dict[str, int]:
+    """Number of findings per severity name (all three keys present)."""
+    c = Counter(str(f.severity) for f in findings)
+    return {name: c.get(name, 0) for name in ("error", "warning", "info")}

@@ -196,7 +196,9 @@ def doctor(
     cap = TimeCap(time_cap_s)  # as in ``scalpel doctor``: the step window, bounded for a very slow loop
     rules.append(cap)
     observer = DoctorObserver(rules)
-    options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name)
+    options = RuntimeOptions(
+        warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name, step_scalars=False
+    )
 
     def finish(run: InProcessRun) -> None:
         from torchscalpel.stages.profile import finish_profile
@@ -212,7 +214,7 @@ def doctor(
         if not run.quiet:
             from rich.console import Console
 
-            from torchscalpel.doctor.output import render_terminal
+            from torchscalpel.report.doctor_terminal import render_terminal
 
             render_terminal(run.findings, Console())
 
@@ -246,23 +248,25 @@ def memory(
     (:data:`~torchscalpel.runtime.window.MEMORY_WINDOW`: 20), or all under ``memory_limit`` as in
     ``scalpel memory``, so growth that crosses the limit late still gets its post-mortem."""
     from torchscalpel.memory.observer import MemoryObserver
-    from torchscalpel.memory.stage import observer_setup
     from torchscalpel.runtime.session import RuntimeOptions
+    from torchscalpel.stages.memory import observer_setup
     from torchscalpel.units import parse_size
 
     limit = parse_size(memory_limit, flag="memory_limit") if isinstance(memory_limit, str) else memory_limit
     observer = MemoryObserver(limit=limit)
     if steps == "default":
         steps = None if limit is not None else MEMORY_WINDOW.steps
-    options = RuntimeOptions(warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name)
+    options = RuntimeOptions(
+        warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name, step_scalars=False
+    )
 
     def finish(run: InProcessRun) -> None:
-        from torchscalpel.memory.stage import finish as finish_memory
+        from torchscalpel.stages.memory import finish as finish_memory
 
         assert run.record is not None and run.out_dir is not None
         finish_memory(run.record, run.out_dir, json_path=None, write_report=run.report)
         if not run.quiet:
-            from torchscalpel.memory.render import summary_lines
+            from torchscalpel.report.memory_terminal import summary_lines
 
             print("\n".join(summary_lines(run.record.sections.get("memory") or {})))
 

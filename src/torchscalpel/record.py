@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -115,6 +116,17 @@ class StepRecord:
         }
 
 
+_inline_html: Callable[[RunRecord], str] | None = None
+"""Renders a record's summary as HTML for Jupyter; registered from above (the package root)."""
+
+
+def set_inline_html(render: Callable[[RunRecord], str] | None) -> None:
+    """Register the renderer behind :meth:`RunRecord._repr_html_` (dependency inversion: the record is on
+    the bottom floor, the HTML report near the top)."""
+    global _inline_html
+    _inline_html = render
+
+
 @dataclass(kw_only=True, slots=True)
 class RunRecord:
     """Everything one run measured; see the module docstring for the layout."""
@@ -147,12 +159,12 @@ class RunRecord:
     extra: dict[str, Any] = field(default_factory=dict)
     """Keys this reader does not know (written by a newer minor version); saved back as-is."""
 
-    def _repr_html_(self) -> str:
-        """Jupyter's rich display: the report's summary sections, inline."""
-        # Imported here: rendering sits above the record, which must not need it to load or save.
-        from torchscalpel.report.html import inline_summary
+    def _repr_html_(self) -> str | None:
+        """Jupyter's rich display: the report's summary sections, inline (None: plain repr).
 
-        return inline_summary(self)
+        The renderer sits floors above the record, so the record does not import it: the package root
+        (always loaded before any submodule) registers it with :func:`set_inline_html`."""
+        return None if _inline_html is None else _inline_html(self)
 
     def op_summary(self) -> dict[str, Any]:
         """The profiler window's op summary (``top_ops``, ``categories``, ``memory``, ...).
@@ -227,7 +239,7 @@ def new_run_record(
     config: dict[str, Any] | None = None,
 ) -> RunRecord:
     """The one factory of records: stamps ``created`` (:func:`now_timestamp`) and ``tool_version``."""
-    from torchscalpel import __version__
+    from torchscalpel.version import __version__
 
     return RunRecord(
         name=name,
@@ -298,11 +310,3 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     raise TypeError(f"cannot store {type(value).__name__} in a run record")
-
-
-def check_invariants(record_or_path: RunRecord | str | os.PathLike[str]) -> list[str]:
-    """The invariants a record breaks, one sentence each naming the field (empty: consistent);
-    :mod:`torchscalpel.record_check` lists the rules."""
-    from torchscalpel.record_check import check_invariants as check  # the rules import this module
-
-    return check(record_or_path)

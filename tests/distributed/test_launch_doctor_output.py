@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from torchscalpel.doctor.output import render_rank_findings
 from torchscalpel.doctor.ranks import across_rank_findings
 from torchscalpel.findings import Finding, Severity
+from torchscalpel.report.doctor_terminal import render_rank_findings
 
 
 def _text(across: list[Finding], per_rank: list[Finding], ranks: int = 2) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchscalpel.ship.demo import run_ship_demo
+from torchscalpel.stages.export_demo import run_ship_demo
 
 pytestmark = pytest.mark.slow
 

@@ -107,7 +107,7 @@ def test_torchscalpel_doctor_is_the_same_function_whatever_was_imported_first() 
         "import inspect, sys\n"
         "from torchscalpel.doctor.api import diagnose\n"
         "from torchscalpel.memory import analysis\n"
-        "import torchscalpel.doctor.output\n"
+        "import torchscalpel.report.doctor_terminal\n"
         "import torchscalpel\n"
         "from torchscalpel import doctor, memory\n"
         "assert inspect.isfunction(doctor) and torchscalpel.doctor is doctor, torchscalpel.doctor\n"

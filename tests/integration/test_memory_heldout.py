@@ -254,7 +254,7 @@ def test_graphs_kept_from_earlier_steps_are_growth_before_a_slope_can_be_fit(
     m = run.record.sections["memory"]
     assert m["oom"]["request"]["step"] <= 3 and not m["growth"]["per_step"]
     assert m["top_cause"]["key"] == "growth" and m["oom"]["kept_activations"] >= 16 * 2**20
-    from torchscalpel.memory.render import summary_lines
+    from torchscalpel.report.memory_terminal import summary_lines
 
     assert any("saved in earlier steps were still live" in line for line in summary_lines(m))
     first = m["oom"]["ladder"][0]

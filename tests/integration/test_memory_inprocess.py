@@ -73,7 +73,7 @@ def test_a_peak_before_training_is_kept_apart_from_the_training_peak(tmp_path: P
     assert m["peak"]["by_category"]["parameters"] == 128 * 129 * 4
     before = m["before_training"]
     assert before["total"] >= 32 * 2**20 and before["site"].startswith(__file__)
-    from torchscalpel.memory.render import summary_lines
+    from torchscalpel.report.memory_terminal import summary_lines
 
     assert any(line.startswith("before training the live total was higher") for line in summary_lines(m))
 

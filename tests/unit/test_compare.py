@@ -10,8 +10,8 @@ import pytest
 
 from torchscalpel.cli.main import main
 from torchscalpel.compare import compare_records
-from torchscalpel.compare.page import render
 from torchscalpel.record import SCHEMA_VERSION, RunRecord, StepRecord, load_record, save_record
+from torchscalpel.report.compare_page import render
 from torchscalpel.runtime.summary import summarize
 
 PHASE_MS = {"data": 1.0, "forward": 3.0, "backward": 5.0, "optimizer": 1.0, "other": 0.5}

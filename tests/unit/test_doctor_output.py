@@ -6,10 +6,10 @@ import io
 
 from rich.console import Console
 
-from torchscalpel.doctor.output import reaches, render_terminal, to_json
 from torchscalpel.doctor.sarif import to_sarif
 from torchscalpel.findings import Finding, Location, Severity
 from torchscalpel.record import RunRecord
+from torchscalpel.report.doctor_terminal import reaches, render_terminal, to_json
 from torchscalpel.report.findings_sections import build
 
 FINDINGS = [
@@ -71,7 +71,7 @@ def test_terminal_lists_most_severe_first_with_fix_and_location() -> None:
 
 
 def test_summary_line_says_when_errors_were_found() -> None:
-    from torchscalpel.doctor.output import summary_line
+    from torchscalpel.report.doctor_terminal import summary_line
 
     assert "2 error(s) found" in summary_line(
         [FINDINGS[1], FINDINGS[1]]

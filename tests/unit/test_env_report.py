@@ -12,7 +12,7 @@ from rich.console import Console
 from torchscalpel.envcheck import report as report_mod
 from torchscalpel.envcheck.probes import ProbeResult
 from torchscalpel.envcheck.report import build_report, write_json
-from torchscalpel.envcheck.screen import fact_rows, render
+from torchscalpel.report.env_terminal import fact_rows, render
 
 GPU_FACTS: dict[str, Any] = {
     "python": "3.11.7",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from torchscalpel.memory.ladder import build_ladder
-from torchscalpel.memory.render import summary_lines
+from torchscalpel.report.memory_terminal import summary_lines
 
 MIB = 1024**2
 

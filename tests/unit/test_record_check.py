@@ -1,4 +1,4 @@
-"""torchscalpel.record.check_invariants: a consistent record passes, each broken invariant is named."""
+"""torchscalpel.record_check.check_invariants: a consistent record passes, each broken invariant is named."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from torchscalpel.record import RunRecord, StepRecord, check_invariants, load_record, save_record
+from torchscalpel.record import RunRecord, StepRecord, load_record, save_record
+from torchscalpel.record_check import check_invariants
 from torchscalpel.runtime.summary import summarize
 
 

@@ -387,8 +387,8 @@ def test_the_cli_shows_progress_in_mib_on_a_terminal_only(
 
     from rich.console import Console
 
+    from torchscalpel import console as terminal
     from torchscalpel.cli import memory as cli_memory
-    from torchscalpel.report import terminal
 
     path = _write(tmp_path, snapshot_data(n_segments=1000))
     reader(path, True)

@@ -83,7 +83,7 @@ def test_every_share_shown_is_the_share_of_the_median_shown_beside_it(tmp_path):
 
     from rich.console import Console
 
-    from torchscalpel.report.terminal import print_profile_summary
+    from torchscalpel.report.profile_terminal import print_profile_summary
 
     r = RunRecord(name="outlier", status="stopped")
     r.steps = [

@@ -6,9 +6,10 @@ import io
 
 from rich.console import Console
 
+from torchscalpel import console as terminal
+from torchscalpel.console import OfTotalColumn, StepProgress, make_console
 from torchscalpel.record import StepRecord
-from torchscalpel.report import terminal
-from torchscalpel.report.terminal import OfTotalColumn, StepProgress, make_console, strip_ansi
+from torchscalpel.runtime.script import strip_ansi
 
 
 def test_ansi_escapes_are_stripped():

@@ -10,8 +10,8 @@ from test_tune_search import FakeRunner
 from torchscalpel.record import RunRecord
 from torchscalpel.report.tune_sections import build
 from torchscalpel.runtime.target import Target
+from torchscalpel.stages.tune import tune_stage
 from torchscalpel.tune import search as search_mod
-from torchscalpel.tune import tune_stage
 from torchscalpel.tune.settings import TuneSettings, read_settings_file
 
 
@@ -29,7 +29,7 @@ def test_tune_stage_writes_every_output(monkeypatch, tmp_path):
 
 
 def test_user_config_is_never_overwritten(monkeypatch, tmp_path):
-    from torchscalpel.tune.outputs import save_outputs
+    from torchscalpel.stages.tune import save_outputs
     from torchscalpel.tune.search import TuneOptions, tune
 
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
@@ -62,7 +62,7 @@ def test_report_sections_show_no_change(monkeypatch, tmp_path):
 def test_the_recommendation_says_how_many_pairs_confirmed_it_and_warns_below_three(monkeypatch, tmp_path):
     from rich.console import Console
 
-    from torchscalpel.tune.console import print_tune_result
+    from torchscalpel.report.tune_terminal import print_tune_result
 
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
     result = tune_stage(Target(script=Path("train.py")), tmp_path / "t", budget_s=60, quiet=True)

@@ -388,7 +388,7 @@ def test_progress_counts_trial_n_of_m_with_time_left(clocked):
 
 
 def test_each_row_shows_the_baseline_its_ratio_used(run_search):
-    from torchscalpel.tune.console import HEADERS, row_cells
+    from torchscalpel.report.tune_terminal import HEADERS, row_cells
 
     runner = FakeRunner(
         {"refresh": 200.0, "amp=bf16 + amp_fp32_attention": 210.0, "amp=bf16": 150.0, "threads=2": 150.0},
@@ -653,8 +653,8 @@ def test_every_output_shows_one_speedup_per_candidate(monkeypatch, tmp_path):
 
     from torchscalpel.record import load_record
     from torchscalpel.report.tune_sections import build
-    from torchscalpel.tune.console import HEADERS, print_tune_result
-    from torchscalpel.tune.outputs import save_outputs
+    from torchscalpel.report.tune_terminal import HEADERS, print_tune_result
+    from torchscalpel.stages.tune import save_outputs
 
     label = "threads=2"
     runner = FakeRunner({label: 61.0}, confirm={label: [100 / 1.32, 100 / 1.25, 100 / 1.40]})
@@ -732,7 +732,7 @@ def test_noise_from_one_baseline_run_is_not_measured(run_search):
 def test_a_search_that_measured_no_candidate_says_so_and_recommends_nothing(clocked, tmp_path):
     from rich.console import Console
 
-    from torchscalpel.tune.console import print_tune_result
+    from torchscalpel.report.tune_terminal import print_tune_result
 
     # baseline runs of 10 s in a 25 s budget: nothing is left for any candidate
     result, _ = clocked(FakeRunner({"threads=2": 50.0}), budget_s=25, knobs=("amp", "threads"))

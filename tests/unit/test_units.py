@@ -76,10 +76,12 @@ def test_fmt_bytes_is_binary_with_one_decimal_below_gib_and_two_from_gib(n, text
 
 
 def test_plan_table_and_profile_summary_print_bytes_the_same_way():
-    from torchscalpel.plan import render
-    from torchscalpel.report import profile_sections, terminal
-    from torchscalpel.tune import console
+    from torchscalpel.report import plan_terminal, profile_sections, profile_terminal, tune_terminal
 
     assert (
-        render.fmt_bytes is terminal.fmt_bytes is profile_sections.fmt_bytes is console.fmt_bytes is fmt_bytes
+        plan_terminal.fmt_bytes
+        is profile_terminal.fmt_bytes
+        is profile_sections.fmt_bytes
+        is tune_terminal.fmt_bytes
+        is fmt_bytes
     )

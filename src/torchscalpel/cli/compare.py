@@ -46,13 +46,13 @@ def run(args: argparse.Namespace) -> int:
 
     to_stdout = args.json_path is not None and is_stdout(args.json_path)
     if not to_stdout:  # with '--json -' stdout holds only the JSON (the entry point moved prints to stderr)
-        from torchscalpel.compare.text import print_comparison
+        from torchscalpel.report.compare_terminal import print_comparison
 
         print_comparison(cmp)
     if args.json_path is not None:
         atomic_write_text(args.json_path, json.dumps(cmp.to_dict(), indent=1, allow_nan=True) + "\n")
     if args.html_path is not None:
-        from torchscalpel.compare.page import write_html
+        from torchscalpel.report.compare_page import write_html
 
         write_html(cmp, args.html_path)
         if not to_stdout:

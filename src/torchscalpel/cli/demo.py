@@ -64,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen stages; 0 when every one succeeded, 1 otherwise."""
     from rich.markup import escape
 
+    from torchscalpel.console import console, rule
     from torchscalpel.examples import copy_examples
-    from torchscalpel.report.terminal import console, rule
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = sorted(set(stages) - set(STAGES))
@@ -109,9 +109,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _env(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
+    from torchscalpel.console import make_console
     from torchscalpel.envcheck.report import build_report, write_json
-    from torchscalpel.envcheck.screen import render
-    from torchscalpel.report.terminal import make_console
+    from torchscalpel.report.env_terminal import render
 
     report = build_report(probes=[])  # what 'scalpel env --no-probe' shows
     render(report, make_console())
@@ -134,9 +134,9 @@ def _profile(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
 
 
 def _doctor(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
+    from torchscalpel.console import make_console
     from torchscalpel.doctor.api import diagnose
-    from torchscalpel.doctor.output import render_terminal
-    from torchscalpel.report.terminal import make_console
+    from torchscalpel.report.doctor_terminal import render_terminal
 
     out.mkdir(parents=True, exist_ok=True)
     record, findings = diagnose(target, steps=20, warmup=2, out_dir=out, command=["scalpel", "demo"])
@@ -167,7 +167,7 @@ def _analyze(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
 
 
 def _tune(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    from torchscalpel.tune import tune_stage
+    from torchscalpel.stages.tune import tune_stage
 
     tune_target = Target(
         script=target.script, args=["--steps", "60", "--log-every", "1000", "--corpus-chars", "500000"]
@@ -180,9 +180,9 @@ def _tune(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, st
 def _plan(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
     # What 'scalpel plan --device A100-80GB --world-size 2 --strategy all --no-max-batch -- SCRIPT' does.
     from torchscalpel.plan.devices import resolve_device
-    from torchscalpel.plan.render import render_text
     from torchscalpel.plan.script import ScriptPlanOptions, plan_script
     from torchscalpel.plan.strategies import strategies_for
+    from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
     options = ScriptPlanOptions(
@@ -226,7 +226,7 @@ SHIP_MODULES = {
 
 
 def _ship(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool, str, str]:
-    from torchscalpel.ship.demo import run_ship_demo
+    from torchscalpel.stages.export_demo import run_ship_demo
 
     missing = [dist for mod, dist in SHIP_MODULES.items() if importlib.util.find_spec(mod) is None]
     if missing:

@@ -117,9 +117,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     """``--nproc N``: every rank under the doctor via ``scalpel launch --doctor``, findings merged."""
-    from torchscalpel.doctor.output import reaches, render_rank_findings
+    from torchscalpel.console import make_console
     from torchscalpel.doctor.ranks import across_rank_findings, merge_rank_findings, run_ranks
-    from torchscalpel.report.terminal import make_console
+    from torchscalpel.report.doctor_terminal import reaches, render_rank_findings
 
     if args.module:
         raise UsageError("--nproc runs a script file; pass the script path instead of -m.")
@@ -162,9 +162,9 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
 
 
 def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str, Any]) -> None:
-    from torchscalpel import __version__
-    from torchscalpel.doctor.output import to_json
     from torchscalpel.doctor.sarif import to_sarif
+    from torchscalpel.report.doctor_terminal import to_json
+    from torchscalpel.version import __version__
 
     if args.json_path is not None:
         write_output_text(
@@ -178,10 +178,10 @@ def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str
 
 
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
-    from torchscalpel.doctor.output import reaches, render_terminal
+    from torchscalpel.console import make_console
     from torchscalpel.doctor.registry import rank_findings
     from torchscalpel.doctor.static import analyze_paths, iter_python_files
-    from torchscalpel.report.terminal import make_console
+    from torchscalpel.report.doctor_terminal import reaches, render_terminal
 
     files = list(iter_python_files(args.static))
     skipped: list[Any] = []
@@ -204,11 +204,12 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from rich.markup import escape
 
+    from torchscalpel.console import make_console
     from torchscalpel.doctor.api import diagnose
-    from torchscalpel.doctor.output import reaches, render_terminal
     from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
     from torchscalpel.record import save_record
-    from torchscalpel.report.terminal import make_console, strip_ansi
+    from torchscalpel.report.doctor_terminal import reaches, render_terminal
+    from torchscalpel.report.profile_terminal import strip_ansi
 
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
@@ -227,7 +228,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
         + (" (+ overfit-one-batch check)" if args.sanity else "")
     )
-    from torchscalpel.report.terminal import StepProgress
+    from torchscalpel.console import StepProgress
 
     planned = (
         args.warmup + DEFAULT_STEPS
@@ -251,6 +252,8 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
             step_timeout_s=args.step_timeout,
             time_cap_s=args.time_cap or None,
             progress=bar.update,
+            # the learning-rate and gradient-norm curves are recorded only for a tracker that shows them
+            step_scalars=bool(getattr(args, "tensorboard", None) or getattr(args, "mlflow", None)),
         )
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"

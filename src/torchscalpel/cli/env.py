@@ -113,9 +113,9 @@ def run(args: argparse.Namespace) -> int:
     probes, fail_on = _validate(args)
     from rich.console import Console
 
+    from torchscalpel.console import make_console
     from torchscalpel.envcheck.report import build_report, write_json
-    from torchscalpel.envcheck.screen import render
-    from torchscalpel.report.terminal import make_console
+    from torchscalpel.report.env_terminal import render
 
     console = make_console()  # piped or captured: full width, no wrapping at 80 columns
     status_console = Console(stderr=True)

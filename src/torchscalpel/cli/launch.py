@@ -173,7 +173,7 @@ def own_options_help(parser: argparse.ArgumentParser) -> str:
 
 def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
     """Merge the per-rank Run records, print the table (with --doctor: then the findings across and per
-    rank, :func:`~torchscalpel.doctor.output.render_rank_findings`), save ``OUT/launch.json``."""
+    rank, :func:`~torchscalpel.report.doctor_terminal.render_rank_findings`), save ``OUT/launch.json``."""
     import json
 
     from torchscalpel.distributed.hangwatch import watch_findings
@@ -194,9 +194,9 @@ def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
     if not doctor:
         print(format_table(merged))
     else:
-        from torchscalpel.doctor.output import render_rank_findings
+        from torchscalpel.console import make_console
         from torchscalpel.doctor.ranks import across_rank_findings, merge_rank_findings
-        from torchscalpel.report.terminal import make_console
+        from torchscalpel.report.doctor_terminal import render_rank_findings
 
         print(format_table({**merged, "findings": []}), flush=True)
         ranks = int(nproc) if str(nproc).isdigit() else len(records)

@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(or findings at --fail-on); 2 a usage error; 130 interrupted; a profiled script's own non-zero code when it fails (partial results are "
         "still written). 'scalpel COMMAND -h' describes each.",
     )
-    from torchscalpel import __version__
+    from torchscalpel.version import __version__
 
     parser.add_argument("--version", action="version", version=f"torchscalpel {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")

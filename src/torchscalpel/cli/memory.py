@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
         from torchscalpel.tune.settings import read_settings_file
 
         settings_hooks = setup_hooks(read_settings_file(args.config), ApplyLog())
-    from torchscalpel.memory.render import summary_lines
-    from torchscalpel.memory.stage import run_memory
+    from torchscalpel.report.memory_terminal import summary_lines
     from torchscalpel.runtime.session import RuntimeOptions
+    from torchscalpel.stages.memory import run_memory
 
     out_dir = args.out or default_run_dir(f"memory-{target.name}")
     # --until-eval: the runtime runs on; the observer stops it once the window's steps and an evaluation ran
@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
             name=f"memory-{target.name}",
             step_kind=args.step_kind,
             step_timeout_s=args.step_timeout,
+            step_scalars=False,  # memory never exports a learning-rate curve
         )
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
@@ -161,7 +162,7 @@ def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
 
     if not path.is_file():
         raise UsageError(f"{path} does not exist; give the path of a torch.cuda.memory._dump_snapshot file.")
-    from torchscalpel.report.terminal import TerminalProgress
+    from torchscalpel.console import TerminalProgress
 
     # MiB of the native reader's two passes: a large snapshot takes seconds to tens of seconds
     with TerminalProgress("snapshot", None, f"MiB of {path.name} (checked, then explained)") as bar:

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.device_memory)
     strategies = strategies_for(args.strategy, args.world_size, args.nodes)
     script_mode = _script_mode(args)
-    from torchscalpel.report.terminal import TerminalProgress
+    from torchscalpel.console import TerminalProgress
 
     # a large model's simulation and max-batch search take minutes: "N of M" strategies, on a terminal only
     info = "simulating on fake tensors" + (
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             bar.show(completed=done, total=max(done, total), info=f"{what} done")
 
         result, record, out_dir = _plan(args, device, strategies, script_mode, progress)
-    from torchscalpel.plan.render import render_text
+    from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
     print(render_text(result))

@@ -118,8 +118,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(records: list[Any], paths: list[Path]) -> int:
-    """``--check``: every broken invariant of every record (:func:`torchscalpel.record.check_invariants`)."""
-    from torchscalpel.record import check_invariants
+    """``--check``: every broken invariant of every record (:func:`torchscalpel.record_check.check_invariants`)."""
+    from torchscalpel.record_check import check_invariants
 
     broken = 0
     for record, path in zip(records, paths, strict=True):

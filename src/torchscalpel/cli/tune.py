@@ -112,8 +112,8 @@ def parse_budget(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Validate everything, run the search, save and print the results."""
-    from torchscalpel.tune.console import RichProgress, print_tune_result
-    from torchscalpel.tune.outputs import save_outputs
+    from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
+    from torchscalpel.stages.tune import save_outputs
     from torchscalpel.tune.search import TuneOptions, parse_knobs, tune
     from torchscalpel.tune.settings import COMPILE_MODES
 

@@ -19,13 +19,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from torchscalpel.doctor.output import counts
 from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.doctor.rules.rt_run import needs_launcher
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
 from torchscalpel.doctor.static import analyze_paths
 from torchscalpel.doctor.window import DEFAULT_STEPS, DOCTOR_WINDOW, RANK_STEPS, TIME_CAP_S
-from torchscalpel.findings import Finding
+from torchscalpel.findings import Finding, counts
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
 
@@ -177,6 +176,7 @@ def _run(
     profile: bool = False,
     step_kind: str = "auto",
     step_timeout_s: float | None = 600.0,
+    step_scalars: bool = False,
 ) -> tuple[RunRecord, DoctorObserver]:
     from torchscalpel.runtime.session import RuntimeOptions, run_target
 
@@ -191,6 +191,7 @@ def _run(
         name=name,
         step_kind=step_kind,
         step_timeout_s=step_timeout_s,
+        step_scalars=step_scalars,
     )
     record = run_target(
         target,
@@ -202,7 +203,7 @@ def _run(
     )
     if profile_steps and out_dir is not None:
         try:
-            from torchscalpel.stages.profile import add_trace_summary
+            from torchscalpel.runtime.trace_summary import add_trace_summary
 
             add_trace_summary(record, out_dir)
         except Exception as exc:  # the copy rule just stays silent without the trace summary
@@ -267,11 +268,13 @@ def diagnose(
     step_kind: str = "auto",
     step_timeout_s: float | None = 600.0,
     time_cap_s: float | None = TIME_CAP_S,
+    step_scalars: bool = False,
 ) -> tuple[RunRecord, list[Finding]]:
     """Run ``target`` under every runtime rule (``steps="auto"`` or None: the default window of
     :data:`DEFAULT_STEPS` measured steps; ``"all"``: until the script ends), add static findings for the
     script and the model sources it uses, re-run to locate a NaN when one appeared, and (``sanity``)
-    try to overfit one batch. ``time_cap_s`` (None or 0: none) stops a slow script early; when it did,
+    try to overfit one batch. ``step_scalars``: also record each step's learning rate and clipped
+    gradient norm (for ``--tensorboard`` / ``--mlflow``). ``time_cap_s`` (None or 0: none) stops a slow script early; when it did,
     ``record.sections["doctor"]["window"]["capped"]`` says after how many steps. Returns the Run record
     (findings stored in ``record.findings``) and the ranked findings."""
     from torchscalpel.doctor.rules.rt_numerics import NanLoss
@@ -300,6 +303,7 @@ def diagnose(
         profile=True,
         step_kind=step_kind,
         step_timeout_s=step_timeout_s,
+        step_scalars=step_scalars,
     )
     notes: list[str] = []
 

@@ -1,6 +1,6 @@
 """``scalpel env``'s result: facts (+ nvidia-smi), checks, probes and their findings, as one JSON-ready dict.
 
-The dict is what ``--json FILE`` writes and what :mod:`torchscalpel.envcheck.screen` renders:
+The dict is what ``--json FILE`` writes and what :mod:`torchscalpel.report.env_terminal` renders:
 ``{"schema_version", "kind": "scalpel-env", "created", "tool_version", "facts", "probes",
 "findings", "complete"}``. ``complete`` is False when the user interrupted the probes; what was
 measured until then is kept.
@@ -46,7 +46,7 @@ def build_report(
     facts: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Facts, checks and the named probes (none with ``probes=()``); Ctrl-C keeps the probes done so far."""
-    from torchscalpel import __version__
+    from torchscalpel.version import __version__
 
     facts = facts if facts is not None else gather_facts(local_ranks=local_ranks)
     findings: list[Finding] = run_checks(facts)

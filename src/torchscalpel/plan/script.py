@@ -378,7 +378,14 @@ def plan_script(
     # the run; the observer stops it at the first optimizer step.
     record = run_target(
         target,
-        RuntimeOptions(warmup=0, steps=None, out_dir=None, profile_steps=0, name=f"plan-{target.name}"),
+        RuntimeOptions(
+            warmup=0,
+            steps=None,
+            out_dir=None,
+            profile_steps=0,
+            name=f"plan-{target.name}",
+            step_scalars=False,
+        ),
         observers=[observer],
         setup_hooks=[observer.setup_hook],
     )

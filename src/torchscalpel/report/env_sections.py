@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from torchscalpel.envcheck.screen import fact_rows
 from torchscalpel.record import RunRecord
+from torchscalpel.report.env_terminal import fact_rows
 from torchscalpel.report.html import Section, table
 
 

@@ -1,12 +1,11 @@
 """The self-contained HTML report: one page of sections, each built from a record by a section builder.
 
-Stages add their own builder (a function ``record -> list[Section]``) to :data:`SECTION_BUILDERS`;
+Each stage has a builder (a function ``record -> list[Section]``) listed in :func:`section_builders`;
 ``scalpel analyze`` reuses :func:`render_page` with its own sections, so there is one page style.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
@@ -26,17 +25,30 @@ class Section:
 
 SectionBuilder = Callable[[RunRecord], list[Section]]
 
-# "module:function" names, imported lazily so a stage's optional dependencies never break the report.
-# Verdicts first (the tune recommendation, the memory plan, the findings), then the evidence, then
-# the environment: :func:`sections_for` keeps that order whatever a builder returns (see VERDICT_IDS).
-SECTION_BUILDERS: list[str] = [
-    "torchscalpel.report.tune_sections:build",
-    "torchscalpel.report.plan_sections:build",
-    "torchscalpel.report.memory_sections:build",
-    "torchscalpel.report.findings_sections:build",
-    "torchscalpel.report.profile_sections:build",
-    "torchscalpel.report.env_sections:build",
-]
+
+def section_builders() -> list[SectionBuilder]:
+    """Every stage's section builder. Imported when a page is built, not with this module: a builder's
+    imports (tune's result types, plan's rows) stay off the import path of ``scalpel analyze``'s page.
+    Verdicts first (the tune recommendation, the memory plan, the findings), then the evidence, then the
+    environment: :func:`sections_for` keeps that order whatever a builder returns (see VERDICT_IDS)."""
+    from torchscalpel.report import (
+        env_sections,
+        findings_sections,
+        memory_sections,
+        plan_sections,
+        profile_sections,
+        tune_sections,
+    )
+
+    return [
+        tune_sections.build,
+        plan_sections.build,
+        memory_sections.build,
+        findings_sections.build,
+        profile_sections.build,
+        env_sections.build,
+    ]
+
 
 VERDICT_IDS = ("tune", "plan", "findings", "trace-diff")
 """Section ids that carry a verdict: the recommendation, the plan, the findings, a comparison. They lead the page."""
@@ -84,13 +96,14 @@ def render_page(title: str, subtitle: str, sections: Sequence[Section]) -> str:
     )
 
 
-def sections_for(record: RunRecord, builders: Iterable[str] = ()) -> list[Section]:
-    """All sections the registered builders produce for ``record`` (a failing builder adds an error note)."""
+def sections_for(record: RunRecord, builders: Iterable[SectionBuilder] = ()) -> list[Section]:
+    """All sections the builders (default: :func:`section_builders`) produce for ``record`` (a failing
+    builder adds an error note)."""
     out: list[Section] = []
-    for ref in list(builders) or SECTION_BUILDERS:
-        module_name, func_name = ref.split(":")
+    for builder in list(builders) or section_builders():
+        func_name = getattr(builder, "__module__", "section").rsplit(".", 1)[-1]
+        ref = f"{getattr(builder, '__module__', '?')}.{getattr(builder, '__qualname__', '?')}"
         try:
-            builder: SectionBuilder = getattr(importlib.import_module(module_name), func_name)
             out.extend(builder(record))
         except Exception as exc:  # a broken section must not cost the user the rest of the report
             out.append(

@@ -12,7 +12,7 @@ from typing import Any
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import stacked_bars
 from torchscalpel.report.html import Section, table
-from torchscalpel.runtime.alloc_tracker import CATEGORIES
+from torchscalpel.runtime.memory_categories import CATEGORIES
 from torchscalpel.units import fmt_bytes
 
 _NAMES = {

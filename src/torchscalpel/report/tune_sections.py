@@ -1,6 +1,6 @@
 """Report sections for ``scalpel tune``: the ranked variants, the recommendation, the loss curves.
 
-Reads ``record.sections["tune"]`` (written by :mod:`torchscalpel.tune.outputs`); draws nothing it
+Reads ``record.sections["tune"]`` (written by :mod:`torchscalpel.stages.tune`); draws nothing it
 has to measure.
 """
 
@@ -12,8 +12,8 @@ from typing import Any
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import horizontal_bars, lines
 from torchscalpel.report.html import Section, table
+from torchscalpel.report.tune_terminal import HEADERS, NUMERIC, TABLE_NOTE, noise_line, row_cells
 from torchscalpel.sections import TuneSection
-from torchscalpel.tune.console import HEADERS, NUMERIC, TABLE_NOTE, noise_line, row_cells
 from torchscalpel.tune.result import headline
 from torchscalpel.tune.runner import TrialResult
 from torchscalpel.tune.speedup import rank_key, speedup_of

@@ -32,12 +32,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchscalpel.runtime.memory_categories import CATEGORIES
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
 from torchscalpel.runtime.module_names import split_display_name, user_modules
 from torchscalpel.runtime.userframes import Kind, file_kind
-
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
-"""Every category, in the order the breakdown prints them (allocator cache is added on CUDA)."""
 
 PEAK_RESOLUTION = 0.005
 """The peak breakdown is re-copied each time the live total passes the last copy by this share."""

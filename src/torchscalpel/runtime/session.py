@@ -68,6 +68,10 @@ class RuntimeOptions:
     name: str = "run"
     step_kind: str = "auto"
     """What delimits a step (:data:`~torchscalpel.runtime.window.STEP_KINDS`): ``auto`` picks the strongest boundary seen."""
+    step_scalars: bool = True
+    """Record each step's learning rate and the norm the script's ``clip_grad_norm_`` returned
+    (``sections["steps_extra"]``, what ``--tensorboard`` / ``--mlflow`` export). Stages that never export
+    (memory, plan) and doctor without tracking turn it off: then ``clip_grad_norm_`` is not wrapped."""
     step_timeout_s: float | None = 600.0
     """Stop the script when no step of the kind the run expects has ended this long after the
     start (a loop the runtime cannot recognise must not run to its end); None waits forever."""
@@ -302,7 +306,7 @@ class Attachment:
         from torchscalpel.runtime.module_times import ModuleTimes
         from torchscalpel.runtime.profiler_window import ProfilerWindow
         from torchscalpel.runtime.provenance import ProvenanceObserver
-        from torchscalpel.tracking.observer import GradNormObserver, LearningRateObserver
+        from torchscalpel.runtime.step_scalars import GradNormObserver, LearningRateObserver
 
         extra: list[Observer] = []
         self.module_timer = ModuleTimes() if options.module_times else None
@@ -313,8 +317,9 @@ class Attachment:
         extra.append(
             ProvenanceObserver((target or {}).get("script"), module=(target or {}).get("module"))
         )  # code, data, seeds: record.provenance
-        extra.append(LearningRateObserver())  # per-step lr for --tensorboard / --mlflow
-        extra.append(GradNormObserver())  # the norm clip_grad_norm_ returned, when the script clips
+        if options.step_scalars:
+            extra.append(LearningRateObserver())  # per-step lr for --tensorboard / --mlflow
+            extra.append(GradNormObserver())  # the norm clip_grad_norm_ returned, when the script clips
         self.options = options
         self.session = Session(options, [*observers, *extra])
         if options.profile_steps and options.out_dir is not None:

@@ -1,6 +1,6 @@
 """A local serve check: start the server on 127.0.0.1 in this process, send real requests, compare.
 
-Used by ``scalpel demo`` (through :mod:`torchscalpel.ship.demo`): proves that a bundle served over
+Used by ``scalpel demo`` (through :mod:`torchscalpel.stages.export_demo`): proves that a bundle served over
 HTTP, with concurrent requests merged into batches, answers what the eager model answers.
 """
 

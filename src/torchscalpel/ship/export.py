@@ -353,6 +353,6 @@ def _quantize_and_time(
 
 
 def _tool_version() -> str:
-    from torchscalpel import __version__
+    from torchscalpel.version import __version__
 
     return __version__

@@ -10,7 +10,7 @@ from torchscalpel.record import RunRecord, save_record
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.session import RuntimeOptions, SetupHook
 from torchscalpel.runtime.target import Target
-from torchscalpel.sections import TraceSection
+from torchscalpel.runtime.trace_summary import add_trace_summary
 
 
 def profile_target(
@@ -24,7 +24,7 @@ def profile_target(
     setup_hooks: Sequence[SetupHook] = (),
 ) -> tuple[RunRecord, Path]:
     """Run ``target``, enrich its record with the trace summary, save everything, print the summary."""
-    from torchscalpel.report.terminal import StepProgress
+    from torchscalpel.console import StepProgress
     from torchscalpel.runtime.session import run_target
 
     if options.out_dir is None:
@@ -62,22 +62,6 @@ def finish_profile(
     if json_path is not None:
         save_record(record, json_path)
     if not quiet:
-        from torchscalpel.report.terminal import print_profile_summary
+        from torchscalpel.report.profile_terminal import print_profile_summary
 
         print_profile_summary(record, out_dir)
-
-
-def add_trace_summary(record: RunRecord, out_dir: Path) -> None:
-    """Op-level summary of the profiler window's trace, from the shared trace module."""
-    trace_name = record.profiler_view().trace
-    if not trace_name:
-        return
-    record.artifacts["trace"] = trace_name
-    from torchscalpel.trace import analyze_traces
-
-    try:
-        result = analyze_traces([out_dir / trace_name]).to_dict()
-    except Exception as exc:  # a trace we cannot read must not cost the user the run record
-        record.notes.append(f"trace summary failed: {exc}")
-        return
-    record.sections[TraceSection.KEY] = result  # read through record.op_summary_view(); kept once

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from torchscalpel.report.terminal import console as default_console
+from torchscalpel.console import console as default_console
 from torchscalpel.tune.speedup import speedup_of
 from torchscalpel.tune.states import TrialStatus, Verdict
 from torchscalpel.units import fmt_bytes

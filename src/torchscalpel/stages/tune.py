@@ -1,5 +1,5 @@
-"""What ``scalpel tune`` leaves behind: run.json (baseline record + tune section), report.html,
-scalpel.toml and the equivalent code lines."""
+"""``scalpel tune``'s front door: run the search (:mod:`torchscalpel.tune.search`), then leave behind
+run.json (baseline record + tune section), report.html, scalpel.toml and the equivalent code lines."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from torchscalpel.record import RunRecord, load_record, new_run_record, save_record
+from torchscalpel.runtime.target import Target
 from torchscalpel.sections import TuneSection
 from torchscalpel.tune.apply import code_lines
 from torchscalpel.tune.search import TuneResult
@@ -74,3 +75,36 @@ def _may_overwrite(path: Path) -> bool:
     except Exception:
         return False
     return TOML_MARK in head
+
+
+def tune_stage(
+    target: Target,
+    out_dir: Path,
+    *,
+    budget_s: float = 120.0,
+    steps: int = 6,
+    warmup: int = 2,
+    knobs: tuple[str, ...] = ("amp", "threads", "dataloader"),
+    quiet: bool = False,
+) -> TuneResult:
+    """A short tune for ``scalpel demo``: cheap knobs only (no cold compile), results in ``out_dir``.
+
+    Writes run.json, report.html, scalpel.toml and code.txt into ``out_dir`` and prints the table.
+    """
+    from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
+    from torchscalpel.tune.search import SilentProgress, TuneOptions, tune
+
+    options = TuneOptions(
+        out_dir=out_dir, budget_s=budget_s, steps=steps, warmup=warmup, knobs=knobs, confirm_pairs=1
+    )
+    result = tune(target, options, SilentProgress() if quiet else RichProgress())
+    save_outputs(
+        result,
+        out_dir,
+        config_path=None,
+        command=["scalpel", "demo"],
+        target_text=" ".join(str(a) for a in target.argv()),
+    )
+    if not quiet:
+        print_tune_result(result, out_dir=out_dir, config_path=out_dir / "scalpel.toml")
+    return result

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchscalpel.runtime.alloc_tracker import CATEGORIES
+from torchscalpel.runtime.memory_categories import CATEGORIES
 from torchscalpel.units import fmt_bytes
 
 LABELS = {

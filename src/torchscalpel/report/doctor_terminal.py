@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,15 +11,9 @@ from rich.padding import Padding
 from rich.syntax import Syntax
 
 from torchscalpel.doctor.registry import rank_findings
-from torchscalpel.findings import Finding, Severity, short_path
+from torchscalpel.findings import Finding, Severity, counts, short_path
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "cyan"}
-
-
-def counts(findings: Sequence[Finding]) -> dict[str, int]:
-    """Number of findings per severity name (all three keys present)."""
-    c = Counter(str(f.severity) for f in findings)
-    return {name: c.get(name, 0) for name in ("error", "warning", "info")}
 
 
 def render_terminal(
@@ -35,7 +28,7 @@ def render_terminal(
     location and the fix as code; files the static rules could not analyse (``not_analysed``, e.g. a
     syntax error and its line) first."""
     if console is None:
-        from torchscalpel.report.terminal import make_console
+        from torchscalpel.console import make_console
 
         console = make_console()  # full width when piped: messages and fixes are never cut
     ranked = list(findings) if keep_order else rank_findings(findings)
