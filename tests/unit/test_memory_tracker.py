@@ -13,8 +13,8 @@ from torchscalpel.errors import UsageError
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder
 from torchscalpel.memory.snapshot import explain, load_snapshot
-from torchscalpel.runtime.alloc_tracker import AllocationTracker
-from torchscalpel.runtime.memory_limit import MemoryLimitExceeded, enforced
+from torchscalpel.runtime.alloc_tracker import AllocationTracker, enforced
+from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
 
 
 def _net() -> nn.Module:

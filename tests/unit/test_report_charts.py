@@ -7,8 +7,9 @@ import re
 
 from torchscalpel.record import RunRecord, StepRecord
 from torchscalpel.report import charts
-from torchscalpel.report.html import Section, record_page, verdict_first
+from torchscalpel.report.html import record_page, verdict_first
 from torchscalpel.report.names import demangle, short_kernel_name
+from torchscalpel.report.page import Section
 
 
 def _ticks(svg: str, axis: str = "") -> list[str]:
@@ -138,7 +139,7 @@ def test_a_left_out_series_does_not_shift_the_legend_colours() -> None:
 
 
 def test_analyze_page_puts_the_diff_first(tmp_path) -> None:
-    from torchscalpel.report.trace_sections import write_analysis_html
+    from torchscalpel.report.html import write_analysis_html
 
     data = {
         "ranks": [{"rank": 0, "device": "cpu", "events": 1, "steps": [], "complete": True, "path": "a.json"}],

@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"JSON: {args.json_path}")
     if args.html_path:
-        from torchscalpel.report.trace_sections import write_analysis_html
+        from torchscalpel.report.html import write_analysis_html
 
         try:
             write_analysis_html(finite_json(data), args.html_path, diff)

@@ -155,7 +155,7 @@ def _analyze(target: Target, out: Path, args: argparse.Namespace) -> tuple[bool,
         return False, str(out), "needs the profile stage's trace"
     import json
 
-    from torchscalpel.report.trace_sections import write_analysis_html
+    from torchscalpel.report.html import write_analysis_html
     from torchscalpel.trace import analyze_traces
 
     out.mkdir(parents=True, exist_ok=True)
@@ -263,7 +263,8 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
     """One report, as 'scalpel report' renders several records: a table of what every stage did, then
     the sections of each stage's record (profile, doctor, tune, plan)."""
     from torchscalpel.record import load_record, now_timestamp
-    from torchscalpel.report.html import RecordGroup, Section, render_records, table
+    from torchscalpel.report.html import RecordGroup, render_records
+    from torchscalpel.report.page import Section, table
 
     groups: list[RecordGroup] = []
     for r in results:

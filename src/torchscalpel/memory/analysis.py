@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder, plan_numbers
-from torchscalpel.memory.observer import BEFORE_TRAINING, EVALUATION
-from torchscalpel.runtime.memory_categories import CATEGORIES
+from torchscalpel.runtime.memory_categories import BEFORE_TRAINING, CATEGORIES, EVALUATION
 from torchscalpel.runtime.module_names import split_display_name
 
 if TYPE_CHECKING:

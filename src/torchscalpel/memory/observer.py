@@ -16,13 +16,8 @@ from typing import Any
 import torch
 
 from torchscalpel.runtime.alloc_tracker import AllocationTracker
+from torchscalpel.runtime.memory_categories import BEFORE_TRAINING, EVALUATION
 from torchscalpel.runtime.observer import Observer
-
-BEFORE_TRAINING = "before training"
-"""The phase of everything allocated before the model's first training forward (and before any evaluation)."""
-
-EVALUATION = "evaluation"
-"""The phase from a root forward without grad (``torch.no_grad()`` evaluation) to the next training event."""
 
 SITES_PER_SAMPLE = 30
 """Largest call sites kept at each step end (growth analysis reads these)."""

@@ -10,7 +10,8 @@ from torchscalpel.compare.core import Comparison
 from torchscalpel.fileio import atomic_write_text
 from torchscalpel.record import PHASES
 from torchscalpel.report import charts
-from torchscalpel.report.html import Section, render_page, table
+from torchscalpel.report.html import render_page
+from torchscalpel.report.page import Section, table
 from torchscalpel.units import fmt_bytes
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.env_terminal import fact_rows
-from torchscalpel.report.html import Section, table
+from torchscalpel.report.page import Section, table
 
 
 def build(record: RunRecord) -> list[Section]:

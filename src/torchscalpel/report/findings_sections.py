@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from torchscalpel.record import RunRecord
-from torchscalpel.report.html import Section
+from torchscalpel.report.page import Section
 from torchscalpel.sections import DoctorSection
 
 _ORDER = {"error": 0, "warning": 1, "info": 2}

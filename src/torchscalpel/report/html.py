@@ -6,24 +6,14 @@ Each stage has a builder (a function ``record -> list[Section]``) listed in :fun
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from torchscalpel.record import RunRecord
-
-
-@dataclass(kw_only=True, slots=True)
-class Section:
-    """One titled block of the report; ``body`` is trusted HTML built with :func:`html.escape`."""
-
-    id: str
-    title: str
-    body: str
-
-
-SectionBuilder = Callable[[RunRecord], list[Section]]
+from torchscalpel.report.page import Section, SectionBuilder
 
 
 def section_builders() -> list[SectionBuilder]:
@@ -247,25 +237,6 @@ def _document(title: str, subtitle: str, nav: str, body: str, *, extra_css: str 
     )
 
 
-def table(
-    headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Sequence[bool] | None = None
-) -> str:
-    """An HTML table; cells are escaped; ``numeric[i]`` right-aligns column i."""
-    numeric = list(numeric or [False] * len(headers))
-    head = "".join(
-        f'<th class="{"num" if numeric[i] else ""}">{escape(str(h))}</th>' for i, h in enumerate(headers)
-    )
-    body = "".join(
-        "<tr>"
-        + "".join(
-            f'<td class="{"num" if numeric[i] else ""}">{escape(str(c))}</td>' for i, c in enumerate(row)
-        )
-        + "</tr>"
-        for row in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
 def inline_summary(record: RunRecord, *, max_sections: int = 3) -> str:
     """An HTML fragment for a notebook cell: the record's first sections, scoped styles, no page chrome."""
     sections = sections_for(record)[:max_sections]
@@ -276,3 +247,14 @@ def inline_summary(record: RunRecord, *, max_sections: int = 3) -> str:
     )
     body = "".join(f"<section><h2>{escape(s.title)}</h2>{s.body}</section>" for s in sections)
     return f'<div class="scalpel-inline"><style>{css}</style>{head}{body}</div>'
+
+
+def write_analysis_html(data: dict[str, Any], path: Path, diff: dict[str, Any] | None = None) -> None:
+    """The ``scalpel analyze`` page: the shared page style with the trace (and diff) sections."""
+    from torchscalpel.report.trace_sections import build_diff_section, build_trace_sections
+
+    sections = build_trace_sections(data)
+    if diff is not None:  # the comparison is the verdict: it leads the page
+        sections.insert(0, build_diff_section(diff))
+    files = ", ".join(Path(r["path"]).name for r in data["ranks"])
+    path.write_text(render_page("torchscalpel · analyze", files, sections), encoding="utf-8")

@@ -11,7 +11,7 @@ from typing import Any
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import stacked_bars
-from torchscalpel.report.html import Section, table
+from torchscalpel.report.page import Section, table
 from torchscalpel.runtime.memory_categories import CATEGORIES
 from torchscalpel.units import fmt_bytes
 

@@ -6,7 +6,7 @@ from html import escape
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import stacked_bars
-from torchscalpel.report.html import Section, table
+from torchscalpel.report.page import Section, table
 from torchscalpel.sections import PlanSection
 from torchscalpel.units import fmt_bytes
 

@@ -6,7 +6,7 @@ from html import escape
 
 from torchscalpel.record import PHASES, RunRecord
 from torchscalpel.report import charts
-from torchscalpel.report.html import Section, table
+from torchscalpel.report.page import Section, table
 from torchscalpel.report.profile_terminal import (
     fmt_count,
     fmt_flops,

@@ -6,12 +6,11 @@ Rendering only: every figure comes from the analysis dict; nothing is measured h
 from __future__ import annotations
 
 from html import escape
-from pathlib import Path
 from typing import Any
 
 from torchscalpel.report.charts import horizontal_bars, lines, stacked_bars
-from torchscalpel.report.html import Section, table
 from torchscalpel.report.names import short_kernel_name
+from torchscalpel.report.page import Section, table
 
 _STEP_SERIES = (
     ("compute", "compute_us"),
@@ -326,14 +325,3 @@ def build_diff_section(diff: dict[str, Any]) -> Section:
         + "".join(parts)
     )
     return Section(id="trace-diff", title="Diff (B − A)", body=body)
-
-
-def write_analysis_html(data: dict[str, Any], path: Path, diff: dict[str, Any] | None = None) -> None:
-    """The ``scalpel analyze`` page: the shared page style with the trace (and diff) sections."""
-    from torchscalpel.report.html import render_page
-
-    sections = build_trace_sections(data)
-    if diff is not None:  # the comparison is the verdict: it leads the page
-        sections.insert(0, build_diff_section(diff))
-    files = ", ".join(Path(r["path"]).name for r in data["ranks"])
-    path.write_text(render_page("torchscalpel · analyze", files, sections), encoding="utf-8")

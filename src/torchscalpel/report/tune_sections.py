@@ -11,7 +11,7 @@ from typing import Any
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import horizontal_bars, lines
-from torchscalpel.report.html import Section, table
+from torchscalpel.report.page import Section, table
 from torchscalpel.report.tune_terminal import HEADERS, NUMERIC, TABLE_NOTE, noise_line, row_cells
 from torchscalpel.sections import TuneSection
 from torchscalpel.tune.result import headline

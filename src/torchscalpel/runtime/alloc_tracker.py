@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -532,3 +534,18 @@ _skip_dynamo_recursively(
     AllocationTracker._module_post,
     AllocationTracker._storage_died,
 )
+
+
+@contextmanager
+def enforced(limit: int | None) -> Iterator[Any]:
+    """Track live tensors for the block and raise :class:`MemoryLimitExceeded` past ``limit`` bytes (None: no-op)."""
+    if limit is None:
+        yield None
+        return
+    tracker = AllocationTracker(limit=limit)
+    tracker.phase = None  # no step timeline here: the limit sentence names no step or phase it cannot know
+    tracker.start()
+    try:
+        yield tracker
+    finally:
+        tracker.stop()

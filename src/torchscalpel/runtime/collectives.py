@@ -304,12 +304,6 @@ def _site_frame(frame: Any) -> Any:
     return user_frame(frame, fallback=LIBRARIES)
 
 
-def user_site(frame: Any) -> str:
-    """``file:line`` of the innermost caller outside torch and torchscalpel (the user's, else a library's)."""
-    found = _site_frame(frame)
-    return "?" if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"
-
-
 def quoted_user_site(frame: Any) -> bytes:
     """:func:`user_site`, JSON-quoted (:func:`quote_site`), cached per code object and line."""
     found = _site_frame(frame)

@@ -7,27 +7,6 @@ allocation that crossed it, and the record says what was live.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
 
 class MemoryLimitExceeded(BaseException):
     """Live tensor memory went over ``--memory-limit``; the message is one sentence."""
-
-
-@contextmanager
-def enforced(limit: int | None) -> Iterator[Any]:
-    """Track live tensors for the block and raise :class:`MemoryLimitExceeded` past ``limit`` bytes (None: no-op)."""
-    if limit is None:
-        yield None
-        return
-    from torchscalpel.runtime.alloc_tracker import AllocationTracker
-
-    tracker = AllocationTracker(limit=limit)
-    tracker.phase = None  # no step timeline here: the limit sentence names no step or phase it cannot know
-    tracker.start()
-    try:
-        yield tracker
-    finally:
-        tracker.stop()

@@ -217,7 +217,7 @@ def scaled_root(fn: Any) -> bool:
 
 
 def _caller_site() -> str:
-    from torchscalpel.runtime.collectives import user_site
+    from torchscalpel.runtime.userframes import user_site
 
     return user_site(sys._getframe(2))
 
@@ -253,7 +253,7 @@ def _watch_group_calls(facts: RankFacts) -> None:
 
 
 def _caller_site_at(frame: Any) -> str:
-    from torchscalpel.runtime.collectives import user_site
+    from torchscalpel.runtime.userframes import user_site
 
     return user_site(frame)
 

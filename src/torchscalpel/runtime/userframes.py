@@ -183,3 +183,10 @@ def first_user(
         if spare is None and kind in fallback:
             spare = frame
     return spare
+
+
+def user_site(frame: Any) -> str:
+    """``file:line`` of the innermost caller outside torch and torchscalpel (the user's, else a library's:
+    Lightning's or the stdlib's line is named when no user frame is on the stack, better than "?")."""
+    found = user_frame(frame, fallback=LIBRARIES)
+    return "?" if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"
