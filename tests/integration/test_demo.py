@@ -34,14 +34,12 @@ def test_unknown_demo_stage_is_a_usage_error():
 
 
 def test_ship_stage_without_its_extras_is_skipped_with_the_install_command(tmp_path, monkeypatch):
-    import argparse
-
-    from torchscalpel.cli import demo
     from torchscalpel.cli.common import Target
+    from torchscalpel.stages import demo
 
     monkeypatch.setattr(demo, "SHIP_MODULES", {"torchscalpel_no_such_module": "nosuchdist"})
     ok, _, summary = demo._ship(
-        Target(script=tmp_path / "char_transformer.py", args=[]), tmp_path, argparse.Namespace()
+        Target(script=tmp_path / "char_transformer.py", args=[]), tmp_path, demo.DemoOptions(out=tmp_path)
     )
     assert ok and summary == 'skipped: needs nosuchdist (pip install "torchscalpel[all]")'
     assert demo._result_word(demo.StageResult("ship", ok, 0.0, "", summary)) == "skipped"

@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.plaindata import PlainUnpickler, Refused
+from torchscalpel.runtime.hang_files import nccl_dump_path, nccl_request_path
 from torchscalpel.runtime.userframes import first_user
 
 BUFFER_ENV = "TORCH_NCCL_TRACE_BUFFER_SIZE"
 FILE_ENV = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
 DEFAULT_BUFFER = 2000  # entries; torch's docs suggest a few thousand
-REQUEST = "rank-{rank}.nccl-request"
-DUMP = "rank-{rank}.nccl-trace.pickle"
 WAIT_S = 10.0
 
 
@@ -53,7 +52,7 @@ def request_dumps(folder: Path, ranks: Iterable[int]) -> None:
     """Ask each rank's dumper thread for its flight recorder."""
     for rank in ranks:
         try:
-            (folder / REQUEST.format(rank=rank)).write_text("dump\n")
+            nccl_request_path(folder, rank).write_text("dump\n")
         except OSError:
             pass  # the watch folder went away: collect_dumps reports every rank as unanswered
 
@@ -66,7 +65,7 @@ def collect_dumps(
     deadline = time.monotonic() + wait_s
     while pending and time.monotonic() < deadline:
         for rank in sorted(pending):
-            src = folder / DUMP.format(rank=rank)
+            src = nccl_dump_path(folder, rank)
             if src.exists():
                 dest = report_dir / "nccl-trace" / f"nccl_trace_rank_{rank}"  # fr_trace reads <prefix>_<rank>
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +79,7 @@ def collect_dumps(
             f"no dump within {wait_s:g} s (the rank is dead, holds the GIL, or has no NCCL flight recorder)"
         )
     for rank in out:
-        (folder / REQUEST.format(rank=rank)).unlink(missing_ok=True)
+        nccl_request_path(folder, rank).unlink(missing_ok=True)
     return dict(sorted(out.items()))
 
 

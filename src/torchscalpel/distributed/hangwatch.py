@@ -32,6 +32,7 @@ from typing import Any
 from torchscalpel.distributed.hangdiag import diagnose, first_mismatch, format_report, parse_stacks, summarize
 from torchscalpel.fileio import atomic_write_text
 from torchscalpel.runtime.collectives import STACK_SIGNAL, RankLog, read_rank_log
+from torchscalpel.runtime.hang_files import FACTS_GLOB, LOG_GLOB, stacks_path
 
 POLL_S = 0.5
 FLOOR_S = 120.0
@@ -122,7 +123,7 @@ class HangWatch:
     def start(self) -> None:
         """Run the watch in a daemon thread."""
         self.options.folder.mkdir(parents=True, exist_ok=True)
-        for stale in self.options.folder.glob("rank-*.facts.json"):
+        for stale in self.options.folder.glob(FACTS_GLOB):
             stale.unlink(
                 missing_ok=True
             )  # an earlier launch's ranks (perhaps more of them) would be judged too
@@ -140,7 +141,7 @@ class HangWatch:
     def logs(self) -> dict[int, RankLog]:
         """The current attempt's rank logs, by rank."""
         logs = {}
-        for path in sorted(self.options.folder.glob("rank-*.log")):
+        for path in sorted(self.options.folder.glob(LOG_GLOB)):
             log = read_rank_log(path)
             if log is not None and log.restart >= self._attempt:
                 logs[log.rank] = log
@@ -209,7 +210,7 @@ class HangWatch:
         folder = self.options.folder
         offsets = {}
         for rank, log in logs.items():
-            path = folder / f"rank-{rank}.stacks.txt"
+            path = stacks_path(folder, rank)
             offsets[rank] = path.stat().st_size if path.exists() else 0
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(log.pid, STACK_SIGNAL)
@@ -224,7 +225,7 @@ class HangWatch:
                     died[rank] = (time.monotonic(), status)
                     pending.discard(rank)
                     continue
-                path = folder / f"rank-{rank}.stacks.txt"
+                path = stacks_path(folder, rank)
                 size = path.stat().st_size if path.exists() else 0
                 last = sizes.get(rank)
                 if (
@@ -239,7 +240,7 @@ class HangWatch:
             time.sleep(0.01)
         texts = {}
         for rank in logs:
-            path = folder / f"rank-{rank}.stacks.txt"
+            path = stacks_path(folder, rank)
             with contextlib.suppress(OSError), path.open("rb") as fh:
                 fh.seek(offsets[rank])
                 texts[rank] = fh.read().decode(errors="replace")

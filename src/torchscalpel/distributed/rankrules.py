@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.findings import Finding, Severity
+from torchscalpel.runtime.hang_files import FACTS_GLOB
 from torchscalpel.units import fmt_bytes
 
 SLUGS = (
@@ -48,7 +49,7 @@ HISTORY = "batch-history.json"
 def load_facts(folder: Path) -> dict[int, dict[str, Any]]:
     """``rank-R.facts.json`` by rank (unreadable files are skipped)."""
     out = {}
-    for path in sorted(folder.glob("rank-*.facts.json")):
+    for path in sorted(folder.glob(FACTS_GLOB)):
         try:
             data = json.loads(path.read_text())
         except (OSError, ValueError):

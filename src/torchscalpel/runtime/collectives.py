@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.runtime.hang_files import log_path, nccl_dump_path, nccl_request_path, stacks_path
+from torchscalpel.runtime.patching import replace_for_process
 from torchscalpel.runtime.userframes import LIBRARIES, is_user_file, user_frame
 
 STACK_SIGNAL = signal.SIGUSR2
@@ -165,7 +167,7 @@ class CollectiveRecorder:
 
     def __init__(self, folder: Path, rank: int, world: int, restart: int) -> None:
         folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / f"rank-{rank}.log"
+        self.path = log_path(folder, rank)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, FILE_SIZE)
@@ -448,15 +450,15 @@ def install(folder: Path, rank: int, world: int, restart: int = 0) -> Collective
         if fn is None or getattr(fn, "_scalpel_op", None):  # absent in this torch, or installed already
             continue
         wrapped = _wrap(recorder, op, fn)
-        setattr(c10d, op, wrapped)
+        replace_for_process(c10d, op, wrapped)
         if getattr(dist, op, None) is fn:
-            setattr(dist, op, wrapped)
+            replace_for_process(dist, op, wrapped)
     register_optimizer_step_post_hook(recorder.on_step)
     from torchscalpel.runtime import rankfacts
 
     _INSTALLED.append(rankfacts.install(folder, rank, world))
     start_flight_dumper(folder, rank)
-    stacks = open(folder / f"rank-{rank}.stacks.txt", "w")  # noqa: SIM115 - kept open for the signal handler
+    stacks = open(stacks_path(folder, rank), "w")  # noqa: SIM115 - kept open for the signal handler
     faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True, chain=False)
     _INSTALLED.extend([recorder, stacks])
     import atexit
@@ -479,7 +481,7 @@ def start_flight_dumper(folder: Path, rank: int, poll_s: float = 0.5) -> threadi
     )
     if dump is None or not torch.cuda.is_available():
         return None
-    request, target = folder / f"rank-{rank}.nccl-request", folder / f"rank-{rank}.nccl-trace.pickle"
+    request, target = nccl_request_path(folder, rank), nccl_dump_path(folder, rank)
 
     def loop() -> None:
         while True:

@@ -110,3 +110,13 @@ def undo_all(undos: Sequence[Undo]) -> Undo:
             one()
 
     return undo
+
+
+def replace_for_process(owner: Any, attr: str, replacement: Callable[..., Any]) -> None:
+    """Set ``owner.attr`` to ``replacement`` for the rest of the process: never undone, no layer.
+
+    Only for what a launched rank installs before the user's script starts and keeps until it exits
+    (the collective log, the rank facts): nothing is restored, so :func:`wrap_attr`'s undo rules have
+    nothing to do, and its layer would add a Python frame to every collective call and shift the frame
+    depth the rank-facts wrappers read the caller's line from."""
+    setattr(owner, attr, replacement)

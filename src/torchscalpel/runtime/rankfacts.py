@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.fileio import atomic_write_text
+from torchscalpel.runtime.hang_files import facts_path
+from torchscalpel.runtime.patching import replace_for_process
 from torchscalpel.runtime.userframes import is_user_file
 
 WRITE_AT_STEPS = frozenset({1, 2, 4, 8, 16, 32, 64})
@@ -60,7 +62,7 @@ class RankFacts:
     """Collects this rank's facts and writes them (see the module doc)."""
 
     def __init__(self, folder: Path, rank: int, world: int, local_rank: int | None) -> None:
-        self.path = folder / f"rank-{rank}.facts.json"
+        self.path = facts_path(folder, rank)
         self.data: dict[str, Any] = {
             "rank": rank,
             "world": world,
@@ -249,7 +251,7 @@ def _watch_group_calls(facts: RankFacts) -> None:
 
         wrapper._scalpel_facts = True  # type: ignore[attr-defined]
         wrapper.__doc__, wrapper.__name__ = original.__doc__, original.__name__
-        setattr(dist, name, wrapper)
+        replace_for_process(dist, name, wrapper)
 
 
 def _caller_site_at(frame: Any) -> str:
@@ -275,7 +277,7 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
             return forward(self, *args, **kwargs)
 
         ddp_forward._scalpel_facts = True  # type: ignore[attr-defined]
-        ddp_cls.forward = ddp_forward  # type: ignore[method-assign]
+        replace_for_process(ddp_cls, "forward", ddp_forward)
     sampler_cls = data_dist.DistributedSampler
     if not getattr(sampler_cls.__iter__, "_scalpel_facts", False):
         iterate = sampler_cls.__iter__
@@ -285,7 +287,7 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
             return iterate(self)
 
         sampler_iter._scalpel_facts = True  # type: ignore[attr-defined]
-        sampler_cls.__iter__ = sampler_iter  # type: ignore[method-assign]
+        replace_for_process(sampler_cls, "__iter__", sampler_iter)
     import torch.autograd
 
     if not getattr(torch.autograd.backward, "_scalpel_facts", False):
@@ -296,7 +298,7 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
             return backward(tensors, *args, **kwargs)
 
         autograd_backward._scalpel_facts = True  # type: ignore[attr-defined]
-        torch.autograd.backward = autograd_backward  # type: ignore[assignment]
+        replace_for_process(torch.autograd, "backward", autograd_backward)
     _watch_group_calls(facts)
     register_optimizer_step_post_hook(facts.on_step)
     atexit.register(facts.write)

@@ -1,0 +1,299 @@
+"""``scalpel demo``'s stages: every stage on the bundled example, into one folder and one report.
+
+Stages run in the order of the workflow (env, profile, doctor, analyze, tune, plan, ship); each
+writes its own outputs under ``<out>/<stage>/`` and a failing stage is reported without stopping
+the others. ``<out>/report.html`` is a table of what every stage did followed by the stage records
+(profile, doctor, tune, plan), rendered as ``scalpel report`` renders several records.
+``cli/demo.py`` only parses the command line into :class:`DemoOptions` and calls :func:`run_demo`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.errors import UsageError
+from torchscalpel.fileio import atomic_write_text
+from torchscalpel.runtime.target import Target
+
+STAGES = ("env", "profile", "doctor", "analyze", "tune", "plan", "ship")
+# Sized so every stage together takes a few minutes on a 2-core laptop CPU.
+EXAMPLE_ARGS = ["--steps", "200", "--log-every", "50", "--corpus-chars", "500000"]
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """What ``scalpel demo`` runs, validated on construction (a :class:`UsageError` names the bad value)."""
+
+    out: Path
+    """The demo folder: ``<out>/<stage>/`` per stage, ``<out>/report.html``, ``<out>/examples/``."""
+    stages: tuple[str, ...] = STAGES
+    steps: int = 12
+    """Measured steps of the profile stage."""
+    tune_budget_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.stages) - set(STAGES))
+        if unknown:
+            raise UsageError(f"Unknown demo stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}.")
+        if not self.stages:
+            raise UsageError(f"--stages names no stage; choose from {', '.join(STAGES)}.")
+        if not 1 <= self.steps <= 10_000:
+            raise UsageError(
+                f"--steps {self.steps} must be between 1 and 10000 (measured steps of the profile stage)."
+            )
+
+
+@dataclass(slots=True)
+class StageResult:
+    """What one stage did: ok or not, how long, where its outputs are, one line of summary."""
+
+    name: str
+    ok: bool
+    seconds: float
+    output: str
+    summary: str
+
+
+def run_demo(options: DemoOptions) -> tuple[list[StageResult], Path]:
+    """Run the chosen stages in order (a stage's exception is its failed result, the others still run);
+    returns every stage's result and the combined report's path."""
+    from rich.markup import escape
+
+    from torchscalpel.console import console, rule
+    from torchscalpel.examples import copy_examples
+
+    out = options.out
+    out.mkdir(parents=True, exist_ok=True)
+    # The stages run copies in <out>/examples/: what ran stays next to its report, editable.
+    target = Target(script=copy_examples(out / "examples") / "char_transformer.py", args=list(EXAMPLE_ARGS))
+    c = console()
+    results: list[StageResult] = []
+    for i, name in enumerate(options.stages, start=1):
+        rule(c, f"[bold]{i}/{len(options.stages)} {name}[/]")
+        start = time.perf_counter()
+        try:
+            ok, output, summary = _STAGE_FUNCS[name](target, out / name, options)
+        except Exception as exc:  # one broken stage must not cost the user the others
+            ok, output, summary = False, str(out / name), f"{type(exc).__name__}: {exc}"
+        results.append(StageResult(name, ok, time.perf_counter() - start, output, summary))
+        if not ok:
+            c.print(f"[red]stage {name} failed:[/] {escape(summary)}")
+    return results, _write_combined_report(out, results)
+
+
+def print_summary(results: Sequence[StageResult], report: Path) -> None:
+    """The closing table: each stage's result, time and summary, then where the report is."""
+    from rich.markup import escape
+
+    from torchscalpel.console import console, rule
+
+    c = console()
+    rule(c, "[bold]demo summary[/]")
+    for r in results:
+        mark = {"FAILED": "[red]FAILED[/]", "skipped": "[yellow]skipped[/]"}.get(
+            _result_word(r), "[green]ok[/]"
+        )
+        c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {escape(r.summary)}")
+    c.print(f"\nOpen the report: [bold]{escape(str(report))}[/]")
+
+
+def _env(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    from torchscalpel.console import make_console
+    from torchscalpel.envcheck.report import build_report, write_json
+    from torchscalpel.report.env_terminal import render
+
+    report = build_report(probes=[])  # what 'scalpel env --no-probe' shows
+    render(report, make_console())
+    write_json(report, out / "env.json")
+    return bool(report["complete"]), str(out / "env.json"), "environment facts and compatibility checks"
+
+
+def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    from torchscalpel.runtime.session import RuntimeOptions
+    from torchscalpel.stages.profile import profile_target
+
+    options = RuntimeOptions(
+        warmup=2, steps=options.steps, out_dir=out, profile_steps=3, module_times=True, name="demo"
+    )
+    record, _ = profile_target(target, options)
+    s = record.summary_view()
+    median = s.median_step_ms if s.median_step_ms is not None else float("nan")
+    summary = f"median step {median:.1f} ms, breakdown sums within {100 * (s.breakdown_max_error or 0):.2f}%"
+    return record.exit_code in (0, None), str(out), summary
+
+
+def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    from torchscalpel.console import make_console
+    from torchscalpel.doctor.api import diagnose
+    from torchscalpel.report.doctor_terminal import render_terminal
+
+    out.mkdir(parents=True, exist_ok=True)
+    record, findings = diagnose(target, steps=20, warmup=2, out_dir=out, command=["scalpel", "demo"])
+    _save_with_report(record, out)
+    render_terminal(
+        findings,
+        make_console(),
+        header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n",
+    )
+    return record.exit_code in (0, None), str(out), f"{len(findings)} finding(s)"
+
+
+def _analyze(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    trace = out.parent / "profile" / "trace.json.gz"
+    if not trace.exists():
+        return False, str(out), "needs the profile stage's trace"
+    import json
+
+    from torchscalpel.report.html import write_analysis_html
+    from torchscalpel.trace import analyze_traces
+
+    out.mkdir(parents=True, exist_ok=True)
+    result = analyze_traces([trace])
+    data = result.to_dict()
+    (out / "analysis.json").write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
+    write_analysis_html(data, out / "report.html")
+    return not result.errors, str(out), f"analysed {trace.name}"
+
+
+def _tune(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    from torchscalpel.stages.tune import tune_stage
+
+    tune_target = Target(
+        script=target.script, args=["--steps", "60", "--log-every", "1000", "--corpus-chars", "500000"]
+    )
+    result = tune_stage(tune_target, out, budget_s=options.tune_budget_s)
+    # The tune table's own verdict line: "no candidate was measured: ..." when the budget ran out first.
+    return True, str(out), result.headline() + (", numerics checked" if result.winner is not None else "")
+
+
+def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    # What 'scalpel plan --device A100-80GB --world-size 2 --strategy all --no-max-batch -- SCRIPT' does.
+    from torchscalpel.plan.devices import resolve_device
+    from torchscalpel.plan.script import ScriptPlanOptions, plan_script
+    from torchscalpel.plan.strategies import strategies_for
+    from torchscalpel.report.plan_terminal import render_text
+    from torchscalpel.sections import PlanSection
+
+    options = ScriptPlanOptions(
+        optimizer=None,
+        precision="fp32",
+        grad_accum=1,
+        world_size=2,
+        nodes=1,
+        checkpointing="none",
+        search_max_batch=False,
+    )
+    result, record = plan_script(
+        target, options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1)
+    )
+    print(render_text(result))
+    record.sections[PlanSection.KEY] = result.to_dict()
+    _save_with_report(record, out)
+    return True, str(out), "per-rank memory for every strategy on 2 x A100-80GB"
+
+
+def _save_with_report(record: Any, out: Path) -> None:
+    """run.json and report.html in the stage's folder, as the stage's own command writes them."""
+    from torchscalpel.record import save_record
+    from torchscalpel.report.html import write_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    record.artifacts.update({"record": "run.json", "report": "report.html"})
+    save_record(record, out)
+    write_report(record, out / "report.html")
+
+
+SHIP_MODULES = {
+    "sklearn": "scikit-learn",
+    "onnx": "onnx",
+    "onnxscript": "onnxscript",
+    "onnxruntime": "onnxruntime",
+    "fastapi": "fastapi",
+    "uvicorn": "uvicorn",
+}
+"""What the ship stage imports beyond the core dependencies (module: distribution), all in torchscalpel[all]."""
+
+
+def _ship(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    from torchscalpel.stages.export_demo import run_ship_demo
+
+    missing = [dist for mod, dist in SHIP_MODULES.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        return True, str(out), f'skipped: needs {", ".join(missing)} (pip install "torchscalpel[all]")'
+    result = run_ship_demo(out, script=target.script.with_name("digits_cnn.py"))
+    check = result["serve_check"]
+    same = bool(result["parity_passed"] and check["same_argmax"])
+    return (
+        same,
+        str(out),
+        (
+            f"exported and served on 127.0.0.1: {check['requests']} requests, "
+            + ("same predictions as eager" if same else "predictions DIFFER from eager")
+        ),
+    )
+
+
+_STAGE_FUNCS: dict[str, Callable[[Target, Path, DemoOptions], tuple[bool, str, str]]] = {
+    "env": _env,
+    "profile": _profile,
+    "doctor": _doctor,
+    "analyze": _analyze,
+    "tune": _tune,
+    "plan": _plan,
+    "ship": _ship,
+}
+
+
+RECORD_STAGES = ("profile", "doctor", "tune", "plan")
+"""Stages that leave a Run record in their folder; the combined report has a group for each one that ran."""
+
+
+def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
+    """One report, as 'scalpel report' renders several records: a table of what every stage did, then
+    the sections of each stage's record (profile, doctor, tune, plan)."""
+    from torchscalpel.record import load_record, now_timestamp
+    from torchscalpel.report.html import RecordGroup, render_records
+    from torchscalpel.report.page import Section, table
+
+    groups: list[RecordGroup] = []
+    for r in results:
+        if r.name not in RECORD_STAGES or not r.ok:
+            continue
+        try:
+            record = load_record(out / r.name)
+        except Exception:  # the stage's own failure is already in the table
+            continue
+        groups.append(
+            RecordGroup(record=record, title=f"{r.name} · {record.name}", source=_rel(str(out / r.name), out))
+        )
+    stages = Section(
+        id="demo-stages",
+        title="Demo stages",
+        body=table(
+            ["stage", "result", "seconds", "summary", "outputs"],
+            [(r.name, _result_word(r), f"{r.seconds:.1f}", r.summary, _rel(r.output, out)) for r in results],
+            [False, False, True, False, False],
+        )
+        + '<p class="muted">Each stage also wrote its own files (run.json, report.html, trace, bundle) in its folder.</p>',
+    )
+    created = groups[0].record.created if groups else now_timestamp()
+    html = render_records(
+        groups, title="torchscalpel demo", subtitle=f"examples/char_transformer.py · {created}", lead=[stages]
+    )
+    return atomic_write_text(out / "report.html", html)
+
+
+def _result_word(r: StageResult) -> str:
+    return "FAILED" if not r.ok else "skipped" if r.summary.startswith("skipped") else "ok"
+
+
+def _rel(path: str, root: Path) -> str:
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return path
