@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import check_output_file, finite_json, write_output_text
+from torchscalpel.report.analyze_terminal import format_diff, format_summary
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -95,129 +95,3 @@ def run(args: argparse.Namespace) -> int:
         more = f" ({len(errors) - 1} more file(s) also unreadable)" if len(errors) > 1 else ""
         raise ScalpelError(f"{first['message']} The summary above covers the events before it{more}.")
     return 0
-
-
-def _ms(us: float | None) -> str:
-    return "-" if us is None else f"{us / 1e3:.2f}"
-
-
-def _short(name: str, width: int = 60) -> str:
-    return name if len(name) <= width else name[: width - 3] + "..."
-
-
-def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
-    """The terminal summary: per rank and step, GPU breakdown, top ops and kernels, memory, stragglers."""
-    out: list[str] = []
-    for r in data["ranks"]:
-        state = (
-            ""
-            if r["complete"]
-            else "  [INCOMPLETE: " + r["error"]["reason"] + f" at byte {r['error']['byte_offset']}]"
-        )
-        out.append(f"rank {r['rank']} · {r['device']} · {r['events']} events · {r['path']}{state}")
-        if r.get("invalid_events"):
-            out.append(
-                f"  {r['invalid_events']} invalid event(s) left out: a time that is NaN, infinite, negative "
-                "or beyond any profiler window"
-            )
-        steps = r.get("steps") or []
-        if steps and "compute_us" in steps[0]:
-            out.append(
-                f"  {'step':<20}{'ms':>9}{'busy%':>7}{'compute':>9}{'comm':>9}{'memcpy':>8}{'memset':>8}"
-                f"{'idle':>9}{'host-w':>8}{'kern-w':>8}{'other-w':>8}"
-            )
-            for s in steps:
-                out.append(
-                    f"  {_short(s['name'], 19):<20}{_ms(s['dur_us']):>9}{s['gpu_busy_pct']:>7.1f}{_ms(s['compute_us']):>9}"
-                    f"{_ms(s['communication_us']):>9}{_ms(s['memcpy_us']):>8}{_ms(s['memset_us']):>8}"
-                    f"{_ms(s['gpu_idle_us']):>9}{_ms(s['host_wait_us']):>8}{_ms(s['kernel_wait_us']):>8}"
-                    f"{_ms(s['other_wait_us']):>8}"
-                )
-        elif steps:
-            out.append(f"  {'step':<20}{'ms':>9}{'cpu busy':>10}  top categories (self ms)")
-            for s in steps:
-                cats = ", ".join(f"{k} {_ms(v)}" for k, v in list(s["cpu_categories"].items())[:3])
-                out.append(
-                    f"  {_short(s['name'], 19):<20}{_ms(s['dur_us']):>9}{_ms(s['cpu_busy_us']):>10}  {cats}"
-                )
-        else:
-            out.append("  no step annotations (ProfilerStep#N): figures cover the whole trace")
-        g = r.get("gpu")
-        if g:
-            ov = g.get("comm_comp_overlap_pct")
-            out.append(
-                f"  GPU ({g['window']}): span {_ms(g['kernel_time_us'])} ms; compute {g['compute_pct']:.1f}%, "
-                f"non-compute {g['non_compute_pct']:.1f}%, idle {g['idle_pct']:.1f}%"
-                + ("" if ov is None else f"; comm/compute overlap {ov:.1f}%")
-            )
-        lch = r.get("launch")
-        if lch and "launch_delay_p50_us" in lch:
-            out.append(
-                f"  kernels: {lch['kernels']}, {lch['short_kernel_pct']:.1f}% < 10 µs; launch-to-start p50 "
-                f"{lch['launch_delay_p50_us']:.1f} µs, p95 {lch['launch_delay_p95_us']:.1f} µs"
-            )
-    if data.get("top_ops"):
-        out.append(f"\ntop CPU ops by self time{' (all ranks)' if len(data['ranks']) > 1 else ''}:")
-        out.append(f"  {'self ms':>10}{'total ms':>10}{'calls':>8}  {'category':<13} name")
-        for o in data["top_ops"][:top]:
-            out.append(
-                f"  {_ms(o['self_us']):>10}{_ms(o['total_us']):>10}{o['count']:>8}  {o['category']:<13} {_short(o['name'])}"
-            )
-        cats = data.get("categories") or {}
-        out.append("  by category (self ms): " + ", ".join(f"{k} {_ms(v)}" for k, v in cats.items()))
-    if data.get("top_kernels"):
-        out.append("\ntop GPU kernels by time:")
-        out.append(f"  {'total ms':>10}{'count':>8}{'mean µs':>10}  {'category':<13} name")
-        for k in data["top_kernels"][:top]:
-            out.append(
-                f"  {_ms(k['total_us']):>10}{k['count']:>8}{k['mean_us']:>10.1f}  {k['category']:<13} {_short(k['name'])}"
-            )
-    m = data.get("memory")
-    if m:
-        when = (
-            f"{m['peak_ms_from_start']:,.1f} ms after the trace starts"
-            if m.get("peak_ms_from_start") is not None
-            else f"trace time {m['peak_ts_us']:.0f} µs"
-        )
-        out.append(
-            f"\nmemory: peak {m['peak_bytes'] / 2**20:.1f} MiB allocated ({m['device']}) {when}, "
-            f"under {m.get('peak_op') or 'no op'}"
-        )
-    s = data.get("stragglers")
-    if s:
-        comm = s.get("mean_communication_us") or {}
-        out.append(
-            "\nranks: "
-            + "; ".join(
-                f"rank {r}: step {_ms(v)} ms" + (f", collectives {_ms(comm[r])} ms" if r in comm else "")
-                for r, v in sorted(s["mean_step_us"].items())
-            )
-        )
-        if s.get("likely_straggler") is not None:
-            out.append(f"  likely straggler: {s['reason']}")
-        elif s.get("verdict"):  # none, or not measured: said with its figures (trace.ranks.straggler_verdict)
-            out.append(f"  straggler: {s['verdict']['sentence']}")
-    return "\n".join(out)
-
-
-def format_diff(diff: dict[str, Any], *, top: int = 15) -> str:
-    """The ``--diff`` table: biggest changes first, then what was added and removed."""
-    ms = diff["mean_step_us"]
-    out = [f"\ndiff (B - A): A = {', '.join(diff['a'])}; B = {', '.join(diff['b'])}"]
-    if ms["a"] is not None and ms["b"] is not None:
-        out.append(f"  mean step: {_ms(ms['a'])} ms -> {_ms(ms['b'])} ms")
-    for kind, label in (("ops", "CPU ops (self time)"), ("kernels", "GPU kernels")):
-        d = diff[kind]
-        if not d["rows"]:
-            continue
-        out.append(
-            f"  {label}: {_ms(d['time_a_us'])} ms -> {_ms(d['time_b_us'])} ms; "
-            f"{len(d['added'])} added, {len(d['removed'])} removed"
-        )
-        out.append(f"    {'A ms':>9}{'B ms':>9}{'Δ ms':>9}{'calls A':>8}{'calls B':>8}  {'status':<8} name")
-        for r in [r for r in d["rows"] if r["status"] != "same"][:top]:
-            out.append(
-                f"    {_ms(r['time_a_us']):>9}{_ms(r['time_b_us']):>9}{_ms(r['delta_us']):>9}{r['count_a']:>8}"
-                f"{r['count_b']:>8}  {r['status']:<8} {_short(r['name'])}"
-            )
-    return "\n".join(out)

@@ -22,6 +22,7 @@ from torchscalpel.cli.common import (
 )
 from torchscalpel.errors import UsageError
 from torchscalpel.runtime.window import PROFILE_WINDOW
+from torchscalpel.tune.applied import settings_hooks
 
 DEFAULT_EXAMPLE = "char_transformer.py"
 
@@ -111,39 +112,9 @@ def run(args: argparse.Namespace) -> int:
     options = runtime_options(args, out_dir, target.name)
     from torchscalpel.stages.profile import profile_target
 
-    tuned = tuned_run(args.config) if args.config is not None else {}
+    tuned = settings_hooks(args.config, command="scalpel profile") if args.config is not None else {}
     record, _ = profile_target(
         target, options, write_report=not args.no_report, json_path=args.json_path, **tuned
     )
     track(args, record, out_dir)
     return record.exit_code or 0
-
-
-def tuned_run(config: Path) -> dict[str, Any]:
-    """``--config``: the settings file read before the script starts, its setup hooks (the ones 'scalpel
-    run' applies) and an observer that records the settings and what each changed in ``record.config``."""
-    import os
-    import sys
-
-    from torchscalpel.runtime.observer import Observer
-    from torchscalpel.tune.apply import setup_hooks
-    from torchscalpel.tune.knobs import ApplyLog
-    from torchscalpel.tune.settings import read_settings_file
-
-    settings = read_settings_file(config)
-    if settings.compile is not None and settings.dataloader.num_workers:
-        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")  # as scalpel run: no fork deadlock
-    log = ApplyLog()
-    print(f"scalpel profile: {settings.label()} (from {config})", file=sys.stderr)
-
-    class SettingsObserver(Observer):
-        name = "tune-settings"
-
-        def on_finish(self, record: Any) -> None:
-            record.config["tune_settings"] = settings.to_dict()
-            record.config["settings_file"] = str(config)
-            record.config["tune_applied"] = list(log.applied)
-            if log.skipped:
-                record.notes.extend(f"tune setting not applied: {line}" for line in log.skipped)
-
-    return {"setup_hooks": setup_hooks(settings, log), "observers": [SettingsObserver()]}
