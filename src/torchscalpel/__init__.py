@@ -9,15 +9,17 @@ stays fast): the runtime is imported when a block starts.
 
 # Why the subpackages are imported here, before the functions of the same names are bound: the
 # import system sets ``torchscalpel.doctor = <the package>`` when the package is first loaded. Loading
-# both packages now (they hold only a docstring, no torch) means that setattr has already happened,
+# the four packages (doctor, memory, plan, compare) now (their __init__ imports no torch) means that setattr has already happened,
 # so the function bound below stays the package attribute whatever a program imports later
 # (``from torchscalpel.doctor.api import ...`` finds the package in sys.modules and sets nothing on
 # ``torchscalpel``). Inside the repository, reach a submodule with ``from torchscalpel.doctor import
 # api`` or ``from torchscalpel.doctor.api import X``, never as the attribute chain
 # ``torchscalpel.doctor.api`` (that is the function's attribute, and there is none).
+import torchscalpel.compare as _compare_package  # noqa: F401
 import torchscalpel.doctor as _doctor_package  # noqa: F401
 import torchscalpel.memory as _memory_package  # noqa: F401
-from torchscalpel.inprocess import InProcessRun, doctor, memory, profile
+import torchscalpel.plan as _plan_package  # noqa: F401
+from torchscalpel.inprocess import InProcessRun, compare, doctor, memory, plan, profile
 from torchscalpel.record import RunRecord, load_record, save_record, set_inline_html
 from torchscalpel.version import __version__
 
@@ -25,9 +27,11 @@ __all__ = [
     "InProcessRun",
     "RunRecord",
     "__version__",
+    "compare",
     "doctor",
     "load_record",
     "memory",
+    "plan",
     "profile",
     "save_record",
 ]

@@ -40,7 +40,13 @@ from torchscalpel.runtime.window import MEMORY_WINDOW, PROFILE_WINDOW
 # ``scalpel --help``), so it names the runtime's types for the checker only and imports the
 # runtime when a block is built.
 if TYPE_CHECKING:
+    import os
+
+    import torch
+
+    from torchscalpel.compare.core import Comparison
     from torchscalpel.findings import Finding
+    from torchscalpel.plan.planner import PlanResult
     from torchscalpel.runtime.observer import Observer
     from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook
 
@@ -279,6 +285,68 @@ def memory(
         setup_hooks=[observer_setup(observer)],
         finish=finish,
     )
+
+
+def plan(
+    model: Callable[[], torch.nn.Module],
+    batch: str,
+    *,
+    device: str | None = None,
+    device_memory: str | None = None,
+    world_size: int = 1,
+    nodes: int = 1,
+    strategy: str = "all",
+    optimizer: str = "adamw",
+    precision: str = "fp32",
+    grad_accum: int = 1,
+    checkpointing: str = "none",
+    max_batch: bool = True,
+    loss: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+) -> PlanResult:
+    """Plan memory per rank for ``model()`` (a factory: it is built on fake tensors, nothing is
+    allocated) on ``batch`` (``scalpel plan --batch`` grammar, e.g. ``"x=float32[8,3,32,32],y=int64[8]:10"``),
+    as ``scalpel plan --model`` does with the same defaults: every strategy that makes sense for
+    ``world_size`` on ``device`` (a name from ``scalpel plan --list-devices``; ``device_memory`` such as
+    ``"24GiB"``; neither: this machine). Returns the plan (``.rows``, ``.to_dict()``); print it with
+    ``torchscalpel.report.plan_terminal.render_text``."""
+    from torchscalpel.plan.devices import resolve_device
+    from torchscalpel.plan.planner import PlanRequest, make_plan
+    from torchscalpel.plan.simulate import OptimizerSpec, sim_settings_for
+    from torchscalpel.plan.spec import parse_batch_spec
+    from torchscalpel.plan.strategies import strategies_for
+
+    target = resolve_device(device, device_memory)
+    request = PlanRequest(
+        builder=model,
+        batch=parse_batch_spec(batch),
+        loss_fn=loss,
+        strategies=strategies_for(strategy, world_size, nodes),
+        world_size=world_size,
+        nodes=nodes,
+        device=target,
+        checkpointing=checkpointing,
+        search_max_batch=max_batch,
+        model_name=getattr(model, "__qualname__", "model"),
+        settings=sim_settings_for(OptimizerSpec.named(optimizer), precision, grad_accum, target),
+    )
+    return make_plan(request)
+
+
+def compare(*runs: str | os.PathLike[str] | RunRecord) -> Comparison:
+    """What differs between runs (run folders, ``run.json`` files or records in memory), as
+    ``scalpel compare`` computes it: phases with their noise, losses, environment, config and code, and
+    a one-line verdict (``.verdict``). Print it with
+    ``torchscalpel.report.compare_terminal.print_comparison``."""
+    from torchscalpel.compare.core import compare_records, compare_runs
+    from torchscalpel.errors import UsageError
+
+    if len(runs) < 2:
+        raise UsageError(f"compare needs two runs or more, got {len(runs)}.")
+    if all(isinstance(r, RunRecord) for r in runs):
+        return compare_records([r for r in runs if isinstance(r, RunRecord)])
+    if any(isinstance(r, RunRecord) for r in runs):
+        raise UsageError("compare takes either records or paths, not a mix (save the records first).")
+    return compare_runs([r for r in runs if not isinstance(r, RunRecord)])
 
 
 def _caller() -> str:

@@ -82,3 +82,55 @@ def test_one_warmup_check_for_the_flag_the_config_key_and_the_api(bad: object) -
     args.warmup = bad
     with pytest.raises(UsageError, match=r"^--warmup must be an integer >= 0, not .*\.$"):
         steps_arg(args)
+
+
+def test_plan_and_compare_are_functions_users_can_script() -> None:
+    from torchscalpel.compare import core  # noqa: F401
+    from torchscalpel.plan import planner  # a later submodule import must not rebind the names
+
+    assert planner is not None
+    for name in ("plan", "compare"):
+        func = getattr(torchscalpel, name)
+        assert inspect.isfunction(func) and func.__doc__, name
+        assert name in dir(torchscalpel)
+
+
+def test_in_process_plan_has_the_cli_defaults_and_plans_a_factory() -> None:
+    import torch
+
+    cli = vars(build_parser().parse_args(["plan", "--model", "m:f", "--batch", "x=float32[2,4]"]))
+    api = _api_defaults("plan")
+    for flag, param in [
+        ("world_size", "world_size"),
+        ("nodes", "nodes"),
+        ("strategy", "strategy"),
+        ("precision", "precision"),
+        ("grad_accum", "grad_accum"),
+        ("activation_checkpointing", "checkpointing"),
+    ]:
+        assert api[param] == cli[flag], (param, api[param], cli[flag])
+
+    def tiny() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+    result = torchscalpel.plan(tiny, "x=float32[2,4]", device_memory="1GiB", max_batch=False)
+    rows = result.to_dict()["rows"]
+    assert [r["strategy"] for r in rows] == ["single"]
+    params = sum(p.numel() for p in tiny().parameters()) * 4
+    assert rows[0]["params"] == params and rows[0]["grads"] == params  # fp32 weights and gradients
+
+
+def test_in_process_compare_takes_records_and_refuses_one(tmp_path) -> None:
+    from torchscalpel.errors import UsageError
+    from torchscalpel.record import RunRecord, StepRecord
+
+    def rec(ms: float) -> RunRecord:
+        steps = [StepRecord(index=i, total_ms=ms, forward_ms=ms / 2, backward_ms=ms / 2) for i in range(8)]
+        return RunRecord(name=f"r{ms}", steps=steps)
+
+    cmp = torchscalpel.compare(rec(10.0), rec(20.0))
+    assert cmp.to_dict()["pairs"][0]["verdict"]
+    import pytest as _pytest
+
+    with _pytest.raises(UsageError, match="two runs or more"):
+        torchscalpel.compare(rec(10.0))
