@@ -195,9 +195,12 @@ def doctor(
     ``time_cap_s``, None or 0 for no cap); ``run.record.sections["doctor"]["window"]`` says what ran.
     """
     from torchscalpel.doctor.api import TimeCap, assemble_findings, runtime_rules_for_block, window_facts
+    from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.doctor.runtime_rules import DoctorObserver
     from torchscalpel.runtime.session import RuntimeOptions
 
+    # the CLI's validation and sentences (a nan time cap, a bad step kind), before the block runs
+    DoctorOptions(steps=steps, warmup=warmup, static=static, time_cap_s=time_cap_s, step_kind=step_kind)
     rules, sources = runtime_rules_for_block()
     cap = TimeCap(time_cap_s)  # as in ``scalpel doctor``: the step window, bounded for a very slow loop
     rules.append(cap)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import sys
@@ -96,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
     fail_on = Severity.parse(args.fail_on) if args.fail_on else None
     args.steps = steps_arg(args)
-    if args.time_cap < 0:
+    if not (math.isfinite(args.time_cap) and args.time_cap >= 0):  # nan and inf included
         raise UsageError("--time-cap must be 0 (no cap) or a number of seconds.")
     if args.nproc is not None and args.nproc < 1:
         raise UsageError("--nproc must be at least 1.")
@@ -206,6 +207,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
 
     from torchscalpel.console import make_console
     from torchscalpel.doctor.api import diagnose
+    from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
     from torchscalpel.record import save_record
     from torchscalpel.report.doctor_terminal import reaches, render_terminal
@@ -213,6 +215,21 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
 
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
+    try:  # validated before the script starts and before the run folder exists
+        options = DoctorOptions(
+            steps=args.steps if args.steps in ("all", "auto") else int(args.steps),
+            warmup=args.warmup,
+            sanity=args.sanity,
+            static=not args.no_static,
+            out_dir=out_dir,
+            step_kind=args.step_kind,
+            step_timeout_s=args.step_timeout,
+            time_cap_s=args.time_cap or None,
+            # the learning-rate and gradient-norm curves are recorded only for a tracker that shows them
+            step_scalars=bool(getattr(args, "tensorboard", None) or getattr(args, "mlflow", None)),
+        )
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     console = make_console()
     window = (
@@ -240,21 +257,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     with StepProgress(
         planned, f"doctor {target.name}"
     ) as bar:  # grows past the planned count, never "33 of 32"
-        record, findings = diagnose(
-            target,
-            steps=args.steps,
-            warmup=args.warmup,
-            sanity=args.sanity,
-            static=not args.no_static,
-            out_dir=out_dir,
-            command=["scalpel", *sys.argv[1:]],
-            step_kind=args.step_kind,
-            step_timeout_s=args.step_timeout,
-            time_cap_s=args.time_cap or None,
-            progress=bar.update,
-            # the learning-rate and gradient-norm curves are recorded only for a tracker that shows them
-            step_scalars=bool(getattr(args, "tensorboard", None) or getattr(args, "mlflow", None)),
-        )
+        record, findings = diagnose(target, options, command=["scalpel", *sys.argv[1:]], progress=bar.update)
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"
     if not args.no_report:

@@ -15,15 +15,16 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchscalpel.doctor.options import DoctorOptions
 from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.doctor.rules.rt_run import needs_launcher
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
 from torchscalpel.doctor.static import analyze_paths
-from torchscalpel.doctor.window import DEFAULT_STEPS, DOCTOR_WINDOW, RANK_STEPS, TIME_CAP_S
+from torchscalpel.doctor.window import DEFAULT_STEPS, RANK_STEPS
 from torchscalpel.findings import Finding, counts
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
@@ -256,33 +257,29 @@ def merge_findings(
 
 def diagnose(
     target: Target,
+    options: DoctorOptions | None = None,
     *,
-    steps: int | Literal["all", "auto"] | None = "auto",
-    warmup: int = DOCTOR_WINDOW.warmup,
-    sanity: bool = False,
-    static: bool = True,
-    nan_rerun: bool = True,
-    out_dir: Path | None = None,
     progress: Any = None,
     command: Sequence[str] = (),
-    step_kind: str = "auto",
-    step_timeout_s: float | None = 600.0,
-    time_cap_s: float | None = TIME_CAP_S,
-    step_scalars: bool = False,
+    **fields: Any,
 ) -> tuple[RunRecord, list[Finding]]:
-    """Run ``target`` under every runtime rule (``steps="auto"`` or None: the default window of
-    :data:`DEFAULT_STEPS` measured steps; ``"all"``: until the script ends), add static findings for the
-    script and the model sources it uses, re-run to locate a NaN when one appeared, and (``sanity``)
-    try to overfit one batch. ``step_scalars``: also record each step's learning rate and clipped
-    gradient norm (for ``--tensorboard`` / ``--mlflow``). ``time_cap_s`` (None or 0: none) stops a slow script early; when it did,
-    ``record.sections["doctor"]["window"]["capped"]`` says after how many steps. Returns the Run record
-    (findings stored in ``record.findings``) and the ranked findings."""
+    """Run ``target`` under every runtime rule in the window ``options`` asks (``fields``: the
+    :class:`~torchscalpel.doctor.options.DoctorOptions` fields to set instead, for callers that name one
+    or two), add static findings for the script and the model sources it uses, re-run to locate a NaN
+    when one appeared, and (``sanity``) try to overfit one batch. When the time cap ended the window
+    early, ``record.sections["doctor"]["window"]["capped"]`` says after how many steps. Returns the Run
+    record (findings stored in ``record.findings``) and the ranked findings."""
+    if options is None:
+        options = DoctorOptions(**fields)
+    elif fields:
+        raise TypeError("give DoctorOptions or its fields as keywords, not both")
+    steps, warmup, out_dir = options.steps, options.warmup, options.out_dir
     from torchscalpel.doctor.rules.rt_numerics import NanLoss
 
     sources = SourceFiles()
     rules: list[RuntimeRule] = [*all_runtime_rules(), sources]
     run_steps: int | None
-    cap = TimeCap(time_cap_s)
+    cap = TimeCap(options.time_cap_s)
     if (steps is None or steps == "auto") and _world_size() > 1:
         # Under a launcher every rank must stop at the same step: a rank stopped by its own clock
         # would leave the others blocked in their next collective until torch's timeout.
@@ -301,22 +298,22 @@ def diagnose(
         progress=progress,
         command=command,
         profile=True,
-        step_kind=step_kind,
-        step_timeout_s=step_timeout_s,
-        step_scalars=step_scalars,
+        step_kind=options.step_kind,
+        step_timeout_s=options.step_timeout_s,
+        step_scalars=options.step_scalars,
     )
     notes: list[str] = []
 
     nan_rule = next(r for r in rules if isinstance(r, NanLoss))
     nan_steps = nan_rule.rerun_steps()
-    if nan_rerun and nan_steps is not None and record.status != "interrupted":
+    if options.nan_rerun and nan_steps is not None and record.status != "interrupted":
         notes.append(_locate_nan(target, nan_rule, nan_steps))
 
     runtime_findings = doctor.findings(record)
-    if sanity and not any(f.rule == "cannot-overfit-batch" for f in runtime_findings):
+    if options.sanity and not any(f.rule == "cannot-overfit-batch" for f in runtime_findings):
         runtime_findings += _sanity(target, notes)
     files: list[Path] = []
-    if static and target.script is not None and target.script.is_file():
+    if options.static and target.script is not None and target.script.is_file():
         files.append(target.script.resolve())
     findings = assemble_findings(
         record,
@@ -324,9 +321,9 @@ def diagnose(
         runtime_findings,
         rules,
         sources,
-        files if static else None,
+        files if options.static else None,
         notes=notes,
-        sanity=sanity,
+        sanity=options.sanity,
     )
     record.sections["doctor"]["hint"] = launcher_hint(target, record)
     record.sections["doctor"]["window"] = window_facts(run_steps, warmup, cap)

@@ -130,10 +130,13 @@ def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str
 def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
     from torchscalpel.console import make_console
     from torchscalpel.doctor.api import diagnose
+    from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.report.doctor_terminal import render_terminal
 
     out.mkdir(parents=True, exist_ok=True)
-    record, findings = diagnose(target, steps=20, warmup=2, out_dir=out, command=["scalpel", "demo"])
+    record, findings = diagnose(
+        target, DoctorOptions(steps=20, warmup=2, out_dir=out), command=["scalpel", "demo"]
+    )
     _save_with_report(record, out)
     render_terminal(
         findings,
