@@ -125,7 +125,8 @@ def test_first_user_on_recorded_names() -> None:
 
 
 def test_collective_sites_name_a_user_script_in_a_torch_folder() -> None:
-    from torchscalpel.runtime.collectives import quoted_user_site, user_site
+    from torchscalpel.runtime.collectives import quoted_user_site
+    from torchscalpel.runtime.userframes import user_site
 
     user_torch = "/home/u/torch/train.py"
     frame = _chain(user_torch, TORCH_FILE)(lambda: sys._getframe(1))
