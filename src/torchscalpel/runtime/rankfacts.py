@@ -296,7 +296,7 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
             return backward(tensors, *args, **kwargs)
 
         autograd_backward._scalpel_facts = True  # type: ignore[attr-defined]
-        torch.autograd.backward = autograd_backward  # type: ignore[assignment]
+        torch.autograd.backward = autograd_backward
     _watch_group_calls(facts)
     register_optimizer_step_post_hook(facts.on_step)
     atexit.register(facts.write)
