@@ -8,7 +8,7 @@ export PIP_CONSTRAINT := $(abspath constraints.txt)
 export PYTHONUNBUFFERED := 1
 export TORCHINDUCTOR_CACHE_DIR ?= $(abspath .cache/inductor)
 
-.PHONY: venv demo test test-fast lint format bench clean
+.PHONY: venv demo test test-fast lint typecheck format bench clean
 
 venv: $(STAMP)
 
@@ -26,6 +26,7 @@ test: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -q -p no:cacheprovider --durations=25
 
 # The edit loop: tests/unit without the tests that start processes for ranks (dist) or run end to end (slow).
@@ -36,6 +37,10 @@ lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 	$(VENV)/bin/lint-imports
+
+# mypy on src/torchscalpel with the settings in pyproject.toml ([tool.mypy]; cache in .cache/mypy).
+typecheck: venv
+	$(VENV)/bin/mypy
 
 format: venv
 	$(VENV)/bin/ruff format src tests benchmarks examples scripts

@@ -119,7 +119,7 @@ def main() -> None:
         torch.use_deterministic_algorithms(True)
     ctx = sd.setup(seed=args.seed)
     log = sd.get_logger("train")
-    model = TinyLM(dropout=args.dropout)
+    model: torch.nn.Module = TinyLM(dropout=args.dropout)
     sample = torch.zeros(2, 8, dtype=torch.long)
     model = sd.wrap(model, args.strategy, activation_checkpointing=args.activation_checkpointing,
                     mixed_precision="bf16" if args.bf16 else None, sample=sample.to(ctx.device))
@@ -151,7 +151,7 @@ def main() -> None:
             guard.step(opt, loss, scheduler=sched, scaler=scaler)
             step += 1
             if loss_log:
-                loss_log.write(json.dumps({"step": step, "loss": loss.item().hex(), "attempt": ctx.attempt}) + "\n")
+                loss_log.write(json.dumps({"step": step, "loss": float(loss.item()).hex(), "attempt": ctx.attempt}) + "\n")
                 loss_log.flush()
             if step % 10 == 0 or step == args.steps:
                 log.info("step %d loss %.4f", step, loss.item())

@@ -19,6 +19,7 @@ command line still wins. See docs/config.md.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,10 @@ from typing import Any
 from torchscalpel.errors import UsageError
 from torchscalpel.runtime.window import STEP_KINDS, check_warmup, parse_steps
 
-try:
+if sys.version_info >= (3, 11):  # a version test, not try/except, is what type checkers follow
     import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10: the same parser, packaged as tomli
+    import tomli as tomllib
 
 CONFIG_FILE = "scalpel.toml"
 PYPROJECT_FILE = "pyproject.toml"

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torchscalpel.doctor.window import DOCTOR_WINDOW, TIME_CAP_S
 from torchscalpel.fileio import default_run_dir
-from torchscalpel.record import RunRecord
+from torchscalpel.record import RunRecord, RunStatus
 from torchscalpel.runtime.window import MEMORY_WINDOW, PROFILE_WINDOW
 
 # The runtime imports torch; this module is imported by ``import torchscalpel`` (and so by
@@ -120,7 +120,8 @@ class InProcessRun(contextlib.ContextDecorator):
         _active.clear()
         if attachment is None:
             return False
-        status, code, error = "complete", 0, None
+        status: RunStatus = "complete"
+        code, error = 0, None
         if isinstance(exc, StopScript | MemoryLimitExceeded):
             status = "stopped" if isinstance(exc, StopScript) else "failed"
             code, error = (0, None) if isinstance(exc, StopScript) else (1, str(exc))

@@ -107,10 +107,11 @@ def _ranks_print_one_line(on: bool):
     try:
         yield
     finally:
-        if on and previous is None:
-            os.environ.pop(MERGED_RANKS_ENV, None)
-        elif on:
-            os.environ[MERGED_RANKS_ENV] = previous
+        if on:
+            if previous is None:
+                os.environ.pop(MERGED_RANKS_ENV, None)
+            else:
+                os.environ[MERGED_RANKS_ENV] = previous
 
 
 def _announce_resume(parsed: argparse.Namespace) -> None:

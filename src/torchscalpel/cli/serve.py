@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     class _Server(uvicorn.Server):
-        async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if not self.should_exit:
                 # Printed only once the socket accepts and the model is warm: scripts wait for this line.

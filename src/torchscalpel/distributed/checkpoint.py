@@ -130,7 +130,8 @@ class Checkpointer:
     def _lock_root(self) -> Any:
         """Rank 0 takes the folder's writer lock for this Checkpointer's lifetime; every rank raises if
         another process holds it (so no rank waits in a collective for a refused rank 0)."""
-        release, refused = None, [None]
+        release = None
+        refused: list[str | None] = [None]
         if self.ctx.is_main:
             try:
                 release = manifest.lock_root(self.root)

@@ -32,7 +32,7 @@ def consolidate(
     """Write the model weights of checkpoint ``ckpt`` (a ``step-N`` folder, or a Checkpointer folder
     whose newest checkpoint is used) into one safetensors file; return its path. With ``sign_key``
     the checkpoint's HMAC signature must match (see ``Checkpointer(sign_key=)``)."""
-    key = manifest.read_key(sign_key) if sign_key is not None else None
+    verify_key = manifest.read_key(sign_key) if sign_key is not None else None
     folder = Path(ckpt)
     if not (folder / manifest.COMMIT).exists():
         newest = manifest.latest(folder)
@@ -41,7 +41,7 @@ def consolidate(
                 f"{folder} holds no committed checkpoint; pass a step-N folder or a Checkpointer folder."
             )
         folder = newest
-    problem = manifest.check(folder, full=True, key=key)
+    problem = manifest.check(folder, full=True, key=verify_key)
     if problem is not None:
         raise CheckpointError(f"Refusing to consolidate: {problem.message}.")
     metadata = read_metadata(folder / ".metadata")

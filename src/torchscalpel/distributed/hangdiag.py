@@ -230,9 +230,9 @@ def diagnose(
             diverging = []
     for st in states.values():
         st.pop("key", None)
-    diag = {"diverging_ranks": diverging, "ranks": {str(r): st for r, st in states.items()}}
+    diag: dict[str, Any] = {"diverging_ranks": diverging, "ranks": {str(r): st for r, st in states.items()}}
     diag["summary"] = summarize(diag)
-    if by_mismatch:
+    if by_mismatch and mismatch is not None:  # by_mismatch is only set with a mismatch
         diag["summary"] = f"{_ranks(diverging)} diverged first, {mismatch['message']}; now {diag['summary']}"
     diag["mismatch"] = mismatch
     return diag

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def prepare(args: argparse.Namespace, env: dict[str, str] | None = None) -> argparse.Namespace:
+def prepare(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> argparse.Namespace:
     """Validate and fill in torchrun's namespace (pure apart from picking a free port)."""
     env = os.environ if env is None else env
     if not args.training_script:

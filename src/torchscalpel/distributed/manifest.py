@@ -213,7 +213,7 @@ def verify(folder: Path, *, action: str = "load", key: bytes | None = None) -> N
 def newest_verified(root: Path, key: bytes | None = None) -> tuple[Path | None, list[str]]:
     """The newest ``step-N`` under ``root`` whose files all match its manifest (full hash), and one
     line per newer step that was passed over and why."""
-    skipped = []
+    skipped: list[str] = []
     for _, folder in committed_steps(root):
         problem = check(folder, full=True, key=key)
         if problem is None:
@@ -237,7 +237,7 @@ def committed_steps(root: Path) -> list[tuple[int, Path]]:
 def scan(root: Path) -> tuple[Path | None, list[tuple[Path, Problem]]]:
     """The newest committed, complete checkpoint under ``root`` (presence and sizes checked), and
     every newer ``step-N`` folder passed over with the reason."""
-    broken = []
+    broken: list[tuple[Path, Problem]] = []
     for _, folder in committed_steps(root):
         problem = check(folder, full=False)
         if problem is None:

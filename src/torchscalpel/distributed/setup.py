@@ -128,9 +128,13 @@ def setup(
             store: dist.Store = dist.HashStore()  # one process: nothing to rendezvous with, no port opened
         else:
             store = _make_store(rank, world_size, attempt, timeout)
-        kwargs = {"device_id": device} if chosen == "nccl" else {}
         dist.init_process_group(
-            chosen, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs
+            chosen,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=timeout,
+            device_id=device if chosen == "nccl" else None,  # None is torch's default: no eager init
         )
     seed_everything(seed + rank)
     ctx = DistContext(

@@ -16,7 +16,7 @@ import functools
 import gc
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -112,7 +112,7 @@ def unused_parameters(model: nn.Module, sample: Any) -> list[str]:
                     "wrap(sample=...) ran the model but its output holds no tensor that requires grad; "
                     "pass a batch the model trains on, or find_unused_parameters=True/False explicitly."
                 )
-            total = sum(o.float().sum() for o in outputs)
+            total = cast(torch.Tensor, sum(o.float().sum() for o in outputs))  # outputs is not empty
             grads = torch.autograd.grad(total, [p for _, p in named], allow_unused=True)
     finally:
         with torch.no_grad():
@@ -162,7 +162,7 @@ def _apply_checkpointing(blocks: list[nn.Module]) -> None:
     for block in blocks:
         # Why use_reentrant=False: works with kwargs, with FSDP2 hooks, and preserves the RNG
         # state so dropout masks in the recomputation are the ones of the forward pass.
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)  # type: ignore[method-assign]
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
 def _broadcast_from_rank0(model: nn.Module) -> None:
@@ -233,7 +233,7 @@ def wrap(
 
 
 def _autocast_forward(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    model.forward = torch.autocast(device.type, dtype=dtype)(model.forward)  # type: ignore[method-assign]
+    model.forward = torch.autocast(device.type, dtype=dtype)(model.forward)
 
 
 def _wrap_ddp(

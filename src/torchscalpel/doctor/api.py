@@ -13,7 +13,7 @@ import shlex
 import sysconfig
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -213,7 +213,7 @@ def _run(
 
 
 def merge_findings(
-    static: Sequence[Finding], runtime: Sequence[Finding], superseded: set[str] = frozenset()
+    static: Sequence[Finding], runtime: Sequence[Finding], superseded: Collection[str] = frozenset()
 ) -> list[Finding]:
     """One list: a runtime finding of the same rule replaces the static one (taking its location if it
     has none); static findings of ``superseded`` slugs go; exact duplicates go; findings a more specific

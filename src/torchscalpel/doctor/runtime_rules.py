@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -125,7 +126,7 @@ class DoctorObserver(Observer):
             if rule.crashed is not None:
                 out.extend(internal_error(slug, rule.crashed) for slug in rule.slugs)
                 continue
-            found = guarded(rule.name, lambda rule=rule: rule.findings(record), source="runtime")
+            found = guarded(rule.name, partial(rule.findings, record), source="runtime")
             out.extend(found)
         return out
 

@@ -13,12 +13,13 @@ import ast
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from torchscalpel.doctor.registry import guarded, make_finding
 from torchscalpel.doctor.rule import Rule
 from torchscalpel.errors import UsageError
-from torchscalpel.findings import Finding, Location
+from torchscalpel.findings import Finding, Location, Severity
 
 # Base classes (fully qualified) whose subclasses are modules, beyond classes defined in the file.
 _MODULE_BASES = {
@@ -102,15 +103,30 @@ class StaticContext:
             file=self.path, line=getattr(node, "lineno", 1), column=getattr(node, "col_offset", 0) + 1
         )
 
-    def finding(self, slug: str, node: ast.AST, message: str, **kw: object) -> Finding:
+    def finding(
+        self,
+        slug: str,
+        node: ast.AST,
+        message: str,
+        *,
+        evidence: Iterable[str] = (),
+        fix: str = "",
+        severity: Severity | None = None,
+    ) -> Finding:
         """A static finding of ``slug`` located at ``node``; the source line is added as evidence."""
-        evidence = list(kw.pop("evidence", []))  # type: ignore[arg-type]
+        shown = list(evidence)
         line = self.line_text(node)
         if line:
-            evidence.append(f"{self.path}:{getattr(node, 'lineno', 1)}: {line}")
+            shown.append(f"{self.path}:{getattr(node, 'lineno', 1)}: {line}")
         return make_finding(
-            slug, message, evidence=evidence, location=self.location(node), source="static", **kw
-        )  # type: ignore[arg-type]
+            slug,
+            message,
+            evidence=shown,
+            fix=fix,
+            location=self.location(node),
+            source="static",
+            severity=severity,
+        )
 
     def line_text(self, node: ast.AST) -> str:
         """The stripped source line where ``node`` starts."""
@@ -259,7 +275,7 @@ def analyze_source(
         slug = cls.slugs[0]
         if rules is None or slug in rules:
             try:
-                out.extend(guarded(slug, lambda rule=cls(): rule.check(ctx), source="static"))
+                out.extend(guarded(slug, partial(cls().check, ctx), source="static"))
             except (RecursionError, MemoryError):  # a rule walking a pathological tree recursively
                 if not_analysed is not None:
                     not_analysed.append(

@@ -126,7 +126,7 @@ def check_driver_too_old(facts: Facts) -> list[Finding]:
     wheel = facts.get("torch_cuda")
     have, source = driver_cuda(facts)
     need, got = cuda_major_minor(wheel), cuda_major_minor(have)
-    if not need or not got or got >= need:
+    if wheel is None or have is None or not need or not got or got >= need:
         return []
     platform = facts.get("platform", "linux")
     min_driver = min_driver_for_cuda(wheel, platform)
@@ -313,7 +313,7 @@ def check_triton(facts: Facts) -> list[Finding]:
     if any(k in packages for k in ("triton", "pytorch-triton", "pytorch-triton-rocm")):
         return []
     caps = [g.get("capability") for g in facts.get("gpus") or []]
-    usable = [c for c in caps if c and cuda_major_minor(c) and cuda_major_minor(c) >= (7, 0)]
+    usable = [c for c in caps if c and (cc := cuda_major_minor(c)) is not None and cc >= (7, 0)]
     if kind == "cuda" and caps and not usable:
         return []  # triton does not support GPUs older than Volta; inductor falls back there
     dist = "pytorch-triton-rocm" if kind == "rocm" else "triton"

@@ -136,6 +136,7 @@ def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
     """Model, usable and physical cores, the feature flags that matter, and torch's own view of them."""
     import torch
 
+    usable: int | None  # os.cpu_count() is None when the count cannot be determined
     try:
         usable = len(os.sched_getaffinity(0))  # what cgroups / taskset leave this process
     except (AttributeError, OSError):

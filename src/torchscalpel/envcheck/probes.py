@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 from torchscalpel.childproc import child_env, kill_tree
@@ -369,10 +370,10 @@ def run_probes(
     for name in [p for p in PROBES if p in names]:
         if name == "matmul":
             for dev in devices:
-                add(_with_timeout("matmul", dev, timeout, lambda d=dev: matmul_probe(d)))
+                add(_with_timeout("matmul", dev, timeout, partial(matmul_probe, dev)))
         elif name == "lowp":
             for dev in devices:
-                add(_with_timeout("lowp", dev, timeout, lambda d=dev: lowp_probe(d)))
+                add(_with_timeout("lowp", dev, timeout, partial(lowp_probe, dev)))
         elif name == "compile":
             add(compile_probe("cuda:0" if torch.cuda.is_available() else "cpu", timeout=compile_timeout))
         elif name == "allreduce":

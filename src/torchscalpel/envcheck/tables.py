@@ -20,7 +20,8 @@ _PRE_RELEASE = re.compile(r"(a|b|rc|dev|alpha|beta)\d*", re.I)
 @cache
 def load_table(name: str) -> dict[str, Any]:
     """One JSON table from ``torchscalpel/data`` (cached; the files never change at run time)."""
-    text = resources.files("torchscalpel").joinpath("data", name).read_text(encoding="utf-8")
+    # one name per joinpath: Traversable.joinpath takes a single name before Python 3.11
+    text = resources.files("torchscalpel").joinpath("data").joinpath(name).read_text(encoding="utf-8")
     return json.loads(text)
 
 
@@ -49,6 +50,14 @@ def version_below(installed: str | None, fixed_in: str) -> bool:
     return have is not None and need is not None and have < need
 
 
+def _table_version(text: str) -> tuple[int, ...]:
+    """A version read from the shipped table, which holds only parseable ones (tests/unit/test_env_tables.py)."""
+    parsed = parse_version(text)
+    if parsed is None:  # a typo in the data: say which entry instead of failing on a comparison with None
+        raise ValueError(f"cuda_driver_table.json holds an unparseable version {text!r}")
+    return parsed
+
+
 def _os_key(platform: str) -> str:
     return "windows" if platform.startswith(("win", "cygwin")) else "linux"
 
@@ -58,10 +67,10 @@ def min_driver_for_cuda(cuda: str, platform: str = "linux") -> str | None:
     want = parse_version(cuda)
     if want is None:
         return None
-    rows = [r for r in load_table("cuda_driver_table.json")["toolkits"] if parse_version(r["cuda"]) <= want]
+    rows = [r for r in load_table("cuda_driver_table.json")["toolkits"] if _table_version(r["cuda"]) <= want]
     if not rows:
         return None
-    return max(rows, key=lambda r: parse_version(r["cuda"]))[_os_key(platform)]
+    return max(rows, key=lambda r: _table_version(r["cuda"]))[_os_key(platform)]
 
 
 def max_cuda_for_driver(driver: str, platform: str = "linux") -> str | None:
@@ -71,9 +80,9 @@ def max_cuda_for_driver(driver: str, platform: str = "linux") -> str | None:
         return None
     key = _os_key(platform)
     ok = [
-        r["cuda"] for r in load_table("cuda_driver_table.json")["toolkits"] if parse_version(r[key]) <= have
+        r["cuda"] for r in load_table("cuda_driver_table.json")["toolkits"] if _table_version(r[key]) <= have
     ]
-    return max(ok, key=parse_version) if ok else None
+    return max(ok, key=_table_version) if ok else None
 
 
 def newest_wheel_cuda_at_most(cuda: str) -> str | None:
@@ -81,8 +90,8 @@ def newest_wheel_cuda_at_most(cuda: str) -> str | None:
     limit = parse_version(cuda)
     if limit is None:
         return None
-    ok = [c for c in load_table("cuda_driver_table.json")["pytorch_wheel_cuda"] if parse_version(c) <= limit]
-    return max(ok, key=parse_version) if ok else None
+    ok = [c for c in load_table("cuda_driver_table.json")["pytorch_wheel_cuda"] if _table_version(c) <= limit]
+    return max(ok, key=_table_version) if ok else None
 
 
 def cuda_major_minor(text: str | None) -> tuple[int, int] | None:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchscalpel.errors import ScalpelError
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder, plan_numbers
 from torchscalpel.runtime.memory_categories import BEFORE_TRAINING, CATEGORIES, EVALUATION
@@ -326,7 +327,13 @@ def _postmortem(
     fragmentation: dict[str, Any] | None,
     snapshot: dict[str, str],
 ) -> dict[str, Any]:
-    limit = obs.limit or (fragmentation or {}).get("reserved") or _capacity()
+    limit: int | None = obs.limit or (fragmentation or {}).get("reserved") or _capacity()
+    if limit is None:
+        # Not seen in practice: an out-of-memory comes with --memory-limit, the reserved bytes or a device
+        # whose size _capacity() reads. Without any of them the ladder has no budget to fit into.
+        raise ScalpelError(
+            "the memory post-mortem found no memory size to fit into: pass --memory-limit SIZE"
+        )
     plan: dict[str, Any] | None = None
     plan_error = None
     # growth and data preparation are fixed in code, not by a plan of the training step

@@ -55,7 +55,7 @@ def find_growth(samples: list[dict[str, Any]], *, capacity: int | None) -> dict[
     sites: set[str] = set()
     for s in usable:
         sites.update(s.get("sites", {}))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for site in sites:
         values = [int(s.get("sites", {}).get(site, 0)) for s in usable]
         rate = slope([float(v) for v in values])

@@ -8,6 +8,7 @@ margin; on CPU neither (malloc returns memory to the allocator's pool the moment
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from torchscalpel.envcheck.tables import load_table
 from torchscalpel.errors import UsageError
@@ -57,7 +58,14 @@ class Device:
         }
 
 
-def device_table() -> dict[str, dict[str, object]]:
+class DeviceEntry(TypedDict):
+    """One row of data/devices.json."""
+
+    memory_mib: int
+    kind: str
+
+
+def device_table() -> dict[str, DeviceEntry]:
     """The bundled device table, keyed by name."""
     return {k: v for k, v in load_table("devices.json").items() if not k.startswith("_")}
 

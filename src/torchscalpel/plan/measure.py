@@ -124,13 +124,12 @@ def allocator_peak(
             and issued[k - 1].start <= evs[i].ts <= issued[k - 1].end
         ):
             k -= 1
-        when = done[k] if k < len(done) else None
-        if when is None and latest is None:
+        # freed at the collective's end or at the reuse of its address, whichever came first
+        known = [t for t in (done[k] if k < len(done) else None, latest) if t is not None]
+        if not known:
             unresolved += evs[i].nbytes
             continue
-        if when is None or (latest is not None and latest < when):
-            when = latest
-        frees.append((max(when, evs[i].ts), evs[i].nbytes))
+        frees.append((max(min(known), evs[i].ts), evs[i].nbytes))
     frees.sort()
 
     total = counter = peak = counter_peak = 0

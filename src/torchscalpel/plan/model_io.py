@@ -16,7 +16,7 @@ place for every stage: :func:`torchscalpel.blocks.find_blocks`.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -55,8 +55,11 @@ def split_batch(
     """(positional inputs, keyword inputs, targets) following the calling convention above."""
     inner = model
     # DDP (``.module``) and torch.compile (``._orig_mod``) wrap forward as (*inputs, **kwargs)
-    while isinstance(getattr(inner, "module", None) or getattr(inner, "_orig_mod", None), nn.Module):
-        inner = getattr(inner, "module", None) or inner._orig_mod
+    while isinstance(
+        wrapped := getattr(inner, "module", None) or getattr(inner, "_orig_mod", None), nn.Module
+    ):
+        inner = wrapped
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(inner.forward).parameters
     except (TypeError, ValueError):

@@ -370,12 +370,12 @@ def checkpointed_blocks(blocks: list[tuple[str, nn.Module]], enabled: bool) -> I
     for _, block in blocks:
         original = block.forward
         originals.append((block, original))
-        block.forward = functools.partial(_checkpoint_call, checkpoint, original)  # type: ignore[method-assign]
+        block.forward = functools.partial(_checkpoint_call, checkpoint, original)
     try:
         yield
     finally:
         for block, original in originals:
-            block.forward = original  # type: ignore[method-assign]
+            block.forward = original
 
 
 ROOT_UNIT = ""
@@ -525,7 +525,7 @@ def sim_settings_for(
     sim_device = "cuda" if gpu_target and torch.cuda.is_available() else "cpu"
     return SimSettings(
         optimizer=optimizer,
-        precision=precision,
+        precision=Precision.parse(precision),
         grad_accum=grad_accum,
         foreach=True if gpu_target else None,
         device=sim_device,

@@ -171,7 +171,9 @@ def parse_batch_spec(text: str) -> BatchSpec:
 
 def _split_entries(text: str) -> list[str]:
     """Split on commas outside brackets."""
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1

@@ -163,7 +163,7 @@ class AllocationTracker(TorchDispatchMode):
         self._events.append((index, sign))
         self._phase_of_event.append(self._phase)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         try:
             out = func(*args, **(kwargs or {}))
         except Exception:

@@ -71,8 +71,8 @@ def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
             out.append(
                 f"  {_ms(o['self_us']):>10}{_ms(o['total_us']):>10}{o['count']:>8}  {o['category']:<13} {_short(o['name'])}"
             )
-        cats = data.get("categories") or {}
-        out.append("  by category (self ms): " + ", ".join(f"{k} {_ms(v)}" for k, v in cats.items()))
+        categories = data.get("categories") or {}
+        out.append("  by category (self ms): " + ", ".join(f"{k} {_ms(v)}" for k, v in categories.items()))
     if data.get("top_kernels"):
         out.append("\ntop GPU kernels by time:")
         out.append(f"  {'total ms':>10}{'count':>8}{'mean µs':>10}  {'category':<13} name")

@@ -486,6 +486,7 @@ class _StorageRef(weakref.ref):
     """A weak reference to a storage that carries its key (the callback needs no closure)."""
 
     __slots__ = ("key",)
+    key: int
 
 
 _NO_DISPATCH = torch._C._DisableTorchDispatch

@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -382,7 +383,7 @@ def _wrap(recorder: CollectiveRecorder, op: str, fn: Any) -> Any:
         if local.depth or is_compiling():
             return fn(*args, **kwargs)
         group = kwargs.get("group", args[group_at] if group_at is not None and len(args) > group_at else None)
-        if tensor_name is not None:
+        if tensor_name is not None and tensor_at is not None:  # set together above; both or neither
             value = kwargs.get(tensor_name, args[tensor_at] if len(args) > tensor_at else None)
         else:
             value = (
@@ -507,7 +508,7 @@ def mark_finished() -> None:
             obj.mark_finished()
 
 
-def install_from_env(env: dict[str, str] | None = None) -> CollectiveRecorder | None:
+def install_from_env(env: Mapping[str, str] | None = None) -> CollectiveRecorder | None:
     """:func:`install` when ``scalpel launch`` asked for it (``TORCHSCALPEL_COLLECTIVE_DIR``)."""
     env = os.environ if env is None else env
     folder = env.get(ENV_DIR)

@@ -10,7 +10,7 @@ Every method has a do-nothing default, so an observer overrides only what it nee
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -64,7 +64,10 @@ class Observer:
         """The script ended (completed, stopped, crashed or interrupted); add to ``record`` here."""
 
 
-def listeners_by_event(observers: Sequence[Observer]) -> dict[str, list[Observer]]:
+ObserverT = TypeVar("ObserverT", bound=Observer)
+
+
+def listeners_by_event(observers: Sequence[ObserverT]) -> dict[str, list[ObserverT]]:
     """Per ``on_*`` event, the observers whose class overrides it, in order.
 
     Dispatching only to these keeps an event nobody listens to free: the forward events fire on

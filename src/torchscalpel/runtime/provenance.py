@@ -178,7 +178,7 @@ class ProvenanceObserver(Observer):
         np = sys.modules.get("numpy")
         if np is None:
             try:
-                import numpy as np  # type: ignore[no-redef]
+                import numpy as np
             except ImportError:
                 np = None
         if np is not None:

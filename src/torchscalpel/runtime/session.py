@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from torchscalpel.record import RunRecord, StepRecord
+from torchscalpel.record import RunRecord, RunStatus, StepRecord
 from torchscalpel.runtime.clock import clock_for
 from torchscalpel.runtime.hooks import HookSet
 from torchscalpel.runtime.memory import StepMemory
@@ -344,7 +344,7 @@ class Attachment:
 
     def detach(
         self,
-        status: str,
+        status: RunStatus,
         exit_code: int = 0,
         error: str | None = None,
         *,

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -192,7 +192,10 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         rows = bundle.max_batch if static else 1
-        warm = [np.full((rows, *s.shape[1:]), s.low or 0, dtype=s.dtype) for s in specs]
+        # only the batch dim is dynamic (InputSpec.shape), so the rest are ints
+        warm = [
+            np.full((rows, *cast(tuple[int, ...], s.shape[1:])), s.low or 0, dtype=s.dtype) for s in specs
+        ]
         await asyncio.get_running_loop().run_in_executor(
             None, runner, warm
         )  # first call allocates; not a user's cost

@@ -33,22 +33,19 @@ def load_runner(
     if backend == "torch":
         if quantized:
             raise UsageError("--quantized serves the int8 ONNX model; use it with --backend onnxruntime.")
-        kind = (
-            "exported" if bundle.file("exported") else "torchscript" if bundle.file("torchscript") else None
-        )
-        if kind is None:
+        kind = "exported" if bundle.file("exported") else "torchscript"
+        path = bundle.file(kind)
+        if path is None:
             raise UsageError(f"Bundle {bundle.path} has no .pt2 or TorchScript file for --backend torch.")
         if not trust:
             raise UsageError(
-                f"--backend torch loads {bundle.file(kind).name}, which unpickles code; pass --trust if you made this "
+                f"--backend torch loads {path.name}, which unpickles code; pass --trust if you made this "
                 "bundle yourself, or use --backend onnxruntime."
             )
         if threads:
             import torch
 
             torch.set_num_threads(threads)
-        path = bundle.file(kind)
-        assert path is not None
         return exported_runner(path) if kind == "exported" else torchscript_runner(path)
     raise UsageError(f"--backend takes {' or '.join(BACKENDS)}, not {backend!r}.")
 

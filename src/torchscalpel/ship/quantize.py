@@ -88,7 +88,7 @@ def _without_value_info(src: Path, scratch: Path) -> Path:
 
 def evaluate(
     eager: Runner,
-    fp32: OrtRunner,
+    fp32: Runner,
     int8: OrtRunner,
     batches: dict[int, list[np.ndarray]],
     method: str,

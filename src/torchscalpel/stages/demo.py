@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
@@ -228,7 +228,8 @@ def _ship(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
     missing = [dist for mod, dist in SHIP_MODULES.items() if importlib.util.find_spec(mod) is None]
     if missing:
         return True, str(out), f'skipped: needs {", ".join(missing)} (pip install "torchscalpel[all]")'
-    result = run_ship_demo(out, script=target.script.with_name("digits_cnn.py"))
+    script = cast(Path, target.script)  # the demo's target is always the copied example script
+    result = run_ship_demo(out, script=script.with_name("digits_cnn.py"))
     check = result["serve_check"]
     same = bool(result["parity_passed"] and check["same_argmax"])
     return (

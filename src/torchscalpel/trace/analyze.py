@@ -186,8 +186,8 @@ def analyze_traces(
         )
     gpu_cats: dict[str, float] = {}
     for n, v in kernels.items():
-        c = categorize(n)
-        gpu_cats[c] = gpu_cats.get(c, 0.0) + v[2]
+        cat = categorize(n)
+        gpu_cats[cat] = gpu_cats.get(cat, 0.0) + v[2]
     return TraceAnalysis(
         ranks=ranks,
         top_ops=top_table(ops, top),

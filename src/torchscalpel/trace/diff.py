@@ -9,7 +9,7 @@ from torchscalpel.trace.categories import categorize
 
 
 def _table_diff(a: dict[str, list[float]], b: dict[str, list[float]], time_index: int) -> dict[str, Any]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in set(a) | set(b):
         va, vb = a.get(name), b.get(name)
         ta = va[time_index] if va else 0.0

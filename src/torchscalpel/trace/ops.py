@@ -17,13 +17,13 @@ def op_self_times(d: RankData) -> np.ndarray:
     if n == 0:
         return self_t
     # per thread, by start time, the longer (outer) op first when two start together
-    # memoryviews, not lists: indexing gives Python numbers without keeping N boxed objects alive
-    order = memoryview(np.lexsort((-d.op_dur, d.op_ts, d.op_tid)))
-    ts = memoryview(np.ascontiguousarray(d.op_ts))
-    end = memoryview(d.op_ts + d.op_dur)
-    tid = memoryview(np.ascontiguousarray(d.op_tid))
+    # memoryviews (ndarray.data), not lists: indexing gives Python numbers without N boxed objects alive
+    order = np.lexsort((-d.op_dur, d.op_ts, d.op_tid)).data
+    ts = np.ascontiguousarray(d.op_ts).data
+    end = (d.op_ts + d.op_dur).data
+    tid = np.ascontiguousarray(d.op_tid).data
     child_arr = np.zeros(n)
-    child = memoryview(child_arr)
+    child = child_arr.data
     stack: list[int] = []
     cur_tid = None
     for i in order:
@@ -56,7 +56,7 @@ def aggregate_ops(d: RankData, op_self: np.ndarray) -> dict[int, list[float]]:
 
 def top_table(agg: dict[str, list[float]], top: int) -> list[dict[str, Any]]:
     """Rows ``{name, category, count, self_us, total_us}`` sorted by self time."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"name": name, "category": categorize(name), "count": int(v[0]), "self_us": v[1], "total_us": v[2]}
         for name, v in agg.items()
     ]

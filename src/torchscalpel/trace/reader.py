@@ -136,7 +136,8 @@ def _event_from_dict(d: Any) -> Event | None:
         except (TypeError, ValueError):
             return None
 
-    raw_args = d.get("args") if isinstance(d.get("args"), dict) else {}
+    args = d.get("args")
+    raw_args: dict[str, Any] = args if isinstance(args, dict) else {}
     kw: dict[str, Any] = {}
     for key, attr in _ARGS_FIELDS.items():
         if key in raw_args:

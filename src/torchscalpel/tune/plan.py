@@ -29,7 +29,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 """Knob families per bottleneck class, best first."""
 
-_RATIONALE: dict[tuple[str, str], str] = {
+_RATIONALE: dict[tuple[str, str, str], str] = {
     (
         "launch",
         "compile",

@@ -18,6 +18,7 @@ is". ``scalpel tune`` writes the winning settings to ``scalpel.toml`` under ``[t
 
 from __future__ import annotations
 
+import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,10 @@ from typing import Any
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
 
-try:
+if sys.version_info >= (3, 11):  # a version test, not try/except, is what type checkers follow
     import tomllib
-except ModuleNotFoundError:  # Python 3.10: the same parser, packaged as tomli
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10: the same parser, packaged as tomli
+    import tomli as tomllib
 
 SETTINGS_VERSION = "1.0"
 

@@ -29,7 +29,7 @@ def _stage_unscaled(scaler: Any, optimizer: Any) -> bool:
     state = (
         scaler._per_optimizer_states.get(id(optimizer)) if hasattr(scaler, "_per_optimizer_states") else None
     )
-    return bool(state) and state.get("stage") is OptState.UNSCALED
+    return bool(state and state.get("stage") is OptState.UNSCALED)
 
 
 class ClipBeforeUnscale(RuntimeRule):

@@ -144,16 +144,16 @@ class CheckpointRules(RuntimeRule):
                 location=loc,
             )
         if self.loads:
-            loc, what = self.loads[0]
+            loc, load = self.loads[0]
             yield make_finding(
                 "unsafe-torch-load",
                 "torch.load(weights_only=False) unpickles arbitrary objects: a tampered checkpoint runs code here. "
-                + what["advice"],
+                + load["advice"],
                 evidence=[
                     f"{len(self.loads)} call(s), first at {fmt_loc(loc)}",
-                    f"the file held {what['held']}",
+                    f"the file held {load['held']}",
                 ],
-                fix=what["fix"],
+                fix=load["fix"],
                 location=loc,
             )
         if self.mismatch:

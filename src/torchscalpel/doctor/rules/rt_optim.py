@@ -127,7 +127,8 @@ class FrozenParamInOptimizer(RuntimeRule):
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
         names = None
         for group in optimizer.param_groups:
-            for p in group["params"]:
+            params: list[torch.Tensor] = group["params"]  # torch stores a group's parameters as a list
+            for p in params:
                 entry = self._at_add.get(id(p))
                 if entry is None or entry[0]() is not p or not entry[1] or p.requires_grad:
                     continue

@@ -182,9 +182,9 @@ class CompileRules(RuntimeRule):
         # A graph compiled once per grad mode (train, then evaluation under no_grad, as nanoGPT does)
         # is bounded and expected: only other guard failures count.
         reasons = [
-            m.recompile_reason
+            reason
             for m in metrics
-            if getattr(m, "recompile_reason", None) and "changed: grad_mode" not in m.recompile_reason
+            if (reason := getattr(m, "recompile_reason", None)) and "changed: grad_mode" not in reason
         ]
         if len(reasons) >= self.MIN_RECOMPILES:
             shown = [r.strip().splitlines()[0][:160] for r in reasons[:4]]

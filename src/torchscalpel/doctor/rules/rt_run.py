@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
@@ -172,7 +172,8 @@ def _load_call(line: str) -> tuple[str, str] | None:
     for node in calls:
         if any(k.arg == "weights_only" for k in node.keywords):
             return None  # the call already says; the generic fix is clearer than an edited line
-        end = len(line.encode()[: node.end_col_offset - 1].decode(errors="ignore"))  # before the ")"
+        end_col = cast(int, node.end_col_offset)  # calls without an end column were filtered out above
+        end = len(line.encode()[: end_col - 1].decode(errors="ignore"))  # before the ")"
         return line[:end], line[end:]
     return None
 

@@ -120,7 +120,8 @@ class RootHooks:
         from torch.nn.modules import module as mod
 
         self._handles = [
-            mod.register_module_forward_pre_hook(self._pre),
+            # torch annotates the hook as returning None, but a returned tuple replaces the inputs (its docs)
+            mod.register_module_forward_pre_hook(self._pre),  # type: ignore[arg-type]
             mod.register_module_forward_hook(self._post, always_call=True),
         ]
 

@@ -126,7 +126,7 @@ def install_checkpointing(log: ApplyLog) -> Undo:
             return None
         for _, block in blocks:
             if "forward" not in block.__dict__:
-                block.forward = checkpointed(block)  # type: ignore[method-assign]
+                block.forward = checkpointed(block)
                 wrapped.append(block)
         log.did(
             "checkpointing", f"activation checkpointing of {len(blocks)} {type(blocks[0][1]).__name__} blocks"

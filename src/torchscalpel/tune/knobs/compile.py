@@ -18,7 +18,7 @@ the uncompiled script, so the loss curve matches it too.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -448,12 +448,13 @@ def compile_stats() -> dict[str, Any]:
     collect_dynamo(TRIAGE)
     counters = utils.counters
     breaks = dict(counters.get("graph_break", {}))
+    stats: Mapping[str, int] = counters.get("stats", {})  # not counters["stats"]: that would add the key
     failures = getattr(utils, "guard_failures", {}) or {}
     times = getattr(utils, "compilation_time_metrics", {}) or {}
     compile_s = sum(times.get("_compile.compile_inner", [])) + sum(times.get("backward._backward_impl", []))
     recompiles = int(sum(len(v) for v in failures.values()))
     return {
-        "graphs": int(counters.get("stats", {}).get("unique_graphs", 0)),
+        "graphs": int(stats.get("unique_graphs", 0)),
         "graph_breaks": int(sum(breaks.values())),
         "break_reasons": sorted(breaks, key=lambda r: -breaks[r])[:5],
         "recompiles": max(recompiles, len(TRIAGE.recompiles)),

@@ -59,7 +59,7 @@ def install_channels_last(log: ApplyLog) -> Undo:
             if not any(isinstance(m, torch.nn.Conv2d) for m in module.modules()):
                 log.skip("channels_last", f"{type(module).__name__} has no Conv2d layers")
                 return None
-            module.to(memory_format=torch.channels_last)
+            module.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; not in torch's overloads
             log.did("channels_last", f"{type(module).__name__} -> channels_last")
         return tuple(
             a.contiguous(memory_format=torch.channels_last)

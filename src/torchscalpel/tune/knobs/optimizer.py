@@ -72,7 +72,7 @@ def patch_optimizers(impl: str, log: ApplyLog) -> Undo:
 
     def undo() -> None:
         for cls, init in originals.items():
-            cls.__init__ = init  # type: ignore[method-assign]
+            cls.__init__ = init  # type: ignore[misc]  # restoring the class's own __init__, saved above
 
     return undo
 
