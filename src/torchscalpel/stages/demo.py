@@ -117,10 +117,10 @@ def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str
     from torchscalpel.runtime.session import RuntimeOptions
     from torchscalpel.stages.profile import profile_target
 
-    options = RuntimeOptions(
+    runtime_options = RuntimeOptions(
         warmup=2, steps=options.steps, out_dir=out, profile_steps=3, module_times=True, name="demo"
     )
-    record, _ = profile_target(target, options)
+    record, _ = profile_target(target, runtime_options)
     s = record.summary_view()
     median = s.median_step_ms if s.median_step_ms is not None else float("nan")
     summary = f"median step {median:.1f} ms, breakdown sums within {100 * (s.breakdown_max_error or 0):.2f}%"
@@ -182,7 +182,7 @@ def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
     from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
-    options = ScriptPlanOptions(
+    plan_options = ScriptPlanOptions(
         optimizer=None,
         precision="fp32",
         grad_accum=1,
@@ -192,7 +192,7 @@ def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
         search_max_batch=False,
     )
     result, record = plan_script(
-        target, options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1)
+        target, plan_options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1)
     )
     print(render_text(result))
     record.sections[PlanSection.KEY] = result.to_dict()
