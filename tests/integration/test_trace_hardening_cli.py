@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from helpers import run_cli
-from hostile_traces import bad_times_trace, deeply_nested_trace, op_event, write_trace
+from trace_builders import bad_times_trace, deeply_nested_trace, op_event, write_events
 
 
 def test_analyze_on_deeply_nested_args_is_one_line_not_a_traceback(tmp_path: Path) -> None:
@@ -35,7 +35,7 @@ def test_analyze_json_to_a_full_device_is_one_sentence(tmp_path: Path) -> None:
     if not Path("/dev/full").exists():
         pytest.skip("no /dev/full on this system")
     proc = run_cli(
-        "analyze", str(write_trace(tmp_path / "ok.json", [op_event(0)])), "--json", "/dev/full", timeout=120
+        "analyze", str(write_events(tmp_path / "ok.json", [op_event(0)])), "--json", "/dev/full", timeout=120
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr

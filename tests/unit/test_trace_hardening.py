@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hostile_traces import bad_times_trace, deeply_nested_trace, op_event, write_trace
 from torchscalpel.trace import TraceReader, analyze_traces
 from torchscalpel.trace import reader as reader_mod
+from trace_builders import bad_times_trace, deeply_nested_trace, op_event, write_events
 
 CHUNK = 4096
 
@@ -49,7 +49,7 @@ def test_splitter_is_linear_in_the_size_of_one_huge_event(
     small, big = 40_000, 160_000
     counts = {}
     for n in (small, big):
-        p = write_trace(tmp_path / f"t{n}.json", [op_event(0), op_event(1, filler * n), op_event(2)])
+        p = write_events(tmp_path / f"t{n}.json", [op_event(0), op_event(1, filler * n), op_event(2)])
         work, events, size = _work(p, monkeypatch)
         assert events == 3
         counts[n] = (work, size)
@@ -63,7 +63,7 @@ def test_splitter_is_linear_in_the_number_of_comma_heavy_events(
 ) -> None:
     counts = {}
     for n in (200, 800):
-        p = write_trace(tmp_path / f"e{n}.json", [op_event(i, "a," * 3000 + str(i)) for i in range(n)])
+        p = write_events(tmp_path / f"e{n}.json", [op_event(i, "a," * 3000 + str(i)) for i in range(n)])
         work, events, size = _work(p, monkeypatch)
         assert events == n
         counts[n] = (work, size)
