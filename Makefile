@@ -29,9 +29,9 @@ test: venv
 	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -q -p no:cacheprovider --durations=25
 
-# The edit loop: tests/unit without the tests that start processes for ranks (dist) or run end to end (slow).
+# The edit loop: tests/unit, which starts no process (tests/unit/conftest.py refuses one), so no marker filter.
 test-fast: venv
-	$(PY) -m pytest tests/unit -q -p no:cacheprovider -m "not slow and not dist and not browser" --durations=10
+	$(PY) -m pytest tests/unit -q -p no:cacheprovider --durations=10
 
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts

@@ -1,7 +1,8 @@
 """Fixtures for torchscalpel.distributed tests: a one-rank process group, and 2-rank launches.
 
-Every test in this folder carries the ``dist`` marker, so ``-m "not dist"`` (``make test-fast``) leaves the whole
-folder out and ``-m dist`` selects it, whether or not a module declares the marker itself."""
+Every test in this folder carries the ``dist`` marker, so ``-m "not dist"`` (the suite without its process
+groups) leaves the whole folder out and ``-m dist`` selects it, whether or not a module declares the marker
+itself."""
 
 from __future__ import annotations
 

@@ -7,9 +7,6 @@ import importlib
 import inspect
 import pkgutil
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -98,41 +95,6 @@ def test_rules_table_is_derived_from_the_classes_in_documentation_order() -> Non
     assert documented == list(registry.RULES)
     assert catalogue.STATIC_RULES and all(issubclass(c, StaticRule) for c in catalogue.STATIC_RULES)
     assert len(catalogue.RUNTIME_RULES) == 31 and catalogue.SANITY_RULES[0] not in catalogue.RUNTIME_RULES
-
-
-def test_catalogue_has_no_import_side_effects() -> None:
-    # In a fresh interpreter: importing doctor.static pulls in no rule module, and importing (or
-    # reloading) static and the rule modules twice neither duplicates nor loses a rule.
-    code = textwrap.dedent(
-        """
-        import importlib, sys
-        from torchscalpel.doctor import static
-        assert not [m for m in sys.modules if m.startswith(("torchscalpel.doctor.rules", "torchscalpel.doctor.catalogue"))]
-        assert not hasattr(static, "STATIC_CHECKS")
-        SRC = "import torch\\nimport torch.nn as nn\\ntorch.save(model, 'm.pt')\\nm = nn.DataParallel(model)\\n"
-        first = [f.rule for f in static.analyze_source(SRC, "t.py")]
-        from torchscalpel.doctor import catalogue
-        n_classes, slugs = len(catalogue.RULE_CLASSES), list(catalogue.RULES)
-        static = importlib.reload(static)
-        for name in ("model_static", "loop_static", "dist_static", "checkpoint_static"):
-            importlib.import_module("torchscalpel.doctor.rules." + name)
-            importlib.reload(sys.modules["torchscalpel.doctor.rules." + name])
-        catalogue = importlib.reload(catalogue)
-        again = [f.rule for f in static.analyze_source(SRC, "t.py")]
-        assert first == again == ["dataparallel-used", "whole-model-save"], (first, again)
-        assert len(catalogue.RULE_CLASSES) == n_classes and list(catalogue.RULES) == slugs
-        print("ok")
-        """
-    )
-    src = Path(__file__).resolve().parents[2] / "src"
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PYTHONPATH": str(src), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
 def test_analyzing_twice_gives_the_same_findings() -> None:

@@ -1,10 +1,10 @@
-"""Probes on CPU: real matmuls, the timeout and failure paths, a compile child, a 2-rank gloo all_reduce."""
+"""Probes on CPU, in this process: real matmuls, the timeout and failure paths, findings from results (the
+compile child is in tests/integration/test_env_compile_probe.py, the 2-rank all_reduce in
+tests/distributed/test_env_allreduce_probe.py)."""
 
 from __future__ import annotations
 
 import time
-
-import pytest
 
 from torchscalpel.envcheck import probes
 from torchscalpel.envcheck.probe_findings import findings_from_probes
@@ -41,48 +41,6 @@ def test_in_process_probe_timeout_and_failure() -> None:
     failed = probes._with_timeout("matmul", "cuda:0", 5, boom)
     assert failed.status == "failed"
     assert failed.detail == "RuntimeError: CUDA error: an illegal memory access was encountered"
-
-
-def test_compile_probe_times_out_and_kills_its_child(monkeypatch: pytest.MonkeyPatch) -> None:
-    spawned = []
-    real = probes._spawn
-
-    def spy(argv, env):  # type: ignore[no-untyped-def]
-        proc = real(argv, env)
-        spawned.append(proc)
-        return proc
-
-    monkeypatch.setattr(probes, "_spawn", spy)
-    r = probes.compile_probe("cpu", timeout=0.5)
-    assert r.status == "timeout" and "0.5 s" in r.detail
-    assert spawned and spawned[0].poll() is not None  # killed, not left running
-
-
-def test_compile_probe_in_a_child_with_a_fast_backend() -> None:
-    r = probes.compile_probe("cpu", timeout=120, backend="aot_eager")
-    assert r.status == "ok", r.detail
-    assert r.metrics["max_abs_err"] < 1e-4 and r.metrics["compile_s"] > 0
-
-
-@pytest.mark.slow
-def test_compile_probe_failure_is_one_line() -> None:
-    r = probes.compile_probe("cpu", timeout=120, backend="no_such_backend")
-    assert r.status == "failed"
-    assert "no_such_backend" in r.detail and "\n" not in r.detail
-
-
-@pytest.mark.dist
-def test_gloo_allreduce_between_two_local_processes() -> None:
-    r = probes.allreduce_probe("gloo", 2, timeout=90)
-    assert r.status == "ok", r.detail
-    assert r.metrics["world_size"] == 2 and r.metrics["ms_per_call"] > 0
-
-
-@pytest.mark.dist
-def test_allreduce_probe_reports_a_failing_rank() -> None:
-    # an unknown backend fails inside init_process_group on both ranks
-    r = probes.allreduce_probe("no_such_backend", 2, timeout=60)
-    assert r.status == "failed" and r.detail
 
 
 def test_run_probes_selects_and_orders() -> None:

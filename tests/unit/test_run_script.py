@@ -7,13 +7,11 @@ script ends has the exit status ``python SCRIPT`` gives it.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cli_env, run_cli
 from torchscalpel.distributed import rank_entry
 from torchscalpel.runtime import collectives
 from torchscalpel.runtime.script import ExecOptions, run_script
@@ -144,30 +142,6 @@ def test_the_traceback_is_the_scripts_own(tmp_path, capsys) -> None:
     assert err.rstrip().endswith("ValueError: bad batch")
 
 
-def test_scalpel_run_prints_the_traceback_python_prints(tmp_path) -> None:
-    """``scalpel run`` used to print its own and runpy's frames above the script's (``traceback.print_exc``);
-    ``python SCRIPT`` shows only the script's, which is what ``scalpel run`` promises to be."""
-    path = _script(tmp_path, RAISES)
-    (tmp_path / "scalpel.toml").write_text("[tune]\n")
-    plain = subprocess.run(
-        [sys.executable, str(path)],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    ours = run_cli("run", "--", str(path), cwd=tmp_path)
-    assert ours.returncode == plain.returncode == 1, ours.stderr
-
-    def frames(err: str) -> list[str]:
-        return [line.strip() for line in err.splitlines() if line.strip().startswith('File "')]
-
-    assert frames(ours.stderr) == frames(plain.stderr) and len(frames(plain.stderr)) == 2, ours.stderr
-    assert "torchscalpel" not in "\n".join(frames(ours.stderr))
-
-
 def test_a_rank_keeps_ctrl_c_and_marks_itself_finished(tmp_path, monkeypatch) -> None:
     finished: list[bool] = []
     monkeypatch.setattr(collectives, "mark_finished", lambda: finished.append(True))
@@ -185,19 +159,3 @@ def test_a_rank_runs_the_scalpel_program(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert rank_entry.run_program(["run", "--config", str(tmp_path / "missing.toml"), "--", "x.py"]) == 2
     assert rank_entry.run_program(["--version"]) == 0
-
-
-def test_rank_entry_runs_under_python_as_torchrun_starts_it(tmp_path) -> None:
-    path = _script(tmp_path, SEES)
-    out = tmp_path / "seen.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", rank_entry.MODULE, "exec", "--", str(path), str(out)],
-        cwd=REPO,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text())["argv"] == [str(path), str(out)]

@@ -1,12 +1,11 @@
 """scalpel analyze's folder kinds (run, launch, TensorBoard logdir, rank traces), memory counter tracks,
-and the HTA trace_dir layout of launch folders."""
+and the HTA trace_dir layout of launch folders (HTA itself loading one, in its own venv's process:
+tests/integration/test_trace_folders_hta.py)."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,69 +15,7 @@ from torchscalpel.errors import UsageError
 from torchscalpel.trace import analyze_traces, expand_paths
 from torchscalpel.trace.counters import add_memory_counters
 from torchscalpel.trace.layout import TRACES_DIR, trace_rank, write_rank_traces
-
-HTA_PYTHON = os.environ.get("SCALPEL_HTA_PYTHON", "/work/bench-venv/bin/python")
-"""A Python with HolisticTraceAnalysis installed (benchmarks/trace_analysis.py says how to make one)."""
-
-
-def trace_events(rank: int | None = None) -> dict:
-    """A small CPU trace: one profiler step, two ops, three memory events."""
-    events = [
-        {
-            "ph": "X",
-            "cat": "user_annotation",
-            "name": "ProfilerStep#3",
-            "pid": 1,
-            "tid": 1,
-            "ts": 0,
-            "dur": 100,
-        },
-        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 40},
-        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 60, "dur": 20},
-    ]
-    for ts, total in ((12, 4096), (30, 8192), (70, 4096)):
-        events.append(
-            {
-                "ph": "i",
-                "cat": "cpu_instant_event",
-                "s": "t",
-                "name": "[memory]",
-                "pid": 1,
-                "tid": 1,
-                "ts": ts,
-                "args": {
-                    "Total Reserved": 0,
-                    "Total Allocated": total,
-                    "Bytes": 4096,
-                    "Device Type": 0,
-                    "Device Id": -1,
-                    "Addr": 1,
-                },
-            }
-        )
-    data: dict = {"schemaVersion": 1, "traceEvents": events}
-    if rank is not None:
-        data = {"distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2}, **data}
-    return data
-
-
-def write_trace(path: Path, rank: int | None = None) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(path, "wt") as f:
-        json.dump(trace_events(rank), f)
-    return path
-
-
-def write_run(folder: Path, *, trace: bool = True, rank: int | None = None) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    if trace:
-        write_trace(folder / "trace.json.gz", rank)
-    (folder / "run.json").write_text(
-        json.dumps(
-            {"schema_version": "1.3", "profiler": {"steps": [3], "trace": "trace.json.gz" if trace else None}}
-        )
-    )
-    return folder
+from trace_builders import make_launch, trace_events, write_run, write_trace
 
 
 def test_a_run_folder_is_its_trace_not_its_record(tmp_path: Path) -> None:
@@ -138,15 +75,6 @@ def test_memory_counters_are_added_once_and_change_no_figure(tmp_path: Path) -> 
     )
 
 
-def make_launch(tmp_path: Path) -> Path:
-    out = tmp_path / "launch"
-    write_run(out / "rank-0", rank=0)
-    write_run(out / "rank-1")  # no distributedInfo: the copy gets one
-    (out / "launch.json").write_text(json.dumps({"ranks": [{"rank": 0}, {"rank": 1}]}, indent=1))
-    (out / "logs").mkdir()
-    return out
-
-
 def test_launch_traces_folder_follows_htas_layout_contract(tmp_path: Path) -> None:
     out = make_launch(tmp_path)
     written = write_rank_traces(out)
@@ -159,25 +87,6 @@ def test_launch_traces_folder_follows_htas_layout_contract(tmp_path: Path) -> No
         data = json.load(f)
     assert data["distributedInfo"]["rank"] == 1 and len(data["traceEvents"]) == 6
     assert trace_rank(out / "launch.json") == 0  # why launch.json itself must stay out of trace_dir
-
-
-@pytest.mark.skipif(
-    not Path(HTA_PYTHON).is_file(), reason=f"no HTA venv at {HTA_PYTHON} (set SCALPEL_HTA_PYTHON)"
-)
-def test_hta_loads_the_traces_folder_as_it_is(tmp_path: Path) -> None:
-    out = make_launch(tmp_path)
-    write_rank_traces(out)
-    code = (
-        "import logging, sys; logging.disable(logging.WARNING)\n"
-        "from hta.trace_analysis import TraceAnalysis\n"
-        "ta = TraceAnalysis(trace_dir=sys.argv[1])\n"
-        "print(sorted(ta.t.get_ranks()), [len(ta.t.get_trace(r)) > 0 for r in sorted(ta.t.get_ranks())])\n"
-    )
-    done = subprocess.run(
-        [HTA_PYTHON, "-c", code, str(out / TRACES_DIR)], capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[0, 1] [True, True]"
 
 
 def test_counters_are_spliced_into_torchs_bytes_or_the_document_rewritten(tmp_path: Path) -> None:

@@ -1,60 +1,19 @@
-"""--tensorboard and --mlflow writers, read back with each consumer's own library."""
+"""--tensorboard and --mlflow writers: TensorBoard's events read back with its own reader, a missing package
+(MLflow's run read back with its client: tests/integration/test_tracking_mlflow.py, importing MLflow starts a
+process)."""
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from torchscalpel.record import RunRecord, StepRecord, save_record
-from torchscalpel.runtime.summary import summarize
 from torchscalpel.tracking import TrackingOptions, write_tracking
 from torchscalpel.tracking.scalars import run_params, step_scalars
-
-
-def make_run(folder: Path) -> RunRecord:
-    """A run folder with a record of 6 steps (lr recorded per step) and a small trace."""
-    folder.mkdir(parents=True, exist_ok=True)
-    steps = [
-        StepRecord(
-            index=i,
-            warmup=i < 2,
-            total_ms=10.0 + i,
-            data_ms=1.0,
-            forward_ms=3.0,
-            backward_ms=4.0 + i,
-            optimizer_ms=1.0,
-            other_ms=1.0,
-            loss=1.0 / (i + 1),
-            samples=16,
-            profiled=i == 3,
-        )
-        for i in range(6)
-    ]
-    record = RunRecord(
-        name="train",
-        steps=steps,
-        command=["scalpel", "profile", "--", "train.py"],
-        target={"script": "train.py", "args": ["--lr", "0.1"]},
-        environment={"torch": "2.13.0"},
-        config={"warmup": 2, "steps": 4, "tune_settings": {"amp": "bf16", "compile": {"target": "Block"}}},
-        profiler={"steps": [3], "trace": "trace.json.gz"},
-        sections={"steps_extra": {"lr": {str(i): 0.1 * (i + 1) for i in range(6)}}},
-    )
-    record.summary = summarize(record)
-    record.summary["flops_per_step"] = 2.0e9
-    record.summary["mfu"] = {"gpu": "H100", "peak_tflops_bf16": 1000.0, "mfu": 0.1}
-    with gzip.open(folder / "trace.json.gz", "wt") as f:
-        json.dump(
-            {"traceEvents": [{"ph": "X", "name": "aten::mm", "ts": 0, "dur": 5, "pid": 1, "tid": 1}]}, f
-        )
-    record.artifacts["record"] = "run.json"
-    save_record(record, folder)
-    return record
+from tracking_runs import make_run
 
 
 def test_step_scalars_and_params_come_from_the_record(tmp_path: Path) -> None:
@@ -97,28 +56,6 @@ def test_tensorboard_events_read_back_with_tensorboards_reader(tmp_path: Path) -
     trace = logdir / "plugins" / "profile" / "r1" / "rank0.pt.trace.json.gz"
     with gzip.open(trace, "rt") as f:
         assert json.load(f)["traceEvents"][0]["name"] == "aten::mm"
-
-
-def test_mlflow_run_reads_back_with_mlflow_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlflow import MlflowClient
-
-    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    record = make_run(tmp_path / "run")
-    store = tmp_path / "mlruns"
-    lines = write_tracking(record, tmp_path / "run", TrackingOptions(mlflow=str(store)), run="r1")
-    assert lines[0].startswith("mlflow: run "), lines
-    run_id = lines[0].split()[2]
-    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ  # set only while writing
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its file store only with this
-    client = MlflowClient(tracking_uri=store.resolve().as_uri())
-    run = client.get_run(run_id)
-    assert run.info.run_name == "r1" and run.info.status == "FINISHED"
-    assert (
-        run.data.params["tune.amp"] == "bf16" and run.data.params["command"] == "scalpel profile -- train.py"
-    )
-    history = client.get_metric_history(run_id, "step.backward_ms")
-    assert sorted((m.step, m.value) for m in history) == [(i, 4.0 + i) for i in range(6)]
-    assert {a.path for a in client.list_artifacts(run_id)} == {"run.json"}
 
 
 def test_a_missing_package_is_one_sentence_naming_the_extra(
