@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "memory",
     "tune",
     "run",
+    "lr",
     "plan",
     "launch",
     "compare",
