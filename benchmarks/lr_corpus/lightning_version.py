@@ -1,6 +1,7 @@
 """The same model, data and seed as plain.py, as a LightningModule, for Lightning's Tuner.lr_find.
 
-python lightning_version.py {mlp,cnn,lm} [--min 1e-7] [--max 10] [--steps 100]   prints the suggestion
+python lightning_version.py {mlp,cnn,lm} [--min 1e-7] [--max 10] [--steps 100]
+prints one JSON line: Lightning's suggestion, and the lrs and smoothed losses it recorded
 """
 
 import argparse
@@ -13,8 +14,8 @@ import models
 import torch
 
 
-def lightning_suggestion(kind: str, min_lr: float, max_lr: float, steps: int, root: str) -> float | None:
-    """Tuner.lr_find on the corpus model; its suggestion (None when Lightning makes none)."""
+def lightning_find(kind: str, min_lr: float, max_lr: float, steps: int, root: str) -> dict:
+    """Tuner.lr_find on the corpus model: its suggestion (None when Lightning makes none), lrs and smoothed losses."""
     import logging
 
     import lightning.pytorch as pl
@@ -57,7 +58,9 @@ def lightning_suggestion(kind: str, min_lr: float, max_lr: float, steps: int, ro
         early_stop_threshold=4.0,
         update_attr=False,
     )
-    return None if finder is None else finder.suggestion()
+    if finder is None:
+        return {"suggestion": None, "lr": [], "loss": []}
+    return {"suggestion": finder.suggestion(), "lr": finder.results["lr"], "loss": finder.results["loss"]}
 
 
 if __name__ == "__main__":
@@ -70,4 +73,6 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=100)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
-        print(lightning_suggestion(args.kind, args.min, args.max, args.steps, root))
+        import json
+
+        print(json.dumps(lightning_find(args.kind, args.min, args.max, args.steps, root)))
