@@ -309,3 +309,23 @@ class LrSection(StageSection):
     scheduler_steps_suspended: int = 0
     note: str = ""
     """Why there is no suggestion (empty when there is one)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BatchSection(StageSection):
+    """``sections["batch"]``: samples/s per batch size (``scalpel batch``, :mod:`torchscalpel.tune.batch_finder`)."""
+
+    KEY: ClassVar[str] = "batch"
+
+    sizes: list[int] = field(default_factory=list)
+    steps: int | None = None
+    warmup: int | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """One per size: ``batch_size``, ``fits``, ``samples_per_s``, ``median_step_ms`` (None when it did not fit), ``why``."""
+    best: int | None = None
+    script_batch_size: int | None = None
+    """The batch size the script's first DataLoader asked for."""
+    optimizer: str | None = None
+    advice: str = ""
+    """The lr scaling rule for moving to ``best`` (linear for SGD, square root for Adam): advice, never applied."""
+    loaders_untouched: int = 0

@@ -130,3 +130,18 @@ def test_bad_sweeps_are_one_sentence_exit_2(tmp_path: Path, flags: list[str], me
     assert done.returncode == 2
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "scalpel-runs").exists()
+
+
+def test_batch_names_the_best_size_and_states_the_lr_rule(tmp_path: Path) -> None:
+    done = run_cli(
+        "batch", "--sizes", "8,64", "--steps", "3", "--warmup", "1", "--out", str(tmp_path / "b"),
+        "--", str(CORPUS / "plain.py"), "mlp", cwd=tmp_path, OMP_NUM_THREADS="1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = json.loads((tmp_path / "b" / "run.json").read_text())["sections"]["batch"]
+    rows = {r["batch_size"]: r for r in section["rows"]}
+    assert set(rows) == {8, 64} and all(r["fits"] and r["samples_per_s"] > 0 for r in rows.values())
+    assert section["best"] == max(rows, key=lambda b: rows[b]["samples_per_s"])
+    assert section["script_batch_size"] == 32 and section["optimizer"] == "SGD"
+    assert "linearly" in section["advice"] and "not applied" in section["advice"]
+    assert f"best samples/s at batch {section['best']}" in done.stdout

@@ -23,6 +23,7 @@ COMMANDS: tuple[str, ...] = (
     "tune",
     "run",
     "lr",
+    "batch",
     "plan",
     "launch",
     "compare",
