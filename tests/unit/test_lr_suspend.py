@@ -47,3 +47,15 @@ def test_scheduler_step_moves_nothing_while_suspended(kind: str) -> None:
     sched.step(10.0) if kind == "plateau" else sched.step()  # type: ignore[attr-defined]
     sched.step(10.0) if kind == "plateau" else sched.step()  # type: ignore[attr-defined]
     assert opt.param_groups[0]["lr"] != before[0]["lr"]  # undone: the scheduler moves the lr again
+
+
+def test_a_tensor_lr_is_set_in_place() -> None:
+    # capturable / fused optimizers keep lr as a tensor: it is filled, not replaced by a float
+    model = torch.nn.Linear(2, 2)
+    lr = torch.tensor(0.01)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
+    observer = LrSweepObserver(LrOptions(min_lr=1e-4, max_lr=1.0, steps=10))
+    observer.on_optimizer_step_pre(opt)
+    assert opt.param_groups[0]["lr"] is lr and lr.item() == pytest.approx(1e-4)
+    observer.on_optimizer_step_pre(opt)
+    assert lr.item() == pytest.approx(1e-4 * (1e4 ** (1 / 9)))
