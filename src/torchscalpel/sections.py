@@ -284,3 +284,48 @@ class DoctorSection(StageSection):
     sanity: bool = False
     notes: list[str] = field(default_factory=list)
     hint: Any = None
+
+
+@dataclass(kw_only=True, slots=True)
+class LrSection(StageSection):
+    """``sections["lr"]``: a learning-rate range test (``scalpel lr``, :mod:`torchscalpel.lrfind`)."""
+
+    KEY: ClassVar[str] = "lr"
+
+    min_lr: float | None = None
+    max_lr: float | None = None
+    steps: int | None = None
+    """Steps the sweep asked for (the run stops earlier when the loss diverges or the script ends)."""
+    smoothing: float | None = None
+    divergence_factor: float | None = None
+    points: list[dict[str, Any]] = field(default_factory=list)
+    """One per optimizer step: ``step``, ``lr`` (set before it), ``loss``, ``smoothed`` (None when not finite)."""
+    suggestion: dict[str, Any] | None = None
+    """``lr``, ``step``, ``smoothed``, ``slope`` (per ln lr) at the steepest descent; None when there is none."""
+    divergence: dict[str, Any] | None = None
+    """``lr``, ``step``, ``smoothed``, ``min_smoothed`` where the smoothed loss passed the factor; None when it never did."""
+    optimizers: int = 0
+    param_groups: int = 0
+    scheduler_steps_suspended: int = 0
+    note: str = ""
+    """Why there is no suggestion (empty when there is one)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BatchSection(StageSection):
+    """``sections["batch"]``: samples/s per batch size (``scalpel batch``, :mod:`torchscalpel.tune.batch_finder`)."""
+
+    KEY: ClassVar[str] = "batch"
+
+    sizes: list[int] = field(default_factory=list)
+    steps: int | None = None
+    warmup: int | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """One per size: ``batch_size``, ``fits``, ``samples_per_s``, ``median_step_ms`` (None when it did not fit), ``why``."""
+    best: int | None = None
+    script_batch_size: int | None = None
+    """The batch size the script's first DataLoader asked for."""
+    optimizer: str | None = None
+    advice: str = ""
+    """The lr scaling rule for moving to ``best`` (linear for SGD, square root for Adam): advice, never applied."""
+    loaders_untouched: int = 0

@@ -22,6 +22,8 @@ COMMANDS: tuple[str, ...] = (
     "memory",
     "tune",
     "run",
+    "lr",
+    "batch",
     "plan",
     "launch",
     "compare",

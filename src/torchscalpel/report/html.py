@@ -24,6 +24,7 @@ def section_builders() -> list[SectionBuilder]:
     from torchscalpel.report import (
         env_sections,
         findings_sections,
+        lr_sections,
         memory_sections,
         plan_sections,
         profile_sections,
@@ -32,6 +33,7 @@ def section_builders() -> list[SectionBuilder]:
 
     return [
         tune_sections.build,
+        lr_sections.build,
         plan_sections.build,
         memory_sections.build,
         findings_sections.build,
@@ -40,7 +42,7 @@ def section_builders() -> list[SectionBuilder]:
     ]
 
 
-VERDICT_IDS = ("tune", "plan", "findings", "trace-diff")
+VERDICT_IDS = ("tune", "lr", "plan", "findings", "trace-diff")
 """Section ids that carry a verdict: the recommendation, the plan, the findings, a comparison. They lead the page."""
 
 ENVIRONMENT_IDS = ("environment",)

@@ -1,0 +1,65 @@
+"""``scalpel batch --sizes 16,32,64 [--steps 5] [--warmup 2] [--out DIR] -- SCRIPT [ARGS]``: samples/s per batch size.
+
+Runs the script once per size with every DataLoader's batch_size set to it, names the size with the
+most samples/s, and states the learning-rate scaling rule to keep (linear for SGD, square root for Adam)
+without applying it. See docs/lr.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
+from torchscalpel.errors import UsageError
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--sizes takes whole numbers separated by commas, got {text!r}"
+        ) from None
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``batch`` sub-command."""
+    p = subparsers.add_parser(
+        "batch",
+        help="samples/s at several batch sizes, the best one, and the lr scaling rule to keep (advice)",
+        description="Run the script once per batch size (every DataLoader's batch_size set to it), measure "
+        "samples/s, name the best size, and state the lr scaling rule for it (linear for SGD, square root for "
+        "Adam) without applying it. See docs/lr.md.",
+    )
+    p.add_argument("--sizes", type=_sizes, required=True, help="batch sizes to measure, e.g. 16,32,64,128")
+    p.add_argument("--steps", type=int, default=5, help="measured steps per size (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="steps run before measuring, per size (default 2)")
+    p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-batch-<name>/)")
+    add_target_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, measure every size, print the table and the advice."""
+    from torchscalpel.tune.batch_finder import BatchOptions
+
+    try:
+        options = BatchOptions(sizes=args.sizes, steps=args.steps, warmup=args.warmup)
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
+    target = resolve_target(args)
+    out_dir = args.out or default_run_dir(f"batch-{target.name}")
+    from torchscalpel.report.batch_terminal import summary_lines
+    from torchscalpel.sections import BatchSection
+    from torchscalpel.stages.batch import run_batch
+
+    record = run_batch(target, options, out_dir)
+    section = record.section(BatchSection) or BatchSection()
+    print(f"scalpel batch: {target.name}")
+    for line in summary_lines(section):
+        print(line)
+    print(f"record: {out_dir / 'run.json'}")
+    return 0 if section.best is not None else 1

@@ -1,0 +1,103 @@
+"""``scalpel lr [--min 1e-7] [--max 10] [--steps 100] [--out DIR] -- SCRIPT [ARGS]``: the learning-rate range test.
+
+Runs the script with every param group's learning rate swept exponentially from --min to --max over
+--steps optimizer steps (the script's LR scheduler suspended), smooths the loss, stops when it
+diverges, and suggests the lr at the steepest descent. A separate run the user discards. See docs/lr.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
+from torchscalpel.errors import UsageError
+from torchscalpel.lrfind.options import DEFAULT_MAX_LR, DEFAULT_MIN_LR, DEFAULT_STEPS
+from torchscalpel.runtime.window import STEP_KINDS
+from torchscalpel.units import duration_type
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``lr`` sub-command."""
+    p = subparsers.add_parser(
+        "lr",
+        help="learning-rate range test: the lr at the steepest loss descent, and where the loss diverges",
+        description="Run the script with every param group's learning rate swept exponentially from --min to "
+        "--max, one value per optimizer step (its own LR scheduler suspended); smooth the loss, stop when it "
+        "exceeds 4x its minimum, and suggest the lr where it falls fastest. A separate run: discard its weights "
+        "and checkpoints. See docs/lr.md.",
+    )
+    p.add_argument(
+        "--min",
+        dest="min_lr",
+        type=float,
+        default=DEFAULT_MIN_LR,
+        help=f"first lr (default {DEFAULT_MIN_LR:g})",
+    )
+    p.add_argument(
+        "--max",
+        dest="max_lr",
+        type=float,
+        default=DEFAULT_MAX_LR,
+        help=f"last lr (default {DEFAULT_MAX_LR:g})",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"optimizer steps in the sweep (default {DEFAULT_STEPS})",
+    )
+    p.add_argument(
+        "--step-kind",
+        choices=STEP_KINDS,
+        default="auto",
+        help="what ends a step: auto (optimizer steps) or one fixed kind (default auto)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=duration_type("--step-timeout"),
+        default=600.0,
+        metavar="DURATION",
+        help="stop the script when no step is recognised this long after the start (default 600)",
+    )
+    p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-lr-<name>/)")
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    add_target_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the sweep, run it, print the suggestion."""
+    from torchscalpel.lrfind.options import LrOptions
+
+    try:
+        options = LrOptions(
+            min_lr=args.min_lr,
+            max_lr=args.max_lr,
+            steps=args.steps,
+            name="lr",
+            step_kind=args.step_kind,
+            step_timeout_s=args.step_timeout,
+        )
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
+    target = resolve_target(args)
+    out_dir = args.out or default_run_dir(f"lr-{target.name}")
+    import dataclasses
+
+    options = dataclasses.replace(options, out_dir=out_dir, name=f"lr-{target.name}")
+    from torchscalpel.report.lr_terminal import summary_lines
+    from torchscalpel.sections import LrSection
+    from torchscalpel.stages.lr import run_lr
+
+    record = run_lr(target, options, write_report=not args.no_report)
+    print(f"scalpel lr: {target.name}: {record.status}" + (f" ({record.error})" if record.error else ""))
+    section = record.section(LrSection) or LrSection()
+    for line in summary_lines(section):
+        print(line)
+    print(
+        f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}")
+    )
+    return int(record.exit_code or 0)

@@ -1,0 +1,46 @@
+"""What a learning-rate range test sweeps: one frozen, validated object for the CLI and the tests."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MIN_LR = 1e-7
+DEFAULT_MAX_LR = 10.0
+DEFAULT_STEPS = 100
+MIN_STEPS = 8
+"""Fewer points leave nothing between the skipped start and end to take a slope over."""
+DIVERGENCE_FACTOR = 4.0
+"""The run stops when the smoothed loss exceeds this multiple of its minimum (Lightning's and fastai's 4)."""
+SMOOTHING = 0.98
+"""The exponential moving average's beta (Lightning's and fastai's)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LrOptions:
+    """A range test: ``steps`` optimizer steps from ``min_lr`` to ``max_lr``, exponentially spaced."""
+
+    min_lr: float = DEFAULT_MIN_LR
+    max_lr: float = DEFAULT_MAX_LR
+    steps: int = DEFAULT_STEPS
+    out_dir: Path | None = None
+    """The run folder (run.json, report.html); nothing is written when None."""
+    name: str = "run"
+    step_kind: str = "auto"
+    step_timeout_s: float | None = 600.0
+    divergence_factor: float = DIVERGENCE_FACTOR
+    smoothing: float = SMOOTHING
+
+    def __post_init__(self) -> None:
+        for flag, value in (("--min", self.min_lr), ("--max", self.max_lr)):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{flag} must be a positive finite learning rate, got {value}")
+        if self.min_lr >= self.max_lr:
+            raise ValueError(f"--min ({self.min_lr:g}) must be below --max ({self.max_lr:g})")
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < MIN_STEPS:
+            raise ValueError(f"--steps must be a whole number of at least {MIN_STEPS}, got {self.steps}")
+        if not (math.isfinite(self.divergence_factor) and self.divergence_factor > 1):
+            raise ValueError(f"the divergence factor must be above 1, got {self.divergence_factor}")
+        if not (0 <= self.smoothing < 1):
+            raise ValueError(f"the smoothing must be in [0, 1), got {self.smoothing}")

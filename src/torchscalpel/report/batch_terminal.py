@@ -1,0 +1,29 @@
+"""Terminal table of ``scalpel batch`` (reads ``sections["batch"]``; never measures)."""
+
+from __future__ import annotations
+
+from torchscalpel.sections import BatchSection
+
+
+def summary_lines(batch: BatchSection) -> list[str]:
+    """One line per size, then the best size and the lr advice."""
+    lines = [f"{'batch':>7}  {'samples/s':>10}  {'step ms':>9}"]
+    for r in batch.rows:
+        if r.get("fits"):
+            sps = f"{r['samples_per_s']:.1f}" if r.get("samples_per_s") else "not measured"
+            ms = f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") is not None else "-"
+            mark = "  <- best" if r["batch_size"] == batch.best else ""
+            lines.append(f"{r['batch_size']:>7}  {sps:>10}  {ms:>9}{mark}")
+        else:
+            lines.append(f"{r['batch_size']:>7}  does not fit: {r.get('why', '')}")
+    if batch.best is not None:
+        base = f" (the script's: {batch.script_batch_size})" if batch.script_batch_size else ""
+        lines.append(f"best samples/s at batch {batch.best}{base}")
+    else:
+        lines.append("no size was measured")
+    lines.append(f"lr advice: {batch.advice}")
+    if batch.loaders_untouched:
+        lines.append(
+            f"{batch.loaders_untouched} DataLoader(s) built with a batch_sampler or batch_size=None were left as they were"
+        )
+    return lines

@@ -1,0 +1,70 @@
+"""The batch stage (``scalpel batch``): one run per batch size, samples/s each, the best named, run.json saved."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.record import RunRecord, save_record
+from torchscalpel.runtime.target import Target
+from torchscalpel.tune.batch_finder import BatchOptions
+
+
+def run_batch(target: Target, options: BatchOptions, out_dir: Path) -> RunRecord:
+    """Measure every size in ``options.sizes`` (ascending); the record of the best size (or the last run)
+    carries ``sections["batch"]`` and is saved as ``out_dir/run.json``."""
+    from torchscalpel.runtime.session import RuntimeOptions, run_target
+    from torchscalpel.tune.batch_finder import ForcedBatch, OptimizerKind, best_size, scaling_advice
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    records: dict[int, RunRecord] = {}
+    base: int | None = None
+    optimizer: str | None = None
+    untouched = 0
+    for size in sorted(options.sizes):
+        forced, kind = ForcedBatch(size), OptimizerKind()
+        runtime = RuntimeOptions(
+            warmup=options.warmup,
+            steps=options.steps,
+            profile_steps=0,
+            name=f"batch-{target.name}-{size}",
+            step_timeout_s=options.step_timeout_s,
+            step_scalars=False,
+        )
+        record = run_target(target, runtime, [kind], [forced], command=["scalpel", *sys.argv[1:]])
+        records[size] = record
+        base = base if base is not None else forced.original
+        optimizer = optimizer or kind.kind
+        untouched = max(untouched, forced.untouched)
+        summary = record.summary_view()
+        fits = record.exit_code == 0 and bool(record.measured_steps)
+        rows.append(
+            {
+                "batch_size": size,
+                "fits": fits,
+                "samples_per_s": summary.samples_per_s if fits else None,
+                "median_step_ms": summary.median_step_ms if fits else None,
+                "why": ""
+                if fits
+                else (record.error or "; ".join(record.notes) or f"exit code {record.exit_code}"),
+            }
+        )
+    best = best_size(rows)
+    section = {
+        "sizes": sorted(options.sizes),
+        "steps": options.steps,
+        "warmup": options.warmup,
+        "rows": rows,
+        "best": best,
+        "script_batch_size": base,
+        "optimizer": optimizer,
+        "advice": scaling_advice(optimizer, base, best),
+        "loaders_untouched": untouched,
+    }
+    record = records[best] if best is not None else records[sorted(options.sizes)[-1]]
+    record.sections["batch"] = section
+    record.artifacts["record"] = "run.json"
+    save_record(record, out_dir)
+    return record

@@ -1,0 +1,110 @@
+"""``scalpel batch``: samples/s of an unmodified script at several batch sizes, the best one named,
+and the learning-rate scaling rule to keep when the batch changes, stated as advice (never applied).
+
+Each size is one run of the script under the runtime, in this process, with every DataLoader built
+with that ``batch_size`` (a loader built with a ``batch_sampler`` or ``batch_size=None`` is left as it
+is, and the run says so). A size whose run fails (out of memory included) is reported as not fitting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.patching import Undo, wrap_attr
+
+SGD_FAMILY = ("SGD",)
+"""Optimizers whose lr scales linearly with the batch (Goyal et al. 2017)."""
+ADAPTIVE_FAMILY = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adadelta", "RMSprop", "Adafactor")
+"""Optimizers whose lr scales with the square root of the batch (Hoffer et al. 2017; Malladi et al. 2022)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchOptions:
+    """The sizes to measure and the steps per size."""
+
+    sizes: tuple[int, ...]
+    warmup: int = 2
+    steps: int = 5
+    step_timeout_s: float | None = 600.0
+
+    def __post_init__(self) -> None:
+        if not self.sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.sizes):
+            raise ValueError(f"--sizes must be whole numbers of at least 1, got {list(self.sizes)}")
+        if len(set(self.sizes)) != len(self.sizes):
+            raise ValueError(f"--sizes lists a size twice: {list(self.sizes)}")
+        if self.steps < 1 or self.warmup < 0:
+            raise ValueError("--steps must be at least 1 and --warmup at least 0")
+
+
+class ForcedBatch:
+    """A setup hook: every ``DataLoader(...)`` built during the run gets ``batch_size=size``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.original: int | None = None
+        """The script's own batch size (the first loader's), for the scaling advice."""
+        self.untouched = 0
+        """Loaders built with a batch_sampler or batch_size=None: left as they were."""
+
+    def __call__(self) -> Undo:
+        from torch.utils.data import DataLoader
+
+        return wrap_attr(DataLoader, "__init__", self._wrap)
+
+    def _wrap(self, original: Any) -> Any:
+        forced = self
+
+        def __init__(loader: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
+            if args:  # batch_size is DataLoader's second parameter
+                kwargs["batch_size"], args = args[0], args[1:]
+            size = kwargs.get("batch_size", 1)
+            if kwargs.get("batch_sampler") is not None or size is None:
+                forced.untouched += 1
+            else:
+                if forced.original is None:
+                    forced.original = int(size)
+                kwargs["batch_size"] = forced.size
+            original(loader, dataset, *args, **kwargs)
+
+        return __init__
+
+
+class OptimizerKind(Observer):
+    """The first stepped optimizer's class name (the advice depends on it)."""
+
+    name = "optimizer-kind"
+
+    def __init__(self) -> None:
+        self.kind: str | None = None
+
+    def on_optimizer_step_pre(self, optimizer: Any) -> None:
+        if self.kind is None:
+            self.kind = type(optimizer).__name__
+
+
+def scaling_advice(optimizer: str | None, base: int | None, best: int | None) -> str:
+    """The lr rule to keep when moving from the script's batch ``base`` to ``best`` (advice only)."""
+    if optimizer is None or base is None or best is None:
+        return "no advice: the run saw no optimizer step or no DataLoader batch size"
+    ratio = best / base
+    if optimizer in SGD_FAMILY:
+        return (
+            f"{optimizer}: scale the lr linearly with the batch: x{ratio:.3g} for {base} -> {best} "
+            "(with a warm-up for large factors); not applied"
+        )
+    if optimizer in ADAPTIVE_FAMILY:
+        return (
+            f"{optimizer}: scale the lr with the square root of the batch: x{math.sqrt(ratio):.3g} for "
+            f"{base} -> {best}; not applied"
+        )
+    return f"{optimizer}: no standard rule; re-run 'scalpel lr' at batch {best}"
+
+
+def best_size(rows: Sequence[dict[str, Any]]) -> int | None:
+    """The size with the most samples/s among those that fit and were measured."""
+    measured = [r for r in rows if r.get("fits") and r.get("samples_per_s")]
+    return max(measured, key=lambda r: r["samples_per_s"])["batch_size"] if measured else None

@@ -1,0 +1,147 @@
+"""``scalpel lr`` end to end: a plain loop beside Lightning's Tuner.lr_find on the same model, a
+Lightning fit (optimizer.step through closures) and HF Trainer (a LambdaLR) under the sweep, bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.helpers import REPO, run_cli
+
+from torchscalpel.lrfind.sweep import schedule, suggest
+
+CORPUS = REPO / "benchmarks" / "lr_corpus"
+FIXTURES = REPO / "tests" / "fixtures"
+
+
+def _lr_section(out: Path) -> dict:
+    return json.loads((out / "run.json").read_text())["sections"]["lr"]
+
+
+def test_plain_loop_against_lightning_on_the_same_model(tmp_path: Path) -> None:
+    """The corpus MLP (SGD + momentum, seeded), 100 steps from 1e-7 to 10, under scalpel lr and under
+    Tuner.lr_find: scalpel's suggestion is within a factor of 2 of scalpel's rule applied to the curve
+    Lightning recorded (the two runs measure the same curve). Tuner.lr_find's own suggestion is not
+    held to it: its slope per linear lr follows the flat start's noise (BENCHMARKS.md, docs/lr.md)."""
+    done = run_cli(
+        "lr",
+        "--out",
+        str(tmp_path / "lr"),
+        "--",
+        str(CORPUS / "plain.py"),
+        "mlp",
+        cwd=tmp_path,
+        OMP_NUM_THREADS="1",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "suggested lr:" in done.stdout and "discard them" in done.stdout
+    ours = _lr_section(tmp_path / "lr")
+    assert len(ours["points"]) == 100
+    assert ours["scheduler_steps_suspended"] >= 99  # plain.py steps a LambdaLR after every optimizer step
+    theirs_run = subprocess.run(
+        [sys.executable, str(CORPUS / "lightning_version.py"), "mlp"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert theirs_run.returncode == 0, theirs_run.stderr[-2000:]
+    theirs = json.loads(theirs_run.stdout.strip().splitlines()[-1])
+    finite = [
+        (lr, loss) for lr, loss in zip(theirs["lr"], theirs["loss"], strict=True) if math.isfinite(loss)
+    ]
+    on_theirs = suggest([lr for lr, _ in finite], [loss for _, loss in finite])
+    assert ours["suggestion"] is not None and on_theirs is not None
+    assert 0.5 <= ours["suggestion"]["lr"] / on_theirs.lr <= 2.0, (ours["suggestion"], on_theirs)
+    html = (tmp_path / "lr" / "report.html").read_text()
+    assert 'data-chart="lr-range-test"' in html
+
+
+def test_lightning_fit_sees_the_swept_lr_through_its_closures(tmp_path: Path) -> None:
+    log = tmp_path / "lrs.txt"
+    done = run_cli(
+        "lr",
+        "--min",
+        "1e-4",
+        "--max",
+        "10",
+        "--steps",
+        "30",
+        "--out",
+        str(tmp_path / "lr"),
+        "--no-report",
+        "--",
+        str(FIXTURES / "lr" / "lightning_fit.py"),
+        str(log),
+        cwd=tmp_path,
+        OMP_NUM_THREADS="1",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = _lr_section(tmp_path / "lr")
+    seen = [float(x) for x in log.read_text().split()]
+    expected = schedule(1e-4, 10.0, 30)
+    # every optimizer step ran with the sweep's lr, not the LambdaLR's warm-up value (0.05 * (s+1)/100)
+    assert seen[: len(section["points"])] == pytest.approx(expected[: len(section["points"])])
+    assert [p["lr"] for p in section["points"]] == pytest.approx(expected[: len(section["points"])])
+    assert all(p["loss"] is not None for p in section["points"])
+    assert section["scheduler_steps_suspended"] >= len(section["points"]) - 1
+
+
+def test_hf_trainer_lambda_lr_is_suspended(tmp_path: Path) -> None:
+    done = run_cli(
+        "lr",
+        "--min",
+        "1e-5",
+        "--max",
+        "1",
+        "--steps",
+        "12",
+        "--out",
+        str(tmp_path / "lr"),
+        "--no-report",
+        "--",
+        str(FIXTURES / "corpus" / "hf_trainer.py"),
+        cwd=tmp_path,
+        OMP_NUM_THREADS="1",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = _lr_section(tmp_path / "lr")
+    assert len(section["points"]) == 12
+    assert [p["lr"] for p in section["points"]] == pytest.approx(schedule(1e-5, 1.0, 12))
+    assert section["scheduler_steps_suspended"] >= 11
+    assert all(p["loss"] is not None and math.isfinite(p["loss"]) for p in section["points"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--min", "0"], "--min must be a positive finite learning rate"),
+        (["--min", "1", "--max", "0.1"], "must be below --max"),
+        (["--steps", "2"], "--steps must be a whole number of at least 8"),
+    ],
+)
+def test_bad_sweeps_are_one_sentence_exit_2(tmp_path: Path, flags: list[str], message: str) -> None:
+    done = run_cli("lr", *flags, "--", str(CORPUS / "plain.py"), "mlp", cwd=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "scalpel-runs").exists()
+
+
+def test_batch_names_the_best_size_and_states_the_lr_rule(tmp_path: Path) -> None:
+    done = run_cli(
+        "batch", "--sizes", "8,64", "--steps", "3", "--warmup", "1", "--out", str(tmp_path / "b"),
+        "--", str(CORPUS / "plain.py"), "mlp", cwd=tmp_path, OMP_NUM_THREADS="1",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    section = json.loads((tmp_path / "b" / "run.json").read_text())["sections"]["batch"]
+    rows = {r["batch_size"]: r for r in section["rows"]}
+    assert set(rows) == {8, 64} and all(r["fits"] and r["samples_per_s"] > 0 for r in rows.values())
+    assert section["best"] == max(rows, key=lambda b: rows[b]["samples_per_s"])
+    assert section["script_batch_size"] == 32 and section["optimizer"] == "SGD"
+    assert "linearly" in section["advice"] and "not applied" in section["advice"]
+    assert f"best samples/s at batch {section['best']}" in done.stdout

@@ -1,0 +1,114 @@
+"""The LR range test's math on synthetic loss curves: schedule, smoothing, divergence, suggestion."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from torchscalpel.lrfind.options import LrOptions
+from torchscalpel.lrfind.sweep import Smoother, gradient, schedule, smooth, suggest
+
+
+def test_schedule_is_exponential_and_hits_both_ends() -> None:
+    lrs = schedule(1e-7, 10.0, 100)
+    assert len(lrs) == 100
+    assert lrs[0] == pytest.approx(1e-7) and lrs[-1] == pytest.approx(10.0)
+    ratios = {round(b / a, 9) for a, b in itertools.pairwise(lrs)}
+    assert len(ratios) == 1  # one constant ratio: evenly spaced in log
+
+
+def test_smoothing_is_bias_corrected() -> None:
+    # a constant loss stays constant from the first point (no pull towards 0 from the zero start)
+    assert smooth([2.0] * 5, 0.98) == pytest.approx([2.0] * 5)
+    # the EMA by hand for two points
+    beta = 0.9
+    avg1 = (1 - beta) * 1.0
+    avg2 = beta * avg1 + (1 - beta) * 3.0
+    assert smooth([1.0, 3.0], beta) == pytest.approx([avg1 / (1 - beta), avg2 / (1 - beta**2)])
+
+
+def test_divergence_at_four_times_the_minimum() -> None:
+    s = Smoother(0.0, 4.0)  # beta 0: smoothed == loss, so the rule is read directly
+    assert s.add(1.0) == (1.0, False)
+    assert s.add(0.5) == (0.5, False)
+    assert s.add(2.0) == (2.0, False)  # exactly 4x is not above
+    assert s.add(2.01)[1] is True
+    nan = Smoother(0.98, 4.0)
+    nan.add(1.0)
+    smoothed, diverged = nan.add(math.inf)
+    assert diverged and math.isnan(smoothed)
+
+
+def test_gradient_matches_torch_on_uneven_spacing() -> None:
+    xs = [0.0, 0.5, 1.7, 2.0, 3.5, 5.0]
+    ys = [1.0, 0.8, 0.3, 0.35, 0.1, 2.0]
+    expected = torch.gradient(
+        torch.tensor(ys, dtype=torch.float64), spacing=[torch.tensor(xs, dtype=torch.float64)]
+    )[0]
+    assert gradient(ys, xs) == pytest.approx(expected.tolist())
+
+
+def _curve(centre: float, lrs: list[float]) -> list[float]:
+    """A sigmoid drop in log lr, steepest at ``centre``, then a blow-up past 100x ``centre``."""
+    return [
+        2.0 - math.tanh(math.log(lr / centre)) + (0.0 if lr < 100 * centre else (lr / (100 * centre)) ** 2)
+        for lr in lrs
+    ]
+
+
+@pytest.mark.parametrize("centre", [1e-4, 3e-3, 0.1])
+def test_suggestion_is_the_steepest_descent(centre: float) -> None:
+    lrs = schedule(1e-7, 10.0, 100)
+    found = suggest(lrs, _curve(centre, lrs))
+    assert found is not None and found.slope < 0
+    ratio = (10.0 / 1e-7) ** (1 / 99)  # one step of the sweep
+    assert centre / ratio <= found.lr <= centre * ratio
+
+
+def test_a_fall_after_a_spike_is_not_the_suggestion() -> None:
+    # the loss falls around 1e-3, reaches its minimum, spikes, then the average "recovers" even faster
+    lrs = schedule(1e-6, 10.0, 60)
+    losses = [2.0 - 0.5 * math.tanh(math.log(lr / 1e-3)) for lr in lrs]
+    for i in range(45, 50):
+        losses[i] = 6.0
+    for i in range(50, 60):
+        losses[i] = 6.0 - 0.3 * (i - 49)  # a steep fall after the spike, still above the minimum
+    found = suggest(lrs, losses)
+    assert found is not None
+    assert 3e-4 <= found.lr <= 3e-3
+
+
+def test_no_suggestion_when_the_loss_never_falls() -> None:
+    lrs = schedule(1e-5, 1.0, 30)
+    assert suggest(lrs, [1.0 + 0.01 * i for i in range(30)]) is None
+    assert suggest(lrs[:2], [1.0, 0.9]) is None  # one point left once the last is skipped
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"min_lr": 0.0}, "--min must be a positive finite"),
+        ({"max_lr": math.nan}, "--max must be a positive finite"),
+        ({"min_lr": 1.0, "max_lr": 0.1}, "must be below --max"),
+        ({"steps": 3}, "--steps must be a whole number of at least 8"),
+    ],
+)
+def test_options_refuse_bad_sweeps(kwargs: dict[str, float], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LrOptions(**kwargs)  # type: ignore[arg-type]
+
+
+def test_lightnings_rule_weighs_the_small_lrs() -> None:
+    # Lightning 2.x takes the slope against the linear lr: on a log sweep a tiny wobble at a tiny lr
+    # outweighs the real descent a decade later; the log-axis rule finds the descent
+    lrs = schedule(1e-7, 10.0, 100)
+    losses = _curve(1e-2, lrs)
+    losses[20] -= 1e-3  # noise where the curve is flat (lr ~ 4e-6)
+    log_rule = suggest(lrs, losses)
+    linear_rule = suggest(lrs, losses, axis="linear", descent_only=False)
+    assert log_rule is not None and linear_rule is not None
+    assert 5e-3 <= log_rule.lr <= 2e-2
+    assert linear_rule.lr < 1e-5
