@@ -350,6 +350,32 @@ CASES = [
     (
         "accumulated-loss-not-divided",
         """
+     micro = 0
+     while True:
+         x, y = next(it)
+         loss = criterion(model(x), y)
+         loss.backward()
+         micro += 1
+         if micro == accum:
+             optimizer.step()
+             optimizer.zero_grad()
+             micro = 0
+     """,
+        """
+     micro = 0
+     while True:
+         x, y = next(it)
+         loss = criterion(model(x), y) / accum
+         loss.backward()
+         micro += 1
+         if micro == accum:
+             optimizer.step()
+             micro = 0
+     """,
+    ),
+    (
+        "accumulated-loss-not-divided",
+        """
      for step in range(100):
          for micro_step in range(accum):
              loss = model(X, Y)

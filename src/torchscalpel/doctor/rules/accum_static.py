@@ -3,7 +3,8 @@ twice), and DDP accumulating without ``no_sync()``.
 
 Both read one pattern, found by :func:`accumulation_loops`: a loop whose optimizer steps all sit under
 ``if (i + 1) % k == 0:`` while ``.backward()`` runs on every iteration, or an inner ``for _ in range(k):``
-holding the backward with the optimizer step after it (nanoGPT's micro-steps).
+holding the backward with the optimizer step after it (nanoGPT's micro-steps), or a counter
+(``micro += 1`` ... ``if micro == k:``) in place of the modulo.
 """
 
 from __future__ import annotations
@@ -70,6 +71,23 @@ def _modulus(test: ast.AST) -> ast.AST | None:
     return None
 
 
+def _counter_limit(test: ast.AST, body: ast.AST) -> ast.AST | None:
+    """``k`` of ``if micro == k:`` / ``if micro >= k:`` where ``micro += 1`` runs in the loop body."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name)):
+        return None
+    if not isinstance(test.ops[0], ast.Eq | ast.GtE):
+        return None
+    name = test.left.id
+    counted = any(
+        isinstance(n, ast.AugAssign)
+        and isinstance(n.op, ast.Add)
+        and isinstance(n.target, ast.Name)
+        and n.target.id == name
+        for n in _walk_local(body)
+    )
+    return test.comparators[0] if counted else None
+
+
 def _is_literal_one(ctx: StaticContext, k: ast.AST) -> bool:
     """``k`` is the literal 1, or a name assigned only the literal 1 in the file (no accumulation)."""
     if isinstance(k, ast.Constant):
@@ -94,7 +112,10 @@ def accumulation_loops(ctx: StaticContext) -> Iterator[Accumulation]:
         in_inner = {id(c) for il in inner_loops for c in _calls(il)}
         guarded: dict[int, ast.AST] = {}  # id(step call) -> modulus
         for node in _walk_local(body):
-            if isinstance(node, ast.If) and (k := _modulus(node.test)) is not None:
+            if (
+                isinstance(node, ast.If)
+                and (k := _modulus(node.test) or _counter_limit(node.test, body)) is not None
+            ):
                 for stmt in node.body:
                     for c in _calls(stmt):
                         if _is_step(ctx, c):
@@ -102,7 +123,12 @@ def accumulation_loops(ctx: StaticContext) -> Iterator[Accumulation]:
         steps = [c for c in _calls(body) if _is_step(ctx, c) and id(c) not in in_inner]
         backwards = [c for c in _calls(body) if _is_backward(c) and id(c) not in in_inner]
         if steps and guarded and all(id(s) in guarded for s in steps):
-            unguarded = [b for b in backwards if not _under(body, b, guarded_ifs(body))]
+            ifs = [
+                n
+                for n in _walk_local(body)
+                if isinstance(n, ast.If) and any(id(c) in guarded for c in _calls(n))
+            ]
+            unguarded = [b for b in backwards if not _under(body, b, ifs)]
             if unguarded and not _is_literal_one(ctx, guarded[id(steps[0])]):
                 yield Accumulation(loop, unguarded[0], steps[0], guarded[id(steps[0])], list(loop.body))
             continue
@@ -121,10 +147,6 @@ def accumulation_loops(ctx: StaticContext) -> Iterator[Accumulation]:
                 k = il.iter.args[0]
                 if not _is_literal_one(ctx, k):
                     yield Accumulation(loop, inner_back[0], steps[0], k, list(il.body))
-
-
-def guarded_ifs(body: ast.AST) -> list[ast.If]:
-    return [n for n in _walk_local(body) if isinstance(n, ast.If) and _modulus(n.test) is not None]
 
 
 def _under(body: ast.AST, call: ast.Call, ifs: list[ast.If]) -> bool:

@@ -147,7 +147,9 @@ class SoftmaxBeforeCrossEntropy(RuntimeRule):
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(input: Any, *args: Any, **kwargs: Any) -> Any:
-                check(fn, input)
+                # first thing: under torch.compile the check would be traced (graph breaks on grad_fn)
+                if not torch.compiler.is_compiling():
+                    check(fn, input)
                 return original(input, *args, **kwargs)
 
             return wrapper
@@ -156,7 +158,7 @@ class SoftmaxBeforeCrossEntropy(RuntimeRule):
 
     def _check(self, fn: str, input: Any) -> None:
         node = producer(input)
-        if node is None or torch.compiler.is_compiling():
+        if node is None:
             return
         for bad, *_ in _WRONG_INPUT[fn]:
             if node == bad:
@@ -245,6 +247,10 @@ class _Targets:
     onehot_rows: int = 0
     other_rows: int = 0
     shapes: set[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=set)
+    integer_calls: int = 0
+    """Calls whose (non one-hot) targets were all whole numbers."""
+    values: set[int] = field(default_factory=set)
+    """Their distinct values (up to 101)."""
 
 
 def _integer_valued(t: torch.Tensor) -> bool:
@@ -294,7 +300,8 @@ class LossTaskMismatch(RuntimeRule):
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(input: Any, target: Any, *args: Any, **kwargs: Any) -> Any:
-                check(fn, input, target)
+                if not torch.compiler.is_compiling():  # as above: never traced by torch.compile
+                    check(fn, input, target)
                 return original(input, target, *args, **kwargs)
 
             return wrapper
@@ -316,7 +323,7 @@ class LossTaskMismatch(RuntimeRule):
     def _check(self, fn: str, pred: Any, target: Any) -> None:
         if not isinstance(pred, torch.Tensor) or not isinstance(target, torch.Tensor):
             return
-        if torch.compiler.is_compiling() or not torch.is_grad_enabled() or pred.grad_fn is None:
+        if not torch.is_grad_enabled() or pred.grad_fn is None:
             return  # evaluation: the training loss is what says the task
         state = self.targets.setdefault(fn, _Targets())
         if state.calls >= _CHECKED_CALLS:
@@ -346,14 +353,18 @@ class LossTaskMismatch(RuntimeRule):
                 state.other_rows += other
                 return
             # mse_loss / l1_loss
-            if target.shape != pred.shape and target.numel() != pred.numel():
-                self._note(
-                    "broadcast",
-                    fn,
-                    f"prediction {list(pred.shape)} and target {list(target.shape)} broadcast to "
-                    f"{list(torch.broadcast_shapes(pred.shape, target.shape))}: every prediction is compared "
-                    "with every target",
-                )
+            if target.shape != pred.shape:
+                try:
+                    both = torch.broadcast_shapes(pred.shape, target.shape)
+                except RuntimeError:  # torch raises on the call itself
+                    both = None
+                if both is not None and both.numel() > max(pred.numel(), target.numel()):
+                    self._note(
+                        "broadcast",
+                        fn,
+                        f"prediction {list(pred.shape)} and target {list(target.shape)} broadcast to "
+                        f"{list(both)}: every prediction is compared with every target",
+                    )
             if not target.is_floating_point() and target.dtype != torch.bool:
                 self._note(
                     "regression-class-indices",
@@ -364,12 +375,16 @@ class LossTaskMismatch(RuntimeRule):
             one, other = _onehot(pred, target.detach())
             state.onehot_rows += one
             state.other_rows += other
-            if integer and not one and self._cast_label(flat):
-                self._note(
-                    "regression-class-indices",
-                    fn,
-                    f"targets are integer labels of the batch cast to float (0 .. {top:.0f})",
-                )
+            if integer and not one and not other:
+                state.integer_calls += 1
+                if len(state.values) <= 100:
+                    state.values.update(int(v) for v in torch.unique(flat)[:101].tolist())
+                if self._cast_label(flat):
+                    self._note(
+                        "regression-class-indices",
+                        fn,
+                        f"targets are integer labels of the batch cast to float (0 .. {top:.0f})",
+                    )
 
     def _cast_label(self, flat: torch.Tensor) -> bool:
         """True when ``flat`` equals an integer tensor of the current batch with few distinct values."""
@@ -393,6 +408,23 @@ class LossTaskMismatch(RuntimeRule):
                     fn,
                     self.locations.get(fn),
                     f"every target row ({state.onehot_rows} checked) is one-hot: exactly one class is right",
+                    count=state.calls,
+                )
+            values = sorted(state.values)
+            if (
+                not fn.startswith("binary")
+                and (fn, "regression-class-indices") not in self.found
+                and state.calls >= 2
+                and state.integer_calls == state.calls
+                and 3 <= len(values) <= 100
+                and values == list(range(len(values)))
+            ):
+                # without a DataLoader to compare with: whole numbers 0..K-1 and nothing else, in every call
+                self.found[(fn, "regression-class-indices")] = _Mismatch(
+                    "regression-class-indices",
+                    fn,
+                    self.locations.get(fn),
+                    f"every target is one of the {len(values)} whole numbers 0 .. {values[-1]}",
                     count=state.calls,
                 )
         for m in self.found.values():

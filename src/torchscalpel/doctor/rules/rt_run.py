@@ -233,7 +233,7 @@ def _launcher(crash: Crash, record: Any) -> Known | None:
 
 _INPLACE = re.compile(
     r"modified by an inplace operation: \[([\w.]+) \[([\d, ]*)\]\]"
-    r"(?:, which is output (\d+) of (\w+))?, is at version (\d+); expected version (\d+)"
+    r"(?:, which is output (\d+) of (\w+),)? is at version (\d+); expected version (\d+)"
 )
 _INPLACE_CALL = re.compile(r"\.(?!_)\w+_\(|inplace\s*=\s*True")
 
