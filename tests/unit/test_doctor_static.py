@@ -279,7 +279,8 @@ CASES = [
         "distributed-sampler-wrong-world",
         """
      from torch.utils.data.distributed import DistributedSampler
-     sampler = DistributedSampler(ds, num_replicas=4, rank=rank)
+     WORLD = 4
+     sampler = DistributedSampler(ds, num_replicas=WORLD, rank=rank)
      """,
         """
      from torch.utils.data.distributed import DistributedSampler
@@ -288,6 +289,8 @@ CASES = [
      s2 = DistributedSampler(ds, num_replicas=dist.get_world_size(), rank=dist.get_rank())
      s3 = DistributedSampler(ds, num_replicas=2, rank=rank)  # the file fixes the world size at 2
      mp.spawn(main, nprocs=2)
+     world = int(os.environ["WORLD_SIZE"])
+     s4 = DistributedSampler(ds, num_replicas=world, rank=rank)
      """,
     ),
     (

@@ -183,6 +183,22 @@ def _world_size_literals(ctx: StaticContext) -> set[int]:
     return found
 
 
+def _int_constant(ctx: StaticContext, node: ast.AST | None) -> ast.AST | None:
+    """``node`` itself, or the literal a name (``WORLD = 8``) is assigned once and only in the file."""
+    if not isinstance(node, ast.Name):
+        return node
+    values = [
+        n.value
+        for n in ast.walk(ctx.tree)
+        if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        and any(
+            isinstance(t, ast.Name) and t.id == node.id
+            for t in getattr(n, "targets", [getattr(n, "target", None)])
+        )
+    ]
+    return values[0] if len(values) == 1 and isinstance(values[0], ast.Constant) else node
+
+
 def sampler_num_replicas(ctx: StaticContext) -> Iterator[Finding]:
     """``DistributedSampler(..., num_replicas=<int literal>)`` that the file does not tie to its world size:
     launched on another number of processes, the ranks read overlapping or missing shards."""
@@ -190,9 +206,10 @@ def sampler_num_replicas(ctx: StaticContext) -> Iterator[Finding]:
     for call in ctx.calls():
         if ctx.call_name(call) not in _DIST_SAMPLERS:
             continue
-        value = next((k.value for k in call.keywords if k.arg == "num_replicas"), None)
-        if value is None and len(call.args) >= 2:
-            value = call.args[1]
+        given = next((k.value for k in call.keywords if k.arg == "num_replicas"), None)
+        if given is None and len(call.args) >= 2:
+            given = call.args[1]
+        value = _int_constant(ctx, given)
         if not isinstance(value, ast.Constant) or not isinstance(value.value, int) or value.value in fixed:
             continue
         n = value.value

@@ -5,12 +5,14 @@ whose ``num_replicas`` / ``rank`` disagree with the process group.
   sets it to False for its block, nanoGPT sets it by hand); when every backward between two optimizer steps
   ran with it on, and there were 2+ of them, each micro-batch paid a full all-reduce of the gradients.
 - ``distributed-sampler-wrong-world``: the sampler of every DataLoader a batch came from, compared with
-  ``dist.get_world_size()`` / ``get_rank()`` once the process group exists.
+  ``dist.get_world_size()`` / ``get_rank()`` once the process group exists; ``DistributedSampler.__init__``
+  is wrapped for the run to remember the user's line that built each sampler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -20,6 +22,7 @@ from torchscalpel.doctor.rules import accum_static, dist_static
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
 from torchscalpel.findings import Finding, Location
+from torchscalpel.runtime.patching import Undo, wrap_attr
 from torchscalpel.units import fmt_bytes
 
 
@@ -106,6 +109,23 @@ class SamplerNumReplicas(RuntimeRule):
         super().__init__()
         self._checked: set[int] = set()
         self.found: list[str] = []
+        self.location: Location | None = None
+        self._sites: weakref.WeakKeyDictionary[Any, Location | None] = weakref.WeakKeyDictionary()
+
+    def setup(self) -> Undo:
+        """Remember the user's line that built each DistributedSampler (the line the fix edits)."""
+        from torch.utils.data.distributed import DistributedSampler
+
+        note = self.safe(lambda sampler: self._sites.setdefault(sampler, user_location()))
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def init(sampler: Any, *args: Any, **kwargs: Any) -> None:
+                original(sampler, *args, **kwargs)
+                note(sampler)
+
+            return init
+
+        return wrap_attr(DistributedSampler, "__init__", make)
 
     def on_batch(self, batch: Any, loader: Any) -> None:
         if loader is None or id(loader) in self._checked:
@@ -122,6 +142,7 @@ class SamplerNumReplicas(RuntimeRule):
             return
         world, rank = dist.get_world_size(), dist.get_rank()
         if sampler.num_replicas != world or sampler.rank != rank:
+            self.location = self.location or self._sites.get(sampler)
             self.found.append(
                 f"DistributedSampler(num_replicas={sampler.num_replicas}, rank={sampler.rank}) in a process group "
                 f"of world size {world}, this process rank {rank}: each rank reads {sampler.num_samples} of "
@@ -137,4 +158,5 @@ class SamplerNumReplicas(RuntimeRule):
             "are not the process group's, so ranks read the same samples twice or some never.",
             evidence=self.found,
             fix="sampler = DistributedSampler(dataset)  # num_replicas and rank default to the process group's",
+            location=self.location,
         )
