@@ -135,3 +135,16 @@ def test_mse_on_whole_numbers_zero_to_k_without_a_loader_is_class_indices() -> N
     # ratings 1..5 and real-valued targets are regression targets
     assert _with_rule(LossTaskMismatch(), lambda: train((labels + 1).float())) == []
     assert _with_rule(LossTaskMismatch(), lambda: train(labels.float() + 0.5)) == []
+
+
+def test_mse_on_integer_tensors_needs_labels_zero_to_k() -> None:
+    w = torch.randn(8, 1, requires_grad=True)
+    x = torch.randn(64, 8)
+
+    def train(targets) -> None:
+        for i in range(0, 64, 16):
+            F.mse_loss((x[i : i + 16] @ w).squeeze(-1), targets[i : i + 16])
+
+    (f,) = _with_rule(LossTaskMismatch(), lambda: train(torch.arange(64) % 2))  # int64 0/1 labels
+    assert "(int64 targets)" in f.evidence[0]
+    assert _with_rule(LossTaskMismatch(), lambda: train(torch.arange(64) % 5 + 1)) == []  # ratings 1..5

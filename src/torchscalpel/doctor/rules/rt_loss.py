@@ -247,6 +247,8 @@ class _Targets:
     onehot_rows: int = 0
     other_rows: int = 0
     shapes: set[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=set)
+    kind: str | None = None
+    """What the whole-number targets were: an integer dtype, or an integer tensor of the batch cast to float."""
     integer_calls: int = 0
     """Calls whose (non one-hot) targets were all whole numbers."""
     values: set[int] = field(default_factory=set)
@@ -366,25 +368,17 @@ class LossTaskMismatch(RuntimeRule):
                         f"{list(both)}: every prediction is compared with every target",
                     )
             if not target.is_floating_point() and target.dtype != torch.bool:
-                self._note(
-                    "regression-class-indices",
-                    fn,
-                    f"targets are {str(target.dtype).removeprefix('torch.')} class indices (up to {top:.0f})",
-                )
-                return
+                state.kind = f"{str(target.dtype).removeprefix('torch.')} targets"
             one, other = _onehot(pred, target.detach())
             state.onehot_rows += one
             state.other_rows += other
             if integer and not one and not other:
+                # judged at the end, on the values of every checked call: class indices are 0 .. K-1
                 state.integer_calls += 1
                 if len(state.values) <= 100:
                     state.values.update(int(v) for v in torch.unique(flat)[:101].tolist())
-                if self._cast_label(flat):
-                    self._note(
-                        "regression-class-indices",
-                        fn,
-                        f"targets are integer labels of the batch cast to float (0 .. {top:.0f})",
-                    )
+                if state.kind is None and self._cast_label(flat):
+                    state.kind = "integer labels of the batch cast to float"
 
     def _cast_label(self, flat: torch.Tensor) -> bool:
         """True when ``flat`` equals an integer tensor of the current batch with few distinct values."""
@@ -411,20 +405,20 @@ class LossTaskMismatch(RuntimeRule):
                     count=state.calls,
                 )
             values = sorted(state.values)
+            # an integer dtype says "labels" by itself (2 classes are enough); whole-number floats need 3+
+            fewest = 2 if state.kind and state.kind.endswith(" targets") else 3
             if (
                 not fn.startswith("binary")
-                and (fn, "regression-class-indices") not in self.found
-                and state.calls >= 2
                 and state.integer_calls == state.calls
-                and 3 <= len(values) <= 100
-                and values == list(range(len(values)))
+                and fewest <= len(values) <= 100
+                and values == list(range(len(values)))  # 0 .. K-1: ratings 1..5 or prices are regression
             ):
-                # without a DataLoader to compare with: whole numbers 0..K-1 and nothing else, in every call
                 self.found[(fn, "regression-class-indices")] = _Mismatch(
                     "regression-class-indices",
                     fn,
                     self.locations.get(fn),
-                    f"every target is one of the {len(values)} whole numbers 0 .. {values[-1]}",
+                    f"every target is one of the {len(values)} whole numbers 0 .. {values[-1]}"
+                    + (f" ({state.kind})" if state.kind else ""),
                     count=state.calls,
                 )
         for m in self.found.values():
