@@ -362,3 +362,73 @@ def test_loader_order_comes_from_the_batch_sampler_when_one_was_given() -> None:
     fixed = loader_facts(DataLoader(ds, batch_sampler=BatchSampler(SequentialSampler(ds), 16, False)))
     assert shuffled["random"] and not shuffled["sequential"] and shuffled["sampler"] == "RandomSampler"
     assert fixed["sequential"]
+
+
+# issue 32: each pitfall at the line the user edits (fixture, rule, line)
+PITFALL_LINES = [
+    ("softmax_before_cross_entropy.py", "softmax-before-cross-entropy", 24),
+    ("softmax_before_cross_entropy_logsoftmax.py", "softmax-before-cross-entropy", 13),
+    ("loss_task_mismatch.py", "loss-task-mismatch", 18),
+    ("loss_task_mismatch_mse.py", "loss-task-mismatch", 16),
+    ("loss_task_mismatch_onehot_bce.py", "loss-task-mismatch", 14),
+    ("accumulated_loss_not_divided.py", "accumulated-loss-not-divided", 16),
+    ("accumulated_loss_not_divided_twice.py", "accumulated-loss-not-divided", 23),
+    ("ddp_accumulation_without_no_sync.py", "ddp-accumulation-without-no-sync", 21),
+    ("distributed_sampler_wrong_world.py", "distributed-sampler-wrong-world", 13),
+    ("super_init_missing.py", "super-init-missing", 9),
+    ("cudnn_disabled.py", "cudnn-disabled", 5),
+    ("inplace_autograd_error.py", "script-failed", 25),
+]
+
+
+@pytest.mark.parametrize(("name", "rule", "line"), PITFALL_LINES)
+def test_pitfall_is_found_at_the_users_line(name: str, rule: str, line: int) -> None:
+    _, findings = run(FIXTURES / name)
+    (f,) = [f for f in findings if f.rule == rule]
+    assert f.location is not None and f.location.file.endswith(name) and f.location.line == line, f.location
+
+
+def test_softmax_before_cross_entropy_names_the_softmax_and_keeps_log_softmax_a_warning() -> None:
+    _, findings = run(FIXTURES / "softmax_before_cross_entropy.py")
+    (f,) = [f for f in findings if f.rule == "softmax-before-cross-entropy"]
+    assert f.severity == Severity.ERROR and "softmax probabilities" in f.message
+    assert any("Classifier.forward" in e and "softmax_before_cross_entropy.py:13" in e for e in f.evidence)
+    assert "no softmax" in f.fix
+    _, findings = run(FIXTURES / "softmax_before_cross_entropy_logsoftmax.py")
+    (g,) = [g for g in findings if g.rule == "softmax-before-cross-entropy"]
+    assert g.severity == Severity.WARNING and any("nn.LogSoftmax layer" in e for e in g.evidence)
+
+
+def test_loss_task_mismatch_says_which_mismatch() -> None:
+    _, bce = run(FIXTURES / "loss_task_mismatch.py")
+    (f,) = [f for f in bce if f.rule == "loss-task-mismatch"]
+    assert f.severity == Severity.ERROR and "class indices" in f.message and "up to 9" in f.evidence[0]
+    _, mse = run(FIXTURES / "loss_task_mismatch_mse.py")
+    (g,) = [g for g in mse if g.rule == "loss-task-mismatch"]
+    assert g.message.startswith("mse_loss is given class indices") and "cross_entropy" in g.fix
+    _, onehot = run(FIXTURES / "loss_task_mismatch_onehot_bce.py")
+    (h,) = [h for h in onehot if h.rule == "loss-task-mismatch"]
+    assert "one-hot" in h.message and "argmax" in h.fix
+
+
+def test_in_place_autograd_error_names_the_op_the_version_and_the_write() -> None:
+    record, findings = run(FIXTURES / "inplace_autograd_error.py")
+    assert record.status == "failed"
+    (f,) = [f for f in findings if f.rule == "script-failed"]
+    assert "[64, 16], output 0 of relu" in f.message and "version 1, saved at version 0" in f.message
+    assert "backward needed it for ReluBackward0 (its saved result)" in f.evidence
+    assert any("inplace_autograd_error.py:14: h += x" in e for e in f.evidence)
+    assert "h = h + 1.0" in f.fix and "set_detect_anomaly" in f.fix
+
+
+def test_ddp_accumulation_reports_the_bytes_all_reduced_for_nothing() -> None:
+    _, findings = run(FIXTURES / "ddp_accumulation_without_no_sync.py")
+    (f,) = [f for f in findings if f.rule == "ddp-accumulation-without-no-sync"]
+    assert f.source == "runtime" and "4 backward calls" in f.message
+    assert any("per optimizer step are all-reduced for nothing" in e for e in f.evidence)
+    assert "no_sync()" in f.fix
+
+
+def test_super_init_missing_replaces_the_crash_it_explains() -> None:
+    record, findings = run(FIXTURES / "super_init_missing.py")
+    assert record.status == "failed" and [f.rule for f in findings] == ["super-init-missing"]

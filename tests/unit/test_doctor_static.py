@@ -222,6 +222,198 @@ CASES = [
      torch.save({"model": net.state_dict(), "step": 3}, "ckpt.pt")
      """,
     ),
+    (
+        "super-init-missing",
+        """
+     class Net(nn.Module):
+         def __init__(self):
+             self.fc = nn.Linear(2, 2)
+     """,
+        """
+     class Base(nn.Module):
+         def __init__(self, d):
+             self.d = d  # a plain value before the base __init__ is fine
+             super(Base, self).__init__()
+             self.fc = nn.Linear(d, d)
+     class Net(Base):
+         def __init__(self):
+             Base.__init__(self, 2)
+             self.head = nn.Linear(2, 1)
+     class Head(nn.Linear):
+         def __init__(self):
+             nn.Linear.__init__(self, 2, 2)
+     """,
+    ),
+    (
+        "super-init-missing",
+        """
+     class Net(nn.Module):
+         def __init__(self):
+             self.w = nn.Parameter(torch.zeros(3))
+             super().__init__()
+     """,
+        """
+     class Net(nn.Module):
+         def __init__(self):
+             super().__init__()
+             self.w = nn.Parameter(torch.zeros(3))
+     """,
+    ),
+    (
+        "cudnn-disabled",
+        """
+     from torch.backends import cudnn
+     cudnn.enabled = False
+     """,
+        """
+     torch.backends.cudnn.enabled = False  # around one section only
+     y = rnn(x)
+     torch.backends.cudnn.enabled = True
+     with torch.backends.cudnn.flags(enabled=False):
+         y = rnn(x)
+     torch.backends.cudnn.deterministic = True
+     torch.backends.cudnn.enabled = args.cudnn
+     """,
+    ),
+    (
+        "distributed-sampler-wrong-world",
+        """
+     from torch.utils.data.distributed import DistributedSampler
+     WORLD = 4
+     sampler = DistributedSampler(ds, num_replicas=WORLD, rank=rank)
+     """,
+        """
+     from torch.utils.data.distributed import DistributedSampler
+     import torch.multiprocessing as mp
+     s1 = DistributedSampler(ds)
+     s2 = DistributedSampler(ds, num_replicas=dist.get_world_size(), rank=dist.get_rank())
+     s3 = DistributedSampler(ds, num_replicas=2, rank=rank)  # the file fixes the world size at 2
+     mp.spawn(main, nprocs=2)
+     world = int(os.environ["WORLD_SIZE"])
+     s4 = DistributedSampler(ds, num_replicas=world, rank=rank)
+     """,
+    ),
+    (
+        "accumulated-loss-not-divided",
+        """
+     for i, (x, y) in enumerate(loader):
+         loss = criterion(model(x), y)
+         scaler.scale(loss).backward()
+         if (i + 1) % accum_steps == 0:
+             scaler.step(optimizer)
+             scaler.update()
+             optimizer.zero_grad()
+     """,
+        """
+     for i, (x, y) in enumerate(loader):
+         loss = criterion(model(x), y)
+         loss = loss / accum_steps
+         scaler.scale(loss).backward()
+         if (i + 1) % accum_steps == 0:
+             scaler.step(optimizer)
+             scaler.update()
+             optimizer.zero_grad()
+     for i, (x, y) in enumerate(loader):
+         (criterion(model(x), y) * (1 / k)).backward()
+         if i % k == 0:
+             opt.step()
+     for i, (x, y) in enumerate(loader):
+         with accelerator.accumulate(model):
+             accelerator.backward(criterion(model(x), y))
+         if (i + 1) % k == 0:
+             optimizer.step()
+     for i, (x, y) in enumerate(loader):
+         criterion(model(x), y).backward()
+         if (i + 1) % k == 0:
+             for p in model.parameters():
+                 p.grad /= k
+             optimizer.step()
+     for step in range(100):
+         for micro_step in range(gradient_accumulation_steps):
+             logits, loss = model(X, Y)
+             loss = loss / gradient_accumulation_steps
+             loss.backward()
+         optimizer.step()
+     for epoch in range(3):
+         for x, y in loader:
+             criterion(model(x), y).backward()
+             optimizer.step()
+             if epoch % 10 == 0:
+                 print("logged")
+     for i, (real, z) in enumerate(loader):
+         d_loss = d_criterion(D(real), D(G(z)))
+         d_loss.backward()
+         opt_d.step()
+         if i % n_critic == 0:
+             g_loss = -D(G(z)).mean()
+             g_loss.backward()
+             opt_g.step()
+     """,
+    ),
+    (
+        "accumulated-loss-not-divided",
+        """
+     micro = 0
+     while True:
+         x, y = next(it)
+         loss = criterion(model(x), y)
+         loss.backward()
+         micro += 1
+         if micro == accum:
+             optimizer.step()
+             optimizer.zero_grad()
+             micro = 0
+     """,
+        """
+     micro = 0
+     while True:
+         x, y = next(it)
+         loss = criterion(model(x), y) / accum
+         loss.backward()
+         micro += 1
+         if micro == accum:
+             optimizer.step()
+             micro = 0
+     """,
+    ),
+    (
+        "accumulated-loss-not-divided",
+        """
+     for step in range(100):
+         for micro_step in range(accum):
+             loss = model(X, Y)
+             loss = loss / accum
+             (loss / accum).backward()
+         optimizer.step()
+     """,
+        """
+     for step in range(100):
+         for micro_step in range(accum):
+             loss = model(X, Y).sum() / num_tokens
+             (loss / accum).backward()
+         optimizer.step()
+     """,
+    ),
+    (
+        "ddp-accumulation-without-no-sync",
+        """
+     from torch.nn.parallel import DistributedDataParallel as DDP
+     model = DDP(net)
+     for i, (x, y) in enumerate(loader):
+         (criterion(model(x), y) / k).backward()
+         if (i + 1) % k == 0:
+             opt.step()
+     """,
+        """
+     from torch.nn.parallel import DistributedDataParallel as DDP
+     model = DDP(net)
+     for step in range(100):
+         for micro_step in range(accum):
+             model.require_backward_grad_sync = micro_step == accum - 1
+             (model(X).sum() / accum).backward()
+         optimizer.step()
+     """,
+    ),
 ]
 
 
@@ -276,6 +468,16 @@ def test_registry_has_every_contract_slug_once() -> None:
     # issue 21: hand-written updates, a loss that cannot vary; issue 18: DDP device_ids against LOCAL_RANK
     # issue 27: the script's own failure is the first finding
     added = ["manual-parameter-update", "loss-constant", "ddp-device-ids-not-local-rank", "script-failed"]
+    # issue 32: the pitfalls of the troubleshooting manuals
+    added += [
+        "super-init-missing",
+        "softmax-before-cross-entropy",
+        "loss-task-mismatch",
+        "accumulated-loss-not-divided",
+        "cudnn-disabled",
+        "distributed-sampler-wrong-world",
+        "ddp-accumulation-without-no-sync",
+    ]
     assert sorted(contract + added) == sorted(RULES)
 
 

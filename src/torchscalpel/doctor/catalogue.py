@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from torchscalpel.doctor.rule import Rule, RuleInfo
 from torchscalpel.doctor.rules import (
+    accum_static,
     checkpoint_static,
     dist_static,
     loop_static,
@@ -19,7 +20,9 @@ from torchscalpel.doctor.rules import (
     rt_checkpoint,
     rt_data,
     rt_dist,
+    rt_dist_accum,
     rt_graph,
+    rt_loss,
     rt_model,
     rt_numerics,
     rt_optim,
@@ -40,6 +43,7 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     rt_model.TensorAttributeNotRegistered,
     model_static.ModuleCreatedInForwardStatic,
     rt_model.ModuleCreatedInForward,
+    model_static.SuperInitMissingStatic,
     rt_optim.ParamNotInOptimizer,
     rt_optim.FrozenParamInOptimizer,
     # Training loop
@@ -50,6 +54,9 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     rt_graph.EvalInTrainMode,
     rt_graph.EvalWithoutNoGrad,
     rt_data.TrainLoaderNotShuffled,
+    rt_loss.SoftmaxBeforeCrossEntropy,
+    rt_loss.LossTaskMismatch,
+    accum_static.AccumulatedLossNotDividedStatic,
     # Numerics
     rt_numerics.NanLoss,
     rt_numerics.LossDiverging,
@@ -66,12 +73,17 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     loop_static.EmptyCacheInLoopStatic,
     rt_perf.EmptyCacheInLoop,
     rt_perf.CudnnBenchmarkDynamicShapes,
+    loop_static.CudnnDisabledStatic,
     rt_perf.CompileRules,
     # Distributed
     rt_dist.DdpBatchnormNotSynced,
     rt_dist.DdpDataRules,
     dist_static.SamplerSetEpochMissingStatic,
+    dist_static.SamplerNumReplicasStatic,
+    rt_dist_accum.SamplerNumReplicas,
     rt_dist.DdpFindUnusedParameters,
+    accum_static.DdpAccumWithoutNoSyncStatic,
+    rt_dist_accum.DdpAccumWithoutNoSync,
     dist_static.RankConditionalStepStatic,  # its runtime half is the --nproc comparison in doctor/ranks.py
     dist_static.DataParallelUsedStatic,
     rt_dist.DataParallelUsed,

@@ -165,6 +165,65 @@ def sampler_set_epoch_missing(ctx: StaticContext) -> Iterator[Finding]:
         )
 
 
+def _world_size_literals(ctx: StaticContext) -> set[int]:
+    """World sizes the file itself fixes: ``init_process_group(world_size=N)``, ``mp.spawn(nprocs=N)``."""
+    found: set[int] = set()
+    for call in ctx.calls():
+        name = (ctx.call_name(call) or "").rsplit(".", 1)[-1]
+        for kw in call.keywords:
+            if (
+                (
+                    (name == "init_process_group" and kw.arg == "world_size")
+                    or (name in {"spawn", "start_processes"} and kw.arg == "nprocs")
+                )
+                and isinstance(kw.value, ast.Constant)
+                and isinstance(kw.value.value, int)
+            ):
+                found.add(kw.value.value)
+    return found
+
+
+def _int_constant(ctx: StaticContext, node: ast.AST | None) -> ast.AST | None:
+    """``node`` itself, or the literal a name (``WORLD = 8``) is assigned once and only in the file."""
+    if not isinstance(node, ast.Name):
+        return node
+    values = [
+        n.value
+        for n in ast.walk(ctx.tree)
+        if isinstance(n, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        and any(
+            isinstance(t, ast.Name) and t.id == node.id
+            for t in getattr(n, "targets", [getattr(n, "target", None)])
+        )
+    ]
+    return values[0] if len(values) == 1 and isinstance(values[0], ast.Constant) else node
+
+
+def sampler_num_replicas(ctx: StaticContext) -> Iterator[Finding]:
+    """``DistributedSampler(..., num_replicas=<int literal>)`` that the file does not tie to its world size:
+    launched on another number of processes, the ranks read overlapping or missing shards."""
+    fixed = _world_size_literals(ctx)
+    for call in ctx.calls():
+        if ctx.call_name(call) not in _DIST_SAMPLERS:
+            continue
+        given = next((k.value for k in call.keywords if k.arg == "num_replicas"), None)
+        if given is None and len(call.args) >= 2:
+            given = call.args[1]
+        value = _int_constant(ctx, given)
+        if not isinstance(value, ast.Constant) or not isinstance(value.value, int) or value.value in fixed:
+            continue
+        n = value.value
+        fixed_note = f" (the file sets the world size to {sorted(fixed)})" if fixed else ""
+        yield ctx.finding(
+            "distributed-sampler-wrong-world",
+            call,
+            f"DistributedSampler(num_replicas={n}) is a constant{fixed_note}: on any other number of processes "
+            f"the ranks split the data {n} ways, so samples are read twice or never.",
+            fix="sampler = DistributedSampler(dataset)  # num_replicas and rank default to the process group's\n"
+            "# or explicitly: DistributedSampler(dataset, num_replicas=dist.get_world_size(), rank=dist.get_rank())",
+        )
+
+
 _FULLY_SHARD = ("fully_shard",)
 
 
@@ -240,6 +299,17 @@ class SamplerSetEpochMissingStatic(StaticRule):
         kinds=("static", "runtime"),
     )
     check = staticmethod(sampler_set_epoch_missing)
+
+
+class SamplerNumReplicasStatic(StaticRule):
+    info = RuleInfo(
+        slug="distributed-sampler-wrong-world",
+        severity=Severity.ERROR,
+        category="distributed",
+        summary="DistributedSampler(num_replicas=...) that disagrees with the world size",
+        kinds=("static", "runtime"),
+    )
+    check = staticmethod(sampler_num_replicas)
 
 
 class OptimizerBeforeFsdpStatic(StaticRule):

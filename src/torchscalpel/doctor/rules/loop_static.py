@@ -1,4 +1,4 @@
-"""Static loop rules: ``empty_cache`` inside a loop, scripts that train without setting a seed."""
+"""Static loop rules: ``empty_cache`` inside a loop, cuDNN switched off, scripts that train without setting a seed."""
 
 from __future__ import annotations
 
@@ -31,6 +31,39 @@ def empty_cache_in_loop(ctx: StaticContext) -> Iterator[Finding]:
                         fix="# remove it from the loop; if memory is fragmented, set\n"
                         "# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True instead",
                     )
+
+
+_CUDNN_FLAG = {"torch.backends.cudnn.enabled"}
+
+
+def cudnn_disabled(ctx: StaticContext) -> Iterator[Finding]:
+    """``torch.backends.cudnn.enabled = False`` at any level (left on for the whole run) unless the file
+    sets it back to True afterwards; ``with torch.backends.cudnn.flags(enabled=False):`` is scoped and fine."""
+    offs: list[ast.Assign] = []
+    ons: list[int] = []
+    for node in ast.walk(ctx.tree):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if ctx.qualname(target) not in _CUDNN_FLAG or not isinstance(node.value, ast.Constant):
+                continue
+            if node.value.value is False or node.value.value == 0:
+                offs.append(node)
+            elif node.value.value is True:
+                ons.append(node.lineno)
+    for node in offs:
+        if any(line > node.lineno for line in ons):
+            continue  # switched off for one section and back on: a deliberate toggle
+        yield ctx.finding(
+            "cudnn-disabled",
+            node,
+            "cuDNN is switched off for the whole run: every convolution, RNN and batch norm on the GPU falls back "
+            "to PyTorch's native kernels, several times slower (usually left over from debugging a cuDNN error "
+            "or from chasing determinism).",
+            fix="# delete the line; for reproducible results keep cuDNN on and ask for deterministic kernels:\n"
+            "torch.backends.cudnn.benchmark = False\ntorch.use_deterministic_algorithms(True)\n"
+            "# to avoid cuDNN in one place only:\nwith torch.backends.cudnn.flags(enabled=False):\n    out = rnn(x)",
+        )
 
 
 _SEED_SUFFIXES = ("manual_seed", "manual_seed_all", "seed_everything", "set_seed", "random.seed", "seed")
@@ -141,6 +174,17 @@ class EmptyCacheInLoopStatic(StaticRule):
         kinds=("static", "runtime"),
     )
     check = staticmethod(empty_cache_in_loop)
+
+
+class CudnnDisabledStatic(StaticRule):
+    info = RuleInfo(
+        slug="cudnn-disabled",
+        severity=Severity.WARNING,
+        category="performance",
+        summary="torch.backends.cudnn.enabled = False left on: native kernels instead of cuDNN",
+        kinds=("static",),
+    )
+    check = staticmethod(cudnn_disabled)
 
 
 class UnseededRunStatic(StaticRule):

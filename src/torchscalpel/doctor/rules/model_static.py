@@ -1,10 +1,11 @@
-"""Static model rules: modules in plain containers, unregistered tensor attributes, modules built in forward."""
+"""Static model rules: modules in plain containers, unregistered tensor attributes, modules built in forward,
+``super().__init__()`` missing or after the first submodule."""
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.static import StaticContext, StaticRule, methods, self_attr_target
@@ -202,6 +203,100 @@ def module_created_in_forward(ctx: StaticContext) -> Iterator[Finding]:
                     "step, are never trained, and never reach the optimizer.",
                     fix=f"# in __init__:\nself.layer = nn.{name}(...)\n# in forward:\nx = self.layer(x)",
                 )
+
+
+def _is_super_init(ctx: StaticContext, call: ast.Call, cls: ast.ClassDef) -> bool:
+    """``super().__init__(...)``, ``super(Net, self).__init__(...)``, ``nn.Module.__init__(self)`` or
+    ``Base.__init__(self, ...)`` for a base of ``cls``."""
+    if not isinstance(call.func, ast.Attribute) or call.func.attr != "__init__":
+        return False
+    owner = call.func.value
+    if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+        return True
+    bases = {ast.unparse(b) for b in cls.bases} | {ctx.qualname(b) or "" for b in cls.bases}
+    name = ast.unparse(owner)
+    return name in bases or (ctx.qualname(owner) or "") in bases | {"torch.nn.Module"}
+
+
+def _registers(ctx: StaticContext, value: ast.AST) -> str | None:
+    """What assigning ``value`` to ``self.x`` registers on a module: a submodule or a parameter, else None."""
+    if ctx.is_module_ctor(value):
+        return "submodule"
+    name = ctx.call_name(value) or ""
+    if name.rsplit(".", 1)[-1] == "Parameter":
+        return "parameter"
+    return None
+
+
+def super_init_missing(ctx: StaticContext) -> Iterator[Finding]:
+    """An nn.Module subclass whose ``__init__`` never calls the base ``__init__``, or assigns a submodule or
+    parameter to ``self`` before it: ``nn.Module.__setattr__`` has nowhere to register them yet."""
+    for cls in ctx.module_classes.values():
+        init = next((m for m in methods(cls) if m.name == "__init__"), None)
+        if init is None:
+            continue
+        calls = sorted(
+            (c for c in ctx.calls(init) if _is_super_init(ctx, c, cls)),
+            key=lambda c: (c.lineno, c.col_offset),
+        )
+        first = calls[0].lineno if calls else None
+        early: ast.Assign | None = None
+        what = ""
+        for node in ast.walk(init):
+            if isinstance(node, ast.Assign) and any(self_attr_target(t) for t in node.targets):
+                kind = _registers(ctx, node.value)
+                if (
+                    kind
+                    and (first is None or node.lineno < first)
+                    and (early is None or node.lineno < early.lineno)
+                ):
+                    early, what = node, kind
+        if calls and early is None:
+            continue
+        base = ast.unparse(cls.bases[0]) if cls.bases else "nn.Module"
+        fix = (
+            f"class {cls.name}({base}):\n    def __init__(self, ...):\n"
+            "        super().__init__()          # first: sets up the registries of parameters and submodules\n"
+            "        self.layer = nn.Linear(...)"
+        )
+        if not calls:
+            yield ctx.finding(
+                "super-init-missing",
+                early or init,
+                f"{cls.name}.__init__ never calls super().__init__(): nn.Module's registries of parameters, "
+                "buffers and submodules are never created, so assigning a layer raises 'cannot assign module "
+                "before Module.__init__() call' and the model cannot be built.",
+                fix=fix,
+            )
+        else:
+            yield ctx.finding(
+                "super-init-missing",
+                early,  # type: ignore[arg-type]
+                f"{cls.name}.__init__ assigns a {what} (self.{self_attr_target(early.targets[0]) if early else ''}) "
+                f"before super().__init__() on line {first}: nn.Module cannot register it yet and raises "
+                "'cannot assign module before Module.__init__() call'.",
+                evidence=[f"super().__init__() at {ctx.path}:{first}"],
+                fix=fix,
+            )
+
+
+class SuperInitMissingStatic(StaticRule):
+    info = RuleInfo(
+        slug="super-init-missing",
+        severity=Severity.ERROR,
+        category="model",
+        summary="nn.Module subclass without super().__init__(), or with it after the first submodule",
+        kinds=("static",),
+    )
+    check = staticmethod(super_init_missing)
+
+    @classmethod
+    def redundant(cls, findings: Sequence[Finding]) -> list[Finding]:
+        """The crash this mistake causes (``script-failed``: "cannot assign module before Module.__init__()
+        call") says the same thing with less: the static finding names the class and the fix."""
+        if not any(f.rule in cls.slugs for f in findings):
+            return []
+        return [f for f in findings if f.rule == "script-failed" and "before Module.__init__()" in f.message]
 
 
 class ModuleInPlainContainerStatic(StaticRule):

@@ -15,10 +15,13 @@ import re
 import shlex
 import sys
 import traceback
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+
+import torch
 
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
@@ -124,6 +127,8 @@ class Known:
     advice: str
     fix: str
     keep: tuple[str, ...] | None = None
+    evidence: tuple[str, ...] = ()
+    """Facts the rule found itself (not lines of the error), after the error's lines."""
 
 
 def _weights_only(crash: Crash) -> Known | None:
@@ -197,6 +202,21 @@ def _missing_module(crash: Crash) -> Known | None:
     )
 
 
+def _super_init(crash: Crash) -> Known | None:
+    """An nn.Module subclass assigning a layer before (or without) ``super().__init__()``."""
+    match = re.search(r"cannot assign (module|parameter) before Module.__init__\(\) call", crash.message)
+    if crash.type_name != "AttributeError" or match is None:
+        return None
+    return Known(
+        what=crash.message.splitlines()[0],
+        advice=(
+            f"The class assigns a {match.group(1)} to self before nn.Module.__init__ ran: call "
+            "super().__init__() first in __init__."
+        ),
+        fix="def __init__(self, ...):\n    super().__init__()      # first line\n    self.layer = nn.Linear(...)",
+    )
+
+
 def _launcher(crash: Crash, record: Any) -> Known | None:
     """A distributed script run without the launcher its set-up expects."""
     target = getattr(record, "target", {}) or {}
@@ -209,6 +229,103 @@ def _launcher(crash: Crash, record: Any) -> Known | None:
             "MASTER_ADDR): run it under one, as it is meant to run."
         ),
         fix=launcher_commands(target.get("script"), target.get("args") or (), target.get("module")),
+    )
+
+
+_INPLACE = re.compile(
+    r"modified by an inplace operation: \[([\w.]+) \[([\d, ]*)\]\]"
+    r"(?:, which is output (\d+) of (\w+),)? is at version (\d+); expected version (\d+)"
+)
+_INPLACE_CALL = re.compile(r"\.(?!_)\w+_\(|inplace\s*=\s*True")
+
+
+def _op_name(node: str) -> str:
+    """``ReluBackward0`` / ``Relu`` -> ``relu``; ``AddmmBackward0`` -> ``addmm``."""
+    return re.sub(r"Backward\d*$", "", node).lower()
+
+
+def stale_saved_tensor(roots: Sequence[Any], limit: int = 5000) -> str | None:
+    """``ReluBackward0 (its saved result)``: the first autograd node under ``roots`` whose saved tensor was
+    modified in place (reading it raises the same error as backward). Walked after the failure only."""
+    stack = [getattr(t, "grad_fn", None) for t in roots]
+    seen: set[int] = set()
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            try:
+                getattr(node, attr)
+            except RuntimeError as exc:
+                if "inplace operation" in str(exc):
+                    return f"{type(node).__name__} (its saved {attr.removeprefix('_saved_')})"
+            except Exception:
+                continue
+        stack.extend(n for n, _ in node.next_functions)
+    return None
+
+
+def inplace_lines(classes: Sequence[type]) -> list[str]:
+    """``file:line: text`` of the in-place writes in the ``forward`` of user classes (``x += y``,
+    ``x[i] = v``, ``x.add_(...)``, ``inplace=True``): where a saved tensor can be overwritten."""
+    import inspect
+
+    out: list[str] = []
+    for cls in classes:
+        fwd = getattr(cls, "forward", None)
+        try:
+            file = inspect.getsourcefile(fwd)  # type: ignore[arg-type]
+            lines, start = inspect.getsourcelines(fwd)  # type: ignore[arg-type]
+        except (OSError, TypeError):
+            continue
+        if not file or not is_user_file(file):
+            continue
+        for offset, line in enumerate(lines):
+            text = line.split("#", 1)[0]
+            if (
+                re.search(r"[^=!<>]([-+*/@]|//)=[^=]", text)
+                or re.search(r"\]\s*=[^=]", text)
+                or _INPLACE_CALL.search(text)
+            ):
+                out.append(f"{fmt_loc(Location(file=file, line=start + offset))}: {line.strip()}")
+    return list(dict.fromkeys(out))
+
+
+def _inplace(crash: Crash, stale: str | None, candidates: Sequence[str]) -> Known | None:
+    """Autograd's version-counter check: a tensor saved for backward was modified in place after it was saved."""
+    match = _INPLACE.search(crash.message)
+    if crash.type_name != "RuntimeError" or match is None:
+        return None
+    kind, shape, out_index, node, version, expected = match.groups()
+    dtype = kind.rsplit(".", 1)[-1].replace("Tensor", "").lower() or "tensor"
+    made_by = f", output {out_index} of {_op_name(node)}" if node else ""
+    what = (
+        f"a {dtype} tensor [{shape}]{made_by} that autograd saved for backward was modified in place "
+        f"(version {version}, saved at version {expected})"
+    )
+    keep: list[str] = []
+    if stale:
+        keep.append(f"backward needed it for {stale}")
+    if candidates:
+        keep.append("in-place writes in the model's forward: " + "; ".join(candidates[:5]))
+    where = f"the output of {_op_name(node)}" if node else "that tensor"
+    return Known(
+        what=what,
+        advice=(
+            f"An in-place operation (x += y, x[i] = v, x.relu_(), ReLU(inplace=True)) overwrote {where} "
+            "between the forward that saved it and this backward; make that operation out-of-place."
+        ),
+        fix=(
+            "h = h + 1.0              # not: h += 1.0  (or h.add_(1.0))\n"
+            "h = torch.relu(h)        # not: torch.relu_(h) / nn.ReLU(inplace=True) on a tensor used again\n"
+            "h = h.clone(); h[mask] = 0   # copy before writing into a tensor autograd saved\n"
+            "# to see the forward line of the op that needed it:\n"
+            "torch.autograd.set_detect_anomaly(True)"
+        ),
+        evidence=tuple(keep),
     )
 
 
@@ -226,15 +343,36 @@ class ScriptFailed(RuntimeRule):
     def __init__(self) -> None:
         super().__init__()
         self.crash: Crash | None = None
+        self._roots: list[weakref.ref[Any]] = []
+        self.stale: str | None = None
+        self.candidates: list[str] = []
+
+    def on_backward_pre(self, tensors: Any) -> None:
+        # weak: the graph of the last backward, read only if that backward fails on an in-place write
+        self._roots = [weakref.ref(t) for t in tensors if isinstance(t, torch.Tensor)]
 
     def on_script_error(self, exc: BaseException) -> None:
         self.crash = crash_of(exc)
+        if _INPLACE.search(self.crash.message):
+            roots = [t for t in (r() for r in self._roots) if t is not None]
+            self.stale = stale_saved_tensor(roots)
+            models = getattr(self.session, "root_modules", None) or []
+            self.candidates = inplace_lines(
+                list(dict.fromkeys(type(m) for root in list(models) for m in root.modules()))
+            )
+        self._roots = []
 
     def findings(self, record: Any) -> Iterator[Finding]:
         if getattr(record, "status", None) != "failed":
             return
         crash = self.crash or _crash_from_record(record.error)
-        known = _weights_only(crash) or _missing_module(crash) or _launcher(crash, record)
+        known = (
+            _weights_only(crash)
+            or _missing_module(crash)
+            or _launcher(crash, record)
+            or _inplace(crash, self.stale, self.candidates)
+            or _super_init(crash)
+        )
         steps = len(record.steps)
         when = "before its first step" if not steps else f"after {steps} step(s)"
         lines = [line.strip() for line in crash.message.splitlines() if line.strip()]
@@ -255,6 +393,8 @@ class ScriptFailed(RuntimeRule):
         if known is not None and known.keep is not None:
             rest = [line for line in lines if any(k in line for k in known.keep)]
         evidence += rest[:_EVIDENCE_LINES]
+        if known is not None:
+            evidence += known.evidence
         if steps:
             evidence.append("findings that need the steps after the failure could not be checked")
         if known is not None:
