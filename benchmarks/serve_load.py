@@ -172,9 +172,16 @@ def abuser(port: int, seconds: float) -> None:
 
 
 def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
-    """Valid c=10 throughput of the batched server alone and under three 10 MB-body clients, same run."""
+    """Valid c=10 throughput of the batched server alone and under three 10 MB-body clients, same run.
+
+    The peer is the same server with ``--max-body 10MiB`` (the default before the cap came from the
+    manifest), alone and abused, interleaved with the others.
+    """
     serve = [sys.executable, "-m", "torchscalpel", "serve", str(bundle), "--threads", "1", "--port", "0"]
-    proc, port = start([*serve, "--max-batch", "32", "--max-wait-ms", "5"])
+    servers = {
+        "derived": start([*serve, "--max-batch", "32", "--max-wait-ms", "5"]),
+        "10MiB": start([*serve, "--max-batch", "32", "--max-wait-ms", "5", "--max-body", "10MiB"]),
+    }
     x = np.random.default_rng(0).standard_normal((1, DIM)).astype(np.float32)
     body = json.dumps({"inputs": x.tolist()}).encode()
     request = (
@@ -185,12 +192,15 @@ def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
     abusers_seen: list[dict] = []
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     try:
-        asyncio.run(measure(port, request, 4, 1.0))
+        for _, port in servers.values():
+            asyncio.run(measure(port, request, 4, 1.0))
         for rnd in range(args.rounds):
-            order = ["unloaded", "abused"] if rnd % 2 == 0 else ["abused", "unloaded"]
-            for name in order:
+            cells_order = [(cap, load) for cap in servers for load in ("unloaded", "abused")]
+            for cap, load in cells_order if rnd % 2 == 0 else reversed(cells_order):
+                name = f"{load}@{cap}"
+                port = servers[cap][1]
                 abusers = None
-                if name == "abused":
+                if load == "abused":
                     abusers = subprocess.Popen(
                         [sys.executable, __file__, "--abuser", str(port), str(args.seconds + 1.5)],
                         env=env,
@@ -201,15 +211,21 @@ def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
                 lat, err, wall = asyncio.run(measure(port, request, 10, args.seconds))
                 if abusers is not None:
                     out, _ = abusers.communicate(timeout=60)
-                    abusers_seen.append(json.loads(out.strip().splitlines()[-1]))
+                    abusers_seen.append({name: json.loads(out.strip().splitlines()[-1])})
                 acc = cells.setdefault(name, ([], [], 0.0))
                 cells[name] = (acc[0] + lat, acc[1] + err, acc[2] + wall)
-                print(f"round {rnd} {name:<9} {len(lat) / wall:8.1f} req/s", file=sys.stderr, flush=True)
+                print(f"round {rnd} {name:<16} {len(lat) / wall:8.1f} req/s", file=sys.stderr, flush=True)
     finally:
-        proc.terminate()
-        proc.wait(15)
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(15)
     results = {name: summarize(*cell) for name, cell in cells.items()}
-    ratio = round(results["unloaded"]["throughput_rps"] / results["abused"]["throughput_rps"], 2)
+    ratio = {
+        cap: round(
+            results[f"unloaded@{cap}"]["throughput_rps"] / results[f"abused@{cap}"]["throughput_rps"], 2
+        )
+        for cap in servers
+    }
     cpu = next(
         (
             line.split(":", 1)[1].strip()
