@@ -663,3 +663,20 @@ def test_the_compiled_reader_is_checked_before_it_is_loaded(
     monkeypatch.setenv("TORCHSCALPEL_CACHE_DIR", str(other))
     r = fresh()
     assert r["reader"] == "python" and "is not a plain folder" in r["reader_note"], r["reader_note"]
+
+
+def test_ctrl_c_that_lands_in_the_frame_callback_is_not_dropped(tmp_path: Path, reader) -> None:
+    """ctypes prints and drops an exception raised in a callback: a Ctrl-C there was lost and the read went on."""
+    path = _write(tmp_path, snapshot_data(n_segments=50))
+    reader(path, True)  # compiles the library (or skips without a compiler)
+    lib, why = native.load_library()
+    assert lib is not None, why
+    asked = []
+
+    def interrupted_at_first_frame(file: str, function: str) -> int:
+        asked.append(file)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        native.summarize(lib, path, interrupted_at_first_frame, work_slice=64)
+    assert len(asked) == 1  # no frame is asked after the interrupt

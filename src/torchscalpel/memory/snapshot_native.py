@@ -307,7 +307,11 @@ def summarize(
     Raises :class:`ScanError` when the reader stops; ``E_NOSEG``: a plain pickle that is not a snapshot.
     """
 
+    interrupted: list[BaseException] = []
+
     def ask(file: Any, file_len: int, name: Any, name_len: int) -> int:
+        if interrupted:
+            return 0
         try:
             return int(
                 frame_code(
@@ -318,6 +322,9 @@ def summarize(
         except (
             Exception
         ):  # an exception cannot cross into C; a frame we cannot judge is a library's, no phase
+            return 0
+        except BaseException as exc:  # Ctrl-C that lands in this callback: ctypes would print and drop it,
+            interrupted.append(exc)  # so it is raised once the C call returns (within one work slice)
             return 0
 
     callback = FRAME_CODE(ask)  # held here: C calls it until ts_close
@@ -333,6 +340,8 @@ def summarize(
                 upto = int(lib.ts_position(ctx)) + SLICE_BYTES
                 state = run(ctx, upto) if lib.ts_error(ctx) == E_OK else -1
                 calls += 1
+                if interrupted:
+                    raise interrupted[0]
                 if state < 0:
                     raise _error(lib, ctx)
                 if progress is not None:
