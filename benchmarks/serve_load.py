@@ -20,6 +20,11 @@ looping ``GET /healthz`` (no model call), so a per-response stall such as Nagle 
 (~40 ms on Linux when TCP_NODELAY is missing) shows as the whole latency:
 
     OMP_NUM_THREADS=1 python benchmarks/serve_load.py --keepalive --seconds 3
+
+``--abuse`` measures valid throughput of the batched server at c=10, alone and while three other
+clients loop 10 MB JSON bodies at it (each in a process of its own), interleaved round by round:
+
+    OMP_NUM_THREADS=1 python benchmarks/serve_load.py --abuse --seconds 5 --rounds 2
 """
 
 from __future__ import annotations
@@ -128,6 +133,122 @@ def summarize(lat: list[float], errors: list[int], wall: float) -> dict:
     }
 
 
+ABUSE_BYTES = 10_000_000
+
+
+def abuser(port: int, seconds: float) -> None:
+    """Loop 10 MB JSON bodies at ``port`` for ``seconds``; print how many were sent and the statuses seen."""
+    import socket
+    import threading
+    from collections import Counter
+
+    body = b'{"inputs": [' + b"[0.5]," * ((ABUSE_BYTES - 15) // 6) + b"[0.5]]}"
+    head = (
+        f"POST /v1/predict HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    seen: Counter[str] = Counter()
+    stop_at = time.perf_counter() + seconds
+
+    def loop() -> None:
+        while time.perf_counter() < stop_at:
+            try:
+                with socket.create_connection((HOST, port), timeout=10) as c:
+                    c.sendall(head)
+                    try:
+                        c.sendall(body)  # the server may answer 413 and close before all of it is sent
+                    except OSError:
+                        pass
+                    seen[c.recv(12)[9:12].decode() or "closed"] += 1
+            except OSError as exc:
+                seen[type(exc).__name__] += 1
+
+    threads = [threading.Thread(target=loop) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps(dict(seen)), flush=True)
+
+
+def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
+    """Valid c=10 throughput of the batched server alone and under three 10 MB-body clients, same run.
+
+    The peer is the same server with ``--max-body 10MiB`` (the default before the cap came from the
+    manifest), alone and abused, interleaved with the others.
+    """
+    serve = [sys.executable, "-m", "torchscalpel", "serve", str(bundle), "--threads", "1", "--port", "0"]
+    servers = {
+        "derived": start([*serve, "--max-batch", "32", "--max-wait-ms", "5"]),
+        "10MiB": start([*serve, "--max-batch", "32", "--max-wait-ms", "5", "--max-body", "10MiB"]),
+    }
+    x = np.random.default_rng(0).standard_normal((1, DIM)).astype(np.float32)
+    body = json.dumps({"inputs": x.tolist()}).encode()
+    request = (
+        f"POST /v1/predict HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    cells: dict[str, tuple[list[float], list[int], float]] = {}
+    abusers_seen: list[dict] = []
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    try:
+        for _, port in servers.values():
+            asyncio.run(measure(port, request, 4, 1.0))
+        for rnd in range(args.rounds):
+            cells_order = [(cap, load) for cap in servers for load in ("unloaded", "abused")]
+            for cap, load in cells_order if rnd % 2 == 0 else reversed(cells_order):
+                name = f"{load}@{cap}"
+                port = servers[cap][1]
+                abusers = None
+                if load == "abused":
+                    abusers = subprocess.Popen(
+                        [sys.executable, __file__, "--abuser", str(port), str(args.seconds + 1.5)],
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        text=True,
+                    )
+                    time.sleep(1.0)  # the abusers are looping before the valid clients start
+                lat, err, wall = asyncio.run(measure(port, request, 10, args.seconds))
+                if abusers is not None:
+                    out, _ = abusers.communicate(timeout=60)
+                    abusers_seen.append({name: json.loads(out.strip().splitlines()[-1])})
+                acc = cells.setdefault(name, ([], [], 0.0))
+                cells[name] = (acc[0] + lat, acc[1] + err, acc[2] + wall)
+                print(f"round {rnd} {name:<16} {len(lat) / wall:8.1f} req/s", file=sys.stderr, flush=True)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(15)
+    results = {name: summarize(*cell) for name, cell in cells.items()}
+    ratio = {
+        cap: round(
+            results[f"unloaded@{cap}"]["throughput_rps"] / results[f"abused@{cap}"]["throughput_rps"], 2
+        )
+        for cap in servers
+    }
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "unknown",
+    )
+    report = {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "seconds_per_cell": args.seconds,
+        "rounds": args.rounds,
+        "results": results,
+        "unloaded_over_abused": ratio,
+        "abusers_saw": abusers_seen,
+    }
+    print(json.dumps(report, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
 def keepalive_main(args: argparse.Namespace) -> int:
     """Keep-alive latency of `scalpel serve` on a tiny bundle (GET /healthz; no model call)."""
     sys.path.insert(0, str(REPO / "tests"))
@@ -187,10 +308,19 @@ def main() -> int:
     p.add_argument(
         "--keepalive", action="store_true", help="only keep-alive GET /healthz latency at each concurrency"
     )
+    p.add_argument(
+        "--abuse",
+        action="store_true",
+        help="only valid c=10 throughput, alone and under three 10 MB-body clients",
+    )
     p.add_argument("--plain-server", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--abuser", nargs=2, type=float, metavar=("PORT", "SECONDS"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.plain_server:
         plain_server(args.plain_server)
+        return 0
+    if args.abuser:
+        abuser(int(args.abuser[0]), args.abuser[1])
         return 0
     if args.keepalive:
         return keepalive_main(args)
@@ -220,6 +350,8 @@ def main() -> int:
             env=env,
             stdout=subprocess.DEVNULL,
         )
+    if args.abuse:
+        return abuse_main(args, bundle)
     serve = [sys.executable, "-m", "torchscalpel", "serve", str(bundle), "--threads", "1", "--port", "0"]
     procs = {
         "batched": start([*serve, "--max-batch", "32", "--max-wait-ms", "5"]),

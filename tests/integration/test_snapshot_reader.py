@@ -565,3 +565,118 @@ def test_a_traceback_shared_by_blocks_and_events_keeps_its_site_and_phase_once_c
     _same(ours, reader(path, False))
     assert ours["phases"]["optimizer_state"] == 600
     assert ours["ooms"][0]["site"] == "/home/u/train.py:40"
+
+
+def _memo_bomb(tmp_path: Path) -> Path:
+    """0.4 MB naming one segment of 10^5 blocks 10^5 times (pickle's memo: two bytes a reference)."""
+    block = {"state": "active_allocated", "size": 1, "requested_size": 1, "frames": []}
+    segment = {"total_size": 1, "blocks": [block] * 100_000}
+    return _write(tmp_path, {"segments": [segment] * 100_000, "device_traces": []}, name="bomb.pickle")
+
+
+@pytest.mark.parametrize("use_native", [True, False])
+def test_a_memo_bomb_is_refused_within_the_files_work_budget(
+    tmp_path: Path, reader, use_native: bool
+) -> None:
+    """Issue 30 item 2: both readers walked 10^10 blocks (minutes, and the C one deaf to Ctrl-C)."""
+    path = _memo_bomb(tmp_path)
+    size = path.stat().st_size
+    assert size < 420_000
+    budget = native.work_budget(size)
+    with pytest.raises(UsageError, match="it names its own parts over and over") as err:
+        reader(path, use_native)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+    assert f"{budget:,} blocks" in str(err.value)
+    # the walk stopped at the budget: one segment of 10^5 blocks past it at most
+    summary = S.SnapshotSummary(budget)
+    with pytest.raises(S.TooMuchWork):
+        for seg in S.load_snapshot(path)["segments"]:
+            summary.segment(seg)
+    assert budget < summary.work <= budget + 1 + 100_000
+
+
+def test_the_native_reader_returns_to_python_between_slices_of_its_walk(tmp_path: Path, reader) -> None:
+    """Ctrl-C reaches Python only between C calls: a small work slice makes many calls, each a chance."""
+    path = _write(tmp_path, snapshot_data(n_segments=400))
+    reader(path, True)  # compiles the library (or skips without a compiler)
+    lib, why = native.load_library()
+    assert lib is not None, why
+    _, whole = native.summarize(lib, path, S.frame_code)
+    _, sliced = native.summarize(lib, path, S.frame_code, work_slice=64)
+    assert whole["calls"] == 2  # one call per pass for a file under SLICE_BYTES
+    assert sliced["calls"] >= 2 + whole["work"] // (64 + 100), (sliced, whole)
+    assert sliced["work"] == whole["work"]
+    # what a file torch's pickler wrote walks: far below the budget
+    assert whole["work"] * 4 < native.work_budget(path.stat().st_size) - native.WORK_BASE
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler on this machine: the native reader cannot be built")
+def test_the_compiled_reader_is_checked_before_it_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30 item 8: a library from the cache folder was loaded (its code run) unchecked."""
+    import hashlib
+    import os
+    import stat
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TORCHSCALPEL_CACHE_DIR", str(cache))
+    monkeypatch.setenv("TORCHSCALPEL_NATIVE", "1")
+    snap = _write(tmp_path, snapshot_data(n_segments=20))
+
+    def fresh() -> dict[str, Any]:
+        monkeypatch.setattr(native, "_loaded", None)
+        return S.read_snapshot(snap)
+
+    assert fresh()["reader"] == "native"
+    folder = cache / "native"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    (lib,) = folder.glob("snapshot_scan-*.so")
+    recorded = lib.with_name(lib.name + ".sha256")
+    assert recorded.read_text().strip() == hashlib.sha256(lib.read_bytes()).hexdigest()
+    assert not lib.stat().st_mode & 0o022
+
+    # a library that is not what was built is built again (and then loads), never loaded as it is
+    swapped = (
+        tmp_path / "swapped.so"
+    )  # a new file put in its place (the loaded one stays mapped in this process)
+    swapped.write_bytes(b"\x7fELF not the library that was built")
+    os.replace(swapped, lib)
+    r = fresh()
+    assert r["reader"] == "native", r["reader_note"]
+    assert recorded.read_text().strip() == hashlib.sha256(lib.read_bytes()).hexdigest()
+
+    # a folder others may write is closed again
+    os.chmod(folder, 0o777)
+    assert fresh()["reader"] == "native"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+    # a folder that belongs to someone else, or a link, is not used: the Python reader runs and says why
+    real_uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)
+    r = fresh()
+    assert r["reader"] == "python" and "belongs to another user" in r["reader_note"], r["reader_note"]
+    monkeypatch.setattr(os, "getuid", lambda: real_uid)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "native").symlink_to(folder)
+    monkeypatch.setenv("TORCHSCALPEL_CACHE_DIR", str(other))
+    r = fresh()
+    assert r["reader"] == "python" and "is not a plain folder" in r["reader_note"], r["reader_note"]
+
+
+def test_ctrl_c_that_lands_in_the_frame_callback_is_not_dropped(tmp_path: Path, reader) -> None:
+    """ctypes prints and drops an exception raised in a callback: a Ctrl-C there was lost and the read went on."""
+    path = _write(tmp_path, snapshot_data(n_segments=50))
+    reader(path, True)  # compiles the library (or skips without a compiler)
+    lib, why = native.load_library()
+    assert lib is not None, why
+    asked = []
+
+    def interrupted_at_first_frame(file: str, function: str) -> int:
+        asked.append(file)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        native.summarize(lib, path, interrupted_at_first_frame, work_slice=64)
+    assert len(asked) == 1  # no frame is asked after the interrupt

@@ -7,10 +7,12 @@ from torchscalpel.serve.app import ServeConfig
 from torchscalpel.units import parse_size
 
 
-def test_max_body_default_is_ten_mebibytes_like_serve_config():
+def test_max_body_default_is_derived_from_the_bundle_like_serve_config():
     args = build_parser().parse_args(["serve", "bundle"])
-    assert args.max_body == "10MiB"
-    assert parse_size(args.max_body, flag="--max-body") == ServeConfig().max_body == 10 * 2**20
+    assert (
+        args.max_body is None and ServeConfig().max_body is None
+    )  # create_app derives it (test_serve_limits)
+    assert parse_size("10MiB", flag="--max-body") == 10 * 2**20
 
 
 def test_ambiguous_max_body_exits_2_before_loading_anything(tmp_path, capsys):

@@ -146,7 +146,9 @@ def test_analysis_of_truncated_file_keeps_what_was_read(tmp_path: Path, trace_se
 def test_not_a_trace(tmp_path: Path) -> None:
     path = tmp_path / "x.json"
     path.write_text('{"hello": 1}')
-    with pytest.raises(TraceReadError, match="traceEvents"):
+    from torchscalpel.trace.reader import NotATraceError  # a usage error (exit 2), issue 30 item 5
+
+    with pytest.raises(NotATraceError, match="traceEvents"):
         for _ in TraceReader(path).batches():
             pass
     empty = tmp_path / "e.json"

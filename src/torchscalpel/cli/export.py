@@ -101,6 +101,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(manifest.sig, checked by 'scalpel serve --sign-key'); detects tampering, not only corruption",
     )
     p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="load weights holding NaN, infinity or magnitudes over 1e10 (refused by default: a corrupt checkpoint)",
+    )
+    p.add_argument(
         "--json",
         dest="json_path",
         type=Path,
@@ -114,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
     """Validate the flags, run the export, print parity and latency; exit 1 when parity fails."""
     if args.weights is not None and not args.weights.exists():  # before importing torch: fail in a blink
         raise UsageError(f"--weights {args.weights} does not exist; check the path.")
+    if args.sign_key is not None:  # before any work: a bad key used to surface after the whole export
+        _check_sign_key(args)
     _validate(args)
     from torchscalpel.ship.export import ExportOptions, export_bundle
     from torchscalpel.ship.parity import format_table
@@ -140,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
         preprocess=preprocess,
         trust=args.trust,
         sign_key=args.sign_key,
+        allow_nonfinite=args.allow_nonfinite,
     )
     result = export_bundle(opts)
     print(format_table(result.checks))
@@ -158,6 +166,21 @@ def run(args: argparse.Namespace) -> int:
         return 1
     print(f"bundle: {result.path} (parity passed)")
     return 0
+
+
+def _check_sign_key(args: argparse.Namespace) -> None:
+    """--sign-key needs a torchscalpel checkpoint as --weights, and a readable key of 16+ bytes (exit 2 otherwise)."""
+    if args.weights is None or not args.weights.is_dir():
+        raise UsageError(
+            "--sign-key checks a torchscalpel checkpoint's signed manifest and signs the bundle; point --weights "
+            "at the checkpoint folder, or drop --sign-key."
+        )
+    from torchscalpel.distributed.manifest import CheckpointError, read_key
+
+    try:
+        read_key(args.sign_key)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _validate(args: argparse.Namespace) -> None:

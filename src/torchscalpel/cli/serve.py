@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from torchscalpel.errors import UsageError
-from torchscalpel.units import duration_type
+from torchscalpel.units import duration_type, fmt_bytes
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,9 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-body",
-        default="10MiB",
+        default=None,
         metavar="SIZE",
-        help="largest request body (default 10MiB); larger answers 413. KB/MB/GB are 10^3/10^6/10^9 bytes, "
+        help="largest request body (default: the most a valid request for the bundle can need, from its "
+        "manifest; 10MiB when a dimension besides the batch is dynamic); larger answers 413. "
+        "KB/MB/GB are 10^3/10^6/10^9 bytes, "
         "KiB/MiB/GiB 2^10/2^20/2^30, a bare number is bytes",
     )
     p.add_argument(
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
             max_wait_ms=args.max_wait_ms,
             max_queue=args.max_queue,
             timeout_s=args.timeout,
-            max_body=parse_size(args.max_body, flag="--max-body"),
+            max_body=parse_size(args.max_body, flag="--max-body") if args.max_body is not None else None,
             body_timeout_s=args.body_timeout,
             token=token,
             header_timeout_s=args.header_timeout,
@@ -163,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     host = f"[{args.host}]" if sock.family == socket.AF_INET6 else args.host
     banner = (
-        f"serving {bundle.path} ({runner.name}, max batch {min(config.max_batch, bundle.max_batch)}) "
+        f"serving {bundle.path} ({runner.name}, max batch {min(config.max_batch, bundle.max_batch)}, "
+        f"max body {fmt_bytes(app.state.max_body)}) "
         f"on http://{host}:{port}{' (token required)' if token else ''}"
     )
 

@@ -7,10 +7,16 @@ which admits only what DCP writes there (found by listing the globals of the met
 saves for model, optimizer and plain states: the ``torch.distributed.checkpoint.metadata``
 dataclasses, ``_StorageInfo``, ``torch.Size``, dtypes, layouts, ``PosixPath``, plain containers,
 numbers and strings); the planners here read byte items with ``weights_only=True``.
+
+Admitting a global is not enough: pickle's BUILD opcode sets attributes on whatever is on the stack, so a
+``.metadata`` could set attributes on an admitted *class or function* (``PosixPath``, ``Metadata``,
+``torch.serialization._get_layout``'s cache) and change them for the whole process. BUILD is therefore
+allowed only on instances of the admitted data classes, with only their declared fields.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 from pathlib import Path
@@ -18,6 +24,8 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import filesystem as _dcp_fs
+from torch.distributed.checkpoint import metadata as _dcp_meta
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
@@ -45,18 +53,71 @@ _ALLOWED: dict[str, frozenset[str]] = {
 }
 
 
-class MetadataUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only the globals DCP's metadata is made of."""
+# The data classes DCP's metadata is made of, with the fields BUILD may set on their instances.
+_BUILDABLE: dict[type, frozenset[str]] = {
+    cls: frozenset(f.name for f in dataclasses.fields(cls))
+    for cls in (
+        _dcp_meta.Metadata,
+        _dcp_meta.MetadataIndex,
+        _dcp_meta.StorageMeta,
+        _dcp_meta.TensorProperties,
+        _dcp_meta.TensorStorageMetadata,
+        _dcp_meta.BytesStorageMetadata,
+        _dcp_meta.ChunkStorageMetadata,
+        _dcp_fs._StorageInfo,
+        _dcp_fs._StoragePrefix,
+    )
+}
+# TensorProperties pickles its five fields as a tuple, unpacked by its own ``__setstate__``.
+_TUPLE_STATE: dict[type, int] = {_dcp_meta.TensorProperties: 5}
+
+
+class _Refused(pickle.UnpicklingError):
+    """What the metadata asked for and DCP never writes (the message completes "it ...")."""
+
+
+class MetadataUnpickler(pickle._Unpickler):  # type: ignore[name-defined,misc]
+    """An unpickler that resolves only the globals DCP's metadata is made of, and builds only its data classes.
+
+    The pure-Python unpickler, because the C one's BUILD cannot be checked: the ``.metadata`` of 3000
+    tensors (0.56 MB) reads in 0.9 s against the C unpickler's 0.1 s on a loaded 2-core machine.
+    """
+
+    dispatch = dict(pickle._Unpickler.dispatch)  # type: ignore[attr-defined]
 
     def find_class(self, module: str, name: str) -> Any:
         if name in _ALLOWED.get(module, ()):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise pickle.UnpicklingError(f"{module}.{name}")
+        raise _Refused(f"references {module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("a persistent id")
+        raise _Refused("references a persistent id")
+
+    def _checked_build(self) -> None:
+        target, state = self.stack[-2], self.stack[-1]  # type: ignore[attr-defined]
+        cls = type(target)
+        fields = _BUILDABLE.get(cls)
+        if fields is None:  # a class, a function, a set...: BUILD on it would change it for the process
+            what = getattr(target, "__qualname__", None) or cls.__qualname__
+            raise _Refused(f"sets attributes on {what}")
+        if cls in _TUPLE_STATE:
+            if not (isinstance(state, tuple) and len(state) == _TUPLE_STATE[cls]):
+                raise _Refused(f"gives {cls.__qualname__} a state that is not its {_TUPLE_STATE[cls]} fields")
+        else:
+            parts = state if isinstance(state, tuple) and len(state) == 2 else (state, None)
+            for part in parts:
+                if part is None:
+                    continue
+                if not isinstance(part, dict):
+                    raise _Refused(f"gives {cls.__qualname__} a {type(part).__name__} as its state")
+                extra = [k for k in part if k not in fields]
+                if extra:
+                    raise _Refused(f"sets {extra[0]!r} on {cls.__qualname__}, which is not one of its fields")
+        super().load_build()  # type: ignore[misc]
+
+    dispatch[pickle.BUILD[0]] = _checked_build  # type: ignore[assignment]
 
 
 def read_metadata(path: Path) -> Metadata:
@@ -64,10 +125,10 @@ def read_metadata(path: Path) -> Metadata:
     try:
         with open(path, "rb") as fh:
             metadata = MetadataUnpickler(fh).load()
-    except pickle.UnpicklingError as exc:
+    except _Refused as exc:
         raise CheckpointError(
-            f"Refusing to read {path}: it references {exc}, which DCP checkpoint metadata never holds "
-            "(a pickled object that could run code)."
+            f"Refusing to read {path}: it {exc}, which DCP checkpoint metadata never does "
+            "(a pickled object that could run code or change other objects)."
         ) from None
     except OSError as exc:
         raise CheckpointError(f"Cannot read {path} ({exc.strerror or exc}).") from None

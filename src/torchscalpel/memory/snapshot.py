@@ -18,6 +18,11 @@ inside reserved segments (fragmentation) and the largest free block, the allocat
 site (the innermost ``.py`` frame :mod:`torchscalpel.runtime.userframes` calls the user's), the largest
 blocks; from ``device_traces``, the live bytes over the recorded trace (its peak) and the out-of-memory
 events (the request that failed) when the snapshot recorded history.
+
+A pickle's memo lets a file name one object many times for two bytes each: a 0.4 MB file can list one
+segment of 10^5 blocks 10^5 times. Both readers therefore count what they walk (segments, blocks, trace
+events, frames) and refuse a file once that exceeds :func:`snapshot_native.work_budget` of its size, which a
+file torch wrote never nears (each block, event and frame reference costs it bytes of its own).
 """
 
 from __future__ import annotations
@@ -190,10 +195,20 @@ def _int(v: Any) -> int:
     return v if type(v) is int else int(v or 0) if isinstance(v, int | float) else 0
 
 
-class SnapshotSummary:
-    """The explanation, built one segment and one trace event at a time (both readers feed it)."""
+class TooMuchWork(Exception):
+    """The file asked the summary to walk more than its budget (a memo bomb); ``args[0]`` is the budget."""
 
-    def __init__(self) -> None:
+
+class SnapshotSummary:
+    """The explanation, built one segment and one trace event at a time (both readers feed it).
+
+    ``budget``: how many segments, blocks, trace events and frames it may walk before it raises
+    :class:`TooMuchWork` (None: no limit, for data built in memory).
+    """
+
+    def __init__(self, budget: int | None = None) -> None:
+        self.budget = budget
+        self.work = 0
         self.segments = self.blocks = self.reserved = self.allocated = self.requested = 0
         self.free = self.largest_free = 0
         self.phases = [0] * len(PHASES)
@@ -216,6 +231,7 @@ class SnapshotSummary:
         blocks = seg.get("blocks")
         if not isinstance(blocks, list):
             return
+        self._spend(1 + len(blocks))
         # the hot loop (millions of blocks in a large snapshot): locals, and the int check inlined
         by_site, largest, facts_of, phases = self.by_site, self.largest, self._facts, self.phases
         n = allocated = requested = free = 0
@@ -249,9 +265,15 @@ class SnapshotSummary:
         self.free += free
         self.largest_free = largest_free
 
+    def _spend(self, units: int) -> None:
+        self.work += units
+        if self.budget is not None and self.work > self.budget:
+            raise TooMuchWork(self.budget)
+
     def _facts(self, frames: Any) -> tuple[str, int]:
         if type(frames) is not list:
             return traceback_facts(frames)
+        self._spend(len(frames))  # the key below walks them all, cached or not
         key = tuple(map(id, frames))
         hit = self.tb_facts.get(key)
         if hit is not None:
@@ -266,6 +288,7 @@ class SnapshotSummary:
         """One element of ``device_traces[device]``: live bytes over the trace, and the OOM events."""
         if not isinstance(e, dict):
             return
+        self._spend(1)
         self.trace_events += 1
         action = e.get("action")
         if action == "alloc":
@@ -336,9 +359,12 @@ def explanation(f: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def explain(data: dict[str, Any]) -> dict[str, Any]:
-    """Totals, fragmentation, sites, trace peak and out-of-memory events of a loaded snapshot (plain JSON)."""
-    summary = SnapshotSummary()
+def explain(data: dict[str, Any], budget: int | None = None) -> dict[str, Any]:
+    """Totals, fragmentation, sites, trace peak and out-of-memory events of a loaded snapshot (plain JSON).
+
+    ``budget``: see :class:`SnapshotSummary` (:class:`TooMuchWork` beyond it).
+    """
+    summary = SnapshotSummary(budget)
     for seg in data["segments"]:
         summary.segment(seg)
     traces = data.get("device_traces")
@@ -347,6 +373,13 @@ def explain(data: dict[str, Any]) -> dict[str, Any]:
             for e in trace:
                 summary.trace_event(device, e)
     return summary.result()
+
+
+def _too_much_work(path: Path, budget: int) -> UsageError:
+    return UsageError(
+        f"{path} is not a snapshot torch wrote: it names its own parts over and over, asking for more than "
+        f"{budget:,} blocks, frames and trace events from {path.stat().st_size:,} bytes, which this reader refuses."
+    )
 
 
 def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
@@ -363,6 +396,8 @@ def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
         return UsageError(f"Cannot read {path}: {err.message}.")
     if err.code == native.E_NOMEM:
         return ScalpelError(f"Reading {path} ran out of memory in the native reader.")
+    if err.code == native.E_WORK:
+        return _too_much_work(path, native.work_budget(path.stat().st_size))
     return _not_snapshot(path, f"{err.message}, at byte {err.offset}")
 
 
@@ -397,7 +432,11 @@ def read_snapshot(path: Path, progress: native.Progress | None = None) -> dict[s
     gc_was = gc.isenabled()
     gc.disable()  # the whole-file reader makes millions of acyclic containers; collections would only cost time
     try:
-        result = explain(load_snapshot(path))
+        data = load_snapshot(path)
+        budget = native.work_budget(path.stat().st_size)
+        result = explain(data, budget)
+    except TooMuchWork:
+        raise _too_much_work(path, budget) from None
     finally:
         if gc_was:
             gc.enable()

@@ -10,11 +10,19 @@ C source ships as package data; the first snapshot read compiles it with the sys
 changed source compiles again and an unchanged one never does. With no compiler, a failed compile, or
 ``TORCHSCALPEL_NATIVE=0``, :func:`load_library` says why and the caller uses the pure-Python reader.
 
+Loading a shared library runs its code, so the cache is checked before anything is loaded from it
+(:func:`_safe_folder`, :func:`_trusted`): the library lives in a ``native`` folder of the cache that only
+this user can write (made with mode 0700; one owned by someone else, a link, or writable by others is not
+used), the library itself is owned by this user and writable by no one else, and its SHA-256, recorded in
+``<library>.sha256`` when it was built, matches. A library that fails a check is built again; a folder that
+fails one means the pure-Python reader, with the reason in its note.
+
 :func:`summarize` drives it: pass 1 refuses anything that is not plain data and notes which memo keys are
 fetched again; pass 2 evaluates the pickle in C and builds the explanation there (snapshot.py's
 ``SnapshotSummary``, the same rules), so no Python object is made per block, frame or event. Both passes
-run in slices of :data:`SLICE_BYTES`, with ctypes letting go of the GIL inside each, so a caller can show
-progress between them.
+run in slices of :data:`SLICE_BYTES` of the file, or :data:`WORK_SLICE` units of the summary's walk, whichever
+ends first, with ctypes letting go of the GIL inside each: between them a caller shows progress, and Ctrl-C
+(which Python sees only when the C call returns) stops the read. The walk is bounded by :func:`work_budget`.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -35,8 +44,14 @@ from typing import Any
 
 SOURCE = Path(__file__).with_name("snapshot_scan.c")
 SLICE_BYTES = 64 << 20  # each C call reads this much of the file before it returns (progress, Ctrl-C)
+WORK_SLICE = 1 << 22  # ... or walks this many blocks, frames and events (~10-50 ms), whichever comes first
+WORK_PER_BYTE = 4
+"""What the summary may walk per byte of the file. A file torch wrote walks about one unit per 10 bytes: every
+block and event is a dict of its own (tens of bytes), and every frame reference at least a 2-byte memo fetch,
+walked once per traceback (twice when a trace event shares a block's)."""
+WORK_BASE = 1_000_000
 
-E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG = range(8)
+E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG, E_WORK = range(9)
 COUNTERS = (
     "segments",
     "blocks",
@@ -72,6 +87,15 @@ COUNTERS = (
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
 
+def work_budget(file_size: int) -> int:
+    """The most segments, blocks, trace events and frames either reader walks for a file of ``file_size`` bytes.
+
+    Beyond it the file is refused: only a memo that names the same parts again and again (a memo bomb: 0.4 MB
+    naming one segment of 10^5 blocks 10^5 times) gets there.
+    """
+    return WORK_PER_BYTE * max(file_size, 0) + WORK_BASE
+
+
 @dataclass(frozen=True, slots=True)
 class ScanError(Exception):
     """The scanner stopped: ``code`` is one of the E_ constants, ``offset`` the byte it stopped at."""
@@ -99,14 +123,60 @@ def _compiler() -> str | None:
     return None
 
 
+def _private(st: os.stat_result) -> bool:
+    """Owned by this user and writable by no one else."""
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def _safe_folder(folder: Path) -> str:
+    """Make ``folder`` (mode 0700) or check the one there: '' when only this user can write it, else why not."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as exc:
+        return f"the cache folder {folder} cannot be made ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"the cache folder {folder} is not a plain folder, so a library in it is not loaded"
+    if st.st_uid != os.getuid():
+        return f"the cache folder {folder} belongs to another user, so a library in it is not loaded"
+    if st.st_mode & 0o022:
+        try:  # ours but open to others (made by an older version, or by hand): close it, then go on
+            os.chmod(folder, 0o700)
+        except OSError as exc:
+            return f"the cache folder {folder} is writable by others and cannot be closed ({exc.strerror or exc})"
+    return ""
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _trusted(target: Path) -> bool:
+    """The built library is a plain file of this user's, writable by no one else, with the hash recorded at build."""
+    try:
+        st = os.lstat(target)
+        recorded = target.with_name(target.name + ".sha256")
+        rst = os.lstat(recorded)
+        return (
+            stat.S_ISREG(st.st_mode)
+            and stat.S_ISREG(rst.st_mode)
+            and _private(st)
+            and _private(rst)
+            and recorded.read_text().strip() == _digest(target)
+        )
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def _compile(target: Path) -> str:
-    """Compile SOURCE into ``target``; '' on success, else one line saying why not."""
+    """Compile SOURCE into ``target`` (in a folder :func:`_safe_folder` made) and record its hash; '' on success,
+    else one line saying why not."""
     cc = _compiler()
     if cc is None:
         return "no C compiler found (set CC, or install gcc)"
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)  # mode 0600
         os.close(fd)
     except OSError as exc:
         return f"the cache folder {target.parent} is not writable ({exc.strerror or exc})"
@@ -120,7 +190,15 @@ def _compile(target: Path) -> str:
         if proc.returncode != 0:
             first = (proc.stderr.strip().splitlines() or ["no message"])[0]
             return f"the C compiler failed ({first})"
-        os.replace(tmp, target)  # atomic: a concurrent reader sees the old file or the whole new one
+        os.chmod(tmp, 0o700)  # the compiler may have re-created it under the umask
+        recorded = target.with_name(target.name + ".sha256")
+        fd, tmp_hash = tempfile.mkstemp(suffix=".sha256", dir=target.parent)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(_digest(Path(tmp)) + "\n")
+        # library first, then its hash: a concurrent reader sees a mismatch (and builds again), never a
+        # recorded hash that vouches for a library it did not check
+        os.replace(tmp, target)
+        os.replace(tmp_hash, recorded)
         return ""
     except (OSError, subprocess.SubprocessError) as exc:
         return f"the C compiler could not run ({exc})"
@@ -138,6 +216,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ts_message.restype, lib.ts_message.argtypes = ctypes.c_char_p, [p]
     lib.ts_offset.restype, lib.ts_offset.argtypes = ctypes.c_longlong, [p]
     lib.ts_size.restype, lib.ts_size.argtypes = ctypes.c_longlong, [p]
+    lib.ts_position.restype, lib.ts_position.argtypes = ctypes.c_longlong, [p]
+    lib.ts_work.restype, lib.ts_work.argtypes = ctypes.c_longlong, [p]
+    lib.ts_limits.restype, lib.ts_limits.argtypes = None, [p, ctypes.c_longlong, ctypes.c_longlong]
     lib.ts_counters.restype, lib.ts_counters.argtypes = None, [p, ctypes.POINTER(i64)]
     lib.ts_site.restype, lib.ts_site.argtypes = ctypes.c_char_p, [p, i32]
     lib.ts_top_sites.restype = ctypes.c_int
@@ -163,8 +244,16 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
     digest = hashlib.sha256(
         SOURCE.read_bytes() + platform.machine().encode() + sys.platform.encode()
     ).hexdigest()
-    target = cache_dir() / f"snapshot_scan-{digest[:16]}.so"
-    why = "" if target.is_file() else _compile(target)
+    folder = cache_dir() / "native"
+    why = "no C compiler found (set CC, or install gcc)" if not folder.exists() and not _compiler() else ""
+    why = why or _safe_folder(folder)
+    if why:
+        _loaded = (None, why)
+        return _loaded
+    target = folder / f"snapshot_scan-{digest[:16]}.so"
+    why = "" if _trusted(target) else _compile(target)
+    if not why and not _trusted(target):  # built, yet not what was built: someone else writes here
+        why = f"the compiled reader {target} does not match the hash recorded when it was built"
     if why:
         _loaded = (None, why)
         return _loaded
@@ -204,15 +293,25 @@ def _raw(kind: int, value: int) -> int | bool | float | None:
 
 
 def summarize(
-    lib: ctypes.CDLL, path: Path, frame_code: Callable[[str, str], int], progress: Progress | None = None
+    lib: ctypes.CDLL,
+    path: Path,
+    frame_code: Callable[[str, str], int],
+    progress: Progress | None = None,
+    work_slice: int = WORK_SLICE,
 ) -> tuple[dict[str, Any], dict[str, int]]:
     """Read ``path`` in C: the summary's fields (as ``SnapshotSummary`` keeps them) and the reader's counters.
+
+    ``work_slice``: how much of the walk one C call does before it returns (a test makes it small).
 
     ``frame_code(file, function)``: what a frame is (see :data:`FRAME_CODE`), asked once per distinct pair.
     Raises :class:`ScanError` when the reader stops; ``E_NOSEG``: a plain pickle that is not a snapshot.
     """
 
+    interrupted: list[BaseException] = []
+
     def ask(file: Any, file_len: int, name: Any, name_len: int) -> int:
+        if interrupted:
+            return 0
         try:
             return int(
                 frame_code(
@@ -224,6 +323,9 @@ def summarize(
             Exception
         ):  # an exception cannot cross into C; a frame we cannot judge is a library's, no phase
             return 0
+        except BaseException as exc:  # Ctrl-C that lands in this callback: ctypes would print and drop it,
+            interrupted.append(exc)  # so it is raised once the C call returns (within one work slice)
+            return 0
 
     callback = FRAME_CODE(ask)  # held here: C calls it until ts_close
     ctx = lib.ts_open(os.fsencode(str(path)), callback)
@@ -231,15 +333,20 @@ def summarize(
         raise ScanError(E_NOMEM, "out of memory", 0)
     try:
         size = max(int(lib.ts_size(ctx)), 0)
+        lib.ts_limits(ctx, work_budget(size), work_slice)
+        calls = 0
         for phase, run in enumerate((lib.ts_scan, lib.ts_eval)):
-            upto = 0
             while True:
-                upto += SLICE_BYTES
+                upto = int(lib.ts_position(ctx)) + SLICE_BYTES
                 state = run(ctx, upto) if lib.ts_error(ctx) == E_OK else -1
+                calls += 1
+                if interrupted:
+                    raise interrupted[0]
                 if state < 0:
                     raise _error(lib, ctx)
                 if progress is not None:
-                    progress(phase * size + (size if state == 0 else min(upto, size)), 2 * size)
+                    done = size if state == 0 else min(int(lib.ts_position(ctx)), size)
+                    progress(phase * size + done, 2 * size)
                 if state == 0:
                     break
         raw = (ctypes.c_int64 * len(COUNTERS))()
@@ -298,6 +405,8 @@ def summarize(
             "streamed": n["streamed_segments"] == n["segments"],
             "streamed_events": n["streamed_events"],
             "kept_whole": n["kept_lists"],
+            "work": int(lib.ts_work(ctx)),
+            "calls": calls,
         }
         return fields, stats
     finally:

@@ -32,7 +32,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { E_OK = 0, E_REFUSED = 1, E_TRUNCATED = 2, E_NOTPICKLE = 3, E_SHAPE = 4, E_NOMEM = 5, E_IO = 6, E_NOSEG = 7 };
+enum { E_OK = 0, E_REFUSED = 1, E_TRUNCATED = 2, E_NOTPICKLE = 3, E_SHAPE = 4, E_NOMEM = 5, E_IO = 6, E_NOSEG = 7, E_WORK = 8 };
 /* op kinds */
 enum { K_PUSH, K_NONE, K_MARK, K_STOP, K_POP, K_POPMARK, K_APPEND, K_APPENDS, K_SETITEM, K_SETITEMS,
        K_FROMMARK, K_TUPLE2, K_TUPLE3, K_ADDITEMS, K_MEMOIZE, K_PUT, K_GET, K_FRAME, K_REFUSE, K_UNKNOWN };
@@ -175,6 +175,10 @@ typedef struct {
   oom_t ooms[5]; int n_ooms;
   char *tmp; size_t tmp_cap;
   int32_t site_no_frames, site_no_py;
+  /* what the summary walked (segments, blocks, trace events, frames), the most it may (0: no limit; beyond it
+     E_WORK: a memo bomb names one segment 10^5 x 10^5 times for two bytes a reference), and how much one
+     ts_eval call may walk before it returns to the caller (which can then see a Ctrl-C) */
+  uint64_t work, budget, work_slice;
 } ctx_t;
 
 static int fail(ctx_t *c, int code, size_t off, const char *msg) {
@@ -676,6 +680,14 @@ static int32_t intern(ctx_t *c, const char *s, size_t n) {
   return (int32_t)c->n_sites++;
 }
 
+/* Count `units` of the summary's walk; nonzero (and E_WORK) once the budget is spent. */
+static int spend(ctx_t *c, uint64_t units) {
+  c->work += units;
+  if (c->budget && c->work > c->budget && !c->err)
+    return fail(c, E_WORK, c->scanned ? c->pos2 : c->pos1, "more blocks, frames and events than the file's size allows");
+  return c->err;
+}
+
 /* A frame dict's class, the phase it marks (any frame: C++ frames name the autograd engine) and, for a
    .py file, its site "file:line" (cached on the dict). Whose file it is and what phase its function marks the caller decides (snapshot.frame_code),
    once per distinct (file, function): the pair is interned with a leading \1 (never a site's first
@@ -723,6 +735,7 @@ static int32_t site_of(ctx_t *c, const val_t *frames, uint8_t *phase) {
   if (l->site != SITE_NONE || l->cut) { *phase = l->hint; return l->site; }
   int32_t fallback = SITE_NONE, site = SITE_NONE;
   uint8_t hint = PH_OTHER;
+  if (spend(c, l->n)) return c->site_no_frames;
   for (size_t i = 0; i < l->n && (site == SITE_NONE || hint == PH_OTHER); i++) {
     if (!is_node(&l->items[i], N_DICT)) continue;
     node_t *f = l->items[i].u.n;
@@ -777,8 +790,9 @@ static void summarize_segment(ctx_t *c, const val_t *seg) {
   const val_t *blocks = DGET(s, "blocks");
   if (!is_node(blocks, N_LIST)) return;
   node_t *bl = blocks->u.n;
+  if (spend(c, 1 + (uint64_t)bl->n)) return;
   bl->busy++;
-  for (size_t i = 0; i < bl->n; i++) {
+  for (size_t i = 0; i < bl->n && !c->err; i++) {
     if (!is_node(&bl->items[i], N_DICT)) continue;
     node_t *b = bl->items[i].u.n;
     const val_t *state = DGET(b, "state");
@@ -813,6 +827,7 @@ static void raw_number(const val_t *v, int64_t *kind, int64_t *out) {
 static void summarize_event(ctx_t *c, int64_t device, const val_t *ev) {
   if (!is_node(ev, N_DICT)) return;
   node_t *e = ev->u.n;
+  if (spend(c, 1)) return;
   c->trace_events++;
   const val_t *action = DGET(e, "action");
   if (STR_IS(action, "alloc")) {
@@ -835,7 +850,7 @@ static void summarize_trace(ctx_t *c, int64_t device, const val_t *trace) {
   if (!is_node(trace, N_LIST)) return;
   node_t *t = trace->u.n;
   t->busy++;
-  for (size_t i = 0; i < t->n; i++) summarize_event(c, device, &t->items[i]);
+  for (size_t i = 0; i < t->n && !c->err; i++) summarize_event(c, device, &t->items[i]);
   t->busy--;
 }
 
@@ -876,15 +891,15 @@ static int take(ctx_t *c, node_t *list, size_t first, size_t pos) {
   val_t *v = c->vs + first;
   switch (list->stream) {
     case S_SEG:
-      for (size_t i = 0; i < count; i++)
+      for (size_t i = 0; i < count && !c->err; i++)
         if (v[i].t != V_DONE) { summarize_segment(c, &v[i]); c->streamed_segments++; }
       break;
     case S_DT:
-      for (size_t i = 0; i < count; i++, list->aux++)
+      for (size_t i = 0; i < count && !c->err; i++, list->aux++)
         if (!(is_node(&v[i], N_LIST) && v[i].u.n->summarized)) summarize_trace(c, list->aux, &v[i]);
       break;
     case S_TRACE:
-      for (size_t i = 0; i < count; i++) { summarize_event(c, list->aux, &v[i]); c->streamed_events++; }
+      for (size_t i = 0; i < count && !c->err; i++) { summarize_event(c, list->aux, &v[i]); c->streamed_events++; }
       break;
     default: break;
   }
@@ -1184,9 +1199,12 @@ int ts_eval(ctx_t *c, size_t upto) {
   if (!c->scanned) return fail(c, E_SHAPE, 0, "the file was not scanned first");
   if (c->done) return 0;
   size_t pos = c->pos2;
+  uint64_t work0 = c->work;
   op_t op;
   while (pos < upto) {
+    if (c->work_slice && c->work - work0 >= c->work_slice) break;  /* back to the caller: Ctrl-C, progress */
     if (pos == c->se_end) segment_done(c, pos);
+    if (c->err) return -1;
     int r = step2(c, pos, &op);
     if (r < 0) return -1;
     pos += op.size;
@@ -1205,13 +1223,13 @@ int ts_eval(ctx_t *c, size_t upto) {
   if (!is_node(segs, N_LIST)) return fail(c, E_NOSEG, pos, "no 'segments' list");
   node_t *sl = segs->u.n;
   sl->busy++;
-  for (size_t i = 0; !sl->summarized && i < sl->n; i++) summarize_segment(c, &sl->items[i]);
+  for (size_t i = 0; !sl->summarized && i < sl->n && !c->err; i++) summarize_segment(c, &sl->items[i]);
   sl->busy--;
   const val_t *traces = DGET(root, "device_traces");
   if (is_node(traces, N_LIST) && !traces->u.n->summarized) {
     node_t *tl = traces->u.n;
     tl->busy++;
-    for (size_t i = 0; i < tl->n; i++)
+    for (size_t i = 0; i < tl->n && !c->err; i++)
       if (!(is_node(&tl->items[i], N_LIST) && tl->items[i].u.n->summarized)) summarize_trace(c, (int64_t)i, &tl->items[i]);
     tl->busy--;
   }
@@ -1222,6 +1240,16 @@ int ts_error(ctx_t *c) { return c ? c->err : E_NOMEM; }
 const char *ts_message(ctx_t *c) { return c ? c->msg : "out of memory"; }
 long long ts_offset(ctx_t *c) { return c ? (long long)c->err_off : 0; }
 long long ts_size(ctx_t *c) { return c ? (long long)c->len : 0; }
+/* the byte the pass now running has reached */
+long long ts_position(ctx_t *c) { return c ? (long long)(c->scanned ? c->pos2 : c->pos1) : 0; }
+long long ts_work(ctx_t *c) { return c ? (long long)c->work : 0; }
+
+/* The most the summary may walk (0: no limit) and how much one ts_eval call walks before it returns. */
+void ts_limits(ctx_t *c, long long budget, long long work_slice) {
+  if (!c) return;
+  c->budget = budget > 0 ? (uint64_t)budget : 0;
+  c->work_slice = work_slice > 0 ? (uint64_t)work_slice : 0;
+}
 
 /* The summary's numbers, in the order snapshot_native.COUNTERS names them. */
 void ts_counters(ctx_t *c, int64_t *out) {

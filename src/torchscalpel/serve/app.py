@@ -22,7 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from torchscalpel.serve.batcher import Batcher
-from torchscalpel.serve.codec import InputSpec, decode
+from torchscalpel.serve.codec import DEFAULT_MAX_BODY, InputSpec, body_cap, decode
 from torchscalpel.serve.errors import RequestError
 from torchscalpel.serve.metrics import Metrics
 from torchscalpel.serve.schema import ERROR_SCHEMA, predict_openapi
@@ -46,7 +46,8 @@ class ServeConfig:
     """Requests allowed to wait; one more answers 503."""
     timeout_s: float = 10.0
     """A request not answered within this answers 504."""
-    max_body: int = 10 << 20
+    max_body: int | None = None
+    """Largest request body; None: the most a valid request for the bundle can need (:func:`codec.body_cap`)."""
     body_timeout_s: float = 10.0
     """A body that takes longer to arrive answers 408 (slow clients)."""
     token: str | None = None
@@ -82,7 +83,7 @@ class ServeConfig:
                 raise ValueError(
                     f"{flag} must be a number of seconds above 0 and at most {MAX_SECONDS:g}, not {value:g}"
                 )
-        if self.max_queue < 1 or self.max_body < 1:
+        if self.max_queue < 1 or (self.max_body is not None and self.max_body < 1):
             raise ValueError("--max-queue and --max-body must be at least 1")
         if not (1 <= self.decode_threads <= 64 and 1 <= self.decode_budget_factor <= 64):
             raise ValueError("decode_threads and decode_budget_factor must be 1 to 64")
@@ -186,6 +187,10 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     # Never batch beyond what parity checked; a static-batch export takes exactly its batch.
     max_batch = min(config.max_batch, bundle.max_batch)
     static = specs[0].shape[0] is not None
+    limit_rows = bundle.max_batch if static else max_batch
+    # A valid request's size is known from the manifest: a larger body is refused before it is read or parsed,
+    # so abusive 10 MB bodies cannot hold the GIL (parsing them cost ~0.85 s each).
+    max_body = config.max_body or body_cap(specs, limit_rows) or DEFAULT_MAX_BODY
     metrics = Metrics()
     state: dict[str, Any] = {"batcher": None, "ready": False, "arriving": 0, "decode_pool": None}
 
@@ -215,7 +220,7 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             max_workers=config.decode_threads, thread_name_prefix="scalpel-decode"
         )
         state["decode_pool"] = decode_pool
-        state["decode_budget"] = ByteBudget(config.decode_budget_factor * config.max_body)
+        state["decode_budget"] = ByteBudget(config.decode_budget_factor * max_body)
         state["batcher"], state["ready"] = batcher, True
         try:
             yield
@@ -231,6 +236,8 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
         description=f"Serves {bundle.manifest['model'].get('class', 'a model')} from a verified bundle.",
         docs_url=None,
         redoc_url=None,
+        # no 307 from /v1/predict/ to /v1/predict: its Location is built from the client's Host header
+        redirect_slashes=False,
         lifespan=lifespan,
     )
 
@@ -253,10 +260,9 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             body = await read_limited(
                 request.stream(),
                 request.headers.get("content-length"),
-                config.max_body,
+                max_body,
                 config.body_timeout_s,
             )
-            limit_rows = bundle.max_batch if static else max_batch
             decode_pool = state["decode_pool"]
             if len(body) <= INLINE_DECODE_BYTES or decode_pool is None:
                 arrays = decode(body, ctype, specs, limit_rows)  # faster than a thread hop
@@ -352,5 +358,6 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
 
     app.add_middleware(FramingGuard, metrics=metrics)
     app.state.metrics = metrics
+    app.state.max_body = max_body
     app.state.serve_state = state
     return app

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections import Counter
 from typing import Any
 
 from torchscalpel.errors import UsageError
@@ -40,15 +39,18 @@ def guarded_protocol(
       bound applies while no request is being answered (a body trickled after the answer). Between
       requests, uvicorn's ``timeout_keep_alive`` closes an idle connection.
     - At most ``max_per_client`` open connections per client address, and ``max_connections`` in
-      all: one more is closed at once, so one address cannot take every slot and ``/healthz`` keeps
-      answering other clients.
+      all, so one address cannot take every slot and ``/healthz`` keeps answering other clients. When
+      an address is at its limit, its oldest connection that has not sent a request yet is closed to
+      make room (``per_client_evicted_idle``): idle sockets cannot lock the address out, which behind a
+      reverse proxy is every client. Only when all of them are busy is the new one closed at once.
 
     Every closed connection is counted in ``scalpel_refused_total{reason}``.
     """
     import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    per_client: Counter[str] = Counter()
+    # the open connections of each address, oldest first (dicts keep insertion order)
+    per_client: dict[str, dict[Any, None]] = {}
     open_total = [0]
 
     class GuardedH11Protocol(H11Protocol):
@@ -56,30 +58,46 @@ def guarded_protocol(
             super().connection_made(transport)
             self._guard_host: str | None = None
             self._header_timer: asyncio.TimerHandle | None = None
+            self._had_request = False
             host = self.client[0] if self.client else "?"
-            if open_total[0] >= max_connections or per_client[host] >= max_per_client:
+            mine = per_client.setdefault(host, {})
+            if len(mine) >= max_per_client:
+                idle = next((p for p in mine if not p._had_request), None)
+                if idle is not None:
+                    metrics.record_refused("per_client_evicted_idle")
+                    idle._release()  # counted out now: its connection_lost comes later
+                    idle.transport.abort()
+            if open_total[0] >= max_connections or len(mine) >= max_per_client:
                 metrics.record_refused(
                     "connection_limit" if open_total[0] >= max_connections else "per_client_limit"
                 )
+                if not mine:
+                    del per_client[host]
                 transport.abort()
                 return
-            per_client[host] += 1
+            mine[self] = None
             open_total[0] += 1
             self._guard_host = host
             self._arm_header_timer()
 
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm_header_timer()
+        def _release(self) -> None:
             if self._guard_host is not None:
-                per_client[self._guard_host] -= 1
-                if per_client[self._guard_host] <= 0:
-                    del per_client[self._guard_host]
+                mine = per_client.get(self._guard_host, {})
+                mine.pop(self, None)
+                if not mine:
+                    per_client.pop(self._guard_host, None)
                 open_total[0] -= 1
                 self._guard_host = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm_header_timer()
+            self._release()
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
+            if self.cycle is not None:  # a whole request head arrived: no longer an idle socket to evict
+                self._had_request = True
             if self._answering():
                 self._disarm_header_timer()
             elif not self.transport.is_closing():

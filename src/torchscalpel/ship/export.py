@@ -66,6 +66,8 @@ class ExportOptions:
     trust: bool = False
     sign_key: Path | None = None
     """HMAC key file: a torchscalpel checkpoint must carry a matching signature (``Checkpointer(sign_key=)``)."""
+    allow_nonfinite: bool = False
+    """Load weights holding NaN, infinity or magnitudes over ``weights.MAX_ABS_WEIGHT`` (refused otherwise)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -187,7 +189,13 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     model = build_model(opts.model, opts.factory_args)
     loaded: LoadedWeights | None = None
     if opts.weights is not None:
-        loaded = load_weights(model, opts.weights, trust=opts.trust, sign_key=opts.sign_key)
+        loaded = load_weights(
+            model,
+            opts.weights,
+            trust=opts.trust,
+            sign_key=opts.sign_key,
+            allow_nonfinite=opts.allow_nonfinite,
+        )
         for note in loaded.notes:
             log(f"weights: {note}")
         if loaded.stripped:

@@ -57,9 +57,25 @@ class TorchRunner:
 
 def exported_runner(path: Path) -> TorchRunner:
     """Load a ``torch.export`` program (``.pt2``: unpickles, so only for trusted files)."""
+    import logging
+
     import torch
 
-    program = torch.export.load(str(path))
+    from torchscalpel.errors import ScalpelError
+
+    log = logging.getLogger("torch.export")  # logs the whole traceback of a failed load at WARNING
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        program = torch.export.load(str(path))
+    except Exception as exc:  # zipfile.BadZipFile, RuntimeError from the archive reader, pickle errors...
+        raise ScalpelError(
+            f"Cannot load {path} as a torch.export program ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+            "the file is damaged or not from torch.export: export the bundle again, or serve it with "
+            "--backend onnxruntime."
+        ) from None
+    finally:
+        log.setLevel(level)
     return TorchRunner(program.module(), "exported")
 
 

@@ -25,6 +25,10 @@ LEADING_PREFIXES = ("module.",)
 """Prefixes removed only at the start of a key, and only when the model itself has no such key."""
 NESTED_KEYS = ("model", "state_dict", "model_state_dict", "module", "net")
 """Keys under which training checkpoints commonly keep the model's state_dict."""
+MAX_ABS_WEIGHT = 1e10
+"""Largest magnitude a loaded floating-point value may have without ``allow_nonfinite``. No trained weight
+or buffer nears it (attention masks use -1e9 at most, or -inf, which needs the flag anyway), while a flipped
+high exponent bit in a float32 turns a weight of 0.05 into ~1.7e37."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,11 +44,14 @@ class LoadedWeights:
     """Prefix removed -> number of keys it was removed from."""
     notes: list[str] = field(default_factory=list)
     """What the reader decided on the way (e.g. a newer step passed over because it does not verify)."""
+    source_verified: bool = False
+    """True when the files were checked against a torchscalpel checkpoint's manifest (SHA-256 of each)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form for the manifest."""
         return {
             "source": self.source,
+            "source_verified": self.source_verified,
             "nested_key": self.nested_key,
             "stripped_prefixes": dict(self.stripped),
         }
@@ -52,18 +59,26 @@ class LoadedWeights:
 
 def read_checkpoint(
     path: Path, *, trust: bool = False, notes: list[str] | None = None, sign_key: Path | None = None
-) -> tuple[dict[str, Any], str]:
+) -> tuple[dict[str, Any], str, bool]:
     """Read a checkpoint into a (possibly nested) dict and say which kind it was.
 
     A torchscalpel checkpoint (``step-N`` with ``MANIFEST.json`` and ``COMMIT``) is verified against
     its manifest before any of its files is parsed, by the same check ``Checkpointer.load`` runs; a
     checkpoint root gives its newest verified step (what was passed over is appended to ``notes``).
+    The third value says whether the files were verified against such a manifest.
     """
     if not path.exists():
         raise UsageError(f"--weights {path} does not exist; check the path.")
     if path.is_dir():
-        path = _dcp_folder(path, notes if notes is not None else [], sign_key)
-        return _read_dcp(path), f"dcp:{path.name}"
+        notes = notes if notes is not None else []
+        path, verified = _dcp_folder(path, notes, sign_key)
+        if not verified:
+            notes.append(
+                f"{path} is a plain DCP folder with no manifest: its files were not verified against hashes "
+                "(a flipped bit would go unnoticed); save with torchscalpel.distributed.Checkpointer to have "
+                "them checked"
+            )
+        return _read_dcp(path), f"dcp:{path.name}", verified
     if sign_key is not None:
         raise UsageError(
             f"--sign-key checks a torchscalpel checkpoint's signed manifest; {path} is a single file "
@@ -73,29 +88,29 @@ def read_checkpoint(
         from safetensors.torch import load_file
 
         try:
-            return dict(load_file(str(path))), "safetensors"
+            return dict(load_file(str(path))), "safetensors", False
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise ScalpelError(f"Cannot read {path} as safetensors ({exc}).") from None
-    return _torch_load(path, trust=trust), "state_dict"
+    return _torch_load(path, trust=trust), "state_dict", False
 
 
-def _dcp_folder(path: Path, notes: list[str], sign_key: Path | None = None) -> Path:
-    """The DCP folder to read for ``--weights path``, verified when it carries a manifest."""
+def _dcp_folder(path: Path, notes: list[str], sign_key: Path | None = None) -> tuple[Path, bool]:
+    """The DCP folder to read for ``--weights path``, verified when it carries a manifest (then True)."""
     from torchscalpel.distributed import manifest
 
     key = manifest.read_key(sign_key) if sign_key is not None else None
     has_manifest = (path / manifest.COMMIT).exists() or (path / manifest.MANIFEST).exists()
     if has_manifest:
         manifest.verify(path, action="export", key=key)
-        return path
+        return path, True
     if (path / ".metadata").exists():
         if key is not None:
             raise ScalpelError(
                 f"{path} is a plain DCP folder with no signed manifest, and a signing key was given; "
                 "refusing to export it."
             )
-        return path  # a plain DCP folder (no manifest to check); its metadata is still read safely
-    return latest_committed_step(path, notes, key)
+        return path, False  # a plain DCP folder (no manifest to check); its metadata is still read safely
+    return latest_committed_step(path, notes, key), True
 
 
 def latest_committed_step(root: Path, notes: list[str] | None = None, key: bytes | None = None) -> Path:
@@ -129,9 +144,19 @@ def _torch_load(path: Path, *, trust: bool) -> dict[str, Any]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=not trust)
     except pickle.UnpicklingError as exc:
+        first = str(exc).splitlines()[0]
+        # torch says "Weights only load failed" for both; only a pickle that names a class or function
+        # ("Unsupported global", "was not an allowed global") would load with --trust. Text and other
+        # files that are not pickles fail on an opcode ("Unsupported operand 119").
+        if not trust and "global" in str(exc):
+            raise ScalpelError(
+                f"{path} holds pickled objects beyond tensors, which can run code ({first}); "
+                "re-save only model.state_dict(), or pass --trust if you trust where the file came from."
+            ) from None
+        # not a pickle at all (text, a truncated or foreign file): --trust would not help
         raise ScalpelError(
-            f"{path} holds pickled objects beyond tensors, which can run code ({str(exc).splitlines()[0]}); "
-            "re-save only model.state_dict(), or pass --trust if you trust where the file came from."
+            f"Cannot read {path} as a torch state_dict file (it is not a file torch.save wrote); give a "
+            ".pt/.pth written by torch.save, a .safetensors file or a DCP checkpoint folder."
         ) from None
     except Exception as exc:  # corrupt files surface as struct.error, EOFError, RuntimeError...
         raise ScalpelError(
@@ -200,12 +225,43 @@ def strip_prefixes(
     return out, dict(counts)
 
 
+def check_values(state: dict[str, Any], path: Path) -> None:
+    """Refuse (one sentence) a state_dict with NaN, infinity or a magnitude over :data:`MAX_ABS_WEIGHT`."""
+    bad: list[tuple[float, str]] = []
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() == 0:
+            continue
+        data = value.detach()
+        if data.dtype not in (torch.float32, torch.float64):
+            data = data.float()
+        finite = torch.isfinite(data)
+        worst = float("inf") if not bool(finite.all()) else float(data.abs().max())
+        if worst > MAX_ABS_WEIGHT:
+            bad.append((worst, key))
+    if bad:
+        worst, key = max(bad)
+        what = "NaN or infinity" if worst == float("inf") else f"a value of magnitude {worst:.3g}"
+        raise ScalpelError(
+            f"The weights in {path} are corrupt or not trained weights: {len(bad)} tensor(s) hold NaN, infinity "
+            f"or magnitudes over {MAX_ABS_WEIGHT:g} ({key!r} holds {what}); pass --allow-nonfinite if they "
+            "are meant to be there."
+        )
+
+
 def load_weights(
-    model: torch.nn.Module, path: Path, *, trust: bool = False, sign_key: Path | None = None
+    model: torch.nn.Module,
+    path: Path,
+    *,
+    trust: bool = False,
+    sign_key: Path | None = None,
+    allow_nonfinite: bool = False,
 ) -> LoadedWeights:
-    """Load ``path`` into ``model`` strictly; raise listing every missing/unexpected/mis-shaped key."""
+    """Load ``path`` into ``model`` strictly; raise listing every missing/unexpected/mis-shaped key.
+
+    Values are checked too (:func:`check_values`) unless ``allow_nonfinite``.
+    """
     notes: list[str] = []
-    raw, source = read_checkpoint(path, trust=trust, notes=notes, sign_key=sign_key)
+    raw, source, verified = read_checkpoint(path, trust=trust, notes=notes, sign_key=sign_key)
     found, nested = _find_state_dict(raw)
     expected = model.state_dict()
     state, stripped = strip_prefixes(found, set(expected))
@@ -228,8 +284,17 @@ def load_weights(
             f"The weights in {path} do not fit the model ({'; '.join(parts)}); "
             "check --model and --factory-args build the same architecture that was trained."
         )
+    if not allow_nonfinite:
+        check_values(state, path)
     model.load_state_dict(state, strict=True)
-    return LoadedWeights(state_dict=state, source=source, nested_key=nested, stripped=stripped, notes=notes)
+    return LoadedWeights(
+        state_dict=state,
+        source=source,
+        nested_key=nested,
+        stripped=stripped,
+        notes=notes,
+        source_verified=verified,
+    )
 
 
 def _few(items: list[str], limit: int = 8) -> str:

@@ -75,6 +75,10 @@ def expand_paths(paths: list[Path]) -> list[Path]:
             out.extend(sorted(folder_traces(p), key=_rank_sort_key))
         elif p.is_file():
             out.append(p)
+        elif p.exists():  # /dev/zero, a pipe, a socket: reading one would never end or mean nothing
+            raise UsageError(
+                f"Trace {p} is not a regular file (a device, pipe or socket); give a trace file or a folder of traces."
+            )
         else:
             raise UsageError(f"Trace {p} does not exist; check the path.")
     return out

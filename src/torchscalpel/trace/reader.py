@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.errors import ScalpelError
+from torchscalpel.errors import ScalpelError, UsageError
 
 try:  # the fast decoder (extra "trace"); without it the same design runs on the stdlib json module
     import msgspec
@@ -31,8 +31,12 @@ except ImportError:  # pragma: no cover - depends on the environment
     msgspec = None  # type: ignore[assignment]
 
 CHUNK_BYTES = 8 << 20
-# The longest single event we accept before calling the file corrupt (protects memory on garbage input).
-MAX_EVENT_BYTES = 256 << 20
+# The longest single event we accept before calling the file corrupt (protects memory on garbage input: the
+# buffer holding an unfinished event grows to this, and RSS to about twice it). Profilers write events of a
+# few KB (the longest are stack strings); 64 MiB of one event is a corrupt or hostile file.
+MAX_EVENT_BYTES = 64 << 20
+# How far into the JSON text the ``"traceEvents": [`` may start (the metadata keys before it are a few KB).
+MAX_HEADER_BYTES = 16 << 20
 # Set to False to decode with the stdlib json module (what runs when msgspec is not installed).
 USE_MSGSPEC = True
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -55,6 +59,20 @@ class TraceReadError(ScalpelError):
             f"{path} is {reason} at byte {offset} of its JSON text ({events_read} events could be read "
             "before it); re-export the trace or pass the complete file."
         )
+
+
+TRACE_SHAPE = (
+    'a trace is a JSON object {"traceEvents": [{"name": ..., "ph": "X", "ts": ..., "dur": ...}, ...]} '
+    "(or a bare array of such event objects), as torch.profiler's export_chrome_trace writes it"
+)
+
+
+class NotATraceError(UsageError):
+    """A file that is JSON (or gzip) but not a trace: a usage error (exit 2), with what a trace looks like."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.path = path
+        super().__init__(f"{path} is not a torch.profiler trace ({why}); {TRACE_SHAPE}.")
 
 
 class _PlainArgs:
@@ -170,17 +188,18 @@ def _iter_decompressed(path: Path, chunk: int) -> Iterator[tuple[bytes, bool]]:
                 yield block, True
             return
         d = zlib.decompressobj(zlib.MAX_WBITS | 16)
-        # Read compressed blocks small enough that one block's output stays near ``chunk`` bytes.
+        # Every piece is at most ``chunk`` bytes however well the input compresses (max_length; the rest
+        # waits in unconsumed_tail): a 1 MB gzip of 1 GiB used to come out in two 512 MB pieces.
         while block := fh.read(max(chunk // 16, 1 << 16)):
             while block:
                 try:
-                    out = d.decompress(block)
+                    out = d.decompress(block, chunk)
                 except zlib.error as exc:
                     raise TraceReadError(path, 0, f"not a valid gzip file ({exc})", 0) from None
                 if out:
                     yield out, True
-                block = b""
-                if d.eof and d.unused_data.strip(b"\0"):  # concatenated gzip members
+                block = d.unconsumed_tail
+                if not block and d.eof and d.unused_data.strip(b"\0"):  # concatenated gzip members
                     block = d.unused_data
                     d = zlib.decompressobj(zlib.MAX_WBITS | 16)
         if not d.eof:
@@ -226,6 +245,9 @@ class TraceReader:
         # ``bytes_read`` on any input (the splitter never rescans, a failed piece is retried only after
         # the buffer has doubled), which is what keeps the reader linear.
         self.bytes_scanned = 0
+        self.largest_piece = 0  # the most decompressed bytes handed over at once (at most chunk_bytes)
+        self.buffer_peak = 0  # the longest the buffer of undecoded text grew
+        self.non_objects = 0  # array items that are not event objects ([1, 2, 3])
 
     def _error(self, offset: int, reason: str) -> TraceReadError:
         return TraceReadError(self.path, offset, reason, self.events_read)
@@ -242,15 +264,23 @@ class TraceReader:
         for data, complete in _iter_decompressed(self.path, self.chunk_bytes):
             gz_complete = complete
             self.bytes_read += len(data)
+            self.largest_piece = max(self.largest_piece, len(data))
             if tail is not None:
+                if sum(map(len, tail)) > MAX_HEADER_BYTES:
+                    raise self._error(
+                        base, f"corrupt (over {MAX_HEADER_BYTES >> 20} MiB after its event array)"
+                    )
                 tail.append(data)
                 continue
             buf += data
+            self.buffer_peak = max(self.buffer_peak, len(buf))
             if not in_array:
                 start = self._array_start(buf)
                 if start is None:
-                    if len(buf) > MAX_EVENT_BYTES:
-                        raise self._error(base, 'not a trace (no "traceEvents" array near its start)')
+                    if len(buf) > MAX_HEADER_BYTES:
+                        raise NotATraceError(
+                            self.path, f'no "traceEvents" array in its first {MAX_HEADER_BYTES >> 20} MiB'
+                        )
                     continue
                 base += start
                 buf = buf[start:]
@@ -261,7 +291,7 @@ class TraceReader:
             self.bytes_scanned += len(buf) - floor
             if cut is None:
                 if len(buf) > MAX_EVENT_BYTES:
-                    raise self._error(base, "corrupt (no event boundary in 256 MiB)")
+                    raise self._error(base, f"corrupt (no event boundary in {MAX_EVENT_BYTES >> 20} MiB)")
                 floor = max(0, len(buf) - _SEP_OVERLAP)
                 continue
             self.bytes_scanned += cut[0] + 1
@@ -286,7 +316,7 @@ class TraceReader:
         if not in_array:
             if self.bytes_read == 0:
                 raise self._error(0, "empty")
-            raise self._error(base + len(buf), 'not a trace (it has no "traceEvents" array)')
+            raise NotATraceError(self.path, 'it has no "traceEvents" array')
         if tail is None:
             self.bytes_scanned += len(buf)
             piece = self._decode(buf, len(buf), base, final=True)
@@ -300,6 +330,8 @@ class TraceReader:
                 raise self._error(base + piece.consumed, reason)
             tail = [buf[piece.closed_at + 1 :]]
         self._read_tail(b"".join(tail))
+        if self.events_read == 0 and self.non_objects:
+            raise NotATraceError(self.path, f"its array holds {self.non_objects} item(s) and no event object")
         if not gz_complete:
             raise self._error(self.bytes_read, "truncated (its gzip stream ends early)")
 
@@ -320,7 +352,7 @@ class TraceReader:
         if _DECODER is None or not USE_MSGSPEC:
             try:
                 raw = json.loads(b"[" + piece + b"]")
-                return _Piece([e for e in map(_event_from_dict, raw) if e is not None], end)
+                return _Piece(self._from_dicts(raw), end)
             except (ValueError, RecursionError):
                 return self._decode_slow(piece, base, final=final)
         try:
@@ -328,7 +360,7 @@ class TraceReader:
         except msgspec.ValidationError:
             try:
                 raw = msgspec.json.decode(b"[" + piece + b"]")
-                return _Piece([e for e in map(_event_from_dict, raw) if e is not None], end)
+                return _Piece(self._from_dicts(raw), end)
             except (msgspec.DecodeError, RecursionError):
                 pass
         except (msgspec.DecodeError, RecursionError):
@@ -379,7 +411,14 @@ class TraceReader:
             ev = _event_from_dict(obj)
             if ev is not None:
                 out.append(ev)
+            else:
+                self.non_objects += 1
             pos = last_ok = nxt
+
+    def _from_dicts(self, raw: list[Any]) -> list[Event]:
+        events = [e for e in map(_event_from_dict, raw) if e is not None]
+        self.non_objects += len(raw) - len(events)
+        return events
 
     def _read_header(self, head: bytes) -> None:
         text = head.strip()
