@@ -114,15 +114,15 @@ def _find_call(wrapper: MetadataWrapper, callee: str, line: int) -> cst.Call:
         # another one of the same name is the one that started on it.
         starting = [c for c, r in visitor.found if r.start.line == line] or [c for c, _ in visitor.found]
         if len(starting) != 1:
-            raise EditError(
-                f"line {line} holds {len(starting) or 'no'} call{'s' if len(starting) != 1 else ''} of {callee}"
-            )
+            raise EditError(f"line {line} holds {_calls(len(starting))} of {callee}")
         return starting[0]
     if len(visitor.found) != 1:
-        raise EditError(
-            f"the file has {len(visitor.found) or 'no'} call{'s' if len(visitor.found) != 1 else ''} of {callee}"
-        )
+        raise EditError(f"the file has {_calls(len(visitor.found))} of {callee}")
     return visitor.found[0][0]
+
+
+def _calls(n: int) -> str:
+    return "no call" if n == 0 else f"{n} calls"
 
 
 def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
@@ -133,7 +133,10 @@ def _set_kwargs(call: cst.Call, edit: Edit) -> cst.Call:
     args = list(call.args)
     if any(a.star for a in args) and not all(a.keyword is not None or not a.star for a in args):
         raise EditError(f"the {edit.callee} call passes **kwargs, so its arguments cannot be read here")
-    args = [a for a in args if not (a.keyword is not None and a.keyword.value in edit.drop)]
+    kept = [a for a in args if not (a.keyword is not None and a.keyword.value in edit.drop)]
+    if kept and args and kept[-1] is not args[-1]:  # the last argument went: its comma (or none) moves up
+        kept[-1] = kept[-1].with_changes(comma=args[-1].comma)
+    args = kept
     for key, value in edit.kwargs:
         node = literal(value)
         for i, arg in enumerate(args):
