@@ -83,7 +83,7 @@ def test_a_multi_line_call_keeps_its_trailing_comma_layout_and_comment() -> None
         NANOGPT, Edit(kind="call_kwargs", line=2, callee="AdamW", kwargs=(("fused", True),))
     )
     assert out.status == "applied"
-    assert "    lr=learning_rate, betas=(0.9, 0.95), fused=True,\n)\n" in new
+    assert "    lr=learning_rate, betas=(0.9, 0.95),\n    fused=True,\n)\n" in new
     assert "# two groups" in new
 
 
@@ -166,9 +166,7 @@ def test_hf_training_arguments_edit_keeps_the_layout() -> None:
     )
     new, out = apply_edit(HF, edit)
     assert out.status == "applied"
-    assert '    report_to=[], bf16=True, optim="adamw_torch_fused",\n)' in new or (
-        "    report_to=[], bf16=True, optim='adamw_torch_fused',\n)" in new
-    )
+    assert '    report_to=[],\n    bf16=True,\n    optim="adamw_torch_fused",\n)' in new
     assert "# small" in new
     assert apply_edit(new, edit)[1].status == "already"
     two = HF + "more = TrainingArguments(output_dir='x')\n"

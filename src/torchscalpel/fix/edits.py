@@ -22,6 +22,7 @@ The kinds:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +69,10 @@ class EditError(Exception):
 
 
 def literal(value: Any) -> cst.BaseExpression:
-    """A Python literal as an expression node (True, 2, "bf16-mixed")."""
+    """A Python literal as an expression node (True, 2, "bf16-mixed": strings in double quotes, as
+    most formatters write them)."""
+    if isinstance(value, str):
+        return cst.SimpleString(json.dumps(value))
     return cst.parse_expression(repr(value))
 
 
@@ -157,13 +161,30 @@ def _set_kwargs(call: cst.Call, edit: Edit) -> cst.Call:
             if last is not None:
                 comma = last.comma
                 if isinstance(comma, cst.Comma):  # a trailing comma (a multi-line call): the new
-                    # argument goes on the last one's line and takes over its comma and line break
+                    # argument takes over its comma and line break, on a line of its own indented as
+                    # the arguments before it are (or on the last one's line when none breaks)
                     new = new.with_changes(comma=comma)
-                    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+                    breaks = [
+                        a.comma.whitespace_after
+                        for a in args[:-1]
+                        if isinstance(a.comma, cst.Comma)
+                        and isinstance(a.comma.whitespace_after, cst.ParenthesizedWhitespace)
+                    ]
+                    after: cst.BaseParenthesizableWhitespace = (
+                        _line_break(breaks[-1]) if breaks else cst.SimpleWhitespace(" ")
+                    )
+                    args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=after))
                 else:
                     args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
             args.append(new)
     return call.with_changes(args=args)
+
+
+def _line_break(like: cst.ParenthesizedWhitespace) -> cst.ParenthesizedWhitespace:
+    """A line break indented as ``like``, without its comment (a comment belongs to its own line)."""
+    return cst.ParenthesizedWhitespace(
+        first_line=cst.TrailingWhitespace(), empty_lines=(), indent=like.indent, last_line=like.last_line
+    )
 
 
 class _Replace(cst.CSTTransformer):

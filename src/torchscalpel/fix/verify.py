@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,9 @@ class Verification:
     """Patched against original, interleaved fresh processes (tune's definition)."""
     tune_speedup: Speedup | None = None
     """What tune confirmed, for comparison."""
+    phases: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """Per phase, the median over the runs of each side's median (original ms, patched ms): where the
+    edit acted, apart from the noise of the whole step."""
     ok: bool = False
 
     def lines(self) -> list[str]:
@@ -65,6 +69,11 @@ class Verification:
                 if s.ratio is not None and s.baseline_ms and s.candidate_ms
                 else "patched vs original: not measured: a profile run measured no steps"
             )
+            if self.phases:
+                out.append(
+                    "phase medians, original -> patched: "
+                    + ", ".join(f"{k} {a:.2f} -> {b:.2f} ms" for k, (a, b) in self.phases.items())
+                )
             t = self.tune_speedup
             out.append(
                 f"tune confirmed: {t.text()} ({t.spread_text()})"
@@ -143,6 +152,7 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
         v.tune_speedup = speedup_of(tune.winner) if tune is not None and tune.winner else None
         window = ["--steps", str(options.steps), "--warmup", "3", "--profile-steps", "0", "--no-report"]
         pairs: list[list[float]] = []
+        phase_runs: dict[str, tuple[list[float], list[float]]] = {}
         for k in range(options.pairs):  # original then patched, each a fresh process: drift hits both alike
             base = _scalpel("profile", window, script.name, args, original, work / f"original-{k}")
             cand = _scalpel("profile", window, script.name, args, patched, work / f"patched-{k}")
@@ -150,7 +160,15 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
             c = (cand.get("summary") or {}).get("median_step_ms")
             if b and c:
                 pairs.append([float(b), float(c)])
+            for side, rec in ((0, base), (1, cand)):
+                for name, ms in ((rec.get("summary") or {}).get("phase_median_ms") or {}).items():
+                    phase_runs.setdefault(name, ([], []))[side].append(float(ms))
         v.speedup = speedup_of({"confirm_pairs": pairs})
+        v.phases = {
+            name: (statistics.median(a), statistics.median(b))
+            for name, (a, b) in phase_runs.items()
+            if a and b
+        }
         ok = ok and v.speedup.ratio is not None and v.speedup.ratio > 1.0
     v.ok = ok
     return v
