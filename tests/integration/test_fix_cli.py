@@ -236,3 +236,22 @@ def test_lightning_bf16_goes_into_the_trainer_and_fused_into_configure_optimizer
     # Two DataLoaders built on one line: which one to change is not fix's guess.
     assert "not patched: DataLoader num_workers=1: line 43 holds 2 calls of DataLoader" in fixed.stderr
     assert _plain(script).returncode == 0
+
+
+@pytest.mark.slow
+def test_nanogpt_style_fused_and_block_compile_and_its_own_autocast(tmp_path: Path) -> None:
+    settings = {"optimizer": "fused", "amp": "bf16", "compile": {"target": "Block", "backend": "aot_eager"}}
+    root, script, run = _profiled_with_settings(tmp_path, FIXTURES / "corpus" / "nanogpt_style.py", settings)
+    fixed = run_cli("fix", str(run), "--apply", cwd=root)
+    assert fixed.returncode == 0, fixed.stderr
+    # The forward ran under the script's own `with ctx:` autocast: the run saw it, so nothing to add.
+    assert "already done: autocast bf16" in fixed.stderr
+    lines = script.read_text(encoding="utf-8").splitlines()
+    at = lines.index("model = GPT().to(device)")  # the recorded model line (146), then the compile loop
+    assert lines[at + 1 : at + 4] == [
+        "for _module in model.modules():  # compile each Block block",
+        '    if type(_module).__name__ == "Block":',
+        '        _module.compile(backend="aot_eager")',
+    ]
+    assert lines[lines.index("    lr=learning_rate, betas=(0.9, 0.95),") + 1] == "    fused=True,"
+    assert _plain(script).returncode == 0

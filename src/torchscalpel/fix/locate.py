@@ -39,6 +39,8 @@ class Planned:
     """Why it is not patched (empty when ``edit`` is set)."""
     rule: str = ""
     """The doctor rule slug (doctor edits)."""
+    done: bool = False
+    """The run shows the script already does it (bf16 autocast active at the training forward)."""
 
 
 def framework_of(sites: SitesSection) -> str | None:
@@ -195,6 +197,8 @@ def _amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path
         return Planned(
             label, "tune", None, None, snippet, "the run recorded no training forward and backward"
         )
+    if fwd.get("autocast"):  # the script's own autocast (nanoGPT's ``with ctx:``) was on at the forward
+        return Planned(label, "tune", None, None, snippet, done=True)
     if fwd.get("library") or bwd.get("library"):
         return Planned(
             label,

@@ -169,6 +169,9 @@ def plan_and_edit(options: FixOptions) -> FixResult:
         for p in planned:
             item = Item(p.label, p.source, "not patched", reason=p.reason, snippet=p.snippet, rule=p.rule)
             items.append(item)
+            if p.done:
+                item.status = "already"
+                continue
             if p.edit is None or p.file is None:
                 continue
             if script is None:
