@@ -179,6 +179,9 @@ def plan_and_edit(options: FixOptions) -> FixResult:
                 continue
             here = tree_root(record, script)
             root = root or here
+            if here != root:
+                item.reason = f"this run's script is in another tree ({here}) than the first run's ({root}); fix one tree at a time"
+                continue
             why = _check_file(record, run_dir, p.file, here, script)
             if why:
                 item.reason = why
@@ -194,8 +197,16 @@ def plan_and_edit(options: FixOptions) -> FixResult:
                 texts[path] = new
                 item.status = "patched" if outcome.status == "applied" else "already"
     changes = {p: (originals[p], texts[p]) for p in texts if texts[p] != originals[p]}
-    patch = patch_text(_header(records, items), changes, root) if changes and root is not None else ""
-    return FixResult(patch=patch, items=items, root=root, changes=changes, records=records)
+    result = FixResult(patch="", items=items, root=root, changes=changes, records=records)
+    result.patch = render_patch(result)
+    return result
+
+
+def render_patch(result: FixResult, extra: list[str] | None = None) -> str:
+    """The patch text: the header (plus ``extra`` lines, the verification) and the diffs."""
+    if not result.changes or result.root is None:
+        return ""
+    return patch_text([*_header(result.records, result.items), *(extra or [])], result.changes, result.root)
 
 
 def _dirty(root: Path) -> bool:
@@ -253,10 +264,6 @@ def run(options: FixOptions) -> FixResult:
     result = plan_and_edit(options)
     if result.changes:
         _mark(result)
-    if options.patch is not None:
-        from torchscalpel.fileio import atomic_write_text
-
-        atomic_write_text(options.patch, result.patch)
     if options.apply and result.changes and not options.force:
         assert result.root is not None
         if _dirty(result.root):  # asked before the verification's minutes, not after
@@ -267,6 +274,13 @@ def run(options: FixOptions) -> FixResult:
         from torchscalpel.fix.verify import verify
 
         result.verification = verify(result, options)
+        # The reviewer reads the re-measurement beside tune's figure, in the patch itself.
+        lines = [line for line in result.verification.lines() if not line.startswith("copies in")]
+        result.patch = render_patch(result, [f"verify: {line}" for line in lines])
+    if options.patch is not None:
+        from torchscalpel.fileio import atomic_write_text
+
+        atomic_write_text(options.patch, result.patch)
     if options.apply and result.changes:
         write_all(result.changes)
         result.applied = True
