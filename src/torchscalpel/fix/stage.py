@@ -161,7 +161,9 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     root: Path | None = None
     for run_dir, record in records:
         if record.section(TuneSection) is None and record.section(DoctorSection) is None:
-            raise UsageError(f"{run_dir} is a '{record.name}' run; scalpel fix reads tune and doctor runs.")
+            raise UsageError(
+                f"{run_dir} holds no tune or doctor results; scalpel fix reads 'scalpel tune' and 'scalpel doctor' runs."
+            )
         script = script_file(record)
         planned = tune_plan(record) + doctor_plan(record)
         # Edits lower in a file first, so that each recorded line still means the same line.
