@@ -29,7 +29,12 @@ if TYPE_CHECKING:
     from torchscalpel.tune.speedup import Speedup
 
 RUN_TIMEOUT_S = 600
-IGNORED = shutil.ignore_patterns(".git", "__pycache__", "scalpel-runs", "*.pyc")
+"""A re-run is stopped after this long: a real training script may run for hours under plain python."""
+TIMED_OUT = 124
+IGNORED = shutil.ignore_patterns(
+    ".git", "__pycache__", "scalpel-runs", "*.pyc", ".venv", "venv", "node_modules"
+)
+"""Not copied with the script's folder: history, caches, runs and environments (large, not the code)."""
 
 
 @dataclass(slots=True)
@@ -54,7 +59,11 @@ class Verification:
     def lines(self) -> list[str]:
         """The verdict, one fact a line."""
         out = list(self.notes)
-        if self.plain_rc is not None:
+        if self.plain_rc == TIMED_OUT:
+            out.append(
+                f"plain python: the patched script was still running after {RUN_TIMEOUT_S} s, without failing (stopped there)"
+            )
+        elif self.plain_rc is not None:
             out.append(f"plain python: the patched script exited {self.plain_rc}")
         if self.findings_gone or self.findings_left or self.findings_new:
             out.append(
@@ -91,7 +100,7 @@ def _run(cmd: list[str], cwd: Path, log: Path) -> int:
                 cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, timeout=RUN_TIMEOUT_S, check=False
             ).returncode
         except subprocess.TimeoutExpired:
-            return 124
+            return TIMED_OUT
 
 
 def _scalpel(
@@ -129,7 +138,7 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
         (patched / path.relative_to(folder)).write_text(after, encoding="utf-8")
     v.notes.append(f"copies in {work}")
     v.plain_rc = _run([sys.executable, script.name, *args], patched, work / "plain.log")
-    ok = v.plain_rc == 0
+    ok = v.plain_rc in (0, TIMED_OUT)  # still running after the limit: it did not fail
     patched_items = [i for i in result.items if i.status == "patched"]
     fixed = {i.rule for i in patched_items if i.source == "doctor"}
     if fixed:
