@@ -329,3 +329,24 @@ class BatchSection(StageSection):
     advice: str = ""
     """The lr scaling rule for moving to ``best`` (linear for SGD, square root for Adam): advice, never applied."""
     loaders_untouched: int = 0
+
+
+@dataclass(kw_only=True, slots=True)
+class SitesSection(StageSection):
+    """``sections["sites"]``: where the run built its optimizers, DataLoaders and model and called forward
+    and backward (:class:`torchscalpel.runtime.sites.SitesObserver`); what ``scalpel fix`` edits.
+    A site is ``{"file", "line", "class", "library", "used"}`` (see the observer's doc)."""
+
+    KEY: ClassVar[str] = "sites"
+    ALWAYS: ClassVar[frozenset[str]] = frozenset({"optimizers", "dataloaders"})
+
+    optimizers: list[dict[str, Any]] = field(default_factory=list)
+    """Every optimizer the run built (16 at most), in construction order; ``used``: it stepped."""
+    dataloaders: list[dict[str, Any]] = field(default_factory=list)
+    """Every DataLoader the run built (16 at most); ``used``: it yielded a batch."""
+    model: dict[str, Any] | None = None
+    """Where the module that ran the first training forward was built."""
+    forward: dict[str, Any] | None = None
+    """The first training forward's call site, with ``autocast`` (active then) and ``device``."""
+    backward: dict[str, Any] | None = None
+    """The first backward call's site."""

@@ -22,6 +22,7 @@ COMMANDS: tuple[str, ...] = (
     "memory",
     "tune",
     "run",
+    "fix",
     "lr",
     "batch",
     "plan",
@@ -37,7 +38,7 @@ COMMANDS: tuple[str, ...] = (
 
 def workflow_order() -> str:
     """``env, profile, doctor, memory, tune (then run), ...``: the epilog's order, from :data:`COMMANDS` so the
-    two cannot drift (``run`` applies what tune wrote; ``report`` and ``demo`` are not steps)."""
+    two cannot drift (``run`` applies what tune wrote; ``fix`` then edits it into the script; ``report`` and ``demo`` are not steps)."""
     steps = [c for c in COMMANDS if c not in ("run", "report", "demo")]
     return ", ".join("tune (then run)" if c == "tune" else c for c in steps)
 

@@ -306,6 +306,7 @@ class Attachment:
         from torchscalpel.runtime.module_times import ModuleTimes
         from torchscalpel.runtime.profiler_window import ProfilerWindow
         from torchscalpel.runtime.provenance import ProvenanceObserver
+        from torchscalpel.runtime.sites import SitesObserver
         from torchscalpel.runtime.step_scalars import GradNormObserver, LearningRateObserver
 
         extra: list[Observer] = []
@@ -317,6 +318,9 @@ class Attachment:
         extra.append(
             ProvenanceObserver((target or {}).get("script"), module=(target or {}).get("module"))
         )  # code, data, seeds: record.provenance
+        extra.append(
+            SitesObserver()
+        )  # where the optimizer / DataLoader / model were built: scalpel fix edits there
         if options.step_scalars:
             extra.append(LearningRateObserver())  # per-step lr for --tensorboard / --mlflow
             extra.append(GradNormObserver())  # the norm clip_grad_norm_ returned, when the script clips

@@ -1,0 +1,63 @@
+"""``scalpel fix RUN_DIR [RUN_DIR ...]``: the change tune and doctor runs measured, as a diff of your code."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``fix`` sub-command."""
+    p = subparsers.add_parser(
+        "fix",
+        help="turn what tune and doctor runs measured into a patch of your own script (diff, --apply, --verify)",
+        description="Read tune and doctor run folders and print one unified diff of your own files: tune's kept "
+        "settings and doctor's mechanical fixes, edited at the lines the run recorded (comments and layout kept). "
+        "A change fix cannot place safely is listed as 'not patched' with the snippet to apply by hand. Nothing "
+        "is written to your files without --apply.",
+    )
+    p.add_argument(
+        "runs", nargs="+", type=Path, metavar="RUN_DIR", help="tune or doctor run folders (or run.json files)"
+    )
+    p.add_argument(
+        "--apply", action="store_true", help="write the patched files in place (all of them or none)"
+    )
+    p.add_argument(
+        "--patch", type=Path, metavar="FILE", help="also write the diff to FILE (git apply / patch -p1)"
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="apply the patch to a copy of the script's folder and re-run it: plain python, doctor for doctor "
+        "fixes, interleaved original/patched profiles for tune settings",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="--apply even when the git tree has uncommitted changes"
+    )
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate, fix, print the diff and the summary."""
+    from torchscalpel.fix import FixOptions, run_fix
+    from torchscalpel.fix.render import summary_lines
+
+    result = run_fix(
+        FixOptions(
+            run_dirs=tuple(args.runs),
+            apply=args.apply,
+            patch=args.patch,
+            verify=args.verify,
+            force=args.force,
+        )
+    )
+    if result.patch:
+        sys.stdout.write(result.patch)
+    for line in summary_lines(result):
+        print(line, file=sys.stderr if result.patch else sys.stdout)
+    if result.verification is not None and not result.verification.ok:
+        return 1
+    return 0

@@ -1,0 +1,379 @@
+"""From a Run record to the edits ``scalpel fix`` proposes: each knob tune kept and each doctor finding
+with a mechanical fix becomes an :class:`~torchscalpel.fix.edits.Edit` anchored at a ``file:line``
+the run recorded (``sections["sites"]``, a finding's location), or a :class:`Planned` that says why
+it is not patched and gives the snippet to apply by hand. Nothing here reads the user's files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.fix.edits import Edit
+from torchscalpel.record import RunRecord
+from torchscalpel.sections import SitesSection, TuneSection
+
+FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
+"""Optimizers with a ``fused=True`` implementation on CPU and CUDA in torch 2.13."""
+FOREACH_OPTIMIZERS = frozenset(
+    {"Adam", "AdamW", "SGD", "Adagrad", "Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop"}
+)
+DOCTOR_RULES = ("unsafe-torch-load", "whole-model-save", "grad-not-zeroed")
+"""Doctor findings whose fix is one mechanical edit at the finding's line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """One change fix would make: an edit of ``file``, or (``edit`` None) why it cannot be placed."""
+
+    label: str
+    """What changes, for people: ``optimizer fused=True``, ``unsafe-torch-load``."""
+    source: str
+    """``tune`` or ``doctor``: which run asked for it."""
+    file: Path | None
+    edit: Edit | None
+    snippet: str
+    """The change as code, to apply by hand when it is not patched."""
+    reason: str = ""
+    """Why it is not patched (empty when ``edit`` is set)."""
+    rule: str = ""
+    """The doctor rule slug (doctor edits)."""
+    done: bool = False
+    """The run shows the script already does it (bf16 autocast active at the training forward)."""
+
+
+def framework_of(sites: SitesSection) -> str | None:
+    """``transformers`` or ``lightning`` when the run shows that framework driving the training step."""
+    libraries = {
+        s.get("library")
+        for s in [*sites.optimizers, sites.forward or {}, sites.backward or {}]
+        if isinstance(s, dict) and s.get("library")
+    }
+    if "transformers" in libraries:
+        return "transformers"
+    if libraries & {"lightning", "pytorch_lightning"}:
+        return "lightning"
+    return None
+
+
+def _used(sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    used = [s for s in sites if s.get("used")]
+    return used or sites
+
+
+def _one_site(sites: list[dict[str, Any]], what: str) -> tuple[dict[str, Any] | None, str]:
+    """The one site to edit, or why there is none (none recorded, several, built in a library)."""
+    used = _used(sites)
+    places = {(s.get("file"), s.get("line")) for s in used}
+    if not used:
+        return None, f"the run recorded no {what} being built"
+    if len(places) > 1:
+        return (
+            None,
+            f"the run built {len(places)} {what}s at different lines; which one to change is a choice",
+        )
+    site = used[0]
+    if site.get("library"):
+        return None, f"the {what} is built inside {site['library']}, not in your code"
+    return site, ""
+
+
+def tune_plan(record: RunRecord) -> list[Planned]:
+    """The edits for the settings tune kept (``sections["tune"]["settings"]``)."""
+    tune = record.section(TuneSection)
+    sites = record.section(SitesSection) or SitesSection()
+    if tune is None or not tune.settings:
+        return []
+    settings = tune.settings
+    framework = framework_of(sites)
+    script = _script_file(record, sites)
+    out: list[Planned] = []
+
+    def add(label: str, snippet: str, file: Any, edit: Edit | None, reason: str = "") -> None:
+        path = Path(file) if file else None
+        if edit is None or path is None:
+            out.append(Planned(label, "tune", None, None, snippet, reason or "no recorded line to edit"))
+        else:
+            out.append(Planned(label, "tune", path, edit, snippet))
+
+    if settings.get("optimizer"):
+        impl = settings["optimizer"]
+        label, snippet = f"optimizer {impl}=True", f"optimizer = torch.optim.AdamW(..., {impl}=True)"
+        site, why = _one_site(sites.optimizers, "optimizer")
+        if (
+            framework == "transformers"
+            and impl == "fused"
+            and _used(sites.optimizers)[0].get("class") == "AdamW"
+        ):
+            add(
+                label,
+                'TrainingArguments(..., optim="adamw_torch_fused")',
+                script,
+                Edit(
+                    kind="call_anywhere", callee="TrainingArguments", kwargs=(("optim", "adamw_torch_fused"),)
+                ),
+            )
+        elif site is None:
+            add(label, snippet, None, None, why)
+        elif site.get("class") not in (FUSED_OPTIMIZERS if impl == "fused" else FOREACH_OPTIMIZERS):
+            add(label, snippet, None, None, f"{site.get('class')} has no {impl} implementation")
+        else:
+            other = "foreach" if impl == "fused" else "fused"
+            add(
+                label,
+                f"torch.optim.{site['class']}(..., {impl}=True)",
+                site["file"],
+                Edit(
+                    kind="call_kwargs",
+                    line=int(site["line"]),
+                    callee=str(site["class"]),
+                    kwargs=((impl, True),),
+                    drop=(other,),
+                ),
+            )
+    if settings.get("matmul_precision"):
+        value = settings["matmul_precision"]
+        code = f"torch.set_float32_matmul_precision({value!r})\n".replace("'", '"')
+        add(f"matmul precision {value}", code.strip(), script, Edit(kind="global_call", code=code))
+    if settings.get("threads"):
+        code = f"torch.set_num_threads({int(settings['threads'])})\n"
+        add(f"threads {settings['threads']}", code.strip(), script, Edit(kind="global_call", code=code))
+    if settings.get("amp"):
+        out.append(_amp_plan(str(settings["amp"]), sites, framework, script))
+    loader = settings.get("dataloader") or {}
+    if loader:
+        out.append(_loader_plan(loader, sites, framework, script))
+    if settings.get("compile"):
+        out.append(_compile_plan(settings["compile"], sites, framework, script))
+    for key in ("channels_last", "cudnn_benchmark", "checkpointing", "microbatches", "amp_fp32_attention"):
+        if settings.get(key) is not None:
+            lines = [line for line in tune.code_lines if line.strip()]
+            out.append(
+                Planned(
+                    f"{key}={settings[key]}",
+                    "tune",
+                    None,
+                    None,
+                    "\n".join(lines[:6]),
+                    f"fix does not place {key} edits yet",
+                )
+            )
+    return out
+
+
+def _amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path | None) -> Planned:
+    label = f"autocast {amp}"
+    if amp != "bf16":
+        return Planned(
+            label,
+            "tune",
+            None,
+            None,
+            "torch.autocast(..., dtype=torch.float16) + torch.amp.GradScaler()",
+            "fp16 needs a GradScaler around backward and step; fix places bf16 only",
+        )
+    if framework == "transformers":
+        return Planned(
+            label,
+            "tune",
+            script,
+            Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=(("bf16", True),)),
+            "TrainingArguments(..., bf16=True)",
+        )
+    if framework == "lightning":
+        return Planned(
+            label,
+            "tune",
+            script,
+            Edit(kind="call_anywhere", callee="Trainer", kwargs=(("precision", "bf16-mixed"),)),
+            'Trainer(..., precision="bf16-mixed")',
+        )
+    fwd, bwd = sites.forward, sites.backward
+    device = (fwd or {}).get("device") or "cpu"
+    code = f'torch.autocast(device_type="{device}", dtype=torch.bfloat16)'
+    snippet = f"with {code}:\n    loss = loss_fn(model(x), y)\nloss.backward()"
+    if not fwd or not bwd:
+        return Planned(
+            label, "tune", None, None, snippet, "the run recorded no training forward and backward"
+        )
+    if fwd.get("autocast"):  # the script's own autocast (nanoGPT's ``with ctx:``) was on at the forward
+        return Planned(label, "tune", None, None, snippet, done=True)
+    if fwd.get("library") or bwd.get("library"):
+        return Planned(
+            label,
+            "tune",
+            None,
+            None,
+            snippet,
+            f"the forward is called inside {fwd.get('library') or bwd.get('library')}",
+        )
+    if fwd.get("file") != bwd.get("file"):
+        return Planned(
+            label, "tune", None, None, snippet, "the forward and the backward are called in different files"
+        )
+    return Planned(
+        label,
+        "tune",
+        Path(fwd["file"]),
+        Edit(kind="autocast", line=int(fwd["line"]), end_line=int(bwd["line"]), code=code),
+        snippet,
+    )
+
+
+_HF_LOADER = {
+    "num_workers": "dataloader_num_workers",
+    "pin_memory": "dataloader_pin_memory",
+    "persistent_workers": "dataloader_persistent_workers",
+    "prefetch_factor": "dataloader_prefetch_factor",
+}
+
+
+def _loader_plan(
+    loader: dict[str, Any], sites: SitesSection, framework: str | None, script: Path | None
+) -> Planned:
+    kwargs = tuple((k, v) for k, v in loader.items() if v is not None)
+    label = "DataLoader " + ", ".join(f"{k}={v}" for k, v in kwargs)
+    snippet = "DataLoader(..., " + ", ".join(f"{k}={v!r}" for k, v in kwargs) + ")"
+    if framework == "transformers":
+        hf = tuple((_HF_LOADER[k], v) for k, v in kwargs)
+        return Planned(
+            label,
+            "tune",
+            script,
+            Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=hf),
+            "TrainingArguments(..., " + ", ".join(f"{k}={v!r}" for k, v in hf) + ")",
+        )
+    site, why = _one_site(sites.dataloaders, "DataLoader")
+    if site is None:
+        return Planned(label, "tune", None, None, snippet, why)
+    return Planned(
+        label,
+        "tune",
+        Path(site["file"]),
+        Edit(
+            kind="call_kwargs",
+            line=int(site["line"]),
+            callee=str(site.get("class") or "DataLoader"),
+            kwargs=kwargs,
+        ),
+        snippet,
+    )
+
+
+def _compile_plan(
+    spec: dict[str, Any], sites: SitesSection, framework: str | None, script: Path | None
+) -> Planned:
+    target = str(spec.get("target", "model"))
+    args = []
+    if spec.get("mode", "default") != "default":
+        args.append(f'mode="{spec["mode"]}"')
+    if spec.get("backend", "inductor") != "inductor":
+        args.append(f'backend="{spec["backend"]}"')
+    if spec.get("dynamic") is not None:
+        args.append(f"dynamic={spec['dynamic']}")
+    call = f"compile({', '.join(args)})"
+    label = f"compile({target})"
+    if framework == "transformers" and target == "model" and not args:
+        return Planned(
+            label,
+            "tune",
+            script,
+            Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=(("torch_compile", True),)),
+            "TrainingArguments(..., torch_compile=True)",
+        )
+    site = sites.model
+    snippet = (
+        f"model.{call}"
+        if target == "model"
+        else (
+            f'for module in model.modules():\n    if type(module).__name__ == "{target}":\n        module.{call}'
+        )
+    )
+    if not site:
+        return Planned(label, "tune", None, None, snippet, "the run recorded no training model being built")
+    if site.get("library"):
+        return Planned(label, "tune", None, None, snippet, f"the model is built inside {site['library']}")
+    if "." in target or (target[:1].islower() and target != "model"):
+        return Planned(
+            label, "tune", None, None, snippet, "fix places compile of the model or of a block class only"
+        )
+    var = "{var}"  # the name the model line assigns, read from the source by the edit
+    code = (
+        f"{var}.{call}\n"
+        if target == "model"
+        else (
+            f"for _module in {var}.modules():  # compile each {target} block\n"
+            f'    if type(_module).__name__ == "{target}":\n        _module.{call}\n'
+        )
+    )
+    return Planned(
+        label,
+        "tune",
+        Path(site["file"]),
+        Edit(
+            kind="after_statement",
+            line=int(site["line"]),
+            code=code,
+            marker=f"{{var}}.{call.split('(')[0]}(" if target == "model" else ".compile(",
+        ),
+        snippet,
+    )
+
+
+def doctor_plan(record: RunRecord) -> list[Planned]:
+    """The edits for doctor findings with a mechanical fix, at each finding's line."""
+    out: list[Planned] = []
+    for finding in record.findings:
+        rule = str(finding.get("rule", ""))
+        if rule not in DOCTOR_RULES:
+            continue
+        where = finding.get("location") or {}
+        snippet = str(finding.get("fix") or "")
+        if not where.get("file") or not where.get("line"):
+            out.append(Planned(rule, "doctor", None, None, snippet, "the finding names no line", rule=rule))
+            continue
+        file, line = Path(where["file"]), int(where["line"])
+        if rule == "unsafe-torch-load":
+            edit = Edit(kind="call_kwargs", line=line, callee="load", kwargs=(("weights_only", True),))
+        elif rule == "whole-model-save":
+            edit = Edit(kind="save_state_dict", line=line, callee="save")
+        else:  # grad-not-zeroed: the finding points at the optimizer's step() call
+            edit = Edit(
+                kind="after_statement",
+                line=line,
+                callee=".step(",
+                code="{opt}.zero_grad(set_to_none=True)\n",
+                marker=".zero_grad(",
+            )
+        out.append(Planned(rule, "doctor", file, edit, snippet, rule=rule))
+    return out
+
+
+def _script_file(record: RunRecord, sites: SitesSection) -> Path | None:
+    """The script the run ran, as an absolute path: a recorded site in a file of the script's name."""
+    name = ((record.provenance or {}).get("code") or {}).get("script", {}).get("path")
+    target = (record.target or {}).get("script")
+    candidates = [
+        s.get("file")
+        for s in [
+            *sites.optimizers,
+            *sites.dataloaders,
+            sites.model or {},
+            sites.forward or {},
+            sites.backward or {},
+        ]
+        if isinstance(s, dict)
+    ]
+    candidates += [(f.get("location") or {}).get("file") for f in record.findings]
+    for c in candidates:
+        if c and name and Path(c).name == name:
+            return Path(c)
+    if target and Path(target).is_absolute():
+        return Path(target)
+    return None
+
+
+def script_file(record: RunRecord) -> Path | None:
+    """The absolute path of the script ``record`` ran, from its recorded sites (None when unknown)."""
+    return _script_file(record, record.section(SitesSection) or SitesSection())

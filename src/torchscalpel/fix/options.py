@@ -1,0 +1,46 @@
+"""``scalpel fix`` options: a frozen, validated dataclass (the CLI parses, this checks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchscalpel.errors import UsageError
+
+VERIFY_PAIRS = 3
+"""Interleaved (original, patched) profile pairs ``--verify`` measures for a tune edit (tune confirms with 3)."""
+VERIFY_STEPS = 20
+"""Measured steps of each verification profile: short, the effect not the whole run."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FixOptions:
+    """What ``scalpel fix`` reads and does."""
+
+    run_dirs: tuple[Path, ...]
+    """Run folders (or their run.json) of tune / doctor runs of one script."""
+    apply: bool = False
+    """Write the patched files in place (all or none)."""
+    patch: Path | None = None
+    """Also write the diff to this file."""
+    verify: bool = False
+    """Apply the patch to a copy of the script's folder and re-run it (see :mod:`torchscalpel.fix.verify`)."""
+    force: bool = False
+    """``--apply`` on a git tree with uncommitted changes."""
+    pairs: int = VERIFY_PAIRS
+    steps: int = VERIFY_STEPS
+
+    def __post_init__(self) -> None:
+        if not self.run_dirs:
+            raise UsageError("scalpel fix needs at least one RUN_DIR (a tune or doctor run folder).")
+        for run in self.run_dirs:
+            if not (run / "run.json").is_file() and not (run.is_file() and run.name.endswith(".json")):
+                raise UsageError(
+                    f"{run} is not a run folder (no run.json in it); pass a 'scalpel tune' or 'scalpel doctor' output folder."
+                )
+        if self.pairs < 1:
+            raise UsageError("--pairs must be at least 1.")
+        if self.steps < 1:
+            raise UsageError("--steps must be at least 1.")
+        if self.patch is not None and self.patch.is_dir():
+            raise UsageError(f"--patch {self.patch} is a folder; give a file name such as fix.patch.")

@@ -1,0 +1,31 @@
+"""What ``scalpel fix`` prints after the diff: each item's fate, the hand-made snippets, the verdict."""
+
+from __future__ import annotations
+
+from torchscalpel.fix.stage import FixResult
+
+
+def summary_lines(result: FixResult) -> list[str]:
+    """One line per planned change (patched / already / not patched + reason and snippet), then
+    what was written and the verification."""
+    out: list[str] = []
+    for item in result.items:
+        where = f" ({item.where})" if item.where else ""
+        if item.status == "not patched":
+            out.append(f"not patched: {item.label}: {item.reason}; by hand:")
+            out.extend(f"    {line}" for line in item.snippet.splitlines() or ["-"])
+        elif item.status == "already":
+            out.append(f"already done: {item.label}{where}")
+        else:
+            out.append(f"patched: {item.label}{where}")
+    if not result.items:
+        out.append("nothing to fix: the runs kept no tune setting and found nothing fix edits")
+    elif not result.changes:
+        out.append("no diff: the code already does everything fix can place")
+    if result.applied:
+        out.append(f"applied to {len(result.changes)} file(s) under {result.root}")
+    elif result.changes:
+        out.append("nothing written to your files (--apply writes them)")
+    if result.verification is not None:
+        out.extend(f"verify: {line}" for line in result.verification.lines())
+    return out

@@ -1,0 +1,289 @@
+"""``scalpel fix``: the edits tune and doctor runs ask for, made on the user's own files, as one diff.
+
+:func:`run` reads the records, plans the edits (:mod:`torchscalpel.fix.locate`), checks that every file
+is the one the run measured (its sha256 in the record's provenance) and lies in the user's tree, makes
+the edits on the text (:mod:`torchscalpel.fix.edits`), and returns the diff. ``--apply`` writes every
+file only after every edit succeeded (temporary files first, then one rename each);
+``--verify`` re-runs the patched copy (:mod:`torchscalpel.fix.verify`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.fix.diff import patch_text
+from torchscalpel.fix.options import FixOptions
+from torchscalpel.record import RunRecord, load_record
+from torchscalpel.runtime.userframes import is_user_file
+from torchscalpel.sections import DoctorSection, TuneSection
+
+MARK_FILE = "fix.json"
+"""Written in each run folder: the sha256 of each file before and after the patch, so that a later
+``scalpel fix`` on the patched file knows it as this patch's result (and gives no diff) rather than
+refusing it as a changed script."""
+
+
+@dataclass(slots=True)
+class Item:
+    """One planned change and what became of it."""
+
+    label: str
+    source: str
+    status: str
+    """``patched``, ``already`` (the code already does it) or ``not patched``."""
+    where: str = ""
+    reason: str = ""
+    snippet: str = ""
+    rule: str = ""
+
+
+@dataclass(slots=True)
+class FixResult:
+    """What :func:`run` made: the diff, each item's fate, the files' contents before and after."""
+
+    patch: str
+    items: list[Item]
+    root: Path | None
+    changes: dict[Path, tuple[str, str]] = field(default_factory=dict)
+    records: list[tuple[Path, RunRecord]] = field(default_factory=list)
+    applied: bool = False
+    verification: Any = None
+
+
+def _require_libcst() -> None:
+    try:
+        import libcst  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "scalpel fix edits your code with libcst, which is not installed; run: pip install 'torchscalpel[fix]'."
+        ) from None
+
+
+def sha256(path: Path) -> str:
+    """The sha256 of a file's bytes."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _record_dir(path: Path) -> Path:
+    return path.parent if path.is_file() else path
+
+
+def tree_root(record: RunRecord, script: Path) -> Path:
+    """The user's tree: the git root the run recorded, else the script's folder."""
+    root = ((record.provenance or {}).get("git") or {}).get("root")
+    return Path(root).resolve() if root else script.parent.resolve()
+
+
+def recorded_hash(record: RunRecord, file: Path, root: Path, script: Path) -> str | None:
+    """The sha256 the run recorded for ``file`` (the script or a local module), None when it has none."""
+    code = (record.provenance or {}).get("code") or {}
+    if file.resolve() == script.resolve():
+        return (code.get("script") or {}).get("sha256")
+    rel = file.resolve().relative_to(root).as_posix() if file.resolve().is_relative_to(root) else None
+    for entry in (code.get("modules") or {}).values():
+        if entry.get("path") == rel:
+            return entry.get("sha256")
+    return None
+
+
+def _patched_hashes(run_dir: Path) -> set[str]:
+    try:
+        data = json.loads((run_dir / MARK_FILE).read_text(encoding="utf-8"))
+        return {str(v["after"]) for v in data.get("files", {}).values()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()
+
+
+def _check_file(record: RunRecord, run_dir: Path, file: Path, root: Path, script: Path) -> str:
+    """Why ``file`` may not be edited ("" when it may); a changed script raises (refused in one sentence)."""
+    if not is_user_file(str(file)) or not file.resolve().is_relative_to(root):
+        return f"{file} is outside your tree ({root})"
+    if not file.is_file():
+        raise UsageError(f"{file} no longer exists; fix edits the files the run measured.")
+    want = recorded_hash(record, file, root, script)
+    if want is None:
+        return f"the run recorded no hash of {file.name}, so fix cannot tell it is the code it measured"
+    have = sha256(file)
+    if have != want and have not in _patched_hashes(run_dir):
+        raise UsageError(
+            f"{file} changed since the run in {run_dir} measured it (its sha256 differs from the record's "
+            "provenance); re-run that stage on the current code, then scalpel fix."
+        )
+    return ""
+
+
+def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[str]:
+    from torchscalpel.tune.speedup import speedup_of
+
+    lines = ["scalpel fix: the change measured by the runs below, as an edit of your code."]
+    for run_dir, record in records:
+        env = record.environment or {}
+        gpus = env.get("gpus") or []
+        machine = (
+            ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus)
+            if gpus
+            else f"CPU {(env.get('cpu') or {}).get('model', '?')}, {(env.get('cpu') or {}).get('usable_cores', '?')} cores"
+        )
+        lines.append(f"run: {run_dir} ({record.name}, torch {env.get('torch', '?')}, {machine})")
+        tune = record.section(TuneSection)
+        if tune is not None and tune.winner:
+            lines.append(f"measured: {speedup_of(tune.winner).sentence()}")
+        doctor = record.section(DoctorSection)
+        if doctor is not None:
+            fixed = sorted({i.rule for i in items if i.source == "doctor" and i.status == "patched"})
+            if fixed:
+                lines.append(f"findings fixed: {', '.join(fixed)}")
+        if record.command:
+            lines.append(f"reproduce: {' '.join(record.command)}")
+    for item in items:
+        if item.status == "not patched":
+            lines.append(f"not patched: {item.label}: {item.reason}")
+    return lines
+
+
+def plan_and_edit(options: FixOptions) -> FixResult:
+    """Read the records and make every edit on the text; touch no file."""
+    from torchscalpel.fix.edits import apply_edit
+    from torchscalpel.fix.locate import doctor_plan, script_file, tune_plan
+
+    records = [(_record_dir(r), load_record(r)) for r in options.run_dirs]
+    items: list[Item] = []
+    texts: dict[Path, str] = {}
+    originals: dict[Path, str] = {}
+    root: Path | None = None
+    for run_dir, record in records:
+        if record.section(TuneSection) is None and record.section(DoctorSection) is None:
+            raise UsageError(
+                f"{run_dir} holds no tune or doctor results; scalpel fix reads 'scalpel tune' and 'scalpel doctor' runs."
+            )
+        script = script_file(record)
+        planned = tune_plan(record) + doctor_plan(record)
+        # Edits lower in a file first, so that each recorded line still means the same line.
+        planned.sort(key=lambda p: (str(p.file), -(p.edit.line if p.edit else 0)))
+        for p in planned:
+            item = Item(p.label, p.source, "not patched", reason=p.reason, snippet=p.snippet, rule=p.rule)
+            items.append(item)
+            if p.done:
+                item.status = "already"
+                continue
+            if p.edit is None or p.file is None:
+                continue
+            if script is None:
+                item.reason = "the record does not say which script it ran"
+                continue
+            here = tree_root(record, script)
+            root = root or here
+            if here != root:
+                item.reason = f"this run's script is in another tree ({here}) than the first run's ({root}); fix one tree at a time"
+                continue
+            why = _check_file(record, run_dir, p.file, here, script)
+            if why:
+                item.reason = why
+                continue
+            path = p.file.resolve()
+            if path not in texts:
+                originals[path] = texts[path] = path.read_text(encoding="utf-8")
+            new, outcome = apply_edit(texts[path], p.edit)
+            item.where = f"{path.name}:{p.edit.line}" if p.edit.line else path.name
+            if outcome.status == "refused":
+                item.reason = outcome.reason
+            else:
+                texts[path] = new
+                item.status = "patched" if outcome.status == "applied" else "already"
+    changes = {p: (originals[p], texts[p]) for p in texts if texts[p] != originals[p]}
+    result = FixResult(patch="", items=items, root=root, changes=changes, records=records)
+    result.patch = render_patch(result)
+    return result
+
+
+def render_patch(result: FixResult, extra: list[str] | None = None) -> str:
+    """The patch text: the header (plus ``extra`` lines, the verification) and the diffs."""
+    if not result.changes or result.root is None:
+        return ""
+    return patch_text([*_header(result.records, result.items), *(extra or [])], result.changes, result.root)
+
+
+def _dirty(root: Path) -> bool:
+    """True when git knows uncommitted changes to tracked files under ``root``."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
+
+
+def write_all(changes: dict[Path, tuple[str, str]]) -> None:
+    """Write every changed file, all or none: each to a temporary file beside it first, then the renames."""
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, (_, after) in changes.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".scalpel-fix", dir=path.parent)
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+                f.write(after)
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+            staged.append((tmp, path))
+    except OSError as exc:
+        for tmp, _ in staged:
+            Path(tmp).unlink(missing_ok=True)
+        raise ScalpelError(f"could not write the patched files ({exc}); nothing was changed.") from None
+    for tmp, path in staged:
+        os.replace(tmp, path)
+
+
+def _mark(result: FixResult) -> None:
+    """Record each file's before/after hash in every run folder (best effort: a read-only folder is fine)."""
+    files = {
+        str(p): {
+            "before": hashlib.sha256(b.encode()).hexdigest(),
+            "after": hashlib.sha256(a.encode()).hexdigest(),
+        }
+        for p, (b, a) in result.changes.items()
+    }
+    for run_dir, _ in result.records:
+        try:
+            (run_dir / MARK_FILE).write_text(json.dumps({"files": files}, indent=1), encoding="utf-8")
+        except OSError:
+            pass
+
+
+def run(options: FixOptions) -> FixResult:
+    """Plan, edit, and then (as asked) write the patch file, apply, verify."""
+    _require_libcst()
+    result = plan_and_edit(options)
+    if result.changes:
+        _mark(result)
+    if options.apply and result.changes and not options.force:
+        assert result.root is not None
+        if _dirty(result.root):  # asked before the verification's minutes, not after
+            raise UsageError(
+                f"the git tree at {result.root} has uncommitted changes; commit them first, or pass --force to apply anyway."
+            )
+    if options.verify and result.changes:
+        from torchscalpel.fix.verify import verify
+
+        result.verification = verify(result, options)
+        # The reviewer reads the re-measurement beside tune's figure, in the patch itself.
+        lines = [line for line in result.verification.lines() if not line.startswith("copies in")]
+        result.patch = render_patch(result, [f"verify: {line}" for line in lines])
+    if options.patch is not None:
+        from torchscalpel.fileio import atomic_write_text
+
+        atomic_write_text(options.patch, result.patch)
+    if options.apply and result.changes:
+        write_all(result.changes)
+        result.applied = True
+    return result

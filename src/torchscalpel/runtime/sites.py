@@ -1,0 +1,176 @@
+"""Where the script built its optimizer, DataLoader and model, and where it called forward and backward.
+
+:class:`SitesObserver` rides along every run (the runtime adds it) and fills ``record.sections["sites"]``
+(:class:`torchscalpel.sections.SitesSection`): the ``file:line`` of each construction and call, found
+from the live stack when it happened, so that ``scalpel fix`` edits the line the run actually went
+through instead of guessing one from names. A site is::
+
+    {"file": "/abs/train.py", "line": 41, "class": "AdamW", "library": None, "used": True}
+
+- ``file`` / ``line``: the innermost frame of the user's code (:mod:`torchscalpel.runtime.userframes`),
+  skipping the constructor chain of the object itself (a user subclass's ``super().__init__()``);
+- ``library``: the installed package whose code made the call when it was not the user's
+  (``transformers`` builds the optimizer inside ``Trainer.train()``); the ``file:line`` is then
+  the user's line that led there, which is not the place to edit the construction;
+- ``used``: the optimizer stepped / the DataLoader yielded a training batch / the model ran the
+  training forward (only used ones are worth an edit).
+
+Best effort: a site that cannot be read is left out, never the run.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
+from torchscalpel.runtime.userframes import Kind, file_kind
+
+if TYPE_CHECKING:
+    from torchscalpel.record import RunRecord
+    from torchscalpel.runtime.session import Session
+
+MAX_SITES = 16
+"""Optimizers / DataLoaders kept per run: a script that builds one per step must not grow the record."""
+
+
+def _package(path: str) -> str | None:
+    """``transformers`` for ``.../site-packages/transformers/trainer.py``; None when not installed code."""
+    parts = Path(path).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            i = parts.index(marker)
+            return parts[i + 1].removesuffix(".py") if i + 1 < len(parts) else None
+    return None
+
+
+def caller_site(obj: Any, frame: Any) -> dict[str, Any] | None:
+    """The site of a call made at or above ``frame``: the first frame that is neither torch, torchscalpel,
+    nor a constructor of ``obj`` itself; with ``library`` set when that frame is not the user's."""
+    library: str | None = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        kind = file_kind(name)
+        if kind in (Kind.TORCH, Kind.SCALPEL) or (obj is not None and frame.f_locals.get("self") is obj):
+            frame = frame.f_back
+            continue
+        if kind is Kind.USER:
+            return {"file": str(Path(name).resolve()), "line": frame.f_lineno, "library": library}
+        if library is None and kind is Kind.THIRD_PARTY:
+            library = _package(name)
+        frame = frame.f_back
+    return None
+
+
+class SitesObserver(Observer):
+    """Records construction and call sites into ``record.sections["sites"]`` (see the module doc)."""
+
+    name = "sites"
+
+    def __init__(self) -> None:
+        self.optimizers: dict[int, dict[str, Any]] = {}
+        self.loaders: dict[int, dict[str, Any]] = {}
+        # Keyed by id with a weak reference, not a WeakKeyDictionary: that hashes the module, and a
+        # torchmetrics Metric's __hash__ reads state its __init__ has not set yet (Lightning failed so).
+        self.modules: dict[int, tuple[weakref.ref[Any], dict[str, Any]]] = {}
+        self.model: dict[str, Any] | None = None
+        self.forward: dict[str, Any] | None = None
+        self.backward: dict[str, Any] | None = None
+        self._restore: list[Undo] = []
+
+    def on_start(self, session: Session) -> None:
+        """Wrap the three constructors (undone at the end)."""
+        self._wrap(torch.optim.Optimizer, self.optimizers)
+        self._wrap(torch.utils.data.DataLoader, self.loaders)
+        self._wrap_module()
+
+    def _wrap(self, cls: type, into: dict[int, dict[str, Any]]) -> None:
+        def make(original: Any) -> Any:
+            def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+                original(obj, *args, **kwargs)
+                if len(into) < MAX_SITES and id(obj) not in into:
+                    site = caller_site(obj, sys._getframe(1))
+                    if site is not None:
+                        into[id(obj)] = {**site, "class": type(obj).__name__, "used": False}
+
+            return __init__
+
+        self._restore.append(wrap_attr(cls, "__init__", make))
+
+    def _wrap_module(self) -> None:
+        modules = self.modules
+
+        def make(original: Any) -> Any:
+            def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+                original(obj, *args, **kwargs)
+                site = caller_site(obj, sys._getframe(1))
+                if site is not None:
+                    key = id(obj)
+
+                    def forget(_ref: Any, k: int = key) -> None:
+                        modules.pop(k, None)
+
+                    try:
+                        ref = weakref.ref(obj, forget)
+                    except TypeError:  # a module class that cannot be weakly referenced
+                        return
+                    modules[key] = (ref, {**site, "class": type(obj).__name__})
+
+            return __init__
+
+        self._restore.append(wrap_attr(torch.nn.Module, "__init__", make))
+
+    def on_forward_pre(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool
+    ) -> None:
+        """The first training forward of a root module: its call site and where the module was built."""
+        if not root or self.forward is not None or not module.training or not torch.is_grad_enabled():
+            return
+        site = caller_site(None, sys._getframe(1))
+        if site is None:
+            return
+        device = next((p.device.type for p in module.parameters()), "cpu")
+        try:
+            autocast = bool(torch.is_autocast_enabled(device))
+        except Exception:
+            autocast = False
+        self.forward = {**site, "class": type(module).__name__, "autocast": autocast, "device": device}
+        ref, built = self.modules.get(id(module), (None, None))
+        if ref is not None and ref() is module and built is not None:
+            self.model = {**built, "used": True}
+
+    def on_backward_pre(self, tensors: tuple[torch.Tensor, ...]) -> None:
+        """The first backward call's site."""
+        if self.backward is None:
+            self.backward = caller_site(None, sys._getframe(1))
+
+    def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        """Mark the optimizer as the one that steps."""
+        entry = self.optimizers.get(id(optimizer))
+        if entry is not None:
+            entry["used"] = True
+
+    def on_batch(self, batch: Any, loader: Any) -> None:
+        """Mark the DataLoader as the one that feeds the steps."""
+        entry = self.loaders.get(id(loader)) if loader is not None else None
+        if entry is not None:
+            entry["used"] = True
+
+    def on_finish(self, record: RunRecord) -> None:
+        """Undo the wrappers and write ``sections["sites"]``."""
+        from torchscalpel.sections import SitesSection
+
+        undo_all(self._restore)()
+        self._restore = []
+        record.sections[SitesSection.KEY] = SitesSection(
+            optimizers=list(self.optimizers.values()),
+            dataloaders=list(self.loaders.values()),
+            model=self.model,
+            forward=self.forward,
+            backward=self.backward,
+        ).to_dict()
