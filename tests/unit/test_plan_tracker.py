@@ -158,7 +158,7 @@ class _LSTM(nn.Module):
 
 def test_lstm_workspace_is_probed_to_its_real_size(monkeypatch):
     """oneDNN's RNN workspace is 0 bytes on fake tensors; the probe brings the plan close to real steps."""
-    import torchscalpel.plan.tracker as tracker_module
+    from torchscalpel.plan import tracker as tracker_module
 
     spec = parse_batch_spec("x=float32[16,48,32],y=int64[16]:10")
     settings = SimSettings(optimizer=OptimizerSpec.named("sgd"))
@@ -172,7 +172,7 @@ def test_lstm_workspace_is_probed_to_its_real_size(monkeypatch):
 
 
 def test_large_probes_scale_the_last_real_probe_instead_of_allocating(monkeypatch):
-    import torchscalpel.plan.tracker as tracker_module
+    from torchscalpel.plan import tracker as tracker_module
 
     spec = parse_batch_spec("x=float32[16,48,32],y=int64[16]:10")
     settings = SimSettings(optimizer=OptimizerSpec.named("sgd"))
