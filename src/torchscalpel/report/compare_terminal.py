@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchscalpel.compare.core import Comparison
+from torchscalpel.console import make_console
 from torchscalpel.record import PHASES
 from torchscalpel.units import fmt_bytes
 
@@ -76,7 +77,9 @@ def figures_table(cmp: Comparison) -> Table | None:
 
 def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
     """Runs, the step table, memory/throughput, then per pair its losses, differences and verdict."""
-    out = console or Console(highlight=False)
+    # make_console: in a pipe 200 columns (COLUMNS when set) and soft wrap, so a log line is never cut at
+    # rich's default 80 (the README's tour); on a terminal its width
+    out = console or make_console(highlight=False)
     for r in cmp.runs:
         out.print(
             f"[bold]{r.label}[/bold] {r.path} ({r.record.name}, {r.record.created or 'no date'}, "
@@ -90,7 +93,8 @@ def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
         if pair.differences:
             t = Table(title=f"{pair.a.label} vs {pair.b.label}: recorded differences")
             for col in ("kind", "what", pair.a.label, pair.b.label):
-                t.add_column(col)
+                # a value too long for its cell (a path, a version string) is folded, never cut to "…"
+                t.add_column(col, overflow="fold")
             for d in pair.differences:
                 a, b = d.phrase().removeprefix(d.key + " ").split(" -> ", 1)
                 t.add_row(d.kind, d.key, a, b)
@@ -98,4 +102,5 @@ def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
     for note in cmp.notes:
         out.print(f"[yellow]note:[/yellow] {note}")
     for pair in cmp.pairs:
-        out.print(f"[bold]verdict {pair.a.label} -> {pair.b.label}:[/bold] {pair.verdict}", soft_wrap=True)
+        # wrapped between words on a terminal (the console's width); one line in a pipe (soft wrap there)
+        out.print(f"[bold]verdict {pair.a.label} -> {pair.b.label}:[/bold] {pair.verdict}")
