@@ -279,7 +279,7 @@ def test_terminal_comparison_fits_80_columns_with_numbers_whole() -> None:
     buf = io.StringIO()
     print_comparison(cmp, Console(file=buf, width=80))  # an 80-column terminal
     text = buf.getvalue()
-    assert all(len(line) <= 80 for line in text.splitlines()), [l for l in text.splitlines() if len(l) > 80]
+    assert all(len(line) <= 80 for line in text.splitlines()), [x for x in text.splitlines() if len(x) > 80]
     flat = " ".join(text.split())
     for pair in cmp.pairs:  # the verdict whole, wrapped only between words
         assert f"verdict {pair.a.label} -> {pair.b.label}: {' '.join(pair.verdict.split())}" in flat
