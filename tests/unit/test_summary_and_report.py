@@ -157,3 +157,27 @@ def test_profile_summary_at_80_columns_keeps_names_and_figures_whole(tmp_path):
     # each op's name is all there, folded inside its cell
     cells = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.count("│") == 5)
     assert long_a in cells and long_b in cells
+
+
+def test_profile_summary_says_the_machine_was_busy(tmp_path):
+    """Load 13 on 2 cores: the step times are noisy, and the summary says so (doctor's findings do not:
+    they are about the script)."""
+    import io
+
+    from rich.console import Console
+
+    from torchscalpel.doctor.api import _env_findings
+    from torchscalpel.report.profile_terminal import print_profile_summary
+
+    r = RunRecord(name="t", status="complete", target={"script": "train.py"})
+    r.steps = [StepRecord(index=i, total_ms=10.0, forward_ms=10.0) for i in range(4)]
+    r.summary = summarize(r)
+    r.environment = {"cpu": {"usable_cores": 2, "load_avg_1m": 13.0}}
+    buf = io.StringIO()
+    print_profile_summary(r, tmp_path, out=Console(file=buf, width=200))
+    assert "note: This machine is busy (load 13.0 on 2 cores)" in buf.getvalue()
+    assert [f.rule for f in _env_findings(r)] == []
+    r.environment["cpu"]["load_avg_1m"] = 1.0
+    buf = io.StringIO()
+    print_profile_summary(r, tmp_path, out=Console(file=buf, width=200))
+    assert "busy" not in buf.getvalue()

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from torchscalpel.console import console
+from torchscalpel.envcheck.checks import check_machine_busy
 from torchscalpel.record import PHASES, RunRecord, StepRecord
 from torchscalpel.runtime.native_log import LOG_NAME
 from torchscalpel.runtime.script import strip_ansi  # the runtime strips errors before they reach the record
@@ -104,6 +105,8 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
     )
     for note in record.notes:
         c.print(f"[yellow]note:[/] {escape(strip_ansi(note))}")
+    for busy in check_machine_busy(record.environment):  # step times measured on a busy machine are noisy
+        c.print(f"[yellow]note:[/] {escape(busy.message)}")
     if s.median_step_ms is None:
         c.print("[yellow]No measured steps to summarise.[/]")
     else:
