@@ -301,3 +301,13 @@ def test_piped_comparison_is_not_wrapped_at_80(
         lines
     )
     assert any(line == f"verdict A -> B: {cmp.pairs[0].verdict}" for line in lines), lines
+
+
+def test_compare_page_labels_are_readable_names_with_units() -> None:
+    page = render(compare_records([make_record(), make_record(backward_scale=1.652)]))
+    loss = page.split('data-chart="compare-loss"', 1)[1].split("</svg>", 1)[0]
+    assert ">loss</text>" in loss and ">value</text>" not in loss  # the y-axis names what is plotted
+    steps = page.split('data-chart="compare-steps"', 1)[1].split("</svg>", 1)[0]
+    assert ">step time (ms)</text>" in steps
+    assert "samples/s" in page and "samples_per_s" not in page  # the terminal's names, not raw keys
+    assert "3,047.6" in page  # and its figures (4 significant digits in exponent form were shown here)

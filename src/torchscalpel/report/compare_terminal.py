@@ -39,8 +39,9 @@ def step_table(cmp: Comparison) -> Table:
     return t
 
 
-def figures_table(cmp: Comparison) -> Table | None:
-    """Memory peaks and throughput, rows only where some run recorded them."""
+def figure_rows(cmp: Comparison) -> list[tuple[str, list[str]]]:
+    """Memory peaks and throughput as (readable name, one cell per run), rows only where some run
+    recorded them; the terminal and the HTML page show the same rows."""
     rows: list[tuple[str, list[str]]] = []
     for key in ("allocator_peak", "cuda_allocated_peak", "cuda_reserved_peak", "rss_peak"):
         if any(key in r.facts.memory for r in cmp.runs):
@@ -64,6 +65,12 @@ def figures_table(cmp: Comparison) -> Table | None:
                     [f(r.facts.throughput[key]) if key in r.facts.throughput else "-" for r in cmp.runs],
                 )
             )
+    return rows
+
+
+def figures_table(cmp: Comparison) -> Table | None:
+    """Memory peaks and throughput, rows only where some run recorded them."""
+    rows = figure_rows(cmp)
     if not rows:
         return None
     t = Table(title="memory and throughput")

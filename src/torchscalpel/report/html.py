@@ -40,8 +40,9 @@ def section_builders() -> list[SectionBuilder]:
     ]
 
 
-VERDICT_IDS = ("tune", "plan", "findings", "trace-diff")
-"""Section ids that carry a verdict: the recommendation, the plan, the findings, a comparison. They lead the page."""
+VERDICT_IDS = ("tune", "plan", "findings", "trace-diff", "memory", "profile-verdict")
+"""Section ids that carry a verdict: the recommendation, the plan, the findings, a comparison, memory's
+peak and out-of-memory fix ladder, where a profiled step goes. They lead the page."""
 
 ENVIRONMENT_IDS = ("environment",)
 """Section ids that describe where a run happened: they close the page."""
