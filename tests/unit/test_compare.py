@@ -311,3 +311,10 @@ def test_compare_page_labels_are_readable_names_with_units() -> None:
     assert ">step time (ms)</text>" in steps
     assert "samples/s" in page and "samples_per_s" not in page  # the terminal's names, not raw keys
     assert "3,047.6" in page  # and its figures (4 significant digits in exponent form were shown here)
+
+
+def test_a_noisy_run_is_named_in_the_verdict() -> None:
+    quiet = compare_records([make_record(), make_record(backward_scale=1.652)]).pairs[0].verdict
+    assert "noisy" not in quiet
+    noisy = compare_records([make_record(jitter=0.5), make_record(backward_scale=1.652)]).pairs[0].verdict
+    assert "noisy: A's steps vary ±" in noisy and "re-measure on an idle machine" in noisy
