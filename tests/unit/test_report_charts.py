@@ -172,6 +172,7 @@ def test_kernel_table_shows_short_names_with_the_full_one_on_hover() -> None:
 
 
 def test_chart_labels_stay_distinct_apart_and_inside_the_chart() -> None:
+    import itertools
     import re
 
     from torchscalpel.report import charts
@@ -186,7 +187,7 @@ def test_chart_labels_stay_distinct_apart_and_inside_the_chart() -> None:
     labels = [f"step {i}" for i in range(10, 26)]
     svg = charts.stacked_bars("mem", labels, {"activations": [1.0] * 16}, unit="MiB")
     xs = [float(x) for x in re.findall(r'<text class="tick x-tick" x="([\d.]+)"', svg)]
-    assert len(xs) >= 2 and min(b - a for a, b in zip(xs, xs[1:])) >= len("step 25") * charts.CHAR_W
+    assert len(xs) >= 2 and min(b - a for a, b in itertools.pairwise(xs)) >= len("step 25") * charts.CHAR_W
     # the last x tick of a line chart is not centred past the chart's right edge
     svg = charts.lines("loss", list(range(0, 12001, 100)), {"loss": [1.0 + i for i in range(121)]})
     last = re.findall(
