@@ -87,3 +87,10 @@ def test_the_compare_page_opens_with_its_verdict() -> None:
 
     page = render(compare_records([make_record(), make_record(backward_scale=1.652)]))
     assert _first_section(page) == "verdict"
+
+
+def test_a_stopped_run_does_not_read_as_a_failure() -> None:
+    r = _profiled()
+    r.status = "stopped"
+    page = _page(r)
+    assert "status <b>stopped</b>: ended after the planned steps, as asked (not a failure" in page

@@ -51,6 +51,16 @@ PHASE_NEXT = {
 """Per phase that takes most of the step: what that means and what tries to shorten it."""
 
 
+STATUS_MEANS = {
+    "complete": "the script ran to its end",
+    "stopped": "ended after the planned steps, as asked (not a failure: the rest of the script was skipped)",
+    "partial": "the run ended before its record was finished",
+    "failed": "the script raised an error (what was measured before it is kept)",
+    "interrupted": "stopped by Ctrl-C (what was measured before it is kept)",
+}
+"""What each run status means, beside the word: "stopped" read as a failure."""
+
+
 def _verdict(record: RunRecord) -> Section | None:
     """Where the median step goes and what to run next: the page's first section (the terminal's
     summary ends with the same next step)."""
@@ -112,6 +122,7 @@ def _overview(record: RunRecord) -> Section | None:
         return None
     facts = [
         f"status <b>{escape(record.status)}</b>"
+        + (f": {escape(STATUS_MEANS[record.status])}" if record.status in STATUS_MEANS else "")
         + (f" (exit code {record.exit_code})" if record.exit_code else "")
     ]
     if record.steps:
