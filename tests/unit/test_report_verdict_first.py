@@ -94,3 +94,13 @@ def test_a_stopped_run_does_not_read_as_a_failure() -> None:
     r.status = "stopped"
     page = _page(r)
     assert "status <b>stopped</b>: ended after the planned steps, as asked (not a failure" in page
+
+
+def test_a_group_heading_names_the_kind_once() -> None:
+    from torchscalpel.report.html import RecordGroup, render_records
+
+    tune = RunRecord(name="tune", status="complete", sections={"tune": {}})
+    other = _profiled()
+    page = render_records([RecordGroup(record=tune), RecordGroup(record=other)], title="t", subtitle="")
+    heads = re.findall(r'<div class="group-head" id="[^"]+"><h2>([^<]*)</h2>', page)
+    assert heads == ["tune", "profile · t"], heads

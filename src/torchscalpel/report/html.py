@@ -195,7 +195,9 @@ def render_records(
         parts.append(f'<section id="{escape(sid)}"><h2>{escape(s.title)}</h2>{s.body}</section>')
     for i, group in enumerate(groups, start=1):
         record = group.record
-        heading = group.title or f"{record_kind(record)} · {record.name}"
+        kind = record_kind(record)
+        # "tune · tune": the name is said once when it is the kind
+        heading = group.title or (kind if record.name in (kind, "") else f"{kind} · {record.name}")
         gid = unique(f"record-{i}")
         nav.append(f'<a href="#{escape(gid)}">{escape(heading)}</a>')
         body: list[str] = []
