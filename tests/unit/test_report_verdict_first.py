@@ -104,3 +104,17 @@ def test_a_group_heading_names_the_kind_once() -> None:
     page = render_records([RecordGroup(record=tune), RecordGroup(record=other)], title="t", subtitle="")
     heads = re.findall(r'<div class="group-head" id="[^"]+"><h2>([^<]*)</h2>', page)
     assert heads == ["tune", "profile · t"], heads
+
+
+def test_the_demo_page_links_each_stages_outputs(tmp_path) -> None:
+    from torchscalpel.stages.demo import StageResult, _write_combined_report
+
+    results = [
+        StageResult(
+            name="env", ok=True, seconds=1.0, output=str(tmp_path / "env" / "env.json"), summary="ok"
+        ),
+        StageResult(name="export", ok=False, seconds=0.5, output="", summary="failed: <no bundle>"),
+    ]
+    page = _write_combined_report(tmp_path, results).read_text()
+    assert '<td class=""><a href="env/env.json">env/env.json</a></td>' in page
+    assert "failed: &lt;no bundle&gt;" in page  # every other cell is still escaped
