@@ -106,3 +106,14 @@ def test_in_process_doctor_counts_the_seed_of_an_earlier_cell(tmp_path, seed_fir
     assert repr(run.record).startswith(
         "RunRecord(name='doctor-inprocess', status='stopped', steps=4 (3 measured)"
     )
+
+
+def test_a_report_of_a_cell_names_the_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchscalpel.report.html import record_page
+
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    r = RunRecord(name="inprocess", status="stopped", target={"inprocess": f"{CELL}:4"})
+    r.steps = [StepRecord(index=i, total_ms=5.0, forward_ms=5.0) for i in range(3)]
+    r.summary = summarize(r)
+    page = record_page(r)
+    assert "cell 2765614298, line 4" in page and "ipykernel_21012" not in page

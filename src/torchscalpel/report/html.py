@@ -12,6 +12,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.findings import location_text
 from torchscalpel.record import RunRecord
 from torchscalpel.report.page import Section, SectionBuilder
 
@@ -120,6 +121,11 @@ def record_page(record: RunRecord) -> str:
 
 
 def _target_text(record: RunRecord) -> str:
+    block = record.target.get("inprocess")
+    if block and not (record.target.get("script") or record.target.get("module")):
+        # an in-process block: "Cell In[3], line 4" in a notebook, as Jupyter names the cell
+        path, _, line = str(block).rpartition(":")
+        return location_text(path, int(line)) if path and line.isdigit() else str(block)
     return str(
         record.target.get("script")
         or record.target.get("module")
