@@ -30,16 +30,20 @@ for the tune table; plain lines are never wrapped there at all (soft wrap)."""
 
 def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
     """A rich console for scalpel's output. On a terminal: rich's own width. Elsewhere (piped, redirected,
-    CI): ``COLUMNS`` or :data:`PIPE_WIDTH` columns and soft wrapping, so a line is never broken mid-word
-    and code is never cut at 80 columns. An explicit ``width`` wins."""
+    CI): :data:`PIPE_WIDTH` columns and soft wrapping, so a line is never broken and code is never cut at
+    80 columns; with ``COLUMNS`` set, that width, wrapped between words. An explicit ``width`` wins."""
     probe = Console(stderr=stderr)
     if probe.is_terminal or "width" in kwargs:
         return Console(stderr=stderr, **kwargs)
     try:
-        width = int(os.environ.get("COLUMNS", "")) or PIPE_WIDTH
+        columns = int(os.environ.get("COLUMNS", ""))
     except ValueError:
-        width = PIPE_WIDTH
-    return Console(stderr=stderr, width=width, soft_wrap=True, **kwargs)
+        columns = 0
+    if columns > 0:
+        # COLUMNS set on a pipe (a log viewed in an 80-column pane): lines wrap between words at that
+        # width, as on a terminal of that size; code and paths are printed with soft_wrap and stay whole
+        return Console(stderr=stderr, width=columns, **kwargs)
+    return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True, **kwargs)
 
 
 def rule(out: Console, title: str) -> None:

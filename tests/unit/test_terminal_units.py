@@ -71,3 +71,21 @@ def test_piped_profile_prints_a_heartbeat_line_instead_of_a_bar():
         "profiling train.py: step 80 of 200, 12.3 ms/step, 15 s left",
         "profiling train.py: step 160 of 200, 12.3 ms/step, 5 s left",
     ]
+
+
+def test_columns_set_on_a_pipe_wraps_between_words_at_that_width(monkeypatch):
+    # `COLUMNS=80 scalpel profile ... | tee log` viewed in an 80-column pane: lines were one long line each
+    monkeypatch.setenv("COLUMNS", "80")
+    buf = io.StringIO()
+    c = make_console(file=buf)
+    c.print(
+        "step time: median 1234.50 ms, p90 4.58 ms (over 6 step(s), 3 profiled, 1 FLOP-counting left out) "
+        * 2
+    )
+    c.print(
+        "    x = torch.autocast(device_type=device.type, dtype=torch.bfloat16)  # never wrapped: code" * 2,
+        soft_wrap=True,
+    )
+    lines = buf.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines[:-1]), lines
+    assert "1234.50" in buf.getvalue() and len(lines[-1]) > 80  # the code line stays whole
