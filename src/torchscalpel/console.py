@@ -4,6 +4,8 @@ long-running stage use them, so they may import nothing of the package but the r
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -14,9 +16,8 @@ from rich.progress import (
     ProgressColumn,
     Task,
     TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
 )
+from rich.table import Column
 from rich.text import Text
 
 if TYPE_CHECKING:
@@ -29,16 +30,20 @@ for the tune table; plain lines are never wrapped there at all (soft wrap)."""
 
 def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
     """A rich console for scalpel's output. On a terminal: rich's own width. Elsewhere (piped, redirected,
-    CI): ``COLUMNS`` or :data:`PIPE_WIDTH` columns and soft wrapping, so a line is never broken mid-word
-    and code is never cut at 80 columns. An explicit ``width`` wins."""
+    CI): :data:`PIPE_WIDTH` columns and soft wrapping, so a line is never broken and code is never cut at
+    80 columns; with ``COLUMNS`` set, that width, wrapped between words. An explicit ``width`` wins."""
     probe = Console(stderr=stderr)
     if probe.is_terminal or "width" in kwargs:
         return Console(stderr=stderr, **kwargs)
     try:
-        width = int(os.environ.get("COLUMNS", "")) or PIPE_WIDTH
+        columns = int(os.environ.get("COLUMNS", ""))
     except ValueError:
-        width = PIPE_WIDTH
-    return Console(stderr=stderr, width=width, soft_wrap=True, **kwargs)
+        columns = 0
+    if columns > 0:
+        # COLUMNS set on a pipe (a log viewed in an 80-column pane): lines wrap between words at that
+        # width, as on a terminal of that size; code and paths are printed with soft_wrap and stay whole
+        return Console(stderr=stderr, width=columns, **kwargs)
+    return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True, **kwargs)
 
 
 def rule(out: Console, title: str) -> None:
@@ -65,21 +70,50 @@ class OfTotalColumn(ProgressColumn):
         )
 
 
+def clock_text(seconds: float | None) -> str:
+    """``m:ss`` (``h:mm:ss`` past an hour); ``-:--`` while unknown."""
+    if seconds is None:
+        return "-:--"
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class TimesColumn(ProgressColumn):
+    """Elapsed and time left in one short column (``0:05 · 0:10 left``): rich's two clock columns and the
+    word between them took 25 columns, and at 80 columns the table cut them to ``0:0… left 0:00:…``."""
+
+    def render(self, task: Task) -> Text:
+        return Text(
+            f"{clock_text(task.elapsed)} · {clock_text(task.time_remaining)} left", style="progress.remaining"
+        )
+
+
 def stage_progress(out: Console) -> Progress:
-    """The one progress style of every long stage: label, bar, ``N of M``, the step's info, elapsed, time left."""
+    """The one progress style of every long stage: label, bar, ``N of M``, the step's info, elapsed and time
+    left. The figures never wrap (no_wrap); at a narrow width the label gives way first (ellipsis), then
+    the bar, so an 80-column terminal shows every number whole on one line."""
     return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        OfTotalColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TextColumn("left"),
-        TimeRemainingColumn(),
+        TextColumn(
+            "[bold]{task.description}",
+            table_column=Column(no_wrap=True, overflow="ellipsis", ratio=2, min_width=8),
+        ),
+        BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=4)),
+        OfTotalColumn(table_column=Column(no_wrap=True)),
+        TextColumn("{task.fields[info]}", table_column=Column(no_wrap=True)),
+        TimesColumn(table_column=Column(no_wrap=True)),
         console=out,
+        expand=True,
         transient=True,
         redirect_stdout=True,
         redirect_stderr=True,
     )
+
+
+HEARTBEAT_S = 30.0
+"""Seconds between progress lines when the output is not a terminal (a CI log): the bar is not drawn
+there, and a long run that printed nothing until it ended looked hung."""
 
 
 class TerminalProgress:
@@ -113,11 +147,25 @@ class StepProgress:
     stream the bar is not drawn, so logs stay readable.
     """
 
-    def __init__(self, total: int | None, label: str) -> None:
-        self.console = console()
+    def __init__(
+        self,
+        total: int | None,
+        label: str,
+        *,
+        out: Console | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.console = out if out is not None else console()
         self.enabled = self.console.is_terminal
         self.total = total
         self.done = 0
+        self.label = label
+        self.heartbeat_s = heartbeat_s
+        self._clock = clock
+        self._last_beat = clock()
+        self._beat_done = 0
+        self._beat_ms: list[float] = []
         self._progress = stage_progress(self.console)
         self._task = self._progress.add_task(label, total=total, info="starting")
 
@@ -148,3 +196,27 @@ class StepProgress:
         self._progress.update(
             self._task, completed=self.done, total=self.total, info=f"{tag} {step.total_ms:.1f} ms{loss}"
         )
+        if not self.enabled:
+            self._beat_ms.append(step.total_ms)
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        """Off a terminal: one line every ``heartbeat_s`` seconds (``step 40 of 200, 12.3 ms/step, 25 s
+        left``). The time left comes from the wall clock per step since the last line (it includes what the
+        script does between steps); ms/step is the steps' own measured mean since then."""
+        now = self._clock()
+        waited = now - self._last_beat
+        if waited < self.heartbeat_s or self.done <= self._beat_done:
+            return
+        per_step_s = waited / (self.done - self._beat_done)
+        mean_ms = sum(self._beat_ms) / len(self._beat_ms)
+        of = f" of {self.total}" if self.total is not None else ""
+        left = ""
+        if self.total is not None:
+            left = f", {max(0.0, (self.total - self.done) * per_step_s):.0f} s left"
+        self.console.print(
+            f"{self.label}: step {self.done}{of}, {mean_ms:.1f} ms/step{left}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        self._last_beat, self._beat_done, self._beat_ms = now, self.done, []

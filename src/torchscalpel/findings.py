@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import enum
 import os
+import re
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -44,7 +46,32 @@ class Location:
     column: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.file}:{self.line}"
+        return location_text(self.file, self.line)
+
+
+_KERNEL_CELL = re.compile(r"ipykernel_\d+[/\\](\d+)\.py$")
+"""The file ipykernel compiles a notebook cell into: ``/tmp/ipykernel_<pid>/<hash>.py``."""
+
+
+def notebook_cell(path: str) -> str | None:
+    """``Cell In[7]`` for a notebook cell's file, as Jupyter's own tracebacks name it (the execution
+    count from the running IPython's compiler); ``cell 2765614298`` (the file's name) when no IPython in
+    this process knows it; None for any other file."""
+    found = _KERNEL_CELL.search(path)
+    if found is None:
+        return None
+    ipython = sys.modules.get("IPython")  # only when the kernel loaded it: never imported here
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if callable(get) else None
+    numbers = getattr(getattr(shell, "compile", None), "_filename_map", None)  # IPython >= 8
+    count = numbers.get(path) if isinstance(numbers, dict) else None
+    return f"Cell In[{count}]" if isinstance(count, int) else f"cell {found.group(1)}"
+
+
+def location_text(path: str, line: int) -> str:
+    """``file:line``, or ``Cell In[7], line 25`` for a notebook cell (:func:`notebook_cell`)."""
+    cell = notebook_cell(path)
+    return f"{cell}, line {line}" if cell else f"{path}:{line}"
 
 
 def short_path(path: str) -> str:

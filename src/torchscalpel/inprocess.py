@@ -84,8 +84,21 @@ class InProcessRun(contextlib.ContextDecorator):
         self.out_dir: Path | None = None
         """Where the last block's run.json, report.html and trace went."""
         self._attachment: Attachment | None = None
+        self._seed_before: dict[str, Any] = {}
+
+    @property
+    def where(self) -> str:
+        """The block's place, readable: ``train.py:12``, or ``Cell In[3], line 4`` in a notebook."""
+        from torchscalpel.findings import location_text
+
+        path, _, line = self.caller.rpartition(":")
+        return location_text(path, int(line)) if path and line.isdigit() else self.caller
+
+    def __repr__(self) -> str:
+        return f"<torchscalpel block at {self.where}: {self.record!r}>"
 
     def __enter__(self) -> InProcessRun:
+        from torchscalpel.runtime.provenance import torch_seed_state
         from torchscalpel.runtime.session import Attachment
 
         if _active:
@@ -94,6 +107,8 @@ class InProcessRun(contextlib.ContextDecorator):
         self.options.out_dir = self.out_dir
         self.record = None
         self.caller = _caller()
+        # the seed state before the block counts: a notebook seeds in an earlier cell (no wrapped call sees it)
+        self._seed_before = torch_seed_state()
         attachment = Attachment(
             self.options,
             self.observers,
@@ -130,6 +145,7 @@ class InProcessRun(contextlib.ContextDecorator):
         elif exc is not None:
             status, code, error = "failed", 1, one_line_error(exc)
         self.record = attachment.detach(status, code, error)
+        self.record.provenance.setdefault("seeds", {})["before_block"] = self._seed_before
         if self._finish is not None:
             self._finish(self)
         # The runtime's own stop, and --memory-limit's, end the block quietly (the record says why).

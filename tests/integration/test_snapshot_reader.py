@@ -680,3 +680,27 @@ def test_ctrl_c_that_lands_in_the_frame_callback_is_not_dropped(tmp_path: Path, 
     with pytest.raises(KeyboardInterrupt):
         native.summarize(lib, path, interrupted_at_first_frame, work_slice=64)
     assert len(asked) == 1  # no frame is asked after the interrupt
+
+
+def test_a_snapshot_gets_an_offline_html_page_that_opens_with_its_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import re
+
+    from torchscalpel.cli.main import main
+
+    monkeypatch.setenv("TORCHSCALPEL_NATIVE", "0")  # the pure-Python twin: no compiler needed here
+    path = _write(tmp_path, snapshot_data(n_segments=40))
+    page_path = tmp_path / "snap.html"
+    assert main(["memory", "--html", str(page_path), str(path)]) == 0  # options before the target
+    assert f"page: {page_path}" in capsys.readouterr().out
+    page = page_path.read_text()
+    assert re.findall(r'<section id="([^"]+)"', page)[0] == "verdict"
+    verdict = page.split('<section id="verdict">', 1)[1].split("</section>", 1)[0]
+    assert "Out of memory: asked for 1.00 GiB" in verdict
+    assert "/home/u/model_" in page  # call sites of the live blocks
+    assert "<script" not in page and not re.search(r"(src|href)=\"https?://", page)  # opens offline
+    assert "over time: not measured: the snapshot readers keep the trace" in page
+    # --html with a script is a usage error in one sentence
+    assert main(["memory", "--html", str(page_path), "--", "train.py"]) == 2
+    assert "--html FILE is for a SNAPSHOT.pickle" in capsys.readouterr().err

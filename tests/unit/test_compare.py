@@ -264,3 +264,57 @@ def test_stacked_medians_that_do_not_add_up_to_the_median_step_are_said() -> Non
         in page
     )
     assert "A: " not in page[page.index("need not add up") : page.index("median step)")]
+
+
+def test_terminal_comparison_fits_80_columns_with_numbers_whole() -> None:
+    import io
+
+    from rich.console import Console
+
+    from torchscalpel.report.compare_terminal import print_comparison
+
+    a, b = make_record(), make_record(backward_scale=1.652, torch_version="2.13.0", settings={"amp": "bf16"})
+    b.provenance["data"]["sha256"] = "8" * 64
+    cmp = compare_records([a, b, make_record(seed=3)])
+    buf = io.StringIO()
+    print_comparison(cmp, Console(file=buf, width=80))  # an 80-column terminal
+    text = buf.getvalue()
+    assert all(len(line) <= 80 for line in text.splitlines()), [x for x in text.splitlines() if len(x) > 80]
+    flat = " ".join(text.split())
+    for pair in cmp.pairs:  # the verdict whole, wrapped only between words
+        assert f"verdict {pair.a.label} -> {pair.b.label}: {' '.join(pair.verdict.split())}" in flat
+    for r in cmp.runs:
+        assert f"{r.facts.median_step_ms:.2f} ±{r.facts.noise:.0%}" in text
+
+
+def test_piped_comparison_is_not_wrapped_at_80(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchscalpel.report.compare_terminal import print_comparison
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    cmp = compare_records([make_record(), make_record(backward_scale=1.652, torch_version="2.13.0")])
+    cmp.runs[0].path = Path("/a/long/path/to/scalpel-runs/20261201-100000-train-with-a-long-name/run.json")
+    print_comparison(cmp)  # stdout captured: a pipe
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(f"A {cmp.runs[0].path} (train, ") and "schema" in line for line in lines), (
+        lines
+    )
+    assert any(line == f"verdict A -> B: {cmp.pairs[0].verdict}" for line in lines), lines
+
+
+def test_compare_page_labels_are_readable_names_with_units() -> None:
+    page = render(compare_records([make_record(), make_record(backward_scale=1.652)]))
+    loss = page.split('data-chart="compare-loss"', 1)[1].split("</svg>", 1)[0]
+    assert ">loss</text>" in loss and ">value</text>" not in loss  # the y-axis names what is plotted
+    steps = page.split('data-chart="compare-steps"', 1)[1].split("</svg>", 1)[0]
+    assert ">step time (ms)</text>" in steps
+    assert "samples/s" in page and "samples_per_s" not in page  # the terminal's names, not raw keys
+    assert "3,047.6" in page  # and its figures (4 significant digits in exponent form were shown here)
+
+
+def test_a_noisy_run_is_named_in_the_verdict() -> None:
+    quiet = compare_records([make_record(), make_record(backward_scale=1.652)]).pairs[0].verdict
+    assert "noisy" not in quiet
+    noisy = compare_records([make_record(jitter=0.5), make_record(backward_scale=1.652)]).pairs[0].verdict
+    assert "noisy: A's steps vary ±" in noisy and "re-measure on an idle machine" in noisy

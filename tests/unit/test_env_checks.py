@@ -102,7 +102,7 @@ def only(f: dict[str, Any], slug: str) -> Finding:
 
 def test_contract_slugs_are_all_registered() -> None:
     assert set(SLUGS) >= CONTRACT_SLUGS
-    assert set(SLUGS) - CONTRACT_SLUGS == {"gpu-arch-not-in-wheel"}
+    assert set(SLUGS) - CONTRACT_SLUGS == {"gpu-arch-not-in-wheel", "machine-busy"}
 
 
 @pytest.mark.parametrize("base", [CPU_BOX, GPU_BOX], ids=["cpu-box", "gpu-box"])
@@ -338,3 +338,36 @@ def test_gpu_arch_not_in_wheel(capability: str, arch_list: list[str], fires: boo
         gpus=[{"index": 0, "name": "GPU", "capability": capability}],
     )
     assert ("gpu-arch-not-in-wheel" in slugs(box)) is fires
+
+
+def test_busy_machine_warns_that_timings_will_be_noisy() -> None:
+    from torchscalpel.envcheck.facts import cpu_facts
+
+    # the load source injected: load 13 on this process's cores (the case the issue saw on 2 cores)
+    cpu = cpu_facts(loadavg=lambda: (13.0, 12.0, 11.0))
+    assert cpu["load_avg_1m"] == 13.0
+    busy = facts(CPU_BOX, cpu={**cpu, "usable_cores": 2})
+    f = only(busy, "machine-busy")
+    assert f.severity is Severity.WARNING
+    assert "load 13.0 on 2 cores" in f.message and "noisy" in f.message
+    # this process alone (load 1) or a light load is not busy; an unknown load says nothing
+    assert "machine-busy" not in slugs(facts(CPU_BOX, cpu={"usable_cores": 2, "load_avg_1m": 2.5}))
+    assert "machine-busy" not in slugs(facts(CPU_BOX, cpu={"usable_cores": 2, "load_avg_1m": None}))
+    assert "machine-busy" in slugs(facts(CPU_BOX, cpu={"usable_cores": 2, "load_avg_1m": 3.0}))
+
+
+def test_env_report_on_a_busy_machine_is_not_clean() -> None:
+    import io
+
+    from rich.console import Console
+
+    from torchscalpel.envcheck.report import build_report
+    from torchscalpel.report.env_terminal import render as render_env
+
+    busy = facts(CPU_BOX, cpu={"usable_cores": 2, "load_avg_1m": 13.0})
+    report = build_report(probes=(), facts=busy)
+    out = io.StringIO()
+    render_env(report, Console(file=out, width=80))
+    text = out.getvalue()
+    assert "No environment problems found" not in text
+    assert "machine-busy" in text and "noisy" in text

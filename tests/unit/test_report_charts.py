@@ -169,3 +169,30 @@ def test_kernel_table_shows_short_names_with_the_full_one_on_hover() -> None:
     body = next(s.body for s in sections if s.id == "trace-kernels")
     assert "<code>at::native::vectorized_elementwise_kernel&lt;…&gt;</code>" in body
     assert 'title="void at::native::vectorized_elementwise_kernel&lt;4, ' in body
+
+
+def test_chart_labels_stay_distinct_apart_and_inside_the_chart() -> None:
+    import itertools
+    import re
+
+    from torchscalpel.report import charts
+
+    # two ops that share their first 43 characters were one "…" label
+    a = "aten::_scaled_dot_product_flash_attention_for_cpu_backward_first"
+    b = "aten::_scaled_dot_product_flash_attention_for_cpu_backward_second"
+    svg = charts.horizontal_bars("ops", [(a, 2.0), (b, 1.0)])
+    shown = re.findall(r'text-anchor="end">([^<]*)<title>', svg)
+    assert len(shown) == 2 and shown[0] != shown[1], shown
+    # 16 bars labelled "step N": every label drawn is at least its own width from the next
+    labels = [f"step {i}" for i in range(10, 26)]
+    svg = charts.stacked_bars("mem", labels, {"activations": [1.0] * 16}, unit="MiB")
+    xs = [float(x) for x in re.findall(r'<text class="tick x-tick" x="([\d.]+)"', svg)]
+    assert len(xs) >= 2 and min(b - a for a, b in itertools.pairwise(xs)) >= len("step 25") * charts.CHAR_W
+    # the last x tick of a line chart is not centred past the chart's right edge
+    svg = charts.lines("loss", list(range(0, 12001, 100)), {"loss": [1.0 + i for i in range(121)]})
+    last = re.findall(
+        r'<text class="tick x-tick" x="([\d.]+)" y="[\d.]+" text-anchor="(\w+)">([^<]*)</text>', svg
+    )[-1]
+    assert last[2] == "12,000" and (
+        last[1] == "end" or float(last[0]) + len(last[2]) * charts.CHAR_W / 2 <= 760
+    ), last

@@ -120,3 +120,64 @@ def test_every_share_shown_is_the_share_of_the_median_shown_beside_it(tmp_path):
     assert r.summary["phase_median_share"]["data"] == pytest.approx(0.004)
     html = write_report(r, tmp_path / "report.html").read_text()
     assert '<td class="">data</td><td class="num">0.040</td><td class="num">0.4%</td>' in html
+
+
+def test_profile_summary_at_80_columns_keeps_names_and_figures_whole(tmp_path):
+    """An 80-column terminal: the top-ops table cut long op names to one "…" label; figures stay whole."""
+    import io
+
+    from rich.console import Console
+
+    from torchscalpel.report.profile_terminal import print_profile_summary
+
+    r = RunRecord(name="t", status="complete", target={"script": "train.py"})
+    r.steps = [
+        StepRecord(
+            index=i, total_ms=1234.5, forward_ms=400.0, backward_ms=700.0, optimizer_ms=100.0, other_ms=34.5
+        )
+        for i in range(6)
+    ]
+    r.summary = summarize(r)
+    r.profiler = {"steps": [3, 4], "trace": "trace.json.gz"}
+    long_a = "aten::_scaled_dot_product_flash_attention_for_cpu_backward_first_variant"
+    long_b = "aten::_scaled_dot_product_flash_attention_for_cpu_backward_second_variant"
+    r.sections["trace"] = {
+        "top_ops": [
+            {"name": long_a, "category": "attention", "count": 123456, "self_us": 123456789.0},
+            {"name": long_b, "category": "attention", "count": 24, "self_us": 98765.4},
+        ]
+    }
+    buf = io.StringIO()
+    print_profile_summary(r, tmp_path, out=Console(file=buf, width=80))
+    text = buf.getvalue()
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "…" not in text  # nothing cut
+    for whole in ("123456.79", "98.77", "1234.50", "56.7%", "123456"):
+        assert whole in text, whole
+    # each op's name is all there, folded inside its cell
+    cells = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.count("│") == 5)
+    assert long_a in cells and long_b in cells
+
+
+def test_profile_summary_says_the_machine_was_busy(tmp_path):
+    """Load 13 on 2 cores: the step times are noisy, and the summary says so (doctor's findings do not:
+    they are about the script)."""
+    import io
+
+    from rich.console import Console
+
+    from torchscalpel.doctor.api import _env_findings
+    from torchscalpel.report.profile_terminal import print_profile_summary
+
+    r = RunRecord(name="t", status="complete", target={"script": "train.py"})
+    r.steps = [StepRecord(index=i, total_ms=10.0, forward_ms=10.0) for i in range(4)]
+    r.summary = summarize(r)
+    r.environment = {"cpu": {"usable_cores": 2, "load_avg_1m": 13.0}}
+    buf = io.StringIO()
+    print_profile_summary(r, tmp_path, out=Console(file=buf, width=200))
+    assert "note: This machine is busy (load 13.0 on 2 cores)" in buf.getvalue()
+    assert [f.rule for f in _env_findings(r)] == []
+    r.environment["cpu"]["load_avg_1m"] = 1.0
+    buf = io.StringIO()
+    print_profile_summary(r, tmp_path, out=Console(file=buf, width=200))
+    assert "busy" not in buf.getvalue()

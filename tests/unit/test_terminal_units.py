@@ -39,3 +39,53 @@ def test_progress_grows_its_total_instead_of_overshooting():
     task = bar._progress.tasks[0]
     assert task.completed == 15 and task.total == 15
     assert str(OfTotalColumn().render(task)) == "15 of 15"
+
+
+def test_progress_fits_80_columns_with_every_number_whole():
+    # the tmux at 80x45: the bar cut elapsed and ETA to "0:0… left 0:00:…" and wrapped "140 of 200"
+    buf = io.StringIO()
+    out = Console(file=buf, width=80)
+    progress = terminal.stage_progress(out)
+    task = progress.add_task("profiling train_transformer_with_a_long_name.py", total=2000, info="")
+    progress.update(task, completed=1400, info="profiled 1234.5 ms loss 2.345")
+    out.print(progress.get_renderable())
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 1 and len(lines[0]) <= 80, lines
+    for whole in ("1400 of 2000", "1234.5 ms", "loss 2.345", "left"):
+        assert whole in lines[0], (whole, lines[0])
+    assert lines[0].startswith("profiling")
+
+
+def test_piped_profile_prints_a_heartbeat_line_instead_of_a_bar():
+    buf = io.StringIO()
+    out = Console(file=buf, width=80)  # a StringIO is not a terminal: no bar is drawn
+    now = [0.0]
+    bar = StepProgress(200, "profiling train.py", out=out, heartbeat_s=10.0, clock=lambda: now[0])
+    with bar:
+        for i in range(200):
+            now[0] += 0.125  # 8 steps a second of wall clock
+            bar.update(StepRecord(index=i, total_ms=12.3))
+    lines = buf.getvalue().splitlines()
+    # one line per 10 s (80 steps) of the 25 s run, nothing drawn between them
+    assert lines == [
+        "profiling train.py: step 80 of 200, 12.3 ms/step, 15 s left",
+        "profiling train.py: step 160 of 200, 12.3 ms/step, 5 s left",
+    ]
+
+
+def test_columns_set_on_a_pipe_wraps_between_words_at_that_width(monkeypatch):
+    # `COLUMNS=80 scalpel profile ... | tee log` viewed in an 80-column pane: lines were one long line each
+    monkeypatch.setenv("COLUMNS", "80")
+    buf = io.StringIO()
+    c = make_console(file=buf)
+    c.print(
+        "step time: median 1234.50 ms, p90 4.58 ms (over 6 step(s), 3 profiled, 1 FLOP-counting left out) "
+        * 2
+    )
+    c.print(
+        "    x = torch.autocast(device_type=device.type, dtype=torch.bfloat16)  # never wrapped: code" * 2,
+        soft_wrap=True,
+    )
+    lines = buf.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines[:-1]), lines
+    assert "1234.50" in buf.getvalue() and len(lines[-1]) > 80  # the code line stays whole

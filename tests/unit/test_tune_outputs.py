@@ -77,3 +77,44 @@ def test_the_recommendation_says_how_many_pairs_confirmed_it_and_warns_below_thr
         text = console.export_text()
         assert f"1.60x faster per step than the baseline ({len(pairs)} interleaved pair" in text
         assert ("re-measure with --confirm 3" in text) is warned
+
+
+def test_tune_result_at_80_columns_keeps_every_figure_whole_and_code_parseable(monkeypatch, tmp_path):
+    """The issue's 80x45 tmux: the table collapsed to 1-4 character columns (step ms "4"), the why and
+    result columns vanished, and the equivalent code wrapped into invalid Python."""
+    import ast
+    import io
+    import re
+    import textwrap
+
+    from rich.console import Console
+
+    from torchscalpel.report.tune_terminal import print_tune_result, row_cells
+    from torchscalpel.tune.apply import code_lines
+
+    monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
+    result = tune_stage(Target(script=Path("train.py")), tmp_path / "t", budget_s=60, quiet=True)
+    assert result.winner is not None
+    buf = io.StringIO()
+    out = Console(file=buf, width=80)  # as piped with COLUMNS=80, and as an 80-column terminal
+    print_tune_result(result, out_dir=tmp_path / "t", config_path=tmp_path / "t" / "scalpel.toml", out=out)
+    text = buf.getvalue()
+    lines = text.splitlines()
+    # every row's figures appear whole, on one line with their name
+    for trial in result.ranked():
+        cells = row_cells(trial)
+        assert trial.label in text
+        for name, value in (("step ms", cells[1]), ("speedup", cells[3])):
+            if value != "-":
+                assert any(f"{name} {value}" in line for line in lines), (name, value, text)
+    # the equivalent code is printed whole (one line each) and parses
+    start = next(i for i, line in enumerate(lines) if line.startswith("equivalent code")) + 1
+    end = next(i for i, line in enumerate(lines) if line.startswith("settings:"))
+    printed = lines[start:end]
+    assert printed == [f"    {line}" for line in code_lines(result.settings)]
+    ast.parse(textwrap.dedent("\n".join(printed)))
+    for line in lines[:start] + lines[end:]:
+        if str(tmp_path) in line:  # a path is never wrapped (soft wrap): a copy of it must still work
+            continue
+        assert len(line) <= 80, line
+        assert not re.search(r"\d…|…\d", line), line  # no number cut by an ellipsis

@@ -189,6 +189,10 @@ def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
     merged = merge(records) if records else {"ranks": [], "straggler": None, "findings": []}
     merged["findings"] = first + merged["findings"]
     atomic_write_text(out / "launch.json", json.dumps(merged, indent=1, default=str) + "\n")
+    from torchscalpel.report.launch_page import write_launch_page
+
+    # the launch's one page: verdict (hang, straggler) first, ranks side by side, findings by rank
+    write_launch_page(json.loads(json.dumps(merged, default=str)), out / "launch.html", subtitle=str(out))
     from torchscalpel.trace.layout import write_rank_traces  # OUT/traces/: HTA's TraceAnalysis(trace_dir=...)
 
     write_rank_traces(out)
@@ -204,7 +208,9 @@ def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
         render_rank_findings(
             across_rank_findings(out), merge_rank_findings(records), make_console(), ranks=ranks
         )
-    print(f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}")
+    print(
+        f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}, page: {out / 'launch.html'}"
+    )
 
 
 def _name(script: str) -> str:

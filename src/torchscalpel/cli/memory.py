@@ -63,6 +63,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-memory-<name>/)")
     p.add_argument("--json", dest="json_path", type=Path, help="also write the memory section as JSON here")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument(
+        "--html",
+        dest="html_path",
+        type=Path,
+        metavar="FILE",
+        help="with a SNAPSHOT: also write an HTML page of it here (self-contained, opens offline)",
+    )
     add_target_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -78,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
         target_words = target_words[1:]
     if not args.module and len(target_words) == 1 and _looks_like_snapshot(Path(target_words[0])):
         return _explain_snapshot(Path(target_words[0]), args)
+    if args.html_path is not None:
+        raise UsageError(
+            "--html FILE is for a SNAPSHOT.pickle; a script run writes report.html in its run folder (--out)."
+        )
     if not args.module and not target_words:
         raise UsageError(
             "Name the script after --, e.g. 'scalpel memory -- train.py', or give a SNAPSHOT.pickle."
@@ -173,5 +184,16 @@ def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
         print(line)
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    html_path = getattr(args, "html_path", None)
+    if html_path is not None:
+        from torchscalpel.report.snapshot_page import write_snapshot_page
+
+        try:
+            write_snapshot_page(result, html_path)
+        except OSError as exc:
+            raise UsageError(
+                f"Cannot write {html_path}: {exc.strerror or exc}; give a writable --html path."
+            ) from None
+        print(f"page: {html_path}")
     print(f"(read in {result['read_s']:.2f} s)", file=sys.stderr)
     return 0

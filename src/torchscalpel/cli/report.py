@@ -97,6 +97,15 @@ def run(args: argparse.Namespace) -> int:
     """Validate every path first, then render and write the page."""
     from torchscalpel.report.html import RecordGroup, record_page, render_records
 
+    launch = _launch_summary(args.records[0]) if len(args.records) == 1 and not args.check else None
+    if launch is not None:  # a launch folder's launch.json: the launch's own page
+        from torchscalpel.report.launch_page import render as render_launch
+
+        return _write(
+            output_path(list(args.records), args.out),
+            render_launch(launch, subtitle=str(args.records[0])),
+            "launch summary",
+        )
     records = [load_run_record(p) for p in args.records]
     if args.check:
         return _check(records, args.records)
@@ -109,12 +118,31 @@ def run(args: argparse.Namespace) -> int:
         html = render_records(
             groups, title=args.title or "torchscalpel report", subtitle=f"{len(records)} records: {names}"
         )
+    return _write(out, html, f"{len(records)} record{'s' if len(records) != 1 else ''}")
+
+
+def _write(out: Path, html: str, what: str) -> int:
     try:
         atomic_write_text(out, html)
     except OSError as exc:
         raise UsageError(f"Cannot write --out {out}: {exc.strerror or exc}.") from None
-    print(f"report written to {out} ({len(records)} record{'s' if len(records) != 1 else ''})")
+    print(f"report written to {out} ({what})")
     return 0
+
+
+def _launch_summary(path: Path) -> dict[str, Any] | None:
+    """``launch.json`` (given, or in the launch folder given) parsed, when that is what ``path`` is."""
+    from torchscalpel.record import RECORD_FILENAME
+    from torchscalpel.report.launch_page import is_launch_summary
+
+    source = path / "launch.json" if path.is_dir() and not (path / RECORD_FILENAME).is_file() else path
+    if source.name != "launch.json" or not source.is_file():
+        return None
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if is_launch_summary(data) else None
 
 
 def _check(records: list[Any], paths: list[Path]) -> int:

@@ -143,7 +143,7 @@ def compare_records(records: Sequence[RunRecord], paths: Sequence[str] | None = 
                 phase_delta_ms=deltas,
                 losses=match,
                 differences=diffs,
-                verdict=verdict(other.label, base.facts, other.facts, match, diffs),
+                verdict=verdict(other.label, base.facts, other.facts, match, diffs, base_label=base.label),
             )
         )
     return Comparison(runs=runs, pairs=pairs, notes=notes)

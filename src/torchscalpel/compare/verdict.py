@@ -104,8 +104,34 @@ def loss_phrase(match: LossMatch) -> str:
     return f"losses first differ at step {match.first_diff_step} (max |diff| {match.max_abs_diff:.3g})"
 
 
-def verdict(label: str, a: RunFacts, b: RunFacts, match: LossMatch, diffs: Sequence[Difference]) -> str:
-    """One line naming the speed change (or its absence), where it went, the losses and what differs."""
+NOISY = 0.10
+"""A run whose steps vary more than this (the median absolute deviation over the median) is named in the
+verdict: a ±33% run moved a 1.10x verdict's figure without the page saying so."""
+
+
+def noise_phrase(pairs: Sequence[tuple[str, RunFacts]]) -> str:
+    """``noisy: A's steps vary ±33% ...`` for the runs above :data:`NOISY`, or ``""``."""
+    noisy = [
+        f"{label}'s steps vary ±{f.noise:.0%}"
+        for label, f in pairs
+        if f.noise is not None and f.noise > NOISY
+    ]
+    if not noisy:
+        return ""
+    return f"noisy: {', '.join(noisy)}; re-measure on an idle machine or with more steps before quoting the figure"
+
+
+def verdict(
+    label: str,
+    a: RunFacts,
+    b: RunFacts,
+    match: LossMatch,
+    diffs: Sequence[Difference],
+    *,
+    base_label: str = "A",
+) -> str:
+    """One line naming the speed change (or its absence), where it went, the runs' noise when it is large,
+    the losses and what differs."""
     ratio, significant, threshold = step_change(a, b)
     if ratio is None:
         speed = f"{label} has no step time to compare"
@@ -119,6 +145,9 @@ def verdict(label: str, a: RunFacts, b: RunFacts, match: LossMatch, diffs: Seque
     else:
         speed = f"{label}'s step time is within noise ({ratio:.2f}x, threshold ±{threshold:.0%})"
     parts = [speed]
+    noise = noise_phrase([(base_label, a), (label, b)])
+    if noise:
+        parts.append(noise)
     losses = loss_phrase(match)
     if losses:
         parts.append(losses)

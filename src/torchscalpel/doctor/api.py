@@ -404,7 +404,9 @@ def _env_findings(record: RunRecord) -> list[Finding]:
     except ImportError:  # an install without the env stage still gets every doctor rule
         return []
     try:
-        found = run_checks(record.environment)
+        # machine-busy is about when the run was measured, not about the script: the profile summary and
+        # `scalpel env` say it; as a finding it would make a clean script's findings depend on the load
+        found = [f for f in run_checks(record.environment) if f.rule != "machine-busy"]
     except Exception as exc:  # env checks must never cost the user the doctor's findings
         record.notes.append(f"environment checks failed: {exc!r}")
         return []

@@ -418,6 +418,37 @@ def check_omp_oversubscribed(facts: Facts) -> list[Finding]:
     ]
 
 
+BUSY_LOAD_PER_CORE = 1.0
+"""Other processes' run queue per usable core at which timings stop being trustworthy: at 1.0 they alone
+could keep every core busy, so a measured step waits for a core by an amount that changes run to run."""
+
+
+def check_machine_busy(facts: Facts) -> list[Finding]:
+    """The 1-minute load average, less this process, at or above the usable cores: timings will be noisy."""
+    cpu = facts.get("cpu") or {}
+    load = cpu.get("load_avg_1m")
+    cores = cpu.get("usable_cores") or facts.get("cpu_count")
+    if load is None or not cores:
+        return []
+    others = max(0.0, float(load) - 1.0)  # this process is one runnable task of the load
+    if others < BUSY_LOAD_PER_CORE * cores:
+        return []
+    return [
+        _finding(
+            "machine-busy",
+            Severity.WARNING,
+            f"This machine is busy (load {float(load):.1f} on {cores} cores): other processes compete for the "
+            "CPUs, so step times measured now will be noisy and slower than on an idle machine.",
+            [
+                f"1-minute load average {float(load):.2f} (os.getloadavg; in a container it counts the whole host)",
+                f"{cores} usable cores (CPU affinity)",
+            ],
+            "Measure when the machine is idle (see `uptime` or `top`), or compare runs measured at the same load; "
+            "judge differences smaller than the run-to-run spread as noise.",
+        )
+    ]
+
+
 def check_mixed_cuda_runtimes(facts: Facts) -> list[Finding]:
     """NVIDIA CUDA wheels of different CUDA majors (or one wheel installed twice) side by side."""
     wheels = facts.get("cuda_wheels") or []
@@ -516,6 +547,7 @@ CHECKS: tuple[tuple[str, CheckFn], ...] = (
     ("omp-threads-oversubscribed", check_omp_oversubscribed),
     ("mixed-cuda-runtimes", check_mixed_cuda_runtimes),
     ("gpu-arch-not-in-wheel", check_gpu_arch),
+    ("machine-busy", check_machine_busy),
 )
 """(slug, check) pairs; a check may serve several slugs (the vulnerable-version table)."""
 

@@ -20,6 +20,7 @@ import platform
 import re
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -132,8 +133,12 @@ def collect_facts() -> dict[str, Any]:
     return facts
 
 
-def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
-    """Model, usable and physical cores, the feature flags that matter, and torch's own view of them."""
+def cpu_facts(
+    cpuinfo: Path = Path("/proc/cpuinfo"),
+    loadavg: Callable[[], tuple[float, float, float]] = os.getloadavg,
+) -> dict[str, Any]:
+    """Model, usable and physical cores, the load, the feature flags that matter, and torch's own view of
+    them. ``loadavg`` is the load's source (``os.getloadavg``; a test passes its own)."""
     import torch
 
     usable: int | None  # os.cpu_count() is None when the count cannot be determined
@@ -155,7 +160,7 @@ def cpu_facts(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, Any]:
         pass
     try:
         # Other processes' load explains noisy probe timings (and slow multi-threaded ops).
-        out["load_avg_1m"] = round(os.getloadavg()[0], 2)
+        out["load_avg_1m"] = round(loadavg()[0], 2)
     except (AttributeError, OSError):
         out["load_avg_1m"] = None
     try:

@@ -453,14 +453,14 @@ def explain_snapshot(path: Path, progress: native.Progress | None = None) -> dic
     return result
 
 
-_PHASE_WORDS = {
+PHASE_WORDS = {
     "parameters": "parameters and buffers",
     "gradients": "in backward (gradients)",
     "optimizer_state": "in optimizer.step (optimizer state)",
     "activations": "in forward (activations)",
     "other": "other",
 }
-_PHASE_FIX = {  # the rungs of the post-mortem's ladder that act on each phase (docs/memory.md)
+PHASE_FIX = {  # the rungs of the post-mortem's ladder that act on each phase (docs/memory.md)
     "activations": "activation checkpointing of the repeated blocks or micro-batches with accumulation cut what "
     "forward keeps; 'scalpel memory --memory-limit SIZE -- SCRIPT' prices both for the script",
     "optimizer_state": "a lighter optimizer state (SGD with momentum, Adafactor, 8-bit Adam) or sharding it "
@@ -492,11 +492,11 @@ def render_snapshot(r: dict[str, Any]) -> list[str]:
         shares = sorted(phases.items(), key=lambda kv: kv[1], reverse=True)
         lines.append(
             "allocated by phase (from each block's frames): "
-            + ", ".join(f"{_PHASE_WORDS[k]} {fmt_bytes(v)} ({v / r['allocated']:.0%})" for k, v in shares)
+            + ", ".join(f"{PHASE_WORDS[k]} {fmt_bytes(v)} ({v / r['allocated']:.0%})" for k, v in shares)
         )
         top, top_bytes = shares[0]
-        if top in _PHASE_FIX and top_bytes >= 0.3 * r["allocated"]:
-            lines.append(f"fix: {_PHASE_FIX[top]}")
+        if top in PHASE_FIX and top_bytes >= 0.3 * r["allocated"]:
+            lines.append(f"fix: {PHASE_FIX[top]}")
     if r["sites"]:
         lines.append("allocated by call site:")
         lines += [f"  {s['name']:<60} {fmt_bytes(s['bytes']):>11}" for s in r["sites"][:8]]

@@ -68,6 +68,36 @@ def _fmt(value: float) -> str:
     return f"{value:.2f}"
 
 
+CHAR_W = 6.6
+"""Estimated width of one character of the charts' 11 px tick font, in px (for spacing and clipping)."""
+
+
+def x_tick_anchor(x: float, text: str, left: float, right_edge: float) -> str:
+    """``text-anchor`` for an x tick label at ``x``: centred, unless half the label would cross the plot's
+    edge (the last tick of a line chart was clipped to "12,00("), then aligned to that edge."""
+    half = len(text) * CHAR_W / 2
+    if x + half > right_edge:
+        return "end"
+    if x - half < left:
+        return "start"
+    return "middle"
+
+
+def distinct_labels(labels: Sequence[str], limit: int) -> list[str]:
+    """Each label cut to ``limit`` characters so that different names stay different on the chart: the
+    head and the tail are kept around a middle ellipsis (two ops that shared their first 43 characters
+    were both shown as the same "…" label); a number is appended to any that still collide."""
+    head = (limit - 1) // 2
+    tail = limit - 1 - head
+    short = [x if len(x) <= limit else x[:head] + "…" + x[-tail:] for x in labels]
+    seen: dict[str, int] = {}
+    out = []
+    for x in short:
+        seen[x] = seen.get(x, 0) + 1
+        out.append(x if seen[x] == 1 else f"{x} #{seen[x]}")
+    return out
+
+
 def value_title(unit: str) -> str:
     """The default value-axis title for ``unit``: ``time (ms)`` for a time unit, else the unit itself."""
     if not unit:
@@ -164,11 +194,15 @@ def stacked_bars(
                 f'height="{max(y_bottom - y_top, 0):.1f}" fill="{PALETTE[j % len(PALETTE)]}">'
                 f"<title>{escape(str(label))} {escape(sname)}: {_fmt(v)} {escape(unit)}</title></rect>"
             )
-    every = max(1, math.ceil(n / 16))
+    # every k-th label, k from the widest label: "step 10step 11" ran together at one label per bar
+    widest = max(len(str(x)) for x in labels) * CHAR_W + 8
+    every = max(1, math.ceil(n / 16), math.ceil(widest / bar_w))
     for i in range(0, n, every):
+        x = left + (i + 0.5) * bar_w
+        text = str(labels[i])
         parts.append(
-            f'<text class="tick x-tick" x="{left + (i + 0.5) * bar_w:.1f}" y="{legend_h + plot_h + 14:.1f}" '
-            f'text-anchor="middle">{escape(str(labels[i]))}</text>'
+            f'<text class="tick x-tick" x="{x:.1f}" y="{legend_h + plot_h + 14:.1f}" '
+            f'text-anchor="{x_tick_anchor(x, text, 0, width)}">{escape(text)}</text>'
         )
     if capacity:
         text = escape(capacity_label)
@@ -224,10 +258,11 @@ def horizontal_bars(
         parts.append(
             f'<text class="tick x-tick" x="{x:.1f}" y="{plot_bottom + 14}" text-anchor="middle">{tick_label(t, step)}</text>'
         )
+    shorts = distinct_labels([label for label, _ in items], 44)
     for i, (label, value) in enumerate(items):
         y = top + i * bar_h
         w = plot_w * value / x_max
-        short = label if len(label) <= 44 else label[:43] + "…"
+        short = shorts[i]
         parts.append(
             f'<text x="{label_w - 6}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(short)}'
             f"<title>{escape(label)}</title></text>"
@@ -323,9 +358,10 @@ def lines(
     parts = [_svg_open(name, width, height), _y_grid(y_ticks, to_y, left, width - right)]
     x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else 1.0
     for t in x_ticks:
+        text = tick_label(t, x_step)
         parts.append(
-            f'<text class="tick x-tick" x="{to_x(t):.1f}" y="{legend_h + plot_h + 14:.1f}" text-anchor="middle">'
-            f"{tick_label(t, x_step)}</text>"
+            f'<text class="tick x-tick" x="{to_x(t):.1f}" y="{legend_h + plot_h + 14:.1f}" '
+            f'text-anchor="{x_tick_anchor(to_x(t), text, 0, width)}">{text}</text>'
         )
     for j, (sname, values) in enumerate(series.items()):
         colour = PALETTE[j % len(PALETTE)]

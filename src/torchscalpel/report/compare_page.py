@@ -10,9 +10,9 @@ from torchscalpel.compare.core import Comparison
 from torchscalpel.fileio import atomic_write_text
 from torchscalpel.record import PHASES
 from torchscalpel.report import charts
+from torchscalpel.report.compare_terminal import figure_rows
 from torchscalpel.report.html import render_page
 from torchscalpel.report.page import Section, table
-from torchscalpel.units import fmt_bytes
 
 
 def _curve(values: list[float | None], n: int) -> list[float | None]:
@@ -104,7 +104,14 @@ def sections(cmp: Comparison) -> list[Section]:
         Section(
             id="step-curves",
             title="Step time per measured step (overlaid)",
-            body=charts.lines("compare-steps", xs, measured, unit="ms"),
+            body=charts.lines(
+                "compare-steps",
+                xs,
+                measured,
+                unit="ms",
+                x_title="step (index in each run)",
+                y_title="step time (ms)",
+            ),
         )
     )
     if any(v is not None for r in cmp.runs for v in r.facts.losses):
@@ -125,27 +132,18 @@ def sections(cmp: Comparison) -> list[Section]:
             Section(
                 id="loss",
                 title="Loss curves (overlaid)",
-                body=charts.lines("compare-loss", xs, {r.label: _curve(r.facts.losses, n) for r in cmp.runs})
+                body=charts.lines(
+                    "compare-loss",
+                    xs,
+                    {r.label: _curve(r.facts.losses, n) for r in cmp.runs},
+                    x_title="step (index in each run)",
+                    y_title="loss",
+                )
                 + match,
             )
         )
-    fig_rows = []
-    for key in ("allocator_peak", "cuda_allocated_peak", "cuda_reserved_peak", "rss_peak"):
-        if any(key in r.facts.memory for r in cmp.runs):
-            fig_rows.append(
-                [key, *[fmt_bytes(r.facts.memory[key]) if key in r.facts.memory else "-" for r in cmp.runs]]
-            )
-    for key in ("samples_per_s", "steps_per_s", "flops_per_s", "mfu"):
-        if any(key in r.facts.throughput for r in cmp.runs):
-            fig_rows.append(
-                [
-                    key,
-                    *[
-                        f"{r.facts.throughput[key]:.4g}" if key in r.facts.throughput else "-"
-                        for r in cmp.runs
-                    ],
-                ]
-            )
+    # readable names and units, as the terminal shows them (raw keys and 4.377e+09 were shown here)
+    fig_rows = [[name, *cells] for name, cells in figure_rows(cmp)]
     if fig_rows:
         out.append(
             Section(

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from torchscalpel.compare.core import Comparison
+from torchscalpel.console import make_console
 from torchscalpel.record import PHASES
 from torchscalpel.units import fmt_bytes
 
@@ -38,8 +39,9 @@ def step_table(cmp: Comparison) -> Table:
     return t
 
 
-def figures_table(cmp: Comparison) -> Table | None:
-    """Memory peaks and throughput, rows only where some run recorded them."""
+def figure_rows(cmp: Comparison) -> list[tuple[str, list[str]]]:
+    """Memory peaks and throughput as (readable name, one cell per run), rows only where some run
+    recorded them; the terminal and the HTML page show the same rows."""
     rows: list[tuple[str, list[str]]] = []
     for key in ("allocator_peak", "cuda_allocated_peak", "cuda_reserved_peak", "rss_peak"):
         if any(key in r.facts.memory for r in cmp.runs):
@@ -63,6 +65,12 @@ def figures_table(cmp: Comparison) -> Table | None:
                     [f(r.facts.throughput[key]) if key in r.facts.throughput else "-" for r in cmp.runs],
                 )
             )
+    return rows
+
+
+def figures_table(cmp: Comparison) -> Table | None:
+    """Memory peaks and throughput, rows only where some run recorded them."""
+    rows = figure_rows(cmp)
     if not rows:
         return None
     t = Table(title="memory and throughput")
@@ -76,7 +84,9 @@ def figures_table(cmp: Comparison) -> Table | None:
 
 def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
     """Runs, the step table, memory/throughput, then per pair its losses, differences and verdict."""
-    out = console or Console(highlight=False)
+    # make_console: in a pipe 200 columns (COLUMNS when set) and soft wrap, so a log line is never cut at
+    # rich's default 80 (the README's tour); on a terminal its width
+    out = console or make_console(highlight=False)
     for r in cmp.runs:
         out.print(
             f"[bold]{r.label}[/bold] {r.path} ({r.record.name}, {r.record.created or 'no date'}, "
@@ -90,7 +100,8 @@ def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
         if pair.differences:
             t = Table(title=f"{pair.a.label} vs {pair.b.label}: recorded differences")
             for col in ("kind", "what", pair.a.label, pair.b.label):
-                t.add_column(col)
+                # a value too long for its cell (a path, a version string) is folded, never cut to "…"
+                t.add_column(col, overflow="fold")
             for d in pair.differences:
                 a, b = d.phrase().removeprefix(d.key + " ").split(" -> ", 1)
                 t.add_row(d.kind, d.key, a, b)
@@ -98,4 +109,5 @@ def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
     for note in cmp.notes:
         out.print(f"[yellow]note:[/yellow] {note}")
     for pair in cmp.pairs:
-        out.print(f"[bold]verdict {pair.a.label} -> {pair.b.label}:[/bold] {pair.verdict}", soft_wrap=True)
+        # wrapped between words on a terminal (the console's width); one line in a pipe (soft wrap there)
+        out.print(f"[bold]verdict {pair.a.label} -> {pair.b.label}:[/bold] {pair.verdict}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
+from torchscalpel.findings import location_text
 from torchscalpel.record import RunRecord
 from torchscalpel.report.page import Section
 from torchscalpel.sections import DoctorSection
@@ -30,7 +31,11 @@ def build(record: RunRecord) -> list[Section]:
     for f in findings:
         sev = escape(str(f.get("severity", "info")))
         loc = f.get("location")
-        where = f' <span class="muted">{escape(loc["file"])}:{int(loc["line"])}</span>' if loc else ""
+        where = (
+            f' <span class="muted">{escape(location_text(loc["file"], int(loc["line"])))}</span>'
+            if loc
+            else ""
+        )
         rank = f' <span class="muted">(rank {int(f["rank"])})</span>' if f.get("rank") is not None else ""
         evidence = "".join(f"<li>{escape(str(e))}</li>" for e in f.get("evidence", []))
         fix = f"<pre>{escape(f['fix'])}</pre>" if f.get("fix") else ""

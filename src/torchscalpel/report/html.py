@@ -12,6 +12,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.findings import location_text
 from torchscalpel.record import RunRecord
 from torchscalpel.report.page import Section, SectionBuilder
 
@@ -42,8 +43,9 @@ def section_builders() -> list[SectionBuilder]:
     ]
 
 
-VERDICT_IDS = ("tune", "lr", "plan", "findings", "trace-diff")
-"""Section ids that carry a verdict: the recommendation, the plan, the findings, a comparison. They lead the page."""
+VERDICT_IDS = ("tune", "lr", "plan", "findings", "trace-diff", "memory", "profile-verdict")
+"""Section ids that carry a verdict: the recommendation, the learning-rate suggestion, the plan, the findings,
+a comparison, memory's peak and out-of-memory fix ladder, where a profiled step goes. They lead the page."""
 
 ENVIRONMENT_IDS = ("environment",)
 """Section ids that describe where a run happened: they close the page."""
@@ -121,6 +123,11 @@ def record_page(record: RunRecord) -> str:
 
 
 def _target_text(record: RunRecord) -> str:
+    block = record.target.get("inprocess")
+    if block and not (record.target.get("script") or record.target.get("module")):
+        # an in-process block: "Cell In[3], line 4" in a notebook, as Jupyter names the cell
+        path, _, line = str(block).rpartition(":")
+        return location_text(path, int(line)) if path and line.isdigit() else str(block)
     return str(
         record.target.get("script")
         or record.target.get("module")
@@ -196,7 +203,9 @@ def render_records(
         parts.append(f'<section id="{escape(sid)}"><h2>{escape(s.title)}</h2>{s.body}</section>')
     for i, group in enumerate(groups, start=1):
         record = group.record
-        heading = group.title or f"{record_kind(record)} · {record.name}"
+        kind = record_kind(record)
+        # "tune · tune": the name is said once when it is the kind
+        heading = group.title or (kind if record.name in (kind, "") else f"{kind} · {record.name}")
         gid = unique(f"record-{i}")
         nav.append(f'<a href="#{escape(gid)}">{escape(heading)}</a>')
         body: list[str] = []

@@ -36,7 +36,37 @@ def build(record: RunRecord) -> list[Section]:
             )
         ]
     mib = 1024**2
+    # The verdict first (the peak, the out-of-memory cause and its fix ladder, growth): it sat ~900 px
+    # down, below two charts. The charts and tables follow in their own section.
+    verdict: list[str] = []
     parts: list[str] = []
+    peak = m["peak"]
+    oom = m.get("oom")
+    if oom:
+        verdict.append(_oom(oom, m))
+    verdict.append(
+        f"<h3>At the peak: {escape(fmt_bytes(peak.get('total')))}</h3><p>step {escape(str(peak.get('step')))}, "
+        f"{escape(str(peak.get('phase')))}, at <code>{escape(str(peak.get('op')))}</code></p>"
+    )
+    note = (m.get("evaluation") or {}).get("note")
+    if note:
+        verdict.append(f"<p><b>{escape(str(note))}.</b></p>")
+    before = m.get("before_training")
+    if before:
+        verdict.append(
+            f"<p>Before training the live total was higher: {escape(fmt_bytes(before.get('total')))} at "
+            f"<code>{escape(str(before.get('site')))}</code> (loading data or building the model).</p>"
+        )
+    growth = m.get("growth") or {}
+    if growth.get("per_step"):
+        verdict.append(
+            f"<h3>Growth: {escape(fmt_bytes(growth['per_step']))} per step</h3>"
+            + (
+                f"<p>{growth['steps_left']} more steps until {escape(fmt_bytes(growth.get('capacity')))}</p>"
+                if growth.get("steps_left") is not None
+                else ""
+            )
+        )
     samples = m.get("samples") or []
     if samples:
         labels = [f"step {s['step']}" for s in samples][-40:]
@@ -44,22 +74,9 @@ def build(record: RunRecord) -> list[Section]:
         parts.append(
             "<h3>Live memory at each step end</h3>" + stacked_bars("memory-steps", labels, series, unit="MiB")
         )
-    peak = m["peak"]
     parts.append(
-        f"<h3>At the peak: {escape(fmt_bytes(peak.get('total')))}</h3><p>step {escape(str(peak.get('step')))}, "
-        f"{escape(str(peak.get('phase')))}, at <code>{escape(str(peak.get('op')))}</code></p>"
-    )
-    note = (m.get("evaluation") or {}).get("note")
-    if note:
-        parts.append(f"<p><b>{escape(str(note))}.</b></p>")
-    before = m.get("before_training")
-    if before:
-        parts.append(
-            f"<p>Before training the live total was higher: {escape(fmt_bytes(before.get('total')))} at "
-            f"<code>{escape(str(before.get('site')))}</code> (loading data or building the model).</p>"
-        )
-    parts.append(
-        stacked_bars(
+        "<h3>At the peak, by kind</h3>"
+        + stacked_bars(
             "memory-peak",
             ["peak"],
             {_NAMES[c]: [peak["by_category"].get(c, 0) / mib] for c in CATEGORIES},
@@ -80,16 +97,9 @@ def build(record: RunRecord) -> list[Section]:
             numeric=[False, True],
         )
     )
-    growth = m.get("growth") or {}
-    if growth.get("per_step"):
+    if growth.get("sites"):
         parts.append(
-            f"<h3>Growth: {escape(fmt_bytes(growth['per_step']))} per step</h3>"
-            + (
-                f"<p>{growth['steps_left']} more steps until {escape(fmt_bytes(growth.get('capacity')))}</p>"
-                if growth.get("steps_left") is not None
-                else ""
-            )
-            + table(
+            table(
                 ["growing site", "per step", "live"],
                 [
                     [r["site"], fmt_bytes(r["per_step"]), fmt_bytes(r["live"])]
@@ -98,10 +108,14 @@ def build(record: RunRecord) -> list[Section]:
                 numeric=[False, True, True],
             )
         )
-    oom = m.get("oom")
-    if oom:
-        parts.append(_oom(oom, m))
-    return [Section(id="memory", title="Memory", body="".join(parts))]
+    return [
+        Section(
+            id="memory",
+            title="Memory: the peak" + (" and the out-of-memory fix" if oom else ""),
+            body="".join(verdict),
+        ),
+        Section(id="memory-detail", title="Memory: over the steps and at the peak", body="".join(parts)),
+    ]
 
 
 def _oom(oom: dict[str, Any], m: dict[str, Any]) -> str:

@@ -24,6 +24,15 @@ class Section:
 SectionBuilder = Callable[[RunRecord], list[Section]]
 
 
+class Markup(str):
+    """A table cell that is already HTML (a link), inserted as it is; every other cell is escaped."""
+
+
+def link(path: str) -> Markup:
+    """A relative link to an output file, labelled with its path (outputs were listed as plain text)."""
+    return Markup(f'<a href="{escape(path, quote=True)}">{escape(path)}</a>')
+
+
 def table(
     headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: Sequence[bool] | None = None
 ) -> str:
@@ -35,7 +44,8 @@ def table(
     body = "".join(
         "<tr>"
         + "".join(
-            f'<td class="{"num" if numeric[i] else ""}">{escape(str(c))}</td>' for i, c in enumerate(row)
+            f'<td class="{"num" if numeric[i] else ""}">{c if isinstance(c, Markup) else escape(str(c))}</td>'
+            for i, c in enumerate(row)
         )
         + "</tr>"
         for row in rows

@@ -24,6 +24,9 @@ def build(record: RunRecord) -> list[Section]:
     """All profile sections for ``record`` (the environment section is env_sections' job)."""
     overview = _overview(record)
     sections = [overview] if overview is not None else []
+    verdict = _verdict(record)
+    if verdict is not None:
+        sections.insert(0, verdict)
     if record.steps:
         sections.append(_steps(record))
         sections.append(_loss_and_memory(record))
@@ -33,6 +36,49 @@ def build(record: RunRecord) -> list[Section]:
         sections.append(_modules(record))
     sections.extend(_trace_extras(record))
     return sections
+
+
+PHASE_NEXT = {
+    "data": "the loop waits for its data: DataLoader workers, pinned memory and persistent workers "
+    "are what `scalpel tune` tries for it",
+    "forward": "compute in the model: mixed precision (AMP) and torch.compile are what `scalpel tune` tries for it",
+    "backward": "compute in the backward pass: mixed precision (AMP) and torch.compile are what `scalpel tune` "
+    "tries for it",
+    "optimizer": "the optimizer step: a fused optimizer is what `scalpel tune` tries for it",
+    "other": "time outside data, forward, backward and the optimizer (Python between steps, logging, "
+    "synchronizations): `scalpel doctor` looks for the usual causes",
+}
+"""Per phase that takes most of the step: what that means and what tries to shorten it."""
+
+
+STATUS_MEANS = {
+    "complete": "the script ran to its end",
+    "stopped": "ended after the planned steps, as asked (not a failure: the rest of the script was skipped)",
+    "partial": "the run ended before its record was finished",
+    "failed": "the script raised an error (what was measured before it is kept)",
+    "interrupted": "stopped by Ctrl-C (what was measured before it is kept)",
+}
+"""What each run status means, beside the word: "stopped" read as a failure."""
+
+
+def _verdict(record: RunRecord) -> Section | None:
+    """Where the median step goes and what to run next: the page's first section (the terminal's
+    summary ends with the same next step)."""
+    s = record.summary_view()
+    if s.median_step_ms is None or not record.steps:
+        return None
+    medians, shares = phase_medians(record), phase_shares(record)
+    top = max(PHASES, key=lambda p: shares.get(p, 0.0))
+    script = record.target.get("script") or (
+        f"-m {record.target['module']}" if record.target.get("module") else "SCRIPT"
+    )
+    body = (
+        f"<p>The median step takes <b>{s.median_step_ms:.2f} ms</b>; the largest part is <b>{escape(top)}</b>: "
+        f"{medians[top]:.2f} ms, {100 * shares[top]:.0f}% of it. That is {escape(PHASE_NEXT[top])}.</p>"
+        f"<p>Next: <code>scalpel doctor -- {escape(str(script))}</code> (findings with fixes), then "
+        f"<code>scalpel tune -- {escape(str(script))}</code> (measured, numerics-checked speedups).</p>"
+    )
+    return Section(id="profile-verdict", title="Verdict: where the step goes", body=body)
 
 
 def _overview(record: RunRecord) -> Section | None:
@@ -76,6 +122,7 @@ def _overview(record: RunRecord) -> Section | None:
         return None
     facts = [
         f"status <b>{escape(record.status)}</b>"
+        + (f": {escape(STATUS_MEANS[record.status])}" if record.status in STATUS_MEANS else "")
         + (f" (exit code {record.exit_code})" if record.exit_code else "")
     ]
     if record.steps:

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from torchscalpel.console import console
+from torchscalpel.envcheck.checks import check_machine_busy
 from torchscalpel.record import PHASES, RunRecord, StepRecord
 from torchscalpel.runtime.native_log import LOG_NAME
 from torchscalpel.runtime.script import strip_ansi  # the runtime strips errors before they reach the record
@@ -104,6 +105,8 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
     )
     for note in record.notes:
         c.print(f"[yellow]note:[/] {escape(strip_ansi(note))}")
+    for busy in check_machine_busy(record.environment):  # step times measured on a busy machine are noisy
+        c.print(f"[yellow]note:[/] {escape(busy.message)}")
     if s.median_step_ms is None:
         c.print("[yellow]No measured steps to summarise.[/]")
     else:
@@ -112,9 +115,9 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         c.print(f"[bold]step time[/]: median {s.median_step_ms:.2f} ms, p90 {s.p90_step_ms:.2f} ms ({which})")
         medians, shares = phase_medians(record), phase_shares(record)
         table = Table()
-        table.add_column("phase")
-        table.add_column("median ms", justify="right")
-        table.add_column("of median step", justify="right")
+        table.add_column("phase", no_wrap=True)
+        table.add_column("median ms", justify="right", no_wrap=True)
+        table.add_column("of median step", justify="right", no_wrap=True)
         for p in PHASES:
             table.add_row(p, f"{medians[p]:.2f}", f"{100 * shares[p]:.1f}%")
         table.add_row("[bold]step[/]", f"[bold]{s.median_step_ms:.2f}[/]", "100%")
@@ -149,12 +152,14 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
     if ops:
         c.print(f"[bold]top ops by self time[/] (profiler window, steps {profiler.steps})")
         t = Table()
-        t.add_column("op")
-        t.add_column("category")
-        t.add_column("calls", justify="right")
-        t.add_column("self ms", justify="right")
+        # at 80 columns the name gives way, folded onto more lines (two ops cut to one "…" label looked
+        # like one op); the figures never wrap
+        t.add_column("op", overflow="fold", ratio=1)
+        t.add_column("category", no_wrap=True)
+        t.add_column("calls", justify="right", no_wrap=True)
+        t.add_column("self ms", justify="right", no_wrap=True)
         for op in ops[:8]:
-            name = op["name"] if len(op["name"]) <= 60 else op["name"][:59] + "…"
+            name = op["name"] if len(op["name"]) <= 160 else op["name"][:159] + "…"
             t.add_row(
                 escape(name), op.get("category", ""), str(op.get("count", "")), f"{op['self_us'] / 1000:.2f}"
             )

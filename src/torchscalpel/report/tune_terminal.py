@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from torchscalpel.console import console as default_console
 from torchscalpel.tune.speedup import speedup_of
@@ -197,13 +199,56 @@ FEW_PAIRS = 3
 """Below this many confirmation pairs the recommendation carries a re-measure note."""
 
 
+TABLE_MIN_WIDTH = 150
+"""Below this many columns the ranked table's eleven columns collapse to 1-4 characters (the issue's
+80-column tmux: step ms shown as "4", the why and result columns gone): one block per variant instead."""
+
+
+def print_ranked_blocks(c: Console, result: TuneResult) -> None:
+    """The ranked variants as one block each, for narrow consoles: a heading line (rank, variant,
+    verdict), then the figures as ``name value`` pairs that wrap between pairs, never inside one."""
+    c.print("[bold]scalpel tune: variants ranked by median step time[/]", highlight=False)
+    for rank, trial in enumerate(result.ranked(), 1):
+        cells = dict(zip(HEADERS, row_cells(trial), strict=True))
+        head = Text(f"{rank}. ")
+        head.append(cells["variant"], style="bold")
+        head.append(f"  {cells['verdict']}", style=VERDICT_STYLE.get(trial.verdict, ""))
+        c.print(head)
+        pairs = [
+            f"{name} {cells[name]}"
+            for name in ("step ms", "vs baseline ms", "speedup", "spread", "compile", "peak mem", "loss dev")
+            if cells[name] != "-"
+        ]
+        # lines filled pair by pair: a figure is never cut from its name or broken across lines
+        line = ""
+        for pair in pairs:
+            if line and 3 + len(line) + 3 + len(pair) > c.width:
+                c.print(f"   {line}", highlight=False, soft_wrap=True)
+                line = ""
+            line = f"{line} · {pair}" if line else pair
+        if line:
+            c.print(f"   {line}", highlight=False, soft_wrap=True)
+        for name in ("why tried", "result"):
+            if cells[name] and cells[name] != "-":
+                c.print(Padding(Text(f"{name}: {cells[name]}", style="dim"), (0, 0, 0, 3), expand=False))
+    c.print(Text(TABLE_NOTE, style="dim"))
+
+
 def print_tune_result(
     result: TuneResult, *, out_dir: Any, config_path: Any, out: Console | None = None
 ) -> None:
     """The ranked table, the recommendation (or why there is none), the code lines and where files are."""
     c = out or default_console()
-    if not c.is_terminal:  # logs and pipes: wide enough that the table does not fold every cell
-        c.width = max(c.width, 200)
+    # (a pipe's width is make_console's: COLUMNS when set, else wide enough for the table)
+    if c.width < TABLE_MIN_WIDTH:
+        print_ranked_blocks(c, result)
+    else:
+        print_ranked_table(c, result)
+    print_tune_verdict(c, result, out_dir=out_dir, config_path=config_path)
+
+
+def print_ranked_table(c: Console, result: TuneResult) -> None:
+    """The ranked variants as one table (wide consoles)."""
     table = Table(
         title="scalpel tune: variants ranked by median step time",
         title_justify="left",
@@ -221,6 +266,10 @@ def print_tune_result(
     for trial in result.ranked():
         table.add_row(*row_cells(trial), style=VERDICT_STYLE.get(trial.verdict, ""))
     c.print(table)
+
+
+def print_tune_verdict(c: Console, result: TuneResult, *, out_dir: Any, config_path: Any) -> None:
+    """Under the ranking: the baseline's profile, the noise, the recommendation, its code, the files."""
     bottleneck = (result.facts or {}).get("bottleneck")
     if bottleneck:
         from torchscalpel.tune.bottleneck import Bottleneck
@@ -246,8 +295,13 @@ def print_tune_result(
 
         c.print("[bold]equivalent code[/] (if you prefer to edit the script):")
         for line in code_lines(result.settings):
-            c.print(f"    {line}", markup=False, highlight=False)
-        c.print(f"settings: [bold]{config_path}[/]  ->  scalpel run --config {config_path} -- SCRIPT ...")
+            # soft wrap: a code line is one line whatever the width, so a copy of it still parses
+            c.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
+        # paths and commands are never wrapped (soft wrap), so a copy of the line still runs
+        c.print(
+            f"settings: [bold]{config_path}[/]  ->  scalpel run --config {config_path} -- SCRIPT ...",
+            soft_wrap=True,
+        )
     else:
         c.print(
             f"[bold yellow]no change recommended:[/] {result.headline().removeprefix('no change recommended: ')}",
@@ -256,4 +310,7 @@ def print_tune_result(
     for note in result.notes:
         if note != result.no_candidate:  # already the headline
             c.print(f"[dim]note: {note}[/]", highlight=False)
-    c.print(f"report: [bold]{out_dir}/report.html[/]  record: {out_dir}/run.json  trials: {out_dir}/trials/")
+    c.print(
+        f"report: [bold]{out_dir}/report.html[/]  record: {out_dir}/run.json  trials: {out_dir}/trials/",
+        soft_wrap=True,
+    )

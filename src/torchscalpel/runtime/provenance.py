@@ -157,6 +157,15 @@ def batch_fingerprint(batch: Any, loader: Any = None) -> dict[str, Any]:
     return facts
 
 
+def torch_seed_state() -> dict[str, Any]:
+    """torch's default-generator seed now, and whether a call set it (``set``): torch draws its startup
+    seed from 64 random bits, so a seed below 2**32 was set by ``torch.manual_seed`` (a 1 in 4 billion
+    chance of a false yes; a seed set to a larger number reads as not set). For an in-process block it is
+    read before the block starts: a notebook seeds in an earlier cell, which no wrapped call sees."""
+    seed = int(torch.initial_seed())
+    return {"torch_initial_seed": seed, "set": seed < 2**32}
+
+
 class ProvenanceObserver(Observer):
     """Records the code, data and seeds of a run into ``record.provenance`` (see the module doc)."""
 

@@ -262,7 +262,7 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
     the sections of each stage's record (profile, doctor, tune, plan)."""
     from torchscalpel.record import load_record, now_timestamp
     from torchscalpel.report.html import RecordGroup, render_records
-    from torchscalpel.report.page import Section, table
+    from torchscalpel.report.page import Section, link, table
 
     groups: list[RecordGroup] = []
     for r in results:
@@ -280,7 +280,16 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
         title="Demo stages",
         body=table(
             ["stage", "result", "seconds", "summary", "outputs"],
-            [(r.name, _result_word(r), f"{r.seconds:.1f}", r.summary, _rel(r.output, out)) for r in results],
+            [
+                (
+                    r.name,
+                    _result_word(r),
+                    f"{r.seconds:.1f}",
+                    r.summary,
+                    link(_rel(r.output, out)) if r.output else "-",
+                )
+                for r in results
+            ],
             [False, False, True, False, False],
         )
         + '<p class="muted">Each stage also wrote its own files (run.json, report.html, trace, bundle) in its folder.</p>',

@@ -328,6 +328,9 @@ class UnseededRun(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if self.seeded or (self.steps < 1 and self.backwards < 1):
             return
+        before = ((getattr(record, "provenance", None) or {}).get("seeds") or {}).get("before_block") or {}
+        if before.get("set"):  # an in-process block whose earlier code (a notebook cell) seeded torch
+            return
         yield make_finding(
             "unseeded-run",
             "No random seed was set (torch, random or numpy): initial weights and data order differ from run to "

@@ -1,0 +1,120 @@
+"""Every report page opens with its verdict: what the numbers mean and what to do next, before any chart."""
+
+from __future__ import annotations
+
+import re
+
+from torchscalpel.record import RunRecord, StepRecord
+from torchscalpel.report.html import render_page, sections_for
+from torchscalpel.runtime.summary import summarize
+
+
+def _first_section(page: str) -> str:
+    found = re.search(r'<section id="([^"]+)"', page)
+    assert found, page[:500]
+    return found.group(1)
+
+
+def _page(record: RunRecord) -> str:
+    return render_page("t", "", sections_for(record))
+
+
+def _profiled() -> RunRecord:
+    r = RunRecord(name="t", status="complete", target={"script": "train.py"})
+    r.steps = [
+        StepRecord(
+            index=i,
+            total_ms=10.0,
+            data_ms=0.5,
+            forward_ms=2.0,
+            backward_ms=6.0,
+            optimizer_ms=1.0,
+            other_ms=0.5,
+        )
+        for i in range(6)
+    ]
+    r.summary = summarize(r)
+    return r
+
+
+def test_a_profile_report_opens_with_where_the_step_goes_and_what_next() -> None:
+    page = _page(_profiled())
+    assert _first_section(page) == "profile-verdict"
+    verdict = page.split('<section id="profile-verdict">', 1)[1].split("</section>", 1)[0]
+    assert "the largest part is <b>backward</b>: 6.00 ms, 60% of it" in verdict
+    assert "scalpel doctor -- train.py" in verdict and "scalpel tune -- train.py" in verdict
+
+
+def test_a_memory_report_opens_with_the_out_of_memory_cause_and_ladder_before_any_chart() -> None:
+    r = _profiled()
+    r.sections["memory"] = {
+        "peak": {
+            "total": 3 << 20,
+            "by_category": {"activations": 3 << 20},
+            "modules": [],
+            "sites": [],
+            "step": 4,
+            "phase": "forward",
+            "op": "aten.mm",
+        },
+        "samples": [{"step": i, "by_category": {"activations": i << 20}} for i in range(5)],
+        "top_cause": {"text": "activations of the attention blocks"},
+        "oom": {
+            "request": {"op": "aten.mm", "site": "train.py:40", "bytes": 1 << 20},
+            "live": 3 << 20,
+            "limit": 4 << 20,
+            "ladder": [{"action": "halve the batch", "saves": 1 << 20, "fits": True, "config": {}}],
+        },
+    }
+    page = _page(r)
+    assert _first_section(page) == "memory"
+    assert page.index("Out of memory") < page.index("<svg")
+    assert page.index("halve the batch") < page.index("<svg")
+
+
+def test_a_doctor_report_opens_with_its_findings() -> None:
+    r = _profiled()
+    r.sections["doctor"] = {"findings": []}
+    r.findings = [{"rule": "x", "severity": "warning", "message": "m", "evidence": [], "fix": ""}]
+    assert _first_section(_page(r)) == "findings"
+
+
+def test_the_compare_page_opens_with_its_verdict() -> None:
+    from test_compare import make_record
+
+    from torchscalpel.compare import compare_records
+    from torchscalpel.report.compare_page import render
+
+    page = render(compare_records([make_record(), make_record(backward_scale=1.652)]))
+    assert _first_section(page) == "verdict"
+
+
+def test_a_stopped_run_does_not_read_as_a_failure() -> None:
+    r = _profiled()
+    r.status = "stopped"
+    page = _page(r)
+    assert "status <b>stopped</b>: ended after the planned steps, as asked (not a failure" in page
+
+
+def test_a_group_heading_names_the_kind_once() -> None:
+    from torchscalpel.report.html import RecordGroup, render_records
+
+    tune = RunRecord(name="tune", status="complete", sections={"tune": {}})
+    other = _profiled()
+    page = render_records([RecordGroup(record=tune), RecordGroup(record=other)], title="t", subtitle="")
+    heads = re.findall(r'<div class="group-head" id="[^"]+"><h2>([^<]*)</h2>', page)
+    assert heads == ["tune", "profile · t"], heads
+
+
+def test_the_demo_page_links_each_stages_outputs(tmp_path) -> None:
+    from torchscalpel.stages.demo import StageResult, _write_combined_report
+
+    results = [
+        StageResult(
+            name="env", ok=True, seconds=1.0, output=str(tmp_path / "env" / "env.json"), summary="ok"
+        ),
+        StageResult(name="export", ok=False, seconds=0.5, output="", summary="failed: <no bundle>"),
+    ]
+    page = _write_combined_report(tmp_path, results).read_text()
+    assert '<td class=""><a href="env/env.json">env/env.json</a></td>' in page
+    assert "failed: &lt;no bundle&gt;" in page  # every other cell is still escaped
