@@ -104,6 +104,8 @@ class StepRecord:
     the torch.profiler window, or it is the FLOP-counting step (``flops_counted``)."""
     flops_counted: bool = False
     """True for the one step whose FLOPs a dispatch mode counted (``profiler.flops_step``)."""
+    op_lines: bool = False
+    """True for the steps of the op-line pass, which names each op's user line (``profiler.op_lines``)."""
 
     def phase_ms(self) -> dict[str, float]:
         """The five-way split as a dict keyed by :data:`PHASES`."""
