@@ -24,7 +24,7 @@ def score_line(script: Path) -> int:
 
 
 def _profile(
-    tmp_path: Path, script: Path, *flags: str, script_args: tuple[str, ...] = ()
+    tmp_path: Path, script: Path, *flags: str, script_args: tuple[str, ...] = (), exit_ok: bool = True
 ) -> tuple[dict, str, Path]:
     out = tmp_path / "run"
     proc = run_cli(
