@@ -77,10 +77,10 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--module-times", action="store_true", help="also time each submodule's forward")
     p.add_argument(
-        "--op-lines",
+        "--no-op-lines",
         action="store_true",
-        help="one more profiled step after the profiler window that names each top op's user line and "
-        "shapes and finds op patterns with a known fix (off by default: see docs/profile.md)",
+        help="skip the op-line pass: the one step after the profiler window that names each top op's "
+        "user line and shapes and finds op patterns with a known fix",
     )
     p.add_argument(
         "--with-stack",
@@ -108,7 +108,7 @@ def runtime_options(args: argparse.Namespace, out_dir: Path | None, name: str) -
             profile_steps=args.profile_steps,
             profile_event_budget=getattr(args, "profile_budget", 200_000),
             module_times=args.module_times,
-            op_line_steps=1 if getattr(args, "op_lines", False) else 0,
+            op_line_steps=0 if getattr(args, "no_op_lines", False) else 1,
             with_stack=getattr(args, "with_stack", False),
             record_shapes=getattr(args, "record_shapes", False),
             name=name,

@@ -150,6 +150,24 @@ def events_from(prof: profile) -> list[OpEvent]:
     return out
 
 
+def free_profiler(prof: profile) -> None:
+    """Free the pass's results now, while the process runs.
+
+    Left to the garbage collector, the profiler's results sit in a reference cycle until the
+    interpreter exits, and freeing them there crashed it (torch 2.13, a script that ran CPU flash
+    attention: a segfault in ``~vector<Result>`` during ``Py_FinalizeEx``, after run.json was written).
+    """
+    inner = getattr(prof, "profiler", None)
+    if inner is not None:
+        for name in ("kineto_results", "function_events", "_function_events"):
+            if hasattr(inner, name):
+                try:
+                    setattr(inner, name, None)
+                except (AttributeError, TypeError):
+                    pass
+    prof.profiler = None
+
+
 class OpLinePass:
     """One or two steps profiled with shapes and user lines, right after the profiler window."""
 
@@ -228,6 +246,7 @@ class OpLinePass:
         except Exception as exc:
             self.error = f"the op-line pass could not be read: {exc!r}"
         finally:
+            free_profiler(prof)
             self.seconds = time.perf_counter() - self._t0
 
     def result(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from torchscalpel.record import StepRecord
 from torchscalpel.runtime.flop_count import StepFlopCounter
 from torchscalpel.runtime.native_log import LOG_NAME, native_stderr_to
 from torchscalpel.runtime.observer import Observer
-from torchscalpel.runtime.op_lines import OpLinePass
+from torchscalpel.runtime.op_lines import OpLinePass, free_profiler
 
 if TYPE_CHECKING:
     from torchscalpel.runtime.session import RuntimeOptions, Session
@@ -274,6 +274,8 @@ class ProfilerWindow:
                 add_memory_counters(self.trace_path)  # memory as Perfetto counter tracks (trace/counters.py)
         except Exception as exc:
             self._error = f"profiler export failed: {exc!r}"
+        finally:
+            free_profiler(prof)  # now, not at interpreter exit (see op_lines.free_profiler)
 
     def result(self) -> dict[str, Any]:
         """The record's ``profiler`` section (the op summary is added by the trace module)."""
