@@ -4,6 +4,7 @@ left out of the step times, and stays silent on the same model with F.scaled_dot
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -86,3 +87,12 @@ def test_no_op_lines_turns_the_pass_off(tmp_path):
     assert "op_lines" not in record["profiler"]
     assert not any(s.get("op_lines") for s in record["steps"])
     assert record["findings"] == [] and "op lines:" not in printed
+
+
+@pytest.mark.slow
+def test_with_stack_records_the_main_window_the_torch_way(tmp_path):
+    record, _, out = _profile(tmp_path, MINGPT, "--with-stack", "--record-shapes", "--no-op-lines")
+    with gzip.open(out / record["profiler"]["trace"]) as fh:
+        events = json.loads(fh.read())["traceEvents"]
+    assert any(e.get("cat") == "python_function" and MINGPT.name in e.get("name", "") for e in events)
+    assert any("Input Dims" in e.get("args", {}) for e in events if e.get("name") == "aten::bmm")
