@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import run_cli
 from torchscalpel.record import load_record
@@ -96,3 +97,29 @@ def test_with_stack_records_the_main_window_the_torch_way(tmp_path):
         events = json.loads(fh.read())["traceEvents"]
     assert any(e.get("cat") == "python_function" and MINGPT.name in e.get("name", "") for e in events)
     assert any("Input Dims" in e.get("args", {}) for e in events if e.get("name") == "aten::bmm")
+
+
+LOSS_ITEM = FIXTURES / "loss_item_every_step.py"
+
+
+def item_line() -> int:
+    return next(i for i, text in enumerate(LOSS_ITEM.read_text().splitlines(), 1) if "loss.item()" in text)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a .item() synchronises only with a GPU")
+def test_loss_item_every_step_is_named_on_a_gpu(tmp_path):
+    record, printed, _ = _profile(tmp_path, LOSS_ITEM)
+    (finding,) = [f for f in record["findings"] if f["rule"] == "sync-in-step"]
+    assert finding["location"]["line"] == item_line() and f"{LOSS_ITEM.name}:{item_line()}" in printed
+    twin, _, _ = _profile(tmp_path / "twin", LOSS_ITEM, script_args=("--log-every", "1000"))
+    assert not any(
+        f["location"]["line"] == item_line() for f in twin["findings"] if f["rule"] == "sync-in-step"
+    )
+
+
+@pytest.mark.slow
+def test_loss_item_on_a_cpu_run_is_not_called_a_stall(tmp_path):
+    record, _, _ = _profile(tmp_path, LOSS_ITEM, script_args=("--device", "cpu"))
+    assert record["profiler"]["op_lines"]["ops"]
+    assert [f for f in record["findings"] if f["rule"] == "sync-in-step"] == []
