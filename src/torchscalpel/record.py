@@ -104,6 +104,9 @@ class StepRecord:
     the torch.profiler window, or it is the FLOP-counting step (``flops_counted``)."""
     flops_counted: bool = False
     """True for the one step whose FLOPs a dispatch mode counted (``profiler.flops_step``)."""
+    op_lines: bool = False
+    """True for the steps of the op-line pass, which names each op's user line (``profiler.op_lines``);
+    written only when true."""
 
     def phase_ms(self) -> dict[str, float]:
         """The five-way split as a dict keyed by :data:`PHASES`."""
@@ -222,6 +225,9 @@ class RunRecord:
         data = asdict(self)
         if not data["provenance"]:
             del data["provenance"]  # an older or hand-made record round-trips to the same JSON
+        for step in data["steps"]:
+            if not step["op_lines"]:
+                del step["op_lines"]  # only the op-line pass's steps carry the key: older records round-trip
         extra = data.pop("extra")
         for key, value in extra.items():
             data.setdefault(key, value)

@@ -93,7 +93,7 @@ def _window(record: RunRecord) -> list[str]:
     window = record.profiler_view().steps
     # The FLOP-counting step is marked profiled (left out of timings, like the window's steps) but is not
     # inside the profiler window: it ran under the counting mode instead.
-    marked = [s.index for s in record.steps if s.profiled and not s.flops_counted]
+    marked = [s.index for s in record.steps if s.profiled and not s.flops_counted and not s.op_lines]
     if window is None:
         return (
             [f"steps {marked}: marked profiled but the record has no profiler window (profiler.steps)."]

@@ -163,6 +163,10 @@ class ProfilerSection(SectionView):
     """What the budget made the window do (fewer steps, no shapes/memory, a step cut short, none)."""
     error: str | None = None
     """Why the profiler window failed, when it did."""
+    op_lines: dict[str, Any] | None = None
+    """The op-line pass (``runtime/op_lines.py``): ``steps``, ``seconds`` (its cost: the steps and reading
+    them back), ``step_ms``, ``ops`` (per top op: ``name``, ``site`` file:line, ``site_share``, ``calls``,
+    ``self_us``, ``shapes``) and ``error`` when it could not run; None: not asked."""
 
 
 @dataclass(kw_only=True, slots=True)

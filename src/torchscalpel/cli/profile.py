@@ -76,6 +76,23 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
         "drops shapes and memory, or cuts its step short, and says so (default 200000)",
     )
     p.add_argument("--module-times", action="store_true", help="also time each submodule's forward")
+    p.add_argument(
+        "--no-op-lines",
+        action="store_true",
+        help="skip the op-line pass: the one step after the profiler window that names each top op's "
+        "user line and shapes and finds op patterns with a known fix",
+    )
+    p.add_argument(
+        "--with-stack",
+        action="store_true",
+        help="record torch's Python stacks in the profiler window too (torch.profiler's with_stack: "
+        "the full trace the torch way, larger and slower)",
+    )
+    p.add_argument(
+        "--record-shapes",
+        action="store_true",
+        help="keep input shapes in the profiler window even where --profile-budget would drop them",
+    )
 
 
 def runtime_options(args: argparse.Namespace, out_dir: Path | None, name: str) -> Any:
@@ -91,6 +108,9 @@ def runtime_options(args: argparse.Namespace, out_dir: Path | None, name: str) -
             profile_steps=args.profile_steps,
             profile_event_budget=getattr(args, "profile_budget", 200_000),
             module_times=args.module_times,
+            op_line_steps=0 if getattr(args, "no_op_lines", False) else 1,
+            with_stack=getattr(args, "with_stack", False),
+            record_shapes=getattr(args, "record_shapes", False),
             name=name,
             step_kind=args.step_kind,
             step_timeout_s=args.step_timeout,

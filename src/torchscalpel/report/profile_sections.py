@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from html import escape
+from typing import Any
 
 from torchscalpel.record import PHASES, RunRecord
 from torchscalpel.report import charts
@@ -11,10 +12,14 @@ from torchscalpel.report.profile_terminal import (
     fmt_count,
     fmt_flops,
     left_out_text,
+    op_lines_text,
+    op_sites,
     phase_medians,
     phase_shares,
+    site_text,
     strip_ansi,
     summarized_steps,
+    window_step_us,
 )
 from torchscalpel.sections import TraceSection
 from torchscalpel.units import fmt_bytes
@@ -237,14 +242,17 @@ def _top_ops(record: RunRecord) -> Section:
         y_title="op",
     )
     flops = {f["name"]: f["flops"] + f.get("recompute", 0) for f in profiler.flops_by_op}
+    step_us, sites = window_step_us(record), op_sites(record)
     rows = [
         (
             o["name"],
             o.get("category", ""),
             o.get("count", ""),
             f"{o['self_us'] / 1000:.3f}",
+            f"{100 * o['self_us'] / step_us:.1f}%" if step_us else "",
             f"{o.get('total_us', 0) / 1000:.3f}",
             f"{flops[o['name']]:.3g}" if o["name"] in flops else "",
+            _site_cell(sites.get(o["name"])),
         )
         for o in ops
     ]
@@ -265,13 +273,29 @@ def _top_ops(record: RunRecord) -> Section:
         title=f"Top ops (profiler window: steps {profiler.steps})",
         body=chart
         + table(
-            ["op", "category", "calls", "self ms", "total ms", "FLOPs"],
+            ["op", "category", "calls", "self ms", "of step", "total ms", "FLOPs", "at (user line)"],
             rows,
-            [False, False, True, True, True, True],
+            [False, False, True, True, True, True, True, False],
         )
+        + _op_lines_note(record)
         + ("<h3>Self time by category</h3>" + cat_chart if cat_chart else "")
         + _flops_table(record),
     )
+
+
+def _site_cell(row: dict[str, Any] | None) -> str:
+    """An op's user line from the op-line pass, with its share of the op when other lines share it."""
+    if not row:
+        return ""
+    share = row.get("site_share", 1.0)
+    shapes = row.get("shapes") or []
+    text = site_text(row["site"]) + (f" ({100 * share:.0f}% of the op)" if share < 0.995 else "")
+    return text + (f", shapes {shapes}" if shapes else "")
+
+
+def _op_lines_note(record: RunRecord) -> str:
+    text = op_lines_text(record)
+    return f"<p>{escape(text)}</p>" if text else ""
 
 
 def _flops_table(record: RunRecord) -> str:

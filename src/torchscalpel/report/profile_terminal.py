@@ -13,9 +13,11 @@ from rich.table import Table
 
 from torchscalpel.console import console
 from torchscalpel.envcheck.checks import check_machine_busy
+from torchscalpel.findings import short_path
 from torchscalpel.record import PHASES, RunRecord, StepRecord
 from torchscalpel.runtime.native_log import LOG_NAME
 from torchscalpel.runtime.script import strip_ansi  # the runtime strips errors before they reach the record
+from torchscalpel.trace.patterns import PATTERN_RULES
 from torchscalpel.units import fmt_bytes
 
 
@@ -50,10 +52,43 @@ def left_out_text(record: RunRecord) -> str:
         [st for st in record.measured_steps if st.profiled] if s.steps_summarized < s.steps_measured else []
     )
     counted = sum(1 for st in left_out if st.flops_counted)
-    parts = [f"{len(left_out) - counted} profiled"] if len(left_out) > counted else []
+    lines = sum(1 for st in left_out if st.op_lines)
+    parts = [f"{len(left_out) - counted - lines} profiled"] if len(left_out) > counted + lines else []
     if counted:
         parts.append(f"{counted} FLOP-counting")
+    if lines:
+        parts.append(f"{lines} op-line")
     return ", ".join(parts)
+
+
+def window_step_us(record: RunRecord) -> float:
+    """Wall time of the profiler window's steps (µs): the denominator of an op's share of the step."""
+    window = set(record.profiler_view().steps or [])
+    return sum(st.total_ms for st in record.steps if st.index in window) * 1000.0
+
+
+def op_sites(record: RunRecord) -> dict[str, dict[str, Any]]:
+    """Each top op's user line from the op-line pass, by op name."""
+    lines = record.profiler_view().op_lines or {}
+    return {o["name"]: o for o in lines.get("ops", []) if o.get("site")}
+
+
+def site_text(site: str) -> str:
+    """``file:line`` with the file relative to the current folder when it lies under it."""
+    file, _, line = site.rpartition(":")
+    return f"{short_path(file)}:{line}"
+
+
+def op_lines_text(record: RunRecord) -> str | None:
+    """What the op-line pass cost, or why it did not run (None: not asked)."""
+    lines = record.profiler_view().op_lines
+    if lines is None:
+        return None
+    if lines.get("error"):
+        return f"op lines: not measured: {lines['error']}"
+    seconds = lines.get("seconds")
+    cost = f"{seconds:.2f} s" if isinstance(seconds, int | float) else "not measured"
+    return f"op lines: 1 pass over step(s) {lines.get('steps')}, {cost}, left out of the step times"
 
 
 def flops_text(record: RunRecord) -> str | None:
@@ -158,12 +193,41 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         t.add_column("category", no_wrap=True)
         t.add_column("calls", justify="right", no_wrap=True)
         t.add_column("self ms", justify="right", no_wrap=True)
+        step_us, sites = window_step_us(record), op_sites(record)
+        if step_us:
+            t.add_column("of step", justify="right", no_wrap=True)
+        if sites:
+            t.add_column("at (user line)", overflow="fold")
         for op in ops[:8]:
             name = op["name"] if len(op["name"]) <= 160 else op["name"][:159] + "…"
-            t.add_row(
-                escape(name), op.get("category", ""), str(op.get("count", "")), f"{op['self_us'] / 1000:.2f}"
-            )
+            row = [
+                escape(name),
+                op.get("category", ""),
+                str(op.get("count", "")),
+                f"{op['self_us'] / 1000:.2f}",
+            ]
+            if step_us:
+                row.append(f"{100 * op['self_us'] / step_us:.0f}%")
+            if sites:
+                where = sites.get(op["name"])
+                row.append(
+                    escape(site_text(where["site"]))
+                    + (f" ({100 * where['site_share']:.0f}%)" if where["site_share"] < 0.995 else "")
+                    if where
+                    else ""
+                )
+            t.add_row(*row)
         c.print(t)
+    lines_note = op_lines_text(record)
+    if lines_note:
+        c.print(lines_note)
+    for f in record.findings:
+        if f.get("rule") not in PATTERN_RULES:
+            continue
+        loc = f.get("location")
+        at = " at " + site_text(f"{loc['file']}:{loc['line']}") if loc else ""
+        c.print(f"[bold]{escape(f['rule'])}[/]{escape(at)}: {escape(f['message'])}")
+        c.print(f"  fix: {escape(f.get('fix', ''))}")
     files = ["run.json", "report.html", *([profiler.trace] if profiler.trace else [])]
     if (Path(run_dir) / LOG_NAME).exists():
         files.append(f"{LOG_NAME}: the profiler's own messages")

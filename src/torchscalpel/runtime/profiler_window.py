@@ -26,6 +26,7 @@ from torchscalpel.record import StepRecord
 from torchscalpel.runtime.flop_count import StepFlopCounter
 from torchscalpel.runtime.native_log import LOG_NAME, native_stderr_to
 from torchscalpel.runtime.observer import Observer
+from torchscalpel.runtime.op_lines import OpLinePass, free_profiler
 
 if TYPE_CHECKING:
     from torchscalpel.runtime.session import RuntimeOptions, Session
@@ -93,6 +94,9 @@ class ProfilerWindow:
             else f"no measured step was left for counting beside the {options.profile_steps}-step "
             f"profiler window; run one more step (--steps {options.profile_steps + 1})",
         )
+        self.op_pass: OpLinePass | None = None
+        """The op-line pass (:mod:`~torchscalpel.runtime.op_lines`), once the window has closed."""
+        self._op_skipped: str | None = None
         session.add_observer(_Boundaries(self))
         if self.first == 0:
             self._start(0)
@@ -100,7 +104,9 @@ class ProfilerWindow:
     def on_step_closed(self, step: StepRecord) -> None:
         """Called at every settled step end: the FLOP step, then mark, open or close the window."""
         self.flops.on_step_closed(step)
-        if self._cut_step == step.index:  # the step the budget cut short was profiled in part
+        if self.op_pass is not None and self.op_pass.running:
+            self.op_pass.on_step_closed(step)
+        elif self._cut_step == step.index:  # the step the budget cut short was profiled in part
             step.profiled, self._cut_step = True, None
             self._profiled.append(step.index)
         elif self._prof is not None:
@@ -108,7 +114,8 @@ class ProfilerWindow:
             self._profiled.append(step.index)
             self._close_range()
             if step.index >= self.last:
-                self.close()
+                self._close_window()
+                self._start_pass(step.index + 1)
             else:
                 self._open_range(step.index + 1)
         elif not self._done and step.index + 1 == self.first:
@@ -176,6 +183,9 @@ class ProfilerWindow:
                     prof.stop()
             except Exception as exc:
                 self._error = f"profiler restart failed: {exc!r}"
+        if self.op_pass is not None:
+            self.op_pass.close()
+        self.op_pass, self._op_skipped = None, None
         self._profiled, self._done, self._cut_step, self._seen = [], False, None, 0
         self.flops.restart()
         if self.first == 0:
@@ -193,10 +203,10 @@ class ProfilerWindow:
         try:
             self._prof = profile(
                 activities=activities,
-                record_shapes=self._shapes,
+                record_shapes=self._shapes or self.options.record_shapes,
                 profile_memory=self._shapes,
                 with_flops=False,
-                with_stack=False,
+                with_stack=self.options.with_stack,
             )
             with native_stderr_to(self._log_path()):  # Kineto's USDT lines go to the run's log
                 early = torch.empty(64)  # allocated before the window: freeing it inside triggers c10's
@@ -219,8 +229,34 @@ class ProfilerWindow:
             self._range.__exit__(None, None, None)
             self._range = None
 
+    def _start_pass(self, index: int) -> None:
+        """Open the op-line pass at step ``index``, when it is asked for and measured steps are left."""
+        asked = self.options.op_line_steps
+        if not asked or self._cut_step is not None:
+            return
+        steps = self.options.steps
+        end = self.options.warmup + steps - 1 if steps is not None else None
+        if steps is not None and end is not None and index > end:
+            self._op_skipped = (
+                f"no measured step was left after the profiler window for the op-line pass "
+                f"(run {asked} more: --steps {steps + asked})"
+            )
+            return
+        n = asked if end is None else min(asked, end - index + 1)
+        self.op_pass = OpLinePass(n, index, self._log_path())
+        self.op_pass.start()
+
+    def findings(self) -> list[Any]:
+        """The op-line pass's pattern findings (:mod:`torchscalpel.trace.patterns`)."""
+        return list(self.op_pass.findings) if self.op_pass is not None else []
+
     def close(self) -> None:
-        """Stop the profiler (idempotent) and export the trace; stop a FLOP count cut short."""
+        """Stop the profiler and the op-line pass (idempotent), export the trace; stop a FLOP count cut short."""
+        if self.op_pass is not None:
+            self.op_pass.close()
+        self._close_window()
+
+    def _close_window(self) -> None:
         self.flops.close()
         if self._prof is None:
             return
@@ -238,6 +274,8 @@ class ProfilerWindow:
                 add_memory_counters(self.trace_path)  # memory as Perfetto counter tracks (trace/counters.py)
         except Exception as exc:
             self._error = f"profiler export failed: {exc!r}"
+        finally:
+            free_profiler(prof)  # now, not at interpreter exit (see op_lines.free_profiler)
 
     def result(self) -> dict[str, Any]:
         """The record's ``profiler`` section (the op summary is added by the trace module)."""
@@ -254,4 +292,8 @@ class ProfilerWindow:
             out["bounded"] = self.bounded
         if self._error:
             out["error"] = self._error
+        if self.op_pass is not None:
+            out["op_lines"] = self.op_pass.result()
+        elif self._op_skipped:
+            out["op_lines"] = {"steps": [], "error": self._op_skipped}
         return out

@@ -61,6 +61,14 @@ class RuntimeOptions:
     profile_event_budget: int | None = DEFAULT_EVENT_BUDGET
     """Trace events the profiler window may hold (``--profile-budget``; None: no limit): beyond it the
     window covers fewer steps, drops shapes and memory, or cuts its step short."""
+    op_line_steps: int = 0
+    """Steps of the op-line pass after the profiler window (:mod:`~torchscalpel.runtime.op_lines`): each
+    top op's user line and shapes, and the pattern findings; ``scalpel profile`` asks for 1 (``--no-op-lines``: 0).
+    Off by default so doctor's and tune's runs keep their windows as they were."""
+    with_stack: bool = False
+    """Record torch's own Python stacks in the profiler window (``--with-stack``: the full trace, slower)."""
+    record_shapes: bool = False
+    """Keep input shapes in the profiler window even where the event budget would drop them (``--record-shapes``)."""
     module_times: bool = False
     """Also time the forward of each submodule (for tune's hottest-region search)."""
     device: str | None = None
@@ -77,6 +85,8 @@ class RuntimeOptions:
     start (a loop the runtime cannot recognise must not run to its end); None waits forever."""
 
     def __post_init__(self) -> None:
+        if self.op_line_steps < 0:
+            raise ValueError(f"the op-line pass needs 0 or more steps, got {self.op_line_steps}")
         if self.profile_event_budget is not None and self.profile_event_budget < 1:
             raise ValueError(f"--profile-budget must be at least 1 event, got {self.profile_event_budget}")
         check_window(
@@ -397,6 +407,7 @@ class Attachment:
             record.modules = self.module_timer.table()
         if session.window is not None:
             record.profiler = session.window.result()
+            record.findings.extend(f.to_dict() for f in session.window.findings())
         from torchscalpel.runtime.summary import summarize
 
         record.summary = summarize(record)

@@ -23,3 +23,8 @@ def add_trace_summary(record: RunRecord, out_dir: Path) -> None:
         record.notes.append(f"trace summary failed: {exc}")
         return
     record.sections[TraceSection.KEY] = result  # read through record.op_summary_view(); kept once
+    lines = record.profiler.get("op_lines")
+    if isinstance(lines, dict) and lines.get("ops"):
+        # The op-line pass kept its heaviest ops; the record keeps the lines of the top ops only.
+        top = {op.get("name") for op in result.get("top_ops", [])}
+        lines["ops"] = [o for o in lines["ops"] if o.get("name") in top]

@@ -1,0 +1,258 @@
+"""The op-line pass: after the cheap profiler window, one short window that names each op's user line.
+
+The profiler window records no stacks (a stack per op costs more than many ops). Once it has closed,
+this pass profiles one or two more steps with shapes, and tags every torch call with the user's
+``file:line`` (``runtime.userframes``: the innermost frame that is the user's), so each op of the top
+ops table gets the line that called it, and the pattern rules (:mod:`torchscalpel.trace.patterns`)
+can name the line to change.
+
+Why not torch.profiler's own ``with_stack=True``: in torch 2.13 its Python frames are named by the
+function's first line (``model.py(35): forward``, the ``def``), not the line executing (measured: an
+``aten::mm`` called at line 6 of ``f`` is listed as ``f``'s line 5), and ``FunctionEvent.stack`` is
+empty unless ``experimental_config=_ExperimentalConfig(verbose=True)``, which gives the same ``def``
+lines. A torch function mode sees the caller's live frame, whose ``f_lineno`` is the line running;
+it wraps each call in a profiler range named ``scalpel.site:FILE:LINE`` that the ops nest in.
+``--with-stack`` still records torch's stacks in the main window, for users who want the full trace.
+
+The pass's steps are marked ``profiled`` and ``op_lines`` (left out of timings, like the window's);
+its cost (the steps' wall time plus reading the events back) is recorded in ``profiler.op_lines``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.profiler import ProfilerActivity, profile
+
+from torchscalpel.findings import Finding
+from torchscalpel.record import StepRecord
+from torchscalpel.runtime.native_log import native_stderr_to
+from torchscalpel.runtime.userframes import Kind, file_kind, user_frame
+from torchscalpel.trace.patterns import OpEvent, PassFacts, find_patterns, op_lines
+
+SITE_PREFIX = "scalpel.site:"
+OURS = "torchscalpel"
+"""The site of a call torchscalpel's own code made (the loss it records, a wrapper's ``.item()``)."""
+_SKIPPED = frozenset({Kind.TORCH, Kind.STDLIB, Kind.GENERATED})
+_PATCHING = "/runtime/patching.py"
+
+
+def _is_layer(frame: Any) -> bool:
+    return frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_PATCHING)
+
+
+def call_site(frame: Any) -> str | None:
+    """``file:line`` of the user's line behind a torch call made in ``frame``.
+
+    :data:`OURS` when the nearest frame outside torch and the standard library is torchscalpel's own
+    code; a wrapper installed with ``runtime.patching.wrap_attr`` (its caller is the wrapping layer)
+    passes the user's call through (``loss.backward()`` goes through the runtime's wrapper and is the
+    user's line). None when no frame is the user's.
+    """
+    f = frame
+    while f is not None:
+        kind = file_kind(f.f_code.co_filename)
+        if kind not in _SKIPPED:
+            if kind is Kind.SCALPEL and not _is_layer(f) and not _is_layer(f.f_back):
+                return OURS
+            break
+        f = f.f_back
+    found = user_frame(frame)
+    return None if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"
+
+
+class SiteMode(TorchFunctionMode):
+    """Wraps every torch call the user's code makes in a profiler range named after its line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        fast = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+        self._range: Any = fast if fast is not None else torch.profiler.record_function
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        site = call_site(sys._getframe(1))
+        if site is None:
+            return func(*args, **kwargs)
+        self.calls += 1
+        with self._range(SITE_PREFIX + site):
+            return func(*args, **kwargs)
+
+
+def _site_of(evt: Any) -> tuple[str | None, str | None, bool, Any]:
+    """(site, the op it runs inside, ours, its backward function event or None) from an event's parents."""
+    parent_op, bw = None, None
+    p = evt.cpu_parent
+    while p is not None:
+        name = p.name
+        if name.startswith(SITE_PREFIX):
+            if name == SITE_PREFIX + OURS:
+                return None, parent_op, True, bw
+            return name[len(SITE_PREFIX) :], parent_op, False, bw
+        if bw is None and getattr(p, "scope", 0) == 1:  # BACKWARD_FUNCTION: autograd's node for a forward op
+            bw = p
+        if parent_op is None and (name.startswith("aten::") or name.startswith("cuda")):
+            parent_op = name
+        p = p.cpu_parent
+    return None, parent_op, False, bw
+
+
+def events_from(prof: profile) -> list[OpEvent]:
+    """The pass's ops as :class:`OpEvent` (torchscalpel's own calls and the step ranges left out).
+
+    A backward op is named by the forward op's line (what torch's own ``_set_backward_stacktraces``
+    does for stacks: the backward function's ``sequence_nr`` and forward thread find the forward op),
+    so ``aten::bmm`` in backward is charged to the ``q @ k.transpose`` line, not to ``loss.backward()``.
+    """
+    kept = []
+    forward_sites: dict[tuple[int, int], str] = {}
+    for evt in prof.events():
+        name = evt.name
+        if not (name.startswith("aten::") or name.startswith("cuda")) or name.startswith("cudaLaunch"):
+            continue
+        if getattr(evt, "device_type", None) is not None and str(evt.device_type) != "DeviceType.CPU":
+            continue
+        site, parent, ours, bw = _site_of(evt)
+        if ours:
+            continue
+        seq = getattr(evt, "sequence_nr", -1)
+        if bw is None and site is not None and seq is not None and seq >= 0:
+            forward_sites.setdefault((seq, evt.thread), site)
+        kept.append((evt, site, parent, bw))
+    out = []
+    for evt, site, parent, bw in kept:
+        if bw is not None:
+            site = forward_sites.get((bw.sequence_nr, bw.fwd_thread), site)
+        kernels = tuple(str(getattr(k, "name", k)) for k in getattr(evt, "kernels", ()) or ())
+        shapes = tuple(
+            tuple(int(d) for d in s) for s in (evt.input_shapes or []) if isinstance(s, list | tuple)
+        )
+        out.append(
+            OpEvent(
+                name=evt.name,
+                site=site,
+                start_us=float(evt.time_range.start),
+                self_us=float(evt.self_cpu_time_total),
+                total_us=float(evt.cpu_time_total),
+                device_us=float(getattr(evt, "self_device_time_total", 0.0) or 0.0),
+                shapes=shapes,
+                parent=parent,
+                kernels=kernels,
+                backward=bw is not None,
+            )
+        )
+    return out
+
+
+def free_profiler(prof: profile) -> None:
+    """Free the pass's results now, while the process runs.
+
+    Left to the garbage collector, the profiler's results sit in a reference cycle until the
+    interpreter exits, and freeing them there crashed it (torch 2.13, a script that ran CPU flash
+    attention: a segfault in ``~vector<Result>`` during ``Py_FinalizeEx``, after run.json was written).
+    """
+    inner = getattr(prof, "profiler", None)
+    if inner is not None:
+        for name in ("kineto_results", "function_events", "_function_events"):
+            if hasattr(inner, name):
+                try:
+                    setattr(inner, name, None)
+                except (AttributeError, TypeError):
+                    pass
+    prof.profiler = None
+
+
+class OpLinePass:
+    """One or two steps profiled with shapes and user lines, right after the profiler window."""
+
+    def __init__(self, steps: int, first: int, log_path: Path | None) -> None:
+        self.asked = steps
+        self.first = first
+        self.log_path = log_path
+        self.steps: list[int] = []
+        self.step_ms = 0.0
+        self._prof: profile | None = None
+        self._mode: SiteMode | None = None
+        self._t0 = 0.0
+        self.seconds: float | None = None
+        self.error: str | None = None
+        self.ops: list[dict[str, Any]] = []
+        self.findings: list[Finding] = []
+        self.events = 0
+
+    @property
+    def running(self) -> bool:
+        return self._prof is not None
+
+    def start(self) -> None:
+        """Open the pass at the start of step ``first``."""
+        self._t0 = time.perf_counter()
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        try:
+            self._prof = profile(activities=activities, record_shapes=True, with_stack=False)
+            with native_stderr_to(self.log_path):
+                self._prof.start()
+            self._mode = SiteMode()
+            self._mode.__enter__()
+        except Exception as exc:  # a pass that cannot start must not stop the user's run
+            self._prof, self.error = None, f"the op-line pass failed to start: {exc!r}"
+
+    def on_step_closed(self, step: StepRecord) -> bool:
+        """Mark a step of the pass; True when the pass is over."""
+        step.profiled = True
+        step.op_lines = True
+        self.steps.append(step.index)
+        self.step_ms += step.total_ms
+        if len(self.steps) >= self.asked:
+            self.close(complete=True)
+            return True
+        return False
+
+    def close(self, *, complete: bool = False) -> None:
+        """Stop the pass and read its events (a pass the script ended in the middle of is dropped)."""
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        if self._mode is not None:
+            mode, self._mode = self._mode, None
+            try:
+                mode.__exit__(None, None, None)
+            except Exception as exc:
+                self.error = f"the op-line pass's torch function mode could not be removed: {exc!r}"
+        try:
+            with native_stderr_to(self.log_path):
+                prof.stop()
+            if not complete or not self.steps:
+                self.error = self.error or "the script ended inside the op-line pass"
+                return
+            events = events_from(prof)
+            self.events = len(events)
+            facts = PassFacts(
+                step_us=self.step_ms * 1000.0,
+                steps=len(self.steps),
+                cuda=torch.cuda.is_available(),
+                compute_capability=torch.cuda.get_device_capability() if torch.cuda.is_available() else None,
+            )
+            self.ops = op_lines(events)
+            self.findings = find_patterns(events, facts)
+        except Exception as exc:
+            self.error = f"the op-line pass could not be read: {exc!r}"
+        finally:
+            free_profiler(prof)
+            self.seconds = time.perf_counter() - self._t0
+
+    def result(self) -> dict[str, Any]:
+        """The record's ``profiler.op_lines``."""
+        out: dict[str, Any] = {"steps": self.steps, "seconds": self.seconds, "step_ms": self.step_ms}
+        if self.error:
+            out["error"] = self.error
+        out["ops"] = self.ops
+        return out
