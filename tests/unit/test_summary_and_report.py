@@ -155,7 +155,7 @@ def test_profile_summary_at_80_columns_keeps_names_and_figures_whole(tmp_path):
     for whole in ("123456.79", "98.77", "1234.50", "56.7%", "123456"):
         assert whole in text, whole
     # each op's name is all there, folded inside its cell
-    cells = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.count("│") == 5)
+    cells = "".join(line.split("│")[1].strip() for line in text.splitlines() if line.count("│") >= 5)
     assert long_a in cells and long_b in cells
 
 
