@@ -43,14 +43,17 @@ def test_compare_json_to_a_full_device_is_one_sentence(
 
 
 @needs_dev_full
-def test_profile_json_copy_to_a_full_device_is_a_usage_error_and_run_json_is_kept(tmp_path: Path) -> None:
+def test_profile_json_copy_to_a_full_device_is_a_usage_error_and_run_json_is_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from torchscalpel.errors import UsageError
     from torchscalpel.stages.profile import finish_profile
 
     record = RunRecord(name="r", status="complete", exit_code=0)
     with pytest.raises(UsageError, match="Could not write --json /dev/full: No space left on device"):
-        finish_profile(record, tmp_path / "out", write_report=False, json_path=FULL, quiet=True)
+        finish_profile(record, tmp_path / "out", write_report=False, json_path=FULL)
     assert json.loads((tmp_path / "out" / "run.json").read_text())["name"] == "r"  # nothing measured lost
+    assert "run folder:" in capsys.readouterr().err  # and the summary of it is still shown
 
 
 @pytest.mark.parametrize("value", ["99999999999999999999999", "1025", "0"])
