@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from helpers import REPO, run_cli
 
 SCRIPT = REPO / "tests" / "fixtures" / "scripts" / "epoch_loop.py"
