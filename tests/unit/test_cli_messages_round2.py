@@ -133,3 +133,18 @@ def test_token_file_that_is_a_folder_or_a_device_is_named_so(tmp_path: Path) -> 
         read_token(Path("/dev/null"))
     with pytest.raises(UsageError, match="does not exist"):
         read_token(tmp_path / "missing")
+
+
+def test_plan_batch_of_the_wrong_shape_is_one_sentence_with_one_full_stop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "tiny_factory.py").write_text(
+        "import torch\n\ndef make():\n    return torch.nn.Linear(4, 2)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    code = main(["plan", "--model", "tiny_factory:make", "--batch", "x=float32[8,5]", "--no-max-batch"])
+    assert code == 2
+    err = _one_sentence(capsys.readouterr().err)
+    assert "failed in op aten.addmm.default: RuntimeError:" in err
+    assert err.endswith("X [4, 2].") and not err.endswith("..")
