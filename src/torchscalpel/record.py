@@ -299,9 +299,13 @@ def save_record(record: RunRecord, path: str | os.PathLike[str]) -> Path:
     target = Path(path)
     if target.is_dir():
         target = target / RECORD_FILENAME
-    text = json.dumps(record.to_dict(), indent=1, default=_json_default, allow_nan=True) + "\n"
-    atomic_write_text(target, text)
+    atomic_write_text(target, record_json(record))
     return target
+
+
+def record_json(record: RunRecord) -> str:
+    """``record`` as the JSON text :func:`save_record` writes (for a copy written elsewhere, e.g. ``--json``)."""
+    return json.dumps(record.to_dict(), indent=1, default=_json_default, allow_nan=True) + "\n"
 
 
 def load_record(path: str | os.PathLike[str]) -> RunRecord:

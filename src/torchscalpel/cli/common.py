@@ -133,6 +133,10 @@ def check_paths(args: argparse.Namespace) -> None:
         raise UsageError(
             f"--tensorboard {tensorboard} is a file; name a log folder (it is created if missing)."
         )
+    if getattr(args, "mlflow", None) is not None:
+        tracking_options(
+            args
+        )  # a mistyped URI (``::bad::``) is refused before the run, not made a folder after it
     config = getattr(args, "config", None)
     if isinstance(config, Path) and config.is_dir():
         raise UsageError(

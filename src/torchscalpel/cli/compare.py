@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if len(args.runs) < 2:
         raise UsageError("Name at least two runs to compare, e.g. 'scalpel compare RUN_A RUN_B'.")
     cmp = compare_runs(args.runs)
-    from torchscalpel.fileio import atomic_write_text, is_stdout
+    from torchscalpel.fileio import is_stdout, write_output_text
 
     to_stdout = args.json_path is not None and is_stdout(args.json_path)
     if not to_stdout:  # with '--json -' stdout holds only the JSON (the entry point moved prints to stderr)
@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
 
         print_comparison(cmp)
     if args.json_path is not None:
-        atomic_write_text(args.json_path, json.dumps(cmp.to_dict(), indent=1, allow_nan=True) + "\n")
+        text = json.dumps(cmp.to_dict(), indent=1, allow_nan=True) + "\n"
+        write_output_text(args.json_path, text, flag="--json")  # a full disk: one sentence, not a traceback
     if args.html_path is not None:
         from torchscalpel.report.compare_page import write_html
 

@@ -14,6 +14,7 @@ import math
 import os
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,9 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     return code
 
 
-def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str, Any]) -> None:
+def _write_outputs(
+    args: argparse.Namespace, findings: list[Any], meta: dict[str, Any], not_analysed: Sequence[Any] = ()
+) -> None:
     from torchscalpel.doctor.sarif import to_sarif
     from torchscalpel.report.doctor_terminal import to_json
     from torchscalpel.version import __version__
@@ -174,7 +177,9 @@ def _write_outputs(args: argparse.Namespace, findings: list[Any], meta: dict[str
     if args.sarif is not None:
         static = [f for f in findings if f.source == "static"]
         write_output_text(
-            args.sarif, json.dumps(to_sarif(static, version=__version__), indent=1) + "\n", flag="--sarif"
+            args.sarif,
+            json.dumps(to_sarif(static, version=__version__, not_analysed=not_analysed), indent=1) + "\n",
+            flag="--sarif",
         )
 
 
@@ -197,6 +202,7 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
         args,
         findings,
         {"mode": "static", "files": [str(f) for f in files], "not_analysed": [s.to_dict() for s in skipped]},
+        skipped,
     )
     # A CI gate never passes code it could not read.
     return 1 if reaches(findings, fail_on) or (fail_on is not None and skipped) else 0

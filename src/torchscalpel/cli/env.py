@@ -84,8 +84,12 @@ def _validate(args: argparse.Namespace) -> tuple[list[str], Severity | None]:
     for flag, value in (("--probe-timeout", args.probe_timeout), ("--compile-timeout", args.compile_timeout)):
         if not value > 0:
             raise UsageError(f"{flag} must be a positive number of seconds, not {value:g}.")
-    if args.nproc_per_node is not None and args.nproc_per_node < 1:
-        raise UsageError(f"--nproc-per-node must be at least 1, not {args.nproc_per_node}.")
+    if args.nproc_per_node is not None:
+        from torchscalpel.distributed.launch import MAX_NPROC  # the same bound as ``launch --nproc``
+
+        if not 1 <= args.nproc_per_node <= MAX_NPROC:
+            shown = str(args.nproc_per_node) if len(str(args.nproc_per_node)) <= 20 else "a larger number"
+            raise UsageError(f"--nproc-per-node must be at least 1 and at most {MAX_NPROC}, not {shown}.")
     if args.json_path is not None:
         if args.json_path.is_dir():
             raise UsageError(

@@ -11,7 +11,7 @@ from typing import Any
 from torchscalpel.compare.differences import Difference, all_differences
 from torchscalpel.compare.facts import LossMatch, RunFacts, loss_match, run_facts
 from torchscalpel.compare.verdict import step_change, verdict
-from torchscalpel.errors import UsageError
+from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.record import RECORD_FILENAME, SCHEMA_VERSION, RunRecord, load_record
 
 COMPARE_VERSION = "1.0"
@@ -168,5 +168,15 @@ def resolve_run(path: str | os.PathLike[str]) -> Path:
 def compare_runs(paths: Sequence[str | os.PathLike[str]]) -> Comparison:
     """Load each run (folder or run.json; a newer major schema is refused) and compare them."""
     resolved = [resolve_run(p) for p in paths]
-    records = [load_record(p) for p in resolved]
+    records = []
+    for p in resolved:
+        try:
+            records.append(load_record(p))
+        except UsageError:
+            raise
+        except ScalpelError as exc:  # not JSON, not an object: a wrong path given, a usage error as in report
+            message = str(exc)
+            if str(p) not in message:
+                message = f"{p}: {message[:1].lower()}{message[1:]}"
+            raise UsageError(message) from None
     return compare_records(records, [str(p) for p in paths])

@@ -107,39 +107,127 @@ def read_dump(path: Path) -> dict[str, Any]:
     return data
 
 
-def _user_frame(frames: Any) -> str:
+def _user_frame(frames: list[Any]) -> str:
     """``file:line`` of the innermost user frame of a recorded entry (the names may be another machine's)."""
-    found = first_user([f for f in frames or [] if isinstance(f, dict)], lambda f: str(f.get("filename", "")))
-    return "?" if found is None else f"{os.path.basename(str(found['filename']))}:{found.get('line', '?')}"
+    found = first_user(
+        [f for f in frames if isinstance(f, dict) and isinstance(f.get("filename"), str)],
+        lambda f: str(f["filename"]),
+    )
+    if found is None:
+        return "?"
+    line = found.get("line")
+    return f"{os.path.basename(found['filename'])}:{line if isinstance(line, int) else '?'}"
+
+
+MAX_NOTES = 20  # a dump with a bad field in every one of 2000 entries says so 20 times, then counts
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _group_text(value: Any) -> str | None:
+    """torch writes ``process_group`` as ``(name, desc)`` of strings; anything else does not fit."""
+    if isinstance(value, (list, tuple)) and 1 <= len(value) <= 2 and all(isinstance(v, str) for v in value):
+        return str(value[0]) + (f" ({value[1]})" if len(value) > 1 else "")
+    return None
+
+
+def _sizes_ok(value: Any) -> bool:
+    """``input_sizes``: one list of ints per input."""
+    return isinstance(value, list) and all(
+        isinstance(s, (list, tuple)) and all(_is_int(d) for d in s) for s in value
+    )
+
+
+def _dtypes_ok(value: Any) -> bool:
+    """``input_dtypes``: one dtype name per input."""
+    return isinstance(value, list) and all(isinstance(d, str) for d in value)
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__name__
+
+
+def _brief(entry: dict[Any, Any], index: int, notes: list[str]) -> dict[str, Any]:
+    """One entry as ``{op, group, seq, state, sizes, dtypes, site}``; a field of the wrong type is shown as
+    missing (``?`` / None) and named in ``notes``: a dump is another process's file, and the hang watch
+    reads it before it stops the ranks, so nothing in it may raise here."""
+
+    def bad(key: str, want: str) -> None:
+        notes.append(f"entry {index}: {key} is {_type_name(entry.get(key))}, not {want}; left out")
+
+    name = entry.get("profiling_name", "?")
+    if not isinstance(name, str):
+        bad("profiling_name", "a string")
+        name = "?"
+    group = "?"
+    if "process_group" in entry:
+        group = _group_text(entry["process_group"]) or "?"
+        if group == "?":
+            bad("process_group", "(name, description) strings")
+    seq = entry.get("collective_seq_id")
+    if seq is not None and not _is_int(seq):
+        bad("collective_seq_id", "an int")
+        seq = None
+    state = entry.get("state", "?")
+    if not isinstance(state, str):
+        bad("state", "a string")
+        state = "?"
+    sizes = entry.get("input_sizes")
+    if sizes is not None and not _sizes_ok(sizes):
+        bad("input_sizes", "a list of int lists")
+        sizes = None
+    dtypes = entry.get("input_dtypes")
+    if dtypes is not None and not _dtypes_ok(dtypes):
+        bad("input_dtypes", "a list of strings")
+        dtypes = None
+    frames = entry.get("frames")
+    if frames is not None and not isinstance(frames, list):
+        bad("frames", "a list")
+        frames = None
+    return {
+        "op": name.split(":", 1)[-1],
+        "group": group,
+        "seq": seq,
+        "state": state,
+        "sizes": sizes,
+        "dtypes": dtypes,
+        "site": _user_frame(frames or []),
+    }
 
 
 def dump_summary(data: Mapping[str, Any], last: int = 3) -> dict[str, Any]:
     """What the recorder says a rank was doing: the first collective not completed (the one it waits in)
-    and the last ``last`` entries, each ``{op, group, seq, state, sizes, dtypes, site}``."""
-    brief = []
-    for entry in data.get("entries", []):
+    and the last ``last`` entries, each ``{op, group, seq, state, sizes, dtypes, site}``.
+
+    Entries and fields that do not have torch's types are left out and named under ``notes``
+    (``hang.json`` carries them), never raised on."""
+    brief, notes = [], []
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        notes.append(f"entries is {_type_name(entries)}, not a list; nothing read")
+        entries = []
+    for index, entry in enumerate(entries):
         if not isinstance(entry, dict):
+            notes.append(f"entry {index}: a {_type_name(entry)}, not a dict; skipped")
             continue
-        name = str(entry.get("profiling_name", "?"))
-        group = entry.get("process_group") or ("?", "?")
-        brief.append(
-            {
-                "op": name.split(":", 1)[-1],
-                "group": f"{group[0]}" + (f" ({group[1]})" if group[1:] else ""),
-                "seq": entry.get("collective_seq_id"),
-                "state": entry.get("state", "?"),
-                "sizes": entry.get("input_sizes"),
-                "dtypes": entry.get("input_dtypes"),
-                "site": _user_frame(entry.get("frames")),
-            }
-        )
+        brief.append(_brief(entry, index, notes))
     waiting = next((b for b in brief if b["state"] != "completed"), None)
-    return {
-        "version": data.get("version"),
+    version = data.get("version")
+    if version is not None and not isinstance(version, (str, int, float)):
+        notes.append(f"version is {_type_name(version)}, not a string or number; left out")
+        version = None
+    out: dict[str, Any] = {
+        "version": version,
         "entries": len(brief),
         "waiting_in": waiting,
         "last": brief[-last:],
     }
+    if notes:
+        more = len(notes) - MAX_NOTES
+        out["notes"] = notes[:MAX_NOTES] + ([f"and {more} more"] if more > 0 else [])
+    return out
 
 
 def describe_summary(summary: Mapping[str, Any]) -> str:
@@ -149,7 +237,10 @@ def describe_summary(summary: Mapping[str, Any]) -> str:
         return f"every recorded collective completed ({summary.get('entries', 0)} entries)"
     sizes = f" {entry['sizes']}" if entry.get("sizes") else ""
     dtypes = f" {','.join(map(str, entry['dtypes']))}" if entry.get("dtypes") else ""
-    return f"in {entry['op']} #{entry['seq']} ({entry['state']}){sizes}{dtypes} from {entry['site']}"
+    noted = (
+        f" ({len(summary['notes'])} notes on unreadable fields in hang.json)" if summary.get("notes") else ""
+    )
+    return f"in {entry['op']} #{entry['seq']} ({entry['state']}){sizes}{dtypes} from {entry['site']}{noted}"
 
 
 def summarize_dumps(paths: Mapping[str, str]) -> dict[str, Any]:
@@ -164,4 +255,8 @@ def summarize_dumps(paths: Mapping[str, str]) -> dict[str, Any]:
             out[rank] = dump_summary(read_dump(path))
         except ValueError as exc:
             out[rank] = {"error": str(exc)}
+        except (
+            Exception
+        ) as exc:  # a reading bug must not cost the other ranks' summaries (nor the hang report)
+            out[rank] = {"error": f"{path} could not be summarised ({type(exc).__name__}: {exc})"}
     return out

@@ -261,6 +261,8 @@ def format_report(diag: dict[str, Any]) -> str:
     ]
     if diag.get("mismatch"):
         lines.append("first mismatch: " + diag["mismatch"]["message"] + ".")
+    if diag.get("nccl_error"):
+        lines.append(diag["nccl_error"] + ".")
     nccl = diag.get("nccl_summary") or {}
     for rank, st in diag["ranks"].items():
         lines.append(f"\nrank {rank}: {st['where']} (steps done: {st['steps']})")

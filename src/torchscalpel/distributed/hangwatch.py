@@ -338,9 +338,24 @@ class HangWatch:
         )
         if self.mismatch and not diag.get("mismatch"):
             diag["mismatch"] = self.mismatch
-        if self.options.nccl_trace:  # before the kill: the dumper threads live in the ranks
-            from torchscalpel.distributed.flightrec import collect_dumps, request_dumps, summarize_dumps
+        try:
+            if self.options.nccl_trace:  # before the kill: the dumper threads live in the ranks
+                self._flight_recorder(diag, logs, dead)
+        finally:  # whatever the dumps hold, the ranks are stopped: else the job hangs until NCCL's timeout
+            for log in logs.values():
+                kill_rank(log.pid)
+        diag["torn_down_after_s"] = round(time.time() - last, 2)
+        text = self._write(diag)
+        print(text, file=sys.stderr, flush=True)
+        self.hangs.append(diag)
+        return diag
 
+    def _flight_recorder(self, diag: dict[str, Any], logs: dict[int, RankLog], dead: dict[int, str]) -> None:
+        """Ask the live ranks for their NCCL flight recorders and put them (and their summary) in ``diag``;
+        a failure is noted in ``diag["nccl_error"]`` and never stops the hang report."""
+        from torchscalpel.distributed.flightrec import collect_dumps, request_dumps, summarize_dumps
+
+        try:
             alive = [r for r in sorted(logs) if r not in dead]
             request_dumps(self.options.folder, alive)
             diag["nccl_trace"] = {
@@ -348,13 +363,10 @@ class HangWatch:
                 for r, p in collect_dumps(self.options.folder, self.options.report_dir, alive).items()
             }
             diag["nccl_summary"] = summarize_dumps(diag["nccl_trace"])
-        for log in logs.values():
-            kill_rank(log.pid)
-        diag["torn_down_after_s"] = round(time.time() - last, 2)
-        text = self._write(diag)
-        print(text, file=sys.stderr, flush=True)
-        self.hangs.append(diag)
-        return diag
+        except Exception as exc:  # the dumps are the ranks' files: reading them must not cost the report
+            diag["nccl_error"] = (
+                f"the NCCL flight recorder dumps were not summarised ({type(exc).__name__}: {exc})"
+            )
 
     def _write(self, diag: dict[str, Any]) -> str:
         out = self.options.report_dir

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchscalpel.doctor.registry import RULES
 from torchscalpel.findings import Finding, Severity
+
+if TYPE_CHECKING:
+    from torchscalpel.doctor.static import NotAnalysed
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
@@ -22,8 +25,33 @@ def _uri(path: str, base: Path) -> str:
         return p.as_uri()
 
 
-def to_sarif(findings: Sequence[Finding], *, version: str, base: Path | None = None) -> dict[str, Any]:
-    """A SARIF 2.1.0 log with one run; only findings that carry a source location are results."""
+def _not_analysed(skipped: Sequence[NotAnalysed], base: Path) -> dict[str, Any]:
+    """The run's invocation: each file the rules could not read as a toolExecutionNotification, so a
+    code-scanning view says 'not analysed' instead of showing a clean file."""
+    notes = []
+    for item in skipped:
+        location: dict[str, Any] = {"artifactLocation": {"uri": _uri(item.path, base)}}
+        if item.line:
+            location["region"] = {"startLine": max(1, item.line)}
+        notes.append(
+            {
+                "level": "error",
+                "message": {"text": f"not analysed: {item.reason}"},
+                "locations": [{"physicalLocation": location}],
+            }
+        )
+    return {"executionSuccessful": False, "toolExecutionNotifications": notes}
+
+
+def to_sarif(
+    findings: Sequence[Finding],
+    *,
+    version: str,
+    base: Path | None = None,
+    not_analysed: Sequence[NotAnalysed] = (),
+) -> dict[str, Any]:
+    """A SARIF 2.1.0 log with one run; only findings that carry a source location are results. Files in
+    ``not_analysed`` (a syntax error, too large) are the invocation's notifications."""
     base = base or Path.cwd()
     rule_ids = list(RULES)
     rules = [
@@ -61,21 +89,18 @@ def to_sarif(findings: Sequence[Finding], *, version: str, base: Path | None = N
         if f.rule in RULES:
             result["ruleIndex"] = rule_ids.index(f.rule)
         results.append(result)
-    return {
-        "$schema": SARIF_SCHEMA,
-        "version": "2.1.0",
-        "runs": [
-            {
-                "tool": {
-                    "driver": {
-                        "name": "torchscalpel-doctor",
-                        "version": version,
-                        "informationUri": "https://github.com/torchscalpel/torchscalpel/blob/main/docs/doctor.md",
-                        "rules": rules,
-                    }
-                },
-                "originalUriBaseIds": {"SRCROOT": {"uri": base.resolve().as_uri() + "/"}},
-                "results": results,
+    run: dict[str, Any] = {
+        "tool": {
+            "driver": {
+                "name": "torchscalpel-doctor",
+                "version": version,
+                "informationUri": "https://github.com/torchscalpel/torchscalpel/blob/main/docs/doctor.md",
+                "rules": rules,
             }
-        ],
+        },
+        "originalUriBaseIds": {"SRCROOT": {"uri": base.resolve().as_uri() + "/"}},
+        "results": results,
     }
+    if not_analysed:
+        run["invocations"] = [_not_analysed(not_analysed, base)]
+    return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}

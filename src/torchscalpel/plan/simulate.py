@@ -493,7 +493,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return (text[0] if text else type(exc).__name__)[:300]
+    return (text[0] if text else type(exc).__name__)[:300].rstrip(".")  # the sentence adds its own full stop
 
 
 def _fake_error(exc: BaseException, failed_op: str | None) -> UsageError:

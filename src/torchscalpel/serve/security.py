@@ -37,6 +37,12 @@ def is_loopback(host: str) -> bool:
 
 def read_token(path: Path) -> str:
     """Read a token file (first line, stripped); refuse short tokens and world-readable files."""
+    if path.is_dir():
+        raise UsageError(f"--token-file {path} is a folder; name the file that holds the token.")
+    if path.exists() and not path.is_file():
+        raise UsageError(
+            f"--token-file {path} is not a regular file (a device, pipe or socket); name the file that holds the token."
+        )
     if not path.is_file():
         raise UsageError(f"--token-file {path} does not exist.")
     mode = path.stat().st_mode

@@ -59,9 +59,16 @@ def finish_profile(
         write_html(record, out_dir / "report.html")
         record.artifacts["report"] = "report.html"
         save_record(record, out_dir)
-    if json_path is not None:
-        save_record(record, json_path)
-    if not quiet:
-        from torchscalpel.report.profile_terminal import print_profile_summary
+    try:
+        if (
+            json_path is not None
+        ):  # the user's path: a full disk or /dev/full is one sentence (run.json is kept)
+            from torchscalpel.fileio import write_output_text
+            from torchscalpel.record import record_json
 
-        print_profile_summary(record, out_dir)
+            write_output_text(json_path, record_json(record), flag="--json")
+    finally:  # the summary of what was measured is shown even when the copy could not be written
+        if not quiet:
+            from torchscalpel.report.profile_terminal import print_profile_summary
+
+            print_profile_summary(record, out_dir)

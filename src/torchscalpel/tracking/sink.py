@@ -24,13 +24,48 @@ class TrackingOptions:
     def __post_init__(self) -> None:
         if self.tensorboard is not None and self.tensorboard.exists() and not self.tensorboard.is_dir():
             raise ValueError(f"--tensorboard {self.tensorboard} is a file; name a log folder")
-        if self.mlflow is not None and not str(self.mlflow).strip():
-            raise ValueError("--mlflow needs a tracking URI or a folder")
+        if self.mlflow is not None:
+            why = mlflow_uri_problem(str(self.mlflow))
+            if why is not None:
+                raise ValueError(why)
 
     @property
     def any(self) -> bool:
         """True when some tracker was asked for."""
         return self.tensorboard is not None or self.mlflow is not None
+
+
+MLFLOW_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+"""The tracking-URI schemes ``--mlflow`` takes (MLflow's REST server, file and database stores)."""
+
+
+def mlflow_uri_problem(uri: str) -> str | None:
+    """Why ``uri`` is not a tracking URI or folder (one sentence, no full stop), or None.
+
+    A text with a colon and no known scheme (``::bad::``, ``htp://x``) is a mistyped URI, not a folder
+    name: taken as a folder it became a stray ``::bad::`` directory beside the run."""
+    from urllib.parse import urlsplit
+
+    text = uri.strip()
+    if not text:
+        return "--mlflow needs a tracking URI or a folder"
+    hint = "give http(s)://HOST[:PORT], file:///ABS/PATH, sqlite:///FILE.db or a folder name without ':'"
+    if ":" not in text:
+        path = Path(text).expanduser()
+        if path.exists() and not path.is_dir():
+            return f"--mlflow {uri} is a file, not a folder for a file store; name a folder or a tracking URI"
+        return None
+    scheme = text.split(":", 1)[0].lower()
+    if scheme not in MLFLOW_SCHEMES:
+        return f"--mlflow {uri!r} is not a tracking URI or a folder; {hint}"
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number
+    except ValueError:
+        return f"--mlflow {uri!r} is not a valid URI; {hint}"
+    if scheme in ("http", "https") and not parts.hostname:
+        return f"--mlflow {uri!r} names no host; {hint}"
+    return None
 
 
 def names(run_dir: Path | None, record: RunRecord, run: str | None, worker: str | None) -> tuple[str, str]:
