@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.record import RunRecord
+from torchscalpel.report.names import clip
 from torchscalpel.report.page import Section, SectionBuilder
 
 
@@ -116,8 +117,8 @@ def write_report(record: RunRecord, path: Path) -> Path:
 
 def record_page(record: RunRecord) -> str:
     """The report page of one record: every section its builders produce."""
-    subtitle = f"{_target_text(record)} · {record.created} · {record.status}"
-    return render_page(f"torchscalpel · {record.name}", subtitle, sections_for(record))
+    subtitle = f"{clip(_target_text(record))} · {clip(record.created)} · {clip(record.status)}"
+    return render_page(f"torchscalpel · {clip(record.name)}", subtitle, sections_for(record))
 
 
 def _target_text(record: RunRecord) -> str:
@@ -196,7 +197,7 @@ def render_records(
         parts.append(f'<section id="{escape(sid)}"><h2>{escape(s.title)}</h2>{s.body}</section>')
     for i, group in enumerate(groups, start=1):
         record = group.record
-        heading = group.title or f"{record_kind(record)} · {record.name}"
+        heading = group.title or f"{record_kind(record)} · {clip(record.name)}"
         gid = unique(f"record-{i}")
         nav.append(f'<a href="#{escape(gid)}">{escape(heading)}</a>')
         body: list[str] = []
@@ -244,7 +245,7 @@ def inline_summary(record: RunRecord, *, max_sections: int = 3) -> str:
     sections = sections_for(record)[:max_sections]
     css = "".join(f".scalpel-inline {rule}}}" for rule in _CSS.replace("\n", "").split("}") if rule.strip())
     head = (
-        f"<p><b>torchscalpel · {escape(record.name)}</b> · {escape(record.status)} · "
+        f"<p><b>torchscalpel · {escape(clip(record.name))}</b> · {escape(clip(record.status))} · "
         f"{len(record.steps)} step(s)</p>"
     )
     body = "".join(f"<section><h2>{escape(s.title)}</h2>{s.body}</section>" for s in sections)
