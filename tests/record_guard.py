@@ -23,7 +23,7 @@ def _written_by_torchscalpel(path: Path) -> bool:
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: a hostile 100k-deep file (issue 30)
         return False
     return isinstance(data, dict) and bool(data.get("tool_version"))
 

@@ -112,6 +112,24 @@ def _note_file_defaults(sub: argparse.ArgumentParser, values: dict[str, object],
             action.help = f"{action.help} [{name} sets {values[action.dest]}]"
 
 
+INT_LIMIT = 2**63 - 1
+"""Largest value an integer flag takes: argparse's ``type=int`` reads any length, and a
+``--warmup 99999999999999999999999`` used to start the script and run until killed."""
+
+
+def _check_int_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse (:class:`UsageError`, exit 2) any integer flag of the chosen command beyond :data:`INT_LIMIT`,
+    before anything starts."""
+    from torchscalpel.errors import UsageError
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    for action in sub._actions:
+        value = getattr(args, action.dest, None)
+        if action.type is int and isinstance(value, int) and abs(value) > INT_LIMIT:
+            flag = max(action.option_strings, key=len) if action.option_strings else action.dest
+            raise UsageError(f"{flag} {value} is out of range; give a whole number below 2**63.")
+
+
 def _command_name(args: Sequence[str]) -> str | None:
     """The verb: the first argument that is not an option (the top-level parser has only -h and --version)."""
     return next((a for a in args if not a.startswith("-")), None)
@@ -134,6 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    try:
+        _check_int_ranges(parser, args)
+    except ScalpelError as exc:
+        print(f"scalpel: error: {exc}", file=sys.stderr)
+        return exc.exit_code
     from torchscalpel import fileio
 
     if fileio.is_stdout(getattr(args, "json_path", None)):

@@ -164,6 +164,21 @@ def stacked_bars(
     n = len(labels)
     if n == 0:
         return '<p class="empty">No data.</p>'
+    if n > MAX_DRAWN:  # one bar per step of a long run would be sub-pixel and megabytes of SVG
+        keep = drawn_indices(n)
+        chart = stacked_bars(
+            name,
+            [labels[i] for i in keep],
+            {k: [v[i] for i in keep] for k, v in series.items()},
+            unit=unit,
+            x_title=x_title,
+            y_title=y_title,
+            capacity=capacity,
+            capacity_label=capacity_label,
+            width=width,
+            height=height,
+        )
+        return chart + _drawn_note(n, len(keep), "bars")
     shown = {k: v for k, v in series.items() if any(float(x) for x in v)} or dict(list(series.items())[:1])
     totals = [sum(float(values[i]) for values in shown.values()) for i in range(n)]
     top_value = max(totals) if totals else 0.0
@@ -287,6 +302,26 @@ def horizontal_bars(
     return "".join(parts)
 
 
+MAX_DRAWN = 1000
+"""Most points (or bars) one chart draws: a run of 800k steps is drawn as every k-th step, so the page's
+size and the time to build it do not grow with the run (the tables keep the full statistics)."""
+
+
+def drawn_indices(n: int, limit: int = MAX_DRAWN) -> range | list[int]:
+    """The indices of ``n`` points a chart draws: all of them, or every k-th (the last one kept)."""
+    if n <= limit:
+        return range(n)
+    stride = -(-n // (limit - 1))
+    picked = list(range(0, n, stride))
+    if picked[-1] != n - 1:
+        picked.append(n - 1)
+    return picked
+
+
+def _drawn_note(n: int, drawn: int, what: str) -> str:
+    return "" if drawn == n else f'<p class="muted">{drawn:,} of {n:,} {what} drawn (evenly spaced).</p>'
+
+
 FLAT_FRACTION = 0.02
 """A series whose range is below this fraction of its size is drawn as a short, flat chart."""
 
@@ -314,6 +349,22 @@ def lines(
     ticks. A flat series (range under :data:`FLAT_FRACTION` of its size) gets a short chart with a
     padded range, so noise does not look like a trend and a constant does not take a full chart.
     """
+    if len(xs) > MAX_DRAWN:
+        keep = drawn_indices(len(xs))
+        chart = lines(
+            name,
+            [xs[i] for i in keep],
+            {k: [v[i] if i < len(v) else None for i in keep] for k, v in series.items()},
+            unit=unit,
+            x_title=x_title,
+            y_title=y_title,
+            zero=zero,
+            log_x=log_x,
+            marks=marks,
+            width=width,
+            height=height,
+        )
+        return chart + _drawn_note(len(xs), len(keep), "points")
     points = [float(v) for values in series.values() for v in values if v is not None]
     if not xs or not points:
         return '<p class="empty">No data.</p>'

@@ -12,6 +12,7 @@ from torchscalpel.record import PHASES
 from torchscalpel.report import charts
 from torchscalpel.report.compare_terminal import figure_rows
 from torchscalpel.report.html import render_page
+from torchscalpel.report.names import clip
 from torchscalpel.report.page import Section, table
 
 
@@ -52,7 +53,13 @@ def sections(cmp: Comparison) -> list[Section]:
             + table(
                 ["run", "path", "name", "created", "schema"],
                 [
-                    (r.label, r.path, r.record.name, r.record.created, r.record.schema_version)
+                    (
+                        r.label,
+                        clip(r.path),
+                        clip(r.record.name),
+                        clip(r.record.created),
+                        clip(r.record.schema_version),
+                    )
                     for r in cmp.runs
                 ],
             ),
@@ -173,7 +180,7 @@ def sections(cmp: Comparison) -> list[Section]:
 
 def render(cmp: Comparison) -> str:
     """The whole page."""
-    subtitle = " vs ".join(f"{r.label}: {r.record.name}" for r in cmp.runs)
+    subtitle = " vs ".join(f"{r.label}: {clip(r.record.name)}" for r in cmp.runs)
     return render_page("torchscalpel compare", subtitle, sections(cmp))
 
 

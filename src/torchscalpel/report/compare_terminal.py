@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape as markup_escape
 from rich.table import Table
 
 from torchscalpel.compare.core import Comparison
 from torchscalpel.console import make_console
 from torchscalpel.record import PHASES
+from torchscalpel.report.names import clip
 from torchscalpel.units import fmt_bytes
 
 
@@ -89,8 +91,11 @@ def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
     out = console or make_console(highlight=False)
     for r in cmp.runs:
         out.print(
-            f"[bold]{r.label}[/bold] {r.path} ({r.record.name}, {r.record.created or 'no date'}, "
-            f"schema {r.record.schema_version})"
+            f"[bold]{r.label}[/bold] "
+            + markup_escape(  # a name like "[/bold]" is text, not rich markup
+                f"{clip(r.path)} ({clip(r.record.name)}, {clip(r.record.created) or 'no date'}, "
+                f"schema {clip(r.record.schema_version)})"
+            )
         )
     out.print(step_table(cmp))
     figures = figures_table(cmp)

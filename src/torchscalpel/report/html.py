@@ -14,6 +14,7 @@ from typing import Any
 
 from torchscalpel.findings import location_text
 from torchscalpel.record import RunRecord
+from torchscalpel.report.names import clip
 from torchscalpel.report.page import Section, SectionBuilder
 
 
@@ -118,8 +119,8 @@ def write_report(record: RunRecord, path: Path) -> Path:
 
 def record_page(record: RunRecord) -> str:
     """The report page of one record: every section its builders produce."""
-    subtitle = f"{_target_text(record)} · {record.created} · {record.status}"
-    return render_page(f"torchscalpel · {record.name}", subtitle, sections_for(record))
+    subtitle = f"{clip(_target_text(record))} · {clip(record.created)} · {clip(record.status)}"
+    return render_page(f"torchscalpel · {clip(record.name)}", subtitle, sections_for(record))
 
 
 def _target_text(record: RunRecord) -> str:
@@ -205,7 +206,7 @@ def render_records(
         record = group.record
         kind = record_kind(record)
         # "tune · tune": the name is said once when it is the kind
-        heading = group.title or (kind if record.name in (kind, "") else f"{kind} · {record.name}")
+        heading = group.title or (kind if record.name in (kind, "") else f"{kind} · {clip(record.name)}")
         gid = unique(f"record-{i}")
         nav.append(f'<a href="#{escape(gid)}">{escape(heading)}</a>')
         body: list[str] = []
@@ -253,7 +254,7 @@ def inline_summary(record: RunRecord, *, max_sections: int = 3) -> str:
     sections = sections_for(record)[:max_sections]
     css = "".join(f".scalpel-inline {rule}}}" for rule in _CSS.replace("\n", "").split("}") if rule.strip())
     head = (
-        f"<p><b>torchscalpel · {escape(record.name)}</b> · {escape(record.status)} · "
+        f"<p><b>torchscalpel · {escape(clip(record.name))}</b> · {escape(clip(record.status))} · "
         f"{len(record.steps)} step(s)</p>"
     )
     body = "".join(f"<section><h2>{escape(s.title)}</h2>{s.body}</section>" for s in sections)

@@ -69,3 +69,15 @@ def short_kernel_name(name: str, limit: int = 80) -> str:
         text = text[:cut]
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+NAME_LIMIT = 120
+"""Longest record name, path or label drawn as is: a record may hold a name of up to a MiB
+(:data:`torchscalpel.record.MAX_STRING`), which would otherwise be repeated in every heading."""
+
+
+def clip(text: str, limit: int = NAME_LIMIT) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out (linear in ``limit``)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters)"
