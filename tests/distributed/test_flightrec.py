@@ -39,7 +39,7 @@ def test_request_answered_by_one_rank_and_not_the_other(tmp_path: Path):
 
 
 def test_no_dumper_thread_on_a_cpu_build(tmp_path: Path):
-    from torchscalpel.runtime.collectives import start_flight_dumper
+    from torchscalpel.runtime.flight_dumper import start_flight_dumper
 
     assert start_flight_dumper(tmp_path, 0) is None
 

@@ -129,7 +129,7 @@ REFUSED: list[tuple[str, Callable[[], str], str]] = [
 ]
 
 LONG_NAME = 1 << 20
-"""The longest legal name (:data:`torchscalpel.record.MAX_STRING`): loads, and must be rendered truncated."""
+"""The longest legal name (:data:`torchscalpel.record_schema.MAX_STRING`): loads, and must be rendered truncated."""
 MANY_STEPS = 60_000
 """Steps in the long-run record: loads, and must be drawn downsampled."""
 

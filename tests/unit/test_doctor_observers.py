@@ -260,7 +260,7 @@ def test_time_cap_stops_once_and_remembers_after_how_many_steps() -> None:
 
 
 def test_no_update_rule_fires_only_when_steps_never_change_parameters() -> None:
-    from torchscalpel.doctor.rules.rt_numerics import NoUpdate
+    from torchscalpel.doctor.rules.rt_grads import NoUpdate
 
     def run(zero_before_step: bool) -> list[str]:
         torch.manual_seed(0)
@@ -297,7 +297,7 @@ def test_ddp_batchnorm_is_a_warning_with_syncbatchnorm_fix_only_off_the_cpu(monk
 
 
 def test_zero_gradients_are_an_error_that_tells_died_units_from_a_detached_graph() -> None:
-    from torchscalpel.doctor.rules.rt_numerics import GradNorms
+    from torchscalpel.doctor.rules.rt_grads import GradNorms
 
     died = GradNorms()
     died.norms, died.zero_steps = [1.5, 3.0, 0.0, 0.0, 0.0, 0.0], 4

@@ -13,7 +13,8 @@ from torchscalpel.errors import UsageError
 from torchscalpel.memory.growth import find_growth
 from torchscalpel.memory.ladder import build_ladder
 from torchscalpel.memory.snapshot import explain, load_snapshot
-from torchscalpel.runtime.alloc_tracker import AllocationTracker, enforced
+from torchscalpel.runtime.alloc_tracker import AllocationTracker
+from torchscalpel.runtime.limit_block import enforced
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
 
 
@@ -271,7 +272,7 @@ def test_indexed_modules_are_named_by_class_and_parent() -> None:
 
 
 def test_alias_returning_ops_are_skipped_and_new_storages_counted() -> None:
-    from torchscalpel.runtime.alloc_tracker import _returns_alias
+    from torchscalpel.runtime.alias_ops import returns_alias as _returns_alias
 
     assert _returns_alias(torch.ops.aten.add_.Tensor) and _returns_alias(torch.ops.aten.view.default)
     assert _returns_alias(torch.ops.aten.add.out)

@@ -169,7 +169,8 @@ def _starts_like_pickle(path: Path) -> bool:
 def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
     import json
 
-    from torchscalpel.memory.snapshot import explain_snapshot, render_snapshot
+    from torchscalpel.memory.snapshot import explain_snapshot
+    from torchscalpel.report.snapshot_terminal import render_snapshot
 
     if not path.is_file():
         raise UsageError(f"{path} does not exist; give the path of a torch.cuda.memory._dump_snapshot file.")

@@ -57,7 +57,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Read the settings (errors before the script starts), apply them, run the script."""
-    from torchscalpel.runtime.alloc_tracker import enforced
+    from torchscalpel.runtime.limit_block import enforced
     from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
     from torchscalpel.tune.apply import applied
     from torchscalpel.tune.settings import TuneSettings, read_settings_file

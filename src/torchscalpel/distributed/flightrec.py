@@ -1,6 +1,6 @@
 """The NCCL flight recorder in the hang diagnosis: turned on at launch, dumped by every rank on a hang.
 
-Launcher side only (the rank side is :func:`torchscalpel.runtime.collectives.start_flight_dumper`):
+Launcher side only (the rank side is :func:`torchscalpel.runtime.flight_dumper.start_flight_dumper`):
 
 - :func:`trace_env`: on CUDA, ``TORCH_NCCL_TRACE_BUFFER_SIZE`` (the recorder's ring, off at 0 by
   default) and ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE`` (where torch's own dump-on-timeout writes), each

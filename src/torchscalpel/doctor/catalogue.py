@@ -21,6 +21,7 @@ from torchscalpel.doctor.rules import (
     rt_data,
     rt_dist,
     rt_dist_accum,
+    rt_grads,
     rt_graph,
     rt_loss,
     rt_model,
@@ -61,8 +62,8 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     rt_numerics.NanLoss,
     rt_numerics.LossDiverging,
     rt_numerics.ConstantLoss,
-    rt_numerics.GradNorms,
-    rt_numerics.NoUpdate,
+    rt_grads.GradNorms,
+    rt_grads.NoUpdate,
     OverfitOneBatch,
     # Mixed precision
     rt_amp.ClipBeforeUnscale,

@@ -17,7 +17,7 @@ from torch.utils.data import dataloader as dl_module
 
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules._common import median
-from torchscalpel.doctor.rules.rt_numerics import NoUpdate
+from torchscalpel.doctor.rules.rt_grads import NoUpdate
 from torchscalpel.doctor.runtime_rules import RuntimeRule
 from torchscalpel.findings import Finding
 from torchscalpel.runtime.patching import Undo, wrap_attr

@@ -73,7 +73,7 @@ def short_kernel_name(name: str, limit: int = 80) -> str:
 
 NAME_LIMIT = 120
 """Longest record name, path or label drawn as is: a record may hold a name of up to a MiB
-(:data:`torchscalpel.record.MAX_STRING`), which would otherwise be repeated in every heading."""
+(:data:`torchscalpel.record_schema.MAX_STRING`), which would otherwise be repeated in every heading."""
 
 
 def clip(text: str, limit: int = NAME_LIMIT) -> str:

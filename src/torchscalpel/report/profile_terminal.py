@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from torchscalpel.console import console
-from torchscalpel.envcheck.checks import check_machine_busy
+from torchscalpel.envcheck.host_checks import check_machine_busy
 from torchscalpel.findings import short_path
 from torchscalpel.record import PHASES, RunRecord, StepRecord
 from torchscalpel.runtime.native_log import LOG_NAME

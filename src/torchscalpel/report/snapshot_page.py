@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.fileio import atomic_write_text
-from torchscalpel.memory.snapshot import PHASE_FIX, PHASE_WORDS
 from torchscalpel.report import charts
 from torchscalpel.report.html import render_page
 from torchscalpel.report.page import Section, table
+from torchscalpel.report.snapshot_terminal import PHASE_FIX, PHASE_WORDS
 from torchscalpel.units import fmt_bytes
 
 TIMELINE_NOT_MEASURED = (

@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchscalpel.runtime.alias_ops import OPS, op_entry
+from torchscalpel.runtime.dynamo_skip import CODE_SKIP_AVAILABLE, skip_dynamo_recursively
 from torchscalpel.runtime.memory_categories import CATEGORIES
-from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
+from torchscalpel.runtime.memory_limit import MemoryLimitExceeded, requested_bytes
 from torchscalpel.runtime.module_names import split_display_name, user_modules
 from torchscalpel.runtime.userframes import Kind, file_kind
 
@@ -47,28 +47,6 @@ LIVE_TOP = 40
 
 _CUDA_BLOCK = 512
 """The CUDA caching allocator rounds every block up to 512 bytes."""
-
-
-def _exec_strategy() -> Any:
-    """torch's C-level "skip this code and all it calls" marker for dynamo, or None on a torch without one."""
-    try:
-        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
-    except ImportError:
-        return None
-    return lambda code: set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
-
-
-_MARK_SKIP = _exec_strategy()
-
-
-def _skip_dynamo_recursively(*functions: Any) -> None:
-    """Tell dynamo never to trace these functions nor anything they call (what ``disable(recursive=True)`` does).
-
-    Marked once on the code objects, checked in C at frame evaluation, instead of a Python wrapper per call.
-    """
-    if _MARK_SKIP is not None:
-        for fn in functions:
-            _MARK_SKIP(fn.__code__)
 
 
 @dataclass(slots=True)
@@ -163,21 +141,21 @@ class AllocationTracker(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool:
         # TorchDispatchMode wraps a subclass's __torch_dispatch__ in torch._dynamo.disable: three Python
         # frames and four eval-frame switches per op, a fifth of the tracker's cost on small ops. Dynamo
-        # must still never trace this mode; _skip_dynamo_recursively marks its code (C-level, no wrapper),
+        # must still never trace this mode; skip_dynamo_recursively marks its code (C-level, no wrapper),
         # and torch 2.13 refuses to compile any frame while a non-infra dispatch mode is active anyway.
         # A torch without the C-level marker keeps its own wrapper.
-        return _MARK_SKIP is None
+        return not CODE_SKIP_AVAILABLE
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         try:
             out = func(*args, **kwargs) if kwargs else func(*args)
         except torch.OutOfMemoryError as exc:
-            self._record_oom(str(func), _requested_bytes(str(exc)), device_error=str(exc).split("\n")[0])
+            self._record_oom(str(func), requested_bytes(str(exc)), device_error=str(exc).split("\n")[0])
             raise
         # Keyed by id(): an OpOverload's own __hash__ is Python code, a third of this method's cost.
-        entry = _OPS.get(id(func))
+        entry = OPS.get(id(func))
         if entry is None or entry[0] is not func:
-            entry = _op_entry(func)
+            entry = op_entry(func)
         name = entry[1]
         if (
             name is None
@@ -491,62 +469,15 @@ class _StorageRef(weakref.ref):
 
 _NO_DISPATCH = torch._C._DisableTorchDispatch
 
-_OPS: dict[int, tuple[Any, str | None]] = {}
-"""``id(op) -> (op, name or None)``: None for an op whose outputs all alias inputs. The op is kept so an id
-is never reused by another; shared by every tracker, so a tracker started per step starts warm."""
-
-
-def _op_entry(func: Any) -> tuple[Any, str | None]:
-    entry = (func, None if _returns_alias(func) else str(func))
-    _OPS[id(func)] = entry
-    return entry
-
-
-def _returns_alias(func: Any) -> bool:
-    """Whether every output of ``func`` aliases an input (views, in-place and ``out=`` ops), from its schema."""
-    if func.is_view:
-        return True
-    try:
-        returns = func._schema.returns
-    except AttributeError:
-        return False
-    return bool(returns) and all(r.alias_info is not None for r in returns)
-
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _requested_bytes(message: str) -> int | None:
-    """``Tried to allocate 2.00 GiB`` in a CUDA out-of-memory message, in bytes."""
-    import re
-
-    m = re.search(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", message)
-    if not m:
-        return None
-    scale = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}[m.group(2)]
-    return int(float(m.group(1)) * scale)
-
-
-_skip_dynamo_recursively(
+skip_dynamo_recursively(
     AllocationTracker.__torch_dispatch__,
     AllocationTracker._pack,
     AllocationTracker._module_pre,
     AllocationTracker._module_post,
     AllocationTracker._storage_died,
 )
-
-
-@contextmanager
-def enforced(limit: int | None) -> Iterator[Any]:
-    """Track live tensors for the block and raise :class:`MemoryLimitExceeded` past ``limit`` bytes (None: no-op)."""
-    if limit is None:
-        yield None
-        return
-    tracker = AllocationTracker(limit=limit)
-    tracker.phase = None  # no step timeline here: the limit sentence names no step or phase it cannot know
-    tracker.start()
-    try:
-        yield tracker
-    finally:
-        tracker.stop()

@@ -22,6 +22,7 @@ from torchscalpel.runtime.hooks import HookSet
 from torchscalpel.runtime.memory import StepMemory
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
 from torchscalpel.runtime.observer import Observer, listeners_by_event
+from torchscalpel.runtime.run_notes import no_step_note, seen_summary
 from torchscalpel.runtime.script import ExecOptions, run_script
 from torchscalpel.runtime.target import Target
 from torchscalpel.runtime.timeline import Timeline
@@ -244,7 +245,7 @@ class Session:
         if self.window is not None:
             self.window.close()
         self.stop_reason = (
-            f"no step was recognised in {limit:.0f} s: {_seen_summary(self)}; "
+            f"no step was recognised in {limit:.0f} s: {seen_summary(self)}; "
             "delimit steps with --step-kind (optimizer, backward or forward) or the in-process API"
         )
         raise StopScript(self.stop_reason)
@@ -393,7 +394,7 @@ class Attachment:
                 f"{session.eval_forwards} root forward(s) without grad were taken as evaluation: not steps, not forward time"
             )
         if not record.steps:
-            session.notes.append(_no_step_note(session))
+            session.notes.append(no_step_note(session))
         elif session.timeline.forced:
             session.notes.append(f"steps were delimited by {record.step_kind} calls, as --step-kind asked")
         elif record.step_kind != "optimizer":
@@ -473,34 +474,6 @@ def run_target(
     except MemoryLimitExceeded as exc:  # --memory-limit: a clean stop, explained by the memory section
         return attachment.detach("failed", 1, str(exc))
     return attachment.detach(outcome.status, outcome.exit_code, outcome.error, exception=outcome.exception)
-
-
-def _seen_summary(session: Session) -> str:
-    """What the run saw, for a note when no step (or no step of the expected kind) ended."""
-    seen = []
-    if session.seen["models"]:
-        seen.append(f"{session.seen['models']} model(s) called")
-    if session.eval_forwards:
-        seen.append(f"{session.eval_forwards} evaluation forward(s) without grad")
-    if session.seen["optimizers"]:
-        stepped = session.timeline.kind == "optimizer"
-        seen.append(
-            f"{session.seen['optimizers']} optimizer(s) created" + ("" if stepped else " but never stepped")
-        )
-    if session.seen["loaders"]:
-        seen.append(f"{session.seen['loaders']} DataLoader(s) iterated")
-    if session.timeline.steps:
-        seen.append(f"{len(session.timeline.steps)} {session.timeline.kind}-delimited step(s)")
-    return "saw " + (
-        ", ".join(seen) if seen else "no nn.Module forward, backward, optimizer step or DataLoader"
-    )
-
-
-def _no_step_note(session: Session) -> str:
-    return (
-        f"the script never completed a step: {_seen_summary(session)}; if its loop trains, delimit steps "
-        "with --step-kind (optimizer, backward or forward) or the in-process API (docs/inprocess.md)"
-    )
 
 
 class _ProgressObserver(Observer):
