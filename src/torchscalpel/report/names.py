@@ -76,8 +76,10 @@ NAME_LIMIT = 120
 (:data:`torchscalpel.record_schema.MAX_STRING`), which would otherwise be repeated in every heading."""
 
 
-def clip(text: str, limit: int = NAME_LIMIT) -> str:
-    """``text`` cut to ``limit`` characters, saying how much was left out (linear in ``limit``)."""
+def clip(value: object, limit: int = NAME_LIMIT) -> str:
+    """``value`` as text (a path, a name), cut to ``limit`` characters, saying how much was left out (linear in
+    ``limit``)."""
+    text = str(value)
     if len(text) <= limit:
         return text
     return f"{text[:limit]}… ({len(text) - limit:,} more characters)"
