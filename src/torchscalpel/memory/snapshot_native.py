@@ -52,7 +52,7 @@ walked once per traceback (twice when a trace event shares a block's)."""
 WORK_BASE = 1_000_000
 
 E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG, E_WORK = range(9)
-COUNTERS = (
+SUMMARY_FIELDS = (
     "segments",
     "blocks",
     "reserved",
@@ -64,6 +64,10 @@ COUNTERS = (
     "live",
     "trace_peak",
     "trace_peak_at",
+)
+"""The counters the explanation copies as they are (the first ones of :data:`COUNTERS`)."""
+COUNTERS = (
+    *SUMMARY_FIELDS,
     "n_largest",
     "n_ooms",
     "memo_entries",
@@ -373,22 +377,7 @@ def summarize(
                     "device_free": _raw(free_kind, free),
                 }
             )
-        fields = {
-            k: n[k]
-            for k in (
-                "segments",
-                "blocks",
-                "reserved",
-                "allocated",
-                "requested",
-                "free",
-                "largest_free",
-                "trace_events",
-                "live",
-                "trace_peak",
-                "trace_peak_at",
-            )
-        }
+        fields = {k: n[k] for k in SUMMARY_FIELDS}
         fields.update(
             sites=sites,
             largest=largest,
