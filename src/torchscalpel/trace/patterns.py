@@ -19,7 +19,7 @@ and the line to change:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from torchscalpel.findings import Finding, Location, Severity, short_path
@@ -104,6 +104,22 @@ class _Group:
     cost_us: float = 0.0
     calls: int = 0
     names: set[str] = field(default_factory=set)
+
+
+def _by_site(
+    events: Sequence[OpEvent], keep: Callable[[OpEvent], bool], cost: Callable[[OpEvent], float]
+) -> tuple[list[tuple[str, _Group]], float]:
+    """The events ``keep`` selects that have a user line, grouped by that line: the lines most costly first,
+    and their total cost."""
+    by_site: dict[str, _Group] = defaultdict(_Group)
+    for e in events:
+        if e.site and keep(e):
+            g = by_site[e.site]
+            g.cost_us += cost(e)
+            g.calls += 1
+            g.names.add(e.name)
+    ranked = sorted(by_site.items(), key=lambda kv: -kv[1].cost_us)
+    return ranked, sum(g.cost_us for _, g in ranked)
 
 
 def _cost(e: OpEvent) -> float:
@@ -244,17 +260,13 @@ def syncs_in_step(events: Sequence[OpEvent], facts: PassFacts) -> list[Finding]:
 
 def conversions_in_loop(events: Sequence[OpEvent], facts: PassFacts) -> list[Finding]:
     """``to`` / ``_to_copy`` / ``copy_`` called from the user's lines (not inside other ops) dominating."""
-    by_site: dict[str, _Group] = defaultdict(_Group)
-    for e in events:
-        if e.site and e.parent is None and not e.backward and e.name in CONVERSIONS:
-            g = by_site[e.site]
-            g.cost_us += max(e.total_us, e.device_us)
-            g.calls += 1
-            g.names.add(e.name)
-    total = sum(g.cost_us for g in by_site.values())
+    ranked, total = _by_site(
+        events,
+        lambda e: e.parent is None and not e.backward and e.name in CONVERSIONS,
+        lambda e: max(e.total_us, e.device_us),
+    )
     if facts.step_us <= 0 or total / facts.step_us < CONVERSION_SHARE:
         return []
-    ranked = sorted(by_site.items(), key=lambda kv: -kv[1].cost_us)
     return [
         Finding(
             rule="conversions-in-loop",
@@ -285,17 +297,11 @@ def fp32_matmuls(events: Sequence[OpEvent], facts: PassFacts) -> list[Finding]:
     cc = facts.compute_capability
     if not facts.cuda or cc is None or cc < (7, 0):
         return []
-    by_site: dict[str, _Group] = defaultdict(_Group)
-    for e in events:
-        if e.site and e.device_us > 0 and any(_fp32_gemm(k) for k in e.kernels):
-            g = by_site[e.site]
-            g.cost_us += e.device_us
-            g.calls += 1
-            g.names.add(e.name)
-    total = sum(g.cost_us for g in by_site.values())
+    ranked, total = _by_site(
+        events, lambda e: e.device_us > 0 and any(_fp32_gemm(k) for k in e.kernels), lambda e: e.device_us
+    )
     if facts.step_us <= 0 or total / facts.step_us < FP32_SHARE:
         return []
-    ranked = sorted(by_site.items(), key=lambda kv: -kv[1].cost_us)
     fix = (
         "torch.backends.cuda.matmul.allow_tf32 = True (or torch.set_float32_matmul_precision('high')), "
         "or train under torch.autocast('cuda', dtype=torch.bfloat16)"
@@ -324,17 +330,13 @@ def pageable_copies(events: Sequence[OpEvent], facts: PassFacts) -> list[Finding
     """Host-to-device copies from pageable memory (the copy cannot overlap, and is staged twice)."""
     if not facts.cuda:
         return []
-    by_site: dict[str, _Group] = defaultdict(_Group)
-    for e in events:
-        if e.site and any("HtoD" in k and "Pageable" in k for k in e.kernels):
-            g = by_site[e.site]
-            g.cost_us += max(e.total_us, e.device_us)
-            g.calls += 1
-            g.names.add(e.name)
-    total = sum(g.cost_us for g in by_site.values())
+    ranked, total = _by_site(
+        events,
+        lambda e: any("HtoD" in k and "Pageable" in k for k in e.kernels),
+        lambda e: max(e.total_us, e.device_us),
+    )
     if facts.step_us <= 0 or total / facts.step_us < H2D_SHARE:
         return []
-    ranked = sorted(by_site.items(), key=lambda kv: -kv[1].cost_us)
     return [
         Finding(
             rule="pageable-h2d",
