@@ -128,3 +128,19 @@ def counts(findings: Sequence[Finding]) -> dict[str, int]:
     """Number of findings per severity name (all three keys present)."""
     c = Counter(str(f.severity) for f in findings)
     return {name: c.get(name, 0) for name in ("error", "warning", "info")}
+
+
+def without_launcher_repeats(across: Sequence[Any], per_rank: Sequence[Any]) -> list[Any]:
+    """``per_rank`` less the findings whose rule the launcher already raised in ``across``.
+
+    Under ``scalpel launch --doctor`` / ``doctor --nproc`` a rule such as ``ddp-accumulation-without-no-sync``
+    is judged twice: once by the launcher over every rank's facts, once by each rank's own doctor. The
+    launcher's finding names the ranks it holds for, so the rank's copy only repeats it (issue 32). Works on
+    :class:`Finding` objects and on their dict form alike, and keeps the order of ``per_rank``.
+    """
+
+    def rule(f: Any) -> str:
+        return str(f.get("rule", "")) if isinstance(f, dict) else str(f.rule)
+
+    judged = {rule(f) for f in across}
+    return [f for f in per_rank if rule(f) not in judged]

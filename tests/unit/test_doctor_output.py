@@ -109,3 +109,15 @@ def test_env_findings_join_the_doctor_list(monkeypatch) -> None:
     monkeypatch.setattr(checks, "run_checks", broken)
     record = RunRecord()
     assert api._env_findings(record) == [] and "environment checks failed" in record.notes[0]
+
+
+def test_a_rule_the_launcher_judged_is_not_repeated_per_rank():
+    from torchscalpel.findings import without_launcher_repeats
+
+    across = [{"rule": "ddp-accumulation-without-no-sync", "source": "launch"}]
+    per_rank = [
+        Finding(rule="ddp-accumulation-without-no-sync", severity=Severity.WARNING, message="m"),
+        Finding(rule="unseeded-run", severity=Severity.INFO, message="n"),
+    ]
+    assert [f.rule for f in without_launcher_repeats(across, per_rank)] == ["unseeded-run"]
+    assert without_launcher_repeats([], per_rank) == per_rank

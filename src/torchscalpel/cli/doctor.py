@@ -121,6 +121,7 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
     """``--nproc N``: every rank under the doctor via ``scalpel launch --doctor``, findings merged."""
     from torchscalpel.console import make_console
     from torchscalpel.doctor.ranks import across_rank_findings, merge_rank_findings, run_ranks
+    from torchscalpel.findings import without_launcher_repeats
     from torchscalpel.report.doctor_terminal import reaches, render_rank_findings
 
     if args.module:
@@ -139,7 +140,8 @@ def _run_ranks(args: argparse.Namespace, fail_on: Any) -> int:
         raise ScalpelError(
             f"No rank wrote a run record under {out_dir}; see the rank logs in {out_dir / 'logs'}."
         )
-    across, per_rank = across_rank_findings(out_dir), merge_rank_findings(records)
+    across = across_rank_findings(out_dir)
+    per_rank = without_launcher_repeats(across, merge_rank_findings(records))
     findings = across + per_rank
     render_rank_findings(
         across,

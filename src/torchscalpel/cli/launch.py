@@ -180,6 +180,7 @@ def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
     from torchscalpel.distributed.hangwatch import watch_findings
     from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
     from torchscalpel.distributed.rankrules import rank_findings
+    from torchscalpel.findings import without_launcher_repeats
 
     records = load_rank_records(out)
     first = watch_findings(out) + rank_findings(out / "watch")
@@ -187,7 +188,7 @@ def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
         print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
         return
     merged = merge(records) if records else {"ranks": [], "straggler": None, "findings": []}
-    merged["findings"] = first + merged["findings"]
+    merged["findings"] = first + without_launcher_repeats(first, merged["findings"])
     atomic_write_text(out / "launch.json", json.dumps(merged, indent=1, default=str) + "\n")
     from torchscalpel.report.launch_page import write_launch_page
 
@@ -205,8 +206,12 @@ def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
 
         print(format_table({**merged, "findings": []}), flush=True)
         ranks = int(nproc) if str(nproc).isdigit() else len(records)
+        across = across_rank_findings(out)
         render_rank_findings(
-            across_rank_findings(out), merge_rank_findings(records), make_console(), ranks=ranks
+            across,
+            without_launcher_repeats(across, merge_rank_findings(records)),
+            make_console(),
+            ranks=ranks,
         )
     print(
         f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}, page: {out / 'launch.html'}"
