@@ -293,3 +293,78 @@ def test_doctor_plan_reads_the_mode_from_the_evidence_and_the_training_forward_f
     seed = items["unseeded-run"]  # into the script the run started (found by the sites), not the module
     assert seed.edit is not None and seed.edit.kind == "global_call" and str(seed.file) == "/p/train.py"
     assert items["clip-before-unscale"].edit is None and items["clip-before-unscale"].reason
+
+
+def test_shuffle_on_the_loader_the_loop_iterates_or_on_its_distributed_sampler() -> None:
+    src = (
+        "import torch\nfrom torch.utils.data import DataLoader\n\n"
+        "loader = DataLoader(ds, batch_size=32)  # sorted by label\nfor epoch in range(2):\n"
+        "    for xb, yb in loader:\n        step(xb, yb)\n"
+    )
+    new, status, again = edit(src, "shuffle", "for xb, yb in loader")
+    assert (status, again) == ("applied", "already")
+    assert new == src.replace("batch_size=32)", "batch_size=32, shuffle=True)")
+    dist = src.replace("batch_size=32)", "batch_size=32, sampler=sampler)").replace(
+        "loader = ", "sampler = DistributedSampler(ds, shuffle=False)\nloader = "
+    )
+    new, status, _ = edit(dist, "shuffle", "for xb, yb in loader")
+    assert status == "applied" and "DistributedSampler(ds, shuffle=True)" in new and "sampler=sampler)" in new
+    custom = src.replace("batch_size=32)", "batch_sampler=buckets)")
+    new, status, _ = edit(custom, "shuffle", "for xb, yb in loader")
+    assert new == custom and status.startswith("refused") and "batch_sampler" in status
+
+
+MODEL = """import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, d, n):
+        self.d = d  # width
+        self.blocks = [nn.Linear(d, d) for _ in range(n)]  # the hidden layers
+        self.heads = {"cls": nn.Linear(d, 2)}
+        self.mean = torch.zeros(d)
+        super().__init__()
+
+    def forward(self, x):
+        return x - self.mean
+"""
+
+
+def test_model_constructor_fixes_keep_each_line_and_comment() -> None:
+    new, status, again = edit(MODEL, "module_container", "self.blocks =")
+    assert (status, again) == ("applied", "already")
+    assert (
+        "        self.blocks = nn.ModuleList([nn.Linear(d, d) for _ in range(n)])  # the hidden layers\n"
+        in new
+    )
+    new, status, _ = edit(MODEL, "module_container", "self.heads =")
+    assert status == "applied" and '        self.heads = nn.ModuleDict({"cls": nn.Linear(d, 2)})\n' in new
+    new, status, again = edit(MODEL, "register_buffer", "self.mean =")
+    assert (status, again) == ("applied", "already")
+    assert '        self.register_buffer("mean", torch.zeros(d))\n' in new
+    new, status, again = edit(MODEL, "super_init_first", "self.blocks =")
+    assert (status, again) == ("applied", "already")
+    assert new == MODEL.replace("        super().__init__()\n", "").replace(
+        "        self.d = d  # width\n", "        super().__init__()\n        self.d = d  # width\n"
+    )
+
+
+def test_model_constructor_fixes_refuse_what_is_not_theirs() -> None:
+    _, status, _ = edit(MODEL, "module_container", "self.mean =")  # a tensor, not a container
+    assert status.startswith("refused")
+    _, status, _ = edit(MODEL, "register_buffer", "return x - self.mean")  # not an assignment
+    assert status.startswith("refused")
+    computed = MODEL.replace("super().__init__()", "super().__init__(self.d)")  # reads what came before
+    new, status, _ = edit(computed, "super_init_first", "self.blocks =")
+    assert new == computed and status.startswith("refused") and "by hand" in status
+    # no call at all: added, for a direct nn.Module subclass only
+    none = MODEL.replace("        super().__init__()\n", "")
+    new, status, _ = edit(none, "super_init_first", "self.blocks =")
+    assert (
+        status == "applied"
+        and "    def __init__(self, d, n):\n        super().__init__()\n        self.d = d" in new
+    )
+    other = none.replace("class MLP(nn.Module):", "class MLP(Base):")
+    _, status, _ = edit(other, "super_init_first", "self.blocks =")
+    assert status.startswith("refused") and "not a direct nn.Module subclass" in status

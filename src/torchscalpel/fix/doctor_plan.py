@@ -26,6 +26,10 @@ DOCTOR_RULES = (
     "loss-graph-retained",
     "clip-before-unscale",
     "unseeded-run",
+    "train-loader-not-shuffled",
+    "module-in-plain-container",
+    "tensor-attribute-not-registered",
+    "super-init-missing",
 )
 """Doctor findings whose fix is one mechanical edit anchored at the finding's line."""
 
@@ -62,6 +66,14 @@ def _edit(rule: str, line: int, finding: dict[str, Any], train_line: int) -> Edi
         return Edit(kind="detach_kept", line=line)
     if rule == "clip-before-unscale":  # the clip_grad_*_ call
         return Edit(kind="unscale_before_clip", line=line)
+    if rule == "train-loader-not-shuffled":  # the loop the run saw take the first training batch
+        return Edit(kind="shuffle", line=line)
+    if rule == "module-in-plain-container":  # the self.NAME = [...] assignment
+        return Edit(kind="module_container", line=line)
+    if rule == "tensor-attribute-not-registered":  # the self.NAME = <tensor> assignment
+        return Edit(kind="register_buffer", line=line)
+    if rule == "super-init-missing":  # the early assignment, or the __init__ line
+        return Edit(kind="super_init_first", line=line)
     # unseeded-run: one seeding call after the imports of the script (the line only names the file)
     return Edit(kind="global_call", code=SEED_CODE)
 

@@ -396,7 +396,11 @@ def _doctor_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cs
 
 _EDITORS = {
     **dict.fromkeys(
-        ("set_epoch", "no_grad", "eval_mode", "detach_kept", "unscale_before_clip"), _doctor_edit
+        (
+            *("set_epoch", "no_grad", "eval_mode", "detach_kept", "unscale_before_clip", "shuffle"),
+            *("module_container", "register_buffer", "super_init_first"),
+        ),
+        _doctor_edit,
     ),
     "call_kwargs": _call_kwargs,
     "call_anywhere": _call_kwargs,

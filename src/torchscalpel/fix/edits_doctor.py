@@ -24,6 +24,14 @@ The kinds:
   ``X.append(loss)`` becomes ``X.append(loss.detach())``.
 - ``unscale_before_clip`` (``clip-before-unscale``): ``SCALER.unscale_(OPT)`` before the clipping call,
   with the names read from the ``SCALER.step(OPT)`` that follows it.
+- ``shuffle`` (``train-loader-not-shuffled``): ``shuffle=True`` on the ``DataLoader(...)`` the loop at
+  the line iterates, or on its ``DistributedSampler(..., shuffle=False)``.
+- ``module_container`` (``module-in-plain-container``): ``self.x = [...]`` / ``{...}`` at the line
+  becomes ``nn.ModuleList([...])`` / ``nn.ModuleDict({...})``.
+- ``register_buffer`` (``tensor-attribute-not-registered``): ``self.x = <tensor>`` in ``__init__``
+  becomes ``self.register_buffer("x", <tensor>)``.
+- ``super_init_first`` (``super-init-missing``): ``super().__init__()`` as the first statement of the
+  ``__init__`` at the line (moved there when it comes later and takes only the parameters).
 """
 
 from __future__ import annotations
@@ -35,9 +43,28 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from torchscalpel.fix.edits import Edit, EditError, _Replace, _statement_at, _statements, callee_name, dotted
+from torchscalpel.fix.edits import (
+    Edit,
+    EditError,
+    _Replace,
+    _set_kwargs,
+    _statement_at,
+    _statements,
+    callee_name,
+    dotted,
+)
 
-KINDS = ("set_epoch", "no_grad", "eval_mode", "detach_kept", "unscale_before_clip")
+KINDS = (
+    "set_epoch",
+    "no_grad",
+    "eval_mode",
+    "detach_kept",
+    "unscale_before_clip",
+    "shuffle",
+    "module_container",
+    "register_buffer",
+    "super_init_first",
+)
 """The kinds this module edits (registered in :data:`torchscalpel.fix.edits._EDITORS`)."""
 
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
@@ -643,11 +670,191 @@ def _unscale_before_clip(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
     return module.visit(_Replace(owner, new))
 
 
+# ---- train-loader-not-shuffled ----------------------------------------------------------------
+
+
+def _shuffle(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    stmt, _ = _statement_at(wrapper, edit.line)
+    parents = wrapper.resolve(ParentNodeProvider)
+    if not isinstance(stmt, cst.For):
+        raise EditError(f"line {edit.line} does not loop over a DataLoader")
+    loader, scope = _iterated(stmt.iter), _scope_of(stmt, parents)
+    built = [
+        c
+        for t, c in _assignments(module, parents, scope)
+        if t == loader and callee_name(c.func) == "DataLoader"
+    ]
+    if len(built) != 1:
+        raise EditError(
+            f"{loader} is not built once by a DataLoader(...) call in the same function as its loop"
+        )
+    target = built[0]
+    if _kwarg(target, "batch_sampler") is not None:
+        raise EditError(f"{loader} takes a batch_sampler, which decides the order itself")
+    sampler = _kwarg(target, "sampler")
+    if sampler is not None:  # only a DistributedSampler(shuffle=False) is turned to shuffle
+        if isinstance(sampler, cst.Name):
+            named = [c for t, c in _assignments(module, parents, scope) if t == sampler.value]
+            sampler = named[0] if len(named) == 1 else None
+        if not (isinstance(sampler, cst.Call) and callee_name(sampler.func) == "DistributedSampler"):
+            raise EditError(
+                f"{loader} takes a sampler that is not a DistributedSampler built in that function"
+            )
+        target = sampler
+    shuffle = _kwarg(target, "shuffle")
+    if isinstance(shuffle, cst.Name) and shuffle.value == "True":
+        return None
+    new = _set_kwargs(
+        target, Edit(kind="call_kwargs", callee=callee_name(target.func), kwargs=(("shuffle", True),))
+    )
+    return module.visit(_Replace(target, new))
+
+
+# ---- module-in-plain-container, tensor-attribute-not-registered, super-init-missing --------------
+
+
+def _self_assign(stmt: cst.CSTNode, line: int) -> tuple[cst.SimpleStatementLine, cst.Assign, str]:
+    """The statement ``self.NAME = VALUE`` at the line, its assignment and ``NAME``."""
+    small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
+    if (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Attribute)
+        and _is_name(small.targets[0].target.value, "self")
+    ):
+        return stmt, small, small.targets[0].target.attr.value  # type: ignore[return-value]
+    raise EditError(f"line {line} is not one 'self.NAME = ...' assignment")
+
+
+def _nn(module: cst.Module) -> str:
+    """How the file names ``torch.nn``: ``nn`` (``from torch import nn``, ``import torch.nn as nn``)
+    or ``torch.nn`` (``import torch``)."""
+    names: set[str] = set()
+    for node in _walk(module):
+        if isinstance(node, cst.ImportFrom) and node.module is not None and dotted(node.module) == "torch":
+            if not isinstance(node.names, cst.ImportStar):
+                names |= {"nn" for a in node.names if _code(a.name) == "nn" and a.asname is None}
+        elif isinstance(node, cst.Import):
+            for a in node.names:
+                if _code(a.name) == "torch.nn" and a.asname is not None and _code(a.asname.name) == "nn":
+                    names.add("nn")
+                elif _code(a.name) == "torch" and a.asname is None:
+                    names.add("torch.nn")
+    if "nn" in names:
+        return "nn"
+    if "torch.nn" in names:
+        return "torch.nn"
+    raise EditError("the file imports neither torch nor torch.nn as nn at its top level")
+
+
+def _module_container(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    stmt, _ = _statement_at(wrapper, edit.line)
+    _, assign, name = _self_assign(stmt, edit.line)
+    value = assign.value
+    if isinstance(value, cst.Call) and callee_name(value.func) in ("ModuleList", "ModuleDict", "Sequential"):
+        return None
+    if isinstance(value, cst.List | cst.ListComp | cst.Tuple | cst.GeneratorExp):
+        wrapper_name = "ModuleList"
+        empty = isinstance(value, cst.List | cst.Tuple) and not value.elements
+    elif isinstance(value, cst.Dict | cst.DictComp) or (
+        isinstance(value, cst.Call) and _is_name(value.func, "dict")
+    ):
+        wrapper_name = "ModuleDict"
+        empty = isinstance(value, cst.Dict) and not value.elements
+    else:
+        raise EditError(f"self.{name} at line {edit.line} is not a list, tuple or dict display")
+    func = cst.parse_expression(f"{_nn(module)}.{wrapper_name}")
+    new = cst.Call(func=func, args=[] if empty else [cst.Arg(value=value)])
+    return module.visit(_Replace(assign, assign.with_changes(value=new)))
+
+
+def _register_buffer(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    stmt, _ = _statement_at(wrapper, edit.line)
+    parents = wrapper.resolve(ParentNodeProvider)
+    done = _expr_call(stmt)
+    if done is not None and callee_name(done.func) == "register_buffer":
+        return None
+    line, assign, name = _self_assign(stmt, edit.line)
+    func = _scope_of(stmt, parents)
+    if not (isinstance(func, cst.FunctionDef) and func.name.value == "__init__"):
+        raise EditError(f"self.{name} is assigned outside __init__, where register_buffer would run again")
+    call = cst.parse_expression(f'self.register_buffer("{name}", _)')
+    assert isinstance(call, cst.Call)
+    call = call.with_changes(args=[call.args[0], call.args[1].with_changes(value=assign.value)])
+    return module.visit(_Replace(line, line.with_changes(body=[cst.Expr(value=call)])))
+
+
+def _is_super_init(stmt: cst.CSTNode) -> bool:
+    """``super().__init__(...)``, ``nn.Module.__init__(self)``, ``Base.__init__(self, ...)``."""
+    call = _expr_call(stmt)
+    return call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"
+
+
+def _free_names(node: cst.CSTNode) -> set[str]:
+    """The names ``node`` reads (``x`` in ``f(x.y)``; not the attribute ``y``)."""
+    attrs = {id(n.attr) for n in _walk(node) if isinstance(n, cst.Attribute)}
+    return {n.value for n in _walk(node) if isinstance(n, cst.Name) and id(n) not in attrs}
+
+
+def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    stmt, _ = _statement_at(wrapper, edit.line)
+    parents = wrapper.resolve(ParentNodeProvider)
+    func = stmt if isinstance(stmt, cst.FunctionDef) else _scope_of(stmt, parents)
+    cls = _scope_of(func, parents) if func is not None else None
+    if not (
+        isinstance(func, cst.FunctionDef) and func.name.value == "__init__" and isinstance(cls, cst.ClassDef)
+    ):
+        raise EditError(f"line {edit.line} is not in a class's __init__")
+    body = _indented(func)
+    first = 1 if _is_docstring(body[0]) and len(body) > 1 else 0
+    if _is_super_init(body[first]):
+        return None
+    calls = [s for s in body if _is_super_init(s)]
+    elsewhere = any(
+        isinstance(n, cst.Attribute) and n.attr.value == "__init__"
+        for s in body
+        if not _is_super_init(s)
+        for n in _walk(s)
+    )
+    if len(calls) > 1 or elsewhere:
+        raise EditError(f"{cls.name.value}.__init__ calls the base __init__ where fix cannot move it from")
+    if calls:  # later in the body: moved up, when it reads nothing but the parameters
+        call = _expr_call(calls[0])
+        assert call is not None
+        # ``self`` itself (``nn.Module.__init__(self)``), never what was set on it before the call
+        allowed = {p.name.value for p in func.params.params} - {"self"}
+        reads = set().union(*(_free_names(a.value) for a in call.args if not _is_name(a.value, "self")))
+        if not reads <= allowed:
+            raise EditError("the base __init__ call uses values computed before it; move it up by hand")
+        add = calls[0]
+        rest = [s for s in body if s is not add]
+    else:
+        bases = [dotted(b.value) for b in cls.bases]
+        if len(bases) != 1 or bases[0].split(".")[-1] != "Module":
+            raise EditError(
+                f"{cls.name.value} is not a direct nn.Module subclass, so its base may need arguments"
+            )
+        add, rest = _statements("super().__init__()\n")[0], body
+    head = rest[first]
+    lead = [*getattr(head, "leading_lines", ()), *getattr(add, "leading_lines", ())]
+    new = [
+        *rest[:first],
+        add.with_changes(leading_lines=lead),
+        head.with_changes(leading_lines=()),
+        *rest[first + 1 :],
+    ]
+    return module.visit(_Replace(func, func.with_changes(body=func.body.with_changes(body=new))))
+
+
 EDITORS = {
     "set_epoch": _set_epoch,
     "no_grad": _no_grad,
     "eval_mode": _eval_mode,
     "detach_kept": _detach_kept,
     "unscale_before_clip": _unscale_before_clip,
+    "shuffle": _shuffle,
+    "module_container": _module_container,
+    "register_buffer": _register_buffer,
+    "super_init_first": _super_init_first,
 }
 """The editor of each kind in :data:`KINDS`."""
