@@ -131,3 +131,60 @@ def test_eval_under_no_grad_gets_eval_and_train_around_it(tmp_path: Path) -> Non
         source.splitlines()[block],
     ]
     assert after[block + 2] == "    model.train()"
+
+
+TUTORIAL = '''"""A tutorial-style regression script: a model class with a feature scale and a stack of hidden
+layers, a DataLoader over data sorted by target, a couple of epochs."""
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Regressor(nn.Module):
+    def __init__(self, d_in, d_hidden, n_hidden):
+        super().__init__()
+        self.scale = torch.ones(d_in)  # feature scaling
+        self.hidden = [nn.Linear(d_in if i == 0 else d_hidden, d_hidden) for i in range(n_hidden)]
+        self.out = nn.Linear(d_hidden, 1)
+
+    def forward(self, x):
+        x = x * self.scale
+        for layer in self.hidden:
+            x = torch.relu(layer(x))
+        return self.out(x)
+
+
+torch.manual_seed(0)
+x = torch.randn(256, 8)
+y = x.sum(1, keepdim=True)
+order = y[:, 0].argsort()
+train_loader = DataLoader(TensorDataset(x[order], y[order]), batch_size=32)
+model = Regressor(8, 16, 2)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+for epoch in range(2):
+    for xb, yb in train_loader:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(xb), yb)
+        loss.backward()
+        optimizer.step()
+'''
+
+
+def test_model_class_and_loader_fixes_in_a_tutorial_script(tmp_path: Path) -> None:
+    script = _tree(tmp_path, "regress.py", TUTORIAL)
+    lines, _, err = _doctor_then_fix(tmp_path, script)
+    rules = ["module-in-plain-container", "tensor-attribute-not-registered", "train-loader-not-shuffled"]
+    assert f"gone {', '.join(rules)}; still there -; new -" in err, err
+    after = script.read_text(encoding="utf-8").splitlines()
+    hidden, scale = _line(TUTORIAL, "self.hidden = ["), _line(TUTORIAL, "self.scale = ")
+    loop, loader = (
+        _line(TUTORIAL, "for xb, yb in train_loader:"),
+        _line(TUTORIAL, "train_loader = DataLoader("),
+    )
+    assert (lines[rules[0]], lines[rules[1]], lines[rules[2]]) == (hidden, scale, loop)
+    assert after[hidden - 1] == (
+        "        self.hidden = nn.ModuleList([nn.Linear(d_in if i == 0 else d_hidden, d_hidden) for i in range(n_hidden)])"
+    )
+    assert after[scale - 1] == '        self.register_buffer("scale", torch.ones(d_in))  # feature scaling'
+    assert after[loader - 1].endswith("batch_size=32, shuffle=True)")
+    assert len(after) == len(TUTORIAL.splitlines())  # each edit in place, no line added or lost
