@@ -368,3 +368,26 @@ def test_model_constructor_fixes_refuse_what_is_not_theirs() -> None:
     other = none.replace("class MLP(nn.Module):", "class MLP(Base):")
     _, status, _ = edit(other, "super_init_first", "self.blocks =")
     assert status.startswith("refused") and "not a direct nn.Module subclass" in status
+
+
+def test_empty_cache_and_cudnn_off_are_deleted_with_their_comments_kept() -> None:
+    src = (
+        "import torch\n\ntorch.backends.cudnn.enabled = False\n# the model\nmodel = build()\n"
+        "for x in xs:\n    step(x)\n    # free memory\n    torch.cuda.empty_cache()\n    log(x)\n"
+        "for y in ys:\n    torch.cuda.empty_cache()\n"
+    )
+    e = Edit(kind="delete_statement", line=line_of(src, "    # free memory") + 1, callee="empty_cache")
+    new, outcome = apply_edit(src, e)
+    assert outcome.status == "applied"
+    assert "    step(x)\n    # free memory\n    log(x)\n" in new
+    # the same line again: it now holds log(x), but another empty_cache() is left in the file
+    assert apply_edit(new, e)[1].status == "refused"
+    last = Edit(kind="delete_statement", line=line_of(new, "torch.cuda.empty_cache()"), callee="empty_cache")
+    emptied, outcome = apply_edit(new, last)
+    assert outcome.status == "applied" and emptied.endswith("for y in ys:\n    pass\n")
+    assert apply_edit(emptied, last)[1].status == "already"  # none left anywhere: done
+    off = Edit(kind="delete_statement", line=3, callee="cudnn.enabled")
+    new, outcome = apply_edit(src, off)
+    assert outcome.status == "applied" and new.startswith("import torch\n\n# the model\nmodel = build()\n")
+    wrong = Edit(kind="delete_statement", line=line_of(src, "model = build()"), callee="cudnn.enabled")
+    assert apply_edit(src, wrong)[1].status == "refused"

@@ -30,6 +30,8 @@ DOCTOR_RULES = (
     "module-in-plain-container",
     "tensor-attribute-not-registered",
     "super-init-missing",
+    "empty-cache-in-loop",
+    "cudnn-disabled",
 )
 """Doctor findings whose fix is one mechanical edit anchored at the finding's line."""
 
@@ -74,6 +76,10 @@ def _edit(rule: str, line: int, finding: dict[str, Any], train_line: int) -> Edi
         return Edit(kind="register_buffer", line=line)
     if rule == "super-init-missing":  # the early assignment, or the __init__ line
         return Edit(kind="super_init_first", line=line)
+    if rule == "empty-cache-in-loop":  # the call (static) or the line that called it every step
+        return Edit(kind="delete_statement", line=line, callee="empty_cache")
+    if rule == "cudnn-disabled":
+        return Edit(kind="delete_statement", line=line, callee="cudnn.enabled")
     # unseeded-run: one seeding call after the imports of the script (the line only names the file)
     return Edit(kind="global_call", code=SEED_CODE)
 

@@ -398,7 +398,7 @@ _EDITORS = {
     **dict.fromkeys(
         (
             *("set_epoch", "no_grad", "eval_mode", "detach_kept", "unscale_before_clip", "shuffle"),
-            *("module_container", "register_buffer", "super_init_first"),
+            *("module_container", "register_buffer", "super_init_first", "delete_statement"),
         ),
         _doctor_edit,
     ),

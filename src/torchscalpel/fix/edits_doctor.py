@@ -32,6 +32,9 @@ The kinds:
   becomes ``self.register_buffer("x", <tensor>)``.
 - ``super_init_first`` (``super-init-missing``): ``super().__init__()`` as the first statement of the
   ``__init__`` at the line (moved there when it comes later and takes only the parameters).
+- ``delete_statement`` (``empty-cache-in-loop``, ``cudnn-disabled``): the statement at the line, when it
+  is exactly ``torch.cuda.empty_cache()`` / ``torch.backends.cudnn.enabled = False`` (``callee`` says
+  which); a block left empty gets ``pass``. Already done: no such statement is left in the file.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ KINDS = (
     "module_container",
     "register_buffer",
     "super_init_first",
+    "delete_statement",
 )
 """The kinds this module edits (registered in :data:`torchscalpel.fix.edits._EDITORS`)."""
 
@@ -846,6 +850,56 @@ def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
     return module.visit(_Replace(func, func.with_changes(body=func.body.with_changes(body=new))))
 
 
+# ---- empty-cache-in-loop, cudnn-disabled ----------------------------------------------------------
+
+DELETABLE = {
+    "empty_cache": "torch.cuda.empty_cache()",
+    "cudnn.enabled": "torch.backends.cudnn.enabled = False",
+}
+"""What ``delete_statement`` removes, by its ``callee``: the statement the rule flags (any alias of
+the module in front, as the rules accept them)."""
+
+
+def _deletable(stmt: cst.CSTNode, what: str) -> bool:
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        return False
+    small = stmt.body[0]
+    if what == "empty_cache":
+        call = _expr_call(stmt)
+        return call is not None and not call.args and _code(call.func).endswith("empty_cache")
+    return (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and _code(small.targets[0].target).endswith("cudnn.enabled")
+        and _code(small.value) in ("False", "0")
+    )
+
+
+def _delete_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    what = edit.callee
+    stmt, _ = _statement_at(wrapper, edit.line)
+    if not _deletable(stmt, what):
+        if not any(_deletable(n, what) for n in _walk_all(module)):
+            return None  # deleted already (the line now holds what came after it)
+        raise EditError(f"line {edit.line} is not the statement {DELETABLE[what]}")
+    parents = wrapper.resolve(ParentNodeProvider)
+    owner = _owner_of(stmt, parents)
+    body = _indented(owner)
+    i = _index(body, stmt)
+    lead = list(getattr(stmt, "leading_lines", ()))
+    rest = [*body[:i], *body[i + 1 :]]
+    if i < len(rest):  # the comments above it stay, above the statement after it
+        nxt = rest[i]
+        rest[i] = nxt.with_changes(leading_lines=[*lead, *getattr(nxt, "leading_lines", ())])
+    elif any(line.comment is not None for line in lead):
+        raise EditError(f"a comment above line {edit.line} would be left at the end of its block")
+    if not rest:
+        if isinstance(owner, cst.Module):
+            return cst.Module(body=[], header=module.header, footer=module.footer)
+        rest = _statements("pass\n")
+    return module.visit(_Replace(owner, _with_statements(owner, rest)))
+
+
 EDITORS = {
     "set_epoch": _set_epoch,
     "no_grad": _no_grad,
@@ -856,5 +910,6 @@ EDITORS = {
     "module_container": _module_container,
     "register_buffer": _register_buffer,
     "super_init_first": _super_init_first,
+    "delete_statement": _delete_statement,
 }
 """The editor of each kind in :data:`KINDS`."""
