@@ -391,3 +391,10 @@ def test_empty_cache_and_cudnn_off_are_deleted_with_their_comments_kept() -> Non
     assert outcome.status == "applied" and new.startswith("import torch\n\n# the model\nmodel = build()\n")
     wrong = Edit(kind="delete_statement", line=line_of(src, "model = build()"), callee="cudnn.enabled")
     assert apply_edit(src, wrong)[1].status == "refused"
+
+
+def test_super_init_goes_after_the_docstring_of_an_init_that_holds_nothing_else() -> None:
+    src = 'from torch import nn\n\n\nclass Empty(nn.Module):\n    def __init__(self):\n        """Nothing yet."""\n'
+    new, status, again = edit(src, "super_init_first", "def __init__")
+    assert (status, again) == ("applied", "already")
+    assert new.endswith('        """Nothing yet."""\n        super().__init__()\n')

@@ -40,7 +40,7 @@ The kinds:
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import libcst as cst
@@ -419,7 +419,7 @@ def _in_function(func: cst.FunctionDef, start: str, end: str) -> cst.FunctionDef
         raise EditError(
             f"{func.name.value}() returns from more than one place, so the model's mode cannot be restored"
         )
-    first = 1 if _is_docstring(body[0]) and len(body) > 1 else 0
+    first = 1 if _is_docstring(body[0]) else 0
     new = [*body[:first], *_statements(start), *body[first:]]
     at = len(new) - 1 if last_is_return else len(new)
     new[at:at] = _statements(end)
@@ -810,8 +810,8 @@ def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
     ):
         raise EditError(f"line {edit.line} is not in a class's __init__")
     body = _indented(func)
-    first = 1 if _is_docstring(body[0]) and len(body) > 1 else 0
-    if _is_super_init(body[first]):
+    first = 1 if _is_docstring(body[0]) else 0
+    if first < len(body) and _is_super_init(body[first]):
         return None
     calls = [s for s in body if _is_super_init(s)]
     elsewhere = any(
@@ -839,14 +839,17 @@ def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
                 f"{cls.name.value} is not a direct nn.Module subclass, so its base may need arguments"
             )
         add, rest = _statements("super().__init__()\n")[0], body
-    head = rest[first]
-    lead = [*getattr(head, "leading_lines", ()), *getattr(add, "leading_lines", ())]
-    new = [
-        *rest[:first],
-        add.with_changes(leading_lines=lead),
-        head.with_changes(leading_lines=()),
-        *rest[first + 1 :],
-    ]
+    if first == len(rest):  # an __init__ holding only its docstring
+        new = [*rest, add]
+    else:
+        head = rest[first]
+        lead = [*getattr(head, "leading_lines", ()), *getattr(add, "leading_lines", ())]
+        new = [
+            *rest[:first],
+            add.with_changes(leading_lines=lead),
+            head.with_changes(leading_lines=()),
+            *rest[first + 1 :],
+        ]
     return module.visit(_Replace(func, func.with_changes(body=func.body.with_changes(body=new))))
 
 
@@ -900,16 +903,37 @@ def _delete_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
     return module.visit(_Replace(owner, _with_statements(owner, rest)))
 
 
-EDITORS = {
-    "set_epoch": _set_epoch,
-    "no_grad": _no_grad,
-    "eval_mode": _eval_mode,
-    "detach_kept": _detach_kept,
-    "unscale_before_clip": _unscale_before_clip,
-    "shuffle": _shuffle,
-    "module_container": _module_container,
-    "register_buffer": _register_buffer,
-    "super_init_first": _super_init_first,
-    "delete_statement": _delete_statement,
+Editor = Callable[[cst.Module, MetadataWrapper, Edit], "cst.Module | None"]
+
+
+def _guarded(editor: Editor) -> Editor:
+    """``editor``, with a code shape it was not written for refused in one sentence (``not patched``)
+    instead of failing the whole ``scalpel fix`` run with a traceback."""
+
+    def edit(module: cst.Module, wrapper: MetadataWrapper, e: Edit) -> cst.Module | None:
+        try:
+            return editor(module, wrapper, e)
+        except EditError:
+            raise
+        except (AttributeError, IndexError, KeyError, StopIteration, TypeError, ValueError) as exc:
+            raise EditError(f"fix cannot read the code around line {e.line} ({type(exc).__name__})") from None
+
+    return edit
+
+
+EDITORS: dict[str, Editor] = {
+    kind: _guarded(editor)
+    for kind, editor in {
+        "set_epoch": _set_epoch,
+        "no_grad": _no_grad,
+        "eval_mode": _eval_mode,
+        "detach_kept": _detach_kept,
+        "unscale_before_clip": _unscale_before_clip,
+        "shuffle": _shuffle,
+        "module_container": _module_container,
+        "register_buffer": _register_buffer,
+        "super_init_first": _super_init_first,
+        "delete_statement": _delete_statement,
+    }.items()
 }
 """The editor of each kind in :data:`KINDS`."""
