@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from torchscalpel.errors import UsageError
-from torchscalpel.fix.locate import doctor_plan, framework_of, tune_plan
+from torchscalpel.fix.doctor_plan import doctor_plan
+from torchscalpel.fix.locate import framework_of, tune_plan
 from torchscalpel.fix.options import FixOptions
 from torchscalpel.record import new_run_record
 from torchscalpel.sections import SitesSection

@@ -386,7 +386,22 @@ def _save_state_dict(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -
     return module.visit(_Replace(call, new))
 
 
+def _doctor_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """The doctor-finding kinds, in :mod:`torchscalpel.fix.edits_doctor` (imported here, when used,
+    because it builds on this module's helpers)."""
+    from torchscalpel.fix.edits_doctor import EDITORS
+
+    return EDITORS[edit.kind](module, wrapper, edit)
+
+
 _EDITORS = {
+    **dict.fromkeys(
+        (
+            *("set_epoch", "no_grad", "eval_mode", "detach_kept", "unscale_before_clip", "shuffle"),
+            *("module_container", "register_buffer", "super_init_first", "delete_statement"),
+        ),
+        _doctor_edit,
+    ),
     "call_kwargs": _call_kwargs,
     "call_anywhere": _call_kwargs,
     "global_call": _global_call,

@@ -19,8 +19,6 @@ FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 FOREACH_OPTIMIZERS = frozenset(
     {"Adam", "AdamW", "SGD", "Adagrad", "Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop"}
 )
-DOCTOR_RULES = ("unsafe-torch-load", "whole-model-save", "grad-not-zeroed")
-"""Doctor findings whose fix is one mechanical edit at the finding's line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,35 +317,6 @@ def _compile_plan(
         ),
         snippet,
     )
-
-
-def doctor_plan(record: RunRecord) -> list[Planned]:
-    """The edits for doctor findings with a mechanical fix, at each finding's line."""
-    out: list[Planned] = []
-    for finding in record.findings:
-        rule = str(finding.get("rule", ""))
-        if rule not in DOCTOR_RULES:
-            continue
-        where = finding.get("location") or {}
-        snippet = str(finding.get("fix") or "")
-        if not where.get("file") or not where.get("line"):
-            out.append(Planned(rule, "doctor", None, None, snippet, "the finding names no line", rule=rule))
-            continue
-        file, line = Path(where["file"]), int(where["line"])
-        if rule == "unsafe-torch-load":
-            edit = Edit(kind="call_kwargs", line=line, callee="load", kwargs=(("weights_only", True),))
-        elif rule == "whole-model-save":
-            edit = Edit(kind="save_state_dict", line=line, callee="save")
-        else:  # grad-not-zeroed: the finding points at the optimizer's step() call
-            edit = Edit(
-                kind="after_statement",
-                line=line,
-                callee=".step(",
-                code="{opt}.zero_grad(set_to_none=True)\n",
-                marker=".zero_grad(",
-            )
-        out.append(Planned(rule, "doctor", file, edit, snippet, rule=rule))
-    return out
 
 
 def _script_file(record: RunRecord, sites: SitesSection) -> Path | None:

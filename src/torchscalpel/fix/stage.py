@@ -151,8 +151,9 @@ def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[st
 
 def plan_and_edit(options: FixOptions) -> FixResult:
     """Read the records and make every edit on the text; touch no file."""
+    from torchscalpel.fix.doctor_plan import doctor_plan
     from torchscalpel.fix.edits import apply_edit
-    from torchscalpel.fix.locate import doctor_plan, script_file, tune_plan
+    from torchscalpel.fix.locate import script_file, tune_plan
 
     records = [(_record_dir(r), load_record(r)) for r in options.run_dirs]
     items: list[Item] = []
