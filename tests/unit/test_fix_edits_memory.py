@@ -211,3 +211,17 @@ def test_a_memory_run_that_fit_plans_nothing() -> None:
     record = new_run_record("memory", status="complete")
     record.sections["memory"] = {"peak": {"total": 1}}
     assert memory_plan(record) == []
+
+
+def test_the_patch_shortcut_without_libcst_says_how_to_install_it(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from torchscalpel.fix.shortcut import write_run_patch
+
+    monkeypatch.setitem(sys.modules, "libcst", None)  # import libcst raises ImportError
+    lines = write_run_patch(tmp_path)  # type: ignore[arg-type]
+    assert lines == [
+        "scalpel: --patch edits your code with libcst, which is not installed; run: pip install 'torchscalpel[fix]'."
+    ]

@@ -218,10 +218,12 @@ def header_lines(record: RunRecord, patched: set[str]) -> list[str]:
         return []
     request = oom.get("request") or {}
     cause = ((record.sections.get("memory") or {}).get("top_cause") or {}).get("key")
+    asked = f" when it asked for {fmt_bytes(int(request['bytes']))} more" if request.get("bytes") else ""
     lines = [
-        f"measured: {fmt_bytes(int(oom.get('live') or 0))} live over the limit of {fmt_bytes(int(oom.get('limit') or 0))}"
+        f"measured: the run crossed the limit of {fmt_bytes(int(oom.get('limit') or 0))} with "
+        f"{fmt_bytes(int(oom.get('live') or 0))} live{asked}"
         + (
-            f" in step {request.get('step')} ({request.get('phase')})"
+            f", in step {request.get('step')} ({request.get('phase')})"
             if request.get("step") is not None
             else ""
         )
