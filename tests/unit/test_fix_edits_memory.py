@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("libcst")
 
 from torchscalpel.fix.edits import Edit, apply_edit
-from torchscalpel.fix.memory_plan import memory_plan
+from torchscalpel.fix.memory_plan import first_placed, memory_plan
 from torchscalpel.record import new_run_record
 
 GPT = """import math
@@ -174,20 +174,31 @@ SITES = {
 }
 
 
-def test_the_plan_takes_the_first_fitting_rung_it_can_place() -> None:
+def test_the_plan_takes_the_first_fitting_rung_the_file_takes() -> None:
     ladder = [
         _rung("micro-batches", True, microbatches=4),
         _rung("checkpoint-blocks", True),
+        _rung("set-to-none", True),
         _rung("bf16", True),
     ]
-    planned = memory_plan(_memory_record(ladder, SITES))
+    alternatives = memory_plan(_memory_record(ladder, SITES))
+    assert [p.rule for p in alternatives] == ["micro-batches", "checkpoint-blocks", "set-to-none", "bf16"]
     # a plain loop's split is not rewritten: not patched with the loop as a snippet; then checkpointing, and stop
+    planned = first_placed(alternatives, lambda f: GPT)
     assert [(p.rule, p.edit is not None) for p in planned] == [
         ("micro-batches", False),
         ("checkpoint-blocks", True),
     ]
     assert "fix does not rewrite loops" in planned[0].reason and "% 4 == 0" in planned[0].snippet
     assert planned[1].edit == Edit(kind="checkpoint_call", line=15, callee="Block")
+    # the block line holds two calls in this file: refused there with the editor's reason, the next rung placed
+    planned = first_placed(alternatives, lambda f: GPT.replace("x = block(x)", "x = x + block(self.ln_f(x))"))
+    assert [(p.rule, p.edit is not None) for p in planned] == [
+        ("micro-batches", False),
+        ("checkpoint-blocks", False),
+        ("set-to-none", True),
+    ]
+    assert planned[1].reason.startswith("train.py:15: line 15 holds 2 calls")
 
 
 def test_the_plan_skips_rungs_that_do_not_fit_and_says_when_none_does() -> None:

@@ -2,9 +2,10 @@
 fits under the limit and is a change of the code, placed at the lines the run recorded.
 
 The ladder (:mod:`torchscalpel.memory.ladder`) orders its rungs, those that fit first. fix takes them in
-that order and keeps the first one it can place: one change, the one ``--verify`` re-measures. A
-fitting rung fix cannot place (a plain training loop's batch split, a block called inside a library)
-is listed as ``not patched`` with its snippet, and the next fitting rung is tried. The rungs:
+that order and keeps the first one it can place (:func:`first_placed`, on the file's text): one change,
+the one ``--verify`` re-measures. A fitting rung fix cannot place (a plain training loop's batch split,
+a block called inside a library, a line that does not hold what the run saw) is listed as ``not
+patched`` with its snippet, and the next fitting rung is tried. The rungs:
 
 - ``checkpoint-blocks``: the recorded call of the repeated block wrapped in
   ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``; HF ``gradient_checkpointing=True``;
@@ -20,6 +21,7 @@ Nothing here reads the user's files.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,8 @@ def has_memory(record: RunRecord) -> bool:
 
 
 def memory_plan(record: RunRecord) -> list[Planned]:
-    """The edits for the ladder of ``record``'s out-of-memory (empty when the run fit)."""
+    """Every fitting code rung of ``record``'s out-of-memory ladder, in the ladder's order, as an edit
+    or as why it cannot be placed (empty when the run fit); :func:`first_placed` keeps the one to make."""
     oom = memory_oom(record)
     if oom is None:
         return []
@@ -54,12 +57,10 @@ def memory_plan(record: RunRecord) -> list[Planned]:
     framework = framework_of(sites)
     script = script_file(record)
     fitting = [r for r in oom.get("ladder") or [] if r.get("fits") and r.get("kind") in CODE_RUNGS]
-    out: list[Planned] = []
-    for rung in fitting:
-        planned = dataclasses.replace(_rung_plan(rung, oom, sites, framework, script), rule=str(rung["kind"]))
-        out.append(planned)
-        if planned.edit is not None or planned.done:
-            break
+    out = [
+        dataclasses.replace(_rung_plan(rung, oom, sites, framework, script), rule=str(rung["kind"]))
+        for rung in fitting
+    ]
     if not fitting:
         first = next((r for r in oom.get("ladder") or [] if r.get("fits")), None)
         out.append(
@@ -76,6 +77,32 @@ def memory_plan(record: RunRecord) -> list[Planned]:
                 ),
             )
         )
+    return out
+
+
+def first_placed(alternatives: list[Planned], read: Callable[[Path], str | None]) -> list[Planned]:
+    """The alternatives up to the first whose edit applies (or is already done) on its file's current
+    text; one the editor refuses there stays as ``not patched`` with the editor's reason, and the next
+    is tried. ``read`` gives a file's text, or None when it may not be edited (that item is kept and
+    says why when it is made)."""
+    from torchscalpel.fix.edits import apply_edit
+
+    out: list[Planned] = []
+    for p in alternatives:
+        if p.edit is None or p.file is None:
+            out.append(p)
+            if p.done:
+                break
+            continue
+        text = read(p.file)
+        if text is not None:
+            _, outcome = apply_edit(text, p.edit)
+            if outcome.status == "refused":
+                where = f"{p.file.name}:{p.edit.line}: " if p.edit.line else ""
+                out.append(dataclasses.replace(p, file=None, edit=None, reason=where + outcome.reason))
+                continue
+        out.append(p)
+        break
     return out
 
 

@@ -9,6 +9,7 @@ file only after every edit succeeded (temporary files first, then one rename eac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -120,6 +121,13 @@ def _check_file(record: RunRecord, run_dir: Path, file: Path, root: Path, script
     return ""
 
 
+def _text(record: RunRecord, run_dir: Path, file: Path, script: Path | None) -> str | None:
+    """``file``'s text when fix may edit it (None otherwise: its item then says why)."""
+    if script is None or _check_file(record, run_dir, file, tree_root(record, script), script):
+        return None
+    return file.resolve().read_text(encoding="utf-8")
+
+
 def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[str]:
     from torchscalpel.fix.memory_plan import header_lines as memory_header
     from torchscalpel.tune.speedup import speedup_of
@@ -157,7 +165,7 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     """Read the records and make every edit on the text; touch no file."""
     from torchscalpel.fix.edits import apply_edit
     from torchscalpel.fix.locate import doctor_plan, script_file, tune_plan
-    from torchscalpel.fix.memory_plan import has_memory, memory_plan
+    from torchscalpel.fix.memory_plan import first_placed, has_memory, memory_plan
 
     records = [(_record_dir(r), load_record(r)) for r in options.run_dirs]
     items: list[Item] = []
@@ -175,7 +183,9 @@ def plan_and_edit(options: FixOptions) -> FixResult:
                 "'scalpel doctor' and 'scalpel memory' runs."
             )
         script = script_file(record)
-        planned = tune_plan(record) + doctor_plan(record) + memory_plan(record)
+        planned = tune_plan(record) + doctor_plan(record)
+        # memory: the ladder's first fitting rung whose edit the file takes, tried on its current text
+        planned += first_placed(memory_plan(record), functools.partial(_text, record, run_dir, script=script))
         # Edits lower in a file first, so that each recorded line still means the same line.
         planned.sort(key=lambda p: (str(p.file), -(p.edit.line if p.edit else 0)))
         for p in planned:
