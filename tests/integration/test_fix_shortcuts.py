@@ -84,3 +84,18 @@ def test_tune_patch_writes_the_kept_optimizer_setting_as_fix_patch(tmp_path: Pat
     assert "# measured: " in text
     assert "+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)\n" in text
     _applies(root, patch)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("doctor", "--patch", "--static", "."), "--patch goes with a script run of one process"),
+        (("tune", "--patch", "--fit", "1GiB", "--", "train.py"), "--patch goes with the search, not --fit"),
+        (("memory", "--patch", "snap.pickle"), "--patch goes with a script run, not with a SNAPSHOT.pickle"),
+    ],
+)
+def test_patch_where_no_run_folder_is_patched_is_a_usage_error(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    done = run_cli(*args, cwd=tmp_path)
+    assert done.returncode == 2 and says in done.stderr and "Traceback" not in done.stderr

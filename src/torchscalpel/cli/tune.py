@@ -123,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.tune.search import TuneOptions, parse_knobs, tune
     from torchscalpel.tune.settings import COMPILE_MODES
 
+    if args.patch and args.fit:
+        raise UsageError(
+            "--patch goes with the search, not --fit; run 'scalpel memory --patch' for memory fixes."
+        )
     budget = parse_budget(args.budget)
     knobs = parse_knobs(args.knobs)
     modes = tuple(m.strip() for m in args.compile_mode.split(",") if m.strip())
@@ -143,10 +147,6 @@ def run(args: argparse.Namespace) -> int:
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"tune-{target.name}")
     if args.fit:
-        if args.patch:
-            raise UsageError(
-                "--patch goes with the search, not --fit; run 'scalpel memory --patch' for memory fixes."
-            )
         from torchscalpel.tune.fit import run_fit
 
         return run_fit(
