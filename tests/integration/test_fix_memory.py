@@ -83,3 +83,37 @@ def test_memory_patch_checkpoints_the_recorded_block_call_and_fits_under_the_lim
         "---" not in again.stdout
         and "already done: activation checkpointing of the Block blocks" in again.stdout
     )
+
+
+def test_memory_patch_frees_the_last_steps_gradients_right_after_the_recorded_step(tmp_path: Path) -> None:
+    fixture = SCRIPT.parent / "stale_grads.py"
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(fixture, root / fixture.name)
+    step_line = fixture.read_text(encoding="utf-8").splitlines().index("    opt.step()") + 1
+    run = tmp_path / "memory-run"
+    done = run_cli(
+        "memory",
+        "--memory-limit",
+        "19MiB",
+        "--no-report",
+        "--patch",
+        "--out",
+        str(run),
+        "--",
+        str(root / fixture.name),
+        cwd=root,
+        OMP_NUM_THREADS="1",
+    )
+    assert done.returncode == 1 and "zero_grad(set_to_none=True) before the forward" in done.stdout, (
+        done.stderr
+    )
+    text = (run / "fix.patch").read_text(encoding="utf-8")
+    assert "frees 8.0 MiB of what was live at the crossing" in text
+    assert f"@@ -{step_line - 2},4 +{step_line - 2},5 @@" in text
+    assert "     opt.step()\n+    opt.zero_grad(set_to_none=True)\n     print(step, loss.item())\n" in text
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    check = subprocess.run(
+        ["git", "apply", "--check", str(run / "fix.patch")], cwd=root, capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stderr

@@ -264,6 +264,8 @@ def header_lines(record: RunRecord, patched: set[str]) -> list[str]:
                 + (
                     f"plan peak {fmt_bytes(int(peak))}"
                     if peak
+                    else f"frees {fmt_bytes(int(rung['saves']))} of what was live at the crossing"
+                    if rung.get("saves")
                     else "plan peak not measured: the plan does not simulate it"
                 )
             )
