@@ -354,3 +354,9 @@ class SitesSection(StageSection):
     """The first training forward's call site, with ``autocast`` (active then) and ``device``."""
     backward: dict[str, Any] | None = None
     """The first backward call's site."""
+    step: dict[str, Any] | None = None
+    """The first ``optimizer.step()`` call's site (``class``: the optimizer's); where memory's
+    ``zero_grad(set_to_none=True)`` goes."""
+    block: dict[str, Any] | None = None
+    """The first training call of the model's repeated block (``class``): the line activation
+    checkpointing wraps; ``library`` set when torch or a package made the call."""

@@ -113,7 +113,7 @@ def test_tune_settings_land_at_the_recorded_lines_of_a_closure_loop(tmp_path: Pa
     assert [(s["line"], s["used"]) for s in sites["dataloaders"]] == [(12, True)]
     assert (sites["model"]["line"], sites["forward"]["line"], sites["backward"]["line"]) == (14, 23, 24)
     plain_profile = run_cli("fix", str(run), cwd=root)  # a profile run alone: nothing fix reads
-    assert plain_profile.returncode == 2 and "holds no tune or doctor results" in plain_profile.stderr
+    assert plain_profile.returncode == 2 and "holds no tune, doctor or memory results" in plain_profile.stderr
     record["sections"]["tune"] = {
         "settings": {"optimizer": "fused", "dataloader": {"num_workers": 1}, "amp": "bf16"}
     }

@@ -52,6 +52,7 @@ def test_sites_are_the_lines_of_the_users_calls() -> None:
         obs.on_backward_pre(())
         bwd_line = _line() - 1
         obs.on_optimizer_step_pre(opt)
+        step_line = _line() - 1
     finally:
         record = new_run_record("profile", status="complete")
         obs.on_finish(record)
@@ -67,6 +68,8 @@ def test_sites_are_the_lines_of_the_users_calls() -> None:
     )
     assert sites.backward is not None and sites.backward["line"] == bwd_line
     assert sites.optimizers[0]["file"] == __file__
+    # where memory's zero_grad(set_to_none=True) goes: after the first step call
+    assert sites.step is not None and (sites.step["line"], sites.step["class"]) == (step_line, "SGD")
     # The wrappers are gone after the run: a later construction is not recorded.
     torch.optim.SGD(model.parameters(), lr=0.1)
     assert len(obs.optimizers) == 1

@@ -86,6 +86,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-<name>/)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument(
+        "--patch",
+        action="store_true",
+        help="also write fix.patch in the run folder: the diff of your code 'scalpel fix RUN_DIR' prints "
+        "(needs torchscalpel[fix])",
+    )
     add_tracking_arguments(p)
     add_target_arguments(p, required=False)
     p.set_defaults(func=run)
@@ -102,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--time-cap must be 0 (no cap) or a number of seconds.")
     if args.nproc is not None and args.nproc < 1:
         raise UsageError("--nproc must be at least 1.")
+    if args.patch and (args.static is not None or args.nproc is not None):
+        raise UsageError("--patch goes with a script run of one process, not with --static or --nproc.")
     if args.static is not None:
         if args.target or args.module:
             raise UsageError(
@@ -289,6 +297,11 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     # A failed run's launcher advice is the script-failed finding's fix (above), the script's arguments kept.
     console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
     track(args, record, out_dir)
+    if args.patch:
+        from torchscalpel.fix.shortcut import write_run_patch
+
+        for line in write_run_patch(out_dir):
+            console.print(escape(line), soft_wrap=True)
     if os.environ.get(MERGED_RANKS_ENV) != "1":
         target_argv = target.argv() if target.script else ["-m", *target.argv()]
         if record.status == "failed":  # tuning a script that does not run measures nothing

@@ -12,14 +12,18 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``fix`` sub-command."""
     p = subparsers.add_parser(
         "fix",
-        help="turn what tune and doctor runs measured into a patch of your own script (diff, --apply, --verify)",
-        description="Read tune and doctor run folders and print one unified diff of your own files: tune's kept "
-        "settings and doctor's mechanical fixes, edited at the lines the run recorded (comments and layout kept). "
+        help="turn what tune, doctor and memory runs measured into a patch of your own script (diff, --apply, --verify)",
+        description="Read tune, doctor and memory run folders and print one unified diff of your own files: tune's kept "
+        "settings, doctor's mechanical fixes and the memory ladder's first fitting code change, edited at the lines the run recorded (comments and layout kept). "
         "A change fix cannot place safely is listed as 'not patched' with the snippet to apply by hand. Nothing "
         "is written to your files without --apply.",
     )
     p.add_argument(
-        "runs", nargs="+", type=Path, metavar="RUN_DIR", help="tune or doctor run folders (or run.json files)"
+        "runs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="tune, doctor or memory run folders (or run.json files)",
     )
     p.add_argument(
         "--apply", action="store_true", help="write the patched files in place (all of them or none)"
@@ -31,7 +35,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--verify",
         action="store_true",
         help="apply the patch to a copy of the script's folder and re-run it: plain python, doctor for doctor "
-        "fixes, interleaved original/patched profiles for tune settings",
+        "fixes, interleaved original/patched profiles for tune settings, scalpel memory under the same limit for memory fixes",
     )
     p.add_argument(
         "--force", action="store_true", help="--apply even when the git tree has uncommitted changes"

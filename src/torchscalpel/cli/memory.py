@@ -64,6 +64,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_path", type=Path, help="also write the memory section as JSON here")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
     p.add_argument(
+        "--patch",
+        action="store_true",
+        help="also write fix.patch in the run folder: the ladder's first fitting rung as a diff of your code, "
+        "as 'scalpel fix RUN_DIR' prints it (needs torchscalpel[fix])",
+    )
+    p.add_argument(
         "--html",
         dest="html_path",
         type=Path,
@@ -84,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if target_words and target_words[0] == "--":
         target_words = target_words[1:]
     if not args.module and len(target_words) == 1 and _looks_like_snapshot(Path(target_words[0])):
+        if args.patch:
+            raise UsageError("--patch goes with a script run, not with a SNAPSHOT.pickle.")
         return _explain_snapshot(Path(target_words[0]), args)
     if args.html_path is not None:
         raise UsageError(
@@ -142,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}")
     )
+    if args.patch:
+        from torchscalpel.fix.shortcut import write_run_patch
+
+        for line in write_run_patch(out_dir):
+            print(line)
     if (section.get("oom") or {}).get("caught_by_script"):
         print(
             "scalpel memory: the script caught the stop at the limit (a bare 'except:' or 'except BaseException') "

@@ -95,6 +95,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="find the fastest configuration whose live tensors fit in SIZE "
         "(memory knobs: checkpointing, micro-batches, bf16; see docs/memory.md)",
     )
+    p.add_argument(
+        "--patch",
+        action="store_true",
+        help="also write fix.patch in the run folder: the diff of your code 'scalpel fix RUN_DIR' prints "
+        "(needs torchscalpel[fix])",
+    )
     add_output_arguments(p)
     add_tracking_arguments(p)
     add_target_arguments(p)
@@ -117,6 +123,10 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.tune.search import TuneOptions, parse_knobs, tune
     from torchscalpel.tune.settings import COMPILE_MODES
 
+    if args.patch and args.fit:
+        raise UsageError(
+            "--patch goes with the search, not --fit; run 'scalpel memory --patch' for memory fixes."
+        )
     budget = parse_budget(args.budget)
     knobs = parse_knobs(args.knobs)
     modes = tuple(m.strip() for m in args.compile_mode.split(",") if m.strip())
@@ -183,6 +193,11 @@ def run(args: argparse.Namespace) -> int:
             f"(settings are in {paths['settings']}).",
             file=sys.stderr,
         )
+    if args.patch:
+        from torchscalpel.fix.shortcut import write_run_patch
+
+        for line in write_run_patch(out_dir):
+            print(line)
     return 130 if result.interrupted else 0
 
 

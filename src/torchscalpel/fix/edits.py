@@ -30,6 +30,8 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from torchscalpel.fix.edits_memory import EDITORS as MEMORY_EDITORS
+
 
 @dataclass(frozen=True, slots=True)
 class Edit:
@@ -408,5 +410,6 @@ _EDITORS = {
     "autocast": _autocast,
     "after_statement": _after_statement,
     "save_state_dict": _save_state_dict,
+    **MEMORY_EDITORS,  # checkpoint_call, zero_grad_after_step, batch_accum (fix/edits_memory.py)
 }
 EDIT_KINDS = tuple(_EDITORS)

@@ -18,7 +18,7 @@ class FixOptions:
     """What ``scalpel fix`` reads and does."""
 
     run_dirs: tuple[Path, ...]
-    """Run folders (or their run.json) of tune / doctor runs of one script."""
+    """Run folders (or their run.json) of tune / doctor / memory runs of one script."""
     apply: bool = False
     """Write the patched files in place (all or none)."""
     patch: Path | None = None
@@ -32,11 +32,11 @@ class FixOptions:
 
     def __post_init__(self) -> None:
         if not self.run_dirs:
-            raise UsageError("scalpel fix needs at least one RUN_DIR (a tune or doctor run folder).")
+            raise UsageError("scalpel fix needs at least one RUN_DIR (a tune, doctor or memory run folder).")
         for run in self.run_dirs:
             if not (run / "run.json").is_file() and not (run.is_file() and run.name.endswith(".json")):
                 raise UsageError(
-                    f"{run} is not a run folder (no run.json in it); pass a 'scalpel tune' or 'scalpel doctor' output folder."
+                    f"{run} is not a run folder (no run.json in it); pass a 'scalpel tune', 'scalpel doctor' or 'scalpel memory' output folder."
                 )
         if self.pairs < 1:
             raise UsageError("--pairs must be at least 1.")

@@ -19,7 +19,9 @@ def summary_lines(result: FixResult) -> list[str]:
         else:
             out.append(f"patched: {item.label}{where}")
     if not result.items:
-        out.append("nothing to fix: the runs kept no tune setting and found nothing fix edits")
+        out.append(
+            "nothing to fix: the runs kept no tune setting, crossed no memory limit and found nothing fix edits"
+        )
     elif not result.changes:
         out.append("no diff: the code already does everything fix can place")
     if result.applied:

@@ -1,6 +1,6 @@
-"""``scalpel fix``: the edits tune and doctor runs ask for, made on the user's own files, as one diff.
+"""``scalpel fix``: the edits tune, doctor and memory runs ask for, made on the user's own files, as one diff.
 
-:func:`run` reads the records, plans the edits (:mod:`torchscalpel.fix.locate`), checks that every file
+:func:`run` reads the records, plans the edits (:mod:`torchscalpel.fix.locate`, :mod:`torchscalpel.fix.memory_plan`), checks that every file
 is the one the run measured (its sha256 in the record's provenance) and lies in the user's tree, makes
 the edits on the text (:mod:`torchscalpel.fix.edits`), and returns the diff. ``--apply`` writes every
 file only after every edit succeeded (temporary files first, then one rename each);
@@ -9,6 +9,7 @@ file only after every edit succeeded (temporary files first, then one rename eac
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -120,7 +121,15 @@ def _check_file(record: RunRecord, run_dir: Path, file: Path, root: Path, script
     return ""
 
 
+def _text(record: RunRecord, run_dir: Path, file: Path, script: Path | None) -> str | None:
+    """``file``'s text when fix may edit it (None otherwise: its item then says why)."""
+    if script is None or _check_file(record, run_dir, file, tree_root(record, script), script):
+        return None
+    return file.resolve().read_text(encoding="utf-8")
+
+
 def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[str]:
+    from torchscalpel.fix.memory_plan import header_lines as memory_header
     from torchscalpel.tune.speedup import speedup_of
 
     lines = ["scalpel fix: the change measured by the runs below, as an edit of your code."]
@@ -141,6 +150,9 @@ def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[st
             fixed = sorted({i.rule for i in items if i.source == "doctor" and i.status == "patched"})
             if fixed:
                 lines.append(f"findings fixed: {', '.join(fixed)}")
+        lines.extend(
+            memory_header(record, {i.rule for i in items if i.source == "memory" and i.status == "patched"})
+        )
         if record.command:
             lines.append(f"reproduce: {' '.join(record.command)}")
     for item in items:
@@ -154,6 +166,7 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     from torchscalpel.fix.doctor_plan import doctor_plan
     from torchscalpel.fix.edits import apply_edit
     from torchscalpel.fix.locate import script_file, tune_plan
+    from torchscalpel.fix.memory_plan import first_placed, has_memory, memory_plan
 
     records = [(_record_dir(r), load_record(r)) for r in options.run_dirs]
     items: list[Item] = []
@@ -161,12 +174,19 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     originals: dict[Path, str] = {}
     root: Path | None = None
     for run_dir, record in records:
-        if record.section(TuneSection) is None and record.section(DoctorSection) is None:
+        if (
+            record.section(TuneSection) is None
+            and record.section(DoctorSection) is None
+            and not has_memory(record)
+        ):
             raise UsageError(
-                f"{run_dir} holds no tune or doctor results; scalpel fix reads 'scalpel tune' and 'scalpel doctor' runs."
+                f"{run_dir} holds no tune, doctor or memory results; scalpel fix reads 'scalpel tune', "
+                "'scalpel doctor' and 'scalpel memory' runs."
             )
         script = script_file(record)
         planned = tune_plan(record) + doctor_plan(record)
+        # memory: the ladder's first fitting rung whose edit the file takes, tried on its current text
+        planned += first_placed(memory_plan(record), functools.partial(_text, record, run_dir, script=script))
         # Edits lower in a file first, so that each recorded line still means the same line.
         planned.sort(key=lambda p: (str(p.file), -(p.edit.line if p.edit else 0)))
         for p in planned:

@@ -7,6 +7,8 @@
   (``--pairs`` interleaved pairs of short ``scalpel profile`` runs, no profiler window); the ratio is
   tune's own speedup definition (:func:`torchscalpel.tune.speedup.speedup_of` over the pairs), shown
   beside the ratio tune confirmed.
+- Memory edits: ``scalpel memory`` on the patched copy with the original run's limit must not cross it
+  (:mod:`torchscalpel.fix.verify_memory`).
 """
 
 from __future__ import annotations
@@ -156,6 +158,13 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
         v.findings_left = sorted(fixed & after_rules)
         v.findings_new = sorted(after_rules - before)
         ok = ok and not v.findings_left and not v.findings_new
+    if any(i.source == "memory" for i in patched_items):
+        from torchscalpel.fix.verify_memory import verify_memory
+
+        run = next(r for _, r in result.records if r.sections.get("memory"))
+        verdict = verify_memory(run, script, patched, work)
+        v.notes.append(verdict.line)
+        ok = ok and verdict.fits
     if any(i.source == "tune" for i in patched_items):
         tune = next((r.section(TuneSection) for _, r in result.records if r.section(TuneSection)), None)
         v.tune_speedup = speedup_of(tune.winner) if tune is not None and tune.winner else None

@@ -15,6 +15,12 @@ through instead of guessing one from names. A site is::
 - ``used``: the optimizer stepped / the DataLoader yielded a training batch / the model ran the
   training forward (only used ones are worth an edit).
 
+Two call sites more, for memory's fixes: ``step``, the first ``optimizer.step()`` call (where
+``zero_grad(set_to_none=True)`` goes), and ``block``, the first training call of one of the model's
+repeated blocks (:func:`torchscalpel.blocks.block_classes`): the line in the model's ``forward`` that
+activation checkpointing wraps. A block called by torch or a library (``nn.Sequential``, a
+``transformers`` model) has that package as ``library``.
+
 Best effort: a site that cannot be read is left out, never the run.
 """
 
@@ -67,6 +73,48 @@ def caller_site(obj: Any, frame: Any) -> dict[str, Any] | None:
     return None
 
 
+def _block_class(model: torch.nn.Module) -> type | None:
+    """The model's repeated block class (the one definition, :mod:`torchscalpel.blocks`); None when none."""
+    from torchscalpel.blocks import block_classes
+
+    try:
+        classes = block_classes(model)
+    except Exception:  # best effort: a model the walk cannot read has no block site
+        return None
+    return classes[0] if classes else None
+
+
+def _module_call_machinery(name: str) -> bool:
+    """torch's ``Module.__call__`` frames (``_wrapped_call_impl`` / ``_call_impl``) between a caller and the hooks."""
+    return file_kind(name) is Kind.TORCH and Path(name).parts[-3:] == ("nn", "modules", "module.py")
+
+
+def block_site(frame: Any) -> dict[str, Any] | None:
+    """The line that called a block: the frame right above torch's module-call machinery (and ours).
+
+    When that frame is not the user's (``nn.Sequential.forward``, ``torch.utils.checkpoint``, a
+    ``transformers`` layer loop), ``library`` names its package and ``file:line`` is the user's line
+    that led there: not a place where wrapping the call means checkpointing one block."""
+    while frame is not None and (
+        file_kind(frame.f_code.co_filename) is Kind.SCALPEL
+        or _module_call_machinery(frame.f_code.co_filename)
+    ):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    name = frame.f_code.co_filename
+    kind = file_kind(name)
+    if kind is Kind.USER:
+        return {"file": str(Path(name).resolve()), "line": frame.f_lineno, "library": None}
+    site = caller_site(None, frame)
+    if site is None:
+        return None
+    return {
+        **site,
+        "library": "torch" if kind is Kind.TORCH else (_package(name) or site.get("library") or "a library"),
+    }
+
+
 class SitesObserver(Observer):
     """Records construction and call sites into ``record.sections["sites"]`` (see the module doc)."""
 
@@ -81,6 +129,9 @@ class SitesObserver(Observer):
         self.model: dict[str, Any] | None = None
         self.forward: dict[str, Any] | None = None
         self.backward: dict[str, Any] | None = None
+        self.step: dict[str, Any] | None = None
+        self.block: dict[str, Any] | None = None
+        self._block_cls: type | None = None
         self._restore: list[Undo] = []
 
     def on_start(self, session: Session) -> None:
@@ -128,9 +179,18 @@ class SitesObserver(Observer):
     def on_forward_pre(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool
     ) -> None:
-        """The first training forward of a root module: its call site and where the module was built."""
-        if not root or self.forward is not None or not module.training or not torch.is_grad_enabled():
+        """The first training forward of a root module: its call site and where the module was built;
+        then the first training call of one of its repeated blocks."""
+        if not root:
+            # every submodule call comes here: one identity check until the block's call is found
+            if self.block is None and type(module) is self._block_cls and torch.is_grad_enabled():
+                self.block = block_site(sys._getframe(1))
+                if self.block is not None:
+                    self.block["class"] = type(module).__name__
             return
+        if self.forward is not None or not module.training or not torch.is_grad_enabled():
+            return
+        self._block_cls = _block_class(module)
         site = caller_site(None, sys._getframe(1))
         if site is None:
             return
@@ -150,7 +210,11 @@ class SitesObserver(Observer):
             self.backward = caller_site(None, sys._getframe(1))
 
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
-        """Mark the optimizer as the one that steps."""
+        """Mark the optimizer as the one that steps; the first step call's site."""
+        if self.step is None:
+            self.step = caller_site(None, sys._getframe(1))
+            if self.step is not None:
+                self.step["class"] = type(optimizer).__name__
         entry = self.optimizers.get(id(optimizer))
         if entry is not None:
             entry["used"] = True
@@ -173,4 +237,6 @@ class SitesObserver(Observer):
             model=self.model,
             forward=self.forward,
             backward=self.backward,
+            step=self.step,
+            block=self.block,
         ).to_dict()
