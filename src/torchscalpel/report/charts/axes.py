@@ -159,3 +159,17 @@ def drawn_note(n: int, drawn: int, what: str) -> str:
 
 FLAT_FRACTION = 0.02
 """A series whose range is below this fraction of its size is drawn as a short, flat chart."""
+
+
+def values_table(name: str, head: str, rows: Sequence[tuple[str, float]], unit: str) -> str:
+    """What a chart with fewer than two points shows instead: its values as a small table (a chart of one
+    bar or one dot padded the plan page and said less than a line of text). ``data-chart`` keeps the name."""
+    suffix = f" {escape(unit)}" if unit else ""
+    body = "".join(
+        f'<tr><td>{escape(str(label))}</td><td class="num">{fmt_value(float(v))}{suffix}</td></tr>'
+        for label, v in rows
+    )
+    return (
+        f'<table class="chart-values" data-chart="{escape(name)}"><thead><tr><th>{escape(head)}</th>'
+        f'<th class="num">{escape(value_title(unit))}</th></tr></thead><tbody>{body}</tbody></table>'
+    )

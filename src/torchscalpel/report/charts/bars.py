@@ -21,6 +21,7 @@ from torchscalpel.report.charts.axes import (
     svg_open,
     tick_label,
     value_title,
+    values_table,
     x_tick_anchor,
     y_grid,
 )
@@ -48,6 +49,13 @@ def stacked_bars(
     n = len(labels)
     if n == 0:
         return '<p class="empty">No data.</p>'
+    if n == 1:  # one bar is not a chart: its parts as a table
+        parts_of = [(k, float(v[0])) for k, v in series.items() if float(v[0])] or [
+            (k, float(v[0])) for k, v in list(series.items())[:1]
+        ]
+        if capacity:
+            parts_of.append((capacity_label, float(capacity)))
+        return values_table(name, str(labels[0]), parts_of, unit)
     if n > MAX_DRAWN:  # one bar per step of a long run would be sub-pixel and megabytes of SVG
         keep = drawn_indices(n)
         chart = stacked_bars(
@@ -142,6 +150,8 @@ def horizontal_bars(
     ellipsis on the chart and kept whole in the hover title."""
     if not items:
         return '<p class="empty">No data.</p>'
+    if len(items) == 1:  # one bar is not a chart
+        return values_table(name, y_title or "name", items, unit)
     top_value = max(v for _, v in items) or 1.0
     ticks = nice_ticks(0.0, top_value, 5)
     x_max = ticks[-1]

@@ -20,6 +20,7 @@ from torchscalpel.report.charts.axes import (
     svg_open,
     tick_label,
     value_title,
+    values_table,
     x_tick_anchor,
     y_grid,
 )
@@ -67,6 +68,16 @@ def lines(
     points = [float(v) for values in series.values() for v in values if v is not None]
     if not xs or not points:
         return '<p class="empty">No data.</p>'
+    drawn = {
+        k: [(x, v) for x, v in zip(xs, values, strict=False) if v is not None] for k, values in series.items()
+    }
+    if max(len(p) for p in drawn.values()) < 2:  # one dot per series is not a line: the values as a table
+        return values_table(
+            name,
+            x_title,
+            [(f"{k} at {x_title} {float(p[0][0]):g}", float(p[0][1])) for k, p in drawn.items() if p],
+            unit,
+        )
     if log_x:
         if min(float(x) for x in xs) <= 0:
             raise ValueError("a log x axis needs positive x values")
