@@ -16,7 +16,8 @@ give the same explanation, by the same rules (:class:`SnapshotSummary` here, its
 ``snapshot_scan.c``; a test compares them): from ``segments``, reserved and allocated bytes, memory free
 inside reserved segments (fragmentation) and the largest free block, the allocations by the user's call
 site (the innermost ``.py`` frame :mod:`torchscalpel.runtime.userframes` calls the user's), the largest
-blocks; from ``device_traces``, the live bytes over the recorded trace (its peak) and the out-of-memory
+blocks; from ``device_traces``, the live bytes over the recorded trace (its peak, and a timeline of allocated and,
+from segment events, reserved bytes kept in :data:`TIMELINE_POINTS` points) and the out-of-memory
 events (the request that failed) when the snapshot recorded history.
 
 A pickle's memo lets a file name one object many times for two bytes each: a 0.4 MB file can list one
@@ -194,6 +195,15 @@ def _int(v: Any) -> int:
     return v if type(v) is int else int(v or 0) if isinstance(v, int | float) else 0
 
 
+TIMELINE_POINTS = native.TIMELINE_POINTS
+"""Most points the timeline of a trace keeps (``TL_POINTS`` in the C reader). Each point is the most bytes live
+(and reserved) over ``stride`` consecutive events; when the points run out, neighbours are merged in pairs and
+the stride doubles, so a trace of any length is kept in this many points and the timeline's highest point is
+the trace's peak."""
+_SEGMENT_GROWS = ("segment_alloc", "segment_map")  # tuples: an action that is a list (a file nobody vetted)
+_SEGMENT_SHRINKS = ("segment_free", "segment_unmap")  # is compared, never hashed
+
+
 class TooMuchWork(Exception):
     """The file asked the summary to walk more than its budget (a memo bomb); ``args[0]`` is the budget."""
 
@@ -216,6 +226,13 @@ class SnapshotSummary:
         self.ooms: list[dict[str, Any]] = []
         self.trace_events = self.live = self.trace_peak = 0
         self.trace_peak_at = -1
+        self.reserved_live = 0
+        """Reserved bytes above the trace's start, from its segment events (cudaMalloc'd and released)."""
+        self.segment_events = 0
+        self.tl_allocated: list[int] = []
+        self.tl_reserved: list[int] = []
+        self.tl_stride = 1
+        self.tl_fill = 0
         # site and phase of a traceback, keyed by the ids of its frame dicts: torch shares one dict per distinct
         # frame, so a new list of old frames hits. The entry holds the list, so no id in a key can be reused
         # while it is cached; cleared when full, which bounds what it pins (every frame new: no hits, little kept).
@@ -296,6 +313,12 @@ class SnapshotSummary:
                 self.trace_peak, self.trace_peak_at = self.live, self.trace_events - 1
         elif action == "free_completed":
             self.live -= _int(e.get("size"))
+        elif action in _SEGMENT_GROWS:
+            self.reserved_live += _int(e.get("size"))
+            self.segment_events += 1
+        elif action in _SEGMENT_SHRINKS:
+            self.reserved_live -= _int(e.get("size"))
+            self.segment_events += 1
         elif action == "oom":
             self.ooms.append(
                 {
@@ -306,6 +329,24 @@ class SnapshotSummary:
                 }
             )
             del self.ooms[:-5]
+        self._timeline_point()
+
+    def _timeline_point(self) -> None:
+        """Add this event's live and reserved bytes to the timeline (see :data:`TIMELINE_POINTS`)."""
+        if self.tl_fill == 0:
+            if len(self.tl_allocated) == TIMELINE_POINTS:
+                a, r = self.tl_allocated, self.tl_reserved
+                self.tl_allocated = [max(a[i], a[i + 1]) for i in range(0, TIMELINE_POINTS, 2)]
+                self.tl_reserved = [max(r[i], r[i + 1]) for i in range(0, TIMELINE_POINTS, 2)]
+                self.tl_stride *= 2
+            self.tl_allocated.append(self.live)
+            self.tl_reserved.append(self.reserved_live)
+        else:
+            self.tl_allocated[-1] = max(self.tl_allocated[-1], self.live)
+            self.tl_reserved[-1] = max(self.tl_reserved[-1], self.reserved_live)
+        self.tl_fill += 1
+        if self.tl_fill == self.tl_stride:
+            self.tl_fill = 0
 
     def fields(self) -> dict[str, Any]:
         """What :func:`explanation` needs, as the native reader returns it too."""
@@ -322,6 +363,10 @@ class SnapshotSummary:
             "live": self.live,
             "trace_peak": self.trace_peak,
             "trace_peak_at": self.trace_peak_at,
+            "segment_events": self.segment_events,
+            "timeline_stride": self.tl_stride,
+            "timeline_allocated": list(self.tl_allocated),
+            "timeline_reserved": list(self.tl_reserved),
             "sites": sites,
             "largest": list(self.largest),
             "ooms": list(self.ooms),
@@ -352,6 +397,12 @@ def explanation(f: dict[str, Any]) -> dict[str, Any]:
             "events": f["trace_events"],
             "peak_live": f["trace_peak"],
             "peak_at_event": f["trace_peak_at"],
+            "timeline": {
+                "stride": f["timeline_stride"],
+                "allocated": list(f["timeline_allocated"]),
+                # reserved over time only where the trace recorded its segments being mapped and released
+                "reserved": list(f["timeline_reserved"]) if f["segment_events"] else None,
+            },
         },
         "phases": dict(f["phases"]),
         "expandable_segments_advised": share > 0.2,
