@@ -215,3 +215,23 @@ def test_a_chart_with_fewer_than_two_points_is_its_values_not_a_one_dot_chart() 
     # two points are a chart
     assert "<svg" in charts.lines("loss", [0, 1], {"loss": [2.5, 2.0]})
     assert "<svg" in charts.stacked_bars("p", ["a", "b"], {"x": [1.0, 2.0]})
+
+
+def test_a_long_legend_wraps_inside_the_chart() -> None:
+    # tune's loss curves: five variants' labels in one row ran past the chart's right edge
+    names = [
+        "baseline",
+        "amp=bf16 + amp_fp32_attention",
+        "amp=bf16",
+        "threads=2",
+        "num_workers=1 + persistent_workers=True",
+    ]
+    svg = charts.lines("tune-losses", [0, 1, 2], {n: [2.0, 1.9, 1.8] for n in names}, unit="loss")
+    legend = re.search(r'<g class="legend">(.*?)</g>', svg).group(1)
+    entries = re.findall(r'<text x="([\d.]+)" y="([\d.]+)">([^<]*)</text>', legend)
+    assert [e[2] for e in entries] == names
+    assert all(float(x) + len(text) * 7 <= 760 for x, _, text in entries), entries
+    assert len({y for _, y, _ in entries}) == 2  # two rows
+    # the plot starts below the legend's second row
+    top_grid = min(float(y) for y in re.findall(r'class="grid"[^>]*|y1="([\d.]+)"', svg) if y)
+    assert top_grid >= max(float(y) for _, y, _ in entries) + 4

@@ -112,16 +112,43 @@ def axis_titles(
     )
 
 
-def legend(names: Sequence[str], left: int, colours: Sequence[str] | None = None) -> str:
-    """The legend (only for two or more series); ``colours[i]`` is series i's colour (default: the palette in order)."""
+LEGEND_ROW = 16
+"""Height of one row of the legend, in px."""
+
+
+def _legend_places(names: Sequence[str], left: int, width: int) -> list[tuple[str, float, int]]:
+    """Each entry's shown name, x and row: entries wrap to a new row where the next would cross the chart's
+    right edge (tune's five loss curves ran off the chart), and a name longer than a row is cut."""
+    room = width - left - 8
+    shown = distinct_labels(names, max(8, int((room - 30) / 7)))
+    places, x, row = [], float(left), 0
+    for name in shown:
+        need = 14 + 7 * len(name) + 16
+        if x > left and x + need - 16 > left + room:
+            x, row = float(left), row + 1
+        places.append((name, x, row))
+        x += need
+    return places
+
+
+def legend_height(names: Sequence[str], left: int, width: int) -> int:
+    """The band the legend takes above the plot (8 px without one: a single series has no legend)."""
+    if len(names) < 2:
+        return 8
+    return 22 + LEGEND_ROW * max(row for _, _, row in _legend_places(names, left, width))
+
+
+def legend(names: Sequence[str], left: int, colours: Sequence[str] | None = None, width: int = 760) -> str:
+    """The legend (only for two or more series), in rows that stay inside ``width``; ``colours[i]`` is series
+    i's colour (default: the palette in order)."""
     if len(names) < 2:
         return ""
     colours = list(colours or [PALETTE[j % len(PALETTE)] for j in range(len(names))])
-    parts, x = [], left
-    for j, sname in enumerate(names):
-        parts.append(f'<rect class="legend" x="{x}" y="4" width="10" height="10" fill="{colours[j]}"/>')
-        parts.append(f'<text x="{x + 14}" y="13">{escape(sname)}</text>')
-        x += 14 + 7 * len(sname) + 16
+    parts = []
+    for j, (sname, x, row) in enumerate(_legend_places(names, left, width)):
+        y = 4 + row * LEGEND_ROW
+        parts.append(f'<rect class="legend" x="{x:.0f}" y="{y}" width="10" height="10" fill="{colours[j]}"/>')
+        parts.append(f'<text x="{x + 14:.0f}" y="{y + 9}">{escape(sname)}</text>')
     return '<g class="legend">' + "".join(parts) + "</g>"
 
 

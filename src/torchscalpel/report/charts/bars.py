@@ -17,6 +17,7 @@ from torchscalpel.report.charts.axes import (
     drawn_note,
     fmt_value,
     legend,
+    legend_height,
     nice_ticks,
     svg_open,
     tick_label,
@@ -78,7 +79,7 @@ def stacked_bars(
     hi = max(top_value, capacity if draw_capacity and capacity else 0.0) or 1.0
     ticks = nice_ticks(0.0, hi, 5)
     y_max = ticks[-1]
-    legend_h = 22 if len(shown) > 1 or capacity else 8
+    legend_h = legend_height(list(shown), 66, width) if len(shown) > 1 else 22 if capacity else 8
     left, bottom, right = 66, 40, 12
     plot_w, plot_h = width - left - right, height - bottom - legend_h
     bar_w = plot_w / n
@@ -130,7 +131,7 @@ def stacked_bars(
             )
     # a series keeps its palette colour when others are left out, so one phase has one colour in every chart
     colour_of = {sname: PALETTE[j % len(PALETTE)] for j, sname in enumerate(series)}
-    parts.append(legend(list(shown), left, [colour_of[n] for n in shown]))
+    parts.append(legend(list(shown), left, [colour_of[n] for n in shown], width))
     parts.append(axis_titles(width, height, left, legend_h, plot_h, x_title, y_title or value_title(unit)))
     parts.append("</svg>")
     return "".join(parts)
@@ -173,7 +174,7 @@ def horizontal_bars(
         w = plot_w * value / x_max
         short = shorts[i]
         parts.append(
-            f'<text x="{label_w - 6}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(short)}'
+            f'<text class="bar-label" x="{label_w - 6}" y="{y + bar_h * 0.7:.1f}" text-anchor="end">{escape(short)}'
             f"<title>{escape(label)}</title></text>"
         )
         parts.append(

@@ -16,6 +16,7 @@ from torchscalpel.report.charts.axes import (
     drawn_note,
     fmt_value,
     legend,
+    legend_height,
     nice_ticks,
     svg_open,
     tick_label,
@@ -106,7 +107,7 @@ def lines(
     x0, x1 = float(min(xs)), float(max(xs))
     x_ticks = [t for t in nice_ticks(x0, x1, 8, integer=integer_x) if x0 - 1e-9 <= t <= x1 + 1e-9] or [x0]
     span_x = (x1 - x0) or 1.0
-    legend_h = 22 if len(series) > 1 else 8
+    legend_h = legend_height(list(series), 66, width)
     left, bottom, right = 66, 40, 14
     plot_w, plot_h = width - left - right, height - bottom - legend_h
 
@@ -146,7 +147,7 @@ def lines(
             f'<text class="flat-note muted" x="{width - right}" y="{legend_h + 12}" text-anchor="end">'
             f"flat: {fmt_value(min(vals))} to {fmt_value(max(vals))} {escape(unit)}</text>"
         )
-    parts.append(legend(list(series), left))
+    parts.append(legend(list(series), left, width=width))
     parts.append(axis_titles(width, height, left, legend_h, plot_h, x_title, y_title or value_title(unit)))
     parts.append("</svg>")
     return "".join(parts)
@@ -172,7 +173,7 @@ def _log_x_lines(
     lx = [math.log10(float(x)) for x in xs]
     x0, x1 = min(lx), max(lx)
     span_x = (x1 - x0) or 1.0
-    legend_h = 22 if len(series) > 1 else 8
+    legend_h = legend_height(list(series), 66, width)
     left, bottom, right = 66, 40, 14
     plot_w, plot_h = width - left - right, height - bottom - legend_h
 
@@ -212,7 +213,7 @@ def _log_x_lines(
         parts.append(
             f'<text class="mark-label" x="{px + 3:.1f}" y="{legend_h + 12}" fill="{CAPACITY_COLOUR}">{escape(text)}</text>'
         )
-    parts.append(legend(list(series), left))
+    parts.append(legend(list(series), left, width=width))
     parts.append(axis_titles(width, height, left, legend_h, plot_h, x_title, y_title or value_title(unit)))
     parts.append("</svg>")
     return "".join(parts)
