@@ -197,9 +197,10 @@ def _int(v: Any) -> int:
 
 TIMELINE_POINTS = native.TIMELINE_POINTS
 """Most points the timeline of a trace keeps (``TL_POINTS`` in the C reader). Each point is the most bytes live
-(and reserved) over ``stride`` consecutive events; when the points run out, neighbours are merged in pairs and
-the stride doubles, so a trace of any length is kept in this many points and the timeline's highest point is
-the trace's peak."""
+(and reserved) over ``stride`` consecutive events (the last point: over the events left); when the points run
+out, neighbours are merged in pairs and the stride doubles, so a trace of any length is kept in this many
+points and the timeline's highest point is the trace's peak."""
+_LOW = -(1 << 63)  # below any point (INT64_MIN in the C reader); an open point with an event is above it
 _SEGMENT_GROWS = ("segment_alloc", "segment_map")  # tuples: an action that is a list (a file nobody vetted)
 _SEGMENT_SHRINKS = ("segment_free", "segment_unmap")  # is compared, never hashed
 
@@ -229,10 +230,11 @@ class SnapshotSummary:
         self.reserved_live = 0
         """Reserved bytes above the trace's start, from its segment events (cudaMalloc'd and released)."""
         self.segment_events = 0
-        self.tl_allocated: list[int] = []
+        self.tl_allocated: list[int] = []  # the timeline's completed points
         self.tl_reserved: list[int] = []
         self.tl_stride = 1
-        self.tl_fill = 0
+        self.tl_fill = 1  # events left in the open point
+        self.tl_a = self.tl_r = _LOW  # the most live and reserved in the open point
         # site and phase of a traceback, keyed by the ids of its frame dicts: torch shares one dict per distinct
         # frame, so a new list of old frames hits. The entry holds the list, so no id in a key can be reused
         # while it is cached; cleared when full, which bounds what it pins (every frame new: no hits, little kept).
@@ -329,24 +331,27 @@ class SnapshotSummary:
                 }
             )
             del self.ooms[:-5]
-        self._timeline_point()
+        # the timeline (TIMELINE_POINTS): scalars for the open point, so an event costs two compares
+        if self.live > self.tl_a:
+            self.tl_a = self.live
+        if self.reserved_live > self.tl_r:
+            self.tl_r = self.reserved_live
+        self.tl_fill -= 1
+        if not self.tl_fill:
+            self._timeline_close()
 
-    def _timeline_point(self) -> None:
-        """Add this event's live and reserved bytes to the timeline (see :data:`TIMELINE_POINTS`)."""
-        if self.tl_fill == 0:
-            if len(self.tl_allocated) == TIMELINE_POINTS:
-                a, r = self.tl_allocated, self.tl_reserved
-                self.tl_allocated = [max(a[i], a[i + 1]) for i in range(0, TIMELINE_POINTS, 2)]
-                self.tl_reserved = [max(r[i], r[i + 1]) for i in range(0, TIMELINE_POINTS, 2)]
-                self.tl_stride *= 2
-            self.tl_allocated.append(self.live)
-            self.tl_reserved.append(self.reserved_live)
-        else:
-            self.tl_allocated[-1] = max(self.tl_allocated[-1], self.live)
-            self.tl_reserved[-1] = max(self.tl_reserved[-1], self.reserved_live)
-        self.tl_fill += 1
-        if self.tl_fill == self.tl_stride:
-            self.tl_fill = 0
+    def _timeline_close(self) -> None:
+        """The open point is complete: keep it; at :data:`TIMELINE_POINTS` points merge neighbours in pairs and
+        double the stride (``timeline_close`` in the C reader)."""
+        self.tl_allocated.append(self.tl_a)
+        self.tl_reserved.append(self.tl_r)
+        if len(self.tl_allocated) == TIMELINE_POINTS:
+            a, r = self.tl_allocated, self.tl_reserved
+            self.tl_allocated = [max(a[i], a[i + 1]) for i in range(0, TIMELINE_POINTS, 2)]
+            self.tl_reserved = [max(r[i], r[i + 1]) for i in range(0, TIMELINE_POINTS, 2)]
+            self.tl_stride *= 2
+        self.tl_fill = self.tl_stride
+        self.tl_a = self.tl_r = _LOW
 
     def fields(self) -> dict[str, Any]:
         """What :func:`explanation` needs, as the native reader returns it too."""
@@ -365,8 +370,9 @@ class SnapshotSummary:
             "trace_peak_at": self.trace_peak_at,
             "segment_events": self.segment_events,
             "timeline_stride": self.tl_stride,
-            "timeline_allocated": list(self.tl_allocated),
-            "timeline_reserved": list(self.tl_reserved),
+            # the open point too, when an event went into it
+            "timeline_allocated": self.tl_allocated + ([self.tl_a] if self.tl_fill != self.tl_stride else []),
+            "timeline_reserved": self.tl_reserved + ([self.tl_r] if self.tl_fill != self.tl_stride else []),
             "sites": sites,
             "largest": list(self.largest),
             "ooms": list(self.ooms),

@@ -170,7 +170,7 @@ typedef struct {
   int64_t segments, blocks, reserved, allocated, requested, free_bytes, largest_free;
   int64_t trace_events, live, trace_peak, trace_peak_at;
   /* snapshot.py's timeline: the most live (and reserved) bytes over each `tl_stride` events, TL_POINTS at most */
-  int64_t reserved_live, segment_events, tl_alloc[TL_POINTS], tl_res[TL_POINTS], tl_n, tl_stride, tl_fill;
+  int64_t reserved_live, segment_events, tl_alloc[TL_POINTS], tl_res[TL_POINTS], tl_n, tl_stride, tl_fill, tl_a, tl_r;
   int64_t phase_bytes[PH_COUNT];
   site_t *sites; size_t n_sites, cap_sites; uint32_t *table; size_t table_cap; int64_t site_order;
   char *arena; size_t arena_n, arena_cap;
@@ -826,26 +826,21 @@ static void raw_number(const val_t *v, int64_t *kind, int64_t *out) {
   else { *kind = 0; *out = 0; }
 }
 
-/* snapshot.py's SnapshotSummary._timeline_point */
-static void timeline_point(ctx_t *c) {
-  if (c->tl_fill == 0) {
-    if (c->tl_n == TL_POINTS) {
-      for (int i = 0; i < TL_POINTS / 2; i++) {
-        int64_t a = c->tl_alloc[2 * i], b = c->tl_alloc[2 * i + 1], r = c->tl_res[2 * i], q = c->tl_res[2 * i + 1];
-        c->tl_alloc[i] = a > b ? a : b;
-        c->tl_res[i] = r > q ? r : q;
-      }
-      c->tl_n = TL_POINTS / 2;
-      c->tl_stride *= 2;
+/* snapshot.py's SnapshotSummary._timeline_close: keep the open point; merge pairs when full */
+static void timeline_close(ctx_t *c) {
+  c->tl_alloc[c->tl_n] = c->tl_a;
+  c->tl_res[c->tl_n] = c->tl_r;
+  if (++c->tl_n == TL_POINTS) {
+    for (int i = 0; i < TL_POINTS / 2; i++) {
+      int64_t a = c->tl_alloc[2 * i], b = c->tl_alloc[2 * i + 1], r = c->tl_res[2 * i], q = c->tl_res[2 * i + 1];
+      c->tl_alloc[i] = a > b ? a : b;
+      c->tl_res[i] = r > q ? r : q;
     }
-    c->tl_alloc[c->tl_n] = c->live;
-    c->tl_res[c->tl_n] = c->reserved_live;
-    c->tl_n++;
-  } else {
-    if (c->live > c->tl_alloc[c->tl_n - 1]) c->tl_alloc[c->tl_n - 1] = c->live;
-    if (c->reserved_live > c->tl_res[c->tl_n - 1]) c->tl_res[c->tl_n - 1] = c->reserved_live;
+    c->tl_n = TL_POINTS / 2;
+    c->tl_stride *= 2;
   }
-  if (++c->tl_fill == c->tl_stride) c->tl_fill = 0;
+  c->tl_fill = c->tl_stride;
+  c->tl_a = c->tl_r = INT64_MIN;
 }
 
 /* snapshot.py's SnapshotSummary.trace_event */
@@ -875,7 +870,9 @@ static void summarize_event(ctx_t *c, int64_t device, const val_t *ev) {
     o->site = site_of(c, DGET(e, "frames"), &phase);
     raw_number(DGET(e, "device_free"), &o->free_kind, &o->free);
   }
-  timeline_point(c);
+  if (c->live > c->tl_a) c->tl_a = c->live;
+  if (c->reserved_live > c->tl_r) c->tl_r = c->reserved_live;
+  if (--c->tl_fill == 0) timeline_close(c);
 }
 
 static void summarize_trace(ctx_t *c, int64_t device, const val_t *trace) {
@@ -1155,7 +1152,8 @@ void *ts_open(const char *path, int (*frame_code)(const char *, size_t, const ch
   ctx_t *c = calloc(1, sizeof(ctx_t));
   if (!c) return NULL;
   c->trace_peak_at = -1;
-  c->tl_stride = 1;
+  c->tl_stride = c->tl_fill = 1;
+  c->tl_a = c->tl_r = INT64_MIN;
   c->frame_code = frame_code;
   c->site_no_frames = intern(c, "(no frames)", 11);
   c->site_no_py = intern(c, "(no Python frame)", 17);
@@ -1292,14 +1290,16 @@ void ts_counters(ctx_t *c, int64_t *out) {
                  (int64_t)c->made_nodes, (int64_t)c->peak_nodes, (int64_t)c->streamed_segments,
                  (int64_t)c->streamed_events, (int64_t)c->n_sites, (int64_t)c->kept_lists,
                  c->phase_bytes[0], c->phase_bytes[1], c->phase_bytes[2], c->phase_bytes[3], c->phase_bytes[4],
-                 c->segment_events, c->tl_stride, c->tl_n};
+                 c->segment_events, c->tl_stride, c->tl_n + (c->tl_fill != c->tl_stride)};
   memcpy(out, v, sizeof v);
 }
 
-/* The timeline's points (ts_counters' timeline_points of them): the most live and reserved bytes in each. */
+/* The timeline's points (ts_counters' timeline_points of them): the most live and reserved bytes in each, the
+   open point last when an event went into it. */
 void ts_timeline(ctx_t *c, int64_t *allocated, int64_t *reserved) {
   memcpy(allocated, c->tl_alloc, (size_t)c->tl_n * sizeof(int64_t));
   memcpy(reserved, c->tl_res, (size_t)c->tl_n * sizeof(int64_t));
+  if (c->tl_fill != c->tl_stride) { allocated[c->tl_n] = c->tl_a; reserved[c->tl_n] = c->tl_r; }
 }
 
 const char *ts_site(ctx_t *c, int32_t id) { return id >= 0 && (size_t)id < c->n_sites ? c->arena + c->sites[id].off : ""; }
