@@ -701,7 +701,9 @@ def test_a_snapshot_gets_an_offline_html_page_that_opens_with_its_verdict(
     assert "Out of memory: asked for 1.00 GiB" in verdict
     assert "/home/u/model_" in page  # call sites of the live blocks
     assert "<script" not in page and not re.search(r"(src|href)=\"https?://", page)  # opens offline
-    assert "over time: not measured: the snapshot readers keep the trace" in page
+    assert (
+        'data-chart="snapshot-timeline"' in page
+    )  # allocated over the trace (no segment events: not reserved)
     # --html with a script is a usage error in one sentence
     assert main(["memory", "--html", str(page_path), "--", "train.py"]) == 2
     assert "--html FILE is for a SNAPSHOT.pickle" in capsys.readouterr().err
@@ -756,3 +758,62 @@ def test_the_native_reader_under_address_sanitizer_on_300_corrupted_files(tmp_pa
     (built,) = cache.rglob("*.so")
     symbols = subprocess.run(["nm", "-D", str(built)], capture_output=True, text=True).stdout
     assert "__asan_report" in symbols
+
+
+def _trace_with_segments(n: int) -> tuple[dict[str, Any], int, int]:
+    """A trace of ``n`` allocations and frees inside segments mapped and released as it goes (as the caching
+    allocator records them), and its true peaks of allocated and reserved bytes above the trace's start."""
+    events: list[dict[str, Any]] = []
+    live = reserved = peak_live = peak_reserved = 0
+    held: list[int] = []
+    for i in range(n):
+        if i % 97 == 0:
+            events.append({"action": "segment_alloc", "size": 2 << 20, "frames": []})
+            reserved += 2 << 20
+        size = 512 * (1 + (i * 7919) % 300)
+        if i % 3 == 2 and held:
+            gone = held.pop(0)
+            events.append({"action": "free_requested", "size": gone, "frames": []})
+            events.append({"action": "free_completed", "size": gone, "frames": []})
+            live -= gone
+        else:
+            events.append({"action": "alloc", "size": size, "frames": []})
+            held.append(size)
+            live += size
+        if i % 211 == 210:
+            events.append({"action": "segment_free", "size": 2 << 20, "frames": []})
+            reserved -= 2 << 20
+        peak_live, peak_reserved = max(peak_live, live), max(peak_reserved, reserved)
+    data = {"segments": [{"total_size": 1 << 20, "blocks": []}], "device_traces": [events]}
+    return data, peak_live, peak_reserved
+
+
+def test_the_timeline_of_allocated_and_reserved_peaks_where_the_trace_does_in_both_readers(
+    tmp_path: Path, reader
+) -> None:
+    from torchscalpel.report.snapshot_page import render
+
+    data, peak_live, peak_reserved = _trace_with_segments(5000)
+    path = _write(tmp_path, data)
+    ours = reader(path, True)
+    _same(ours, reader(path, False))
+    trace = ours["trace"]
+    timeline = trace["timeline"]
+    assert trace["peak_live"] == peak_live > 0
+    assert max(timeline["allocated"]) == peak_live  # each point is the most live in its slice of events
+    assert max(timeline["reserved"]) == peak_reserved > 0
+    assert len(timeline["allocated"]) == len(timeline["reserved"]) <= S.TIMELINE_POINTS
+    assert (
+        timeline["stride"] * len(timeline["allocated"])
+        >= trace["events"]
+        > timeline["stride"] * (len(timeline["allocated"]) - 1)
+    )
+    page = render({**ours, "path": "x"})
+    assert 'data-chart="snapshot-timeline"' in page and "not measured" not in page
+    # the mixed trace of snapshot_data: no segment events, so reserved over time is not measured
+    plain = _write(tmp_path, snapshot_data(n_segments=300), name="plain.pickle")
+    ours = reader(plain, True)
+    _same(ours, reader(plain, False))
+    assert max(ours["trace"]["timeline"]["allocated"]) == ours["trace"]["peak_live"]
+    assert ours["trace"]["timeline"]["reserved"] is None
+    assert "Reserved over time: not measured" in render({**ours, "path": "x"})

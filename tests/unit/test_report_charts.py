@@ -63,15 +63,20 @@ def test_a_flat_series_gets_a_short_chart_that_says_it_is_flat() -> None:
 def test_capacity_line_is_drawn_when_in_range_and_named_when_far_above() -> None:
     near = charts.stacked_bars(
         "p",
-        ["ddp"],
-        {"params": [300.0], "activations": [500.0]},
+        ["ddp", "fsdp"],
+        {"params": [300.0, 150.0], "activations": [500.0, 500.0]},
         unit="MiB",
         capacity=1000.0,
         capacity_label="device capacity 1000 MiB",
     )
     assert 'class="capacity"' in near and "device capacity 1000 MiB" in near
     far = charts.stacked_bars(
-        "p", ["ddp"], {"params": [3.0]}, unit="MiB", capacity=81920.0, capacity_label="device 80 GiB"
+        "p",
+        ["ddp", "fsdp"],
+        {"params": [3.0, 2.0]},
+        unit="MiB",
+        capacity=81920.0,
+        capacity_label="device 80 GiB",
     )
     assert 'class="capacity"' not in far and "device 80 GiB (above this scale)" in far
     assert "81,920" not in far  # the scale stays the bars' own
@@ -132,10 +137,10 @@ def test_a_doctor_record_page_shows_findings_before_the_overview_and_the_environ
 
 
 def test_a_left_out_series_does_not_shift_the_legend_colours() -> None:
-    svg = charts.stacked_bars("s", ["1"], {"a": [1.0], "never": [0.0], "c": [2.0]})
+    svg = charts.stacked_bars("s", ["1", "2"], {"a": [1.0, 1.0], "never": [0.0, 0.0], "c": [2.0, 2.0]})
     bar_fills = re.findall(r'<rect x="[^"]+" y="[^"]+" width="[^"]+" height="[^"]+" fill="([^"]+)">', svg)
     legend_fills = re.findall(r'<rect class="legend"[^>]* fill="([^"]+)"', svg)
-    assert bar_fills == legend_fills == [charts.PALETTE[0], charts.PALETTE[2]]
+    assert bar_fills == 2 * legend_fills and legend_fills == [charts.PALETTE[0], charts.PALETTE[2]]
 
 
 def test_analyze_page_puts_the_diff_first(tmp_path) -> None:
@@ -196,3 +201,37 @@ def test_chart_labels_stay_distinct_apart_and_inside_the_chart() -> None:
     assert last[2] == "12,000" and (
         last[1] == "end" or float(last[0]) + len(last[2]) * charts.CHAR_W / 2 <= 760
     ), last
+
+
+def test_a_chart_with_fewer_than_two_points_is_its_values_not_a_one_dot_chart() -> None:
+    # the plan page was padded with one-dot charts: one bar, one point, one op say less than a line of text
+    one_bar = charts.stacked_bars("p", ["ddp"], {"params": [3.0], "activations": [5.0]}, unit="MiB")
+    one_point = charts.lines("loss", [0], {"loss": [2.5]}, y_title="loss")
+    one_op = charts.horizontal_bars("ops", [("aten::mm", 4.0)])
+    for html in (one_bar, one_point, one_op):
+        assert "<svg" not in html and 'class="chart-values"' in html, html
+    assert "params" in one_bar and "3.00 MiB" in one_bar and "5.00 MiB" in one_bar
+    assert "2.50" in one_point and "aten::mm" in one_op and "4.00 ms" in one_op
+    # two points are a chart
+    assert "<svg" in charts.lines("loss", [0, 1], {"loss": [2.5, 2.0]})
+    assert "<svg" in charts.stacked_bars("p", ["a", "b"], {"x": [1.0, 2.0]})
+
+
+def test_a_long_legend_wraps_inside_the_chart() -> None:
+    # tune's loss curves: five variants' labels in one row ran past the chart's right edge
+    names = [
+        "baseline",
+        "amp=bf16 + amp_fp32_attention",
+        "amp=bf16",
+        "threads=2",
+        "num_workers=1 + persistent_workers=True",
+    ]
+    svg = charts.lines("tune-losses", [0, 1, 2], {n: [2.0, 1.9, 1.8] for n in names}, unit="loss")
+    legend = re.search(r'<g class="legend">(.*?)</g>', svg).group(1)
+    entries = re.findall(r'<text x="([\d.]+)" y="([\d.]+)">([^<]*)</text>', legend)
+    assert [e[2] for e in entries] == names
+    assert all(float(x) + len(text) * 7 <= 760 for x, _, text in entries), entries
+    assert len({y for _, y, _ in entries}) == 2  # two rows
+    # the plot starts below the legend's second row
+    top_grid = min(float(y) for y in re.findall(r'class="grid"[^>]*|y1="([\d.]+)"', svg) if y)
+    assert top_grid >= max(float(y) for _, y, _ in entries) + 4

@@ -16,7 +16,8 @@ give the same explanation, by the same rules (:class:`SnapshotSummary` here, its
 ``snapshot_scan.c``; a test compares them): from ``segments``, reserved and allocated bytes, memory free
 inside reserved segments (fragmentation) and the largest free block, the allocations by the user's call
 site (the innermost ``.py`` frame :mod:`torchscalpel.runtime.userframes` calls the user's), the largest
-blocks; from ``device_traces``, the live bytes over the recorded trace (its peak) and the out-of-memory
+blocks; from ``device_traces``, the live bytes over the recorded trace (its peak, and a timeline of allocated and,
+from segment events, reserved bytes kept in :data:`TIMELINE_POINTS` points) and the out-of-memory
 events (the request that failed) when the snapshot recorded history.
 
 A pickle's memo lets a file name one object many times for two bytes each: a 0.4 MB file can list one
@@ -194,6 +195,16 @@ def _int(v: Any) -> int:
     return v if type(v) is int else int(v or 0) if isinstance(v, int | float) else 0
 
 
+TIMELINE_POINTS = native.TIMELINE_POINTS
+"""Most points the timeline of a trace keeps (``TL_POINTS`` in the C reader). Each point is the most bytes live
+(and reserved) over ``stride`` consecutive events (the last point: over the events left); when the points run
+out, neighbours are merged in pairs and the stride doubles, so a trace of any length is kept in this many
+points and the timeline's highest point is the trace's peak."""
+_LOW = -(1 << 63)  # below any point (INT64_MIN in the C reader); an open point with an event is above it
+_SEGMENT_GROWS = ("segment_alloc", "segment_map")  # tuples: an action that is a list (a file nobody vetted)
+_SEGMENT_SHRINKS = ("segment_free", "segment_unmap")  # is compared, never hashed
+
+
 class TooMuchWork(Exception):
     """The file asked the summary to walk more than its budget (a memo bomb); ``args[0]`` is the budget."""
 
@@ -216,6 +227,14 @@ class SnapshotSummary:
         self.ooms: list[dict[str, Any]] = []
         self.trace_events = self.live = self.trace_peak = 0
         self.trace_peak_at = -1
+        self.reserved_live = 0
+        """Reserved bytes above the trace's start, from its segment events (cudaMalloc'd and released)."""
+        self.segment_events = 0
+        self.tl_allocated: list[int] = []  # the timeline's completed points
+        self.tl_reserved: list[int] = []
+        self.tl_stride = 1
+        self.tl_fill = 1  # events left in the open point
+        self.tl_a = self.tl_r = _LOW  # the most live and reserved in the open point
         # site and phase of a traceback, keyed by the ids of its frame dicts: torch shares one dict per distinct
         # frame, so a new list of old frames hits. The entry holds the list, so no id in a key can be reused
         # while it is cached; cleared when full, which bounds what it pins (every frame new: no hits, little kept).
@@ -296,6 +315,12 @@ class SnapshotSummary:
                 self.trace_peak, self.trace_peak_at = self.live, self.trace_events - 1
         elif action == "free_completed":
             self.live -= _int(e.get("size"))
+        elif action in _SEGMENT_GROWS:
+            self.reserved_live += _int(e.get("size"))
+            self.segment_events += 1
+        elif action in _SEGMENT_SHRINKS:
+            self.reserved_live -= _int(e.get("size"))
+            self.segment_events += 1
         elif action == "oom":
             self.ooms.append(
                 {
@@ -306,6 +331,27 @@ class SnapshotSummary:
                 }
             )
             del self.ooms[:-5]
+        # the timeline (TIMELINE_POINTS): scalars for the open point, so an event costs two compares
+        if self.live > self.tl_a:
+            self.tl_a = self.live
+        if self.reserved_live > self.tl_r:
+            self.tl_r = self.reserved_live
+        self.tl_fill -= 1
+        if not self.tl_fill:
+            self._timeline_close()
+
+    def _timeline_close(self) -> None:
+        """The open point is complete: keep it; at :data:`TIMELINE_POINTS` points merge neighbours in pairs and
+        double the stride (``timeline_close`` in the C reader)."""
+        self.tl_allocated.append(self.tl_a)
+        self.tl_reserved.append(self.tl_r)
+        if len(self.tl_allocated) == TIMELINE_POINTS:
+            a, r = self.tl_allocated, self.tl_reserved
+            self.tl_allocated = [max(a[i], a[i + 1]) for i in range(0, TIMELINE_POINTS, 2)]
+            self.tl_reserved = [max(r[i], r[i + 1]) for i in range(0, TIMELINE_POINTS, 2)]
+            self.tl_stride *= 2
+        self.tl_fill = self.tl_stride
+        self.tl_a = self.tl_r = _LOW
 
     def fields(self) -> dict[str, Any]:
         """What :func:`explanation` needs, as the native reader returns it too."""
@@ -322,6 +368,11 @@ class SnapshotSummary:
             "live": self.live,
             "trace_peak": self.trace_peak,
             "trace_peak_at": self.trace_peak_at,
+            "segment_events": self.segment_events,
+            "timeline_stride": self.tl_stride,
+            # the open point too, when an event went into it
+            "timeline_allocated": self.tl_allocated + ([self.tl_a] if self.tl_fill != self.tl_stride else []),
+            "timeline_reserved": self.tl_reserved + ([self.tl_r] if self.tl_fill != self.tl_stride else []),
             "sites": sites,
             "largest": list(self.largest),
             "ooms": list(self.ooms),
@@ -352,6 +403,12 @@ def explanation(f: dict[str, Any]) -> dict[str, Any]:
             "events": f["trace_events"],
             "peak_live": f["trace_peak"],
             "peak_at_event": f["trace_peak_at"],
+            "timeline": {
+                "stride": f["timeline_stride"],
+                "allocated": list(f["timeline_allocated"]),
+                # reserved over time only where the trace recorded its segments being mapped and released
+                "reserved": list(f["timeline_reserved"]) if f["segment_events"] else None,
+            },
         },
         "phases": dict(f["phases"]),
         "expandable_segments_advised": share > 0.2,

@@ -50,6 +50,8 @@ WORK_PER_BYTE = 4
 block and event is a dict of its own (tens of bytes), and every frame reference at least a 2-byte memo fetch,
 walked once per traceback (twice when a trace event shares a block's)."""
 WORK_BASE = 1_000_000
+TIMELINE_POINTS = 256
+"""The most points of a trace's timeline (``TL_POINTS`` in the C source; snapshot.py's ``TIMELINE_POINTS``)."""
 
 E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG, E_WORK = range(9)
 SUMMARY_FIELDS = (
@@ -85,6 +87,9 @@ COUNTERS = (
     "phase_gradients",
     "phase_optimizer_state",
     "phase_activations",
+    "segment_events",
+    "timeline_stride",
+    "timeline_points",
 )
 """The numbers ``ts_counters`` writes, in its order."""
 
@@ -229,6 +234,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.ts_top_sites.argtypes = [p, ctypes.c_int, ctypes.POINTER(i32), ctypes.POINTER(i64)]
     lib.ts_largest.restype, lib.ts_largest.argtypes = None, [p, ctypes.POINTER(i64), ctypes.POINTER(i32)]
     lib.ts_ooms.restype, lib.ts_ooms.argtypes = None, [p, ctypes.POINTER(i64)]
+    lib.ts_timeline.restype, lib.ts_timeline.argtypes = None, [p, ctypes.POINTER(i64), ctypes.POINTER(i64)]
     lib.ts_close.restype, lib.ts_close.argtypes = None, [p]
 
 
@@ -377,8 +383,15 @@ def summarize(
                     "device_free": _raw(free_kind, free),
                 }
             )
+        points = max(0, min(int(n["timeline_points"]), TIMELINE_POINTS))
+        allocated, reserved = (ctypes.c_int64 * TIMELINE_POINTS)(), (ctypes.c_int64 * TIMELINE_POINTS)()
+        lib.ts_timeline(ctx, allocated, reserved)
         fields = {k: n[k] for k in SUMMARY_FIELDS}
         fields.update(
+            segment_events=n["segment_events"],
+            timeline_stride=n["timeline_stride"],
+            timeline_allocated=list(allocated[:points]),
+            timeline_reserved=list(reserved[:points]),
             sites=sites,
             largest=largest,
             ooms=ooms,

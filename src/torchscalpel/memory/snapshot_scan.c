@@ -137,6 +137,7 @@ typedef struct { size_t start; uint8_t is_list; } slot_t;
 typedef struct { size_t sp, off; } mark_t;
 typedef struct { size_t start, end; uint8_t is_list; } child_t;
 typedef struct { size_t child, parent; } pair_t;
+#define TL_POINTS 256 /* snapshot.py's TIMELINE_POINTS */
 typedef struct { uint64_t hash; uint32_t off, len; int64_t bytes; int64_t order; } site_t;
 typedef struct { int64_t size; int32_t site; } big_t;
 typedef struct { int64_t device, bytes_kind, bytes, site, free_kind, free; } oom_t;
@@ -168,6 +169,8 @@ typedef struct {
   /* the summary */
   int64_t segments, blocks, reserved, allocated, requested, free_bytes, largest_free;
   int64_t trace_events, live, trace_peak, trace_peak_at;
+  /* snapshot.py's timeline: the most live (and reserved) bytes over each `tl_stride` events, TL_POINTS at most */
+  int64_t reserved_live, segment_events, tl_alloc[TL_POINTS], tl_res[TL_POINTS], tl_n, tl_stride, tl_fill, tl_a, tl_r;
   int64_t phase_bytes[PH_COUNT];
   site_t *sites; size_t n_sites, cap_sites; uint32_t *table; size_t table_cap; int64_t site_order;
   char *arena; size_t arena_n, arena_cap;
@@ -823,6 +826,23 @@ static void raw_number(const val_t *v, int64_t *kind, int64_t *out) {
   else { *kind = 0; *out = 0; }
 }
 
+/* snapshot.py's SnapshotSummary._timeline_close: keep the open point; merge pairs when full */
+static void timeline_close(ctx_t *c) {
+  c->tl_alloc[c->tl_n] = c->tl_a;
+  c->tl_res[c->tl_n] = c->tl_r;
+  if (++c->tl_n == TL_POINTS) {
+    for (int i = 0; i < TL_POINTS / 2; i++) {
+      int64_t a = c->tl_alloc[2 * i], b = c->tl_alloc[2 * i + 1], r = c->tl_res[2 * i], q = c->tl_res[2 * i + 1];
+      c->tl_alloc[i] = a > b ? a : b;
+      c->tl_res[i] = r > q ? r : q;
+    }
+    c->tl_n = TL_POINTS / 2;
+    c->tl_stride *= 2;
+  }
+  c->tl_fill = c->tl_stride;
+  c->tl_a = c->tl_r = INT64_MIN;
+}
+
 /* snapshot.py's SnapshotSummary.trace_event */
 static void summarize_event(ctx_t *c, int64_t device, const val_t *ev) {
   if (!is_node(ev, N_DICT)) return;
@@ -835,6 +855,12 @@ static void summarize_event(ctx_t *c, int64_t device, const val_t *ev) {
     if (c->live > c->trace_peak) { c->trace_peak = c->live; c->trace_peak_at = c->trace_events - 1; }
   } else if (STR_IS(action, "free_completed")) {
     c->live -= as_int(DGET(e, "size"));
+  } else if (STR_IS(action, "segment_alloc") || STR_IS(action, "segment_map")) {
+    c->reserved_live += as_int(DGET(e, "size"));
+    c->segment_events++;
+  } else if (STR_IS(action, "segment_free") || STR_IS(action, "segment_unmap")) {
+    c->reserved_live -= as_int(DGET(e, "size"));
+    c->segment_events++;
   } else if (STR_IS(action, "oom")) {
     if (c->n_ooms == 5) { memmove(c->ooms, c->ooms + 1, 4 * sizeof(oom_t)); c->n_ooms--; }
     oom_t *o = &c->ooms[c->n_ooms++];
@@ -844,6 +870,9 @@ static void summarize_event(ctx_t *c, int64_t device, const val_t *ev) {
     o->site = site_of(c, DGET(e, "frames"), &phase);
     raw_number(DGET(e, "device_free"), &o->free_kind, &o->free);
   }
+  if (c->live > c->tl_a) c->tl_a = c->live;
+  if (c->reserved_live > c->tl_r) c->tl_r = c->reserved_live;
+  if (--c->tl_fill == 0) timeline_close(c);
 }
 
 static void summarize_trace(ctx_t *c, int64_t device, const val_t *trace) {
@@ -1123,6 +1152,8 @@ void *ts_open(const char *path, int (*frame_code)(const char *, size_t, const ch
   ctx_t *c = calloc(1, sizeof(ctx_t));
   if (!c) return NULL;
   c->trace_peak_at = -1;
+  c->tl_stride = c->tl_fill = 1;
+  c->tl_a = c->tl_r = INT64_MIN;
   c->frame_code = frame_code;
   c->site_no_frames = intern(c, "(no frames)", 11);
   c->site_no_py = intern(c, "(no Python frame)", 17);
@@ -1258,8 +1289,17 @@ void ts_counters(ctx_t *c, int64_t *out) {
                  (int64_t)c->n_memo, (int64_t)c->n_fetched, (int64_t)c->released, (int64_t)c->n_ops,
                  (int64_t)c->made_nodes, (int64_t)c->peak_nodes, (int64_t)c->streamed_segments,
                  (int64_t)c->streamed_events, (int64_t)c->n_sites, (int64_t)c->kept_lists,
-                 c->phase_bytes[0], c->phase_bytes[1], c->phase_bytes[2], c->phase_bytes[3], c->phase_bytes[4]};
+                 c->phase_bytes[0], c->phase_bytes[1], c->phase_bytes[2], c->phase_bytes[3], c->phase_bytes[4],
+                 c->segment_events, c->tl_stride, c->tl_n + (c->tl_fill != c->tl_stride)};
   memcpy(out, v, sizeof v);
+}
+
+/* The timeline's points (ts_counters' timeline_points of them): the most live and reserved bytes in each, the
+   open point last when an event went into it. */
+void ts_timeline(ctx_t *c, int64_t *allocated, int64_t *reserved) {
+  memcpy(allocated, c->tl_alloc, (size_t)c->tl_n * sizeof(int64_t));
+  memcpy(reserved, c->tl_res, (size_t)c->tl_n * sizeof(int64_t));
+  if (c->tl_fill != c->tl_stride) { allocated[c->tl_n] = c->tl_a; reserved[c->tl_n] = c->tl_r; }
 }
 
 const char *ts_site(ctx_t *c, int32_t id) { return id >= 0 && (size_t)id < c->n_sites ? c->arena + c->sites[id].off : ""; }

@@ -1,7 +1,7 @@
 """The HTML page of a memory snapshot (``scalpel memory SNAPSHOT --html FILE``): one self-contained file
 (inline SVG, no scripts, opens offline), where PyTorch's memory_viz needs a CDN. The verdict leads:
-out-of-memory requests, the phase that holds most and its fix, fragmentation; then what is live by
-phase, by call site, and the largest blocks with their call sites."""
+out-of-memory requests, the phase that holds most and its fix, fragmentation; then allocated and reserved
+over the trace, what is live by phase, by call site, and the largest blocks with their call sites."""
 
 from __future__ import annotations
 
@@ -16,10 +16,35 @@ from torchscalpel.report.page import Section, table
 from torchscalpel.report.snapshot_terminal import PHASE_FIX, PHASE_WORDS
 from torchscalpel.units import fmt_bytes
 
-TIMELINE_NOT_MEASURED = (
-    "Allocated and reserved over time: not measured: the snapshot readers keep the trace's peak "
-    "(below), not a timeline."
+RESERVED_NOT_MEASURED = (
+    "Reserved over time: not measured: the trace holds no segment events (segment_alloc, segment_free), "
+    "so only allocated bytes are drawn."
 )
+
+
+def _timeline(trace: dict[str, Any]) -> str:
+    """Allocated (and reserved) bytes over the trace's events, as the readers kept them: each point the most
+    live in its slice of ``stride`` events, so the chart's top is the trace's peak."""
+    tl = trace.get("timeline") or {}
+    allocated = tl.get("allocated") or []
+    if not allocated:
+        return ""
+    mib = 1024**2
+    stride = int(tl.get("stride") or 1)
+    series: dict[str, list[float | None]] = {"allocated": [v / mib for v in allocated]}
+    reserved = tl.get("reserved")
+    if reserved is not None:
+        series["reserved"] = [v / mib for v in reserved]
+    note = "" if reserved is not None else f"<p class='muted'>{escape(RESERVED_NOT_MEASURED)}</p>"
+    per = f"each point: the most in {stride:,} events" if stride > 1 else "one point per event"
+    return note + charts.lines(
+        "snapshot-timeline",
+        [i * stride for i in range(len(allocated))],
+        series,
+        unit="MiB",
+        x_title=f"allocator event ({per})",
+        y_title="MiB above the trace's start",
+    )
 
 
 def _verdict(r: dict[str, Any]) -> Section:
@@ -65,7 +90,7 @@ def sections(r: dict[str, Any]) -> list[Section]:
         if trace.get("events")
         else "<p>The snapshot holds no allocator trace (record_memory_history was off).</p>"
     )
-    body = f"<p class='muted'>{escape(TIMELINE_NOT_MEASURED)}</p>" + peak
+    body = peak + _timeline(trace)
     if phases:
         body += charts.stacked_bars(
             "snapshot-phases",
