@@ -257,3 +257,34 @@ def test_nanogpt_style_fused_and_block_compile_and_its_own_autocast(tmp_path: Pa
     ]
     assert lines[lines.index("    lr=learning_rate, betas=(0.9, 0.95),") + 1] == "    fused=True,"
     assert _plain(script).returncode == 0
+
+
+def test_verify_of_a_tune_edit_prints_both_ratios_and_a_verdict_that_follows_from_them(
+    tmp_path: Path,
+) -> None:
+    """The timing itself is not asserted (the machine is shared): only that the verification wrote the
+    patched-vs-original ratio, tune's confirmed ratio and spread, and the verdict the judge gives them."""
+    import re
+
+    from torchscalpel.fix.judge import judge
+    from torchscalpel.tune.speedup import Speedup
+
+    winner = {"label": "optimizer=fused", "confirm_pairs": [[40.0, 10.0], [42.0, 10.0], [38.0, 10.0]]}
+    root, _, run = _profiled_with_settings(
+        tmp_path, REPO / "tests" / "fixtures" / "tune" / "tiny_train.py", {"optimizer": "fused"}
+    )
+    record = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    record["sections"]["tune"]["winner"] = winner
+    (run / "run.json").write_text(json.dumps(record), encoding="utf-8")
+    done = run_cli("fix", str(run), "--verify", "--pairs", "1", "--steps", "3", cwd=root, timeout=400)
+    assert "Traceback" not in done.stderr
+    patched = re.search(
+        r"verify: patched vs original \(plain python, whole step\): (\d+\.\d\d)x", done.stderr
+    )
+    tune = re.search(r"verify: tune confirmed: 4\.00x \(3\.80-4\.20x over 3 pairs\)", done.stderr)
+    assert patched and tune, done.stderr[-2000:]
+    ratio = float(patched.group(1))
+    expected = judge(Speedup(ratio=ratio), Speedup(ratio=4.0, low=3.8, high=4.2, pairs=3, confirmed=True))
+    assert f"verify: judged: {expected.reason}" in done.stderr
+    verdict = "verify: verified" if expected.ok else "verify: NOT verified"
+    assert verdict in done.stderr and done.returncode == (0 if expected.ok else 1)
