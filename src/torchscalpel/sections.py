@@ -354,3 +354,7 @@ class SitesSection(StageSection):
     """The first training forward's call site, with ``autocast`` (active then) and ``device``."""
     backward: dict[str, Any] | None = None
     """The first backward call's site."""
+    step: dict[str, Any] | None = None
+    """The first ``optimizer.step()`` call's site (where fp16's ``scaler.step`` goes)."""
+    accelerator: dict[str, Any] | None = None
+    """Where the script built its ``accelerate.Accelerator`` (None: it built none)."""

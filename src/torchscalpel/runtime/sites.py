@@ -15,13 +15,22 @@ through instead of guessing one from names. A site is::
 - ``used``: the optimizer stepped / the DataLoader yielded a training batch / the model ran the
   training forward (only used ones are worth an edit).
 
+Besides: the first ``optimizer.step()`` call (``step``: where fp16's ``scaler.step`` goes), the
+``accelerate.Accelerator(...)`` construction when the script builds one (``accelerator``: where
+``mixed_precision`` goes; wrapped when accelerate is imported, see :func:`when_imported`), and the
+training forward's positional inputs' dimensions (``forward["input_dims"]``: channels_last converts
+the 4-D ones).
+
 Best effort: a site that cannot be read is left out, never the run.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import sys
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +90,8 @@ class SitesObserver(Observer):
         self.model: dict[str, Any] | None = None
         self.forward: dict[str, Any] | None = None
         self.backward: dict[str, Any] | None = None
+        self.step: dict[str, Any] | None = None
+        self.accelerator: dict[str, Any] | None = None
         self._restore: list[Undo] = []
 
     def on_start(self, session: Session) -> None:
@@ -88,6 +99,23 @@ class SitesObserver(Observer):
         self._wrap(torch.optim.Optimizer, self.optimizers)
         self._wrap(torch.utils.data.DataLoader, self.loaders)
         self._wrap_module()
+        self._restore.append(when_imported("accelerate.accelerator", self._wrap_accelerator))
+
+    def _wrap_accelerator(self, module: Any) -> Undo:
+        """Record where the script builds its ``Accelerator`` (the first one)."""
+        observer = self
+
+        def make(original: Any) -> Any:
+            def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+                original(obj, *args, **kwargs)
+                if observer.accelerator is None:
+                    site = caller_site(obj, sys._getframe(1))
+                    if site is not None:
+                        observer.accelerator = {**site, "class": type(obj).__name__}
+
+            return __init__
+
+        return wrap_attr(module.Accelerator, "__init__", make)
 
     def _wrap(self, cls: type, into: dict[int, dict[str, Any]]) -> None:
         def make(original: Any) -> Any:
@@ -139,7 +167,14 @@ class SitesObserver(Observer):
             autocast = bool(torch.is_autocast_enabled(device))
         except Exception:
             autocast = False
-        self.forward = {**site, "class": type(module).__name__, "autocast": autocast, "device": device}
+        dims = [a.dim() if isinstance(a, torch.Tensor) else None for a in args]
+        self.forward = {
+            **site,
+            "class": type(module).__name__,
+            "autocast": autocast,
+            "device": device,
+            "input_dims": dims,
+        }
         ref, built = self.modules.get(id(module), (None, None))
         if ref is not None and ref() is module and built is not None:
             self.model = {**built, "used": True}
@@ -154,6 +189,8 @@ class SitesObserver(Observer):
         entry = self.optimizers.get(id(optimizer))
         if entry is not None:
             entry["used"] = True
+        if self.step is None:
+            self.step = caller_site(optimizer, sys._getframe(1))
 
     def on_batch(self, batch: Any, loader: Any) -> None:
         """Mark the DataLoader as the one that feeds the steps."""
@@ -173,4 +210,58 @@ class SitesObserver(Observer):
             model=self.model,
             forward=self.forward,
             backward=self.backward,
+            step=self.step,
+            accelerator=self.accelerator,
         ).to_dict()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when ``name`` is imported, runs ``then(module)`` right after its code ran."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then, self.busy = name, then, False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or self.busy:
+            return None
+        self.busy = True  # the lookup below asks every finder again, this one included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.busy = False
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return None
+        exec_module, then = loader.exec_module, self.then
+
+        def exec_and_then(module: Any) -> None:
+            exec_module(module)
+            try:
+                then(module)
+            except Exception:  # best effort: a site we cannot record never costs the import
+                pass
+
+        loader.exec_module = exec_and_then
+        return spec
+
+
+def when_imported(name: str, wrap: Callable[[Any], Undo]) -> Undo:
+    """Call ``wrap(module)`` now if ``name`` is imported, else right after the script imports it
+    (a finder first on ``sys.meta_path`` until the run ends); the undo removes the finder and undoes
+    what ``wrap`` did. Lets a run wrap a library's class without importing the library itself."""
+    undos: list[Undo] = []
+    if name in sys.modules:
+        try:
+            undos.append(wrap(sys.modules[name]))
+        except Exception:
+            pass
+        return undo_all(undos)
+    finder = _AfterImport(name, lambda module: undos.append(wrap(module)))
+    sys.meta_path.insert(0, finder)
+
+    def undo() -> None:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        undo_all(undos)()
+
+    return undo
