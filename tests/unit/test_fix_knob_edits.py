@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("libcst")
 
 from torchscalpel.fix.edits import Edit, apply_edit
+from torchscalpel.fix.linemap import line_map, remap
 from torchscalpel.fix.locate import framework_of, tune_plan
 from torchscalpel.record import new_run_record
 from torchscalpel.sections import SitesSection
@@ -60,8 +61,12 @@ def test_fp16_grad_scaler_at_the_four_recorded_lines_and_idempotent() -> None:
         "        scaler.scale(loss).backward()\n        scaler.unscale_(optimizer)\n        torch.nn",
     ).replace("        optimizer.step()\n", "        scaler.step(optimizer)\n        scaler.update()\n")
     assert "# the update\n        scaler.step(optimizer)" in new  # the comment stays above the step
-    assert apply_edit(new, _fp16()) == (new, apply_edit(new, _fp16())[1])
-    assert apply_edit(new, _fp16())[1].status == "already"
+    # Run again on its own result, its lines carried over as scalpel fix carries them (fix.json's map):
+    # every part is found done at its line.
+    moved = remap(_fp16(), line_map(LOOP, new))
+    assert (moved.line, moved.anchors) == (8, (("forward", 14), ("backward", 17), ("step", 21)))
+    assert apply_edit(new, moved) == (new, apply_edit(new, moved)[1])
+    assert apply_edit(new, moved)[1].status == "already"
 
 
 def test_fp16_refuses_wrong_lines_and_steps_it_cannot_rewrite() -> None:
@@ -87,6 +92,7 @@ def test_fp16_keeps_the_scripts_own_autocast() -> None:
     )
     new, out = apply_edit(own, _fp16(fwd=13, bwd=16, step=19))
     assert out.status == "applied" and new.count("torch.autocast(") == 1
+    assert apply_edit(new, remap(_fp16(fwd=13, bwd=16, step=19), line_map(own, new)))[1].status == "already"
     assert "scaler.scale(loss).backward()" in new and "scaler.update()" in new
 
 

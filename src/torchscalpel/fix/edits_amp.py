@@ -14,9 +14,10 @@ The recipe (torch's AMP recipe, what tune's fp16 trial did through its inserted 
 Refused, with the reason, when a line does not hold what the recipe rewrites: the backward not a plain
 ``LOSS.backward()`` call statement, the step not a plain ``OPTIMIZER.step()`` one, the step on another
 optimizer than the one built at the anchored line, the lines out of order, a script that already
-builds its own GradScaler. The parts are made top to bottom, each on the text the previous one left,
-and every part that adds a line moves the anchors below it by that line, whether it was added now or
-found already there: so the edit applied to its own result finds every part done (``already``).
+builds its own GradScaler. The parts are made bottom to top (each adds lines only below its own anchor),
+and each finds itself already made at its line: so the edit applied to its own result, with its lines
+carried over by :mod:`torchscalpel.fix.linemap` (as ``scalpel fix`` does on a file it patched), finds
+every part done (``already``).
 """
 
 from __future__ import annotations
@@ -232,14 +233,13 @@ def grad_scaler(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst
     if _own_scaler(module, wrapper, opt, device):
         raise EditError("the script already builds a GradScaler; fix does not add a second one")
     source = module.code
-    # Each part works on the text the one before left; a refusal in any raises, and apply_edit then
-    # returns the source as it was: no part is made alone.
-    text, optimizer = _scaler_part(source, opt, device)
-    shift = 1
-    text, moved = _autocast_part(text, fwd + shift, bwd + shift, edit.code)
-    shift += moved
-    text = _backward_part(text, bwd + shift)
-    text, added = _unscale_part(text, bwd + shift, step + shift, optimizer)
-    shift += added
-    text = _step_part(text, step + shift, optimizer)
+    optimizer = _assigned_name(_statement_at(wrapper, opt)[0])
+    # Bottom to top, each part on the text the one below left: a part adds lines only below its own
+    # anchor, so every anchor above it still means its line. A refusal in any part raises, and
+    # apply_edit then returns the source as it was: no part is made alone.
+    text = _step_part(source, step, optimizer)
+    text, _ = _unscale_part(text, bwd, step, optimizer)
+    text = _backward_part(text, bwd)
+    text, _ = _autocast_part(text, fwd, bwd, edit.code)
+    text, _ = _scaler_part(text, opt, device)
     return None if text == source else cst.parse_module(text)

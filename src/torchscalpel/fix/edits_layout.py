@@ -15,7 +15,14 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from torchscalpel.fix.edits import Edit, EditError, _assigned_name, _Replace, _statement_at
+from torchscalpel.fix.edits import (
+    Edit,
+    EditError,
+    _assigned_name,
+    _is_autocast_with,
+    _Replace,
+    _statement_at,
+)
 
 CONVERT = "contiguous(memory_format=torch.channels_last)"
 
@@ -56,6 +63,11 @@ def channels_last_inputs(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
         raise EditError("the run saw no 4-D input to the model's forward")
     visitor = _CallsOnLine(edit.line, arity)
     wrapper.visit(visitor)
+    stmt, _ = _statement_at(wrapper, edit.line)
+    if not visitor.found and _is_autocast_with(stmt):
+        # The forward's line now opens the autocast block fix wrapped it in: the forward is its first line.
+        visitor = _CallsOnLine(edit.line + 1, arity)
+        wrapper.visit(visitor)
     model_line = dict(edit.anchors).get("model", 0)
     if model_line and len(visitor.found) > 1:
         try:
