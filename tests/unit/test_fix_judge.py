@@ -42,3 +42,11 @@ def test_nothing_measured_is_not_verified() -> None:
     assert not judge(speedup_of({"confirm_pairs": []}), TUNE).ok
     missing = judge(speedup_of({"confirm_pairs": _pairs(1.3)}), None)
     assert not missing.ok and "no confirmed ratio" in missing.reason and missing.floor is None
+
+
+def test_the_cli_defaults_are_fix_options_defaults() -> None:
+    """cli/fix.py keeps its own copy (importing fix.options would load the fix package for every command)."""
+    from torchscalpel.cli import fix as cli_fix
+    from torchscalpel.fix import options
+
+    assert (cli_fix.VERIFY_PAIRS, cli_fix.VERIFY_STEPS) == (options.VERIFY_PAIRS, options.VERIFY_STEPS)

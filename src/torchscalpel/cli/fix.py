@@ -34,7 +34,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--verify",
         action="store_true",
         help="apply the patch to a copy of the script's folder and re-run it: plain python, doctor for doctor "
-        "fixes, interleaved original/patched profiles for tune settings",
+        "fixes, and for tune settings interleaved original/patched plain-python runs judged against the spread tune confirmed",
     )
     p.add_argument(
         "--force", action="store_true", help="--apply even when the git tree has uncommitted changes"
