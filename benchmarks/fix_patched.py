@@ -15,7 +15,8 @@ it with --redo): an interrupted run resumes where it stopped. The CPU model and 
 printed first and on every row (the figures mean little on a loaded machine).
 
     OMP_NUM_THREADS=1 python benchmarks/fix_patched.py --out /tmp/fix-bench \\
-        [--scripts nanogpt_style,mingpt_trainer] [--pairs 3] [--steps 10] [--budget 4m] [--knobs ...]
+        [--scripts nanogpt_style,mingpt_trainer] [--script 'PATH ARGS'] [--pairs 3] [--steps 10] \
+        [--budget 4m] [--knobs ...]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -63,7 +65,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run_tune(script: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+def run_tune(script: Path, script_args: list[str], out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """`scalpel tune` on ``script`` into ``out``; its tune section (empty when it wrote no record)."""
     cmd = [
         sys.executable,
@@ -76,7 +78,7 @@ def run_tune(script: Path, out: Path, args: argparse.Namespace) -> dict[str, Any
         str(args.confirm),
     ]
     cmd += ["--knobs", args.knobs] if args.knobs else []
-    cmd += ["--out", str(out), "--config", str(out / "scalpel.toml"), "--", str(script)]
+    cmd += ["--out", str(out), "--config", str(out / "scalpel.toml"), "--", str(script), *script_args]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     with (out.parent / f"{out.name}.log").open("w", encoding="utf-8") as log:
         subprocess.run(cmd, cwd=out.parent, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
@@ -146,7 +148,17 @@ def table(results: dict[str, dict[str, Any]]) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="results folder (results.json, tune runs, logs)")
-    p.add_argument("--scripts", default=",".join(SCRIPTS), help="comma-separated corpus script names")
+    p.add_argument(
+        "--scripts", default=",".join(SCRIPTS), help="comma-separated corpus script names ('' for none)"
+    )
+    p.add_argument(
+        "--script",
+        action="append",
+        default=[],
+        metavar="'PATH [ARGS]'",
+        help="also a script outside the corpus, with its arguments (shell-quoted; repeatable), e.g. "
+        "'tests/fixtures/tune/tiny_train.py --steps 60 --slow-unfused 30' (a known winner: fused)",
+    )
     p.add_argument("--pairs", type=int, default=3, help="fix --verify pairs (original, patched)")
     p.add_argument("--steps", type=int, default=10, help="fix --verify optimizer steps timed per run")
     p.add_argument("--budget", default="4m", help="scalpel tune --budget per script")
@@ -162,8 +174,11 @@ def main() -> int:
     results: dict[str, dict[str, Any]] = json.loads(store.read_text()) if store.is_file() else {}
     info = machine()
     print(f"machine: CPU {info['cpu']}, {info['cores']} cores, load average {info['loadavg']}", flush=True)
-    for name in [s.strip() for s in args.scripts.split(",") if s.strip()]:
-        script = CORPUS / f"{name}.py"
+    jobs = [(n.strip(), CORPUS / f"{n.strip()}.py", []) for n in args.scripts.split(",") if n.strip()]
+    for spec in args.script:
+        path, *rest = shlex.split(spec)
+        jobs.append((Path(path).stem, Path(path).resolve(), rest))
+    for name, script, script_args in jobs:
         if not script.is_file():
             print(f"{name}: no such corpus script ({script})", file=sys.stderr)
             return 2
@@ -172,7 +187,7 @@ def main() -> int:
             continue
         started = time.monotonic()
         run = args.out / f"tune-{name}"
-        tune = run_tune(script, run, args)
+        tune = run_tune(script, script_args, run, args)
         winner = tune.get("winner")
         row: dict[str, Any] = {"load": machine()["loadavg"][0]}
         if not winner:
