@@ -189,7 +189,11 @@ def main() -> int:
         run = args.out / f"tune-{name}"
         tune = run_tune(script, script_args, run, args)
         winner = tune.get("winner")
-        row: dict[str, Any] = {"load": machine()["loadavg"][0]}
+        row: dict[str, Any] = {
+            "load": machine()["loadavg"][0],
+            "options": {k: getattr(args, k) for k in ("knobs", "budget", "confirm", "pairs", "steps")},
+            "args": script_args,
+        }
         if not winner:
             why = tune.get("no_candidate") or "; ".join(tune.get("notes") or []) or "tune wrote no record"
             row["tune"] = {"label": None, "ratio": None, "why": f"no winner: {why}"[:160]}
