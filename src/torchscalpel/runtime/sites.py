@@ -232,12 +232,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         loader = getattr(spec, "loader", None)
         if spec is None or loader is None or not hasattr(loader, "exec_module"):
             return None
-        exec_module, then = loader.exec_module, self.then
+        exec_module, finder = loader.exec_module, self
 
         def exec_and_then(module: Any) -> None:
             exec_module(module)
             try:
-                then(module)
+                finder.then(module)  # read now: after the run's undo it does nothing (a later reload)
             except Exception:  # best effort: a site we cannot record never costs the import
                 pass
 
@@ -260,6 +260,7 @@ def when_imported(name: str, wrap: Callable[[Any], Undo]) -> Undo:
     sys.meta_path.insert(0, finder)
 
     def undo() -> None:
+        finder.then = lambda module: None
         if finder in sys.meta_path:
             sys.meta_path.remove(finder)
         undo_all(undos)()
