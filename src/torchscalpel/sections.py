@@ -356,7 +356,9 @@ class SitesSection(StageSection):
     """The first backward call's site."""
     step: dict[str, Any] | None = None
     """The first ``optimizer.step()`` call's site (``class``: the optimizer's); where memory's
-    ``zero_grad(set_to_none=True)`` goes."""
+    ``zero_grad(set_to_none=True)`` and fp16's ``scaler.step`` go."""
     block: dict[str, Any] | None = None
     """The first training call of the model's repeated block (``class``): the line activation
     checkpointing wraps; ``library`` set when torch or a package made the call."""
+    accelerator: dict[str, Any] | None = None
+    """Where the script built its ``accelerate.Accelerator`` (None: it built none)."""

@@ -67,9 +67,44 @@ def test_sites_are_the_lines_of_the_users_calls() -> None:
         sites.forward is not None and sites.forward["line"] == fwd_line and sites.forward["autocast"] is False
     )
     assert sites.backward is not None and sites.backward["line"] == bwd_line
+    assert sites.step is not None and sites.step["line"] == step_line
+    assert sites.forward["input_dims"] == [2]  # channels_last converts only 4-D inputs
     assert sites.optimizers[0]["file"] == __file__
     # where memory's zero_grad(set_to_none=True) goes: after the first step call
     assert sites.step is not None and (sites.step["line"], sites.step["class"]) == (step_line, "SGD")
     # The wrappers are gone after the run: a later construction is not recorded.
     torch.optim.SGD(model.parameters(), lr=0.1)
     assert len(obs.optimizers) == 1
+
+
+def test_a_library_class_is_wrapped_when_the_script_imports_it(tmp_path, monkeypatch) -> None:
+    """The Accelerator's construction site: accelerate is wrapped when imported, never imported by us."""
+    import types
+
+    from torchscalpel.runtime.sites import when_imported
+
+    pkg = tmp_path / "scalpel_fake_acc"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .accelerator import Accelerator\n", encoding="utf-8")
+    (pkg / "accelerator.py").write_text(
+        "class Accelerator:\n    def __init__(self, **kw):\n        self.kw = kw\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[types.ModuleType] = []
+    undo = when_imported("scalpel_fake_acc.accelerator", lambda m: seen.append(m) or (lambda: None))
+    assert not seen  # nothing imported yet
+    import scalpel_fake_acc  # noqa: F401  # the script's import
+
+    assert [m.__name__ for m in seen] == ["scalpel_fake_acc.accelerator"]
+    undo()
+    assert not any(type(f).__name__ == "_AfterImport" for f in sys.meta_path)
+
+    obs = SitesObserver()
+    undo_wrap = obs._wrap_accelerator(seen[0])
+    accelerator, line = seen[0].Accelerator(cpu=True), _line()
+    undo_wrap()
+    assert accelerator.kw == {"cpu": True}
+    assert obs.accelerator is not None and (obs.accelerator["line"], obs.accelerator["class"]) == (
+        line,
+        "Accelerator",
+    )

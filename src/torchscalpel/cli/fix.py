@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# Not imported from fix.options: that loads the fix package, and every scalpel command builds this parser.
+VERIFY_PAIRS, VERIFY_STEPS = 3, 20
+
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``fix`` sub-command."""
@@ -35,10 +38,25 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--verify",
         action="store_true",
         help="apply the patch to a copy of the script's folder and re-run it: plain python, doctor for doctor "
-        "fixes, interleaved original/patched profiles for tune settings, scalpel memory under the same limit for memory fixes",
+        "fixes, interleaved original/patched plain-python runs judged against the spread tune confirmed for tune "
+        "settings, scalpel memory under the same limit for memory fixes",
     )
     p.add_argument(
         "--force", action="store_true", help="--apply even when the git tree has uncommitted changes"
+    )
+    p.add_argument(
+        "--pairs",
+        type=int,
+        default=VERIFY_PAIRS,
+        metavar="N",
+        help=f"--verify of tune settings: interleaved (original, patched) plain-python runs (default {VERIFY_PAIRS})",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=VERIFY_STEPS,
+        metavar="N",
+        help=f"--verify of tune settings: optimizer steps timed in each run, after 3 warm-up steps (default {VERIFY_STEPS})",
     )
     p.set_defaults(func=run)
     return p
@@ -56,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             patch=args.patch,
             verify=args.verify,
             force=args.force,
+            pairs=args.pairs,
+            steps=args.steps,
         )
     )
     if result.patch:

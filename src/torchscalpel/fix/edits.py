@@ -17,7 +17,10 @@ The kinds:
   wrapped in ``with torch.autocast(...)``;
 - ``after_statement``: statements inserted after the one at the line (``model.compile()`` after the
   model is built, ``opt.zero_grad(set_to_none=True)`` after ``opt.step()``);
-- ``save_state_dict``: ``torch.save(model, ...)`` saves ``model.state_dict()``.
+- ``save_state_dict``: ``torch.save(model, ...)`` saves ``model.state_dict()``;
+- ``grad_scaler`` (:mod:`torchscalpel.fix.edits_amp`): fp16 autocast with a ``torch.amp.GradScaler``;
+- ``channels_last_inputs`` (:mod:`torchscalpel.fix.edits_layout`): the forward's 4-D inputs in
+  channels_last.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class Edit:
     """``autocast``: the backward's line (the wrapped statements stop before it)."""
     marker: str = ""
     """``after_statement``: text whose presence in the following statement means already inserted."""
+    anchors: tuple[tuple[str, int], ...] = ()
+    """More recorded lines the edit needs, by role (``grad_scaler``: ``forward``, ``backward``, ``step``)."""
 
 
 @dataclass(slots=True)
@@ -388,12 +393,18 @@ def _save_state_dict(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -
     return module.visit(_Replace(call, new))
 
 
-def _doctor_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    """The doctor-finding kinds, in :mod:`torchscalpel.fix.edits_doctor` (imported here, when used,
-    because it builds on this module's helpers)."""
-    from torchscalpel.fix.edits_doctor import EDITORS
+def _lazy(module: str, name: str) -> Any:
+    """An editor kept in its own module (it imports this one, so it is looked up at call time)."""
+    import importlib
 
-    return EDITORS[edit.kind](module, wrapper, edit)
+    return getattr(importlib.import_module(f"torchscalpel.fix.{module}"), name)
+
+
+def _doctor_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """The doctor-finding kinds, in :mod:`torchscalpel.fix.edits_doctor` (looked up when used, like
+    :func:`_lazy`, because it builds on this module's helpers)."""
+    editors = _lazy("edits_doctor", "EDITORS")
+    return editors[edit.kind](module, wrapper, edit)
 
 
 _EDITORS = {
@@ -411,5 +422,7 @@ _EDITORS = {
     "after_statement": _after_statement,
     "save_state_dict": _save_state_dict,
     **MEMORY_EDITORS,  # checkpoint_call, zero_grad_after_step, batch_accum (fix/edits_memory.py)
+    "grad_scaler": lambda m, w, e: _lazy("edits_amp", "grad_scaler")(m, w, e),
+    "channels_last_inputs": lambda m, w, e: _lazy("edits_layout", "channels_last_inputs")(m, w, e),
 }
 EDIT_KINDS = tuple(_EDITORS)

@@ -42,16 +42,19 @@ class Planned:
 
 
 def framework_of(sites: SitesSection) -> str | None:
-    """``transformers`` or ``lightning`` when the run shows that framework driving the training step."""
+    """``transformers``, ``lightning`` or ``accelerate`` when the run shows that framework driving the
+    training step (accelerate: the script built an ``Accelerator``, or its backward / step ran there)."""
     libraries = {
         s.get("library")
-        for s in [*sites.optimizers, sites.forward or {}, sites.backward or {}]
+        for s in [*sites.optimizers, sites.forward or {}, sites.backward or {}, sites.step or {}]
         if isinstance(s, dict) and s.get("library")
     }
     if "transformers" in libraries:
         return "transformers"
     if libraries & {"lightning", "pytorch_lightning"}:
         return "lightning"
+    if sites.accelerator or "accelerate" in libraries:
+        return "accelerate"
     return None
 
 
@@ -144,7 +147,15 @@ def tune_plan(record: RunRecord) -> list[Planned]:
         out.append(_loader_plan(loader, sites, framework, script))
     if settings.get("compile"):
         out.append(_compile_plan(settings["compile"], sites, framework, script))
-    for key in ("channels_last", "cudnn_benchmark", "checkpointing", "microbatches", "amp_fp32_attention"):
+    if settings.get("channels_last"):
+        from torchscalpel.fix.locate_knobs import channels_last_plan
+
+        out += channels_last_plan(sites, framework)
+    if settings.get("checkpointing"):
+        from torchscalpel.fix.locate_knobs import checkpointing_plan, repeated_blocks
+
+        out.append(checkpointing_plan(repeated_blocks(tune.facts), sites, framework, script))
+    for key in ("cudnn_benchmark", "microbatches", "amp_fp32_attention"):
         if settings.get(key) is not None:
             lines = [line for line in tune.code_lines if line.strip()]
             out.append(
@@ -162,31 +173,14 @@ def tune_plan(record: RunRecord) -> list[Planned]:
 
 def _amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path | None) -> Planned:
     label = f"autocast {amp}"
-    if amp != "bf16":
-        return Planned(
-            label,
-            "tune",
-            None,
-            None,
-            "torch.autocast(..., dtype=torch.float16) + torch.amp.GradScaler()",
-            "fp16 needs a GradScaler around backward and step; fix places bf16 only",
-        )
-    if framework == "transformers":
-        return Planned(
-            label,
-            "tune",
-            script,
-            Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=(("bf16", True),)),
-            "TrainingArguments(..., bf16=True)",
-        )
-    if framework == "lightning":
-        return Planned(
-            label,
-            "tune",
-            script,
-            Edit(kind="call_anywhere", callee="Trainer", kwargs=(("precision", "bf16-mixed"),)),
-            'Trainer(..., precision="bf16-mixed")',
-        )
+    if framework is not None:
+        from torchscalpel.fix.locate_knobs import framework_amp
+
+        return framework_amp(amp, framework, sites, script)
+    if amp == "fp16":
+        from torchscalpel.fix.locate_knobs import fp16_plan
+
+        return fp16_plan(sites)
     fwd, bwd = sites.forward, sites.backward
     device = (fwd or {}).get("device") or "cpu"
     code = f'torch.autocast(device_type="{device}", dtype=torch.bfloat16)'

@@ -103,6 +103,23 @@ def _patched_hashes(run_dir: Path) -> set[str]:
         return set()
 
 
+def _line_map(run_dir: Path, path: Path, recorded: str | None) -> Any:
+    """The line map of this fix's own earlier patch of ``path`` (:mod:`torchscalpel.fix.linemap`),
+    when the file is that patch's result of the very code the run measured; None otherwise."""
+    try:
+        data = json.loads((run_dir / MARK_FILE).read_text(encoding="utf-8"))
+        entry = data["files"][str(path)]
+        if (
+            entry["before"] == recorded
+            and entry["after"] == sha256(path)
+            and entry["before"] != entry["after"]
+        ):
+            return [int(n) for n in entry["lines"]]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return None
+
+
 def _check_file(record: RunRecord, run_dir: Path, file: Path, root: Path, script: Path) -> str:
     """Why ``file`` may not be edited ("" when it may); a changed script raises (refused in one sentence)."""
     if not is_user_file(str(file)) or not file.resolve().is_relative_to(root):
@@ -165,6 +182,7 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     """Read the records and make every edit on the text; touch no file."""
     from torchscalpel.fix.doctor_plan import doctor_plan
     from torchscalpel.fix.edits import apply_edit
+    from torchscalpel.fix.linemap import LineMap, remap
     from torchscalpel.fix.locate import script_file, tune_plan
     from torchscalpel.fix.memory_plan import first_placed, has_memory, memory_plan
 
@@ -172,6 +190,7 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     items: list[Item] = []
     texts: dict[Path, str] = {}
     originals: dict[Path, str] = {}
+    line_maps: dict[Path, LineMap | None] = {}
     root: Path | None = None
     for run_dir, record in records:
         if (
@@ -212,7 +231,9 @@ def plan_and_edit(options: FixOptions) -> FixResult:
             path = p.file.resolve()
             if path not in texts:
                 originals[path] = texts[path] = path.read_text(encoding="utf-8")
-            new, outcome = apply_edit(texts[path], p.edit)
+                line_maps[path] = _line_map(run_dir, path, recorded_hash(record, path, here, script))
+            ops = line_maps[path]
+            new, outcome = apply_edit(texts[path], remap(p.edit, ops) if ops else p.edit)
             item.where = f"{path.name}:{p.edit.line}" if p.edit.line else path.name
             if outcome.status == "refused":
                 item.reason = outcome.reason
@@ -266,11 +287,15 @@ def write_all(changes: dict[Path, tuple[str, str]]) -> None:
 
 
 def _mark(result: FixResult) -> None:
-    """Record each file's before/after hash in every run folder (best effort: a read-only folder is fine)."""
+    """Record each file's before/after hash, and where each of its lines went, in every run
+    folder (best effort: a read-only folder is fine)."""
+    from torchscalpel.fix.linemap import line_map
+
     files = {
         str(p): {
             "before": hashlib.sha256(b.encode()).hexdigest(),
             "after": hashlib.sha256(a.encode()).hexdigest(),
+            "lines": line_map(b, a),
         }
         for p, (b, a) in result.changes.items()
     }

@@ -3,10 +3,10 @@
 - The patched script runs once under plain ``python`` (no scalpel hooks): it must exit 0.
 - Doctor edits: ``scalpel doctor`` on the patched copy; each fixed rule's finding must be gone and no
   rule may report that did not report before.
-- Tune edits: the original and the patched copy are profiled in turn, each in a fresh process
-  (``--pairs`` interleaved pairs of short ``scalpel profile`` runs, no profiler window); the ratio is
-  tune's own speedup definition (:func:`torchscalpel.tune.speedup.speedup_of` over the pairs), shown
-  beside the ratio tune confirmed.
+- Tune edits: the original and the patched copy are timed in turn under plain python, each in a
+  fresh process (``--pairs`` interleaved pairs, :mod:`torchscalpel.fix.verify_tune`); the ratio is
+  tune's own speedup definition over the pairs, judged against the ratio and spread tune confirmed
+  (:mod:`torchscalpel.fix.judge`: below the spread's low end fails).
 - Memory edits: ``scalpel memory`` on the patched copy with the original run's limit must not cross it
   (:mod:`torchscalpel.fix.verify_memory`).
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from torchscalpel.sections import DoctorSection, TuneSection
 
 if TYPE_CHECKING:
+    from torchscalpel.fix.judge import Judgement
     from torchscalpel.fix.options import FixOptions
     from torchscalpel.fix.stage import FixResult
     from torchscalpel.tune.speedup import Speedup
@@ -50,12 +50,11 @@ class Verification:
     findings_left: list[str] = field(default_factory=list)
     findings_new: list[str] = field(default_factory=list)
     speedup: Speedup | None = None
-    """Patched against original, interleaved fresh processes (tune's definition)."""
+    """Patched against original: interleaved fresh plain-python processes, whole steps (tune's definition)."""
     tune_speedup: Speedup | None = None
     """What tune confirmed, for comparison."""
-    phases: dict[str, tuple[float, float]] = field(default_factory=dict)
-    """Per phase, the median over the runs of each side's median (original ms, patched ms): where the
-    edit acted, apart from the noise of the whole step."""
+    judgement: Judgement | None = None
+    """The verdict on ``speedup`` against ``tune_speedup`` (:func:`torchscalpel.fix.judge.judge`)."""
     ok: bool = False
 
     def lines(self) -> list[str]:
@@ -75,22 +74,19 @@ class Verification:
         if self.speedup is not None:
             s = self.speedup
             out.append(
-                f"patched vs original: {s.text()} ({s.baseline_ms:.2f} -> {s.candidate_ms:.2f} ms/step; "
-                f"{s.spread_text()})"
+                f"patched vs original (plain python, whole step): {s.text()} "
+                f"({s.baseline_ms:.2f} -> {s.candidate_ms:.2f} ms/step; {s.spread_text()})"
                 if s.ratio is not None and s.baseline_ms and s.candidate_ms
-                else "patched vs original: not measured: a profile run measured no steps"
+                else "patched vs original: not measured: the plain-python runs timed no steps"
             )
-            if self.phases:
-                out.append(
-                    "phase medians, original -> patched: "
-                    + ", ".join(f"{k} {a:.2f} -> {b:.2f} ms" for k, (a, b) in self.phases.items())
-                )
             t = self.tune_speedup
             out.append(
                 f"tune confirmed: {t.text()} ({t.spread_text()})"
-                if t is not None
+                if t is not None and t.ratio is not None
                 else "tune confirmed: not measured"
             )
+            if self.judgement is not None:
+                out.append(f"judged: {self.judgement.reason}")
         out.append("verified" if self.ok else "NOT verified")
         return out
 
@@ -119,7 +115,6 @@ def _scalpel(
 def verify(result: FixResult, options: FixOptions) -> Verification:
     """Re-run the patched copy as the module doc says; never touches the user's files."""
     from torchscalpel.fix.locate import script_file
-    from torchscalpel.tune.speedup import speedup_of
 
     v = Verification()
     record = next((r for _, r in result.records if script_file(r) is not None), None)
@@ -166,27 +161,21 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
         v.notes.append(verdict.line)
         ok = ok and verdict.fits
     if any(i.source == "tune" for i in patched_items):
+        from torchscalpel.fix.verify_tune import verify_tune
+
         tune = next((r.section(TuneSection) for _, r in result.records if r.section(TuneSection)), None)
-        v.tune_speedup = speedup_of(tune.winner) if tune is not None and tune.winner else None
-        window = ["--steps", str(options.steps), "--warmup", "3", "--profile-steps", "0", "--no-report"]
-        pairs: list[list[float]] = []
-        phase_runs: dict[str, tuple[list[float], list[float]]] = {}
-        for k in range(options.pairs):  # original then patched, each a fresh process: drift hits both alike
-            base = _scalpel("profile", window, script.name, args, original, work / f"original-{k}")
-            cand = _scalpel("profile", window, script.name, args, patched, work / f"patched-{k}")
-            b = (base.get("summary") or {}).get("median_step_ms")
-            c = (cand.get("summary") or {}).get("median_step_ms")
-            if b and c:
-                pairs.append([float(b), float(c)])
-            for side, rec in ((0, base), (1, cand)):
-                for name, ms in ((rec.get("summary") or {}).get("phase_median_ms") or {}).items():
-                    phase_runs.setdefault(name, ([], []))[side].append(float(ms))
-        v.speedup = speedup_of({"confirm_pairs": pairs})
-        v.phases = {
-            name: (statistics.median(a), statistics.median(b))
-            for name, (a, b) in phase_runs.items()
-            if a and b
-        }
-        ok = ok and v.speedup.ratio is not None and v.speedup.ratio > 1.0
+        v.speedup, v.tune_speedup, v.judgement, notes = verify_tune(
+            tune.winner if tune is not None else None,
+            script.name,
+            args,
+            original,
+            patched,
+            work,
+            options.pairs,
+            options.steps,
+            RUN_TIMEOUT_S,
+        )
+        v.notes += notes
+        ok = ok and v.judgement.ok
     v.ok = ok
     return v

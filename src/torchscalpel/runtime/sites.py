@@ -15,19 +15,25 @@ through instead of guessing one from names. A site is::
 - ``used``: the optimizer stepped / the DataLoader yielded a training batch / the model ran the
   training forward (only used ones are worth an edit).
 
-Two call sites more, for memory's fixes: ``step``, the first ``optimizer.step()`` call (where
-``zero_grad(set_to_none=True)`` goes), and ``block``, the first training call of one of the model's
-repeated blocks (:func:`torchscalpel.blocks.block_classes`): the line in the model's ``forward`` that
-activation checkpointing wraps. A block called by torch or a library (``nn.Sequential``, a
-``transformers`` model) has that package as ``library``.
+Call sites more, for fix's edits: ``step``, the first ``optimizer.step()`` call (where memory's
+``zero_grad(set_to_none=True)`` and fp16's ``scaler.step`` go); ``block``, the first training call of one
+of the model's repeated blocks (:func:`torchscalpel.blocks.block_classes`): the line in the model's
+``forward`` that activation checkpointing wraps (a block called by torch or a library, ``nn.Sequential``
+or a ``transformers`` model, has that package as ``library``); ``accelerator``, the
+``accelerate.Accelerator(...)`` construction when the script builds one (where ``mixed_precision`` goes;
+wrapped when accelerate is imported, see :func:`when_imported`); and the training forward's positional
+inputs' dimensions (``forward["input_dims"]``: channels_last converts the 4-D ones).
 
 Best effort: a site that cannot be read is left out, never the run.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import sys
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -132,6 +138,7 @@ class SitesObserver(Observer):
         self.step: dict[str, Any] | None = None
         self.block: dict[str, Any] | None = None
         self._block_cls: type | None = None
+        self.accelerator: dict[str, Any] | None = None
         self._restore: list[Undo] = []
 
     def on_start(self, session: Session) -> None:
@@ -139,6 +146,23 @@ class SitesObserver(Observer):
         self._wrap(torch.optim.Optimizer, self.optimizers)
         self._wrap(torch.utils.data.DataLoader, self.loaders)
         self._wrap_module()
+        self._restore.append(when_imported("accelerate.accelerator", self._wrap_accelerator))
+
+    def _wrap_accelerator(self, module: Any) -> Undo:
+        """Record where the script builds its ``Accelerator`` (the first one)."""
+        observer = self
+
+        def make(original: Any) -> Any:
+            def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+                original(obj, *args, **kwargs)
+                if observer.accelerator is None:
+                    site = caller_site(obj, sys._getframe(1))
+                    if site is not None:
+                        observer.accelerator = {**site, "class": type(obj).__name__}
+
+            return __init__
+
+        return wrap_attr(module.Accelerator, "__init__", make)
 
     def _wrap(self, cls: type, into: dict[int, dict[str, Any]]) -> None:
         def make(original: Any) -> Any:
@@ -199,7 +223,14 @@ class SitesObserver(Observer):
             autocast = bool(torch.is_autocast_enabled(device))
         except Exception:
             autocast = False
-        self.forward = {**site, "class": type(module).__name__, "autocast": autocast, "device": device}
+        dims = [a.dim() if isinstance(a, torch.Tensor) else None for a in args]
+        self.forward = {
+            **site,
+            "class": type(module).__name__,
+            "autocast": autocast,
+            "device": device,
+            "input_dims": dims,
+        }
         ref, built = self.modules.get(id(module), (None, None))
         if ref is not None and ref() is module and built is not None:
             self.model = {**built, "used": True}
@@ -212,7 +243,8 @@ class SitesObserver(Observer):
     def on_optimizer_step_pre(self, optimizer: torch.optim.Optimizer) -> None:
         """Mark the optimizer as the one that steps; the first step call's site."""
         if self.step is None:
-            self.step = caller_site(None, sys._getframe(1))
+            # ``optimizer`` skips the frames of its own class (a user's Optimizer subclass calling super().step())
+            self.step = caller_site(optimizer, sys._getframe(1))
             if self.step is not None:
                 self.step["class"] = type(optimizer).__name__
         entry = self.optimizers.get(id(optimizer))
@@ -239,4 +271,58 @@ class SitesObserver(Observer):
             backward=self.backward,
             step=self.step,
             block=self.block,
+            accelerator=self.accelerator,
         ).to_dict()
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when ``name`` is imported, runs ``then(module)`` right after its code ran."""
+
+    def __init__(self, name: str, then: Callable[[Any], None]) -> None:
+        self.name, self.then, self.busy = name, then, False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or self.busy:
+            return None
+        self.busy = True  # the lookup below asks every finder again, this one included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.busy = False
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            return None
+        exec_module, finder = loader.exec_module, self
+
+        def exec_and_then(module: Any) -> None:
+            exec_module(module)
+            try:
+                finder.then(module)  # read now: after the run's undo it does nothing (a later reload)
+            except Exception:  # best effort: a site we cannot record never costs the import
+                pass
+
+        loader.exec_module = exec_and_then
+        return spec
+
+
+def when_imported(name: str, wrap: Callable[[Any], Undo]) -> Undo:
+    """Call ``wrap(module)`` now if ``name`` is imported, else right after the script imports it
+    (a finder first on ``sys.meta_path`` until the run ends); the undo removes the finder and undoes
+    what ``wrap`` did. Lets a run wrap a library's class without importing the library itself."""
+    undos: list[Undo] = []
+    if name in sys.modules:
+        try:
+            undos.append(wrap(sys.modules[name]))
+        except Exception:
+            pass
+        return undo_all(undos)
+    finder = _AfterImport(name, lambda module: undos.append(wrap(module)))
+    sys.meta_path.insert(0, finder)
+
+    def undo() -> None:
+        finder.then = lambda module: None
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        undo_all(undos)()
+
+    return undo

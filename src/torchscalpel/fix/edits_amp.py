@@ -1,0 +1,245 @@
+"""The ``grad_scaler`` edit: fp16 autocast with a ``torch.amp.GradScaler``, at four recorded lines.
+
+The recipe (torch's AMP recipe, what tune's fp16 trial did through its inserted scaler):
+
+- after the optimizer's construction (``edit.line``): ``scaler = torch.amp.GradScaler("cuda")``;
+- the statements from the training forward (anchor ``forward``) up to the backward, wrapped in
+  ``with torch.autocast(device_type=..., dtype=torch.float16):`` (the script's own autocast is kept);
+- the backward (anchor ``backward``): ``loss.backward()`` becomes ``scaler.scale(loss).backward()``;
+- a ``clip_grad_norm_`` / ``clip_grad_value_`` between the backward and the step, in the backward's
+  block, gets ``scaler.unscale_(optimizer)`` before it (clipping must see the true gradients);
+- the step (anchor ``step``): ``optimizer.step()`` becomes ``scaler.step(optimizer)`` followed by
+  ``scaler.update()``.
+
+Refused, with the reason, when a line does not hold what the recipe rewrites: the backward not a plain
+``LOSS.backward()`` call statement, the step not a plain ``OPTIMIZER.step()`` one, the step on another
+optimizer than the one built at the anchored line, the lines out of order, a script that already
+builds its own GradScaler. The parts are made bottom to top (each adds lines only below its own anchor),
+and each finds itself already made at its line: so the edit applied to its own result, with its lines
+carried over by :mod:`torchscalpel.fix.linemap` (as ``scalpel fix`` does on a file it patched), finds
+every part done (``already``).
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
+
+from torchscalpel.fix.edits import (
+    Edit,
+    EditError,
+    _assigned_name,
+    _autocast,
+    _body_of,
+    _is_autocast_with,
+    _statement_at,
+    _statements,
+    _step_receiver,
+    _with_body,
+    callee_name,
+)
+
+SCALER = "scaler"
+"""The name the inserted GradScaler is bound to."""
+
+
+def _code(node: cst.CSTNode) -> str:
+    return cst.Module(body=[]).code_for_node(node).strip()
+
+
+def _small(stmt: cst.CSTNode) -> cst.BaseSmallStatement | None:
+    if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
+        return stmt.body[0]
+    return None
+
+
+def _backward_call(stmt: cst.CSTNode) -> cst.Call:
+    small = _small(stmt)
+    call = small.value if isinstance(small, cst.Expr) else None
+    if (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == "backward"
+        and isinstance(call.func.value, cst.Name | cst.Attribute | cst.Subscript | cst.Call)
+    ):
+        return call
+    raise EditError("the backward line is not a plain LOSS.backward() call")
+
+
+def _scaled(loss: cst.BaseExpression) -> bool:
+    return (
+        isinstance(loss, cst.Call)
+        and isinstance(loss.func, cst.Attribute)
+        and loss.func.attr.value == "scale"
+        and _code(loss.func.value) == SCALER
+    )
+
+
+def _is_scaler_call(stmt: cst.CSTNode, method: str) -> bool:
+    small = _small(stmt)
+    call = small.value if isinstance(small, cst.Expr) else None
+    return (
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value == method
+        and _code(call.func.value) == SCALER
+    )
+
+
+def _parse(source: str) -> tuple[cst.Module, MetadataWrapper]:
+    module = cst.parse_module(source)
+    return module, MetadataWrapper(module, unsafe_skip_copy=True)
+
+
+def _replace_in_body(
+    module: cst.Module, owner: cst.CSTNode, at: int, count: int, new: list[cst.BaseStatement]
+) -> cst.Module:
+    from torchscalpel.fix.edits import _Replace
+
+    body = list(_body_of(owner))
+    body[at : at + count] = new
+    return module.visit(_Replace(owner, _with_body(owner, body)))
+
+
+def _scaler_part(source: str, line: int, device: str) -> tuple[str, str]:
+    """After the optimizer's statement: the scaler; returns (new source, the optimizer's name)."""
+    module, wrapper = _parse(source)
+    stmt, owner = _statement_at(wrapper, line)
+    if isinstance(stmt, cst.BaseCompoundStatement):
+        raise EditError(f"line {line} opens a block, not the optimizer's construction")
+    name = _assigned_name(stmt)
+    body = list(_body_of(owner))
+    i = body.index(stmt)
+    wanted = f'{SCALER} = torch.amp.GradScaler("{device}")'
+    if i + 1 < len(body) and _code(body[i + 1]) == wanted:
+        return source, name
+    return _replace_in_body(module, owner, i + 1, 0, _statements(wanted + "\n")).code, name
+
+
+def _autocast_part(source: str, forward: int, backward: int, header: str) -> tuple[str, int]:
+    """The forward under fp16 autocast; returns (new source, lines it moved the backward by)."""
+    module, wrapper = _parse(source)
+    stmt, _ = _statement_at(wrapper, forward)
+    positions = wrapper.resolve(PositionProvider)
+    if _is_autocast_with(stmt) and positions[stmt].start.line == forward:
+        return source, 1  # this edit's own with-line: the forward moved into it
+    parents = wrapper.resolve(ParentNodeProvider)
+    node: cst.CSTNode | None = stmt
+    while node is not None:
+        if _is_autocast_with(node):
+            return source, 0  # the script's own autocast already holds the forward
+        node = parents.get(node)
+    new = _autocast(module, wrapper, Edit(kind="autocast", line=forward, end_line=backward, code=header))
+    if new is None:
+        return source, 0
+    return new.code, 1
+
+
+def _backward_part(source: str, line: int) -> str:
+    module, wrapper = _parse(source)
+    stmt, _ = _statement_at(wrapper, line)
+    call = _backward_call(stmt)
+    loss = call.func.value  # type: ignore[attr-defined]  # _backward_call checked it is an Attribute
+    if _scaled(loss):
+        return source
+    scaled = cst.parse_expression(f"{SCALER}.scale(x)").with_changes(args=[cst.Arg(value=loss)])
+    new = call.with_changes(func=call.func.with_changes(value=scaled))
+    from torchscalpel.fix.edits import _Replace
+
+    return module.visit(_Replace(call, new)).code
+
+
+def _unscale_part(source: str, backward: int, step: int, optimizer: str) -> tuple[str, int]:
+    """``scaler.unscale_(opt)`` before a clipping statement between the backward and the step, in the
+    backward's block; returns (new source, lines added or found)."""
+    module, wrapper = _parse(source)
+    stmt, owner = _statement_at(wrapper, backward)
+    positions = wrapper.resolve(PositionProvider)
+    body = list(_body_of(owner))
+    for k in range(body.index(stmt) + 1, len(body)):
+        if positions[body[k]].start.line > step:
+            break
+        text = _code(body[k])
+        if "clip_grad_norm_" not in text and "clip_grad_value_" not in text:
+            continue
+        if k > 0 and _is_scaler_call(body[k - 1], "unscale_"):
+            return source, 1
+        return _replace_in_body(module, owner, k, 0, _statements(f"{SCALER}.unscale_({optimizer})\n")).code, 1
+    return source, 0
+
+
+def _step_part(source: str, line: int, optimizer: str) -> str:
+    module, wrapper = _parse(source)
+    stmt, owner = _statement_at(wrapper, line)
+    body = list(_body_of(owner))
+    i = body.index(stmt)
+    update = f"{SCALER}.update()"
+    if _is_scaler_call(stmt, "step"):
+        if i + 1 < len(body) and _code(body[i + 1]) == update:
+            return source
+        return _replace_in_body(module, owner, i + 1, 0, _statements(update + "\n")).code
+    small = _small(stmt)
+    call = small.value if isinstance(small, cst.Expr) else None
+    receiver = _step_receiver(module, stmt)
+    if isinstance(call, cst.Call) and call.args:
+        raise EditError(
+            "the step line passes arguments (a closure?) to step(); GradScaler.step needs a plain call"
+        )
+    if receiver != optimizer:
+        raise EditError(
+            f"the step line steps {receiver}, not {optimizer} built at the optimizer line; which scaler goes "
+            "with which optimizer is a choice"
+        )
+    new = _statements(f"{SCALER}.step({optimizer})\n{update}\n")
+    new[0] = new[0].with_changes(leading_lines=getattr(stmt, "leading_lines", ()))
+    return _replace_in_body(module, owner, i, 1, new).code
+
+
+def _own_scaler(module: cst.Module, wrapper: MetadataWrapper, optimizer_line: int, device: str) -> bool:
+    """True when the script builds a GradScaler other than the one this edit puts after the optimizer."""
+
+    class Count(cst.CSTVisitor):
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def visit_Call(self, node: cst.Call) -> None:
+            self.calls += callee_name(node.func) == "GradScaler"
+
+    counter = Count()
+    module.visit(counter)
+    stmt, owner = _statement_at(wrapper, optimizer_line)
+    body = list(_body_of(owner))
+    i = body.index(stmt)
+    ours = i + 1 < len(body) and _code(body[i + 1]) == f'{SCALER} = torch.amp.GradScaler("{device}")'
+    return counter.calls > (1 if ours else 0)
+
+
+def grad_scaler(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """The ``grad_scaler`` edit (see the module doc); ``edit.code`` is the autocast call, ``edit.kwargs``
+    holds the scaler's ``device``."""
+    anchors = dict(edit.anchors)
+    opt, fwd, bwd, step = (
+        edit.line,
+        anchors.get("forward", 0),
+        anchors.get("backward", 0),
+        anchors.get("step", 0),
+    )
+    if not (0 < opt < fwd < bwd < step):
+        raise EditError(
+            "the optimizer, forward, backward and step lines are not in that order in one file "
+            f"({opt}, {fwd}, {bwd}, {step})"
+        )
+    device = str(dict(edit.kwargs).get("device", "cuda"))
+    if _own_scaler(module, wrapper, opt, device):
+        raise EditError("the script already builds a GradScaler; fix does not add a second one")
+    source = module.code
+    optimizer = _assigned_name(_statement_at(wrapper, opt)[0])
+    # Bottom to top, each part on the text the one below left: a part adds lines only below its own
+    # anchor, so every anchor above it still means its line. A refusal in any part raises, and
+    # apply_edit then returns the source as it was: no part is made alone.
+    text = _step_part(source, step, optimizer)
+    text, _ = _unscale_part(text, bwd, step, optimizer)
+    text = _backward_part(text, bwd)
+    text, _ = _autocast_part(text, fwd, bwd, edit.code)
+    text, _ = _scaler_part(text, opt, device)
+    return None if text == source else cst.parse_module(text)

@@ -1,0 +1,235 @@
+"""Plans for the tune knobs placed by the newer edits: fp16 with a GradScaler, mixed precision through
+accelerate, channels_last, activation checkpointing. Like :mod:`torchscalpel.fix.locate`, each is an
+edit anchored at the lines the run recorded (``sections["sites"]``) or a :class:`Planned` that says
+why not, with the snippet to apply by hand; nothing here reads the user's files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torchscalpel.fix.edits import Edit
+from torchscalpel.fix.locate import Planned, _one_site
+from torchscalpel.sections import SitesSection
+
+FRAMEWORK_PRECISION: dict[str, dict[str, tuple[str, Any]]] = {
+    "transformers": {"bf16": ("bf16", True), "fp16": ("fp16", True)},
+    "lightning": {"bf16": ("precision", "bf16-mixed"), "fp16": ("precision", "16-mixed")},
+}
+"""The framework's own switch for each autocast dtype (HF ``TrainingArguments``, Lightning ``Trainer``)."""
+FRAMEWORK_CALLEE = {"transformers": "TrainingArguments", "lightning": "Trainer"}
+
+FP16_SNIPPET = """scaler = torch.amp.GradScaler("{device}")  # after the optimizer is built
+with torch.autocast(device_type="{device}", dtype=torch.float16):
+    loss = loss_fn(model(x), y)
+scaler.scale(loss).backward()
+scaler.unscale_(optimizer)  # only before clipping
+scaler.step(optimizer)
+scaler.update()"""
+
+
+def framework_amp(amp: str, framework: str, sites: SitesSection, script: Path | None) -> Planned:
+    """bf16 / fp16 through the framework's switch: HF, Lightning (file-wide call), accelerate (its
+    recorded ``Accelerator(...)`` line)."""
+    label = f"autocast {amp}"
+    if framework == "accelerate":
+        snippet = f'Accelerator(..., mixed_precision="{amp}")'
+        site = sites.accelerator
+        if not site:
+            return Planned(label, "tune", None, None, snippet, "the run recorded no Accelerator being built")
+        if site.get("library"):
+            return Planned(
+                label, "tune", None, None, snippet, f"the Accelerator is built inside {site['library']}"
+            )
+        return Planned(
+            label,
+            "tune",
+            Path(site["file"]),
+            Edit(
+                kind="call_kwargs",
+                line=int(site["line"]),
+                callee=str(site.get("class") or "Accelerator"),
+                kwargs=(("mixed_precision", amp),),
+            ),
+            snippet,
+        )
+    key, value = FRAMEWORK_PRECISION[framework][amp]
+    callee = FRAMEWORK_CALLEE[framework]
+    return Planned(
+        label,
+        "tune",
+        script,
+        Edit(kind="call_anywhere", callee=callee, kwargs=((key, value),)),
+        f"{callee}(..., {key}={value!r})".replace("'", '"'),
+    )
+
+
+def fp16_plan(sites: SitesSection) -> Planned:
+    """fp16 autocast with a GradScaler in a plain loop: the optimizer, forward, backward and step lines."""
+    fwd, bwd, step = sites.forward or {}, sites.backward or {}, sites.step or {}
+    device = fwd.get("device") or "cuda"
+    label, snippet = "autocast fp16 + GradScaler", FP16_SNIPPET.format(device=device)
+    site, why = _one_site(sites.optimizers, "optimizer")
+    if site is None:
+        return Planned(label, "tune", None, None, snippet, why)
+    if not fwd or not bwd or not step:
+        missing = ", ".join(n for n, s in (("forward", fwd), ("backward", bwd), ("step", step)) if not s)
+        return Planned(label, "tune", None, None, snippet, f"the run recorded no training {missing} call")
+    if fwd.get("autocast"):
+        return Planned(
+            label, "tune", None, None, snippet, "the forward already runs under the script's own autocast"
+        )
+    inside = next((s.get("library") for s in (fwd, bwd, step) if s.get("library")), None)
+    if inside:
+        return Planned(label, "tune", None, None, snippet, f"the training step is driven inside {inside}")
+    if len({site.get("file"), fwd.get("file"), bwd.get("file"), step.get("file")}) != 1:
+        return Planned(
+            label,
+            "tune",
+            None,
+            None,
+            snippet,
+            "the optimizer, forward, backward and step are in different files",
+        )
+    return Planned(
+        label,
+        "tune",
+        Path(fwd["file"]),
+        Edit(
+            kind="grad_scaler",
+            line=int(site["line"]),
+            anchors=(
+                ("forward", int(fwd["line"])),
+                ("backward", int(bwd["line"])),
+                ("step", int(step["line"])),
+            ),
+            code=f'torch.autocast(device_type="{device}", dtype=torch.float16)',
+            kwargs=(("device", device),),
+        ),
+        snippet,
+    )
+
+
+CHANNELS_LAST = "{var} = {var}.to(memory_format=torch.channels_last)\n"
+
+
+def channels_last_plan(sites: SitesSection, framework: str | None) -> list[Planned]:
+    """The model converted after its recorded line; the forward's 4-D inputs at the forward's line."""
+    label = "channels_last"
+    snippet = "model = model.to(memory_format=torch.channels_last)\nx = x.contiguous(memory_format=torch.channels_last)  # each 4-D input batch"
+    model, fwd = sites.model or {}, sites.forward or {}
+    if framework is not None:
+        return [
+            Planned(
+                label,
+                "tune",
+                None,
+                None,
+                snippet,
+                f"{framework} builds and feeds the model; fix places channels_last in plain loops only",
+            )
+        ]
+    if not model:
+        return [Planned(label, "tune", None, None, snippet, "the run recorded no training model being built")]
+    if model.get("library"):
+        return [Planned(label, "tune", None, None, snippet, f"the model is built inside {model['library']}")]
+    out = [
+        Planned(
+            "channels_last model",
+            "tune",
+            Path(model["file"]),
+            Edit(
+                kind="after_statement",
+                line=int(model["line"]),
+                code=CHANNELS_LAST,
+                marker="{var}.to(memory_format=torch.channels_last)",  # the inserted line itself,
+            ),
+            snippet.splitlines()[0],
+        )
+    ]
+    dims = fwd.get("input_dims")
+    inputs = tuple(i for i, d in enumerate(dims or []) if d == 4)
+    if not inputs:
+        # The knob converts only 4-D inputs: none seen (or an old record without them), none to convert.
+        return out
+    why = "" if fwd.get("file") and not fwd.get("library") else "the forward is called inside a library"
+    out.append(
+        Planned(
+            "channels_last inputs",
+            "tune",
+            None if why else Path(fwd["file"]),
+            None
+            if why
+            else Edit(
+                kind="channels_last_inputs",
+                line=int(fwd["line"]),
+                kwargs=(("inputs", inputs), ("arity", len(dims or []))),
+                anchors=(("model", int(model["line"])),) if model.get("file") == fwd.get("file") else (),
+            ),
+            snippet.splitlines()[1],
+            why,
+        )
+    )
+    return out
+
+
+def checkpointing_plan(
+    blocks: list[str], sites: SitesSection, framework: str | None, script: Path | None
+) -> Planned:
+    """Activation checkpointing of each repeated block, after the model line (HF: its own switch)."""
+    label = "checkpointing blocks"
+    if framework == "transformers":
+        return Planned(
+            label,
+            "tune",
+            script,
+            Edit(
+                kind="call_anywhere", callee="TrainingArguments", kwargs=(("gradient_checkpointing", True),)
+            ),
+            "TrainingArguments(..., gradient_checkpointing=True)",
+        )
+    names = [b for b in blocks if b.isidentifier()]
+    cls = names[0] if names else "Block"
+    code = (
+        "import functools  # activation checkpointing of each {cls} block\n\n"
+        "for _module in {var}.modules():\n"
+        '    if type(_module).__name__ == "{cls}":\n'
+        "        _module.forward = functools.partial(\n"
+        "            torch.utils.checkpoint.checkpoint, _module.forward, use_reentrant=False\n"
+        "        )\n"
+    ).replace("{cls}", cls)
+    snippet = code.replace("{var}", "model")
+    model = sites.model or {}
+    if not names:
+        return Planned(label, "tune", None, None, snippet, "tune's facts name no repeated block class")
+    if framework is not None:
+        return Planned(
+            label,
+            "tune",
+            None,
+            None,
+            snippet,
+            f"{framework} builds the model's training step; fix checkpoints blocks in plain loops only",
+        )
+    if not model:
+        return Planned(label, "tune", None, None, snippet, "the run recorded no training model being built")
+    if model.get("library"):
+        return Planned(label, "tune", None, None, snippet, f"the model is built inside {model['library']}")
+    return Planned(
+        label,
+        "tune",
+        Path(model["file"]),
+        Edit(
+            kind="after_statement",
+            line=int(model["line"]),
+            code=code,
+            marker="torch.utils.checkpoint.checkpoint",
+        ),
+        snippet,
+    )
+
+
+def repeated_blocks(facts: dict[str, Any]) -> list[str]:
+    """The repeated block classes tune's facts name (``facts["repeated"][*]["cls"]``), biggest first."""
+    return [str(r.get("cls")) for r in facts.get("repeated") or [] if isinstance(r, dict) and r.get("cls")]
