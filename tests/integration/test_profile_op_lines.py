@@ -167,3 +167,24 @@ def test_hf_sdpa_twin_stays_silent(tmp_path):
     record, printed, _ = _profile(tmp_path, HF_GPT2, script_args=("--attn", "sdpa"))
     assert [f for f in record["findings"] if f["rule"] == "unfused-attention"] == []
     assert record["profiler"]["op_lines"]["ops"] and "unfused-attention" not in printed
+
+
+COMPILED = FIXTURES / "compiled_attention.py"
+
+
+@pytest.mark.slow
+def test_a_compiled_model_is_not_measured_as_a_compiled_region(tmp_path):
+    """model = torch.compile(model): the pass must not enter its torch function mode (dynamo's guards fail
+    and the pass times a recompile and eager ops: 11.1 s for a 2 ms step, and "unfused-attention at 0.0%"
+    plus "tiny ops: use torch.compile" for a model already compiled). backend="aot_eager" keeps the test
+    cheap: dynamo and AOTAutograd run as with inductor, without inductor's C++ compile (inductor checked by
+    hand: the same output)."""
+    record, printed, out = _profile(tmp_path, COMPILED, script_args=("--backend", "aot_eager"))
+    lines = record["profiler"]["op_lines"]
+    assert lines["error"].startswith("compiled region: the script built "), lines
+    assert lines["ops"] == [] and "compiled_share" in lines
+    assert [f for f in record["findings"] if f["rule"] in ("unfused-attention", "tiny-ops")] == []
+    assert "op lines: not measured: compiled region" in printed
+    (step,) = [s for s in record["steps"] if s["index"] == lines["steps"][0]]
+    assert step["op_lines"] and step["profiled"]
+    assert check_invariants(load_record(out / "run.json")) == []

@@ -20,6 +20,13 @@ which op pattern it is; the range then also carries the package's own line, the 
 outside torch (``scalpel.site:USER:LINE<US>LIB:LINE``, US the ASCII unit separator), so the rules see
 the library's code and a finding names both lines.
 
+Under ``torch.compile`` the pass names no line: a torch function mode entered after compilation fails
+dynamo's guards, so the compiled code would be recompiled with the mode or run eagerly (measured on a
+compiled attention model: the pass took 11.9 s and timed the eager ops, calling them "unfused attention"
+and "tiny ops, use torch.compile"). When the script has compiled graphs, the pass profiles the step
+without the mode, measures the share of it inside compiled regions, and says "not measured: compiled
+region"; ops inside a compiled region are the compiler's and have no user line.
+
 The pass's steps are marked ``profiled`` and ``op_lines`` (left out of timings, like the window's);
 its cost (the steps' wall time plus reading the events back) is recorded in ``profiler.op_lines``.
 """
@@ -48,6 +55,35 @@ OURS = "torchscalpel"
 """The site of a call torchscalpel's own code made (the loss it records, a wrapper's ``.item()``)."""
 _SKIPPED = frozenset({Kind.TORCH, Kind.STDLIB, Kind.GENERATED})
 _PATCHING = "/runtime/patching.py"
+
+
+COMPILED_RANGES = ("Torch-Compiled Region", "CompiledFunctionBackward")
+"""Profiler ranges around torch.compile'd code: dynamo's forward region and AOTAutograd's backward."""
+
+
+def dynamo_graphs() -> int:
+    """Graphs ``torch.compile`` has built in this process (0 when dynamo was never imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["stats"]["unique_graphs"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 0
+
+
+def compiled_us(prof: profile) -> float:
+    """Host time of the pass inside compiled regions (outermost ranges only: a region is counted once)."""
+    total = 0.0
+    for evt in prof.events():
+        if not evt.name.startswith(COMPILED_RANGES):
+            continue
+        p = evt.cpu_parent
+        while p is not None and not p.name.startswith(COMPILED_RANGES):
+            p = p.cpu_parent
+        if p is None:
+            total += float(evt.cpu_time_total)
+    return total
 
 
 def _is_layer(frame: Any) -> bool:
@@ -210,6 +246,10 @@ class OpLinePass:
         self.ops: list[dict[str, Any]] = []
         self.findings: list[Finding] = []
         self.events = 0
+        self.graphs = 0
+        """Graphs torch.compile had built when the pass started (the mode is left out when any)."""
+        self.compiled_share: float | None = None
+        """Share of the pass's step inside compiled regions (None: no compiled region ran)."""
 
     @property
     def running(self) -> bool:
@@ -225,8 +265,10 @@ class OpLinePass:
             self._prof = profile(activities=activities, record_shapes=True, with_stack=False)
             with native_stderr_to(self.log_path):
                 self._prof.start()
-            self._mode = SiteMode()
-            self._mode.__enter__()
+            self.graphs = dynamo_graphs()
+            if not self.graphs:  # compiled code would be recompiled under the mode: leave it as it runs
+                self._mode = SiteMode()
+                self._mode.__enter__()
         except Exception as exc:  # a pass that cannot start must not stop the user's run
             self._prof, self.error = None, f"the op-line pass failed to start: {exc!r}"
 
@@ -258,6 +300,10 @@ class OpLinePass:
             if not complete or not self.steps:
                 self.error = self.error or "the script ended inside the op-line pass"
                 return
+            inside = compiled_us(prof)
+            if inside > 0 or self.graphs:
+                self._not_measured_compiled(inside)
+                return
             events = events_from(prof)
             self.events = len(events)
             facts = PassFacts(
@@ -274,9 +320,28 @@ class OpLinePass:
             free_profiler(prof)
             self.seconds = time.perf_counter() - self._t0
 
+    def _not_measured_compiled(self, inside_us: float) -> None:
+        """The script runs torch.compile'd code: no op gets a line, and the error says how much was compiled."""
+        step_us = self.step_ms * 1000.0
+        self.compiled_share = min(inside_us / step_us, 1.0) if step_us > 0 else None
+        graphs = max(self.graphs, dynamo_graphs())
+        if self.compiled_share is None:
+            share = "the pass's step time was not measured"
+        elif inside_us > 0:
+            share = f"{100 * self.compiled_share:.0f}% of the pass's step ran inside compiled regions"
+        else:
+            share = "none of the pass's step ran inside a compiled region"
+        self.error = (
+            f"compiled region: the script built {graphs} torch.compile graph(s) ({share}); compiled ops are the "
+            "compiler's kernels and have no line, and a torch function mode would make dynamo recompile, so the "
+            "pass profiled the step as it runs and named no line"
+        )
+
     def result(self) -> dict[str, Any]:
         """The record's ``profiler.op_lines``."""
         out: dict[str, Any] = {"steps": self.steps, "seconds": self.seconds, "step_ms": self.step_ms}
+        if self.compiled_share is not None:
+            out["compiled_share"] = self.compiled_share
         if self.error:
             out["error"] = self.error
         out["ops"] = self.ops
