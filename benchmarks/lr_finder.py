@@ -6,13 +6,23 @@ plain loop under ``scalpel lr`` and the LightningModule under ``Tuner.lr_find``,
 --min/--max/--steps. Printed per model: both suggestions and their ratio, and each rule applied to the
 other's curve (scalpel's slope is per ln(lr), before the smoothed minimum; Lightning 2.x's is per lr).
 
+Then the test a user would run: each model trained for ``--train-steps`` steps at scalpel's suggested lr,
+at Lightning's, and at the scripts' own 1e-3, from the same initialisation and the same batches per seed
+(``--seeds``: the seed sets the initialisation and the batch order), with plain.py's loop (the 50-step
+warm-up LambdaLR, then the lr held). Printed per model and lr: the held-out loss after training (a data
+set drawn apart from the training set) per seed and its mean, and how many seeds diverged (a loss that is
+not finite). For reference, the same training at a grid of fixed lrs (``--grid``): the best lr a user
+would find by trying, and where each suggestion lands against it.
+
 python benchmarks/lr_finder.py [--steps 100] [--min 1e-7] [--max 10] [--models mlp,cnn,lm]
+                               [--train-steps 500] [--seeds 0,1,2] [--grid 1e-5,1e-4,1e-3,1e-2,1e-1,1]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -22,6 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "benchmarks" / "lr_corpus"
 sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
 
 from torchscalpel.lrfind.sweep import suggest  # noqa: E402
 
@@ -81,6 +93,92 @@ def compare(kind: str, args: argparse.Namespace) -> dict:
     }
 
 
+HELD_OUT_BATCHES = 20
+
+
+def train_at(kind: str, lr: float, seed: int, steps: int, batches: int) -> tuple[float, float]:
+    """plain.py's loop for ``steps`` steps at ``lr`` (warm-up LambdaLR, then held): (last train loss, held-out loss)."""
+    sys.path.insert(0, str(CORPUS))
+    import models
+
+    torch.manual_seed(seed)
+    model = {"mlp": models.MLP, "cnn": models.SmallCNN, "lm": models.TinyLM}[kind]()
+    optimizer = models.make_optimizer(kind, model.parameters(), lr=lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 50))
+    data, held = models.make_split(kind, batches, HELD_OUT_BATCHES * models.BATCH)
+    order = torch.Generator().manual_seed(seed)
+    loss = torch.tensor(float("nan"))
+    done = 0
+    while done < steps:
+        loader = torch.utils.data.DataLoader(data, batch_size=models.BATCH, shuffle=True, generator=order)
+        for batch in loader:
+            optimizer.zero_grad()
+            loss = models.loss_of(kind, model, batch)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            done += 1
+            if done >= steps or not torch.isfinite(loss):
+                break
+        if not torch.isfinite(loss):
+            break
+    with torch.no_grad():
+        model.eval()
+        test = (
+            models.loss_of(kind, model, held.tensors) if torch.isfinite(loss) else torch.tensor(float("nan"))
+        )
+    return float(loss.detach()), float(test)
+
+
+def _trained(
+    kind: str, lr: float, seeds: list[int], args: argparse.Namespace
+) -> tuple[str, float | None, str, str]:
+    """(per-seed held-out losses, their mean over the finite ones, the mean as text, diverged count)."""
+    losses = [train_at(kind, lr, seed, args.train_steps, args.steps)[1] for seed in seeds]
+    finite = [x for x in losses if math.isfinite(x)]
+    mean = sum(finite) / len(finite) if finite else None
+    per = ", ".join(f"{x:.4f}" if math.isfinite(x) else "nan" for x in losses)
+    shown = f"{mean:.4f}" if mean is not None else "not measured: every seed diverged"
+    return per, mean, shown, f"{len(losses) - len(finite)} of {len(losses)}"
+
+
+def training_table(results: list[dict], args: argparse.Namespace) -> None:
+    """Each model trained at each suggestion and at the grid: held-out loss per seed, the mean, the diverged runs."""
+    seeds = [int(s) for s in args.seeds.split(",")]
+    grid = [float(x) for x in args.grid.split(",")] if args.grid else []
+    print(
+        f"\ntrained {args.train_steps} steps from each lr (plain.py's loop: 50-step warm-up, then held), "
+        f"seeds {args.seeds}; held-out loss after training (lower is better; nan: diverged)"
+    )
+    print("| model | lr from | lr | held-out loss per seed | mean | diverged |")
+    print("|---|---|---|---|---|---|")
+    verdicts = []
+    for r in results:
+        kind = r["model"]
+        means: dict[str, tuple[float, float | None]] = {}
+        rows = [("scalpel lr", r["scalpel"]), ("Tuner.lr_find", r["lightning"])]
+        rows += [("grid", lr) for lr in grid if lr not in (r["scalpel"], r["lightning"])]
+        for label, lr in rows:
+            if not lr:
+                print(f"| {kind} | {label} | none | not measured: no suggestion | | |")
+                continue
+            per, mean, shown, diverged = _trained(kind, lr, seeds, args)
+            means[f"{label} {lr:.3g}"] = (lr, mean)
+            print(f"| {kind} | {label} | {lr:.3g} | {per} | {shown} | {diverged} |", flush=True)
+        finite = {k: v for k, v in means.items() if v[1] is not None}
+        if finite:
+            best = min(finite, key=lambda k: finite[k][1])  # type: ignore[arg-type,return-value]
+            ours = next((v[1] for k, v in means.items() if k.startswith("scalpel")), None)
+            theirs = next((v[1] for k, v in means.items() if k.startswith("Tuner")), None)
+            verdicts.append(
+                f"{kind}: lowest mean at {best} ({finite[best][1]:.4f}); scalpel's pick "
+                f"{'not measured' if ours is None else f'{ours:.4f}'}, Tuner.lr_find's "
+                f"{'not measured' if theirs is None else f'{theirs:.4f}'}"
+            )
+    for line in verdicts:
+        print(line)
+
+
 def ratio(a: float | None, b: float | None) -> str:
     if not a or not b:
         return "not measured: no suggestion"
@@ -97,6 +195,15 @@ def main() -> None:
     parser.add_argument("--min", type=float, default=1e-7)
     parser.add_argument("--max", type=float, default=10.0)
     parser.add_argument("--models", default="mlp,cnn,lm")
+    parser.add_argument(
+        "--train-steps", type=int, default=500, help="steps trained at each suggestion (0: skip)"
+    )
+    parser.add_argument(
+        "--seeds", default="0,1,2", help="initialisation and batch-order seeds of the training runs"
+    )
+    parser.add_argument(
+        "--grid", default="1e-5,1e-4,1e-3,1e-2,1e-1,1", help="fixed lrs trained for reference ('' to skip)"
+    )
     args = parser.parse_args()
     print(
         f"{cpu_name()}, torch {__import__('torch').__version__}, lightning {__import__('lightning').__version__}"
@@ -107,8 +214,10 @@ def main() -> None:
         "| scalpel's rule on Lightning's curve | ratio to scalpel lr | points (scalpel / Lightning) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
+    results = []
     for kind in args.models.split(","):
         r = compare(kind, args)
+        results.append(r)
         print(
             f"| {kind} | {fmt(r['scalpel'])} | {fmt(r['lightning'])} | {ratio(r['scalpel'], r['lightning'])} "
             f"| {fmt(r['lightning_rule_on_scalpel_curve'])} | {ratio(r['lightning_rule_on_scalpel_curve'], r['lightning'])} "
@@ -116,6 +225,9 @@ def main() -> None:
             f"| {r['scalpel_points']} / {r['lightning_points']} |",
             flush=True,
         )
+    if args.train_steps > 0:
+        torch.set_num_threads(1)
+        training_table(results, args)
 
 
 if __name__ == "__main__":

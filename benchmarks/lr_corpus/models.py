@@ -64,25 +64,43 @@ class TinyLM(nn.Module):
 
 def make_data(kind: str, batches: int) -> TensorDataset:
     """``batches`` * BATCH samples, from a generator seeded apart from the model's initialisation."""
+    return make_split(kind, batches, 0)[0]
+
+
+def make_split(kind: str, batches: int, held_out: int) -> tuple[TensorDataset, TensorDataset]:
+    """The training set of :func:`make_data` and ``held_out`` more samples of the same task (the same
+    weights, templates or chain), drawn after it from the same generator: the training set is the same
+    whatever ``held_out`` is."""
     g = torch.Generator().manual_seed(1234)
     n = batches * BATCH
     if kind == "mlp":
         x = torch.randn(n, 20, generator=g)
         w = torch.randn(20, 4, generator=g)
-        return TensorDataset(x, (x @ w).argmax(1))
+        xh = torch.randn(held_out, 20, generator=g)
+        return TensorDataset(x, (x @ w).argmax(1)), TensorDataset(xh, (xh @ w).argmax(1))
     if kind == "cnn":
         x = torch.randn(n, 1, 16, 16, generator=g)
         templates = torch.randn(4, 1, 16, 16, generator=g)
-        return TensorDataset(x, torch.einsum("nchw,kchw->nk", x, templates).argmax(1))
+        xh = torch.randn(held_out, 1, 16, 16, generator=g)
+
+        def label(v: torch.Tensor) -> torch.Tensor:
+            return torch.einsum("nchw,kchw->nk", v, templates).argmax(1)
+
+        return TensorDataset(x, label(x)), TensorDataset(xh, label(xh))
     if kind == "lm":
         # random tokens from a fixed random bigram chain: each token has a few likely successors
         logits = torch.randn(TinyLM.VOCAB, TinyLM.VOCAB, generator=g) * 3
         probs = logits.softmax(1)
-        seq = torch.empty(n, TinyLM.SEQ + 1, dtype=torch.long)
-        seq[:, 0] = torch.randint(0, TinyLM.VOCAB, (n,), generator=g)
-        for t in range(TinyLM.SEQ):
-            seq[:, t + 1] = torch.multinomial(probs[seq[:, t]], 1, generator=g).squeeze(1)
-        return TensorDataset(seq[:, :-1], seq[:, 1:])
+
+        def chain(m: int) -> TensorDataset:
+            seq = torch.empty(m, TinyLM.SEQ + 1, dtype=torch.long)
+            seq[:, 0] = torch.randint(0, TinyLM.VOCAB, (m,), generator=g)
+            for t in range(TinyLM.SEQ):
+                seq[:, t + 1] = torch.multinomial(probs[seq[:, t]], 1, generator=g).squeeze(1)
+            return TensorDataset(seq[:, :-1], seq[:, 1:])
+
+        train = chain(n)
+        return train, chain(held_out)
     raise ValueError(f"unknown corpus model {kind!r}")
 
 

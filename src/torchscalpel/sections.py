@@ -166,7 +166,8 @@ class ProfilerSection(SectionView):
     op_lines: dict[str, Any] | None = None
     """The op-line pass (``runtime/op_lines.py``): ``steps``, ``seconds`` (its cost: the steps and reading
     them back), ``step_ms``, ``ops`` (per top op: ``name``, ``site`` file:line, ``site_share``, ``calls``,
-    ``self_us``, ``shapes``) and ``error`` when it could not run; None: not asked."""
+    ``self_us``, ``shapes``, ``library_site``: an installed package's file:line that made the calls, or None)
+    and ``error`` when it could not run; None: not asked."""
 
 
 @dataclass(kw_only=True, slots=True)

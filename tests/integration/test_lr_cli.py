@@ -145,3 +145,5 @@ def test_batch_names_the_best_size_and_states_the_lr_rule(tmp_path: Path) -> Non
     assert section["script_batch_size"] == 32 and section["optimizer"] == "SGD"
     assert "linearly" in section["advice"] and "not applied" in section["advice"]
     assert f"best samples/s at batch {section['best']}" in done.stdout
+    page = (tmp_path / "b" / "report.html").read_text()
+    assert 'id="batch"' in page and f"Best samples/s at batch <b>{section['best']}</b>" in page

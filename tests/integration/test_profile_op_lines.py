@@ -123,3 +123,68 @@ def test_loss_item_on_a_cpu_run_is_not_called_a_stall(tmp_path):
     record, _, _ = _profile(tmp_path, LOSS_ITEM, script_args=("--device", "cpu"))
     assert record["profiler"]["op_lines"]["ops"]
     assert [f for f in record["findings"] if f["rule"] == "sync-in-step"] == []
+
+
+HF_GPT2 = FIXTURES / "hf_gpt2_eager.py"
+
+
+def hf_attention_lines() -> tuple[Path, int, int]:
+    """The installed transformers' GPT-2 eager attention: its file, the ``torch.matmul(query, key...)`` line
+    and the ``torch.matmul(attn_weights, value)`` line, read from the file (never hard-coded)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("transformers.models.gpt2.modeling_gpt2")
+    assert spec is not None and spec.origin
+    source = Path(spec.origin).read_text().splitlines()
+    start = next(i for i, t in enumerate(source) if t.startswith("def eager_attention_forward"))
+    first = next(i for i in range(start, len(source)) if "torch.matmul(" in source[i]) + 1
+    last = next(i for i in range(first, len(source)) if "torch.matmul(" in source[i]) + 1
+    return Path(spec.origin), first, last
+
+
+@pytest.mark.slow
+def test_hf_eager_attention_names_the_library_line_and_the_users_line(tmp_path):
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    record, printed, _ = _profile(tmp_path, HF_GPT2)
+    library, first, last = hf_attention_lines()
+    user = next(i for i, t in enumerate(HF_GPT2.read_text().splitlines(), 1) if "outputs = model(" in t)
+    (finding,) = [f for f in record["findings"] if f["rule"] == "unfused-attention"]
+    # the location is the user's line (what a report links to); the message names the library's attention
+    assert finding["location"]["file"].endswith(HF_GPT2.name) and finding["location"]["line"] == user
+    assert f"transformers/models/gpt2/{library.name}:{first}-{last} (library code)" in finding["message"]
+    reached = finding["message"].split("reached from ", 1)[1]
+    assert reached.startswith(f"{HF_GPT2.relative_to(FIXTURES.parents[2])}:{user}:"), finding["message"]
+    assert "attn_implementation='sdpa'" in finding["fix"]
+    assert "(library code)" in printed
+    bmm = next(o for o in record["profiler"]["op_lines"]["ops"] if o["name"] == "aten::bmm")
+    file, _, at = (bmm["library_site"] or "").rpartition(":")
+    assert file == str(library) and first <= int(at) <= last, bmm
+
+
+@pytest.mark.slow
+def test_hf_sdpa_twin_stays_silent(tmp_path):
+    pytest.importorskip("transformers", reason="transformers is not installed")
+    record, printed, _ = _profile(tmp_path, HF_GPT2, script_args=("--attn", "sdpa"))
+    assert [f for f in record["findings"] if f["rule"] == "unfused-attention"] == []
+    assert record["profiler"]["op_lines"]["ops"] and "unfused-attention" not in printed
+
+
+COMPILED = FIXTURES / "compiled_attention.py"
+
+
+@pytest.mark.slow
+def test_a_compiled_model_is_not_measured_as_a_compiled_region(tmp_path):
+    """model = torch.compile(model): the pass must not enter its torch function mode (dynamo's guards fail
+    and the pass times a recompile and eager ops: 11.1 s for a 2 ms step, and "unfused-attention at 0.0%"
+    plus "tiny ops: use torch.compile" for a model already compiled). backend="aot_eager" keeps the test
+    cheap: dynamo and AOTAutograd run as with inductor, without inductor's C++ compile (inductor checked by
+    hand: the same output)."""
+    record, printed, out = _profile(tmp_path, COMPILED, script_args=("--backend", "aot_eager"))
+    lines = record["profiler"]["op_lines"]
+    assert lines["error"].startswith("compiled region: the script built "), lines
+    assert lines["ops"] == [] and "compiled_share" in lines
+    assert [f for f in record["findings"] if f["rule"] in ("unfused-attention", "tiny-ops")] == []
+    assert "op lines: not measured: compiled region" in printed
+    (step,) = [s for s in record["steps"] if s["index"] == lines["steps"][0]]
+    assert step["op_lines"] and step["profiled"]
+    assert check_invariants(load_record(out / "run.json")) == []

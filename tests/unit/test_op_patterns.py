@@ -170,3 +170,36 @@ def test_op_lines_keep_the_heaviest_line_per_op():
     assert bmm["site"] == f"{MODEL}:52" and bmm["calls"] == 2
     assert abs(bmm["site_share"] - 1600 / 2250) < 1e-9
     assert rows[0]["name"] == "aten::bmm"
+
+
+HF = "/venv/lib/python3.11/site-packages/transformers/models/gpt2/modeling_gpt2.py"
+
+
+def test_attention_inside_transformers_names_the_library_line_and_the_users_line():
+    """HF eager attention: every op's user line is the ``model(...)`` call; the chain is found in the
+    library's lines (59 matmul, 64 softmax, 70 matmul), and the fix is attn_implementation, not an edit."""
+
+    def lib(name, line, start, self_us=100.0, **kw):
+        return ev(name, 27, start, self_us, file=TRAIN, library_site=f"{HF}:{line}", **kw)
+
+    layer = [
+        lib("aten::linear", 300, 0, 400.0),
+        lib("aten::matmul", 59, 10, 20.0, shapes=((8, 4, 128, 16), (8, 4, 16, 128))),
+        lib("aten::bmm", 59, 11, 700.0, parent="aten::matmul"),
+        lib("aten::softmax", 64, 20, 500.0, shapes=((8, 4, 128, 128), (), ())),
+        lib("aten::dropout", 68, 30, 100.0),
+        lib("aten::matmul", 70, 40, 680.0, shapes=((8, 4, 128, 128), (8, 4, 128, 16))),
+        lib("aten::bmm", 59, 5000, 900.0, backward=True),
+        ev("aten::mm", 27, 6000, 2000.0, file=TRAIN),  # the model's other work, also at the user's line
+    ]
+    (f,) = find_patterns(layer, PassFacts(step_us=10_000.0))
+    assert f.rule == "unfused-attention"
+    assert (f.location.file, f.location.line) == (TRAIN, 27)
+    assert "transformers/models/gpt2/modeling_gpt2.py:59-70 (library code), reached from" in f.message
+    assert "train.py:27" in f.message
+    # lines 59-70 only: 20+700+500+100+680+900 = 2900 us, not the 2400 us of other work at line 27
+    assert "29.0% of the step" in f.message
+    assert "attn_implementation='sdpa'" in f.fix and "scaled_dot_product_attention(q" not in f.fix
+    row = next(r for r in op_lines(layer) if r["name"] == "aten::bmm")
+    assert row["site"] == f"{TRAIN}:27" and row["library_site"] == f"{HF}:59"
+    assert next(r for r in op_lines(layer) if r["name"] == "aten::mm")["library_site"] is None

@@ -37,6 +37,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5, help="measured steps per size (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="steps run before measuring, per size (default 2)")
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-batch-<name>/)")
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
     add_target_arguments(p)
     p.set_defaults(func=run)
     return p
@@ -56,10 +57,12 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.sections import BatchSection
     from torchscalpel.stages.batch import run_batch
 
-    record = run_batch(target, options, out_dir)
+    record = run_batch(target, options, out_dir, write_report=not args.no_report)
     section = record.section(BatchSection) or BatchSection()
     print(f"scalpel batch: {target.name}")
     for line in summary_lines(section):
         print(line)
-    print(f"record: {out_dir / 'run.json'}")
+    print(
+        f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}")
+    )
     return 0 if section.best is not None else 1

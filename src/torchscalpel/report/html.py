@@ -24,6 +24,7 @@ def section_builders() -> list[SectionBuilder]:
     Verdicts first (the tune recommendation, the memory plan, the findings), then the evidence, then the
     environment: :func:`sections_for` keeps that order whatever a builder returns (see VERDICT_IDS)."""
     from torchscalpel.report import (
+        batch_sections,
         env_sections,
         findings_sections,
         lr_sections,
@@ -36,6 +37,7 @@ def section_builders() -> list[SectionBuilder]:
     return [
         tune_sections.build,
         lr_sections.build,
+        batch_sections.build,
         plan_sections.build,
         memory_sections.build,
         findings_sections.build,
@@ -44,8 +46,8 @@ def section_builders() -> list[SectionBuilder]:
     ]
 
 
-VERDICT_IDS = ("tune", "lr", "plan", "findings", "trace-diff", "memory", "profile-verdict")
-"""Section ids that carry a verdict: the recommendation, the learning-rate suggestion, the plan, the findings,
+VERDICT_IDS = ("tune", "lr", "batch", "plan", "findings", "trace-diff", "memory", "profile-verdict")
+"""Section ids that carry a verdict: the recommendation, the learning-rate suggestion, the best batch size, the plan, the findings,
 a comparison, memory's peak and out-of-memory fix ladder, where a profiled step goes. They lead the page."""
 
 ENVIRONMENT_IDS = ("environment",)

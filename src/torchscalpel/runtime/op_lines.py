@@ -14,6 +14,19 @@ lines. A torch function mode sees the caller's live frame, whose ``f_lineno`` is
 it wraps each call in a profiler range named ``scalpel.site:FILE:LINE`` that the ops nest in.
 ``--with-stack`` still records torch's stacks in the main window, for users who want the full trace.
 
+When the call is made by an installed package (transformers' ``eager_attention_forward``), the user's
+line is the one that called into the package (``outputs = model(**batch)``), which says nothing about
+which op pattern it is; the range then also carries the package's own line, the innermost frame
+outside torch (``scalpel.site:USER:LINE<US>LIB:LINE``, US the ASCII unit separator), so the rules see
+the library's code and a finding names both lines.
+
+Under ``torch.compile`` the pass names no line: a torch function mode entered after compilation fails
+dynamo's guards, so the compiled code would be recompiled with the mode or run eagerly (measured on a
+compiled attention model: the pass took 11.9 s and timed the eager ops, calling them "unfused attention"
+and "tiny ops, use torch.compile"). When the script has compiled graphs, the pass profiles the step
+without the mode, measures the share of it inside compiled regions, and says "not measured: compiled
+region"; ops inside a compiled region are the compiler's and have no user line.
+
 The pass's steps are marked ``profiled`` and ``op_lines`` (left out of timings, like the window's);
 its cost (the steps' wall time plus reading the events back) is recorded in ``profiler.op_lines``.
 """
@@ -36,10 +49,41 @@ from torchscalpel.runtime.userframes import Kind, file_kind, user_frame
 from torchscalpel.trace.patterns import OpEvent, PassFacts, find_patterns, op_lines
 
 SITE_PREFIX = "scalpel.site:"
+LIBRARY_SEP = "\x1f"
+"""Between the user's site and the library's in a range name (no file name holds it)."""
 OURS = "torchscalpel"
 """The site of a call torchscalpel's own code made (the loss it records, a wrapper's ``.item()``)."""
 _SKIPPED = frozenset({Kind.TORCH, Kind.STDLIB, Kind.GENERATED})
 _PATCHING = "/runtime/patching.py"
+
+
+COMPILED_RANGES = ("Torch-Compiled Region", "CompiledFunctionBackward")
+"""Profiler ranges around torch.compile'd code: dynamo's forward region and AOTAutograd's backward."""
+
+
+def dynamo_graphs() -> int:
+    """Graphs ``torch.compile`` has built in this process (0 when dynamo was never imported)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    try:
+        return int(utils.counters["stats"]["unique_graphs"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 0
+
+
+def compiled_us(prof: profile) -> float:
+    """Host time of the pass inside compiled regions (outermost ranges only: a region is counted once)."""
+    total = 0.0
+    for evt in prof.events():
+        if not evt.name.startswith(COMPILED_RANGES):
+            continue
+        p = evt.cpu_parent
+        while p is not None and not p.name.startswith(COMPILED_RANGES):
+            p = p.cpu_parent
+        if p is None:
+            total += float(evt.cpu_time_total)
+    return total
 
 
 def _is_layer(frame: Any) -> bool:
@@ -54,16 +98,26 @@ def call_site(frame: Any) -> str | None:
     passes the user's call through (``loss.backward()`` goes through the runtime's wrapper and is the
     user's line). None when no frame is the user's.
     """
+    return call_sites(frame)[0]
+
+
+def call_sites(frame: Any) -> tuple[str | None, str | None]:
+    """(:func:`call_site`, the library's line): the second is ``file:line`` of the innermost frame outside
+    torch and the standard library when an installed package made the call (transformers'
+    ``torch.matmul(query, key.transpose(-1, -2))``), None when the user's code (or torch's, called by it) did."""
     f = frame
+    library = None
     while f is not None:
         kind = file_kind(f.f_code.co_filename)
         if kind not in _SKIPPED:
             if kind is Kind.SCALPEL and not _is_layer(f) and not _is_layer(f.f_back):
-                return OURS
+                return OURS, None
+            if kind is Kind.THIRD_PARTY:
+                library = f"{f.f_code.co_filename}:{f.f_lineno}"
             break
         f = f.f_back
     found = user_frame(frame)
-    return None if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"
+    return (None if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"), library
 
 
 class SiteMode(TorchFunctionMode):
@@ -77,15 +131,20 @@ class SiteMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        site = call_site(sys._getframe(1))
+        site, library = call_sites(sys._getframe(1))
         if site is None:
             return func(*args, **kwargs)
         self.calls += 1
-        with self._range(SITE_PREFIX + site):
+        name = SITE_PREFIX + site if library is None else f"{SITE_PREFIX}{site}{LIBRARY_SEP}{library}"
+        with self._range(name):
             return func(*args, **kwargs)
 
 
-def _site_of(evt: Any) -> tuple[str | None, str | None, bool, Any]:
+Site = tuple[str | None, str | None]
+"""(the user's ``file:line``, the library's ``file:line`` or None)."""
+
+
+def _site_of(evt: Any) -> tuple[Site, str | None, bool, Any]:
     """(site, the op it runs inside, ours, its backward function event or None) from an event's parents."""
     parent_op, bw = None, None
     p = evt.cpu_parent
@@ -93,14 +152,15 @@ def _site_of(evt: Any) -> tuple[str | None, str | None, bool, Any]:
         name = p.name
         if name.startswith(SITE_PREFIX):
             if name == SITE_PREFIX + OURS:
-                return None, parent_op, True, bw
-            return name[len(SITE_PREFIX) :], parent_op, False, bw
+                return (None, None), parent_op, True, bw
+            user, _, library = name[len(SITE_PREFIX) :].partition(LIBRARY_SEP)
+            return (user, library or None), parent_op, False, bw
         if bw is None and getattr(p, "scope", 0) == 1:  # BACKWARD_FUNCTION: autograd's node for a forward op
             bw = p
         if parent_op is None and (name.startswith("aten::") or name.startswith("cuda")):
             parent_op = name
         p = p.cpu_parent
-    return None, parent_op, False, bw
+    return (None, None), parent_op, False, bw
 
 
 def events_from(prof: profile) -> list[OpEvent]:
@@ -111,7 +171,7 @@ def events_from(prof: profile) -> list[OpEvent]:
     so ``aten::bmm`` in backward is charged to the ``q @ k.transpose`` line, not to ``loss.backward()``.
     """
     kept = []
-    forward_sites: dict[tuple[int, int], str] = {}
+    forward_sites: dict[tuple[int, int], Site] = {}
     for evt in prof.events():
         name = evt.name
         if not (name.startswith("aten::") or name.startswith("cuda")) or name.startswith("cudaLaunch"):
@@ -122,7 +182,7 @@ def events_from(prof: profile) -> list[OpEvent]:
         if ours:
             continue
         seq = getattr(evt, "sequence_nr", -1)
-        if bw is None and site is not None and seq is not None and seq >= 0:
+        if bw is None and site[0] is not None and seq is not None and seq >= 0:
             forward_sites.setdefault((seq, evt.thread), site)
         kept.append((evt, site, parent, bw))
     out = []
@@ -136,7 +196,8 @@ def events_from(prof: profile) -> list[OpEvent]:
         out.append(
             OpEvent(
                 name=evt.name,
-                site=site,
+                site=site[0],
+                library_site=site[1],
                 start_us=float(evt.time_range.start),
                 self_us=float(evt.self_cpu_time_total),
                 total_us=float(evt.cpu_time_total),
@@ -185,6 +246,10 @@ class OpLinePass:
         self.ops: list[dict[str, Any]] = []
         self.findings: list[Finding] = []
         self.events = 0
+        self.graphs = 0
+        """Graphs torch.compile had built when the pass started (the mode is left out when any)."""
+        self.compiled_share: float | None = None
+        """Share of the pass's step inside compiled regions (None: no compiled region ran)."""
 
     @property
     def running(self) -> bool:
@@ -200,8 +265,10 @@ class OpLinePass:
             self._prof = profile(activities=activities, record_shapes=True, with_stack=False)
             with native_stderr_to(self.log_path):
                 self._prof.start()
-            self._mode = SiteMode()
-            self._mode.__enter__()
+            self.graphs = dynamo_graphs()
+            if not self.graphs:  # compiled code would be recompiled under the mode: leave it as it runs
+                self._mode = SiteMode()
+                self._mode.__enter__()
         except Exception as exc:  # a pass that cannot start must not stop the user's run
             self._prof, self.error = None, f"the op-line pass failed to start: {exc!r}"
 
@@ -233,6 +300,10 @@ class OpLinePass:
             if not complete or not self.steps:
                 self.error = self.error or "the script ended inside the op-line pass"
                 return
+            inside = compiled_us(prof)
+            if inside > 0 or self.graphs:
+                self._not_measured_compiled(inside)
+                return
             events = events_from(prof)
             self.events = len(events)
             facts = PassFacts(
@@ -249,9 +320,28 @@ class OpLinePass:
             free_profiler(prof)
             self.seconds = time.perf_counter() - self._t0
 
+    def _not_measured_compiled(self, inside_us: float) -> None:
+        """The script runs torch.compile'd code: no op gets a line, and the error says how much was compiled."""
+        step_us = self.step_ms * 1000.0
+        self.compiled_share = min(inside_us / step_us, 1.0) if step_us > 0 else None
+        graphs = max(self.graphs, dynamo_graphs())
+        if self.compiled_share is None:
+            share = "the pass's step time was not measured"
+        elif inside_us > 0:
+            share = f"{100 * self.compiled_share:.0f}% of the pass's step ran inside compiled regions"
+        else:
+            share = "none of the pass's step ran inside a compiled region"
+        self.error = (
+            f"compiled region: the script built {graphs} torch.compile graph(s) ({share}); compiled ops are the "
+            "compiler's kernels and have no line, and a torch function mode would make dynamo recompile, so the "
+            "pass profiled the step as it runs and named no line"
+        )
+
     def result(self) -> dict[str, Any]:
         """The record's ``profiler.op_lines``."""
         out: dict[str, Any] = {"steps": self.steps, "seconds": self.seconds, "step_ms": self.step_ms}
+        if self.compiled_share is not None:
+            out["compiled_share"] = self.compiled_share
         if self.error:
             out["error"] = self.error
         out["ops"] = self.ops

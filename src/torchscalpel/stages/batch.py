@@ -11,9 +11,11 @@ from torchscalpel.runtime.target import Target
 from torchscalpel.tune.batch_finder import BatchOptions
 
 
-def run_batch(target: Target, options: BatchOptions, out_dir: Path) -> RunRecord:
+def run_batch(
+    target: Target, options: BatchOptions, out_dir: Path, *, write_report: bool = True
+) -> RunRecord:
     """Measure every size in ``options.sizes`` (ascending); the record of the best size (or the last run)
-    carries ``sections["batch"]`` and is saved as ``out_dir/run.json``."""
+    carries ``sections["batch"]`` and is saved as ``out_dir/run.json``, then rendered as ``report.html``."""
     from torchscalpel.runtime.session import RuntimeOptions, run_target
     from torchscalpel.tune.batch_finder import ForcedBatch, OptimizerKind, best_size, scaling_advice
 
@@ -66,5 +68,14 @@ def run_batch(target: Target, options: BatchOptions, out_dir: Path) -> RunRecord
     record = records[best] if best is not None else records[sorted(options.sizes)[-1]]
     record.sections["batch"] = section
     record.artifacts["record"] = "run.json"
-    save_record(record, out_dir)
+    save_record(record, out_dir)  # first: a report that fails to render loses nothing
+    if write_report:
+        try:
+            from torchscalpel.report.html import write_report as write_html
+
+            write_html(record, out_dir / "report.html")
+            record.artifacts["report"] = "report.html"
+        except Exception as exc:
+            record.notes.append(f"report.html failed: {exc!r}")
+        save_record(record, out_dir)
     return record

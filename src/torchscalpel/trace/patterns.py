@@ -18,6 +18,7 @@ and the line to change:
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +71,14 @@ class OpEvent:
     """Kernel and memcpy names it launched (``Memcpy HtoD (Pageable -> Device)``)."""
     backward: bool = False
     """Run by autograd for a forward op; ``site`` is then the forward op's line."""
+    library_site: str | None = None
+    """The installed package's ``file:line`` that made the call, when one did (transformers'
+    ``eager_attention_forward``): ``site`` is then the user's line that called into the package."""
+
+    @property
+    def code_site(self) -> str | None:
+        """The line whose code ran the op: the library's when a package made the call, else the user's."""
+        return self.library_site or self.site
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready."""
@@ -84,6 +93,7 @@ class OpEvent:
             "parent": self.parent,
             "kernels": list(self.kernels),
             "backward": self.backward,
+            "library_site": self.library_site,
         }
 
 
@@ -136,8 +146,16 @@ def _pct(x: float, facts: PassFacts) -> str:
     return f"{100 * x / facts.step_us:.1f}%" if facts.step_us > 0 else "not measured: no step time"
 
 
+_INSTALLED = re.compile(r"^.*/(?:site|dist)-packages/")
+
+
 def _where(site: str) -> str:
+    """``file:line`` for a message: relative to the current folder, an installed package's file from its
+    package folder (``transformers/models/gpt2/modeling_gpt2.py:59``)."""
     file, line = _split(site)
+    unix = file.replace("\\", "/")
+    if _INSTALLED.match(unix):
+        return f"{_INSTALLED.sub('', unix)}:{line}"
     return f"{short_path(file)}:{line}"
 
 
@@ -146,23 +164,54 @@ def _location(site: str) -> Location:
     return Location(file=file, line=line)
 
 
+SDPA_FIX = (
+    "replace the matmul / mask / softmax / dropout / matmul lines with one fused call: "
+    "y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, "
+    "dropout_p=self.dropout if self.training else 0.0, is_causal=True)"
+)
+HF_FIX = (
+    "attn_implementation='sdpa': pass it where the model is built (from_pretrained(..., "
+    "attn_implementation='sdpa'), AutoModel.from_config(config, attn_implementation='sdpa'), or the config's "
+    "attn_implementation), not by editing the library; 'flash_attention_2' on a GPU with the flash-attn package"
+)
+
+
+def _attention_fix(file: str, library: bool) -> str:
+    """The fix for attention written op by op in ``file``: the user's own code is rewritten; a library's
+    is switched by its own option (transformers' attn_implementation), never edited."""
+    if not library:
+        return SDPA_FIX
+    if "/transformers/" in file.replace("\\", "/"):
+        return HF_FIX
+    return (
+        "the attention is the library's code: switch it to its fused attention (an option such as "
+        "attn_implementation='sdpa', or a newer version that calls F.scaled_dot_product_attention)"
+    )
+
+
 def unfused_attention(events: Sequence[OpEvent], facts: PassFacts) -> list[Finding]:
-    """``matmul -> softmax -> matmul`` from lines of one file within :data:`ATTENTION_SPAN` of each other."""
+    """``matmul -> softmax -> matmul`` from lines of one file within :data:`ATTENTION_SPAN` of each other.
+
+    The lines are the code's (:attr:`OpEvent.code_site`): when an installed package computes the
+    attention (transformers' eager attention), the chain is found in the package's lines, and the finding
+    names them with the user's line that reached them and the package's own switch as the fix.
+    """
     calls = sorted(
-        (e for e in events if e.site and e.parent is None and not e.backward), key=lambda e: e.start_us
+        (e for e in events if e.code_site and e.parent is None and not e.backward), key=lambda e: e.start_us
     )
     chains: dict[tuple[str, int, int], int] = defaultdict(int)
+    reached: dict[tuple[str, int, int], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for i, s in enumerate(calls):
         if s.name not in SOFTMAXES or not s.shapes or len(s.shapes[0]) < 3:
             continue
-        file, line = _split(s.site or "")
+        file, line = _split(s.code_site or "")
         before = next(
             (
                 e
                 for e in reversed(calls[:i])
                 if e.name in MATMULS
-                and _split(e.site or "")[0] == file
-                and 0 <= line - _split(e.site or "")[1] <= ATTENTION_SPAN
+                and _split(e.code_site or "")[0] == file
+                and 0 <= line - _split(e.code_site or "")[1] <= ATTENTION_SPAN
             ),
             None,
         )
@@ -171,37 +220,50 @@ def unfused_attention(events: Sequence[OpEvent], facts: PassFacts) -> list[Findi
                 e
                 for e in calls[i + 1 :]
                 if e.name in MATMULS
-                and _split(e.site or "")[0] == file
-                and 0 <= _split(e.site or "")[1] - line <= ATTENTION_SPAN
+                and _split(e.code_site or "")[0] == file
+                and 0 <= _split(e.code_site or "")[1] - line <= ATTENTION_SPAN
             ),
             None,
         )
         if before is None or after is None:
             continue
-        chains[(file, _split(before.site or "")[1], _split(after.site or "")[1])] += 1
+        key = (file, _split(before.code_site or "")[1], _split(after.code_site or "")[1])
+        chains[key] += 1
+        if s.library_site and s.site:
+            reached[key][s.site] += 1
     out = []
-    for (file, first, last), n in chains.items():
+    for key, n in chains.items():
+        file, first, last = key
         cost = sum(
             _cost(e)
             for e in events
-            if e.site and _split(e.site)[0] == file and first <= _split(e.site)[1] <= last
+            if e.code_site and _split(e.code_site)[0] == file and first <= _split(e.code_site)[1] <= last
         )
         site = f"{file}:{first}"
+        users = sorted(reached.get(key, {}).items(), key=lambda kv: -kv[1])
+        where = f"at {_where(site)}-{last}"
+        evidence = [
+            f"{n} call(s) per {facts.steps} step(s): matmul at line {first}, softmax, matmul at line {last}",
+            f"ops of lines {first}-{last}, forward and backward: {cost / 1000:.2f} ms of "
+            f"{facts.step_us / 1000:.2f} ms ({_pct(cost, facts)}); the T x T score matrix is kept for backward",
+        ]
+        if users:
+            # The library's line is what runs; the user's line is where the user can act (and what a
+            # report links to): the finding's location is the user's line, the message names both.
+            where = f"in {_where(site)}-{last} (library code), reached from {_where(users[0][0])}"
+            evidence.append(
+                "reached from the user's line(s): "
+                + ", ".join(f"{_where(u)} ({k} call(s))" for u, k in users)
+            )
         out.append(
             Finding(
                 rule="unfused-attention",
                 severity=Severity.WARNING,
-                message=f"attention computed op by op (matmul, softmax, matmul) at {_where(site)}-{last}: "
+                message=f"attention computed op by op (matmul, softmax, matmul) {where}: "
                 f"{_pct(cost, facts)} of the step in its forward and backward ops",
-                evidence=[
-                    f"{n} call(s) per {facts.steps} step(s): matmul at line {first}, softmax, matmul at line {last}",
-                    f"ops of lines {first}-{last}, forward and backward: {cost / 1000:.2f} ms of "
-                    f"{facts.step_us / 1000:.2f} ms ({_pct(cost, facts)}); the T x T score matrix is kept for backward",
-                ],
-                fix="replace the matmul / mask / softmax / dropout / matmul lines with one fused call: "
-                "y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, "
-                "dropout_p=self.dropout if self.training else 0.0, is_causal=True)",
-                location=_location(site),
+                evidence=evidence,
+                fix=_attention_fix(file, bool(users)),
+                location=_location(users[0][0] if users else site),
             )
         )
     return out
@@ -431,13 +493,15 @@ def find_patterns(events: Sequence[OpEvent], facts: PassFacts) -> list[Finding]:
 
 
 def op_lines(events: Iterable[OpEvent], limit: int = 40) -> list[dict[str, object]]:
-    """Per op name, the user line where it spends most (its share of the op, and its shapes there).
+    """Per op name, the user line where it spends most (its share of the op, and its shapes there), and
+    ``library_site``: the installed package's line that made most of those calls (None: the user's code did).
 
     Ops that ran without any user frame (the autograd engine's own work has the backward call's line)
     are left out. The ``limit`` names with the most time are kept, most first.
     """
     per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
     shapes: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
+    libraries: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for e in events:
         if not e.site:
             continue
@@ -445,10 +509,13 @@ def op_lines(events: Iterable[OpEvent], limit: int = 40) -> list[dict[str, objec
         cell[0] += _cost(e)
         cell[1] += 1
         shapes.setdefault((e.name, e.site), e.shapes)
+        libraries[(e.name, e.site)][e.library_site or ""] += _cost(e)
     rows = []
     for name, sites in per.items():
         total = sum(c[0] for c in sites.values())
         site, (cost, calls) = max(sites.items(), key=lambda kv: kv[1][0])
+        by_library = libraries[(name, site)]
+        library = max(by_library, key=lambda k: by_library[k]) if by_library else ""
         rows.append(
             {
                 "name": name,
@@ -457,6 +524,7 @@ def op_lines(events: Iterable[OpEvent], limit: int = 40) -> list[dict[str, objec
                 "calls": int(calls),
                 "self_us": total,
                 "shapes": [list(s) for s in shapes[(name, site)]],
+                "library_site": library or None,
             }
         )
     rows.sort(key=lambda r: -float(r["self_us"]))  # type: ignore[arg-type]
