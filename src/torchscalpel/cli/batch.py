@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         options = BatchOptions(sizes=args.sizes, steps=args.steps, warmup=args.warmup)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
-    target = resolve_target(args)
+    target = resolve_target(args, flags="--sizes " + ",".join(map(str, args.sizes)))
     out_dir = args.out or default_run_dir(f"batch-{target.name}")
     from torchscalpel.report.batch_terminal import summary_lines
     from torchscalpel.sections import BatchSection
@@ -58,8 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     record = run_batch(target, options, out_dir)
     section = record.section(BatchSection) or BatchSection()
-    print(f"scalpel batch: {target.name}")
-    for line in summary_lines(section):
-        print(line)
-    print(f"record: {out_dir / 'run.json'}")
+    from torchscalpel.console import say_lines
+
+    say_lines([f"scalpel batch: {target.name}", *summary_lines(section), f"record: {out_dir / 'run.json'}"])
     return 0 if section.best is not None else 1
