@@ -266,6 +266,8 @@ def test_output_fits_80_columns(screens: dict[str, Capture], name: str) -> None:
     assert not found, "\n".join(found) + "\n--- as the screen showed it:\n" + "\n".join(cap.screen)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_tune_and_doctor_print_their_code_where_the_checks_look(screens: dict[str, Capture]) -> None:
     # the code check must have something to check: the blocks are found where the commands print them
     assert [w for w, _ in code_blocks(screens["tune"].screen)], screens["tune"].screen

@@ -48,7 +48,7 @@ class RichProgress:
         self._left = 0.0
 
     def message(self, text: str) -> None:
-        self.console.print(f"[dim]{text}[/]")
+        say(self.console, f"[dim]{text}[/]", markup=True)
 
     def trial_started(
         self, label: str, limit_s: float, *, index: int = 0, total: int = 0, left_s: float = 0.0
@@ -72,9 +72,12 @@ class RichProgress:
         else:
             info = f"[red]{result.status}[/]: {result.cause}"
         left = max(0.0, self._left - result.wall_s)
-        self.console.print(
+        say(
+            self.console,
             f"  trial {self._n}{self._of}: [bold]{result.label}[/] {info} "
-            f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]"
+            f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]",
+            markup=True,
+            hang=2,
         )
         for ex in (getattr(result, "compile", None) or {}).get("excluded") or []:
             # said on its own line as it happens: in the final table it is one wrapped cell among many
