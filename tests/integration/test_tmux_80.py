@@ -228,7 +228,7 @@ def commands(w: Path) -> dict[str, list[str]]:
                  tiny, "--steps", "30", "--slow-unfused", "30"],
         "memory": ["memory", *window, "--no-report", "--out", f"{w}/memory", "--", epoch],
         "compare": ["compare", f"{w}/profile", f"{w}/tune"],
-        "plan": ["plan", "--device-memory", "1GiB", "--out", f"{w}/plan", "--",
+        "plan": ["plan", "--device-memory", "1GiB", "--no-max-batch", "--out", f"{w}/plan", "--",
                  str(FIXTURES / "scripts" / "plan_seq_first_lstm.py")],
         "lr": ["lr", "--min", "1e-4", "--max", "1", "--steps", "12", "--no-report", "--out", f"{w}/lr", "--",
                plain, "mlp"],
