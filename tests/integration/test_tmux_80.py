@@ -5,8 +5,8 @@ later ones reuse the records the earlier ones wrote: compare reads profile's and
 doctor's), then each capture is checked:
 
 - no screen line is wider than the pane, and no line the program wrote was left to the terminal to wrap, except
-  a path (or a diff line) that is kept whole so that a copy of it still works: tmux's ``-J`` capture rejoins
-  what the terminal wrapped, so a joined line over 80 columns is one the program did not fit;
+  a path, a ``scalpel ...`` command, or fix's patch, kept whole so that a copy of it still works: tmux's ``-J``
+  capture rejoins what the terminal wrapped, so a joined line over 80 columns is one the program did not fit;
 - no number is cut by a wrap (a line ending in a digit or a decimal point above a line starting with a digit),
   and no unit (ms, %, MiB, ...) is separated from its number, in prose and inside table cells;
 - every code block printed (tune's equivalent code, doctor's fixes) parses with ``ast.parse`` as captured;
