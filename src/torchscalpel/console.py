@@ -3,9 +3,14 @@ long-running stage use them, so they may import nothing of the package but the r
 
 from __future__ import annotations
 
+import io
 import os
+import re
+import sys
+import textwrap
 import time
-from collections.abc import Callable
+import tokenize
+from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +49,150 @@ def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
         # width, as on a terminal of that size; code and paths are printed with soft_wrap and stay whole
         return Console(stderr=stderr, width=columns, **kwargs)
     return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True, **kwargs)
+
+
+_FIGURE_END = re.compile(r"(?:^|[^\w.])[-+±~≈]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?$")
+_UNIT_START = re.compile(
+    r"(?:ms/step|s/step|ms|µs|us|ns|s|%|x|B|KiB|MiB|GiB|TiB|kB|MB|GB|[kMGTP]?FLOP(?:/s)?|samples/s|steps/s)"
+    r"(?![\w/])"
+)
+
+
+def _words(plain: str, start: int, end: int) -> list[list[int]]:
+    """[start, end] of each unbreakable run of tokens in ``plain[start:end]``: a unit stays with its figure."""
+    words: list[list[int]] = []
+    for m in re.compile(r"\S+").finditer(plain, start, end):
+        if words and _FIGURE_END.search(plain[words[-1][0] : words[-1][1]]) and _UNIT_START.match(m.group()):
+            words[-1][1] = m.end()
+        else:
+            words.append([m.start(), m.end()])
+    return words
+
+
+def wrap_spans(
+    plain: str, width: int, *, hang: int = 0, sep: str | None = None
+) -> list[tuple[int, int, int]]:
+    """Where to break ``plain`` to fit ``width`` columns: ``(start, end, indent)`` per line. Breaks only at
+    spaces, never between a figure and its unit (``4.23 MFLOP/s``, ``1.6 MiB``, ``12 ms``): rich's own wrap
+    breaks at any space, and at 80 columns left ``4.23`` at the end of one line and ``MFLOP/s`` on the next.
+    With ``sep`` (``" · "`` between ``name value`` pairs), only at a separator, which the break drops, while a
+    pair fits a line. A continuation line is indented like the first line, plus ``hang``; a word longer than
+    the line is left whole (a path: the terminal wraps it, and copies it back as one)."""
+    lead = len(plain) - len(plain.lstrip(" "))
+    words: list[list[int]] = []  # [start, end] of each unbreakable run
+    if sep:
+        start = lead
+        for end in [m.start() for m in re.finditer(re.escape(sep), plain)] + [len(plain)]:
+            if end - start <= width - lead - hang:
+                words.append([start, end])
+            else:
+                words += _words(plain, start, end)
+            start = end + len(sep)
+    else:
+        words = _words(plain, 0, len(plain))
+    if not words:
+        return [(0, len(plain), 0)]
+    lines: list[tuple[int, int, int]] = []
+    start, end, indent = words[0][0], words[0][1], lead
+    for w_start, w_end in words[1:]:
+        if indent + (w_end - start) > width:
+            lines.append((start, end, indent))
+            start, indent = w_start, lead + hang
+        end = w_end
+    lines.append((start, end, indent))
+    return lines
+
+
+def say(
+    out: Console, text: str | Text, *, markup: bool = False, hang: int = 0, sep: str | None = None
+) -> None:
+    """Print one line of prose that holds figures, wrapped at the console's width between words but never
+    between a figure and its unit (:func:`wrap_spans`). ``text``: plain (``markup`` False, the default: a
+    ``[2, 3]`` in it stays as it is) or rich markup, or a :class:`~rich.text.Text`. On a pipe without
+    ``COLUMNS`` (:func:`make_console`'s soft wrap) the line is printed whole, as before. ``hang`` and
+    ``sep``: as :func:`wrap_spans`."""
+    line = text if isinstance(text, Text) else Text.from_markup(text) if markup else Text(text)
+    if out.soft_wrap:
+        out.print(line, soft_wrap=True, highlight=False)
+        return
+    for start, end, indent in wrap_spans(line.plain, out.width, hang=hang, sep=sep):
+        piece = line[start:end]
+        if indent:
+            piece = Text.assemble(" " * indent, piece)
+        out.print(piece, soft_wrap=True, highlight=False)
+
+
+def say_lines(lines: Iterable[str], *, stderr: bool = False) -> None:
+    """Plain lines on standard output (``stderr``: on standard error), each through :func:`say`: what the
+    stages that print plain text lines (memory, lr, batch, plan) print, fitted to the terminal."""
+    out = make_console(stderr=stderr, highlight=False)
+    for text in lines:
+        say(out, text)
+    (sys.stderr if stderr else sys.stdout).flush()
+
+
+def fit_code(code: str, width: int) -> str:
+    """``code`` (Python lines) re-laid to ``width`` columns and still valid: a line that does not fit has its
+    trailing comment moved to a line of its own above it, then is broken after the commas inside its
+    brackets (continuation lines indented four more). A terminal wraps a long code line anywhere, and the
+    copy no longer parses: tune's ``with torch.autocast(...):  # around the model call`` (91 characters)
+    at 80 columns was the issue's example. A line that cannot be broken so is left whole."""
+    out: list[str] = []
+    for line in code.splitlines():
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip())]
+        statement, comment = _split_comment(line)
+        if comment:
+            for piece in textwrap.wrap(comment.lstrip("# "), max(20, width - len(indent) - 2)):
+                out.append(f"{indent}# {piece}")
+            line = statement.rstrip()
+        out.extend(_break_in_brackets(line, width) if len(line) > width else [line])
+    return "\n".join(out)
+
+
+def _split_comment(line: str) -> tuple[str, str]:
+    """(the code, its trailing ``# comment``), by the tokenizer, so a ``#`` inside a string stays."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line.lstrip() + "\n").readline))
+    except (tokenize.TokenError, SyntaxError):
+        return line, ""
+    offset = len(line) - len(line.lstrip())
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT and line[: offset + tok.start[1]].strip():
+            return line[: offset + tok.start[1]], tok.string
+    return line, ""
+
+
+def _break_in_brackets(line: str, width: int) -> list[str]:
+    """``line`` broken after each comma inside brackets where the line would pass ``width``."""
+    offset = len(line) - len(line.lstrip())
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line.lstrip() + "\n").readline))
+    except (tokenize.TokenError, SyntaxError):
+        return [line]
+    depth, cuts = 0, []
+    for tok in tokens:
+        if tok.type == tokenize.OP and tok.string in "([{":
+            depth += 1
+        elif tok.type == tokenize.OP and tok.string in ")]}":
+            depth -= 1
+        elif tok.type == tokenize.OP and tok.string == "," and depth > 0:
+            cuts.append(offset + tok.end[1])
+    if not cuts:
+        return [line]
+    pieces: list[str] = []
+    start = 0
+    hang = " " * (offset + 4)
+    for i, cut in enumerate(cuts):
+        following = cuts[i + 1] if i + 1 < len(cuts) else len(line)
+        prefix = len(hang) if pieces else 0
+        if prefix + len(line[start:following].strip()) > width and cut > start:
+            pieces.append(line[start:cut].rstrip() if not pieces else hang + line[start:cut].strip())
+            start = cut
+    pieces.append(hang + line[start:].strip() if pieces else line[start:])
+    return pieces
 
 
 def rule(out: Console, title: str) -> None:

@@ -121,3 +121,26 @@ def test_a_rule_the_launcher_judged_is_not_repeated_per_rank():
     ]
     assert [f.rule for f in without_launcher_repeats(across, per_rank)] == ["unseeded-run"]
     assert without_launcher_repeats([], per_rank) == per_rank
+
+
+def test_a_long_fix_is_relaid_to_80_columns_and_still_parses():
+    # at 80 columns rich's word wrap cut a fix line wherever the edge fell; the copy no longer parsed
+    import ast
+    import textwrap
+
+    fix = (
+        "with torch.autocast(device_type=device.type, dtype=torch.bfloat16):  # the forward and the loss only\n"
+        "    loss = loss_fn(model(inputs, attention_mask=attention_mask, labels=labels), targets)"
+    )
+    buf = io.StringIO()
+    render_terminal(
+        [Finding(rule="amp-missing", severity=Severity.WARNING, message="m", fix=fix)],
+        Console(file=buf, width=80),
+    )
+    lines = buf.getvalue().splitlines()
+    start = lines.index("  fix:") + 1
+    code = lines[start : lines.index("", start)]
+    assert all(len(line.rstrip()) <= 80 for line in code), code
+    assert ast.dump(ast.parse(textwrap.dedent("\n".join(line.rstrip() for line in code)))) == ast.dump(
+        ast.parse(fix)
+    )

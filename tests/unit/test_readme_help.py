@@ -3,6 +3,7 @@ epilog's workflow order names every step command."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import re
@@ -39,12 +40,40 @@ def test_the_workflow_order_names_every_step_command() -> None:
     assert order.startswith("env, profile, doctor, memory, tune (then run)")
 
 
-@pytest.mark.parametrize(
-    "command", ["tune", "doctor", "memory"]
-)  # profile alone profiles the bundled example
-def test_a_missing_script_is_named_with_the_command_the_user_typed(command: str, capsys) -> None:
+SCRIPT_COMMANDS = {
+    "doctor": [],
+    "memory": [],
+    "tune": [],
+    "run": ["--config", "scalpel.toml"],
+    "lr": [],
+    "batch": ["--sizes", "8,16"],
+    "plan": [],
+    "launch": ["--nproc", "2"],
+}
+"""Every command that runs a script, with the options it needs besides the script (profile alone profiles the
+bundled example)."""
+
+
+def test_every_command_that_runs_a_script_is_in_the_list() -> None:
+    parser = build_parser()
+    verbs = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    takes_a_script = {name for name, p in verbs.items() if any(a.dest == "target" for a in p._actions)}
+    assert takes_a_script - {"profile"} | {"launch"} == set(SCRIPT_COMMANDS)
+
+
+@pytest.mark.parametrize("command", sorted(SCRIPT_COMMANDS))
+def test_a_missing_script_is_named_with_the_command_the_user_typed(
+    command: str, capsys, tmp_path, monkeypatch
+) -> None:
+    # 'scalpel tune' said "e.g. 'scalpel profile -- train.py'"; 'scalpel plan' named no command at all, and
+    # 'scalpel batch --sizes 8,16' gave an example without --sizes, which fails as written
     from torchscalpel.cli.main import main
 
-    assert main([command]) == 2
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scalpel.toml").write_text('version = "1.0"\n[tune]\n')
+    flags = SCRIPT_COMMANDS[command]
+    assert main([command, *flags]) == 2
     err = capsys.readouterr().err
-    assert f"e.g. 'scalpel {command} -- train.py" in err and "Traceback" not in err
+    example = " ".join(["scalpel", command, *flags]) if command == "batch" else f"scalpel {command}"
+    assert f"e.g. '{example} " in err and "-- train.py" in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err

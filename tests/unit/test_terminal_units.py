@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import io
+import itertools
+import re
 
 from rich.console import Console
 
@@ -89,3 +92,54 @@ def test_columns_set_on_a_pipe_wraps_between_words_at_that_width(monkeypatch):
     lines = buf.getvalue().splitlines()
     assert all(len(line) <= 80 for line in lines[:-1]), lines
     assert "1234.50" in buf.getvalue() and len(lines[-1]) > 80  # the code line stays whole
+
+
+def test_say_wraps_between_words_but_never_parts_a_figure_from_its_unit():
+    # the tmux at 80 columns: rich's wrap left "5.02" at the end of a line and "MFLOP/s achieved" below
+    buf = io.StringIO()
+    out = Console(file=buf, width=80)
+    line = "throughput 2139.8 samples/s · loss 1.453 -> 1.459 · 45.1 kFLOP per step, 5.02 MFLOP/s achieved"
+    terminal.say(out, line)
+    lines = buf.getvalue().splitlines()
+    assert lines == [
+        "throughput 2139.8 samples/s · loss 1.453 -> 1.459 · 45.1 kFLOP per step,",
+        "5.02 MFLOP/s achieved",
+    ]
+    for width in range(20, 90):
+        pieces = [line[start:end] for start, end, _ in terminal.wrap_spans(line, width)]
+        assert " ".join(pieces) == line  # broken only at spaces, nothing lost
+        for above, below in itertools.pairwise(pieces):
+            assert not (re.search(r"\d$", above) and re.match(r"samples/s|kFLOP|MFLOP/s", below)), (
+                width,
+                pieces,
+            )
+
+
+def test_say_keeps_markup_brackets_and_a_pipe_line_whole(monkeypatch):
+    buf = io.StringIO()
+    out = Console(file=buf, width=30)
+    terminal.say(out, "  batch arg0=int64[35,20]:50 [bold]x[/] and peak (1.6 MiB with it)", hang=2)
+    text = buf.getvalue()
+    assert "int64[35,20]:50" in text and "[bold]x[/]" in text and "(1.6 MiB" in text
+    assert all(line.startswith("  ") for line in text.splitlines())  # the first line's indent, plus hang
+    monkeypatch.delenv("COLUMNS", raising=False)
+    piped = make_console(file=io.StringIO())
+    terminal.say(piped, "word " * 60)
+    assert piped.file.getvalue().count("\n") == 1
+
+
+def test_fit_code_relays_long_lines_so_they_fit_and_still_parse():
+    # tune's equivalent code at 80 columns (4 of them the indent): the terminal cut a 91-character line anywhere
+    code = "\n".join(
+        [
+            "with torch.autocast(device_type=device.type, dtype=torch.bfloat16):  # around the model call",
+            "    out = model(x)",
+            "loader = DataLoader(dataset, batch_size=64, num_workers=4, pin_memory=True, persistent_workers=True)",
+            "s = 'a # in a string, not a comment'",
+        ]
+    )
+    fitted = terminal.fit_code(code, 76)
+    assert all(len(line) <= 76 for line in fitted.splitlines()), fitted
+    assert ast.dump(ast.parse(fitted)) == ast.dump(ast.parse(code))
+    assert "# around the model call\nwith torch.autocast(" in fitted
+    assert terminal.fit_code(code, 200) == code  # nothing changes where it fits

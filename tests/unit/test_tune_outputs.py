@@ -107,14 +107,43 @@ def test_tune_result_at_80_columns_keeps_every_figure_whole_and_code_parseable(m
         for name, value in (("step ms", cells[1]), ("speedup", cells[3])):
             if value != "-":
                 assert any(f"{name} {value}" in line for line in lines), (name, value, text)
-    # the equivalent code is printed whole (one line each) and parses
+    # the equivalent code fits (a terminal cuts a longer line anywhere) and is the same code: comments moved
+    # above their line, long calls broken inside their brackets
     start = next(i for i, line in enumerate(lines) if line.startswith("equivalent code")) + 1
     end = next(i for i, line in enumerate(lines) if line.startswith("settings:"))
     printed = lines[start:end]
-    assert printed == [f"    {line}" for line in code_lines(result.settings)]
-    ast.parse(textwrap.dedent("\n".join(printed)))
+    assert all(len(line) <= 80 for line in printed), printed
+    same = ast.parse("\n".join(code_lines(result.settings)))
+    assert ast.dump(ast.parse(textwrap.dedent("\n".join(printed)))) == ast.dump(same)
     for line in lines[:start] + lines[end:]:
         if str(tmp_path) in line:  # a path is never wrapped (soft wrap): a copy of it must still work
             continue
         assert len(line) <= 80, line
         assert not re.search(r"\d…|…\d", line), line  # no number cut by an ellipsis
+
+
+def test_tune_says_when_the_machine_was_busy_as_profile_does(monkeypatch, tmp_path):
+    # a tune run at load 13 on 2 cores printed its speedups with no word about the load (issue 31)
+    from rich.console import Console
+
+    from torchscalpel.report.tune_terminal import busy_note, print_tune_result
+
+    def facts(load, cores=2):
+        return {"cpu": {"load_avg_1m": load, "usable_cores": cores}}
+
+    # env's rule: the load less the run itself at or above the usable cores
+    assert busy_note(facts(13.0)) and "load 13.0 on 2 cores" in busy_note(facts(13.0))
+    assert busy_note(facts(3.0)) and busy_note(facts(9.0, cores=8))
+    assert busy_note(facts(2.9)) is None and busy_note(facts(8.5, cores=8)) is None
+    assert busy_note(facts(None)) is None and busy_note({}) is None and busy_note(None) is None
+
+    monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
+    result = tune_stage(Target(script=Path("train.py")), tmp_path / "t", budget_s=60, quiet=True)
+    for environment, said in ((facts(13.0), True), (facts(0.5), False)):
+        console = Console(record=True, width=200)
+        print_tune_result(
+            result, out_dir=tmp_path, config_path=tmp_path / "c.toml", out=console, environment=environment
+        )
+        text = console.export_text()
+        assert ("This machine is busy (load 13.0 on 2 cores)" in text) is said
+        assert ("measured at that load" in text) is said

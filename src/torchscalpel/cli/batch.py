@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         options = BatchOptions(sizes=args.sizes, steps=args.steps, warmup=args.warmup)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
-    target = resolve_target(args)
+    target = resolve_target(args, flags="--sizes " + ",".join(map(str, args.sizes)))
     out_dir = args.out or default_run_dir(f"batch-{target.name}")
     from torchscalpel.report.batch_terminal import summary_lines
     from torchscalpel.sections import BatchSection
@@ -59,10 +59,10 @@ def run(args: argparse.Namespace) -> int:
 
     record = run_batch(target, options, out_dir, write_report=not args.no_report)
     section = record.section(BatchSection) or BatchSection()
-    print(f"scalpel batch: {target.name}")
-    for line in summary_lines(section):
-        print(line)
-    print(
-        f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}")
+    from torchscalpel.console import say_lines
+
+    report = "" if args.no_report else f"; report: {out_dir / 'report.html'}"
+    say_lines(
+        [f"scalpel batch: {target.name}", *summary_lines(section), f"record: {out_dir / 'run.json'}{report}"]
     )
     return 0 if section.best is not None else 1

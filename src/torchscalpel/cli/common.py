@@ -62,13 +62,18 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def resolve_target(args: argparse.Namespace, *, default_script: Path | None = None) -> Target:
-    """Validate the script or module the user named; raise :class:`UsageError` with one sentence."""
+def resolve_target(
+    args: argparse.Namespace, *, default_script: Path | None = None, flags: str = ""
+) -> Target:
+    """Validate the script or module the user named; raise :class:`UsageError` with one sentence. Without a
+    script the sentence names the command the user typed, with ``flags`` (those it cannot run without), so
+    that the example runs as written: ``e.g. 'scalpel batch --sizes 8,16,32 -- train.py'``."""
+    command = getattr(args, "command", None) or "profile"
     return resolve_script(
         list(args.target or []),
         getattr(args, "module", None),
         default_script=default_script,
-        command=getattr(args, "command", None) or "profile",
+        command=f"{command} {flags}" if flags else command,
     )
 
 

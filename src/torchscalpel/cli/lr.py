@@ -93,11 +93,15 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.stages.lr import run_lr
 
     record = run_lr(target, options, write_report=not args.no_report)
-    print(f"scalpel lr: {target.name}: {record.status}" + (f" ({record.error})" if record.error else ""))
+    from torchscalpel.console import say_lines
+
     section = record.section(LrSection) or LrSection()
-    for line in summary_lines(section):
-        print(line)
-    print(
-        f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}")
+    say_lines(
+        [
+            f"scalpel lr: {target.name}: {record.status}" + (f" ({record.error})" if record.error else ""),
+            *summary_lines(section),
+            f"record: {out_dir / 'run.json'}"
+            + ("" if args.no_report else f"; report: {out_dir / 'report.html'}"),
+        ]
     )
     return int(record.exit_code or 0)

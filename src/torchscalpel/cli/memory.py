@@ -144,11 +144,16 @@ def run(args: argparse.Namespace) -> int:
         until_eval=until_eval,
     )
     section = record.sections.get("memory") or {}
-    print(f"scalpel memory: {target.name}: {record.status}" + (f" ({record.error})" if record.error else ""))
-    for line in summary_lines(section):
-        print(line)
-    print(
-        f"record: {out_dir / 'run.json'}" + ("" if args.no_report else f"; report: {out_dir / 'report.html'}")
+    from torchscalpel.console import say_lines
+
+    say_lines(
+        [
+            f"scalpel memory: {target.name}: {record.status}"
+            + (f" ({record.error})" if record.error else ""),
+            *summary_lines(section),
+            f"record: {out_dir / 'run.json'}"
+            + ("" if args.no_report else f"; report: {out_dir / 'report.html'}"),
+        ]
     )
     if args.patch:
         from torchscalpel.fix.shortcut import write_run_patch
@@ -156,10 +161,12 @@ def run(args: argparse.Namespace) -> int:
         for line in write_run_patch(out_dir):
             print(line)
     if (section.get("oom") or {}).get("caught_by_script"):
-        print(
-            "scalpel memory: the script caught the stop at the limit (a bare 'except:' or 'except BaseException') "
-            "and went on; the post-mortem above is the crossing's, and the run did not fit.",
-            file=sys.stderr,
+        say_lines(
+            [
+                "scalpel memory: the script caught the stop at the limit (a bare 'except:' or 'except "
+                "BaseException') and went on; the post-mortem above is the crossing's, and the run did not fit."
+            ],
+            stderr=True,
         )
         return 1
     return int(record.exit_code or 0)

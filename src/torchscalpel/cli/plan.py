@@ -96,10 +96,13 @@ def run(args: argparse.Namespace) -> int:
             bar.show(completed=done, total=max(done, total), info=f"{what} done")
 
         result, record, out_dir = _plan(args, device, strategies, script_mode, progress)
+    from torchscalpel.console import make_console, say
     from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
-    print(render_text(result))
+    out = make_console(highlight=False)
+    for line in render_text(result, width=None if out.soft_wrap else out.width).splitlines():
+        say(out, line, hang=2, sep=" · ")
     record.sections[PlanSection.KEY] = result.to_dict()
     _write_outputs(args, record, out_dir, result.to_dict())
     return 0
@@ -155,7 +158,10 @@ def _validate(args: argparse.Namespace) -> None:
     if script and (args.model or args.batch):
         raise UsageError("Give either --model/--batch (factory mode) or a script after --, not both.")
     if not script and not args.model:
-        raise UsageError("Name the model with --model MODULE:FACTORY and --batch SPEC, or a script after --.")
+        raise UsageError(
+            "Name the script after --, e.g. 'scalpel plan -- train.py', or the model with --model "
+            "MODULE:FACTORY and --batch SPEC."
+        )
     if not script and not args.batch:
         raise UsageError("Factory mode needs --batch, e.g. --batch 'x=float32[8,3,32,32],y=int64[8]:10'.")
 

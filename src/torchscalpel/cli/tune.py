@@ -181,12 +181,17 @@ def run(args: argparse.Namespace) -> int:
     paths = save_outputs(
         result, out_dir, config_path=args.config, command=["scalpel", *sys.argv[1:]], target_text=target_text
     )
-    if args.json_path is not None:
-        from torchscalpel.record import load_record, save_record
+    from torchscalpel.record import load_record, save_record
 
+    if args.json_path is not None:
         save_record(load_record(paths["record"]), args.json_path)
     track(args, paths["record"], out_dir)  # the baseline's record (the search is in its sections["tune"])
-    print_tune_result(result, out_dir=out_dir, config_path=paths.get("config", paths["settings"]))
+    print_tune_result(
+        result,
+        out_dir=out_dir,
+        config_path=paths.get("config", paths["settings"]),
+        environment=load_record(paths["record"]).environment,  # the baseline's: its load at the start
+    )
     if "config" not in paths and args.config is not None:
         print(
             f"scalpel: {args.config} exists and was not written by scalpel tune; left it alone "

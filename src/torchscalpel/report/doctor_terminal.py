@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.padding import Padding
 from rich.syntax import Syntax
 
+from torchscalpel.console import fit_code
 from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.findings import Finding, Severity, counts, short_path
 
@@ -53,14 +54,14 @@ def render_terminal(
             console.print(f"  [dim]-[/dim] {escape(line)}")
         if f.fix:
             console.print("  [green]fix:[/green]")
-            # as wide as the code (no trailing blanks in a log), wrapped rather than cut on a narrow terminal
-            code_width = min(
-                max(len(line) for line in f.fix.splitlines() or [""]), max(20, console.width - 8)
-            )
+            # re-laid to the width (comments above, breaks inside brackets) so that it still parses; rich's
+            # word wrap cut a long line anywhere. As wide as the code (no trailing blanks in a log).
+            fix = f.fix if console.soft_wrap else fit_code(f.fix, max(20, console.width - 8))
+            code_width = min(max(len(line) for line in fix.splitlines() or [""]), max(20, console.width - 8))
             console.print(
                 Padding(
                     Syntax(
-                        f.fix,
+                        fix,
                         "python",
                         theme="ansi_dark",
                         background_color="default",

@@ -8,6 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from torchscalpel.console import say
+
 _SEV_STYLE = {"error": "bold red", "warning": "bold yellow", "info": "cyan"}
 _STATUS_STYLE = {"ok": "green", "failed": "bold red", "timeout": "bold yellow", "skipped": "dim"}
 
@@ -170,11 +172,12 @@ def render(report: dict[str, Any], console: Console) -> None:
         head.append(f"{sev.upper():<7} ", style=_SEV_STYLE.get(sev, ""))
         head.append(f"{f['rule']}: ", style="bold")
         head.append(f["message"])
-        console.print(head)
+        # continuation lines under the message, not back at column 0 (say keeps a figure with its unit)
+        say(console, head, hang=8)
         for e in f.get("evidence") or []:
-            console.print(Text(f"        - {e}", style="dim"))
+            say(console, Text(f"        - {e}", style="dim"), hang=2)
         if f.get("fix"):
-            console.print(Text(f"        fix: {f['fix']}"))
+            say(console, Text(f"        fix: {f['fix']}"), hang=5)
     counts = {s: sum(1 for f in findings if f["severity"] == s) for s in ("error", "warning", "info")}
     console.print(
         Text(

@@ -58,6 +58,17 @@ def header_lines(result: PlanResult) -> list[str]:
     ]
 
 
+def block_lines(rows: list[list[str]]) -> list[str]:
+    """The table for a narrow terminal: per strategy a heading (strategy, fits) and its figures as
+    ``name value`` pairs, joined by `` · `` (the caller wraps between pairs, never inside a figure)."""
+    lines = []
+    for row in rows:
+        cells = dict(zip(COLUMNS, row, strict=True))
+        lines.append(f"{cells['strategy']}: fits {cells['fits']}")
+        lines.append("  " + " · ".join(f"{name} {cells[name]}" for name in COLUMNS[1:] if name != "fits"))
+    return lines
+
+
 def _other(result: PlanResult) -> str:
     other = result.other_checkpointing_act_peak
     if other is None:
@@ -66,19 +77,25 @@ def _other(result: PlanResult) -> str:
     return f" ({fmt_bytes(other)} {'without' if on else 'with'} block checkpointing)"
 
 
-def render_text(result: PlanResult) -> str:
-    """The plan as a plain-text table plus the recommendation."""
+def render_text(result: PlanResult, width: int | None = None) -> str:
+    """The plan as a plain-text table plus the recommendation. With ``width`` (the terminal's columns) and a
+    table wider than that, one block per strategy instead: at 80 columns the thirteen columns (~130
+    characters) were wrapped by the terminal, each row's figures landing under the wrong headers."""
     rows = [list(COLUMNS)] + [row_cells(r) for r in result.all_rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = [*header_lines(result), ""]
-    for k, row in enumerate(rows):
-        lines.append(
-            "  ".join(
-                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))
+    if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
+        lines += block_lines(rows[1:])
+    else:
+        for k, row in enumerate(rows):
+            lines.append(
+                "  ".join(
+                    c.ljust(w) if i == 0 else c.rjust(w)
+                    for i, (c, w) in enumerate(zip(row, widths, strict=True))
+                )
             )
-        )
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
+            if k == 0:
+                lines.append("  ".join("-" * w for w in widths))
     lines += [
         "",
         f"recommendation: {result.recommendation}",

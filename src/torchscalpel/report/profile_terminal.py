@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from torchscalpel.console import console
+from torchscalpel.console import console, say
 from torchscalpel.envcheck.host_checks import check_machine_busy
 from torchscalpel.findings import short_path
 from torchscalpel.record import PHASES, RunRecord, StepRecord
@@ -139,15 +139,19 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         f"clock = {config.clock or '?'}"
     )
     for note in record.notes:
-        c.print(f"[yellow]note:[/] {escape(strip_ansi(note))}")
+        say(c, f"[yellow]note:[/] {escape(strip_ansi(note))}", markup=True)
     for busy in check_machine_busy(record.environment):  # step times measured on a busy machine are noisy
-        c.print(f"[yellow]note:[/] {escape(busy.message)}")
+        say(c, f"[yellow]note:[/] {escape(busy.message)}", markup=True)
     if s.median_step_ms is None:
         c.print("[yellow]No measured steps to summarise.[/]")
     else:
         left_out = left_out_text(record)
         which = f"over {s.steps_summarized} step(s)" + (f", {left_out} left out" if left_out else "")
-        c.print(f"[bold]step time[/]: median {s.median_step_ms:.2f} ms, p90 {s.p90_step_ms:.2f} ms ({which})")
+        say(
+            c,
+            f"[bold]step time[/]: median {s.median_step_ms:.2f} ms, p90 {s.p90_step_ms:.2f} ms ({which})",
+            markup=True,
+        )
         medians, shares = phase_medians(record), phase_shares(record)
         table = Table()
         table.add_column("phase", no_wrap=True)
@@ -180,9 +184,9 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         if s.rss_peak is not None:
             mem.append(f"RSS peak {fmt_bytes(s.rss_peak)}")
         if extras:
-            c.print(" · ".join(extras))
+            say(c, " · ".join(extras))
         if mem:
-            c.print("memory: " + " · ".join(mem))
+            say(c, "memory: " + " · ".join(mem))
     ops = ops_summary.top_ops or []
     if ops:
         c.print(f"[bold]top ops by self time[/] (profiler window, steps {profiler.steps})")
@@ -220,7 +224,7 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         c.print(t)
     lines_note = op_lines_text(record)
     if lines_note:
-        c.print(lines_note)
+        say(c, lines_note)
     for f in record.findings:
         if f.get("rule") not in PATTERN_RULES:
             continue

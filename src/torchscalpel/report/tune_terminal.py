@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from torchscalpel.console import console as default_console
+from torchscalpel.console import fit_code, say
+from torchscalpel.envcheck.host_checks import check_machine_busy
 from torchscalpel.tune.speedup import speedup_of
 from torchscalpel.tune.states import TrialStatus, Verdict
 from torchscalpel.units import fmt_bytes
@@ -44,7 +48,7 @@ class RichProgress:
         self._left = 0.0
 
     def message(self, text: str) -> None:
-        self.console.print(f"[dim]{text}[/]")
+        say(self.console, f"[dim]{text}[/]", markup=True)
 
     def trial_started(
         self, label: str, limit_s: float, *, index: int = 0, total: int = 0, left_s: float = 0.0
@@ -68,9 +72,12 @@ class RichProgress:
         else:
             info = f"[red]{result.status}[/]: {result.cause}"
         left = max(0.0, self._left - result.wall_s)
-        self.console.print(
+        say(
+            self.console,
             f"  trial {self._n}{self._of}: [bold]{result.label}[/] {info} "
-            f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]"
+            f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]",
+            markup=True,
+            hang=2,
         )
         for ex in (getattr(result, "compile", None) or {}).get("excluded") or []:
             # said on its own line as it happens: in the final table it is one wrapped cell among many
@@ -234,17 +241,35 @@ def print_ranked_blocks(c: Console, result: TuneResult) -> None:
     c.print(Text(TABLE_NOTE, style="dim"))
 
 
+def busy_note(environment: Mapping[str, Any] | None) -> str | None:
+    """The note that the machine was busy when the baseline ran (the 1-minute load, less the run itself, at
+    or above the usable cores: env's own check, :func:`~torchscalpel.envcheck.host_checks.check_machine_busy`),
+    or None: every speedup is a ratio of step times measured at that load, and noisy with it."""
+    for busy in check_machine_busy(dict(environment or {})):
+        return (
+            f"{busy.message.removesuffix('.')}; the speedups and the noise above were measured at that load: "
+            "re-run tune on an idle machine before trusting a small gain."
+        )
+    return None
+
+
 def print_tune_result(
-    result: TuneResult, *, out_dir: Any, config_path: Any, out: Console | None = None
+    result: TuneResult,
+    *,
+    out_dir: Any,
+    config_path: Any,
+    out: Console | None = None,
+    environment: Mapping[str, Any] | None = None,
 ) -> None:
-    """The ranked table, the recommendation (or why there is none), the code lines and where files are."""
+    """The ranked table, the recommendation (or why there is none), the code lines and where files are.
+    ``environment``: the baseline record's facts, for :func:`busy_note`."""
     c = out or default_console()
     # (a pipe's width is make_console's: COLUMNS when set, else wide enough for the table)
     if c.width < TABLE_MIN_WIDTH:
         print_ranked_blocks(c, result)
     else:
         print_ranked_table(c, result)
-    print_tune_verdict(c, result, out_dir=out_dir, config_path=config_path)
+    print_tune_verdict(c, result, out_dir=out_dir, config_path=config_path, environment=environment)
 
 
 def print_ranked_table(c: Console, result: TuneResult) -> None:
@@ -268,23 +293,33 @@ def print_ranked_table(c: Console, result: TuneResult) -> None:
     c.print(table)
 
 
-def print_tune_verdict(c: Console, result: TuneResult, *, out_dir: Any, config_path: Any) -> None:
-    """Under the ranking: the baseline's profile, the noise, the recommendation, its code, the files."""
+def print_tune_verdict(
+    c: Console,
+    result: TuneResult,
+    *,
+    out_dir: Any,
+    config_path: Any,
+    environment: Mapping[str, Any] | None = None,
+) -> None:
+    """Under the ranking: the baseline's profile, the noise (and a busy machine), the recommendation, its
+    code, the files."""
     bottleneck = (result.facts or {}).get("bottleneck")
     if bottleneck:
         from torchscalpel.tune.bottleneck import Bottleneck
 
-        c.print(f"[bold]profile of the baseline:[/] {Bottleneck.from_dict(bottleneck).summary()}")
-    c.print(
+        say(c, f"[bold]profile of the baseline:[/] {Bottleneck.from_dict(bottleneck).summary()}", markup=True)
+    say(
+        c,
         f"[dim]required speedup {result.required:.2f}x; "
         f"{noise_line(result.noise, len(result.baseline_medians))}[/]",
-        highlight=False,
+        markup=True,
     )
+    busy = busy_note(environment)
+    if busy:
+        say(c, f"[yellow]note:[/] {escape(busy)}", markup=True)
     if result.winner is not None:
         pairs = len(result.winner.confirm_pairs or [])
-        c.print(
-            f"[bold green]recommended:[/] {result.headline().removeprefix('recommended: ')}", highlight=False
-        )
+        say(c, f"[bold green]recommended:[/] {result.headline().removeprefix('recommended: ')}", markup=True)
         if pairs < FEW_PAIRS:
             # Seen on a shared GPU: one pair said 1.59x, an independent 2-round re-measure 1.07x.
             c.print(
@@ -294,23 +329,25 @@ def print_tune_verdict(c: Console, result: TuneResult, *, out_dir: Any, config_p
         from torchscalpel.tune.apply import code_lines
 
         c.print("[bold]equivalent code[/] (if you prefer to edit the script):")
-        for line in code_lines(result.settings):
-            # soft wrap: a code line is one line whatever the width, so a copy of it still parses
+        code = "\n".join(code_lines(result.settings))
+        if not c.soft_wrap:  # a terminal (or COLUMNS): re-laid to fit, still valid Python
+            code = fit_code(code, c.width - 4)
+        for line in code.splitlines():
+            # soft wrap: a code line is never wrapped by rich, so a copy of it still parses
             c.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
-        # paths and commands are never wrapped (soft wrap), so a copy of the line still runs
-        c.print(
-            f"settings: [bold]{config_path}[/]  ->  scalpel run --config {config_path} -- SCRIPT ...",
-            soft_wrap=True,
-        )
+        # a command is never wrapped (soft wrap; a terminal copies its own wrap back as one line), so a copy
+        # of it still runs; it has a line of its own, so no prose around it is left to the terminal to wrap
+        say(c, f"settings: [bold]{config_path}[/], applied by:", markup=True)
+        c.print(f"  scalpel run --config {config_path} -- SCRIPT ...", soft_wrap=True, highlight=False)
     else:
-        c.print(
+        say(
+            c,
             f"[bold yellow]no change recommended:[/] {result.headline().removeprefix('no change recommended: ')}",
-            highlight=False,
+            markup=True,
         )
     for note in result.notes:
         if note != result.no_candidate:  # already the headline
-            c.print(f"[dim]note: {note}[/]", highlight=False)
-    c.print(
-        f"report: [bold]{out_dir}/report.html[/]  record: {out_dir}/run.json  trials: {out_dir}/trials/",
-        soft_wrap=True,
-    )
+            say(c, f"[dim]note: {note}[/]", markup=True)
+    # one path a line: three paths on one line were cut wherever the terminal's edge fell
+    say(c, f"report: [bold]{out_dir}/report.html[/]", markup=True)
+    say(c, f"record: {out_dir}/run.json · trials: {out_dir}/trials/")

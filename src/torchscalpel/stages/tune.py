@@ -106,5 +106,10 @@ def tune_stage(
         target_text=" ".join(str(a) for a in target.argv()),
     )
     if not quiet:
-        print_tune_result(result, out_dir=out_dir, config_path=out_dir / "scalpel.toml")
+        print_tune_result(
+            result,
+            out_dir=out_dir,
+            config_path=out_dir / "scalpel.toml",
+            environment=load_record(out_dir).environment,
+        )
     return result
