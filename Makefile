@@ -21,13 +21,18 @@ $(STAMP): pyproject.toml requirements-dev.txt constraints.txt
 demo: venv
 	$(VENV)/bin/scalpel demo
 
-# Everything: unit, integration and distributed; the 25 slowest tests and the time per folder are printed at the end.
+# Everything: unit and integration on TEST_WORKERS pytest-xdist workers (their tests run single-threaded child
+# processes, OMP_NUM_THREADS=1, so two workers keep two cores busy), then the distributed tests one at a time (each
+# starts 2-4 ranks of its own: run beside other tests they would judge hangs and stragglers on a machine shared
+# with them). The slowest tests and the time per folder (summed over workers) are printed after each part.
+TEST_WORKERS ?= 2
 test: venv
 	$(VENV)/bin/ruff check src tests benchmarks examples scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks examples scripts
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
-	$(PY) -m pytest tests -q -p no:cacheprovider --durations=25
+	$(PY) -m pytest tests --ignore=tests/distributed -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=25
+	$(PY) -m pytest tests/distributed -q -p no:cacheprovider --durations=10
 
 # The edit loop: tests/unit, which starts no process (tests/unit/conftest.py refuses one), so no marker filter.
 test-fast: venv

@@ -27,6 +27,13 @@ TRACES = SHARED / "data" / "traces"
 # process a test starts (helpers.cli_env and tune's trials copy os.environ).
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(REPO / ".cache" / "inductor"))
 
+# pytest-xdist starts its workers with COLUMNS=80 and LINES=24. scalpel's output wraps at COLUMNS on a pipe (an
+# 80-column pane reading a log), so every child a test starts would print as if to an 80-column terminal, unlike
+# a plain `pytest` run: the tests that read output lines whole expect the pipe's default.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("COLUMNS") == "80":
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
