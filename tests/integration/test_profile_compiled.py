@@ -45,3 +45,25 @@ def test_the_profiler_window_measures_the_compiled_model(tmp_path):
     )
     assert calls.get("CompiledFunction") == calls.get("CompiledFunctionBackward") == len(window), calls
     assert "ViewBackward0" not in calls, "the compiled model's backward ran eagerly in the profiler window"
+
+
+def test_memory_says_the_compiled_model_was_measured_eagerly(tmp_path):
+    """The allocation tracker is a dispatch mode over the whole run, so dynamo runs no compiled code under it:
+    the figures are the eager model's and the output says so instead of passing them off as the compiled one's."""
+    out = tmp_path / "mem"
+    proc = run_cli(
+        "memory",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--no-report",
+        "--",
+        str(COMPILED),
+        "--backend",
+        "aot_eager",
+    )
+    assert proc.returncode == 0, proc.stderr
+    section = json.loads((out / "run.json").read_text())["sections"]["memory"]
+    assert "ran eagerly under the memory tracker" in section.get("compiled", ""), sorted(section)
+    assert "note: the model is torch.compile'd but ran eagerly" in proc.stdout

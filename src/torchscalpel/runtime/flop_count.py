@@ -12,11 +12,9 @@ model FLOPs.
 The counting step runs every op through Python, so it is slow: it is marked ``profiled`` (and
 ``flops_counted``) and left out of the timing summary like the profiler window's steps. Under
 ``torch.compile`` the counted step runs the model eagerly (the same arithmetic, counted op by op),
-with dynamo set aside by the ``force_eager`` stance for that step only. Without the stance dynamo
-would meet the compiled frame under a non-infra dispatch mode, refuse it, and mark its code object
-"skip" for good: the whole rest of the run, profiler window included, ran eagerly (measured on
-torch 2.13: a 12-step aot_eager script ran its compiled graph 2 times under ``scalpel profile``,
-12 times under plain python).
+with dynamo set aside by the ``force_eager`` stance for that step only
+(:func:`~torchscalpel.runtime.dynamo_skip.force_eager` says why: without it the rest of the run,
+profiler window included, ran eagerly).
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from torchscalpel.record import StepRecord
+from torchscalpel.runtime.dynamo_skip import force_eager
 
 _aten = torch.ops.aten
 # Metadata queries FlopCounterMode declines (it returns NotImplemented for them), kept equal.
@@ -123,20 +122,6 @@ class FlopCountMode(TorchDispatchMode):
         return sorted(rows, key=lambda d: (-d["flops"], -d["recompute"], d["name"]))
 
 
-def _force_eager() -> Any:
-    """Set dynamo's ``force_eager`` stance and return the context that restores the stance before it.
-
-    Under it dynamo intercepts no frame, so the compiled frames keep their compiled code for the
-    steps after the counted one (see the module docstring). None on a torch without
-    ``torch.compiler.set_stance`` or when called from inside a compiled region (never expected: step
-    ends are seen outside).
-    """
-    set_stance = getattr(torch.compiler, "set_stance", None)
-    if set_stance is None or torch.compiler.is_compiling():
-        return None
-    return set_stance("force_eager")  # set on construction; __exit__ restores the previous stance
-
-
 class StepFlopCounter:
     """Counts the FLOPs of one settled training step, ``index`` (None: no step is left for it).
 
@@ -179,7 +164,7 @@ class StepFlopCounter:
 
     def _start(self) -> None:
         self._mode, self.boundaries = FlopCountMode(), 0
-        self._stance = _force_eager()
+        self._stance = force_eager()
         try:
             self._mode.__enter__()
         except Exception as exc:
