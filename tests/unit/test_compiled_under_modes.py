@@ -1,4 +1,4 @@
-"""The runtime's dispatch modes (the FLOP-counting step, the allocation tracker) must not leave a
+"""The runtime's dispatch modes (the FLOP-counting step, the allocation tracker, doctor's NaN tracer) must not leave a
 ``torch.compile``'d function running eagerly after they end.
 
 Under a non-infra dispatch mode dynamo refuses a compiled frame and marks its code object "skip" for the
@@ -46,7 +46,20 @@ def _tracker() -> tuple[Callable[[], None], Callable[[], None]]:
     return tracker.start, tracker.stop
 
 
-@pytest.mark.parametrize("mode", [_flop_step, _tracker], ids=["flop-counting-step", "allocation-tracker"])
+def _nan_tracer() -> tuple[Callable[[], None], Callable[[], None]]:
+    from torchscalpel.doctor.nan_trace import NanOpTracer
+
+    tracer = (
+        NanOpTracer()
+    )  # doctor's re-run that finds the first op making NaN (the in-process API reruns too)
+    return (lambda: tracer.on_start(None)), (lambda: tracer.on_finish(None))
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [_flop_step, _tracker, _nan_tracer],
+    ids=["flop-counting-step", "allocation-tracker", "nan-tracer"],
+)
 def test_compiled_code_runs_again_after_the_mode(mode):
     fn, runs = _compiled()
     x = torch.randn(8)
