@@ -293,11 +293,18 @@ def test_alias_returning_ops_are_skipped_and_new_storages_counted() -> None:
 
 
 def test_dispatch_is_not_wrapped_and_dynamo_never_enters_the_tracker(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import logging
 
     import torch._dynamo
+
+    from torchscalpel.runtime import alloc_tracker
+
+    # The tracker sets dynamo's force_eager stance, under which dynamo looks at no frame at all; this test is
+    # about the C-level marks that keep dynamo out of the tracker's code when the stance is not there (an older
+    # torch, or a script that sets its own stance), so it runs without the stance.
+    monkeypatch.setattr(alloc_tracker, "force_eager", lambda: None)
 
     # torch's per-call dynamo-disable wrapper is replaced by a C-level skip of the tracker's code
     assert not hasattr(AllocationTracker.__torch_dispatch__, "__wrapped__")

@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
+from torchscalpel.runtime.dynamo_skip import force_eager
 
 
 def _bad(t: Any) -> bool:
@@ -62,10 +63,14 @@ class NanOpTracer(RuntimeRule):
         self.found: dict[str, Any] | None = None
         self._mode: _Mode | None = None
         self._anomaly: Any = None
+        self._stance: Any = None
 
     def on_start(self, session: Any) -> None:
         self._anomaly = torch.autograd.set_detect_anomaly(True, check_nan=True)
         self._mode = _Mode(self)
+        # the re-run is eager anyway under a dispatch mode; the stance keeps dynamo from marking the user's compiled
+        # code "skip" for the rest of the process (runtime.dynamo_skip.force_eager)
+        self._stance = force_eager()
         self._mode.__enter__()
 
     def on_backward_pre(self, tensors: Any) -> None:
@@ -79,4 +84,7 @@ class NanOpTracer(RuntimeRule):
             except Exception:
                 pass
             self._mode = None
+        if self._stance is not None:
+            self._stance.__exit__(None, None, None)
+            self._stance = None
         torch.autograd.set_detect_anomaly(False)

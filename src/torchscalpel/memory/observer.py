@@ -23,6 +23,25 @@ SITES_PER_SAMPLE = 30
 """Largest call sites kept at each step end (growth analysis reads these)."""
 
 
+COMPILED_NOTE = (
+    "the model is torch.compile'd but ran eagerly under the memory tracker (dynamo runs no compiled code while a "
+    "tensor-tracking dispatch mode is active): these figures are the eager model's memory; the compiled model's "
+    "saved activations and temporaries can be smaller (measure it with 'scalpel profile', allocator peak)"
+)
+"""``sections["memory"]["compiled"]``: said when the root model was compiled, never a compiled figure passed off."""
+
+
+def _is_compiled(module: torch.nn.Module) -> bool:
+    """``torch.compile(model)`` (an OptimizedModule) or ``model.compile()`` (a compiled ``_call_impl``)."""
+    import sys
+
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # only loaded when something was compiled
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    if optimized is not None and isinstance(module, optimized):
+        return True
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
 class MemoryObserver(Observer):
     """Tensor-level accounting over the run, optionally under a hard ``limit`` in bytes."""
 
@@ -57,6 +76,8 @@ class MemoryObserver(Observer):
         self._in_step = False
         """Inside optimizer.step(): a closure's backward returns to the step's own update."""
         self._stepped = False
+        self.compiled: str | None = None
+        """The root model is ``torch.compile``'d (its class name): it ran eagerly under the tracker, see on_finish."""
         """An optimizer step ran since the last step end (that step end commits the step, see committed_step)."""
 
     # ----- events -------------------------------------------------------------------------
@@ -101,6 +122,8 @@ class MemoryObserver(Observer):
             self._trained = True
             self.before_training = tr.restart_peak()
         tr.phase = "forward"
+        if self.compiled is None and _is_compiled(module):
+            self.compiled = type(module).__name__
         if module not in self._models:
             self._models.add(module)
             tr.name_modules(module)
@@ -210,6 +233,8 @@ class MemoryObserver(Observer):
                 snapshot = {"error": repr(exc)}
         try:
             record.sections["memory"] = build_section(self, record, snapshot)
+            if self.compiled is not None:
+                record.sections["memory"]["compiled"] = COMPILED_NOTE
         except Exception as exc:  # a crash in the analysis keeps what was measured
             import traceback
 

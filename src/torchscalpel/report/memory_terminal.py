@@ -46,6 +46,8 @@ def summary_lines(section: dict[str, Any]) -> list[str]:
         f"at {peak.get('op')} in {peak.get('module') or 'no module'})"
     )
     lines += category_lines(peak.get("by_category", {}), total)
+    if section.get("compiled"):
+        lines.append(f"note: {section['compiled']}")
     evaluation = section.get("evaluation") or {}
     if evaluation.get("note") and not section.get("oom"):
         lines.append(str(evaluation["note"]))

@@ -33,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscalpel.runtime.alias_ops import OPS, op_entry
-from torchscalpel.runtime.dynamo_skip import CODE_SKIP_AVAILABLE, skip_dynamo_recursively
+from torchscalpel.runtime.dynamo_skip import CODE_SKIP_AVAILABLE, force_eager, skip_dynamo_recursively
 from torchscalpel.runtime.memory_categories import CATEGORIES
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded, requested_bytes
 from torchscalpel.runtime.module_names import split_display_name, user_modules
@@ -107,6 +107,8 @@ class AllocationTracker(TorchDispatchMode):
         self._dead = self._storage_died
         """One bound method for every storage's weak-reference callback (not a closure per allocation)."""
         self._saved_hooks: Any = None
+        self._stance: Any = None
+        """dynamo's ``force_eager`` stance while tracking (see runtime.dynamo_skip.force_eager)."""
         self._module_handles: list[Any] = []
         self.allocations = 0
 
@@ -121,6 +123,9 @@ class AllocationTracker(TorchDispatchMode):
         ]
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
         self._saved_hooks.__enter__()
+        # A compiled model runs eagerly under this mode whatever we do (dynamo refuses frames under a non-infra
+        # dispatch mode); the stance keeps dynamo from marking its code "skip" for the rest of the process.
+        self._stance = force_eager()
         self.__enter__()
 
     def stop(self) -> None:
@@ -132,6 +137,9 @@ class AllocationTracker(TorchDispatchMode):
         finally:
             self._saved_hooks.__exit__(None, None, None)
             self._saved_hooks = None
+            if self._stance is not None:
+                self._stance.__exit__(None, None, None)
+                self._stance = None
             for h in self._module_handles:
                 h.remove()
             self._module_handles = []

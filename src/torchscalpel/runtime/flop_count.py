@@ -11,9 +11,10 @@ model FLOPs.
 
 The counting step runs every op through Python, so it is slow: it is marked ``profiled`` (and
 ``flops_counted``) and left out of the timing summary like the profiler window's steps. Under
-``torch.compile`` dynamo does not trace frames while a dispatch mode is active, so the counted
-step runs the model eagerly: the same arithmetic, counted op by op (the compiled code is used again
-from the next step).
+``torch.compile`` the counted step runs the model eagerly (the same arithmetic, counted op by op),
+with dynamo set aside by the ``force_eager`` stance for that step only
+(:func:`~torchscalpel.runtime.dynamo_skip.force_eager` says why: without it the rest of the run,
+profiler window included, ran eagerly).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from torchscalpel.record import StepRecord
+from torchscalpel.runtime.dynamo_skip import force_eager
 
 _aten = torch.ops.aten
 # Metadata queries FlopCounterMode declines (it returns NotImplemented for them), kept equal.
@@ -130,6 +132,8 @@ class StepFlopCounter:
     def __init__(self, index: int | None, reason: str | None = None) -> None:
         self.index = index
         self._mode: FlopCountMode | None = None
+        self._stance: Any = None
+        """The ``force_eager`` stance set while counting (restored at the end), None when not set."""
         self._result: dict[str, Any] = {}
         self._reason = reason if index is None else None
         self.ops: int | None = None
@@ -160,13 +164,16 @@ class StepFlopCounter:
 
     def _start(self) -> None:
         self._mode, self.boundaries = FlopCountMode(), 0
+        self._stance = force_eager()
         try:
             self._mode.__enter__()
         except Exception as exc:
             self._mode, self._reason = None, f"the FLOP counter failed to start: {exc!r}"
+            self._restore_stance()
 
     def _stop(self) -> FlopCountMode | None:
         mode, self._mode = self._mode, None
+        self._restore_stance()
         if mode is None:
             return None
         try:
@@ -175,6 +182,11 @@ class StepFlopCounter:
             self._reason = f"the FLOP counter could not be removed cleanly: {exc!r}"
             return None
         return mode
+
+    def _restore_stance(self) -> None:
+        stance, self._stance = self._stance, None
+        if stance is not None:
+            stance.__exit__(None, None, None)
 
     def _finish(self, step: StepRecord) -> None:
         mode = self._stop()
