@@ -7,15 +7,17 @@ plain loop under ``scalpel lr`` and the LightningModule under ``Tuner.lr_find``,
 other's curve (scalpel's slope is per ln(lr), before the smoothed minimum; Lightning 2.x's is per lr).
 
 Then the test a user would run: each model trained for ``--train-steps`` steps at scalpel's suggested lr,
-at Lightning's, and at the scripts' own 1e-3, from the same initialisation and the same batches per seed
-(``--seeds``: the seed sets the initialisation and the batch order), with plain.py's loop (the 50-step
+at "minimum / 10" (fastai's other rule, on scalpel's curve: ``sweep.min_over_10``) and at Lightning's,
+from the same initialisation and the same batches per seed (``--seeds``: the seed sets the initialisation and the batch order), with plain.py's loop (the 50-step
 warm-up LambdaLR, then the lr held). Printed per model and lr: the held-out loss after training (a data
 set drawn apart from the training set) per seed and its mean, and how many seeds diverged (a loss that is
 not finite). For reference, the same training at a grid of fixed lrs (``--grid``): the best lr a user
-would find by trying, and where each suggestion lands against it.
+would find by trying, and where each suggestion lands against it. ``--no-lightning`` skips Lightning
+(its sweep and its training row); ``--grid ''`` skips the grid.
 
 python benchmarks/lr_finder.py [--steps 100] [--min 1e-7] [--max 10] [--models mlp,cnn,lm]
                                [--train-steps 500] [--seeds 0,1,2] [--grid 1e-5,1e-4,1e-3,1e-2,1e-1,1]
+                               [--no-lightning]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-from torchscalpel.lrfind.sweep import suggest  # noqa: E402
+from torchscalpel.lrfind.sweep import min_over_10, suggest  # noqa: E402
 
 
 def cpu_name() -> str:
@@ -75,16 +77,18 @@ def lightning(kind: str, args: argparse.Namespace) -> dict:
 def compare(kind: str, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         ours = scalpel_lr(kind, args, Path(tmp) / "lr")
-    theirs = lightning(kind, args)
+    theirs = lightning(kind, args) if args.lightning else {"lr": [], "loss": [], "suggestion": None}
     pts = [p for p in ours["points"] if p["smoothed"] is not None]
     lrs, smoothed = [p["lr"] for p in pts], [p["smoothed"] for p in pts]
     lightning_rule_on_ours = suggest(lrs, smoothed, axis="linear", descent_only=False)
+    minimum = min_over_10(lrs, smoothed)
     finite = [(lr, loss) for lr, loss in zip(theirs["lr"], theirs["loss"], strict=False) if loss == loss]
     our_rule_on_theirs = suggest([a for a, _ in finite], [b for _, b in finite]) if finite else None
     return {
         "model": kind,
         "scalpel": (ours["suggestion"] or {}).get("lr"),
         "lightning": theirs["suggestion"],
+        "min_over_10": minimum[1] if minimum else None,
         "lightning_rule_on_scalpel_curve": lightning_rule_on_ours.lr if lightning_rule_on_ours else None,
         "scalpel_rule_on_lightning_curve": our_rule_on_theirs.lr if our_rule_on_theirs else None,
         "scalpel_points": len(ours["points"]),
@@ -156,8 +160,10 @@ def training_table(results: list[dict], args: argparse.Namespace) -> None:
     for r in results:
         kind = r["model"]
         means: dict[str, tuple[float, float | None]] = {}
-        rows = [("scalpel lr", r["scalpel"]), ("Tuner.lr_find", r["lightning"])]
-        rows += [("grid", lr) for lr in grid if lr not in (r["scalpel"], r["lightning"])]
+        rows = [("scalpel lr", r["scalpel"]), ("minimum / 10", r["min_over_10"])]
+        if args.lightning:
+            rows.append(("Tuner.lr_find", r["lightning"]))
+        rows += [("grid", lr) for lr in grid if lr not in (r["scalpel"], r["lightning"], r["min_over_10"])]
         for label, lr in rows:
             if not lr:
                 print(f"| {kind} | {label} | none | not measured: no suggestion | | |")
@@ -170,9 +176,11 @@ def training_table(results: list[dict], args: argparse.Namespace) -> None:
             best = min(finite, key=lambda k: finite[k][1])  # type: ignore[arg-type,return-value]
             ours = next((v[1] for k, v in means.items() if k.startswith("scalpel")), None)
             theirs = next((v[1] for k, v in means.items() if k.startswith("Tuner")), None)
+            tenth = next((v[1] for k, v in means.items() if k.startswith("minimum")), None)
             verdicts.append(
                 f"{kind}: lowest mean at {best} ({finite[best][1]:.4f}); scalpel's pick "
-                f"{'not measured' if ours is None else f'{ours:.4f}'}, Tuner.lr_find's "
+                f"{'not measured' if ours is None else f'{ours:.4f}'}, minimum / 10 "
+                f"{'not measured' if tenth is None else f'{tenth:.4f}'}, Tuner.lr_find's "
                 f"{'not measured' if theirs is None else f'{theirs:.4f}'}"
             )
     for line in verdicts:
@@ -204,16 +212,21 @@ def main() -> None:
     parser.add_argument(
         "--grid", default="1e-5,1e-4,1e-3,1e-2,1e-1,1", help="fixed lrs trained for reference ('' to skip)"
     )
-    args = parser.parse_args()
-    print(
-        f"{cpu_name()}, torch {__import__('torch').__version__}, lightning {__import__('lightning').__version__}"
+    parser.add_argument(
+        "--no-lightning",
+        dest="lightning",
+        action="store_false",
+        help="skip Tuner.lr_find (its sweep and its training row): scalpel's picks only",
     )
+    args = parser.parse_args()
+    lightning_version = __import__("lightning").__version__ if args.lightning else "not run"
+    print(f"{cpu_name()}, torch {__import__('torch').__version__}, lightning {lightning_version}")
     print(f"sweep {args.min:g} -> {args.max:g} over {args.steps} steps")
     print(
         "| model | scalpel lr | Tuner.lr_find | ratio | Lightning's rule on scalpel's curve | ratio to Tuner.lr_find "
-        "| scalpel's rule on Lightning's curve | ratio to scalpel lr | points (scalpel / Lightning) |"
+        "| scalpel's rule on Lightning's curve | ratio to scalpel lr | points (scalpel / Lightning) | minimum / 10 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for kind in args.models.split(","):
         r = compare(kind, args)
@@ -222,7 +235,7 @@ def main() -> None:
             f"| {kind} | {fmt(r['scalpel'])} | {fmt(r['lightning'])} | {ratio(r['scalpel'], r['lightning'])} "
             f"| {fmt(r['lightning_rule_on_scalpel_curve'])} | {ratio(r['lightning_rule_on_scalpel_curve'], r['lightning'])} "
             f"| {fmt(r['scalpel_rule_on_lightning_curve'])} | {ratio(r['scalpel_rule_on_lightning_curve'], r['scalpel'])} "
-            f"| {r['scalpel_points']} / {r['lightning_points']} |",
+            f"| {r['scalpel_points']} / {r['lightning_points']} | {fmt(r['min_over_10'])} |",
             flush=True,
         )
     if args.train_steps > 0:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torchscalpel.lrfind.options import LrOptions
-from torchscalpel.lrfind.sweep import Smoother, gradient, schedule, smooth, suggest
+from torchscalpel.lrfind.sweep import Smoother, gradient, min_over_10, schedule, smooth, suggest
 
 
 def test_schedule_is_exponential_and_hits_both_ends() -> None:
@@ -112,3 +112,16 @@ def test_lightnings_rule_weighs_the_small_lrs() -> None:
     assert log_rule is not None and linear_rule is not None
     assert 5e-3 <= log_rule.lr <= 2e-2
     assert linear_rule.lr < 1e-5
+
+
+def test_min_over_10_is_the_smoothed_minimums_lr_over_ten() -> None:
+    """A curve flat at 2, falling to 0.5 at lr 1e-2, then rising: minimum / 10 is 1e-3; a lower
+    value in the skipped first points and a non-finite last point do not count."""
+    lrs = schedule(1e-6, 1.0, 61)  # 10 points per decade: lrs[40] = 1e-2
+    smoothed = [2.0 - 1.5 * math.exp(-(((math.log10(lr) + 2) / 0.8) ** 2)) for lr in lrs]
+    smoothed[0] = 0.1  # settling average: skipped
+    smoothed[-1] = math.nan
+    got = min_over_10(lrs, smoothed)
+    assert got is not None
+    assert got[0] == 40 and got[1] == pytest.approx(1e-3)
+    assert min_over_10([1e-3, 1e-2], [math.nan, math.nan]) is None

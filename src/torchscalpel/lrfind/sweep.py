@@ -127,3 +127,23 @@ def suggest(
     if slopes[j] >= 0:
         return None
     return Suggestion(index=kept[j], lr=lrs[kept[j]], slope=slopes[j])
+
+
+def min_over_10(
+    lrs: Sequence[float], smoothed: Sequence[float], *, skip_end: int = 1
+) -> tuple[int, float] | None:
+    """fastai's other rule: the lr at the smoothed loss's minimum, divided by 10, as (index of the minimum, lr / 10).
+
+    The points considered are the ones :func:`suggest` considers (the first ones skipped while the
+    average settles, the last one, the divergence itself, skipped; non-finite ones left out). None when
+    none remain. Measured against the steepest-descent pick in BENCHMARKS.md ("Which suggestion trains
+    better").
+    """
+    if len(lrs) != len(smoothed):
+        raise ValueError("one smoothed loss per learning rate")
+    begin = skip_begin_for(len(lrs))
+    kept = [i for i in range(begin, len(lrs) - skip_end) if math.isfinite(smoothed[i]) and lrs[i] > 0]
+    if not kept:
+        return None
+    lowest = min(kept, key=lambda i: smoothed[i])
+    return lowest, lrs[lowest] / 10
