@@ -8,8 +8,8 @@ other's curve (scalpel's slope is per ln(lr), before the smoothed minimum; Light
 
 Then the test a user would run: each model trained for ``--train-steps`` steps at scalpel's suggested lr,
 at "minimum / 10" (fastai's other rule, on scalpel's curve: ``sweep.min_over_10``) and at Lightning's,
-from the same initialisation and the same batches per seed (``--seeds``: the seed sets the initialisation and the batch order), with plain.py's loop (the 50-step
-warm-up LambdaLR, then the lr held). Printed per model and lr: the held-out loss after training (a data
+from the same initialisation and the same batches per seed (``--seeds``: the seed sets the initialisation
+and the batch order), with plain.py's loop (the 50-step warm-up LambdaLR, then the lr held). Printed per model and lr: the held-out loss after training (a data
 set drawn apart from the training set) per seed and its mean, and how many seeds diverged (a loss that is
 not finite). For reference, the same training at a grid of fixed lrs (``--grid``): the best lr a user
 would find by trying, and where each suggestion lands against it. ``--no-lightning`` skips Lightning

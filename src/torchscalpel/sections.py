@@ -307,6 +307,10 @@ class LrSection(StageSection):
     """One per optimizer step: ``step``, ``lr`` (set before it), ``loss``, ``smoothed`` (None when not finite)."""
     suggestion: dict[str, Any] | None = None
     """``lr``, ``step``, ``smoothed``, ``slope`` (per ln lr) at the steepest descent; None when there is none."""
+    min_over_10: dict[str, Any] | None = None
+    """fastai's other rule: ``lr`` (the smoothed minimum's lr / 10), ``step``, ``min_lr`` and ``smoothed`` at the
+    minimum (:func:`torchscalpel.lrfind.sweep.min_over_10`); None when no point counts. Trains better than
+    ``suggestion`` on the benchmark corpus (BENCHMARKS.md)."""
     divergence: dict[str, Any] | None = None
     """``lr``, ``step``, ``smoothed``, ``min_smoothed`` where the smoothed loss passed the factor; None when it never did."""
     optimizers: int = 0

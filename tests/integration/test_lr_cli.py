@@ -41,6 +41,10 @@ def test_plain_loop_against_lightning_on_the_same_model(tmp_path: Path) -> None:
     assert "suggested lr:" in done.stdout and "discard them" in done.stdout
     ours = _lr_section(tmp_path / "lr")
     assert len(ours["points"]) == 100
+    # the second suggestion, fastai's smoothed minimum / 10 (it trains better on the corpus: BENCHMARKS.md)
+    tenth = ours["min_over_10"]
+    assert tenth is not None and tenth["lr"] == tenth["min_lr"] / 10
+    assert f"minimum / 10: {tenth['lr']:.3g} (" in done.stdout
     assert ours["scheduler_steps_suspended"] >= 99  # plain.py steps a LambdaLR after every optimizer step
     theirs_run = subprocess.run(
         [sys.executable, str(CORPUS / "lightning_version.py"), "mlp"],

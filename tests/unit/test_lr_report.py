@@ -45,6 +45,10 @@ def test_the_observer_sets_the_sweep_and_stops_at_divergence() -> None:
     assert any(line.startswith("suggested lr: ") for line in lines)
     assert any(line.startswith("diverged at lr ") for line in lines)
     assert "discard them" in lines[-1]
+    # the smoothed minimum (skipping the divergence point) is the last point of the descent, step 29
+    assert lr.min_over_10 is not None and lr.min_over_10["step"] == 29
+    assert lr.min_over_10["lr"] == lr.points[29]["lr"] / 10 == lr.min_over_10["min_lr"] / 10
+    assert f"minimum / 10: {lr.min_over_10['lr']:.3g} (" in "\n".join(lines)
 
 
 def test_the_chart_is_log_x_with_both_marks() -> None:

@@ -7,7 +7,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from torchscalpel.lrfind.options import LrOptions
-from torchscalpel.lrfind.sweep import Smoother, schedule, suggest
+from torchscalpel.lrfind.sweep import Smoother, min_over_10, schedule, suggest
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 
@@ -154,6 +154,18 @@ class LrSweepObserver(Observer):
                 "smoothed": point["smoothed"],
                 "slope": result.slope,
             }
+        # fastai's other rule, printed beside the steepest descent: on the corpus it trains better
+        # (BENCHMARKS.md, "Which suggestion trains better").
+        minimum = min_over_10([p["lr"] for p in kept], [p["smoothed"] for p in kept]) if kept else None
+        tenth = None
+        if minimum is not None:
+            point = kept[minimum[0]]
+            tenth = {
+                "lr": minimum[1],
+                "step": point["step"],
+                "min_lr": point["lr"],
+                "smoothed": point["smoothed"],
+            }
         return {
             "min_lr": self.options.min_lr,
             "max_lr": self.options.max_lr,
@@ -162,6 +174,7 @@ class LrSweepObserver(Observer):
             "divergence_factor": self.options.divergence_factor,
             "points": self.points,
             "suggestion": suggestion,
+            "min_over_10": tenth,
             "divergence": self.divergence,
             "optimizers": len(self._optimizers),
             "param_groups": self._groups,

@@ -29,6 +29,12 @@ def summary_lines(lr: LrSection) -> list[str]:
         )
     else:
         lines.append(lr.note or "no suggestion")
+    if lr.min_over_10:
+        m = lr.min_over_10
+        lines.append(
+            f"minimum / 10: {m['lr']:.3g} (the smoothed minimum is at lr {m['min_lr']:.3g}; "
+            "trains better on the corpus; see BENCHMARKS.md)"
+        )
     if lr.divergence:
         d = lr.divergence
         smoothed = f"{d['smoothed']:.4g}" if d.get("smoothed") is not None else "not finite"
