@@ -202,7 +202,7 @@ def _amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path
     if not fwd or not bwd:
         return Planned.refused(label, "tune", snippet, "the run recorded no training forward and backward")
     if fwd.get("autocast"):  # the script's own autocast (nanoGPT's ``with ctx:``) was on at the forward
-        return Planned.refused(label, "tune", snippet, done=True)
+        return Planned(label, "tune", None, None, snippet, done=True)
     if fwd.get("library") or bwd.get("library"):
         return Planned.refused(
             label,
@@ -284,7 +284,7 @@ def _compile_plan(
             Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=(("torch_compile", True),)),
             "TrainingArguments(..., torch_compile=True)",
         )
-    site = sites.model
+    site = sites.model or {}
     snippet = (
         f"model.{call}"
         if target == "model"
