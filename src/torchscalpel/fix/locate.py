@@ -46,6 +46,26 @@ class Planned:
         return cls(label, source, None, None, snippet, reason)
 
 
+def kwargs_at_site(
+    label: str,
+    source: str,
+    site: dict[str, Any],
+    callee: str,
+    kwargs: tuple[tuple[str, Any], ...],
+    snippet: str,
+) -> Planned:
+    """``kwargs`` set on the call at the recorded ``site`` (the class it recorded, else ``callee``)."""
+    return Planned(
+        label,
+        source,
+        Path(site["file"]),
+        Edit(
+            kind="call_kwargs", line=int(site["line"]), callee=str(site.get("class") or callee), kwargs=kwargs
+        ),
+        snippet,
+    )
+
+
 def model_site_refusal(model: dict[str, Any]) -> str:
     """Why the recorded line that builds the training model cannot be edited ("" when it can)."""
     if not model:
@@ -249,18 +269,7 @@ def _loader_plan(
     site, why = _one_site(sites.dataloaders, "DataLoader")
     if site is None:
         return Planned.refused(label, "tune", snippet, why)
-    return Planned(
-        label,
-        "tune",
-        Path(site["file"]),
-        Edit(
-            kind="call_kwargs",
-            line=int(site["line"]),
-            callee=str(site.get("class") or "DataLoader"),
-            kwargs=kwargs,
-        ),
-        snippet,
-    )
+    return kwargs_at_site(label, "tune", site, "DataLoader", kwargs, snippet)
 
 
 def _compile_plan(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.fix.edits import Edit
-from torchscalpel.fix.locate import Planned, _one_site, model_site_refusal
+from torchscalpel.fix.locate import Planned, _one_site, kwargs_at_site, model_site_refusal
 from torchscalpel.sections import SitesSection
 
 FRAMEWORK_PRECISION: dict[str, dict[str, tuple[str, Any]]] = {
@@ -42,18 +42,7 @@ def framework_amp(amp: str, framework: str, sites: SitesSection, script: Path | 
             return Planned.refused(
                 label, "tune", snippet, f"the Accelerator is built inside {site['library']}"
             )
-        return Planned(
-            label,
-            "tune",
-            Path(site["file"]),
-            Edit(
-                kind="call_kwargs",
-                line=int(site["line"]),
-                callee=str(site.get("class") or "Accelerator"),
-                kwargs=(("mixed_precision", amp),),
-            ),
-            snippet,
-        )
+        return kwargs_at_site(label, "tune", site, "Accelerator", (("mixed_precision", amp),), snippet)
     key, value = FRAMEWORK_PRECISION[framework][amp]
     callee = FRAMEWORK_CALLEE[framework]
     return Planned(
