@@ -66,6 +66,17 @@ def kwargs_at_site(
     )
 
 
+def hf_gradient_checkpointing(label: str, source: str, script: Path | None) -> Planned:
+    """Activation checkpointing through HF's own switch, on the script's ``TrainingArguments(...)``."""
+    return Planned(
+        label,
+        source,
+        script,
+        Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=(("gradient_checkpointing", True),)),
+        "TrainingArguments(..., gradient_checkpointing=True)",
+    )
+
+
 def model_site_refusal(model: dict[str, Any]) -> str:
     """Why the recorded line that builds the training model cannot be edited ("" when it can)."""
     if not model:

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.fix.edits import Edit
-from torchscalpel.fix.locate import Planned, _one_site, kwargs_at_site, model_site_refusal
+from torchscalpel.fix.locate import (
+    Planned,
+    _one_site,
+    hf_gradient_checkpointing,
+    kwargs_at_site,
+    model_site_refusal,
+)
 from torchscalpel.sections import SitesSection
 
 FRAMEWORK_PRECISION: dict[str, dict[str, tuple[str, Any]]] = {
@@ -163,15 +169,7 @@ def checkpointing_plan(
     """Activation checkpointing of each repeated block, after the model line (HF: its own switch)."""
     label = "checkpointing blocks"
     if framework == "transformers":
-        return Planned(
-            label,
-            "tune",
-            script,
-            Edit(
-                kind="call_anywhere", callee="TrainingArguments", kwargs=(("gradient_checkpointing", True),)
-            ),
-            "TrainingArguments(..., gradient_checkpointing=True)",
-        )
+        return hf_gradient_checkpointing(label, "tune", script)
     names = [b for b in blocks if b.isidentifier()]
     cls = names[0] if names else "Block"
     code = (

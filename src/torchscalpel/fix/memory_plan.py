@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.fix.edits import Edit
-from torchscalpel.fix.locate import Planned, _amp_plan, _one_site, framework_of, script_file
+from torchscalpel.fix.locate import (
+    Planned,
+    _amp_plan,
+    _one_site,
+    framework_of,
+    hf_gradient_checkpointing,
+    script_file,
+)
 from torchscalpel.record import RunRecord
 from torchscalpel.sections import SitesSection
 
@@ -131,15 +138,7 @@ def _checkpoint_plan(sites: SitesSection, framework: str | None, script: Path | 
     label = f"activation checkpointing of the {cls} blocks"
     snippet = f"x = torch.utils.checkpoint.checkpoint({cls.lower()}, x, use_reentrant=False)  # where the {cls} is called"
     if framework == "transformers":
-        return Planned(
-            label,
-            "memory",
-            script,
-            Edit(
-                kind="call_anywhere", callee="TrainingArguments", kwargs=(("gradient_checkpointing", True),)
-            ),
-            "TrainingArguments(..., gradient_checkpointing=True)",
-        )
+        return hf_gradient_checkpointing(label, "memory", script)
     if not site.get("file") or not site.get("line"):
         return Planned.refused(
             label, "memory", snippet, "the run recorded no training call of a repeated block"
