@@ -52,6 +52,15 @@ def test_each_tune_setting_becomes_an_edit_at_its_recorded_line() -> None:
     assert plan["matmul precision high"].file == Path("/p/train.py")
 
 
+def test_bf16_already_on_at_the_forward_is_done_not_refused() -> None:
+    record = _record(
+        {"amp": "bf16"},
+        {"forward": {**_site(30, "Net"), "device": "cpu", "autocast": True}, "backward": _site(32)},
+    )
+    (item,) = tune_plan(record)
+    assert item.done and item.edit is None and item.reason == ""
+
+
 def test_an_optimizer_built_in_a_library_is_not_patched_without_its_framework() -> None:
     record = _record({"optimizer": "fused"}, {"optimizers": [_site(53, "AdamW", library="somelib")]})
     (item,) = tune_plan(record)

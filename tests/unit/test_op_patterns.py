@@ -3,7 +3,8 @@ line to change and its share of the step, and stays silent on the clean twin."""
 
 from __future__ import annotations
 
-from torchscalpel.trace.patterns import OpEvent, PassFacts, find_patterns, op_lines
+from torchscalpel.trace.op_events import OpEvent, PassFacts, op_lines
+from torchscalpel.trace.patterns import find_patterns
 
 MODEL = "/home/u/nanogpt/model.py"
 TRAIN = "/home/u/nanogpt/train.py"

@@ -40,6 +40,51 @@ class Planned:
     done: bool = False
     """The run shows the script already does it (bf16 autocast active at the training forward)."""
 
+    @classmethod
+    def refused(cls, label: str, source: str, snippet: str, reason: str) -> Planned:
+        """A change fix does not place: ``reason`` says why, ``snippet`` is the code to apply by hand."""
+        return cls(label, source, None, None, snippet, reason)
+
+
+def kwargs_at_site(
+    label: str,
+    source: str,
+    site: dict[str, Any],
+    callee: str,
+    kwargs: tuple[tuple[str, Any], ...],
+    snippet: str,
+) -> Planned:
+    """``kwargs`` set on the call at the recorded ``site`` (the class it recorded, else ``callee``)."""
+    return Planned(
+        label,
+        source,
+        Path(site["file"]),
+        Edit(
+            kind="call_kwargs", line=int(site["line"]), callee=str(site.get("class") or callee), kwargs=kwargs
+        ),
+        snippet,
+    )
+
+
+def hf_gradient_checkpointing(label: str, source: str, script: Path | None) -> Planned:
+    """Activation checkpointing through HF's own switch, on the script's ``TrainingArguments(...)``."""
+    return Planned(
+        label,
+        source,
+        script,
+        Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=(("gradient_checkpointing", True),)),
+        "TrainingArguments(..., gradient_checkpointing=True)",
+    )
+
+
+def model_site_refusal(model: dict[str, Any]) -> str:
+    """Why the recorded line that builds the training model cannot be edited ("" when it can)."""
+    if not model:
+        return "the run recorded no training model being built"
+    if model.get("library"):
+        return f"the model is built inside {model['library']}"
+    return ""
+
 
 def framework_of(sites: SitesSection) -> str | None:
     """``transformers``, ``lightning`` or ``accelerate`` when the run shows that framework driving the
@@ -94,7 +139,7 @@ def tune_plan(record: RunRecord) -> list[Planned]:
     def add(label: str, snippet: str, file: Any, edit: Edit | None, reason: str = "") -> None:
         path = Path(file) if file else None
         if edit is None or path is None:
-            out.append(Planned(label, "tune", None, None, snippet, reason or "no recorded line to edit"))
+            out.append(Planned.refused(label, "tune", snippet, reason or "no recorded line to edit"))
         else:
             out.append(Planned(label, "tune", path, edit, snippet))
 
@@ -186,23 +231,19 @@ def _amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path
     code = f'torch.autocast(device_type="{device}", dtype=torch.bfloat16)'
     snippet = f"with {code}:\n    loss = loss_fn(model(x), y)\nloss.backward()"
     if not fwd or not bwd:
-        return Planned(
-            label, "tune", None, None, snippet, "the run recorded no training forward and backward"
-        )
+        return Planned.refused(label, "tune", snippet, "the run recorded no training forward and backward")
     if fwd.get("autocast"):  # the script's own autocast (nanoGPT's ``with ctx:``) was on at the forward
         return Planned(label, "tune", None, None, snippet, done=True)
     if fwd.get("library") or bwd.get("library"):
-        return Planned(
+        return Planned.refused(
             label,
             "tune",
-            None,
-            None,
             snippet,
             f"the forward is called inside {fwd.get('library') or bwd.get('library')}",
         )
     if fwd.get("file") != bwd.get("file"):
-        return Planned(
-            label, "tune", None, None, snippet, "the forward and the backward are called in different files"
+        return Planned.refused(
+            label, "tune", snippet, "the forward and the backward are called in different files"
         )
     return Planned(
         label,
@@ -238,19 +279,8 @@ def _loader_plan(
         )
     site, why = _one_site(sites.dataloaders, "DataLoader")
     if site is None:
-        return Planned(label, "tune", None, None, snippet, why)
-    return Planned(
-        label,
-        "tune",
-        Path(site["file"]),
-        Edit(
-            kind="call_kwargs",
-            line=int(site["line"]),
-            callee=str(site.get("class") or "DataLoader"),
-            kwargs=kwargs,
-        ),
-        snippet,
-    )
+        return Planned.refused(label, "tune", snippet, why)
+    return kwargs_at_site(label, "tune", site, "DataLoader", kwargs, snippet)
 
 
 def _compile_plan(
@@ -274,7 +304,7 @@ def _compile_plan(
             Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=(("torch_compile", True),)),
             "TrainingArguments(..., torch_compile=True)",
         )
-    site = sites.model
+    site = sites.model or {}
     snippet = (
         f"model.{call}"
         if target == "model"
@@ -282,13 +312,11 @@ def _compile_plan(
             f'for module in model.modules():\n    if type(module).__name__ == "{target}":\n        module.{call}'
         )
     )
-    if not site:
-        return Planned(label, "tune", None, None, snippet, "the run recorded no training model being built")
-    if site.get("library"):
-        return Planned(label, "tune", None, None, snippet, f"the model is built inside {site['library']}")
+    if why := model_site_refusal(site):
+        return Planned.refused(label, "tune", snippet, why)
     if "." in target or (target[:1].islower() and target != "model"):
-        return Planned(
-            label, "tune", None, None, snippet, "fix places compile of the model or of a block class only"
+        return Planned.refused(
+            label, "tune", snippet, "fix places compile of the model or of a block class only"
         )
     var = "{var}"  # the name the model line assigns, read from the source by the edit
     code = (

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.fix.edits import Edit
-from torchscalpel.fix.locate import Planned, _one_site
+from torchscalpel.fix.locate import (
+    Planned,
+    _one_site,
+    hf_gradient_checkpointing,
+    kwargs_at_site,
+    model_site_refusal,
+)
 from torchscalpel.sections import SitesSection
 
 FRAMEWORK_PRECISION: dict[str, dict[str, tuple[str, Any]]] = {
@@ -37,23 +43,12 @@ def framework_amp(amp: str, framework: str, sites: SitesSection, script: Path | 
         snippet = f'Accelerator(..., mixed_precision="{amp}")'
         site = sites.accelerator
         if not site:
-            return Planned(label, "tune", None, None, snippet, "the run recorded no Accelerator being built")
+            return Planned.refused(label, "tune", snippet, "the run recorded no Accelerator being built")
         if site.get("library"):
-            return Planned(
-                label, "tune", None, None, snippet, f"the Accelerator is built inside {site['library']}"
+            return Planned.refused(
+                label, "tune", snippet, f"the Accelerator is built inside {site['library']}"
             )
-        return Planned(
-            label,
-            "tune",
-            Path(site["file"]),
-            Edit(
-                kind="call_kwargs",
-                line=int(site["line"]),
-                callee=str(site.get("class") or "Accelerator"),
-                kwargs=(("mixed_precision", amp),),
-            ),
-            snippet,
-        )
+        return kwargs_at_site(label, "tune", site, "Accelerator", (("mixed_precision", amp),), snippet)
     key, value = FRAMEWORK_PRECISION[framework][amp]
     callee = FRAMEWORK_CALLEE[framework]
     return Planned(
@@ -72,23 +67,21 @@ def fp16_plan(sites: SitesSection) -> Planned:
     label, snippet = "autocast fp16 + GradScaler", FP16_SNIPPET.format(device=device)
     site, why = _one_site(sites.optimizers, "optimizer")
     if site is None:
-        return Planned(label, "tune", None, None, snippet, why)
+        return Planned.refused(label, "tune", snippet, why)
     if not fwd or not bwd or not step:
         missing = ", ".join(n for n, s in (("forward", fwd), ("backward", bwd), ("step", step)) if not s)
-        return Planned(label, "tune", None, None, snippet, f"the run recorded no training {missing} call")
+        return Planned.refused(label, "tune", snippet, f"the run recorded no training {missing} call")
     if fwd.get("autocast"):
-        return Planned(
-            label, "tune", None, None, snippet, "the forward already runs under the script's own autocast"
+        return Planned.refused(
+            label, "tune", snippet, "the forward already runs under the script's own autocast"
         )
     inside = next((s.get("library") for s in (fwd, bwd, step) if s.get("library")), None)
     if inside:
-        return Planned(label, "tune", None, None, snippet, f"the training step is driven inside {inside}")
+        return Planned.refused(label, "tune", snippet, f"the training step is driven inside {inside}")
     if len({site.get("file"), fwd.get("file"), bwd.get("file"), step.get("file")}) != 1:
-        return Planned(
+        return Planned.refused(
             label,
             "tune",
-            None,
-            None,
             snippet,
             "the optimizer, forward, backward and step are in different files",
         )
@@ -121,19 +114,15 @@ def channels_last_plan(sites: SitesSection, framework: str | None) -> list[Plann
     model, fwd = sites.model or {}, sites.forward or {}
     if framework is not None:
         return [
-            Planned(
+            Planned.refused(
                 label,
                 "tune",
-                None,
-                None,
                 snippet,
                 f"{framework} builds and feeds the model; fix places channels_last in plain loops only",
             )
         ]
-    if not model:
-        return [Planned(label, "tune", None, None, snippet, "the run recorded no training model being built")]
-    if model.get("library"):
-        return [Planned(label, "tune", None, None, snippet, f"the model is built inside {model['library']}")]
+    if why := model_site_refusal(model):
+        return [Planned.refused(label, "tune", snippet, why)]
     out = [
         Planned(
             "channels_last model",
@@ -180,15 +169,7 @@ def checkpointing_plan(
     """Activation checkpointing of each repeated block, after the model line (HF: its own switch)."""
     label = "checkpointing blocks"
     if framework == "transformers":
-        return Planned(
-            label,
-            "tune",
-            script,
-            Edit(
-                kind="call_anywhere", callee="TrainingArguments", kwargs=(("gradient_checkpointing", True),)
-            ),
-            "TrainingArguments(..., gradient_checkpointing=True)",
-        )
+        return hf_gradient_checkpointing(label, "tune", script)
     names = [b for b in blocks if b.isidentifier()]
     cls = names[0] if names else "Block"
     code = (
@@ -202,20 +183,16 @@ def checkpointing_plan(
     snippet = code.replace("{var}", "model")
     model = sites.model or {}
     if not names:
-        return Planned(label, "tune", None, None, snippet, "tune's facts name no repeated block class")
+        return Planned.refused(label, "tune", snippet, "tune's facts name no repeated block class")
     if framework is not None:
-        return Planned(
+        return Planned.refused(
             label,
             "tune",
-            None,
-            None,
             snippet,
             f"{framework} builds the model's training step; fix checkpoints blocks in plain loops only",
         )
-    if not model:
-        return Planned(label, "tune", None, None, snippet, "the run recorded no training model being built")
-    if model.get("library"):
-        return Planned(label, "tune", None, None, snippet, f"the model is built inside {model['library']}")
+    if why := model_site_refusal(model):
+        return Planned.refused(label, "tune", snippet, why)
     return Planned(
         label,
         "tune",

@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.fix.edits import Edit
-from torchscalpel.fix.locate import Planned, _amp_plan, _one_site, framework_of, script_file
+from torchscalpel.fix.locate import (
+    Planned,
+    _amp_plan,
+    _one_site,
+    framework_of,
+    hf_gradient_checkpointing,
+    script_file,
+)
 from torchscalpel.record import RunRecord
 from torchscalpel.sections import SitesSection
 
@@ -131,18 +138,10 @@ def _checkpoint_plan(sites: SitesSection, framework: str | None, script: Path | 
     label = f"activation checkpointing of the {cls} blocks"
     snippet = f"x = torch.utils.checkpoint.checkpoint({cls.lower()}, x, use_reentrant=False)  # where the {cls} is called"
     if framework == "transformers":
-        return Planned(
-            label,
-            "memory",
-            script,
-            Edit(
-                kind="call_anywhere", callee="TrainingArguments", kwargs=(("gradient_checkpointing", True),)
-            ),
-            "TrainingArguments(..., gradient_checkpointing=True)",
-        )
+        return hf_gradient_checkpointing(label, "memory", script)
     if not site.get("file") or not site.get("line"):
-        return Planned(
-            label, "memory", None, None, snippet, "the run recorded no training call of a repeated block"
+        return Planned.refused(
+            label, "memory", snippet, "the run recorded no training call of a repeated block"
         )
     if site.get("library"):
         where = (
@@ -150,11 +149,9 @@ def _checkpoint_plan(sites: SitesSection, framework: str | None, script: Path | 
             if site["library"] == "torch"
             else site["library"]
         )
-        return Planned(
+        return Planned.refused(
             label,
             "memory",
-            None,
-            None,
             snippet,
             f"the {cls} blocks are called by {where}, not at a line of yours",
         )
@@ -183,8 +180,8 @@ def _microbatch_plan(
         f"        optimizer.zero_grad(set_to_none=True)"
     )
     if not batch or k < 2:
-        return Planned(
-            label, "memory", None, None, snippet, "the record holds no batch size or micro-batch count"
+        return Planned.refused(
+            label, "memory", snippet, "the record holds no batch size or micro-batch count"
         )
     params = (("batch", batch), ("k", k))
     if framework == "transformers":
@@ -207,11 +204,9 @@ def _microbatch_plan(
             Edit(kind="batch_accum", line=int(site["line"]), callee="DataLoader", kwargs=params),
             lightning,
         )
-    return Planned(
+    return Planned.refused(
         label,
         "memory",
-        None,
-        None,
         snippet,
         "in your own training loop, the split is the loop's logic (the loss divided by K, a step every K "
         "batches, the schedule counted in steps); fix does not rewrite loops",
@@ -223,9 +218,9 @@ def _set_to_none_plan(sites: SitesSection) -> Planned:
     snippet = "optimizer.step()\noptimizer.zero_grad(set_to_none=True)"
     site = sites.step or {}
     if not site.get("file") or not site.get("line"):
-        return Planned(label, "memory", None, None, snippet, "the run recorded no optimizer.step() call")
+        return Planned.refused(label, "memory", snippet, "the run recorded no optimizer.step() call")
     if site.get("library"):
-        return Planned(label, "memory", None, None, snippet, f"the optimizer steps inside {site['library']}")
+        return Planned.refused(label, "memory", snippet, f"the optimizer steps inside {site['library']}")
     return Planned(
         label,
         "memory",

@@ -285,7 +285,7 @@ FRAME_CODE = ctypes.CFUNCTYPE(
     ctypes.c_size_t,
 )
 """The C reader asks this once per distinct frame (file name, function name): bit 0 the user's file
-(read for ``.py`` files only), bits 1-3 the phase the function marks (``snapshot.frame_code``)."""
+(read for ``.py`` files only), bits 1-3 the phase the function marks (``snapshot_frames.frame_code``)."""
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)``: bytes of both passes read so far, of twice the file's size."""

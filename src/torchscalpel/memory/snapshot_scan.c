@@ -692,7 +692,7 @@ static int spend(ctx_t *c, uint64_t units) {
 }
 
 /* A frame dict's class, the phase it marks (any frame: C++ frames name the autograd engine) and, for a
-   .py file, its site "file:line" (cached on the dict). Whose file it is and what phase its function marks the caller decides (snapshot.frame_code),
+   .py file, its site "file:line" (cached on the dict). Whose file it is and what phase its function marks the caller decides (snapshot_frames.frame_code),
    once per distinct (file, function): the pair is interned with a leading \1 (never a site's first
    byte), and that entry's `bytes` holds 1 + the caller's answer. */
 static uint8_t frame_class(ctx_t *c, node_t *f) {

@@ -46,7 +46,8 @@ from torchscalpel.findings import Finding
 from torchscalpel.record import StepRecord
 from torchscalpel.runtime.native_log import native_stderr_to
 from torchscalpel.runtime.userframes import Kind, file_kind, user_frame
-from torchscalpel.trace.patterns import OpEvent, PassFacts, find_patterns, op_lines
+from torchscalpel.trace.op_events import OpEvent, PassFacts, op_lines
+from torchscalpel.trace.patterns import find_patterns
 
 SITE_PREFIX = "scalpel.site:"
 LIBRARY_SEP = "\x1f"

@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.record import RunRecord, save_record
+from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
+from torchscalpel.stages.saving import save_with_report
 from torchscalpel.tune.batch_finder import BatchOptions
 
 
@@ -67,15 +68,5 @@ def run_batch(
     }
     record = records[best] if best is not None else records[sorted(options.sizes)[-1]]
     record.sections["batch"] = section
-    record.artifacts["record"] = "run.json"
-    save_record(record, out_dir)  # first: a report that fails to render loses nothing
-    if write_report:
-        try:
-            from torchscalpel.report.html import write_report as write_html
-
-            write_html(record, out_dir / "report.html")
-            record.artifacts["report"] = "report.html"
-        except Exception as exc:
-            record.notes.append(f"report.html failed: {exc!r}")
-        save_record(record, out_dir)
+    save_with_report(record, out_dir, write_report=write_report)
     return record

@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 from torchscalpel.lrfind.options import LrOptions
-from torchscalpel.record import RunRecord, save_record
+from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
+from torchscalpel.stages.saving import save_with_report
 
 
 def run_lr(target: Target, options: LrOptions, *, write_report: bool = True) -> RunRecord:
@@ -21,15 +22,5 @@ def run_lr(target: Target, options: LrOptions, *, write_report: bool = True) -> 
     out_dir.mkdir(parents=True, exist_ok=True)
     with StepProgress(options.steps, f"sweeping the learning rate of {target.name}") as bar:
         record = find_lr(target, options, progress=bar.update, command=["scalpel", *sys.argv[1:]])
-    record.artifacts["record"] = "run.json"
-    save_record(record, out_dir)  # first: a report that fails to render loses nothing
-    if write_report:
-        try:
-            from torchscalpel.report.html import write_report as write_html
-
-            write_html(record, out_dir / "report.html")
-            record.artifacts["report"] = "report.html"
-        except Exception as exc:
-            record.notes.append(f"report.html failed: {exc!r}")
-        save_record(record, out_dir)
+    save_with_report(record, out_dir, write_report=write_report)
     return record

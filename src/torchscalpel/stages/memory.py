@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.memory.observer import MemoryObserver
-from torchscalpel.record import RunRecord, save_record
+from torchscalpel.record import RunRecord
 from torchscalpel.runtime.session import RuntimeOptions, SetupHook
 from torchscalpel.runtime.target import Target
+from torchscalpel.stages.saving import save_with_report
 
 
 def run_memory(
@@ -63,17 +64,7 @@ def finish(record: RunRecord, out_dir: Path, *, json_path: Path | None, write_re
     section = record.sections.get("memory")
     if isinstance(section, dict) and (section.get("oom") or {}).get("snapshot"):
         record.artifacts["memory_live"] = "memory-live.json"
-    save_record(record, out_dir)
-    if write_report:
-        try:
-            from torchscalpel.report.html import write_report as write_html
-
-            write_html(record, out_dir / "report.html")
-            record.artifacts["report"] = "report.html"
-            save_record(record, out_dir)
-        except Exception as exc:
-            record.notes.append(f"report.html failed: {exc!r}")
-            save_record(record, out_dir)
+    save_with_report(record, out_dir, write_report=write_report)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(section, indent=1, default=str) + "\n", encoding="utf-8")

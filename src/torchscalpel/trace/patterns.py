@@ -1,7 +1,8 @@
 """Op patterns with a named fix, read from the op-line pass (one step recorded with each op's user line).
 
 The op-line pass (:mod:`torchscalpel.runtime.op_lines`) turns one or two profiled steps into a list of
-:class:`OpEvent`: every op, the user's ``file:line`` that called it, its input shapes, its own time on
+:class:`~torchscalpel.trace.op_events.OpEvent` (defined there with :class:`PassFacts` and the per-op
+line table :func:`~torchscalpel.trace.op_events.op_lines`): every op, the user's ``file:line`` that called it, its input shapes, its own time on
 the host and on the device, and the kernels it launched. The rules here are plain functions of that
 list (no torch: they run on traces built in a test as well as on a live run); each returns
 :class:`~torchscalpel.findings.Finding` objects that cite the share of the step the pattern explains
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from torchscalpel.findings import Finding, Location, Severity, short_path
+from torchscalpel.trace.op_events import OpEvent, PassFacts, op_cost
 
 MATMULS = frozenset({"aten::matmul", "aten::bmm", "aten::mm", "aten::baddbmm", "aten::einsum"})
 SOFTMAXES = frozenset({"aten::softmax", "aten::_softmax", "aten::_safe_softmax"})
@@ -49,66 +51,6 @@ TINY_SHARE = 0.5
 """Share of the step in tiny ops (CPU) or left idle between tiny kernels (GPU) for ``tiny-ops`` to fire."""
 
 
-@dataclass(frozen=True, slots=True)
-class OpEvent:
-    """One op of the op-line pass, as the rules see it."""
-
-    name: str
-    """``aten::bmm``, or a CUDA runtime call (``cudaStreamSynchronize``)."""
-    site: str | None
-    """The user's ``file:line`` that called it (``runtime.userframes``); None: no user frame."""
-    start_us: float = 0.0
-    self_us: float = 0.0
-    """Host time in the op itself, children excluded."""
-    total_us: float = 0.0
-    """Host time with its children."""
-    device_us: float = 0.0
-    """Device time of the kernels it launched itself (0 on CPU)."""
-    shapes: tuple[tuple[int, ...], ...] = ()
-    parent: str | None = None
-    """The op it ran inside (``aten::linear`` for its ``aten::mm``); None: called by the user's line."""
-    kernels: tuple[str, ...] = ()
-    """Kernel and memcpy names it launched (``Memcpy HtoD (Pageable -> Device)``)."""
-    backward: bool = False
-    """Run by autograd for a forward op; ``site`` is then the forward op's line."""
-    library_site: str | None = None
-    """The installed package's ``file:line`` that made the call, when one did (transformers'
-    ``eager_attention_forward``): ``site`` is then the user's line that called into the package."""
-
-    @property
-    def code_site(self) -> str | None:
-        """The line whose code ran the op: the library's when a package made the call, else the user's."""
-        return self.library_site or self.site
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON-ready."""
-        return {
-            "name": self.name,
-            "site": self.site,
-            "start_us": self.start_us,
-            "self_us": self.self_us,
-            "total_us": self.total_us,
-            "device_us": self.device_us,
-            "shapes": [list(s) for s in self.shapes],
-            "parent": self.parent,
-            "kernels": list(self.kernels),
-            "backward": self.backward,
-            "library_site": self.library_site,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class PassFacts:
-    """What the rules need besides the events."""
-
-    step_us: float
-    """Wall time of the recorded step(s), the denominator of every share."""
-    steps: int = 1
-    cuda: bool = False
-    compute_capability: tuple[int, int] | None = None
-    """The GPU's (major, minor); tensor cores from 7.0, TF32 and bf16 from 8.0."""
-
-
 @dataclass(slots=True)
 class _Group:
     cost_us: float = 0.0
@@ -130,11 +72,6 @@ def _by_site(
             g.names.add(e.name)
     ranked = sorted(by_site.items(), key=lambda kv: -kv[1].cost_us)
     return ranked, sum(g.cost_us for _, g in ranked)
-
-
-def _cost(e: OpEvent) -> float:
-    """What an op costs the step: its own device time on a GPU, its own host time otherwise."""
-    return e.device_us if e.device_us > 0 else e.self_us
 
 
 def _split(site: str) -> tuple[str, int]:
@@ -235,7 +172,7 @@ def unfused_attention(events: Sequence[OpEvent], facts: PassFacts) -> list[Findi
     for key, n in chains.items():
         file, first, last = key
         cost = sum(
-            _cost(e)
+            op_cost(e)
             for e in events
             if e.code_site and _split(e.code_site)[0] == file and first <= _split(e.code_site)[1] <= last
         )
@@ -490,42 +427,3 @@ def find_patterns(events: Sequence[OpEvent], facts: PassFacts) -> list[Finding]:
     for rule in RULES:
         out.extend(rule(events, facts))
     return out
-
-
-def op_lines(events: Iterable[OpEvent], limit: int = 40) -> list[dict[str, object]]:
-    """Per op name, the user line where it spends most (its share of the op, and its shapes there), and
-    ``library_site``: the installed package's line that made most of those calls (None: the user's code did).
-
-    Ops that ran without any user frame (the autograd engine's own work has the backward call's line)
-    are left out. The ``limit`` names with the most time are kept, most first.
-    """
-    per: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
-    shapes: dict[tuple[str, str], tuple[tuple[int, ...], ...]] = {}
-    libraries: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for e in events:
-        if not e.site:
-            continue
-        cell = per[e.name][e.site]
-        cell[0] += _cost(e)
-        cell[1] += 1
-        shapes.setdefault((e.name, e.site), e.shapes)
-        libraries[(e.name, e.site)][e.library_site or ""] += _cost(e)
-    rows = []
-    for name, sites in per.items():
-        total = sum(c[0] for c in sites.values())
-        site, (cost, calls) = max(sites.items(), key=lambda kv: kv[1][0])
-        by_library = libraries[(name, site)]
-        library = max(by_library, key=lambda k: by_library[k]) if by_library else ""
-        rows.append(
-            {
-                "name": name,
-                "site": site,
-                "site_share": cost / total if total > 0 else 1.0,
-                "calls": int(calls),
-                "self_us": total,
-                "shapes": [list(s) for s in shapes[(name, site)]],
-                "library_site": library or None,
-            }
-        )
-    rows.sort(key=lambda r: -float(r["self_us"]))  # type: ignore[arg-type]
-    return rows[:limit]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from html import escape
 
 from torchscalpel.report.charts.axes import (
@@ -125,22 +125,7 @@ def lines(
             f'<text class="tick x-tick" x="{to_x(t):.1f}" y="{legend_h + plot_h + 14:.1f}" '
             f'text-anchor="{x_tick_anchor(to_x(t), text, 0, width)}">{text}</text>'
         )
-    for j, (sname, values) in enumerate(series.items()):
-        colour = PALETTE[j % len(PALETTE)]
-        pts = [(to_x(float(x)), to_y(float(v))) for x, v in zip(xs, values, strict=False) if v is not None]
-        if not pts:
-            continue
-        label = f"{sname} ({unit})" if unit and unit not in sname else sname
-        if len(pts) == 1:
-            parts.append(
-                f'<circle cx="{pts[0][0]:.1f}" cy="{pts[0][1]:.1f}" r="3" fill="{colour}"><title>{escape(label)}</title></circle>'
-            )
-            continue
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-        parts.append(
-            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}">'
-            f"<title>{escape(label)}</title></polyline>"
-        )
+    parts += _series_svg(xs, series, unit, to_x, to_y, dot_single=True)
     if flat:
         vals = [float(v) for values in series.values() for v in values if v is not None]
         parts.append(
@@ -191,17 +176,7 @@ def _log_x_lines(
             f'<text class="tick x-tick" x="{to_x(10.0**k):.1f}" y="{legend_h + plot_h + 14:.1f}" '
             f'text-anchor="middle">1e{k}</text>'
         )
-    for j, (sname, values) in enumerate(series.items()):
-        colour = PALETTE[j % len(PALETTE)]
-        pts = [(to_x(float(x)), to_y(float(v))) for x, v in zip(xs, values, strict=False) if v is not None]
-        if not pts:
-            continue
-        label = f"{sname} ({unit})" if unit and unit not in sname else sname
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-        parts.append(
-            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}">'
-            f"<title>{escape(label)}</title></polyline>"
-        )
+    parts += _series_svg(xs, series, unit, to_x, to_y, dot_single=False)
     for x, text in marks:
         if x <= 0:
             continue
@@ -217,3 +192,34 @@ def _log_x_lines(
     parts.append(axis_titles(width, height, left, legend_h, plot_h, x_title, y_title or value_title(unit)))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _series_svg(
+    xs: Sequence[float],
+    series: Mapping[str, Sequence[float | None]],
+    unit: str,
+    to_x: Callable[[float], float],
+    to_y: Callable[[float], float],
+    *,
+    dot_single: bool,
+) -> list[str]:
+    """One polyline per series over its non-missing points (a series with one point: a dot when
+    ``dot_single``), in the palette's colours, titled with the series name and unit."""
+    parts: list[str] = []
+    for j, (sname, values) in enumerate(series.items()):
+        colour = PALETTE[j % len(PALETTE)]
+        pts = [(to_x(float(x)), to_y(float(v))) for x, v in zip(xs, values, strict=False) if v is not None]
+        if not pts:
+            continue
+        label = f"{sname} ({unit})" if unit and unit not in sname else sname
+        if len(pts) == 1 and dot_single:
+            parts.append(
+                f'<circle cx="{pts[0][0]:.1f}" cy="{pts[0][1]:.1f}" r="3" fill="{colour}"><title>{escape(label)}</title></circle>'
+            )
+            continue
+        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+        parts.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{coords}">'
+            f"<title>{escape(label)}</title></polyline>"
+        )
+    return parts
