@@ -3,9 +3,9 @@ under the first and end under the second.
 
 Such a range's end is written into the first session's events, freed when it stopped (torch 2.13): the
 heap corruption made ``scalpel profile`` of the epoch loop die with SIGSEGV in the pass's ``prof.stop()``,
-before run.json was written and with nothing on the terminal (1 of 13 runs at load ~8). The optimizer's
-``Optimizer.step#...`` range is open around the step-end hook that closes the window, so the pass must
-not start there. The crash itself depends on the heap's layout; the crossing it needs does not.
+before run.json was written and with nothing on the terminal (2 of 30 runs, 0 of 30 after). The
+optimizer's ``Optimizer.step#...`` range is open around the step-end hook that closes the window, so the
+pass must not start there. The crash itself depends on the heap's layout; the crossing it needs does not.
 """
 
 from __future__ import annotations

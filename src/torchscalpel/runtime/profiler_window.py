@@ -242,9 +242,9 @@ class ProfilerWindow:
         profiler recorded. Ended while a second profiler session records, that range's end callback
         writes its end time into the first session's event storage, freed when it stopped: a
         use-after-free that corrupted the heap and segfaulted later, in the pass's ``prof.stop()``
-        before run.json was written, or at interpreter exit in ``~vector<Result>`` (torch 2.13; 1 of
-        13 runs of the terminal test's profile at load ~8). The step in between runs with no profiler,
-        so every range opened under the window ends before the pass's profiler starts.
+        before run.json was written, or at interpreter exit in ``~vector<Result>`` (torch 2.13; 2 of
+        30 runs of the terminal test's profile at load 2-7, 0 of 30 after). The step in between runs
+        with no profiler, so every range opened under the window ends before the pass's profiler starts.
         """
         asked = self.options.op_line_steps
         if not asked or self._cut_step is not None:
