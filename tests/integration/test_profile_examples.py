@@ -47,9 +47,10 @@ def test_example_profile_writes_trace_record_and_report(tmp_path, script, args):
     assert record.status == "stopped" and len(record.measured_steps) == 6
     assert_training_breakdown(record)
     assert record.profiler["steps"] == [3, 4]
-    # step 2 is the FLOP-counting step and step 5 the op-line pass: instrumented too, and so left out of the timings
-    assert [s.index for s in record.steps if s.profiled] == [2, 3, 4, 5]
-    assert [s.index for s in record.steps if s.op_lines] == record.profiler["op_lines"]["steps"] == [5]
+    # step 2 is the FLOP-counting step and step 6 the op-line pass (one step after the window, whose
+    # ranges must end first): instrumented too, and so left out of the timings
+    assert [s.index for s in record.steps if s.profiled] == [2, 3, 4, 6]
+    assert [s.index for s in record.steps if s.op_lines] == record.profiler["op_lines"]["steps"] == [6]
     assert [s.index for s in record.steps if s.flops_counted] == [record.profiler["flops_step"]] == [2]
     assert record.profiler["flops_total"] > 0 and record.summary["achieved_flops_per_s"] > 0
     # the op summary is stored once, in the trace section

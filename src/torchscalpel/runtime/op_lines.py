@@ -218,6 +218,9 @@ def free_profiler(prof: profile) -> None:
     Left to the garbage collector, the profiler's results sit in a reference cycle until the
     interpreter exits, and freeing them there crashed it (torch 2.13, a script that ran CPU flash
     attention: a segfault in ``~vector<Result>`` during ``Py_FinalizeEx``, after run.json was written).
+    The heap was corrupted earlier, by a range that crossed from the window's session into this pass's
+    (see ``ProfilerWindow._plan_pass``, which now keeps them apart); freeing early stays, as it returns
+    the memory while the script runs.
     """
     inner = getattr(prof, "profiler", None)
     if inner is not None:

@@ -97,6 +97,8 @@ class ProfilerWindow:
         self.op_pass: OpLinePass | None = None
         """The op-line pass (:mod:`~torchscalpel.runtime.op_lines`), once the window has closed."""
         self._op_skipped: str | None = None
+        self._pass_at: int | None = None
+        """The step the op-line pass opens at: one step after the window's last (see :meth:`_plan_pass`)."""
         session.add_observer(_Boundaries(self))
         if self.first == 0:
             self._start(0)
@@ -106,6 +108,9 @@ class ProfilerWindow:
         self.flops.on_step_closed(step)
         if self.op_pass is not None and self.op_pass.running:
             self.op_pass.on_step_closed(step)
+        elif self._pass_at is not None and step.index + 1 == self._pass_at:
+            self._pass_at = None
+            self._start_pass(step.index + 1)
         elif self._cut_step == step.index:  # the step the budget cut short was profiled in part
             step.profiled, self._cut_step = True, None
             self._profiled.append(step.index)
@@ -115,7 +120,7 @@ class ProfilerWindow:
             self._close_range()
             if step.index >= self.last:
                 self._close_window()
-                self._start_pass(step.index + 1)
+                self._plan_pass(step.index)
             else:
                 self._open_range(step.index + 1)
         elif not self._done and step.index + 1 == self.first:
@@ -185,7 +190,7 @@ class ProfilerWindow:
                 self._error = f"profiler restart failed: {exc!r}"
         if self.op_pass is not None:
             self.op_pass.close()
-        self.op_pass, self._op_skipped = None, None
+        self.op_pass, self._op_skipped, self._pass_at = None, None, None
         self._profiled, self._done, self._cut_step, self._seen = [], False, None, 0
         self.flops.restart()
         if self.first == 0:
@@ -229,19 +234,47 @@ class ProfilerWindow:
             self._range.__exit__(None, None, None)
             self._range = None
 
-    def _start_pass(self, index: int) -> None:
-        """Open the op-line pass at step ``index``, when it is asked for and measured steps are left."""
+    def _plan_pass(self, last: int) -> None:
+        """The window closed at the end of step ``last``: the op-line pass opens one step later.
+
+        Not at once: the window closes inside the optimizer's ``Optimizer.step#...`` profiler range
+        (the step-end hook runs within ``optimizer.step()``), which was entered while the window's
+        profiler recorded. Ended while a second profiler session records, that range's end callback
+        writes its end time into the first session's event storage, freed when it stopped: a
+        use-after-free that corrupted the heap and segfaulted later, in the pass's ``prof.stop()``
+        before run.json was written, or at interpreter exit in ``~vector<Result>`` (torch 2.13; 2 of
+        30 runs of the terminal test's profile at load 2-7, 0 of 30 after). The step in between runs
+        with no profiler, so every range opened under the window ends before the pass's profiler starts.
+        """
         asked = self.options.op_line_steps
         if not asked or self._cut_step is not None:
             return
+        if self._no_step_left(last + 2):
+            return
+        self._pass_at = last + 2
+
+    def _no_step_left(self, index: int) -> bool:
+        """True (and the reason kept) when step ``index`` is past the measured steps."""
+        steps = self.options.steps
+        if steps is None:
+            return False
+        end = self.options.warmup + steps - 1
+        if index <= end:
+            return False
+        more = index + self.options.op_line_steps - 1 - end
+        self._op_skipped = (
+            f"no measured step was left after the profiler window for the op-line pass, which starts one "
+            f"step after it (run {more} more: --steps {steps + more})"
+        )
+        return True
+
+    def _start_pass(self, index: int) -> None:
+        """Open the op-line pass at step ``index``, when it is asked for and measured steps are left."""
+        asked = self.options.op_line_steps
+        if not asked or self._cut_step is not None or self._no_step_left(index):
+            return
         steps = self.options.steps
         end = self.options.warmup + steps - 1 if steps is not None else None
-        if steps is not None and end is not None and index > end:
-            self._op_skipped = (
-                f"no measured step was left after the profiler window for the op-line pass "
-                f"(run {asked} more: --steps {steps + asked})"
-            )
-            return
         n = asked if end is None else min(asked, end - index + 1)
         self.op_pass = OpLinePass(n, index, self._log_path())
         self.op_pass.start()
@@ -254,6 +287,11 @@ class ProfilerWindow:
         """Stop the profiler and the op-line pass (idempotent), export the trace; stop a FLOP count cut short."""
         if self.op_pass is not None:
             self.op_pass.close()
+        elif self._pass_at is not None:  # the script ended in the step between the window and the pass
+            self._pass_at = None
+            self._op_skipped = (
+                "the script ended before the op-line pass, which starts one step after the window"
+            )
         self._close_window()
 
     def _close_window(self) -> None:
