@@ -4,11 +4,27 @@ to its forward op's line, and the pass's steps are marked and left out."""
 from __future__ import annotations
 
 import inspect
+import sys
 
+import pytest
 import torch
 
 from torchscalpel.record import StepRecord
 from torchscalpel.runtime.op_lines import OpLinePass
+
+
+@pytest.fixture(autouse=True)
+def _no_compiled_code_in_this_process():
+    """The pass leaves its mode out once this process has built any torch.compile graph (the mode would make
+    dynamo recompile it). A test that compiled earlier in the same pytest worker (test_compiled_under_modes, an
+    in-process API test) would make these tests see a compiled process: start from dynamo's fresh state."""
+    if "torch._dynamo" in sys.modules:
+        import torch._dynamo
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        counters.clear()
+    yield
 
 
 def _line_of(fn, text: str) -> int:
