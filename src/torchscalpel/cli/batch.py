@@ -61,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
     section = record.section(BatchSection) or BatchSection()
     from torchscalpel.console import say_lines
 
-    report = "" if args.no_report else f"; report: {out_dir / 'report.html'}"
+    # a path a line (see cli/plan.py)
+    report = [] if args.no_report else [f"report: {out_dir / 'report.html'}"]
     say_lines(
-        [f"scalpel batch: {target.name}", *summary_lines(section), f"record: {out_dir / 'run.json'}{report}"]
+        [f"scalpel batch: {target.name}", *summary_lines(section), f"record: {out_dir / 'run.json'}", *report]
     )
     return 0 if section.best is not None else 1

@@ -151,8 +151,8 @@ def run(args: argparse.Namespace) -> int:
             f"scalpel memory: {target.name}: {record.status}"
             + (f" ({record.error})" if record.error else ""),
             *summary_lines(section),
-            f"record: {out_dir / 'run.json'}"
-            + ("" if args.no_report else f"; report: {out_dir / 'report.html'}"),
+            f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
+            *([] if args.no_report else [f"report: {out_dir / 'report.html'}"]),
         ]
     )
     if args.patch:

@@ -227,4 +227,5 @@ def _write_outputs(args: argparse.Namespace, record, out_dir: Path, plan: dict) 
     write_report(record, out_dir / "report.html")
     if args.json_path:
         write_output_text(args.json_path, json.dumps(plan, indent=1) + "\n", flag="--json")
-    print(f"plan written to {out_dir}/run.json and {out_dir}/report.html")
+    # one path a line: a path may run past an 80-column edge (a terminal copies it whole), prose between two may not
+    print(f"plan written to\n  {out_dir}/run.json\n  {out_dir}/report.html")
