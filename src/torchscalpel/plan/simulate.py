@@ -11,10 +11,9 @@ timeline gives the peak of everything live, temporaries included.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from torchscalpel.blocks import find_blocks
 from torchscalpel.errors import UsageError
@@ -31,6 +30,7 @@ from torchscalpel.plan.model_io import LossFn, default_loss, plain_tensor_attrib
 from torchscalpel.plan.names import OPTIMIZERS, Precision
 from torchscalpel.plan.spec import BatchSpec
 from torchscalpel.plan.tracker import AllocationTracker, Timeline
+from torchscalpel.plan.units import checkpointed_blocks, nbytes, unit_marks
 
 
 @dataclass(kw_only=True, slots=True)
@@ -358,96 +358,6 @@ _AUTOCAST_DTYPES = {Precision.BF16_MIXED: torch.bfloat16, Precision.FP16_MIXED: 
 """The ``*-mixed`` precisions: autocast's dtype over fp32 parameters."""
 
 
-@contextlib.contextmanager
-def checkpointed_blocks(blocks: list[tuple[str, nn.Module]], enabled: bool) -> Iterator[None]:
-    """Block-level activation checkpointing (non-reentrant), as checkpoint_wrapper applies it."""
-    if not enabled:
-        yield
-        return
-    from torch.utils.checkpoint import checkpoint
-
-    originals = []
-    for _, block in blocks:
-        original = block.forward
-        originals.append((block, original))
-        block.forward = functools.partial(_checkpoint_call, checkpoint, original)
-    try:
-        yield
-    finally:
-        for block, original in originals:
-            block.forward = original
-
-
-ROOT_UNIT = ""
-"""Unit name of the parameters outside every block (FSDP's root ``fully_shard``)."""
-
-
-@contextlib.contextmanager
-def unit_marks(
-    model: nn.Module, blocks: list[tuple[str, nn.Module]], tracker: AllocationTracker
-) -> Iterator[None]:
-    """Mark the moments FSDP2 acts on each unit (every block, and the root for the rest) in the timeline.
-
-    ``pre_forward`` / ``post_forward``: the unit's forward starts / ends (forward hooks);
-    ``pre_backward``: the first gradient reaches one of the unit's forward outputs (a hook on each
-    output, as FSDP2's own pre-backward hook); ``grad``: one of the unit's parameters received its
-    gradient (post-accumulate-grad hook; bytes = that gradient), the last of which in a backward
-    is where FSDP2's post-backward reduce-scatter runs.
-    """
-    units = [(name, block) for name, block in blocks] + [(ROOT_UNIT, model)]
-    in_block = {id(p) for _, b in blocks for p in b.parameters()}
-    handles: list[Any] = []
-
-    def outputs_hook(unit: str):
-        def post(_module, _args, output):
-            flat = tree_flatten(dict(output) if isinstance(output, Mapping) else output)[0]
-            tensors = [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
-            fired = [False]
-
-            def on_grad(grad):
-                if not fired[0]:
-                    fired[0] = True
-                    tracker.mark("pre_backward", unit)
-                return grad
-
-            for t in tensors:
-                t.register_hook(on_grad)
-            tracker.mark("post_forward", unit)
-
-        return post
-
-    for unit, module in units:
-        handles.append(
-            module.register_forward_pre_hook(lambda _m, _a, unit=unit: tracker.mark("pre_forward", unit))
-        )
-        handles.append(module.register_forward_hook(outputs_hook(unit)))
-        owned = (
-            p
-            for p in unique_params(module)
-            if p.requires_grad and (unit != ROOT_UNIT or id(p) not in in_block)
-        )
-        for p in owned:
-            handles.append(
-                p.register_post_accumulate_grad_hook(
-                    lambda q, unit=unit: tracker.mark(
-                        "grad", unit, _nbytes(q.grad) if q.grad is not None else 0
-                    )
-                )
-            )
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def _checkpoint_call(checkpoint, original, *args, **kwargs):
-    from torchscalpel.plan.model_io import without_kv_cache
-
-    args, kwargs = without_kv_cache(args, kwargs)  # the recompute must not write a transformers cache twice
-    return checkpoint(original, *args, use_reentrant=False, **kwargs)
-
-
 def _summarise(model, batch, timeline: Timeline, tracker, saved, blocks, params) -> Measurement:
     records = tracker.records
     total = timeline.total()
@@ -458,7 +368,7 @@ def _summarise(model, batch, timeline: Timeline, tracker, saved, blocks, params)
         for label in ("param", "buffer", "grad", "optim")
     }
     block_params = {id(p) for _, b in blocks for p in b.parameters()}
-    trainable = sum(_nbytes(p) for p in params)
+    trainable = sum(nbytes(p) for p in params)
     return Measurement(
         batch=batch.batch_size,
         timeline=timeline,
@@ -472,8 +382,8 @@ def _summarise(model, batch, timeline: Timeline, tracker, saved, blocks, params)
         // max(1, _count_steps(timeline)),
         peak_bytes=int(total.max()) if total.size else 0,
         act_peak_bytes=int(act[train_mask].max()) if train_mask.any() else 0,
-        blocks=[(name, sum(_nbytes(p) for p in unique_params(b) if p.requires_grad)) for name, b in blocks],
-        root_param_bytes=sum(_nbytes(p) for p in params if id(p) not in block_params),
+        blocks=[(name, sum(nbytes(p) for p in unique_params(b) if p.requires_grad)) for name, b in blocks],
+        root_param_bytes=sum(nbytes(p) for p in params if id(p) not in block_params),
         param_count=sum(p.numel() for p in unique_params(model)),
     )
 
@@ -485,10 +395,6 @@ def _count_steps(timeline: Timeline) -> int:
     fid = timeline.phase_names.index("forward")
     starts = np.flatnonzero((timeline.phase == fid) & (np.r_[-1, timeline.phase[:-1]] != fid))
     return max(1, len(starts))
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from torchscalpel.plan.devices import Device
-from torchscalpel.plan.simulate import ROOT_UNIT, Measurement
+from torchscalpel.plan.simulate import Measurement
+from torchscalpel.plan.units import ROOT_UNIT
 
 DDP_BUCKET_CAP = 25 * 1024**2
 
@@ -144,7 +145,7 @@ def evaluate(
 def fsdp2_unit_bytes(m: Measurement, n: int, *, reshard_after_forward: bool) -> np.ndarray:
     """Bytes FSDP2 holds per rank on top of the sharded states, after every event of ``m``'s timeline.
 
-    Replays the simulation's unit marks (:func:`torchscalpel.plan.simulate.unit_marks`) through what
+    Replays the simulation's unit marks (:func:`torchscalpel.plan.units.unit_marks`) through what
     ``fully_shard`` does to each unit (every block, and the root for the parameters outside them) on
     ``n`` ranks: unsharded parameter copies of gathered units, the last all-gather's flat output, the
     last reduce-scatter's input, and the part of not yet reduced gradients that sharding does not
