@@ -24,7 +24,8 @@ def test_recorded_step_times_equal_the_scripts_own_timer_step_by_step(tmp_path):
         "--warmup",
         "2",
         "--steps",
-        "10",  # 4 instrumented (2 profiled, 1 FLOP-counted, 1 op-line pass) and the last cut: 5 compared
+        "10",  # 4 instrumented (2 profiled, 1 FLOP-counted, 1 op-line pass), the one before the pass and
+        # the last cut: 4 compared
         "--profile-steps",
         "2",
         "--no-report",
@@ -35,11 +36,20 @@ def test_recorded_step_times_equal_the_scripts_own_timer_step_by_step(tmp_path):
     record = json.loads((out / "run.json").read_text())
     own = {int(m[1]): float(m[2]) for m in re.finditer(r"^step (\d+) ms ([\d.]+)$", proc.stdout, re.M)}
     steps = {s["index"]: s for s in record["steps"]}
+
     # The steps every figure is made of: measured, not instrumented. (Warm-up and instrumented steps
     # differ by the runtime's own one-off work at their start, profiler start-up, the FLOP counter,
     # first-step set-up, which the script's timer holds and the record leaves out; the runtime stops the
-    # script inside the last step's optimizer.step, before it prints.)
-    compared = sorted(i for i in set(own) & set(steps) if not steps[i]["warmup"] and not steps[i]["profiled"])
+    # script inside the last step's optimizer.step, before it prints.) The runtime opens an instrumented
+    # step at the end of the step before it, inside that step's optimizer.step, so the script's timer
+    # also charges that start-up (the op-line pass's profiler and function mode: 1.2-1.5 ms on a Xeon
+    # with AMX, more than the 1 ms tolerance) to the plain step just before an instrumented one, which the
+    # record rightly times without it: those are not compared either.
+    def clean(i: int) -> bool:
+        nxt = steps.get(i + 1)
+        return not steps[i]["warmup"] and not steps[i]["profiled"] and not (nxt and nxt["profiled"])
+
+    compared = sorted(i for i in set(own) & set(steps) if clean(i))
     assert len(compared) >= 4, (sorted(own), sorted(steps), compared)
     for i in compared:
         recorded = steps[i]["total_ms"]

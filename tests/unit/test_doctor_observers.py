@@ -203,6 +203,38 @@ def test_module_scan_rules_compare_attributes_with_registered_children() -> None
     assert "Hidden.scale" in t.message  # the registered buffer 'mean' is not reported
 
 
+def test_module_scan_rules_judge_the_users_classes_not_an_installed_librarys() -> None:
+    """Issue 44: transformers 5 keeps a plain dict of kernel modules on LlamaAttention; that is the
+    library's design, not the user's pitfall. A user's class holding the same library model still counts."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
+    )  # fmt: skip
+    library = transformers.LlamaForCausalLM(config)
+    # the premise: somewhere inside the library model a plain container holds an unregistered module
+    registered = {id(m) for m in library.modules()}
+    assert any(
+        isinstance(v, nn.Module) and id(v) not in registered
+        for m in library.modules()
+        for value in vars(m).values()
+        if isinstance(value, dict | list | tuple)
+        for v in (value.values() if isinstance(value, dict) else value)
+    ) or transformers.__version__.startswith("4."), "the premise no longer holds: update this test"
+
+    class Wrapper(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = library
+            self.heads = [nn.Linear(2, 2)]
+
+    container, tensors = ModuleInPlainContainer(), TensorAttributeNotRegistered()
+    for rule in (container, tensors):
+        rule.on_forward_pre(Wrapper(), (), {}, True)
+    assert [f.message.split(" is ")[0] for f in container.findings(None)] == ["Wrapper.heads"]
+    assert list(tensors.findings(None)) == []
+
+
 def test_crashing_runtime_rule_reports_internal_error_and_others_continue() -> None:
     class Broken(RuntimeRule):
         slugs = ("loss-diverging",)

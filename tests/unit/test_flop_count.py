@@ -67,3 +67,27 @@ def test_counts_equal_flop_counter_mode_with_recompute_apart(amp, reentrant):
     block = 2 * 8 * 256 * 64
     assert recompute == {None: 0, False: 2 * block, True: 4 * block}[reentrant]
     assert mine.ops > 0 and any(r["name"] == "aten::convolution_backward" for r in mine.by_op())
+
+
+_LIB = torch.library.Library("scalpel_flop_test", "DEF")
+_LIB.define("scaled(Tensor x, Tensor w) -> Tensor")
+# Its own CPU kernel and a composite decomposition that round apart on purpose (x @ w against
+# (x @ w) + 1e-3): the way silu_backward's fused kernel and its decomposition differ in the last bit.
+_LIB.impl("scaled", lambda x, w: x @ w, "CPU")
+_LIB.impl("scaled", lambda x, w: torch.mm(x, w) + 1e-3, "CompositeImplicitAutograd")
+
+
+def test_a_composite_op_computes_with_its_own_kernel_and_counts_its_decomposition():
+    """The counting step computes what the plain step computes (issue 44: profiling moved a Llama's
+    gradients by an ulp when silu_backward ran decomposed), yet counts the decomposition's FLOPs."""
+    x, w = torch.randn(4, 8), torch.randn(8, 3)
+    with torch.inference_mode():  # below autograd, where the composite kernel is not taken first
+        plain = torch.ops.scalpel_flop_test.scaled(x, w)
+        mode = FlopCountMode()
+        with mode:
+            counted = torch.ops.scalpel_flop_test.scaled(x, w)
+        with FlopCounterMode(display=False) as theirs:
+            torch.ops.scalpel_flop_test.scaled(x, w)
+    assert torch.equal(counted, plain)
+    assert sum(r["flops"] for r in mode.by_op()) == theirs.get_total_flops() == 2 * 4 * 8 * 3
+    assert mode.ops == 1  # the meta decomposition is not a dispatched op of the step

@@ -74,6 +74,11 @@ def _composite(func: Any) -> bool:
     return known
 
 
+def _meta_like(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with ``t``'s shape, strides and dtype: what a FLOP formula reads, with no data."""
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta", requires_grad=False)
+
+
 class FlopCountMode(TorchDispatchMode):
     """Counts FLOPs per aten op, model and recompute apart (the formulas of FlopCounterMode)."""
 
@@ -84,20 +89,33 @@ class FlopCountMode(TorchDispatchMode):
         self.calls: dict[str, int] = defaultdict(int)
         self.ops = 0
         """Every op dispatched (the profiler window's size estimate)."""
+        self._shadow = False
+        """True while a composite op's decomposition runs on meta copies, counted and not executed."""
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func in _SKIP or isinstance(func, torch._ops.HigherOrderOperator):
             return NotImplemented
-        self.ops += 1
         packet = func._overloadpacket
-        # FlopCounterMode decomposes an op it has no formula for (so a composite op's matmuls count);
-        # only composite ops can decompose, and asking every op costs more than the op (LSTM loops).
-        if packet not in flop_registry and func is not torch.ops.prim.device.default and _composite(func):
-            with self:
-                r = func.decompose(*args, **kwargs)
+        decomposable = (
+            packet not in flop_registry and func is not torch.ops.prim.device.default and _composite(func)
+        )
+        if self._shadow:  # on meta copies: decompose all the way down, as FlopCounterMode does
+            if decomposable:
+                with self:
+                    r = func.decompose(*args, **kwargs)
                 if r is not NotImplemented:
                     return r
+        else:
+            self.ops += 1
+            # FlopCounterMode decomposes an op it has no formula for (so a composite op's matmuls count)
+            # and returns what the decomposition computed. That changes the step's numerics: the fused
+            # kernel and its decomposition round differently (silu_backward on a Xeon with AMX moved a
+            # transformers Llama's gradients by an ulp, and every later loss with them). So the
+            # decomposition only runs on meta copies of the arguments, to count; the real kernel computes.
+            # Only composite ops can decompose, and asking every op costs more than the op (LSTM loops).
+            if decomposable:
+                self._count_decomposition(func, args, kwargs)
         out = func(*args, **kwargs)
         formula = flop_registry.get(packet)
         if formula is not None:
@@ -106,6 +124,22 @@ class FlopCountMode(TorchDispatchMode):
             (self.recompute if _recomputing() else self.flops)[name] += n
             self.calls[name] += 1
         return out
+
+    def _count_decomposition(self, func: Any, args: Any, kwargs: Any) -> None:
+        """Count the FLOPs of ``func``'s composite decomposition, run on meta tensors of the same layout.
+
+        A decomposition that cannot run on meta (data-dependent, a tensor subclass) counts nothing: the
+        op's own kernel is what the step runs either way.
+        """
+        meta_args, meta_kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _meta_like, (args, kwargs))
+        self._shadow = True
+        try:
+            with self:
+                func.decompose(*meta_args, **meta_kwargs)
+        except Exception:
+            pass
+        finally:
+            self._shadow = False
 
     def by_op(self) -> list[dict[str, Any]]:
         """Every op that counted: ``name``, ``count`` (calls), ``flops`` (model), ``recompute``; most first."""

@@ -5,12 +5,14 @@ from __future__ import annotations
 import inspect
 import re
 import statistics
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 from torchscalpel.findings import Location, short_path
+from torchscalpel.runtime.userframes import Kind, file_kind
 
 
 def param_names(roots: Iterable[torch.nn.Module]) -> dict[int, str]:
@@ -33,9 +35,24 @@ def optimizer_params(optimizers: Iterable[torch.optim.Optimizer]) -> list[torch.
 
 
 def user_class(module: torch.nn.Module) -> bool:
-    """True for modules whose class the user (or a third-party library) wrote, not torch itself."""
-    mod = type(module).__module__ or ""
-    return not (mod == "torch" or mod.startswith("torch."))
+    """True for modules whose class the user wrote: not torch's, and not an installed library's.
+
+    A library's internals are not the user's pitfall: transformers 5 keeps a plain dict of kernel
+    modules on its attention classes, which a rule judging "modules in a plain container" would flag for
+    every user of that release. The class's file decides (:func:`~torchscalpel.runtime.userframes.file_kind`,
+    the rule every ``file:line`` uses); a class with no file (a notebook cell, ``exec``) is the user's.
+    """
+    cls = type(module)
+    name = cls.__module__ or ""
+    if name == "torch" or name.startswith("torch."):
+        return False
+    file = getattr(sys.modules.get(name), "__file__", None)
+    if not isinstance(file, str):
+        try:
+            file = inspect.getsourcefile(cls)
+        except (OSError, TypeError):
+            file = None
+    return file is None or file_kind(file) in (Kind.USER, Kind.GENERATED)
 
 
 def attribute_location(cls: type, attr: str) -> Location | None:
