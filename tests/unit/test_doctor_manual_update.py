@@ -15,7 +15,9 @@ from torchscalpel.doctor.rules.manual_update import describe, manual_updates
 from torchscalpel.doctor.static import StaticContext, analyze_source
 from torchscalpel.runtime.target import Target
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "doctor" / "manual_parameter_update_clip_anneal.py"
+FIXTURE = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "doctor" / "manual_parameter_update_clip_anneal.py"
+)
 
 
 def _finding(source: str):
@@ -34,7 +36,10 @@ def test_a_script_that_clips_and_anneals_is_told_so_and_its_model_is_named() -> 
     assert "at line 28 (`param.data.add_(-lr * param.grad)`)" in f.message
     assert "The script clips its gradients (clip_grad_norm_, line 26)" in f.message
     assert "The script changes its lr itself (line 30: `lr /= 2.0`)" in f.message
-    assert f.fix.splitlines()[0] == "optimizer = torch.optim.SGD(fc.parameters(), lr=lr)  # once, before the loop"
+    assert (
+        f.fix.splitlines()[0]
+        == "optimizer = torch.optim.SGD(fc.parameters(), lr=lr)  # once, before the loop"
+    )
     assert "# clip_grad_norm_ (line 26) stays where it is, before optimizer.step()" in f.fix
     assert 'for group in optimizer.param_groups:\n    group["lr"] = lr' in f.fix
     _check_fix(f.fix)
@@ -71,7 +76,12 @@ def test_a_plain_update_claims_nothing_it_did_not_read() -> None:
         ),
         ("for q in m.parameters():\n    q.data.sub_(args.lr * q.grad)\n", "m.parameters()", "args.lr", []),
         # an lr computed in the update itself: a schedule, set before each step
-        ("for p in m.parameters():\n    p.data.add_(p.grad, alpha=-get_lr(it))\n", "m.parameters()", "get_lr(it)", [2]),
+        (
+            "for p in m.parameters():\n    p.data.add_(p.grad, alpha=-get_lr(it))\n",
+            "m.parameters()",
+            "get_lr(it)",
+            [2],
+        ),
     ],
 )
 def test_what_the_update_reads(code: str, params: str, lr: str, changes: list[int]) -> None:

@@ -139,12 +139,13 @@ class LrSweepObserver(Observer):
         stop = self._session.stop_reason if self._session is not None else None
         record.sections[SECTION] = self.section(ended=_how_it_ended(record, stop))
 
-    def section(self, *, ended: str = "the script ended") -> dict[str, Any]:
+    def section(self, *, ended: str | None = None) -> dict[str, Any]:
         """``sections["lr"]``: the sweep, every point, the suggestions and the divergence point.
 
         The suggestions are read off the curve only when the sweep measured it (:class:`Coverage`: it
         reached ``--max`` or diverged); otherwise both are None and ``not_measured`` says how far the sweep
-        got, ``to_measure`` how to give it its steps. ``ended``: how the script ended (from the record)."""
+        got, ``to_measure`` how to give it its steps. ``ended``: how the script ended when it did not end on its
+        own (failed, stopped, interrupted: from the record); None when it did."""
         cov = coverage(
             [p["lr"] for p in self.points],
             min_lr=self.options.min_lr,
@@ -167,7 +168,7 @@ class LrSweepObserver(Observer):
                 "script called no backward() on a loss before its optimizer steps"
             )
         elif not cov.measured:
-            not_measured = short_reason(cov, ended)
+            not_measured = short_reason(cov, ended or "the script ended")
             to_measure = more_steps_advice(cov, self.step_flags, min_steps=MIN_STEPS)
         suggestion = tenth = None
         if not_measured is None:
@@ -215,11 +216,11 @@ class LrSweepObserver(Observer):
             "note": note,
         }
 
-    def _nothing_swept(self, ended: str) -> str:
+    def _nothing_swept(self, ended: str | None) -> str:
         """Why no point was swept: the script never stepped an optimizer, or ended before its first step."""
         if self._optimizers:  # stepped, but no step closed after it (the script ended inside its first step)
-            return f"{ended} inside its first optimizer step, before any point of the sweep was recorded"
-        if ended != "the script ended":
+            return f"{ended or 'the script ended'} inside its first optimizer step, before any point was recorded"
+        if ended is not None:
             return f"{ended} before its first optimizer step: the sweep never started"
         return (
             "the script never called an optimizer's step(), so no learning rate was swept: scalpel lr sets the lr "
@@ -228,9 +229,9 @@ class LrSweepObserver(Observer):
         )
 
 
-def _how_it_ended(record: RunRecord, stop_reason: str | None) -> str:
-    """How the script ended, as the subject of a sentence (``"the script failed (exit code 1: ...)"``);
-    ``stop_reason``: why the runtime stopped it, when it did."""
+def _how_it_ended(record: RunRecord, stop_reason: str | None) -> str | None:
+    """How the script ended when it did not end on its own, as the subject of a sentence (``"the script failed
+    (exit code 1: ...)"``); None when it ran to its end. ``stop_reason``: why the runtime stopped it, if it did."""
     if record.status == "failed":
         error = f": {record.error}" if record.error else ""
         return f"the script failed (exit code {record.exit_code}{error})"
@@ -238,7 +239,7 @@ def _how_it_ended(record: RunRecord, stop_reason: str | None) -> str:
         return "the run was interrupted"
     if record.status == "stopped" and stop_reason:
         return f"the run was stopped ({stop_reason})"
-    return "the script ended"
+    return None
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -17,7 +17,7 @@ def build(record: RunRecord) -> list[Section]:
     if lr is None:
         return []
     text = "".join(f"<li>{escape(line)}</li>" for line in summary_lines(lr))
-    points = [p for p in lr.points if p.get("lr")]
+    points = [p for p in lr.points if isinstance(p, dict) and finite_number(p.get("lr"))]
     if not points:
         return [Section(id="lr", title="Learning-rate range test", body=f"<ul>{text}</ul>")]
     marks = []
@@ -35,7 +35,10 @@ def build(record: RunRecord) -> list[Section]:
     chart = lines(
         "lr-range-test",
         [float(p["lr"]) for p in points],
-        {"loss": [p.get("loss") for p in points], "smoothed": [p.get("smoothed") for p in points]},
+        {
+            "loss": [finite_number(p.get("loss")) for p in points],
+            "smoothed": [finite_number(p.get("smoothed")) for p in points],
+        },
         x_title="learning rate (log scale)",
         y_title="loss",
         log_x=True,

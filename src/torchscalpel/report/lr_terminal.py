@@ -86,7 +86,8 @@ def summary_lines(lr: LrSection) -> list[str]:
             f"{_g(lr.divergence_factor, 'g')}x its minimum)"
         )
     elif n:
-        lines.append(f"no divergence up to lr {_g(lr.points[-1].get('lr'))}")
+        last = lr.points[-1]
+        lines.append(f"no divergence up to lr {_g(last.get('lr') if isinstance(last, dict) else None)}")
     if suggestion is not None or tenth is not None:
         lines.append(DISCARD)
     elif n:
