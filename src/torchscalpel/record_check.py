@@ -14,6 +14,8 @@ The rules are about consistency between figures one record holds (never about ho
   FLOPs per step / median step; MFU is FLOP/s over the peak recorded beside it;
 - tune: every speedup is the ratio of the two step times recorded beside it (``baseline_ms /
   median_ms``; each confirmation pair's ratio), and the winner's speedup is the confirmed one;
+- lr: a suggestion (``suggestion``, ``min_over_10``) only from a sweep that measured its curve (it ran every
+  step it needed or diverged), and none beside a ``not_measured`` reason;
 - no NaN or infinity where a number is promised (losses excepted: a diverged run's NaN loss is a fact).
 """
 
@@ -46,6 +48,7 @@ def check_invariants(record_or_path: RunRecord | str | os.PathLike[str]) -> list
     out += _flops(record)
     out += _summary(record)
     out += _tune(record)
+    out += _lr(record)
     out += _finite(record)
     return out
 
@@ -271,6 +274,26 @@ def _tune(record: RunRecord) -> list[str]:
                 f"sections.tune.winner {winner.get('label')!r}: speedup {sp:.3f}x differs from "
                 f"confirmed_speedup {confirmed:.3f}x (one candidate, two ratios shown)."
             )
+    return out
+
+
+def _lr(record: RunRecord) -> list[str]:
+    lr = record.sections.get("lr")
+    if not isinstance(lr, dict):
+        return []
+    given = [k for k in ("suggestion", "min_over_10") if lr.get(k) is not None]
+    if not given:
+        return []
+    out = []
+    points, steps = lr.get("points"), lr.get("steps")
+    if lr.get("not_measured"):
+        out.append(f"sections.lr: {' and '.join(given)} given beside not_measured ({lr['not_measured']!r}).")
+    if isinstance(points, list) and _num(steps) and len(points) < steps and lr.get("divergence") is None:
+        reached = points[-1].get("lr") if points and isinstance(points[-1], dict) else None
+        out.append(
+            f"sections.lr: {' and '.join(given)} from a sweep of {len(points)} of its {steps} steps that did not "
+            f"diverge (nothing past lr {reached!r} was measured)."
+        )
     return out
 
 

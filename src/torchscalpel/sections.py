@@ -305,8 +305,15 @@ class LrSection(StageSection):
     divergence_factor: float | None = None
     points: list[dict[str, Any]] = field(default_factory=list)
     """One per optimizer step: ``step``, ``lr`` (set before it), ``loss``, ``smoothed`` (None when not finite)."""
+    steps_run: int | None = None
+    """Points the sweep ran (``len(points)``); None in records written before it was kept."""
+    reached_lr: float | None = None
+    """The last lr swept; None when no point was."""
+    range_share: float | None = None
+    """The share of ``min_lr -> max_lr`` swept, on a log scale (0 to 1)."""
     suggestion: dict[str, Any] | None = None
-    """``lr``, ``step``, ``smoothed``, ``slope`` (per ln lr) at the steepest descent; None when there is none."""
+    """``lr``, ``step``, ``smoothed``, ``slope`` (per ln lr) at the steepest descent; None when there is none
+    (``not_measured`` says why when the sweep did not measure the curve, ``note`` when the curve never fell)."""
     min_over_10: dict[str, Any] | None = None
     """fastai's other rule: ``lr`` (the smoothed minimum's lr / 10), ``step``, ``min_lr`` and ``smoothed`` at the
     minimum (:func:`torchscalpel.lrfind.sweep.min_over_10`); None when no point counts. Trains better than
@@ -316,8 +323,14 @@ class LrSection(StageSection):
     optimizers: int = 0
     param_groups: int = 0
     scheduler_steps_suspended: int = 0
+    not_measured: str | None = None
+    """Why neither suggestion was measured: the sweep neither reached ``max_lr`` nor diverged (how far it got),
+    or swept nothing (the script never stepped an optimizer, saw no loss, or ended first); None when it measured."""
+    to_measure: str | None = None
+    """How to give a short sweep the steps it needs (the script's own arguments, ``--steps``); None otherwise."""
     note: str = ""
-    """Why there is no suggestion (empty when there is one)."""
+    """Why a sweep that measured its curve gives no suggestion (too few points, the loss never fell); empty
+    otherwise (records before ``not_measured`` put every reason here)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -330,7 +343,8 @@ class BatchSection(StageSection):
     steps: int | None = None
     warmup: int | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
-    """One per size: ``batch_size``, ``fits``, ``samples_per_s``, ``median_step_ms`` (None when it did not fit), ``why``."""
+    """One per size: ``batch_size``, ``fits`` (None: not measured, no DataLoader took the size), ``samples_per_s``,
+    ``median_step_ms`` (None when it did not fit or was not measured), ``steps_measured``, ``why``."""
     best: int | None = None
     script_batch_size: int | None = None
     """The batch size the script's first DataLoader asked for."""

@@ -272,3 +272,24 @@ def test_doctor_runs_the_script_exactly_as_python_does(tmp_path: Path, name: str
         assert plain.returncode == 1 and hint in doctor.stdout
     else:
         assert plain.returncode == 0 and hint not in doctor.stdout
+
+
+def test_manual_update_message_is_read_from_a_script_that_clips_and_anneals(tmp_path: Path) -> None:
+    """pytorch/examples-style hand-written SGD of `fc` that clips and anneals: doctor used to say "no momentum,
+    weight decay, clipping or LR schedule" and hand over `torch.optim.SGD(model.parameters(), lr=lr)`."""
+    done = run_cli(
+        "doctor", "--out", str(tmp_path / "d"), "--", str(FIXTURES / "manual_parameter_update_clip_anneal.py"),
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    (f,) = [
+        f
+        for f in json.loads((tmp_path / "d" / "run.json").read_text())["findings"]
+        if f["rule"] == "manual-parameter-update"
+    ]
+    assert "clipping or LR schedule" not in f["message"] and "no momentum" not in f["message"]
+    assert "clips its gradients (clip_grad_norm_, line 26)" in f["message"]
+    assert "changes its lr itself (line 30: `lr /= 2.0`)" in f["message"]
+    assert "torch.optim.SGD(fc.parameters(), lr=lr)" in f["fix"] and "model" not in f["fix"]
+    out = " ".join(done.stdout.split())
+    assert "clipping or LR schedule" not in out and "torch.optim.SGD(fc.parameters(), lr=lr)" in out

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.batch_sections import build
+from torchscalpel.report.batch_terminal import summary_lines
 from torchscalpel.report.html import write_report
+from torchscalpel.sections import BatchSection
 from torchscalpel.tune.batch_finder import best_size, scaling_advice
 
 
@@ -71,3 +73,17 @@ def test_the_page_leads_with_the_batch_verdict(tmp_path: Path) -> None:
     write_report(_record(), tmp_path / "report.html")
     page = (tmp_path / "report.html").read_text()
     assert 'id="batch"' in page and "Batch size: samples/s" in page
+
+
+def test_a_size_that_was_not_set_is_not_measured_not_a_misfit() -> None:
+    record = _record()
+    rows = record.sections["batch"]["rows"]
+    rows[0].update(
+        fits=None, samples_per_s=None, median_step_ms=None, why="not measured: the script built no DataLoader"
+    )
+    (section,) = build(record)
+    assert '<td class="">8</td><td class="num">not measured</td>' in section.body
+    assert section.body.count("<rect") == 2 and "not measured: the script built no DataLoader" in section.body
+    lines = summary_lines(record.section(BatchSection))  # type: ignore[arg-type]
+    assert "      8  not measured: the script built no DataLoader" in lines
+    assert not any(line.startswith("      8  does not fit") for line in lines)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 from torchscalpel.lrfind.observer import LrSweepObserver
 from torchscalpel.lrfind.options import LrOptions
 from torchscalpel.record import RunRecord
+from torchscalpel.record_check import check_invariants
 from torchscalpel.report.lr_sections import build
-from torchscalpel.report.lr_terminal import summary_lines
+from torchscalpel.report.lr_terminal import DISCARD, DISCARD_UNSUGGESTED, summary_lines
 from torchscalpel.sections import LrSection
 
 
@@ -15,9 +18,11 @@ class _Step:
         self.index, self.loss = index, loss
 
 
-def _record(losses: list[float]) -> RunRecord:
-    """The observer fed by hand: one optimizer step and one closed step per loss."""
-    observer = LrSweepObserver(LrOptions(min_lr=1e-5, max_lr=1.0, steps=len(losses)))
+def _record(losses: list[float], steps: int | None = None, *, flags: tuple[str, ...] = ()) -> RunRecord:
+    """The observer fed by hand: one optimizer step and one closed step per loss (``steps``: the sweep's
+    length, ``len(losses)`` by default: a script that ends first gives fewer)."""
+    options = LrOptions(min_lr=1e-5, max_lr=1.0, steps=steps or max(len(losses), 8))
+    observer = LrSweepObserver(options, step_flags=flags)
 
     class _Opt:
         param_groups = [{"lr": 0.1, "params": []}]
@@ -28,7 +33,7 @@ def _record(losses: list[float]) -> RunRecord:
         observer.on_step_end(_Step(i, loss))  # type: ignore[arg-type]
         if observer.divergence:
             break
-    record = RunRecord(name="lr")
+    record = RunRecord(name="lr", status="complete")
     observer.on_finish(record)
     return record
 
@@ -64,3 +69,64 @@ def test_no_suggestion_says_why() -> None:
     assert lr.suggestion is None
     assert any("no suggestion" in line for line in summary_lines(lr))
     assert LrSection.from_dict(lr.to_dict()).to_dict() == lr.to_dict()
+
+
+def test_a_short_sweep_suggests_nothing_and_says_how_far_it_got() -> None:
+    """A loss that falls the whole way, but the script ends after 20 of the sweep's 100 steps (mnist for one
+    epoch): neither suggestion is read off the start of the curve; the reason, the lr reached and how to get
+    the steps are printed and recorded, and the chart marks no suggestion."""
+    record = _record([2.0 - 0.05 * i for i in range(20)], steps=100, flags=("--epochs",))
+    lr = record.section(LrSection)
+    assert lr is not None
+    assert lr.suggestion is None and lr.min_over_10 is None
+    assert lr.steps_run == 20 and lr.reached_lr == lr.points[-1]["lr"] and 0.18 < lr.range_share < 0.2
+    assert lr.not_measured is not None and lr.not_measured.startswith(
+        "the script ended after 20 of the sweep's 100 steps, at lr"
+    )
+    assert lr.to_measure is not None and "its --epochs argument" in lr.to_measure
+    assert "scalpel lr --steps 20 " in lr.to_measure
+    lines = summary_lines(lr)
+    text = "\n".join(lines)
+    assert f"suggested lr: not measured: {lr.not_measured}" in lines
+    assert "minimum / 10: not measured: the same reason" in lines
+    assert lr.to_measure in lines
+    assert "(19% of the range on a log scale) in 20 of the sweep's 100 steps" in lines[0]
+    assert "train afresh" not in text and lines[-1] == DISCARD_UNSUGGESTED
+    (section,) = build(record)
+    assert 'class="mark"' not in section.body and not re.search(r"suggested \d", section.body)
+    assert check_invariants(record) == []
+    # the invariant every record keeps: a suggestion beside such a sweep is a broken record
+    forged = RunRecord(name="lr", status="complete")
+    forged.sections["lr"] = {
+        **record.sections["lr"],
+        "suggestion": {"lr": 1e-4, "step": 10},
+        "not_measured": None,
+    }
+    (violation,) = check_invariants(forged)
+    assert "suggestion from a sweep of 20 of its 100 steps that did not diverge" in violation
+
+
+def test_a_full_sweep_that_never_diverges_still_suggests() -> None:
+    losses = [2.0 - 1.5 * (i / 40) ** 2 if i < 40 else 0.5 + 0.001 * i for i in range(60)]
+    lr = record_lr = _record(losses).section(LrSection)
+    assert record_lr is not None and lr is not None
+    assert lr.divergence is None and lr.steps_run == 60 and lr.range_share == 1.0
+    assert lr.not_measured is None and lr.suggestion is not None and lr.min_over_10 is not None
+    assert summary_lines(lr)[-1] == DISCARD
+
+
+def test_no_optimizer_step_says_nothing_was_measured() -> None:
+    """A script that never steps an optimizer: no "train afresh with the suggested lr" when none was
+    suggested, but what happened and what to change."""
+    lr = _record([]).section(LrSection)
+    assert lr is not None and lr.suggestion is None and lr.steps_run == 0
+    lines = summary_lines(lr)
+    assert lines[0] == "swept no lr: none of the sweep's 8 steps (1e-05 -> 1) ran"
+    assert lines[1].startswith("suggested lr: not measured: the script never called an optimizer's step()")
+    assert "optimizer.step() in the loop" in lines[1]
+    assert not any("train afresh" in line or "discard" in line for line in lines)
+    failed = RunRecord(name="lr", status="failed", exit_code=1, error="ValueError: bad data")
+    LrSweepObserver(LrOptions()).on_finish(failed)
+    assert LrSection.from_dict(failed.sections["lr"]).not_measured == (
+        "the script failed (exit code 1: ValueError: bad data) before its first optimizer step: the sweep never started"
+    )

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from torchscalpel.lrfind.coverage import coverage, log_share, more_steps_advice, short_reason, step_flags
 from torchscalpel.lrfind.options import LrOptions
 from torchscalpel.lrfind.sweep import Smoother, gradient, min_over_10, schedule, smooth, suggest
 
@@ -125,3 +126,56 @@ def test_min_over_10_is_the_smoothed_minimums_lr_over_ten() -> None:
     assert got is not None
     assert got[0] == 40 and got[1] == pytest.approx(1e-3)
     assert min_over_10([1e-3, 1e-2], [math.nan, math.nan]) is None
+
+
+def test_options_refuse_a_schedule_that_overflows() -> None:
+    """--max 1e308 from 1e-7 is finite, but the sweep's ratio max/min is not: it swept lr = inf before."""
+    with pytest.raises(ValueError, match=r"^--max 1e\+308 is 315 decades above --min 1e-07: .*overflows"):
+        LrOptions(max_lr=1e308)
+    with pytest.raises(ValueError, match="overflows"):
+        LrOptions(min_lr=5e-324, max_lr=1.0)  # the same ratio, from a denormal --min
+    wide = LrOptions(min_lr=1.0, max_lr=1e300)  # far, but every lr of its schedule is a float
+    assert all(math.isfinite(lr) for lr in schedule(wide.min_lr, wide.max_lr, wide.steps))
+
+
+def test_coverage_of_a_short_sweep() -> None:
+    lrs = schedule(1e-7, 10.0, 100)
+    short = coverage(lrs[:20], min_lr=1e-7, max_lr=10.0, steps=100, diverged=False)
+    assert short.steps_run == 20 and short.reached_lr == lrs[19]
+    assert short.share == pytest.approx(19 / 99) and not short.covered and not short.measured
+    assert coverage(
+        lrs[:20], min_lr=1e-7, max_lr=10.0, steps=100, diverged=True
+    ).measured  # stopped by divergence
+    whole = coverage(lrs, min_lr=1e-7, max_lr=10.0, steps=100, diverged=False)
+    assert whole.covered and whole.measured and whole.share == pytest.approx(1.0)
+    assert coverage([], min_lr=1e-7, max_lr=10.0, steps=100, diverged=False).share == 0.0
+    assert log_share(1e-3, 1e-7, 10.0) == pytest.approx(0.5)
+    reason = short_reason(short, "the script ended")
+    assert reason.startswith("the script ended after 20 of the sweep's 100 steps, at lr 3.43e-06 (19% of the")
+    with pytest.raises(ValueError):
+        short_reason(whole, "the script ended")
+
+
+def test_the_advice_names_the_scripts_own_arguments_and_steps() -> None:
+    lrs = schedule(1e-7, 10.0, 100)
+    short = coverage(lrs[:20], min_lr=1e-7, max_lr=10.0, steps=100, diverged=False)
+    advice = more_steps_advice(short, ["--epochs", "--batches"], min_steps=8)
+    assert "its --epochs, --batches arguments" in advice and "at least 100 optimizer steps" in advice
+    assert "scalpel lr --steps 20 " in advice
+    tiny = coverage(lrs[:5], min_lr=1e-7, max_lr=10.0, steps=100, diverged=False)
+    assert "--steps" not in more_steps_advice(
+        tiny, [], min_steps=8
+    )  # 5 points are below the fewest a sweep takes
+    assert "more epochs or batches" in more_steps_advice(tiny, [], min_steps=8)
+
+
+def test_step_flags_are_the_arguments_that_lengthen_training() -> None:
+    source = (
+        "import argparse\np = argparse.ArgumentParser()\n"
+        "p.add_argument('--batch-size', type=int)\np.add_argument('-e', '--epochs', type=int)\n"
+        "p.add_argument('--eval_iters', type=int)\np.add_argument('--warmup-steps', type=int)\n"
+        "p.add_argument('--max_iters', type=int)\np.add_argument('--log-interval', type=int)\n"
+        "p.add_argument('--train-batches', type=int)\n"
+    )
+    assert step_flags(source) == ["--epochs", "--max_iters", "--train-batches"]
+    assert step_flags("def broken(:\n") == []

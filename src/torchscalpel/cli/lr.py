@@ -2,7 +2,8 @@
 
 Runs the script with every param group's learning rate swept exponentially from --min to --max over
 --steps optimizer steps (the script's LR scheduler suspended), smooths the loss, stops when it
-diverges, and suggests the lr at the steepest descent. A separate run the user discards. See docs/lr.md.
+diverges, and suggests the lr at the steepest descent, only from a sweep that reached --max or diverged (a
+shorter one says how far it got and how to give it the steps). A separate run the user discards. See docs/lr.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="learning-rate range test: the lr at the steepest loss descent, and where the loss diverges",
         description="Run the script with every param group's learning rate swept exponentially from --min to "
         "--max, one value per optimizer step (its own LR scheduler suspended); smooth the loss, stop when it "
-        "exceeds 4x its minimum, and suggest the lr where it falls fastest. A separate run: discard its weights "
+        "exceeds 4x its minimum, and suggest the lr where it falls fastest (only when the sweep reached --max or "
+        "diverged: a script that ends first gets how far it got instead). A separate run: discard its weights "
         "and checkpoints. See docs/lr.md.",
     )
     p.add_argument(
@@ -69,7 +71,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the sweep, run it, print the suggestion."""
+    """Validate the sweep, run it, print the suggestion (or why there is none)."""
     from torchscalpel.lrfind.options import LrOptions
 
     try:

@@ -4,9 +4,11 @@ scheduler suspended, each step's loss smoothed and the run stopped once it diver
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from torchscalpel.lrfind.options import LrOptions
+from torchscalpel.lrfind.coverage import coverage, more_steps_advice, short_reason
+from torchscalpel.lrfind.options import MIN_STEPS, LrOptions
 from torchscalpel.lrfind.sweep import Smoother, min_over_10, schedule, suggest
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
@@ -26,8 +28,10 @@ class LrSweepObserver(Observer):
 
     name = "lr-sweep"
 
-    def __init__(self, options: LrOptions) -> None:
+    def __init__(self, options: LrOptions, *, step_flags: Sequence[str] = ()) -> None:
         self.options = options
+        self.step_flags = list(step_flags)
+        """The script's own arguments that make it train longer (``--epochs``), named when the sweep is short."""
         self.lrs = schedule(options.min_lr, options.max_lr, options.steps)
         self.points: list[dict[str, Any]] = []
         self.smoother = Smoother(options.smoothing, options.divergence_factor)
@@ -132,40 +136,65 @@ class LrSweepObserver(Observer):
     def on_finish(self, record: RunRecord) -> None:
         undo_all(self._restore)()
         self._restore = []
-        record.sections[SECTION] = self.section()
+        stop = self._session.stop_reason if self._session is not None else None
+        record.sections[SECTION] = self.section(ended=_how_it_ended(record, stop))
 
-    def section(self) -> dict[str, Any]:
-        """``sections["lr"]``: the sweep, every point, the suggestion and the divergence point."""
+    def section(self, *, ended: str | None = None) -> dict[str, Any]:
+        """``sections["lr"]``: the sweep, every point, the suggestions and the divergence point.
+
+        The suggestions are read off the curve only when the sweep measured it (:class:`Coverage`: it
+        reached ``--max`` or diverged); otherwise both are None and ``not_measured`` says how far the sweep
+        got, ``to_measure`` how to give it its steps. ``ended``: how the script ended when it did not end on its
+        own (failed, stopped, interrupted: from the record); None when it did."""
+        cov = coverage(
+            [p["lr"] for p in self.points],
+            min_lr=self.options.min_lr,
+            max_lr=self.options.max_lr,
+            steps=self.options.steps,
+            diverged=self.divergence is not None,
+        )
         kept = [p for p in self.points if p["smoothed"] is not None]
-        result = suggest([p["lr"] for p in kept], [p["smoothed"] for p in kept]) if kept else None
-        note = ""
-        if result is None:
-            note = (
-                "no suggestion: the script ran no optimizer step with a loss"
-                if not kept
-                else "no suggestion: too few points, or the smoothed loss never fell; widen --min/--max or add --steps"
+        not_measured, to_measure, note = None, None, ""
+        if not self.points:
+            not_measured = self._nothing_swept(ended)
+        elif not kept and self.divergence is not None:
+            not_measured = (
+                f"the loss was not finite from the sweep's first step (lr {self.points[0]['lr']:.3g}): there is no "
+                "curve to read; check the script's loss at its own lr, or start lower with --min"
             )
-        suggestion = None
-        if result is not None:
-            point = kept[result.index]
-            suggestion = {
-                "lr": result.lr,
-                "step": point["step"],
-                "smoothed": point["smoothed"],
-                "slope": result.slope,
-            }
-        # fastai's other rule, printed beside the steepest descent: on the corpus it trains better
-        # (BENCHMARKS.md, "Which suggestion trains better").
-        minimum = min_over_10([p["lr"] for p in kept], [p["smoothed"] for p in kept]) if kept else None
-        tenth = None
-        if minimum is not None:
-            point = kept[minimum[0]]
-            tenth = {
-                "lr": minimum[1],
-                "step": point["step"],
-                "min_lr": point["lr"],
-                "smoothed": point["smoothed"],
-            }
+        elif not kept:
+            not_measured = (
+                f"the optimizer stepped {len(self.points)} time(s) with a swept lr but no loss was seen: the "
+                "script called no backward() on a loss before its optimizer steps"
+            )
+        elif not cov.measured:
+            not_measured = short_reason(cov, ended or "the script ended")
+            to_measure = more_steps_advice(cov, self.step_flags, min_steps=MIN_STEPS)
+        suggestion = tenth = None
+        if not_measured is None:
+            lrs, smoothed = [p["lr"] for p in kept], [p["smoothed"] for p in kept]
+            result = suggest(lrs, smoothed)
+            if result is None:
+                note = "no suggestion: too few points, or the smoothed loss never fell; widen --min/--max or add --steps"
+            else:
+                point = kept[result.index]
+                suggestion = {
+                    "lr": result.lr,
+                    "step": point["step"],
+                    "smoothed": point["smoothed"],
+                    "slope": result.slope,
+                }
+            # fastai's other rule, printed beside the steepest descent: on the corpus it trains better
+            # (BENCHMARKS.md, "Which suggestion trains better").
+            minimum = min_over_10(lrs, smoothed)
+            if minimum is not None:
+                point = kept[minimum[0]]
+                tenth = {
+                    "lr": minimum[1],
+                    "step": point["step"],
+                    "min_lr": point["lr"],
+                    "smoothed": point["smoothed"],
+                }
         return {
             "min_lr": self.options.min_lr,
             "max_lr": self.options.max_lr,
@@ -173,14 +202,44 @@ class LrSweepObserver(Observer):
             "smoothing": self.options.smoothing,
             "divergence_factor": self.options.divergence_factor,
             "points": self.points,
+            "steps_run": cov.steps_run,
+            "reached_lr": cov.reached_lr,
+            "range_share": cov.share,
             "suggestion": suggestion,
             "min_over_10": tenth,
+            "not_measured": not_measured,
+            "to_measure": to_measure,
             "divergence": self.divergence,
             "optimizers": len(self._optimizers),
             "param_groups": self._groups,
             "scheduler_steps_suspended": self.scheduler_steps,
             "note": note,
         }
+
+    def _nothing_swept(self, ended: str | None) -> str:
+        """Why no point was swept: the script never stepped an optimizer, or ended before its first step."""
+        if self._optimizers:  # stepped, but no step closed after it (the script ended inside its first step)
+            return f"{ended or 'the script ended'} inside its first optimizer step, before any point was recorded"
+        if ended is not None:
+            return f"{ended} before its first optimizer step: the sweep never started"
+        return (
+            "the script never called an optimizer's step(), so no learning rate was swept: scalpel lr sets the lr "
+            "of torch.optim optimizers before each step(); train with one (optimizer.step() in the loop), or "
+            "check that the script's arguments make it train"
+        )
+
+
+def _how_it_ended(record: RunRecord, stop_reason: str | None) -> str | None:
+    """How the script ended when it did not end on its own, as the subject of a sentence (``"the script failed
+    (exit code 1: ...)"``); None when it ran to its end. ``stop_reason``: why the runtime stopped it, if it did."""
+    if record.status == "failed":
+        error = f": {record.error}" if record.error else ""
+        return f"the script failed (exit code {record.exit_code}{error})"
+    if record.status == "interrupted":
+        return "the run was interrupted"
+    if record.status == "stopped" and stop_reason:
+        return f"the run was stopped ({stop_reason})"
+    return None
 
 
 def _subclasses(cls: type) -> list[type]:

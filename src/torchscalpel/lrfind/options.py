@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from torchscalpel.lrfind.sweep import schedule
 
 DEFAULT_MIN_LR = 1e-7
 DEFAULT_MAX_LR = 10.0
@@ -40,6 +43,17 @@ class LrOptions:
             raise ValueError(f"--min ({self.min_lr:g}) must be below --max ({self.max_lr:g})")
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < MIN_STEPS:
             raise ValueError(f"--steps must be a whole number of at least {MIN_STEPS}, got {self.steps}")
+        # Both ends finite is not enough: the schedule is min * (max/min) ** t, and a ratio past the largest
+        # float is inf (--max 1e308 from 1e-7 swept lr = inf and wrote NaN into run.json).
+        ratio = self.max_lr / self.min_lr
+        lrs = schedule(self.min_lr, self.max_lr, self.steps) if math.isfinite(ratio) else []
+        if not lrs or not all(math.isfinite(lr) and lr > 0 for lr in lrs):
+            decades = math.log10(self.max_lr) - math.log10(self.min_lr)
+            raise ValueError(
+                f"--max {self.max_lr:g} is {decades:.0f} decades above --min {self.min_lr:g}: the sweep's ratio "
+                f"max/min overflows a float (at most {math.log10(sys.float_info.max):.0f} decades); lower --max "
+                "or raise --min"
+            )
         if not (math.isfinite(self.divergence_factor) and self.divergence_factor > 1):
             raise ValueError(f"the divergence factor must be above 1, got {self.divergence_factor}")
         if not (0 <= self.smoothing < 1):

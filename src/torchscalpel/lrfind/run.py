@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from torchscalpel.lrfind.coverage import step_flags
 from torchscalpel.lrfind.observer import LrSweepObserver
 from torchscalpel.lrfind.options import LrOptions
 from torchscalpel.record import RunRecord, StepRecord
 from torchscalpel.runtime.session import RuntimeOptions, run_target
 from torchscalpel.runtime.target import Target
+
+MAX_SCRIPT_BYTES = 8 << 20
+"""Scripts larger than this are not read for their arguments (no hand-written script comes close)."""
 
 
 def find_lr(
@@ -24,7 +28,7 @@ def find_lr(
     measures the loss against the learning rate and nothing else. Raises ``ValueError`` for a step
     kind or time limit the runtime refuses.
     """
-    observer = LrSweepObserver(options)
+    observer = LrSweepObserver(options, step_flags=_script_step_flags(target))
     runtime = RuntimeOptions(
         warmup=0,
         steps=options.steps,
@@ -43,3 +47,21 @@ def find_lr(
         progress=progress,
         command=command,
     )
+
+
+def _script_step_flags(target: Target) -> list[str]:
+    """The script's own arguments that make it train longer (``--epochs``), read from its source (PEP 263
+    encoding), for the advice when the sweep is short; [] for a module or a file that cannot be read."""
+    import tokenize
+
+    script = target.script
+    if script is None:
+        return []
+    path = script / "__main__.py" if script.is_dir() else script
+    try:
+        if path.stat().st_size > MAX_SCRIPT_BYTES:
+            return []
+        with tokenize.open(path) as fh:
+            return step_flags(fh.read())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return []

@@ -18,6 +18,11 @@ def _rows(batch: BatchSection) -> list[list[object]]:
     for r in batch.rows:
         size = r.get("batch_size")
         mark = " (best)" if size == batch.best else ""
+        if r.get("fits") is None and "fits" in r:  # no DataLoader took the size: nothing measured at it
+            out.append(
+                [f"{size}", "not measured", "-", "-", r.get("why") or "not measured: no reason recorded"]
+            )
+            continue
         if not r.get("fits"):
             out.append(
                 [
@@ -63,7 +68,7 @@ def build(record: RunRecord) -> list[Section]:
     if batch.best is not None:
         verdict = f"Best samples/s at batch <b>{batch.best}</b>{escape(base)}."
     else:
-        verdict = "No size was measured: every size failed (see the table)."
+        verdict = "No size was measured: every size failed or was not set (see the table)."
     notes = [
         f"{batch.steps} measured step(s) after {batch.warmup} warm-up step(s) per size, each size a separate run "
         "with every DataLoader's batch_size set to it",

@@ -13,14 +13,19 @@ def summary_lines(batch: BatchSection) -> list[str]:
             sps = f"{r['samples_per_s']:.1f}" if r.get("samples_per_s") else "not measured"
             ms = f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") is not None else "-"
             mark = "  <- best" if r["batch_size"] == batch.best else ""
+            few = r.get("steps_measured")
+            if isinstance(few, int) and batch.steps is not None and few < batch.steps:
+                mark += f"  ({few} of {batch.steps} steps: the script ended)"
             lines.append(f"{r['batch_size']:>7}  {sps:>10}  {ms:>9}{mark}")
+        elif r.get("fits") is None:  # no DataLoader took the size: the script's own batch ran
+            lines.append(f"{r['batch_size']:>7}  {r.get('why') or 'not measured'}")
         else:
             lines.append(f"{r['batch_size']:>7}  does not fit: {r.get('why', '')}")
     if batch.best is not None:
         base = f" (the script's: {batch.script_batch_size})" if batch.script_batch_size else ""
         lines.append(f"best samples/s at batch {batch.best}{base}")
     else:
-        lines.append("no size was measured")
+        lines.append("best samples/s: not measured: no size was measured")
     lines.append(f"lr advice: {batch.advice}")
     if batch.loaders_untouched:
         lines.append(

@@ -6,7 +6,7 @@ from html import escape
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import lines
-from torchscalpel.report.lr_terminal import summary_lines
+from torchscalpel.report.lr_terminal import finite_number, summary_lines
 from torchscalpel.report.page import Section
 from torchscalpel.sections import LrSection
 
@@ -17,18 +17,28 @@ def build(record: RunRecord) -> list[Section]:
     if lr is None:
         return []
     text = "".join(f"<li>{escape(line)}</li>" for line in summary_lines(lr))
-    points = [p for p in lr.points if p.get("lr")]
+    points = [p for p in lr.points if isinstance(p, dict) and finite_number(p.get("lr"))]
     if not points:
         return [Section(id="lr", title="Learning-rate range test", body=f"<ul>{text}</ul>")]
     marks = []
-    if lr.suggestion:
-        marks.append((float(lr.suggestion["lr"]), f"suggested {lr.suggestion['lr']:.3g}"))
-    if lr.divergence:
-        marks.append((float(lr.divergence["lr"]), f"diverged {lr.divergence['lr']:.3g}"))
+    # A suggestion is marked only when the sweep measured it: never on a short sweep's curve.
+    suggested = (
+        finite_number(lr.suggestion.get("lr"))
+        if isinstance(lr.suggestion, dict) and not lr.not_measured
+        else None
+    )
+    if suggested is not None:
+        marks.append((suggested, f"suggested {suggested:.3g}"))
+    diverged = finite_number(lr.divergence.get("lr")) if isinstance(lr.divergence, dict) else None
+    if diverged is not None:
+        marks.append((diverged, f"diverged {diverged:.3g}"))
     chart = lines(
         "lr-range-test",
         [float(p["lr"]) for p in points],
-        {"loss": [p.get("loss") for p in points], "smoothed": [p.get("smoothed") for p in points]},
+        {
+            "loss": [finite_number(p.get("loss")) for p in points],
+            "smoothed": [finite_number(p.get("smoothed")) for p in points],
+        },
         x_title="learning rate (log scale)",
         y_title="loss",
         log_x=True,

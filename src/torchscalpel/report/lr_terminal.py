@@ -2,47 +2,94 @@
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from torchscalpel.sections import LrSection
 
-DISCARD = (
-    "this was a separate run: its weights, optimizer state and any checkpoint the script wrote come from "
-    "the sweep; discard them and train afresh with the suggested lr"
-)
+SEPARATE = "this was a separate run: its weights, optimizer state and any checkpoint the script wrote come from the sweep"
+DISCARD = f"{SEPARATE}; discard them and train afresh with the suggested lr"
+"""The reminder under a sweep that suggested an lr."""
+DISCARD_UNSUGGESTED = f"{SEPARATE}; discard them (no lr was suggested)"
+"""The reminder under a sweep that ran with swept lrs but suggested nothing."""
+
+
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite number, else None: a record is data, and a figure shown must be a number."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _g(value: Any, spec: str = ".3g") -> str:
+    number = finite_number(value)
+    return "not recorded" if number is None else format(number, spec)
+
+
+def sweep_line(lr: LrSection) -> str:
+    """What was swept: the whole range, or how far a short sweep got (the lr reached, its share of the range)."""
+    n = len(lr.points)
+    where = f"({lr.optimizers} optimizer(s), {lr.param_groups} param group(s))"
+    reached, share = finite_number(lr.reached_lr), finite_number(lr.range_share)
+    if n and lr.steps is not None and n < lr.steps and reached is not None and share is not None:
+        return (
+            f"swept lr {_g(lr.min_lr)} -> {reached:.3g} of {_g(lr.min_lr)} -> {_g(lr.max_lr)} ({share:.0%} of the "
+            f"range on a log scale) in {n} of the sweep's {lr.steps} steps {where}"
+        )
+    if not n:
+        return f"swept no lr: none of the sweep's {lr.steps} steps ({_g(lr.min_lr)} -> {_g(lr.max_lr)}) ran"
+    return f"swept lr {_g(lr.min_lr)} -> {_g(lr.max_lr)} over {n} of {lr.steps} steps {where}"
 
 
 def summary_lines(lr: LrSection) -> list[str]:
-    """The sweep, the suggestion, the divergence point, and the reminder that the run is thrown away."""
+    """The sweep, the suggestions (or why they were not measured and how to measure them), the divergence
+    point, and the reminder that the run is thrown away."""
     n = len(lr.points)
-    lines = [
-        f"swept lr {lr.min_lr:.3g} -> {lr.max_lr:.3g} over {n} of {lr.steps} steps "
-        f"({lr.optimizers} optimizer(s), {lr.param_groups} param group(s))"
-    ]
+    lines = [sweep_line(lr)]
     if lr.scheduler_steps_suspended:
         lines.append(
             f"the script's lr scheduler was suspended ({lr.scheduler_steps_suspended} step() calls had no effect)"
         )
-    if lr.suggestion:
-        s = lr.suggestion
-        lines.append(
-            f"suggested lr: {s['lr']:.3g} (steepest descent of the smoothed loss, step {s['step']}, "
-            f"smoothed loss {s['smoothed']:.4g})"
-        )
+    suggestion = (
+        lr.suggestion if isinstance(lr.suggestion, dict) and finite_number(lr.suggestion.get("lr")) else None
+    )
+    tenth = (
+        lr.min_over_10
+        if isinstance(lr.min_over_10, dict) and finite_number(lr.min_over_10.get("lr"))
+        else None
+    )
+    if lr.not_measured:
+        lines.append(f"suggested lr: not measured: {lr.not_measured}")
+        lines.append("minimum / 10: not measured: the same reason")
+        if lr.to_measure:
+            lines.append(lr.to_measure)
     else:
-        lines.append(lr.note or "no suggestion")
-    if lr.min_over_10:
-        m = lr.min_over_10
-        lines.append(
-            f"minimum / 10: {m['lr']:.3g} (the smoothed minimum is at lr {m['min_lr']:.3g}; "
-            "trains better on the corpus; see BENCHMARKS.md)"
-        )
-    if lr.divergence:
+        if suggestion is not None:
+            lines.append(
+                f"suggested lr: {_g(suggestion['lr'])} (steepest descent of the smoothed loss, step "
+                f"{suggestion.get('step')}, smoothed loss {_g(suggestion.get('smoothed'), '.4g')})"
+            )
+        else:
+            lines.append(lr.note or "no suggestion")
+        if tenth is not None:
+            lines.append(
+                f"minimum / 10: {_g(tenth['lr'])} (the smoothed minimum is at lr {_g(tenth.get('min_lr'))}; "
+                "trains better on the corpus; see BENCHMARKS.md)"
+            )
+    if isinstance(lr.divergence, dict):
         d = lr.divergence
-        smoothed = f"{d['smoothed']:.4g}" if d.get("smoothed") is not None else "not finite"
+        smoothed = (
+            _g(d.get("smoothed"), ".4g") if finite_number(d.get("smoothed")) is not None else "not finite"
+        )
         lines.append(
-            f"diverged at lr {d['lr']:.3g} (step {d['step']}: smoothed loss {smoothed} > "
-            f"{lr.divergence_factor:g}x its minimum)"
+            f"diverged at lr {_g(d.get('lr'))} (step {d.get('step')}: smoothed loss {smoothed} > "
+            f"{_g(lr.divergence_factor, 'g')}x its minimum)"
         )
     elif n:
-        lines.append(f"no divergence up to lr {lr.points[-1]['lr']:.3g}")
-    lines.append(DISCARD)
+        last = lr.points[-1]
+        lines.append(f"no divergence up to lr {_g(last.get('lr') if isinstance(last, dict) else None)}")
+    if suggestion is not None or tenth is not None:
+        lines.append(DISCARD)
+    elif n:
+        lines.append(DISCARD_UNSUGGESTED)
     return lines

@@ -18,7 +18,13 @@ def run_batch(
     """Measure every size in ``options.sizes`` (ascending); the record of the best size (or the last run)
     carries ``sections["batch"]`` and is saved as ``out_dir/run.json``, then rendered as ``report.html``."""
     from torchscalpel.runtime.session import RuntimeOptions, run_target
-    from torchscalpel.tune.batch_finder import ForcedBatch, OptimizerKind, best_size, scaling_advice
+    from torchscalpel.tune.batch_finder import (
+        ForcedBatch,
+        OptimizerKind,
+        best_size,
+        not_resized,
+        scaling_advice,
+    )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -42,6 +48,19 @@ def run_batch(
         optimizer = optimizer or kind.kind
         untouched = max(untouched, forced.untouched)
         summary = record.summary_view()
+        unset = not_resized(forced)
+        if unset is not None:  # the run measured the script's own batch: no figure for this size
+            rows.append(
+                {
+                    "batch_size": size,
+                    "fits": None,
+                    "samples_per_s": None,
+                    "median_step_ms": None,
+                    "steps_measured": 0,
+                    "why": unset,
+                }
+            )
+            continue
         fits = record.exit_code == 0 and bool(record.measured_steps)
         rows.append(
             {
@@ -49,6 +68,7 @@ def run_batch(
                 "fits": fits,
                 "samples_per_s": summary.samples_per_s if fits else None,
                 "median_step_ms": summary.median_step_ms if fits else None,
+                "steps_measured": len(record.measured_steps),
                 "why": ""
                 if fits
                 else (record.error or "; ".join(record.notes) or f"exit code {record.exit_code}"),

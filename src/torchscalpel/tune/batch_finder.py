@@ -49,6 +49,8 @@ class ForcedBatch:
         """The script's own batch size (the first loader's), for the scaling advice."""
         self.untouched = 0
         """Loaders built with a batch_sampler or batch_size=None: left as they were."""
+        self.forced = 0
+        """Loaders built with ``size``: none means the run measured the script's own batch, not ``size``."""
 
     def __call__(self) -> Undo:
         from torch.utils.data import DataLoader
@@ -68,6 +70,7 @@ class ForcedBatch:
                 if forced.original is None:
                     forced.original = int(size)
                 kwargs["batch_size"] = forced.size
+                forced.forced += 1
             original(loader, dataset, *args, **kwargs)
 
         return __init__
@@ -88,7 +91,9 @@ class OptimizerKind(Observer):
 
 def scaling_advice(optimizer: str | None, base: int | None, best: int | None) -> str:
     """The lr rule to keep when moving from the script's batch ``base`` to ``best`` (advice only)."""
-    if optimizer is None or base is None or best is None:
+    if best is None:
+        return "not measured: no batch size was measured, so there is no size to move to"
+    if optimizer is None or base is None:
         return "no advice: the run saw no optimizer step or no DataLoader batch size"
     ratio = best / base
     if optimizer in SGD_FAMILY:
@@ -108,3 +113,18 @@ def best_size(rows: Sequence[dict[str, Any]]) -> int | None:
     """The size with the most samples/s among those that fit and were measured."""
     measured = [r for r in rows if r.get("fits") and r.get("samples_per_s")]
     return max(measured, key=lambda r: r["samples_per_s"])["batch_size"] if measured else None
+
+
+def not_resized(forced: ForcedBatch) -> str | None:
+    """Why a run did not measure ``forced.size`` (no DataLoader took it: the script's own batch ran), else None."""
+    if forced.forced:
+        return None
+    if forced.untouched:
+        return (
+            f"not measured: the script's {forced.untouched} DataLoader(s) were built with a batch_sampler or "
+            f"batch_size=None, so batch {forced.size} was never set; the run measured the script's own batch"
+        )
+    return (
+        f"not measured: the script built no DataLoader, so batch {forced.size} was never set and the run measured "
+        "the script's own batch (scalpel batch sets a DataLoader's batch_size)"
+    )

@@ -6,6 +6,8 @@ import ast
 from collections.abc import Iterator
 
 from torchscalpel.doctor.rule import RuleInfo
+from torchscalpel.doctor.rules import manual_update
+from torchscalpel.doctor.rules.manual_update import manual_updates
 from torchscalpel.doctor.static import StaticContext, StaticRule
 from torchscalpel.findings import Finding, Severity
 
@@ -84,62 +86,17 @@ def is_entry_script(tree: ast.Module) -> bool:
     return False
 
 
-def _mentions_grad(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr == "grad" for n in ast.walk(node))
-
-
-def manual_updates(ctx: StaticContext) -> Iterator[ast.AST]:
-    """Statements that update parameters in place from their ``.grad`` by hand (``p.data.add_(-lr * p.grad)``,
-    ``p -= lr * p.grad``, ``w.data = w.data - lr * w.grad``), outside custom Optimizer classes."""
-    skip: set[int] = set()
-    for cls in ast.walk(ctx.tree):
-        if isinstance(cls, ast.ClassDef) and any(
-            (ctx.qualname(b) or "").rsplit(".", 1)[-1] == "Optimizer" for b in cls.bases
-        ):
-            skip.update(id(n) for n in ast.walk(cls))
-    for node in ast.walk(ctx.tree):
-        if id(node) in skip:
-            continue
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in {"add_", "sub_", "copy_"}
-        ):
-            receiver = node.func.value
-            if not _mentions_grad(receiver) and any(
-                _mentions_grad(a) for a in [*node.args, *(k.value for k in node.keywords)]
-            ):
-                yield node
-        elif isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Sub | ast.Add):
-            if not _mentions_grad(node.target) and _mentions_grad(node.value):
-                yield node
-        elif (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Attribute)
-            and node.targets[0].attr == "data"
-            and _mentions_grad(node.value)
-        ):
-            yield node
-
-
-MANUAL_UPDATE_FIX = (
-    "optimizer = torch.optim.SGD(model.parameters(), lr=lr)   # once, before the loop\n"
-    "optimizer.step(); optimizer.zero_grad()                  # replaces the hand-written update"
-)
-
-
 def manual_parameter_update(ctx: StaticContext) -> Iterator[Finding]:
-    """Hand-written SGD updates: worth knowing that an optimizer does the same in two lines, plus more."""
-    for node in manual_updates(ctx):
-        yield ctx.finding(
-            "manual-parameter-update",
-            node,
-            "Parameters are updated by hand from their .grad: no momentum, weight decay, clipping or LR schedule, "
-            "and writes through .data bypass autograd's checks. torch.optim does the same update in two lines.",
-            fix=MANUAL_UPDATE_FIX,
-        )
-        return  # one per file is enough
+    """Hand-written SGD updates: worth knowing that an optimizer does the same in two lines, plus more. What the
+    message says of the script (its parameters, lr, clipping, lr changes) is read from the file
+    (:mod:`~torchscalpel.doctor.rules.manual_update`)."""
+    first = min(manual_updates(ctx), key=lambda n: getattr(n, "lineno", 0), default=None)
+    if first is None:
+        return
+    update = manual_update.describe(ctx, first)  # one per file is enough: the first update, in line order
+    yield ctx.finding(
+        "manual-parameter-update", first, manual_update.message(update), fix=manual_update.fix(update)
+    )
 
 
 def unseeded_run(ctx: StaticContext) -> Iterator[Finding]:

@@ -10,7 +10,7 @@ import torch
 
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
-from torchscalpel.doctor.rules import loop_static
+from torchscalpel.doctor.rules import loop_static, manual_update
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params, param_names
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
 from torchscalpel.findings import Finding, Location, Severity
@@ -277,6 +277,9 @@ class ManualParameterUpdate(RuntimeRule):
         self.updates = 0
         self.backwards = 0
         self.stepped = False
+        self.location: Location | None = None
+        """The user's line of the backward call before which the parameters were first seen changed: its file
+        holds the loop, read for what the message says of the script."""
 
     def on_optimizer_step_post(self, optimizer: Any) -> None:
         self.stepped = True
@@ -291,6 +294,8 @@ class ManualParameterUpdate(RuntimeRule):
             for ref, head in self._snap
         ):
             self.updates += 1
+            if self.location is None:
+                self.location = user_location()
         params = [p for root in _roots(self) for p in root.parameters() if p.requires_grad and p.numel()]
         params = params[:: max(1, len(params) // self._PARAMS)][: self._PARAMS]
         self._snap = [(weakref.ref(p), p.detach().reshape(-1)[:16].clone()) for p in params]
@@ -298,13 +303,30 @@ class ManualParameterUpdate(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if self.stepped or self.updates < self.MIN_UPDATES:
             return
+        evidence = [
+            f"parameters changed between {self.updates} of {self.backwards} consecutive backward calls "
+            "without any optimizer.step()"
+        ]
+        # What the message says of the script is read from the file the backward ran in; never assumed.
+        update = manual_update.first_in_file(self.location.file) if self.location is not None else None
+        if update is not None:
+            yield make_finding(
+                "manual-parameter-update",
+                manual_update.message(update, seen_running=True),
+                evidence=evidence,
+                fix=manual_update.fix(update),
+                location=Location(file=self.location.file, line=update.line) if self.location else None,
+            )
+            return
         yield make_finding(
             "manual-parameter-update",
-            "Parameters are updated by hand (they changed between backward calls and no optimizer exists): no "
-            "momentum, weight decay, clipping or LR schedule. torch.optim does the same update in two lines.",
-            evidence=[
-                f"parameters changed between {self.updates} of {self.backwards} consecutive backward calls "
-                "without any optimizer.step()"
-            ],
-            fix=loop_static.MANUAL_UPDATE_FIX,
+            "Parameters are updated by hand: they changed between backward calls and no optimizer exists. "
+            "torch.optim does the same update in two lines, with momentum, weight decay and schedulers as "
+            "options (the update was not found in the source where the backward ran, so nothing more is said of it).",
+            evidence=evidence,
+            fix=(
+                "optimizer = torch.optim.SGD(params, lr=lr)  # params, lr: what the hand-written update uses\n"
+                "optimizer.step()  # in place of the hand-written update\noptimizer.zero_grad()"
+            ),
+            location=self.location,
         )
