@@ -313,6 +313,9 @@ class _Reader:
                     raise Unread(f"line {inner.lineno} reads {tracked!r} twice")
                 leaf = inner.target
             elif len(uses) != 1:
+                lefts = [ops[0] for ops in map(matmul_operands, ast.walk(stmt)) if ops is not None]
+                if any(u is left for u in uses for left in lefts):
+                    raise Unread(f"line {stmt.lineno} reads the attention weights besides the weighted sum")
                 what = "does not use" if not uses else "reads more than once"
                 raise Unread(f"line {stmt.lineno}, between the scores and the weighted sum, {what} {tracked!r}")
             else:
