@@ -75,9 +75,13 @@ def test_profile_then_fix_writes_the_fused_call_the_code_computes(tmp_path: Path
     if case == "bert-padding-mask":
         assert "attn_mask=padding_mask[:, None, None, :] != 0" in text  # True = take part
     # the statements from the scores to the weighted sum are gone from the user's attention
-    removed = [line[1:].strip() for line in text.splitlines() if line.startswith("-") and not line.startswith("---")]
+    removed = [
+        line[1:].strip() for line in text.splitlines() if line.startswith("-") and not line.startswith("---")
+    ]
     assert any(score in line for line in removed) and any(weighted in line for line in removed)
-    verdict = re.search(r"verify: attention: (\S+) gives the original's outputs \(max abs diff (\S+),", fixed.stderr)
+    verdict = re.search(
+        r"verify: attention: (\S+) gives the original's outputs \(max abs diff (\S+),", fixed.stderr
+    )
     assert verdict is not None, fixed.stderr
     assert float(verdict.group(2)) <= 1e-5
     assert "train and eval mode, dropout off" in fixed.stderr

@@ -74,7 +74,9 @@ def test_key_padding_mask_is_passed_negated_as_a_boolean_attn_mask():
     assert "scale=1.0 / math.sqrt(self.head_size)" in text
 
 
-BERT_ADDITIVE = HEAD + """\
+BERT_ADDITIVE = (
+    HEAD
+    + """\
 class BertSelfAttention(nn.Module):
     def forward(self, query_layer, key_layer, value_layer, attention_mask=None):
         attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
@@ -85,6 +87,7 @@ class BertSelfAttention(nn.Module):
         attention_probs = F.dropout(attention_probs, p=0.1, training=self.training)
         return torch.matmul(attention_probs, value_layer)
 """
+)
 
 
 def test_an_additive_mask_under_its_none_test_is_attn_mask_as_is():
@@ -100,7 +103,13 @@ def test_an_additive_mask_under_its_none_test_is_attn_mask_as_is():
     ("mask_lines", "causal"),
     [
         # a local tril, negated
-        (["mask = torch.tril(torch.ones(T, T, dtype=torch.bool))", "att = att.masked_fill(~mask, float('-inf'))"], True),
+        (
+            [
+                "mask = torch.tril(torch.ones(T, T, dtype=torch.bool))",
+                "att = att.masked_fill(~mask, float('-inf'))",
+            ],
+            True,
+        ),
         # the upper triangle above the diagonal, taken as is, in place
         (["mask = torch.triu(torch.ones(T, T), diagonal=1).bool()", "att.masked_fill_(mask, -1e9)"], True),
         # an additive -inf triangle
@@ -111,18 +120,24 @@ def test_an_additive_mask_under_its_none_test_is_attn_mask_as_is():
         # the diagonal of triu kept: not SDPA's causal mask
         (["mask = torch.triu(torch.ones(T, T)).bool()", "att = att.masked_fill(mask, float('-inf'))"], False),
         # a window of rows, not the top-left corner
-        (["mask = torch.tril(torch.ones(T, T))", "att = att.masked_fill(mask[T - 4:, :] == 0, float('-inf'))"], False),
+        (
+            [
+                "mask = torch.tril(torch.ones(T, T))",
+                "att = att.masked_fill(mask[T - 4:, :] == 0, float('-inf'))",
+            ],
+            False,
+        ),
         # not square
-        (["mask = torch.tril(torch.ones(T, 2 * T))", "att = att.masked_fill(mask == 0, float('-inf'))"], False),
+        (
+            ["mask = torch.tril(torch.ones(T, 2 * T))", "att = att.masked_fill(mask == 0, float('-inf'))"],
+            False,
+        ),
     ],
 )
 def test_causal_only_with_certainty(mask_lines, causal):
     body = "\n".join(f"        {line}" for line in mask_lines)
     source = HEAD + (
-        "class A(nn.Module):\n"
-        "    def forward(self, q, k, v):\n"
-        "        T = q.size(-2)\n"
-        f"{body}\n"
+        f"class A(nn.Module):\n    def forward(self, q, k, v):\n        T = q.size(-2)\n{body}\n"
     )
     # the mask is built before the scores; the scores statement goes between the two mask lines
     lines = source.splitlines()
@@ -137,7 +152,9 @@ def test_causal_only_with_certainty(mask_lines, causal):
     assert "scale=" not in text  # 1/sqrt(k.size(-1)) is SDPA's default
 
 
-BUFFER = HEAD + """\
+BUFFER = (
+    HEAD
+    + """\
 class A(nn.Module):
     def __init__(self, n, causal=True):
         super().__init__()
@@ -151,11 +168,13 @@ class A(nn.Module):
         att = att.softmax(-1)
         return att @ v
 """
+)
 
 
 def test_a_causal_mask_under_an_if_is_a_conditional_attn_mask_not_is_causal():
     source = BUFFER.replace(
-        "{line}", "if self.causal:\n            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))"
+        "{line}",
+        "if self.causal:\n            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))",
     )
     text = _call(source)
     assert "is_causal" not in text
@@ -164,9 +183,9 @@ def test_a_causal_mask_under_an_if_is_a_conditional_attn_mask_not_is_causal():
 
 
 def test_a_buffer_set_twice_is_not_read_as_causal():
-    source = BUFFER.replace("{line}", "att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))").replace(
-        "        self.causal = causal\n", "        self.causal = causal\n        self.bias = None\n"
-    )
+    source = BUFFER.replace(
+        "{line}", "att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float('-inf'))"
+    ).replace("        self.causal = causal\n", "        self.causal = causal\n        self.bias = None\n")
     text = _call(source)
     assert "is_causal" not in text and "attn_mask=self.bias[:, :, :T, :T] != 0" in text
 
@@ -205,7 +224,8 @@ def test_weights_read_after_the_weighted_sum_or_changed_after_the_softmax_are_re
     with pytest.raises(Unread, match="besides the weighted sum"):
         _read(annotated, "torch.matmul(query, key")
     head_mask = BERT_ADDITIVE.replace(
-        "        return torch.matmul", "        attention_probs = attention_probs * self.head_mask\n        return torch.matmul"
+        "        return torch.matmul",
+        "        attention_probs = attention_probs * self.head_mask\n        return torch.matmul",
     )
     with pytest.raises(Unread, match="after the softmax"):
         _read(head_mask, "torch.matmul(query_layer")
@@ -213,7 +233,9 @@ def test_weights_read_after_the_weighted_sum_or_changed_after_the_softmax_are_re
 
 def _attention_events(file: str, first: int, last: int) -> list[OpEvent]:
     def ev(name: str, line: int, start: float, shapes=()) -> OpEvent:
-        return OpEvent(name=name, site=f"{file}:{line}", start_us=start, self_us=100.0, total_us=100.0, shapes=shapes)
+        return OpEvent(
+            name=name, site=f"{file}:{line}", start_us=start, self_us=100.0, total_us=100.0, shapes=shapes
+        )
 
     return [
         ev("aten::matmul", first, 0, ((8, 4, 16, 16), (8, 4, 16, 16))),
@@ -230,7 +252,9 @@ def test_the_profile_finding_gives_the_call_the_code_computes(tmp_path):
     last = next(i for i, t in enumerate(source.splitlines(), 1) if "(attn @ v)" in t)
     (finding,) = find_patterns(_attention_events(str(vit), first, last), PassFacts(step_us=10_000.0))
     assert finding.rule == "unfused-attention"
-    assert "scaled_dot_product_attention(q, k, v, dropout_p=" in finding.fix and "is_causal" not in finding.fix
+    assert (
+        "scaled_dot_product_attention(q, k, v, dropout_p=" in finding.fix and "is_causal" not in finding.fix
+    )
     assert any("no mask: the attention is bidirectional" in e for e in finding.evidence)
 
 

@@ -24,10 +24,22 @@ pytest.importorskip("libcst")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "op_patterns"
 # fixture, the line of the scores, the attention class, its constructor's keywords, its inputs
 STYLES = {
-    "nanogpt": ("gpt_manual_attention.py", "q @ k.transpose", "CausalSelfAttention", (32, 4, 16), ((2, 16, 32),)),
+    "nanogpt": (
+        "gpt_manual_attention.py",
+        "q @ k.transpose",
+        "CausalSelfAttention",
+        (32, 4, 16),
+        ((2, 16, 32),),
+    ),
     "mingpt": ("mingpt_attention.py", "q @ k.transpose", "SelfAttention", (32, 4, 16), ((2, 16, 32),)),
     "vit": ("vit_attention.py", "q @ k.transpose", "Attention", (32, 4), ((2, 16, 32),)),
-    "bert": ("bert_padding_attention.py", "torch.matmul(query_layer", "SelfAttention", (32, 4), ((2, 16, 32),)),
+    "bert": (
+        "bert_padding_attention.py",
+        "torch.matmul(query_layer",
+        "SelfAttention",
+        (32, 4),
+        ((2, 16, 32),),
+    ),
 }
 BIDIRECTIONAL = {"vit", "bert"}
 
@@ -125,8 +137,16 @@ def test_library_attention_is_refused_and_the_users_is_planned():
             "location": {"file": "/home/u/train.py", "line": 27},
             "fix": "attn_implementation='sdpa'",
         },
-        {"rule": "unfused-attention", "message": "at model.py:52-56", "location": {"file": "/home/u/model.py", "line": 52}},
+        {
+            "rule": "unfused-attention",
+            "message": "at model.py:52-56",
+            "location": {"file": "/home/u/model.py", "line": 52},
+        },
     ]
     library, own = attention_plan(record)
     assert library.edit is None and "installed package" in library.reason
-    assert own.edit == Edit(kind="sdpa", line=52) and own.file == Path("/home/u/model.py") and own.source == "profile"
+    assert (
+        own.edit == Edit(kind="sdpa", line=52)
+        and own.file == Path("/home/u/model.py")
+        and own.source == "profile"
+    )

@@ -54,14 +54,16 @@ def _patched_function(spec: dict[str, Any], original: Any) -> Any:
     body: list[ast.stmt] = tree.body
     node: Any = None
     for part in spec["qualname"].split("."):
-        node = next((s for s in body if isinstance(s, ast.ClassDef | ast.FunctionDef) and s.name == part), None)
+        node = next(
+            (s for s in body if isinstance(s, ast.ClassDef | ast.FunctionDef) and s.name == part), None
+        )
         if node is None:
             raise RuntimeError(f"the patched file has no {spec['qualname']}")
         body = node.body
     node.decorator_list = []
     code = compile(ast.Module(body=[node], type_ignores=[]), spec["patched"], "exec")
     space: dict[str, Any] = {}
-    exec(code, original.__globals__, space)  # noqa: S102 - the user's own patched code, in the copied tree
+    exec(code, original.__globals__, space)  # the user's own patched code, in the copied tree
     return space[node.name]
 
 
@@ -84,8 +86,8 @@ class _DropoutOff:
                 kwargs["dropout_p"] = 0.0
             return sdpa(*args, **kwargs)
 
-        F.dropout = lambda input, *a, **k: input  # type: ignore[assignment]
-        torch.dropout = lambda input, *a, **k: input  # type: ignore[assignment]
+        F.dropout = lambda input, *a, **k: input
+        torch.dropout = lambda input, *a, **k: input
         F.scaled_dot_product_attention = fused
         return self
 
@@ -93,10 +95,12 @@ class _DropoutOff:
         import torch
         import torch.nn.functional as F
 
-        F.dropout, torch.dropout, F.scaled_dot_product_attention = self.saved  # type: ignore[assignment]
+        F.dropout, torch.dropout, F.scaled_dot_product_attention = self.saved
 
 
-def compare(spec: dict[str, Any], original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def compare(
+    spec: dict[str, Any], original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
     """Run ``original`` and its patched twin on the same inputs (see the module doc)."""
     import torch
 
@@ -111,19 +115,24 @@ def compare(spec: dict[str, Any], original: Any, args: tuple[Any, ...], kwargs: 
 
     inputs = {
         "the script's own": (args, kwargs),
-        "random": (tuple(randomized(a) if a is not owner else a for a in args), {k: randomized(v) for k, v in kwargs.items()}),
+        "random": (
+            tuple(randomized(a) if a is not owner else a for a in args),
+            {k: randomized(v) for k, v in kwargs.items()},
+        ),
     }
     worst, tolerance, runs, calls = 0.0, 0.0, [], 0
     try:
         with torch.no_grad(), _DropoutOff() as off:
             for training in (True, False) if owner is not None else (None,):
                 if owner is not None:
-                    owner.train(training)
+                    owner.train(bool(training))
                 for label, (a, k) in inputs.items():
                     before = off.sdpa_calls
                     want = _tensors(original(*a, **k))
                     if off.sdpa_calls != before:
-                        raise RuntimeError(f"the original {spec['qualname']} already calls scaled_dot_product_attention")
+                        raise RuntimeError(
+                            f"the original {spec['qualname']} already calls scaled_dot_product_attention"
+                        )
                     got = _tensors(patched(*a, **k))
                     calls += off.sdpa_calls - before
                     if len(want) != len(got) or not want:
@@ -211,7 +220,9 @@ def main(argv: list[str]) -> None:
         code = frame.f_code
         key = seen.get(id(code))
         if key is None:
-            key = seen[id(code)] = wanted.get((os.path.realpath(code.co_filename), code.co_firstlineno), False)
+            key = seen[id(code)] = wanted.get(
+                (os.path.realpath(code.co_filename), code.co_firstlineno), False
+            )
         if not key or key["qualname"] in results:
             return
         spec = key

@@ -90,7 +90,9 @@ def sdpa(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module
             stmt = None
         if stmt is not None and SDPA in module.code_for_node(stmt):
             return None  # the scores' line became the fused call: done
-        raise EditError(f"fix cannot read this attention with certainty ({exc}), so it writes no is_causal or mask") from None
+        raise EditError(
+            f"fix cannot read this attention with certainty ({exc}), so it writes no is_causal or mask"
+        ) from None
     first, owner = _statement_at(wrapper, code.first)
     last, owner_last = _statement_at(wrapper, code.statement.lineno)
     if owner is not owner_last:

@@ -84,13 +84,18 @@ def verify_attention(
 ) -> bool:
     """Check every rewritten attention function (see the module doc), a line each in ``notes``; True when
     all gave the original's outputs, or the patch rewrote none."""
-    specs = []
+    specs: list[dict[str, Any]] = []
     copy = work / "attention"
     for path, (before, after) in changes.items():
         rel = path.relative_to(folder)
         for name, first in rewritten(before, after):
             specs.append(
-                {"file": str(copy / rel), "first_line": first, "qualname": name, "patched": str(work / "patched" / rel)}
+                {
+                    "file": str(copy / rel),
+                    "first_line": first,
+                    "qualname": name,
+                    "patched": str(work / "patched" / rel),
+                }
             )
     if not specs:
         return True
@@ -101,9 +106,13 @@ def verify_attention(
     cmd = [sys.executable, str(CHECKER), str(spec_path), str(out), script, *args]
     with log.open("w", encoding="utf-8") as sink:
         try:
-            rc = subprocess.run(cmd, cwd=copy, stdout=sink, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, check=False).returncode
+            rc = subprocess.run(
+                cmd, cwd=copy, stdout=sink, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, check=False
+            ).returncode
         except subprocess.TimeoutExpired:
-            notes.append(f"attention: not verified: the script did not reach the attention within {TIMEOUT_S} s ({log})")
+            notes.append(
+                f"attention: not verified: the script did not reach the attention within {TIMEOUT_S} s ({log})"
+            )
             return False
     try:
         results: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))

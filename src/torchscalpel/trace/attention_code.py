@@ -40,10 +40,26 @@ _MATMUL_FUNCS = frozenset({"torch.matmul", "torch.bmm", "matmul", "bmm"})
 _SOFTMAX_FUNCS = frozenset(
     {"F.softmax", "torch.softmax", "nn.functional.softmax", "torch.nn.functional.softmax", "softmax"}
 )
-_DROPOUT_FUNCS = frozenset({"F.dropout", "nn.functional.dropout", "torch.nn.functional.dropout", "torch.dropout"})
+_DROPOUT_FUNCS = frozenset(
+    {"F.dropout", "nn.functional.dropout", "torch.nn.functional.dropout", "torch.dropout"}
+)
 _FUNCTIONAL = ("F", "nn.functional", "torch.nn.functional")
 _RESHAPES = frozenset(
-    {"view", "reshape", "unsqueeze", "bool", "to", "float", "int", "long", "byte", "type", "contiguous", "cuda", "expand"}
+    {
+        "view",
+        "reshape",
+        "unsqueeze",
+        "bool",
+        "to",
+        "float",
+        "int",
+        "long",
+        "byte",
+        "type",
+        "contiguous",
+        "cuda",
+        "expand",
+    }
 )
 """Calls on a mask's definition that keep which positions are zero (``.view(1, 1, n, n)``, ``.bool()``)."""
 LARGE_NEGATIVE = -1e4
@@ -118,8 +134,7 @@ class AttentionCode:
         memo: dict[int, object] = {}
         stmt = copy.deepcopy(self.statement, memo)
         target = memo[id(self.output)]
-        stmt = _Swap(target, self.call()).visit(stmt)
-        return ast.unparse(stmt)
+        return ast.unparse(_Swap(target, self.call()).visit(stmt))
 
     def mask_text(self) -> str:
         """The mask, in words, with what the fused call does with it."""
@@ -154,7 +169,11 @@ def dotted(node: ast.AST) -> str:
 
 def _const(node: ast.AST) -> object:
     """The value of a number written as a literal (``-1``, ``2``), else None."""
-    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    ):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
         inner = _const(node.operand)
@@ -169,7 +188,11 @@ def matmul_operands(node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
     if isinstance(node, ast.Call) and not node.keywords:
         if dotted(node.func) in _MATMUL_FUNCS and len(node.args) == 2:
             return node.args[0], node.args[1]
-        if isinstance(node.func, ast.Attribute) and node.func.attr in ("matmul", "bmm") and len(node.args) == 1:
+        if (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("matmul", "bmm")
+            and len(node.args) == 1
+        ):
             return node.func.value, node.args[0]
     return None
 
@@ -179,7 +202,11 @@ def transposed(node: ast.AST) -> ast.expr | None:
     if isinstance(node, ast.Attribute) and node.attr == "mT":
         return node.value
     if isinstance(node, ast.Call) and not node.keywords:
-        if isinstance(node.func, ast.Attribute) and node.func.attr in ("transpose", "swapaxes") and len(node.args) == 2:
+        if (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("transpose", "swapaxes")
+            and len(node.args) == 2
+        ):
             tensor, dims = node.func.value, node.args
         elif dotted(node.func) == "torch.transpose" and len(node.args) == 3:
             tensor, dims = node.args[0], node.args[1:]
@@ -204,7 +231,9 @@ def _parents(root: ast.AST) -> dict[int, ast.AST]:
 
 
 def _loads(node: ast.AST, names: set[str] | frozenset[str]) -> list[ast.Name]:
-    return [n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)]
+    return [
+        n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
+    ]
 
 
 def _blocks(fn: ast.AST) -> list[list[ast.stmt]]:
@@ -217,7 +246,11 @@ def _blocks(fn: ast.AST) -> list[list[ast.stmt]]:
             stmts = getattr(node, name, None)
             if isinstance(stmts, list) and stmts and isinstance(stmts[0], ast.stmt):
                 out.append(stmts)
-                todo.extend(s for s in stmts if not isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef))
+                todo.extend(
+                    s
+                    for s in stmts
+                    if not isinstance(s, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+                )
         todo.extend(getattr(node, "handlers", []) or [])
         todo.extend(getattr(node, "cases", []) or [])
     return out
@@ -308,7 +341,11 @@ class _Reader:
             stmt = block[i]
             inner, _ = _unguard(stmt)
             uses = _loads(stmt, {tracked})
-            if isinstance(inner, ast.AugAssign) and isinstance(inner.target, ast.Name) and inner.target.id == tracked:
+            if (
+                isinstance(inner, ast.AugAssign)
+                and isinstance(inner.target, ast.Name)
+                and inner.target.id == tracked
+            ):
                 if uses:
                     raise Unread(f"line {inner.lineno} reads {tracked!r} twice")
                 leaf = inner.target
@@ -317,7 +354,9 @@ class _Reader:
                 if any(u is left for u in uses for left in lefts):
                     raise Unread(f"line {stmt.lineno} reads the attention weights besides the weighted sum")
                 what = "does not use" if not uses else "reads more than once"
-                raise Unread(f"line {stmt.lineno}, between the scores and the weighted sum, {what} {tracked!r}")
+                raise Unread(
+                    f"line {stmt.lineno}, between the scores and the weighted sum, {what} {tracked!r}"
+                )
             else:
                 leaf = uses[0]
         return self._build(block[start].lineno, block[i], ops, names, final, q, k)
@@ -325,7 +364,9 @@ class _Reader:
     def _start(self) -> tuple[list[ast.stmt], int, ast.expr, ast.expr, ast.expr]:
         for block in _blocks(self.fn):
             for i, stmt in enumerate(block):
-                if isinstance(stmt, ast.If | ast.For | ast.While | ast.With | ast.Try | ast.AsyncFor | ast.AsyncWith):
+                if isinstance(
+                    stmt, ast.If | ast.For | ast.While | ast.With | ast.Try | ast.AsyncFor | ast.AsyncWith
+                ):
                     continue
                 if not stmt.lineno <= self.line <= (stmt.end_lineno or stmt.lineno):
                     continue
@@ -362,7 +403,9 @@ class _Reader:
                 break
             op = self._use(node, parent)
             if op is None:
-                raise Unread(f"line {stmt.lineno}: fix cannot read what {ast.unparse(parent)!r} does to the scores")
+                raise Unread(
+                    f"line {stmt.lineno}: fix cannot read what {ast.unparse(parent)!r} does to the scores"
+                )
             op.guard, op.line = guard, stmt.lineno
             ops.append(op)
             if op.kind == "final":
@@ -454,13 +497,18 @@ class _Reader:
         """``self.X.p if self.training else 0.0`` when ``self.X`` is built once, as an ``nn.Dropout``."""
         built = self._attribute(attr)
         if not (
-            isinstance(built, ast.Call) and dotted(built.func) in ("nn.Dropout", "torch.nn.Dropout", "Dropout")
+            isinstance(built, ast.Call)
+            and dotted(built.func) in ("nn.Dropout", "torch.nn.Dropout", "Dropout")
         ):
-            raise Unread(f"line {call.lineno}: self.{attr} is not an nn.Dropout built in the class, so what it does is unknown")
+            raise Unread(
+                f"line {call.lineno}: self.{attr} is not an nn.Dropout built in the class, so what it does is unknown"
+            )
         owner = ast.Name(id=self.self_name or "self", ctx=ast.Load())
         module = ast.Attribute(value=owner, attr=attr, ctx=ast.Load())
         return ast.IfExp(
-            test=ast.Attribute(value=ast.Name(id=self.self_name or "self", ctx=ast.Load()), attr="training", ctx=ast.Load()),
+            test=ast.Attribute(
+                value=ast.Name(id=self.self_name or "self", ctx=ast.Load()), attr="training", ctx=ast.Load()
+            ),
             body=ast.Attribute(value=module, attr="p", ctx=ast.Load()),
             orelse=ast.Constant(0.0),
         )
@@ -502,10 +550,16 @@ class _Reader:
             if isinstance(n, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.For | ast.With | ast.NamedExpr)
             and any(isinstance(t, ast.Name) and t.id == name for t in _stores(n))
         ]
-        if len(found) != 1 or found[0].lineno >= before or not isinstance(found[0], ast.Assign | ast.AnnAssign):
+        if (
+            len(found) != 1
+            or found[0].lineno >= before
+            or not isinstance(found[0], ast.Assign | ast.AnnAssign)
+        ):
             return None
         node = found[0]
-        if isinstance(node, ast.Assign) and (len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name)):
+        if isinstance(node, ast.Assign) and (
+            len(node.targets) != 1 or not isinstance(node.targets[0], ast.Name)
+        ):
             return None
         return node.value
 
@@ -514,7 +568,11 @@ class _Reader:
         """(what a name or ``self.attr`` is defined as, where, for people)."""
         if isinstance(node, ast.Name):
             return self._local(node.id, before), node.id
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == self.self_name:
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == self.self_name
+        ):
             return self._attribute(node.attr), f"{self.self_name}.{node.attr}"
         return None, ast.unparse(node)
 
@@ -530,7 +588,11 @@ class _Reader:
             return "", name
         core = definition
         while True:
-            if isinstance(core, ast.Call) and isinstance(core.func, ast.Attribute) and core.func.attr in _RESHAPES:
+            if (
+                isinstance(core, ast.Call)
+                and isinstance(core.func, ast.Attribute)
+                and core.func.attr in _RESHAPES
+            ):
                 core = core.func.value
             elif isinstance(core, ast.Subscript) and _only_new_axes(core.slice):
                 core = core.value
@@ -539,7 +601,10 @@ class _Reader:
         where = f"{name} = {_short(definition)}, line {definition.lineno}"
         if not isinstance(core, ast.Call):
             return "", where
-        if dotted(core.func) in ("nn.Transformer.generate_square_subsequent_mask", "torch.nn.Transformer.generate_square_subsequent_mask"):
+        if dotted(core.func) in (
+            "nn.Transformer.generate_square_subsequent_mask",
+            "torch.nn.Transformer.generate_square_subsequent_mask",
+        ):
             return "triu_inf", where
         fname = dotted(core.func)
         method = core.func.attr if isinstance(core.func, ast.Attribute) else ""
@@ -582,7 +647,11 @@ class _Reader:
         return Mask("additive", added, line, f"+ {ast.unparse(added)} (line {line})")
 
     def _mask(self, op: _Op) -> Mask:
-        mask = self._boolean(op.args[0], op.args[1], op.line) if op.kind == "fill" else self._additive(op.args[0], op.line)
+        mask = (
+            self._boolean(op.args[0], op.args[1], op.line)
+            if op.kind == "fill"
+            else self._additive(op.args[0], op.line)
+        )
         if op.guard is None:
             return mask
         # Under `if TEST:` the mask applies only sometimes: a conditional attn_mask, never is_causal.
@@ -605,7 +674,9 @@ class _Reader:
             root = _sqrt_of(factor)
         elif isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Div) and _const(factor.left) == 1:
             root = _sqrt_of(factor.right)
-        elif isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Pow) and _const(factor.right) == -0.5:
+        elif (
+            isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Pow) and _const(factor.right) == -0.5
+        ):
             root = factor.left
         else:
             root = None
@@ -632,12 +703,18 @@ class _Reader:
         softmaxes = [o for o in ops if o.kind == "softmax"]
         dropouts = [o for o in ops if o.kind == "dropout"]
         if len(softmaxes) != 1:
-            raise Unread("the scores go through no softmax" if not softmaxes else "the scores go through two softmaxes")
+            raise Unread(
+                "the scores go through no softmax" if not softmaxes else "the scores go through two softmaxes"
+            )
         after_softmax = ops[ops.index(softmaxes[0]) + 1 : -1]
         if any(o.kind != "dropout" for o in after_softmax):
             bad = next(o for o in after_softmax if o.kind != "dropout")
-            raise Unread(f"line {bad.line} changes the attention weights after the softmax, which the fused call cannot do")
-        if any(o.kind not in ("fill", "add", "scale_mul", "scale_div") for o in ops[: ops.index(softmaxes[0])]):
+            raise Unread(
+                f"line {bad.line} changes the attention weights after the softmax, which the fused call cannot do"
+            )
+        if any(
+            o.kind not in ("fill", "add", "scale_mul", "scale_div") for o in ops[: ops.index(softmaxes[0])]
+        ):
             raise Unread("the scores are changed before the softmax in a way fix cannot read")
         if len(masks) > 1:
             raise Unread(f"the scores are masked twice (lines {masks[0].line} and {masks[1].line})")
@@ -702,7 +779,9 @@ class _Reader:
         for stmt in self.tree.body:
             if isinstance(stmt, ast.Import):
                 for alias in stmt.names:
-                    names[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+                    names[alias.asname or alias.name.split(".")[0]] = (
+                        alias.name if alias.asname else alias.name.split(".")[0]
+                    )
             elif isinstance(stmt, ast.ImportFrom) and stmt.module and not stmt.level:
                 for alias in stmt.names:
                     names[alias.asname or alias.name] = f"{stmt.module}.{alias.name}"
@@ -714,7 +793,9 @@ class _Reader:
                 return f"{name}.functional"
         if names.get("torch") == "torch":
             return "torch.nn.functional"
-        raise Unread("the file imports neither torch nor torch.nn.functional at its top, to call the fused attention through")
+        raise Unread(
+            "the file imports neither torch nor torch.nn.functional at its top, to call the fused attention through"
+        )
 
 
 def _unguard(stmt: ast.stmt) -> tuple[ast.stmt, ast.expr | None]:
@@ -727,9 +808,7 @@ def _unguard(stmt: ast.stmt) -> tuple[ast.stmt, ast.expr | None]:
 def _stores(node: ast.AST) -> list[ast.expr]:
     if isinstance(node, ast.Assign):
         targets: list[ast.expr] = list(node.targets)
-    elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For):
-        targets = [node.target]
-    elif isinstance(node, ast.NamedExpr):
+    elif isinstance(node, ast.AnnAssign | ast.AugAssign | ast.For | ast.NamedExpr):
         targets = [node.target]
     elif isinstance(node, ast.With):
         targets = [i.optional_vars for i in node.items if i.optional_vars is not None]
@@ -798,7 +877,15 @@ def _square(node: ast.AST | None) -> str:
 
 def _is_minus_inf(node: ast.AST) -> bool:
     text = ast.unparse(node).replace('"', "'").replace(" ", "").lower()
-    return text in ("float('-inf')", "-float('inf')", "-math.inf", "-torch.inf", "-np.inf", "-numpy.inf", "float('-infinity')")
+    return text in (
+        "float('-inf')",
+        "-float('inf')",
+        "-math.inf",
+        "-torch.inf",
+        "-np.inf",
+        "-numpy.inf",
+        "float('-infinity')",
+    )
 
 
 def _very_negative(node: ast.AST) -> bool:
@@ -820,10 +907,16 @@ def _polarity(cond: ast.expr) -> tuple[ast.expr | None, bool]:
     """(the tensor ``cond`` is read from, True when the masked positions are where it is zero)."""
     if isinstance(cond, ast.Compare) and len(cond.ops) == 1:
         right = cond.comparators[0]
-        value = _const(right) if not (isinstance(right, ast.Constant) and isinstance(right.value, bool)) else int(right.value)
+        value = (
+            _const(right)
+            if not (isinstance(right, ast.Constant) and isinstance(right.value, bool))
+            else int(right.value)
+        )
         if value == 0 and isinstance(cond.ops[0], ast.Eq):
             return cond.left, True
-        if (value == 0 and isinstance(cond.ops[0], ast.NotEq | ast.Gt)) or (value == 1 and isinstance(cond.ops[0], ast.Eq)):
+        if (value == 0 and isinstance(cond.ops[0], ast.NotEq | ast.Gt)) or (
+            value == 1 and isinstance(cond.ops[0], ast.Eq)
+        ):
             return cond.left, False
         return None, False
     if isinstance(cond, ast.UnaryOp) and isinstance(cond.op, ast.Invert | ast.Not):
@@ -847,7 +940,12 @@ def _negation(cond: ast.expr) -> ast.expr:
         return ast.Compare(left=cond.left, ops=[op], comparators=cond.comparators)
     if isinstance(cond, ast.UnaryOp) and isinstance(cond.op, ast.Invert):
         return cond.operand
-    if isinstance(cond, ast.Call) and isinstance(cond.func, ast.Attribute) and cond.func.attr == "logical_not" and not cond.args:
+    if (
+        isinstance(cond, ast.Call)
+        and isinstance(cond.func, ast.Attribute)
+        and cond.func.attr == "logical_not"
+        and not cond.args
+    ):
         return cond.func.value
     return ast.UnaryOp(op=ast.Invert(), operand=cond)
 
@@ -864,7 +962,11 @@ def _is_not_none(test: ast.expr, mask: ast.expr) -> bool:
 
 
 def _sqrt_of(node: ast.expr) -> ast.expr | None:
-    if isinstance(node, ast.Call) and dotted(node.func) in ("math.sqrt", "np.sqrt", "numpy.sqrt", "sqrt") and len(node.args) == 1:
+    if (
+        isinstance(node, ast.Call)
+        and dotted(node.func) in ("math.sqrt", "np.sqrt", "numpy.sqrt", "sqrt")
+        and len(node.args) == 1
+    ):
         return node.args[0]
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and _const(node.right) == 0.5:
         return node.left
@@ -879,7 +981,12 @@ def _last_dim_of(node: ast.expr, tensors: set[str]) -> bool:
         inner = node.value
         if isinstance(inner, ast.Attribute) and inner.attr == "shape":
             return ast.unparse(inner.value) in tensors
-        if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) and inner.func.attr == "size" and not inner.args:
+        if (
+            isinstance(inner, ast.Call)
+            and isinstance(inner.func, ast.Attribute)
+            and inner.func.attr == "size"
+            and not inner.args
+        ):
             return ast.unparse(inner.func.value) in tensors
     return False
 
