@@ -78,6 +78,22 @@ def _cst_node(wrapper: MetadataWrapper, lines: list[str], node: ast.expr) -> cst
     return best[1]
 
 
+LINE_WIDTH = 100
+"""Beyond this many columns the fused call is written one argument a line (without the indentation)."""
+
+
+def _one_argument_a_line(call: cst.Call) -> cst.Call:
+    """``call`` with each argument on its own line, one level deeper than the statement, a trailing comma,
+    and the closing parenthesis on a line of its own (as black and ruff lay out a call too long for a line)."""
+
+    def brk(extra: str) -> cst.ParenthesizedWhitespace:
+        return cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(extra))
+
+    args = [a.with_changes(comma=cst.Comma(whitespace_after=brk("    "))) for a in call.args]
+    args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=brk("")))
+    return call.with_changes(args=args, whitespace_before_args=brk("    "))
+
+
 def sdpa(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     """The ``sdpa`` edit (see the module doc); None when the line already calls the fused attention."""
     source = module.code
@@ -102,6 +118,8 @@ def sdpa(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module
     matmul = _cst_node(wrapper, source.splitlines(), code.output)
     call = cst.parse_expression(ast.unparse(code.call()))
     fused = last.visit(_Replace(matmul, call))
+    if isinstance(call, cst.Call) and len(module.code_for_node(fused).strip().splitlines()[0]) > LINE_WIDTH:
+        fused = last.visit(_Replace(matmul, _one_argument_a_line(call)))
     if not isinstance(fused, cst.BaseStatement):
         raise EditError(f"fix cannot rewrite line {code.statement.lineno}")
     fused = fused.with_changes(leading_lines=getattr(first, "leading_lines", ()))
