@@ -81,7 +81,9 @@ def site_text(site: str) -> str:
 
 def _own_attention(finding: dict[str, Any]) -> bool:
     """An unfused-attention finding in the user's own code (``scalpel fix`` patches those, not a library's)."""
-    return finding.get("rule") == "unfused-attention" and "(library code)" not in str(finding.get("message", ""))
+    return finding.get("rule") == "unfused-attention" and "(library code)" not in str(
+        finding.get("message", "")
+    )
 
 
 def op_lines_text(record: RunRecord) -> str | None:
@@ -238,7 +240,10 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         c.print(f"[bold]{escape(f['rule'])}[/]{escape(at)}: {escape(f['message'])}")
         c.print(f"  fix: {escape(f.get('fix', ''))}")
     if any(_own_attention(f) for f in record.findings):
-        say(c, f"patch it: scalpel fix {run_dir} --verify (the fused call in your attention code, its outputs checked)")
+        say(
+            c,
+            f"patch it: scalpel fix {run_dir} --verify (the fused call in your attention code, its outputs checked)",
+        )
     files = ["run.json", "report.html", *([profiler.trace] if profiler.trace else [])]
     if (Path(run_dir) / LOG_NAME).exists():
         files.append(f"{LOG_NAME}: the profiler's own messages")
