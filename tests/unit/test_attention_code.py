@@ -112,6 +112,8 @@ def test_an_additive_mask_under_its_none_test_is_attn_mask_as_is():
         ),
         # the upper triangle above the diagonal, taken as is, in place
         (["mask = torch.triu(torch.ones(T, T), diagonal=1).bool()", "att.masked_fill_(mask, -1e9)"], True),
+        # built in place, as a method
+        (["mask = None", "att = att.masked_fill(torch.ones(T, T).tril() == 0, float('-inf'))"], True),
         # an additive -inf triangle
         (["mask = torch.triu(torch.full((T, T), float('-inf')), diagonal=1)", "att = att + mask"], True),
         (["mask = nn.Transformer.generate_square_subsequent_mask(T)", "att = att + mask"], True),
@@ -124,6 +126,14 @@ def test_an_additive_mask_under_its_none_test_is_attn_mask_as_is():
             [
                 "mask = torch.tril(torch.ones(T, T))",
                 "att = att.masked_fill(mask[T - 4:, :] == 0, float('-inf'))",
+            ],
+            False,
+        ),
+        # a tril changed in place after it is built
+        (
+            [
+                "mask = torch.tril(torch.ones(T, T)); mask[0, 1] = 1.0",
+                "att = att.masked_fill(mask == 0, -1e9)",
             ],
             False,
         ),

@@ -574,6 +574,8 @@ class _Reader:
             and node.value.id == self.self_name
         ):
             return self._attribute(node.attr), f"{self.self_name}.{node.attr}"
+        if isinstance(node, ast.Call):  # built in place: torch.ones(T, T).tril() == 0
+            return node, "built in place"
         return None, ast.unparse(node)
 
     def _triangle(self, node: ast.expr, before: int) -> tuple[str, str]:
@@ -586,6 +588,8 @@ class _Reader:
         definition, name = self._definition(sliced, before)
         if definition is None:
             return "", name
+        if _mutated(self.cls or self.fn, ast.unparse(sliced)):
+            return "", f"{name}, changed in place after it is built"
         core = definition
         while True:
             if (
@@ -598,7 +602,7 @@ class _Reader:
                 core = core.value
             else:
                 break
-        where = f"{name} = {_short(definition)}, line {definition.lineno}"
+        where = f"{name}: {_short(definition)}, line {definition.lineno}"
         if not isinstance(core, ast.Call):
             return "", where
         if dotted(core.func) in (
@@ -796,6 +800,22 @@ class _Reader:
         raise Unread(
             "the file imports neither torch nor torch.nn.functional at its top, to call the fused attention through"
         )
+
+
+def _mutated(root: ast.AST, text: str) -> bool:
+    """True when the tensor written ``text`` (``self.bias``, ``mask``) is changed in place anywhere under
+    ``root``: an item assigned (``mask[0] = 1``), an in-place method (``mask.fill_diagonal_(0)``), its ``.data``."""
+    for node in ast.walk(root):
+        if (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Store)
+            and ast.unparse(node.value) == text
+        ):
+            return True
+        if isinstance(node, ast.Attribute) and ast.unparse(node.value) == text:
+            if node.attr == "data" or (node.attr.endswith("_") and not node.attr.startswith("_")):
+                return True
+    return False
 
 
 def _unguard(stmt: ast.stmt) -> tuple[ast.stmt, ast.expr | None]:
