@@ -812,9 +812,11 @@ def _mutated(root: ast.AST, text: str) -> bool:
             and ast.unparse(node.value) == text
         ):
             return True
-        if isinstance(node, ast.Attribute) and ast.unparse(node.value) == text:
-            if node.attr == "data" or (node.attr.endswith("_") and not node.attr.startswith("_")):
-                return True
+        in_place = isinstance(node, ast.Attribute) and (
+            node.attr == "data" or (node.attr.endswith("_") and not node.attr.startswith("_"))
+        )
+        if in_place and ast.unparse(getattr(node, "value", node)) == text:
+            return True
     return False
 
 
