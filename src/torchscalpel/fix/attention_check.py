@@ -11,7 +11,7 @@ the original tree) under a ``sys.setprofile`` hook that waits for the first call
 that call, before the call runs, it compiles the patched function from the patched file in the
 original function's globals, and runs both on the call's own arguments (the same module instance: its
 weights and buffers) and on random inputs of the same shapes, in train and in eval mode, without
-gradients and with dropout off (``F.dropout`` and ``torch.dropout`` return their input,
+gradients, autocast off and with dropout off (``F.dropout`` and ``torch.dropout`` return their input,
 ``scaled_dot_product_attention`` runs with ``dropout_p=0``), and records the largest absolute
 difference of their outputs. When every function has been compared it writes OUT.json and leaves at
 once (``os._exit(0)``); a script that ends first gets what was compared written at exit.
@@ -98,6 +98,19 @@ class _DropoutOff:
         F.dropout, torch.dropout, F.scaled_dot_product_attention = self.saved
 
 
+def _autocast_off() -> Any:
+    """Autocast off on the CPU (and CUDA): the module's own dtype, whatever the script's step wraps it in."""
+    import contextlib
+
+    import torch
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast("cpu", enabled=False))
+    if torch.cuda.is_available():
+        stack.enter_context(torch.autocast("cuda", enabled=False))
+    return stack
+
+
 def compare(
     spec: dict[str, Any], original: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[str, Any]:
@@ -122,7 +135,8 @@ def compare(
     }
     worst, tolerance, runs, calls = 0.0, 0.0, [], 0
     try:
-        with torch.no_grad(), _DropoutOff() as off:
+        # autocast off: what is compared is the function the code computes, in the module's own dtype
+        with torch.no_grad(), _autocast_off(), _DropoutOff() as off:
             for training in (True, False) if owner is not None else (None,):
                 if owner is not None:
                     owner.train(bool(training))
