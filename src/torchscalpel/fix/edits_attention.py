@@ -79,7 +79,7 @@ def _cst_node(wrapper: MetadataWrapper, lines: list[str], node: ast.expr) -> cst
 
 
 LINE_WIDTH = 100
-"""Beyond this many columns the fused call is written one argument a line (without the indentation)."""
+"""Beyond this many columns (indentation included) the fused call is written one argument a line."""
 
 
 def _one_argument_a_line(call: cst.Call) -> cst.Call:
@@ -118,10 +118,16 @@ def sdpa(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module
     matmul = _cst_node(wrapper, source.splitlines(), code.output)
     call = cst.parse_expression(ast.unparse(code.call()))
     fused = last.visit(_Replace(matmul, call))
-    if isinstance(call, cst.Call) and len(module.code_for_node(fused).strip().splitlines()[0]) > LINE_WIDTH:
-        fused = last.visit(_Replace(matmul, _one_argument_a_line(call)))
     if not isinstance(fused, cst.BaseStatement):
         raise EditError(f"fix cannot rewrite line {code.statement.lineno}")
+    text = source.splitlines()[code.statement.lineno - 1]
+    indent = len(text) - len(text.lstrip())
+    if (
+        isinstance(call, cst.Call)
+        and indent + len(module.code_for_node(fused).strip().splitlines()[0]) > LINE_WIDTH
+    ):
+        wrapped = last.visit(_Replace(matmul, _one_argument_a_line(call)))
+        fused = wrapped if isinstance(wrapped, cst.BaseStatement) else fused
     fused = fused.with_changes(leading_lines=getattr(first, "leading_lines", ()))
     body[i : j + 1] = [fused]
     return module.visit(_Replace(owner, owner.with_changes(body=body)))
