@@ -150,3 +150,13 @@ def test_library_attention_is_refused_and_the_users_is_planned():
         and own.file == Path("/home/u/model.py")
         and own.source == "profile"
     )
+
+
+def test_the_functions_to_check_are_the_ones_the_patch_made_call_the_fused_attention():
+    before = (
+        "class A:\n    def forward(self, q, k, v):\n        return (q @ k.mT).softmax(-1) @ v\n\n"
+        "def make():\n    def inner(q, k, v):\n        return (q @ k.mT).softmax(-1) @ v\n    return inner\n"
+    )
+    after = before.replace("(q @ k.mT).softmax(-1) @ v", "F.scaled_dot_product_attention(q, k, v, scale=1.0)")
+    assert rewritten(before, after) == [("A.forward", 2), ("make.inner", 6)]
+    assert rewritten(before, before.replace("class A:", "class A:  # a comment")) == []
