@@ -36,12 +36,7 @@ def _functions(source: str) -> dict[str, tuple[int, int]]:
                 walk(node.body, f"{prefix}{node.name}.")
             elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-                calls = sum(
-                    1
-                    for n in ast.walk(node)
-                    if isinstance(n, ast.Call)
-                    and (getattr(n.func, "attr", None) == SDPA or getattr(n.func, "id", None) == SDPA)
-                )
+                calls = _fused_calls(node)
                 out[f"{prefix}{node.name}"] = (first, calls)
                 walk(node.body, f"{prefix}{node.name}.")
 
@@ -59,17 +54,28 @@ def rewritten(before: str, after: str) -> list[tuple[str, int]]:
     return [(name, old[name][0]) for name, (_, calls) in new.items() if name in old and calls > old[name][1]]
 
 
-def _fused_calls(source: str) -> int:
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return 0
-    return sum(
-        1
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Call)
-        and (getattr(n.func, "attr", None) == SDPA or getattr(n.func, "id", None) == SDPA)
-    )
+def _fused_calls(root: ast.AST | str) -> int:
+    """The fused attention calls in ``root`` (a source's text), its nested functions and classes left out."""
+    if isinstance(root, str):
+        try:
+            root = ast.parse(root)
+        except SyntaxError:
+            return 0
+        nested: tuple[type, ...] = ()
+    else:
+        nested = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    count, todo = 0, list(ast.iter_child_nodes(root))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, nested):
+            continue
+        if isinstance(node, ast.Call) and SDPA in (
+            getattr(node.func, "attr", None),
+            getattr(node.func, "id", None),
+        ):
+            count += 1
+        todo.extend(ast.iter_child_nodes(node))
+    return count
 
 
 def _line(name: str, result: dict[str, Any]) -> tuple[bool, str]:
