@@ -143,7 +143,11 @@ def test_library_attention_is_refused_and_the_users_is_planned():
             "location": {"file": "/home/u/model.py", "line": 52},
         },
     ]
-    library, own = attention_plan(record)
+    record.findings.append(
+        {"rule": "unfused-attention", "location": {"file": "/home/u/model.py", "line": "52; import os"}}
+    )
+    library, own, forged = attention_plan(record)
+    assert forged.edit is None and forged.reason == "the finding names no line"  # a record is data
     assert library.edit is None and "installed package" in library.reason
     assert (
         own.edit == Edit(kind="sdpa", line=52)

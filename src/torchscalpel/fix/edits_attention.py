@@ -40,16 +40,25 @@ def attention_plan(record: RunRecord) -> list[Planned]:
     for finding in record.findings:
         if finding.get("rule") != RULE:
             continue
-        where = finding.get("location") or {}
+        where = finding.get("location")
+        where = where if isinstance(where, dict) else {}
         snippet = str(finding.get("fix") or "")
-        if not where.get("file") or not where.get("line"):
+        line = where.get("line")
+        # a record is data: a line that is not a positive whole number names no line
+        if (
+            not isinstance(where.get("file"), str)
+            or not isinstance(line, int)
+            or isinstance(line, bool)
+            or line <= 0
+        ):
             out.append(Planned(RULE, "profile", None, None, snippet, "the finding names no line", rule=RULE))
         elif "(library code)" in str(finding.get("message") or ""):
             reason = "the attention is an installed package's code, which fix does not edit; switch it by its own option"
             out.append(Planned(RULE, "profile", None, None, snippet, reason, rule=RULE))
         else:
-            edit = Edit(kind=KIND, line=int(where["line"]))
-            out.append(Planned(RULE, "profile", Path(str(where["file"])), edit, snippet, rule=RULE))
+            out.append(
+                Planned(RULE, "profile", Path(where["file"]), Edit(kind=KIND, line=line), snippet, rule=RULE)
+            )
     return out
 
 
