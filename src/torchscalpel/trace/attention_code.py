@@ -35,8 +35,24 @@ import ast
 import copy
 from dataclasses import dataclass
 
+from torchscalpel.trace.attention_forms import (
+    const,
+    dotted,
+    is_not_none,
+    last_dim_of,
+    matmul_operands,
+    mutated,
+    negation,
+    only_new_axes,
+    polarity,
+    sqrt_of,
+    square,
+    top_left,
+    transposed,
+    very_negative,
+)
+
 SDPA = "scaled_dot_product_attention"
-_MATMUL_FUNCS = frozenset({"torch.matmul", "torch.bmm", "matmul", "bmm"})
 _SOFTMAX_FUNCS = frozenset(
     {"F.softmax", "torch.softmax", "nn.functional.softmax", "torch.nn.functional.softmax", "softmax"}
 )
@@ -62,8 +78,6 @@ _RESHAPES = frozenset(
     }
 )
 """Calls on a mask's definition that keep which positions are zero (``.view(1, 1, n, n)``, ``.bool()``)."""
-LARGE_NEGATIVE = -1e4
-"""A fill value at or below this is as good as -inf after the softmax (exp(-1e4) is 0 in every float type)."""
 
 
 class Unread(Exception):
@@ -155,66 +169,6 @@ class _Swap(ast.NodeTransformer):
         if node is self.old:
             return self.new
         return super().visit(node)
-
-
-def dotted(node: ast.AST) -> str:
-    """``torch.nn.functional.softmax`` for an attribute chain of names ("" otherwise)."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        head = dotted(node.value)
-        return f"{head}.{node.attr}" if head else ""
-    return ""
-
-
-def _const(node: ast.AST) -> object:
-    """The value of a number written as a literal (``-1``, ``2``), else None."""
-    if (
-        isinstance(node, ast.Constant)
-        and isinstance(node.value, int | float)
-        and not isinstance(node.value, bool)
-    ):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _const(node.operand)
-        return -inner if isinstance(inner, int | float) else None
-    return None
-
-
-def matmul_operands(node: ast.AST) -> tuple[ast.expr, ast.expr] | None:
-    """(left, right) of ``a @ b``, ``torch.matmul(a, b)``, ``a.matmul(b)``; None for anything else."""
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-        return node.left, node.right
-    if isinstance(node, ast.Call) and not node.keywords:
-        if dotted(node.func) in _MATMUL_FUNCS and len(node.args) == 2:
-            return node.args[0], node.args[1]
-        if (
-            isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("matmul", "bmm")
-            and len(node.args) == 1
-        ):
-            return node.func.value, node.args[0]
-    return None
-
-
-def transposed(node: ast.AST) -> ast.expr | None:
-    """``k`` for ``k.transpose(-2, -1)``, ``k.transpose(-1, -2)``, ``torch.transpose(k, -2, -1)``, ``k.mT``."""
-    if isinstance(node, ast.Attribute) and node.attr == "mT":
-        return node.value
-    if isinstance(node, ast.Call) and not node.keywords:
-        if (
-            isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("transpose", "swapaxes")
-            and len(node.args) == 2
-        ):
-            tensor, dims = node.func.value, node.args
-        elif dotted(node.func) == "torch.transpose" and len(node.args) == 3:
-            tensor, dims = node.args[0], node.args[1:]
-        else:
-            return None
-        if {_const(d) for d in dims} == {-1, -2}:
-            return tensor
-    return None
 
 
 def _score_matmul(node: ast.AST) -> tuple[ast.expr, ast.expr, ast.expr] | None:
@@ -475,7 +429,7 @@ class _Reader:
 
     def _softmax(self, call: ast.Call, positional: list[ast.expr]) -> _Op | None:
         dims = positional[:1] + [kw.value for kw in call.keywords if kw.arg == "dim"]
-        if len(dims) != 1 or _const(dims[0]) != -1 or any(kw.arg not in ("dim",) for kw in call.keywords):
+        if len(dims) != 1 or const(dims[0]) != -1 or any(kw.arg not in ("dim",) for kw in call.keywords):
             raise Unread(f"line {call.lineno}: the softmax is not over the last dimension alone (dim=-1)")
         return _Op("softmax", 0, ())
 
@@ -582,13 +536,13 @@ class _Reader:
         """(``tril`` / ``triu1`` / ``triu_inf`` / "", description) of a mask sliced from its top-left corner."""
         sliced = node
         if isinstance(node, ast.Subscript):
-            if not _top_left(node.slice):
+            if not top_left(node.slice):
                 return "", ast.unparse(node)
             sliced = node.value
         definition, name = self._definition(sliced, before)
         if definition is None:
             return "", name
-        if _mutated(self.cls or self.fn, ast.unparse(sliced)):
+        if mutated(self.cls or self.fn, ast.unparse(sliced)):
             return "", f"{name}, changed in place after it is built"
         core = definition
         while True:
@@ -598,7 +552,7 @@ class _Reader:
                 and core.func.attr in _RESHAPES
             ):
                 core = core.func.value
-            elif isinstance(core, ast.Subscript) and _only_new_axes(core.slice):
+            elif isinstance(core, ast.Subscript) and only_new_axes(core.slice):
                 core = core.value
             else:
                 break
@@ -622,22 +576,22 @@ class _Reader:
         diagonal = [*rest, *(k.value for k in core.keywords if k.arg == "diagonal")]
         if len(diagonal) > 1 or any(k.arg not in ("diagonal",) for k in core.keywords):
             return "", where
-        offset = _const(diagonal[0]) if diagonal else 0
-        square = _square(base)
-        if square == "ones" and which == "tril" and offset == 0:
+        offset = const(diagonal[0]) if diagonal else 0
+        shape = square(base)
+        if shape == "ones" and which == "tril" and offset == 0:
             return "tril", where
-        if square == "ones" and which == "triu" and offset == 1:
+        if shape == "ones" and which == "triu" and offset == 1:
             return "triu1", where
-        if square == "-inf" and which == "triu" and offset == 1:
+        if shape == "-inf" and which == "triu" and offset == 1:
             return "triu_inf", where
         return "", where
 
     def _boolean(self, cond: ast.expr, fill: ast.expr, line: int) -> Mask:
         """The mask of ``scores.masked_fill(cond, fill)``."""
-        if not _very_negative(fill):
+        if not very_negative(fill):
             raise Unread(f"line {line} fills the masked scores with {ast.unparse(fill)}, not -inf")
-        base, zero = _polarity(cond)
-        keep = _negation(cond)
+        base, zero = polarity(cond)
+        keep = negation(cond)
         if base is not None:
             kind, where = self._triangle(base, line)
             if (kind == "tril" and zero) or (kind == "triu1" and not zero):
@@ -660,14 +614,14 @@ class _Reader:
             return mask
         # Under `if TEST:` the mask applies only sometimes: a conditional attn_mask, never is_causal.
         if op.kind == "fill":
-            keep = _negation(op.args[0])
+            keep = negation(op.args[0])
             how = f"{ast.unparse(op.args[0])} filled with -inf when {ast.unparse(op.guard)} (line {op.line})"
             kind = "boolean"
         else:
             keep = op.args[0]
             how = f"+ {ast.unparse(op.args[0])} when {ast.unparse(op.guard)} (line {op.line})"
             kind = "additive"
-        if kind == "additive" and _is_not_none(op.guard, keep):
+        if kind == "additive" and is_not_none(op.guard, keep):
             return Mask(kind, keep, op.line, how)  # attn_mask=None is no mask: the test is SDPA's own
         return Mask(kind, ast.IfExp(test=op.guard, body=keep, orelse=ast.Constant(None)), op.line, how)
 
@@ -675,12 +629,10 @@ class _Reader:
         """True when multiplying by ``factor`` (dividing, with ``divide``) is 1/sqrt(q's last dimension)."""
         root: ast.expr | None
         if divide:
-            root = _sqrt_of(factor)
-        elif isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Div) and _const(factor.left) == 1:
-            root = _sqrt_of(factor.right)
-        elif (
-            isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Pow) and _const(factor.right) == -0.5
-        ):
+            root = sqrt_of(factor)
+        elif isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Div) and const(factor.left) == 1:
+            root = sqrt_of(factor.right)
+        elif isinstance(factor, ast.BinOp) and isinstance(factor.op, ast.Pow) and const(factor.right) == -0.5:
             root = factor.left
         else:
             root = None
@@ -688,7 +640,7 @@ class _Reader:
             return False
         if isinstance(root, ast.Name):
             root = self._local(root.id, factor.lineno) or root
-        return _last_dim_of(root, {ast.unparse(q), ast.unparse(k)})
+        return last_dim_of(root, {ast.unparse(q), ast.unparse(k)})
 
     def _build(
         self,
@@ -802,24 +754,6 @@ class _Reader:
         )
 
 
-def _mutated(root: ast.AST, text: str) -> bool:
-    """True when the tensor written ``text`` (``self.bias``, ``mask``) is changed in place anywhere under
-    ``root``: an item assigned (``mask[0] = 1``), an in-place method (``mask.fill_diagonal_(0)``), its ``.data``."""
-    for node in ast.walk(root):
-        if (
-            isinstance(node, ast.Subscript)
-            and isinstance(node.ctx, ast.Store)
-            and ast.unparse(node.value) == text
-        ):
-            return True
-        in_place = isinstance(node, ast.Attribute) and (
-            node.attr == "data" or (node.attr.endswith("_") and not node.attr.startswith("_"))
-        )
-        if in_place and ast.unparse(getattr(node, "value", node)) == text:
-            return True
-    return False
-
-
 def _unguard(stmt: ast.stmt) -> tuple[ast.stmt, ast.expr | None]:
     """``(inner statement, test)`` for ``if TEST: <one statement>`` without else; else ``(stmt, None)``."""
     if isinstance(stmt, ast.If) and not stmt.orelse and len(stmt.body) == 1:
@@ -845,172 +779,6 @@ def _stores(node: ast.AST) -> list[ast.expr]:
 def _short(node: ast.AST, width: int = 60) -> str:
     text = ast.unparse(node)
     return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def _top_left(index: ast.AST) -> bool:
-    """True for ``[:, :, :T, :T]`` / ``[:T, :T]`` / ``[..., :T, :T]``: the top-left corner of the last two dims."""
-    parts = list(index.elts) if isinstance(index, ast.Tuple) else [index]
-    if len(parts) < 2:
-        return False
-
-    def full(p: ast.AST) -> bool:
-        return (isinstance(p, ast.Slice) and p.lower is None and p.upper is None and p.step is None) or (
-            isinstance(p, ast.Constant) and p.value is Ellipsis
-        )
-
-    def corner(p: ast.AST) -> bool:
-        return isinstance(p, ast.Slice) and p.step is None and (p.lower is None or _const(p.lower) == 0)
-
-    return all(full(p) for p in parts[:-2]) and all(corner(p) for p in parts[-2:])
-
-
-def _only_new_axes(index: ast.AST) -> bool:
-    parts = list(index.elts) if isinstance(index, ast.Tuple) else [index]
-    return all(
-        (isinstance(p, ast.Constant) and p.value in (None, Ellipsis))
-        or (isinstance(p, ast.Slice) and p.lower is None and p.upper is None and p.step is None)
-        for p in parts
-    )
-
-
-def _square(node: ast.AST | None) -> str:
-    """``ones`` for ``torch.ones(n, n)`` (``(n, n)``, leading 1s allowed), ``-inf`` for
-    ``torch.full((n, n), float('-inf'))``, "" otherwise."""
-    if not isinstance(node, ast.Call):
-        return ""
-    name = dotted(node.func)
-    if name == "torch.ones":
-        dims = node.args
-        fill: ast.AST | None = None
-    elif name == "torch.full" and len(node.args) == 2:
-        dims, fill = [node.args[0]], node.args[1]
-    else:
-        return ""
-    if len(dims) == 1 and isinstance(dims[0], ast.Tuple | ast.List):
-        dims = dims[0].elts
-    if len(dims) < 2 or any(_const(d) != 1 for d in dims[:-2]):
-        return ""
-    if ast.dump(dims[-1]) != ast.dump(dims[-2]):
-        return ""
-    if fill is None:
-        return "ones"
-    return "-inf" if _is_minus_inf(fill) else ""
-
-
-def _is_minus_inf(node: ast.AST) -> bool:
-    text = ast.unparse(node).replace('"', "'").replace(" ", "").lower()
-    return text in (
-        "float('-inf')",
-        "-float('inf')",
-        "-math.inf",
-        "-torch.inf",
-        "-np.inf",
-        "-numpy.inf",
-        "float('-infinity')",
-    )
-
-
-def _very_negative(node: ast.AST) -> bool:
-    """-inf, ``torch.finfo(...).min`` or a literal at or below :data:`LARGE_NEGATIVE`."""
-    value = _const(node)
-    if isinstance(value, int | float):
-        return value <= LARGE_NEGATIVE
-    if _is_minus_inf(node):
-        return True
-    return (
-        isinstance(node, ast.Attribute)
-        and node.attr == "min"
-        and isinstance(node.value, ast.Call)
-        and dotted(node.value.func) == "torch.finfo"
-    )
-
-
-def _polarity(cond: ast.expr) -> tuple[ast.expr | None, bool]:
-    """(the tensor ``cond`` is read from, True when the masked positions are where it is zero)."""
-    if isinstance(cond, ast.Compare) and len(cond.ops) == 1:
-        right = cond.comparators[0]
-        value = (
-            _const(right)
-            if not (isinstance(right, ast.Constant) and isinstance(right.value, bool))
-            else int(right.value)
-        )
-        if value == 0 and isinstance(cond.ops[0], ast.Eq):
-            return cond.left, True
-        if (value == 0 and isinstance(cond.ops[0], ast.NotEq | ast.Gt)) or (
-            value == 1 and isinstance(cond.ops[0], ast.Eq)
-        ):
-            return cond.left, False
-        return None, False
-    if isinstance(cond, ast.UnaryOp) and isinstance(cond.op, ast.Invert | ast.Not):
-        return cond.operand, True
-    if isinstance(cond, ast.Call) and isinstance(cond.func, ast.Attribute) and not cond.args:
-        if cond.func.attr == "logical_not":
-            return cond.func.value, True
-        if cond.func.attr == "bool":
-            return cond.func.value, False
-    if isinstance(cond, ast.Call) and dotted(cond.func) == "torch.logical_not" and len(cond.args) == 1:
-        return cond.args[0], True
-    if isinstance(cond, ast.Name | ast.Attribute | ast.Subscript):
-        return cond, False
-    return None, False
-
-
-def _negation(cond: ast.expr) -> ast.expr:
-    """True where ``cond`` is False: ``a != b`` for ``a == b``, ``x`` for ``~x``, else ``~(cond)``."""
-    if isinstance(cond, ast.Compare) and len(cond.ops) == 1 and isinstance(cond.ops[0], ast.Eq | ast.NotEq):
-        op: ast.cmpop = ast.NotEq() if isinstance(cond.ops[0], ast.Eq) else ast.Eq()
-        return ast.Compare(left=cond.left, ops=[op], comparators=cond.comparators)
-    if isinstance(cond, ast.UnaryOp) and isinstance(cond.op, ast.Invert):
-        return cond.operand
-    if (
-        isinstance(cond, ast.Call)
-        and isinstance(cond.func, ast.Attribute)
-        and cond.func.attr == "logical_not"
-        and not cond.args
-    ):
-        return cond.func.value
-    return ast.UnaryOp(op=ast.Invert(), operand=cond)
-
-
-def _is_not_none(test: ast.expr, mask: ast.expr) -> bool:
-    return (
-        isinstance(test, ast.Compare)
-        and len(test.ops) == 1
-        and isinstance(test.ops[0], ast.IsNot)
-        and isinstance(test.comparators[0], ast.Constant)
-        and test.comparators[0].value is None
-        and ast.dump(test.left) == ast.dump(mask)
-    )
-
-
-def _sqrt_of(node: ast.expr) -> ast.expr | None:
-    if (
-        isinstance(node, ast.Call)
-        and dotted(node.func) in ("math.sqrt", "np.sqrt", "numpy.sqrt", "sqrt")
-        and len(node.args) == 1
-    ):
-        return node.args[0]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow) and _const(node.right) == 0.5:
-        return node.left
-    return None
-
-
-def _last_dim_of(node: ast.expr, tensors: set[str]) -> bool:
-    """True for ``x.size(-1)``, ``x.shape[-1]``, ``x.size()[-1]`` of one of ``tensors`` (q's or k's code)."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "size":
-        return len(node.args) == 1 and _const(node.args[0]) == -1 and ast.unparse(node.func.value) in tensors
-    if isinstance(node, ast.Subscript) and _const(node.slice) == -1:
-        inner = node.value
-        if isinstance(inner, ast.Attribute) and inner.attr == "shape":
-            return ast.unparse(inner.value) in tensors
-        if (
-            isinstance(inner, ast.Call)
-            and isinstance(inner.func, ast.Attribute)
-            and inner.func.attr == "size"
-            and not inner.args
-        ):
-            return ast.unparse(inner.func.value) in tensors
-    return False
 
 
 def _within(node: ast.AST, root: ast.AST) -> bool:
