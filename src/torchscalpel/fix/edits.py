@@ -20,7 +20,9 @@ The kinds:
 - ``save_state_dict``: ``torch.save(model, ...)`` saves ``model.state_dict()``;
 - ``grad_scaler`` (:mod:`torchscalpel.fix.edits_amp`): fp16 autocast with a ``torch.amp.GradScaler``;
 - ``channels_last_inputs`` (:mod:`torchscalpel.fix.edits_layout`): the forward's 4-D inputs in
-  channels_last.
+  channels_last;
+- ``sdpa`` (:mod:`torchscalpel.fix.edits_attention`): hand-written attention as one
+  ``F.scaled_dot_product_attention`` call, with the mask the code applies.
 """
 
 from __future__ import annotations
@@ -424,5 +426,6 @@ _EDITORS = {
     **MEMORY_EDITORS,  # checkpoint_call, zero_grad_after_step, batch_accum (fix/edits_memory.py)
     "grad_scaler": lambda m, w, e: _lazy("edits_amp", "grad_scaler")(m, w, e),
     "channels_last_inputs": lambda m, w, e: _lazy("edits_layout", "channels_last_inputs")(m, w, e),
+    "sdpa": lambda m, w, e: _lazy("edits_attention", "sdpa")(m, w, e),  # unfused-attention (profile)
 }
 EDIT_KINDS = tuple(_EDITORS)

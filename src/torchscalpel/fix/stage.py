@@ -182,6 +182,7 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     """Read the records and make every edit on the text; touch no file."""
     from torchscalpel.fix.doctor_plan import doctor_plan
     from torchscalpel.fix.edits import apply_edit
+    from torchscalpel.fix.edits_attention import attention_plan
     from torchscalpel.fix.linemap import LineMap, remap
     from torchscalpel.fix.locate import script_file, tune_plan
     from torchscalpel.fix.memory_plan import first_placed, has_memory, memory_plan
@@ -197,13 +198,14 @@ def plan_and_edit(options: FixOptions) -> FixResult:
             record.section(TuneSection) is None
             and record.section(DoctorSection) is None
             and not has_memory(record)
+            and not attention_plan(record)
         ):
             raise UsageError(
                 f"{run_dir} holds no tune, doctor or memory results; scalpel fix reads 'scalpel tune', "
-                "'scalpel doctor' and 'scalpel memory' runs."
+                "'scalpel doctor' and 'scalpel memory' runs (and 'scalpel profile' runs that found unfused attention)."
             )
         script = script_file(record)
-        planned = tune_plan(record) + doctor_plan(record)
+        planned = tune_plan(record) + doctor_plan(record) + attention_plan(record)
         # memory: the ladder's first fitting rung whose edit the file takes, tried on its current text
         planned += first_placed(memory_plan(record), functools.partial(_text, record, run_dir, script=script))
         # Edits lower in a file first, so that each recorded line still means the same line.

@@ -115,6 +115,7 @@ def _scalpel(
 def verify(result: FixResult, options: FixOptions) -> Verification:
     """Re-run the patched copy as the module doc says; never touches the user's files."""
     from torchscalpel.fix.locate import script_file
+    from torchscalpel.fix.verify_attention import verify_attention
 
     v = Verification()
     record = next((r for _, r in result.records if script_file(r) is not None), None)
@@ -136,6 +137,7 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
     v.notes.append(f"copies in {work}")
     v.plain_rc = _run([sys.executable, script.name, *args], patched, work / "plain.log")
     ok = v.plain_rc in (0, TIMED_OUT)  # still running after the limit: it did not fail
+    ok = verify_attention(result.changes, folder, script.name, args, original, work, v.notes) and ok
     patched_items = [i for i in result.items if i.status == "patched"]
     fixed = {i.rule for i in patched_items if i.source == "doctor"}
     if fixed:

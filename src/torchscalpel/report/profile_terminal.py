@@ -79,6 +79,13 @@ def site_text(site: str) -> str:
     return f"{short_path(file)}:{line}"
 
 
+def _own_attention(finding: dict[str, Any]) -> bool:
+    """An unfused-attention finding in the user's own code (``scalpel fix`` patches those, not a library's)."""
+    return finding.get("rule") == "unfused-attention" and "(library code)" not in str(
+        finding.get("message", "")
+    )
+
+
 def op_lines_text(record: RunRecord) -> str | None:
     """What the op-line pass cost, or why it did not run (None: not asked)."""
     lines = record.profiler_view().op_lines
@@ -232,6 +239,11 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         at = " at " + site_text(f"{loc['file']}:{loc['line']}") if loc else ""
         c.print(f"[bold]{escape(f['rule'])}[/]{escape(at)}: {escape(f['message'])}")
         c.print(f"  fix: {escape(f.get('fix', ''))}")
+    if any(_own_attention(f) for f in record.findings):
+        say(
+            c,
+            f"patch it: scalpel fix {run_dir} --verify (the fused call in your attention code, its outputs checked)",
+        )
     files = ["run.json", "report.html", *([profiler.trace] if profiler.trace else [])]
     if (Path(run_dir) / LOG_NAME).exists():
         files.append(f"{LOG_NAME}: the profiler's own messages")

@@ -8,7 +8,9 @@ list (no torch: they run on traces built in a test as well as on a live run); ea
 :class:`~torchscalpel.findings.Finding` objects that cite the share of the step the pattern explains
 and the line to change:
 
-- ``unfused-attention``: ``matmul -> softmax -> matmul`` from neighbouring lines of one file;
+- ``unfused-attention``: ``matmul -> softmax -> matmul`` from neighbouring lines of one file; its fix is
+  the ``F.scaled_dot_product_attention`` call that computes the same, read from the code there (the mask,
+  scale and dropout: :mod:`~torchscalpel.trace.attention_code`), never ``is_causal=True`` by default;
 - ``sync-in-step``: ``.item()``, ``.cpu()`` copies to the host, ``torch.cuda.synchronize``;
 - ``conversions-in-loop``: ``aten::to`` / ``_to_copy`` / ``copy_`` called from the user's lines
   taking a large share of the step;
@@ -23,8 +25,10 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from torchscalpel.findings import Finding, Location, Severity, short_path
+from torchscalpel.trace.attention_code import Unread, read_attention
 from torchscalpel.trace.op_events import OpEvent, PassFacts, op_cost
 
 MATMULS = frozenset({"aten::matmul", "aten::bmm", "aten::mm", "aten::baddbmm", "aten::einsum"})
@@ -101,11 +105,13 @@ def _location(site: str) -> Location:
     return Location(file=file, line=line)
 
 
-SDPA_FIX = (
-    "replace the matmul / mask / softmax / dropout / matmul lines with one fused call: "
-    "y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, "
-    "dropout_p=self.dropout if self.training else 0.0, is_causal=True)"
+SDPA_UNREAD = (
+    "replace the matmul / mask / softmax / dropout / matmul lines with one fused call, "
+    "y = F.scaled_dot_product_attention(q, k, v, attn_mask=..., dropout_p=...), with the mask this code applies: "
+    "fix could not read it ({why}); pass a padding or other mask as attn_mask= (boolean: True = take part; "
+    "float: added to the scores), and is_causal=True only if it masks every future position and nothing else"
 )
+"""The fix when the code at the line cannot be read with certainty: it names no is_causal, never guesses causal."""
 HF_FIX = (
     "attn_implementation='sdpa': pass it where the model is built (from_pretrained(..., "
     "attn_implementation='sdpa'), AutoModel.from_config(config, attn_implementation='sdpa'), or the config's "
@@ -113,17 +119,37 @@ HF_FIX = (
 )
 
 
-def _attention_fix(file: str, library: bool) -> str:
-    """The fix for attention written op by op in ``file``: the user's own code is rewritten; a library's
-    is switched by its own option (transformers' attn_implementation), never edited."""
-    if not library:
-        return SDPA_FIX
-    if "/transformers/" in file.replace("\\", "/"):
-        return HF_FIX
+def read_source(file: str) -> str | None:
+    """The text of the user's file the attention is in (None when it cannot be read: a test's made-up path)."""
+    try:
+        return Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _attention_fix(file: str, line: int, library: bool) -> tuple[str, list[str]]:
+    """The fix for attention written op by op in ``file`` whose scores are computed at ``line``, and the
+    evidence of the mask: the user's own code is rewritten into the fused call that computes the same
+    (:mod:`~torchscalpel.trace.attention_code`: the mask, scale and dropout read from the code); a
+    library's is switched by its own option (transformers' attn_implementation), never edited."""
+    if library:
+        if "/transformers/" in file.replace("\\", "/"):
+            return HF_FIX, []
+        return (
+            "the attention is the library's code: switch it to its fused attention (an option such as "
+            "attn_implementation='sdpa', or a newer version that calls F.scaled_dot_product_attention)"
+        ), []
+    source = read_source(file)
+    if source is None:
+        return SDPA_UNREAD.format(why=f"{short_path(file)} could not be read"), []
+    try:
+        code = read_attention(source, line)
+    except Unread as exc:
+        return SDPA_UNREAD.format(why=str(exc)), [f"mask: not read: {exc}"]
     return (
-        "the attention is the library's code: switch it to its fused attention (an option such as "
-        "attn_implementation='sdpa', or a newer version that calls F.scaled_dot_product_attention)"
-    )
+        f"replace lines {code.first}-{code.last} (the scores to the weighted sum) with one fused call: "
+        f"{code.statement_text()}"
+    ), [f"mask: {code.mask_text()}"]
 
 
 def unfused_attention(events: Sequence[OpEvent], facts: PassFacts) -> list[Finding]:
@@ -192,6 +218,8 @@ def unfused_attention(events: Sequence[OpEvent], facts: PassFacts) -> list[Findi
                 "reached from the user's line(s): "
                 + ", ".join(f"{_where(u)} ({k} call(s))" for u, k in users)
             )
+        fix, mask = _attention_fix(file, first, bool(users))
+        evidence.extend(mask)
         out.append(
             Finding(
                 rule="unfused-attention",
@@ -199,7 +227,7 @@ def unfused_attention(events: Sequence[OpEvent], facts: PassFacts) -> list[Findi
                 message=f"attention computed op by op (matmul, softmax, matmul) {where}: "
                 f"{_pct(cost, facts)} of the step in its forward and backward ops",
                 evidence=evidence,
-                fix=_attention_fix(file, bool(users)),
+                fix=fix,
                 location=_location(users[0][0] if users else site),
             )
         )
