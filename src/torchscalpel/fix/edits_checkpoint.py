@@ -13,9 +13,12 @@ the model the script already built. The same path means the same expression as w
 Refused, with the file and line, when a reader cannot be rewritten so: it assigns the loaded module
 to another name than the saved one (loading into the training model would overwrite its weights), it
 uses the result in place (``torch.load(p).eval()``), no model of that name is built before it in its
-scope (``if exists: model = torch.load(p) else: model = Net()``), a ``MODEL = torch.load(...)`` reads
-a path fix cannot match to the saved one, or another Python file of the tree reads the saved path (a
-string literal found there: fix edits one file's readers with its writer).
+scope (``if exists: model = torch.load(p) else: model = Net()``), a ``MODEL = torch.load(...)`` or a
+``torch.load(..., weights_only=False)`` (a pickled object: maybe this module) reads a path fix cannot
+match to the saved one, or another Python file of the tree reads the saved path (a string literal
+ending in the saved file's name found in its ``torch.load``: fix edits one file's readers with its
+writer). A path that reaches another file through a variable or a command-line flag is not seen here:
+``--verify``'s second start is what catches that reader.
 """
 
 from __future__ import annotations
@@ -100,6 +103,14 @@ def _path_key(call: cst.Call, parents: Any) -> tuple[_Key, str] | None:
 
 def _is_torch_load(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.Call) and dotted(node.func) == "torch.load"
+
+
+def _unpickles(call: cst.Call) -> bool:
+    """``torch.load(..., weights_only=False)``: what it reads may be a whole module."""
+    return any(
+        a.keyword is not None and a.keyword.value == "weights_only" and _code(a.value) == "False"
+        for a in call.args
+    )
 
 
 def _inside_load_state_dict(call: cst.Call, parents: Any) -> bool:
@@ -216,10 +227,17 @@ def save_state_dict(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) ->
             replace[old] = new
             continue
         assign = parents.get(load)
+        source = read[1] if read else "a file"
         if isinstance(assign, cst.Assign) and any(_code(t.target) == model for t in assign.targets):
             raise EditError(
-                f"{_where(name, line)} loads {model} from {read[1] if read else 'a file'}, which fix cannot "
-                f"match to the path torch.save writes at line {edit.line} ({saved[1]}); change both by hand"
+                f"{_where(name, line)} loads {model} from {source}, which fix cannot match to the path "
+                f"torch.save writes at line {edit.line} ({saved[1]}); change both by hand"
+            )
+        if _unpickles(load):  # a pickled object read from a path written another way: maybe this one
+            raise EditError(
+                f"{_where(name, line)} loads a pickled object (weights_only=False) from {source}, which fix "
+                f"cannot match to the path torch.save writes at line {edit.line} ({saved[1]}); if it reads "
+                "this checkpoint, change both by hand"
             )
     if saved[0][0] == "literal" and file:
         elsewhere = other_readers(Path(file), saved[0][1])

@@ -168,7 +168,7 @@ def error_lines(stderr: str, folder: Path) -> list[str]:
     last = frames[-1] + 1
     while last < len(lines) and lines[last].startswith(" "):
         last += 1  # the last frame's code and caret lines: the exception starts after them
-    shown = [lines[at].strip(), *(c.strip() for c in code), *lines[last:]]
+    shown = [lines[at].strip(), *(c.strip() for c in code), *(e.strip() for e in lines[last:])]
     return [_cut(line) for line in shown[:ERROR_LINES]]
 
 
@@ -234,9 +234,9 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
     v.notes.append(f"copies in {work}")
     if legacy:
         v.notes.append(
-            f"left out of the copies: {', '.join(legacy)}: written before the patch, a pickled module, which "
-            "the patched script loads with weights_only=True and cannot read; convert each once, as you trust "
-            "it: torch.save(torch.load(p, weights_only=False).state_dict(), p), or delete it"
+            f"left out of the copies: {', '.join(legacy)}: written before the patch, a pickled module, the "
+            "format the patch changes (the patched script saves and loads state_dicts); convert each once, "
+            "as you trust it: torch.save(torch.load(p, weights_only=False).state_dict(), p), or delete it"
         )
     v.starts = plain_starts(patched, script.name, args, work)
     ok = all(s.rc in (0, TIMED_OUT) for s in v.starts)  # still running after the limit: it did not fail
@@ -273,8 +273,9 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
     return v
 
 
-CHECKPOINT_RULES = ("whole-model-save", "unsafe-torch-load")
-"""Patched doctor rules that change what a checkpoint holds (a module becomes its state_dict)."""
+CHECKPOINT_RULES = ("whole-model-save",)
+"""Patched doctor rules that change what a checkpoint holds (a module becomes its state_dict; an
+``unsafe-torch-load`` fix that converts its writer marks this rule patched too)."""
 
 
 def _legacy_checkpoints(result: FixResult, folder: Path) -> list[str]:
