@@ -153,3 +153,32 @@ def test_verify_prints_the_patched_scripts_own_error_when_it_fails(tmp_path: Pat
     ) in err, err
     assert "GLOBAL __main__.Stats was not an allowed global" in err
     assert err.rstrip().endswith("verify: NOT verified"), err
+
+
+def test_verify_says_not_verified_when_the_patch_changes_the_losses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forged edit: fix's own whole-model-save patch plus a learning rate changed in the same file.
+    The doctor checks pass and the script runs twice; only the loss comparison can tell."""
+    from torchscalpel.fix.options import FixOptions
+    from torchscalpel.fix.stage import plan_and_edit
+    from torchscalpel.fix.verify import verify
+
+    script = _tree(tmp_path, FIXTURES / "resume_regression.py")
+    run = _doctor(tmp_path, script)
+    monkeypatch.chdir(script.parent)
+    options = FixOptions(run_dirs=(run,), verify=True)
+    result = plan_and_edit(options)
+    path, (before, after) = next(iter(result.changes.items()))
+    assert "lr=0.05" in after
+    result.changes[path] = (before, after.replace("lr=0.05", "lr=0.06"))
+    verification = verify(result, options)
+    lines = verification.lines()
+    assert not verification.ok and lines[-1] == "NOT verified", lines
+    assert "plain python: the patched script exited 0" in lines, lines
+    assert (
+        "doctor on the patched copy: gone unsafe-torch-load, whole-model-save; still there -; new -" in lines
+    ), lines
+    (losses,) = [line for line in lines if line.startswith("losses:")]
+    assert losses.startswith("losses: patched vs original: loss deviates "), losses
+    assert losses.endswith("> tolerance 1.0e-04 (exact) over the first 10 steps"), losses
