@@ -129,14 +129,18 @@ def test_a_reader_in_another_file_of_the_tree_refuses_the_save(tmp_path: Path) -
     assert apply_edit(source, _save(3, str(script)))[1].status == "applied"
 
 
-def test_a_loader_of_a_state_dict_already_and_unrelated_loads_are_left_alone() -> None:
+def test_only_the_readers_of_the_saved_path_change() -> None:
+    """A data file and a state_dict already loaded stay as they are; the reader of the saved path changes."""
     source = (
         "import torch\nmodel = Net()\ndata = torch.load('data.pt')\n"
-        "model.load_state_dict(torch.load('m.pt'))\ntorch.save(model, 'm.pt')\n"
+        "model.load_state_dict(torch.load('init.pt'))\nif resume:\n    model = torch.load('m.pt')\n"
+        "torch.save(model, 'm.pt')\n"
     )
-    new, out = apply_edit(source, _save(5))
+    new, out = apply_edit(source, _save(7))
     assert out.status == "applied", out.reason
-    assert new == source.replace("torch.save(model, 'm.pt')", "torch.save(model.state_dict(), 'm.pt')")
+    assert new == source.replace(
+        "    model = torch.load('m.pt')", "    model.load_state_dict(torch.load('m.pt', weights_only=True))"
+    ).replace("torch.save(model, 'm.pt')", "torch.save(model.state_dict(), 'm.pt')")
 
 
 def test_a_pickled_load_of_another_path_expression_refuses_the_save() -> None:
