@@ -40,12 +40,14 @@ SEED_CODE = "torch.manual_seed(0)\n"
 and the DataLoader's shuffling, which is what the runtime rule looks for (any one seeding call)."""
 
 
-def _edit(rule: str, line: int, finding: dict[str, Any], train_line: int) -> Edit:
+def _edit(rule: str, file: Path, line: int, finding: dict[str, Any], train_line: int) -> Edit:
     """The edit for ``rule`` at ``line`` (``rule`` is one of :data:`DOCTOR_RULES`)."""
-    if rule == "unsafe-torch-load":
-        return Edit(kind="call_kwargs", line=line, callee="load", kwargs=(("weights_only", True),))
+    if rule == "unsafe-torch-load":  # with its writer when the file saves a whole module there
+        return Edit(kind="safe_load", line=line, callee="load", kwargs=(("file", str(file)),))
     if rule == "whole-model-save":
-        return Edit(kind="save_state_dict", line=line, callee="save")
+        # The file travels with the edit: the other files of the tree around it that read the same
+        # path are looked for from there (fix/edits_checkpoint.py).
+        return Edit(kind="save_state_dict", line=line, callee="save", kwargs=(("file", str(file)),))
     if rule == "grad-not-zeroed":  # the finding points at the optimizer's step() call
         return Edit(
             kind="after_statement",
@@ -102,7 +104,7 @@ def doctor_plan(record: RunRecord) -> list[Planned]:
         # The training forward's line, where the run recorded it in this file: an evaluation edit
         # must never put it under no_grad.
         train_line = int(forward["line"]) if forward.get("line") and forward.get("file") == str(file) else 0
-        edit = _edit(rule, line, finding, train_line)
+        edit = _edit(rule, file, line, finding, train_line)
         if rule == "unseeded-run":
             # The seed goes into the script the run started, not a module the first step ran in.
             file = script_file(record) or file

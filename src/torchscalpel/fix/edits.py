@@ -17,7 +17,10 @@ The kinds:
   wrapped in ``with torch.autocast(...)``;
 - ``after_statement``: statements inserted after the one at the line (``model.compile()`` after the
   model is built, ``opt.zero_grad(set_to_none=True)`` after ``opt.step()``);
-- ``save_state_dict``: ``torch.save(model, ...)`` saves ``model.state_dict()``;
+- ``save_state_dict`` (:mod:`torchscalpel.fix.edits_checkpoint`): ``torch.save(model, ...)`` saves
+  ``model.state_dict()``, and each ``torch.load`` of that path in the file loads into the model;
+- ``safe_load`` (the same module): ``weights_only=True`` on a ``torch.load``, with its writer when the
+  file saves a whole module to that path;
 - ``grad_scaler`` (:mod:`torchscalpel.fix.edits_amp`): fp16 autocast with a ``torch.amp.GradScaler``;
 - ``channels_last_inputs`` (:mod:`torchscalpel.fix.edits_layout`): the forward's 4-D inputs in
   channels_last;
@@ -378,23 +381,6 @@ def _step_receiver(module: cst.Module, stmt: cst.BaseStatement) -> str:
     raise EditError("the line is not a plain OPTIMIZER.step() call")
 
 
-def _save_state_dict(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    call = _find_call(wrapper, "save", edit.line)
-    if dotted(call.func) not in ("torch.save", "save") or not call.args:
-        raise EditError(f"line {edit.line} does not call torch.save")
-    first = call.args[0]
-    if first.keyword is not None or first.star:
-        raise EditError("torch.save's first argument is not a plain positional one")
-    value = first.value
-    if isinstance(value, cst.Call) and callee_name(value.func) == "state_dict":
-        return None
-    if not isinstance(value, cst.Name | cst.Attribute):
-        raise EditError("torch.save saves an expression, not a named module")
-    new_value = cst.Call(func=cst.Attribute(value=value, attr=cst.Name("state_dict")))
-    new = call.with_changes(args=[first.with_changes(value=new_value), *call.args[1:]])
-    return module.visit(_Replace(call, new))
-
-
 def _lazy(module: str, name: str) -> Any:
     """An editor kept in its own module (it imports this one, so it is looked up at call time)."""
     import importlib
@@ -422,7 +408,8 @@ _EDITORS = {
     "global_call": _global_call,
     "autocast": _autocast,
     "after_statement": _after_statement,
-    "save_state_dict": _save_state_dict,
+    "save_state_dict": lambda m, w, e: _lazy("edits_checkpoint", "save_state_dict")(m, w, e),
+    "safe_load": lambda m, w, e: _lazy("edits_checkpoint", "safe_load")(m, w, e),
     **MEMORY_EDITORS,  # checkpoint_call, zero_grad_after_step, batch_accum (fix/edits_memory.py)
     "grad_scaler": lambda m, w, e: _lazy("edits_amp", "grad_scaler")(m, w, e),
     "channels_last_inputs": lambda m, w, e: _lazy("edits_layout", "channels_last_inputs")(m, w, e),

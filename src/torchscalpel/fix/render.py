@@ -22,6 +22,8 @@ def summary_lines(result: FixResult) -> list[str]:
         out.append(
             "nothing to fix: the runs kept no tune setting, crossed no memory limit and found nothing fix edits"
         )
+    elif not result.changes and any(i.status == "not patched" for i in result.items):
+        out.append("no diff: what the runs asked for is not patched (the reasons above)")
     elif not result.changes:
         out.append("no diff: the code already does everything fix can place")
     if result.applied:

@@ -235,13 +235,19 @@ def plan_and_edit(options: FixOptions) -> FixResult:
                 originals[path] = texts[path] = path.read_text(encoding="utf-8")
                 line_maps[path] = _line_map(run_dir, path, recorded_hash(record, path, here, script))
             ops = line_maps[path]
-            new, outcome = apply_edit(texts[path], remap(p.edit, ops) if ops else p.edit)
+            edit = remap(p.edit, ops) if ops else p.edit
+            new, outcome = apply_edit(texts[path], edit)
             item.where = f"{path.name}:{p.edit.line}" if p.edit.line else path.name
             if outcome.status == "refused":
                 item.reason = outcome.reason
             else:
                 texts[path] = new
-                item.status = "patched" if outcome.status == "applied" else "already"
+                # Done by an earlier edit of this run (a companion: whole-model-save's readers) is
+                # patched by this patch, not something the code already did.
+                done_here = outcome.status == "already" and texts[path] != originals[path]
+                if done_here and apply_edit(originals[path], edit)[1].status != "applied":
+                    done_here = False
+                item.status = "patched" if outcome.status == "applied" or done_here else "already"
     changes = {p: (originals[p], texts[p]) for p in texts if texts[p] != originals[p]}
     result = FixResult(patch="", items=items, root=root, changes=changes, records=records)
     result.patch = render_patch(result)
