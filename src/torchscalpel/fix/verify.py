@@ -114,14 +114,11 @@ def _scalpel(
 
 def verify(result: FixResult, options: FixOptions) -> Verification:
     """Re-run the patched copy as the module doc says; never touches the user's files."""
-    from torchscalpel.fix.locate import script_file
+    from torchscalpel.fix.stage import checked_script
 
     v = Verification()
-    record = next((r for _, r in result.records if script_file(r) is not None), None)
-    script = script_file(record) if record is not None else None
-    if record is None or script is None:
-        v.notes.append("not verified: the record does not say which script it ran")
-        return v
+    # The script the run measured, under the user's tree: a record names nothing else to run.
+    record, script = checked_script(result)
     folder = script.parent
     if any(not p.is_relative_to(folder) for p in result.changes):
         v.notes.append(f"not verified: the patch edits files outside {folder}")
@@ -131,8 +128,8 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
     original, patched = work / "original", work / "patched"
     shutil.copytree(folder, original, ignore=IGNORED)
     shutil.copytree(folder, patched, ignore=IGNORED)
-    for path, (_, after) in result.changes.items():
-        (patched / path.relative_to(folder)).write_text(after, encoding="utf-8")
+    for path in result.changes:
+        (patched / path.relative_to(folder)).write_bytes(result.new_bytes(path))
     v.notes.append(f"copies in {work}")
     v.plain_rc = _run([sys.executable, script.name, *args], patched, work / "plain.log")
     ok = v.plain_rc in (0, TIMED_OUT)  # still running after the limit: it did not fail
