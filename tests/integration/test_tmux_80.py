@@ -212,8 +212,9 @@ def _tmux_binary() -> str:
 
 
 def commands(w: Path) -> dict[str, list[str]]:
-    """Every command once, in the order a user would go; later ones read the records earlier ones wrote."""
-    tiny = str(FIXTURES / "tune" / "tiny_train.py")
+    """Every command once, in the order a user would go; later ones read the records earlier ones wrote.
+    The scripts fix patches are copies in ``w``, where the session runs: fix edits only the tree it runs from."""
+    tiny = f"{w}/tiny_train.py"
     epoch = str(FIXTURES / "scripts" / "epoch_loop.py")
     plain = str(LR_CORPUS / "plain.py")
     window = ["--warmup", "1", "--steps", "3"]
@@ -221,7 +222,7 @@ def commands(w: Path) -> dict[str, list[str]]:
         "env": ["env", "--no-probe"],
         "profile": ["profile", *window, "--profile-steps", "2", "--out", f"{w}/profile", "--", epoch],
         "doctor": ["doctor", "--steps", "3", "--no-report", "--out", f"{w}/doctor", "--",
-                   str(FIXTURES / "doctor" / "module_in_plain_container.py")],
+                   f"{w}/module_in_plain_container.py"],
         # a candidate that wins every time (the unfused optimizer step is 30 ms slower): the equivalent code shows
         "tune": ["tune", "--knobs", "optimizer", "--budget", "4m", "--warmup", "1", "--steps", "2",
                  "--confirm", "1", "--out", f"{w}/tune", "--config", f"{w}/scalpel.toml", "--",
@@ -242,6 +243,8 @@ def screens(tmp_path_factory) -> dict[str, Capture]:
     """Every command once, in one session."""
     tmux = _tmux_binary()
     w = tmp_path_factory.mktemp("tmux80")
+    for script in (FIXTURES / "tune" / "tiny_train.py", FIXTURES / "doctor" / "module_in_plain_container.py"):
+        shutil.copy(script, w / script.name)
     session = Tmux(tmux, w)
     try:
         return {name: session.run(name, args, timeout=400) for name, args in commands(w).items()}

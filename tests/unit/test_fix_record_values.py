@@ -184,6 +184,10 @@ SITE_ATTACKS = [
     ),
     (lambda r: r.sections["sites"].update(model="train.py:3"), r"sections\.sites\.model must be an object"),
     (
+        lambda r: r.sections["sites"]["optimizers"].append(None),
+        r"sections\.sites\.optimizers\[1\] must be an object",
+    ),
+    (
         lambda r: r.sections["sites"]["backward"].update(file=7),
         r"sections\.sites\.backward\.file must be a file path",
     ),
@@ -347,6 +351,24 @@ def test_a_record_string_never_adds_a_line_to_the_patch(tree: Path, tmp_path: Pa
     assert all(line.startswith("#") for line in head.splitlines() if line)
     lines = patch.splitlines()
     assert sum(line.startswith("--- a/") for line in lines) == 1 and "+import os" not in lines
+
+
+def test_a_record_string_is_shown_without_terminal_control_sequences(tree: Path, tmp_path: Path) -> None:
+    from torchscalpel.fix.render import summary_lines
+
+    record = _record(tree / "train.py", {"optimizer": "fused"})
+    record.sections["sites"]["optimizers"][0]["library"] = "lib\x1b]0;owned\x07\nnext: rm -rf ~"
+    result = plan_and_edit(FixOptions(run_dirs=(_save(record, tmp_path / "run"),), cwd=tree))
+    lines = summary_lines(result)
+    assert any("built inside lib?]0;owned??next: rm -rf ~" in line for line in lines), lines
+    assert not any(c in "".join(lines) for c in "\x1b\x07\n")
+
+
+def test_a_null_script_hash_is_no_hash_not_a_crash(tree: Path, tmp_path: Path) -> None:
+    record = _record(tree / "train.py", {"threads": 2})
+    record.provenance["code"]["script"] = None
+    result = plan_and_edit(FixOptions(run_dirs=(_save(record, tmp_path / "run"),), cwd=tree))
+    assert not result.changes and "recorded no hash of train.py" in result.items[0].reason
 
 
 def test_code_is_built_from_typed_values_only() -> None:

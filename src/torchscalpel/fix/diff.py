@@ -37,7 +37,7 @@ def file_diff(rel: str, before: str, after: str, encoding: str = "utf-8") -> str
     return "".join(out)
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """``text`` with control characters (a line break, an escape sequence) shown as ``?``: the header
     quotes a record's strings (its name, command, machine), and a record is data that must not add a
     line to the patch, a hunk ``git apply`` would apply, or a terminal control sequence."""
@@ -46,7 +46,7 @@ def _printable(text: str) -> str:
 
 def header(lines: Sequence[str]) -> str:
     """The comment block: each line as ``# ...`` (never starting like a diff header)."""
-    return "".join(f"# {_printable(line)}".rstrip() + "\n" for line in lines)
+    return "".join(f"# {printable(line)}".rstrip() + "\n" for line in lines)
 
 
 def patch_text(

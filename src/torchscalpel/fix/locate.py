@@ -352,7 +352,7 @@ def _compile_plan(
 
 def _script_file(record: RunRecord, sites: SitesSection) -> Path | None:
     """The script the run ran, as an absolute path: a recorded site in a file of the script's name."""
-    name = ((record.provenance or {}).get("code") or {}).get("script", {}).get("path")
+    name = (((record.provenance or {}).get("code") or {}).get("script") or {}).get("path")
     target = (record.target or {}).get("script")
     candidates = [
         s.get("file")

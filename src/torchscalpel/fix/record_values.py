@@ -93,6 +93,15 @@ def _list(value: Any, field: str) -> list[Any]:
     return value
 
 
+def _objects(value: Any, field: str) -> list[Mapping[str, Any]]:
+    """A list of JSON objects (null items too are refused: readers call ``.get`` on each)."""
+    items = _list(value, field)
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise _fail(f"{field}[{i}]", "an object", item)
+    return items
+
+
 _SITE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "file": (_path, "a file path"),
     "line": (lambda v: _int(v, 1), "a line number (an integer >= 1)"),
@@ -120,7 +129,7 @@ def sites(record: RunRecord) -> SitesSection:
             raise _fail("sections.sites", "an object", record.sections["sites"])
         return SitesSection()
     for key in _SITE_LISTS:
-        for i, site in enumerate(_list(getattr(view, key), f"sections.sites.{key}")):
+        for i, site in enumerate(_objects(getattr(view, key), f"sections.sites.{key}")):
             _site(site, f"sections.sites.{key}[{i}]")
     for key in _SITE_ONES:
         _site(getattr(view, key), f"sections.sites.{key}")
@@ -166,9 +175,9 @@ def _check_tune(record: RunRecord) -> None:
         },
     )
     facts = _object(tune.facts, "sections.tune.facts")
-    for i, block in enumerate(_list(facts.get("repeated"), "sections.tune.facts.repeated")):
+    for i, block in enumerate(_objects(facts.get("repeated"), "sections.tune.facts.repeated")):
         _check(
-            _object(block, f"sections.tune.facts.repeated[{i}]"),
+            block,
             f"sections.tune.facts.repeated[{i}]",
             {"cls": (lambda v: isinstance(v, str) and v.isidentifier(), "a class name")},
         )
@@ -212,10 +221,10 @@ def _check_memory(record: RunRecord) -> None:
         "sections.memory.oom.plan",
         {"batch": (_int, "a batch size (an integer >= 0)")},
     )
-    for i, rung in enumerate(_list(oom.get("ladder"), "sections.memory.oom.ladder")):
+    for i, rung in enumerate(_objects(oom.get("ladder"), "sections.memory.oom.ladder")):
         field = f"sections.memory.oom.ladder[{i}]"
         _check(
-            _object(rung, field),
+            rung,
             field,
             {
                 "kind": (lambda v: isinstance(v, str), "a rung name"),

@@ -139,7 +139,7 @@ def _line_map(run_dir: Path, path: Path, recorded: str | None) -> Any:
             and entry["before"] != entry["after"]
         ):
             return [int(n) for n in entry["lines"]]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
         pass
     return None
 
@@ -186,11 +186,9 @@ def checked_script(result: FixResult) -> tuple[RunRecord, Path]:
     path = inside(result.root, script)
     if path.name.startswith("-"):  # it would reach python as an option, not a file
         raise UsageError(f"{script} is not a script name --verify can run; rename it, then re-run the stage.")
-    if _check_file(record, run_dir, path, result.root, path):
-        raise UsageError(
-            f"{script} is not the script the run in {run_dir} measured (the record holds no hash of it); "
-            "--verify runs only that script."
-        )
+    why = _check_file(record, run_dir, path, result.root, path)
+    if why:
+        raise UsageError(f"--verify runs only the script the run in {run_dir} measured, and {why}.")
     return record, path
 
 
@@ -202,10 +200,12 @@ def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[st
     for run_dir, record in records:
         env = record.environment or {}
         gpus = env.get("gpus") or []
+        cpu = env.get("cpu")
+        cpu = cpu if isinstance(cpu, dict) else {}  # shown only: a record of any shape reads
         machine = (
             ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus)
-            if gpus
-            else f"CPU {(env.get('cpu') or {}).get('model', '?')}, {(env.get('cpu') or {}).get('usable_cores', '?')} cores"
+            if isinstance(gpus, list) and gpus
+            else f"CPU {cpu.get('model', '?')}, {cpu.get('usable_cores', '?')} cores"
         )
         lines.append(f"run: {run_dir} ({record.name}, torch {env.get('torch', '?')}, {machine})")
         tune = record.section(TuneSection)
