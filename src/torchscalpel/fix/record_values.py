@@ -25,14 +25,12 @@ from typing import Any
 from torchscalpel.errors import UsageError
 from torchscalpel.record import RunRecord
 from torchscalpel.sections import SitesSection, TuneSection
-from torchscalpel.tune.settings import TuneSettings
+from torchscalpel.tune.settings import TuneSettings, is_module_name
 
 DEVICE_TYPES = frozenset(
     {"cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "ipu", "meta", "privateuseone"}
 )
 """torch device types a recorded forward may have run on (``torch.autocast``'s ``device_type``)."""
-DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-"""A class name as the runtime records it (``type(obj).__name__``), or a dotted one."""
 SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_PATH = 4096
 """Longest path a record may name (Linux's PATH_MAX)."""
@@ -105,7 +103,7 @@ def _objects(value: Any, field: str) -> list[Mapping[str, Any]]:
 _SITE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "file": (_path, "a file path"),
     "line": (lambda v: _int(v, 1), "a line number (an integer >= 1)"),
-    "class": (lambda v: isinstance(v, str) and (not v or bool(DOTTED_NAME.fullmatch(v))), "a class name"),
+    "class": (lambda v: v == "" or is_module_name(v), "a class name"),
     "library": (lambda v: isinstance(v, str), "a package name"),
     "used": (lambda v: isinstance(v, bool), "true or false"),
     "autocast": (lambda v: isinstance(v, bool), "true or false"),

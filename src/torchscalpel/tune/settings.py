@@ -18,7 +18,6 @@ is". ``scalpel tune`` writes the winning settings to ``scalpel.toml`` under ``[t
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -52,11 +51,16 @@ KNOB_NAMES: tuple[str, ...] = (
 )
 """Knob families in search order (``tune.knobs.all_knobs()`` builds them). Kept here, torch-free,
 because the CLI parser lists them: every ``scalpel`` command builds that parser."""
-COMPILE_TARGET = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
-"""A compile target: ``model``, a class name or a submodule's qualified name (``layers.0``). Nothing
-else: fix writes it into the user's code (as a string), so a record cannot smuggle code in through it."""
-COMPILE_BACKEND = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-"""A torch.compile backend's registered name (``inductor``, ``aot_eager``, ``cudagraphs``)."""
+
+
+def is_module_name(text: object) -> bool:
+    """``model``, a class name or a submodule's qualified name (``layers.0``): identifiers joined by
+    dots, a list index among them. Nothing else: fix writes a compile target into the user's code (as
+    a string), so a record or a config cannot smuggle code in through it."""
+    if not isinstance(text, str) or not text:
+        return False
+    head, *rest = text.split(".")
+    return head.isidentifier() and all(part.isidentifier() or part.isdecimal() for part in rest)
 
 
 def _is_int(value: object) -> bool:
@@ -93,9 +97,9 @@ class CompileSpec:
     ``True``: a graph break fails the trial; ``False``: never try fullgraph."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.target, str) or not COMPILE_TARGET.fullmatch(self.target):
+        if not is_module_name(self.target):
             raise ValueError("compile.target must be 'model', a submodule name or a class name")
-        if not isinstance(self.backend, str) or not COMPILE_BACKEND.fullmatch(self.backend):
+        if not isinstance(self.backend, str) or not self.backend.isidentifier():
             raise ValueError("compile.backend must be a backend's name (inductor, aot_eager, ...)")
         if not isinstance(self.mode, str) or self.mode not in COMPILE_MODES:
             raise ValueError(
