@@ -26,15 +26,17 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, timeout: float = 240, **env: str
+    *args: str, cwd: Path | None = None, timeout: float = 240, errors: str = "strict", **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m torchscalpel ARGS`` and capture its output."""
+    """Run ``python -m torchscalpel ARGS`` and capture its output (``errors``: the decoder's, e.g.
+    ``surrogateescape`` for a patch that carries a latin-1 file's own bytes)."""
     return subprocess.run(
         [sys.executable, "-m", "torchscalpel", *args],
         cwd=cwd or REPO,
         env=cli_env(**env),
         capture_output=True,
         text=True,
+        errors=errors,
         timeout=timeout,
         check=False,
     )

@@ -50,27 +50,29 @@ def _write_stdout(text: str) -> None:
     stream.flush()
 
 
-def atomic_write_text(path: Path, text: str, *, mode: int = 0o644) -> Path:
+def atomic_write_text(path: Path, text: str, *, mode: int = 0o644, errors: str = "strict") -> Path:
     """Write ``text`` to ``path`` via a temp file in the same folder and a rename.
 
     A crash mid-write never leaves half a file in place of a good one; the temp file is removed
     on failure. ``mode`` is set explicitly because ``mkstemp`` creates files private to the user.
     An existing path that is not a regular file (``/dev/stdout``, ``/dev/full``, a pipe) is written
     to in place: a rename would replace the device node itself (as root, ``/dev/full`` became a file).
-    ``-`` writes to standard output (:func:`is_stdout`).
+    ``-`` writes to standard output (:func:`is_stdout`). ``errors`` is the UTF-8 encoder's
+    (``surrogateescape`` writes text that carries undecoded bytes, such as a latin-1 file's diff, as
+    those bytes).
     """
     if is_stdout(path):
         _write_stdout(text)
         return Path(path)
     path = Path(path)
     if path.exists() and not path.is_file() and not path.is_dir():
-        with path.open("w", encoding="utf-8") as fh:
+        with path.open("w", encoding="utf-8", errors=errors) as fh:
             fh.write(text)
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8", errors=errors) as fh:
             fh.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)

@@ -10,7 +10,6 @@ from torchscalpel.tune.settings import (
     DataLoaderSpec,
     TuneSettings,
     read_settings_file,
-    settings_to_toml,
     write_settings_file,
 )
 
@@ -111,5 +110,16 @@ def test_missing_file_is_usage_error(tmp_path):
 
 
 def test_toml_escapes_strings():
-    text = settings_to_toml(TuneSettings(compile=CompileSpec(target='we"ird')))
-    assert 'target = "we\\"ird"' in text
+    from torchscalpel.tune.settings import _toml_value
+
+    assert _toml_value('we"ird\\') == '"we\\"ird\\\\"'
+
+
+def test_a_compile_target_or_backend_is_a_name_never_code():
+    """fix writes both into the user's code: a quote, a call or a line break is refused."""
+    for bad in ('we"ird', "Block):\n    import os", "x y", ""):
+        with pytest.raises(ValueError, match=r"compile\.target must be"):
+            CompileSpec(target=bad)
+    with pytest.raises(ValueError, match=r"compile\.backend must be"):
+        CompileSpec(backend='inductor", fullgraph=__import__("os")')
+    assert CompileSpec(target="layers.0").target == "layers.0"  # a submodule's qualified name

@@ -79,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     if result.patch:
-        sys.stdout.write(result.patch)
+        # A latin-1 file's hunks are in its own bytes (surrogate escapes in the text), as git diff prints them.
+        buffer = getattr(sys.stdout, "buffer", None)
+        if buffer is None:  # a text-only stream (an embedding program's): the text as it is
+            sys.stdout.write(result.patch)
+        else:
+            sys.stdout.flush()
+            buffer.write(result.patch.encode("utf-8", "surrogateescape"))
+            buffer.flush()
     for line in summary_lines(result):
         print(line, file=sys.stderr if result.patch else sys.stdout)
     if result.verification is not None and not result.verification.ok:

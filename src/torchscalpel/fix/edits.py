@@ -30,7 +30,6 @@ The kinds:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import CodeRange, MetadataWrapper, ParentNodeProvider, PositionProvider
 
+from torchscalpel.fix.code import value as code_value
 from torchscalpel.fix.edits_memory import EDITORS as MEMORY_EDITORS
 
 
@@ -82,10 +82,9 @@ class EditError(Exception):
 
 def literal(value: Any) -> cst.BaseExpression:
     """A Python literal as an expression node (True, 2, "bf16-mixed": strings in double quotes, as
-    most formatters write them)."""
-    if isinstance(value, str):
-        return cst.SimpleString(json.dumps(value))
-    return cst.parse_expression(repr(value))
+    most formatters write them), built from the value's type (:func:`torchscalpel.fix.code.value`),
+    never parsed from its text."""
+    return code_value(value)
 
 
 def callee_name(func: cst.BaseExpression) -> str:

@@ -2,6 +2,10 @@
 with a mechanical fix becomes an :class:`~torchscalpel.fix.edits.Edit` anchored at a ``file:line``
 the run recorded (``sections["sites"]``, a finding's location), or a :class:`Planned` that says why
 it is not patched and gives the snippet to apply by hand. Nothing here reads the user's files.
+
+The record's values arrive checked (:mod:`torchscalpel.fix.record_values`: tune's settings as
+:class:`~torchscalpel.tune.settings.TuneSettings`, the sites' lines, classes and devices), and the code
+an edit inserts is built from them as syntax nodes (:mod:`torchscalpel.fix.code`), never pasted as text.
 """
 
 from __future__ import annotations
@@ -10,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.fix import code
 from torchscalpel.fix.edits import Edit
+from torchscalpel.fix.record_values import sites as checked_sites
+from torchscalpel.fix.record_values import tune_settings
 from torchscalpel.record import RunRecord
 from torchscalpel.sections import SitesSection, TuneSection
 
@@ -128,10 +135,11 @@ def _one_site(sites: list[dict[str, Any]], what: str) -> tuple[dict[str, Any] | 
 def tune_plan(record: RunRecord) -> list[Planned]:
     """The edits for the settings tune kept (``sections["tune"]["settings"]``)."""
     tune = record.section(TuneSection)
-    sites = record.section(SitesSection) or SitesSection()
-    if tune is None or not tune.settings:
+    typed = tune_settings(record)  # checked: enums, ints in range, known knob names
+    if tune is None or typed is None or typed.is_baseline():
         return []
-    settings = tune.settings
+    sites = checked_sites(record)
+    settings = typed.to_dict()
     framework = framework_of(sites)
     script = _script_file(record, sites)
     out: list[Planned] = []
@@ -180,13 +188,13 @@ def tune_plan(record: RunRecord) -> list[Planned]:
             )
     if settings.get("matmul_precision"):
         value = settings["matmul_precision"]
-        code = f"torch.set_float32_matmul_precision({value!r})\n".replace("'", '"')
-        add(f"matmul precision {value}", code.strip(), script, Edit(kind="global_call", code=code))
+        line = code.statement(code.call("torch.set_float32_matmul_precision", value))
+        add(f"matmul precision {value}", line.strip(), script, Edit(kind="global_call", code=line))
     if settings.get("threads"):
-        code = f"torch.set_num_threads({int(settings['threads'])})\n"
-        add(f"threads {settings['threads']}", code.strip(), script, Edit(kind="global_call", code=code))
+        line = code.statement(code.call("torch.set_num_threads", settings["threads"]))
+        add(f"threads {settings['threads']}", line.strip(), script, Edit(kind="global_call", code=line))
     if settings.get("amp"):
-        out.append(_amp_plan(str(settings["amp"]), sites, framework, script))
+        out.append(_amp_plan(settings["amp"], sites, framework, script))
     loader = settings.get("dataloader") or {}
     if loader:
         out.append(_loader_plan(loader, sites, framework, script))
@@ -228,8 +236,8 @@ def _amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path
         return fp16_plan(sites)
     fwd, bwd = sites.forward, sites.backward
     device = (fwd or {}).get("device") or "cpu"
-    code = f'torch.autocast(device_type="{device}", dtype=torch.bfloat16)'
-    snippet = f"with {code}:\n    loss = loss_fn(model(x), y)\nloss.backward()"
+    header = code.text(code.call("torch.autocast", device_type=device, dtype=code.Name("torch.bfloat16")))
+    snippet = f"with {header}:\n    loss = loss_fn(model(x), y)\nloss.backward()"
     if not fwd or not bwd:
         return Planned.refused(label, "tune", snippet, "the run recorded no training forward and backward")
     if fwd.get("autocast"):  # the script's own autocast (nanoGPT's ``with ctx:``) was on at the forward
@@ -249,7 +257,7 @@ def _amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path
         label,
         "tune",
         Path(fwd["file"]),
-        Edit(kind="autocast", line=int(fwd["line"]), end_line=int(bwd["line"]), code=code),
+        Edit(kind="autocast", line=int(fwd["line"]), end_line=int(bwd["line"]), code=header),
         snippet,
     )
 
@@ -286,15 +294,16 @@ def _loader_plan(
 def _compile_plan(
     spec: dict[str, Any], sites: SitesSection, framework: str | None, script: Path | None
 ) -> Planned:
-    target = str(spec.get("target", "model"))
-    args = []
+    target = str(spec.get("target", "model"))  # checked: model, a class or a submodule name
+    args: dict[str, Any] = {}
     if spec.get("mode", "default") != "default":
-        args.append(f'mode="{spec["mode"]}"')
+        args["mode"] = spec["mode"]
     if spec.get("backend", "inductor") != "inductor":
-        args.append(f'backend="{spec["backend"]}"')
+        args["backend"] = spec["backend"]
     if spec.get("dynamic") is not None:
-        args.append(f"dynamic={spec['dynamic']}")
-    call = f"compile({', '.join(args)})"
+        args["dynamic"] = spec["dynamic"]
+    call = code.text(code.call("compile", **args))
+    quoted = code.text(code.value(target))
     label = f"compile({target})"
     if framework == "transformers" and target == "model" and not args:
         return Planned(
@@ -309,7 +318,7 @@ def _compile_plan(
         f"model.{call}"
         if target == "model"
         else (
-            f'for module in model.modules():\n    if type(module).__name__ == "{target}":\n        module.{call}'
+            f"for module in model.modules():\n    if type(module).__name__ == {quoted}:\n        module.{call}"
         )
     )
     if why := model_site_refusal(site):
@@ -319,12 +328,12 @@ def _compile_plan(
             label, "tune", snippet, "fix places compile of the model or of a block class only"
         )
     var = "{var}"  # the name the model line assigns, read from the source by the edit
-    code = (
+    inserted = (
         f"{var}.{call}\n"
         if target == "model"
         else (
             f"for _module in {var}.modules():  # compile each {target} block\n"
-            f'    if type(_module).__name__ == "{target}":\n        _module.{call}\n'
+            f"    if type(_module).__name__ == {quoted}:\n        _module.{call}\n"
         )
     )
     return Planned(
@@ -334,7 +343,7 @@ def _compile_plan(
         Edit(
             kind="after_statement",
             line=int(site["line"]),
-            code=code,
+            code=inserted,
             marker=f"{{var}}.{call.split('(')[0]}(" if target == "model" else ".compile(",
         ),
         snippet,
@@ -343,7 +352,7 @@ def _compile_plan(
 
 def _script_file(record: RunRecord, sites: SitesSection) -> Path | None:
     """The script the run ran, as an absolute path: a recorded site in a file of the script's name."""
-    name = ((record.provenance or {}).get("code") or {}).get("script", {}).get("path")
+    name = (((record.provenance or {}).get("code") or {}).get("script") or {}).get("path")
     target = (record.target or {}).get("script")
     candidates = [
         s.get("file")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.fix import code
 from torchscalpel.fix.edits import Edit
 from torchscalpel.fix.locate import (
     Planned,
@@ -97,7 +98,7 @@ def fp16_plan(sites: SitesSection) -> Planned:
                 ("backward", int(bwd["line"])),
                 ("step", int(step["line"])),
             ),
-            code=f'torch.autocast(device_type="{device}", dtype=torch.float16)',
+            code=code.text(code.call("torch.autocast", device_type=device, dtype=code.Name("torch.float16"))),
             kwargs=(("device", device),),
         ),
         snippet,

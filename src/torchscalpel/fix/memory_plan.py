@@ -34,6 +34,7 @@ from torchscalpel.fix.locate import (
     hf_gradient_checkpointing,
     script_file,
 )
+from torchscalpel.fix.record_values import sites as checked_sites
 from torchscalpel.record import RunRecord
 from torchscalpel.sections import SitesSection
 
@@ -60,7 +61,7 @@ def memory_plan(record: RunRecord) -> list[Planned]:
     oom = memory_oom(record)
     if oom is None:
         return []
-    sites = record.section(SitesSection) or SitesSection()
+    sites = checked_sites(record)
     framework = framework_of(sites)
     script = script_file(record)
     fitting = [r for r in oom.get("ladder") or [] if r.get("fits") and r.get("kind") in CODE_RUNGS]

@@ -29,6 +29,9 @@ class FixOptions:
     """``--apply`` on a git tree with uncommitted changes."""
     pairs: int = VERIFY_PAIRS
     steps: int = VERIFY_STEPS
+    cwd: Path | None = None
+    """The folder fix runs from (None: the current one): its git root, or the folder itself, is the only
+    tree fix edits (:func:`torchscalpel.fix.files.user_tree`), whatever the records name."""
 
     def __post_init__(self) -> None:
         if not self.run_dirs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from torchscalpel.fix.diff import printable
 from torchscalpel.fix.stage import FixResult
 
 
@@ -32,4 +33,6 @@ def summary_lines(result: FixResult) -> list[str]:
         out.append("nothing written to your files (--apply writes them)")
     if result.verification is not None:
         out.extend(f"verify: {line}" for line in result.verification.lines())
-    return out
+    # Reasons and snippets quote a record's strings (a library's name, a finding's fix): shown, never a
+    # terminal control sequence.
+    return [printable(line) for line in out]

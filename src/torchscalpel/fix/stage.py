@@ -1,8 +1,10 @@
 """``scalpel fix``: the edits tune, doctor and memory runs ask for, made on the user's own files, as one diff.
 
 :func:`run` reads the records, plans the edits (:mod:`torchscalpel.fix.locate`, :mod:`torchscalpel.fix.memory_plan`), checks that every file
-is the one the run measured (its sha256 in the record's provenance) and lies in the user's tree, makes
-the edits on the text (:mod:`torchscalpel.fix.edits`), and returns the diff. ``--apply`` writes every
+is the one the run measured (its sha256 in the record's provenance) and lies in the user's tree (decided
+from where fix runs, :mod:`torchscalpel.fix.files`), makes the edits on the text
+(:mod:`torchscalpel.fix.edits`), and returns the diff. Each record is checked before anything is planned
+from it (:mod:`torchscalpel.fix.record_values`): a record is data, never code. ``--apply`` writes every
 file only after every edit succeeded (temporary files first, then one rename each);
 ``--verify`` re-runs the patched copy (:mod:`torchscalpel.fix.verify`).
 """
@@ -21,7 +23,9 @@ from typing import Any
 
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fix.diff import patch_text
+from torchscalpel.fix.files import encode_source, inside, read_source, user_tree
 from torchscalpel.fix.options import FixOptions
+from torchscalpel.fix.record_values import RecordValueError, check_record
 from torchscalpel.record import RunRecord, load_record
 from torchscalpel.runtime.userframes import is_user_file
 from torchscalpel.sections import DoctorSection, TuneSection
@@ -53,10 +57,17 @@ class FixResult:
     patch: str
     items: list[Item]
     root: Path | None
+    """The user's tree (:func:`torchscalpel.fix.files.user_tree`): every changed file lies under it."""
     changes: dict[Path, tuple[str, str]] = field(default_factory=dict)
     records: list[tuple[Path, RunRecord]] = field(default_factory=list)
     applied: bool = False
     verification: Any = None
+    encodings: dict[Path, str] = field(default_factory=dict)
+    """Each read file's declared encoding (PEP 263): what its patched text is written back in."""
+
+    def new_bytes(self, path: Path) -> bytes:
+        """The patched file's bytes, in the encoding the file declares."""
+        return encode_source(path, self.changes[path][1], self.encodings.get(path, "utf-8"))
 
 
 def _require_libcst() -> None:
@@ -77,17 +88,30 @@ def _record_dir(path: Path) -> Path:
     return path.parent if path.is_file() else path
 
 
-def tree_root(record: RunRecord, script: Path) -> Path:
-    """The user's tree: the git root the run recorded, else the script's folder."""
-    root = ((record.provenance or {}).get("git") or {}).get("root")
-    return Path(root).resolve() if root else script.parent.resolve()
+def load_checked(path: Path) -> RunRecord:
+    """The record at ``path`` (a run folder or its run.json), every value fix reads checked
+    (:func:`torchscalpel.fix.record_values.check_record`); refused in one sentence naming the field."""
+    record = load_record(path)
+    try:
+        check_record(record)
+    except RecordValueError as exc:
+        source = path / "run.json" if path.is_dir() else path
+        raise UsageError(
+            f"{source}: {exc}; scalpel fix reads a record as data and refuses one it cannot check "
+            "(nothing was run or written)."
+        ) from None
+    return record
 
 
-def recorded_hash(record: RunRecord, file: Path, root: Path, script: Path) -> str | None:
-    """The sha256 the run recorded for ``file`` (the script or a local module), None when it has none."""
+def recorded_hash(record: RunRecord, file: Path, script: Path) -> str | None:
+    """The sha256 the run recorded for ``file`` (the script or a local module), None when it has none.
+    Module paths are relative to the folder the run hashed them under (its git root, else the
+    script's folder): read from the record only to match a hash, never to choose a file."""
     code = (record.provenance or {}).get("code") or {}
     if file.resolve() == script.resolve():
         return (code.get("script") or {}).get("sha256")
+    recorded = ((record.provenance or {}).get("git") or {}).get("root")
+    root = Path(recorded).resolve() if recorded else script.parent.resolve()
     rel = file.resolve().relative_to(root).as_posix() if file.resolve().is_relative_to(root) else None
     for entry in (code.get("modules") or {}).values():
         if entry.get("path") == rel:
@@ -115,18 +139,20 @@ def _line_map(run_dir: Path, path: Path, recorded: str | None) -> Any:
             and entry["before"] != entry["after"]
         ):
             return [int(n) for n in entry["lines"]]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):
         pass
     return None
 
 
 def _check_file(record: RunRecord, run_dir: Path, file: Path, root: Path, script: Path) -> str:
-    """Why ``file`` may not be edited ("" when it may); a changed script raises (refused in one sentence)."""
-    if not is_user_file(str(file)) or not file.resolve().is_relative_to(root):
-        return f"{file} is outside your tree ({root})"
+    """Why ``file`` may not be edited ("" when it may); a file outside the tree or a changed script
+    raises (refused in one sentence)."""
+    inside(root, file)
+    if not is_user_file(str(file)):
+        return f"{file} is an installed package's file, not your code"
     if not file.is_file():
         raise UsageError(f"{file} no longer exists; fix edits the files the run measured.")
-    want = recorded_hash(record, file, root, script)
+    want = recorded_hash(record, file, script)
     if want is None:
         return f"the run recorded no hash of {file.name}, so fix cannot tell it is the code it measured"
     have = sha256(file)
@@ -138,11 +164,32 @@ def _check_file(record: RunRecord, run_dir: Path, file: Path, root: Path, script
     return ""
 
 
-def _text(record: RunRecord, run_dir: Path, file: Path, script: Path | None) -> str | None:
+def _text(record: RunRecord, run_dir: Path, file: Path, root: Path, script: Path | None) -> str | None:
     """``file``'s text when fix may edit it (None otherwise: its item then says why)."""
-    if script is None or _check_file(record, run_dir, file, tree_root(record, script), script):
+    if script is None or _check_file(record, run_dir, file, root, script):
         return None
-    return file.resolve().read_text(encoding="utf-8")
+    return read_source(file.resolve())[0]
+
+
+def checked_script(result: FixResult) -> tuple[RunRecord, Path]:
+    """The script ``--verify`` runs, and its record: the script the first record that names one ran,
+    under the user's tree and the file the run measured (or this fix's patch of it); refused in one
+    sentence otherwise, so a record can make ``--verify`` run nothing but that script."""
+    from torchscalpel.fix.locate import script_file
+
+    found = next(((d, r, s) for d, r in result.records if (s := script_file(r)) is not None), None)
+    if found is None or result.root is None:
+        raise UsageError(
+            "--verify needs the script the run measured, and the record does not say which it ran."
+        )
+    run_dir, record, script = found
+    path = inside(result.root, script)
+    if path.name.startswith("-"):  # it would reach python as an option, not a file
+        raise UsageError(f"{script} is not a script name --verify can run; rename it, then re-run the stage.")
+    why = _check_file(record, run_dir, path, result.root, path)
+    if why:
+        raise UsageError(f"--verify runs only the script the run in {run_dir} measured, and {why}.")
+    return record, path
 
 
 def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[str]:
@@ -153,10 +200,12 @@ def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[st
     for run_dir, record in records:
         env = record.environment or {}
         gpus = env.get("gpus") or []
+        cpu = env.get("cpu")
+        cpu = cpu if isinstance(cpu, dict) else {}  # shown only: a record of any shape reads
         machine = (
             ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus)
-            if gpus
-            else f"CPU {(env.get('cpu') or {}).get('model', '?')}, {(env.get('cpu') or {}).get('usable_cores', '?')} cores"
+            if isinstance(gpus, list) and gpus
+            else f"CPU {cpu.get('model', '?')}, {cpu.get('usable_cores', '?')} cores"
         )
         lines.append(f"run: {run_dir} ({record.name}, torch {env.get('torch', '?')}, {machine})")
         tune = record.section(TuneSection)
@@ -187,12 +236,13 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     from torchscalpel.fix.locate import script_file, tune_plan
     from torchscalpel.fix.memory_plan import first_placed, has_memory, memory_plan
 
-    records = [(_record_dir(r), load_record(r)) for r in options.run_dirs]
+    root = user_tree(options.cwd or Path.cwd())
+    records = [(_record_dir(r), load_checked(r)) for r in options.run_dirs]
     items: list[Item] = []
     texts: dict[Path, str] = {}
     originals: dict[Path, str] = {}
+    encodings: dict[Path, str] = {}
     line_maps: dict[Path, LineMap | None] = {}
-    root: Path | None = None
     for run_dir, record in records:
         if (
             record.section(TuneSection) is None
@@ -207,7 +257,9 @@ def plan_and_edit(options: FixOptions) -> FixResult:
         script = script_file(record)
         planned = tune_plan(record) + doctor_plan(record) + attention_plan(record)
         # memory: the ladder's first fitting rung whose edit the file takes, tried on its current text
-        planned += first_placed(memory_plan(record), functools.partial(_text, record, run_dir, script=script))
+        planned += first_placed(
+            memory_plan(record), functools.partial(_text, record, run_dir, root=root, script=script)
+        )
         # Edits lower in a file first, so that each recorded line still means the same line.
         planned.sort(key=lambda p: (str(p.file), -(p.edit.line if p.edit else 0)))
         for p in planned:
@@ -221,19 +273,15 @@ def plan_and_edit(options: FixOptions) -> FixResult:
             if script is None:
                 item.reason = "the record does not say which script it ran"
                 continue
-            here = tree_root(record, script)
-            root = root or here
-            if here != root:
-                item.reason = f"this run's script is in another tree ({here}) than the first run's ({root}); fix one tree at a time"
-                continue
-            why = _check_file(record, run_dir, p.file, here, script)
+            why = _check_file(record, run_dir, p.file, root, script)
             if why:
                 item.reason = why
                 continue
             path = p.file.resolve()
             if path not in texts:
-                originals[path] = texts[path] = path.read_text(encoding="utf-8")
-                line_maps[path] = _line_map(run_dir, path, recorded_hash(record, path, here, script))
+                originals[path], encodings[path] = read_source(path)
+                texts[path] = originals[path]
+                line_maps[path] = _line_map(run_dir, path, recorded_hash(record, path, script))
             ops = line_maps[path]
             edit = remap(p.edit, ops) if ops else p.edit
             new, outcome = apply_edit(texts[path], edit)
@@ -249,7 +297,11 @@ def plan_and_edit(options: FixOptions) -> FixResult:
                     done_here = False
                 item.status = "patched" if outcome.status == "applied" or done_here else "already"
     changes = {p: (originals[p], texts[p]) for p in texts if texts[p] != originals[p]}
-    result = FixResult(patch="", items=items, root=root, changes=changes, records=records)
+    result = FixResult(
+        patch="", items=items, root=root, changes=changes, records=records, encodings=encodings
+    )
+    for path in changes:
+        result.new_bytes(path)  # an edit its file's encoding cannot hold is refused before any output
     result.patch = render_patch(result)
     return result
 
@@ -258,7 +310,20 @@ def render_patch(result: FixResult, extra: list[str] | None = None) -> str:
     """The patch text: the header (plus ``extra`` lines, the verification) and the diffs."""
     if not result.changes or result.root is None:
         return ""
-    return patch_text([*_header(result.records, result.items), *(extra or [])], result.changes, result.root)
+    return patch_text(
+        [*_header(result.records, result.items), *(extra or [])],
+        result.changes,
+        result.root,
+        result.encodings,
+    )
+
+
+def write_patch(path: Path, patch: str) -> None:
+    """Write the patch text as bytes: each file's hunks in that file's own encoding (see
+    :func:`torchscalpel.fix.diff.patch_text`), as ``git diff`` writes them."""
+    from torchscalpel.fileio import atomic_write_text
+
+    atomic_write_text(path, patch, errors="surrogateescape")
 
 
 def _dirty(root: Path) -> bool:
@@ -276,13 +341,15 @@ def _dirty(root: Path) -> bool:
     return done.returncode == 0 and bool(done.stdout.strip())
 
 
-def write_all(changes: dict[Path, tuple[str, str]]) -> None:
-    """Write every changed file, all or none: each to a temporary file beside it first, then the renames."""
+def write_all(result: FixResult) -> None:
+    """Write every changed file in its own encoding, all or none: each to a temporary file beside it
+    first, then the renames."""
     staged: list[tuple[str, Path]] = []
+    data = {path: result.new_bytes(path) for path in result.changes}
     try:
-        for path, (_, after) in changes.items():
+        for path, after in data.items():
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".scalpel-fix", dir=path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            with os.fdopen(fd, "wb") as f:
                 f.write(after)
             os.chmod(tmp, path.stat().st_mode & 0o7777)
             staged.append((tmp, path))
@@ -301,8 +368,8 @@ def _mark(result: FixResult) -> None:
 
     files = {
         str(p): {
-            "before": hashlib.sha256(b.encode()).hexdigest(),
-            "after": hashlib.sha256(a.encode()).hexdigest(),
+            "before": hashlib.sha256(encode_source(p, b, result.encodings.get(p, "utf-8"))).hexdigest(),
+            "after": hashlib.sha256(result.new_bytes(p)).hexdigest(),
             "lines": line_map(b, a),
         }
         for p, (b, a) in result.changes.items()
@@ -318,6 +385,8 @@ def run(options: FixOptions) -> FixResult:
     """Plan, edit, and then (as asked) write the patch file, apply, verify."""
     _require_libcst()
     result = plan_and_edit(options)
+    if options.verify and result.changes:
+        checked_script(result)  # refused before anything is written or run
     if result.changes:
         _mark(result)
     if options.apply and result.changes and not options.force:
@@ -334,10 +403,8 @@ def run(options: FixOptions) -> FixResult:
         lines = [line for line in result.verification.lines() if not line.startswith("copies in")]
         result.patch = render_patch(result, [f"verify: {line}" for line in lines])
     if options.patch is not None:
-        from torchscalpel.fileio import atomic_write_text
-
-        atomic_write_text(options.patch, result.patch)
+        write_patch(options.patch, result.patch)
     if options.apply and result.changes:
-        write_all(result.changes)
+        write_all(result)
         result.applied = True
     return result

@@ -213,15 +213,12 @@ def _scalpel(
 
 def verify(result: FixResult, options: FixOptions) -> Verification:
     """Re-run the patched copy as the module doc says; never touches the user's files."""
-    from torchscalpel.fix.locate import script_file
+    from torchscalpel.fix.stage import checked_script
     from torchscalpel.fix.verify_attention import verify_attention
 
     v = Verification()
-    record = next((r for _, r in result.records if script_file(r) is not None), None)
-    script = script_file(record) if record is not None else None
-    if record is None or script is None:
-        v.notes.append("not verified: the record does not say which script it ran")
-        return v
+    # The script the run measured, under the user's tree: a record names nothing else to run.
+    record, script = checked_script(result)
     folder = script.parent
     if any(not p.is_relative_to(folder) for p in result.changes):
         v.notes.append(f"not verified: the patch edits files outside {folder}")
@@ -230,7 +227,8 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
     work = Path(tempfile.mkdtemp(prefix="scalpel-fix-verify-"))
     legacy = _legacy_checkpoints(result, folder)
     original = Tree.copy(folder, work / "original", leave_out=legacy)
-    overrides = {path.relative_to(folder).as_posix(): after for path, (_, after) in result.changes.items()}
+    # The patched files' bytes in the encoding each declares (PEP 263), as --apply would write them.
+    overrides = {path.relative_to(folder).as_posix(): result.new_bytes(path) for path in result.changes}
     patched = Tree.copy(folder, work / "patched", overrides, leave_out=legacy)
     v.notes.append(f"copies in {work}")
     if legacy:

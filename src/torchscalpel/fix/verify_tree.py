@@ -58,8 +58,8 @@ class Tree:
     path: Path
     source: Path
     """The user's folder it was copied from (read only)."""
-    overrides: dict[str, str] = field(default_factory=dict)
-    """Relative path -> the patched text written over the copied file."""
+    overrides: dict[str, bytes] = field(default_factory=dict)
+    """Relative path -> the patched file's bytes (in the encoding it declares) written over the copy."""
     files: _Listing = field(default_factory=dict)
     dirs: set[str] = field(default_factory=set)
 
@@ -68,7 +68,7 @@ class Tree:
         cls,
         source: Path,
         dest: Path,
-        overrides: dict[str, str] | None = None,
+        overrides: dict[str, bytes] | None = None,
         leave_out: Sequence[str] = (),
     ) -> Tree:
         """``source`` copied to ``dest`` (caches and environments left out, and the relative paths in
@@ -77,8 +77,8 @@ class Tree:
         tree = cls(dest, source, dict(overrides or {}))
         for rel in leave_out:
             (dest / rel).unlink(missing_ok=True)
-        for rel, text in tree.overrides.items():
-            (dest / rel).write_text(text, encoding="utf-8")
+        for rel, data in tree.overrides.items():
+            (dest / rel).write_bytes(data)
         tree.files, tree.dirs = _listing(dest)
         return tree
 
@@ -101,7 +101,7 @@ class Tree:
             target = self.path / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             if rel in self.overrides:
-                target.write_text(self.overrides[rel], encoding="utf-8")
+                target.write_bytes(self.overrides[rel])
             else:
                 shutil.copy2(self.source / rel, target)
             st = target.lstat()

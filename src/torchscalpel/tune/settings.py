@@ -53,6 +53,32 @@ KNOB_NAMES: tuple[str, ...] = (
 because the CLI parser lists them: every ``scalpel`` command builds that parser."""
 
 
+def is_module_name(text: object) -> bool:
+    """``model``, a class name or a submodule's qualified name (``layers.0``): identifiers joined by
+    dots, a list index among them. Nothing else: fix writes a compile target into the user's code (as
+    a string), so a record or a config cannot smuggle code in through it."""
+    if not isinstance(text, str) or not text:
+        return False
+    head, *rest = text.split(".")
+    return head.isidentifier() and all(part.isidentifier() or part.isdecimal() for part in rest)
+
+
+def _is_int(value: object) -> bool:
+    """An integer, and not a bool (``true`` is no thread count, though Python's bool is an int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    """A refused value as the error shows it: its repr, cut to 40 characters (a record's may be long)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_flag(value: object) -> bool:
+    """True, False or left out (None); not 1 or 0, which ``in (None, True, False)`` would let through."""
+    return value is None or isinstance(value, bool)
+
+
 @dataclass(kw_only=True, slots=True)
 class CompileSpec:
     """Which part of the model torch.compile wraps, and how."""
@@ -71,13 +97,17 @@ class CompileSpec:
     ``True``: a graph break fails the trial; ``False``: never try fullgraph."""
 
     def __post_init__(self) -> None:
-        if not self.target or not isinstance(self.target, str):
+        if not is_module_name(self.target):
             raise ValueError("compile.target must be 'model', a submodule name or a class name")
-        if self.mode not in COMPILE_MODES:
-            raise ValueError(f"compile.mode must be one of {', '.join(COMPILE_MODES)}, not {self.mode!r}")
-        if self.dynamic not in (None, True, False):
+        if not isinstance(self.backend, str) or not self.backend.isidentifier():
+            raise ValueError("compile.backend must be a backend's name (inductor, aot_eager, ...)")
+        if not isinstance(self.mode, str) or self.mode not in COMPILE_MODES:
+            raise ValueError(
+                f"compile.mode must be one of {', '.join(COMPILE_MODES)}, not {_shown(self.mode)}"
+            )
+        if not _is_flag(self.dynamic):
             raise ValueError("compile.dynamic must be true, false or left out")
-        if self.fullgraph not in (None, True, False):
+        if not _is_flag(self.fullgraph):
             raise ValueError("compile.fullgraph must be true, false or left out")
 
     def label(self) -> str:
@@ -100,14 +130,14 @@ class DataLoaderSpec:
     prefetch_factor: int | None = None
 
     def __post_init__(self) -> None:
-        if self.num_workers is not None and (not isinstance(self.num_workers, int) or self.num_workers < 0):
+        if self.num_workers is not None and (not _is_int(self.num_workers) or self.num_workers < 0):
             raise ValueError("dataloader.num_workers must be an integer >= 0")
         if self.prefetch_factor is not None and (
-            not isinstance(self.prefetch_factor, int) or self.prefetch_factor < 1
+            not _is_int(self.prefetch_factor) or self.prefetch_factor < 1
         ):
             raise ValueError("dataloader.prefetch_factor must be an integer >= 1")
         for name in ("pin_memory", "persistent_workers"):
-            if getattr(self, name) not in (None, True, False):
+            if not _is_flag(getattr(self, name)):
                 raise ValueError(f"dataloader.{name} must be true or false")
 
     def is_empty(self) -> bool:
@@ -147,24 +177,36 @@ class TuneSettings:
             self.compile = CompileSpec(**self.compile)
         if isinstance(self.dataloader, dict):
             self.dataloader = DataLoaderSpec(**self.dataloader)
-        if self.amp is not None and self.amp not in AMP_DTYPES:
-            raise ValueError(f"amp must be one of {', '.join(AMP_DTYPES)}, not {self.amp!r}")
-        if self.matmul_precision is not None and self.matmul_precision not in MATMUL_PRECISIONS:
+        if self.compile is not None and not isinstance(self.compile, CompileSpec):
+            raise ValueError("compile must be a table (target, mode, dynamic, backend, fullgraph)")
+        if self.dataloader is not None and not isinstance(self.dataloader, DataLoaderSpec):
+            raise ValueError(
+                "dataloader must be a table (num_workers, pin_memory, persistent_workers, prefetch_factor)"
+            )
+        # Every value is checked against its set before a membership test: an unhashable value (a
+        # list in a record) must be refused in a sentence, not raise TypeError.
+        if self.amp is not None and (not isinstance(self.amp, str) or self.amp not in AMP_DTYPES):
+            raise ValueError(f"amp must be one of {', '.join(AMP_DTYPES)}, not {_shown(self.amp)}")
+        if self.matmul_precision is not None and (
+            not isinstance(self.matmul_precision, str) or self.matmul_precision not in MATMUL_PRECISIONS
+        ):
             raise ValueError(f"matmul_precision must be one of {', '.join(MATMUL_PRECISIONS)}")
-        if self.optimizer is not None and self.optimizer not in OPTIMIZER_IMPLS:
-            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZER_IMPLS)}, not {self.optimizer!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+        if self.optimizer is not None and (
+            not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZER_IMPLS
+        ):
+            raise ValueError(
+                f"optimizer must be one of {', '.join(OPTIMIZER_IMPLS)}, not {_shown(self.optimizer)}"
+            )
+        if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
             raise ValueError("threads must be an integer >= 1")
         if self.checkpointing is not None and self.checkpointing != "blocks":
-            raise ValueError(f'checkpointing must be "blocks", not {self.checkpointing!r}')
-        if self.microbatches is not None and (
-            not isinstance(self.microbatches, int) or self.microbatches < 2
-        ):
+            raise ValueError(f'checkpointing must be "blocks", not {_shown(self.checkpointing)}')
+        if self.microbatches is not None and (not _is_int(self.microbatches) or self.microbatches < 2):
             raise ValueError("microbatches must be an integer >= 2")
         if self.amp_fp32_attention and self.amp is None:
             raise ValueError("amp_fp32_attention needs amp to be set")
         for name in ("cudnn_benchmark", "channels_last", "amp_fp32_attention"):
-            if getattr(self, name) not in (None, True, False):
+            if not _is_flag(getattr(self, name)):
                 raise ValueError(f"{name} must be true or false")
 
     # -- plain data ---------------------------------------------------------------------------
@@ -192,16 +234,19 @@ class TuneSettings:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(
-                f"unknown tune setting(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})"
+                f"unknown tune setting(s): {', '.join(_shown(k) for k in unknown)} (known: {', '.join(sorted(known))})"
             )
         kwargs = dict(data)
-        try:
-            if "compile" in kwargs and isinstance(kwargs["compile"], dict):
-                kwargs["compile"] = CompileSpec(**kwargs["compile"])
-            if "dataloader" in kwargs and isinstance(kwargs["dataloader"], dict):
-                kwargs["dataloader"] = DataLoaderSpec(**kwargs["dataloader"])
-        except TypeError as exc:  # an unknown key inside [tune.compile] / [tune.dataloader]
-            raise ValueError(str(exc).replace("__init__() ", "")) from None
+        for key, spec in (("compile", CompileSpec), ("dataloader", DataLoaderSpec)):
+            table = kwargs.get(key)
+            if isinstance(table, dict):
+                names = {f.name for f in fields(spec)}
+                extra = sorted(set(table) - names)
+                if extra:  # an unknown key inside [tune.compile] / [tune.dataloader]
+                    raise ValueError(
+                        f"{key} has unknown key(s) {', '.join(_shown(k) for k in extra)} (known: {', '.join(sorted(names))})"
+                    )
+                kwargs[key] = spec(**table)
         return cls(**kwargs)
 
     def merged(self, other: TuneSettings) -> TuneSettings:
