@@ -210,3 +210,83 @@ def checkpointing_plan(
 def repeated_blocks(facts: dict[str, Any]) -> list[str]:
     """The repeated block classes tune's facts name (``facts["repeated"][*]["cls"]``), biggest first."""
     return [str(r.get("cls")) for r in facts.get("repeated") or [] if isinstance(r, dict) and r.get("cls")]
+
+
+FP32_ATTENTION_NAME = "sdpa_fp32"
+"""The attention implementation fix registers with transformers for ``amp_fp32_attention``."""
+
+HF_FP32_ATTENTION = '''def _sdpa_fp32(module, query, key, value, attention_mask, **kwargs):
+    """transformers' sdpa attention run in float32 under autocast (scalpel tune's amp_fp32_attention:
+    on CPU the bf16 attention backward is slower than the float32 one)."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    device = query.device.type
+    if not torch.is_autocast_enabled(device):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
+    with torch.autocast(device_type=device, enabled=False):
+        return sdpa_attention_forward(
+            module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+        )
+
+
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+AttentionInterface.register("NAME", _sdpa_fp32)
+AttentionMaskInterface.register("NAME", sdpa_mask)
+{var}.set_attn_implementation("NAME")
+'''.replace("NAME", FP32_ATTENTION_NAME)
+"""What tune's ``amp_fp32_attention`` does (``torch.nn.functional.scaled_dot_product_attention`` run on
+float32 inputs with autocast off while autocast is on, a floating mask in float32), as code for a
+transformers model: its sdpa attention wrapped so and registered as an attention implementation of its
+own, which the model is switched to after the line that builds it."""
+
+
+def fp32_attention_plan(facts: dict[str, Any], sites: SitesSection) -> Planned:
+    """``amp_fp32_attention`` placed where the run's attention ran: a transformers model's attention
+    implementation (after the model's recorded line); refused for attention in the user's own code or
+    another library, and for a record that does not say where the attention ran."""
+    label = "amp_fp32_attention"
+    snippet = HF_FP32_ATTENTION.replace("{var}", "model").rstrip("\n")
+    found = facts.get("attention_sites")
+    called = [s for s in found if isinstance(s, dict)] if isinstance(found, list) else []
+    if not called:
+        return Planned.refused(
+            label,
+            "tune",
+            snippet,
+            "the record does not say where the model called scaled_dot_product_attention (re-run scalpel tune)",
+        )
+    libraries = {s.get("library") for s in called}
+    if libraries != {"transformers"}:
+        own = next((s for s in called if not s.get("library")), None)
+        where = (
+            f"in your code at {Path(str(own.get('file'))).name}:{own.get('line')}"
+            if own
+            else f"inside {', '.join(sorted(str(lib) for lib in libraries if lib))}"
+        )
+        return Planned.refused(
+            label,
+            "tune",
+            snippet,
+            f"the attention runs {where}; fix places float32 attention through a transformers model's "
+            "attention implementation only",
+        )
+    model = sites.model or {}
+    if why := model_site_refusal(model):
+        return Planned.refused(label, "tune", snippet, why)
+    return Planned(
+        label,
+        "tune",
+        Path(model["file"]),
+        Edit(
+            kind="after_statement",
+            line=int(model["line"]),
+            code=HF_FP32_ATTENTION,
+            marker=f'.set_attn_implementation("{FP32_ATTENTION_NAME}")',
+        ),
+        snippet,
+    )
