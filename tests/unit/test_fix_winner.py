@@ -68,6 +68,7 @@ def _record(attention: list[dict[str, object]], trials: list[dict[str, object]] 
 BF16_SLOWER = _trial(TuneSettings(amp="bf16"), "not faster", 100.0, 123.5)  # 0.81x alone
 HF_ATTENTION = [{"file": SCRIPT, "line": 30, "library": "transformers"}]
 OWN_ATTENTION = [{"file": "/p/model.py", "line": 41, "library": None}]
+LIB_ATTENTION = [{"file": SCRIPT, "line": 30, "library": "somelib"}]
 
 
 def test_a_combined_winner_on_a_transformers_model_is_planned_whole() -> None:
@@ -87,14 +88,25 @@ def test_a_combined_winner_on_a_transformers_model_is_planned_whole() -> None:
     ast.parse(attention.code.replace("{var}", "model"))
 
 
+def test_a_combined_winner_with_attention_in_the_users_code_is_planned_whole() -> None:
+    plan = {p.label: p for p in tune_plan(_record(OWN_ATTENTION, [BF16_SLOWER]))}
+    assert set(plan) == {"autocast bf16", "amp_fp32_attention"}
+    attention = plan["amp_fp32_attention"]
+    assert (attention.file, attention.edit.kind, attention.edit.line) == (
+        Path("/p/model.py"),
+        "fp32_attention_call",
+        41,
+    )
+
+
 def test_a_winner_with_a_part_fix_cannot_place_is_refused_whole_never_bf16_alone() -> None:
-    (item,) = tune_plan(_record(OWN_ATTENTION, [BF16_SLOWER]))
+    (item,) = tune_plan(_record(LIB_ATTENTION, [BF16_SLOWER]))
     assert item.edit is None and item.label == "amp=bf16 + amp_fp32_attention"
     assert item.reason == (
-        "fix cannot place amp_fp32_attention (the attention runs in your code at model.py:41; fix places "
-        "float32 attention through a transformers model's attention implementation only), and patches no "
-        "part of the winner alone (a part alone is not what tune measured at 1.32x); tune measured no other "
-        "config faster than the baseline that fix can place"
+        "fix cannot place amp_fp32_attention (the attention runs inside somelib; fix places float32 "
+        "attention in your own scaled_dot_product_attention calls and through a transformers model's "
+        "attention implementation), and patches no part of the winner alone (a part alone is not what "
+        "tune measured at 1.32x); tune measured no other config faster than the baseline that fix can place"
     )
     assert "amp=bf16," not in item.reason  # measured at 0.81x alone: never offered
 
@@ -102,7 +114,7 @@ def test_a_winner_with_a_part_fix_cannot_place_is_refused_whole_never_bf16_alone
 def test_the_refusal_names_the_best_config_fix_can_place_that_tune_measured() -> None:
     fused = _trial(TuneSettings(optimizer="fused"), "faster", 100.0, 90.0)
     bf16_faster_but_unconfirmed = _trial(TuneSettings(amp="bf16"), "not confirmed", 100.0, 80.0)
-    (item,) = tune_plan(_record(OWN_ATTENTION, [BF16_SLOWER, fused, bf16_faster_but_unconfirmed]))
+    (item,) = tune_plan(_record(LIB_ATTENTION, [BF16_SLOWER, fused, bf16_faster_but_unconfirmed]))
     assert item.reason.endswith(
         "the best config fix can place that tune measured: optimizer=fused, 1.11x faster per step than the "
         "baseline (screened once against the baseline run beside it, spread not measured)"
@@ -113,17 +125,20 @@ def test_the_refusal_names_the_best_config_fix_can_place_that_tune_measured() ->
 def test_a_record_without_attention_sites_refuses_rather_than_guessing() -> None:
     (item,) = tune_plan(_record([]))
     assert item.edit is None
-    assert "fix cannot place amp_fp32_attention (the record does not say where the model called" in item.reason
+    assert (
+        "fix cannot place amp_fp32_attention (the record does not say where the model called" in item.reason
+    )
 
 
 def test_tune_says_what_fix_will_not_patch_when_it_writes_its_result() -> None:
     assert fix_note(_record(HF_ATTENTION)) == ""
-    note = fix_note(_record(OWN_ATTENTION))
+    assert fix_note(_record(OWN_ATTENTION)) == ""
+    note = fix_note(_record(LIB_ATTENTION))
     assert note.startswith("scalpel fix will not patch amp=bf16 + amp_fp32_attention: fix cannot place ")
 
 
 def test_the_printed_snippet_is_the_whole_code_and_parses() -> None:
-    (planned,) = tune_plan(_record(OWN_ATTENTION))
+    (planned,) = tune_plan(_record(LIB_ATTENTION))
     item = Item(planned.label, "tune", "not patched", reason=planned.reason, snippet=planned.snippet)
     lines = summary_lines(FixResult(patch="", items=[item], root=None))
     start = lines.index(next(line for line in lines if line.startswith("not patched:"))) + 1
@@ -168,3 +183,75 @@ def test_autocast_holds_the_forward_and_loss_never_zero_grad() -> None:
     assert out.status == "applied", out.reason
     assert f"        with {AMP}:\n            out = model(x)\n            loss = " in new
     assert "\n        opt.zero_grad()\n        loss.backward()\n" in new
+
+
+ATTENTION = """import torch
+from torch.nn import functional as F
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, 2, 8).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # the call
+        return self.proj(att.transpose(1, 2).reshape(b, t, c))
+"""
+
+
+def _attention(source: str, state: dict[str, object] | None = None) -> object:
+    namespace: dict[str, object] = {}
+    exec(compile(source, "attention.py", "exec"), namespace)  # the test's own source text
+    module = namespace["Attention"]()
+    if state is not None:
+        module.load_state_dict(state)
+    return module
+
+
+def test_fp32_attention_in_the_users_call_computes_what_tunes_knob_measured() -> None:
+    import torch
+
+    from torchscalpel.tune.apply import applied
+
+    new, out = apply_edit(ATTENTION, Edit(kind="fp32_attention_call", line=15))
+    assert out.status == "applied", out.reason
+    assert (
+        "        if torch.is_autocast_enabled(q.device.type):  # tune's amp_fp32_attention\n"
+        "            with torch.autocast(device_type=q.device.type, enabled=False):\n"
+        "                att = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)"
+        "  # the call\n"
+        "        else:\n"
+        "            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # the call\n"
+    ) in new
+    assert apply_edit(new, Edit(kind="fp32_attention_call", line=19))[1].status == "already"
+
+    torch.manual_seed(0)
+    measured, x = _attention(ATTENTION), torch.randn(2, 6, 16)
+    patched = _attention(new, measured.state_dict())
+    with applied(WINNER):  # tune's knob: root autocast + the patched F.scaled_dot_product_attention
+        y_knob = measured(x)
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):  # what fix's autocast edit writes
+        y_fix = patched(x)
+    assert torch.equal(y_knob, y_fix.float())
+    y_knob.pow(2).mean().backward()
+    y_fix.float().pow(2).mean().backward()
+    assert all(
+        torch.equal(a.grad, b.grad) for a, b in zip(measured.parameters(), patched.parameters(), strict=True)
+    )
+    # without autocast (an evaluation, say) the patched call is the original one
+    assert torch.equal(_attention(ATTENTION, measured.state_dict())(x), patched(x))
+
+
+def test_fp32_attention_refuses_a_call_it_cannot_read() -> None:
+    starred = ATTENTION.replace("(q, k, v, is_causal=True)", "(*qkv, is_causal=True)")
+    _, out = apply_edit(starred, Edit(kind="fp32_attention_call", line=15))
+    assert out.status == "refused"
+    assert (
+        out.reason
+        == "the attention call passes *args or **kwargs, so its query, key and value cannot be read"
+    )

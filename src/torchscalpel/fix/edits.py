@@ -19,6 +19,8 @@ The kinds:
   model is built, ``opt.zero_grad(set_to_none=True)`` after ``opt.step()``);
 - ``save_state_dict``: ``torch.save(model, ...)`` saves ``model.state_dict()``;
 - ``grad_scaler`` (:mod:`torchscalpel.fix.edits_amp`): fp16 autocast with a ``torch.amp.GradScaler``;
+- ``fp32_attention_call`` (:mod:`torchscalpel.fix.edits_amp`): the user's own
+  ``F.scaled_dot_product_attention`` call run in float32 while autocast is on (tune's ``amp_fp32_attention``);
 - ``channels_last_inputs`` (:mod:`torchscalpel.fix.edits_layout`): the forward's 4-D inputs in
   channels_last.
 """
@@ -457,6 +459,7 @@ _EDITORS = {
     "save_state_dict": _save_state_dict,
     **MEMORY_EDITORS,  # checkpoint_call, zero_grad_after_step, batch_accum (fix/edits_memory.py)
     "grad_scaler": lambda m, w, e: _lazy("edits_amp", "grad_scaler")(m, w, e),
+    "fp32_attention_call": lambda m, w, e: _lazy("edits_amp", "fp32_attention_call")(m, w, e),
     "channels_last_inputs": lambda m, w, e: _lazy("edits_layout", "channels_last_inputs")(m, w, e),
 }
 EDIT_KINDS = tuple(_EDITORS)

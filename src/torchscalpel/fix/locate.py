@@ -282,7 +282,7 @@ def settings_plan(record: RunRecord, settings: dict[str, Any]) -> list[Planned]:
     if settings.get("amp_fp32_attention"):
         from torchscalpel.fix.locate_knobs import fp32_attention_plan
 
-        out.append(fp32_attention_plan(tune.facts, sites))
+        out += fp32_attention_plan(tune.facts, sites)
     for key in ("cudnn_benchmark", "microbatches"):
         if settings.get(key) is not None:
             out.append(
