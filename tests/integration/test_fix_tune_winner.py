@@ -107,7 +107,7 @@ def test_a_combined_winner_is_patched_whole_and_trains_as_tune_measured(tmp_path
 
 def test_tune_judges_compile_on_a_script_that_saves_the_whole_model(tmp_path: Path) -> None:
     saved = tmp_path / "model.pt"
-    target = Target(script=FIXTURES / "tiny_train.py", args=["--steps", "12", "--save", str(saved)])
+    target = Target(script=FIXTURES / "saves_model.py", args=["--steps", "12", "--save", str(saved)])
     for region in ("Block", "model"):
         spec = CompileSpec(target=region, backend="aot_eager")
         result = run_trial(
