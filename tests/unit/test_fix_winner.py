@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,18 @@ def test_a_combined_winner_on_a_transformers_model_is_planned_whole() -> None:
     assert "query.float(), key.float(), value.float()" in attention.code
     assert "with torch.autocast(device_type=device, enabled=False):" in attention.code
     ast.parse(attention.code.replace("{var}", "model"))
+
+
+def test_a_transformers_model_built_by_from_config_takes_the_attention_at_its_line() -> None:
+    record = _record(HF_ATTENTION)
+    record.sections["sites"] = {**SITES, "model": _site(18, "LlamaForCausalLM", library="transformers")}
+    plan = {p.label: p for p in tune_plan(record)}
+    edit = plan["amp_fp32_attention"].edit
+    assert (edit.line, edit.callee) == (18, ".from_")  # the line must hold from_config / from_pretrained
+    source = "import torch\nmodel = AutoModelForCausalLM.from_config(cfg)\n"
+    assert apply_edit(source, replace(edit, line=2))[1].status == "applied"
+    _, refused = apply_edit("trainer = Trainer(model_init=make)\n", replace(edit, line=1))
+    assert refused.status == "refused" and refused.reason == "line 1 does not hold .from_"
 
 
 def test_a_combined_winner_with_attention_in_the_users_code_is_planned_whole() -> None:

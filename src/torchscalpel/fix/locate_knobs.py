@@ -288,7 +288,11 @@ def fp32_attention_plan(facts: dict[str, Any], sites: SitesSection) -> list[Plan
             )
         ]
     model = sites.model or {}
-    if why := model_site_refusal(model):
+    # A model transformers builds from the user's line (``AutoModelForCausalLM.from_config(...)``,
+    # ``from_pretrained``) is that line's value: the edit then requires the line to hold that call, so a
+    # line that builds something else around the model (a Trainer) is refused, never switched.
+    from_hf = model.get("library") == "transformers"
+    if why := model_site_refusal({**model, "library": None} if from_hf else model):
         return [Planned.refused(label, "tune", snippet, why)]
     return [
         Planned(
@@ -298,6 +302,7 @@ def fp32_attention_plan(facts: dict[str, Any], sites: SitesSection) -> list[Plan
             Edit(
                 kind="after_statement",
                 line=int(model["line"]),
+                callee=".from_" if from_hf else "",
                 code=HF_FP32_ATTENTION,
                 marker=f'.set_attn_implementation("{FP32_ATTENTION_NAME}")',
             ),
