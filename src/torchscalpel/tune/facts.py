@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 MAX_ATTENTION_SITES = 8
 """Distinct ``F.scaled_dot_product_attention`` call sites kept (a model has one or two attention classes)."""
+ATTENTION_CALLS_WALKED = 256
+"""The calls whose stack is read for their site: a model's layers all call in its first forward."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -223,7 +225,12 @@ class FactsObserver(Observer):
         def counted(*args: Any, **kwargs: Any) -> Any:
             if not torch.compiler.is_compiling():
                 self._attention_calls += 1
-                if len(self._attention_sites) < MAX_ATTENTION_SITES:
+                # the first calls show every site (the model's layers in its first forward); a stack walk
+                # per call after them would only slow the facts run
+                if (
+                    self._attention_calls <= ATTENTION_CALLS_WALKED
+                    and len(self._attention_sites) < MAX_ATTENTION_SITES
+                ):
                     self._note_attention_site(sys._getframe(1))
             return original(*args, **kwargs)
 
