@@ -76,7 +76,11 @@ def test_a_combined_winner_is_patched_whole_and_trains_as_tune_measured(tmp_path
 
     done = run_cli("fix", str(run), "--apply", cwd=script.parent)
     assert done.returncode == 0, done.stderr
-    assert "patched: autocast bf16" in done.stderr and "patched: amp_fp32_attention" in done.stderr
+    said = (done.stdout + done.stderr).splitlines()
+    assert (
+        "patched: autocast bf16 (train.py:33)" in said and "patched: amp_fp32_attention (train.py:29)" in said
+    )
+    assert not any(line.startswith("not patched") for line in said), said
     patched = script.read_text(encoding="utf-8")
     # autocast holds the forward only: zero_grad, backward and step stay outside
     assert (
