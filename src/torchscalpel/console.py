@@ -143,6 +143,12 @@ def fit_code(code: str, width: int) -> str:
             out.append(line)
             continue
         indent = line[: len(line) - len(line.lstrip())]
+        if line.lstrip().startswith("#"):  # a comment line of its own: wrapped as comment lines
+            text = line.lstrip().lstrip("#").strip()
+            out.extend(
+                f"{indent}# {piece}" for piece in textwrap.wrap(text, max(20, width - len(indent) - 2))
+            )
+            continue
         statement, comment = _split_comment(line)
         if comment:
             for piece in textwrap.wrap(comment.lstrip("# "), max(20, width - len(indent) - 2)):

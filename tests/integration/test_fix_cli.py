@@ -325,7 +325,7 @@ def test_fp16_grad_scaler_and_channels_last_at_the_recorded_lines_of_a_conv_loop
     assert lines[loop + 1 : loop + 7] == [
         '        with torch.autocast(device_type="cpu", dtype=torch.float16):',
         "            loss = nn.functional.cross_entropy(model(xb.contiguous(memory_format=torch.channels_last)), yb)",
-        "            opt.zero_grad()",
+        "        opt.zero_grad()",  # autocast holds the forward and the loss only (issue 37)
         "        scaler.scale(loss).backward()",
         "        scaler.step(opt)",
         "        scaler.update()",

@@ -64,7 +64,11 @@ def test_bf16_already_on_at_the_forward_is_done_not_refused() -> None:
 def test_an_optimizer_built_in_a_library_is_not_patched_without_its_framework() -> None:
     record = _record({"optimizer": "fused"}, {"optimizers": [_site(53, "AdamW", library="somelib")]})
     (item,) = tune_plan(record)
-    assert item.edit is None and item.reason == "the optimizer is built inside somelib, not in your code"
+    assert item.edit is None
+    assert item.reason == (
+        "the optimizer is built inside somelib, not in your code; "
+        "tune measured no other config faster than the baseline that fix can place"
+    )
     assert "fused=True" in item.snippet
 
 

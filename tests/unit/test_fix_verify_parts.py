@@ -23,7 +23,7 @@ def test_a_tree_names_what_a_run_wrote_and_is_put_back_as_made(tmp_path: Path) -
     (src / "data").mkdir(parents=True)
     (src / "train.py").write_text("print('old')\n", encoding="utf-8")
     (src / "data" / "x.txt").write_text("data\n", encoding="utf-8")
-    tree = Tree.copy(src, tmp_path / "copy", {"train.py": "print('patched')\n"})
+    tree = Tree.copy(src, tmp_path / "copy", {"train.py": b"print('patched')\n"})
     assert tree.written() == []
     (tree.path / "ckpt").mkdir()
     (tree.path / "ckpt" / "last.pt").write_bytes(b"x")

@@ -22,6 +22,8 @@ The kinds:
 - ``safe_load`` (the same module): ``weights_only=True`` on a ``torch.load``, with its writer when the
   file saves a whole module to that path;
 - ``grad_scaler`` (:mod:`torchscalpel.fix.edits_amp`): fp16 autocast with a ``torch.amp.GradScaler``;
+- ``fp32_attention_call`` (:mod:`torchscalpel.fix.edits_amp`): the user's own
+  ``F.scaled_dot_product_attention`` call run in float32 while autocast is on (tune's ``amp_fp32_attention``);
 - ``channels_last_inputs`` (:mod:`torchscalpel.fix.edits_layout`): the forward's 4-D inputs in
   channels_last;
 - ``sdpa`` (:mod:`torchscalpel.fix.edits_attention`): hand-written attention as one
@@ -314,16 +316,50 @@ def _autocast(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.M
     if i > j:
         raise EditError("the backward comes before the forward in that block")
     header = cst.parse_expression(edit.code)
-    wrapped = cst.With(
-        items=[cst.WithItem(item=header)],
-        body=cst.IndentedBlock(body=body[i:j]),
-        leading_lines=getattr(body[i], "leading_lines", ()),
-    )
-    inner = list(wrapped.body.body)
-    inner[0] = inner[0].with_changes(leading_lines=())
-    wrapped = wrapped.with_changes(body=wrapped.body.with_changes(body=inner))
-    body[i:j] = [wrapped]
+    # Autocast holds the forward and the loss only: a zero_grad / step / backward between them (a loop
+    # that zeroes after the forward) stays outside, between two blocks when compute follows it.
+    new: list[cst.BaseStatement] = []
+    run: list[cst.BaseStatement] = []
+    for stmt in [*body[i:j], None]:
+        if stmt is not None and not _optimizer_statement(stmt):
+            run.append(stmt)
+            continue
+        if run:
+            new.append(_autocast_block(header, run))
+            run = []
+        if stmt is not None:
+            new.append(stmt)
+    body[i:j] = new
     return module.visit(_Replace(owner, _with_body(owner, body)))
+
+
+OUTSIDE_AUTOCAST = frozenset({"zero_grad", "backward", "step"})
+"""Calls that are no part of the forward and loss: torch's autocast recipe keeps them out of the block."""
+
+
+def _optimizer_statement(stmt: cst.BaseStatement) -> bool:
+    """True when the statement calls ``.zero_grad()``, ``.backward()`` or ``.step()`` anywhere in it."""
+
+    class Finder(cst.CSTVisitor):
+        found = False
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in OUTSIDE_AUTOCAST:
+                self.found = True
+
+    finder = Finder()
+    stmt.visit(finder)
+    return finder.found
+
+
+def _autocast_block(header: cst.BaseExpression, stmts: list[cst.BaseStatement]) -> cst.With:
+    """``with HEADER:`` over ``stmts``; the first one's blank lines and comments move above the ``with``."""
+    inner = [stmts[0].with_changes(leading_lines=()), *stmts[1:]]
+    return cst.With(
+        items=[cst.WithItem(item=header)],
+        body=cst.IndentedBlock(body=inner),
+        leading_lines=getattr(stmts[0], "leading_lines", ()),
+    )
 
 
 def _with_body(owner: cst.CSTNode, body: list[cst.BaseStatement]) -> cst.CSTNode:
@@ -411,6 +447,7 @@ _EDITORS = {
     "safe_load": lambda m, w, e: _lazy("edits_checkpoint", "safe_load")(m, w, e),
     **MEMORY_EDITORS,  # checkpoint_call, zero_grad_after_step, batch_accum (fix/edits_memory.py)
     "grad_scaler": lambda m, w, e: _lazy("edits_amp", "grad_scaler")(m, w, e),
+    "fp32_attention_call": lambda m, w, e: _lazy("edits_amp", "fp32_attention_call")(m, w, e),
     "channels_last_inputs": lambda m, w, e: _lazy("edits_layout", "channels_last_inputs")(m, w, e),
     "sdpa": lambda m, w, e: _lazy("edits_attention", "sdpa")(m, w, e),  # unfused-attention (profile)
 }

@@ -243,3 +243,106 @@ def grad_scaler(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst
     text, _ = _autocast_part(text, fwd, bwd, edit.code)
     text, _ = _scaler_part(text, opt, device)
     return None if text == source else cst.parse_module(text)
+
+
+ATTENTION = "scaled_dot_product_attention"
+
+
+def _has_torch(module: cst.Module) -> bool:
+    return any(
+        isinstance(s, cst.SimpleStatementLine)
+        and isinstance(s.body[0], cst.Import)
+        and any(_code(n.name) == "torch" and n.asname is None for n in s.body[0].names)
+        for s in module.body
+    )
+
+
+def _under_fp32_attention(wrapper: MetadataWrapper, stmt: cst.CSTNode) -> bool:
+    """True when ``stmt`` already sits in this edit's ``if torch.is_autocast_enabled(...)`` block."""
+    parents = wrapper.resolve(ParentNodeProvider)
+    node: cst.CSTNode | None = stmt
+    while node is not None:
+        if isinstance(node, cst.If) and "torch.is_autocast_enabled(" in _code(node.test):
+            return True
+        node = parents.get(node)
+    return False
+
+
+def _float_mask(arg: cst.Arg) -> cst.Arg:
+    """``attn_mask=M``: a floating mask in float32, as the knob passes it (``None`` and bool masks as they are)."""
+    value = arg.value
+    if isinstance(value, cst.Name) and value.value == "None":
+        return arg
+    if not isinstance(value, cst.Name | cst.Attribute):
+        raise EditError("the attn_mask is an expression; name it first so it is computed once")
+    m = _code(value)
+    cast = cst.parse_expression(
+        f"{m}.float() if isinstance({m}, torch.Tensor) and {m}.is_floating_point() else {m}"
+    )
+    return arg.with_changes(value=cast)
+
+
+def fp32_attention_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """tune's ``amp_fp32_attention`` at the user's own ``F.scaled_dot_product_attention(q, k, v, ...)`` call
+    (``edit.line``): while autocast is on, the call runs on float32 ``q``, ``k``, ``v`` (a floating
+    ``attn_mask=`` too) with autocast off, as the knob's wrapper does; otherwise the statement runs as it
+    was. The user's own arguments (mask, ``is_causal``, dropout) are kept::
+
+        if torch.is_autocast_enabled(q.device.type):  # tune's amp_fp32_attention
+            with torch.autocast(device_type=q.device.type, enabled=False):
+                y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """
+    from torchscalpel.fix.edits import _find_call, _Replace
+
+    stmt, _ = _statement_at(wrapper, edit.line)
+    if _under_fp32_attention(wrapper, stmt):
+        return None
+    call = _find_call(wrapper, ATTENTION, edit.line)
+    if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
+        raise EditError(f"line {edit.line} is not one simple statement holding the attention call")
+    if not _has_torch(module):
+        raise EditError("the file has no top-level 'import torch' for the autocast check")
+    args = list(call.args)
+    if any(a.star for a in args):
+        raise EditError(
+            "the attention call passes *args or **kwargs, so its query, key and value cannot be read"
+        )
+    qkv = args[:3]
+    if len(qkv) < 3 or any(a.keyword is not None for a in qkv):
+        raise EditError("the attention call does not pass query, key and value as its first three arguments")
+    if not all(isinstance(a.value, cst.Name | cst.Attribute | cst.Subscript | cst.Call) for a in qkv):
+        raise EditError("the attention call's query, key or value is an expression fix would need to bracket")
+    if not isinstance(qkv[0].value, cst.Name | cst.Attribute):
+        raise EditError("the attention call's query is computed in the call; name it first")
+    rest = [
+        _float_mask(a) if a.keyword is not None and a.keyword.value == "attn_mask" else a for a in args[3:]
+    ]
+    floats = [
+        a.with_changes(value=cst.Call(func=cst.Attribute(value=a.value, attr=cst.Name("float")))) for a in qkv
+    ]
+    fp32 = stmt.visit(_Replace(call, call.with_changes(args=[*floats, *rest])))
+    assert isinstance(fp32, cst.SimpleStatementLine)  # a call replaced inside it: still the one statement
+    device = f"{_code(qkv[0].value)}.device.type"
+    template = cst.parse_statement(
+        f"if torch.is_autocast_enabled({device}):  # tune's amp_fp32_attention\n"
+        f"    with torch.autocast(device_type={device}, enabled=False):\n"
+        "        pass\n"
+        "else:\n"
+        "    pass\n"
+    )
+    assert isinstance(template, cst.If) and isinstance(template.orelse, cst.Else)
+    inner = template.body.body[0]
+    assert isinstance(inner, cst.With)
+    plain = stmt.with_changes(leading_lines=())
+    guarded = template.with_changes(
+        leading_lines=stmt.leading_lines,
+        body=template.body.with_changes(
+            body=[
+                inner.with_changes(body=inner.body.with_changes(body=[fp32.with_changes(leading_lines=())]))
+            ]
+        ),
+        orelse=template.orelse.with_changes(body=template.orelse.body.with_changes(body=[plain])),
+    )
+    return module.visit(_Replace(stmt, guarded))

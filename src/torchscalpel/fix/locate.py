@@ -16,8 +16,8 @@ from typing import Any
 
 from torchscalpel.fix import code
 from torchscalpel.fix.edits import Edit
+from torchscalpel.fix.record_values import settings_of, tune_settings
 from torchscalpel.fix.record_values import sites as checked_sites
-from torchscalpel.fix.record_values import tune_settings
 from torchscalpel.record import RunRecord
 from torchscalpel.sections import SitesSection, TuneSection
 
@@ -133,13 +133,94 @@ def _one_site(sites: list[dict[str, Any]], what: str) -> tuple[dict[str, Any] | 
 
 
 def tune_plan(record: RunRecord) -> list[Planned]:
-    """The edits for the settings tune kept (``sections["tune"]["settings"]``)."""
+    """The edits for the settings tune kept (``sections["tune"]["settings"]``): every part of the winner,
+    or, when one part cannot be placed, one refusal of the whole (see :func:`winner_refusal`)."""
     tune = record.section(TuneSection)
     typed = tune_settings(record)  # checked: enums, ints in range, known knob names
     if tune is None or typed is None or typed.is_baseline():
         return []
+    parts = settings_plan(record, typed.to_dict())
+    blocked = [p for p in parts if p.edit is None and not p.done]
+    if not blocked:
+        return parts
+    # A part of a combined winner alone is not what tune measured (bf16 without fp32 attention ran at
+    # 0.81x where the pair ran at 1.32x): the winner is patched whole or not at all.
+    return [winner_refusal(record, tune, blocked)]
+
+
+def placeable(parts: list[Planned]) -> bool:
+    """Every part has an edit, or the script already does it."""
+    return all(p.edit is not None or p.done for p in parts)
+
+
+def best_placeable(record: RunRecord) -> tuple[dict[str, Any], Any] | None:
+    """The trial tune measured faster than the baseline (verdict ``winner`` or ``faster``) with the
+    highest speedup whose every part fix can place, and its :class:`~torchscalpel.tune.speedup.Speedup`;
+    None when there is none."""
+    from torchscalpel.tune.speedup import speedup_of
+    from torchscalpel.tune.states import Verdict
+
+    tune = record.section(TuneSection)
+    if tune is None:
+        return None
+    best: tuple[dict[str, Any], Any] | None = None
+    for i, trial in enumerate(tune.trials):
+        if not isinstance(trial, dict) or not isinstance(trial.get("settings"), dict):
+            continue
+        if str(trial.get("verdict")) not in (Verdict.WINNER, Verdict.FASTER):
+            continue
+        value = speedup_of(trial)
+        if value.ratio is None or value.ratio <= 1.0:
+            continue  # measured no faster than the baseline beside it: never offered
+        if best is not None and value.ratio <= best[1].ratio:
+            continue
+        # A trial's settings are record data like the kept ones: checked before any edit is planned.
+        typed = settings_of(trial["settings"], f"sections.tune.trials[{i}].settings")
+        if not typed.is_baseline() and placeable(settings_plan(record, typed.to_dict())):
+            best = (trial, value)
+    return best
+
+
+def winner_refusal(record: RunRecord, tune: TuneSection, blocked: list[Planned]) -> Planned:
+    """The one ``not patched`` item for a winner with a part fix cannot place: which part and why, and
+    the best configuration tune measured that fix can place (with its measured speedup). A winner of one
+    part keeps its own label, reason and snippet; a combined one is refused under its label, with the
+    winner's whole code as the snippet (tune's ``code_lines``)."""
+    from torchscalpel.tune.speedup import speedup_of
+
+    alternative = alternative_text(record)
+    parts = settings_plan(record, tune.settings)
+    if len(parts) == 1:
+        (part,) = blocked
+        return Planned.refused(part.label, "tune", part.snippet, f"{part.reason}; {alternative}")
+    winner = tune.winner or {}
+    label = str(winner.get("label") or " + ".join(p.label for p in parts))
+    measured = speedup_of(winner).text() if winner else "-"
+    what = "; ".join(f"{p.label} ({p.reason})" for p in blocked)
+    reason = (
+        f"fix cannot place {what}, and patches no part of the winner alone (a part alone is not what tune "
+        + (f"measured at {measured}); " if measured != "-" else "measured); ")
+        + alternative
+    )
+    snippet = "\n".join(tune.code_lines) or "\n".join(p.snippet for p in parts)
+    return Planned.refused(label, "tune", snippet, reason)
+
+
+def alternative_text(record: RunRecord) -> str:
+    """``the best config fix can place that tune measured: LABEL, 1.10x faster per step than the baseline
+    (...)``, or that there is none."""
+    best = best_placeable(record)
+    if best is None:
+        return "tune measured no other config faster than the baseline that fix can place"
+    trial, value = best
+    return f"the best config fix can place that tune measured: {trial.get('label')}, {value.sentence()}"
+
+
+def settings_plan(record: RunRecord, settings: dict[str, Any]) -> list[Planned]:
+    """The edits for one configuration of tune's settings (``TuneSettings.to_dict`` form of checked
+    settings), each part placed or refused with its reason."""
+    tune = record.section(TuneSection) or TuneSection()
     sites = checked_sites(record)
-    settings = typed.to_dict()
     framework = framework_of(sites)
     script = _script_file(record, sites)
     out: list[Planned] = []
@@ -208,20 +289,33 @@ def tune_plan(record: RunRecord) -> list[Planned]:
         from torchscalpel.fix.locate_knobs import checkpointing_plan, repeated_blocks
 
         out.append(checkpointing_plan(repeated_blocks(tune.facts), sites, framework, script))
-    for key in ("cudnn_benchmark", "microbatches", "amp_fp32_attention"):
+    if settings.get("amp_fp32_attention"):
+        from torchscalpel.fix.locate_knobs import fp32_attention_plan
+
+        out += fp32_attention_plan(tune.facts, sites)
+    for key in ("cudnn_benchmark", "microbatches"):
         if settings.get(key) is not None:
-            lines = [line for line in tune.code_lines if line.strip()]
             out.append(
-                Planned(
+                Planned.refused(
                     f"{key}={settings[key]}",
                     "tune",
-                    None,
-                    None,
-                    "\n".join(lines[:6]),
+                    _knob_code(settings, key),
                     f"fix does not place {key} edits yet",
                 )
             )
     return out
+
+
+def _knob_code(settings: dict[str, Any], key: str) -> str:
+    """Tune's own code lines for the one setting ``key`` (complete: every line the knob writes)."""
+    from torchscalpel.tune.apply import code_lines
+    from torchscalpel.tune.settings import TuneSettings
+
+    try:
+        only = TuneSettings.from_dict({key: settings[key]})
+    except (TypeError, ValueError):
+        return f"# {key} = {settings[key]!r}"
+    return "\n".join(code_lines(only))
 
 
 def _amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path | None) -> Planned:

@@ -211,3 +211,110 @@ def checkpointing_plan(
 def repeated_blocks(facts: dict[str, Any]) -> list[str]:
     """The repeated block classes tune's facts name (``facts["repeated"][*]["cls"]``), biggest first."""
     return [str(r.get("cls")) for r in facts.get("repeated") or [] if isinstance(r, dict) and r.get("cls")]
+
+
+FP32_ATTENTION_NAME = "sdpa_fp32"
+"""The attention implementation fix registers with transformers for ``amp_fp32_attention``."""
+
+HF_FP32_ATTENTION = """def _sdpa_fp32(module, query, key, value, attention_mask, **kwargs):
+    # scalpel tune's amp_fp32_attention: transformers' sdpa attention in float32 under autocast (on a
+    # CPU the bf16 attention backward is slower than the float32 one), the model's attention from here on
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    device = query.device.type
+    if not torch.is_autocast_enabled(device):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.float()
+    with torch.autocast(device_type=device, enabled=False):
+        return sdpa_attention_forward(
+            module, query.float(), key.float(), value.float(), attention_mask, **kwargs
+        )
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+AttentionInterface.register("NAME", _sdpa_fp32)
+AttentionMaskInterface.register("NAME", sdpa_mask)
+{var}.set_attn_implementation("NAME")
+""".replace("NAME", FP32_ATTENTION_NAME)
+"""What tune's ``amp_fp32_attention`` does (``torch.nn.functional.scaled_dot_product_attention`` run on
+float32 inputs with autocast off while autocast is on, a floating mask in float32), as code for a
+transformers model: its sdpa attention wrapped so and registered as an attention implementation of its
+own, which the model is switched to after the line that builds it."""
+
+
+def fp32_attention_plan(facts: dict[str, Any], sites: SitesSection) -> list[Planned]:
+    """``amp_fp32_attention`` placed where the run's attention ran: each of the user's own
+    ``scaled_dot_product_attention`` calls (the ``fp32_attention_call`` edit at its line), or a transformers
+    model's attention implementation (after the model's recorded line); refused for attention inside
+    another library (or a mix) and for a record that does not say where the attention ran."""
+    label = "amp_fp32_attention"
+    snippet = HF_FP32_ATTENTION.replace("{var}", "model").rstrip("\n")
+    found = facts.get("attention_sites")
+    called = [s for s in found if isinstance(s, dict)] if isinstance(found, list) else []
+    if not called:
+        return [
+            Planned.refused(
+                label,
+                "tune",
+                OWN_FP32_ATTENTION,
+                "the record does not say where the model called scaled_dot_product_attention (re-run scalpel tune)",
+            )
+        ]
+    libraries = {s.get("library") for s in called}
+    if libraries == {None}:
+        out = []
+        for site in called:
+            where = f"{Path(str(site.get('file'))).name}:{site.get('line')}"
+            out.append(
+                Planned(
+                    f"amp_fp32_attention ({where})" if len(called) > 1 else label,
+                    "tune",
+                    Path(str(site["file"])),
+                    Edit(kind="fp32_attention_call", line=int(site["line"])),
+                    OWN_FP32_ATTENTION,
+                )
+            )
+        return out
+    if libraries != {"transformers"}:
+        inside = ", ".join(sorted(str(lib) for lib in libraries if lib))
+        mixed = " and in your code" if None in libraries else ""
+        return [
+            Planned.refused(
+                label,
+                "tune",
+                OWN_FP32_ATTENTION,
+                f"the attention runs inside {inside}{mixed}; fix places float32 attention in your own "
+                "scaled_dot_product_attention calls and through a transformers model's attention implementation",
+            )
+        ]
+    model = sites.model or {}
+    # A model transformers builds from the user's line (``AutoModelForCausalLM.from_config(...)``,
+    # ``from_pretrained``) is that line's value: the edit then requires the line to hold that call, so a
+    # line that builds something else around the model (a Trainer) is refused, never switched.
+    from_hf = model.get("library") == "transformers"
+    if why := model_site_refusal({**model, "library": None} if from_hf else model):
+        return [Planned.refused(label, "tune", snippet, why)]
+    return [
+        Planned(
+            label,
+            "tune",
+            Path(model["file"]),
+            Edit(
+                kind="after_statement",
+                line=int(model["line"]),
+                callee=".from_" if from_hf else "",
+                code=HF_FP32_ATTENTION,
+                marker=f'.set_attn_implementation("{FP32_ATTENTION_NAME}")',
+            ),
+            snippet,
+        )
+    ]
+
+
+OWN_FP32_ATTENTION = """if torch.is_autocast_enabled(q.device.type):  # tune's amp_fp32_attention
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        y = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+else:
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)"""
+"""The ``fp32_attention_call`` edit on an example call, the snippet for attention in the user's code."""

@@ -140,14 +140,20 @@ def tune_settings(record: RunRecord) -> TuneSettings | None:
     tune = record.section(TuneSection)
     if tune is None:
         return None
-    if not isinstance(tune.settings, dict):
-        raise _fail("sections.tune.settings", "an object", tune.settings)
+    return settings_of(tune.settings, "sections.tune.settings")
+
+
+def settings_of(value: Any, field: str) -> TuneSettings:
+    """One configuration of tune's settings read from a record (the kept one, or a trial's) as
+    :class:`TuneSettings`, refused in one sentence naming ``field`` when it does not check."""
+    if not isinstance(value, dict):
+        raise _fail(field, "an object", value)
     try:
-        return TuneSettings.from_dict(tune.settings)
+        return TuneSettings.from_dict(value)
     except ValueError as exc:
         text = str(exc)
         joiner = ": " if text.startswith("unknown") else "."
-        raise RecordValueError(f"sections.tune.settings{joiner}{text}") from None
+        raise RecordValueError(f"{field}{joiner}{text}") from None
 
 
 def _check_tune(record: RunRecord) -> None:

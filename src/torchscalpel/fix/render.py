@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from torchscalpel.console import fit_code
 from torchscalpel.fix.diff import printable
 from torchscalpel.fix.stage import FixResult
+
+SNIPPET_WIDTH = 76
+"""A snippet's lines are printed four columns in, re-laid to fit 80 (``fit_code``: still valid Python)."""
 
 
 def summary_lines(result: FixResult) -> list[str]:
@@ -14,7 +18,8 @@ def summary_lines(result: FixResult) -> list[str]:
         where = f" ({item.where})" if item.where else ""
         if item.status == "not patched":
             out.append(f"not patched: {item.label}: {item.reason}; by hand:")
-            out.extend(f"    {line}" for line in item.snippet.splitlines() or ["-"])
+            # the whole snippet, re-laid to the width and never cut: a copy of it must parse
+            out.extend(f"    {line}" for line in fit_code(item.snippet, SNIPPET_WIDTH).splitlines() or ["-"])
         elif item.status == "already":
             out.append(f"already done: {item.label}{where}")
         else:

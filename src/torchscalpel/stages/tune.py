@@ -37,18 +37,26 @@ def save_outputs(
     out_dir.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
     record = tune_record(result, command)
+    note = fix_note(record)
+    if note and note not in result.notes:
+        # said where the result is written and printed: the terminal prints the notes, run.json keeps them
+        result.notes.append(note)
+        record.sections[TuneSection.KEY]["notes"] = list(result.notes)
     header = [
         f"{TOML_MARK} on {time.strftime('%Y-%m-%d %H:%M')} for: {target_text}",
         f"apply with: scalpel run --config scalpel.toml -- {target_text}",
     ]
     # The verdict line the terminal printed (the one speedup definition, torchscalpel.tune.speedup).
     header.append(result.headline() + ("" if result.winner is not None else ": the [tune] table is empty"))
+    if note:
+        header.append(note)
     paths["settings"] = write_settings_file(result.settings, out_dir / "scalpel.toml", header=header)
     if config_path is not None and _may_overwrite(config_path):
         paths["config"] = write_settings_file(result.settings, config_path, header=header)
     lines = code_lines(result.settings)
     (out_dir / "code.txt").write_text(
-        "\n".join([f"# scalpel tune: {result.headline()}", *lines]) + "\n", encoding="utf-8"
+        "\n".join([f"# scalpel tune: {result.headline()}", *([f"# {note}"] if note else []), *lines]) + "\n",
+        encoding="utf-8",
     )
     paths["code"] = out_dir / "code.txt"
     record.artifacts.update({"record": "run.json", "settings": "scalpel.toml", "code": "code.txt"})
@@ -64,6 +72,24 @@ def save_outputs(
         record.notes.append(f"report failed: {exc!r}")
         save_record(record, out_dir)
     return paths
+
+
+def fix_note(record: RunRecord) -> str:
+    """When ``scalpel fix`` cannot patch tune's winner as measured: ``scalpel fix will not patch LABEL:
+    REASON`` (which part it cannot place, and the best config it can place that tune measured, with its
+    speedup); "" when it can, when nothing won, or when fix's libcst is not installed."""
+    tune = record.section(TuneSection)
+    if tune is None or not tune.winner or not tune.settings:
+        return ""
+    try:
+        from torchscalpel.fix.locate import tune_plan
+    except ImportError:  # without torchscalpel[fix] there is no fix to speak for
+        return ""
+    try:
+        refused = [p for p in tune_plan(record) if p.edit is None and not p.done]
+    except Exception:  # a note, never worth the outputs it would stop being written; fix says it again
+        return ""
+    return "; ".join(f"scalpel fix will not patch {p.label}: {p.reason}" for p in refused)
 
 
 def _may_overwrite(path: Path) -> bool:

@@ -8,6 +8,7 @@ candidates, and to skip a knob with the reason when it cannot apply.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,11 @@ from torchscalpel.runtime.observer import Observer
 if TYPE_CHECKING:
     from torchscalpel.record import RunRecord
     from torchscalpel.runtime.session import Session
+
+MAX_ATTENTION_SITES = 8
+"""Distinct ``F.scaled_dot_product_attention`` call sites kept (a model has one or two attention classes)."""
+ATTENTION_CALLS_WALKED = 256
+"""The calls whose stack is read for their site: a model's layers all call in its first forward."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,6 +71,10 @@ class ModelFacts:
     attention_calls: int | None = None
     """``F.scaled_dot_product_attention`` calls seen in the baseline (None: not counted, an
     older record); 0 means the fp32-attention variant of amp has nothing to change."""
+    attention_sites: list[dict[str, Any]] = field(default_factory=list)
+    """Where those calls came from (the first few distinct ones): the user's ``file:line`` of the call, or
+    of the user's line that led there with ``library`` naming the package that made it (``transformers``):
+    where ``scalpel fix`` places amp's fp32 attention."""
     bottleneck: dict[str, Any] = field(default_factory=dict)
     """The baseline's bottleneck class (:class:`~torchscalpel.tune.bottleneck.Bottleneck` as a dict);
     set by the search from the profiled facts run, read by knobs that tailor their candidates."""
@@ -210,13 +220,28 @@ class FactsObserver(Observer):
         original = F.scaled_dot_product_attention
         self._attention_original = original
         self._attention_calls = 0
+        self._attention_sites: list[dict[str, Any]] = []
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             if not torch.compiler.is_compiling():
                 self._attention_calls += 1
+                # the first calls show every site (the model's layers in its first forward); a stack walk
+                # per call after them would only slow the facts run
+                if (
+                    self._attention_calls <= ATTENTION_CALLS_WALKED
+                    and len(self._attention_sites) < MAX_ATTENTION_SITES
+                ):
+                    self._note_attention_site(sys._getframe(1))
             return original(*args, **kwargs)
 
         F.scaled_dot_product_attention = counted
+
+    def _note_attention_site(self, frame: Any) -> None:
+        from torchscalpel.runtime.sites import caller_site
+
+        site = caller_site(None, frame)
+        if site is not None and site not in self._attention_sites:
+            self._attention_sites.append(site)
 
     def on_forward_pre(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool
@@ -250,6 +275,7 @@ class FactsObserver(Observer):
             F.scaled_dot_product_attention = original
         facts = self.collect(record)
         facts.attention_calls = getattr(self, "_attention_calls", None)
+        facts.attention_sites = list(getattr(self, "_attention_sites", []))
         record.sections["tune_facts"] = facts.to_dict()
 
     def collect(self, record: RunRecord) -> ModelFacts:

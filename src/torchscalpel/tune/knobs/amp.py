@@ -120,7 +120,8 @@ class AmpKnob(Knob):
             lines += [
                 "# attention in float32 inside the autocast region (in the model's forward):",
                 'with torch.autocast(device_type="cpu", enabled=False):',
-                "    att = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)",
+                "    # your call's own arguments (mask, is_causal, dropout_p) stay as they are",
+                "    att = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **attention_kwargs)",
             ]
         return lines
 

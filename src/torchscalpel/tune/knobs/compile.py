@@ -4,8 +4,16 @@ Regions, in the order the search tries them: the repeated blocks (every instance
 class of :mod:`torchscalpel.blocks`, e.g. ``Block``, and only when the baseline's forward called
 it: the regional compile recipe, one compiled graph reused by all instances), the hottest
 top-level submodule by measured forward time, then the whole model. The first time
-the model is called, each matching module's ``forward`` is replaced by its compiled version
-(an instance attribute, so undo simply deletes it); module hooks keep running outside the graph.
+the model is called, each matching module gets its compiled version where ``model.compile()`` puts
+one: the instance's ``_compiled_call_impl``, which ``nn.Module.__getstate__`` leaves out of a pickle, so
+a script's own ``torch.save(model, f)`` or ``copy.deepcopy(model)`` works as without compile (before, a
+``forward`` instance attribute made ``torch.save(model, f)`` fail with a PicklingError and the trial was
+lost). Unlike ``model.compile()``, which compiles ``_call_impl`` with the module's hooks inside the graph,
+only ``forward`` is compiled: the call runs torch's own ``_call_impl`` with the compiled forward in
+place for that call, so module hooks (the runtime's, the amp knob's root autocast) run outside the
+graph. Undo deletes the attribute. The root model's first call, which installs the regions from its
+pre-hook, has already chosen its call path: a region of the whole model compiles on the second call,
+inside the warm-up steps.
 
 On a CPU, inductor's own random numbers are turned off (``fallback_random``) when the model is
 in training mode with active dropout: inductor generates dropout masks with a per-element RNG in
@@ -220,10 +228,10 @@ def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: 
             log.skip("compile", f"{type(module).__name__} has no submodule or class named {spec.target!r}")
             return None
         for target in targets:
-            if "forward" in target.__dict__:  # already replaced (a shared block)
-                continue
-            target.forward = CompiledRegion(
-                target.forward,
+            if target.__dict__.get("_compiled_call_impl") is not None:  # done (a shared block), or the
+                continue  # script's own model.compile(): its compile stays
+            target._compiled_call_impl = CompiledRegion(
+                target,
                 spec,
                 log,
                 recorder,
@@ -240,7 +248,7 @@ def install_compile(spec: CompileSpec, log: ApplyLog, *, single_thread_compile: 
         remove_marks()
         remove_hooks()
         for target in compiled:
-            target.__dict__.pop("forward", None)
+            target.__dict__.pop("_compiled_call_impl", None)
         for restore in undo_random:
             restore()
 
@@ -324,7 +332,8 @@ def no_global_forward_hooks() -> Iterator[None]:
 
 
 class CompiledRegion:
-    """A module's forward replaced by its compiled version, with triage on the first call.
+    """A module's compiled call (its ``_compiled_call_impl``, see the module doc), with triage on the first
+    call: torch's ``_call_impl`` runs with the compiled forward in place of ``forward`` for the call.
 
     The first call tries ``fullgraph=True`` when the spec leaves it open: a region without graph
     breaks compiles as one graph and that is reported; a break is reported (file:line, reason) and
@@ -336,7 +345,7 @@ class CompiledRegion:
 
     def __init__(
         self,
-        forward: Any,
+        module: torch.nn.Module,
         spec: CompileSpec,
         log: ApplyLog,
         recorder: FailureRecorder,
@@ -344,7 +353,8 @@ class CompiledRegion:
         root: torch.nn.Module,
         what: str,
     ) -> None:
-        self.forward = forward
+        self.module = module
+        self.forward = module.forward  # the class's forward, bound: what is compiled
         self.spec = spec
         self.log = log
         self.root = root
@@ -353,11 +363,6 @@ class CompiledRegion:
         self.fn: Any = None
         self.retried = False
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> CompiledRegion:
-        # A script that deep-copies its model (an EMA copy, say) gets the same region, as it got the
-        # same function before; copying dynamo's compiled state is not possible.
-        return self
-
     def _compile(self, fullgraph: bool) -> Any:
         # The mode lives in the recorder (it wraps the backend as torch.compile configures it).
         return torch.compile(
@@ -365,6 +370,21 @@ class CompiledRegion:
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # torch's call path (hooks included) with this region's forward for the call only: between
+        # calls the instance holds no ``forward`` of its own, so pickling it sees the plain module.
+        state = self.module.__dict__
+        had = state.get("forward")
+        state["forward"] = self.run
+        try:
+            return self.module._call_impl(*args, **kwargs)
+        finally:
+            if had is None:
+                state.pop("forward", None)
+            else:
+                state["forward"] = had
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """The compiled forward (compiled on the first call, with triage)."""
         if self.fn is not None:
             with no_global_forward_hooks():
                 try:
