@@ -1,8 +1,9 @@
 """The FastAPI app: ``POST /v1/predict``, ``GET /v1/model``, ``/healthz``, ``/readyz``, ``/metrics``.
 
 No endpoint loads, swaps or manages models: the app serves the one runner it was built with.
-Request handling order for predict: token (401), content type (415), body size and read time
-(413/408), decoding and validation (422), queueing (503 when full), answer or timeout (504).
+Request handling order for predict: token (401), content type (415, from the headers), body size and
+read time (413/408), decoding and validation (422), queueing (503 when full), answer or timeout (504).
+An answer given before the body's end closes the connection (:class:`ConnectionGuard`).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 - Loopback by default; any other address needs a token (``--token-file``), checked in constant
   time (``hmac.compare_digest``) on every endpoint but the health probes.
 - Bodies are read as a stream and counted: over the limit answers 413 whatever Content-Length
-  claimed; a body that trickles in slower than the read timeout answers 408.
+  claimed; a body that trickles in slower than the read timeout answers 408. Either answer closes
+  the connection, so the rest of the body is never read (``app.ConnectionGuard``).
 - Artifacts that unpickle code (``.pt2``, TorchScript) load only with ``--trust``.
 """
 
