@@ -203,6 +203,41 @@ def machine() -> dict:
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "load_1min": os.getloadavg()[0]}
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_abusers(port: int, seconds: float, mode: str, env: dict) -> subprocess.Popen:
+    """Start the abusing process (three looping threads) against ``port`` for ``seconds``."""
+    return subprocess.Popen(
+        [sys.executable, __file__, "--abuser", str(port), str(seconds), mode],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def abuse_cost(server: subprocess.Popen, port: int, modes: list[str], env: dict) -> dict:
+    """Server CPU per abusive body, per framing: 4 s of abusers alone (no valid client), CPU over bodies."""
+    cost = {}
+    for mode in modes:
+        cpu0 = process_cpu_s(server.pid)
+        out, _ = run_abusers(port, 4.0, mode, env).communicate(timeout=120)
+        bodies = sum(json.loads(out.strip().splitlines()[-1]).values())
+        spent = process_cpu_s(server.pid) - cpu0
+        cost[mode] = {
+            "bodies": bodies,
+            "server_cpu_s": round(spent, 2),
+            "ms_per_body": round(1e3 * spent / max(bodies, 1), 2),
+        }
+        print(
+            f"abusers alone, {mode}: {bodies} bodies, server CPU {spent:.2f} s", file=sys.stderr, flush=True
+        )
+    return cost
+
+
 def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
     """Valid c=10 throughput of the batched server alone and under three abusive clients, same run.
 
@@ -212,7 +247,8 @@ def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
     at least 50%), as the median of each round's ratio (a round's cells run back to back, so a load
     that drifts on a shared machine moves both sides of a ratio alike) and as the pooled ratio of
     all rounds. ``--peer-10mib`` adds the same server with ``--max-body 10MiB`` (the default before
-    the cap came from the manifest), which parses every abusive body.
+    the cap came from the manifest), which parses every abusive body. Before the rounds, each framing's
+    abusers run 4 s alone against each server, which gives the server's CPU per abusive body.
     """
     modes = [m for m in args.abuse_modes.split(",") if m]
     if not modes or any(m not in ABUSE_MODES for m in modes):
@@ -235,6 +271,7 @@ def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
     try:
         for _, port in servers.values():
             asyncio.run(measure(port, request, 4, 1.0))
+        cost = {cap: abuse_cost(proc, port, modes, env) for cap, (proc, port) in servers.items()}
         cells_order = [(cap, load) for cap in servers for load in ("unloaded", *modes)]
         for rnd in range(args.rounds):
             per_round.append({})
@@ -243,12 +280,7 @@ def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
                 port = servers[cap][1]
                 abusers = None
                 if load != "unloaded":
-                    abusers = subprocess.Popen(
-                        [sys.executable, __file__, "--abuser", str(port), str(args.seconds + 1.5), load],
-                        env=env,
-                        stdout=subprocess.PIPE,
-                        text=True,
-                    )
+                    abusers = run_abusers(port, args.seconds + 1.5, load, env)
                     time.sleep(1.0)  # the abusers are looping before the valid clients start
                 lat, err, wall = asyncio.run(measure(port, request, 10, args.seconds))
                 if abusers is not None:
@@ -287,6 +319,7 @@ def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
         "kept_per_round": rounds_kept,
         "kept_pooled": pooled,
         "abusers_saw": abusers_seen,
+        "abusers_alone": cost,
     }
     print(json.dumps(report, indent=1))
     print(f"{'cell':<26} {'req/s':>8} {'p99 ms':>8} {'kept (median of rounds)':>24} {'kept (pooled)':>14}")
@@ -294,6 +327,11 @@ def abuse_main(args: argparse.Namespace, bundle: Path) -> int:
         median = f"{kept[name]:.0%}" if name in kept else "-"
         share = f"{pooled[name]:.0%}" if name in pooled else "-"
         print(f"{name:<26} {r['throughput_rps']:>8} {r['p99_ms']:>8} {median:>24} {share:>14}")
+    for cap, per_mode in cost.items():
+        for mode, c in per_mode.items():
+            print(
+                f"abusers alone @{cap}, {mode}: {c['bodies']} bodies in 4 s, {c['ms_per_body']} ms of server CPU each"
+            )
     print(
         f"CPU {before['cpu']} ({before['cpu_count']} cores), load average {before['load_1min']:.1f} before, "
         f"{after['load_1min']:.1f} after"
