@@ -97,7 +97,10 @@ def test_token_required_when_configured(tmp_path, runner):
     _, b = body(1)
     with TestClient(app) as c:
         assert c.post("/v1/predict", content=b, headers=JSON).status_code == 401
-        assert c.post("/v1/predict", content=b, headers={**JSON, "authorization": "Bearer nope"}).status_code == 401
+        assert (
+            c.post("/v1/predict", content=b, headers={**JSON, "authorization": "Bearer nope"}).status_code
+            == 401
+        )
         assert c.get("/metrics").status_code == 401
         assert c.get("/v1/model").status_code == 401
         assert c.get("/healthz").status_code == 200  # probes stay open

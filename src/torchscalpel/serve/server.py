@@ -103,7 +103,8 @@ def guarded_protocol(
             elif not self.transport.is_closing():
                 self._arm_header_timer()
 
-        def eof_received(self) -> bool | None:
+        # asyncio.Protocol.eof_received may return True (keep the transport open); uvicorn annotates None.
+        def eof_received(self) -> bool | None:  # type: ignore[override]
             """The client half-closed (``shutdown(SHUT_WR)``): answer a request it sent whole, then close.
 
             uvicorn's own handler returns None, so asyncio closed the transport at once and the answer
