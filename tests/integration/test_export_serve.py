@@ -126,7 +126,9 @@ def test_served_predictions_match_eager(trained):
         assert raw(port, head + body).startswith(b"HTTP/1.1 413")
         # An honest Content-Length over the limit: 413 before reading.
         assert raw(
-            port, b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n"
+            port,
+            b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 999999999\r\n\r\n",
         ).startswith(b"HTTP/1.1 413")
         # A Content-Length that understates the body: only the declared bytes are the body (422), the rest is rejected.
         lie = (

@@ -13,6 +13,7 @@ from fixtures.serve_bundles import LinearRunner, linear_bundle
 from torchscalpel.serve.app import ServeConfig, create_app
 
 TOKEN = "t" * 24
+JSON = {"content-type": "application/json"}
 
 
 @pytest.fixture()
@@ -95,12 +96,15 @@ def test_token_required_when_configured(tmp_path, runner):
     app = create_app(linear_bundle(tmp_path), runner, ServeConfig(token=TOKEN))
     _, b = body(1)
     with TestClient(app) as c:
-        assert c.post("/v1/predict", content=b).status_code == 401
-        assert c.post("/v1/predict", content=b, headers={"authorization": "Bearer nope"}).status_code == 401
+        assert c.post("/v1/predict", content=b, headers=JSON).status_code == 401
+        assert (
+            c.post("/v1/predict", content=b, headers={**JSON, "authorization": "Bearer nope"}).status_code
+            == 401
+        )
         assert c.get("/metrics").status_code == 401
         assert c.get("/v1/model").status_code == 401
         assert c.get("/healthz").status_code == 200  # probes stay open
-        ok = c.post("/v1/predict", content=b, headers={"authorization": f"Bearer {TOKEN}"})
+        ok = c.post("/v1/predict", content=b, headers={**JSON, "authorization": f"Bearer {TOKEN}"})
         assert ok.status_code == 200
 
 
@@ -108,7 +112,7 @@ def test_server_batch_is_capped_by_bundle(tmp_path, runner):
     app = create_app(linear_bundle(tmp_path, max_batch=4), runner, ServeConfig(max_batch=32))
     _, b = body(5)
     with TestClient(app) as c:
-        assert c.post("/v1/predict", content=b).status_code == 422
+        assert c.post("/v1/predict", content=b, headers=JSON).status_code == 422
         assert c.get("/v1/model").json()["max_batch"] == 4
 
 
@@ -123,7 +127,7 @@ def test_non_finite_outputs_are_null_in_strict_json(tmp_path):
     app = create_app(linear_bundle(tmp_path), NanRunner(), ServeConfig())
     _, b = body(2)
     with TestClient(app) as c:
-        r = c.post("/v1/predict", content=b)
+        r = c.post("/v1/predict", content=b, headers=JSON)
     assert r.status_code == 200
     assert "NaN" not in r.text and "Infinity" not in r.text
     row = r.json()["outputs"]["logits"][0]
@@ -150,10 +154,10 @@ def test_busy_and_slow_answers_over_http(tmp_path):
         url = f"http://{host}:{port}/v1/predict"
         gate.clear()
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            futs = [pool.submit(httpx.post, url, content=b, timeout=30) for _ in range(4)]
+            futs = [pool.submit(httpx.post, url, content=b, headers=JSON, timeout=30) for _ in range(4)]
             codes = sorted(f.result().status_code for f in futs)
             busy = next(f.result() for f in futs if f.result().status_code == 503)
         gate.set()
         assert 503 in codes and 504 in codes, codes
         assert busy.headers["retry-after"] == "1" and "busy" in busy.json()["error"]
-        assert httpx.post(url, content=b, timeout=30).status_code == 200  # recovered
+        assert httpx.post(url, content=b, headers=JSON, timeout=30).status_code == 200  # recovered

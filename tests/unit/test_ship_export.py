@@ -224,14 +224,18 @@ def test_two_inputs_two_outputs_served(tmp_path):
     app = create_app(bundle, load_runner(bundle, "onnxruntime"), ServeConfig())
     with TestClient(app) as c:
         r = c.post(
-            "/v1/predict", content=_json.dumps({"inputs": {"ids": ids.tolist(), "feats": feats.tolist()}})
+            "/v1/predict",
+            content=_json.dumps({"inputs": {"ids": ids.tolist(), "feats": feats.tolist()}}),
+            headers={"content-type": "application/json"},
         )
         assert r.status_code == 200, r.text
         out = r.json()["outputs"]
         np.testing.assert_allclose(out["output_0"], want[0], atol=1e-5, rtol=1e-4)
         np.testing.assert_allclose(out["output_1"], want[1], atol=1e-5, rtol=1e-4)
         bad = c.post(
-            "/v1/predict", content=_json.dumps({"inputs": {"ids": [[50] * 6], "feats": [[0.0] * 3]}})
+            "/v1/predict",
+            content=_json.dumps({"inputs": {"ids": [[50] * 6], "feats": [[0.0] * 3]}}),
+            headers={"content-type": "application/json"},
         )
         assert bad.status_code == 422 and "outside [0, 49]" in bad.json()["error"]
         schema = c.get("/openapi.json").json()["paths"]["/v1/predict"]["post"]["requestBody"]["content"]

@@ -125,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         )
     token = read_token(args.token_file) if args.token_file else None
     check_bind(args.host, token)
+    key = _read_sign_key(args.sign_key) if args.sign_key is not None else None
     from torchscalpel.serve.app import ServeConfig, create_app
     from torchscalpel.serve.backends import check_runner, load_runner
     from torchscalpel.ship.bundle import verify_bundle
@@ -145,11 +146,6 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
-    key = None
-    if args.sign_key is not None:
-        from torchscalpel.distributed.manifest import read_key
-
-        key = read_key(args.sign_key)
     bundle = verify_bundle(args.bundle, key=key)
     runner = load_runner(
         bundle, args.backend, trust=args.trust, quantized=args.quantized, threads=args.threads
@@ -186,3 +182,13 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
     print("server stopped", file=sys.stderr)
     return 0
+
+
+def _read_sign_key(path: Path) -> bytes:
+    """The --sign-key file's bytes; a missing, unreadable or short key is a usage error (exit 2, as in export)."""
+    from torchscalpel.distributed.manifest import CheckpointError, read_key
+
+    try:
+        return read_key(path)
+    except CheckpointError as exc:
+        raise UsageError(str(exc)) from None

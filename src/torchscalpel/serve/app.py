@@ -1,8 +1,9 @@
 """The FastAPI app: ``POST /v1/predict``, ``GET /v1/model``, ``/healthz``, ``/readyz``, ``/metrics``.
 
 No endpoint loads, swaps or manages models: the app serves the one runner it was built with.
-Request handling order for predict: token (401), content type (415), body size and read time
-(413/408), decoding and validation (422), queueing (503 when full), answer or timeout (504).
+Request handling order for predict: token (401), content type (415, from the headers), body size and
+read time (413/408), decoding and validation (422), queueing (503 when full), answer or timeout (504).
+An answer given before the body's end closes the connection (:class:`ConnectionGuard`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from torchscalpel.serve.batcher import Batcher
-from torchscalpel.serve.codec import DEFAULT_MAX_BODY, InputSpec, body_cap, decode
+from torchscalpel.serve.codec import DEFAULT_MAX_BODY, InputSpec, body_cap, decode, media_type
 from torchscalpel.serve.errors import RequestError
 from torchscalpel.serve.metrics import Metrics
 from torchscalpel.serve.schema import ERROR_SCHEMA, predict_openapi
@@ -147,11 +148,31 @@ def _error(exc: RequestError) -> JSONResponse:
     return AsciiJSONResponse({"error": exc.reason}, status_code=exc.status, headers=exc.headers)
 
 
-class FramingGuard:
-    """ASGI middleware: a request with both Content-Length and Transfer-Encoding answers 400 and closes.
+def _has_body(headers: Any) -> bool:
+    """True when the request head announces a body (a non-zero Content-Length or any Transfer-Encoding)."""
+    for name, value in headers:
+        name = name.lower()
+        if name == b"transfer-encoding":
+            return True
+        if name == b"content-length":
+            try:
+                return int(value) != 0
+            except ValueError:
+                return True  # h11 refuses such a head before the app sees it; count it as a body anyway
+    return False
 
-    RFC 9112 section 6.3: such a message may be a request-smuggling attempt; the server must close
-    the connection after answering. h11 would silently prefer the chunked framing and keep it open.
+
+class ConnectionGuard:
+    """ASGI middleware: decide when a connection may stay open after its answer.
+
+    - A request with both Content-Length and Transfer-Encoding answers 400 and closes (RFC 9112
+      section 6.3: it may be a request-smuggling attempt; h11 would silently prefer the chunked
+      framing and keep the connection open).
+    - An answer sent before the request's body arrived to its end (401, 413, 415, 408 and any other
+      refusal) carries ``Connection: close``, so uvicorn closes the transport once the answer is
+      written. Kept open, the connection would make h11 receive and parse the rest of the refused
+      body, up to its Content-Length or, chunked, for as long as the client cares to send (5.2 GB
+      in 10 s on one connection, issue 41).
     """
 
     def __init__(self, app: Any, metrics: Metrics) -> None:
@@ -159,25 +180,48 @@ class FramingGuard:
         self.metrics = metrics
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            names = {k.lower() for k, _ in scope.get("headers", ())}
-            if b"content-length" in names and b"transfer-encoding" in names:
-                self.metrics.record_refused("content_length_with_transfer_encoding")
-                body = b'{"error":"a request may not carry both Content-Length and Transfer-Encoding"}'
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 400,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"connection", b"close"),
-                            (b"content-length", str(len(body)).encode()),
-                        ],
-                    }
-                )
-                await send({"type": "http.response.body", "body": body})
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = scope.get("headers", ())
+        names = {k.lower() for k, _ in headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            self.metrics.record_refused("content_length_with_transfer_encoding")
+            body = b'{"error":"a request may not carry both Content-Length and Transfer-Encoding"}'
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 400,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"connection", b"close"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        body_ended = not _has_body(headers)
+        client_gone = False
+
+        async def tracking_receive() -> Any:
+            nonlocal body_ended, client_gone
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                client_gone = True
+            elif not message.get("more_body", False):
+                body_ended = True
+            return message
+
+        async def closing_send(message: Any) -> None:
+            if message["type"] == "http.response.start" and not body_ended:
+                kept = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"connection"]
+                message = {**message, "headers": [*kept, (b"connection", b"close")]}
+                if not client_gone:  # a client that hung up mid-body is counted as client_closed_mid_body
+                    self.metrics.record_refused("answered_before_body_end")
+            await send(message)
+
+        await self.app(scope, tracking_receive, closing_send)
 
 
 def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
@@ -256,7 +300,8 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
         arriving = True
         try:
             check_token(request.headers.get("authorization"), config.token)
-            ctype = request.headers.get("content-type", "application/json")
+            # 415 from the headers alone: a body the server cannot decode is not worth receiving.
+            ctype = media_type(request.headers.get("content-type"))
             body = await read_limited(
                 request.stream(),
                 request.headers.get("content-length"),
@@ -356,7 +401,7 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
-    app.add_middleware(FramingGuard, metrics=metrics)
+    app.add_middleware(ConnectionGuard, metrics=metrics)
     app.state.metrics = metrics
     app.state.max_body = max_body
     app.state.serve_state = state

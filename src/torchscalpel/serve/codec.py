@@ -269,13 +269,24 @@ def _same_batch(arrays: list[np.ndarray], specs: list[InputSpec]) -> None:
         raise _fail(f"inputs {', '.join(s.name for s in specs)} have different batch sizes {sorted(sizes)}")
 
 
-def decode(body: bytes, content_type: str, specs: list[InputSpec], max_batch: int) -> list[np.ndarray]:
-    """Dispatch on the content type (media type only; parameters like charset are ignored)."""
-    media = content_type.split(";")[0].strip().lower() or "application/json"
-    if media in JSON_TYPES:
+def media_type(content_type: str | None) -> str:
+    """The request's media type (parameters like charset dropped), or 415 when it is missing or not accepted.
+
+    Checked from the headers alone, before any body byte is read: a body the server cannot decode is
+    not worth receiving.
+    """
+    media = (content_type or "").split(";")[0].strip().lower()
+    if not media:
+        raise RequestError(415, "the request has no Content-Type; send application/json or application/x-npy")
+    if media not in JSON_TYPES and media not in NPY_TYPES:
+        raise RequestError(
+            415, f"content type {media[:60]!r} is not accepted; send application/json or application/x-npy"
+        )
+    return media
+
+
+def decode(body: bytes, content_type: str | None, specs: list[InputSpec], max_batch: int) -> list[np.ndarray]:
+    """Dispatch on the content type (media type only; a missing or other type answers 415)."""
+    if media_type(content_type) in JSON_TYPES:
         return decode_json(body, specs, max_batch)
-    if media in NPY_TYPES:
-        return decode_npy(body, specs, max_batch)
-    raise RequestError(
-        415, f"content type {media[:60]!r} is not accepted; send application/json or application/x-npy"
-    )
+    return decode_npy(body, specs, max_batch)

@@ -103,6 +103,24 @@ def guarded_protocol(
             elif not self.transport.is_closing():
                 self._arm_header_timer()
 
+        # asyncio.Protocol.eof_received may return True (keep the transport open); uvicorn annotates None.
+        def eof_received(self) -> bool | None:  # type: ignore[override]
+            """The client half-closed (``shutdown(SHUT_WR)``): answer a request it sent whole, then close.
+
+            uvicorn's own handler returns None, so asyncio closed the transport at once and the answer
+            to a complete request was dropped. A request still arriving (its head or body cut short) or
+            no request at all has nobody to answer: those still close now.
+            """
+            cycle = self.cycle
+            if (
+                cycle is not None
+                and not cycle.response_complete
+                and self.conn.their_state in (h11.DONE, h11.MUST_CLOSE)
+            ):
+                cycle.keep_alive = False  # uvicorn closes the transport once this answer is written
+                return True  # keep the transport open for writing; asyncio stops reading it
+            return None
+
         def _answering(self) -> bool:
             """True while the app is handling a request (its own body and answer timeouts apply)."""
             return self.cycle is not None and not self.cycle.response_complete
