@@ -243,28 +243,13 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     originals: dict[Path, str] = {}
     encodings: dict[Path, str] = {}
     line_maps: dict[Path, LineMap | None] = {}
-    for run_dir, record in records:
-        if (
-            record.section(TuneSection) is None
-            and record.section(DoctorSection) is None
-            and not has_memory(record)
-            and not attention_plan(record)
-        ):
-            raise UsageError(
-                f"{run_dir} holds no tune, doctor or memory results; scalpel fix reads 'scalpel tune', "
-                "'scalpel doctor' and 'scalpel memory' runs (and 'scalpel profile' runs that found unfused attention)."
-            )
-        script = script_file(record)
-        planned = tune_plan(record) + doctor_plan(record) + attention_plan(record)
-        # memory: the ladder's first fitting rung whose edit the file takes, tried on its current text
-        planned += first_placed(
-            memory_plan(record), functools.partial(_text, record, run_dir, root=root, script=script)
-        )
-        # Edits lower in a file first, so that each recorded line still means the same line.
-        planned.sort(key=lambda p: (str(p.file), -(p.edit.line if p.edit else 0)))
+
+    def edit_all(planned: list[Any], record: RunRecord, run_dir: Path, script: Path | None) -> list[Item]:
+        """Make each planned edit on the current texts, in order; each item says what became of it."""
+        made: list[Item] = []
         for p in planned:
             item = Item(p.label, p.source, "not patched", reason=p.reason, snippet=p.snippet, rule=p.rule)
-            items.append(item)
+            made.append(item)
             if p.done:
                 item.status = "already"
                 continue
@@ -296,6 +281,60 @@ def plan_and_edit(options: FixOptions) -> FixResult:
                 if done_here and apply_edit(originals[path], edit)[1].status != "applied":
                     done_here = False
                 item.status = "patched" if outcome.status == "applied" or done_here else "already"
+        return made
+
+    for run_dir, record in records:
+        if (
+            record.section(TuneSection) is None
+            and record.section(DoctorSection) is None
+            and not has_memory(record)
+            and not attention_plan(record)
+        ):
+            raise UsageError(
+                f"{run_dir} holds no tune, doctor or memory results; scalpel fix reads 'scalpel tune', "
+                "'scalpel doctor' and 'scalpel memory' runs (and 'scalpel profile' runs that found unfused attention)."
+            )
+        script = script_file(record)
+        planned = tune_plan(record) + doctor_plan(record) + attention_plan(record)
+        # memory: the ladder's first fitting rung whose edit the file takes, tried on its current text
+        planned += first_placed(
+            memory_plan(record), functools.partial(_text, record, run_dir, root=root, script=script)
+        )
+        # Edits lower in a file first, so that each recorded line still means the same line.
+        planned.sort(key=lambda p: (str(p.file), -(p.edit.line if p.edit else 0)))
+        state = (dict(texts), dict(originals), dict(encodings), dict(line_maps))
+        done = edit_all(planned, record, run_dir, script)
+        refused = [i for i in done if i.source == "tune" and i.status == "not patched"]
+        if refused and any(i.source == "tune" and i.status == "patched" for i in done):
+            # A part of tune's winner that its file did not take (a line that no longer holds what the run
+            # saw, a file without its recorded hash) leaves the rest another configuration than the one
+            # measured: the winner is patched whole or not at all. Its parts are undone and each says why.
+            texts.clear()
+            texts.update(state[0])
+            originals.clear()
+            originals.update(state[1])
+            encodings.clear()
+            encodings.update(state[2])
+            line_maps.clear()
+            line_maps.update(state[3])
+            done = edit_all([p for p in planned if p.source != "tune"], record, run_dir, script)
+            why = "; ".join(f"{i.label}: {i.reason}" for i in refused)
+            for p in planned:
+                if p.source == "tune":
+                    reason = next((i.reason for i in refused if i.label == p.label), "")
+                    done.append(
+                        Item(
+                            p.label,
+                            "tune",
+                            "not patched",
+                            reason=reason
+                            or f"a part of tune's winner could not be placed ({why}), and fix patches no part "
+                            "of a winner alone",
+                            snippet=p.snippet,
+                            rule=p.rule,
+                        )
+                    )
+        items += done
     changes = {p: (originals[p], texts[p]) for p in texts if texts[p] != originals[p]}
     result = FixResult(
         patch="", items=items, root=root, changes=changes, records=records, encodings=encodings
