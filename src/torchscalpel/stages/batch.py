@@ -18,7 +18,13 @@ def run_batch(
     """Measure every size in ``options.sizes`` (ascending); the record of the best size (or the last run)
     carries ``sections["batch"]`` and is saved as ``out_dir/run.json``, then rendered as ``report.html``."""
     from torchscalpel.runtime.session import RuntimeOptions, run_target
-    from torchscalpel.tune.batch_finder import ForcedBatch, OptimizerKind, best_size, scaling_advice
+    from torchscalpel.tune.batch_finder import (
+        ForcedBatch,
+        OptimizerKind,
+        best_size,
+        outcome,
+        scaling_advice,
+    )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -42,16 +48,26 @@ def run_batch(
         optimizer = optimizer or kind.kind
         untouched = max(untouched, forced.untouched)
         summary = record.summary_view()
-        fits = record.exit_code == 0 and bool(record.measured_steps)
+        state, why = outcome(
+            size=size,
+            exit_code=record.exit_code,
+            error=record.error,
+            notes=record.notes,
+            measured_steps=len(record.measured_steps),
+            steps_seen=len(record.steps),
+            samples=forced.samples,
+            warmup=options.warmup,
+            steps=options.steps,
+        )
+        fits = state == "measured"
         rows.append(
             {
                 "batch_size": size,
                 "fits": fits,
+                "outcome": state,
                 "samples_per_s": summary.samples_per_s if fits else None,
                 "median_step_ms": summary.median_step_ms if fits else None,
-                "why": ""
-                if fits
-                else (record.error or "; ".join(record.notes) or f"exit code {record.exit_code}"),
+                "why": why,
             }
         )
     best = best_size(rows)
