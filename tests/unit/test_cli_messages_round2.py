@@ -61,7 +61,10 @@ def test_env_nproc_per_node_is_bounded(value: str, capsys: pytest.CaptureFixture
     assert main(["env", "--nproc-per-node", value]) == 2
     err = _one_sentence(capsys.readouterr().err)
     # below 1 and past 2^63 the shared number rule answers while parsing (test_number_rule.py), past 1024 env
-    assert f"--nproc-per-node must be at least 1 and {'at most 1024' if value == '1025' else 'below 2^63'}" in err
+    assert (
+        f"--nproc-per-node must be at least 1 and {'at most 1024' if value == '1025' else 'below 2^63'}"
+        in err
+    )
 
 
 def test_doctor_static_sarif_says_a_file_was_not_analysed(
