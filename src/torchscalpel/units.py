@@ -64,7 +64,7 @@ class NumberError(UsageError):
 def _bound_phrase(minimum: float, maximum: float, *, above: bool = False) -> str:
     """``at least 1 and below 2^63`` / ``more than 0 and at most 1024``: the range a refusal states."""
     low = f"more than {_figure(minimum)}" if above else f"at least {_figure(minimum)}"
-    if minimum <= -INT_LIMIT:  # the plain-int safety net (cli.main.check_plain_numbers): only the 2^63 bound
+    if minimum <= -INT_LIMIT:  # the plain-int safety net (cli.common.check_numbers): only the 2^63 bound
         low = "above -2^63"
     high = "below 2^63" if maximum >= INT_LIMIT else f"at most {_figure(maximum)}"
     return f"{low} and {high}"
@@ -141,9 +141,9 @@ class NumberType:
         self.above_minimum = above_minimum
         self.__name__ = kind  # what argparse names the type in its own messages
 
-    def __call__(self, text: str) -> int | float:
+    def __call__(self, text: str | int | float) -> int | float:
         if self.kind == "int":
-            return parse_int(text, flag=self.flag, minimum=int(self.minimum), maximum=int(self.maximum))
+            return parse_int(str(text), flag=self.flag, minimum=int(self.minimum), maximum=int(self.maximum))
         return parse_float(
             text,
             flag=self.flag,
@@ -292,7 +292,7 @@ def duration_type(flag: str, *, minimum: float = 0.0, allow_zero: bool = False) 
     """An argparse ``type=`` for a duration flag: seconds as a float. A bad value raises :class:`UsageError`
     (not one of argparse's own errors), which ``scalpel``'s entry point prints as one line, exit 2."""
 
-    def duration(text: str) -> float:
+    def duration(text: str | float) -> float:
         return parse_duration(text, flag=flag, minimum=minimum, allow_zero=allow_zero)
 
     return duration

@@ -141,7 +141,7 @@ def test_a_number_type_error_is_not_argparses_invalid_value() -> None:
 
 PLAIN_TYPES_LEFT = {"fix", "serve", "lr --min", "lr --max"}
 """Commands and flags whose checks other work owns (issue 41: fix, serve, lr's sweep range): their plain
-int/float flags meet the 2^63 and finite bounds through cli.common.check_plain_numbers, their least values
+int/float flags meet the 2^63 and finite bounds through cli.common.check_numbers, their least values
 through their own checks."""
 
 
@@ -282,3 +282,28 @@ def test_every_number_flag_refuses_past_its_bounds_in_one_sentence(
     assert flag in err, err  # the sentence names the flag the user typed
     assert "must never run" not in captured.out + err
     assert not (tmp_path / "scalpel-runs").exists(), "work started (a run folder was made) before the refusal"
+
+
+@pytest.mark.parametrize(
+    ("line", "flag"),
+    [
+        ("warmup = 99999999999999999999", "--warmup"),
+        ("profile_steps = 99999999999999999999", "--profile-steps"),
+        ("step_timeout = 1e300", "--step-timeout"),
+    ],
+)
+def test_a_config_files_numbers_meet_the_same_bounds(
+    line: str,
+    flag: str,
+    places: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scalpel.toml's defaults reach the parser as numbers, not through the flags' types."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scalpel.toml").write_text(f"[defaults.profile]\n{line}\n")
+    assert main(["profile", "--", places["{S}"]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"scalpel: error: {flag} must be ") and "2^63" in err and "\n" not in err
+    assert not (tmp_path / "scalpel-runs").exists()

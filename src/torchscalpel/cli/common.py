@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from torchscalpel import fileio
 from torchscalpel.errors import UsageError
@@ -157,21 +158,30 @@ def check_paths(args: argparse.Namespace) -> None:
         )
 
 
-def check_plain_numbers(
+def check_numbers(
     parser: argparse.ArgumentParser, args: argparse.Namespace, *, minimum: float | None = None
 ) -> None:
-    """Hold a flag parsed by a plain ``type=int`` / ``type=float`` (torchrun's own parser under ``launch``, a
-    flag whose module keeps its own checks) to the shared number rule (:func:`torchscalpel.units.parse_int` /
-    :func:`~torchscalpel.units.parse_float`) before anything starts: below 2^63 and finite, and at least
-    ``minimum`` when given (else their least values stay their modules' to check). Flags typed with
-    ``units.int_type`` / ``float_type`` were checked while parsing. One :class:`UsageError` sentence (exit 2)."""
-    from torchscalpel.units import FLOAT_LIMIT, INT_LIMIT, parse_float, parse_int
+    """Hold every number flag of ``parser`` to the shared number rule (:mod:`torchscalpel.units`) before
+    anything starts. A flag typed with ``units.int_type`` / ``float_type`` / ``duration_type`` is checked again
+    here because its value may not have come through the type: a ``scalpel.toml`` default is laid on the
+    parser as a number.
+    A flag parsed by a plain ``type=int`` / ``type=float`` (torchrun's own parser under ``launch``, flags whose
+    modules keep their own checks) must be below 2^63 and finite, and at least ``minimum`` when given (else
+    its least value stays its module's to check). One :class:`UsageError` sentence (exit 2)."""
+    from torchscalpel.units import FLOAT_LIMIT, INT_LIMIT, NumberType, parse_float, parse_int
 
     for action in parser._actions:
         value = getattr(args, action.dest, None)
-        if action.type not in (int, float) or isinstance(value, bool) or not action.option_strings:
+        if isinstance(value, bool) or not action.option_strings:
             continue
         flag = max(action.option_strings, key=len)
+        typed = isinstance(action.type, NumberType) or getattr(action.type, "__name__", "") == "duration"
+        if typed and isinstance(value, int | float):
+            # both kinds take the number as well as its text (parse_int / parse_float / parse_duration)
+            cast("Callable[[float], object]", action.type)(value)
+            continue
+        if action.type not in (int, float):
+            continue
         for item in value if isinstance(value, list) else [value]:
             if action.type is int and isinstance(item, int):
                 parse_int(str(item), flag=flag, minimum=-INT_LIMIT if minimum is None else int(minimum))

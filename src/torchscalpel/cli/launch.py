@@ -10,7 +10,7 @@ import argparse
 import contextlib
 import sys
 
-from torchscalpel.cli.common import check_plain_numbers, default_run_dir, steps_arg
+from torchscalpel.cli.common import check_numbers, default_run_dir, steps_arg
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text, check_output_dir
 from torchscalpel.units import fmt_bytes, parse_float, parse_size
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         return 2 if exc.code else 0
     # torchrun's own parser is left as it is; its numbers (and ours: none is negative) meet the shared
     # bounds here, and --steps the shared grammar, before a rank starts
-    check_plain_numbers(parser, parsed, minimum=0)
+    check_numbers(parser, parsed, minimum=0)
     if parsed.monitor_interval is not None:  # torchrun asserts it is positive, a traceback
         parse_float(str(parsed.monitor_interval), flag="--monitor-interval", above_minimum=True)
     steps_arg(argparse.Namespace(warmup=0, steps=parsed.steps))

@@ -193,9 +193,9 @@ def _run(argv: Sequence[str] | None) -> int:
         parser.print_help()
         return 2
     try:
-        from torchscalpel.cli.common import check_plain_numbers
+        from torchscalpel.cli.common import check_numbers
 
-        check_plain_numbers(_command_parser(parser, args.command), args)
+        check_numbers(_command_parser(parser, args.command), args)
     except ScalpelError as exc:
         print(f"scalpel: error: {exc}", file=sys.stderr)
         return exc.exit_code
