@@ -99,3 +99,15 @@ def test_a_reader_that_went_away_ends_the_command_quietly(
     monkeypatch.setattr("sys.stdout", _ClosedPipe())
     assert main([arg.format(a=a, b=b) for arg in argv]) == 1  # no traceback, nothing said
     assert capsys.readouterr().err == ""
+
+
+def test_fix_patch_naming_a_folder_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    assert main(["fix", str(tmp_path / "no-such-run"), "--patch", str(folder)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == f"scalpel: error: --patch {folder} is a folder; name a file, e.g. {folder / 'result.patch'}."
+    )
