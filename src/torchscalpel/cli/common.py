@@ -165,9 +165,12 @@ def check_numbers(
     anything starts. A flag typed with ``units.int_type`` / ``float_type`` / ``duration_type`` is checked again
     here because its value may not have come through the type: a ``scalpel.toml`` default is laid on the
     parser as a number.
-    A flag parsed by a plain ``type=int`` / ``type=float`` (torchrun's own parser under ``launch``, flags whose
-    modules keep their own checks) must be below 2^63 and finite, and at least ``minimum`` when given (else
-    its least value stays its module's to check). One :class:`UsageError` sentence (exit 2)."""
+    A flag parsed by a plain ``type=int`` (flags whose modules keep their own checks: fix, serve) must be
+    below 2^63 in size, its least value staying its module's to check. With ``minimum`` (torchrun's own
+    parser under ``launch``, whose numbers are all counts, ports and intervals) plain ``type=int`` and
+    ``type=float`` flags must also be at least ``minimum``, and the floats finite; without it a plain float
+    is left to its module (lr's --min/--max say why a learning rate must be finite in their own words).
+    One :class:`UsageError` sentence (exit 2)."""
     from torchscalpel.units import FLOAT_LIMIT, INT_LIMIT, NumberType, parse_float, parse_int
 
     for action in parser._actions:
@@ -185,7 +188,7 @@ def check_numbers(
         for item in value if isinstance(value, list) else [value]:
             if action.type is int and isinstance(item, int):
                 parse_int(str(item), flag=flag, minimum=-INT_LIMIT if minimum is None else int(minimum))
-            elif action.type is float and isinstance(item, float):
+            elif action.type is float and isinstance(item, float) and minimum is not None:
                 parse_float(str(item), flag=flag, minimum=-FLOAT_LIMIT if minimum is None else minimum)
 
 

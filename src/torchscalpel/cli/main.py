@@ -1,7 +1,8 @@
 """``scalpel`` entry point: builds the parser from the command modules and maps errors to exit codes.
 
-Exit codes: 0 ok; 2 usage error; 1 other torchscalpel error; 130 interrupted (Ctrl-C); a profiled
-script's own non-zero code when it fails; ``doctor --fail-on`` uses 1.
+Exit codes: 0 ok; 2 usage error (an output file that fails only when written included); 1 other torchscalpel
+error, or stdout's reader gone (``| head``: quietly); 130 interrupted (Ctrl-C); a profiled script's own non-zero
+code when it fails; ``doctor --fail-on`` uses 1.
 """
 
 from __future__ import annotations
