@@ -50,36 +50,56 @@ def _write_stdout(text: str) -> None:
     stream.flush()
 
 
-def atomic_write_text(path: Path, text: str, *, mode: int = 0o644, errors: str = "strict") -> Path:
+def atomic_write_text(path: Path, text: str, *, mode: int = 0o644, errors: str | None = None) -> Path:
     """Write ``text`` to ``path`` via a temp file in the same folder and a rename.
 
     A crash mid-write never leaves half a file in place of a good one; the temp file is removed
     on failure. ``mode`` is set explicitly because ``mkstemp`` creates files private to the user.
     An existing path that is not a regular file (``/dev/stdout``, ``/dev/full``, a pipe) is written
     to in place: a rename would replace the device node itself (as root, ``/dev/full`` became a file).
-    ``-`` writes to standard output (:func:`is_stdout`). ``errors`` is the UTF-8 encoder's
-    (``surrogateescape`` writes text that carries undecoded bytes, such as a latin-1 file's diff, as
-    those bytes).
+    ``-`` writes to standard output (:func:`is_stdout`).
+
+    Text UTF-8 cannot hold (a lone surrogate from a record's strings, e.g. ``\\ud800``) is written as a
+    backslash escape (:data:`TEXT_ERRORS`), never a UnicodeEncodeError, unless ``errors`` names another
+    UTF-8 encoder handler (``surrogateescape`` writes text that carries undecoded bytes, such as a latin-1
+    file's diff, as those bytes). An OSError keeps its type and carries ``path`` as its ``filename`` (a
+    failed ``write`` on a device has none of its own), so that the entry point's one sentence names the file.
     """
     if is_stdout(path):
         _write_stdout(text)
         return Path(path)
     path = Path(path)
-    if path.exists() and not path.is_file() and not path.is_dir():
-        with path.open("w", encoding="utf-8", errors=errors) as fh:
-            fh.write(text)
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors=errors) as fh:
+        if path.exists() and not path.is_file() and not path.is_dir():
+            with path.open("w", encoding="utf-8", errors=errors or TEXT_ERRORS) as fh:
+                fh.write(text)
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _named(exc, path) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors=errors or TEXT_ERRORS) as fh:
             fh.write(text)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)  # nothing half-written is left behind
+        if isinstance(exc, OSError):
+            raise _named(exc, path) from None
         raise
     return path
+
+
+TEXT_ERRORS = "backslashreplace"
+"""How every text file scalpel writes handles what UTF-8 cannot encode (lone surrogates): escaped."""
+
+
+def _named(exc: OSError, path: Path) -> OSError:
+    """``exc`` naming ``path``: a failed ``write`` on a device names no file (ENOSPC on /dev/full) and a
+    failed rename names the temporary file, neither of which the user typed."""
+    exc.filename, exc.filename2 = str(path), None
+    return exc
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
@@ -143,7 +163,7 @@ def check_output_file(path: Path, flag: str) -> None:
         return
     path = Path(path)
     if path.is_dir():
-        suffix = {"--sarif": ".sarif", "--html": ".html"}.get(flag, ".json")
+        suffix = {"--sarif": ".sarif", "--html": ".html", "--patch": ".patch"}.get(flag, ".json")
         raise UsageError(f"{flag} {path} is a folder; name a file, e.g. {path / ('result' + suffix)}.")
     if path.exists():
         if not os.access(path, os.W_OK):

@@ -14,6 +14,7 @@ from pathlib import Path
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import check_output_file, finite_json, write_output_text
 from torchscalpel.report.analyze_terminal import format_diff, format_summary
+from torchscalpel.units import int_type
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,7 +41,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--diff", nargs="+", type=Path, metavar="OTHER", help="compare against these traces (B = OTHER)"
     )
-    p.add_argument("--top", type=int, default=15, help="rows in the top ops / kernels tables (default 15)")
+    p.add_argument(
+        "--top",
+        type=int_type("--top", minimum=1),
+        default=15,
+        help="rows in the top ops / kernels tables (default 15)",
+    )
     p.set_defaults(func=run)
 
 

@@ -13,15 +13,16 @@ from typing import Any
 
 from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
 from torchscalpel.errors import UsageError
+from torchscalpel.units import int_type, parse_int
 
 
 def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--sizes takes whole numbers separated by commas, got {text!r}"
-        ) from None
+    """``16,32,64``: each size a whole number of at least 1 and below 2^63, by the shared number rule (a
+    size past 2^63 reached the DataLoader's sampler as the script's own OverflowError traceback)."""
+    parts = [x for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"--sizes takes whole numbers separated by commas, got {text!r}")
+    return tuple(parse_int(x, flag="--sizes", minimum=1) for x in parts)
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -34,8 +35,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "Adam) without applying it. See docs/lr.md.",
     )
     p.add_argument("--sizes", type=_sizes, required=True, help="batch sizes to measure, e.g. 16,32,64,128")
-    p.add_argument("--steps", type=int, default=5, help="measured steps per size (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="steps run before measuring, per size (default 2)")
+    p.add_argument(
+        "--steps", type=int_type("--steps", minimum=1), default=5, help="measured steps per size (default 5)"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int_type("--warmup"),
+        default=2,
+        help="steps run before measuring, per size (default 2)",
+    )
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-batch-<name>/)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
     add_target_arguments(p)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from torchscalpel import fileio
 from torchscalpel.errors import UsageError
 from torchscalpel.runtime.target import Target, resolve_script
 from torchscalpel.runtime.window import STEP_KINDS, StepCount, check_warmup, parse_steps
-from torchscalpel.units import duration_type
+from torchscalpel.units import duration_type, int_type
 
 __all__ = [
     "Target",
@@ -83,7 +84,10 @@ def add_window_arguments(
     """``--warmup``, ``--steps N|all|auto``, ``--step-kind``, ``--step-timeout``: the run window of every
     script-running command, one grammar (see :mod:`torchscalpel.runtime.window`)."""
     parser.add_argument(
-        "--warmup", type=int, default=warmup, help=f"steps run before measuring (default {warmup})"
+        "--warmup",
+        type=int_type("--warmup"),
+        default=warmup,
+        help=f"steps run before measuring (default {warmup})",
     )
     parser.add_argument(
         "--steps",
@@ -123,13 +127,18 @@ OUT_DIR_COMMANDS = ("profile", "demo", "doctor", "tune", "run", "plan", "export"
 
 def check_paths(args: argparse.Namespace) -> None:
     """Refuse, before any work, output paths that cannot be written and input files that are folders:
-    ``--out`` under /proc or onto an existing file, ``--json`` / ``--sarif`` / ``--html`` naming a folder
+    ``--out`` under /proc or onto an existing file, ``--json`` / ``--sarif`` / ``--html`` / ``--patch`` naming a folder
     or an unwritable place, ``--config`` naming a folder. One :class:`UsageError` sentence each."""
     command = getattr(args, "command", None)
     out = getattr(args, "out", None)
     if command in OUT_DIR_COMMANDS and isinstance(out, Path):
         fileio.check_output_dir(out)
-    for attr, flag in (("json_path", "--json"), ("sarif", "--sarif"), ("html_path", "--html")):
+    for attr, flag in (
+        ("json_path", "--json"),
+        ("sarif", "--sarif"),
+        ("html_path", "--html"),
+        ("patch", "--patch"),  # fix's diff file (tune's --patch is a switch, not a Path)
+    ):
         value = getattr(args, attr, None)
         if isinstance(value, Path):
             fileio.check_output_file(value, flag)
@@ -149,12 +158,38 @@ def check_paths(args: argparse.Namespace) -> None:
         )
 
 
-def finite_float(value: float | None, flag: str, *, minimum: float = 0.0) -> None:
-    """Refuse NaN, infinities and values below ``minimum`` for a float flag (one sentence)."""
-    import math
+def check_numbers(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, minimum: float | None = None
+) -> None:
+    """Hold every number flag of ``parser`` to the shared number rule (:mod:`torchscalpel.units`) before
+    anything starts. A flag typed with ``units.int_type`` / ``float_type`` / ``duration_type`` is checked again
+    here because its value may not have come through the type: a ``scalpel.toml`` default is laid on the
+    parser as a number.
+    A flag parsed by a plain ``type=int`` (flags whose modules keep their own checks: fix, serve) must be
+    below 2^63 in size, its least value staying its module's to check. With ``minimum`` (torchrun's own
+    parser under ``launch``, whose numbers are all counts, ports and intervals) plain ``type=int`` and
+    ``type=float`` flags must also be at least ``minimum``, and the floats finite; without it a plain float
+    is left to its module (lr's --min/--max say why a learning rate must be finite in their own words).
+    One :class:`UsageError` sentence (exit 2)."""
+    from torchscalpel.units import FLOAT_LIMIT, INT_LIMIT, NumberType, parse_float, parse_int
 
-    if value is not None and (not math.isfinite(value) or value < minimum):
-        raise UsageError(f"{flag} {value} must be a finite number of at least {minimum:g}.")
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if isinstance(value, bool) or not action.option_strings:
+            continue
+        flag = max(action.option_strings, key=len)
+        typed = isinstance(action.type, NumberType) or getattr(action.type, "__name__", "") == "duration"
+        if typed and isinstance(value, int | float):
+            # both kinds take the number as well as its text (parse_int / parse_float / parse_duration)
+            cast("Callable[[float], object]", action.type)(value)
+            continue
+        if action.type not in (int, float):
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if action.type is int and isinstance(item, int):
+                parse_int(str(item), flag=flag, minimum=-INT_LIMIT if minimum is None else int(minimum))
+            elif action.type is float and isinstance(item, float) and minimum is not None:
+                parse_float(str(item), flag=flag, minimum=-FLOAT_LIMIT if minimum is None else minimum)
 
 
 def add_tracking_arguments(parser: argparse.ArgumentParser) -> None:

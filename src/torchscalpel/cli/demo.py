@@ -8,7 +8,7 @@ from typing import Any
 
 from torchscalpel.cli.common import default_run_dir
 from torchscalpel.stages.demo import STAGES
-from torchscalpel.units import duration_type
+from torchscalpel.units import duration_type, int_type
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -21,7 +21,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "write one report. Without the optional dependencies (torchscalpel[all]) the ship stage is skipped.",
     )
     p.add_argument("--out", type=Path, help="output folder (default scalpel-runs/<time>-demo/)")
-    p.add_argument("--steps", type=int, default=12, help="measured steps for the profile stage (default 12)")
+    p.add_argument(
+        "--steps",
+        type=int_type("--steps", minimum=1),
+        default=12,
+        help="measured steps for the profile stage (default 12)",
+    )
     p.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated subset of {','.join(STAGES)}")
     p.add_argument(
         "--tune-budget",

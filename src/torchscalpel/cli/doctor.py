@@ -30,6 +30,7 @@ from torchscalpel.cli.common import (
 from torchscalpel.doctor.window import DEFAULT_STEPS, DOCTOR_WINDOW, TIME_CAP_S
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import write_output_text
+from torchscalpel.units import duration_type, int_type
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -56,7 +57,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--time-cap",
-        type=float,
+        type=duration_type("--time-cap", allow_zero=True),  # seconds, the shared duration rule and bound
         default=TIME_CAP_S,
         metavar="SECONDS",
         help=f"stop a slow script after this long even before its steps are done, and say so in the "
@@ -64,7 +65,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--nproc",
-        type=int,
+        type=int_type("--nproc", minimum=1),
         default=None,
         help="run the script on this many ranks through 'scalpel launch' (torchrun; gloo on CPU) and merge "
         "the findings; without it the script runs in-process exactly as 'python SCRIPT' would",

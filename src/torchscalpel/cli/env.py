@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.findings import Severity
-from torchscalpel.units import duration_type
+from torchscalpel.units import duration_type, int_type
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--nproc-per-node",
-        type=int,
+        type=int_type("--nproc-per-node", minimum=1),
         metavar="N",
         help="ranks you will run on this machine, for the thread-oversubscription check "
         "(default LOCAL_WORLD_SIZE or 1)",

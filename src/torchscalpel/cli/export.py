@@ -7,9 +7,10 @@ import json
 import re
 from pathlib import Path
 
-from torchscalpel.cli.common import default_run_dir, finite_float
+from torchscalpel.cli.common import default_run_dir
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import write_output_text
+from torchscalpel.units import float_type, int_type
 
 MAX_BATCH = 65536
 """The largest --max-batch accepted: beyond any served batch, and a bound before anything is allocated."""
@@ -73,7 +74,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--dynamic", default="batch", choices=["batch", "none"], help="dynamic batch axis (default batch)"
     )
     p.add_argument(
-        "--max-batch", type=int, default=32, help="largest batch exported and checked (default 32)"
+        "--max-batch",
+        type=int_type("--max-batch", minimum=1, maximum=MAX_BATCH),
+        default=32,
+        help="largest batch exported and checked (default 32)",
     )
     p.add_argument(
         "--quantize", choices=["int8-dynamic"], help="also write an int8 dynamically quantized ONNX model"
@@ -81,8 +85,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out", type=Path, help="bundle folder (default scalpel-runs/<time>-bundle/); must be new or empty"
     )
-    p.add_argument("--atol", type=float, help="override the per-dtype absolute tolerance of the parity check")
-    p.add_argument("--rtol", type=float, help="override the per-dtype relative tolerance of the parity check")
+    p.add_argument(
+        "--atol",
+        type=float_type("--atol"),
+        help="override the per-dtype absolute tolerance of the parity check",
+    )
+    p.add_argument(
+        "--rtol",
+        type=float_type("--rtol"),
+        help="override the per-dtype relative tolerance of the parity check",
+    )
     p.add_argument(
         "--output-names", help="comma list of output names (default output, or output_0, output_1...)"
     )
@@ -187,8 +199,6 @@ def _validate(args: argparse.Namespace) -> None:
     """Bad numbers and impossible example sizes, refused before torch is imported or anything allocated."""
     if not 1 <= args.max_batch <= MAX_BATCH:
         raise UsageError(f"--max-batch {args.max_batch} must be between 1 and {MAX_BATCH}.")
-    finite_float(args.atol, "--atol")
-    finite_float(args.rtol, "--rtol")
     for spec in args.example:
         m = _SPEC.match(spec)
         if m is None:

@@ -10,10 +10,10 @@ import argparse
 import contextlib
 import sys
 
-from torchscalpel.cli.common import default_run_dir
+from torchscalpel.cli.common import check_numbers, default_run_dir, steps_arg
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text, check_output_dir
-from torchscalpel.units import fmt_bytes, parse_size
+from torchscalpel.units import fmt_bytes, parse_float, parse_size
 
 MIN_DEVICE_MEMORY = 256 << 20
 """The least --plan-device-memory taken for a device: no accelerator a training run targets has less."""
@@ -57,6 +57,12 @@ def run(args: argparse.Namespace) -> int:
         parsed = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed "scalpel launch: error: ..."
         return 2 if exc.code else 0
+    # torchrun's own parser is left as it is; its numbers (and ours: none is negative) meet the shared
+    # bounds here, and --steps the shared grammar, before a rank starts
+    check_numbers(parser, parsed, minimum=0)
+    if parsed.monitor_interval is not None:  # torchrun asserts it is positive, a traceback
+        parse_float(str(parsed.monitor_interval), flag="--monitor-interval", above_minimum=True)
+    steps_arg(argparse.Namespace(warmup=0, steps=parsed.steps))
     parsed = prepare(parsed)
     if parsed.out is not None:
         check_output_dir(parsed.out)

@@ -16,7 +16,7 @@ from torchscalpel.cli.common import add_target_arguments, default_run_dir, resol
 from torchscalpel.errors import UsageError
 from torchscalpel.lrfind.options import DEFAULT_MAX_LR, DEFAULT_MIN_LR, DEFAULT_STEPS
 from torchscalpel.runtime.window import STEP_KINDS
-from torchscalpel.units import duration_type
+from torchscalpel.units import duration_type, int_type
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -46,7 +46,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--steps",
-        type=int,
+        type=int_type("--steps", minimum=1),
         default=DEFAULT_STEPS,
         help=f"optimizer steps in the sweep (default {DEFAULT_STEPS})",
     )

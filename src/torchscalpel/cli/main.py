@@ -1,7 +1,8 @@
 """``scalpel`` entry point: builds the parser from the command modules and maps errors to exit codes.
 
-Exit codes: 0 ok; 2 usage error; 1 other torchscalpel error; 130 interrupted (Ctrl-C); a profiled
-script's own non-zero code when it fails; ``doctor --fail-on`` uses 1.
+Exit codes: 0 ok; 2 usage error (an output file that fails only when written included); 1 other torchscalpel
+error, or stdout's reader gone (``| head``: quietly); 130 interrupted (Ctrl-C); a profiled script's own non-zero
+code when it fails; ``doctor --fail-on`` uses 1.
 """
 
 from __future__ import annotations
@@ -112,22 +113,9 @@ def _note_file_defaults(sub: argparse.ArgumentParser, values: dict[str, object],
             action.help = f"{action.help} [{name} sets {values[action.dest]}]"
 
 
-INT_LIMIT = 2**63 - 1
-"""Largest value an integer flag takes: argparse's ``type=int`` reads any length, and a
-``--warmup 99999999999999999999999`` used to start the script and run until killed."""
-
-
-def _check_int_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse (:class:`UsageError`, exit 2) any integer flag of the chosen command beyond :data:`INT_LIMIT`,
-    before anything starts."""
-    from torchscalpel.errors import UsageError
-
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
-    for action in sub._actions:
-        value = getattr(args, action.dest, None)
-        if action.type is int and isinstance(value, int) and abs(value) > INT_LIMIT:
-            flag = max(action.option_strings, key=len) if action.option_strings else action.dest
-            raise UsageError(f"{flag} {value} is out of range; give a whole number below 2**63.")
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The sub-parser of ``command``."""
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
 
 
 def _command_name(args: Sequence[str]) -> str | None:
@@ -136,7 +124,60 @@ def _command_name(args: Sequence[str]) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, run the command, and return its exit code (never raises for user errors)."""
+    """Parse ``argv``, run the command, and return its exit code (never raises for user errors).
+
+    Two things every command's output needs are done here, once: text that the output's encoding cannot
+    hold (a lone surrogate from a record, an accent on an ASCII terminal) is written escaped
+    (``\\ud800``) instead of raising UnicodeEncodeError, and a reader that stops reading
+    (``scalpel launch -h | head -1``) ends the command quietly, exit 1, as the Python documentation's
+    recipe for SIGPIPE does, instead of a BrokenPipeError traceback."""
+    _escape_unencodable_output()
+    try:
+        try:
+            code = _run(argv)
+        except SystemExit:  # argparse's -h / --version: what it printed must reach the pipe too
+            _flush_stdout()
+            raise
+        _flush_stdout()  # here, not at interpreter exit, where a closed pipe prints "Exception ignored"
+        return code
+    except BrokenPipeError:
+        _discard_stdout()
+        return 1
+
+
+def _escape_unencodable_output() -> None:
+    """Make stdout and stderr write what their encoding cannot hold as backslash escapes: rich and print
+    both write through them, so no renderer can raise UnicodeEncodeError on a record's text."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream some host replaced and that cannot change: leave it
+                pass
+
+
+def _flush_stdout() -> None:
+    """Flush stdout (a closed pipe raises BrokenPipeError here, where :func:`main` handles it)."""
+    if sys.stdout is not None:
+        sys.stdout.flush()
+
+
+def _discard_stdout() -> None:
+    """After a BrokenPipeError: point stdout's descriptor at /dev/null, so that the interpreter's own flush
+    at exit finds somewhere to write what is still buffered and prints nothing (Python's signal docs)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # no real descriptor (a test's capture): nothing buffered
+        pass
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """:func:`main`'s work: parse, check, run the command, map errors to exit codes."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
@@ -153,7 +194,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        _check_int_ranges(parser, args)
+        from torchscalpel.cli.common import check_numbers
+
+        check_numbers(_command_parser(parser, args.command), args)
     except ScalpelError as exc:
         print(f"scalpel: error: {exc}", file=sys.stderr)
         return exc.exit_code
@@ -172,8 +215,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("scalpel: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # the reader went away: main() ends quietly
+    except OSError as exc:
+        # A file the command writes that fails only when written (a full disk, /dev/full, a folder or a
+        # read-only place reached after the checks): one sentence naming the file, exit 2 (README's
+        # exit-code table), not a traceback. fileio's writers fill in the file's name when the OS did not.
+        print(f"scalpel: error: {_os_error_sentence(exc)}", file=sys.stderr)
+        return 2
     finally:
         fileio.release_stdout()
+
+
+def _os_error_sentence(exc: OSError) -> str:
+    """``Could not write /dev/full: No space left on device; choose another path.`` for a failed write;
+    the file and the OS's reason for any other OSError."""
+    import errno
+
+    reason = exc.strerror or str(exc)
+    name = exc.filename
+    if name is None:
+        return f"{reason}."
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS):
+        return f"Could not write {name}: {reason}; choose another path."
+    return f"{name}: {reason}."
 
 
 if __name__ == "__main__":

@@ -204,7 +204,9 @@ def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
     for line in render_snapshot(result):
         print(line)
     if args.json_path is not None:
-        args.json_path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        from torchscalpel.fileio import write_output_text
+
+        write_output_text(args.json_path, json.dumps(result, indent=1) + "\n", flag="--json")
     html_path = getattr(args, "html_path", None)
     if html_path is not None:
         from torchscalpel.report.snapshot_page import write_snapshot_page

@@ -22,6 +22,7 @@ from torchscalpel.cli.common import (
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import write_output_text
 from torchscalpel.plan.names import OPTIMIZERS, PRECISIONS, STRATEGIES
+from torchscalpel.units import int_type
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -51,15 +52,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy", default="all", choices=[*STRATEGIES, "all"], help="strategy to plan (default all)"
     )
-    p.add_argument("--world-size", type=int, default=1, help="total ranks (default 1)")
-    p.add_argument("--nodes", type=int, default=1, help="nodes the ranks span (for fsdp-hybrid; default 1)")
+    p.add_argument(
+        "--world-size", type=int_type("--world-size", minimum=1), default=1, help="total ranks (default 1)"
+    )
+    p.add_argument(
+        "--nodes",
+        type=int_type("--nodes", minimum=1),
+        default=1,
+        help="nodes the ranks span (for fsdp-hybrid; default 1)",
+    )
     p.add_argument(
         "--activation-checkpointing",
         default="none",
         choices=["none", "blocks"],
         help="block-level activation checkpointing assumed by the rows (default none)",
     )
-    p.add_argument("--grad-accum", type=int, default=1, help="gradient accumulation micro-steps (default 1)")
+    p.add_argument(
+        "--grad-accum",
+        type=int_type("--grad-accum", minimum=1),
+        default=1,
+        help="gradient accumulation micro-steps (default 1)",
+    )
     p.add_argument(
         "--device", metavar="NAME", help="target device from the table (e.g. A100-80GB, H100-80GB, L4, cpu)"
     )

@@ -23,6 +23,7 @@ from torchscalpel.cli.common import (
 from torchscalpel.errors import UsageError
 from torchscalpel.runtime.window import PROFILE_WINDOW
 from torchscalpel.tune.applied import settings_hooks
+from torchscalpel.units import int_type
 
 DEFAULT_EXAMPLE = "char_transformer.py"
 
@@ -63,13 +64,13 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--profile-steps",
-        type=int,
+        type=int_type("--profile-steps"),
         default=PROFILE_WINDOW.profile_steps,
         help=f"steps inside the torch.profiler window; 0 disables (default {PROFILE_WINDOW.profile_steps})",
     )
     p.add_argument(
         "--profile-budget",
-        type=int,
+        type=int_type("--profile-budget", minimum=1),
         default=200_000,
         metavar="EVENTS",
         help="trace events the profiler window may hold; beyond it the window covers fewer steps, "

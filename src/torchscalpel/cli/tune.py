@@ -24,7 +24,7 @@ from torchscalpel.cli.common import (
     track,
 )
 from torchscalpel.errors import UsageError
-from torchscalpel.units import duration_type
+from torchscalpel.units import duration_type, int_type
 
 TUNE_STEPS = 10
 """Measured steps per trial for ``--steps auto``."""
@@ -62,7 +62,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help=f"comma-separated knob families to try (default all: {', '.join(KNOB_NAMES)})",
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="torch.manual_seed before the script, same for every trial"
+        "--seed",
+        # numpy's and random's seeders take 0 to 2^32 - 1; -1 failed in every trial, after the baseline
+        type=int_type("--seed", maximum=2**32 - 1),
+        default=0,
+        help="torch.manual_seed before the script, same for every trial",
     )
     p.add_argument(
         "--compile-mode",
@@ -80,7 +84,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         f"(default {MIN_MEASURE_S:g}s with --steps auto, 0 with a given --steps)",
     )
     p.add_argument(
-        "--confirm", type=int, default=3, help="interleaved baseline/winner pairs to confirm (default 3)"
+        "--confirm",
+        type=int_type("--confirm"),
+        default=3,
+        help="interleaved baseline/winner pairs to confirm (default 3)",
     )
     p.add_argument(
         "--config",

@@ -29,6 +29,7 @@ from torchscalpel.distributed.rank_entry import MODULE as RANK_ENTRY
 from torchscalpel.errors import UsageError
 from torchscalpel.netutil import free_port
 from torchscalpel.runtime.collectives import ENV_DIR as COLLECTIVE_ENV
+from torchscalpel.units import int_type
 
 TAIL_LINES = 12
 MAX_NPROC = 1024  # processes on one node: beyond any machine's devices or cores, and never a fork bomb
@@ -64,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     for action in parser._actions:
         if action.dest == "training_script":
             action.nargs = "?"  # a missing script gets prepare()'s sentence, not argparse's
-    parser.add_argument("--nproc", type=int, help="processes on this node (same as --nproc-per-node)")
+    parser.add_argument(
+        "--nproc",
+        type=int_type("--nproc", minimum=1, maximum=MAX_NPROC),
+        help="processes on this node (same as --nproc-per-node)",
+    )
     parser.add_argument(
         "--out", type=Path, help="folder for per-rank logs (default scalpel-runs/<time>-launch-<name>/)"
     )

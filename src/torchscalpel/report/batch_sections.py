@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from torchscalpel.record import RunRecord
+from torchscalpel.report.batch_terminal import row_outcome
 from torchscalpel.report.charts import horizontal_bars
 from torchscalpel.report.page import Section, table
 from torchscalpel.sections import BatchSection
@@ -18,21 +19,9 @@ def _rows(batch: BatchSection) -> list[list[object]]:
     for r in batch.rows:
         size = r.get("batch_size")
         mark = " (best)" if size == batch.best else ""
-        if r.get("fits") is None and "fits" in r:  # no DataLoader took the size: nothing measured at it
-            out.append(
-                [f"{size}", "not measured", "-", "-", r.get("why") or "not measured: no reason recorded"]
-            )
-            continue
-        if not r.get("fits"):
-            out.append(
-                [
-                    f"{size}{mark}",
-                    "does not fit",
-                    "-",
-                    "-",
-                    r.get("why") or "not measured: no reason recorded",
-                ]
-            )
+        state = row_outcome(r)
+        if state != "measured":
+            out.append([f"{size}{mark}", state, "-", "-", r.get("why") or "no reason recorded"])
             continue
         sps = r.get("samples_per_s")
         ms = r.get("median_step_ms")
@@ -56,7 +45,7 @@ def build(record: RunRecord) -> list[Section]:
     measured = [
         (f"batch {r['batch_size']}", float(r["samples_per_s"]))
         for r in batch.rows
-        if r.get("fits") and r.get("samples_per_s")
+        if row_outcome(r) == "measured" and r.get("samples_per_s")
     ]
     chart = horizontal_bars("batch-samples-per-s", measured, unit="samples/s", y_title="batch size")
     rows = table(
@@ -68,7 +57,7 @@ def build(record: RunRecord) -> list[Section]:
     if batch.best is not None:
         verdict = f"Best samples/s at batch <b>{batch.best}</b>{escape(base)}."
     else:
-        verdict = "No size was measured: every size failed or was not set (see the table)."
+        verdict = "No size was measured (the table says why for each)."
     notes = [
         f"{batch.steps} measured step(s) after {batch.warmup} warm-up step(s) per size, each size a separate run "
         "with every DataLoader's batch_size set to it",

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchscalpel.sections import BatchSection
+
+
+def row_outcome(row: dict[str, Any]) -> str:
+    """What became of one size: the row's ``outcome`` ("measured", "does not fit", "failed", "not measured").
+    A record written before outcomes existed says "does not fit" only when its reason is out of memory:
+    "does not fit" is said of a run that crossed a limit, never of one that ended with exit code 0."""
+    state = row.get("outcome")
+    if isinstance(state, str) and state in ("measured", "does not fit", "failed", "not measured"):
+        return state
+    if row.get("fits"):
+        return "measured"
+    return "does not fit" if "out of memory" in str(row.get("why") or "").lower() else "not measured"
 
 
 def summary_lines(batch: BatchSection) -> list[str]:
     """One line per size, then the best size and the lr advice."""
     lines = [f"{'batch':>7}  {'samples/s':>10}  {'step ms':>9}"]
     for r in batch.rows:
-        if r.get("fits"):
+        if row_outcome(r) == "measured":
             sps = f"{r['samples_per_s']:.1f}" if r.get("samples_per_s") else "not measured"
             ms = f"{r['median_step_ms']:.1f}" if r.get("median_step_ms") is not None else "-"
             mark = "  <- best" if r["batch_size"] == batch.best else ""
@@ -20,7 +34,8 @@ def summary_lines(batch: BatchSection) -> list[str]:
         elif r.get("fits") is None:  # no DataLoader took the size: the script's own batch ran
             lines.append(f"{r['batch_size']:>7}  {r.get('why') or 'not measured'}")
         else:
-            lines.append(f"{r['batch_size']:>7}  does not fit: {r.get('why', '')}")
+            why = r.get("why") or "no reason recorded"
+            lines.append(f"{r['batch_size']:>7}  {row_outcome(r)}: {why}")
     if batch.best is not None:
         base = f" (the script's: {batch.script_batch_size})" if batch.script_batch_size else ""
         lines.append(f"best samples/s at batch {batch.best}{base}")

@@ -114,9 +114,11 @@ def sections_for(record: RunRecord, builders: Iterable[SectionBuilder] = ()) -> 
 
 
 def write_report(record: RunRecord, path: Path) -> Path:
-    """Render ``record`` into ``path`` (report.html) and return the path."""
-    path.write_text(record_page(record), encoding="utf-8")
-    return path
+    """Render ``record`` into ``path`` (report.html) and return the path (written whole or not at all, a
+    record's unencodable text escaped: :func:`torchscalpel.fileio.atomic_write_text`)."""
+    from torchscalpel.fileio import atomic_write_text
+
+    return atomic_write_text(path, record_page(record))
 
 
 def record_page(record: RunRecord) -> str:
@@ -271,4 +273,6 @@ def write_analysis_html(data: dict[str, Any], path: Path, diff: dict[str, Any] |
     if diff is not None:  # the comparison is the verdict: it leads the page
         sections.insert(0, build_diff_section(diff))
     files = ", ".join(Path(r["path"]).name for r in data["ranks"])
-    path.write_text(render_page("torchscalpel · analyze", files, sections), encoding="utf-8")
+    from torchscalpel.fileio import atomic_write_text
+
+    atomic_write_text(path, render_page("torchscalpel · analyze", files, sections))

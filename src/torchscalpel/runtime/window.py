@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from torchscalpel.units import NumberError, parse_int
+
 StepCount = int | Literal["all", "auto"]
 """A parsed ``--steps``: a count of measured steps, ``"all"`` or ``"auto"``."""
 
@@ -46,17 +48,17 @@ def check_warmup(value: object, *, name: str = "--warmup") -> int:
 
 
 def parse_steps(text: str | int, *, minimum: int = 1) -> StepCount:
-    """``--steps``: ``N`` (at least ``minimum``), ``all`` or ``auto``; ValueError naming the flag otherwise."""
+    """``--steps``: ``N`` (at least ``minimum``, below 2^63: the shared number rule,
+    :func:`torchscalpel.units.parse_int`), ``all`` or ``auto``; ValueError naming the flag otherwise."""
     word = str(text).strip().lower()
     if word in ("all", "auto"):
         return "all" if word == "all" else "auto"
+    if not word.lstrip("+-").isdigit():
+        raise ValueError(f"--steps takes a number, 'all' or 'auto', not {text!r}")
     try:
-        value = int(word)
-    except ValueError:
-        raise ValueError(f"--steps takes a number, 'all' or 'auto', not {text!r}") from None
-    if value < minimum:
-        raise ValueError(f"--steps must be at least {minimum} (or 'all' / 'auto')")
-    return value
+        return parse_int(word, flag="--steps", minimum=minimum, also="'all' / 'auto'")
+    except NumberError as exc:  # this function's callers (the CLI, scalpel.toml's check) take ValueError
+        raise ValueError(str(exc).rstrip(".")) from None
 
 
 def check_window(

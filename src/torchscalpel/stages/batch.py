@@ -23,6 +23,7 @@ def run_batch(
         OptimizerKind,
         best_size,
         not_resized,
+        outcome,
         scaling_advice,
     )
 
@@ -54,6 +55,7 @@ def run_batch(
                 {
                     "batch_size": size,
                     "fits": None,
+                    "outcome": "not measured",
                     "samples_per_s": None,
                     "median_step_ms": None,
                     "steps_measured": 0,
@@ -61,17 +63,27 @@ def run_batch(
                 }
             )
             continue
-        fits = record.exit_code == 0 and bool(record.measured_steps)
+        state, why = outcome(
+            size=size,
+            exit_code=record.exit_code,
+            error=record.error,
+            notes=record.notes,
+            measured_steps=len(record.measured_steps),
+            steps_seen=len(record.steps),
+            samples=forced.samples,
+            warmup=options.warmup,
+            steps=options.steps,
+        )
+        fits = state == "measured"
         rows.append(
             {
                 "batch_size": size,
                 "fits": fits,
+                "outcome": state,
                 "samples_per_s": summary.samples_per_s if fits else None,
                 "median_step_ms": summary.median_step_ms if fits else None,
                 "steps_measured": len(record.measured_steps),
-                "why": ""
-                if fits
-                else (record.error or "; ".join(record.notes) or f"exit code {record.exit_code}"),
+                "why": why,
             }
         )
     best = best_size(rows)

@@ -65,6 +65,7 @@ def finish(record: RunRecord, out_dir: Path, *, json_path: Path | None, write_re
     if isinstance(section, dict) and (section.get("oom") or {}).get("snapshot"):
         record.artifacts["memory_live"] = "memory-live.json"
     save_with_report(record, out_dir, write_report=write_report)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(section, indent=1, default=str) + "\n", encoding="utf-8")
+    if json_path is not None:  # after run.json: a --json that fails (a full disk) costs nothing measured
+        from torchscalpel.fileio import write_output_text
+
+        write_output_text(json_path, json.dumps(section, indent=1, default=str) + "\n", flag="--json")

@@ -3,7 +3,10 @@ and the learning-rate scaling rule to keep when the batch changes, stated as adv
 
 Each size is one run of the script under the runtime, in this process, with every DataLoader built
 with that ``batch_size`` (a loader built with a ``batch_sampler`` or ``batch_size=None`` is left as it
-is, and the run says so). A size whose run fails (out of memory included) is reported as not fitting.
+is, and the run says so). Each size ends in one :data:`OUTCOMES`: measured; "does not fit" only when its
+run crossed a memory limit (out of memory); "failed" when the script failed otherwise; "not measured"
+when the script ended on its own before a measured step, or its data holds fewer samples than the size
+(no batch of that size ever existed: see :func:`outcome`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,45 @@ class BatchOptions:
             raise ValueError("--steps must be at least 1 and --warmup at least 0")
 
 
+OUTCOMES = ("measured", "does not fit", "failed", "not measured")
+"""What became of one size (``sections["batch"]["rows"][i]["outcome"]``)."""
+
+_OUT_OF_MEMORY = ("out of memory", "outofmemoryerror", "memoryerror", "memory limit")
+"""Phrases of a run's error that mean it crossed a memory limit (CUDA/CPU out of memory, --memory-limit)."""
+
+
+def outcome(
+    *,
+    size: int,
+    exit_code: int | None,
+    error: str | None,
+    notes: Sequence[str],
+    measured_steps: int,
+    steps_seen: int,
+    samples: int | None,
+    warmup: int,
+    steps: int,
+) -> tuple[str, str]:
+    """``(outcome, why)`` of one size's run: one of :data:`OUTCOMES` and, unless measured, the reason in
+    words. ``samples``: the length of the dataset the forced loader reads (None when it has none, e.g. an
+    iterable dataset). A size above it is never measured, even when the script stepped: every batch held
+    at most ``samples`` rows, so the figure would belong to a smaller batch."""
+    if exit_code not in (0, None):
+        text = error or "; ".join(notes) or f"exit code {exit_code}"
+        if any(phrase in text.lower() for phrase in _OUT_OF_MEMORY):
+            return "does not fit", text
+        return "failed", text
+    if samples is not None and samples < size:
+        return "not measured", f"the script's data has {samples} samples, fewer than {size}"
+    if measured_steps:
+        return "measured", ""
+    if steps_seen:
+        return "not measured", (
+            f"the script ended after {steps_seen} step(s), before {warmup} warm-up and {steps} measured step(s)"
+        )
+    return "not measured", "; ".join(notes) or "the script ended before its first step"
+
+
 class ForcedBatch:
     """A setup hook: every ``DataLoader(...)`` built during the run gets ``batch_size=size``."""
 
@@ -51,6 +93,8 @@ class ForcedBatch:
         """Loaders built with a batch_sampler or batch_size=None: left as they were."""
         self.forced = 0
         """Loaders built with ``size``: none means the run measured the script's own batch, not ``size``."""
+        self.samples: int | None = None
+        """The length of the first forced loader's dataset (None without ``len``): a size above it never ran."""
 
     def __call__(self) -> Undo:
         from torch.utils.data import DataLoader
@@ -69,11 +113,21 @@ class ForcedBatch:
             else:
                 if forced.original is None:
                     forced.original = int(size)
+                    forced.samples = _length(dataset)
                 kwargs["batch_size"] = forced.size
                 forced.forced += 1
             original(loader, dataset, *args, **kwargs)
 
         return __init__
+
+
+def _length(dataset: Any) -> int | None:
+    """``len(dataset)`` for a map-style dataset; None for an iterable one or a ``len`` that fails."""
+    try:
+        n = len(dataset)
+    except Exception:  # an IterableDataset (TypeError) or the script's own __len__ failing: unknown
+        return None
+    return n if isinstance(n, int) and n >= 0 else None
 
 
 class OptimizerKind(Observer):
@@ -110,7 +164,7 @@ def scaling_advice(optimizer: str | None, base: int | None, best: int | None) ->
 
 
 def best_size(rows: Sequence[dict[str, Any]]) -> int | None:
-    """The size with the most samples/s among those that fit and were measured."""
+    """The size with the most samples/s among those measured (``fits``: its outcome is "measured")."""
     measured = [r for r in rows if r.get("fits") and r.get("samples_per_s")]
     return max(measured, key=lambda r: r["samples_per_s"])["batch_size"] if measured else None
 
