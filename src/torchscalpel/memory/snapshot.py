@@ -30,16 +30,16 @@ file torch wrote never nears (each block, event and frame reference costs it byt
 from __future__ import annotations
 
 import gc
-import io
 import pickle
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.memory import snapshot_native as native
 from torchscalpel.memory.snapshot_frames import PHASES, frame_code, traceback_facts
-from torchscalpel.plaindata import PlainUnpickler, Refused
+from torchscalpel.plaindata import PlainUnpickler, Refused, SignalCheckingReader, TooMuchWork, WorkCounter
 
 _WHAT = {  # why each refused opcode is refused, for the one sentence
     "GLOBAL": "imports a class or function",
@@ -76,8 +76,10 @@ def _truncated(path: Path, where: str) -> UsageError:
 def load_snapshot(path: Path) -> dict[str, Any]:
     """The whole snapshot as plain data (pure-Python reader); :class:`UsageError` (exit 2) for anything else."""
     try:
-        with path.open("rb") as fh:
-            data = PlainUnpickler(io.BufferedReader(fh, buffer_size=1 << 20)).load()
+        with path.open("rb", buffering=1 << 20) as fh:
+            # through Python reads: Ctrl-C raises within one 64 KiB frame (the C loop alone never looks, and a
+            # BufferedReader wrapped round the file's own dropped the interrupt: the read went on to exit 0)
+            data = PlainUnpickler(SignalCheckingReader(fh)).load()
     except Refused as exc:
         raise UsageError(
             f"{path} is not a plain PyTorch memory snapshot: it asks to build {exc}, which this "
@@ -117,10 +119,6 @@ _SEGMENT_GROWS = ("segment_alloc", "segment_map")  # tuples: an action that is a
 _SEGMENT_SHRINKS = ("segment_free", "segment_unmap")  # is compared, never hashed
 
 
-class TooMuchWork(Exception):
-    """The file asked the summary to walk more than its budget (a memo bomb); ``args[0]`` is the budget."""
-
-
 class SnapshotSummary:
     """The explanation, built one segment and one trace event at a time (both readers feed it).
 
@@ -129,8 +127,8 @@ class SnapshotSummary:
     """
 
     def __init__(self, budget: int | None = None) -> None:
-        self.budget = budget
-        self.work = 0
+        self.counter = WorkCounter(budget)  # plaindata's one rule: a part reached again is counted again
+        self._spend = self.counter.spend
         self.segments = self.blocks = self.reserved = self.allocated = self.requested = 0
         self.free = self.largest_free = 0
         self.phases = [0] * len(PHASES)
@@ -195,10 +193,10 @@ class SnapshotSummary:
         self.free += free
         self.largest_free = largest_free
 
-    def _spend(self, units: int) -> None:
-        self.work += units
-        if self.budget is not None and self.work > self.budget:
-            raise TooMuchWork(self.budget)
+    @property
+    def work(self) -> int:
+        """Units walked so far (segments, blocks, trace events, frames)."""
+        return self.counter.work
 
     def _facts(self, frames: Any) -> tuple[str, int]:
         if type(frames) is not list:
@@ -397,19 +395,33 @@ def read_snapshot(path: Path, progress: native.Progress | None = None) -> dict[s
             if err.code != native.E_SHAPE:
                 raise _native_error(path, err) from None
             why = f"the native reader does not handle this layout ({err.message})"
+    result = _read_python(path)
+    result.update(reader="python", reader_note=why)
+    return result
+
+
+def _read_python(path: Path) -> dict[str, Any]:
+    """The pure-Python reader: the whole file loaded, then explained within the file's work budget.
+
+    The collector is off throughout (millions of acyclic containers: collections would only cost time), and
+    the snapshot's objects are freed before it is on again, whichever way the read ends: a collection with
+    them still alive (as the interrupt's traceback kept them) walked them all, 2 s for 34 MB, and Ctrl-C then
+    took that long to end the command.
+    """
     gc_was = gc.isenabled()
-    gc.disable()  # the whole-file reader makes millions of acyclic containers; collections would only cost time
+    gc.disable()
     try:
-        data = load_snapshot(path)
         budget = native.work_budget(path.stat().st_size)
-        result = explain(data, budget)
-    except TooMuchWork:
+        return explain(load_snapshot(path), budget)
+    except TooMuchWork as exc:
+        traceback.clear_frames(exc.__traceback__)  # the refusal's context keeps it (see above)
         raise _too_much_work(path, budget) from None
+    except BaseException as exc:  # Ctrl-C above all: its traceback's frames hold the snapshot; let it go now
+        traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
         if gc_was:
             gc.enable()
-    result.update(reader="python", reader_note=why)
-    return result
 
 
 def explain_snapshot(path: Path, progress: native.Progress | None = None) -> dict[str, Any]:

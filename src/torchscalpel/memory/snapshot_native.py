@@ -42,14 +42,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# the one counting rule of every pickle reader (plaindata), re-exported for the C reader's callers
+from torchscalpel.plaindata import WORK_BASE as WORK_BASE
+from torchscalpel.plaindata import WORK_PER_BYTE as WORK_PER_BYTE
+from torchscalpel.plaindata import work_budget as work_budget
+
 SOURCE = Path(__file__).with_name("snapshot_scan.c")
-SLICE_BYTES = 64 << 20  # each C call reads this much of the file before it returns (progress, Ctrl-C)
+SLICE_BYTES = 16 << 20  # each C call reads this much of the file before it returns (progress, Ctrl-C: ~0.2 s)
 WORK_SLICE = 1 << 22  # ... or walks this many blocks, frames and events (~10-50 ms), whichever comes first
-WORK_PER_BYTE = 4
-"""What the summary may walk per byte of the file. A file torch wrote walks about one unit per 10 bytes: every
-block and event is a dict of its own (tens of bytes), and every frame reference at least a 2-byte memo fetch,
-walked once per traceback (twice when a trace event shares a block's)."""
-WORK_BASE = 1_000_000
 TIMELINE_POINTS = 256
 """The most points of a trace's timeline (``TL_POINTS`` in the C source; snapshot.py's ``TIMELINE_POINTS``)."""
 
@@ -94,15 +94,6 @@ COUNTERS = (
 """The numbers ``ts_counters`` writes, in its order."""
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
-
-
-def work_budget(file_size: int) -> int:
-    """The most segments, blocks, trace events and frames either reader walks for a file of ``file_size`` bytes.
-
-    Beyond it the file is refused: only a memo that names the same parts again and again (a memo bomb: 0.4 MB
-    naming one segment of 10^5 blocks 10^5 times) gets there.
-    """
-    return WORK_PER_BYTE * max(file_size, 0) + WORK_BASE
 
 
 @dataclass(frozen=True, slots=True)

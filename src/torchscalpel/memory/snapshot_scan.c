@@ -98,7 +98,8 @@ static inline uint64_t rd_le(const uint8_t *p, int n) {
 /* ================= values ================= */
 
 /* V_DONE: the place of a segment that was summarized and freed as soon as it was complete */
-/* V_SITE: in the memo, a traceback reduced to its call site's id (u.i) and phase (len) (see site_of) */
+/* V_SITE: in the memo, a traceback reduced to its call site's id (u.i's low 32 bits), its frame count (the high
+   32 bits: what each later use spends) and phase (len) (see site_of) */
 enum { V_NONE, V_BOOL, V_INT, V_BIG, V_FLOAT, V_STR, V_RAWSTR, V_BYTES, V_OBJ, V_DONE, V_SITE };
 enum { N_LIST, N_TUPLE, N_DICT, N_SET, N_FROZENSET };
 /* what happens to what is appended to a list: kept, or summarized and freed */
@@ -121,6 +122,10 @@ struct node {
                                          a traceback list: its phase, cached with site */
   uint8_t keep;                       /* a streamed list referred to again: its items are kept as well */
   uint8_t summarized;                 /* a streamed list: what it was given is summarized already */
+  uint8_t placed;                     /* a streamed trace: appended in its place in device_traces (counted) */
+  uint8_t lost;                       /* a streamed list: items were summarized and let go, so it is not whole */
+  uint32_t walked;                    /* a traceback: the frames its cached site was found among (spent again
+                                         at each use, as snapshot.py's _facts spends them) */
   int32_t site;                       /* cached call site of a frame dict or a traceback list */
   uint32_t n, cap;                    /* items (pairs for a dict) */
   int64_t aux;                        /* S_DT: elements taken; S_TRACE: its device index */
@@ -573,6 +578,16 @@ static const val_t *dget(const node_t *d, const char *key, uint32_t n) {
 }
 #define DGET(d, lit) dget((d), lit, (uint32_t)(sizeof lit - 1))
 
+/* how many times d sets key */
+static size_t key_count(const node_t *d, const char *key, uint32_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < d->n; i++) {
+    const val_t *v = &d->items[2 * i];
+    if ((v->t == V_STR || v->t == V_RAWSTR) && v->len == n && memcmp(v->u.s, key, n) == 0) k++;
+  }
+  return k;
+}
+
 /* snapshot.py's _int: ints and booleans as they are, floats truncated, anything else 0 */
 static inline int64_t as_int(const val_t *v) {
   if (!v) return 0;
@@ -732,13 +747,24 @@ static uint8_t frame_class(ctx_t *c, node_t *f) {
    block until the end of the file. */
 static int32_t site_of(ctx_t *c, const val_t *frames, uint8_t *phase) {
   *phase = PH_OTHER;
-  if (frames && frames->t == V_SITE) { *phase = (uint8_t)frames->len; return (int32_t)frames->u.i; }
+  /* every use spends the traceback's frames, cached or not: a memo that names one long traceback from
+     every block is walked (and counted) as often as the Python reader walks it */
+  if (frames && frames->t == V_SITE) {
+    if (spend(c, (uint64_t)frames->u.i >> 32)) return c->site_no_frames;
+    *phase = (uint8_t)frames->len;
+    return (int32_t)(uint32_t)((uint64_t)frames->u.i & 0xffffffffu);
+  }
   if (!is_node(frames, N_LIST)) return c->site_no_frames;
   node_t *l = frames->u.n;
-  if (l->site != SITE_NONE || l->cut) { *phase = l->hint; return l->site; }
+  if (l->site != SITE_NONE || l->cut) {
+    if (spend(c, l->walked)) return c->site_no_frames;
+    *phase = l->hint;
+    return l->site;
+  }
   int32_t fallback = SITE_NONE, site = SITE_NONE;
   uint8_t hint = PH_OTHER;
   if (spend(c, l->n)) return c->site_no_frames;
+  l->walked = l->n;
   for (size_t i = 0; i < l->n && (site == SITE_NONE || hint == PH_OTHER); i++) {
     if (!is_node(&l->items[i], N_DICT)) continue;
     node_t *f = l->items[i].u.n;
@@ -760,7 +786,7 @@ static int32_t site_of(ctx_t *c, const val_t *frames, uint8_t *phase) {
       l->memo_slot = 0;
       if (m->t == V_OBJ && m->u.n == l) {
         m->t = V_SITE;
-        m->u.i = site;
+        m->u.i = (int64_t)((uint64_t)(uint32_t)site | ((uint64_t)l->walked << 32));
         m->len = hint;
         unref(c, l);
       }
@@ -893,6 +919,10 @@ static void tag_list(ctx_t *c, node_t *n, size_t pos) {
   if (c->root_ok && c->rc_i < c->n_rc && c->rc[c->rc_i].start == pos && (c->rc_i & 1) && c->rc[c->rc_i].is_list &&
       c->vsp >= 2 && is_node(&c->vs[0], N_DICT)) {
     const val_t *key = &c->vs[c->vsp - 1];  /* the root's key is pushed right before its value */
+    if ((STR_IS(key, "segments") && c->has_seg) || (STR_IS(key, "device_traces") && c->has_dt)) {
+      fail(c, E_SHAPE, pos, "the root dict sets a key twice");  /* Python keeps the last: not streamed */
+      return;
+    }
     if (STR_IS(key, "segments")) {
       n->stream = S_SEG;
       n->summarized = 1;
@@ -924,8 +954,12 @@ static int take(ctx_t *c, node_t *list, size_t first, size_t pos) {
         if (v[i].t != V_DONE) { summarize_segment(c, &v[i]); c->streamed_segments++; }
       break;
     case S_DT:
-      for (size_t i = 0; i < count && !c->err; i++, list->aux++)
-        if (!(is_node(&v[i], N_LIST) && v[i].u.n->summarized)) summarize_trace(c, list->aux, &v[i]);
+      for (size_t i = 0; i < count && !c->err; i++, list->aux++) {
+        /* a trace streamed in this place was summarized as it was read; any other reference to a list (a memo
+           fetch of that trace again, kept whole) is walked again, as the Python reader walks it */
+        if (is_node(&v[i], N_LIST) && v[i].u.n->stream == S_TRACE && !v[i].u.n->placed) { v[i].u.n->placed = 1; continue; }
+        summarize_trace(c, list->aux, &v[i]);
+      }
       break;
     case S_TRACE:
       for (size_t i = 0; i < count && !c->err; i++) { summarize_event(c, list->aux, &v[i]); c->streamed_events++; }
@@ -937,6 +971,7 @@ static int take(ctx_t *c, node_t *list, size_t first, size_t pos) {
     list->site = SITE_NONE;  /* a traceback that grows: its cached site is stale */
   } else {
     for (size_t i = 0; i < count; i++) release(c, v[i]);
+    if (count) list->lost = 1;
   }
   c->vsp = first;
   return c->err ? -1 : 0;
@@ -989,12 +1024,17 @@ static int step2(ctx_t *c, size_t pos, op_t *op) {
           uint8_t kind = op->code == ']' ? N_LIST : op->code == '}' ? N_DICT : op->code == ')' ? N_TUPLE : N_SET;
           node_t *n = new_node(c, kind);
           if (!n) return fail(c, E_NOMEM, pos, "out of memory");
-          if (kind == N_LIST) tag_list(c, n, pos);
+          if (kind == N_LIST) {
+            tag_list(c, n, pos);
+            if (c->err) { unref(c, n); return -1; }
+          }
           v.t = V_OBJ; v.u.n = n;
           return vpush(c, v, pos);
         }
         case '2':
           if (!c->vsp) return underflow(c, pos);
+          if (c->vs[c->vsp - 1].t == V_OBJ && c->vs[c->vsp - 1].u.n->stream != S_NONE)
+            return fail(c, E_SHAPE, pos, "a streamed list is duplicated on the stack (DUP)");
           return vpush(c, share(c->vs[c->vsp - 1]), pos);
         case 'N': break;
         case 0x88: case 0x89: v.t = V_BOOL; v.u.i = op->code == 0x88; break;
@@ -1058,6 +1098,8 @@ static int step2(ctx_t *c, size_t pos, op_t *op) {
       uint64_t key = in.kind == K_MEMOIZE ? c->memo2++ : op->key;
       if (!bit(c->fetched, c->words, key)) return 0;  /* nobody fetches it: not kept */
       val_t *top = &c->vs[c->vsp - 1];
+      if (top->t == V_OBJ && top->u.n->stream != S_NONE && top->u.n->lost)
+        return fail(c, E_SHAPE, pos, "a streamed list is memoized after some of its items were read");
       if (top->t == V_OBJ && top->u.n->stream != S_NONE && !top->u.n->keep) {
         /* a streamed list referred to again: still summarized as it is read, and kept whole as well */
         top->u.n->keep = 1;
@@ -1141,6 +1183,7 @@ static void segment_done(ctx_t *c, size_t pos) {
     c->streamed_segments++;
     release(c, *top);
     top->t = V_DONE;
+    list->u.n->lost = 1;
   }
   c->se_end = c->se_i < c->n_se ? c->se[c->se_i].child : SIZE_MAX;
 }
@@ -1250,6 +1293,9 @@ int ts_eval(ctx_t *c, size_t upto) {
   /* what was not streamed (a layout the streamer leaves alone) is summarized from the built root */
   if (c->vsp != 1 || !is_node(&c->vs[0], N_DICT)) return fail(c, E_NOSEG, pos, "the root is not a dict");
   node_t *root = c->vs[0].u.n;
+  /* a key set twice: Python keeps the last value, and the first may be the one streamed */
+  if (key_count(root, "segments", 8) > 1 || key_count(root, "device_traces", 13) > 1)
+    return fail(c, E_SHAPE, pos, "the root dict sets a key twice");
   const val_t *segs = DGET(root, "segments");
   if (!is_node(segs, N_LIST)) return fail(c, E_NOSEG, pos, "no 'segments' list");
   node_t *sl = segs->u.n;
@@ -1261,7 +1307,8 @@ int ts_eval(ctx_t *c, size_t upto) {
     node_t *tl = traces->u.n;
     tl->busy++;
     for (size_t i = 0; i < tl->n && !c->err; i++)
-      if (!(is_node(&tl->items[i], N_LIST) && tl->items[i].u.n->summarized)) summarize_trace(c, (int64_t)i, &tl->items[i]);
+      if (!(is_node(&tl->items[i], N_LIST) && tl->items[i].u.n->stream == S_TRACE && !tl->items[i].u.n->placed))
+        summarize_trace(c, (int64_t)i, &tl->items[i]);
     tl->busy--;
   }
   return c->err ? -1 : 0;
