@@ -66,7 +66,7 @@ class WorkCounter:
             raise TooMuchWork(self.budget)
 
 
-def _plain_children(obj: Any) -> Iterable[Any] | None:
+def plain_children(obj: Any) -> Iterable[Any] | None:
     """What a plain container holds (dict keys and values); None for anything else."""
     if isinstance(obj, dict):
         return (x for kv in obj.items() for x in kv)
@@ -76,7 +76,7 @@ def _plain_children(obj: Any) -> Iterable[Any] | None:
 
 
 def spend_expanded(
-    obj: Any, counter: WorkCounter, children: Callable[[Any], Iterable[Any] | None] = _plain_children
+    obj: Any, counter: WorkCounter, children: Callable[[Any], Iterable[Any] | None] = plain_children
 ) -> None:
     """Spend one unit on ``obj`` and on every part reached from it, each time it is reached.
 
