@@ -38,7 +38,7 @@ from typing import Any
 
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.memory import snapshot_native as native
-from torchscalpel.memory.snapshot_frames import PHASES, frame_code, traceback_facts
+from torchscalpel.memory.snapshot_frames import INT64_LIMIT, PHASES, frame_code, traceback_facts
 from torchscalpel.plaindata import PlainUnpickler, Refused, SignalCheckingReader, TooMuchWork, WorkCounter
 
 _WHAT = {  # why each refused opcode is refused, for the one sentence
@@ -106,7 +106,35 @@ def load_snapshot(path: Path) -> dict[str, Any]:
 
 
 def _int(v: Any) -> int:
-    return v if type(v) is int else int(v or 0) if isinstance(v, int | float) else 0
+    """A size as the C reader reads it (``as_int``): an int64 or a bool as it is, a float within int64 truncated,
+    anything else (a 5000-digit int, NaN, infinity, a string) 0."""
+    if type(v) is int:
+        return v if -INT64_LIMIT < v < INT64_LIMIT else 0
+    if type(v) is bool:
+        return int(v)
+    if type(v) is float:
+        return int(v) if -9.2e18 < v < 9.2e18 else 0  # NaN fails both comparisons
+    return 0
+
+
+def _raw(v: Any) -> int | bool | float | None:
+    """An out-of-memory event's number as both readers report it (``raw_number``): an int64, a bool or a float
+    as it is, anything else None."""
+    if type(v) is int:
+        return v if -INT64_LIMIT < v < INT64_LIMIT else None
+    return v if type(v) in (bool, float) else None
+
+
+class OutOfRange(Exception):
+    """A figure of the summary does not fit in 64 bits (``E_RANGE`` in the C reader): sizes no device holds."""
+
+
+def _check_range(f: dict[str, Any]) -> None:
+    """Raise :class:`OutOfRange` when a figure the C reader keeps in 64 bits (``in_range``) does not fit."""
+    figures = [f[k] for k in ("reserved", "allocated", "requested", "free", "live", "trace_peak")]
+    figures += [*f["timeline_allocated"], *f["timeline_reserved"], *f["all_site_bytes"], *f["phases"].values()]
+    if any(not -INT64_LIMIT < v < INT64_LIMIT for v in figures):
+        raise OutOfRange
 
 
 TIMELINE_POINTS = native.TIMELINE_POINTS
@@ -169,13 +197,13 @@ class SnapshotSummary:
                 continue
             state = b.get("state")
             size = b.get("size")
-            if type(size) is not int:
+            if type(size) is not int or not -INT64_LIMIT < size < INT64_LIMIT:
                 size = _int(size)
             if state == "active_allocated":
                 n += 1
                 allocated += size
                 req = b.get("requested_size", size)
-                requested += req if type(req) is int else _int(req)
+                requested += req if type(req) is int and -INT64_LIMIT < req < INT64_LIMIT else _int(req)
                 site, phase = facts_of(b.get("frames"))
                 by_site[site] = by_site.get(site, 0) + size
                 phases[phase] += size
@@ -235,9 +263,9 @@ class SnapshotSummary:
             self.ooms.append(
                 {
                     "device": device,
-                    "bytes": e.get("size"),
+                    "bytes": _raw(e.get("size")),
                     "site": self._facts(e.get("frames"))[0],
-                    "device_free": e.get("device_free"),
+                    "device_free": _raw(e.get("device_free")),
                 }
             )
             del self.ooms[:-5]
@@ -290,8 +318,10 @@ class SnapshotSummary:
         }
 
     def result(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return explanation(self.fields())
+        """Plain JSON; :class:`OutOfRange` when a figure does not fit in 64 bits."""
+        fields = self.fields()
+        _check_range({**fields, "all_site_bytes": self.by_site.values()})
+        return explanation(fields)
 
 
 def explanation(f: dict[str, Any]) -> dict[str, Any]:
@@ -348,6 +378,13 @@ def _too_much_work(path: Path, budget: int) -> UsageError:
     )
 
 
+def _out_of_range(path: Path) -> UsageError:
+    return UsageError(
+        f"{path} is not a snapshot torch wrote: its sizes add up to 2^63 bytes or more, which no device holds "
+        "and this reader refuses."
+    )
+
+
 def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
     if err.code == native.E_REFUSED:
         what = _WHAT.get(err.message, "is not plain data")
@@ -364,6 +401,8 @@ def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
         return ScalpelError(f"Reading {path} ran out of memory in the native reader.")
     if err.code == native.E_WORK:
         return _too_much_work(path, native.work_budget(path.stat().st_size))
+    if err.code == native.E_RANGE:
+        return _out_of_range(path)
     return _not_snapshot(path, f"{err.message}, at byte {err.offset}")
 
 
@@ -416,6 +455,9 @@ def _read_python(path: Path) -> dict[str, Any]:
     except TooMuchWork as exc:
         traceback.clear_frames(exc.__traceback__)  # the refusal's context keeps it (see above)
         raise _too_much_work(path, budget) from None
+    except OutOfRange as exc:
+        traceback.clear_frames(exc.__traceback__)
+        raise _out_of_range(path) from None
     except BaseException as exc:  # Ctrl-C above all: its traceback's frames hold the snapshot; let it go now
         traceback.clear_frames(exc.__traceback__)
         raise

@@ -53,7 +53,7 @@ WORK_SLICE = 1 << 22  # ... or walks this many blocks, frames and events (~10-50
 TIMELINE_POINTS = 256
 """The most points of a trace's timeline (``TL_POINTS`` in the C source; snapshot.py's ``TIMELINE_POINTS``)."""
 
-E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG, E_WORK = range(9)
+E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG, E_WORK, E_RANGE = range(10)
 SUMMARY_FIELDS = (
     "segments",
     "blocks",
@@ -355,10 +355,10 @@ def summarize(
         n = dict(zip(COUNTERS, raw, strict=True))
         ids, sizes = (ctypes.c_int32 * 10)(), (ctypes.c_int64 * 10)()
         top = lib.ts_top_sites(ctx, 10, ids, sizes)
-        sites = [(lib.ts_site(ctx, ids[i]).decode("utf-8", "replace"), int(sizes[i])) for i in range(top)]
+        sites = [(_site_text(lib.ts_site(ctx, ids[i])), int(sizes[i])) for i in range(top)]
         lib.ts_largest(ctx, sizes, ids)
         largest = [
-            (int(sizes[i]), lib.ts_site(ctx, ids[i]).decode("utf-8", "replace"))
+            (int(sizes[i]), _site_text(lib.ts_site(ctx, ids[i])))
             for i in range(n["n_largest"])
         ]
         ooms_raw = (ctypes.c_int64 * (6 * 5))()
@@ -370,7 +370,7 @@ def summarize(
                 {
                     "device": device,
                     "bytes": _raw(bytes_kind, nbytes),
-                    "site": lib.ts_site(ctx, site).decode("utf-8", "replace"),
+                    "site": _site_text(lib.ts_site(ctx, site)),
                     "device_free": _raw(free_kind, free),
                 }
             )
@@ -404,6 +404,14 @@ def summarize(
         return fields, stats
     finally:
         lib.ts_close(ctx)
+
+
+def _site_text(raw: bytes) -> str:
+    """A site's text as Python's unpickler decodes the same bytes (a lone surrogate stays one)."""
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:  # bytes no pickler writes (Python's own reader refuses the file)
+        return raw.decode("utf-8", "replace")
 
 
 def _error(lib: ctypes.CDLL, ctx: int) -> ScanError:
