@@ -31,12 +31,14 @@ import ctypes
 import hashlib
 import os
 import platform
+import signal
 import shutil
 import stat
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,7 +313,7 @@ def summarize(
     interrupted: list[BaseException] = []
 
     def ask(file: Any, file_len: int, name: Any, name_len: int) -> int:
-        if interrupted:
+        if interrupted or pending:
             return 0
         try:
             return int(
@@ -332,6 +334,8 @@ def summarize(
     ctx = lib.ts_open(os.fsencode(str(path)), callback)
     if not ctx:
         raise ScanError(E_NOMEM, "out of memory", 0)
+    pending: list[int] = []
+    restore = _defer_sigint(pending)
     try:
         size = max(int(lib.ts_size(ctx)), 0)
         lib.ts_limits(ctx, work_budget(size), work_slice)
@@ -343,6 +347,8 @@ def summarize(
                 calls += 1
                 if interrupted:
                     raise interrupted[0]
+                if pending:
+                    raise KeyboardInterrupt
                 if state < 0:
                     raise _error(lib, ctx)
                 if progress is not None:
@@ -403,7 +409,26 @@ def summarize(
         }
         return fields, stats
     finally:
+        restore()
         lib.ts_close(ctx)
+
+
+def _defer_sigint(pending: list[int]) -> Callable[[], None]:
+    """While the C reader runs, Ctrl-C is noted in ``pending`` instead of raised; returns what restores the handler.
+
+    Python raises ``KeyboardInterrupt`` at whatever bytecode runs next, and with thousands of frame callbacks
+    that is often inside one of them, where ctypes prints the exception and drops it (before the callback's own
+    ``try`` nothing can catch it): Ctrl-C was lost and the read went on to exit 0. Noted here, the read stops at
+    the end of the C call (a slice: well under a second) and raises it there. Only the default handler, in the
+    main thread, is replaced: a handler of the program's own, or SIGINT ignored, is left as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return lambda: None
+    signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    return lambda: signal.signal(signal.SIGINT, previous)
 
 
 def _site_text(raw: bytes) -> str:
