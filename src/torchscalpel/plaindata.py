@@ -20,9 +20,10 @@ reads its input through this wrapper's Python methods, each a point where Ctrl-C
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections.abc import Callable, Iterable
-from typing import Any, BinaryIO
+from typing import Any
 
 WORK_PER_BYTE = 4
 """What a reader may walk per byte of the file. A file torch wrote walks about one unit per 10 bytes: every
@@ -117,7 +118,7 @@ class SignalCheckingReader:
     look-ahead at a time (pickle's ``PREFETCH``), so a 1 GB file makes some 10^4 calls: no measurable cost.
     """
 
-    def __init__(self, fh: BinaryIO) -> None:
+    def __init__(self, fh: io.BufferedIOBase) -> None:
         self._fh = fh
         self._peek = getattr(fh, "peek", None)
 

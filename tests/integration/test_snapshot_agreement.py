@@ -50,13 +50,29 @@ FILES = st.sampled_from(
         "",
     ]
 )
-NAMES = st.sampled_from(["_call_impl", "backward", "_engine_run_backward", "_init_group", "forward", "__init__"])
+NAMES = st.sampled_from(
+    ["_call_impl", "backward", "_engine_run_backward", "_init_group", "forward", "__init__"]
+)
 FRAME = st.fixed_dictionaries(
-    {"filename": st.one_of(FILES, FILES, ODD), "name": st.one_of(NAMES, ODD), "line": st.one_of(st.integers(0, 999), ODD)}
+    {
+        "filename": st.one_of(FILES, FILES, ODD),
+        "name": st.one_of(NAMES, ODD),
+        "line": st.one_of(st.integers(0, 999), ODD),
+    }
 )
 STATES = st.sampled_from(["active_allocated", "active_allocated", "inactive", "active_pending_free", 3])
 ACTIONS = st.sampled_from(
-    ["alloc", "alloc", "free_completed", "segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom", "x"]
+    [
+        "alloc",
+        "alloc",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+        "oom",
+        "x",
+    ]
 )
 
 
@@ -152,7 +168,9 @@ def readers(tmp_path_factory: pytest.TempPathFactory):
     suppress_health_check=list(HealthCheck),
 )
 @given(data=snapshots(), protocol=st.sampled_from([0, 2, 4, 5]))
-def test_both_readers_refuse_or_summarise_alike(readers, tmp_path_factory, data: dict[str, Any], protocol: int) -> None:
+def test_both_readers_refuse_or_summarise_alike(
+    readers, tmp_path_factory, data: dict[str, Any], protocol: int
+) -> None:
     path = tmp_path_factory.mktemp("agree") / "snap.pickle"
     try:
         path.write_bytes(pickle.dumps(data, protocol=protocol))
@@ -189,8 +207,12 @@ def test_sizes_beyond_64_bits_are_refused_by_both_in_one_sentence(readers, tmp_p
 def test_a_5000_digit_number_is_not_a_size_in_either_reader(readers, tmp_path: Path) -> None:
     frames = [{"filename": "/home/u/train.py", "name": "f", "line": 10**5000}]
     data = {
-        "segments": [{"total_size": 10**5000, "blocks": [{"state": "active_allocated", "size": 7, "frames": frames}]}],
-        "device_traces": [[{"action": "oom", "size": 10**5000, "device_free": float("nan"), "frames": frames}]],
+        "segments": [
+            {"total_size": 10**5000, "blocks": [{"state": "active_allocated", "size": 7, "frames": frames}]}
+        ],
+        "device_traces": [
+            [{"action": "oom", "size": 10**5000, "device_free": float("nan"), "frames": frames}]
+        ],
     }
     path = tmp_path / "digits.pickle"
     path.write_bytes(pickle.dumps(data, protocol=4))

@@ -28,9 +28,17 @@ HAS_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
 def big_snapshot(path: Path, n_segments: int) -> None:
     """A snapshot of ``n_segments`` segments of 4 blocks, each frame with a file name of its own (the native
     reader asks Python about each new one), written from one pickled segment's bytes in well under a second."""
-    frames = [{"filename": f"/home/u/m_{'X' * 8}_{k}.py", "name": "forward", "line": 10 + k} for k in range(2)]
+    frames = [
+        {"filename": f"/home/u/m_{'X' * 8}_{k}.py", "name": "forward", "line": 10 + k} for k in range(2)
+    ]
     blocks = [
-        {"address": 0, "size": 4096, "requested_size": 4000, "state": "active_allocated", "frames": [dict(f) for f in frames]}
+        {
+            "address": 0,
+            "size": 4096,
+            "requested_size": 4000,
+            "state": "active_allocated",
+            "frames": [dict(f) for f in frames],
+        }
         for _ in range(4)
     ]
     seg = {"device": 0, "address": 0, "total_size": 1 << 20, "segment_pool_id": (0, 0), "blocks": blocks}
@@ -59,7 +67,9 @@ def snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("interrupt") / "big.pickle"
     big_snapshot(path, 50_000)  # 24 MB: seconds for either reader on these machines
     with path.open("rb") as fh:  # the generated file is a snapshot (its last segment included)
-        assert pickle.load(fh)["segments"][-1]["blocks"][3]["frames"][1]["filename"] == "/home/u/m_00049999_1.py"
+        assert (
+            pickle.load(fh)["segments"][-1]["blocks"][3]["frames"][1]["filename"] == "/home/u/m_00049999_1.py"
+        )
     return path
 
 
@@ -70,7 +80,11 @@ def test_ctrl_c_during_the_read_exits_130_in_one_line(
 ) -> None:
     if use_native and not HAS_CC:
         pytest.skip("no C compiler on this machine: the native reader cannot be built (CI installs gcc)")
-    env = {**os.environ, "TORCHSCALPEL_CACHE_DIR": str(tmp_path / "cache"), "TORCHSCALPEL_NATIVE": str(int(use_native))}
+    env = {
+        **os.environ,
+        "TORCHSCALPEL_CACHE_DIR": str(tmp_path / "cache"),
+        "TORCHSCALPEL_NATIVE": str(int(use_native)),
+    }
     if use_native:  # compiled here first: the child's read starts at once
         monkeypatch.setenv("TORCHSCALPEL_CACHE_DIR", env["TORCHSCALPEL_CACHE_DIR"])
         monkeypatch.setattr(native, "_loaded", None)
@@ -89,7 +103,9 @@ def test_ctrl_c_during_the_read_exits_130_in_one_line(
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.5)  # well inside the read, which takes seconds
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=30)  # generous: "within a second" is the goal, not a timed assertion
+        out, err = proc.communicate(
+            timeout=30
+        )  # generous: "within a second" is the goal, not a timed assertion
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -172,7 +172,9 @@ def test_a_memo_bomb_dump_is_refused_in_one_sentence(tmp_path: Path) -> None:
     assert dump.stat().st_size < 250_000
     got = summarize_dumps({"0": str(dump)})
     error = got["0"]["error"]
-    assert error.startswith(f"{dump} is not an NCCL flight recorder dump (it names its own parts over and over")
+    assert error.startswith(
+        f"{dump} is not an NCCL flight recorder dump (it names its own parts over and over"
+    )
     assert "\n" not in error
 
 
@@ -183,7 +185,9 @@ def test_the_report_is_written_without_the_summary_when_the_summary_cannot_be(
 
     watch, killed = _watch(tmp_path, monkeypatch)
     monkeypatch.setattr(hangwatch, "diagnose", _ranked_diagnosis)
-    monkeypatch.setattr(flightrec, "summarize_dumps", lambda paths: {"0": {"waiting_in": None, "entries": HUGE}})
+    monkeypatch.setattr(
+        flightrec, "summarize_dumps", lambda paths: {"0": {"waiting_in": None, "entries": HUGE}}
+    )
     watch.handle_hang(_logs(), 10.0, 12.0)
     assert killed == [1000, 1001]
     saved = json.loads((tmp_path / "hang.json").read_text())
@@ -214,13 +218,17 @@ FIELDS = [
 ]
 
 
-@settings(max_examples=150, deadline=1000, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=150, deadline=1000, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
 @given(
     over=st.dictionaries(st.sampled_from(FIELDS), NESTED, max_size=4),
     version=NESTED,
     repeat=st.sampled_from([1, 3]),
 )
-def test_fuzz_any_field_values_give_a_summary_that_writes(over: dict[str, Any], version: Any, repeat: int) -> None:
+def test_fuzz_any_field_values_give_a_summary_that_writes(
+    over: dict[str, Any], version: Any, repeat: int
+) -> None:
     summary = dump_summary({"version": version, "entries": [_entry(**over)] * repeat})
     text = json.dumps(summary) + describe_summary(summary)
     text.encode("utf-8")  # no lone surrogate reaches hang.txt

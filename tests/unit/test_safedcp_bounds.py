@@ -88,13 +88,17 @@ def _mutations() -> dict[str, Callable[[Metadata], None]]:
 
     return {
         "state_dict_metadata": lambda m: setattr(m, "state_dict_metadata", "oops"),
-        "state_dict_metadata['model.weight']": lambda m: m.state_dict_metadata.__setitem__("model.weight", "oops"),
+        "state_dict_metadata['model.weight']": lambda m: m.state_dict_metadata.__setitem__(
+            "model.weight", "oops"
+        ),
         "TensorStorageMetadata.chunks[0]": lambda m: setattr(weight(m), "chunks", [1]),
         "TensorStorageMetadata.size": lambda m: setattr(weight(m), "size", [3, 4]),
         "Metadata.storage_data": lambda m: setattr(m, "storage_data", "x"),
         "_StorageInfo.offset": lambda m: setattr(next(iter(m.storage_data.values())), "offset", "0"),
         "Metadata.version": lambda m: setattr(m, "version", 10**5000),
-        "Metadata.planner_data['model.weight']": lambda m: m.planner_data.__setitem__("model.weight", "model"),
+        "Metadata.planner_data['model.weight']": lambda m: m.planner_data.__setitem__(
+            "model.weight", "model"
+        ),
         "TensorProperties's state[0]": lambda m: setattr(weight(m).properties, "dtype", "float32"),
         ".chunks is not set": lambda m: delattr(weight(m), "chunks"),
         "StorageMeta.modules": lambda m: setattr(m.storage_meta, "modules", [1]),
@@ -102,7 +106,9 @@ def _mutations() -> dict[str, Callable[[Metadata], None]]:
 
 
 @pytest.mark.parametrize("where", list(_mutations()))
-def test_a_field_of_the_wrong_type_is_refused_in_one_sentence(tmp_path: Path, real: bytes, where: str) -> None:
+def test_a_field_of_the_wrong_type_is_refused_in_one_sentence(
+    tmp_path: Path, real: bytes, where: str
+) -> None:
     metadata = pickle.loads(real)  # torch's own objects, changed as a crafted file would
     _mutations()[where](metadata)
     path = tmp_path / ".metadata"
@@ -114,12 +120,16 @@ def test_a_field_of_the_wrong_type_is_refused_in_one_sentence(tmp_path: Path, re
     assert "DCP declares" in text and text.count(". ") == 0 and "\n" not in text
 
 
-def test_an_item_without_stored_data_is_refused_before_dcp_raises_a_key_error(tmp_path: Path, real: bytes) -> None:
+def test_an_item_without_stored_data_is_refused_before_dcp_raises_a_key_error(
+    tmp_path: Path, real: bytes
+) -> None:
     metadata = pickle.loads(real)
     metadata.storage_data.pop(next(k for k in metadata.storage_data if k.fqn == "model.weight"))
     path = tmp_path / ".metadata"
     path.write_bytes(pickle.dumps(metadata))
-    with pytest.raises(CheckpointError, match=r"lists no stored data for 'model\.weight' at offset \[0, 0\]\.$"):
+    with pytest.raises(
+        CheckpointError, match=r"lists no stored data for 'model\.weight' at offset \[0, 0\]\.$"
+    ):
         read_metadata(path)
 
 
@@ -149,7 +159,9 @@ def _outcome(path: Path) -> Metadata | None:
 
 @FUZZ
 @given(data=st.data())
-def test_fuzz_byte_edits_of_a_real_metadata_read_or_refused(tmp_path_factory, real: bytes, data: st.DataObject) -> None:
+def test_fuzz_byte_edits_of_a_real_metadata_read_or_refused(
+    tmp_path_factory, real: bytes, data: st.DataObject
+) -> None:
     blob = bytearray(real)
     for _ in range(data.draw(st.integers(1, 4))):
         at = data.draw(st.integers(0, len(blob) - 1))
@@ -196,7 +208,9 @@ def test_fuzz_shared_and_retyped_metadata_is_read_within_budget_or_refused(
         if isinstance(item, TensorStorageMetadata) and data.draw(st.booleans()):
             item.chunks = item.chunks * data.draw(st.sampled_from([2, 500]))
     objects = [metadata, metadata.storage_meta, *metadata.storage_data.values(), *metadata.storage_data]
-    objects += [v for _, v in items] + [v.properties for _, v in items if isinstance(v, TensorStorageMetadata)]
+    objects += [v for _, v in items] + [
+        v.properties for _, v in items if isinstance(v, TensorStorageMetadata)
+    ]
     for _ in range(data.draw(st.integers(0, 2))):  # a field of the wrong type
         target = data.draw(st.sampled_from(objects))
         names = sorted(vars(target))

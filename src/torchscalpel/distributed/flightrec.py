@@ -26,7 +26,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.plaindata import PlainUnpickler, Refused, TooMuchWork, WorkCounter, spend_expanded, work_budget
+from torchscalpel.plaindata import (
+    PlainUnpickler,
+    Refused,
+    TooMuchWork,
+    WorkCounter,
+    spend_expanded,
+    work_budget,
+)
 from torchscalpel.runtime.hang_files import nccl_dump_path, nccl_request_path
 from torchscalpel.runtime.userframes import first_user
 
@@ -108,7 +115,9 @@ def read_dump(path: Path) -> dict[str, Any]:
             f"{exc.budget:,} objects from {size:,} bytes)"
         ) from None
     except RecursionError:
-        raise ValueError(f"{path} is not an NCCL flight recorder dump (it nests deeper than a dump does)") from None
+        raise ValueError(
+            f"{path} is not an NCCL flight recorder dump (it nests deeper than a dump does)"
+        ) from None
     except Refused as exc:
         raise ValueError(
             f"{path} is not an NCCL flight recorder dump (it asks to build {exc}, which is not plain data)"
@@ -267,7 +276,7 @@ def describe_summary(summary: Mapping[str, Any]) -> str:
     noted = (
         f" ({len(summary['notes'])} notes on unreadable fields in hang.json)" if summary.get("notes") else ""
     )
-    seq = entry['seq'] if entry.get('seq') is not None else '?'
+    seq = entry["seq"] if entry.get("seq") is not None else "?"
     return f"in {entry['op']} #{seq} ({entry['state']}){sizes}{dtypes} from {entry['site']}{noted}"
 
 

@@ -327,16 +327,16 @@ def read_metadata(path: Path) -> Metadata:
             "(a pickled object that could run code or change other objects)."
         ) from None
     except _WrongType as exc:
-        raise CheckpointError(
-            f"Refusing to read {path}: its {exc}."
-        ) from None
+        raise CheckpointError(f"Refusing to read {path}: its {exc}.") from None
     except TooMuchWork as exc:
         raise CheckpointError(
             f"Refusing to read {path}: it names its own parts over and over, more than {exc.budget:,} objects "
             f"from {size:,} bytes, which DCP checkpoint metadata never does."
         ) from None
     except RecursionError:
-        raise CheckpointError(f"Refusing to read {path}: it nests its parts deeper than DCP ever does.") from None
+        raise CheckpointError(
+            f"Refusing to read {path}: it nests its parts deeper than DCP ever does."
+        ) from None
     except OSError as exc:
         raise CheckpointError(f"Cannot read {path} ({exc.strerror or exc}).") from None
     except Exception as exc:  # truncated or garbled pickles raise EOFError, ValueError, TypeError...

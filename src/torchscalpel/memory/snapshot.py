@@ -30,6 +30,7 @@ file torch wrote never nears (each block, event and frame reference costs it byt
 from __future__ import annotations
 
 import gc
+import io
 import pickle
 import time
 import traceback
@@ -76,7 +77,7 @@ def _truncated(path: Path, where: str) -> UsageError:
 def load_snapshot(path: Path) -> dict[str, Any]:
     """The whole snapshot as plain data (pure-Python reader); :class:`UsageError` (exit 2) for anything else."""
     try:
-        with path.open("rb", buffering=1 << 20) as fh:
+        with io.FileIO(path) as raw, io.BufferedReader(raw, buffer_size=1 << 20) as fh:
             # through Python reads: Ctrl-C raises within one 64 KiB frame (the C loop alone never looks, and a
             # BufferedReader wrapped round the file's own dropped the interrupt: the read went on to exit 0)
             data = PlainUnpickler(SignalCheckingReader(fh)).load()
@@ -132,7 +133,12 @@ class OutOfRange(Exception):
 def _check_range(f: dict[str, Any]) -> None:
     """Raise :class:`OutOfRange` when a figure the C reader keeps in 64 bits (``in_range``) does not fit."""
     figures = [f[k] for k in ("reserved", "allocated", "requested", "free", "live", "trace_peak")]
-    figures += [*f["timeline_allocated"], *f["timeline_reserved"], *f["all_site_bytes"], *f["phases"].values()]
+    figures += [
+        *f["timeline_allocated"],
+        *f["timeline_reserved"],
+        *f["all_site_bytes"],
+        *f["phases"].values(),
+    ]
     if any(not -INT64_LIMIT < v < INT64_LIMIT for v in figures):
         raise OutOfRange
 

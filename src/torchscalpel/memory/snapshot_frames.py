@@ -78,11 +78,13 @@ def line_text(line: Any) -> str:
     are; anything else (a 5000-digit int, bytes, a list) ``?``."""
     if line is None or type(line) in (bool, str):
         return str(line)
-    if type(line) is float:  # the C reader's rule: the fewest %g digits that read back, ".0" when it looks whole
+    if (
+        type(line) is float
+    ):  # the C reader's rule: the fewest %g digits that read back, ".0" when it looks whole
         if line != line:
             return "nan"
         for digits in range(1, 18):
-            text = "%.*g" % (digits, line)
+            text = f"{line:.{digits}g}"
             if digits == 17 or float(text) == line:
                 return text if any(ch in text for ch in ".eni") else text + ".0"
     if type(line) is int and -INT64_LIMIT < line < INT64_LIMIT:

@@ -31,8 +31,8 @@ import ctypes
 import hashlib
 import os
 import platform
-import signal
 import shutil
+import signal
 import stat
 import struct
 import subprocess
@@ -363,10 +363,7 @@ def summarize(
         top = lib.ts_top_sites(ctx, 10, ids, sizes)
         sites = [(_site_text(lib.ts_site(ctx, ids[i])), int(sizes[i])) for i in range(top)]
         lib.ts_largest(ctx, sizes, ids)
-        largest = [
-            (int(sizes[i]), _site_text(lib.ts_site(ctx, ids[i])))
-            for i in range(n["n_largest"])
-        ]
+        largest = [(int(sizes[i]), _site_text(lib.ts_site(ctx, ids[i]))) for i in range(n["n_largest"])]
         ooms_raw = (ctypes.c_int64 * (6 * 5))()
         lib.ts_ooms(ctx, ooms_raw)
         ooms = []
@@ -428,7 +425,11 @@ def _defer_sigint(pending: list[int]) -> Callable[[], None]:
     if previous is not signal.default_int_handler:
         return lambda: None
     signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
-    return lambda: signal.signal(signal.SIGINT, previous)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, previous)
+
+    return restore
 
 
 def _site_text(raw: bytes) -> str:
