@@ -72,6 +72,7 @@ def test_a_memo_amplified_metadata_is_refused_within_its_budget(tmp_path: Path, 
     with pytest.raises(CheckpointError) as err:
         read_metadata(path)
     text = str(err.value)
+    assert err.value.exit_code == 2  # a refused input file, as every reader refuses one
     assert text.startswith(f"Refusing to read {path}: it names its own parts over and over, more than ")
     assert f"{work_budget(size):,} objects from {size:,} bytes" in text and "\n" not in text
     # the count stopped at the budget: one fetch of the shared TensorStorageMetadata past it at most
@@ -117,6 +118,7 @@ def test_a_field_of_the_wrong_type_is_refused_in_one_sentence(
         read_metadata(path)
     text = str(err.value)
     assert text.startswith(f"Refusing to read {path}: its ") and where in text, text
+    assert err.value.exit_code == 2
     assert "DCP declares" in text and text.count(". ") == 0 and "\n" not in text
 
 

@@ -95,6 +95,13 @@ _FIELD_TYPES[_dcp_meta.Metadata].update(
 )
 
 
+class MetadataRefused(CheckpointError):
+    """A ``.metadata`` that is not what DCP writes (code, a wrong type, a memo bomb, a garbled pickle): an input
+    file refused, exit 2 as for every refused file (a :class:`CheckpointError`, so callers that catch those still do)."""
+
+    exit_code = 2
+
+
 class _Refused(pickle.UnpicklingError):
     """What the metadata asked for and DCP never writes (the message completes "it ...")."""
 
@@ -322,38 +329,38 @@ def read_metadata(path: Path) -> Metadata:
             size = os.fstat(fh.fileno()).st_size
             metadata = MetadataUnpickler(fh, work_budget(size)).load()
     except _Refused as exc:
-        raise CheckpointError(
+        raise MetadataRefused(
             f"Refusing to read {path}: it {exc}, which DCP checkpoint metadata never does "
             "(a pickled object that could run code or change other objects)."
         ) from None
     except _WrongType as exc:
-        raise CheckpointError(f"Refusing to read {path}: its {exc}.") from None
+        raise MetadataRefused(f"Refusing to read {path}: its {exc}.") from None
     except TooMuchWork as exc:
-        raise CheckpointError(
+        raise MetadataRefused(
             f"Refusing to read {path}: it names its own parts over and over, more than {exc.budget:,} objects "
             f"from {size:,} bytes, which DCP checkpoint metadata never does."
         ) from None
     except RecursionError:
-        raise CheckpointError(
+        raise MetadataRefused(
             f"Refusing to read {path}: it nests its parts deeper than DCP ever does."
         ) from None
     except OSError as exc:
         raise CheckpointError(f"Cannot read {path} ({exc.strerror or exc}).") from None
     except Exception as exc:  # truncated or garbled pickles raise EOFError, ValueError, TypeError...
-        raise CheckpointError(
+        raise MetadataRefused(
             f"{path} is not valid DCP checkpoint metadata ({type(exc).__name__}: {_first_line(exc)})."
         ) from None
     if not isinstance(metadata, Metadata):
-        raise CheckpointError(f"{path} holds a {type(metadata).__name__}, not DCP checkpoint metadata.")
+        raise MetadataRefused(f"{path} holds a {type(metadata).__name__}, not DCP checkpoint metadata.")
     for info in (metadata.storage_data or {}).values():
         rel = info.relative_path
         if not rel or Path(rel).name != rel or rel in (".", ".."):
-            raise CheckpointError(
+            raise MetadataRefused(
                 f"Refusing to read {path}: it points at {rel!r}, which is not a file of the checkpoint folder."
             )
     missing = _storage_missing(metadata)
     if missing is not None:
-        raise CheckpointError(
+        raise MetadataRefused(
             f"{path} is not valid DCP checkpoint metadata: it lists no stored data for {missing}."
         )
     return metadata
