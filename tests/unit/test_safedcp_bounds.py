@@ -225,3 +225,12 @@ def test_fuzz_shared_and_retyped_metadata_is_read_within_budget_or_refused(
     path = tmp_path_factory.mktemp("typed") / ".metadata"
     path.write_bytes(blob)
     _outcome(path)
+
+
+def test_a_field_an_older_torch_did_not_write_gets_its_default(tmp_path: Path, real: bytes) -> None:
+    """``StorageMeta.modules`` (a default factory, no class default) is absent from older torch's metadata."""
+    metadata = pickle.loads(real)
+    del vars(metadata.storage_meta)["modules"]
+    path = tmp_path / ".metadata"
+    path.write_bytes(pickle.dumps(metadata))
+    assert read_metadata(path).storage_meta.modules == []

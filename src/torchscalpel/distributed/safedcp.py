@@ -200,6 +200,14 @@ def _matches_outside(value: Any, hint: Any) -> bool:
 
 
 _MISSING = object()
+_FACTORIES: dict[type, dict[str, Any]] = {
+    cls: {
+        f.name: f.default_factory
+        for f in dataclasses.fields(cls)
+        if f.default_factory is not dataclasses.MISSING
+    }
+    for cls in _BUILDABLE
+}
 
 
 def _check_fields(obj: Any, where: str, counter: WorkCounter, deep: bool) -> None:
@@ -207,7 +215,12 @@ def _check_fields(obj: Any, where: str, counter: WorkCounter, deep: bool) -> Non
     for name, hint in _FIELD_TYPES[type(obj)].items():
         value = getattr(obj, name, _MISSING)  # a field left out of the state keeps its class default
         if value is _MISSING:
-            raise _WrongType(f"{where}.{name} is not set where DCP declares {_type_text(hint)}")
+            factory = _FACTORIES[type(obj)].get(name)
+            if factory is None:
+                raise _WrongType(f"{where}.{name} is not set where DCP declares {_type_text(hint)}")
+            # a field added in a later torch (StorageMeta.modules): an older checkpoint gets its default
+            value = factory()
+            object.__setattr__(obj, name, value)
         _check(value, hint, f"{where}.{name}", counter, deep)
 
 
