@@ -26,7 +26,14 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.plaindata import PlainUnpickler, Refused
+from torchscalpel.plaindata import (
+    PlainUnpickler,
+    Refused,
+    TooMuchWork,
+    WorkCounter,
+    spend_expanded,
+    work_budget,
+)
 from torchscalpel.runtime.hang_files import nccl_dump_path, nccl_request_path
 from torchscalpel.runtime.userframes import first_user
 
@@ -88,14 +95,29 @@ def collect_dumps(
 # "entries", each entry with "profiling_name" like "nccl:all_reduce", "process_group" (name, desc),
 # "collective_seq_id", "state" (scheduled / started / completed), "input_sizes", "input_dtypes" and
 # "frames" [{"name", "filename", "line"}], the keys torch's fr_trace reads). It is read with an
-# unpickler that builds plain containers only: a file in the launch folder is not trusted to run code.
+# unpickler that builds plain containers only: a file in the launch folder is not trusted to run code. Nor
+# to be small once built: the memo can name one list of 10^5 frames from every entry, so what it holds is
+# counted by plaindata's rule (every reference counted again) within the work budget of the file's size
+# before anything walks it. And every number and text shown is bounded: a 5000-digit int cannot be printed
+# (Python's int-to-text limit) nor written to hang.json, and a lone surrogate cannot be written as UTF-8.
 
 
 def read_dump(path: Path) -> dict[str, Any]:
     """A flight recorder dump as plain data; ``ValueError`` with one sentence when it is not one."""
     try:
         with path.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
             data = PlainUnpickler(fh).load()
+        spend_expanded(data, WorkCounter(work_budget(size)))
+    except TooMuchWork as exc:
+        raise ValueError(
+            f"{path} is not an NCCL flight recorder dump (it names its own parts over and over, more than "
+            f"{exc.budget:,} objects from {size:,} bytes)"
+        ) from None
+    except RecursionError:
+        raise ValueError(
+            f"{path} is not an NCCL flight recorder dump (it nests deeper than a dump does)"
+        ) from None
     except Refused as exc:
         raise ValueError(
             f"{path} is not an NCCL flight recorder dump (it asks to build {exc}, which is not plain data)"
@@ -116,25 +138,37 @@ def _user_frame(frames: list[Any]) -> str:
     if found is None:
         return "?"
     line = found.get("line")
-    return f"{os.path.basename(found['filename'])}:{line if isinstance(line, int) else '?'}"
+    return _text(f"{os.path.basename(found['filename'])}:{line if _is_int(line) else '?'}")
 
 
 MAX_NOTES = 20  # a dump with a bad field in every one of 2000 entries says so 20 times, then counts
 
 
+INT_LIMIT = 1 << 63  # torch's sizes and sequence numbers are int64: anything beyond is not a dump's number
+TEXT_LIMIT = 200  # characters of a name, group, state or dtype shown (a dump's field can be megabytes)
+
+
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An int torch could have written (int64): a 5000-digit one cannot even be printed."""
+    return isinstance(value, int) and not isinstance(value, bool) and -INT_LIMIT <= value < INT_LIMIT
+
+
+def _text(value: str) -> str:
+    """``value`` cut to :data:`TEXT_LIMIT` characters and writable as UTF-8 (lone surrogates escaped)."""
+    if len(value) > TEXT_LIMIT:
+        value = value[: TEXT_LIMIT - 3] + "..."
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _group_text(value: Any) -> str | None:
     """torch writes ``process_group`` as ``(name, desc)`` of strings; anything else does not fit."""
     if isinstance(value, (list, tuple)) and 1 <= len(value) <= 2 and all(isinstance(v, str) for v in value):
-        return str(value[0]) + (f" ({value[1]})" if len(value) > 1 else "")
+        return _text(str(value[0]) + (f" ({value[1]})" if len(value) > 1 else ""))
     return None
 
 
 def _sizes_ok(value: Any) -> bool:
-    """``input_sizes``: one list of ints per input."""
+    """``input_sizes``: one list of int64s per input."""
     return isinstance(value, list) and all(
         isinstance(s, (list, tuple)) and all(_is_int(d) for d in s) for s in value
     )
@@ -142,7 +176,7 @@ def _sizes_ok(value: Any) -> bool:
 
 def _dtypes_ok(value: Any) -> bool:
     """``input_dtypes``: one dtype name per input."""
-    return isinstance(value, list) and all(isinstance(d, str) for d in value)
+    return isinstance(value, list) and all(isinstance(d, str) and len(d) <= TEXT_LIMIT for d in value)
 
 
 def _type_name(value: Any) -> str:
@@ -168,7 +202,7 @@ def _brief(entry: dict[Any, Any], index: int, notes: list[str]) -> dict[str, Any
             bad("process_group", "(name, description) strings")
     seq = entry.get("collective_seq_id")
     if seq is not None and not _is_int(seq):
-        bad("collective_seq_id", "an int")
+        bad("collective_seq_id", "an int64")
         seq = None
     state = entry.get("state", "?")
     if not isinstance(state, str):
@@ -176,7 +210,7 @@ def _brief(entry: dict[Any, Any], index: int, notes: list[str]) -> dict[str, Any
         state = "?"
     sizes = entry.get("input_sizes")
     if sizes is not None and not _sizes_ok(sizes):
-        bad("input_sizes", "a list of int lists")
+        bad("input_sizes", "a list of int64 lists")
         sizes = None
     dtypes = entry.get("input_dtypes")
     if dtypes is not None and not _dtypes_ok(dtypes):
@@ -187,12 +221,12 @@ def _brief(entry: dict[Any, Any], index: int, notes: list[str]) -> dict[str, Any
         bad("frames", "a list")
         frames = None
     return {
-        "op": name.split(":", 1)[-1],
+        "op": _text(name.split(":", 1)[-1]),
         "group": group,
         "seq": seq,
-        "state": state,
+        "state": _text(state),
         "sizes": sizes,
-        "dtypes": dtypes,
+        "dtypes": [_text(d) for d in dtypes] if dtypes is not None else None,
         "site": _user_frame(frames or []),
     }
 
@@ -215,9 +249,11 @@ def dump_summary(data: Mapping[str, Any], last: int = 3) -> dict[str, Any]:
         brief.append(_brief(entry, index, notes))
     waiting = next((b for b in brief if b["state"] != "completed"), None)
     version = data.get("version")
-    if version is not None and not isinstance(version, (str, int, float)):
+    if version is not None and not (isinstance(version, (str, float)) or _is_int(version)):
         notes.append(f"version is {_type_name(version)}, not a string or number; left out")
         version = None
+    if isinstance(version, str):
+        version = _text(version)
     out: dict[str, Any] = {
         "version": version,
         "entries": len(brief),
@@ -235,12 +271,13 @@ def describe_summary(summary: Mapping[str, Any]) -> str:
     entry = summary.get("waiting_in")
     if entry is None:
         return f"every recorded collective completed ({summary.get('entries', 0)} entries)"
-    sizes = f" {entry['sizes']}" if entry.get("sizes") else ""
+    sizes = f" {_text(str(entry['sizes']))}" if entry.get("sizes") else ""  # 10^5 inputs: one line still
     dtypes = f" {','.join(map(str, entry['dtypes']))}" if entry.get("dtypes") else ""
     noted = (
         f" ({len(summary['notes'])} notes on unreadable fields in hang.json)" if summary.get("notes") else ""
     )
-    return f"in {entry['op']} #{entry['seq']} ({entry['state']}){sizes}{dtypes} from {entry['site']}{noted}"
+    seq = entry["seq"] if entry.get("seq") is not None else "?"
+    return f"in {entry['op']} #{seq} ({entry['state']}){sizes}{dtypes} from {entry['site']}{noted}"
 
 
 def summarize_dumps(paths: Mapping[str, str]) -> dict[str, Any]:

@@ -370,8 +370,21 @@ class HangWatch:
 
     def _write(self, diag: dict[str, Any]) -> str:
         out = self.options.report_dir
-        atomic_write_text(out / "hang.json", json.dumps(diag, indent=1, default=str) + "\n")
-        text = format_report(diag)
+        try:
+            body = json.dumps(diag, indent=1, default=str)
+            text = format_report(diag)
+        except (ValueError, TypeError, RecursionError) as exc:
+            # what the dumps held is the only part of diag from another process: the report goes out without it
+            summary = diag.pop("nccl_summary", None)
+            if summary is None:
+                raise
+            diag["nccl_error"] = (
+                f"the NCCL flight recorder summary could not be written ({type(exc).__name__}); "
+                "the dumps are in nccl-trace/"
+            )
+            body = json.dumps(diag, indent=1, default=str)
+            text = format_report(diag)
+        atomic_write_text(out / "hang.json", body + "\n")
         atomic_write_text(out / "hang.txt", text + "\n")
         return text
 

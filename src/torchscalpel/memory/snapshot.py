@@ -33,13 +33,14 @@ import gc
 import io
 import pickle
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.memory import snapshot_native as native
-from torchscalpel.memory.snapshot_frames import PHASES, frame_code, traceback_facts
-from torchscalpel.plaindata import PlainUnpickler, Refused
+from torchscalpel.memory.snapshot_frames import INT64_LIMIT, PHASES, frame_code, traceback_facts
+from torchscalpel.plaindata import PlainUnpickler, Refused, SignalCheckingReader, TooMuchWork, WorkCounter
 
 _WHAT = {  # why each refused opcode is refused, for the one sentence
     "GLOBAL": "imports a class or function",
@@ -76,8 +77,10 @@ def _truncated(path: Path, where: str) -> UsageError:
 def load_snapshot(path: Path) -> dict[str, Any]:
     """The whole snapshot as plain data (pure-Python reader); :class:`UsageError` (exit 2) for anything else."""
     try:
-        with path.open("rb") as fh:
-            data = PlainUnpickler(io.BufferedReader(fh, buffer_size=1 << 20)).load()
+        with io.FileIO(path) as raw, io.BufferedReader(raw, buffer_size=1 << 20) as fh:
+            # through Python reads: Ctrl-C raises within one 64 KiB frame (the C loop alone never looks, and a
+            # BufferedReader wrapped round the file's own dropped the interrupt: the read went on to exit 0)
+            data = PlainUnpickler(SignalCheckingReader(fh)).load()
     except Refused as exc:
         raise UsageError(
             f"{path} is not a plain PyTorch memory snapshot: it asks to build {exc}, which this "
@@ -104,7 +107,40 @@ def load_snapshot(path: Path) -> dict[str, Any]:
 
 
 def _int(v: Any) -> int:
-    return v if type(v) is int else int(v or 0) if isinstance(v, int | float) else 0
+    """A size as the C reader reads it (``as_int``): an int64 or a bool as it is, a float within int64 truncated,
+    anything else (a 5000-digit int, NaN, infinity, a string) 0."""
+    if type(v) is int:
+        return v if -INT64_LIMIT < v < INT64_LIMIT else 0
+    if type(v) is bool:
+        return int(v)
+    if type(v) is float:
+        return int(v) if -9.2e18 < v < 9.2e18 else 0  # NaN fails both comparisons
+    return 0
+
+
+def _raw(v: Any) -> int | bool | float | None:
+    """An out-of-memory event's number as both readers report it (``raw_number``): an int64, a bool or a float
+    as it is, anything else None."""
+    if type(v) is int:
+        return v if -INT64_LIMIT < v < INT64_LIMIT else None
+    return v if type(v) in (bool, float) else None
+
+
+class OutOfRange(Exception):
+    """A figure of the summary does not fit in 64 bits (``E_RANGE`` in the C reader): sizes no device holds."""
+
+
+def _check_range(f: dict[str, Any]) -> None:
+    """Raise :class:`OutOfRange` when a figure the C reader keeps in 64 bits (``in_range``) does not fit."""
+    figures = [f[k] for k in ("reserved", "allocated", "requested", "free", "live", "trace_peak")]
+    figures += [
+        *f["timeline_allocated"],
+        *f["timeline_reserved"],
+        *f["all_site_bytes"],
+        *f["phases"].values(),
+    ]
+    if any(not -INT64_LIMIT < v < INT64_LIMIT for v in figures):
+        raise OutOfRange
 
 
 TIMELINE_POINTS = native.TIMELINE_POINTS
@@ -117,10 +153,6 @@ _SEGMENT_GROWS = ("segment_alloc", "segment_map")  # tuples: an action that is a
 _SEGMENT_SHRINKS = ("segment_free", "segment_unmap")  # is compared, never hashed
 
 
-class TooMuchWork(Exception):
-    """The file asked the summary to walk more than its budget (a memo bomb); ``args[0]`` is the budget."""
-
-
 class SnapshotSummary:
     """The explanation, built one segment and one trace event at a time (both readers feed it).
 
@@ -129,8 +161,8 @@ class SnapshotSummary:
     """
 
     def __init__(self, budget: int | None = None) -> None:
-        self.budget = budget
-        self.work = 0
+        self.counter = WorkCounter(budget)  # plaindata's one rule: a part reached again is counted again
+        self._spend = self.counter.spend
         self.segments = self.blocks = self.reserved = self.allocated = self.requested = 0
         self.free = self.largest_free = 0
         self.phases = [0] * len(PHASES)
@@ -171,13 +203,13 @@ class SnapshotSummary:
                 continue
             state = b.get("state")
             size = b.get("size")
-            if type(size) is not int:
+            if type(size) is not int or not -INT64_LIMIT < size < INT64_LIMIT:
                 size = _int(size)
             if state == "active_allocated":
                 n += 1
                 allocated += size
                 req = b.get("requested_size", size)
-                requested += req if type(req) is int else _int(req)
+                requested += req if type(req) is int and -INT64_LIMIT < req < INT64_LIMIT else _int(req)
                 site, phase = facts_of(b.get("frames"))
                 by_site[site] = by_site.get(site, 0) + size
                 phases[phase] += size
@@ -195,10 +227,10 @@ class SnapshotSummary:
         self.free += free
         self.largest_free = largest_free
 
-    def _spend(self, units: int) -> None:
-        self.work += units
-        if self.budget is not None and self.work > self.budget:
-            raise TooMuchWork(self.budget)
+    @property
+    def work(self) -> int:
+        """Units walked so far (segments, blocks, trace events, frames)."""
+        return self.counter.work
 
     def _facts(self, frames: Any) -> tuple[str, int]:
         if type(frames) is not list:
@@ -237,9 +269,9 @@ class SnapshotSummary:
             self.ooms.append(
                 {
                     "device": device,
-                    "bytes": e.get("size"),
+                    "bytes": _raw(e.get("size")),
                     "site": self._facts(e.get("frames"))[0],
-                    "device_free": e.get("device_free"),
+                    "device_free": _raw(e.get("device_free")),
                 }
             )
             del self.ooms[:-5]
@@ -292,8 +324,10 @@ class SnapshotSummary:
         }
 
     def result(self) -> dict[str, Any]:
-        """Plain JSON."""
-        return explanation(self.fields())
+        """Plain JSON; :class:`OutOfRange` when a figure does not fit in 64 bits."""
+        fields = self.fields()
+        _check_range({**fields, "all_site_bytes": self.by_site.values()})
+        return explanation(fields)
 
 
 def explanation(f: dict[str, Any]) -> dict[str, Any]:
@@ -350,6 +384,13 @@ def _too_much_work(path: Path, budget: int) -> UsageError:
     )
 
 
+def _out_of_range(path: Path) -> UsageError:
+    return UsageError(
+        f"{path} is not a snapshot torch wrote: its sizes add up to 2^63 bytes or more, which no device holds "
+        "and this reader refuses."
+    )
+
+
 def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
     if err.code == native.E_REFUSED:
         what = _WHAT.get(err.message, "is not plain data")
@@ -366,6 +407,8 @@ def _native_error(path: Path, err: native.ScanError) -> ScalpelError:
         return ScalpelError(f"Reading {path} ran out of memory in the native reader.")
     if err.code == native.E_WORK:
         return _too_much_work(path, native.work_budget(path.stat().st_size))
+    if err.code == native.E_RANGE:
+        return _out_of_range(path)
     return _not_snapshot(path, f"{err.message}, at byte {err.offset}")
 
 
@@ -397,19 +440,36 @@ def read_snapshot(path: Path, progress: native.Progress | None = None) -> dict[s
             if err.code != native.E_SHAPE:
                 raise _native_error(path, err) from None
             why = f"the native reader does not handle this layout ({err.message})"
+    result = _read_python(path)
+    result.update(reader="python", reader_note=why)
+    return result
+
+
+def _read_python(path: Path) -> dict[str, Any]:
+    """The pure-Python reader: the whole file loaded, then explained within the file's work budget.
+
+    The collector is off throughout (millions of acyclic containers: collections would only cost time), and
+    the snapshot's objects are freed before it is on again, whichever way the read ends: a collection with
+    them still alive (as the interrupt's traceback kept them) walked them all, 2 s for 34 MB, and Ctrl-C then
+    took that long to end the command.
+    """
     gc_was = gc.isenabled()
-    gc.disable()  # the whole-file reader makes millions of acyclic containers; collections would only cost time
+    gc.disable()
     try:
-        data = load_snapshot(path)
         budget = native.work_budget(path.stat().st_size)
-        result = explain(data, budget)
-    except TooMuchWork:
+        return explain(load_snapshot(path), budget)
+    except TooMuchWork as exc:
+        traceback.clear_frames(exc.__traceback__)  # the refusal's context keeps it (see above)
         raise _too_much_work(path, budget) from None
+    except OutOfRange as exc:
+        traceback.clear_frames(exc.__traceback__)
+        raise _out_of_range(path) from None
+    except BaseException as exc:  # Ctrl-C above all: its traceback's frames hold the snapshot; let it go now
+        traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
         if gc_was:
             gc.enable()
-    result.update(reader="python", reader_note=why)
-    return result
 
 
 def explain_snapshot(path: Path, progress: native.Progress | None = None) -> dict[str, Any]:

@@ -68,6 +68,30 @@ def frame_code(file: str, function: str) -> int:
     return int(kind is Kind.USER) | phase << 1
 
 
+INT64_LIMIT = 1 << 63
+"""A number in a snapshot is an int with ``abs(v) < INT64_LIMIT`` (the C reader's int64, less its lowest value,
+so that the range is symmetric), else it is not one torch wrote: not shown, and not counted."""
+
+
+def line_text(line: Any) -> str:
+    """A frame's line as the C reader writes it: None, a bool, an int64, a float (``repr``) or a string as they
+    are; anything else (a 5000-digit int, bytes, a list) ``?``."""
+    if line is None or type(line) in (bool, str):
+        return str(line)
+    if (
+        type(line) is float
+    ):  # the C reader's rule: the fewest %g digits that read back, ".0" when it looks whole
+        if line != line:
+            return "nan"
+        for digits in range(1, 18):
+            text = f"{line:.{digits}g}"
+            if digits == 17 or float(text) == line:
+                return text if any(ch in text for ch in ".eni") else text + ".0"
+    if type(line) is int and -INT64_LIMIT < line < INT64_LIMIT:
+        return str(line)
+    return "?"
+
+
 def traceback_facts(frames: Any) -> tuple[str, int]:
     """A block's call site and phase from its frames (innermost first), as the C reader finds them.
 
@@ -91,9 +115,9 @@ def traceback_facts(frames: Any) -> tuple[str, int]:
         if not fn.endswith(".py"):
             continue
         if code & 1 and site is None:
-            site = f"{fn}:{f.get('line')}"
+            site = f"{fn}:{line_text(f.get('line'))}"
         if fallback is None:
-            fallback = f"{fn}:{f.get('line')}"
+            fallback = f"{fn}:{line_text(f.get('line'))}"
         if site is not None and phase:
             break
     return site or fallback or "(no Python frame)", phase

@@ -32,28 +32,30 @@ import hashlib
 import os
 import platform
 import shutil
+import signal
 import stat
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# the one counting rule of every pickle reader (plaindata), re-exported for the C reader's callers
+from torchscalpel.plaindata import WORK_BASE as WORK_BASE
+from torchscalpel.plaindata import WORK_PER_BYTE as WORK_PER_BYTE
+from torchscalpel.plaindata import work_budget as work_budget
+
 SOURCE = Path(__file__).with_name("snapshot_scan.c")
-SLICE_BYTES = 64 << 20  # each C call reads this much of the file before it returns (progress, Ctrl-C)
+SLICE_BYTES = 16 << 20  # each C call reads this much of the file before it returns (progress, Ctrl-C: ~0.2 s)
 WORK_SLICE = 1 << 22  # ... or walks this many blocks, frames and events (~10-50 ms), whichever comes first
-WORK_PER_BYTE = 4
-"""What the summary may walk per byte of the file. A file torch wrote walks about one unit per 10 bytes: every
-block and event is a dict of its own (tens of bytes), and every frame reference at least a 2-byte memo fetch,
-walked once per traceback (twice when a trace event shares a block's)."""
-WORK_BASE = 1_000_000
 TIMELINE_POINTS = 256
 """The most points of a trace's timeline (``TL_POINTS`` in the C source; snapshot.py's ``TIMELINE_POINTS``)."""
 
-E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG, E_WORK = range(9)
+E_OK, E_REFUSED, E_TRUNCATED, E_NOTPICKLE, E_SHAPE, E_NOMEM, E_IO, E_NOSEG, E_WORK, E_RANGE = range(10)
 SUMMARY_FIELDS = (
     "segments",
     "blocks",
@@ -94,15 +96,6 @@ COUNTERS = (
 """The numbers ``ts_counters`` writes, in its order."""
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
-
-
-def work_budget(file_size: int) -> int:
-    """The most segments, blocks, trace events and frames either reader walks for a file of ``file_size`` bytes.
-
-    Beyond it the file is refused: only a memo that names the same parts again and again (a memo bomb: 0.4 MB
-    naming one segment of 10^5 blocks 10^5 times) gets there.
-    """
-    return WORK_PER_BYTE * max(file_size, 0) + WORK_BASE
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +313,7 @@ def summarize(
     interrupted: list[BaseException] = []
 
     def ask(file: Any, file_len: int, name: Any, name_len: int) -> int:
-        if interrupted:
+        if interrupted or pending:
             return 0
         try:
             return int(
@@ -341,6 +334,8 @@ def summarize(
     ctx = lib.ts_open(os.fsencode(str(path)), callback)
     if not ctx:
         raise ScanError(E_NOMEM, "out of memory", 0)
+    pending: list[int] = []
+    restore = _defer_sigint(pending)
     try:
         size = max(int(lib.ts_size(ctx)), 0)
         lib.ts_limits(ctx, work_budget(size), work_slice)
@@ -352,6 +347,8 @@ def summarize(
                 calls += 1
                 if interrupted:
                     raise interrupted[0]
+                if pending:
+                    raise KeyboardInterrupt
                 if state < 0:
                     raise _error(lib, ctx)
                 if progress is not None:
@@ -364,12 +361,9 @@ def summarize(
         n = dict(zip(COUNTERS, raw, strict=True))
         ids, sizes = (ctypes.c_int32 * 10)(), (ctypes.c_int64 * 10)()
         top = lib.ts_top_sites(ctx, 10, ids, sizes)
-        sites = [(lib.ts_site(ctx, ids[i]).decode("utf-8", "replace"), int(sizes[i])) for i in range(top)]
+        sites = [(_site_text(lib.ts_site(ctx, ids[i])), int(sizes[i])) for i in range(top)]
         lib.ts_largest(ctx, sizes, ids)
-        largest = [
-            (int(sizes[i]), lib.ts_site(ctx, ids[i]).decode("utf-8", "replace"))
-            for i in range(n["n_largest"])
-        ]
+        largest = [(int(sizes[i]), _site_text(lib.ts_site(ctx, ids[i]))) for i in range(n["n_largest"])]
         ooms_raw = (ctypes.c_int64 * (6 * 5))()
         lib.ts_ooms(ctx, ooms_raw)
         ooms = []
@@ -379,7 +373,7 @@ def summarize(
                 {
                     "device": device,
                     "bytes": _raw(bytes_kind, nbytes),
-                    "site": lib.ts_site(ctx, site).decode("utf-8", "replace"),
+                    "site": _site_text(lib.ts_site(ctx, site)),
                     "device_free": _raw(free_kind, free),
                 }
             )
@@ -412,7 +406,38 @@ def summarize(
         }
         return fields, stats
     finally:
+        restore()
         lib.ts_close(ctx)
+
+
+def _defer_sigint(pending: list[int]) -> Callable[[], None]:
+    """While the C reader runs, Ctrl-C is noted in ``pending`` instead of raised; returns what restores the handler.
+
+    Python raises ``KeyboardInterrupt`` at whatever bytecode runs next, and with thousands of frame callbacks
+    that is often inside one of them, where ctypes prints the exception and drops it (before the callback's own
+    ``try`` nothing can catch it): Ctrl-C was lost and the read went on to exit 0. Noted here, the read stops at
+    the end of the C call (a slice: well under a second) and raises it there. Only the default handler, in the
+    main thread, is replaced: a handler of the program's own, or SIGINT ignored, is left as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return lambda: None
+    signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, previous)
+
+    return restore
+
+
+def _site_text(raw: bytes) -> str:
+    """A site's text as Python's unpickler decodes the same bytes (a lone surrogate stays one)."""
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:  # bytes no pickler writes (Python's own reader refuses the file)
+        return raw.decode("utf-8", "replace")
 
 
 def _error(lib: ctypes.CDLL, ctx: int) -> ScanError:

@@ -32,7 +32,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum { E_OK = 0, E_REFUSED = 1, E_TRUNCATED = 2, E_NOTPICKLE = 3, E_SHAPE = 4, E_NOMEM = 5, E_IO = 6, E_NOSEG = 7, E_WORK = 8 };
+enum { E_OK = 0, E_REFUSED = 1, E_TRUNCATED = 2, E_NOTPICKLE = 3, E_SHAPE = 4, E_NOMEM = 5, E_IO = 6, E_NOSEG = 7, E_WORK = 8,
+       E_RANGE = 9 };
+/* Sums of sizes are kept exact in 128 bits (each term is an int64, and the walk is bounded far below 2^64
+   terms), as Python keeps them; a figure that does not fit in 64 bits at the end is E_RANGE, refused by both
+   readers alike (snapshot.py's OutOfRange). Wrapping would give a number no device holds. */
+typedef __int128 acc_t;
 /* op kinds */
 enum { K_PUSH, K_NONE, K_MARK, K_STOP, K_POP, K_POPMARK, K_APPEND, K_APPENDS, K_SETITEM, K_SETITEMS,
        K_FROMMARK, K_TUPLE2, K_TUPLE3, K_ADDITEMS, K_MEMOIZE, K_PUT, K_GET, K_FRAME, K_REFUSE, K_UNKNOWN };
@@ -98,7 +103,8 @@ static inline uint64_t rd_le(const uint8_t *p, int n) {
 /* ================= values ================= */
 
 /* V_DONE: the place of a segment that was summarized and freed as soon as it was complete */
-/* V_SITE: in the memo, a traceback reduced to its call site's id (u.i) and phase (len) (see site_of) */
+/* V_SITE: in the memo, a traceback reduced to its call site's id (u.i's low 32 bits), its frame count (the high
+   32 bits: what each later use spends) and phase (len) (see site_of) */
 enum { V_NONE, V_BOOL, V_INT, V_BIG, V_FLOAT, V_STR, V_RAWSTR, V_BYTES, V_OBJ, V_DONE, V_SITE };
 enum { N_LIST, N_TUPLE, N_DICT, N_SET, N_FROZENSET };
 /* what happens to what is appended to a list: kept, or summarized and freed */
@@ -121,6 +127,10 @@ struct node {
                                          a traceback list: its phase, cached with site */
   uint8_t keep;                       /* a streamed list referred to again: its items are kept as well */
   uint8_t summarized;                 /* a streamed list: what it was given is summarized already */
+  uint8_t placed;                     /* a streamed trace: appended in its place in device_traces (counted) */
+  uint8_t lost;                       /* a streamed list: items were summarized and let go, so it is not whole */
+  uint32_t walked;                    /* a traceback: the frames its cached site was found among (spent again
+                                         at each use, as snapshot.py's _facts spends them) */
   int32_t site;                       /* cached call site of a frame dict or a traceback list */
   uint32_t n, cap;                    /* items (pairs for a dict) */
   int64_t aux;                        /* S_DT: elements taken; S_TRACE: its device index */
@@ -138,7 +148,7 @@ typedef struct { size_t sp, off; } mark_t;
 typedef struct { size_t start, end; uint8_t is_list; } child_t;
 typedef struct { size_t child, parent; } pair_t;
 #define TL_POINTS 256 /* snapshot.py's TIMELINE_POINTS */
-typedef struct { uint64_t hash; uint32_t off, len; int64_t bytes; int64_t order; } site_t;
+typedef struct { uint64_t hash; uint32_t off, len; acc_t bytes; int64_t order; } site_t;
 typedef struct { int64_t size; int32_t site; } big_t;
 typedef struct { int64_t device, bytes_kind, bytes, site, free_kind, free; } oom_t;
 
@@ -167,11 +177,14 @@ typedef struct {
      user's code, bits 1-3 the phase the function marks (PH_*) */
   int (*frame_code)(const char *file, size_t file_len, const char *name, size_t name_len);
   /* the summary */
-  int64_t segments, blocks, reserved, allocated, requested, free_bytes, largest_free;
-  int64_t trace_events, live, trace_peak, trace_peak_at;
+  int64_t segments, blocks, largest_free;
+  acc_t reserved, allocated, requested, free_bytes;
+  int64_t trace_events, trace_peak_at;
+  acc_t live, trace_peak;
   /* snapshot.py's timeline: the most live (and reserved) bytes over each `tl_stride` events, TL_POINTS at most */
-  int64_t reserved_live, segment_events, tl_alloc[TL_POINTS], tl_res[TL_POINTS], tl_n, tl_stride, tl_fill, tl_a, tl_r;
-  int64_t phase_bytes[PH_COUNT];
+  int64_t segment_events, tl_n, tl_stride, tl_fill;
+  acc_t reserved_live, tl_alloc[TL_POINTS], tl_res[TL_POINTS], tl_a, tl_r;
+  acc_t phase_bytes[PH_COUNT];
   site_t *sites; size_t n_sites, cap_sites; uint32_t *table; size_t table_cap; int64_t site_order;
   char *arena; size_t arena_n, arena_cap;
   big_t largest[10]; int n_largest;
@@ -573,10 +586,21 @@ static const val_t *dget(const node_t *d, const char *key, uint32_t n) {
 }
 #define DGET(d, lit) dget((d), lit, (uint32_t)(sizeof lit - 1))
 
+/* how many times d sets key */
+static size_t key_count(const node_t *d, const char *key, uint32_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < d->n; i++) {
+    const val_t *v = &d->items[2 * i];
+    if ((v->t == V_STR || v->t == V_RAWSTR) && v->len == n && memcmp(v->u.s, key, n) == 0) k++;
+  }
+  return k;
+}
+
 /* snapshot.py's _int: ints and booleans as they are, floats truncated, anything else 0 */
 static inline int64_t as_int(const val_t *v) {
   if (!v) return 0;
-  if (v->t == V_INT || v->t == V_BOOL) return v->u.i;
+  if (v->t == V_INT) return v->u.i == INT64_MIN ? 0 : v->u.i;  /* snapshot.py's range: |v| < 2^63 */
+  if (v->t == V_BOOL) return v->u.i;
   if (v->t == V_FLOAT) return v->u.f < 9.2e18 && v->u.f > -9.2e18 ? (int64_t)v->u.f : 0;  /* NaN, inf: 0 */
   return 0;
 }
@@ -625,9 +649,10 @@ static size_t text_of(const val_t *v, char *out) {
 static size_t line_text(const val_t *v, char *out) {
   if (!v || v->t == V_NONE) { memcpy(out, "None", 4); return 4; }
   if (v->t == V_BOOL) { const char *s = v->u.i ? "True" : "False"; memcpy(out, s, strlen(s)); return strlen(s); }
-  if (v->t == V_INT) return (size_t)sprintf(out, "%lld", (long long)v->u.i);
+  if (v->t == V_INT && v->u.i != INT64_MIN) return (size_t)sprintf(out, "%lld", (long long)v->u.i);
+  if (v->t == V_FLOAT && v->u.f != v->u.f) { memcpy(out, "nan", 3); return 3; }  /* whatever its sign bit */
   if (v->t == V_FLOAT) {
-    /* the shortest text that reads back as the same double, as Python's repr */
+    /* the shortest %g text that reads back as the same double (snapshot_frames.line_text's rule) */
     for (int p = 1; p <= 17; p++) {
       int n = sprintf(out, "%.*g", p, v->u.f);
       if (strtod(out, NULL) == v->u.f || p == 17) {
@@ -732,13 +757,24 @@ static uint8_t frame_class(ctx_t *c, node_t *f) {
    block until the end of the file. */
 static int32_t site_of(ctx_t *c, const val_t *frames, uint8_t *phase) {
   *phase = PH_OTHER;
-  if (frames && frames->t == V_SITE) { *phase = (uint8_t)frames->len; return (int32_t)frames->u.i; }
+  /* every use spends the traceback's frames, cached or not: a memo that names one long traceback from
+     every block is walked (and counted) as often as the Python reader walks it */
+  if (frames && frames->t == V_SITE) {
+    if (spend(c, (uint64_t)frames->u.i >> 32)) return c->site_no_frames;
+    *phase = (uint8_t)frames->len;
+    return (int32_t)(uint32_t)((uint64_t)frames->u.i & 0xffffffffu);
+  }
   if (!is_node(frames, N_LIST)) return c->site_no_frames;
   node_t *l = frames->u.n;
-  if (l->site != SITE_NONE || l->cut) { *phase = l->hint; return l->site; }
+  if (l->site != SITE_NONE || l->cut) {
+    if (spend(c, l->walked)) return c->site_no_frames;
+    *phase = l->hint;
+    return l->site;
+  }
   int32_t fallback = SITE_NONE, site = SITE_NONE;
   uint8_t hint = PH_OTHER;
   if (spend(c, l->n)) return c->site_no_frames;
+  l->walked = l->n;
   for (size_t i = 0; i < l->n && (site == SITE_NONE || hint == PH_OTHER); i++) {
     if (!is_node(&l->items[i], N_DICT)) continue;
     node_t *f = l->items[i].u.n;
@@ -760,7 +796,7 @@ static int32_t site_of(ctx_t *c, const val_t *frames, uint8_t *phase) {
       l->memo_slot = 0;
       if (m->t == V_OBJ && m->u.n == l) {
         m->t = V_SITE;
-        m->u.i = site;
+        m->u.i = (int64_t)((uint64_t)(uint32_t)site | ((uint64_t)l->walked << 32));
         m->len = hint;
         unref(c, l);
       }
@@ -820,7 +856,7 @@ static void summarize_segment(ctx_t *c, const val_t *seg) {
 
 static void raw_number(const val_t *v, int64_t *kind, int64_t *out) {
   if (!v || v->t == V_NONE) { *kind = 0; *out = 0; }
-  else if (v->t == V_INT) { *kind = 1; *out = v->u.i; }
+  else if (v->t == V_INT && v->u.i != INT64_MIN) { *kind = 1; *out = v->u.i; }  /* snapshot.py's _raw */
   else if (v->t == V_BOOL) { *kind = 2; *out = v->u.i; }
   else if (v->t == V_FLOAT) { *kind = 3; memcpy(out, &v->u.f, 8); }
   else { *kind = 0; *out = 0; }
@@ -832,7 +868,7 @@ static void timeline_close(ctx_t *c) {
   c->tl_res[c->tl_n] = c->tl_r;
   if (++c->tl_n == TL_POINTS) {
     for (int i = 0; i < TL_POINTS / 2; i++) {
-      int64_t a = c->tl_alloc[2 * i], b = c->tl_alloc[2 * i + 1], r = c->tl_res[2 * i], q = c->tl_res[2 * i + 1];
+      acc_t a = c->tl_alloc[2 * i], b = c->tl_alloc[2 * i + 1], r = c->tl_res[2 * i], q = c->tl_res[2 * i + 1];
       c->tl_alloc[i] = a > b ? a : b;
       c->tl_res[i] = r > q ? r : q;
     }
@@ -893,6 +929,10 @@ static void tag_list(ctx_t *c, node_t *n, size_t pos) {
   if (c->root_ok && c->rc_i < c->n_rc && c->rc[c->rc_i].start == pos && (c->rc_i & 1) && c->rc[c->rc_i].is_list &&
       c->vsp >= 2 && is_node(&c->vs[0], N_DICT)) {
     const val_t *key = &c->vs[c->vsp - 1];  /* the root's key is pushed right before its value */
+    if ((STR_IS(key, "segments") && c->has_seg) || (STR_IS(key, "device_traces") && c->has_dt)) {
+      fail(c, E_SHAPE, pos, "the root dict sets a key twice");  /* Python keeps the last: not streamed */
+      return;
+    }
     if (STR_IS(key, "segments")) {
       n->stream = S_SEG;
       n->summarized = 1;
@@ -924,8 +964,13 @@ static int take(ctx_t *c, node_t *list, size_t first, size_t pos) {
         if (v[i].t != V_DONE) { summarize_segment(c, &v[i]); c->streamed_segments++; }
       break;
     case S_DT:
-      for (size_t i = 0; i < count && !c->err; i++, list->aux++)
-        if (!(is_node(&v[i], N_LIST) && v[i].u.n->summarized)) summarize_trace(c, list->aux, &v[i]);
+      for (size_t i = 0; i < count && !c->err; i++, list->aux++) {
+        if (v[i].t == V_DONE) continue;  /* summarized when it was complete (segment_done) */
+        /* a trace streamed in this place was summarized as it was read; any other reference to a list (a memo
+           fetch of that trace again, kept whole) is walked again, as the Python reader walks it */
+        if (is_node(&v[i], N_LIST) && v[i].u.n->stream == S_TRACE && !v[i].u.n->placed) { v[i].u.n->placed = 1; continue; }
+        summarize_trace(c, list->aux, &v[i]);
+      }
       break;
     case S_TRACE:
       for (size_t i = 0; i < count && !c->err; i++) { summarize_event(c, list->aux, &v[i]); c->streamed_events++; }
@@ -937,6 +982,7 @@ static int take(ctx_t *c, node_t *list, size_t first, size_t pos) {
     list->site = SITE_NONE;  /* a traceback that grows: its cached site is stale */
   } else {
     for (size_t i = 0; i < count; i++) release(c, v[i]);
+    if (count) list->lost = 1;
   }
   c->vsp = first;
   return c->err ? -1 : 0;
@@ -989,12 +1035,17 @@ static int step2(ctx_t *c, size_t pos, op_t *op) {
           uint8_t kind = op->code == ']' ? N_LIST : op->code == '}' ? N_DICT : op->code == ')' ? N_TUPLE : N_SET;
           node_t *n = new_node(c, kind);
           if (!n) return fail(c, E_NOMEM, pos, "out of memory");
-          if (kind == N_LIST) tag_list(c, n, pos);
+          if (kind == N_LIST) {
+            tag_list(c, n, pos);
+            if (c->err) { unref(c, n); return -1; }
+          }
           v.t = V_OBJ; v.u.n = n;
           return vpush(c, v, pos);
         }
         case '2':
           if (!c->vsp) return underflow(c, pos);
+          if (c->vs[c->vsp - 1].t == V_OBJ && c->vs[c->vsp - 1].u.n->stream != S_NONE)
+            return fail(c, E_SHAPE, pos, "a streamed list is duplicated on the stack (DUP)");
           return vpush(c, share(c->vs[c->vsp - 1]), pos);
         case 'N': break;
         case 0x88: case 0x89: v.t = V_BOOL; v.u.i = op->code == 0x88; break;
@@ -1058,6 +1109,8 @@ static int step2(ctx_t *c, size_t pos, op_t *op) {
       uint64_t key = in.kind == K_MEMOIZE ? c->memo2++ : op->key;
       if (!bit(c->fetched, c->words, key)) return 0;  /* nobody fetches it: not kept */
       val_t *top = &c->vs[c->vsp - 1];
+      if (top->t == V_OBJ && top->u.n->stream != S_NONE && top->u.n->lost)
+        return fail(c, E_SHAPE, pos, "a streamed list is memoized after some of its items were read");
       if (top->t == V_OBJ && top->u.n->stream != S_NONE && !top->u.n->keep) {
         /* a streamed list referred to again: still summarized as it is read, and kept whole as well */
         top->u.n->keep = 1;
@@ -1129,18 +1182,33 @@ static int step2(ctx_t *c, size_t pos, op_t *op) {
   }
 }
 
-/* pos ends an element of a list that may be the root's `segments`: summarize it and free it now */
+/* pos ends an element of a list that may be the root's `segments` or `device_traces`: summarize it and free it
+   now, so that elements are summarized in the file's order, as the Python reader walks them: a trace fetched
+   again from the memo is walked here, between the traces around it, not when the batch is appended. */
 static void segment_done(ctx_t *c, size_t pos) {
   while (c->se_i < c->n_se && c->se[c->se_i].child <= pos) {
     const pair_t *e = &c->se[c->se_i++];
-    if (e->child != pos || !c->has_seg || e->parent != c->seg_start || c->vsp <= c->seg_slot + 1) continue;
-    const val_t *list = &c->vs[c->seg_slot];
-    if (!is_node(list, N_LIST) || list->u.n->stream != S_SEG || list->u.n->keep) continue;
-    val_t *top = &c->vs[c->vsp - 1];
-    summarize_segment(c, top);
-    c->streamed_segments++;
-    release(c, *top);
-    top->t = V_DONE;
+    if (e->child != pos) continue;
+    if (c->has_seg && e->parent == c->seg_start && c->vsp > c->seg_slot + 1) {
+      const val_t *list = &c->vs[c->seg_slot];
+      if (!is_node(list, N_LIST) || list->u.n->stream != S_SEG || list->u.n->keep) continue;
+      val_t *top = &c->vs[c->vsp - 1];
+      summarize_segment(c, top);
+      c->streamed_segments++;
+      release(c, *top);
+      top->t = V_DONE;
+      list->u.n->lost = 1;
+    } else if (c->has_dt && e->parent == c->dt_start && c->vsp > c->dt_slot + 1) {
+      const val_t *list = &c->vs[c->dt_slot];
+      if (!is_node(list, N_LIST) || list->u.n->stream != S_DT || list->u.n->keep) continue;
+      val_t *top = &c->vs[c->vsp - 1];
+      node_t *t = is_node(top, N_LIST) ? top->u.n : NULL;
+      if (t && t->stream == S_TRACE && !t->placed) t->placed = 1;  /* streamed in its place as it was read */
+      else summarize_trace(c, list->u.n->aux + (int64_t)(c->vsp - c->dt_slot - 2), top);
+      release(c, *top);
+      top->t = V_DONE;
+      list->u.n->lost = 1;
+    }
   }
   c->se_end = c->se_i < c->n_se ? c->se[c->se_i].child : SIZE_MAX;
 }
@@ -1224,6 +1292,20 @@ int ts_scan(ctx_t *c, size_t upto) {
   return 1;
 }
 
+static inline int fits(acc_t v) { return v >= -(acc_t)INT64_MAX && v <= (acc_t)INT64_MAX; }
+
+/* every figure the summary hands out fits in 64 bits (snapshot.py's OutOfRange checks the same ones) */
+static int in_range(const ctx_t *c) {
+  if (!fits(c->reserved) || !fits(c->allocated) || !fits(c->requested) || !fits(c->free_bytes) || !fits(c->live) ||
+      !fits(c->trace_peak))
+    return 0;
+  for (int i = 0; i < PH_COUNT; i++) if (!fits(c->phase_bytes[i])) return 0;
+  for (size_t i = 0; i < c->n_sites; i++) if (c->sites[i].order >= 0 && !fits(c->sites[i].bytes)) return 0;
+  for (int64_t i = 0; i < c->tl_n; i++) if (!fits(c->tl_alloc[i]) || !fits(c->tl_res[i])) return 0;
+  if (c->tl_fill != c->tl_stride && (!fits(c->tl_a) || !fits(c->tl_r))) return 0;
+  return 1;
+}
+
 /* Pass 2 up to byte `upto`. Returns 1 while there is more, 0 when done (the summary is complete), -1 on error. */
 int ts_eval(ctx_t *c, size_t upto) {
   if (c->err) return -1;
@@ -1250,6 +1332,9 @@ int ts_eval(ctx_t *c, size_t upto) {
   /* what was not streamed (a layout the streamer leaves alone) is summarized from the built root */
   if (c->vsp != 1 || !is_node(&c->vs[0], N_DICT)) return fail(c, E_NOSEG, pos, "the root is not a dict");
   node_t *root = c->vs[0].u.n;
+  /* a key set twice: Python keeps the last value, and the first may be the one streamed */
+  if (key_count(root, "segments", 8) > 1 || key_count(root, "device_traces", 13) > 1)
+    return fail(c, E_SHAPE, pos, "the root dict sets a key twice");
   const val_t *segs = DGET(root, "segments");
   if (!is_node(segs, N_LIST)) return fail(c, E_NOSEG, pos, "no 'segments' list");
   node_t *sl = segs->u.n;
@@ -1261,9 +1346,11 @@ int ts_eval(ctx_t *c, size_t upto) {
     node_t *tl = traces->u.n;
     tl->busy++;
     for (size_t i = 0; i < tl->n && !c->err; i++)
-      if (!(is_node(&tl->items[i], N_LIST) && tl->items[i].u.n->summarized)) summarize_trace(c, (int64_t)i, &tl->items[i]);
+      if (!(is_node(&tl->items[i], N_LIST) && tl->items[i].u.n->stream == S_TRACE && !tl->items[i].u.n->placed))
+        summarize_trace(c, (int64_t)i, &tl->items[i]);
     tl->busy--;
   }
+  if (!c->err && !in_range(c)) fail(c, E_RANGE, pos, "sizes that add up beyond 64 bits");
   return c->err ? -1 : 0;
 }
 
@@ -1284,12 +1371,14 @@ void ts_limits(ctx_t *c, long long budget, long long work_slice) {
 
 /* The summary's numbers, in the order snapshot_native.COUNTERS names them. */
 void ts_counters(ctx_t *c, int64_t *out) {
-  int64_t v[] = {c->segments, c->blocks, c->reserved, c->allocated, c->requested, c->free_bytes, c->largest_free,
-                 c->trace_events, c->live, c->trace_peak, c->trace_peak_at, c->n_largest, c->n_ooms,
+  int64_t v[] = {c->segments, c->blocks, (int64_t)c->reserved, (int64_t)c->allocated, (int64_t)c->requested,
+                 (int64_t)c->free_bytes, c->largest_free,
+                 c->trace_events, (int64_t)c->live, (int64_t)c->trace_peak, c->trace_peak_at, c->n_largest, c->n_ooms,
                  (int64_t)c->n_memo, (int64_t)c->n_fetched, (int64_t)c->released, (int64_t)c->n_ops,
                  (int64_t)c->made_nodes, (int64_t)c->peak_nodes, (int64_t)c->streamed_segments,
                  (int64_t)c->streamed_events, (int64_t)c->n_sites, (int64_t)c->kept_lists,
-                 c->phase_bytes[0], c->phase_bytes[1], c->phase_bytes[2], c->phase_bytes[3], c->phase_bytes[4],
+                 (int64_t)c->phase_bytes[0], (int64_t)c->phase_bytes[1], (int64_t)c->phase_bytes[2],
+                 (int64_t)c->phase_bytes[3], (int64_t)c->phase_bytes[4],
                  c->segment_events, c->tl_stride, c->tl_n + (c->tl_fill != c->tl_stride)};
   memcpy(out, v, sizeof v);
 }
@@ -1297,9 +1386,8 @@ void ts_counters(ctx_t *c, int64_t *out) {
 /* The timeline's points (ts_counters' timeline_points of them): the most live and reserved bytes in each, the
    open point last when an event went into it. */
 void ts_timeline(ctx_t *c, int64_t *allocated, int64_t *reserved) {
-  memcpy(allocated, c->tl_alloc, (size_t)c->tl_n * sizeof(int64_t));
-  memcpy(reserved, c->tl_res, (size_t)c->tl_n * sizeof(int64_t));
-  if (c->tl_fill != c->tl_stride) { allocated[c->tl_n] = c->tl_a; reserved[c->tl_n] = c->tl_r; }
+  for (int64_t i = 0; i < c->tl_n; i++) { allocated[i] = (int64_t)c->tl_alloc[i]; reserved[i] = (int64_t)c->tl_res[i]; }
+  if (c->tl_fill != c->tl_stride) { allocated[c->tl_n] = (int64_t)c->tl_a; reserved[c->tl_n] = (int64_t)c->tl_r; }
 }
 
 const char *ts_site(ctx_t *c, int32_t id) { return id >= 0 && (size_t)id < c->n_sites ? c->arena + c->sites[id].off : ""; }
@@ -1318,7 +1406,7 @@ int ts_top_sites(ctx_t *c, int k, int32_t *ids, int64_t *bytes) {
   for (size_t i = 0; i < c->n_sites; i++) if (c->sites[i].order >= 0) all[n++] = &c->sites[i];
   qsort(all, n, sizeof *all, by_bytes);
   int got = 0;
-  for (size_t i = 0; i < n && got < k; i++, got++) { ids[got] = (int32_t)(all[i] - c->sites); bytes[got] = all[i]->bytes; }
+  for (size_t i = 0; i < n && got < k; i++, got++) { ids[got] = (int32_t)(all[i] - c->sites); bytes[got] = (int64_t)all[i]->bytes; }
   free(all);
   return got;
 }
