@@ -78,6 +78,30 @@ def test_unsafe_load_of_a_whole_module_converts_its_writer_too() -> None:
     assert pickled.status == "refused" and "pickle.load, which has no weights_only" in pickled.reason
 
 
+def test_a_load_the_run_saw_hold_more_than_weights_is_left_unless_its_writer_converts() -> None:
+    """What the runtime saw the file hold travels with the edit (doctor's evidence): the script's own
+    objects or a module with no writer here to convert would not load weights-only on the next start."""
+    from torchscalpel.fix.doctor_plan import loaded_beyond_weights
+
+    held = "tensors, plain Python data; globals a weights-only load refuses: none"
+    assert loaded_beyond_weights({"evidence": ["1 call(s)", f"the file held {held}"]}) == ""
+    stats = {
+        "evidence": ["the file held __main__.Stats; globals a weights-only load refuses: __main__.Stats"]
+    }
+    assert loaded_beyond_weights(stats) == "__main__.Stats"
+    assert loaded_beyond_weights({"evidence": ["the file held tensors, module Net"]}) == "module Net"
+    assert loaded_beyond_weights({"evidence": []}) == ""  # a static finding: nothing was loaded
+    plain = "import torch\nstate = torch.load(p, weights_only=False)\n"
+    kept, out = apply_edit(
+        plain, Edit(kind="safe_load", line=2, callee="load", kwargs=(("held", "x.Stats"),))
+    )
+    assert out.status == "refused" and kept == plain
+    assert "held x.Stats when the run loaded it, which weights_only=True refuses" in out.reason
+    # the same evidence on a load whose writer in this file saves the whole module: the pair converts
+    whole = Edit(kind="safe_load", line=9, callee="load", kwargs=(("held", "module RNNModel"),))
+    assert apply_edit(WORD_LM, whole)[0] == apply_edit(WORD_LM, _save(6))[0]
+
+
 @pytest.mark.parametrize(
     ("source", "line", "reason"),
     [

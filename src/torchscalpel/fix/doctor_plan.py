@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.fix.diff import printable
 from torchscalpel.fix.edits import Edit
 from torchscalpel.fix.locate import Planned, script_file
 from torchscalpel.record import RunRecord
@@ -40,10 +41,36 @@ SEED_CODE = "torch.manual_seed(0)\n"
 and the DataLoader's shuffling, which is what the runtime rule looks for (any one seeding call)."""
 
 
+def loaded_beyond_weights(finding: dict[str, Any]) -> str:
+    """What the runtime saw a ``torch.load(weights_only=False)`` return that a weights-only load refuses
+    (``the file held ...`` in the finding's evidence: modules, numpy arrays, other classes), "" when the file
+    held only tensors and plain data, or when the finding is static (nothing was loaded to look at)."""
+    for line in finding.get("evidence") or []:
+        if not isinstance(line, str) or not line.startswith("the file held "):
+            continue
+        held = line[len("the file held ") :]
+        what, _, refused = held.partition("; globals a weights-only load refuses: ")
+        refused = refused.strip()
+        if refused and refused != "none":
+            return printable(refused if refused == what.strip() else f"{what} ({refused})")[:300]
+        parts = [p.strip() for p in what.split(",")]
+        beyond = [p for p in parts if p and p not in ("tensors", "plain Python data")]
+        return printable(", ".join(beyond))[:300] if beyond else ""
+    return ""
+
+
 def _edit(rule: str, file: Path, line: int, finding: dict[str, Any], train_line: int) -> Edit:
     """The edit for ``rule`` at ``line`` (``rule`` is one of :data:`DOCTOR_RULES`)."""
     if rule == "unsafe-torch-load":  # with its writer when the file saves a whole module there
-        return Edit(kind="safe_load", line=line, callee="load", kwargs=(("file", str(file)),))
+        # What the run saw the file hold travels with the edit: weights_only=True alone would refuse a
+        # file of pickled objects (the script's own classes, numpy arrays) on the script's next start.
+        held = loaded_beyond_weights(finding)
+        return Edit(
+            kind="safe_load",
+            line=line,
+            callee="load",
+            kwargs=(("file", str(file)),) + ((("held", held),) if held else ()),
+        )
     if rule == "whole-model-save":
         # The file travels with the edit: the other files of the tree around it that read the same
         # path are looked for from there (fix/edits_checkpoint.py).

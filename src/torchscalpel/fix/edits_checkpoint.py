@@ -289,6 +289,15 @@ def safe_load(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.M
             if written is not None and written[0] == read[0]:
                 pair = dataclasses.replace(edit, kind="save_state_dict", line=positions[save].start.line)
                 return save_state_dict(module, wrapper, pair)
+    held = str(dict(edit.kwargs).get("held") or "")
+    if held:
+        # The run loaded more than weights from this file and no writer of it here is converted: on its
+        # next start the patched script would refuse its own file (UnpicklingError).
+        raise EditError(
+            f"the file torch.load reads at line {edit.line} held {held} when the run loaded it, which "
+            "weights_only=True refuses, and this file writes no whole module there for fix to convert; "
+            "allow exactly those classes (torch.serialization.safe_globals) or save plain data"
+        )
     new = _set_kwargs(call, Edit(kind="call_kwargs", callee="load", kwargs=(("weights_only", True),)))
     if _code(new) == _code(call):
         return None
