@@ -378,12 +378,6 @@ PITFALL_LINES = [
     ("super_init_missing.py", "super-init-missing", 9),
     ("cudnn_disabled.py", "cudnn-disabled", 5),
     ("inplace_autograd_error.py", "script-failed", 25),
-    ("script_failed_device_mismatch.py", "script-failed", 21),
-    ("script_failed_backward_non_scalar.py", "script-failed", 15),
-    ("script_failed_non_leaf_grad.py", "script-failed", 20),
-    ("script_failed_backward_twice_rnn.py", "script-failed", 30),
-    ("script_failed_cuda_checkpoint_on_cpu.py", "script-failed", 29),
-    ("script_failed_get_rank_before_init.py", "script-failed", 8),
 ]
 
 
