@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -146,9 +147,11 @@ def test_grad_of_a_non_leaf_is_matched_on_the_error_that_follows_the_warning() -
             crash = Crash(
                 type(exc).__name__, str(exc), Location(file="t.py", line=4), "n = hidden.grad.norm()"
             )
-        f = _finding(crash)
+        f = _finding(crash, grad_is_leaf=False)
         assert f.message.startswith(f"The script raised {crash.type_name} before its first step: hidden.grad")
         assert "hidden.retain_grad()" in f.fix
+        # a leaf's None .grad (frozen, unused, no backward yet) is not what retain_grad fixes
+        assert "retain_grad" not in _finding(crash, grad_is_leaf=True).fix
     # a None that is not a .grad is not explained
     other = _finding(Crash("AttributeError", "'NoneType' object has no attribute 'x'", None, "y = cfg.x"))
     assert "retain_grad" not in other.message and not other.fix
@@ -204,3 +207,22 @@ def test_default_group_not_initialized_asks_for_a_launcher_only_without_one(
     launched = _finding(crash, record)
     assert "launcher" not in launched.message and "torchrun" not in launched.fix
     assert launched.fix.startswith("dist.init_process_group(")
+
+
+def test_the_failing_frame_tells_a_non_leaf_from_a_leaf(tmp_path: Path) -> None:
+    source = (
+        "import torch\n"
+        "w = torch.randn(3, requires_grad=True)\n"
+        "frozen = torch.randn(3, requires_grad=True)\n"
+        "h = w * 2\n"
+        "h.sum().backward()\n"
+        "print({}.grad.abs())\n"
+    )
+    for name, leaf in (("h", False), ("frozen", True)):
+        with pytest.warns() if not leaf else contextlib.nullcontext():
+            exc = _raise_from_user_file(tmp_path, source.format(name))
+        rule = ScriptFailed()
+        rule.on_script_error(exc)
+        assert rule.grad_is_leaf is leaf
+        (f,) = rule.findings(RunRecord(status="failed", error="AttributeError: x"))
+        assert ("retain_grad" in f.fix) is (not leaf), f

@@ -445,12 +445,42 @@ def _non_scalar_backward(crash: Crash, shape: tuple[int, ...] | None) -> Known |
 _GRAD_OF = re.compile(r"([\w.\[\]]+)\.grad\b(?!_)")
 
 
-def _non_leaf_grad(crash: Crash) -> Known | None:
-    """``.grad`` of a tensor autograd computed (not a leaf): None, and the next use of it fails on None."""
+def grad_owner_is_leaf(exc: BaseException, crash: Crash) -> bool | None:
+    """Whether the tensor whose ``.grad`` the failing line reads (``normed`` of ``normed.grad.abs()``) is a
+    leaf, read from the failing frame's variables; None when the line reads no ``.grad`` of a plain
+    (dotted) name or the name does not resolve to a tensor there. Read at the failure: the frame is alive."""
+    match = _GRAD_OF.search(crash.source_line)
+    if match is None or crash.location is None or not re.fullmatch(r"[A-Za-z_]\w*(\.\w+)*", match.group(1)):
+        return None
+    tb = exc.__traceback__
+    frame = None
+    while tb is not None:  # outermost to innermost: keep the last frame at the crash's place
+        if tb.tb_frame.f_code.co_filename == crash.location.file and tb.tb_lineno == crash.location.line:
+            frame = tb.tb_frame
+        tb = tb.tb_next
+    if frame is None:
+        return None
+    head, *attrs = match.group(1).split(".")
+    scope = {**frame.f_globals, **frame.f_locals}
+    if head not in scope:
+        return None
+    value = scope[head]
+    for attr in attrs:
+        try:
+            value = getattr(value, attr)
+        except Exception:  # a property that raises: cannot tell
+            return None
+    return bool(value.is_leaf) if isinstance(value, torch.Tensor) else None
+
+
+def _non_leaf_grad(crash: Crash, is_leaf: bool | None) -> Known | None:
+    """``.grad`` of a tensor autograd computed (not a leaf): None, and the next use of it fails on None.
+    Only when the failing frame showed the tensor is not a leaf: a leaf's ``.grad`` is None for other
+    reasons (frozen, unused in the loss, no backward yet) that ``retain_grad`` does not fix."""
     if crash.type_name not in ("AttributeError", "TypeError") or "NoneType" not in crash.message:
         return None
     match = _GRAD_OF.search(crash.source_line)
-    if match is None:
+    if match is None or is_leaf is not False:
         return None
     name = match.group(1)
     return Known(
@@ -561,6 +591,7 @@ class ScriptFailed(RuntimeRule):
         self.candidates: list[str] = []
         self.shape: tuple[int, ...] | None = None
         self.model_devices: list[str] = []
+        self.grad_is_leaf: bool | None = None
 
     def on_backward_pre(self, tensors: Any) -> None:
         # weak: the graph of the last backward, read only if that backward fails on an in-place write
@@ -568,6 +599,8 @@ class ScriptFailed(RuntimeRule):
 
     def on_script_error(self, exc: BaseException) -> None:
         self.crash = crash_of(exc)
+        if self.crash.type_name in ("AttributeError", "TypeError") and "NoneType" in self.crash.message:
+            self.grad_is_leaf = grad_owner_is_leaf(exc, self.crash)
         if _INPLACE.search(self.crash.message):
             roots = [t for t in (r() for r in self._roots) if t is not None]
             self.stale = stale_saved_tensor(roots)
@@ -599,7 +632,7 @@ class ScriptFailed(RuntimeRule):
             or _super_init(crash)
             or _device_mismatch(crash, self.model_devices)
             or _non_scalar_backward(crash, self.shape)
-            or _non_leaf_grad(crash)
+            or _non_leaf_grad(crash, self.grad_is_leaf)
             or _freed_graph(crash)
             or _cuda_checkpoint_on_cpu(crash)
         )
