@@ -210,6 +210,7 @@ def test_device_mismatch_names_both_devices_the_models_and_the_inputs_to_move(tm
     assert f["location"]["line"] == _line_of(script, "logits = model(x)")
     assert "the model's parameters are on meta" in f["evidence"]
     assert "the tensors this line passes, x: the one on cpu is among them" in f["evidence"]
+    assert f["fix"].startswith("# device: the script's own variable, where the model is (meta)")
     assert "x = x.to(device)" in f["fix"]
 
 

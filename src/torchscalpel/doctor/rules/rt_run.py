@@ -372,6 +372,14 @@ def _call_arguments(line: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _defines_device(location: Location | None) -> bool:
+    """Whether the failing file assigns a ``device`` variable (the fix then uses it instead of a new one)."""
+    if location is None or not Path(location.file).is_file():
+        return False
+    text = Path(location.file).read_text(encoding="utf-8", errors="replace")
+    return re.search(r"^\s*device\s*=", text, re.MULTILINE) is not None
+
+
 def _device_mismatch(crash: Crash, model_devices: Sequence[str]) -> Known | None:
     """Two tensors of one op on different devices: the model moved with ``.to(device)``, a batch not (or the
     reverse)."""
@@ -405,8 +413,12 @@ def _device_mismatch(crash: Crash, model_devices: Sequence[str]) -> Known | None
             f"({target}) before the call, and create tensors inside forward on the input's device."
         ),
         fix=(
-            f"device = torch.device({target!r})   # where the model is: next(model.parameters()).device\n"
-            f"model = model.to(device)\n{moves}\n"
+            (
+                f"# device: the script's own variable, where the model is ({target})\n"
+                if _defines_device(crash.location)
+                else f"device = torch.device({target!r})   # where the model is: next(model.parameters()).device\n"
+            )
+            + f"model = model.to(device)\n{moves}\n"
             "# tensors made inside forward: torch.zeros(..., device=x.device), or register them as buffers"
         ),
         evidence=tuple(evidence),
