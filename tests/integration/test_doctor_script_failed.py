@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from helpers import cli_env
+from helpers import cli_env, run_cli
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -189,3 +189,92 @@ def test_failures_before_the_first_step_are_one_sentence_without_scalpel_frames(
             assert "No module named 'apex'" in failed["message"] and "pip install" in failed["fix"]
         _no_next_tune(proc)
         assert os.path.exists(tmp_path / "run" / "run.json")
+
+
+def _failed(tmp_path: Path, name: str) -> tuple[Path, dict]:
+    """``scalpel doctor`` (no launcher) on the fixture ``name``: its ``script-failed`` finding, which comes first."""
+    script = FIXTURES / name
+    proc, data = _doctor(tmp_path, script)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    first = data["findings"][0]
+    assert first["rule"] == "script-failed" and first["severity"] == "error", data["findings"]
+    assert first["location"]["file"] == str(script)
+    _no_next_tune(proc)
+    return script, first
+
+
+def test_device_mismatch_names_both_devices_the_models_and_the_inputs_to_move(tmp_path: Path) -> None:
+    script, f = _failed(tmp_path, "script_failed_device_mismatch.py")
+    assert "an operation got tensors on two devices, cpu and meta" in f["message"]
+    assert "model's device (meta)" in f["message"]
+    assert f["location"]["line"] == _line_of(script, "logits = model(x)")
+    assert "the model's parameters are on meta" in f["evidence"]
+    assert "the tensors this line passes, x: the one on cpu is among them" in f["evidence"]
+    assert f["fix"].startswith("# device: the script's own variable, where the model is (meta)")
+    assert "x = x.to(device)" in f["fix"]
+
+
+def test_backward_on_a_non_scalar_names_the_shape_and_the_reduction(tmp_path: Path) -> None:
+    script, f = _failed(tmp_path, "script_failed_backward_non_scalar.py")
+    assert "backward() was called on loss, a tensor of shape [32], not a scalar" in f["message"]
+    assert f["location"]["line"] == _line_of(script, "    loss.backward()")
+    assert "loss has shape [32]" in f["evidence"]
+    assert (
+        "loss.mean().backward()" in f["fix"] and "loss.backward(gradient=torch.ones_like(loss))" in f["fix"]
+    )
+
+
+def test_grad_of_a_non_leaf_names_the_tensor_and_retain_grad(tmp_path: Path) -> None:
+    script, f = _failed(tmp_path, "script_failed_non_leaf_grad.py")
+    assert "normed.grad is None: normed is not a leaf tensor" in f["message"]
+    assert f["location"]["line"] == _line_of(script, "saliency = normed.grad.abs()")
+    assert f["fix"].startswith("normed.retain_grad()")
+
+
+def test_backward_through_a_freed_graph_says_to_detach_the_carried_state(tmp_path: Path) -> None:
+    script, f = _failed(tmp_path, "script_failed_backward_twice_rnn.py")
+    assert "backward went through a graph a second time" in f["message"] and "hidden state" in f["message"]
+    assert "after 1 step(s)" in f["message"] or "after 2 step(s)" in f["message"]
+    assert f["location"]["line"] == _line_of(script, "    loss.backward()")
+    assert "hidden = hidden.detach()" in f["fix"] and "loss.backward(retain_graph=True)" in f["fix"]
+
+
+def test_cuda_checkpoint_on_a_cpu_machine_gets_map_location_at_the_users_load(tmp_path: Path) -> None:
+    script, f = _failed(tmp_path, "script_failed_cuda_checkpoint_on_cpu.py")
+    assert "the checkpoint holds CUDA tensors and this machine has no CUDA" in f["message"]
+    assert f["location"]["line"] == _line_of(script, "model.load_state_dict(torch.load(ckpt_path))")
+    assert 'model.load_state_dict(torch.load(ckpt_path, map_location="cpu"))' in f["fix"]
+
+
+def test_get_rank_before_init_without_a_launcher_names_the_line_and_the_launcher(tmp_path: Path) -> None:
+    script, f = _failed(tmp_path, "script_failed_get_rank_before_init.py")
+    line = _line_of(script, "rank = dist.get_rank()")
+    assert "a torch.distributed call ran before init_process_group" in f["message"]
+    assert f"script_failed_get_rank_before_init.py:{line}: rank = dist.get_rank()" in f["message"]
+    assert f["location"]["line"] == line
+    assert "RANK/WORLD_SIZE are unset: no launcher" in f["evidence"]
+    assert f["fix"].startswith("dist.init_process_group(") and "scalpel launch --nproc N --" in f["fix"]
+
+
+def test_get_rank_before_init_under_a_launcher_does_not_ask_for_a_launcher(tmp_path: Path) -> None:
+    script = FIXTURES / "script_failed_get_rank_before_init.py"
+    out = tmp_path / "findings.json"
+    launcher = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    launcher |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}
+    proc = run_cli(
+        "doctor",
+        "--no-report",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+        str(out),
+        "--",
+        str(script),
+        cwd=tmp_path,
+        **launcher,
+    )
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    (f,) = [f for f in json.loads(out.read_text())["findings"] if f["rule"] == "script-failed"]
+    assert "a torch.distributed call ran before init_process_group" in f["message"]
+    assert "launcher" not in f["message"] and "scalpel launch" not in f["fix"] and "torchrun" not in f["fix"]
+    assert any("the launcher is there, the init call is missing or late" in e for e in f["evidence"])

@@ -11,6 +11,7 @@ cause is known.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
 import sys
@@ -158,9 +159,9 @@ def _weights_only(crash: Crash) -> Known | None:
     )
 
 
-def _load_call(line: str) -> tuple[str, str] | None:
-    """``line`` split where ``, weights_only=False`` goes into its ``torch.load(...)`` call (None when
-    the line is not one parseable statement holding such a call)."""
+def _load_call(line: str, keyword: str = "weights_only") -> tuple[str, str] | None:
+    """``line`` split where ``, <keyword>=...`` goes into its ``torch.load(...)`` call (None when the line
+    is not one parseable statement holding such a call, or the call already passes ``keyword``)."""
     try:
         tree = ast.parse(line)
     except SyntaxError:
@@ -175,7 +176,7 @@ def _load_call(line: str) -> tuple[str, str] | None:
     ]
     calls.sort(key=lambda n: "torch" not in ast.unparse(n.func))  # torch.load first, then a bare load
     for node in calls:
-        if any(k.arg == "weights_only" for k in node.keywords):
+        if any(k.arg == keyword for k in node.keywords):
             return None  # the call already says; the generic fix is clearer than an edited line
         end_col = cast(int, node.end_col_offset)  # calls without an end column were filtered out above
         end = len(line.encode()[: end_col - 1].decode(errors="ignore"))  # before the ")"
@@ -329,6 +330,260 @@ def _inplace(crash: Crash, stale: str | None, candidates: Sequence[str]) -> Know
     )
 
 
+_DEVICE_ERRORS = (
+    # CUDA kernels, torch >= 2.5: "... but got mat1 is on cpu, different from other tensors on cuda:0 (...)"
+    re.compile(
+        r"Expected all tensors to be on the same device, but got (\w+) is on ([\w:]+), different from other tensors on ([\w:]+)"
+    ),
+    # older CUDA wording: "... but found at least two devices, cuda:0 and cpu! (when checking argument for argument mat1 ...)"
+    re.compile(
+        r"Expected all tensors to be on the same device, but found at least two devices, ([\w:]+) and ([\w:]+)!"
+    ),
+    # the meta / CPU kernels' check: "Tensor on device meta is not on the expected device cpu!"
+    re.compile(r"Tensor on device ([\w:]+) is not on the expected device ([\w:]+)!"),
+)
+
+
+def _device_pair(message: str) -> tuple[str, str, str] | None:
+    """``(argument or "", its device, the other device)`` of a device-mismatch error; None for another error."""
+    for number, pattern in enumerate(_DEVICE_ERRORS):
+        match = pattern.search(message)
+        if match is None:
+            continue
+        if number == 0:
+            return match.group(1), match.group(2), match.group(3)
+        argument = re.search(r"for argument (\w+)", message)
+        return (argument.group(1) if argument else ""), match.group(1), match.group(2)
+    return None
+
+
+def _call_arguments(line: str) -> list[str]:
+    """The plain names passed to the calls of ``line`` (``model(x, mask=m)`` -> ``["x", "m"]``), the
+    tensors that may still sit on the other device; [] when the line does not parse."""
+    try:
+        tree = ast.parse(line.strip().removesuffix(":"))
+    except SyntaxError:
+        return []
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            values = [*node.args, *(k.value for k in node.keywords)]
+            names += [v.id for v in values if isinstance(v, ast.Name)]
+    return list(dict.fromkeys(names))
+
+
+def _defines_device(location: Location | None) -> bool:
+    """Whether the failing file assigns a ``device`` variable (the fix then uses it instead of a new one)."""
+    if location is None or not Path(location.file).is_file():
+        return False
+    text = Path(location.file).read_text(encoding="utf-8", errors="replace")
+    return re.search(r"^\s*device\s*=", text, re.MULTILINE) is not None
+
+
+def _device_mismatch(crash: Crash, model_devices: Sequence[str]) -> Known | None:
+    """Two tensors of one op on different devices: the model moved with ``.to(device)``, a batch not (or the
+    reverse)."""
+    pair = _device_pair(crash.message)
+    if crash.type_name != "RuntimeError" or pair is None:
+        return None
+    argument, first, second = pair
+    devices = sorted({first, second})
+    model_at = list(dict.fromkeys(model_devices))
+    # the tensors of the failing line that are not the model: the usual culprit is the batch
+    names = _call_arguments(crash.source_line)
+    target = model_at[0] if len(model_at) == 1 else next((d for d in devices if d != "cpu"), devices[-1])
+    evidence = [
+        f"the op got tensors on {devices[0]} and {devices[1]}"
+        + (f" (argument {argument})" if argument else "")
+    ]
+    if model_at:
+        evidence.append(f"the model's parameters are on {', '.join(model_at)}")
+        others = [d for d in devices if d not in model_at]
+        if names and others:
+            evidence.append(
+                f"the tensors this line passes, {', '.join(names)}: the one on {others[0]} is among them"
+            )
+    moves = (
+        "\n".join(f"{n} = {n}.to(device)" for n in names) or "x = x.to(device)   # each input of the model"
+    )
+    return Known(
+        what=f"an operation got tensors on two devices, {devices[0]} and {devices[1]}",
+        advice=(
+            f"Every tensor an op reads must be on one device: move the inputs of this line to the model's device "
+            f"({target}) before the call, and create tensors inside forward on the input's device."
+        ),
+        fix=(
+            (
+                f"# device: the script's own variable, where the model is ({target})\n"
+                if _defines_device(crash.location)
+                else f"device = torch.device({target!r})   # where the model is: next(model.parameters()).device\n"
+            )
+            + f"model = model.to(device)\n{moves}\n"
+            "# tensors made inside forward: torch.zeros(..., device=x.device), or register them as buffers"
+        ),
+        evidence=tuple(evidence),
+    )
+
+
+def _receiver(line: str, method: str) -> str:
+    """``loss`` of ``loss.backward()`` in ``line`` (the expression before ``.method(``); "" if none."""
+    match = re.search(rf"([\w.\[\]'\"]+)\.{method}\(", line)
+    return match.group(1) if match else ""
+
+
+def _non_scalar_backward(crash: Crash, shape: tuple[int, ...] | None) -> Known | None:
+    """``backward()`` without a gradient on a tensor with more than one element."""
+    if (
+        crash.type_name != "RuntimeError"
+        or "grad can be implicitly created only for scalar outputs" not in crash.message
+    ):
+        return None
+    name = _receiver(crash.source_line, "backward") or "loss"
+    shown = f"[{', '.join(map(str, shape))}]" if shape is not None else "with more than one element"
+    return Known(
+        what=f"backward() was called on {name}, a tensor of shape {shown}, not a scalar",
+        advice=(
+            "backward() without an argument needs a single number: reduce the loss (a criterion with "
+            "reduction='none' or a per-sample loss) to its mean or sum, or pass the gradient of each element."
+        ),
+        fix=(
+            f"{name}.mean().backward()      # or {name}.sum().backward()\n"
+            f"# or keep per-element weights: {name}.backward(gradient=torch.ones_like({name}))"
+        ),
+        evidence=(f"{name} has shape {shown}",) if shape is not None else (),
+    )
+
+
+_GRAD_OF = re.compile(r"([\w.\[\]]+)\.grad\b(?!_)")
+
+
+def grad_owner_is_leaf(exc: BaseException, crash: Crash) -> bool | None:
+    """Whether the tensor whose ``.grad`` the failing line reads (``normed`` of ``normed.grad.abs()``) is a
+    leaf, read from the failing frame's variables; None when the line reads no ``.grad`` of a plain
+    (dotted) name or the name does not resolve to a tensor there. Read at the failure: the frame is alive."""
+    match = _GRAD_OF.search(crash.source_line)
+    if match is None or crash.location is None or not re.fullmatch(r"[A-Za-z_]\w*(\.\w+)*", match.group(1)):
+        return None
+    tb = exc.__traceback__
+    frame = None
+    while tb is not None:  # outermost to innermost: keep the last frame at the crash's place
+        if tb.tb_frame.f_code.co_filename == crash.location.file and tb.tb_lineno == crash.location.line:
+            frame = tb.tb_frame
+        tb = tb.tb_next
+    if frame is None:
+        return None
+    head, *attrs = match.group(1).split(".")
+    scope = {**frame.f_globals, **frame.f_locals}
+    if head not in scope:
+        return None
+    value = scope[head]
+    for attr in attrs:
+        try:
+            value = getattr(value, attr)
+        except Exception:  # a property that raises: cannot tell
+            return None
+    return bool(value.is_leaf) if isinstance(value, torch.Tensor) else None
+
+
+def _non_leaf_grad(crash: Crash, is_leaf: bool | None) -> Known | None:
+    """``.grad`` of a tensor autograd computed (not a leaf): None, and the next use of it fails on None.
+    Only when the failing frame showed the tensor is not a leaf: a leaf's ``.grad`` is None for other
+    reasons (frozen, unused in the loss, no backward yet) that ``retain_grad`` does not fix."""
+    if crash.type_name not in ("AttributeError", "TypeError") or "NoneType" not in crash.message:
+        return None
+    match = _GRAD_OF.search(crash.source_line)
+    if match is None or is_leaf is not False:
+        return None
+    name = match.group(1)
+    return Known(
+        what=f"{name}.grad is None: {name} is not a leaf tensor (autograd computed it), so backward does not keep its gradient",
+        advice=(
+            f"Only leaf tensors (parameters, tensors created with requires_grad=True) get .grad; call "
+            f"{name}.retain_grad() before backward to keep the gradient of this intermediate tensor, or read the "
+            "leaf's .grad instead."
+        ),
+        fix=(
+            f"{name}.retain_grad()        # right after {name} is computed, before the backward\n"
+            f"...backward()\nprint({name}.grad)\n"
+            "# or make it the leaf: detach it and ask for its gradient\n"
+            f"{name} = {name}.detach().requires_grad_()"
+        ),
+    )
+
+
+def _freed_graph(crash: Crash) -> Known | None:
+    """A second backward through a graph whose saved tensors the first backward freed."""
+    if (
+        crash.type_name != "RuntimeError"
+        or "Trying to backward through the graph a second time" not in crash.message
+    ):
+        return None
+    name = _receiver(crash.source_line, "backward") or "loss"
+    return Known(
+        what="backward went through a graph a second time, after the first backward freed it",
+        advice=(
+            f"{name} depends on a graph an earlier backward already used; usually a hidden state (RNN, "
+            "running sum) carried from one iteration to the next without .detach(). Detach the carried "
+            "state each iteration; use retain_graph=True only if two backwards through one graph are meant."
+        ),
+        fix=(
+            "hidden = hidden.detach()        # at the start of each iteration: cut the graph of the last one\n"
+            "# (an LSTM's tuple: hidden = tuple(h.detach() for h in hidden))\n"
+            f"# only if both backwards are meant: {name}.backward(retain_graph=True)"
+        ),
+    )
+
+
+def _cuda_checkpoint_on_cpu(crash: Crash) -> Known | None:
+    """A checkpoint saved from CUDA tensors loaded where CUDA is not available."""
+    if "Attempting to deserialize object on a CUDA device" not in crash.message:
+        return None
+    call = _load_call(crash.source_line, "map_location")
+    line = f'{call[0]}, map_location="cpu"{call[1]}' if call else 'torch.load(path, map_location="cpu")'
+    return Known(
+        what="the checkpoint holds CUDA tensors and this machine has no CUDA (torch.cuda.is_available() is False)",
+        advice='Map its storages to the CPU when loading: map_location="cpu" (or the device you train on).',
+        fix=f"{line}\n# on any machine: torch.load(path, map_location=device), then model.to(device)",
+        keep=(),
+    )
+
+
+_LAUNCHER_ENV = ("RANK", "WORLD_SIZE")
+
+
+def _init_order(crash: Crash, record: Any) -> Known | None:
+    """A torch.distributed call (``get_rank()``, ``barrier()``) before ``init_process_group``."""
+    if "Default process group has not been initialized" not in crash.message:
+        return None
+    launched = all(os.environ.get(k) for k in _LAUNCHER_ENV)
+    target = getattr(record, "target", {}) or {}
+    at = f" ({fmt_loc(crash.location)}: {crash.source_line})" if crash.location and crash.source_line else ""
+    fix = (
+        'dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")   # first\n'
+        f"{crash.source_line or 'rank = dist.get_rank()'}\n"
+        "# or: from torchscalpel.distributed import setup; ctx = setup()   # then ctx.rank, ctx.world_size"
+    )
+    if not launched:
+        fix += (
+            "\n# and run it under a launcher, which sets RANK/WORLD_SIZE/MASTER_ADDR:\n"
+            + launcher_commands(target.get("script"), target.get("args") or (), target.get("module"))
+        )
+    return Known(
+        what="a torch.distributed call ran before init_process_group" + at,
+        advice=(
+            "Call torch.distributed.init_process_group() before any other torch.distributed call (get_rank, "
+            "get_world_size, barrier)"
+            + ("." if launched else "; RANK/WORLD_SIZE are unset too: run it under a launcher.")
+        ),
+        fix=fix,
+        evidence=(
+            "launcher variables RANK/WORLD_SIZE are set: the launcher is there, the init call is missing or late"
+            if launched
+            else "RANK/WORLD_SIZE are unset: no launcher",
+        ),
+    )
+
+
 class ScriptFailed(RuntimeRule):
     """The script raised (or exited non-zero) under the doctor: its error, where, and the fix when known."""
 
@@ -346,6 +601,9 @@ class ScriptFailed(RuntimeRule):
         self._roots: list[weakref.ref[Any]] = []
         self.stale: str | None = None
         self.candidates: list[str] = []
+        self.shape: tuple[int, ...] | None = None
+        self.model_devices: list[str] = []
+        self.grad_is_leaf: bool | None = None
 
     def on_backward_pre(self, tensors: Any) -> None:
         # weak: the graph of the last backward, read only if that backward fails on an in-place write
@@ -353,6 +611,8 @@ class ScriptFailed(RuntimeRule):
 
     def on_script_error(self, exc: BaseException) -> None:
         self.crash = crash_of(exc)
+        if self.crash.type_name in ("AttributeError", "TypeError") and "NoneType" in self.crash.message:
+            self.grad_is_leaf = grad_owner_is_leaf(exc, self.crash)
         if _INPLACE.search(self.crash.message):
             roots = [t for t in (r() for r in self._roots) if t is not None]
             self.stale = stale_saved_tensor(roots)
@@ -360,6 +620,15 @@ class ScriptFailed(RuntimeRule):
             self.candidates = inplace_lines(
                 list(dict.fromkeys(type(m) for root in list(models) for m in root.modules()))
             )
+        elif "grad can be implicitly created only for scalar outputs" in self.crash.message:
+            roots = [t for t in (r() for r in self._roots) if t is not None]
+            self.shape = tuple(roots[0].shape) if roots else None
+        elif _device_pair(self.crash.message) is not None:
+            # the model's device, read from its parameters now (the model may be gone by findings time)
+            for root in list(getattr(self.session, "root_modules", None) or []):
+                param = next(root.parameters(), None)
+                if param is not None:
+                    self.model_devices.append(str(param.device))
         self._roots = []
 
     def findings(self, record: Any) -> Iterator[Finding]:
@@ -369,9 +638,15 @@ class ScriptFailed(RuntimeRule):
         known = (
             _weights_only(crash)
             or _missing_module(crash)
+            or _init_order(crash, record)
             or _launcher(crash, record)
             or _inplace(crash, self.stale, self.candidates)
             or _super_init(crash)
+            or _device_mismatch(crash, self.model_devices)
+            or _non_scalar_backward(crash, self.shape)
+            or _non_leaf_grad(crash, self.grad_is_leaf)
+            or _freed_graph(crash)
+            or _cuda_checkpoint_on_cpu(crash)
         )
         steps = len(record.steps)
         when = "before its first step" if not steps else f"after {steps} step(s)"
