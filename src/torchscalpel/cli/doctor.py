@@ -271,9 +271,8 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         if args.steps == "all"
         else args.warmup + int(args.steps)
     )
-    with StepProgress(
-        planned, f"doctor {target.name}"
-    ) as bar:  # grows past the planned count, never "33 of 32"
+    # grows past the planned count, never "33 of 32"; its time left never exceeds what the cap leaves
+    with StepProgress(planned, f"doctor {target.name}", time_cap_s=options.time_cap_s) as bar:
         record, findings = diagnose(target, options, command=["scalpel", *sys.argv[1:]], progress=bar.update)
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"
