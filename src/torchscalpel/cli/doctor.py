@@ -229,6 +229,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from torchscalpel.record import save_record
     from torchscalpel.report.doctor_terminal import reaches, render_terminal
     from torchscalpel.report.profile_terminal import strip_ansi
+    from torchscalpel.runtime.run_notes import how_it_stopped
 
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
@@ -284,8 +285,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         save_record(record, out_dir)
     measured = len(record.measured_steps)
     status = (
-        f"script {record.status} after {len(record.steps)} step(s) ({len(record.steps) - measured} warm-up + "
-        f"{measured})"
+        f"{how_it_stopped(record)} ({len(record.steps) - measured} warm-up + {measured} measured)"
     ) + (f": {strip_ansi(record.error)}" if record.error else "")
     capped = record.sections["doctor"].get("window", {}).get("capped")
     if capped:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from torchscalpel.console import console, say
 from torchscalpel.envcheck.host_checks import check_machine_busy
+from torchscalpel.runtime.run_notes import how_it_stopped
 from torchscalpel.findings import short_path
 from torchscalpel.record import PHASES, RunRecord, StepRecord
 from torchscalpel.runtime.native_log import LOG_NAME
@@ -141,7 +142,7 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
     )
     c.print(
         f"[bold]scalpel profile[/] {record.target.get('script') or record.target.get('module')}  "
-        f"[{status_style}]{record.status}[/]  {s.steps_measured} measured steps "
+        f"[{status_style}]{escape(how_it_stopped(record))}[/]  {s.steps_measured} measured steps "
         f"(+{config.warmup} warm-up), steps = {record.step_kind} calls, "
         f"clock = {config.clock or '?'}"
     )

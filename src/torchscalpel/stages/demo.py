@@ -132,6 +132,7 @@ def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str,
     from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.report.doctor_terminal import render_terminal
+    from torchscalpel.runtime.run_notes import how_it_stopped
 
     out.mkdir(parents=True, exist_ok=True)
     record, findings = diagnose(
@@ -141,7 +142,7 @@ def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str,
     render_terminal(
         findings,
         make_console(),
-        header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n",
+        header=f"[dim]{escape(how_it_stopped(record))}[/dim]\n",
     )
     return record.exit_code in (0, None), str(out), f"{len(findings)} finding(s)"
 
