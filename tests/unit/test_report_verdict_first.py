@@ -95,7 +95,8 @@ def test_a_stopped_run_does_not_read_as_a_failure() -> None:
     r.config["stopped_by"] = {"kind": "steps", "reason": "stopped after the steps"}
     page = _page(r)
     assert (
-        f"status <b>stopped</b>: ended after the {len(r.steps)} planned steps, as asked (not a failure" in page
+        f"status <b>stopped</b>: ended after the {len(r.steps)} planned steps, as asked (not a failure"
+        in page
     )
 
 

@@ -81,7 +81,9 @@ def test_time_left_is_the_steps_estimate_or_what_the_cap_leaves_whichever_is_les
     assert terminal.time_left(130.0, 42.0, 120.0) == 78.0
     assert terminal.time_left(30.0, 42.0, 120.0) == 30.0  # the steps end first
     assert terminal.time_left(130.0, 42.0, None) == 130.0  # no cap
-    assert terminal.time_left(None, 42.0, 120.0) == 78.0  # steps unknown (--steps all): the cap still bounds it
+    assert (
+        terminal.time_left(None, 42.0, 120.0) == 78.0
+    )  # steps unknown (--steps all): the cap still bounds it
     assert terminal.time_left(None, 42.0, None) is None
     assert terminal.time_left(10.0, 500.0, 120.0) == 0.0  # past the cap: never negative
 

@@ -284,9 +284,9 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         record.artifacts["report"] = "report.html"
         save_record(record, out_dir)
     measured = len(record.measured_steps)
-    status = (
-        f"{how_it_stopped(record)} ({len(record.steps) - measured} warm-up + {measured} measured)"
-    ) + (f": {strip_ansi(record.error)}" if record.error else "")
+    status = (f"{how_it_stopped(record)} ({len(record.steps) - measured} warm-up + {measured} measured)") + (
+        f": {strip_ansi(record.error)}" if record.error else ""
+    )
     capped = record.sections["doctor"].get("window", {}).get("capped")
     if capped:
         status += f"\nwindow shortened: {capped}"

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     section = record.section(LrSection) or LrSection()
     say_lines(
         [
-            f"scalpel lr: {target.name}: {how_it_stopped(record)}" + (f" ({record.error})" if record.error else ""),
+            f"scalpel lr: {target.name}: {how_it_stopped(record)}"
+            + (f" ({record.error})" if record.error else ""),
             *summary_lines(section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
             *([] if args.no_report else [f"report: {out_dir / 'report.html'}"]),

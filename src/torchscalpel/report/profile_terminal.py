@@ -13,10 +13,10 @@ from rich.table import Table
 
 from torchscalpel.console import console, say
 from torchscalpel.envcheck.host_checks import check_machine_busy
-from torchscalpel.runtime.run_notes import how_it_stopped
 from torchscalpel.findings import short_path
 from torchscalpel.record import PHASES, RunRecord, StepRecord
 from torchscalpel.runtime.native_log import LOG_NAME
+from torchscalpel.runtime.run_notes import how_it_stopped
 from torchscalpel.runtime.script import strip_ansi  # the runtime strips errors before they reach the record
 from torchscalpel.trace.patterns import PATTERN_RULES
 from torchscalpel.units import fmt_bytes

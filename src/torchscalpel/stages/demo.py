@@ -128,6 +128,8 @@ def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str
 
 
 def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    from rich.markup import escape
+
     from torchscalpel.console import make_console
     from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.options import DoctorOptions
