@@ -391,3 +391,35 @@ class StepProgress:
             soft_wrap=True,
         )
         self._last_beat, self._beat_done, self._beat_ms = now, self.done, []
+
+
+class Phase:
+    """One line as a long phase starts (``verify: plain run of the patched copy ...``) and one as it ends
+    (``verify: plain run of the patched copy: exit 0 (41 s)``), on stderr: what fix --verify, plan and the
+    demo's analyze printed nothing during for minutes. Plain lines, no bar, so a CI log reads the same as a
+    terminal. Set ``outcome`` inside the block to say how it ended (``done`` when not set)."""
+
+    def __init__(
+        self,
+        prefix: str,
+        label: str,
+        *,
+        out: Console | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.out = out if out is not None else console()
+        self.prefix, self.label, self.outcome = prefix, label, "done"
+        self._clock = clock
+        self._start = 0.0
+
+    def __enter__(self) -> Phase:
+        say(self.out, f"{self.prefix}: {self.label} ...")
+        self._start = self._clock()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        seconds = self._clock() - self._start
+        outcome = self.outcome if et is None else "stopped" if et is KeyboardInterrupt else "failed"
+        say(self.out, f"{self.prefix}: {self.label}: {outcome} ({seconds:.0f} s)")
