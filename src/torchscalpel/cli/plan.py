@@ -96,20 +96,25 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.device_memory)
     strategies = strategies_for(args.strategy, args.world_size, args.nodes)
     script_mode = _script_mode(args)
-    from torchscalpel.console import TerminalProgress
+    from torchscalpel.console import TerminalProgress, say
 
     # a large model's simulation and max-batch search take minutes: "N of M" strategies, on a terminal only
     info = "simulating on fake tensors" + (
         "" if args.no_max_batch else " + largest-batch search (--no-max-batch skips it)"
     )
     with TerminalProgress("plan", len(strategies), info) as bar:
+        if not bar.enabled:  # piped (a CI log): the bar is not drawn, so a plain line a strategy instead
+            n = len(strategies)
+            say(bar.console, f"plan: {n} {'strategy' if n == 1 else 'strategies'} to plan, {info} ...")
 
         def progress(done: int, total: int, what: str) -> None:
             # the total grows when nothing fits and checkpointed rows follow
             bar.show(completed=done, total=max(done, total), info=f"{what} done")
+            if not bar.enabled:
+                say(bar.console, f"plan: {done} of {max(done, total)}: {what} done")
 
         result, record, out_dir = _plan(args, device, strategies, script_mode, progress)
-    from torchscalpel.console import make_console, say
+    from torchscalpel.console import make_console
     from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
@@ -138,6 +143,11 @@ def _plan(
             checkpointing=args.activation_checkpointing,
             search_max_batch=not args.no_max_batch,
         )
+        from torchscalpel.console import console, say
+
+        # the script runs to its first optimizer step before any strategy is simulated: say so (above
+        # the bar on a terminal, a plain line in a pipe), or the first seconds show nothing
+        say(console(), f"plan: running {target.name} to its first optimizer step ...")
         result, record = plan_script(target, options, device, strategies, progress=progress)
     else:
         result = _factory_plan(args, device, strategies, progress)
