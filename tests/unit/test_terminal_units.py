@@ -109,6 +109,26 @@ def test_progress_bar_time_left_honours_the_time_cap():
     assert out.endswith("left")
 
 
+def test_phase_prints_a_plain_line_as_it_starts_and_as_it_ends():
+    buf = io.StringIO()
+    out = Console(file=buf, width=80)
+    now = [0.0]
+    with terminal.Phase("verify", "start of the patched copy", out=out, clock=lambda: now[0]) as phase:
+        now[0] += 41.4
+        phase.outcome = "exit 0"
+    try:
+        with terminal.Phase("verify", "timing pair 1 of 3: original", out=out, clock=lambda: now[0]):
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert buf.getvalue().splitlines() == [
+        "verify: start of the patched copy ...",
+        "verify: start of the patched copy: exit 0 (41 s)",
+        "verify: timing pair 1 of 3: original ...",
+        "verify: timing pair 1 of 3: original: failed (0 s)",
+    ]
+
+
 def test_columns_set_on_a_pipe_wraps_between_words_at_that_width(monkeypatch):
     # `COLUMNS=80 scalpel profile ... | tee log` viewed in an 80-column pane: lines were one long line each
     monkeypatch.setenv("COLUMNS", "80")
