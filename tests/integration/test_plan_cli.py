@@ -72,8 +72,7 @@ def test_factory_mode_prints_table_and_writes_json_record_and_report(factory, tm
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
-    # piped: a line before the first strategy and one per strategy done, never a bar
-    assert "plan: 3 strategies to plan, simulating on fake tensors" in result.stderr
+    # piped: one line per strategy done, never a bar
     for k, strategy in enumerate(("ddp", "fsdp-grad-op", "fsdp-full"), 1):
         assert f"plan: {k} of 3: {strategy} done" in result.stderr, result.stderr
     for strategy in ("ddp", "fsdp-grad-op", "fsdp-full"):

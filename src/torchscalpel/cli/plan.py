@@ -103,17 +103,19 @@ def run(args: argparse.Namespace) -> int:
         "" if args.no_max_batch else " + largest-batch search (--no-max-batch skips it)"
     )
     with TerminalProgress("plan", len(strategies), info) as bar:
-        if not bar.enabled:  # piped (a CI log): the bar is not drawn, so a plain line a strategy instead
-            n = len(strategies)
-            say(bar.console, f"plan: {n} {'strategy' if n == 1 else 'strategies'} to plan, {info} ...")
-
+        # piped (a CI log) the bar is not drawn: a plain line a strategy instead, none before the
+        # first (a bad --model or --batch stays a one-line error)
         def progress(done: int, total: int, what: str) -> None:
             # the total grows when nothing fits and checkpointed rows follow
             bar.show(completed=done, total=max(done, total), info=f"{what} done")
             if not bar.enabled:
                 say(bar.console, f"plan: {done} of {max(done, total)}: {what} done")
 
-        result, record, out_dir = _plan(args, device, strategies, script_mode, progress)
+        def note(text: str) -> None:
+            if not bar.enabled:  # on a terminal the bar says it; a second console's line would break it
+                say(bar.console, text)
+
+        result, record, out_dir = _plan(args, device, strategies, script_mode, progress, note)
     from torchscalpel.console import make_console
     from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
@@ -127,7 +129,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(
-    args: argparse.Namespace, device, strategies, script_mode: bool, progress: Callable[[int, int, str], None]
+    args: argparse.Namespace,
+    device,
+    strategies,
+    script_mode: bool,
+    progress: Callable[[int, int, str], None],
+    note: Callable[[str], None],
 ):
     if script_mode:
         from torchscalpel.plan.script import ScriptPlanOptions, plan_script
@@ -143,11 +150,9 @@ def _plan(
             checkpointing=args.activation_checkpointing,
             search_max_batch=not args.no_max_batch,
         )
-        from torchscalpel.console import console, say
-
-        # the script runs to its first optimizer step before any strategy is simulated: say so (above
-        # the bar on a terminal, a plain line in a pipe), or the first seconds show nothing
-        say(console(), f"plan: running {target.name} to its first optimizer step ...")
+        # the script runs to its first optimizer step before any strategy is simulated: say so in a
+        # pipe, or the first seconds show nothing
+        note(f"plan: running {target.name} to its first optimizer step ...")
         result, record = plan_script(target, options, device, strategies, progress=progress)
     else:
         result = _factory_plan(args, device, strategies, progress)
