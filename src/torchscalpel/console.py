@@ -235,14 +235,26 @@ def clock_text(seconds: float | None) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def time_left(steps_left_s: float | None, elapsed_s: float | None, time_cap_s: float | None) -> float | None:
+    """The time a run has left: the estimate from its steps, but never more than its time cap leaves
+    (a doctor run with 78 s left under its 120 s cap showed ``2:10 left`` from the steps alone).
+    None while neither is known."""
+    cap_left = None
+    if time_cap_s is not None and elapsed_s is not None:
+        cap_left = max(0.0, time_cap_s - elapsed_s)
+    if steps_left_s is None:
+        return cap_left
+    return steps_left_s if cap_left is None else min(steps_left_s, cap_left)
+
+
 class TimesColumn(ProgressColumn):
     """Elapsed and time left in one short column (``0:05 · 0:10 left``): rich's two clock columns and the
-    word between them took 25 columns, and at 80 columns the table cut them to ``0:0… left 0:00:…``."""
+    word between them took 25 columns, and at 80 columns the table cut them to ``0:0… left 0:00:…``.
+    A task with a ``time_cap_s`` field shows no more time left than the cap leaves."""
 
     def render(self, task: Task) -> Text:
-        return Text(
-            f"{clock_text(task.elapsed)} · {clock_text(task.time_remaining)} left", style="progress.remaining"
-        )
+        left = time_left(task.time_remaining, task.elapsed, task.fields.get("time_cap_s"))
+        return Text(f"{clock_text(task.elapsed)} · {clock_text(left)} left", style="progress.remaining")
 
 
 def stage_progress(out: Console) -> Progress:
@@ -310,7 +322,9 @@ class StepProgress:
         out: Console | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         clock: Callable[[], float] = time.monotonic,
+        time_cap_s: float | None = None,
     ) -> None:
+        """``time_cap_s``: the run's time cap (doctor's --time-cap), so the time left never exceeds it."""
         self.console = out if out is not None else console()
         self.enabled = self.console.is_terminal
         self.total = total
@@ -318,11 +332,13 @@ class StepProgress:
         self.label = label
         self.heartbeat_s = heartbeat_s
         self._clock = clock
-        self._last_beat = clock()
+        self.time_cap_s = time_cap_s
+        self._started = clock()
+        self._last_beat = self._started
         self._beat_done = 0
         self._beat_ms: list[float] = []
         self._progress = stage_progress(self.console)
-        self._task = self._progress.add_task(label, total=total, info="starting")
+        self._task = self._progress.add_task(label, total=total, info="starting", time_cap_s=time_cap_s)
 
     def __enter__(self) -> StepProgress:
         if self.enabled:
@@ -366,12 +382,44 @@ class StepProgress:
         per_step_s = waited / (self.done - self._beat_done)
         mean_ms = sum(self._beat_ms) / len(self._beat_ms)
         of = f" of {self.total}" if self.total is not None else ""
-        left = ""
-        if self.total is not None:
-            left = f", {max(0.0, (self.total - self.done) * per_step_s):.0f} s left"
+        steps_left = None if self.total is None else max(0.0, (self.total - self.done) * per_step_s)
+        remaining = time_left(steps_left, now - self._started, self.time_cap_s)
+        left = "" if remaining is None else f", {remaining:.0f} s left"
         self.console.print(
             f"{self.label}: step {self.done}{of}, {mean_ms:.1f} ms/step{left}",
             highlight=False,
             soft_wrap=True,
         )
         self._last_beat, self._beat_done, self._beat_ms = now, self.done, []
+
+
+class Phase:
+    """One line as a long phase starts (``verify: plain run of the patched copy ...``) and one as it ends
+    (``verify: plain run of the patched copy: exit 0 (41 s)``), on stderr: what fix --verify, plan and the
+    demo's analyze printed nothing during for minutes. Plain lines, no bar, so a CI log reads the same as a
+    terminal. Set ``outcome`` inside the block to say how it ended (``done`` when not set)."""
+
+    def __init__(
+        self,
+        prefix: str,
+        label: str,
+        *,
+        out: Console | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.out = out if out is not None else console()
+        self.prefix, self.label, self.outcome = prefix, label, "done"
+        self._clock = clock
+        self._start = 0.0
+
+    def __enter__(self) -> Phase:
+        say(self.out, f"{self.prefix}: {self.label} ...")
+        self._start = self._clock()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        seconds = self._clock() - self._start
+        outcome = self.outcome if et is None else "stopped" if et is KeyboardInterrupt else "failed"
+        say(self.out, f"{self.prefix}: {self.label}: {outcome} ({seconds:.0f} s)")

@@ -188,6 +188,10 @@ class RunConfig(SectionView):
     device: str | None = None
     clock: str | None = None
     """The timing clock (``cuda-events``, ``perf_counter``, ...)."""
+    stopped_by: dict[str, Any] | None = None
+    """Why the runtime stopped the script: ``kind`` (steps, time-cap, divergence, memory-limit, no-step,
+    asked), ``reason`` (its words) and ``cap_s`` for a time cap; None when the script ended on its own
+    (read by :func:`torchscalpel.runtime.run_notes.how_it_stopped`)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -18,6 +18,8 @@ def test_demo_runs_the_chosen_stages_and_writes_one_report(tmp_path):
     record = load_record(out / "profile")
     assert_training_breakdown(record)
     assert (out / "analyze" / "analysis.json").exists()
+    assert "analyze: reading the profile's trace trace.json.gz (" in proc.stderr  # it printed nothing
+    assert "analyze: writing analysis.json and report.html: done (" in proc.stderr
     assert (out / "env" / "env.json").exists()
     html = (out / "report.html").read_text()
     for section in ('id="demo-stages"', 'id="steps"', 'data-chart="step-breakdown"'):

@@ -302,8 +302,13 @@ def test_a_time_cap_that_shortens_the_window_is_reported(tmp_path: Path) -> None
     window = record.sections["doctor"]["window"]
     assert record.status == "stopped" and window["capped_after"] == len(record.steps) < 42
     assert "time cap" in window["capped"] and "may be missing" in window["capped"]
+    # the end-of-run wording names the cap with its figures, not "the planned steps"
+    from torchscalpel.runtime.run_notes import how_it_stopped
+
+    assert how_it_stopped(record) == f"stopped by the 1 s time cap at step {len(record.steps)} of 42"
     record, _ = diagnose(Target(script=script), steps=3, static=False, nan_rerun=False, time_cap_s=None)
     assert record.sections["doctor"]["window"]["capped"] is None and len(record.steps) == 5
+    assert how_it_stopped(record) == "ended after the 5 planned steps, as asked"
 
 
 @contextlib.contextmanager

@@ -140,6 +140,15 @@ def test_verify_reruns_doctor_on_the_patched_copy(tmp_path: Path) -> None:
     assert "verify: plain python: the patched script exited 0" in done.stderr
     assert "verify: doctor on the patched copy: gone unsafe-torch-load; still there -; new -" in done.stderr
     assert "weights_only=False" in script.read_text(encoding="utf-8")  # the user's file untouched
+    # a line as each verify run starts and ends (it printed nothing for minutes), plain lines in a pipe
+    for run_line in (
+        "verify: start of the patched copy: python unsafe_torch_load.py ...",
+        "verify: start of the patched copy: python unsafe_torch_load.py: exit 0 (",
+        "verify: scalpel doctor on the patched copy ...",
+        "verify: scalpel doctor on the patched copy: exit 0 (",
+    ):
+        assert run_line in done.stderr, done.stderr
+    assert "\r" not in done.stderr and "\x1b[" not in done.stderr
 
 
 def test_a_profile_run_is_refused_in_one_sentence(tmp_path: Path) -> None:
@@ -302,6 +311,11 @@ def test_verify_of_a_tune_edit_prints_both_ratios_and_a_verdict_that_follows_fro
     assert f"verify: judged: {expected.reason}" in done.stderr
     verdict = "verify: verified" if expected.ok else "verify: NOT verified"
     assert verdict in done.stderr and done.returncode == (0 if expected.ok else 1)
+    # each timing run of the pair announced as it starts and ends
+    assert "verify: timing pair 1 of 1: original ..." in done.stderr
+    assert re.search(
+        r"verify: timing pair 1 of 1: patched: (\d+\.\d ms/step|no step timed) \(\d+ s\)", done.stderr
+    )
 
 
 def test_fp16_grad_scaler_and_channels_last_at_the_recorded_lines_of_a_conv_loop(tmp_path: Path) -> None:

@@ -72,6 +72,9 @@ def test_factory_mode_prints_table_and_writes_json_record_and_report(factory, tm
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
+    # piped: one line per strategy done, never a bar
+    for k, strategy in enumerate(("ddp", "fsdp-grad-op", "fsdp-full"), 1):
+        assert f"plan: {k} of 3: {strategy} done" in result.stderr, result.stderr
     for strategy in ("ddp", "fsdp-grad-op", "fsdp-full"):
         assert strategy in result.stdout
     assert "recommendation: ddp fits" in result.stdout
@@ -141,6 +144,9 @@ def test_script_mode_through_the_cli(tmp_path):
     assert plan["optimizer"] == "AdamW"  # the class the script built, not the --optimizer default
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "stopped" and record["sections"]["plan"]["rows"][0]["strategy"] == "single"
+    # piped: a plain line as the script runs and per strategy planned (it ran 54 s without one)
+    assert "plan: running digits_cnn to its first optimizer step ..." in result.stderr
+    assert "plan: 1 of 1: single done" in result.stderr
 
 
 SCRIPTS = REPO / "tests" / "fixtures" / "scripts"

@@ -166,7 +166,8 @@ def test_doctor_announces_its_window_and_ends_with_the_next_command(tmp_path):
         "doctor", "--steps", "3", "--no-report", "--out", str(tmp_path / "doc"), "--", str(fixture)
     )
     assert "running module_in_plain_container for 2 warm-up + 3 steps" in proc.stdout
-    assert re.search(r"after 5 step\(s\) \(2 warm-up \+ 3\)", proc.stdout)
+    # why it stopped, in the one wording (runtime/run_notes.how_it_stopped), and the window's split
+    assert "ended after the 5 planned steps, as asked (2 warm-up + 3 measured)" in proc.stdout
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("next: apply the fix(es) above") and f"scalpel tune -- {fixture}" in last
 

@@ -62,6 +62,16 @@ def test_bundle_contents_and_parity(exported):
     }
     assert m["model"]["weights_loading"]["stripped_prefixes"] == {"module.": 6}
     assert any("module." in line for line in logs)
+    # a line before each long phase, in order (a large export ran minutes without one)
+    phases = [
+        "exporting onnx ...",
+        "exporting exported ...",
+        "exporting torchscript ...",
+        "parity: 3 format(s) vs eager at batch 1, 7, 16 ...",
+        "int8: quantizing the ONNX export (int8-dynamic) ...",
+        "latency: timing 4 form(s) at batch 1, 16 ...",
+    ]
+    assert [line for line in logs if line in phases] == phases, logs
     assert m["preprocessing"] == {"divide_by": 16}
     assert m["versions"]["torch"] == torch.__version__
     q = m["quantization"]

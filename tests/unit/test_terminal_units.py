@@ -76,6 +76,59 @@ def test_piped_profile_prints_a_heartbeat_line_instead_of_a_bar():
     ]
 
 
+def test_time_left_is_the_steps_estimate_or_what_the_cap_leaves_whichever_is_less():
+    # the doctor: 2:10 left by its steps, 78 s left under its 120 s cap (42 s in)
+    assert terminal.time_left(130.0, 42.0, 120.0) == 78.0
+    assert terminal.time_left(30.0, 42.0, 120.0) == 30.0  # the steps end first
+    assert terminal.time_left(130.0, 42.0, None) == 130.0  # no cap
+    assert (
+        terminal.time_left(None, 42.0, 120.0) == 78.0
+    )  # steps unknown (--steps all): the cap still bounds it
+    assert terminal.time_left(None, 42.0, None) is None
+    assert terminal.time_left(10.0, 500.0, 120.0) == 0.0  # past the cap: never negative
+
+
+def test_piped_doctor_heartbeat_honours_the_time_cap():
+    buf = io.StringIO()
+    out = Console(file=buf, width=80)
+    now = [0.0]
+    bar = StepProgress(300, "doctor t.py", out=out, heartbeat_s=10.0, clock=lambda: now[0], time_cap_s=30.0)
+    with bar:
+        for i in range(100):
+            now[0] += 0.25  # 4 steps a second: 300 steps would take 75 s, the cap ends it at 30 s
+            bar.update(StepRecord(index=i, total_ms=5.0))
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "doctor t.py: step 40 of 300, 5.0 ms/step, 20 s left", lines
+
+
+def test_progress_bar_time_left_honours_the_time_cap():
+    bar = StepProgress(300, "doctor t.py", time_cap_s=120.0)
+    task = bar._progress.tasks[0]
+    assert task.fields["time_cap_s"] == 120.0
+    out = str(terminal.TimesColumn().render(task))
+    assert out.endswith("left")
+
+
+def test_phase_prints_a_plain_line_as_it_starts_and_as_it_ends():
+    buf = io.StringIO()
+    out = Console(file=buf, width=80)
+    now = [0.0]
+    with terminal.Phase("verify", "start of the patched copy", out=out, clock=lambda: now[0]) as phase:
+        now[0] += 41.4
+        phase.outcome = "exit 0"
+    try:
+        with terminal.Phase("verify", "timing pair 1 of 3: original", out=out, clock=lambda: now[0]):
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert buf.getvalue().splitlines() == [
+        "verify: start of the patched copy ...",
+        "verify: start of the patched copy: exit 0 (41 s)",
+        "verify: timing pair 1 of 3: original ...",
+        "verify: timing pair 1 of 3: original: failed (0 s)",
+    ]
+
+
 def test_columns_set_on_a_pipe_wraps_between_words_at_that_width(monkeypatch):
     # `COLUMNS=80 scalpel profile ... | tee log` viewed in an 80-column pane: lines were one long line each
     monkeypatch.setenv("COLUMNS", "80")

@@ -229,6 +229,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from torchscalpel.record import save_record
     from torchscalpel.report.doctor_terminal import reaches, render_terminal
     from torchscalpel.report.profile_terminal import strip_ansi
+    from torchscalpel.runtime.run_notes import how_it_stopped
 
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
@@ -271,9 +272,8 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         if args.steps == "all"
         else args.warmup + int(args.steps)
     )
-    with StepProgress(
-        planned, f"doctor {target.name}"
-    ) as bar:  # grows past the planned count, never "33 of 32"
+    # grows past the planned count, never "33 of 32"; its time left never exceeds what the cap leaves
+    with StepProgress(planned, f"doctor {target.name}", time_cap_s=options.time_cap_s) as bar:
         record, findings = diagnose(target, options, command=["scalpel", *sys.argv[1:]], progress=bar.update)
     save_record(record, out_dir)
     record.artifacts["record"] = "run.json"
@@ -284,10 +284,9 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
         record.artifacts["report"] = "report.html"
         save_record(record, out_dir)
     measured = len(record.measured_steps)
-    status = (
-        f"script {record.status} after {len(record.steps)} step(s) ({len(record.steps) - measured} warm-up + "
-        f"{measured})"
-    ) + (f": {strip_ansi(record.error)}" if record.error else "")
+    status = (f"{how_it_stopped(record)} ({len(record.steps) - measured} warm-up + {measured} measured)") + (
+        f": {strip_ansi(record.error)}" if record.error else ""
+    )
     capped = record.sections["doctor"].get("window", {}).get("capped")
     if capped:
         status += f"\nwindow shortened: {capped}"

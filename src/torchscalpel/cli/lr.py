@@ -96,11 +96,13 @@ def run(args: argparse.Namespace) -> int:
 
     record = run_lr(target, options, write_report=not args.no_report)
     from torchscalpel.console import say_lines
+    from torchscalpel.runtime.run_notes import how_it_stopped
 
     section = record.section(LrSection) or LrSection()
     say_lines(
         [
-            f"scalpel lr: {target.name}: {record.status}" + (f" ({record.error})" if record.error else ""),
+            f"scalpel lr: {target.name}: {how_it_stopped(record)}"
+            + (f" ({record.error})" if record.error else ""),
             *summary_lines(section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
             *([] if args.no_report else [f"report: {out_dir / 'report.html'}"]),

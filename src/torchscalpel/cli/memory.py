@@ -145,10 +145,11 @@ def run(args: argparse.Namespace) -> int:
     )
     section = record.sections.get("memory") or {}
     from torchscalpel.console import say_lines
+    from torchscalpel.runtime.run_notes import how_it_stopped
 
     say_lines(
         [
-            f"scalpel memory: {target.name}: {record.status}"
+            f"scalpel memory: {target.name}: {how_it_stopped(record)}"
             + (f" ({record.error})" if record.error else ""),
             *summary_lines(section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)

@@ -96,20 +96,27 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device, args.device_memory)
     strategies = strategies_for(args.strategy, args.world_size, args.nodes)
     script_mode = _script_mode(args)
-    from torchscalpel.console import TerminalProgress
+    from torchscalpel.console import TerminalProgress, say
 
     # a large model's simulation and max-batch search take minutes: "N of M" strategies, on a terminal only
     info = "simulating on fake tensors" + (
         "" if args.no_max_batch else " + largest-batch search (--no-max-batch skips it)"
     )
     with TerminalProgress("plan", len(strategies), info) as bar:
-
+        # piped (a CI log) the bar is not drawn: a plain line a strategy instead, none before the
+        # first (a bad --model or --batch stays a one-line error)
         def progress(done: int, total: int, what: str) -> None:
             # the total grows when nothing fits and checkpointed rows follow
             bar.show(completed=done, total=max(done, total), info=f"{what} done")
+            if not bar.enabled:
+                say(bar.console, f"plan: {done} of {max(done, total)}: {what} done")
 
-        result, record, out_dir = _plan(args, device, strategies, script_mode, progress)
-    from torchscalpel.console import make_console, say
+        def note(text: str) -> None:
+            if not bar.enabled:  # on a terminal the bar says it; a second console's line would break it
+                say(bar.console, text)
+
+        result, record, out_dir = _plan(args, device, strategies, script_mode, progress, note)
+    from torchscalpel.console import make_console
     from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
@@ -122,7 +129,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(
-    args: argparse.Namespace, device, strategies, script_mode: bool, progress: Callable[[int, int, str], None]
+    args: argparse.Namespace,
+    device,
+    strategies,
+    script_mode: bool,
+    progress: Callable[[int, int, str], None],
+    note: Callable[[str], None],
 ):
     if script_mode:
         from torchscalpel.plan.script import ScriptPlanOptions, plan_script
@@ -138,6 +150,9 @@ def _plan(
             checkpointing=args.activation_checkpointing,
             search_max_batch=not args.no_max_batch,
         )
+        # the script runs to its first optimizer step before any strategy is simulated: say so in a
+        # pipe, or the first seconds show nothing
+        note(f"plan: running {target.name} to its first optimizer step ...")
         result, record = plan_script(target, options, device, strategies, progress=progress)
     else:
         result = _factory_plan(args, device, strategies, progress)

@@ -74,7 +74,9 @@ class TimeCap(RuntimeRule):
         ):
             return
         self.capped_after = self.steps
-        self.session.request_stop(f"doctor time cap: {self.seconds:.0f} s reached")
+        self.session.request_stop(
+            f"doctor time cap: {self.seconds:.0f} s reached", kind="time-cap", cap_s=self.seconds
+        )
 
     def on_finish(self, record: Any) -> None:
         # Steps closed before the optimizer kind settled are merged later: count what the record kept.

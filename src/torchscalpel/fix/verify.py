@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchscalpel.console import Phase
 from torchscalpel.fix.verify_tree import Tree
 from torchscalpel.fix.verify_tune import WARMUP_STEPS
 from torchscalpel.sections import DoctorSection, TuneSection
@@ -179,7 +180,10 @@ def _cut(line: str) -> str:
 def _start(tree: Tree, script: str, args: list[str], work: Path, k: int) -> Start:
     name = "plain" if k == 0 else f"plain-{k + 1}"
     err = work / f"{name}.stderr"
-    rc = _run([sys.executable, script, *args], tree.path, work / f"{name}.log", err)
+    label = "start of the patched copy" if k == 0 else "second start (the first wrote files)"
+    with Phase("verify", f"{label}: python {script}") as phase:
+        rc = _run([sys.executable, script, *args], tree.path, work / f"{name}.log", err)
+        phase.outcome = "still running at the limit" if rc == TIMED_OUT else f"exit {rc}"
     error = (
         error_lines(err.read_text(encoding="utf-8", errors="replace"), tree.path)
         if rc not in (0, TIMED_OUT)
@@ -204,7 +208,9 @@ def _scalpel(
     verb: str, extra: list[str], script: str, args: list[str], cwd: Path, out: Path
 ) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "torchscalpel", verb, *extra, "--out", str(out), "--", script, *args]
-    _run(cmd, cwd, out.with_suffix(".log"))
+    with Phase("verify", f"scalpel {verb} on the patched copy") as phase:
+        rc = _run(cmd, cwd, out.with_suffix(".log"))
+        phase.outcome = "still running at the limit" if rc == TIMED_OUT else f"exit {rc}"
     try:
         return dict(json.loads((out / "run.json").read_text(encoding="utf-8")))
     except (OSError, ValueError):
@@ -264,7 +270,8 @@ def verify(result: FixResult, options: FixOptions) -> Verification:
         from torchscalpel.fix.verify_memory import verify_memory
 
         run = next(r for _, r in result.records if r.sections.get("memory"))
-        verdict = verify_memory(run, script, patched.path, work)
+        with Phase("verify", "scalpel memory under the limit, on the patched copy"):
+            verdict = verify_memory(run, script, patched.path, work)
         patched.reset()
         v.notes.append(verdict.line)
         ok = ok and verdict.fits
@@ -330,8 +337,12 @@ def _compare(
     elif expect.numerics is not None:
         # Enough steps for the gate's window: the timer's warm-up steps count among them.
         steps = max(1, GATE_STEPS - WARMUP_STEPS)
-        base = plain_run(original, script, args, work / "losses-original.json", steps, RUN_TIMEOUT_S).losses
-        cand = plain_run(patched, script, args, work / "losses-patched.json", steps, RUN_TIMEOUT_S).losses
+        with Phase("verify", f"losses of the original, {steps} steps"):
+            base = plain_run(
+                original, script, args, work / "losses-original.json", steps, RUN_TIMEOUT_S
+            ).losses
+        with Phase("verify", f"losses of the patched copy, {steps} steps"):
+            cand = plain_run(patched, script, args, work / "losses-patched.json", steps, RUN_TIMEOUT_S).losses
         second = None
     else:
         base = cand = []
@@ -339,7 +350,10 @@ def _compare(
 
     def again() -> list[float | None]:
         steps = max(1, GATE_STEPS - WARMUP_STEPS)
-        return plain_run(original, script, args, work / "losses-original-2.json", steps, RUN_TIMEOUT_S).losses
+        with Phase("verify", "losses of the original again (its own noise)"):
+            return plain_run(
+                original, script, args, work / "losses-original-2.json", steps, RUN_TIMEOUT_S
+            ).losses
 
     verdict = judge_losses(expect, base, cand, again, second)
     v.losses = verdict.line

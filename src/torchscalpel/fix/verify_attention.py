@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.console import Phase
 from torchscalpel.trace.attention_code import SDPA
 
 CHECKER = Path(__file__).with_name("attention_check.py")
@@ -129,7 +130,7 @@ def verify_attention(
     spec_path.write_text(json.dumps(specs), encoding="utf-8")
     log = work / "attention.log"
     cmd = [sys.executable, str(CHECKER), str(spec_path), str(out), script, *args]
-    with log.open("w", encoding="utf-8") as sink:
+    with log.open("w", encoding="utf-8") as sink, Phase("verify", "attention outputs, original vs patched"):
         try:
             rc = subprocess.run(
                 cmd, cwd=copy, stdout=sink, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, check=False

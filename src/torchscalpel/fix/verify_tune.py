@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torchscalpel.console import Phase
 from torchscalpel.fix.judge import Judgement, judge
 from torchscalpel.fix.verify_tree import Tree
 from torchscalpel.tune.speedup import Speedup, speedup_of
@@ -84,8 +85,12 @@ def measure_pairs(
     runs_b: list[PlainRun] = []
     runs_c: list[PlainRun] = []
     for k in range(pairs):  # original then patched, each a fresh process: drift hits both alike
-        base = plain_run(original, script, args, work / f"original-{k}.json", steps, timeout_s)
-        cand = plain_run(patched, script, args, work / f"patched-{k}.json", steps, timeout_s)
+        with Phase("verify", f"timing pair {k + 1} of {pairs}: original") as phase:
+            base = plain_run(original, script, args, work / f"original-{k}.json", steps, timeout_s)
+            phase.outcome = f"{base.ms:.1f} ms/step" if base.ms else "no step timed"
+        with Phase("verify", f"timing pair {k + 1} of {pairs}: patched") as phase:
+            cand = plain_run(patched, script, args, work / f"patched-{k}.json", steps, timeout_s)
+            phase.outcome = f"{cand.ms:.1f} ms/step" if cand.ms else "no step timed"
         runs_b.append(base)
         runs_c.append(cand)
         notes += [f"original run {k + 1}: {base.why}"] if base.why else []

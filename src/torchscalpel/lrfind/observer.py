@@ -131,7 +131,7 @@ class LrSweepObserver(Observer):
                 "min_smoothed": self.smoother.best if math.isfinite(self.smoother.best) else None,
             }
             if self._session is not None:
-                self._session.request_stop(f"the smoothed loss diverged at lr {lr:.3g}")
+                self._session.request_stop(f"the smoothed loss diverged at lr {lr:.3g}", kind="divergence")
 
     def on_finish(self, record: RunRecord) -> None:
         undo_all(self._restore)()

@@ -211,7 +211,9 @@ class MemoryObserver(Observer):
             and self._steps_done >= self.until_eval
             and self.session is not None
         ):
-            self.session.request_stop("scalpel memory: the window's steps and one evaluation were measured")
+            self.session.request_stop(
+                "scalpel memory: the window's steps and one evaluation were measured", kind="steps"
+            )
 
     def on_finish(self, record: Any) -> None:
         if self.plan_observer is not None:

@@ -21,6 +21,7 @@ from torchscalpel.report.profile_terminal import (
     summarized_steps,
     window_step_us,
 )
+from torchscalpel.runtime.run_notes import how_it_stopped
 from torchscalpel.sections import TraceSection
 from torchscalpel.units import fmt_bytes
 
@@ -57,13 +58,12 @@ PHASE_NEXT = {
 
 
 STATUS_MEANS = {
-    "complete": "the script ran to its end",
-    "stopped": "ended after the planned steps, as asked (not a failure: the rest of the script was skipped)",
+    "stopped": "not a failure: the rest of the script was skipped",
     "partial": "the run ended before its record was finished",
-    "failed": "the script raised an error (what was measured before it is kept)",
-    "interrupted": "stopped by Ctrl-C (what was measured before it is kept)",
+    "failed": "what was measured before the error is kept",
+    "interrupted": "what was measured before it is kept",
 }
-"""What each run status means, beside the word: "stopped" read as a failure."""
+"""What a run status means beside :func:`how_it_stopped`'s reason: "stopped" read as a failure."""
 
 
 def _verdict(record: RunRecord) -> Section | None:
@@ -127,7 +127,8 @@ def _overview(record: RunRecord) -> Section | None:
         return None
     facts = [
         f"status <b>{escape(record.status)}</b>"
-        + (f": {escape(STATUS_MEANS[record.status])}" if record.status in STATUS_MEANS else "")
+        + f": {escape(how_it_stopped(record))}"
+        + (f" ({escape(STATUS_MEANS[record.status])})" if record.status in STATUS_MEANS else "")
         + (f" (exit code {record.exit_code})" if record.exit_code else "")
     ]
     if record.steps:

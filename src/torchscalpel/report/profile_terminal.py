@@ -16,6 +16,7 @@ from torchscalpel.envcheck.host_checks import check_machine_busy
 from torchscalpel.findings import short_path
 from torchscalpel.record import PHASES, RunRecord, StepRecord
 from torchscalpel.runtime.native_log import LOG_NAME
+from torchscalpel.runtime.run_notes import how_it_stopped
 from torchscalpel.runtime.script import strip_ansi  # the runtime strips errors before they reach the record
 from torchscalpel.trace.patterns import PATTERN_RULES
 from torchscalpel.units import fmt_bytes
@@ -139,11 +140,14 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
     status_style = {"complete": "green", "stopped": "green", "failed": "red", "interrupted": "yellow"}.get(
         record.status, "yellow"
     )
-    c.print(
-        f"[bold]scalpel profile[/] {record.target.get('script') or record.target.get('module')}  "
-        f"[{status_style}]{record.status}[/]  {s.steps_measured} measured steps "
+    # why the run ended is a clause with figures (say: wrapped between words, never inside a figure)
+    say(
+        c,
+        f"[bold]scalpel profile[/] {escape(str(record.target.get('script') or record.target.get('module')))}: "
+        f"[{status_style}]{escape(how_it_stopped(record))}[/]; {s.steps_measured} measured steps "
         f"(+{config.warmup} warm-up), steps = {record.step_kind} calls, "
-        f"clock = {config.clock or '?'}"
+        f"clock = {config.clock or '?'}",
+        markup=True,
     )
     for note in record.notes:
         say(c, f"[yellow]note:[/] {escape(strip_ansi(note))}", markup=True)

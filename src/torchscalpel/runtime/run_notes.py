@@ -1,11 +1,47 @@
-"""The runtime's sentences about a run that found no step: what it saw instead, and how to delimit steps."""
+"""The runtime's sentences about a run: why it ended (:func:`how_it_stopped`, the one wording of doctor,
+profile, memory and lr), and for a run that found no step, what it saw instead and how to delimit steps."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from torchscalpel.record import RunRecord
     from torchscalpel.runtime.session import Session
+
+
+def how_it_stopped(record: RunRecord) -> str:
+    """Why the run ended, in one clause with its figures (``stopped by the 120 s time cap at step 228 of
+    302``): the time cap, a divergence, a memory limit, the script's own end or error, Ctrl-C, or the
+    planned steps. Read from ``record.config["stopped_by"]`` (what the runtime was asked to stop for) and
+    the status; a cap-cut run once read "ended after the planned steps, as asked"."""
+    n = len(record.steps)
+    warmup, steps = record.config.get("warmup") or 0, record.config.get("steps")
+    planned = warmup + steps if isinstance(steps, int) else None
+    of = f" of {planned}" if planned is not None else ""
+    by = record.config.get("stopped_by") or {}
+    kind, reason = by.get("kind"), by.get("reason")
+    if record.status == "interrupted":
+        return f"stopped by Ctrl-C at step {n}{of}"
+    if kind == "time-cap":
+        cap = by.get("cap_s")
+        cap_words = f"the {cap:.0f} s time cap" if isinstance(cap, (int, float)) else "the time cap"
+        return f"stopped by {cap_words} at step {n}{of}"
+    if kind == "divergence":
+        return f"stopped at step {n}{of}: {reason or 'the loss diverged'}"
+    if kind == "memory-limit":
+        return f"stopped by the memory limit at step {n}{of}"
+    if kind == "no-step":
+        return f"stopped: {reason}" if reason else "stopped: no step was recognised"
+    if record.status == "failed":
+        return f"the script failed at step {n} (exit code {record.exit_code})"
+    if record.status == "complete":
+        return f"the script ran to its end after {n} step(s)"
+    if kind == "steps":
+        return f"ended after the {n} planned steps, as asked"
+    if record.status == "stopped":
+        return f"stopped at step {n}{of}" + (f": {reason}" if reason else "")
+    return f"{record.status} after {n} step(s)"
 
 
 def seen_summary(session: Session) -> str:

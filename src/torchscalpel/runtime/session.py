@@ -120,6 +120,9 @@ class Session:
     scaled_losses: dict[int, torch.Tensor] = field(default_factory=dict)
     """GradScaler outputs by id, with the scale they were multiplied by (to report the true loss)."""
     stop_reason: str | None = None
+    stop_facts: dict[str, Any] = field(default_factory=dict)
+    """Why the runtime stopped the script, for ``record.config["stopped_by"]``: ``kind`` (steps, time-cap,
+    divergence, memory-limit, no-step, asked) and its figures (``cap_s``); the words are ``stop_reason``."""
     device: torch.device | None = None
     window: Any = None
     hooks: Any = None
@@ -209,6 +212,8 @@ class Session:
             self._stopping = True
             if self.window is not None:
                 self.window.close()
+            if not self.stop_reason:
+                self.stop_facts = {"kind": "steps"}
             self.stop_reason = self.stop_reason or f"stopped after {len(self.timeline.steps)} steps"
             raise StopScript(self.stop_reason)
 
@@ -244,6 +249,7 @@ class Session:
         self._stopping = True
         if self.window is not None:
             self.window.close()
+        self.stop_facts = {"kind": "no-step"}
         self.stop_reason = (
             f"no step was recognised in {limit:.0f} s: {seen_summary(self)}; "
             "delimit steps with --step-kind (optimizer, backward or forward) or the in-process API"
@@ -274,9 +280,14 @@ class Session:
         expecting_optimizer = bool(self.optimizers) or (kind == "forward" and self.grad_forward_seen)
         return not expecting_optimizer or n >= target + UNDECIDED_SLACK_STEPS
 
-    def request_stop(self, reason: str) -> None:
-        """Ask the runtime to end the script at the next step boundary (observers use this)."""
-        self.stop_reason = self.stop_reason or reason
+    def request_stop(self, reason: str, *, kind: str = "asked", **facts: Any) -> None:
+        """Ask the runtime to end the script at the next step boundary (observers use this). ``kind`` and
+        ``facts`` (``cap_s`` of a time cap) say why, for the end-of-run wording
+        (:func:`torchscalpel.runtime.run_notes.how_it_stopped`); the first request wins."""
+        if self.stop_reason:
+            return
+        self.stop_reason = reason
+        self.stop_facts = {"kind": kind, **facts}
 
     # ----- step bookkeeping ---------------------------------------------------------------
     def _step_closed(self, step: StepRecord) -> None:
@@ -384,6 +395,10 @@ class Attachment:
         if session.window is not None:
             session.window.close()
         record.status, record.exit_code, record.error = status, exit_code, error
+        if session.stop_facts and status != "interrupted":
+            # what ended the run, read by how_it_stopped: a record said "stopped" for a time cap and
+            # for the planned steps alike
+            record.config["stopped_by"] = {**session.stop_facts, "reason": session.stop_reason or error}
         record.step_kind = session.timeline.kind
         record.steps = session.timeline.steps
         if session.device is not None:
@@ -472,6 +487,7 @@ def run_target(
     except StopScript:
         return attachment.detach("stopped", 0, None)
     except MemoryLimitExceeded as exc:  # --memory-limit: a clean stop, explained by the memory section
+        attachment.session.stop_facts = {"kind": "memory-limit"}
         return attachment.detach("failed", 1, str(exc))
     return attachment.detach(outcome.status, outcome.exit_code, outcome.error, exception=outcome.exception)
 

@@ -243,6 +243,9 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     runners: list[Runner] = []
     export_s: dict[str, float] = {}
     for fmt in opts.formats:
+        # a line before each phase that can take long (export, parity, quantize, latency): a large
+        # model's export ran for minutes without a word
+        log(f"exporting {fmt} ...")
         t0 = time.perf_counter()
         path = _export_one(fmt, model, args, dyn, in_names, out_names, opts.out)
         export_s[fmt] = round(time.perf_counter() - t0, 3)
@@ -263,6 +266,7 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         else [example_batch]
     )
     batches = {s: _to_numpy(make_batch(inputs, s, opts.seed + 1)) for s in sizes}
+    log(f"parity: {len(runners)} format(s) vs eager at batch {', '.join(map(str, sizes))} ...")
     checks = run_parity(eager, runners, batches, out_names, (opts.atol, opts.rtol))
 
     # Timings run single-threaded: torch's OpenMP pool and onnxruntime's pool in one process fight
@@ -344,6 +348,7 @@ def _quantize_and_time(
         from torchscalpel.ship.quantize import evaluate, quantize_onnx
 
         qpath = opts.out / bundle_mod.ARTIFACT_FILES["onnx_int8"]
+        log(f"int8: quantizing the ONNX export ({opts.quantize}) ...")
         quantize_onnx(opts.out / artifacts["onnx"], qpath)
         artifacts["onnx_int8"] = qpath.name
         fp32 = next(r for r in runners if r.name == "onnx")
@@ -356,7 +361,9 @@ def _quantize_and_time(
             f"{'n/a' if report.top1_agreement is None else f'{report.top1_agreement:.3f}'}, "
             f"{report.speedup:.2f}x vs fp32 ONNX at batch {report.batch}"
         )
-    latency = {str(s): measure_latency([eager, *runners], batches[s]) for s in sorted({sizes[0], sizes[-1]})}
+    timed = sorted({sizes[0], sizes[-1]})
+    log(f"latency: timing {len(runners) + 1} form(s) at batch {', '.join(map(str, timed))} ...")
+    latency = {str(s): measure_latency([eager, *runners], batches[s]) for s in timed}
     return quant, latency
 
 

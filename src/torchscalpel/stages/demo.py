@@ -128,10 +128,13 @@ def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str
 
 
 def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    from rich.markup import escape
+
     from torchscalpel.console import make_console
     from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.report.doctor_terminal import render_terminal
+    from torchscalpel.runtime.run_notes import how_it_stopped
 
     out.mkdir(parents=True, exist_ok=True)
     record, findings = diagnose(
@@ -141,7 +144,7 @@ def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str,
     render_terminal(
         findings,
         make_console(),
-        header=f"[dim]script {record.status} after {len(record.steps)} step(s)[/dim]\n",
+        header=f"[dim]{escape(how_it_stopped(record))}[/dim]\n",
     )
     return record.exit_code in (0, None), str(out), f"{len(findings)} finding(s)"
 
@@ -152,14 +155,21 @@ def _analyze(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str
         return False, str(out), "needs the profile stage's trace"
     import json
 
+    from torchscalpel.console import Phase
     from torchscalpel.report.html import write_analysis_html
     from torchscalpel.trace import analyze_traces
+    from torchscalpel.units import fmt_bytes
 
     out.mkdir(parents=True, exist_ok=True)
-    result = analyze_traces([trace])
+    # the stage printed nothing while it read the trace: a line as it starts and as it ends
+    size = fmt_bytes(trace.stat().st_size)
+    with Phase("analyze", f"reading the profile's trace {trace.name} ({size}, gzip)") as phase:
+        result = analyze_traces([trace])
+        phase.outcome = "read" if not result.errors else f"{len(result.errors)} error(s)"
     data = result.to_dict()
-    (out / "analysis.json").write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
-    write_analysis_html(data, out / "report.html")
+    with Phase("analyze", "writing analysis.json and report.html"):
+        (out / "analysis.json").write_text(json.dumps(data, indent=1, default=float), encoding="utf-8")
+        write_analysis_html(data, out / "report.html")
     return not result.errors, str(out), f"analysed {trace.name}"
 
 
