@@ -52,6 +52,11 @@ def big_snapshot(path: Path, n_segments: int) -> None:
         fh.write(b"eX\x0d\x00\x00\x00device_traces]u.")
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT back to the default, so Python installs its KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _reading(pid: int, path: Path) -> bool:
     """The process has the file open (the Python reader) or mapped (the native one)."""
     try:
@@ -95,6 +100,9 @@ def test_ctrl_c_during_the_read_exits_130_in_one_line(
         stderr=subprocess.PIPE,
         env=env,
         text=True,
+        # Ctrl-C as a terminal delivers it: a suite started in the background (`make test &`, a CI runner)
+        # inherits SIGINT ignored, which Python keeps ignored in the child, so nothing would interrupt it.
+        preexec_fn=_sigint_default,
     )
     try:
         deadline = time.monotonic() + 60

@@ -276,16 +276,25 @@ def test_time_cap_stops_once_and_remembers_after_how_many_steps() -> None:
     from torchscalpel.doctor.api import TimeCap
 
     stops: list[str] = []
+    kinds: list[dict[str, object]] = []
+
+    def request_stop(
+        reason: str, **why: object
+    ) -> None:  # the session's signature: reason, then kind and figures
+        stops.append(reason)
+        kinds.append(why)
+
     cap = TimeCap(seconds=1e-9)
-    cap.session = SimpleNamespace(request_stop=stops.append)
+    cap.session = SimpleNamespace(request_stop=request_stop)
     cap.on_step_end(None)
     cap.on_step_end(None)
     assert len(stops) == 1 and "time cap" in stops[0] and cap.capped_after == 1 and cap.steps == 2
+    assert kinds == [{"kind": "time-cap", "cap_s": 1e-9}]  # what the end-of-run wording reads
     cap.on_finish(SimpleNamespace(steps=[1, 2, 3]))
     assert cap.capped_after == 3  # what the record kept
     for seconds in (None, 0, 3600.0):  # no cap, or one far away: never stops, never reports a cut
         patient = TimeCap(seconds=seconds)
-        patient.session = SimpleNamespace(request_stop=stops.append)
+        patient.session = SimpleNamespace(request_stop=request_stop)
         patient.on_step_end(None)
         assert patient.capped_after is None
     assert len(stops) == 1
