@@ -123,7 +123,7 @@ class _Calls(cst.CSTVisitor):
             self.found.append((node, where))
 
 
-def _find_call(wrapper: MetadataWrapper, callee: str, line: int) -> cst.Call:
+def find_call(wrapper: MetadataWrapper, callee: str, line: int) -> cst.Call:
     visitor = _Calls(callee, line)
     wrapper.visit(visitor)
     if line:
@@ -146,7 +146,7 @@ def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
     return cst.Module(body=[]).code_for_node(a) == cst.Module(body=[]).code_for_node(b)
 
 
-def _set_kwargs(call: cst.Call, edit: Edit) -> cst.Call:
+def set_kwargs(call: cst.Call, edit: Edit) -> cst.Call:
     args = list(call.args)
     if any(a.star for a in args) and not all(a.keyword is not None or not a.star for a in args):
         raise EditError(f"the {edit.callee} call passes **kwargs, so its arguments cannot be read here")
@@ -200,7 +200,7 @@ def _line_break(like: cst.ParenthesizedWhitespace) -> cst.ParenthesizedWhitespac
     )
 
 
-class _Replace(cst.CSTTransformer):
+class Replace(cst.CSTTransformer):
     def __init__(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
         self.old, self.new = old, new
 
@@ -208,7 +208,7 @@ class _Replace(cst.CSTTransformer):
         return self.new if original is self.old else updated
 
 
-def _statement_at(wrapper: MetadataWrapper, line: int) -> tuple[cst.BaseStatement, cst.CSTNode]:
+def statement_at(wrapper: MetadataWrapper, line: int) -> tuple[cst.BaseStatement, cst.CSTNode]:
     """The innermost statement whose span holds ``line``, and the node holding its body list."""
     positions = wrapper.resolve(PositionProvider)
     parents = wrapper.resolve(ParentNodeProvider)
@@ -254,11 +254,11 @@ def apply_edit(source: str, edit: Edit) -> tuple[str, Outcome]:
 
 
 def _call_kwargs(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    call = _find_call(wrapper, edit.callee, edit.line)
-    new = _set_kwargs(call, edit)
+    call = find_call(wrapper, edit.callee, edit.line)
+    new = set_kwargs(call, edit)
     if _same(call, new):
         return None
-    return module.visit(_Replace(call, new))
+    return module.visit(Replace(call, new))
 
 
 def _global_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
@@ -297,8 +297,8 @@ def _is_autocast_with(node: cst.CSTNode) -> bool:
 
 
 def _autocast(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    first, owner = _statement_at(wrapper, edit.line)
-    last, owner_b = _statement_at(wrapper, edit.end_line)
+    first, owner = statement_at(wrapper, edit.line)
+    last, owner_b = statement_at(wrapper, edit.end_line)
     parents = wrapper.resolve(ParentNodeProvider)
     node: cst.CSTNode | None = first
     while node is not None:  # already under an autocast block: nothing to do
@@ -330,7 +330,7 @@ def _autocast(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.M
         if stmt is not None:
             new.append(stmt)
     body[i:j] = new
-    return module.visit(_Replace(owner, _with_body(owner, body)))
+    return module.visit(Replace(owner, _with_body(owner, body)))
 
 
 OUTSIDE_AUTOCAST = frozenset({"zero_grad", "backward", "step"})
@@ -367,7 +367,7 @@ def _with_body(owner: cst.CSTNode, body: list[cst.BaseStatement]) -> cst.CSTNode
 
 
 def _after_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    stmt, owner = _statement_at(wrapper, edit.line)
+    stmt, owner = statement_at(wrapper, edit.line)
     if isinstance(stmt, cst.BaseCompoundStatement):
         raise EditError(f"line {edit.line} opens a block, not a simple statement")
     text = module.code_for_node(stmt)
@@ -385,7 +385,7 @@ def _after_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -
     if marker and any(marker in module.code_for_node(s) for s in following):
         return None
     body[i + 1 : i + 1] = _statements(code)
-    return module.visit(_Replace(owner, _with_body(owner, body)))
+    return module.visit(Replace(owner, _with_body(owner, body)))
 
 
 def _assigned_name(stmt: cst.BaseStatement) -> str:

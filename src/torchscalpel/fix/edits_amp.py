@@ -32,18 +32,18 @@ from torchscalpel.fix.edits import (
     _autocast,
     _body_of,
     _is_autocast_with,
-    _statement_at,
     _statements,
     _step_receiver,
     _with_body,
     callee_name,
+    statement_at,
 )
 
 SCALER = "scaler"
 """The name the inserted GradScaler is bound to."""
 
 
-def _code(node: cst.CSTNode) -> str:
+def node_code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node).strip()
 
 
@@ -71,7 +71,7 @@ def _scaled(loss: cst.BaseExpression) -> bool:
         isinstance(loss, cst.Call)
         and isinstance(loss.func, cst.Attribute)
         and loss.func.attr.value == "scale"
-        and _code(loss.func.value) == SCALER
+        and node_code(loss.func.value) == SCALER
     )
 
 
@@ -82,7 +82,7 @@ def _is_scaler_call(stmt: cst.CSTNode, method: str) -> bool:
         isinstance(call, cst.Call)
         and isinstance(call.func, cst.Attribute)
         and call.func.attr.value == method
-        and _code(call.func.value) == SCALER
+        and node_code(call.func.value) == SCALER
     )
 
 
@@ -94,24 +94,24 @@ def _parse(source: str) -> tuple[cst.Module, MetadataWrapper]:
 def _replace_in_body(
     module: cst.Module, owner: cst.CSTNode, at: int, count: int, new: list[cst.BaseStatement]
 ) -> cst.Module:
-    from torchscalpel.fix.edits import _Replace
+    from torchscalpel.fix.edits import Replace
 
     body = list(_body_of(owner))
     body[at : at + count] = new
-    return module.visit(_Replace(owner, _with_body(owner, body)))
+    return module.visit(Replace(owner, _with_body(owner, body)))
 
 
 def _scaler_part(source: str, line: int, device: str) -> tuple[str, str]:
     """After the optimizer's statement: the scaler; returns (new source, the optimizer's name)."""
     module, wrapper = _parse(source)
-    stmt, owner = _statement_at(wrapper, line)
+    stmt, owner = statement_at(wrapper, line)
     if isinstance(stmt, cst.BaseCompoundStatement):
         raise EditError(f"line {line} opens a block, not the optimizer's construction")
     name = _assigned_name(stmt)
     body = list(_body_of(owner))
     i = body.index(stmt)
     wanted = f'{SCALER} = torch.amp.GradScaler("{device}")'
-    if i + 1 < len(body) and _code(body[i + 1]) == wanted:
+    if i + 1 < len(body) and node_code(body[i + 1]) == wanted:
         return source, name
     return _replace_in_body(module, owner, i + 1, 0, _statements(wanted + "\n")).code, name
 
@@ -119,7 +119,7 @@ def _scaler_part(source: str, line: int, device: str) -> tuple[str, str]:
 def _autocast_part(source: str, forward: int, backward: int, header: str) -> tuple[str, int]:
     """The forward under fp16 autocast; returns (new source, lines it moved the backward by)."""
     module, wrapper = _parse(source)
-    stmt, _ = _statement_at(wrapper, forward)
+    stmt, _ = statement_at(wrapper, forward)
     positions = wrapper.resolve(PositionProvider)
     if _is_autocast_with(stmt) and positions[stmt].start.line == forward:
         return source, 1  # this edit's own with-line: the forward moved into it
@@ -137,29 +137,29 @@ def _autocast_part(source: str, forward: int, backward: int, header: str) -> tup
 
 def _backward_part(source: str, line: int) -> str:
     module, wrapper = _parse(source)
-    stmt, _ = _statement_at(wrapper, line)
+    stmt, _ = statement_at(wrapper, line)
     call = _backward_call(stmt)
     loss = call.func.value  # type: ignore[attr-defined]  # _backward_call checked it is an Attribute
     if _scaled(loss):
         return source
     scaled = cst.parse_expression(f"{SCALER}.scale(x)").with_changes(args=[cst.Arg(value=loss)])
     new = call.with_changes(func=call.func.with_changes(value=scaled))
-    from torchscalpel.fix.edits import _Replace
+    from torchscalpel.fix.edits import Replace
 
-    return module.visit(_Replace(call, new)).code
+    return module.visit(Replace(call, new)).code
 
 
 def _unscale_part(source: str, backward: int, step: int, optimizer: str) -> tuple[str, int]:
     """``scaler.unscale_(opt)`` before a clipping statement between the backward and the step, in the
     backward's block; returns (new source, lines added or found)."""
     module, wrapper = _parse(source)
-    stmt, owner = _statement_at(wrapper, backward)
+    stmt, owner = statement_at(wrapper, backward)
     positions = wrapper.resolve(PositionProvider)
     body = list(_body_of(owner))
     for k in range(body.index(stmt) + 1, len(body)):
         if positions[body[k]].start.line > step:
             break
-        text = _code(body[k])
+        text = node_code(body[k])
         if "clip_grad_norm_" not in text and "clip_grad_value_" not in text:
             continue
         if k > 0 and _is_scaler_call(body[k - 1], "unscale_"):
@@ -170,12 +170,12 @@ def _unscale_part(source: str, backward: int, step: int, optimizer: str) -> tupl
 
 def _step_part(source: str, line: int, optimizer: str) -> str:
     module, wrapper = _parse(source)
-    stmt, owner = _statement_at(wrapper, line)
+    stmt, owner = statement_at(wrapper, line)
     body = list(_body_of(owner))
     i = body.index(stmt)
     update = f"{SCALER}.update()"
     if _is_scaler_call(stmt, "step"):
-        if i + 1 < len(body) and _code(body[i + 1]) == update:
+        if i + 1 < len(body) and node_code(body[i + 1]) == update:
             return source
         return _replace_in_body(module, owner, i + 1, 0, _statements(update + "\n")).code
     small = _small(stmt)
@@ -207,10 +207,10 @@ def _own_scaler(module: cst.Module, wrapper: MetadataWrapper, optimizer_line: in
 
     counter = Count()
     module.visit(counter)
-    stmt, owner = _statement_at(wrapper, optimizer_line)
+    stmt, owner = statement_at(wrapper, optimizer_line)
     body = list(_body_of(owner))
     i = body.index(stmt)
-    ours = i + 1 < len(body) and _code(body[i + 1]) == f'{SCALER} = torch.amp.GradScaler("{device}")'
+    ours = i + 1 < len(body) and node_code(body[i + 1]) == f'{SCALER} = torch.amp.GradScaler("{device}")'
     return counter.calls > (1 if ours else 0)
 
 
@@ -233,7 +233,7 @@ def grad_scaler(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst
     if _own_scaler(module, wrapper, opt, device):
         raise EditError("the script already builds a GradScaler; fix does not add a second one")
     source = module.code
-    optimizer = _assigned_name(_statement_at(wrapper, opt)[0])
+    optimizer = _assigned_name(statement_at(wrapper, opt)[0])
     # Bottom to top, each part on the text the one below left: a part adds lines only below its own
     # anchor, so every anchor above it still means its line. A refusal in any part raises, and
     # apply_edit then returns the source as it was: no part is made alone.
@@ -252,7 +252,7 @@ def _has_torch(module: cst.Module) -> bool:
     return any(
         isinstance(s, cst.SimpleStatementLine)
         and isinstance(s.body[0], cst.Import)
-        and any(_code(n.name) == "torch" and n.asname is None for n in s.body[0].names)
+        and any(node_code(n.name) == "torch" and n.asname is None for n in s.body[0].names)
         for s in module.body
     )
 
@@ -262,7 +262,7 @@ def _under_fp32_attention(wrapper: MetadataWrapper, stmt: cst.CSTNode) -> bool:
     parents = wrapper.resolve(ParentNodeProvider)
     node: cst.CSTNode | None = stmt
     while node is not None:
-        if isinstance(node, cst.If) and "torch.is_autocast_enabled(" in _code(node.test):
+        if isinstance(node, cst.If) and "torch.is_autocast_enabled(" in node_code(node.test):
             return True
         node = parents.get(node)
     return False
@@ -275,7 +275,7 @@ def _float_mask(arg: cst.Arg) -> cst.Arg:
         return arg
     if not isinstance(value, cst.Name | cst.Attribute):
         raise EditError("the attn_mask is an expression; name it first so it is computed once")
-    m = _code(value)
+    m = node_code(value)
     cast = cst.parse_expression(
         f"{m}.float() if isinstance({m}, torch.Tensor) and {m}.is_floating_point() else {m}"
     )
@@ -294,12 +294,12 @@ def fp32_attention_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     """
-    from torchscalpel.fix.edits import _find_call, _Replace
+    from torchscalpel.fix.edits import Replace, find_call
 
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     if _under_fp32_attention(wrapper, stmt):
         return None
-    call = _find_call(wrapper, ATTENTION, edit.line)
+    call = find_call(wrapper, ATTENTION, edit.line)
     if not isinstance(stmt, cst.SimpleStatementLine) or len(stmt.body) != 1:
         raise EditError(f"line {edit.line} is not one simple statement holding the attention call")
     if not _has_torch(module):
@@ -322,9 +322,9 @@ def fp32_attention_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit
     floats = [
         a.with_changes(value=cst.Call(func=cst.Attribute(value=a.value, attr=cst.Name("float")))) for a in qkv
     ]
-    fp32 = stmt.visit(_Replace(call, call.with_changes(args=[*floats, *rest])))
+    fp32 = stmt.visit(Replace(call, call.with_changes(args=[*floats, *rest])))
     assert isinstance(fp32, cst.SimpleStatementLine)  # a call replaced inside it: still the one statement
-    device = f"{_code(qkv[0].value)}.device.type"
+    device = f"{node_code(qkv[0].value)}.device.type"
     template = cst.parse_statement(
         f"if torch.is_autocast_enabled({device}):  # tune's amp_fp32_attention\n"
         f"    with torch.autocast(device_type={device}, enabled=False):\n"
@@ -345,4 +345,4 @@ def fp32_attention_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit
         ),
         orelse=template.orelse.with_changes(body=template.orelse.body.with_changes(body=[plain])),
     )
-    return module.visit(_Replace(stmt, guarded))
+    return module.visit(Replace(stmt, guarded))

@@ -24,7 +24,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from torchscalpel.fix.edits import Edit, EditError, _body_of, _Replace, _statement_at
+from torchscalpel.fix.edits import Edit, EditError, Replace, _body_of, statement_at
 from torchscalpel.fix.locate import Planned
 from torchscalpel.record import RunRecord
 from torchscalpel.trace.attention_code import SDPA, Unread, read_attention
@@ -110,7 +110,7 @@ def sdpa(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module
         code = read_attention(source, edit.line)
     except Unread as exc:
         try:
-            stmt, _ = _statement_at(wrapper, edit.line)
+            stmt, _ = statement_at(wrapper, edit.line)
         except EditError:
             stmt = None
         if stmt is not None and SDPA in module.code_for_node(stmt):
@@ -118,15 +118,15 @@ def sdpa(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module
         raise EditError(
             f"fix cannot read this attention with certainty ({exc}), so it writes no is_causal or mask"
         ) from None
-    first, owner = _statement_at(wrapper, code.first)
-    last, owner_last = _statement_at(wrapper, code.statement.lineno)
+    first, owner = statement_at(wrapper, code.first)
+    last, owner_last = statement_at(wrapper, code.statement.lineno)
     if owner is not owner_last:
         raise EditError("the scores and the weighted sum are not in the same block of statements")
     body = list(_body_of(owner))
     i, j = body.index(first), body.index(last)
     matmul = _cst_node(wrapper, source.splitlines(), code.output)
     call = cst.parse_expression(ast.unparse(code.call()))
-    fused = last.visit(_Replace(matmul, call))
+    fused = last.visit(Replace(matmul, call))
     if not isinstance(fused, cst.BaseStatement):
         raise EditError(f"fix cannot rewrite line {code.statement.lineno}")
     text = source.splitlines()[code.statement.lineno - 1]
@@ -135,8 +135,8 @@ def sdpa(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module
         isinstance(call, cst.Call)
         and indent + len(module.code_for_node(fused).strip().splitlines()[0]) > LINE_WIDTH
     ):
-        wrapped = last.visit(_Replace(matmul, _one_argument_a_line(call)))
+        wrapped = last.visit(Replace(matmul, _one_argument_a_line(call)))
         fused = wrapped if isinstance(wrapped, cst.BaseStatement) else fused
     fused = fused.with_changes(leading_lines=getattr(first, "leading_lines", ()))
     body[i : j + 1] = [fused]
-    return module.visit(_Replace(owner, owner.with_changes(body=body)))
+    return module.visit(Replace(owner, owner.with_changes(body=body)))

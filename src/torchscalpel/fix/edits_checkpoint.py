@@ -32,8 +32,8 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from torchscalpel.fix.edits import Edit, EditError, _find_call, _set_kwargs, callee_name, dotted
-from torchscalpel.fix.edits_cst import _ancestors, _code, _ReplaceAll, _walk
+from torchscalpel.fix.edits import Edit, EditError, callee_name, dotted, find_call, set_kwargs
+from torchscalpel.fix.edits_cst import ReplaceAll, ancestors, node_code, walk_nodes
 
 SKIPPED_DIRS = frozenset({".git", "__pycache__", "scalpel-runs", ".venv", "venv", "node_modules", ".tox"})
 """Not searched for other readers of a checkpoint: history, caches, runs and environments."""
@@ -48,7 +48,7 @@ _Key = tuple[str, str]
 
 
 def _key(expr: cst.BaseExpression) -> _Key:
-    code = _code(expr)
+    code = node_code(expr)
     if isinstance(expr, cst.SimpleString | cst.ConcatenatedString):
         try:
             value = ast.literal_eval(code)
@@ -71,7 +71,7 @@ def _path_arg(call: cst.Call, keyword: str) -> cst.BaseExpression | None:
 
 def _opened(name: str, node: cst.CSTNode, parents: Any) -> cst.BaseExpression | None:
     """``EXPR`` when ``name`` is bound by an enclosing ``with open(EXPR, ...) as name``."""
-    for a in _ancestors(node, parents):
+    for a in ancestors(node, parents):
         if not isinstance(a, cst.With):
             continue
         for item in a.items:
@@ -98,7 +98,7 @@ def _path_key(call: cst.Call, parents: Any) -> tuple[_Key, str] | None:
         opened = _opened(arg.value, call, parents)
         if opened is not None:
             arg = opened
-    return _key(arg), _code(arg)
+    return _key(arg), node_code(arg)
 
 
 def _is_torch_load(node: cst.CSTNode) -> bool:
@@ -108,7 +108,7 @@ def _is_torch_load(node: cst.CSTNode) -> bool:
 def _unpickles(call: cst.Call) -> bool:
     """``torch.load(..., weights_only=False)``: what it reads may be a whole module."""
     return any(
-        a.keyword is not None and a.keyword.value == "weights_only" and _code(a.value) == "False"
+        a.keyword is not None and a.keyword.value == "weights_only" and node_code(a.value) == "False"
         for a in call.args
     )
 
@@ -130,7 +130,7 @@ def _assigned_before(
     (``self.X``) set in the class's ``__init__``."""
     positions = wrapper.resolve(PositionProvider)
     scope: cst.CSTNode | None = next(
-        (a for a in _ancestors(reader, parents) if isinstance(a, cst.FunctionDef)), None
+        (a for a in ancestors(reader, parents) if isinstance(a, cst.FunctionDef)), None
     )
     roots: list[cst.CSTNode] = [scope if scope is not None else wrapper.module]
     if isinstance(scope, cst.FunctionDef):
@@ -142,16 +142,16 @@ def _assigned_before(
         if target.startswith("self.") and isinstance(cls, cst.ClassDef):
             roots += [
                 f
-                for f in _walk(cls)
+                for f in walk_nodes(cls)
                 if isinstance(f, cst.FunctionDef) and f.name.value == "__init__" and f is not scope
             ]
     for root in roots:
-        for node in _walk(root):
+        for node in walk_nodes(root):
             if isinstance(node, cst.Assign):
-                targets = [_code(t.target) for t in node.targets]
+                targets = [node_code(t.target) for t in node.targets]
                 value: cst.BaseExpression | None = node.value
             elif isinstance(node, cst.AnnAssign):
-                targets, value = [_code(node.target)], node.value
+                targets, value = [node_code(node.target)], node.value
             else:
                 continue
             if target not in targets or value is None or _is_torch_load(value):
@@ -173,7 +173,7 @@ def _rewrite_reader(
             f"{where} uses what torch.load reads in place, so fix cannot tell which model to load "
             "the state_dict into; change that line with the save by hand"
         )
-    target = _code(assign.targets[0].target)
+    target = node_code(assign.targets[0].target)
     if target != model:
         raise EditError(
             f"{where} loads the checkpoint into {target}, not the saved {model}; loading it into "
@@ -185,7 +185,7 @@ def _rewrite_reader(
             f"{where} builds {model} by loading it, and no {model} is built before that line to load "
             "the state_dict into; build the model first, then load its state_dict"
         )
-    safe = _set_kwargs(load, Edit(kind="call_kwargs", callee="load", kwargs=(("weights_only", True),)))
+    safe = set_kwargs(load, Edit(kind="call_kwargs", callee="load", kwargs=(("weights_only", True),)))
     call = cst.Call(
         func=cst.Attribute(value=assign.targets[0].target, attr=cst.Name("load_state_dict")),
         args=[cst.Arg(value=safe)],
@@ -198,7 +198,7 @@ def save_state_dict(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) ->
     kw = dict(edit.kwargs)
     file = str(kw.get("file") or "")
     name = Path(file).name if file else ""
-    call = _find_call(wrapper, "save", edit.line)
+    call = find_call(wrapper, "save", edit.line)
     if dotted(call.func) not in ("torch.save", "save") or not call.args:
         raise EditError(f"line {edit.line} does not call torch.save")
     first = call.args[0]
@@ -209,7 +209,7 @@ def save_state_dict(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) ->
         return None
     if not isinstance(value, cst.Name | cst.Attribute):
         raise EditError("torch.save saves an expression, not a named module")
-    model = _code(value)
+    model = node_code(value)
     parents = wrapper.resolve(ParentNodeProvider)
     positions = wrapper.resolve(PositionProvider)
     saved = _path_key(call, parents)
@@ -228,7 +228,7 @@ def save_state_dict(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) ->
             continue
         assign = parents.get(load)
         source = read[1] if read else "a file"
-        if isinstance(assign, cst.Assign) and any(_code(t.target) == model for t in assign.targets):
+        if isinstance(assign, cst.Assign) and any(node_code(t.target) == model for t in assign.targets):
             raise EditError(
                 f"{_where(name, line)} loads {model} from {source}, which fix cannot match to the path "
                 f"torch.save writes at line {edit.line} ({saved[1]}); change both by hand"
@@ -253,7 +253,7 @@ def save_state_dict(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) ->
         ]
     )
     replace[call] = new_call
-    return module.visit(_ReplaceAll(replace))
+    return module.visit(ReplaceAll(replace))
 
 
 def _whole_module_save(call: cst.Call) -> bool:
@@ -272,7 +272,7 @@ def safe_load(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.M
     """``unsafe-torch-load``: ``weights_only=True`` on the ``torch.load`` at the line. When the same
     file saves a whole module to the path it reads, that file cannot be read so: the pair changes
     together, as :func:`save_state_dict` at that save (which sets ``weights_only=True`` here too)."""
-    call = _find_call(wrapper, "load", edit.line)
+    call = find_call(wrapper, "load", edit.line)
     if dotted(call.func) != "torch.load":
         raise EditError(
             f"line {edit.line} calls {dotted(call.func) or 'load'}, which has no weights_only; "
@@ -298,10 +298,10 @@ def safe_load(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.M
             "weights_only=True refuses, and this file writes no whole module there for fix to convert; "
             "allow exactly those classes (torch.serialization.safe_globals) or save plain data"
         )
-    new = _set_kwargs(call, Edit(kind="call_kwargs", callee="load", kwargs=(("weights_only", True),)))
-    if _code(new) == _code(call):
+    new = set_kwargs(call, Edit(kind="call_kwargs", callee="load", kwargs=(("weights_only", True),)))
+    if node_code(new) == node_code(call):
         return None
-    return module.visit(_ReplaceAll({call: new}))
+    return module.visit(ReplaceAll({call: new}))
 
 
 def _walk_module(module: cst.Module) -> list[cst.CSTNode]:

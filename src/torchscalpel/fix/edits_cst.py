@@ -17,11 +17,11 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from torchscalpel.fix.edits import EditError, _statements, callee_name
 
 
-def _code(node: cst.CSTNode) -> str:
+def node_code(node: cst.CSTNode) -> str:
     return cst.Module(body=[]).code_for_node(node)
 
 
-def _ancestors(node: cst.CSTNode, parents: Any) -> Iterator[cst.CSTNode]:
+def ancestors(node: cst.CSTNode, parents: Any) -> Iterator[cst.CSTNode]:
     node = parents.get(node)
     while node is not None:
         yield node
@@ -30,7 +30,7 @@ def _ancestors(node: cst.CSTNode, parents: Any) -> Iterator[cst.CSTNode]:
 
 def _scope_of(node: cst.CSTNode, parents: Any) -> cst.CSTNode | None:
     """The innermost function or class holding ``node`` (None: module level)."""
-    return next((a for a in _ancestors(node, parents) if isinstance(a, cst.FunctionDef | cst.ClassDef)), None)
+    return next((a for a in ancestors(node, parents) if isinstance(a, cst.FunctionDef | cst.ClassDef)), None)
 
 
 _SCOPES = (cst.FunctionDef, cst.ClassDef, cst.Lambda)
@@ -47,7 +47,7 @@ class _Walk(cst.CSTVisitor):
         return node is self.root or not isinstance(node, _SCOPES)
 
 
-def _walk(root: cst.CSTNode) -> list[cst.CSTNode]:
+def walk_nodes(root: cst.CSTNode) -> list[cst.CSTNode]:
     walker = _Walk(root)
     root.visit(walker)
     return list(walker.nodes)
@@ -69,7 +69,7 @@ def _walk_all(root: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def _calls_named(root: cst.CSTNode, names: frozenset[str] | set[str]) -> list[cst.Call]:
-    return [n for n in _walk(root) if isinstance(n, cst.Call) and callee_name(n.func) in names]
+    return [n for n in walk_nodes(root) if isinstance(n, cst.Call) and callee_name(n.func) in names]
 
 
 def _span(wrapper: MetadataWrapper, node: cst.CSTNode) -> tuple[int, int]:
@@ -152,7 +152,7 @@ def _method_call(stmt: cst.CSTNode, method: str) -> tuple[str, cst.Call] | None:
     """``("model", call)`` for the statement ``model.eval()`` when ``method`` is ``eval``."""
     call = _expr_call(stmt)
     if call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == method:
-        return _code(call.func.value), call
+        return node_code(call.func.value), call
     return None
 
 
@@ -168,7 +168,7 @@ def _is_docstring(stmt: cst.BaseStatement) -> bool:
     )
 
 
-class _ReplaceAll(cst.CSTTransformer):
+class ReplaceAll(cst.CSTTransformer):
     """Each node of ``replace`` (by identity) by its new node, in one pass."""
 
     def __init__(self, replace: dict[cst.CSTNode, cst.CSTNode]) -> None:

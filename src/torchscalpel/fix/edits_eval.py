@@ -9,11 +9,9 @@ import builtins
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, _Replace, _statement_at, _statements, callee_name, dotted
+from torchscalpel.fix.edits import Edit, EditError, Replace, _statements, callee_name, dotted, statement_at
 from torchscalpel.fix.edits_cst import (
-    _ancestors,
     _calls_named,
-    _code,
     _holds,
     _indented,
     _index,
@@ -22,8 +20,10 @@ from torchscalpel.fix.edits_cst import (
     _method_call,
     _owner_of,
     _scope_of,
-    _walk,
     _walk_all,
+    ancestors,
+    node_code,
+    walk_nodes,
 )
 
 _NO_GRAD = frozenset({"no_grad", "inference_mode"})
@@ -66,8 +66,8 @@ def _model_called(module: cst.Module, stmt: cst.CSTNode, line: int) -> str:
     builtin, import, function or class of the file (``model`` in ``loss = F.cross_entropy(model(x), y)``)."""
     skip = _local_names(module) | set(dir(builtins))
     models = {
-        _code(c.func)
-        for c in _walk(stmt)
+        node_code(c.func)
+        for c in walk_nodes(stmt)
         if isinstance(c, cst.Call)
         and (
             (isinstance(c.func, cst.Name) and c.func.value not in skip)
@@ -98,7 +98,7 @@ def _is_no_grad_with(node: cst.CSTNode) -> bool:
 
 def _calls_method_on(root: cst.CSTNode, model: str, method: str) -> bool:
     return any(
-        isinstance(c.func, cst.Attribute) and c.func.attr.value == method and _code(c.func.value) == model
+        isinstance(c.func, cst.Attribute) and c.func.attr.value == method and node_code(c.func.value) == model
         for c in _calls_named(root, {method})
     )
 
@@ -107,7 +107,7 @@ def _in_function(func: cst.FunctionDef, start: str, end: str) -> cst.FunctionDef
     """``func`` with ``start`` after its docstring and ``end`` as its last statement, before a final
     ``return`` (a function with another ``return`` is refused: the end would be skipped)."""
     body = _indented(func)
-    returns = [n for n in _walk(func) if isinstance(n, cst.Return)]
+    returns = [n for n in walk_nodes(func) if isinstance(n, cst.Return)]
     last_is_return = isinstance(body[-1], cst.SimpleStatementLine) and isinstance(
         body[-1].body[0], cst.Return
     )
@@ -125,10 +125,10 @@ def _in_function(func: cst.FunctionDef, start: str, end: str) -> cst.FunctionDef
 def _no_grad(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     options = dict(edit.kwargs)
     train_line, eval_mode = int(options.get("train_line") or 0), bool(options.get("eval_mode"))
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     # The line itself may be the block: what this fix inserted above it moved it down.
-    for a in [stmt, *_ancestors(stmt, parents)]:
+    for a in [stmt, *ancestors(stmt, parents)]:
         if _is_no_grad_with(a) or (isinstance(a, cst.FunctionDef) and _no_grad_decorated(a)):
             return None
     _has_torch(module)
@@ -153,11 +153,11 @@ def _no_grad(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Mo
             new = new.with_changes(leading_lines=func.leading_lines)
         if eval_mode and not _calls_method_on(func, model, "eval"):
             new = _in_function(new, f"{model}.eval()\n", f"{model}.train()\n")
-        return module.visit(_Replace(func, new))
+        return module.visit(Replace(func, new))
     # Inside the training function (or at module level): the innermost loop holding the forward that
     # does not train, else the statement alone.
     block: cst.CSTNode = stmt
-    for a in _ancestors(stmt, parents):
+    for a in ancestors(stmt, parents):
         if isinstance(a, cst.FunctionDef | cst.ClassDef):
             break
         if isinstance(a, cst.For | cst.While):
@@ -173,7 +173,7 @@ def _no_grad(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Mo
     if eval_mode and not _calls_method_on_before(owner, block, model):
         before, after = f"{model}.eval()\n", f"{model}.train()\n"
     new_owner = _insert(owner, block, before=before, after=after, wrap="torch.no_grad()")  # type: ignore[arg-type]
-    return module.visit(_Replace(owner, new_owner))
+    return module.visit(Replace(owner, new_owner))
 
 
 def _calls_method_on_before(owner: cst.CSTNode, block: cst.CSTNode, model: str) -> bool:
@@ -185,13 +185,13 @@ def _calls_method_on_before(owner: cst.CSTNode, block: cst.CSTNode, model: str) 
 
 
 def _eval_mode(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if _method_call(stmt, "eval") is not None:  # the line this fix inserted (it moved the forward down)
         return None
     model = _model_called(module, stmt, edit.line)
     # The line itself may be the block: this fix's model.eval() above it moved it down a line.
-    for a in [stmt, *_ancestors(stmt, parents)]:
+    for a in [stmt, *ancestors(stmt, parents)]:
         if _is_no_grad_with(a):
             owner = _owner_of(a, parents)
             body = _indented(owner)
@@ -199,11 +199,11 @@ def _eval_mode(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.
             if i and (m := _method_call(body[i - 1], "eval")) is not None and m[0] == model:
                 return None
             new = _insert(owner, a, before=f"{model}.eval()\n", after=f"{model}.train()\n")  # type: ignore[arg-type]
-            return module.visit(_Replace(owner, new))
+            return module.visit(Replace(owner, new))
         if isinstance(a, cst.FunctionDef):
             if not _no_grad_decorated(a):
                 break
             if _calls_method_on(a, model, "eval"):
                 return None
-            return module.visit(_Replace(a, _in_function(a, f"{model}.eval()\n", f"{model}.train()\n")))
+            return module.visit(Replace(a, _in_function(a, f"{model}.eval()\n", f"{model}.train()\n")))
     raise EditError(f"no torch.no_grad() block or decorator around line {edit.line} in this file")

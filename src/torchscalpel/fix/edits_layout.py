@@ -18,10 +18,10 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from torchscalpel.fix.edits import (
     Edit,
     EditError,
+    Replace,
     _assigned_name,
     _is_autocast_with,
-    _Replace,
-    _statement_at,
+    statement_at,
 )
 
 CONVERT = "contiguous(memory_format=torch.channels_last)"
@@ -63,7 +63,7 @@ def channels_last_inputs(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
         raise EditError("the run saw no 4-D input to the model's forward")
     visitor = _CallsOnLine(edit.line, arity)
     wrapper.visit(visitor)
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     if not visitor.found and _is_autocast_with(stmt):
         # The forward's line now opens the autocast block fix wrapped it in: the forward is its first line.
         visitor = _CallsOnLine(edit.line + 1, arity)
@@ -71,7 +71,7 @@ def channels_last_inputs(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
     model_line = dict(edit.anchors).get("model", 0)
     if model_line and len(visitor.found) > 1:
         try:
-            name = _assigned_name(_statement_at(wrapper, model_line)[0])
+            name = _assigned_name(statement_at(wrapper, model_line)[0])
         except EditError:
             name = ""
         visitor.found = [c for c in visitor.found if cst.Module(body=[]).code_for_node(c.func) == name]
@@ -94,4 +94,4 @@ def channels_last_inputs(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
     new_call = call.with_changes(args=args)
     if cst.Module(body=[]).code_for_node(new_call) == cst.Module(body=[]).code_for_node(call):
         return None
-    return module.visit(_Replace(call, new_call))
+    return module.visit(Replace(call, new_call))

@@ -10,21 +10,21 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, _Replace, _set_kwargs, _statement_at, callee_name, dotted
+from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, set_kwargs, statement_at
 from torchscalpel.fix.edits_cst import (
-    _ancestors,
+    ReplaceAll,
     _calls_named,
-    _code,
     _indented,
     _index,
     _insert,
     _is_name,
     _method_call,
     _owner_of,
-    _ReplaceAll,
     _scope_of,
-    _walk,
     _walk_all,
+    ancestors,
+    node_code,
+    walk_nodes,
 )
 
 
@@ -33,7 +33,7 @@ def _iterated(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.Call) and node.args and node.args[0].keyword is None and not node.args[0].star:
         node = node.args[0].value
     if isinstance(node, cst.Name | cst.Attribute) and dotted(node):
-        return _code(node)
+        return node_code(node)
     raise EditError("the loop does not iterate a named DataLoader")
 
 
@@ -41,14 +41,14 @@ def _assignments(
     module: cst.Module, parents: Any, scope: cst.CSTNode | None
 ) -> Iterator[tuple[str, cst.Call]]:
     """``(target, call)`` for each ``TARGET = CALL(...)`` in ``scope`` (its own body, not nested scopes)."""
-    for node in _walk(scope if scope is not None else module):
+    for node in walk_nodes(scope if scope is not None else module):
         if (
             isinstance(node, cst.Assign)
             and len(node.targets) == 1
             and isinstance(node.value, cst.Call)
             and _scope_of(node, parents) is scope
         ):
-            yield _code(node.targets[0].target), node.value
+            yield node_code(node.targets[0].target), node.value
 
 
 def _kwarg(call: cst.Call, name: str) -> cst.BaseExpression | None:
@@ -76,7 +76,7 @@ def _sampler_of(loader: str, module: cst.Module, parents: Any, scope: cst.CSTNod
     if isinstance(sampler, cst.Call) and callee_name(sampler.func) == "DistributedSampler":
         return f"{loader}.sampler"
     if isinstance(sampler, cst.Name | cst.Attribute) and dotted(sampler):
-        return _code(sampler)
+        return node_code(sampler)
     raise EditError(f"the DataLoader {loader} is given no sampler= argument to name")
 
 
@@ -87,7 +87,7 @@ def _loader_of(sampler: str, module: cst.Module, parents: Any, scope: cst.CSTNod
         for t, c in _assignments(module, parents, scope)
         if callee_name(c.func) == "DataLoader"
         and (s := _kwarg(c, "sampler")) is not None
-        and _code(s) == sampler
+        and node_code(s) == sampler
     ]
     if len(loaders) != 1:
         raise EditError(f"{_count(len(loaders), 'DataLoader')} built with sampler={sampler} in that function")
@@ -99,7 +99,7 @@ def _count(n: int, what: str) -> str:
 
 
 def _set_epoch(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if _method_call(stmt, "set_epoch") is not None:  # the line this fix inserted (it moved the loop down)
         return None
@@ -115,7 +115,7 @@ def _set_epoch(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.
             raise EditError(
                 f"line {edit.line} neither loops over a DataLoader nor assigns a DistributedSampler"
             )
-        target, call = _code(small.targets[0].target), small.value
+        target, call = node_code(small.targets[0].target), small.value
         if callee_name(call.func) == "DistributedSampler":
             sampler, loader = target, _loader_of(target, module, parents, scope)
         elif callee_name(call.func) == "DataLoader":
@@ -124,24 +124,24 @@ def _set_epoch(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.
             raise EditError(f"line {edit.line} does not build the DistributedSampler")
         loops = [
             n
-            for n in _walk(scope if scope is not None else module)
+            for n in walk_nodes(scope if scope is not None else module)
             if isinstance(n, cst.For) and _loops_over(n, loader)
         ]
         if len(loops) != 1:
             raise EditError(f"{_count(len(loops), 'loop')} over {loader} in that function")
         inner = loops[0]
     outer = next(
-        (a for a in _ancestors(inner, parents) if isinstance(a, cst.For | cst.While | cst.FunctionDef)), None
+        (a for a in ancestors(inner, parents) if isinstance(a, cst.For | cst.While | cst.FunctionDef)), None
     )
     if not isinstance(outer, cst.For) or _scope_of(outer, parents) is not scope:
         raise EditError("the loop over the DataLoader is not inside a for loop over the epochs")
     if not isinstance(outer.target, cst.Name):
         raise EditError("the epoch loop's target is not one plain name to pass to set_epoch")
     body = _indented(outer)
-    if any(".set_epoch(" in _code(s) for s in body):
+    if any(".set_epoch(" in node_code(s) for s in body):
         return None
     new = _insert(outer, body[0], before=f"{sampler}.set_epoch({outer.target.value})\n")
-    return module.visit(_Replace(outer, new))
+    return module.visit(Replace(outer, new))
 
 
 def _loops_over(loop: cst.For, loader: str) -> bool:
@@ -155,7 +155,7 @@ def _backward_loss(stmt: cst.CSTNode, line: int) -> str:
     """``loss`` for ``loss.backward()``, ``(loss / k).backward()``, ``scaler.scale(loss).backward()``."""
     calls = [
         c
-        for c in _walk(stmt)
+        for c in walk_nodes(stmt)
         if isinstance(c, cst.Call) and isinstance(c.func, cst.Attribute) and c.func.attr.value == "backward"
     ]
     if len(calls) != 1:
@@ -207,14 +207,14 @@ def _used_as_tensor(module: cst.Module, target: cst.BaseExpression) -> bool:
 
 
 def _detach_kept(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     loss = _backward_loss(stmt, edit.line)
     scope = next(
-        (a for a in _ancestors(stmt, parents) if isinstance(a, cst.For | cst.While | cst.FunctionDef)), module
+        (a for a in ancestors(stmt, parents) if isinstance(a, cst.For | cst.While | cst.FunctionDef)), module
     )
     found, fixed = [], 0
-    for node in _walk(scope):
+    for node in walk_nodes(scope):
         if isinstance(node, cst.SimpleStatementLine):
             for small in node.body:
                 kept = _kept(small, loss)
@@ -241,11 +241,11 @@ def _detach_kept(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cs
             arg = small.value.args[0].with_changes(value=cst.parse_expression(f"{loss}.detach()"))
             repl = small.with_changes(value=small.value.with_changes(args=[arg]))
         replace[small] = repl
-    return module.visit(_ReplaceAll(replace))
+    return module.visit(ReplaceAll(replace))
 
 
 def _unscale_before_clip(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if _method_call(stmt, "unscale_") is not None:  # the line this fix inserted (it moved the clip down)
         return None
@@ -254,7 +254,7 @@ def _unscale_before_clip(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
     ):
         raise EditError(f"line {edit.line} does not clip gradients")
     scalers = {
-        _code(c.func.value) for c in _calls_named(module, {"scale"}) if isinstance(c.func, cst.Attribute)
+        node_code(c.func.value) for c in _calls_named(module, {"scale"}) if isinstance(c.func, cst.Attribute)
     }
     owner = _owner_of(stmt, parents)
     body = _indented(owner)
@@ -271,7 +271,7 @@ def _unscale_before_clip(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
         for s in siblings[_index(siblings, node) + 1 :]:
             m = _method_call(s, "step")
             if m is not None and m[0] in scalers and len(m[1].args) == 1 and m[1].args[0].keyword is None:
-                steps.append((m[0], _code(m[1].args[0].value)))
+                steps.append((m[0], node_code(m[1].args[0].value)))
         if isinstance(holder, cst.For | cst.While | cst.FunctionDef | cst.Module) or steps:
             break
         node = holder
@@ -281,11 +281,11 @@ def _unscale_before_clip(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
         )
     scaler, opt = steps[0]
     new = _insert(owner, stmt, before=f"{scaler}.unscale_({opt})\n")
-    return module.visit(_Replace(owner, new))
+    return module.visit(Replace(owner, new))
 
 
 def _shuffle(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if not isinstance(stmt, cst.For):
         raise EditError(f"line {edit.line} does not loop over a DataLoader")
@@ -306,7 +306,7 @@ def _shuffle(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Mo
     shuffle = _kwarg(target, "shuffle")
     if isinstance(shuffle, cst.Name) and shuffle.value == "True":
         return None
-    new = _set_kwargs(
+    new = set_kwargs(
         target, Edit(kind="call_kwargs", callee=callee_name(target.func), kwargs=(("shuffle", True),))
     )
-    return module.visit(_Replace(target, new))
+    return module.visit(Replace(target, new))

@@ -63,7 +63,7 @@ def _imports_torch(module: cst.Module) -> bool:
 
 
 def _checkpoint_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    from torchscalpel.fix.edits import EditError, _Replace, callee_name
+    from torchscalpel.fix.edits import EditError, Replace, callee_name
 
     visitor = _CallsOnLine(edit.line)
     wrapper.visit(visitor)
@@ -94,7 +94,7 @@ def _checkpoint_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -
         ),
     )
     new = cst.Call(func=cst.parse_expression(CHECKPOINT), args=[first, *args, flag])
-    return module.visit(_Replace(call, new))
+    return module.visit(Replace(call, new))
 
 
 def _plain_call(stmt: cst.CSTNode, method: str) -> cst.Call | None:
@@ -108,9 +108,9 @@ def _plain_call(stmt: cst.CSTNode, method: str) -> cst.Call | None:
 
 def _zero_grad_after_step(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     from torchscalpel.fix.edits import Edit as _Edit
-    from torchscalpel.fix.edits import EditError, _body_of, _Replace, _same, _set_kwargs, _statement_at
+    from torchscalpel.fix.edits import EditError, Replace, _body_of, _same, set_kwargs, statement_at
 
-    stmt, owner = _statement_at(wrapper, edit.line)
+    stmt, owner = statement_at(wrapper, edit.line)
     step = _plain_call(stmt, "step")
     if step is None or step.args or not isinstance(step.func, cst.Attribute):
         # ``scaler.step(opt)`` / ``opt.step(closure)``: the optimizer is not the call's receiver
@@ -123,12 +123,10 @@ def _zero_grad_after_step(module: cst.Module, wrapper: MetadataWrapper, edit: Ed
     if zero is not None and isinstance(zero.func, cst.Attribute):
         if module.code_for_node(zero.func.value) != receiver:
             raise EditError(f"the statement after {receiver}.step() zeroes another object's gradients")
-        new = _set_kwargs(
-            zero, _Edit(kind="call_kwargs", callee="zero_grad", kwargs=(("set_to_none", True),))
-        )
-        return None if _same(zero, new) else module.visit(_Replace(zero, new))
+        new = set_kwargs(zero, _Edit(kind="call_kwargs", callee="zero_grad", kwargs=(("set_to_none", True),)))
+        return None if _same(zero, new) else module.visit(Replace(zero, new))
     body[i + 1 : i + 1] = list(cst.parse_module(f"{receiver}.zero_grad(set_to_none=True)\n").body)
-    return module.visit(_Replace(owner, owner.with_changes(body=body)))
+    return module.visit(Replace(owner, owner.with_changes(body=body)))
 
 
 def _int_arg(call: cst.Call, key: str, position: int | None = None) -> tuple[int, cst.Arg | None]:
@@ -159,13 +157,13 @@ def callee(call: cst.Call) -> str:
 
 def _with_int(call: cst.Call, key: str, value: int, arg: cst.Arg | None) -> cst.Call:
     from torchscalpel.fix.edits import Edit as _Edit
-    from torchscalpel.fix.edits import _set_kwargs
+    from torchscalpel.fix.edits import set_kwargs
 
     if arg is not None:  # in place (positional kept positional)
         return call.with_changes(
             args=[a.with_changes(value=cst.Integer(str(value))) if a is arg else a for a in call.args]
         )
-    return _set_kwargs(call, _Edit(kind="call_kwargs", callee=callee(call), kwargs=((key, value),)))
+    return set_kwargs(call, _Edit(kind="call_kwargs", callee=callee(call), kwargs=((key, value),)))
 
 
 def _scaled(batch: int, k: int, size: int, accum: int, what: str) -> tuple[int, int] | None:
@@ -184,14 +182,14 @@ def _scaled(batch: int, k: int, size: int, accum: int, what: str) -> tuple[int, 
 
 
 def _batch_accum(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    from torchscalpel.fix.edits import EditError, _find_call, _Replace
+    from torchscalpel.fix.edits import EditError, Replace, find_call
 
     params = dict(edit.kwargs)
     batch, k = int(params["batch"]), int(params["k"])
     if k < 2 or batch % k:
         raise EditError(f"{k} micro-batches do not split the batch of {batch} evenly")
     if edit.callee == "TrainingArguments":
-        args = _find_call(wrapper, "TrainingArguments", 0)
+        args = find_call(wrapper, "TrainingArguments", 0)
         size, size_arg = _int_arg(args, "per_device_train_batch_size")
         accum, accum_arg = _int_arg(args, "gradient_accumulation_steps")
         scaled = _scaled(batch, k, size, accum, "per_device_train_batch_size")
@@ -199,10 +197,10 @@ def _batch_accum(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cs
             return None
         new = _with_int(args, "per_device_train_batch_size", scaled[0], size_arg)
         new = _with_int(new, "gradient_accumulation_steps", scaled[1], accum_arg)
-        return module.visit(_Replace(args, new))
+        return module.visit(Replace(args, new))
     if edit.callee == "DataLoader":  # Lightning: the loader's batch here, the accumulation in the Trainer
-        loader = _find_call(wrapper, "DataLoader", edit.line)
-        trainer = _find_call(wrapper, "Trainer", 0)
+        loader = find_call(wrapper, "DataLoader", edit.line)
+        trainer = find_call(wrapper, "Trainer", 0)
         size, size_arg = _int_arg(loader, "batch_size", position=1)
         accum, accum_arg = _int_arg(trainer, "accumulate_grad_batches")
         scaled = _scaled(batch, k, size, accum, "the DataLoader's batch_size")

@@ -8,9 +8,8 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, _Replace, _statement_at, _statements, callee_name, dotted
+from torchscalpel.fix.edits import Edit, EditError, Replace, _statements, callee_name, dotted, statement_at
 from torchscalpel.fix.edits_cst import (
-    _code,
     _expr_call,
     _indented,
     _index,
@@ -18,9 +17,10 @@ from torchscalpel.fix.edits_cst import (
     _is_name,
     _owner_of,
     _scope_of,
-    _walk,
     _walk_all,
     _with_statements,
+    node_code,
+    walk_nodes,
 )
 
 
@@ -41,15 +41,19 @@ def _nn(module: cst.Module) -> str:
     """How the file names ``torch.nn``: ``nn`` (``from torch import nn``, ``import torch.nn as nn``)
     or ``torch.nn`` (``import torch``)."""
     names: set[str] = set()
-    for node in _walk(module):
+    for node in walk_nodes(module):
         if isinstance(node, cst.ImportFrom) and node.module is not None and dotted(node.module) == "torch":
             if not isinstance(node.names, cst.ImportStar):
-                names |= {"nn" for a in node.names if _code(a.name) == "nn" and a.asname is None}
+                names |= {"nn" for a in node.names if node_code(a.name) == "nn" and a.asname is None}
         elif isinstance(node, cst.Import):
             for a in node.names:
-                if _code(a.name) == "torch.nn" and a.asname is not None and _code(a.asname.name) == "nn":
+                if (
+                    node_code(a.name) == "torch.nn"
+                    and a.asname is not None
+                    and node_code(a.asname.name) == "nn"
+                ):
                     names.add("nn")
-                elif _code(a.name) == "torch" and a.asname is None:
+                elif node_code(a.name) == "torch" and a.asname is None:
                     names.add("torch.nn")
     if "nn" in names:
         return "nn"
@@ -59,7 +63,7 @@ def _nn(module: cst.Module) -> str:
 
 
 def _module_container(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     _, assign, name = _self_assign(stmt, edit.line)
     value = assign.value
     if isinstance(value, cst.Call) and callee_name(value.func) in ("ModuleList", "ModuleDict", "Sequential"):
@@ -76,11 +80,11 @@ def _module_container(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
         raise EditError(f"self.{name} at line {edit.line} is not a list, tuple or dict display")
     func = cst.parse_expression(f"{_nn(module)}.{wrapper_name}")
     new = cst.Call(func=func, args=[] if empty else [cst.Arg(value=value)])
-    return module.visit(_Replace(assign, assign.with_changes(value=new)))
+    return module.visit(Replace(assign, assign.with_changes(value=new)))
 
 
 def _register_buffer(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     done = _expr_call(stmt)
     if done is not None and callee_name(done.func) == "register_buffer":
@@ -92,7 +96,7 @@ def _register_buffer(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -
     call = cst.parse_expression(f'self.register_buffer("{name}", _)')
     assert isinstance(call, cst.Call)
     call = call.with_changes(args=[call.args[0], call.args[1].with_changes(value=assign.value)])
-    return module.visit(_Replace(line, line.with_changes(body=[cst.Expr(value=call)])))
+    return module.visit(Replace(line, line.with_changes(body=[cst.Expr(value=call)])))
 
 
 def _is_super_init(stmt: cst.CSTNode) -> bool:
@@ -103,12 +107,12 @@ def _is_super_init(stmt: cst.CSTNode) -> bool:
 
 def _free_names(node: cst.CSTNode) -> set[str]:
     """The names ``node`` reads (``x`` in ``f(x.y)``; not the attribute ``y``)."""
-    attrs = {id(n.attr) for n in _walk(node) if isinstance(n, cst.Attribute)}
-    return {n.value for n in _walk(node) if isinstance(n, cst.Name) and id(n) not in attrs}
+    attrs = {id(n.attr) for n in walk_nodes(node) if isinstance(n, cst.Attribute)}
+    return {n.value for n in walk_nodes(node) if isinstance(n, cst.Name) and id(n) not in attrs}
 
 
 def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     func = stmt if isinstance(stmt, cst.FunctionDef) else _scope_of(stmt, parents)
     cls = _scope_of(func, parents) if func is not None else None
@@ -125,7 +129,7 @@ def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
         isinstance(n, cst.Attribute) and n.attr.value == "__init__"
         for s in body
         if not _is_super_init(s)
-        for n in _walk(s)
+        for n in walk_nodes(s)
     )
     if len(calls) > 1 or elsewhere:
         raise EditError(f"{cls.name.value}.__init__ calls the base __init__ where fix cannot move it from")
@@ -157,7 +161,7 @@ def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
             head.with_changes(leading_lines=()),
             *rest[first + 1 :],
         ]
-    return module.visit(_Replace(func, func.with_changes(body=func.body.with_changes(body=new))))
+    return module.visit(Replace(func, func.with_changes(body=func.body.with_changes(body=new))))
 
 
 DELETABLE = {
@@ -174,18 +178,18 @@ def _deletable(stmt: cst.CSTNode, what: str) -> bool:
     small = stmt.body[0]
     if what == "empty_cache":
         call = _expr_call(stmt)
-        return call is not None and not call.args and _code(call.func).endswith("empty_cache")
+        return call is not None and not call.args and node_code(call.func).endswith("empty_cache")
     return (
         isinstance(small, cst.Assign)
         and len(small.targets) == 1
-        and _code(small.targets[0].target).endswith("cudnn.enabled")
-        and _code(small.value) in ("False", "0")
+        and node_code(small.targets[0].target).endswith("cudnn.enabled")
+        and node_code(small.value) in ("False", "0")
     )
 
 
 def _delete_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     what = edit.callee
-    stmt, _ = _statement_at(wrapper, edit.line)
+    stmt, _ = statement_at(wrapper, edit.line)
     if not _deletable(stmt, what):
         if not any(_deletable(n, what) for n in _walk_all(module)):
             return None  # deleted already (the line now holds what came after it)
@@ -205,4 +209,4 @@ def _delete_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
         if isinstance(owner, cst.Module):
             return cst.Module(body=[], header=module.header, footer=module.footer)
         rest = _statements("pass\n")
-    return module.visit(_Replace(owner, _with_statements(owner, rest)))
+    return module.visit(Replace(owner, _with_statements(owner, rest)))

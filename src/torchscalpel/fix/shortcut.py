@@ -24,7 +24,7 @@ def write_run_patch(run_dir: Path) -> list[str]:
     except ImportError:
         return [INSTALL + "."]
     from torchscalpel.fix.options import FixOptions
-    from torchscalpel.fix.stage import _mark, plan_and_edit, render_patch, write_patch
+    from torchscalpel.fix.stage import mark_result, plan_and_edit, render_patch, write_patch
 
     if not (run_dir / "run.json").is_file():
         return [f"scalpel: --patch: {run_dir} holds no run.json, so there is nothing to patch from."]
@@ -38,5 +38,7 @@ def write_run_patch(run_dir: Path) -> list[str]:
         return [f"fix: no diff for your code{tail or ' (nothing fix edits)'}"]
     path = run_dir / PATCH_FILE
     write_patch(path, render_patch(result))
-    _mark(result)  # the patched file, once applied, is known to a later 'scalpel fix' as this patch's result
+    mark_result(
+        result
+    )  # the patched file, once applied, is known to a later 'scalpel fix' as this patch's result
     return [f"fix: {path} ({len(result.changes)} file(s); apply with git apply{tail})"]

@@ -400,7 +400,7 @@ def write_all(result: FixResult) -> None:
         os.replace(tmp, path)
 
 
-def _mark(result: FixResult) -> None:
+def mark_result(result: FixResult) -> None:
     """Record each file's before/after hash, and where each of its lines went, in every run
     folder (best effort: a read-only folder is fine)."""
     from torchscalpel.fix.linemap import line_map
@@ -427,7 +427,7 @@ def run(options: FixOptions) -> FixResult:
     if options.verify and result.changes:
         checked_script(result)  # refused before anything is written or run
     if result.changes:
-        _mark(result)
+        mark_result(result)
     if options.apply and result.changes and not options.force:
         assert result.root is not None
         if _dirty(result.root):  # asked before the verification's minutes, not after
