@@ -142,7 +142,7 @@ def _calls(n: int) -> str:
     return "no call" if n == 0 else f"{n} calls"
 
 
-def _same(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+def same_code(a: cst.CSTNode, b: cst.CSTNode) -> bool:
     return cst.Module(body=[]).code_for_node(a) == cst.Module(body=[]).code_for_node(b)
 
 
@@ -225,14 +225,14 @@ def statement_at(wrapper: MetadataWrapper, line: int) -> tuple[cst.BaseStatement
     return best, parents[best]
 
 
-def _body_of(owner: cst.CSTNode) -> Sequence[cst.BaseStatement]:
+def body_of(owner: cst.CSTNode) -> Sequence[cst.BaseStatement]:
     body = getattr(owner, "body", None)
     if not isinstance(body, list | tuple):
         raise EditError("the line is not inside a block of statements")
     return body
 
 
-def _statements(code: str) -> list[cst.BaseStatement]:
+def statements_of(code: str) -> list[cst.BaseStatement]:
     return list(cst.parse_module(code).body)
 
 
@@ -256,13 +256,13 @@ def apply_edit(source: str, edit: Edit) -> tuple[str, Outcome]:
 def _call_kwargs(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     call = find_call(wrapper, edit.callee, edit.line)
     new = set_kwargs(call, edit)
-    if _same(call, new):
+    if same_code(call, new):
         return None
     return module.visit(Replace(call, new))
 
 
 def _global_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    wanted = _statements(edit.code)
+    wanted = statements_of(edit.code)
     wanted_call = cst.Module(body=[]).code_for_node(wanted[0]).strip()
     head = wanted_call.split("(", 1)[0]
     imports = [
@@ -290,19 +290,19 @@ def _global_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cs
     return module.with_changes(body=body)
 
 
-def _is_autocast_with(node: cst.CSTNode) -> bool:
+def is_autocast_with(node: cst.CSTNode) -> bool:
     return isinstance(node, cst.With) and any(
         isinstance(item.item, cst.Call) and callee_name(item.item.func) == "autocast" for item in node.items
     )
 
 
-def _autocast(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def wrap_in_autocast(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     first, owner = statement_at(wrapper, edit.line)
     last, owner_b = statement_at(wrapper, edit.end_line)
     parents = wrapper.resolve(ParentNodeProvider)
     node: cst.CSTNode | None = first
     while node is not None:  # already under an autocast block: nothing to do
-        if _is_autocast_with(node):
+        if is_autocast_with(node):
             return None
         node = parents.get(node)
     if first is last:
@@ -311,7 +311,7 @@ def _autocast(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.M
         )
     if owner is not owner_b:
         raise EditError("the forward and the backward are not in the same block of statements")
-    body = list(_body_of(owner))
+    body = list(body_of(owner))
     i, j = body.index(first), body.index(last)
     if i > j:
         raise EditError("the backward comes before the forward in that block")
@@ -330,7 +330,7 @@ def _autocast(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.M
         if stmt is not None:
             new.append(stmt)
     body[i:j] = new
-    return module.visit(Replace(owner, _with_body(owner, body)))
+    return module.visit(Replace(owner, with_body(owner, body)))
 
 
 OUTSIDE_AUTOCAST = frozenset({"zero_grad", "backward", "step"})
@@ -362,7 +362,7 @@ def _autocast_block(header: cst.BaseExpression, stmts: list[cst.BaseStatement]) 
     )
 
 
-def _with_body(owner: cst.CSTNode, body: list[cst.BaseStatement]) -> cst.CSTNode:
+def with_body(owner: cst.CSTNode, body: list[cst.BaseStatement]) -> cst.CSTNode:
     return owner.with_changes(body=body)
 
 
@@ -375,20 +375,20 @@ def _after_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -
         raise EditError(f"line {edit.line} does not hold {edit.callee}")
     code = edit.code
     if "{var}" in code:
-        code = code.replace("{var}", _assigned_name(stmt))
+        code = code.replace("{var}", assigned_name(stmt))
     if "{opt}" in code:
-        code = code.replace("{opt}", _step_receiver(module, stmt))
-    body = list(_body_of(owner))
+        code = code.replace("{opt}", step_receiver(module, stmt))
+    body = list(body_of(owner))
     i = body.index(stmt)
-    following = body[i + 1 : i + 1 + len(_statements(code))]
+    following = body[i + 1 : i + 1 + len(statements_of(code))]
     marker = edit.marker.replace("{var}", code.split(".", 1)[0])
     if marker and any(marker in module.code_for_node(s) for s in following):
         return None
-    body[i + 1 : i + 1] = _statements(code)
-    return module.visit(Replace(owner, _with_body(owner, body)))
+    body[i + 1 : i + 1] = statements_of(code)
+    return module.visit(Replace(owner, with_body(owner, body)))
 
 
-def _assigned_name(stmt: cst.BaseStatement) -> str:
+def assigned_name(stmt: cst.BaseStatement) -> str:
     """``model`` for ``model = GPT().to(device)``; anything else cannot be named safely."""
     small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
     if (
@@ -402,7 +402,7 @@ def _assigned_name(stmt: cst.BaseStatement) -> str:
     raise EditError("the line does not assign what it builds to one plain name")
 
 
-def _step_receiver(module: cst.Module, stmt: cst.BaseStatement) -> str:
+def step_receiver(module: cst.Module, stmt: cst.BaseStatement) -> str:
     """``opt`` for the statement ``opt.step()`` (``self.opt``, ``optimizers[0]`` are kept as written)."""
     small = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 else None
     call = small.value if isinstance(small, cst.Expr) else None
@@ -441,7 +441,7 @@ _EDITORS = {
     "call_kwargs": _call_kwargs,
     "call_anywhere": _call_kwargs,
     "global_call": _global_call,
-    "autocast": _autocast,
+    "autocast": wrap_in_autocast,
     "after_statement": _after_statement,
     "save_state_dict": lambda m, w, e: _lazy("edits_checkpoint", "save_state_dict")(m, w, e),
     "safe_load": lambda m, w, e: _lazy("edits_checkpoint", "safe_load")(m, w, e),

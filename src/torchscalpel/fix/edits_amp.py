@@ -28,15 +28,15 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvide
 from torchscalpel.fix.edits import (
     Edit,
     EditError,
-    _assigned_name,
-    _autocast,
-    _body_of,
-    _is_autocast_with,
-    _statements,
-    _step_receiver,
-    _with_body,
+    assigned_name,
+    body_of,
     callee_name,
+    is_autocast_with,
     statement_at,
+    statements_of,
+    step_receiver,
+    with_body,
+    wrap_in_autocast,
 )
 
 SCALER = "scaler"
@@ -96,9 +96,9 @@ def _replace_in_body(
 ) -> cst.Module:
     from torchscalpel.fix.edits import Replace
 
-    body = list(_body_of(owner))
+    body = list(body_of(owner))
     body[at : at + count] = new
-    return module.visit(Replace(owner, _with_body(owner, body)))
+    return module.visit(Replace(owner, with_body(owner, body)))
 
 
 def _scaler_part(source: str, line: int, device: str) -> tuple[str, str]:
@@ -107,13 +107,13 @@ def _scaler_part(source: str, line: int, device: str) -> tuple[str, str]:
     stmt, owner = statement_at(wrapper, line)
     if isinstance(stmt, cst.BaseCompoundStatement):
         raise EditError(f"line {line} opens a block, not the optimizer's construction")
-    name = _assigned_name(stmt)
-    body = list(_body_of(owner))
+    name = assigned_name(stmt)
+    body = list(body_of(owner))
     i = body.index(stmt)
     wanted = f'{SCALER} = torch.amp.GradScaler("{device}")'
     if i + 1 < len(body) and node_code(body[i + 1]) == wanted:
         return source, name
-    return _replace_in_body(module, owner, i + 1, 0, _statements(wanted + "\n")).code, name
+    return _replace_in_body(module, owner, i + 1, 0, statements_of(wanted + "\n")).code, name
 
 
 def _autocast_part(source: str, forward: int, backward: int, header: str) -> tuple[str, int]:
@@ -121,15 +121,17 @@ def _autocast_part(source: str, forward: int, backward: int, header: str) -> tup
     module, wrapper = _parse(source)
     stmt, _ = statement_at(wrapper, forward)
     positions = wrapper.resolve(PositionProvider)
-    if _is_autocast_with(stmt) and positions[stmt].start.line == forward:
+    if is_autocast_with(stmt) and positions[stmt].start.line == forward:
         return source, 1  # this edit's own with-line: the forward moved into it
     parents = wrapper.resolve(ParentNodeProvider)
     node: cst.CSTNode | None = stmt
     while node is not None:
-        if _is_autocast_with(node):
+        if is_autocast_with(node):
             return source, 0  # the script's own autocast already holds the forward
         node = parents.get(node)
-    new = _autocast(module, wrapper, Edit(kind="autocast", line=forward, end_line=backward, code=header))
+    new = wrap_in_autocast(
+        module, wrapper, Edit(kind="autocast", line=forward, end_line=backward, code=header)
+    )
     if new is None:
         return source, 0
     return new.code, 1
@@ -155,7 +157,7 @@ def _unscale_part(source: str, backward: int, step: int, optimizer: str) -> tupl
     module, wrapper = _parse(source)
     stmt, owner = statement_at(wrapper, backward)
     positions = wrapper.resolve(PositionProvider)
-    body = list(_body_of(owner))
+    body = list(body_of(owner))
     for k in range(body.index(stmt) + 1, len(body)):
         if positions[body[k]].start.line > step:
             break
@@ -164,23 +166,25 @@ def _unscale_part(source: str, backward: int, step: int, optimizer: str) -> tupl
             continue
         if k > 0 and _is_scaler_call(body[k - 1], "unscale_"):
             return source, 1
-        return _replace_in_body(module, owner, k, 0, _statements(f"{SCALER}.unscale_({optimizer})\n")).code, 1
+        return _replace_in_body(
+            module, owner, k, 0, statements_of(f"{SCALER}.unscale_({optimizer})\n")
+        ).code, 1
     return source, 0
 
 
 def _step_part(source: str, line: int, optimizer: str) -> str:
     module, wrapper = _parse(source)
     stmt, owner = statement_at(wrapper, line)
-    body = list(_body_of(owner))
+    body = list(body_of(owner))
     i = body.index(stmt)
     update = f"{SCALER}.update()"
     if _is_scaler_call(stmt, "step"):
         if i + 1 < len(body) and node_code(body[i + 1]) == update:
             return source
-        return _replace_in_body(module, owner, i + 1, 0, _statements(update + "\n")).code
+        return _replace_in_body(module, owner, i + 1, 0, statements_of(update + "\n")).code
     small = _small(stmt)
     call = small.value if isinstance(small, cst.Expr) else None
-    receiver = _step_receiver(module, stmt)
+    receiver = step_receiver(module, stmt)
     if isinstance(call, cst.Call) and call.args:
         raise EditError(
             "the step line passes arguments (a closure?) to step(); GradScaler.step needs a plain call"
@@ -190,7 +194,7 @@ def _step_part(source: str, line: int, optimizer: str) -> str:
             f"the step line steps {receiver}, not {optimizer} built at the optimizer line; which scaler goes "
             "with which optimizer is a choice"
         )
-    new = _statements(f"{SCALER}.step({optimizer})\n{update}\n")
+    new = statements_of(f"{SCALER}.step({optimizer})\n{update}\n")
     new[0] = new[0].with_changes(leading_lines=getattr(stmt, "leading_lines", ()))
     return _replace_in_body(module, owner, i, 1, new).code
 
@@ -208,7 +212,7 @@ def _own_scaler(module: cst.Module, wrapper: MetadataWrapper, optimizer_line: in
     counter = Count()
     module.visit(counter)
     stmt, owner = statement_at(wrapper, optimizer_line)
-    body = list(_body_of(owner))
+    body = list(body_of(owner))
     i = body.index(stmt)
     ours = i + 1 < len(body) and node_code(body[i + 1]) == f'{SCALER} = torch.amp.GradScaler("{device}")'
     return counter.calls > (1 if ours else 0)
@@ -233,7 +237,7 @@ def grad_scaler(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst
     if _own_scaler(module, wrapper, opt, device):
         raise EditError("the script already builds a GradScaler; fix does not add a second one")
     source = module.code
-    optimizer = _assigned_name(statement_at(wrapper, opt)[0])
+    optimizer = assigned_name(statement_at(wrapper, opt)[0])
     # Bottom to top, each part on the text the one below left: a part adds lines only below its own
     # anchor, so every anchor above it still means its line. A refusal in any part raises, and
     # apply_edit then returns the source as it was: no part is made alone.

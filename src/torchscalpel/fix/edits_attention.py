@@ -24,7 +24,7 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, _body_of, statement_at
+from torchscalpel.fix.edits import Edit, EditError, Replace, body_of, statement_at
 from torchscalpel.fix.locate import Planned
 from torchscalpel.record import RunRecord
 from torchscalpel.trace.attention_code import SDPA, Unread, read_attention
@@ -122,7 +122,7 @@ def sdpa(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module
     last, owner_last = statement_at(wrapper, code.statement.lineno)
     if owner is not owner_last:
         raise EditError("the scores and the weighted sum are not in the same block of statements")
-    body = list(_body_of(owner))
+    body = list(body_of(owner))
     i, j = body.index(first), body.index(last)
     matmul = _cst_node(wrapper, source.splitlines(), code.output)
     call = cst.parse_expression(ast.unparse(code.call()))

@@ -14,7 +14,7 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from torchscalpel.fix.edits import EditError, _statements, callee_name
+from torchscalpel.fix.edits import EditError, callee_name, statements_of
 
 
 def node_code(node: cst.CSTNode) -> str:
@@ -28,7 +28,7 @@ def ancestors(node: cst.CSTNode, parents: Any) -> Iterator[cst.CSTNode]:
         node = parents.get(node)
 
 
-def _scope_of(node: cst.CSTNode, parents: Any) -> cst.CSTNode | None:
+def scope_of(node: cst.CSTNode, parents: Any) -> cst.CSTNode | None:
     """The innermost function or class holding ``node`` (None: module level)."""
     return next((a for a in ancestors(node, parents) if isinstance(a, cst.FunctionDef | cst.ClassDef)), None)
 
@@ -62,13 +62,13 @@ class _All(cst.CSTVisitor):
         return True
 
 
-def _walk_all(root: cst.CSTNode) -> list[cst.CSTNode]:
+def walk_all(root: cst.CSTNode) -> list[cst.CSTNode]:
     v = _All()
     root.visit(v)
     return v.nodes
 
 
-def _calls_named(root: cst.CSTNode, names: frozenset[str] | set[str]) -> list[cst.Call]:
+def calls_named(root: cst.CSTNode, names: frozenset[str] | set[str]) -> list[cst.Call]:
     return [n for n in walk_nodes(root) if isinstance(n, cst.Call) and callee_name(n.func) in names]
 
 
@@ -77,12 +77,12 @@ def _span(wrapper: MetadataWrapper, node: cst.CSTNode) -> tuple[int, int]:
     return where.start.line, where.end.line
 
 
-def _holds(wrapper: MetadataWrapper, node: cst.CSTNode, line: int) -> bool:
+def holds_name(wrapper: MetadataWrapper, node: cst.CSTNode, line: int) -> bool:
     start, end = _span(wrapper, node)
     return bool(line) and start <= line <= end
 
 
-def _indented(node: cst.CSTNode) -> list[cst.BaseStatement]:
+def indented_code(node: cst.CSTNode) -> list[cst.BaseStatement]:
     body = getattr(node, "body", None)
     if isinstance(body, cst.IndentedBlock):
         return list(body.body)
@@ -91,35 +91,35 @@ def _indented(node: cst.CSTNode) -> list[cst.BaseStatement]:
     raise EditError("the block is written on one line, so a statement cannot be added to it")
 
 
-def _with_statements(node: cst.CSTNode, body: Sequence[cst.BaseStatement]) -> cst.CSTNode:
+def with_statements(node: cst.CSTNode, body: Sequence[cst.BaseStatement]) -> cst.CSTNode:
     if isinstance(node, cst.Module):
         return node.with_changes(body=list(body))
     block = node.body  # type: ignore[attr-defined]
     return node.with_changes(body=block.with_changes(body=list(body)))
 
 
-def _index(body: Sequence[cst.CSTNode], node: cst.CSTNode) -> int:
+def index_in(body: Sequence[cst.CSTNode], node: cst.CSTNode) -> int:
     """Where ``node`` itself (not an equal node) is in ``body``."""
     return next(i for i, s in enumerate(body) if s is node)
 
 
-def _owner_of(stmt: cst.CSTNode, parents: Any) -> cst.CSTNode:
+def owner_of(stmt: cst.CSTNode, parents: Any) -> cst.CSTNode:
     """The node whose statement list holds ``stmt`` (a compound statement or the module)."""
     parent = parents.get(stmt)
     if isinstance(parent, cst.IndentedBlock):
         parent = parents.get(parent)
-    if parent is None or stmt not in _indented(parent):
+    if parent is None or stmt not in indented_code(parent):
         raise EditError("the line is not inside a block of statements")
     return parent
 
 
-def _insert(
+def insert_at(
     owner: cst.CSTNode, anchor: cst.BaseStatement, before: str = "", after: str = "", wrap: str = ""
 ) -> cst.CSTNode:
     """``owner`` with statements added around ``anchor`` (the comments above ``anchor`` move up to stay
     above the first new line), or ``anchor`` wrapped in ``with WRAP:``."""
-    body = _indented(owner)
-    i = _index(body, anchor)
+    body = indented_code(owner)
+    i = index_in(body, anchor)
     new: list[cst.BaseStatement] = []
     lead = getattr(anchor, "leading_lines", ())
     if wrap:
@@ -130,16 +130,16 @@ def _insert(
     else:
         anchor = anchor.with_changes(leading_lines=())
     if before:
-        new.extend(_statements(before))
+        new.extend(statements_of(before))
     new.append(anchor)
     if after:
-        new.extend(_statements(after))
+        new.extend(statements_of(after))
     new[0] = new[0].with_changes(leading_lines=lead)
     body[i : i + 1] = new
-    return _with_statements(owner, body)
+    return with_statements(owner, body)
 
 
-def _expr_call(stmt: cst.CSTNode) -> cst.Call | None:
+def expr_call(stmt: cst.CSTNode) -> cst.Call | None:
     """The call of a statement that is one call (``opt.step()``), else None."""
     if isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1:
         small = stmt.body[0]
@@ -148,19 +148,19 @@ def _expr_call(stmt: cst.CSTNode) -> cst.Call | None:
     return None
 
 
-def _method_call(stmt: cst.CSTNode, method: str) -> tuple[str, cst.Call] | None:
+def method_call(stmt: cst.CSTNode, method: str) -> tuple[str, cst.Call] | None:
     """``("model", call)`` for the statement ``model.eval()`` when ``method`` is ``eval``."""
-    call = _expr_call(stmt)
+    call = expr_call(stmt)
     if call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == method:
         return node_code(call.func.value), call
     return None
 
 
-def _is_name(node: cst.BaseExpression, name: str) -> bool:
+def is_name(node: cst.BaseExpression, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
 
 
-def _is_docstring(stmt: cst.BaseStatement) -> bool:
+def is_docstring(stmt: cst.BaseStatement) -> bool:
     return (
         isinstance(stmt, cst.SimpleStatementLine)
         and isinstance(stmt.body[0], cst.Expr)

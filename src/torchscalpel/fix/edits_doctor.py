@@ -50,13 +50,18 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from torchscalpel.fix.edits import Edit, EditError
-from torchscalpel.fix.edits_eval import _eval_mode, _no_grad
-from torchscalpel.fix.edits_loop import _detach_kept, _set_epoch, _shuffle, _unscale_before_clip
+from torchscalpel.fix.edits_eval import eval_mode_edit, no_grad_edit
+from torchscalpel.fix.edits_loop import (
+    detach_kept_edit,
+    set_epoch_edit,
+    shuffle_edit,
+    unscale_before_clip_edit,
+)
 from torchscalpel.fix.edits_model import (
-    _delete_statement,
-    _module_container,
-    _register_buffer,
-    _super_init_first,
+    delete_statement_edit,
+    module_container_edit,
+    register_buffer_edit,
+    super_init_first_edit,
 )
 
 KINDS = (
@@ -95,16 +100,16 @@ def _guarded(editor: Editor) -> Editor:
 EDITORS: dict[str, Editor] = {
     kind: _guarded(editor)
     for kind, editor in {
-        "set_epoch": _set_epoch,
-        "no_grad": _no_grad,
-        "eval_mode": _eval_mode,
-        "detach_kept": _detach_kept,
-        "unscale_before_clip": _unscale_before_clip,
-        "shuffle": _shuffle,
-        "module_container": _module_container,
-        "register_buffer": _register_buffer,
-        "super_init_first": _super_init_first,
-        "delete_statement": _delete_statement,
+        "set_epoch": set_epoch_edit,
+        "no_grad": no_grad_edit,
+        "eval_mode": eval_mode_edit,
+        "detach_kept": detach_kept_edit,
+        "unscale_before_clip": unscale_before_clip_edit,
+        "shuffle": shuffle_edit,
+        "module_container": module_container_edit,
+        "register_buffer": register_buffer_edit,
+        "super_init_first": super_init_first_edit,
+        "delete_statement": delete_statement_edit,
     }.items()
 }
 """The editor of each kind in :data:`KINDS`."""

@@ -9,20 +9,20 @@ import builtins
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, _statements, callee_name, dotted, statement_at
+from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, statement_at, statements_of
 from torchscalpel.fix.edits_cst import (
-    _calls_named,
-    _holds,
-    _indented,
-    _index,
-    _insert,
-    _is_docstring,
-    _method_call,
-    _owner_of,
-    _scope_of,
-    _walk_all,
     ancestors,
+    calls_named,
+    holds_name,
+    indented_code,
+    index_in,
+    insert_at,
+    is_docstring,
+    method_call,
     node_code,
+    owner_of,
+    scope_of,
+    walk_all,
     walk_nodes,
 )
 
@@ -34,7 +34,7 @@ _TRAINS = frozenset({"backward", "step", "zero_grad"})
 
 
 def _trains(root: cst.CSTNode) -> bool:
-    return any(isinstance(c.func, cst.Attribute) for c in _calls_named(root, _TRAINS))
+    return any(isinstance(c.func, cst.Attribute) for c in calls_named(root, _TRAINS))
 
 
 def _has_torch(module: cst.Module) -> None:
@@ -51,7 +51,7 @@ def _has_torch(module: cst.Module) -> None:
 def _local_names(module: cst.Module) -> set[str]:
     """Names bound by imports, ``def`` and ``class`` anywhere in the file: callables, not models."""
     names: set[str] = set()
-    for node in _walk_all(module):
+    for node in walk_all(module):
         if isinstance(node, cst.FunctionDef | cst.ClassDef):
             names.add(node.name.value)
         elif isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
@@ -99,14 +99,14 @@ def _is_no_grad_with(node: cst.CSTNode) -> bool:
 def _calls_method_on(root: cst.CSTNode, model: str, method: str) -> bool:
     return any(
         isinstance(c.func, cst.Attribute) and c.func.attr.value == method and node_code(c.func.value) == model
-        for c in _calls_named(root, {method})
+        for c in calls_named(root, {method})
     )
 
 
 def _in_function(func: cst.FunctionDef, start: str, end: str) -> cst.FunctionDef:
     """``func`` with ``start`` after its docstring and ``end`` as its last statement, before a final
     ``return`` (a function with another ``return`` is refused: the end would be skipped)."""
-    body = _indented(func)
+    body = indented_code(func)
     returns = [n for n in walk_nodes(func) if isinstance(n, cst.Return)]
     last_is_return = isinstance(body[-1], cst.SimpleStatementLine) and isinstance(
         body[-1].body[0], cst.Return
@@ -115,14 +115,14 @@ def _in_function(func: cst.FunctionDef, start: str, end: str) -> cst.FunctionDef
         raise EditError(
             f"{func.name.value}() returns from more than one place, so the model's mode cannot be restored"
         )
-    first = 1 if _is_docstring(body[0]) else 0
-    new = [*body[:first], *_statements(start), *body[first:]]
+    first = 1 if is_docstring(body[0]) else 0
+    new = [*body[:first], *statements_of(start), *body[first:]]
     at = len(new) - 1 if last_is_return else len(new)
-    new[at:at] = _statements(end)
+    new[at:at] = statements_of(end)
     return func.with_changes(body=func.body.with_changes(body=new))
 
 
-def _no_grad(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def no_grad_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     options = dict(edit.kwargs)
     train_line, eval_mode = int(options.get("train_line") or 0), bool(options.get("eval_mode"))
     stmt, _ = statement_at(wrapper, edit.line)
@@ -135,8 +135,8 @@ def _no_grad(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Mo
     if train_line == edit.line:
         raise EditError(f"line {edit.line} also runs the training forward, so it cannot go under no_grad")
     model = _model_called(module, stmt, edit.line) if eval_mode else ""
-    func = _scope_of(stmt, parents)
-    if isinstance(func, cst.FunctionDef) and not _trains(func) and not _holds(wrapper, func, train_line):
+    func = scope_of(stmt, parents)
+    if isinstance(func, cst.FunctionDef) and not _trains(func) and not holds_name(wrapper, func, train_line):
         # The evaluation function (nanoGPT's estimate_loss): decorated, as torch's own idiom.
         new = func.with_changes(
             decorators=[cst.Decorator(decorator=cst.parse_expression("torch.no_grad()")), *func.decorators]
@@ -161,44 +161,44 @@ def _no_grad(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Mo
         if isinstance(a, cst.FunctionDef | cst.ClassDef):
             break
         if isinstance(a, cst.For | cst.While):
-            if not _trains(a) and not _holds(wrapper, a, train_line):
+            if not _trains(a) and not holds_name(wrapper, a, train_line):
                 block = a
             break
     if block is stmt and not isinstance(stmt, cst.SimpleStatementLine):
         raise EditError(
             f"line {edit.line} opens a block that also does other things; no_grad cannot wrap it alone"
         )
-    owner = _owner_of(block, parents)
+    owner = owner_of(block, parents)
     before = after = ""
     if eval_mode and not _calls_method_on_before(owner, block, model):
         before, after = f"{model}.eval()\n", f"{model}.train()\n"
-    new_owner = _insert(owner, block, before=before, after=after, wrap="torch.no_grad()")  # type: ignore[arg-type]
+    new_owner = insert_at(owner, block, before=before, after=after, wrap="torch.no_grad()")  # type: ignore[arg-type]
     return module.visit(Replace(owner, new_owner))
 
 
 def _calls_method_on_before(owner: cst.CSTNode, block: cst.CSTNode, model: str) -> bool:
     """True when a statement before ``block`` in its block is ``MODEL.eval()``."""
-    body = _indented(owner)
+    body = indented_code(owner)
     return any(
-        (m := _method_call(s, "eval")) is not None and m[0] == model for s in body[: _index(body, block)]
+        (m := method_call(s, "eval")) is not None and m[0] == model for s in body[: index_in(body, block)]
     )
 
 
-def _eval_mode(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def eval_mode_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
-    if _method_call(stmt, "eval") is not None:  # the line this fix inserted (it moved the forward down)
+    if method_call(stmt, "eval") is not None:  # the line this fix inserted (it moved the forward down)
         return None
     model = _model_called(module, stmt, edit.line)
     # The line itself may be the block: this fix's model.eval() above it moved it down a line.
     for a in [stmt, *ancestors(stmt, parents)]:
         if _is_no_grad_with(a):
-            owner = _owner_of(a, parents)
-            body = _indented(owner)
-            i = _index(body, a)
-            if i and (m := _method_call(body[i - 1], "eval")) is not None and m[0] == model:
+            owner = owner_of(a, parents)
+            body = indented_code(owner)
+            i = index_in(body, a)
+            if i and (m := method_call(body[i - 1], "eval")) is not None and m[0] == model:
                 return None
-            new = _insert(owner, a, before=f"{model}.eval()\n", after=f"{model}.train()\n")  # type: ignore[arg-type]
+            new = insert_at(owner, a, before=f"{model}.eval()\n", after=f"{model}.train()\n")  # type: ignore[arg-type]
             return module.visit(Replace(owner, new))
         if isinstance(a, cst.FunctionDef):
             if not _no_grad_decorated(a):

@@ -19,8 +19,8 @@ from torchscalpel.fix.edits import (
     Edit,
     EditError,
     Replace,
-    _assigned_name,
-    _is_autocast_with,
+    assigned_name,
+    is_autocast_with,
     statement_at,
 )
 
@@ -64,14 +64,14 @@ def channels_last_inputs(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
     visitor = _CallsOnLine(edit.line, arity)
     wrapper.visit(visitor)
     stmt, _ = statement_at(wrapper, edit.line)
-    if not visitor.found and _is_autocast_with(stmt):
+    if not visitor.found and is_autocast_with(stmt):
         # The forward's line now opens the autocast block fix wrapped it in: the forward is its first line.
         visitor = _CallsOnLine(edit.line + 1, arity)
         wrapper.visit(visitor)
     model_line = dict(edit.anchors).get("model", 0)
     if model_line and len(visitor.found) > 1:
         try:
-            name = _assigned_name(statement_at(wrapper, model_line)[0])
+            name = assigned_name(statement_at(wrapper, model_line)[0])
         except EditError:
             name = ""
         visitor.found = [c for c in visitor.found if cst.Module(body=[]).code_for_node(c.func) == name]

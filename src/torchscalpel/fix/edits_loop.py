@@ -13,17 +13,17 @@ from libcst.metadata import MetadataWrapper, ParentNodeProvider
 from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, set_kwargs, statement_at
 from torchscalpel.fix.edits_cst import (
     ReplaceAll,
-    _calls_named,
-    _indented,
-    _index,
-    _insert,
-    _is_name,
-    _method_call,
-    _owner_of,
-    _scope_of,
-    _walk_all,
     ancestors,
+    calls_named,
+    indented_code,
+    index_in,
+    insert_at,
+    is_name,
+    method_call,
     node_code,
+    owner_of,
+    scope_of,
+    walk_all,
     walk_nodes,
 )
 
@@ -46,7 +46,7 @@ def _assignments(
             isinstance(node, cst.Assign)
             and len(node.targets) == 1
             and isinstance(node.value, cst.Call)
-            and _scope_of(node, parents) is scope
+            and scope_of(node, parents) is scope
         ):
             yield node_code(node.targets[0].target), node.value
 
@@ -98,12 +98,12 @@ def _count(n: int, what: str) -> str:
     return f"no {what} is" if n == 0 else f"{n} {what}s are"
 
 
-def _set_epoch(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def set_epoch_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
-    if _method_call(stmt, "set_epoch") is not None:  # the line this fix inserted (it moved the loop down)
+    if method_call(stmt, "set_epoch") is not None:  # the line this fix inserted (it moved the loop down)
         return None
-    scope = _scope_of(stmt, parents)
+    scope = scope_of(stmt, parents)
     if isinstance(stmt, cst.For):  # runtime: the loop that iterated the sampler
         inner: cst.For = stmt
         sampler = _sampler_of(_iterated(stmt.iter), module, parents, scope)
@@ -133,14 +133,14 @@ def _set_epoch(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.
     outer = next(
         (a for a in ancestors(inner, parents) if isinstance(a, cst.For | cst.While | cst.FunctionDef)), None
     )
-    if not isinstance(outer, cst.For) or _scope_of(outer, parents) is not scope:
+    if not isinstance(outer, cst.For) or scope_of(outer, parents) is not scope:
         raise EditError("the loop over the DataLoader is not inside a for loop over the epochs")
     if not isinstance(outer.target, cst.Name):
         raise EditError("the epoch loop's target is not one plain name to pass to set_epoch")
-    body = _indented(outer)
+    body = indented_code(outer)
     if any(".set_epoch(" in node_code(s) for s in body):
         return None
-    new = _insert(outer, body[0], before=f"{sampler}.set_epoch({outer.target.value})\n")
+    new = insert_at(outer, body[0], before=f"{sampler}.set_epoch({outer.target.value})\n")
     return module.visit(Replace(outer, new))
 
 
@@ -191,7 +191,7 @@ def _is_fixed(node: cst.BaseExpression, loss: str) -> bool:
         isinstance(node, cst.Call)
         and isinstance(node.func, cst.Attribute)
         and node.func.attr.value in ("item", "detach")
-        and _is_name(node.func.value, loss)
+        and is_name(node.func.value, loss)
     )
 
 
@@ -201,12 +201,12 @@ def _used_as_tensor(module: cst.Module, target: cst.BaseExpression) -> bool:
     if not isinstance(target, cst.Name):
         return True
     return any(
-        isinstance(n, cst.Attribute | cst.Subscript) and _is_name(n.value, target.value)
-        for n in _walk_all(module)
+        isinstance(n, cst.Attribute | cst.Subscript) and is_name(n.value, target.value)
+        for n in walk_all(module)
     )
 
 
-def _detach_kept(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def detach_kept_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     loss = _backward_loss(stmt, edit.line)
@@ -220,7 +220,7 @@ def _detach_kept(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cs
                 kept = _kept(small, loss)
                 if kept is None:
                     continue
-                if _is_name(kept[1], loss):
+                if is_name(kept[1], loss):
                     found.append((small, kept[0]))
                 elif _is_fixed(kept[1], loss):
                     fixed += 1
@@ -244,32 +244,32 @@ def _detach_kept(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cs
     return module.visit(ReplaceAll(replace))
 
 
-def _unscale_before_clip(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def unscale_before_clip_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
-    if _method_call(stmt, "unscale_") is not None:  # the line this fix inserted (it moved the clip down)
+    if method_call(stmt, "unscale_") is not None:  # the line this fix inserted (it moved the clip down)
         return None
-    if not isinstance(stmt, cst.SimpleStatementLine) or not _calls_named(
+    if not isinstance(stmt, cst.SimpleStatementLine) or not calls_named(
         stmt, {"clip_grad_norm_", "clip_grad_value_"}
     ):
         raise EditError(f"line {edit.line} does not clip gradients")
     scalers = {
-        node_code(c.func.value) for c in _calls_named(module, {"scale"}) if isinstance(c.func, cst.Attribute)
+        node_code(c.func.value) for c in calls_named(module, {"scale"}) if isinstance(c.func, cst.Attribute)
     }
-    owner = _owner_of(stmt, parents)
-    body = _indented(owner)
-    i = _index(body, stmt)
-    if i and _method_call(body[i - 1], "unscale_") is not None:
+    owner = owner_of(stmt, parents)
+    body = indented_code(owner)
+    i = index_in(body, stmt)
+    if i and method_call(body[i - 1], "unscale_") is not None:
         return None
     # The scaler.step(opt) after the clip: in the same block, or after the block the clip sits in
     # (``if clip: ...``), up to the loop or function around it.
     steps: list[tuple[str, str]] = []
     node: cst.CSTNode = stmt
     while not steps:
-        holder = _owner_of(node, parents)
-        siblings = _indented(holder)
-        for s in siblings[_index(siblings, node) + 1 :]:
-            m = _method_call(s, "step")
+        holder = owner_of(node, parents)
+        siblings = indented_code(holder)
+        for s in siblings[index_in(siblings, node) + 1 :]:
+            m = method_call(s, "step")
             if m is not None and m[0] in scalers and len(m[1].args) == 1 and m[1].args[0].keyword is None:
                 steps.append((m[0], node_code(m[1].args[0].value)))
         if isinstance(holder, cst.For | cst.While | cst.FunctionDef | cst.Module) or steps:
@@ -280,16 +280,16 @@ def _unscale_before_clip(module: cst.Module, wrapper: MetadataWrapper, edit: Edi
             f"no one SCALER.step(OPTIMIZER) follows the clipping at line {edit.line} to name them"
         )
     scaler, opt = steps[0]
-    new = _insert(owner, stmt, before=f"{scaler}.unscale_({opt})\n")
+    new = insert_at(owner, stmt, before=f"{scaler}.unscale_({opt})\n")
     return module.visit(Replace(owner, new))
 
 
-def _shuffle(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def shuffle_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if not isinstance(stmt, cst.For):
         raise EditError(f"line {edit.line} does not loop over a DataLoader")
-    loader, scope = _iterated(stmt.iter), _scope_of(stmt, parents)
+    loader, scope = _iterated(stmt.iter), scope_of(stmt, parents)
     target = _built_loader(loader, module, parents, scope)
     if _kwarg(target, "batch_sampler") is not None:
         raise EditError(f"{loader} takes a batch_sampler, which decides the order itself")

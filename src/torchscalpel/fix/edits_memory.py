@@ -108,7 +108,7 @@ def _plain_call(stmt: cst.CSTNode, method: str) -> cst.Call | None:
 
 def _zero_grad_after_step(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     from torchscalpel.fix.edits import Edit as _Edit
-    from torchscalpel.fix.edits import EditError, Replace, _body_of, _same, set_kwargs, statement_at
+    from torchscalpel.fix.edits import EditError, Replace, body_of, same_code, set_kwargs, statement_at
 
     stmt, owner = statement_at(wrapper, edit.line)
     step = _plain_call(stmt, "step")
@@ -116,7 +116,7 @@ def _zero_grad_after_step(module: cst.Module, wrapper: MetadataWrapper, edit: Ed
         # ``scaler.step(opt)`` / ``opt.step(closure)``: the optimizer is not the call's receiver
         raise EditError(f"line {edit.line} is not a plain OPTIMIZER.step() call")
     receiver = module.code_for_node(step.func.value)
-    body = list(_body_of(owner))
+    body = list(body_of(owner))
     i = body.index(stmt)
     after = body[i + 1] if i + 1 < len(body) else None
     zero = _plain_call(after, "zero_grad") if after is not None else None
@@ -124,7 +124,7 @@ def _zero_grad_after_step(module: cst.Module, wrapper: MetadataWrapper, edit: Ed
         if module.code_for_node(zero.func.value) != receiver:
             raise EditError(f"the statement after {receiver}.step() zeroes another object's gradients")
         new = set_kwargs(zero, _Edit(kind="call_kwargs", callee="zero_grad", kwargs=(("set_to_none", True),)))
-        return None if _same(zero, new) else module.visit(Replace(zero, new))
+        return None if same_code(zero, new) else module.visit(Replace(zero, new))
     body[i + 1 : i + 1] = list(cst.parse_module(f"{receiver}.zero_grad(set_to_none=True)\n").body)
     return module.visit(Replace(owner, owner.with_changes(body=body)))
 

@@ -8,19 +8,19 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, _statements, callee_name, dotted, statement_at
+from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, statement_at, statements_of
 from torchscalpel.fix.edits_cst import (
-    _expr_call,
-    _indented,
-    _index,
-    _is_docstring,
-    _is_name,
-    _owner_of,
-    _scope_of,
-    _walk_all,
-    _with_statements,
+    expr_call,
+    indented_code,
+    index_in,
+    is_docstring,
+    is_name,
     node_code,
+    owner_of,
+    scope_of,
+    walk_all,
     walk_nodes,
+    with_statements,
 )
 
 
@@ -31,7 +31,7 @@ def _self_assign(stmt: cst.CSTNode, line: int) -> tuple[cst.SimpleStatementLine,
         isinstance(small, cst.Assign)
         and len(small.targets) == 1
         and isinstance(small.targets[0].target, cst.Attribute)
-        and _is_name(small.targets[0].target.value, "self")
+        and is_name(small.targets[0].target.value, "self")
     ):
         return stmt, small, small.targets[0].target.attr.value  # type: ignore[return-value]
     raise EditError(f"line {line} is not one 'self.NAME = ...' assignment")
@@ -62,7 +62,7 @@ def _nn(module: cst.Module) -> str:
     raise EditError("the file imports neither torch nor torch.nn as nn at its top level")
 
 
-def _module_container(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def module_container_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     stmt, _ = statement_at(wrapper, edit.line)
     _, assign, name = _self_assign(stmt, edit.line)
     value = assign.value
@@ -72,7 +72,7 @@ def _module_container(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
         wrapper_name = "ModuleList"
         empty = isinstance(value, cst.List | cst.Tuple) and not value.elements
     elif isinstance(value, cst.Dict | cst.DictComp) or (
-        isinstance(value, cst.Call) and _is_name(value.func, "dict")
+        isinstance(value, cst.Call) and is_name(value.func, "dict")
     ):
         wrapper_name = "ModuleDict"
         empty = isinstance(value, cst.Dict) and not value.elements
@@ -83,14 +83,14 @@ def _module_container(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
     return module.visit(Replace(assign, assign.with_changes(value=new)))
 
 
-def _register_buffer(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def register_buffer_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
-    done = _expr_call(stmt)
+    done = expr_call(stmt)
     if done is not None and callee_name(done.func) == "register_buffer":
         return None
     line, assign, name = _self_assign(stmt, edit.line)
-    func = _scope_of(stmt, parents)
+    func = scope_of(stmt, parents)
     if not (isinstance(func, cst.FunctionDef) and func.name.value == "__init__"):
         raise EditError(f"self.{name} is assigned outside __init__, where register_buffer would run again")
     call = cst.parse_expression(f'self.register_buffer("{name}", _)')
@@ -101,7 +101,7 @@ def _register_buffer(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -
 
 def _is_super_init(stmt: cst.CSTNode) -> bool:
     """``super().__init__(...)``, ``nn.Module.__init__(self)``, ``Base.__init__(self, ...)``."""
-    call = _expr_call(stmt)
+    call = expr_call(stmt)
     return call is not None and isinstance(call.func, cst.Attribute) and call.func.attr.value == "__init__"
 
 
@@ -111,17 +111,17 @@ def _free_names(node: cst.CSTNode) -> set[str]:
     return {n.value for n in walk_nodes(node) if isinstance(n, cst.Name) and id(n) not in attrs}
 
 
-def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def super_init_first_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
-    func = stmt if isinstance(stmt, cst.FunctionDef) else _scope_of(stmt, parents)
-    cls = _scope_of(func, parents) if func is not None else None
+    func = stmt if isinstance(stmt, cst.FunctionDef) else scope_of(stmt, parents)
+    cls = scope_of(func, parents) if func is not None else None
     if not (
         isinstance(func, cst.FunctionDef) and func.name.value == "__init__" and isinstance(cls, cst.ClassDef)
     ):
         raise EditError(f"line {edit.line} is not in a class's __init__")
-    body = _indented(func)
-    first = 1 if _is_docstring(body[0]) else 0
+    body = indented_code(func)
+    first = 1 if is_docstring(body[0]) else 0
     if first < len(body) and _is_super_init(body[first]):
         return None
     calls = [s for s in body if _is_super_init(s)]
@@ -134,11 +134,11 @@ def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
     if len(calls) > 1 or elsewhere:
         raise EditError(f"{cls.name.value}.__init__ calls the base __init__ where fix cannot move it from")
     if calls:  # later in the body: moved up, when it reads nothing but the parameters
-        call = _expr_call(calls[0])
+        call = expr_call(calls[0])
         assert call is not None
         # ``self`` itself (``nn.Module.__init__(self)``), never what was set on it before the call
         allowed = {p.name.value for p in func.params.params} - {"self"}
-        reads = set().union(*(_free_names(a.value) for a in call.args if not _is_name(a.value, "self")))
+        reads = set().union(*(_free_names(a.value) for a in call.args if not is_name(a.value, "self")))
         if not reads <= allowed:
             raise EditError("the base __init__ call uses values computed before it; move it up by hand")
         add = calls[0]
@@ -149,7 +149,7 @@ def _super_init_first(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
             raise EditError(
                 f"{cls.name.value} is not a direct nn.Module subclass, so its base may need arguments"
             )
-        add, rest = _statements("super().__init__()\n")[0], body
+        add, rest = statements_of("super().__init__()\n")[0], body
     if first == len(rest):  # an __init__ holding only its docstring
         new = [*rest, add]
     else:
@@ -177,7 +177,7 @@ def _deletable(stmt: cst.CSTNode, what: str) -> bool:
         return False
     small = stmt.body[0]
     if what == "empty_cache":
-        call = _expr_call(stmt)
+        call = expr_call(stmt)
         return call is not None and not call.args and node_code(call.func).endswith("empty_cache")
     return (
         isinstance(small, cst.Assign)
@@ -187,17 +187,17 @@ def _deletable(stmt: cst.CSTNode, what: str) -> bool:
     )
 
 
-def _delete_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+def delete_statement_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
     what = edit.callee
     stmt, _ = statement_at(wrapper, edit.line)
     if not _deletable(stmt, what):
-        if not any(_deletable(n, what) for n in _walk_all(module)):
+        if not any(_deletable(n, what) for n in walk_all(module)):
             return None  # deleted already (the line now holds what came after it)
         raise EditError(f"line {edit.line} is not the statement {DELETABLE[what]}")
     parents = wrapper.resolve(ParentNodeProvider)
-    owner = _owner_of(stmt, parents)
-    body = _indented(owner)
-    i = _index(body, stmt)
+    owner = owner_of(stmt, parents)
+    body = indented_code(owner)
+    i = index_in(body, stmt)
     lead = list(getattr(stmt, "leading_lines", ()))
     rest = [*body[:i], *body[i + 1 :]]
     if i < len(rest):  # the comments above it stay, above the statement after it
@@ -208,5 +208,5 @@ def _delete_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) 
     if not rest:
         if isinstance(owner, cst.Module):
             return cst.Module(body=[], header=module.header, footer=module.footer)
-        rest = _statements("pass\n")
-    return module.visit(Replace(owner, _with_statements(owner, rest)))
+        rest = statements_of("pass\n")
+    return module.visit(Replace(owner, with_statements(owner, rest)))

@@ -115,7 +115,7 @@ def _used(sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return used or sites
 
 
-def _one_site(sites: list[dict[str, Any]], what: str) -> tuple[dict[str, Any] | None, str]:
+def one_site(sites: list[dict[str, Any]], what: str) -> tuple[dict[str, Any] | None, str]:
     """The one site to edit, or why there is none (none recorded, several, built in a library)."""
     used = _used(sites)
     places = {(s.get("file"), s.get("line")) for s in used}
@@ -235,7 +235,7 @@ def settings_plan(record: RunRecord, settings: dict[str, Any]) -> list[Planned]:
     if settings.get("optimizer"):
         impl = settings["optimizer"]
         label, snippet = f"optimizer {impl}=True", f"optimizer = torch.optim.AdamW(..., {impl}=True)"
-        site, why = _one_site(sites.optimizers, "optimizer")
+        site, why = one_site(sites.optimizers, "optimizer")
         if (
             framework == "transformers"
             and impl == "fused"
@@ -275,7 +275,7 @@ def settings_plan(record: RunRecord, settings: dict[str, Any]) -> list[Planned]:
         line = code.statement(code.call("torch.set_num_threads", settings["threads"]))
         add(f"threads {settings['threads']}", line.strip(), script, Edit(kind="global_call", code=line))
     if settings.get("amp"):
-        out.append(_amp_plan(settings["amp"], sites, framework, script))
+        out.append(amp_plan(settings["amp"], sites, framework, script))
     loader = settings.get("dataloader") or {}
     if loader:
         out.append(_loader_plan(loader, sites, framework, script))
@@ -318,7 +318,7 @@ def _knob_code(settings: dict[str, Any], key: str) -> str:
     return "\n".join(code_lines(only))
 
 
-def _amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path | None) -> Planned:
+def amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path | None) -> Planned:
     label = f"autocast {amp}"
     if framework is not None:
         from torchscalpel.fix.locate_knobs import framework_amp
@@ -379,7 +379,7 @@ def _loader_plan(
             Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=hf),
             "TrainingArguments(..., " + ", ".join(f"{k}={v!r}" for k, v in hf) + ")",
         )
-    site, why = _one_site(sites.dataloaders, "DataLoader")
+    site, why = one_site(sites.dataloaders, "DataLoader")
     if site is None:
         return Planned.refused(label, "tune", snippet, why)
     return kwargs_at_site(label, "tune", site, "DataLoader", kwargs, snippet)

@@ -13,10 +13,10 @@ from torchscalpel.fix import code
 from torchscalpel.fix.edits import Edit
 from torchscalpel.fix.locate import (
     Planned,
-    _one_site,
     hf_gradient_checkpointing,
     kwargs_at_site,
     model_site_refusal,
+    one_site,
 )
 from torchscalpel.sections import SitesSection
 
@@ -66,7 +66,7 @@ def fp16_plan(sites: SitesSection) -> Planned:
     fwd, bwd, step = sites.forward or {}, sites.backward or {}, sites.step or {}
     device = fwd.get("device") or "cuda"
     label, snippet = "autocast fp16 + GradScaler", FP16_SNIPPET.format(device=device)
-    site, why = _one_site(sites.optimizers, "optimizer")
+    site, why = one_site(sites.optimizers, "optimizer")
     if site is None:
         return Planned.refused(label, "tune", snippet, why)
     if not fwd or not bwd or not step:

@@ -12,7 +12,7 @@ patched`` with its snippet, and the next fitting rung is tried. The rungs:
 - ``micro-batches``: HF ``per_device_train_batch_size`` / ``gradient_accumulation_steps``, Lightning's
   DataLoader ``batch_size`` and ``Trainer(accumulate_grad_batches=...)``; a loop of the user's own is
   not rewritten (the loss scaling and the step every K batches are the loop's logic);
-- ``bf16``: the autocast edit tune's amp setting makes (:func:`torchscalpel.fix.locate._amp_plan`);
+- ``bf16``: the autocast edit tune's amp setting makes (:func:`torchscalpel.fix.locate.amp_plan`);
 - ``set-to-none``: ``zero_grad(set_to_none=True)`` after the recorded ``optimizer.step()``.
 
 Nothing here reads the user's files.
@@ -28,10 +28,10 @@ from typing import Any
 from torchscalpel.fix.edits import Edit
 from torchscalpel.fix.locate import (
     Planned,
-    _amp_plan,
-    _one_site,
+    amp_plan,
     framework_of,
     hf_gradient_checkpointing,
+    one_site,
     script_file,
 )
 from torchscalpel.fix.record_values import sites as checked_sites
@@ -128,7 +128,7 @@ def _rung_plan(
         return _microbatch_plan(rung, oom, sites, framework, script)
     if kind == "bf16":
         return dataclasses.replace(
-            _amp_plan("bf16", sites, framework, script), label="bf16 autocast", source="memory"
+            amp_plan("bf16", sites, framework, script), label="bf16 autocast", source="memory"
         )
     return _set_to_none_plan(sites)
 
@@ -194,7 +194,7 @@ def _microbatch_plan(
             f"TrainingArguments(..., per_device_train_batch_size={batch // k}, gradient_accumulation_steps={k})",
         )
     if framework == "lightning":
-        site, why = _one_site(sites.dataloaders, "DataLoader")
+        site, why = one_site(sites.dataloaders, "DataLoader")
         lightning = f"DataLoader(..., batch_size={batch // k}) and Trainer(..., accumulate_grad_batches={k})"
         if site is None:
             return Planned(label, "memory", None, None, lightning, why)
