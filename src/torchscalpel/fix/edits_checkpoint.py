@@ -33,7 +33,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
 from torchscalpel.fix.edits import Edit, EditError, callee_name, dotted, find_call, set_kwargs
-from torchscalpel.fix.edits_cst import ReplaceAll, ancestors, node_code, walk_nodes
+from torchscalpel.fix.edits_cst import ReplaceAll, ancestors, node_code, walk_all, walk_nodes
 
 SKIPPED_DIRS = frozenset({".git", "__pycache__", "scalpel-runs", ".venv", "venv", "node_modules", ".tox"})
 """Not searched for other readers of a checkpoint: history, caches, runs and environments."""
@@ -216,7 +216,7 @@ def save_state_dict(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) ->
     if saved is None:
         raise EditError(f"torch.save at {_where(name, edit.line)} names no file to save to")
     replace: dict[cst.CSTNode, cst.CSTNode] = {}
-    for load in (n for n in _walk_module(module) if _is_torch_load(n)):
+    for load in (n for n in walk_all(module) if _is_torch_load(n)):
         assert isinstance(load, cst.Call)
         line = positions[load].start.line
         read = _path_key(load, parents)
@@ -282,7 +282,7 @@ def safe_load(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.M
     positions = wrapper.resolve(PositionProvider)
     read = _path_key(call, parents)
     if read is not None and not _inside_load_state_dict(call, parents):
-        for save in _walk_module(module):
+        for save in walk_all(module):
             if not (isinstance(save, cst.Call) and _whole_module_save(save)):
                 continue
             written = _path_key(save, parents)
@@ -302,19 +302,6 @@ def safe_load(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.M
     if node_code(new) == node_code(call):
         return None
     return module.visit(ReplaceAll({call: new}))
-
-
-def _walk_module(module: cst.Module) -> list[cst.CSTNode]:
-    """Every node of the file, nested functions and classes included (a reader is anywhere)."""
-    out: list[cst.CSTNode] = []
-
-    class _Every(cst.CSTVisitor):
-        def on_visit(self, node: cst.CSTNode) -> bool:
-            out.append(node)
-            return True
-
-    module.visit(_Every())
-    return out
 
 
 def tree_of(file: Path) -> Path:

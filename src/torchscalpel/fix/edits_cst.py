@@ -48,6 +48,7 @@ class _Walk(cst.CSTVisitor):
 
 
 def walk_nodes(root: cst.CSTNode) -> list[cst.CSTNode]:
+    """Every node under ``root``, without entering the functions, classes or lambdas it holds."""
     walker = _Walk(root)
     root.visit(walker)
     return list(walker.nodes)
@@ -63,6 +64,7 @@ class _All(cst.CSTVisitor):
 
 
 def walk_all(root: cst.CSTNode) -> list[cst.CSTNode]:
+    """Every node under ``root``, nested functions and classes included (a checkpoint reader is anywhere)."""
     v = _All()
     root.visit(v)
     return v.nodes
