@@ -406,15 +406,20 @@ class ProfilerSection(SectionView):
                 "seconds": AMOUNT,
                 "step_ms": AMOUNT,
                 "error": TEXT,
-                "ops": rows(
-                    {
-                        "name": TEXT,
-                        "site": TEXT,
-                        "site_share": AMOUNT,
-                        "calls": COUNT,
-                        "self_us": AMOUNT,
-                        "library_site": TEXT,
-                    }
+                "ops": list_of(
+                    obj(
+                        {
+                            "name": required(TEXT),
+                            "site": TEXT,
+                            "site_share": required(AMOUNT),
+                            "calls": COUNT,
+                            "self_us": AMOUNT,
+                            "library_site": TEXT,
+                        },
+                        nullable=False,
+                        needs=("name", "site_share"),
+                    ),
+                    nullable=False,
                 ),
             }
         ),
@@ -484,8 +489,19 @@ class TraceSection(StageSection):
 
     KEY: ClassVar[str] = "trace"
     CHECKS: ClassVar[Mapping[str, Check]] = {
-        "top_ops": rows({"name": TEXT, "self_us": AMOUNT, "total_us": AMOUNT, "count": COUNT}),
-        "top_kernels": rows({"name": TEXT, "total_us": AMOUNT, "count": COUNT}),
+        "top_ops": rows(
+            {
+                "name": required(TEXT),
+                "category": TEXT,
+                "self_us": required(AMOUNT),
+                "total_us": AMOUNT,
+                "count": COUNT,
+            },
+            needs=("name", "self_us"),
+        ),
+        "top_kernels": rows(
+            {"name": required(TEXT), "category": TEXT, "total_us": AMOUNT, "count": COUNT}, needs=("name",)
+        ),
         "memory": obj({"peak_bytes": AMOUNT}),
     }
 
@@ -820,7 +836,42 @@ def _memory(value: Any, where: str) -> str | None:
     return problem
 
 
+def _location(value: Any, where: str) -> str | None:
+    """A finding's ``location`` (:class:`torchscalpel.findings.Location`: file, line, column and nothing else,
+    since readers rebuild it with ``Location(**location)``)."""
+    problem = obj({"file": required(TEXT), "line": required(COUNT), "column": COUNT}, needs=("file", "line"))(
+        value, where
+    )
+    if problem is None and value is not None:
+        extra = sorted(set(value) - {"file", "line", "column"})
+        if extra:
+            return must(f"{where}", "an object of file, line and column", f"... {extra[0]!s} ...")
+    return problem
+
+
+FINDING = obj(
+    {
+        "rule": required(TEXT),
+        "severity": scalar(
+            lambda v: isinstance(v, str) and v.strip().lower() in ("info", "warning", "error"),
+            "info, warning or error",
+            nullable=False,
+        ),
+        "message": required(TEXT),
+        "evidence": list_of(required(TEXT), nullable=False),
+        "fix": required(TEXT),
+        "location": _location,
+        "source": TEXT,
+        "rank": COUNT,
+    },
+    nullable=False,
+    needs=("rule",),  # a hand-made finding may leave out the rest; the readers .get it
+)
+"""One of ``record.findings`` (:meth:`torchscalpel.findings.Finding.to_dict`; readers rebuild it with
+``Finding.from_dict``)."""
+
 PART_CHECKS: dict[str, Check] = {
+    "findings": list_of(FINDING, nullable=False),
     "summary": lambda v, where: RunSummary.problem(v, where),
     "profiler": lambda v, where: ProfilerSection.problem(v, where),
     "config": lambda v, where: RunConfig.problem(v, where),

@@ -46,7 +46,7 @@ PARTS = ("summary", "profiler", "config", "sections", "findings", "steps")
 
 BOUNDED = settings(
     # SCALPEL_FUZZ_EXAMPLES=500 for a longer hunt by hand; CI keeps the small bound
-    max_examples=int(os.environ.get("SCALPEL_FUZZ_EXAMPLES", "25")),
+    max_examples=int(os.environ.get("SCALPEL_FUZZ_EXAMPLES", "40")),
     deadline=timedelta(seconds=10),  # one example renders two pages; far above it on a loaded 2-core machine
     derandomize=True,
     database=None,
@@ -74,6 +74,18 @@ def _paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
 PLACES = {
     kind: [p for p in _paths(_data(kind)) if p[0] in PARTS and p[:2] != ("steps", "extra")] for kind in KINDS
 }
+OWN = {
+    "profile": (("summary",), ("profiler",), ("sections", "trace")),
+    "doctor": (("findings",), ("sections", "doctor"), ("sections", "sites")),
+    "tune": (("sections", "tune"),),
+    "lr": (("sections", "lr"),),
+    "batch": (("sections", "batch"),),
+    "memory": (("sections", "memory"),),
+    "plan": (("sections", "plan"),),
+}
+OWN_PLACES = {kind: [p for p in PLACES[kind] if any(p[: len(o)] == o for o in OWN[kind])] for kind in KINDS}
+"""Half the draws land in the stage's own section (what its renderers read; the schema of steps and top-level
+fields never covered it), half anywhere a renderer or fix reads."""
 
 
 def _deep(depth: int) -> Any:
@@ -84,6 +96,8 @@ def _deep(depth: int) -> Any:
 
 
 WRONG = st.one_of(
+    # most draws are the type confusions and out-of-range values a reader trips on; the rest are free
+    st.sampled_from(["x", None, [], {}, -1, True, float("nan")]),
     st.sampled_from(
         [
             "x",
@@ -169,7 +183,7 @@ def test_a_mutated_record_is_refused_in_one_sentence_or_renders(kind: str, tmp_p
     base = load_record(RECORDS / f"{kind}.json")
 
     @BOUNDED
-    @given(place=st.sampled_from(PLACES[kind]), value=WRONG)
+    @given(place=st.sampled_from(PLACES[kind]) | st.sampled_from(OWN_PLACES[kind]), value=WRONG)
     def check(place: tuple[Any, ...], value: Any) -> None:
         path = _write(tmp_path / "run.json", _mutated(kind, place, value))
         try:
@@ -189,14 +203,14 @@ def test_a_mutated_record_is_refused_in_one_sentence_or_renders(kind: str, tmp_p
 def test_a_value_that_passes_the_check_of_load_is_within_its_declared_range(tmp_path: Path) -> None:
     # The fuzz above could pass with a renderer that tolerates anything; this pins what load itself refuses.
     cases = [
-        ("batch", ("sections", "batch", "rows", 2, "samples_per_s"), "x"),
+        ("batch", ("sections", "batch", "rows", 1, "samples_per_s"), "x"),
         ("batch", ("sections", "batch", "rows", 0, "median_step_ms"), -1),
         ("batch", ("sections", "batch", "rows", 0, "batch_size"), None),
         ("lr", ("sections", "lr", "points", 1, "loss"), "1.0"),
         ("lr", ("sections", "lr", "steps"), "x"),
         ("memory", ("sections", "memory", "peak", "by_category"), None),
         ("memory", ("sections", "memory", "peak", "total"), math.inf),
-        ("tune", ("sections", "tune", "winner", "confirm_pairs"), [[1.0]]),
+        ("tune", ("sections", "tune", "winner", "confirm_pairs", 1), [1.0]),
         ("plan", ("sections", "plan", "rows", 0, "fits"), "yes"),
         ("doctor", ("sections", "sites", "forward", "device"), []),
         ("doctor", ("sections", "doctor", "counts", "warning"), 1.5),
@@ -208,6 +222,5 @@ def test_a_value_that_passes_the_check_of_load_is_within_its_declared_range(tmp_
         with pytest.raises(UsageError) as info:
             load_record(path)
         _one_sentence(info.value)
-        field = ".".join(str(p) for p in place[:-1])
-        assert "must be" in str(info.value) or "is missing" in str(info.value), info.value
-        assert str(info.value).split(": ", 1)[1].startswith(field.split(".")[0]), info.value
+        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in place).lstrip(".")
+        assert f"is not a valid run record: {field} must be " in str(info.value), info.value

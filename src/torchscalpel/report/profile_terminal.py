@@ -248,7 +248,7 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
             continue
         loc = f.get("location")
         at = " at " + site_text(f"{loc['file']}:{loc['line']}") if loc else ""
-        c.print(f"[bold]{escape(f['rule'])}[/]{escape(at)}: {escape(f['message'])}")
+        c.print(f"[bold]{escape(f['rule'])}[/]{escape(at)}: {escape(f.get('message', ''))}")
         c.print(f"  fix: {escape(f.get('fix', ''))}")
     if any(_own_attention(f) for f in record.findings):
         say(
