@@ -329,15 +329,15 @@ SITE_FIELDS: dict[str, Check] = {
     "library": TEXT,
     "used": FLAG,
     "autocast": FLAG,
-    "device": scalar(
-        lambda v: isinstance(v, str) and v in DEVICE_TYPES, "a torch device type (cpu, cuda, ...)"
-    ),
+    "device": TEXT,  # which names fix may write into code (DEVICE_TYPES) is fix's check, not every reader's
     "input_dims": scalar(
         lambda v: isinstance(v, list) and all(d is None or (is_int(d) and d >= 0) for d in v),
         "a list of tensor dimensions",
     ),
 }
-"""A recorded site (:mod:`torchscalpel.runtime.sites`); ``scalpel fix`` also checks ``class`` as code."""
+"""A recorded site (:mod:`torchscalpel.runtime.sites`): the types every reader relies on. What ``scalpel fix``
+writes into code from it (``class`` a dotted name, ``device`` one of :data:`DEVICE_TYPES`) it checks itself
+(:mod:`torchscalpel.fix.record_values`): a name outside those sets is text to a renderer."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -852,11 +852,7 @@ def _location(value: Any, where: str) -> str | None:
 FINDING = obj(
     {
         "rule": required(TEXT),
-        "severity": scalar(
-            lambda v: isinstance(v, str) and v.strip().lower() in ("info", "warning", "error"),
-            "info, warning or error",
-            nullable=False,
-        ),
+        "severity": required(TEXT),  # drawn as text; an unknown one is shown, not parsed
         "message": required(TEXT),
         "evidence": list_of(required(TEXT), nullable=False),
         "fix": required(TEXT),

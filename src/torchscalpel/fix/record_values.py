@@ -24,6 +24,7 @@ from typing import Any
 from torchscalpel.errors import UsageError
 from torchscalpel.record import RunRecord
 from torchscalpel.sections import (
+    DEVICE_TYPES,
     MAX_PATH,
     SitesSection,
     TuneSection,
@@ -89,8 +90,9 @@ def _list(value: Any, field: str) -> list[Any]:
 
 
 def sites(record: RunRecord) -> SitesSection:
-    """``sections["sites"]``: every site's file, line, device, ... checked as every reader checks them
-    (:data:`torchscalpel.sections.SITE_FIELDS`), and each ``class`` as fix writes it into code (a dotted name)."""
+    """``sections["sites"]``: every site's file, line, ... checked as every reader checks them
+    (:data:`torchscalpel.sections.SITE_FIELDS`), then what fix writes into code: each ``class`` a dotted name,
+    each ``device`` a torch device type."""
     _shared(record, "sites")
     view = record.section(SitesSection)
     if view is None:
@@ -105,6 +107,9 @@ def sites(record: RunRecord) -> SitesSection:
         cls = (site or {}).get("class")
         if cls is not None and not (cls == "" or is_module_name(cls)):
             raise _fail(f"{field}.class", "a class name", cls)
+        device = (site or {}).get("device")
+        if device is not None and device not in DEVICE_TYPES:
+            raise _fail(f"{field}.device", "a torch device type (cpu, cuda, ...)", device)
     return view
 
 
