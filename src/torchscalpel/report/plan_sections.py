@@ -52,7 +52,7 @@ def build(record: RunRecord) -> list[Section]:
             fmt_bytes(r.get("margin")),
             fmt_bytes(r.get("needed")),
             fmt_bytes(r.get("capacity")),
-            {True: "yes", False: "no"}.get(r.get("fits"), "-"),
+            "-" if r.get("fits") is None else ("yes" if r["fits"] else "no"),
             fmt_bytes(r.get("headroom")),
             r.get("max_batch") if r.get("max_batch") is not None else "-",
             fmt_bytes(r.get("weights_optimizer_rule")),
