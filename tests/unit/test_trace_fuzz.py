@@ -33,7 +33,22 @@ TRACE = json.loads(gzip.decompress(SOURCE.read_bytes()))
 EVENTS = len(TRACE["traceEvents"])
 EVENT_KEYS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args", "id", "s")
 ARG_KEYS = ("External id", "correlation", "device", "stream", "Total Allocated", "Bytes", "Input Dims")
-HEADER_KEYS = ("deviceProperties", "distributedInfo", "baseTimeNanoseconds", "displayTimeUnit", "traceEvents")
+
+
+def _header_places(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every place in the trace's header (``deviceProperties[0].name``, ``distributedInfo.rank``, ...) and the
+    event list itself."""
+    out = [path] if path else []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            out += [(*path, "traceEvents")] if key == "traceEvents" else _header_places(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            out += _header_places(item, (*path, i))
+    return out
+
+
+HEADER_PLACES = _header_places(TRACE)
 
 BOUNDED = settings(
     max_examples=int(os.environ.get("SCALPEL_FUZZ_EXAMPLES", "100")),
@@ -95,32 +110,42 @@ def test_the_committed_trace_analyses(tmp_path: Path) -> None:
     assert not result.errors and result.to_dict()["ranks"][0]["events"] == EVENTS
 
 
+def _mutated(place: tuple[Any, ...], value: Any) -> bytes:
+    data = json.loads(json.dumps(TRACE))
+    holder = data
+    for part in place[:-1]:
+        if part == "args" and not isinstance(holder.get("args"), dict):
+            holder["args"] = {}
+        holder = holder[part]
+    holder[place[-1]] = value
+    return json.dumps(data).encode("utf-8", "surrogatepass")
+
+
+@BOUNDED
+@given(place=st.sampled_from(HEADER_PLACES), value=WRONG, gz=st.booleans())
+def test_a_trace_with_a_wrong_header_value_is_analysed_or_refused_in_one_sentence(
+    place: tuple[Any, ...], value: Any, gz: bool, tmp_path_factory: Any
+) -> None:
+    out = tmp_path_factory.mktemp("t")
+    _analyse(_write(out, _mutated(place, value), gz), out)
+
+
 @BOUNDED
 @given(
-    where=st.one_of(
-        st.tuples(st.integers(0, EVENTS - 1), st.sampled_from(EVENT_KEYS)),
-        st.tuples(st.integers(0, EVENTS - 1), st.sampled_from(ARG_KEYS).map(lambda k: ("args", k))),
-        st.sampled_from(HEADER_KEYS).map(lambda k: (None, k)),
+    place=st.one_of(
+        st.tuples(st.just("traceEvents"), st.integers(0, EVENTS - 1), st.sampled_from(EVENT_KEYS)),
+        st.tuples(
+            st.just("traceEvents"), st.integers(0, EVENTS - 1), st.just("args"), st.sampled_from(ARG_KEYS)
+        ),
     ),
     value=WRONG,
     gz=st.booleans(),
 )
-def test_a_trace_with_a_wrong_value_is_analysed_or_refused_in_one_sentence(
-    where: tuple[Any, Any], value: Any, gz: bool, tmp_path_factory: Any
+def test_a_trace_with_a_wrong_event_value_is_analysed_or_refused_in_one_sentence(
+    place: tuple[Any, ...], value: Any, gz: bool, tmp_path_factory: Any
 ) -> None:
     out = tmp_path_factory.mktemp("t")
-    data = json.loads(json.dumps(TRACE))
-    index, key = where
-    if index is None:
-        data[key] = value
-    elif isinstance(key, tuple):
-        event = data["traceEvents"][index]
-        if not isinstance(event.get("args"), dict):
-            event["args"] = {}
-        event["args"][key[1]] = value
-    else:
-        data["traceEvents"][index][key] = value
-    _analyse(_write(out, json.dumps(data).encode("utf-8", "surrogatepass"), gz), out)
+    _analyse(_write(out, _mutated(place, value), gz), out)
 
 
 @BOUNDED
