@@ -866,8 +866,33 @@ FINDING = obj(
 """One of ``record.findings`` (:meth:`torchscalpel.findings.Finding.to_dict`; readers rebuild it with
 ``Finding.from_dict``)."""
 
+ENVIRONMENT = obj(
+    {"cpu": obj({"load_avg_1m": AMOUNT, "usable_cores": COUNT}), "cpu_count": COUNT},
+    nullable=False,
+)
+"""What the renderers compute from ``record.environment`` (the busy-machine note: load over cores); the rest of
+the facts are shown as text."""
+PROVENANCE = obj(
+    {
+        "git": obj({}),
+        "code": obj({"script": obj({}), "modules": dict_of(obj({}))}),
+        "data": obj({}),
+        "seeds": obj(
+            {
+                "calls": list_of(obj({}, nullable=False)),
+                "loaders": list_of(obj({}, nullable=False)),
+            }
+        ),
+    },
+    nullable=False,
+)
+"""``record.provenance`` as ``compare`` reads it: objects where it calls ``.get`` (their values it only compares).
+``scalpel fix`` checks the paths and digests it uses itself (:mod:`torchscalpel.fix.record_values`)."""
+
 PART_CHECKS: dict[str, Check] = {
     "findings": list_of(FINDING, nullable=False),
+    "environment": ENVIRONMENT,
+    "provenance": PROVENANCE,
     "summary": lambda v, where: RunSummary.problem(v, where),
     "profiler": lambda v, where: ProfilerSection.problem(v, where),
     "config": lambda v, where: RunConfig.problem(v, where),

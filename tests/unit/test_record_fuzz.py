@@ -42,7 +42,7 @@ from torchscalpel.sections import BatchSection, LrSection
 
 RECORDS = Path(__file__).resolve().parents[1] / "data" / "records"
 KINDS = ("profile", "doctor", "tune", "lr", "batch", "memory", "plan")
-PARTS = ("summary", "profiler", "config", "sections", "findings", "steps")
+PARTS = ("summary", "profiler", "config", "sections", "findings", "steps", "environment", "provenance")
 """The parts a renderer or fix reads (the schema's own top-level fields are covered by test_record_hostile)."""
 
 BOUNDED = settings(
@@ -76,7 +76,7 @@ PLACES = {
     kind: [p for p in _paths(_data(kind)) if p[0] in PARTS and p[:2] != ("steps", "extra")] for kind in KINDS
 }
 OWN = {
-    "profile": (("summary",), ("profiler",), ("sections", "trace")),
+    "profile": (("summary",), ("profiler",), ("sections", "trace"), ("environment", "cpu"), ("provenance",)),
     "doctor": (("findings",), ("sections", "doctor"), ("sections", "sites")),
     "tune": (("sections", "tune"),),
     "lr": (("sections", "lr"),),
