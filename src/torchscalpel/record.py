@@ -40,7 +40,14 @@ from typing import Any, Literal, TypeVar
 from torchscalpel.errors import RecordVersionError, ScalpelError, UsageError
 from torchscalpel.fileio import atomic_write_text
 from torchscalpel.record_schema import MAX_DEPTH, validate_record_data
-from torchscalpel.sections import ProfilerSection, RunConfig, RunSummary, StageSection, TraceSection
+from torchscalpel.sections import (
+    ProfilerSection,
+    RunConfig,
+    RunSummary,
+    StageSection,
+    TraceSection,
+    check_parts,
+)
 
 S = TypeVar("S", bound=StageSection)
 
@@ -340,7 +347,9 @@ def load_record(path: str | os.PathLike[str]) -> RunRecord:
         ) from None
     if not isinstance(data, dict):
         raise UsageError(f"{source} does not hold a run record (expected a JSON object).")
-    problem = validate_record_data(data)
+    # The schema (top-level types, steps, bounds), then what the renderers and fix read of each part (types and
+    # ranges): a record that loads renders and patches without a traceback.
+    problem = validate_record_data(data) or check_parts(data)
     if problem is not None:
         raise UsageError(f"{source} is not a valid run record: {problem}.")
     return RunRecord.from_dict(data)

@@ -17,6 +17,10 @@ The rules are about consistency between figures one record holds (never about ho
 - lr: a suggestion (``suggestion``, ``min_over_10``) only from a sweep that measured its curve (it ran every
   step it needed or diverged), and none beside a ``not_measured`` reason;
 - no NaN or infinity where a number is promised (losses excepted: a diverged run's NaN loss is a fact).
+
+What one value alone can say (its type, a time or a count >= 0, a finite rate) is refused earlier, by
+:func:`~torchscalpel.record.load_record` for every reader (:func:`torchscalpel.sections.check_parts`): a record
+that loads renders and patches without a traceback; this check is what only the whole record can say.
 """
 
 from __future__ import annotations

@@ -17,11 +17,181 @@ nested lists and dicts; to change the record, write ``to_dict()`` back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import types
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
 
 V = TypeVar("V", bound="SectionView")
+
+Check = Callable[[Any, str], "str | None"]
+"""A check of one value read at ``where`` (``sections.batch.rows[2].samples_per_s``): None when it fits, else
+the clause that refuses it (``sections.batch.rows[2].samples_per_s must be a finite number >= 0, not 'x'``)."""
+
+DEVICE_TYPES = frozenset(
+    {"cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "ipu", "meta", "privateuseone"}
+)
+"""torch device types a recorded forward may have run on (``torch.autocast``'s ``device_type``)."""
+MAX_PATH = 4096
+"""Longest path a record may name (Linux's PATH_MAX)."""
+
+
+def shown(value: Any) -> str:
+    """``value`` as a refusal quotes it: its repr (ASCII-safe for a lone surrogate), clipped to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def must(where: str, expected: str, value: Any) -> str:
+    """The one refusal clause every check of a record value gives."""
+    return f"{where} must be {expected}, not {shown(value)}"
+
+
+def is_int(value: Any) -> bool:
+    """A JSON integer (``true`` is no count: bool is an int only in Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """A JSON number, finite (NaN and infinity are no measurement a renderer can place)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def scalar(test: Callable[[Any], bool], expected: str, *, nullable: bool = True) -> Check:
+    """A check of one JSON value by ``test``; null passes when ``nullable`` (readers take it as absent)."""
+
+    def check(value: Any, where: str) -> str | None:
+        if value is None and nullable:
+            return None
+        return None if test(value) else must(where, expected, value)
+
+    return check
+
+
+def required(check: Check) -> Check:
+    """``check`` with null refused (a reader indexes or formats the value without a None case)."""
+
+    def strict(value: Any, where: str) -> str | None:
+        return check(value, where) if value is not None else must(where, "present", value)
+
+    return strict
+
+
+ANY: Check = lambda value, where: None  # noqa: E731 (a constant check, named like the others)
+TEXT = scalar(lambda v: isinstance(v, str), "a string")
+FLAG = scalar(lambda v: isinstance(v, bool), "true or false")
+INT = scalar(is_int, "an integer")
+COUNT = scalar(
+    lambda v: (is_int(v) or (is_number(v) and float(v).is_integer())) and v >= 0, "an integer >= 0"
+)
+"""Counts, sizes, indices: a writer may have stored a whole number as a float (``4000000000.0`` FLOPs)."""
+NUMBER = scalar(is_number, "a finite number")
+AMOUNT = scalar(lambda v: is_number(v) and v >= 0, "a finite number >= 0")
+"""Times, rates, bytes, FLOPs, shares: what a renderer scales, sums or draws."""
+LOSS = scalar(lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number")
+"""A loss, what is computed from one, or an lr a sweep ran past: NaN or infinity is a fact about a diverged
+script (a renderer shows it as such; ``report --check`` lets a loss be NaN)."""
+PATH = scalar(lambda v: isinstance(v, str) and 0 < len(v) <= MAX_PATH and "\0" not in v, "a file path")
+LINE = scalar(lambda v: is_int(v) and v >= 1, "a line number (an integer >= 1)")
+
+
+def list_of(item: Check, *, nullable: bool = True) -> Check:
+    """A JSON list whose every item passes ``item``."""
+
+    def check(value: Any, where: str) -> str | None:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, list):
+            return must(where, "a list", value)
+        for i, x in enumerate(value):
+            problem = item(x, f"{where}[{i}]")
+            if problem is not None:
+                return problem
+        return None
+
+    return check
+
+
+def dict_of(item: Check, *, nullable: bool = True) -> Check:
+    """A JSON object whose every value passes ``item`` (keys are free)."""
+
+    def check(value: Any, where: str) -> str | None:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, dict):
+            return must(where, "an object", value)
+        for key, x in value.items():
+            problem = item(x, f"{where}.{str(key)[:40]}")
+            if problem is not None:
+                return problem
+        return None
+
+    return check
+
+
+def obj(fields_: Mapping[str, Check], *, nullable: bool = True, needs: tuple[str, ...] = ()) -> Check:
+    """A JSON object whose listed keys, where present, pass their checks (keys in ``needs`` must be there:
+    the renderers index them); other keys are free (a newer writer's)."""
+
+    def check(value: Any, where: str) -> str | None:
+        if value is None and nullable:
+            return None
+        if not isinstance(value, dict):
+            return must(where, "an object", value)
+        for key, test in fields_.items():
+            if key in value:
+                problem = test(value[key], f"{where}.{key}")
+                if problem is not None:
+                    return problem
+        for key in needs:
+            if key not in value:
+                return f"{where}.{key} is missing"
+        return None
+
+    return check
+
+
+def rows(fields_: Mapping[str, Check], *, needs: tuple[str, ...] = ()) -> Check:
+    """A list of JSON objects, each checked as :func:`obj` checks one (null items refused: readers call
+    ``.get`` on each)."""
+    return list_of(obj(fields_, nullable=False, needs=needs))
+
+
+def _from_annotation(hint: Any) -> Check:
+    """The check a field's annotation declares: ``int`` an integer >= 0, ``float`` a finite number >= 0 (a
+    field that may be negative or NaN says so in ``CHECKS``), ``X | None`` nullable, ``list[X]``,
+    ``dict[str, X]``; ``Any`` unchecked."""
+    if hint is Any:
+        return ANY
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        nullable = type(None) in args
+        parts = [_from_annotation(a) for a in args if a is not type(None)]
+        if len(parts) == 1:
+            inner = parts[0]
+            return lambda v, where: None if v is None and nullable else inner(v, where)
+        names = " or ".join(_NAMES.get(a, "a value") for a in args if a is not type(None))
+
+        def either(value: Any, where: str) -> str | None:
+            if value is None and nullable:
+                return None
+            if any(p(value, where) is None for p in parts):
+                return None
+            return must(where, names, value)
+
+        return either
+    if origin is list:
+        return list_of(_from_annotation(args[0]), nullable=False)
+    if origin is dict:
+        return dict_of(_from_annotation(args[1]), nullable=False)
+    plain = {bool: FLAG, int: COUNT, float: AMOUNT, str: TEXT}.get(hint)
+    if plain is None:
+        return ANY
+    return required(plain)
+
+
+_NAMES = {int: "an integer", str: "a string", float: "a number", bool: "true or false"}
 
 _BASE_FIELDS = ("extra", "_keys")
 
@@ -37,6 +207,23 @@ class SectionView:
 
     ALWAYS: ClassVar[frozenset[str]] = frozenset()
     """Fields written even when they hold their default (the writer has always written them)."""
+    CHECKS: ClassVar[Mapping[str, Check]] = {}
+    """Checks that say more than a field's annotation (ranges, NaN allowed, the shape of its rows); every
+    other typed field is checked as its annotation declares (:func:`_from_annotation`)."""
+
+    @classmethod
+    def problem(cls, data: Any, where: str) -> str | None:
+        """The first value of ``data`` (this part of a record, read at ``where``) that does not fit its field's
+        declared type and range, as one clause naming it; None when all fit. Absent keys and keys this class
+        does not type pass: an older writer left them out, a newer one added them."""
+        if not isinstance(data, dict):
+            return must(where, "an object", data)
+        for key, check in _checks(cls).items():
+            if key in data:
+                problem = check(data[key], f"{where}.{key}")
+                if problem is not None:
+                    return problem
+        return None
 
     @classmethod
     def typed_keys(cls) -> tuple[str, ...]:
@@ -75,6 +262,26 @@ class SectionView:
         return out
 
 
+_CHECK_CACHE: dict[type, dict[str, Check]] = {}
+
+
+def _checks(cls: type[SectionView]) -> dict[str, Check]:
+    """Each typed key's check (``CHECKS`` first, else the annotation's), built once per class."""
+    if cls not in _CHECK_CACHE:
+        hints = get_type_hints(cls)
+        checks: dict[str, Check] = {}
+        for name in cls.typed_keys():
+            declared = cls.CHECKS.get(name)
+            if declared is None:
+                checks[name] = _from_annotation(hints[name])
+            elif type(None) in get_args(hints[name]) or hints[name] is Any:
+                checks[name] = declared
+            else:  # a field whose annotation has no None: null is refused whatever CHECKS says
+                checks[name] = required(declared)
+        _CHECK_CACHE[cls] = checks
+    return _CHECK_CACHE[cls]
+
+
 def _defaults(cls: type[SectionView]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for f in fields(cls):
@@ -85,12 +292,65 @@ def _defaults(cls: type[SectionView]) -> dict[str, Any]:
     return out
 
 
+_PAIR = scalar(
+    lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) and x >= 0 for x in v),
+    "a pair of step times [baseline ms, candidate ms]",
+)
+_TRIAL: dict[str, Check] = {
+    "label": TEXT,
+    "family": TEXT,
+    "verdict": TEXT,
+    "median_ms": AMOUNT,
+    "baseline_ms": AMOUNT,
+    "speedup": AMOUNT,
+    "speedup_pair": _PAIR,
+    "confirm_pairs": list_of(required(_PAIR)),
+    "confirm_ratios": list_of(AMOUNT),
+    "settings": obj({}),
+}
+"""What tune's renderers and ``scalpel fix`` read of a trial (baseline, each trial, the winner)."""
+_PLAN_ROW_NEEDS = ("strategy",)
+_PLAN_ROW: dict[str, Check] = {
+    "strategy": required(TEXT),
+    "fits": FLAG,
+    "max_batch": COUNT,
+    "phase": TEXT,
+    # the chart's parts are read with .get(key, 0): present, they must be numbers
+    **{key: required(AMOUNT) for key in ("params", "grads", "optim", "activations", "comm", "margin")},
+    **{key: AMOUNT for key in ("peak", "needed", "capacity", "weights_optimizer_rule")},
+    "headroom": NUMBER,
+}
+"""One strategy of a plan, as :meth:`torchscalpel.plan.planner.Plan.to_dict` writes it (headroom is
+negative when it does not fit)."""
+SITE_FIELDS: dict[str, Check] = {
+    "file": PATH,
+    "line": LINE,
+    "class": TEXT,
+    "library": TEXT,
+    "used": FLAG,
+    "autocast": FLAG,
+    "device": TEXT,  # which names fix may write into code (DEVICE_TYPES) is fix's check, not every reader's
+    "input_dims": scalar(
+        lambda v: isinstance(v, list) and all(d is None or (is_int(d) and d >= 0) for d in v),
+        "a list of tensor dimensions",
+    ),
+}
+"""A recorded site (:mod:`torchscalpel.runtime.sites`): the types every reader relies on. What ``scalpel fix``
+writes into code from it (``class`` a dotted name, ``device`` one of :data:`DEVICE_TYPES`) it checks itself
+(:mod:`torchscalpel.fix.record_values`): a name outside those sets is text to a renderer."""
+
+
 @dataclass(kw_only=True, slots=True)
 class RunSummary(SectionView):
     """``record.summary``: medians and shares over the measured, unprofiled steps (written by
     :func:`torchscalpel.runtime.summary.summarize`). None: the run had nothing to compute it from."""
 
     ALWAYS: ClassVar[frozenset[str]] = frozenset({"steps_total", "steps_measured", "steps_summarized"})
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "first_loss": LOSS,
+        "last_loss": LOSS,
+        "mfu": obj({"gpu": TEXT, "peak_tflops_bf16": AMOUNT, "mfu": required(AMOUNT)}, needs=("gpu", "mfu")),
+    }
 
     steps_total: int = 0
     """Steps recorded, warm-up included."""
@@ -139,6 +399,31 @@ class ProfilerSection(SectionView):
     schema 1.0 copies of ``top_ops``/``categories``/``memory`` stay in ``extra``)."""
 
     ALWAYS: ClassVar[frozenset[str]] = frozenset({"steps", "trace"})
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "flops_by_op": rows({"name": TEXT, "count": COUNT, "flops": AMOUNT, "recompute": AMOUNT}),
+        "op_lines": obj(
+            {
+                "seconds": AMOUNT,
+                "step_ms": AMOUNT,
+                "error": TEXT,
+                "ops": list_of(
+                    obj(
+                        {
+                            "name": required(TEXT),
+                            "site": TEXT,
+                            "site_share": required(AMOUNT),
+                            "calls": COUNT,
+                            "self_us": AMOUNT,
+                            "library_site": TEXT,
+                        },
+                        nullable=False,
+                        needs=("name", "site_share"),
+                    ),
+                    nullable=False,
+                ),
+            }
+        ),
+    }
 
     steps: list[int] | None = None
     """Indices of the profiled steps; None: the run had no profiler window."""
@@ -207,6 +492,22 @@ class TraceSection(StageSection):
     (:meth:`torchscalpel.trace.analyze.TraceAnalysis.to_dict`)."""
 
     KEY: ClassVar[str] = "trace"
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "top_ops": rows(
+            {
+                "name": required(TEXT),
+                "category": TEXT,
+                "self_us": required(AMOUNT),
+                "total_us": AMOUNT,
+                "count": COUNT,
+            },
+            needs=("name", "self_us"),
+        ),
+        "top_kernels": rows(
+            {"name": required(TEXT), "category": TEXT, "total_us": AMOUNT, "count": COUNT}, needs=("name",)
+        ),
+        "memory": obj({"peak_bytes": AMOUNT}),
+    }
 
     schema: str | None = None
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -229,6 +530,12 @@ class TuneSection(StageSection):
     """``sections["tune"]`` (:meth:`torchscalpel.tune.search.TuneResult.to_dict`)."""
 
     KEY: ClassVar[str] = "tune"
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "baseline": obj(_TRIAL),
+        "trials": rows(_TRIAL),
+        "winner": obj(_TRIAL),
+        "facts": obj({"repeated": rows({"cls": TEXT})}),
+    }
 
     baseline: dict[str, Any] | None = None
     """The baseline trial (``TrialResult.to_dict``)."""
@@ -259,6 +566,13 @@ class PlanSection(StageSection):
     """``sections["plan"]`` (:meth:`torchscalpel.plan.planner.Plan.to_dict`)."""
 
     KEY: ClassVar[str] = "plan"
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "version": ANY,
+        "batch_dims": ANY,
+        "rows": rows(_PLAN_ROW, needs=_PLAN_ROW_NEEDS),
+        "alternatives": rows(_PLAN_ROW, needs=_PLAN_ROW_NEEDS),
+        "device": obj({"name": TEXT, "capacity": AMOUNT}),
+    }
 
     version: int | str | None = None
     model: str | None = None
@@ -300,6 +614,12 @@ class LrSection(StageSection):
     """``sections["lr"]``: a learning-rate range test (``scalpel lr``, :mod:`torchscalpel.lrfind`)."""
 
     KEY: ClassVar[str] = "lr"
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "points": rows({"step": COUNT, "lr": LOSS, "loss": LOSS, "smoothed": LOSS}),
+        "suggestion": obj({"lr": LOSS, "step": COUNT, "smoothed": LOSS, "slope": LOSS}),
+        "min_over_10": obj({"lr": LOSS, "step": COUNT, "min_lr": LOSS, "smoothed": LOSS}),
+        "divergence": obj({"lr": LOSS, "step": COUNT, "smoothed": LOSS, "min_smoothed": LOSS}),
+    }
 
     min_lr: float | None = None
     max_lr: float | None = None
@@ -342,6 +662,20 @@ class BatchSection(StageSection):
     """``sections["batch"]``: samples/s per batch size (``scalpel batch``, :mod:`torchscalpel.tune.batch_finder`)."""
 
     KEY: ClassVar[str] = "batch"
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "rows": rows(
+            {
+                "batch_size": required(COUNT),
+                "fits": FLAG,
+                "samples_per_s": AMOUNT,
+                "median_step_ms": AMOUNT,
+                "steps_measured": COUNT,
+                "why": TEXT,
+                "outcome": TEXT,
+            },
+            needs=("batch_size",),
+        ),
+    }
 
     sizes: list[int] = field(default_factory=list)
     steps: int | None = None
@@ -366,6 +700,11 @@ class SitesSection(StageSection):
 
     KEY: ClassVar[str] = "sites"
     ALWAYS: ClassVar[frozenset[str]] = frozenset({"optimizers", "dataloaders"})
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "optimizers": rows(SITE_FIELDS),
+        "dataloaders": rows(SITE_FIELDS),
+        **{key: obj(SITE_FIELDS) for key in ("model", "forward", "backward", "step", "block", "accelerator")},
+    }
 
     optimizers: list[dict[str, Any]] = field(default_factory=list)
     """Every optimizer the run built (16 at most), in construction order; ``used``: it stepped."""
@@ -385,3 +724,221 @@ class SitesSection(StageSection):
     checkpointing wraps; ``library`` set when torch or a package made the call."""
     accelerator: dict[str, Any] | None = None
     """Where the script built its ``accelerate.Accelerator`` (None: it built none)."""
+
+
+_BYTES = scalar(
+    lambda v: (is_int(v) or (is_number(v) and float(v).is_integer())) and v >= 0,
+    "a byte count (an integer >= 0)",
+)
+_NAMED_BYTES = list_of(
+    obj({"name": TEXT, "bytes": required(_BYTES)}, nullable=False, needs=("name", "bytes")), nullable=False
+)
+_BY_CATEGORY = dict_of(required(_BYTES), nullable=False)
+# Containers the renderers read with ``.get(key, {})`` / ``.get(key, [])`` are refused as null (the default
+# only replaces an absent key); those read with ``or {}`` or a truthiness test may be null.
+_RUNG = obj(
+    {
+        "kind": TEXT,
+        "action": required(TEXT),
+        "fits": FLAG,
+        "why": TEXT,
+        "peak": _BYTES,
+        "saves": _BYTES,
+        "config": obj({"microbatches": COUNT}, nullable=False),
+    },
+    nullable=False,
+    needs=("action",),
+)
+_MEMORY_FIELDS: dict[str, Check] = {
+    "error": TEXT,
+    "compiled": TEXT,
+    "peak": obj(
+        {
+            "total": _BYTES,
+            "breakdown_total": _BYTES,
+            "step": COUNT,
+            "by_category": _BY_CATEGORY,
+            "modules": _NAMED_BYTES,
+            "blocks": _NAMED_BYTES,
+            "sites": _NAMED_BYTES,
+        },
+        nullable=False,
+    ),
+    "before_training": obj({"total": required(_BYTES), "site": TEXT, "op": TEXT}, needs=("total",)),
+    "evaluation": obj({"note": TEXT}),
+    "samples": rows({"by_category": _BY_CATEGORY}, needs=("by_category",)),
+    "cuda": obj(
+        {key: required(_BYTES) for key in ("reserved", "reserved_free", "share", "largest_free")},
+        needs=("reserved", "reserved_free", "share", "largest_free"),
+    ),
+    "growth": obj(
+        {
+            "per_step": NUMBER,
+            "steps_left": COUNT,
+            "capacity": _BYTES,
+            "stopped": obj(
+                {key: required(_BYTES) for key in ("grew", "live", "flat_steps")},
+                needs=("grew", "live", "flat_steps"),
+            ),
+            "bounded": obj(
+                {
+                    "optimizer": TEXT,
+                    **{
+                        key: required(_BYTES)
+                        for key in ("grew_per_step", "pairs", "history_size", "cap", "left")
+                    },
+                },
+                needs=("grew_per_step", "optimizer", "pairs", "history_size", "cap", "left"),
+            ),
+            "kept": obj({"activations": required(_BYTES)}, needs=("activations",)),
+            "sites": list_of(
+                obj(
+                    {"site": required(TEXT), "per_step": required(NUMBER), "live": _BYTES},
+                    nullable=False,
+                    needs=("site", "per_step"),
+                ),
+                nullable=False,
+            ),
+        }
+    ),
+    "top_cause": obj({"key": TEXT, "text": TEXT, "note": TEXT}),
+    "oom": obj(
+        {
+            "limit": _BYTES,
+            "live": _BYTES,
+            "kept_activations": _BYTES,
+            "plan_error": TEXT,
+            "by_category": _BY_CATEGORY,
+            "request": obj(
+                {
+                    "bytes": _BYTES,
+                    "step": COUNT,
+                    "phase": TEXT,
+                    "op": TEXT,
+                    "site": TEXT,
+                    "module": TEXT,
+                    "device_error": TEXT,
+                },
+                nullable=False,
+            ),
+            "plan": obj({"batch": COUNT}),
+            "ladder": list_of(_RUNG, nullable=False),
+        },
+        needs=("request",),
+    ),
+}
+
+
+def _memory(value: Any, where: str) -> str | None:
+    """``sections["memory"]`` (:mod:`torchscalpel.memory`, no typed view: it is a tree the memory stage and
+    its renderers share): each part the renderers and ``scalpel fix`` read; an out-of-memory needs its cause."""
+    problem = obj(_MEMORY_FIELDS, nullable=False)(value, where)
+    if problem is None and value.get("oom"):
+        top = value.get("top_cause")
+        if not isinstance(top, dict) or not isinstance(top.get("text"), str):
+            return must(f"{where}.top_cause", "an object with a text (an out-of-memory names its cause)", top)
+    return problem
+
+
+def _location(value: Any, where: str) -> str | None:
+    """A finding's ``location`` (:class:`torchscalpel.findings.Location`: file, line, column and nothing else,
+    since readers rebuild it with ``Location(**location)``)."""
+    problem = obj({"file": required(TEXT), "line": required(COUNT), "column": COUNT}, needs=("file", "line"))(
+        value, where
+    )
+    if problem is None and value is not None:
+        extra = sorted(set(value) - {"file", "line", "column"})
+        if extra:
+            return must(f"{where}", "an object of file, line and column", f"... {extra[0]!s} ...")
+    return problem
+
+
+FINDING = obj(
+    {
+        "rule": required(TEXT),
+        "severity": required(TEXT),  # drawn as text; an unknown one is shown, not parsed
+        "message": required(TEXT),
+        "evidence": list_of(required(TEXT), nullable=False),
+        "fix": required(TEXT),
+        "location": _location,
+        "source": TEXT,
+        "rank": COUNT,
+    },
+    nullable=False,
+    needs=("rule",),  # a hand-made finding may leave out the rest; the readers .get it
+)
+"""One of ``record.findings`` (:meth:`torchscalpel.findings.Finding.to_dict`; readers rebuild it with
+``Finding.from_dict``)."""
+
+ENVIRONMENT = obj(
+    {"cpu": obj({"load_avg_1m": AMOUNT, "usable_cores": COUNT}), "cpu_count": COUNT},
+    nullable=False,
+)
+"""What the renderers compute from ``record.environment`` (the busy-machine note: load over cores); the rest of
+the facts are shown as text."""
+PROVENANCE = obj(
+    {
+        "git": obj({}),
+        "code": obj({"script": obj({}), "modules": dict_of(obj({}))}),
+        "data": obj({}),
+        "seeds": obj(
+            {
+                "calls": list_of(obj({}, nullable=False)),
+                "loaders": list_of(obj({}, nullable=False)),
+            }
+        ),
+    },
+    nullable=False,
+)
+"""``record.provenance`` as ``compare`` reads it: objects where it calls ``.get`` (their values it only compares).
+``scalpel fix`` checks the paths and digests it uses itself (:mod:`torchscalpel.fix.record_values`)."""
+
+PART_CHECKS: dict[str, Check] = {
+    "findings": list_of(FINDING, nullable=False),
+    "environment": ENVIRONMENT,
+    "provenance": PROVENANCE,
+    "summary": lambda v, where: RunSummary.problem(v, where),
+    "profiler": lambda v, where: ProfilerSection.problem(v, where),
+    "config": lambda v, where: RunConfig.problem(v, where),
+}
+"""The record's typed top-level parts (a view each)."""
+SECTION_CHECKS: dict[str, Check] = {
+    **{
+        cls.KEY: cls.problem
+        for cls in (
+            TraceSection,
+            TuneSection,
+            PlanSection,
+            DoctorSection,
+            LrSection,
+            BatchSection,
+            SitesSection,
+        )
+    },
+    "memory": _memory,
+}
+"""``record.sections[KEY]``: each stage section a renderer or ``scalpel fix`` reads."""
+
+
+def check_section(key: str, value: Any) -> str | None:
+    """``sections[key]`` checked (:data:`SECTION_CHECKS`; a section no reader types passes)."""
+    check = SECTION_CHECKS.get(key)
+    return None if check is None else check(value, f"sections.{key}")
+
+
+def check_parts(data: Mapping[str, Any]) -> str | None:
+    """The first value of a decoded ``run.json`` that a renderer or ``scalpel fix`` would read and that does not
+    fit its declared type and range (summary, profiler, config and every stage section), as one clause naming
+    it (``sections.batch.rows[2].samples_per_s must be a finite number >= 0, not 'x'``); None when all fit.
+    Absent parts and fields pass (an older torchscalpel did not write them); only present-but-wrong values are
+    refused. :func:`torchscalpel.record.load_record` runs it after the schema check."""
+    for key, check in PART_CHECKS.items():
+        if key in data:
+            problem = check(data[key], key)
+            if problem is not None:
+                return problem
+    for key, value in (data.get("sections") or {}).items():
+        problem = check_section(key, value)
+        if problem is not None:
+            return problem
+    return None

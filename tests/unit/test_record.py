@@ -16,7 +16,7 @@ def _record() -> RunRecord:
         StepRecord(index=0, warmup=True, total_ms=3.0),
         StepRecord(index=1, total_ms=2.0, loss=0.5, forward_ms=1.0),
     ]
-    r.sections["tune"] = {"winner": "amp"}
+    r.sections["tune"] = {"winner": {"label": "amp"}}  # a string winner is refused on load (sections.py)
     return r
 
 

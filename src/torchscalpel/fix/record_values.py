@@ -17,23 +17,23 @@ never from a record.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from torchscalpel.errors import UsageError
 from torchscalpel.record import RunRecord
-from torchscalpel.sections import SitesSection, TuneSection
+from torchscalpel.sections import (
+    DEVICE_TYPES,
+    MAX_PATH,
+    SitesSection,
+    TuneSection,
+    check_section,
+    shown,
+)
 from torchscalpel.tune.settings import TuneSettings, is_module_name
 
-DEVICE_TYPES = frozenset(
-    {"cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "ipu", "meta", "privateuseone"}
-)
-"""torch device types a recorded forward may have run on (``torch.autocast``'s ``device_type``)."""
 SHA256 = re.compile(r"[0-9a-f]{64}")
-MAX_PATH = 4096
-"""Longest path a record may name (Linux's PATH_MAX)."""
 _SITE_LISTS = ("optimizers", "dataloaders")
 _SITE_ONES = ("model", "forward", "backward", "step", "block", "accelerator")
 
@@ -43,23 +43,21 @@ class RecordValueError(UsageError):
     names the field (``sections.sites.forward.device must be ...``)."""
 
 
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _fail(field: str, expected: str, value: Any) -> RecordValueError:
-    return RecordValueError(f"{field} must be {expected}, not {_shown(value)}")
+    return RecordValueError(f"{field} must be {expected}, not {shown(value)}")
+
+
+def _shared(record: RunRecord, key: str) -> None:
+    """``sections[key]`` through the checks every reader shares (:func:`torchscalpel.sections.check_section`,
+    which :func:`torchscalpel.record.load_record` runs too): a record built in memory gets them here."""
+    if key in record.sections:
+        problem = check_section(key, record.sections[key])
+        if problem is not None:
+            raise RecordValueError(problem)
 
 
 def _int(value: Any, low: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def _number(value: Any) -> bool:
-    return (
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-    )
 
 
 def _path(value: Any) -> bool:
@@ -91,46 +89,27 @@ def _list(value: Any, field: str) -> list[Any]:
     return value
 
 
-def _objects(value: Any, field: str) -> list[Mapping[str, Any]]:
-    """A list of JSON objects (null items too are refused: readers call ``.get`` on each)."""
-    items = _list(value, field)
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise _fail(f"{field}[{i}]", "an object", item)
-    return items
-
-
-_SITE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "file": (_path, "a file path"),
-    "line": (lambda v: _int(v, 1), "a line number (an integer >= 1)"),
-    "class": (lambda v: v == "" or is_module_name(v), "a class name"),
-    "library": (lambda v: isinstance(v, str), "a package name"),
-    "used": (lambda v: isinstance(v, bool), "true or false"),
-    "autocast": (lambda v: isinstance(v, bool), "true or false"),
-    "device": (lambda v: isinstance(v, str) and v in DEVICE_TYPES, "a torch device type (cpu, cuda, ...)"),
-    "input_dims": (
-        lambda v: isinstance(v, list) and all(d is None or _int(d) for d in v),
-        "a list of tensor dimensions",
-    ),
-}
-
-
-def _site(value: Any, field: str) -> None:
-    _check(_object(value, field), field, _SITE_CHECKS)
-
-
 def sites(record: RunRecord) -> SitesSection:
-    """``sections["sites"]``, every site's file, line, class, device, ... checked (see :data:`_SITE_CHECKS`)."""
+    """``sections["sites"]``: every site's file, line, ... checked as every reader checks them
+    (:data:`torchscalpel.sections.SITE_FIELDS`), then what fix writes into code: each ``class`` a dotted name,
+    each ``device`` a torch device type."""
+    _shared(record, "sites")
     view = record.section(SitesSection)
     if view is None:
-        if "sites" in record.sections:
-            raise _fail("sections.sites", "an object", record.sections["sites"])
         return SitesSection()
-    for key in _SITE_LISTS:
-        for i, site in enumerate(_objects(getattr(view, key), f"sections.sites.{key}")):
-            _site(site, f"sections.sites.{key}[{i}]")
-    for key in _SITE_ONES:
-        _site(getattr(view, key), f"sections.sites.{key}")
+    named: list[tuple[str, Any]] = [
+        (f"sections.sites.{key}[{i}]", site)
+        for key in _SITE_LISTS
+        for i, site in enumerate(getattr(view, key))
+    ]
+    named += [(f"sections.sites.{key}", getattr(view, key)) for key in _SITE_ONES]
+    for field, site in named:
+        cls = (site or {}).get("class")
+        if cls is not None and not (cls == "" or is_module_name(cls)):
+            raise _fail(f"{field}.class", "a class name", cls)
+        device = (site or {}).get("device")
+        if device is not None and device not in DEVICE_TYPES:
+            raise _fail(f"{field}.device", "a torch device type (cpu, cuda, ...)", device)
     return view
 
 
@@ -161,33 +140,11 @@ def _check_tune(record: RunRecord) -> None:
     if tune is None:
         return
     tune_settings(record)
-    winner = _object(tune.winner, "sections.tune.winner")
-    _check(
-        winner,
-        "sections.tune.winner",
-        {
-            "verdict": (lambda v: isinstance(v, str), "a string"),
-            "median_ms": (_number, "a time in ms"),
-            "baseline_ms": (_number, "a time in ms"),
-            "confirm_pairs": (
-                lambda v: (
-                    isinstance(v, list)
-                    and all(isinstance(p, list) and len(p) == 2 and all(_number(x) for x in p) for p in v)
-                ),
-                "a list of [baseline ms, candidate ms] pairs",
-            ),
-        },
-    )
-    facts = _object(tune.facts, "sections.tune.facts")
-    for i, block in enumerate(_objects(facts.get("repeated"), "sections.tune.facts.repeated")):
-        _check(
-            block,
-            f"sections.tune.facts.repeated[{i}]",
-            {"cls": (lambda v: isinstance(v, str) and v.isidentifier(), "a class name")},
-        )
-    lines = _list(tune.code_lines, "sections.tune.code_lines")
-    if not all(isinstance(line, str) for line in lines):
-        raise _fail("sections.tune.code_lines", "a list of strings", lines)
+    _shared(record, "tune")  # the winner's times and pairs, the trials, code_lines, facts.repeated
+    for i, block in enumerate((tune.facts or {}).get("repeated") or []):
+        cls = block.get("cls")
+        if cls is not None and not (isinstance(cls, str) and cls.isidentifier()):
+            raise _fail(f"sections.tune.facts.repeated[{i}].cls", "a class name", cls)
 
 
 def _check_findings(record: RunRecord) -> None:
@@ -203,46 +160,9 @@ def _check_findings(record: RunRecord) -> None:
 
 
 def _check_memory(record: RunRecord) -> None:
-    memory = record.sections.get("memory")
-    if memory is None:
-        return
-    memory = _object(memory, "sections.memory")
-    _object(memory.get("top_cause"), "sections.memory.top_cause")
-    oom = _object(memory.get("oom"), "sections.memory.oom")
-    byte_count = (_int, "a byte count (an integer >= 0)")
-    _check(oom, "sections.memory.oom", {"limit": byte_count, "live": byte_count})
-    _check(
-        _object(oom.get("request"), "sections.memory.oom.request"),
-        "sections.memory.oom.request",
-        {
-            "bytes": byte_count,
-            "step": (_int, "a step index"),
-            "phase": (lambda v: isinstance(v, str), "a string"),
-        },
-    )
-    _check(
-        _object(oom.get("plan"), "sections.memory.oom.plan"),
-        "sections.memory.oom.plan",
-        {"batch": (_int, "a batch size (an integer >= 0)")},
-    )
-    for i, rung in enumerate(_objects(oom.get("ladder"), "sections.memory.oom.ladder")):
-        field = f"sections.memory.oom.ladder[{i}]"
-        _check(
-            rung,
-            field,
-            {
-                "kind": (lambda v: isinstance(v, str), "a rung name"),
-                "fits": (lambda v: isinstance(v, bool), "true or false"),
-                "action": (lambda v: isinstance(v, str), "a string"),
-                "peak": byte_count,
-                "saves": byte_count,
-            },
-        )
-        _check(
-            _object(rung.get("config"), f"{field}.config"),
-            f"{field}.config",
-            {"microbatches": (_int, "a micro-batch count (an integer >= 0)")},
-        )
+    # The out-of-memory's request, plan batch and ladder (rungs, their config's micro-batches) are declared once
+    # in torchscalpel.sections, for the renderers and for fix.
+    _shared(record, "memory")
 
 
 def _check_provenance(record: RunRecord) -> None:
@@ -259,7 +179,7 @@ def _check_provenance(record: RunRecord) -> None:
         {"path": name, "sha256": sha},
     )
     for key, entry in _object(code.get("modules"), "provenance.code.modules").items():
-        field = f"provenance.code.modules[{_shown(key)}]"
+        field = f"provenance.code.modules[{shown(key)}]"
         _check(_object(entry, field), field, {"path": name, "sha256": sha})
     target = record.target or {}
     _check(target, "target", {"script": (_path, "a file path")})

@@ -44,17 +44,18 @@ def build(record: RunRecord) -> list[Section]:
         capacity=(capacity / mib) if capacity else None,
         capacity_label=f"device capacity {fmt_bytes(capacity)}" if capacity else "",
     )
+    # .get: a plan written by an older torchscalpel (schema 1.1) may lack a column; it shows as "-"
     body_rows = [
         [
             label,
-            fmt_bytes(r["peak"]),
+            fmt_bytes(r.get("peak")),
             fmt_bytes(r.get("margin")),
-            fmt_bytes(r["needed"]),
-            fmt_bytes(r["capacity"]),
-            "yes" if r["fits"] else "no",
-            fmt_bytes(r["headroom"]),
+            fmt_bytes(r.get("needed")),
+            fmt_bytes(r.get("capacity")),
+            "-" if r.get("fits") is None else ("yes" if r["fits"] else "no"),
+            fmt_bytes(r.get("headroom")),
             r.get("max_batch") if r.get("max_batch") is not None else "-",
-            fmt_bytes(r["weights_optimizer_rule"]),
+            fmt_bytes(r.get("weights_optimizer_rule")),
             r.get("phase", ""),
         ]
         for label, r in zip(labels, rows, strict=True)

@@ -22,6 +22,11 @@ from torchscalpel.trace.patterns import PATTERN_RULES
 from torchscalpel.units import fmt_bytes
 
 
+def _figure(value: float | None, spec: str) -> str:
+    """A summary figure, or "-" where a hand-made or partial summary left it out beside the others."""
+    return "-" if value is None else format(value, spec)
+
+
 def summarized_steps(record: RunRecord) -> list[StepRecord]:
     """The steps the record's summary covers: measured ones, profiled ones left out when others exist
     (the rule of :func:`torchscalpel.runtime.summary.run_summary`)."""
@@ -160,7 +165,7 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         which = f"over {s.steps_summarized} step(s)" + (f", {left_out} left out" if left_out else "")
         say(
             c,
-            f"[bold]step time[/]: median {s.median_step_ms:.2f} ms, p90 {s.p90_step_ms:.2f} ms ({which})",
+            f"[bold]step time[/]: median {s.median_step_ms:.2f} ms, p90 {_figure(s.p90_step_ms, '.2f')} ms ({which})",
             markup=True,
         )
         medians, shares = phase_medians(record), phase_shares(record)
@@ -168,8 +173,14 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         table.add_column("phase", no_wrap=True)
         table.add_column("median ms", justify="right", no_wrap=True)
         table.add_column("of median step", justify="right", no_wrap=True)
-        for p in PHASES:
-            table.add_row(p, f"{medians[p]:.2f}", f"{100 * shares[p]:.1f}%")
+        for (
+            p
+        ) in PHASES:  # no medians: the summary names steps the record does not hold (report --check says so)
+            table.add_row(
+                p,
+                f"{medians[p]:.2f}" if p in medians else "-",
+                f"{100 * shares[p]:.1f}%" if p in shares else "-",
+            )
         table.add_row("[bold]step[/]", f"[bold]{s.median_step_ms:.2f}[/]", "100%")
         c.print(table)
         extras = []
@@ -178,7 +189,7 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         elif s.samples_per_s_not_measured:
             extras.append(f"samples/s not measured: {s.samples_per_s_not_measured}")
         if s.first_loss is not None:
-            extras.append(f"loss {s.first_loss:.4g} -> {s.last_loss:.4g}")
+            extras.append(f"loss {s.first_loss:.4g} -> {_figure(s.last_loss, '.4g')}")
         flops = flops_text(record)
         if flops:
             extras.append(flops)
@@ -241,7 +252,7 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
             continue
         loc = f.get("location")
         at = " at " + site_text(f"{loc['file']}:{loc['line']}") if loc else ""
-        c.print(f"[bold]{escape(f['rule'])}[/]{escape(at)}: {escape(f['message'])}")
+        c.print(f"[bold]{escape(f['rule'])}[/]{escape(at)}: {escape(f.get('message', ''))}")
         c.print(f"  fix: {escape(f.get('fix', ''))}")
     if any(_own_attention(f) for f in record.findings):
         say(
