@@ -219,7 +219,7 @@ FIELDS = [
 
 
 @settings(
-    max_examples=150, deadline=1000, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+    max_examples=150, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
 )
 @given(
     over=st.dictionaries(st.sampled_from(FIELDS), NESTED, max_size=4),

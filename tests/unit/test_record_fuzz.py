@@ -16,7 +16,6 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ PARTS = ("summary", "profiler", "config", "sections", "findings", "steps", "envi
 BOUNDED = settings(
     # SCALPEL_FUZZ_EXAMPLES=500 for a longer hunt by hand; CI keeps the small bound
     max_examples=int(os.environ.get("SCALPEL_FUZZ_EXAMPLES", "80")),
-    deadline=timedelta(seconds=10),  # one example renders two pages; far above it on a loaded 2-core machine
+    deadline=None,  # wall time depends on machine load (one example renders two pages); a hang is pytest-timeout's
     derandomize=True,
     database=None,
     phases=[Phase.explicit, Phase.generate],

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ HEADER_PLACES = _header_places(TRACE)
 
 BOUNDED = settings(
     max_examples=int(os.environ.get("SCALPEL_FUZZ_EXAMPLES", "100")),
-    deadline=timedelta(seconds=10),
+    deadline=None,  # wall time depends on machine load; a hang is pytest-timeout's
     derandomize=True,
     database=None,
     phases=[Phase.explicit, Phase.generate],

@@ -335,6 +335,79 @@ def _storage_missing(metadata: Metadata) -> str | None:
     return None
 
 
+# A stored chunk holds at least its raw bytes (torch.save adds a header) unless DCP compressed it; zstd on weights
+# gains under 2x and reaches ~1000x only on constant buffers, so a transformed chunk may declare up to this many raw
+# bytes per stored byte. Past it, a 35 KB file could make ``consolidate`` allocate terabytes before reading a byte.
+_MOST_PER_STORED_BYTE = 1024
+
+
+def _declared_beyond_stored(metadata: Metadata, folder: Path) -> str | None:
+    """What a tensor entry declares beyond the data stored for it, or None.
+
+    A chunk lies inside its tensor, its raw bytes are within what its storage entry holds (times
+    :data:`_MOST_PER_STORED_BYTE` when DCP transformed it), and a storage entry lies inside its file where the
+    file exists. ``consolidate`` allocates each tensor at its declared size before DCP reads a chunk, so the
+    size is checked against the stored data here, not met as an out-of-memory there."""
+    storage = metadata.storage_data or {}
+    file_sizes: dict[str, int | None] = {}
+    for info in storage.values():
+        rel = info.relative_path
+        if rel not in file_sizes:
+            try:
+                file_sizes[rel] = (folder / rel).stat().st_size
+            except OSError:
+                file_sizes[rel] = None  # a missing file is DCP's own one-sentence error, at load
+        if info.offset < 0 or info.length < 0:
+            return (
+                f"a storage entry in {rel!r} has a negative offset or length ({info.offset}, {info.length})"
+            )
+        held = file_sizes[rel]
+        if held is not None and info.offset + info.length > held:
+            return (
+                f"it places {info.length:,} bytes at offset {info.offset:,} of {rel!r}, "
+                f"which holds {held:,} bytes"
+            )
+    for fqn, item in metadata.state_dict_metadata.items():
+        if not isinstance(item, _dcp_meta.TensorStorageMetadata):
+            continue
+        itemsize = item.properties.dtype.itemsize
+        if any(dim < 0 for dim in item.size):
+            return f"{fqn!r} declares a negative size {list(item.size)}"
+        covered = 0
+        for chunk in item.chunks:
+            if len(chunk.offsets) != len(item.size) or len(chunk.sizes) != len(item.size):
+                return f"a chunk of {fqn!r} has {len(chunk.sizes)} dimensions where the tensor has {len(item.size)}"
+            if any(
+                o < 0 or n < 0 or o + n > d
+                for o, n, d in zip(chunk.offsets, chunk.sizes, item.size, strict=True)
+            ):
+                return (
+                    f"a chunk of {fqn!r} at {list(chunk.offsets)} reaches outside its size {list(item.size)}"
+                )
+            raw = itemsize * _product(chunk.sizes)
+            info = storage[_dcp_meta.MetadataIndex(fqn, chunk.offsets)]  # present: _storage_missing ran first
+            most = info.length * (_MOST_PER_STORED_BYTE if info.transform_descriptors else 1)
+            if raw > most:
+                return (
+                    f"a chunk of {fqn!r} declares {raw:,} bytes of {item.properties.dtype} where "
+                    f"{info.length:,} bytes are stored for it (a size the stored data cannot fill)"
+                )
+            covered += raw
+        if itemsize * _product(item.size) > covered:
+            return (
+                f"{fqn!r} declares {itemsize * _product(item.size):,} bytes ({list(item.size)}) where its chunks "
+                f"hold {covered:,}"
+            )
+    return None
+
+
+def _product(dims: Iterable[int]) -> int:
+    total = 1
+    for dim in dims:
+        total *= dim
+    return total
+
+
 def read_metadata(path: Path) -> Metadata:
     """Unpickle the DCP metadata file ``path`` with :class:`MetadataUnpickler`; refuse anything else."""
     try:
@@ -376,6 +449,9 @@ def read_metadata(path: Path) -> Metadata:
         raise MetadataRefused(
             f"{path} is not valid DCP checkpoint metadata: it lists no stored data for {missing}."
         )
+    beyond = _declared_beyond_stored(metadata, path.parent)
+    if beyond is not None:
+        raise MetadataRefused(f"Refusing to read {path}: {beyond}.")
     return metadata
 
 
