@@ -478,6 +478,13 @@ def test_registry_has_every_contract_slug_once() -> None:
         "distributed-sampler-wrong-world",
         "ddp-accumulation-without-no-sync",
     ]
+    # issue 40: FSDP1 as the tutorials write it
+    added += [
+        "clip-grad-on-fsdp-wrapper",
+        "fsdp-fp16-plain-grad-scaler",
+        "fsdp-low-precision-master-weights",
+        "fsdp-cpu-offload",
+    ]
     assert sorted(contract + added) == sorted(RULES)
 
 

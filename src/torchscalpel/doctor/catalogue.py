@@ -14,6 +14,7 @@ from torchscalpel.doctor.rules import (
     accum_static,
     checkpoint_static,
     dist_static,
+    fsdp_static,
     loop_static,
     model_static,
     rt_amp,
@@ -88,8 +89,12 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     dist_static.RankConditionalStepStatic,  # its runtime half is the --nproc comparison in doctor/ranks.py
     dist_static.DataParallelUsedStatic,
     rt_dist.DataParallelUsed,
-    dist_static.OptimizerBeforeFsdpStatic,
+    fsdp_static.OptimizerBeforeFsdpStatic,
     rt_dist.OptimizerBeforeFsdp,
+    fsdp_static.ClipOnFsdp1WrapperStatic,
+    fsdp_static.FsdpFp16PlainScalerStatic,
+    fsdp_static.FsdpLowPrecisionMasterStatic,
+    fsdp_static.FsdpCpuOffloadStatic,
     dist_static.DdpDeviceIdsStatic,
     # Checkpoints
     checkpoint_static.UnsafeTorchLoadStatic,

@@ -1,4 +1,4 @@
-"""Static distributed rules: rank-conditional collectives, DataParallel, set_epoch, optimizer before fully_shard."""
+"""Static distributed rules: rank-conditional collectives, DataParallel, DDP device ids, samplers (FSDP: fsdp_static)."""
 
 from __future__ import annotations
 
@@ -224,39 +224,6 @@ def sampler_num_replicas(ctx: StaticContext) -> Iterator[Finding]:
         )
 
 
-_FULLY_SHARD = ("fully_shard",)
-
-
-def optimizer_before_fsdp(ctx: StaticContext) -> Iterator[Finding]:
-    """``opt = torch.optim.X(model.parameters())`` earlier in the same body than ``fully_shard(model)``."""
-    for scope in ast.walk(ctx.tree):
-        if not isinstance(scope, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        optimizers: list[tuple[int, set[str], ast.Call]] = []
-        for stmt in scope.body:
-            for call in ctx.calls(stmt):
-                name = ctx.call_name(call) or ""
-                if (
-                    name.startswith("torch.optim.")
-                    and name.count(".") == 2
-                    and name.split(".")[2][:1].isupper()
-                ):
-                    used = {n.id for a in call.args[:1] for n in ast.walk(a) if isinstance(n, ast.Name)}
-                    optimizers.append((call.lineno, used, call))
-                elif name.endswith(_FULLY_SHARD) and call.args:
-                    target = {n.id for n in ast.walk(call.args[0]) if isinstance(n, ast.Name)}
-                    for line, used, opt_call in optimizers:
-                        if line < call.lineno and used & target:
-                            yield ctx.finding(
-                                "optimizer-before-fsdp",
-                                call,
-                                "fully_shard() runs after the optimizer was built: fully_shard replaces the "
-                                "parameters with sharded DTensors, so the optimizer updates the old, unused tensors.",
-                                evidence=[f"optimizer built at {ctx.path}:{line}: {ctx.line_text(opt_call)}"],
-                                fix="fully_shard(model)  # first\noptimizer = torch.optim.AdamW(model.parameters())",
-                            )
-
-
 class RankConditionalStepStatic(StaticRule):
     info = RuleInfo(
         slug="rank-conditional-step",
@@ -310,14 +277,3 @@ class SamplerNumReplicasStatic(StaticRule):
         kinds=("static", "runtime"),
     )
     check = staticmethod(sampler_num_replicas)
-
-
-class OptimizerBeforeFsdpStatic(StaticRule):
-    info = RuleInfo(
-        slug="optimizer-before-fsdp",
-        severity=Severity.ERROR,
-        category="distributed",
-        summary="optimizer built before fully_shard: it holds the unsharded parameters",
-        kinds=("static", "runtime"),
-    )
-    check = staticmethod(optimizer_before_fsdp)

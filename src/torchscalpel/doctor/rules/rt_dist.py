@@ -1,5 +1,5 @@
 """Runtime distributed rules: DDP with plain BatchNorm, no DistributedSampler, set_epoch never called,
-find_unused_parameters, DataParallel, optimizer built before fully_shard."""
+find_unused_parameters, DataParallel, optimizer built before FSDP (fully_shard or FullyShardedDataParallel)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
-from torchscalpel.doctor.rules import dist_static
+from torchscalpel.doctor.rules import dist_static, fsdp_static
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params
 from torchscalpel.doctor.rules.rt_data import TrainLoaders
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
@@ -26,11 +26,18 @@ def _is_ddp(m: torch.nn.Module) -> bool:
 
 
 def _is_fsdp(m: torch.nn.Module) -> bool:
+    """Sharded by FSDP2 (``fully_shard``: an ``FSDPModule`` inside) or FSDP1 (a ``FullyShardedDataParallel``)."""
+    kinds: list[type] = []
     try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        kinds.append(FullyShardedDataParallel)
         from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # older torch
-        return False
-    return any(isinstance(x, FSDPModule) for x in m.modules())
+
+        kinds.append(FSDPModule)
+    except ImportError:  # a torch built without distributed, or before FSDP2
+        pass
+    return bool(kinds) and any(isinstance(x, tuple(kinds)) for x in m.modules())
 
 
 class _RootScan(RuntimeRule):
@@ -311,7 +318,7 @@ class DataParallelUsed(_RootScan):
 class OptimizerBeforeFsdp(RuntimeRule):
     """An optimizer whose parameters are not the FSDP-sharded model's parameters."""
 
-    info = dist_static.OptimizerBeforeFsdpStatic.info
+    info = fsdp_static.OptimizerBeforeFsdpStatic.info
     supersedes = ("param-not-in-optimizer", "cannot-overfit-batch")
     """The same cause (the optimizer holds stale tensors, nothing trains), reported once."""
 
@@ -341,8 +348,9 @@ class OptimizerBeforeFsdp(RuntimeRule):
             return
         yield make_finding(
             "optimizer-before-fsdp",
-            "The optimizer holds parameters that are not the FSDP model's: it was built before fully_shard(), "
-            "which replaced the parameters with sharded DTensors. The model never trains.",
+            "The optimizer holds parameters that are not the FSDP model's: it was built before the model was "
+            "sharded (fully_shard() replaces the parameters with sharded DTensors, FullyShardedDataParallel() "
+            "flattens them into FlatParameters). The model never trains.",
             evidence=[
                 f"{self.stale} optimizer parameter(s) are not among the {self.model_params} sharded parameters",
                 f"optimizer step at {fmt_loc(self.location)}",
