@@ -81,6 +81,13 @@ def _destroy_process_group():
         dist.destroy_process_group()
 
 
+@pytest.fixture(autouse=True)
+def _own_batch_history(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test keeps its own per-script launch history (rankrules.history_path, in the user's cache otherwise):
+    launches of one fixture script by two tests would otherwise judge each other's world sizes."""
+    monkeypatch.setenv("TORCHSCALPEL_HISTORY_DIR", str(tmp_path_factory.mktemp("batch-history")))
+
+
 @pytest.fixture()
 def traces_dir() -> Path:
     """The recorded HTA traces from ../shared/data/traces; the test skips (saying where it looked) without them."""

@@ -111,6 +111,16 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def user_cache_dir() -> Path:
+    """torchscalpel's folder in the user's cache: ``$TORCHSCALPEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/torchscalpel``,
+    else ``~/.cache/torchscalpel``. It holds what outlives one run folder (the compiled snapshot scanner, the batch
+    history of each script's launches); the folder is the user's own, so what is read back from it is theirs."""
+    if os.environ.get("TORCHSCALPEL_CACHE_DIR"):
+        return Path(os.environ["TORCHSCALPEL_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "torchscalpel"
+
+
 def default_run_dir(name: str, root: Path | None = None) -> Path:
     """``scalpel-runs/<YYYYmmdd-HHMMSS>-<name>/`` (a numeric suffix if it already exists)."""
     base = root or Path("scalpel-runs")

@@ -181,7 +181,7 @@ def test_undivided_accumulated_loss_planted_and_clean(tmp_path):
 
 
 def test_batch_history_judgment(tmp_path):
-    from torchscalpel.distributed.rankrules import batch_entry, batch_findings, rank_findings
+    from torchscalpel.distributed.rankrules import batch_entry, batch_findings, history_path, rank_findings
 
     facts = {r: _facts(r, world=4, batch=8, lr=0.05, script="/s/train.py") for r in range(4)}
     entry = batch_entry(facts)
@@ -201,22 +201,29 @@ def test_batch_history_judgment(tmp_path):
         "global-batch"
     ]  # batch rescaled
     assert [f["rule"] for f in batch_findings(entry, [{**old, "script": "/s/other.py"}])] == ["global-batch"]
-    # rank_findings keeps the history itself: a second judgment at another world warns
-    for r, data in facts.items():
-        (tmp_path / f"rank-{r}.facts.json").write_text(json.dumps({**data, "world": 2}) if r < 2 else "")
-    for r in (2, 3):
-        (tmp_path / f"rank-{r}.facts.json").unlink()
-    assert "batch-not-rescaled-for-world" not in [f["rule"] for f in rank_findings(tmp_path)]
-    for r in range(4):
-        (tmp_path / f"rank-{r}.facts.json").write_text(json.dumps(facts[r]))
-    assert "batch-not-rescaled-for-world" in [f["rule"] for f in rank_findings(tmp_path)]
+    # rank_findings keeps the history itself, per script and not per folder: `scalpel launch` makes a new output
+    # folder each time, and a second launch at another world into another folder warns
+    first, second = tmp_path / "launch-1" / "watch", tmp_path / "launch-2" / "watch"
+    for folder, world in ((first, 2), (second, 4)):
+        folder.mkdir(parents=True)
+        for r in range(world):
+            (folder / f"rank-{r}.facts.json").write_text(json.dumps({**facts[r], "world": world}))
+    assert "batch-not-rescaled-for-world" not in [f["rule"] for f in rank_findings(first)]
+    (warned,) = [f for f in rank_findings(second) if f["rule"] == "batch-not-rescaled-for-world"]
+    assert warned["evidence"][0] == "earlier launch of this script: world 2, per-rank batch 8, lr 0.05"
+    assert history_path("/s/train.py").is_file() and not (second / "batch-history.json").exists()
+    # another script's history is its own
+    assert history_path("/s/other.py") != history_path("/s/train.py")
+    # a torn or edited history line is skipped, not a traceback
+    history_path("/s/train.py").write_text('[{"script": "/s/train.py", "world": "2", "batch": 8}, 7]')
+    assert [f["rule"] for f in rank_findings(second)] == ["global-batch"]
 
 
 @pytest.mark.dist
 def test_relaunch_at_another_world_with_the_same_batch_and_lr_warns(tmp_path):
-    out = tmp_path / "launch"
     rules = []
     for nproc in ("1", "2"):
+        out = tmp_path / f"launch-{nproc}"  # a folder per launch, as `scalpel launch` makes by default
         run_ranks(
             "launch",
             "--nproc",

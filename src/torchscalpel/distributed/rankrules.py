@@ -15,20 +15,24 @@ the doctor's format (:class:`~torchscalpel.findings.Finding`) and go first into
   graph ends in no division or multiplication (the summed gradient is k times the mean: k times the
   learning rate); steps that took a closure (LBFGS) are not accumulation and are left out;
 - ``global-batch`` (info): per-rank batch x world = the global batch, with the optimizer's lr; and
-  ``batch-not-rescaled-for-world`` (warning) when an earlier launch into the same folder ran the
-  same script at another world size with the same per-rank batch and the same lr (the global batch
-  changed, the lr did not). ``OUT/watch/batch-history.json`` keeps one line per launch for this;
+  ``batch-not-rescaled-for-world`` (warning) when an earlier launch of the same script (into any
+  folder: ``scalpel launch`` makes a new one each time) ran at another world size with the same per-rank
+  batch and the same lr (the global batch changed, the lr did not). One history per script, in the user's
+  cache (:func:`history_path`), keeps one line per launch for this;
 - ``process-group-before-init``: the user's script called ``dist.get_rank()``/``get_world_size()``/... before
   ``init_process_group`` (torch raises "Default process group has not been initialized").
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.fileio import user_cache_dir
 from torchscalpel.findings import Finding, Severity
 from torchscalpel.runtime.hang_files import FACTS_GLOB
 from torchscalpel.units import fmt_bytes
@@ -291,7 +295,7 @@ def batch_findings(entry: dict[str, Any] | None, history: list[dict[str, Any]]) 
                     f"batch {entry['batch']} and the same lr {lr}: the global batch went from {before} to {now} "
                     f"and the learning rate did not follow",
                     [
-                        f"earlier launch into this folder: world {old['world']}, per-rank batch {old['batch']}, lr {lr}",
+                        f"earlier launch of this script: world {old['world']}, per-rank batch {old['batch']}, lr {lr}",
                         f"this launch: world {entry['world']}, per-rank batch {entry['batch']}, lr {lr}",
                     ],
                     f"Scale the lr by {now}/{before} (linear rule) or set the per-rank batch to "
@@ -303,32 +307,57 @@ def batch_findings(entry: dict[str, Any] | None, history: list[dict[str, Any]]) 
     return out
 
 
-def _history(folder: Path) -> list[dict[str, Any]]:
+def history_path(script: str) -> Path:
+    """The batch history of ``script`` (its absolute path as the ranks recorded it): one file per script under
+    ``$TORCHSCALPEL_HISTORY_DIR``, else the user's cache (``batch-history/``), whatever ``--out`` each launch used."""
+    folder = Path(os.environ.get("TORCHSCALPEL_HISTORY_DIR") or user_cache_dir() / "batch-history")
+    return folder / f"{hashlib.sha256(script.encode('utf-8', 'surrogateescape')).hexdigest()[:24]}.json"
+
+
+def _is_row(row: Any) -> bool:
+    """A history line as :func:`batch_entry` writes it (the file is the user's, but a torn or edited one is skipped)."""
+    return (
+        isinstance(row, dict)
+        and isinstance(row.get("script"), str)
+        and all(type(row.get(k)) is int and row[k] > 0 for k in ("world", "batch"))
+        and (row.get("lr") is None or type(row["lr"]) in (int, float))
+    )
+
+
+def _history(path: Path) -> list[dict[str, Any]]:
     try:
-        rows = json.loads((folder / HISTORY).read_text())
+        rows = json.loads(path.read_text())
     except (OSError, ValueError):
         return []
-    return rows if isinstance(rows, list) else []
+    return [row for row in rows if _is_row(row)] if isinstance(rows, list) else []
 
 
-def record_launch(folder: Path, entry: dict[str, Any] | None) -> None:
-    """Append this launch to ``batch-history.json`` (the last 20 kept)."""
+def record_launch(path: Path, entry: dict[str, Any] | None) -> None:
+    """Append this launch to the history file ``path`` (the last 20 kept)."""
     if entry is None:
         return
     try:
-        (folder / HISTORY).write_text(json.dumps([*_history(folder), entry][-20:]) + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.write_text(json.dumps([*_history(path), entry][-20:]) + "\n")
     except OSError:
-        pass  # a read-only folder: the next launch just has no history
+        pass  # a read-only cache: the next launch just has no history
+
+
+def _history_file(folder: Path, entry: dict[str, Any] | None) -> Path:
+    script = entry.get("script") if entry else None
+    return history_path(script) if isinstance(script, str) and script else folder / HISTORY
 
 
 def rank_findings(folder: Path) -> list[dict[str, Any]]:
-    """Every cross-rank check over the facts in ``folder`` (and this launch recorded in its batch history)."""
+    """Every cross-rank check over the facts in ``folder`` (and this launch recorded in its script's batch
+    history)."""
     facts = load_facts(folder)
     if not facts:
         return []
     entry = batch_entry(facts)
-    batch = batch_findings(entry, _history(folder))
-    record_launch(folder, entry)
+    history = _history_file(folder, entry)
+    batch = batch_findings(entry, _history(history))
+    record_launch(history, entry)
     return [
         *before_init_findings(facts),
         *sampler_findings(facts),

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 # the one counting rule of every pickle reader (plaindata), re-exported for the C reader's callers
+from torchscalpel.fileio import user_cache_dir
 from torchscalpel.plaindata import WORK_BASE as WORK_BASE
 from torchscalpel.plaindata import WORK_PER_BYTE as WORK_PER_BYTE
 from torchscalpel.plaindata import work_budget as work_budget
@@ -108,11 +109,8 @@ class ScanError(Exception):
 
 
 def cache_dir() -> Path:
-    """Where the compiled scanner lives."""
-    if os.environ.get("TORCHSCALPEL_CACHE_DIR"):
-        return Path(os.environ["TORCHSCALPEL_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "torchscalpel"
+    """Where the compiled scanner lives: :func:`torchscalpel.fileio.user_cache_dir`."""
+    return user_cache_dir()
 
 
 def _compiler() -> str | None:
