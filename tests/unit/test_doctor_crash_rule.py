@@ -226,3 +226,80 @@ def test_the_failing_frame_tells_a_non_leaf_from_a_leaf(tmp_path: Path) -> None:
         assert rule.grad_is_leaf is leaf
         (f,) = rule.findings(RunRecord(status="failed", error="AttributeError: x"))
         assert ("retain_grad" in f.fix) is (not leaf), f
+
+
+def _compiled_crash(tmp_path: Path, body: str, call: str) -> Finding:
+    """Run ``body`` then ``call`` from a user file under torch.compile (backend eager: no C++ compiler needed)."""
+    exc = _raise_from_user_file(tmp_path, "import torch\n" + body + call)
+    rule = ScriptFailed()
+    rule.crash = crash_of(exc)
+    (f,) = rule.findings(RunRecord(status="failed", error=f"{type(exc).__name__}: x"))
+    return f
+
+
+def test_untraceable_code_under_fullgraph_names_the_function_and_disables_it_there(tmp_path: Path) -> None:
+    f = _compiled_crash(
+        tmp_path,
+        "def log_and_scale(x):\n    print('step')\n    return x * 2\n",
+        "torch.compile(log_and_scale, fullgraph=True, backend='eager')(torch.ones(2))\n",
+    )
+    assert "torch.compile(fullgraph=True) met code it cannot trace at " in f.message
+    assert (
+        "train.py:3 (print('step'))" in f.message
+        and "mark log_and_scale() with torch.compiler.disable" in f.message
+    )
+    assert f.fix.startswith("@torch.compiler.disable   # on log_and_scale()")
+    assert any(e.endswith("train.py:3: print('step')") for e in f.evidence)
+
+
+def test_a_branch_on_a_tensors_value_gets_torch_where(tmp_path: Path) -> None:
+    f = _compiled_crash(
+        tmp_path,
+        "def step(x):\n    if x.sum().item() > 0:\n        return x + 1\n    return x\n",
+        "torch.compile(step, fullgraph=True, backend='eager')(torch.ones(2))\n",
+    )
+    assert "a Python branch on a tensor's value" in f.message and "torch.where" in f.fix
+
+
+def test_a_shape_error_met_while_tracing_is_the_scripts_own_and_runs_eagerly_to_show_it(
+    tmp_path: Path,
+) -> None:
+    f = _compiled_crash(
+        tmp_path,
+        "def proj(x):\n    return torch.mm(x, torch.ones(3, 5))\n",
+        "torch.compile(proj, backend='eager')(torch.ones(2, 2))\n",
+    )
+    assert "fails while torch.compile traces it with fake tensors" in f.message
+    assert 'set_stance("force_eager")' in f.fix
+    assert any("same reduction dim" in e for e in f.evidence)  # torch's own words about the shapes are kept
+
+
+def test_the_recompile_limit_gets_dynamic_shapes_and_drop_last(tmp_path: Path) -> None:
+    body = (
+        "torch._dynamo.config.fail_on_recompile_limit_hit = True\n"
+        "torch._dynamo.config.recompile_limit = 2\n"
+        "def scale(x, n):\n    return x * n\n"
+        "fn = torch.compile(scale, backend='eager', dynamic=False)\n"
+    )
+    try:
+        f = _compiled_crash(tmp_path, body, "for i in range(5):\n    fn(torch.ones(i + 1), i)\n")
+    finally:
+        torch._dynamo.config.fail_on_recompile_limit_hit = False
+        torch._dynamo.config.recompile_limit = 8
+        torch._dynamo.reset()
+    assert "recompiled more times than torch._dynamo.config.recompile_limit" in f.message
+    assert "dynamic=True" in f.fix and "drop_last=True" in f.fix
+
+
+def test_a_backend_without_a_cxx_compiler_asks_for_one() -> None:
+    rule = ScriptFailed()
+    rule.crash = Crash(
+        "BackendCompilerFailed",
+        "backend='inductor' raised:\nInvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx",
+    )
+    (f,) = rule.findings(RunRecord(status="failed", error="BackendCompilerFailed: x"))
+    assert "needs a working C++ compiler" in f.message and "g++" in f.fix
+    other = ScriptFailed()
+    other.crash = Crash("BackendCompilerFailed", "backend='inductor' raised:\nAssertionError: lowering")
+    (g,) = other.findings(RunRecord(status="failed", error="BackendCompilerFailed: x"))
+    assert 'backend="aot_eager"' in g.message and "suppress_errors" in g.fix

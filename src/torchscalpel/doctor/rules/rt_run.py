@@ -584,6 +584,111 @@ def _init_order(crash: Crash, record: Any) -> Known | None:
     )
 
 
+_EXPLANATION = re.compile(r"Explanation: (.+)")
+
+
+def _traced_at(message: str) -> tuple[str, str, str] | None:
+    """(``file:line``, function, source line) of the code dynamo could not trace: the innermost frame it lists
+    under "from user code:" in its message."""
+    block = message.split("from user code:", 1)
+    if len(block) < 2:
+        return None
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)\n\s*(.*)', block[1])
+    if not frames:
+        return None
+    file, line, function, text = frames[-1]
+    return fmt_loc(Location(file=file, line=int(line))), function, text.strip()
+
+
+def _compile_error(crash: Crash) -> Known | None:
+    """torch.compile's own errors (the compile troubleshooting table), each mapped to the fix for the user's code."""
+    kind, message = crash.type_name, crash.message
+    at = _traced_at(message)
+    where = f" at {at[0]} ({at[2]})" if at else ""
+    function = at[1] if at else "the_function"
+    explained = _EXPLANATION.search(message)
+    if kind == "Unsupported" or "Dynamo does not know how to" in message:
+        return Known(
+            what="torch.compile(fullgraph=True) met code it cannot trace" + where,
+            advice=(
+                (explained.group(1).strip().rstrip(".") + ". " if explained else "")
+                + f"Keep that code out of the graph: mark {function}() with torch.compiler.disable (it runs "
+                "eagerly and the graph breaks around its call), or drop fullgraph=True to let torch.compile "
+                "break the graph there itself."
+            ),
+            fix=(
+                f"@torch.compiler.disable   # on {function}(): runs eagerly, the rest stays compiled\n"
+                f"def {function}(...):\n    ...\n"
+                "# or: model = torch.compile(model)   # without fullgraph=True: a graph break, not an error"
+            ),
+            keep=(),
+            evidence=(f"untraceable code at {at[0]}: {at[2]}",) if at else (),
+        )
+    if kind == "UserError" and "data-dependent" in message:
+        return Known(
+            what="torch.compile met a Python branch on a tensor's value" + where,
+            advice=(
+                "A compiled graph cannot branch on data it has not computed yet (an .item() or bool(tensor) "
+                "in an if). Express the branch as tensor code (torch.where), or keep the value check outside "
+                "the compiled function."
+            ),
+            fix=(
+                "out = torch.where(x.sum() > 0, x + 1, x)   # both sides computed, one kept: no Python branch\n"
+                "# or: torch._dynamo.config.capture_scalar_outputs = True   # .item() as a graph value"
+            ),
+            keep=(),
+            evidence=(f"the branch at {at[0]}: {at[2]}",) if at else (),
+        )
+    if kind == "TorchRuntimeError":
+        return Known(
+            what="the compiled code fails while torch.compile traces it with fake tensors" + where,
+            advice=(
+                "This is the script's own error, raised while tracing (shapes, dtypes or devices that do not "
+                "match); without torch.compile it raises the same error at the same line, with an eager "
+                "traceback that is easier to read."
+            ),
+            fix=(
+                'torch.compiler.set_stance("force_eager")   # before the first call: run eagerly to see the error\n'
+                "# or remove torch.compile(...) and run the script once"
+            ),
+            keep=("got RuntimeError", "got ValueError", "got TypeError"),
+        )
+    if kind == "BackendCompilerFailed":
+        no_cxx = "C++ compiler" in message or "InvalidCxxCompiler" in message
+        return Known(
+            what="torch.compile's backend failed to compile the traced graph",
+            advice=(
+                "Inductor needs a working C++ compiler on CPU (and Triton on GPU): install one (gcc) or set CXX."
+                if no_cxx
+                else "The tracing worked and the code generator failed: a torch bug, not the script's. Find "
+                'which stage fails by compiling with backend="aot_eager" (no code generation); meanwhile run '
+                "that module eagerly."
+            ),
+            fix=(
+                "apt-get install g++   # or: export CXX=/path/to/c++"
+                if no_cxx
+                else 'model = torch.compile(model, backend="aot_eager")   # passes: the fault is inductor\'s\n'
+                "torch._dynamo.config.suppress_errors = True   # or: fall back to eager where compile fails"
+            ),
+            keep=("raised",),
+        )
+    if kind == "FailOnRecompileLimitHit" or "recompile_limit" in message:
+        return Known(
+            what="a compiled function recompiled more times than torch._dynamo.config.recompile_limit",
+            advice=(
+                "Each new input shape or Python value it specialised on compiled it again. Mark the changing "
+                "dimension dynamic (a last smaller batch: drop_last=True on the DataLoader), or pass the changing "
+                "Python number as a tensor; TORCH_LOGS=recompiles names each guard that failed."
+            ),
+            fix=(
+                "model = torch.compile(model, dynamic=True)   # or torch._dynamo.mark_dynamic(x, 0) before the call\n"
+                "loader = DataLoader(ds, batch_size=B, drop_last=True)   # when only the last batch differs"
+            ),
+            keep=(),
+        )
+    return None
+
+
 class ScriptFailed(RuntimeRule):
     """The script raised (or exited non-zero) under the doctor: its error, where, and the fix when known."""
 
@@ -647,6 +752,7 @@ class ScriptFailed(RuntimeRule):
             or _non_leaf_grad(crash, self.grad_is_leaf)
             or _freed_graph(crash)
             or _cuda_checkpoint_on_cpu(crash)
+            or _compile_error(crash)
         )
         steps = len(record.steps)
         when = "before its first step" if not steps else f"after {steps} step(s)"
