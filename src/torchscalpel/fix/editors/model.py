@@ -1,6 +1,6 @@
 """The doctor-finding edits of a model class and of single statements: ``module_container``,
 ``register_buffer``, ``super_init_first`` and ``delete_statement`` (what each does:
-:mod:`torchscalpel.fix.edits_doctor`, which registers them).
+:mod:`torchscalpel.fix.editors.doctor`, which registers them).
 """
 
 from __future__ import annotations
@@ -8,8 +8,12 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, statement_at, statements_of
-from torchscalpel.fix.edits_cst import (
+from torchscalpel.fix.cst import (
+    Edit,
+    EditError,
+    Replace,
+    callee_name,
+    dotted,
     expr_call,
     indented_code,
     index_in,
@@ -18,6 +22,8 @@ from torchscalpel.fix.edits_cst import (
     node_code,
     owner_of,
     scope_of,
+    statement_at,
+    statements_of,
     walk_all,
     walk_nodes,
     with_statements,

@@ -1,5 +1,5 @@
 """The doctor-finding edits of the training loop: ``set_epoch``, ``shuffle``, ``unscale_before_clip`` and
-``detach_kept`` (what each does: :mod:`torchscalpel.fix.edits_doctor`, which registers them).
+``detach_kept`` (what each does: :mod:`torchscalpel.fix.editors.doctor`, which registers them).
 """
 
 from __future__ import annotations
@@ -10,11 +10,15 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, set_kwargs, statement_at
-from torchscalpel.fix.edits_cst import (
+from torchscalpel.fix.cst import (
+    Edit,
+    EditError,
+    Replace,
     ReplaceAll,
     ancestors,
+    callee_name,
     calls_named,
+    dotted,
     indented_code,
     index_in,
     insert_at,
@@ -23,6 +27,8 @@ from torchscalpel.fix.edits_cst import (
     node_code,
     owner_of,
     scope_of,
+    set_kwargs,
+    statement_at,
     walk_all,
     walk_nodes,
 )

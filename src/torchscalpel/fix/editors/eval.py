@@ -1,5 +1,5 @@
 """The doctor-finding edits of evaluation code: ``no_grad`` (``eval-without-no-grad``) and ``eval_mode``
-(``eval-in-train-mode``) (what each does: :mod:`torchscalpel.fix.edits_doctor`, which registers them).
+(``eval-in-train-mode``) (what each does: :mod:`torchscalpel.fix.editors.doctor`, which registers them).
 """
 
 from __future__ import annotations
@@ -9,10 +9,14 @@ import builtins
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, statement_at, statements_of
-from torchscalpel.fix.edits_cst import (
+from torchscalpel.fix.cst import (
+    Edit,
+    EditError,
+    Replace,
     ancestors,
+    callee_name,
     calls_named,
+    dotted,
     holds_name,
     indented_code,
     index_in,
@@ -22,6 +26,8 @@ from torchscalpel.fix.edits_cst import (
     node_code,
     owner_of,
     scope_of,
+    statement_at,
+    statements_of,
     walk_all,
     walk_nodes,
 )
