@@ -26,8 +26,8 @@ class Edit:
     """One change to one file, anchored at a recorded line."""
 
     kind: str
-    """``call_kwargs``, ``call_anywhere``, ``global_call``, ``autocast``, ``after_statement``,
-    ``save_state_dict``."""
+    """One of :data:`torchscalpel.fix.edits.EDIT_KINDS` (``call_kwargs``, ``autocast``, ``save_state_dict``,
+    ...): which editor makes it."""
     line: int = 0
     """The anchor line the run recorded (0 for the file-wide kinds)."""
     callee: str = ""
@@ -107,6 +107,8 @@ class _Calls(cst.CSTVisitor):
 
 
 def find_call(wrapper: MetadataWrapper, callee: str, line: int) -> cst.Call:
+    """The one call of ``callee`` whose span holds ``line`` (``line`` 0: the one in the file); two or none:
+    :class:`EditError`."""
     visitor = _Calls(callee, line)
     wrapper.visit(visitor)
     if line:
@@ -126,10 +128,13 @@ def _calls(n: int) -> str:
 
 
 def same_code(a: cst.CSTNode, b: cst.CSTNode) -> bool:
+    """True when the two nodes print as the same code."""
     return cst.Module(body=[]).code_for_node(a) == cst.Module(body=[]).code_for_node(b)
 
 
 def set_kwargs(call: cst.Call, edit: Edit) -> cst.Call:
+    """``call`` with ``edit.kwargs`` set and ``edit.drop`` removed, the call's own layout kept (a multi-line
+    call gets the new argument on a line of its own)."""
     args = list(call.args)
     if any(a.star for a in args) and not all(a.keyword is not None or not a.star for a in args):
         raise EditError(f"the {edit.callee} call passes **kwargs, so its arguments cannot be read here")
@@ -184,6 +189,8 @@ def _line_break(like: cst.ParenthesizedWhitespace) -> cst.ParenthesizedWhitespac
 
 
 class Replace(cst.CSTTransformer):
+    """``old`` (by identity) replaced by ``new``, in one pass."""
+
     def __init__(self, old: cst.CSTNode, new: cst.CSTNode) -> None:
         self.old, self.new = old, new
 
@@ -209,6 +216,7 @@ def statement_at(wrapper: MetadataWrapper, line: int) -> tuple[cst.BaseStatement
 
 
 def body_of(owner: cst.CSTNode) -> Sequence[cst.BaseStatement]:
+    """The statement list of ``owner`` (a block, the module); :class:`EditError` when it has none."""
     body = getattr(owner, "body", None)
     if not isinstance(body, list | tuple):
         raise EditError("the line is not inside a block of statements")
@@ -216,16 +224,19 @@ def body_of(owner: cst.CSTNode) -> Sequence[cst.BaseStatement]:
 
 
 def statements_of(code: str) -> list[cst.BaseStatement]:
+    """``code`` parsed as statements, to insert."""
     return list(cst.parse_module(code).body)
 
 
 def is_autocast_with(node: cst.CSTNode) -> bool:
+    """True for a ``with ...autocast(...):`` block."""
     return isinstance(node, cst.With) and any(
         isinstance(item.item, cst.Call) and callee_name(item.item.func) == "autocast" for item in node.items
     )
 
 
 def with_body(owner: cst.CSTNode, body: list[cst.BaseStatement]) -> cst.CSTNode:
+    """``owner`` with its statement list replaced by ``body``."""
     return owner.with_changes(body=body)
 
 
@@ -258,10 +269,12 @@ def step_receiver(module: cst.Module, stmt: cst.BaseStatement) -> str:
 
 
 def node_code(node: cst.CSTNode) -> str:
+    """The code a node prints as."""
     return cst.Module(body=[]).code_for_node(node)
 
 
 def ancestors(node: cst.CSTNode, parents: Any) -> Iterator[cst.CSTNode]:
+    """The parents of ``node``, innermost first (``parents``: libcst's ParentNodeProvider map)."""
     node = parents.get(node)
     while node is not None:
         yield node
@@ -311,6 +324,8 @@ def walk_all(root: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 def calls_named(root: cst.CSTNode, names: frozenset[str] | set[str]) -> list[cst.Call]:
+    """The calls under ``root`` (not inside the functions, classes or lambdas it holds) of a name in
+    ``names``."""
     return [n for n in walk_nodes(root) if isinstance(n, cst.Call) and callee_name(n.func) in names]
 
 
@@ -320,11 +335,13 @@ def _span(wrapper: MetadataWrapper, node: cst.CSTNode) -> tuple[int, int]:
 
 
 def holds_name(wrapper: MetadataWrapper, node: cst.CSTNode, line: int) -> bool:
+    """True when ``node`` spans ``line`` (0 is no line)."""
     start, end = _span(wrapper, node)
     return bool(line) and start <= line <= end
 
 
 def indented_code(node: cst.CSTNode) -> list[cst.BaseStatement]:
+    """The statements of an indented block or the module; :class:`EditError` for a one-line block."""
     body = getattr(node, "body", None)
     if isinstance(body, cst.IndentedBlock):
         return list(body.body)
@@ -334,6 +351,7 @@ def indented_code(node: cst.CSTNode) -> list[cst.BaseStatement]:
 
 
 def with_statements(node: cst.CSTNode, body: Sequence[cst.BaseStatement]) -> cst.CSTNode:
+    """``node`` (a compound statement or the module) with its statements replaced by ``body``."""
     if isinstance(node, cst.Module):
         return node.with_changes(body=list(body))
     block = node.body  # type: ignore[attr-defined]
@@ -399,10 +417,12 @@ def method_call(stmt: cst.CSTNode, method: str) -> tuple[str, cst.Call] | None:
 
 
 def is_name(node: cst.BaseExpression, name: str) -> bool:
+    """True when ``node`` is the plain name ``name``."""
     return isinstance(node, cst.Name) and node.value == name
 
 
 def is_docstring(stmt: cst.BaseStatement) -> bool:
+    """True when ``stmt`` is a string literal alone (a docstring)."""
     return (
         isinstance(stmt, cst.SimpleStatementLine)
         and isinstance(stmt.body[0], cst.Expr)

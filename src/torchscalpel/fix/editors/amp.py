@@ -46,6 +46,8 @@ from torchscalpel.fix.cst import (
 
 
 def wrap_in_autocast(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``autocast``: the statements from the forward (``edit.line``) up to the backward (``edit.end_line``)
+    in ``with EDIT.CODE:``; the optimizer calls between them stay outside."""
     first, owner = statement_at(wrapper, edit.line)
     last, owner_b = statement_at(wrapper, edit.end_line)
     parents = wrapper.resolve(ParentNodeProvider)
@@ -116,6 +118,7 @@ SCALER = "scaler"
 
 
 def node_code(node: cst.CSTNode) -> str:
+    """The code a node prints as, without surrounding blanks."""
     return cst.Module(body=[]).code_for_node(node).strip()
 
 

@@ -36,6 +36,8 @@ from torchscalpel.fix.cst import (
 
 
 def call_kwargs(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``call_kwargs`` / ``call_anywhere``: the keyword arguments set on the call (at the line, or the one
+    in the file)."""
     call = find_call(wrapper, edit.callee, edit.line)
     new = set_kwargs(call, edit)
     if same_code(call, new):
@@ -44,6 +46,7 @@ def call_kwargs(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst
 
 
 def global_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``global_call``: the ``torch.*`` call as a statement after the last top-level import."""
     wanted = statements_of(edit.code)
     wanted_call = cst.Module(body=[]).code_for_node(wanted[0]).strip()
     head = wanted_call.split("(", 1)[0]
@@ -73,6 +76,8 @@ def global_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst
 
 
 def after_statement(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``after_statement``: ``edit.code`` inserted after the statement at the line (``{var}``: the name it
+    assigns, ``{opt}``: the optimizer it steps)."""
     stmt, owner = statement_at(wrapper, edit.line)
     if isinstance(stmt, cst.BaseCompoundStatement):
         raise EditError(f"line {edit.line} opens a block, not a simple statement")

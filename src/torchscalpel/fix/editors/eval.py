@@ -129,6 +129,8 @@ def _in_function(func: cst.FunctionDef, start: str, end: str) -> cst.FunctionDef
 
 
 def no_grad_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``no_grad``: the evaluation forward under ``torch.no_grad()`` (see
+    :mod:`torchscalpel.fix.editors.doctor`)."""
     options = dict(edit.kwargs)
     train_line, eval_mode = int(options.get("train_line") or 0), bool(options.get("eval_mode"))
     stmt, _ = statement_at(wrapper, edit.line)
@@ -191,6 +193,8 @@ def _calls_method_on_before(owner: cst.CSTNode, block: cst.CSTNode, model: str) 
 
 
 def eval_mode_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``eval_mode``: ``MODEL.eval()`` before the no-grad block holding the forward, ``MODEL.train()`` after
+    it."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if method_call(stmt, "eval") is not None:  # the line this fix inserted (it moved the forward down)

@@ -105,6 +105,7 @@ def _count(n: int, what: str) -> str:
 
 
 def set_epoch_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``set_epoch``: ``SAMPLER.set_epoch(EPOCH)`` first in the epoch loop."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if method_call(stmt, "set_epoch") is not None:  # the line this fix inserted (it moved the loop down)
@@ -213,6 +214,7 @@ def _used_as_tensor(module: cst.Module, target: cst.BaseExpression) -> bool:
 
 
 def detach_kept_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``detach_kept``: a loss kept across steps as a number (``.item()``) or detached."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     loss = _backward_loss(stmt, edit.line)
@@ -251,6 +253,7 @@ def detach_kept_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -
 
 
 def unscale_before_clip_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``unscale_before_clip``: ``SCALER.unscale_(OPT)`` before the clipping call."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if method_call(stmt, "unscale_") is not None:  # the line this fix inserted (it moved the clip down)
@@ -291,6 +294,7 @@ def unscale_before_clip_edit(module: cst.Module, wrapper: MetadataWrapper, edit:
 
 
 def shuffle_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``shuffle``: ``shuffle=True`` on the loader the loop iterates (or its sampler)."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if not isinstance(stmt, cst.For):

@@ -69,6 +69,7 @@ def _nn(module: cst.Module) -> str:
 
 
 def module_container_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``module_container``: a list or dict of modules on ``self`` as ``nn.ModuleList`` / ``nn.ModuleDict``."""
     stmt, _ = statement_at(wrapper, edit.line)
     _, assign, name = _self_assign(stmt, edit.line)
     value = assign.value
@@ -90,6 +91,8 @@ def module_container_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Ed
 
 
 def register_buffer_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``register_buffer``: ``self.x = <tensor>`` in ``__init__`` as ``self.register_buffer("x",
+    <tensor>)``."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     done = expr_call(stmt)
@@ -118,6 +121,7 @@ def _free_names(node: cst.CSTNode) -> set[str]:
 
 
 def super_init_first_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``super_init_first``: ``super().__init__()`` as the first statement of the ``__init__``."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     func = stmt if isinstance(stmt, cst.FunctionDef) else scope_of(stmt, parents)
@@ -194,6 +198,7 @@ def _deletable(stmt: cst.CSTNode, what: str) -> bool:
 
 
 def delete_statement_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``delete_statement``: the statement at the line removed (``pass`` when its block is left empty)."""
     what = edit.callee
     stmt, _ = statement_at(wrapper, edit.line)
     if not _deletable(stmt, what):
