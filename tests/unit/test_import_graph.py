@@ -1,7 +1,8 @@
 """The import graph of ``src/torchscalpel`` (grimp, the graph import-linter builds, plus an ast walk of the
 same files) keeps three rules the floors contract cannot see:
 
-- no import cycle between the modules of a package. A function-level (lazy) import counts, as it does
+- no import cycle between the modules of a package, nor between its parts (its modules and subpackages,
+  a subpackage standing for all it holds). A function-level (lazy) import counts, as it does
   for the floors: it runs when the function is called, and an import made lazy to dodge a cycle still
   ties the two modules together (that is how the ``fix/edits*`` knot hid). An import only under
   ``TYPE_CHECKING`` does not count: it never runs. A lazy import for another reason (an optional
@@ -58,11 +59,34 @@ def build_graph(package: str) -> grimp.ImportGraph:
 
 
 def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
-    """Every set of modules that import each other around a loop (a strongly connected component of two
-    or more), each sorted; a cycle can only join modules of one top-level package, as the floors allow
-    no import upward."""
-    modules = sorted(graph.modules)
-    edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in modules}
+    """Every set of modules that import each other around a loop, each sorted; a cycle can only join
+    modules of one top-level package, as the floors allow no import upward."""
+    return strongly_connected({m: sorted(graph.find_modules_directly_imported_by(m)) for m in graph.modules})
+
+
+def part_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Every set of the parts of one package (its modules and subpackages, each subpackage standing for
+    all it holds) that import each other around a loop: a loop the module graph can miss, as when a
+    module of ``sub`` imports ``m`` and ``m`` imports another module of ``sub``."""
+    found = []
+    for package in sorted(graph.modules):
+        parts = sorted(graph.find_children(package))
+        if len(parts) < 2:
+            continue
+        owner = {m: part for part in parts for m in {part, *graph.find_descendants(part)}}
+        edges: dict[str, set[str]] = {part: set() for part in parts}
+        for module, part in owner.items():
+            for imported in graph.find_modules_directly_imported_by(module):
+                target = owner.get(imported)
+                if target is not None and target != part:
+                    edges[part].add(target)
+        found += strongly_connected({k: sorted(v) for k, v in edges.items()})
+    return sorted(found)
+
+
+def strongly_connected(edges: dict[str, list[str]]) -> list[list[str]]:
+    """The strongly connected components of two or more nodes (each sorted): the loops of ``edges``."""
+    modules = sorted(edges)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -71,7 +95,7 @@ def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     for start in modules:  # Tarjan's algorithm, iterative: the graph is deeper than Python's recursion
         if start in index:
             continue
-        work: list[tuple[str, Iterator[str]]] = [(start, iter(edges[start]))]
+        work: list[tuple[str, Iterator[str]]] = [(start, iter(edges.get(start, [])))]
         index[start] = low[start] = len(index)
         stack.append(start)
         on_stack.add(start)
@@ -82,7 +106,7 @@ def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
                     index[target] = low[target] = len(index)
                     stack.append(target)
                     on_stack.add(target)
-                    work.append((target, iter(edges[target])))
+                    work.append((target, iter(edges.get(target, []))))
                     break
                 if target in on_stack:
                     low[node] = min(low[node], index[target])
@@ -268,6 +292,13 @@ def test_no_import_cycle_inside_a_package(graph: grimp.ImportGraph) -> None:
     assert not stale, f"KNOWN_CYCLES names packages with no cycle left; delete their entries: {stale}"
 
 
+def test_no_cycle_between_the_parts_of_a_package(graph: grimp.ImportGraph) -> None:
+    unknown = [", ".join(c) for c in part_cycles(graph) if allowed_package(c, KNOWN_CYCLES) is None]
+    assert not unknown, "modules and subpackages of one package that import each other around a loop:\n" + (
+        "\n".join(unknown)
+    )
+
+
 def test_no_private_name_is_imported_from_another_module(graph: grimp.ImportGraph) -> None:
     found = private_imports(SRC, PACKAGE, set(graph.modules))
     assert not found, (
@@ -304,11 +335,16 @@ PLANTED = {
     "sub/_own.py": "y = 1\n",
     "sub/user.py": "from probe_pkg.sub._own import y\n",
     "outsider.py": "from probe_pkg.sub import _own\n",
+    "sub2/__init__.py": "",
+    "sub2/x.py": "import probe_pkg.f\n",
+    "sub2/y.py": "z = 1\n",
+    "f.py": "from probe_pkg.sub2 import y\n",
 }
 
 
 def test_the_checks_see_what_they_forbid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A throwaway package with one of each fault: a cycle through a lazy import (a <-> b), a back
+    """A throwaway package with one of each fault: a cycle through a lazy import (a <-> b), a subpackage
+    and a module that need each other with no loop of modules (sub2 <-> f), a back
     import only under TYPE_CHECKING (c -> d: no cycle), a private name taken by name and as an attribute
     (d), a run-time import of the package's own module and one of a name not written (e), a private
     module used beside it (sub/user: fine) and from outside its package (outsider)."""
@@ -324,6 +360,8 @@ def test_the_checks_see_what_they_forbid(tmp_path: Path, monkeypatch: pytest.Mon
     assert "probe_pkg.a:5 -> probe_pkg.b" in cycle_text(planted, cycles[0])
     assert allowed_package(cycles[0], {"probe_pkg.sub": "not this one"}) is None
     assert allowed_package(cycles[0], {"probe_pkg": "this one"}) == "probe_pkg"
+    # sub2.x -> f -> sub2.y is no loop of modules, but sub2 and f need each other
+    assert part_cycles(planted) == [["probe_pkg.a", "probe_pkg.b"], ["probe_pkg.f", "probe_pkg.sub2"]]
 
     assert private_imports(tmp_path, "probe_pkg", set(planted.modules)) == [
         "probe_pkg/d.py:2: probe_pkg.c._hidden",
