@@ -20,6 +20,7 @@ same files) keeps three rules the floors contract cannot see:
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -159,15 +160,16 @@ class Source:
         return self.name if self.path.name == "__init__.py" else self.name.rpartition(".")[0]
 
 
-def sources(src: Path, package: str) -> list[Source]:
-    """Every module of ``package`` under ``src``, parsed."""
+@functools.cache
+def sources(src: Path, package: str) -> tuple[Source, ...]:
+    """Every module of ``package`` under ``src``, parsed (once per test session)."""
     out = []
     for path in sorted((src / package).rglob("*.py")):
         parts = list(path.relative_to(src).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out.append(Source(".".join(parts), path, ast.parse(path.read_text(encoding="utf-8"), str(path))))
-    return out
+    return tuple(out)
 
 
 def _is_private(segment: str) -> bool:
