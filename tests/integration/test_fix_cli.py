@@ -15,8 +15,9 @@ from tests.helpers import REPO, run_cli
 
 pytest.importorskip("libcst")
 
+from torchscalpel.fix.cst import Edit
 from torchscalpel.fix.diff import patch_text
-from torchscalpel.fix.edits import Edit, apply_edit
+from torchscalpel.fix.edits import apply_edit
 
 FIXTURES = REPO / "tests" / "fixtures"
 

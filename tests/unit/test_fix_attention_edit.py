@@ -1,4 +1,4 @@
-"""The ``sdpa`` edit (fix/edits_attention.py) on attention in the styles people write, and the check
+"""The ``sdpa`` edit (fix/editors/attention.py) on attention in the styles people write, and the check
 ``--verify`` runs on it (fix/attention_check.py, here in-process): the patched class computes what the
 original did, in train and eval mode with dropout off, and a patch that masks what the code did not
 (is_causal=True pasted into a bidirectional block) is caught."""
@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from torchscalpel.fix.attention_check import compare
-from torchscalpel.fix.edits import Edit, apply_edit
-from torchscalpel.fix.edits_attention import attention_plan
+from torchscalpel.fix.cst import Edit
+from torchscalpel.fix.edits import apply_edit
+from torchscalpel.fix.profile_plan import attention_plan
 from torchscalpel.fix.verify_attention import rewritten
 from torchscalpel.record import RunRecord
 

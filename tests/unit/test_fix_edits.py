@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("libcst")
 
-from torchscalpel.fix.edits import Edit, apply_edit
+from torchscalpel.fix.cst import Edit
+from torchscalpel.fix.edits import apply_edit
 
 LOOP = '''"""A plain loop."""
 import torch

@@ -1,5 +1,5 @@
 """whole-model-save changes the checkpoint's format, so fix changes every reader of it with the save
-(fix/edits_checkpoint.py), or refuses naming the line; unsafe-torch-load converts its whole-module
+(fix/editors/checkpoint.py), or refuses naming the line; unsafe-torch-load converts its whole-module
 writer with it. Pure edits on source text (the other-file search reads a tmp tree)."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 
 pytest.importorskip("libcst")
 
-from torchscalpel.fix.edits import Edit, apply_edit
+from torchscalpel.fix.cst import Edit
+from torchscalpel.fix.edits import apply_edit
 
 RESUME = """import os
 import torch

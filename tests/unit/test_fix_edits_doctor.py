@@ -9,9 +9,10 @@ import pytest
 
 pytest.importorskip("libcst")
 
+from torchscalpel.fix.cst import Edit
 from torchscalpel.fix.doctor_plan import DOCTOR_RULES, doctor_plan
-from torchscalpel.fix.edits import EDIT_KINDS, Edit, apply_edit
-from torchscalpel.fix.edits_doctor import EDITORS, KINDS
+from torchscalpel.fix.editors.doctor import EDITORS, KINDS
+from torchscalpel.fix.edits import EDIT_KINDS, apply_edit
 from torchscalpel.record import new_run_record
 
 

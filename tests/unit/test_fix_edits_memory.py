@@ -1,4 +1,4 @@
-"""scalpel fix's memory edits on source strings in real script styles (fix/edits_memory.py), and the plan
+"""scalpel fix's memory edits on source strings in real script styles (fix/editors/memory.py), and the plan
 that picks the ladder's first fitting rung fix can place (fix/memory_plan.py): each edit lands on the
 recorded line, is idempotent, and refuses code that is not what the record leads to expect."""
 
@@ -8,7 +8,8 @@ import pytest
 
 pytest.importorskip("libcst")
 
-from torchscalpel.fix.edits import Edit, apply_edit
+from torchscalpel.fix.cst import Edit
+from torchscalpel.fix.edits import apply_edit
 from torchscalpel.fix.memory_plan import first_placed, memory_plan
 from torchscalpel.record import new_run_record
 

@@ -8,9 +8,11 @@ import pytest
 
 pytest.importorskip("libcst")
 
-from torchscalpel.fix.edits import Edit, apply_edit
+from torchscalpel.fix.cst import Edit
+from torchscalpel.fix.edits import apply_edit
 from torchscalpel.fix.linemap import line_map, remap
-from torchscalpel.fix.locate import framework_of, tune_plan
+from torchscalpel.fix.locate import tune_plan
+from torchscalpel.fix.planned import framework_of
 from torchscalpel.record import new_run_record
 from torchscalpel.sections import SitesSection
 

@@ -10,8 +10,9 @@ import pytest
 
 from torchscalpel.errors import UsageError
 from torchscalpel.fix.doctor_plan import doctor_plan
-from torchscalpel.fix.locate import framework_of, tune_plan
+from torchscalpel.fix.locate import tune_plan
 from torchscalpel.fix.options import FixOptions
+from torchscalpel.fix.planned import framework_of
 from torchscalpel.record import new_run_record
 from torchscalpel.sections import SitesSection
 

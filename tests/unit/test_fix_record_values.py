@@ -19,8 +19,9 @@ import pytest
 from torchscalpel.errors import UsageError
 from torchscalpel.fix import code
 from torchscalpel.fix.files import read_source, user_tree
+from torchscalpel.fix.measured import MARK_FILE
 from torchscalpel.fix.options import FixOptions
-from torchscalpel.fix.stage import MARK_FILE, plan_and_edit, run
+from torchscalpel.fix.stage import plan_and_edit, run
 from torchscalpel.record import RunRecord, new_run_record, save_record
 
 SCRIPT = """import torch

@@ -14,7 +14,8 @@ import pytest
 
 pytest.importorskip("libcst")
 
-from torchscalpel.fix.edits import Edit, apply_edit
+from torchscalpel.fix.cst import Edit
+from torchscalpel.fix.edits import apply_edit
 from torchscalpel.fix.locate import tune_plan
 from torchscalpel.fix.render import summary_lines
 from torchscalpel.fix.stage import FixResult, Item

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from statistics import median
 from typing import Any
 
 from torch.utils.data import dataloader as dl_module
 
 from torchscalpel.doctor.registry import make_finding
-from torchscalpel.doctor.rules._common import median
 from torchscalpel.doctor.rules.rt_grads import NoUpdate
 from torchscalpel.doctor.runtime_rules import RuntimeRule
 from torchscalpel.findings import Finding
@@ -64,7 +64,7 @@ class OverfitOneBatch(RuntimeRule):
         ]
         if len(losses) < 10 or not self.replayed:
             return
-        first = median(losses[:2])
+        first = median(losses[:2])  # two finite losses: their mean
         best_tail = min(losses[-5:])
         if first <= 1e-6 or best_tail < MIN_DROP * first:
             return

@@ -1,9 +1,10 @@
 """From a doctor run's findings to the edits ``scalpel fix`` proposes: each finding whose fix is one
-mechanical change becomes an :class:`~torchscalpel.fix.edits.Edit` anchored at the finding's recorded
+mechanical change becomes an :class:`~torchscalpel.fix.cst.Edit` anchored at the finding's recorded
 ``file:line`` (what the rule saw at run time, or the static rule's node), or a
-:class:`~torchscalpel.fix.locate.Planned` that says why it is not patched. Nothing here reads the
-user's files; the editors (:mod:`torchscalpel.fix.edits`, :mod:`torchscalpel.fix.edits_doctor`) check
-that the code at the line is what the rule expects and refuse otherwise.
+:class:`~torchscalpel.fix.planned.Planned` that says why it is not patched. Nothing here reads the
+user's files; the editors (:mod:`torchscalpel.fix.editors`, the doctor kinds in
+:mod:`torchscalpel.fix.editors.doctor`) check that the code at the line is what the rule expects and
+refuse otherwise.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.fix.cst import Edit
 from torchscalpel.fix.diff import printable
-from torchscalpel.fix.edits import Edit
-from torchscalpel.fix.locate import Planned, script_file
+from torchscalpel.fix.planned import Planned, script_file
 from torchscalpel.record import RunRecord
 from torchscalpel.sections import SitesSection
 
@@ -73,7 +74,7 @@ def _edit(rule: str, file: Path, line: int, finding: dict[str, Any], train_line:
         )
     if rule == "whole-model-save":
         # The file travels with the edit: the other files of the tree around it that read the same
-        # path are looked for from there (fix/edits_checkpoint.py).
+        # path are looked for from there (fix/editors/checkpoint.py).
         return Edit(kind="save_state_dict", line=line, callee="save", kwargs=(("file", str(file)),))
     if rule == "grad-not-zeroed":  # the finding points at the optimizer's step() call
         return Edit(

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from torchscalpel.fix.edits import Edit
+from torchscalpel.fix.cst import Edit
 
 LineMap = list[int]
 """For each line of the original file (index 0 is line 1), its 1-based line in the patched file."""

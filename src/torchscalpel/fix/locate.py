@@ -1,7 +1,9 @@
-"""From a Run record to the edits ``scalpel fix`` proposes: each knob tune kept and each doctor finding
-with a mechanical fix becomes an :class:`~torchscalpel.fix.edits.Edit` anchored at a ``file:line``
-the run recorded (``sections["sites"]``, a finding's location), or a :class:`Planned` that says why
-it is not patched and gives the snippet to apply by hand. Nothing here reads the user's files.
+"""From a tune record to the edits ``scalpel fix`` proposes: each knob tune kept becomes an
+:class:`~torchscalpel.fix.cst.Edit` anchored at a ``file:line`` the run recorded (``sections["sites"]``),
+or a :class:`~torchscalpel.fix.planned.Planned` that says why it is not patched and gives the snippet
+to apply by hand; a winner is placed whole or refused whole. The knobs placed by the newer edits (fp16,
+framework precision, channels_last, checkpointing, fp32 attention) are planned in
+:mod:`torchscalpel.fix.locate_knobs`, below this module. Nothing here reads the user's files.
 
 The record's values arrive checked (:mod:`torchscalpel.fix.record_values`: tune's settings as
 :class:`~torchscalpel.tune.settings.TuneSettings`, the sites' lines, classes and devices), and the code
@@ -10,12 +12,28 @@ an edit inserts is built from them as syntax nodes (:mod:`torchscalpel.fix.code`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchscalpel.fix import code
-from torchscalpel.fix.edits import Edit
+from torchscalpel.fix.cst import Edit
+from torchscalpel.fix.locate_knobs import (
+    channels_last_plan,
+    checkpointing_plan,
+    fp16_plan,
+    fp32_attention_plan,
+    framework_amp,
+    repeated_blocks,
+)
+from torchscalpel.fix.planned import (
+    Planned,
+    framework_of,
+    kwargs_at_site,
+    model_site_refusal,
+    one_site,
+    script_of,
+    used_sites,
+)
 from torchscalpel.fix.record_values import settings_of, tune_settings
 from torchscalpel.fix.record_values import sites as checked_sites
 from torchscalpel.record import RunRecord
@@ -26,110 +44,6 @@ FUSED_OPTIMIZERS = frozenset({"Adam", "AdamW", "SGD", "Adagrad"})
 FOREACH_OPTIMIZERS = frozenset(
     {"Adam", "AdamW", "SGD", "Adagrad", "Adadelta", "Adamax", "ASGD", "NAdam", "RAdam", "RMSprop", "Rprop"}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Planned:
-    """One change fix would make: an edit of ``file``, or (``edit`` None) why it cannot be placed."""
-
-    label: str
-    """What changes, for people: ``optimizer fused=True``, ``unsafe-torch-load``."""
-    source: str
-    """``tune`` or ``doctor``: which run asked for it."""
-    file: Path | None
-    edit: Edit | None
-    snippet: str
-    """The change as code, to apply by hand when it is not patched."""
-    reason: str = ""
-    """Why it is not patched (empty when ``edit`` is set)."""
-    rule: str = ""
-    """The doctor rule slug (doctor edits)."""
-    done: bool = False
-    """The run shows the script already does it (bf16 autocast active at the training forward)."""
-
-    @classmethod
-    def refused(cls, label: str, source: str, snippet: str, reason: str) -> Planned:
-        """A change fix does not place: ``reason`` says why, ``snippet`` is the code to apply by hand."""
-        return cls(label, source, None, None, snippet, reason)
-
-
-def kwargs_at_site(
-    label: str,
-    source: str,
-    site: dict[str, Any],
-    callee: str,
-    kwargs: tuple[tuple[str, Any], ...],
-    snippet: str,
-) -> Planned:
-    """``kwargs`` set on the call at the recorded ``site`` (the class it recorded, else ``callee``)."""
-    return Planned(
-        label,
-        source,
-        Path(site["file"]),
-        Edit(
-            kind="call_kwargs", line=int(site["line"]), callee=str(site.get("class") or callee), kwargs=kwargs
-        ),
-        snippet,
-    )
-
-
-def hf_gradient_checkpointing(label: str, source: str, script: Path | None) -> Planned:
-    """Activation checkpointing through HF's own switch, on the script's ``TrainingArguments(...)``."""
-    return Planned(
-        label,
-        source,
-        script,
-        Edit(kind="call_anywhere", callee="TrainingArguments", kwargs=(("gradient_checkpointing", True),)),
-        "TrainingArguments(..., gradient_checkpointing=True)",
-    )
-
-
-def model_site_refusal(model: dict[str, Any]) -> str:
-    """Why the recorded line that builds the training model cannot be edited ("" when it can)."""
-    if not model:
-        return "the run recorded no training model being built"
-    if model.get("library"):
-        return f"the model is built inside {model['library']}"
-    return ""
-
-
-def framework_of(sites: SitesSection) -> str | None:
-    """``transformers``, ``lightning`` or ``accelerate`` when the run shows that framework driving the
-    training step (accelerate: the script built an ``Accelerator``, or its backward / step ran there)."""
-    libraries = {
-        s.get("library")
-        for s in [*sites.optimizers, sites.forward or {}, sites.backward or {}, sites.step or {}]
-        if isinstance(s, dict) and s.get("library")
-    }
-    if "transformers" in libraries:
-        return "transformers"
-    if libraries & {"lightning", "pytorch_lightning"}:
-        return "lightning"
-    if sites.accelerator or "accelerate" in libraries:
-        return "accelerate"
-    return None
-
-
-def _used(sites: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    used = [s for s in sites if s.get("used")]
-    return used or sites
-
-
-def one_site(sites: list[dict[str, Any]], what: str) -> tuple[dict[str, Any] | None, str]:
-    """The one site to edit, or why there is none (none recorded, several, built in a library)."""
-    used = _used(sites)
-    places = {(s.get("file"), s.get("line")) for s in used}
-    if not used:
-        return None, f"the run recorded no {what} being built"
-    if len(places) > 1:
-        return (
-            None,
-            f"the run built {len(places)} {what}s at different lines; which one to change is a choice",
-        )
-    site = used[0]
-    if site.get("library"):
-        return None, f"the {what} is built inside {site['library']}, not in your code"
-    return site, ""
 
 
 def tune_plan(record: RunRecord) -> list[Planned]:
@@ -222,7 +136,7 @@ def settings_plan(record: RunRecord, settings: dict[str, Any]) -> list[Planned]:
     tune = record.section(TuneSection) or TuneSection()
     sites = checked_sites(record)
     framework = framework_of(sites)
-    script = _script_file(record, sites)
+    script = script_of(record, sites)
     out: list[Planned] = []
 
     def add(label: str, snippet: str, file: Any, edit: Edit | None, reason: str = "") -> None:
@@ -239,7 +153,7 @@ def settings_plan(record: RunRecord, settings: dict[str, Any]) -> list[Planned]:
         if (
             framework == "transformers"
             and impl == "fused"
-            and _used(sites.optimizers)[0].get("class") == "AdamW"
+            and used_sites(sites.optimizers)[0].get("class") == "AdamW"
         ):
             add(
                 label,
@@ -282,16 +196,10 @@ def settings_plan(record: RunRecord, settings: dict[str, Any]) -> list[Planned]:
     if settings.get("compile"):
         out.append(_compile_plan(settings["compile"], sites, framework, script))
     if settings.get("channels_last"):
-        from torchscalpel.fix.locate_knobs import channels_last_plan
-
         out += channels_last_plan(sites, framework)
     if settings.get("checkpointing"):
-        from torchscalpel.fix.locate_knobs import checkpointing_plan, repeated_blocks
-
         out.append(checkpointing_plan(repeated_blocks(tune.facts), sites, framework, script))
     if settings.get("amp_fp32_attention"):
-        from torchscalpel.fix.locate_knobs import fp32_attention_plan
-
         out += fp32_attention_plan(tune.facts, sites)
     for key in ("cudnn_benchmark", "microbatches"):
         if settings.get(key) is not None:
@@ -321,12 +229,8 @@ def _knob_code(settings: dict[str, Any], key: str) -> str:
 def amp_plan(amp: str, sites: SitesSection, framework: str | None, script: Path | None) -> Planned:
     label = f"autocast {amp}"
     if framework is not None:
-        from torchscalpel.fix.locate_knobs import framework_amp
-
         return framework_amp(amp, framework, sites, script)
     if amp == "fp16":
-        from torchscalpel.fix.locate_knobs import fp16_plan
-
         return fp16_plan(sites)
     fwd, bwd = sites.forward, sites.backward
     device = (fwd or {}).get("device") or "cpu"
@@ -442,32 +346,3 @@ def _compile_plan(
         ),
         snippet,
     )
-
-
-def _script_file(record: RunRecord, sites: SitesSection) -> Path | None:
-    """The script the run ran, as an absolute path: a recorded site in a file of the script's name."""
-    name = (((record.provenance or {}).get("code") or {}).get("script") or {}).get("path")
-    target = (record.target or {}).get("script")
-    candidates = [
-        s.get("file")
-        for s in [
-            *sites.optimizers,
-            *sites.dataloaders,
-            sites.model or {},
-            sites.forward or {},
-            sites.backward or {},
-        ]
-        if isinstance(s, dict)
-    ]
-    candidates += [(f.get("location") or {}).get("file") for f in record.findings]
-    for c in candidates:
-        if c and name and Path(c).name == name:
-            return Path(c)
-    if target and Path(target).is_absolute():
-        return Path(target)
-    return None
-
-
-def script_file(record: RunRecord) -> Path | None:
-    """The absolute path of the script ``record`` ran, from its recorded sites (None when unknown)."""
-    return _script_file(record, record.section(SitesSection) or SitesSection())

@@ -1,5 +1,5 @@
 """Plans for the tune knobs placed by the newer edits: fp16 with a GradScaler, mixed precision through
-accelerate, channels_last, activation checkpointing. Like :mod:`torchscalpel.fix.locate`, each is an
+accelerate, channels_last, activation checkpointing. Like :mod:`torchscalpel.fix.locate` (which calls these), each is an
 edit anchored at the lines the run recorded (``sections["sites"]``) or a :class:`Planned` that says
 why not, with the snippet to apply by hand; nothing here reads the user's files.
 """
@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.fix import code
-from torchscalpel.fix.edits import Edit
-from torchscalpel.fix.locate import (
+from torchscalpel.fix.cst import Edit
+from torchscalpel.fix.planned import (
     Planned,
     hf_gradient_checkpointing,
     kwargs_at_site,

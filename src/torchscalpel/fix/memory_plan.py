@@ -25,15 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.fix.edits import Edit
-from torchscalpel.fix.locate import (
-    Planned,
-    amp_plan,
-    framework_of,
-    hf_gradient_checkpointing,
-    one_site,
-    script_file,
-)
+from torchscalpel.fix.cst import Edit
+from torchscalpel.fix.edits import apply_edit
+from torchscalpel.fix.locate import amp_plan
+from torchscalpel.fix.planned import Planned, framework_of, hf_gradient_checkpointing, one_site, script_file
 from torchscalpel.fix.record_values import sites as checked_sites
 from torchscalpel.record import RunRecord
 from torchscalpel.sections import SitesSection
@@ -93,8 +88,6 @@ def first_placed(alternatives: list[Planned], read: Callable[[Path], str | None]
     text; one the editor refuses there stays as ``not patched`` with the editor's reason, and the next
     is tried. ``read`` gives a file's text, or None when it may not be edited (that item is kept and
     says why when it is made)."""
-    from torchscalpel.fix.edits import apply_edit
-
     out: list[Planned] = []
     for p in alternatives:
         if p.edit is None or p.file is None:

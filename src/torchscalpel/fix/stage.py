@@ -23,17 +23,12 @@ from typing import Any
 
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fix.diff import patch_text
-from torchscalpel.fix.files import encode_source, inside, read_source, user_tree
+from torchscalpel.fix.files import encode_source, read_source, user_tree
+from torchscalpel.fix.measured import MARK_FILE, check_file, checked_script, recorded_hash, sha256
 from torchscalpel.fix.options import FixOptions
 from torchscalpel.fix.record_values import RecordValueError, check_record
 from torchscalpel.record import RunRecord, load_record
-from torchscalpel.runtime.userframes import is_user_file
 from torchscalpel.sections import DoctorSection, TuneSection
-
-MARK_FILE = "fix.json"
-"""Written in each run folder: the sha256 of each file before and after the patch, so that a later
-``scalpel fix`` on the patched file knows it as this patch's result (and gives no diff) rather than
-refusing it as a changed script."""
 
 
 @dataclass(slots=True)
@@ -79,11 +74,6 @@ def _require_libcst() -> None:
         ) from None
 
 
-def sha256(path: Path) -> str:
-    """The sha256 of a file's bytes."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _record_dir(path: Path) -> Path:
     return path.parent if path.is_file() else path
 
@@ -103,30 +93,6 @@ def load_checked(path: Path) -> RunRecord:
     return record
 
 
-def recorded_hash(record: RunRecord, file: Path, script: Path) -> str | None:
-    """The sha256 the run recorded for ``file`` (the script or a local module), None when it has none.
-    Module paths are relative to the folder the run hashed them under (its git root, else the
-    script's folder): read from the record only to match a hash, never to choose a file."""
-    code = (record.provenance or {}).get("code") or {}
-    if file.resolve() == script.resolve():
-        return (code.get("script") or {}).get("sha256")
-    recorded = ((record.provenance or {}).get("git") or {}).get("root")
-    root = Path(recorded).resolve() if recorded else script.parent.resolve()
-    rel = file.resolve().relative_to(root).as_posix() if file.resolve().is_relative_to(root) else None
-    for entry in (code.get("modules") or {}).values():
-        if entry.get("path") == rel:
-            return entry.get("sha256")
-    return None
-
-
-def _patched_hashes(run_dir: Path) -> set[str]:
-    try:
-        data = json.loads((run_dir / MARK_FILE).read_text(encoding="utf-8"))
-        return {str(v["after"]) for v in data.get("files", {}).values()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()
-
-
 def _line_map(run_dir: Path, path: Path, recorded: str | None) -> Any:
     """The line map of this fix's own earlier patch of ``path`` (:mod:`torchscalpel.fix.linemap`),
     when the file is that patch's result of the very code the run measured; None otherwise."""
@@ -144,52 +110,11 @@ def _line_map(run_dir: Path, path: Path, recorded: str | None) -> Any:
     return None
 
 
-def _check_file(record: RunRecord, run_dir: Path, file: Path, root: Path, script: Path) -> str:
-    """Why ``file`` may not be edited ("" when it may); a file outside the tree or a changed script
-    raises (refused in one sentence)."""
-    inside(root, file)
-    if not is_user_file(str(file)):
-        return f"{file} is an installed package's file, not your code"
-    if not file.is_file():
-        raise UsageError(f"{file} no longer exists; fix edits the files the run measured.")
-    want = recorded_hash(record, file, script)
-    if want is None:
-        return f"the run recorded no hash of {file.name}, so fix cannot tell it is the code it measured"
-    have = sha256(file)
-    if have != want and have not in _patched_hashes(run_dir):
-        raise UsageError(
-            f"{file} changed since the run in {run_dir} measured it (its sha256 differs from the record's "
-            "provenance); re-run that stage on the current code, then scalpel fix."
-        )
-    return ""
-
-
 def _text(record: RunRecord, run_dir: Path, file: Path, root: Path, script: Path | None) -> str | None:
     """``file``'s text when fix may edit it (None otherwise: its item then says why)."""
-    if script is None or _check_file(record, run_dir, file, root, script):
+    if script is None or check_file(record, run_dir, file, root, script):
         return None
     return read_source(file.resolve())[0]
-
-
-def checked_script(result: FixResult) -> tuple[RunRecord, Path]:
-    """The script ``--verify`` runs, and its record: the script the first record that names one ran,
-    under the user's tree and the file the run measured (or this fix's patch of it); refused in one
-    sentence otherwise, so a record can make ``--verify`` run nothing but that script."""
-    from torchscalpel.fix.locate import script_file
-
-    found = next(((d, r, s) for d, r in result.records if (s := script_file(r)) is not None), None)
-    if found is None or result.root is None:
-        raise UsageError(
-            "--verify needs the script the run measured, and the record does not say which it ran."
-        )
-    run_dir, record, script = found
-    path = inside(result.root, script)
-    if path.name.startswith("-"):  # it would reach python as an option, not a file
-        raise UsageError(f"{script} is not a script name --verify can run; rename it, then re-run the stage.")
-    why = _check_file(record, run_dir, path, result.root, path)
-    if why:
-        raise UsageError(f"--verify runs only the script the run in {run_dir} measured, and {why}.")
-    return record, path
 
 
 def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[str]:
@@ -231,10 +156,11 @@ def plan_and_edit(options: FixOptions) -> FixResult:
     """Read the records and make every edit on the text; touch no file."""
     from torchscalpel.fix.doctor_plan import doctor_plan
     from torchscalpel.fix.edits import apply_edit
-    from torchscalpel.fix.edits_attention import attention_plan
     from torchscalpel.fix.linemap import LineMap, remap
-    from torchscalpel.fix.locate import script_file, tune_plan
+    from torchscalpel.fix.locate import tune_plan
     from torchscalpel.fix.memory_plan import first_placed, has_memory, memory_plan
+    from torchscalpel.fix.planned import script_file
+    from torchscalpel.fix.profile_plan import attention_plan
 
     root = user_tree(options.cwd or Path.cwd())
     records = [(_record_dir(r), load_checked(r)) for r in options.run_dirs]
@@ -258,7 +184,7 @@ def plan_and_edit(options: FixOptions) -> FixResult:
             if script is None:
                 item.reason = "the record does not say which script it ran"
                 continue
-            why = _check_file(record, run_dir, p.file, root, script)
+            why = check_file(record, run_dir, p.file, root, script)
             if why:
                 item.reason = why
                 continue
@@ -425,7 +351,7 @@ def run(options: FixOptions) -> FixResult:
     _require_libcst()
     result = plan_and_edit(options)
     if options.verify and result.changes:
-        checked_script(result)  # refused before anything is written or run
+        checked_script(result.records, result.root)  # refused before anything is written or run
     if result.changes:
         mark_result(result)
     if options.apply and result.changes and not options.force:

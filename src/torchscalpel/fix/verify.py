@@ -219,12 +219,12 @@ def _scalpel(
 
 def verify(result: FixResult, options: FixOptions) -> Verification:
     """Re-run the patched copy as the module doc says; never touches the user's files."""
-    from torchscalpel.fix.stage import checked_script
+    from torchscalpel.fix.measured import checked_script
     from torchscalpel.fix.verify_attention import verify_attention
 
     v = Verification()
     # The script the run measured, under the user's tree: a record names nothing else to run.
-    record, script = checked_script(result)
+    record, script = checked_script(result.records, result.root)
     folder = script.parent
     if any(not p.is_relative_to(folder) for p in result.changes):
         v.notes.append(f"not verified: the patch edits files outside {folder}")

@@ -3,7 +3,7 @@
 The ``unfused-attention`` pattern (:mod:`torchscalpel.trace.patterns`) finds ``matmul -> softmax ->
 matmul`` in the op-line pass; this module reads the code at that line (stdlib :mod:`ast`, no torch) to
 say which fused call replaces it: the mask the code applies, its scale, the dropout on the weights.
-``profile`` prints the call as the finding's fix, and ``scalpel fix`` (:mod:`torchscalpel.fix.edits_attention`)
+``profile`` prints the call as the finding's fix, and ``scalpel fix`` (:mod:`torchscalpel.fix.editors.attention`)
 writes it in place of the statements from the scores to the weighted sum.
 
 The statements are followed one value at a time, from ``q @ k.transpose(-2, -1)`` (the finding's line)

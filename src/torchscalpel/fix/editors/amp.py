@@ -1,6 +1,10 @@
-"""The ``grad_scaler`` edit: fp16 autocast with a ``torch.amp.GradScaler``, at four recorded lines.
+"""The mixed-precision editors: ``autocast`` (bf16), ``grad_scaler`` (fp16 with a GradScaler) and
+``fp32_attention_call`` (the user's own attention call kept in float32 under autocast).
 
-The recipe (torch's AMP recipe, what tune's fp16 trial did through its inserted scaler):
+``autocast``: the statements from the training forward up to (not including) the backward, wrapped in
+``with torch.autocast(...)``; a ``zero_grad`` / ``backward`` / ``step`` between them stays outside.
+
+``grad_scaler``: fp16 autocast with a ``torch.amp.GradScaler``, at four recorded lines. The recipe (torch's AMP recipe, what tune's fp16 trial did through its inserted scaler):
 
 - after the optimizer's construction (``edit.line``): ``scaler = torch.amp.GradScaler("cuda")``;
 - the statements from the training forward (anchor ``forward``) up to the backward, wrapped in
@@ -25,25 +29,96 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from torchscalpel.fix.edits import (
+from torchscalpel.fix.cst import (
     Edit,
     EditError,
+    Replace,
     assigned_name,
     body_of,
     callee_name,
+    find_call,
     is_autocast_with,
     statement_at,
     statements_of,
     step_receiver,
     with_body,
-    wrap_in_autocast,
 )
+
+
+def wrap_in_autocast(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``autocast``: the statements from the forward (``edit.line``) up to the backward (``edit.end_line``)
+    in ``with EDIT.CODE:``; the optimizer calls between them stay outside."""
+    first, owner = statement_at(wrapper, edit.line)
+    last, owner_b = statement_at(wrapper, edit.end_line)
+    parents = wrapper.resolve(ParentNodeProvider)
+    node: cst.CSTNode | None = first
+    while node is not None:  # already under an autocast block: nothing to do
+        if is_autocast_with(node):
+            return None
+        node = parents.get(node)
+    if first is last:
+        raise EditError(
+            "the forward and the backward are one statement, so autocast cannot wrap the forward alone"
+        )
+    if owner is not owner_b:
+        raise EditError("the forward and the backward are not in the same block of statements")
+    body = list(body_of(owner))
+    i, j = body.index(first), body.index(last)
+    if i > j:
+        raise EditError("the backward comes before the forward in that block")
+    header = cst.parse_expression(edit.code)
+    # Autocast holds the forward and the loss only: a zero_grad / step / backward between them (a loop
+    # that zeroes after the forward) stays outside, between two blocks when compute follows it.
+    new: list[cst.BaseStatement] = []
+    run: list[cst.BaseStatement] = []
+    for stmt in [*body[i:j], None]:
+        if stmt is not None and not _optimizer_statement(stmt):
+            run.append(stmt)
+            continue
+        if run:
+            new.append(_autocast_block(header, run))
+            run = []
+        if stmt is not None:
+            new.append(stmt)
+    body[i:j] = new
+    return module.visit(Replace(owner, with_body(owner, body)))
+
+
+OUTSIDE_AUTOCAST = frozenset({"zero_grad", "backward", "step"})
+"""Calls that are no part of the forward and loss: torch's autocast recipe keeps them out of the block."""
+
+
+def _optimizer_statement(stmt: cst.BaseStatement) -> bool:
+    """True when the statement calls ``.zero_grad()``, ``.backward()`` or ``.step()`` anywhere in it."""
+
+    class Finder(cst.CSTVisitor):
+        found = False
+
+        def visit_Call(self, node: cst.Call) -> None:
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value in OUTSIDE_AUTOCAST:
+                self.found = True
+
+    finder = Finder()
+    stmt.visit(finder)
+    return finder.found
+
+
+def _autocast_block(header: cst.BaseExpression, stmts: list[cst.BaseStatement]) -> cst.With:
+    """``with HEADER:`` over ``stmts``; the first one's blank lines and comments move above the ``with``."""
+    inner = [stmts[0].with_changes(leading_lines=()), *stmts[1:]]
+    return cst.With(
+        items=[cst.WithItem(item=header)],
+        body=cst.IndentedBlock(body=inner),
+        leading_lines=getattr(stmts[0], "leading_lines", ()),
+    )
+
 
 SCALER = "scaler"
 """The name the inserted GradScaler is bound to."""
 
 
 def node_code(node: cst.CSTNode) -> str:
+    """The code a node prints as, without surrounding blanks."""
     return cst.Module(body=[]).code_for_node(node).strip()
 
 
@@ -94,8 +169,6 @@ def _parse(source: str) -> tuple[cst.Module, MetadataWrapper]:
 def _replace_in_body(
     module: cst.Module, owner: cst.CSTNode, at: int, count: int, new: list[cst.BaseStatement]
 ) -> cst.Module:
-    from torchscalpel.fix.edits import Replace
-
     body = list(body_of(owner))
     body[at : at + count] = new
     return module.visit(Replace(owner, with_body(owner, body)))
@@ -146,8 +219,6 @@ def _backward_part(source: str, line: int) -> str:
         return source
     scaled = cst.parse_expression(f"{SCALER}.scale(x)").with_changes(args=[cst.Arg(value=loss)])
     new = call.with_changes(func=call.func.with_changes(value=scaled))
-    from torchscalpel.fix.edits import Replace
-
     return module.visit(Replace(call, new)).code
 
 
@@ -298,8 +369,6 @@ def fp32_attention_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     """
-    from torchscalpel.fix.edits import Replace, find_call
-
     stmt, _ = statement_at(wrapper, edit.line)
     if _under_fp32_attention(wrapper, stmt):
         return None

@@ -1,16 +1,16 @@
 """The libcst edits for doctor findings whose fix is one mechanical change at the finding's line.
 
-Like :mod:`torchscalpel.fix.edits` (whose helpers these use, and whose ``apply_edit`` dispatches
-here), every editor starts from the statement at the recorded line, reads from the code there the
+Like every editor (:mod:`torchscalpel.fix.editors`; :func:`torchscalpel.fix.edits.apply_edit`
+dispatches here), every one starts from the statement at the recorded line, reads from the code there the
 names it needs (the sampler, the epoch variable, the model, the scaler and optimizer, the kept loss),
-and raises :class:`~torchscalpel.fix.edits.EditError` (``not patched``) when the code is not what the
+and raises :class:`~torchscalpel.fix.cst.EditError` (``not patched``) when the code is not what the
 rule saw, instead of looking elsewhere. Each returns None when the fix is already there, so a second
 ``scalpel fix`` gives no diff.
 
-The editors live by job: :mod:`~torchscalpel.fix.edits_loop` (the training loop),
-:mod:`~torchscalpel.fix.edits_eval` (evaluation code), :mod:`~torchscalpel.fix.edits_model` (a model
-class, single statements), over the shared helpers of :mod:`~torchscalpel.fix.edits_cst`; this module
-registers them.
+The editors live by job: :mod:`~torchscalpel.fix.editors.loop` (the training loop),
+:mod:`~torchscalpel.fix.editors.eval` (evaluation code), :mod:`~torchscalpel.fix.editors.model` (a model
+class, single statements), over the shared helpers of :mod:`~torchscalpel.fix.cst`; this module
+registers them, each refusing a code shape it was not written for in one sentence.
 
 The kinds:
 
@@ -44,20 +44,18 @@ The kinds:
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from torchscalpel.fix.edits import Edit, EditError
-from torchscalpel.fix.edits_eval import eval_mode_edit, no_grad_edit
-from torchscalpel.fix.edits_loop import (
+from torchscalpel.fix.cst import Edit, EditError, Editor
+from torchscalpel.fix.editors.eval import eval_mode_edit, no_grad_edit
+from torchscalpel.fix.editors.loop import (
     detach_kept_edit,
     set_epoch_edit,
     shuffle_edit,
     unscale_before_clip_edit,
 )
-from torchscalpel.fix.edits_model import (
+from torchscalpel.fix.editors.model import (
     delete_statement_edit,
     module_container_edit,
     register_buffer_edit,
@@ -76,10 +74,7 @@ KINDS = (
     "super_init_first",
     "delete_statement",
 )
-"""The kinds this module edits (registered in :data:`torchscalpel.fix.edits._EDITORS`)."""
-
-
-Editor = Callable[[cst.Module, MetadataWrapper, Edit], "cst.Module | None"]
+"""The kinds this module edits (registered in :data:`torchscalpel.fix.edits.EDITORS`)."""
 
 
 def _guarded(editor: Editor) -> Editor:

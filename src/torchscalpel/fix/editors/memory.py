@@ -1,8 +1,8 @@
 """The source edits for memory's ladder rungs (:mod:`torchscalpel.fix.memory_plan`), registered in
-:data:`torchscalpel.fix.edits._EDITORS` beside tune's and doctor's kinds.
+:data:`torchscalpel.fix.edits.EDITORS` beside tune's and doctor's kinds.
 
 Each one follows the same rules: anchored at the line the run recorded, ``already`` (returns None)
-when the code there already does it, :class:`~torchscalpel.fix.edits.EditError` (``not patched``)
+when the code there already does it, :class:`~torchscalpel.fix.cst.EditError` (``not patched``)
 when the code there is not what the run's record leads to expect. The kinds:
 
 - ``checkpoint_call``: the one call at the recorded line of a repeated block (``x = block(x)`` in the
@@ -18,21 +18,27 @@ when the code there is not what the run's record leads to expect. The kinds:
   ``batch_size=B/K`` at the recorded line plus ``Trainer(accumulate_grad_batches=G*K)`` (``callee``
   ``DataLoader``). ``kwargs`` carries ``batch`` (B, the batch the run measured) and ``k``. The batch
   in the code must be the literal B (or B/K with an accumulation that K divides: already done).
-
-The helpers of :mod:`torchscalpel.fix.edits` are imported inside the functions: that module imports
-this one to register the kinds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-if TYPE_CHECKING:
-    from torchscalpel.fix.edits import Edit
+from torchscalpel.fix.cst import (
+    Edit,
+    EditError,
+    Editor,
+    Replace,
+    ReplaceAll,
+    body_of,
+    callee_name,
+    dotted,
+    find_call,
+    same_code,
+    set_kwargs,
+    statement_at,
+)
 
 CHECKPOINT = "torch.utils.checkpoint.checkpoint"
 """How the wrapped call is spelled: through the file's own ``import torch`` (``torch.utils.checkpoint``
@@ -52,8 +58,6 @@ class _CallsOnLine(cst.CSTVisitor):
 
 
 def _imports_torch(module: cst.Module) -> bool:
-    from torchscalpel.fix.edits import dotted
-
     return any(
         isinstance(s, cst.SimpleStatementLine)
         and isinstance(s.body[0], cst.Import)
@@ -63,8 +67,6 @@ def _imports_torch(module: cst.Module) -> bool:
 
 
 def _checkpoint_call(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    from torchscalpel.fix.edits import EditError, Replace, callee_name
-
     visitor = _CallsOnLine(edit.line)
     wrapper.visit(visitor)
     calls = visitor.found
@@ -107,9 +109,6 @@ def _plain_call(stmt: cst.CSTNode, method: str) -> cst.Call | None:
 
 
 def _zero_grad_after_step(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    from torchscalpel.fix.edits import Edit as _Edit
-    from torchscalpel.fix.edits import EditError, Replace, body_of, same_code, set_kwargs, statement_at
-
     stmt, owner = statement_at(wrapper, edit.line)
     step = _plain_call(stmt, "step")
     if step is None or step.args or not isinstance(step.func, cst.Attribute):
@@ -123,7 +122,7 @@ def _zero_grad_after_step(module: cst.Module, wrapper: MetadataWrapper, edit: Ed
     if zero is not None and isinstance(zero.func, cst.Attribute):
         if module.code_for_node(zero.func.value) != receiver:
             raise EditError(f"the statement after {receiver}.step() zeroes another object's gradients")
-        new = set_kwargs(zero, _Edit(kind="call_kwargs", callee="zero_grad", kwargs=(("set_to_none", True),)))
+        new = set_kwargs(zero, Edit(kind="call_kwargs", callee="zero_grad", kwargs=(("set_to_none", True),)))
         return None if same_code(zero, new) else module.visit(Replace(zero, new))
     body[i + 1 : i + 1] = list(cst.parse_module(f"{receiver}.zero_grad(set_to_none=True)\n").body)
     return module.visit(Replace(owner, owner.with_changes(body=body)))
@@ -131,7 +130,6 @@ def _zero_grad_after_step(module: cst.Module, wrapper: MetadataWrapper, edit: Ed
 
 def _int_arg(call: cst.Call, key: str, position: int | None = None) -> tuple[int, cst.Arg | None]:
     """The literal int passed as ``key`` (or at ``position``): ``(value, arg)``; ``(0, None)`` when absent."""
-    from torchscalpel.fix.edits import EditError
 
     arg = next((a for a in call.args if a.keyword is not None and a.keyword.value == key), None)
     if arg is None and position is not None:
@@ -150,25 +148,20 @@ def _int_arg(call: cst.Call, key: str, position: int | None = None) -> tuple[int
 
 def callee(call: cst.Call) -> str:
     """The called name, for messages."""
-    from torchscalpel.fix.edits import callee_name
 
     return callee_name(call.func) or "called"
 
 
 def _with_int(call: cst.Call, key: str, value: int, arg: cst.Arg | None) -> cst.Call:
-    from torchscalpel.fix.edits import Edit as _Edit
-    from torchscalpel.fix.edits import set_kwargs
-
     if arg is not None:  # in place (positional kept positional)
         return call.with_changes(
             args=[a.with_changes(value=cst.Integer(str(value))) if a is arg else a for a in call.args]
         )
-    return set_kwargs(call, _Edit(kind="call_kwargs", callee=callee(call), kwargs=((key, value),)))
+    return set_kwargs(call, Edit(kind="call_kwargs", callee=callee(call), kwargs=((key, value),)))
 
 
 def _scaled(batch: int, k: int, size: int, accum: int, what: str) -> tuple[int, int] | None:
     """The new (batch, accumulation); None when already split so; EditError when the code's batch is another."""
-    from torchscalpel.fix.edits import EditError
 
     if size == batch:
         return batch // k, max(1, accum) * k
@@ -182,8 +175,6 @@ def _scaled(batch: int, k: int, size: int, accum: int, what: str) -> tuple[int, 
 
 
 def _batch_accum(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
-    from torchscalpel.fix.edits import EditError, Replace, find_call
-
     params = dict(edit.kwargs)
     batch, k = int(params["batch"]), int(params["k"])
     if k < 2 or batch % k:
@@ -208,25 +199,15 @@ def _batch_accum(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cs
             return None
         loader_new = _with_int(loader, "batch_size", scaled[0], size_arg)
         trainer_new = _with_int(trainer, "accumulate_grad_batches", scaled[1], accum_arg)
-        return module.visit(_ReplaceBoth({id(loader): loader_new, id(trainer): trainer_new}))
+        return module.visit(ReplaceAll({loader: loader_new, trainer: trainer_new}))
     raise EditError(
         f"fix places micro-batches in TrainingArguments or a Lightning DataLoader, not {edit.callee}"
     )
 
 
-class _ReplaceBoth(cst.CSTTransformer):
-    """Several nodes replaced in one pass (a second pass would meet copies, not the nodes found)."""
-
-    def __init__(self, new: dict[int, cst.CSTNode]) -> None:
-        self.new = new
-
-    def on_leave(self, original: Any, updated: Any) -> Any:
-        return self.new.get(id(original), updated)
-
-
-EDITORS: dict[str, Callable[[cst.Module, MetadataWrapper, Any], cst.Module | None]] = {
+EDITORS: dict[str, Editor] = {
     "checkpoint_call": _checkpoint_call,
     "zero_grad_after_step": _zero_grad_after_step,
     "batch_accum": _batch_accum,
 }
-"""The kinds this module adds to :data:`torchscalpel.fix.edits._EDITORS`."""
+"""The kinds this module adds to :data:`torchscalpel.fix.edits.EDITORS`."""

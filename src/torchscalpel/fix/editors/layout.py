@@ -15,7 +15,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from torchscalpel.fix.edits import (
+from torchscalpel.fix.cst import (
     Edit,
     EditError,
     Replace,

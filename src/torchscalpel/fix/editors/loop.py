@@ -1,5 +1,5 @@
 """The doctor-finding edits of the training loop: ``set_epoch``, ``shuffle``, ``unscale_before_clip`` and
-``detach_kept`` (what each does: :mod:`torchscalpel.fix.edits_doctor`, which registers them).
+``detach_kept`` (what each does: :mod:`torchscalpel.fix.editors.doctor`, which registers them).
 """
 
 from __future__ import annotations
@@ -10,11 +10,15 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, set_kwargs, statement_at
-from torchscalpel.fix.edits_cst import (
+from torchscalpel.fix.cst import (
+    Edit,
+    EditError,
+    Replace,
     ReplaceAll,
     ancestors,
+    callee_name,
     calls_named,
+    dotted,
     indented_code,
     index_in,
     insert_at,
@@ -23,6 +27,8 @@ from torchscalpel.fix.edits_cst import (
     node_code,
     owner_of,
     scope_of,
+    set_kwargs,
+    statement_at,
     walk_all,
     walk_nodes,
 )
@@ -99,6 +105,7 @@ def _count(n: int, what: str) -> str:
 
 
 def set_epoch_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``set_epoch``: ``SAMPLER.set_epoch(EPOCH)`` first in the epoch loop."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if method_call(stmt, "set_epoch") is not None:  # the line this fix inserted (it moved the loop down)
@@ -207,6 +214,7 @@ def _used_as_tensor(module: cst.Module, target: cst.BaseExpression) -> bool:
 
 
 def detach_kept_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``detach_kept``: a loss kept across steps as a number (``.item()``) or detached."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     loss = _backward_loss(stmt, edit.line)
@@ -245,6 +253,7 @@ def detach_kept_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -
 
 
 def unscale_before_clip_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``unscale_before_clip``: ``SCALER.unscale_(OPT)`` before the clipping call."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if method_call(stmt, "unscale_") is not None:  # the line this fix inserted (it moved the clip down)
@@ -285,6 +294,7 @@ def unscale_before_clip_edit(module: cst.Module, wrapper: MetadataWrapper, edit:
 
 
 def shuffle_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``shuffle``: ``shuffle=True`` on the loader the loop iterates (or its sampler)."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if not isinstance(stmt, cst.For):

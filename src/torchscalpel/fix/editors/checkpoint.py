@@ -32,8 +32,19 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from torchscalpel.fix.edits import Edit, EditError, callee_name, dotted, find_call, set_kwargs
-from torchscalpel.fix.edits_cst import ReplaceAll, ancestors, node_code, walk_all, walk_nodes
+from torchscalpel.fix.cst import (
+    Edit,
+    EditError,
+    ReplaceAll,
+    ancestors,
+    callee_name,
+    dotted,
+    find_call,
+    node_code,
+    set_kwargs,
+    walk_all,
+    walk_nodes,
+)
 
 SKIPPED_DIRS = frozenset({".git", "__pycache__", "scalpel-runs", ".venv", "venv", "node_modules", ".tox"})
 """Not searched for other readers of a checkpoint: history, caches, runs and environments."""

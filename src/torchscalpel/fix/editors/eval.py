@@ -1,5 +1,5 @@
 """The doctor-finding edits of evaluation code: ``no_grad`` (``eval-without-no-grad``) and ``eval_mode``
-(``eval-in-train-mode``) (what each does: :mod:`torchscalpel.fix.edits_doctor`, which registers them).
+(``eval-in-train-mode``) (what each does: :mod:`torchscalpel.fix.editors.doctor`, which registers them).
 """
 
 from __future__ import annotations
@@ -9,10 +9,14 @@ import builtins
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, statement_at, statements_of
-from torchscalpel.fix.edits_cst import (
+from torchscalpel.fix.cst import (
+    Edit,
+    EditError,
+    Replace,
     ancestors,
+    callee_name,
     calls_named,
+    dotted,
     holds_name,
     indented_code,
     index_in,
@@ -22,6 +26,8 @@ from torchscalpel.fix.edits_cst import (
     node_code,
     owner_of,
     scope_of,
+    statement_at,
+    statements_of,
     walk_all,
     walk_nodes,
 )
@@ -123,6 +129,8 @@ def _in_function(func: cst.FunctionDef, start: str, end: str) -> cst.FunctionDef
 
 
 def no_grad_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``no_grad``: the evaluation forward under ``torch.no_grad()`` (see
+    :mod:`torchscalpel.fix.editors.doctor`)."""
     options = dict(edit.kwargs)
     train_line, eval_mode = int(options.get("train_line") or 0), bool(options.get("eval_mode"))
     stmt, _ = statement_at(wrapper, edit.line)
@@ -185,6 +193,8 @@ def _calls_method_on_before(owner: cst.CSTNode, block: cst.CSTNode, model: str) 
 
 
 def eval_mode_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``eval_mode``: ``MODEL.eval()`` before the no-grad block holding the forward, ``MODEL.train()`` after
+    it."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     if method_call(stmt, "eval") is not None:  # the line this fix inserted (it moved the forward down)

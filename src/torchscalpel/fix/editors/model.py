@@ -1,6 +1,6 @@
 """The doctor-finding edits of a model class and of single statements: ``module_container``,
 ``register_buffer``, ``super_init_first`` and ``delete_statement`` (what each does:
-:mod:`torchscalpel.fix.edits_doctor`, which registers them).
+:mod:`torchscalpel.fix.editors.doctor`, which registers them).
 """
 
 from __future__ import annotations
@@ -8,8 +8,12 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, callee_name, dotted, statement_at, statements_of
-from torchscalpel.fix.edits_cst import (
+from torchscalpel.fix.cst import (
+    Edit,
+    EditError,
+    Replace,
+    callee_name,
+    dotted,
     expr_call,
     indented_code,
     index_in,
@@ -18,6 +22,8 @@ from torchscalpel.fix.edits_cst import (
     node_code,
     owner_of,
     scope_of,
+    statement_at,
+    statements_of,
     walk_all,
     walk_nodes,
     with_statements,
@@ -63,6 +69,7 @@ def _nn(module: cst.Module) -> str:
 
 
 def module_container_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``module_container``: a list or dict of modules on ``self`` as ``nn.ModuleList`` / ``nn.ModuleDict``."""
     stmt, _ = statement_at(wrapper, edit.line)
     _, assign, name = _self_assign(stmt, edit.line)
     value = assign.value
@@ -84,6 +91,8 @@ def module_container_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Ed
 
 
 def register_buffer_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``register_buffer``: ``self.x = <tensor>`` in ``__init__`` as ``self.register_buffer("x",
+    <tensor>)``."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     done = expr_call(stmt)
@@ -112,6 +121,7 @@ def _free_names(node: cst.CSTNode) -> set[str]:
 
 
 def super_init_first_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``super_init_first``: ``super().__init__()`` as the first statement of the ``__init__``."""
     stmt, _ = statement_at(wrapper, edit.line)
     parents = wrapper.resolve(ParentNodeProvider)
     func = stmt if isinstance(stmt, cst.FunctionDef) else scope_of(stmt, parents)
@@ -188,6 +198,7 @@ def _deletable(stmt: cst.CSTNode, what: str) -> bool:
 
 
 def delete_statement_edit(module: cst.Module, wrapper: MetadataWrapper, edit: Edit) -> cst.Module | None:
+    """``delete_statement``: the statement at the line removed (``pass`` when its block is left empty)."""
     what = edit.callee
     stmt, _ = statement_at(wrapper, edit.line)
     if not _deletable(stmt, what):

@@ -1,5 +1,6 @@
-"""``unfused-attention`` as an edit: the statements from the scores to the weighted sum become one
-``F.scaled_dot_product_attention`` call, in the user's own attention code.
+"""The ``sdpa`` editor (``unfused-attention`` as an edit, planned by :mod:`torchscalpel.fix.profile_plan`):
+the statements from the scores to the weighted sum become one ``F.scaled_dot_product_attention`` call,
+in the user's own attention code.
 
 The profile run's finding names the line of ``q @ k.transpose(-2, -1)`` (:mod:`torchscalpel.trace.patterns`).
 The editor reads the code there again (:func:`torchscalpel.trace.attention_code.read_attention`: the
@@ -19,47 +20,12 @@ keeps its ``.transpose(1, 2)``); the statements before it go.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from torchscalpel.fix.edits import Edit, EditError, Replace, body_of, statement_at
-from torchscalpel.fix.locate import Planned
-from torchscalpel.record import RunRecord
+from torchscalpel.fix.cst import Edit, EditError, Replace, body_of, statement_at
 from torchscalpel.trace.attention_code import SDPA, Unread, read_attention
-
-RULE = "unfused-attention"
-KIND = "sdpa"
-
-
-def attention_plan(record: RunRecord) -> list[Planned]:
-    """An ``sdpa`` edit at each ``unfused-attention`` finding of a profile run, at its line; attention in
-    an installed package (transformers' eager attention) is refused: fix edits only the user's files."""
-    out: list[Planned] = []
-    for finding in record.findings:
-        if finding.get("rule") != RULE:
-            continue
-        where = finding.get("location")
-        where = where if isinstance(where, dict) else {}
-        snippet = str(finding.get("fix") or "")
-        line = where.get("line")
-        # a record is data: a line that is not a positive whole number names no line
-        if (
-            not isinstance(where.get("file"), str)
-            or not isinstance(line, int)
-            or isinstance(line, bool)
-            or line <= 0
-        ):
-            out.append(Planned(RULE, "profile", None, None, snippet, "the finding names no line", rule=RULE))
-        elif "(library code)" in str(finding.get("message") or ""):
-            reason = "the attention is an installed package's code, which fix does not edit; switch it by its own option"
-            out.append(Planned(RULE, "profile", None, None, snippet, reason, rule=RULE))
-        else:
-            out.append(
-                Planned(RULE, "profile", Path(where["file"]), Edit(kind=KIND, line=line), snippet, rule=RULE)
-            )
-    return out
 
 
 def _char_col(lines: list[str], line: int, byte_col: int) -> int:
