@@ -62,6 +62,10 @@ PHASES = ("data", "forward", "backward", "optimizer", "other")
 """The five parts every step is split into; they add up to the step's wall time."""
 
 
+NOT_TIMED = "every measured step was instrumented (profiled, FLOP-counted or op-line); rerun with more steps"
+"""Why a run whose measured steps were all instrumented has no step time (``summary.step_time_not_measured``)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class StepRecord:
     """One optimizer step (or, for inference-only scripts, one root-module forward call)."""
@@ -227,6 +231,13 @@ class RunRecord:
     def measured_steps(self) -> list[StepRecord]:
         """Steps that count: not warm-up."""
         return [s for s in self.steps if not s.warmup]
+
+    @property
+    def timed_steps(self) -> list[StepRecord]:
+        """The measured steps a step time may come from: those no instrument slowed (not profiled, not
+        FLOP-counted, not in the op-line pass). Empty when every measured step was instrumented: the run
+        then has no step time (:data:`NOT_TIMED`), never one read from an instrumented step."""
+        return [s for s in self.steps if not s.warmup and not s.profiled]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (``extra`` keys merged back at the top level)."""

@@ -9,7 +9,8 @@ The rules are about consistency between figures one record holds (never about ho
   marked ``profiled`` (the FLOP-counting step aside);
 - FLOPs: ``flops_total``, every op's ``flops`` and ``flops_per_step`` >= 0; a per-op list that says it
   is complete (a counted ``flops_step``, or ``flops_by_op_complete``) sums to ``flops_total``;
-- the summary: its step statistics are those of the steps it says it covers; phase means sum to the
+- the summary: its step statistics are those of the steps it says it covers (the measured steps no
+  instrument slowed: none, and no step time, when every measured step was instrumented); phase means sum to the
   mean step, shares are phase mean / mean step; samples/s is mean samples / mean step; FLOP/s is
   FLOPs per step / median step; MFU is FLOP/s over the peak recorded beside it;
 - tune: every speedup is the ratio of the two step times recorded beside it (``baseline_ms /
@@ -156,7 +157,7 @@ def _summary(record: RunRecord) -> list[str]:
         return []
     s = record.summary_view()
     measured = record.measured_steps
-    plain = [x for x in measured if not x.profiled] or measured
+    plain = record.timed_steps
     out = []
     if (
         s.steps_total != len(record.steps)
@@ -168,6 +169,11 @@ def _summary(record: RunRecord) -> list[str]:
             f"{s.steps_summarized}, the steps recorded give {len(record.steps)}/{len(measured)}/{len(plain)}."
         )
         return out  # the statistics below cover other steps than the record holds: each would repeat this
+    if measured and not plain and s.median_step_ms is not None:
+        out.append(
+            f"summary.median_step_ms is {s.median_step_ms!r} though every measured step was instrumented: "
+            "a step time never comes from an instrumented step."
+        )
     if not plain or any(not _num(x.total_ms) or not math.isfinite(x.total_ms) for x in plain):
         return out
     totals = [x.total_ms for x in plain]

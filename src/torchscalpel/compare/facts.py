@@ -47,8 +47,7 @@ def _mad_ratio(values: list[float]) -> float | None:
 
 def run_facts(record: RunRecord) -> RunFacts:
     """The comparable figures of ``record`` (empty where it measured nothing)."""
-    measured = record.measured_steps
-    plain = [s for s in measured if not s.profiled] or measured
+    plain = record.timed_steps
     facts = RunFacts(steps=len(plain))
     facts.step_ms = [s.total_ms for s in record.steps]
     facts.losses = [s.loss for s in record.steps]

@@ -87,6 +87,12 @@ class HookSet:
         while self._undo:
             self._undo.pop()()
 
+    @property
+    def evaluating(self) -> bool:
+        """True while an evaluation forward runs (a root forward without grad once training is expected):
+        what the FLOP count keeps apart from the step's FLOPs."""
+        return self._forward_depth > 0 and self._root_role == "eval"
+
     def narrow_to_roots(self) -> bool:
         """Swap the global forward hooks for hooks on the root modules seen so far.
 
