@@ -96,7 +96,9 @@ def _load(facts: RunFacts, record: RunRecord) -> None:
     from torchscalpel.envcheck.host_checks import check_machine_busy
 
     env = record.environment if isinstance(record.environment, dict) else {}
-    cpu = env.get("cpu") if isinstance(env.get("cpu"), dict) else {}
+    cpu = env.get("cpu")
+    if not isinstance(cpu, dict):
+        cpu = {}
     load, cores = cpu.get("load_avg_1m"), cpu.get("usable_cores") or env.get("cpu_count")
     if isinstance(load, int | float) and not isinstance(load, bool) and load >= 0:
         facts.load = float(load)
