@@ -336,6 +336,7 @@ def test_a_commit_that_changed_no_file_that_ran_is_not_blamed() -> None:
     )
     assert "machine load: A ran at load 0.6 on 2 cores, B ran at load 6.2 on 2 cores (busy)" in pair.verdict
     assert [d.ran for d in pair.differences] == [False]
+    assert "code (no file that ran)" in render(compare_records([a, b]))
     # the same commit with the script changed is what ran: it is blamed
     b.provenance["code"]["script"]["sha256"] = "7" * 64
     blamed = compare_records([a, b]).pairs[0]
