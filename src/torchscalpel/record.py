@@ -119,6 +119,14 @@ class StepRecord:
     op_lines: bool = False
     """True for the steps of the op-line pass, which names each op's user line (``profiler.op_lines``);
     written only when true."""
+    eval_ms: float = 0.0
+    """Time of the evaluation forwards (root forwards without grad once training is expected: a ``test()``
+    between steps) that ran in this step's span; part of ``other_ms``. Written only when above 0."""
+
+    @property
+    def training_ms(self) -> float:
+        """The step's time less its evaluation forwards: what the step's training FLOPs took."""
+        return max(self.total_ms - self.eval_ms, 0.0)
 
     def phase_ms(self) -> dict[str, float]:
         """The five-way split as a dict keyed by :data:`PHASES`."""
@@ -247,6 +255,8 @@ class RunRecord:
         for step in data["steps"]:
             if not step["op_lines"]:
                 del step["op_lines"]  # only the op-line pass's steps carry the key: older records round-trip
+            if not step["eval_ms"]:
+                del step["eval_ms"]  # only steps with evaluation forwards in them carry it
         extra = data.pop("extra")
         for key, value in extra.items():
             data.setdefault(key, value)

@@ -12,7 +12,7 @@ The rules are about consistency between figures one record holds (never about ho
 - the summary: its step statistics are those of the steps it says it covers (the measured steps no
   instrument slowed: none, and no step time, when every measured step was instrumented); phase means sum to the
   mean step, shares are phase mean / mean step; samples/s is mean samples / mean step; FLOP/s is
-  FLOPs per step / median step; MFU is FLOP/s over the peak recorded beside it;
+  FLOPs per step / median step (less its evaluation forwards: ``training_step_ms``, when steps held any); MFU is FLOP/s over the peak recorded beside it;
 - tune: every speedup is the ratio of the two step times recorded beside it (``baseline_ms /
   median_ms``; each confirmation pair's ratio), and the winner's speedup is the confirmed one;
 - lr: a suggestion (``suggestion``, ``min_over_10``) only from a sweep that measured its curve (it ran every
@@ -214,17 +214,24 @@ def _summary(record: RunRecord) -> list[str]:
                 f"summary.samples_per_s is {s.samples_per_s:.4g}; the steps' mean samples "
                 f"{statistics.fmean(samples):.4g} over the mean step {mean:.4g} ms give {expect:.4g}."
             )
-    if (
-        _num(s.achieved_flops_per_s)
-        and _num(s.flops_per_step)
-        and _num(s.median_step_ms)
-        and s.median_step_ms
-    ):
-        expect = s.flops_per_step / (s.median_step_ms / 1000.0)
+    if _num(s.training_step_ms):
+        expect = statistics.median(x.training_ms for x in plain)
+        if not _close(s.training_step_ms, expect, 1e-6, 1e-9):
+            out.append(
+                f"summary.training_step_ms is {s.training_step_ms:.4f} ms; the summarized steps less their "
+                f"evaluation forwards give {expect:.4f} ms."
+            )
+    step_ms, which = (
+        (s.training_step_ms, "training_step_ms")
+        if _num(s.training_step_ms)
+        else (s.median_step_ms, "median_step_ms")
+    )
+    if _num(s.achieved_flops_per_s) and _num(s.flops_per_step) and _num(step_ms) and step_ms:
+        expect = s.flops_per_step / (step_ms / 1000.0)
         if not _close(s.achieved_flops_per_s, expect):
             out.append(
                 f"summary.achieved_flops_per_s is {s.achieved_flops_per_s:.4g}; flops_per_step over "
-                f"median_step_ms gives {expect:.4g}."
+                f"{which} gives {expect:.4g}."
             )
     mfu = s.mfu or {}
     peak = mfu.get("peak_tflops_bf16")

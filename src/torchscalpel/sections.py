@@ -381,7 +381,10 @@ class RunSummary(SectionView):
     """Model FLOPs of one training step (forward, backward, optimizer), counted with
     FlopCounterMode's formulas over the FLOP-counting step; checkpoint recomputation not included."""
     achieved_flops_per_s: float | None = None
-    """``flops_per_step`` over the median step time."""
+    """``flops_per_step`` over the median step time (over ``training_step_ms`` when steps held evaluation)."""
+    training_step_ms: float | None = None
+    """The median of the steps' time less their evaluation forwards (``StepRecord.eval_ms``); written only
+    when some step held evaluation. What the training FLOPs took: FLOP/s and MFU are over it."""
     mfu: dict[str, Any] | None = None
     """``gpu``, ``peak_tflops_bf16``, ``mfu`` (fraction) when the device's peak is known."""
     recompute_flops_per_step: float | None = None

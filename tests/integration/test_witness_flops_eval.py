@@ -49,7 +49,7 @@ def _profile(tmp_path: Path, name: str, argv: list[str], steps: str = "4") -> tu
 
 @pytest.mark.slow
 def test_gcn_test_forwards_between_steps_are_not_step_flops(tmp_path):
-    record, _ = _profile(tmp_path, "gcn_eval", [])
+    record, _ = _profile(tmp_path, "gcn_eval", [], steps="6")
     expected = _fixture("gcn_eval").counted_flops([])
     summary, profiler = record["summary"], record["profiler"]
     assert profiler["flops_step"] == 1
@@ -58,6 +58,11 @@ def test_gcn_test_forwards_between_steps_are_not_step_flops(tmp_path):
     # (the training step is a forward and a backward of the same matmuls)
     assert summary["eval_flops"] == profiler["flops_eval"] > 0
     assert profiler["flops_total"] == sum(op["flops"] for op in profiler["flops_by_op"])
+    # their time is in each step's "other": FLOP/s is over the step less it
+    timed = [s for s in record["steps"] if not s["warmup"] and not s["profiled"]]
+    assert timed and all(s["eval_ms"] > 0 for s in timed)
+    assert summary["training_step_ms"] < summary["median_step_ms"]
+    assert summary["achieved_flops_per_s"] == pytest.approx(expected / (summary["training_step_ms"] / 1000))
 
 
 @pytest.mark.slow

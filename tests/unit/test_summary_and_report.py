@@ -234,5 +234,33 @@ def test_ops_with_no_flop_formula_are_named_beside_the_flops(tmp_path):
     r.summary["flops_uncounted"] = rows
     text = flops_text(r)
     assert "achieved; not counted (no FLOP formula): aten::_sparse_addmm (45.0% of op time)" in text
-    assert "evaluation forwards between steps (200.0 MFLOP) not counted" in text
+    assert "evaluation forwards between steps (200.0 MFLOP) left out of the FLOPs" in text
     assert r.summary_view().flops_per_step == 4e8 and r.summary_view().eval_flops == 2e8
+
+
+def test_flop_rate_is_over_the_step_time_less_its_evaluation_forwards():
+    from torchscalpel.record_check import check_invariants
+    from torchscalpel.report.profile_terminal import flops_text
+
+    r = RunRecord(target={"script": "train.py"})
+    r.steps = [_step(0, 10), _step(1, 10), _step(2, 10)]
+    for st in r.steps[1:]:
+        st.eval_ms = 4.0  # a test() forward after each step, inside its "other"
+    r.profiler = {
+        "steps": [],
+        "flops_step": 0,
+        "flops_total": 6e6,
+        "flops_eval": 2e6,
+        "flops_by_op": [{"name": "aten::mm", "count": 3, "flops": 6e6, "recompute": 0}],
+    }
+    s = summarize(r)
+    assert s["median_step_ms"] == 10 and s["training_step_ms"] == 6
+    assert s["achieved_flops_per_s"] == pytest.approx(6e6 / 0.006)  # not 6e6 / 0.010
+    r.summary = s
+    assert not check_invariants(r)
+    assert "(2.0 MFLOP, 4.00 ms of the median step) left out of the FLOPs and of the time" in flops_text(r)
+    r.summary = {**s, "achieved_flops_per_s": 6e6 / 0.010}
+    assert any("training_step_ms" in v for v in check_invariants(r))
+    assert (
+        RunRecord.from_dict(r.to_dict()).steps[1].eval_ms == 4.0 and "eval_ms" not in r.to_dict()["steps"][0]
+    )

@@ -116,8 +116,14 @@ def flops_text(record: RunRecord) -> str | None:
     left_out = uncounted_text(record)
     if left_out:
         text += f"; {left_out}"
-    if s.eval_flops:
-        text += f"; evaluation forwards between steps ({fmt_count(s.eval_flops)}FLOP) not counted"
+    if s.eval_flops or s.training_step_ms is not None:
+        figures = [f"{fmt_count(s.eval_flops)}FLOP"] if s.eval_flops else []
+        if s.training_step_ms is not None and s.median_step_ms is not None:
+            figures.append(f"{max(s.median_step_ms - s.training_step_ms, 0.0):.2f} ms of the median step")
+        text += (
+            f"; evaluation forwards between steps ({', '.join(figures)}) left out of the FLOPs and of the time "
+            "FLOP/s is over"
+        )
     return text
 
 

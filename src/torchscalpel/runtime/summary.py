@@ -47,6 +47,8 @@ def run_summary(record: RunRecord) -> RunSummary:
     out.phase_median_share = {
         p: (v / median_total if median_total else 0.0) for p, v in out.phase_median_ms.items()
     }
+    if any(s.eval_ms for s in plain):
+        out.training_step_ms = statistics.median(s.training_ms for s in plain)
     out.breakdown_max_error = max(
         abs(sum(s.phase_ms().values()) - s.total_ms) / s.total_ms if s.total_ms else 0.0 for s in plain
     )
@@ -79,7 +81,8 @@ def _losses_and_memory(out: RunSummary, record: RunRecord) -> None:
 
 
 def _flops(out: RunSummary, record: RunRecord) -> None:
-    """FLOPs per step from the FLOP-counting step, and FLOP/s and MFU from it and the median step."""
+    """FLOPs per step from the FLOP-counting step, and FLOP/s and MFU from it and the median step (less its
+    evaluation forwards, when steps held any)."""
     profiler = record.profiler_view()
     if profiler.flops_step is None:
         out.flops_not_measured = profiler.flops_not_measured
@@ -93,8 +96,9 @@ def _flops(out: RunSummary, record: RunRecord) -> None:
     out.recompute_flops_per_step = float(profiler.flops_recompute or 0)
     if profiler.flops_eval:
         out.eval_flops = float(profiler.flops_eval)
-    if out.median_step_ms:
-        out.achieved_flops_per_s = out.flops_per_step / (out.median_step_ms / 1000.0)
+    step_ms = out.training_step_ms or out.median_step_ms  # the training time: evaluation forwards left out
+    if step_ms:
+        out.achieved_flops_per_s = out.flops_per_step / (step_ms / 1000.0)
         from torchscalpel.runtime.peaks import mfu
 
         out.mfu = mfu(out.achieved_flops_per_s, record.environment, record.config_view().device) or None
