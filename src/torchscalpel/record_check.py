@@ -10,9 +10,10 @@ The rules are about consistency between figures one record holds (never about ho
 - FLOPs: ``flops_total``, every op's ``flops`` and ``flops_per_step`` >= 0; a per-op list that says it
   is complete (a counted ``flops_step``, or ``flops_by_op_complete``) sums to ``flops_total``;
 - the summary: its step statistics are those of the steps it says it covers (the measured steps no
-  instrument slowed: none, and no step time, when every measured step was instrumented); phase means sum to the
-  mean step, shares are phase mean / mean step; samples/s is mean samples / mean step; FLOP/s is
-  FLOPs per step / median step (less its evaluation forwards: ``training_step_ms``, when steps held any); MFU is FLOP/s over the peak recorded beside it;
+  instrument slowed: none, and no step time, when every measured step was instrumented); phase means sum
+  to the mean step, shares are phase mean / mean step; samples/s is mean samples / mean step; FLOP/s is
+  FLOPs per step / median step (less its evaluation forwards, ``training_step_ms``, when steps held any);
+  MFU is FLOP/s over the peak recorded beside it;
 - tune: every speedup is the ratio of the two step times recorded beside it (``baseline_ms /
   median_ms``; each confirmation pair's ratio), and the winner's speedup is the confirmed one;
 - lr: a suggestion (``suggestion``, ``min_over_10``) only from a sweep that measured its curve (it ran every
