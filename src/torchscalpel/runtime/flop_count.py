@@ -11,7 +11,7 @@ model FLOPs. An evaluation forward that runs inside the counted window (a ``test
 training steps: a root forward without grad once training is expected, what the runtime never takes for
 a step) is counted apart as ``eval``, never as the step's. The fused recurrent kernels torch has no
 formula for (``aten::mkldnn_rnn_layer``, ``aten::_cudnn_rnn``) count by
-:mod:`~torchscalpel.runtime.rnn_flops`.
+:mod:`~torchscalpel.runtime.rnn_flops`, CPU's fused attention by :mod:`~torchscalpel.runtime.attention_flops`.
 
 The counting step runs every op through Python, so it is slow: it is marked ``profiled`` (and
 ``flops_counted``) and left out of the timing summary like the profiler window's steps. Under
@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from torchscalpel.record import StepRecord
+from torchscalpel.runtime.attention_flops import ATTENTION_FORMULAS
 from torchscalpel.runtime.dynamo_skip import force_eager
 from torchscalpel.runtime.rnn_flops import RECURRENT_FORMULAS
 
@@ -87,8 +88,9 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def formula_for(packet: Any) -> Callable[..., Any] | None:
-    """The FLOP formula of an op overload packet: FlopCounterMode's, else a recurrent kernel's; None: none."""
-    return flop_registry.get(packet) or RECURRENT_FORMULAS.get(packet)
+    """The FLOP formula of an op overload packet: FlopCounterMode's, else a fused recurrent or CPU attention
+    kernel's (:mod:`~torchscalpel.runtime.rnn_flops`, :mod:`~torchscalpel.runtime.attention_flops`); None: none."""
+    return flop_registry.get(packet) or RECURRENT_FORMULAS.get(packet) or ATTENTION_FORMULAS.get(packet)
 
 
 class FlopCountMode(TorchDispatchMode):
@@ -182,37 +184,41 @@ class FlopCountMode(TorchDispatchMode):
         return sorted(rows, key=lambda d: (-d["flops"], -d["recompute"], d["name"]))
 
 
-# Ops of the categories with no FLOPs by convention (FlopCounterMode counts matmul, convolution and attention
-# only), and the "other" ops that do no arithmetic: views, metadata, syncs, random fills.
-_NO_FLOP_CATEGORIES = frozenset(
-    {
-        "elementwise",
-        "reduction",
-        "norm",
-        "copy",
-        "memory",
-        "communication",
-        "optimizer",
-        "autograd",
-        "embedding",
-    }
+# What may do matmul-like work though it has no formula: an op of the matmul, convolution or attention
+# category, one whose name says so (recurrent, sparse, quantized or packed kernels), or an op outside aten
+# (a custom kernel). Pooling, activations, norms, copies and the like do not count by FlopCounterMode's
+# convention; views, syncs, random fills and resampling do no arithmetic worth the name.
+_MATMUL_CATEGORIES = frozenset({"matmul", "conv", "attention"})
+_MATMUL_LIKE = re.compile(
+    r"rnn|lstm|gru|sparse|mm\b|mm_|gemm|linear|conv|attention|einsum|packed|_weight_int|quantized|qlinear|fbgemm",
+    re.IGNORECASE,
 )
 _NO_ARITHMETIC = re.compile(
     r"^aten::(_local_scalar_dense|item|_?unsafe_view|view\w*|t|detach\w*|lift_fresh\w*|alias|set_|as_strided\w*|"
     r"expand\w*|slice\w*|select\w*|unsqueeze\w*|squeeze\w*|split\w*|chunk|reshape\w*|narrow\w*|unbind|"
     r"permute|transpose\w*|randperm|bernoulli_?|uniform_|normal_|random_|native_dropout\w*|empty\w*|"
-    r"resize_|new_\w+|_to_copy|clone|contiguous|_reshape_alias)$"
+    r"resize_|new_\w+|_to_copy|clone|contiguous|_reshape_alias|_?upsample\w*|grid_sampler\w*)$"
 )
 UNFORMULATED_KEPT = 64
 """At most this many op names kept in ``profiler.flops_unformulated`` (most called first)."""
 
 
 def may_hold_flops(calls: dict[str, int]) -> list[str]:
-    """The op names of ``calls`` that have no formula yet may do matmul-like work: not of a category with no
-    FLOPs by convention (elementwise, norms, copies, ...), not a view, sync or random fill; most called first."""
+    """The op names of ``calls`` that have no formula yet may do matmul-like work (a matmul, convolution or
+    attention op, a recurrent, sparse, quantized or packed kernel, a custom op outside aten), not a view, sync or
+    random fill; most called first. Pooling, activations, norms and copies have no FLOPs by convention."""
     from torchscalpel.trace.categories import categorize
 
-    names = [n for n in calls if categorize(n) not in _NO_FLOP_CATEGORIES and not _NO_ARITHMETIC.match(n)]
+    names = [
+        n
+        for n in calls
+        if (
+            categorize(n) in _MATMUL_CATEGORIES
+            or _MATMUL_LIKE.search(n)
+            or not n.startswith(("aten::", "prim::"))
+        )
+        and not _NO_ARITHMETIC.match(n)
+    ]
     return sorted(names, key=lambda n: (-calls[n], n))[:UNFORMULATED_KEPT]
 
 
