@@ -62,6 +62,10 @@ PHASES = ("data", "forward", "backward", "optimizer", "other")
 """The five parts every step is split into; they add up to the step's wall time."""
 
 
+NOT_TIMED = "every measured step was instrumented (profiled, FLOP-counted or op-line); rerun with more steps"
+"""Why a run whose measured steps were all instrumented has no step time (``summary.step_time_not_measured``)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class StepRecord:
     """One optimizer step (or, for inference-only scripts, one root-module forward call)."""
@@ -115,6 +119,14 @@ class StepRecord:
     op_lines: bool = False
     """True for the steps of the op-line pass, which names each op's user line (``profiler.op_lines``);
     written only when true."""
+    eval_ms: float = 0.0
+    """Time of the evaluation forwards (root forwards without grad once training is expected: a ``test()``
+    between steps) that ran in this step's span; part of ``other_ms``. Written only when above 0."""
+
+    @property
+    def training_ms(self) -> float:
+        """The step's time less its evaluation forwards: what the step's training FLOPs took."""
+        return max(self.total_ms - self.eval_ms, 0.0)
 
     def phase_ms(self) -> dict[str, float]:
         """The five-way split as a dict keyed by :data:`PHASES`."""
@@ -228,6 +240,13 @@ class RunRecord:
         """Steps that count: not warm-up."""
         return [s for s in self.steps if not s.warmup]
 
+    @property
+    def timed_steps(self) -> list[StepRecord]:
+        """The measured steps a step time may come from: those no instrument slowed (not profiled, not
+        FLOP-counted, not in the op-line pass). Empty when every measured step was instrumented: the run
+        then has no step time (:data:`NOT_TIMED`), never one read from an instrumented step."""
+        return [s for s in self.steps if not s.warmup and not s.profiled]
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (``extra`` keys merged back at the top level)."""
         data = asdict(self)
@@ -236,6 +255,8 @@ class RunRecord:
         for step in data["steps"]:
             if not step["op_lines"]:
                 del step["op_lines"]  # only the op-line pass's steps carry the key: older records round-trip
+            if not step["eval_ms"]:
+                del step["eval_ms"]  # only steps with evaluation forwards in them carry it
         extra = data.pop("extra")
         for key, value in extra.items():
             data.setdefault(key, value)

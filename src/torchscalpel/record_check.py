@@ -9,9 +9,11 @@ The rules are about consistency between figures one record holds (never about ho
   marked ``profiled`` (the FLOP-counting step aside);
 - FLOPs: ``flops_total``, every op's ``flops`` and ``flops_per_step`` >= 0; a per-op list that says it
   is complete (a counted ``flops_step``, or ``flops_by_op_complete``) sums to ``flops_total``;
-- the summary: its step statistics are those of the steps it says it covers; phase means sum to the
-  mean step, shares are phase mean / mean step; samples/s is mean samples / mean step; FLOP/s is
-  FLOPs per step / median step; MFU is FLOP/s over the peak recorded beside it;
+- the summary: its step statistics are those of the steps it says it covers (the measured steps no
+  instrument slowed: none, and no step time, when every measured step was instrumented); phase means sum
+  to the mean step, shares are phase mean / mean step; samples/s is mean samples / mean step; FLOP/s is
+  FLOPs per step / median step (less its evaluation forwards, ``training_step_ms``, when steps held any);
+  MFU is FLOP/s over the peak recorded beside it;
 - tune: every speedup is the ratio of the two step times recorded beside it (``baseline_ms /
   median_ms``; each confirmation pair's ratio), and the winner's speedup is the confirmed one;
 - lr: a suggestion (``suggestion``, ``min_over_10``) only from a sweep that measured its curve (it ran every
@@ -156,7 +158,7 @@ def _summary(record: RunRecord) -> list[str]:
         return []
     s = record.summary_view()
     measured = record.measured_steps
-    plain = [x for x in measured if not x.profiled] or measured
+    plain = record.timed_steps
     out = []
     if (
         s.steps_total != len(record.steps)
@@ -168,6 +170,11 @@ def _summary(record: RunRecord) -> list[str]:
             f"{s.steps_summarized}, the steps recorded give {len(record.steps)}/{len(measured)}/{len(plain)}."
         )
         return out  # the statistics below cover other steps than the record holds: each would repeat this
+    if measured and not plain and s.median_step_ms is not None:
+        out.append(
+            f"summary.median_step_ms is {s.median_step_ms!r} though every measured step was instrumented: "
+            "a step time never comes from an instrumented step."
+        )
     if not plain or any(not _num(x.total_ms) or not math.isfinite(x.total_ms) for x in plain):
         return out
     totals = [x.total_ms for x in plain]
@@ -208,17 +215,24 @@ def _summary(record: RunRecord) -> list[str]:
                 f"summary.samples_per_s is {s.samples_per_s:.4g}; the steps' mean samples "
                 f"{statistics.fmean(samples):.4g} over the mean step {mean:.4g} ms give {expect:.4g}."
             )
-    if (
-        _num(s.achieved_flops_per_s)
-        and _num(s.flops_per_step)
-        and _num(s.median_step_ms)
-        and s.median_step_ms
-    ):
-        expect = s.flops_per_step / (s.median_step_ms / 1000.0)
+    if _num(s.training_step_ms):
+        expect = statistics.median(x.training_ms for x in plain)
+        if not _close(s.training_step_ms, expect, 1e-6, 1e-9):
+            out.append(
+                f"summary.training_step_ms is {s.training_step_ms:.4f} ms; the summarized steps less their "
+                f"evaluation forwards give {expect:.4f} ms."
+            )
+    step_ms, which = (
+        (s.training_step_ms, "training_step_ms")
+        if _num(s.training_step_ms)
+        else (s.median_step_ms, "median_step_ms")
+    )
+    if _num(s.achieved_flops_per_s) and _num(s.flops_per_step) and _num(step_ms) and step_ms:
+        expect = s.flops_per_step / (step_ms / 1000.0)
         if not _close(s.achieved_flops_per_s, expect):
             out.append(
                 f"summary.achieved_flops_per_s is {s.achieved_flops_per_s:.4g}; flops_per_step over "
-                f"median_step_ms gives {expect:.4g}."
+                f"{which} gives {expect:.4g}."
             )
     mfu = s.mfu or {}
     peak = mfu.get("peak_tflops_bf16")

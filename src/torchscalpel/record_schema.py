@@ -48,7 +48,16 @@ _LIST_ITEM_TYPES: dict[str, tuple[type, ...]] = {
     "modules": (dict,),
     "findings": (dict,),
 }
-_STEP_MS = ("start_ms", "total_ms", "data_ms", "forward_ms", "backward_ms", "optimizer_ms", "other_ms")
+_STEP_MS = (
+    "start_ms",
+    "total_ms",
+    "data_ms",
+    "forward_ms",
+    "backward_ms",
+    "optimizer_ms",
+    "other_ms",
+    "eval_ms",
+)
 _STEP_BOOLS = ("warmup", "skipped_update", "profiled", "flops_counted")
 _STEP_INTS = ("micro_batches", "forward_calls", "closure_evals", "recomputed_forwards")
 _STEP_OPTIONAL_INTS = ("samples", "cuda_allocated_peak", "cuda_reserved_peak", "rss")

@@ -350,6 +350,7 @@ class RunSummary(SectionView):
         "first_loss": LOSS,
         "last_loss": LOSS,
         "mfu": obj({"gpu": TEXT, "peak_tflops_bf16": AMOUNT, "mfu": required(AMOUNT)}, needs=("gpu", "mfu")),
+        "flops_uncounted": rows({"name": required(TEXT), "share": required(AMOUNT)}, needs=("name", "share")),
     }
 
     steps_total: int = 0
@@ -380,13 +381,24 @@ class RunSummary(SectionView):
     """Model FLOPs of one training step (forward, backward, optimizer), counted with
     FlopCounterMode's formulas over the FLOP-counting step; checkpoint recomputation not included."""
     achieved_flops_per_s: float | None = None
-    """``flops_per_step`` over the median step time."""
+    """``flops_per_step`` over the median step time (over ``training_step_ms`` when steps held evaluation)."""
+    training_step_ms: float | None = None
+    """The median of the steps' time less their evaluation forwards (``StepRecord.eval_ms``); written only
+    when some step held evaluation. What the training FLOPs took: FLOP/s and MFU are over it."""
     mfu: dict[str, Any] | None = None
     """``gpu``, ``peak_tflops_bf16``, ``mfu`` (fraction) when the device's peak is known."""
     recompute_flops_per_step: float | None = None
     """FLOPs of forwards recomputed inside backward (activation checkpointing), apart from the model's."""
     flops_not_measured: str | None = None
     """Why ``flops_per_step`` is missing when the run had a FLOP-counting window."""
+    eval_flops: float | None = None
+    """FLOPs of evaluation forwards (without grad, between training steps: a ``test()`` after each step) that
+    ran inside the FLOP-counting window: counted apart, never in ``flops_per_step``."""
+    flops_uncounted: list[dict[str, Any]] = field(default_factory=list)
+    """Ops with no FLOP formula that took more than :data:`torchscalpel.runtime.summary.UNCOUNTED_SHARE` of
+    the profiled op time (``name``, ``share`` of op self time): work ``flops_per_step`` leaves out."""
+    step_time_not_measured: str | None = None
+    """Why there is no step time though steps were measured (every measured step was instrumented)."""
     phase_median_ms: dict[str, float] | None = None
     """Median time per phase over the same steps as ``median_step_ms`` (need not sum to it)."""
     phase_median_share: dict[str, float] | None = None
@@ -436,6 +448,12 @@ class ProfilerSection(SectionView):
     """Model FLOPs of ``flops_step``: the sum of ``flops`` over ``flops_by_op``."""
     flops_recompute: int | None = None
     """Checkpoint recomputation FLOPs of ``flops_step``: the sum of ``recompute`` over ``flops_by_op``."""
+    flops_unformulated: list[str] = field(default_factory=list)
+    """Ops ``flops_step`` ran that have no FLOP formula yet may do matmul-like work (not elementwise, norm,
+    copy, view, ...): their share of op time is ``summary.flops_uncounted``."""
+    flops_eval: int | None = None
+    """FLOPs of evaluation forwards that ran while ``flops_step`` was counted (between the previous step's end
+    and its own): not in ``flops_total``."""
     flops_by_op: list[dict[str, Any]] = field(default_factory=list)
     """``name`` (``aten::mm``), ``count`` (calls), ``flops`` (model), ``recompute``: every op that counted."""
     flops_not_measured: str | None = None

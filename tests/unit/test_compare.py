@@ -318,3 +318,42 @@ def test_a_noisy_run_is_named_in_the_verdict() -> None:
     assert "noisy" not in quiet
     noisy = compare_records([make_record(jitter=0.5), make_record(backward_scale=1.652)]).pairs[0].verdict
     assert "noisy: A's steps vary ±" in noisy and "re-measure on an idle machine" in noisy
+
+
+def test_a_commit_that_changed_no_file_that_ran_is_not_blamed() -> None:
+    """The issue's case: a 1.22x slowdown from machine load, beside a git commit that touched no file of the
+    script (script and module hashes equal); the commit was named "the only recorded difference"."""
+    a, b = make_record(), make_record(backward_scale=1.5)
+    for record, load in ((a, 0.6), (b, 6.2)):
+        record.environment["cpu"] = {"model": "Xeon", "load_avg_1m": load, "usable_cores": 2}
+    b.provenance["git"]["commit"] = "b" * 40
+    pair = compare_records([a, b]).pairs[0]
+    assert pair.significant and pair.verdict.startswith("B is 1.24x slower per step")
+    assert "is the only recorded difference" not in pair.verdict
+    assert (
+        "no recorded difference in what ran (git commit aaaaaaaaaa -> bbbbbbbbbb changed no file"
+        in pair.verdict
+    )
+    assert "machine load: A ran at load 0.6 on 2 cores, B ran at load 6.2 on 2 cores (busy)" in pair.verdict
+    assert [d.ran for d in pair.differences] == [False]
+    assert "code (no file that ran)" in render(compare_records([a, b]))
+    # the same commit with the script changed is what ran: it is blamed
+    b.provenance["code"]["script"]["sha256"] = "7" * 64
+    blamed = compare_records([a, b]).pairs[0]
+    assert (
+        "2 recorded differences: git commit aaaaaaaaaa -> bbbbbbbbbb; script train.py hash" in blamed.verdict
+    )
+    assert all(d.ran for d in blamed.differences)
+
+
+def test_a_verdict_within_noise_says_which_run_is_slower_and_by_how_much() -> None:
+    noisy_a = make_record(jitter=0.3)
+    noisy_b = make_record(jitter=0.3, backward_scale=1.2)
+    pair = compare_records([noisy_a, noisy_b]).pairs[0]
+    assert not pair.significant
+    assert re.match(
+        r"B is 1\.\d\dx slower per step than A, within noise \(threshold ±\d+%\)", pair.verdict
+    ), pair.verdict
+    faster = compare_records([noisy_b, noisy_a]).pairs[0]
+    assert re.match(r"B is 1\.\d\dx faster per step than A, within noise", faster.verdict), faster.verdict
+    assert "machine load" not in pair.verdict  # neither run was busy

@@ -181,3 +181,86 @@ def test_profile_summary_says_the_machine_was_busy(tmp_path):
     buf = io.StringIO()
     print_profile_summary(r, tmp_path, out=Console(file=buf, width=200))
     assert "busy" not in buf.getvalue()
+
+
+def test_no_step_time_when_every_measured_step_was_instrumented(tmp_path):
+    from torchscalpel.console import make_console
+    from torchscalpel.record_check import check_invariants
+    from torchscalpel.report.profile_terminal import print_profile_summary
+
+    r = RunRecord(target={"script": "train.py"}, config={"warmup": 1})
+    r.steps = [_step(0, 100, warmup=True), _step(1, 900, profiled=True), _step(2, 800, profiled=True)]
+    r.steps[1].flops_counted = True
+    s = summarize(r)
+    assert s["steps_measured"] == 2 and s["steps_summarized"] == 0
+    assert "median_step_ms" not in s and "mean_step_ms" not in s
+    assert s["step_time_not_measured"].startswith("every measured step was instrumented")
+    assert s["first_loss"] == 1.0 and s["rss_peak"] == 102  # what every step holds is still summarized
+    r.summary = s
+    assert not [v for v in check_invariants(r) if "median_step_ms" in v or "steps_summarized" in v]
+    c = make_console(width=100, record=True)
+    print_profile_summary(r, tmp_path, out=c)
+    assert "step time: not measured: every measured step was instrumented" in c.export_text()
+    r.summary = {**s, "median_step_ms": 900.0}  # the old fallback: a step time read from slowed steps
+    assert any("every measured step was instrumented" in v for v in check_invariants(r))
+
+
+def test_ops_with_no_flop_formula_are_named_beside_the_flops(tmp_path):
+    from torchscalpel.report.profile_terminal import flops_text
+    from torchscalpel.runtime.summary import uncounted_ops
+
+    r = RunRecord(target={"script": "train.py"})
+    r.steps = [_step(0, 10), _step(1, 10)]
+    r.profiler = {
+        "steps": [1],
+        "flops_step": 0,
+        "flops_total": 4e8,
+        "flops_eval": 2e8,
+        "flops_by_op": [{"name": "aten::addmm", "count": 2, "flops": 4e8, "recompute": 0}],
+        "flops_unformulated": ["aten::_sparse_addmm", "aten::my_rare_kernel"],
+    }
+    r.sections["trace"] = {
+        "op_table": {
+            "aten::addmm": [2, 500.0, 520.0],
+            "aten::_sparse_addmm": [2, 440.0, 450.0],
+            "aten::my_rare_kernel": [1, 20.0, 20.0],  # 2%: below the line's threshold
+            "aten::add_": [9, 40.0, 40.0],
+        }
+    }
+    r.summary = summarize(r)
+    rows = uncounted_ops(r)
+    assert [row["name"] for row in rows] == ["aten::_sparse_addmm"]
+    assert rows[0]["share"] == pytest.approx(450 / 1000)
+    r.summary["flops_uncounted"] = rows
+    text = flops_text(r)
+    assert "achieved; not counted (no FLOP formula): aten::_sparse_addmm (45.0% of op time)" in text
+    assert "evaluation forwards between steps (200.0 MFLOP) left out of the FLOPs" in text
+    assert r.summary_view().flops_per_step == 4e8 and r.summary_view().eval_flops == 2e8
+
+
+def test_flop_rate_is_over_the_step_time_less_its_evaluation_forwards():
+    from torchscalpel.record_check import check_invariants
+    from torchscalpel.report.profile_terminal import flops_text
+
+    r = RunRecord(target={"script": "train.py"})
+    r.steps = [_step(0, 10), _step(1, 10), _step(2, 10)]
+    for st in r.steps[1:]:
+        st.eval_ms = 4.0  # a test() forward after each step, inside its "other"
+    r.profiler = {
+        "steps": [],
+        "flops_step": 0,
+        "flops_total": 6e6,
+        "flops_eval": 2e6,
+        "flops_by_op": [{"name": "aten::mm", "count": 3, "flops": 6e6, "recompute": 0}],
+    }
+    s = summarize(r)
+    assert s["median_step_ms"] == 10 and s["training_step_ms"] == 6
+    assert s["achieved_flops_per_s"] == pytest.approx(6e6 / 0.006)  # not 6e6 / 0.010
+    r.summary = s
+    assert not check_invariants(r)
+    assert "(2.0 MFLOP, 4.00 ms of the median step) left out of the FLOPs and of the time" in flops_text(r)
+    r.summary = {**s, "achieved_flops_per_s": 6e6 / 0.010}
+    assert any("training_step_ms" in v for v in check_invariants(r))
+    assert (
+        RunRecord.from_dict(r.to_dict()).steps[1].eval_ms == 4.0 and "eval_ms" not in r.to_dict()["steps"][0]
+    )

@@ -36,10 +36,16 @@ class Difference:
     key: str
     a: Any
     b: Any
+    ran: bool = True
+    """False for a difference that touched nothing the runs executed: a git commit, branch or uncommitted diff
+    that changed neither the script's hash nor any hash of a module it imported. Listed, never blamed."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON data."""
-        return asdict(self)
+        """Plain JSON data (``ran`` only where it is False: what touched nothing that ran)."""
+        data = asdict(self)
+        if self.ran:
+            del data["ran"]
+        return data
 
     def phrase(self) -> str:
         """``torch 2.12 -> 2.13``; a hash is cut to 10 characters; an absent value reads ``(none)``."""
@@ -180,11 +186,16 @@ def tune_differences(a: RunRecord, b: RunRecord) -> list[Difference]:
 
 
 def code_differences(a: RunRecord, b: RunRecord) -> list[Difference]:
-    """Commit, uncommitted diff, the script's hash and each local module's (only where both recorded)."""
+    """Commit, uncommitted diff, the script's hash and each local module's (only where both recorded).
+
+    A commit, branch or uncommitted diff that differs while the script's hash and every imported module's are
+    recorded and equal changed no file the runs executed: it is listed with ``ran=False``, never blamed."""
     ca, cb = a.provenance, b.provenance
     if not ca or not cb:
         return []
     diffs = []
+    code_a, code_b = ca.get("code") or {}, cb.get("code") or {}
+    same_files = _same_files(code_a, code_b)
     ga, gb = ca.get("git") or {}, cb.get("git") or {}
     for key, label in (
         ("commit", "git commit"),
@@ -192,8 +203,7 @@ def code_differences(a: RunRecord, b: RunRecord) -> list[Difference]:
         ("diff_sha256", "uncommitted diff"),
     ):
         if (ga or gb) and ga.get(key) != gb.get(key):
-            diffs.append(Difference(kind="code", key=label, a=ga.get(key), b=gb.get(key)))
-    code_a, code_b = ca.get("code") or {}, cb.get("code") or {}
+            diffs.append(Difference(kind="code", key=label, a=ga.get(key), b=gb.get(key), ran=not same_files))
     sa, sb = code_a.get("script") or {}, code_b.get("script") or {}
     if sa.get("sha256") != sb.get("sha256"):
         diffs.append(
@@ -210,6 +220,18 @@ def code_differences(a: RunRecord, b: RunRecord) -> list[Difference]:
         if ha != hb:
             diffs.append(Difference(kind="code", key=f"module {name} hash", a=ha, b=hb))
     return diffs
+
+
+def _same_files(code_a: dict[str, Any], code_b: dict[str, Any]) -> bool:
+    """True when both records hash the script and it is unchanged, and every module either imported has the
+    same hash in both: the files that ran are the same whatever the repository's commit says."""
+    sa, sb = code_a.get("script") or {}, code_b.get("script") or {}
+    if not sa.get("sha256") or sa.get("sha256") != sb.get("sha256"):
+        return False
+    ma, mb = code_a.get("modules"), code_b.get("modules")
+    if not isinstance(ma, dict) or not isinstance(mb, dict) or set(ma) != set(mb):
+        return False
+    return all((ma[n] or {}).get("sha256") == (mb[n] or {}).get("sha256") for n in ma)
 
 
 def data_differences(a: RunRecord, b: RunRecord) -> list[Difference]:

@@ -30,6 +30,12 @@ class RunFacts:
     """Peaks: ``allocator_peak`` (profiler window), ``cuda_allocated_peak``, ``cuda_reserved_peak``, ``rss_peak``."""
     throughput: dict[str, float] = field(default_factory=dict)
     """``samples_per_s``, ``steps_per_s``, ``flops_per_s``, ``mfu`` where the record has them."""
+    load: float | None = None
+    """The machine's 1-minute load average when the run started (``environment.cpu.load_avg_1m``)."""
+    cores: int | None = None
+    """The cores the run could use, beside ``load``."""
+    busy: bool = False
+    """The machine was busy (other processes could keep every usable core busy: ``scalpel env``'s rule)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON data."""
@@ -47,8 +53,7 @@ def _mad_ratio(values: list[float]) -> float | None:
 
 def run_facts(record: RunRecord) -> RunFacts:
     """The comparable figures of ``record`` (empty where it measured nothing)."""
-    measured = record.measured_steps
-    plain = [s for s in measured if not s.profiled] or measured
+    plain = record.timed_steps
     facts = RunFacts(steps=len(plain))
     facts.step_ms = [s.total_ms for s in record.steps]
     facts.losses = [s.loss for s in record.steps]
@@ -82,7 +87,27 @@ def run_facts(record: RunRecord) -> RunFacts:
     if summary.mfu and isinstance(summary.mfu.get("mfu"), int | float):
         tp["mfu"] = float(summary.mfu["mfu"])
     facts.throughput = tp
+    _load(facts, record)
     return facts
+
+
+def _load(facts: RunFacts, record: RunRecord) -> None:
+    """The machine load the record holds, and whether ``scalpel env``'s busy-machine rule fires on it."""
+    from torchscalpel.envcheck.host_checks import check_machine_busy
+
+    env = record.environment if isinstance(record.environment, dict) else {}
+    cpu = env.get("cpu")
+    if not isinstance(cpu, dict):
+        cpu = {}
+    load, cores = cpu.get("load_avg_1m"), cpu.get("usable_cores") or env.get("cpu_count")
+    if isinstance(load, int | float) and not isinstance(load, bool) and load >= 0:
+        facts.load = float(load)
+    if isinstance(cores, int) and not isinstance(cores, bool) and cores > 0:
+        facts.cores = cores
+    if facts.load is not None and facts.cores is not None:
+        facts.busy = bool(
+            check_machine_busy({"cpu": {"load_avg_1m": facts.load, "usable_cores": facts.cores}})
+        )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -76,11 +76,28 @@ def where(a: RunFacts, b: RunFacts) -> str:
     return f"mostly in {top} ({share:.0%})"
 
 
-def differences_phrase(diffs: Sequence[Difference]) -> str:
+def differences_phrase(all_diffs: Sequence[Difference]) -> str:
     """``torch 2.12 -> 2.13 is the only environment change`` / ``tune.amp (none) -> bf16 is the only
-    recorded difference`` / ``differences: a; b; c and 2 more`` / ``no recorded difference``."""
+    recorded difference`` / ``differences: a; b; c and 2 more`` / ``no recorded difference``.
+
+    Only differences that touched what ran are named as causes; a git commit that changed no file the runs
+    executed is said to be that, after them."""
+    diffs = [d for d in all_diffs if d.ran]
+    idle = [d for d in all_diffs if not d.ran]
+    aside = (
+        f" ({'; '.join(d.phrase() for d in idle)} changed no file the runs executed: the script's and its "
+        "modules' hashes are equal)"
+        if idle
+        else ""
+    )
     if not diffs:
+        if idle:
+            return "no recorded difference in what ran" + aside
         return "no recorded difference in config, tune settings, code, data, seeds or environment"
+    return _named(diffs) + aside
+
+
+def _named(diffs: Sequence[Difference]) -> str:
     if len(diffs) == 1:
         d = diffs[0]
         what = "environment change" if d.kind == "environment" else "recorded difference"
@@ -121,6 +138,39 @@ def noise_phrase(pairs: Sequence[tuple[str, RunFacts]]) -> str:
     return f"noisy: {', '.join(noisy)}; re-measure on an idle machine or with more steps before quoting the figure"
 
 
+def load_phrase(pairs: Sequence[tuple[str, RunFacts]]) -> str:
+    """``machine load: A ran at load 6.2 on 2 cores (busy), B at 0.9 on 2; ...`` when either run was measured
+    on a busy machine (``scalpel env``'s rule), or ``""``."""
+    if not any(f.busy for _, f in pairs):
+        return ""
+    runs = ", ".join(
+        f"{label} ran at load {f.load:.1f} on {f.cores} cores{' (busy)' if f.busy else ''}"
+        for label, f in pairs
+        if f.load is not None and f.cores is not None
+    )
+    return (
+        f"machine load: {runs}; other processes slow and spread step times, so load may explain the difference: "
+        "re-measure both at the same, low load"
+    )
+
+
+def speed_phrase(label: str, base_label: str, a: RunFacts, b: RunFacts) -> str:
+    """Which run is slower and by how much, beyond noise or within it: ``B is 1.31x slower per step, all of it
+    in backward`` / ``B is 1.23x slower per step than A, within noise (threshold ±63%)``."""
+    ratio, significant, threshold = step_change(a, b)
+    if ratio is None:
+        return f"{label} has no step time to compare"
+    direction = "slower" if ratio > 1 else "faster"
+    factor = ratio if ratio > 1 else 1 / ratio
+    if significant:
+        speed = f"{label} is {factor:.2f}x {direction} per step"
+        place = where(a, b)
+        return f"{speed}, {place}" if place else speed
+    if f"{factor:.2f}" == "1.00":
+        return f"{label}'s step time equals {base_label}'s (1.00x), within noise (threshold ±{threshold:.0%})"
+    return f"{label} is {factor:.2f}x {direction} per step than {base_label}, within noise (threshold ±{threshold:.0%})"
+
+
 def verdict(
     label: str,
     a: RunFacts,
@@ -130,21 +180,12 @@ def verdict(
     *,
     base_label: str = "A",
 ) -> str:
-    """One line naming the speed change (or its absence), where it went, the runs' noise when it is large,
-    the losses and what differs."""
-    ratio, significant, threshold = step_change(a, b)
-    if ratio is None:
-        speed = f"{label} has no step time to compare"
-    elif significant:
-        direction = "slower" if ratio > 1 else "faster"
-        factor = ratio if ratio > 1 else 1 / ratio
-        speed = f"{label} is {factor:.2f}x {direction} per step"
-        place = where(a, b)
-        if place:
-            speed += f", {place}"
-    else:
-        speed = f"{label}'s step time is within noise ({ratio:.2f}x, threshold ±{threshold:.0%})"
-    parts = [speed]
+    """One line naming which run is slower and by how much (beyond noise or within it), where it went, the
+    machine load when either run was busy, the runs' noise when it is large, the losses and what differs."""
+    parts = [speed_phrase(label, base_label, a, b)]
+    load = load_phrase([(base_label, a), (label, b)])
+    if load:
+        parts.append(load)
     noise = noise_phrase([(base_label, a), (label, b)])
     if noise:
         parts.append(noise)

@@ -55,10 +55,10 @@ def rank_row(rank: int, record: RunRecord) -> dict[str, Any]:
     """One rank's figures in milliseconds (None where the record has no value).
 
     ``step_ms`` follows the rank's own summary (:func:`torchscalpel.runtime.summary.run_summary`):
-    profiled steps are left out when unprofiled measured steps exist. Collective time comes from the
+    instrumented steps are left out (no step time when every measured step was). Collective time comes from the
     profiler window, so ``compute_ms`` is the median *profiled* step minus it (both from the same steps)."""
     measured = record.measured_steps
-    plain = [s for s in measured if not s.profiled] or measured
+    plain = record.timed_steps
     profiled = [s for s in measured if s.profiled]
     step_ms = statistics.median(s.total_ms for s in plain) if plain else None
     window = record.profiler_view().steps or []
@@ -101,8 +101,7 @@ def rank_step_times(records: dict[int, RunRecord]) -> StragglerVerdict:
         return straggler_verdict(traced, what=what)
     plain = {}
     for rank, record in records.items():
-        measured = record.measured_steps
-        plain[rank] = [s.total_ms for s in ([s for s in measured if not s.profiled] or measured)]
+        plain[rank] = [s.total_ms for s in record.timed_steps]
     return straggler_verdict(plain, what="per step")
 
 

@@ -160,7 +160,12 @@ def sections(cmp: Comparison) -> list[Section]:
             )
         )
     diff_rows = [
-        (f"{p.a.label} vs {p.b.label}", d.kind, d.key, *d.phrase().removeprefix(d.key + " ").split(" -> ", 1))
+        (
+            f"{p.a.label} vs {p.b.label}",
+            d.kind if d.ran else f"{d.kind} (no file that ran)",
+            d.key,
+            *d.phrase().removeprefix(d.key + " ").split(" -> ", 1),
+        )
         for p in cmp.pairs
         for d in p.differences
     ]

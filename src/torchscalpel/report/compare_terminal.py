@@ -109,7 +109,7 @@ def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
                 t.add_column(col, overflow="fold")
             for d in pair.differences:
                 a, b = d.phrase().removeprefix(d.key + " ").split(" -> ", 1)
-                t.add_row(d.kind, d.key, a, b)
+                t.add_row(d.kind if d.ran else f"{d.kind} (no file that ran)", d.key, a, b)
             out.print(t)
     for note in cmp.notes:
         out.print(f"[yellow]note:[/yellow] {note}")

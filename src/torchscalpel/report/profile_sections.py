@@ -19,6 +19,7 @@ from torchscalpel.report.profile_terminal import (
     site_text,
     strip_ansi,
     summarized_steps,
+    uncounted_text,
     window_step_us,
 )
 from torchscalpel.runtime.run_notes import how_it_stopped
@@ -92,6 +93,8 @@ def _overview(record: RunRecord) -> Section | None:
     s = record.summary_view()
     config = record.config_view()
     kpis = []
+    if s.median_step_ms is None and s.step_time_not_measured:
+        kpis.append(("step time", f"not measured: {s.step_time_not_measured}"))
     if s.median_step_ms is not None:
         kpis.append(("median step", f"{s.median_step_ms:.2f} ms"))
         kpis.append(("p90 step", f"{s.p90_step_ms:.2f} ms"))
@@ -151,6 +154,14 @@ def _overview(record: RunRecord) -> Section | None:
             f"FLOPs counted over step {record.profiler_view().flops_step} (forward, backward and optimizer, "
             f"FlopCounterMode's formulas){recompute}; FLOP/s over the median step"
         )
+        left_out = uncounted_text(record)
+        if left_out:
+            facts.append(escape(left_out))
+        if s.eval_flops:
+            facts.append(
+                f"evaluation forwards (without grad) between steps: {fmt_count(s.eval_flops)}FLOP, counted apart, "
+                "not in FLOPs per step"
+            )
     elif s.flops_not_measured:
         facts.append(f"FLOPs not measured: {escape(s.flops_not_measured)}")
     facts += [f"note: {escape(n)}" for n in record.notes]

@@ -28,10 +28,9 @@ def _figure(value: float | None, spec: str) -> str:
 
 
 def summarized_steps(record: RunRecord) -> list[StepRecord]:
-    """The steps the record's summary covers: measured ones, profiled ones left out when others exist
-    (the rule of :func:`torchscalpel.runtime.summary.run_summary`)."""
-    measured = record.measured_steps
-    return [s for s in measured if not s.profiled] or measured
+    """The steps the record's summary covers: measured ones no instrument slowed (the rule of
+    :func:`torchscalpel.runtime.summary.run_summary`; none when every measured step was instrumented)."""
+    return record.timed_steps
 
 
 def phase_medians(record: RunRecord) -> dict[str, float]:
@@ -114,7 +113,29 @@ def flops_text(record: RunRecord) -> str | None:
         text += f" (+{fmt_count(s.recompute_flops_per_step)}FLOP checkpoint recompute)"
     if s.achieved_flops_per_s is not None:
         text += f", {fmt_flops(s.achieved_flops_per_s)} achieved"
+    left_out = uncounted_text(record)
+    if left_out:
+        text += f"; {left_out}"
+    if s.eval_flops or s.training_step_ms is not None:
+        figures = [f"{fmt_count(s.eval_flops)}FLOP"] if s.eval_flops else []
+        if s.training_step_ms is not None and s.median_step_ms is not None:
+            figures.append(f"{max(s.median_step_ms - s.training_step_ms, 0.0):.2f} ms of the median step")
+        text += (
+            f"; evaluation forwards between steps ({', '.join(figures)}) left out of the FLOPs and of the time "
+            "FLOP/s is over"
+        )
     return text
+
+
+def uncounted_text(record: RunRecord) -> str | None:
+    """The ops FLOPs per step leave out (no FLOP formula) with their share of op time, or None when none
+    took more than a few percent."""
+    rows = record.summary_view().flops_uncounted
+    if not rows:
+        return None
+    named = ", ".join(f"{r['name']} ({100 * r['share']:.1f}% of op time)" for r in rows[:4])
+    more = f" and {len(rows) - 4} more" if len(rows) > 4 else ""
+    return f"not counted (no FLOP formula): {named}{more}"
 
 
 def fmt_count(n: float) -> str:
@@ -159,7 +180,17 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
     for busy in check_machine_busy(record.environment):  # step times measured on a busy machine are noisy
         say(c, f"[yellow]note:[/] {escape(busy.message)}", markup=True)
     if s.median_step_ms is None:
-        c.print("[yellow]No measured steps to summarise.[/]")
+        if s.step_time_not_measured:
+            say(
+                c,
+                f"[bold]step time[/]: [yellow]not measured: {escape(s.step_time_not_measured)}[/]",
+                markup=True,
+            )
+            flops = flops_text(record)
+            if flops:
+                say(c, flops)
+        else:
+            c.print("[yellow]No measured steps to summarise.[/]")
     else:
         left_out = left_out_text(record)
         which = f"over {s.steps_summarized} step(s)" + (f", {left_out} left out" if left_out else "")

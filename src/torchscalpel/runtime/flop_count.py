@@ -7,7 +7,11 @@ forward) and counts no backward op at all. This module counts what
 (``torch.utils.flop_counter.flop_registry``) and the same dispatch rules, over one whole step
 (data, forward, backward, optimizer), and keeps checkpoint recomputation apart: a forward op that
 runs inside backward with grad enabled is recomputation, counted once as ``recompute`` and not as
-model FLOPs.
+model FLOPs. An evaluation forward that runs inside the counted window (a ``test()`` between two
+training steps: a root forward without grad once training is expected, what the runtime never takes for
+a step) is counted apart as ``eval``, never as the step's. The fused recurrent kernels torch has no
+formula for (``aten::mkldnn_rnn_layer``, ``aten::_cudnn_rnn``) count by
+:mod:`~torchscalpel.runtime.rnn_flops`, CPU's fused attention by :mod:`~torchscalpel.runtime.attention_flops`.
 
 The counting step runs every op through Python, so it is slow: it is marked ``profiled`` (and
 ``flops_counted``) and left out of the timing summary like the profiler window's steps. Under
@@ -19,7 +23,9 @@ profiler window included, ran eagerly).
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,7 +33,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from torchscalpel.record import StepRecord
+from torchscalpel.runtime.attention_flops import ATTENTION_FORMULAS
 from torchscalpel.runtime.dynamo_skip import force_eager
+from torchscalpel.runtime.rnn_flops import RECURRENT_FORMULAS
 
 _aten = torch.ops.aten
 # Metadata queries FlopCounterMode declines (it returns NotImplemented for them), kept equal.
@@ -79,13 +87,27 @@ def _meta_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="meta", requires_grad=False)
 
 
-class FlopCountMode(TorchDispatchMode):
-    """Counts FLOPs per aten op, model and recompute apart (the formulas of FlopCounterMode)."""
+def formula_for(packet: Any) -> Callable[..., Any] | None:
+    """The FLOP formula of an op overload packet: FlopCounterMode's, else a fused recurrent or CPU attention
+    kernel's (:mod:`~torchscalpel.runtime.rnn_flops`, :mod:`~torchscalpel.runtime.attention_flops`); None: none."""
+    return flop_registry.get(packet) or RECURRENT_FORMULAS.get(packet) or ATTENTION_FORMULAS.get(packet)
 
-    def __init__(self) -> None:
+
+class FlopCountMode(TorchDispatchMode):
+    """Counts FLOPs per aten op, model, recompute and evaluation apart (the formulas of FlopCounterMode).
+
+    ``evaluating``: asked at each counted op; True while an evaluation forward runs (its FLOPs go to
+    :attr:`evaluation`, never to the model's)."""
+
+    def __init__(self, evaluating: Callable[[], bool] | None = None) -> None:
         super().__init__()
         self.flops: dict[str, int] = defaultdict(int)
         self.recompute: dict[str, int] = defaultdict(int)
+        self.evaluation: dict[str, int] = defaultdict(int)
+        """FLOPs of evaluation forwards that ran while counting (not the step's)."""
+        self._evaluating = evaluating
+        self.unformulated: dict[str, int] = defaultdict(int)
+        """Calls of the step's ops that have no FLOP formula and no decomposition to count (model ops only)."""
         self.calls: dict[str, int] = defaultdict(int)
         self.ops = 0
         """Every op dispatched (the profiler window's size estimate)."""
@@ -97,9 +119,8 @@ class FlopCountMode(TorchDispatchMode):
         if func in _SKIP or isinstance(func, torch._ops.HigherOrderOperator):
             return NotImplemented
         packet = func._overloadpacket
-        decomposable = (
-            packet not in flop_registry and func is not torch.ops.prim.device.default and _composite(func)
-        )
+        formula = formula_for(packet)
+        decomposable = formula is None and func is not torch.ops.prim.device.default and _composite(func)
         if self._shadow:  # on meta copies: decompose all the way down, as FlopCounterMode does
             if decomposable:
                 with self:
@@ -116,12 +137,19 @@ class FlopCountMode(TorchDispatchMode):
             # Only composite ops can decompose, and asking every op costs more than the op (LSTM loops).
             if decomposable:
                 self._count_decomposition(func, args, kwargs)
+            elif formula is None and not _recomputing() and not (self._evaluating and self._evaluating()):
+                self.unformulated[packet._qualified_op_name] += 1
         out = func(*args, **kwargs)
-        formula = flop_registry.get(packet)
         if formula is not None:
             n = int(formula(*args, **kwargs, out_val=out))
             name = packet._qualified_op_name  # "aten::mm", the profiler's spelling (the op table joins on it)
-            (self.recompute if _recomputing() else self.flops)[name] += n
+            if _recomputing():
+                self.recompute[name] += n
+            elif self._evaluating is not None and self._evaluating():
+                self.evaluation[name] += n
+                return out
+            else:
+                self.flops[name] += n
             self.calls[name] += 1
         return out
 
@@ -156,6 +184,44 @@ class FlopCountMode(TorchDispatchMode):
         return sorted(rows, key=lambda d: (-d["flops"], -d["recompute"], d["name"]))
 
 
+# What may do matmul-like work though it has no formula: an op of the matmul, convolution or attention
+# category, one whose name says so (recurrent, sparse, quantized or packed kernels), or an op outside aten
+# (a custom kernel). Pooling, activations, norms, copies and the like do not count by FlopCounterMode's
+# convention; views, syncs, random fills and resampling do no arithmetic worth the name.
+_MATMUL_CATEGORIES = frozenset({"matmul", "conv", "attention"})
+_MATMUL_LIKE = re.compile(
+    r"rnn|lstm|gru|sparse|mm\b|mm_|gemm|linear|conv|attention|einsum|packed|_weight_int|quantized|qlinear|fbgemm",
+    re.IGNORECASE,
+)
+_NO_ARITHMETIC = re.compile(
+    r"^aten::(_local_scalar_dense|item|_?unsafe_view|view\w*|t|detach\w*|lift_fresh\w*|alias|set_|as_strided\w*|"
+    r"expand\w*|slice\w*|select\w*|unsqueeze\w*|squeeze\w*|split\w*|chunk|reshape\w*|narrow\w*|unbind|"
+    r"permute|transpose\w*|randperm|bernoulli_?|uniform_|normal_|random_|native_dropout\w*|empty\w*|"
+    r"resize_|new_\w+|_to_copy|clone|contiguous|_reshape_alias|_?upsample\w*|grid_sampler\w*)$"
+)
+UNFORMULATED_KEPT = 64
+"""At most this many op names kept in ``profiler.flops_unformulated`` (most called first)."""
+
+
+def may_hold_flops(calls: dict[str, int]) -> list[str]:
+    """The op names of ``calls`` that have no formula yet may do matmul-like work (a matmul, convolution or
+    attention op, a recurrent, sparse, quantized or packed kernel, a custom op outside aten), not a view, sync or
+    random fill; most called first. Pooling, activations, norms and copies have no FLOPs by convention."""
+    from torchscalpel.trace.categories import categorize
+
+    names = [
+        n
+        for n in calls
+        if (
+            categorize(n) in _MATMUL_CATEGORIES
+            or _MATMUL_LIKE.search(n)
+            or not n.startswith(("aten::", "prim::"))
+        )
+        and not _NO_ARITHMETIC.match(n)
+    ]
+    return sorted(names, key=lambda n: (-calls[n], n))[:UNFORMULATED_KEPT]
+
+
 class StepFlopCounter:
     """Counts the FLOPs of one settled training step, ``index`` (None: no step is left for it).
 
@@ -163,8 +229,12 @@ class StepFlopCounter:
     dispatched, and the forward/backward ends in it), so the counting step comes before the window.
     """
 
-    def __init__(self, index: int | None, reason: str | None = None) -> None:
+    def __init__(
+        self, index: int | None, reason: str | None = None, evaluating: Callable[[], bool] | None = None
+    ) -> None:
         self.index = index
+        self._evaluating = evaluating
+        """True while an evaluation forward runs (the session's hooks know): its FLOPs are kept apart."""
         self._mode: FlopCountMode | None = None
         self._stance: Any = None
         """The ``force_eager`` stance set while counting (restored at the end), None when not set."""
@@ -197,7 +267,7 @@ class StepFlopCounter:
             self._start()
 
     def _start(self) -> None:
-        self._mode, self.boundaries = FlopCountMode(), 0
+        self._mode, self.boundaries = FlopCountMode(self._evaluating), 0
         self._stance = force_eager()
         try:
             self._mode.__enter__()
@@ -236,6 +306,12 @@ class StepFlopCounter:
             "flops_recompute": sum(o["recompute"] for o in ops),
             "flops_by_op": ops,
         }
+        evaluation = sum(mode.evaluation.values())
+        if evaluation:
+            self._result["flops_eval"] = evaluation
+        unformulated = may_hold_flops(mode.unformulated)
+        if unformulated:
+            self._result["flops_unformulated"] = unformulated
 
     def restart(self) -> None:
         """Forget a count made on steps a stronger step kind merged away, and arm again."""

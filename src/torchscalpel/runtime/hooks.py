@@ -52,6 +52,8 @@ class HookSet:
         self._root_began = False
         self._root_role = "train"
         """What the open root forward is: ``train``, ``eval`` or ``recompute``."""
+        self._eval_start: Any = None
+        """The timeline's clock and its mark where the open evaluation forward began."""
         self._backward_depth = 0
         self._optimizer_posts = 0
         """Optimizer post-hooks seen: tells a GradScaler step whose update was skipped."""
@@ -86,6 +88,12 @@ class HookSet:
         """Undo every patch and hook, newest first."""
         while self._undo:
             self._undo.pop()()
+
+    @property
+    def evaluating(self) -> bool:
+        """True while an evaluation forward runs (a root forward without grad once training is expected):
+        what the FLOP count keeps apart from the step's FLOPs."""
+        return self._forward_depth > 0 and self._root_role == "eval"
 
     def narrow_to_roots(self) -> bool:
         """Swap the global forward hooks for hooks on the root modules seen so far.
@@ -161,6 +169,7 @@ class HookSet:
             # Evaluation (estimate_loss, a validation loop) while training: not a step, not forward.
             self._root_role, self._root_began = "eval", False
             s.eval_forwards += 1
+            self._eval_start = (tl.clock, tl.clock.mark())
         s.emit("on_forward_pre", module, args, {}, True)
 
     def _facts(self, module: torch.nn.Module) -> tuple[bool, int]:
@@ -189,6 +198,11 @@ class HookSet:
             return
         s.emit("on_forward_post", module, args, {}, output, True)
         if role == "eval":
+            began, self._eval_start = self._eval_start, None
+            if (
+                began is not None and began[0] is s.timeline.clock
+            ):  # a clock switched mid-forward: not measurable
+                s.timeline.note_eval(began[1], s.timeline.clock.mark())
             return
         if not s.grad_forward_seen and _requires_grad(output):
             s.grad_forward_seen = True

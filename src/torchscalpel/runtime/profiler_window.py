@@ -93,6 +93,7 @@ class ProfilerWindow:
             if enough
             else f"no measured step was left for counting beside the {options.profile_steps}-step "
             f"profiler window; run one more step (--steps {options.profile_steps + 1})",
+            evaluating=lambda: session.hooks is not None and session.hooks.evaluating,
         )
         self.op_pass: OpLinePass | None = None
         """The op-line pass (:mod:`~torchscalpel.runtime.op_lines`), once the window has closed."""

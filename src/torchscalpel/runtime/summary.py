@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from torchscalpel.record import PHASES, RunRecord
+from torchscalpel.record import NOT_TIMED, PHASES, RunRecord
 from torchscalpel.sections import RunSummary
 
 
@@ -17,13 +17,18 @@ def summarize(record: RunRecord) -> dict[str, Any]:
 def run_summary(record: RunRecord) -> RunSummary:
     """Step-time statistics, the five-way split (means, which sum to the mean step), throughput, memory.
 
-    Profiled steps are left out when unprofiled measured steps exist, since the profiler slows
-    them; ``breakdown_max_error`` is the largest per-step gap between the phase sum and the step time.
+    Instrumented steps (profiled, FLOP-counted, op-line) are left out, since the instruments slow them;
+    when every measured step was instrumented there is no step time (``step_time_not_measured`` says so)
+    rather than one read from a slowed step. ``breakdown_max_error`` is the largest per-step gap between
+    the phase sum and the step time.
     """
     measured = record.measured_steps
-    plain = [s for s in measured if not s.profiled] or measured
+    plain = record.timed_steps
     out = RunSummary(steps_total=len(record.steps), steps_measured=len(measured), steps_summarized=len(plain))
     if not plain:
+        if measured:
+            out.step_time_not_measured = NOT_TIMED
+        _losses_and_memory(out, record)
         _flops(out, record)
         return out
     totals = sorted(s.total_ms for s in plain)
@@ -42,6 +47,8 @@ def run_summary(record: RunRecord) -> RunSummary:
     out.phase_median_share = {
         p: (v / median_total if median_total else 0.0) for p, v in out.phase_median_ms.items()
     }
+    if any(s.eval_ms for s in plain):
+        out.training_step_ms = statistics.median(s.training_ms for s in plain)
     out.breakdown_max_error = max(
         abs(sum(s.phase_ms().values()) - s.total_ms) / s.total_ms if s.total_ms else 0.0 for s in plain
     )
@@ -54,6 +61,13 @@ def run_summary(record: RunRecord) -> RunSummary:
             if mean_total
             else "the measured steps took no time on this clock"
         )
+    _losses_and_memory(out, record)
+    _flops(out, record)
+    return out
+
+
+def _losses_and_memory(out: RunSummary, record: RunRecord) -> None:
+    """First and last loss, memory peaks: every step holds them, instrumented or not."""
     losses = [s.loss for s in record.steps if s.loss is not None]
     if losses:
         out.first_loss, out.last_loss = losses[0], losses[-1]
@@ -64,12 +78,11 @@ def run_summary(record: RunRecord) -> RunSummary:
     if cuda:
         out.cuda_allocated_peak = max(cuda)
         out.cuda_reserved_peak = max(s.cuda_reserved_peak or 0 for s in record.steps)
-    _flops(out, record)
-    return out
 
 
 def _flops(out: RunSummary, record: RunRecord) -> None:
-    """FLOPs per step from the FLOP-counting step, and FLOP/s and MFU from it and the median step."""
+    """FLOPs per step from the FLOP-counting step, and FLOP/s and MFU from it and the median step (less its
+    evaluation forwards, when steps held any)."""
     profiler = record.profiler_view()
     if profiler.flops_step is None:
         out.flops_not_measured = profiler.flops_not_measured
@@ -81,8 +94,43 @@ def _flops(out: RunSummary, record: RunRecord) -> None:
         return
     out.flops_per_step = float(profiler.flops_total)
     out.recompute_flops_per_step = float(profiler.flops_recompute or 0)
-    if out.median_step_ms:
-        out.achieved_flops_per_s = out.flops_per_step / (out.median_step_ms / 1000.0)
+    if profiler.flops_eval:
+        out.eval_flops = float(profiler.flops_eval)
+    step_ms = out.training_step_ms or out.median_step_ms  # the training time: evaluation forwards left out
+    if step_ms:
+        out.achieved_flops_per_s = out.flops_per_step / (step_ms / 1000.0)
         from torchscalpel.runtime.peaks import mfu
 
         out.mfu = mfu(out.achieved_flops_per_s, record.environment, record.config_view().device) or None
+
+
+UNCOUNTED_SHARE = 0.03
+"""An op with no FLOP formula is named beside the FLOPs when it takes more than this share of op time."""
+
+
+def uncounted_ops(record: RunRecord) -> list[dict[str, Any]]:
+    """The ops the FLOP-counting step ran with no FLOP formula (``profiler.flops_unformulated``) that took more
+    than :data:`UNCOUNTED_SHARE` of the profiler window's op time: ``name`` and ``share`` (its time, children
+    included, over all ops' self time), largest first. What FLOPs per step and FLOP/s leave out."""
+    names = record.profiler_view().flops_unformulated
+    trace = record.op_summary_view()
+    table = trace.op_table or {
+        str(o.get("name")): [
+            o.get("count", 0),
+            o.get("self_us", 0.0),
+            o.get("total_us", o.get("self_us", 0.0)),
+        ]
+        for o in trace.top_ops
+    }
+    total = sum(v[1] for v in table.values() if len(v) > 2)
+    if not names or not total:
+        return []
+    rows = []
+    for name in names:
+        v = table.get(name)
+        if v is None or len(v) < 3:
+            continue
+        share = min(float(v[2]) / total, 1.0)
+        if share > UNCOUNTED_SHARE:
+            rows.append({"name": name, "share": share})
+    return sorted(rows, key=lambda r: -r["share"])

@@ -51,6 +51,9 @@ class _OpenStep:
     """Root-level forwards run inside backward (activation checkpointing's recomputation)."""
     skipped_update: bool = False
     """GradScaler skipped the optimizer update of this step (inf/NaN gradients)."""
+    eval_spans: list[tuple[Any, Any]] = field(default_factory=list)
+    """Evaluation forwards (start, end marks): time inside ``other``, kept apart for FLOP/s."""
+    merged_eval_ms: float = 0.0
 
 
 class Timeline:
@@ -102,6 +105,8 @@ class Timeline:
         for name, a, b in o.spans:
             o.merged_ms[name] = o.merged_ms.get(name, 0.0) + old.elapsed_ms(a, b)
         o.spans = []
+        o.merged_eval_ms += sum(old.elapsed_ms(a, b) for a, b in o.eval_spans)
+        o.eval_spans = []
         if self._phase is not None:
             o.merged_ms[self._phase] = o.merged_ms.get(self._phase, 0.0) + old.elapsed_ms(
                 self._phase_start, now
@@ -202,6 +207,11 @@ class Timeline:
         o.losses.append(loss)
         o.micro_batches += 1
 
+    def note_eval(self, start: Any, end: Any) -> None:
+        """An evaluation forward ran from ``start`` to ``end`` (marks of this timeline's clock): not a step, not
+        a phase (its time stays in ``other``), but kept apart so FLOP/s is over the training time."""
+        self._open.eval_spans.append((start, end))
+
     def note_skipped_update(self) -> None:
         """GradScaler skipped this step's optimizer update (the step still ends here)."""
         self._open.skipped_update = True
@@ -251,6 +261,7 @@ class Timeline:
         for name, ms in open_step.merged_ms.items():
             phases[name] = phases.get(name, 0.0) + ms
         total = self.clock.elapsed_ms(open_step.start, end) + open_step.merged_total_ms
+        eval_ms = open_step.merged_eval_ms + sum(self.clock.elapsed_ms(a, b) for a, b in open_step.eval_spans)
         losses = [v for v in (self.loss_reader(x) for x in open_step.losses) if v is not None]
         step = StepRecord(
             index=len(self.steps),
@@ -270,6 +281,7 @@ class Timeline:
             closure_evals=open_step.closure_evals,
             recomputed_forwards=open_step.recomputed_forwards,
             skipped_update=open_step.skipped_update,
+            eval_ms=min(eval_ms, total),
         )
         self.steps.append(step)
         self._open = _OpenStep(start=end)
@@ -299,6 +311,7 @@ class Timeline:
             if s.loss is not None:
                 o.losses.insert(0, s.loss)
             o.recomputed_forwards += s.recomputed_forwards
+            o.merged_eval_ms += s.eval_ms
 
 
 def _step_samples(o: _OpenStep) -> int | None:

@@ -23,6 +23,11 @@ def add_trace_summary(record: RunRecord, out_dir: Path) -> None:
         record.notes.append(f"trace summary failed: {exc}")
         return
     record.sections[TraceSection.KEY] = result  # read through record.op_summary_view(); kept once
+    from torchscalpel.runtime.summary import uncounted_ops
+
+    uncounted = uncounted_ops(record)  # the ops the FLOPs leave out, named beside them
+    if uncounted and record.summary:
+        record.summary["flops_uncounted"] = uncounted
     lines = record.profiler.get("op_lines")
     if isinstance(lines, dict) and lines.get("ops"):
         # The op-line pass kept its heaviest ops; the record keeps the lines of the top ops only.

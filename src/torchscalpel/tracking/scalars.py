@@ -35,8 +35,8 @@ def step_scalars(record: RunRecord) -> list[tuple[int, dict[str, float]]]:
             values["train/loss"] = loss
         if s.samples and s.total_ms:
             values["train/samples_per_s"] = s.samples / (s.total_ms / 1000.0)
-        if flops and s.total_ms:
-            values["perf/flops_per_s"] = flops / (s.total_ms / 1000.0)
+        if flops and s.training_ms:  # the step's time less its evaluation forwards, as the summary's FLOP/s
+            values["perf/flops_per_s"] = flops / (s.training_ms / 1000.0)
             if peak:
                 values["perf/mfu"] = values["perf/flops_per_s"] / (peak * 1e12)
         for key, series in (("train/lr", lr), ("train/grad_norm", grad)):
