@@ -99,7 +99,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--output-names", help="comma list of output names (default output, or output_0, output_1...)"
     )
     p.add_argument(
-        "--preprocess", metavar="JSON", help="preprocessing metadata stored in the manifest for clients"
+        "--preprocess",
+        metavar="JSON",
+        help='preprocessing steps serve applies to raw inputs (\'{"steps": [{"op": "normalize", ...}]}\', see '
+        "docs/export.md), or any other JSON object: metadata stored in the manifest for clients",
+    )
+    p.add_argument(
+        "--transform",
+        metavar="[INPUT=]MODULE:NAME",
+        help="the training script's evaluation transform (a torchvision-style Compose, or a function returning it "
+        "or the Dataset): recorded as data, applied by serve to raw inputs, checked against the original",
+    )
+    p.add_argument(
+        "--raw-example",
+        type=Path,
+        metavar="PATH.npy",
+        help="raw samples (first dim the samples, e.g. uint8 N,H,W,C images) for the preprocessing parity check "
+        "(default: random samples of the recorded raw shape)",
     )
     p.add_argument(
         "--trust", action="store_true", help="allow a weights file that needs full unpickling (runs code)"
@@ -131,6 +147,12 @@ def run(args: argparse.Namespace) -> int:
     """Validate the flags, run the export, print parity and latency; exit 1 when parity fails."""
     if args.weights is not None and not args.weights.exists():  # before importing torch: fail in a blink
         raise UsageError(f"--weights {args.weights} does not exist; check the path.")
+    if args.raw_example is not None and not args.raw_example.is_file():
+        raise UsageError(f"--raw-example {args.raw_example} does not exist; give a .npy file of raw samples.")
+    if args.raw_example is not None and not (args.transform or args.preprocess):
+        raise UsageError(
+            "--raw-example feeds the preprocessing parity check; add --transform or --preprocess."
+        )
     if args.sign_key is not None:  # before any work: a bad key used to surface after the whole export
         _check_sign_key(args)
     _validate(args)
@@ -157,6 +179,8 @@ def run(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         output_names=[n.strip() for n in args.output_names.split(",")] if args.output_names else None,
         preprocess=preprocess,
+        transform=args.transform,
+        raw_example=args.raw_example,
         trust=args.trust,
         sign_key=args.sign_key,
         allow_nonfinite=args.allow_nonfinite,

@@ -23,12 +23,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from torchscalpel.serve.batcher import Batcher
-from torchscalpel.serve.codec import DEFAULT_MAX_BODY, InputSpec, body_cap, decode, media_type
+from torchscalpel.serve.codec import DEFAULT_MAX_BODY, InputSpec, body_cap, decode, media_type, raw_body_cap
 from torchscalpel.serve.errors import RequestError
 from torchscalpel.serve.metrics import Metrics
 from torchscalpel.serve.schema import ERROR_SCHEMA, predict_openapi
 from torchscalpel.serve.security import CLIENT_CLOSED, check_token, read_limited
 from torchscalpel.ship.bundle import Bundle
+from torchscalpel.ship.preprocess import Preprocessor, is_spec
 from torchscalpel.ship.runners import Runner
 
 MAX_SECONDS = 86400.0
@@ -234,7 +235,14 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     limit_rows = bundle.max_batch if static else max_batch
     # A valid request's size is known from the manifest: a larger body is refused before it is read or parsed,
     # so abusive 10 MB bodies cannot hold the GIL (parsing them cost ~0.85 s each).
+    pre = (
+        Preprocessor(bundle.manifest["preprocessing"])
+        if is_spec(bundle.manifest.get("preprocessing"))
+        else None
+    )
     max_body = config.max_body or body_cap(specs, limit_rows) or DEFAULT_MAX_BODY
+    if pre is not None and config.max_body is None:  # raw samples may be larger than the model input
+        max_body = max(max_body, raw_body_cap(pre, limit_rows) or DEFAULT_MAX_BODY)
     metrics = Metrics()
     state: dict[str, Any] = {"batcher": None, "ready": False, "arriving": 0, "decode_pool": None}
 
@@ -291,7 +299,7 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
 
     @app.post(
         "/v1/predict",
-        openapi_extra=predict_openapi(specs, bundle.outputs, max_batch),
+        openapi_extra=predict_openapi(specs, bundle.outputs, max_batch, raw=pre is not None),
         responses={200: {"description": "model outputs"}},
     )
     async def predict(request: Request) -> Response:
@@ -310,11 +318,11 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             )
             decode_pool = state["decode_pool"]
             if len(body) <= INLINE_DECODE_BYTES or decode_pool is None:
-                arrays = decode(body, ctype, specs, limit_rows)  # faster than a thread hop
+                arrays = decode(body, ctype, specs, limit_rows, pre)  # faster than a thread hop
             else:
                 async with state["decode_budget"].hold(len(body)):
                     arrays = await asyncio.get_running_loop().run_in_executor(
-                        decode_pool, decode, body, ctype, specs, limit_rows
+                        decode_pool, decode, body, ctype, specs, limit_rows, pre
                     )
             del body
             batcher: Batcher | None = state["batcher"]

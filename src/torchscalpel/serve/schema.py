@@ -37,8 +37,20 @@ def array_schema(spec: InputSpec, max_batch: int) -> dict[str, Any]:
     return node
 
 
-def request_schema(specs: list[InputSpec], max_batch: int) -> dict[str, Any]:
-    """Schema of a JSON predict request."""
+def request_schema(specs: list[InputSpec], max_batch: int, raw: bool = False) -> dict[str, Any]:
+    """Schema of a JSON predict request (with ``raw``: raw samples for the bundle's preprocessing too)."""
+    if raw:
+        return {
+            "type": "object",
+            "minProperties": 1,
+            "properties": {
+                "inputs": {"type": "object"},
+                "raw": {
+                    "description": "raw samples, run through the bundle's preprocessing (GET /v1/model)",
+                    "type": ["object", "array"],
+                },
+            },
+        }
     return {
         "type": "object",
         "required": ["inputs"],
@@ -69,10 +81,12 @@ def response_schema(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def predict_openapi(specs: list[InputSpec], outputs: list[dict[str, Any]], max_batch: int) -> dict[str, Any]:
+def predict_openapi(
+    specs: list[InputSpec], outputs: list[dict[str, Any]], max_batch: int, *, raw: bool = False
+) -> dict[str, Any]:
     """``openapi_extra`` for the predict route: request body and every status it can answer."""
     err = {"application/json": {"schema": ERROR_SCHEMA}}
-    content: dict[str, Any] = {"application/json": {"schema": request_schema(specs, max_batch)}}
+    content: dict[str, Any] = {"application/json": {"schema": request_schema(specs, max_batch, raw)}}
     if len(specs) == 1:
         content["application/x-npy"] = {"schema": {"type": "string", "format": "binary"}}
     return {

@@ -217,6 +217,13 @@ def validate_manifest(manifest: Any, path: Path) -> None:
                 break
     if problem is not None:
         raise UsageError(f"{path} is not a valid bundle manifest: {problem}; re-run 'scalpel export'.")
+    from torchscalpel.ship.preprocess import check_spec, is_spec
+
+    if is_spec(manifest.get("preprocessing")):
+        try:
+            check_spec(manifest["preprocessing"], [s["name"] for s in inputs])
+        except UsageError as exc:
+            raise UsageError(f"{path} is not a valid bundle manifest: {exc}") from None
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:

@@ -63,6 +63,12 @@ class ExportOptions:
     rtol: float | None = None
     output_names: list[str] | None = None
     preprocess: dict[str, Any] | None = None
+    """A declared spec (an object with ``steps``: applied by serve, see ``ship.preprocess``) or free-form
+    metadata for clients (anything else: stored and shown, not applied)."""
+    transform: str | None = None
+    """``[INPUT=]MODULE:NAME``: the training script's evaluation transform, recorded as data (``ship.transforms``)."""
+    raw_example: Path | None = None
+    """Raw samples (a plain .npy, first dim the samples) for the preprocessing parity check."""
     trust: bool = False
     sign_key: Path | None = None
     """HMAC key file: a torchscalpel checkpoint must carry a matching signature (``Checkpointer(sign_key=)``)."""
@@ -208,6 +214,14 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     named = [i.name for i in inputs]
     in_names = [n for n in named if n] if all(named) else forward_input_names(model, len(inputs))
 
+    from torchscalpel.ship.preparity import resolve
+
+    pre = resolve(
+        transform=opts.transform,
+        preprocess=opts.preprocess,
+        in_names=in_names,
+        shapes={n: i.shape for n, i in zip(in_names, inputs, strict=True)},
+    )
     dynamic = opts.dynamic == "batch"
     example_batch = inputs[0].shape[0]
     export_batch = 2 if dynamic else example_batch  # batch 1 invites 0/1 specialization in torch.export
@@ -268,6 +282,12 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     batches = {s: _to_numpy(make_batch(inputs, s, opts.seed + 1)) for s in sizes}
     log(f"parity: {len(runners)} format(s) vs eager at batch {', '.join(map(str, sizes))} ...")
     checks = run_parity(eager, runners, batches, out_names, (opts.atol, opts.rtol))
+    pre_summary = None
+    if pre.spec is not None:
+        pre_checks, pre_summary = _preprocess_parity(
+            opts, pre, inputs, in_names, eager, runners, out_names, dynamic, log
+        )
+        checks.extend(pre_checks)
 
     # Timings run single-threaded: torch's OpenMP pool and onnxruntime's pool in one process fight
     # over the cores (measured: eager batch 1 went from 0.12 ms to 20 ms on 2 shared cores).
@@ -310,7 +330,8 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         ],
         "max_batch": opts.max_batch if dynamic else example_batch,
         "dynamic": opts.dynamic,
-        "preprocessing": opts.preprocess,
+        "preprocessing": pre.manifest,
+        "preprocessing_parity": pre_summary,
         "artifacts": artifacts,
         "export_seconds": export_s,
         "latency_threads": 1,
@@ -330,6 +351,45 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         key = read_key(opts.sign_key)
     bundle_mod.write_manifest(opts.out, manifest, key=key)
     return ExportResult(path=opts.out, manifest=manifest, checks=checks)
+
+
+def _preprocess_parity(
+    opts: ExportOptions,
+    pre: Any,
+    inputs: list[ExampleInput],
+    in_names: list[str],
+    eager: Runner,
+    runners: list[Runner],
+    out_names: list[str],
+    dynamic: bool,
+    log: Callable[[str], None],
+) -> tuple[list[ParityCheck], dict[str, Any]]:
+    """Raw samples through the training transform + eager and through the recorded spec + every export."""
+    from torchscalpel.ship.preparity import raw_samples, run_preprocess_parity
+
+    spec = pre.spec
+    index = in_names.index(spec["input"])
+    samples = raw_samples(spec, opts.raw_example, inputs[index].shape, opts.seed)
+    if not dynamic:  # a fixed-batch export takes exactly its batch
+        want = inputs[0].shape[0]
+        samples = (samples * (-(-want // len(samples))))[:want]
+    else:
+        samples = samples[: opts.max_batch]
+    others = dict(zip(in_names, _to_numpy(make_batch(inputs, len(samples), opts.seed + 2)), strict=True))
+    log(
+        f"parity: {len(samples)} raw sample(s) through the training transform and the recorded preprocessing ..."
+    )
+    return run_preprocess_parity(
+        pre,
+        samples,
+        in_names,
+        others,
+        eager,
+        runners,
+        out_names,
+        (opts.atol, opts.rtol),
+        others[spec["input"]].dtype,
+    )
 
 
 def _quantize_and_time(
