@@ -71,7 +71,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma list of onnx, exported, torchscript (default onnx,exported)",
     )
     p.add_argument(
-        "--dynamic", default="batch", choices=["batch", "none"], help="dynamic batch axis (default batch)"
+        "--dynamic",
+        default="batch",
+        metavar="AXES",
+        help="dynamic dimensions by position, the same for every input: 'batch' (default), 'none', or e.g. "
+        "'batch,seq' / 'batch,seq:512' (a bound) / 'batch,_,h,w' ('_' keeps a dimension fixed); each is checked "
+        "at several sizes",
+    )
+    p.add_argument(
+        "--opset",
+        type=int_type("--opset", minimum=1, maximum=1000),
+        metavar="N",
+        help="ONNX opset to write (default: the exporter's); 18 up to what the installed onnxruntime runs",
     )
     p.add_argument(
         "--max-batch",
@@ -172,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         examples=list(args.example),
         formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         dynamic=args.dynamic,
+        opset=args.opset,
         max_batch=args.max_batch,
         quantize=args.quantize,
         out=args.out or default_run_dir("bundle"),

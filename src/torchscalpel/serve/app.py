@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -28,7 +28,7 @@ from torchscalpel.serve.errors import RequestError
 from torchscalpel.serve.metrics import Metrics
 from torchscalpel.serve.schema import ERROR_SCHEMA, predict_openapi
 from torchscalpel.serve.security import CLIENT_CLOSED, check_token, read_limited
-from torchscalpel.ship.bundle import Bundle
+from torchscalpel.ship.bundle import Bundle, axis_bounds
 from torchscalpel.ship.preprocess import Preprocessor, is_spec
 from torchscalpel.ship.runners import Runner
 
@@ -227,7 +227,8 @@ class ConnectionGuard:
 
 def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     """Build the app for one bundle and runner; the batcher starts with the app's lifespan."""
-    specs = [InputSpec.from_manifest(e) for e in bundle.inputs]
+    axes = axis_bounds(bundle.manifest)
+    specs = [InputSpec.from_manifest(e, axes) for e in bundle.inputs]
     out_names = [o["name"] for o in bundle.outputs]
     # Never batch beyond what parity checked; a static-batch export takes exactly its batch.
     max_batch = min(config.max_batch, bundle.max_batch)
@@ -249,10 +250,7 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         rows = bundle.max_batch if static else 1
-        # only the batch dim is dynamic (InputSpec.shape), so the rest are ints
-        warm = [
-            np.full((rows, *cast(tuple[int, ...], s.shape[1:])), s.low or 0, dtype=s.dtype) for s in specs
-        ]
+        warm = [np.full(s.warm_shape(rows), s.low or 0, dtype=s.dtype) for s in specs]
         await asyncio.get_running_loop().run_in_executor(
             None, runner, warm
         )  # first call allocates; not a user's cost

@@ -58,13 +58,19 @@ def check_runner(bundle: Bundle, runner: Runner) -> None:
     """
     import numpy as np
 
+    from torchscalpel.serve.codec import InputSpec
+    from torchscalpel.ship.bundle import axis_bounds
+
     specs = bundle.inputs
     static = specs[0]["shape"][0] is not None
     rows = bundle.max_batch if static else 1
+    axes = axis_bounds(bundle.manifest)
     warm = []
     for s in specs:
         low = (s.get("range") or [0])[0]
-        warm.append(np.full((rows, *s["shape"][1:]), low, dtype=np.dtype(s["dtype"])))
+        warm.append(
+            np.full(InputSpec.from_manifest(s, axes).warm_shape(rows), low, dtype=np.dtype(s["dtype"]))
+        )
     try:
         outputs = runner(warm)
     except Exception as exc:  # any runtime's own error types: the model rejected the manifest's inputs
@@ -83,7 +89,7 @@ def check_runner(bundle: Bundle, runner: Runner) -> None:
         shape = getattr(out, "shape", ())
         want = spec["shape"]
         if len(shape) != len(want) or any(
-            w is not None and w != g for w, g in zip(want[1:], shape[1:], strict=True)
+            w is not None and w != g for w, g in zip(want[1:], shape[1:], strict=False)
         ):
             raise UsageError(
                 f"Output {spec['name'][:60]!r} of {bundle.path} has shape {tuple(shape)} but the manifest "

@@ -40,18 +40,47 @@ class InputSpec:
     """``None`` marks a dynamic dim (the batch)."""
     low: int | None = None
     high: int | None = None
+    bounds: tuple[int | None, ...] = ()
+    """Per dimension: the largest size of a dynamic dimension besides the batch (its named axis's max)."""
+    examples: tuple[int | None, ...] = ()
+    """Per dimension: the example size of such a dimension (the warm-up call's shape)."""
 
     @classmethod
-    def from_manifest(cls, entry: dict[str, Any]) -> InputSpec:
-        """Build from a manifest ``inputs`` entry."""
+    def from_manifest(
+        cls, entry: dict[str, Any], axes: dict[str, tuple[int, int]] | None = None
+    ) -> InputSpec:
+        """Build from a manifest ``inputs`` entry and the manifest's named axes (``bundle.axis_bounds``)."""
         lo_hi = entry.get("range") or (None, None)
+        named = entry.get("dynamic_dims") or {}
+        axes = axes or {}
+        shape = tuple(entry["shape"])
+        found = [
+            axes.get(named.get(str(d), "")) if d and dim is None else None for d, dim in enumerate(shape)
+        ]
         return cls(
             name=entry["name"],
             dtype=np.dtype(entry["dtype"]),
-            shape=tuple(entry["shape"]),
+            shape=shape,
             low=lo_hi[0],
             high=lo_hi[1],
+            bounds=tuple(f[0] if f else None for f in found),
+            examples=tuple(f[1] if f else None for f in found),
         )
+
+    def bound(self, dim: int) -> int | None:
+        """The largest size dimension ``dim`` (not the batch) may have: fixed, or its axis's max."""
+        fixed = self.shape[dim]
+        if fixed is not None:
+            return fixed
+        return self.bounds[dim] if dim < len(self.bounds) else None
+
+    def warm_shape(self, rows: int) -> tuple[int, ...]:
+        """A valid shape with ``rows`` rows: fixed dims as they are, dynamic ones at their example size."""
+        dims = [rows]
+        for d, fixed in enumerate(self.shape[1:], start=1):
+            example = self.examples[d] if d < len(self.examples) else None
+            dims.append(fixed if fixed is not None else example or 1)
+        return tuple(dims)
 
 
 BODY_SLACK = 64 << 10
@@ -78,7 +107,7 @@ def body_cap(specs: list[InputSpec], max_rows: int) -> int | None:
     """
     per_row_json = per_row_npy = 0
     for spec in specs:
-        dims = spec.shape[1:]
+        dims = [spec.bound(d) for d in range(1, len(spec.shape))]
         if any(d is None for d in dims):
             return None
         elements = math.prod(dims)  # type: ignore[arg-type]
@@ -108,6 +137,9 @@ def check_array(arr: np.ndarray, spec: InputSpec, max_batch: int) -> np.ndarray:
     for dim, (got, want) in enumerate(zip(arr.shape, spec.shape, strict=True)):
         if want is not None and got != want:
             raise _fail(f"input {spec.name!r} has size {got} in dimension {dim}; expected {want}")
+        top = spec.bound(dim) if dim else None
+        if want is None and dim and (got < 1 or (top is not None and got > top)):
+            raise _fail(f"input {spec.name!r} has size {got} in dimension {dim}; expected 1 to {top}")
     batch = arr.shape[0]
     if batch < 1:
         raise _fail(f"input {spec.name!r} has an empty batch")

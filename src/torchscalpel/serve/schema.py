@@ -31,8 +31,9 @@ def _leaf(spec: InputSpec) -> dict[str, Any]:
 def array_schema(spec: InputSpec, max_batch: int) -> dict[str, Any]:
     """Nested-array JSON schema for one input."""
     node = _leaf(spec)
-    for dim in reversed(spec.shape):
-        lo, hi = (1, max_batch) if dim is None else (dim, dim)
+    for d in reversed(range(len(spec.shape))):
+        dim = spec.shape[d]
+        lo, hi = (1, max_batch if d == 0 else spec.bound(d) or max_batch) if dim is None else (dim, dim)
         node = {"type": "array", "items": node, "minItems": lo, "maxItems": hi}
     return node
 

@@ -25,6 +25,15 @@ import torch
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.record import now_timestamp
 from torchscalpel.ship import bundle as bundle_mod
+from torchscalpel.ship.axes import (
+    AxisPlan,
+    check_opset,
+    example_sizes,
+    export_dims,
+    parse_dynamic,
+    resolve_bounds,
+    runtime_note,
+)
 from torchscalpel.ship.factory import build_model, forward_input_names
 from torchscalpel.ship.latency import measure_latency
 from torchscalpel.ship.parity import ParityCheck, run_parity
@@ -36,7 +45,7 @@ from torchscalpel.ship.runners import (
     flatten_outputs,
     torchscript_runner,
 )
-from torchscalpel.ship.specs import ExampleInput, dtype_name, make_batch, parse_examples
+from torchscalpel.ship.specs import ExampleInput, dtype_name, make_batch, parse_examples, with_sizes
 from torchscalpel.ship.weights import LoadedWeights, load_weights
 
 FORMATS = ("onnx", "exported", "torchscript")
@@ -55,7 +64,10 @@ class ExportOptions:
     examples: list[str] = field(default_factory=list)
     formats: tuple[str, ...] = ("onnx", "exported")
     dynamic: str = "batch"
-    """``batch`` (first dim dynamic up to ``max_batch``) or ``none`` (shapes fixed to the example)."""
+    """``batch`` (first dim dynamic up to ``max_batch``), ``none`` (shapes fixed to the example), or named
+    dimensions by position, ``batch,seq`` / ``batch,seq:512`` / ``batch,_,h,w`` (``ship.axes``)."""
+    opset: int | None = None
+    """ONNX opset to write (default: the exporter's); checked against the installed onnx and onnxruntime."""
     max_batch: int = 32
     quantize: str | None = None
     out: Path = Path("bundle")
@@ -82,8 +94,11 @@ class ExportOptions:
             raise UsageError(
                 f"--formats takes a comma list of {', '.join(FORMATS)}; got {','.join(self.formats)!r}."
             )
-        if self.dynamic not in ("batch", "none"):
-            raise UsageError(f"--dynamic takes 'batch' or 'none', not {self.dynamic!r}.")
+        parse_dynamic(self.dynamic)
+        if self.opset is not None:
+            if "onnx" not in self.formats:
+                raise UsageError("--opset sets the ONNX opset; add onnx to --formats, or drop --opset.")
+            check_opset(self.opset)
         if self.max_batch < 1:
             raise UsageError("--max-batch must be at least 1.")
         if self.quantize is not None:
@@ -141,6 +156,7 @@ def _export_one(
     in_names: list[str],
     out_names: list[str],
     out: Path,
+    opset: int | None = None,
 ) -> Path:
     path = out / bundle_mod.ARTIFACT_FILES[fmt]
     with _quiet():
@@ -157,6 +173,7 @@ def _export_one(
                     dynamic_shapes=dyn,
                     input_names=in_names,
                     output_names=out_names,
+                    opset_version=opset,
                 )
             else:
                 traced = torch.jit.trace(model, args, check_trace=False)
@@ -174,13 +191,13 @@ def _to_numpy(tensors: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
     return [t.numpy() for t in tensors]
 
 
-def _input_specs(inputs: list[ExampleInput], names: list[str], dynamic: bool) -> list[dict[str, Any]]:
+def _input_specs(inputs: list[ExampleInput], names: list[str], axes: list[Any]) -> list[dict[str, Any]]:
     return [
         {
             "name": n,
             "dtype": dtype_name(i.dtype),
-            "shape": [None if (dynamic and d == 0) else s for d, s in enumerate(i.shape)],
-            "dynamic_dims": {"0": "batch"} if dynamic else {},
+            "shape": [None if any(a.dim == d for a in axes) else s for d, s in enumerate(i.shape)],
+            "dynamic_dims": {str(a.dim): a.name for a in axes if a.dim < len(i.shape)},
             **({"range": [i.low, i.high]} if not i.dtype.is_floating_point and i.data is None else {}),
         }
         for n, i in zip(names, inputs, strict=True)
@@ -222,9 +239,11 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         in_names=in_names,
         shapes={n: i.shape for n, i in zip(in_names, inputs, strict=True)},
     )
-    dynamic = opts.dynamic == "batch"
+    axes = parse_dynamic(opts.dynamic)
+    dynamic = bool(axes)
     example_batch = inputs[0].shape[0]
     export_batch = 2 if dynamic else example_batch  # batch 1 invites 0/1 specialization in torch.export
+    examples = example_sizes(axes, [i.shape for i in inputs])
     args = make_batch(inputs, export_batch, opts.seed)
     try:
         with torch.inference_mode():
@@ -248,10 +267,10 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
 
     save_model(model, str(opts.out / bundle_mod.ARTIFACT_FILES["weights"]))
     artifacts = {"weights": bundle_mod.ARTIFACT_FILES["weights"]}
-    dyn: Any = None
-    if dynamic:
-        batch_dim = torch.export.Dim("batch", min=1, max=max(opts.max_batch, 2))
-        dyn = tuple({0: batch_dim} for _ in inputs)
+    plans: list[AxisPlan] = (
+        resolve_bounds(model, args, axes, examples, opts.max_batch) if len(axes) > 1 else []
+    )
+    dyn: Any = export_dims(axes, plans, [len(i.shape) for i in inputs], opts.max_batch)
 
     eager = TorchRunner(model, "eager")
     runners: list[Runner] = []
@@ -261,7 +280,7 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         # model's export ran for minutes without a word
         log(f"exporting {fmt} ...")
         t0 = time.perf_counter()
-        path = _export_one(fmt, model, args, dyn, in_names, out_names, opts.out)
+        path = _export_one(fmt, model, args, dyn, in_names, out_names, opts.out, opts.opset)
         export_s[fmt] = round(time.perf_counter() - t0, 3)
         artifacts[fmt] = path.name
         with _quiet():
@@ -282,6 +301,23 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     batches = {s: _to_numpy(make_batch(inputs, s, opts.seed + 1)) for s in sizes}
     log(f"parity: {len(runners)} format(s) vs eager at batch {', '.join(map(str, sizes))} ...")
     checks = run_parity(eager, runners, batches, out_names, (opts.atol, opts.rtol))
+    out_dims = _output_dims(eager, inputs, plans, opts.seed)
+    for plan in plans:  # every other size of each named axis, at one batch, the others at their example size
+        batch = min(7, opts.max_batch)
+        others = [s for s in plan.checked if s != plan.example]
+        log(f"parity: {plan.name} at {', '.join(map(str, others))} (batch {batch}) ...")
+        for size in others:
+            varied = [with_sizes(i, {plan.dim: size}) for i in inputs]
+            found = run_parity(
+                eager,
+                runners,
+                {batch: _to_numpy(make_batch(varied, batch, opts.seed + 3))},
+                out_names,
+                (opts.atol, opts.rtol),
+            )
+            for c in found:
+                c.sizes = f"{plan.name}={size}"
+            checks.extend(found)
     pre_summary = None
     if pre.spec is not None:
         pre_checks, pre_summary = _preprocess_parity(
@@ -319,17 +355,23 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
             "weights_loading": loaded.to_dict() if loaded else None,
             "parameters": sum(p.numel() for p in model.parameters()),
         },
-        "inputs": _input_specs(inputs, in_names, dynamic),
+        "inputs": _input_specs(inputs, in_names, axes),
         "outputs": [
             {
                 "name": n,
                 "dtype": dtype_name(t.dtype),
-                "shape": [None if (dynamic and d == 0) else s for d, s in enumerate(t.shape)],
+                "shape": [None if (dynamic and d == 0) or d in dims else s for d, s in enumerate(t.shape)],
+                **({"dynamic_dims": {str(d): a for d, a in dims.items()}} if dims else {}),
             }
-            for n, t in zip(out_names, eager_out, strict=True)
+            for n, t, dims in zip(out_names, eager_out, out_dims, strict=True)
         ],
         "max_batch": opts.max_batch if dynamic else example_batch,
         "dynamic": opts.dynamic,
+        "axes": {
+            **({"batch": {"dim": 0, "min": 1, "max": opts.max_batch}} if dynamic else {}),
+            **{p.name: p.to_dict() for p in plans},
+        },
+        "onnx_opset": _onnx_opset(opts.out / artifacts["onnx"]) if "onnx" in artifacts else None,
         "preprocessing": pre.manifest,
         "preprocessing_parity": pre_summary,
         "artifacts": artifacts,
@@ -351,6 +393,31 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         key = read_key(opts.sign_key)
     bundle_mod.write_manifest(opts.out, manifest, key=key)
     return ExportResult(path=opts.out, manifest=manifest, checks=checks)
+
+
+def _output_dims(
+    eager: Runner, inputs: list[ExampleInput], plans: list[AxisPlan], seed: int
+) -> list[dict[int, str]]:
+    """Per output, the dimensions (besides the batch) that follow a named axis: their size changes with it."""
+    base = eager(_to_numpy(make_batch(inputs, 2, seed)))
+    dims: list[dict[int, str]] = [{} for _ in base]
+    for plan in plans:
+        other = plan.max if plan.max != plan.example else 1
+        got = eager(_to_numpy(make_batch([with_sizes(i, {plan.dim: other}) for i in inputs], 2, seed)))
+        for k, (a, b) in enumerate(zip(base, got, strict=True)):
+            for d in range(1, min(a.ndim, b.ndim)):
+                if a.shape[d] != b.shape[d]:
+                    dims[k][d] = plan.name
+    return dims
+
+
+def _onnx_opset(path: Path) -> dict[str, Any]:
+    """The default-domain opset the ONNX file declares, and the onnxruntime releases that run it."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return {"opset": opset, "runs_on": runtime_note(opset) if opset else None}
 
 
 def _preprocess_parity(
