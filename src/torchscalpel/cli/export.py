@@ -129,6 +129,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: random samples of the recorded raw shape)",
     )
     p.add_argument(
+        "--layer-diff",
+        action="store_true",
+        help="compare every layer's output between eager and each ONNX/.pt2 export and name the first beyond "
+        "tolerance, with statistics (done for any form that fails parity anyway)",
+    )
+    p.add_argument(
         "--trust", action="store_true", help="allow a weights file that needs full unpickling (runs code)"
     )
     p.add_argument(
@@ -192,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         output_names=[n.strip() for n in args.output_names.split(",")] if args.output_names else None,
         preprocess=preprocess,
         transform=args.transform,
+        layer_diff=args.layer_diff,
         raw_example=args.raw_example,
         trust=args.trust,
         sign_key=args.sign_key,

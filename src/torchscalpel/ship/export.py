@@ -81,6 +81,9 @@ class ExportOptions:
     """``[INPUT=]MODULE:NAME``: the training script's evaluation transform, recorded as data (``ship.transforms``)."""
     raw_example: Path | None = None
     """Raw samples (a plain .npy, first dim the samples) for the preprocessing parity check."""
+    layer_diff: bool = False
+    """Compare every layer's output between eager and each ONNX / ``.pt2`` export (always done for a form
+    that fails parity): the first layer beyond tolerance, with statistics (``ship.layerdiff``)."""
     trust: bool = False
     sign_key: Path | None = None
     """HMAC key file: a torchscalpel checkpoint must carry a matching signature (``Checkpointer(sign_key=)``)."""
@@ -325,6 +328,8 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         )
         checks.extend(pre_checks)
 
+    diffs = _layer_diffs(opts, model, checks, artifacts, batches, log)
+
     # Timings run single-threaded: torch's OpenMP pool and onnxruntime's pool in one process fight
     # over the cores (measured: eager batch 1 went from 0.12 ms to 20 ms on 2 shared cores).
     threads = torch.get_num_threads()
@@ -382,6 +387,7 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
             "batches": sizes,
             "checks": [c.to_dict() for c in checks],
         },
+        "layer_diff": [d.to_dict() for d in diffs] or None,
         "quantization": quant,
         "latency_ms": latency,
     }
@@ -393,6 +399,32 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         key = read_key(opts.sign_key)
     bundle_mod.write_manifest(opts.out, manifest, key=key)
     return ExportResult(path=opts.out, manifest=manifest, checks=checks)
+
+
+def _layer_diffs(
+    opts: ExportOptions,
+    model: torch.nn.Module,
+    checks: list[ParityCheck],
+    artifacts: dict[str, str],
+    batches: dict[int, list[np.ndarray]],
+    log: Callable[[str], None],
+) -> list[Any]:
+    """Layer diffs of the forms asked for (--layer-diff) or failing parity, on the largest parity batch."""
+    from torchscalpel.ship.layerdiff import layer_diff
+
+    failing = {c.format.removesuffix("+pre") for c in checks if not c.passed}
+    forms = [f for f in opts.formats if f in artifacts and (opts.layer_diff or f in failing)]
+    if not forms:
+        return []
+    inputs = batches[max(batches)]
+    log(f"layer diff: {', '.join(forms)} vs eager, layer by layer at batch {max(batches)} ...")
+    diffs = []
+    for fmt in forms:
+        with _quiet():
+            diff = layer_diff(model, fmt, opts.out / artifacts[fmt], inputs, (opts.atol, opts.rtol))
+        log(diff.describe())
+        diffs.append(diff)
+    return diffs
 
 
 def _output_dims(
