@@ -91,7 +91,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="largest batch exported and checked (default 32)",
     )
     p.add_argument(
-        "--quantize", choices=["int8-dynamic"], help="also write an int8 dynamically quantized ONNX model"
+        "--quantize",
+        choices=["int8-dynamic", "int8-static"],
+        help="also write an int8 ONNX model: int8-dynamic (Linear layers), or int8-static (calibrated, for conv "
+        "nets; kept only when the latency table shows it faster and it is within tolerance)",
+    )
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="training samples for --quantize int8-static: a .npy (one input) or .safetensors (one array per "
+        "input), first dim the samples (default: the --example files' rows, else random rows)",
     )
     p.add_argument(
         "--out", type=Path, help="bundle folder (default scalpel-runs/<time>-bundle/); must be new or empty"
@@ -164,6 +174,10 @@ def run(args: argparse.Namespace) -> int:
     """Validate the flags, run the export, print parity and latency; exit 1 when parity fails."""
     if args.weights is not None and not args.weights.exists():  # before importing torch: fail in a blink
         raise UsageError(f"--weights {args.weights} does not exist; check the path.")
+    if args.calibration is not None and not args.calibration.is_file():
+        raise UsageError(
+            f"--calibration {args.calibration} does not exist; give a .npy or .safetensors of samples."
+        )
     if args.raw_example is not None and not args.raw_example.is_file():
         raise UsageError(f"--raw-example {args.raw_example} does not exist; give a .npy file of raw samples.")
     if args.raw_example is not None and not (args.transform or args.preprocess):
@@ -192,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         opset=args.opset,
         max_batch=args.max_batch,
         quantize=args.quantize,
+        calibration=args.calibration,
         out=args.out or default_run_dir("bundle"),
         atol=args.atol,
         rtol=args.rtol,

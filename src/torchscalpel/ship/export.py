@@ -81,6 +81,8 @@ class ExportOptions:
     """``[INPUT=]MODULE:NAME``: the training script's evaluation transform, recorded as data (``ship.transforms``)."""
     raw_example: Path | None = None
     """Raw samples (a plain .npy, first dim the samples) for the preprocessing parity check."""
+    calibration: Path | None = None
+    """Training samples for ``--quantize int8-static`` (a .npy for one input, a .safetensors naming each)."""
     layer_diff: bool = False
     """Compare every layer's output between eager and each ONNX / ``.pt2`` export (always done for a form
     that fails parity): the first layer beyond tolerance, with statistics (``ship.layerdiff``)."""
@@ -105,10 +107,14 @@ class ExportOptions:
         if self.max_batch < 1:
             raise UsageError("--max-batch must be at least 1.")
         if self.quantize is not None:
-            if self.quantize != "int8-dynamic":
-                raise UsageError(f"--quantize takes 'int8-dynamic', not {self.quantize!r}.")
+            if self.quantize not in ("int8-dynamic", "int8-static"):
+                raise UsageError(f"--quantize takes 'int8-dynamic' or 'int8-static', not {self.quantize!r}.")
             if "onnx" not in self.formats:
-                raise UsageError("--quantize int8-dynamic quantizes the ONNX export; add onnx to --formats.")
+                raise UsageError(
+                    f"--quantize {self.quantize} quantizes the ONNX export; add onnx to --formats."
+                )
+        if self.calibration is not None and self.quantize != "int8-static":
+            raise UsageError("--calibration feeds --quantize int8-static; add it, or drop --calibration.")
         for flag, value in (("--atol", self.atol), ("--rtol", self.rtol)):
             if value is not None and value < 0:
                 raise UsageError(f"{flag} must not be negative.")
@@ -335,7 +341,9 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        quant, latency = _quantize_and_time(opts, eager, runners, batches, sizes, artifacts, checks, log)
+        quant, latency = _quantize_and_time(
+            opts, eager, runners, batches, sizes, artifacts, checks, log, inputs, in_names
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -500,9 +508,13 @@ def _quantize_and_time(
     artifacts: dict[str, str],
     checks: list[ParityCheck],
     log: Callable[[str], None],
+    inputs: list[ExampleInput],
+    in_names: list[str],
 ) -> tuple[dict[str, Any] | None, dict[str, dict[str, float]]]:
     """Optional int8 quantization (only after parity passed) and latency of every form."""
     quant: dict[str, Any] | None = None
+    if opts.quantize == "int8-static" and checks and all(c.passed for c in checks):
+        return _static_int8(opts, eager, runners, batches, sizes, artifacts, log, inputs, in_names)
     if opts.quantize and checks and all(c.passed for c in checks):
         from torchscalpel.ship.quantize import evaluate, quantize_onnx
 
@@ -524,6 +536,108 @@ def _quantize_and_time(
     log(f"latency: timing {len(runners) + 1} form(s) at batch {', '.join(map(str, timed))} ...")
     latency = {str(s): measure_latency([eager, *runners], batches[s]) for s in timed}
     return quant, latency
+
+
+def _calibration(opts: ExportOptions, inputs: list[ExampleInput]) -> tuple[list[np.ndarray], str]:
+    """Calibration rows per input: --calibration, else the --example files' rows, else random rows (said so)."""
+    from torchscalpel.ship.specs import parse_example
+
+    if opts.calibration is not None:
+        found = parse_example(str(opts.calibration))
+        if len(found) != len(inputs) or any(f.data is None for f in found):
+            raise UsageError(
+                f"--calibration {opts.calibration} holds {len(found)} array(s); the model takes {len(inputs)} inputs "
+                "(a .npy for one input, a .safetensors naming each)."
+            )
+        return [
+            f.data.numpy() for f in found if f.data is not None
+        ], f"{opts.calibration.name} (--calibration)"
+    if all(i.data is not None for i in inputs):
+        return [i.data.numpy() for i in inputs if i.data is not None], "the --example files' rows"
+    rows = _to_numpy(make_batch(inputs, 64, opts.seed + 5))
+    return rows, "64 random rows (no training samples given: pass --calibration for real activation ranges)"
+
+
+def _static_int8(
+    opts: ExportOptions,
+    eager: Runner,
+    runners: list[Runner],
+    batches: dict[int, list[np.ndarray]],
+    sizes: list[int],
+    artifacts: dict[str, str],
+    log: Callable[[str], None],
+    inputs: list[ExampleInput],
+    in_names: list[str],
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """Calibrated int8 (QDQ), in the latency table beside fp32, kept only when faster at every timed batch and
+    within the int8 tolerance of eager; the manifest says which, and why."""
+    from torchscalpel.ship.parity import INT8_TOLERANCE, compare
+    from torchscalpel.ship.quantize import QuantReport, calibration_batches, quantize_static_onnx
+
+    rows, source = _calibration(opts, inputs)
+    qpath = opts.out / bundle_mod.ARTIFACT_FILES["onnx_int8"]
+    log(
+        f"int8: calibrating on {rows[0].shape[0]} row(s) from {source.split(' (')[0]} and quantizing (int8-static) ..."
+    )
+    quantize_static_onnx(opts.out / artifacts["onnx"], qpath, calibration_batches(rows), in_names)
+    int8 = OrtRunner(qpath, name="onnx-int8", threads=1)
+    max_abs, agree, total, within = 0.0, 0, 0, True
+    for size, batch in batches.items():
+        want, got = eager(batch), int8(batch)
+        names = [f"output_{i}" for i in range(len(want))]
+        for c in compare("onnx-int8", size, names, want, got, INT8_TOLERANCE):
+            within = within and c.passed
+            max_abs = max(max_abs, c.max_abs)
+        if want[0].ndim == 2 and want[0].shape[1] > 1:
+            agree += int(np.sum(np.argmax(want[0], -1) == np.argmax(got[0], -1)))
+            total += want[0].shape[0]
+    timed = sorted({sizes[0], sizes[-1]})
+    log(f"latency: timing {len(runners) + 2} form(s) at batch {', '.join(map(str, timed))} ...")
+    latency = {str(s): measure_latency([eager, *runners, int8], batches[s]) for s in timed}
+    speedups = {b: round(row["onnx"] / max(row["onnx-int8"], 1e-9), 3) for b, row in latency.items()}
+    faster = all(v > 1.0 for v in speedups.values())
+    kept = faster and within
+    reason = (
+        "faster than fp32 ONNX at every timed batch and within the int8 tolerance"
+        if kept
+        else "; ".join(
+            r
+            for r in (
+                "" if faster else "not faster than fp32 ONNX at every timed batch",
+                ""
+                if within
+                else f"outside the int8 tolerance (atol {INT8_TOLERANCE[0]:g}, rtol {INT8_TOLERANCE[1]:g})",
+            )
+            if r
+        )
+    )
+    big = str(timed[-1])
+    report = QuantReport(
+        method="int8-static",
+        file=qpath.name,
+        max_abs_error=max_abs,
+        top1_agreement=(agree / total) if total else None,
+        latency_ms_fp32=latency[big]["onnx"],
+        latency_ms_int8=latency[big]["onnx-int8"],
+        speedup=speedups[big],
+        batch=int(big),
+        parity_passed=within,
+        speedups=speedups,
+        kept=kept,
+        reason=reason,
+        calibration=source,
+    )
+    del int8
+    if kept:
+        artifacts["onnx_int8"] = qpath.name
+    else:
+        qpath.unlink()
+    log(
+        f"int8: {'kept' if kept else 'dropped'} ({reason}): "
+        + ", ".join(f"{v:.2f}x at batch {b}" for b, v in speedups.items())
+        + f", max abs error {max_abs:.3g}"
+    )
+    return report.to_dict(), latency
 
 
 def _tool_version() -> str:
