@@ -141,3 +141,30 @@ def test_raw_sample_errors_name_the_field():
     fixed = Preprocessor(recognise(T.ToTensor(), source="t", input_name="x", example_shape=(1, 3, 8, 8)))
     with pytest.raises(PreprocessError, match="is 9x8; expected 8x8"):
         fixed.apply(np.zeros((9, 8, 3), np.uint8))
+
+
+class ToImage:
+    """torchvision.transforms.v2.ToImage's reading: HWC image to CHW tensor, dtype kept."""
+
+    def __call__(self, pic):
+        return torch.from_numpy(np.ascontiguousarray(np.asarray(pic).transpose(2, 0, 1)))
+
+
+class ToDtype:
+    """torchvision.transforms.v2.ToDtype(torch.float32, scale=True)."""
+
+    dtype = torch.float32
+    scale = True
+
+    def __call__(self, t):
+        return t.to(self.dtype) / 255.0
+
+
+def test_v2_to_image_and_to_dtype():
+    chain = T.Compose([ToImage(), ToDtype(), T.Normalize([0.5, 0.5, 0.5], [0.2, 0.2, 0.2])])
+    spec = recognise(chain, source="v2", input_name="x", example_shape=(1, 3, 8, 8))
+    assert [s["op"] for s in spec["steps"]] == ["pil_to_tensor", "convert_dtype", "normalize"]
+    samples = [np.random.default_rng(3).integers(0, 256, (8, 8, 3), dtype=np.uint8)]
+    np.testing.assert_allclose(
+        Preprocessor(spec).apply_batch(samples), training_batch(chain, spec, samples), atol=1e-6
+    )

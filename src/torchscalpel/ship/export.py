@@ -41,6 +41,7 @@ from torchscalpel.ship.runners import (
     OrtRunner,
     Runner,
     TorchRunner,
+    cuda_provider_available,
     exported_runner,
     flatten_outputs,
     torchscript_runner,
@@ -300,6 +301,10 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
                 if fmt == "exported"
                 else torchscript_runner(path)
             )
+        if fmt == "onnx" and cuda_provider_available():
+            # the GPU deployment's figures beside the CPU ones: same file, CUDA execution provider
+            with _quiet():
+                runners.append(OrtRunner(path, name="onnx-cuda", threads=1, device="cuda"))
         log(f"wrote {fmt + ':':<12} {path} ({export_s[fmt]:.1f} s)")  # not "exported exported"
 
     sizes = (

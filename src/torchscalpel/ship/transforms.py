@@ -84,7 +84,7 @@ def _step(obj: Any, index: int) -> list[dict[str, Any]]:
         )
     if name == "ToTensor":
         return [{"op": "to_tensor"}]
-    if name == "PILToTensor":
+    if name in ("PILToTensor", "ToImage"):  # v2.ToImage: HWC image to a CHW tensor, dtype kept
         return [{"op": "pil_to_tensor"}]
     if name == "Normalize" and hasattr(obj, "mean") and hasattr(obj, "std"):
         mean, std = _floats(obj.mean), _floats(obj.std)
@@ -92,7 +92,10 @@ def _step(obj: Any, index: int) -> list[dict[str, Any]]:
             raise _refuse(obj, index, "has a mean or std that is not a list of numbers")
         return [{"op": "normalize", "mean": mean, "std": std}]
     if name in ("ConvertImageDtype", "ToDtype") and hasattr(obj, "dtype"):
-        dtype = _dtype_name(obj.dtype)
+        target = obj.dtype
+        if isinstance(target, dict):  # v2.ToDtype({tv_tensors.Image: torch.float32, ...})
+            target = next((v for k, v in target.items() if "Image" in getattr(k, "__name__", str(k))), None)
+        dtype = _dtype_name(target)
         if dtype is None:
             raise _refuse(obj, index, f"converts to {str(obj.dtype)[:40]}, not a float dtype")
         return [{"op": "convert_dtype", "dtype": dtype, "scale": bool(getattr(obj, "scale", True))}]
