@@ -197,7 +197,10 @@ def resolve_bounds(
             program = torch.export.export(model, tuple(args), dynamic_shapes=shapes, strict=False)
         except Exception as exc:  # the exporter's own error types; export proper reports them with a hint
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            raise UsageError(f"torch.export cannot trace the model with --dynamic axes ({first}).") from None
+            raise UsageError(
+                f"torch.export cannot trace the model with --dynamic axes unbounded ({first}); give each a bound, "
+                "e.g. --dynamic batch,seq:512, or leave the dimension fixed."
+            ) from None
         placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
         user = [n for n in placeholders if n.name in set(program.graph_signature.user_inputs)]
         for axis in probe:
