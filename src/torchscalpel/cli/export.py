@@ -71,7 +71,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="comma list of onnx, exported, torchscript (default onnx,exported)",
     )
     p.add_argument(
-        "--dynamic", default="batch", choices=["batch", "none"], help="dynamic batch axis (default batch)"
+        "--dynamic",
+        default="batch",
+        metavar="AXES",
+        help="dynamic dimensions by position, the same for every input: 'batch' (default), 'none', or e.g. "
+        "'batch,seq' / 'batch,seq:512' (a bound) / 'batch,_,h,w' ('_' keeps a dimension fixed); each is checked "
+        "at several sizes",
+    )
+    p.add_argument(
+        "--opset",
+        type=int_type("--opset", minimum=1, maximum=1000),
+        metavar="N",
+        help="ONNX opset to write (default: the exporter's); 18 up to what the installed onnxruntime runs",
     )
     p.add_argument(
         "--max-batch",
@@ -80,7 +91,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="largest batch exported and checked (default 32)",
     )
     p.add_argument(
-        "--quantize", choices=["int8-dynamic"], help="also write an int8 dynamically quantized ONNX model"
+        "--quantize",
+        choices=["int8-dynamic", "int8-static"],
+        help="also write an int8 ONNX model: int8-dynamic (Linear layers), or int8-static (calibrated, for conv "
+        "nets; kept only when the latency table shows it faster and it is within tolerance)",
+    )
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="FILE",
+        help="training samples for --quantize int8-static: a .npy (one input) or .safetensors (one array per "
+        "input), first dim the samples (default: the --example files' rows, else random rows)",
     )
     p.add_argument(
         "--out", type=Path, help="bundle folder (default scalpel-runs/<time>-bundle/); must be new or empty"
@@ -99,7 +120,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--output-names", help="comma list of output names (default output, or output_0, output_1...)"
     )
     p.add_argument(
-        "--preprocess", metavar="JSON", help="preprocessing metadata stored in the manifest for clients"
+        "--preprocess",
+        metavar="JSON",
+        help='preprocessing steps serve applies to raw inputs (\'{"steps": [{"op": "normalize", ...}]}\', see '
+        "docs/export.md), or any other JSON object: metadata stored in the manifest for clients",
+    )
+    p.add_argument(
+        "--transform",
+        metavar="[INPUT=]MODULE:NAME",
+        help="the training script's evaluation transform (a torchvision-style Compose, or a function returning it "
+        "or the Dataset): recorded as data, applied by serve to raw inputs, checked against the original",
+    )
+    p.add_argument(
+        "--raw-example",
+        type=Path,
+        metavar="PATH.npy",
+        help="raw samples (first dim the samples, e.g. uint8 N,H,W,C images) for the preprocessing parity check "
+        "(default: random samples of the recorded raw shape)",
+    )
+    p.add_argument(
+        "--layer-diff",
+        action="store_true",
+        help="compare every layer's output between eager and each ONNX/.pt2 export and name the first beyond "
+        "tolerance, with statistics (done for any form that fails parity anyway)",
     )
     p.add_argument(
         "--trust", action="store_true", help="allow a weights file that needs full unpickling (runs code)"
@@ -131,6 +174,16 @@ def run(args: argparse.Namespace) -> int:
     """Validate the flags, run the export, print parity and latency; exit 1 when parity fails."""
     if args.weights is not None and not args.weights.exists():  # before importing torch: fail in a blink
         raise UsageError(f"--weights {args.weights} does not exist; check the path.")
+    if args.calibration is not None and not args.calibration.is_file():
+        raise UsageError(
+            f"--calibration {args.calibration} does not exist; give a .npy or .safetensors of samples."
+        )
+    if args.raw_example is not None and not args.raw_example.is_file():
+        raise UsageError(f"--raw-example {args.raw_example} does not exist; give a .npy file of raw samples.")
+    if args.raw_example is not None and not (args.transform or args.preprocess):
+        raise UsageError(
+            "--raw-example feeds the preprocessing parity check; add --transform or --preprocess."
+        )
     if args.sign_key is not None:  # before any work: a bad key used to surface after the whole export
         _check_sign_key(args)
     _validate(args)
@@ -150,13 +203,18 @@ def run(args: argparse.Namespace) -> int:
         examples=list(args.example),
         formats=tuple(f.strip() for f in args.formats.split(",") if f.strip()),
         dynamic=args.dynamic,
+        opset=args.opset,
         max_batch=args.max_batch,
         quantize=args.quantize,
+        calibration=args.calibration,
         out=args.out or default_run_dir("bundle"),
         atol=args.atol,
         rtol=args.rtol,
         output_names=[n.strip() for n in args.output_names.split(",")] if args.output_names else None,
         preprocess=preprocess,
+        transform=args.transform,
+        layer_diff=args.layer_diff,
+        raw_example=args.raw_example,
         trust=args.trust,
         sign_key=args.sign_key,
         allow_nonfinite=args.allow_nonfinite,

@@ -27,6 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quantized", action="store_true", help="serve the int8 ONNX model (export --quantize)")
     p.add_argument(
+        "--device",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="cpu (default) or cuda: onnxruntime's CUDA execution provider, or the torch program on the GPU; "
+        "refused in one sentence where CUDA is not available",
+    )
+    p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token-file)"
     )
     p.add_argument(
@@ -146,9 +153,21 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
+    if args.device != "cpu":  # refused before the bundle is hashed: nothing else matters without the device
+        from torchscalpel.ship.runners import ort_providers, torch_device
+
+        if args.backend == "onnxruntime":
+            ort_providers(args.device)
+        else:
+            torch_device(args.device)
     bundle = verify_bundle(args.bundle, key=key)
     runner = load_runner(
-        bundle, args.backend, trust=args.trust, quantized=args.quantized, threads=args.threads
+        bundle,
+        args.backend,
+        trust=args.trust,
+        quantized=args.quantized,
+        threads=args.threads,
+        device=args.device,
     )
     check_runner(bundle, runner)
     app = create_app(bundle, runner, config)

@@ -16,19 +16,20 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from torchscalpel.serve.batcher import Batcher
-from torchscalpel.serve.codec import DEFAULT_MAX_BODY, InputSpec, body_cap, decode, media_type
+from torchscalpel.serve.codec import DEFAULT_MAX_BODY, InputSpec, body_cap, decode, media_type, raw_body_cap
 from torchscalpel.serve.errors import RequestError
 from torchscalpel.serve.metrics import Metrics
 from torchscalpel.serve.schema import ERROR_SCHEMA, predict_openapi
 from torchscalpel.serve.security import CLIENT_CLOSED, check_token, read_limited
-from torchscalpel.ship.bundle import Bundle
+from torchscalpel.ship.bundle import Bundle, axis_bounds
+from torchscalpel.ship.preprocess import Preprocessor, is_spec
 from torchscalpel.ship.runners import Runner
 
 MAX_SECONDS = 86400.0
@@ -226,7 +227,8 @@ class ConnectionGuard:
 
 def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     """Build the app for one bundle and runner; the batcher starts with the app's lifespan."""
-    specs = [InputSpec.from_manifest(e) for e in bundle.inputs]
+    axes = axis_bounds(bundle.manifest)
+    specs = [InputSpec.from_manifest(e, axes) for e in bundle.inputs]
     out_names = [o["name"] for o in bundle.outputs]
     # Never batch beyond what parity checked; a static-batch export takes exactly its batch.
     max_batch = min(config.max_batch, bundle.max_batch)
@@ -234,17 +236,21 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     limit_rows = bundle.max_batch if static else max_batch
     # A valid request's size is known from the manifest: a larger body is refused before it is read or parsed,
     # so abusive 10 MB bodies cannot hold the GIL (parsing them cost ~0.85 s each).
+    pre = (
+        Preprocessor(bundle.manifest["preprocessing"])
+        if is_spec(bundle.manifest.get("preprocessing"))
+        else None
+    )
     max_body = config.max_body or body_cap(specs, limit_rows) or DEFAULT_MAX_BODY
+    if pre is not None and config.max_body is None:  # raw samples may be larger than the model input
+        max_body = max(max_body, raw_body_cap(pre, limit_rows) or DEFAULT_MAX_BODY)
     metrics = Metrics()
     state: dict[str, Any] = {"batcher": None, "ready": False, "arriving": 0, "decode_pool": None}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         rows = bundle.max_batch if static else 1
-        # only the batch dim is dynamic (InputSpec.shape), so the rest are ints
-        warm = [
-            np.full((rows, *cast(tuple[int, ...], s.shape[1:])), s.low or 0, dtype=s.dtype) for s in specs
-        ]
+        warm = [np.full(s.warm_shape(rows), s.low or 0, dtype=s.dtype) for s in specs]
         await asyncio.get_running_loop().run_in_executor(
             None, runner, warm
         )  # first call allocates; not a user's cost
@@ -291,7 +297,7 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
 
     @app.post(
         "/v1/predict",
-        openapi_extra=predict_openapi(specs, bundle.outputs, max_batch),
+        openapi_extra=predict_openapi(specs, bundle.outputs, max_batch, raw=pre is not None),
         responses={200: {"description": "model outputs"}},
     )
     async def predict(request: Request) -> Response:
@@ -310,11 +316,11 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
             )
             decode_pool = state["decode_pool"]
             if len(body) <= INLINE_DECODE_BYTES or decode_pool is None:
-                arrays = decode(body, ctype, specs, limit_rows)  # faster than a thread hop
+                arrays = decode(body, ctype, specs, limit_rows, pre)  # faster than a thread hop
             else:
                 async with state["decode_budget"].hold(len(body)):
                     arrays = await asyncio.get_running_loop().run_in_executor(
-                        decode_pool, decode, body, ctype, specs, limit_rows
+                        decode_pool, decode, body, ctype, specs, limit_rows, pre
                     )
             del body
             batcher: Batcher | None = state["batcher"]

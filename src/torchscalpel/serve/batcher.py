@@ -128,8 +128,13 @@ class Batcher:
         self._wakeup.set()
 
     def _take(self) -> list[_Item]:
+        """The oldest request and the queued ones that fit beside it: same shape past the batch dimension
+        (a model with a dynamic sequence length cannot concatenate two lengths), at most ``max_batch`` rows.
+        Requests of another shape keep their place for the next call."""
         batch: list[_Item] = []
         rows = 0
+        kept: list[_Item] = []
+        key: list[tuple[int, ...]] | None = None
         while self._queue:
             item = self._queue[0]
             if item.future.done():  # timed out or cancelled while waiting
@@ -137,8 +142,15 @@ class Batcher:
                 continue
             if batch and rows + item.rows > self.max_batch:
                 break
-            batch.append(self._queue.popleft())
+            shapes = [a.shape[1:] for a in item.inputs]
+            self._queue.popleft()
+            if key is not None and shapes != key:
+                kept.append(item)
+                continue
+            key = shapes
+            batch.append(item)
             rows += item.rows
+        self._queue.extendleft(reversed(kept))
         return batch
 
     def _queued_rows(self) -> int:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from torchscalpel.serve.errors import RequestError
+from torchscalpel.ship.preprocess import PreprocessError, Preprocessor
 
 try:
     import msgspec as _msgspec
@@ -39,18 +40,47 @@ class InputSpec:
     """``None`` marks a dynamic dim (the batch)."""
     low: int | None = None
     high: int | None = None
+    bounds: tuple[int | None, ...] = ()
+    """Per dimension: the largest size of a dynamic dimension besides the batch (its named axis's max)."""
+    examples: tuple[int | None, ...] = ()
+    """Per dimension: the example size of such a dimension (the warm-up call's shape)."""
 
     @classmethod
-    def from_manifest(cls, entry: dict[str, Any]) -> InputSpec:
-        """Build from a manifest ``inputs`` entry."""
+    def from_manifest(
+        cls, entry: dict[str, Any], axes: dict[str, tuple[int, int]] | None = None
+    ) -> InputSpec:
+        """Build from a manifest ``inputs`` entry and the manifest's named axes (``bundle.axis_bounds``)."""
         lo_hi = entry.get("range") or (None, None)
+        named = entry.get("dynamic_dims") or {}
+        axes = axes or {}
+        shape = tuple(entry["shape"])
+        found = [
+            axes.get(named.get(str(d), "")) if d and dim is None else None for d, dim in enumerate(shape)
+        ]
         return cls(
             name=entry["name"],
             dtype=np.dtype(entry["dtype"]),
-            shape=tuple(entry["shape"]),
+            shape=shape,
             low=lo_hi[0],
             high=lo_hi[1],
+            bounds=tuple(f[0] if f else None for f in found),
+            examples=tuple(f[1] if f else None for f in found),
         )
+
+    def bound(self, dim: int) -> int | None:
+        """The largest size dimension ``dim`` (not the batch) may have: fixed, or its axis's max."""
+        fixed = self.shape[dim]
+        if fixed is not None:
+            return fixed
+        return self.bounds[dim] if dim < len(self.bounds) else None
+
+    def warm_shape(self, rows: int) -> tuple[int, ...]:
+        """A valid shape with ``rows`` rows: fixed dims as they are, dynamic ones at their example size."""
+        dims = [rows]
+        for d, fixed in enumerate(self.shape[1:], start=1):
+            example = self.examples[d] if d < len(self.examples) else None
+            dims.append(fixed if fixed is not None else example or 1)
+        return tuple(dims)
 
 
 BODY_SLACK = 64 << 10
@@ -77,7 +107,7 @@ def body_cap(specs: list[InputSpec], max_rows: int) -> int | None:
     """
     per_row_json = per_row_npy = 0
     for spec in specs:
-        dims = spec.shape[1:]
+        dims = [spec.bound(d) for d in range(1, len(spec.shape))]
         if any(d is None for d in dims):
             return None
         elements = math.prod(dims)  # type: ignore[arg-type]
@@ -107,6 +137,9 @@ def check_array(arr: np.ndarray, spec: InputSpec, max_batch: int) -> np.ndarray:
     for dim, (got, want) in enumerate(zip(arr.shape, spec.shape, strict=True)):
         if want is not None and got != want:
             raise _fail(f"input {spec.name!r} has size {got} in dimension {dim}; expected {want}")
+        top = spec.bound(dim) if dim else None
+        if want is None and dim and (got < 1 or (top is not None and got > top)):
+            raise _fail(f"input {spec.name!r} has size {got} in dimension {dim}; expected 1 to {top}")
     batch = arr.shape[0]
     if batch < 1:
         raise _fail(f"input {spec.name!r} has an empty batch")
@@ -156,31 +189,83 @@ def _parse_json(body: bytes) -> Any:
     return json.loads(body)
 
 
-def decode_json(body: bytes, specs: list[InputSpec], max_batch: int) -> list[np.ndarray]:
-    """Parse a JSON body into one validated array per input (manifest order)."""
+def decode_json(
+    body: bytes, specs: list[InputSpec], max_batch: int, pre: Preprocessor | None = None
+) -> list[np.ndarray]:
+    """Parse a JSON body into one validated array per input (manifest order).
+
+    With a bundle's preprocessing, ``"raw": {"x": [sample, ...]}`` (or ``"raw": [sample, ...]``) sends
+    raw samples of the input it feeds; they go through the recorded steps before the same checks.
+    """
     try:
         doc = _parse_json(body)
     except (ValueError, RecursionError) as exc:
         # ValueError covers UnicodeDecodeError and over-long integer literals too.
         raise _fail(f"body is not valid JSON ({_clean(exc)})") from None
-    if not isinstance(doc, dict) or "inputs" not in doc:
-        raise _fail('body must be a JSON object with an "inputs" member')
-    raw = doc["inputs"]
+    if not isinstance(doc, dict) or ("inputs" not in doc and (pre is None or "raw" not in doc)):
+        raise _fail(
+            'body must be a JSON object with an "inputs" member' + (' or a "raw" member' if pre else "")
+        )
+    given: dict[str, np.ndarray] = {}
+    if "raw" in doc:
+        given = _decode_raw(doc["raw"], specs, max_batch, pre)
+    rest = [s for s in specs if s.name not in given]
+    raw = doc.get("inputs", {} if given else None)
     if not isinstance(raw, dict):
-        if len(specs) != 1:
-            raise _fail(f'"inputs" must be an object naming each input: {", ".join(s.name for s in specs)}')
-        raw = {specs[0].name: raw}
-    missing = [s.name for s in specs if s.name not in raw]
-    extra = [k for k in raw if k not in {s.name for s in specs}]
+        if len(rest) != 1:
+            raise _fail(f'"inputs" must be an object naming each input: {", ".join(s.name for s in rest)}')
+        raw = {rest[0].name: raw}
+    missing = [s.name for s in rest if s.name not in raw]
+    extra = [k for k in raw if k not in {s.name for s in rest}]
     if missing or extra:
         raise _fail(
-            f"inputs must be exactly {', '.join(s.name for s in specs)}"
+            f"inputs must be exactly {', '.join(s.name for s in rest)}"
+            + (f" (with {', '.join(given)} sent raw)" if given else "")
             + (f"; missing {', '.join(missing)}" if missing else "")
             + (f"; unknown {', '.join(map(str, extra))[:200]}" if extra else "")
         )
-    arrays = [check_array(_to_array(raw[s.name], s, max_batch), s, max_batch) for s in specs]
+    given.update({s.name: check_array(_to_array(raw[s.name], s, max_batch), s, max_batch) for s in rest})
+    arrays = [given[s.name] for s in specs]
     _same_batch(arrays, specs)
     return arrays
+
+
+def _decode_raw(
+    value: Any, specs: list[InputSpec], max_batch: int, pre: Preprocessor | None
+) -> dict[str, np.ndarray]:
+    """``"raw"`` samples through the bundle's preprocessing: the model input they make, checked like any."""
+    if pre is None:
+        raise _fail('this bundle records no preprocessing, so it takes no "raw" member; send "inputs"')
+    name = pre.input or specs[0].name
+    if isinstance(value, dict):
+        extra = [k for k in value if k != name]
+        if extra or name not in value:
+            raise _fail(f'"raw" takes only {name!r} (the input the preprocessing feeds)')
+        value = value[name]
+    if not isinstance(value, list) or not value:
+        raise _fail(f"raw input {name!r} must be a non-empty JSON array of samples")
+    if len(value) > max_batch:
+        raise _fail(
+            f"raw input {name!r} has {len(value)} samples; the most one request may send is {max_batch}"
+        )
+    samples = []
+    for i, item in enumerate(value):
+        try:
+            arr = np.asarray(item)
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            raise _fail(f"raw input {name!r} sample {i} must be a rectangular array of numbers") from None
+        if arr.dtype.kind not in "fiub":
+            raise _fail(f"raw input {name!r} sample {i} must be a rectangular array of numbers")
+        samples.append(arr)
+    try:
+        batch = pre.apply_batch(samples)
+    except PreprocessError as exc:
+        raise _fail(str(exc)) from None
+    spec = next(s for s in specs if s.name == name)
+    try:
+        return {name: check_array(batch, spec, max_batch)}
+    except RequestError as exc:
+        raise _fail(f"raw input {name!r} after preprocessing: {exc.reason}") from None
 
 
 def _to_array(value: Any, spec: InputSpec, max_batch: int) -> np.ndarray:
@@ -285,8 +370,23 @@ def media_type(content_type: str | None) -> str:
     return media
 
 
-def decode(body: bytes, content_type: str | None, specs: list[InputSpec], max_batch: int) -> list[np.ndarray]:
+def decode(
+    body: bytes,
+    content_type: str | None,
+    specs: list[InputSpec],
+    max_batch: int,
+    pre: Preprocessor | None = None,
+) -> list[np.ndarray]:
     """Dispatch on the content type (media type only; a missing or other type answers 415)."""
     if media_type(content_type) in JSON_TYPES:
-        return decode_json(body, specs, max_batch)
+        return decode_json(body, specs, max_batch, pre)
     return decode_npy(body, specs, max_batch)
+
+
+def raw_body_cap(pre: Preprocessor, max_rows: int) -> int | None:
+    """The largest body of ``max_rows`` raw samples of a fixed raw size (as :func:`body_cap`); None when resized."""
+    raw = pre.raw
+    if raw.size is None:
+        return None
+    elements = raw.size[0] * raw.size[1] * (raw.channels or 4)
+    return max_rows * elements * (_number_text(np.dtype(raw.dtype)) + 2 * 4 + 8) + BODY_SLACK

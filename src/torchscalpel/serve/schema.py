@@ -31,14 +31,27 @@ def _leaf(spec: InputSpec) -> dict[str, Any]:
 def array_schema(spec: InputSpec, max_batch: int) -> dict[str, Any]:
     """Nested-array JSON schema for one input."""
     node = _leaf(spec)
-    for dim in reversed(spec.shape):
-        lo, hi = (1, max_batch) if dim is None else (dim, dim)
+    for d in reversed(range(len(spec.shape))):
+        dim = spec.shape[d]
+        lo, hi = (1, max_batch if d == 0 else spec.bound(d) or max_batch) if dim is None else (dim, dim)
         node = {"type": "array", "items": node, "minItems": lo, "maxItems": hi}
     return node
 
 
-def request_schema(specs: list[InputSpec], max_batch: int) -> dict[str, Any]:
-    """Schema of a JSON predict request."""
+def request_schema(specs: list[InputSpec], max_batch: int, raw: bool = False) -> dict[str, Any]:
+    """Schema of a JSON predict request (with ``raw``: raw samples for the bundle's preprocessing too)."""
+    if raw:
+        return {
+            "type": "object",
+            "minProperties": 1,
+            "properties": {
+                "inputs": {"type": "object"},
+                "raw": {
+                    "description": "raw samples, run through the bundle's preprocessing (GET /v1/model)",
+                    "type": ["object", "array"],
+                },
+            },
+        }
     return {
         "type": "object",
         "required": ["inputs"],
@@ -69,10 +82,12 @@ def response_schema(outputs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def predict_openapi(specs: list[InputSpec], outputs: list[dict[str, Any]], max_batch: int) -> dict[str, Any]:
+def predict_openapi(
+    specs: list[InputSpec], outputs: list[dict[str, Any]], max_batch: int, *, raw: bool = False
+) -> dict[str, Any]:
     """``openapi_extra`` for the predict route: request body and every status it can answer."""
     err = {"application/json": {"schema": ERROR_SCHEMA}}
-    content: dict[str, Any] = {"application/json": {"schema": request_schema(specs, max_batch)}}
+    content: dict[str, Any] = {"application/json": {"schema": request_schema(specs, max_batch, raw)}}
     if len(specs) == 1:
         content["application/x-npy"] = {"schema": {"type": "string", "format": "binary"}}
     return {

@@ -163,8 +163,32 @@ if msgspec is not None:
         files: dict[_Path, _Sha] = {}
 
 
-def _check_tensors(kind: str, specs: list[dict[str, Any]], max_batch: int) -> str | None:
+def axis_bounds(manifest: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """Named dynamic axes besides the batch -> (max, example size), from ``manifest["axes"]`` (checked)."""
+    out: dict[str, tuple[int, int]] = {}
+    axes = manifest.get("axes") or {}
+    if not isinstance(axes, dict):
+        return out
+    for name, entry in axes.items():
+        if name == "batch" or not isinstance(entry, dict):
+            continue
+        hi, example = entry.get("max"), entry.get("example")
+        if (
+            isinstance(hi, int)
+            and isinstance(example, int)
+            and not isinstance(hi, bool)
+            and not isinstance(example, bool)
+            and 1 <= example <= hi <= 1 << 24
+        ):
+            out[str(name)] = (hi, example)
+    return out
+
+
+def _check_tensors(
+    kind: str, specs: list[dict[str, Any]], max_batch: int, bounds: dict[str, tuple[int, int]] | None = None
+) -> str | None:
     """What is wrong with the ``inputs``/``outputs`` list beyond field types, or None."""
+    bounds = bounds or {}
     names = [s["name"] for s in specs]
     if len(set(names)) != len(names):
         return f"{kind} names are not unique"
@@ -175,12 +199,14 @@ def _check_tensors(kind: str, specs: list[dict[str, Any]], max_batch: int) -> st
         shape = spec["shape"]
         if not shape:
             return f"{label} has no batch dimension"
-        if any(d is None for d in shape[1:]):
-            return f"{label} has a dynamic dimension other than the first (the batch)"
+        named = spec.get("dynamic_dims") or {}
+        for d, dim in enumerate(shape[1:], start=1):
+            if dim is None and named.get(str(d)) not in bounds:
+                return f"{label} has a dynamic dimension {d} with no bounded axis in the manifest's axes"
         rows = max_batch if shape[0] is None else shape[0]
         size = rows * _ITEMSIZE[spec["dtype"]]
-        for d in shape[1:]:
-            size *= d
+        for d, dim in enumerate(shape[1:], start=1):
+            size *= dim if dim is not None else bounds[named[str(d)]][0]
         if size > MAX_INPUT_BYTES:
             return f"{label} of shape {shape} takes {size:.3g} bytes at batch {rows}, over the {MAX_INPUT_BYTES >> 30} GiB limit"
         rng = spec.get("range")
@@ -203,7 +229,10 @@ def validate_manifest(manifest: Any, path: Path) -> None:
             "re-run 'scalpel export' rather than editing it."
         ) from None
     inputs, outputs, max_batch = manifest["inputs"], manifest["outputs"], manifest.get("max_batch", 1)
-    problem = _check_tensors("inputs", inputs, max_batch) or _check_tensors("outputs", outputs, max_batch)
+    bounds = axis_bounds(manifest)
+    problem = _check_tensors("inputs", inputs, max_batch, bounds) or _check_tensors(
+        "outputs", outputs, max_batch, bounds
+    )
     if problem is None:
         batches = {s["shape"][0] for s in inputs}
         if len(batches) > 1 and None in batches:
@@ -217,6 +246,13 @@ def validate_manifest(manifest: Any, path: Path) -> None:
                 break
     if problem is not None:
         raise UsageError(f"{path} is not a valid bundle manifest: {problem}; re-run 'scalpel export'.")
+    from torchscalpel.ship.preprocess import check_spec, is_spec
+
+    if is_spec(manifest.get("preprocessing")):
+        try:
+            check_spec(manifest["preprocessing"], [s["name"] for s in inputs])
+        except UsageError as exc:
+            raise UsageError(f"{path} is not a valid bundle manifest: {exc}") from None
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:

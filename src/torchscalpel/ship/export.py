@@ -25,6 +25,15 @@ import torch
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.record import now_timestamp
 from torchscalpel.ship import bundle as bundle_mod
+from torchscalpel.ship.axes import (
+    AxisPlan,
+    check_opset,
+    example_sizes,
+    export_dims,
+    parse_dynamic,
+    resolve_bounds,
+    runtime_note,
+)
 from torchscalpel.ship.factory import build_model, forward_input_names
 from torchscalpel.ship.latency import measure_latency
 from torchscalpel.ship.parity import ParityCheck, run_parity
@@ -32,11 +41,12 @@ from torchscalpel.ship.runners import (
     OrtRunner,
     Runner,
     TorchRunner,
+    cuda_provider_available,
     exported_runner,
     flatten_outputs,
     torchscript_runner,
 )
-from torchscalpel.ship.specs import ExampleInput, dtype_name, make_batch, parse_examples
+from torchscalpel.ship.specs import ExampleInput, dtype_name, make_batch, parse_examples, with_sizes
 from torchscalpel.ship.weights import LoadedWeights, load_weights
 
 FORMATS = ("onnx", "exported", "torchscript")
@@ -55,7 +65,10 @@ class ExportOptions:
     examples: list[str] = field(default_factory=list)
     formats: tuple[str, ...] = ("onnx", "exported")
     dynamic: str = "batch"
-    """``batch`` (first dim dynamic up to ``max_batch``) or ``none`` (shapes fixed to the example)."""
+    """``batch`` (first dim dynamic up to ``max_batch``), ``none`` (shapes fixed to the example), or named
+    dimensions by position, ``batch,seq`` / ``batch,seq:512`` / ``batch,_,h,w`` (``ship.axes``)."""
+    opset: int | None = None
+    """ONNX opset to write (default: the exporter's); checked against the installed onnx and onnxruntime."""
     max_batch: int = 32
     quantize: str | None = None
     out: Path = Path("bundle")
@@ -63,6 +76,17 @@ class ExportOptions:
     rtol: float | None = None
     output_names: list[str] | None = None
     preprocess: dict[str, Any] | None = None
+    """A declared spec (an object with ``steps``: applied by serve, see ``ship.preprocess``) or free-form
+    metadata for clients (anything else: stored and shown, not applied)."""
+    transform: str | None = None
+    """``[INPUT=]MODULE:NAME``: the training script's evaluation transform, recorded as data (``ship.transforms``)."""
+    raw_example: Path | None = None
+    """Raw samples (a plain .npy, first dim the samples) for the preprocessing parity check."""
+    calibration: Path | None = None
+    """Training samples for ``--quantize int8-static`` (a .npy for one input, a .safetensors naming each)."""
+    layer_diff: bool = False
+    """Compare every layer's output between eager and each ONNX / ``.pt2`` export (always done for a form
+    that fails parity): the first layer beyond tolerance, with statistics (``ship.layerdiff``)."""
     trust: bool = False
     sign_key: Path | None = None
     """HMAC key file: a torchscalpel checkpoint must carry a matching signature (``Checkpointer(sign_key=)``)."""
@@ -76,15 +100,22 @@ class ExportOptions:
             raise UsageError(
                 f"--formats takes a comma list of {', '.join(FORMATS)}; got {','.join(self.formats)!r}."
             )
-        if self.dynamic not in ("batch", "none"):
-            raise UsageError(f"--dynamic takes 'batch' or 'none', not {self.dynamic!r}.")
+        parse_dynamic(self.dynamic)
+        if self.opset is not None:
+            if "onnx" not in self.formats:
+                raise UsageError("--opset sets the ONNX opset; add onnx to --formats, or drop --opset.")
+            check_opset(self.opset)
         if self.max_batch < 1:
             raise UsageError("--max-batch must be at least 1.")
         if self.quantize is not None:
-            if self.quantize != "int8-dynamic":
-                raise UsageError(f"--quantize takes 'int8-dynamic', not {self.quantize!r}.")
+            if self.quantize not in ("int8-dynamic", "int8-static"):
+                raise UsageError(f"--quantize takes 'int8-dynamic' or 'int8-static', not {self.quantize!r}.")
             if "onnx" not in self.formats:
-                raise UsageError("--quantize int8-dynamic quantizes the ONNX export; add onnx to --formats.")
+                raise UsageError(
+                    f"--quantize {self.quantize} quantizes the ONNX export; add onnx to --formats."
+                )
+        if self.calibration is not None and self.quantize != "int8-static":
+            raise UsageError("--calibration feeds --quantize int8-static; add it, or drop --calibration.")
         for flag, value in (("--atol", self.atol), ("--rtol", self.rtol)):
             if value is not None and value < 0:
                 raise UsageError(f"{flag} must not be negative.")
@@ -135,6 +166,7 @@ def _export_one(
     in_names: list[str],
     out_names: list[str],
     out: Path,
+    opset: int | None = None,
 ) -> Path:
     path = out / bundle_mod.ARTIFACT_FILES[fmt]
     with _quiet():
@@ -151,6 +183,7 @@ def _export_one(
                     dynamic_shapes=dyn,
                     input_names=in_names,
                     output_names=out_names,
+                    opset_version=opset,
                 )
             else:
                 traced = torch.jit.trace(model, args, check_trace=False)
@@ -168,13 +201,13 @@ def _to_numpy(tensors: tuple[torch.Tensor, ...]) -> list[np.ndarray]:
     return [t.numpy() for t in tensors]
 
 
-def _input_specs(inputs: list[ExampleInput], names: list[str], dynamic: bool) -> list[dict[str, Any]]:
+def _input_specs(inputs: list[ExampleInput], names: list[str], axes: list[Any]) -> list[dict[str, Any]]:
     return [
         {
             "name": n,
             "dtype": dtype_name(i.dtype),
-            "shape": [None if (dynamic and d == 0) else s for d, s in enumerate(i.shape)],
-            "dynamic_dims": {"0": "batch"} if dynamic else {},
+            "shape": [None if any(a.dim == d for a in axes) else s for d, s in enumerate(i.shape)],
+            "dynamic_dims": {str(a.dim): a.name for a in axes if a.dim < len(i.shape)},
             **({"range": [i.low, i.high]} if not i.dtype.is_floating_point and i.data is None else {}),
         }
         for n, i in zip(names, inputs, strict=True)
@@ -208,9 +241,19 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     named = [i.name for i in inputs]
     in_names = [n for n in named if n] if all(named) else forward_input_names(model, len(inputs))
 
-    dynamic = opts.dynamic == "batch"
+    from torchscalpel.ship.preparity import resolve
+
+    pre = resolve(
+        transform=opts.transform,
+        preprocess=opts.preprocess,
+        in_names=in_names,
+        shapes={n: i.shape for n, i in zip(in_names, inputs, strict=True)},
+    )
+    axes = parse_dynamic(opts.dynamic)
+    dynamic = bool(axes)
     example_batch = inputs[0].shape[0]
     export_batch = 2 if dynamic else example_batch  # batch 1 invites 0/1 specialization in torch.export
+    examples = example_sizes(axes, [i.shape for i in inputs])
     args = make_batch(inputs, export_batch, opts.seed)
     try:
         with torch.inference_mode():
@@ -234,10 +277,10 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
 
     save_model(model, str(opts.out / bundle_mod.ARTIFACT_FILES["weights"]))
     artifacts = {"weights": bundle_mod.ARTIFACT_FILES["weights"]}
-    dyn: Any = None
-    if dynamic:
-        batch_dim = torch.export.Dim("batch", min=1, max=max(opts.max_batch, 2))
-        dyn = tuple({0: batch_dim} for _ in inputs)
+    plans: list[AxisPlan] = (
+        resolve_bounds(model, args, axes, examples, opts.max_batch) if len(axes) > 1 else []
+    )
+    dyn: Any = export_dims(axes, plans, [len(i.shape) for i in inputs], opts.max_batch)
 
     eager = TorchRunner(model, "eager")
     runners: list[Runner] = []
@@ -247,7 +290,7 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         # model's export ran for minutes without a word
         log(f"exporting {fmt} ...")
         t0 = time.perf_counter()
-        path = _export_one(fmt, model, args, dyn, in_names, out_names, opts.out)
+        path = _export_one(fmt, model, args, dyn, in_names, out_names, opts.out, opts.opset)
         export_s[fmt] = round(time.perf_counter() - t0, 3)
         artifacts[fmt] = path.name
         with _quiet():
@@ -258,6 +301,10 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
                 if fmt == "exported"
                 else torchscript_runner(path)
             )
+        if fmt == "onnx" and cuda_provider_available():
+            # the GPU deployment's figures beside the CPU ones: same file, CUDA execution provider
+            with _quiet():
+                runners.append(OrtRunner(path, name="onnx-cuda", threads=1, device="cuda"))
         log(f"wrote {fmt + ':':<12} {path} ({export_s[fmt]:.1f} s)")  # not "exported exported"
 
     sizes = (
@@ -268,13 +315,40 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     batches = {s: _to_numpy(make_batch(inputs, s, opts.seed + 1)) for s in sizes}
     log(f"parity: {len(runners)} format(s) vs eager at batch {', '.join(map(str, sizes))} ...")
     checks = run_parity(eager, runners, batches, out_names, (opts.atol, opts.rtol))
+    out_dims = _output_dims(eager, inputs, plans, opts.seed)
+    for plan in plans:  # every other size of each named axis, at one batch, the others at their example size
+        batch = min(7, opts.max_batch)
+        others = [s for s in plan.checked if s != plan.example]
+        log(f"parity: {plan.name} at {', '.join(map(str, others))} (batch {batch}) ...")
+        for size in others:
+            varied = [with_sizes(i, {plan.dim: size}) for i in inputs]
+            found = run_parity(
+                eager,
+                runners,
+                {batch: _to_numpy(make_batch(varied, batch, opts.seed + 3))},
+                out_names,
+                (opts.atol, opts.rtol),
+            )
+            for c in found:
+                c.sizes = f"{plan.name}={size}"
+            checks.extend(found)
+    pre_summary = None
+    if pre.spec is not None:
+        pre_checks, pre_summary = _preprocess_parity(
+            opts, pre, inputs, in_names, eager, runners, out_names, dynamic, log
+        )
+        checks.extend(pre_checks)
+
+    diffs = _layer_diffs(opts, model, checks, artifacts, batches, log)
 
     # Timings run single-threaded: torch's OpenMP pool and onnxruntime's pool in one process fight
     # over the cores (measured: eager batch 1 went from 0.12 ms to 20 ms on 2 shared cores).
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        quant, latency = _quantize_and_time(opts, eager, runners, batches, sizes, artifacts, checks, log)
+        quant, latency = _quantize_and_time(
+            opts, eager, runners, batches, sizes, artifacts, checks, log, inputs, in_names
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -299,18 +373,25 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
             "weights_loading": loaded.to_dict() if loaded else None,
             "parameters": sum(p.numel() for p in model.parameters()),
         },
-        "inputs": _input_specs(inputs, in_names, dynamic),
+        "inputs": _input_specs(inputs, in_names, axes),
         "outputs": [
             {
                 "name": n,
                 "dtype": dtype_name(t.dtype),
-                "shape": [None if (dynamic and d == 0) else s for d, s in enumerate(t.shape)],
+                "shape": [None if (dynamic and d == 0) or d in dims else s for d, s in enumerate(t.shape)],
+                **({"dynamic_dims": {str(d): a for d, a in dims.items()}} if dims else {}),
             }
-            for n, t in zip(out_names, eager_out, strict=True)
+            for n, t, dims in zip(out_names, eager_out, out_dims, strict=True)
         ],
         "max_batch": opts.max_batch if dynamic else example_batch,
         "dynamic": opts.dynamic,
-        "preprocessing": opts.preprocess,
+        "axes": {
+            **({"batch": {"dim": 0, "min": 1, "max": opts.max_batch}} if dynamic else {}),
+            **{p.name: p.to_dict() for p in plans},
+        },
+        "onnx_opset": _onnx_opset(opts.out / artifacts["onnx"]) if "onnx" in artifacts else None,
+        "preprocessing": pre.manifest,
+        "preprocessing_parity": pre_summary,
         "artifacts": artifacts,
         "export_seconds": export_s,
         "latency_threads": 1,
@@ -319,6 +400,7 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
             "batches": sizes,
             "checks": [c.to_dict() for c in checks],
         },
+        "layer_diff": [d.to_dict() for d in diffs] or None,
         "quantization": quant,
         "latency_ms": latency,
     }
@@ -332,6 +414,96 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     return ExportResult(path=opts.out, manifest=manifest, checks=checks)
 
 
+def _layer_diffs(
+    opts: ExportOptions,
+    model: torch.nn.Module,
+    checks: list[ParityCheck],
+    artifacts: dict[str, str],
+    batches: dict[int, list[np.ndarray]],
+    log: Callable[[str], None],
+) -> list[Any]:
+    """Layer diffs of the forms asked for (--layer-diff) or failing parity, on the largest parity batch."""
+    from torchscalpel.ship.layerdiff import layer_diff
+
+    failing = {c.format.removesuffix("+pre") for c in checks if not c.passed}
+    forms = [f for f in opts.formats if f in artifacts and (opts.layer_diff or f in failing)]
+    if not forms:
+        return []
+    inputs = batches[max(batches)]
+    log(f"layer diff: {', '.join(forms)} vs eager, layer by layer at batch {max(batches)} ...")
+    diffs = []
+    for fmt in forms:
+        with _quiet():
+            diff = layer_diff(model, fmt, opts.out / artifacts[fmt], inputs, (opts.atol, opts.rtol))
+        log(diff.describe())
+        diffs.append(diff)
+    return diffs
+
+
+def _output_dims(
+    eager: Runner, inputs: list[ExampleInput], plans: list[AxisPlan], seed: int
+) -> list[dict[int, str]]:
+    """Per output, the dimensions (besides the batch) that follow a named axis: their size changes with it."""
+    base = eager(_to_numpy(make_batch(inputs, 2, seed)))
+    dims: list[dict[int, str]] = [{} for _ in base]
+    for plan in plans:
+        other = plan.max if plan.max != plan.example else 1
+        got = eager(_to_numpy(make_batch([with_sizes(i, {plan.dim: other}) for i in inputs], 2, seed)))
+        for k, (a, b) in enumerate(zip(base, got, strict=True)):
+            for d in range(1, min(a.ndim, b.ndim)):
+                if a.shape[d] != b.shape[d]:
+                    dims[k][d] = plan.name
+    return dims
+
+
+def _onnx_opset(path: Path) -> dict[str, Any]:
+    """The default-domain opset the ONNX file declares, and the onnxruntime releases that run it."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return {"opset": opset, "runs_on": runtime_note(opset) if opset else None}
+
+
+def _preprocess_parity(
+    opts: ExportOptions,
+    pre: Any,
+    inputs: list[ExampleInput],
+    in_names: list[str],
+    eager: Runner,
+    runners: list[Runner],
+    out_names: list[str],
+    dynamic: bool,
+    log: Callable[[str], None],
+) -> tuple[list[ParityCheck], dict[str, Any]]:
+    """Raw samples through the training transform + eager and through the recorded spec + every export."""
+    from torchscalpel.ship.preparity import raw_samples, run_preprocess_parity
+
+    spec = pre.spec
+    index = in_names.index(spec["input"])
+    samples = raw_samples(spec, opts.raw_example, inputs[index].shape, opts.seed)
+    if not dynamic:  # a fixed-batch export takes exactly its batch
+        want = inputs[0].shape[0]
+        samples = (samples * (-(-want // len(samples))))[:want]
+    else:
+        samples = samples[: opts.max_batch]
+    others = dict(zip(in_names, _to_numpy(make_batch(inputs, len(samples), opts.seed + 2)), strict=True))
+    log(
+        f"parity: {len(samples)} raw sample(s) through the training transform and the recorded preprocessing ..."
+    )
+    return run_preprocess_parity(
+        pre,
+        samples,
+        in_names,
+        others,
+        eager,
+        runners,
+        out_names,
+        (opts.atol, opts.rtol),
+        others[spec["input"]].dtype,
+    )
+
+
 def _quantize_and_time(
     opts: ExportOptions,
     eager: Runner,
@@ -341,9 +513,13 @@ def _quantize_and_time(
     artifacts: dict[str, str],
     checks: list[ParityCheck],
     log: Callable[[str], None],
+    inputs: list[ExampleInput],
+    in_names: list[str],
 ) -> tuple[dict[str, Any] | None, dict[str, dict[str, float]]]:
     """Optional int8 quantization (only after parity passed) and latency of every form."""
     quant: dict[str, Any] | None = None
+    if opts.quantize == "int8-static" and checks and all(c.passed for c in checks):
+        return _static_int8(opts, eager, runners, batches, sizes, artifacts, log, inputs, in_names)
     if opts.quantize and checks and all(c.passed for c in checks):
         from torchscalpel.ship.quantize import evaluate, quantize_onnx
 
@@ -365,6 +541,108 @@ def _quantize_and_time(
     log(f"latency: timing {len(runners) + 1} form(s) at batch {', '.join(map(str, timed))} ...")
     latency = {str(s): measure_latency([eager, *runners], batches[s]) for s in timed}
     return quant, latency
+
+
+def _calibration(opts: ExportOptions, inputs: list[ExampleInput]) -> tuple[list[np.ndarray], str]:
+    """Calibration rows per input: --calibration, else the --example files' rows, else random rows (said so)."""
+    from torchscalpel.ship.specs import parse_example
+
+    if opts.calibration is not None:
+        found = parse_example(str(opts.calibration))
+        if len(found) != len(inputs) or any(f.data is None for f in found):
+            raise UsageError(
+                f"--calibration {opts.calibration} holds {len(found)} array(s); the model takes {len(inputs)} inputs "
+                "(a .npy for one input, a .safetensors naming each)."
+            )
+        return [
+            f.data.numpy() for f in found if f.data is not None
+        ], f"{opts.calibration.name} (--calibration)"
+    if all(i.data is not None for i in inputs):
+        return [i.data.numpy() for i in inputs if i.data is not None], "the --example files' rows"
+    rows = _to_numpy(make_batch(inputs, 64, opts.seed + 5))
+    return rows, "64 random rows (no training samples given: pass --calibration for real activation ranges)"
+
+
+def _static_int8(
+    opts: ExportOptions,
+    eager: Runner,
+    runners: list[Runner],
+    batches: dict[int, list[np.ndarray]],
+    sizes: list[int],
+    artifacts: dict[str, str],
+    log: Callable[[str], None],
+    inputs: list[ExampleInput],
+    in_names: list[str],
+) -> tuple[dict[str, Any], dict[str, dict[str, float]]]:
+    """Calibrated int8 (QDQ), in the latency table beside fp32, kept only when faster at every timed batch and
+    within the int8 tolerance of eager; the manifest says which, and why."""
+    from torchscalpel.ship.parity import INT8_TOLERANCE, compare
+    from torchscalpel.ship.quantize import QuantReport, calibration_batches, quantize_static_onnx
+
+    rows, source = _calibration(opts, inputs)
+    qpath = opts.out / bundle_mod.ARTIFACT_FILES["onnx_int8"]
+    log(
+        f"int8: calibrating on {rows[0].shape[0]} row(s) from {source.split(' (')[0]} and quantizing (int8-static) ..."
+    )
+    quantize_static_onnx(opts.out / artifacts["onnx"], qpath, calibration_batches(rows), in_names)
+    int8 = OrtRunner(qpath, name="onnx-int8", threads=1)
+    max_abs, agree, total, within = 0.0, 0, 0, True
+    for size, batch in batches.items():
+        want, got = eager(batch), int8(batch)
+        names = [f"output_{i}" for i in range(len(want))]
+        for c in compare("onnx-int8", size, names, want, got, INT8_TOLERANCE):
+            within = within and c.passed
+            max_abs = max(max_abs, c.max_abs)
+        if want[0].ndim == 2 and want[0].shape[1] > 1:
+            agree += int(np.sum(np.argmax(want[0], -1) == np.argmax(got[0], -1)))
+            total += want[0].shape[0]
+    timed = sorted({sizes[0], sizes[-1]})
+    log(f"latency: timing {len(runners) + 2} form(s) at batch {', '.join(map(str, timed))} ...")
+    latency = {str(s): measure_latency([eager, *runners, int8], batches[s]) for s in timed}
+    speedups = {b: round(row["onnx"] / max(row["onnx-int8"], 1e-9), 3) for b, row in latency.items()}
+    faster = all(v > 1.0 for v in speedups.values())
+    kept = faster and within
+    reason = (
+        "faster than fp32 ONNX at every timed batch and within the int8 tolerance"
+        if kept
+        else "; ".join(
+            r
+            for r in (
+                "" if faster else "not faster than fp32 ONNX at every timed batch",
+                ""
+                if within
+                else f"outside the int8 tolerance (atol {INT8_TOLERANCE[0]:g}, rtol {INT8_TOLERANCE[1]:g})",
+            )
+            if r
+        )
+    )
+    big = str(timed[-1])
+    report = QuantReport(
+        method="int8-static",
+        file=qpath.name,
+        max_abs_error=max_abs,
+        top1_agreement=(agree / total) if total else None,
+        latency_ms_fp32=latency[big]["onnx"],
+        latency_ms_int8=latency[big]["onnx-int8"],
+        speedup=speedups[big],
+        batch=int(big),
+        parity_passed=within,
+        speedups=speedups,
+        kept=kept,
+        reason=reason,
+        calibration=source,
+    )
+    del int8
+    if kept:
+        artifacts["onnx_int8"] = qpath.name
+    else:
+        qpath.unlink()
+    log(
+        f"int8: {'kept' if kept else 'dropped'} ({reason}): "
+        + ", ".join(f"{v:.2f}x at batch {b}" for b, v in speedups.items())
+        + f", max abs error {max_abs:.3g}"
+    )
+    return report.to_dict(), latency
 
 
 def _tool_version() -> str:

@@ -48,6 +48,8 @@ class ParityCheck:
     rtol: float
     passed: bool
     note: str = ""
+    sizes: str = ""
+    """Sizes of the dynamic dimensions besides the batch, e.g. ``seq=64`` (empty: the example's)."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON form for the manifest."""
@@ -162,6 +164,7 @@ def format_table(checks: Sequence[ParityCheck]) -> str:
     for c in checks:
         lines.append(
             f"{c.format:<12} {c.batch:>5} {c.output:<12} {c.max_abs:>10.3g} {c.max_rel:>10.3g} {c.atol:>8.0e} "
-            f"{c.rtol:>8.0e}  {'ok' if c.passed else 'FAIL'}{'  ' + c.note if c.note else ''}"
+            f"{c.rtol:>8.0e}  {'ok' if c.passed else 'FAIL'}{'  ' + c.sizes if c.sizes else ''}"
+            f"{'  ' + c.note if c.note else ''}"
         )
     return "\n".join(lines)

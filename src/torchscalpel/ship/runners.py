@@ -9,11 +9,54 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from torchscalpel.errors import ScalpelError
+from torchscalpel.errors import ScalpelError, UsageError
+
+DEVICES = ("cpu", "cuda")
+CUDA_MISSING = "CUDA is not available here"
+"""The start of every refusal of ``--device cuda`` on a machine without it (tests match it)."""
+
+
+def ort_providers(device: str) -> list[Any]:
+    """onnxruntime execution providers for ``device``; one sentence when CUDA's is not installed or usable.
+
+    CUDA runs with TF32 off (``use_tf32=0``): parity against fp32 eager is the point, and TF32
+    convolutions and matmuls differ from fp32 by ~1e-3 relative.
+    """
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    if device != "cuda":
+        raise UsageError(f"--device takes {' or '.join(DEVICES)}, not {device!r}.")
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise UsageError(
+            f"{CUDA_MISSING}: onnxruntime {ort.__version__} has no CUDAExecutionProvider (install "
+            "onnxruntime-gpu on a machine with an NVIDIA GPU), or serve with --device cpu."
+        )
+    return [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+
+
+def cuda_provider_available() -> bool:
+    """True when onnxruntime has the CUDA execution provider (export then adds ``onnx-cuda`` to parity and latency)."""
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def torch_device(device: str) -> str:
+    """``device`` for the torch backend; one sentence when CUDA is asked for and torch cannot see a GPU."""
+    if device not in DEVICES:
+        raise UsageError(f"--device takes {' or '.join(DEVICES)}, not {device!r}.")
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"{CUDA_MISSING}: torch {torch.__version__} sees no GPU; serve with --device cpu.")
+    return device
+
 
 if TYPE_CHECKING:  # torch is imported lazily: serving an ONNX bundle never loads it
     import torch
@@ -43,15 +86,16 @@ def flatten_outputs(out: object) -> list[torch.Tensor]:
 class TorchRunner:
     """Runs an ``nn.Module`` (eager, an ExportedProgram's module, or a TorchScript module)."""
 
-    def __init__(self, module: torch.nn.Module, name: str) -> None:
-        self.module = module
+    def __init__(self, module: torch.nn.Module, name: str, device: str = "cpu") -> None:
+        self.module = module if device == "cpu" else module.to(device)
         self.name = name
+        self.device = device
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         import torch
 
         with torch.inference_mode():
-            tensors = [torch.from_numpy(np.ascontiguousarray(a)) for a in inputs]
+            tensors = [torch.from_numpy(np.ascontiguousarray(a)).to(self.device) for a in inputs]
             return [t.detach().cpu().numpy() for t in flatten_outputs(self.module(*tensors))]
 
 
@@ -87,11 +131,12 @@ def torchscript_runner(path: Path) -> TorchRunner:
 
 
 class OrtRunner:
-    """Runs an ONNX file in onnxruntime on the CPU execution provider."""
+    """Runs an ONNX file in onnxruntime on the CPU execution provider (or CUDA's, with ``device="cuda"``)."""
 
-    def __init__(self, path: Path, *, name: str = "onnx", threads: int = 0) -> None:
+    def __init__(self, path: Path, *, name: str = "onnx", threads: int = 0, device: str = "cpu") -> None:
         import onnxruntime as ort
 
+        providers = ort_providers(device)
         options = ort.SessionOptions()
         # 0 lets onnxruntime pick; benchmarks pin 1 so runs on shared cores compare fairly.
         options.intra_op_num_threads = threads
@@ -100,7 +145,7 @@ class OrtRunner:
         # Spinning worker threads would steal the cores eager torch and the HTTP loop need.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph types
             raise ScalpelError(f"onnxruntime cannot load {path} ({str(exc).splitlines()[0]}).") from None
         self.input_names = [i.name for i in self.session.get_inputs()]

@@ -70,6 +70,21 @@ class ExampleInput:
         return torch.randint(self.low, self.high, shape, generator=generator).to(self.dtype)
 
 
+def with_sizes(inp: ExampleInput, sizes: dict[int, int]) -> ExampleInput:
+    """``inp`` with other sizes in some non-batch dimensions (a file's rows are cut or tiled along them)."""
+    sizes = {d: n for d, n in sizes.items() if 0 < d < len(inp.shape)}
+    if not sizes:
+        return inp
+    shape = tuple(sizes.get(d, n) for d, n in enumerate(inp.shape))
+    data = inp.data
+    if data is not None:
+        for d, n in sizes.items():
+            reps = -(-n // data.shape[d])
+            data = data.repeat(*[reps if i == d else 1 for i in range(data.dim())]).narrow(d, 0, n)
+        data = data.contiguous()
+    return ExampleInput(name=inp.name, dtype=inp.dtype, shape=shape, low=inp.low, high=inp.high, data=data)
+
+
 def parse_example(spec: str) -> list[ExampleInput]:
     """Parse one ``--example`` value into one input (or several, for a safetensors file)."""
     match = _SPEC.match(spec.strip())
