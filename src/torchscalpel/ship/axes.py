@@ -22,9 +22,6 @@ if TYPE_CHECKING:  # torch is imported when an export runs, not to parse --dynam
 _SLOT = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_]{0,31})(?::(?P<max>[0-9]{1,7}))?$")
 MIN_OPSET = 18
 """The oldest opset torch's dynamo ONNX exporter writes (asked for 17, it writes 18)."""
-ORT_FIRST_RELEASE = {18: "1.14", 19: "1.15", 20: "1.17", 21: "1.18", 22: "1.21", 23: "1.23"}
-"""Opset -> the first onnxruntime release that implements it (onnxruntime's compatibility matrix); newer
-opsets are checked against the installed onnxruntime only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +82,14 @@ def check_opset(opset: int) -> None:
 
 
 def runtime_note(opset: int) -> str:
-    """The onnxruntime releases that run ``opset`` (for the manifest and the log)."""
-    first = ORT_FIRST_RELEASE.get(opset)
+    """Which onnxruntime runs ``opset``, as far as this machine shows it (for the manifest and the log): the installed
+    release, probed. Older releases are not named: which opset each implements is onnxruntime's own compatibility
+    table, and a figure typed here unchecked would be a guess."""
+    import onnxruntime
+
     return (
-        f"onnxruntime {first} or newer"
-        if first
-        else "onnxruntime newer than 1.23 (checked on the installed one)"
+        f"runs on the installed onnxruntime {onnxruntime.__version__} (checked); for an older runtime see "
+        "onnxruntime's compatibility table (docs/reference/compatibility)"
     )
 
 
