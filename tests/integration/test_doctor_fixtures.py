@@ -328,6 +328,7 @@ def _competing_cpu_load():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # every positive fixture once more, one after another, on a CPU it shares
 def test_every_planted_bug_is_found_while_the_cpu_is_loaded() -> None:
     """Rules decide on step counts and same-step shares, never on time: a busy machine finds the same bugs."""
     missed = {}

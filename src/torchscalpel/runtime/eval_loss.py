@@ -94,9 +94,11 @@ class EvalLossObserver(Observer):
 
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def loss(*args: Any, **kwargs: Any) -> Any:
+                if torch.compiler.is_compiling():  # torch.compile traces the loss alone, never us
+                    return original(*args, **kwargs)
                 out = original(*args, **kwargs)
-                # Training losses (grad on) and nested calls cost one check; torch.compile never sees us.
-                if torch.is_grad_enabled() or observer._depth or torch.compiler.is_compiling():
+                # Training losses (grad on) and nested calls cost one check.
+                if torch.is_grad_enabled() or observer._depth:
                     return out
                 observer._depth += 1
                 try:
