@@ -102,6 +102,10 @@ def test_batches_of_one_class_fire_and_mixed_batches_do_not() -> None:
     found = doctor_of(lambda: train_steps(nn.Linear(6, 5), zip(x, one, strict=True)))
     (f,) = [f for f in found if f.rule == "batch-one-class"]
     assert "0, 1, 2" in f.evidence[0]
+    rare = torch.zeros(5, 16, dtype=torch.long)  # a binary task whose positives are rare: no finding
+    assert "batch-one-class" not in slugs(
+        doctor_of(lambda: train_steps(nn.Linear(6, 2), zip(x, rare, strict=True)))
+    )
     mixed = torch.randint(0, 5, (5, 16))
     assert "batch-one-class" not in slugs(
         doctor_of(lambda: train_steps(nn.Linear(6, 5), zip(x, mixed, strict=True)))

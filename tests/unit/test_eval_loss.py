@@ -132,6 +132,12 @@ def test_judge_tells_overfitting_oscillation_and_plateau_apart(values, train, sl
     assert (verdict.slug if verdict else None) == slug
 
 
+def test_a_pass_after_every_step_is_no_evaluation_schedule_to_judge() -> None:
+    noisy = [0.59, 0.58, 0.53, 0.87, 0.48, 0.57, 0.63, 0.76, 0.52, 0.53, 0.55, 0.47]
+    assert judge(_curve(noisy, every=2), FALLING_TRAIN) is not None
+    assert judge(_curve(noisy, every=1), FALLING_TRAIN) is None  # a teacher's or a logged no-grad loss
+
+
 def test_too_few_passes_is_no_verdict_whatever_the_curve() -> None:
     rising = [0.5, 0.6, 0.8, 1.2, 2.0, 3.0][: MIN_PASSES - 1]
     assert judge(_curve(rising), FALLING_TRAIN) is None

@@ -13,8 +13,9 @@ run, the first that holds in this order:
 - plateau: the last passes (half the curve, at least three) are flat within :data:`FLAT` and none improves
   on the best before them by more than :data:`GAIN`.
 
-A pass with far fewer loss calls than the others (Lightning's two-batch sanity check before training)
-is not a point of the curve (:func:`usable_passes`).
+Passes after every training step (a median gap under :data:`MIN_GAP`) get no verdict either: that is a
+no-grad loss inside the training loop, not an evaluation. A pass with far fewer loss calls than the others
+(Lightning's two-batch sanity check before training) is not a point of the curve (:func:`usable_passes`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ PLATEAU = "val-loss-plateau"
 
 MIN_PASSES = 5
 """Usable evaluation passes below which no verdict is given."""
+MIN_GAP = 2
+"""Median training steps between passes below which no verdict is given: a "pass" after every step is a
+no-grad loss inside the training loop (a frozen teacher's, a logged metric), not an evaluation schedule."""
 RISE = 0.10
 """Overfitting: the validation loss ends this share above its best."""
 TRAIN_FALL = 0.10
@@ -75,6 +79,8 @@ def judge(passes: Sequence[tuple[int, float]], train: Sequence[tuple[int, float]
     if len(passes) < MIN_PASSES:
         return None
     steps = [s for s, _ in passes]
+    if statistics.median(b - a for a, b in pairwise(steps)) < MIN_GAP:
+        return None
     losses = [v for _, v in passes]
     best_at = min(range(len(losses)), key=losses.__getitem__)
     best, last = losses[best_at], losses[-1]

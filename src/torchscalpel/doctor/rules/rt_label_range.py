@@ -9,9 +9,10 @@ call's ``ignore_index`` (-100 by default: padding) are not labels.
 
 - ``label-out-of-range``: a label below 0 or at or above the number of classes the model outputs (the
   class dimension of the loss's input);
-- ``batch-one-class``: each of the first :data:`ONE_CLASS_BATCHES` or more training batches of at least
-  :data:`MIN_LABELS` labels holds a single class (a dataset sorted by class and read in order, or labels
-  that were all set to one value).
+- ``batch-one-class``: each of the first :data:`ONE_CLASS_BATCHES` training batches of at least
+  :data:`MIN_LABELS` labels holds a single class, and either other classes appear in the batches read after
+  them (a dataset sorted by class and read in order) or the model has 3 or more outputs (labels all set to
+  one value); a binary task whose rare class is missing from the first batches is not reported.
 """
 
 from __future__ import annotations
@@ -73,7 +74,10 @@ class LabelChecks(RuntimeRule):
         self.checked = 0
         self.out_of_range: _Range | None = None
         self.one_class: list[int] = []
-        """The class of each training batch read, None-free: -1 once a batch held several."""
+        """The class of each training batch read (-1 for a batch of several)."""
+        self.seen: set[int] = set()
+        """Labels seen over the training batches read (the first 16)."""
+        self.width = 0
         self.labels = 0
         self.one_class_location: Location | None = None
         self._batch: Location | None = None
@@ -119,6 +123,9 @@ class LabelChecks(RuntimeRule):
             return
         self.labels = max(self.labels, labels.numel())
         self.one_class.append(low if low == high else -1)
+        self.width = width
+        if len(self.seen) < 16:
+            self.seen.update(int(v) for v in torch.unique(labels)[:16])
         if self.one_class_location is None:
             self.one_class_location = self._batch or user_location()
 
@@ -126,7 +133,10 @@ class LabelChecks(RuntimeRule):
         if self.out_of_range is not None:
             yield _range_finding(self.out_of_range)
         first = self.one_class[:ONE_CLASS_BATCHES]
-        if len(first) == ONE_CLASS_BATCHES and all(c >= 0 for c in first):
+        # Sorted data shows other classes later; a multi-class head seeing one label is degenerate too. A binary
+        # task whose rare class is missing from a few batches (fraud, anomalies) is neither.
+        degenerate = len(self.seen) >= 2 or self.width >= 3
+        if len(first) == ONE_CLASS_BATCHES and all(c >= 0 for c in first) and degenerate:
             yield _one_class_finding(first, self.labels, self.one_class_location)
 
 
