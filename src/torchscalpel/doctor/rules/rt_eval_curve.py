@@ -17,7 +17,7 @@ from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule
 from torchscalpel.findings import Finding, Location, Severity
-from torchscalpel.sections import EvalSection
+from torchscalpel.sections import EvalSection, SitesSection
 
 OVERFITTING = RuleInfo(
     slug=eval_curve.OVERFITTING,
@@ -58,10 +58,43 @@ class EvalCurve(RuntimeRule):
             return
         site = section.site or {}
         location = Location(file=site["file"], line=site["line"]) if site.get("file") else None
-        yield _finding(verdict, location)
+        yield _finding(verdict, location, _framework(record))
 
 
-def _finding(verdict: Verdict, location: Location | None) -> Finding:
+def _framework(record: Any) -> str | None:
+    """``lightning`` or ``transformers`` when that library stepped the optimizer (its loop runs the training),
+    else None: the fix is then written for a plain loop."""
+    sites = record.section(SitesSection)
+    if sites is None:
+        return None
+    for site in [sites.step, sites.backward, *sites.optimizers]:
+        library = str((site or {}).get("library") or "")
+        for name in ("lightning", "pytorch_lightning", "transformers"):
+            if library == name or library.startswith(name + "."):
+                return "transformers" if name == "transformers" else "lightning"
+    return None
+
+
+_EARLY_STOPPING = {
+    "lightning": "from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint\n"
+    'trainer = L.Trainer(..., callbacks=[EarlyStopping(monitor="val_loss", patience=3),\n'
+    '                                    ModelCheckpoint(monitor="val_loss")])  # validation_step: self.log("val_loss", loss)\n'
+    "# and regularise: weight_decay in configure_optimizers, dropout, more data",
+    "transformers": "from transformers import EarlyStoppingCallback\n"
+    'args = TrainingArguments(..., load_best_model_at_end=True, metric_for_best_model="eval_loss",\n'
+    '                         eval_strategy="steps", save_strategy="steps", weight_decay=0.01)\n'
+    "trainer = Trainer(..., args=args, callbacks=[EarlyStoppingCallback(early_stopping_patience=3)])",
+}
+_EARLY_STOPPING_PLAIN = (
+    "# keep the weights of the best evaluation (early stopping) and regularise:\n"
+    "if val_loss < best_val:\n"
+    "    best_val = val_loss\n"
+    '    torch.save(model.state_dict(), "best.pt")\n'
+    "optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)  # + dropout, more data"
+)
+
+
+def _finding(verdict: Verdict, location: Location | None, framework: str | None) -> Finding:
     """The one place this module builds its findings."""
     f = verdict.figures
     where = f"evaluation loss computed at {fmt_loc(location)}"
@@ -77,12 +110,7 @@ def _finding(verdict: Verdict, location: Location | None) -> Finding:
                 f"training loss over the same stretch: {f['train_best']:.4g} -> {f['train_last']:.4g}",
                 where,
             ],
-            fix="# keep the weights of the best evaluation (early stopping) and regularise:\n"
-            "if val_loss < best_val:\n"
-            "    best_val = val_loss\n"
-            '    torch.save(model.state_dict(), "best.pt")\n'
-            "optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)  # + dropout, more data\n"
-            "# Lightning: EarlyStopping(monitor='val_loss'); HF Trainer: EarlyStoppingCallback + load_best_model_at_end",
+            fix=_EARLY_STOPPING.get(framework or "", _EARLY_STOPPING_PLAIN),
             location=location,
         )
     if verdict.slug == OSCILLATING.slug:
