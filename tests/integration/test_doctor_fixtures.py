@@ -448,7 +448,9 @@ def test_validation_curve_verdicts_are_written_for_the_scripts_framework() -> No
     (p,) = [f for f in plain if f.rule == "val-loss-overfitting"]
     (q,) = [f for f in lit if f.rule == "val-loss-overfitting"]
     assert "best.pt" in p.fix and "EarlyStopping(monitor=" in q.fix
-    assert p.location is not None and p.location.line == 31  # total += criterion(model(xb), yb).item() * len(yb)
+    assert (
+        p.location is not None and p.location.line == 31
+    )  # total += criterion(model(xb), yb).item() * len(yb)
     # Lightning's sanity check adds a pass before the first step; every epoch adds one after it
     lit_passes = lit_record.sections["eval"]["passes"]
     assert lit_passes[0]["step"] == 0 and [x["step"] for x in lit_passes[1:4]] == [3, 6, 9]
