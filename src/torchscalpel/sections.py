@@ -711,6 +711,29 @@ class BatchSection(StageSection):
 
 
 @dataclass(kw_only=True, slots=True)
+class EvalSection(StageSection):
+    """``sections["eval"]``: the loss of each evaluation pass (:mod:`torchscalpel.runtime.eval_loss`), what the
+    validation curve, its verdicts (doctor's ``val-loss-*`` rules) and the trackers' ``eval/loss`` read."""
+
+    KEY: ClassVar[str] = "eval"
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        "passes": rows(
+            {"step": required(COUNT), "loss": LOSS, "batches": required(COUNT)},
+            needs=("step", "loss", "batches"),
+        ),
+        "site": obj({"file": required(PATH), "line": required(LINE)}, needs=("file", "line")),
+    }
+
+    passes: list[dict[str, Any]] = field(default_factory=list)
+    """One per evaluation pass, in run order: ``step`` (training steps done before it), ``loss`` (the mean of its
+    loss calls; None when not finite), ``batches`` (loss calls averaged)."""
+    functions: list[str] = field(default_factory=list)
+    """The ``torch.nn.functional`` losses the evaluation called."""
+    site: dict[str, Any] | None = None
+    """``file`` and ``line`` of the first evaluation loss in the user's code."""
+
+
+@dataclass(kw_only=True, slots=True)
 class SitesSection(StageSection):
     """``sections["sites"]``: where the run built its optimizers, DataLoaders and model and called forward
     and backward (:class:`torchscalpel.runtime.sites.SitesObserver`); what ``scalpel fix`` edits.
@@ -931,6 +954,7 @@ SECTION_CHECKS: dict[str, Check] = {
             LrSection,
             BatchSection,
             SitesSection,
+            EvalSection,
         )
     },
     "memory": _memory,

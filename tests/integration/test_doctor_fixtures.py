@@ -328,6 +328,7 @@ def _competing_cpu_load():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # every positive fixture once more, one after another, on a CPU it shares
 def test_every_planted_bug_is_found_while_the_cpu_is_loaded() -> None:
     """Rules decide on step counts and same-step shares, never on time: a busy machine finds the same bugs."""
     missed = {}
@@ -437,3 +438,35 @@ def test_ddp_accumulation_reports_the_bytes_all_reduced_for_nothing() -> None:
 def test_super_init_missing_replaces_the_crash_it_explains() -> None:
     record, findings = run(FIXTURES / "super_init_missing.py")
     assert record.status == "failed" and [f.rule for f in findings] == ["super-init-missing"]
+
+
+def test_validation_curve_verdicts_are_written_for_the_scripts_framework() -> None:
+    """The overfitting fix is early stopping in the script's own idiom: a plain loop keeps the best weights by
+    hand, Lightning gets its EarlyStopping callback (the same curve, recorded through Lightning's validation)."""
+    plain_record, plain = run(FIXTURES / "val_loss_overfitting.py")
+    lit_record, lit = run(FIXTURES / "val_loss_overfitting_lightning.py")
+    (p,) = [f for f in plain if f.rule == "val-loss-overfitting"]
+    (q,) = [f for f in lit if f.rule == "val-loss-overfitting"]
+    assert "best.pt" in p.fix and "EarlyStopping(monitor=" in q.fix
+    assert (
+        p.location is not None and p.location.line == 31
+    )  # total += criterion(model(xb), yb).item() * len(yb)
+    # Lightning's sanity check adds a pass before the first step; every epoch adds one after it
+    lit_passes = lit_record.sections["eval"]["passes"]
+    assert lit_passes[0]["step"] == 0 and [x["step"] for x in lit_passes[1:4]] == [3, 6, 9]
+    assert [x["step"] for x in plain_record.sections["eval"]["passes"][:3]] == [3, 6, 9]
+
+
+def test_train_in_eval_mode_points_at_the_evaluations_model_eval() -> None:
+    for name in ("train_in_eval_mode.py", "train_in_eval_mode_accelerate.py"):
+        _, findings = run(FIXTURES / name)
+        (f,) = [f for f in findings if f.rule == "train-in-eval-mode"]
+        line = (FIXTURES / name).read_text().splitlines()[f.location.line - 1]
+        assert line.strip() == "model.eval()", (name, line)
+
+
+def test_hf_trainer_evaluation_loss_is_recorded_per_evaluation() -> None:
+    record, _ = run(FIXTURES / "clean_hf_trainer_eval.py")
+    passes = record.sections["eval"]["passes"]
+    assert [p["step"] for p in passes] == [5, 10, 15, 20, 25, 30]
+    assert all(p["batches"] == 2 for p in passes) and passes[-1]["loss"] < passes[0]["loss"]

@@ -18,18 +18,22 @@ from torchscalpel.doctor.rules import (
     loop_static,
     model_static,
     rt_amp,
+    rt_batch_values,
     rt_checkpoint,
     rt_data,
     rt_dist,
     rt_dist_accum,
+    rt_eval_curve,
     rt_grads,
     rt_graph,
+    rt_label_range,
     rt_loss,
     rt_model,
     rt_numerics,
     rt_optim,
     rt_perf,
     rt_run,
+    rt_train_in_eval,
 )
 from torchscalpel.doctor.runtime_rules import RuntimeRule
 from torchscalpel.doctor.sanity import OverfitOneBatch
@@ -55,10 +59,14 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     rt_graph.LossGraphRetained,
     rt_graph.EvalInTrainMode,
     rt_graph.EvalWithoutNoGrad,
+    rt_train_in_eval.TrainInEvalMode,
     rt_data.TrainLoaderNotShuffled,
     rt_loss.SoftmaxBeforeCrossEntropy,
     rt_loss.LossTaskMismatch,
     accum_static.AccumulatedLossNotDividedStatic,
+    # Data
+    rt_batch_values.BatchValues,
+    rt_label_range.LabelChecks,
     # Numerics
     rt_numerics.NanLoss,
     rt_numerics.LossDiverging,
@@ -66,6 +74,7 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     rt_grads.GradNorms,
     rt_grads.NoUpdate,
     OverfitOneBatch,
+    rt_eval_curve.EvalCurve,
     # Mixed precision
     rt_amp.ClipBeforeUnscale,
     rt_amp.ScalerSkippedSteps,

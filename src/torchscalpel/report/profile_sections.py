@@ -5,6 +5,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
+from torchscalpel.doctor import eval_curve
 from torchscalpel.record import PHASES, RunRecord
 from torchscalpel.report import charts
 from torchscalpel.report.page import Section, table
@@ -23,7 +24,7 @@ from torchscalpel.report.profile_terminal import (
     window_step_us,
 )
 from torchscalpel.runtime.run_notes import how_it_stopped
-from torchscalpel.sections import TraceSection
+from torchscalpel.sections import EvalSection, TraceSection
 from torchscalpel.units import fmt_bytes
 
 
@@ -219,7 +220,10 @@ def _steps(record: RunRecord) -> Section:
 def _loss_and_memory(record: RunRecord) -> Section:
     xs = [s.index for s in record.steps]
     parts = []
-    if any(s.loss is not None for s in record.steps):
+    evaluation = record.section(EvalSection)
+    if evaluation is not None and evaluation.passes:
+        parts.append(_loss_with_validation(record, evaluation))
+    elif any(s.loss is not None for s in record.steps):
         parts.append(
             "<h3>Loss</h3>"
             + charts.lines(
@@ -240,6 +244,46 @@ def _loss_and_memory(record: RunRecord) -> Section:
     return Section(
         id="loss-memory", title="Loss and memory", body="".join(parts) or "<p>No loss or memory data.</p>"
     )
+
+
+VERDICT_WORDS = {
+    eval_curve.OVERFITTING: "overfitting: the validation loss rose from its best while the training loss kept falling "
+    "(keep the best evaluation's weights; regularise)",
+    eval_curve.OSCILLATING: "oscillating: the validation loss jumps up and down between evaluations (a learning rate "
+    "too high, or an evaluation set too small)",
+    eval_curve.PLATEAU: "plateau: the validation loss stopped improving over the last evaluations (decay the "
+    "learning rate, or stop early)",
+}
+"""What the page says beside the validation curve for each verdict of :func:`torchscalpel.doctor.eval_curve.judge`."""
+
+
+def _loss_with_validation(record: RunRecord, evaluation: EvalSection) -> str:
+    """The training loss per step with the loss of each evaluation pass (at the step count it ran after), and
+    the curve's verdict; a curve too short to judge says so."""
+    passes = {int(p["step"]): p["loss"] for p in evaluation.passes if p.get("loss") is not None}
+    train = {s.index: s.loss for s in record.steps}
+    xs = sorted(set(train) | set(passes))
+    chart = charts.lines(
+        "loss",
+        xs,
+        {"training": [train.get(x) for x in xs], "validation": [passes.get(x) for x in xs]},
+        y_title="loss (the script's own; validation: mean per evaluation pass)",
+    )
+    usable = eval_curve.usable_passes(evaluation.passes)
+    measured = [(s.index, float(s.loss)) for s in record.steps if isinstance(s.loss, int | float)]
+    verdict = eval_curve.judge(usable, measured)
+    if verdict is not None:
+        said = f"Validation curve: {VERDICT_WORDS[verdict.slug]}."
+    elif len(usable) < eval_curve.MIN_PASSES:
+        said = (
+            f"{len(usable)} evaluation pass(es): too few to judge the curve "
+            f"(overfitting, plateau and oscillation need {eval_curve.MIN_PASSES})."
+        )
+    else:
+        said = (
+            f"Validation curve over {len(usable)} evaluation passes: no overfitting, plateau or oscillation."
+        )
+    return f"<h3>Loss</h3>{chart}<p>{escape(said)}</p>"
 
 
 def _top_ops(record: RunRecord) -> Section:

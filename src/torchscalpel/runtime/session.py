@@ -325,6 +325,7 @@ class Attachment:
         target: dict[str, Any] | None = None,
     ) -> None:
         from torchscalpel.envcheck.facts import collect_facts
+        from torchscalpel.runtime.eval_loss import EvalLossObserver
         from torchscalpel.runtime.module_times import ModuleTimes
         from torchscalpel.runtime.profiler_window import ProfilerWindow
         from torchscalpel.runtime.provenance import ProvenanceObserver
@@ -343,6 +344,7 @@ class Attachment:
         extra.append(
             SitesObserver()
         )  # where the optimizer / DataLoader / model were built: scalpel fix edits there
+        extra.append(EvalLossObserver())  # each evaluation pass's loss: sections["eval"]
         if options.step_scalars:
             extra.append(LearningRateObserver())  # per-step lr for --tensorboard / --mlflow
             extra.append(GradNormObserver())  # the norm clip_grad_norm_ returned, when the script clips

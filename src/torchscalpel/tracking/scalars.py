@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from torchscalpel.record import PHASES, RunRecord
+from torchscalpel.sections import EvalSection
 
 
 def _number(value: Any) -> float | None:
@@ -17,7 +18,8 @@ def _number(value: Any) -> float | None:
 
 def step_scalars(record: RunRecord) -> list[tuple[int, dict[str, float]]]:
     """Per step index: ``step/time_ms``, ``step/<phase>_ms``, ``train/loss``, ``train/samples_per_s``,
-    ``train/lr`` and ``train/grad_norm`` (where a stage recorded them), ``memory/*`` peaks."""
+    ``train/lr`` and ``train/grad_norm`` (where a stage recorded them), ``memory/*`` peaks; ``eval/loss`` at the
+    step count each evaluation pass ran after (``sections["eval"]``)."""
     lr = _per_step(record, "lr")
     grad = _per_step(record, "grad_norm")
     summary = record.summary_view()
@@ -51,7 +53,27 @@ def step_scalars(record: RunRecord) -> list[tuple[int, dict[str, float]]]:
             if v:
                 values[key] = float(v)
         out.append((s.index, values))
-    return out
+    return _with_eval(record, out)
+
+
+def _with_eval(
+    record: RunRecord, out: list[tuple[int, dict[str, float]]]
+) -> list[tuple[int, dict[str, float]]]:
+    """``out`` with ``eval/loss`` added at each evaluation pass's step (a pass after the last step adds an index)."""
+    section = record.section(EvalSection)
+    if section is None:
+        return out
+    by_index = {index: values for index, values in out}
+    for p in section.passes:
+        loss = _number(p.get("loss"))
+        if loss is None:
+            continue
+        step = int(p["step"])
+        if step not in by_index:
+            by_index[step] = {}
+            out.append((step, by_index[step]))
+        by_index[step]["eval/loss"] = loss  # two passes at one step: the later one (TensorBoard keeps one)
+    return sorted(out, key=lambda item: item[0])
 
 
 def _per_step(record: RunRecord, key: str) -> dict[int, Any]:

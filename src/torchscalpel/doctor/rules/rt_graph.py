@@ -280,14 +280,16 @@ class EvalWithoutNoGrad(RuntimeRule):
         )
 
 
-def _training_norm_dropout(module: torch.nn.Module) -> list[str]:
-    """Names of dropout (p > 0) and batch-norm submodules currently in training mode."""
+def norm_dropout_in_mode(module: torch.nn.Module, *, training: bool = True) -> list[str]:
+    """Names of dropout (p > 0) and batch-norm submodules of ``module`` whose mode is ``training``: the
+    modules whose behaviour train/eval mode changes (``eval-in-train-mode`` asks for those still training,
+    ``train-in-eval-mode`` for those left in eval mode)."""
     from torch.nn.modules.batchnorm import _BatchNorm
     from torch.nn.modules.dropout import _DropoutNd
 
     out = []
     for name, m in module.named_modules():
-        if not m.training:
+        if m.training != training:
             continue
         if (isinstance(m, _DropoutNd) and m.p > 0) or isinstance(m, _BatchNorm):
             out.append(f"{name or type(m).__name__} ({type(m).__name__})")
@@ -315,7 +317,7 @@ class EvalInTrainMode(RuntimeRule):
     def on_forward_pre(self, module: torch.nn.Module, args: Any, kwargs: Any, root: bool) -> None:
         if not root or torch.is_grad_enabled():
             return
-        names = _training_norm_dropout(module)
+        names = norm_dropout_in_mode(module)
         if not names:
             return
         self.calls += 1
