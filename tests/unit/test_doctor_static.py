@@ -485,6 +485,18 @@ def test_registry_has_every_contract_slug_once() -> None:
         "fsdp-low-precision-master-weights",
         "fsdp-cpu-offload",
     ]
+    # issue 40: the data, the mode after an evaluation, the validation curve
+    added += [
+        "train-in-eval-mode",
+        "input-not-finite",
+        "input-unnormalised",
+        "batch-constant",
+        "label-out-of-range",
+        "batch-one-class",
+        "val-loss-overfitting",
+        "val-loss-oscillating",
+        "val-loss-plateau",
+    ]
     assert sorted(contract + added) == sorted(RULES)
 
 
