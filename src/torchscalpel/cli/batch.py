@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.tune.batch_finder import BatchOptions
 
     try:
-        options = BatchOptions(sizes=args.sizes, steps=args.steps, warmup=args.warmup)
+        options = BatchOptions.from_args(args)
     except ValueError as exc:
         raise UsageError(f"{exc}.") from None
     target = resolve_target(args, flags="--sizes " + ",".join(map(str, args.sizes)))

@@ -141,15 +141,7 @@ def _plan(
 
         target = resolve_target(args)
         out_dir = Path(args.out or default_run_dir(f"plan-{target.name}"))
-        options = ScriptPlanOptions(
-            optimizer=args.optimizer,
-            precision=args.precision,
-            grad_accum=args.grad_accum,
-            world_size=args.world_size,
-            nodes=args.nodes,
-            checkpointing=args.activation_checkpointing,
-            search_max_batch=not args.no_max_batch,
-        )
+        options = ScriptPlanOptions.from_args(args)
         # the script runs to its first optimizer step before any strategy is simulated: say so in a
         # pipe, or the first seconds show nothing
         note(f"plan: running {target.name} to its first optimizer step ...")

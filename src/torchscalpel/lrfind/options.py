@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torchscalpel.lrfind.sweep import schedule
+from torchscalpel.options import STEP_TIMEOUT_S, StageOptions
 
 DEFAULT_MIN_LR = 1e-7
 DEFAULT_MAX_LR = 10.0
@@ -21,7 +24,7 @@ SMOOTHING = 0.98
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class LrOptions:
+class LrOptions(StageOptions):
     """A range test: ``steps`` optimizer steps from ``min_lr`` to ``max_lr``, exponentially spaced."""
 
     min_lr: float = DEFAULT_MIN_LR
@@ -31,7 +34,7 @@ class LrOptions:
     """The run folder (run.json, report.html); nothing is written when None."""
     name: str = "run"
     step_kind: str = "auto"
-    step_timeout_s: float | None = 600.0
+    step_timeout_s: float | None = STEP_TIMEOUT_S
     divergence_factor: float = DIVERGENCE_FACTOR
     smoothing: float = SMOOTHING
 
@@ -58,3 +61,15 @@ class LrOptions:
             raise ValueError(f"the divergence factor must be above 1, got {self.divergence_factor}")
         if not (0 <= self.smoothing < 1):
             raise ValueError(f"the smoothing must be in [0, 1), got {self.smoothing}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> LrOptions:
+        """The sweep ``scalpel lr``'s parsed flags ask for (``fields``: the run folder and name, once known)."""
+        return cls(
+            min_lr=args.min_lr,
+            max_lr=args.max_lr,
+            steps=args.steps,
+            step_kind=args.step_kind,
+            step_timeout_s=args.step_timeout,
+            **{"name": "lr", **fields},
+        )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from torchscalpel.options import PROFILE_EVENT_BUDGET, STEP_TIMEOUT_S, StageOptions
 from torchscalpel.units import NumberError, parse_int
 
 StepCount = int | Literal["all", "auto"]
@@ -19,24 +20,37 @@ STEP_KINDS = ("auto", "optimizer", "backward", "forward")
 """What delimits a step: ``auto`` (the strongest boundary seen) or one fixed kind."""
 
 
-@dataclass(frozen=True, slots=True)
-class WindowDefaults:
-    """A stage's default run window. The one source of these numbers: the CLI's flag defaults
-    (``--warmup``, ``--steps auto``, ``--profile-steps``) and the in-process API's argument defaults
-    (``torchscalpel.profile`` / ``doctor`` / ``memory``) both read the stage's instance."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepWindow(StageOptions):
+    """A run window: warm-up, measured steps, what a step is, how long to wait for one, and the profiler's
+    share. The one source of these numbers: each stage's instance (:data:`PROFILE_WINDOW`,
+    :data:`MEMORY_WINDOW`, ``doctor.window.DOCTOR_WINDOW``) gives the CLI's flag defaults (``--warmup``,
+    ``--steps auto``, ``--profile-steps``, ``--step-timeout``, ``--profile-budget``) and the in-process API's
+    argument defaults; every options class that runs a script takes its defaults from one. Validated on
+    construction (:func:`check_window`)."""
 
     warmup: int
     """Steps run before measuring."""
-    steps: int
-    """Measured steps of the default window (``--steps auto``)."""
+    steps: int | None
+    """Measured steps of the default window (``--steps auto``); None: until the script ends."""
     profile_steps: int = 0
     """Steps inside the torch.profiler window (profile only)."""
+    step_kind: str = "auto"
+    """What delimits a step (:data:`STEP_KINDS`)."""
+    step_timeout_s: float | None = STEP_TIMEOUT_S
+    """Stop the script when no step has ended this long after its loop started (None: wait forever)."""
+    profile_event_budget: int | None = PROFILE_EVENT_BUDGET
+    """Trace events the profiler window may hold (None: no limit)."""
 
-
-PROFILE_WINDOW = WindowDefaults(warmup=2, steps=20, profile_steps=3)
-"""``scalpel profile`` / ``torchscalpel.profile``."""
-MEMORY_WINDOW = WindowDefaults(warmup=1, steps=20)
-"""``scalpel memory`` / ``torchscalpel.memory`` (all steps instead under a memory limit)."""
+    def __post_init__(self) -> None:
+        check_window(
+            warmup=self.warmup,
+            steps=self.steps,
+            profile_steps=self.profile_steps,
+            step_kind=self.step_kind,
+            step_timeout_s=self.step_timeout_s,
+            profile_event_budget=self.profile_event_budget,
+        )
 
 
 def check_warmup(value: object, *, name: str = "--warmup") -> int:
@@ -68,6 +82,7 @@ def check_window(
     profile_steps: int = 0,
     step_kind: str = "auto",
     step_timeout_s: float | None = None,
+    profile_event_budget: int | None = None,
 ) -> None:
     """The checks every run window passes, with messages that name the flag a user typed."""
     check_warmup(warmup)
@@ -79,3 +94,11 @@ def check_window(
         raise ValueError(f"--step-kind must be one of {', '.join(STEP_KINDS)}")
     if step_timeout_s is not None and step_timeout_s <= 0:
         raise ValueError("--step-timeout must be more than 0 seconds")
+    if profile_event_budget is not None and profile_event_budget < 1:
+        raise ValueError(f"--profile-budget must be at least 1 event, got {profile_event_budget}")
+
+
+PROFILE_WINDOW = StepWindow(warmup=2, steps=20, profile_steps=3)
+"""``scalpel profile`` / ``torchscalpel.profile``."""
+MEMORY_WINDOW = StepWindow(warmup=1, steps=20)
+"""``scalpel memory`` / ``torchscalpel.memory`` (all steps instead under a memory limit)."""

@@ -9,6 +9,7 @@ the others. ``<out>/report.html`` is a table of what every stage did followed by
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from typing import Any, cast
 
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
+from torchscalpel.options import StageOptions
 from torchscalpel.runtime.target import Target
 
 STAGES = ("env", "profile", "doctor", "analyze", "tune", "plan", "ship")
@@ -25,8 +27,8 @@ STAGES = ("env", "profile", "doctor", "analyze", "tune", "plan", "ship")
 EXAMPLE_ARGS = ["--steps", "200", "--log-every", "50", "--corpus-chars", "500000"]
 
 
-@dataclass(frozen=True, slots=True)
-class DemoOptions:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DemoOptions(StageOptions):
     """What ``scalpel demo`` runs, validated on construction (a :class:`UsageError` names the bad value)."""
 
     out: Path
@@ -46,6 +48,14 @@ class DemoOptions:
             raise UsageError(
                 f"--steps {self.steps} must be between 1 and 10000 (measured steps of the profile stage)."
             )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> DemoOptions:
+        """What ``scalpel demo``'s parsed flags ask for (``fields``: ``out`` when ``--out`` was not given)."""
+        stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+        return cls(
+            **{"out": args.out, **fields}, stages=stages, steps=args.steps, tune_budget_s=args.tune_budget
+        )
 
 
 @dataclass(slots=True)
