@@ -237,14 +237,10 @@ def _factory_record(args: argparse.Namespace, result):
 
 
 def _write_outputs(args: argparse.Namespace, record, out_dir: Path, plan: dict) -> None:
-    from torchscalpel.record import save_record
-    from torchscalpel.report.html import write_report
+    from torchscalpel.stages.saving import save_with_report
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    record.artifacts["report"] = "report.html"
-    save_record(record, out_dir)
-    write_report(record, out_dir / "report.html")
+    save_with_report(record, out_dir)  # run.json first: a report that fails to render loses nothing
     if args.json_path:
         write_output_text(args.json_path, json.dumps(plan, indent=1) + "\n", flag="--json")
     # one path a line: a path may run past an 80-column edge (a terminal copies it whole), prose between two may not
