@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from torchscalpel.errors import ArgumentError, UsageError
+
 STEP_TIMEOUT_S = 600.0
 """Seconds a run waits for its first recognised step before stopping the script (``--step-timeout``):
 a loop the runtime cannot recognise must not run to its end."""
@@ -20,6 +22,35 @@ PROFILE_EVENT_BUDGET = 200_000
 """Trace events one profiler window may hold (``--profile-budget``). Measured on a loaded 2-core machine: a
 window of 986k events (shapes and memory on) held 4 GiB of RSS and took 96 s to export; 200k is about 0.8 GiB
 and 20 s."""
+
+
+ARGUMENT_FLAGS: dict[str, str] = {
+    "warmup": "--warmup",
+    "steps": "--steps",
+    "profile_steps": "--profile-steps",
+    "profile_event_budget": "--profile-budget",
+    "step_kind": "--step-kind",
+    "step_timeout_s": "--step-timeout",
+    "time_cap_s": "--time-cap",
+    "memory_limit": "--memory-limit",
+    "min_lr": "--min",
+    "max_lr": "--max",
+    "sizes": "--sizes",
+    "budget_s": "--budget",
+    "min_measure_s": "--min-measure",
+    "confirm_pairs": "--confirm",
+    "grad_accum": "--grad-accum",
+    "nodes": "--nodes",
+    "world_size": "--world-size",
+}
+"""The command-line flag of each options field a validation sentence may name (one spelling per field
+across the verbs): the library says ``warmup must be ...``, the CLI ``--warmup must be ...``."""
+
+
+def usage_error(exc: ValueError) -> UsageError:
+    """A validation error as the CLI says it: one sentence naming the flags the user typed, exit code 2."""
+    text = exc.worded(ARGUMENT_FLAGS) if isinstance(exc, ArgumentError) else str(exc)
+    return UsageError(f"{text}.")
 
 
 def shape_problem(cls: type) -> str | None:

@@ -16,7 +16,7 @@ from torchscalpel.errors import UsageError
 from torchscalpel.fix.options import FixOptions
 from torchscalpel.lrfind.options import LrOptions
 from torchscalpel.memory.options import MemoryOptions
-from torchscalpel.options import PROFILE_EVENT_BUDGET, STEP_TIMEOUT_S, StageOptions
+from torchscalpel.options import PROFILE_EVENT_BUDGET, STEP_TIMEOUT_S, StageOptions, usage_error
 from torchscalpel.plan.script import ScriptPlanOptions
 from torchscalpel.runtime.profile_options import ProfileOptions
 from torchscalpel.runtime.session import RuntimeOptions
@@ -86,12 +86,28 @@ def test_the_shared_numbers_are_written_once() -> None:
 
 
 def test_a_step_window_validates_itself() -> None:
-    with pytest.raises(ValueError, match="--warmup"):
+    with pytest.raises(ValueError, match=r"^warmup must be an integer >= 0, not -1$"):
         StepWindow(warmup=-1, steps=3)
-    with pytest.raises(ValueError, match="--profile-budget"):
+    with pytest.raises(ValueError, match=r"^profile_event_budget must be at least 1 event, got 0$") as info:
         StepWindow(warmup=0, steps=3, profile_event_budget=0)
+    assert str(usage_error(info.value)) == "--profile-budget must be at least 1 event, got 0."
     with pytest.raises(dataclasses.FrozenInstanceError):
         PROFILE_WINDOW.steps = 3  # type: ignore[misc]
+
+
+def test_library_errors_name_the_argument_and_the_cli_the_flag() -> None:
+    from torchscalpel.errors import ArgumentError, literal
+
+    error = ArgumentError("{steps} must be a number, got " + literal(repr("{x}")))
+    assert isinstance(error, ValueError) and str(error) == "steps must be a number, got '{x}'"
+    assert str(usage_error(error)) == "--steps must be a number, got '{x}'."
+    for call in (lambda: torchscalpel.doctor(time_cap_s=-1.0), lambda: torchscalpel.memory(warmup=-2)):
+        with pytest.raises(ValueError) as info:
+            call()
+        assert not str(info.value).startswith("--")
+    with pytest.raises(ValueError, match=r"^min_lr \(1\) must be below max_lr \(0\.1\)$") as lr:
+        LrOptions(min_lr=1.0, max_lr=0.1)
+    assert str(usage_error(lr.value)) == "--min (1) must be below --max (0.1)."
 
 
 def test_doctor_steps_none_means_the_same_in_the_options_and_the_api() -> None:
@@ -141,7 +157,7 @@ def test_tune_fit_goes_through_the_options_checks(tmp_path: Path) -> None:
     args = build_parser().parse_args(["tune", "--fit", "lots", "train.py"])
     with pytest.raises(UsageError, match="--fit"):
         TuneOptions.from_args(args)
-    with pytest.raises(ValueError, match="--confirm"):
+    with pytest.raises(ValueError, match=r"^confirm_pairs must be at least 1"):
         TuneOptions(out_dir=tmp_path, confirm_pairs=0, fit="1GiB")
     with pytest.raises(ValueError, match="needs out_dir"):
         _ = TuneOptions().folder

@@ -13,7 +13,7 @@ from typing import cast
 
 from torchscalpel import fileio
 from torchscalpel.errors import UsageError
-from torchscalpel.options import STEP_TIMEOUT_S
+from torchscalpel.options import STEP_TIMEOUT_S, usage_error
 from torchscalpel.runtime.target import Target, resolve_script
 from torchscalpel.runtime.window import STEP_KINDS, StepCount, check_warmup, parse_steps
 from torchscalpel.units import duration_type, int_type
@@ -119,7 +119,7 @@ def steps_arg(args: argparse.Namespace, *, minimum: int = 1) -> StepCount:
         check_warmup(args.warmup)
         return parse_steps(args.steps, minimum=minimum)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
 
 
 # Commands whose --out is a folder (report's --out is an HTML file; launch and serve validate their own).

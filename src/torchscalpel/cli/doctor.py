@@ -30,6 +30,7 @@ from torchscalpel.cli.common import (
 from torchscalpel.doctor.window import DEFAULT_STEPS, DOCTOR_WINDOW, TIME_CAP_S
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import write_output_text
+from torchscalpel.options import usage_error
 from torchscalpel.units import duration_type, int_type
 
 
@@ -236,7 +237,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     try:  # validated before the script starts and before the run folder exists
         options = DoctorOptions.from_args(args, out_dir=out_dir)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     console = make_console()
     planned = options.planned_steps

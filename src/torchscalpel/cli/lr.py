@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
-from torchscalpel.errors import UsageError
 from torchscalpel.lrfind.options import DEFAULT_MAX_LR, DEFAULT_MIN_LR, DEFAULT_STEPS
-from torchscalpel.options import STEP_TIMEOUT_S
+from torchscalpel.options import STEP_TIMEOUT_S, usage_error
 from torchscalpel.runtime.window import STEP_KINDS
 from torchscalpel.units import duration_type, int_type
 
@@ -78,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = LrOptions.from_args(args)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"lr-{target.name}")
     options = options.replace(out_dir=out_dir, name=f"lr-{target.name}")

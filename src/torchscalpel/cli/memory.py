@@ -21,6 +21,7 @@ from torchscalpel.cli.common import (
     resolve_target,
 )
 from torchscalpel.errors import UsageError
+from torchscalpel.options import usage_error
 from torchscalpel.runtime.window import MEMORY_WINDOW
 
 DEFAULT_STEPS = MEMORY_WINDOW.steps
@@ -106,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     try:  # the window (every step under --memory-limit) is decided in MemoryOptions, once
         options = MemoryOptions.from_args(args)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
     target = resolve_target(args)
     settings_hooks: list[Any] = []
     if args.config is not None:

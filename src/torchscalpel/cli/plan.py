@@ -137,11 +137,15 @@ def _plan(
     note: Callable[[str], None],
 ):
     if script_mode:
+        from torchscalpel.options import usage_error
         from torchscalpel.plan.script import ScriptPlanOptions, plan_script
 
         target = resolve_target(args)
         out_dir = Path(args.out or default_run_dir(f"plan-{target.name}"))
-        options = ScriptPlanOptions.from_args(args)
+        try:
+            options = ScriptPlanOptions.from_args(args)
+        except ValueError as exc:
+            raise usage_error(exc) from None
         # the script runs to its first optimizer step before any strategy is simulated: say so in a
         # pipe, or the first seconds show nothing
         note(f"plan: running {target.name} to its first optimizer step ...")

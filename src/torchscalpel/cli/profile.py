@@ -20,7 +20,7 @@ from torchscalpel.cli.common import (
     steps_arg,
     track,
 )
-from torchscalpel.errors import UsageError
+from torchscalpel.options import usage_error
 from torchscalpel.runtime.profile_options import ProfileOptions
 from torchscalpel.runtime.window import PROFILE_WINDOW
 from torchscalpel.tune.applied import settings_hooks
@@ -104,7 +104,7 @@ def runtime_options(args: argparse.Namespace, out_dir: Path | None, name: str) -
     try:
         return ProfileOptions.from_args(args).runtime(out_dir=out_dir, name=name)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from torchscalpel.doctor.window import DOCTOR_WINDOW, TIME_CAP_S
+from torchscalpel.errors import ArgumentError, literal
 from torchscalpel.options import StageOptions
 from torchscalpel.runtime.window import check_window
 
@@ -18,8 +19,8 @@ from torchscalpel.runtime.window import check_window
 class DoctorOptions(StageOptions):
     """The doctor's run window and what it checks besides the runtime rules.
 
-    Construction validates (``ValueError`` with a sentence that names the flag), so a bad value is
-    refused before the script starts."""
+    Construction validates (:class:`~torchscalpel.errors.ArgumentError`, a ``ValueError`` whose sentence
+    names the field; the CLI words it with the flag), so a bad value is refused before the script starts."""
 
     steps: int | Literal["all", "auto"] | None = "auto"
     """Measured steps; ``"auto"``: :data:`~torchscalpel.doctor.window.DEFAULT_STEPS` (30 per rank under a
@@ -42,7 +43,7 @@ class DoctorOptions(StageOptions):
     def __post_init__(self) -> None:
         steps = self.steps
         if isinstance(steps, str) and steps not in ("all", "auto"):
-            raise ValueError(f"--steps must be a number, 'auto' or 'all', got {steps!r}")
+            raise ArgumentError("{steps} must be a number, 'auto' or 'all', got " + literal(repr(steps)))
         check_window(
             warmup=self.warmup,
             steps=steps if isinstance(steps, int) else None,
@@ -50,7 +51,9 @@ class DoctorOptions(StageOptions):
             step_timeout_s=self.step_timeout_s,
         )
         if self.time_cap_s is not None and not (math.isfinite(self.time_cap_s) and self.time_cap_s >= 0):
-            raise ValueError(f"--time-cap must be 0 (no cap) or a number of seconds, got {self.time_cap_s}")
+            raise ArgumentError(
+                "{time_cap_s} must be 0 (no cap) or a number of seconds, got " + literal(self.time_cap_s)
+            )
 
     @property
     def planned_steps(self) -> int | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from torchscalpel.errors import ArgumentError, literal
 from torchscalpel.options import StageOptions
 from torchscalpel.runtime.window import MEMORY_WINDOW, check_window
 
@@ -38,13 +39,17 @@ class MemoryOptions(StageOptions):
 
     def __post_init__(self) -> None:
         if isinstance(self.steps, str) and self.steps != "default":
-            raise ValueError(f"--steps must be a number, 'all' or left out, got {self.steps!r}")
+            raise ArgumentError(
+                "{steps} must be a number, None or 'default', got " + literal(repr(self.steps))
+            )
         if self.memory_limit is not None and (
             isinstance(self.memory_limit, bool)
             or not isinstance(self.memory_limit, int)
             or self.memory_limit < 1
         ):
-            raise ValueError(f"--memory-limit must be a size of at least 1 byte, got {self.memory_limit!r}")
+            raise ArgumentError(
+                "{memory_limit} must be a size of at least 1 byte, got " + literal(repr(self.memory_limit))
+            )
         check_window(
             warmup=self.warmup,
             steps=self.steps if isinstance(self.steps, int) else None,

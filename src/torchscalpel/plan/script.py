@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from torchscalpel.errors import UsageError
+from torchscalpel.errors import ArgumentError, UsageError
 from torchscalpel.options import StageOptions
 from torchscalpel.plan.model_io import loss_from_output, plain_tensor_attributes
 from torchscalpel.plan.simulate import OptimizerSpec
@@ -355,10 +355,10 @@ class ScriptPlanOptions(StageOptions):
 
     def __post_init__(self) -> None:
         if self.grad_accum < 1:
-            raise ValueError(f"--grad-accum {self.grad_accum} must be at least 1")
+            raise ArgumentError(f"{{grad_accum}} {self.grad_accum} must be at least 1")
         if self.world_size < 1 or self.nodes < 1 or self.world_size % self.nodes:
-            raise ValueError(
-                f"--nodes {self.nodes} must be at least 1 and divide --world-size {self.world_size}"
+            raise ArgumentError(
+                f"{{nodes}} {self.nodes} must be at least 1 and divide {{world_size}} {self.world_size}"
             )
 
     @classmethod

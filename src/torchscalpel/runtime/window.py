@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from torchscalpel.errors import ArgumentError, literal
 from torchscalpel.options import PROFILE_EVENT_BUDGET, STEP_TIMEOUT_S, StageOptions
 from torchscalpel.units import NumberError, parse_int
 
@@ -53,11 +54,12 @@ class StepWindow(StageOptions):
         )
 
 
-def check_warmup(value: object, *, name: str = "--warmup") -> int:
+def check_warmup(value: object) -> int:
     """The one warm-up check, for the CLI flag, the ``scalpel.toml`` key and the in-process argument:
-    an integer >= 0 (not a bool); ValueError naming ``name`` otherwise."""
+    an integer >= 0 (not a bool); an :class:`~torchscalpel.errors.ArgumentError` naming ``warmup``
+    otherwise (the CLI words it ``--warmup``)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
+        raise ArgumentError("{warmup} must be an integer >= 0, not " + literal(repr(value)))
     return value
 
 
@@ -84,18 +86,21 @@ def check_window(
     step_timeout_s: float | None = None,
     profile_event_budget: int | None = None,
 ) -> None:
-    """The checks every run window passes, with messages that name the flag a user typed."""
+    """The checks every run window passes: an :class:`~torchscalpel.errors.ArgumentError` whose sentence
+    names the argument (``steps must be at least 1``), which the CLI words with its flag (``--steps``)."""
     check_warmup(warmup)
     if steps is not None and steps < 1:
-        raise ValueError("--steps must be at least 1, or 'all'")
+        raise ArgumentError("{steps} must be at least 1, or 'all'")
     if profile_steps < 0:
-        raise ValueError("--profile-steps must be 0 or more")
+        raise ArgumentError("{profile_steps} must be 0 or more")
     if step_kind not in STEP_KINDS:
-        raise ValueError(f"--step-kind must be one of {', '.join(STEP_KINDS)}")
+        raise ArgumentError("{step_kind} must be one of " + ", ".join(STEP_KINDS))
     if step_timeout_s is not None and step_timeout_s <= 0:
-        raise ValueError("--step-timeout must be more than 0 seconds")
+        raise ArgumentError("{step_timeout_s} must be more than 0 seconds")
     if profile_event_budget is not None and profile_event_budget < 1:
-        raise ValueError(f"--profile-budget must be at least 1 event, got {profile_event_budget}")
+        raise ArgumentError(
+            "{profile_event_budget} must be at least 1 event, got " + literal(profile_event_budget)
+        )
 
 
 PROFILE_WINDOW = StepWindow(warmup=2, steps=20, profile_steps=3)

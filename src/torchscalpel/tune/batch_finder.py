@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torchscalpel.errors import ArgumentError, literal
 from torchscalpel.options import STEP_TIMEOUT_S, StageOptions
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.patching import Undo, wrap_attr
@@ -38,11 +39,13 @@ class BatchOptions(StageOptions):
 
     def __post_init__(self) -> None:
         if not self.sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.sizes):
-            raise ValueError(f"--sizes must be whole numbers of at least 1, got {list(self.sizes)}")
+            raise ArgumentError(
+                "{sizes} must be whole numbers of at least 1, got " + literal(list(self.sizes))
+            )
         if len(set(self.sizes)) != len(self.sizes):
-            raise ValueError(f"--sizes lists a size twice: {list(self.sizes)}")
+            raise ArgumentError("{sizes} lists a size twice: " + literal(list(self.sizes)))
         if self.steps < 1 or self.warmup < 0:
-            raise ValueError("--steps must be at least 1 and --warmup at least 0")
+            raise ArgumentError("{steps} must be at least 1 and {warmup} at least 0")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> BatchOptions:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from torchscalpel.errors import UsageError
+from torchscalpel.errors import ArgumentError, UsageError
 from torchscalpel.options import StageOptions
 from torchscalpel.runtime.window import check_window
 from torchscalpel.tune.knobs import KNOB_NAMES
@@ -55,18 +55,18 @@ class TuneOptions(StageOptions):
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0:
-            raise ValueError("--budget must be positive")
+            raise ArgumentError("{budget_s} must be positive")
         if self.steps < 2:
-            raise ValueError("--steps must be at least 2, so a median step time exists")
+            raise ArgumentError("{steps} must be at least 2, so a median step time exists")
         if self.min_measure_s < 0:
-            raise ValueError("--min-measure must not be negative")
+            raise ArgumentError("{min_measure_s} must not be negative")
         check_window(warmup=self.warmup, steps=self.steps, step_kind=self.step_kind)
         unknown = [k for k in self.knobs if k not in KNOB_NAMES]
         if unknown:
             raise ValueError(f"unknown knob(s) {', '.join(unknown)}; choose from {', '.join(KNOB_NAMES)}")
         if self.confirm_pairs < 1:
-            raise ValueError(
-                "--confirm must be at least 1: nothing is recommended without a confirmation run"
+            raise ArgumentError(
+                "{confirm_pairs} must be at least 1: nothing is recommended without a confirmation run"
             )
         if self.fit is not None:
             from torchscalpel.units import parse_size
@@ -89,6 +89,7 @@ class TuneOptions(StageOptions):
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> TuneOptions:
         """The options ``scalpel tune``'s parsed flags ask for, ``--fit`` included; a bad flag is one
         :class:`UsageError` sentence naming it, before the target is looked at."""
+        from torchscalpel.options import usage_error
         from torchscalpel.runtime.window import check_warmup, parse_steps
         from torchscalpel.tune.search import parse_knobs
         from torchscalpel.tune.settings import COMPILE_MODES
@@ -104,7 +105,7 @@ class TuneOptions(StageOptions):
             check_warmup(args.warmup)
             steps = parse_steps(args.steps, minimum=2)
         except ValueError as exc:
-            raise UsageError(f"{exc}.") from None
+            raise usage_error(exc) from None
         if steps == "all":
             raise UsageError(
                 f"--steps all would let every trial run to the script's end; give a number (default {TUNE_STEPS})."
@@ -132,7 +133,7 @@ class TuneOptions(StageOptions):
                 **fields,
             )
         except ValueError as exc:
-            raise UsageError(f"{exc}.") from None
+            raise usage_error(exc) from None
 
     def measured_steps(self, step_ms: float | None) -> int:
         """Measured steps per trial for a step of ``step_ms``: ``steps``, or more when that many
