@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from torchscalpel.compare.core import Comparison
     from torchscalpel.findings import Finding
-    from torchscalpel.plan.planner import PlanResult
+    from torchscalpel.plan.result import PlanResult
     from torchscalpel.runtime.observer import Observer
     from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook
 

@@ -161,3 +161,25 @@ def test_tune_fit_goes_through_the_options_checks(tmp_path: Path) -> None:
         TuneOptions(out_dir=tmp_path, confirm_pairs=0, fit="1GiB")
     with pytest.raises(ValueError, match="needs out_dir"):
         _ = TuneOptions().folder
+
+
+def test_the_result_types_are_exported_and_are_what_the_functions_return() -> None:
+    import torch
+
+    from torchscalpel.record import RunRecord, StepRecord
+
+    assert {"Comparison", "PlanResult", "Finding", "Severity", "InProcessRun"} <= set(torchscalpel.__all__)
+
+    def tiny() -> torch.nn.Module:
+        return torch.nn.Linear(4, 2)
+
+    assert isinstance(
+        torchscalpel.plan(tiny, "x=float32[2,4]", device_memory="1GiB", max_batch=False),
+        torchscalpel.PlanResult,
+    )
+
+    def rec(ms: float) -> RunRecord:
+        return RunRecord(name=f"r{ms}", steps=[StepRecord(index=i, total_ms=ms) for i in range(4)])
+
+    assert isinstance(torchscalpel.compare(rec(1.0), rec(2.0)), torchscalpel.Comparison)
+    assert isinstance(torchscalpel.doctor(), torchscalpel.InProcessRun)
