@@ -7,7 +7,7 @@ Run: ``PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/memory_accuracy.py``
    ``scalpel run --memory-limit SIZE --config scalpel.toml`` complete under the same limit.
 2. Accuracy: one training step of the deep transformer runs under the tracker with torch.profiler's
    memory events inside it (the peer: the CPU allocator's own counter, read through
-   ``plan.measure.profiled_memory``); the tracker's peak above the live bytes at the window start is
+   ``plan_measure.profiled_memory``); the tracker's peak above the live bytes at the window start is
    compared with the allocator's peak, and with the plan's simulated peak.
 3. Cost: the same step plain, under an empty dispatch mode (torch's own floor for any Python mode) and
    under the tracker, interleaved in every round (``--rounds N``, default 15), median wall and CPU time.
@@ -252,7 +252,7 @@ def accuracy_and_cost() -> dict[str, object]:
     import torch
     from torch import nn
 
-    from torchscalpel.plan.measure import profiled_memory
+    from plan_measure import profiled_memory
     from torchscalpel.runtime.alloc_tracker import AllocationTracker
 
     sys.argv = ["deep_transformer.py", "--steps", "1", "--batch", "32"]

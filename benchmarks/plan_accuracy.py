@@ -4,7 +4,7 @@ For each architecture in benchmarks/plan_models.py and each strategy (single pro
 DDP; 2-rank FSDP2 full and grad-op sharding), run 3 real AdamW training steps with the model built
 inside a torch.profiler window and take the allocator peak (``[memory]`` events, max over ranks; for
 the 2-rank rows with the frees gloo's worker threads hide from the profiler restored, see
-plan.measure; the JSON keeps each rank's raw counter peak as ``raw_counter_per_rank``). Beside it:
+plan_measure; the JSON keeps each rank's raw counter peak as ``raw_counter_per_rank``). Beside it:
 the plan's per-rank peak and what a weights+grads+optimizer-only rule predicts for the same run.
 
     OMP_NUM_THREADS=1 python benchmarks/plan_accuracy.py [--json out.json] [--cases mlp,cnn,gpt,llama]
@@ -27,10 +27,10 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import plan_models as pm
+from plan_measure import profiled_memory, profiled_peak, train_steps, wrap_for
 from torchscalpel.blocks import find_blocks
 from torchscalpel.netutil import free_port
 from torchscalpel.plan.devices import Device
-from torchscalpel.plan.measure import profiled_memory, profiled_peak, train_steps, wrap_for
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, simulate
 from torchscalpel.plan.spec import parse_batch_spec
 from torchscalpel.plan.strategies import evaluate
@@ -119,7 +119,7 @@ def _worker(rank: int, port: int, out: str, strategy: str, names: list[str]) -> 
                 f(), parse_batch_spec(s), settings("fp32", False), wrap=wrap_for(strategy, find_blocks)
             )
         )
-        # the raw profiler counter too: it misses frees done on gloo's worker threads (plan.measure)
+        # the raw profiler counter too: it misses frees done on gloo's worker threads (plan_measure)
         result[name] = [reading.peak, reading.counter_peak]
     Path(f"{out}.{rank}").write_text(json.dumps(result))
     dist.barrier()
@@ -159,7 +159,7 @@ def planned(name: str, strategy: str, precision: str, ckpt: bool) -> tuple[int, 
 
 def cuda_rows(names: list[str]) -> list[dict]:
     """Single-GPU rows: measured max_memory_allocated vs the plan simulated on fake CUDA tensors."""
-    from torchscalpel.plan.measure import cuda_peak
+    from plan_measure import cuda_peak
     from torchscalpel.plan.simulate import checkpointed_blocks
 
     rows = []

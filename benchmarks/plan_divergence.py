@@ -22,8 +22,8 @@ from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, str(Path(__file__).parent))
 import plan_accuracy as pa
+from plan_measure import train_steps
 from torchscalpel.plan import simulate as sim
-from torchscalpel.plan.measure import train_steps
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model
 from torchscalpel.plan.spec import parse_batch_spec
 from torchscalpel.plan.tracker import AllocationTracker

@@ -2,7 +2,10 @@
 
 The public API is kept small on purpose: most users only touch the ``scalpel`` command line;
 notebooks and programs whose loop is a function use :func:`profile`, :func:`doctor` and
-:func:`memory` in process (docs/inprocess.md); users who scale out use
+:func:`memory` in process, and :func:`plan` and :func:`compare` without a block (docs/inprocess.md).
+What they return is exported here too: :class:`InProcessRun` (its ``record``, a :class:`RunRecord`, and
+for the doctor its ``findings``, :class:`Finding` objects ranked by :class:`Severity`), :class:`PlanResult`
+and :class:`Comparison`. Users who scale out use
 :mod:`torchscalpel.distributed`. ``import torchscalpel`` does not import torch (``scalpel --help``
 stays fast): the runtime is imported when a block starts.
 """
@@ -19,13 +22,20 @@ import torchscalpel.compare as _compare_package  # noqa: F401
 import torchscalpel.doctor as _doctor_package  # noqa: F401
 import torchscalpel.memory as _memory_package  # noqa: F401
 import torchscalpel.plan as _plan_package  # noqa: F401
+from torchscalpel.compare.core import Comparison
+from torchscalpel.findings import Finding, Severity
 from torchscalpel.inprocess import InProcessRun, compare, doctor, memory, plan, profile
+from torchscalpel.plan.result import PlanResult
 from torchscalpel.record import RunRecord, load_record, save_record, set_inline_html
 from torchscalpel.version import __version__
 
 __all__ = [
+    "Comparison",
+    "Finding",
     "InProcessRun",
+    "PlanResult",
     "RunRecord",
+    "Severity",
     "__version__",
     "compare",
     "doctor",

@@ -59,7 +59,7 @@ class Defaults:
 
     def __post_init__(self) -> None:
         if self.warmup is not None:
-            check_warmup(self.warmup, name="warmup")
+            check_warmup(self.warmup)
         if self.steps is not None:
             if isinstance(self.steps, bool) or not isinstance(self.steps, int | str):
                 raise ValueError(f'steps must be a number, "all" or "auto", not {self.steps!r}')

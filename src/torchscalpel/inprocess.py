@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
     from torchscalpel.compare.core import Comparison
     from torchscalpel.findings import Finding
-    from torchscalpel.plan.planner import PlanResult
+    from torchscalpel.plan.result import PlanResult
     from torchscalpel.runtime.observer import Observer
     from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook
 
@@ -159,6 +159,7 @@ def profile(
     out: str | Path | None = None,
     profile_steps: int = PROFILE_WINDOW.profile_steps,
     module_times: bool = False,
+    op_lines: bool = True,
     step_kind: str = "auto",
     name: str = "inprocess",
     report: bool = True,
@@ -167,19 +168,20 @@ def profile(
     """Profile the block (or each call of the decorated function) like ``scalpel profile``.
 
     ``steps=None`` lets the block finish; ``out`` defaults to ``scalpel-runs/<time>-<name>/``;
-    ``quiet=False`` also prints the terminal summary. Bad values raise ``ValueError``. The defaults
-    are ``scalpel profile``'s (:data:`~torchscalpel.runtime.window.PROFILE_WINDOW`).
+    ``quiet=False`` also prints the terminal summary. Bad values raise ``ValueError``. The defaults and the
+    passes are ``scalpel profile``'s (:class:`~torchscalpel.runtime.profile_options.ProfileOptions`: the
+    op-line pass runs after the profiler window unless ``op_lines=False``, as ``--no-op-lines``).
     """
-    from torchscalpel.runtime.session import RuntimeOptions
+    from torchscalpel.runtime.profile_options import ProfileOptions
 
-    options = RuntimeOptions(
+    options = ProfileOptions(
         warmup=warmup,
         steps=steps,
         profile_steps=profile_steps,
         module_times=module_times,
+        op_lines=op_lines,
         step_kind=step_kind,
-        name=name,
-    )
+    ).runtime(out_dir=None, name=name)
 
     def finish(run: InProcessRun) -> None:
         from torchscalpel.stages.profile import finish_profile
@@ -194,7 +196,7 @@ def profile(
 
 def doctor(
     *,
-    steps: int | None = DOCTOR_WINDOW.steps,
+    steps: int | Literal["all", "auto"] | None = DOCTOR_WINDOW.steps,
     warmup: int = DOCTOR_WINDOW.warmup,
     out: str | Path | None = None,
     static: bool = True,
@@ -209,21 +211,32 @@ def doctor(
     ``run.findings`` are the ranked findings and ``run.record.findings`` their JSON form;
     ``quiet=False`` prints them. ``static=False`` skips the static rules. The window is
     ``scalpel doctor``'s (:data:`~torchscalpel.doctor.window.DOCTOR_WINDOW`: 300 steps, ended early by
-    ``time_cap_s``, None or 0 for no cap); ``run.record.sections["doctor"]["window"]`` says what ran.
+    ``time_cap_s``, None or 0 for no cap); ``steps`` takes what
+    :class:`~torchscalpel.doctor.options.DoctorOptions` takes, with the same meaning (``"auto"``: 300;
+    ``"all"`` or None: until the block ends). ``run.record.sections["doctor"]["window"]`` says what ran.
     """
     from torchscalpel.doctor.api import TimeCap, assemble_findings, runtime_rules_for_block, window_facts
     from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.doctor.runtime_rules import DoctorObserver
     from torchscalpel.runtime.session import RuntimeOptions
 
-    # the CLI's validation and sentences (a nan time cap, a bad step kind), before the block runs
-    DoctorOptions(steps=steps, warmup=warmup, static=static, time_cap_s=time_cap_s, step_kind=step_kind)
+    # the CLI's options, validation and sentences (a nan time cap, a bad step kind), before the block runs
+    doctor_options = DoctorOptions(
+        steps=steps, warmup=warmup, static=static, time_cap_s=time_cap_s, step_kind=step_kind
+    )
     rules, sources = runtime_rules_for_block()
-    cap = TimeCap(time_cap_s)  # as in ``scalpel doctor``: the step window, bounded for a very slow loop
+    cap = TimeCap(doctor_options.cap_s)  # as in ``scalpel doctor``: the step window, bounded for a slow loop
     rules.append(cap)
     observer = DoctorObserver(rules)
+    planned = doctor_options.planned_steps
     options = RuntimeOptions(
-        warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name, step_scalars=False
+        warmup=warmup,
+        steps=planned,
+        profile_steps=0,
+        step_kind=step_kind,
+        step_timeout_s=doctor_options.step_timeout_s,
+        name=name,
+        step_scalars=False,
     )
 
     def finish(run: InProcessRun) -> None:
@@ -235,7 +248,7 @@ def doctor(
         run.findings = assemble_findings(
             run.record, observer, observer.findings(run.record), rules, sources, files if static else None
         )
-        run.record.sections["doctor"]["window"] = window_facts(steps, warmup, cap)
+        run.record.sections["doctor"]["window"] = window_facts(planned, warmup, cap)
         finish_profile(run.record, run.out_dir, write_report=run.report, quiet=True)
         if not run.quiet:
             from rich.console import Console
@@ -273,18 +286,14 @@ def memory(
     ``steps``: how many to account (None: all); by default ``scalpel memory``'s
     (:data:`~torchscalpel.runtime.window.MEMORY_WINDOW`: 20), or all under ``memory_limit`` as in
     ``scalpel memory``, so growth that crosses the limit late still gets its post-mortem."""
-    from torchscalpel.memory.observer import MemoryObserver
-    from torchscalpel.runtime.session import RuntimeOptions
-    from torchscalpel.stages.memory import observer_setup
+    from torchscalpel.memory.options import MemoryOptions
+    from torchscalpel.stages.memory import make_observer, observer_setup
     from torchscalpel.units import parse_size
 
     limit = parse_size(memory_limit, flag="memory_limit") if isinstance(memory_limit, str) else memory_limit
-    observer = MemoryObserver(limit=limit)
-    if steps == "default":
-        steps = None if limit is not None else MEMORY_WINDOW.steps
-    options = RuntimeOptions(
-        warmup=warmup, steps=steps, profile_steps=0, step_kind=step_kind, name=name, step_scalars=False
-    )
+    memory_options = MemoryOptions(steps=steps, warmup=warmup, memory_limit=limit, step_kind=step_kind)
+    observer = make_observer(memory_options)
+    options = memory_options.runtime(out_dir=None, name=name)
 
     def finish(run: InProcessRun) -> None:
         from torchscalpel.stages.memory import finish as finish_memory

@@ -37,8 +37,8 @@ class _Net(nn.Module):
 def _worker(rank: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
+    from plan_measure import profiled_peak, train_steps, wrap_for
     from torchscalpel.blocks import find_blocks
-    from torchscalpel.plan.measure import profiled_peak, train_steps, wrap_for
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -88,7 +88,7 @@ def test_ddp_and_fsdp_plans_are_within_15_percent_of_two_real_ranks(tmp_path):
     )
     cpu = Device(name="cpu", memory=1 << 40, kind="cpu")
     # FSDP2 peaks are steady too once the frees gloo's worker threads hide from the profiler are
-    # restored (plan.measure.allocator_peak): both ranks read the same peak in every run.
+    # restored (plan_measure.allocator_peak): both ranks read the same peak in every run.
     for strategy in ("ddp", "fsdp-full", "fsdp-grad-op"):
         measured = max(r[strategy] for r in ranks)
         planned = evaluate(m, strategy, world_size=2, nodes=1, device=cpu).peak

@@ -17,7 +17,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from torchscalpel.plan.measure import profiled_memory
+    from plan_measure import profiled_memory
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=2)

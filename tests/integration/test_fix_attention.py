@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.helpers import REPO, run_cli
+
+from helpers import REPO, run_cli
 
 pytest.importorskip("libcst")
 

@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.helpers import REPO, run_cli
 
+from helpers import REPO, run_cli
 from torchscalpel.netutil import free_port
 
 pytest.importorskip("libcst")

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.helpers import run_cli
 
+from helpers import run_cli
 from torchscalpel.record import new_run_record, save_record
 
 SCRIPT = """import torch

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.helpers import REPO, cli_env, run_cli
+
+from helpers import REPO, cli_env, run_cli
 
 pytest.importorskip("libcst")
 

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.helpers import REPO, run_cli
+
+from helpers import REPO, run_cli
 
 pytest.importorskip("libcst")
 pytest.importorskip("transformers")

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.helpers import REPO, run_cli
 
+from helpers import REPO, run_cli
 from torchscalpel.lrfind.sweep import schedule, suggest
 
 CORPUS = REPO / "benchmarks" / "lr_corpus"

@@ -7,7 +7,8 @@ import pickle
 from pathlib import Path
 
 import pytest
-from tests.helpers import REPO, run_cli
+
+from helpers import REPO, run_cli
 
 FIX = REPO / "tests" / "fixtures" / "memory"
 

@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.helpers import REPO, run_cli
 
 import torchscalpel
+from helpers import REPO, run_cli
 
 HELD = REPO / "tests" / "fixtures" / "memory" / "heldout"
 

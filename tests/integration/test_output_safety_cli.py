@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.helpers import REPO, cli_env, run_cli
+
+from helpers import REPO, cli_env, run_cli
 
 FIXTURES = REPO / "tests" / "fixtures"
 FULL = Path("/dev/full")

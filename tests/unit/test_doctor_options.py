@@ -34,8 +34,11 @@ def test_defaults_are_the_doctor_window() -> None:
     ],
 )
 def test_a_bad_value_is_refused_naming_its_flag(fields: dict[str, object], flag: str) -> None:
-    with pytest.raises(ValueError, match=flag):
+    from torchscalpel.options import usage_error
+
+    with pytest.raises(ValueError, match=f"^{next(iter(fields))} ") as info:  # the library names the field
         DoctorOptions(**fields)  # type: ignore[arg-type]
+    assert str(usage_error(info.value)).startswith(flag)  # the CLI, the flag
 
 
 def test_options_are_frozen() -> None:

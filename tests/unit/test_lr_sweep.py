@@ -98,8 +98,12 @@ def test_no_suggestion_when_the_loss_never_falls() -> None:
     ],
 )
 def test_options_refuse_bad_sweeps(kwargs: dict[str, float], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    from torchscalpel.options import usage_error
+
+    with pytest.raises(ValueError) as info:
         LrOptions(**kwargs)  # type: ignore[arg-type]
+    assert message in str(usage_error(info.value))  # the CLI's words: the flags
+    assert "--" not in str(info.value) and next(iter(kwargs)) in str(info.value)  # the library's: the fields
 
 
 def test_lightnings_rule_weighs_the_small_lrs() -> None:
@@ -130,7 +134,7 @@ def test_min_over_10_is_the_smoothed_minimums_lr_over_ten() -> None:
 
 def test_options_refuse_a_schedule_that_overflows() -> None:
     """--max 1e308 from 1e-7 is finite, but the sweep's ratio max/min is not: it swept lr = inf before."""
-    with pytest.raises(ValueError, match=r"^--max 1e\+308 is 315 decades above --min 1e-07: .*overflows"):
+    with pytest.raises(ValueError, match=r"^max_lr 1e\+308 is 315 decades above min_lr 1e-07: .*overflows"):
         LrOptions(max_lr=1e308)
     with pytest.raises(ValueError, match="overflows"):
         LrOptions(min_lr=5e-324, max_lr=1.0)  # the same ratio, from a denormal --min

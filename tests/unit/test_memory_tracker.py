@@ -63,7 +63,7 @@ def test_frees_are_subtracted() -> None:
 
 
 def test_peak_agrees_with_the_cpu_allocator() -> None:
-    from torchscalpel.plan.measure import profiled_memory
+    from plan_measure import profiled_memory
 
     model, x = _net(), torch.randn(512, 64)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from torchscalpel.plan.measure import MemoryEvent, Span, allocator_peak
+from plan_measure import MemoryEvent, Span, allocator_peak
 
 MAIN, WORKER = "1", "2"
 

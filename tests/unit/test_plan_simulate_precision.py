@@ -17,7 +17,7 @@ def test_the_names_are_the_enum_values_and_print_as_themselves():
     assert PRECISIONS == ("fp32", "bf16-mixed", "fp16-mixed", "bf16", "fp64")
     assert Precision.parse("fp16-mixed") is Precision.FP16_MIXED == "fp16-mixed"
     assert f"{Precision.BF16_MIXED}" == "bf16-mixed" and json.dumps(Precision.BF16) == '"bf16"'
-    assert {"bf16-mixed": 1}.get(Precision.BF16_MIXED) == 1  # a str key still finds it (plan.measure)
+    assert {"bf16-mixed": 1}.get(Precision.BF16_MIXED) == 1  # a str key still finds it (plan_measure)
 
 
 def test_settings_take_a_name_and_check_it_once():

@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from plan_measure import profiled_peak, train_steps
 from torchscalpel.errors import UsageError
-from torchscalpel.plan.measure import profiled_peak, train_steps
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, simulate
 from torchscalpel.plan.spec import parse_batch_spec
 from torchscalpel.plan.tracker import AllocationTracker

@@ -74,8 +74,8 @@ def test_one_warmup_check_for_the_flag_the_config_key_and_the_api(bad: object) -
     from torchscalpel.config import Defaults
     from torchscalpel.errors import UsageError
 
-    with pytest.raises(ValueError, match=r"^--warmup must be an integer >= 0, not "):
-        torchscalpel.profile(warmup=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^warmup must be an integer >= 0, not "):
+        torchscalpel.profile(warmup=bad)  # the library names its argument, the CLI its flag (below)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^warmup must be an integer >= 0, not "):
         Defaults(warmup=bad)  # type: ignore[arg-type]
     args = build_parser().parse_args(["profile", "train.py"])

@@ -474,7 +474,7 @@ def test_measured_steps_reach_the_minimum_measured_time():
     assert options.measured_steps(400.0) == 10  # never below --steps
     assert options.measured_steps(0.5) == 400  # capped
     assert TuneOptions(out_dir=Path("x"), steps=10).measured_steps(15.0) == 10  # 0: fixed steps
-    with pytest.raises(ValueError, match="min-measure"):
+    with pytest.raises(ValueError, match="min_measure_s"):
         TuneOptions(out_dir=Path("x"), min_measure_s=-1)
 
 

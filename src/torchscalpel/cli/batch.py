@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
-from torchscalpel.errors import UsageError
+from torchscalpel.options import usage_error
 from torchscalpel.units import int_type, parse_int
 
 
@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.tune.batch_finder import BatchOptions
 
     try:
-        options = BatchOptions(sizes=args.sizes, steps=args.steps, warmup=args.warmup)
+        options = BatchOptions.from_args(args)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
     target = resolve_target(args, flags="--sizes " + ",".join(map(str, args.sizes)))
     out_dir = args.out or default_run_dir(f"batch-{target.name}")
     from torchscalpel.report.batch_terminal import summary_lines

@@ -13,6 +13,7 @@ from typing import cast
 
 from torchscalpel import fileio
 from torchscalpel.errors import UsageError
+from torchscalpel.options import STEP_TIMEOUT_S, usage_error
 from torchscalpel.runtime.target import Target, resolve_script
 from torchscalpel.runtime.window import STEP_KINDS, StepCount, check_warmup, parse_steps
 from torchscalpel.units import duration_type, int_type
@@ -105,10 +106,10 @@ def add_window_arguments(
     parser.add_argument(
         "--step-timeout",
         type=duration_type("--step-timeout"),
-        default=600.0,
+        default=STEP_TIMEOUT_S,
         metavar="DURATION",
         help="stop the script when no step is recognised this long after the "
-        "start: 90s, 10m; a bare number is seconds (default 600)",
+        f"start: 90s, 10m; a bare number is seconds (default {STEP_TIMEOUT_S:.0f})",
     )
 
 
@@ -118,7 +119,7 @@ def steps_arg(args: argparse.Namespace, *, minimum: int = 1) -> StepCount:
         check_warmup(args.warmup)
         return parse_steps(args.steps, minimum=minimum)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
 
 
 # Commands whose --out is a folder (report's --out is an HTML file; launch and serve validate their own).

@@ -43,12 +43,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen stages (:func:`torchscalpel.stages.demo.run_demo`); 0 when every one succeeded, 1 otherwise."""
     from torchscalpel.stages.demo import DemoOptions, print_summary, run_demo
 
-    options = DemoOptions(
-        out=args.out or default_run_dir("demo"),
-        stages=tuple(s.strip() for s in args.stages.split(",") if s.strip()),
-        steps=args.steps,
-        tune_budget_s=args.tune_budget,
-    )
+    options = DemoOptions.from_args(args, out=args.out or default_run_dir("demo"))
     results, report = run_demo(options)
     print_summary(results, report)
     return 0 if all(r.ok for r in results) else 1

@@ -30,6 +30,7 @@ from torchscalpel.cli.common import (
 from torchscalpel.doctor.window import DEFAULT_STEPS, DOCTOR_WINDOW, TIME_CAP_S
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import write_output_text
+from torchscalpel.options import usage_error
 from torchscalpel.units import duration_type, int_type
 
 
@@ -226,63 +227,38 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
-    from torchscalpel.record import save_record
     from torchscalpel.report.doctor_terminal import reaches, render_terminal
     from torchscalpel.report.profile_terminal import strip_ansi
     from torchscalpel.runtime.run_notes import how_it_stopped
+    from torchscalpel.stages.saving import save_with_report
 
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"doctor-{target.name}")
     try:  # validated before the script starts and before the run folder exists
-        options = DoctorOptions(
-            steps=args.steps if args.steps in ("all", "auto") else int(args.steps),
-            warmup=args.warmup,
-            sanity=args.sanity,
-            static=not args.no_static,
-            out_dir=out_dir,
-            step_kind=args.step_kind,
-            step_timeout_s=args.step_timeout,
-            time_cap_s=args.time_cap or None,
-            # the learning-rate and gradient-norm curves are recorded only for a tracker that shows them
-            step_scalars=bool(getattr(args, "tensorboard", None) or getattr(args, "mlflow", None)),
-        )
+        options = DoctorOptions.from_args(args, out_dir=out_dir)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     console = make_console()
+    planned = options.planned_steps
     window = (
-        f"{args.warmup} warm-up + {DEFAULT_STEPS} steps"
-        if args.steps == "auto"
-        else "every step, until the script ends"
-        if args.steps == "all"
-        else f"{args.warmup} warm-up + {args.steps} steps"
+        "every step, until the script ends"
+        if planned is None
+        else f"{options.warmup} warm-up + {planned} steps"
     )
-    if args.time_cap:
-        window += f" (time cap {args.time_cap:.0f} s)"
+    if options.cap_s:
+        window += f" (time cap {options.cap_s:.0f} s)"
     console.print(
         f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
-        + (" (+ overfit-one-batch check)" if args.sanity else "")
+        + (" (+ overfit-one-batch check)" if options.sanity else "")
     )
     from torchscalpel.console import StepProgress
 
-    planned = (
-        args.warmup + DEFAULT_STEPS
-        if args.steps == "auto"
-        else None
-        if args.steps == "all"
-        else args.warmup + int(args.steps)
-    )
+    total = None if planned is None else options.warmup + planned
     # grows past the planned count, never "33 of 32"; its time left never exceeds what the cap leaves
-    with StepProgress(planned, f"doctor {target.name}", time_cap_s=options.time_cap_s) as bar:
+    with StepProgress(total, f"doctor {target.name}", time_cap_s=options.time_cap_s) as bar:
         record, findings = diagnose(target, options, command=["scalpel", *sys.argv[1:]], progress=bar.update)
-    save_record(record, out_dir)
-    record.artifacts["record"] = "run.json"
-    if not args.no_report:
-        from torchscalpel.report.html import write_report
-
-        write_report(record, out_dir / "report.html")
-        record.artifacts["report"] = "report.html"
-        save_record(record, out_dir)
+    save_with_report(record, out_dir, write_report=not args.no_report)
     measured = len(record.measured_steps)
     status = (f"{how_it_stopped(record)} ({len(record.steps) - measured} warm-up + {measured} measured)") + (
         f": {strip_ansi(record.error)}" if record.error else ""

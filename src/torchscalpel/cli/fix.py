@@ -67,17 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.fix import FixOptions, run_fix
     from torchscalpel.fix.render import summary_lines
 
-    result = run_fix(
-        FixOptions(
-            run_dirs=tuple(args.runs),
-            apply=args.apply,
-            patch=args.patch,
-            verify=args.verify,
-            force=args.force,
-            pairs=args.pairs,
-            steps=args.steps,
-        )
-    )
+    result = run_fix(FixOptions.from_args(args))
     if result.patch:
         # A latin-1 file's hunks are in its own bytes (surrogate escapes in the text), as git diff prints them.
         buffer = getattr(sys.stdout, "buffer", None)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
-from torchscalpel.errors import UsageError
 from torchscalpel.lrfind.options import DEFAULT_MAX_LR, DEFAULT_MIN_LR, DEFAULT_STEPS
+from torchscalpel.options import STEP_TIMEOUT_S, usage_error
 from torchscalpel.runtime.window import STEP_KINDS
 from torchscalpel.units import duration_type, int_type
 
@@ -59,9 +59,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--step-timeout",
         type=duration_type("--step-timeout"),
-        default=600.0,
+        default=STEP_TIMEOUT_S,
         metavar="DURATION",
-        help="stop the script when no step is recognised this long after the start (default 600)",
+        help=f"stop the script when no step is recognised this long after the start (default {STEP_TIMEOUT_S:.0f})",
     )
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-lr-<name>/)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
@@ -75,21 +75,12 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.lrfind.options import LrOptions
 
     try:
-        options = LrOptions(
-            min_lr=args.min_lr,
-            max_lr=args.max_lr,
-            steps=args.steps,
-            name="lr",
-            step_kind=args.step_kind,
-            step_timeout_s=args.step_timeout,
-        )
+        options = LrOptions.from_args(args)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"lr-{target.name}")
-    import dataclasses
-
-    options = dataclasses.replace(options, out_dir=out_dir, name=f"lr-{target.name}")
+    options = options.replace(out_dir=out_dir, name=f"lr-{target.name}")
     from torchscalpel.report.lr_terminal import summary_lines
     from torchscalpel.sections import LrSection
     from torchscalpel.stages.lr import run_lr

@@ -19,9 +19,9 @@ from torchscalpel.cli.common import (
     add_window_arguments,
     default_run_dir,
     resolve_target,
-    steps_arg,
 )
 from torchscalpel.errors import UsageError
+from torchscalpel.options import usage_error
 from torchscalpel.runtime.window import MEMORY_WINDOW
 
 DEFAULT_STEPS = MEMORY_WINDOW.steps
@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     """Validate, then explain a snapshot or run the script."""
     from torchscalpel.units import parse_size
 
-    limit = parse_size(args.memory_limit, flag="--memory-limit") if args.memory_limit else None
+    if args.memory_limit:  # a bad size is refused before anything else, a snapshot's run included
+        parse_size(args.memory_limit, flag="--memory-limit")
     target_words = list(args.target or [])
     if target_words and target_words[0] == "--":
         target_words = target_words[1:]
@@ -101,9 +102,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             "Name the script after --, e.g. 'scalpel memory -- train.py', or give a SNAPSHOT.pickle."
         )
-    if args.steps is None:
-        args.steps = "all" if limit is not None else str(DEFAULT_STEPS)
-    steps = steps_arg(args)
+    from torchscalpel.memory.options import MemoryOptions
+
+    try:  # the window (every step under --memory-limit) is decided in MemoryOptions, once
+        options = MemoryOptions.from_args(args)
+    except ValueError as exc:
+        raise usage_error(exc) from None
     target = resolve_target(args)
     settings_hooks: list[Any] = []
     if args.config is not None:
@@ -113,35 +117,16 @@ def run(args: argparse.Namespace) -> int:
 
         settings_hooks = setup_hooks(read_settings_file(args.config), ApplyLog())
     from torchscalpel.report.memory_terminal import summary_lines
-    from torchscalpel.runtime.session import RuntimeOptions
     from torchscalpel.stages.memory import run_memory
 
     out_dir = args.out or default_run_dir(f"memory-{target.name}")
-    # --until-eval: the runtime runs on; the observer stops it once the window's steps and an evaluation ran
-    window = None if steps in ("all", "auto") else int(steps)
-    until_eval = (args.warmup + (window or 0)) if args.until_eval else None
-    try:
-        options = RuntimeOptions(
-            warmup=args.warmup,
-            steps=None if args.until_eval else window,
-            out_dir=out_dir,
-            profile_steps=0,
-            name=f"memory-{target.name}",
-            step_kind=args.step_kind,
-            step_timeout_s=args.step_timeout,
-            step_scalars=False,  # memory never exports a learning-rate curve
-        )
-    except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
     record = run_memory(
         target,
         options,
-        limit=limit,
+        out_dir=out_dir,
         json_path=args.json_path,
         write_report=not args.no_report,
         setup_hooks=settings_hooks,
-        plan=not args.no_plan,
-        until_eval=until_eval,
     )
     section = record.sections.get("memory") or {}
     from torchscalpel.console import say_lines

@@ -137,19 +137,15 @@ def _plan(
     note: Callable[[str], None],
 ):
     if script_mode:
+        from torchscalpel.options import usage_error
         from torchscalpel.plan.script import ScriptPlanOptions, plan_script
 
         target = resolve_target(args)
         out_dir = Path(args.out or default_run_dir(f"plan-{target.name}"))
-        options = ScriptPlanOptions(
-            optimizer=args.optimizer,
-            precision=args.precision,
-            grad_accum=args.grad_accum,
-            world_size=args.world_size,
-            nodes=args.nodes,
-            checkpointing=args.activation_checkpointing,
-            search_max_batch=not args.no_max_batch,
-        )
+        try:
+            options = ScriptPlanOptions.from_args(args)
+        except ValueError as exc:
+            raise usage_error(exc) from None
         # the script runs to its first optimizer step before any strategy is simulated: say so in a
         # pipe, or the first seconds show nothing
         note(f"plan: running {target.name} to its first optimizer step ...")
@@ -245,14 +241,10 @@ def _factory_record(args: argparse.Namespace, result):
 
 
 def _write_outputs(args: argparse.Namespace, record, out_dir: Path, plan: dict) -> None:
-    from torchscalpel.record import save_record
-    from torchscalpel.report.html import write_report
+    from torchscalpel.stages.saving import save_with_report
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    record.artifacts["report"] = "report.html"
-    save_record(record, out_dir)
-    write_report(record, out_dir / "report.html")
+    save_with_report(record, out_dir)  # run.json first: a report that fails to render loses nothing
     if args.json_path:
         write_output_text(args.json_path, json.dumps(plan, indent=1) + "\n", flag="--json")
     # one path a line: a path may run past an 80-column edge (a terminal copies it whole), prose between two may not

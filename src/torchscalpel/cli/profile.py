@@ -20,7 +20,8 @@ from torchscalpel.cli.common import (
     steps_arg,
     track,
 )
-from torchscalpel.errors import UsageError
+from torchscalpel.options import usage_error
+from torchscalpel.runtime.profile_options import ProfileOptions
 from torchscalpel.runtime.window import PROFILE_WINDOW
 from torchscalpel.tune.applied import settings_hooks
 from torchscalpel.units import int_type
@@ -71,10 +72,10 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile-budget",
         type=int_type("--profile-budget", minimum=1),
-        default=200_000,
+        default=PROFILE_WINDOW.profile_event_budget,
         metavar="EVENTS",
         help="trace events the profiler window may hold; beyond it the window covers fewer steps, "
-        "drops shapes and memory, or cuts its step short, and says so (default 200000)",
+        f"drops shapes and memory, or cuts its step short, and says so (default {PROFILE_WINDOW.profile_event_budget})",
     )
     p.add_argument("--module-times", action="store_true", help="also time each submodule's forward")
     p.add_argument(
@@ -97,27 +98,13 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def runtime_options(args: argparse.Namespace, out_dir: Path | None, name: str) -> Any:
-    """RuntimeOptions from parsed flags; ValueError from validation becomes a UsageError."""
-    from torchscalpel.runtime.session import RuntimeOptions
-
-    steps = steps_arg(args)
+    """The runtime's options for the parsed flags (through :class:`ProfileOptions`); ValueError from
+    validation becomes a UsageError."""
+    steps_arg(args)  # --warmup, then --steps, in the words of the flags
     try:
-        return RuntimeOptions(
-            warmup=args.warmup,
-            steps=None if steps == "all" else PROFILE_STEPS if steps == "auto" else steps,
-            out_dir=out_dir,
-            profile_steps=args.profile_steps,
-            profile_event_budget=getattr(args, "profile_budget", 200_000),
-            module_times=args.module_times,
-            op_line_steps=0 if getattr(args, "no_op_lines", False) else 1,
-            with_stack=getattr(args, "with_stack", False),
-            record_shapes=getattr(args, "record_shapes", False),
-            name=name,
-            step_kind=args.step_kind,
-            step_timeout_s=args.step_timeout,
-        )
+        return ProfileOptions.from_args(args).runtime(out_dir=out_dir, name=name)
     except ValueError as exc:
-        raise UsageError(f"{exc}.") from None
+        raise usage_error(exc) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,17 +20,11 @@ from torchscalpel.cli.common import (
     add_window_arguments,
     default_run_dir,
     resolve_target,
-    steps_arg,
     track,
 )
 from torchscalpel.errors import UsageError
+from torchscalpel.tune.window import MIN_MEASURE_S, TUNE_STEPS
 from torchscalpel.units import duration_type, int_type
-
-TUNE_STEPS = 10
-"""Measured steps per trial for ``--steps auto``."""
-
-MIN_MEASURE_S = 2.0
-"""Measured wall time per trial with ``--steps auto``: a 15 ms step is timed over ~130 steps, not 10."""
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -115,68 +109,31 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def parse_budget(text: str) -> float:
-    """``90``, ``90s``, ``10m``, ``1h``, ``1h30m`` -> seconds (the shared duration rule,
-    :func:`torchscalpel.units.parse_duration`); a UsageError naming --budget otherwise."""
-    from torchscalpel.units import parse_duration
-
-    return parse_duration(text, flag="--budget")
-
-
 def run(args: argparse.Namespace) -> int:
     """Validate everything, run the search, save and print the results."""
     from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
     from torchscalpel.stages.tune import save_outputs
-    from torchscalpel.tune.search import TuneOptions, parse_knobs, tune
-    from torchscalpel.tune.settings import COMPILE_MODES
+    from torchscalpel.tune.search import TuneOptions, tune
 
     if args.patch and args.fit:
         raise UsageError(
             "--patch goes with the search, not --fit; run 'scalpel memory --patch' for memory fixes."
         )
-    budget = parse_budget(args.budget)
-    knobs = parse_knobs(args.knobs)
-    modes = tuple(m.strip() for m in args.compile_mode.split(",") if m.strip())
-    bad = [m for m in modes if m not in COMPILE_MODES]
-    if bad or not modes:
-        raise UsageError(f"--compile-mode takes {', '.join(COMPILE_MODES)}, not {args.compile_mode!r}.")
-    steps = steps_arg(args, minimum=2)
-    if steps == "all":
-        raise UsageError(
-            "--steps all would let every trial run to the script's end; give a number (default 10)."
-        )
-    args.steps = TUNE_STEPS if steps == "auto" else steps
-    min_measure = (
-        args.min_measure if args.min_measure is not None else (MIN_MEASURE_S if steps == "auto" else 0.0)
-    )
-    if args.confirm < 1:
-        raise UsageError("--confirm must be at least 1: nothing is recommended without a confirmation run.")
+    options = TuneOptions.from_args(args)  # every flag, --fit's too, before the target is looked at
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"tune-{target.name}")
-    if args.fit:
+    options = options.replace(out_dir=out_dir)
+    if options.fit is not None:
         from torchscalpel.tune.fit import run_fit
 
         return run_fit(
             target,
-            limit_text=args.fit,
+            limit_text=options.fit,
             out_dir=out_dir,
             config=args.config,
-            warmup=args.warmup,
-            steps=min(int(args.steps), 5),
+            warmup=options.warmup,
+            steps=options.fit_steps,
         )
-    options = TuneOptions(
-        out_dir=out_dir,
-        budget_s=budget,
-        warmup=args.warmup,
-        steps=args.steps,
-        seed=args.seed,
-        knobs=knobs,
-        compile_backend=args.compile_backend,
-        compile_modes=modes,
-        confirm_pairs=args.confirm,
-        step_kind=args.step_kind,
-        min_measure_s=min_measure,
-    )
     # SIGTERM (a CI timeout, a job scheduler) ends the search like Ctrl-C: the running trial's process
     # group is killed and what was measured is saved.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -24,8 +24,9 @@ from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.doctor.rules.rt_run import needs_launcher
 from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
 from torchscalpel.doctor.static import analyze_paths
-from torchscalpel.doctor.window import DEFAULT_STEPS, RANK_STEPS
+from torchscalpel.doctor.window import RANK_STEPS
 from torchscalpel.findings import Finding, counts
+from torchscalpel.options import STEP_TIMEOUT_S
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
 
@@ -178,7 +179,7 @@ def _run(
     command: Sequence[str] = (),
     profile: bool = False,
     step_kind: str = "auto",
-    step_timeout_s: float | None = 600.0,
+    step_timeout_s: float | None = STEP_TIMEOUT_S,
     step_scalars: bool = False,
 ) -> tuple[RunRecord, DoctorObserver]:
     from torchscalpel.runtime.session import RuntimeOptions, run_target
@@ -282,13 +283,13 @@ def diagnose(
     rules: list[RuntimeRule] = [*all_runtime_rules(), sources]
     run_steps: int | None
     cap = TimeCap(options.time_cap_s)
-    if (steps is None or steps == "auto") and _world_size() > 1:
+    if steps == "auto" and _world_size() > 1:
         # Under a launcher every rank must stop at the same step: a rank stopped by its own clock
         # would leave the others blocked in their next collective until torch's timeout.
         run_steps = RANK_STEPS
         cap = TimeCap(None)
     else:
-        run_steps = DEFAULT_STEPS if steps is None or steps == "auto" else None if steps == "all" else steps
+        run_steps = options.planned_steps
     rules.append(cap)
     record, doctor = _run(
         target,

@@ -7,9 +7,9 @@ cap only protects users from a very slow script; when it ends the window before 
 the run record and the output say so (``sections.doctor.window.capped``).
 """
 
-from torchscalpel.runtime.window import WindowDefaults
+from torchscalpel.runtime.window import StepWindow
 
-DOCTOR_WINDOW = WindowDefaults(warmup=2, steps=300)
+DOCTOR_WINDOW = StepWindow(warmup=2, steps=300)
 """``scalpel doctor`` and ``torchscalpel.doctor``: 300 measured steps (``--steps auto``), so small
 scripts reach their evaluation loops, later epochs and checkpoint saves, where many bugs live."""
 DEFAULT_STEPS = DOCTOR_WINDOW.steps

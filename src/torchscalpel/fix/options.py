@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from torchscalpel.errors import UsageError
+from torchscalpel.options import StageOptions
 
 VERIFY_PAIRS = 3
 """Interleaved (original, patched) profile pairs ``--verify`` measures for a tune edit (tune confirms with 3)."""
@@ -14,7 +17,7 @@ VERIFY_STEPS = 20
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class FixOptions:
+class FixOptions(StageOptions):
     """What ``scalpel fix`` reads and does."""
 
     run_dirs: tuple[Path, ...]
@@ -47,3 +50,17 @@ class FixOptions:
             raise UsageError("--steps must be at least 1.")
         if self.patch is not None and self.patch.is_dir():
             raise UsageError(f"--patch {self.patch} is a folder; give a file name such as fix.patch.")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> FixOptions:
+        """What ``scalpel fix``'s parsed flags ask for."""
+        return cls(
+            run_dirs=tuple(args.runs),
+            apply=args.apply,
+            patch=args.patch,
+            verify=args.verify,
+            force=args.force,
+            pairs=args.pairs,
+            steps=args.steps,
+            **fields,
+        )

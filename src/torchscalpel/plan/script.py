@@ -11,6 +11,7 @@ in factory mode; the live model is only read for shapes (a meta copy, no data co
 
 from __future__ import annotations
 
+import argparse
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from torchscalpel.errors import UsageError
+from torchscalpel.errors import ArgumentError, UsageError
+from torchscalpel.options import StageOptions
 from torchscalpel.plan.model_io import loss_from_output, plain_tensor_attributes
 from torchscalpel.plan.simulate import OptimizerSpec
 from torchscalpel.plan.spec import BatchSpec, TensorSpec
@@ -335,8 +337,8 @@ def _add(entries: list[TensorSpec], name: str, value: Any, batch_dim: int | None
     return name
 
 
-@dataclass(kw_only=True, slots=True)
-class ScriptPlanOptions:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScriptPlanOptions(StageOptions):
     """What ``scalpel plan -- SCRIPT`` asks beyond what the script itself shows."""
 
     optimizer: str | None = None
@@ -353,11 +355,25 @@ class ScriptPlanOptions:
 
     def __post_init__(self) -> None:
         if self.grad_accum < 1:
-            raise ValueError(f"--grad-accum {self.grad_accum} must be at least 1")
+            raise ArgumentError(f"{{grad_accum}} {self.grad_accum} must be at least 1")
         if self.world_size < 1 or self.nodes < 1 or self.world_size % self.nodes:
-            raise ValueError(
-                f"--nodes {self.nodes} must be at least 1 and divide --world-size {self.world_size}"
+            raise ArgumentError(
+                f"{{nodes}} {self.nodes} must be at least 1 and divide {{world_size}} {self.world_size}"
             )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> ScriptPlanOptions:
+        """What ``scalpel plan -- SCRIPT``'s parsed flags ask for."""
+        return cls(
+            optimizer=args.optimizer,
+            precision=args.precision,
+            grad_accum=args.grad_accum,
+            world_size=args.world_size,
+            nodes=args.nodes,
+            checkpointing=args.activation_checkpointing,
+            search_max_batch=not args.no_max_batch,
+            **fields,
+        )
 
 
 def plan_script(

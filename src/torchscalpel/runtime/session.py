@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torchscalpel.options import PROFILE_EVENT_BUDGET, STEP_TIMEOUT_S
 from torchscalpel.record import RunRecord, RunStatus, StepRecord
 from torchscalpel.runtime.clock import clock_for
 from torchscalpel.runtime.hooks import HookSet
@@ -35,9 +36,8 @@ UNDECIDED_SLACK_STEPS = 256
 built an optimizer (but never stepped it) as inference and stopping it."""
 
 
-DEFAULT_EVENT_BUDGET = 200_000
-"""Trace events one profiler window may hold. Measured on a loaded 2-core machine: a window of 986k
-events (shapes and memory on) held 4 GiB of RSS and took 96 s to export; 200k is about 0.8 GiB and 20 s."""
+DEFAULT_EVENT_BUDGET = PROFILE_EVENT_BUDGET
+"""Trace events one profiler window may hold (:data:`torchscalpel.options.PROFILE_EVENT_BUDGET`)."""
 
 
 class StopScript(BaseException):
@@ -81,21 +81,20 @@ class RuntimeOptions:
     """Record each step's learning rate and the norm the script's ``clip_grad_norm_`` returned
     (``sections["steps_extra"]``, what ``--tensorboard`` / ``--mlflow`` export). Stages that never export
     (memory, plan) and doctor without tracking turn it off: then ``clip_grad_norm_`` is not wrapped."""
-    step_timeout_s: float | None = 600.0
+    step_timeout_s: float | None = STEP_TIMEOUT_S
     """Stop the script when no step of the kind the run expects has ended this long after the
     start (a loop the runtime cannot recognise must not run to its end); None waits forever."""
 
     def __post_init__(self) -> None:
         if self.op_line_steps < 0:
             raise ValueError(f"the op-line pass needs 0 or more steps, got {self.op_line_steps}")
-        if self.profile_event_budget is not None and self.profile_event_budget < 1:
-            raise ValueError(f"--profile-budget must be at least 1 event, got {self.profile_event_budget}")
         check_window(
             warmup=self.warmup,
             steps=self.steps,
             profile_steps=self.profile_steps,
             step_kind=self.step_kind,
             step_timeout_s=self.step_timeout_s,
+            profile_event_budget=self.profile_event_budget,
         )
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from torchscalpel.errors import ArgumentError, literal
+from torchscalpel.options import PROFILE_EVENT_BUDGET, STEP_TIMEOUT_S, StageOptions
 from torchscalpel.units import NumberError, parse_int
 
 StepCount = int | Literal["all", "auto"]
@@ -19,31 +21,45 @@ STEP_KINDS = ("auto", "optimizer", "backward", "forward")
 """What delimits a step: ``auto`` (the strongest boundary seen) or one fixed kind."""
 
 
-@dataclass(frozen=True, slots=True)
-class WindowDefaults:
-    """A stage's default run window. The one source of these numbers: the CLI's flag defaults
-    (``--warmup``, ``--steps auto``, ``--profile-steps``) and the in-process API's argument defaults
-    (``torchscalpel.profile`` / ``doctor`` / ``memory``) both read the stage's instance."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepWindow(StageOptions):
+    """A run window: warm-up, measured steps, what a step is, how long to wait for one, and the profiler's
+    share. The one source of these numbers: each stage's instance (:data:`PROFILE_WINDOW`,
+    :data:`MEMORY_WINDOW`, ``doctor.window.DOCTOR_WINDOW``) gives the CLI's flag defaults (``--warmup``,
+    ``--steps auto``, ``--profile-steps``, ``--step-timeout``, ``--profile-budget``) and the in-process API's
+    argument defaults; every options class that runs a script takes its defaults from one. Validated on
+    construction (:func:`check_window`)."""
 
     warmup: int
     """Steps run before measuring."""
-    steps: int
-    """Measured steps of the default window (``--steps auto``)."""
+    steps: int | None
+    """Measured steps of the default window (``--steps auto``); None: until the script ends."""
     profile_steps: int = 0
     """Steps inside the torch.profiler window (profile only)."""
+    step_kind: str = "auto"
+    """What delimits a step (:data:`STEP_KINDS`)."""
+    step_timeout_s: float | None = STEP_TIMEOUT_S
+    """Stop the script when no step has ended this long after its loop started (None: wait forever)."""
+    profile_event_budget: int | None = PROFILE_EVENT_BUDGET
+    """Trace events the profiler window may hold (None: no limit)."""
+
+    def __post_init__(self) -> None:
+        check_window(
+            warmup=self.warmup,
+            steps=self.steps,
+            profile_steps=self.profile_steps,
+            step_kind=self.step_kind,
+            step_timeout_s=self.step_timeout_s,
+            profile_event_budget=self.profile_event_budget,
+        )
 
 
-PROFILE_WINDOW = WindowDefaults(warmup=2, steps=20, profile_steps=3)
-"""``scalpel profile`` / ``torchscalpel.profile``."""
-MEMORY_WINDOW = WindowDefaults(warmup=1, steps=20)
-"""``scalpel memory`` / ``torchscalpel.memory`` (all steps instead under a memory limit)."""
-
-
-def check_warmup(value: object, *, name: str = "--warmup") -> int:
+def check_warmup(value: object) -> int:
     """The one warm-up check, for the CLI flag, the ``scalpel.toml`` key and the in-process argument:
-    an integer >= 0 (not a bool); ValueError naming ``name`` otherwise."""
+    an integer >= 0 (not a bool); an :class:`~torchscalpel.errors.ArgumentError` naming ``warmup``
+    otherwise (the CLI words it ``--warmup``)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, not {value!r}")
+        raise ArgumentError("{warmup} must be an integer >= 0, not " + literal(repr(value)))
     return value
 
 
@@ -68,14 +84,26 @@ def check_window(
     profile_steps: int = 0,
     step_kind: str = "auto",
     step_timeout_s: float | None = None,
+    profile_event_budget: int | None = None,
 ) -> None:
-    """The checks every run window passes, with messages that name the flag a user typed."""
+    """The checks every run window passes: an :class:`~torchscalpel.errors.ArgumentError` whose sentence
+    names the argument (``steps must be at least 1``), which the CLI words with its flag (``--steps``)."""
     check_warmup(warmup)
     if steps is not None and steps < 1:
-        raise ValueError("--steps must be at least 1, or 'all'")
+        raise ArgumentError("{steps} must be at least 1, or 'all'")
     if profile_steps < 0:
-        raise ValueError("--profile-steps must be 0 or more")
+        raise ArgumentError("{profile_steps} must be 0 or more")
     if step_kind not in STEP_KINDS:
-        raise ValueError(f"--step-kind must be one of {', '.join(STEP_KINDS)}")
+        raise ArgumentError("{step_kind} must be one of " + ", ".join(STEP_KINDS))
     if step_timeout_s is not None and step_timeout_s <= 0:
-        raise ValueError("--step-timeout must be more than 0 seconds")
+        raise ArgumentError("{step_timeout_s} must be more than 0 seconds")
+    if profile_event_budget is not None and profile_event_budget < 1:
+        raise ArgumentError(
+            "{profile_event_budget} must be at least 1 event, got " + literal(profile_event_budget)
+        )
+
+
+PROFILE_WINDOW = StepWindow(warmup=2, steps=20, profile_steps=3)
+"""``scalpel profile`` / ``torchscalpel.profile``."""
+MEMORY_WINDOW = StepWindow(warmup=1, steps=20)
+"""``scalpel memory`` / ``torchscalpel.memory`` (all steps instead under a memory limit)."""

@@ -9,6 +9,7 @@ the others. ``<out>/report.html`` is a table of what every stage did followed by
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import time
 from collections.abc import Callable, Sequence
@@ -18,15 +19,17 @@ from typing import Any, cast
 
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
+from torchscalpel.options import StageOptions
 from torchscalpel.runtime.target import Target
+from torchscalpel.stages.saving import save_with_report
 
 STAGES = ("env", "profile", "doctor", "analyze", "tune", "plan", "ship")
 # Sized so every stage together takes a few minutes on a 2-core laptop CPU.
 EXAMPLE_ARGS = ["--steps", "200", "--log-every", "50", "--corpus-chars", "500000"]
 
 
-@dataclass(frozen=True, slots=True)
-class DemoOptions:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DemoOptions(StageOptions):
     """What ``scalpel demo`` runs, validated on construction (a :class:`UsageError` names the bad value)."""
 
     out: Path
@@ -46,6 +49,14 @@ class DemoOptions:
             raise UsageError(
                 f"--steps {self.steps} must be between 1 and 10000 (measured steps of the profile stage)."
             )
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> DemoOptions:
+        """What ``scalpel demo``'s parsed flags ask for (``fields``: ``out`` when ``--out`` was not given)."""
+        stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+        return cls(
+            **{"out": args.out, **fields}, stages=stages, steps=args.steps, tune_budget_s=args.tune_budget
+        )
 
 
 @dataclass(slots=True)
@@ -140,7 +151,7 @@ def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str,
     record, findings = diagnose(
         target, DoctorOptions(steps=20, warmup=2, out_dir=out), command=["scalpel", "demo"]
     )
-    _save_with_report(record, out)
+    save_with_report(record, out)  # as the stage's own command writes them
     render_terminal(
         findings,
         make_console(),
@@ -206,19 +217,8 @@ def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
     )
     print(render_text(result))
     record.sections[PlanSection.KEY] = result.to_dict()
-    _save_with_report(record, out)
+    save_with_report(record, out)  # as the stage's own command writes them
     return True, str(out), "per-rank memory for every strategy on 2 x A100-80GB"
-
-
-def _save_with_report(record: Any, out: Path) -> None:
-    """run.json and report.html in the stage's folder, as the stage's own command writes them."""
-    from torchscalpel.record import save_record
-    from torchscalpel.report.html import write_report
-
-    out.mkdir(parents=True, exist_ok=True)
-    record.artifacts.update({"record": "run.json", "report": "report.html"})
-    save_record(record, out)
-    write_report(record, out / "report.html")
 
 
 SHIP_MODULES = {

@@ -8,41 +8,42 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.memory.observer import MemoryObserver
+from torchscalpel.memory.options import MemoryOptions
 from torchscalpel.record import RunRecord
-from torchscalpel.runtime.session import RuntimeOptions, SetupHook
+from torchscalpel.runtime.session import SetupHook
 from torchscalpel.runtime.target import Target
 from torchscalpel.stages.saving import save_with_report
 
 
 def run_memory(
     target: Target,
-    options: RuntimeOptions,
+    options: MemoryOptions,
     *,
-    limit: int | None,
+    out_dir: Path,
     json_path: Path | None = None,
     write_report: bool = True,
     setup_hooks: Sequence[SetupHook] = (),
-    plan: bool = True,
-    until_eval: int | None = None,
 ) -> RunRecord:
-    """Run ``target`` with tensor-level accounting (and ``limit``, when given); write run.json and report.html.
-
-    ``until_eval``: run at least this many steps, then stop once the script's first evaluation has ended."""
+    """Run ``target`` with tensor-level accounting in the window ``options`` asks (and its memory limit, when
+    given); write run.json and report.html into ``out_dir``."""
     from torchscalpel.runtime.session import run_target
 
-    assert options.out_dir is not None
-    out_dir: Path = options.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
-    observer = MemoryObserver(limit=limit, plan=plan, until_eval=until_eval)
+    observer = make_observer(options)
     record = run_target(
         target,
-        options,
+        options.runtime(out_dir=out_dir, name=f"memory-{target.name}"),
         observers=[observer],
         setup_hooks=[*setup_hooks, observer_setup(observer)],
         command=["scalpel", *sys.argv[1:]],
     )
     finish(record, out_dir, json_path=json_path, write_report=write_report)
     return record
+
+
+def make_observer(options: MemoryOptions) -> MemoryObserver:
+    """The memory observer ``options`` ask for (the limit, the plan's numbers, the until-eval stop)."""
+    return MemoryObserver(limit=options.memory_limit, plan=options.plan, until_eval=options.until_eval_steps)
 
 
 def observer_setup(observer: MemoryObserver) -> SetupHook:

@@ -6,11 +6,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from torchscalpel.record import RunRecord, save_record
+from torchscalpel.record import RunRecord
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.session import RuntimeOptions, SetupHook
 from torchscalpel.runtime.target import Target
 from torchscalpel.runtime.trace_summary import add_trace_summary
+from torchscalpel.stages.saving import save_with_report
 
 
 def profile_target(
@@ -51,14 +52,7 @@ def finish_profile(
     """Everything after the run: trace summary, run.json, report.html, the optional JSON copy, the summary."""
     out_dir.mkdir(parents=True, exist_ok=True)
     add_trace_summary(record, out_dir)
-    record.artifacts["record"] = "run.json"
-    save_record(record, out_dir)  # saved first: a report that fails to render loses nothing
-    if write_report:
-        from torchscalpel.report.html import write_report as write_html
-
-        write_html(record, out_dir / "report.html")
-        record.artifacts["report"] = "report.html"
-        save_record(record, out_dir)
+    save_with_report(record, out_dir, write_report=write_report)
     try:
         if (
             json_path is not None

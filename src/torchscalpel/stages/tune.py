@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from torchscalpel.record import RunRecord, load_record, new_run_record, save_record
+from torchscalpel.record import RunRecord, load_record, new_run_record
 from torchscalpel.runtime.target import Target
 from torchscalpel.sections import TuneSection
+from torchscalpel.stages.saving import save_with_report
 from torchscalpel.tune.apply import code_lines
 from torchscalpel.tune.search import TuneResult
 from torchscalpel.tune.settings import read_settings_file, write_settings_file
@@ -60,17 +61,10 @@ def save_outputs(
     )
     paths["code"] = out_dir / "code.txt"
     record.artifacts.update({"record": "run.json", "settings": "scalpel.toml", "code": "code.txt"})
-    save_record(record, out_dir)
+    report = save_with_report(record, out_dir)  # the record and the settings are safe before it renders
     paths["record"] = out_dir / "run.json"
-    try:
-        from torchscalpel.report.html import write_report
-
-        paths["report"] = write_report(record, out_dir / "report.html")
-        record.artifacts["report"] = "report.html"
-        save_record(record, out_dir)
-    except Exception as exc:  # the record and the settings are already safe on disk
-        record.notes.append(f"report failed: {exc!r}")
-        save_record(record, out_dir)
+    if report is not None:
+        paths["report"] = report
     return paths
 
 

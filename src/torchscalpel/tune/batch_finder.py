@@ -11,11 +11,14 @@ when the script ended on its own before a measured step, or its data holds fewer
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torchscalpel.errors import ArgumentError, literal
+from torchscalpel.options import STEP_TIMEOUT_S, StageOptions
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.patching import Undo, wrap_attr
 
@@ -26,21 +29,28 @@ ADAPTIVE_FAMILY = ("Adam", "AdamW", "Adamax", "NAdam", "RAdam", "Adagrad", "Adad
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class BatchOptions:
+class BatchOptions(StageOptions):
     """The sizes to measure and the steps per size."""
 
     sizes: tuple[int, ...]
     warmup: int = 2
     steps: int = 5
-    step_timeout_s: float | None = 600.0
+    step_timeout_s: float | None = STEP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.sizes):
-            raise ValueError(f"--sizes must be whole numbers of at least 1, got {list(self.sizes)}")
+            raise ArgumentError(
+                "{sizes} must be whole numbers of at least 1, got " + literal(list(self.sizes))
+            )
         if len(set(self.sizes)) != len(self.sizes):
-            raise ValueError(f"--sizes lists a size twice: {list(self.sizes)}")
+            raise ArgumentError("{sizes} lists a size twice: " + literal(list(self.sizes)))
         if self.steps < 1 or self.warmup < 0:
-            raise ValueError("--steps must be at least 1 and --warmup at least 0")
+            raise ArgumentError("{steps} must be at least 1 and {warmup} at least 0")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> BatchOptions:
+        """The sizes and window ``scalpel batch``'s parsed flags ask for."""
+        return cls(sizes=tuple(args.sizes), steps=args.steps, warmup=args.warmup, **fields)
 
 
 OUTCOMES = ("measured", "does not fit", "failed", "not measured")

@@ -3,24 +3,29 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
+from torchscalpel.errors import ArgumentError, UsageError
+from torchscalpel.options import StageOptions
 from torchscalpel.runtime.window import check_window
 from torchscalpel.tune.knobs import KNOB_NAMES
 from torchscalpel.tune.runner import TrialResult
+from torchscalpel.tune.window import FIT_STEPS, MIN_MEASURE_S, TUNE_STEPS
 
 MAX_MEASURED_STEPS = 400
 """Upper bound on the measured steps per trial that ``min_measure_s`` may ask for."""
 
 
-@dataclass(kw_only=True, slots=True)
-class TuneOptions:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TuneOptions(StageOptions):
     """How long and how hard to search."""
 
-    out_dir: Path
-    """Folder for trial runs (one sub-folder each), the record and the report."""
+    out_dir: Path | None = None
+    """Folder for trial runs (one sub-folder each), the record and the report (:attr:`folder`); the CLI
+    validates the flags first and names the folder once the target is known."""
     budget_s: float = 600.0
     """Wall-clock budget for the whole search, baseline included."""
     warmup: int = 3
@@ -44,18 +49,91 @@ class TuneOptions:
     """What ends a step in every trial (``--step-kind``)."""
     cache_dir: Path | None = None
     """TORCHINDUCTOR_CACHE_DIR for the trials (default: the environment's, else inductor's per-user cache)."""
+    fit: str | None = None
+    """``--fit SIZE``: the size as the user typed it (checked by the shared size rule); the search is then
+    the memory ladder's, measured (:mod:`torchscalpel.tune.fit`), not the knob search."""
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0:
-            raise ValueError("--budget must be positive")
+            raise ArgumentError("{budget_s} must be positive")
         if self.steps < 2:
-            raise ValueError("--steps must be at least 2, so a median step time exists")
+            raise ArgumentError("{steps} must be at least 2, so a median step time exists")
         if self.min_measure_s < 0:
-            raise ValueError("--min-measure must not be negative")
+            raise ArgumentError("{min_measure_s} must not be negative")
         check_window(warmup=self.warmup, steps=self.steps, step_kind=self.step_kind)
         unknown = [k for k in self.knobs if k not in KNOB_NAMES]
         if unknown:
             raise ValueError(f"unknown knob(s) {', '.join(unknown)}; choose from {', '.join(KNOB_NAMES)}")
+        if self.confirm_pairs < 1:
+            raise ArgumentError(
+                "{confirm_pairs} must be at least 1: nothing is recommended without a confirmation run"
+            )
+        if self.fit is not None:
+            from torchscalpel.units import parse_size
+
+            parse_size(self.fit, flag="--fit")  # one sentence and exit 2 for a bad size, before any trial
+
+    @property
+    def folder(self) -> Path:
+        """:attr:`out_dir`, which a search needs (ValueError when it was never named)."""
+        if self.out_dir is None:
+            raise ValueError("a tune search needs out_dir, the folder of its trials and record")
+        return self.out_dir
+
+    @property
+    def fit_steps(self) -> int:
+        """Measured steps of each ``--fit`` trial."""
+        return min(self.steps, FIT_STEPS)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **fields: Any) -> TuneOptions:
+        """The options ``scalpel tune``'s parsed flags ask for, ``--fit`` included; a bad flag is one
+        :class:`UsageError` sentence naming it, before the target is looked at."""
+        from torchscalpel.options import usage_error
+        from torchscalpel.runtime.window import check_warmup, parse_steps
+        from torchscalpel.tune.search import parse_knobs
+        from torchscalpel.tune.settings import COMPILE_MODES
+        from torchscalpel.units import parse_duration
+
+        budget = parse_duration(args.budget, flag="--budget")
+        knobs = parse_knobs(args.knobs)
+        modes = tuple(m.strip() for m in args.compile_mode.split(",") if m.strip())
+        bad = [m for m in modes if m not in COMPILE_MODES]
+        if bad or not modes:
+            raise UsageError(f"--compile-mode takes {', '.join(COMPILE_MODES)}, not {args.compile_mode!r}.")
+        try:
+            check_warmup(args.warmup)
+            steps = parse_steps(args.steps, minimum=2)
+        except ValueError as exc:
+            raise usage_error(exc) from None
+        if steps == "all":
+            raise UsageError(
+                f"--steps all would let every trial run to the script's end; give a number (default {TUNE_STEPS})."
+            )
+        min_measure = (
+            args.min_measure if args.min_measure is not None else (MIN_MEASURE_S if steps == "auto" else 0.0)
+        )
+        if args.confirm < 1:
+            raise UsageError(
+                "--confirm must be at least 1: nothing is recommended without a confirmation run."
+            )
+        try:
+            return cls(
+                budget_s=budget,
+                warmup=args.warmup,
+                steps=TUNE_STEPS if steps == "auto" else steps,
+                seed=args.seed,
+                knobs=knobs,
+                compile_backend=args.compile_backend,
+                compile_modes=modes,
+                confirm_pairs=args.confirm,
+                step_kind=args.step_kind,
+                min_measure_s=min_measure,
+                fit=args.fit or None,
+                **fields,
+            )
+        except ValueError as exc:
+            raise usage_error(exc) from None
 
     def measured_steps(self, step_ms: float | None) -> int:
         """Measured steps per trial for a step of ``step_ms``: ``steps``, or more when that many

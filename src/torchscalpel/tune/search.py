@@ -134,7 +134,7 @@ class Search:
         result = run_trial(
             self.target,
             settings,
-            self.options.out_dir / "trials" / name,
+            self.options.folder / "trials" / name,
             warmup=self.options.warmup,
             steps=self.steps,
             seed=self.options.seed,
