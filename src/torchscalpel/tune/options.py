@@ -91,7 +91,6 @@ class TuneOptions(StageOptions):
         :class:`UsageError` sentence naming it, before the target is looked at."""
         from torchscalpel.options import usage_error
         from torchscalpel.runtime.window import check_warmup, parse_steps
-        from torchscalpel.tune.search import parse_knobs
         from torchscalpel.tune.settings import COMPILE_MODES
         from torchscalpel.units import parse_duration
 
@@ -171,3 +170,16 @@ class SilentProgress:
 
     def trial_finished(self, result: TrialResult) -> None:
         return None
+
+
+def parse_knobs(text: str | None) -> tuple[str, ...]:
+    """``--knobs amp,compile`` -> ``("amp", "compile")``; raise UsageError naming unknown ones."""
+    if not text:
+        return KNOB_NAMES
+    names = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in names if k not in KNOB_NAMES]
+    if unknown:
+        raise UsageError(
+            f"Unknown knob {', '.join(unknown)} in --knobs; choose from {', '.join(KNOB_NAMES)}."
+        )
+    return names

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchscalpel.errors import ScalpelError, UsageError
+from torchscalpel.errors import ScalpelError
 from torchscalpel.runtime.target import Target
 from torchscalpel.tune.apply import knob_families, numerics_class
 from torchscalpel.tune.bottleneck import Bottleneck, classify_trial
 from torchscalpel.tune.budget import MAX_AUTOTUNE_MIN_S, Budget
 from torchscalpel.tune.confirm import confirm
 from torchscalpel.tune.facts import ModelFacts
-from torchscalpel.tune.knobs import KNOB_NAMES, Knob, all_knobs
-from torchscalpel.tune.options import Progress, SilentProgress, TuneOptions
+from torchscalpel.tune.knobs import Knob, all_knobs
+from torchscalpel.tune.options import Progress, SilentProgress, TuneOptions, parse_knobs
 from torchscalpel.tune.ordering import confirm_queue, near_ties, winners
 from torchscalpel.tune.plan import plan_candidates
 from torchscalpel.tune.result import TuneResult
@@ -469,19 +469,6 @@ class Search:
 def tune(target: Target, options: TuneOptions, progress: Progress | None = None) -> TuneResult:
     """Run a tune search (see :class:`Search`)."""
     return Search(target, options, progress).run()
-
-
-def parse_knobs(text: str | None) -> tuple[str, ...]:
-    """``--knobs amp,compile`` -> ``("amp", "compile")``; raise UsageError naming unknown ones."""
-    if not text:
-        return KNOB_NAMES
-    names = tuple(k.strip() for k in text.split(",") if k.strip())
-    unknown = [k for k in names if k not in KNOB_NAMES]
-    if unknown:
-        raise UsageError(
-            f"Unknown knob {', '.join(unknown)} in --knobs; choose from {', '.join(KNOB_NAMES)}."
-        )
-    return names
 
 
 __all__ = [
