@@ -16,6 +16,7 @@ from typing import Any
 
 from torchscalpel.fix import code
 from torchscalpel.fix.edits import Edit
+from torchscalpel.fix.edits_compile_cache import cache_off_statement
 from torchscalpel.fix.record_values import settings_of, tune_settings
 from torchscalpel.fix.record_values import sites as checked_sites
 from torchscalpel.record import RunRecord
@@ -430,6 +431,9 @@ def _compile_plan(
             f"    if type(_module).__name__ == {quoted}:\n        _module.{call}\n"
         )
     )
+    if spec.get("use_cache") is False:  # what tune measured with compile (a transformers model in training)
+        inserted += cache_off_statement(var)
+        snippet += "\n" + cache_off_statement("model").strip()
     return Planned(
         label,
         "tune",
