@@ -21,7 +21,6 @@ from torchscalpel.tune.speedup import stamp
 from torchscalpel.tune.states import Verdict
 from torchscalpel.tune.verify import MIN_MARGIN, noise_fraction, numerics_gate, required_speedup
 
-
 OUTLIER = 2.0
 """A failing pair whose ratio is below the screening ratio divided by this is not alone enough to rule
 a candidate out: one more pair is run (seen: 0.11x in one pair after 2.66x screened)."""

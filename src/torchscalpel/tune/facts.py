@@ -317,7 +317,7 @@ class FactsObserver(Observer):
             dataset = getattr(loaders[0], "dataset", None)
             facts.iterable_dataset = isinstance(dataset, torch.utils.data.IterableDataset)
             try:
-                facts.batches_per_epoch = int(len(loaders[0]))
+                facts.batches_per_epoch = len(loaders[0])
             except TypeError:  # an IterableDataset without __len__: the run's length is not known
                 facts.batches_per_epoch = None
         facts.optimizers = [type(o).__name__ for o in optimizers]
