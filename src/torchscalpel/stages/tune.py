@@ -42,24 +42,31 @@ def save_outputs(
         # said where the result is written and printed: the terminal prints the notes, run.json keeps them
         result.notes.append(note)
         record.sections[TuneSection.KEY]["notes"] = list(result.notes)
-    header = [
-        f"{TOML_MARK} on {time.strftime('%Y-%m-%d %H:%M')} for: {target_text}",
-        f"apply with: scalpel run --config scalpel.toml -- {target_text}",
-    ]
-    # The verdict line the terminal printed (the one speedup definition, torchscalpel.tune.speedup).
-    header.append(result.headline() + ("" if result.winner is not None else ": the [tune] table is empty"))
-    if note:
-        header.append(note)
-    paths["settings"] = write_settings_file(result.settings, out_dir / "scalpel.toml", header=header)
-    if config_path is not None and _may_overwrite(config_path):
-        paths["config"] = write_settings_file(result.settings, config_path, header=header)
+
+    def header(path: Path) -> list[str]:
+        lines = [
+            f"{TOML_MARK} on {time.strftime('%Y-%m-%d %H:%M')} for: {target_text}",
+            f"apply with: scalpel run --config {path} -- {target_text}",  # the path this file has
+            # The verdict line the terminal printed (the one speedup definition, torchscalpel.tune.speedup).
+            result.headline(),
+        ]
+        return [*lines, note] if note else lines
+
+    # Nothing recommended: no settings file (an empty [tune] table read as if something were to apply).
+    if result.winner is not None:
+        toml = out_dir / "scalpel.toml"
+        paths["settings"] = write_settings_file(result.settings, toml, header=header(toml))
+        if config_path is not None and _may_overwrite(config_path):
+            paths["config"] = write_settings_file(result.settings, config_path, header=header(config_path))
     lines = code_lines(result.settings)
     (out_dir / "code.txt").write_text(
         "\n".join([f"# scalpel tune: {result.headline()}", *([f"# {note}"] if note else []), *lines]) + "\n",
         encoding="utf-8",
     )
     paths["code"] = out_dir / "code.txt"
-    record.artifacts.update({"record": "run.json", "settings": "scalpel.toml", "code": "code.txt"})
+    record.artifacts.update({"record": "run.json", "code": "code.txt"})
+    if "settings" in paths:
+        record.artifacts["settings"] = "scalpel.toml"
     save_record(record, out_dir)
     paths["record"] = out_dir / "run.json"
     try:
@@ -135,7 +142,7 @@ def tune_stage(
         print_tune_result(
             result,
             out_dir=out_dir,
-            config_path=out_dir / "scalpel.toml",
+            config_path=out_dir / "scalpel.toml" if result.winner is not None else None,
             environment=load_record(out_dir).environment,
         )
     return result

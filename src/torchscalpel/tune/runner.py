@@ -49,6 +49,9 @@ class TrialResult:
     baseline_startup_ms: float | None = None
     """The baseline runs' one-time cost beside ``startup_ms`` (the confirmation baselines' median; for a
     screened candidate the search's reference baseline is used instead)."""
+    payback: dict[str, Any] = field(default_factory=dict)
+    """For a candidate with a start-up cost: :meth:`torchscalpel.tune.payback.Payback.to_dict` (one-time
+    cost, per-step gain, steps to pay back, end to end over the run's length when known)."""
     steady_note: str = ""
     """When dynamo compiled during a measured step: which, why, and what the median was taken over."""
     # Filled by the search:

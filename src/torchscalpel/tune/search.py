@@ -29,6 +29,7 @@ from torchscalpel.tune.facts import ModelFacts
 from torchscalpel.tune.knobs import KNOB_NAMES, Knob, all_knobs
 from torchscalpel.tune.options import Progress, SilentProgress, TuneOptions
 from torchscalpel.tune.ordering import confirm_queue, near_ties, winners
+from torchscalpel.tune.payback import payback_of, run_steps
 from torchscalpel.tune.plan import plan_candidates
 from torchscalpel.tune.result import TuneResult
 from torchscalpel.tune.runner import TrialResult, profile_steps_for, run_trial
@@ -172,9 +173,20 @@ class Search:
             busy = self._noise_note(result)
             if busy:
                 result.notes.append(busy)
+        self._paybacks(result)
         self._say_plan(ended=True)
         result.elapsed_s = self.budget.elapsed()
         return result
+
+    def _paybacks(self, result: TuneResult) -> None:
+        """The pays-back figures of every measured candidate with a start-up cost (tune/payback.py)."""
+        facts = ModelFacts.from_dict(result.baseline.facts)
+        run = run_steps(self.target.args, facts.batches_per_epoch)
+        if run is not None:
+            result.run_steps, result.run_source = run.steps, run.source
+        for trial in result.trials:
+            value = payback_of(trial, result.baseline, run)
+            trial.payback = value.to_dict() if value is not None else {}
 
     def _search(self, result: TuneResult) -> None:
         facts = ModelFacts.from_dict(result.baseline.facts)
