@@ -203,3 +203,70 @@ def test_screened_candidate_carries_its_startup_into_the_record(monkeypatch, tmp
     assert result.to_dict()["run_source"] == "--steps 900"
     if result.winner is trial:
         assert "end to end over this run's 900 steps (--steps 900)" in result.headline()
+
+
+# -- a transformers model in training: no key/value cache under compile ------------------------------
+
+
+def tiny_llama(use_cache: bool | None = None):
+    transformers = pytest.importorskip("transformers")
+    extra = {} if use_cache is None else {"use_cache": use_cache}
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=32,
+        **extra,
+    )
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_the_compile_candidate_turns_the_training_cache_off_and_puts_it_back():
+    from torchscalpel.tune.knobs import ApplyLog
+    from torchscalpel.tune.knobs.compile import builds_cache_in_training, no_cache_in_training
+
+    model = tiny_llama()  # use_cache defaults to True: a training forward builds a DynamicCache
+    model.train()
+    assert builds_cache_in_training(model)
+    log = ApplyLog()
+    undo = no_cache_in_training(model, log)
+    assert model.config.use_cache is False and any("use_cache=False" in d for d in log.to_dict()["applied"])
+    undo()
+    assert model.config.use_cache is True
+    assert not builds_cache_in_training(model.eval())
+    assert not builds_cache_in_training(tiny_llama(use_cache=False).train())
+
+
+def test_compile_candidates_and_code_carry_use_cache_off_only_for_such_a_model():
+    from torchscalpel.tune.facts import ModelFacts
+    from torchscalpel.tune.knobs.compile import CompileKnob
+
+    facts = ModelFacts(models=["LlamaForCausalLM"], cache_in_training=True)
+    knob = CompileKnob()
+    settings, _ = knob.candidates(facts)
+    assert settings and all(s.compile is not None and s.compile.use_cache is False for s in settings)
+    assert "model.config.use_cache = False" in "\n".join(knob.code_lines(settings[0]))
+    plain, _ = knob.candidates(ModelFacts(models=["Net"]))
+    assert all(s.compile is not None and s.compile.use_cache is None for s in plain)
+    assert "use_cache" not in "\n".join(knob.code_lines(plain[0]))
+
+
+def test_fix_inserts_use_cache_off_beside_the_compile_it_goes_with():
+    pytest.importorskip("libcst")
+    from torchscalpel.fix.edits import Edit, apply_edit
+    from torchscalpel.fix.edits_compile_cache import cache_off_statement
+
+    src = (
+        "from transformers import LlamaConfig, LlamaForCausalLM\n\n"
+        "net = LlamaForCausalLM(LlamaConfig())\nnet.train()\n"
+    )
+    edit = Edit(
+        kind="after_statement", line=3, code="{var}.compile()\n" + cache_off_statement("{var}"), marker="{var}.compile("
+    )
+    new, out = apply_edit(src, edit)
+    assert out.status == "applied"
+    assert "net = LlamaForCausalLM(LlamaConfig())\nnet.compile()\nnet.config.use_cache = False" in new
+    assert apply_edit(new, edit)[1].status == "already"
