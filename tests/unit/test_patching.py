@@ -127,7 +127,6 @@ def test_the_layer_keeps_the_wrapped_functions_name_and_doc() -> None:
     assert not is_live_layer(torch.manual_seed)
 
 
-
 def test_an_observe_only_layer_calls_straight_through_while_dynamo_traces(monkeypatch):
     """A recorder on ``nn.Module.__init__`` (the sites recorder: frames, weak references) was traced into
     every compiled forward that builds a module (a transformers ModuleList slice) and broke the graph 8

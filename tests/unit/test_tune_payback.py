@@ -264,7 +264,10 @@ def test_fix_inserts_use_cache_off_beside_the_compile_it_goes_with():
         "net = LlamaForCausalLM(LlamaConfig())\nnet.train()\n"
     )
     edit = Edit(
-        kind="after_statement", line=3, code="{var}.compile()\n" + cache_off_statement("{var}"), marker="{var}.compile("
+        kind="after_statement",
+        line=3,
+        code="{var}.compile()\n" + cache_off_statement("{var}"),
+        marker="{var}.compile(",
     )
     new, out = apply_edit(src, edit)
     assert out.status == "applied"
