@@ -143,6 +143,9 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--loops", default=",".join(LOOPS))
     p.add_argument("--budget", default="6m", help="scalpel tune --budget per loop")
+    p.add_argument(
+        "--knobs", default="", help="scalpel tune --knobs for every loop (default: each loop's own)"
+    )
     p.add_argument("--pairs", type=int, default=2, help="interleaved (original, patched, scalpel run) rounds")
     p.add_argument("--steps", type=int, default=60, help="the script's own steps for the end-to-end runs")
     p.add_argument("--timed", type=int, default=20, help="steps timed per step-timer run, after --warmup")
@@ -156,8 +159,13 @@ def main() -> int:
         script, base_args, knobs = LOOPS[name]
         run = args.out / f"tune-{name}"
         tune_args = [*base_args, *steps_args(name, args.steps)]
-        row: dict[str, Any] = {"load_before": uptime(), "command": shlex.join([str(script), *tune_args])}
-        section = tune(name, script, tune_args, knobs, run, args.budget)
+        row: dict[str, Any] = {
+            "load_before": uptime(),
+            "command": shlex.join([str(script), *tune_args]),
+            "knobs": args.knobs or knobs,
+            "budget": args.budget,
+        }
+        section = tune(name, script, tune_args, args.knobs or knobs, run, args.budget)
         winner = section.get("winner")
         row["tune_headline"] = winner and winner.get("label")
         row["tune_notes"] = section.get("notes", [])

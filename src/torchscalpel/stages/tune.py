@@ -131,18 +131,14 @@ def tune_stage(
         out_dir=out_dir, budget_s=budget_s, steps=steps, warmup=warmup, knobs=knobs, confirm_pairs=1
     )
     result = tune(target, options, SilentProgress() if quiet else RichProgress())
-    save_outputs(
-        result,
-        out_dir,
-        config_path=None,
-        command=["scalpel", "demo"],
-        target_text=" ".join(str(a) for a in target.argv()),
-    )
+    target_text = " ".join(str(a) for a in target.argv())
+    save_outputs(result, out_dir, config_path=None, command=["scalpel", "demo"], target_text=target_text)
     if not quiet:
         print_tune_result(
             result,
             out_dir=out_dir,
             config_path=out_dir / "scalpel.toml" if result.winner is not None else None,
             environment=load_record(out_dir).environment,
+            target_text=target_text,
         )
     return result
