@@ -400,7 +400,8 @@ def _compile_plan(
     call = code.text(code.call("compile", **args))
     quoted = code.text(code.value(target))
     label = f"compile({target})"
-    if framework == "transformers" and target == "model" and not args:
+    # TrainingArguments(torch_compile=True) leaves use_cache as it is: not what tune measured with it off
+    if framework == "transformers" and target == "model" and not args and spec.get("use_cache") is not False:
         return Planned(
             label,
             "tune",
