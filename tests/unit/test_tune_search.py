@@ -887,3 +887,23 @@ def test_ranked_rows_follow_the_stated_order(run_search):
     measured = [r for r in ratios if r is not None]
     assert measured == sorted(measured, reverse=True) and ratios[: len(measured)] == measured
     assert RANK_ORDER == "ranked by speedup per step (each against the baseline run beside it)"
+
+
+def test_later_pairs_are_budgeted_from_the_pair_just_run_not_the_cold_screening(monkeypatch, tmp_path):
+    # screening held a cold compile (60 s); a confirmation run is warm (10 s): 3 pairs of 20 s fit in
+    # what is left, where 3 pairs of 70 s (the screening's figure) would not
+    clock = Clock()
+    monkeypatch.setattr(budget_mod.time, "monotonic", clock)
+    runner = FakeRunner({"amp=bf16": 60.0})
+
+    def run(target, settings, out_dir, **kw):
+        result = runner(target, settings, out_dir, **kw)
+        cold = settings.label() == "amp=bf16" and "confirm" not in out_dir.name
+        result.wall_s = 60.0 if cold else 10.0
+        clock.t += result.wall_s
+        return result
+
+    monkeypatch.setattr(search_mod, "run_trial", run)
+    options = TuneOptions(out_dir=tmp_path / "o", budget_s=190, steps=3, warmup=1, knobs=("amp",))
+    result = search_mod.Search(Target(script=Path("t.py")), options, Recorder()).run()
+    assert result.winner is not None and len(result.winner.confirm_pairs) == 3, result.notes

@@ -54,7 +54,16 @@ class TrialObserver(Observer):
         from torchscalpel.tune.knobs.compile import compile_progress
 
         seconds, guards, last_guard = compile_progress()
-        if seconds > self._compile_s + 1e-6 or guards > self._guards:
+        last = self.compiled_steps[-1] if self.compiled_steps else None
+        if (
+            last is not None
+            and last["index"] == step.index
+            and (seconds > self._compile_s + 1e-6 or guards > self._guards)
+        ):
+            # the same step reported again (the runtime re-emits a step it re-opened): one entry per step
+            last["compile_s"] = round(last["compile_s"] + seconds - self._compile_s, 3)
+            last["recompiles"] += guards - self._guards
+        elif seconds > self._compile_s + 1e-6 or guards > self._guards:
             self.compiled_steps.append(
                 {
                     "index": step.index,
