@@ -67,15 +67,17 @@ def confirm(search: TrialRunner, best: TrialResult, result: TuneResult) -> bool:
     startups: list[tuple[float, float]] = []
     compile_ms: list[float] = []
     short = False
-    measured: tuple[float, float] | None = None
+    last_pair: tuple[float, float] | None = None
     """Wall seconds of the last pair run (baseline, candidate): what the next pair needs. The screening
     run's wall time held a cold compile (118 s of a 170 s compile trial on a tiny Llama; 66 s warm)."""
     for i in range(total):
-        if pairs and budget.remaining() < (sum(measured) if measured else budget.pair_s(best)):
+        if pairs and budget.remaining() < (sum(last_pair) if last_pair else budget.pair_s(best)):
             short = True
+            noise = noise_fraction(search.baseline_medians)
+            advice = budget.advice(best, total - len(pairs), noise=noise, measured=last_pair)
             result.notes.append(
                 f"confirmation of {best.label} stopped after {len(pairs)} of {total} pair(s), so it is not "
-                f"recommended (one pair cannot carry it): {budget.advice(best, total - len(pairs), noise=noise_fraction(search.baseline_medians), measured=measured)}"
+                f"recommended (one pair cannot carry it): {advice}"
             )
             drop(f"confirmation of {best.label} stopped after {len(pairs)} pair(s) (budget)")
             break
@@ -100,7 +102,7 @@ def confirm(search: TrialRunner, best: TrialResult, result: TuneResult) -> bool:
             break
         search.baseline_medians.append(base.median_ms or 0.0)
         pairs.append((base.median_ms or 0.0, cand.median_ms or 0.0))
-        measured = (base.wall_s, cand.wall_s)
+        last_pair = (base.wall_s, cand.wall_s)
         if base.startup_ms is not None and cand.startup_ms is not None:
             startups.append((base.startup_ms, cand.startup_ms))
         if (cand.compile or {}).get("compile_ms"):
