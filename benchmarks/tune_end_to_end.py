@@ -92,16 +92,24 @@ def tune(name: str, script: Path, args: list[str], knobs: str, out: Path, budget
         return {}
 
 
-def patched_copy(script: Path, run: Path, work: Path) -> tuple[Path, str]:
-    """A git project holding a copy of ``script``, patched by ``scalpel fix RUN --apply``."""
-    project = work / "project"
-    project.mkdir()
+def project_copy(script: Path, project: Path) -> Path:
+    """``script`` in a git project of its own (what tune runs and fix patches: the user's tree)."""
+    if project.exists():
+        shutil.rmtree(project)
+    project.mkdir(parents=True)
     copy = project / script.name
     shutil.copy(script, copy)
     git = ["git", "-c", "user.email=b@b", "-c", "user.name=b"]
     subprocess.run([*git, "init", "-q", str(project)], check=True)
     subprocess.run([*git, "-C", str(project), "add", "."], check=True)
     subprocess.run([*git, "-C", str(project), "commit", "-qm", "original"], check=True)
+    return copy
+
+
+def patched_copy(copy: Path, run: Path, work: Path) -> tuple[Path, str]:
+    """A second copy of the project's script, patched by ``scalpel fix RUN --apply`` in the project (the
+    project's own copy is then restored, so the original stays beside the patched one)."""
+    project = copy.parent
     fixed = subprocess.run(
         [sys.executable, "-m", "torchscalpel", "fix", str(run), "--apply"],
         cwd=project,
@@ -110,7 +118,10 @@ def patched_copy(script: Path, run: Path, work: Path) -> tuple[Path, str]:
         env=env(),
         check=False,
     )
-    return copy, (fixed.stdout + fixed.stderr).strip()
+    patched = work / copy.name
+    shutil.copy(copy, patched)
+    subprocess.run(["git", "-C", str(project), "checkout", "-q", "--", copy.name], check=True)
+    return patched, (fixed.stdout + fixed.stderr).strip()
 
 
 def per_step(script: Path, args: list[str], warmup: int, steps: int, work: Path) -> float | None:
@@ -138,6 +149,28 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if not a or not b else a / b
 
 
+def forced_run(run: Path, section: dict[str, Any], into: Path) -> tuple[Path, dict[str, Any] | None]:
+    """A copy of ``run`` whose tune section names tune's best measured candidate as the one to patch."""
+    from torchscalpel.tune.apply import code_lines
+    from torchscalpel.tune.settings import TuneSettings, write_settings_file
+
+    ran = [t for t in section.get("trials", []) if t.get("status") == "ok" and t.get("speedup")]
+    if not ran:
+        return run, None
+    best = max(ran, key=lambda t: t["speedup"])
+    if into.exists():
+        shutil.rmtree(into)
+    shutil.copytree(run, into)
+    record = json.loads((into / "run.json").read_text())
+    settings = TuneSettings.from_dict(best["settings"])
+    record["sections"]["tune"].update(
+        winner=best, settings=settings.to_dict(), code_lines=code_lines(settings), forced=True
+    )
+    (into / "run.json").write_text(json.dumps(record))
+    write_settings_file(settings, into / "scalpel.toml", header=["forced by benchmarks/tune_end_to_end.py"])
+    return into, best
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
@@ -150,14 +183,23 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=60, help="the script's own steps for the end-to-end runs")
     p.add_argument("--timed", type=int, default=20, help="steps timed per step-timer run, after --warmup")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument(
+        "--candidate",
+        action="store_true",
+        help="when tune recommends nothing, measure its best measured candidate end to end anyway (said so)",
+    )
+    p.add_argument("--reuse", action="store_true", help="reuse OUT/tune-NAME instead of running tune again")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     store = args.out / "results.json"
     results: dict[str, Any] = json.loads(store.read_text()) if store.is_file() else {}
     print(f"machine: {cpu()}, {os.cpu_count()} cores; {uptime()}", flush=True)
     for name in [n for n in args.loops.split(",") if n]:
-        script, base_args, knobs = LOOPS[name]
+        original, base_args, knobs = LOOPS[name]
         run = args.out / f"tune-{name}"
+        script = original if args.reuse else project_copy(original, args.out / f"project-{name}")
+        if args.reuse:
+            script = args.out / f"project-{name}" / original.name
         tune_args = [*base_args, *steps_args(name, args.steps)]
         row: dict[str, Any] = {
             "load_before": uptime(),
@@ -165,10 +207,19 @@ def main() -> int:
             "knobs": args.knobs or knobs,
             "budget": args.budget,
         }
-        section = tune(name, script, tune_args, args.knobs or knobs, run, args.budget)
+        section = (
+            tune(name, script, tune_args, args.knobs or knobs, run, args.budget) if not args.reuse else {}
+        )
+        if args.reuse:
+            section = json.loads((run / "run.json").read_text())["sections"]["tune"]
         winner = section.get("winner")
         row["tune_headline"] = winner and winner.get("label")
         row["tune_notes"] = section.get("notes", [])
+        if not winner and args.candidate:
+            # tune recommended nothing (a busy machine): measure its best candidate end to end anyway,
+            # in a copy of the run whose tune section names it, and say so in the row (never a verdict)
+            run, winner = forced_run(run, section, args.out / f"forced-{name}")
+            row["forced_candidate"] = winner and winner.get("label")
         if not winner:
             row["result"] = "no winner: " + "; ".join(
                 section.get("notes") or [section.get("no_candidate", "")]
@@ -186,6 +237,9 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
             copy, said = patched_copy(script, run, work)
+            row["patched_diff"] = subprocess.run(
+                ["diff", "-u", str(script), str(copy)], capture_output=True, text=True, check=False
+            ).stdout[-3000:]
             row["fix"] = said.splitlines()[-6:]
             timer_args = [*base_args, *steps_args(name, args.warmup + args.timed + 5)]
             toml = run / "scalpel.toml"
