@@ -90,11 +90,13 @@ def test_tune_end_to_end_writes_table_record_report_and_settings(tmp_path):
     # never recommended without confirmation beyond the margin
     if tune["winner"]:
         assert tune["confirmed_speedup"] >= tune["required_speedup"]
-    assert (out / "scalpel.toml").exists() and config.exists()
+    # a settings file only when something is recommended (an empty [tune] table applies nothing)
+    assert (out / "scalpel.toml").exists() == config.exists() == bool(tune["winner"])
     assert "Tune: variants ranked" in (out / "report.html").read_text()
     # scalpel run applies what tune wrote
-    ran = run_cli("run", "--config", str(config), "--show", "--", str(TINY), "--steps", "3", timeout=120)
-    assert ran.returncode == 0, ran.stderr[-2000:]
+    if config.exists():
+        ran = run_cli("run", "--config", str(config), "--show", "--", str(TINY), "--steps", "3", timeout=120)
+        assert ran.returncode == 0, ran.stderr[-2000:]
 
 
 @pytest.mark.slow

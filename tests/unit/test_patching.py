@@ -125,3 +125,45 @@ def test_the_layer_keeps_the_wrapped_functions_name_and_doc() -> None:
     finally:
         undo()
     assert not is_live_layer(torch.manual_seed)
+
+
+def test_an_observe_only_layer_calls_straight_through_while_dynamo_traces(monkeypatch):
+    """A recorder on ``nn.Module.__init__`` (the sites recorder: frames, weak references) was traced into
+    every compiled forward that builds a module (a transformers ModuleList slice) and broke the graph 8
+    times in a tiny Llama; an observe_only layer passes straight to what it wrapped while compiling, and
+    records as before outside it. A wrapper that changes results (not observe_only) still runs."""
+    from torchscalpel.runtime import patching
+
+    class Owner:
+        def f(self, x: int) -> int:
+            return x + 1
+
+    calls: list[str] = []
+
+    def recorder(original):
+        def f(obj, x):
+            calls.append("recorded")
+            return original(obj, x)
+
+        return f
+
+    def changer(original):
+        def f(obj, x):
+            calls.append("changed")
+            return original(obj, x) * 10
+
+        return f
+
+    compiling = [False]
+    monkeypatch.setattr(patching, "_is_compiling", lambda: compiling[0])
+    undo_rec = wrap_attr(Owner, "f", recorder, observe_only=True)
+    undo_chg = wrap_attr(Owner, "f", changer)
+    try:
+        assert Owner().f(1) == 20 and calls == ["changed", "recorded"]
+        calls.clear()
+        compiling[0] = True
+        assert Owner().f(1) == 20 and calls == ["changed"]  # the recorder is skipped, the change is not
+    finally:
+        undo_chg()
+        undo_rec()
+    assert Owner().f(1) == 2

@@ -815,3 +815,95 @@ def test_a_search_whose_every_trial_failed_says_no_candidate_was_measured(run_se
     assert result.winner is None
     assert result.no_candidate.startswith("no candidate was measured: every trial that ran failed, timed out")
     assert "threads=2: timeout" in result.no_candidate and result.headline().endswith(result.no_candidate)
+
+
+# -- the budget spent on the answer (issue 39) ---------------------------------------------------------
+
+
+def test_a_confirmation_the_budget_cut_short_recommends_nothing(clocked):
+    # 10 s runs; the winner's confirmation buys fewer than the three pairs asked before the budget ends:
+    # no recommendation (issue 39: bf16 + amp_fp32_attention recommended at 1.32x from one pair)
+    runner = FakeRunner({"amp=bf16": 60.0})
+    result, _ = clocked(runner, budget_s=71, knobs=("amp",), wall={"amp=bf16 + amp_fp32_attention": 1.0})
+    trial = next(t for t in result.trials if t.label == "amp=bf16")
+    bought = len(trial.confirm_pairs)
+    assert 1 <= bought < 3 and all(c / b < 0.97 for b, c in trial.confirm_pairs)  # each pair a clear win
+    assert result.winner is None and trial.verdict == Verdict.NOT_CONFIRMED
+    assert f"in all 3 pairs (the budget bought {bought})" in trial.note
+    assert any("one pair cannot carry it" in n and "--budget" in n for n in result.notes)
+
+
+def test_the_best_screening_winner_is_confirmed_before_the_long_tail(run_search, monkeypatch):
+    from torchscalpel.tune.bottleneck import Bottleneck
+
+    monkeypatch.setattr(
+        search_mod, "classify_trial", lambda trial: Bottleneck(kind="compute", evidence={"compute": "mm 60%"})
+    )
+    runner = FakeRunner({"amp=bf16": 60.0})
+    result = run_search(runner, knobs=("amp", "optimizer"))
+    order = [c.split(":", 1)[0].split("-", 1)[1] for c in runner.calls]
+    first_confirm = order.index("confirm-1")
+    tail = next(i for i, c in enumerate(runner.calls) if c.endswith(":optimizer=fused"))
+    assert first_confirm < tail, runner.calls  # the answer first, then the knobs the profile does not name
+    assert result.winner is not None and result.winner.label.startswith("amp=bf16")
+    # confirmed once, not again at the end
+    assert sum(1 for c in runner.calls if c.split(":", 1)[0].endswith("confirm-1")) == 1
+
+
+def test_one_pair_far_below_screening_gets_a_second_pair_before_a_verdict(run_search):
+    # screened 100/60 = 1.67x; pair 1 says 0.33x: one more pair decides, the row never shows one bad pair
+    runner = FakeRunner({"amp=bf16": 60.0}, confirm={"amp=bf16": [300.0, 60.0, 60.0]})
+    result = run_search(runner, knobs=("amp",))
+    trial = next(t for t in result.trials if t.label == "amp=bf16")
+    assert len(trial.confirm_pairs) >= 2
+    assert any("one more pair decides" in n for n in result.notes)
+    assert result.winner is None  # every pair must still show it faster
+
+
+def test_a_confirmation_run_that_compiled_during_timing_is_run_again_not_averaged(run_search):
+    class Recompiling(FakeRunner):
+        def __call__(self, target, settings, out_dir, **kw):
+            result = super().__call__(target, settings, out_dir, **kw)
+            if out_dir.name.endswith("confirm-1"):
+                result.status = TrialStatus.FAILED
+                result.median_ms = None
+                result.steady_note = result.cause = (
+                    "not measured: dynamo compiled during 5 of 5 measured step(s)"
+                )
+            return result
+
+    runner = Recompiling({"amp=bf16": 60.0})
+    result = run_search(runner, knobs=("amp",))
+    assert any(c.split(":", 1)[0].endswith("confirm-1-rerun") for c in runner.calls), runner.calls
+    assert result.winner is not None and len(result.winner.confirm_pairs) == 3
+    assert any("re-run: not measured: dynamo compiled" in n for n in result.notes)
+
+
+def test_ranked_rows_follow_the_stated_order(run_search):
+    from torchscalpel.tune.speedup import RANK_ORDER, speedup_of
+
+    result = run_search(FakeRunner({"amp=bf16": 60.0, "threads=2": 90.0, "optimizer=fused": 120.0}))
+    ratios = [speedup_of(t).ratio for t in result.ranked()]
+    measured = [r for r in ratios if r is not None]
+    assert measured == sorted(measured, reverse=True) and ratios[: len(measured)] == measured
+    assert RANK_ORDER == "ranked by speedup per step (each against the baseline run beside it)"
+
+
+def test_later_pairs_are_budgeted_from_the_pair_just_run_not_the_cold_screening(monkeypatch, tmp_path):
+    # screening held a cold compile (60 s); a confirmation run is warm (10 s): 3 pairs of 20 s fit in
+    # what is left, where 3 pairs of 70 s (the screening's figure) would not
+    clock = Clock()
+    monkeypatch.setattr(budget_mod.time, "monotonic", clock)
+    runner = FakeRunner({"amp=bf16": 60.0})
+
+    def run(target, settings, out_dir, **kw):
+        result = runner(target, settings, out_dir, **kw)
+        cold = settings.label() == "amp=bf16" and "confirm" not in out_dir.name
+        result.wall_s = 60.0 if cold else 10.0
+        clock.t += result.wall_s
+        return result
+
+    monkeypatch.setattr(search_mod, "run_trial", run)
+    options = TuneOptions(out_dir=tmp_path / "o", budget_s=190, steps=3, warmup=1, knobs=("amp",))
+    result = search_mod.Search(Target(script=Path("t.py")), options, Recorder()).run()
+    assert result.winner is not None and len(result.winner.confirm_pairs) == 3, result.notes

@@ -153,10 +153,11 @@ def run(args: argparse.Namespace) -> int:
     print_tune_result(
         result,
         out_dir=out_dir,
-        config_path=paths.get("config", paths["settings"]),
+        config_path=paths.get("config", paths.get("settings")),
         environment=load_record(paths["record"]).environment,  # the baseline's: its load at the start
+        target_text=target_text,
     )
-    if "config" not in paths and args.config is not None:
+    if "settings" in paths and "config" not in paths and args.config is not None:
         print(
             f"scalpel: {args.config} exists and was not written by scalpel tune; left it alone "
             f"(settings are in {paths['settings']}).",

@@ -87,3 +87,13 @@ def text(node: cst.CSTNode) -> str:
 def statement(node: cst.BaseExpression) -> str:
     """``node`` as one statement line (with its newline), for the edits that insert statements."""
     return text(cst.SimpleStatementLine(body=[cst.Expr(node)]))
+
+
+def cache_off_statement(var: str) -> str:
+    """``VAR.config.use_cache = False`` as a statement line, with its reason as a comment.
+
+    Tune's compile candidate turns a transformers model's key/value cache off in training (``compile.use_cache =
+    false`` in scalpel.toml): the cache a training forward builds is never read, and under compile its guards
+    recompiled the model during timed steps. What tune measured is compile *with* that setting, so fix inserts it
+    beside the compile call, on ``var``, the name the model's own line assigns."""
+    return f"{var}.config.use_cache = False  # no key/value cache in training (what tune measured)\n"

@@ -303,7 +303,8 @@ def _compile_plan(
     call = code.text(code.call("compile", **args))
     quoted = code.text(code.value(target))
     label = f"compile({target})"
-    if framework == "transformers" and target == "model" and not args:
+    # TrainingArguments(torch_compile=True) leaves use_cache as it is: not what tune measured with it off
+    if framework == "transformers" and target == "model" and not args and spec.get("use_cache") is not False:
         return Planned(
             label,
             "tune",
@@ -334,6 +335,9 @@ def _compile_plan(
             f"    if type(_module).__name__ == {quoted}:\n        _module.{call}\n"
         )
     )
+    if spec.get("use_cache") is False:  # what tune measured with compile (a transformers model in training)
+        inserted += code.cache_off_statement(var)
+        snippet += "\n" + code.cache_off_statement("model").strip()
     return Planned(
         label,
         "tune",

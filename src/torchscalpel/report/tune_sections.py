@@ -16,7 +16,7 @@ from torchscalpel.report.tune_terminal import HEADERS, NUMERIC, TABLE_NOTE, nois
 from torchscalpel.sections import TuneSection
 from torchscalpel.tune.result import headline
 from torchscalpel.tune.runner import TrialResult
-from torchscalpel.tune.speedup import rank_key, speedup_of
+from torchscalpel.tune.speedup import RANK_ORDER, rank_key, speedup_of
 from torchscalpel.tune.states import Verdict
 
 CURVE_VERDICTS = (Verdict.WINNER, Verdict.FASTER, Verdict.NUMERICS)
@@ -57,7 +57,8 @@ def build(record: RunRecord) -> list[Section]:
         )
         code = "\n".join(tune.code_lines or [])
         verdict += (
-            "<p>Apply with <code>scalpel run --config scalpel.toml -- SCRIPT</code>, or edit the script:</p>"
+            "<p>Apply with <code>scalpel run --config scalpel.toml -- SCRIPT</code> (the scalpel.toml in "
+            "this run's folder), or edit the script:</p>"
         )
         verdict += f"<pre>{escape(code)}</pre>"
     else:
@@ -81,8 +82,22 @@ def build(record: RunRecord) -> list[Section]:
     if notes:
         verdict += f"<ul>{notes}</ul>"
     ranked = table(HEADERS, [row_cells(t, full=True) for t in rows], numeric=NUMERIC)
-    ranked += f'<p class="muted">{escape(TABLE_NOTE)}.</p>'
-    bars = horizontal_bars("tune-step-ms", [(t.label, t.median_ms) for t in rows if t.median_ms is not None])
+    ranked += f'<p class="muted">Rows {RANK_ORDER}. {escape(TABLE_NOTE)}.</p>'
+    # the chart draws what the table shows: the speedup of each row, from the same pair (a confirmed row's
+    # confirmation pair, never its screening run beside a table of confirmed figures), in the table's order
+    bars = horizontal_bars(
+        "tune-speedup",
+        [(t.label, r) for t in rows if (r := speedup_of(t).ratio) is not None],
+        unit="x",
+        x_title="speedup per step (the baseline is 1.00x)",
+    )
+    paybacks = [t.payback["sentence"] for t in trials if (t.payback or {}).get("sentence")]
+    if paybacks:
+        verdict += (
+            "<p><b>Pays back</b> (per step and end to end apart):</p><ul>"
+            + "".join(f"<li>{escape(p)}</li>" for p in paybacks)
+            + "</ul>"
+        )
     series: dict[str, list[float | None]] = {"baseline": list(baseline.losses)}
     for t in trials:
         if t.losses and t.verdict in CURVE_VERDICTS:

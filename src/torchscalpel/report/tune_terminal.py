@@ -14,7 +14,7 @@ from rich.text import Text
 from torchscalpel.console import console as default_console
 from torchscalpel.console import fit_code, say
 from torchscalpel.envcheck.host_checks import check_machine_busy
-from torchscalpel.tune.speedup import speedup_of
+from torchscalpel.tune.speedup import RANK_ORDER, speedup_of
 from torchscalpel.tune.states import TrialStatus, Verdict
 from torchscalpel.units import fmt_bytes
 
@@ -157,6 +157,7 @@ def row_cells(trial: TrialResult, *, full: bool = False) -> list[str]:
         step,
         ref,
         ratio,
+        end_to_end_cell(trial),
         spread,
         f"{compile_ms / 1000:.1f} s" if compile_ms else "-",
         fmt_bytes(trial.peak_bytes) if trial.peak_bytes else "-",
@@ -172,6 +173,7 @@ HEADERS = [
     "step ms",
     "vs baseline ms",
     "speedup",
+    "end to end",
     "spread",
     "compile",
     "peak mem",
@@ -180,14 +182,28 @@ HEADERS = [
     "why tried",
     "result",
 ]
-NUMERIC = [False, True, True, True, False, True, True, True, False, False, False]
+NUMERIC = [False, True, True, True, True, False, True, True, True, False, False, False]
 """Which columns hold figures (right-aligned)."""
 TABLE_NOTE = (
-    "speedup = 'vs baseline ms' / 'step ms' of the same row, two runs measured beside each other: the "
-    "baseline re-measured just before the trial, or for a confirmed candidate the interleaved pair with "
+    "speedup = 'vs baseline ms' / 'step ms' of the same row (per step), two runs measured beside each other: "
+    "the baseline re-measured just before the trial, or for a confirmed candidate the interleaved pair with "
     "the median ratio ('spread': lowest-highest pair); the recommendation, report.html, run.json and "
-    "code.txt show the same figure"
+    "code.txt show the same figure. 'end to end' counts a start-up cost (compile, workers) over the run's "
+    "steps when its arguments give them"
 )
+
+
+def end_to_end_cell(trial: TrialResult) -> str:
+    """The end-to-end speedup over the run's steps with the start-up counted (``1.75x``), ``pays back
+    after 95 steps`` when the run's length is not known, or ``-`` (no start-up cost: the per-step figure
+    is the end-to-end one)."""
+    payback = trial.payback or {}
+    if not payback:
+        return "-"
+    if payback.get("end_to_end") is not None:
+        return f"{payback['end_to_end']:.2f}x"
+    steps = payback.get("steps")
+    return f"after {steps:,} steps" if steps is not None else "never"
 
 
 def noise_line(noise: float | None, runs: int | None) -> str:
@@ -214,7 +230,7 @@ TABLE_MIN_WIDTH = 150
 def print_ranked_blocks(c: Console, result: TuneResult) -> None:
     """The ranked variants as one block each, for narrow consoles: a heading line (rank, variant,
     verdict), then the figures as ``name value`` pairs that wrap between pairs, never inside one."""
-    c.print("[bold]scalpel tune: variants ranked by median step time[/]", highlight=False)
+    c.print(f"[bold]scalpel tune: variants {RANK_ORDER}[/]", highlight=False)
     for rank, trial in enumerate(result.ranked(), 1):
         cells = dict(zip(HEADERS, row_cells(trial), strict=True))
         head = Text(f"{rank}. ")
@@ -223,7 +239,16 @@ def print_ranked_blocks(c: Console, result: TuneResult) -> None:
         c.print(head)
         pairs = [
             f"{name} {cells[name]}"
-            for name in ("step ms", "vs baseline ms", "speedup", "spread", "compile", "peak mem", "loss dev")
+            for name in (
+                "step ms",
+                "vs baseline ms",
+                "speedup",
+                "end to end",
+                "spread",
+                "compile",
+                "peak mem",
+                "loss dev",
+            )
             if cells[name] != "-"
         ]
         # lines filled pair by pair: a figure is never cut from its name or broken across lines
@@ -260,22 +285,26 @@ def print_tune_result(
     config_path: Any,
     out: Console | None = None,
     environment: Mapping[str, Any] | None = None,
+    target_text: str = "SCRIPT ...",
 ) -> None:
     """The ranked table, the recommendation (or why there is none), the code lines and where files are.
-    ``environment``: the baseline record's facts, for :func:`busy_note`."""
+    ``environment``: the baseline record's facts, for :func:`busy_note`; ``target_text``: the script and
+    its arguments, for the closing ``apply with:`` line."""
     c = out or default_console()
     # (a pipe's width is make_console's: COLUMNS when set, else wide enough for the table)
     if c.width < TABLE_MIN_WIDTH:
         print_ranked_blocks(c, result)
     else:
         print_ranked_table(c, result)
-    print_tune_verdict(c, result, out_dir=out_dir, config_path=config_path, environment=environment)
+    print_tune_verdict(
+        c, result, out_dir=out_dir, config_path=config_path, environment=environment, target_text=target_text
+    )
 
 
 def print_ranked_table(c: Console, result: TuneResult) -> None:
     """The ranked variants as one table (wide consoles)."""
     table = Table(
-        title="scalpel tune: variants ranked by median step time",
+        title=f"scalpel tune: variants {RANK_ORDER}",
         title_justify="left",
         caption=TABLE_NOTE,
         caption_justify="left",
@@ -285,8 +314,8 @@ def print_ranked_table(c: Console, result: TuneResult) -> None:
             h,
             justify="right" if NUMERIC[i] else "left",
             overflow="fold",
-            no_wrap=i < 9,
-            ratio=1 if i >= 9 else None,
+            no_wrap=i < 10,
+            ratio=1 if i >= 10 else None,
         )
     for trial in result.ranked():
         table.add_row(*row_cells(trial), style=VERDICT_STYLE.get(trial.verdict, ""))
@@ -300,6 +329,7 @@ def print_tune_verdict(
     out_dir: Any,
     config_path: Any,
     environment: Mapping[str, Any] | None = None,
+    target_text: str = "SCRIPT ...",
 ) -> None:
     """Under the ranking: the baseline's profile, the noise (and a busy machine), the recommendation, its
     code, the files."""
@@ -337,17 +367,28 @@ def print_tune_verdict(
             c.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
         # a command is never wrapped (soft wrap; a terminal copies its own wrap back as one line), so a copy
         # of it still runs; it has a line of its own, so no prose around it is left to the terminal to wrap
-        say(c, f"settings: [bold]{config_path}[/], applied by:", markup=True)
-        c.print(f"  scalpel run --config {config_path} -- SCRIPT ...", soft_wrap=True, highlight=False)
+        say(c, f"settings: [bold]{config_path}[/]", markup=True)
     else:
         say(
             c,
             f"[bold yellow]no change recommended:[/] {result.headline().removeprefix('no change recommended: ')}",
             markup=True,
         )
+    for trial in result.trials:
+        if (trial.payback or {}).get("sentence"):
+            say(c, f"pays back: {escape(trial.payback['sentence'])}", markup=True)
     for note in result.notes:
         if note != result.no_candidate:  # already the headline
-            say(c, f"[dim]note: {note}[/]", markup=True)
+            say(c, f"[dim]note: {escape(note)}[/]", markup=True)
     # one path a line: three paths on one line were cut wherever the terminal's edge fell
     say(c, f"report: [bold]{out_dir}/report.html[/]", markup=True)
     say(c, f"record: {out_dir}/run.json · trials: {out_dir}/trials/")
+    if result.winner is not None and config_path is not None:
+        # the last line, the path actually written; a command is never wrapped, so a copy of it still runs
+        c.print(
+            f"apply with: scalpel run --config {config_path} -- {target_text}",
+            soft_wrap=True,
+            highlight=False,
+        )
+    else:
+        say(c, "no scalpel.toml written: nothing to apply")

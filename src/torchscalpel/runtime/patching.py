@@ -21,6 +21,7 @@ So every wrapper is one :func:`wrap_attr` layer with one rule:
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,21 +44,39 @@ class _Layer:
     live: bool = True
 
 
-def wrap_attr(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Undo:
+def wrap_attr(
+    owner: Any,
+    attr: str,
+    make: Callable[[Callable[..., Any]], Callable[..., Any]],
+    *,
+    observe_only: bool = False,
+) -> Undo:
     """Replace ``owner.attr`` by ``make(original)`` for a while; the returned callable undoes it.
 
     ``make`` gets the current callable and returns the wrapper's behaviour; the installed object is
     a thin layer around it that follows the rules in the module docstring. Raises
     ``AttributeError`` when ``owner`` has no ``attr``.
+
+    ``observe_only``: the wrapper only records (it never changes what the call computes), so while
+    dynamo traces a compiled region the layer calls straight through to what it wrapped. Why: a
+    recorder's closure holds what dynamo cannot trace (frames, weak references), and each call
+    inside a compiled forward broke the graph (a transformers model builds a ``ModuleList`` slice in
+    every forward: 8 breaks under the sites recorder's ``nn.Module.__init__``).
     """
     below = getattr(owner, attr)
     namespace = vars(owner)
     owned = attr in namespace
     layer_state = _Layer(owner, attr, below, owned, namespace[attr] if owned else None)
     inner = make(below)
+    # The switch the layer reads is a plain bool in a closure cell, not ``layer_state.live``: dynamo
+    # traces a layer that runs inside a compiled region (``nn.Module.__init__`` when a transformers
+    # model slices its ``ModuleList`` in forward) and cannot build a ``_Layer`` there; it broke the
+    # graph at every such call (8 breaks in a tiny Llama's forward).
+    on = True
+    compiling = _is_compiling if observe_only else _never
 
     def layer(*args: Any, **kwargs: Any) -> Any:
-        if layer_state.live:
+        if on and not compiling():
             return inner(*args, **kwargs)
         return below(*args, **kwargs)
 
@@ -70,13 +89,25 @@ def wrap_attr(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callab
     setattr(owner, attr, layer)
 
     def undo() -> None:
+        nonlocal on
         if not layer_state.live:
             return
         layer_state.live = False
+        on = False
         if vars(owner).get(attr) is layer:
             _put_back(layer_state)
 
     return undo
+
+
+def _never() -> bool:
+    return False
+
+
+def _is_compiling() -> bool:
+    """``torch.compiler.is_compiling()`` (False when torch is not imported: nothing compiles then)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.compiler.is_compiling())
 
 
 def _put_back(state: _Layer) -> None:

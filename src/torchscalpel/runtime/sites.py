@@ -198,7 +198,9 @@ class SitesObserver(Observer):
 
             return __init__
 
-        self._restore.append(wrap_attr(torch.nn.Module, "__init__", make))
+        # observe_only: a module built inside a compiled forward (a transformers ModuleList slice) is
+        # not recorded; reading frames there broke the graph, and the model was built before compile
+        self._restore.append(wrap_attr(torch.nn.Module, "__init__", make, observe_only=True))
 
     def on_forward_pre(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool

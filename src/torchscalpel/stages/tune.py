@@ -43,24 +43,31 @@ def save_outputs(
         # said where the result is written and printed: the terminal prints the notes, run.json keeps them
         result.notes.append(note)
         record.sections[TuneSection.KEY]["notes"] = list(result.notes)
-    header = [
-        f"{TOML_MARK} on {time.strftime('%Y-%m-%d %H:%M')} for: {target_text}",
-        f"apply with: scalpel run --config scalpel.toml -- {target_text}",
-    ]
-    # The verdict line the terminal printed (the one speedup definition, torchscalpel.tune.speedup).
-    header.append(result.headline() + ("" if result.winner is not None else ": the [tune] table is empty"))
-    if note:
-        header.append(note)
-    paths["settings"] = write_settings_file(result.settings, out_dir / "scalpel.toml", header=header)
-    if config_path is not None and _may_overwrite(config_path):
-        paths["config"] = write_settings_file(result.settings, config_path, header=header)
+
+    def header(path: Path) -> list[str]:
+        lines = [
+            f"{TOML_MARK} on {time.strftime('%Y-%m-%d %H:%M')} for: {target_text}",
+            f"apply with: scalpel run --config {path} -- {target_text}",  # the path this file has
+            # The verdict line the terminal printed (the one speedup definition, torchscalpel.tune.speedup).
+            result.headline(),
+        ]
+        return [*lines, note] if note else lines
+
+    # Nothing recommended: no settings file (an empty [tune] table read as if something were to apply).
+    if result.winner is not None:
+        toml = out_dir / "scalpel.toml"
+        paths["settings"] = write_settings_file(result.settings, toml, header=header(toml))
+        if config_path is not None and _may_overwrite(config_path):
+            paths["config"] = write_settings_file(result.settings, config_path, header=header(config_path))
     lines = code_lines(result.settings)
     (out_dir / "code.txt").write_text(
         "\n".join([f"# scalpel tune: {result.headline()}", *([f"# {note}"] if note else []), *lines]) + "\n",
         encoding="utf-8",
     )
     paths["code"] = out_dir / "code.txt"
-    record.artifacts.update({"record": "run.json", "settings": "scalpel.toml", "code": "code.txt"})
+    record.artifacts.update({"record": "run.json", "code": "code.txt"})
+    if "settings" in paths:  # no scalpel.toml when nothing is recommended
+        record.artifacts["settings"] = "scalpel.toml"
     report = save_with_report(record, out_dir)  # the record and the settings are safe before it renders
     paths["record"] = out_dir / "run.json"
     if report is not None:
@@ -118,18 +125,14 @@ def tune_stage(
         out_dir=out_dir, budget_s=budget_s, steps=steps, warmup=warmup, knobs=knobs, confirm_pairs=1
     )
     result = tune(target, options, SilentProgress() if quiet else RichProgress())
-    save_outputs(
-        result,
-        out_dir,
-        config_path=None,
-        command=["scalpel", "demo"],
-        target_text=" ".join(str(a) for a in target.argv()),
-    )
+    target_text = " ".join(str(a) for a in target.argv())
+    save_outputs(result, out_dir, config_path=None, command=["scalpel", "demo"], target_text=target_text)
     if not quiet:
         print_tune_result(
             result,
             out_dir=out_dir,
-            config_path=out_dir / "scalpel.toml",
+            config_path=out_dir / "scalpel.toml" if result.winner is not None else None,
             environment=load_record(out_dir).environment,
+            target_text=target_text,
         )
     return result

@@ -69,20 +69,36 @@ class Budget:
         """Seconds all confirmation pairs of ``candidate`` take."""
         return self.confirm_pairs * self.pair_s(candidate)
 
-    def advice(self, candidate: TrialResult, pairs: int | None = None) -> str:
+    def advice(
+        self,
+        candidate: TrialResult,
+        pairs: int | None = None,
+        *,
+        noise: float | None = None,
+        measured: tuple[float, float] | None = None,
+    ) -> str:
         """Why ``candidate`` cannot be confirmed in what is left (``pairs`` still to run, default all),
-        and the budget that would have done it."""
+        and the budget that would have done it; ``noise`` (between consecutive baselines) says what
+        each pair has to show at that noise."""
         pairs = self.confirm_pairs if pairs is None else pairs
-        need = pairs * self.pair_s(candidate)
+        # a pair already run says what a pair takes (its compile warm, not the screening's cold one)
+        base_s, cand_s = measured or (self.baseline_wall, max(candidate.wall_s, self.baseline_wall))
+        need = pairs * (base_s + cand_s)
         left = max(0.0, self.remaining())
         # What was spent so far plus the pairs, rounded up to half a minute.
         suggest = 30 * math.ceil((self.elapsed() + need) / 30)
         return (
             f"{'the remaining ' if pairs < self.confirm_pairs else ''}{pairs} confirmation "
             f"pair(s) need about {need:.0f} s "
-            f"(baseline {self.baseline_wall:.0f} s + candidate {max(candidate.wall_s, self.baseline_wall):.0f} s "
+            f"(baseline {base_s:.0f} s + candidate {cand_s:.0f} s "
             f"each) and {left:.0f} s of the {self.budget_s:.0f} s budget were left; "
             f"--budget {suggest:.0f}s would confirm it"
+            + (
+                f" (at this noise, {noise:.0%} between consecutive baselines, the median pair must "
+                f"show {1 + max(0.03, noise):.2f}x and every pair 1.03x)"
+                if noise
+                else ""
+            )
         )
 
     def need_s(self, settings: TuneSettings) -> float:

@@ -75,6 +75,12 @@ class ModelFacts:
     """Where those calls came from (the first few distinct ones): the user's ``file:line`` of the call, or
     of the user's line that led there with ``library`` naming the package that made it (``transformers``):
     where ``scalpel fix`` places amp's fp32 attention."""
+    cache_in_training: bool = False
+    """The model is a transformers model in training whose config asks for a key/value cache
+    (``use_cache`` True, its default): the compile candidates turn it off (``compile.use_cache``)."""
+    batches_per_epoch: int | None = None
+    """``len()`` of the first DataLoader (None: not sized, or no DataLoader): with the script's
+    ``--epochs`` it gives the run's length for the pays-back arithmetic."""
     bottleneck: dict[str, Any] = field(default_factory=dict)
     """The baseline's bottleneck class (:class:`~torchscalpel.tune.bottleneck.Bottleneck` as a dict);
     set by the search from the profiled facts run, read by knobs that tailor their candidates."""
@@ -301,12 +307,19 @@ class FactsObserver(Observer):
             facts.uncalled_blocks = described["uncalled_blocks"]
             facts.has_conv = described["has_conv"]
             facts.forward_ms = module_ms.get("<root>")
+            from torchscalpel.tune.knobs.compile import builds_cache_in_training
+
+            facts.cache_in_training = any(builds_cache_in_training(m) for m in roots)
         facts.bf16_supported, facts.bf16_detail = bf16_support(facts.device)
         facts.loaders = len(loaders)
         if loaders:
             facts.loader_workers = int(getattr(loaders[0], "num_workers", 0) or 0)
             dataset = getattr(loaders[0], "dataset", None)
             facts.iterable_dataset = isinstance(dataset, torch.utils.data.IterableDataset)
+            try:
+                facts.batches_per_epoch = len(loaders[0])
+            except TypeError:  # an IterableDataset without __len__: the run's length is not known
+                facts.batches_per_epoch = None
         facts.optimizers = [type(o).__name__ for o in optimizers]
         for opt in optimizers:
             for group in getattr(opt, "param_groups", []):

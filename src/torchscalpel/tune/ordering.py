@@ -24,7 +24,8 @@ def winners(singles: list[TrialResult]) -> list[TrialResult]:
     """
     best: dict[str, TrialResult] = {}
     for trial in singles:
-        if trial.verdict != Verdict.FASTER:
+        # a winner confirmed before the long tail was screened is still the base of the combinations
+        if trial.verdict not in (Verdict.FASTER, Verdict.WINNER):
             continue
         current = best.get(trial.family)
         if current is None or _rank(trial) < _rank(current):

@@ -43,6 +43,10 @@ class TuneResult:
     """Median step time of every plain baseline run, in time order: what ``noise`` is computed over."""
     no_candidate: str = ""
     """When no candidate was measured: the sentence saying why and what to change (else empty)."""
+    run_steps: int | None = None
+    """The user's run length in steps, when the script's arguments tell it (:mod:`torchscalpel.tune.payback`)."""
+    run_source: str = ""
+    """Where ``run_steps`` came from (``--steps 2000``)."""
 
     @property
     def settings(self) -> TuneSettings:
@@ -50,7 +54,7 @@ class TuneResult:
         return TuneSettings.from_dict(self.winner.settings) if self.winner else TuneSettings()
 
     def ranked(self) -> list[TrialResult]:
-        """Baseline and trials, fastest shown step time first (:func:`~torchscalpel.tune.speedup.shown_ms`);
+        """Baseline and trials, highest speedup first (:func:`~torchscalpel.tune.speedup.rank_key`);
         unmeasured ones last."""
         return sorted([self.baseline, *self.trials], key=rank_key)
 
@@ -74,6 +78,8 @@ class TuneResult:
             "measured_steps": self.measured_steps,
             "baseline_medians": list(self.baseline_medians),
             "no_candidate": self.no_candidate,
+            "run_steps": self.run_steps,
+            "run_source": self.run_source,
         }
 
     def headline(self) -> str:
@@ -86,7 +92,26 @@ def headline(winner: dict[str, Any] | None, no_candidate: str) -> str:
     """``recommended: LABEL: 1.32x faster per step than the baseline (3 interleaved pairs, spread ...)``,
     or why nothing is recommended."""
     if winner is not None:
-        return f"recommended: {winner['label']}: {speedup_of(winner).sentence()}"
+        line = f"recommended: {winner['label']}: {speedup_of(winner).sentence()}"
+        payback = winner.get("payback") or {}
+        if payback.get("sentence"):
+            # per step and end to end said apart (torchscalpel.tune.payback)
+            line += f"; {end_to_end_words(payback)}"
+        return line
     if no_candidate:
         return f"no change recommended: {no_candidate}"
     return "no change recommended: nothing beat the baseline reliably with numerics intact"
+
+
+def end_to_end_words(payback: dict[str, Any]) -> str:
+    """``end to end over this run's 2,000 steps (--steps 2000): 1.75x with 41.0 s to compile (pays back
+    after 95 steps)``, or what is known when the run's length is not."""
+    cost = f"{payback.get('one_time_s') or 0.0:.1f} s to {'compile' if payback.get('kind') == 'compile' else 'start'}"
+    steps = payback.get("steps")
+    back = f"pays back after {steps:,} steps" if steps is not None else "never pays back"
+    if payback.get("run_steps") and payback.get("end_to_end") is not None:
+        return (
+            f"end to end over this run's {payback['run_steps']:,} steps ({payback.get('run_source')}): "
+            f"{payback['end_to_end']:.2f}x with {cost} ({back})"
+        )
+    return f"{cost}, {back}; end to end not measured: the run's length is not known from its arguments"

@@ -42,6 +42,18 @@ class TrialResult:
     facts: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
     out_dir: str = ""
+    startup_ms: float | None = None
+    """One-time cost of the run: its warm-up steps' time above as many steady steps (compile, the
+    first call's allocations, DataLoader workers starting); :mod:`torchscalpel.tune.payback` sets a
+    candidate's against the baseline's."""
+    baseline_startup_ms: float | None = None
+    """The baseline runs' one-time cost beside ``startup_ms`` (the confirmation baselines' median; for a
+    screened candidate the search's reference baseline is used instead)."""
+    payback: dict[str, Any] = field(default_factory=dict)
+    """For a candidate with a start-up cost: :meth:`torchscalpel.tune.payback.Payback.to_dict` (one-time
+    cost, per-step gain, steps to pay back, end to end over the run's length when known)."""
+    steady_note: str = ""
+    """When dynamo compiled during a measured step: which, why, and what the median was taken over."""
     # Filled by the search:
     speedup: float | None = None
     """The candidate's one speedup (:func:`torchscalpel.tune.speedup.speedup_of`): the confirmation's
@@ -214,6 +226,9 @@ def run_trial(
     if record.status in ("failed", "interrupted") or code != 0:
         result.status = TrialStatus.FAILED
         result.cause = classify_error(record.error or stderr_tail, code)
+    elif result.median_ms is None and result.steady_note:
+        result.status = TrialStatus.FAILED
+        result.cause = result.steady_note
     elif result.median_ms is None:
         result.status = TrialStatus.FAILED
         result.cause = "no measured steps: the script ended before the warm-up was over; lower --warmup"
@@ -224,15 +239,52 @@ def run_trial(
     return result
 
 
+STEADY_MIN = 3
+"""Measured steps a steady-state median needs after the last step that compiled."""
+
+
+def steady_steps(steps: list[tuple[int, float]], compiled: list[dict[str, Any]]) -> tuple[list[float], str]:
+    """The measured steps at steady state and, when dynamo compiled during timing, what happened.
+
+    ``steps``: (index, ms) of the measured steps; ``compiled``: the trial's ``compiled_steps`` (index,
+    warm-up, guard). A step that compiled, and every step before it, is not steady state: the median is
+    taken over the steps after the last compile when at least :data:`STEADY_MIN` (and half the window)
+    remain; otherwise no step is (empty list) and the text is the reason, never an average over a
+    compile."""
+    late = [c for c in compiled if not c.get("warmup")]
+    if not late or not steps:
+        return [ms for _, ms in steps], ""
+    from torchscalpel.tune.triage import guard_advice
+
+    last = max(int(c.get("index", -1)) for c in late)
+    after = [ms for i, ms in steps if i > last]
+    guards = [str(c.get("guard") or "") for c in late if c.get("guard")]
+    what = (
+        f"dynamo compiled during {len(late)} of {len(steps)} measured step(s) "
+        f"({sum(float(c.get('compile_s') or 0.0) for c in late):.1f} s"
+        + (f"; recompile guard: {guards[-1]}" if guards else "")
+        + ")"
+    )
+    advice = guard_advice(guards[-1] if guards else "")
+    if len(after) >= max(STEADY_MIN, len(steps) // 2):
+        return after, f"{what}: timed the {len(after)} steps after it" + (f"; {advice}" if advice else "")
+    return [], f"not measured: {what}, too few steady steps after it" + (f"; {advice}" if advice else "")
+
+
 def fill_from_record(result: TrialResult, record: RunRecord) -> None:
-    """Copy step times, losses, memory and the trial section into ``result``."""
-    measured = [s.total_ms for s in record.measured_steps if s.total_ms > 0]
-    result.step_ms = measured
-    result.median_ms = statistics.median(measured) if measured else None
-    result.losses = [s.loss for s in record.steps]
+    """Copy step times (steady state only, :func:`steady_steps`), losses, memory and the trial section
+    into ``result``."""
     trial = record.sections.get("trial", {})
     result.apply = trial.get("apply", {})
     result.compile = trial.get("compile", {})
+    timed = [(s.index, s.total_ms) for s in record.measured_steps if s.total_ms > 0]
+    measured, result.steady_note = steady_steps(timed, list(result.compile.get("compiled_steps") or []))
+    result.step_ms = measured
+    result.median_ms = statistics.median(measured) if measured else None
+    warm = [s.total_ms for s in record.steps if s.warmup and s.total_ms > 0]
+    if warm and result.median_ms is not None:
+        result.startup_ms = round(max(0.0, sum(warm) - len(warm) * result.median_ms), 1)
+    result.losses = [s.loss for s in record.steps]
     result.facts = record.sections.get("tune_facts", {})
     cuda = [s.cuda_allocated_peak for s in record.steps if s.cuda_allocated_peak]
     result.peak_bytes = max(cuda) if cuda else trial.get("peak_rss_bytes")

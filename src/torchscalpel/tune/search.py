@@ -29,6 +29,7 @@ from torchscalpel.tune.facts import ModelFacts
 from torchscalpel.tune.knobs import Knob, all_knobs
 from torchscalpel.tune.options import Progress, SilentProgress, TuneOptions, parse_knobs
 from torchscalpel.tune.ordering import confirm_queue, near_ties, winners
+from torchscalpel.tune.payback import payback_of, run_steps
 from torchscalpel.tune.plan import plan_candidates
 from torchscalpel.tune.result import TuneResult
 from torchscalpel.tune.runner import TrialResult, profile_steps_for, run_trial
@@ -169,9 +170,23 @@ class Search:
         result.noise = noise_fraction(self.baseline_medians) if len(self.baseline_medians) >= 2 else None
         if result.winner is None:
             result.required = required_speedup(result.noise or 0.0)
+            busy = self._noise_note(result)
+            if busy:
+                result.notes.append(busy)
+        self._paybacks(result)
         self._say_plan(ended=True)
         result.elapsed_s = self.budget.elapsed()
         return result
+
+    def _paybacks(self, result: TuneResult) -> None:
+        """The pays-back figures of every measured candidate with a start-up cost (tune/payback.py)."""
+        facts = ModelFacts.from_dict(result.baseline.facts)
+        run = run_steps(self.target.args, facts.batches_per_epoch)
+        if run is not None:
+            result.run_steps, result.run_source = run.steps, run.source
+        for trial in result.trials:
+            value = payback_of(trial, result.baseline, run)
+            trial.payback = value.to_dict() if value is not None else {}
 
     def _search(self, result: TuneResult) -> None:
         facts = ModelFacts.from_dict(result.baseline.facts)
@@ -193,10 +208,12 @@ class Search:
                 "no single knob was faster than the baseline by the margin with numerics intact"
             )
         best = self._combine(chosen, near_ties(singles, chosen) if chosen else [], result)
-        # Confirm the best; if it does not hold up, the next single winners while time allows.
-        queue = confirm_queue(best, chosen, singles)
+        # Confirm the best; if it does not hold up, the next single winners while time allows. A
+        # candidate confirmed before the long tail was screened is not confirmed twice; a later one
+        # replaces it only with a higher confirmed speedup.
+        queue = [t for t in confirm_queue(best, chosen, singles) if t.verdict == Verdict.FASTER]
         for candidate in queue:
-            if confirm(self, candidate, result):
+            if self._confirm(candidate, result):
                 break
             if self.remaining() < self.budget.pair_s(candidate):
                 left = queue[queue.index(candidate) + 1 :]
@@ -205,6 +222,55 @@ class Search:
                         f"{', '.join(t.label for t in left)} not confirmed: {self.budget.advice(left[0])}"
                     )
                 break
+
+    def _noise_note(self, result: TuneResult) -> str:
+        """On a noisy machine with nothing recommended: what a confirmation needs at this noise."""
+        if result.noise is None or result.noise <= NOISY:
+            return ""
+        measured = [t for t in result.trials if t.speedup is not None and t.wall_s]
+        if not measured:
+            return ""
+        best = max(measured, key=lambda t: t.speedup or 0.0)
+        return (
+            f"the machine was noisy ({result.noise:.0%} between consecutive baseline runs): a recommendation "
+            f"needs the median of {self.confirm_pairs} interleaved pairs at {result.required:.2f}x or more; "
+            f"confirming {best.label} takes about {self.budget.confirm_s(best):.0f} s of budget; "
+            "rerun on a quieter machine, or with a larger --budget and --min-measure"
+        )
+
+    def _confirm(self, candidate: TrialResult, result: TuneResult) -> bool:
+        """Confirm ``candidate``; keep the better of it and a winner confirmed earlier."""
+        earlier, earlier_speedup = result.winner, result.confirmed_speedup
+        if not confirm(self, candidate, result):
+            result.winner, result.confirmed_speedup = earlier, earlier_speedup
+            return False
+        if earlier is not None and (earlier_speedup or 0.0) >= (result.confirmed_speedup or 0.0):
+            candidate.verdict = Verdict.NOT_CONFIRMED
+            candidate.note = (
+                f"confirmed at {result.confirmed_speedup or 0:.2f}x, below {earlier.label}'s "
+                f"{earlier_speedup or 0:.2f}x confirmed first"
+            )
+            result.winner, result.confirmed_speedup = earlier, earlier_speedup
+            return True
+        if earlier is not None:
+            earlier.verdict = Verdict.NOT_CONFIRMED
+            earlier.note = f"confirmed at {earlier_speedup or 0:.2f}x; {candidate.label} confirmed higher"
+        return True
+
+    def _confirm_before_tail(self, measured: list[TrialResult], result: TuneResult) -> None:
+        """Before the first trial the profile does not point at (the long tail), confirm the best
+        screening winner so far to the required pairs: the budget goes to the answer first."""
+        if result.winner is not None:
+            return
+        faster = [t for t in measured if t.verdict == Verdict.FASTER]
+        if not faster:
+            return
+        best = max(faster, key=lambda t: t.speedup or 0.0)
+        self.progress.message(
+            f"{best.label} won screening ({best.speedup or 0:.2f}x): confirming it before the knobs the "
+            "profile does not point at"
+        )
+        self._confirm(best, result)
 
     def _nothing_measured(self, result: TuneResult) -> str:
         """The sentence for a search that measured no candidate: why, and what to change."""
@@ -298,8 +364,12 @@ class Search:
             f"{len(planned)} single-knob trial(s) and {self._refreshes_planned} baseline re-measure(s) planned",
         )
         measured: list[TrialResult] = []
+        tail_started = False
         for cand in planned:
             settings = cand.settings
+            if not cand.indicated and not tail_started:
+                tail_started = True
+                self._confirm_before_tail(measured, result)
             # No reserve for confirmations that may never run: only once a candidate has won
             # screening is the time its confirmation needs kept back (measured, not guessed).
             keep = max(

@@ -95,6 +95,10 @@ class CompileSpec:
     fullgraph: bool | None = None
     """``None``: try ``fullgraph=True`` first and fall back to graphs with breaks (both reported);
     ``True``: a graph break fails the trial; ``False``: never try fullgraph."""
+    use_cache: bool | None = None
+    """``False``: set ``model.config.use_cache = False`` on a transformers model in training (its
+    forward otherwise builds a key/value cache nobody reads, whose guards recompile the compiled
+    model); ``None`` leaves the config alone."""
 
     def __post_init__(self) -> None:
         if not is_module_name(self.target):
@@ -109,6 +113,8 @@ class CompileSpec:
             raise ValueError("compile.dynamic must be true, false or left out")
         if not _is_flag(self.fullgraph):
             raise ValueError("compile.fullgraph must be true, false or left out")
+        if not _is_flag(self.use_cache):
+            raise ValueError("compile.use_cache must be true, false or left out")
 
     def label(self) -> str:
         """Short text for tables: ``compile(Block)``, ``compile(model, max-autotune)``."""

@@ -198,3 +198,20 @@ def is_compile_error(exc: BaseException) -> bool:
         if k is not None
     )
     return isinstance(exc, kinds) or type(exc).__module__.startswith(("torch._inductor", "torch._dynamo"))
+
+
+def guard_advice(guard: str) -> str:
+    """What to change for a recompile whose failed guard is ``guard`` ("" when no cause is known):
+    a transformers cache built in training, or input shapes that change (a last smaller batch)."""
+    text = guard.lower()
+    if "cache_utils" in text or "dynamiccache" in text or "past_key_values" in text:
+        return (
+            "the model builds a key/value cache in training (transformers' use_cache): "
+            "set model.config.use_cache = False"
+        )
+    if "size mismatch" in text or ("sizes" in text and "mismatch" in text) or "shape" in text:
+        return (
+            "input shapes changed between steps (a last smaller batch?): compile with dynamic=True, "
+            "or give the DataLoader drop_last=True"
+        )
+    return ""

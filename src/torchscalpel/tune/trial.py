@@ -27,7 +27,7 @@ from torchscalpel.tune.knobs import ApplyLog
 from torchscalpel.tune.settings import TuneSettings
 
 if TYPE_CHECKING:
-    from torchscalpel.record import RunRecord
+    from torchscalpel.record import RunRecord, StepRecord
 
 TRIAL_SECTION = "trial"
 
@@ -42,8 +42,43 @@ class TrialObserver(Observer):
         self.log = log
         self.seed = seed
 
+        self.compiled_steps: list[dict[str, Any]] = []
+        """Steps during which dynamo compiled (index, warm-up or not, seconds, the guard): a compile in a
+        measured step is not steady state (:func:`torchscalpel.tune.runner.steady_steps`)."""
+        self._compile_s = 0.0
+        self._guards = 0
+
+    def on_step_end(self, step: StepRecord) -> None:
+        if self.settings.compile is None:
+            return
+        from torchscalpel.tune.knobs.compile import compile_progress
+
+        seconds, guards, last_guard = compile_progress()
+        last = self.compiled_steps[-1] if self.compiled_steps else None
+        if (
+            last is not None
+            and last["index"] == step.index
+            and (seconds > self._compile_s + 1e-6 or guards > self._guards)
+        ):
+            # the same step reported again (the runtime re-emits a step it re-opened): one entry per step
+            last["compile_s"] = round(last["compile_s"] + seconds - self._compile_s, 3)
+            last["recompiles"] += guards - self._guards
+        elif seconds > self._compile_s + 1e-6 or guards > self._guards:
+            self.compiled_steps.append(
+                {
+                    "index": step.index,
+                    "warmup": bool(step.warmup),
+                    "compile_s": round(seconds - self._compile_s, 3),
+                    "recompiles": guards - self._guards,
+                    "guard": last_guard if guards > self._guards else "",
+                }
+            )
+        self._compile_s, self._guards = seconds, guards
+
     def on_finish(self, record: RunRecord) -> None:
         record.sections[TRIAL_SECTION] = trial_section(self.settings, self.log, self.seed)
+        if self.settings.compile is not None:
+            record.sections[TRIAL_SECTION]["compile"]["compiled_steps"] = self.compiled_steps[:50]
 
 
 def trial_section(settings: TuneSettings, log: ApplyLog, seed: int) -> dict[str, Any]:
