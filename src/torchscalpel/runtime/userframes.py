@@ -35,8 +35,7 @@ import os
 import re
 import sysconfig
 from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -198,9 +197,19 @@ def user_site(frame: Any) -> str:
     return "?" if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"
 
 
-_PASSED_OVER = frozenset({Kind.TORCH, Kind.STDLIB, Kind.GENERATED})
-"""Frames that never made a call in their own name: torch's, the standard library's, generated code's."""
 _PATCHING = "/runtime/patching.py"
+# The kinds as plain module names for the walk below, which runs at every allocation the memory tracker
+# counts and every torch call the op-line pass wraps: reading ``Kind.TORCH`` goes through the enum's class
+# (measured several times slower than a module global on Python 3.11), and an enum's hash is a Python
+# call, so no set membership either: identity tests on these.
+_USER, _TORCH, _SCALPEL, _STDLIB, _THIRD_PARTY = (
+    Kind.USER,
+    Kind.TORCH,
+    Kind.SCALPEL,
+    Kind.STDLIB,
+    Kind.THIRD_PARTY,
+)
+_GENERATED_KIND = Kind.GENERATED
 
 
 def _wrapper_layer(frame: Any) -> bool:
@@ -208,9 +217,12 @@ def _wrapper_layer(frame: Any) -> bool:
     return frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_PATCHING)
 
 
-@dataclass(frozen=True, slots=True)
-class Site:
-    """Where a call on the live stack came from (:func:`call_site`): plain names and numbers, no frames."""
+class Site(NamedTuple):
+    """Where a call on the live stack came from (:func:`call_site`): plain names and numbers, no frames.
+
+    A named tuple, not a frozen dataclass: one is built for every allocation the memory tracker counts
+    and every torch call the op-line pass wraps, and a tuple is the cheapest immutable record to build.
+    """
 
     file: str | None = None
     """The user's frame: the innermost one in the user's code (None when no frame is the user's)."""
@@ -253,17 +265,18 @@ def call_site(frame: Any, *, skip_self: object = None) -> Site:
         kind = file_kind(code.co_filename)
         if (
             skip_self is not None
-            and kind is not Kind.TORCH
-            and kind is not Kind.SCALPEL
+            and kind is not _TORCH
+            and kind is not _SCALPEL
             and frame.f_locals.get("self") is skip_self
         ):
             frame = frame.f_back
             continue
-        if not decided and kind not in _PASSED_OVER:
+        # torch's, the standard library's and generated code's frames never make a call in their own name
+        if not decided and kind is not _TORCH and kind is not _STDLIB and kind is not _GENERATED_KIND:
             decided = True
-            passed_through = kind is Kind.SCALPEL and (_wrapper_layer(frame) or _wrapper_layer(frame.f_back))
+            passed_through = kind is _SCALPEL and (_wrapper_layer(frame) or _wrapper_layer(frame.f_back))
             caller = None if passed_through else kind
-        if kind is Kind.USER:
+        if kind is _USER:
             return Site(
                 file=code.co_filename,
                 line=frame.f_lineno,
@@ -271,7 +284,7 @@ def call_site(frame: Any, *, skip_self: object = None) -> Site:
                 library_line=0 if library is None else library[1],
                 caller=caller,
             )
-        if library is None and kind is Kind.THIRD_PARTY:
+        if library is None and kind is _THIRD_PARTY:
             library = (code.co_filename, frame.f_lineno)
         frame = frame.f_back
     if library is None:
