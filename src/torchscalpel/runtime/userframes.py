@@ -202,14 +202,8 @@ _PATCHING = "/runtime/patching.py"
 # counts and every torch call the op-line pass wraps: reading ``Kind.TORCH`` goes through the enum's class
 # (measured several times slower than a module global on Python 3.11), and an enum's hash is a Python
 # call, so no set membership either: identity tests on these.
-_USER, _TORCH, _SCALPEL, _STDLIB, _THIRD_PARTY = (
-    Kind.USER,
-    Kind.TORCH,
-    Kind.SCALPEL,
-    Kind.STDLIB,
-    Kind.THIRD_PARTY,
-)
-_GENERATED_KIND = Kind.GENERATED
+_KIND_USER, _KIND_TORCH, _KIND_SCALPEL = Kind.USER, Kind.TORCH, Kind.SCALPEL
+_KIND_STDLIB, _KIND_THIRD_PARTY, _KIND_GENERATED = Kind.STDLIB, Kind.THIRD_PARTY, Kind.GENERATED
 
 
 def _wrapper_layer(frame: Any) -> bool:
@@ -265,18 +259,23 @@ def call_site(frame: Any, *, skip_self: object = None) -> Site:
         kind = file_kind(code.co_filename)
         if (
             skip_self is not None
-            and kind is not _TORCH
-            and kind is not _SCALPEL
+            and kind is not _KIND_TORCH
+            and kind is not _KIND_SCALPEL
             and frame.f_locals.get("self") is skip_self
         ):
             frame = frame.f_back
             continue
         # torch's, the standard library's and generated code's frames never make a call in their own name
-        if not decided and kind is not _TORCH and kind is not _STDLIB and kind is not _GENERATED_KIND:
+        if (
+            not decided
+            and kind is not _KIND_TORCH
+            and kind is not _KIND_STDLIB
+            and kind is not _KIND_GENERATED
+        ):
             decided = True
-            passed_through = kind is _SCALPEL and (_wrapper_layer(frame) or _wrapper_layer(frame.f_back))
+            passed_through = kind is _KIND_SCALPEL and (_wrapper_layer(frame) or _wrapper_layer(frame.f_back))
             caller = None if passed_through else kind
-        if kind is _USER:
+        if kind is _KIND_USER:
             return Site(
                 file=code.co_filename,
                 line=frame.f_lineno,
@@ -284,7 +283,7 @@ def call_site(frame: Any, *, skip_self: object = None) -> Site:
                 library_line=0 if library is None else library[1],
                 caller=caller,
             )
-        if library is None and kind is _THIRD_PARTY:
+        if library is None and kind is _KIND_THIRD_PARTY:
             library = (code.co_filename, frame.f_lineno)
         frame = frame.f_back
     if library is None:
