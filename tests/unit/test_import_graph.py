@@ -1,5 +1,5 @@
-"""The package's import graph: every module imports by its dotted name, and the packages listed in
-:data:`ACYCLIC` have no import cycle among their own modules (lazy, function-level imports count)."""
+"""The package's import graph: every module imports by its dotted name, and no subpackage has an import
+cycle among its own modules (lazy, function-level imports count), but those of :data:`CYCLES_LEFT`."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ API_FUNCTIONS = frozenset(
 """Subpackages whose name on ``torchscalpel`` is the in-process function of the same name (the public API);
 the function lends them its attributes, so the dotted names below them still resolve."""
 
-ACYCLIC = ("torchscalpel.doctor",)
-"""Packages whose modules import one another without a cycle (the rules below the catalogue that collects them)."""
+CYCLES_LEFT = frozenset({"torchscalpel.fix", "torchscalpel.memory", "torchscalpel.runtime"})
+"""Subpackages whose own modules still import one another in a cycle, to be cut along their seams (issue 38);
+every other subpackage has none (the doctor's rules sit below the catalogue that collects them)."""
 
 
 def _by_attribute(name: str) -> object:
@@ -101,10 +102,19 @@ def import_cycles(graph: grimp.ImportGraph, package: str) -> list[list[str]]:
     return sorted(cycles)
 
 
-def test_no_import_cycle_inside_the_acyclic_packages() -> None:
+def test_no_import_cycle_inside_a_subpackage() -> None:
     graph = grimp.build_graph("torchscalpel", cache_dir=None)  # imports inside functions are edges too
-    assert "torchscalpel.doctor.catalogue" in graph.modules
-    assert {p: import_cycles(graph, p) for p in ACYCLIC} == {p: [] for p in ACYCLIC}
+    packages = sorted(m for m in graph.modules if m != "torchscalpel" and graph.find_children(m))
+    assert {"torchscalpel.doctor", "torchscalpel.doctor.rules", "torchscalpel.tune"} <= set(packages)
+    found = {
+        p: cycles
+        for p in packages
+        if not any(p == left or p.startswith(left + ".") for left in CYCLES_LEFT)
+        and (cycles := import_cycles(graph, p))
+    }
+    assert found == {}
+    for left in sorted(CYCLES_LEFT):  # the list only shrinks: a package cut free leaves it
+        assert import_cycles(graph, left), f"{left} has no import cycle left: remove it from CYCLES_LEFT"
 
 
 def test_the_cycle_check_sees_a_planted_cycle() -> None:
