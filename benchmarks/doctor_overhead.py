@@ -19,15 +19,15 @@ from pathlib import Path
 import torch
 
 from torchscalpel.doctor.api import _run
-from torchscalpel.doctor.runtime_rules import all_runtime_rules
-from torchscalpel.doctor.static import analyze_source
+from torchscalpel.doctor.catalogue import runtime_rules
+from torchscalpel.doctor.static_scan import analyze_source
 from torchscalpel.runtime.target import Target
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_cnn.py"
 
 
 def step_ms(with_doctor: bool, steps: int) -> float:
-    rules = all_runtime_rules() if with_doctor else []
+    rules = runtime_rules() if with_doctor else []
     record, _ = _run(
         Target(script=EXAMPLE, args=["--epochs", "3"]),
         rules,

@@ -15,13 +15,16 @@ stays fast): the runtime is imported when a block starts.
 # the four packages (doctor, memory, plan, compare) now (their __init__ imports no torch) means that setattr has already happened,
 # so the function bound below stays the package attribute whatever a program imports later
 # (``from torchscalpel.doctor.api import ...`` finds the package in sys.modules and sets nothing on
-# ``torchscalpel``). Inside the repository, reach a submodule with ``from torchscalpel.doctor import
-# api`` or ``from torchscalpel.doctor.api import X``, never as the attribute chain
-# ``torchscalpel.doctor.api`` (that is the function's attribute, and there is none).
-import torchscalpel.compare as _compare_package  # noqa: F401
-import torchscalpel.doctor as _doctor_package  # noqa: F401
-import torchscalpel.memory as _memory_package  # noqa: F401
-import torchscalpel.plan as _plan_package  # noqa: F401
+# ``torchscalpel``). Each function then carries its package's namespace as its attributes
+# (:func:`_lend_namespace`), so a dotted name still reaches every submodule:
+# ``import torchscalpel.doctor.api as api`` and ``torchscalpel.doctor.api.diagnose`` work.
+from types import ModuleType
+from typing import Any
+
+import torchscalpel.compare as _compare_package
+import torchscalpel.doctor as _doctor_package
+import torchscalpel.memory as _memory_package
+import torchscalpel.plan as _plan_package
 from torchscalpel.compare.core import Comparison
 from torchscalpel.findings import Finding, Severity
 from torchscalpel.inprocess import InProcessRun, compare, doctor, memory, plan, profile
@@ -55,6 +58,29 @@ def _inline_summary(record: RunRecord) -> str:
 
 
 set_inline_html(_inline_summary)  # the record cannot import the report: it is on the floor below
+
+
+def _lend_namespace(function: Any, package: ModuleType) -> None:
+    """Make ``package``'s namespace ``function``'s attributes, so the dotted names below the package
+    resolve through the function that took its name (``torchscalpel.doctor.api`` is the api module).
+
+    ``import a.b.c as m`` and every attribute chain read ``a.b`` as the attribute of ``a``, which here is
+    the function; the import system adds each submodule to the package's namespace when it is first
+    imported, and sharing that dict (not a copy) lets later imports show through as well. The function's
+    own attributes (``__name__``, ``__doc__``, its signature) are descriptors of the function type and win
+    over the shared dict, so the function is unchanged to ``inspect`` and to callers.
+    """
+    function.__dict__ = vars(package)
+
+
+for _function, _package in (
+    (doctor, _doctor_package),
+    (memory, _memory_package),
+    (plan, _plan_package),
+    (compare, _compare_package),
+):
+    _lend_namespace(_function, _package)
+del _function, _package
 
 
 def __dir__() -> list[str]:

@@ -142,7 +142,7 @@ def test_consolidate_writes_clean_keys(single_rank, tmp_path):
 
 
 def test_clean_key():
-    from torchscalpel.distributed.consolidate import clean_key
+    from torchscalpel.distributed.consolidation import clean_key
 
     assert clean_key("module._orig_mod.layers.0._checkpoint_wrapped_module.w") == "layers.0.w"
 

@@ -120,7 +120,7 @@ def test_the_clean_version_raises_none_of_them(tmp_path):
 
 
 def test_static_device_ids_rule_positive_and_clean():
-    from torchscalpel.doctor.static import analyze_source
+    from torchscalpel.doctor.static_scan import analyze_source
 
     bad = FIXTURES / "ddp_device_ids_bad.py"
     found = [

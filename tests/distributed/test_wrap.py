@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from torchscalpel import distributed as sd
-from torchscalpel.distributed.wrap import choose_strategy, sync_batchnorm_decision, unused_parameters
+from torchscalpel.distributed.wrapping import choose_strategy, sync_batchnorm_decision, unused_parameters
 from torchscalpel.errors import UsageError
 
 pytestmark = pytest.mark.dist  # these tests start a one-rank process group

@@ -257,7 +257,7 @@ def test_pickle_written_by_a_prepare_script_two_folders_down_is_info(tmp_path: P
 
 
 def _static_text(source: str):
-    from torchscalpel.doctor.static import analyze_source
+    from torchscalpel.doctor.static_scan import analyze_source
 
     return analyze_source(source, "/nonexistent-dir/train.py")
 

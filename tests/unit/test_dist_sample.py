@@ -6,7 +6,7 @@ from collections import namedtuple
 
 import torch
 
-from torchscalpel.distributed.wrap import _to_device
+from torchscalpel.distributed.wrapping import _to_device
 
 Batch = namedtuple("Batch", "x y")
 

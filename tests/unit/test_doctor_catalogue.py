@@ -98,7 +98,7 @@ def test_rules_table_is_derived_from_the_classes_in_documentation_order() -> Non
 
 
 def test_analyzing_twice_gives_the_same_findings() -> None:
-    from torchscalpel.doctor.static import analyze_source
+    from torchscalpel.doctor.static_scan import analyze_source
 
     src = "import torch\nimport torch.nn as nn\ntorch.save(model, 'm.pt')\n"
     assert (

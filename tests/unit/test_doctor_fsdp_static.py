@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 
-from torchscalpel.doctor.static import analyze_source
+from torchscalpel.doctor.static_scan import analyze_source
 
 HEADER = """\
 import functools

@@ -12,7 +12,8 @@ import pytest
 
 from torchscalpel.doctor.api import diagnose
 from torchscalpel.doctor.rules.manual_update import describe, manual_updates
-from torchscalpel.doctor.static import StaticContext, analyze_source
+from torchscalpel.doctor.static import StaticContext
+from torchscalpel.doctor.static_scan import analyze_source
 from torchscalpel.runtime.target import Target
 
 FIXTURE = (

@@ -8,7 +8,7 @@ import pytest
 
 from torchscalpel.doctor import static as static_mod
 from torchscalpel.doctor.registry import RULES, rank_findings
-from torchscalpel.doctor.static import analyze_source
+from torchscalpel.doctor.static_scan import analyze_source
 from torchscalpel.findings import Severity
 
 HEADER = "import torch\nimport torch.nn as nn\nimport torch.distributed as dist\n"

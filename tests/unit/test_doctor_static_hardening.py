@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torchscalpel.doctor import static
+from torchscalpel.doctor import static, static_scan
 
 
 def test_syntax_error_is_reported_with_its_line(tmp_path: Path) -> None:
     f = tmp_path / "broken.py"
     f.write_text("import torch\nmodel = torch.nn.Linear(2, 2)\ndef f(:\n    pass\n")
     skipped: list[static.NotAnalysed] = []
-    assert static.analyze_paths([f], not_analysed=skipped) == []
+    assert static_scan.analyze_paths([f], not_analysed=skipped) == []
     assert [(s.path, s.line) for s in skipped] == [(str(f), 3)]
     assert "syntax error" in skipped[0].reason
 
@@ -22,7 +22,7 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_read(tmp_path: Path,
     f = tmp_path / "gen.py"
     f.write_text("x = 1\n" * 1000)
     skipped: list[static.NotAnalysed] = []
-    assert static.analyze_paths([f], not_analysed=skipped) == []
+    assert static_scan.analyze_paths([f], not_analysed=skipped) == []
     assert "over the" in skipped[0].reason and "limit" in skipped[0].reason
 
 

@@ -33,13 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 PACKAGE = "torchscalpel"
 
-KNOWN_CYCLES: dict[str, str] = {
-    # Issue 38, "Seams, not sizes": the catalogue imports every rule, each rule calls
-    # registry.make_finding("slug", ...), and the registry reaches back through a module __getattr__.
-    # Another branch removes this cycle (rules build their findings from their own info); delete this
-    # entry when it merges. A cycle counts as this one only when every module in it is under the package.
-    "torchscalpel.doctor": "doctor's catalogue <-> rules <-> registry cycle, removed on another branch",
-}
+KNOWN_CYCLES: dict[str, str] = {}
 """Packages whose one known import cycle is tolerated, with why; an entry that matches no cycle fails."""
 
 DISPATCH: dict[str, str] = {

@@ -195,3 +195,91 @@ def test_hang_diagnosis_names_a_user_frame_or_the_innermost() -> None:
     assert hang_user_frame([torch_frame, user]) == user  # every "<...>" name used to count as a library's
     assert hang_user_frame([torch_frame]) == torch_frame
     assert hang_user_frame([]) is None
+
+
+# -- the one walk behind the construction, allocation and op-line sites ------------------------------------
+
+PATCHING_FILE = os.path.join(os.path.dirname(torchscalpel.__file__), "runtime", "patching.py")
+USER_OUTER = "/home/u/proj/train.py"
+
+
+def _walked(*files: str, start: Callable[[Callable[[], Any]], Any] | None = None) -> Any:
+    """The frame of the innermost function of a chain through ``files`` (outermost first; or of ``start``,
+    a chain built by the caller), run on a bare thread from generated code: no frame of this test file
+    is on the stack, so the chain alone decides whose line it is."""
+    import _thread
+
+    start = start or _chain(*files)
+    ns: dict[str, Any] = {}
+    exec(
+        compile(
+            "def entry(start, cb, out, done):\n    out.append(start(cb))\n    done.set()\n",
+            "<string>",
+            "exec",
+        ),
+        ns,
+    )
+    out: list[Any] = []
+    done = threading.Event()
+    _thread.start_new_thread(ns["entry"], (start, lambda: sys._getframe(1), out, done))
+    assert done.wait(10)
+    return out[0]
+
+
+def _readers(frame: Any) -> tuple[str | None, dict[str, Any] | None, str]:
+    """What each of the three readers makes of one walk: the op-line range, the construction site, the
+    allocation site (the tracker's text, read from the same :class:`Site`)."""
+    from torchscalpel.runtime.op_lines import range_name
+    from torchscalpel.runtime.sites import caller_site
+    from torchscalpel.runtime.userframes import call_site
+
+    site = call_site(frame)
+    return range_name(site), caller_site(None, frame), site.user or site.library or "(no Python caller)"
+
+
+def test_one_walk_names_the_users_line_and_the_library_on_the_way() -> None:
+    from torchscalpel.runtime.userframes import Site, call_site
+
+    frame = _walked(USER_LIB, LIGHTNING, TORCH_FILE)
+    assert call_site(frame) == Site(
+        file=USER_LIB, line=2, library_file=LIGHTNING, library_line=2, caller=Kind.THIRD_PARTY
+    )
+    op_range, built, allocated = _readers(frame)
+    assert op_range == f"scalpel.site:{USER_LIB}:2\x1f{LIGHTNING}:2"  # the package made the call: both lines
+    assert built == {"file": os.path.realpath(USER_LIB), "line": 2, "library": "lightning"}
+    assert allocated == f"{USER_LIB}:2"
+
+
+def test_torchscalpels_own_call_and_a_wrapper_that_passes_the_users_call_through() -> None:
+    ours = _walked(USER_LIB, LIGHTNING, TORCH_FILE, OUR_FILE)
+    assert _readers(ours)[0] == "scalpel.site:torchscalpel"  # a call our own code made
+    assert _readers(ours)[1] == {"file": os.path.realpath(USER_LIB), "line": 2, "library": "lightning"}
+    # loss.backward() through the runtime's wrapper over torch: the user's line, with no library line
+    # even though Lightning's frame is further out (what the op-line pass has always named)
+    wrapped = _walked(USER_LIB, LIGHTNING, PATCHING_FILE, TORCH_FILE)
+    assert _readers(wrapped)[0] == f"scalpel.site:{USER_LIB}:2"
+    hook = _walked(USER_LIB, PATCHING_FILE, OUR_FILE, TORCH_FILE)  # the hook the wrapper calls
+    assert _readers(hook)[0] == f"scalpel.site:{USER_LIB}:2"
+
+
+def test_no_user_frame_names_the_library_or_nothing() -> None:
+    from torchscalpel.runtime.userframes import NO_SITE, call_site
+
+    assert _readers(_walked(LIGHTNING, TORCH_FILE)) == (None, None, f"{LIGHTNING}:2")
+    assert _readers(_walked(TORCH_FILE, threading.__file__)) == (None, None, "(no Python caller)")
+    assert call_site(None) == NO_SITE and NO_SITE.user is None and NO_SITE.library is None
+
+
+def test_the_constructor_chain_of_the_object_being_built_is_passed_over() -> None:
+    from torchscalpel.runtime.sites import caller_site
+    from torchscalpel.runtime.userframes import call_site
+
+    obj = object()
+    ns: dict[str, Any] = {"obj": obj}
+    exec(compile("def init(self, cb):\n    return cb()\n", "/home/u/proj/model.py", "exec"), ns)
+    exec(compile("def build(cb):\n    return init(obj, cb)\n", USER_OUTER, "exec"), ns)
+    frame = _walked(start=ns["build"])
+    assert frame.f_code.co_filename == "/home/u/proj/model.py"  # a user subclass's __init__
+    assert call_site(frame).file == "/home/u/proj/model.py"
+    assert call_site(frame, skip_self=obj).file == USER_OUTER
+    assert caller_site(obj, frame) == {"file": os.path.realpath(USER_OUTER), "line": 2, "library": None}

@@ -198,7 +198,7 @@ def _write_outputs(
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
     from torchscalpel.console import make_console
     from torchscalpel.doctor.registry import rank_findings
-    from torchscalpel.doctor.static import analyze_paths, iter_python_files
+    from torchscalpel.doctor.static_scan import analyze_paths, iter_python_files
     from torchscalpel.report.doctor_terminal import reaches, render_terminal
 
     files = list(iter_python_files(args.static))

@@ -15,12 +15,19 @@ sd.teardown()
 """
 
 from torchscalpel.distributed.checkpoint import Checkpointer
-from torchscalpel.distributed.consolidate import consolidate
+from torchscalpel.distributed.consolidation import consolidate
 from torchscalpel.distributed.data import ResumableLoader, loader
 from torchscalpel.distributed.guard import NonFiniteError, NonFiniteGuard
 from torchscalpel.distributed.manifest import CheckpointError
-from torchscalpel.distributed.setup import DistContext, context, get_logger, seed_everything, setup, teardown
-from torchscalpel.distributed.wrap import find_blocks, wrap
+from torchscalpel.distributed.process import (
+    DistContext,
+    context,
+    get_logger,
+    seed_everything,
+    setup,
+    teardown,
+)
+from torchscalpel.distributed.wrapping import find_blocks, wrap
 
 __all__ = [
     "CheckpointError",

@@ -33,8 +33,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from torchscalpel.distributed import manifest
 from torchscalpel.distributed.manifest import CheckpointError
+from torchscalpel.distributed.process import collective_device, context, get_logger
 from torchscalpel.distributed.safedcp import SafeFileSystemReader, WeightsOnlyLoadPlanner, read_metadata
-from torchscalpel.distributed.setup import collective_device, context, get_logger
 from torchscalpel.distributed.statecodec import load_state, rng_restore, rng_snapshot, save_state
 
 log = get_logger()
@@ -286,7 +286,7 @@ class Checkpointer:
             log.warning(
                 "checkpoint: SIGTERM received, saved step %d, exiting with %d", step, SIGTERM_EXIT_CODE
             )
-            from torchscalpel.distributed.setup import teardown
+            from torchscalpel.distributed.process import teardown
 
             teardown()
             raise SystemExit(SIGTERM_EXIT_CODE)
@@ -398,7 +398,7 @@ class Checkpointer:
         # Resharded resume: generator streams cannot be split or merged, so each rank starts a
         # fresh deterministic stream; the loader keeps its place in the epoch.
         from torchscalpel.distributed.data import mix_seed
-        from torchscalpel.distributed.setup import seed_everything
+        from torchscalpel.distributed.process import seed_everything
 
         log.warning(
             "checkpoint: saved with %d ranks, resuming on %d; random streams are re-seeded",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from torchscalpel.distributed.setup import seed_everything
+from torchscalpel.distributed.process import seed_everything
 from torchscalpel.errors import UsageError
 
 
@@ -200,7 +200,7 @@ def loader(
     sampler partitions one shuffled order). Extra keyword arguments go to ``DataLoader``
     (``collate_fn``, ``pin_memory``, ``persistent_workers`` ...).
     """
-    from torchscalpel.distributed.setup import context
+    from torchscalpel.distributed.process import context
 
     ctx = context()
     if batch_size < 1:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from torchscalpel.distributed.setup import collective_device, get_logger
+from torchscalpel.distributed.process import collective_device, get_logger
 from torchscalpel.errors import ScalpelError
 
 log = get_logger()

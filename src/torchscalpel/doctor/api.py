@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchscalpel.doctor import catalogue
 from torchscalpel.doctor.options import DoctorOptions
 from torchscalpel.doctor.registry import rank_findings
 from torchscalpel.doctor.rules.rt_run import needs_launcher
-from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule, all_runtime_rules
-from torchscalpel.doctor.static import analyze_paths
+from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule
+from torchscalpel.doctor.static_scan import analyze_paths
 from torchscalpel.doctor.window import RANK_STEPS
 from torchscalpel.findings import Finding, counts
 from torchscalpel.options import STEP_TIMEOUT_S
@@ -221,8 +222,6 @@ def merge_findings(
     """One list: a runtime finding of the same rule replaces the static one (taking its location if it
     has none); static findings of ``superseded`` slugs go; exact duplicates go; findings a more specific
     one explains go (each rule class's :meth:`~torchscalpel.doctor.rule.Rule.redundant`)."""
-    from torchscalpel.doctor.catalogue import RULE_CLASSES
-
     out = list(runtime)
     by_rule: dict[str, list[Finding]] = {}
     for f in out:
@@ -246,7 +245,7 @@ def merge_findings(
                 match.location = f.location
             continue
         out.append(f)
-    redundant = {id(r) for cls in RULE_CLASSES for r in cls.redundant(out)}
+    redundant = {id(r) for cls in catalogue.RULE_CLASSES for r in cls.redundant(out)}
     out = [f for f in out if id(f) not in redundant]
     seen: set[tuple[str, str]] = set()
     unique = []
@@ -280,7 +279,7 @@ def diagnose(
     from torchscalpel.doctor.rules.rt_numerics import NanLoss
 
     sources = SourceFiles()
-    rules: list[RuntimeRule] = [*all_runtime_rules(), sources]
+    rules: list[RuntimeRule] = [*catalogue.runtime_rules(), sources]
     run_steps: int | None
     cap = TimeCap(options.time_cap_s)
     if steps == "auto" and _world_size() > 1:
@@ -364,7 +363,7 @@ def _world_size() -> int:
 def runtime_rules_for_block() -> tuple[list[RuntimeRule], SourceFiles]:
     """The rules of an in-process doctor block (every runtime rule) and the model-source collector."""
     sources = SourceFiles()
-    return [*all_runtime_rules(), sources], sources
+    return [*catalogue.runtime_rules(), sources], sources
 
 
 def assemble_findings(

@@ -1,7 +1,9 @@
 """The one list of doctor rule classes, static and runtime, in documentation order.
 
-Adding a rule means writing its class (with its :class:`~torchscalpel.doctor.rule.RuleInfo`) and
-listing it here; nothing registers itself on import. :data:`RULES` (re-exported as
+Adding a rule means writing its class (with its :class:`~torchscalpel.doctor.rule.RuleInfo`, from
+which the rule builds its own findings) and listing it here; nothing registers itself on import. The
+catalogue sits above the rule modules and only collects them: no rule imports it (nor
+:mod:`~torchscalpel.doctor.registry`, above it), so the doctor's modules form no import cycle. :data:`RULES` (re-exported as
 ``torchscalpel.doctor.registry.RULES``) is derived from these classes: every slug once, in the order
 its first class appears below, which is the order findings are ranked in and SARIF lists rules in.
 ``tests/unit/test_doctor_catalogue.py`` fails for a rule class that is missing here or lacks metadata.

@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from torchscalpel.doctor.registry import make_finding, rank_findings
+from torchscalpel.doctor.registry import rank_findings
+from torchscalpel.doctor.rules.dist_static import RANK_CONDITIONAL_STEP
 from torchscalpel.findings import Finding
 from torchscalpel.record import RunRecord
 
@@ -52,8 +53,7 @@ def step_mismatch(records: dict[int, RunRecord]) -> list[Finding]:
         if len(set(values.values())) > 1:
             shown = ", ".join(f"rank {r}: {n}" for r, n in sorted(values.items()))
             found.append(
-                make_finding(
-                    "rank-conditional-step",
+                RANK_CONDITIONAL_STEP.finding(
                     f"The ranks did not run the same number of {what}: some of them run only on some ranks, so "
                     "replicas diverge and collectives can hang.",
                     evidence=[

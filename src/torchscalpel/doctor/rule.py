@@ -1,19 +1,24 @@
 """What every doctor rule class declares: its :class:`RuleInfo` (slug, severity, category, summary,
-kinds) and which other rules its findings make redundant.
+kinds) and which other rules its findings make redundant; how a rule builds its findings
+(:meth:`RuleInfo.finding`) and how a crash in a rule's code becomes its internal-error finding
+(:func:`guarded`, :func:`internal_error`).
 
 Static rules (:class:`torchscalpel.doctor.static.StaticRule`) and runtime rules
 (:class:`torchscalpel.doctor.runtime_rules.RuntimeRule`) share this base; the one list of rule
 classes is :mod:`torchscalpel.doctor.catalogue`, and :data:`torchscalpel.doctor.registry.RULES`
-is derived from it. Nothing here registers anything: importing a rule module has no side effect.
+is derived from it. This is the bottom of the doctor: it imports no other doctor module, and a rule
+never looks its own metadata up by slug (the catalogue sits above the rules and only collects them).
+Nothing here registers anything: importing a rule module has no side effect.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from torchscalpel.findings import Finding, Severity
+from torchscalpel.findings import Finding, Location, Severity
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +31,27 @@ class RuleInfo:
     summary: str
     kinds: tuple[str, ...]
     """``static`` and/or ``runtime``: where the rule looks."""
+
+    def finding(
+        self,
+        message: str,
+        *,
+        evidence: Iterable[str] = (),
+        fix: str = "",
+        location: Location | None = None,
+        source: str = "runtime",
+        severity: Severity | None = None,
+    ) -> Finding:
+        """A :class:`Finding` of this rule, at its default severity unless ``severity`` overrides it."""
+        return Finding(
+            rule=self.slug,
+            severity=self.severity if severity is None else severity,
+            message=message,
+            evidence=list(evidence),
+            fix=fix,
+            location=location,
+            source=source,
+        )
 
 
 class Rule:
@@ -62,3 +88,25 @@ class Rule:
         if not cls.supersedes or not any(f.rule in cls.slugs for f in findings):
             return []
         return [f for f in findings if f.rule in cls.supersedes]
+
+
+def internal_error(slug: str, exc: BaseException, *, source: str = "runtime") -> Finding:
+    """The finding that stands in for rule ``slug`` when its own code crashed (severity info)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "unknown"
+    return Finding(
+        rule=slug,
+        severity=Severity.INFO,
+        message=f"internal error in rule {slug}: {type(exc).__name__}: {exc}"[:300],
+        evidence=[f"raised at {where}", "the other rules still ran; please report this with the script"],
+        fix="",
+        source=source,
+    )
+
+
+def guarded(slug: str, fn: Callable[[], Iterable[Finding]], *, source: str) -> list[Finding]:
+    """Run ``fn`` (one rule's check); a crash becomes that rule's internal-error finding."""
+    try:
+        return list(fn())
+    except Exception as exc:  # a broken rule must never cost the user the other findings
+        return [internal_error(slug, exc, source=source)]

@@ -2,7 +2,8 @@
 
 A :class:`RuntimeRule` is an :class:`~torchscalpel.runtime.observer.Observer` that may also patch
 torch functions for the run (:meth:`RuntimeRule.setup`, undone afterwards) and turns what it saw
-into findings in :meth:`RuntimeRule.findings`. Like every rule it declares its
+into findings in :meth:`RuntimeRule.findings`, each built from its own
+:class:`~torchscalpel.doctor.rule.RuleInfo` (``INFO.finding(message, ...)``). Like every rule it declares its
 :class:`~torchscalpel.doctor.rule.RuleInfo` on the class and is listed in
 :mod:`torchscalpel.doctor.catalogue`. :class:`DoctorObserver` fans every runtime event out to the
 rules that listen to it, through one generic forwarder per :class:`Observer` event (a new event
@@ -19,8 +20,7 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import guarded, internal_error
-from torchscalpel.doctor.rule import Rule
+from torchscalpel.doctor.rule import Rule, guarded, internal_error
 from torchscalpel.findings import Finding, Location
 from torchscalpel.runtime.observer import Observer, listeners_by_event
 from torchscalpel.runtime.patching import Undo
@@ -177,11 +177,3 @@ def iter_tensors(obj: Any, limit: int = 16) -> list[torch.Tensor]:
         elif hasattr(o, "__dataclass_fields__"):
             stack.extend((getattr(o, k, None), depth + 1) for k in reversed(list(o.__dataclass_fields__)))
     return found
-
-
-def all_runtime_rules(*, sanity: bool = False) -> list[RuntimeRule]:
-    """One fresh instance of every runtime rule of the main run, in catalogue order (``sanity`` is
-    accepted for compatibility: the overfit-one-batch check runs in its own re-run)."""
-    from torchscalpel.doctor.catalogue import runtime_rules
-
-    return runtime_rules()

@@ -16,8 +16,7 @@ from typing import Any
 
 from torch.utils.data import dataloader as dl_module
 
-from torchscalpel.doctor.registry import make_finding
-from torchscalpel.doctor.rules.rt_grads import NoUpdate
+from torchscalpel.doctor.rules import rt_grads
 from torchscalpel.doctor.runtime_rules import RuntimeRule
 from torchscalpel.findings import Finding
 from torchscalpel.runtime.patching import Undo, wrap_attr
@@ -32,7 +31,7 @@ moves at least that far within a few dozen steps at any sane learning rate; a br
 class OverfitOneBatch(RuntimeRule):
     """Replays each loader's first batch; reports when the loss on it does not fall."""
 
-    info = NoUpdate.info
+    info = rt_grads.CANNOT_OVERFIT_BATCH
 
     def __init__(self) -> None:
         super().__init__()
@@ -68,8 +67,7 @@ class OverfitOneBatch(RuntimeRule):
         best_tail = min(losses[-5:])
         if first <= 1e-6 or best_tail < MIN_DROP * first:
             return
-        yield make_finding(
-            "cannot-overfit-batch",
+        yield rt_grads.CANNOT_OVERFIT_BATCH.finding(
             f"The model cannot overfit a single batch: after {len(losses)} steps on the same batch the loss is "
             f"{best_tail:.4g}, {best_tail / first:.0%} of its first value {first:.4g}.",
             evidence=[

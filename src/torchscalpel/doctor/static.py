@@ -1,24 +1,22 @@
 """Static analysis: parse a Python file once and let every static rule read the same AST.
 
 A static rule is a :class:`StaticRule` subclass: its :class:`~torchscalpel.doctor.rule.RuleInfo`
-and a ``check(ctx: StaticContext) -> Iterable[Finding]``. The classes are listed in
-:mod:`torchscalpel.doctor.catalogue` (importing a rule module registers nothing). The context
-resolves import aliases (``nn.Linear`` -> ``torch.nn.Linear``) and knows which classes in the file
-are ``nn.Module`` subclasses, so rules stay short and precise.
+and a ``check(ctx: StaticContext) -> Iterable[Finding]`` that builds each finding with
+``ctx.finding(INFO, node, message, ...)``. The classes are listed in
+:mod:`torchscalpel.doctor.catalogue` (importing a rule module registers nothing); running them over
+files is :mod:`torchscalpel.doctor.static_scan`, above the catalogue. The context resolves import
+aliases (``nn.Linear`` -> ``torch.nn.Linear``) and knows which classes in the file are ``nn.Module``
+subclasses, so rules stay short and precise.
 """
 
 from __future__ import annotations
 
 import ast
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
-from pathlib import Path
 
-from torchscalpel.doctor.registry import guarded, make_finding
-from torchscalpel.doctor.rule import Rule
-from torchscalpel.errors import UsageError
+from torchscalpel.doctor.rule import Rule, RuleInfo
 from torchscalpel.findings import Finding, Location, Severity
 
 # Base classes (fully qualified) whose subclasses are modules, beyond classes defined in the file.
@@ -105,7 +103,7 @@ class StaticContext:
 
     def finding(
         self,
-        slug: str,
+        info: RuleInfo,
         node: ast.AST,
         message: str,
         *,
@@ -113,13 +111,12 @@ class StaticContext:
         fix: str = "",
         severity: Severity | None = None,
     ) -> Finding:
-        """A static finding of ``slug`` located at ``node``; the source line is added as evidence."""
+        """A static finding of rule ``info`` located at ``node``; the source line is added as evidence."""
         shown = list(evidence)
         line = self.line_text(node)
         if line:
             shown.append(f"{self.path}:{getattr(node, 'lineno', 1)}: {line}")
-        return make_finding(
-            slug,
+        return info.finding(
             message,
             evidence=shown,
             fix=fix,
@@ -252,90 +249,3 @@ def parse_source(source: str, path: str) -> StaticContext | NotAnalysed:
         return NotAnalysed(path, f"{exc}")
     except (RecursionError, MemoryError):
         return NotAnalysed(path, "an expression is nested or chained too deeply for Python's parser")
-
-
-def analyze_source(
-    source: str,
-    path: str,
-    *,
-    rules: Sequence[str] | None = None,
-    not_analysed: list[NotAnalysed] | None = None,
-) -> list[Finding]:
-    """All static findings for one file's text (``rules``: only these slugs); a file that does not
-    parse gives no findings and, when ``not_analysed`` is given, an entry there saying why."""
-    from torchscalpel.doctor import catalogue
-
-    ctx = parse_source(source, path)
-    if isinstance(ctx, NotAnalysed):
-        if not_analysed is not None:
-            not_analysed.append(ctx)
-        return []
-    out: list[Finding] = []
-    for cls in catalogue.STATIC_RULES:
-        slug = cls.slugs[0]
-        if rules is None or slug in rules:
-            try:
-                out.extend(guarded(slug, partial(cls().check, ctx), source="static"))
-            except (RecursionError, MemoryError):  # a rule walking a pathological tree recursively
-                if not_analysed is not None:
-                    not_analysed.append(
-                        NotAnalysed(path, f"rule {slug} not run: the file's syntax tree is too deep")
-                    )
-    return out
-
-
-def iter_python_files(paths: Iterable[Path]) -> Iterator[Path]:
-    """Python files named directly or found under folders (skipping hidden and virtualenv folders)."""
-    for path in paths:
-        if not path.exists():
-            raise UsageError(
-                f"{path} does not exist; pass Python files or folders to 'scalpel doctor --static'."
-            )
-        if path.is_file():
-            yield path
-            continue
-        for file in sorted(path.rglob("*.py")):
-            rel = file.relative_to(path).parts
-            if any(
-                p.startswith(".") or p in {"__pycache__", "site-packages", "node_modules", "venv"}
-                for p in rel[:-1]
-            ):
-                continue
-            yield file
-
-
-def analyze_paths(
-    paths: Iterable[Path],
-    *,
-    rules: Sequence[str] | None = None,
-    not_analysed: list[NotAnalysed] | None = None,
-) -> list[Finding]:
-    """Static findings over files and folders; files that cannot be read or parsed (or are over
-    :data:`MAX_SOURCE_BYTES`) give no findings and an entry in ``not_analysed`` when it is given."""
-    skipped: list[NotAnalysed] = [] if not_analysed is None else not_analysed
-    out: list[Finding] = []
-    for file in iter_python_files(paths):
-        try:
-            size = file.stat().st_size
-            if size > MAX_SOURCE_BYTES:
-                skipped.append(
-                    NotAnalysed(
-                        str(file),
-                        f"{size / 2**20:.1f} MiB is over the "
-                        f"{MAX_SOURCE_BYTES >> 20} MiB limit for static analysis",
-                    )
-                )
-                continue
-            with file.open("rb") as fh:  # bounded read: the file may have grown since stat
-                data = fh.read(MAX_SOURCE_BYTES + 1)
-        except OSError as exc:
-            skipped.append(NotAnalysed(str(file), f"cannot be read ({exc.strerror or exc})"))
-            continue
-        if len(data) > MAX_SOURCE_BYTES:
-            skipped.append(
-                NotAnalysed(str(file), f"over the {MAX_SOURCE_BYTES >> 20} MiB limit for static analysis")
-            )
-            continue
-        text = data.decode("utf-8", errors="replace")
-        out.extend(analyze_source(text, str(file), rules=rules, not_analysed=skipped))
-    return out

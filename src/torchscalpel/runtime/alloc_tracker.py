@@ -37,7 +37,7 @@ from torchscalpel.runtime.dynamo_skip import CODE_SKIP_AVAILABLE, force_eager, s
 from torchscalpel.runtime.memory_categories import CATEGORIES
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded, requested_bytes
 from torchscalpel.runtime.module_names import split_display_name, user_modules
-from torchscalpel.runtime.userframes import Kind, file_kind
+from torchscalpel.runtime.userframes import call_site
 
 PEAK_RESOLUTION = 0.005
 """The peak breakdown is re-copied each time the live total passes the last copy by this share."""
@@ -102,7 +102,6 @@ class AllocationTracker(TorchDispatchMode):
         """``blocks.3`` -> ``blocks.3 (Block)`` for every indexed submodule named: the per-block rollup's labels."""
         self.oom: dict[str, Any] | None = None
         """What was live when the limit was crossed (or a device out-of-memory was raised)."""
-        self._code_kind: dict[Any, Kind] = {}
         self._cuda = device_kind == "cuda"
         self._dead = self._storage_died
         """One bound method for every storage's weak-reference callback (not a closure per allocation)."""
@@ -394,18 +393,8 @@ class AllocationTracker(TorchDispatchMode):
             f: Any = sys._getframe(3)
         except ValueError:  # a thread with no Python caller (CUDA's autograd device threads run backward ops)
             return "(no Python caller)"
-        fallback = None
-        while f is not None:
-            code = f.f_code
-            kind = self._code_kind.get(code)  # per code object: this runs at every allocation
-            if kind is None:
-                kind = self._code_kind[code] = file_kind(code.co_filename)
-            if kind is Kind.USER:
-                return f"{code.co_filename}:{f.f_lineno}"
-            if kind is Kind.THIRD_PARTY and fallback is None:
-                fallback = f"{code.co_filename}:{f.f_lineno}"
-            f = f.f_back
-        return fallback or "(no Python caller)"
+        site = call_site(f)
+        return site.user or site.library or "(no Python caller)"
 
     # ----- copies -------------------------------------------------------------------------
     def live_top(self, n: int = LIVE_TOP) -> list[dict[str, Any]]:

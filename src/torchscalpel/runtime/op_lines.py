@@ -45,7 +45,7 @@ from torch.profiler import ProfilerActivity, profile
 from torchscalpel.findings import Finding
 from torchscalpel.record import StepRecord
 from torchscalpel.runtime.native_log import native_stderr_to
-from torchscalpel.runtime.userframes import Kind, file_kind, user_frame
+from torchscalpel.runtime.userframes import Kind, Site, call_site
 from torchscalpel.trace.op_events import OpEvent, PassFacts, op_lines
 from torchscalpel.trace.patterns import find_patterns
 
@@ -54,8 +54,6 @@ LIBRARY_SEP = "\x1f"
 """Between the user's site and the library's in a range name (no file name holds it)."""
 OURS = "torchscalpel"
 """The site of a call torchscalpel's own code made (the loss it records, a wrapper's ``.item()``)."""
-_SKIPPED = frozenset({Kind.TORCH, Kind.STDLIB, Kind.GENERATED})
-_PATCHING = "/runtime/patching.py"
 
 
 COMPILED_RANGES = ("Torch-Compiled Region", "CompiledFunctionBackward")
@@ -87,38 +85,23 @@ def compiled_us(prof: profile) -> float:
     return total
 
 
-def _is_layer(frame: Any) -> bool:
-    return frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_PATCHING)
+def range_name(site: Site) -> str | None:
+    """The profiler range a torch call is wrapped in, from where the call came from
+    (:func:`~torchscalpel.runtime.userframes.call_site`).
 
-
-def call_site(frame: Any) -> str | None:
-    """``file:line`` of the user's line behind a torch call made in ``frame``.
-
-    :data:`OURS` when the nearest frame outside torch and the standard library is torchscalpel's own
-    code; a wrapper installed with ``runtime.patching.wrap_attr`` (its caller is the wrapping layer)
-    passes the user's call through (``loss.backward()`` goes through the runtime's wrapper and is the
-    user's line). None when no frame is the user's.
+    ``scalpel.site:FILE:LINE``, the user's line; when an installed package made the call (transformers'
+    ``torch.matmul(query, key.transpose(-1, -2))``) the package's line follows after :data:`LIBRARY_SEP`.
+    ``scalpel.site:`` + :data:`OURS` when the call is torchscalpel's own code; a wrapper installed with
+    ``runtime.patching.wrap_attr`` passes the user's call through (``loss.backward()`` goes through the
+    runtime's wrapper and is the user's line). None when no frame is the user's: the call is not wrapped.
     """
-    return call_sites(frame)[0]
-
-
-def call_sites(frame: Any) -> tuple[str | None, str | None]:
-    """(:func:`call_site`, the library's line): the second is ``file:line`` of the innermost frame outside
-    torch and the standard library when an installed package made the call (transformers'
-    ``torch.matmul(query, key.transpose(-1, -2))``), None when the user's code (or torch's, called by it) did."""
-    f = frame
-    library = None
-    while f is not None:
-        kind = file_kind(f.f_code.co_filename)
-        if kind not in _SKIPPED:
-            if kind is Kind.SCALPEL and not _is_layer(f) and not _is_layer(f.f_back):
-                return OURS, None
-            if kind is Kind.THIRD_PARTY:
-                library = f"{f.f_code.co_filename}:{f.f_lineno}"
-            break
-        f = f.f_back
-    found = user_frame(frame)
-    return (None if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"), library
+    if site.caller is Kind.SCALPEL:
+        return SITE_PREFIX + OURS
+    if site.file is None:
+        return None
+    if site.caller is Kind.THIRD_PARTY:
+        return f"{SITE_PREFIX}{site.user}{LIBRARY_SEP}{site.library}"
+    return f"{SITE_PREFIX}{site.user}"
 
 
 class SiteMode(TorchFunctionMode):
@@ -132,20 +115,19 @@ class SiteMode(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        site, library = call_sites(sys._getframe(1))
-        if site is None:
+        name = range_name(call_site(sys._getframe(1)))
+        if name is None:
             return func(*args, **kwargs)
         self.calls += 1
-        name = SITE_PREFIX + site if library is None else f"{SITE_PREFIX}{site}{LIBRARY_SEP}{library}"
         with self._range(name):
             return func(*args, **kwargs)
 
 
-Site = tuple[str | None, str | None]
-"""(the user's ``file:line``, the library's ``file:line`` or None)."""
+RangeSite = tuple[str | None, str | None]
+"""(the user's ``file:line``, the library's ``file:line`` or None), read back from a range's name."""
 
 
-def _site_of(evt: Any) -> tuple[Site, str | None, bool, Any]:
+def _site_of(evt: Any) -> tuple[RangeSite, str | None, bool, Any]:
     """(site, the op it runs inside, ours, its backward function event or None) from an event's parents."""
     parent_op, bw = None, None
     p = evt.cpu_parent
@@ -172,7 +154,7 @@ def events_from(prof: profile) -> list[OpEvent]:
     so ``aten::bmm`` in backward is charged to the ``q @ k.transpose`` line, not to ``loss.backward()``.
     """
     kept = []
-    forward_sites: dict[tuple[int, int], Site] = {}
+    forward_sites: dict[tuple[int, int], RangeSite] = {}
     for evt in prof.events():
         name = evt.name
         if not (name.startswith("aten::") or name.startswith("cuda")) or name.startswith("cudaLaunch"):

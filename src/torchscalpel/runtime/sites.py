@@ -41,7 +41,7 @@ import torch
 
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
-from torchscalpel.runtime.userframes import Kind, file_kind
+from torchscalpel.runtime.userframes import Kind, call_site, file_kind
 
 if TYPE_CHECKING:
     from torchscalpel.record import RunRecord
@@ -62,21 +62,15 @@ def _package(path: str) -> str | None:
 
 
 def caller_site(obj: Any, frame: Any) -> dict[str, Any] | None:
-    """The site of a call made at or above ``frame``: the first frame that is neither torch, torchscalpel,
-    nor a constructor of ``obj`` itself; with ``library`` set when that frame is not the user's."""
-    library: str | None = None
-    while frame is not None:
-        name = frame.f_code.co_filename
-        kind = file_kind(name)
-        if kind in (Kind.TORCH, Kind.SCALPEL) or (obj is not None and frame.f_locals.get("self") is obj):
-            frame = frame.f_back
-            continue
-        if kind is Kind.USER:
-            return {"file": str(Path(name).resolve()), "line": frame.f_lineno, "library": library}
-        if library is None and kind is Kind.THIRD_PARTY:
-            library = _package(name)
-        frame = frame.f_back
-    return None
+    """The site of a call made at or above ``frame``: the user's frame, passing over torch, torchscalpel
+    and the constructor chain of ``obj`` itself (the one walk, :func:`~torchscalpel.runtime.userframes.call_site`);
+    with ``library`` set to the installed package whose frame was on the way, if any. None when no frame is
+    the user's."""
+    site = call_site(frame, skip_self=obj)
+    if site.file is None:
+        return None
+    library = None if site.library_file is None else _package(site.library_file)
+    return {"file": str(Path(site.file).resolve()), "line": site.line, "library": library}
 
 
 def _block_class(model: torch.nn.Module) -> type | None:

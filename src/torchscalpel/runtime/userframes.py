@@ -15,10 +15,15 @@ also matched by layout: a ``/lib/pythonX.Y/`` folder is a standard library, and 
 wherever it was installed or built. Nothing matches a bare folder name: a project living under
 ``lib/python/``, ``torch/`` or a clone named ``torchscalpel`` is still the user's.
 
-:func:`user_frame` walks live frames (innermost first); :func:`first_user` picks from recorded
-frames. Their options are the deliberate differences between callers (a fallback when no frame
-is the user's, a depth limit, Python files only); :func:`is_runner_file` names the frames that
-run a script for torchscalpel (ours and :mod:`runpy`), which tracebacks and stack listings hide.
+:func:`call_site` is the one walk of a live stack that names where a call came from, as a
+:class:`Site`: the user's line, the installed package's line on the way there, and whose code made
+the call. The sites of constructions and calls (:mod:`~torchscalpel.runtime.sites`), of allocations
+(:mod:`~torchscalpel.runtime.alloc_tracker`) and of ops (:mod:`~torchscalpel.runtime.op_lines`)
+all read it, each choosing what it names. :func:`user_frame` returns the live frame itself
+(innermost first); :func:`first_user` picks from recorded frames. Their options are the deliberate
+differences between callers (a fallback when no frame is the user's, a depth limit, Python files
+only); :func:`is_runner_file` names the frames that run a script for torchscalpel (ours and
+:mod:`runpy`), which tracebacks and stack listings hide.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import os
 import re
 import sysconfig
 from collections.abc import Callable, Collection, Iterable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -190,3 +195,97 @@ def user_site(frame: Any) -> str:
     Lightning's or the stdlib's line is named when no user frame is on the stack, better than "?")."""
     found = user_frame(frame, fallback=LIBRARIES)
     return "?" if found is None else f"{found.f_code.co_filename}:{found.f_lineno}"
+
+
+_PATCHING = "/runtime/patching.py"
+# The kinds as plain module names for the walk below, which runs at every allocation the memory tracker
+# counts and every torch call the op-line pass wraps: reading ``Kind.TORCH`` goes through the enum's class
+# (measured several times slower than a module global on Python 3.11), and an enum's hash is a Python
+# call, so no set membership either: identity tests on these.
+_KIND_USER, _KIND_TORCH, _KIND_SCALPEL = Kind.USER, Kind.TORCH, Kind.SCALPEL
+_KIND_STDLIB, _KIND_THIRD_PARTY, _KIND_GENERATED = Kind.STDLIB, Kind.THIRD_PARTY, Kind.GENERATED
+
+
+def _wrapper_layer(frame: Any) -> bool:
+    """True for a layer that :func:`torchscalpel.runtime.patching.wrap_attr` put over a torch function."""
+    return frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_PATCHING)
+
+
+class Site(NamedTuple):
+    """Where a call on the live stack came from (:func:`call_site`): plain names and numbers, no frames.
+
+    A named tuple, not a frozen dataclass: one is built for every allocation the memory tracker counts
+    and every torch call the op-line pass wraps, and a tuple is the cheapest immutable record to build.
+    """
+
+    file: str | None = None
+    """The user's frame: the innermost one in the user's code (None when no frame is the user's)."""
+    line: int = 0
+    library_file: str | None = None
+    """The innermost installed package's frame (:attr:`Kind.THIRD_PARTY`) between the call and the
+    user's frame, or anywhere on the stack when no frame is the user's (None when there is none)."""
+    library_line: int = 0
+    caller: Kind | None = None
+    """Whose code made the call: the kind of the innermost frame that is not torch's, the standard
+    library's or generated code. None when there is none, or when that frame is torchscalpel's layer over
+    a torch function (``runtime/patching.py``) or the hook the layer calls: those pass a call through."""
+
+    @property
+    def user(self) -> str | None:
+        """``file:line`` of the user's frame, or None."""
+        return None if self.file is None else f"{self.file}:{self.line}"
+
+    @property
+    def library(self) -> str | None:
+        """``file:line`` of the installed package's frame, or None."""
+        return None if self.library_file is None else f"{self.library_file}:{self.library_line}"
+
+
+NO_SITE = Site()
+"""The site of a call with no Python caller."""
+
+
+def call_site(frame: Any, *, skip_self: object = None) -> Site:
+    """Where the call made in ``frame`` came from: one walk outwards (``f_back``) to the user's frame.
+
+    ``skip_self``: an object whose own methods are passed over (a frame whose ``self`` is it: the
+    constructor chain of the object being built, a user's subclass calling ``super().__init__()``).
+    """
+    caller: Kind | None = None
+    decided = False
+    library = None
+    while frame is not None:
+        code = frame.f_code
+        kind = file_kind(code.co_filename)
+        if (
+            skip_self is not None
+            and kind is not _KIND_TORCH
+            and kind is not _KIND_SCALPEL
+            and frame.f_locals.get("self") is skip_self
+        ):
+            frame = frame.f_back
+            continue
+        # torch's, the standard library's and generated code's frames never make a call in their own name
+        if (
+            not decided
+            and kind is not _KIND_TORCH
+            and kind is not _KIND_STDLIB
+            and kind is not _KIND_GENERATED
+        ):
+            decided = True
+            passed_through = kind is _KIND_SCALPEL and (_wrapper_layer(frame) or _wrapper_layer(frame.f_back))
+            caller = None if passed_through else kind
+        if kind is _KIND_USER:
+            return Site(
+                file=code.co_filename,
+                line=frame.f_lineno,
+                library_file=None if library is None else library[0],
+                library_line=0 if library is None else library[1],
+                caller=caller,
+            )
+        if library is None and kind is _KIND_THIRD_PARTY:
+            library = (code.co_filename, frame.f_lineno)
+        frame = frame.f_back
+    if library is None:
+        return Site(caller=caller)
+    return Site(library_file=library[0], library_line=library[1], caller=caller)

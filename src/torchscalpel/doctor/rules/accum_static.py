@@ -243,7 +243,7 @@ def grad_accum_loss_not_scaled(ctx: StaticContext) -> Iterator[Finding]:
         step = f"step at {ctx.path}:{acc.step.lineno}: {ctx.line_text(acc.step)}"
         if not divisors and not _grads_scaled(acc.loop):
             yield ctx.finding(
-                "accumulated-loss-not-divided",
+                ACCUMULATED_LOSS_NOT_DIVIDED,
                 acc.backward,
                 f"Gradients are accumulated over `{k}` backward calls per optimizer step but the loss is not "
                 f"divided by `{k}`: each update is `{k}` times the mean gradient (an effective learning rate "
@@ -253,7 +253,7 @@ def grad_accum_loss_not_scaled(ctx: StaticContext) -> Iterator[Finding]:
             )
         elif divisors.count(k) >= 2:
             yield ctx.finding(
-                "accumulated-loss-not-divided",
+                ACCUMULATED_LOSS_NOT_DIVIDED,
                 acc.backward,
                 f"The loss is divided by {k} twice before backward: each update is the mean gradient divided by "
                 f"{k} again (an effective learning rate {k}x too low).",
@@ -280,7 +280,7 @@ def ddp_accum_without_no_sync(ctx: StaticContext) -> Iterator[Finding]:
     for acc in accumulation_loops(ctx):
         k = ast.unparse(acc.k)
         yield ctx.finding(
-            "ddp-accumulation-without-no-sync",
+            DDP_ACCUMULATION_WITHOUT_NO_SYNC,
             acc.backward,
             f"DDP all-reduces the gradients in every backward, and this loop runs {k} backward calls per "
             f"optimizer step without model.no_sync(): {k} all-reduces per step where one is needed.",
@@ -298,23 +298,29 @@ def ddp_accum_without_no_sync(ctx: StaticContext) -> Iterator[Finding]:
         return
 
 
+ACCUMULATED_LOSS_NOT_DIVIDED = RuleInfo(
+    slug="accumulated-loss-not-divided",
+    severity=Severity.WARNING,
+    category="loop",
+    summary="gradient accumulation with the loss not divided by the micro-batch count (or divided twice)",
+    kinds=("static",),
+)
+
+
 class AccumulatedLossNotDividedStatic(StaticRule):
-    info = RuleInfo(
-        slug="accumulated-loss-not-divided",
-        severity=Severity.WARNING,
-        category="loop",
-        summary="gradient accumulation with the loss not divided by the micro-batch count (or divided twice)",
-        kinds=("static",),
-    )
+    info = ACCUMULATED_LOSS_NOT_DIVIDED
     check = staticmethod(grad_accum_loss_not_scaled)
 
 
+DDP_ACCUMULATION_WITHOUT_NO_SYNC = RuleInfo(
+    slug="ddp-accumulation-without-no-sync",
+    severity=Severity.WARNING,
+    category="distributed",
+    summary="DDP gradient accumulation without no_sync(): an all-reduce on every micro-batch",
+    kinds=("static", "runtime"),
+)
+
+
 class DdpAccumWithoutNoSyncStatic(StaticRule):
-    info = RuleInfo(
-        slug="ddp-accumulation-without-no-sync",
-        severity=Severity.WARNING,
-        category="distributed",
-        summary="DDP gradient accumulation without no_sync(): an all-reduce on every micro-batch",
-        kinds=("static", "runtime"),
-    )
+    info = DDP_ACCUMULATION_WITHOUT_NO_SYNC
     check = staticmethod(ddp_accum_without_no_sync)

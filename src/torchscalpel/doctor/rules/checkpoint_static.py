@@ -107,7 +107,7 @@ def unsafe_torch_load(ctx: StaticContext) -> Iterator[Finding]:
             flag = next((k.value for k in call.keywords if k.arg == "weights_only"), None)
             if isinstance(flag, ast.Constant) and flag.value is False:
                 yield ctx.finding(
-                    "unsafe-torch-load",
+                    UNSAFE_TORCH_LOAD,
                     call,
                     "torch.load(weights_only=False) unpickles arbitrary objects: a tampered checkpoint runs code "
                     "on this machine.",
@@ -126,7 +126,7 @@ def unsafe_torch_load(ctx: StaticContext) -> Iterator[Finding]:
             )
             if writer:
                 yield ctx.finding(
-                    "unsafe-torch-load",
+                    UNSAFE_TORCH_LOAD,
                     call,
                     f"{name} reads a pickle that this repository writes itself ({writer}): safe for files it "
                     "produced; JSON would make the file safe to share.",
@@ -135,7 +135,7 @@ def unsafe_torch_load(ctx: StaticContext) -> Iterator[Finding]:
                 )
             else:
                 yield ctx.finding(
-                    "unsafe-torch-load",
+                    UNSAFE_TORCH_LOAD,
                     call,
                     f"{name} runs arbitrary code from the file it reads, and nothing in this repository writes "
                     "that file: only use it on files you produced.",
@@ -289,7 +289,7 @@ def whole_model_save(ctx: StaticContext) -> Iterator[Finding]:
         if name is None:
             continue
         yield ctx.finding(
-            "whole-model-save",
+            WHOLE_MODEL_SAVE,
             call,
             f"torch.save of {name}{via} pickles the whole module: loading needs the exact class and file layout, "
             "and needs weights_only=False (arbitrary code).",
@@ -297,23 +297,29 @@ def whole_model_save(ctx: StaticContext) -> Iterator[Finding]:
         )
 
 
+UNSAFE_TORCH_LOAD = RuleInfo(
+    slug="unsafe-torch-load",
+    severity=Severity.WARNING,
+    category="checkpoint",
+    summary="torch.load with weights_only=False (or pickle) runs arbitrary code",
+    kinds=("static", "runtime"),
+)
+
+
 class UnsafeTorchLoadStatic(StaticRule):
-    info = RuleInfo(
-        slug="unsafe-torch-load",
-        severity=Severity.WARNING,
-        category="checkpoint",
-        summary="torch.load with weights_only=False (or pickle) runs arbitrary code",
-        kinds=("static", "runtime"),
-    )
+    info = UNSAFE_TORCH_LOAD
     check = staticmethod(unsafe_torch_load)
 
 
+WHOLE_MODEL_SAVE = RuleInfo(
+    slug="whole-model-save",
+    severity=Severity.WARNING,
+    category="checkpoint",
+    summary="torch.save of a whole nn.Module instead of its state_dict",
+    kinds=("static", "runtime"),
+)
+
+
 class WholeModelSaveStatic(StaticRule):
-    info = RuleInfo(
-        slug="whole-model-save",
-        severity=Severity.WARNING,
-        category="checkpoint",
-        summary="torch.save of a whole nn.Module instead of its state_dict",
-        kinds=("static", "runtime"),
-    )
+    info = WHOLE_MODEL_SAVE
     check = staticmethod(whole_model_save)

@@ -81,7 +81,7 @@ def rank_conditional_step(ctx: StaticContext) -> Iterator[Finding]:
                 if kind == "collective barrier" and barriers_under_rank >= 2:
                     continue
                 yield ctx.finding(
-                    "rank-conditional-step",
+                    RANK_CONDITIONAL_STEP,
                     call,
                     f"{kind} runs only on the ranks where `{ast.unparse(node.test)}` holds: the other ranks wait "
                     "forever (collectives) or their replicas diverge (backward/step).",
@@ -95,7 +95,7 @@ def dataparallel_used(ctx: StaticContext) -> Iterator[Finding]:
     for call in ctx.calls():
         if ctx.call_name(call) in {"torch.nn.DataParallel", "torch.nn.parallel.DataParallel"}:
             yield ctx.finding(
-                "dataparallel-used",
+                DATAPARALLEL_USED,
                 call,
                 "nn.DataParallel replicates the model from one Python thread every step and is slower than "
                 "DistributedDataParallel even on one machine.",
@@ -130,7 +130,7 @@ def ddp_device_ids(ctx: StaticContext) -> Iterator[Finding]:
                 fixed = _fixed_device(ctx, kw.value.elts[0])
                 if fixed is not None:
                     yield ctx.finding(
-                        "ddp-device-ids-not-local-rank",
+                        DDP_DEVICE_IDS_NOT_LOCAL_RANK,
                         call,
                         f"DDP(device_ids=[{fixed}]) is not this rank's LOCAL_RANK: "
                         + (
@@ -157,7 +157,7 @@ def sampler_set_epoch_missing(ctx: StaticContext) -> Iterator[Finding]:
         if isinstance(shuffle, ast.Constant) and shuffle.value is False:
             continue
         yield ctx.finding(
-            "sampler-set-epoch-missing",
+            SAMPLER_SET_EPOCH_MISSING,
             call,
             "DistributedSampler shuffles with a seed derived from its epoch, and set_epoch() is never called: "
             "every epoch sees the same order.",
@@ -215,7 +215,7 @@ def sampler_num_replicas(ctx: StaticContext) -> Iterator[Finding]:
         n = value.value
         fixed_note = f" (the file sets the world size to {sorted(fixed)})" if fixed else ""
         yield ctx.finding(
-            "distributed-sampler-wrong-world",
+            DISTRIBUTED_SAMPLER_WRONG_WORLD,
             call,
             f"DistributedSampler(num_replicas={n}) is a constant{fixed_note}: on any other number of processes "
             f"the ranks split the data {n} ways, so samples are read twice or never.",
@@ -224,56 +224,71 @@ def sampler_num_replicas(ctx: StaticContext) -> Iterator[Finding]:
         )
 
 
+RANK_CONDITIONAL_STEP = RuleInfo(
+    slug="rank-conditional-step",
+    severity=Severity.ERROR,
+    category="distributed",
+    summary="backward, optimizer step or a collective run only on some ranks",
+    kinds=("static", "runtime"),
+)
+
+
 class RankConditionalStepStatic(StaticRule):
-    info = RuleInfo(
-        slug="rank-conditional-step",
-        severity=Severity.ERROR,
-        category="distributed",
-        summary="backward, optimizer step or a collective run only on some ranks",
-        kinds=("static", "runtime"),
-    )
+    info = RANK_CONDITIONAL_STEP
     check = staticmethod(rank_conditional_step)
 
 
+DATAPARALLEL_USED = RuleInfo(
+    slug="dataparallel-used",
+    severity=Severity.WARNING,
+    category="distributed",
+    summary="nn.DataParallel is slower than DDP and deprecated in spirit",
+    kinds=("static", "runtime"),
+)
+
+
 class DataParallelUsedStatic(StaticRule):
-    info = RuleInfo(
-        slug="dataparallel-used",
-        severity=Severity.WARNING,
-        category="distributed",
-        summary="nn.DataParallel is slower than DDP and deprecated in spirit",
-        kinds=("static", "runtime"),
-    )
+    info = DATAPARALLEL_USED
     check = staticmethod(dataparallel_used)
 
 
+DDP_DEVICE_IDS_NOT_LOCAL_RANK = RuleInfo(
+    slug="ddp-device-ids-not-local-rank",
+    severity=Severity.ERROR,
+    category="distributed",
+    summary="DDP device_ids that are not [LOCAL_RANK]",
+    kinds=("static",),
+)
+
+
 class DdpDeviceIdsStatic(StaticRule):
-    info = RuleInfo(
-        slug="ddp-device-ids-not-local-rank",
-        severity=Severity.ERROR,
-        category="distributed",
-        summary="DDP device_ids that are not [LOCAL_RANK]",
-        kinds=("static",),
-    )
+    info = DDP_DEVICE_IDS_NOT_LOCAL_RANK
     check = staticmethod(ddp_device_ids)
 
 
+SAMPLER_SET_EPOCH_MISSING = RuleInfo(
+    slug="sampler-set-epoch-missing",
+    severity=Severity.WARNING,
+    category="distributed",
+    summary="DistributedSampler.set_epoch never called: same order every epoch",
+    kinds=("static", "runtime"),
+)
+
+
 class SamplerSetEpochMissingStatic(StaticRule):
-    info = RuleInfo(
-        slug="sampler-set-epoch-missing",
-        severity=Severity.WARNING,
-        category="distributed",
-        summary="DistributedSampler.set_epoch never called: same order every epoch",
-        kinds=("static", "runtime"),
-    )
+    info = SAMPLER_SET_EPOCH_MISSING
     check = staticmethod(sampler_set_epoch_missing)
 
 
+DISTRIBUTED_SAMPLER_WRONG_WORLD = RuleInfo(
+    slug="distributed-sampler-wrong-world",
+    severity=Severity.ERROR,
+    category="distributed",
+    summary="DistributedSampler(num_replicas=...) that disagrees with the world size",
+    kinds=("static", "runtime"),
+)
+
+
 class SamplerNumReplicasStatic(StaticRule):
-    info = RuleInfo(
-        slug="distributed-sampler-wrong-world",
-        severity=Severity.ERROR,
-        category="distributed",
-        summary="DistributedSampler(num_replicas=...) that disagrees with the world size",
-        kinds=("static", "runtime"),
-    )
+    info = DISTRIBUTED_SAMPLER_WRONG_WORLD
     check = staticmethod(sampler_num_replicas)

@@ -77,7 +77,7 @@ def optimizer_before_fsdp(ctx: StaticContext) -> Iterator[Finding]:
             for opt_call, used in [o for o in optimizers if o[1] & target]:
                 optimizers.remove((opt_call, used))  # one finding per optimizer, at the first wrap after it
                 yield ctx.finding(
-                    "optimizer-before-fsdp",
+                    OPTIMIZER_BEFORE_FSDP,
                     call,
                     _BEFORE_WRAP[kind],
                     evidence=[f"optimizer built at {ctx.path}:{opt_call.lineno}: {ctx.line_text(opt_call)}"],
@@ -140,7 +140,7 @@ def clip_on_fsdp1_wrapper(ctx: StaticContext) -> Iterator[Finding]:
             continue
         wrap = models[owner]
         yield ctx.finding(
-            "clip-grad-on-fsdp-wrapper",
+            CLIP_GRAD_ON_FSDP_WRAPPER,
             call,
             f"torch.nn.utils.clip_grad_norm_ on the parameters of FullyShardedDataParallel model '{owner}': each "
             "rank holds only its shard of the gradients, so each computes the norm of its own shard, the ranks "
@@ -164,7 +164,7 @@ def fsdp_cpu_offload(ctx: StaticContext) -> Iterator[Finding]:
         if not _is_true(offload):
             continue
         yield ctx.finding(
-            "fsdp-cpu-offload",
+            FSDP_CPU_OFFLOAD,
             call,
             "FSDP offloads the parameters and gradients to host memory: every step copies each unit to the device "
             "before its forward and backward and the gradients back, and the optimizer steps on the CPU. That is "
@@ -210,7 +210,7 @@ def fsdp_fp16_plain_scaler(ctx: StaticContext) -> Iterator[Finding]:
     for call, param in _mixed_precision_calls(ctx):
         if param in ("float16", "half"):
             yield ctx.finding(
-                "fsdp-fp16-plain-grad-scaler",
+                FSDP_FP16_PLAIN_GRAD_SCALER,
                 scaler,
                 "FSDP keeps fp16 parameters (MixedPrecision(param_dtype=torch.float16)) but the loss is scaled by "
                 "torch's plain GradScaler: it checks only this rank's gradient shard for inf/NaN, so one rank can "
@@ -288,7 +288,7 @@ def fsdp_low_precision_master(ctx: StaticContext) -> Iterator[Finding]:
             if isinstance(model, ast.Name) and model.id in casts:
                 cast_call, dtype = casts.pop(model.id)
                 yield ctx.finding(
-                    "fsdp-low-precision-master-weights",
+                    FSDP_LOW_PRECISION_MASTER_WEIGHTS,
                     cast_call,
                     f"'{model.id}' is cast to {dtype} before FullyShardedDataParallel(..., mixed_precision=...): "
                     "MixedPrecision already computes in its param_dtype, and the sharded parameters the optimizer "
@@ -300,56 +300,71 @@ def fsdp_low_precision_master(ctx: StaticContext) -> Iterator[Finding]:
                 )
 
 
+OPTIMIZER_BEFORE_FSDP = RuleInfo(
+    slug="optimizer-before-fsdp",
+    severity=Severity.ERROR,
+    category="distributed",
+    summary="optimizer built before FSDP wraps the model: it holds the unsharded parameters",
+    kinds=("static", "runtime"),
+)
+
+
 class OptimizerBeforeFsdpStatic(StaticRule):
-    info = RuleInfo(
-        slug="optimizer-before-fsdp",
-        severity=Severity.ERROR,
-        category="distributed",
-        summary="optimizer built before FSDP wraps the model: it holds the unsharded parameters",
-        kinds=("static", "runtime"),
-    )
+    info = OPTIMIZER_BEFORE_FSDP
     check = staticmethod(optimizer_before_fsdp)
 
 
+CLIP_GRAD_ON_FSDP_WRAPPER = RuleInfo(
+    slug="clip-grad-on-fsdp-wrapper",
+    severity=Severity.ERROR,
+    category="distributed",
+    summary="torch.nn.utils.clip_grad_norm_ on an FSDP1 model clips each rank by its own shard's norm",
+    kinds=("static",),
+)
+
+
 class ClipOnFsdp1WrapperStatic(StaticRule):
-    info = RuleInfo(
-        slug="clip-grad-on-fsdp-wrapper",
-        severity=Severity.ERROR,
-        category="distributed",
-        summary="torch.nn.utils.clip_grad_norm_ on an FSDP1 model clips each rank by its own shard's norm",
-        kinds=("static",),
-    )
+    info = CLIP_GRAD_ON_FSDP_WRAPPER
     check = staticmethod(clip_on_fsdp1_wrapper)
 
 
+FSDP_CPU_OFFLOAD = RuleInfo(
+    slug="fsdp-cpu-offload",
+    severity=Severity.WARNING,
+    category="performance",
+    summary="FSDP CPUOffload(offload_params=True): host-device copies every step",
+    kinds=("static",),
+)
+
+
 class FsdpCpuOffloadStatic(StaticRule):
-    info = RuleInfo(
-        slug="fsdp-cpu-offload",
-        severity=Severity.WARNING,
-        category="performance",
-        summary="FSDP CPUOffload(offload_params=True): host-device copies every step",
-        kinds=("static",),
-    )
+    info = FSDP_CPU_OFFLOAD
     check = staticmethod(fsdp_cpu_offload)
 
 
+FSDP_FP16_PLAIN_GRAD_SCALER = RuleInfo(
+    slug="fsdp-fp16-plain-grad-scaler",
+    severity=Severity.ERROR,
+    category="distributed",
+    summary="FSDP fp16 parameters with torch's plain GradScaler instead of ShardedGradScaler",
+    kinds=("static",),
+)
+
+
 class FsdpFp16PlainScalerStatic(StaticRule):
-    info = RuleInfo(
-        slug="fsdp-fp16-plain-grad-scaler",
-        severity=Severity.ERROR,
-        category="distributed",
-        summary="FSDP fp16 parameters with torch's plain GradScaler instead of ShardedGradScaler",
-        kinds=("static",),
-    )
+    info = FSDP_FP16_PLAIN_GRAD_SCALER
     check = staticmethod(fsdp_fp16_plain_scaler)
 
 
+FSDP_LOW_PRECISION_MASTER_WEIGHTS = RuleInfo(
+    slug="fsdp-low-precision-master-weights",
+    severity=Severity.WARNING,
+    category="numerics",
+    summary="model cast to bf16/fp16 before FSDP MixedPrecision: no fp32 weights for the optimizer",
+    kinds=("static",),
+)
+
+
 class FsdpLowPrecisionMasterStatic(StaticRule):
-    info = RuleInfo(
-        slug="fsdp-low-precision-master-weights",
-        severity=Severity.WARNING,
-        category="numerics",
-        summary="model cast to bf16/fp16 before FSDP MixedPrecision: no fp32 weights for the optimizer",
-        kinds=("static",),
-    )
+    info = FSDP_LOW_PRECISION_MASTER_WEIGHTS
     check = staticmethod(fsdp_low_precision_master)

@@ -26,7 +26,7 @@ def empty_cache_in_loop(ctx: StaticContext) -> Iterator[Finding]:
                 ):
                     seen.add(id(call))
                     yield ctx.finding(
-                        "empty-cache-in-loop",
+                        EMPTY_CACHE_IN_LOOP,
                         call,
                         "torch.cuda.empty_cache() runs inside a loop: it synchronises the GPU and hands cached blocks "
                         "back to the driver, so the next step pays cudaMalloc again.",
@@ -57,7 +57,7 @@ def cudnn_disabled(ctx: StaticContext) -> Iterator[Finding]:
         if any(line > node.lineno for line in ons):
             continue  # switched off for one section and back on: a deliberate toggle
         yield ctx.finding(
-            "cudnn-disabled",
+            CUDNN_DISABLED,
             node,
             "cuDNN is switched off for the whole run: every convolution, RNN and batch norm on the GPU falls back "
             "to PyTorch's native kernels, several times slower (usually left over from debugging a cuDNN error "
@@ -95,7 +95,7 @@ def manual_parameter_update(ctx: StaticContext) -> Iterator[Finding]:
         return
     update = manual_update.describe(ctx, first)  # one per file is enough: the first update, in line order
     yield ctx.finding(
-        "manual-parameter-update", first, manual_update.message(update), fix=manual_update.fix(update)
+        MANUAL_PARAMETER_UPDATE, first, manual_update.message(update), fix=manual_update.fix(update)
     )
 
 
@@ -114,7 +114,7 @@ def unseeded_run(ctx: StaticContext) -> Iterator[Finding]:
     if not ctx.mentions_attr("step") and next(manual_updates(ctx), None) is None:
         return
     yield ctx.finding(
-        "unseeded-run",
+        UNSEEDED_RUN,
         backward,
         "This script trains without setting a random seed: two runs differ, so a regression cannot be told "
         "from noise.",
@@ -122,45 +122,57 @@ def unseeded_run(ctx: StaticContext) -> Iterator[Finding]:
     )
 
 
+EMPTY_CACHE_IN_LOOP = RuleInfo(
+    slug="empty-cache-in-loop",
+    severity=Severity.WARNING,
+    category="performance",
+    summary="torch.cuda.empty_cache() called every step",
+    kinds=("static", "runtime"),
+)
+
+
 class EmptyCacheInLoopStatic(StaticRule):
-    info = RuleInfo(
-        slug="empty-cache-in-loop",
-        severity=Severity.WARNING,
-        category="performance",
-        summary="torch.cuda.empty_cache() called every step",
-        kinds=("static", "runtime"),
-    )
+    info = EMPTY_CACHE_IN_LOOP
     check = staticmethod(empty_cache_in_loop)
 
 
+CUDNN_DISABLED = RuleInfo(
+    slug="cudnn-disabled",
+    severity=Severity.WARNING,
+    category="performance",
+    summary="torch.backends.cudnn.enabled = False left on: native kernels instead of cuDNN",
+    kinds=("static",),
+)
+
+
 class CudnnDisabledStatic(StaticRule):
-    info = RuleInfo(
-        slug="cudnn-disabled",
-        severity=Severity.WARNING,
-        category="performance",
-        summary="torch.backends.cudnn.enabled = False left on: native kernels instead of cuDNN",
-        kinds=("static",),
-    )
+    info = CUDNN_DISABLED
     check = staticmethod(cudnn_disabled)
 
 
+UNSEEDED_RUN = RuleInfo(
+    slug="unseeded-run",
+    severity=Severity.INFO,
+    category="reproducibility",
+    summary="no random seed is set",
+    kinds=("static", "runtime"),
+)
+
+
 class UnseededRunStatic(StaticRule):
-    info = RuleInfo(
-        slug="unseeded-run",
-        severity=Severity.INFO,
-        category="reproducibility",
-        summary="no random seed is set",
-        kinds=("static", "runtime"),
-    )
+    info = UNSEEDED_RUN
     check = staticmethod(unseeded_run)
 
 
+MANUAL_PARAMETER_UPDATE = RuleInfo(
+    slug="manual-parameter-update",
+    severity=Severity.INFO,
+    category="loop",
+    summary="parameters updated by hand from .grad instead of by an optimizer",
+    kinds=("static", "runtime"),
+)
+
+
 class ManualParameterUpdateStatic(StaticRule):
-    info = RuleInfo(
-        slug="manual-parameter-update",
-        severity=Severity.INFO,
-        category="loop",
-        summary="parameters updated by hand from .grad instead of by an optimizer",
-        kinds=("static", "runtime"),
-    )
+    info = MANUAL_PARAMETER_UPDATE
     check = staticmethod(manual_parameter_update)

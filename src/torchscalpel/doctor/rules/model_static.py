@@ -142,7 +142,7 @@ def _container_finding(
     wrapper = "nn.ModuleDict" if is_dict else "nn.ModuleList"
     elem = ctx.call_name(element) or "a module"
     return ctx.finding(
-        "module-in-plain-container",
+        MODULE_IN_PLAIN_CONTAINER,
         node,
         f"{cls.name}.{attr} holds modules ({elem.rsplit('.', 1)[-1]}) in a plain {kind}: their parameters are invisible "
         "to .parameters(), the optimizer, .to() and the state_dict.",
@@ -163,7 +163,7 @@ def tensor_attribute_not_registered(ctx: StaticContext) -> Iterator[Finding]:
                 if attr is None or not _is_tensor_factory(ctx, node.value):
                     continue
                 yield ctx.finding(
-                    "tensor-attribute-not-registered",
+                    TENSOR_ATTRIBUTE_NOT_REGISTERED,
                     node,
                     f"{cls.name}.{attr} is a plain tensor attribute: model.to(device) leaves it behind and "
                     "state_dict() does not save it.",
@@ -197,7 +197,7 @@ def module_created_in_forward(ctx: StaticContext) -> Iterator[Finding]:
                 if _PARAM_FREE.match(name):
                     continue
                 yield ctx.finding(
-                    "module-created-in-forward",
+                    MODULE_CREATED_IN_FORWARD,
                     call,
                     f"{cls.name}.forward builds a new {name} on every call: its weights are fresh random values each "
                     "step, are never trained, and never reach the optimizer.",
@@ -261,7 +261,7 @@ def super_init_missing(ctx: StaticContext) -> Iterator[Finding]:
         )
         if not calls:
             yield ctx.finding(
-                "super-init-missing",
+                SUPER_INIT_MISSING,
                 early or init,
                 f"{cls.name}.__init__ never calls super().__init__(): nn.Module's registries of parameters, "
                 "buffers and submodules are never created, so assigning a layer raises 'cannot assign module "
@@ -270,7 +270,7 @@ def super_init_missing(ctx: StaticContext) -> Iterator[Finding]:
             )
         else:
             yield ctx.finding(
-                "super-init-missing",
+                SUPER_INIT_MISSING,
                 early,  # type: ignore[arg-type]
                 f"{cls.name}.__init__ assigns a {what} (self.{self_attr_target(early.targets[0]) if early else ''}) "
                 f"before super().__init__() on line {first}: nn.Module cannot register it yet and raises "
@@ -280,14 +280,17 @@ def super_init_missing(ctx: StaticContext) -> Iterator[Finding]:
             )
 
 
+SUPER_INIT_MISSING = RuleInfo(
+    slug="super-init-missing",
+    severity=Severity.ERROR,
+    category="model",
+    summary="nn.Module subclass without super().__init__(), or with it after the first submodule",
+    kinds=("static",),
+)
+
+
 class SuperInitMissingStatic(StaticRule):
-    info = RuleInfo(
-        slug="super-init-missing",
-        severity=Severity.ERROR,
-        category="model",
-        summary="nn.Module subclass without super().__init__(), or with it after the first submodule",
-        kinds=("static",),
-    )
+    info = SUPER_INIT_MISSING
     check = staticmethod(super_init_missing)
 
     @classmethod
@@ -299,34 +302,43 @@ class SuperInitMissingStatic(StaticRule):
         return [f for f in findings if f.rule == "script-failed" and "before Module.__init__()" in f.message]
 
 
+MODULE_IN_PLAIN_CONTAINER = RuleInfo(
+    slug="module-in-plain-container",
+    severity=Severity.ERROR,
+    category="model",
+    summary="nn.Module held in a plain list/dict/tuple: its parameters are not registered",
+    kinds=("static", "runtime"),
+)
+
+
 class ModuleInPlainContainerStatic(StaticRule):
-    info = RuleInfo(
-        slug="module-in-plain-container",
-        severity=Severity.ERROR,
-        category="model",
-        summary="nn.Module held in a plain list/dict/tuple: its parameters are not registered",
-        kinds=("static", "runtime"),
-    )
+    info = MODULE_IN_PLAIN_CONTAINER
     check = staticmethod(module_in_plain_container)
 
 
+TENSOR_ATTRIBUTE_NOT_REGISTERED = RuleInfo(
+    slug="tensor-attribute-not-registered",
+    severity=Severity.WARNING,
+    category="model",
+    summary="tensor attribute that is neither parameter nor buffer: not moved by .to(), not saved",
+    kinds=("static", "runtime"),
+)
+
+
 class TensorAttributeNotRegisteredStatic(StaticRule):
-    info = RuleInfo(
-        slug="tensor-attribute-not-registered",
-        severity=Severity.WARNING,
-        category="model",
-        summary="tensor attribute that is neither parameter nor buffer: not moved by .to(), not saved",
-        kinds=("static", "runtime"),
-    )
+    info = TENSOR_ATTRIBUTE_NOT_REGISTERED
     check = staticmethod(tensor_attribute_not_registered)
 
 
+MODULE_CREATED_IN_FORWARD = RuleInfo(
+    slug="module-created-in-forward",
+    severity=Severity.ERROR,
+    category="model",
+    summary="module constructed inside forward: fresh random weights every call, never trained",
+    kinds=("static", "runtime"),
+)
+
+
 class ModuleCreatedInForwardStatic(StaticRule):
-    info = RuleInfo(
-        slug="module-created-in-forward",
-        severity=Severity.ERROR,
-        category="model",
-        summary="module constructed inside forward: fresh random weights every call, never trained",
-        kinds=("static", "runtime"),
-    )
+    info = MODULE_CREATED_IN_FORWARD
     check = staticmethod(module_created_in_forward)

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
@@ -32,16 +31,19 @@ def _stage_unscaled(scaler: Any, optimizer: Any) -> bool:
     return bool(state and state.get("stage") is OptState.UNSCALED)
 
 
+CLIP_BEFORE_UNSCALE = RuleInfo(
+    slug="clip-before-unscale",
+    severity=Severity.ERROR,
+    category="amp",
+    summary="gradient clipping on scaled gradients (before scaler.unscale_)",
+    kinds=("runtime",),
+)
+
+
 class ClipBeforeUnscale(RuntimeRule):
     """clip_grad_norm_/clip_grad_value_ called while a GradScaler's gradients are still scaled."""
 
-    info = RuleInfo(
-        slug="clip-before-unscale",
-        severity=Severity.ERROR,
-        category="amp",
-        summary="gradient clipping on scaled gradients (before scaler.unscale_)",
-        kinds=("runtime",),
-    )
+    info = CLIP_BEFORE_UNSCALE
 
     def __init__(self) -> None:
         super().__init__()
@@ -138,8 +140,7 @@ class ClipBeforeUnscale(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if not self.events:
             return
-        yield make_finding(
-            "clip-before-unscale",
+        yield CLIP_BEFORE_UNSCALE.finding(
             "Gradients are clipped while still multiplied by the GradScaler's scale: the threshold is compared "
             "with scaled norms, so clipping is far too aggressive (or meaningless).",
             evidence=[
@@ -157,16 +158,19 @@ class ClipBeforeUnscale(RuntimeRule):
         )
 
 
+SCALER_SKIPPED_STEPS = RuleInfo(
+    slug="scaler-skipped-steps",
+    severity=Severity.WARNING,
+    category="amp",
+    summary="GradScaler skipped optimizer steps",
+    kinds=("runtime",),
+)
+
+
 class ScalerSkippedSteps(RuntimeRule):
     """GradScaler.step calls that skipped optimizer.step (inf/NaN gradients), and schedulers that advanced anyway."""
 
-    info = RuleInfo(
-        slug="scaler-skipped-steps",
-        severity=Severity.WARNING,
-        category="amp",
-        summary="GradScaler skipped optimizer steps",
-        kinds=("runtime",),
-    )
+    info = SCALER_SKIPPED_STEPS
 
     def __init__(self) -> None:
         super().__init__()
@@ -235,8 +239,7 @@ class ScalerSkippedSteps(RuntimeRule):
         ]
         if self.sched_after_skip:
             evidence.append(f"the LR scheduler advanced on {self.sched_after_skip} skipped step(s) anyway")
-        yield make_finding(
-            "scaler-skipped-steps",
+        yield SCALER_SKIPPED_STEPS.finding(
             f"GradScaler skipped {self.skipped} optimizer step(s): those batches did not train the model"
             + (" while the LR schedule moved on." if self.sched_after_skip else "."),
             evidence=[*evidence, f"scaler.step at {fmt_loc(self.location)}"],

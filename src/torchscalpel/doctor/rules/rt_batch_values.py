@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, iter_tensors, user_location
@@ -210,10 +209,12 @@ _MESSAGES = {
 }
 
 
+_INFOS = {info.slug: info for info in (NOT_FINITE, UNNORMALISED, CONSTANT)}
+
+
 def _finding(slug: str, seen: _Seen, checked: int) -> Finding:
     """The one place this module builds its findings."""
-    return make_finding(
-        slug,
+    return _INFOS[slug].finding(
         _MESSAGES[slug],
         evidence=[
             f"{seen.detail}, first in training batch {seen.batch} ({seen.count} of the {checked} batches read)",

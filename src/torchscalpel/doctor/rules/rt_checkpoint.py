@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules import checkpoint_static, loop_static
 from torchscalpel.doctor.rules._common import fmt_loc
@@ -20,19 +19,22 @@ from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 _PREFIXES = ("module.", "_orig_mod.")
 
 
+STATE_DICT_PREFIX_MISMATCH = RuleInfo(
+    slug="state-dict-prefix-mismatch",
+    severity=Severity.ERROR,
+    category="checkpoint",
+    summary="state_dict keys differ by a module./_orig_mod. prefix",
+    kinds=("runtime",),
+)
+
+
 class CheckpointRules(RuntimeRule):
     """torch.save of modules, torch.load(weights_only=False), load_state_dict with prefixed keys."""
 
     infos = (
-        checkpoint_static.WholeModelSaveStatic.info,
-        checkpoint_static.UnsafeTorchLoadStatic.info,
-        RuleInfo(
-            slug="state-dict-prefix-mismatch",
-            severity=Severity.ERROR,
-            category="checkpoint",
-            summary="state_dict keys differ by a module./_orig_mod. prefix",
-            kinds=("runtime",),
-        ),
+        checkpoint_static.WHOLE_MODEL_SAVE,
+        checkpoint_static.UNSAFE_TORCH_LOAD,
+        STATE_DICT_PREFIX_MISMATCH,
     )
 
     def __init__(self) -> None:
@@ -135,8 +137,7 @@ class CheckpointRules(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if self.saves:
             what, loc = self.saves[0]
-            yield make_finding(
-                "whole-model-save",
+            yield checkpoint_static.WHOLE_MODEL_SAVE.finding(
                 f"torch.save pickles a whole module ({what}): loading it needs the same class at the same import "
                 "path and weights_only=False, which runs arbitrary code.",
                 evidence=[f"{len(self.saves)} save(s) of nn.Module objects, first at {fmt_loc(loc)}"],
@@ -145,8 +146,7 @@ class CheckpointRules(RuntimeRule):
             )
         if self.loads:
             loc, load = self.loads[0]
-            yield make_finding(
-                "unsafe-torch-load",
+            yield checkpoint_static.UNSAFE_TORCH_LOAD.finding(
                 "torch.load(weights_only=False) unpickles arbitrary objects: a tampered checkpoint runs code here. "
                 + load["advice"],
                 evidence=[
@@ -167,8 +167,7 @@ class CheckpointRules(RuntimeRule):
                 mapping = f"'{m['example']}' -> '{p}{m['example']}'"
                 fix = f"state = {{{p!r} + k: v for k, v in state.items()}}\nwrapped.load_state_dict(state)\n# or load into the unwrapped model: model.module / model._orig_mod"
                 cause = "loaded into a wrapped model"
-            yield make_finding(
-                "state-dict-prefix-mismatch",
+            yield STATE_DICT_PREFIX_MISMATCH.finding(
                 f"The state_dict keys differ from {m['model']}'s by a {p!r} prefix ({cause}): a strict load fails, "
                 "a non-strict one silently loads nothing.",
                 evidence=[f"key mapping: {mapping}"]
@@ -285,7 +284,7 @@ _SEED_FUNCS = (
 class UnseededRun(RuntimeRule):
     """No torch/random/numpy seed was set before training finished its steps."""
 
-    info = loop_static.UnseededRunStatic.info
+    info = loop_static.UNSEEDED_RUN
     supersedes_static = True
 
     def __init__(self) -> None:
@@ -331,8 +330,7 @@ class UnseededRun(RuntimeRule):
         before = ((getattr(record, "provenance", None) or {}).get("seeds") or {}).get("before_block") or {}
         if before.get("set"):  # an in-process block whose earlier code (a notebook cell) seeded torch
             return
-        yield make_finding(
-            "unseeded-run",
+        yield loop_static.UNSEEDED_RUN.finding(
             "No random seed was set (torch, random or numpy): initial weights and data order differ from run to "
             "run, so a regression cannot be told from noise.",
             evidence=[

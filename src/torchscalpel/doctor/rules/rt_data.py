@@ -7,7 +7,6 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, loader_facts, median
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
@@ -48,16 +47,19 @@ class TrainLoaders(RuntimeRule):
         """A loader was first seen feeding a backward."""
 
 
+TRAIN_LOADER_NOT_SHUFFLED = RuleInfo(
+    slug="train-loader-not-shuffled",
+    severity=Severity.WARNING,
+    category="loop",
+    summary="the training DataLoader reads samples in a fixed order",
+    kinds=("runtime",),
+)
+
+
 class TrainLoaderNotShuffled(TrainLoaders):
     """The training loader reads its dataset in the same fixed order every epoch."""
 
-    info = RuleInfo(
-        slug="train-loader-not-shuffled",
-        severity=Severity.WARNING,
-        category="loop",
-        summary="the training DataLoader reads samples in a fixed order",
-        kinds=("runtime",),
-    )
+    info = TRAIN_LOADER_NOT_SHUFFLED
 
     def findings(self, record: Any) -> Iterator[Finding]:
         for facts in self.train.values():
@@ -69,8 +71,7 @@ class TrainLoaderNotShuffled(TrainLoaders):
             ):
                 continue
             dist = facts["distributed"]
-            yield make_finding(
-                "train-loader-not-shuffled",
+            yield TRAIN_LOADER_NOT_SHUFFLED.finding(
                 f"The training DataLoader over {facts['dataset']} reads samples in a fixed order ({facts['sampler']}): "
                 "batches are correlated (e.g. sorted by class) and every epoch repeats the same sequence.",
                 evidence=[
@@ -92,16 +93,19 @@ MIN_DATA_MS = 2.0
 """Below this median wait per step, a high share only means a tiny model; not worth a finding."""
 
 
+DATALOADER_BOUND = RuleInfo(
+    slug="dataloader-bound",
+    severity=Severity.WARNING,
+    category="performance",
+    summary="data wait is at least 30% of step time",
+    kinds=("runtime",),
+)
+
+
 class DataloaderBound(TrainLoaders):
     """Steps that spend a large share of their time waiting for the next batch."""
 
-    info = RuleInfo(
-        slug="dataloader-bound",
-        severity=Severity.WARNING,
-        category="performance",
-        summary="data wait is at least 30% of step time",
-        kinds=("runtime",),
-    )
+    info = DATALOADER_BOUND
 
     def findings(self, record: Any) -> Iterator[Finding]:
         steps = [s for s in (record.measured_steps if record is not None else []) if s.total_ms > 0]
@@ -120,8 +124,7 @@ class DataloaderBound(TrainLoaders):
             busiest = max(self.batches, key=self.batches.__getitem__, default=None)
             facts = self.train.get(busiest, facts) if busiest is not None else facts
         cause, fix = _cause(facts, record)
-        yield make_finding(
-            "dataloader-bound",
+        yield DATALOADER_BOUND.finding(
             f"Steps wait for data {share:.0%} of the time: the model is starved by the input pipeline ({cause}).",
             evidence=[
                 f"median data wait {med:.1f} ms of a median {median([s.total_ms for s in steps]):.1f} ms step "

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules import dist_static, fsdp_static
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params
@@ -54,16 +53,19 @@ class _RootScan(RuntimeRule):
         raise NotImplementedError
 
 
+DDP_BATCHNORM_NOT_SYNCED = RuleInfo(
+    slug="ddp-batchnorm-not-synced",
+    severity=Severity.WARNING,
+    category="distributed",
+    summary="BatchNorm under DDP without SyncBatchNorm",
+    kinds=("runtime",),
+)
+
+
 class DdpBatchnormNotSynced(_RootScan):
     """A DDP-wrapped model with BatchNorm layers that are not SyncBatchNorm."""
 
-    info = RuleInfo(
-        slug="ddp-batchnorm-not-synced",
-        severity=Severity.WARNING,
-        category="distributed",
-        summary="BatchNorm under DDP without SyncBatchNorm",
-        kinds=("runtime",),
-    )
+    info = DDP_BATCHNORM_NOT_SYNCED
 
     def __init__(self) -> None:
         super().__init__()
@@ -96,8 +98,7 @@ class DdpBatchnormNotSynced(_RootScan):
             "only: statistics differ across ranks and from single-device training with the same global batch."
         )
         if self.on_gpu:
-            yield make_finding(
-                "ddp-batchnorm-not-synced",
+            yield DDP_BATCHNORM_NOT_SYNCED.finding(
                 message,
                 evidence=evidence,
                 location=self.location,
@@ -107,8 +108,7 @@ class DdpBatchnormNotSynced(_RootScan):
             return
         # SyncBatchNorm has no CPU kernel: on CPU there is nothing to convert to, so this is a fact
         # about the run, not a mistake.
-        yield make_finding(
-            "ddp-batchnorm-not-synced",
+        yield DDP_BATCHNORM_NOT_SYNCED.finding(
             message + " On CPU, SyncBatchNorm cannot run, so this is expected.",
             evidence=evidence,
             location=self.location,
@@ -118,19 +118,19 @@ class DdpBatchnormNotSynced(_RootScan):
         )
 
 
+DDP_NO_DISTRIBUTED_SAMPLER = RuleInfo(
+    slug="ddp-no-distributed-sampler",
+    severity=Severity.ERROR,
+    category="distributed",
+    summary="ranks read the same samples (no DistributedSampler)",
+    kinds=("runtime",),
+)
+
+
 class DdpDataRules(TrainLoaders):
     """Under DDP/FSDP: a training loader without DistributedSampler; a DistributedSampler never given set_epoch."""
 
-    infos = (
-        RuleInfo(
-            slug="ddp-no-distributed-sampler",
-            severity=Severity.ERROR,
-            category="distributed",
-            summary="ranks read the same samples (no DistributedSampler)",
-            kinds=("runtime",),
-        ),
-        dist_static.SamplerSetEpochMissingStatic.info,
-    )
+    infos = (DDP_NO_DISTRIBUTED_SAMPLER, dist_static.SAMPLER_SET_EPOCH_MISSING)
 
     def __init__(self) -> None:
         super().__init__()
@@ -190,8 +190,7 @@ class DdpDataRules(TrainLoaders):
                     if torch.distributed.is_available() and torch.distributed.is_initialized()
                     else None
                 )
-                yield make_finding(
-                    "ddp-no-distributed-sampler",
+                yield DDP_NO_DISTRIBUTED_SAMPLER.finding(
                     f"The model is wrapped for data parallelism but the training DataLoader uses {facts['sampler']}: "
                     "every rank reads the same samples, so N ranks do the work of one.",
                     evidence=[
@@ -206,8 +205,7 @@ class DdpDataRules(TrainLoaders):
                 )
         for sampler_id, epochs in self._iters.items():
             if sampler_id not in self._epoch_set and len(epochs) >= 2 and len(set(epochs)) < len(epochs):
-                yield make_finding(
-                    "sampler-set-epoch-missing",
+                yield dist_static.SAMPLER_SET_EPOCH_MISSING.finding(
                     "A shuffling DistributedSampler was iterated several times with the same epoch: set_epoch() is "
                     "not called, so every epoch uses the same order.",
                     evidence=[
@@ -223,16 +221,19 @@ class DdpDataRules(TrainLoaders):
 _DDP_UNUSED_ERROR = "Expected to have finished reduction in the prior iteration"
 
 
+DDP_FIND_UNUSED_PARAMETERS = RuleInfo(
+    slug="ddp-find-unused-parameters",
+    severity=Severity.WARNING,
+    category="distributed",
+    summary="find_unused_parameters set without need, or missing when needed",
+    kinds=("runtime",),
+)
+
+
 class DdpFindUnusedParameters(RuntimeRule):
     """find_unused_parameters=True while every parameter gets a gradient (wasted work), or False when some never do."""
 
-    info = RuleInfo(
-        slug="ddp-find-unused-parameters",
-        severity=Severity.WARNING,
-        category="distributed",
-        summary="find_unused_parameters set without need, or missing when needed",
-        kinds=("runtime",),
-    )
+    info = DDP_FIND_UNUSED_PARAMETERS
 
     def __init__(self) -> None:
         super().__init__()
@@ -262,8 +263,7 @@ class DdpFindUnusedParameters(RuntimeRule):
         self._names = []
         crashed = record is not None and _DDP_UNUSED_ERROR in str(record.error or "")
         if self.flag is False and (crashed or self.steps_with_unused):
-            yield make_finding(
-                "ddp-find-unused-parameters",
+            yield DDP_FIND_UNUSED_PARAMETERS.finding(
                 "Some parameters get no gradient in a step while DDP waits for all of them "
                 "(find_unused_parameters=False): DDP fails or hangs on the next iteration.",
                 evidence=([f"the script failed with: {record.error}"] if crashed else [])
@@ -277,8 +277,7 @@ class DdpFindUnusedParameters(RuntimeRule):
                 location=self.location,
             )
         elif self.flag is True and self.steps >= 3 and not self.steps_with_unused:
-            yield make_finding(
-                "ddp-find-unused-parameters",
+            yield DDP_FIND_UNUSED_PARAMETERS.finding(
                 "find_unused_parameters=True although every parameter received a gradient at every step: DDP "
                 "walks the autograd graph after each forward for nothing.",
                 evidence=[f"all parameters had gradients at {self.steps} optimizer steps"],
@@ -290,7 +289,7 @@ class DdpFindUnusedParameters(RuntimeRule):
 class DataParallelUsed(_RootScan):
     """A root model that is nn.DataParallel."""
 
-    info = dist_static.DataParallelUsedStatic.info
+    info = dist_static.DATAPARALLEL_USED
 
     def __init__(self) -> None:
         super().__init__()
@@ -304,8 +303,7 @@ class DataParallelUsed(_RootScan):
 
     def findings(self, record: Any) -> Iterator[Finding]:
         if self.seen:
-            yield make_finding(
-                "dataparallel-used",
+            yield dist_static.DATAPARALLEL_USED.finding(
                 "The model runs under nn.DataParallel: one Python thread scatters inputs and replicates the model "
                 "every step; DistributedDataParallel is faster even on one machine.",
                 evidence=[f"nn.DataParallel called at {fmt_loc(self.location)}"],
@@ -318,7 +316,7 @@ class DataParallelUsed(_RootScan):
 class OptimizerBeforeFsdp(RuntimeRule):
     """An optimizer whose parameters are not the FSDP-sharded model's parameters."""
 
-    info = fsdp_static.OptimizerBeforeFsdpStatic.info
+    info = fsdp_static.OPTIMIZER_BEFORE_FSDP
     supersedes = ("param-not-in-optimizer", "cannot-overfit-batch")
     """The same cause (the optimizer holds stale tensors, nothing trains), reported once."""
 
@@ -346,8 +344,7 @@ class OptimizerBeforeFsdp(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if not self.stale:
             return
-        yield make_finding(
-            "optimizer-before-fsdp",
+        yield fsdp_static.OPTIMIZER_BEFORE_FSDP.finding(
             "The optimizer holds parameters that are not the FSDP model's: it was built before the model was "
             "sharded (fully_shard() replaces the parameters with sharded DTensors, FullyShardedDataParallel() "
             "flattens them into FlatParameters). The model never trains.",

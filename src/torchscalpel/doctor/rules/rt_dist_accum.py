@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules import accum_static, dist_static
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
@@ -29,7 +28,7 @@ from torchscalpel.units import fmt_bytes
 class DdpAccumWithoutNoSync(RuntimeRule):
     """Optimizer steps over 2+ backward calls of a DDP model, every one of them all-reducing."""
 
-    info = accum_static.DdpAccumWithoutNoSyncStatic.info
+    info = accum_static.DDP_ACCUMULATION_WITHOUT_NO_SYNC
     MIN_STEPS = 2
 
     def __init__(self) -> None:
@@ -80,8 +79,7 @@ class DdpAccumWithoutNoSync(RuntimeRule):
             return
         k = max(set(self.micro), key=self.micro.count)
         wasted = (k - 1) * self.grad_bytes
-        yield make_finding(
-            "ddp-accumulation-without-no-sync",
+        yield accum_static.DDP_ACCUMULATION_WITHOUT_NO_SYNC.finding(
             f"{self.bad_steps} optimizer steps each accumulated {k} backward calls of a DDP model with gradient "
             f"sync on in every one: {k} all-reduces per step where the last one is enough.",
             evidence=[
@@ -103,7 +101,7 @@ class DdpAccumWithoutNoSync(RuntimeRule):
 class SamplerNumReplicas(RuntimeRule):
     """A DistributedSampler whose num_replicas or rank is not the process group's."""
 
-    info = dist_static.SamplerNumReplicasStatic.info
+    info = dist_static.DISTRIBUTED_SAMPLER_WRONG_WORLD
 
     def __init__(self) -> None:
         super().__init__()
@@ -152,8 +150,7 @@ class SamplerNumReplicas(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if not self.found:
             return
-        yield make_finding(
-            "distributed-sampler-wrong-world",
+        yield dist_static.DISTRIBUTED_SAMPLER_WRONG_WORLD.finding(
             "The DistributedSampler does not split the data over the processes that run: its num_replicas/rank "
             "are not the process group's, so ranks read the same samples twice or some never.",
             evidence=self.found,

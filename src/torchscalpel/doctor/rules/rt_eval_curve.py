@@ -12,7 +12,6 @@ from typing import Any
 
 from torchscalpel.doctor import eval_curve
 from torchscalpel.doctor.eval_curve import Verdict, judge, usable_passes
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule
@@ -99,8 +98,7 @@ def _finding(verdict: Verdict, location: Location | None, framework: str | None)
     f = verdict.figures
     where = f"evaluation loss computed at {fmt_loc(location)}"
     if verdict.slug == OVERFITTING.slug:
-        return make_finding(
-            verdict.slug,
+        return OVERFITTING.finding(
             f"The validation loss rose from its best {f['best']:.4g} (after step {f['best_step']:.0f}) to "
             f"{f['last']:.4g} while the training loss kept falling: the model is memorising its training data "
             "(overfitting); the weights of the best evaluation are better than the last ones.",
@@ -114,8 +112,7 @@ def _finding(verdict: Verdict, location: Location | None, framework: str | None)
             location=location,
         )
     if verdict.slug == OSCILLATING.slug:
-        return make_finding(
-            verdict.slug,
+        return OSCILLATING.finding(
             f"The validation loss jumps up and down between evaluations (a median {f['swing']:.3g}, "
             f"{f['swing'] / f['median']:.0%} of its level, away from the midpoint of the passes either side): the learning rate is likely too high (the weights "
             "jump across the minimum), or the evaluation set is too small to measure it.",
@@ -129,8 +126,7 @@ def _finding(verdict: Verdict, location: Location | None, framework: str | None)
             "scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)",
             location=location,
         )
-    return make_finding(
-        verdict.slug,
+    return PLATEAU.finding(
         f"The validation loss has not improved over the last {f['tail']:.0f} evaluations (steps "
         f"{f['from_step']:.0f}-{f['last_step']:.0f}: {f['low']:.4g}-{f['high']:.4g}, best before "
         f"{f['earlier']:.4g}): more steps at this learning rate buy nothing.",

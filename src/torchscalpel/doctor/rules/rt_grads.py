@@ -8,33 +8,34 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, median, param_names
 from torchscalpel.doctor.rules.rt_numerics import NONFINITE_GRADS
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
 from torchscalpel.findings import Finding, Location, Severity
 
+GRAD_NORM_EXPLOSION = RuleInfo(
+    slug="grad-norm-explosion",
+    severity=Severity.WARNING,
+    category="numerics",
+    summary="the gradient norm explodes",
+    kinds=("runtime",),
+)
+
+
+VANISHING_GRADIENTS = RuleInfo(
+    slug="vanishing-gradients",
+    severity=Severity.WARNING,
+    category="numerics",
+    summary="early layers get gradients orders of magnitude smaller than late ones",
+    kinds=("runtime",),
+)
+
 
 class GradNorms(RuntimeRule):
     """Gradient norms at each optimizer step: explosion (growth) and vanishing (early layers starved)."""
 
-    infos = (
-        RuleInfo(
-            slug="grad-norm-explosion",
-            severity=Severity.WARNING,
-            category="numerics",
-            summary="the gradient norm explodes",
-            kinds=("runtime",),
-        ),
-        RuleInfo(
-            slug="vanishing-gradients",
-            severity=Severity.WARNING,
-            category="numerics",
-            summary="early layers get gradients orders of magnitude smaller than late ones",
-            kinds=("runtime",),
-        ),
-    )
+    infos = (GRAD_NORM_EXPLOSION, VANISHING_GRADIENTS)
     MAX_STEPS = 200
     EXPLOSION_RATIO = 100.0
     VANISH_RATIO = 1e-3  # clean CNN/transformer runs sit near 0.3-0.6; sigmoid stacks far below
@@ -101,8 +102,7 @@ class GradNorms(RuntimeRule):
         if not (exploded or nonfinite):
             return
         shown = ", ".join(f"{x:.3g}" for x in norms[:: max(1, len(norms) // 10)])
-        yield make_finding(
-            "grad-norm-explosion",
+        yield GRAD_NORM_EXPLOSION.finding(
             f"The gradient norm explodes: {peak / base:.0f}x its early value"
             if exploded and not nonfinite
             else NONFINITE_GRADS,
@@ -136,8 +136,7 @@ class GradNorms(RuntimeRule):
                     "(dead activations or a detached graph)."
                 )
                 fix = "# check for .detach()/.item()/argmax between model and loss, and saturated activations"
-            yield make_finding(
-                "vanishing-gradients",
+            yield VANISHING_GRADIENTS.finding(
                 message,
                 evidence=[
                     f"total grad norm was 0 at {self.zero_steps} of {len(self.norms)} optimizer steps"
@@ -159,8 +158,7 @@ class GradNorms(RuntimeRule):
         if r >= self.VANISH_RATIO:
             return
         first, top = self.layers or ("first weights", "last weights")
-        yield make_finding(
-            "vanishing-gradients",
+        yield VANISHING_GRADIENTS.finding(
             f"Early layers get gradients {1 / r:.0e}x smaller than later ones: they barely learn.",
             evidence=[
                 f"median RMS gradient of the {first} / of the {top} = {r:.2e} over {len(self.ratios)} steps"
@@ -190,17 +188,20 @@ def _is_embedding(p: torch.Tensor, rule: RuntimeRule) -> bool:
     return id(p) in cache
 
 
+CANNOT_OVERFIT_BATCH = RuleInfo(
+    slug="cannot-overfit-batch",
+    severity=Severity.WARNING,
+    category="numerics",
+    summary="the model cannot overfit a single batch (--sanity)",
+    kinds=("runtime",),
+)
+
+
 class NoUpdate(RuntimeRule):
     """Optimizer steps that never change the parameters (zero learning rate, gradients cleared before the
     step, a detached loss): the model cannot learn anything, not even one batch."""
 
-    info = RuleInfo(
-        slug="cannot-overfit-batch",
-        severity=Severity.WARNING,
-        category="numerics",
-        summary="the model cannot overfit a single batch (--sanity)",
-        kinds=("runtime",),
-    )
+    info = CANNOT_OVERFIT_BATCH
     MIN_STEPS = 5
     SAMPLE = 8
 
@@ -229,8 +230,7 @@ class NoUpdate(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if self.steps < self.MIN_STEPS or self.unchanged < self.steps:
             return
-        yield make_finding(
-            "cannot-overfit-batch",
+        yield CANNOT_OVERFIT_BATCH.finding(
             f"None of the {self.steps} optimizer steps changed the parameters: the model cannot learn, not even "
             "one batch.",
             evidence=[

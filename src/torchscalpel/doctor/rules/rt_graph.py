@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, iter_tensors, user_location
@@ -86,16 +85,19 @@ def _attach(
     return weakref.ref(sentinel) if attached else None
 
 
+LOSS_GRAPH_RETAINED = RuleInfo(
+    slug="loss-graph-retained",
+    severity=Severity.WARNING,
+    category="loop",
+    summary="loss/output tensors with autograd graphs kept alive across steps",
+    kinds=("runtime",),
+)
+
+
 class LossGraphRetained(RuntimeRule):
     """Loss (and output) graphs from earlier steps that stay alive: something holds them."""
 
-    info = RuleInfo(
-        slug="loss-graph-retained",
-        severity=Severity.WARNING,
-        category="loop",
-        summary="loss/output tensors with autograd graphs kept alive across steps",
-        kinds=("runtime",),
-    )
+    info = LOSS_GRAPH_RETAINED
 
     def __init__(self) -> None:
         super().__init__()
@@ -175,8 +177,7 @@ class LossGraphRetained(RuntimeRule):
         history = self.alive_history if losses else self.outputs_history
         step, alive, old = losses or outputs  # type: ignore[misc]
         peak = max(a for _, a, _ in history)
-        yield make_finding(
-            "loss-graph-retained",
+        yield LOSS_GRAPH_RETAINED.finding(
             f"{'Loss tensors' if losses else 'Model outputs'} from earlier steps are still alive with their autograd "
             "graphs: memory grows every step (typically `total += loss` or `outputs.append(out)` without "
             ".item()/.detach()).",
@@ -191,6 +192,15 @@ class LossGraphRetained(RuntimeRule):
         )
 
 
+EVAL_WITHOUT_NO_GRAD = RuleInfo(
+    slug="eval-without-no-grad",
+    severity=Severity.WARNING,
+    category="loop",
+    summary="forward passes whose autograd graph is never used",
+    kinds=("runtime",),
+)
+
+
 class EvalWithoutNoGrad(RuntimeRule):
     """Root forward passes built with autograd on whose graph no backward ever used.
 
@@ -199,13 +209,7 @@ class EvalWithoutNoGrad(RuntimeRule):
     or when the script completes without any backward reaching it.
     """
 
-    info = RuleInfo(
-        slug="eval-without-no-grad",
-        severity=Severity.WARNING,
-        category="loop",
-        summary="forward passes whose autograd graph is never used",
-        kinds=("runtime",),
-    )
+    info = EVAL_WITHOUT_NO_GRAD
 
     def __init__(self) -> None:
         super().__init__()
@@ -266,8 +270,7 @@ class EvalWithoutNoGrad(RuntimeRule):
             f"{n} call(s) of {name} in {'train' if training else 'eval'} mode"
             for (name, training), n in self.unused.most_common(3)
         )
-        yield make_finding(
-            "eval-without-no-grad",
+        yield EVAL_WITHOUT_NO_GRAD.finding(
             "Forward passes build autograd graphs that no backward ever uses (evaluation without torch.no_grad): "
             "activations are kept for nothing, costing memory and time.",
             evidence=[
@@ -296,16 +299,19 @@ def norm_dropout_in_mode(module: torch.nn.Module, *, training: bool = True) -> l
     return out
 
 
+EVAL_IN_TRAIN_MODE = RuleInfo(
+    slug="eval-in-train-mode",
+    severity=Severity.WARNING,
+    category="loop",
+    summary="forward under no_grad/inference_mode with dropout or batch-norm in training mode",
+    kinds=("runtime",),
+)
+
+
 class EvalInTrainMode(RuntimeRule):
     """Root forwards under no_grad/inference_mode while dropout or batch-norm is in training mode."""
 
-    info = RuleInfo(
-        slug="eval-in-train-mode",
-        severity=Severity.WARNING,
-        category="loop",
-        summary="forward under no_grad/inference_mode with dropout or batch-norm in training mode",
-        kinds=("runtime",),
-    )
+    info = EVAL_IN_TRAIN_MODE
 
     def __init__(self) -> None:
         super().__init__()
@@ -329,8 +335,7 @@ class EvalInTrainMode(RuntimeRule):
         if not self.calls:
             return
         listed = ", ".join(self.modules[:5]) + (" ..." if len(self.modules) > 5 else "")
-        yield make_finding(
-            "eval-in-train-mode",
+        yield EVAL_IN_TRAIN_MODE.finding(
             f"{self.model} runs under no_grad/inference_mode with dropout/batch-norm still in training mode: "
             "evaluation is noisy and batch-norm running statistics are overwritten by evaluation data.",
             evidence=[

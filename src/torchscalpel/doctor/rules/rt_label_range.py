@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
@@ -149,8 +148,7 @@ def _range_finding(r: _Range) -> Finding:
             f"nn.Linear(hidden, {max(r.high + 1, r.width)})  # one output per class: labels go up to {r.high}\n"
             "# or remap the labels to 0..C-1 where the dataset is built"
         )
-    return make_finding(
-        OUT_OF_RANGE.slug,
+    return OUT_OF_RANGE.finding(
         f"Labels reach {r.high if r.high >= r.width else r.low} but the model outputs {r.width} classes "
         f"(0..{r.width - 1}): {r.fn} indexes the output with the label, so it fails (a CPU raises "
         "'Target out of bounds', a GPU a device-side assert) or, on some paths, reads another class.",
@@ -165,8 +163,7 @@ def _range_finding(r: _Range) -> Finding:
 
 def _one_class_finding(classes: list[int], labels: int, location: Location | None) -> Finding:
     """The other place this module builds a finding."""
-    return make_finding(
-        ONE_CLASS.slug,
+    return ONE_CLASS.finding(
         f"Each of the first {len(classes)} training batches holds a single class: every step pulls the model "
         "towards one class, so it swings from class to class instead of learning to separate them.",
         evidence=[

@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule, iter_tensors, user_location
@@ -118,17 +117,20 @@ class _Seen:
     count: int = 0
 
 
+SOFTMAX_BEFORE_CROSS_ENTROPY = RuleInfo(
+    slug="softmax-before-cross-entropy",
+    severity=Severity.ERROR,
+    category="loop",
+    summary="softmax/log_softmax before cross_entropy (or sigmoid before BCE with logits): the loss applies it again",
+    kinds=("runtime",),
+)
+
+
 class SoftmaxBeforeCrossEntropy(RuntimeRule):
     """Probabilities given to a loss that applies softmax/sigmoid itself (cross_entropy, BCE with logits),
     or softmax probabilities given to nll_loss."""
 
-    info = RuleInfo(
-        slug="softmax-before-cross-entropy",
-        severity=Severity.ERROR,
-        category="loop",
-        summary="softmax/log_softmax before cross_entropy (or sigmoid before BCE with logits): the loss applies it again",
-        kinds=("runtime",),
-    )
+    info = SOFTMAX_BEFORE_CROSS_ENTROPY
 
     def __init__(self) -> None:
         super().__init__()
@@ -196,8 +198,7 @@ class SoftmaxBeforeCrossEntropy(RuntimeRule):
                 evidence.append(f"that input is {seen.origin}")
             if seen.location is not None:
                 evidence.append(f"loss computed at {fmt_loc(seen.location)}")
-            yield make_finding(
-                "softmax-before-cross-entropy",
+            yield SOFTMAX_BEFORE_CROSS_ENTROPY.finding(
                 f"{seen.fn} is given {what}: {why}.",
                 evidence=evidence,
                 fix=_FIXES[seen.fn],
@@ -272,16 +273,19 @@ def _onehot(pred: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
     return n, rows.shape[0] - n
 
 
+LOSS_TASK_MISMATCH = RuleInfo(
+    slug="loss-task-mismatch",
+    severity=Severity.WARNING,
+    category="loop",
+    summary="a loss that does not fit the targets: BCE on class indices or one-hot multi-class, MSE on class indices",
+    kinds=("runtime",),
+)
+
+
 class LossTaskMismatch(RuntimeRule):
     """A binary or regression loss given class indices or single-label one-hot rows, or targets that broadcast."""
 
-    info = RuleInfo(
-        slug="loss-task-mismatch",
-        severity=Severity.WARNING,
-        category="loop",
-        summary="a loss that does not fit the targets: BCE on class indices or one-hot multi-class, MSE on class indices",
-        kinds=("runtime",),
-    )
+    info = LOSS_TASK_MISMATCH
     FUNCTIONS = ("binary_cross_entropy", "binary_cross_entropy_with_logits", "mse_loss", "l1_loss")
     MIN_ONEHOT_ROWS = 64
     """Single-label one-hot rows (and no other row) seen before calling the task multi-class: a multi-label
@@ -466,6 +470,6 @@ class LossTaskMismatch(RuntimeRule):
                 "loss = F.cross_entropy(logits, y.long())"
             )
             severity = Severity.WARNING
-        return make_finding(
-            "loss-task-mismatch", message, evidence=evidence, fix=fix, location=m.location, severity=severity
+        return LOSS_TASK_MISMATCH.finding(
+            message, evidence=evidence, fix=fix, location=m.location, severity=severity
         )

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rules import model_static
 from torchscalpel.doctor.rules._common import attribute_location, fmt_loc, user_class
 from torchscalpel.doctor.runtime_rules import RuntimeRule, user_location
@@ -44,7 +43,7 @@ class _OncePerRoot(RuntimeRule):
 class ModuleInPlainContainer(_OncePerRoot):
     """Submodules stored in list/tuple/dict attributes and not registered anywhere in the model."""
 
-    info = model_static.ModuleInPlainContainerStatic.info
+    info = model_static.MODULE_IN_PLAIN_CONTAINER
 
     def __init__(self) -> None:
         super().__init__()
@@ -83,8 +82,7 @@ class ModuleInPlainContainer(_OncePerRoot):
     def findings(self, record: Any) -> Iterator[Finding]:
         for h in self.hits:
             wrapper = "nn.ModuleDict" if h["kind"] == "dict" else "nn.ModuleList"
-            yield make_finding(
-                "module-in-plain-container",
+            yield model_static.MODULE_IN_PLAIN_CONTAINER.finding(
                 f"{h['owner']}.{h['attr']} is a plain {h['kind']} of {h['count']} module(s) "
                 f"({', '.join(h['types'])}) that the model does not register: the optimizer, .to(), "
                 "state_dict() and DDP never see their parameters.",
@@ -101,7 +99,7 @@ class ModuleInPlainContainer(_OncePerRoot):
 class TensorAttributeNotRegistered(_OncePerRoot):
     """Plain tensor attributes on user modules (neither parameter nor buffer)."""
 
-    info = model_static.TensorAttributeNotRegisteredStatic.info
+    info = model_static.TENSOR_ATTRIBUTE_NOT_REGISTERED
 
     def __init__(self) -> None:
         super().__init__()
@@ -141,8 +139,7 @@ class TensorAttributeNotRegistered(_OncePerRoot):
                 )
             if crashed_on_device:
                 evidence.append(f"the script failed with: {record.error}")
-            yield make_finding(
-                "tensor-attribute-not-registered",
+            yield model_static.TENSOR_ATTRIBUTE_NOT_REGISTERED.finding(
                 f"{h['owner']}.{h['attr']} is a plain tensor attribute: model.to(device) leaves it behind and "
                 "state_dict() does not save it.",
                 evidence=[*evidence, f"defined at {fmt_loc(h['location'])}"],
@@ -154,7 +151,7 @@ class TensorAttributeNotRegistered(_OncePerRoot):
 class ModuleCreatedInForward(RuntimeRule):
     """New modules with parameters, not registered in the calling model, appearing call after call."""
 
-    info = model_static.ModuleCreatedInForwardStatic.info
+    info = model_static.MODULE_CREATED_IN_FORWARD
 
     def __init__(self) -> None:
         super().__init__()
@@ -190,8 +187,7 @@ class ModuleCreatedInForward(RuntimeRule):
             (file, line), _ = self.locations.most_common(1)[0]
             loc = Location(file=file, line=line)
         types = ", ".join(f"{n}x {t}" for t, n in self.types.most_common(4))
-        yield make_finding(
-            "module-created-in-forward",
+        yield model_static.MODULE_CREATED_IN_FORWARD.finding(
             "Modules with parameters are constructed during forward: each call gets fresh random weights "
             "that are never trained and never reach the optimizer.",
             evidence=[

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc, median
 from torchscalpel.doctor.runtime_rules import RuntimeRule, iter_tensors, user_location
@@ -34,16 +33,19 @@ def _module_names(roots: Any) -> dict[int, str]:
     return names
 
 
+NAN_LOSS = RuleInfo(
+    slug="nan-loss",
+    severity=Severity.ERROR,
+    category="numerics",
+    summary="the loss became NaN/inf; names the first op and module that produced it",
+    kinds=("runtime",),
+)
+
+
 class NanLoss(RuntimeRule):
     """The first step whose loss is NaN/inf, and the first module whose output went non-finite from finite inputs."""
 
-    info = RuleInfo(
-        slug="nan-loss",
-        severity=Severity.ERROR,
-        category="numerics",
-        summary="the loss became NaN/inf; names the first op and module that produced it",
-        kinds=("runtime",),
-    )
+    info = NAN_LOSS
     supersedes = ("grad-norm-explosion",)
     """Only its non-finite-gradients finding (see :meth:`redundant`)."""
 
@@ -130,14 +132,22 @@ class NanLoss(RuntimeRule):
             )
             origin_text = f"by {op['op']}{where}"
         loc = (self.op_origin or {}).get("location") or self.location
-        yield make_finding(
-            "nan-loss",
+        yield NAN_LOSS.finding(
             f"The loss became non-finite at step {self.first_step}, first produced {origin_text}.",
             evidence=[*evidence, f"backward called at {fmt_loc(self.location)}"],
             fix="# guard the op that produced it, e.g.\nlogp = torch.log(p.clamp_min(1e-12))   # or F.log_softmax instead of log(softmax)\n"
             "# and check the learning rate; clip gradients:\ntorch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
             location=loc,
         )
+
+
+LOSS_DIVERGING = RuleInfo(
+    slug="loss-diverging",
+    severity=Severity.WARNING,
+    category="numerics",
+    summary="the loss grows instead of falling, or blows up",
+    kinds=("runtime",),
+)
 
 
 class LossDiverging(RuntimeRule):
@@ -149,13 +159,7 @@ class LossDiverging(RuntimeRule):
     steps it ran.
     """
 
-    info = RuleInfo(
-        slug="loss-diverging",
-        severity=Severity.WARNING,
-        category="numerics",
-        summary="the loss grows instead of falling, or blows up",
-        kinds=("runtime",),
-    )
+    info = LOSS_DIVERGING
     supersedes = ("vanishing-gradients",)
     """Weights thrown far away kill activations: the zero/vanishing gradients that follow are the
     blow-up's consequence, and its fix (the learning rate) is the one that helps."""
@@ -209,8 +213,7 @@ class LossDiverging(RuntimeRule):
         ]
         if crashed and record.error:
             evidence.append(f"the script then failed: {str(record.error).splitlines()[0][:200]}")
-        yield make_finding(
-            "loss-diverging",
+        yield LOSS_DIVERGING.finding(
             message,
             evidence=evidence,
             fix="# the learning rate is too high for this optimizer (typical: AdamW 1e-4..3e-3, SGD 1e-3..1e-1);\n"
@@ -232,6 +235,15 @@ def _sample(values: Sequence[float], n: int = 12) -> list[float]:
 _SINGLE_CLASS = "cross_entropy/nll_loss over a single class"
 
 
+LOSS_CONSTANT = RuleInfo(
+    slug="loss-constant",
+    severity=Severity.ERROR,
+    category="numerics",
+    summary="the loss is the same value at every step: nothing can learn",
+    kinds=("runtime",),
+)
+
+
 class ConstantLoss(RuntimeRule):
     """The loss has exactly the same value at every step: it cannot vary with the parameters.
 
@@ -239,13 +251,7 @@ class ConstantLoss(RuntimeRule):
     ``CrossEntropyLoss`` and float targets) is ``-target * log(softmax([z]))`` = 0 for every ``z``.
     """
 
-    info = RuleInfo(
-        slug="loss-constant",
-        severity=Severity.ERROR,
-        category="numerics",
-        summary="the loss is the same value at every step: nothing can learn",
-        kinds=("runtime",),
-    )
+    info = LOSS_CONSTANT
     supersedes = ("vanishing-gradients", "cannot-overfit-batch")
     """Zero gradients and parameters that never move are this finding's consequences."""
     MIN_STEPS = 5
@@ -308,8 +314,7 @@ class ConstantLoss(RuntimeRule):
                 "# and check the output layer matches the loss:\n"
                 "loss = F.cross_entropy(model(x), y)   # logits of shape (N, classes), integer targets"
             )
-        yield make_finding(
-            "loss-constant",
+        yield LOSS_CONSTANT.finding(
             f"The loss is exactly {value:.6g} at every one of the {len(losses)} steps: it cannot vary, because {cause}. "
             "Nothing can learn.",
             evidence=[f"{len(losses)} steps, every loss bit-identical ({value!r})"]

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules import loop_static, manual_update
 from torchscalpel.doctor.rules._common import fmt_loc, optimizer_params, param_names
@@ -31,16 +30,19 @@ def _roots(rule: RuntimeRule) -> list[torch.nn.Module]:
     return list(getattr(rule.session, "root_modules", ()) or ())
 
 
+PARAM_NOT_IN_OPTIMIZER = RuleInfo(
+    slug="param-not-in-optimizer",
+    severity=Severity.ERROR,
+    category="model",
+    summary="trainable parameters that receive gradients but no optimizer updates",
+    kinds=("runtime",),
+)
+
+
 class ParamNotInOptimizer(RuntimeRule):
     """Parameters of the models that received gradients but that no optimizer holds."""
 
-    info = RuleInfo(
-        slug="param-not-in-optimizer",
-        severity=Severity.ERROR,
-        category="model",
-        summary="trainable parameters that receive gradients but no optimizer updates",
-        kinds=("runtime",),
-    )
+    info = PARAM_NOT_IN_OPTIMIZER
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,8 +72,7 @@ class ParamNotInOptimizer(RuntimeRule):
             return
         n = sum(self.missing.values())
         listed = ", ".join(list(self.missing)[:6]) + (" ..." if len(self.missing) > 6 else "")
-        yield make_finding(
-            "param-not-in-optimizer",
+        yield PARAM_NOT_IN_OPTIMIZER.finding(
             f"{len(self.missing)} trainable parameter tensor(s) receive gradients but no optimizer updates them.",
             evidence=[
                 f"{n:,} of {self.total_trainable:,} trainable elements are missing from every optimizer: {listed}",
@@ -84,16 +85,19 @@ class ParamNotInOptimizer(RuntimeRule):
         )
 
 
+FROZEN_PARAM_IN_OPTIMIZER = RuleInfo(
+    slug="frozen-param-in-optimizer",
+    severity=Severity.WARNING,
+    category="model",
+    summary="requires_grad turned off after the optimizer was built",
+    kinds=("runtime",),
+)
+
+
 class FrozenParamInOptimizer(RuntimeRule):
     """Parameters trainable when added to an optimizer whose requires_grad was turned off afterwards."""
 
-    info = RuleInfo(
-        slug="frozen-param-in-optimizer",
-        severity=Severity.WARNING,
-        category="model",
-        summary="requires_grad turned off after the optimizer was built",
-        kinds=("runtime",),
-    )
+    info = FROZEN_PARAM_IN_OPTIMIZER
 
     def __init__(self) -> None:
         super().__init__()
@@ -150,8 +154,7 @@ class FrozenParamInOptimizer(RuntimeRule):
             evidence.append(
                 f"{stale} of them still hold a gradient from before, so momentum/weight decay keep changing them"
             )
-        yield make_finding(
-            "frozen-param-in-optimizer",
+        yield FROZEN_PARAM_IN_OPTIMIZER.finding(
             "Parameters were frozen after the optimizer was built: the optimizer still holds them (and their "
             "state), and stale gradients or weight decay can still move them.",
             evidence=[*evidence, f"optimizer step at {fmt_loc(self.location)}"],
@@ -166,6 +169,15 @@ _SAMPLE_PARAMS = 16
 _SAMPLE_ELEMS = 8
 
 
+GRAD_NOT_ZEROED = RuleInfo(
+    slug="grad-not-zeroed",
+    severity=Severity.ERROR,
+    category="loop",
+    summary="gradients accumulate across optimizer steps (never cleared)",
+    kinds=("runtime",),
+)
+
+
 class GradNotZeroed(RuntimeRule):
     """Gradients still holding the previous optimizer step's values when the next backward starts.
 
@@ -176,13 +188,7 @@ class GradNotZeroed(RuntimeRule):
     step taken every k micro-batches) never reaches that state.
     """
 
-    info = RuleInfo(
-        slug="grad-not-zeroed",
-        severity=Severity.ERROR,
-        category="loop",
-        summary="gradients accumulate across optimizer steps (never cleared)",
-        kinds=("runtime",),
-    )
+    info = GRAD_NOT_ZEROED
 
     def __init__(self) -> None:
         super().__init__()
@@ -244,8 +250,7 @@ class GradNotZeroed(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if self.events < 2:
             return
-        yield make_finding(
-            "grad-not-zeroed",
+        yield GRAD_NOT_ZEROED.finding(
             "Gradients are never cleared between optimizer steps: each step applies the sum of all earlier "
             "gradients, so the effective learning rate keeps growing.",
             evidence=[
@@ -267,7 +272,7 @@ class ManualParameterUpdate(RuntimeRule):
     script updated them itself. The static half points at the line.
     """
 
-    info = loop_static.ManualParameterUpdateStatic.info
+    info = loop_static.MANUAL_PARAMETER_UPDATE
     MIN_UPDATES = 2
     _PARAMS = 6
 
@@ -310,16 +315,14 @@ class ManualParameterUpdate(RuntimeRule):
         # What the message says of the script is read from the file the backward ran in; never assumed.
         update = manual_update.first_in_file(self.location.file) if self.location is not None else None
         if update is not None:
-            yield make_finding(
-                "manual-parameter-update",
+            yield loop_static.MANUAL_PARAMETER_UPDATE.finding(
                 manual_update.message(update, seen_running=True),
                 evidence=evidence,
                 fix=manual_update.fix(update),
                 location=Location(file=self.location.file, line=update.line) if self.location else None,
             )
             return
-        yield make_finding(
-            "manual-parameter-update",
+        yield loop_static.MANUAL_PARAMETER_UPDATE.finding(
             "Parameters are updated by hand: they changed between backward calls and no optimizer exists. "
             "torch.optim does the same update in two lines, with momentum, weight decay and schedulers as "
             "options (the update was not found in the source where the backward ran, so nothing more is said of it).",

@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules import loop_static
 from torchscalpel.doctor.rules._common import fmt_loc
@@ -21,7 +20,7 @@ from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
 class EmptyCacheInLoop(RuntimeRule):
     """torch.cuda.empty_cache() called during many steps."""
 
-    info = loop_static.EmptyCacheInLoopStatic.info
+    info = loop_static.EMPTY_CACHE_IN_LOOP
 
     def __init__(self) -> None:
         super().__init__()
@@ -59,8 +58,7 @@ class EmptyCacheInLoop(RuntimeRule):
     def findings(self, record: Any) -> Iterator[Finding]:
         if len(self.steps_with_calls) < 3:
             return
-        yield make_finding(
-            "empty-cache-in-loop",
+        yield loop_static.EMPTY_CACHE_IN_LOOP.finding(
             "torch.cuda.empty_cache() runs every step: it synchronises the GPU and returns cached memory, so the "
             "next step pays for cudaMalloc again; it never frees memory that tensors still use.",
             evidence=[
@@ -72,16 +70,19 @@ class EmptyCacheInLoop(RuntimeRule):
         )
 
 
+CUDNN_BENCHMARK_DYNAMIC_SHAPES = RuleInfo(
+    slug="cudnn-benchmark-dynamic-shapes",
+    severity=Severity.WARNING,
+    category="performance",
+    summary="cudnn.benchmark with input shapes that keep changing",
+    kinds=("runtime",),
+)
+
+
 class CudnnBenchmarkDynamicShapes(RuntimeRule):
     """cudnn.benchmark on while convolution inputs change shape from call to call (re-tuning every new shape)."""
 
-    info = RuleInfo(
-        slug="cudnn-benchmark-dynamic-shapes",
-        severity=Severity.WARNING,
-        category="performance",
-        summary="cudnn.benchmark with input shapes that keep changing",
-        kinds=("runtime",),
-    )
+    info = CUDNN_BENCHMARK_DYNAMIC_SHAPES
     MIN_SHAPES = 4
     """With only the batch size changing, this many distinct shapes times two are needed to report."""
 
@@ -115,8 +116,7 @@ class CudnnBenchmarkDynamicShapes(RuntimeRule):
         if len(non_batch) < 3 and len(self.shapes) < 2 * self.MIN_SHAPES:
             return
         examples = ", ".join(str(list(s[0])) for s, _ in self.shapes.most_common(4))
-        yield make_finding(
-            "cudnn-benchmark-dynamic-shapes",
+        yield CUDNN_BENCHMARK_DYNAMIC_SHAPES.finding(
             f"torch.backends.cudnn.benchmark is on but the model saw {len(self.shapes)} different input shapes: "
             "cuDNN re-runs its algorithm search for every new shape.",
             evidence=[
@@ -129,25 +129,28 @@ class CudnnBenchmarkDynamicShapes(RuntimeRule):
         )
 
 
+COMPILE_GRAPH_BREAKS = RuleInfo(
+    slug="compile-graph-breaks",
+    severity=Severity.WARNING,
+    category="performance",
+    summary="torch.compile graph breaks",
+    kinds=("runtime",),
+)
+
+
+COMPILE_RECOMPILES = RuleInfo(
+    slug="compile-recompiles",
+    severity=Severity.WARNING,
+    category="performance",
+    summary="torch.compile recompiles after warm-up",
+    kinds=("runtime",),
+)
+
+
 class CompileRules(RuntimeRule):
     """torch.compile graph breaks (with reasons) and recompilations (with the guard that failed)."""
 
-    infos = (
-        RuleInfo(
-            slug="compile-graph-breaks",
-            severity=Severity.WARNING,
-            category="performance",
-            summary="torch.compile graph breaks",
-            kinds=("runtime",),
-        ),
-        RuleInfo(
-            slug="compile-recompiles",
-            severity=Severity.WARNING,
-            category="performance",
-            summary="torch.compile recompiles after warm-up",
-            kinds=("runtime",),
-        ),
-    )
+    infos = (COMPILE_GRAPH_BREAKS, COMPILE_RECOMPILES)
     MIN_RECOMPILES = 2
 
     def __init__(self) -> None:
@@ -170,8 +173,7 @@ class CompileRules(RuntimeRule):
         if breaks:
             total = sum(breaks.values())
             reasons = [f"{n}x {r.strip().splitlines()[0][:160]}" for r, n in breaks.most_common(5)]
-            yield make_finding(
-                "compile-graph-breaks",
+            yield COMPILE_GRAPH_BREAKS.finding(
                 f"torch.compile split the model at {total} graph break(s): each break returns to Python and "
                 "limits fusion.",
                 evidence=reasons,
@@ -188,8 +190,7 @@ class CompileRules(RuntimeRule):
         ]
         if len(reasons) >= self.MIN_RECOMPILES:
             shown = [r.strip().splitlines()[0][:160] for r in reasons[:4]]
-            yield make_finding(
-                "compile-recompiles",
+            yield COMPILE_RECOMPILES.finding(
                 f"torch.compile recompiled {len(reasons)} time(s) after the first compile: each recompile costs "
                 "seconds and may hit the cache limit (then it falls back to eager).",
                 evidence=[f"guard failed: {s}" for s in shown],
@@ -198,16 +199,19 @@ class CompileRules(RuntimeRule):
             )
 
 
+HOST_DEVICE_COPY_BOUND = RuleInfo(
+    slug="host-device-copy-bound",
+    severity=Severity.WARNING,
+    category="performance",
+    summary="host-device copies take at least 15% of step time",
+    kinds=("runtime",),
+)
+
+
 class HostDeviceCopyBound(RuntimeRule):
     """Host-to-device copy time (GPU Memcpy HtoD in the profiler window) against profiled step time, on CUDA."""
 
-    info = RuleInfo(
-        slug="host-device-copy-bound",
-        severity=Severity.WARNING,
-        category="performance",
-        summary="host-device copies take at least 15% of step time",
-        kinds=("runtime",),
-    )
+    info = HOST_DEVICE_COPY_BOUND
     SHARE = 0.15
     PAGEABLE_SHARE = 0.05
 
@@ -237,8 +241,7 @@ class HostDeviceCopyBound(RuntimeRule):
         share, pageable = copy_us / step_us, pageable_us / step_us
         if share < self.SHARE and pageable < self.PAGEABLE_SHARE:
             return
-        yield make_finding(
-            "host-device-copy-bound",
+        yield HOST_DEVICE_COPY_BOUND.finding(
             f"Host-to-device copies take {share:.0%} of step time in the profiled steps"
             + (
                 f", {pageable:.0%} from pageable memory (synchronous, cannot overlap)."

@@ -24,7 +24,6 @@ from typing import Any, cast
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.runtime_rules import RuntimeRule
@@ -689,16 +688,19 @@ def _compile_error(crash: Crash) -> Known | None:
     return None
 
 
+SCRIPT_FAILED = RuleInfo(
+    slug="script-failed",
+    severity=Severity.ERROR,
+    category="run",
+    summary="the script failed under the doctor: the error, the user's line, and the fix when known",
+    kinds=("runtime",),
+)
+
+
 class ScriptFailed(RuntimeRule):
     """The script raised (or exited non-zero) under the doctor: its error, where, and the fix when known."""
 
-    info = RuleInfo(
-        slug="script-failed",
-        severity=Severity.ERROR,
-        category="run",
-        summary="the script failed under the doctor: the error, the user's line, and the fix when known",
-        kinds=("runtime",),
-    )
+    info = SCRIPT_FAILED
 
     def __init__(self) -> None:
         super().__init__()
@@ -780,8 +782,7 @@ class ScriptFailed(RuntimeRule):
             evidence.append("findings that need the steps after the failure could not be checked")
         if known is not None:
             message += " " + known.advice
-        yield make_finding(
-            "script-failed",
+        yield SCRIPT_FAILED.finding(
             message,
             evidence=evidence,
             fix=known.fix if known else "",

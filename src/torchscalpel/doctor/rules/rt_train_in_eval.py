@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from torchscalpel.doctor.registry import make_finding
 from torchscalpel.doctor.rule import RuleInfo
 from torchscalpel.doctor.rules._common import fmt_loc
 from torchscalpel.doctor.rules.rt_graph import norm_dropout_in_mode
@@ -42,16 +41,19 @@ class _First:
     eval_call: Location | None
 
 
+TRAIN_IN_EVAL_MODE = RuleInfo(
+    slug="train-in-eval-mode",
+    severity=Severity.WARNING,
+    category="loop",
+    summary="training steps run with dropout/batch-norm left in eval mode after an evaluation",
+    kinds=("runtime",),
+)
+
+
 class TrainInEvalMode(RuntimeRule):
     """Training steps whose model's dropout / batch-norm were left in eval mode by an evaluation."""
 
-    info = RuleInfo(
-        slug="train-in-eval-mode",
-        severity=Severity.WARNING,
-        category="loop",
-        summary="training steps run with dropout/batch-norm left in eval mode after an evaluation",
-        kinds=("runtime",),
-    )
+    info = TRAIN_IN_EVAL_MODE
     MIN_STEPS = 2
     """Training steps in eval mode before the rule reports (one could be a deliberate probe)."""
 
@@ -139,8 +141,7 @@ def _finding(first: _First, steps: int) -> Finding:
     """The one place this module builds its finding."""
     listed = ", ".join(first.modules[:5]) + (" ..." if len(first.modules) > 5 else "")
     where = first.eval_call or first.forward
-    return make_finding(
-        "train-in-eval-mode",
+    return TRAIN_IN_EVAL_MODE.finding(
         f"{first.model} trains in eval mode after an evaluation: the evaluation called model.eval() and nothing "
         "called model.train() before training resumed, so dropout is off and batch-norm uses frozen running "
         "statistics in the training steps that follow.",

@@ -6,7 +6,7 @@ an x and a y axis title (``text.axis-title.x-title`` / ``.y-title``) that names 
 nice numbers (1, 2, 2.5, 5 x 10^k), a value range fitted to the data (a loss curve is not pinned to
 zero), and a legend only when it draws more than one series.
 
-The charts live by kind: :mod:`.axes` (what they share), :mod:`.bars`, :mod:`.lines`. A chart with
+The charts live by kind: :mod:`.axes` (what they share), :mod:`.bars`, :mod:`.line`. A chart with
 fewer than two points is not drawn (a one-dot chart padded the plan page): its values are a small table.
 """
 
@@ -26,7 +26,7 @@ from torchscalpel.report.charts.axes import (
     x_tick_anchor,
 )
 from torchscalpel.report.charts.bars import horizontal_bars, stacked_bars
-from torchscalpel.report.charts.lines import lines
+from torchscalpel.report.charts.line import lines
 
 __all__ = [
     "CAPACITY_COLOUR",

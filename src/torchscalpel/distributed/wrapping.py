@@ -24,7 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from torchscalpel.blocks import find_blocks as _find_blocks
-from torchscalpel.distributed.setup import collective_device, get_logger
+from torchscalpel.distributed.process import collective_device, get_logger
 from torchscalpel.errors import UsageError
 
 STRATEGIES = ("auto", "ddp", "fsdp", "none")
@@ -194,7 +194,7 @@ def wrap(
     Raises :class:`UsageError` when an optimizer already holds the model's parameters: FSDP
     replaces them, so the optimizer would update tensors nobody uses.
     """
-    from torchscalpel.distributed.setup import context
+    from torchscalpel.distributed.process import context
 
     if strategy not in STRATEGIES:
         raise UsageError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}.")
@@ -275,7 +275,7 @@ def _wrap_fsdp(model: nn.Module, blocks: list[nn.Module], dtype: torch.dtype | N
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from torchscalpel.distributed.setup import context
+    from torchscalpel.distributed.process import context
 
     ctx = context()
     _broadcast_from_rank0(model)
