@@ -34,11 +34,64 @@ def category_lines(by_category: dict[str, int], total: int) -> list[str]:
     return out
 
 
+def capacity_words(section: dict[str, Any]) -> str:
+    """What the run's headroom is measured against: the --memory-limit, the GPU, or (a CPU run) host RAM."""
+    if section.get("limit"):
+        return "the --memory-limit"
+    return "host RAM (a CPU run)" if section.get("device") == "cpu" else "the device's memory"
+
+
+def verdict(section: dict[str, Any]) -> str | None:
+    """One sentence answering "is memory a problem?" for a run that did not run out: growth with its rate, or
+    stable with the peak and the headroom left; None for a run that ran out (its headline says so)."""
+    if section.get("oom") or "peak" not in section:
+        return None
+    peak = int((section.get("peak") or {}).get("total") or 0)
+    capacity = section.get("limit") or section.get("capacity")
+    room = ""
+    if capacity:
+        room = (
+            f", headroom {fmt_bytes(max(0, int(capacity) - peak))} of {fmt_bytes(capacity)} "
+            f"({capacity_words(section)})"
+        )
+    growth = section.get("growth") or {}
+    if growth.get("per_step"):
+        left = growth.get("steps_left")
+        until = f", {left} more steps until {fmt_bytes(growth.get('capacity'))}" if left is not None else ""
+        return f"verdict: memory grows {fmt_bytes(growth['per_step'])} per step{until}: a leak to fix"
+    if growth.get("note"):
+        return f"verdict: peak {fmt_bytes(peak)}{room}; growth not judged ({growth['note']})"
+    steps = growth.get("steps")
+    over = f" over {steps} step ends" if steps else ""
+    return f"verdict: stable, no growth{over}; peak {fmt_bytes(peak)}{room}"
+
+
+def next_line(section: dict[str, Any], script: str, run_dir: str) -> str:
+    """What to run after this memory run: the patch for a run that ran out, the leak's lines for one that
+    grows, tune for a stable one (``--fit SIZE`` where a smaller device must hold it)."""
+    if section.get("oom"):
+        return (
+            f"next: scalpel fix {run_dir} --verify (the ladder's first code rung, as a patch of your script)"
+        )
+    if (section.get("growth") or {}).get("per_step"):
+        return (
+            "next: fix the growing line(s) above (keep loss.item(), not loss; del outputs kept from an earlier "
+            f"step), then scalpel memory -- {script} again"
+        )
+    return (
+        f"next: scalpel tune -- {script} (speed); scalpel tune --fit SIZE -- {script} keeps only what fits "
+        "in SIZE"
+    )
+
+
 def summary_lines(section: dict[str, Any]) -> list[str]:
-    """The whole summary: peak breakdown, owners, sites, growth, post-mortem and ladder."""
+    """The whole summary: the verdict, peak breakdown, owners, sites, growth, post-mortem and ladder."""
     if "error" in section and "peak" not in section:
         return [f"memory analysis failed: {section['error']}"]
     lines: list[str] = []
+    said = verdict(section)
+    if said:
+        lines.append(said)
     peak = section.get("peak", {})
     total = int(peak.get("breakdown_total") or peak.get("total") or 0)
     lines.append(
