@@ -46,7 +46,9 @@ def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
         columns = 0
     # on a pipe every line ends at its last character: rich pads a table or grid row to the table's width
     # (env's grid to its widest value), which a log, grep or diff should never see
-    unpadded = cast("IO[str]", UnpaddedWriter(stderr=stderr))  # a TextIOBase: what rich writes to
+    unpadded = cast(
+        "IO[str]", UnpaddedWriter(stderr=stderr, target=kwargs.pop("file", None))
+    )  # a TextIOBase: what rich writes to
     if columns > 0:
         # COLUMNS set on a pipe (a log viewed in an 80-column pane): lines wrap between words at that
         # width, as on a terminal of that size; code and paths are printed with soft_wrap and stay whole
@@ -55,17 +57,20 @@ def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
 
 
 class UnpaddedWriter(io.TextIOBase):
-    """A text stream over the process's stdout (or stderr) that drops the spaces ending each line. The stream is
+    """A text stream over the process's stdout (or stderr, or a given ``target``) that drops the spaces ending each line. The stream is
     looked up at every write (a test or a redirect may replace ``sys.stdout`` after the console was made), and
     only a run of spaces not yet followed by anything is held back, so output still streams line by line."""
 
-    def __init__(self, *, stderr: bool = False) -> None:
+    def __init__(self, *, stderr: bool = False, target: Any = None) -> None:
         super().__init__()
         self._stderr = stderr
+        self._fixed = target
         self._held = ""
 
     @property
     def _target(self) -> Any:
+        if self._fixed is not None:
+            return self._fixed
         return sys.stderr if self._stderr else sys.stdout
 
     def write(self, text: str) -> int:

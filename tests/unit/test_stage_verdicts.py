@@ -141,7 +141,12 @@ def test_the_profile_pages_next_step_fits_the_stage_and_where_the_run_came_from(
     memory = _profiled()
     memory.sections["memory"] = _memory()
     assert profile_next(memory) == ""  # memory's own verdict says what is next
-    assert "Next: <code>scalpel doctor" not in "".join(s.body for s in sections_for(memory))
+    page = "".join(s.body for s in sections_for(memory))
+    assert "Next: <code>scalpel doctor" not in page
+    assert (
+        "<b>Stable, no growth over 18 step ends; peak 24.0 MiB" in page
+        and "Next: scalpel tune -- train.py" in page
+    )
 
 
 def test_a_page_of_several_records_opens_with_a_summary_of_them() -> None:

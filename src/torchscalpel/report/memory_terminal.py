@@ -41,27 +41,38 @@ def capacity_words(section: dict[str, Any]) -> str:
     return "host RAM (a CPU run)" if section.get("device") == "cpu" else "the device's memory"
 
 
+def _count(value: Any) -> int | None:
+    """``value`` as a byte or step count (an int >= 0, not a bool), else None: a record is data."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
 def verdict(section: dict[str, Any]) -> str | None:
     """One sentence answering "is memory a problem?" for a run that did not run out: growth with its rate, or
     stable with the peak and the headroom left; None for a run that ran out (its headline says so)."""
-    if section.get("oom") or "peak" not in section:
+    if section.get("oom") or not isinstance(section.get("peak"), dict):
         return None
-    peak = int((section.get("peak") or {}).get("total") or 0)
-    capacity = section.get("limit") or section.get("capacity")
+    peak = _count(_dict(section.get("peak")).get("total")) or 0
+    capacity = _count(section.get("limit")) or _count(section.get("capacity"))
     room = ""
     if capacity:
         room = (
-            f", headroom {fmt_bytes(max(0, int(capacity) - peak))} of {fmt_bytes(capacity)} "
+            f", headroom {fmt_bytes(max(0, capacity - peak))} of {fmt_bytes(capacity)} "
             f"({capacity_words(section)})"
         )
-    growth = section.get("growth") or {}
-    if growth.get("per_step"):
-        left = growth.get("steps_left")
-        until = f", {left} more steps until {fmt_bytes(growth.get('capacity'))}" if left is not None else ""
-        return f"verdict: memory grows {fmt_bytes(growth['per_step'])} per step{until}: a leak to fix"
-    if growth.get("note"):
+    growth = _dict(section.get("growth"))
+    rate = _count(growth.get("per_step"))
+    if rate:
+        left = _count(growth.get("steps_left"))
+        cap = _count(growth.get("capacity"))
+        until = f", {left} more steps until {fmt_bytes(cap)}" if left is not None and cap else ""
+        return f"verdict: memory grows {fmt_bytes(rate)} per step{until}: a leak to fix"
+    if isinstance(growth.get("note"), str):
         return f"verdict: peak {fmt_bytes(peak)}{room}; growth not judged ({growth['note']})"
-    steps = growth.get("steps")
+    steps = _count(growth.get("steps"))
     over = f" over {steps} step ends" if steps else ""
     return f"verdict: stable, no growth{over}; peak {fmt_bytes(peak)}{room}"
 
@@ -73,7 +84,7 @@ def next_line(section: dict[str, Any], script: str, run_dir: str) -> str:
         return (
             f"next: scalpel fix {run_dir} --verify (the ladder's first code rung, as a patch of your script)"
         )
-    if (section.get("growth") or {}).get("per_step"):
+    if _count(_dict(section.get("growth")).get("per_step")):
         return (
             "next: fix the growing line(s) above (keep loss.item(), not loss; del outputs kept from an earlier "
             f"step), then scalpel memory -- {script} again"
