@@ -338,7 +338,9 @@ def test_the_checks_find_what_they_look_for() -> None:
         ["equivalent code (if you prefer to edit the script):", "    x = f(a,", "b)", "done"]
     )
     assert block[1] == "x = f(a,"  # a wrapped code line leaves an unclosed bracket: it fails ast.parse
-    long_path = "tests/fixtures/doctor/" + "d" * 30 + "/module_in_plain_container.py"
+    long_path = (
+        "tests/fixtures/doctor/module_in_plain_container.py"  # the command fits a row; the line does not
+    )
     assert next_lines_cut(
         [f"next: apply the fix(es) above and run the doctor again, then scalpel tune -- {long_path}"]
     )
