@@ -247,7 +247,10 @@ def summary_section(groups: Sequence[RecordGroup]) -> Section:
         median = record.summary_view().median_step_ms
         rows.append(
             (
-                Markup(f'<a href="#record-{i}">{escape(clip(record.name) or kind)}</a>'),
+                Markup(
+                    f'<a href="#record-{i}">{escape(clip(record.name) or kind)}</a>'
+                    + (f' <span class="muted">{escape(clip(group.source))}</span>' if group.source else "")
+                ),
                 kind,
                 record.status,
                 "-" if not median else f"{median:.2f}",
@@ -269,7 +272,10 @@ def verdict_text(record: RunRecord, limit: int = 220) -> str:
     for section in sections_for(record):
         if section.id not in VERDICT_IDS:
             continue
-        text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", section.body)).split())
+        # its first paragraph or list item (lr's verdict is the first item of a list), as plain text
+        first = re.search(r"<(p|li)\b[^>]*>(.*?)</\1>", section.body, flags=re.S)
+        part = first.group(2) if first else section.body
+        text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", part)).split())
         if not text:
             continue
         sentence = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
