@@ -194,3 +194,15 @@ def test_piped_output_is_never_padded(monkeypatch: pytest.MonkeyPatch) -> None:
     lines = sink.getvalue().splitlines()
     assert lines and all(line == line.rstrip() for line in lines), lines
     assert lines[0] == "short                x"
+
+
+def test_a_notebooks_evaluation_note_names_the_functions_argument_not_the_cli_flag() -> None:
+    from torchscalpel.memory.analysis import evaluation_seen
+
+    obs = SimpleNamespace(evaluations=0, tracker=SimpleNamespace(oom=None))
+    steps = [SimpleNamespace()] * 3
+    cell = SimpleNamespace(status="stopped", steps=steps, target={"inprocess": "Cell In[2], line 4"})
+    note = evaluation_seen(obs, cell, "forward")["note"]  # type: ignore[arg-type]
+    assert "torchscalpel.memory(steps=None)" in note and "--until-eval" not in note
+    script = SimpleNamespace(status="stopped", steps=steps, target={"script": "train.py"})
+    assert "--until-eval" in evaluation_seen(obs, script, "forward")["note"]  # type: ignore[arg-type]
