@@ -82,7 +82,8 @@ def next_line(section: dict[str, Any], script: str, run_dir: str) -> str:
     grows, tune for a stable one (``--fit SIZE`` where a smaller device must hold it)."""
     if section.get("oom"):
         return (
-            f"next: scalpel fix {run_dir} --verify (the ladder's first code rung, as a patch of your script)"
+            f"next: scalpel fix {run_dir} --verify (the ladder's first rung that fits, as a patch of your "
+            "script, or why it cannot be one)"
         )
     if _count(_dict(section.get("growth")).get("per_step")):
         return (
