@@ -348,7 +348,19 @@ def main() -> int:
         default=None,
         help="write the snapshots into this folder and keep them (reused on the next run)",
     )
+    parser.add_argument(
+        "--write",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="only write one snapshot of --size-mb MB in the --shape layout (torch unless given) to PATH, and stop",
+    )
     args = parser.parse_args()
+    if args.write is not None:
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        globals()[WRITERS["torch" if args.shape == "both" else args.shape]](args.write, args.size_mb)
+        print(f"wrote {args.write} ({args.write.stat().st_size / 1e6:.1f} MB)")
+        return 0
     if args.opcode_rate:
         print(json.dumps(opcode_rate(args.size_mb)))
         return 0

@@ -12,7 +12,7 @@ import time
 import tokenize
 from collections.abc import Callable, Iterable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.progress import (
@@ -44,11 +44,63 @@ def make_console(*, stderr: bool = False, **kwargs: Any) -> Console:
         columns = int(os.environ.get("COLUMNS", ""))
     except ValueError:
         columns = 0
+    # on a pipe every line ends at its last character: rich pads a table or grid row to the table's width
+    # (env's grid to its widest value), which a log, grep or diff should never see
+    unpadded = cast(
+        "IO[str]", UnpaddedWriter(stderr=stderr, target=kwargs.pop("file", None))
+    )  # a TextIOBase: what rich writes to
     if columns > 0:
         # COLUMNS set on a pipe (a log viewed in an 80-column pane): lines wrap between words at that
         # width, as on a terminal of that size; code and paths are printed with soft_wrap and stay whole
-        return Console(stderr=stderr, width=columns, **kwargs)
-    return Console(stderr=stderr, width=PIPE_WIDTH, soft_wrap=True, **kwargs)
+        return Console(file=unpadded, width=columns, **kwargs)
+    return Console(file=unpadded, width=PIPE_WIDTH, soft_wrap=True, **kwargs)
+
+
+class UnpaddedWriter(io.TextIOBase):
+    """A text stream over the process's stdout (or stderr, or a given ``target``) that drops the spaces ending each line. The stream is
+    looked up at every write (a test or a redirect may replace ``sys.stdout`` after the console was made), and
+    only a run of spaces not yet followed by anything is held back, so output still streams line by line."""
+
+    def __init__(self, *, stderr: bool = False, target: Any = None) -> None:
+        super().__init__()
+        self._stderr = stderr
+        self._fixed = target
+        self._held = ""
+
+    @property
+    def _target(self) -> Any:
+        if self._fixed is not None:
+            return self._fixed
+        return sys.stderr if self._stderr else sys.stdout
+
+    def write(self, text: str) -> int:
+        """Write ``text`` without the spaces before each newline; trailing spaces wait for what follows."""
+        if not text:
+            return 0
+        lines = (self._held + text).split("\n")
+        last = lines.pop()
+        out = "".join(line.rstrip(" ") + "\n" for line in lines)
+        kept = last.rstrip(" ")
+        self._held = last[len(kept) :]
+        self._target.write(out + kept)
+        return len(text)
+
+    def flush(self) -> None:
+        """Flush the stream underneath (held spaces stay held: they end a line unless more follows)."""
+        self._target.flush()
+
+    def isatty(self) -> bool:
+        """Whether the stream underneath is a terminal (never, where this writer is used)."""
+        return bool(self._target.isatty())
+
+    def fileno(self) -> int:
+        """The stream underneath's file descriptor (rich asks it for the terminal's size)."""
+        return int(self._target.fileno())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        """The stream underneath's encoding (rich picks its box characters by it)."""
+        return str(getattr(self._target, "encoding", None) or "utf-8")
 
 
 _FIGURE_END = re.compile(r"(?:^|[^\w.])[-+±~≈]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?$")
@@ -120,6 +172,25 @@ def say(
         if indent:
             piece = Text.assemble(" " * indent, piece)
         out.print(piece, soft_wrap=True, highlight=False)
+
+
+def say_command(out: Console, lead: str, command: str, tail: str = "") -> None:
+    """A line that hands the user a command (``next: ... scalpel tune -- train.py``): whole when it fits the
+    width (or on a pipe); otherwise the words around it wrapped by :func:`say` and the command on a line of its
+    own, indented, never broken (a command cut at the terminal's edge, mid-path, no longer copies). Plain text."""
+    whole = " ".join(x for x in (lead, command, tail) if x)
+    if out.soft_wrap or len(whole) <= out.width:
+        out.print(Text(whole), soft_wrap=True, highlight=False)
+        return
+    head = f"{lead} {command}" if lead else command
+    if len(head) <= out.width:
+        out.print(Text(head), soft_wrap=True, highlight=False)
+    else:
+        if lead:
+            say(out, lead)
+        out.print(Text("  " + command), soft_wrap=True, highlight=False)
+    if tail:
+        say(out, "  " + tail)
 
 
 def say_lines(lines: Iterable[str], *, stderr: bool = False) -> None:

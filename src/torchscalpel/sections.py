@@ -664,6 +664,9 @@ class LrSection(StageSection):
     """``lr``, ``step``, ``smoothed``, ``min_smoothed`` where the smoothed loss passed the factor; None when it never did."""
     optimizers: int = 0
     param_groups: int = 0
+    script_lrs: list[float] = field(default_factory=list)
+    """Each param group's lr as the script set it, before the sweep wrote its own (the lr the verdict compares
+    against); empty in records written before it was kept."""
     scheduler_steps_suspended: int = 0
     not_measured: str | None = None
     """Why neither suggestion was measured: the sweep neither reached ``max_lr`` nor diverged (how far it got),

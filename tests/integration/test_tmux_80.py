@@ -279,6 +279,42 @@ def test_tune_and_doctor_print_their_code_where_the_checks_look(screens: dict[st
     assert [w for w, _ in code_blocks(screens["doctor"].screen)], screens["doctor"].screen
 
 
+def next_lines_cut(joined: list[str]) -> list[str]:
+    """A ``next:`` line (or the command under it) that the terminal had to wrap although the command it hands
+    over fits a row of its own: doctor's ``next:`` cut a file name mid-word at the edge (issue 42)."""
+    found = []
+    for k, line in enumerate(joined):
+        line = line.rstrip()
+        if len(line) <= WIDTH or "scalpel " not in line:
+            continue
+        if not (line.startswith("next:") or (k and joined[k - 1].startswith("next:"))):
+            continue
+        command = line[line.index("scalpel ") :]
+        command = command.split(" (", 1)[0]  # the words after a command are wrapped by the program
+        if len(command) + 2 <= WIDTH:
+            found.append(f"a command that fits a row was left to the terminal to wrap: {line!r}")
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", ["profile", "doctor", "memory", "lr"])
+def test_next_steps_hand_over_whole_commands(screens: dict[str, Capture], name: str) -> None:
+    cap = screens[name]
+    assert any(row.startswith("next:") for row in cap.screen), "\n".join(cap.screen)
+    found = next_lines_cut(cap.joined)
+    assert not found, "\n".join(found) + "\n--- as the screen showed it:\n" + "\n".join(cap.screen)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_memory_and_lr_open_with_their_verdict(screens: dict[str, Capture]) -> None:
+    memory = "\n".join(screens["memory"].joined)
+    assert "verdict: " in memory and "peak " in memory, memory
+    lr = "\n".join(screens["lr"].joined)
+    assert "verdict: use lr " in lr and "the script's own" in lr, lr
+
+
 def test_the_checks_find_what_they_look_for() -> None:
     # each check on a screen that has the fault it looks for (the issue's own examples), and on one that has not
     full = "word " * 12  # a line the next word would not fit on: it was wrapped
@@ -302,5 +338,14 @@ def test_the_checks_find_what_they_look_for() -> None:
         ["equivalent code (if you prefer to edit the script):", "    x = f(a,", "b)", "done"]
     )
     assert block[1] == "x = f(a,"  # a wrapped code line leaves an unclosed bracket: it fails ast.parse
+    long_path = (
+        "tests/fixtures/doctor/module_in_plain_container.py"  # the command fits a row; the line does not
+    )
+    assert next_lines_cut(
+        [f"next: apply the fix(es) above and run the doctor again, then scalpel tune -- {long_path}"]
+    )
+    assert not next_lines_cut(
+        ["next: apply the fix(es) above and run the doctor again, then", "  scalpel tune -- x.py"]
+    )
     bad = Capture("t", ["  fix:", "    x = f(a,", "    b, c", "", "ok"], [], 0)
     assert any("does not parse" in p for p in problems(bad))

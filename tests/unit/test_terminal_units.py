@@ -176,9 +176,10 @@ def test_say_keeps_markup_brackets_and_a_pipe_line_whole(monkeypatch):
     assert "int64[35,20]:50" in text and "[bold]x[/]" in text and "(1.6 MiB" in text
     assert all(line.startswith("  ") for line in text.splitlines())  # the first line's indent, plus hang
     monkeypatch.delenv("COLUMNS", raising=False)
-    piped = make_console(file=io.StringIO())
+    sink = io.StringIO()
+    piped = make_console(file=sink)
     terminal.say(piped, "word " * 60)
-    assert piped.file.getvalue().count("\n") == 1
+    assert sink.getvalue().count("\n") == 1
 
 
 def test_fit_code_relays_long_lines_so_they_fit_and_still_parse():

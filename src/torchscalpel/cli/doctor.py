@@ -223,7 +223,7 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from rich.markup import escape
 
-    from torchscalpel.console import make_console
+    from torchscalpel.console import make_console, say_command
     from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
@@ -281,18 +281,14 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     if os.environ.get(MERGED_RANKS_ENV) != "1":
         target_argv = target.argv() if target.script else ["-m", *target.argv()]
         if record.status == "failed":  # tuning a script that does not run measures nothing
-            again = escape(shlex.join(["scalpel", "doctor", "--", *target_argv]))
-            console.print(f"next: fix the failure above, then run the doctor again: {again}", soft_wrap=True)
+            again = shlex.join(["scalpel", "doctor", "--", *target_argv])
+            say_command(console, "next: fix the failure above, then run the doctor again:", again)
         else:
-            script = escape(shlex.join(["scalpel", "tune", "--", *target_argv]))
-            console.print(
-                (
-                    f"next: apply the fix(es) above and run the doctor again, then {script}"
-                    if findings
-                    else f"next: {script} (measured speedups)"
-                ),
-                soft_wrap=True,
-            )
+            script = shlex.join(["scalpel", "tune", "--", *target_argv])
+            if findings:
+                say_command(console, "next: apply the fix(es) above and run the doctor again, then", script)
+            else:
+                say_command(console, "next:", script, "(measured speedups)")
     _write_outputs(
         args,
         findings,

@@ -9,6 +9,7 @@ shorter one says how far it got and how to give it the steps). A separate run th
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"lr-{target.name}")
     options = options.replace(out_dir=out_dir, name=f"lr-{target.name}")
-    from torchscalpel.report.lr_terminal import summary_lines
+    from torchscalpel.report.lr_terminal import next_line, summary_lines
     from torchscalpel.sections import LrSection
     from torchscalpel.stages.lr import run_lr
 
@@ -97,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             *summary_lines(section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
             *([] if args.no_report else [f"report: {out_dir / 'report.html'}"]),
+            next_line(section, ("" if target.script else "-m ") + shlex.join(target.argv())),
         ]
     )
     return int(record.exit_code or 0)

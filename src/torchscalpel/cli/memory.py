@@ -10,6 +10,7 @@ snapshot instead of a script, explains the snapshot. See docs/memory.md.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         from torchscalpel.tune.settings import read_settings_file
 
         settings_hooks = setup_hooks(read_settings_file(args.config), ApplyLog())
-    from torchscalpel.report.memory_terminal import summary_lines
+    from torchscalpel.report.memory_terminal import next_line, summary_lines
     from torchscalpel.stages.memory import run_memory
 
     out_dir = args.out or default_run_dir(f"memory-{target.name}")
@@ -139,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             *summary_lines(section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
             *([] if args.no_report else [f"report: {out_dir / 'report.html'}"]),
+            next_line(section, ("" if target.script else "-m ") + shlex.join(target.argv()), str(out_dir)),
         ]
     )
     if args.patch:

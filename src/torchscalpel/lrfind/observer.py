@@ -43,6 +43,8 @@ class LrSweepObserver(Observer):
         self._first: int | None = None
         self._optimizers: set[int] = set()
         self._groups = 0
+        self.script_lrs: list[float] = []
+        """Each param group's lr as the script set it, read before the sweep's first write (first seen first)."""
         self._pending: float | None = None  # the lr this step's optimizer step ran with
         self._restore: list[Undo] = []
         self._depth = 0
@@ -99,6 +101,10 @@ class LrSweepObserver(Observer):
         if id(optimizer) not in self._optimizers:
             self._optimizers.add(id(optimizer))
             self._groups += len(optimizer.param_groups)
+            for group in optimizer.param_groups:
+                own = _as_float(group.get("lr"))
+                if own is not None:
+                    self.script_lrs.append(own)
         for group in optimizer.param_groups:
             current: Any = group.get("lr")
             if hasattr(current, "fill_"):  # a tensor lr (capturable / fused optimizers): keep the tensor
@@ -212,6 +218,7 @@ class LrSweepObserver(Observer):
             "divergence": self.divergence,
             "optimizers": len(self._optimizers),
             "param_groups": self._groups,
+            "script_lrs": list(self.script_lrs),
             "scheduler_steps_suspended": self.scheduler_steps,
             "note": note,
         }
@@ -249,3 +256,12 @@ def _subclasses(cls: type) -> list[type]:
         out.append(sub)
         out.extend(_subclasses(sub))
     return out
+
+
+def _as_float(value: Any) -> float | None:
+    """A param group's lr (a number or a one-element tensor) as a finite float, else None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return number if math.isfinite(number) and number >= 0 else None

@@ -313,6 +313,10 @@ def evaluation_seen(obs: MemoryObserver, record: Any, peak_phase: Any) -> dict[s
             + (
                 "; the ladder's 'fits' is the training step's"
                 if crossed
+                # in a notebook the words are the function's arguments, not the CLI's flags
+                else "; run the block through the first evaluation (torchscalpel.memory(steps=None), or a "
+                "larger steps=) to measure it"
+                if "inprocess" in (getattr(record, "target", None) or {})
                 else "; rerun with --until-eval to measure through the first evaluation"
             )
         )

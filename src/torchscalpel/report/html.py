@@ -190,6 +190,8 @@ def render_records(
     (only the load average or the process's variables differ).
     """
     used: set[str] = set()
+    if not lead and len(groups) > 1:
+        lead = [summary_section(groups)]
 
     def unique(ident: str) -> str:
         candidate, n = ident, 1
@@ -233,6 +235,54 @@ def render_records(
     return _document(title, subtitle, " · ".join(nav), "\n".join(parts), extra_css=_GROUP_CSS)
 
 
+def summary_section(groups: Sequence[RecordGroup]) -> Section:
+    """The first section of a page of several records: one row per record (what wrote it, how it ended, its
+    median step, and its verdict's first sentence), each linking to the record's group below."""
+    from torchscalpel.report.page import Markup, table
+
+    rows = []
+    for i, group in enumerate(groups, start=1):
+        record = group.record
+        kind = record_kind(record)
+        median = record.summary_view().median_step_ms
+        rows.append(
+            (
+                Markup(
+                    f'<a href="#record-{i}">{escape(clip(record.name) or kind)}</a>'
+                    + (f' <span class="muted">{escape(clip(group.source))}</span>' if group.source else "")
+                ),
+                kind,
+                record.status,
+                "-" if not median else f"{median:.2f}",
+                verdict_text(record),
+            )
+        )
+    body = table(
+        ["record", "kind", "status", "median step ms", "verdict"], rows, [False, False, False, True, False]
+    )
+    return Section(id="summary", title=f"Summary of {len(groups)} records", body=body)
+
+
+def verdict_text(record: RunRecord, limit: int = 220) -> str:
+    """The first sentence of the record's first verdict section (the text a reader sees first on its own page),
+    as plain text; "-" when the record has none."""
+    import html
+    import re
+
+    for section in sections_for(record):
+        if section.id not in VERDICT_IDS:
+            continue
+        # its first paragraph or list item (lr's verdict is the first item of a list), as plain text
+        first = re.search(r"<(p|li)\b[^>]*>(.*?)</\1>", section.body, flags=re.S)
+        part = first.group(2) if first else section.body
+        text = " ".join(html.unescape(re.sub(r"<[^>]+>", "", part)).split())
+        if not text:
+            continue
+        sentence = re.split(r"(?<=[.!?])\s", text, maxsplit=1)[0]
+        return sentence if len(sentence) <= limit else sentence[: limit - 1].rstrip() + "…"
+    return "-"
+
+
 def _machine_key(record: RunRecord) -> str:
     """The environment facts that name the machine and software, without what changes from run to run
     (the load average, the process's variables), so records of one machine share one Environment section."""
@@ -256,13 +306,29 @@ def _document(title: str, subtitle: str, nav: str, body: str, *, extra_css: str 
 def inline_summary(record: RunRecord, *, max_sections: int = 3) -> str:
     """An HTML fragment for a notebook cell: the record's first sections, scoped styles, no page chrome."""
     sections = sections_for(record)[:max_sections]
-    css = "".join(f".scalpel-inline {rule}}}" for rule in _CSS.replace("\n", "").split("}") if rule.strip())
+    css = scope_css(_CSS, ".scalpel-inline")
     head = (
         f"<p><b>torchscalpel · {escape(clip(record.name))}</b> · {escape(clip(record.status))} · "
         f"{len(record.steps)} step(s)</p>"
     )
     body = "".join(f"<section><h2>{escape(s.title)}</h2>{s.body}</section>" for s in sections)
     return f'<div class="scalpel-inline"><style>{css}</style>{head}{body}</div>'
+
+
+def scope_css(css: str, scope: str) -> str:
+    """``css`` with every selector of every rule under ``scope`` (``th,td{...}`` -> ``.s th,.s td{...}``): the
+    page's own rules restyle nothing of the notebook around an inline summary. ``body`` becomes the scope
+    itself."""
+    out = []
+    for rule in css.replace("\n", "").split("}"):
+        if not rule.strip():
+            continue
+        selectors, _, decls = rule.partition("{")
+        scoped = ",".join(
+            scope if sel.strip() == "body" else f"{scope} {sel.strip()}" for sel in selectors.split(",")
+        )
+        out.append(f"{scoped}{{{decls}}}")
+    return "".join(out)
 
 
 def write_analysis_html(data: dict[str, Any], path: Path, diff: dict[str, Any] | None = None) -> None:

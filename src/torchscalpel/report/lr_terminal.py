@@ -41,11 +41,58 @@ def sweep_line(lr: LrSection) -> str:
     return f"swept lr {_g(lr.min_lr)} -> {_g(lr.max_lr)} over {n} of {lr.steps} steps {where}"
 
 
+def chosen_lr(lr: LrSection) -> tuple[float, str] | None:
+    """The lr to train with and which rule gave it: minimum / 10 where the sweep measured it (it trained better
+    than the steepest descent on the benchmark corpus, BENCHMARKS.md), else the steepest descent; None when
+    the sweep suggested nothing."""
+    for part, rule in ((lr.min_over_10, "minimum / 10"), (lr.suggestion, "steepest descent")):
+        if isinstance(part, dict) and (value := finite_number(part.get("lr"))) is not None and value > 0:
+            return value, rule
+    return None
+
+
+def script_lr(lr: LrSection) -> float | None:
+    """The script's own lr (its first param group's, as it set it), when the record kept it and it is positive."""
+    own = [v for v in (finite_number(x) for x in lr.script_lrs) if v is not None and v > 0]
+    return own[0] if own else None
+
+
+def verdict_line(lr: LrSection) -> str | None:
+    """Which lr to use, set against the script's own: keep it (within 2x), raise it or lower it by the ratio.
+    None when the sweep suggested nothing (the lines below say why)."""
+    chosen = chosen_lr(lr)
+    if chosen is None:
+        return None
+    value, rule = chosen
+    own = script_lr(lr)
+    head = f"verdict: use lr {value:.3g} ({rule})"
+    if own is None:
+        return head + "; the script's own lr was not seen"
+    ratio = value / own
+    if 0.5 <= ratio <= 2:
+        return f"{head}: about the script's own {own:.3g} ({ratio:.2g}x); keep it"
+    if ratio > 1:
+        return f"{head}: {ratio:.3g}x the script's own {own:.3g}; raise it"
+    return f"{head}: 1/{1 / ratio:.3g} of the script's own {own:.3g}; lower it"
+
+
+def next_line(lr: LrSection, script: str) -> str:
+    """What to run after the sweep: train afresh with the chosen lr, or give the sweep what it lacked."""
+    chosen = chosen_lr(lr)
+    if chosen is None:
+        return f"next: give the sweep its steps (above), then scalpel lr -- {script} again"
+    return (
+        f"next: set the script's lr to {chosen[0]:.3g} and train afresh; scalpel batch -- {script} finds the batch "
+        "size and the lr rule to go with it"
+    )
+
+
 def summary_lines(lr: LrSection) -> list[str]:
-    """The sweep, the suggestions (or why they were not measured and how to measure them), the divergence
-    point, and the reminder that the run is thrown away."""
+    """The verdict (which lr, against the script's own), the sweep, the suggestions (or why they were not
+    measured and how to measure them), the divergence point, and the reminder that the run is thrown away."""
     n = len(lr.points)
-    lines = [sweep_line(lr)]
+    said = verdict_line(lr)
+    lines = [*([said] if said else []), sweep_line(lr)]
     if lr.scheduler_steps_suspended:
         lines.append(
             f"the script's lr scheduler was suspended ({lr.scheduler_steps_suspended} step() calls had no effect)"

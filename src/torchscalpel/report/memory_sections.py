@@ -11,6 +11,8 @@ from typing import Any
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import stacked_bars
+from torchscalpel.report.memory_terminal import next_line
+from torchscalpel.report.memory_terminal import verdict as memory_verdict
 from torchscalpel.report.page import Section, table
 from torchscalpel.runtime.memory_categories import CATEGORIES
 from torchscalpel.units import fmt_bytes
@@ -44,6 +46,10 @@ def build(record: RunRecord) -> list[Section]:
     oom = m.get("oom")
     if oom:
         verdict.append(_oom(oom, m))
+    said = memory_verdict(m)
+    if said:
+        said = said.removeprefix("verdict: ")
+        verdict.append(f"<p><b>{escape(said[:1].upper() + said[1:])}.</b></p>")
     verdict.append(
         f"<h3>At the peak: {escape(fmt_bytes(peak.get('total')))}</h3><p>step {escape(str(peak.get('step')))}, "
         f"{escape(str(peak.get('phase')))}, at <code>{escape(str(peak.get('op')))}</code></p>"
@@ -108,6 +114,12 @@ def build(record: RunRecord) -> list[Section]:
                 numeric=[False, True, True],
             )
         )
+    script = record.target.get("script") or (
+        f"-m {record.target['module']}" if record.target.get("module") else ""
+    )
+    if script:
+        # the page sits in the run folder it names: RUN_DIR stands for it
+        verdict.append(f"<p>{escape('N' + next_line(m, str(script), 'RUN_DIR')[1:])}</p>")
     return [
         Section(
             id="memory",

@@ -34,11 +34,76 @@ def category_lines(by_category: dict[str, int], total: int) -> list[str]:
     return out
 
 
+def capacity_words(section: dict[str, Any]) -> str:
+    """What the run's headroom is measured against: the --memory-limit, the GPU, or (a CPU run) host RAM."""
+    if section.get("limit"):
+        return "the --memory-limit"
+    return "host RAM (a CPU run)" if section.get("device") == "cpu" else "the device's memory"
+
+
+def _count(value: Any) -> int | None:
+    """``value`` as a byte or step count (an int >= 0, not a bool), else None: a record is data."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def verdict(section: dict[str, Any]) -> str | None:
+    """One sentence answering "is memory a problem?" for a run that did not run out: growth with its rate, or
+    stable with the peak and the headroom left; None for a run that ran out (its headline says so)."""
+    if section.get("oom") or not isinstance(section.get("peak"), dict):
+        return None
+    peak = _count(_dict(section.get("peak")).get("total")) or 0
+    capacity = _count(section.get("limit")) or _count(section.get("capacity"))
+    room = ""
+    if capacity:
+        room = (
+            f", headroom {fmt_bytes(max(0, capacity - peak))} of {fmt_bytes(capacity)} "
+            f"({capacity_words(section)})"
+        )
+    growth = _dict(section.get("growth"))
+    rate = _count(growth.get("per_step"))
+    if rate:
+        left = _count(growth.get("steps_left"))
+        cap = _count(growth.get("capacity"))
+        until = f", {left} more steps until {fmt_bytes(cap)}" if left is not None and cap else ""
+        return f"verdict: memory grows {fmt_bytes(rate)} per step{until}: a leak to fix"
+    if isinstance(growth.get("note"), str):
+        return f"verdict: peak {fmt_bytes(peak)}{room}; growth not judged ({growth['note']})"
+    steps = _count(growth.get("steps"))
+    over = f" over {steps} step ends" if steps else ""
+    return f"verdict: stable, no growth{over}; peak {fmt_bytes(peak)}{room}"
+
+
+def next_line(section: dict[str, Any], script: str, run_dir: str) -> str:
+    """What to run after this memory run: the patch for a run that ran out, the leak's lines for one that
+    grows, tune for a stable one (``--fit SIZE`` where a smaller device must hold it)."""
+    if section.get("oom"):
+        return (
+            f"next: scalpel fix {run_dir} --verify (the ladder's first rung that fits, as a patch of your "
+            "script, or why it cannot be one)"
+        )
+    if _count(_dict(section.get("growth")).get("per_step")):
+        return (
+            "next: fix the growing line(s) above (keep loss.item(), not loss; del outputs kept from an earlier "
+            f"step), then scalpel memory -- {script} again"
+        )
+    return (
+        f"next: scalpel tune -- {script} (speed); scalpel tune --fit SIZE -- {script} keeps only what fits "
+        "in SIZE"
+    )
+
+
 def summary_lines(section: dict[str, Any]) -> list[str]:
-    """The whole summary: peak breakdown, owners, sites, growth, post-mortem and ladder."""
+    """The whole summary: the verdict, peak breakdown, owners, sites, growth, post-mortem and ladder."""
     if "error" in section and "peak" not in section:
         return [f"memory analysis failed: {section['error']}"]
     lines: list[str] = []
+    said = verdict(section)
+    if said:
+        lines.append(said)
     peak = section.get("peak", {})
     total = int(peak.get("breakdown_total") or peak.get("total") or 0)
     lines.append(

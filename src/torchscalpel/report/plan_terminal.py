@@ -53,8 +53,19 @@ def header_lines(result: PlanResult) -> list[str]:
         *([f"{r.batch_note}"] if r.batch_note else []),
         f"device {r.device.name}: {fmt_bytes(r.device.memory)} ({r.device.kind}; margin {r.device.margin:.0%} "
         f"+ context {fmt_bytes(r.device.context_bytes)})",
+        *cpu_note(result),
         f"measured on fake tensors: saved for backward {fmt_bytes(m.saved_bytes)}, "
         f"activation peak {fmt_bytes(m.act_peak_bytes)}" + _other(result),
+    ]
+
+
+def cpu_note(result: PlanResult) -> list[str]:
+    """On a plan against host RAM (no device named, no GPU here): what that means and how to plan for a GPU."""
+    if result.request.device.kind != "cpu":
+        return []
+    return [
+        "planned against this machine's RAM (no GPU named or found): to plan for a GPU, name it with "
+        "--device A100-80GB (H100-80GB, H200, L4, ...: scalpel plan -h) or give its size with --device-memory 80GiB"
     ]
 
 

@@ -76,16 +76,34 @@ def _verdict(record: RunRecord) -> Section | None:
         return None
     medians, shares = phase_medians(record), phase_shares(record)
     top = max(PHASES, key=lambda p: shares.get(p, 0.0))
-    script = record.target.get("script") or (
-        f"-m {record.target['module']}" if record.target.get("module") else "SCRIPT"
-    )
     body = (
         f"<p>The median step takes <b>{s.median_step_ms:.2f} ms</b>; the largest part is <b>{escape(top)}</b>: "
         f"{medians[top]:.2f} ms, {100 * shares[top]:.0f}% of it. That is {escape(PHASE_NEXT[top])}.</p>"
+        + profile_next(record)
+    )
+    return Section(id="profile-verdict", title="Verdict: where the step goes", body=body)
+
+
+STAGE_SECTIONS = ("doctor", "tune", "memory", "lr", "batch", "plan", "fix")
+"""Sections of a later stage: a record holding one is that stage's page, whose own verdict says what is next."""
+
+
+def profile_next(record: RunRecord) -> str:
+    """The profile page's next step: doctor then tune on the script (CLI words), or the in-process doctor on the
+    same block (a notebook's words); nothing on a later stage's page, which says its own next step."""
+    if any(key in record.sections for key in STAGE_SECTIONS):
+        return ""
+    target = record.target
+    if "inprocess" in target and not target.get("script") and not target.get("module"):
+        return (
+            "<p>Next: wrap the same training code in <code>with torchscalpel.doctor() as run:</code> (findings "
+            "with fixes); for measured speedups, <code>scalpel tune -- train.py</code> on it as a script.</p>"
+        )
+    script = target.get("script") or (f"-m {target['module']}" if target.get("module") else "SCRIPT")
+    return (
         f"<p>Next: <code>scalpel doctor -- {escape(str(script))}</code> (findings with fixes), then "
         f"<code>scalpel tune -- {escape(str(script))}</code> (measured, numerics-checked speedups).</p>"
     )
-    return Section(id="profile-verdict", title="Verdict: where the step goes", body=body)
 
 
 def _overview(record: RunRecord) -> Section | None:

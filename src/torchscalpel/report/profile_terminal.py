@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from torchscalpel.console import console, say
+from torchscalpel.console import console, say, say_command
 from torchscalpel.envcheck.host_checks import check_machine_busy
 from torchscalpel.findings import short_path
 from torchscalpel.record import PHASES, RunRecord, StepRecord
@@ -156,6 +156,31 @@ def fmt_flops(n: float | None) -> str:
     return f"{n:.0f} FLOP/s"
 
 
+def table_width(headers: list[str], rows: list[list[str]]) -> int:
+    """Columns a rich table of these cells takes unwrapped: each column's widest cell, plus its padding and rule."""
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    return sum(widths) + 3 * len(widths) + 1
+
+
+def print_rows(
+    out: Console, headers: list[str], rows: list[list[str]], *, right: tuple[str, ...] = ()
+) -> None:
+    """A table whose cells never wrap: as a table when it fits the width; otherwise each row as a line of
+    ``header value`` pairs (its first cell leading), wrapped between pairs, so that no figure, line number or
+    path is cut (at 80 columns ``train_char.py:17`` was folded into ``train_char.py:1`` / ``7``)."""
+    if table_width(headers, rows) <= out.width:
+        t = Table()
+        for h in headers:
+            t.add_column(h, justify="right" if h in right else "left", no_wrap=True)
+        for row in rows:
+            t.add_row(*(escape(str(cell)) for cell in row))
+        out.print(t)
+        return
+    for row in rows:
+        pairs = [f"{h} {cell}" for h, cell in zip(headers[1:], row[1:], strict=True) if str(cell)]
+        say(out, f"{row[0]}: " + " · ".join(pairs), hang=2, sep=" · ")
+
+
 def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None = None) -> None:
     """The one-screen summary of a profile run."""
     c = out or console()
@@ -243,38 +268,26 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
     ops = ops_summary.top_ops or []
     if ops:
         c.print(f"[bold]top ops by self time[/] (profiler window, steps {profiler.steps})")
-        t = Table()
-        # at 80 columns the name gives way, folded onto more lines (two ops cut to one "…" label looked
-        # like one op); the figures never wrap
-        t.add_column("op", overflow="fold", ratio=1)
-        t.add_column("category", no_wrap=True)
-        t.add_column("calls", justify="right", no_wrap=True)
-        t.add_column("self ms", justify="right", no_wrap=True)
         step_us, sites = window_step_us(record), op_sites(record)
-        if step_us:
-            t.add_column("of step", justify="right", no_wrap=True)
-        if sites:
-            t.add_column("at (user line)", overflow="fold")
+        headers = ["op", "category", "calls", "self ms"]
+        headers += ["of step"] if step_us else []
+        headers += ["at (user line)"] if sites else []
+        rows = []
         for op in ops[:8]:
             name = op["name"] if len(op["name"]) <= 160 else op["name"][:159] + "…"
-            row = [
-                escape(name),
-                op.get("category", ""),
-                str(op.get("count", "")),
-                f"{op['self_us'] / 1000:.2f}",
-            ]
+            row = [name, op.get("category", ""), str(op.get("count", "")), f"{op['self_us'] / 1000:.2f}"]
             if step_us:
                 row.append(f"{100 * op['self_us'] / step_us:.0f}%")
             if sites:
                 where = sites.get(op["name"])
                 row.append(
-                    escape(site_text(where["site"]))
+                    site_text(where["site"])
                     + (f" ({100 * where['site_share']:.0f}%)" if where["site_share"] < 0.995 else "")
                     if where
                     else ""
                 )
-            t.add_row(*row)
-        c.print(t)
+            rows.append(row)
+        print_rows(c, headers, rows, right=("calls", "self ms", "of step"))
     lines_note = op_lines_text(record)
     if lines_note:
         say(c, lines_note)
@@ -300,8 +313,7 @@ def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None =
         f"-m {record.target['module']}" if record.target.get("module") else None
     )
     if script and record.steps:
-        c.print(
-            f"next: [bold]scalpel doctor -- {escape(str(script))}[/] (findings with fixes), "
-            f"open {run_dir}/report.html"
+        say_command(
+            c, "next:", f"scalpel doctor -- {script}", f"(findings with fixes), open {run_dir}/report.html"
         )
     sys.stderr.flush()
