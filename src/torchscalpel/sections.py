@@ -875,9 +875,10 @@ _MEMORY_FIELDS: dict[str, Check] = {
 
 def _memory(value: Any, where: str) -> str | None:
     """``sections["memory"]`` (:mod:`torchscalpel.memory`, no typed view: it is a tree the memory stage and
-    its renderers share): each part the renderers and ``scalpel fix`` read; an out-of-memory needs its cause."""
+    its renderers share): each part the renderers and ``scalpel fix`` read; an analysed out-of-memory needs its
+    cause (a section whose analysis failed keeps what was measured and its ``error``, with no cause to name)."""
     problem = obj(_MEMORY_FIELDS, nullable=False)(value, where)
-    if problem is None and value.get("oom"):
+    if problem is None and value.get("oom") and not value.get("error"):
         top = value.get("top_cause")
         if not isinstance(top, dict) or not isinstance(top.get("text"), str):
             return must(f"{where}.top_cause", "an object with a text (an out-of-memory names its cause)", top)

@@ -206,3 +206,17 @@ def test_a_notebooks_evaluation_note_names_the_functions_argument_not_the_cli_fl
     assert "torchscalpel.memory(steps=None)" in note and "--until-eval" not in note
     script = SimpleNamespace(status="stopped", steps=steps, target={"script": "train.py"})
     assert "--until-eval" in evaluation_seen(obs, script, "forward")["note"]  # type: ignore[arg-type]
+
+
+def test_a_memory_section_whose_analysis_failed_is_not_called_stable() -> None:
+    """The analysis never computed growth: "stable, no growth" would be a guess (the measured peak still shows)."""
+    from torchscalpel.report.memory_terminal import summary_lines, verdict
+
+    section = {"error": "analysis failed: RuntimeError('bug')", "peak": {"total": 2**20}, "samples": []}
+    assert (
+        verdict(section)
+        == "verdict: not judged: analysis failed: RuntimeError('bug'); what was measured follows"
+    )
+    assert summary_lines(section)[0].startswith("verdict: not judged") and "stable" not in "\n".join(
+        summary_lines(section)
+    )

@@ -170,6 +170,25 @@ def cuda_state() -> dict[str, Any] | None:
     }
 
 
+def oom_measured(oom: dict[str, Any]) -> dict[str, Any]:
+    """What the tracker measured at an out-of-memory, in the record's ``oom`` shape (the failed request, the bytes
+    live and their categories): the part of the section that needs no analysis, so a crash in the analysis
+    still keeps it in a record that loads."""
+    return {
+        "request": {
+            "op": oom.get("op"),
+            "bytes": oom.get("request_bytes"),
+            "site": oom.get("site"),
+            "module": oom.get("module"),
+            "step": oom.get("step"),
+            "phase": oom.get("phase"),
+            "device_error": oom.get("device_error"),
+        },
+        "live": oom.get("total"),
+        "by_category": oom.get("by_category", {}),
+    }
+
+
 def build_section(obs: MemoryObserver, record: Any, snapshot: dict[str, str] | None = None) -> dict[str, Any]:
     """The memory section of the Run record (plain JSON)."""
     tr = obs.tracker
@@ -376,18 +395,8 @@ def _postmortem(
         top_site=top_site,
     )
     return {
-        "request": {
-            "op": oom.get("op"),
-            "bytes": oom.get("request_bytes"),
-            "site": oom.get("site"),
-            "module": oom.get("module"),
-            "step": oom.get("step"),
-            "phase": oom.get("phase"),
-            "device_error": oom.get("device_error"),
-        },
+        **oom_measured(oom),
         "limit": limit,
-        "live": oom.get("total"),
-        "by_category": oom.get("by_category", {}),
         "kept_activations": int(oom.get("kept_activations") or 0),
         "modules": _top(oom.get("by_module", {}), TOP_MODULES),
         "sites": _top(oom.get("by_site", {}), TOP_SITES),

@@ -225,7 +225,7 @@ class MemoryObserver(Observer):
         for h in self._grad_handles:
             h.remove()
         self._grad_handles = []
-        from torchscalpel.memory.analysis import build_section, write_snapshot
+        from torchscalpel.memory.analysis import build_section, oom_measured, write_snapshot
 
         snapshot: dict[str, str] = {}
         if tr.oom is not None:  # written first: a crash in the analysis below keeps it
@@ -245,7 +245,7 @@ class MemoryObserver(Observer):
                 "error": f"analysis failed: {exc!r}",
                 "traceback": traceback.format_exc(limit=6),
                 "peak": {"total": tr.peak, **(tr.peak_copy or {})},
-                "oom": tr.oom,
+                "oom": None if tr.oom is None else oom_measured(tr.oom),
                 "snapshot": snapshot,
                 "samples": self.samples,
             }

@@ -52,7 +52,10 @@ def _dict(value: Any) -> dict[str, Any]:
 
 def verdict(section: dict[str, Any]) -> str | None:
     """One sentence answering "is memory a problem?" for a run that did not run out: growth with its rate, or
-    stable with the peak and the headroom left; None for a run that ran out (its headline says so)."""
+    stable with the peak and the headroom left; None for a run that ran out (its headline says so). A section
+    whose analysis failed is not judged: growth was never computed, so "stable" would be a guess."""
+    if section.get("error"):
+        return f"verdict: not judged: {section['error']}; what was measured follows"
     if section.get("oom") or not isinstance(section.get("peak"), dict):
         return None
     peak = _count(_dict(section.get("peak")).get("total")) or 0
