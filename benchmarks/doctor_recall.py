@@ -38,11 +38,15 @@ LAUNCHER = {
 }
 
 
+SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    pass\n"
+"""A busy loop that ends with the process that started it (a run killed mid-block skips its finally)."""
+
+
 @contextlib.contextmanager
 def competing_load(kind: str) -> Iterator[int]:
     """``doubled``: one busy-looping process per core until the block ends (killed in the finally)."""
     n = (os.cpu_count() or 2) if kind == "doubled" else 0
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())]) for _ in range(n)]
     try:
         yield n
     finally:

@@ -311,6 +311,10 @@ def test_a_time_cap_that_shortens_the_window_is_reported(tmp_path: Path) -> None
     assert how_it_stopped(record) == "ended after the 5 planned steps, as asked"
 
 
+SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    pass\n"
+"""A busy loop that ends with the process that started it (a test killed by its timeout skips its finally)."""
+
+
 @contextlib.contextmanager
 def _competing_cpu_load():
     """One process spinning on each core for the duration of the block (killed in the finally)."""
@@ -318,7 +322,9 @@ def _competing_cpu_load():
     import subprocess
     import sys
 
-    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())]) for _ in range(os.cpu_count() or 2)
+    ]
     try:
         yield
     finally:
