@@ -188,7 +188,9 @@ def say_command(out: Console, lead: str, command: str, tail: str = "") -> None:
     else:
         if lead:
             say(out, lead)
-        out.print(Text("  " + command), soft_wrap=True, highlight=False)
+        # indented when the indent still fits: a command one indent too long keeps its row by losing it
+        indent = "  " if len(command) + 2 <= out.width else ""
+        out.print(Text(indent + command), soft_wrap=True, highlight=False)
     if tail:
         say(out, "  " + tail)
 

@@ -87,6 +87,12 @@ def test_every_rule_has_a_positive_fixture() -> None:
         "ddp-batchnorm-not-synced",
         # a static rule whose fixtures (DDP on CPU refuses device_ids) live in tests/distributed/test_rank_rules.py
         "ddp-device-ids-not-local-rank",
+        # static FSDP1 rules: FSDP1 needs a GPU process group to run; their tutorial-shaped fixtures and clean
+        # twins are in tests/unit/test_doctor_fsdp_static.py
+        "clip-grad-on-fsdp-wrapper",
+        "fsdp-fp16-plain-grad-scaler",
+        "fsdp-low-precision-master-weights",
+        "fsdp-cpu-offload",
     }
     assert covered == set(RULES)
     assert all((FIXTURES / name).exists() for name in [*POSITIVE, *INFO_POSITIVE])

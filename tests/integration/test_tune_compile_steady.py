@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tests.helpers import REPO
+
+from helpers import REPO
 
 pytest.importorskip("transformers")
 

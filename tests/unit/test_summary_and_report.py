@@ -150,7 +150,9 @@ def test_profile_summary_at_80_columns_keeps_names_and_figures_whole(tmp_path):
     buf = io.StringIO()
     print_profile_summary(r, tmp_path, out=Console(file=buf, width=80))
     text = buf.getvalue()
-    assert all(len(line) <= 80 for line in text.splitlines())
+    # a line longer than the screen only where it holds the run folder's path (one word: it cannot be wrapped;
+    # a fresh machine's temporary folder alone can be 80 characters)
+    assert all(len(line) <= 80 or str(tmp_path) in line for line in text.splitlines())
     assert "…" not in text  # nothing cut
     for whole in ("123456.79", "98.77", "1234.50", "56.7%", "123456"):
         assert whole in text, whole

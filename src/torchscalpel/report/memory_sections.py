@@ -114,9 +114,8 @@ def build(record: RunRecord) -> list[Section]:
                 numeric=[False, True, True],
             )
         )
-    script = record.target.get("script") or (
-        f"-m {record.target['module']}" if record.target.get("module") else ""
-    )
+    target = getattr(record, "target", None) or {}  # a record written in-process may name no script
+    script = target.get("script") or (f"-m {target['module']}" if target.get("module") else "")
     if script:
         # the page sits in the run folder it names: RUN_DIR stands for it
         verdict.append(f"<p>{escape('N' + next_line(m, str(script), 'RUN_DIR')[1:])}</p>")

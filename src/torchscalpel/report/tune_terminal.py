@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchscalpel.console import console as default_console
-from torchscalpel.console import fit_code, say
+from torchscalpel.console import fit_code, say, say_command
 from torchscalpel.envcheck.host_checks import check_machine_busy
 from torchscalpel.tune.speedup import RANK_ORDER, speedup_of
 from torchscalpel.tune.states import TrialStatus, Verdict
@@ -385,10 +385,32 @@ def print_tune_verdict(
     say(c, f"record: {out_dir}/run.json · trials: {out_dir}/trials/")
     if result.winner is not None and config_path is not None:
         # the last line, the path actually written; a command is never wrapped, so a copy of it still runs
-        c.print(
-            f"apply with: scalpel run --config {config_path} -- {target_text}",
-            soft_wrap=True,
-            highlight=False,
+        say_command(
+            c,
+            "apply with:",
+            f"scalpel run --config {_from_here(str(config_path))} -- {_args_from_here(target_text)}",
         )
     else:
         say(c, "no scalpel.toml written: nothing to apply")
+
+
+def _from_here(path: str) -> str:
+    """``path`` relative to the working folder when it lies below it (the command the user copies stays short
+    enough for its own row), else as given."""
+    import os
+
+    if not os.path.isabs(path):
+        return path
+    here = os.getcwd()
+    return os.path.relpath(path, here) if path.startswith(here + os.sep) else path
+
+
+def _args_from_here(text: str) -> str:
+    """The script and its arguments with each absolute path below the working folder made relative."""
+    import shlex
+
+    try:
+        words = shlex.split(text)
+    except ValueError:  # unbalanced quotes: shown as given
+        return text
+    return shlex.join(_from_here(w) for w in words) if words else text
