@@ -395,14 +395,13 @@ def print_tune_verdict(
 
 
 def _from_here(path: str) -> str:
-    """``path`` relative to the working folder when it lies below it (the command the user copies stays short
-    enough for its own row), else as given."""
+    """An absolute ``path`` below the working folder as :func:`~torchscalpel.findings.short_path` shows it (the
+    command the user copies stays short enough for its own row); anything else as given."""
     import os
 
-    if not os.path.isabs(path):
-        return path
-    here = os.getcwd()
-    return os.path.relpath(path, here) if path.startswith(here + os.sep) else path
+    from torchscalpel.findings import short_path
+
+    return short_path(path) if os.path.isabs(path) else path
 
 
 def _args_from_here(text: str) -> str:
