@@ -130,16 +130,13 @@ class Payback:
         cost = f"{self.one_time_s:.1f} s to {'compile' if self.kind == 'compile' else 'start the workers'}"
         if self.compile_s is not None and self.kind == "compile":
             cost += f" (dynamo's own compile time {self.compile_s:.1f} s)"
-        if self.first_s is not None and self.saved_ms > 0:
-            cold_steps = math.ceil(1000.0 * self.first_s / self.saved_ms)
-            cost += (
-                f"; {self.first_s:.1f} s on a cold inductor cache (a new machine), paying back after "
-                f"{cold_steps:,} steps there"
-            )
         head = f"{self.label}: {self.per_step:.2f}x per step, {cost}"
         if self.steps is None:
             return f"{head}: never pays back (the step is not faster)"
         text = f"{head}, pays back after {self.steps:,} steps"
+        if self.first_s is not None and self.saved_ms > 0:
+            cold_steps = math.ceil(1000.0 * self.first_s / self.saved_ms)
+            text += f" ({self.first_s:.1f} s and {cold_steps:,} steps on a cold inductor cache, as on a new machine)"
         if self.run is None:
             return f"{text}; the run's length is not known from its arguments (--steps / --epochs)"
         e2e = self.end_to_end()
