@@ -111,6 +111,28 @@ def test_compile_pays_back_after_its_one_time_cost_over_the_per_step_gain():
     assert unknown is not None and "the run's length is not known" in unknown.sentence()
 
 
+def test_a_cold_first_compile_is_said_beside_the_warm_one_the_pairs_measured():
+    # screening ran on a cold inductor cache (18 s above the baseline's start-up), the confirmation
+    # runs on the warm one (41 s in the fixture's figures would be cold too: make them warm here)
+    trial = compile_trial(compile={"compile_ms": 17_800.0, "first_startup_ms": 20_000.0})
+    trial["startup_ms"], trial["baseline_startup_ms"] = 4_700.0, 2_000.0
+    value = payback_of(trial, {}, run_steps(["--steps", "60"], None))
+    assert value is not None
+    assert value.one_time_s == pytest.approx(2.7) and value.first_s == pytest.approx(18.0)
+    text = value.sentence()
+    assert "2.7 s to compile" in text and "pays back after 34 steps" in text  # ceil(2700 / 80)
+    assert (
+        "pays back after 34 steps (18.0 s and 225 steps on a cold inductor cache, as on a new machine)"
+        in text
+    )
+    assert value.to_dict()["first_s"] == pytest.approx(18.0)
+    # a first run no slower to start than the pairs (the cache was warm already) is not said apart
+    warm = compile_trial(compile={"compile_ms": 2_500.0, "first_startup_ms": 4_900.0})
+    warm["startup_ms"], warm["baseline_startup_ms"] = 4_700.0, 2_000.0
+    same = payback_of(warm, {}, None)
+    assert same is not None and same.first_s is None and "cold" not in same.sentence()
+
+
 def test_a_candidate_without_a_start_up_cost_has_no_payback_line():
     trial = {**compile_trial(), "settings": {"amp": "bf16"}, "label": "amp=bf16"}
     assert payback_of(trial, {}, None) is None

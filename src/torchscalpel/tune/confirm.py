@@ -133,6 +133,10 @@ def confirm(search: TrialRunner, best: TrialResult, result: TuneResult) -> bool:
     result.required = required_speedup(result.noise)
     best.confirm_pairs = [[round(b, 3), round(c, 3)] for b, c in pairs]
     best.confirm_ratios = [round(b / c, 3) for b, c in pairs if b and c]
+    if startups and best.startup_ms is not None:
+        # the screening run's one-time cost: the first compile, on a cold inductor cache unless an
+        # earlier run on this machine filled it (torchscalpel.tune.payback says both)
+        best.compile = {**(best.compile or {}), "first_startup_ms": round(best.startup_ms, 1)}
     if startups:  # the one-time cost in the confirmation runs (torchscalpel.tune.payback)
         best.startup_ms = round(statistics.median(c for _, c in startups), 1)
         best.baseline_startup_ms = round(statistics.median(b for b, _ in startups), 1)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from torchscalpel.errors import ScalpelError
@@ -51,6 +52,11 @@ NOISY = 0.15
 """Relative difference between consecutive baseline runs above which the baseline is re-measured
 before every screening trial, not every :data:`REFRESH_EVERY`: on a shared machine whose step time
 swings 2-3x within minutes, a baseline two trials old says little about the load a trial ran at."""
+
+OUTLIER_BASELINE = 0.25
+"""A re-measured baseline further than this from the median of the earlier ones is measured once more
+before a trial is judged against it (the second run is the one used: a real change of pace repeats, a
+moment of load does not)."""
 
 MEMORY_NOTE = 1.25
 """A candidate whose peak memory exceeds the baseline's by this factor gets a note in the table."""
@@ -222,6 +228,40 @@ class Search:
                         f"{', '.join(t.label for t in left)} not confirmed: {self.budget.advice(left[0])}"
                     )
                 break
+        self._confirm_challengers(result)
+
+    def _confirm_challengers(self, result: TuneResult) -> None:
+        """Confirm, while the budget allows, every candidate that screened above the winner's confirmed
+        figure by the margin: the answer is the best confirmed candidate, not the first one confirmed.
+
+        A screening ratio can be high because the baseline beside it was slow; the confirmation then
+        comes in lower (seen: a regional compile screened 1.78x and confirmed 1.23x, while a combination
+        that had screened 1.50x was set aside for not beating the 1.78x, with 193 s of budget left).
+        """
+        tried: set[str] = set()
+        while result.winner is not None:
+            bar = (result.confirmed_speedup or 0.0) * (1 + MIN_MARGIN)
+            challengers = [
+                t
+                for t in result.trials
+                if t is not result.winner
+                and t.family != "baseline"
+                and t.label not in tried
+                and t.ok
+                and not t.confirm_ratios
+                and t.verdict in (Verdict.FASTER, Verdict.NOT_FASTER)
+                and (t.speedup or 0.0) > bar
+            ]
+            if not challengers:
+                return
+            best = max(challengers, key=lambda t: t.speedup or 0.0)
+            tried.add(best.label)
+            self.progress.message(
+                f"{best.label} screened {best.speedup or 0:.2f}x, above {result.winner.label} confirmed at "
+                f"{result.confirmed_speedup or 0:.2f}x: confirming it too"
+            )
+            best.verdict, best.note = Verdict.FASTER, ""
+            self._confirm(best, result)
 
     def _noise_note(self, result: TuneResult) -> str:
         """On a noisy machine with nothing recommended: what a confirmation needs at this noise."""
@@ -437,10 +477,31 @@ class Search:
             TuneSettings(), "baseline", tag="baseline-refresh", limit_s=self.budget.baseline_limit()
         )
         self._since_ref = 0
-        if ref.ok and ref.median_ms:
-            self._ref_ms = ref.median_ms
-            self.baseline_medians.append(ref.median_ms)
-            result.baseline_refs.append(round(ref.median_ms, 3))
+        if not (ref.ok and ref.median_ms):
+            return
+        earlier = statistics.median(self.baseline_medians) if self.baseline_medians else None
+        self.baseline_medians.append(ref.median_ms)
+        result.baseline_refs.append(round(ref.median_ms, 3))
+        self._ref_ms = ref.median_ms
+        if (
+            earlier
+            and abs(ref.median_ms / earlier - 1.0) > OUTLIER_BASELINE
+            and self.remaining() >= 3 * self.budget.baseline_wall
+        ):
+            # One baseline far off the others is as likely a moment of load as a new pace: a trial
+            # judged against it screens 1.78x where the pairs then give 1.23x (a tiny Llama on a quiet
+            # machine: 60.8 ms between 40.3 and 40.4). The next run decides which it was.
+            self.plan(
+                1,
+                f"a baseline of {ref.median_ms:.1f} ms against {earlier:.1f} ms before it is measured again",
+            )
+            again = self.trial(
+                TuneSettings(), "baseline", tag="baseline-again", limit_s=self.budget.baseline_limit()
+            )
+            if again.ok and again.median_ms:
+                self.baseline_medians.append(again.median_ms)
+                result.baseline_refs.append(round(again.median_ms, 3))
+                self._ref_ms = again.median_ms
 
     def _judge(self, trial: TrialResult, result: TuneResult) -> None:
         """Set speedup, gate outcome and verdict of a measured trial against the baseline."""
