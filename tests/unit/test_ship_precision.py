@@ -191,3 +191,22 @@ def test_parse_precisions():
     assert precision.parse_precisions(None) == ()
     with pytest.raises(ValueError, match="--precision takes a comma list of fp16, bf16"):
         precision.parse_precisions("int4")
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--compile"], "--compile compiles the torch program; use it with --backend torch --trust."),
+        (
+            ["--precision", "bf16"],
+            "--precision bf16 serves the bf16 torch program; use it with --backend torch.",
+        ),
+    ],
+)
+def test_serve_cli_refuses_before_binding(half_bundle, capsys, flags, words):
+    from torchscalpel.cli.main import main
+
+    result, _ = half_bundle
+    assert main(["serve", str(result.path), "--port", "0", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"scalpel: error: {words}"
