@@ -35,6 +35,13 @@ def _refused(capsys, argv: list[str]) -> str:
             "--calibration missing.npy does not exist",
         ),
         (["--raw-example", "missing.npy"], "--raw-example missing.npy does not exist"),
+        (["--precision", "int4"], "--precision takes a comma list of fp16, bf16, not 'int4'."),
+        (["--precision", "fp16", "--formats", "exported"], "--precision fp16 converts the ONNX export"),
+        (["--transform-from", "no-such-run"], "--transform-from no-such-run: there is no run record at"),
+        (
+            ["--transform", f"{FIXTURES / 'text_tokenizer.py'}:tokenize"],
+            "is a Python function that takes the input; it cannot be recorded as data",
+        ),
     ],
 )
 def test_refusals(tmp_path, capsys, flags, words):

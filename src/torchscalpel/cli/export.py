@@ -132,6 +132,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "or the Dataset): recorded as data, applied by serve to raw inputs, checked against the original",
     )
     p.add_argument(
+        "--transform-from",
+        metavar="RUN[:N]",
+        help="read the transform from a recorded run (scalpel profile/doctor/run of the training script): the "
+        "dataset transform of its DataLoader N (default: the first without random augmentation), as data",
+    )
+    p.add_argument(
         "--raw-example",
         type=Path,
         metavar="PATH.npy",
@@ -143,6 +149,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="compare every layer's output between eager and each ONNX/.pt2 export and name the first beyond "
         "tolerance, with statistics (done for any form that fails parity anyway)",
+    )
+    p.add_argument(
+        "--precision",
+        metavar="LIST",
+        help="also build reduced-precision forms: fp16 (the ONNX export converted by onnxruntime's float16 "
+        "converter) and/or bf16 (a bfloat16 torch.export program); each is timed beside its fp32 peer and kept "
+        "only where parity with fp32 eager holds within its dtype's tolerance",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="time a torch.compile'd .pt2 program (pt2+compile, after a warm-up at each batch) beside the "
+        "others, with its parity; what 'scalpel serve --backend torch --compile' runs",
     )
     p.add_argument(
         "--trust", action="store_true", help="allow a weights file that needs full unpickling (runs code)"
@@ -180,15 +199,21 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.raw_example is not None and not args.raw_example.is_file():
         raise UsageError(f"--raw-example {args.raw_example} does not exist; give a .npy file of raw samples.")
-    if args.raw_example is not None and not (args.transform or args.preprocess):
+    if args.raw_example is not None and not (args.transform or args.preprocess or args.transform_from):
         raise UsageError(
-            "--raw-example feeds the preprocessing parity check; add --transform or --preprocess."
+            "--raw-example feeds the preprocessing parity check; add --transform, --transform-from or --preprocess."
         )
     if args.sign_key is not None:  # before any work: a bad key used to surface after the whole export
         _check_sign_key(args)
     _validate(args)
     from torchscalpel.ship.export import ExportOptions, export_bundle
     from torchscalpel.ship.parity import format_table
+    from torchscalpel.ship.precision import parse_precisions
+
+    try:
+        precision = parse_precisions(args.precision)
+    except ValueError as exc:
+        raise UsageError(f"{exc}.") from None
 
     preprocess = None
     if args.preprocess:
@@ -213,16 +238,23 @@ def run(args: argparse.Namespace) -> int:
         output_names=[n.strip() for n in args.output_names.split(",")] if args.output_names else None,
         preprocess=preprocess,
         transform=args.transform,
+        transform_from=args.transform_from,
         layer_diff=args.layer_diff,
         raw_example=args.raw_example,
         trust=args.trust,
         sign_key=args.sign_key,
         allow_nonfinite=args.allow_nonfinite,
+        precision=precision,
+        compile=args.compile,
     )
     result = export_bundle(opts)
     print(format_table(result.checks))
     for batch, row in result.manifest["latency_ms"].items():
         print(f"latency at batch {batch}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in row.items()))
+    for name, why in (result.manifest.get("forms_absent") or {}).items():
+        print(f"no {name} row: {why}")
+    for key, report in (result.manifest.get("precision") or {}).items():
+        print(f"{key}: {'kept' if report['kept'] else 'dropped'} ({report.get('reason', '')})")
     if args.json_path:
         write_output_text(args.json_path, json.dumps(result.manifest, indent=2), flag="--json")
     if not result.passed:

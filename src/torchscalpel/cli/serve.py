@@ -27,6 +27,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--quantized", action="store_true", help="serve the int8 ONNX model (export --quantize)")
     p.add_argument(
+        "--precision",
+        choices=["fp16", "bf16"],
+        help="serve a reduced-precision form export kept (export --precision): fp16 with --backend onnxruntime, "
+        "bf16 with --backend torch",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run the torch program under torch.compile (--backend torch); compiled at batch 1 and the max batch "
+        "before the server accepts requests",
+    )
+    p.add_argument(
         "--device",
         default="cpu",
         choices=["cpu", "cuda"],
@@ -168,7 +180,19 @@ def run(args: argparse.Namespace) -> int:
         quantized=args.quantized,
         threads=args.threads,
         device=args.device,
+        precision=args.precision,
+        compile=args.compile,
     )
+    if args.compile:
+        import time
+
+        from torchscalpel.serve.backends import warm_compiled
+
+        t0 = time.perf_counter()
+        warmed = warm_compiled(bundle, runner, args.max_batch)
+        print(
+            f"compiled at batch {', '.join(map(str, warmed))} in {time.perf_counter() - t0:.1f} s", flush=True
+        )
     check_runner(bundle, runner)
     app = create_app(bundle, runner, config)
 

@@ -12,7 +12,8 @@
   ``sha256`` of its tensors' bytes (no batch, no fingerprint);
 - ``seeds``: the seeds the script set (``torch.manual_seed``, ``random.seed``, ``numpy.random.seed``,
   in call order), ``torch_initial_seed`` at the end, and per DataLoader its ``num_workers``, whether
-  it had a ``generator`` (its ``initial_seed``) and a ``worker_init_fn``.
+  it had a ``generator`` (its ``initial_seed``), a ``worker_init_fn``, and its dataset's ``transform`` as
+  plain data (:mod:`torchscalpel.runtime.transform_snapshot`; read by ``scalpel export --transform-from``).
 
 Everything here is best effort: a fact that cannot be read is left out, never the run.
 """
@@ -31,6 +32,7 @@ import torch
 
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.patching import Undo, undo_all, wrap_attr
+from torchscalpel.runtime.transform_snapshot import dataset_transform
 
 if TYPE_CHECKING:
     from torchscalpel.record import RunRecord, StepRecord
@@ -226,6 +228,10 @@ class ProvenanceObserver(Observer):
                     entry["generator_seed"] = int(generator.initial_seed())
                 except Exception:
                     pass
+            # the dataset's transform as plain data, for 'scalpel export --transform-from RUN'
+            seen = dataset_transform(getattr(loader, "dataset", None))
+            if seen is not None:
+                entry["transform"] = seen
             self.loaders[id(loader)] = entry
         if self.data is None and self._first is None:
             # Hashed when the step closes (on_step_end runs between steps, outside any step's time),

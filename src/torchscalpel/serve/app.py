@@ -23,7 +23,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from torchscalpel.serve.batcher import Batcher
-from torchscalpel.serve.codec import DEFAULT_MAX_BODY, InputSpec, body_cap, decode, media_type, raw_body_cap
+from torchscalpel.serve.codec import (
+    DEFAULT_MAX_BODY,
+    AnyPreprocessor,
+    InputSpec,
+    body_cap,
+    decode,
+    media_type,
+    raw_body_cap,
+)
 from torchscalpel.serve.errors import RequestError
 from torchscalpel.serve.metrics import Metrics
 from torchscalpel.serve.schema import ERROR_SCHEMA, predict_openapi
@@ -31,6 +39,7 @@ from torchscalpel.serve.security import CLIENT_CLOSED, check_token, read_limited
 from torchscalpel.ship.bundle import Bundle, axis_bounds
 from torchscalpel.ship.preprocess import Preprocessor, is_spec
 from torchscalpel.ship.runners import Runner
+from torchscalpel.ship.textprep import TextPreprocessor, is_text_spec
 
 MAX_SECONDS = 86400.0
 """Longest timeout a flag may set (a day); beyond that is a typo, and asyncio timers misbehave near inf."""
@@ -225,6 +234,16 @@ class ConnectionGuard:
         await self.app(scope, tracking_receive, closing_send)
 
 
+def preprocessor_for(bundle: Bundle) -> AnyPreprocessor | None:
+    """The bundle's preprocessing as applied to ``"raw"`` requests: an image/tensor spec, a tokenizer, or None."""
+    spec = bundle.manifest.get("preprocessing")
+    if not isinstance(spec, dict):
+        return None
+    if is_text_spec(spec):
+        return TextPreprocessor(spec, bundle.path)
+    return Preprocessor(spec) if is_spec(spec) else None
+
+
 def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     """Build the app for one bundle and runner; the batcher starts with the app's lifespan."""
     axes = axis_bounds(bundle.manifest)
@@ -236,11 +255,7 @@ def create_app(bundle: Bundle, runner: Runner, config: ServeConfig) -> FastAPI:
     limit_rows = bundle.max_batch if static else max_batch
     # A valid request's size is known from the manifest: a larger body is refused before it is read or parsed,
     # so abusive 10 MB bodies cannot hold the GIL (parsing them cost ~0.85 s each).
-    pre = (
-        Preprocessor(bundle.manifest["preprocessing"])
-        if is_spec(bundle.manifest.get("preprocessing"))
-        else None
-    )
+    pre = preprocessor_for(bundle)
     max_body = config.max_body or body_cap(specs, limit_rows) or DEFAULT_MAX_BODY
     if pre is not None and config.max_body is None:  # raw samples may be larger than the model input
         max_body = max(max_body, raw_body_cap(pre, limit_rows) or DEFAULT_MAX_BODY)

@@ -20,6 +20,10 @@ import numpy as np
 
 from torchscalpel.serve.errors import RequestError
 from torchscalpel.ship.preprocess import PreprocessError, Preprocessor
+from torchscalpel.ship.textprep import RAW_FIELD, TextPreprocessor
+
+AnyPreprocessor = Preprocessor | TextPreprocessor
+"""An image/tensor spec's preprocessor or a text spec's tokenizer."""
 
 try:
     import msgspec as _msgspec
@@ -190,7 +194,7 @@ def _parse_json(body: bytes) -> Any:
 
 
 def decode_json(
-    body: bytes, specs: list[InputSpec], max_batch: int, pre: Preprocessor | None = None
+    body: bytes, specs: list[InputSpec], max_batch: int, pre: AnyPreprocessor | None = None
 ) -> list[np.ndarray]:
     """Parse a JSON body into one validated array per input (manifest order).
 
@@ -231,11 +235,13 @@ def decode_json(
 
 
 def _decode_raw(
-    value: Any, specs: list[InputSpec], max_batch: int, pre: Preprocessor | None
+    value: Any, specs: list[InputSpec], max_batch: int, pre: AnyPreprocessor | None
 ) -> dict[str, np.ndarray]:
     """``"raw"`` samples through the bundle's preprocessing: the model input they make, checked like any."""
     if pre is None:
         raise _fail('this bundle records no preprocessing, so it takes no "raw" member; send "inputs"')
+    if isinstance(pre, TextPreprocessor):
+        return _decode_text(value, specs, max_batch, pre)
     name = pre.input or specs[0].name
     if isinstance(value, dict):
         extra = [k for k in value if k != name]
@@ -266,6 +272,34 @@ def _decode_raw(
         return {name: check_array(batch, spec, max_batch)}
     except RequestError as exc:
         raise _fail(f"raw input {name!r} after preprocessing: {exc.reason}") from None
+
+
+def _decode_text(
+    value: Any, specs: list[InputSpec], max_batch: int, pre: TextPreprocessor
+) -> dict[str, np.ndarray]:
+    """``"raw": {"text": [...]}`` (or one string) through the bundle's tokenizer: the ids (and mask) it makes."""
+    if not isinstance(value, dict) or set(value) != {RAW_FIELD}:
+        raise _fail(f'"raw" takes only {RAW_FIELD!r} for this bundle (its preprocessing is a tokenizer)')
+    texts = value[RAW_FIELD]
+    texts = [texts] if isinstance(texts, str) else texts
+    if not isinstance(texts, list) or not texts:
+        raise _fail(f"raw input {RAW_FIELD!r} must be a string or a non-empty JSON array of strings")
+    if len(texts) > max_batch:
+        raise _fail(
+            f"raw input {RAW_FIELD!r} has {len(texts)} samples; the most one request may send is {max_batch}"
+        )
+    try:
+        made = pre.apply_batch(texts)
+    except PreprocessError as exc:
+        raise _fail(str(exc)) from None
+    out: dict[str, np.ndarray] = {}
+    for name, arr in made.items():
+        spec = next(s for s in specs if s.name == name)
+        try:
+            out[name] = check_array(arr.astype(spec.dtype, copy=False), spec, max_batch)
+        except RequestError as exc:
+            raise _fail(f"raw input {RAW_FIELD!r} after tokenizing ({name!r}): {exc.reason}") from None
+    return out
 
 
 def _to_array(value: Any, spec: InputSpec, max_batch: int) -> np.ndarray:
@@ -375,7 +409,7 @@ def decode(
     content_type: str | None,
     specs: list[InputSpec],
     max_batch: int,
-    pre: Preprocessor | None = None,
+    pre: AnyPreprocessor | None = None,
 ) -> list[np.ndarray]:
     """Dispatch on the content type (media type only; a missing or other type answers 415)."""
     if media_type(content_type) in JSON_TYPES:
@@ -383,8 +417,11 @@ def decode(
     return decode_npy(body, specs, max_batch)
 
 
-def raw_body_cap(pre: Preprocessor, max_rows: int) -> int | None:
-    """The largest body of ``max_rows`` raw samples of a fixed raw size (as :func:`body_cap`); None when resized."""
+def raw_body_cap(pre: AnyPreprocessor, max_rows: int) -> int | None:
+    """The largest body of ``max_rows`` raw samples of a fixed raw size (as :func:`body_cap`); None when resized.
+    Texts: their longest accepted length, each character escaped (``\\uXXXX``, 6 bytes)."""
+    if isinstance(pre, TextPreprocessor):
+        return max_rows * (pre.max_chars * 6 + 4) + BODY_SLACK
     raw = pre.raw
     if raw.size is None:
         return None

@@ -29,9 +29,12 @@ ARTIFACT_FILES = {
     "onnx_int8": "model.int8.onnx",
     "exported": "model.pt2",
     "torchscript": "model.torchscript.pt",
+    "onnx_fp16": "model.fp16.onnx",
+    "exported_bf16": "model.bf16.pt2",
+    "tokenizer": "tokenizer.json",
 }
 """Artifact kind -> file name inside the bundle."""
-CODE_ARTIFACTS = ("exported", "torchscript")
+CODE_ARTIFACTS = ("exported", "torchscript", "exported_bf16")
 """Artifacts that unpickle code when loaded: serve loads them only with ``--trust``."""
 
 
@@ -247,8 +250,19 @@ def validate_manifest(manifest: Any, path: Path) -> None:
     if problem is not None:
         raise UsageError(f"{path} is not a valid bundle manifest: {problem}; re-run 'scalpel export'.")
     from torchscalpel.ship.preprocess import check_spec, is_spec
+    from torchscalpel.ship.textprep import check_text_spec, is_text_spec
 
-    if is_spec(manifest.get("preprocessing")):
+    if is_text_spec(manifest.get("preprocessing")):
+        try:
+            text = check_text_spec(manifest["preprocessing"], [s["name"] for s in inputs])
+        except UsageError as exc:
+            raise UsageError(f"{path} is not a valid bundle manifest: {exc}") from None
+        if (manifest.get("artifacts") or {}).get("tokenizer") != text["tokenizer"]["file"]:
+            raise UsageError(
+                f"{path} is not a valid bundle manifest: its tokenizer file {text['tokenizer']['file'][:80]!r} is "
+                "not a hashed artifact; re-run 'scalpel export'."
+            )
+    elif is_spec(manifest.get("preprocessing")):
         try:
             check_spec(manifest["preprocessing"], [s["name"] for s in inputs])
         except UsageError as exc:

@@ -37,13 +37,15 @@ from torchscalpel.ship.axes import (
 from torchscalpel.ship.factory import build_model, forward_input_names
 from torchscalpel.ship.latency import measure_latency
 from torchscalpel.ship.parity import ParityCheck, run_parity
+from torchscalpel.ship.precision import PRECISIONS
 from torchscalpel.ship.runners import (
     OrtRunner,
     Runner,
     TorchRunner,
-    cuda_provider_available,
     exported_runner,
     flatten_outputs,
+    gpu_forms,
+    provider_list,
     torchscript_runner,
 )
 from torchscalpel.ship.specs import ExampleInput, dtype_name, make_batch, parse_examples, with_sizes
@@ -80,6 +82,8 @@ class ExportOptions:
     metadata for clients (anything else: stored and shown, not applied)."""
     transform: str | None = None
     """``[INPUT=]MODULE:NAME``: the training script's evaluation transform, recorded as data (``ship.transforms``)."""
+    transform_from: str | None = None
+    """``RUN[:N]``: the transform the runtime saw on a DataLoader's dataset in a recorded run (``ship.transforms``)."""
     raw_example: Path | None = None
     """Raw samples (a plain .npy, first dim the samples) for the preprocessing parity check."""
     calibration: Path | None = None
@@ -92,6 +96,12 @@ class ExportOptions:
     """HMAC key file: a torchscalpel checkpoint must carry a matching signature (``Checkpointer(sign_key=)``)."""
     allow_nonfinite: bool = False
     """Load weights holding NaN, infinity or magnitudes over ``weights.MAX_ABS_WEIGHT`` (refused otherwise)."""
+    precision: tuple[str, ...] = ()
+    """Reduced-precision forms to add (``fp16``: ONNX, ``bf16``: torch program), each kept only where parity
+    holds within its dtype's tolerance (``ship.precision``)."""
+    compile: bool = False
+    """Time a ``torch.compile``d ``.pt2`` program (``pt2+compile``; eager's when no .pt2 is exported) beside the
+    others, after a warm-up at every timed batch."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -114,6 +124,12 @@ class ExportOptions:
                 raise UsageError(
                     f"--quantize {self.quantize} quantizes the ONNX export; add onnx to --formats."
                 )
+        if set(self.precision) - set(PRECISIONS):
+            raise UsageError(
+                f"--precision takes a comma list of {', '.join(PRECISIONS)}; got {','.join(self.precision)!r}."
+            )
+        if "fp16" in self.precision and "onnx" not in self.formats:
+            raise UsageError("--precision fp16 converts the ONNX export; add onnx to --formats.")
         if self.calibration is not None and self.quantize != "int8-static":
             raise UsageError("--calibration feeds --quantize int8-static; add it, or drop --calibration.")
         for flag, value in (("--atol", self.atol), ("--rtol", self.rtol)):
@@ -241,15 +257,19 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     named = [i.name for i in inputs]
     in_names = [n for n in named if n] if all(named) else forward_input_names(model, len(inputs))
 
-    from torchscalpel.ship.preparity import resolve
+    from torchscalpel.ship.preparity import bound_text, check_fixed_text, resolve
 
+    axes = parse_dynamic(opts.dynamic)
     pre = resolve(
         transform=opts.transform,
         preprocess=opts.preprocess,
         in_names=in_names,
         shapes={n: i.shape for n, i in zip(in_names, inputs, strict=True)},
+        dynamic_dims=frozenset(a.dim for a in axes),
+        transform_from=opts.transform_from,
     )
-    axes = parse_dynamic(opts.dynamic)
+    if pre.text and not any(a.dim == 1 for a in axes):
+        check_fixed_text(pre, inputs[in_names.index(pre.spec["input"])].shape[1])  # type: ignore[index]
     dynamic = bool(axes)
     example_batch = inputs[0].shape[0]
     export_batch = 2 if dynamic else example_batch  # batch 1 invites 0/1 specialization in torch.export
@@ -277,13 +297,20 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
 
     save_model(model, str(opts.out / bundle_mod.ARTIFACT_FILES["weights"]))
     artifacts = {"weights": bundle_mod.ARTIFACT_FILES["weights"]}
+    for name, data in pre.files.items():  # the tokenizer's files: data the manifest hashes like any artifact
+        (opts.out / name).write_bytes(data)
+        artifacts["tokenizer"] = name
     plans: list[AxisPlan] = (
         resolve_bounds(model, args, axes, examples, opts.max_batch) if len(axes) > 1 else []
     )
+    seq_plan = next((p for p in plans if p.dim == 1), None)
+    if pre.text and seq_plan is not None:
+        bound_text(pre, seq_plan.max)
     dyn: Any = export_dims(axes, plans, [len(i.shape) for i in inputs], opts.max_batch)
 
     eager = TorchRunner(model, "eager")
     runners: list[Runner] = []
+    absent_forms: dict[str, str] = {}
     export_s: dict[str, float] = {}
     for fmt in opts.formats:
         # a line before each phase that can take long (export, parity, quantize, latency): a large
@@ -301,12 +328,17 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
                 if fmt == "exported"
                 else torchscript_runner(path)
             )
-        if fmt == "onnx" and cuda_provider_available():
-            # the GPU deployment's figures beside the CPU ones: same file, CUDA execution provider
-            with _quiet():
-                runners.append(OrtRunner(path, name="onnx-cuda", threads=1, device="cuda"))
+        if fmt == "onnx":
+            # the GPU deployment's figures beside the CPU ones: same file, CUDA's (and TensorRT's) provider
+            import onnxruntime
+
+            rows, absent_forms = gpu_forms(onnxruntime.get_available_providers(), onnxruntime.__version__)
+            for form in rows:
+                with _quiet():
+                    runners.append(OrtRunner(path, name=form, threads=1, providers=provider_list(form)))
         log(f"wrote {fmt + ':':<12} {path} ({export_s[fmt]:.1f} s)")  # not "exported exported"
 
+    extra, forms = _extra_forms(opts, model, args, dyn, runners, artifacts, log)
     sizes = (
         sorted({*(b for b in PARITY_BATCHES if b <= opts.max_batch), opts.max_batch})
         if dynamic
@@ -340,6 +372,8 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         checks.extend(pre_checks)
 
     diffs = _layer_diffs(opts, model, checks, artifacts, batches, log)
+    if extra:
+        extra = _check_extra(opts, eager, extra, forms, batches, out_names, log)
 
     # Timings run single-threaded: torch's OpenMP pool and onnxruntime's pool in one process fight
     # over the cores (measured: eager batch 1 went from 0.12 ms to 20 ms on 2 shared cores).
@@ -347,10 +381,11 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
     torch.set_num_threads(1)
     try:
         quant, latency = _quantize_and_time(
-            opts, eager, runners, batches, sizes, artifacts, checks, log, inputs, in_names
+            opts, eager, [*runners, *extra], batches, sizes, artifacts, checks, log, inputs, in_names
         )
     finally:
         torch.set_num_threads(threads)
+    _settle_extra(opts, forms, latency, artifacts, log)
 
     import onnx
     import onnxruntime
@@ -403,6 +438,9 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         "layer_diff": [d.to_dict() for d in diffs] or None,
         "quantization": quant,
         "latency_ms": latency,
+        "forms_absent": absent_forms or None,
+        "precision": {k: v for k, v in forms.items() if k in PRECISIONS} or None,
+        "compile": forms.get("compile"),
     }
     manifest["files"] = bundle_mod.hash_files(opts.out)
     key = None
@@ -412,6 +450,135 @@ def export_bundle(opts: ExportOptions, log: Callable[[str], None] = print) -> Ex
         key = read_key(opts.sign_key)
     bundle_mod.write_manifest(opts.out, manifest, key=key)
     return ExportResult(path=opts.out, manifest=manifest, checks=checks)
+
+
+def _extra_forms(
+    opts: ExportOptions,
+    model: torch.nn.Module,
+    args: tuple[torch.Tensor, ...],
+    dyn: Any,
+    runners: list[Runner],
+    artifacts: dict[str, str],
+    log: Callable[[str], None],
+) -> tuple[list[Runner], dict[str, dict[str, Any]]]:
+    """The reduced-precision and compiled forms asked for, each with its report (a form that cannot be built
+    or loaded is reported dropped with the reason, never fatal: the fp32 bundle stands without it)."""
+    from torchscalpel.ship import precision as prec
+
+    extra: list[Runner] = []
+    forms: dict[str, dict[str, Any]] = {}
+    for p in opts.precision:
+        form, path = prec.FORM[p], opts.out / prec.FILES[p]
+        atol, rtol = prec.tolerance(p)
+        report: dict[str, Any] = {"form": form, "file": path.name, "tolerance": [atol, rtol], "kept": False}
+        forms[p] = report
+        log(f"exporting {form} ...")
+        try:
+            with _quiet():
+                if p == "fp16":
+                    prec.write_fp16_onnx(opts.out / artifacts["onnx"], path)
+                    extra.append(OrtRunner(path, name=form, threads=1))
+                else:
+                    prec.write_bf16_program(model, args, dyn, path)
+                    extra.append(prec.load_bf16_program(path, form))
+        except Exception as exc:  # converter, exporter or runtime refusals: the form is dropped, with why
+            report["reason"] = (
+                f"could not be built or loaded here: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}"
+            )
+            path.unlink(missing_ok=True)
+            log(f"{form}: dropped ({report['reason']})")
+    if opts.compile:
+        base = next((r for r in runners if r.name == "exported"), None)
+        source = base if isinstance(base, TorchRunner) else TorchRunner(model, "eager")
+        name = "pt2+compile" if source.name == "exported" else "eager+compile"
+        extra.append(prec.compiled(source, name))
+        forms["compile"] = {"form": name, "of": source.name, "kept": None}
+    return extra, forms
+
+
+def _check_extra(
+    opts: ExportOptions,
+    eager: Runner,
+    extra: list[Runner],
+    forms: dict[str, dict[str, Any]],
+    batches: dict[int, list[np.ndarray]],
+    out_names: list[str],
+    log: Callable[[str], None],
+) -> list[Runner]:
+    """Parity of each extra form against fp32 eager at every parity batch, under its stated tolerance; the
+    compiled form's first call at each batch is its compile (timed: what serve's warm-up pays). Returns the
+    forms that ran (one that fails to run is dropped here, with the runtime's reason, and not timed)."""
+    from torchscalpel.ship.parity import run_parity
+    from torchscalpel.ship.precision import FILES as prec_files
+
+    by_form = {v["form"]: (k, v) for k, v in forms.items()}
+    ran: list[Runner] = []
+    for runner in extra:
+        key, report = by_form[runner.name]
+        override = tuple(report["tolerance"]) if key in PRECISIONS else (opts.atol, opts.rtol)
+        log(f"parity: {runner.name} vs eager at batch {', '.join(map(str, batches))} ...")
+        t0 = time.perf_counter()
+        found = run_parity(eager, [runner], batches, out_names, override)
+        if key == "compile":
+            report["first_calls_s"] = round(time.perf_counter() - t0, 3)
+        report["parity_passed"] = bool(found) and all(c.passed for c in found)
+        report["max_abs"] = max((c.max_abs for c in found), default=None)
+        report["max_rel"] = max((c.max_rel for c in found), default=None)
+        report["checks"] = [c.to_dict() for c in found]
+        failed = next((c.note for c in found if c.note.startswith("failed to run")), None)
+        if failed is None:
+            ran.append(runner)
+        else:
+            report["reason"] = f"{failed[:200]} here"
+            report["kept"] = False if key in PRECISIONS else None
+            if key in PRECISIONS:
+                (opts.out / prec_files[key]).unlink(missing_ok=True)
+            log(f"{runner.name}: dropped ({report['reason']})")
+    return ran
+
+
+def _settle_extra(
+    opts: ExportOptions,
+    forms: dict[str, dict[str, Any]],
+    latency: dict[str, dict[str, float]],
+    artifacts: dict[str, str],
+    log: Callable[[str], None],
+) -> None:
+    """Keep a reduced-precision file only where parity held; every form's speed beside its fp32 peer."""
+    from torchscalpel.ship import precision as prec
+
+    for key, report in forms.items():
+        form = report["form"]
+        if form not in next(iter(latency.values()), {}):
+            continue  # never built: its reason is already set
+        peer = "onnx" if key == "fp16" else report.get("of", "exported")
+        peer = peer if peer in next(iter(latency.values())) else "eager"
+        report["peer"] = peer
+        report["latency_ms"] = {b: row[form] for b, row in latency.items()}
+        report["speedup_vs_peer"] = {
+            b: round(row[peer] / max(row[form], 1e-9), 3) for b, row in latency.items()
+        }
+        speed = ", ".join(f"{v:.2f}x {peer} at batch {b}" for b, v in report["speedup_vs_peer"].items())
+        if key == "compile":
+            report["kept"] = None
+            verdict = "parity ok" if report.get("parity_passed") else "parity FAILED"
+            log(f"{form}: {verdict} (max abs {report.get('max_abs', 0):.3g}), {speed}")
+            continue
+        atol, rtol = report["tolerance"]
+        report["kept"] = bool(report.get("parity_passed"))
+        report["reason"] = (
+            f"within the stated tolerance (atol {atol:g}, rtol {rtol:g}) of fp32 eager at every parity batch"
+            if report["kept"]
+            else f"outside the stated tolerance (atol {atol:g}, rtol {rtol:g}) of fp32 eager"
+        )
+        path = opts.out / prec.FILES[key]
+        if report["kept"]:
+            artifacts[prec.ARTIFACT[key]] = path.name
+        else:
+            path.unlink(missing_ok=True)
+        log(
+            f"{form}: {'kept' if report['kept'] else 'dropped'} ({report['reason']}; max abs {report['max_abs']:.3g}), {speed}"
+        )
 
 
 def _layer_diffs(
@@ -480,6 +647,8 @@ def _preprocess_parity(
     from torchscalpel.ship.preparity import raw_samples, run_preprocess_parity
 
     spec = pre.spec
+    if pre.text:
+        return _text_parity(opts, pre, inputs, in_names, eager, runners, out_names, dynamic, log)
     index = in_names.index(spec["input"])
     samples = raw_samples(spec, opts.raw_example, inputs[index].shape, opts.seed)
     if not dynamic:  # a fixed-batch export takes exactly its batch
@@ -501,6 +670,34 @@ def _preprocess_parity(
         out_names,
         (opts.atol, opts.rtol),
         others[spec["input"]].dtype,
+    )
+
+
+def _text_parity(
+    opts: ExportOptions,
+    pre: Any,
+    inputs: list[ExampleInput],
+    in_names: list[str],
+    eager: Runner,
+    runners: list[Runner],
+    out_names: list[str],
+    dynamic: bool,
+    log: Callable[[str], None],
+) -> tuple[list[ParityCheck], dict[str, Any]]:
+    """Raw texts through the training tokenizer + eager and through the bundle's tokenizer files + every export."""
+    from torchscalpel.ship.preparity import run_text_parity
+    from torchscalpel.ship.textprep import raw_texts
+
+    texts = raw_texts(pre.spec, opts.out, opts.raw_example, opts.seed)
+    if not dynamic:
+        want = inputs[0].shape[0]
+        texts = (texts * (-(-want // len(texts))))[:want]
+    else:
+        texts = texts[: opts.max_batch]
+    others = dict(zip(in_names, _to_numpy(make_batch(inputs, len(texts), opts.seed + 2)), strict=True))
+    log(f"parity: {len(texts)} raw text(s) through the training tokenizer and the bundle's tokenizer ...")
+    return run_text_parity(
+        pre, texts, opts.out, in_names, others, eager, runners, out_names, (opts.atol, opts.rtol)
     )
 
 

@@ -7,7 +7,7 @@ model saw (a normalisation forgotten, a resize done differently) fails here at e
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,16 @@ from torchscalpel.errors import UsageError
 from torchscalpel.ship.parity import ParityCheck, compare
 from torchscalpel.ship.preprocess import PreprocessError, Preprocessor, check_spec, is_spec
 from torchscalpel.ship.runners import Runner
+from torchscalpel.ship.textprep import (
+    HF_FILE,
+    VOCAB_FILE,
+    TextPreprocessor,
+    check_text_spec,
+    is_text_spec,
+    looks_like_tokenizer,
+    recognise_tokenizer,
+    training_tokens,
+)
 
 RAW_SAMPLES = 8
 """Raw samples made when no --raw-example is given."""
@@ -32,12 +42,44 @@ class Preprocessing:
     """The checked spec when there is one."""
     transform: Any = None
     """The user's own transform object (the parity reference), when it came from --transform."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """Files the spec needs inside the bundle (a text spec's tokenizer.json or vocab.txt), by name."""
+    reference: str | None = None
+    """What the parity check's training side is when there is no transform object (a run record's steps)."""
+    limit: int | None = None
+    """A recognised tokenizer's own length limit (truncation or ``model_max_length``), if it sets one."""
+
+    @property
+    def text(self) -> bool:
+        """True for tokenizer-style preprocessing (``ship.textprep``)."""
+        return is_text_spec(self.spec)
 
 
 def resolve(
-    *, transform: str | None, preprocess: Any, in_names: list[str], shapes: dict[str, tuple[int, ...]]
+    *,
+    transform: str | None,
+    preprocess: Any,
+    in_names: list[str],
+    shapes: dict[str, tuple[int, ...]],
+    dynamic_dims: frozenset[int] = frozenset(),
+    transform_from: str | None = None,
 ) -> Preprocessing:
-    """--transform (recognised from the object) or --preprocess (a declared spec, or metadata)."""
+    """--transform (recognised from the object) or --preprocess (a declared spec, or metadata).
+
+    ``dynamic_dims`` are the positions ``--dynamic`` names: a tokenizer pads to the longest sample when
+    dimension 1 (the sequence) is among them, to the example's length otherwise.
+    """
+    if transform_from is not None:
+        from torchscalpel.ship.transforms import from_record, recognise
+
+        if transform is not None or preprocess is not None:
+            raise UsageError(
+                "--transform-from reads the preprocessing from the run; drop --transform/--preprocess."
+            )
+        recorded, label = from_record(transform_from)
+        name = in_names[0]
+        spec = recognise(recorded, source=label, input_name=name, example_shape=shapes[name])
+        return Preprocessing(manifest=spec, spec=spec, reference=f"the steps recorded in {label}")
     if transform is not None:
         from torchscalpel.ship.transforms import load_transform, recognise
 
@@ -51,12 +93,157 @@ def resolve(
         if preprocess is not None:
             raise UsageError("--transform records the preprocessing itself; drop --preprocess.")
         obj, label = load_transform(ref)
+        if looks_like_tokenizer(obj):
+            shape = shapes[name]
+            if len(shape) != 2:
+                raise UsageError(
+                    f"--transform {transform!r} is a tokenizer, but input {name!r} has shape {shape}, not "
+                    "(batch, sequence)."
+                )
+            mask = next((n for n in in_names if n != name and "mask" in n.lower()), None)
+            spec, files, limit = recognise_tokenizer(
+                obj, source=label, input_name=name, mask=mask, seq=shape[1], dynamic_seq=1 in dynamic_dims
+            )
+            return Preprocessing(manifest=spec, spec=spec, transform=obj, files=files, limit=limit)
         spec = recognise(obj, source=label, input_name=name, example_shape=shapes[name])
         return Preprocessing(manifest=spec, spec=spec, transform=obj)
+    if is_text_spec(preprocess):
+        return _declared_text(preprocess, in_names)
     if is_spec(preprocess):
         spec = check_spec(preprocess, in_names)
         return Preprocessing(manifest=spec, spec=spec)
     return Preprocessing(manifest=preprocess)
+
+
+def bound_text(pre: Preprocessing, seq_max: int) -> None:
+    """Once the ``seq`` axis's bound is known: a recognised tokenizer pads to the longest sample and truncates
+    at its own limit within the bound; a declared spec's ``max_length`` must fit the bound."""
+    spec = pre.spec
+    if spec is None or not pre.text or spec["padding"] != "longest":
+        return
+    if pre.transform is not None:
+        from torchscalpel.ship.textprep import bounded
+
+        pre.spec = pre.manifest = bounded(spec, pre.limit, seq_max)
+    elif spec["max_length"] > seq_max:
+        raise UsageError(
+            f"text preprocessing: max_length {spec['max_length']} is beyond the seq axis's bound {seq_max}; "
+            f"lower it, or export with --dynamic batch,seq:{spec['max_length']}."
+        )
+
+
+def check_fixed_text(pre: Preprocessing, seq: int) -> None:
+    """A fixed sequence length: the tokenizer pads every text to exactly it."""
+    spec = pre.spec
+    if spec is None:
+        return
+    if spec["padding"] != "max_length" or spec["max_length"] != seq:
+        raise UsageError(
+            f"text preprocessing pads to {spec['padding']} (max_length {spec['max_length']}) but the model's "
+            f'sequence is fixed at {seq}; declare "padding": "max_length", "max_length": {seq}, or export '
+            "with --dynamic batch,seq."
+        )
+
+
+def _declared_text(preprocess: dict[str, Any], in_names: list[str]) -> Preprocessing:
+    """A declared text spec: its ``tokenizer.file`` is a path here, copied into the bundle under a plain name."""
+    tok = preprocess.get("tokenizer")
+    if not isinstance(tok, dict) or not isinstance(tok.get("file"), str):
+        raise UsageError(
+            "text preprocessing: 'tokenizer' needs a 'file' (a tokenizer.json or a vocabulary, one token per line)."
+        )
+    path = Path(tok["file"])
+    if not path.is_file():
+        raise UsageError(f"text preprocessing: the tokenizer file {path} does not exist.")
+    name = HF_FILE if tok.get("type") == "hf" else VOCAB_FILE
+    spec = check_text_spec({**preprocess, "tokenizer": {**tok, "file": name}}, in_names)
+    return Preprocessing(manifest=spec, spec=spec, files={name: path.read_bytes()})
+
+
+def run_text_parity(
+    pre: Preprocessing,
+    texts: list[str],
+    folder: Path,
+    model_inputs: list[str],
+    others: dict[str, np.ndarray],
+    eager: Runner,
+    runners: list[Runner],
+    out_names: list[str],
+    override: tuple[float | None, float | None],
+) -> tuple[list[ParityCheck], dict[str, Any]]:
+    """The user's tokenizer + eager vs the bundle's tokenizer files + each export, on the same raw texts.
+
+    The token ids and masks must be equal (integers); then the outputs are compared as any parity check.
+    """
+    assert pre.spec is not None
+    spec = pre.spec
+    try:
+        served = TextPreprocessor(spec, folder).apply_batch(texts)
+    except PreprocessError as exc:
+        raise UsageError(f"The raw parity texts do not fit the preprocessing ({exc}).") from None
+    if pre.transform is not None:
+        try:
+            trained = training_tokens(pre.transform, spec, texts)
+        except Exception as exc:  # the user's tokenizer on the raw texts: say so, with its first line
+            first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            raise UsageError(f"The training tokenizer failed on the raw parity texts ({first}).") from None
+        reference = "the training tokenizer"
+    else:
+        trained, reference = served, "the declared tokenizer (no training tokenizer given)"
+    same = all(
+        trained[k].shape == served[k].shape and bool(np.array_equal(trained[k], served[k])) for k in served
+    )
+    summary: dict[str, Any] = {
+        "samples": len(texts),
+        "reference": reference,
+        "tokens_equal": same,
+        "lengths": [int(v) for v in served[spec["mask"]].sum(axis=1)] if spec["mask"] else None,
+        "width": int(served[spec["input"]].shape[1]),
+    }
+    if not same:
+        shapes = {k: (trained[k].shape, served[k].shape) for k in served}
+        return [
+            ParityCheck(
+                format="tokenize",
+                batch=len(texts),
+                output="*",
+                max_abs=float("inf"),
+                max_rel=float("inf"),
+                atol=0.0,
+                rtol=0.0,
+                passed=False,
+                note=f"token ids differ from the training tokenizer's (training vs bundle shapes {shapes})",
+            )
+        ], summary
+
+    def feed(fed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return [fed[n].astype(others[n].dtype, copy=False) if n in fed else others[n] for n in model_inputs]
+
+    want = eager(feed(trained))
+    checks: list[ParityCheck] = []
+    for runner in runners:
+        try:
+            got = runner(feed(served))
+        except Exception as exc:  # a form that cannot take the tokenized batch fails parity, with the reason
+            checks.append(
+                ParityCheck(
+                    format=f"{runner.name}+pre",
+                    batch=len(texts),
+                    output="*",
+                    max_abs=float("inf"),
+                    max_rel=float("inf"),
+                    atol=0.0,
+                    rtol=0.0,
+                    passed=False,
+                    note=f"failed to run: {str(exc).splitlines()[0][:200]}",
+                )
+            )
+            continue
+        found = compare(f"{runner.name}+pre", len(texts), out_names, want, got, override)
+        for c in found:
+            c.sizes = f"seq={summary['width']}"
+        checks.extend(found)
+    return checks, summary
 
 
 def raw_samples(
@@ -117,7 +304,7 @@ def run_preprocess_parity(
         trained = training_batch(pre.transform, spec, samples)
         reference = "the training transform"
     else:
-        trained, reference = served, "the declared steps (no training transform given)"
+        trained, reference = served, pre.reference or "the declared steps (no training transform given)"
     summary: dict[str, Any] = {
         "samples": len(samples),
         "raw_shape": list(samples[0].shape),

@@ -18,6 +18,10 @@ from torchscalpel.errors import ScalpelError, UsageError
 DEVICES = ("cpu", "cuda")
 CUDA_MISSING = "CUDA is not available here"
 """The start of every refusal of ``--device cuda`` on a machine without it (tests match it)."""
+TRT_PROVIDER = "TensorrtExecutionProvider"
+CUDA_PROVIDER = "CUDAExecutionProvider"
+GPU_FORMS = (("onnx-cuda", CUDA_PROVIDER), ("onnx-trt", TRT_PROVIDER))
+"""Extra ONNX rows export adds beside the CPU one, each only where onnxruntime has its provider."""
 
 
 def ort_providers(device: str) -> list[Any]:
@@ -38,6 +42,31 @@ def ort_providers(device: str) -> list[Any]:
             "onnxruntime-gpu on a machine with an NVIDIA GPU), or serve with --device cpu."
         )
     return [("CUDAExecutionProvider", {"use_tf32": "0"}), "CPUExecutionProvider"]
+
+
+def gpu_forms(available: Sequence[str], version: str) -> tuple[list[str], dict[str, str]]:
+    """Of :data:`GPU_FORMS`, the rows to add for onnxruntime's ``available`` providers, and for each row left
+    out the reason (the manifest and the latency table say it, rather than leaving the row silently absent)."""
+    rows: list[str] = []
+    absent: dict[str, str] = {}
+    for name, provider in GPU_FORMS:
+        if provider in available:
+            rows.append(name)
+        else:
+            absent[name] = f"onnxruntime {version} has no {provider}"
+    return rows, absent
+
+
+def provider_list(form: str) -> list[Any]:
+    """onnxruntime providers of an export row: ``onnx-trt`` is TensorRT's with CUDA's and the CPU's behind it
+    (TensorRT hands the nodes it cannot build to them), ``onnx-cuda`` is :func:`ort_providers` of cuda."""
+    if form == "onnx-trt":
+        return [
+            (TRT_PROVIDER, {"trt_fp16_enable": "False"}),
+            (CUDA_PROVIDER, {"use_tf32": "0"}),
+            "CPUExecutionProvider",
+        ]
+    return ort_providers("cuda" if form == "onnx-cuda" else "cpu")
 
 
 def cuda_provider_available() -> bool:
@@ -133,10 +162,18 @@ def torchscript_runner(path: Path) -> TorchRunner:
 class OrtRunner:
     """Runs an ONNX file in onnxruntime on the CPU execution provider (or CUDA's, with ``device="cuda"``)."""
 
-    def __init__(self, path: Path, *, name: str = "onnx", threads: int = 0, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        name: str = "onnx",
+        threads: int = 0,
+        device: str = "cpu",
+        providers: list[Any] | None = None,
+    ) -> None:
         import onnxruntime as ort
 
-        providers = ort_providers(device)
+        providers = providers if providers is not None else ort_providers(device)
         options = ort.SessionOptions()
         # 0 lets onnxruntime pick; benchmarks pin 1 so runs on shared cores compare fairly.
         options.intra_op_num_threads = threads

@@ -180,7 +180,16 @@ def load_transform(ref: str) -> tuple[Any, str]:
     the evaluation Dataset, whose ``.transform`` is read) and its label."""
     from torchscalpel.loading import load_callable
 
-    obj: Any = load_callable(ref, flag="--transform")
+    try:
+        obj: Any = load_callable(ref, flag="--transform")
+    except UsageError as exc:
+        if "not callable" not in str(exc):
+            raise
+        # a tokenizers.Tokenizer (not callable) named directly: the loader takes callables only
+        raise UsageError(
+            f"--transform {ref} names an object that is not callable (a tokenizers.Tokenizer?); name a "
+            "zero-argument function that returns it, e.g. 'def make_tokenizer(): return TOKENIZER'."
+        ) from None
     if inspect.isfunction(obj) and _required_params(obj):
         raise UsageError(
             f"--transform {ref} is a Python function that takes the input; it cannot be recorded as data "
@@ -256,3 +265,123 @@ def _as_callable(obj: Any) -> Any:
 
         return run
     return obj
+
+
+SNAPSHOT_ATTRS = (
+    "mean",
+    "std",
+    "size",
+    "interpolation",
+    "max_size",
+    "antialias",
+    "dtype",
+    "scale",
+    "inplace",
+)
+"""Attributes a recorded transform may carry (``runtime.transform_snapshot.ATTRS``)."""
+
+
+class _Recorded:
+    """A transform read back from a run record: its class name and plain attributes, nothing callable."""
+
+
+def _bad_record(source: str, what: str) -> UsageError:
+    return UsageError(
+        f"The transform recorded in {source} {what}; re-run the script under 'scalpel profile', or pass --transform."
+    )
+
+
+def _plain_ok(value: Any, depth: int = 0) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, list) and depth < 3 and len(value) <= 64:
+        return all(_plain_ok(v, depth + 1) for v in value)
+    if isinstance(value, dict) and depth < 3 and len(value) <= 8:
+        return all(isinstance(k, str) and _plain_ok(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _revive(node: Any, source: str, depth: int = 0) -> Any:
+    """A recorded node (``{"class", "attrs"}`` or ``{"class": "Compose", "items"}``) as an attribute holder whose
+    type is named after the class, checked field by field (the record is data from disk)."""
+    if not isinstance(node, dict) or depth > 4:
+        raise _bad_record(source, "is not a transform snapshot")
+    cls = node.get("class")
+    if not isinstance(cls, str) or not cls.isidentifier() or len(cls) > 80:
+        raise _bad_record(source, f"names the class {str(cls)[:40]!r}, not a class name")
+    if cls == "function":
+        name = node.get("name")
+        raise UsageError(
+            f"The transform {str(name)[:80] if isinstance(name, str) else 'function'} recorded in {source} is Python "
+            "code; it cannot be recorded as data (transforms are never pickled): replace it with known transforms, "
+            "or declare the steps with --preprocess JSON."
+        )
+    obj = type(cls, (_Recorded,), {})()
+    if cls == "Compose":
+        items = node.get("items")
+        if not isinstance(items, list) or len(items) > 32:
+            raise _bad_record(source, "has a chain that is not a list of up to 32 steps")
+        obj.transforms = [_revive(i, source, depth + 1) for i in items]
+        return obj
+    attrs = node.get("attrs", {})
+    if not isinstance(attrs, dict) or set(attrs) - set(SNAPSHOT_ATTRS) or not _plain_ok(attrs):
+        raise _bad_record(source, f"has attributes of {cls} that are not plain numbers and names")
+    for key, value in attrs.items():
+        setattr(obj, key, value)
+    if cls == "Lambda":
+        name = node.get("name")
+        obj.lambd = type("lambd", (), {"__qualname__": name if isinstance(name, str) else "lambda"})
+    return obj
+
+
+def from_record(ref: str) -> tuple[Any, str]:
+    """``RUN[:N]`` (a run folder or its run.json; N picks the DataLoader, in the order the script iterated
+    them) -> the recorded transform, revived as data, and its label. Without N, the first loader whose
+    transform has no random step (the evaluation transform, when both were iterated)."""
+    from pathlib import Path
+
+    from torchscalpel.record import load_record
+
+    path_text, sep, index_text = ref.rpartition(":")
+    if not sep or not index_text.isdigit():
+        path_text, index_text = ref, ""
+    where = Path(path_text)
+    if not (where / "run.json" if where.is_dir() else where).is_file():
+        raise UsageError(
+            f"--transform-from {ref}: there is no run record at {where}; pass the run folder of a 'scalpel "
+            "profile/doctor/run' of the training script, or its run.json."
+        )
+    record = load_record(where)
+    loaders = ((record.provenance or {}).get("seeds") or {}).get("loaders") or []
+    found = [
+        (i, e["transform"])
+        for i, e in enumerate(loaders)
+        if isinstance(e, dict) and isinstance(e.get("transform"), dict)
+    ]
+    if not found:
+        raise UsageError(
+            f"The run record {path_text} holds no dataset transform (no DataLoader with a dataset.transform was "
+            "iterated, or it was recorded by an older torchscalpel); pass --transform MODULE:NAME instead."
+        )
+    if index_text:
+        want = int(index_text)
+        match = [t for i, t in found if i == want]
+        if not match:
+            raise UsageError(
+                f"--transform-from {ref}: DataLoader {want} has no recorded transform; the record has one for "
+                f"{', '.join(str(i) for i, _ in found)}."
+            )
+        picked = match[0]
+    else:
+        picked = next((t for _, t in found if not _has_random(t.get("transform"))), found[0][1])
+    label = f"{path_text} (DataLoader over {str(picked.get('dataset', 'a dataset'))[:60]})"
+    return _revive(picked.get("transform"), label), label
+
+
+def _has_random(node: Any, depth: int = 0) -> bool:
+    if not isinstance(node, dict) or depth > 4:
+        return False
+    if str(node.get("class", "")).startswith(_RANDOM_PREFIXES):
+        return True
+    items = node.get("items")
+    return isinstance(items, list) and any(_has_random(i, depth + 1) for i in items)
