@@ -77,8 +77,20 @@ def build(record: RunRecord) -> list[Section]:
     if samples:
         labels = [f"step {s['step']}" for s in samples][-40:]
         series = {_NAMES[c]: [s["by_category"].get(c, 0) / mib for s in samples][-40:] for c in CATEGORIES}
+        # The peak is inside a step, above the step-end totals: drawn as its own line where the verdict says
+        total = peak.get("total")
+        drawn = (
+            (
+                float(total) / mib,
+                f"peak {fmt_bytes(total)} (step {peak.get('step')}, {peak.get('phase')})",
+                f"step {peak.get('step')}",
+            )
+            if isinstance(total, (int, float)) and total > 0
+            else None
+        )
         parts.append(
-            "<h3>Live memory at each step end</h3>" + stacked_bars("memory-steps", labels, series, unit="MiB")
+            "<h3>Live memory at each step end, and the peak</h3>"
+            + stacked_bars("memory-steps", labels, series, unit="MiB", peak=drawn)
         )
     parts.append(
         "<h3>At the peak, by kind</h3>"
