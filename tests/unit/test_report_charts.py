@@ -301,6 +301,16 @@ def test_the_memory_peak_is_drawn_above_the_step_end_bars_where_it_happened() ->
     assert (
         dot and 66 + (760 - 66 - 12) / 3 < float(dot.group(1)) < 66 + 2 * (760 - 66 - 12) / 3
     )  # over step 1
+    assert re.search(r'<text class="peak-label" x="[\d.]+" y="[\d.]+" text-anchor="end"', svg)
+    # a peak in the last bar (memory growing to the limit): its label at the left, away from the tall bars
+    late = charts.stacked_bars(
+        "memory-steps",
+        ["step 0", "step 1", "step 2"],
+        {"a": [1.0, 2.0, 3.0]},
+        unit="MiB",
+        peak=(3.5, "peak 3.5 MiB (step 2, forward)", "step 2"),
+    )
+    assert re.search(r'<text class="peak-label" x="68.0" y="[\d.]+" text-anchor="start"', late)
     one = charts.stacked_bars(
         "memory-steps", ["step 0"], {"a": [1.0]}, unit="MiB", peak=(4.0, "peak 4 MiB", None)
     )

@@ -148,7 +148,7 @@ def test_the_analyze_page_opens_with_what_the_traces_say(tmp_path) -> None:
     assert lines[0] == (
         "1 trace, 3 profiled step(s): mean step 2.10 ms; the top CPU op is aten::addmm (75.0% of CPU op self time)"
     )
-    assert lines[-1].startswith("next: scalpel analyze TRACE --diff OTHER")
+    assert lines[-1] == "next: scalpel analyze TRACE --diff OTHER (two traces compared, op by op)"
     diff = {
         "mean_step_us": {"a": 2000.0, "b": 2460.0},
         "ops": {"rows": [{"name": "aten::addmm", "status": "changed", "delta_us": 450.0}]},

@@ -106,11 +106,23 @@ def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
         elif s.get("verdict"):  # none, or not measured: said with its figures (trace.ranks.straggler_verdict)
             out.append(f"  straggler: {s['verdict']['sentence']}")
     first, *rest = verdict_lines(data, data.get("diff"))
-    # the verdict last, where a terminal's reader looks once the tables have scrolled by
-    out.extend(
-        ["", f"verdict: {first}", *(line for line in rest if not line.startswith(("straggler", "likely")))]
-    )
+    # the verdict last, where a terminal's reader looks once the tables have scrolled by; wrapped between
+    # words at a terminal's (or COLUMNS') width, whole on a pipe
+    said = [f"verdict: {first}", *(line for line in rest if not line.startswith(("straggler", "likely")))]
+    out.append("")
+    out.extend(piece for line in said for piece in _wrapped(line))
     return "\n".join(out)
+
+
+def _wrapped(line: str) -> list[str]:
+    """``line`` cut to the console's width between words (never inside a figure and its unit), continuation
+    lines indented by 2; whole where the console soft-wraps (a pipe without ``COLUMNS``)."""
+    from torchscalpel.console import make_console, wrap_spans
+
+    out = make_console()
+    if out.soft_wrap:
+        return [line]
+    return [" " * indent + line[start:end] for start, end, indent in wrap_spans(line, out.width, hang=2)]
 
 
 def format_diff(diff: dict[str, Any], *, top: int = 15) -> str:
@@ -196,13 +208,7 @@ def verdict_lines(data: dict[str, Any], diff: dict[str, Any] | None = None) -> l
                 f"the largest change: {_short(str(big['name']), 40)} ({big['status']}, "
                 f"{'+' if big['delta_us'] >= 0 else ''}{_ms(big['delta_us'])} ms)"
             )
-        out.append(
-            "next: scalpel compare RUN_A RUN_B names what differs between the two runs (code, config, "
-            "environment, machine load)"
-        )
+        out.append("next: scalpel compare RUN_A RUN_B (what else differs: code, config, environment, load)")
     else:
-        out.append(
-            "next: scalpel analyze TRACE --diff OTHER compares two traces; scalpel doctor -- SCRIPT finds the "
-            "pitfalls behind the figures of a script's own run"
-        )
+        out.append("next: scalpel analyze TRACE --diff OTHER (two traces compared, op by op)")
     return out

@@ -158,8 +158,8 @@ def _peak_svg(
     bar_w: float,
 ) -> str:
     """The peak line of :func:`stacked_bars`: dotted at its value across the plot, its label just under the
-    line at the right (inside the plot, haloed to read over a bar: above the line it met the legend), a dot
-    over the bar it happened in."""
+    line on the side away from the bar it happened in (inside the plot, haloed to read over a bar: above the
+    line it met the legend), a dot over that bar."""
     value, text, bar = peak
     y = to_y(value)
     parts = [
@@ -169,8 +169,11 @@ def _peak_svg(
     if bar is not None and bar in labels:
         x = left + (labels.index(bar) + 0.5) * bar_w
         parts.append(f'<circle class="peak" cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{PEAK_COLOUR}"/>')
+    # on the side away from the peak's own bar (the tallest bars stand around it), at the left when it
+    # would not fit at all
+    at_right = bar is None or bar not in labels or labels.index(bar) < len(labels) / 2
     fits = len(text) * CHAR_W < right_edge - left
-    anchor, x = ("end", right_edge - 2) if fits else ("start", float(left) + 2)
+    anchor, x = ("end", right_edge - 2) if fits and at_right else ("start", float(left) + 2)
     parts.append(
         f'<text class="peak-label" x="{x:.1f}" y="{y + 12:.1f}" text-anchor="{anchor}" fill="{PEAK_COLOUR}" '
         f'stroke="#fff" stroke-width="3" paint-order="stroke">{escape(text)}</text>'
