@@ -66,6 +66,9 @@ def test_doctor_fix_patch_applies_runs_is_idempotent_and_refuses_changes(tmp_pat
     check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=root, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     assert "opt.zero_grad" not in script.read_text(encoding="utf-8")  # no --apply: nothing written
+    page = (run / "fix.html").read_text(encoding="utf-8")  # the fix page, beside fix.json
+    assert f"page: {run / 'fix.html'}" in fixed.stderr
+    assert "1 change patched in 1 file, not written to your files" in page and "not verified" in page
 
     # A dirty tree: --apply says so and asks for --force (the script itself is unchanged).
     (root / "NOTES.txt").write_text("edited\n", encoding="utf-8")
@@ -77,6 +80,9 @@ def test_doctor_fix_patch_applies_runs_is_idempotent_and_refuses_changes(tmp_pat
     applied = run_cli("fix", str(run), "--apply", cwd=root)
     assert applied.returncode == 0, applied.stderr
     assert "opt.step()\n        opt.zero_grad(set_to_none=True)\n" in script.read_text(encoding="utf-8")
+    assert "1 change patched in 1 file, written to your files" in (run / "fix.html").read_text(
+        encoding="utf-8"
+    )
     assert _plain(script).returncode == 0
 
     again = run_cli("fix", str(run), cwd=root)  # already patched by this fix: no diff
@@ -151,6 +157,14 @@ def test_verify_reruns_doctor_on_the_patched_copy(tmp_path: Path) -> None:
     ):
         assert run_line in done.stderr, done.stderr
     assert "\r" not in done.stderr and "\x1b[" not in done.stderr
+    # the page and the run's report say it was verified, with the verification's lines
+    page = (run / "fix.html").read_text(encoding="utf-8")
+    assert "verified: the patched copy was re-run and measured" in page
+    assert "doctor on the patched copy: gone unsafe-torch-load; still there -; new -" in page
+    reported = run_cli("report", str(run))
+    assert reported.returncode == 0, reported.stderr
+    report = (run / "report.html").read_text(encoding="utf-8")
+    assert '<section id="fix">' in report and "verified: the patched copy was re-run and measured" in report
 
 
 def test_a_profile_run_is_refused_in_one_sentence(tmp_path: Path) -> None:

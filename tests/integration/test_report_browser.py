@@ -4,6 +4,7 @@ run together or out of their chart, and a screenshot of each that is not blank."
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import pickle
@@ -22,6 +23,7 @@ from helpers import run_cli
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "fixtures" / "scripts"
 MEMORY = Path(__file__).resolve().parents[1] / "fixtures" / "memory"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "fix"
 
 # Appended to a copy of the report: measures what the browser actually laid out, and records
 # any script error or console error into the DOM that --dump-dom prints.
@@ -54,13 +56,38 @@ window.addEventListener('load', () => {
     const outside = [...svg.querySelectorAll('text.tick, text.bar-label, g.legend text')].filter(t => {
       const b = t.getBoundingClientRect();
       return b.left < box.left - 0.5 || b.right > box.right + 0.5; }).map(own);
+    // the labels of marks drawn inside the plot (a suggestion, a divergence, a limit, a peak): whole, in the chart
+    const markLabels = [...svg.querySelectorAll('text.mark-label, text.peak-label, text.capacity-label')];
+    const clipped = markLabels.filter(t => { const b = t.getBoundingClientRect();
+      return b.left < box.left - 0.5 || b.right > box.right + 0.5 || b.top < box.top - 0.5 || b.bottom > box.bottom + 0.5;
+    }).map(own);
     return {name: svg.dataset.chart, width: box.width, height: box.height, marks,
             x_title: title('x-title'), y_title: title('y-title'), ticks, labels, overlaps, outside,
-            legend: !!svg.querySelector('g.legend'), capacity: !!svg.querySelector('.capacity, .capacity-label')};
+            legend: !!svg.querySelector('g.legend'), capacity: !!svg.querySelector('.capacity, .capacity-label'),
+            mark_labels: markLabels.map(own), clipped,
+            peak: [...svg.querySelectorAll('text.peak-label')].map(own),
+            y_scale: svg.dataset.yScale || null, y_min: parseFloat(svg.dataset.yMin), y_max: parseFloat(svg.dataset.yMax)};
   });
-  const sections = [...document.querySelectorAll('main section')].map(s => ({id: s.id, top: s.getBoundingClientRect().top}));
+  // anything laid out past its card's edges (a table wider than the card, a long code line), unless a
+  // scrolling box (a <pre>) or a chart (checked above) holds it
+  const overflow = [];
+  document.querySelectorAll('main section').forEach(sec => {
+    const sb = sec.getBoundingClientRect();
+    sec.querySelectorAll('*').forEach(el => {
+      const b = el.getBoundingClientRect();
+      if (b.width === 0 || b.height === 0) return;
+      for (let p = el.parentElement; p && p !== sec; p = p.parentElement) {
+        const ox = getComputedStyle(p).overflowX;
+        if (ox === 'auto' || ox === 'scroll' || ox === 'hidden' || p.tagName.toLowerCase() === 'svg') return;
+      }
+      if (b.right > sb.right + 0.5 || b.left < sb.left - 0.5)
+        overflow.push(sec.id + ' ' + el.tagName.toLowerCase() + ': ' + (el.textContent || '').slice(0, 80));
+    });
+  });
+  const sections = [...document.querySelectorAll('main section')].map(s => ({id: s.id, top: s.getBoundingClientRect().top,
+    headings: [...s.querySelectorAll('h3')].map(h => h.textContent), text: s.textContent.slice(0, 4000)}));
   const pre = document.createElement('pre'); pre.id = 'probe-result';
-  pre.textContent = JSON.stringify({charts, sections, errors: window.__errors});
+  pre.textContent = JSON.stringify({charts, sections, overflow, errors: window.__errors});
   document.body.appendChild(pre);
 });
 </script>
@@ -111,7 +138,7 @@ def _probe(browser: str, report: Path, tmp_path: Path, png: Path | None = None) 
     )
     match = re.search(r'<pre id="probe-result">(.*?)</pre>', result.stdout, re.S)
     assert match, f"probe did not run; chromium said: {result.stderr[-2000:]}"
-    data = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    data = json.loads(html.unescape(match.group(1)))
     assert data["errors"] == []
     assert "Uncaught" not in result.stderr
     for chart in data["charts"]:  # every chart names both axes, and the titles are laid out (visible)
@@ -335,7 +362,24 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
         str(base / "plan"),
         cwd=base,
     )
-    out = {kind: base / kind / "report.html" for kind in ("profile", "doctor", "memory", "plan")}
+    # a healthy memory run: its verdict reports a peak inside a step, above every step-end bar
+    _run("memory", "--steps", "12", "--no-plan", "--out", str(base / "memory-healthy"), "--", script)
+    # the profile's own trace through scalpel analyze
+    _run("analyze", str(base / "profile"), "--top", "8", "--html", str(base / "analyze.html"))
+    # a doctor run of a trainer fix patches (two findings), fixed without --apply, then its report
+    proj = base / "proj"
+    proj.mkdir()
+    shutil.copy(FIX / "resume_regression.py", proj / "train.py")
+    _run("doctor", "--out", "doctor", "--", "train.py", cwd=proj)
+    _run("fix", "doctor", cwd=proj)
+    _run("report", "doctor", cwd=proj)
+    out = {
+        kind: base / kind / "report.html"
+        for kind in ("profile", "doctor", "memory", "memory-healthy", "plan")
+    }
+    out["analyze"] = base / "analyze.html"
+    out["fix"] = proj / "doctor" / "fix.html"
+    out["fixed-run"] = proj / "doctor" / "report.html"
     out["compare"] = write_html(compare_runs([base / "profile", base / "doctor"]), base / "compare.html")
     records = {0: load_record(base / "profile" / "run.json"), 1: load_record(base / "doctor" / "run.json")}
     merged = json.loads(json.dumps(merge(records), default=str))
@@ -356,6 +400,10 @@ FIRST_SECTION = {
     "tune": "tune",
     "lr": "lr",
     "snapshot": "verdict",
+    "memory-healthy": "memory",
+    "analyze": "verdict",
+    "fix": "fix",
+    "fixed-run": "findings",
 }
 """The verdict section each kind of page opens with."""
 
@@ -389,6 +437,15 @@ def test_each_page_opens_with_its_verdict_and_its_chart_labels_are_distinct_and_
         assert chart["outside"] == [], (
             f"{kind}: chart {chart['name']} labels leave the chart: {chart['outside']}"
         )
+        assert chart["clipped"] == [], (
+            f"{kind}: chart {chart['name']} cuts its mark labels: {chart['clipped']}"
+        )
+        if chart["y_scale"] is not None:  # a line chart: log exactly where its positive values span decades
+            decades = chart["y_min"] > 0 and chart["y_max"] >= 10 * chart["y_min"]
+            assert (chart["y_scale"] == "log") == decades, (
+                f"{kind}: chart {chart['name']} draws {chart['y_min']}..{chart['y_max']} on a {chart['y_scale']} axis"
+            )
+    assert data["overflow"] == [], f"{kind}: laid out past its card: {data['overflow'][:5]}"
     png = data["png"]
     assert png.is_file() and png.stat().st_size > 1000, f"no screenshot of the {kind} page"
     assert _png_colours(png) > 8, f"the {kind} page's screenshot is blank"
@@ -428,3 +485,44 @@ def test_plan_report_leads_with_the_plan_and_draws_the_device_limit(laid_out: di
 def test_the_snapshot_page_draws_allocated_and_reserved_over_the_trace(laid_out: dict[str, dict]) -> None:
     chart = next(c for c in laid_out["snapshot"]["charts"] if c["name"] == "snapshot-timeline")
     assert chart["legend"] and chart["labels"]["legend"] == ["allocated", "reserved"] and chart["marks"] >= 2
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("kind", ["memory", "memory-healthy"])
+def test_the_memory_chart_draws_the_peak_its_verdict_reports(kind: str, laid_out: dict[str, dict]) -> None:
+    data = laid_out[kind]
+    verdict = next(s for s in data["sections"] if s["id"] == "memory")
+    reported = next(h for h in verdict["headings"] if h.startswith("At the peak: "))
+    figure = reported.removeprefix("At the peak: ")
+    chart = next(c for c in data["charts"] if c["name"] == "memory-steps")
+    assert chart["peak"] and figure in chart["peak"][0], (reported, chart["peak"])
+    assert chart["clipped"] == []
+
+
+@pytest.mark.browser
+def test_the_lr_sweep_draws_its_divergence_spike_on_a_log_loss_axis(laid_out: dict[str, dict]) -> None:
+    chart = next(c for c in laid_out["lr"]["charts"] if c["name"] == "lr-range-test")
+    assert chart["y_scale"] == "log" and "log scale" in chart["y_title"], chart
+    assert any(t.startswith("diverged") for t in chart["mark_labels"]) and chart["clipped"] == []
+    assert len(chart["labels"]["y"]) >= 3  # the descent has ticks of its own, not one tick under the spike
+
+
+@pytest.mark.browser
+def test_the_fix_page_and_the_fixed_runs_report_show_the_patch(laid_out: dict[str, dict]) -> None:
+    page = {s["id"]: s for s in laid_out["fix"]["sections"]}
+    assert list(page)[:1] == ["fix"] and {"fix-measured", "fix-diff"} <= set(page)
+    assert "2 changes patched in 1 file" in page["fix"]["text"] and "not verified" in page["fix"]["text"]
+    assert "findings fixed: unsafe-torch-load, whole-model-save" in page["fix-measured"]["text"]
+    assert "+    torch.save(model.state_dict(), CKPT)" in page["fix-diff"]["text"]
+    order = _section_order(laid_out["fixed-run"])
+    assert order[0] == "findings" and "fix" in order and "fix-diff" in order, order
+    assert order.index("fix") < order.index("fix-diff")
+
+
+@pytest.mark.browser
+def test_the_analyze_page_opens_with_what_the_trace_says(laid_out: dict[str, dict]) -> None:
+    verdict = next(s for s in laid_out["analyze"]["sections"] if s["id"] == "verdict")
+    assert re.search(r"1 trace, \d+ profiled step\(s\): mean step [\d.]+ ms", verdict["text"]), verdict[
+        "text"
+    ]
+    assert "next: " in verdict["text"]

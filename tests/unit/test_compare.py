@@ -306,7 +306,8 @@ def test_piped_comparison_is_not_wrapped_at_80(
 def test_compare_page_labels_are_readable_names_with_units() -> None:
     page = render(compare_records([make_record(), make_record(backward_scale=1.652)]))
     loss = page.split('data-chart="compare-loss"', 1)[1].split("</svg>", 1)[0]
-    assert ">loss</text>" in loss and ">value</text>" not in loss  # the y-axis names what is plotted
+    # the y-axis names what is plotted (on a log scale where the losses span a decade)
+    assert re.search(r">loss( \(log scale\))?</text>", loss) and ">value</text>" not in loss
     steps = page.split('data-chart="compare-steps"', 1)[1].split("</svg>", 1)[0]
     assert ">step time (ms)</text>" in steps
     assert "samples/s" in page and "samples_per_s" not in page  # the terminal's names, not raw keys
@@ -357,3 +358,15 @@ def test_a_verdict_within_noise_says_which_run_is_slower_and_by_how_much() -> No
     faster = compare_records([noisy_b, noisy_a]).pairs[0]
     assert re.match(r"B is 1\.\d\dx faster per step than A, within noise", faster.verdict), faster.verdict
     assert "machine load" not in pair.verdict  # neither run was busy
+
+
+def test_how_each_run_ended_is_not_a_config_difference() -> None:
+    from torchscalpel.compare.differences import config_differences
+
+    a = RunRecord(
+        name="a", config={"steps": 8, "stopped_by": {"kind": "steps", "reason": "stopped after 10 steps"}}
+    )
+    b = RunRecord(
+        name="b", config={"steps": 20, "stopped_by": {"kind": "steps", "reason": "stopped after 22 steps"}}
+    )
+    assert [d.key for d in config_differences(a, b)] == ["steps"]

@@ -129,3 +129,38 @@ def test_environment_section_in_the_html_report() -> None:
     assert "NVIDIA H100, 80 GiB, sm 9.0" in body
     assert "&lt;b&gt;INFO&lt;/b&gt;" in body and "<b>INFO" not in body  # escaped
     assert not [s for s in sections_for(RunRecord()) if s.id == "environment"]  # no facts, no section
+
+
+def test_at_80_columns_a_probe_table_that_would_wrap_its_cells_becomes_one_line_per_probe() -> None:
+    probes = [
+        {
+            "name": "matmul",
+            "device": "cpu",
+            "status": "ok",
+            "detail": "180.4 GFLOP/s fp32 at n=256",
+            "seconds": 0.2,
+        },
+        {
+            "name": "compile",
+            "device": "cpu",
+            "status": "ok",
+            "detail": "inductor: first call 14.6 s, then 0.12 ms",
+            "seconds": 30.0,
+        },
+        {
+            "name": "allreduce",
+            "device": "cpu",
+            "status": "ok",
+            "detail": "allreduce-gloo, 2 ranks: 3.22 ms per 1 MiB call, 0.33 GB/s bus",
+            "seconds": 8.8,
+        },
+    ]
+    report = {"tool_version": "0", "facts": {}, "probes": probes, "findings": []}
+    console = Console(record=True, width=80, color_system=None)
+    render(report, console)
+    text = console.export_text()
+    assert (
+        "┃" not in text and "compile (cpu): ok · inductor: first call 14.6 s, then 0.12 ms · 30.0 s" in text
+    )
+    assert all(len(line) <= 80 for line in text.splitlines())
+    assert "┃" in _text(report)  # wide enough: the table as before

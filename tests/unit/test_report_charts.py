@@ -143,7 +143,7 @@ def test_a_left_out_series_does_not_shift_the_legend_colours() -> None:
     assert bar_fills == 2 * legend_fills and legend_fills == [charts.PALETTE[0], charts.PALETTE[2]]
 
 
-def test_analyze_page_puts_the_diff_first(tmp_path) -> None:
+def test_analyze_page_puts_its_verdict_then_the_diff_first(tmp_path) -> None:
     from torchscalpel.report.html import write_analysis_html
 
     data = {
@@ -156,7 +156,7 @@ def test_analyze_page_puts_the_diff_first(tmp_path) -> None:
     out = tmp_path / "a.html"
     write_analysis_html(data, out, diff)
     ids = re.findall(r'<section id="([^"]+)"', out.read_text())
-    assert ids[0] == "trace-diff" and "trace-ops" in ids
+    assert ids[:2] == ["verdict", "trace-diff"] and "trace-ops" in ids
 
 
 def test_kernel_table_shows_short_names_with_the_full_one_on_hover() -> None:
@@ -235,3 +235,83 @@ def test_a_long_legend_wraps_inside_the_chart() -> None:
     # the plot starts below the legend's second row
     top_grid = min(float(y) for y in re.findall(r'class="grid"[^>]*|y1="([\d.]+)"', svg) if y)
     assert top_grid >= max(float(y) for _, y, _ in entries) + 4
+
+
+def test_a_positive_series_over_decades_gets_a_log_axis_and_a_narrow_one_stays_linear() -> None:
+    from torchscalpel.report.charts.axes import log_tick_label, log_ticks, spans_decades
+
+    descent = [2.0 - 0.03 * i for i in range(30)]
+    spiked = charts.lines("loss", list(range(31)), {"loss": [*descent, 50.0]}, y_title="loss")
+    assert 'data-y-scale="log"' in spiked and "loss (log scale)" in spiked
+    assert 'data-y-min="1.13" data-y-max="50"' in spiked
+    plain = charts.lines("loss", list(range(30)), {"loss": descent}, y_title="loss")
+    assert 'data-y-scale="linear"' in plain and "log scale" not in plain
+    # kept at zero, or with a value at or below zero: linear whatever the ratio
+    assert 'data-y-scale="linear"' in charts.lines("m", [0, 1, 2], {"m": [1.0, 5.0, 80.0]}, zero=True)
+    assert 'data-y-scale="linear"' in charts.lines("m", [0, 1, 2], {"m": [-1.0, 5.0, 80.0]})
+    assert spans_decades(1.0, 10.0) and not spans_decades(1.0, 9.9) and not spans_decades(0.0, 5.0)
+    assert log_ticks(1.13, 50.0) == [1.0, 2.0, 5.0, 10.0, 20.0, 50.0]
+    assert log_ticks(0.003, 2000.0) == [0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0]
+    assert [log_tick_label(v) for v in (0.02, 1.0, 50.0, 20000.0, 1e-5, 2e6)] == [
+        "0.02",
+        "1",
+        "50",
+        "2e4",
+        "1e-5",
+        "2e6",
+    ]
+
+
+def test_the_lr_sweeps_marks_stay_inside_the_chart_and_apart() -> None:
+    import re
+
+    xs = [10 ** (-5 + 5 * i / 39) for i in range(40)]
+    losses = [2.0 - 0.03 * i for i in range(39)] + [50.0]
+    svg = charts.lines(
+        "lr-range-test",
+        xs,
+        {"loss": losses},
+        x_title="learning rate (log scale)",
+        y_title="loss",
+        log_x=True,
+        marks=[(xs[25], "suggested 0.0028"), (xs[-1], "diverged 1")],
+    )
+    assert 'data-y-scale="log"' in svg
+    labels = re.findall(r'<text class="mark-label" x="([\d.]+)" y="([\d.]+)" text-anchor="(\w+)"', svg)
+    assert len(labels) == 2 and labels[0][1] != labels[1][1]  # one row each
+    x, _, anchor = labels[1]
+    # the divergence at the sweep's end: its label ends at the mark, inside the chart (760 px wide)
+    assert anchor == "end" and float(x) <= 760 - 14 and float(x) - len("diverged 1") * charts.CHAR_W >= 0
+
+
+def test_the_memory_peak_is_drawn_above_the_step_end_bars_where_it_happened() -> None:
+    import re
+
+    svg = charts.stacked_bars(
+        "memory-steps",
+        ["step 0", "step 1", "step 2"],
+        {"activations": [1.0, 1.0, 1.0], "parameters": [2.0, 2.0, 2.0]},
+        unit="MiB",
+        peak=(9.0, "peak 9.0 MiB (step 1, backward)", "step 1"),
+    )
+    assert '<text class="peak-label"' in svg and "peak 9.0 MiB (step 1, backward)" in svg
+    ticks = [float(t) for t in re.findall(r'class="tick y-tick"[^>]*>([\d.]+)<', svg)]
+    assert max(ticks) >= 9.0  # the scale reaches the peak, three times the step-end totals
+    dot = re.search(r'<circle class="peak" cx="([\d.]+)"', svg)
+    assert (
+        dot and 66 + (760 - 66 - 12) / 3 < float(dot.group(1)) < 66 + 2 * (760 - 66 - 12) / 3
+    )  # over step 1
+    assert re.search(r'<text class="peak-label" x="[\d.]+" y="[\d.]+" text-anchor="end"', svg)
+    # a peak in the last bar (memory growing to the limit): its label at the left, away from the tall bars
+    late = charts.stacked_bars(
+        "memory-steps",
+        ["step 0", "step 1", "step 2"],
+        {"a": [1.0, 2.0, 3.0]},
+        unit="MiB",
+        peak=(3.5, "peak 3.5 MiB (step 2, forward)", "step 2"),
+    )
+    assert re.search(r'<text class="peak-label" x="68.0" y="[\d.]+" text-anchor="start"', late)
+    one = charts.stacked_bars(
+        "memory-steps", ["step 0"], {"a": [1.0]}, unit="MiB", peak=(4.0, "peak 4 MiB", None)
+    )
+    assert "peak 4 MiB" in one  # one bar is a table: the peak is a row of it

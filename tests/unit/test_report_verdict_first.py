@@ -122,3 +122,52 @@ def test_the_demo_page_links_each_stages_outputs(tmp_path) -> None:
     page = _write_combined_report(tmp_path, results).read_text()
     assert '<td class=""><a href="env/env.json">env/env.json</a></td>' in page
     assert "failed: &lt;no bundle&gt;" in page  # every other cell is still escaped
+
+
+def _analysis() -> dict:
+    steps = [
+        {"name": f"ProfilerStep#{i}", "dur_us": 2000.0 + 100 * i, "cpu_busy_us": 1900.0, "cpu_categories": {}}
+        for i in range(3)
+    ]
+    return {
+        "ranks": [
+            {"rank": 0, "device": "cpu", "events": 10, "steps": steps, "complete": True, "path": "r.json"}
+        ],
+        "top_ops": [
+            {"name": "aten::addmm", "self_us": 3000.0, "total_us": 3500.0, "count": 3, "category": "matmul"}
+        ],
+        "categories": {"matmul": 3000.0, "other": 1000.0},
+    }
+
+
+def test_the_analyze_page_opens_with_what_the_traces_say(tmp_path) -> None:
+    from torchscalpel.report.analyze_terminal import verdict_lines
+    from torchscalpel.report.html import write_analysis_html
+
+    lines = verdict_lines(_analysis())
+    assert lines[0] == (
+        "1 trace, 3 profiled step(s): mean step 2.10 ms; the top CPU op is aten::addmm (75.0% of CPU op self time)"
+    )
+    assert lines[-1] == "next: scalpel analyze TRACE --diff OTHER (two traces compared, op by op)"
+    diff = {
+        "mean_step_us": {"a": 2000.0, "b": 2460.0},
+        "ops": {"rows": [{"name": "aten::addmm", "status": "changed", "delta_us": 450.0}]},
+    }
+    said = verdict_lines(_analysis(), diff)
+    assert "diff: B's mean step is 2.46 ms against A's 2.00 ms: B is 1.23x slower per step" in said
+    assert "the largest change: aten::addmm (changed, +0.45 ms)" in said
+    page = tmp_path / "analyze.html"
+    write_analysis_html(_analysis(), page)
+    assert _first_section(page.read_text(encoding="utf-8")) == "verdict"
+
+
+def test_a_verdict_shows_commands_as_code_not_as_literal_backticks() -> None:
+    from torchscalpel.report.page import code_spans
+
+    assert (
+        code_spans("what `scalpel tune` tries <here>") == "what <code>scalpel tune</code> tries &lt;here&gt;"
+    )
+    assert code_spans("an odd ` stays") == "an odd ` stays"
+    page = _page(_profiled())
+    verdict = page.split('<section id="profile-verdict">', 1)[1].split("</section>", 1)[0]
+    assert "`" not in verdict and "<code>scalpel tune</code>" in verdict

@@ -72,3 +72,17 @@ def test_profile_page_says_the_cap_not_the_planned_steps() -> None:
     assert section is not None
     assert "stopped by the 120 s time cap at step 228 of 300" in section.body
     assert "planned steps" not in section.body
+
+
+def test_a_training_script_stopped_before_its_first_optimizer_step_is_not_called_inference() -> None:
+    from torchscalpel.record import StepRecord
+    from torchscalpel.runtime.run_notes import no_optimizer_note
+
+    trained = [StepRecord(index=0, total_ms=5.0, forward_ms=2.0, backward_ms=3.0)]
+    served = [StepRecord(index=i, total_ms=2.0, forward_ms=2.0) for i in range(3)]
+    assert no_optimizer_note("forward", "complete", served) == (
+        "no optimizer stepped: steps were delimited by forward calls (inference)"
+    )
+    for status, steps in (("stopped", served), ("failed", served), ("complete", trained)):
+        note = no_optimizer_note("forward", status, steps)
+        assert "inference" not in note and note.startswith("no optimizer stepped before the run ended")

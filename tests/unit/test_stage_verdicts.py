@@ -48,7 +48,7 @@ def test_a_healthy_memory_run_says_stable_with_its_headroom_and_what_to_run_next
     said = memory_terminal.verdict(section)
     assert said == (
         "verdict: stable, no growth over 18 step ends; peak 24.0 MiB, headroom 1000.0 MiB of 1.00 GiB "
-        "(host RAM (a CPU run))"
+        "(host RAM, a CPU run)"
     )
     assert memory_terminal.summary_lines(section)[0] == said  # the verdict comes first
     assert memory_terminal.next_line(section, "train.py", "runs/m").startswith(

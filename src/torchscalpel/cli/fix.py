@@ -77,7 +77,12 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             buffer.write(result.patch.encode("utf-8", "surrogateescape"))
             buffer.flush()
-    for line in summary_lines(result):
+    from torchscalpel.report.fix_sections import write_pages
+
+    pages = write_pages([run_dir for run_dir, _ in result.records]) if result.changes else []
+    for line in summary_lines(result) + [
+        f"page: {p} (the diff, what was measured, verified or not)" for p in pages[:1]
+    ]:
         print(line, file=sys.stderr if result.patch else sys.stdout)
     if result.verification is not None and not result.verification.ok:
         return 1

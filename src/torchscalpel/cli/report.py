@@ -95,7 +95,8 @@ def output_path(records: list[Path], out: Path | None) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """Validate every path first, then render and write the page."""
-    from torchscalpel.report.html import RecordGroup, record_page, render_records
+    from torchscalpel.report.fix_sections import sections_in
+    from torchscalpel.report.html import RecordGroup, record_page_with, render_records
 
     launch = _launch_summary(args.records[0]) if len(args.records) == 1 and not args.check else None
     if launch is not None:  # a launch folder's launch.json: the launch's own page
@@ -110,10 +111,14 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         return _check(records, args.records)
     out = output_path(list(args.records), args.out)
+    fixes = [sections_in(p) for p in args.records]  # a fixed run's page shows the fix (fix.json beside it)
     if len(records) == 1:
-        html = record_page(records[0])
+        html = record_page_with(records[0], fixes[0])
     else:
-        groups = [RecordGroup(record=r, source=str(p)) for r, p in zip(records, args.records, strict=True)]
+        groups = [
+            RecordGroup(record=r, source=str(p), extra=f)
+            for r, p, f in zip(records, args.records, fixes, strict=True)
+        ]
         names = ", ".join(g.record.name for g in groups)
         html = render_records(
             groups, title=args.title or "torchscalpel report", subtitle=f"{len(records)} records: {names}"

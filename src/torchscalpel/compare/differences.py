@@ -24,8 +24,10 @@ VOLATILE_ENV = (
 )
 """Environment facts that differ between any two runs on the same machine."""
 
-IGNORED_CONFIG = ("tune_settings", "settings_file", "tune_applied")
-"""Config keys compared elsewhere (as tune settings) or not at all (where the settings file lay)."""
+IGNORED_CONFIG = ("tune_settings", "settings_file", "tune_applied", "stopped_by")
+"""Config keys compared elsewhere (as tune settings) or not at all (where the settings file lay; what ended
+the run, an outcome of the run window compared beside it: two runs of 8 and 20 steps listed their
+``{"kind": "steps", "reason": ...}`` as a third difference)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from torchscalpel.errors import UsageError
@@ -93,3 +94,100 @@ def checked_script(records: list[tuple[Path, RunRecord]], root: Path | None) -> 
     if why:
         raise UsageError(f"--verify runs only the script the run in {run_dir} measured, and {why}.")
     return record, path
+
+
+@dataclass(frozen=True, slots=True)
+class MarkItem:
+    """One planned change as ``fix.json`` keeps it."""
+
+    label: str
+    source: str
+    """``tune``, ``doctor``, ``memory`` or ``profile``: the stage whose run asked for it."""
+    status: str
+    """``patched``, ``already`` or ``not patched``."""
+    where: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class MarkRun:
+    """A run the patch came from: its folder and what it measured (the patch header's lines)."""
+
+    folder: str
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FixMark:
+    """What ``fix.json`` says about the patch ``scalpel fix`` made from a run folder: the diff, where each
+    planned change went, the runs and figures it came from, whether it was written and whether (and how)
+    it was verified. Read by :func:`read_mark`; the fix page (``report/fix_sections``) draws it."""
+
+    made: str
+    patch: str
+    items: tuple[MarkItem, ...]
+    runs: tuple[MarkRun, ...]
+    applied: bool
+    verified: bool | None
+    """True or False after ``--verify``; None when the patch was not verified."""
+    verification: tuple[str, ...]
+    """The verification's lines (its figures), empty when it was not run."""
+
+
+MARK_TEXT_LIMIT = 4_000_000
+"""Most characters of text ``fix.json`` may hold for the page (a diff of every file fix edits fits many
+times over); a larger one is not drawn."""
+
+
+def _strings(value: object) -> tuple[str, ...] | None:
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        return None
+    return tuple(value)
+
+
+def read_mark(run_dir: Path) -> FixMark | None:
+    """The fix record in ``run_dir`` (``fix.json``), every field checked against its type; None when
+    there is none, or when it is not one ``scalpel fix`` wrote (a file is data: a wrong shape is not
+    drawn). A mark written before this record existed (``files`` only) is None too."""
+    try:
+        path = run_dir / MARK_FILE
+        if path.stat().st_size > MARK_TEXT_LIMIT:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    patch, made, applied = data.get("patch"), data.get("made"), data.get("applied")
+    raw_items, raw_runs, check = data.get("items"), data.get("runs"), data.get("verification")
+    if not (
+        isinstance(patch, str)
+        and isinstance(made, str)
+        and isinstance(applied, bool)
+        and isinstance(raw_items, list)
+        and isinstance(raw_runs, list)
+        and (check is None or isinstance(check, dict))
+    ):
+        return None
+    items = []
+    for entry in raw_items:
+        fields = [entry.get(k) if isinstance(entry, dict) else None for k in MarkItem.__slots__]
+        texts = [f for f in fields if isinstance(f, str)]
+        if len(texts) != len(fields):
+            return None
+        items.append(MarkItem(*texts))
+    runs = []
+    for entry in raw_runs:
+        folder = entry.get("folder") if isinstance(entry, dict) else None
+        lines = _strings(entry.get("lines")) if isinstance(entry, dict) else None
+        if not isinstance(folder, str) or lines is None:
+            return None
+        runs.append(MarkRun(folder, lines))
+    verified: bool | None = None
+    verification: tuple[str, ...] = ()
+    if check is not None:
+        ok, lines = check.get("ok"), _strings(check.get("lines"))
+        if not isinstance(ok, bool) or lines is None:
+            return None
+        verified, verification = ok, lines
+    return FixMark(made, patch, tuple(items), tuple(runs), applied, verified, verification)

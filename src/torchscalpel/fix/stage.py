@@ -118,37 +118,45 @@ def _text(record: RunRecord, run_dir: Path, file: Path, root: Path, script: Path
 
 
 def _header(records: list[tuple[Path, RunRecord]], items: list[Item]) -> list[str]:
-    from torchscalpel.fix.memory_plan import header_lines as memory_header
-    from torchscalpel.tune.speedup import speedup_of
-
     lines = ["scalpel fix: the change measured by the runs below, as an edit of your code."]
     for run_dir, record in records:
-        env = record.environment or {}
-        gpus = env.get("gpus") or []
-        cpu = env.get("cpu")
-        cpu = cpu if isinstance(cpu, dict) else {}  # shown only: a record of any shape reads
-        machine = (
-            ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus)
-            if isinstance(gpus, list) and gpus
-            else f"CPU {cpu.get('model', '?')}, {cpu.get('usable_cores', '?')} cores"
-        )
-        lines.append(f"run: {run_dir} ({record.name}, torch {env.get('torch', '?')}, {machine})")
-        tune = record.section(TuneSection)
-        if tune is not None and tune.winner:
-            lines.append(f"measured: {speedup_of(tune.winner).sentence()}")
-        doctor = record.section(DoctorSection)
-        if doctor is not None:
-            fixed = sorted({i.rule for i in items if i.source == "doctor" and i.status == "patched"})
-            if fixed:
-                lines.append(f"findings fixed: {', '.join(fixed)}")
-        lines.extend(
-            memory_header(record, {i.rule for i in items if i.source == "memory" and i.status == "patched"})
-        )
-        if record.command:
-            lines.append(f"reproduce: {' '.join(record.command)}")
+        lines.extend(run_lines(run_dir, record, items))
     for item in items:
         if item.status == "not patched":
             lines.append(f"not patched: {item.label}: {item.reason}")
+    return lines
+
+
+def run_lines(run_dir: Path, record: RunRecord, items: list[Item]) -> list[str]:
+    """What the patch came from in one run: the run (its folder, name, torch, machine), the figures it
+    measured for what was patched (tune's speedup, the findings fixed, the memory crossing and the rung's
+    plan peak), and the command that reproduces it. The patch's header and the fix page both show these."""
+    from torchscalpel.fix.memory_plan import header_lines as memory_header
+    from torchscalpel.tune.speedup import speedup_of
+
+    env = record.environment or {}
+    gpus = env.get("gpus") or []
+    cpu = env.get("cpu")
+    cpu = cpu if isinstance(cpu, dict) else {}  # shown only: a record of any shape reads
+    machine = (
+        ", ".join(str(g.get("name", g)) if isinstance(g, dict) else str(g) for g in gpus)
+        if isinstance(gpus, list) and gpus
+        else f"CPU {cpu.get('model', '?')}, {cpu.get('usable_cores', '?')} cores"
+    )
+    lines = [f"run: {run_dir} ({record.name}, torch {env.get('torch', '?')}, {machine})"]
+    tune = record.section(TuneSection)
+    if tune is not None and tune.winner:
+        lines.append(f"measured: {speedup_of(tune.winner).sentence()}")
+    doctor = record.section(DoctorSection)
+    if doctor is not None:
+        fixed = sorted({i.rule for i in items if i.source == "doctor" and i.status == "patched"})
+        if fixed:
+            lines.append(f"findings fixed: {', '.join(fixed)}")
+    lines.extend(
+        memory_header(record, {i.rule for i in items if i.source == "memory" and i.status == "patched"})
+    )
+    if record.command:
+        lines.append(f"reproduce: {' '.join(record.command)}")
     return lines
 
 
@@ -327,8 +335,12 @@ def write_all(result: FixResult) -> None:
 
 
 def mark_result(result: FixResult) -> None:
-    """Record each file's before/after hash, and where each of its lines went, in every run
-    folder (best effort: a read-only folder is fine)."""
+    """Record, in every run folder (best effort: a read-only folder is fine), each file's before/after
+    hash and where each of its lines went (what a later ``scalpel fix`` reads), and the fix itself: the
+    diff, each planned change's fate, what each run measured, whether the files were written and the
+    verification's lines (:class:`torchscalpel.fix.measured.FixMark`, what the fix page draws)."""
+    from datetime import datetime, timezone
+
     from torchscalpel.fix.linemap import line_map
 
     files = {
@@ -339,9 +351,25 @@ def mark_result(result: FixResult) -> None:
         }
         for p, (b, a) in result.changes.items()
     }
+    check = result.verification
+    mark = {
+        "files": files,
+        "made": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "patch": result.patch,
+        "items": [
+            {"label": i.label, "source": i.source, "status": i.status, "where": i.where, "reason": i.reason}
+            for i in result.items
+        ],
+        "runs": [
+            {"folder": str(run_dir), "lines": run_lines(run_dir, record, result.items)}
+            for run_dir, record in result.records
+        ],
+        "applied": result.applied,
+        "verification": None if check is None else {"ok": bool(check.ok), "lines": list(check.lines())},
+    }
     for run_dir, _ in result.records:
         try:
-            (run_dir / MARK_FILE).write_text(json.dumps({"files": files}, indent=1), encoding="utf-8")
+            (run_dir / MARK_FILE).write_text(json.dumps(mark, indent=1), encoding="utf-8")
         except OSError:
             pass
 
@@ -372,4 +400,6 @@ def run(options: FixOptions) -> FixResult:
     if options.apply and result.changes:
         write_all(result)
         result.applied = True
+    if result.changes and (result.applied or result.verification is not None):
+        mark_result(result)  # again: what was written and what the verification measured
     return result

@@ -105,7 +105,24 @@ def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
             out.append(f"  likely straggler: {s['reason']}")
         elif s.get("verdict"):  # none, or not measured: said with its figures (trace.ranks.straggler_verdict)
             out.append(f"  straggler: {s['verdict']['sentence']}")
+    first, *rest = verdict_lines(data, data.get("diff"))
+    # the verdict last, where a terminal's reader looks once the tables have scrolled by; wrapped between
+    # words at a terminal's (or COLUMNS') width, whole on a pipe
+    said = [f"verdict: {first}", *(line for line in rest if not line.startswith(("straggler", "likely")))]
+    out.append("")
+    out.extend(piece for line in said for piece in _wrapped(line))
     return "\n".join(out)
+
+
+def _wrapped(line: str) -> list[str]:
+    """``line`` cut to the console's width between words (never inside a figure and its unit), continuation
+    lines indented by 2; whole where the console soft-wraps (a pipe without ``COLUMNS``)."""
+    from torchscalpel.console import make_console, wrap_spans
+
+    out = make_console()
+    if out.soft_wrap:
+        return [line]
+    return [" " * indent + line[start:end] for start, end, indent in wrap_spans(line, out.width, hang=2)]
 
 
 def format_diff(diff: dict[str, Any], *, top: int = 15) -> str:
@@ -129,3 +146,69 @@ def format_diff(diff: dict[str, Any], *, top: int = 15) -> str:
                 f"{r['count_b']:>8}  {r['status']:<8} {_short(r['name'])}"
             )
     return "\n".join(out)
+
+
+def verdict_lines(data: dict[str, Any], diff: dict[str, Any] | None = None) -> list[str]:
+    """What the traces say, first sentence first: where the time goes (the step, GPU busy or the top CPU
+    op's share), a straggler, a trace read only in part, the diff's direction and size; then what to run
+    next. The analyze page opens with these; the terminal prints them last."""
+    ranks = data.get("ranks") or []
+    steps = [
+        s["dur_us"]
+        for r in ranks
+        for s in (r.get("steps") or [])
+        if isinstance(s.get("dur_us"), (int, float))
+    ]
+    what = f"{len(ranks)} trace{'s' if len(ranks) != 1 else ''}"
+    if steps:
+        head = f"{what}, {len(steps)} profiled step(s): mean step {_ms(sum(steps) / len(steps))} ms"
+    else:
+        head = f"{what} without step annotations (ProfilerStep#N): the figures cover the whole trace"
+    gpus = [r["gpu"] for r in ranks if r.get("gpu")]
+    if gpus:
+        idle = max(g["idle_pct"] for g in gpus)
+        head += f"; the GPU is idle {idle:.1f}% of its span" + (
+            " (the most idle rank)" if len(gpus) > 1 else ""
+        )
+    ops = data.get("top_ops") or []
+    total = sum(float(v) for v in (data.get("categories") or {}).values())
+    if ops and total > 0:
+        top = ops[0]
+        head += (
+            f"; the top CPU op is {_short(str(top['name']), 40)} "
+            f"({100 * float(top['self_us']) / total:.1f}% of CPU op self time)"
+        )
+    out = [head]
+    s = data.get("stragglers")
+    if s and s.get("likely_straggler") is not None:
+        out.append(f"likely straggler: {s['reason']}")
+    elif s and s.get("verdict"):
+        out.append(f"straggler: {s['verdict']['sentence']}")
+    for r in ranks:
+        if not r.get("complete", True):
+            error = r.get("error") or {}
+            out.append(
+                f"rank {r['rank']}'s trace is incomplete ({error.get('reason', 'unreadable')} at byte "
+                f"{error.get('byte_offset', '?')}): its figures cover the events before it"
+            )
+    if diff is not None:
+        ms = diff.get("mean_step_us") or {}
+        a, b = ms.get("a"), ms.get("b")
+        if a and b:
+            ratio = b / a
+            direction = f"{ratio:.2f}x slower" if ratio >= 1 else f"{1 / ratio:.2f}x faster"
+            out.append(
+                f"diff: B's mean step is {_ms(b)} ms against A's {_ms(a)} ms: B is {direction} per step"
+            )
+        rows = [row for kind in ("ops", "kernels") for row in (diff.get(kind) or {}).get("rows", [])]
+        changed = [row for row in rows if row.get("status") != "same" and row.get("delta_us") is not None]
+        if changed:
+            big = max(changed, key=lambda row: abs(float(row["delta_us"])))
+            out.append(
+                f"the largest change: {_short(str(big['name']), 40)} ({big['status']}, "
+                f"{'+' if big['delta_us'] >= 0 else ''}{_ms(big['delta_us'])} ms)"
+            )
+        out.append("next: scalpel compare RUN_A RUN_B (what else differs: code, config, environment, load)")
+    else:
+        out.append("next: scalpel analyze TRACE --diff OTHER (two traces compared, op by op)")
+    return out

@@ -143,7 +143,31 @@ def render(report: dict[str, Any], console: Console) -> None:
     console.print(grid)
 
     probes = report.get("probes") or []
-    if probes:
+    cells = [
+        [
+            str(p["name"]),
+            str(p["device"]),
+            str(p["status"]),
+            str(p.get("detail", "")),
+            f"{p.get('seconds', 0):.1f} s",
+        ]
+        for p in probes
+    ]
+    # the table's width: each column's widest cell (or header) and 3 columns of rule and padding between
+    wide = (
+        sum(
+            max(len(c[i]) for c in [["probe", "device", "status", "result", "time"], *cells])
+            for i in range(5)
+        )
+        + 12
+    )
+    if probes and wide > console.width:
+        # a table narrower than its cells wrapped them ("then 0.12" / "ms"): each probe a line of its own,
+        # wrapped between words (say), never inside a figure
+        console.print(Text("Probes", style="bold"))
+        for name, device, status, detail, took in cells:
+            say(console, f"{name} ({device}): {status} · {detail} · {took}", hang=2, sep=" · ")
+    elif probes:
         table = Table(title="Probes", title_justify="left", show_edge=False)
         for col in ("probe", "device", "status", "result", "time"):
             table.add_column(col, justify="right" if col == "time" else "left")

@@ -46,9 +46,10 @@ def section_builders() -> list[SectionBuilder]:
     ]
 
 
-VERDICT_IDS = ("tune", "lr", "batch", "plan", "findings", "trace-diff", "memory", "profile-verdict")
+VERDICT_IDS = ("tune", "lr", "batch", "plan", "findings", "trace-diff", "memory", "profile-verdict", "fix")
 """Section ids that carry a verdict: the recommendation, the learning-rate suggestion, the best batch size, the plan, the findings,
-a comparison, memory's peak and out-of-memory fix ladder, where a profiled step goes. They lead the page."""
+a comparison, memory's peak and out-of-memory fix ladder, where a profiled step goes, the patch scalpel fix made from
+the run (and whether it was verified). They lead the page."""
 
 ENVIRONMENT_IDS = ("environment",)
 """Section ids that describe where a run happened: they close the page."""
@@ -76,6 +77,7 @@ font-variant-numeric:tabular-nums}svg.chart{display:block;margin:8px 0;font-size
 svg .grid{stroke:#e1e4e8}.sev-error{color:#b42318;font-weight:600}.sev-warning{color:#b54708;font-weight:600}
 .sev-info{color:#175cd3}pre{background:#f3f4f6;padding:8px;overflow-x:auto;font-size:12px}
 .muted{color:#667085}.kpis{display:flex;gap:24px;flex-wrap:wrap}.kpi b{display:block;font-size:20px}
+td:not(.num),code,li,p{overflow-wrap:anywhere}
 """
 
 
@@ -123,8 +125,15 @@ def write_report(record: RunRecord, path: Path) -> Path:
 
 def record_page(record: RunRecord) -> str:
     """The report page of one record: every section its builders produce."""
+    return record_page_with(record, ())
+
+
+def record_page_with(record: RunRecord, extra: Sequence[Section]) -> str:
+    """The report page of one record with ``extra`` sections beside its builders' (a fixed run's fix
+    sections, read from its folder), in verdict-first order."""
     subtitle = f"{clip(_target_text(record))} · {clip(record.created)} · {clip(record.status)}"
-    return render_page(f"torchscalpel · {clip(record.name)}", subtitle, sections_for(record))
+    sections = verdict_first([*sections_for(record), *extra])
+    return render_page(f"torchscalpel · {clip(record.name)}", subtitle, sections)
 
 
 def _target_text(record: RunRecord) -> str:
@@ -170,6 +179,8 @@ class RecordGroup:
     """Defaults to ``<kind> · <record name>``."""
     source: str = ""
     """Where the record was read from (shown under the title)."""
+    extra: Sequence[Section] = ()
+    """Sections beside the record's builders' (a fixed run's fix sections)."""
 
 
 _GROUP_CSS = (
@@ -217,7 +228,7 @@ def render_records(
         nav.append(f'<a href="#{escape(gid)}">{escape(heading)}</a>')
         body: list[str] = []
         repeated: list[str] = []
-        for s in sections_for(record):
+        for s in verdict_first([*sections_for(record), *group.extra]):
             key = (s.title, _machine_key(record) if s.id == "environment" else s.body)
             if key in seen:
                 repeated.append(f"{s.title} (as in {seen[key]})")
@@ -333,11 +344,17 @@ def scope_css(css: str, scope: str) -> str:
 
 def write_analysis_html(data: dict[str, Any], path: Path, diff: dict[str, Any] | None = None) -> None:
     """The ``scalpel analyze`` page: the shared page style with the trace (and diff) sections."""
+    from torchscalpel.report.analyze_terminal import verdict_lines
     from torchscalpel.report.trace_sections import build_diff_section, build_trace_sections
 
     sections = build_trace_sections(data)
-    if diff is not None:  # the comparison is the verdict: it leads the page
+    if diff is not None:  # the comparison leads the evidence
         sections.insert(0, build_diff_section(diff))
+    first, *rest = verdict_lines(data, diff)
+    body = f"<p><b>{escape(first[:1].upper() + first[1:])}.</b></p>" + (
+        "<ul>" + "".join(f"<li>{escape(line)}</li>" for line in rest) + "</ul>" if rest else ""
+    )
+    sections.insert(0, Section(id="verdict", title="Verdict", body=body))
     files = ", ".join(Path(r["path"]).name for r in data["ranks"])
     from torchscalpel.fileio import atomic_write_text
 

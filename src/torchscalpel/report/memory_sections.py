@@ -37,7 +37,13 @@ def build(record: RunRecord) -> list[Section]:
                 id="memory", title="Memory", body=f"<p>{escape(str(m.get('error', 'no memory data')))}</p>"
             )
         ]
-    mib = 1024**2
+    peak_total = (m.get("peak") or {}).get("total")
+    # the charts' unit from the peak: a small run's 28 KiB read as 0.00 MiB in every row
+    unit, mib = (
+        ("KiB", 1024.0)
+        if isinstance(peak_total, (int, float)) and peak_total < 1024**2
+        else ("MiB", 1024.0**2)
+    )
     # The verdict first (the peak, the out-of-memory cause and its fix ladder, growth): it sat ~900 px
     # down, below two charts. The charts and tables follow in their own section.
     verdict: list[str] = []
@@ -68,7 +74,11 @@ def build(record: RunRecord) -> list[Section]:
         verdict.append(
             f"<h3>Growth: {escape(fmt_bytes(growth['per_step']))} per step</h3>"
             + (
-                f"<p>{growth['steps_left']} more steps until {escape(fmt_bytes(growth.get('capacity')))}</p>"
+                (
+                    f"<p>{growth['steps_left']} more steps until {escape(fmt_bytes(growth.get('capacity')))}</p>"
+                    if growth["steps_left"]
+                    else f"<p>It reached {escape(fmt_bytes(growth.get('capacity')))} in this run.</p>"
+                )
                 if growth.get("steps_left") is not None
                 else ""
             )
@@ -77,8 +87,20 @@ def build(record: RunRecord) -> list[Section]:
     if samples:
         labels = [f"step {s['step']}" for s in samples][-40:]
         series = {_NAMES[c]: [s["by_category"].get(c, 0) / mib for s in samples][-40:] for c in CATEGORIES}
+        # The peak is inside a step, above the step-end totals: drawn as its own line where the verdict says
+        total = peak.get("total")
+        drawn = (
+            (
+                float(total) / mib,
+                f"peak {fmt_bytes(total)} (step {peak.get('step')}, {peak.get('phase')})",
+                f"step {peak.get('step')}",
+            )
+            if isinstance(total, (int, float)) and total > 0
+            else None
+        )
         parts.append(
-            "<h3>Live memory at each step end</h3>" + stacked_bars("memory-steps", labels, series, unit="MiB")
+            "<h3>Live memory at each step end, and the peak</h3>"
+            + stacked_bars("memory-steps", labels, series, unit=unit, peak=drawn)
         )
     parts.append(
         "<h3>At the peak, by kind</h3>"
@@ -86,7 +108,7 @@ def build(record: RunRecord) -> list[Section]:
             "memory-peak",
             ["peak"],
             {_NAMES[c]: [peak["by_category"].get(c, 0) / mib] for c in CATEGORIES},
-            unit="MiB",
+            unit=unit,
         )
     )
     parts.append(

@@ -38,7 +38,7 @@ def capacity_words(section: dict[str, Any]) -> str:
     """What the run's headroom is measured against: the --memory-limit, the GPU, or (a CPU run) host RAM."""
     if section.get("limit"):
         return "the --memory-limit"
-    return "host RAM (a CPU run)" if section.get("device") == "cpu" else "the device's memory"
+    return "host RAM, a CPU run" if section.get("device") == "cpu" else "the device's memory"
 
 
 def _count(value: Any) -> int | None:

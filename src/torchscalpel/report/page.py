@@ -51,3 +51,12 @@ def table(
         for row in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def code_spans(text: str) -> str:
+    """``text`` escaped, with each `backticked` span as ``<code>``: prose written once for a terminal (where
+    backticks mark a command) reads on a page without literal backticks. An unpaired backtick stays as it is."""
+    parts = text.split("`")
+    if len(parts) % 2 == 0:  # an odd number of backticks: no pairs to trust
+        return escape(text)
+    return "".join(escape(p) if i % 2 == 0 else f"<code>{escape(p)}</code>" for i, p in enumerate(parts))

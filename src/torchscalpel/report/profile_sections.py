@@ -8,7 +8,7 @@ from typing import Any
 from torchscalpel.doctor import eval_curve
 from torchscalpel.record import PHASES, RunRecord
 from torchscalpel.report import charts
-from torchscalpel.report.page import Section, table
+from torchscalpel.report.page import Section, code_spans, table
 from torchscalpel.report.profile_terminal import (
     fmt_count,
     fmt_flops,
@@ -78,7 +78,7 @@ def _verdict(record: RunRecord) -> Section | None:
     top = max(PHASES, key=lambda p: shares.get(p, 0.0))
     body = (
         f"<p>The median step takes <b>{s.median_step_ms:.2f} ms</b>; the largest part is <b>{escape(top)}</b>: "
-        f"{medians[top]:.2f} ms, {100 * shares[top]:.0f}% of it. That is {escape(PHASE_NEXT[top])}.</p>"
+        f"{medians[top]:.2f} ms, {100 * shares[top]:.0f}% of it. That is {code_spans(PHASE_NEXT[top])}.</p>"
         + profile_next(record)
     )
     return Section(id="profile-verdict", title="Verdict: where the step goes", body=body)

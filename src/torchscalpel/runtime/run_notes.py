@@ -3,10 +3,11 @@ profile, memory and lr), and for a run that found no step, what it saw instead a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torchscalpel.record import RunRecord
+    from torchscalpel.record import RunRecord, StepRecord
     from torchscalpel.runtime.session import Session
 
 
@@ -63,6 +64,17 @@ def seen_summary(session: Session) -> str:
     return "saw " + (
         ", ".join(seen) if seen else "no nn.Module forward, backward, optimizer step or DataLoader"
     )
+
+
+def no_optimizer_note(kind: str, status: str, steps: Sequence[StepRecord]) -> str:
+    """Why the steps are ``kind`` calls when no optimizer stepped: an inference script only when the run ran
+    to its end without a backward; a training script stopped (by a memory limit, an error) before its first
+    optimizer step is not called inference."""
+    if status == "complete" and not any(s.backward_ms for s in steps):
+        return f"no optimizer stepped: steps were delimited by {kind} calls" + (
+            " (inference)" if kind == "forward" else ""
+        )
+    return f"no optimizer stepped before the run ended ({status}): steps were delimited by {kind} calls"
 
 
 def no_step_note(session: Session) -> str:

@@ -23,7 +23,7 @@ from torchscalpel.runtime.hooks import HookSet
 from torchscalpel.runtime.memory import StepMemory
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded
 from torchscalpel.runtime.observer import Observer, listeners_by_event
-from torchscalpel.runtime.run_notes import no_step_note, seen_summary
+from torchscalpel.runtime.run_notes import no_optimizer_note, no_step_note, seen_summary
 from torchscalpel.runtime.script import ExecOptions, run_script
 from torchscalpel.runtime.target import Target
 from torchscalpel.runtime.timeline import Timeline
@@ -414,10 +414,7 @@ class Attachment:
         elif session.timeline.forced:
             session.notes.append(f"steps were delimited by {record.step_kind} calls, as --step-kind asked")
         elif record.step_kind != "optimizer":
-            session.notes.append(
-                f"no optimizer stepped: steps were delimited by {record.step_kind} calls"
-                + (" (inference)" if record.step_kind == "forward" else "")
-            )
+            session.notes.append(no_optimizer_note(record.step_kind, status, record.steps))
         if session.stop_reason and session.stop_reason.startswith("no step was recognised"):
             session.notes.append(session.stop_reason)
         if self.module_timer is not None:

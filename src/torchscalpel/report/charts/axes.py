@@ -200,3 +200,74 @@ def values_table(name: str, head: str, rows: Sequence[tuple[str, float]], unit: 
         f'<table class="chart-values" data-chart="{escape(name)}"><thead><tr><th>{escape(head)}</th>'
         f'<th class="num">{escape(value_title(unit))}</th></tr></thead><tbody>{body}</tbody></table>'
     )
+
+
+LOG_RATIO = 10.0
+"""A positive series whose largest value is this many times its smallest or more spans decades: its axis is
+drawn on a log scale (one divergence spike of 50 above a descent from 2.0 to 1.1 flattened the descent)."""
+
+
+def spans_decades(lo: float, hi: float) -> bool:
+    """True when ``[lo, hi]`` is positive and spans a decade or more (:data:`LOG_RATIO`): a log axis."""
+    return lo > 0 and math.isfinite(hi) and hi >= LOG_RATIO * lo
+
+
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Ticks of a log axis that cover ``[lo, hi]`` (both positive): powers of ten, with 2 and 5 between them
+    when the range spans three decades or fewer, from the last tick at or below ``lo`` to the first at or
+    above ``hi``."""
+    k0, k1 = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    steps = (1.0, 2.0, 5.0) if k1 - k0 <= 3 else (1.0,)
+    ticks = [float(f"{m * 10.0**k:.12g}") for k in range(k0, k1 + 1) for m in steps]
+    lower = max((t for t in ticks if t <= lo * (1 + 1e-12)), default=ticks[0])
+    upper = min((t for t in ticks if t >= hi * (1 - 1e-12)), default=ticks[-1])
+    return [t for t in ticks if lower <= t <= upper]
+
+
+def log_tick_label(value: float) -> str:
+    """A log axis's tick: plain digits from 0.001 to 10,000 (``0.02``, ``50``), a power of ten beyond."""
+    if 1e-3 <= value <= 1e4:
+        return f"{value:,g}"
+    exponent = math.floor(math.log10(value) + 1e-9)
+    mantissa = value / 10.0**exponent
+    return f"1e{exponent}" if abs(mantissa - 1) < 1e-9 else f"{mantissa:g}e{exponent}"
+
+
+def y_grid_log(ticks: Sequence[float], to_y: Callable[[float], float], left: int, right_x: float) -> str:
+    """:func:`y_grid` for a log axis (labels by :func:`log_tick_label`)."""
+    parts = []
+    for t in ticks:
+        y = to_y(t)
+        parts.append(f'<line x1="{left}" x2="{right_x:.1f}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
+        parts.append(
+            f'<text class="tick y-tick" x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{log_tick_label(t)}</text>'
+        )
+    return "".join(parts)
+
+
+def svg_open_scaled(name: str, width: int, height: int, *, log_y: bool, lo: float, hi: float) -> str:
+    """:func:`svg_open` naming the value axis's scale and the data's range (``data-y-scale``, ``data-y-min``,
+    ``data-y-max``): what the browser test checks a log axis against."""
+    head = svg_open(name, width, height)
+    scale = "log" if log_y else "linear"
+    return f'{head[:-1]} data-y-scale="{scale}" data-y-min="{lo:.6g}" data-y-max="{hi:.6g}">'
+
+
+def mark_labels(
+    marks: Sequence[tuple[float, str]], top: float, left: float, right_edge: float, colour: str
+) -> str:
+    """Each vertical mark's label at its x (``marks`` as drawn: ``(px, text)``), on its own row from ``top``
+    down so that two near marks never overlap, and on the mark's left where the right would cross the chart's
+    edge (the divergence at a sweep's end was clipped to "diverg")."""
+    parts = []
+    for k, (px, text) in enumerate(marks):
+        wide = len(text) * CHAR_W
+        if px + 3 + wide > right_edge:
+            x, anchor = max(left + wide, px - 3), "end"
+        else:
+            x, anchor = px + 3, "start"
+        parts.append(
+            f'<text class="mark-label" x="{x:.1f}" y="{top + 12 + 13 * k:.1f}" text-anchor="{anchor}" '
+            f'fill="{colour}">{escape(text)}</text>'
+        )
+    return "".join(parts)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from html import escape
 
 from torchscalpel.report.charts.axes import (
@@ -38,6 +38,7 @@ def stacked_bars(
     y_title: str | None = None,
     capacity: float | None = None,
     capacity_label: str = "capacity",
+    peak: tuple[float, str, str | None] | None = None,
     width: int = 760,
     height: int = 280,
 ) -> str:
@@ -45,7 +46,10 @@ def stacked_bars(
 
     A series that is zero everywhere is left out (and out of the legend). ``capacity`` draws a dashed
     limit line labelled ``capacity_label`` when it lies within three times the tallest bar; further
-    away it is named in the chart's top corner instead, so the bars stay readable.
+    away it is named in the chart's top corner instead, so the bars stay readable. ``peak`` is
+    ``(value, label, bar)``: a peak reached between the bars' samples (memory's peak inside a step, above
+    its step-end totals), drawn as a line at its value, always within the scale, with a dot over ``bar``
+    (the label of the bar it happened in) when that bar is drawn.
     """
     n = len(labels)
     if n == 0:
@@ -56,6 +60,8 @@ def stacked_bars(
         ]
         if capacity:
             parts_of.append((capacity_label, float(capacity)))
+        if peak:
+            parts_of.append((peak[1], float(peak[0])))
         return values_table(name, str(labels[0]), parts_of, unit)
     if n > MAX_DRAWN:  # one bar per step of a long run would be sub-pixel and megabytes of SVG
         keep = drawn_indices(n)
@@ -68,6 +74,7 @@ def stacked_bars(
             y_title=y_title,
             capacity=capacity,
             capacity_label=capacity_label,
+            peak=peak,
             width=width,
             height=height,
         )
@@ -76,10 +83,10 @@ def stacked_bars(
     totals = [sum(float(values[i]) for values in shown.values()) for i in range(n)]
     top_value = max(totals) if totals else 0.0
     draw_capacity = capacity is not None and capacity > 0 and capacity <= 3 * max(top_value, 1e-12)
-    hi = max(top_value, capacity if draw_capacity and capacity else 0.0) or 1.0
+    hi = max(top_value, capacity if draw_capacity and capacity else 0.0, peak[0] if peak else 0.0) or 1.0
     ticks = nice_ticks(0.0, hi, 5)
     y_max = ticks[-1]
-    legend_h = legend_height(list(shown), 66, width) if len(shown) > 1 else 22 if capacity else 8
+    legend_h = legend_height(list(shown), 66, width) if len(shown) > 1 else 22 if capacity or peak else 8
     left, bottom, right = 66, 40, 12
     plot_w, plot_h = width - left - right, height - bottom - legend_h
     bar_w = plot_w / n
@@ -129,11 +136,48 @@ def stacked_bars(
                 f'<text class="capacity-label" x="{width - right}" y="13" text-anchor="end" '
                 f'fill="{CAPACITY_COLOUR}">{text} (above this scale)</text>'
             )
+    if peak:
+        parts.append(_peak_svg(peak, list(labels), to_y, left, width - right, bar_w))
     # a series keeps its palette colour when others are left out, so one phase has one colour in every chart
     colour_of = {sname: PALETTE[j % len(PALETTE)] for j, sname in enumerate(series)}
     parts.append(legend(list(shown), left, [colour_of[n] for n in shown], width))
     parts.append(axis_titles(width, height, left, legend_h, plot_h, x_title, y_title or value_title(unit)))
     parts.append("</svg>")
+    return "".join(parts)
+
+
+PEAK_COLOUR = "#1d232b"
+
+
+def _peak_svg(
+    peak: tuple[float, str, str | None],
+    labels: list[str],
+    to_y: Callable[[float], float],
+    left: int,
+    right_edge: float,
+    bar_w: float,
+) -> str:
+    """The peak line of :func:`stacked_bars`: dotted at its value across the plot, its label just under the
+    line on the side away from the bar it happened in (inside the plot, haloed to read over a bar: above the
+    line it met the legend), a dot over that bar."""
+    value, text, bar = peak
+    y = to_y(value)
+    parts = [
+        f'<line class="peak" x1="{left}" x2="{right_edge:.1f}" y1="{y:.1f}" y2="{y:.1f}" '
+        f'stroke="{PEAK_COLOUR}" stroke-width="1.2" stroke-dasharray="2 3"><title>{escape(text)}</title></line>'
+    ]
+    if bar is not None and bar in labels:
+        x = left + (labels.index(bar) + 0.5) * bar_w
+        parts.append(f'<circle class="peak" cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{PEAK_COLOUR}"/>')
+    # on the side away from the peak's own bar (the tallest bars stand around it), at the left when it
+    # would not fit at all
+    at_right = bar is None or bar not in labels or labels.index(bar) < len(labels) / 2
+    fits = len(text) * CHAR_W < right_edge - left
+    anchor, x = ("end", right_edge - 2) if fits and at_right else ("start", float(left) + 2)
+    parts.append(
+        f'<text class="peak-label" x="{x:.1f}" y="{y + 12:.1f}" text-anchor="{anchor}" fill="{PEAK_COLOUR}" '
+        f'stroke="#fff" stroke-width="3" paint-order="stroke">{escape(text)}</text>'
+    )
     return "".join(parts)
 
 

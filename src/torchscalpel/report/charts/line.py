@@ -17,13 +17,17 @@ from torchscalpel.report.charts.axes import (
     fmt_value,
     legend,
     legend_height,
+    log_ticks,
+    mark_labels,
     nice_ticks,
-    svg_open,
+    spans_decades,
+    svg_open_scaled,
     tick_label,
     value_title,
     values_table,
     x_tick_anchor,
     y_grid,
+    y_grid_log,
 )
 
 
@@ -94,6 +98,9 @@ def lines(
             height=height,
         )
     lo, hi = min(points), max(points)
+    data_lo, data_hi = lo, hi
+    # a positive series over decades (a loss from 2.3 to 0.01) on a log axis: linear, its descent is flat
+    log_y = not zero and spans_decades(lo, hi)
     if zero:
         lo, hi = min(lo, 0.0), max(hi, 0.0)
     flat = (hi - lo) <= FLAT_FRACTION * max(abs(hi), abs(lo), 1e-12)
@@ -101,7 +108,7 @@ def lines(
         pad = max(abs(hi), abs(lo)) * 0.05 or 1.0
         lo, hi = lo - pad, hi + pad
         height = min(height, 180)  # short, but tall enough for the rotated y title
-    y_ticks = nice_ticks(lo, hi, 3 if flat else 5)
+    y_ticks = log_ticks(lo, hi) if log_y else nice_ticks(lo, hi, 3 if flat else 5)
     y0, y1 = y_ticks[0], y_ticks[-1]
     integer_x = all(float(x).is_integer() for x in xs)
     x0, x1 = float(min(xs)), float(max(xs))
@@ -114,10 +121,12 @@ def lines(
     def to_x(x: float) -> float:
         return left + plot_w * ((x - x0) / span_x if x1 > x0 else 0.5)
 
-    def to_y(v: float) -> float:
-        return legend_h + plot_h * (1 - (v - y0) / ((y1 - y0) or 1.0))
-
-    parts = [svg_open(name, width, height), y_grid(y_ticks, to_y, left, width - right)]
+    to_y = _y_scale(log_y, y0, y1, legend_h, plot_h)
+    grid = y_grid_log if log_y else y_grid
+    parts = [
+        svg_open_scaled(name, width, height, log_y=log_y, lo=data_lo, hi=data_hi),
+        grid(y_ticks, to_y, left, width - right),
+    ]
     x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else 1.0
     for t in x_ticks:
         text = tick_label(t, x_step)
@@ -133,9 +142,23 @@ def lines(
             f"flat: {fmt_value(min(vals))} to {fmt_value(max(vals))} {escape(unit)}</text>"
         )
     parts.append(legend(list(series), left, width=width))
-    parts.append(axis_titles(width, height, left, legend_h, plot_h, x_title, y_title or value_title(unit)))
+    title = y_title or value_title(unit)
+    parts.append(
+        axis_titles(
+            width, height, left, legend_h, plot_h, x_title, f"{title} (log scale)" if log_y else title
+        )
+    )
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _y_scale(log_y: bool, y0: float, y1: float, top: float, plot_h: float) -> Callable[[float], float]:
+    """The value axis: ``y0`` at the plot's bottom, ``y1`` at its top (``top`` px down), on a log10 scale
+    when ``log_y``."""
+    if log_y:
+        l0, l1 = math.log10(y0), math.log10(y1)
+        return lambda v: top + plot_h * (1 - (math.log10(max(v, y0)) - l0) / ((l1 - l0) or 1.0))
+    return lambda v: top + plot_h * (1 - (v - y0) / ((y1 - y0) or 1.0))
 
 
 def _log_x_lines(
@@ -153,7 +176,9 @@ def _log_x_lines(
     """:func:`lines` with x on a log10 scale and dashed vertical marks (see there)."""
     points = [float(v) for values in series.values() for v in values if v is not None]
     lo, hi = min(points), max(points)
-    y_ticks = nice_ticks(lo, hi, 5)
+    # a sweep's divergence spike (50 over a descent from 2.0 to 1.1) on a log axis keeps the descent visible
+    log_y = spans_decades(lo, hi)
+    y_ticks = log_ticks(lo, hi) if log_y else nice_ticks(lo, hi, 5)
     y0, y1 = y_ticks[0], y_ticks[-1]
     lx = [math.log10(float(x)) for x in xs]
     x0, x1 = min(lx), max(lx)
@@ -165,10 +190,12 @@ def _log_x_lines(
     def to_x(x: float) -> float:
         return left + plot_w * ((math.log10(x) - x0) / span_x if x1 > x0 else 0.5)
 
-    def to_y(v: float) -> float:
-        return legend_h + plot_h * (1 - (v - y0) / ((y1 - y0) or 1.0))
-
-    parts = [svg_open(name, width, height), y_grid(y_ticks, to_y, left, width - right)]
+    to_y = _y_scale(log_y, y0, y1, legend_h, plot_h)
+    grid = y_grid_log if log_y else y_grid
+    parts = [
+        svg_open_scaled(name, width, height, log_y=log_y, lo=lo, hi=hi),
+        grid(y_ticks, to_y, left, width - right),
+    ]
     decades = range(math.ceil(x0 - 1e-9), math.floor(x1 + 1e-9) + 1)
     every = max(1, math.ceil(len(decades) / 10))
     for k in list(decades)[::every]:
@@ -177,19 +204,24 @@ def _log_x_lines(
             f'text-anchor="middle">1e{k}</text>'
         )
     parts += _series_svg(xs, series, unit, to_x, to_y, dot_single=False)
+    placed = []
     for x, text in marks:
         if x <= 0:
             continue
         px = to_x(float(x))
+        placed.append((px, text))
         parts.append(
             f'<line class="mark" x1="{px:.1f}" x2="{px:.1f}" y1="{legend_h}" y2="{legend_h + plot_h}" '
             f'stroke="{CAPACITY_COLOUR}" stroke-width="1.2" stroke-dasharray="5 3"><title>{escape(text)}</title></line>'
         )
-        parts.append(
-            f'<text class="mark-label" x="{px + 3:.1f}" y="{legend_h + 12}" fill="{CAPACITY_COLOUR}">{escape(text)}</text>'
-        )
+    parts.append(mark_labels(placed, legend_h, left, width - right, CAPACITY_COLOUR))
     parts.append(legend(list(series), left, width=width))
-    parts.append(axis_titles(width, height, left, legend_h, plot_h, x_title, y_title or value_title(unit)))
+    title = y_title or value_title(unit)
+    parts.append(
+        axis_titles(
+            width, height, left, legend_h, plot_h, x_title, f"{title} (log scale)" if log_y else title
+        )
+    )
     parts.append("</svg>")
     return "".join(parts)
 
