@@ -89,6 +89,8 @@ def diagnose_script(path: Path, args: list[str] | None = None) -> dict:
         "steps": len(record.steps),
         "seconds": round(time.monotonic() - start, 2),
         "capped": (record.sections.get("doctor", {}).get("window") or {}).get("capped"),
+        # how the run went on past its window under the cheap checks (None: it did not)
+        "tail": (record.sections.get("doctor", {}).get("window") or {}).get("tail"),
         "findings": [(f.rule, str(f.severity)) for f in findings],
     }
 
@@ -176,6 +178,13 @@ def main() -> int:
         capped = [k for k, r in {**p["fixtures"], **p["clean"]}.items() if r["capped"]]
         if capped:
             print(f"         time cap reached in: {capped}")
+        tails = {
+            k: f"{r['tail']['ran_s']:.1f} s, {r['tail']['end']}"
+            for k, r in {**p["fixtures"], **p["clean"]}.items()
+            if r.get("tail")
+        }
+        if tails:
+            print(f"         ran on past the window (s, what ended it): {tails}")
     if a.json:
         a.json.write_text(json.dumps({"cpu": cpu, "passes": passes}, indent=1, default=str) + "\n")
     return 0

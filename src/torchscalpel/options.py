@@ -32,6 +32,7 @@ ARGUMENT_FLAGS: dict[str, str] = {
     "step_kind": "--step-kind",
     "step_timeout_s": "--step-timeout",
     "time_cap_s": "--time-cap",
+    "tail_cap_s": "--tail-cap",
     "memory_limit": "--memory-limit",
     "min_lr": "--min",
     "max_lr": "--max",

@@ -119,6 +119,14 @@ def test_the_clean_version_raises_none_of_them(tmp_path):
     assert [f["rule"] for f in _doctor(tmp_path, "rules_clean.py") if f["rule"] in SLUGS] == []
 
 
+@pytest.mark.dist
+def test_one_batch_epochs_on_alike_seeded_ranks_are_not_a_random_stream(tmp_path):
+    """Issue 40: every rank seeded alike, no randomness in the step, one batch per rank per epoch: the only
+    draw between steps is the DataLoader's own per-epoch base seed, which no step uses."""
+    found = [f["rule"] for f in _doctor(tmp_path, "rng_clean_one_batch_epochs.py")]
+    assert "identical-random-streams" not in found, found
+
+
 def test_static_device_ids_rule_positive_and_clean():
     from torchscalpel.doctor.static_scan import analyze_source
 

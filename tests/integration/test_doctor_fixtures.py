@@ -317,6 +317,87 @@ def test_a_time_cap_that_shortens_the_window_is_reported(tmp_path: Path) -> None
     assert how_it_stopped(record) == "ended after the 5 planned steps, as asked"
 
 
+def test_the_run_goes_on_past_its_window_to_see_a_save_at_the_end() -> None:
+    """The k-fold fixture saves its best model after 400 steps: the default window (2+300) ends first, the
+    run goes on under the cheap checks, and the runtime rule (static rules off here) sees the save."""
+    from torchscalpel.runtime.run_notes import how_it_stopped
+
+    path = FIXTURES / "whole_model_save_kfold_best.py"
+    save_line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if t.startswith("torch.save("))
+    record, findings = diagnose(Target(script=path), static=False, nan_rerun=False, time_cap_s=None)
+    assert len(record.steps) == 302 and record.status == "complete"
+    (save,) = [f for f in findings if f.rule == "whole-model-save"]
+    assert save.location is not None and save.location.line == save_line
+    tail = record.sections["doctor"]["window"]["tail"]
+    assert tail["end"] == "script" and tail["cap_s"] == 30.0 and 0 < tail["ran_s"] < 30
+    assert how_it_stopped(record).startswith("measured 302 step(s), then ran on past the window for ")
+    assert how_it_stopped(record).endswith("to the script's own end")
+    # without the tail the window's end is the run's end, and the save is never seen
+    record, findings = diagnose(
+        Target(script=path), static=False, nan_rerun=False, time_cap_s=None, tail_cap_s=0
+    )
+    assert record.status == "stopped" and record.sections["doctor"]["window"]["tail"] is None
+    assert "whole-model-save" not in {f.rule for f in findings}
+
+
+def test_the_tail_cap_ends_a_script_that_trains_on(tmp_path: Path) -> None:
+    from torchscalpel.runtime.run_notes import how_it_stopped
+
+    script = tmp_path / "long.py"
+    script.write_text(
+        "import time, torch\ntorch.manual_seed(0)\nm = torch.nn.Linear(2, 1)\n"
+        "o = torch.optim.SGD(m.parameters(), lr=0.01)\nwhile True:\n"
+        "    time.sleep(0.01)\n    o.zero_grad(); m(torch.ones(4, 2)).sum().backward(); o.step()\n"
+    )
+    record, _ = diagnose(
+        Target(script=script), steps=3, static=False, nan_rerun=False, time_cap_s=None, tail_cap_s=0.5
+    )
+    assert record.status == "stopped" and len(record.steps) == 5
+    tail = record.sections["doctor"]["window"]["tail"]
+    assert tail["end"] == "cap" and tail["ran_s"] >= 0.5
+    assert how_it_stopped(record).endswith("until the 0.5 s tail cap stopped it (--tail-cap)")
+
+
+@pytest.mark.parametrize(
+    ("clean", "rule"),
+    [
+        ("clean_kfold_best_state_dict.py", "whole-model-save"),
+        ("clean_lr_warmup.py", "no-lr-warmup"),
+        ("clean_lr_warmup_lightning.py", "no-lr-warmup"),
+        ("clean_other_phase_light.py", "other-phase-heavy"),
+    ],
+)
+def test_the_clean_twins_get_no_finding_of_their_rule(clean: str, rule: str) -> None:
+    _, findings = run(FIXTURES / clean)
+    assert rule not in {f.rule for f in findings}, [f.message for f in findings if f.rule == rule]
+
+
+def test_no_lr_warmup_reads_the_lr_the_optimizer_used_and_points_at_its_line() -> None:
+    path = FIXTURES / "no_lr_warmup.py"
+    line = next(i for i, t in enumerate(path.read_text().splitlines(), 1) if "torch.optim.AdamW(" in t)
+    _, findings = run(path)
+    (f,) = [f for f in findings if f.rule == "no-lr-warmup"]
+    assert f.source == "runtime" and f.location is not None and f.location.line == line
+    assert "lr 0.001 at the first optimizer step, never higher" in f.evidence[0]
+    assert "TransformerEncoderLayer" in f.evidence[1] and "SequentialLR(" in f.fix
+
+
+def test_no_lr_warmup_in_lightning_returns_the_scheduler_from_configure_optimizers() -> None:
+    _, findings = run(FIXTURES / "no_lr_warmup_lightning.py")
+    (f,) = [f for f in findings if f.rule == "no-lr-warmup"]
+    assert "estimated_stepping_batches" in f.fix and '"interval": "step"' in f.fix
+
+
+def test_other_phase_names_the_validation_and_logging_lines() -> None:
+    path = FIXTURES / "other_phase_heavy.py"
+    text = path.read_text().splitlines()
+    heavy = {i for i, t in enumerate(text, 1) if "model(x_val)" in t or t.strip().startswith("stats = ")}
+    _, findings = run(path)
+    (f,) = [f for f in findings if f.rule == "other-phase-heavy"]
+    assert f.location is not None and f.location.line in heavy
+    assert f.evidence[0].startswith("other: ") and any("other_phase_heavy.py:" in e for e in f.evidence[1:])
+
+
 SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    pass\n"
 """A busy loop that ends with the process that started it (a test killed by its timeout skips its finally)."""
 

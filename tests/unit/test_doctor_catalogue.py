@@ -94,7 +94,7 @@ def test_rules_table_is_derived_from_the_classes_in_documentation_order() -> Non
     documented = re.findall(r"^\| `([a-z0-9-]+)` \|", text, flags=re.M)
     assert documented == list(registry.RULES)
     assert catalogue.STATIC_RULES and all(issubclass(c, StaticRule) for c in catalogue.STATIC_RULES)
-    assert len(catalogue.RUNTIME_RULES) == 39 and catalogue.SANITY_RULES[0] not in catalogue.RUNTIME_RULES
+    assert len(catalogue.RUNTIME_RULES) == 41 and catalogue.SANITY_RULES[0] not in catalogue.RUNTIME_RULES
 
 
 def test_analyzing_twice_gives_the_same_findings() -> None:

@@ -203,6 +203,22 @@ def test_module_scan_rules_compare_attributes_with_registered_children() -> None
     assert "Hidden.scale" in t.message  # the registered buffer 'mean' is not reported
 
 
+def test_module_in_plain_container_leaves_modules_without_parameters_or_buffers_alone() -> None:
+    class Stateless(nn.Module):
+        def __init__(self, extra: nn.Module) -> None:
+            super().__init__()
+            self.body = nn.Linear(2, 2)
+            self.acts = [nn.ReLU(), nn.GELU()]  # nothing to register: nothing lost
+            self.losses = {"ce": nn.CrossEntropyLoss()}
+            self.extra = [extra]
+
+    quiet, loud = ModuleInPlainContainer(), ModuleInPlainContainer()
+    quiet.on_forward_pre(Stateless(nn.Dropout(0.1)), (), {}, True)
+    loud.on_forward_pre(Stateless(nn.BatchNorm1d(2, affine=False)), (), {}, True)  # buffers only
+    assert list(quiet.findings(None)) == []
+    assert [f.message.split(" is ")[0] for f in loud.findings(None)] == ["Stateless.extra"]
+
+
 def test_module_scan_rules_judge_the_users_classes_not_an_installed_librarys() -> None:
     """Issue 44: transformers 5 keeps a plain dict of kernel modules on LlamaAttention; that is the
     library's design, not the user's pitfall. A user's class holding the same library model still counts."""

@@ -497,6 +497,7 @@ def test_registry_has_every_contract_slug_once() -> None:
         "val-loss-oscillating",
         "val-loss-plateau",
     ]
+    added += ["no-lr-warmup", "other-phase-heavy"]  # issue 40: the baseline schedule, the "other" phase
     assert sorted(contract + added) == sorted(RULES)
 
 
@@ -507,3 +508,95 @@ def test_rank_findings_orders_by_severity() -> None:
     ranked = rank_findings(found)
     assert [f.severity for f in ranked] == sorted((f.severity for f in ranked), reverse=True)
     assert ranked[0].rule == "rank-conditional-step"
+
+
+@pytest.mark.parametrize(
+    ("code", "saved"),
+    [
+        # the k-fold script of issue 40: the best fold's model in a list, saved by index at the end
+        ("best = [None, 1e9]\nbest = [copy.deepcopy(model), 0.3]\ntorch.save(best[0], 'b.pt')\n", "best[0]"),
+        ("best = {}\nbest['net'] = copy.deepcopy(model)\ntorch.save(best['net'], 'b.pt')\n", "best['net']"),
+        ("kept = []\nkept.append(model.cpu())\ntorch.save(kept[-1], 'b.pt')\n", "kept[-1]"),
+        ("self.best = (copy.deepcopy(self.model), 1)\ntorch.save(self.best[0], 'b.pt')\n", "self.best[0]"),
+    ],
+)
+def test_whole_model_save_follows_a_module_kept_in_a_container(code: str, saved: str) -> None:
+    found = [
+        f for f in analyze_source(HEADER + "import copy\n" + code, "t.py") if f.rule == "whole-model-save"
+    ]
+    assert len(found) == 1 and f"torch.save of {saved} " in found[0].message
+    assert f"torch.save({saved}.state_dict(), path)" in found[0].fix
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "best = [copy.deepcopy(model.state_dict()), 0.3]\ntorch.save(best[0], 'b.pt')\n",
+        "best = {'net': {k: v.cpu() for k, v in model.state_dict().items()}}\ntorch.save(best['net'], 'b.pt')\n",
+        "losses = []\nlosses.append(loss.item())\ntorch.save(losses[-1], 'l.pt')\n",
+        "kept = [model]\ntorch.save(other[0], 'b.pt')\n",
+    ],
+)
+def test_whole_model_save_is_quiet_on_state_dicts_in_containers(code: str) -> None:
+    assert "whole-model-save" not in rules_in("import copy\n" + code)
+
+
+TRANSFORMER = "layer = nn.TransformerEncoderLayer(64, 4, batch_first=True)\n"
+
+
+@pytest.mark.parametrize(
+    ("code", "idiom"),
+    [
+        ("opt = torch.optim.AdamW(layer.parameters(), lr=6e-4)\n", "SequentialLR("),
+        ("LR = 3e-4\nopt = torch.optim.Adam(layer.parameters(), LR)\n", "SequentialLR("),
+        ("opt = torch.optim.AdamW(layer.parameters())\n", "SequentialLR("),  # the default lr, 1e-3
+        (
+            "class L:\n    def configure_optimizers(self):\n"
+            "        return torch.optim.AdamW(self.parameters(), lr=1e-3)\n",
+            "estimated_stepping_batches",
+        ),
+        (
+            "from transformers import TrainingArguments, AutoModelForCausalLM\n"
+            "args = TrainingArguments(output_dir='o', learning_rate=5e-4)\n",
+            "warmup_ratio=0.05",
+        ),
+    ],
+)
+def test_no_lr_warmup_names_the_baseline_schedule_in_the_scripts_idiom(code: str, idiom: str) -> None:
+    found = [f for f in analyze_source(HEADER + TRANSFORMER + code, "t.py") if f.rule == "no-lr-warmup"]
+    assert len(found) == 1 and idiom in found[0].fix and "cosine" in found[0].fix.lower()
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # a warm-up, however written
+        TRANSFORMER + "opt = torch.optim.AdamW(layer.parameters(), lr=6e-4)\n"
+        "sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))\n",
+        TRANSFORMER + "opt = torch.optim.AdamW(layer.parameters(), lr=6e-4)\n"
+        "for g in opt.param_groups:\n    g['lr'] = lr_at(step)\n",
+        TRANSFORMER + "from transformers import TrainingArguments\n"
+        "TrainingArguments(output_dir='o', learning_rate=5e-4, warmup_ratio=0.1)\n",
+        # a fine-tuning rate, SGD, or no transformer
+        TRANSFORMER + "opt = torch.optim.AdamW(layer.parameters(), lr=2e-5)\n",
+        TRANSFORMER + "opt = torch.optim.SGD(layer.parameters(), lr=0.1)\n",
+        "net = nn.Linear(4, 2)\nopt = torch.optim.AdamW(net.parameters(), lr=1e-3)\n",
+    ],
+)
+def test_no_lr_warmup_is_quiet_with_a_warmup_or_without_a_transformer(code: str) -> None:
+    assert "no-lr-warmup" not in rules_in(code)
+
+
+def test_module_in_plain_container_leaves_modules_without_parameters_alone() -> None:
+    quiet = """
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.acts = [nn.ReLU(), nn.GELU()]
+            self.losses = {"ce": nn.CrossEntropyLoss()}
+            self.drops = []
+            self.drops.append(nn.Dropout(0.1))
+    """
+    assert "module-in-plain-container" not in rules_in(quiet)
+    loud = quiet.replace("nn.GELU()", "nn.Linear(2, 2)")
+    assert "module-in-plain-container" in rules_in(loud)

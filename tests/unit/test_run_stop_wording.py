@@ -56,6 +56,31 @@ def _record(status: str, steps: int, stopped_by: dict[str, Any] | None, **extra:
         ("complete", 40, None, {}, "the script ran to its end after 40 step(s)"),
         ("failed", 3, None, {"exit_code": 2}, "the script failed at step 3 (exit code 2)"),
         ("interrupted", 12, None, {}, "stopped by Ctrl-C at step 12 of 300"),
+        # the doctor's tail: the window, then the run went on unmeasured; what ended it is named
+        (
+            "complete",
+            300,
+            {"kind": "steps", "tail_s": 30.0, "tail_ran_s": 4.21, "tail_end": "script"},
+            {},
+            "measured 300 step(s), then ran on past the window for 4.2 s under the cheap checks only "
+            "(saves, loads, exports; no timing), to the script's own end",
+        ),
+        (
+            "stopped",
+            300,
+            {"kind": "steps", "tail_s": 30.0, "tail_ran_s": 30.02, "tail_end": "cap", "reason": "cap"},
+            {},
+            "measured 300 step(s), then ran on past the window for 30.0 s under the cheap checks only "
+            "(saves, loads, exports; no timing) until the 30 s tail cap stopped it (--tail-cap)",
+        ),
+        (
+            "failed",
+            300,
+            {"kind": "steps", "tail_s": 30.0, "tail_ran_s": 1.5, "tail_end": "script"},
+            {"exit_code": 1},
+            "measured 300 step(s), then ran on past the window for 1.5 s under the cheap checks only "
+            "(saves, loads, exports; no timing); the script then failed (exit code 1)",
+        ),
     ],
 )
 def test_each_reason_has_its_own_words(

@@ -27,7 +27,7 @@ from torchscalpel.cli.common import (
     steps_arg,
     track,
 )
-from torchscalpel.doctor.window import DEFAULT_STEPS, DOCTOR_WINDOW, TIME_CAP_S
+from torchscalpel.doctor.window import DEFAULT_STEPS, DOCTOR_WINDOW, TAIL_CAP_S, TIME_CAP_S
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import write_output_text
 from torchscalpel.options import usage_error
@@ -63,6 +63,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"stop a slow script after this long even before its steps are done, and say so in the "
         f"output and run.json (default {TIME_CAP_S:.0f}; 0: no cap)",
+    )
+    p.add_argument(
+        "--tail-cap",
+        type=duration_type("--tail-cap", allow_zero=True),
+        default=None,
+        metavar="SECONDS",
+        help="after the window's steps, let the script run on this long under the cheap checks only (saves, "
+        f"loads, exports at its end; no timing) and say so (default {TAIL_CAP_S:.0f} with the default --steps, "
+        "none with a --steps you chose; 0: stop at the window)",
     )
     p.add_argument(
         "--nproc",
@@ -248,6 +257,8 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     )
     if options.cap_s:
         window += f" (time cap {options.cap_s:.0f} s)"
+    if options.tail_s:
+        window += f", then up to {options.tail_s:.0f} s more under the cheap checks"
     console.print(
         f"[bold]scalpel doctor[/bold]: running {target.name} for {window}"
         + (" (+ overfit-one-batch check)" if options.sanity else "")

@@ -9,7 +9,8 @@ the doctor's format (:class:`~torchscalpel.findings.Finding`) and go first into
 - ``ddp-accumulation-without-no-sync``: several DDP forwards per optimizer step that all
   all-reduce (gradient accumulation without ``no_sync()``), with the bytes sent for nothing;
 - ``identical-random-streams``: every rank's generators that a training step draws from in the same
-  state after step 2 (the same dropout masks and augmentations on every rank);
+  state after step 2 (the same dropout masks and augmentations on every rank; a DataLoader's per-epoch
+  base-seed draw between the steps is left out: ``rankfacts.RankFacts.on_loader_iter``);
 - ``ddp-device-ids-not-local-rank``: ``device_ids`` that are not ``[LOCAL_RANK]``;
 - ``accumulated-loss-not-divided``: under DDP, several backward passes per optimizer step whose loss
   graph ends in no division or multiplication (the summed gradient is k times the mean: k times the

@@ -182,6 +182,7 @@ def _run(
     step_kind: str = "auto",
     step_timeout_s: float | None = STEP_TIMEOUT_S,
     step_scalars: bool = False,
+    tail_s: float | None = None,
 ) -> tuple[RunRecord, DoctorObserver]:
     from torchscalpel.runtime.session import RuntimeOptions, run_target
 
@@ -197,6 +198,7 @@ def _run(
         step_kind=step_kind,
         step_timeout_s=step_timeout_s,
         step_scalars=step_scalars,
+        tail_s=tail_s,
     )
     record = run_target(
         target,
@@ -282,9 +284,12 @@ def diagnose(
     rules: list[RuntimeRule] = [*catalogue.runtime_rules(), sources]
     run_steps: int | None
     cap = TimeCap(options.time_cap_s)
-    if steps == "auto" and _world_size() > 1:
+    tail_s = options.tail_s
+    if _world_size() > 1:
         # Under a launcher every rank must stop at the same step: a rank stopped by its own clock
         # would leave the others blocked in their next collective until torch's timeout.
+        tail_s = None
+    if steps == "auto" and _world_size() > 1:
         run_steps = RANK_STEPS
         cap = TimeCap(None)
     else:
@@ -303,6 +308,7 @@ def diagnose(
         step_kind=options.step_kind,
         step_timeout_s=options.step_timeout_s,
         step_scalars=options.step_scalars,
+        tail_s=tail_s,
     )
     notes: list[str] = []
 
@@ -328,13 +334,16 @@ def diagnose(
         sanity=options.sanity,
     )
     record.sections["doctor"]["hint"] = launcher_hint(target, record)
-    record.sections["doctor"]["window"] = window_facts(run_steps, warmup, cap)
+    record.sections["doctor"]["window"] = window_facts(run_steps, warmup, cap, record=record)
     return record, findings
 
 
-def window_facts(steps: int | None, warmup: int, cap: TimeCap) -> dict[str, Any]:
+def window_facts(
+    steps: int | None, warmup: int, cap: TimeCap, *, record: RunRecord | None = None
+) -> dict[str, Any]:
     """The window the run was given and what cut it: ``capped`` is the sentence to show when the time
-    cap ended the run before its planned steps (None otherwise)."""
+    cap ended the run before its planned steps (None otherwise); ``tail``: how the run went on past the
+    window under the cheap checks (``cap_s``, ``ran_s``, ``end``: ``script`` or ``cap``), None when it did not."""
     capped = None
     if cap.capped_after is not None:
         planned = "the end of the script" if steps is None else f"{warmup}+{steps} planned steps"
@@ -349,7 +358,17 @@ def window_facts(steps: int | None, warmup: int, cap: TimeCap) -> dict[str, Any]
         "steps_seen": cap.steps,
         "capped_after": cap.capped_after,
         "capped": capped,
+        "tail": tail_facts(record) if record is not None else None,
     }
+
+
+def tail_facts(record: RunRecord) -> dict[str, Any] | None:
+    """How the run went on past its window (``RuntimeOptions.tail_s``), from ``config.stopped_by``; None
+    when it stopped at the window or never reached it."""
+    by = record.config.get("stopped_by") or {}
+    if by.get("tail_end") not in ("script", "cap"):
+        return None
+    return {"cap_s": by.get("tail_s"), "ran_s": by.get("tail_ran_s"), "end": by.get("tail_end")}
 
 
 def _world_size() -> int:

@@ -33,9 +33,12 @@ from torchscalpel.doctor.rules import (
     rt_model,
     rt_numerics,
     rt_optim,
+    rt_other,
     rt_perf,
     rt_run,
+    rt_schedule,
     rt_train_in_eval,
+    schedule_static,
 )
 from torchscalpel.doctor.runtime_rules import RuntimeRule
 from torchscalpel.doctor.sanity import OverfitOneBatch
@@ -77,11 +80,14 @@ RULE_CLASSES: tuple[type[Rule], ...] = (
     rt_grads.NoUpdate,
     OverfitOneBatch,
     rt_eval_curve.EvalCurve,
+    schedule_static.NoLrWarmupStatic,
+    rt_schedule.NoLrWarmup,
     # Mixed precision
     rt_amp.ClipBeforeUnscale,
     rt_amp.ScalerSkippedSteps,
     # Performance
     rt_data.DataloaderBound,
+    rt_other.OtherPhaseHeavy,
     rt_perf.HostDeviceCopyBound,
     loop_static.EmptyCacheInLoopStatic,
     rt_perf.EmptyCacheInLoop,

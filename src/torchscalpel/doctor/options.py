@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from torchscalpel.doctor.window import DOCTOR_WINDOW, TIME_CAP_S
+from torchscalpel.doctor.window import DOCTOR_WINDOW, TAIL_CAP_S, TIME_CAP_S
 from torchscalpel.errors import ArgumentError, literal
 from torchscalpel.options import StageOptions
 from torchscalpel.runtime.window import check_window
@@ -37,6 +37,10 @@ class DoctorOptions(StageOptions):
     step_timeout_s: float | None = DOCTOR_WINDOW.step_timeout_s
     time_cap_s: float | None = TIME_CAP_S
     """Wall-clock cap of the window (None or 0: none); when it cut the window, the record says so."""
+    tail_cap_s: float | None = None
+    """After a training window that ended on its step count, run on for up to this many seconds under the
+    cheap checks only; 0: stop at the window's end; None: :data:`~torchscalpel.doctor.window.TAIL_CAP_S` with
+    the default window (``steps="auto"``), no tail when ``steps`` is a number the caller chose."""
     step_scalars: bool = False
     """Record each step's learning rate and clipped gradient norm (for ``--tensorboard`` / ``--mlflow``)."""
 
@@ -55,6 +59,11 @@ class DoctorOptions(StageOptions):
                 "{time_cap_s} must be 0 (no cap) or a number of seconds, got " + literal(self.time_cap_s)
             )
 
+        if self.tail_cap_s is not None and not (math.isfinite(self.tail_cap_s) and self.tail_cap_s >= 0):
+            raise ArgumentError(
+                "{tail_cap_s} must be 0 (no tail) or a number of seconds, got " + literal(self.tail_cap_s)
+            )
+
     @property
     def planned_steps(self) -> int | None:
         """The measured steps of one process's window: ``"auto"`` is
@@ -63,6 +72,17 @@ class DoctorOptions(StageOptions):
         if self.steps == "auto":
             return DOCTOR_WINDOW.steps
         return None if self.steps in ("all", None) else int(self.steps)
+
+    @property
+    def tail_s(self) -> float | None:
+        """The tail in force for one process (None: none): the caller's ``tail_cap_s``, else
+        :data:`~torchscalpel.doctor.window.TAIL_CAP_S` with the default window; never when the run goes to
+        the script's end anyway (``steps="all"``)."""
+        if self.planned_steps is None:
+            return None
+        if self.tail_cap_s is not None:
+            return self.tail_cap_s or None
+        return TAIL_CAP_S if self.steps == "auto" else None
 
     @property
     def cap_s(self) -> float | None:
@@ -84,6 +104,7 @@ class DoctorOptions(StageOptions):
             step_kind=args.step_kind,
             step_timeout_s=args.step_timeout,
             time_cap_s=args.time_cap or None,
+            tail_cap_s=getattr(args, "tail_cap", None),
             # the learning-rate and gradient-norm curves are recorded only for a tracker that shows them
             step_scalars=bool(getattr(args, "tensorboard", None) or getattr(args, "mlflow", None)),
             **fields,

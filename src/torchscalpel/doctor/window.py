@@ -19,3 +19,8 @@ RANK_STEPS = 30
 clock would leave the others blocked in their next collective)."""
 TIME_CAP_S = 120.0
 """Default wall-clock cap of a doctor run (``--time-cap``); 0 or None: no cap."""
+TAIL_CAP_S = 30.0
+"""Default ``--tail-cap``: after a training window ends on its step count, the script runs on for up to this
+many seconds under the cheap checks only (the set-up wrappers of torch.save, torch.load, exports: no
+profiler, no per-module hooks, no step records), so a save or export at its end is still seen (a script
+that trains several folds and saves its best model last). 0 or None: stop at the window's end."""

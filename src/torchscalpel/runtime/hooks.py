@@ -62,6 +62,8 @@ class HookSet:
         )
         self._global_forward: list[Any] = []
         self._root_handles: list[Any] = []
+        self.tail = False
+        """The run went on past its window (:meth:`enter_tail`): hooks only tick the tail's clock."""
         # The session's per-event observer lists, fixed for the run: read on every submodule call.
         self._pre_listeners = session.listeners["on_forward_pre"]
         self._post_listeners = session.listeners["on_forward_post"]
@@ -117,6 +119,20 @@ class HookSet:
             self._root_handles.append(m.register_forward_pre_hook(self._forward_pre))
             self._root_handles.append(m.register_forward_hook(self._forward_post, always_call=True))
         return True
+
+    def enter_tail(self) -> None:
+        """The window is over and the run goes on under the set-up hooks' wrappers only (the doctor's
+        cheap checks: saves, loads, exports): swap the forward hooks for a clock tick on the root modules,
+        and let every other hook do nothing but tick (:meth:`Session.tail_tick`), so no step, span or
+        observer event is recorded and the script runs at close to its own speed."""
+        if self.tail:
+            return
+        self.tail = True
+        roots = list(self.session.root_modules)
+        self._remove_forward_hooks()
+        tick = self.session.tail_tick
+        for m in roots:
+            self._root_handles.append(m.register_forward_pre_hook(lambda _m, _a: tick()))
 
     def _remove_forward_hooks(self) -> None:
         for h in [*self._global_forward, *self._root_handles]:
@@ -220,6 +236,9 @@ class HookSet:
             if _compiling() or hooks._backward_depth:
                 return original(*args, **kwargs)
             s = hooks.session
+            if hooks.tail:
+                s.tail_tick()
+                return original(*args, **kwargs)
             tensors = _backward_tensors(args, kwargs)
             hooks._backward_depth += 1
             s.check_progress()
@@ -241,7 +260,7 @@ class HookSet:
 
     # ----- optimizer ----------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if _compiling():
+        if _compiling() or self.tail:
             return
         self.session.note_optimizer(optimizer)
         self.session.emit("on_optimizer_step_pre", optimizer)
@@ -249,6 +268,9 @@ class HookSet:
 
     def _optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if _compiling():
+            return
+        if self.tail:
+            self.session.tail_tick()
             return
         s = self.session
         self._optimizer_posts += 1
@@ -274,7 +296,7 @@ class HookSet:
         def scale(scaler: Any, outputs: Any) -> Any:
             out = original(scaler, outputs)
             factor = getattr(scaler, "_scale", None)
-            if isinstance(out, torch.Tensor) and isinstance(factor, torch.Tensor):
+            if not hooks.tail and isinstance(out, torch.Tensor) and isinstance(factor, torch.Tensor):
                 # A copy, since update() changes the scale in place; no sync (device-side clone).
                 hooks.session.scaled_losses[id(out)] = factor.detach().clone()
             return out
@@ -291,6 +313,7 @@ class HookSet:
             s = hooks.session
             if (
                 hooks._optimizer_posts == before
+                and not hooks.tail
                 and isinstance(optimizer, torch.optim.Optimizer)
                 and not _compiling()
             ):
@@ -311,6 +334,9 @@ class HookSet:
         @functools.wraps(original)
         def __next__(it: Any) -> Any:
             s = hooks.session
+            if hooks.tail:
+                s.tail_tick()
+                return original(it)
             s.timeline.begin("data")
             try:
                 batch = original(it)

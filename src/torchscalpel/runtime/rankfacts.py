@@ -92,6 +92,13 @@ class RankFacts:
         except OSError:
             pass  # the launch folder went away; nothing to report into
 
+    def on_loader_iter(self) -> None:
+        """A DataLoader iterator was made: it drew its base seed from torch's generator (once per epoch, not per
+        step). Between steps 1 and 2 that draw starts the interval again, so a loader whose epochs are a
+        single batch is not taken for a step that draws random numbers."""
+        if self._step == 1:
+            self._rng_step1 = rng_digests()
+
     def on_sampler(self, sampler: Any) -> None:
         """A DistributedSampler starts an epoch."""
         if id(sampler) in self._seen:
@@ -288,6 +295,19 @@ def install(folder: Path, rank: int, world: int) -> RankFacts:
 
         sampler_iter._scalpel_facts = True  # type: ignore[attr-defined]
         replace_for_process(sampler_cls, "__iter__", sampler_iter)
+    from torch.utils.data import dataloader as dl_mod
+
+    loader_cls = dl_mod.DataLoader
+    if not getattr(loader_cls.__iter__, "_scalpel_facts", False):
+        loader_iter = loader_cls.__iter__
+
+        def loader_iter_facts(self: Any) -> Any:
+            it = loader_iter(self)
+            facts.on_loader_iter()
+            return it
+
+        loader_iter_facts._scalpel_facts = True  # type: ignore[attr-defined]
+        replace_for_process(loader_cls, "__iter__", loader_iter_facts)
     import torch.autograd
 
     if not getattr(torch.autograd.backward, "_scalpel_facts", False):

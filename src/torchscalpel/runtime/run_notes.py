@@ -24,6 +24,8 @@ def how_it_stopped(record: RunRecord) -> str:
     kind, reason = by.get("kind"), by.get("reason")
     if record.status == "interrupted":
         return f"stopped by Ctrl-C at step {n}{of}"
+    if by.get("tail_end") in ("cap", "script"):
+        return _tail_words(record, n, by)
     if kind == "time-cap":
         cap = by.get("cap_s")
         cap_words = f"the {cap:.0f} s time cap" if isinstance(cap, (int, float)) else "the time cap"
@@ -43,6 +45,20 @@ def how_it_stopped(record: RunRecord) -> str:
     if record.status == "stopped":
         return f"stopped at step {n}{of}" + (f": {reason}" if reason else "")
     return f"{record.status} after {n} step(s)"
+
+
+def _tail_words(record: RunRecord, n: int, by: dict[str, object]) -> str:
+    """A run that went on past its window (``RuntimeOptions.tail_s``): the window, then how long it ran on
+    unmeasured under the cheap checks, and what ended it (its own end, its error, or the tail cap)."""
+    ran, cap = by.get("tail_ran_s"), by.get("tail_s")
+    ran_words = f"{ran:.1f} s" if isinstance(ran, (int, float)) else "a while"
+    head = f"measured {n} step(s), then ran on past the window for {ran_words} under the cheap checks only (saves, loads, exports; no timing)"
+    if by.get("tail_end") == "cap":
+        cap_words = f"the {cap:g} s tail cap" if isinstance(cap, (int, float)) else "the tail cap"
+        return f"{head} until {cap_words} stopped it (--tail-cap)"
+    if record.status == "failed":
+        return f"{head}; the script then failed (exit code {record.exit_code})"
+    return f"{head}, to the script's own end"
 
 
 def seen_summary(session: Session) -> str:

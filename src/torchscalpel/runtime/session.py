@@ -7,6 +7,7 @@ knobs) are the explicit exception, and each is undone afterwards.
 
 from __future__ import annotations
 
+import math
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -84,10 +85,16 @@ class RuntimeOptions:
     step_timeout_s: float | None = STEP_TIMEOUT_S
     """Stop the script when no step of the kind the run expects has ended this long after the
     start (a loop the runtime cannot recognise must not run to its end); None waits forever."""
+    tail_s: float | None = None
+    """After the measured steps of a training run, let the script go on for up to this many seconds
+    instead of stopping it: no step, span or observer event is recorded, only the set-up hooks' wrappers
+    stay (the doctor's checks of saves, loads and exports at a script's end). None or 0: stop at once."""
 
     def __post_init__(self) -> None:
         if self.op_line_steps < 0:
             raise ValueError(f"the op-line pass needs 0 or more steps, got {self.op_line_steps}")
+        if self.tail_s is not None and not (math.isfinite(self.tail_s) and self.tail_s >= 0):
+            raise ValueError(f"the tail needs 0 or more seconds, got {self.tail_s}")
         check_window(
             warmup=self.warmup,
             steps=self.steps,
@@ -133,6 +140,8 @@ class Session:
     loop_started: float | None = None
     """When the first root forward or backward ran: the step timeout counts from there, so a long
     set-up (tokenising a corpus, downloading nothing, building a model) is never held against it."""
+    tail_started: float | None = None
+    """When the run went on past its window (``RuntimeOptions.tail_s``); None while in the window."""
     _disabled: set[int] = field(default_factory=set)
     _stopping: bool = False
 
@@ -202,12 +211,24 @@ class Session:
 
     def boundary(self, kind: str, optimizer_id: int | None = None) -> None:
         """A possible step end; closes the step and stops the script when enough steps ran."""
-        if self._stopping:
+        if self._stopping or self.tail_started is not None:
             return
+        primary = self.timeline.primary_optimizer
+        if (
+            kind == "optimizer"
+            and optimizer_id is not None
+            and primary not in (None, optimizer_id)
+            and primary not in {id(o) for o in self.optimizers}
+        ):
+            # the optimizer that delimited steps was freed (k-fold: a new model and optimizer per fold)
+            self.timeline.adopt_primary(optimizer_id)
         step = self.timeline.boundary(kind, optimizer_id)
         if step is None:
             return
         if self.stop_reason or self._enough_steps():
+            if not self.stop_reason and self.options.tail_s and kind in ("optimizer", "backward"):
+                self._begin_tail()
+                return
             self._stopping = True
             if self.window is not None:
                 self.window.close()
@@ -215,6 +236,30 @@ class Session:
                 self.stop_facts = {"kind": "steps"}
             self.stop_reason = self.stop_reason or f"stopped after {len(self.timeline.steps)} steps"
             raise StopScript(self.stop_reason)
+
+    def _begin_tail(self) -> None:
+        """The window's steps are done: go on without measuring (``RuntimeOptions.tail_s``). Only a training
+        run's tail is ticked (its backward, optimizer, batches and root forwards bound it); an inference loop
+        stops as before."""
+        if self.window is not None:
+            self.window.close()
+        self.tail_started = time.monotonic()
+        self.stop_facts = {"kind": "steps", "tail_s": self.options.tail_s}
+        if self.hooks is not None:
+            self.hooks.enter_tail()
+
+    def tail_tick(self) -> None:
+        """Called by the hooks after the window: end the script once the tail has run ``tail_s`` seconds."""
+        cap = self.options.tail_s
+        if self.tail_started is None or self._stopping or not cap:
+            return
+        ran = time.monotonic() - self.tail_started
+        if ran < cap:
+            return
+        self._stopping = True
+        self.stop_facts = {"kind": "steps", "tail_s": cap, "tail_ran_s": round(ran, 3), "tail_end": "cap"}
+        self.stop_reason = f"the {cap:g} s tail cap ended the run {ran:.1f} s past its window"
+        raise StopScript(self.stop_reason)
 
     def training_expected(self) -> bool:
         """True once something says the script trains: an optimizer exists, a forward produced
@@ -238,7 +283,7 @@ class Session:
         """Stop a run whose loop is not recognised: no settled step within ``step_timeout_s`` of the
         first root forward or backward (called from those hooks)."""
         limit = self.options.step_timeout_s
-        if limit is None or self._stopping or self.options.steps is None:
+        if limit is None or self._stopping or self.options.steps is None or self.tail_started is not None:
             return
         now = time.monotonic()
         if self.loop_started is None:
@@ -389,10 +434,16 @@ class Attachment:
                 session.notes.append(f"undoing a setup hook failed: {exc!r}")
         self._undo = []
         session._stopping = True
-        try:
-            session.timeline.finish()
-        except Exception as exc:
-            session.notes.append(f"closing the last step failed: {exc!r}")
+        if session.tail_started is not None:
+            # the window's steps closed before the tail; nothing after them is a measured step
+            if "tail_end" not in session.stop_facts:
+                session.stop_facts["tail_ran_s"] = round(time.monotonic() - session.tail_started, 3)
+                session.stop_facts["tail_end"] = "script"
+        else:
+            try:
+                session.timeline.finish()
+            except Exception as exc:
+                session.notes.append(f"closing the last step failed: {exc!r}")
         if session.window is not None:
             session.window.close()
         record.status, record.exit_code, record.error = status, exit_code, error

@@ -235,6 +235,16 @@ class Timeline:
                 return None
         return self._close()
 
+    @property
+    def primary_optimizer(self) -> int | None:
+        """The id of the optimizer whose steps delimit steps (the first one seen), None before any."""
+        return self._primary_optimizer
+
+    def adopt_primary(self, optimizer_id: int) -> None:
+        """Let ``optimizer_id`` delimit steps from now on: the primary optimizer is gone (a script that builds a
+        new optimizer per fold or per run), so its steps would otherwise never end a step again."""
+        self._primary_optimizer = optimizer_id
+
     def finish(self) -> StepRecord | None:
         """Close a trailing partial step if it holds any measured work (script ended)."""
         while self._stack:

@@ -205,10 +205,18 @@ def _state_names(ctx: StaticContext) -> set[str]:
 
 
 def _modelish(
-    node: ast.AST, modules: set[str], states: frozenset[str] | set[str] = frozenset()
+    node: ast.AST,
+    modules: set[str],
+    states: frozenset[str] | set[str] = frozenset(),
+    holders: frozenset[str] | set[str] = frozenset(),
 ) -> str | None:
-    """The source name of a saved expression that is a module (not its state_dict), else None."""
+    """The source name of a saved expression that is a module (not its state_dict), else None. ``holders``:
+    containers this file puts a module in (:func:`_module_holders`): their element ``best[0]`` counts (the fix,
+    ``best[0].state_dict()``, is then one edit at the save)."""
     node = _strip(node)
+    if isinstance(node, ast.Subscript):
+        held = _holder_name(_strip(node.value))
+        return ast.unparse(node) if held is not None and held in holders else None
     name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
     if name is None or (name in states and name not in modules):
         return None
@@ -218,11 +226,59 @@ def _modelish(
     return None
 
 
+def _holder_name(node: ast.AST) -> str | None:
+    """``best`` / ``self.best`` as a container's name (None for anything else)."""
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _module_holders(ctx: StaticContext, modules: set[str]) -> set[str]:
+    """Names of lists, tuples and dicts this file puts a module in, so a save of one of their elements is
+    followed to the module: ``best = [copy.deepcopy(model), acc]``, ``best[0] = copy.deepcopy(model)``,
+    ``best_models.append(model)``, ``folds[k] = {"model": model}`` (what a k-fold script saves at its end)."""
+    states = _state_names(ctx)
+
+    def holds(value: ast.AST) -> bool:
+        if isinstance(value, ast.List | ast.Tuple | ast.Set):
+            return any(holds(e) for e in value.elts)
+        if isinstance(value, ast.Dict):
+            return any(v is not None and holds(v) for v in value.values)
+        return _modelish(value, modules, states) is not None
+
+    holders: set[str] = set()
+    for node in ast.walk(ctx.tree):
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Subscript) and holds(node.value):
+                    name = _holder_name(_strip(t.value))
+                elif isinstance(node.value, ast.List | ast.Tuple | ast.Dict) and holds(node.value):
+                    name = _holder_name(t)
+                else:
+                    name = None
+                if name is not None:
+                    holders.add(name)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in {"append", "insert", "add", "setdefault"}
+            and node.args
+            and holds(node.args[-1])
+        ):
+            name = _holder_name(node.func.value)
+            if name is not None:
+                holders.add(name)
+    return holders
+
+
 def _saved(
-    ctx: StaticContext, call: ast.Call, modules: set[str], obj_index: int = 0, obj_kw: str = "obj"
+    ctx: StaticContext,
+    call: ast.Call,
+    modules: set[str],
+    obj_index: int = 0,
+    obj_kw: str = "obj",
+    holders: frozenset[str] | set[str] = frozenset(),
 ) -> str | None:
-    """What a save call pickles when it is a module: the positional/keyword object, or a dict literal
-    holding one (``{"model": model, ...}``)."""
+    """What a save call pickles when it is a module: the positional/keyword object, an element of a
+    container holding one (``best[0]``), or a dict literal holding one (``{"model": model, ...}``)."""
     obj = (
         call.args[obj_index]
         if len(call.args) > obj_index
@@ -232,11 +288,11 @@ def _saved(
         return None
     if isinstance(obj, ast.Dict):
         for v in obj.values:
-            name = _modelish(v, modules, _state_names(ctx))
+            name = _modelish(v, modules, _state_names(ctx), holders)
             if name is not None:
                 return name
         return None
-    return _modelish(obj, modules, _state_names(ctx))
+    return _modelish(obj, modules, _state_names(ctx), holders)
 
 
 def _save_helpers(ctx: StaticContext) -> dict[str, tuple[int, str]]:
@@ -267,13 +323,14 @@ def whole_model_save(ctx: StaticContext) -> Iterator[Finding]:
     where ``model`` is a module (not its state_dict), also through a helper function of this file that
     passes its argument on to torch.save."""
     modules = _module_names(ctx)
+    holders = _module_holders(ctx, modules)
     helpers = _save_helpers(ctx)
     for call in ctx.calls():
         cname = ctx.call_name(call)
         name = None
         via = ""
         if cname == "torch.save":
-            name = _saved(ctx, call, modules)
+            name = _saved(ctx, call, modules, holders=holders)
         else:
             fname = (
                 call.func.id
@@ -284,7 +341,7 @@ def whole_model_save(ctx: StaticContext) -> Iterator[Finding]:
             )
             if fname in helpers:
                 index, param = helpers[fname]
-                name = _saved(ctx, call, modules, obj_index=index, obj_kw=param)
+                name = _saved(ctx, call, modules, obj_index=index, obj_kw=param, holders=holders)
                 via = f" (through {fname}(), which passes it to torch.save)"
         if name is None:
             continue

@@ -64,6 +64,13 @@ def _module_elements(ctx: StaticContext, value: ast.AST) -> list[ast.AST]:
     return []
 
 
+def _holds_state(ctx: StaticContext, element: ast.AST) -> bool:
+    """False for a torch module that holds no parameter nor buffer (``nn.ReLU()``, a loss, dropout): in a plain
+    list it has nothing the optimizer, ``.to()`` or the state_dict would miss."""
+    name = ctx.call_name(element) or ""
+    return not (name.startswith("torch.nn.") and _PARAM_FREE.match(name.rsplit(".", 1)[-1]))
+
+
 def _wrapped_later(ctx: StaticContext, cls: ast.ClassDef, attr: str) -> bool:
     """True when the class also assigns ``self.attr = nn.ModuleList/ModuleDict/Sequential(...)`` somewhere."""
     for node in ast.walk(cls):
@@ -95,6 +102,7 @@ def module_in_plain_container(ctx: StaticContext) -> Iterator[Finding]:
                         if (
                             attr in empty_lists
                             and ctx.is_module_ctor(node.value)
+                            and _holds_state(ctx, node.value)
                             and not _wrapped_later(ctx, cls, attr)
                         ):
                             yield _container_finding(
@@ -109,7 +117,7 @@ def module_in_plain_container(ctx: StaticContext) -> Iterator[Finding]:
                     attr = self_attr_target(target)
                     if attr is None or node.value is None:
                         continue
-                    elements = _module_elements(ctx, node.value)
+                    elements = [e for e in _module_elements(ctx, node.value) if _holds_state(ctx, e)]
                     if elements and not _wrapped_later(ctx, cls, attr):
                         yield _container_finding(ctx, node, cls, attr, node.value, elements[0])
                     elif (
@@ -126,7 +134,11 @@ def module_in_plain_container(ctx: StaticContext) -> Iterator[Finding]:
                 attr = self_attr_target(node.func.value)
                 if (
                     attr in empty_lists
-                    and any(ctx.is_module_ctor(a) or _module_elements(ctx, a) for a in node.args)
+                    and any(
+                        (ctx.is_module_ctor(a) and _holds_state(ctx, a))
+                        or any(_holds_state(ctx, e) for e in _module_elements(ctx, a))
+                        for a in node.args
+                    )
                     and not _wrapped_later(ctx, cls, attr)
                 ):
                     yield _container_finding(

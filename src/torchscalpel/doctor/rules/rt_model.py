@@ -24,6 +24,11 @@ def _user_attrs(module: torch.nn.Module) -> Iterator[tuple[str, Any]]:
             yield key, value
 
 
+def _holds_state(module: torch.nn.Module) -> bool:
+    """The module (or a submodule) has a parameter or a buffer: what registration would carry."""
+    return next(module.parameters(), None) is not None or next(module.buffers(), None) is not None
+
+
 class _OncePerRoot(RuntimeRule):
     """Scan each root module once, at its first forward call."""
 
@@ -62,7 +67,12 @@ class ModuleInPlainContainer(_OncePerRoot):
                     if isinstance(value, list | tuple)
                     else []
                 )
-                hidden = [x for x in items if isinstance(x, torch.nn.Module) and id(x) not in registered]
+                # a module with no parameter nor buffer (an activation, a loss) loses nothing in a plain list
+                hidden = [
+                    x
+                    for x in items
+                    if isinstance(x, torch.nn.Module) and id(x) not in registered and _holds_state(x)
+                ]
                 if not hidden:
                     continue
                 n_params = sum(p.numel() for x in hidden for p in x.parameters())
