@@ -304,3 +304,49 @@ def test_a_transformers_fast_tokenizer_travels_as_its_tokenizer_json(tmp_path):
     for key in ("ids", "mask"):
         np.testing.assert_array_equal(got[key], want[key])
     assert got["ids"].shape == (3, 12)  # the long text truncated at the tokenizer's own limit
+
+
+def test_any_raw_text_body_is_ids_or_a_422(text_bundle, tmp_path):
+    """Arbitrary JSON under "raw" (unicode of every category, nesting, numbers) through both tokenizers: the
+    answer is arrays within the vocabulary and the bundle's bounds, or a RequestError (422), never another error."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from torchscalpel.serve.codec import InputSpec, decode_json
+    from torchscalpel.serve.errors import RequestError
+    from torchscalpel.ship.bundle import axis_bounds
+
+    result, _ = text_bundle
+    b = verify_bundle(result.path)
+    specs = [InputSpec.from_manifest(s, axis_bounds(b.manifest)) for s in b.inputs]
+    text_tokenizer.write_vocab(tmp_path / "vocab.txt")
+    vocab_spec = {**b.manifest["preprocessing"], "tokenizer": _vocab_rules()}
+    pres = [TextPreprocessor(b.manifest["preprocessing"], b.path), TextPreprocessor(vocab_spec, tmp_path)]
+    leaf = st.one_of(st.text(max_size=80), st.integers(), st.none(), st.floats(allow_nan=True))
+    raw = st.one_of(
+        st.lists(st.text(max_size=200), min_size=0, max_size=10),
+        st.text(max_size=200),
+        st.lists(leaf, max_size=4),
+        leaf,
+    )
+
+    @settings(
+        max_examples=60,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(raw, st.sampled_from(["text", "ids"]))
+    def check(value, key):
+        body = json.dumps({"raw": {key: value}}).encode()
+        for pre in pres:
+            try:
+                ids, mask = decode_json(body, specs, 8, pre)
+            except RequestError as exc:
+                assert exc.status == 422 and "\n" not in exc.reason
+                continue
+            assert ids.dtype == np.int64 and 1 <= ids.shape[1] <= 24 and ids.max() < len(text_tokenizer.WORDS)
+            assert mask.shape == ids.shape and set(np.unique(mask)) <= {0.0, 1.0}
+
+    check()

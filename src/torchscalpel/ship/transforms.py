@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from torchscalpel.errors import UsageError
+from torchscalpel.runtime.transform_snapshot import ATTRS
 from torchscalpel.ship.preprocess import check_spec
 
 _RANDOM_PREFIXES = ("Random", "ColorJitter", "AutoAugment", "RandAugment", "TrivialAugment", "AugMix")
@@ -267,20 +268,6 @@ def _as_callable(obj: Any) -> Any:
     return obj
 
 
-SNAPSHOT_ATTRS = (
-    "mean",
-    "std",
-    "size",
-    "interpolation",
-    "max_size",
-    "antialias",
-    "dtype",
-    "scale",
-    "inplace",
-)
-"""Attributes a recorded transform may carry (``runtime.transform_snapshot.ATTRS``)."""
-
-
 class _Recorded:
     """A transform read back from a run record: its class name and plain attributes, nothing callable."""
 
@@ -324,7 +311,7 @@ def _revive(node: Any, source: str, depth: int = 0) -> Any:
         obj.transforms = [_revive(i, source, depth + 1) for i in items]
         return obj
     attrs = node.get("attrs", {})
-    if not isinstance(attrs, dict) or set(attrs) - set(SNAPSHOT_ATTRS) or not _plain_ok(attrs):
+    if not isinstance(attrs, dict) or set(attrs) - set(ATTRS) or not _plain_ok(attrs):
         raise _bad_record(source, f"has attributes of {cls} that are not plain numbers and names")
     for key, value in attrs.items():
         setattr(obj, key, value)
