@@ -88,16 +88,28 @@ def report_ranks(out: Path, *, doctor: bool = False, nproc: str = "") -> dict[st
     ``OUT/launch.html``. Returns the merged record (None when no rank wrote one and nothing was found)."""
     from torchscalpel.distributed.hangwatch import watch_findings
     from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
-    from torchscalpel.distributed.rankrules import rank_findings
+    from torchscalpel.distributed.rankrules import launch_history, rank_findings
+    from torchscalpel.distributed.scaling import per_rank_batch, scaling_verdicts
     from torchscalpel.findings import without_launcher_repeats
 
     records = load_rank_records(out)
+    entry, history = launch_history(out / "watch")  # before rank_findings adds this launch to the history
     first = watch_findings(out) + rank_findings(out / "watch")
     if not records and not first:
         print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
         return None
     merged = merge(records) if records else {"ranks": [], "straggler": None, "findings": []}
     merged["findings"] = first + without_launcher_repeats(first, merged["findings"])
+    # the first DDP forward's batch (what the history keeps), else the samples each rank's steps counted
+    samples = {r: [s.samples for s in rec.measured_steps if s.samples] for r, rec in records.items()}
+    batch = (entry or {}).get("batch") or per_rank_batch(samples)
+    merged["verdicts"] = scaling_verdicts(
+        merged["ranks"],
+        batch=batch,
+        script=(entry or {}).get("script"),
+        history=history,
+        straggler=(merged.get("straggler") or {}).get("rank"),
+    )
     atomic_write_text(out / "launch.json", json.dumps(merged, indent=1, default=str) + "\n")
     from torchscalpel.report.launch_page import write_launch_page
 
