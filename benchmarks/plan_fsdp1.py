@@ -110,7 +110,9 @@ def main() -> None:
                 "sharding": sharding,
                 "fsdp1_row": r1,
                 "fully_shard_row": r2,
-                "same_row": all(r1[k] == r2[k] for k in ("strategy", "params", "grads", "optim", "comm", "peak")),
+                "same_row": all(
+                    r1[k] == r2[k] for k in ("strategy", "params", "grads", "optim", "comm", "peak")
+                ),
                 "measured_per_rank": peaks,
                 "plan_error": (r1["peak"] - real) / real,
             }
