@@ -331,34 +331,35 @@ def plan(
     checkpointing: str = "none",
     max_batch: bool = True,
     loss: Callable[[torch.nn.Module, Any], torch.Tensor] | None = None,
+    out: str | os.PathLike[str] | None = None,
 ) -> PlanResult:
     """Plan memory per rank for ``model()`` (a factory: it is built on fake tensors, nothing is
     allocated) on ``batch`` (``scalpel plan --batch`` grammar, e.g. ``"x=float32[8,3,32,32],y=int64[8]:10"``),
     as ``scalpel plan --model`` does with the same defaults: every strategy that makes sense for
     ``world_size`` on ``device`` (a name from ``scalpel plan --list-devices``; ``device_memory`` such as
-    ``"24GiB"``; neither: this machine). Returns the plan (``.rows``, ``.to_dict()``); print it with
-    ``torchscalpel.report.plan_terminal.render_text``."""
-    from torchscalpel.plan.devices import resolve_device
-    from torchscalpel.plan.planner import PlanRequest, make_plan
-    from torchscalpel.plan.simulate import OptimizerSpec, sim_settings_for
-    from torchscalpel.plan.spec import parse_batch_spec
-    from torchscalpel.plan.strategies import strategies_for
+    ``"24GiB"``; neither: this machine). With ``out``, run.json and report.html are written there as
+    ``scalpel plan --out`` writes them. Returns the plan (``.rows``, ``.to_dict()``); print it with
+    ``torchscalpel.report.plan_terminal.render_text``. A bad argument raises ``ValueError`` naming it."""
+    from torchscalpel.plan.options import PlanOptions
+    from torchscalpel.stages import plan as stage
 
-    target = resolve_device(device, device_memory)
-    request = PlanRequest(
-        builder=model,
-        batch=parse_batch_spec(batch),
-        loss_fn=loss,
-        strategies=strategies_for(strategy, world_size, nodes),
+    options = PlanOptions(
+        model=model,
+        batch=batch,
+        loss=loss,
+        optimizer=optimizer,
+        precision=precision,
+        strategy=strategy,
         world_size=world_size,
         nodes=nodes,
-        device=target,
+        grad_accum=grad_accum,
         checkpointing=checkpointing,
+        device=device,
+        device_memory=device_memory,
         search_max_batch=max_batch,
-        model_name=getattr(model, "__qualname__", "model"),
-        settings=sim_settings_for(OptimizerSpec.named(optimizer), precision, grad_accum, target),
+        out_dir=Path(out) if out is not None else None,
     )
-    return make_plan(request)
+    return stage.run(options)
 
 
 def compare(*runs: str | os.PathLike[str] | RunRecord) -> Comparison:

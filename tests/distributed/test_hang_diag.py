@@ -6,7 +6,6 @@ are the real ones; the diagnosis runs on logs and faulthandler text built here.
 
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import sys
 import threading
@@ -270,14 +269,15 @@ def test_exit_status_reads_a_dead_child_without_reaping_it():
 
 
 def test_launch_flags_are_validated_and_the_doctor_checks_collectives(tmp_path):
-    from torchscalpel.distributed.launch import build_parser, prepare, watch_options, wrap_plain
+    from torchscalpel.distributed.launch import build_parser, rank_command, watch_options
+    from torchscalpel.distributed.options import LaunchOptions
     from torchscalpel.errors import UsageError
 
     script = tmp_path / "t.py"
     script.write_text("")
 
-    def parse(*argv: str) -> argparse.Namespace:
-        return prepare(build_parser().parse_args(list(argv)), env={})
+    def parse(*argv: str) -> LaunchOptions:
+        return LaunchOptions.from_args(build_parser().parse_args(list(argv)), env={})
 
     with pytest.raises(UsageError, match="--hang-timeout -3 must be 0"):
         parse("--nproc", "2", "--hang-timeout", "-3", "--", str(script))
@@ -289,9 +289,9 @@ def test_launch_flags_are_validated_and_the_doctor_checks_collectives(tmp_path):
     plain = parse("--nproc", "2", "--hang-timeout", "7", "--", str(script), "--lr", "1")
     opts = watch_options(plain, tmp_path)
     assert opts.hang_timeout == 7.0 and opts.local_ranks == 2 and opts.check is False
-    wrap_plain(plain)
-    assert plain.training_script == "torchscalpel.distributed.rank_entry" and plain.module is True
-    assert plain.training_script_args == ["exec", "--", str(script), "--lr", "1"]
+    entry = rank_command(plain, tmp_path)
+    assert entry.script == "torchscalpel.distributed.rank_entry" and entry.module is True
+    assert list(entry.args) == ["exec", "--", str(script), "--lr", "1"]
     assert watch_options(parse("--nproc", "2", "--hang-timeout", "0", "--", str(script)), tmp_path) is None
     off_but_checked = watch_options(
         parse("--nproc", "2", "--hang-timeout", "0", "--check-collectives", "--", str(script)), tmp_path

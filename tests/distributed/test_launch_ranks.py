@@ -246,7 +246,7 @@ def test_restarts_used_up_names_the_rank(tmp_path):
 
 @pytest.mark.slow
 def test_two_nodes_on_localhost(tmp_path):
-    from torchscalpel.distributed.launch import free_port
+    from torchscalpel.netutil import free_port
 
     endpoint = f"127.0.0.1:{free_port()}"
     procs = []

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, run_cli, run_ranks
-from torchscalpel.distributed.launch import build_parser, wrap_for_stage
+from torchscalpel.distributed.launch import build_parser, rank_command
+from torchscalpel.distributed.options import LaunchOptions
 from torchscalpel.errors import UsageError
 from torchscalpel.trace.layout import trace_rank
 
@@ -18,11 +19,14 @@ EXAMPLE = REPO / "examples" / "ddp_fsdp_transformer.py"
 
 
 def test_tracking_flags_reach_every_rank_and_need_a_stage(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
     args = build_parser().parse_args(
-        ["--nproc", "2", "--profile", "--tensorboard", "tb", "--mlflow", "ml", "--", "train.py", "--lr", "1"]
+        ["--nproc", "2", "--profile", "--tensorboard", "tb", "--mlflow", "ml", "--", str(script), "--lr", "1"]
     )
-    assert wrap_for_stage(args, tmp_path) == "profile"
-    assert args.training_script_args == [
+    options = LaunchOptions.from_args(args, env={})
+    assert options.stage == "profile"
+    assert list(rank_command(options, tmp_path).args) == [
         "profile",
         str(tmp_path),
         "--steps",
@@ -32,13 +36,13 @@ def test_tracking_flags_reach_every_rank_and_need_a_stage(tmp_path: Path) -> Non
         "--mlflow",
         "ml",
         "--",
-        "train.py",
+        str(script),
         "--lr",
         "1",
     ]
-    plain = build_parser().parse_args(["--nproc", "2", "--tensorboard", "tb", "--", "train.py"])
+    plain = build_parser().parse_args(["--nproc", "2", "--tensorboard", "tb", "--", str(script)])
     with pytest.raises(UsageError, match="need --profile or --doctor"):
-        wrap_for_stage(plain, tmp_path)
+        LaunchOptions.from_args(plain, env={})
 
 
 @pytest.mark.slow

@@ -7,12 +7,23 @@ import argparse
 import pytest
 
 from helpers import run_cli
-from torchscalpel.distributed.launch import RankFailure, build_parser, failure_report, prepare, stderr_tail
+from torchscalpel.distributed.launch import (
+    RankFailure,
+    build_parser,
+    failure_report,
+    rank_command,
+    stderr_tail,
+)
+from torchscalpel.distributed.options import LaunchOptions
 from torchscalpel.errors import UsageError
 
 
 def _parse(*argv: str) -> argparse.Namespace:
     return build_parser().parse_args(list(argv))
+
+
+def prepare(args: argparse.Namespace, env: dict[str, str]) -> LaunchOptions:
+    return LaunchOptions.from_args(args, env=env)
 
 
 def test_single_node_rendezvous_is_loopback(tmp_path):
@@ -21,7 +32,7 @@ def test_single_node_rendezvous_is_loopback(tmp_path):
     args = prepare(_parse("--nproc", "2", "--", str(script), "--lr", "1"), env={})
     assert args.nproc_per_node == "2"
     assert args.rdzv_backend == "c10d" and args.rdzv_endpoint.startswith("127.0.0.1:")
-    assert args.training_script_args == ["--lr", "1"]
+    assert args.training_script_args == ("--lr", "1")
 
 
 def test_multi_node_keeps_the_given_endpoint(tmp_path):
@@ -94,16 +105,15 @@ def test_cli_usage_error_exit_2():
 
 
 def test_profile_and_doctor_rewrite_the_entry_point(tmp_path):
-    from torchscalpel.distributed.launch import wrap_for_stage
-
     script = tmp_path / "t.py"
     script.write_text("")
     args = prepare(
         _parse("--nproc", "2", "--profile", "--steps", "4", "--", str(script), "--lr", "1"), env={}
     )
-    assert wrap_for_stage(args, tmp_path / "out") == "profile"
-    assert args.module is True and args.training_script == "torchscalpel.distributed.rank_entry"
-    assert args.training_script_args == [
+    entry = rank_command(args, tmp_path / "out")
+    assert args.stage == "profile"
+    assert entry.module is True and entry.script == "torchscalpel.distributed.rank_entry"
+    assert list(entry.args) == [
         "profile",
         str(tmp_path / "out"),
         "--steps",
@@ -114,7 +124,8 @@ def test_profile_and_doctor_rewrite_the_entry_point(tmp_path):
         "1",
     ]
     doctor = prepare(_parse("--nproc", "2", "--doctor", "--", str(script)), env={})
-    assert wrap_for_stage(doctor, tmp_path / "out") == "doctor"
-    assert doctor.training_script_args[0] == "doctor"
+    assert doctor.stage == "doctor"
+    assert rank_command(doctor, tmp_path / "out").args[0] == "doctor"
+    assert args.training_script == str(script) and args.module is False  # the options stay the user's
     with pytest.raises(UsageError, match="drop -m"):
-        wrap_for_stage(prepare(_parse("--profile", "-m", "--", "pkg.train"), env={}), tmp_path / "out")
+        prepare(_parse("--profile", "-m", "--", "pkg.train"), env={})

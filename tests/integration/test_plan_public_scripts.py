@@ -117,12 +117,12 @@ def _lbfgs_state_bytes_at_the_end() -> int:
 def test_lbfgs_closure_evaluations_are_not_micro_batches_and_float64_is_read(tmp_path):
     # time_sequence_prediction: LBFGS evaluates its closure up to 20 times per step on the same batch, in float64
     from torchscalpel.plan.devices import Device
-    from torchscalpel.plan.script import ScriptPlanOptions, plan_script
+    from torchscalpel.plan.options import PlanOptions
+    from torchscalpel.plan.script import plan_script
     from torchscalpel.runtime.target import Target
 
     result, record = plan_script(
-        Target(script=LBFGS_SCRIPT),
-        ScriptPlanOptions(search_max_batch=False),
+        PlanOptions(target=Target(script=LBFGS_SCRIPT), search_max_batch=False),
         Device(name="cpu", memory=1 << 34, kind="cpu"),
         ["single"],
     )

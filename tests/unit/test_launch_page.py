@@ -56,14 +56,14 @@ def test_scalpel_report_renders_a_launch_summary_verdict_first(
 def test_a_launch_writes_its_page_beside_launch_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from torchscalpel.cli.launch import _report_ranks
     from torchscalpel.record import save_record
+    from torchscalpel.stages.launch import report_ranks
 
     for rank, ms in ((0, 10.0), (1, 10.2)):
         folder = tmp_path / f"rank-{rank}"
         folder.mkdir()
         save_record(_rank(ms), folder)
-    _report_ranks(tmp_path)
+    report_ranks(tmp_path)
     assert f"page: {tmp_path / 'launch.html'}" in capsys.readouterr().out
     page = (tmp_path / "launch.html").read_text()
     assert re.findall(r'<section id="([^"]+)"', page)[:2] == ["verdict", "ranks"]

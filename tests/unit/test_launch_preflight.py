@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import argparse
-
+from torchscalpel.distributed.options import LaunchOptions
 from torchscalpel.distributed.preflight import one_rank_env, plan_command, verdict, world_size
 
 
-def _args(**kw) -> argparse.Namespace:
+def _args(**kw) -> LaunchOptions:
     base = dict(
         nnodes="1",
         nproc_per_node="2",
         plan_device_memory=None,
         training_script="train.py",
-        training_script_args=["--lr", "3e-4"],
+        training_script_args=("--lr", "3e-4"),
     )
-    return argparse.Namespace(**{**base, **kw})
+    return LaunchOptions(**{**base, **kw})
 
 
 def _plan(fits: list[bool], alt_fits: bool = False) -> dict:

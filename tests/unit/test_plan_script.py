@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from torchscalpel.plan.devices import Device
-from torchscalpel.plan.script import ScriptPlanOptions, plan_script
+from torchscalpel.plan.options import PlanOptions
+from torchscalpel.plan.script import plan_script
 from torchscalpel.runtime.target import Target
 
 SCRIPT = """
@@ -37,10 +38,8 @@ def _plan(tmp_path, name: str, text: str, optimizer: str | None = None):
     """Script-mode plan of ``text`` saved as ``name``, single rank on a 16 GiB CPU: (plan, record)."""
     script = tmp_path / name
     script.write_text(text)
-    options = ScriptPlanOptions(optimizer=optimizer, search_max_batch=False)
-    result, record = plan_script(
-        Target(script=script), options, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"]
-    )
+    options = PlanOptions(target=Target(script=script), optimizer=optimizer, search_max_batch=False)
+    result, record = plan_script(options, Device(name="cpu", memory=1 << 34, kind="cpu"), ["single"])
     return result, record
 
 

@@ -17,7 +17,7 @@ from torchscalpel.fix.options import FixOptions
 from torchscalpel.lrfind.options import LrOptions
 from torchscalpel.memory.options import MemoryOptions
 from torchscalpel.options import PROFILE_EVENT_BUDGET, STEP_TIMEOUT_S, StageOptions, usage_error
-from torchscalpel.plan.script import ScriptPlanOptions
+from torchscalpel.plan.options import PlanOptions
 from torchscalpel.runtime.profile_options import ProfileOptions
 from torchscalpel.runtime.session import RuntimeOptions
 from torchscalpel.runtime.window import MEMORY_WINDOW, PROFILE_WINDOW, StepWindow
@@ -33,7 +33,7 @@ VERB_OPTIONS = (
     LrOptions,
     BatchOptions,
     FixOptions,
-    ScriptPlanOptions,
+    PlanOptions,
     DemoOptions,
 )
 

@@ -7,16 +7,11 @@ torch.distributed.run costs about two seconds, which every other ``scalpel`` com
 from __future__ import annotations
 
 import argparse
-import contextlib
-import sys
 
 from torchscalpel.cli.common import check_numbers, default_run_dir, steps_arg
-from torchscalpel.errors import UsageError
-from torchscalpel.fileio import atomic_write_text, check_output_dir
-from torchscalpel.units import fmt_bytes, parse_float, parse_size
+from torchscalpel.fileio import check_output_dir
+from torchscalpel.units import parse_float
 
-MIN_DEVICE_MEMORY = 256 << 20
-"""The least --plan-device-memory taken for a device: no accelerator a training run targets has less."""
 HELP = "run a training script on N ranks with torchrun (DDP/FSDP), rank-prefixed logs, clear failures"
 
 
@@ -34,15 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Parse with torchrun's parser, validate, launch; return the exit code."""
-    from torchscalpel.distributed.launch import (
-        build_parser,
-        launch,
-        prepare,
-        watch_options,
-        wrap_for_stage,
-        wrap_plain,
-    )
+    """Parse with torchrun's parser into :class:`~torchscalpel.distributed.options.LaunchOptions`, then the
+    launch stage; return the exit code."""
+    from torchscalpel.distributed.launch import build_parser
+    from torchscalpel.distributed.options import LaunchOptions
+    from torchscalpel.stages import launch as stage
 
     parser = build_parser()
     argv = list(args.argv)
@@ -63,73 +54,12 @@ def run(args: argparse.Namespace) -> int:
     if parsed.monitor_interval is not None:  # torchrun asserts it is positive, a traceback
         parse_float(str(parsed.monitor_interval), flag="--monitor-interval", above_minimum=True)
     steps_arg(argparse.Namespace(warmup=0, steps=parsed.steps))
-    parsed = prepare(parsed)
-    if parsed.out is not None:
-        check_output_dir(parsed.out)
-    out = parsed.out or default_run_dir("launch-" + _name(parsed.training_script))
-    if parsed.plan_device_memory and not parsed.plan:
-        raise UsageError("--plan-device-memory only applies with --plan.")
-    if parsed.plan_strict and not parsed.plan:
-        raise UsageError("--plan-strict only applies with --plan.")
-    if parsed.plan_device_memory:
-        size = parse_size(parsed.plan_device_memory, flag="--plan-device-memory")
-        if size < MIN_DEVICE_MEMORY:
-            raise UsageError(
-                f"--plan-device-memory {parsed.plan_device_memory} is {fmt_bytes(size)}, too small to be "
-                f"a device; give its memory, e.g. 80GiB (at least {fmt_bytes(MIN_DEVICE_MEMORY)})."
-            )
-    if parsed.plan:
-        if parsed.module or parsed.no_python:
-            raise UsageError("--plan runs a script file; drop -m/--no-python and pass the script path.")
-        from torchscalpel.distributed.preflight import run_preflight
-
-        preflight = run_preflight(parsed, out)
-        for line in preflight.lines:
-            print(line, flush=True)
-        if parsed.plan_strict and preflight.planned and not preflight.fits:
-            print("scalpel launch: --plan-strict: no strategy fits, so no rank was started.", file=sys.stderr)
-            return 1
-    _announce_resume(parsed)
-    stage = wrap_for_stage(parsed, out)
-    if stage is None:
-        wrap_plain(parsed)
-    with _ranks_print_one_line(stage == "doctor"):
-        code = launch(parsed, out_dir=out, watch=watch_options(parsed, out))
-    if stage is not None:
-        _report_ranks(out, doctor=stage == "doctor", nproc=parsed.nproc_per_node)
-    return code
-
-
-@contextlib.contextmanager
-def _ranks_print_one_line(on: bool):
-    """Under --doctor each rank prints a one-line summary; the launcher prints every finding once, after."""
-    import os
-
-    from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
-
-    previous = os.environ.get(MERGED_RANKS_ENV)
-    if on:
-        os.environ[MERGED_RANKS_ENV] = "1"  # torchrun's workers inherit it
-    try:
-        yield
-    finally:
-        if on:
-            if previous is None:
-                os.environ.pop(MERGED_RANKS_ENV, None)
-            else:
-                os.environ[MERGED_RANKS_ENV] = previous
-
-
-def _announce_resume(parsed: argparse.Namespace) -> None:
-    """Say that the script will resume from a checkpoint folder here, or move it aside with --fresh."""
-    from pathlib import Path
-
-    from torchscalpel.distributed.resume import announce, find_resumes, start_fresh
-
-    cwd = Path.cwd()
-    resumes = find_resumes(cwd, list(parsed.training_script_args))
-    for line in start_fresh(resumes, cwd) if parsed.fresh else announce(resumes, cwd):
-        print(line, flush=True)
+    options = LaunchOptions.from_args(parsed)
+    if options.out is not None:
+        check_output_dir(options.out)
+    else:
+        options = options.replace(out=default_run_dir("launch-" + options.name))
+    return stage.run(options).exit_code
 
 
 OWN_OPTIONS = ("nproc", "out", "profile", "doctor", "steps", "plan", "plan_device_memory")
@@ -176,53 +106,3 @@ def own_options_help(parser: argparse.ArgumentParser) -> str:
         own.format_help().rstrip() + "\n\ntorchrun options (passed through; 'scalpel launch --help-all' "
         "describes each):\n" + torchrun + "\n"
     )
-
-
-def _report_ranks(out, *, doctor: bool = False, nproc: str = "") -> None:
-    """Merge the per-rank Run records, print the table (with --doctor: then the findings across and per
-    rank, :func:`~torchscalpel.report.doctor_terminal.render_rank_findings`), save ``OUT/launch.json``."""
-    import json
-
-    from torchscalpel.distributed.hangwatch import watch_findings
-    from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
-    from torchscalpel.distributed.rankrules import rank_findings
-    from torchscalpel.findings import without_launcher_repeats
-
-    records = load_rank_records(out)
-    first = watch_findings(out) + rank_findings(out / "watch")
-    if not records and not first:
-        print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
-        return
-    merged = merge(records) if records else {"ranks": [], "straggler": None, "findings": []}
-    merged["findings"] = first + without_launcher_repeats(first, merged["findings"])
-    atomic_write_text(out / "launch.json", json.dumps(merged, indent=1, default=str) + "\n")
-    from torchscalpel.report.launch_page import write_launch_page
-
-    # the launch's one page: verdict (hang, straggler) first, ranks side by side, findings by rank
-    write_launch_page(json.loads(json.dumps(merged, default=str)), out / "launch.html", subtitle=str(out))
-    from torchscalpel.trace.layout import write_rank_traces  # OUT/traces/: HTA's TraceAnalysis(trace_dir=...)
-
-    write_rank_traces(out)
-    if not doctor:
-        print(format_table(merged))
-    else:
-        from torchscalpel.console import make_console
-        from torchscalpel.doctor.ranks import across_rank_findings, merge_rank_findings
-        from torchscalpel.report.doctor_terminal import render_rank_findings
-
-        print(format_table({**merged, "findings": []}), flush=True)
-        ranks = int(nproc) if str(nproc).isdigit() else len(records)
-        across = across_rank_findings(out)
-        render_rank_findings(
-            across,
-            without_launcher_repeats(across, merge_rank_findings(records)),
-            make_console(),
-            ranks=ranks,
-        )
-    print(
-        f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}, page: {out / 'launch.html'}"
-    )
-
-
-def _name(script: str) -> str:
-    return script.rsplit("/", 1)[-1].removesuffix(".py")

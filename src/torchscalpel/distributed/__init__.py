@@ -27,7 +27,7 @@ from torchscalpel.distributed.process import (
     setup,
     teardown,
 )
-from torchscalpel.distributed.wrapping import find_blocks, wrap
+from torchscalpel.distributed.wrapping import find_blocks, fsdp1_advice, script_advice, wrap
 
 __all__ = [
     "CheckpointError",
@@ -39,8 +39,10 @@ __all__ = [
     "consolidate",
     "context",
     "find_blocks",
+    "fsdp1_advice",
     "get_logger",
     "loader",
+    "script_advice",
     "seed_everything",
     "setup",
     "teardown",

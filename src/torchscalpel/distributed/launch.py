@@ -18,21 +18,17 @@ import logging
 import os
 import signal
 import sys
-import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from torchscalpel.distributed.hangdiag import first_mismatch
 from torchscalpel.distributed.hangwatch import FLOOR_S, MULTIPLE, HangWatch, WatchOptions
+from torchscalpel.distributed.options import MAX_NPROC, LaunchOptions
 from torchscalpel.distributed.rank_entry import MODULE as RANK_ENTRY
-from torchscalpel.errors import UsageError
-from torchscalpel.netutil import free_port
 from torchscalpel.runtime.collectives import ENV_DIR as COLLECTIVE_ENV
 from torchscalpel.units import int_type
 
 TAIL_LINES = 12
-MAX_NPROC = 1024  # processes on one node: beyond any machine's devices or cores, and never a fork bomb
 # Filters apply per logger, not to children: name every torchrun logger whose lines we trim.
 AGENT_LOGGERS = (
     "torch.distributed",
@@ -133,66 +129,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def prepare(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> argparse.Namespace:
-    """Validate and fill in torchrun's namespace (pure apart from picking a free port)."""
-    env = os.environ if env is None else env
-    if not args.training_script:
-        raise UsageError("Name the script after --, e.g. 'scalpel launch --nproc 2 -- train.py --lr 3e-4'.")
-    if args.nproc is not None:
-        if not 1 <= args.nproc <= MAX_NPROC:
-            raise UsageError(f"--nproc {args.nproc} must be at least 1 and at most {MAX_NPROC}.")
-        args.nproc_per_node = str(args.nproc)
-    script = Path(args.training_script)
-    if not args.module and not args.no_python and not script.is_file():
-        raise UsageError(
-            f"Script {script} does not exist; check the path (it is read relative to {Path.cwd()})."
-        )
-    nnodes = str(args.nnodes)
-    single_node = nnodes in ("1", "1:1")
-    if not single_node and not args.rdzv_endpoint and args.rdzv_backend != "static":
-        raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node).")
-    if (
-        not single_node
-        and args.rdzv_backend == "static"
-        and not args.rdzv_endpoint
-        and "MASTER_ADDR" not in env
-    ):
-        raise UsageError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node).")
-    if single_node and not args.rdzv_endpoint and not args.standalone and args.rdzv_backend == "static":
-        # Why not torchrun's own default ("localhost:0"): localhost may resolve to a public
-        # interface in some containers; 127.0.0.1 never leaves the machine.
-        args.rdzv_backend = "c10d"
-        args.rdzv_endpoint = f"127.0.0.1:{free_port()}"
-        args.rdzv_id = uuid.uuid4().hex
-    if args.max_restarts < 0:
-        raise UsageError(f"--max-restarts {args.max_restarts} must be 0 or more.")
-    if args.rdzv_endpoint:
-        check_endpoint(args.rdzv_endpoint)
-    if args.hang_timeout is not None and not (args.hang_timeout == 0 or 1 <= args.hang_timeout <= 86400):
-        raise UsageError(f"--hang-timeout {args.hang_timeout:g} must be 0 (off) or 1-86400 seconds.")
-    if args.check_collectives is None:
-        args.check_collectives = bool(args.doctor)
-    if args.no_python and (args.check_collectives or args.hang_timeout):
-        raise UsageError("--hang-timeout/--check-collectives watch a Python script; drop --no-python.")
-    return args
-
-
 HANG_EXIT = 124
 """Exit status after a diagnosed hang (what ``timeout`` returns)."""
 
 
-def watch_options(args: argparse.Namespace, out_dir: Path) -> WatchOptions | None:
+def watch_options(options: LaunchOptions, out_dir: Path) -> WatchOptions | None:
     """The hang watch for this launch; None when it is off (``--hang-timeout 0`` without a check, ``--no-python``)."""
-    if args.no_python or (args.hang_timeout == 0 and not args.check_collectives):
+    if options.no_python or (options.hang_timeout == 0 and not options.check_collectives):
         return None
-    local = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else 1
-    timeout = None if args.hang_timeout is None else float(args.hang_timeout) or float("inf")
+    timeout = None if options.hang_timeout is None else float(options.hang_timeout) or float("inf")
     return WatchOptions(
         folder=out_dir / "watch",
         report_dir=out_dir,
-        local_ranks=local,
+        local_ranks=options.local_ranks,
         hang_timeout=timeout,
-        check=bool(args.check_collectives),
+        check=options.check_collectives,
         nccl_trace=_cuda(),
     )
 
@@ -207,61 +158,44 @@ def _cuda() -> bool:
         return False
 
 
-def wrap_plain(args: argparse.Namespace) -> None:
-    """Run the script through ``rank_entry exec`` so each rank logs its collectives for the watch."""
-    if args.no_python:
-        return
-    head = ["-m", args.training_script] if args.module else ["--", args.training_script]
-    args.training_script_args = ["exec", *head, *args.training_script_args]
-    args.module = True
-    args.training_script = RANK_ENTRY
+@dataclass(frozen=True, slots=True)
+class RankCommand:
+    """What torchrun runs on every rank: ``python [-m] SCRIPT ARGS`` (``module``: ``-m``)."""
+
+    module: bool
+    script: str
+    args: tuple[str, ...]
 
 
-def check_endpoint(endpoint: str) -> None:
-    """``HOST[:PORT]`` with a port of 0-65535 (torchrun's own rule), as one sentence instead of its traceback."""
-    host, sep, port = endpoint.strip().rpartition(":")
-    if not sep:
-        host, port = endpoint.strip(), ""
-    if host.startswith("[") and host.endswith("]"):  # [::1]:29500
-        host = host[1:-1]
-    bad_port = bool(sep) and not (port.isdigit() and int(port) <= 65535)
-    if not host or bad_port or (":" in host and not sep) or (":" in host and "[" not in endpoint):
-        raise UsageError(
-            f"--rdzv-endpoint {endpoint!r} is not HOST:PORT; write e.g. 10.0.0.1:29500 (port 0-65535)."
+def rank_command(options: LaunchOptions, out_dir: Path) -> RankCommand:
+    """The rank entry point for ``options``: ``rank_entry COMMAND OUT --steps N ... -- SCRIPT ARGS`` under
+    --profile/--doctor (each rank writes ``OUT/rank-R``), ``rank_entry exec`` otherwise (each rank logs its
+    collectives for the hang watch), the program itself with ``--no-python``."""
+    if options.stage is not None:
+        tracking = [
+            a
+            for flag, value in (("tensorboard", options.tensorboard), ("mlflow", options.mlflow))
+            if value
+            for a in (f"--{flag}", value)
+        ]
+        return RankCommand(
+            True,
+            RANK_ENTRY,
+            (
+                options.stage,
+                str(out_dir),
+                "--steps",
+                options.steps,
+                *tracking,
+                "--",
+                options.training_script,
+                *options.training_script_args,
+            ),
         )
-
-
-def wrap_for_stage(args: argparse.Namespace, out_dir: Path) -> str | None:
-    """For --profile/--doctor, make every rank run ``scalpel COMMAND --out OUT/rank-R``; returns COMMAND."""
-    command = "profile" if args.profile else "doctor" if args.doctor else None
-    tracking = [
-        a
-        for flag in ("tensorboard", "mlflow")
-        if getattr(args, flag, None)
-        for a in (f"--{flag}", getattr(args, flag))
-    ]
-    if command is None:
-        if tracking:
-            raise UsageError(
-                "--tensorboard and --mlflow on launch need --profile or --doctor (the per-rank records)."
-            )
-        return None
-    if args.module or args.no_python:
-        raise UsageError(f"--{command} runs a script file; drop -m/--no-python and pass the script path.")
-    script, script_args = args.training_script, list(args.training_script_args)
-    args.module = True
-    args.training_script = RANK_ENTRY
-    args.training_script_args = [
-        command,
-        str(out_dir),
-        "--steps",
-        str(args.steps),
-        *tracking,
-        "--",
-        script,
-        *script_args,
-    ]
-    return command
+    if options.no_python:
+        return RankCommand(False, options.training_script, options.training_script_args)
+    head = ("-m", options.training_script) if options.module else ("--", options.training_script)
+    return RankCommand(True, RANK_ENTRY, ("exec", *head, *options.training_script_args))
 
 
 @dataclass(slots=True)
@@ -325,8 +259,9 @@ class _QuietAgent(logging.Filter):
         return not any(n in message for n in self.NOISE)
 
 
-def launch(args: argparse.Namespace, *, out_dir: Path, watch: WatchOptions | None = None) -> int:
-    """Run torchrun with ``args`` (see :func:`prepare`); return the exit code for the shell.
+def launch(options: LaunchOptions, *, out_dir: Path, watch: WatchOptions | None = None) -> int:
+    """Run torchrun as ``options`` ask (:meth:`LaunchOptions.from_args`), every rank through
+    :func:`rank_command`; return the exit code for the shell.
 
     With ``watch``, a :class:`HangWatch` runs beside torchrun: a diagnosed hang ends the launch
     with :data:`HANG_EXIT` and its report; a failed rank's report names the first collective
@@ -337,15 +272,20 @@ def launch(args: argparse.Namespace, *, out_dir: Path, watch: WatchOptions | Non
 
     log_dir = out_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
-    args.log_dir = str(log_dir)
-    if not args.tee or args.tee == "0":
-        args.tee = "3"  # console and files: the report reads the files
+    entry = rank_command(options, out_dir)
+    tee = dict(options.torchrun).get("tee")
+    args = options.torchrun_namespace(
+        module=entry.module,
+        training_script=entry.script,
+        training_script_args=list(entry.args),
+        log_dir=str(log_dir),
+        tee="3" if not tee or tee == "0" else tee,  # console and files: the report reads the files
+    )
     os.environ.setdefault("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank ${rank}] ")
     os.environ["TORCHSCALPEL_LAUNCH"] = "1"  # setup() then leaves the rank prefix to us
-    single_node = str(args.nnodes) in ("1", "1:1")
-    if single_node and Path("/sys/class/net/lo").exists():
+    if options.single_node and Path("/sys/class/net/lo").exists():
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    if int(args.nproc_per_node if str(args.nproc_per_node).isdigit() else 1) > 1:
+    if options.local_ranks > 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, minus its warning
     quiet = _QuietAgent()
     handlers = logging.getLogger().handlers
@@ -382,7 +322,7 @@ def launch(args: argparse.Namespace, *, out_dir: Path, watch: WatchOptions | Non
             exit_code=first.exitcode,
             tail=stderr_tail(log_dir, first.local_rank),
         )
-        print(failure_report(failure, restarts=args.max_restarts, nnodes=str(args.nnodes)), file=sys.stderr)
+        print(failure_report(failure, restarts=options.max_restarts, nnodes=options.nnodes), file=sys.stderr)
         mismatch = (watcher.mismatch or first_mismatch(watcher.logs())) if watcher is not None else None
         if mismatch is not None:
             print(f"scalpel launch: before it failed, {mismatch['message']}.", file=sys.stderr)

@@ -9,7 +9,6 @@ preflight only advises: whatever it finds, the launch goes ahead.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchscalpel.childproc import child_env
+from torchscalpel.distributed.options import LaunchOptions
 from torchscalpel.netutil import free_port
 from torchscalpel.units import fmt_bytes
 
@@ -34,10 +34,10 @@ class Preflight:
     lines: list[str] = field(default_factory=list)
 
 
-def world_size(args: argparse.Namespace) -> tuple[int, int]:
+def world_size(options: LaunchOptions) -> tuple[int, int]:
     """(total ranks, nodes) the launch will have, from torchrun's ``--nproc-per-node`` and ``--nnodes``."""
-    nodes = int(str(args.nnodes).split(":")[-1])
-    per_node = str(args.nproc_per_node)
+    nodes = int(str(options.nnodes).split(":")[-1])
+    per_node = str(options.nproc_per_node)
     if per_node.isdigit():
         return int(per_node) * nodes, nodes
     import torch
@@ -47,9 +47,9 @@ def world_size(args: argparse.Namespace) -> tuple[int, int]:
     return count * nodes, nodes
 
 
-def plan_command(args: argparse.Namespace, plan_dir: Path) -> list[str]:
+def plan_command(options: LaunchOptions, plan_dir: Path) -> list[str]:
     """The ``scalpel plan`` command line that plans this launch's script."""
-    ranks, nodes = world_size(args)
+    ranks, nodes = world_size(options)
     cmd = [
         sys.executable,
         "-m",
@@ -65,9 +65,9 @@ def plan_command(args: argparse.Namespace, plan_dir: Path) -> list[str]:
         "--json",
         str(plan_dir / "plan.json"),
     ]
-    if args.plan_device_memory:
-        cmd += ["--device-memory", args.plan_device_memory]
-    return [*cmd, "--", args.training_script, *args.training_script_args]
+    if options.plan_device_memory:
+        cmd += ["--device-memory", options.plan_device_memory]
+    return [*cmd, "--", options.training_script, *options.training_script_args]
 
 
 def one_rank_env() -> dict[str, str]:
@@ -103,13 +103,13 @@ def verdict(plan: dict) -> Preflight:
     return Preflight(planned=True, fits=fits, lines=lines)
 
 
-def run_preflight(args: argparse.Namespace, out_dir: Path, *, timeout: float = PLAN_TIMEOUT_S) -> Preflight:
+def run_preflight(options: LaunchOptions, out_dir: Path, *, timeout: float = PLAN_TIMEOUT_S) -> Preflight:
     """Plan the launch's script in a one-rank child; never raises for the script's own failures."""
     plan_dir = out_dir / "plan"
     plan_dir.mkdir(parents=True, exist_ok=True)
-    cmd = plan_command(args, plan_dir)
+    cmd = plan_command(options, plan_dir)
     print(
-        f"scalpel launch --plan: planning {args.training_script} (one rank, first optimizer step)...",
+        f"scalpel launch --plan: planning {options.training_script} (one rank, first optimizer step)...",
         flush=True,
     )
     try:

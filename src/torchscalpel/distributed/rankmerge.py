@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from torchscalpel.distributed.scaling import format_verdicts
 from torchscalpel.record import RunRecord, load_record
 from torchscalpel.trace.ranks import StragglerVerdict, outside_collectives_us, straggler_verdict
 
@@ -141,6 +142,7 @@ def format_table(merged: dict[str, Any]) -> str:
     verdict = merged.get("straggler_verdict")
     if verdict:
         lines.append(f"straggler: {verdict['sentence']}")
+    lines.extend(format_verdicts(merged.get("verdicts") or []))
     for finding in merged.get("findings", []):
         ranks = ",".join(str(r) for r in finding["ranks"])
         lines.append(f"[{finding.get('severity', '?')}] {finding.get('message', '')} (ranks {ranks})")

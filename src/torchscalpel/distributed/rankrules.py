@@ -349,6 +349,14 @@ def _history_file(folder: Path, entry: dict[str, Any] | None) -> Path:
     return history_path(script) if isinstance(script, str) and script else folder / HISTORY
 
 
+def launch_history(folder: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """(this launch's batch entry, the earlier launches of its script): read before :func:`rank_findings`
+    records this one (the scaling verdicts compare with the launches before it)."""
+    facts = load_facts(folder)
+    entry = batch_entry(facts) if facts else None
+    return entry, _history(_history_file(folder, entry))
+
+
 def rank_findings(folder: Path) -> list[dict[str, Any]]:
     """Every cross-rank check over the facts in ``folder`` (and this launch recorded in its script's batch
     history)."""

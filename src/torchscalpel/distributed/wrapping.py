@@ -1,5 +1,8 @@
 """``wrap(model, strategy=...)``: DDP or FSDP2 set up the way experience says.
 
+A model FSDP1 (``FullyShardedDataParallel``) already wraps is refused with the FSDP2 form of each of its settings
+(:func:`fsdp1_advice`); :func:`script_advice` says the same for a script's FSDP1 calls, read from its source.
+
 - DDP: SyncBatchNorm when the model has BatchNorm and runs on CUDA (it cannot run on CPU);
   ``find_unused_parameters`` decided by measuring one backward on a sample batch instead of
   guessing (turning it on costs a graph walk every step, leaving it off crashes the second step
@@ -16,6 +19,7 @@ import functools
 import gc
 import warnings
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import torch
@@ -26,6 +30,8 @@ from torch.utils.checkpoint import checkpoint
 from torchscalpel.blocks import find_blocks as _find_blocks
 from torchscalpel.distributed.process import collective_device, get_logger
 from torchscalpel.errors import UsageError
+from torchscalpel.runtime.fsdpwrap import FsdpWrap
+from torchscalpel.runtime.fsdpwrap import from_module as fsdp1_from_module
 
 STRATEGIES = ("auto", "ddp", "fsdp", "none")
 _BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
@@ -198,6 +204,9 @@ def wrap(
 
     if strategy not in STRATEGIES:
         raise UsageError(f"strategy={strategy!r} is not one of {', '.join(STRATEGIES)}.")
+    fsdp1 = fsdp1_from_module(model)
+    if fsdp1 is not None:
+        raise UsageError(f"wrap() got a model FSDP1 already wraps. {fsdp1_advice(fsdp1)}")
     holders = optimizers_holding(model)
     if holders:
         raise UsageError(
@@ -230,6 +239,72 @@ def wrap(
         for block in blocks or [wrapped]:
             block.compile(**options)  # in place: state-dict keys keep their names
     return wrapped
+
+
+def fsdp1_advice(fsdp1: FsdpWrap) -> str:
+    """What ``wrap`` says about a ``FullyShardedDataParallel(...)`` wrap (a live wrapper, or a script's call read by
+    :func:`script_advice`): the same sharding with ``wrap`` / ``fully_shard`` (FSDP2), setting by setting."""
+    where = f" at {fsdp1.site}" if fsdp1.site else ""
+    lines = [
+        f"{fsdp1.describe()}{where} is FSDP1; wrap() shards with FSDP2 (fully_shard per block, then the root) and "
+        "takes the unwrapped model: pass the model itself, before any FSDP1 wrap and before the optimizer."
+    ]
+    mp = (
+        f', mixed_precision="{"bf16" if fsdp1.precision == "bf16-mixed" else "fp16"}"'
+        if fsdp1.precision
+        else ""
+    )
+    if fsdp1.strategy == "fsdp-full":
+        lines.append(f'FULL_SHARD is wrap(model, strategy="fsdp"{mp}).')
+    elif fsdp1.strategy == "fsdp-grad-op":
+        lines.append(
+            "SHARD_GRAD_OP (parameters kept gathered between forward and backward) is fully_shard(block, "
+            "reshard_after_forward=False) on each block and the root; wrap() reshards after forward."
+        )
+    elif fsdp1.strategy == "ddp":
+        lines.append(
+            f'NO_SHARD keeps a full copy of every state on every rank, as DDP does: wrap(model, strategy="ddp"{mp}) '
+            "communicates less for the same memory."
+        )
+    else:
+        lines.append(
+            "HYBRID_SHARD (shard within a node, replicate across nodes) is fully_shard(block, mesh=mesh) over a 2-D "
+            'init_device_mesh("cuda", (nodes, ranks_per_node), mesh_dim_names=("replicate", "shard")).'
+        )
+    if fsdp1.param_dtype:
+        lines.append(
+            f"MixedPrecision(param_dtype={fsdp1.param_dtype}) is FSDP2's MixedPrecisionPolicy(param_dtype=..., "
+            "reduce_dtype=torch.float32), which wrap() sets from mixed_precision (fp32 gradient reduction)."
+        )
+    if fsdp1.cpu_offload:
+        lines.append(
+            "CPUOffload(offload_params=True) is fully_shard(..., offload_policy=CPUOffloadPolicy()): keep it only if "
+            "the sharded states do not fit on the device (scalpel plan says so); every step copies them over PCIe."
+        )
+    if fsdp1.ignored_modules:
+        lines.append(
+            f"ignored_modules={', '.join(fsdp1.ignored_modules)} is fully_shard(..., ignored_params=set(...)) with "
+            "those modules' parameters: they stay whole on every rank."
+        )
+    lines.append(
+        "model.clip_grad_norm_(max_norm) on the FSDP1 wrapper is torch.nn.utils.clip_grad_norm_ under FSDP2."
+    )
+    return " ".join(lines)
+
+
+def script_advice(path: str | Path) -> list[str]:
+    """``wrap``'s advice for each ``FullyShardedDataParallel(...)`` call in the script at ``path``, read from its
+    source (running it would need a process group, and FSDP1 an accelerator). Empty when it has none."""
+    from torchscalpel.runtime.fsdpwrap import read_source
+
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(
+            f"Cannot read {source}: {getattr(exc, 'strerror', None) or exc}; give the path of a Python script."
+        ) from None
+    return [fsdp1_advice(w) for w in read_source(text, str(source))]
 
 
 def _autocast_forward(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:

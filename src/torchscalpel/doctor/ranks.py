@@ -100,7 +100,8 @@ def run_ranks(
     """Launch ``nproc`` ranks under ``scalpel launch --doctor`` (its hang watch and collective check
     included); returns (exit code, records by rank). :func:`across_rank_findings` reads what the
     launcher found."""
-    from torchscalpel.distributed.launch import build_parser, launch, prepare, watch_options, wrap_for_stage
+    from torchscalpel.distributed.launch import build_parser, launch, watch_options
+    from torchscalpel.distributed.options import LaunchOptions
     from torchscalpel.distributed.rankmerge import load_rank_records
 
     argv = [
@@ -115,12 +116,11 @@ def run_ranks(
         str(script),
         *script_args,
     ]
-    parsed = prepare(build_parser().parse_args(argv))
-    wrap_for_stage(parsed, out)
+    options = LaunchOptions.from_args(build_parser().parse_args(argv))
     previous = os.environ.get(MERGED_RANKS_ENV)
     os.environ[MERGED_RANKS_ENV] = "1"  # torchrun's workers inherit it
     try:
-        code = launch(parsed, out_dir=out, watch=watch_options(parsed, out))
+        code = launch(options, out_dir=out, watch=watch_options(options, out))
     finally:
         if previous is None:
             os.environ.pop(MERGED_RANKS_ENV, None)

@@ -1,7 +1,9 @@
 """Memory planning on fake tensors: per-rank memory for each parallel strategy, fits and max batch.
 
-Public API: :func:`make_plan` / :class:`PlanRequest` (what ``scalpel plan`` runs) and
-:func:`check_fits` (for ``scalpel launch --plan``: does this model/batch fit, in one sentence).
+What a user asks is one :class:`~torchscalpel.plan.options.PlanOptions` (a script's model or a factory's), run by
+:func:`torchscalpel.stages.plan.run`. Below it: :class:`PlanRequest` (the model builder, batch spec and settings the
+stage resolved from the options and the script), :func:`make_plan` that simulates it, and :func:`check_fits` (does
+this model/batch fit, in one sentence).
 """
 
 from __future__ import annotations

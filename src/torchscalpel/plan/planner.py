@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
@@ -39,6 +40,13 @@ class PlanRequest:
     model_name: str = "model"
     batch_note: str = ""
     """Which dimension of each batch entry the max-batch search scales, and why (script mode)."""
+    cpu_offload: bool = False
+    """FSDP rows keep the sharded states in host memory (the script's ``CPUOffload(offload_params=True)`` or
+    ``CPUOffloadPolicy()``)."""
+    replicated_bytes: int = 0
+    """Parameter bytes FSDP leaves unsharded on every rank (the script's ``ignored_modules`` / ``ignored_params``)."""
+    fsdp: dict[str, Any] | None = None
+    """The script's FSDP wrap as recorded (:class:`torchscalpel.runtime.fsdpwrap.FsdpWrap`: FSDP1 or FSDP2)."""
     progress: Callable[[int, int, str], None] | None = None
     """Called after each strategy's row as ``(rows done, rows planned, what was done)``: the CLI's
     "N of M" with time left (a large model's max-batch search takes minutes per strategy)."""
@@ -108,6 +116,8 @@ def _rows(
             nodes=request.nodes,
             device=request.device,
             checkpointing=ckpt,
+            cpu_offload=request.cpu_offload,
+            replicated_bytes=request.replicated_bytes,
         )
         mb = None
         if request.search_max_batch:
@@ -119,6 +129,8 @@ def _rows(
                 nodes=request.nodes,
                 device=request.device,
                 checkpointing=ckpt,
+                cpu_offload=request.cpu_offload,
+                replicated_bytes=request.replicated_bytes,
             )
         rows.append(Row(breakdown=bd, max_batch=mb))
         counter.row_done(strategy + (" + checkpointing" if ckpt else ""))

@@ -69,4 +69,5 @@ class PlanResult:
             "recommended": self.recommended,
             "recommendation": self.recommendation,
             "act_peak_other_checkpointing": self.other_checkpointing_act_peak,
+            **({"fsdp": r.fsdp} if r.fsdp else {}),
         }

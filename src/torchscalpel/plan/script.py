@@ -11,10 +11,8 @@ in factory mode; the live model is only read for shapes (a meta copy, no data co
 
 from __future__ import annotations
 
-import argparse
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -22,14 +20,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from torchscalpel.errors import ArgumentError, UsageError
-from torchscalpel.options import StageOptions
+from torchscalpel.errors import UsageError
 from torchscalpel.plan.model_io import loss_from_output, plain_tensor_attributes
+from torchscalpel.plan.options import PlanOptions
 from torchscalpel.plan.simulate import OptimizerSpec
 from torchscalpel.plan.spec import BatchSpec, TensorSpec
 from torchscalpel.runtime.hooks import is_sequence_first
 from torchscalpel.runtime.observer import Observer
-from torchscalpel.runtime.target import Target
 
 MAX_BACKWARDS_WITHOUT_STEP = 64
 """A script whose optimizer has not stepped after this many backward calls updates by hand."""
@@ -337,74 +334,35 @@ def _add(entries: list[TensorSpec], name: str, value: Any, batch_dim: int | None
     return name
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ScriptPlanOptions(StageOptions):
-    """What ``scalpel plan -- SCRIPT`` asks beyond what the script itself shows."""
-
-    optimizer: str | None = None
-    """``--optimizer``: price this optimizer instead of the script's own (None: the script's, or none)."""
-    precision: str = "fp32"
-    """``--precision``; fp32 means "as the script ran" (autocast seen in the forward is kept)."""
-    grad_accum: int = 1
-    """``--grad-accum``; 1 means "as the script ran" (its backward calls per optimizer step)."""
-    world_size: int = 1
-    nodes: int = 1
-    checkpointing: str = "none"
-    """``--activation-checkpointing``: none, or how blocks are checkpointed in the plan."""
-    search_max_batch: bool = True
-
-    def __post_init__(self) -> None:
-        if self.grad_accum < 1:
-            raise ArgumentError(f"{{grad_accum}} {self.grad_accum} must be at least 1")
-        if self.world_size < 1 or self.nodes < 1 or self.world_size % self.nodes:
-            raise ArgumentError(
-                f"{{nodes}} {self.nodes} must be at least 1 and divide {{world_size}} {self.world_size}"
-            )
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, **fields: Any) -> ScriptPlanOptions:
-        """What ``scalpel plan -- SCRIPT``'s parsed flags ask for."""
-        return cls(
-            optimizer=args.optimizer,
-            precision=args.precision,
-            grad_accum=args.grad_accum,
-            world_size=args.world_size,
-            nodes=args.nodes,
-            checkpointing=args.activation_checkpointing,
-            search_max_batch=not args.no_max_batch,
-            **fields,
-        )
-
-
 def plan_script(
-    target: Target,
-    args: ScriptPlanOptions,
+    args: PlanOptions,
     device: Any,
     strategies: list[str],
     *,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> tuple[Any, Any]:
-    """Run the script to its first optimizer step, then plan what it used. Returns (plan, record)."""
+    """Run ``args.target`` to its first optimizer step, then plan what it used. Returns (plan, record)."""
     from torchscalpel.plan.planner import PlanRequest, make_plan
     from torchscalpel.plan.simulate import sim_settings_for
-    from torchscalpel.runtime.session import RuntimeOptions, run_target
+    from torchscalpel.runtime.fsdpwrap import FsdpCapture
 
+    target = args.target
+    if target is None:
+        raise ValueError("plan_script needs options with a target (a script or a module)")
     observer = PlanObserver()
+    fsdp = FsdpCapture()
+    had_group = _process_group()
     # No step count: forward-only steps before the optimizer exists (a sanity forward) must not end
     # the run; the observer stops it at the first optimizer step.
-    record = run_target(
-        target,
-        RuntimeOptions(
-            warmup=0,
-            steps=None,
-            out_dir=None,
-            profile_steps=0,
-            name=f"plan-{target.name}",
-            step_scalars=False,
-        ),
-        observers=[observer],
-        setup_hooks=[observer.setup_hook],
-    )
+    try:
+        record = _run(target, observer, fsdp)
+    finally:
+        if not had_group and _process_group():
+            # the script was stopped before its own cleanup: close the group it opened, so that this process
+            # (a notebook, the next plan) can open one again
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
     if observer.model is None:
         raise UsageError(
             f"The script never called a model (status {record.status}); plan needs one training step to see it."
@@ -427,6 +385,14 @@ def plan_script(
     batch, loss_fn, batch_note = observer.inputs()
     precision = observer.precision() if args.precision == "fp32" else args.precision
     accum = observer.micro_batches() if args.grad_accum == 1 else args.grad_accum
+    wrap = fsdp.wraps[-1] if fsdp.wraps else None  # the root is wrapped last (its blocks first)
+    if wrap is not None:
+        # planned as the script shards (FSDP1 or FSDP2): the strategy its sharding names (unless --strategy asks
+        # for another) and the parameter dtype of its mixed precision (unless autocast or --precision said one)
+        if args.strategy == "all":
+            strategies = [_wrap_strategy(wrap.strategy, args.world_size, args.nodes)]
+        if precision == "fp32" and wrap.precision is not None:
+            precision = wrap.precision
     request = PlanRequest(
         builder=observer.meta_builder(),
         batch=batch,
@@ -441,5 +407,40 @@ def plan_script(
         batch_note=batch_note,
         settings=sim_settings_for(optimizer, precision, accum, device),
         progress=progress,
+        cpu_offload=wrap is not None and wrap.cpu_offload,
+        replicated_bytes=wrap.ignored_bytes if wrap is not None else 0,
+        fsdp=wrap.to_dict() if wrap is not None else None,
     )
     return make_plan(request), record
+
+
+def _process_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _run(target: Any, observer: PlanObserver, fsdp: Any) -> Any:
+    """The script to its first optimizer step under the plan's observer and the FSDP capture."""
+    from torchscalpel.runtime.session import RuntimeOptions, run_target
+
+    return run_target(
+        target,
+        RuntimeOptions(
+            warmup=0,
+            steps=None,
+            out_dir=None,
+            profile_steps=0,
+            name=f"plan-{target.name}",
+            step_scalars=False,
+        ),
+        observers=[observer],
+        setup_hooks=[observer.setup_hook, fsdp.setup_hook],
+    )
+
+
+def _wrap_strategy(strategy: str, world_size: int, nodes: int) -> str:
+    """The script's FSDP strategy for this world: HYBRID_SHARD on one node shards over the node (fsdp-full)."""
+    if strategy == "fsdp-hybrid" and (nodes < 2 or world_size // nodes < 2):
+        return "fsdp-full"
+    return strategy

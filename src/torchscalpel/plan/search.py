@@ -30,6 +30,8 @@ def max_batch(
     device: Device,
     checkpointing: bool,
     max_sims: int = 14,
+    cpu_offload: bool = False,
+    replicated_bytes: int = 0,
 ) -> int:
     """Largest batch whose peak fits ``device`` under ``strategy`` (0 when not even batch 1 fits)."""
     limit = device.usable_for_allocations()
@@ -40,7 +42,14 @@ def max_batch(
         sims += 1
         m = base if batch == base.batch else measure(batch)
         return evaluate(
-            m, strategy, world_size=world_size, nodes=nodes, device=device, checkpointing=checkpointing
+            m,
+            strategy,
+            world_size=world_size,
+            nodes=nodes,
+            device=device,
+            checkpointing=checkpointing,
+            cpu_offload=cpu_offload,
+            replicated_bytes=replicated_bytes,
         ).peak
 
     b0, p0 = base.batch, peak(base.batch)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,9 @@ class Breakdown:
     """Phase in which the peak happens."""
     weights_optimizer_rule: int
     """What a weights + gradients + optimizer-state rule (no activations) predicts for this strategy."""
+    host: int = 0
+    """With CPU offload (FSDP1 ``CPUOffload(offload_params=True)``): the sharded parameters, gradients and
+    optimizer state this rank keeps in host memory at the peak, instead of on the device."""
 
     @property
     def fits(self) -> bool:
@@ -90,6 +94,7 @@ class Breakdown:
             "headroom": self.headroom,
             "phase": self.phase,
             "weights_optimizer_rule": self.weights_optimizer_rule,
+            "host": self.host,
         }
 
 
@@ -103,15 +108,37 @@ def shard_size(strategy: str, world_size: int, nodes: int) -> int:
 
 
 def evaluate(
-    m: Measurement, strategy: str, *, world_size: int, nodes: int, device: Device, checkpointing: bool = False
+    m: Measurement,
+    strategy: str,
+    *,
+    world_size: int,
+    nodes: int,
+    device: Device,
+    checkpointing: bool = False,
+    cpu_offload: bool = False,
+    replicated_bytes: int = 0,
 ) -> Breakdown:
-    """Per-rank peak and breakdown of ``strategy`` from measurement ``m``."""
+    """Per-rank peak and breakdown of ``strategy`` from measurement ``m``.
+
+    ``replicated_bytes``: parameter bytes FSDP leaves unsharded (FSDP1's ``ignored_modules``): they, their
+    gradients and optimizer state stay whole on every rank (states taken in proportion to the parameters).
+    ``cpu_offload`` (FSDP only): the sharded parameters, gradients and optimizer state move to host memory
+    (:attr:`Breakdown.host`); the gathered copies and unsharded gradients stay on the device."""
     tl = m.timeline
     b = tl.bytes
     n = shard_size(strategy, world_size, nodes)
-    params = b["param"] / n
-    grads = b["grad"] / n
-    optim = b["optim"] / n
+    kept = min(1.0, replicated_bytes / m.param_bytes) if m.param_bytes and n > 1 else 0.0
+
+    def per_rank(x: Any) -> Any:
+        return x / n if not kept else x * kept + x * (1.0 - kept) / n
+
+    params = per_rank(b["param"])
+    grads = per_rank(b["grad"])
+    optim = per_rank(b["optim"])
+    host = np.zeros_like(params)
+    if cpu_offload and strategy.startswith("fsdp"):
+        host = params + grads + optim
+        params, grads, optim = np.zeros_like(params), np.zeros_like(params), np.zeros_like(params)
     other = b["act"] + b["input"] + b["buffer"]
     comm = np.zeros_like(params)
     backward = tl.in_phases(("backward",))
@@ -124,7 +151,9 @@ def evaluate(
     total = params + grads + optim + other + comm
     i = int(np.argmax(total)) if total.size else 0
     peak = int(total[i]) if total.size else 0
-    rule = int((m.trainable_bytes + m.grad_bytes + m.optim_bytes) / n + (m.param_bytes - m.trainable_bytes))
+    rule = int(
+        per_rank(m.trainable_bytes + m.grad_bytes + m.optim_bytes) + (m.param_bytes - m.trainable_bytes)
+    )
     return Breakdown(
         strategy=strategy,
         checkpointing=checkpointing,
@@ -139,6 +168,7 @@ def evaluate(
         capacity=device.memory,
         phase=tl.phase_names[int(tl.phase[i])] if total.size else "setup",
         weights_optimizer_rule=rule,
+        host=int(host[i]) if total.size else 0,
     )
 
 

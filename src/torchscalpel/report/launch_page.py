@@ -1,6 +1,7 @@
 """The HTML page of a launch (``OUT/launch.html``, and ``scalpel report OUT/launch.json``): one
 self-contained page built from ``launch.json``. The verdict leads: the hang or collective mismatch when
-the hang watch saw one, the straggler when the rule calls one (else why not), the findings' count;
+the hang watch saw one, the straggler when the rule calls one (else why not), the communication-bound or
+per-rank-batch verdict with its evidence and fix, the findings' count;
 then the ranks side by side, their step times as bars, and the findings with the ranks that raised them."""
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def _verdict(merged: dict[str, Any]) -> Section:
     verdict = merged.get("straggler_verdict") or {}
     if verdict.get("sentence"):
         parts.append(f"<p>Straggler: {escape(str(verdict['sentence']))}</p>")
+    for v in merged.get("verdicts") or []:  # why the multi-rank step is slow (communication, the batch split)
+        evidence = "".join(f"<li>{escape(str(e))}</li>" for e in v.get("evidence") or [])
+        parts.append(
+            f'<p class="sev-warning"><b>{escape(str(v.get("message", "")))}</b> '
+            f"<code>{escape(str(v.get('rule', '')))}</code></p><ul>{evidence}</ul>"
+            + (f"<p>Fix:</p><pre>{escape(str(v['fix']))}</pre>" if v.get("fix") else "")
+        )
     rows = merged.get("ranks") or []
     if rows:
         states = sorted({str(r.get("status")) for r in rows})

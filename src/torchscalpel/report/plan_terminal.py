@@ -54,6 +54,7 @@ def header_lines(result: PlanResult) -> list[str]:
         f"device {r.device.name}: {fmt_bytes(r.device.memory)} ({r.device.kind}; margin {r.device.margin:.0%} "
         f"+ context {fmt_bytes(r.device.context_bytes)})",
         *cpu_note(result),
+        *wrap_note(result),
         f"measured on fake tensors: saved for backward {fmt_bytes(m.saved_bytes)}, "
         f"activation peak {fmt_bytes(m.act_peak_bytes)}" + _other(result),
     ]
@@ -66,6 +67,26 @@ def cpu_note(result: PlanResult) -> list[str]:
     return [
         "planned against this machine's RAM (no GPU named or found): to plan for a GPU, name it with "
         "--device A100-80GB (H100-80GB, H200, L4, ...: scalpel plan -h) or give its size with --device-memory 80GiB"
+    ]
+
+
+def wrap_note(result: PlanResult) -> list[str]:
+    """The script's own FSDP wrap (FSDP1 or FSDP2), which the rows follow: what it asked and where."""
+    wrap = result.request.fsdp
+    if not wrap:
+        return []
+    parts = [str(wrap.get("sharding"))]
+    if wrap.get("param_dtype"):
+        parts.append(f"param_dtype {wrap['param_dtype']}")
+    if wrap.get("cpu_offload"):
+        host = max((r.breakdown.host for r in result.all_rows), default=0)
+        parts.append(f"CPU offload: {fmt_bytes(host)} of sharded states in host memory, not in the rows")
+    if wrap.get("ignored_modules"):
+        parts.append(
+            f"unsharded: {', '.join(map(str, wrap['ignored_modules']))} ({fmt_bytes(int(wrap.get('ignored_bytes') or 0))})"
+        )
+    return [
+        f"the script shards with {wrap.get('api')}({', '.join(parts)}) at {wrap.get('site')}: planned as {wrap.get('strategy')}"
     ]
 
 

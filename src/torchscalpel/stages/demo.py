@@ -198,12 +198,14 @@ def _tune(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
 def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
     # What 'scalpel plan --device A100-80GB --world-size 2 --strategy all --no-max-batch -- SCRIPT' does.
     from torchscalpel.plan.devices import resolve_device
-    from torchscalpel.plan.script import ScriptPlanOptions, plan_script
+    from torchscalpel.plan.options import PlanOptions
+    from torchscalpel.plan.script import plan_script
     from torchscalpel.plan.strategies import strategies_for
     from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
-    plan_options = ScriptPlanOptions(
+    plan_options = PlanOptions(
+        target=target,
         optimizer=None,
         precision="fp32",
         grad_accum=1,
@@ -212,9 +214,7 @@ def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
         checkpointing="none",
         search_max_batch=False,
     )
-    result, record = plan_script(
-        target, plan_options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1)
-    )
+    result, record = plan_script(plan_options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1))
     print(render_text(result))
     record.sections[PlanSection.KEY] = result.to_dict()
     save_with_report(record, out)  # as the stage's own command writes them
