@@ -42,6 +42,9 @@ ARGUMENT_FLAGS: dict[str, str] = {
     "grad_accum": "--grad-accum",
     "nodes": "--nodes",
     "world_size": "--world-size",
+    "nproc": "--nproc",
+    "patch": "--patch",
+    "static": "--static",
 }
 """The command-line flag of each options field a validation sentence may name (one spelling per field
 across the verbs): the library says ``warmup must be ...``, the CLI ``--warmup must be ...``."""
