@@ -18,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-from torchscalpel.doctor.api import _run
+from torchscalpel.doctor.api import run_rules
 from torchscalpel.doctor.catalogue import runtime_rules
+from torchscalpel.doctor.options import DoctorOptions
 from torchscalpel.doctor.static_scan import analyze_source
 from torchscalpel.runtime.target import Target
 
@@ -28,14 +29,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_cnn.py"
 
 def step_ms(with_doctor: bool, steps: int) -> float:
     rules = runtime_rules() if with_doctor else []
-    record, _ = _run(
-        Target(script=EXAMPLE, args=["--epochs", "3"]),
-        rules,
-        steps=steps,
-        warmup=3,
-        out_dir=None,
-        name="bench",
-    )
+    window = DoctorOptions(steps=steps, warmup=3).runtime(steps=steps, out_dir=None, name="bench")
+    record, _ = run_rules(Target(script=EXAMPLE, args=["--epochs", "3"]), rules, window)
     return float(record.summary["median_step_ms"])
 
 

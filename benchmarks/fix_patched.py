@@ -92,7 +92,8 @@ def run_tune(script: Path, script_args: list[str], out: Path, args: argparse.Nam
 def run_fix(run: Path, args: argparse.Namespace) -> dict[str, Any]:
     """`scalpel fix RUN --verify` in this process (the re-runs are fresh processes): the row's figures."""
     from torchscalpel.errors import ScalpelError, UsageError
-    from torchscalpel.fix import FixOptions, run_fix
+    from torchscalpel.fix.options import FixOptions
+    from torchscalpel.stages.fix import run as run_fix
 
     try:
         result = run_fix(FixOptions(run_dirs=(run,), verify=True, pairs=args.pairs, steps=args.steps))

@@ -12,6 +12,10 @@ For notebooks and for training loops that are a function inside a larger program
     @torchscalpel.profile(steps=10)           # or as a decorator: each call is one run
     def train(): ...
 
+``torchscalpel.lr``, ``batch``, ``tune`` and ``fix`` run a script (or ``module=``) in this process as the
+``scalpel`` verbs do, through the same stage functions (``torchscalpel.stages.<verb>.run``), and return
+their typed results; ``analyze`` reads traces and returns :class:`~torchscalpel.trace.TraceAnalysis`.
+
 ``torchscalpel.doctor(...)`` works the same way and runs every runtime rule over the block, plus
 the static rules over the caller's file and the model sources the block used; ``run.findings``
 holds the ranked findings. (The CLI's re-runs, the NaN origin search and ``--sanity``, need a
@@ -33,8 +37,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from torchscalpel.doctor.window import DOCTOR_WINDOW, TIME_CAP_S
 from torchscalpel.fileio import default_run_dir
+from torchscalpel.lrfind.options import DEFAULT_MAX_LR, DEFAULT_MIN_LR
+from torchscalpel.lrfind.options import DEFAULT_STEPS as DEFAULT_LR_STEPS
 from torchscalpel.record import RunRecord, RunStatus
 from torchscalpel.runtime.window import MEMORY_WINDOW, PROFILE_WINDOW
+from torchscalpel.tune.window import BATCH_STEPS, BATCH_WARMUP, CONFIRM_PAIRS, TUNE_BUDGET_S, TUNE_WARMUP
 
 # The runtime imports torch; this module is imported by ``import torchscalpel`` (and so by
 # ``scalpel --help``), so it names the runtime's types for the checker only and imports the
@@ -46,9 +53,15 @@ if TYPE_CHECKING:
 
     from torchscalpel.compare.core import Comparison
     from torchscalpel.findings import Finding
+    from torchscalpel.fix.stage import FixResult
     from torchscalpel.plan.result import PlanResult
     from torchscalpel.runtime.observer import Observer
     from torchscalpel.runtime.session import Attachment, RuntimeOptions, SetupHook
+    from torchscalpel.runtime.target import Target
+    from torchscalpel.stages.batch import BatchResult
+    from torchscalpel.stages.lr import LrResult
+    from torchscalpel.stages.tune import TuneRunResult
+    from torchscalpel.trace.analyze import TraceAnalysis
 
 _active: list[Attachment] = []
 """The attachment in force: hooks are global, so one block at a time."""
@@ -218,7 +231,6 @@ def doctor(
     from torchscalpel.doctor.api import TimeCap, assemble_findings, runtime_rules_for_block, window_facts
     from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.doctor.runtime_rules import DoctorObserver
-    from torchscalpel.runtime.session import RuntimeOptions
 
     # the CLI's options, validation and sentences (a nan time cap, a bad step kind), before the block runs
     doctor_options = DoctorOptions(
@@ -229,15 +241,7 @@ def doctor(
     rules.append(cap)
     observer = DoctorObserver(rules)
     planned = doctor_options.planned_steps
-    options = RuntimeOptions(
-        warmup=warmup,
-        steps=planned,
-        profile_steps=0,
-        step_kind=step_kind,
-        step_timeout_s=doctor_options.step_timeout_s,
-        name=name,
-        step_scalars=False,
-    )
+    options = doctor_options.runtime(steps=planned, out_dir=None, name=name)  # no profiler window, no scalars
 
     def finish(run: InProcessRun) -> None:
         from torchscalpel.stages.profile import finish_profile
@@ -377,6 +381,167 @@ def compare(*runs: str | os.PathLike[str] | RunRecord) -> Comparison:
     if any(isinstance(r, RunRecord) for r in runs):
         raise UsageError("compare takes either records or paths, not a mix (save the records first).")
     return compare_runs([r for r in runs if not isinstance(r, RunRecord)])
+
+
+def lr(
+    script: str | os.PathLike[str] | None = None,
+    *args: str,
+    module: str | None = None,
+    min_lr: float = DEFAULT_MIN_LR,
+    max_lr: float = DEFAULT_MAX_LR,
+    steps: int = DEFAULT_LR_STEPS,
+    step_kind: str = "auto",
+    out: str | Path | None = None,
+    report: bool = True,
+) -> LrResult:
+    """The learning-rate range test of ``scalpel lr``, with its defaults: run ``script`` (its ``args`` after
+    it), or ``module=``, in this process with every param group's lr swept exponentially from ``min_lr`` to
+    ``max_lr`` over ``steps`` optimizer steps. Returns :class:`~torchscalpel.stages.lr.LrResult`
+    (``.suggested_lr``, ``.section``, ``.record``); run.json and report.html go to ``out`` (default
+    ``scalpel-runs/<time>-lr-<name>/``). Bad values raise ``ValueError`` naming the argument."""
+    from torchscalpel.lrfind.options import LrOptions
+    from torchscalpel.stages import lr as stage
+
+    options = LrOptions(min_lr=min_lr, max_lr=max_lr, steps=steps, step_kind=step_kind, report=report)
+    target = _target(script, args, module)
+    return stage.run(
+        options.replace(
+            target=target,
+            out_dir=Path(out) if out is not None else None,
+            name=f"lr-{target.name}",
+            command=("torchscalpel.lr", *target.argv()),
+        )
+    )
+
+
+def batch(
+    script: str | os.PathLike[str] | None = None,
+    *args: str,
+    sizes: Sequence[int],
+    module: str | None = None,
+    steps: int = BATCH_STEPS,
+    warmup: int = BATCH_WARMUP,
+    out: str | Path | None = None,
+    report: bool = True,
+) -> BatchResult:
+    """Samples/s of ``script`` (its ``args`` after it), or ``module=``, at each of ``sizes``, as ``scalpel batch``
+    measures it with its defaults: one run per size in this process, every DataLoader's batch size set to it.
+    Returns :class:`~torchscalpel.stages.batch.BatchResult` (``.best``, ``.section``: every size's row and
+    the learning-rate advice). Bad values raise ``ValueError`` naming the argument."""
+    from torchscalpel.stages import batch as stage
+    from torchscalpel.tune.batch_finder import BatchOptions
+
+    options = BatchOptions(sizes=tuple(sizes), steps=steps, warmup=warmup, report=report)
+    target = _target(script, args, module)
+    return stage.run(
+        options.replace(
+            target=target,
+            out_dir=Path(out) if out is not None else None,
+            command=("torchscalpel.batch", *target.argv()),
+        )
+    )
+
+
+def tune(
+    script: str | os.PathLike[str] | None = None,
+    *args: str,
+    module: str | None = None,
+    budget_s: float = TUNE_BUDGET_S,
+    steps: int | None = None,
+    warmup: int = TUNE_WARMUP,
+    knobs: Sequence[str] | None = None,
+    seed: int = 0,
+    confirm_pairs: int = CONFIRM_PAIRS,
+    fit: str | None = None,
+    config: str | Path | None = None,
+    out: str | Path | None = None,
+    quiet: bool = True,
+) -> TuneRunResult:
+    """Search for measured speedups of ``script`` (its ``args`` after it), or ``module=``, as ``scalpel tune``
+    does with its defaults: each knob in a fresh process within ``budget_s`` seconds, the winners combined and
+    confirmed against the baseline. ``steps=None`` is ``--steps auto`` (10 per trial, more when a step is short);
+    ``fit="8GiB"`` searches the memory ladder instead. ``config``: also write the winner to this settings file
+    (never over one scalpel tune did not write). Returns :class:`~torchscalpel.stages.tune.TuneRunResult`
+    (``.search``: trials and winner; ``.paths``). ``quiet=False`` draws each trial."""
+    from torchscalpel.stages import tune as stage
+    from torchscalpel.tune.options import SilentProgress, TuneOptions
+    from torchscalpel.tune.settings import KNOB_NAMES
+    from torchscalpel.tune.window import MIN_MEASURE_S, TUNE_STEPS
+
+    options = TuneOptions(
+        budget_s=budget_s,
+        steps=TUNE_STEPS if steps is None else steps,
+        min_measure_s=MIN_MEASURE_S if steps is None else 0.0,
+        warmup=warmup,
+        knobs=tuple(knobs) if knobs is not None else KNOB_NAMES,
+        seed=seed,
+        confirm_pairs=confirm_pairs,
+        fit=fit,
+        config_path=Path(config) if config is not None else None,
+        out_dir=Path(out) if out is not None else None,
+    )
+    target = _target(script, args, module)
+    if quiet:
+        progress: Any = SilentProgress()
+    else:
+        from torchscalpel.report.tune_terminal import RichProgress
+
+        progress = RichProgress()
+    return stage.run(
+        options.replace(target=target, command=("torchscalpel.tune", *target.argv())), progress=progress
+    )
+
+
+def fix(
+    *runs: str | os.PathLike[str],
+    apply: bool = False,
+    patch: str | Path | None = None,
+    verify: bool = False,
+    force: bool = False,
+) -> FixResult:
+    """The change tune, doctor and memory runs (their folders or run.json files) measured, as a patch of the
+    user's own files, as ``scalpel fix`` computes it: ``.patch`` is the unified diff, ``.items`` what was and
+    was not patched; ``apply=True`` writes the files (all or none), ``verify=True`` re-runs a patched copy.
+    Needs ``torchscalpel[fix]``."""
+    from torchscalpel.fix.options import FixOptions
+    from torchscalpel.stages import fix as stage
+
+    options = FixOptions(
+        run_dirs=tuple(Path(r) for r in runs),
+        apply=apply,
+        patch=Path(patch) if patch is not None else None,
+        verify=verify,
+        force=force,
+    )
+    return stage.run(options)
+
+
+def analyze(*traces: str | os.PathLike[str], top: int = 30) -> TraceAnalysis:
+    """The streaming analysis ``scalpel analyze`` runs over torch.profiler traces (files, or folders of rank
+    traces): per-step breakdown, top ops and kernels, overlap, stragglers and memory. A truncated trace is
+    read up to its fault, which ``.errors`` names. Print it with
+    ``torchscalpel.report.analyze_terminal.format_summary(result.to_dict())``."""
+    from torchscalpel.trace import analyze_traces
+
+    if not traces:
+        raise TypeError("analyze needs at least one trace file or folder")
+    if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+        raise ValueError(f"top must be a whole number of at least 1, got {top!r}")
+    return analyze_traces([Path(t) for t in traces], top=top)
+
+
+def _target(script: str | os.PathLike[str] | None, args: Sequence[str], module: str | None) -> Target:
+    """The script (or module) an in-process verb runs, as ``scalpel VERB -- SCRIPT ARGS`` would name it."""
+    from torchscalpel.runtime.target import Target
+
+    if (script is None) == (module is None):
+        raise TypeError("give the script to run, or module=, and not both")
+    if module is not None:
+        return Target(module=module, args=[str(a) for a in args])
+    path = Path(script)  # type: ignore[arg-type]
+    if not path.is_file():
+        raise FileNotFoundError(f"script {path} does not exist (it is read relative to {Path.cwd()})")
+    return Target(script=path, args=[str(a) for a in args])
 
 
 def _caller() -> str:

@@ -46,6 +46,9 @@ ARGUMENT_FLAGS: dict[str, str] = {
     "strategy": "--strategy",
     "model": "--model",
     "batch": "--batch",
+    "nproc": "--nproc",
+    "patch": "--patch",
+    "static": "--static",
 }
 """The command-line flag of each options field a validation sentence may name (one spelling per field
 across the verbs): the library says ``warmup must be ...``, the CLI ``--warmup must be ...``."""

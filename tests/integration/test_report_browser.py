@@ -206,8 +206,10 @@ def _tune_page(base: Path) -> Path:
     """A tune record rendered by tune's own stage, its trials answered without running them (a real search is
     minutes of fresh processes; the page is what is under test)."""
     from torchscalpel.runtime.target import Target
-    from torchscalpel.stages.tune import tune_stage
+    from torchscalpel.stages.demo import tune_options
+    from torchscalpel.stages.tune import run as tune_stage_run
     from torchscalpel.tune import search as search_mod
+    from torchscalpel.tune.options import SilentProgress
     from torchscalpel.tune.result import TrialResult
 
     def trial(target: Any, settings: Any, out_dir: Path, **kw: Any) -> TrialResult:
@@ -242,7 +244,10 @@ def _tune_page(base: Path) -> Path:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(search_mod, "run_trial", trial)
-        tune_stage(Target(script=Path("train.py")), base / "tune", budget_s=60, quiet=True)
+        tune_stage_run(
+            tune_options(Target(script=Path("train.py")), base / "tune", budget_s=60),
+            progress=SilentProgress(),
+        )
     return base / "tune" / "report.html"
 
 

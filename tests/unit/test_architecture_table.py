@@ -111,3 +111,69 @@ def test_every_options_class_is_in_the_table_and_its_cli_builds_it_with_from_arg
             if ref in in_code:
                 cli = (SRC / "cli" / f"{verb}.py").read_text(encoding="utf-8")
                 assert f"{ref.rsplit('.', 1)[1]}.from_args(" in cli, (verb, ref)
+
+
+def _stage_runs() -> dict[str, str]:
+    """``verb -> module`` of every ``stages.<module>.run`` the run column names."""
+    found = {}
+    for verb, cells in _rows().items():
+        for ref in _references(cells[1]):
+            match = re.fullmatch(r"stages\.([a-z_]+)\.run", ref)
+            if match:
+                found[verb] = match.group(1)
+    return found
+
+
+def _run_shape(path: Path) -> str | None:
+    """Why ``path`` does not have exactly one top-level ``run(options, *, progress=None)`` (None when it does)."""
+    runs = [
+        n
+        for n in ast.parse(path.read_text(encoding="utf-8")).body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef) and n.name == "run"
+    ]
+    if len(runs) != 1:
+        return f"{len(runs)} top-level run functions"
+    args = runs[0].args
+    if [a.arg for a in args.posonlyargs + args.args] != ["options"] or args.vararg or args.kwarg:
+        return "run takes something besides options by position"
+    if [a.arg for a in args.kwonlyargs] != ["progress"] or args.kw_defaults[0] is None:
+        return "run's keywords are not (progress=...)"
+    return None
+
+
+def test_every_script_running_verb_has_one_stage_run_of_one_shape() -> None:
+    runs = _stage_runs()
+    assert {"profile", "doctor", "memory", "tune", "lr", "batch", "fix", "demo"} <= set(runs), runs
+    problems = {verb: _run_shape(SRC / "stages" / f"{module}.py") for verb, module in runs.items()}
+    assert not {v: p for v, p in problems.items() if p}, problems
+
+
+def test_the_run_shape_check_bites(tmp_path: Path) -> None:
+    for text in (
+        "def run(options, *, progress=None): ...\ndef run(options, *, progress=None): ...\n",
+        "def run(target, options, *, progress=None): ...\n",
+        "def run(options, *, write_report=True): ...\n",
+        "def run_lr(options, *, progress=None): ...\n",
+    ):
+        (tmp_path / "x.py").write_text(text)
+        assert _run_shape(tmp_path / "x.py") is not None, text
+    (tmp_path / "x.py").write_text("def run(options, *, progress=None): ...\n")
+    assert _run_shape(tmp_path / "x.py") is None
+
+
+_CLI_OWNS_NOTHING = re.compile(
+    r"raise UsageError\(|default_run_dir\(|resolve_target\(|steps_arg\(|parse_size\("
+)
+"""What a verb's CLI module must not do once its stage has a ``run``: refuse a flag in its own words, name
+the run folder, resolve the target, parse the window or a size (its options class's ``from_args`` does)."""
+
+
+def test_the_cli_of_a_verb_with_a_stage_only_builds_options_and_calls_the_stage() -> None:
+    offences = {}
+    for verb, module in _stage_runs().items():
+        text = (SRC / "cli" / f"{verb}.py").read_text(encoding="utf-8")
+        found = _CLI_OWNS_NOTHING.findall(text)
+        if found or f"stages import {module} as stage" not in text:
+            offences[verb] = found or "does not call its stage"
+    assert not offences, offences
+    assert _CLI_OWNS_NOTHING.search('    raise UsageError("--x must be ...")')  # the check bites

@@ -14,7 +14,14 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(torchscalpel.__path__, "t
 """Every module and subpackage under src/torchscalpel (the bundled example scripts too: they run only as ``__main__``)."""
 
 API_FUNCTIONS = frozenset(
-    {"torchscalpel.doctor", "torchscalpel.memory", "torchscalpel.plan", "torchscalpel.compare"}
+    {
+        "torchscalpel.doctor",
+        "torchscalpel.memory",
+        "torchscalpel.plan",
+        "torchscalpel.compare",
+        "torchscalpel.tune",
+        "torchscalpel.fix",
+    }
 )
 """Subpackages whose name on ``torchscalpel`` is the in-process function of the same name (the public API);
 the function lends them its attributes, so the dotted names below them still resolve."""

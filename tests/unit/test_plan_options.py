@@ -23,7 +23,10 @@ def test_one_class_for_both_ways_to_name_the_model() -> None:
     args = build_parser().parse_args(
         ["plan", "--model", "m:f", "--batch", "x=float32[2,4]", "--no-max-batch"]
     )
-    assert PlanOptions.from_args(args) == PlanOptions(
+    parsed = PlanOptions.from_args(args)
+    # without --out, from_args names the run folder after the factory (the CLI names nothing itself)
+    assert parsed.out_dir is not None and parsed.out_dir.name.endswith("-plan-f")
+    assert parsed.replace(out_dir=None) == PlanOptions(
         model="m:f", batch="x=float32[2,4]", search_max_batch=False
     )
 

@@ -25,6 +25,15 @@ from torchscalpel.stages.demo import DemoOptions
 from torchscalpel.tune.batch_finder import BatchOptions
 from torchscalpel.tune.options import TuneOptions
 
+
+@pytest.fixture
+def train_py(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A train.py in the working folder: ``from_args`` resolves the script the command line names."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("", encoding="utf-8")
+    return tmp_path / "train.py"
+
+
 VERB_OPTIONS = (
     DoctorOptions,
     MemoryOptions,
@@ -121,12 +130,12 @@ def test_doctor_steps_none_means_the_same_in_the_options_and_the_api() -> None:
     assert torchscalpel.doctor().options.steps == 300
 
 
-def test_the_cli_and_the_api_build_the_same_doctor_options() -> None:
+def test_the_cli_and_the_api_build_the_same_doctor_options(train_py: Path) -> None:
     args = build_parser().parse_args(["doctor", "train.py"])
     assert DoctorOptions.from_args(args) == DoctorOptions()
 
 
-def test_memory_decides_its_window_once() -> None:
+def test_memory_decides_its_window_once(train_py: Path) -> None:
     assert MemoryOptions().window_steps == MEMORY_WINDOW.steps
     assert MemoryOptions(memory_limit=1 << 20).window_steps is None  # every step under a limit
     assert MemoryOptions(steps=None).window_steps is None
@@ -140,7 +149,7 @@ def test_memory_decides_its_window_once() -> None:
     assert until.runtime(out_dir=None, name="x").steps is None  # the observer ends the run
 
 
-def test_profile_runs_the_op_line_pass_from_the_cli_and_the_api() -> None:
+def test_profile_runs_the_op_line_pass_from_the_cli_and_the_api(train_py: Path) -> None:
     cli = ProfileOptions.from_args(build_parser().parse_args(["profile", "train.py"]))
     assert cli == ProfileOptions()
     assert cli.runtime(out_dir=None, name="x").op_line_steps == 1
@@ -150,7 +159,7 @@ def test_profile_runs_the_op_line_pass_from_the_cli_and_the_api() -> None:
     assert no.runtime(out_dir=None, name="x").op_line_steps == 0
 
 
-def test_tune_fit_goes_through_the_options_checks(tmp_path: Path) -> None:
+def test_tune_fit_goes_through_the_options_checks(tmp_path: Path, train_py: Path) -> None:
     args = build_parser().parse_args(["tune", "--fit", "1GiB", "--min-measure", "0", "train.py"])
     options = TuneOptions.from_args(args)
     assert options.fit == "1GiB" and options.fit_steps == 5

@@ -10,15 +10,23 @@ from test_tune_search import FakeRunner
 from torchscalpel.record import RunRecord
 from torchscalpel.report.tune_sections import build
 from torchscalpel.runtime.target import Target
-from torchscalpel.stages.tune import tune_stage
+from torchscalpel.stages.demo import tune_options
+from torchscalpel.stages.tune import run as tune_stage_run
 from torchscalpel.tune import search as search_mod
+from torchscalpel.tune.options import SilentProgress
 from torchscalpel.tune.settings import TuneSettings, read_settings_file
+
+
+def _demo_tune(out: Path):
+    """The demo's short tune through the tune stage, silent; the search's result."""
+    options = tune_options(Target(script=Path("train.py")), out, budget_s=60)
+    return tune_stage_run(options, progress=SilentProgress()).search
 
 
 def test_tune_stage_writes_every_output(monkeypatch, tmp_path):
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
     out = tmp_path / "demo-tune"
-    result = tune_stage(Target(script=Path("train.py")), out, budget_s=60, quiet=True)
+    result = _demo_tune(out)
     assert result.winner is not None
     assert read_settings_file(out / "scalpel.toml") == TuneSettings(amp="bf16", amp_fp32_attention=True)
     assert "torch.autocast" in (out / "code.txt").read_text()
@@ -65,7 +73,7 @@ def test_the_recommendation_says_how_many_pairs_confirmed_it_and_warns_below_thr
     from torchscalpel.report.tune_terminal import print_tune_result
 
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
-    result = tune_stage(Target(script=Path("train.py")), tmp_path / "t", budget_s=60, quiet=True)
+    result = _demo_tune(tmp_path / "t")
     assert result.winner is not None
     for pairs, warned in (
         ([[160.0, 100.0]], True),
@@ -93,7 +101,7 @@ def test_tune_result_at_80_columns_keeps_every_figure_whole_and_code_parseable(m
     from torchscalpel.tune.apply import code_lines
 
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
-    result = tune_stage(Target(script=Path("train.py")), tmp_path / "t", budget_s=60, quiet=True)
+    result = _demo_tune(tmp_path / "t")
     assert result.winner is not None
     buf = io.StringIO()
     out = Console(file=buf, width=80)  # as piped with COLUMNS=80, and as an 80-column terminal
@@ -138,7 +146,7 @@ def test_tune_says_when_the_machine_was_busy_as_profile_does(monkeypatch, tmp_pa
     assert busy_note(facts(None)) is None and busy_note({}) is None and busy_note(None) is None
 
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
-    result = tune_stage(Target(script=Path("train.py")), tmp_path / "t", budget_s=60, quiet=True)
+    result = _demo_tune(tmp_path / "t")
     for environment, said in ((facts(13.0), True), (facts(0.5), False)):
         console = Console(record=True, width=200)
         print_tune_result(

@@ -11,18 +11,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
+from torchscalpel.cli.common import add_target_arguments
 from torchscalpel.options import usage_error
-from torchscalpel.units import int_type, parse_int
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    """``16,32,64``: each size a whole number of at least 1 and below 2^63, by the shared number rule (a
-    size past 2^63 reached the DataLoader's sampler as the script's own OverflowError traceback)."""
-    parts = [x for x in text.split(",") if x.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"--sizes takes whole numbers separated by commas, got {text!r}")
-    return tuple(parse_int(x, flag="--sizes", minimum=1) for x in parts)
+from torchscalpel.tune.batch_finder import parse_sizes
+from torchscalpel.tune.window import BATCH_STEPS, BATCH_WARMUP
+from torchscalpel.units import int_type
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -34,15 +27,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "samples/s, name the best size, and state the lr scaling rule for it (linear for SGD, square root for "
         "Adam) without applying it. See docs/lr.md.",
     )
-    p.add_argument("--sizes", type=_sizes, required=True, help="batch sizes to measure, e.g. 16,32,64,128")
     p.add_argument(
-        "--steps", type=int_type("--steps", minimum=1), default=5, help="measured steps per size (default 5)"
+        "--sizes", type=parse_sizes, required=True, help="batch sizes to measure, e.g. 16,32,64,128"
+    )
+    p.add_argument(
+        "--steps",
+        type=int_type("--steps", minimum=1),
+        default=BATCH_STEPS,
+        help=f"measured steps per size (default {BATCH_STEPS})",
     )
     p.add_argument(
         "--warmup",
         type=int_type("--warmup"),
-        default=2,
-        help="steps run before measuring, per size (default 2)",
+        default=BATCH_WARMUP,
+        help=f"steps run before measuring, per size (default {BATCH_WARMUP})",
     )
     p.add_argument("--out", type=Path, help="run folder (default scalpel-runs/<time>-batch-<name>/)")
     p.add_argument("--no-report", action="store_true", help="skip report.html")
@@ -52,26 +50,27 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate, measure every size, print the table and the advice."""
+    """Flags -> :class:`BatchOptions` -> :func:`torchscalpel.stages.batch.run` -> the table and the advice."""
+    from torchscalpel.console import say_lines
+    from torchscalpel.report.batch_terminal import summary_lines
+    from torchscalpel.stages import batch as stage
     from torchscalpel.tune.batch_finder import BatchOptions
 
     try:
         options = BatchOptions.from_args(args)
     except ValueError as exc:
         raise usage_error(exc) from None
-    target = resolve_target(args, flags="--sizes " + ",".join(map(str, args.sizes)))
-    out_dir = args.out or default_run_dir(f"batch-{target.name}")
-    from torchscalpel.report.batch_terminal import summary_lines
-    from torchscalpel.sections import BatchSection
-    from torchscalpel.stages.batch import run_batch
-
-    record = run_batch(target, options, out_dir, write_report=not args.no_report)
-    section = record.section(BatchSection) or BatchSection()
-    from torchscalpel.console import say_lines
-
+    assert options.target is not None  # from_args resolved it
+    result = stage.run(options)
+    out_dir = result.out_dir
     # a path a line (see cli/plan.py)
-    report = [] if args.no_report else [f"report: {out_dir / 'report.html'}"]
+    report = [f"report: {out_dir / 'report.html'}"] if options.report else []
     say_lines(
-        [f"scalpel batch: {target.name}", *summary_lines(section), f"record: {out_dir / 'run.json'}", *report]
+        [
+            f"scalpel batch: {options.target.name}",
+            *summary_lines(result.section),
+            f"record: {out_dir / 'run.json'}",
+            *report,
+        ]
     )
-    return 0 if section.best is not None else 1
+    return result.exit_code

@@ -14,7 +14,7 @@ from typing import cast
 from torchscalpel import fileio
 from torchscalpel.errors import UsageError
 from torchscalpel.options import STEP_TIMEOUT_S, usage_error
-from torchscalpel.runtime.target import Target, resolve_script
+from torchscalpel.runtime.target import Target, target_from_args
 from torchscalpel.runtime.window import STEP_KINDS, StepCount, check_warmup, parse_steps
 from torchscalpel.units import duration_type, int_type
 
@@ -67,16 +67,8 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve_target(
     args: argparse.Namespace, *, default_script: Path | None = None, flags: str = ""
 ) -> Target:
-    """Validate the script or module the user named; raise :class:`UsageError` with one sentence. Without a
-    script the sentence names the command the user typed, with ``flags`` (those it cannot run without), so
-    that the example runs as written: ``e.g. 'scalpel batch --sizes 8,16,32 -- train.py'``."""
-    command = getattr(args, "command", None) or "profile"
-    return resolve_script(
-        list(args.target or []),
-        getattr(args, "module", None),
-        default_script=default_script,
-        command=f"{command} {flags}" if flags else command,
-    )
+    """Validate the script or module the user named (:func:`torchscalpel.runtime.target.target_from_args`)."""
+    return target_from_args(args, default_script=default_script, flags=flags)
 
 
 def add_window_arguments(

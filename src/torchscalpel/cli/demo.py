@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import default_run_dir
 from torchscalpel.stages.demo import STAGES
 from torchscalpel.units import duration_type, int_type
 
@@ -40,10 +39,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen stages (:func:`torchscalpel.stages.demo.run_demo`); 0 when every one succeeded, 1 otherwise."""
-    from torchscalpel.stages.demo import DemoOptions, print_summary, run_demo
+    """Flags -> :class:`DemoOptions` -> :func:`torchscalpel.stages.demo.run` -> the closing table; 0 when
+    every stage succeeded, 1 otherwise."""
+    from torchscalpel.stages import demo as stage
+    from torchscalpel.stages.demo import DemoOptions, print_summary
 
-    options = DemoOptions.from_args(args, out=args.out or default_run_dir("demo"))
-    results, report = run_demo(options)
-    print_summary(results, report)
-    return 0 if all(r.ok for r in results) else 1
+    options = DemoOptions.from_args(args)
+    result = stage.run(options)
+    print_summary(result.stages, result.report)
+    return result.exit_code

@@ -63,11 +63,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate, fix, print the diff and the summary."""
-    from torchscalpel.fix import FixOptions, run_fix
+    """Flags -> :class:`FixOptions` -> :func:`torchscalpel.stages.fix.run` -> the diff and the summary."""
+    from torchscalpel.fix.options import FixOptions
     from torchscalpel.fix.render import summary_lines
+    from torchscalpel.stages import fix as stage
 
-    result = run_fix(FixOptions.from_args(args))
+    result = stage.run(FixOptions.from_args(args))
     if result.patch:
         # A latin-1 file's hunks are in its own bytes (surrogate escapes in the text), as git diff prints them.
         buffer = getattr(sys.stdout, "buffer", None)

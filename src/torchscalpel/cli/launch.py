@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchscalpel.cli.common import check_numbers, default_run_dir, steps_arg
+from torchscalpel.cli.common import check_numbers
 from torchscalpel.fileio import check_output_dir
 from torchscalpel.units import parse_float
 
@@ -53,12 +53,9 @@ def run(args: argparse.Namespace) -> int:
     check_numbers(parser, parsed, minimum=0)
     if parsed.monitor_interval is not None:  # torchrun asserts it is positive, a traceback
         parse_float(str(parsed.monitor_interval), flag="--monitor-interval", above_minimum=True)
-    steps_arg(argparse.Namespace(warmup=0, steps=parsed.steps))
-    options = LaunchOptions.from_args(parsed)
-    if options.out is not None:
-        check_output_dir(options.out)
-    else:
-        options = options.replace(out=default_run_dir("launch-" + options.name))
+    if parsed.out is not None:
+        check_output_dir(parsed.out)
+    options = LaunchOptions.from_args(parsed, out_root=getattr(args, "out_root", None))
     return stage.run(options).exit_code
 
 

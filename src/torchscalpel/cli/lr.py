@@ -13,7 +13,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import add_target_arguments, default_run_dir, resolve_target
+from torchscalpel.cli.common import add_target_arguments
 from torchscalpel.lrfind.options import DEFAULT_MAX_LR, DEFAULT_MIN_LR, DEFAULT_STEPS
 from torchscalpel.options import STEP_TIMEOUT_S, usage_error
 from torchscalpel.runtime.window import STEP_KINDS
@@ -72,33 +72,31 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate the sweep, run it, print the suggestion (or why there is none)."""
+    """Flags -> :class:`LrOptions` -> :func:`torchscalpel.stages.lr.run` -> the suggestion (or why there is
+    none) and the script's exit code."""
+    from torchscalpel.console import StepProgress, say_lines
     from torchscalpel.lrfind.options import LrOptions
+    from torchscalpel.report.lr_terminal import next_line, summary_lines
+    from torchscalpel.runtime.run_notes import how_it_stopped
+    from torchscalpel.stages import lr as stage
 
     try:
         options = LrOptions.from_args(args)
     except ValueError as exc:
         raise usage_error(exc) from None
-    target = resolve_target(args)
-    out_dir = args.out or default_run_dir(f"lr-{target.name}")
-    options = options.replace(out_dir=out_dir, name=f"lr-{target.name}")
-    from torchscalpel.report.lr_terminal import next_line, summary_lines
-    from torchscalpel.sections import LrSection
-    from torchscalpel.stages.lr import run_lr
-
-    record = run_lr(target, options, write_report=not args.no_report)
-    from torchscalpel.console import say_lines
-    from torchscalpel.runtime.run_notes import how_it_stopped
-
-    section = record.section(LrSection) or LrSection()
+    assert options.target is not None  # from_args resolved it
+    target = options.target
+    with StepProgress(options.steps, f"sweeping the learning rate of {target.name}") as bar:
+        result = stage.run(options, progress=bar.update)
+    record, out_dir = result.record, result.out_dir
     say_lines(
         [
             f"scalpel lr: {target.name}: {how_it_stopped(record)}"
             + (f" ({record.error})" if record.error else ""),
-            *summary_lines(section),
+            *summary_lines(result.section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
-            *([] if args.no_report else [f"report: {out_dir / 'report.html'}"]),
-            next_line(section, ("" if target.script else "-m ") + shlex.join(target.argv())),
+            *([] if not options.report else [f"report: {out_dir / 'report.html'}"]),
+            next_line(result.section, ("" if target.script else "-m ") + shlex.join(target.argv())),
         ]
     )
-    return int(record.exit_code or 0)
+    return result.exit_code

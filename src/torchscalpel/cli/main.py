@@ -101,6 +101,7 @@ def apply_config(parser: argparse.ArgumentParser, command: str | None) -> None:
         sub.set_defaults(**found.values)
         _note_file_defaults(sub, found.values, found.source)
     common.RUNS_ROOT = found.out_root
+    sub.set_defaults(out_root=found.out_root)  # the options classes default their run folder under it
 
 
 def _note_file_defaults(sub: argparse.ArgumentParser, values: dict[str, object], source: object) -> None:

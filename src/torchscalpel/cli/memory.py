@@ -15,13 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.cli.common import (
-    add_target_arguments,
-    add_window_arguments,
-    default_run_dir,
-    resolve_target,
-)
-from torchscalpel.errors import UsageError
+from torchscalpel.cli.common import add_target_arguments, add_window_arguments
 from torchscalpel.options import usage_error
 from torchscalpel.runtime.window import MEMORY_WINDOW
 
@@ -83,72 +77,39 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate, then explain a snapshot or run the script."""
-    from torchscalpel.units import parse_size
-
-    if args.memory_limit:  # a bad size is refused before anything else, a snapshot's run included
-        parse_size(args.memory_limit, flag="--memory-limit")
-    target_words = list(args.target or [])
-    if target_words and target_words[0] == "--":
-        target_words = target_words[1:]
-    if not args.module and len(target_words) == 1 and _looks_like_snapshot(Path(target_words[0])):
-        if args.patch:
-            raise UsageError("--patch goes with a script run, not with a SNAPSHOT.pickle.")
-        return _explain_snapshot(Path(target_words[0]), args)
-    if args.html_path is not None:
-        raise UsageError(
-            "--html FILE is for a SNAPSHOT.pickle; a script run writes report.html in its run folder (--out)."
-        )
-    if not args.module and not target_words:
-        raise UsageError(
-            "Name the script after --, e.g. 'scalpel memory -- train.py', or give a SNAPSHOT.pickle."
-        )
+    """Flags -> :class:`MemoryOptions` -> a snapshot explained, or :func:`torchscalpel.stages.memory.run` ->
+    the summary and the exit code."""
     from torchscalpel.memory.options import MemoryOptions
 
     try:  # the window (every step under --memory-limit) is decided in MemoryOptions, once
         options = MemoryOptions.from_args(args)
     except ValueError as exc:
         raise usage_error(exc) from None
-    target = resolve_target(args)
-    settings_hooks: list[Any] = []
-    if args.config is not None:
-        from torchscalpel.tune.apply import setup_hooks
-        from torchscalpel.tune.knobs import ApplyLog
-        from torchscalpel.tune.settings import read_settings_file
-
-        settings_hooks = setup_hooks(read_settings_file(args.config), ApplyLog())
-    from torchscalpel.report.memory_terminal import next_line, summary_lines
-    from torchscalpel.stages.memory import run_memory
-
-    out_dir = args.out or default_run_dir(f"memory-{target.name}")
-    record = run_memory(
-        target,
-        options,
-        out_dir=out_dir,
-        json_path=args.json_path,
-        write_report=not args.no_report,
-        setup_hooks=settings_hooks,
-    )
-    section = record.sections.get("memory") or {}
+    if options.snapshot is not None:
+        return _explain_snapshot(options.snapshot, args)
     from torchscalpel.console import say_lines
+    from torchscalpel.report.memory_terminal import next_line, summary_lines
     from torchscalpel.runtime.run_notes import how_it_stopped
+    from torchscalpel.stages import memory as stage
 
+    assert options.target is not None  # from_args resolved it
+    target = options.target
+    result = stage.run(options)
+    record, out_dir, section = result.record, result.out_dir, result.section
+    assert record is not None and out_dir is not None  # a script run's
     say_lines(
         [
             f"scalpel memory: {target.name}: {how_it_stopped(record)}"
             + (f" ({record.error})" if record.error else ""),
             *summary_lines(section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
-            *([] if args.no_report else [f"report: {out_dir / 'report.html'}"]),
+            *([f"report: {out_dir / 'report.html'}"] if options.report else []),
             next_line(section, ("" if target.script else "-m ") + shlex.join(target.argv()), str(out_dir)),
         ]
     )
-    if args.patch:
-        from torchscalpel.fix.shortcut import write_run_patch
-
-        for line in write_run_patch(out_dir):
-            print(line)
-    if (section.get("oom") or {}).get("caught_by_script"):
+    for line in result.patch_lines:
+        print(line)
+    if result.caught_by_script:
         say_lines(
             [
                 "scalpel memory: the script caught the stop at the limit (a bare 'except:' or 'except "
@@ -156,55 +117,30 @@ def run(args: argparse.Namespace) -> int:
             ],
             stderr=True,
         )
-        return 1
-    return int(record.exit_code or 0)
-
-
-def _looks_like_snapshot(path: Path) -> bool:
-    return path.suffix.lower() in (".pickle", ".pkl") or (
-        path.is_file() and path.suffix.lower() != ".py" and _starts_like_pickle(path)
-    )
-
-
-def _starts_like_pickle(path: Path) -> bool:
-    try:
-        with path.open("rb") as fh:
-            return fh.read(1) == b"\x80"
-    except OSError:
-        return False
+    return result.exit_code
 
 
 def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
-    import json
-
-    from torchscalpel.memory.snapshot import explain_snapshot
-    from torchscalpel.report.snapshot_terminal import render_snapshot
-
-    if not path.is_file():
-        raise UsageError(f"{path} does not exist; give the path of a torch.cuda.memory._dump_snapshot file.")
+    """A snapshot explained by the memory stage, drawn as the reader goes, then printed."""
     from torchscalpel.console import TerminalProgress
+    from torchscalpel.memory.options import MemoryOptions
+    from torchscalpel.report.snapshot_terminal import render_snapshot
+    from torchscalpel.stages import memory as stage
 
+    options = MemoryOptions(
+        snapshot=path, json_path=args.json_path, html_path=getattr(args, "html_path", None)
+    )
     # MiB of the native reader's two passes: a large snapshot takes seconds to tens of seconds
     with TerminalProgress("snapshot", None, f"MiB of {path.name} (checked, then explained)") as bar:
-        result = explain_snapshot(
-            path, lambda done, total: bar.show(completed=done >> 20, total=max(total >> 20, 1))
+        result = stage.run(
+            options, progress=lambda done, total: bar.show(completed=done >> 20, total=max(total >> 20, 1))
         )
-    for line in render_snapshot(result):
+    assert result.snapshot is not None
+    for line in render_snapshot(result.snapshot):
         print(line)
-    if args.json_path is not None:
-        from torchscalpel.fileio import write_output_text
-
-        write_output_text(args.json_path, json.dumps(result, indent=1) + "\n", flag="--json")
-    html_path = getattr(args, "html_path", None)
-    if html_path is not None:
-        from torchscalpel.report.snapshot_page import write_snapshot_page
-
-        try:
-            write_snapshot_page(result, html_path)
-        except OSError as exc:
-            raise UsageError(
-                f"Cannot write {html_path}: {exc.strerror or exc}; give a writable --html path."
-            ) from None
-        print(f"page: {html_path}")
-    print(f"(read in {result['read_s']:.2f} s)", file=sys.stderr)
+    if result.output_error is not None:
+        raise result.output_error
+    if result.page is not None:
+        print(f"page: {result.page}")
+    print(f"(read in {result.snapshot['read_s']:.2f} s)", file=sys.stderr)
     return 0

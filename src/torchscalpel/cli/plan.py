@@ -12,8 +12,6 @@ import argparse
 from torchscalpel.cli.common import (
     add_output_arguments,
     add_target_arguments,
-    default_run_dir,
-    resolve_target,
 )
 from torchscalpel.plan.names import OPTIMIZERS, PRECISIONS, STRATEGIES
 from torchscalpel.units import int_type
@@ -87,17 +85,9 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.plan.options import PlanOptions
     from torchscalpel.stages import plan as stage
 
-    target = resolve_target(args) if _script_mode(args) else None
     try:
-        options = PlanOptions.from_args(args, target=target, quiet=False)
+        options = PlanOptions.from_args(args, quiet=False)
     except ValueError as exc:
         raise usage_error(exc) from None
-    if options.out_dir is None:
-        options = options.replace(out_dir=default_run_dir(f"plan-{options.name}"))
     stage.run(options)
     return 0
-
-
-def _script_mode(args: argparse.Namespace) -> bool:
-    """A script (or -m module) was given after --, rather than --model/--batch."""
-    return bool(args.module or [a for a in (args.target or []) if a != "--"])

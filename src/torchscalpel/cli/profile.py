@@ -15,18 +15,11 @@ from torchscalpel.cli.common import (
     add_target_arguments,
     add_tracking_arguments,
     add_window_arguments,
-    default_run_dir,
-    resolve_target,
-    steps_arg,
-    track,
 )
 from torchscalpel.options import usage_error
-from torchscalpel.runtime.profile_options import ProfileOptions
+from torchscalpel.runtime.profile_options import DEFAULT_EXAMPLE, ProfileOptions
 from torchscalpel.runtime.window import PROFILE_WINDOW
-from torchscalpel.tune.applied import settings_hooks
 from torchscalpel.units import int_type
-
-DEFAULT_EXAMPLE = "char_transformer.py"
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -97,32 +90,22 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def runtime_options(args: argparse.Namespace, out_dir: Path | None, name: str) -> Any:
-    """The runtime's options for the parsed flags (through :class:`ProfileOptions`); ValueError from
-    validation becomes a UsageError."""
-    steps_arg(args)  # --warmup, then --steps, in the words of the flags
+def run(args: argparse.Namespace) -> int:
+    """Flags -> :class:`ProfileOptions` -> :func:`torchscalpel.stages.profile.run` -> the summary and the
+    script's exit code."""
+    from torchscalpel.console import StepProgress
+    from torchscalpel.report.profile_terminal import print_profile_summary
+    from torchscalpel.stages import profile as stage
+
     try:
-        return ProfileOptions.from_args(args).runtime(out_dir=out_dir, name=name)
+        options = ProfileOptions.from_args(args)
     except ValueError as exc:
         raise usage_error(exc) from None
-
-
-def run(args: argparse.Namespace) -> int:
-    """Validate, run the script under the runtime, write record + report + trace, print the summary."""
-    from torchscalpel.examples import example_script
-
-    default = None if args.module or args.target else example_script(DEFAULT_EXAMPLE)
-    target = resolve_target(args, default_script=default)
-    if default is not None:
-        # The default example, sized so the demo is quick on a laptop CPU.
-        target.args = ["--steps", "60", "--log-every", "20"]
-    out_dir = args.out or default_run_dir(target.name)
-    options = runtime_options(args, out_dir, target.name)
-    from torchscalpel.stages.profile import profile_target
-
-    tuned = settings_hooks(args.config, command="scalpel profile") if args.config is not None else {}
-    record, _ = profile_target(
-        target, options, write_report=not args.no_report, json_path=args.json_path, **tuned
-    )
-    track(args, record, out_dir)
-    return record.exit_code or 0
+    assert options.target is not None  # from_args resolved it (the bundled example without a script)
+    total = options.warmup + options.steps if options.steps is not None else None
+    with StepProgress(total, f"profiling {options.target.name}") as bar:
+        result = stage.run(options, progress=bar.update)
+    print_profile_summary(result.record, result.out_dir)  # also when the --json copy could not be written
+    if result.json_error is not None:
+        raise result.json_error
+    return result.exit_code

@@ -18,12 +18,8 @@ from torchscalpel.cli.common import (
     add_target_arguments,
     add_tracking_arguments,
     add_window_arguments,
-    default_run_dir,
-    resolve_target,
-    track,
 )
-from torchscalpel.errors import UsageError
-from torchscalpel.tune.window import MIN_MEASURE_S, TUNE_STEPS
+from torchscalpel.tune.window import CONFIRM_PAIRS, MIN_MEASURE_S, TUNE_STEPS, TUNE_WARMUP
 from torchscalpel.units import duration_type, int_type
 
 
@@ -46,7 +42,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_window_arguments(
         p,
-        warmup=3,
+        warmup=TUNE_WARMUP,
         steps="auto",
         steps_help=f"{TUNE_STEPS} per trial; 'all' is refused, since every trial must end",
     )
@@ -80,8 +76,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--confirm",
         type=int_type("--confirm"),
-        default=3,
-        help="interleaved baseline/winner pairs to confirm (default 3)",
+        default=CONFIRM_PAIRS,
+        help=f"interleaved baseline/winner pairs to confirm (default {CONFIRM_PAIRS})",
     )
     p.add_argument(
         "--config",
@@ -110,65 +106,40 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Validate everything, run the search, save and print the results."""
+    """Flags -> :class:`TuneOptions` -> :func:`torchscalpel.stages.tune.run` -> the table and the exit code."""
+    from torchscalpel.record import load_record
     from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
-    from torchscalpel.stages.tune import save_outputs
-    from torchscalpel.tune.search import TuneOptions, tune
+    from torchscalpel.stages import tune as stage
+    from torchscalpel.tune.options import TuneOptions
 
-    if args.patch and args.fit:
-        raise UsageError(
-            "--patch goes with the search, not --fit; run 'scalpel memory --patch' for memory fixes."
-        )
     options = TuneOptions.from_args(args)  # every flag, --fit's too, before the target is looked at
-    target = resolve_target(args)
-    out_dir = args.out or default_run_dir(f"tune-{target.name}")
-    options = options.replace(out_dir=out_dir)
-    if options.fit is not None:
-        from torchscalpel.tune.fit import run_fit
-
-        return run_fit(
-            target,
-            limit_text=options.fit,
-            out_dir=out_dir,
-            config=args.config,
-            warmup=options.warmup,
-            steps=options.fit_steps,
-        )
+    assert options.target is not None  # from_args resolved it
     # SIGTERM (a CI timeout, a job scheduler) ends the search like Ctrl-C: the running trial's process
     # group is killed and what was measured is saved.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        result = tune(target, options, RichProgress())
+        result = stage.run(options, progress=RichProgress())
     finally:
         signal.signal(signal.SIGTERM, previous)
-    target_text = " ".join(str(a) for a in target.argv())
-    paths = save_outputs(
-        result, out_dir, config_path=args.config, command=["scalpel", *sys.argv[1:]], target_text=target_text
-    )
-    from torchscalpel.record import load_record, save_record
-
-    if args.json_path is not None:
-        save_record(load_record(paths["record"]), args.json_path)
-    track(args, paths["record"], out_dir)  # the baseline's record (the search is in its sections["tune"])
+    if result.search is None:  # --fit printed its own table
+        return result.exit_code
+    paths = result.paths
     print_tune_result(
-        result,
-        out_dir=out_dir,
+        result.search,
+        out_dir=result.out_dir,
         config_path=paths.get("config", paths.get("settings")),
         environment=load_record(paths["record"]).environment,  # the baseline's: its load at the start
-        target_text=target_text,
+        target_text=" ".join(str(a) for a in options.target.argv()),
     )
-    if "settings" in paths and "config" not in paths and args.config is not None:
+    if result.config_left_alone and options.config_path is not None:
         print(
-            f"scalpel: {args.config} exists and was not written by scalpel tune; left it alone "
+            f"scalpel: {options.config_path} exists and was not written by scalpel tune; left it alone "
             f"(settings are in {paths['settings']}).",
             file=sys.stderr,
         )
-    if args.patch:
-        from torchscalpel.fix.shortcut import write_run_patch
-
-        for line in write_run_patch(out_dir):
-            print(line)
-    return 130 if result.interrupted else 0
+    for line in result.patch_lines:
+        print(line)
+    return result.exit_code
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

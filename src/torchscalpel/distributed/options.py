@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from torchscalpel.errors import UsageError
+from torchscalpel.fileio import default_run_dir
 from torchscalpel.netutil import free_port
-from torchscalpel.options import StageOptions
+from torchscalpel.options import StageOptions, usage_error
+from torchscalpel.runtime.window import parse_steps
 from torchscalpel.units import fmt_bytes, parse_size
 
 MAX_NPROC = 1024
@@ -131,7 +133,7 @@ class LaunchOptions(StageOptions):
     @property
     def name(self) -> str:
         """The launch's name (its run folder's): the script's stem."""
-        return self.training_script.rsplit("/", 1)[-1].removesuffix(".py")
+        return _script_stem(self.training_script)
 
     def torchrun_namespace(self, **changes: Any) -> argparse.Namespace:
         """A new namespace for ``torch.distributed.run.run`` (torchrun's API takes one): its options as parsed,
@@ -143,9 +145,12 @@ class LaunchOptions(StageOptions):
         return argparse.Namespace(**values)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> LaunchOptions:
+    def from_args(
+        cls, args: argparse.Namespace, env: Mapping[str, str] | None = None, *, out_root: Path | None = None
+    ) -> LaunchOptions:
         """Check torchrun's and scalpel's parsed flags and fill in what a one-node launch leaves open (loopback
-        rendezvous on a free port). ``env``: the environment read for ``MASTER_ADDR`` (default ``os.environ``)."""
+        rendezvous on a free port). ``env``: the environment read for ``MASTER_ADDR`` (default ``os.environ``);
+        ``out_root``: where the launch folder goes without ``--out`` (the config file's ``out_root``)."""
         env = os.environ if env is None else env
         if not args.training_script:
             raise UsageError(
@@ -177,6 +182,10 @@ class LaunchOptions(StageOptions):
         if endpoint:
             check_endpoint(endpoint)
         _check_plan_flags(args)
+        try:  # --steps in the shared grammar, before a rank starts
+            parse_steps(str(args.steps))
+        except ValueError as exc:
+            raise usage_error(exc) from None
         stage = "profile" if args.profile else "doctor" if args.doctor else None
         check = bool(args.doctor) if args.check_collectives is None else bool(args.check_collectives)
         passed = {k: v for k, v in vars(args).items() if k not in OWN_DESTS and k not in TYPED_TORCHRUN}
@@ -192,7 +201,7 @@ class LaunchOptions(StageOptions):
             rdzv_id=rdzv_id,
             standalone=bool(args.standalone),
             max_restarts=args.max_restarts,
-            out=args.out,
+            out=args.out or default_run_dir("launch-" + _script_stem(args.training_script), out_root),
             stage=stage,
             steps=str(args.steps),
             tensorboard=args.tensorboard,
@@ -205,6 +214,10 @@ class LaunchOptions(StageOptions):
             fresh=bool(args.fresh),
             torchrun=tuple(sorted(passed.items())),
         )
+
+
+def _script_stem(script: str) -> str:
+    return script.rsplit("/", 1)[-1].removesuffix(".py")
 
 
 def _check_plan_flags(args: argparse.Namespace) -> None:

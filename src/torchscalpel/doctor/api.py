@@ -27,12 +27,12 @@ from torchscalpel.doctor.runtime_rules import DoctorObserver, RuntimeRule
 from torchscalpel.doctor.static_scan import analyze_paths
 from torchscalpel.doctor.window import RANK_STEPS
 from torchscalpel.findings import Finding, counts
-from torchscalpel.options import STEP_TIMEOUT_S
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.target import Target
 
 if TYPE_CHECKING:
     from torchscalpel.doctor.rules.rt_numerics import NanLoss
+    from torchscalpel.runtime.session import RuntimeOptions
 
 _SKIP_DIRS = tuple(
     str(Path(p).resolve())
@@ -168,38 +168,19 @@ def _restore_global_flags() -> Callable[[], None]:
     return undo
 
 
-def _run(
+def run_rules(
     target: Target,
     rules: list[RuntimeRule],
+    options: RuntimeOptions,
     *,
-    steps: int | None,
-    warmup: int,
-    out_dir: Path | None,
-    name: str,
     progress: Any = None,
     command: Sequence[str] = (),
-    profile: bool = False,
-    step_kind: str = "auto",
-    step_timeout_s: float | None = STEP_TIMEOUT_S,
-    step_scalars: bool = False,
-    tail_s: float | None = None,
 ) -> tuple[RunRecord, DoctorObserver]:
-    from torchscalpel.runtime.session import RuntimeOptions, run_target
+    """Run ``target`` in the window ``options`` gives (built by :meth:`DoctorOptions.runtime`) under
+    ``rules``; the profiler's trace summary is added when the window profiled (CUDA only)."""
+    from torchscalpel.runtime.session import run_target
 
     doctor = DoctorObserver(rules)
-    # The profiler window only pays off on CUDA (host-device copies); on CPU it would just cost time.
-    profile_steps = 3 if profile and out_dir is not None and torch.cuda.is_available() else 0
-    options = RuntimeOptions(
-        warmup=warmup,
-        steps=steps,
-        out_dir=out_dir,
-        profile_steps=profile_steps,
-        name=name,
-        step_kind=step_kind,
-        step_timeout_s=step_timeout_s,
-        step_scalars=step_scalars,
-        tail_s=tail_s,
-    )
     record = run_target(
         target,
         options,
@@ -208,14 +189,19 @@ def _run(
         progress=progress,
         command=command,
     )
-    if profile_steps and out_dir is not None:
+    if options.profile_steps and options.out_dir is not None:
         try:
             from torchscalpel.runtime.trace_summary import add_trace_summary
 
-            add_trace_summary(record, out_dir)
+            add_trace_summary(record, options.out_dir)
         except Exception as exc:  # the copy rule just stays silent without the trace summary
             record.notes.append(f"trace summary failed: {exc!r}")
     return record, doctor
+
+
+def _quiet_window(steps: int, name: str) -> RuntimeOptions:
+    """The window of a re-run (NaN origin, overfit one batch): no warm-up, no profiler, nothing written."""
+    return DoctorOptions(steps=steps, warmup=0).runtime(steps=steps, out_dir=None, name=name)
 
 
 def merge_findings(
@@ -295,21 +281,11 @@ def diagnose(
     else:
         run_steps = options.planned_steps
     rules.append(cap)
-    record, doctor = _run(
-        target,
-        rules,
-        steps=run_steps,
-        warmup=warmup,
-        out_dir=out_dir,
-        name=target.name,
-        progress=progress,
-        command=command,
-        profile=True,
-        step_kind=options.step_kind,
-        step_timeout_s=options.step_timeout_s,
-        step_scalars=options.step_scalars,
-        tail_s=tail_s,
+    # The profiler window only pays off on CUDA (host-device copies); on CPU it would just cost time.
+    runtime = options.runtime(
+        steps=run_steps, out_dir=out_dir, name=target.name, profile=torch.cuda.is_available(), tail_s=tail_s
     )
+    record, doctor = run_rules(target, rules, runtime, progress=progress, command=command)
     notes: list[str] = []
 
     nan_rule = next(r for r in rules if isinstance(r, NanLoss))
@@ -446,7 +422,7 @@ def _locate_nan(target: Target, nan_rule: NanLoss, steps: int) -> str:
         # The script's prints and anomaly mode's tracebacks were already seen once: keep the re-run quiet.
         with warnings.catch_warnings(), contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
             warnings.simplefilter("ignore")
-            _run(target, [tracer], steps=steps, warmup=0, out_dir=None, name=f"{target.name}-nan")
+            run_rules(target, [tracer], _quiet_window(steps, f"{target.name}-nan"))
     except Exception as exc:  # the first run's findings stand without the re-run
         return f"NaN re-run failed: {exc!r}"
     if tracer.found:
@@ -459,8 +435,6 @@ def _sanity(target: Target, notes: list[str]) -> list[Finding]:
     from torchscalpel.doctor.sanity import SANITY_STEPS, OverfitOneBatch
 
     rule = OverfitOneBatch()
-    record, doctor = _run(
-        target, [rule], steps=SANITY_STEPS, warmup=0, out_dir=None, name=f"{target.name}-sanity"
-    )
+    record, doctor = run_rules(target, [rule], _quiet_window(SANITY_STEPS, f"{target.name}-sanity"))
     notes.append(f"sanity run: {len(record.steps)} steps on a repeated batch, status {record.status}")
     return doctor.findings(record)

@@ -1,9 +1,6 @@
-"""``scalpel fix``: the measured change as a patch to the user's own code (docs/fix.md)."""
+"""``scalpel fix``: the measured change as a patch to the user's own code (docs/fix.md).
 
-from __future__ import annotations
-
-from torchscalpel.fix.options import FixOptions
-from torchscalpel.fix.stage import FixResult
-from torchscalpel.fix.stage import run as run_fix
-
-__all__ = ["FixOptions", "FixResult", "run_fix"]
+The package imports nothing when it loads (``import torchscalpel`` loads it, and every ``scalpel`` command
+imports ``torchscalpel``): the entry point is :func:`torchscalpel.stages.fix.run` (``torchscalpel.fix(...)``
+in process), over :mod:`torchscalpel.fix.stage`; the options are :class:`torchscalpel.fix.options.FixOptions`.
+"""

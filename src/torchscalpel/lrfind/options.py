@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchscalpel.errors import ArgumentError, literal
 from torchscalpel.lrfind.sweep import schedule
 from torchscalpel.options import STEP_TIMEOUT_S, StageOptions
+
+if TYPE_CHECKING:
+    from torchscalpel.runtime.target import Target
 
 DEFAULT_MIN_LR = 1e-7
 DEFAULT_MAX_LR = 10.0
@@ -38,6 +41,14 @@ class LrOptions(StageOptions):
     step_timeout_s: float | None = STEP_TIMEOUT_S
     divergence_factor: float = DIVERGENCE_FACTOR
     smoothing: float = SMOOTHING
+    target: Target | None = field(default=None, compare=False)
+    """The script or module to sweep (:func:`torchscalpel.stages.lr.run`)."""
+    report: bool = True
+    """Write report.html beside run.json."""
+    out_root: Path | None = field(default=None, compare=False)
+    """Where the default run folder goes (the config file's ``out_root``; None: ``scalpel-runs``)."""
+    command: tuple[str, ...] = field(default=(), compare=False)
+    """The command line the record keeps."""
 
     def __post_init__(self) -> None:
         for name, value in (("min_lr", self.min_lr), ("max_lr", self.max_lr)):
@@ -69,12 +80,24 @@ class LrOptions(StageOptions):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> LrOptions:
-        """The sweep ``scalpel lr``'s parsed flags ask for (``fields``: the run folder and name, once known)."""
-        return cls(
+        """The sweep ``scalpel lr``'s parsed flags ask for: the sweep checked first, then the script
+        (``fields``: any other field). Without ``--out`` the stage names the run folder."""
+        from torchscalpel.runtime.target import target_from_args
+
+        options = cls(
             min_lr=args.min_lr,
             max_lr=args.max_lr,
             steps=args.steps,
             step_kind=args.step_kind,
             step_timeout_s=args.step_timeout,
+            report=not getattr(args, "no_report", False),
+            command=("scalpel", *sys.argv[1:]),
             **{"name": "lr", **fields},
+        )
+        target = target_from_args(args)
+        return options.replace(
+            target=target,
+            out_dir=getattr(args, "out", None),
+            out_root=getattr(args, "out_root", None),
+            name=f"lr-{target.name}",
         )

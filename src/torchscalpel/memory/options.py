@@ -8,16 +8,18 @@ Torch-free: the CLI builds it before torch loads.
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from torchscalpel.errors import ArgumentError, literal
+from torchscalpel.errors import ArgumentError, UsageError, literal
 from torchscalpel.options import StageOptions
 from torchscalpel.runtime.window import MEMORY_WINDOW, check_window
 
 if TYPE_CHECKING:
     from torchscalpel.runtime.session import RuntimeOptions
+    from torchscalpel.runtime.target import Target
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,8 +38,32 @@ class MemoryOptions(StageOptions):
     """Put the plan's numbers in the fix ladder (``--no-plan``: False)."""
     step_kind: str = MEMORY_WINDOW.step_kind
     step_timeout_s: float | None = MEMORY_WINDOW.step_timeout_s
+    target: Target | None = field(default=None, compare=False)
+    """The script or module to run (:func:`torchscalpel.stages.memory.run`)."""
+    snapshot: Path | None = None
+    """A ``torch.cuda.memory._dump_snapshot`` file to explain instead of running a script."""
+    out_dir: Path | None = None
+    """The run folder (default ``scalpel-runs/<time>-memory-<name>/``)."""
+    report: bool = True
+    """Write report.html beside run.json."""
+    json_path: Path | None = None
+    """Also write the memory section (a snapshot's explanation) as JSON here."""
+    html_path: Path | None = None
+    """With a snapshot: also write an HTML page of it here."""
+    patch: bool = False
+    """Also write fix.patch in the run folder: the ladder's first fitting rung (a script run)."""
+    config: Path | None = None
+    """Apply the ``[tune]`` settings of this scalpel.toml while measuring."""
+    out_root: Path | None = field(default=None, compare=False)
+    """Where the default run folder goes (the config file's ``out_root``; None: ``scalpel-runs``)."""
+    command: tuple[str, ...] = field(default=(), compare=False)
+    """The command line the record keeps."""
 
     def __post_init__(self) -> None:
+        if self.snapshot is not None and not self.snapshot.is_file():
+            raise UsageError(
+                f"{self.snapshot} does not exist; give the path of a torch.cuda.memory._dump_snapshot file."
+            )
         if isinstance(self.steps, str) and self.steps != "default":
             raise ArgumentError(
                 "{steps} must be a number, None or 'default', got " + literal(repr(self.steps))
@@ -86,18 +112,43 @@ class MemoryOptions(StageOptions):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> MemoryOptions:
-        """The options ``scalpel memory``'s parsed flags ask for. ``args.steps``: None when ``--steps`` was not
-        given (the default window), else the parsed ``--steps`` (a number, ``all``, or ``auto``: every step
-        here); ``args.memory_limit`` the size text, parsed by the shared size rule."""
+        """The options ``scalpel memory``'s parsed flags ask for, every flag checked here in the CLI's words:
+        the size first (a snapshot's run included), then a SNAPSHOT.pickle or the script. ``args.steps``: None
+        when ``--steps`` was not given (the default window), else the parsed ``--steps`` (a number, ``all``, or
+        ``auto``: every step here); ``args.memory_limit`` the size text, parsed by the shared size rule."""
+        from torchscalpel.runtime.target import target_from_args
         from torchscalpel.runtime.window import parse_steps
         from torchscalpel.units import parse_size
 
         limit = parse_size(args.memory_limit, flag="--memory-limit") if args.memory_limit else None
+        outputs: dict[str, Any] = {
+            "report": not args.no_report,
+            "json_path": args.json_path,
+            "patch": args.patch,
+            "command": ("scalpel", *sys.argv[1:]),
+        }
+        words = list(args.target or [])
+        if words and words[0] == "--":
+            words = words[1:]
+        if not args.module and len(words) == 1 and looks_like_snapshot(Path(words[0])):
+            if args.patch:
+                raise UsageError("--patch goes with a script run, not with a SNAPSHOT.pickle.")
+            return cls(
+                memory_limit=limit, snapshot=Path(words[0]), html_path=args.html_path, **outputs, **fields
+            )
+        if args.html_path is not None:
+            raise UsageError(
+                "--html FILE is for a SNAPSHOT.pickle; a script run writes report.html in its run folder (--out)."
+            )
+        if not args.module and not words:
+            raise UsageError(
+                "Name the script after --, e.g. 'scalpel memory -- train.py', or give a SNAPSHOT.pickle."
+            )
         steps: int | Literal["default"] | None = "default"
         if args.steps is not None:
             parsed = parse_steps(args.steps)
             steps = None if parsed in ("all", "auto") else int(parsed)
-        return cls(
+        options = cls(
             steps=steps,
             warmup=args.warmup,
             memory_limit=limit,
@@ -105,5 +156,24 @@ class MemoryOptions(StageOptions):
             plan=not args.no_plan,
             step_kind=args.step_kind,
             step_timeout_s=args.step_timeout,
+            config=args.config,
+            **outputs,
             **fields,
         )
+        target = target_from_args(args)
+        return options.replace(target=target, out_dir=args.out, out_root=getattr(args, "out_root", None))
+
+
+def looks_like_snapshot(path: Path) -> bool:
+    """A ``.pickle`` / ``.pkl`` name, or a file (not ``.py``) that starts as a pickle does."""
+    return path.suffix.lower() in (".pickle", ".pkl") or (
+        path.is_file() and path.suffix.lower() != ".py" and _starts_like_pickle(path)
+    )
+
+
+def _starts_like_pickle(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            return fh.read(1) == b"\x80"
+    except OSError:
+        return False

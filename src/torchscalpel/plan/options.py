@@ -109,8 +109,15 @@ class PlanOptions(StageOptions):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> PlanOptions:
-        """What ``scalpel plan``'s parsed flags ask for (``fields``: the resolved target, the out folder...)."""
-        return cls(
+        """What ``scalpel plan``'s parsed flags ask for (``fields``: those the command line does not hold): the
+        script after ``--`` resolved, and without ``--out`` a run folder named after it (under the config
+        file's ``out_root``)."""
+        from torchscalpel.fileio import default_run_dir
+        from torchscalpel.runtime.target import target_from_args
+
+        if "target" not in fields and (args.module or [a for a in (args.target or []) if a != "--"]):
+            fields["target"] = target_from_args(args)
+        options = cls(
             model=args.model,
             factory_args=args.factory_args,
             batch=args.batch,
@@ -129,3 +136,8 @@ class PlanOptions(StageOptions):
             json_path=Path(args.json_path) if args.json_path else None,
             **fields,
         )
+        if options.out_dir is None:
+            options = options.replace(
+                out_dir=default_run_dir(f"plan-{options.name}", getattr(args, "out_root", None))
+            )
+        return options

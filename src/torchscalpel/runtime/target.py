@@ -6,6 +6,7 @@ turns its flags into a :class:`Target` through :func:`resolve_script`.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,3 +87,19 @@ def _looks_like_python(path: Path) -> bool:
     except OSError:
         return False
     return head.startswith(b"#!") and b"python" in head
+
+
+def target_from_args(
+    args: argparse.Namespace, *, default_script: Path | None = None, flags: str = ""
+) -> Target:
+    """The script or module a verb's parsed command line names (``-m MODULE`` or ``-- SCRIPT [ARGS]``),
+    validated; :class:`UsageError` with one sentence otherwise. Without a script the sentence names the
+    command the user typed, with ``flags`` (those it cannot run without), so that the example runs as
+    written: ``e.g. 'scalpel batch --sizes 8,16,32 -- train.py'``."""
+    command = getattr(args, "command", None) or "profile"
+    return resolve_script(
+        list(getattr(args, "target", None) or []),
+        getattr(args, "module", None),
+        default_script=default_script,
+        command=f"{command} {flags}" if flags else command,
+    )

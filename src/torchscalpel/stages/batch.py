@@ -2,21 +2,49 @@
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchscalpel.record import RunRecord
-from torchscalpel.runtime.target import Target
+from torchscalpel.sections import BatchSection
 from torchscalpel.stages.saving import save_with_report
 from torchscalpel.tune.batch_finder import BatchOptions
 
 
-def run_batch(
-    target: Target, options: BatchOptions, out_dir: Path, *, write_report: bool = True
-) -> RunRecord:
-    """Measure every size in ``options.sizes`` (ascending); the record of the best size (or the last run)
-    carries ``sections["batch"]`` and is saved as ``out_dir/run.json``, then rendered as ``report.html``."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BatchResult:
+    """One ``scalpel batch``: the record of the best size (or the last run), whose ``sections["batch"]`` holds
+    every size's outcome, and where it was written."""
+
+    record: RunRecord
+    out_dir: Path
+    report: Path | None
+    """report.html, or None when none was asked for or it could not be rendered."""
+
+    @property
+    def section(self) -> BatchSection:
+        """Every size's row, the best size and the learning-rate advice, as a typed view."""
+        return self.record.section(BatchSection) or BatchSection()
+
+    @property
+    def best(self) -> int | None:
+        """The size with the most samples/s (None when no size was measured)."""
+        return self.section.best
+
+    @property
+    def exit_code(self) -> int:
+        """0 when some size was measured, 1 otherwise."""
+        return 0 if self.best is not None else 1
+
+
+def run(options: BatchOptions, *, progress: Callable[[Any], None] | None = None) -> BatchResult:
+    """Measure every size in ``options.sizes`` (ascending) over ``options.target``; the record of the best
+    size (or the last run) carries ``sections["batch"]`` and is saved as ``run.json`` in ``options.out_dir``
+    (default ``scalpel-runs/<time>-batch-<name>/``), then rendered as ``report.html``. ``progress``: once per
+    step of every size's run."""
+    from torchscalpel.fileio import default_run_dir
     from torchscalpel.runtime.session import RuntimeOptions, run_target
     from torchscalpel.tune.batch_finder import (
         ForcedBatch,
@@ -27,6 +55,10 @@ def run_batch(
         scaling_advice,
     )
 
+    target = options.target
+    if target is None:
+        raise ValueError("the batch stage needs options.target (the script or module to measure)")
+    out_dir = options.out_dir or default_run_dir(f"batch-{target.name}", options.out_root)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     records: dict[int, RunRecord] = {}
@@ -43,7 +75,9 @@ def run_batch(
             step_timeout_s=options.step_timeout_s,
             step_scalars=False,
         )
-        record = run_target(target, runtime, [kind], [forced], command=["scalpel", *sys.argv[1:]])
+        record = run_target(
+            target, runtime, [kind], [forced], progress=progress, command=list(options.command)
+        )
         records[size] = record
         base = base if base is not None else forced.original
         optimizer = optimizer or kind.kind
@@ -100,5 +134,5 @@ def run_batch(
     }
     record = records[best] if best is not None else records[sorted(options.sizes)[-1]]
     record.sections["batch"] = section
-    save_with_report(record, out_dir, write_report=write_report)
-    return record
+    report = save_with_report(record, out_dir, write_report=options.report)
+    return BatchResult(record=record, out_dir=out_dir, report=report)

@@ -4,7 +4,7 @@ Stages run in the order of the workflow (env, profile, doctor, analyze, tune, pl
 writes its own outputs under ``<out>/<stage>/`` and a failing stage is reported without stopping
 the others. ``<out>/report.html`` is a table of what every stage did followed by the stage records
 (profile, doctor, tune, plan), rendered as ``scalpel report`` renders several records.
-``cli/demo.py`` only parses the command line into :class:`DemoOptions` and calls :func:`run_demo`.
+``cli/demo.py`` only parses the command line into :class:`DemoOptions` and calls :func:`run`.
 """
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
 from torchscalpel.options import StageOptions
 from torchscalpel.runtime.target import Target
 from torchscalpel.stages.saving import save_with_report
+
+if TYPE_CHECKING:
+    from torchscalpel.tune.options import TuneOptions
 
 STAGES = ("env", "profile", "doctor", "analyze", "tune", "plan", "ship")
 # Sized so every stage together takes a few minutes on a 2-core laptop CPU.
@@ -52,11 +55,12 @@ class DemoOptions(StageOptions):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> DemoOptions:
-        """What ``scalpel demo``'s parsed flags ask for (``fields``: ``out`` when ``--out`` was not given)."""
+        """What ``scalpel demo``'s parsed flags ask for; without ``--out``, ``<runs>/<time>-demo/``."""
+        from torchscalpel.fileio import default_run_dir
+
         stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
-        return cls(
-            **{"out": args.out, **fields}, stages=stages, steps=args.steps, tune_budget_s=args.tune_budget
-        )
+        out = args.out or default_run_dir("demo", getattr(args, "out_root", None))
+        return cls(**{"out": out, **fields}, stages=stages, steps=args.steps, tune_budget_s=args.tune_budget)
 
 
 @dataclass(slots=True)
@@ -70,9 +74,23 @@ class StageResult:
     summary: str
 
 
-def run_demo(options: DemoOptions) -> tuple[list[StageResult], Path]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DemoResult:
+    """Every stage's result, in order, and the combined report."""
+
+    stages: list[StageResult]
+    report: Path
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every stage succeeded, 1 otherwise."""
+        return 0 if all(r.ok for r in self.stages) else 1
+
+
+def run(options: DemoOptions, *, progress: Callable[[Any], None] | None = None) -> DemoResult:
     """Run the chosen stages in order (a stage's exception is its failed result, the others still run);
-    returns every stage's result and the combined report's path."""
+    returns every stage's result and the combined report's path. Each stage draws its own progress
+    (``progress`` is not called: the demo's stages are several runs)."""
     from rich.markup import escape
 
     from torchscalpel.console import console, rule
@@ -94,7 +112,7 @@ def run_demo(options: DemoOptions) -> tuple[list[StageResult], Path]:
         results.append(StageResult(name, ok, time.perf_counter() - start, output, summary))
         if not ok:
             c.print(f"[red]stage {name} failed:[/] {escape(summary)}")
-    return results, _write_combined_report(out, results)
+    return DemoResult(stages=results, report=_write_combined_report(out, results))
 
 
 def print_summary(results: Sequence[StageResult], report: Path) -> None:
@@ -125,13 +143,27 @@ def _env(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, st
 
 
 def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
-    from torchscalpel.runtime.session import RuntimeOptions
-    from torchscalpel.stages.profile import profile_target
+    import sys
 
-    runtime_options = RuntimeOptions(
-        warmup=2, steps=options.steps, out_dir=out, profile_steps=3, module_times=True, name="demo"
+    from torchscalpel.console import StepProgress
+    from torchscalpel.report.profile_terminal import print_profile_summary
+    from torchscalpel.runtime.profile_options import ProfileOptions
+    from torchscalpel.stages import profile as stage
+
+    profile = ProfileOptions(
+        warmup=2,
+        steps=options.steps,
+        profile_steps=3,
+        module_times=True,
+        op_lines=False,
+        target=target,
+        out_dir=out,
+        name="demo",
+        command=("scalpel", *sys.argv[1:]),
     )
-    record, _ = profile_target(target, runtime_options)
+    with StepProgress(profile.warmup + options.steps, f"profiling {target.name}") as bar:
+        record = stage.run(profile, progress=bar.update).record
+    print_profile_summary(record, out)
     s = record.summary_view()
     median = s.median_step_ms if s.median_step_ms is not None else float("nan")
     summary = f"median step {median:.1f} ms, breakdown sums within {100 * (s.breakdown_max_error or 0):.2f}%"
@@ -142,22 +174,20 @@ def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str,
     from rich.markup import escape
 
     from torchscalpel.console import make_console
-    from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.report.doctor_terminal import render_terminal
     from torchscalpel.runtime.run_notes import how_it_stopped
+    from torchscalpel.stages import doctor as stage
 
-    out.mkdir(parents=True, exist_ok=True)
-    record, findings = diagnose(
-        target, DoctorOptions(steps=20, warmup=2, out_dir=out), command=["scalpel", "demo"]
-    )
-    save_with_report(record, out)  # as the stage's own command writes them
+    doctor = DoctorOptions(steps=20, warmup=2, out_dir=out, target=target, command=("scalpel", "demo"))
+    result = stage.run(doctor)  # run.json and report.html, as the stage's own command writes them
+    assert result.record is not None
     render_terminal(
-        findings,
+        result.findings,
         make_console(),
-        header=f"[dim]{escape(how_it_stopped(record))}[/dim]\n",
+        header=f"[dim]{escape(how_it_stopped(result.record))}[/dim]\n",
     )
-    return record.exit_code in (0, None), str(out), f"{len(findings)} finding(s)"
+    return result.record.exit_code in (0, None), str(out), f"{len(result.findings)} finding(s)"
 
 
 def _analyze(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
@@ -184,13 +214,41 @@ def _analyze(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str
     return not result.errors, str(out), f"analysed {trace.name}"
 
 
+def tune_options(target: Target, out: Path, *, budget_s: float = 120.0) -> TuneOptions:
+    """The demo's short tune: cheap knobs only (no cold compile), one confirmation pair, results in ``out``
+    and nowhere else (no ``--config`` file)."""
+    from torchscalpel.tune.options import TuneOptions
+
+    return TuneOptions(
+        target=target,
+        out_dir=out,
+        budget_s=budget_s,
+        steps=6,
+        warmup=2,
+        knobs=("amp", "threads", "dataloader"),
+        confirm_pairs=1,
+        command=("scalpel", "demo"),
+    )
+
+
 def _tune(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
-    from torchscalpel.stages.tune import tune_stage
+    from torchscalpel.record import load_record
+    from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
+    from torchscalpel.stages import tune as stage
 
     tune_target = Target(
         script=target.script, args=["--steps", "60", "--log-every", "1000", "--corpus-chars", "500000"]
     )
-    result = tune_stage(tune_target, out, budget_s=options.tune_budget_s)
+    done = stage.run(tune_options(tune_target, out, budget_s=options.tune_budget_s), progress=RichProgress())
+    result = done.search
+    assert result is not None  # the demo never asks for --fit
+    print_tune_result(
+        result,
+        out_dir=out,
+        config_path=out / "scalpel.toml" if result.winner is not None else None,
+        environment=load_record(out).environment,
+        target_text=" ".join(str(a) for a in tune_target.argv()),
+    )
     # The tune table's own verdict line: "no candidate was measured: ..." when the budget ran out first.
     return True, str(out), result.headline() + (", numerics checked" if result.winner is not None else "")
 

@@ -28,7 +28,7 @@ class LaunchResult:
 
 
 def run(options: LaunchOptions, *, progress: Callable[[str], None] | None = None) -> LaunchResult:
-    """Launch as ``options`` ask (``options.out`` is the folder; the CLI fills in the default). ``progress``
+    """Launch as ``options`` ask (``options.out`` is the folder; ``from_args`` names one). ``progress``
     receives the lines said before the ranks start (default: printed)."""
     from torchscalpel.distributed.launch import launch, watch_options
 

@@ -1,44 +1,84 @@
-"""The profile stage: run a target under the runtime, add the trace summary, save and report."""
+"""The profile stage: run a target under the runtime, add the trace summary, save and report.
+
+:func:`run` is ``scalpel profile``'s one entry point; :func:`finish_profile` is the ending the in-process
+block (``torchscalpel.profile``) shares with it."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from torchscalpel.errors import UsageError
 from torchscalpel.record import RunRecord
-from torchscalpel.runtime.observer import Observer
-from torchscalpel.runtime.session import RuntimeOptions, SetupHook
-from torchscalpel.runtime.target import Target
+from torchscalpel.runtime.profile_options import ProfileOptions
 from torchscalpel.runtime.trace_summary import add_trace_summary
-from torchscalpel.stages.saving import save_with_report
+from torchscalpel.stages.saving import save_with_report, track_run
 
 
-def profile_target(
-    target: Target,
-    options: RuntimeOptions,
-    *,
-    write_report: bool = True,
-    json_path: Path | None = None,
-    quiet: bool = False,
-    observers: Sequence[Observer] = (),
-    setup_hooks: Sequence[SetupHook] = (),
-) -> tuple[RunRecord, Path]:
-    """Run ``target``, enrich its record with the trace summary, save everything, print the summary."""
-    from torchscalpel.console import StepProgress
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ProfileResult:
+    """One ``scalpel profile`` run: the record (phases, ops, memory, FLOP/s, the trace summary) and where it
+    was written."""
+
+    record: RunRecord
+    out_dir: Path
+    report: Path | None
+    """report.html, or None when none was asked for or it could not be rendered."""
+    json_error: UsageError | None = None
+    """Why ``--json`` could not be written (run.json is kept; the summary is still shown)."""
+    tracked: list[str] = field(default_factory=list)
+    """One line per tracker written (``--tensorboard`` / ``--mlflow``)."""
+
+    @property
+    def exit_code(self) -> int:
+        """The script's own exit code."""
+        return int(self.record.exit_code or 0)
+
+
+def run(options: ProfileOptions, *, progress: Callable[[Any], None] | None = None) -> ProfileResult:
+    """Run ``options.target`` in the window ``options`` asks (the ``[tune]`` settings of ``options.config``
+    applied), add the trace summary, write run.json, report.html and the ``--json`` copy into
+    ``options.out_dir`` (default ``scalpel-runs/<time>-<name>/``), then hand the run to the trackers.
+    ``progress``: once per step."""
+    from torchscalpel.fileio import default_run_dir
     from torchscalpel.runtime.session import run_target
+    from torchscalpel.tune.applied import settings_hooks
 
-    if options.out_dir is None:
-        raise ValueError("profile_target needs options.out_dir")
-    out_dir: Path = options.out_dir
+    target = options.target
+    if target is None:
+        raise ValueError("the profile stage needs options.target (the script or module to run)")
+    out_dir = options.out_dir or default_run_dir(target.name, options.out_root)
     out_dir.mkdir(parents=True, exist_ok=True)
-    total = options.warmup + options.steps if options.steps is not None else None
-    with StepProgress(total, f"profiling {target.name}") as bar:
-        record = run_target(
-            target, options, observers, setup_hooks, progress=bar.update, command=["scalpel", *sys.argv[1:]]
-        )
-    finish_profile(record, out_dir, write_report=write_report, json_path=json_path, quiet=quiet)
-    return record, out_dir
+    tuned = settings_hooks(options.config, command="scalpel profile") if options.config is not None else {}
+    record = run_target(
+        target,
+        options.runtime(out_dir=out_dir, name=options.name or target.name),
+        tuned.get("observers", ()),
+        tuned.get("setup_hooks", ()),
+        progress=progress,
+        command=list(options.command),
+    )
+    add_trace_summary(record, out_dir)
+    report = save_with_report(record, out_dir, write_report=options.report)
+    json_error: UsageError | None = None
+    if options.json_path is not None:  # the user's path: a full disk or /dev/full is one sentence
+        from torchscalpel.fileio import write_output_text
+        from torchscalpel.record import record_json
+
+        try:
+            write_output_text(options.json_path, record_json(record), flag="--json")
+        except UsageError as exc:  # raised by the CLI after the summary of what was measured
+            json_error = exc
+    tracked = (
+        []
+        if json_error
+        else track_run(record, out_dir, tensorboard=options.tensorboard, mlflow=options.mlflow)
+    )
+    return ProfileResult(
+        record=record, out_dir=out_dir, report=report, json_error=json_error, tracked=tracked
+    )
 
 
 def finish_profile(
@@ -48,11 +88,12 @@ def finish_profile(
     write_report: bool = True,
     json_path: Path | None = None,
     quiet: bool = False,
-) -> None:
-    """Everything after the run: trace summary, run.json, report.html, the optional JSON copy, the summary."""
+) -> Path | None:
+    """Everything after the run: trace summary, run.json, report.html, the optional JSON copy, the summary
+    (unless ``quiet``); returns report.html's path (None when none was written)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     add_trace_summary(record, out_dir)
-    save_with_report(record, out_dir, write_report=write_report)
+    report = save_with_report(record, out_dir, write_report=write_report)
     try:
         if (
             json_path is not None
@@ -66,3 +107,4 @@ def finish_profile(
             from torchscalpel.report.profile_terminal import print_profile_summary
 
             print_profile_summary(record, out_dir)
+    return report

@@ -1,7 +1,8 @@
 """The one ending of every stage that writes a report it may fail to render: run.json first, then
 report.html, and a failure to render is a note in the record (saved again), never a lost run.
 
-profile, doctor, memory, lr, batch, tune, plan and the demo's stages all end here."""
+profile, doctor, memory, lr, batch, tune, plan and the demo's stages all end here, and the stages that take
+``--tensorboard`` / ``--mlflow`` hand the saved run to the trackers through :func:`track_run`."""
 
 from __future__ import annotations
 
@@ -33,3 +34,16 @@ def save_with_report(record: RunRecord, out_dir: Path, *, write_report: bool = T
         record.notes.append(f"report.html failed: {exc!r}")
     save_record(record, out_dir)
     return written
+
+
+def track_run(
+    record: RunRecord, out_dir: Path | None, *, tensorboard: Path | None = None, mlflow: str | None = None
+) -> list[str]:
+    """Write a saved run to the trackers asked for (TensorBoard log folder, MLflow URI); one line per
+    outcome (the trackers also print it), none when no tracker was asked for."""
+    from torchscalpel.tracking import TrackingOptions, write_tracking
+
+    options = TrackingOptions(tensorboard=tensorboard, mlflow=mlflow)
+    if not options.any:
+        return []
+    return write_tracking(record, out_dir, options)

@@ -1,16 +1,18 @@
-"""``scalpel tune``'s front door: run the search (:mod:`torchscalpel.tune.search`), then leave behind
-run.json (baseline record + tune section), report.html, scalpel.toml and the equivalent code lines."""
+"""``scalpel tune``'s front door, :func:`run`: the search (:mod:`torchscalpel.tune.search`), then run.json
+(baseline record + tune section), report.html, scalpel.toml and the equivalent code lines, the trackers and
+the patch; or ``--fit``'s measured memory ladder."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchscalpel.record import RunRecord, load_record, new_run_record
-from torchscalpel.runtime.target import Target
 from torchscalpel.sections import TuneSection
-from torchscalpel.stages.saving import save_with_report
+from torchscalpel.stages.saving import save_with_report, track_run
 from torchscalpel.tune.apply import code_lines
+from torchscalpel.tune.options import Progress, TuneOptions
 from torchscalpel.tune.search import TuneResult
 from torchscalpel.tune.settings import read_settings_file, write_settings_file
 
@@ -104,35 +106,76 @@ def _may_overwrite(path: Path) -> bool:
     return TOML_MARK in head
 
 
-def tune_stage(
-    target: Target,
-    out_dir: Path,
-    *,
-    budget_s: float = 120.0,
-    steps: int = 6,
-    warmup: int = 2,
-    knobs: tuple[str, ...] = ("amp", "threads", "dataloader"),
-    quiet: bool = False,
-) -> TuneResult:
-    """A short tune for ``scalpel demo``: cheap knobs only (no cold compile), results in ``out_dir``.
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TuneRunResult:
+    """One ``scalpel tune``: the search (``search``, None under ``fit``) and every output's path by role
+    (``record``, ``report``, ``settings``, ``config``, ``code``), or ``--fit``'s exit code."""
 
-    Writes run.json, report.html, scalpel.toml and code.txt into ``out_dir`` and prints the table.
-    """
-    from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
-    from torchscalpel.tune.search import SilentProgress, TuneOptions, tune
+    out_dir: Path
+    search: TuneResult | None = None
+    """The knob search: trials, winner, confirmation (None under ``fit``)."""
+    paths: dict[str, Path] = field(default_factory=dict)
+    patch_lines: list[str] = field(default_factory=list)
+    """``patch``: what was written (or why not)."""
+    fit_exit_code: int | None = None
+    """``fit``: 0 when some configuration fits, 1 if none does."""
 
-    options = TuneOptions(
-        out_dir=out_dir, budget_s=budget_s, steps=steps, warmup=warmup, knobs=knobs, confirm_pairs=1
-    )
-    result = tune(target, options, SilentProgress() if quiet else RichProgress())
-    target_text = " ".join(str(a) for a in target.argv())
-    save_outputs(result, out_dir, config_path=None, command=["scalpel", "demo"], target_text=target_text)
-    if not quiet:
-        print_tune_result(
-            result,
+    @property
+    def config_left_alone(self) -> bool:
+        """The ``config_path`` asked for exists and was not written by scalpel tune, so it was left as it is
+        (the settings are in the run folder's scalpel.toml)."""
+        return "settings" in self.paths and "config" not in self.paths
+
+    @property
+    def exit_code(self) -> int:
+        """``fit``'s answer, else 130 after an interrupted search, else 0."""
+        if self.fit_exit_code is not None:
+            return self.fit_exit_code
+        return 130 if self.search is not None and self.search.interrupted else 0
+
+
+def run(options: TuneOptions, *, progress: Progress | None = None) -> TuneRunResult:
+    """Tune ``options.target``: the knob search (:func:`torchscalpel.tune.search.tune`) with every output
+    written (run.json, report.html, scalpel.toml, code.txt, the ``json_path`` copy), the baseline's run
+    handed to the trackers and (``patch``) fix.patch; or, under ``fit``, the memory ladder measured. The run
+    folder: ``options.out_dir``, else ``scalpel-runs/<time>-tune-<name>/``. ``progress`` hears every trial."""
+    from torchscalpel.fileio import default_run_dir
+    from torchscalpel.record import save_record
+    from torchscalpel.tune.search import tune
+
+    target = options.target
+    if target is None:
+        raise ValueError("the tune stage needs options.target (the script or module to tune)")
+    out_dir = options.out_dir or default_run_dir(f"tune-{target.name}", options.out_root)
+    options = options.replace(out_dir=out_dir)
+    if options.fit is not None:
+        from torchscalpel.tune.fit import run_fit
+
+        code = run_fit(
+            target,
+            limit_text=options.fit,
             out_dir=out_dir,
-            config_path=out_dir / "scalpel.toml" if result.winner is not None else None,
-            environment=load_record(out_dir).environment,
-            target_text=target_text,
+            config=options.config_path or out_dir / "scalpel.toml",
+            warmup=options.warmup,
+            steps=options.fit_steps,
         )
-    return result
+        return TuneRunResult(out_dir=out_dir, fit_exit_code=code)
+    result = tune(target, options, progress)
+    paths = save_outputs(
+        result,
+        out_dir,
+        config_path=options.config_path,
+        command=list(options.command),
+        target_text=" ".join(str(a) for a in target.argv()),
+    )
+    record = load_record(paths["record"])
+    if options.json_path is not None:
+        save_record(record, options.json_path)
+    # the baseline's record (the search is in its sections["tune"])
+    track_run(record, out_dir, tensorboard=options.tensorboard, mlflow=options.mlflow)
+    patch_lines: list[str] = []
+    if options.patch:
+        from torchscalpel.fix.shortcut import write_run_patch
+
+        patch_lines = list(write_run_patch(out_dir))
+    return TuneRunResult(out_dir=out_dir, search=result, paths=paths, patch_lines=patch_lines)

@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from torchscalpel.errors import ArgumentError, literal
 from torchscalpel.options import STEP_TIMEOUT_S, StageOptions
 from torchscalpel.runtime.observer import Observer
 from torchscalpel.runtime.patching import Undo, wrap_attr
+from torchscalpel.tune.window import BATCH_STEPS, BATCH_WARMUP
+
+if TYPE_CHECKING:
+    from torchscalpel.runtime.target import Target
 
 SGD_FAMILY = ("SGD",)
 """Optimizers whose lr scales linearly with the batch (Goyal et al. 2017)."""
@@ -33,9 +39,19 @@ class BatchOptions(StageOptions):
     """The sizes to measure and the steps per size."""
 
     sizes: tuple[int, ...]
-    warmup: int = 2
-    steps: int = 5
+    warmup: int = BATCH_WARMUP
+    steps: int = BATCH_STEPS
     step_timeout_s: float | None = STEP_TIMEOUT_S
+    target: Target | None = field(default=None, compare=False)
+    """The script or module to measure (:func:`torchscalpel.stages.batch.run`)."""
+    out_dir: Path | None = None
+    """The run folder (default ``scalpel-runs/<time>-batch-<name>/``)."""
+    report: bool = True
+    """Write report.html beside run.json."""
+    out_root: Path | None = field(default=None, compare=False)
+    """Where the default run folder goes (the config file's ``out_root``; None: ``scalpel-runs``)."""
+    command: tuple[str, ...] = field(default=(), compare=False)
+    """The command line the records keep."""
 
     def __post_init__(self) -> None:
         if not self.sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in self.sizes):
@@ -49,8 +65,33 @@ class BatchOptions(StageOptions):
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> BatchOptions:
-        """The sizes and window ``scalpel batch``'s parsed flags ask for."""
-        return cls(sizes=tuple(args.sizes), steps=args.steps, warmup=args.warmup, **fields)
+        """The sizes and window ``scalpel batch``'s parsed flags ask for, checked before the script is looked
+        for. Without ``--out`` the stage names the run folder."""
+        from torchscalpel.runtime.target import target_from_args
+
+        options = cls(
+            sizes=tuple(args.sizes),
+            steps=args.steps,
+            warmup=args.warmup,
+            report=not getattr(args, "no_report", False),
+            command=("scalpel", *sys.argv[1:]),
+            **fields,
+        )
+        target = target_from_args(args, flags="--sizes " + ",".join(map(str, args.sizes)))
+        return options.replace(
+            target=target, out_dir=getattr(args, "out", None), out_root=getattr(args, "out_root", None)
+        )
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``16,32,64`` (``--sizes``): each size a whole number of at least 1 and below 2^63, by the shared number
+    rule (a size past 2^63 reached the DataLoader's sampler as the script's own OverflowError traceback)."""
+    from torchscalpel.units import parse_int
+
+    parts = [x for x in text.split(",") if x.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"--sizes takes whole numbers separated by commas, got {text!r}")
+    return tuple(parse_int(x, flag="--sizes", minimum=1) for x in parts)
 
 
 OUTCOMES = ("measured", "does not fit", "failed", "not measured")

@@ -4,16 +4,27 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchscalpel.errors import ArgumentError, UsageError
 from torchscalpel.options import StageOptions
 from torchscalpel.runtime.window import check_window
 from torchscalpel.tune.knobs import KNOB_NAMES
 from torchscalpel.tune.runner import TrialResult
-from torchscalpel.tune.window import FIT_STEPS, MIN_MEASURE_S, TUNE_STEPS
+from torchscalpel.tune.window import (
+    CONFIRM_PAIRS,
+    FIT_STEPS,
+    MIN_MEASURE_S,
+    TUNE_BUDGET_S,
+    TUNE_STEPS,
+    TUNE_WARMUP,
+)
+
+if TYPE_CHECKING:
+    from torchscalpel.runtime.target import Target
 
 MAX_MEASURED_STEPS = 400
 """Upper bound on the measured steps per trial that ``min_measure_s`` may ask for."""
@@ -26,9 +37,9 @@ class TuneOptions(StageOptions):
     out_dir: Path | None = None
     """Folder for trial runs (one sub-folder each), the record and the report (:attr:`folder`); the CLI
     validates the flags first and names the folder once the target is known."""
-    budget_s: float = 600.0
+    budget_s: float = TUNE_BUDGET_S
     """Wall-clock budget for the whole search, baseline included."""
-    warmup: int = 3
+    warmup: int = TUNE_WARMUP
     """Steps excluded from timing (compilation happens here)."""
     steps: int = 10
     """Measured steps per trial (at least; see ``min_measure_s``)."""
@@ -43,7 +54,7 @@ class TuneOptions(StageOptions):
     """Knob families to try."""
     compile_backend: str = "inductor"
     compile_modes: tuple[str, ...] = ("default",)
-    confirm_pairs: int = 3
+    confirm_pairs: int = CONFIRM_PAIRS
     """Interleaved baseline/candidate pairs for the final check."""
     step_kind: str = "auto"
     """What ends a step in every trial (``--step-kind``)."""
@@ -52,6 +63,23 @@ class TuneOptions(StageOptions):
     fit: str | None = None
     """``--fit SIZE``: the size as the user typed it (checked by the shared size rule); the search is then
     the memory ladder's, measured (:mod:`torchscalpel.tune.fit`), not the knob search."""
+    target: Target | None = field(default=None, compare=False)
+    """The script or module to tune (:func:`torchscalpel.stages.tune.run`)."""
+    config_path: Path | None = None
+    """Where else to write the winning settings (``--config``; a file not written by scalpel tune is never
+    overwritten); None: only the run folder's scalpel.toml."""
+    json_path: Path | None = None
+    """Also write the baseline's record, with the search in its ``sections["tune"]``, here."""
+    patch: bool = False
+    """Also write fix.patch in the run folder (the search, not ``fit``)."""
+    tensorboard: Path | None = None
+    """Also write the baseline's run to this TensorBoard log folder."""
+    mlflow: str | None = None
+    """Also log the baseline's run to this MLflow tracking URI or folder."""
+    out_root: Path | None = field(default=None, compare=False)
+    """Where the default run folder goes (the config file's ``out_root``; None: ``scalpel-runs``)."""
+    command: tuple[str, ...] = field(default=(), compare=False)
+    """The command line the record keeps."""
 
     def __post_init__(self) -> None:
         if self.budget_s <= 0:
@@ -68,6 +96,8 @@ class TuneOptions(StageOptions):
             raise ArgumentError(
                 "{confirm_pairs} must be at least 1: nothing is recommended without a confirmation run"
             )
+        if self.patch and self.fit is not None:
+            raise ArgumentError("{patch} goes with the search, not {fit}")
         if self.fit is not None:
             from torchscalpel.units import parse_size
 
@@ -88,12 +118,18 @@ class TuneOptions(StageOptions):
     @classmethod
     def from_args(cls, args: argparse.Namespace, **fields: Any) -> TuneOptions:
         """The options ``scalpel tune``'s parsed flags ask for, ``--fit`` included; a bad flag is one
-        :class:`UsageError` sentence naming it, before the target is looked at."""
+        :class:`UsageError` sentence naming it, before the target is looked at. Without ``--out`` the stage
+        names the run folder."""
         from torchscalpel.options import usage_error
+        from torchscalpel.runtime.target import target_from_args
         from torchscalpel.runtime.window import check_warmup, parse_steps
         from torchscalpel.tune.settings import COMPILE_MODES
         from torchscalpel.units import parse_duration
 
+        if getattr(args, "patch", False) and args.fit:
+            raise UsageError(
+                "--patch goes with the search, not --fit; run 'scalpel memory --patch' for memory fixes."
+            )
         budget = parse_duration(args.budget, flag="--budget")
         knobs = parse_knobs(args.knobs)
         modes = tuple(m.strip() for m in args.compile_mode.split(",") if m.strip())
@@ -117,7 +153,7 @@ class TuneOptions(StageOptions):
                 "--confirm must be at least 1: nothing is recommended without a confirmation run."
             )
         try:
-            return cls(
+            options = cls(
                 budget_s=budget,
                 warmup=args.warmup,
                 steps=TUNE_STEPS if steps == "auto" else steps,
@@ -129,10 +165,19 @@ class TuneOptions(StageOptions):
                 step_kind=args.step_kind,
                 min_measure_s=min_measure,
                 fit=args.fit or None,
+                config_path=getattr(args, "config", None),
+                json_path=getattr(args, "json_path", None),
+                patch=getattr(args, "patch", False),
+                tensorboard=getattr(args, "tensorboard", None),
+                mlflow=getattr(args, "mlflow", None),
+                out_dir=getattr(args, "out", None),
+                out_root=getattr(args, "out_root", None),
+                command=("scalpel", *sys.argv[1:]),
                 **fields,
             )
         except ValueError as exc:
             raise usage_error(exc) from None
+        return options.replace(target=target_from_args(args))
 
     def measured_steps(self, step_ms: float | None) -> int:
         """Measured steps per trial for a step of ``step_ms``: ``steps``, or more when that many

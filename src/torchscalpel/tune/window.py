@@ -10,3 +10,18 @@ MIN_MEASURE_S = 2.0
 
 FIT_STEPS = 5
 """Measured steps of each ``--fit`` trial at most (each runs under the memory tracker)."""
+
+TUNE_BUDGET_S = 600.0
+"""The whole search's wall-clock budget (``--budget 10m``)."""
+
+TUNE_WARMUP = 3
+"""Steps excluded from each trial's timing (compilation happens here)."""
+
+CONFIRM_PAIRS = 3
+"""Interleaved baseline/winner pairs of the final check (``--confirm``)."""
+
+BATCH_STEPS = 5
+"""``scalpel batch``: measured steps per size."""
+
+BATCH_WARMUP = 2
+"""``scalpel batch``: steps run before measuring, per size."""
