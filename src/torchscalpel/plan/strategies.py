@@ -109,10 +109,10 @@ def evaluate(
     tl = m.timeline
     b = tl.bytes
     n = shard_size(strategy, world_size, nodes)
-    params = b["param"] / n
-    grads = b["grad"] / n
-    optim = b["optim"] / n
-    other = b["act"] + b["input"] + b["buffer"]
+    params = b["parameters"] / n
+    grads = b["gradients"] / n
+    optim = b["optimizer_state"] / n
+    other = b["activations"] + b["temporaries"] + b["inputs"] + b["buffers"]
     comm = np.zeros_like(params)
     backward = tl.in_phases(("backward",))
     if strategy == "ddp" and world_size > 1:
