@@ -20,11 +20,12 @@ import json
 import os
 import platform
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+import cpu_load
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "doctor"
@@ -38,21 +39,9 @@ LAUNCHER = {
 }
 
 
-SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    pass\n"
-"""A busy loop that ends with the process that started it (a run killed mid-block skips its finally)."""
-
-
-@contextlib.contextmanager
-def competing_load(kind: str) -> Iterator[int]:
-    """``doubled``: one busy-looping process per core until the block ends (killed in the finally)."""
-    n = (os.cpu_count() or 2) if kind == "doubled" else 0
-    procs = [subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())]) for _ in range(n)]
-    try:
-        yield n
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+def competing_load(kind: str) -> contextlib.AbstractContextManager[int]:
+    """``doubled``: one busy-looping process per core until the block ends (:mod:`cpu_load`); ``normal``: none."""
+    return cpu_load.competing_load(None if kind == "doubled" else 0)
 
 
 @contextlib.contextmanager

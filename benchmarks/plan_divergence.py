@@ -26,7 +26,7 @@ from plan_measure import train_steps
 from torchscalpel.plan import simulate as sim
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model
 from torchscalpel.plan.spec import parse_batch_spec
-from torchscalpel.plan.tracker import AllocationTracker
+from torchscalpel.plan.tracker import SimulationTracker
 
 
 def _storages(value) -> dict[int, int]:
@@ -67,7 +67,7 @@ class RealLog(TorchDispatchMode):
         return out
 
 
-class FakeLog(AllocationTracker):
+class FakeLog(SimulationTracker):
     """The plan's tracker, also noting the event count after every op."""
 
     def __init__(self) -> None:
@@ -158,12 +158,12 @@ def main() -> None:
     del model
 
     fake_log = FakeLog()
-    original = sim.AllocationTracker
-    sim.AllocationTracker = lambda: fake_log  # type: ignore[assignment, misc]
+    original = sim.SimulationTracker
+    sim.SimulationTracker = lambda: fake_log  # type: ignore[assignment, misc]
     try:
         sim.simulate(lambda: build_meta_model(lambda: factory(**kwargs), args.precision), spec, s)
     finally:
-        sim.AllocationTracker = original  # type: ignore[misc]
+        sim.SimulationTracker = original  # type: ignore[misc]
     total = fake_log.timeline().total()
     fake = [(op, b, int(total[n - 1]) if n else 0) for op, b, n in fake_log.marks]
     print(f"fake: {len(fake)} ops")

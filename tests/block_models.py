@@ -1,5 +1,5 @@
 """Models shaped the way users write them, for the block definition's tests (tests/unit/test_blocks.py,
-tests/distributed/test_block_units.py): minGPT, nanoGPT, a ResNet without torchvision, a tiny HF Llama."""
+tests/unit/test_block_units.py): minGPT, nanoGPT, a ResNet without torchvision, a tiny HF Llama."""
 
 from __future__ import annotations
 

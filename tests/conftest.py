@@ -71,6 +71,34 @@ def _record_invariants(request: pytest.FixtureRequest):
             pytest.fail(message, pytrace=False)
 
 
+_DIST_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+
+
+@pytest.fixture()
+def single_rank(monkeypatch):
+    """A one-rank gloo group on an in-memory store (what a plain ``python train.py`` gets): no process, no port,
+    so tests/unit may use it."""
+    import signal
+
+    from torchscalpel import distributed as sd
+
+    for name in _DIST_ENV:
+        monkeypatch.delenv(name, raising=False)
+    previous = signal.getsignal(signal.SIGTERM)
+    ctx = sd.setup(seed=0)
+    yield ctx
+    sd.teardown()
+    signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.fixture(autouse=True)
 def _destroy_process_group():
     """No test leaks a process group into the next one."""

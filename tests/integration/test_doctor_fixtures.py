@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cpu_load import competing_load
 from torchscalpel.doctor.api import diagnose
 from torchscalpel.findings import Severity
 from torchscalpel.netutil import free_port
@@ -398,34 +399,12 @@ def test_other_phase_names_the_validation_and_logging_lines() -> None:
     assert f.evidence[0].startswith("other: ") and any("other_phase_heavy.py:" in e for e in f.evidence[1:])
 
 
-SPIN = "import os, sys\nwhile os.getppid() == int(sys.argv[1]):\n    pass\n"
-"""A busy loop that ends with the process that started it (a test killed by its timeout skips its finally)."""
-
-
-@contextlib.contextmanager
-def _competing_cpu_load():
-    """One process spinning on each core for the duration of the block (killed in the finally)."""
-    import os
-    import subprocess
-    import sys
-
-    procs = [
-        subprocess.Popen([sys.executable, "-c", SPIN, str(os.getpid())]) for _ in range(os.cpu_count() or 2)
-    ]
-    try:
-        yield
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # every positive fixture once more, one after another, on a CPU it shares
 def test_every_planted_bug_is_found_while_the_cpu_is_loaded() -> None:
     """Rules decide on step counts and same-step shares, never on time: a busy machine finds the same bugs."""
     missed = {}
-    with _competing_cpu_load():
+    with competing_load():
         for name, (must, _allowed) in sorted(POSITIVE.items()):
             _, findings = diagnose_fresh(FIXTURES / name)  # a run of its own: the point is the loaded CPU
             if not must <= loud(findings):

@@ -41,7 +41,8 @@ def test_every_test_folder_collects_tests() -> None:
     assert folders, "no test modules found under tests/"
     empty = sorted(str(f.relative_to(REPO)) for f in folders if not collected.get(f))
     assert not empty, f"folders holding test_*.py from which pytest collected nothing: {empty}"
-    assert collected.get(TESTS / "distributed", 0) > 100, "the distributed tests are not collected"
+    # 93 since the tests that start no process moved to tests/unit (67 of 160)
+    assert collected.get(TESTS / "distributed", 0) > 60, "the distributed tests are not collected"
 
 
 def test_every_distributed_test_carries_the_dist_marker() -> None:

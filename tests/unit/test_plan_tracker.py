@@ -11,11 +11,11 @@ from plan_measure import profiled_peak, train_steps
 from torchscalpel.errors import UsageError
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, simulate
 from torchscalpel.plan.spec import parse_batch_spec
-from torchscalpel.plan.tracker import AllocationTracker
+from torchscalpel.plan.tracker import SimulationTracker
 
 
 def test_views_and_inplace_ops_count_once_and_frees_are_seen():
-    tracker = AllocationTracker()
+    tracker = SimulationTracker()
     with FakeTensorMode(), tracker:
         a = torch.empty(1000)  # 4000 bytes
         v = a.view(10, 100)
@@ -114,8 +114,8 @@ def test_grad_accumulation_keeps_gradients_alive_through_the_second_forward():
         SimSettings(optimizer=OptimizerSpec.named("sgd"), grad_accum=2),
     )
     fwd = two.timeline.in_phases(("forward",))
-    assert int(two.timeline.bytes["grad"][fwd].max()) == two.grad_bytes
-    assert int(one.timeline.bytes["grad"][one.timeline.in_phases(("forward",))].max()) == 0
+    assert int(two.timeline.bytes["gradients"][fwd].max()) == two.grad_bytes
+    assert int(one.timeline.bytes["gradients"][one.timeline.in_phases(("forward",))].max()) == 0
 
 
 class _NeedsData(nn.Module):

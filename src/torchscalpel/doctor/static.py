@@ -132,9 +132,22 @@ class StaticContext:
         return lines[idx].strip() if 0 <= idx < len(lines) else ""
 
     def calls(self, root: ast.AST | None = None) -> Iterator[ast.Call]:
-        """Every Call node under ``root`` (default: the whole file)."""
+        """Every Call node under ``root`` (default: the whole file), nested functions' included."""
         for node in ast.walk(root or self.tree):
             if isinstance(node, ast.Call):
+                yield node
+
+    def own_calls(
+        self, scope: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+    ) -> list[ast.Call]:
+        """The calls ``scope`` itself makes (:func:`own_nodes`), in source order."""
+        found = [n for n in own_nodes(scope) if isinstance(n, ast.Call)]
+        return sorted(found, key=lambda c: (c.lineno, c.col_offset))
+
+    def scopes(self) -> Iterator[ast.Module | ast.FunctionDef | ast.AsyncFunctionDef]:
+        """The file's top level and every function in it: the units a rule that pairs two statements reads."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Module | ast.FunctionDef | ast.AsyncFunctionDef):
                 yield node
 
     def mentions_attr(self, attr: str) -> bool:
@@ -145,6 +158,31 @@ class StaticContext:
             ):
                 return True
         return False
+
+
+NESTED_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+"""Nodes whose body runs when they are called, not where they are written."""
+
+
+def local_nodes(node: ast.AST) -> Iterator[ast.AST]:
+    """``node`` and the nodes it contains, in source order, without the bodies of the functions, lambdas and
+    classes among them: a nested ``def`` is yielded (its name is bound where it stands) but not entered, because
+    its body runs when it is called, not where it is written."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        if isinstance(current, NESTED_SCOPES):
+            continue  # its decorators and defaults are evaluated here, but are left out with its body: rare
+        stack.extend(reversed(list(ast.iter_child_nodes(current))))
+
+
+def own_nodes(scope: ast.Module | ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> Iterator[ast.AST]:
+    """The nodes of ``scope``'s own body (:func:`local_nodes` of each statement), in source order: what runs when
+    the scope runs. A rule that pairs a call in ``main()`` with one in a ``def`` inside it would pair code that
+    runs at different times, or never."""
+    for stmt in scope.body:
+        yield from local_nodes(stmt)
 
 
 def self_attr_target(node: ast.AST) -> str | None:

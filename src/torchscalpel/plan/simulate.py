@@ -2,7 +2,7 @@
 
 The model is built on the meta device, moved to fake tensors, and run for two optimizer steps
 (forward, loss, backward, ``optimizer.step``, ``zero_grad(set_to_none=True)``) under
-:class:`~torchscalpel.plan.tracker.AllocationTracker`, so the second step is the steady state with
+:class:`~torchscalpel.plan.tracker.SimulationTracker`, so the second step is the steady state with
 optimizer states alive. Nothing is allocated for real: a 7B model plans on a laptop. Saved-tensor
 hooks count what autograd keeps for backward (reported as "saved for backward"); the tracker's
 timeline gives the peak of everything live, temporaries included.
@@ -29,7 +29,7 @@ from torchscalpel.plan.fake_guards import causal_masks_undetected, quiet_fake_lo
 from torchscalpel.plan.model_io import LossFn, default_loss, plain_tensor_attributes, unique_params
 from torchscalpel.plan.names import OPTIMIZERS, Precision
 from torchscalpel.plan.spec import BatchSpec
-from torchscalpel.plan.tracker import AllocationTracker, Timeline
+from torchscalpel.plan.tracker import SimulationTracker, Timeline
 from torchscalpel.plan.units import checkpointed_blocks, nbytes, unit_marks
 
 
@@ -165,18 +165,18 @@ def simulate(
     attributes (rotary caches, ...) that do not survive a deep copy, and a fresh build is cheap on meta.
     """
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    tracker = AllocationTracker()
+    tracker = SimulationTracker()
     try:
         with quiet_fake_logs(), fake_mode:
             model = _to_fake(meta_builder(), settings.device, _WHOLE_MODEL_DTYPES.get(settings.precision))
         for p in model.parameters():
-            tracker.label(p, "param")
+            tracker.label(p, "parameters")
         for b in model.buffers():
-            tracker.label(b, "buffer")
+            tracker.label(b, "buffers")
         for _module, _name, tensors in plain_tensor_attributes(model):
             for t in tensors:  # held by the model like a buffer; a parameter keeps its own label
                 if not isinstance(t, nn.Parameter):
-                    tracker.label(t, "buffer")
+                    tracker.label(t, "buffers")
         # The FSDP / checkpointing units dist.wrap uses (torchscalpel.blocks); with no block, as
         # wrap does, the root is the only FSDP unit and checkpointing wraps the whole model.
         blocks = find_blocks(model)
@@ -299,11 +299,12 @@ def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> Non
         if whole is not None:
             tensors = {k: v.to(whole) if v.dtype.is_floating_point else v for k, v in tensors.items()}
         for t in tensors.values():
-            tracker.label(t, "input")
+            tracker.label(t, "inputs")
         tracker.set_phase("forward")
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            index = tracker.track(t)
+            # saved for backward: an activation, as scalpel memory files it (a parameter or input stays one)
+            index = tracker.track(t, "activations", only_from="temporaries")
             if index is not None:
                 saved[index] = tracker.records[index].nbytes
             return t
@@ -333,10 +334,10 @@ def _one_step(model, batch, settings, loss_fn, optimizer, tracker, saved) -> Non
             for value in state.values():
                 for tensor in value if isinstance(value, list) else [value]:
                     if isinstance(tensor, torch.Tensor):
-                        tracker.label(tensor, "optim")
+                        tracker.label(tensor, "optimizer_state")
     for p in model.parameters():
         if p.grad is not None:
-            tracker.label(p.grad, "grad")
+            tracker.label(p.grad, "gradients")
     del out, loss
     tracker.set_phase("idle")
 
@@ -362,23 +363,24 @@ def _summarise(model, batch, timeline: Timeline, tracker, saved, blocks, params)
     records = tracker.records
     total = timeline.total()
     train_mask = timeline.in_phases(("forward", "backward"))
-    act = timeline.bytes["act"]
+    act = timeline.bytes["activations"] + timeline.bytes["temporaries"]
     label_bytes = {
-        label: sum(r.nbytes for r in records if r.label == label and r.end is None)
-        for label in ("param", "buffer", "grad", "optim")
+        label: sum(r.nbytes for r in records if r.category == label and r.end is None)
+        for label in ("parameters", "buffers", "gradients", "optimizer_state")
     }
     block_params = {id(p) for _, b in blocks for p in b.parameters()}
     trainable = sum(nbytes(p) for p in params)
     return Measurement(
         batch=batch.batch_size,
         timeline=timeline,
-        param_bytes=label_bytes["param"],
+        param_bytes=label_bytes["parameters"],
         trainable_bytes=trainable,
-        buffer_bytes=label_bytes["buffer"],
-        grad_bytes=label_bytes["grad"],
-        optim_bytes=label_bytes["optim"],
-        input_bytes=sum(r.nbytes for r in records if r.label == "input") // max(1, _count_steps(timeline)),
-        saved_bytes=sum(n for i, n in saved.items() if records[i].label == "act")
+        buffer_bytes=label_bytes["buffers"],
+        grad_bytes=label_bytes["gradients"],
+        optim_bytes=label_bytes["optimizer_state"],
+        input_bytes=sum(r.nbytes for r in records if r.category == "inputs")
+        // max(1, _count_steps(timeline)),
+        saved_bytes=sum(n for i, n in saved.items() if records[i].category in ("activations", "temporaries"))
         // max(1, _count_steps(timeline)),
         peak_bytes=int(total.max()) if total.size else 0,
         act_peak_bytes=int(act[train_mask].max()) if train_mask.any() else 0,

@@ -132,14 +132,14 @@ def evaluate(
     def per_rank(x: Any) -> Any:
         return x / n if not kept else x * kept + x * (1.0 - kept) / n
 
-    params = per_rank(b["param"])
-    grads = per_rank(b["grad"])
-    optim = per_rank(b["optim"])
+    params = per_rank(b["parameters"])
+    grads = per_rank(b["gradients"])
+    optim = per_rank(b["optimizer_state"])
     host = np.zeros_like(params)
     if cpu_offload and strategy.startswith("fsdp"):
         host = params + grads + optim
         params, grads, optim = np.zeros_like(params), np.zeros_like(params), np.zeros_like(params)
-    other = b["act"] + b["input"] + b["buffer"]
+    other = b["activations"] + b["temporaries"] + b["inputs"] + b["buffers"]
     comm = np.zeros_like(params)
     backward = tl.in_phases(("backward",))
     if strategy == "ddp" and world_size > 1:

@@ -1,17 +1,19 @@
 """Allocation tracking on fake tensors: every storage an op creates, when it is freed, what it was.
 
-:class:`AllocationTracker` is a ``TorchDispatchMode`` that sits above ``FakeTensorMode``: each op's
-output storages that it has not seen before count as allocations, and a weak-reference finalizer on
-the storage counts the free. Storages, not tensors, are the unit, so views and in-place ops never
-count twice, and a parameter saved for backward is still just the parameter. Labels (parameter,
-gradient, optimizer state, ...) can be attached after the fact, because the allocation log keeps one
-record per storage lifetime; :meth:`AllocationTracker.timeline` then gives the live bytes of each
-label at every event, which the strategy model re-weights (sharding, buckets) to get per-rank peaks.
+:class:`SimulationTracker` is a ``TorchDispatchMode`` that sits above ``FakeTensorMode``: each op's
+output storages that it has not seen before count as allocations in the project's one storage ledger
+(:class:`~torchscalpel.runtime.storage_ledger.StorageLedger`, which ``scalpel memory``'s tracker of real
+tensors shares), whose weak reference on the storage counts the free. Storages, not tensors, are the unit,
+so views and in-place ops never count twice, and a parameter saved for backward is still just the
+parameter. Categories (the one vocabulary of :mod:`~torchscalpel.runtime.memory_categories`: parameters,
+gradients, optimizer state, ...) can be given after the fact, because the allocation log keeps one record
+per storage lifetime; :meth:`SimulationTracker.timeline` then gives the live bytes of each category at
+every event (as the storages are filed at the end), which the strategy model re-weights (sharding,
+buckets) to get per-rank peaks.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,8 +21,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-CATEGORIES = ("param", "buffer", "grad", "optim", "input", "act")
-"""Labels of live memory; ``act`` is everything else: activations, outputs and temporaries."""
+from torchscalpel.runtime.memory_categories import ALL_CATEGORIES, Category
+from torchscalpel.runtime.storage_ledger import StorageLedger
+
+CATEGORIES = ALL_CATEGORIES
+"""The categories a plan keeps apart: all of them (buffers and inputs too, which no strategy shards)."""
 
 
 PROBED_OPS = frozenset({"aten.mkldnn_rnn_layer.default"})
@@ -72,12 +77,14 @@ def _probed_sizes(func, args, kwargs, outputs) -> list[int] | None:
 
 @dataclass(slots=True)
 class StorageRecord:
-    """One storage's lifetime, in event numbers (``end`` is None while it is alive)."""
+    """One storage's lifetime, in event numbers (``end`` is None while it is alive), and its category now."""
 
     nbytes: int
     start: int
+    index: int
+    """Its place in :attr:`SimulationTracker.records`."""
     end: int | None = None
-    label: str = "act"
+    category: Category = "temporaries"
 
 
 @dataclass(slots=True)
@@ -101,13 +108,13 @@ class Timeline:
         return np.isin(self.phase, ids)
 
 
-class AllocationTracker(TorchDispatchMode):
+class SimulationTracker(StorageLedger[StorageRecord], TorchDispatchMode):
     """Counts storage allocations and frees of every op run under it (use inside ``FakeTensorMode``)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(CATEGORIES)
         self.records: list[StorageRecord] = []
-        self._live: dict[int, int] = {}
+        """Every storage lifetime so far, in the order they began."""
         self._events: list[tuple[int, int]] = []  # (record index, +1 alloc / -1 free)
         self._phase_of_event: list[int] = []
         self.phase_names: list[str] = ["setup"]
@@ -127,37 +134,40 @@ class AllocationTracker(TorchDispatchMode):
         """Note a module-level moment (``kind`` of ``unit``) at the current position of the event log."""
         self.marks.append((len(self._events), self._phase, kind, unit, nbytes))
 
-    def track(self, tensor: torch.Tensor, label: str | None = None) -> int | None:
-        """Count ``tensor``'s storage if it is new; relabel it if ``label`` is given. Returns the record index."""
+    def track(
+        self, tensor: torch.Tensor, category: Category | None = None, *, only_from: Category | None = None
+    ) -> int | None:
+        """Count ``tensor``'s storage if it is new; file it under ``category`` if given (when ``only_from`` is
+        given, only a storage filed under that one). Returns the record index."""
         try:
             storage = tensor.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse / nested / subclass without storage
             return None
         key = storage._cdata
-        index = self._live.get(key)
-        if index is None:
-            index = len(self.records)
-            self.records.append(
-                StorageRecord(nbytes=int(storage.nbytes()), start=len(self._events), label=label or "act")
+        record = self.live.get(key)
+        if record is None:
+            record = StorageRecord(
+                nbytes=int(storage.nbytes()), start=len(self._events), index=len(self.records)
             )
-            self._live[key] = index
-            self._log(index, +1)
-            weakref.finalize(storage, self._free, key, index)
-        elif label is not None:
-            self.records[index].label = label
-        return index
+            if category is not None and only_from in (None, record.category):
+                record.category = category
+            self.records.append(record)
+            self._add(key, storage, record)
+        elif category is not None and only_from in (None, record.category):
+            self.move(record, category)
+        return record.index
 
-    def label(self, tensor: torch.Tensor, label: str) -> None:
-        """Give ``tensor``'s storage the label ``label`` (counting it if it is new)."""
-        self.track(tensor, label)
+    def label(self, tensor: torch.Tensor, category: Category) -> None:
+        """File ``tensor``'s storage under ``category`` (counting it if it is new)."""
+        self.track(tensor, category)
 
-    def _free(self, key: int, index: int) -> None:
-        if self._live.get(key) == index:
-            del self._live[key]
-        record = self.records[index]
-        if record.end is None:
-            record.end = len(self._events)
-            self._log(index, -1)
+    def _added(self, record: StorageRecord) -> None:
+        self._log(record.index, +1)
+
+    def _release(self, record: StorageRecord) -> None:
+        super()._release(record)
+        record.end = len(self._events)
+        self._log(record.index, -1)
 
     def _log(self, index: int, sign: int) -> None:
         self._events.append((index, sign))
@@ -182,28 +192,20 @@ class AllocationTracker(TorchDispatchMode):
                 and index >= first_new
                 and sizes[k] > self.records[index].nbytes
             ):
-                self.records[index].nbytes = sizes[k]
+                self.resize(self.records[index], sizes[k])
         return out
 
     # -- results --------------------------------------------------------------------------------
     def timeline(self) -> Timeline:
-        """Live bytes per category after each event so far (labels as they stand now)."""
+        """Live bytes per category after each event so far (each storage filed as it stands now)."""
         n = len(self._events)
         deltas = {c: np.zeros(n, dtype=np.int64) for c in CATEGORIES}
         for i, (index, sign) in enumerate(self._events):
             record = self.records[index]
-            deltas[record.label if record.label in deltas else "act"][i] = sign * record.nbytes
+            deltas[record.category][i] = sign * record.nbytes
         return Timeline(
             bytes={c: np.cumsum(d) for c, d in deltas.items()},
             phase=np.asarray(self._phase_of_event, dtype=np.int64),
             phase_names=list(self.phase_names),
             marks=list(self.marks),
-        )
-
-    def live_bytes(self, label: str | None = None) -> int:
-        """Bytes alive now (of one label, or all)."""
-        return sum(
-            self.records[i].nbytes
-            for i in self._live.values()
-            if label is None or self.records[i].label == label
         )

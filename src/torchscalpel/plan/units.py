@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from torchscalpel.plan.model_io import unique_params
-from torchscalpel.plan.tracker import AllocationTracker
+from torchscalpel.plan.tracker import SimulationTracker
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -49,7 +49,7 @@ ROOT_UNIT = ""
 
 @contextlib.contextmanager
 def unit_marks(
-    model: nn.Module, blocks: list[tuple[str, nn.Module]], tracker: AllocationTracker
+    model: nn.Module, blocks: list[tuple[str, nn.Module]], tracker: SimulationTracker
 ) -> Iterator[None]:
     """Mark the moments FSDP2 acts on each unit (every block, and the root for the rest) in the timeline.
 

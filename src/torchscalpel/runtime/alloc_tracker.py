@@ -3,8 +3,11 @@
 CPU has no allocator statistics API (TORCH-FACTS.md), so the tracker sees memory the way PyTorch's own
 ``MemTracker`` does: a :class:`~torch.utils._python_dispatch.TorchDispatchMode` registers the storage of
 every tensor an op returns (its bytes, the user's ``file:line`` that called the op, the module whose
-forward was running, the step) and a weak reference whose callback subtracts it when the storage dies.
-Categories start as ``temporaries`` and are refined as ownership becomes known:
+forward was running, the step) in the project's one storage ledger
+(:class:`~torchscalpel.runtime.storage_ledger.StorageLedger`, which the plan's fake-tensor tracker shares),
+whose weak reference subtracts it when the storage dies.
+Categories (:mod:`~torchscalpel.runtime.memory_categories`) start as ``temporaries`` and are refined as
+ownership becomes known:
 
 - ``activations``: a storage autograd saved for backward (``saved_tensors_hooks`` pack hook), owned by
   the module whose forward saved it;
@@ -34,9 +37,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchscalpel.runtime.alias_ops import OPS, op_entry
 from torchscalpel.runtime.dynamo_skip import CODE_SKIP_AVAILABLE, force_eager, skip_dynamo_recursively
-from torchscalpel.runtime.memory_categories import CATEGORIES
+from torchscalpel.runtime.memory_categories import CATEGORIES, Category
 from torchscalpel.runtime.memory_limit import MemoryLimitExceeded, requested_bytes
 from torchscalpel.runtime.module_names import split_display_name, user_modules
+from torchscalpel.runtime.storage_ledger import StorageLedger
 from torchscalpel.runtime.userframes import call_site
 
 PEAK_RESOLUTION = 0.005
@@ -54,7 +58,7 @@ class Alloc:
     """One live storage."""
 
     nbytes: int
-    category: str
+    category: Category
     site: str
     module: str
     step: int
@@ -62,19 +66,15 @@ class Alloc:
     is_loss: bool = False
 
 
-class AllocationTracker(TorchDispatchMode):
+class AllocationTracker(StorageLedger[Alloc], TorchDispatchMode):
     """Live bytes by category, module and site, the peak breakdown, and an optional hard limit."""
 
     def __init__(self, *, limit: int | None = None, device_kind: str = "cpu") -> None:
-        super().__init__()
+        super().__init__(CATEGORIES)
         self.limit = limit
         self.device_kind = device_kind
-        self.live: dict[int, Alloc] = {}
-        self._refs: dict[int, Any] = {}
-        self.total = 0
         self.peak = 0
         self.step_peak = 0
-        self.by_category: dict[str, int] = dict.fromkeys(CATEGORIES, 0)
         self.by_module: dict[str, int] = {}
         """Live activation bytes per module (the saving module's qualified name)."""
         self.by_site: dict[str, int] = {}
@@ -103,8 +103,6 @@ class AllocationTracker(TorchDispatchMode):
         self.oom: dict[str, Any] | None = None
         """What was live when the limit was crossed (or a device out-of-memory was raised)."""
         self._cuda = device_kind == "cuda"
-        self._dead = self._storage_died
-        """One bound method for every storage's weak-reference callback (not a closure per allocation)."""
         self._saved_hooks: Any = None
         self._stance: Any = None
         """dynamo's ``force_eager`` stance while tracking (see runtime.dynamo_skip.force_eager)."""
@@ -205,16 +203,9 @@ class AllocationTracker(TorchDispatchMode):
             self._record_oom(name, nbytes, device_error=None)
             raise MemoryLimitExceeded(self.oom_sentence())
 
-    def _add(self, key: int, st: Any, alloc: Alloc) -> None:
-        self.live[key] = alloc
-        ref = _StorageRef(st, self._dead)
-        ref.key = key
-        self._refs[key] = ref
+    def _added(self, alloc: Alloc) -> None:
         self.allocations += 1
-        n = alloc.nbytes
-        self.total += n
-        self.by_category[alloc.category] += n
-        self.by_site[alloc.site] = self.by_site.get(alloc.site, 0) + n
+        self.by_site[alloc.site] = self.by_site.get(alloc.site, 0) + alloc.nbytes
         if self.total > self.step_peak:
             self.step_peak = self.total
         if self.total > self.peak:
@@ -223,21 +214,13 @@ class AllocationTracker(TorchDispatchMode):
                 self._pending = alloc
                 self._pending_at = (self.step, self.phase, self.accumulating)
 
-    def _storage_died(self, ref: _StorageRef) -> None:
-        self._free(ref.key)
-
-    def _free(self, key: int) -> None:
-        alloc = self.live.pop(key, None)
-        self._refs.pop(key, None)
-        if alloc is None:
-            return
+    def _release(self, alloc: Alloc) -> None:
         if self._pending is not None:
             # Only allocations happened since the last new high, so the live picture before this free is the
             # one at the peak: one copy per local maximum instead of one per allocation while memory climbs.
             self._copy_peak(self._pending)
+        super()._release(alloc)
         n = alloc.nbytes
-        self.total -= n
-        self.by_category[alloc.category] -= n
         left = self.by_site.get(alloc.site, 0) - n
         if left > 0:
             self.by_site[alloc.site] = left
@@ -292,7 +275,12 @@ class AllocationTracker(TorchDispatchMode):
 
     # ----- ownership ----------------------------------------------------------------------
     def recategorize(
-        self, t: torch.Tensor, category: str, *, only_from: str | None = None, module: str | None = None
+        self,
+        t: torch.Tensor,
+        category: Category,
+        *,
+        only_from: Category | None = None,
+        module: str | None = None,
     ) -> None:
         """Give ``t``'s storage ``category`` (start tracking it when it predates the tracker)."""
         if (type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter)) or t.is_meta:
@@ -316,14 +304,12 @@ class AllocationTracker(TorchDispatchMode):
             return
         if alloc.category == "activations":
             self._module_sub(alloc.module, alloc.nbytes)
-        self.by_category[alloc.category] -= alloc.nbytes
-        self.by_category[category] += alloc.nbytes
-        alloc.category = category
+        self.move(alloc, category)
         if category == "activations":
             alloc.module = module if module is not None else alloc.module
             self.by_module[alloc.module] = self.by_module.get(alloc.module, 0) + alloc.nbytes
 
-    def adopt(self, tensors: Any, category: str) -> None:
+    def adopt(self, tensors: Any, category: Category) -> None:
         """Mark every tensor in ``tensors`` (an iterable) as ``category``."""
         with torch.utils._python_dispatch._disable_current_modes():
             for t in tensors:
@@ -455,13 +441,6 @@ class AllocationTracker(TorchDispatchMode):
             f"memory limit {fmt_bytes(self.limit)} exceeded: {o.get('op')} at {o.get('site')} asked for "
             f"{fmt_bytes(o.get('request_bytes'))} with {fmt_bytes(o.get('total'))} live{where}"
         )
-
-
-class _StorageRef(weakref.ref):
-    """A weak reference to a storage that carries its key (the callback needs no closure)."""
-
-    __slots__ = ("key",)
-    key: int
 
 
 _NO_DISPATCH = torch._C._DisableTorchDispatch

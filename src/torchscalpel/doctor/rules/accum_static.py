@@ -14,11 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from torchscalpel.doctor.rule import RuleInfo
-from torchscalpel.doctor.static import StaticContext, StaticRule
+from torchscalpel.doctor.static import StaticContext, StaticRule, local_nodes, own_nodes
 from torchscalpel.findings import Finding, Severity
 
 _LOOPS = (ast.For, ast.While, ast.AsyncFor)
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
 @dataclass(slots=True)
@@ -32,15 +31,6 @@ class Accumulation:
     """The expression of the number of micro-batches (the modulus, or ``range``'s argument)."""
     body: list[ast.stmt]
     """The statements the loss is computed in (where its divisions are looked for)."""
-
-
-def _walk_local(node: ast.AST) -> Iterator[ast.AST]:
-    """``ast.walk`` that does not enter nested functions, lambdas or classes."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(c for c in ast.iter_child_nodes(n) if not isinstance(c, _SCOPES))
 
 
 def _is_step(ctx: StaticContext, call: ast.Call) -> bool:
@@ -59,7 +49,7 @@ def _is_backward(call: ast.Call) -> bool:
 
 
 def _calls(node: ast.AST) -> Iterator[ast.Call]:
-    for n in _walk_local(node):
+    for n in local_nodes(node):
         if isinstance(n, ast.Call):
             yield n
 
@@ -83,7 +73,7 @@ def _counter_limit(test: ast.AST, body: ast.AST) -> ast.AST | None:
         and isinstance(n.op, ast.Add)
         and isinstance(n.target, ast.Name)
         and n.target.id == name
-        for n in _walk_local(body)
+        for n in local_nodes(body)
     )
     return test.comparators[0] if counted else None
 
@@ -108,10 +98,10 @@ def accumulation_loops(ctx: StaticContext) -> Iterator[Accumulation]:
         if not isinstance(loop, _LOOPS):
             continue
         body = ast.Module(body=list(loop.body), type_ignores=[])
-        inner_loops = [n for n in _walk_local(body) if isinstance(n, _LOOPS)]
+        inner_loops = [n for n in local_nodes(body) if isinstance(n, _LOOPS)]
         in_inner = {id(c) for il in inner_loops for c in _calls(il)}
         guarded: dict[int, ast.AST] = {}  # id(step call) -> modulus
-        for node in _walk_local(body):
+        for node in local_nodes(body):
             if (
                 isinstance(node, ast.If)
                 and (k := _modulus(node.test) or _counter_limit(node.test, body)) is not None
@@ -125,7 +115,7 @@ def accumulation_loops(ctx: StaticContext) -> Iterator[Accumulation]:
         if steps and guarded and all(id(s) in guarded for s in steps):
             ifs = [
                 n
-                for n in _walk_local(body)
+                for n in local_nodes(body)
                 if isinstance(n, ast.If) and any(id(c) in guarded for c in _calls(n))
             ]
             unguarded = [b for b in backwards if not _under(body, b, ifs)]
@@ -185,7 +175,7 @@ def _divisions(
         fn = next((n for n in ast.walk(ctx.tree) if isinstance(n, ast.FunctionDef) and n.name == name), None)
         if fn is not None:
             out: list[str] = []
-            for ret in (n for n in _walk_local(fn) if isinstance(n, ast.Return) and n.value is not None):
+            for ret in (n for n in own_nodes(fn) if isinstance(n, ast.Return) and n.value is not None):
                 out += _divisions(ctx, ret.value, fn.body, ret.lineno, depth + 1)  # type: ignore[arg-type]
             return out
         return []
@@ -217,7 +207,7 @@ def _divisions(
 
 def _grads_scaled(loop: ast.AST) -> bool:
     """The gradients are divided after backward instead (``p.grad /= k``, ``p.grad.div_(k)``)."""
-    for n in _walk_local(loop):
+    for n in local_nodes(loop):
         if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Div) and "grad" in ast.unparse(n.target):
             return True
         if (

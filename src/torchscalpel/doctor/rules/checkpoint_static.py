@@ -303,7 +303,8 @@ def _save_helpers(ctx: StaticContext) -> dict[str, tuple[int, str]]:
         if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
         params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
-        for call in ctx.calls(fn):
+        # its own calls only: a torch.save in a def nested here saves that def's own parameter of the same name
+        for call in ctx.own_calls(fn):
             if ctx.call_name(call) != "torch.save":
                 continue
             obj = (

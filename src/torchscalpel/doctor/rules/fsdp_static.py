@@ -11,29 +11,11 @@ import ast
 from collections.abc import Iterator
 
 from torchscalpel.doctor.rule import RuleInfo
-from torchscalpel.doctor.static import StaticContext, StaticRule
+from torchscalpel.doctor.static import StaticContext, StaticRule, own_nodes
 from torchscalpel.findings import Finding, Severity
 
 _FSDP1 = "FullyShardedDataParallel"
 _FSDP2 = "fully_shard"
-_SCOPES = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef)
-_NESTED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-
-
-def _own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
-    """The nodes of ``scope``'s own body, in source order, without those of nested functions and classes."""
-    stack = list(reversed(getattr(scope, "body", [])))
-    while stack:
-        node = stack.pop()
-        yield node
-        if isinstance(node, _NESTED):
-            continue  # its body is a scope of its own (its decorators and defaults are evaluated here: rare)
-        stack.extend(reversed(list(ast.iter_child_nodes(node))))
-
-
-def _own_calls(scope: ast.AST) -> list[ast.Call]:
-    calls = [n for n in _own_nodes(scope) if isinstance(n, ast.Call)]
-    return sorted(calls, key=lambda c: (c.lineno, c.col_offset))
 
 
 def _wrap_kind(ctx: StaticContext, call: ast.Call) -> str | None:
@@ -61,11 +43,9 @@ def _keyword(call: ast.Call, name: str) -> ast.AST | None:
 
 def optimizer_before_fsdp(ctx: StaticContext) -> Iterator[Finding]:
     """An optimizer built from a model's parameters earlier in the same function than that model's FSDP wrap."""
-    for scope in ast.walk(ctx.tree):
-        if not isinstance(scope, _SCOPES):
-            continue
+    for scope in ctx.scopes():
         optimizers: list[tuple[ast.Call, set[str]]] = []
-        for call in _own_calls(scope):
+        for call in ctx.own_calls(scope):
             if _is_optimizer(ctx, call):
                 used = {n.id for a in call.args[:1] for n in ast.walk(a) if isinstance(n, ast.Name)}
                 optimizers.append((call, used))
@@ -272,11 +252,9 @@ def fsdp_low_precision_master(ctx: StaticContext) -> Iterator[Finding]:
     MixedPrecision's ``param_dtype`` is the dtype FSDP computes in; the sharded parameters the optimizer updates
     keep the model's own dtype. Casting the model first leaves no fp32 copy: updates smaller than the weight's
     last bf16 bit round away."""
-    for scope in ast.walk(ctx.tree):
-        if not isinstance(scope, _SCOPES):
-            continue
+    for scope in ctx.scopes():
         casts: dict[str, tuple[ast.AST, str]] = {}
-        for node in _own_nodes(scope):
+        for node in own_nodes(scope):
             for name, dtype in _casts(ctx, node):
                 casts.setdefault(name, (node, dtype))
             if not isinstance(node, ast.Call):

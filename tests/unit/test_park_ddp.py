@@ -23,7 +23,6 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.dist
 def test_a_ddp_scripts_globals_are_parked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for key, value in {
         "RANK": "0",

@@ -10,8 +10,6 @@ from torchscalpel import distributed as sd
 from torchscalpel.distributed.wrapping import choose_strategy, sync_batchnorm_decision, unused_parameters
 from torchscalpel.errors import UsageError
 
-pytestmark = pytest.mark.dist  # these tests start a one-rank process group
-
 
 class Block(nn.Module):
     def __init__(self) -> None:

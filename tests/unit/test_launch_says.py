@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from torch import nn
 
 from torchscalpel import distributed as sd
@@ -18,7 +17,6 @@ def _checkpoint(root, step):
     ckpt.close()
 
 
-@pytest.mark.dist
 def test_resume_is_announced_and_fresh_moves_the_folder_aside(single_rank, tmp_path):
     _checkpoint(tmp_path / "ckpt", 10)
     (tmp_path / "data").mkdir()

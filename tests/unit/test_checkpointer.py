@@ -13,8 +13,6 @@ from torch import nn
 from torchscalpel import distributed as sd
 from torchscalpel.distributed import manifest
 
-pytestmark = pytest.mark.dist  # these tests start a one-rank process group
-
 
 class Noisy(torch.utils.data.Dataset):
     def __len__(self):

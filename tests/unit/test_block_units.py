@@ -11,8 +11,6 @@ from torchscalpel import distributed as sd
 from torchscalpel.plan.simulate import OptimizerSpec, SimSettings, build_meta_model, simulate
 from torchscalpel.plan.spec import parse_batch_spec
 
-pytestmark = pytest.mark.dist  # one-rank process group
-
 
 def _seq_of_blocks() -> nn.Module:
     from block_models import MinBlock
