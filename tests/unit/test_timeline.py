@@ -274,3 +274,17 @@ def test_after_a_caught_error_inside_backward_the_next_forward_is_a_forward():
     tl.end("forward")
     tl.boundary("forward")
     assert tl.steps[-1].forward_ms == pytest.approx(3) and tl.steps[-1].backward_ms == pytest.approx(5)
+
+
+def test_a_second_optimizer_delimits_steps_only_once_adopted():
+    """A k-fold script builds a new optimizer per fold: the session adopts it once the first one is freed;
+    until then its steps stay inside the open step (a GAN's second optimizer)."""
+    clock = FakeClock()
+    tl = Timeline(clock)
+    _train_step(tl, clock, opt_id=1)
+    _train_step(tl, clock, opt_id=2)
+    assert len(tl.steps) == 1 and tl.primary_optimizer == 1
+    tl.adopt_primary(2)
+    _train_step(tl, clock, opt_id=2)
+    _train_step(tl, clock, opt_id=2)
+    assert len(tl.steps) == 3 and tl.primary_optimizer == 2

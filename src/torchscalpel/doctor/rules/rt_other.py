@@ -64,6 +64,20 @@ def _observing(frame: Any) -> bool:
     return False
 
 
+def _read(target: int) -> tuple[str, int] | None:
+    """The innermost user line of thread ``target`` (``("", 0)``: none), None while the runtime's observers run
+    or the thread is gone. No frame outlives this call: a frame kept by the sampler would keep its locals, and
+    so the script's autograd graphs, alive past their step (what ``loss-graph-retained`` watches)."""
+    frame = sys._current_frames().get(target)
+    try:
+        if frame is None or _observing(frame):
+            return None
+        found = user_frame(frame, max_depth=80)
+        return ("", 0) if found is None else (found.f_code.co_filename, found.f_lineno)
+    finally:
+        del frame
+
+
 class OtherPhaseHeavy(RuntimeRule):
     """Samples the script thread outside the phases of the measured steps; reports the heaviest user lines
     when "other" is at least half of the step time."""
@@ -101,16 +115,15 @@ class OtherPhaseHeavy(RuntimeRule):
                 or getattr(session, "tail_started", None) is not None
             ):
                 continue
-            frame = sys._current_frames().get(target)
-            if frame is None or _observing(frame):
+            seen = _read(target)
+            if seen is None:
                 continue
             if timeline.in_phase is not None:
                 self.in_phases += 1
                 continue
-            found = user_frame(frame, max_depth=80)
             self.samples += 1
-            if found is not None:
-                self.lines[(found.f_code.co_filename, found.f_lineno)] += 1
+            if seen != ("", 0):
+                self.lines[seen] += 1
 
     def on_step_end(self, step: Any) -> None:
         if not getattr(step, "warmup", False):
