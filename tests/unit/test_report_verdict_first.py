@@ -171,3 +171,20 @@ def test_a_verdict_shows_commands_as_code_not_as_literal_backticks() -> None:
     page = _page(_profiled())
     verdict = page.split('<section id="profile-verdict">', 1)[1].split("</section>", 1)[0]
     assert "`" not in verdict and "<code>scalpel tune</code>" in verdict
+
+
+def test_the_analyze_summary_fits_80_columns_and_keeps_lines_whole_on_a_pipe(monkeypatch) -> None:
+    from torchscalpel.report.analyze_terminal import format_summary
+
+    data = _analysis()
+    for s in data["ranks"][0]["steps"]:
+        s["cpu_categories"] = {"elementwise": 1200.0, "reduction": 900.0, "matmul": 800.0}
+    data["top_ops"][0]["name"] = "autograd::engine::evaluate_function: AddmmBackward0" * 2
+    data["categories"] = {f"category{i}": 100.0 * i for i in range(1, 9)}
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = format_summary(data).splitlines()
+    assert max(len(line) for line in narrow) <= 80, narrow
+    assert any(line.startswith("verdict: ") for line in narrow)
+    monkeypatch.delenv("COLUMNS")
+    piped = format_summary(data).splitlines()  # no COLUMNS on a pipe: each line whole, as a log keeps it
+    assert any(len(line) > 80 for line in piped) and len(piped) < len(narrow)

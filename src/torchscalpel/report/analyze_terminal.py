@@ -16,6 +16,8 @@ def _short(name: str, width: int = 60) -> str:
 def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
     """The terminal summary: per rank and step, GPU breakdown, top ops and kernels, memory, stragglers."""
     out: list[str] = []
+    width = _width()  # None on a pipe: lines whole; a terminal's width: rows cut to fit, prose wrapped
+    name_w = 60 if width is None else max(20, min(60, width - 46))  # the row before the name: 46 columns
     for r in data["ranks"]:
         state = (
             ""
@@ -44,41 +46,52 @@ def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
         elif steps:
             out.append(f"  {'step':<20}{'ms':>9}{'cpu busy':>10}  top categories (self ms)")
             for s in steps:
-                cats = ", ".join(f"{k} {_ms(v)}" for k, v in list(s["cpu_categories"].items())[:3])
-                out.append(
-                    f"  {_short(s['name'], 19):<20}{_ms(s['dur_us']):>9}{_ms(s['cpu_busy_us']):>10}  {cats}"
-                )
+                head = f"  {_short(s['name'], 19):<20}{_ms(s['dur_us']):>9}{_ms(s['cpu_busy_us']):>10}  "
+                shown = list(s["cpu_categories"].items())[:3]
+                cats = ", ".join(f"{k} {_ms(v)}" for k, v in shown)
+                while width is not None and len(shown) > 1 and len(head) + len(cats) > width:
+                    shown = shown[:-1]  # fewer categories, never one cut at the edge
+                    cats = ", ".join(f"{k} {_ms(v)}" for k, v in shown)
+                out.append(head + cats)
         else:
             out.append("  no step annotations (ProfilerStep#N): figures cover the whole trace")
         g = r.get("gpu")
         if g:
             ov = g.get("comm_comp_overlap_pct")
-            out.append(
-                f"  GPU ({g['window']}): span {_ms(g['kernel_time_us'])} ms; compute {g['compute_pct']:.1f}%, "
-                f"non-compute {g['non_compute_pct']:.1f}%, idle {g['idle_pct']:.1f}%"
-                + ("" if ov is None else f"; comm/compute overlap {ov:.1f}%")
+            out.extend(
+                _wrapped(
+                    f"  GPU ({g['window']}): span {_ms(g['kernel_time_us'])} ms; compute {g['compute_pct']:.1f}%, "
+                    f"non-compute {g['non_compute_pct']:.1f}%, idle {g['idle_pct']:.1f}%"
+                    + ("" if ov is None else f"; comm/compute overlap {ov:.1f}%")
+                )
             )
         lch = r.get("launch")
         if lch and "launch_delay_p50_us" in lch:
-            out.append(
-                f"  kernels: {lch['kernels']}, {lch['short_kernel_pct']:.1f}% < 10 µs; launch-to-start p50 "
-                f"{lch['launch_delay_p50_us']:.1f} µs, p95 {lch['launch_delay_p95_us']:.1f} µs"
+            out.extend(
+                _wrapped(
+                    f"  kernels: {lch['kernels']}, {lch['short_kernel_pct']:.1f}% < 10 µs; launch-to-start p50 "
+                    f"{lch['launch_delay_p50_us']:.1f} µs, p95 {lch['launch_delay_p95_us']:.1f} µs"
+                )
             )
     if data.get("top_ops"):
         out.append(f"\ntop CPU ops by self time{' (all ranks)' if len(data['ranks']) > 1 else ''}:")
         out.append(f"  {'self ms':>10}{'total ms':>10}{'calls':>8}  {'category':<13} name")
         for o in data["top_ops"][:top]:
             out.append(
-                f"  {_ms(o['self_us']):>10}{_ms(o['total_us']):>10}{o['count']:>8}  {o['category']:<13} {_short(o['name'])}"
+                f"  {_ms(o['self_us']):>10}{_ms(o['total_us']):>10}{o['count']:>8}  {o['category']:<13} "
+                f"{_short(o['name'], name_w)}"
             )
         categories = data.get("categories") or {}
-        out.append("  by category (self ms): " + ", ".join(f"{k} {_ms(v)}" for k, v in categories.items()))
+        out.extend(
+            _wrapped("  by category (self ms): " + ", ".join(f"{k} {_ms(v)}" for k, v in categories.items()))
+        )
     if data.get("top_kernels"):
         out.append("\ntop GPU kernels by time:")
         out.append(f"  {'total ms':>10}{'count':>8}{'mean µs':>10}  {'category':<13} name")
         for k in data["top_kernels"][:top]:
             out.append(
-                f"  {_ms(k['total_us']):>10}{k['count']:>8}{k['mean_us']:>10.1f}  {k['category']:<13} {_short(k['name'])}"
+                f"  {_ms(k['total_us']):>10}{k['count']:>8}{k['mean_us']:>10.1f}  {k['category']:<13} "
+                f"{_short(k['name'], name_w)}"
             )
     m = data.get("memory")
     if m:
@@ -87,9 +100,12 @@ def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
             if m.get("peak_ms_from_start") is not None
             else f"trace time {m['peak_ts_us']:.0f} µs"
         )
-        out.append(
-            f"\nmemory: peak {m['peak_bytes'] / 2**20:.1f} MiB allocated ({m['device']}) {when}, "
-            f"under {m.get('peak_op') or 'no op'}"
+        out.append("")
+        out.extend(
+            _wrapped(
+                f"memory: peak {m['peak_bytes'] / 2**20:.1f} MiB allocated ({m['device']}) {when}, "
+                f"under {m.get('peak_op') or 'no op'}"
+            )
         )
     s = data.get("stragglers")
     if s:
@@ -114,15 +130,25 @@ def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
     return "\n".join(out)
 
 
-def _wrapped(line: str) -> list[str]:
-    """``line`` cut to the console's width between words (never inside a figure and its unit), continuation
-    lines indented by 2; whole where the console soft-wraps (a pipe without ``COLUMNS``)."""
-    from torchscalpel.console import make_console, wrap_spans
+def _width() -> int | None:
+    """The console's width, None where it soft-wraps (a pipe without ``COLUMNS``: lines kept whole)."""
+    from torchscalpel.console import make_console
 
     out = make_console()
-    if out.soft_wrap:
+    return None if out.soft_wrap else out.width
+
+
+def _wrapped(line: str) -> list[str]:
+    """``line`` cut to the console's width between words (never inside a figure and its unit), continuation
+    lines indented by 2 more; whole where the console soft-wraps (a pipe without ``COLUMNS``)."""
+    from torchscalpel.console import wrap_spans
+
+    width = _width()
+    if width is None:
         return [line]
-    return [" " * indent + line[start:end] for start, end, indent in wrap_spans(line, out.width, hang=2)]
+    return [
+        " " * indent + line[start:end].lstrip(" ") for start, end, indent in wrap_spans(line, width, hang=2)
+    ]
 
 
 def format_diff(diff: dict[str, Any], *, top: int = 15) -> str:
