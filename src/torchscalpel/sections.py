@@ -552,7 +552,8 @@ class TuneSection(StageSection):
         "baseline": obj(_TRIAL),
         "trials": rows(_TRIAL),
         "winner": obj(_TRIAL),
-        "facts": obj({"repeated": rows({"cls": TEXT})}),
+        # cpu_isa decides the CPU max-autotune candidate (tune/knobs/compile.py): text, never code
+        "facts": obj({"repeated": rows({"cls": TEXT}), "cpu_isa": TEXT}),
     }
 
     baseline: dict[str, Any] | None = None

@@ -19,13 +19,18 @@ from torchscalpel.tune.payback import payback_of, run_steps
 from torchscalpel.tune.runner import run_trial
 from torchscalpel.tune.settings import CompileSpec, TuneSettings
 
-SCRIPT = REPO / "tests" / "fixtures" / "tune" / "llama_cache.py"
+FIXTURES = REPO / "tests" / "fixtures" / "tune"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # two trials; the compile is 15-25 s warm-less on 2 busy cores
-def test_compile_of_a_transformers_model_in_training_is_measured_at_steady_state(tmp_path: Path) -> None:
-    target = Target(script=SCRIPT, args=["--steps", "14"])
+# a decoder trained as a causal LM, and an encoder fine-tuned for classification through a DataLoader with
+# padded batches, dropout 0.1 and a warm-up schedule (the benchmark's second held-out library-model loop)
+@pytest.mark.parametrize("script", ["llama_cache.py", "bert_classify.py"])
+def test_compile_of_a_transformers_model_in_training_is_measured_at_steady_state(
+    tmp_path: Path, script: str
+) -> None:
+    target = Target(script=FIXTURES / script, args=["--steps", "14"])
     kw = {"warmup": 3, "steps": 8, "seed": 0, "timeout_s": 600}  # the run's shared inductor cache
     base = run_trial(target, TuneSettings(), tmp_path / "base", facts=True, **kw)
     assert base.status == "ok", base.cause

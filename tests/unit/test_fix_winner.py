@@ -269,3 +269,61 @@ def test_fp32_attention_refuses_a_call_it_cannot_read() -> None:
         out.reason
         == "the attention call passes *args or **kwargs, so its query, key and value cannot be read"
     )
+
+
+MODE_SOURCE = (
+    "import torch\n"
+    "from transformers import LlamaConfig, LlamaForCausalLM\n"
+    "\n"
+    "\n"
+    "def main():\n"
+    "    config = LlamaConfig(hidden_size=64)\n"
+    "    net = LlamaForCausalLM(config)\n"
+    "    net.train()\n"
+)
+
+
+def _compile_record(spec: dict[str, object]) -> object:
+    settings = TuneSettings.from_dict({"compile": spec})
+    record = new_run_record("tune", status="complete")
+    record.provenance = {"code": {"script": {"path": "train.py", "sha256": "0" * 64}}}
+    winner = _trial(settings, "winner", 100.0, 80.0)
+    record.sections["tune"] = {
+        "settings": settings.to_dict(),
+        "winner": winner,
+        "trials": [winner],
+        "code_lines": code_lines(settings),
+    }
+    record.sections["sites"] = {**SITES, "model": _site(7, "LlamaForCausalLM")}
+    return record
+
+
+@pytest.mark.parametrize(
+    ("spec", "inserted"),
+    [
+        (
+            {"target": "model", "mode": "max-autotune-no-cudagraphs"},
+            '    net = LlamaForCausalLM(config)\n    net.compile(mode="max-autotune-no-cudagraphs")\n    net.train()\n',
+        ),
+        (
+            {"target": "LlamaDecoderLayer", "mode": "reduce-overhead", "use_cache": False},
+            "    net = LlamaForCausalLM(config)\n"
+            "    for _module in net.modules():  # compile each LlamaDecoderLayer block\n"
+            '        if type(_module).__name__ == "LlamaDecoderLayer":\n'
+            '            _module.compile(mode="reduce-overhead")\n'
+            "    net.config.use_cache = False  # no key/value cache in training (what tune measured)\n"
+            "    net.train()\n",
+        ),
+    ],
+)
+def test_a_compile_mode_the_profile_chose_is_patched_with_its_mode_once(
+    spec: dict[str, object], inserted: str
+) -> None:
+    (planned,) = tune_plan(_compile_record(spec))
+    assert planned.edit is not None and planned.edit.kind == "after_statement"
+    assert f'mode="{spec["mode"]}"' in planned.snippet
+    patched, outcome = apply_edit(MODE_SOURCE, planned.edit)
+    assert outcome.status == "applied", outcome.reason
+    assert inserted in patched
+    ast.parse(patched)
+    assert apply_edit(patched, planned.edit)[1].status == "already"  # a second fix adds nothing

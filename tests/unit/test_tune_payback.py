@@ -133,6 +133,23 @@ def test_a_cold_first_compile_is_said_beside_the_warm_one_the_pairs_measured():
     assert same is not None and same.first_s is None and "cold" not in same.sentence()
 
 
+def test_each_compile_mode_has_its_own_payback_line_with_its_own_compile_time():
+    # max-autotune's longer compile (every GEMM choice compiled and timed) is what its line counts
+    autotune = compile_trial(
+        label="compile(model, max-autotune-no-cudagraphs)",
+        settings={"compile": {"target": "model", "mode": "max-autotune-no-cudagraphs"}},
+        confirm_pairs=[[180.0, 95.0]],
+        startup_ms=122_000.0,
+    )
+    run = run_steps(["--steps", "2000"], None)
+    default, tuned = payback_of(compile_trial(), {}, run), payback_of(autotune, {}, run)
+    assert default is not None and tuned is not None
+    assert tuned.one_time_s == pytest.approx(120.0) and default.one_time_s == pytest.approx(41.0)
+    assert tuned.steps == 1412  # ceil(120000 ms / 85 ms per step)
+    assert tuned.sentence().startswith("compile(model, max-autotune-no-cudagraphs): 1.89x per step, 120.0 s")
+    assert tuned.end_to_end() < default.end_to_end()  # faster per step, slower over this run
+
+
 def test_a_candidate_without_a_start_up_cost_has_no_payback_line():
     trial = {**compile_trial(), "settings": {"amp": "bf16"}, "label": "amp=bf16"}
     assert payback_of(trial, {}, None) is None

@@ -85,6 +85,7 @@ def test_profile_measures_from_a_trace_summary():
     m = profile_measures(rank)
     assert m["host_gap"] == pytest.approx(0.4)
     assert m["compute_ops"] == pytest.approx(0.6)  # autograd bookkeeping is not op time
+    assert m["gemm_ops"] == pytest.approx(0.6)  # matmuls alone (no conv, no attention here)
     assert "gpu_idle" not in m
 
 
@@ -259,3 +260,91 @@ def test_facts_compare_input_shapes_per_model_not_with_the_loss_module():
     assert obs._shapes_vary is False
     obs.on_forward_pre(model, (torch.randn(5, 4),), {}, True)
     assert obs._shapes_vary is True
+
+
+def _modes(planned) -> list[str]:
+    return [c.settings.label() for c in planned if c.settings.compile]
+
+
+def _gemm_bound(gemm: float, conv: float = 0.0) -> Bottleneck:
+    """A CPU baseline whose profile (a synthetic trace summary) holds ``gemm`` matmul and ``conv`` conv
+    shares of op time, the rest elementwise."""
+    rank = {
+        "steps": [
+            {
+                "dur_us": 1000.0,
+                "cpu_busy_us": 900.0,
+                "cpu_categories": {
+                    "matmul": 1000.0 * gemm,
+                    "conv": 1000.0 * conv,
+                    "elementwise": 1000.0 * (1 - gemm - conv),
+                },
+            }
+        ]
+    }
+    return classify(device="cpu", shares={"data": 0.0, "optimizer": 0.05}, measures=profile_measures(rank))
+
+
+def test_a_gemm_bound_cpu_step_with_amx_tries_max_autotune_after_the_default_mode():
+    b = _gemm_bound(0.6)
+    assert b.kind == "compute"
+    planned, _ = plan(facts_for(b, cpu_isa="amx"))
+    labels = _modes(planned)
+    assert labels == ["compile(Block)", "compile(model)", "compile(Block, max-autotune-no-cudagraphs)"]
+    autotune = next(c for c in planned if c.settings.compile and c.settings.compile.mode != "default")
+    assert autotune.indicated and autotune.short == "compute-bound: autotuned GEMMs"
+    assert "C++ GEMM templates (AMX micro-kernels) against oneDNN" in autotune.reason
+    assert "matmuls 60% of op time" in autotune.reason and "pays-back" in autotune.reason
+    assert planned[0].knob.name == "amp"  # bf16 first: the mode is a compile candidate, not a new family
+
+
+@pytest.mark.parametrize(
+    ("gemm", "conv", "isa", "why"),
+    [
+        (0.6, 0.0, "avx2", "no AVX-512 or AMX micro-kernels"),
+        (0.6, 0.0, "", "ISA not known"),
+        (0.2, 0.5, "amx", "compute-bound by convolutions, not GEMMs"),
+    ],
+)
+def test_no_cpu_max_autotune_without_gemms_or_the_isa(gemm: float, conv: float, isa: str, why: str):
+    b = _gemm_bound(gemm, conv)
+    assert b.kind == "compute", why
+    planned, _ = plan(facts_for(b, cpu_isa=isa))
+    assert all("max-autotune" not in label for label in _modes(planned)), why
+
+
+def test_a_launch_bound_cpu_step_gets_no_cuda_graphs_and_no_autotune_even_with_amx():
+    b = classify(device="cpu", shares={}, measures={"host_gap": 0.6, "compute_ops": 0.2, "gemm_ops": 0.2})
+    planned, _ = plan(facts_for(b, cpu_isa="amx"))
+    assert _modes(planned) == ["compile(Block)", "compile(model)"]
+
+
+def test_cuda_compute_bound_autotunes_after_the_default_and_launch_bound_graphs_before():
+    compute = classify(device="cuda", shares={}, measures={"gpu_idle": 0.05})
+    labels = _modes(plan(facts_for(compute, device="cuda"))[0])
+    assert labels == ["compile(Block)", "compile(model)", "compile(Block, max-autotune)"]
+    launch = classify(device="cuda", shares={}, measures={"gpu_idle": 0.6})
+    labels = _modes(plan(facts_for(launch, device="cuda"))[0])
+    assert labels[:3] == [
+        "compile(Block, reduce-overhead)",
+        "compile(model, reduce-overhead)",
+        "compile(Block)",
+    ]
+
+
+def test_gemm_isa_reads_the_flags_and_trusts_torchs_narrower_view():
+    from torchscalpel.tune.facts import gemm_isa
+
+    amx = {"avx2", "avx512f", "amx_tile", "amx_bf16"}
+    assert gemm_isa(amx) == "amx" and gemm_isa(amx, "AVX512") == "amx"
+    assert gemm_isa({"avx2", "avx512f"}) == "avx512"
+    assert gemm_isa(amx, "AVX2") == "avx2"  # a hypervisor lists AMX that torch does not use
+    assert gemm_isa({"avx2", "fma"}) == "avx2" and gemm_isa({"asimd"}) == "" and gemm_isa(set()) == ""
+
+
+def test_the_tune_section_checks_cpu_isa_as_text():
+    from torchscalpel.sections import check_section
+
+    assert check_section("tune", {"facts": {"cpu_isa": "amx"}}) is None
+    problem = check_section("tune", {"facts": {"cpu_isa": 5}})
+    assert problem and "cpu_isa" in problem

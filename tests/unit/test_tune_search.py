@@ -943,3 +943,29 @@ def test_later_pairs_are_budgeted_from_the_pair_just_run_not_the_cold_screening(
     options = TuneOptions(out_dir=tmp_path / "o", budget_s=190, steps=3, warmup=1, knobs=("amp",))
     result = search_mod.Search(Target(script=Path("t.py")), options, Recorder()).run()
     assert result.winner is not None and len(result.winner.confirm_pairs) == 3, result.notes
+
+
+def test_a_contender_screened_above_the_confirmed_winner_is_confirmed_too_and_replaces_it(run_search):
+    # compile(Block) screens 2.0x but confirms at 1.25x; bf16 + compile(Block) screened 1.82x, which "lost"
+    # the combination to the block's screening pair: it is confirmed next and wins at 1.82x
+    runner = FakeRunner(
+        {"amp=bf16": 70.0, "compile(Block)": 50.0, "amp=bf16 + compile(Block)": 55.0},
+        loss_scale={"amp=bf16": 1.01, "amp=bf16 + compile(Block)": 1.01},
+        confirm={"compile(Block)": 80.0},
+    )
+    result = run_search(runner, knobs=("amp", "compile"))
+    combined = next(t for t in result.trials if t.family == "combined")
+    assert result.winner is not None and result.winner.label == combined.label
+    assert result.confirmed_speedup == pytest.approx(100 / 55)
+    block = next(t for t in result.trials if t.label == "compile(Block)")
+    assert block.verdict == Verdict.NOT_CONFIRMED and "confirmed higher" in block.note
+    confirmed = [c for c in runner.calls if "confirm-" in c and "baseline" not in c]
+    assert sum(combined.label in c for c in confirmed) == 3
+
+
+def test_no_contender_is_confirmed_when_nothing_screened_above_the_confirmed_figure(run_search):
+    runner = FakeRunner({"amp=bf16": 70.0, "threads=2": 90.0, "amp=bf16 + threads=2": 69.0})
+    result = run_search(runner, knobs=("amp", "threads"))
+    assert result.winner is not None and result.winner.label == "amp=bf16"
+    confirmed = {c.split(":", 1)[1] for c in runner.calls if "confirm-" in c and "baseline" not in c}
+    assert confirmed == {"amp=bf16"}  # the 1.45x combination is not 3% above amp's confirmed 1.43x

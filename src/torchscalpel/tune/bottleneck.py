@@ -124,6 +124,8 @@ def profile_measures(rank: dict[str, Any]) -> dict[str, float]:
         total = sum(v for k, v in cats.items() if k != "autograd") or 0.0
         if total > 0:
             out["compute_ops"] = sum(cats.get(c, 0.0) for c in _COMPUTE_CATEGORIES) / total
+            # GEMMs alone: what inductor's C++ GEMM templates (max-autotune on a CPU) can replace
+            out["gemm_ops"] = cats.get("matmul", 0.0) / total
         if any("gpu_busy_us" in s for s in steps):
             gpu_busy = sum(s.get("gpu_busy_us", 0.0) for s in steps)
             out["gpu_idle"] = max(0.0, 1.0 - gpu_busy / dur)

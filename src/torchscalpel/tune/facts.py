@@ -81,6 +81,10 @@ class ModelFacts:
     batches_per_epoch: int | None = None
     """``len()`` of the first DataLoader (None: not sized, or no DataLoader): with the script's
     ``--epochs`` it gives the run's length for the pays-back arithmetic."""
+    cpu_isa: str = ""
+    """The widest matrix ISA of this CPU that inductor's C++ GEMM templates use (:func:`gemm_isa`): ``amx``,
+    ``avx512``, ``avx2``, or empty (not known, not x86). Decides whether ``max-autotune-no-cudagraphs`` is a
+    compile candidate on a GEMM-bound CPU step."""
     bottleneck: dict[str, Any] = field(default_factory=dict)
     """The baseline's bottleneck class (:class:`~torchscalpel.tune.bottleneck.Bottleneck` as a dict);
     set by the search from the profiled facts run, read by knobs that tailor their candidates."""
@@ -110,6 +114,33 @@ def cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+def gemm_isa(flags: set[str], capability: str | None = None) -> str:
+    """``amx`` / ``avx512`` / ``avx2`` / ``""``: the widest ISA the CPU's flags (``/proc/cpuinfo``, the same flags
+    :mod:`torchscalpel.envcheck` reports) give inductor's C++ GEMM micro-kernels.
+
+    ``capability`` is torch's own view (``torch.backends.cpu.get_cpu_capability()``): a hypervisor may list
+    AVX-512 or AMX flags that torch does not use, and then torch's narrower view wins."""
+    if {"amx_tile", "amx_bf16"} <= flags:
+        isa = "amx"
+    elif "avx512f" in flags:
+        isa = "avx512"
+    elif "avx2" in flags:
+        isa = "avx2"
+    else:
+        return ""
+    if capability in ("AVX2", "DEFAULT", "NO AVX") and isa in ("amx", "avx512"):
+        return "avx2" if capability == "AVX2" else ""
+    return isa
+
+
+def torch_cpu_capability() -> str | None:
+    """``torch.backends.cpu.get_cpu_capability()`` (None on a torch without it)."""
+    try:
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (AttributeError, RuntimeError):
+        return None
 
 
 def bf16_support(device: str, flags: set[str] | None = None) -> tuple[bool, str]:
@@ -311,6 +342,7 @@ class FactsObserver(Observer):
 
             facts.cache_in_training = any(builds_cache_in_training(m) for m in roots)
         facts.bf16_supported, facts.bf16_detail = bf16_support(facts.device)
+        facts.cpu_isa = gemm_isa(cpu_flags(), torch_cpu_capability())
         facts.loaders = len(loaders)
         if loaders:
             facts.loader_workers = int(getattr(loaders[0], "num_workers", 0) or 0)

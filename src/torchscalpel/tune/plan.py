@@ -80,6 +80,33 @@ def short_reason(kind: str, family: str, device: str) -> str:
     return f"{kind}-bound: {what}"
 
 
+def mode_reason(settings: TuneSettings, facts: ModelFacts) -> tuple[str, str] | None:
+    """(rationale, short form) of a compile candidate whose *mode* the profile chose
+    (:func:`torchscalpel.tune.knobs.compile.profile_modes`), in place of the family's; None otherwise."""
+    spec = settings.compile
+    if spec is None or spec.mode == "default":
+        return None
+    if spec.mode == "reduce-overhead" and facts.device == "cuda":
+        return (
+            "CUDA graphs (torch.compile mode='reduce-overhead') replay the step's kernels with one launch",
+            "CUDA graphs",
+        )
+    if spec.mode.startswith("max-autotune"):
+        gemm = Bottleneck.from_dict(facts.bottleneck).measures.get("gemm_ops")
+        share = f" (matmuls {gemm:.0%} of op time)" if gemm is not None else ""
+        where = (
+            f"inductor's C++ GEMM templates ({facts.cpu_isa.upper()} micro-kernels) against oneDNN"
+            if facts.device == "cpu"
+            else "every GEMM / conv kernel choice"
+        )
+        return (
+            f"torch.compile mode='{spec.mode}' benchmarks {where} for each matmul shape{share}; "
+            "its compile is much longer, which its pays-back line counts",
+            "autotuned GEMMs",
+        )
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     """One planned single-knob trial and why it was chosen."""
@@ -150,10 +177,17 @@ def plan_candidates(knobs: list[Knob], facts: ModelFacts) -> tuple[list[Candidat
             placed.add(family)
             why = f"{bottleneck.why(kind)}: {rationale(kind, family, facts.device)}"
             short = short_reason(kind, family, facts.device)
-            planned.extend(
-                Candidate(knob=by_name[family], settings=s, reason=why, indicated=True, short=short)
-                for s in by_family[family]
-            )
+            for s in by_family[family]:
+                mode = mode_reason(s, facts)
+                planned.append(
+                    Candidate(
+                        knob=by_name[family],
+                        settings=s,
+                        reason=f"{bottleneck.why(kind)}: {mode[0]}" if mode else why,
+                        indicated=True,
+                        short=f"{kind}-bound: {mode[1]}" if mode else short,
+                    )
+                )
     if bottleneck.kind == "unknown":
         rest_why = f"tried in registry order: {bottleneck.evidence.get('unknown', 'no profile')}"
         rest_short = "no profile: registry order"

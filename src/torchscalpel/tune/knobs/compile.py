@@ -76,11 +76,14 @@ class CompileKnob(Knob):
             if all(s.compile != spec for s in out):
                 out.append(TuneSettings(compile=spec))
 
-        for target, mode in profile_modes(facts, targets):
+        before, after = profile_modes(facts, targets)
+        for target, mode in before:
             add(target, mode)
         for target in targets:
             for mode in self.modes:
                 add(target, mode)
+        for target, mode in after:
+            add(target, mode)
         return out, None
 
     def skipped_candidates(self, facts: ModelFacts) -> list[tuple[str, str]]:
@@ -145,27 +148,46 @@ class CompileKnob(Knob):
         ]
 
 
-def profile_modes(facts: ModelFacts, targets: list[str]) -> list[tuple[str, str]]:
-    """Compile (region, mode) pairs the baseline's bottleneck asks for, before the ``--compile-mode`` ones.
+GEMM_SHARE = 0.40
+"""A CPU step is GEMM-bound when matmuls hold at least this share of op time (``gemm_ops``)."""
+AUTOTUNE_ISAS = ("amx", "avx512")
+"""CPU ISAs with inductor C++ GEMM micro-kernels worth autotuning against oneDNN (AMX tiles, AVX-512 FMA)."""
 
-    Launch-bound on CUDA: CUDA graphs (``reduce-overhead``) on the hottest region and on the whole
-    model, since one graph replay replaces hundreds of kernel launches. Compute-bound on CUDA:
-    ``max-autotune`` on the hottest region (the search runs it only when the budget allows).
-    ``dynamic=True`` (shapes vary) rules CUDA graphs out: every new shape would record a graph.
-    On a CPU ``reduce-overhead`` runs without CUDA graphs, so the default mode is the analogue.
+
+def profile_modes(
+    facts: ModelFacts, targets: list[str]
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Compile (region, mode) pairs the baseline's profile asks for: ``(before, after)`` the
+    ``--compile-mode`` ones.
+
+    - Launch-bound on CUDA (many short kernels, host time >= GPU time, or the GPU idle): CUDA graphs
+      (``reduce-overhead``) on the hottest region and on the whole model, *before* the default mode,
+      since one graph replay replaces hundreds of kernel launches. ``dynamic=True`` (shapes vary)
+      rules CUDA graphs out: every new shape would record a graph. On a CPU ``reduce-overhead`` has no
+      CUDA graphs, so the default mode is the analogue and nothing is added.
+    - Compute-bound on CUDA: ``max-autotune`` on the first region, after the default mode.
+    - GEMM-bound on a CPU with AMX or AVX-512 (matmuls >= :data:`GEMM_SHARE` of op time,
+      ``facts.cpu_isa``): ``max-autotune-no-cudagraphs`` on the first region, after the default mode:
+      inductor then benchmarks its C++ GEMM templates against oneDNN per matmul shape. Its compile is
+      far longer (each choice is compiled and timed), which its pays-back line counts; the search
+      runs it only with :data:`~torchscalpel.tune.budget.MAX_AUTOTUNE_MIN_S` left.
     """
     from torchscalpel.tune.bottleneck import Bottleneck
 
-    if facts.device != "cuda":
-        return []
     bottleneck = Bottleneck.from_dict(facts.bottleneck)
     order = bottleneck.order()
-    pairs: list[tuple[str, str]] = []
-    if "launch" in order and not facts.input_shapes_vary:
-        pairs += [(targets[0], "reduce-overhead"), ("model", "reduce-overhead")]
-    if "compute" in order:
-        pairs.append((targets[0], "max-autotune"))
-    return pairs
+    before: list[tuple[str, str]] = []
+    after: list[tuple[str, str]] = []
+    if facts.device == "cuda":
+        if "launch" in order and not facts.input_shapes_vary:
+            before += [(targets[0], "reduce-overhead"), ("model", "reduce-overhead")]
+        if "compute" in order:
+            after.append((targets[0], "max-autotune"))
+    elif facts.device == "cpu":
+        gemm = bottleneck.measures.get("gemm_ops", 0.0)
+        if "compute" in order and gemm >= GEMM_SHARE and facts.cpu_isa in AUTOTUNE_ISAS:
+            after.append((targets[0], "max-autotune-no-cudagraphs"))
+    return before, after
 
 
 def is_torch_layer(cls_name: str) -> bool:
