@@ -253,9 +253,9 @@ def doctor(
         if not run.quiet:
             from rich.console import Console
 
-            from torchscalpel.report.doctor_terminal import render_terminal
+            import torchscalpel.report.doctor_terminal as doctor_terminal
 
-            render_terminal(run.findings, Console())
+            doctor_terminal.render(run.findings, Console())
 
     return InProcessRun(
         options=options,
@@ -301,9 +301,10 @@ def memory(
         assert run.record is not None and run.out_dir is not None
         finish_memory(run.record, run.out_dir, json_path=None, write_report=run.report)
         if not run.quiet:
-            from torchscalpel.report.memory_terminal import summary_lines
+            import torchscalpel.report.memory_terminal as memory_terminal
+            from torchscalpel.sections import MemorySection
 
-            print("\n".join(summary_lines(run.record.sections.get("memory") or {})))
+            print("\n".join(memory_terminal.render(run.record.section(MemorySection) or MemorySection())))
 
     return InProcessRun(
         options=options,
@@ -337,7 +338,7 @@ def plan(
     as ``scalpel plan --model`` does with the same defaults: every strategy that makes sense for
     ``world_size`` on ``device`` (a name from ``scalpel plan --list-devices``; ``device_memory`` such as
     ``"24GiB"``; neither: this machine). Returns the plan (``.rows``, ``.to_dict()``); print it with
-    ``torchscalpel.report.plan_terminal.render_text``."""
+    ``torchscalpel.report.plan_terminal.render``."""
     from torchscalpel.plan.devices import resolve_device
     from torchscalpel.plan.planner import PlanRequest, make_plan
     from torchscalpel.plan.simulate import OptimizerSpec, sim_settings_for
@@ -365,7 +366,7 @@ def compare(*runs: str | os.PathLike[str] | RunRecord) -> Comparison:
     """What differs between runs (run folders, ``run.json`` files or records in memory), as
     ``scalpel compare`` computes it: phases with their noise, losses, environment, config and code, and
     a one-line verdict (``.verdict``). Print it with
-    ``torchscalpel.report.compare_terminal.print_comparison``."""
+    ``torchscalpel.report.compare_terminal.render``."""
     from torchscalpel.compare.core import compare_records, compare_runs
     from torchscalpel.errors import UsageError
 

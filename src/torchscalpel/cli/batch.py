@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         raise usage_error(exc) from None
     target = resolve_target(args, flags="--sizes " + ",".join(map(str, args.sizes)))
     out_dir = args.out or default_run_dir(f"batch-{target.name}")
-    from torchscalpel.report.batch_terminal import summary_lines
+    import torchscalpel.report.batch_terminal as batch_terminal
     from torchscalpel.sections import BatchSection
     from torchscalpel.stages.batch import run_batch
 
@@ -72,6 +72,11 @@ def run(args: argparse.Namespace) -> int:
     # a path a line (see cli/plan.py)
     report = [] if args.no_report else [f"report: {out_dir / 'report.html'}"]
     say_lines(
-        [f"scalpel batch: {target.name}", *summary_lines(section), f"record: {out_dir / 'run.json'}", *report]
+        [
+            f"scalpel batch: {target.name}",
+            *batch_terminal.render(section),
+            f"record: {out_dir / 'run.json'}",
+            *report,
+        ]
     )
     return 0 if section.best is not None else 1

@@ -196,15 +196,16 @@ def _write_outputs(
 
 
 def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
+    import torchscalpel.report.doctor_terminal as doctor_terminal
     from torchscalpel.console import make_console
     from torchscalpel.doctor.registry import rank_findings
     from torchscalpel.doctor.static_scan import analyze_paths, iter_python_files
-    from torchscalpel.report.doctor_terminal import reaches, render_terminal
+    from torchscalpel.report.doctor_terminal import reaches
 
     files = list(iter_python_files(args.static))
     skipped: list[Any] = []
     findings = rank_findings(analyze_paths(files, not_analysed=skipped))
-    render_terminal(
+    doctor_terminal.render(
         findings,
         make_console(),
         header=f"[bold]scalpel doctor --static[/bold]: {len(files)} file(s)",
@@ -223,11 +224,12 @@ def _run_static(args: argparse.Namespace, fail_on: Any) -> int:
 def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     from rich.markup import escape
 
+    import torchscalpel.report.doctor_terminal as doctor_terminal
     from torchscalpel.console import make_console, say_command
     from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.options import DoctorOptions
     from torchscalpel.doctor.ranks import MERGED_RANKS_ENV
-    from torchscalpel.report.doctor_terminal import reaches, render_terminal
+    from torchscalpel.report.doctor_terminal import reaches
     from torchscalpel.report.profile_terminal import strip_ansi
     from torchscalpel.runtime.run_notes import how_it_stopped
     from torchscalpel.stages.saving import save_with_report
@@ -269,7 +271,7 @@ def _run_script(args: argparse.Namespace, fail_on: Any) -> int:
     if os.environ.get(MERGED_RANKS_ENV) == "1":  # doctor --nproc prints the merged list once, not per rank
         console.print(f"[dim]{escape(status)}; {len(findings)} finding(s) in {out_dir / 'run.json'}[/dim]")
     else:
-        render_terminal(findings, console, header=f"[dim]{escape(status)}[/dim]\n")
+        doctor_terminal.render(findings, console, header=f"[dim]{escape(status)}[/dim]\n")
     # A failed run's launcher advice is the script-failed finding's fix (above), the script's arguments kept.
     console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
     track(args, record, out_dir)

@@ -64,8 +64,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Validate, fix, print the diff and the summary."""
+    import torchscalpel.report.fix_terminal as fix_terminal
     from torchscalpel.fix import FixOptions, run_fix
-    from torchscalpel.fix.render import summary_lines
 
     result = run_fix(FixOptions.from_args(args))
     if result.patch:
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             buffer.write(result.patch.encode("utf-8", "surrogateescape"))
             buffer.flush()
-    for line in summary_lines(result):
+    for line in fix_terminal.render(result):
         print(line, file=sys.stderr if result.patch else sys.stdout)
     if result.verification is not None and not result.verification.ok:
         return 1

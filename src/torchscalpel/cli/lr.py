@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     target = resolve_target(args)
     out_dir = args.out or default_run_dir(f"lr-{target.name}")
     options = options.replace(out_dir=out_dir, name=f"lr-{target.name}")
-    from torchscalpel.report.lr_terminal import next_line, summary_lines
+    import torchscalpel.report.lr_terminal as lr_terminal
+    from torchscalpel.report.lr_terminal import next_line
     from torchscalpel.sections import LrSection
     from torchscalpel.stages.lr import run_lr
 
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         [
             f"scalpel lr: {target.name}: {how_it_stopped(record)}"
             + (f" ({record.error})" if record.error else ""),
-            *summary_lines(section),
+            *lr_terminal.render(section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
             *([] if args.no_report else [f"report: {out_dir / 'report.html'}"]),
             next_line(section, ("" if target.script else "-m ") + shlex.join(target.argv())),

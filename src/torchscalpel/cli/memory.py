@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         from torchscalpel.tune.settings import read_settings_file
 
         settings_hooks = setup_hooks(read_settings_file(args.config), ApplyLog())
-    from torchscalpel.report.memory_terminal import next_line, summary_lines
+    import torchscalpel.report.memory_terminal as memory_terminal
+    from torchscalpel.sections import MemorySection
     from torchscalpel.stages.memory import run_memory
 
     out_dir = args.out or default_run_dir(f"memory-{target.name}")
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
         write_report=not args.no_report,
         setup_hooks=settings_hooks,
     )
-    section = record.sections.get("memory") or {}
+    section = record.section(MemorySection) or MemorySection()
     from torchscalpel.console import say_lines
     from torchscalpel.runtime.run_notes import how_it_stopped
 
@@ -137,10 +138,10 @@ def run(args: argparse.Namespace) -> int:
         [
             f"scalpel memory: {target.name}: {how_it_stopped(record)}"
             + (f" ({record.error})" if record.error else ""),
-            *summary_lines(section),
+            *memory_terminal.render(section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
             *([] if args.no_report else [f"report: {out_dir / 'report.html'}"]),
-            next_line(section, ("" if target.script else "-m ") + shlex.join(target.argv()), str(out_dir)),
+            section.next_step(("" if target.script else "-m ") + shlex.join(target.argv()), str(out_dir)),
         ]
     )
     if args.patch:
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
 
         for line in write_run_patch(out_dir):
             print(line)
-    if (section.get("oom") or {}).get("caught_by_script"):
+    if (section.oom or {}).get("caught_by_script"):
         say_lines(
             [
                 "scalpel memory: the script caught the stop at the limit (a bare 'except:' or 'except "
@@ -177,8 +178,8 @@ def _starts_like_pickle(path: Path) -> bool:
 def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
     import json
 
+    import torchscalpel.report.snapshot_terminal as snapshot_terminal
     from torchscalpel.memory.snapshot import explain_snapshot
-    from torchscalpel.report.snapshot_terminal import render_snapshot
 
     if not path.is_file():
         raise UsageError(f"{path} does not exist; give the path of a torch.cuda.memory._dump_snapshot file.")
@@ -189,7 +190,7 @@ def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
         result = explain_snapshot(
             path, lambda done, total: bar.show(completed=done >> 20, total=max(total >> 20, 1))
         )
-    for line in render_snapshot(result):
+    for line in snapshot_terminal.render(result):
         print(line)
     if args.json_path is not None:
         from torchscalpel.fileio import write_output_text

@@ -116,12 +116,12 @@ def run(args: argparse.Namespace) -> int:
                 say(bar.console, text)
 
         result, record, out_dir = _plan(args, device, strategies, script_mode, progress, note)
+    import torchscalpel.report.plan_terminal as plan_terminal
     from torchscalpel.console import make_console
-    from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
     out = make_console(highlight=False)
-    for line in render_text(result, width=None if out.soft_wrap else out.width).splitlines():
+    for line in plan_terminal.render(result, width=None if out.soft_wrap else out.width).splitlines():
         say(out, line, hang=2, sep=" · ")
     record.sections[PlanSection.KEY] = result.to_dict()
     _write_outputs(args, record, out_dir, result.to_dict())

@@ -111,7 +111,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Validate everything, run the search, save and print the results."""
-    from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
+    import torchscalpel.report.tune_terminal as tune_terminal
+    from torchscalpel.report.tune_terminal import RichProgress
     from torchscalpel.stages.tune import save_outputs
     from torchscalpel.tune.search import TuneOptions, tune
 
@@ -146,15 +147,17 @@ def run(args: argparse.Namespace) -> int:
         result, out_dir, config_path=args.config, command=["scalpel", *sys.argv[1:]], target_text=target_text
     )
     from torchscalpel.record import load_record, save_record
+    from torchscalpel.sections import TuneSection
 
     if args.json_path is not None:
         save_record(load_record(paths["record"]), args.json_path)
     track(args, paths["record"], out_dir)  # the baseline's record (the search is in its sections["tune"])
-    print_tune_result(
-        result,
+    saved = load_record(paths["record"])  # drawn from what was saved, as report.html is
+    tune_terminal.render(
+        saved.section(TuneSection) or TuneSection(),
         out_dir=out_dir,
         config_path=paths.get("config", paths.get("settings")),
-        environment=load_record(paths["record"]).environment,  # the baseline's: its load at the start
+        environment=saved.environment,  # the baseline's: its load at the start
         target_text=target_text,
     )
     if "settings" in paths and "config" not in paths and args.config is not None:

@@ -141,10 +141,10 @@ def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str
 def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
     from rich.markup import escape
 
+    import torchscalpel.report.doctor_terminal as doctor_terminal
     from torchscalpel.console import make_console
     from torchscalpel.doctor.api import diagnose
     from torchscalpel.doctor.options import DoctorOptions
-    from torchscalpel.report.doctor_terminal import render_terminal
     from torchscalpel.runtime.run_notes import how_it_stopped
 
     out.mkdir(parents=True, exist_ok=True)
@@ -152,7 +152,7 @@ def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str,
         target, DoctorOptions(steps=20, warmup=2, out_dir=out), command=["scalpel", "demo"]
     )
     save_with_report(record, out)  # as the stage's own command writes them
-    render_terminal(
+    doctor_terminal.render(
         findings,
         make_console(),
         header=f"[dim]{escape(how_it_stopped(record))}[/dim]\n",
@@ -197,10 +197,10 @@ def _tune(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
 
 def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
     # What 'scalpel plan --device A100-80GB --world-size 2 --strategy all --no-max-batch -- SCRIPT' does.
+    import torchscalpel.report.plan_terminal as plan_terminal
     from torchscalpel.plan.devices import resolve_device
     from torchscalpel.plan.script import ScriptPlanOptions, plan_script
     from torchscalpel.plan.strategies import strategies_for
-    from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
     plan_options = ScriptPlanOptions(
@@ -215,7 +215,7 @@ def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
     result, record = plan_script(
         target, plan_options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1)
     )
-    print(render_text(result))
+    print(plan_terminal.render(result))
     record.sections[PlanSection.KEY] = result.to_dict()
     save_with_report(record, out)  # as the stage's own command writes them
     return True, str(out), "per-rank memory for every strategy on 2 x A100-80GB"

@@ -118,7 +118,8 @@ def tune_stage(
 
     Writes run.json, report.html, scalpel.toml and code.txt into ``out_dir`` and prints the table.
     """
-    from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
+    import torchscalpel.report.tune_terminal as tune_terminal
+    from torchscalpel.report.tune_terminal import RichProgress
     from torchscalpel.tune.search import SilentProgress, TuneOptions, tune
 
     options = TuneOptions(
@@ -128,11 +129,12 @@ def tune_stage(
     target_text = " ".join(str(a) for a in target.argv())
     save_outputs(result, out_dir, config_path=None, command=["scalpel", "demo"], target_text=target_text)
     if not quiet:
-        print_tune_result(
-            result,
+        saved = load_record(out_dir)  # drawn from what was saved, as report.html is
+        tune_terminal.render(
+            saved.section(TuneSection) or TuneSection(),
             out_dir=out_dir,
             config_path=out_dir / "scalpel.toml" if result.winner is not None else None,
-            environment=load_record(out_dir).environment,
+            environment=saved.environment,
             target_text=target_text,
         )
     return result
