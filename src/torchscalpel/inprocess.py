@@ -257,9 +257,9 @@ def doctor(
         if not run.quiet:
             from rich.console import Console
 
-            from torchscalpel.report.doctor_terminal import render_terminal
+            import torchscalpel.report.doctor_terminal as doctor_terminal
 
-            render_terminal(run.findings, Console())
+            doctor_terminal.render(run.findings, Console())
 
     return InProcessRun(
         options=options,
@@ -305,9 +305,10 @@ def memory(
         assert run.record is not None and run.out_dir is not None
         finish_memory(run.record, run.out_dir, json_path=None, write_report=run.report)
         if not run.quiet:
-            from torchscalpel.report.memory_terminal import summary_lines
+            import torchscalpel.report.memory_terminal as memory_terminal
+            from torchscalpel.sections import MemorySection
 
-            print("\n".join(summary_lines(run.record.sections.get("memory") or {})))
+            print("\n".join(memory_terminal.render(run.record.section(MemorySection) or MemorySection())))
 
     return InProcessRun(
         options=options,
@@ -343,7 +344,7 @@ def plan(
     ``world_size`` on ``device`` (a name from ``scalpel plan --list-devices``; ``device_memory`` such as
     ``"24GiB"``; neither: this machine). With ``out``, run.json and report.html are written there as
     ``scalpel plan --out`` writes them. Returns the plan (``.rows``, ``.to_dict()``); print it with
-    ``torchscalpel.report.plan_terminal.render_text``. A bad argument raises ``ValueError`` naming it."""
+    ``torchscalpel.report.plan_terminal.render``. A bad argument raises ``ValueError`` naming it."""
     from torchscalpel.plan.options import PlanOptions
     from torchscalpel.stages import plan as stage
 
@@ -370,7 +371,7 @@ def compare(*runs: str | os.PathLike[str] | RunRecord) -> Comparison:
     """What differs between runs (run folders, ``run.json`` files or records in memory), as
     ``scalpel compare`` computes it: phases with their noise, losses, environment, config and code, and
     a one-line verdict (``.verdict``). Print it with
-    ``torchscalpel.report.compare_terminal.print_comparison``."""
+    ``torchscalpel.report.compare_terminal.render``."""
     from torchscalpel.compare.core import compare_records, compare_runs
     from torchscalpel.errors import UsageError
 
@@ -520,7 +521,7 @@ def analyze(*traces: str | os.PathLike[str], top: int = 30) -> TraceAnalysis:
     """The streaming analysis ``scalpel analyze`` runs over torch.profiler traces (files, or folders of rank
     traces): per-step breakdown, top ops and kernels, overlap, stragglers and memory. A truncated trace is
     read up to its fault, which ``.errors`` names. Print it with
-    ``torchscalpel.report.analyze_terminal.format_summary(result.to_dict())``."""
+    ``torchscalpel.report.analyze_terminal.render(result.to_dict())``."""
     from torchscalpel.trace import analyze_traces
 
     if not traces:

@@ -1,5 +1,6 @@
 """Typed views of the Run record's dict parts: ``summary``, ``profiler``, ``config`` and the stage
-sections (``sections["trace"]``, ``["tune"]``, ``["plan"]``, ``["doctor"]``), one definition each.
+sections (``sections["trace"]``, ``["tune"]``, ``["plan"]``, ``["doctor"]``, ``["lr"]``, ``["batch"]``,
+``["memory"]``, ...), one definition each; a renderer reads a view, never the raw dict.
 
 The record stores plain JSON data (so schema 1.0-1.2 files load unchanged and doctor's rules may
 keep reading dicts); readers take a view instead of digging by key, so a misspelled key is an
@@ -22,6 +23,8 @@ import types
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from torchscalpel.units import fmt_bytes
 
 V = TypeVar("V", bound="SectionView")
 
@@ -296,10 +299,69 @@ _PAIR = scalar(
     lambda v: isinstance(v, list) and len(v) == 2 and all(is_number(x) and x >= 0 for x in v),
     "a pair of step times [baseline ms, candidate ms]",
 )
+TRIAL_STATUSES = frozenset(
+    {"ok", "failed", "timeout", "not applied", "skipped", "not run", "not-applied", "not-run"}
+)
+"""``TrialStatus`` values (:mod:`torchscalpel.tune.states`, the older spellings included); a test keeps them equal."""
+TRIAL_VERDICTS = frozenset(
+    {
+        "",
+        "baseline",
+        "winner",
+        "not confirmed",
+        "faster",
+        "not faster",
+        "numerics",
+        "failed",
+        "timeout",
+        "skipped",
+        "not applied",
+        "not run",
+    }
+)
+"""``Verdict`` values (:mod:`torchscalpel.tune.states`); a test keeps them equal."""
+_NAMED = list_of(obj({}, nullable=False))
+"""A list of objects the renderers read with ``.get`` (their values are shown as text)."""
+_COMPILE = obj(
+    {
+        "compile_ms": AMOUNT,
+        "excluded": _NAMED,
+        "fullgraph": obj({}),
+        "breaks": _NAMED,
+        "graph_breaks": COUNT,
+        "break_reasons": list_of(TEXT),
+        "recompile_guards": _NAMED,
+        "recompiles": COUNT,
+        "recompile_reasons": list_of(TEXT),
+    }
+)
+"""A trial's compile triage (:mod:`torchscalpel.tune.triage`), as the table's ``compile`` and ``result`` cells
+read it."""
+_PAYBACK = obj(
+    {
+        "end_to_end": AMOUNT,
+        "steps": COUNT,
+        "run_steps": COUNT,
+        "one_time_s": AMOUNT,
+        "sentence": TEXT,
+        "kind": TEXT,
+    }
+)
+"""A trial's start-up cost against its per-step gain (:meth:`torchscalpel.tune.payback.Payback.to_dict`)."""
 _TRIAL: dict[str, Check] = {
     "label": TEXT,
     "family": TEXT,
-    "verdict": TEXT,
+    "verdict": scalar(lambda v: isinstance(v, str) and v in TRIAL_VERDICTS, "a tune verdict"),
+    "status": scalar(lambda v: isinstance(v, str) and v in TRIAL_STATUSES, "a trial status"),
+    "cause": TEXT,
+    "note": TEXT,
+    "reason": TEXT,
+    "reason_short": TEXT,
+    "peak_bytes": COUNT,
+    "deviation": LOSS,
+    "losses": list_of(LOSS),
+    "compile": _COMPILE,
+    "payback": _PAYBACK,
     "median_ms": AMOUNT,
     "baseline_ms": AMOUNT,
     "speedup": AMOUNT,
@@ -553,7 +615,15 @@ class TuneSection(StageSection):
         "trials": rows(_TRIAL),
         "winner": obj(_TRIAL),
         # cpu_isa decides the CPU max-autotune candidate (tune/knobs/compile.py): text, never code
-        "facts": obj({"repeated": rows({"cls": TEXT}), "cpu_isa": TEXT}),
+        "facts": obj(
+            {
+                "repeated": rows({"cls": TEXT}),
+                "cpu_isa": TEXT,
+                "bottleneck": obj(
+                    {"kind": TEXT, "also": list_of(TEXT), "evidence": dict_of(TEXT), "device": TEXT}
+                ),
+            }
+        ),
     }
 
     baseline: dict[str, Any] | None = None
@@ -874,16 +944,125 @@ _MEMORY_FIELDS: dict[str, Check] = {
 }
 
 
-def _memory(value: Any, where: str) -> str | None:
-    """``sections["memory"]`` (:mod:`torchscalpel.memory`, no typed view: it is a tree the memory stage and
-    its renderers share): each part the renderers and ``scalpel fix`` read; an analysed out-of-memory needs its
-    cause (a section whose analysis failed keeps what was measured and its ``error``, with no cause to name)."""
-    problem = obj(_MEMORY_FIELDS, nullable=False)(value, where)
-    if problem is None and value.get("oom") and not value.get("error"):
-        top = value.get("top_cause")
-        if not isinstance(top, dict) or not isinstance(top.get("text"), str):
-            return must(f"{where}.top_cause", "an object with a text (an out-of-memory names its cause)", top)
-    return problem
+def _count(value: Any) -> int | None:
+    """``value`` as a byte or step count (an integer >= 0, not a bool), else None: a view made in-process from an
+    unchecked dict may hold anything, and a verdict never guesses."""
+    return value if is_int(value) and value >= 0 else None
+
+
+def _part(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(kw_only=True, slots=True)
+class MemorySection(StageSection):
+    """``sections["memory"]`` (:func:`torchscalpel.memory.analysis.build_section`; a section whose analysis failed
+    keeps what was measured and its ``error``). The parts are trees the memory stage, its renderers and ``scalpel
+    fix`` share; the verdict and the next step are said here once (:attr:`verdict`, :meth:`next_step`) for the
+    terminal and the page alike."""
+
+    KEY: ClassVar[str] = "memory"
+    CHECKS: ClassVar[Mapping[str, Check]] = {
+        **_MEMORY_FIELDS,
+        "limit": _BYTES,
+        "capacity": _BYTES,
+        "device": TEXT,
+    }
+
+    version: Any = None
+    device: str | None = None
+    """The device type the run measured (``cpu``, ``cuda``)."""
+    limit: int | None = None
+    """The ``--memory-limit`` in bytes; None: no limit was set."""
+    capacity: int | None = None
+    """What growth is projected against: the limit, else the device's (or host's) memory; None when unknown."""
+    error: str | None = None
+    """Why the analysis failed (what was measured is kept beside it); None when it did not."""
+    compiled: str | None = None
+    peak: dict[str, Any] | None = None
+    """``total``, ``breakdown_total``, ``step``, ``phase``, ``op``, ``module``, ``by_category``, ``modules``,
+    ``blocks``, ``sites`` at the peak of live tensors."""
+    before_training: dict[str, Any] | None = None
+    evaluation: dict[str, Any] | None = None
+    samples: list[dict[str, Any]] | None = None
+    """Live bytes by category at each step end."""
+    cuda: dict[str, Any] | None = None
+    growth: dict[str, Any] | None = None
+    """``per_step`` (bytes a step, when memory grows), ``steps_left``, ``capacity``, ``steps``, ``note``,
+    ``stopped``, ``bounded``, ``kept``, ``sites``."""
+    top_cause: dict[str, Any] | None = None
+    oom: dict[str, Any] | None = None
+    """The post-mortem of a run that ran out: ``request``, ``live``, ``limit``, ``by_category``, ``ladder``."""
+
+    @classmethod
+    def problem(cls, data: Any, where: str) -> str | None:
+        """The typed checks, and an analysed out-of-memory must name its cause (a section whose analysis failed
+        has no cause to name)."""
+        problem = super(MemorySection, cls).problem(data, where)
+        if problem is None and data.get("oom") and not data.get("error"):
+            top = data.get("top_cause")
+            if not isinstance(top, dict) or not isinstance(top.get("text"), str):
+                return must(
+                    f"{where}.top_cause", "an object with a text (an out-of-memory names its cause)", top
+                )
+        return problem
+
+    @property
+    def growth_per_step(self) -> int | None:
+        """Bytes memory grows per step; None (or 0) when it does not grow."""
+        return _count(_part(self.growth).get("per_step"))
+
+    @property
+    def capacity_words(self) -> str:
+        """What the headroom is measured against: the --memory-limit, the GPU, or (a CPU run) host RAM."""
+        if self.limit:
+            return "the --memory-limit"
+        return "host RAM, a CPU run" if self.device == "cpu" else "the device's memory"
+
+    @property
+    def verdict(self) -> str | None:
+        """One sentence answering "is memory a problem?" for a run that did not run out: growth with its rate,
+        or stable with the peak and the headroom left; None for a run that ran out (its headline says so). A
+        section whose analysis failed is not judged: growth was never computed, so "stable" would be a guess."""
+        if self.error:
+            return f"verdict: not judged: {self.error}; what was measured follows"
+        if self.oom or not isinstance(self.peak, dict):
+            return None
+        peak = _count(self.peak.get("total")) or 0
+        capacity = _count(self.limit) or _count(self.capacity)
+        room = ""
+        if capacity:
+            room = f", headroom {fmt_bytes(max(0, capacity - peak))} of {fmt_bytes(capacity)} ({self.capacity_words})"
+        growth = _part(self.growth)
+        rate = self.growth_per_step
+        if rate:
+            left = _count(growth.get("steps_left"))
+            cap = _count(growth.get("capacity"))
+            until = f", {left} more steps until {fmt_bytes(cap)}" if left is not None and cap else ""
+            return f"verdict: memory grows {fmt_bytes(rate)} per step{until}: a leak to fix"
+        if isinstance(growth.get("note"), str):
+            return f"verdict: peak {fmt_bytes(peak)}{room}; growth not judged ({growth['note']})"
+        steps = _count(growth.get("steps"))
+        over = f" over {steps} step ends" if steps else ""
+        return f"verdict: stable, no growth{over}; peak {fmt_bytes(peak)}{room}"
+
+    def next_step(self, script: str, run_dir: str) -> str:
+        """What to run after this memory run: the patch for a run that ran out, the leak's lines for one that
+        grows, tune for a stable one (``--fit SIZE`` where a smaller device must hold it)."""
+        if self.oom:
+            return (
+                f"next: scalpel fix {run_dir} --verify (the ladder's first rung that fits, as a patch of your "
+                "script, or why it cannot be one)"
+            )
+        if self.growth_per_step:
+            return (
+                "next: fix the growing line(s) above (keep loss.item(), not loss; del outputs kept from an earlier "
+                f"step), then scalpel memory -- {script} again"
+            )
+        return (
+            f"next: scalpel tune -- {script} (speed); scalpel tune --fit SIZE -- {script} keeps only what fits "
+            "in SIZE"
+        )
 
 
 def _location(value: Any, where: str) -> str | None:
@@ -960,9 +1139,9 @@ SECTION_CHECKS: dict[str, Check] = {
             BatchSection,
             SitesSection,
             EvalSection,
+            MemorySection,
         )
     },
-    "memory": _memory,
 }
 """``record.sections[KEY]``: each stage section a renderer or ``scalpel fix`` reads."""
 

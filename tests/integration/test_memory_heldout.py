@@ -254,9 +254,13 @@ def test_graphs_kept_from_earlier_steps_are_growth_before_a_slope_can_be_fit(
     m = run.record.sections["memory"]
     assert m["oom"]["request"]["step"] <= 3 and not m["growth"]["per_step"]
     assert m["top_cause"]["key"] == "growth" and m["oom"]["kept_activations"] >= 16 * 2**20
-    from torchscalpel.report.memory_terminal import summary_lines
+    import torchscalpel.report.memory_terminal as memory_terminal
+    from torchscalpel.sections import MemorySection
 
-    assert any("saved in earlier steps were still live" in line for line in summary_lines(m))
+    assert any(
+        "saved in earlier steps were still live" in line
+        for line in memory_terminal.render(MemorySection.from_dict(m))
+    )
     first = m["oom"]["ladder"][0]
     assert first["kind"] == "detach-kept" and first["saves"] >= 16 * 2**20
     assert not any(r["kind"] == "checkpoint-blocks" for r in m["oom"]["ladder"])

@@ -75,9 +75,13 @@ def test_a_peak_before_training_is_kept_apart_from_the_training_peak(tmp_path: P
     assert m["peak"]["by_category"]["parameters"] == 128 * 129 * 4
     before = m["before_training"]
     assert before["total"] >= 32 * 2**20 and before["site"].startswith(__file__)
-    from torchscalpel.report.memory_terminal import summary_lines
+    import torchscalpel.report.memory_terminal as memory_terminal
+    from torchscalpel.sections import MemorySection
 
-    assert any(line.startswith("before training the live total was higher") for line in summary_lines(m))
+    assert any(
+        line.startswith("before training the live total was higher")
+        for line in memory_terminal.render(MemorySection.from_dict(m))
+    )
 
 
 def test_a_closure_steps_update_is_in_the_optimizer_phase(tmp_path: Path) -> None:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+import torchscalpel.report.snapshot_terminal as snapshot_terminal
 from torchscalpel.errors import UsageError
 from torchscalpel.memory import snapshot as S
 from torchscalpel.memory import snapshot_native as native
-from torchscalpel.report.snapshot_terminal import render_snapshot
 
 HAS_CC = any(shutil.which(c) for c in ("cc", "gcc", "clang"))
 
@@ -312,7 +312,7 @@ def test_without_a_compiler_the_python_reader_runs_and_says_why(
     monkeypatch.setattr(native, "_loaded", None)
     r = S.explain_snapshot(_write(tmp_path, snapshot_data(n_segments=30)))
     assert r["reader"] == "python" and r["reader_note"] == "no C compiler found (set CC, or install gcc)"
-    assert any("pure-Python reader: no C compiler found" in line for line in render_snapshot(r))
+    assert any("pure-Python reader: no C compiler found" in line for line in snapshot_terminal.render(r))
     assert not (tmp_path / "empty-cache").exists() or not any((tmp_path / "empty-cache").iterdir())
 
 
@@ -520,7 +520,7 @@ def test_phases_from_this_torchs_real_stacks(tmp_path: Path, reader) -> None:
     _same(ours, reader(path, False))
     assert all(truth[p] for p in S.PHASES)
     assert ours["phases"] == truth, (ours["phases"], truth)
-    lines = render_snapshot({**ours, "path": "x"})
+    lines = snapshot_terminal.render({**ours, "path": "x"})
     assert any(line.startswith("allocated by phase") for line in lines)
 
 
@@ -544,7 +544,9 @@ def test_a_cuda_backward_allocation_with_native_frames_only_is_a_gradient(tmp_pa
     _same(ours, reader(path, False))
     assert ours["phases"]["gradients"] == 700 and ours["phases"]["activations"] == 300
     assert [s["name"] for s in ours["sites"]] == ["(no Python frame)", "/home/u/train.py:9"]
-    assert any("zero_grad(set_to_none=True)" in line for line in render_snapshot({**ours, "path": "x"}))
+    assert any(
+        "zero_grad(set_to_none=True)" in line for line in snapshot_terminal.render({**ours, "path": "x"})
+    )
 
 
 def test_a_traceback_shared_by_blocks_and_events_keeps_its_site_and_phase_once_cut(

@@ -177,3 +177,21 @@ def test_the_cli_of_a_verb_with_a_stage_only_builds_options_and_calls_the_stage(
             offences[verb] = found or "does not call its stage"
     assert not offences, offences
     assert _CLI_OWNS_NOTHING.search('    raise UsageError("--x must be ...")')  # the check bites
+
+
+def test_one_name_per_renderer_kind() -> None:
+    """Every terminal renderer the table names is ``report/<verb>_terminal.render`` and every HTML sections builder
+    ``report/<stage>_sections.build``; so is every such module in the code (no second spelling hides there)."""
+    terminal, sections = [], []
+    for cells in _rows().values():
+        terminal += [r for r in _references(cells[2]) if r.startswith("report/")]
+        sections += [r for r in _references(cells[3]) if "_sections" in r]
+    assert len(terminal) >= 10 and len(sections) >= 8
+    wrong = [r for r in terminal if not re.fullmatch(r"report/[a-z]+_terminal\.render", r)]
+    wrong += [r for r in sections if not re.fullmatch(r"report/[a-z]+_sections\.build", r)]
+    assert not wrong, wrong
+    for path in sorted((SRC / "report").glob("*_terminal.py")) + sorted(
+        (SRC / "report").glob("*_sections.py")
+    ):
+        name = "render" if path.stem.endswith("_terminal") else "build"
+        assert name in _names_in(path), f"{path.name} has no {name}()"

@@ -9,9 +9,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+import torchscalpel.report.batch_terminal as batch_terminal
 from torchscalpel.record import RunRecord
 from torchscalpel.report.batch_sections import build
-from torchscalpel.report.batch_terminal import row_outcome, summary_lines
+from torchscalpel.report.batch_terminal import row_outcome
 from torchscalpel.sections import BatchSection
 from torchscalpel.tune.batch_finder import ForcedBatch, outcome, scaling_advice
 
@@ -108,7 +109,7 @@ ROWS = [
 
 
 def test_the_terminal_and_the_page_word_each_outcome() -> None:
-    lines = summary_lines(_section(ROWS))
+    lines = batch_terminal.render(_section(ROWS))
     assert "    300  not measured: the script's data has 256 samples, fewer than 300" in lines
     assert "    512  does not fit: OutOfMemoryError: CUDA out of memory" in lines
     assert "     64  failed: ValueError: bad" in lines

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torchscalpel.report.batch_terminal as batch_terminal
 from torchscalpel.record import RunRecord
 from torchscalpel.report.batch_sections import build
-from torchscalpel.report.batch_terminal import summary_lines
 from torchscalpel.report.html import write_report
 from torchscalpel.sections import BatchSection
 from torchscalpel.tune.batch_finder import best_size, scaling_advice
@@ -84,6 +84,6 @@ def test_a_size_that_was_not_set_is_not_measured_not_a_misfit() -> None:
     (section,) = build(record)
     assert '<td class="">8</td><td class="num">not measured</td>' in section.body
     assert section.body.count("<rect") == 2 and "not measured: the script built no DataLoader" in section.body
-    lines = summary_lines(record.section(BatchSection))  # type: ignore[arg-type]
+    lines = batch_terminal.render(record.section(BatchSection))  # type: ignore[arg-type]
     assert "      8  not measured: the script built no DataLoader" in lines
     assert not any(line.startswith("      8  does not fit") for line in lines)

@@ -271,13 +271,13 @@ def test_terminal_comparison_fits_80_columns_with_numbers_whole() -> None:
 
     from rich.console import Console
 
-    from torchscalpel.report.compare_terminal import print_comparison
+    import torchscalpel.report.compare_terminal as compare_terminal
 
     a, b = make_record(), make_record(backward_scale=1.652, torch_version="2.13.0", settings={"amp": "bf16"})
     b.provenance["data"]["sha256"] = "8" * 64
     cmp = compare_records([a, b, make_record(seed=3)])
     buf = io.StringIO()
-    print_comparison(cmp, Console(file=buf, width=80))  # an 80-column terminal
+    compare_terminal.render(cmp, Console(file=buf, width=80))  # an 80-column terminal
     text = buf.getvalue()
     assert all(len(line) <= 80 for line in text.splitlines()), [x for x in text.splitlines() if len(x) > 80]
     flat = " ".join(text.split())
@@ -290,12 +290,12 @@ def test_terminal_comparison_fits_80_columns_with_numbers_whole() -> None:
 def test_piped_comparison_is_not_wrapped_at_80(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from torchscalpel.report.compare_terminal import print_comparison
+    import torchscalpel.report.compare_terminal as compare_terminal
 
     monkeypatch.delenv("COLUMNS", raising=False)
     cmp = compare_records([make_record(), make_record(backward_scale=1.652, torch_version="2.13.0")])
     cmp.runs[0].path = Path("/a/long/path/to/scalpel-runs/20261201-100000-train-with-a-long-name/run.json")
-    print_comparison(cmp)  # stdout captured: a pipe
+    compare_terminal.render(cmp)  # stdout captured: a pipe
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith(f"A {cmp.runs[0].path} (train, ") and "schema" in line for line in lines), (
         lines

@@ -6,10 +6,11 @@ import io
 
 from rich.console import Console
 
+import torchscalpel.report.doctor_terminal as doctor_terminal
 from torchscalpel.doctor.sarif import to_sarif
 from torchscalpel.findings import Finding, Location, Severity
 from torchscalpel.record import RunRecord
-from torchscalpel.report.doctor_terminal import reaches, render_terminal, to_json
+from torchscalpel.report.doctor_terminal import reaches, to_json
 from torchscalpel.report.findings_sections import build
 
 FINDINGS = [
@@ -63,7 +64,7 @@ def test_sarif_has_rules_results_levels_and_regions(tmp_path) -> None:
 
 def test_terminal_lists_most_severe_first_with_fix_and_location() -> None:
     buf = io.StringIO()
-    render_terminal(FINDINGS, Console(file=buf, width=120, color_system=None))
+    doctor_terminal.render(FINDINGS, Console(file=buf, width=120, color_system=None))
     text = buf.getvalue()
     assert text.index("grad-not-zeroed") < text.index("dataparallel-used") < text.index("unseeded-run")
     assert "optimizer.zero_grad()" in text and "b.py:7" in text and "3 finding(s)" in text
@@ -133,7 +134,7 @@ def test_a_long_fix_is_relaid_to_80_columns_and_still_parses():
         "    loss = loss_fn(model(inputs, attention_mask=attention_mask, labels=labels), targets)"
     )
     buf = io.StringIO()
-    render_terminal(
+    doctor_terminal.render(
         [Finding(rule="amp-missing", severity=Severity.WARNING, message="m", fix=fix)],
         Console(file=buf, width=80),
     )

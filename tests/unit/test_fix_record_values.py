@@ -356,12 +356,12 @@ def test_a_record_string_never_adds_a_line_to_the_patch(tree: Path, tmp_path: Pa
 
 
 def test_a_record_string_is_shown_without_terminal_control_sequences(tree: Path, tmp_path: Path) -> None:
-    from torchscalpel.fix.render import summary_lines
+    import torchscalpel.report.fix_terminal as fix_terminal
 
     record = _record(tree / "train.py", {"optimizer": "fused"})
     record.sections["sites"]["optimizers"][0]["library"] = "lib\x1b]0;owned\x07\nnext: rm -rf ~"
     result = plan_and_edit(FixOptions(run_dirs=(_save(record, tmp_path / "run"),), cwd=tree))
-    lines = summary_lines(result)
+    lines = fix_terminal.render(result)
     assert any("built inside lib?]0;owned??next: rm -rf ~" in line for line in lines), lines
     assert not any(c in "".join(lines) for c in "\x1b\x07\n")
 

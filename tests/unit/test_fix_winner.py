@@ -14,10 +14,10 @@ import pytest
 
 pytest.importorskip("libcst")
 
+import torchscalpel.report.fix_terminal as fix_terminal
 from torchscalpel.fix.cst import Edit
 from torchscalpel.fix.edits import apply_edit
 from torchscalpel.fix.locate import tune_plan
-from torchscalpel.fix.render import summary_lines
 from torchscalpel.fix.stage import FixResult, Item
 from torchscalpel.record import new_run_record
 from torchscalpel.stages.tune import fix_note
@@ -154,7 +154,7 @@ def test_tune_says_what_fix_will_not_patch_when_it_writes_its_result() -> None:
 def test_the_printed_snippet_is_the_whole_code_and_parses() -> None:
     (planned,) = tune_plan(_record(LIB_ATTENTION))
     item = Item(planned.label, "tune", "not patched", reason=planned.reason, snippet=planned.snippet)
-    lines = summary_lines(FixResult(patch="", items=[item], root=None))
+    lines = fix_terminal.render(FixResult(patch="", items=[item], root=None))
     start = lines.index(next(line for line in lines if line.startswith("not patched:"))) + 1
     shown = [line for line in lines[start:] if line.startswith("    ")]
     code = textwrap.dedent("\n".join(shown))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import re
 
+import torchscalpel.report.lr_terminal as lr_terminal
 from torchscalpel.lrfind.observer import LrSweepObserver
 from torchscalpel.lrfind.options import LrOptions
 from torchscalpel.record import RunRecord
 from torchscalpel.record_check import check_invariants
 from torchscalpel.report.lr_sections import build
-from torchscalpel.report.lr_terminal import DISCARD, DISCARD_UNSUGGESTED, summary_lines
+from torchscalpel.report.lr_terminal import DISCARD, DISCARD_UNSUGGESTED
 from torchscalpel.sections import LrSection
 
 
@@ -46,7 +47,7 @@ def test_the_observer_sets_the_sweep_and_stops_at_divergence() -> None:
     assert lr.divergence is not None and lr.divergence["step"] >= 30
     assert len(lr.points) == lr.divergence["step"] + 1  # nothing recorded after the stop
     assert lr.suggestion is not None and lr.points[0]["lr"] == 1e-5
-    lines = summary_lines(lr)
+    lines = lr_terminal.render(lr)
     assert any(line.startswith("suggested lr: ") for line in lines)
     assert any(line.startswith("diverged at lr ") for line in lines)
     assert "discard them" in lines[-1]
@@ -67,7 +68,7 @@ def test_the_chart_is_log_x_with_both_marks() -> None:
 def test_no_suggestion_says_why() -> None:
     lr = LrSection.from_dict(_record([1.0 + 0.01 * i for i in range(20)]).sections["lr"])
     assert lr.suggestion is None
-    assert any("no suggestion" in line for line in summary_lines(lr))
+    assert any("no suggestion" in line for line in lr_terminal.render(lr))
     assert LrSection.from_dict(lr.to_dict()).to_dict() == lr.to_dict()
 
 
@@ -85,7 +86,7 @@ def test_a_short_sweep_suggests_nothing_and_says_how_far_it_got() -> None:
     )
     assert lr.to_measure is not None and "its --epochs argument" in lr.to_measure
     assert "scalpel lr --steps 20 " in lr.to_measure
-    lines = summary_lines(lr)
+    lines = lr_terminal.render(lr)
     text = "\n".join(lines)
     assert f"suggested lr: not measured: {lr.not_measured}" in lines
     assert "minimum / 10: not measured: the same reason" in lines
@@ -112,7 +113,7 @@ def test_a_full_sweep_that_never_diverges_still_suggests() -> None:
     assert record_lr is not None and lr is not None
     assert lr.divergence is None and lr.steps_run == 60 and lr.range_share == 1.0
     assert lr.not_measured is None and lr.suggestion is not None and lr.min_over_10 is not None
-    assert summary_lines(lr)[-1] == DISCARD
+    assert lr_terminal.render(lr)[-1] == DISCARD
 
 
 def test_no_optimizer_step_says_nothing_was_measured() -> None:
@@ -120,7 +121,7 @@ def test_no_optimizer_step_says_nothing_was_measured() -> None:
     suggested, but what happened and what to change."""
     lr = _record([]).section(LrSection)
     assert lr is not None and lr.suggestion is None and lr.steps_run == 0
-    lines = summary_lines(lr)
+    lines = lr_terminal.render(lr)
     assert lines[0] == "swept no lr: none of the sweep's 8 steps (1e-05 -> 1) ran"
     assert lines[1].startswith("suggested lr: not measured: the script never called an optimizer's step()")
     assert "optimizer.step() in the loop" in lines[1]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
+import torchscalpel.report.memory_terminal as memory_terminal
 from torchscalpel.memory.ladder import build_ladder
-from torchscalpel.report.memory_terminal import summary_lines
+from torchscalpel.sections import MemorySection
 
 MIB = 1024**2
 
@@ -65,7 +66,7 @@ def test_largest_share_names_the_largest_category_printed() -> None:
             "note": "temporaries of the training backward ... scale with the batch",
         },
     }
-    lines = summary_lines(section)
+    lines = memory_terminal.render(MemorySection.from_dict(section))
     shares = {
         m.group(1).strip(): float(m.group(2))
         for line in lines

@@ -76,10 +76,11 @@ def test_mixed_precision_offload_and_ignored_modules_are_planned() -> None:
     assert str(bf16.request.settings.precision) == "bf16-mixed"
     offloaded = _plan("fsdp1_mnist.py", "--offload")
     offload = _row(offloaded, "fsdp-full")
-    from torchscalpel.report.plan_terminal import render_text
+    import torchscalpel.report.plan_terminal as plan_terminal
 
-    assert "the script shards with FullyShardedDataParallel(FULL_SHARD, CPU offload: " in render_text(
-        offloaded
+    assert (
+        "the script shards with FullyShardedDataParallel(FULL_SHARD, CPU offload: "
+        in plan_terminal.render(offloaded)
     )
     assert offload["params"] == offload["grads"] == offload["optim"] == 0
     # the sharded parameters at least, at most every sharded state (the peak may move to before the optimizer's state)

@@ -35,9 +35,10 @@ from torchscalpel.report import (
     lr_terminal,
     memory_terminal,
     profile_terminal,
+    tune_terminal,
 )
 from torchscalpel.report.html import record_page
-from torchscalpel.sections import BatchSection, LrSection
+from torchscalpel.sections import BatchSection, LrSection, MemorySection, TuneSection
 
 RECORDS = Path(__file__).resolve().parents[1] / "data" / "records"
 KINDS = ("profile", "doctor", "tune", "lr", "batch", "memory", "plan")
@@ -149,19 +150,22 @@ def render_everything(record: RunRecord, base: RunRecord, where: Path) -> None:
     """Every renderer that reads a loaded record, and fix's checked reader."""
     out = Console(file=io.StringIO(), width=100)
     record_page(record)
-    profile_terminal.print_profile_summary(record, where, out)
+    profile_terminal.render(record, where, out)
     lr = record.section(LrSection)
     if lr is not None:
-        lr_terminal.summary_lines(lr)
+        lr_terminal.render(lr)
     batch = record.section(BatchSection)
     if batch is not None:
-        batch_terminal.summary_lines(batch)
-    memory = record.sections.get("memory")
+        batch_terminal.render(batch)
+    memory = record.section(MemorySection)
     if memory is not None:
-        memory_terminal.summary_lines(memory)
+        memory_terminal.render(memory)
+    tune = record.section(TuneSection)
+    if tune is not None:
+        tune_terminal.render(tune, out_dir=where, config_path=None, out=out, environment=record.environment)
     check_record(record)  # RecordValueError is a UsageError: a refusal in one sentence
     cmp = compare_records([base, record], ["base", "fuzzed"])
-    compare_terminal.print_comparison(cmp, out)
+    compare_terminal.render(cmp, out)
     compare_page.render(cmp)
 
 

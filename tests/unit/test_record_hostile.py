@@ -77,7 +77,7 @@ def test_a_long_name_loads_and_is_clipped_wherever_it_is_drawn(tmp_path: Path) -
     html = record_page(record)
     cmp = compare_records([base, record], ["b", "a"])
     out = io.StringIO()
-    compare_terminal.print_comparison(cmp, Console(file=out, width=100))
+    compare_terminal.render(cmp, Console(file=out, width=100))
     page = compare_page.render(cmp)
     for text in (html, out.getvalue(), page):
         longest = max(len(m) for m in re.findall(r"N+", text))
@@ -91,7 +91,7 @@ def test_a_rich_markup_name_is_printed_as_text(tmp_path: Path) -> None:
     record = load_record(write(tmp_path / "run.json", json.dumps(data)))
     cmp = compare_records([record, record], ["a", "b"])
     out = io.StringIO()
-    compare_terminal.print_comparison(cmp, Console(file=out, width=200))
+    compare_terminal.render(cmp, Console(file=out, width=200))
     assert "[/bold] [link=x]" in out.getvalue()
 
 

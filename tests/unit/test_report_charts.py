@@ -160,10 +160,10 @@ def test_analyze_page_puts_its_verdict_then_the_diff_first(tmp_path) -> None:
 
 
 def test_kernel_table_shows_short_names_with_the_full_one_on_hover() -> None:
-    from torchscalpel.report.trace_sections import build_trace_sections
+    import torchscalpel.report.trace_sections as trace_sections
 
     full = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int, float)"
-    sections = build_trace_sections(
+    sections = trace_sections.build(
         {
             "ranks": [],
             "top_kernels": [

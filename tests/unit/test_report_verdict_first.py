@@ -174,7 +174,7 @@ def test_a_verdict_shows_commands_as_code_not_as_literal_backticks() -> None:
 
 
 def test_the_analyze_summary_fits_80_columns_and_keeps_lines_whole_on_a_pipe(monkeypatch) -> None:
-    from torchscalpel.report.analyze_terminal import format_summary
+    import torchscalpel.report.analyze_terminal as analyze_terminal
 
     data = _analysis()
     for s in data["ranks"][0]["steps"]:
@@ -182,9 +182,11 @@ def test_the_analyze_summary_fits_80_columns_and_keeps_lines_whole_on_a_pipe(mon
     data["top_ops"][0]["name"] = "autograd::engine::evaluate_function: AddmmBackward0" * 2
     data["categories"] = {f"category{i}": 100.0 * i for i in range(1, 9)}
     monkeypatch.setenv("COLUMNS", "80")
-    narrow = format_summary(data).splitlines()
+    narrow = analyze_terminal.render(data).splitlines()
     assert max(len(line) for line in narrow) <= 80, narrow
     assert any(line.startswith("verdict: ") for line in narrow)
     monkeypatch.delenv("COLUMNS")
-    piped = format_summary(data).splitlines()  # no COLUMNS on a pipe: each line whole, as a log keeps it
+    piped = analyze_terminal.render(
+        data
+    ).splitlines()  # no COLUMNS on a pipe: each line whole, as a log keeps it
     assert any(len(line) > 80 for line in piped) and len(piped) < len(narrow)

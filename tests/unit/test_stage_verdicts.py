@@ -26,12 +26,12 @@ from torchscalpel.report.html import (
 from torchscalpel.report.plan_terminal import cpu_note
 from torchscalpel.report.profile_sections import profile_next
 from torchscalpel.runtime.summary import summarize
-from torchscalpel.sections import LrSection
+from torchscalpel.sections import LrSection, MemorySection
 
 MIB = 2**20
 
 
-def _memory(**extra: object) -> dict[str, object]:
+def _memory(**extra: object) -> MemorySection:
     section: dict[str, object] = {
         "device": "cpu",
         "limit": None,
@@ -40,37 +40,31 @@ def _memory(**extra: object) -> dict[str, object]:
         "growth": {"steps": 18, "per_step": 0, "sites": []},
     }
     section.update(extra)
-    return section
+    return MemorySection.from_dict(section)
 
 
 def test_a_healthy_memory_run_says_stable_with_its_headroom_and_what_to_run_next() -> None:
     section = _memory()
-    said = memory_terminal.verdict(section)
+    said = section.verdict
     assert said == (
         "verdict: stable, no growth over 18 step ends; peak 24.0 MiB, headroom 1000.0 MiB of 1.00 GiB "
         "(host RAM, a CPU run)"
     )
-    assert memory_terminal.summary_lines(section)[0] == said  # the verdict comes first
-    assert memory_terminal.next_line(section, "train.py", "runs/m").startswith(
-        "next: scalpel tune -- train.py"
-    )
+    assert memory_terminal.render(section)[0] == said  # the verdict comes first
+    assert section.next_step("train.py", "runs/m").startswith("next: scalpel tune -- train.py")
 
 
 def test_memory_verdicts_for_growth_a_limit_too_few_steps_and_a_crossing() -> None:
     growing = _memory(growth={"steps": 10, "per_step": 2 * MIB, "steps_left": 7, "capacity": 40 * MIB})
-    assert "grows 2.0 MiB per step, 7 more steps until 40.0 MiB: a leak to fix" in str(
-        memory_terminal.verdict(growing)
-    )
-    assert "growing line(s)" in memory_terminal.next_line(growing, "t.py", "r")
+    assert "grows 2.0 MiB per step, 7 more steps until 40.0 MiB: a leak to fix" in str(growing.verdict)
+    assert "growing line(s)" in growing.next_step("t.py", "r")
     limited = _memory(limit=40 * MIB)
-    assert "headroom 16.0 MiB of 40.0 MiB (the --memory-limit)" in str(memory_terminal.verdict(limited))
+    assert "headroom 16.0 MiB of 40.0 MiB (the --memory-limit)" in str(limited.verdict)
     short = _memory(growth={"steps": 2, "note": "2 step end(s) measured; growth needs 4 or more"})
-    assert "growth not judged (2 step end(s) measured" in str(memory_terminal.verdict(short))
+    assert "growth not judged (2 step end(s) measured" in str(short.verdict)
     crossed = _memory(oom={"request": {}, "live": 40 * MIB})
-    assert memory_terminal.verdict(crossed) is None  # the headline says it ran out
-    assert memory_terminal.next_line(crossed, "t.py", "runs/m").startswith(
-        "next: scalpel fix runs/m --verify"
-    )
+    assert crossed.verdict is None  # the headline says it ran out
+    assert crossed.next_step("t.py", "runs/m").startswith("next: scalpel fix runs/m --verify")
 
 
 def _lr(**extra: object) -> LrSection:
@@ -94,14 +88,14 @@ def _lr(**extra: object) -> LrSection:
 )
 def test_lr_says_which_lr_to_use_against_the_scripts_own(own: list[float], words: str) -> None:
     section = _lr(script_lrs=own)
-    assert lr_terminal.summary_lines(section)[0] == words
+    assert lr_terminal.render(section)[0] == words
     assert "set the script's lr to 0.0739" in lr_terminal.next_line(section, "train.py")
 
 
 def test_lr_without_a_suggestion_has_no_verdict_and_says_to_give_the_sweep_its_steps() -> None:
     section = _lr(min_over_10=None, suggestion=None, not_measured="the script ended first")
     assert lr_terminal.verdict_line(section) is None
-    assert not lr_terminal.summary_lines(section)[0].startswith("verdict")
+    assert not lr_terminal.render(section)[0].startswith("verdict")
     assert lr_terminal.next_line(section, "t.py").startswith("next: give the sweep its steps")
     steepest = _lr(min_over_10=None)
     assert lr_terminal.verdict_line(steepest).startswith("verdict: use lr 0.739 (steepest descent)")  # type: ignore[union-attr]
@@ -139,7 +133,7 @@ def test_the_profile_pages_next_step_fits_the_stage_and_where_the_run_came_from(
     notebook = profile_next(_profiled(inprocess="Cell In[3], line 25"))
     assert "torchscalpel.doctor()" in notebook and "scalpel doctor" not in notebook
     memory = _profiled()
-    memory.sections["memory"] = _memory()
+    memory.sections["memory"] = _memory().to_dict()
     assert profile_next(memory) == ""  # memory's own verdict says what is next
     page = "".join(s.body for s in sections_for(memory))
     assert "Next: <code>scalpel doctor" not in page
@@ -210,13 +204,13 @@ def test_a_notebooks_evaluation_note_names_the_functions_argument_not_the_cli_fl
 
 def test_a_memory_section_whose_analysis_failed_is_not_called_stable() -> None:
     """The analysis never computed growth: "stable, no growth" would be a guess (the measured peak still shows)."""
-    from torchscalpel.report.memory_terminal import summary_lines, verdict
-
-    section = {"error": "analysis failed: RuntimeError('bug')", "peak": {"total": 2**20}, "samples": []}
+    section = MemorySection.from_dict(
+        {"error": "analysis failed: RuntimeError('bug')", "peak": {"total": 2**20}, "samples": []}
+    )
     assert (
-        verdict(section)
+        section.verdict
         == "verdict: not judged: analysis failed: RuntimeError('bug'); what was measured follows"
     )
-    assert summary_lines(section)[0].startswith("verdict: not judged") and "stable" not in "\n".join(
-        summary_lines(section)
+    assert memory_terminal.render(section)[0].startswith("verdict: not judged") and "stable" not in "\n".join(
+        memory_terminal.render(section)
     )

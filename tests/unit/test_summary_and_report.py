@@ -83,7 +83,7 @@ def test_every_share_shown_is_the_share_of_the_median_shown_beside_it(tmp_path):
 
     from rich.console import Console
 
-    from torchscalpel.report.profile_terminal import print_profile_summary
+    import torchscalpel.report.profile_terminal as profile_terminal
 
     r = RunRecord(name="outlier", status="stopped")
     r.steps = [
@@ -111,7 +111,7 @@ def test_every_share_shown_is_the_share_of_the_median_shown_beside_it(tmp_path):
     )
     r.summary = summarize(r)
     buf = io.StringIO()
-    print_profile_summary(r, tmp_path, out=Console(file=buf, width=200, color_system=None))
+    profile_terminal.render(r, tmp_path, out=Console(file=buf, width=200, color_system=None))
     rows = {line.split()[1]: line.split() for line in buf.getvalue().splitlines() if line.startswith("│")}
     assert rows["data"][3] == "0.04" and rows["data"][5] == "0.4%", rows["data"]
     assert rows["forward"][5] == "40.0%", rows["forward"]
@@ -128,7 +128,7 @@ def test_profile_summary_at_80_columns_keeps_names_and_figures_whole(tmp_path):
 
     from rich.console import Console
 
-    from torchscalpel.report.profile_terminal import print_profile_summary
+    import torchscalpel.report.profile_terminal as profile_terminal
 
     r = RunRecord(name="t", status="complete", target={"script": "train.py"})
     r.steps = [
@@ -148,7 +148,7 @@ def test_profile_summary_at_80_columns_keeps_names_and_figures_whole(tmp_path):
         ]
     }
     buf = io.StringIO()
-    print_profile_summary(r, tmp_path, out=Console(file=buf, width=80))
+    profile_terminal.render(r, tmp_path, out=Console(file=buf, width=80))
     text = buf.getvalue()
     # a line longer than the screen only where it holds the run folder's path (one word: it cannot be wrapped;
     # a fresh machine's temporary folder alone can be 80 characters)
@@ -169,27 +169,27 @@ def test_profile_summary_says_the_machine_was_busy(tmp_path):
 
     from rich.console import Console
 
+    import torchscalpel.report.profile_terminal as profile_terminal
     from torchscalpel.doctor.api import _env_findings
-    from torchscalpel.report.profile_terminal import print_profile_summary
 
     r = RunRecord(name="t", status="complete", target={"script": "train.py"})
     r.steps = [StepRecord(index=i, total_ms=10.0, forward_ms=10.0) for i in range(4)]
     r.summary = summarize(r)
     r.environment = {"cpu": {"usable_cores": 2, "load_avg_1m": 13.0}}
     buf = io.StringIO()
-    print_profile_summary(r, tmp_path, out=Console(file=buf, width=200))
+    profile_terminal.render(r, tmp_path, out=Console(file=buf, width=200))
     assert "note: This machine is busy (load 13.0 on 2 cores)" in buf.getvalue()
     assert [f.rule for f in _env_findings(r)] == []
     r.environment["cpu"]["load_avg_1m"] = 1.0
     buf = io.StringIO()
-    print_profile_summary(r, tmp_path, out=Console(file=buf, width=200))
+    profile_terminal.render(r, tmp_path, out=Console(file=buf, width=200))
     assert "busy" not in buf.getvalue()
 
 
 def test_no_step_time_when_every_measured_step_was_instrumented(tmp_path):
+    import torchscalpel.report.profile_terminal as profile_terminal
     from torchscalpel.console import make_console
     from torchscalpel.record_check import check_invariants
-    from torchscalpel.report.profile_terminal import print_profile_summary
 
     r = RunRecord(target={"script": "train.py"}, config={"warmup": 1})
     r.steps = [_step(0, 100, warmup=True), _step(1, 900, profiled=True), _step(2, 800, profiled=True)]
@@ -202,7 +202,7 @@ def test_no_step_time_when_every_measured_step_was_instrumented(tmp_path):
     r.summary = s
     assert not [v for v in check_invariants(r) if "median_step_ms" in v or "steps_summarized" in v]
     c = make_console(width=100, record=True)
-    print_profile_summary(r, tmp_path, out=c)
+    profile_terminal.render(r, tmp_path, out=c)
     assert "step time: not measured: every measured step was instrumented" in c.export_text()
     r.summary = {**s, "median_step_ms": 900.0}  # the old fallback: a step time read from slowed steps
     assert any("every measured step was instrumented" in v for v in check_invariants(r))

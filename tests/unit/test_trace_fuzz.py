@@ -20,10 +20,10 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+import torchscalpel.report.analyze_terminal as analyze_terminal
 from helpers import COMMITTED_TRACES
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import finite_json
-from torchscalpel.report.analyze_terminal import format_summary
 from torchscalpel.report.html import write_analysis_html
 from torchscalpel.trace import analyze_traces
 
@@ -90,7 +90,7 @@ def _analyse(path: Path, out: Path) -> None:
     try:
         result = analyze_traces(path, top=10)
         data = result.to_dict()
-        format_summary(data, top=10)
+        analyze_terminal.render(data, top=10)
         write_analysis_html(finite_json(data), out / "analysis.html")
         json.dumps(finite_json(data), allow_nan=False, default=float)
     except (UsageError, ScalpelError) as exc:

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from test_trace_analysis import synthetic_events
 
+import torchscalpel.report.trace_sections as trace_sections
 from helpers import COMMITTED_TRACES
 from torchscalpel.report.html import render_page
-from torchscalpel.report.trace_sections import build_diff_section, build_trace_sections
+from torchscalpel.report.trace_sections import build_diff_section
 from torchscalpel.trace import analyze_traces
 from torchscalpel.trace.diff import diff_results
 
@@ -24,7 +25,7 @@ def test_sections_for_synthetic_gpu_trace_with_memory(tmp_path: Path) -> None:
     with gzip.open(path, "wt") as fh:
         json.dump({"traceEvents": synthetic_events()}, fh)
     data = analyze_traces([path]).to_dict()
-    sections = build_trace_sections(data)
+    sections = trace_sections.build(data)
     assert _ids(sections) == [
         "trace-overview",
         "trace-steps",
@@ -42,7 +43,7 @@ def test_sections_for_synthetic_gpu_trace_with_memory(tmp_path: Path) -> None:
 
 def test_cpu_only_and_prefix(trace_set: Path) -> None:
     data = analyze_traces(trace_set / "cpu_only").to_dict()
-    sections = build_trace_sections(data, prefix="profile-trace")
+    sections = trace_sections.build(data, prefix="profile-trace")
     assert _ids(sections) == ["profile-trace-overview", "profile-trace-steps", "profile-trace-ops"]
     assert "CPU only" in sections[1].body
 
@@ -52,7 +53,7 @@ def test_errors_section_and_escaping(tmp_path: Path, trace_set: Path) -> None:
     path = tmp_path / "<b>rank-0.json"
     path.write_bytes(raw[: len(raw) // 3])
     data = analyze_traces([path]).to_dict()
-    sections = build_trace_sections(data)
+    sections = trace_sections.build(data)
     err = next(s for s in sections if s.id == "trace-errors")
     assert "truncated at byte" in err.body and "<b>rank" not in err.body and "&lt;b&gt;rank" in err.body
 

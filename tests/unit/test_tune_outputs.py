@@ -10,6 +10,7 @@ from test_tune_search import FakeRunner
 from torchscalpel.record import RunRecord
 from torchscalpel.report.tune_sections import build
 from torchscalpel.runtime.target import Target
+from torchscalpel.sections import TuneSection
 from torchscalpel.stages.demo import tune_options
 from torchscalpel.stages.tune import run as tune_stage_run
 from torchscalpel.tune import search as search_mod
@@ -70,7 +71,7 @@ def test_report_sections_show_no_change(monkeypatch, tmp_path):
 def test_the_recommendation_says_how_many_pairs_confirmed_it_and_warns_below_three(monkeypatch, tmp_path):
     from rich.console import Console
 
-    from torchscalpel.report.tune_terminal import print_tune_result
+    import torchscalpel.report.tune_terminal as tune_terminal
 
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
     result = _demo_tune(tmp_path / "t")
@@ -81,7 +82,12 @@ def test_the_recommendation_says_how_many_pairs_confirmed_it_and_warns_below_thr
     ):
         result.winner.confirm_pairs = pairs
         console = Console(record=True, width=200)
-        print_tune_result(result, out_dir=tmp_path, config_path=tmp_path / "scalpel.toml", out=console)
+        tune_terminal.render(
+            TuneSection.from_dict(result.to_dict()),
+            out_dir=tmp_path,
+            config_path=tmp_path / "scalpel.toml",
+            out=console,
+        )
         text = console.export_text()
         assert f"1.60x faster per step than the baseline ({len(pairs)} interleaved pair" in text
         assert ("re-measure with --confirm 3" in text) is warned
@@ -97,7 +103,8 @@ def test_tune_result_at_80_columns_keeps_every_figure_whole_and_code_parseable(m
 
     from rich.console import Console
 
-    from torchscalpel.report.tune_terminal import print_tune_result, row_cells
+    import torchscalpel.report.tune_terminal as tune_terminal
+    from torchscalpel.report.tune_terminal import row_cells
     from torchscalpel.tune.apply import code_lines
 
     monkeypatch.setattr(search_mod, "run_trial", FakeRunner({"amp=bf16 + amp_fp32_attention": 60.0}))
@@ -105,7 +112,12 @@ def test_tune_result_at_80_columns_keeps_every_figure_whole_and_code_parseable(m
     assert result.winner is not None
     buf = io.StringIO()
     out = Console(file=buf, width=80)  # as piped with COLUMNS=80, and as an 80-column terminal
-    print_tune_result(result, out_dir=tmp_path / "t", config_path=tmp_path / "t" / "scalpel.toml", out=out)
+    tune_terminal.render(
+        TuneSection.from_dict(result.to_dict()),
+        out_dir=tmp_path / "t",
+        config_path=tmp_path / "t" / "scalpel.toml",
+        out=out,
+    )
     text = buf.getvalue()
     lines = text.splitlines()
     # every row's figures appear whole, on one line with their name
@@ -134,7 +146,8 @@ def test_tune_says_when_the_machine_was_busy_as_profile_does(monkeypatch, tmp_pa
     # a tune run at load 13 on 2 cores printed its speedups with no word about the load (issue 31)
     from rich.console import Console
 
-    from torchscalpel.report.tune_terminal import busy_note, print_tune_result
+    import torchscalpel.report.tune_terminal as tune_terminal
+    from torchscalpel.report.tune_terminal import busy_note
 
     def facts(load, cores=2):
         return {"cpu": {"load_avg_1m": load, "usable_cores": cores}}
@@ -149,8 +162,12 @@ def test_tune_says_when_the_machine_was_busy_as_profile_does(monkeypatch, tmp_pa
     result = _demo_tune(tmp_path / "t")
     for environment, said in ((facts(13.0), True), (facts(0.5), False)):
         console = Console(record=True, width=200)
-        print_tune_result(
-            result, out_dir=tmp_path, config_path=tmp_path / "c.toml", out=console, environment=environment
+        tune_terminal.render(
+            TuneSection.from_dict(result.to_dict()),
+            out_dir=tmp_path,
+            config_path=tmp_path / "c.toml",
+            out=console,
+            environment=environment,
         )
         text = console.export_text()
         assert ("This machine is busy (load 13.0 on 2 cores)" in text) is said

@@ -12,10 +12,11 @@ import pytest
 from rich.console import Console
 from test_tune_search import FakeRunner
 
+import torchscalpel.report.tune_terminal as tune_terminal
 from torchscalpel.record import RunRecord
 from torchscalpel.report.tune_sections import build
-from torchscalpel.report.tune_terminal import print_tune_result
 from torchscalpel.runtime.target import Target
+from torchscalpel.sections import TuneSection
 from torchscalpel.stages.tune import save_outputs
 from torchscalpel.tune import search as search_mod
 from torchscalpel.tune.payback import payback_of, run_steps
@@ -178,8 +179,12 @@ def test_nothing_recommended_writes_no_settings_file_and_says_so(monkeypatch, tm
     assert not config.exists() and not (tmp_path / "o" / "scalpel.toml").exists()
     assert "settings" not in json.loads((tmp_path / "o" / "run.json").read_text())["artifacts"]
     out = io.StringIO()
-    print_tune_result(
-        result, out_dir=tmp_path / "o", config_path=None, out=Console(file=out, width=200), target_text="t.py"
+    tune_terminal.render(
+        TuneSection.from_dict(result.to_dict()),
+        out_dir=tmp_path / "o",
+        config_path=None,
+        out=Console(file=out, width=200),
+        target_text="t.py",
     )
     text = out.getvalue()
     assert "no change recommended" in text and "no scalpel.toml written" in text and "apply with" not in text
@@ -194,8 +199,8 @@ def test_the_last_line_applies_the_file_actually_written(monkeypatch, tmp_path):
     inner = tmp_path / "o" / "scalpel.toml"
     assert f"apply with: scalpel run --config {inner} -- t.py --x 1" in inner.read_text()
     out = io.StringIO()
-    print_tune_result(
-        result,
+    tune_terminal.render(
+        TuneSection.from_dict(result.to_dict()),
         out_dir=tmp_path / "o",
         config_path=paths["config"],
         out=Console(file=out, width=200),

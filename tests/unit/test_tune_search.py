@@ -11,6 +11,7 @@ import pytest
 
 from torchscalpel.errors import ScalpelError
 from torchscalpel.runtime.target import Target
+from torchscalpel.sections import TuneSection
 from torchscalpel.tune import budget as budget_mod
 from torchscalpel.tune import search as search_mod
 from torchscalpel.tune.runner import TrialResult
@@ -686,9 +687,10 @@ def test_every_output_shows_one_speedup_per_candidate(monkeypatch, tmp_path):
 
     from rich.console import Console
 
+    import torchscalpel.report.tune_terminal as tune_terminal
     from torchscalpel.record import load_record
     from torchscalpel.report.tune_sections import build
-    from torchscalpel.report.tune_terminal import HEADERS, print_tune_result
+    from torchscalpel.report.tune_terminal import HEADERS
     from torchscalpel.stages.tune import save_outputs
 
     label = "threads=2"
@@ -699,7 +701,9 @@ def test_every_output_shows_one_speedup_per_candidate(monkeypatch, tmp_path):
     out = tmp_path / "out"
     save_outputs(result, out, config_path=None, command=["scalpel", "tune"], target_text="train.py")
     console = Console(record=True, width=400)
-    print_tune_result(result, out_dir=out, config_path=out / "scalpel.toml", out=console)
+    tune_terminal.render(
+        TuneSection.from_dict(result.to_dict()), out_dir=out, config_path=out / "scalpel.toml", out=console
+    )
     text = console.export_text()
     row = next(line for line in text.splitlines() if line.startswith(f"│ {label}"))
     cells = [c.strip() for c in row.strip("│").split("│")]
@@ -768,14 +772,19 @@ def test_noise_from_one_baseline_run_is_not_measured(run_search):
 def test_a_search_that_measured_no_candidate_says_so_and_recommends_nothing(clocked, tmp_path):
     from rich.console import Console
 
-    from torchscalpel.report.tune_terminal import print_tune_result
+    import torchscalpel.report.tune_terminal as tune_terminal
 
     # baseline runs of 10 s in a 25 s budget: nothing is left for any candidate
     result, _ = clocked(FakeRunner({"threads=2": 50.0}), budget_s=25, knobs=("amp", "threads"))
     assert result.winner is None and result.settings.is_baseline()
     assert all(t.verdict in ("not run", "skipped") for t in result.trials)
     console = Console(record=True, width=300)
-    print_tune_result(result, out_dir=tmp_path, config_path=tmp_path / "scalpel.toml", out=console)
+    tune_terminal.render(
+        TuneSection.from_dict(result.to_dict()),
+        out_dir=tmp_path,
+        config_path=tmp_path / "scalpel.toml",
+        out=console,
+    )
     text = console.export_text()
     assert "nothing beat the baseline" not in text  # what the demo said when every candidate was "not run"
     assert "no change recommended: no candidate was measured: the budget ran out after the baseline" in text

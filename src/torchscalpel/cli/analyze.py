@@ -11,9 +11,10 @@ import argparse
 import json
 from pathlib import Path
 
+import torchscalpel.report.analyze_terminal as analyze_terminal
 from torchscalpel.errors import ScalpelError, UsageError
 from torchscalpel.fileio import check_output_file, finite_json, write_output_text
-from torchscalpel.report.analyze_terminal import format_diff, format_summary
+from torchscalpel.report.analyze_terminal import format_diff
 from torchscalpel.units import int_type
 
 
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         errors += other.errors
         diff = diff_results(result, other)
         data["diff"] = diff
-    print(format_summary(data, top=args.top))
+    print(analyze_terminal.render(data, top=args.top))
     if diff is not None:
         print(format_diff(diff, top=args.top))
     if args.json_path:

@@ -51,8 +51,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Flags -> :class:`BatchOptions` -> :func:`torchscalpel.stages.batch.run` -> the table and the advice."""
+    import torchscalpel.report.batch_terminal as batch_terminal
     from torchscalpel.console import say_lines
-    from torchscalpel.report.batch_terminal import summary_lines
     from torchscalpel.stages import batch as stage
     from torchscalpel.tune.batch_finder import BatchOptions
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     say_lines(
         [
             f"scalpel batch: {options.target.name}",
-            *summary_lines(result.section),
+            *batch_terminal.render(result.section),
             f"record: {out_dir / 'run.json'}",
             *report,
         ]

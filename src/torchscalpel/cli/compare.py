@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
 
     to_stdout = args.json_path is not None and is_stdout(args.json_path)
     if not to_stdout:  # with '--json -' stdout holds only the JSON (the entry point moved prints to stderr)
-        from torchscalpel.report.compare_terminal import print_comparison
+        import torchscalpel.report.compare_terminal as compare_terminal
 
-        print_comparison(cmp)
+        compare_terminal.render(cmp)
     if args.json_path is not None:
         text = json.dumps(cmp.to_dict(), indent=1, allow_nan=True) + "\n"
         write_output_text(args.json_path, text, flag="--json")  # a full disk: one sentence, not a traceback

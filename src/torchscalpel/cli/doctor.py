@@ -101,9 +101,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Flags -> :class:`DoctorOptions` -> :func:`torchscalpel.stages.doctor.run` -> the findings on screen
     and the exit code."""
+    import torchscalpel.report.doctor_terminal as doctor_terminal
     from torchscalpel.console import StepProgress, make_console
     from torchscalpel.doctor.options import DoctorOptions
-    from torchscalpel.report.doctor_terminal import render_rank_findings, render_terminal
+    from torchscalpel.report.doctor_terminal import render_rank_findings
     from torchscalpel.stages import doctor as stage
 
     try:  # every flag checked before the script starts and before the run folder exists
@@ -113,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     if options.mode == "static":
         result = stage.run(options)
-        render_terminal(
+        doctor_terminal.render(
             result.findings,
             console,
             header=f"[bold]scalpel doctor --static[/bold]: {len(result.files)} file(s)",
@@ -163,8 +164,8 @@ def _print_script_run(result: DoctorResult, console: Console) -> None:
     patch and the next command."""
     from rich.markup import escape
 
+    import torchscalpel.report.doctor_terminal as doctor_terminal
     from torchscalpel.console import say_command
-    from torchscalpel.report.doctor_terminal import render_terminal
     from torchscalpel.report.profile_terminal import strip_ansi
     from torchscalpel.runtime.run_notes import how_it_stopped
 
@@ -182,7 +183,7 @@ def _print_script_run(result: DoctorResult, console: Console) -> None:
             f"[dim]{escape(status)}; {len(result.findings)} finding(s) in {out_dir / 'run.json'}[/dim]"
         )
     else:
-        render_terminal(result.findings, console, header=f"[dim]{escape(status)}[/dim]\n")
+        doctor_terminal.render(result.findings, console, header=f"[dim]{escape(status)}[/dim]\n")
     console.print(f"[dim]record: {out_dir / 'run.json'}[/dim]")
     for line in result.patch_lines:
         console.print(escape(line), soft_wrap=True)

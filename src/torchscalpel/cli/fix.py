@@ -64,8 +64,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Flags -> :class:`FixOptions` -> :func:`torchscalpel.stages.fix.run` -> the diff and the summary."""
+    import torchscalpel.report.fix_terminal as fix_terminal
     from torchscalpel.fix.options import FixOptions
-    from torchscalpel.fix.render import summary_lines
     from torchscalpel.stages import fix as stage
 
     result = stage.run(FixOptions.from_args(args))
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     from torchscalpel.report.fix_sections import write_pages
 
     pages = write_pages([run_dir for run_dir, _ in result.records]) if result.changes else []
-    for line in summary_lines(result) + [
+    for line in fix_terminal.render(result) + [
         f"page: {p} (the diff, what was measured, verified or not)" for p in pages[:1]
     ]:
         print(line, file=sys.stderr if result.patch else sys.stdout)

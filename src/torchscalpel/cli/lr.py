@@ -74,9 +74,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Flags -> :class:`LrOptions` -> :func:`torchscalpel.stages.lr.run` -> the suggestion (or why there is
     none) and the script's exit code."""
+    import torchscalpel.report.lr_terminal as lr_terminal
     from torchscalpel.console import StepProgress, say_lines
     from torchscalpel.lrfind.options import LrOptions
-    from torchscalpel.report.lr_terminal import next_line, summary_lines
+    from torchscalpel.report.lr_terminal import next_line
     from torchscalpel.runtime.run_notes import how_it_stopped
     from torchscalpel.stages import lr as stage
 
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         [
             f"scalpel lr: {target.name}: {how_it_stopped(record)}"
             + (f" ({record.error})" if record.error else ""),
-            *summary_lines(result.section),
+            *lr_terminal.render(result.section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
             *([] if not options.report else [f"report: {out_dir / 'report.html'}"]),
             next_line(result.section, ("" if target.script else "-m ") + shlex.join(target.argv())),

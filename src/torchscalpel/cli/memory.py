@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
         raise usage_error(exc) from None
     if options.snapshot is not None:
         return _explain_snapshot(options.snapshot, args)
+    import torchscalpel.report.memory_terminal as memory_terminal
     from torchscalpel.console import say_lines
-    from torchscalpel.report.memory_terminal import next_line, summary_lines
     from torchscalpel.runtime.run_notes import how_it_stopped
     from torchscalpel.stages import memory as stage
 
@@ -101,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
         [
             f"scalpel memory: {target.name}: {how_it_stopped(record)}"
             + (f" ({record.error})" if record.error else ""),
-            *summary_lines(section),
+            *memory_terminal.render(section),
             f"record: {out_dir / 'run.json'}",  # a path a line (see cli/plan.py)
             *([f"report: {out_dir / 'report.html'}"] if options.report else []),
-            next_line(section, ("" if target.script else "-m ") + shlex.join(target.argv()), str(out_dir)),
+            section.next_step(("" if target.script else "-m ") + shlex.join(target.argv()), str(out_dir)),
         ]
     )
     for line in result.patch_lines:
@@ -122,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
     """A snapshot explained by the memory stage, drawn as the reader goes, then printed."""
+    import torchscalpel.report.snapshot_terminal as snapshot_terminal
     from torchscalpel.console import TerminalProgress
     from torchscalpel.memory.options import MemoryOptions
-    from torchscalpel.report.snapshot_terminal import render_snapshot
     from torchscalpel.stages import memory as stage
 
     options = MemoryOptions(
@@ -136,7 +136,7 @@ def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
             options, progress=lambda done, total: bar.show(completed=done >> 20, total=max(total >> 20, 1))
         )
     assert result.snapshot is not None
-    for line in render_snapshot(result.snapshot):
+    for line in snapshot_terminal.render(result.snapshot):
         print(line)
     if result.output_error is not None:
         raise result.output_error

@@ -93,8 +93,8 @@ def add_runtime_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Flags -> :class:`ProfileOptions` -> :func:`torchscalpel.stages.profile.run` -> the summary and the
     script's exit code."""
+    import torchscalpel.report.profile_terminal as profile_terminal
     from torchscalpel.console import StepProgress
-    from torchscalpel.report.profile_terminal import print_profile_summary
     from torchscalpel.stages import profile as stage
 
     try:
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     total = options.warmup + options.steps if options.steps is not None else None
     with StepProgress(total, f"profiling {options.target.name}") as bar:
         result = stage.run(options, progress=bar.update)
-    print_profile_summary(result.record, result.out_dir)  # also when the --json copy could not be written
+    profile_terminal.render(result.record, result.out_dir)  # also when the --json copy could not be written
     if result.json_error is not None:
         raise result.json_error
     return result.exit_code

@@ -107,8 +107,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Flags -> :class:`TuneOptions` -> :func:`torchscalpel.stages.tune.run` -> the table and the exit code."""
+    import torchscalpel.report.tune_terminal as tune_terminal
     from torchscalpel.record import load_record
-    from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
+    from torchscalpel.report.tune_terminal import RichProgress
+    from torchscalpel.sections import TuneSection
     from torchscalpel.stages import tune as stage
     from torchscalpel.tune.options import TuneOptions
 
@@ -124,11 +126,12 @@ def run(args: argparse.Namespace) -> int:
     if result.search is None:  # --fit printed its own table
         return result.exit_code
     paths = result.paths
-    print_tune_result(
-        result.search,
+    saved = load_record(paths["record"])  # drawn from what was saved, as report.html is
+    tune_terminal.render(
+        saved.section(TuneSection) or TuneSection(),
         out_dir=result.out_dir,
         config_path=paths.get("config", paths.get("settings")),
-        environment=load_record(paths["record"]).environment,  # the baseline's: its load at the start
+        environment=saved.environment,  # the baseline's: its load at the start
         target_text=" ".join(str(a) for a in options.target.argv()),
     )
     if result.config_left_alone and options.config_path is not None:

@@ -13,7 +13,7 @@ def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."
 
 
-def format_summary(data: dict[str, Any], *, top: int = 15) -> str:
+def render(data: dict[str, Any], *, top: int = 15) -> str:
     """The terminal summary: per rank and step, GPU breakdown, top ops and kernels, memory, stragglers."""
     out: list[str] = []
     width = _width()  # None on a pipe: lines whole; a terminal's width: rows cut to fit, prose wrapped

@@ -19,7 +19,7 @@ def row_outcome(row: dict[str, Any]) -> str:
     return "does not fit" if "out of memory" in str(row.get("why") or "").lower() else "not measured"
 
 
-def summary_lines(batch: BatchSection) -> list[str]:
+def render(batch: BatchSection) -> list[str]:
     """One line per size, then the best size and the lr advice."""
     lines = [f"{'batch':>7}  {'samples/s':>10}  {'step ms':>9}"]
     for r in batch.rows:

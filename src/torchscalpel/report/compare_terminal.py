@@ -84,7 +84,7 @@ def figures_table(cmp: Comparison) -> Table | None:
     return t
 
 
-def print_comparison(cmp: Comparison, console: Console | None = None) -> None:
+def render(cmp: Comparison, console: Console | None = None) -> None:
     """Runs, the step table, memory/throughput, then per pair its losses, differences and verdict."""
     # make_console: in a pipe 200 columns (COLUMNS when set) and soft wrap, so a log line is never cut at
     # rich's default 80 (the README's tour); on a terminal its width

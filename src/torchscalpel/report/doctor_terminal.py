@@ -17,7 +17,7 @@ from torchscalpel.findings import Finding, Severity, counts, short_path
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "bold yellow", Severity.INFO: "cyan"}
 
 
-def render_terminal(
+def render(
     findings: Sequence[Finding],
     console: Console | None = None,
     *,
@@ -88,7 +88,7 @@ def render_rank_findings(
         console.print(f"[green]No findings[/green] on any of the {ranks} rank(s), nor across them.")
         return
     if across:
-        render_terminal(
+        render(
             across,
             console,
             keep_order=True,  # the hang watch's first: they explain the rest
@@ -98,7 +98,7 @@ def render_rank_findings(
         console.print(f"[bold]across ranks[/bold]: none (the launcher compared the {ranks} ranks)")
     console.print()
     if per_rank:
-        render_terminal(per_rank, console, header="[bold]per rank[/bold] (each rank's own doctor, merged):")
+        render(per_rank, console, header="[bold]per rank[/bold] (each rank's own doctor, merged):")
     else:
         console.print("[bold]per rank[/bold]: none (each rank's own doctor)")
 

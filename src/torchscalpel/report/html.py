@@ -344,10 +344,11 @@ def scope_css(css: str, scope: str) -> str:
 
 def write_analysis_html(data: dict[str, Any], path: Path, diff: dict[str, Any] | None = None) -> None:
     """The ``scalpel analyze`` page: the shared page style with the trace (and diff) sections."""
+    import torchscalpel.report.trace_sections as trace_sections
     from torchscalpel.report.analyze_terminal import verdict_lines
-    from torchscalpel.report.trace_sections import build_diff_section, build_trace_sections
+    from torchscalpel.report.trace_sections import build_diff_section
 
-    sections = build_trace_sections(data)
+    sections = trace_sections.build(data)
     if diff is not None:  # the comparison leads the evidence
         sections.insert(0, build_diff_section(diff))
     first, *rest = verdict_lines(data, diff)

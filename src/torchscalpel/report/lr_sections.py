@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from html import escape
 
+import torchscalpel.report.lr_terminal as lr_terminal
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import lines
-from torchscalpel.report.lr_terminal import finite_number, summary_lines
+from torchscalpel.report.lr_terminal import finite_number
 from torchscalpel.report.page import Section
 from torchscalpel.sections import LrSection
 
@@ -16,7 +17,7 @@ def build(record: RunRecord) -> list[Section]:
     lr = record.section(LrSection)
     if lr is None:
         return []
-    text = "".join(f"<li>{escape(line)}</li>" for line in summary_lines(lr))
+    text = "".join(f"<li>{escape(line)}</li>" for line in lr_terminal.render(lr))
     points = [p for p in lr.points if isinstance(p, dict) and finite_number(p.get("lr"))]
     if not points:
         return [Section(id="lr", title="Learning-rate range test", body=f"<ul>{text}</ul>")]

@@ -87,7 +87,7 @@ def next_line(lr: LrSection, script: str) -> str:
     )
 
 
-def summary_lines(lr: LrSection) -> list[str]:
+def render(lr: LrSection) -> list[str]:
     """The verdict (which lr, against the script's own), the sweep, the suggestions (or why they were not
     measured and how to measure them), the divergence point, and the reminder that the run is thrown away."""
     n = len(lr.points)

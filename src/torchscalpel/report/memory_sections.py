@@ -11,10 +11,9 @@ from typing import Any
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import stacked_bars
-from torchscalpel.report.memory_terminal import next_line
-from torchscalpel.report.memory_terminal import verdict as memory_verdict
 from torchscalpel.report.page import Section, table
 from torchscalpel.runtime.memory_categories import CATEGORIES
+from torchscalpel.sections import MemorySection
 from torchscalpel.units import fmt_bytes
 
 _NAMES = {
@@ -28,16 +27,13 @@ _NAMES = {
 
 def build(record: RunRecord) -> list[Section]:
     """One "Memory" section (none when the record holds no memory section)."""
-    m = record.sections.get("memory")
-    if not isinstance(m, dict):
+    m = record.section(MemorySection)
+    if m is None:
         return []
-    if "peak" not in m or "by_category" not in m.get("peak", {}):
-        return [
-            Section(
-                id="memory", title="Memory", body=f"<p>{escape(str(m.get('error', 'no memory data')))}</p>"
-            )
-        ]
-    peak_total = (m.get("peak") or {}).get("total")
+    if m.peak is None or "by_category" not in m.peak:
+        said = m.error if m.error is not None else "no memory data"
+        return [Section(id="memory", title="Memory", body=f"<p>{escape(str(said))}</p>")]
+    peak_total = m.peak.get("total")
     # the charts' unit from the peak: a small run's 28 KiB read as 0.00 MiB in every row
     unit, mib = (
         ("KiB", 1024.0)
@@ -48,28 +44,28 @@ def build(record: RunRecord) -> list[Section]:
     # down, below two charts. The charts and tables follow in their own section.
     verdict: list[str] = []
     parts: list[str] = []
-    peak = m["peak"]
-    oom = m.get("oom")
+    peak = m.peak
+    oom = m.oom
     if oom:
         verdict.append(_oom(oom, m))
-    said = memory_verdict(m)
-    if said:
-        said = said.removeprefix("verdict: ")
+    sentence = m.verdict  # the terminal's sentence (one definition: the view's)
+    if sentence:
+        said = sentence.removeprefix("verdict: ")
         verdict.append(f"<p><b>{escape(said[:1].upper() + said[1:])}.</b></p>")
     verdict.append(
         f"<h3>At the peak: {escape(fmt_bytes(peak.get('total')))}</h3><p>step {escape(str(peak.get('step')))}, "
         f"{escape(str(peak.get('phase')))}, at <code>{escape(str(peak.get('op')))}</code></p>"
     )
-    note = (m.get("evaluation") or {}).get("note")
+    note = (m.evaluation or {}).get("note")
     if note:
         verdict.append(f"<p><b>{escape(str(note))}.</b></p>")
-    before = m.get("before_training")
+    before = m.before_training
     if before:
         verdict.append(
             f"<p>Before training the live total was higher: {escape(fmt_bytes(before.get('total')))} at "
             f"<code>{escape(str(before.get('site')))}</code> (loading data or building the model).</p>"
         )
-    growth = m.get("growth") or {}
+    growth = m.growth or {}
     if growth.get("per_step"):
         verdict.append(
             f"<h3>Growth: {escape(fmt_bytes(growth['per_step']))} per step</h3>"
@@ -83,7 +79,7 @@ def build(record: RunRecord) -> list[Section]:
                 else ""
             )
         )
-    samples = m.get("samples") or []
+    samples = m.samples or []
     if samples:
         labels = [f"step {s['step']}" for s in samples][-40:]
         series = {_NAMES[c]: [s["by_category"].get(c, 0) / mib for s in samples][-40:] for c in CATEGORIES}
@@ -140,7 +136,7 @@ def build(record: RunRecord) -> list[Section]:
     script = target.get("script") or (f"-m {target['module']}" if target.get("module") else "")
     if script:
         # the page sits in the run folder it names: RUN_DIR stands for it
-        verdict.append(f"<p>{escape('N' + next_line(m, str(script), 'RUN_DIR')[1:])}</p>")
+        verdict.append(f"<p>{escape('N' + m.next_step(str(script), 'RUN_DIR')[1:])}</p>")
     return [
         Section(
             id="memory",
@@ -151,12 +147,12 @@ def build(record: RunRecord) -> list[Section]:
     ]
 
 
-def _oom(oom: dict[str, Any], m: dict[str, Any]) -> str:
+def _oom(oom: dict[str, Any], m: MemorySection) -> str:
     req = oom["request"]
     head = (
         f"<h3>Out of memory</h3><p><code>{escape(str(req.get('op')))}</code> at <code>{escape(str(req.get('site')))}"
         f"</code> asked for {escape(fmt_bytes(req.get('bytes')))} with {escape(fmt_bytes(oom.get('live')))} live "
-        f"(limit {escape(fmt_bytes(oom.get('limit')))}). Top cause: <b>{escape(m['top_cause']['text'])}</b>.</p>"
+        f"(limit {escape(fmt_bytes(oom.get('limit')))}). Top cause: <b>{escape((m.top_cause or {}).get('text', '?'))}</b>.</p>"
     )
     rows = [
         [

@@ -109,7 +109,7 @@ def _other(result: PlanResult) -> str:
     return f" ({fmt_bytes(other)} {'without' if on else 'with'} block checkpointing)"
 
 
-def render_text(result: PlanResult, width: int | None = None) -> str:
+def render(result: PlanResult, width: int | None = None) -> str:
     """The plan as a plain-text table plus the recommendation. With ``width`` (the terminal's columns) and a
     table wider than that, one block per strategy instead: at 80 columns the thirteen columns (~130
     characters) were wrapped by the terminal, each row's figures landing under the wrong headers."""

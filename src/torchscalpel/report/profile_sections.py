@@ -412,6 +412,6 @@ def _trace_extras(record: RunRecord) -> list[Section]:
     trace = record.section(TraceSection)
     if trace is None or not trace.to_dict():
         return []
-    from torchscalpel.report.trace_sections import build_trace_sections
+    import torchscalpel.report.trace_sections as trace_sections
 
-    return [s for s in build_trace_sections(trace.to_dict()) if s.id in _TRACE_PARTS]
+    return [s for s in trace_sections.build(trace.to_dict()) if s.id in _TRACE_PARTS]

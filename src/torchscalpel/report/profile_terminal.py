@@ -181,7 +181,7 @@ def print_rows(
         say(out, f"{row[0]}: " + " · ".join(pairs), hang=2, sep=" · ")
 
 
-def print_profile_summary(record: RunRecord, run_dir: Any, out: Console | None = None) -> None:
+def render(record: RunRecord, run_dir: Any, out: Console | None = None) -> None:
     """The one-screen summary of a profile run."""
     c = out or console()
     s = record.summary_view()

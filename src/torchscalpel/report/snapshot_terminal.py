@@ -25,7 +25,7 @@ PHASE_FIX = {  # the rungs of the post-mortem's ladder that act on each phase (d
 }
 
 
-def render_snapshot(r: dict[str, Any]) -> list[str]:
+def render(r: dict[str, Any]) -> list[str]:
     """Terminal lines for :func:`explain_snapshot`'s result."""
     lines = [
         f"snapshot {r['path']}: {r['segments']} segments, {r['blocks']} live blocks",

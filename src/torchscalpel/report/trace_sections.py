@@ -29,7 +29,7 @@ def _mib(b: float | None) -> str:
     return "–" if b is None else f"{b / 2**20:,.1f} MiB"
 
 
-def build_trace_sections(result: dict[str, Any], *, prefix: str = "trace") -> list[Section]:
+def build(result: dict[str, Any], *, prefix: str = "trace") -> list[Section]:
     """Sections: overview, per-step split, GPU breakdown, top ops, top kernels, memory, ranks, diff."""
     out: list[Section] = []
     ranks = result.get("ranks", [])

@@ -7,34 +7,18 @@ has to measure.
 from __future__ import annotations
 
 from html import escape
-from typing import Any
 
 from torchscalpel.record import RunRecord
 from torchscalpel.report.charts import horizontal_bars, lines
 from torchscalpel.report.page import Section, table
 from torchscalpel.report.tune_terminal import HEADERS, NUMERIC, TABLE_NOTE, noise_line, row_cells
 from torchscalpel.sections import TuneSection
-from torchscalpel.tune.result import headline
-from torchscalpel.tune.runner import TrialResult
-from torchscalpel.tune.speedup import RANK_ORDER, rank_key, speedup_of
+from torchscalpel.tune.result import TuneResult, headline
+from torchscalpel.tune.speedup import RANK_ORDER, speedup_of
 from torchscalpel.tune.states import Verdict
 
 CURVE_VERDICTS = (Verdict.WINNER, Verdict.FASTER, Verdict.NUMERICS)
 """Trials whose loss curves are drawn next to the baseline's."""
-
-
-def _trial(data: dict[str, Any]) -> TrialResult:
-    return TrialResult.from_dict(data)
-
-
-def _required(tune: TuneSection) -> float:
-    """The speedup the search required, as the record states it (tune writes it in every record)."""
-    value = tune.required_speedup
-    if value is None:  # a hand-made section: tune's own margin (imported late: verify imports torch)
-        from torchscalpel.tune.verify import required_speedup
-
-        value = required_speedup(0.0)
-    return float(value)
 
 
 def build(record: RunRecord) -> list[Section]:
@@ -42,9 +26,8 @@ def build(record: RunRecord) -> list[Section]:
     tune = record.section(TuneSection)
     if tune is None or tune.baseline is None:  # no tune result (or a hand-made one without a baseline)
         return []
-    baseline = _trial(tune.baseline)
-    trials = [_trial(t) for t in tune.trials]
-    rows = sorted([baseline, *trials], key=rank_key)
+    result = TuneResult.from_section(tune)  # what the terminal renders too (tune_terminal.render)
+    baseline, trials, rows = result.baseline, result.trials, result.ranked()
     winner = tune.winner
     line = headline(winner, tune.no_candidate)  # the terminal's, code.txt's and scalpel.toml's words
     if winner:
@@ -76,7 +59,7 @@ def build(record: RunRecord) -> list[Section]:
         )
     runs = len(tune.baseline_medians) if tune.baseline_medians else None
     verdict += (
-        f'<p class="muted">Required speedup {_required(tune):.2f}x; {escape(noise_line(tune.noise, runs))}; '
+        f'<p class="muted">Required speedup {result.required:.2f}x; {escape(noise_line(tune.noise, runs))}; '
         f"baseline loss determinism {(tune.determinism or 0):.1e}.</p>"
     )
     if notes:

@@ -1,4 +1,9 @@
-"""Terminal output of ``scalpel tune``: progress while trials run, the ranked table, the verdict."""
+"""Terminal output of ``scalpel tune``: progress while trials run, the ranked table, the verdict.
+
+The table and the verdict are drawn from the record's tune section (:func:`render`), the data the page draws
+(:func:`torchscalpel.report.tune_sections.build`), never from the live search. A cell never wraps: a note too
+long for the width becomes a numbered footnote below the table, and prose is wrapped between words at the
+console's width, on a pipe too (a CI log greps one row per variant)."""
 
 from __future__ import annotations
 
@@ -7,20 +12,21 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.padding import Padding
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from torchscalpel.console import console as default_console
-from torchscalpel.console import fit_code, say, say_command
+from torchscalpel.console import fit_code, say_command, wrap_spans
 from torchscalpel.envcheck.host_checks import check_machine_busy
+from torchscalpel.sections import TuneSection
+from torchscalpel.tune.result import TuneResult
 from torchscalpel.tune.speedup import RANK_ORDER, speedup_of
 from torchscalpel.tune.states import TrialStatus, Verdict
 from torchscalpel.units import fmt_bytes
 
 if TYPE_CHECKING:
     from torchscalpel.tune.runner import TrialResult
-    from torchscalpel.tune.search import TuneResult
 
 VERDICT_STYLE: dict[Verdict, str] = {
     Verdict.WINNER: "bold green",
@@ -48,7 +54,8 @@ class RichProgress:
         self._left = 0.0
 
     def message(self, text: str) -> None:
-        say(self.console, f"[dim]{text}[/]", markup=True)
+        # wrapped between words at the width, piped too: a "plan:" line with its reasons ran to 321 columns
+        say_wrapped(self.console, Text(text, style="dim"), hang=2)
 
     def trial_started(
         self, label: str, limit_s: float, *, index: int = 0, total: int = 0, left_s: float = 0.0
@@ -70,13 +77,14 @@ class RichProgress:
         if result.ok and result.status == TrialStatus.OK:
             info = f"{result.median_ms:.1f} ms/step"
         else:
-            info = f"[red]{result.status}[/]: {result.cause}"
+            info = f"[red]{result.status}[/]: {escape(result.cause)}"
         left = max(0.0, self._left - result.wall_s)
-        say(
+        say_wrapped(
             self.console,
-            f"  trial {self._n}{self._of}: [bold]{result.label}[/] {info} "
-            f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]",
-            markup=True,
+            Text.from_markup(
+                f"  trial {self._n}{self._of}: [bold]{escape(result.label)}[/] {info} "
+                f"[dim]({result.wall_s:.0f} s, {left:.0f} s left)[/]"
+            ),
             hang=2,
         )
         for ex in (getattr(result, "compile", None) or {}).get("excluded") or []:
@@ -225,6 +233,22 @@ FEW_PAIRS = 3
 TABLE_MIN_WIDTH = 150
 """Below this many columns the ranked table's eleven columns collapse to 1-4 characters (the issue's
 80-column tmux: step ms shown as "4", the why and result columns gone): one block per variant instead."""
+NOTE_COLUMNS = (HEADERS.index("why tried"), HEADERS.index("result"))
+"""The columns of prose; the others hold figures and short words."""
+NOTE_CELL = 24
+"""A note longer than this becomes a numbered footnote when the table would not fit with it in its cell."""
+
+
+def say_wrapped(c: Console, text: str | Text, *, hang: int = 0) -> None:
+    """One line of prose wrapped between words at the console's width (:func:`~torchscalpel.console.wrap_spans`:
+    never between a figure and its unit), on a pipe too: tune's prose runs to hundreds of columns (a plan line
+    with its reasons, a compile note) and a CI log shows it whole on one line otherwise."""
+    line = text if isinstance(text, Text) else Text(text)
+    for start, end, indent in wrap_spans(line.plain, c.width, hang=hang):
+        piece = line[start:end]
+        if indent:
+            piece = Text.assemble(" " * indent, piece)
+        c.print(piece, soft_wrap=True, highlight=False)
 
 
 def print_ranked_blocks(c: Console, result: TuneResult) -> None:
@@ -262,8 +286,8 @@ def print_ranked_blocks(c: Console, result: TuneResult) -> None:
             c.print(f"   {line}", highlight=False, soft_wrap=True)
         for name in ("why tried", "result"):
             if cells[name] and cells[name] != "-":
-                c.print(Padding(Text(f"{name}: {cells[name]}", style="dim"), (0, 0, 0, 3), expand=False))
-    c.print(Text(TABLE_NOTE, style="dim"))
+                say_wrapped(c, Text(f"   {name}: {cells[name]}", style="dim"))
+    say_wrapped(c, Text(TABLE_NOTE, style="dim"))
 
 
 def busy_note(environment: Mapping[str, Any] | None) -> str | None:
@@ -278,8 +302,33 @@ def busy_note(environment: Mapping[str, Any] | None) -> str | None:
     return None
 
 
-def print_tune_result(
-    result: TuneResult,
+def ranked_table(c: Console, result: TuneResult) -> tuple[Table, list[str]] | None:
+    """The ranked variants as one table whose cells never wrap, and its footnotes: each note cell whole when the
+    table then fits the width, else a note longer than :data:`NOTE_CELL` (then every result, then every note)
+    as ``[n]`` with its text below the table. None when the table does not fit even so (the blocks of
+    :func:`print_ranked_blocks` then)."""
+    ranked = [(trial, row_cells(trial)) for trial in result.ranked()]
+    why, res = NOTE_COLUMNS
+    for limits in ({}, {why: NOTE_CELL, res: NOTE_CELL}, {why: NOTE_CELL, res: 0}, {why: 0, res: 0}):
+        notes: list[str] = []
+        table = Table(title=f"scalpel tune: variants {RANK_ORDER}", title_justify="left")
+        for i, h in enumerate(HEADERS):
+            table.add_column(h, justify="right" if NUMERIC[i] else "left", no_wrap=True)
+        for trial, cells in ranked:
+            shown = list(cells)
+            for i in (why, res):
+                if i in limits and len(shown[i]) > limits[i] and shown[i] != "-":
+                    notes.append(f"[{len(notes) + 1}] {trial.label}: {HEADERS[i]}: {shown[i]}")
+                    shown[i] = f"[{len(notes)}]"
+            table.add_row(*shown, style=VERDICT_STYLE.get(trial.verdict, ""))
+        # the table's own width, unclamped (Console.measure clamps to the console's width)
+        if Measurement.get(c, c.options.update_width(10**6), table).maximum <= c.width:
+            return table, notes
+    return None
+
+
+def render(
+    tune: TuneSection,
     *,
     out_dir: Any,
     config_path: Any,
@@ -287,102 +336,105 @@ def print_tune_result(
     environment: Mapping[str, Any] | None = None,
     target_text: str = "SCRIPT ...",
 ) -> None:
-    """The ranked table, the recommendation (or why there is none), the code lines and where files are.
-    ``environment``: the baseline record's facts, for :func:`busy_note`; ``target_text``: the script and
-    its arguments, for the closing ``apply with:`` line."""
+    """The ranked table, the recommendation (or why there is none), the code lines and where files are, drawn
+    from the record's tune section (``record.section(TuneSection)``: what report.html draws). ``environment``:
+    the baseline record's facts, for :func:`busy_note`; ``target_text``: the script and its arguments, for the
+    closing ``apply with:`` line."""
     c = out or default_console()
-    # (a pipe's width is make_console's: COLUMNS when set, else wide enough for the table)
-    if c.width < TABLE_MIN_WIDTH:
+    if tune.baseline is None:  # a hand-made section: no search to show
+        say_wrapped(c, "scalpel tune: the record holds no tune result")
+        return
+    result = TuneResult.from_section(tune)
+    # (a pipe's width is make_console's: COLUMNS when set, else PIPE_WIDTH)
+    fitted = ranked_table(c, result) if c.width >= TABLE_MIN_WIDTH else None
+    if fitted is None:
         print_ranked_blocks(c, result)
     else:
-        print_ranked_table(c, result)
+        table, notes = fitted
+        c.print(table)
+        for note in notes:
+            say_wrapped(c, Text(note, style="dim"), hang=4)
+        say_wrapped(c, Text(TABLE_NOTE, style="dim"))
     print_tune_verdict(
-        c, result, out_dir=out_dir, config_path=config_path, environment=environment, target_text=target_text
+        c,
+        result,
+        code=tune.code_lines,
+        out_dir=out_dir,
+        config_path=config_path,
+        environment=environment,
+        target_text=target_text,
     )
-
-
-def print_ranked_table(c: Console, result: TuneResult) -> None:
-    """The ranked variants as one table (wide consoles)."""
-    table = Table(
-        title=f"scalpel tune: variants {RANK_ORDER}",
-        title_justify="left",
-        caption=TABLE_NOTE,
-        caption_justify="left",
-    )
-    for i, h in enumerate(HEADERS):
-        table.add_column(
-            h,
-            justify="right" if NUMERIC[i] else "left",
-            overflow="fold",
-            no_wrap=i < 10,
-            ratio=1 if i >= 10 else None,
-        )
-    for trial in result.ranked():
-        table.add_row(*row_cells(trial), style=VERDICT_STYLE.get(trial.verdict, ""))
-    c.print(table)
 
 
 def print_tune_verdict(
     c: Console,
     result: TuneResult,
     *,
+    code: list[str],
     out_dir: Any,
     config_path: Any,
     environment: Mapping[str, Any] | None = None,
     target_text: str = "SCRIPT ...",
 ) -> None:
     """Under the ranking: the baseline's profile, the noise (and a busy machine), the recommendation, its
-    code, the files."""
+    ``code`` (the section's ``code_lines``, what code.txt and the page show), the files."""
     bottleneck = (result.facts or {}).get("bottleneck")
     if bottleneck:
         from torchscalpel.tune.bottleneck import Bottleneck
 
-        say(c, f"[bold]profile of the baseline:[/] {Bottleneck.from_dict(bottleneck).summary()}", markup=True)
-    say(
+        say_wrapped(
+            c,
+            _markup(
+                f"[bold]profile of the baseline:[/] {escape(Bottleneck.from_dict(bottleneck).summary())}"
+            ),
+        )
+    say_wrapped(
         c,
-        f"[dim]required speedup {result.required:.2f}x; "
-        f"{noise_line(result.noise, len(result.baseline_medians))}[/]",
-        markup=True,
+        _markup(
+            f"[dim]required speedup {result.required:.2f}x; "
+            f"{noise_line(result.noise, len(result.baseline_medians))}[/]"
+        ),
     )
     busy = busy_note(environment)
     if busy:
-        say(c, f"[yellow]note:[/] {escape(busy)}", markup=True)
+        say_wrapped(c, _markup(f"[yellow]note:[/] {escape(busy)}"))
     if result.winner is not None:
         pairs = len(result.winner.confirm_pairs or [])
-        say(c, f"[bold green]recommended:[/] {result.headline().removeprefix('recommended: ')}", markup=True)
+        say_wrapped(
+            c,
+            _markup(f"[bold green]recommended:[/] {escape(result.headline().removeprefix('recommended: '))}"),
+        )
         if pairs < FEW_PAIRS:
             # Seen on a shared GPU: one pair said 1.59x, an independent 2-round re-measure 1.07x.
-            c.print(
-                f"[yellow]note:[/] {pairs} pair{'s' if pairs != 1 else ''} can overstate the gain on a busy machine; "
-                f"re-measure with --confirm {FEW_PAIRS} before quoting the figure."
+            say_wrapped(
+                c,
+                _markup(
+                    f"[yellow]note:[/] {pairs} pair{'s' if pairs != 1 else ''} can overstate the gain on a busy "
+                    f"machine; re-measure with --confirm {FEW_PAIRS} before quoting the figure."
+                ),
             )
-        from torchscalpel.tune.apply import code_lines
-
         c.print("[bold]equivalent code[/] (if you prefer to edit the script):")
-        code = "\n".join(code_lines(result.settings))
+        text = "\n".join(code)
         if not c.soft_wrap:  # a terminal (or COLUMNS): re-laid to fit, still valid Python
-            code = fit_code(code, c.width - 4)
-        for line in code.splitlines():
+            text = fit_code(text, c.width - 4)
+        for line in text.splitlines():
             # soft wrap: a code line is never wrapped by rich, so a copy of it still parses
             c.print(f"    {line}", markup=False, highlight=False, soft_wrap=True)
         # a command is never wrapped (soft wrap; a terminal copies its own wrap back as one line), so a copy
         # of it still runs; it has a line of its own, so no prose around it is left to the terminal to wrap
-        say(c, f"settings: [bold]{config_path}[/]", markup=True)
+        say_wrapped(c, _markup(f"settings: [bold]{escape(str(config_path))}[/]"))
     else:
-        say(
-            c,
-            f"[bold yellow]no change recommended:[/] {result.headline().removeprefix('no change recommended: ')}",
-            markup=True,
-        )
+        said = escape(result.headline().removeprefix("no change recommended: "))
+        say_wrapped(c, _markup(f"[bold yellow]no change recommended:[/] {said}"))
     for trial in result.trials:
         if (trial.payback or {}).get("sentence"):
-            say(c, f"pays back: {escape(trial.payback['sentence'])}", markup=True)
+            say_wrapped(c, f"pays back: {trial.payback['sentence']}")
     for note in result.notes:
         if note != result.no_candidate:  # already the headline
-            say(c, f"[dim]note: {escape(note)}[/]", markup=True)
+            say_wrapped(c, Text(f"note: {note}", style="dim"))
     # one path a line: three paths on one line were cut wherever the terminal's edge fell
-    say(c, f"report: [bold]{out_dir}/report.html[/]", markup=True)
-    say(c, f"record: {out_dir}/run.json · trials: {out_dir}/trials/")
+    say_wrapped(c, _markup(f"report: [bold]{escape(str(out_dir))}/report.html[/]"))
+    say_wrapped(c, f"record: {out_dir}/run.json · trials: {out_dir}/trials/")
     if result.winner is not None and config_path is not None:
         # the last line, the path actually written; a command is never wrapped, so a copy of it still runs
         say_command(
@@ -391,7 +443,11 @@ def print_tune_verdict(
             f"scalpel run --config {_from_here(str(config_path))} -- {_args_from_here(target_text)}",
         )
     else:
-        say(c, "no scalpel.toml written: nothing to apply")
+        say_wrapped(c, "no scalpel.toml written: nothing to apply")
+
+
+def _markup(text: str) -> Text:
+    return Text.from_markup(text)
 
 
 def _from_here(path: str) -> str:

@@ -145,8 +145,8 @@ def _env(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, st
 def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
     import sys
 
+    import torchscalpel.report.profile_terminal as profile_terminal
     from torchscalpel.console import StepProgress
-    from torchscalpel.report.profile_terminal import print_profile_summary
     from torchscalpel.runtime.profile_options import ProfileOptions
     from torchscalpel.stages import profile as stage
 
@@ -163,7 +163,7 @@ def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str
     )
     with StepProgress(profile.warmup + options.steps, f"profiling {target.name}") as bar:
         record = stage.run(profile, progress=bar.update).record
-    print_profile_summary(record, out)
+    profile_terminal.render(record, out)
     s = record.summary_view()
     median = s.median_step_ms if s.median_step_ms is not None else float("nan")
     summary = f"median step {median:.1f} ms, breakdown sums within {100 * (s.breakdown_max_error or 0):.2f}%"
@@ -173,16 +173,16 @@ def _profile(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str
 def _doctor(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
     from rich.markup import escape
 
+    import torchscalpel.report.doctor_terminal as doctor_terminal
     from torchscalpel.console import make_console
     from torchscalpel.doctor.options import DoctorOptions
-    from torchscalpel.report.doctor_terminal import render_terminal
     from torchscalpel.runtime.run_notes import how_it_stopped
     from torchscalpel.stages import doctor as stage
 
     doctor = DoctorOptions(steps=20, warmup=2, out_dir=out, target=target, command=("scalpel", "demo"))
     result = stage.run(doctor)  # run.json and report.html, as the stage's own command writes them
     assert result.record is not None
-    render_terminal(
+    doctor_terminal.render(
         result.findings,
         make_console(),
         header=f"[dim]{escape(how_it_stopped(result.record))}[/dim]\n",
@@ -232,8 +232,10 @@ def tune_options(target: Target, out: Path, *, budget_s: float = 120.0) -> TuneO
 
 
 def _tune(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
+    import torchscalpel.report.tune_terminal as tune_terminal
     from torchscalpel.record import load_record
-    from torchscalpel.report.tune_terminal import RichProgress, print_tune_result
+    from torchscalpel.report.tune_terminal import RichProgress
+    from torchscalpel.sections import TuneSection
     from torchscalpel.stages import tune as stage
 
     tune_target = Target(
@@ -242,11 +244,12 @@ def _tune(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
     done = stage.run(tune_options(tune_target, out, budget_s=options.tune_budget_s), progress=RichProgress())
     result = done.search
     assert result is not None  # the demo never asks for --fit
-    print_tune_result(
-        result,
+    saved = load_record(out)  # drawn from what was saved, as report.html is
+    tune_terminal.render(
+        saved.section(TuneSection) or TuneSection(),
         out_dir=out,
         config_path=out / "scalpel.toml" if result.winner is not None else None,
-        environment=load_record(out).environment,
+        environment=saved.environment,
         target_text=" ".join(str(a) for a in tune_target.argv()),
     )
     # The tune table's own verdict line: "no candidate was measured: ..." when the budget ran out first.
@@ -255,11 +258,11 @@ def _tune(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
 
 def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
     # What 'scalpel plan --device A100-80GB --world-size 2 --strategy all --no-max-batch -- SCRIPT' does.
+    import torchscalpel.report.plan_terminal as plan_terminal
     from torchscalpel.plan.devices import resolve_device
     from torchscalpel.plan.options import PlanOptions
     from torchscalpel.plan.script import plan_script
     from torchscalpel.plan.strategies import strategies_for
-    from torchscalpel.report.plan_terminal import render_text
     from torchscalpel.sections import PlanSection
 
     plan_options = PlanOptions(
@@ -273,7 +276,7 @@ def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
         search_max_batch=False,
     )
     result, record = plan_script(plan_options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1))
-    print(render_text(result))
+    print(plan_terminal.render(result))
     record.sections[PlanSection.KEY] = result.to_dict()
     save_with_report(record, out)  # as the stage's own command writes them
     return True, str(out), "per-rank memory for every strategy on 2 x A100-80GB"

@@ -15,6 +15,7 @@ from torchscalpel.memory.observer import MemoryObserver
 from torchscalpel.memory.options import MemoryOptions
 from torchscalpel.record import RunRecord
 from torchscalpel.runtime.session import SetupHook
+from torchscalpel.sections import MemorySection
 from torchscalpel.stages.saving import save_with_report
 
 
@@ -36,15 +37,15 @@ class MemoryResult:
     """Why the snapshot's ``--json`` or ``--html`` copy could not be written (raised after the summary)."""
 
     @property
-    def section(self) -> dict[str, Any]:
-        """``sections["memory"]`` ({} when the run measured nothing, or for a snapshot)."""
-        section = self.record.sections.get("memory") if self.record is not None else None
-        return section if isinstance(section, dict) else {}
+    def section(self) -> MemorySection:
+        """``sections["memory"]`` through its typed view (empty when the run measured nothing, or for a snapshot)."""
+        view = self.record.section(MemorySection) if self.record is not None else None
+        return view if view is not None else MemorySection()
 
     @property
     def caught_by_script(self) -> bool:
         """The script caught the stop at the limit and went on: the run did not fit."""
-        return bool((self.section.get("oom") or {}).get("caught_by_script"))
+        return bool((self.section.oom or {}).get("caught_by_script"))
 
     @property
     def exit_code(self) -> int:

@@ -95,11 +95,11 @@ def _reporting(
 
 
 def _print_table(result: PlanResult) -> None:
+    import torchscalpel.report.plan_terminal as plan_terminal
     from torchscalpel.console import make_console, say
-    from torchscalpel.report.plan_terminal import render_text
 
     out = make_console(highlight=False)
-    for line in render_text(result, width=None if out.soft_wrap else out.width).splitlines():
+    for line in plan_terminal.render(result, width=None if out.soft_wrap else out.width).splitlines():
         say(out, line, hang=2, sep=" · ")
 
 

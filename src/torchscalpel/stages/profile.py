@@ -104,7 +104,7 @@ def finish_profile(
             write_output_text(json_path, record_json(record), flag="--json")
     finally:  # the summary of what was measured is shown even when the copy could not be written
         if not quiet:
-            from torchscalpel.report.profile_terminal import print_profile_summary
+            import torchscalpel.report.profile_terminal as profile_terminal
 
-            print_profile_summary(record, out_dir)
+            profile_terminal.render(record, out_dir)
     return report

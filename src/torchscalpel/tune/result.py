@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchscalpel.sections import TuneSection, is_int
 from torchscalpel.tune.apply import code_lines
 from torchscalpel.tune.runner import TrialResult
 from torchscalpel.tune.settings import TuneSettings
@@ -52,6 +53,36 @@ class TuneResult:
     def settings(self) -> TuneSettings:
         """The recommended settings (empty: keep the script as it is)."""
         return TuneSettings.from_dict(self.winner.settings) if self.winner else TuneSettings()
+
+    @classmethod
+    def from_section(cls, tune: TuneSection) -> TuneResult:
+        """The search as its record keeps it (``sections["tune"]``, :meth:`to_dict`): what the terminal and the
+        page both render, so the two come from the same data. Raises ValueError when the section has no baseline
+        (a hand-made one: there is no search to show)."""
+        if tune.baseline is None:
+            raise ValueError("sections.tune has no baseline: no search to show")
+        run_steps = tune.extra.get("run_steps")
+        run_source = tune.extra.get("run_source")
+        return cls(
+            baseline=TrialResult.from_dict(tune.baseline),
+            trials=[TrialResult.from_dict(t) for t in tune.trials],
+            winner=TrialResult.from_dict(tune.winner) if tune.winner else None,
+            confirmed_speedup=tune.confirmed_speedup,
+            # a hand-made section without it: tune's own margin
+            required=tune.required_speedup if tune.required_speedup is not None else 1.0 + MIN_MARGIN,
+            noise=tune.noise,
+            determinism=tune.determinism,
+            facts=dict(tune.facts),
+            notes=list(tune.notes),
+            elapsed_s=tune.elapsed_s or 0.0,
+            interrupted=tune.interrupted,
+            baseline_refs=list(tune.baseline_refs),
+            measured_steps=tune.measured_steps or 0,
+            baseline_medians=list(tune.baseline_medians),
+            no_candidate=tune.no_candidate,
+            run_steps=run_steps if is_int(run_steps) else None,
+            run_source=run_source if isinstance(run_source, str) else "",
+        )
 
     def ranked(self) -> list[TrialResult]:
         """Baseline and trials, highest speedup first (:func:`~torchscalpel.tune.speedup.rank_key`);

@@ -10,7 +10,7 @@ SNIPPET_WIDTH = 76
 """A snippet's lines are printed four columns in, re-laid to fit 80 (``fit_code``: still valid Python)."""
 
 
-def summary_lines(result: FixResult) -> list[str]:
+def render(result: FixResult) -> list[str]:
     """One line per planned change (patched / already / not patched + reason and snippet), then
     what was written and the verification."""
     out: list[str] = []
