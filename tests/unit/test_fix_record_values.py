@@ -54,7 +54,7 @@ def _record(script: Path, settings: dict[str, Any]) -> RunRecord:
     }
     record.sections["tune"] = {
         "settings": settings,
-        "winner": {"verdict": "kept", "confirm_pairs": [[10.0, 8.0], [10.0, 8.5]]},
+        "winner": {"verdict": "winner", "confirm_pairs": [[10.0, 8.0], [10.0, 8.5]]},
     }
     record.sections["sites"] = {
         "optimizers": [_site(script, 4, "SGD")],

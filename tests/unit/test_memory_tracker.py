@@ -380,20 +380,17 @@ def test_the_peak_copy_is_the_picture_at_the_highest_total() -> None:
 
 
 def test_the_report_names_a_higher_peak_before_training() -> None:
-    from types import SimpleNamespace
-
+    from torchscalpel.record import RunRecord
     from torchscalpel.report.memory_sections import build
 
     section = {
         "peak": {"total": 1000, "by_category": {"parameters": 1000}, "modules": [], "sites": []},
         "before_training": {"total": 5000, "site": "/home/u/train.py:9"},
     }
-    html = "".join(s.body for s in build(SimpleNamespace(sections={"memory": section})))  # type: ignore[arg-type]
+    html = "".join(s.body for s in build(RunRecord(sections={"memory": section})))
     assert "Before training the live total was higher" in html and "/home/u/train.py:9" in html
     del section["before_training"]
-    assert "Before training" not in "".join(
-        s.body for s in build(SimpleNamespace(sections={"memory": section}))
-    )  # type: ignore[arg-type]
+    assert "Before training" not in "".join(s.body for s in build(RunRecord(sections={"memory": section})))
 
 
 def test_a_notebook_cell_is_the_users_call_site() -> None:
