@@ -1038,7 +1038,15 @@ class MemorySection(StageSection):
         if rate:
             left = _count(growth.get("steps_left"))
             cap = _count(growth.get("capacity"))
-            until = f", {left} more steps until {fmt_bytes(cap)}" if left is not None and cap else ""
+            until = (
+                (
+                    f", {left} more steps until {fmt_bytes(cap)}"
+                    if left
+                    else f", it reached {fmt_bytes(cap)} in this run"
+                )
+                if left is not None and cap
+                else ""
+            )
             return f"verdict: memory grows {fmt_bytes(rate)} per step{until}: a leak to fix"
         if isinstance(growth.get("note"), str):
             return f"verdict: peak {fmt_bytes(peak)}{room}; growth not judged ({growth['note']})"

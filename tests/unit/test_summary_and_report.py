@@ -122,6 +122,40 @@ def test_every_share_shown_is_the_share_of_the_median_shown_beside_it(tmp_path):
     assert '<td class="">data</td><td class="num">0.040</td><td class="num">0.4%</td>' in html
 
 
+def test_phase_shares_that_do_not_add_up_are_explained_on_the_terminal(tmp_path):
+    """Per-phase medians over the same steps need not sum to the median step (seen: 115.7%, no word)."""
+    import io
+
+    from rich.console import Console
+
+    import torchscalpel.report.profile_terminal as profile_terminal
+
+    def shown(forward: list[float], backward: list[float]) -> str:
+        r = RunRecord(name="phases", status="stopped")
+        r.steps = [
+            StepRecord(
+                index=i,
+                total_ms=f + b,
+                data_ms=0.0,
+                forward_ms=f,
+                backward_ms=b,
+                optimizer_ms=0.0,
+                other_ms=0.0,
+            )
+            for i, (f, b) in enumerate(zip(forward, backward, strict=True))
+        ]
+        r.summary = summarize(r)
+        buf = io.StringIO()
+        profile_terminal.render(r, tmp_path, out=Console(file=buf, width=200, color_system=None))
+        return buf.getvalue()
+
+    # step totals 10, 6, 10 (median 10); forward's median 5, backward's 1: 60% of the median step
+    assert "phase shares add up to 60.0%: each phase's median is taken on its own" in shown(
+        [9, 5, 1], [1, 1, 9]
+    )
+    assert "phase shares add up to" not in shown([6, 6, 6], [4, 4, 4])  # 100%: nothing to explain
+
+
 def test_profile_summary_at_80_columns_keeps_names_and_figures_whole(tmp_path):
     """An 80-column terminal: the top-ops table cut long op names to one "…" label; figures stay whole."""
     import io

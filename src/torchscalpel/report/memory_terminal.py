@@ -117,7 +117,15 @@ def _growth_lines(section: MemorySection) -> list[str]:
         left = growth.get("steps_left")
         lines.append(
             f"memory grows {fmt_bytes(growth['per_step'])} per step"
-            + (f": {left} more steps until {fmt_bytes(growth.get('capacity'))}" if left is not None else "")
+            + (
+                (
+                    f": {left} more steps until {fmt_bytes(growth.get('capacity'))}"
+                    if left
+                    else f": it reached {fmt_bytes(growth.get('capacity'))} in this run"
+                )
+                if left is not None
+                else ""
+            )
         )
         kept = growth.get("kept")
         if kept:

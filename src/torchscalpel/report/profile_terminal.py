@@ -21,6 +21,9 @@ from torchscalpel.runtime.script import strip_ansi  # the runtime strips errors 
 from torchscalpel.trace.patterns import PATTERN_RULES
 from torchscalpel.units import fmt_bytes
 
+PHASE_SUM_SLACK = 0.05
+"""Phase shares further than this from 100% of the median step get a line saying why."""
+
 
 def _figure(value: float | None, spec: str) -> str:
     """A summary figure, or "-" where a hand-made or partial summary left it out beside the others."""
@@ -239,6 +242,14 @@ def render(record: RunRecord, run_dir: Any, out: Console | None = None) -> None:
             )
         table.add_row("[bold]step[/]", f"[bold]{s.median_step_ms:.2f}[/]", "100%")
         c.print(table)
+        total = sum(shares.values())
+        if shares and abs(total - 1.0) > PHASE_SUM_SLACK:
+            # each phase's median is its own: summed they are not the median step (seen 115.7% unexplained)
+            say(
+                c,
+                f"phase shares add up to {100 * total:.1f}%: each phase's median is taken on its own over the "
+                "same steps, so they need not sum to the median step",
+            )
         extras = []
         if s.samples_per_s is not None:
             extras.append(f"throughput {s.samples_per_s:.1f} samples/s")
