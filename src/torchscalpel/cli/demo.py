@@ -41,10 +41,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Flags -> :class:`DemoOptions` -> :func:`torchscalpel.stages.demo.run` -> the closing table; 0 when
     every stage succeeded, 1 otherwise."""
+    import torchscalpel.report.demo_terminal as demo_terminal
     from torchscalpel.stages import demo as stage
-    from torchscalpel.stages.demo import DemoOptions, print_summary
+    from torchscalpel.stages.demo import DemoOptions
 
     options = DemoOptions.from_args(args)
     result = stage.run(options)
-    print_summary(result.stages, result.report)
+    demo_terminal.render(result.stages, result.report)
     return result.exit_code

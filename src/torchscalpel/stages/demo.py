@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 from torchscalpel.errors import UsageError
 from torchscalpel.fileio import atomic_write_text
 from torchscalpel.options import StageOptions
+from torchscalpel.report.demo_terminal import result_word
 from torchscalpel.runtime.target import Target
 from torchscalpel.stages.saving import save_with_report
 
@@ -113,22 +114,6 @@ def run(options: DemoOptions, *, progress: Callable[[Any], None] | None = None) 
         if not ok:
             c.print(f"[red]stage {name} failed:[/] {escape(summary)}")
     return DemoResult(stages=results, report=_write_combined_report(out, results))
-
-
-def print_summary(results: Sequence[StageResult], report: Path) -> None:
-    """The closing table: each stage's result, time and summary, then where the report is."""
-    from rich.markup import escape
-
-    from torchscalpel.console import console, rule
-
-    c = console()
-    rule(c, "[bold]demo summary[/]")
-    for r in results:
-        mark = {"FAILED": "[red]FAILED[/]", "skipped": "[yellow]skipped[/]"}.get(
-            _result_word(r), "[green]ok[/]"
-        )
-        c.print(f"{mark} {r.name:<8} {r.seconds:6.1f} s  {escape(r.summary)}")
-    c.print(f"\nOpen the report: [bold]{escape(str(report))}[/]")
 
 
 def _env(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
@@ -354,7 +339,7 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
             [
                 (
                     r.name,
-                    _result_word(r),
+                    result_word(r),
                     f"{r.seconds:.1f}",
                     r.summary,
                     link(_rel(r.output, out)) if r.output else "-",
@@ -370,10 +355,6 @@ def _write_combined_report(out: Path, results: list[StageResult]) -> Path:
         groups, title="torchscalpel demo", subtitle=f"examples/char_transformer.py · {created}", lead=[stages]
     )
     return atomic_write_text(out / "report.html", html)
-
-
-def _result_word(r: StageResult) -> str:
-    return "FAILED" if not r.ok else "skipped" if r.summary.startswith("skipped") else "ok"
 
 
 def _rel(path: str, root: Path) -> str:
