@@ -190,3 +190,23 @@ def test_the_analyze_summary_fits_80_columns_and_keeps_lines_whole_on_a_pipe(mon
         data
     ).splitlines()  # no COLUMNS on a pipe: each line whole, as a log keeps it
     assert any(len(line) > 80 for line in piped) and len(piped) < len(narrow)
+
+
+def test_the_gpu_step_table_becomes_two_tables_at_80_columns_and_stays_one_on_a_pipe(monkeypatch) -> None:
+    import torchscalpel.report.analyze_terminal as analyze_terminal
+
+    data = _analysis()
+    data["ranks"][0]["device"] = "cuda"
+    fields = ("compute_us", "communication_us", "memcpy_us", "memset_us", "gpu_idle_us", "host_wait_us")
+    for i, s in enumerate(data["ranks"][0]["steps"]):
+        s.update({k: 1234.5 + i for k in (*fields, "kernel_wait_us", "other_wait_us")}, gpu_busy_pct=61.5)
+    monkeypatch.setenv("COLUMNS", "80")
+    narrow = analyze_terminal.render(data).splitlines()
+    assert max(len(line) for line in narrow) <= 80, narrow
+    # every step shows in both tables, each figure whole: 3 steps x (busy ... memcpy) and (memset ... other-w)
+    assert sum(line.startswith("  ProfilerStep#") for line in narrow) == 6
+    assert any("kern-w" in line for line in narrow) and any("busy%" in line for line in narrow)
+    monkeypatch.delenv("COLUMNS")
+    piped = analyze_terminal.render(data).splitlines()
+    assert sum(line.startswith("  ProfilerStep#") for line in piped) == 3  # one row per step, whole
+    assert any("busy%" in line and "kern-w" in line for line in piped)

@@ -32,17 +32,7 @@ def render(data: dict[str, Any], *, top: int = 15) -> str:
             )
         steps = r.get("steps") or []
         if steps and "compute_us" in steps[0]:
-            out.append(
-                f"  {'step':<20}{'ms':>9}{'busy%':>7}{'compute':>9}{'comm':>9}{'memcpy':>8}{'memset':>8}"
-                f"{'idle':>9}{'host-w':>8}{'kern-w':>8}{'other-w':>8}"
-            )
-            for s in steps:
-                out.append(
-                    f"  {_short(s['name'], 19):<20}{_ms(s['dur_us']):>9}{s['gpu_busy_pct']:>7.1f}{_ms(s['compute_us']):>9}"
-                    f"{_ms(s['communication_us']):>9}{_ms(s['memcpy_us']):>8}{_ms(s['memset_us']):>8}"
-                    f"{_ms(s['gpu_idle_us']):>9}{_ms(s['host_wait_us']):>8}{_ms(s['kernel_wait_us']):>8}"
-                    f"{_ms(s['other_wait_us']):>8}"
-                )
+            out += _gpu_steps(steps, width)
         elif steps:
             out.append(f"  {'step':<20}{'ms':>9}{'cpu busy':>10}  top categories (self ms)")
             for s in steps:
@@ -128,6 +118,43 @@ def render(data: dict[str, Any], *, top: int = 15) -> str:
     out.append("")
     out.extend(piece for line in said for piece in _wrapped(line))
     return "\n".join(out)
+
+
+GPU_STEP_WIDTH = 105
+"""Columns of the GPU step table in one row; a narrower terminal gets the waits as a second table."""
+
+
+def _gpu_steps(steps: list[dict[str, Any]], width: int | None) -> list[str]:
+    """The per-step GPU breakdown: one table on a pipe or a wide terminal; on a narrower one the device's
+    time (busy, compute, comm, copies, idle) and the waits (memset, host, kernel, other) as two tables of
+    the same steps, so no figure is cut or wrapped (an 80-column terminal split the 105-column row)."""
+
+    def name(s: dict[str, Any]) -> str:
+        return f"  {_short(s['name'], 19):<20}{_ms(s['dur_us']):>9}"
+
+    time_head = f"  {'step':<20}{'ms':>9}{'busy%':>7}{'compute':>9}{'comm':>9}{'memcpy':>8}"
+    wait_head = f"{'memset':>8}{'idle':>9}{'host-w':>8}{'kern-w':>8}{'other-w':>8}"
+
+    def time_cells(s: dict[str, Any]) -> str:
+        return (
+            f"{s['gpu_busy_pct']:>7.1f}{_ms(s['compute_us']):>9}{_ms(s['communication_us']):>9}"
+            f"{_ms(s['memcpy_us']):>8}"
+        )
+
+    def wait_cells(s: dict[str, Any]) -> str:
+        return (
+            f"{_ms(s['memset_us']):>8}{_ms(s['gpu_idle_us']):>9}{_ms(s['host_wait_us']):>8}"
+            f"{_ms(s['kernel_wait_us']):>8}{_ms(s['other_wait_us']):>8}"
+        )
+
+    if width is None or width >= GPU_STEP_WIDTH:
+        return [time_head + wait_head, *(name(s) + time_cells(s) + wait_cells(s) for s in steps)]
+    return [
+        time_head,
+        *(name(s) + time_cells(s) for s in steps),
+        f"  {'step: idle, waits':<20}{'ms':>9}" + wait_head,
+        *(name(s) + wait_cells(s) for s in steps),
+    ]
 
 
 def _width() -> int | None:
