@@ -176,3 +176,18 @@ def test_kernel_type_is_htas() -> None:
     assert kernel_type("Stream Sync") == "OTHER"
     assert kernel_type("Stream Wait Event") == "COMPUTATION"  # HTA's quirk, kept for agreement
     assert kernel_type("volta_gemm") == "COMPUTATION"
+
+
+def test_each_file_is_announced_before_it_is_read_and_a_large_one_on_stderr(synthetic, tmp_path, capsys):
+    from torchscalpel.cli.analyze import PROGRESS_BYTES, _say_reading
+
+    heard: list[tuple[int, int, str]] = []
+    analyze_traces([synthetic, synthetic], progress=lambda i, n, p: heard.append((i, n, p.name)))
+    assert heard == [(0, 2, synthetic.name), (1, 2, synthetic.name)]
+    big = tmp_path / "rank-1.json.gz"
+    with big.open("wb") as f:  # sparse: no 20 MiB written
+        f.truncate(PROGRESS_BYTES + 1024**2)
+    _say_reading(1, 8, big)
+    _say_reading(0, 8, synthetic)  # small: read in well under a second, nothing said
+    err = capsys.readouterr().err
+    assert err.strip() == "analyze: reading rank-1.json.gz (2 of 8, 21.0 MiB)"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,12 +147,18 @@ def analyze_file(
 
 
 def analyze_traces(
-    paths: list[Path] | Path, *, top: int = 30, strict: bool = False, hta_rounding: bool = False
+    paths: list[Path] | Path,
+    *,
+    top: int = 30,
+    strict: bool = False,
+    hta_rounding: bool = False,
+    progress: Callable[[int, int, Path], None] | None = None,
 ) -> TraceAnalysis:
     """Analyse trace files (or folders of rank files) in one streaming pass each.
 
     A truncated or corrupt file does not stop the analysis: its rank covers what could be read and
-    the error (with the byte offset) is in ``errors``; ``strict=True`` raises it instead.
+    the error (with the byte offset) is in ``errors``; ``strict=True`` raises it instead. ``progress``
+    hears ``(index, count, path)`` before each file is read.
     """
     if isinstance(paths, str | Path):
         paths = [Path(paths)]
@@ -161,6 +168,8 @@ def analyze_traces(
     kernels: dict[str, list[float]] = {}
     errors: list[dict[str, Any]] = []
     for i, f in enumerate(files):
+        if progress is not None:
+            progress(i, len(files), f)
         rank, d, op_self = analyze_file(f, i, strict=strict, hta_rounding=hta_rounding)
         ranks.append(rank)
         if rank["error"]:
