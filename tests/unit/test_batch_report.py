@@ -14,7 +14,7 @@ from torchscalpel.tune.batch_finder import best_size, scaling_advice
 
 
 def _record() -> RunRecord:
-    """What stages.batch.run_batch stores for --sizes 8,32,128,512 on an SGD script with batch 32."""
+    """What stages.batch.run stores for --sizes 8,32,128,512 on an SGD script with batch 32."""
     rows = [
         {"batch_size": 8, "fits": True, "samples_per_s": 542.0, "median_step_ms": 14.8, "why": ""},
         {"batch_size": 32, "fits": True, "samples_per_s": 1145.0, "median_step_ms": 27.9, "why": ""},

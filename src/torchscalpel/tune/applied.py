@@ -10,7 +10,7 @@ from typing import Any
 def settings_hooks(config: Path, *, command: str) -> dict[str, Any]:
     """``--config FILE`` of a measuring command: the settings file read before the script starts, its setup
     hooks (the ones ``scalpel run`` applies) and an observer that records the settings and what each
-    changed in ``record.config``; as keyword arguments for ``profile_target``."""
+    changed in ``record.config``; as keyword arguments for the runtime (``stages.profile.run`` passes them on)."""
     import os
     import sys
 
