@@ -56,7 +56,7 @@ def _tune_run(script: Path, settings: dict[str, Any], out: Path) -> Path:
     }
     record.sections["tune"] = {
         "settings": settings,
-        "winner": {"verdict": "kept", "confirm_pairs": [[10.0, 9.0], [10.0, 9.5]]},
+        "winner": {"verdict": "winner", "confirm_pairs": [[10.0, 9.0], [10.0, 9.5]]},
     }
     record.sections["sites"] = {
         "optimizers": [_site(script, _line(text, "opt = "), "SGD")],

@@ -298,4 +298,4 @@ def test_every_output_of_a_tune_run_shows_the_same_speedup(tmp_path):
     assert f"recommended: optimizer=fused: {figure} faster per step" in page
     # no other figure for it anywhere: the screening ratio is said as the screening's
     screened = stored["baseline_ms"] / stored["median_ms"]
-    assert f"screened {screened:.2f}x" in row or f"{screened:.2f}x" == figure
+    assert f"screened {screened:.2f}x" in text or f"{screened:.2f}x" == figure  # a footnote under the table

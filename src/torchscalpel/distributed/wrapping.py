@@ -48,6 +48,15 @@ def find_blocks(model: nn.Module) -> list[nn.Module]:
     return [module for _, module in _find_blocks(model)]
 
 
+def _is_optimizer(obj: object) -> bool:
+    """``isinstance(obj, Optimizer)`` for anything the garbage collector lists: a ``weakref.proxy`` whose
+    object is gone raises ``ReferenceError`` on isinstance (seen when earlier code in the process left one)."""
+    try:
+        return isinstance(obj, torch.optim.Optimizer)
+    except ReferenceError:
+        return False
+
+
 def optimizers_holding(model: nn.Module) -> list[torch.optim.Optimizer]:
     """Optimizers alive in this process that already hold one of ``model``'s parameters."""
     ids = {id(p) for p in model.parameters()}
@@ -55,8 +64,7 @@ def optimizers_holding(model: nn.Module) -> list[torch.optim.Optimizer]:
     with warnings.catch_warnings():
         # isinstance() on some of torch's deprecated module-level objects warns; not our business.
         warnings.simplefilter("ignore")
-        objects = gc.get_objects()
-        optimizers = [o for o in objects if isinstance(o, torch.optim.Optimizer)]
+        optimizers = [o for o in gc.get_objects() if _is_optimizer(o)]
     for obj in optimizers:
         if any(id(p) in ids for group in obj.param_groups for p in group["params"]):
             found.append(obj)

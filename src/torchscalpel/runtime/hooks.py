@@ -128,11 +128,17 @@ class HookSet:
         if self.tail:
             return
         self.tail = True
-        roots = list(self.session.root_modules)
+        root_ids = frozenset(id(m) for m in self.session.root_modules)
         self._remove_forward_hooks()
         tick = self.session.tail_tick
-        for m in roots:
-            self._root_handles.append(m.register_forward_pre_hook(lambda _m, _a: tick()))
+
+        def tail_pre(module: torch.nn.Module, _args: tuple[Any, ...]) -> None:
+            if id(module) in root_ids:
+                tick()
+
+        # A global hook, not one on the root modules: a hook on a module travels with it into the script's
+        # own torch.save(model) (a local function cannot be pickled: the save crashed) and copy.deepcopy.
+        self._global_forward.append(nn_module.register_module_forward_pre_hook(tail_pre))
 
     def _remove_forward_hooks(self) -> None:
         for h in [*self._global_forward, *self._root_handles]:
