@@ -37,6 +37,7 @@ def test_unknown_demo_stage_is_a_usage_error():
 
 def test_ship_stage_without_its_extras_is_skipped_with_the_install_command(tmp_path, monkeypatch):
     from torchscalpel.cli.common import Target
+    from torchscalpel.report.demo_terminal import result_word
     from torchscalpel.stages import demo
 
     monkeypatch.setattr(demo, "SHIP_MODULES", {"torchscalpel_no_such_module": "nosuchdist"})
@@ -44,7 +45,7 @@ def test_ship_stage_without_its_extras_is_skipped_with_the_install_command(tmp_p
         Target(script=tmp_path / "char_transformer.py", args=[]), tmp_path, demo.DemoOptions(out=tmp_path)
     )
     assert ok and summary == 'skipped: needs nosuchdist (pip install "torchscalpel[all]")'
-    assert demo._result_word(demo.StageResult("ship", ok, 0.0, "", summary)) == "skipped"
+    assert result_word(demo.StageResult("ship", ok, 0.0, "", summary)) == "skipped"
 
 
 def test_bundled_examples_are_the_checkout_ones_and_copy_out(tmp_path):

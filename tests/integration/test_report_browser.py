@@ -268,8 +268,10 @@ def _lr_page(base: Path) -> Path:
         def __init__(self, index: int, loss: float) -> None:
             self.index, self.loss = index, loss
 
+    opt = Opt()  # one optimizer: the sweep follows the first it sees by identity (a new one each step
+    # only worked while CPython happened to reuse the freed object's address)
     for i, loss in enumerate(losses):
-        observer.on_optimizer_step_pre(Opt())  # type: ignore[arg-type]
+        observer.on_optimizer_step_pre(opt)  # type: ignore[arg-type]
         observer.on_step_end(Step(i, loss))  # type: ignore[arg-type]
         if observer.divergence:
             break
