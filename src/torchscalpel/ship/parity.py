@@ -55,6 +55,21 @@ class ParityCheck:
         """JSON form for the manifest."""
         return asdict(self)
 
+    @classmethod
+    def failed_to_run(cls, fmt: str, batch: int, exc: BaseException) -> ParityCheck:
+        """An export that could not run this batch: a parity failure with the exception's first line."""
+        return cls(
+            format=fmt,
+            batch=batch,
+            output="*",
+            max_abs=float("inf"),
+            max_rel=float("inf"),
+            atol=0.0,
+            rtol=0.0,
+            passed=False,
+            note=f"failed to run: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}",
+        )
+
 
 def compare(
     fmt: str,
@@ -138,19 +153,7 @@ def run_parity(
             except (
                 Exception
             ) as exc:  # an export that cannot run a batch size is a parity failure, with the reason
-                checks.append(
-                    ParityCheck(
-                        format=runner.name,
-                        batch=size,
-                        output="*",
-                        max_abs=float("inf"),
-                        max_rel=float("inf"),
-                        atol=0.0,
-                        rtol=0.0,
-                        passed=False,
-                        note=f"failed to run: {str(exc).splitlines()[0][:200]}",
-                    )
-                )
+                checks.append(ParityCheck.failed_to_run(runner.name, size, exc))
                 continue
             checks.extend(compare(runner.name, size, output_names, want, got, override))
     return checks

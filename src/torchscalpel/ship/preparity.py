@@ -225,19 +225,7 @@ def run_text_parity(
         try:
             got = runner(feed(served))
         except Exception as exc:  # a form that cannot take the tokenized batch fails parity, with the reason
-            checks.append(
-                ParityCheck(
-                    format=f"{runner.name}+pre",
-                    batch=len(texts),
-                    output="*",
-                    max_abs=float("inf"),
-                    max_rel=float("inf"),
-                    atol=0.0,
-                    rtol=0.0,
-                    passed=False,
-                    note=f"failed to run: {str(exc).splitlines()[0][:200]}",
-                )
-            )
+            checks.append(ParityCheck.failed_to_run(f"{runner.name}+pre", len(texts), exc))
             continue
         found = compare(f"{runner.name}+pre", len(texts), out_names, want, got, override)
         for c in found:
@@ -346,19 +334,7 @@ def run_preprocess_parity(
         except (
             Exception
         ) as exc:  # a form that cannot take the preprocessed batch fails parity, with the reason
-            checks.append(
-                ParityCheck(
-                    format=f"{runner.name}+pre",
-                    batch=len(samples),
-                    output="*",
-                    max_abs=float("inf"),
-                    max_rel=float("inf"),
-                    atol=0.0,
-                    rtol=0.0,
-                    passed=False,
-                    note=f"failed to run: {str(exc).splitlines()[0][:200]}",
-                )
-            )
+            checks.append(ParityCheck.failed_to_run(f"{runner.name}+pre", len(samples), exc))
             continue
         checks.extend(compare(f"{runner.name}+pre", len(samples), out_names, want, got, override))
     return checks, summary
