@@ -67,7 +67,7 @@ def test_doctor_fix_patch_applies_runs_is_idempotent_and_refuses_changes(tmp_pat
     assert check.returncode == 0, check.stderr
     assert "opt.zero_grad" not in script.read_text(encoding="utf-8")  # no --apply: nothing written
     page = (run / "fix.html").read_text(encoding="utf-8")  # the fix page, beside fix.json
-    assert f"page: {run / 'fix.html'}" in fixed.stderr
+    assert f"verified or not): {run / 'fix.html'}" in fixed.stderr
     assert "1 change patched in 1 file, not written to your files" in page and "not verified" in page
 
     # A dirty tree: --apply says so and asks for --force (the script itself is unchanged).
