@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     pages = write_pages([run_dir for run_dir, _ in result.records]) if result.changes else []
     for line in fix_terminal.render(result) + [
         # the path ends the line: a path past the edge is kept whole, prose after it would be cut by the wrap
-        f"page (the diff, what was measured, verified or not): {p}" for p in pages[:1]
+        f"page (the diff, what was measured, verified or not): {p}"
+        for p in pages[:1]
     ]:
         print(line, file=sys.stderr if result.patch else sys.stdout)
     if result.verification is not None and not result.verification.ok:
