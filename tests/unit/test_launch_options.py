@@ -79,3 +79,11 @@ def test_nothing_under_distributed_takes_a_namespace_but_the_options_reader() ->
                     if arg.annotation is not None and "Namespace" in ast.unparse(arg.annotation):
                         takers.append(f"{path.name}:{node.name}")
     assert takers == ["options.py:_check_plan_flags", "options.py:from_args"]
+
+
+def test_the_launch_is_named_as_every_other_stage_names_its_target(tmp_path: Path) -> None:
+    # a script: its stem, the run folder launch-<stem>; a module (-m): its last part, as Target.name says
+    options = _options(tmp_path, "--nproc", "1")
+    assert options.name == "train" and Path(options.out).name.endswith("-launch-train")
+    module = LaunchOptions.from_args(build_parser().parse_args(["-m", "--", "pkg.sub.trainer"]), env={})
+    assert module.name == "trainer" and Path(module.out).name.endswith("-launch-trainer")

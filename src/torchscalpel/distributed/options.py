@@ -21,6 +21,7 @@ from torchscalpel.errors import UsageError
 from torchscalpel.fileio import default_run_dir
 from torchscalpel.netutil import free_port
 from torchscalpel.options import StageOptions, usage_error
+from torchscalpel.runtime.target import Target
 from torchscalpel.runtime.window import parse_steps
 from torchscalpel.units import fmt_bytes, parse_size
 
@@ -133,7 +134,7 @@ class LaunchOptions(StageOptions):
     @property
     def name(self) -> str:
         """The launch's name (its run folder's): the script's stem."""
-        return _script_stem(self.training_script)
+        return _run_name(self.training_script, module=self.module)
 
     def torchrun_namespace(self, **changes: Any) -> argparse.Namespace:
         """A new namespace for ``torch.distributed.run.run`` (torchrun's API takes one): its options as parsed,
@@ -201,7 +202,10 @@ class LaunchOptions(StageOptions):
             rdzv_id=rdzv_id,
             standalone=bool(args.standalone),
             max_restarts=args.max_restarts,
-            out=args.out or default_run_dir("launch-" + _script_stem(args.training_script), out_root),
+            out=args.out
+            or default_run_dir(
+                "launch-" + _run_name(args.training_script, module=bool(args.module)), out_root
+            ),
             stage=stage,
             steps=str(args.steps),
             tensorboard=args.tensorboard,
@@ -216,8 +220,10 @@ class LaunchOptions(StageOptions):
         )
 
 
-def _script_stem(script: str) -> str:
-    return script.rsplit("/", 1)[-1].removesuffix(".py")
+def _run_name(script: str, *, module: bool) -> str:
+    """The run folder's name every stage gives this target (:attr:`Target.name`): a script's stem, a module's
+    last part."""
+    return (Target(module=script) if module else Target(script=Path(script))).name
 
 
 def _check_plan_flags(args: argparse.Namespace) -> None:

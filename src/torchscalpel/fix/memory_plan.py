@@ -31,7 +31,7 @@ from torchscalpel.fix.locate import amp_plan
 from torchscalpel.fix.planned import Planned, framework_of, hf_gradient_checkpointing, one_site, script_file
 from torchscalpel.fix.record_values import sites as checked_sites
 from torchscalpel.record import RunRecord
-from torchscalpel.sections import SitesSection
+from torchscalpel.sections import MemorySection, SitesSection
 
 CODE_RUNGS = ("checkpoint-blocks", "micro-batches", "bf16", "set-to-none")
 """The ladder's rungs that are a change of the script (the others: an environment variable, a smaller
@@ -40,14 +40,14 @@ batch that changes the training, a fix of growth at a site, another optimizer)."
 
 def memory_oom(record: RunRecord) -> dict[str, Any] | None:
     """The post-mortem of a memory run that crossed its limit (``sections["memory"]["oom"]``), else None."""
-    section = record.sections.get("memory")
-    oom = section.get("oom") if isinstance(section, dict) else None
+    section = record.section(MemorySection)
+    oom = section.oom if section is not None else None
     return oom if isinstance(oom, dict) and oom.get("ladder") is not None else None
 
 
 def has_memory(record: RunRecord) -> bool:
     """True for the record of a ``scalpel memory`` run (with or without an out-of-memory)."""
-    return isinstance(record.sections.get("memory"), dict)
+    return record.section(MemorySection) is not None
 
 
 def memory_plan(record: RunRecord) -> list[Planned]:
@@ -233,7 +233,8 @@ def header_lines(record: RunRecord, patched: set[str]) -> list[str]:
     if oom is None:
         return []
     request = oom.get("request") or {}
-    cause = ((record.sections.get("memory") or {}).get("top_cause") or {}).get("key")
+    section = record.section(MemorySection)
+    cause = ((section.top_cause if section is not None else None) or {}).get("key")
     asked = f" when it asked for {fmt_bytes(int(request['bytes']))} more" if request.get("bytes") else ""
     lines = [
         f"measured: the run crossed the limit of {fmt_bytes(int(oom.get('limit') or 0))} with "
