@@ -537,8 +537,17 @@ def test_train_in_eval_mode_points_at_the_evaluations_model_eval() -> None:
         assert line.strip() == "model.eval()", (name, line)
 
 
-def test_hf_trainer_evaluation_loss_is_recorded_per_evaluation() -> None:
-    record, _ = run(FIXTURES / "clean_hf_trainer_eval.py")
+def test_hf_trainer_evaluation_loss_is_recorded_and_its_schedule_judged_at_its_training_arguments() -> None:
+    path = FIXTURES / "clean_hf_trainer_eval.py"
+    record, findings = run(path)
     passes = record.sections["eval"]["passes"]
     assert [p["step"] for p in passes] == [5, 10, 15, 20, 25, 30]
     assert all(p["batches"] == 2 for p in passes) and passes[-1]["loss"] < passes[0]["loss"]
+    # the Trainer's default schedule decays linearly from its peak lr 3e-3: no warm-up, read from the lr the
+    # optimizer used; the finding points at the TrainingArguments line the fix edits, not at trainer.train()
+    text = path.read_text().splitlines()
+    (f,) = [f for f in findings if f.rule == "no-lr-warmup"]
+    assert f.source == "runtime" and f.location is not None
+    assert text[f.location.line - 1].strip().startswith("args = TrainingArguments(")
+    assert "lr 0.003 at the first optimizer step" in f.evidence[0] and "warmup_ratio=" in f.fix
+    assert any(e.startswith("optimizer built at") and "clean_hf_trainer_eval.py:" in e for e in f.evidence)

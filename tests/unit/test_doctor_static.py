@@ -600,3 +600,24 @@ def test_module_in_plain_container_leaves_modules_without_parameters_alone() -> 
     assert "module-in-plain-container" not in rules_in(quiet)
     loud = quiet.replace("nn.GELU()", "nn.Linear(2, 2)")
     assert "module-in-plain-container" in rules_in(loud)
+
+
+@pytest.mark.parametrize(
+    ("code", "line"),
+    [
+        ("from transformers import TrainingArguments\nargs = TrainingArguments(output_dir='o')\n", 2),
+        ("import transformers\n\nargs = transformers.TrainingArguments(\n    output_dir='o',\n)\n", 3),
+        ("x = 1\n", None),  # none: the runtime finding keeps the line that ran the Trainer
+        ("a = TrainingArguments(lr=1)\nb = TrainingArguments(lr=2)\n", None),  # two: which one is unknown
+        ("def broken(:\n", None),
+    ],
+)
+def test_the_runtime_warmup_finding_moves_to_the_one_training_arguments_call(tmp_path, code, line) -> None:
+    from torchscalpel.doctor.rules.rt_schedule import training_arguments_at
+    from torchscalpel.findings import Location
+
+    path = tmp_path / "train.py"
+    path.write_text(code)
+    found = training_arguments_at(Location(file=str(path), line=9))
+    assert (found.line if found is not None else None) == line
+    assert training_arguments_at(Location(file=str(tmp_path / "missing.py"), line=1)) is None

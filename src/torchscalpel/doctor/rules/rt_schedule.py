@@ -8,9 +8,11 @@ rises. When the run watched enough steps its verdict replaces the static one.
 
 from __future__ import annotations
 
+import ast
 import sys
 import weakref
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,6 +47,22 @@ def _style() -> str:
             return "lightning"
         frame = frame.f_back
     return "plain"
+
+
+def training_arguments_at(where: Location) -> Location | None:
+    """The one ``TrainingArguments(...)`` call in the file of ``where`` (the user's line that ran the Trainer),
+    where a Hugging Face script sets its schedule; None when the file has none, several, or cannot be read."""
+    try:
+        tree = ast.parse(Path(where.file).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None
+    lines = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "TrainingArguments"
+    ]
+    return Location(file=where.file, line=lines[0]) if len(lines) == 1 else None
 
 
 def attention_modules(roots: list[torch.nn.Module]) -> list[str]:
@@ -141,14 +159,19 @@ class NoLrWarmup(RuntimeRule):
                 f"the first {len(losses)} steps: the early spike a warm-up prevents"
             )
             severity = Severity.WARNING
-        if self.location is not None:
-            evidence.append(f"optimizer built at {fmt_loc(self.location)}")
+        location = self.location
+        if location is not None:
+            evidence.append(f"optimizer built at {fmt_loc(location)}")
+            if self.style == "hf":
+                # the Trainer builds the optimizer inside trainer.train(); the schedule is set where the
+                # script builds its TrainingArguments, the line the fix edits
+                location = training_arguments_at(location) or location
         yield NO_LR_WARMUP.finding(
             f"Adam(W) on a transformer starts at its peak learning rate {lrs[0]:g} with no warm-up: its "
             "second-moment estimate is noise for the first steps, so early updates are too large and the loss "
             "can spike or diverge; the baseline is a short linear warm-up, then cosine decay.",
             evidence=evidence,
             fix=fix_for(self.style),
-            location=self.location,
+            location=location,
             severity=severity,
         )
