@@ -195,3 +195,33 @@ def test_one_name_per_renderer_kind() -> None:
     ):
         name = "render" if path.stem.endswith("_terminal") else "build"
         assert name in _names_in(path), f"{path.name} has no {name}()"
+
+
+_PRINTS = re.compile(r"\bprint\(|sys\.std(out|err)|make_console\(|console\(\)")
+"""What a stage must not do: print, or open a console of its own (its CLI renders its result)."""
+
+
+def _prints_in(path: Path) -> list[str]:
+    """The lines of ``path`` (comments and docstrings aside) that print or open a console."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            text = ast.unparse(node.func) + "("
+            if _PRINTS.search(text) or _PRINTS.search(ast.unparse(node)):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)[:60]}")
+    return found
+
+
+def test_a_stage_prints_nothing_its_cli_renders_the_result(tmp_path: Path) -> None:
+    # the demo is the exception by design: it is a walk-through whose printed stages are what it hands over
+    offences = [
+        line
+        for verb, module in _stage_runs().items()
+        if verb != "demo"
+        for line in _prints_in(SRC / "stages" / f"{module}.py")
+    ]
+    assert not offences, offences
+    (tmp_path / "x.py").write_text(
+        "import sys\ndef run(options, *, progress=None):\n    print('done', file=sys.stderr)\n"
+    )
+    assert _prints_in(tmp_path / "x.py")  # the check bites

@@ -57,13 +57,16 @@ def test_a_launch_writes_its_page_beside_launch_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from torchscalpel.record import save_record
+    from torchscalpel.report.launch_terminal import render
     from torchscalpel.stages.launch import report_ranks
 
     for rank, ms in ((0, 10.0), (1, 10.2)):
         folder = tmp_path / f"rank-{rank}"
         folder.mkdir()
         save_record(_rank(ms), folder)
-    report_ranks(tmp_path)
+    report = report_ranks(tmp_path)
+    assert capsys.readouterr().out == ""  # the stage prints nothing; its renderer says where the page is
+    render(report)
     assert f"page: {tmp_path / 'launch.html'}" in capsys.readouterr().out
     page = (tmp_path / "launch.html").read_text()
     assert re.findall(r'<section id="([^"]+)"', page)[:2] == ["verdict", "ranks"]

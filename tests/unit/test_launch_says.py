@@ -6,9 +6,10 @@ from torch import nn
 
 from torchscalpel import distributed as sd
 from torchscalpel.distributed import preflight
-from torchscalpel.distributed.rankmerge import STEP_TIME_MEANS, format_table, merge, rank_row
+from torchscalpel.distributed.rankmerge import STEP_TIME_MEANS, merge, rank_row
 from torchscalpel.distributed.resume import announce, find_resumes, start_fresh
 from torchscalpel.record import RunRecord, StepRecord
+from torchscalpel.report.launch_terminal import table as format_table
 
 
 def _checkpoint(root, step):

@@ -3,9 +3,9 @@ shrank (global batch kept while the world grew), each with its evidence and fix,
 
 from __future__ import annotations
 
-from torchscalpel.distributed.rankmerge import format_table
 from torchscalpel.distributed.scaling import batch_for_share, comm_share, scaling_verdicts
 from torchscalpel.report.launch_page import render
+from torchscalpel.report.launch_terminal import table as format_table
 
 
 def _rows(comm: float, compute: float, ranks: int = 2) -> list[dict]:

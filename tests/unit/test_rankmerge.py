@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from torchscalpel.distributed.rank_entry import rank_argv
-from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
+from torchscalpel.distributed.rankmerge import load_rank_records, merge
 from torchscalpel.record import RunRecord, StepRecord, save_record
+from torchscalpel.report.launch_terminal import table as format_table
 
 
 def _record(step_ms: list[float], comm_us: float, findings=()) -> RunRecord:

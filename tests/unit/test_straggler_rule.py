@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from torchscalpel.distributed.rankmerge import format_table, merge
+from torchscalpel.distributed.rankmerge import merge
 from torchscalpel.record import RunRecord, StepRecord
+from torchscalpel.report.launch_terminal import table as format_table
 from torchscalpel.trace import ranks
 
 

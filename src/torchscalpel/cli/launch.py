@@ -7,6 +7,7 @@ torch.distributed.run costs about two seconds, which every other ``scalpel`` com
 from __future__ import annotations
 
 import argparse
+import sys
 
 from torchscalpel.cli.common import check_numbers
 from torchscalpel.fileio import check_output_dir
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     launch stage; return the exit code."""
     from torchscalpel.distributed.launch import build_parser
     from torchscalpel.distributed.options import LaunchOptions
+    from torchscalpel.report import launch_terminal
     from torchscalpel.stages import launch as stage
 
     parser = build_parser()
@@ -56,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
     if parsed.out is not None:
         check_output_dir(parsed.out)
     options = LaunchOptions.from_args(parsed, out_root=getattr(args, "out_root", None))
-    return stage.run(options).exit_code
+    result = stage.run(options, progress=lambda line: print(line, flush=True))
+    if result.refused:
+        print(f"scalpel launch: {result.refused}", file=sys.stderr)
+    launch_terminal.render(result)
+    return result.exit_code
 
 
 OWN_OPTIONS = ("nproc", "out", "profile", "doctor", "steps", "plan", "plan_device_memory")

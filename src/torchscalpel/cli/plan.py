@@ -8,6 +8,7 @@ script's first step). See docs/plan.md.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from torchscalpel.cli.common import (
     add_output_arguments,
@@ -15,6 +16,9 @@ from torchscalpel.cli.common import (
 )
 from torchscalpel.plan.names import OPTIMIZERS, PRECISIONS, STRATEGIES
 from torchscalpel.units import int_type
+
+if TYPE_CHECKING:
+    from torchscalpel.plan.result import PlanResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -89,5 +93,19 @@ def run(args: argparse.Namespace) -> int:
         options = PlanOptions.from_args(args, quiet=False)
     except ValueError as exc:
         raise usage_error(exc) from None
-    stage.run(options)
+    result = stage.run(options)
+    _print_table(result)
+    if options.out_dir is not None:
+        # one path a line: a path may run past an 80-column edge (a terminal copies it whole), prose between two may not
+        print(f"plan written to\n  {options.out_dir}/run.json\n  {options.out_dir}/report.html")
     return 0
+
+
+def _print_table(result: PlanResult) -> None:
+    """The plan's table at the console's width, its long lines folded with a hanging indent."""
+    import torchscalpel.report.plan_terminal as plan_terminal
+    from torchscalpel.console import make_console, say
+
+    out = make_console(highlight=False)
+    for line in plan_terminal.render(result, width=None if out.soft_wrap else out.width).splitlines():
+        say(out, line, hang=2, sep=" · ")

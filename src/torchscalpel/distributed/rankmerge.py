@@ -13,7 +13,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from torchscalpel.distributed.scaling import format_verdicts
 from torchscalpel.record import RunRecord, load_record
 from torchscalpel.trace.ranks import StragglerVerdict, outside_collectives_us, straggler_verdict
 
@@ -121,29 +120,3 @@ def merge(records: dict[int, RunRecord]) -> dict[str, Any]:
             entry["ranks"].append(rank)
     out["findings"] = list(merged.values())
     return out
-
-
-def format_table(merged: dict[str, Any]) -> str:
-    """Plain-text table for the terminal."""
-
-    def ms(value: float | None) -> str:
-        return "-" if value is None else f"{value:.1f}"
-
-    lines = [
-        "rank  status     steps  step ms  collective ms  compute ms  data ms"
-    ]  # what they mean: once, below
-    for row in merged["ranks"]:
-        lines.append(
-            f"{row['rank']:>4}  {row['status']:<9} {row['steps']:>6}  {ms(row['step_ms']):>7}  "
-            f"{ms(row['collective_ms']):>13}  {ms(row['compute_ms']):>10}  {ms(row['data_ms']):>7}"
-        )
-    if merged["ranks"]:
-        lines.append(STEP_TIME_MEANS)
-    verdict = merged.get("straggler_verdict")
-    if verdict:
-        lines.append(f"straggler: {verdict['sentence']}")
-    lines.extend(format_verdicts(merged.get("verdicts") or []))
-    for finding in merged.get("findings", []):
-        ranks = ",".join(str(r) for r in finding["ranks"])
-        lines.append(f"[{finding.get('severity', '?')}] {finding.get('message', '')} (ranks {ranks})")
-    return "\n".join(lines)

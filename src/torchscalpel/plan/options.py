@@ -61,7 +61,7 @@ class PlanOptions(StageOptions):
     json_path: Path | None = None
     """``--json``: the plan section also written here."""
     quiet: bool = True
-    """No progress and no terminal summary (the in-process default; the CLI prints both)."""
+    """No progress while it plans (the in-process default; the CLI draws a bar, then prints the table)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 1:

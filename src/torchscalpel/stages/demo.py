@@ -22,7 +22,6 @@ from torchscalpel.fileio import atomic_write_text
 from torchscalpel.options import StageOptions
 from torchscalpel.report.demo_terminal import result_word
 from torchscalpel.runtime.target import Target
-from torchscalpel.stages.saving import save_with_report
 
 if TYPE_CHECKING:
     from torchscalpel.tune.options import TuneOptions
@@ -242,13 +241,11 @@ def _tune(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
 
 
 def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, str]:
-    # What 'scalpel plan --device A100-80GB --world-size 2 --strategy all --no-max-batch -- SCRIPT' does.
+    # What 'scalpel plan --device A100-80GB --world-size 2 --strategy all --no-max-batch -- SCRIPT' does,
+    # through the same stage
     import torchscalpel.report.plan_terminal as plan_terminal
-    from torchscalpel.plan.devices import resolve_device
     from torchscalpel.plan.options import PlanOptions
-    from torchscalpel.plan.script import plan_script
-    from torchscalpel.plan.strategies import strategies_for
-    from torchscalpel.sections import PlanSection
+    from torchscalpel.stages import plan as plan_stage
 
     plan_options = PlanOptions(
         target=target,
@@ -258,12 +255,11 @@ def _plan(target: Target, out: Path, options: DemoOptions) -> tuple[bool, str, s
         world_size=2,
         nodes=1,
         checkpointing="none",
+        device="A100-80GB",
         search_max_batch=False,
+        out_dir=out,
     )
-    result, record = plan_script(plan_options, resolve_device("A100-80GB", None), strategies_for("all", 2, 1))
-    print(plan_terminal.render(result))
-    record.sections[PlanSection.KEY] = result.to_dict()
-    save_with_report(record, out)  # as the stage's own command writes them
+    print(plan_terminal.render(plan_stage.run(plan_options)))
     return True, str(out), "per-rank memory for every strategy on 2 x A100-80GB"
 
 

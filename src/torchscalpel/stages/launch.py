@@ -7,34 +7,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+from torchscalpel.distributed.launch_result import LaunchResult
 from torchscalpel.distributed.options import LaunchOptions
 from torchscalpel.fileio import atomic_write_text
 
 
-@dataclass(frozen=True, slots=True)
-class LaunchResult:
-    """How a launch ended: the exit code for the shell, its folder, and (with a stage) the merged ranks."""
-
-    exit_code: int
-    out_dir: Path
-    merged: dict[str, Any] | None = None
-    """``OUT/launch.json``: per-rank rows, the straggler, the verdicts and the findings (None without a stage)."""
-
-
 def run(options: LaunchOptions, *, progress: Callable[[str], None] | None = None) -> LaunchResult:
     """Launch as ``options`` ask (``options.out`` is the folder; ``from_args`` names one). ``progress``
-    receives the lines said before the ranks start (default: printed)."""
+    receives the lines said before the ranks start (the preflight's, the resume notice); nothing is printed
+    here: :func:`~torchscalpel.report.launch_terminal.render` draws what the ranks wrote."""
     from torchscalpel.distributed.launch import launch, watch_options
 
     if options.out is None:
         raise ValueError("the launch stage needs options.out")
-    say = progress or (lambda line: print(line, flush=True))
+    say = progress or (lambda line: None)
     out = options.out
     if options.plan:
         from torchscalpel.distributed.preflight import run_preflight
@@ -43,16 +33,15 @@ def run(options: LaunchOptions, *, progress: Callable[[str], None] | None = None
         for line in preflight.lines:
             say(line)
         if options.plan_strict and preflight.planned and not preflight.fits:
-            print("scalpel launch: --plan-strict: no strategy fits, so no rank was started.", file=sys.stderr)
-            return LaunchResult(1, out)
+            return LaunchResult(1, out, refused="--plan-strict: no strategy fits, so no rank was started.")
     for line in _resume_lines(options):
         say(line)
     with _ranks_print_one_line(options.stage == "doctor"):
         code = launch(options, out_dir=out, watch=watch_options(options, out))
-    merged = None
-    if options.stage is not None:
-        merged = report_ranks(out, doctor=options.stage == "doctor", nproc=options.nproc_per_node)
-    return LaunchResult(code, out, merged)
+    if options.stage is None:
+        return LaunchResult(code, out)
+    report = report_ranks(out, doctor=options.stage == "doctor", nproc=options.nproc_per_node)
+    return replace(report, exit_code=code)
 
 
 def _resume_lines(options: LaunchOptions) -> list[str]:
@@ -82,12 +71,12 @@ def _ranks_print_one_line(on: bool) -> Iterator[None]:
                 os.environ[MERGED_RANKS_ENV] = previous
 
 
-def report_ranks(out: Path, *, doctor: bool = False, nproc: str = "") -> dict[str, Any] | None:
-    """Merge the per-rank Run records, print the table (with --doctor: then the findings across and per
-    rank, :func:`~torchscalpel.report.doctor_terminal.render_rank_findings`), save ``OUT/launch.json`` and
-    ``OUT/launch.html``. Returns the merged record (None when no rank wrote one and nothing was found)."""
+def report_ranks(out: Path, *, doctor: bool = False, nproc: str = "") -> LaunchResult:
+    """Merge the per-rank Run records and judge them (with --doctor: the findings across and per rank), save
+    ``OUT/launch.json``, ``OUT/launch.html`` and ``OUT/traces/``. Returns what the terminal shows (exit code
+    0: the caller sets the launch's); ``no_record`` when no rank wrote one and nothing was found."""
     from torchscalpel.distributed.hangwatch import watch_findings
-    from torchscalpel.distributed.rankmerge import format_table, load_rank_records, merge
+    from torchscalpel.distributed.rankmerge import load_rank_records, merge
     from torchscalpel.distributed.rankrules import launch_history, rank_findings
     from torchscalpel.distributed.scaling import per_rank_batch, scaling_verdicts
     from torchscalpel.findings import without_launcher_repeats
@@ -96,8 +85,7 @@ def report_ranks(out: Path, *, doctor: bool = False, nproc: str = "") -> dict[st
     entry, history = launch_history(out / "watch")  # before rank_findings adds this launch to the history
     first = watch_findings(out) + rank_findings(out / "watch")
     if not records and not first:
-        print(f"scalpel launch: no rank wrote a run record under {out}", flush=True)
-        return None
+        return LaunchResult(0, out, no_record=True, doctor=doctor)
     merged = merge(records) if records else {"ranks": [], "straggler": None, "findings": []}
     merged["findings"] = first + without_launcher_repeats(first, merged["findings"])
     # the first DDP forward's batch (what the history keeps), else the samples each rank's steps counted
@@ -118,23 +106,13 @@ def report_ranks(out: Path, *, doctor: bool = False, nproc: str = "") -> dict[st
     from torchscalpel.trace.layout import write_rank_traces  # OUT/traces/: HTA's TraceAnalysis(trace_dir=...)
 
     write_rank_traces(out)
+    ranks = int(nproc) if str(nproc).isdigit() else len(records)
     if not doctor:
-        print(format_table(merged))
-    else:
-        from torchscalpel.console import make_console
-        from torchscalpel.doctor.ranks import across_rank_findings, merge_rank_findings
-        from torchscalpel.report.doctor_terminal import render_rank_findings
+        return LaunchResult(0, out, merged=merged, ranks=ranks)
+    from torchscalpel.doctor.ranks import across_rank_findings, merge_rank_findings
 
-        print(format_table({**merged, "findings": []}), flush=True)
-        ranks = int(nproc) if str(nproc).isdigit() else len(records)
-        across = across_rank_findings(out)
-        render_rank_findings(
-            across,
-            without_launcher_repeats(across, merge_rank_findings(records)),
-            make_console(),
-            ranks=ranks,
-        )
-    print(
-        f"per-rank records: {out}/rank-*/run.json, merged: {out / 'launch.json'}, page: {out / 'launch.html'}"
+    across = across_rank_findings(out)
+    per_rank = without_launcher_repeats(across, merge_rank_findings(records))
+    return LaunchResult(
+        0, out, merged=merged, doctor=True, ranks=ranks, across=tuple(across), per_rank=tuple(per_rank)
     )
-    return merged

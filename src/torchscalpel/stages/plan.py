@@ -1,5 +1,5 @@
 """The plan stage: resolve the device and strategies, plan the script's or the factory's model on fake tensors,
-save run.json first and then report.html (:func:`~torchscalpel.stages.saving.save_with_report`), print the table.
+save run.json first and then report.html (:func:`~torchscalpel.stages.saving.save_with_report`).
 
 ``scalpel plan`` and ``torchscalpel.plan`` both end here with one :class:`~torchscalpel.plan.options.PlanOptions`.
 """
@@ -22,7 +22,8 @@ Progress = Callable[[int, int, str], None]
 
 
 def run(options: PlanOptions, *, progress: Progress | None = None) -> PlanResult:
-    """Plan what ``options`` names; save and print as they ask. Returns the plan (``.rows``, ``.to_dict()``).
+    """Plan what ``options`` names; save as they ask (nothing is printed: ``report/plan_terminal.render`` draws
+    the table). Returns the plan (``.rows``, ``.to_dict()``).
 
     ``progress`` is called after each strategy's row; without it, a CLI run (``quiet`` off) draws its own bar
     on a terminal and one line a strategy in a pipe."""
@@ -48,8 +49,6 @@ def run(options: PlanOptions, *, progress: Progress | None = None) -> PlanResult
             record = _factory_record(options) if options.out_dir is not None else None
     if record is not None:
         record.sections[PlanSection.KEY] = result.to_dict()
-    if not options.quiet:
-        _print_table(result)
     if options.out_dir is not None and record is not None:
         save_with_report(
             record, options.out_dir
@@ -58,9 +57,6 @@ def run(options: PlanOptions, *, progress: Progress | None = None) -> PlanResult
         from torchscalpel.fileio import write_output_text
 
         write_output_text(options.json_path, json.dumps(result.to_dict(), indent=1) + "\n", flag="--json")
-    if not options.quiet and options.out_dir is not None:
-        # one path a line: a path may run past an 80-column edge (a terminal copies it whole), prose between two may not
-        print(f"plan written to\n  {options.out_dir}/run.json\n  {options.out_dir}/report.html")
     return result
 
 
@@ -92,15 +88,6 @@ def _reporting(
                 say(bar.console, text)
 
         yield row_done, note
-
-
-def _print_table(result: PlanResult) -> None:
-    import torchscalpel.report.plan_terminal as plan_terminal
-    from torchscalpel.console import make_console, say
-
-    out = make_console(highlight=False)
-    for line in plan_terminal.render(result, width=None if out.soft_wrap else out.width).splitlines():
-        say(out, line, hang=2, sep=" · ")
 
 
 def _factory_plan(
