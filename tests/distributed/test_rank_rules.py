@@ -279,6 +279,6 @@ def test_process_group_before_init_planted_and_clean(tmp_path):
         if f["rule"] == "process-group-before-init"
     ]
     assert len(bad) == 1 and bad[0]["ranks"] == [0, 1], bad
-    assert bad[0]["evidence"][0].endswith("pg_before_init_bad.py:5 before init_process_group")
+    assert bad[0]["evidence"][0].endswith("pg_before_init_bad.py:12 before init_process_group")
     clean = _doctor(tmp_path / "clean", "pg_before_init_clean.py")
     assert [f["rule"] for f in clean if f["rule"] in SLUGS] == []
