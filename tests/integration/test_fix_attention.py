@@ -86,7 +86,7 @@ def test_profile_then_fix_writes_the_fused_call_the_code_computes(tmp_path: Path
     assert verdict is not None, fixed.stderr
     assert float(verdict.group(2)) <= 1e-5
     assert "train and eval mode, dropout off" in fixed.stderr
-    assert fixed.stderr.rstrip().split("\npage: ")[0].endswith("verify: verified"), fixed.stderr
+    assert fixed.stderr.rstrip().split("\npage (the diff")[0].endswith("verify: verified"), fixed.stderr
 
     check = subprocess.run(["git", "apply", "--check", str(patch)], cwd=root, capture_output=True, text=True)
     assert check.returncode == 0, check.stderr

@@ -75,7 +75,7 @@ def test_the_resuming_trainer_is_patched_with_its_reader_and_runs_twice(tmp_path
         "the patched script exited 0" in err
     ), err
     assert "verify: losses: patched vs original over the first 10 steps: largest relative deviation" in err
-    assert err.rstrip().split("\npage: ")[0].endswith("verify: verified"), err
+    assert err.rstrip().split("\npage (the diff")[0].endswith("verify: verified"), err
     # Applied to the user's tree: the old pickled checkpoint removed as the note says, then two starts.
     subprocess.run(["git", "apply", str(patch)], cwd=script.parents[1], check=True)
     (script.parent / "ckpt" / "last.pt").unlink()
@@ -100,7 +100,7 @@ def test_word_language_models_reload_at_the_end_is_rewritten_and_verified(tmp_pa
     assert " model.rnn.flatten_parameters()" in fixed.stdout  # context: the call on the reloaded model stays
     assert "verify: plain python: the patched script exited 0" in err, err
     assert "verify: plain python, second start in the same copy (the first wrote model.pt)" in err, err
-    assert err.rstrip().split("\npage: ")[0].endswith("verify: verified"), err
+    assert err.rstrip().split("\npage (the diff")[0].endswith("verify: verified"), err
 
 
 def test_a_reader_fix_cannot_rewrite_refuses_the_edit_naming_the_line(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_verify_starts_twice_and_prints_the_error_of_a_reader_in_another_module(
         "verify:     previous.eval()\n"
         "verify:     AttributeError: 'collections.OrderedDict' object has no attribute 'eval'\n"
     ) in err, err
-    assert err.rstrip().split("\npage: ")[0].endswith("verify: NOT verified"), err
+    assert err.rstrip().split("\npage (the diff")[0].endswith("verify: NOT verified"), err
 
 
 def test_a_load_of_the_scripts_own_pickled_objects_is_not_made_weights_only(tmp_path: Path) -> None:

@@ -383,13 +383,13 @@ def test_corrupted_snapshots_never_crash_the_native_reader(tmp_path: Path, reade
 def test_the_cli_shows_progress_in_mib_on_a_terminal_only(
     tmp_path: Path, reader, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import argparse
     import io
 
     from rich.console import Console
 
     from torchscalpel import console as terminal
     from torchscalpel.cli import memory as cli_memory
+    from torchscalpel.memory.options import MemoryOptions
 
     path = _write(tmp_path, snapshot_data(n_segments=1000))
     reader(path, True)
@@ -407,7 +407,7 @@ def test_the_cli_shows_progress_in_mib_on_a_terminal_only(
             terminal, "console", lambda out=out, t=is_terminal: Console(file=out, force_terminal=t, width=120)
         )
         updates.clear()
-        assert cli_memory._explain_snapshot(path, argparse.Namespace(json_path=None)) == 0
+        assert cli_memory._explain_snapshot(MemoryOptions(snapshot=path)) == 0
         assert len(updates) > 4 and updates[-1] == (
             (2 * path.stat().st_size) >> 20,
             max((2 * path.stat().st_size) >> 20, 1),

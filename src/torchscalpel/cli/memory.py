@@ -13,11 +13,14 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchscalpel.cli.common import add_target_arguments, add_window_arguments
 from torchscalpel.options import usage_error
 from torchscalpel.runtime.window import MEMORY_WINDOW
+
+if TYPE_CHECKING:
+    from torchscalpel.memory.options import MemoryOptions
 
 DEFAULT_STEPS = MEMORY_WINDOW.steps
 
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise usage_error(exc) from None
     if options.snapshot is not None:
-        return _explain_snapshot(options.snapshot, args)
+        return _explain_snapshot(options)
     import torchscalpel.report.memory_terminal as memory_terminal
     from torchscalpel.console import say_lines
     from torchscalpel.runtime.run_notes import how_it_stopped
@@ -120,16 +123,15 @@ def run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
-def _explain_snapshot(path: Path, args: argparse.Namespace) -> int:
-    """A snapshot explained by the memory stage, drawn as the reader goes, then printed."""
+def _explain_snapshot(options: MemoryOptions) -> int:
+    """A snapshot explained by the memory stage (the same options, read once), drawn as the reader goes, then
+    printed."""
     import torchscalpel.report.snapshot_terminal as snapshot_terminal
     from torchscalpel.console import TerminalProgress
-    from torchscalpel.memory.options import MemoryOptions
     from torchscalpel.stages import memory as stage
 
-    options = MemoryOptions(
-        snapshot=path, json_path=args.json_path, html_path=getattr(args, "html_path", None)
-    )
+    assert options.snapshot is not None
+    path = options.snapshot
     # MiB of the native reader's two passes: a large snapshot takes seconds to tens of seconds
     with TerminalProgress("snapshot", None, f"MiB of {path.name} (checked, then explained)") as bar:
         result = stage.run(
