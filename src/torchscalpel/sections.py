@@ -661,6 +661,17 @@ class PlanSection(StageSection):
         "rows": rows(_PLAN_ROW, needs=_PLAN_ROW_NEEDS),
         "alternatives": rows(_PLAN_ROW, needs=_PLAN_ROW_NEEDS),
         "device": obj({"name": TEXT, "capacity": AMOUNT}),
+        "fsdp": obj(
+            {
+                "api": TEXT,
+                "sharding": TEXT,
+                "site": TEXT,
+                "strategy": TEXT,
+                "param_dtype": TEXT,
+                "cpu_offload": FLAG,
+                "ignored_bytes": COUNT,
+            }
+        ),
     }
 
     version: int | str | None = None
@@ -682,6 +693,30 @@ class PlanSection(StageSection):
     recommended: str | None = None
     recommendation: str = ""
     act_peak_other_checkpointing: int | None = None
+    fsdp: dict[str, Any] | None = None
+    """The script's own FSDP wrap the rows follow (FSDP1 or FSDP2): ``api``, ``sharding``, ``site``,
+    ``strategy``, ``param_dtype``, ``cpu_offload``, ``ignored_modules``, ``ignored_bytes``; None without one."""
+
+    @property
+    def wrap_sentence(self) -> str | None:
+        """What the script's FSDP wrap asked and where, as the rows plan it: one sentence for the terminal and
+        the page alike (None when the script wraps nothing)."""
+        wrap = self.fsdp
+        if not wrap:
+            return None
+        parts = [str(wrap.get("sharding"))]
+        if wrap.get("param_dtype"):
+            parts.append(f"param_dtype {wrap['param_dtype']}")
+        if wrap.get("cpu_offload"):
+            host = max((_count(r.get("host")) or 0 for r in [*self.rows, *self.alternatives]), default=0)
+            parts.append(f"CPU offload: {fmt_bytes(host)} of sharded states in host memory, not in the rows")
+        if wrap.get("ignored_modules"):
+            ignored = ", ".join(map(str, wrap["ignored_modules"]))
+            parts.append(f"unsharded: {ignored} ({fmt_bytes(_count(wrap.get('ignored_bytes')) or 0)})")
+        return (
+            f"the script shards with {wrap.get('api')}({', '.join(parts)}) at {wrap.get('site')}: "
+            f"planned as {wrap.get('strategy')}"
+        )
 
 
 @dataclass(kw_only=True, slots=True)

@@ -6,6 +6,7 @@ param dtype, CPU offload and ignored modules; the fully_shard twin of the same s
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -82,6 +83,16 @@ def test_mixed_precision_offload_and_ignored_modules_are_planned() -> None:
         "the script shards with FullyShardedDataParallel(FULL_SHARD, CPU offload: "
         in plan_terminal.render(offloaded)
     )
+    # the page says what the terminal says, from the saved section (a record read back, not the live result)
+    from torchscalpel.record import RunRecord
+    from torchscalpel.report import plan_sections
+    from torchscalpel.sections import PlanSection
+
+    (line,) = plan_terminal.wrap_note(offloaded)
+    assert PlanSection.from_dict(offloaded.to_dict()).wrap_sentence == line
+    saved = RunRecord(sections={"plan": json.loads(json.dumps(offloaded.to_dict()))})
+    (section,) = plan_sections.build(saved)
+    assert line[1:].replace("'", "&#x27;") in section.body and "fsdp1_mnist.py:" in section.body
     assert offload["params"] == offload["grads"] == offload["optim"] == 0
     # the sharded parameters at least, at most every sharded state (the peak may move to before the optimizer's state)
     assert plain["params"] <= offload["host"] <= plain["params"] + plain["grads"] + plain["optim"]

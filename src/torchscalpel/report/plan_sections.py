@@ -66,6 +66,12 @@ def build(record: RunRecord) -> list[Section]:
         f"{plan.world_size} rank(s) · device {escape(str(device.get('name')))}"
         + (f" ({escape(fmt_bytes(capacity))})" if capacity else "")
         + "</p>"
+        # the script's own FSDP wrap, which the rows follow (the terminal's sentence)
+        + (
+            f"<p>{escape(plan.wrap_sentence[:1].upper() + plan.wrap_sentence[1:])}.</p>"
+            if plan.wrap_sentence
+            else ""
+        )
     )
     body = (
         f"<p><b>Recommendation:</b> {escape(str(plan.recommendation))}</p>"

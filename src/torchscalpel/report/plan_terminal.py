@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from torchscalpel.plan.planner import PlanResult, Row
+from torchscalpel.sections import PlanSection
 from torchscalpel.units import fmt_bytes
 
 COLUMNS = (
@@ -71,23 +72,10 @@ def cpu_note(result: PlanResult) -> list[str]:
 
 
 def wrap_note(result: PlanResult) -> list[str]:
-    """The script's own FSDP wrap (FSDP1 or FSDP2), which the rows follow: what it asked and where."""
-    wrap = result.request.fsdp
-    if not wrap:
-        return []
-    parts = [str(wrap.get("sharding"))]
-    if wrap.get("param_dtype"):
-        parts.append(f"param_dtype {wrap['param_dtype']}")
-    if wrap.get("cpu_offload"):
-        host = max((r.breakdown.host for r in result.all_rows), default=0)
-        parts.append(f"CPU offload: {fmt_bytes(host)} of sharded states in host memory, not in the rows")
-    if wrap.get("ignored_modules"):
-        parts.append(
-            f"unsharded: {', '.join(map(str, wrap['ignored_modules']))} ({fmt_bytes(int(wrap.get('ignored_bytes') or 0))})"
-        )
-    return [
-        f"the script shards with {wrap.get('api')}({', '.join(parts)}) at {wrap.get('site')}: planned as {wrap.get('strategy')}"
-    ]
+    """The script's own FSDP wrap (FSDP1 or FSDP2), which the rows follow: what it asked and where (the
+    sentence :attr:`PlanSection.wrap_sentence` writes for the page too)."""
+    sentence = PlanSection.from_dict(result.to_dict()).wrap_sentence
+    return [sentence] if sentence else []
 
 
 def block_lines(rows: list[list[str]]) -> list[str]:
